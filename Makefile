@@ -1,0 +1,126 @@
+# Makefile - builds mbtc (build/mbtc) and runs the tests.
+#
+#   make              check/install build dependencies, build build/mbtc
+#   make demo         build, then check every example and show what the compiler sees
+#   make test         everything below `make test` in docs/testing.md (ends with "N passed, N failed")
+#   make fuzz         run the front-end fuzzer until stopped (FUZZ_SECONDS=N to bound it)
+#   make asan         build a copy with AddressSanitizer + UBSan in build/asan
+#   make clean
+#
+# Variables: LLVM_CONFIG (default llvm-config-19), CUDA_HOME (default /usr/local/cuda),
+# BUILD (output directory, default build), SAN=1 (sanitizers).
+
+BUILD       ?= build
+CC          ?= cc
+LEMON       ?= lemon
+LEMPAR      ?= /usr/share/lemon/lempar.c
+RE2C        ?= re2c
+CLANG_FUZZ  ?= clang-19
+FUZZ_SECONDS ?= 0
+
+WARN     = -Wall -Wextra -Werror
+CSTD     = -std=c11 -D_GNU_SOURCE
+OPT      ?= -O2 -g
+SANFLAGS = $(if $(SAN),-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all,)
+INC      = -Icompiler -Igrammar -I$(BUILD)/gen
+CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(INC) $(CFLAGS)
+LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
+
+# The compiler's own sources, in pipeline order; main.c is the CLI only.
+FRONT_SRCS = compiler/arena.c compiler/diag.c compiler/ast.c compiler/parse.c compiler/module.c
+SEMA_SRCS  = compiler/dim.c compiler/value.c compiler/shape.c compiler/builtins.c \
+             compiler/sema.c compiler/eval.c compiler/settings.c
+LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS)
+GEN_SRCS   = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
+
+LIB_OBJS = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(BUILD)/obj/mbt.o $(BUILD)/obj/lexer.o
+UNIT_SRCS = $(wildcard tests/unit/test_*.c)
+UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
+
+.PHONY: all demo test test-quick unit asan fuzz fuzz-build clean deps deps-test
+.DELETE_ON_ERROR:
+
+all: $(BUILD)/mbtc
+
+deps:
+	@tools/deps.sh build
+
+$(BUILD)/.deps-ok: tools/deps.sh
+	@mkdir -p $(BUILD)
+	@tools/deps.sh build
+	@touch $@
+
+# ---- generated front end (never in the source tree) ------------------------------------------
+$(BUILD)/gen/mbt.c $(BUILD)/gen/mbt.h: grammar/mbt.y $(LEMPAR) | $(BUILD)/.deps-ok
+	@mkdir -p $(BUILD)/gen
+	$(LEMON) -q -T$(LEMPAR) -d$(BUILD)/gen grammar/mbt.y
+	@# lemon reports conflicts on stdout and still writes a parser: refuse one with conflicts
+	@if $(LEMON) -q -T$(LEMPAR) -d$(BUILD)/gen grammar/mbt.y | grep -q conflict; then \
+	    echo "grammar/mbt.y has parsing conflicts (see $(BUILD)/gen/mbt.out)"; exit 1; fi
+
+$(BUILD)/gen/lexer.c: grammar/lexer.re $(BUILD)/gen/mbt.h | $(BUILD)/.deps-ok
+	@mkdir -p $(BUILD)/gen
+	$(RE2C) -W --no-generation-date -o $@ grammar/lexer.re
+
+# ---- objects -----------------------------------------------------------------------------------
+HDRS = $(wildcard compiler/*.h grammar/*.h) $(BUILD)/gen/mbt.h
+
+$(BUILD)/obj/%.o: compiler/%.c $(HDRS)
+	@mkdir -p $(BUILD)/obj
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+# Generated code: same warnings, minus the unused-parameter noise lemon's template produces.
+$(BUILD)/obj/mbt.o: $(BUILD)/gen/mbt.c $(HDRS)
+	@mkdir -p $(BUILD)/obj
+	$(CC) $(CFLAGS_ALL) -Wno-unused-parameter -Wno-unused-variable -c $< -o $@
+
+$(BUILD)/obj/lexer.o: $(BUILD)/gen/lexer.c $(HDRS)
+	@mkdir -p $(BUILD)/obj
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/libmbtc.a: $(LIB_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
+
+# ---- tests -------------------------------------------------------------------------------------
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a $(HDRS)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(CFLAGS_ALL) -Itests/unit $< $(BUILD)/libmbtc.a -lm -o $@ $(LDFLAGS_ALL)
+
+unit: $(UNIT_BINS)
+
+deps-test:
+	@tools/deps.sh test
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 OPT="-O1 -g" $(BUILD)/asan/mbtc unit
+
+# The fuzz target links the whole front end and checker with libFuzzer, ASan and UBSan.
+FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
+fuzz-build: $(BUILD)/fuzz/fuzz_frontend
+
+$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS)
+	@mkdir -p $(BUILD)/fuzz
+	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
+
+fuzz: $(BUILD)/fuzz/fuzz_frontend
+	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS)
+
+test: deps-test
+	@$(MAKE) --no-print-directory all unit
+	@$(MAKE) --no-print-directory asan
+	@$(MAKE) --no-print-directory fuzz-build
+	@tests/run.sh $(BUILD)
+
+# The same without the sanitizer build and the fuzzer: for a quick loop while editing.
+test-quick: all unit
+	@MBT_QUICK=1 tests/run.sh $(BUILD)
+
+demo: all
+	@tools/demo.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

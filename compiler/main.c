@@ -1,0 +1,119 @@
+/* main.c - the mbtc command line: reads options, runs the pipeline stages in order and prints
+ * the stage asked for with --emit. Exit status: 0 success, 1 user errors, 2 internal error. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "ast.h"
+#include "diag.h"
+#include "module.h"
+#include "parse.h"
+#include "sema.h"
+
+#define MBT_VERSION "0.1.0"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: mbtc [options] FILE.mbt\n"
+            "\n"
+            "options:\n"
+            "  --check            parse and check the program (names, types, shapes, settings); no output\n"
+            "  --emit=STAGE       print a stage to stdout: tokens, ast\n"
+            "  -o FILE            write the executable to FILE (not available yet: see docs/cli.md)\n"
+            "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
+            "  --color            colour diagnostics (default: when stderr is a terminal)\n"
+            "  --no-color         never colour diagnostics\n"
+            "  --version          print the version\n"
+            "  -h, --help         print this help\n"
+            "\n"
+            "environment:\n"
+            "  MBT_PATH           colon-separated directories searched for imports\n"
+            "\n"
+            "exit status: 0 success, 1 errors in the program, 2 internal compiler error\n");
+}
+
+/* The stdlib shipped beside the compiler: <dir of mbtc>/../stdlib. */
+static const char *default_stdlib(Arena *ar) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return NULL;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return NULL;
+    *slash = 0;
+    return arena_printf(ar, "%s/../stdlib", exe);
+}
+
+int main(int argc, char **argv) {
+    Arena ar = {0};
+    const char *input = NULL, *emit = NULL, *output = NULL;
+    int check = 0;
+    PtrVec incdirs = {0};
+    diag_set_color(isatty(2));
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--check") == 0) check = 1;
+        else if (strncmp(a, "--emit=", 7) == 0) emit = a + 7;
+        else if (strcmp(a, "-o") == 0 && i + 1 < argc) output = argv[++i];
+        else if (strcmp(a, "-I") == 0 && i + 1 < argc) ptrvec_push(&ar, &incdirs, argv[++i]);
+        else if (strncmp(a, "-I", 2) == 0 && a[2]) ptrvec_push(&ar, &incdirs, (void *)(a + 2));
+        else if (strcmp(a, "--color") == 0) diag_set_color(1);
+        else if (strcmp(a, "--no-color") == 0) diag_set_color(0);
+        else if (strcmp(a, "--version") == 0) { printf("mbtc %s\n", MBT_VERSION); return 0; }
+        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { usage(stdout); return 0; }
+        else if (a[0] == '-' && a[1]) {
+            diag_error_noloc("unknown option '%s'", a);
+            diag_hint("run 'mbtc --help' for the options");
+            return 1;
+        } else if (input) {
+            diag_error_noloc("more than one input file ('%s' and '%s')", input, a);
+            return 1;
+        } else input = a;
+    }
+    if (!input) {
+        diag_error_noloc("no input file");
+        usage(stderr);
+        return 1;
+    }
+    if (emit && strcmp(emit, "tokens") != 0 && strcmp(emit, "ast") != 0) {
+        diag_error_noloc("unknown stage '%s' for --emit", emit);
+        diag_hint("the stages available are: tokens, ast");
+        return 1;
+    }
+
+    Loader ld;
+    loader_init(&ld, &ar, (const char **)incdirs.v, incdirs.n, default_stdlib(&ar));
+
+    if (emit && strcmp(emit, "tokens") == 0) {
+        uint32_t len = 0;
+        const char *why = NULL;
+        char *text = loader_read_file(&ar, input, &len, &why);
+        if (!text) {
+            diag_error_noloc("cannot read '%s': %s", input, why);
+            return 1;
+        }
+        parse_dump_tokens(stdout, diag_add_source(input, text, len));
+        return diag_finish();
+    }
+
+    Module *main_mod = loader_main(&ld, input);
+    if (!main_mod) return diag_finish();
+    if (diag_error_count()) return diag_finish(); /* syntax errors: no semantic analysis */
+    if (emit && strcmp(emit, "ast") == 0) {
+        ast_print(stdout, main_mod->ast);
+        return diag_finish();
+    }
+    sema_check(&ld, main_mod);
+    if (diag_error_count() || check) {
+        int rc = diag_finish();
+        arena_free(&ar);
+        return rc;
+    }
+    diag_error_noloc("building executables is not available in this version of mbtc");
+    diag_hint("use --check to check a program%s", output ? "" : ", or --emit=ast to print it");
+    return diag_finish();
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# tools/deps.sh - find what the build needs, install what is missing from Debian's packages
+# when running as root, and say what was found. Called by `make` (and `make test`) before
+# anything is compiled.
+#
+#   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19 (and, optionally, CUDA)
+#   tools/deps.sh test    the above plus what the tests use (clang 19 with libFuzzer)
+set -u
+what=${1:-build}
+
+need_pkgs=()
+say() { printf 'mbt: %s\n' "$*"; }
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# --- build tools -----------------------------------------------------------------------
+have cc || have gcc || need_pkgs+=(gcc)
+have make || need_pkgs+=(make)
+have re2c || need_pkgs+=(re2c)
+if ! have lemon || [ ! -f /usr/share/lemon/lempar.c ]; then need_pkgs+=(lemon); fi
+LLVM_CONFIG=${LLVM_CONFIG:-llvm-config-19}
+have "$LLVM_CONFIG" || need_pkgs+=(llvm-19-dev)
+
+# --- test tools -------------------------------------------------------------------------
+if [ "$what" = test ]; then
+    have clang-19 || need_pkgs+=(clang-19)
+    [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] || need_pkgs+=(libclang-rt-19-dev)
+fi
+
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && have apt-get; then
+        say "installing missing Debian packages: ${need_pkgs[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        if ! apt-get install -y -qq "${need_pkgs[@]}" >/tmp/mbt-apt.log 2>&1; then
+            apt-get update -qq >/tmp/mbt-apt.log 2>&1
+            if ! apt-get install -y -qq "${need_pkgs[@]}" >>/tmp/mbt-apt.log 2>&1; then
+                say "apt-get install failed; its log is in /tmp/mbt-apt.log:"
+                tail -n 20 /tmp/mbt-apt.log
+                exit 1
+            fi
+        fi
+    else
+        say "missing Debian packages: ${need_pkgs[*]}"
+        say "install them with:  sudo apt-get install ${need_pkgs[*]}"
+        exit 1
+    fi
+fi
+
+say "found re2c $(re2c --version | awk '{print $2}'), lemon (template /usr/share/lemon/lempar.c), $("$LLVM_CONFIG" --version | sed 's/^/LLVM /')"
+if [ "$what" = test ]; then say "found $(clang-19 --version | head -n 1) with libFuzzer"; fi
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ -f "$CUDA_HOME/include/nvrtc.h" ]; then
+    say "found CUDA at $CUDA_HOME (used by the CUDA back end; a GPU is not needed to build)"
+else
+    say "CUDA not found at $CUDA_HOME: the CUDA back end will be unavailable (set CUDA_HOME= to point at it)"
+fi
+exit 0
