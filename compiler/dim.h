@@ -32,5 +32,8 @@ int dim_is_sym(const Dim *a, const char **name);           /* 1 if a is exactly 
 int dim_has_sym(const Dim *a, const char *name);           /* 1 if the symbol occurs in a */
 const Dim *dim_subst(Arena *ar, const Dim *a, const char *sym, const Dim *val); /* replace sym by val */
 char *dim_str(Arena *ar, const Dim *a);                    /* "B", "768", "d*4", "d/heads", "T-1" */
+int dim_rational(const Dim *a, int64_t *num, int64_t *den); /* 1 if a has no symbols: value num/den (den > 1: not an integer) */
+const Dim *dim_pow(Arena *ar, const Dim *a, int64_t e);    /* a^e for e >= 0; NULL on overflow or e < 0 */
+int dim_is_integral(const Dim *a);                         /* 1 if whole for all integer symbols: integer coefficients, no division */
 
 #endif

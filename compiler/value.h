@@ -82,6 +82,8 @@ Value *value_float(Arena *ar, double f, int known, Span origin); /* V_FLOAT */
 Value *value_bool(Arena *ar, int b, int known, Span origin);     /* V_BOOL */
 Value *value_tensor(Arena *ar, DType dt, int rank, const Dim **dims, Span origin); /* V_TENSOR (dims copied) */
 char *value_type_str(Arena *ar, const Value *v); /* "f32[B, T, d]", "integer 768", "model Block", ... */
+char *value_float_str(Arena *ar, double f);      /* shortest text reading back as f: "0.02", "1e-8", "2.0" */
+int value_number(const Value *v, double *out);   /* 1 if v is a V_INT or V_FLOAT with a known value (into *out) */
 
 /* ---- operations on values (shape.c): each reports its own errors through diag and then
  * returns V_UNKNOWN, so callers never cascade. `at` is the whole expression's span. ---- */
@@ -92,6 +94,11 @@ Value *value_index(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, 
                    Value **slice_lo, Value **slice_hi, Span at);
 Value *value_tensor_attr(Arena *ar, Value *t, Str name, Span at); /* x.T (swap last two dims), x.shape, x.dtype... */
 int value_truthy(const Value *v, int *known);                    /* condition of if/and/or */
+/* a @ b, also for matmul(a, b): messages begin with `what` ("'@'" or "matmul"). */
+Value *value_matmul(Arena *ar, const char *what, Value *a, Span sa, Value *b, Span sb, Span at);
+/* Elementwise combination of two numbers/tensors for builtins (max, min, where): broadcast shape and
+ * joined dtype, errors prefixed by `what`; two numbers give an unknown float (V_UNKNOWN for two ints). */
+Value *value_elementwise(Arena *ar, const char *what, Value *a, Span sa, Value *b, Span sb, Span at);
 
 /* ---- builtins (builtins.c) ---- */
 typedef struct CallArgs {
@@ -111,5 +118,6 @@ const char *builtin_name(const Builtin *b);       /* its name */
 int builtin_count(void);                          /* for "did you mean" */
 const char *builtin_name_at(int i);               /* i-th builtin's name */
 Value *builtin_call(Arena *ar, const Builtin *b, const CallArgs *args); /* shape rule + checks */
+Value *builtin_value(Arena *ar, const Builtin *b, Span at);   /* what the bare name means: V_FLOAT for pi, else V_BUILTIN */
 
 #endif
