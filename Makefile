@@ -21,7 +21,8 @@ FUZZ_SECONDS ?= 0
 WARN     = -Wall -Wextra -Werror
 CSTD     = -std=c11 -D_GNU_SOURCE
 OPT      ?= -O2 -g
-SANFLAGS = $(if $(SAN),-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all,)
+SAN_KINDS = address,undefined
+SANFLAGS = $(if $(SAN),-fsanitize=$(SAN_KINDS) -fno-omit-frame-pointer -fno-sanitize-recover=all)
 INC      = -Icompiler -Igrammar -I$(BUILD)/gen
 CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(INC) $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
@@ -51,12 +52,10 @@ $(BUILD)/.deps-ok: tools/deps.sh
 	@touch $@
 
 # ---- generated front end (never in the source tree) ------------------------------------------
+# lemon exits non-zero when the grammar has conflicts, so a conflicting grammar fails the build.
 $(BUILD)/gen/mbt.c $(BUILD)/gen/mbt.h: grammar/mbt.y $(LEMPAR) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/gen
 	$(LEMON) -q -T$(LEMPAR) -d$(BUILD)/gen grammar/mbt.y
-	@# lemon reports conflicts on stdout and still writes a parser: refuse one with conflicts
-	@if $(LEMON) -q -T$(LEMPAR) -d$(BUILD)/gen grammar/mbt.y | grep -q conflict; then \
-	    echo "grammar/mbt.y has parsing conflicts (see $(BUILD)/gen/mbt.out)"; exit 1; fi
 
 $(BUILD)/gen/lexer.c: grammar/lexer.re $(BUILD)/gen/mbt.h | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/gen
@@ -86,7 +85,7 @@ $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
 
 # ---- tests -------------------------------------------------------------------------------------
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a $(HDRS)
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a $(HDRS) $(wildcard tests/unit/*.h)
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) -Itests/unit $< $(BUILD)/libmbtc.a -lm -o $@ $(LDFLAGS_ALL)
 

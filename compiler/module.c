@@ -113,7 +113,8 @@ Module *loader_import(Loader *ld, Module *from, Str name, Span at) {
     int ncand = ld->ndirs + 1;
     for (int i = 0; i < ncand; i++) {
         const char *dir = i == 0 ? dir_of(ld->ar, from->path) : ld->dirs[i - 1];
-        char *path = arena_printf(ld->ar, "%s/%s.mbt", dir, cname);
+        char *path = strcmp(dir, ".") == 0 ? arena_printf(ld->ar, "%s.mbt", cname)
+                                           : arena_printf(ld->ar, "%s/%s.mbt", dir, cname);
         struct stat st;
         if (stat(path, &st) != 0) continue;
         /* The same file reached under another name or directory is the same module. */

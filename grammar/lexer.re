@@ -130,7 +130,7 @@ static Token lex_raw(Lexer *lx) {
         ident = [a-zA-Z_] [a-zA-Z0-9_]*;
 
         "\x00" {
-            if (tok >= lx->src + lx->len) { lx->cur = tok; TOK(0); }
+            if (tok >= lx->src + lx->len) { cur = tok; TOK(0); } /* stay on the sentinel */
             diag_error(lex_span(lx, tok, tok + 1), "NUL byte in source");
             diag_hint("a .mbt file is text; remove the NUL bytes");
             lx->cur = cur;
