@@ -1,0 +1,75 @@
+/* fuzz_frontend.c - libFuzzer target for the front end and the checker: every input is lexed and
+ * parsed as a .mbt file ("fuzz.mbt"); when it has no syntax error it is checked (sema_check) as
+ * the main module, with `import` resolved against ./stdlib (run from the repository root, as
+ * tests/fuzz/run.sh does). Built by `make fuzz-build` with ASan and UBSan; a crash, a sanitizer
+ * report, an internal error (mbtc exits 2: libFuzzer reports "fuzz target exited") or a hang is
+ * a finding.
+ *
+ * diag prints every message to the C stream `stderr`. To keep the fuzzer fast that stream is
+ * pointed at /dev/null once, in LLVMFuzzerInitialize. File descriptor 2 itself stays open, so the
+ * sanitizers' reports and libFuzzer's own messages (which keep their own FILE* to fd 2) still
+ * show. Set MBT_FUZZ_VERBOSE=1 to see the compiler's messages, e.g. when replaying a crash:
+ *     MBT_FUZZ_VERBOSE=1 build/fuzz/fuzz_frontend build/fuzz/artifacts/crash-...
+ *
+ * diag's error counter is global and only grows across inputs; nothing here needs it to be 0: a
+ * syntax error is detected by comparing the count before and after parsing. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "ast.h"
+#include "diag.h"
+#include "module.h"
+#include "parse.h"
+#include "sema.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    const char *verbose = getenv("MBT_FUZZ_VERBOSE");
+    if (!verbose || !*verbose || strcmp(verbose, "0") == 0) {
+        FILE *null = fopen("/dev/null", "w");
+        if (null) stderr = null;
+    }
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size > (64u << 20)) return 0; /* far beyond -max_len; keeps the uint32_t length exact */
+
+    /* The lexer wants the text NUL-terminated. A malloc'd copy of exactly size + 1 bytes, so
+     * ASan catches any read past the sentinel. */
+    char *text = malloc(size + 1);
+    if (!text) return 0;
+    if (size) memcpy(text, data, size);
+    text[size] = 0;
+
+    Arena ar = {0};
+    uint32_t file = diag_add_source("fuzz.mbt", text, (uint32_t)size);
+    int before = diag_error_count();
+
+    /* The main module, built as loader_main would but from memory. */
+    Module *m = arena_alloc(&ar, sizeof(Module));
+    m->name = "fuzz";
+    m->path = "fuzz.mbt";
+    m->file = file;
+    m->ast = parse_source(&ar, file);
+    if (!m->ast) abort();                 /* parse_source never returns NULL */
+    if (!ast_check_spans(m->ast)) abort(); /* every node is located inside the file */
+
+    if (diag_error_count() == before) {
+        Loader ld;
+        loader_init(&ld, &ar, NULL, 0, "stdlib");
+        ptrvec_push(&ar, &ld.modules, m);
+        sema_check(&ld, m);
+    }
+
+    arena_free(&ar);
+    free(text);
+    return 0;
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# tests/fuzz/run.sh BUILD SECONDS - runs the front-end fuzzer (BUILD/fuzz/fuzz_frontend, built by
+# `make fuzz-build`) from the repository root, in two steps:
+#   1. replay: every file of the corpus (tests/fuzz/corpus, examples, stdlib, tests/diag) once;
+#   2. fuzz for SECONDS (0 = until stopped with Ctrl-C) on a temporary copy of that corpus, so the
+#      stored corpus is never changed by a run.
+# Prints `PASS fuzz/<step>` or `FAIL fuzz/<step>: ...` for each step (what tests/run.sh counts),
+# with the path of the input that crashed or hung (kept in BUILD/fuzz/artifacts/) and the end of
+# libFuzzer's log. Exit status 1 when a step failed.
+#
+# Replay a finding with the compiler's own messages shown:
+#     MBT_FUZZ_VERBOSE=1 BUILD/fuzz/fuzz_frontend BUILD/fuzz/artifacts/crash-...
+set -u
+
+if [ $# -lt 2 ]; then
+    echo "usage: tests/fuzz/run.sh BUILD SECONDS" >&2
+    exit 2
+fi
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+if ! BUILD=$(cd "$1" 2>/dev/null && pwd); then
+    echo "FAIL fuzz/setup: build directory '$1' does not exist"
+    exit 1
+fi
+SECONDS_TO_RUN=$2
+case "$SECONDS_TO_RUN" in '' | *[!0-9]*) echo "tests/fuzz/run.sh: SECONDS must be a number" >&2; exit 2 ;; esac
+cd "$ROOT" || exit 2
+
+FUZZER="$BUILD/fuzz/fuzz_frontend"
+if [ ! -x "$FUZZER" ]; then
+    echo "FAIL fuzz/setup: $FUZZER does not exist (run make fuzz-build)"
+    exit 1
+fi
+ART="$BUILD/fuzz/artifacts"
+mkdir -p "$ART" "$BUILD/tmp" || exit 2
+CORPUS_DIRS=()
+for d in tests/fuzz/corpus examples stdlib tests/diag; do
+    [ -d "$d" ] && CORPUS_DIRS+=("$d")
+done
+
+# Leaks are findings too; the sanitizers' exit status is libFuzzer's business here.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
+
+failed=0
+
+# The artifacts there are now, one per line (to tell which ones a step wrote).
+list_artifacts() { find "$ART" -maxdepth 1 -type f 2>/dev/null | sort; }
+
+# report STEP RC LOG BEFORE: BEFORE is list_artifacts' output from before the step.
+report() {
+    local step=$1 rc=$2 log=$3 before=$4 arts
+    arts=$(comm -13 <(printf '%s\n' "$before") <(list_artifacts) | sed '/^$/d')
+    if [ "$rc" = 0 ] && [ -z "$arts" ]; then
+        echo "PASS fuzz/$step"
+        return
+    fi
+    failed=1
+    local what="libFuzzer exited with status $rc"
+    if grep -aq 'ERROR: libFuzzer: timeout' "$log"; then what="an input hung (over 5 s)"
+    elif grep -aq 'ERROR: libFuzzer: fuzz target exited' "$log"; then what="the compiler exited (an internal error, status 2?)"
+    elif grep -aq 'ERROR: libFuzzer: out-of-memory' "$log"; then what="an input used over 2 GB"
+    elif grep -aq 'ERROR: LeakSanitizer' "$log"; then what="a memory leak"
+    elif grep -aqE '==ERROR: AddressSanitizer|runtime error:' "$log"; then what="a sanitizer report"
+    elif grep -aq 'deadly signal' "$log"; then what="a crash"
+    fi
+    echo "FAIL fuzz/$step: $what"
+    local a
+    while IFS= read -r a; do
+        [ -n "$a" ] || continue
+        echo "    reproducer: $a"
+        echo "    replay it:  MBT_FUZZ_VERBOSE=1 '$FUZZER' '$a'"
+    done <<<"$arts"
+    # The report: from the first error line on, the interesting lines.
+    awk '/ERROR: |runtime error: |deadly signal/ { on = 1 } on' "$log" |
+        grep -aE 'ERROR:|SUMMARY:|runtime error|^ *#[0-9]+ 0x|Test unit written|deadly signal' |
+        head -n 40 | cut -c1-200 | sed 's/^/    /'
+    echo "    (the whole log: $log)"
+}
+
+# ---- 1. replay ---------------------------------------------------------------------------------
+BEFORE=$(list_artifacts)
+LOG="$BUILD/fuzz/replay.log"
+"$FUZZER" -runs=0 -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/" "${CORPUS_DIRS[@]}" >"$LOG" 2>&1
+report replay $? "$LOG" "$BEFORE"
+
+# ---- 2. fuzz -----------------------------------------------------------------------------------
+WORK=$(mktemp -d "$BUILD/tmp/fuzz-corpus.XXXXXX") || exit 2
+trap 'rm -rf "$WORK"' EXIT
+for d in "${CORPUS_DIRS[@]}"; do
+    for f in "$d"/*; do
+        [ -f "$f" ] && cp "$f" "$WORK/$(echo "$d" | tr '/' '_')__$(basename "$f")"
+    done
+done
+BEFORE=$(list_artifacts)
+LOG="$BUILD/fuzz/fuzz.log"
+ARGS=(-max_len=4096 -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/" -print_final_stats=1)
+if [ "$SECONDS_TO_RUN" = 0 ]; then
+    echo "fuzzing until stopped (Ctrl-C); new inputs go to $WORK, findings to $ART/"
+    "$FUZZER" "${ARGS[@]}" "$WORK" 2>&1 | tee "$LOG"
+    rc=${PIPESTATUS[0]}
+    # Stopped by the user (SIGINT: libFuzzer exits 0 or 130): not a finding by itself.
+    if [ "$rc" = 130 ]; then rc=0; fi
+    report fuzz $rc "$LOG" "$BEFORE"
+else
+    "$FUZZER" "${ARGS[@]}" -max_total_time="$SECONDS_TO_RUN" "$WORK" >"$LOG" 2>&1
+    rc=$?
+    report "fuzz-${SECONDS_TO_RUN}s" $rc "$LOG" "$BEFORE"
+    grep -aE '^stat::number_of_executed_units|^stat::peak_rss_mb' "$LOG" | sed 's/^/# /'
+fi
+
+[ "$failed" = 0 ]

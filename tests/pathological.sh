@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# tests/pathological.sh MBTC OUTDIR [LIMIT_MS] [TIMEOUT_S] - hostile inputs for `mbtc --check`.
+#
+# Each case generates a file under OUTDIR and runs `MBTC --check` on it. It passes when mbtc
+#   - finishes within LIMIT_MS (default 1000; the sanitizer build is given more by tests/run.sh),
+#     and is killed after TIMEOUT_S (default 5) so a hang is a failure, not a stuck run;
+#   - exits with the status expected (1, or 0 for the files that are valid), never 2 (an
+#     internal error) nor by a signal;
+#   - reports a located `path:line:col: error: ...` (and the case's message, where it has one),
+#     or `mbtc: error: cannot read ...` for a missing file or a directory;
+#   - prints less than 64 KiB, and no sanitizer report.
+# Prints `PASS name` or `FAIL name: why` with mbtc's output indented below (tests/run.sh relays
+# these lines into its own count).
+set -u
+
+if [ $# -lt 2 ]; then
+    echo "usage: tests/pathological.sh MBTC OUTDIR [LIMIT_MS] [TIMEOUT_S]" >&2
+    exit 2
+fi
+MBTC=$1
+OUT=$2
+LIMIT_MS=${3:-1000}
+TIMEOUT_S=${4:-5}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$OUT" || exit 2
+export LC_ALL=C
+
+failures=0
+
+# repeat N TEXT: TEXT written N times, no separator.
+repeat() {
+    if [ "${#2}" = 1 ]; then
+        printf '%*s' "$1" '' | tr ' ' "$2"
+    else
+        printf '%*s' "$1" '' | sed "s/ /$(printf '%s' "$2" | sed 's/[\/&]/\\&/g')/g"
+    fi
+}
+
+# check NAME FILE WANT_RC MESSAGE
+#   WANT_RC 0: exit 0 and print nothing. WANT_RC 1: exit 1 with a located error about FILE whose
+#   text contains MESSAGE (any error when MESSAGE is empty). MESSAGE starting with "mbtc: " is a
+#   message without location (for files that cannot be read) and must begin a line.
+check() {
+    local name=$1 file=$2 want=$3 msg=$4
+    local log="$OUT/$name.log" rc t0 t1 ms why="" size
+    t0=$(date +%s%N)
+    { timeout "$TIMEOUT_S" "$MBTC" --check "$file" >"$log" 2>&1; } 2>>"$log"
+    rc=$?
+    t1=$(date +%s%N)
+    ms=$(((t1 - t0) / 1000000))
+    size=$(wc -c <"$log")
+    if [ "$rc" = 124 ]; then
+        why="hung: killed after ${TIMEOUT_S} s"
+    elif [ "$rc" -gt 128 ]; then
+        why="killed by signal $((rc - 128))"
+    elif [ "$rc" = 2 ]; then
+        why="internal error (exit status 2)"
+    elif grep -aqE '^==[0-9]+==ERROR: |runtime error: |^SUMMARY: (Address|Undefined|Leak)Sanitizer' "$log"; then
+        why="sanitizer report (exit status $rc)"
+    elif [ "$rc" != "$want" ]; then
+        why="exit status $rc, expected $want"
+    elif [ "$ms" -gt "$LIMIT_MS" ]; then
+        why="took $ms ms (the limit is $LIMIT_MS ms)"
+    elif [ "$size" -ge 65536 ]; then
+        why="printed $size bytes (the limit is 64 KiB)"
+    elif [ "$want" = 0 ] && [ "$size" != 0 ]; then
+        why="printed messages for a valid file"
+    elif [ "$want" != 0 ]; then
+        case "$msg" in
+        "mbtc: "*)
+            if ! awk -v m="$msg" 'index($0, m) == 1 { found = 1 } END { exit !found }' "$log"; then
+                why="no line starting '$msg'"
+            fi
+            ;;
+        *)
+            # A line `FILE:LINE:COL: error: ...` containing msg.
+            if ! awk -v p="$file:" -v m="$msg" '
+                index($0, p) == 1 {
+                    rest = substr($0, length(p) + 1)
+                    if (rest ~ /^[0-9]+:[0-9]+: error: / && index(rest, m) > 0) found = 1
+                }
+                END { exit !found }' "$log"; then
+                if [ -n "$msg" ]; then why="no located error containing '$msg'"; else why="no located error"; fi
+            fi
+            ;;
+        esac
+    fi
+    if [ -z "$why" ]; then
+        echo "PASS $name"
+    else
+        failures=$((failures + 1))
+        echo "FAIL $name: $why"
+        if grep -aqE '^==[0-9]+==ERROR: |runtime error: ' "$log"; then
+            # The sanitizer's report, not mbtc's messages before it.
+            awk '/^==[0-9]+==ERROR: |runtime error: / { on = 1 } on' "$log" | head -n 30
+        else
+            head -n 20 "$log"
+        fi | cut -c1-200 | tr '\000-\010\013-\037\177' '?' | sed 's/^/    /'
+    fi
+}
+
+F="$OUT"
+
+# ---- strings, NUL bytes, UTF-8 -------------------------------------------------------------
+printf 'fn f() {\n  x = "abc\n  return x\n}\n' >"$F/unterminated-string.mbt"
+check unterminated-string "$F/unterminated-string.mbt" 1 "unterminated string"
+
+printf 'fn f() {\n  x = "abc' >"$F/unterminated-string-eof.mbt"
+check unterminated-string-eof "$F/unterminated-string-eof.mbt" 1 "unterminated string"
+
+printf 'fn f() {\n  x = 1\000\000 + 2\n  s = "a\000b"\n  # c\000d\n  return x\n}\n' >"$F/nul-bytes.mbt"
+check nul-bytes "$F/nul-bytes.mbt" 1 "NUL byte"
+
+head -c 1048576 /dev/zero >"$F/nul-megabyte.mbt"
+check nul-megabyte "$F/nul-megabyte.mbt" 1 "NUL byte"
+
+printf 'fn f() {\n  x = 1 \xff\xfe + 2\n  return x\n}\n' >"$F/utf8-code.mbt"
+check utf8-code "$F/utf8-code.mbt" 1 "invalid UTF-8"
+
+printf '# caf\xe9 \xc0\x80\nfn f() {\n  return 1\n}\n' >"$F/utf8-comment.mbt"
+check utf8-comment "$F/utf8-comment.mbt" 1 "invalid UTF-8"
+
+printf 'fn f() {\n  s = "donn\xe9es \xed\xa0\x80"\n  return s\n}\n' >"$F/utf8-string.mbt"
+check utf8-string "$F/utf8-string.mbt" 1 "invalid UTF-8"
+
+# ---- size ------------------------------------------------------------------------------------
+# 10 MB of valid declarations: copies of the stdlib's layers, each copy's models renamed.
+if [ -f "$ROOT/stdlib/nn.mbt" ]; then
+    names=$(sed -nE 's/^model ([A-Za-z0-9_]+).*/\1/p' "$ROOT/stdlib/nn.mbt" | paste -sd'|' -)
+    sed -E "s/\\b($names)\\b/\\1_@N@/g" "$ROOT/stdlib/nn.mbt" >"$F/nn-template.mbt"
+    awk -v target=10485760 'BEGIN { RS = "\001" } { t = t $0 }
+        END { n = 0; k = 0; while (n < target) { s = t; gsub(/@N@/, k, s); printf "%s", s; n += length(s); k++ } }' \
+        "$F/nn-template.mbt" >"$F/valid-10mb.mbt"
+    check valid-10mb "$F/valid-10mb.mbt" 0 ""
+else
+    echo "FAIL valid-10mb: $ROOT/stdlib/nn.mbt not found"
+    failures=$((failures + 1))
+fi
+
+# 10 MB of garbage: 64 KiB of pseudo-random bytes (fixed seed), repeated.
+awk 'BEGIN { srand(20240607); for (i = 0; i < 65536; i++) printf "%c", int(rand() * 256) }' >"$F/garbage-64k.bin"
+for _ in $(seq 160); do cat "$F/garbage-64k.bin"; done >"$F/garbage-10mb.mbt"
+check garbage-10mb "$F/garbage-10mb.mbt" 1 ""
+
+# 10 MB of printable junk: random ASCII punctuation, names and numbers.
+awk 'BEGIN { srand(7); s = "abcxyz_019 .,;:()[]{}+-*/%^@=<>!~\"#\n";
+             for (i = 0; i < 65536; i++) printf "%s", substr(s, int(rand() * length(s)) + 1, 1) }' >"$F/junk-64k.txt"
+for _ in $(seq 160); do cat "$F/junk-64k.txt"; done >"$F/junk-10mb.mbt"
+check junk-10mb "$F/junk-10mb.mbt" 1 ""
+
+# 100,000 lines with an error each: the output stays bounded.
+yes '  x = $' | head -n 100000 >"$F/many-errors.mbt"
+check many-errors "$F/many-errors.mbt" 1 ""
+
+# ---- depth -----------------------------------------------------------------------------------
+{ printf 'fn f() {\n  x = '; repeat 100000 '('; printf '1'; repeat 100000 ')'; printf '\n  return x\n}\n'; } >"$F/nested-parens.mbt"
+check nested-parens "$F/nested-parens.mbt" 1 "nested"
+
+{ printf 'fn f() {\n  x = '; repeat 100000 '['; printf '1'; repeat 100000 ']'; printf '\n  return x\n}\n'; } >"$F/nested-brackets.mbt"
+check nested-brackets "$F/nested-brackets.mbt" 1 "nested"
+
+{ printf 'fn f() {\n  x = '; repeat 100000 '-'; printf '1\n  return x\n}\n'; } >"$F/nested-minus.mbt"
+check nested-minus "$F/nested-minus.mbt" 1 ""
+
+{ printf 'fn f(y) {\n  x = '; repeat 100000 'not '; printf 'y\n  return x\n}\n'; } >"$F/nested-not.mbt"
+check nested-not "$F/nested-not.mbt" 1 ""
+
+{ printf 'fn f(y) {\n  x = y'; repeat 100000 '^y'; printf '\n  return x\n}\n'; } >"$F/power-chain.mbt"
+check power-chain "$F/power-chain.mbt" 1 ""
+
+{ printf 'fn f(y) {\n'; yes '  if y {' | head -n 100000; yes '  }' | head -n 100000; printf '  return y\n}\n'; } >"$F/nested-blocks.mbt"
+check nested-blocks "$F/nested-blocks.mbt" 1 ""
+
+{ printf 'fn f() {\n  x = 1'; repeat 99999 '+1'; printf '\n  return x\n}\n'; } >"$F/sum-100k.mbt"
+check sum-100k "$F/sum-100k.mbt" 1 "nested"
+
+# ---- literals --------------------------------------------------------------------------------
+printf 'model M(n = 99999999999999999999999, d = 8) {\n  w = param f32[n, d]\n}\n' >"$F/int-too-large.mbt"
+check int-too-large "$F/int-too-large.mbt" 1 "integer literal too large"
+
+{ printf 'fn f() {\n  x = '; repeat 1048576 'a'; printf '\n  return x\n}\n'; } >"$F/identifier-1mb.mbt"
+check identifier-1mb "$F/identifier-1mb.mbt" 1 "identifier is 1048576 bytes long"
+
+{ printf 'fn f() {\n  x = 1'; repeat 1048576 '0'; printf '\n  return x\n}\n'; } >"$F/number-1mb.mbt"
+check number-1mb "$F/number-1mb.mbt" 1 ""
+
+# A 1 MB string is fine; the syntax error on the next line shows the lexer got past it.
+{ printf 'fn f() {\n  x = "'; repeat 1048576 's'; printf '"\n  y = = 1\n}\n'; } >"$F/string-1mb.mbt"
+check string-1mb "$F/string-1mb.mbt" 1 "expected an expression"
+
+# ---- files -----------------------------------------------------------------------------------
+rm -f "$F/does-not-exist.mbt"
+check missing-file "$F/does-not-exist.mbt" 1 "mbtc: error: cannot read"
+
+mkdir -p "$F/a-directory.mbt"
+check directory "$F/a-directory.mbt" 1 "mbtc: error: cannot read"
+
+: >"$F/empty.mbt"
+check empty "$F/empty.mbt" 0 ""
+
+printf '# only comments\n#\n   # indented\n\n# no newline at the end' >"$F/comments-only.mbt"
+check comments-only "$F/comments-only.mbt" 0 ""
+
+printf 'fn scale(x, k = 2.0) -> f32 {\r\n  if x > 0 {\r\n    return x * k\r\n  }\r\n  return 0.0\r\n}\r\n' >"$F/crlf.mbt"
+check crlf "$F/crlf.mbt" 0 ""
+
+[ "$failures" = 0 ]

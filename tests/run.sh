@@ -1,0 +1,335 @@
+#!/usr/bin/env bash
+# tests/run.sh BUILD_DIR - runs every test layer against the binaries in BUILD_DIR (what `make
+# test` and `make test-quick` call, after building them).
+#
+# Layers, each printing `PASS <layer>/<name>` or `FAIL <layer>/<name>: reason` (with the captured
+# output of a failure indented below it) and a `# layer NAME: 1.2 s` timing line:
+#   unit          every BUILD/tests/test_* (each prints its own PASS/FAIL lines; they are counted)
+#   diag          tests/diag/*.mbt: `mbtc --check` must print exactly the `# expect:` lines
+#   check         stdlib/*.mbt and examples/*.mbt check clean (exit 0, nothing on stderr)
+#   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
+#   asan          the unit, diag, check and pathological layers again with BUILD/asan's binaries
+#   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
+# MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection.
+# The last line is `N passed, M failed` (`, K skipped` when K > 0); the exit status is 1 when
+# anything failed. A skipped test never counts as passed.
+set -u
+set -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ $# -lt 1 ]; then
+    echo "usage: tests/run.sh BUILD_DIR" >&2
+    exit 2
+fi
+if ! BUILD=$(cd "$1" 2>/dev/null && pwd); then
+    echo "FAIL setup: build directory '$1' does not exist (run make first)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+cd "$ROOT" || exit 2
+QUICK=${MBT_QUICK:-0}
+[ "$QUICK" = 0 ] || [ "$QUICK" = 1 ] || QUICK=1
+
+# The tests do not depend on the caller's module path. A compiler finds the stdlib beside itself
+# (<bindir>/../stdlib); one built elsewhere (the sanitizer build in BUILD/asan) is pointed at the
+# repository's stdlib with MBT_PATH (see stdlib_env).
+unset MBT_PATH
+stdlib_env() {
+    if [ -d "$(dirname "$1")/../stdlib" ]; then unset MBT_PATH; else export MBT_PATH="$ROOT/stdlib"; fi
+}
+
+TMP="$BUILD/tmp/run"
+rm -rf "$TMP"
+mkdir -p "$TMP" || exit 2
+
+PASSED=0
+FAILED=0
+SKIPPED=0
+
+# ---- reporting -----------------------------------------------------------------------------
+
+pass() {
+    PASSED=$((PASSED + 1))
+    printf 'PASS %s\n' "$1"
+}
+
+# fail NAME REASON [FILE]: the failure, and FILE (captured output) indented below it.
+fail() {
+    FAILED=$((FAILED + 1))
+    printf 'FAIL %s: %s\n' "$1" "$2"
+    if [ $# -ge 3 ] && [ -s "$3" ]; then show "$3"; fi
+}
+
+skip() {
+    SKIPPED=$((SKIPPED + 1))
+    printf 'SKIP %s: %s\n' "$1" "$2"
+}
+
+# show FILE: at most 60 lines of it, indented, control bytes made visible.
+show() {
+    local n
+    n=$(wc -l <"$1")
+    LC_ALL=C head -n 60 "$1" | LC_ALL=C cut -c1-300 | LC_ALL=C tr '\000-\010\013-\037\177' '?' | sed 's/^/    /'
+    if [ "$n" -gt 60 ]; then printf '    ... (%d more lines in %s)\n' "$((n - 60))" "$1"; fi
+}
+
+now_ns() { date +%s%N; }
+
+LAYER_START=0
+layer_begin() { LAYER_START=$(now_ns); }
+layer_end() {
+    local ms=$((($(now_ns) - LAYER_START) / 1000000))
+    printf '# layer %s: %d.%d s\n' "$1" $((ms / 1000)) $(((ms % 1000) / 100))
+}
+
+# Sanitizer settings for the asan layer: any report fails the test (a distinct exit status, so
+# a sanitizer abort is never mistaken for mbtc's own exit 1), and leaks are reported
+# (MBT_ASAN_LEAKS=0 turns leak detection off).
+SAN_EXIT=86
+san_env() {
+    export ASAN_OPTIONS="detect_leaks=${MBT_ASAN_LEAKS:-1}:halt_on_error=1:abort_on_error=0:exitcode=$SAN_EXIT:allocator_may_return_null=0:detect_stack_use_after_return=0"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=$SAN_EXIT"
+    export LSAN_OPTIONS="exitcode=$SAN_EXIT"
+}
+
+# Does FILE hold a sanitizer report?
+san_report() { LC_ALL=C grep -aqE '^==[0-9]+==ERROR: |runtime error: |^SUMMARY: (Address|Undefined|Leak)Sanitizer' "$1"; }
+
+# describe_status RC: why a run ended badly, or nothing when RC is an ordinary exit status.
+describe_status() {
+    case "$1" in
+    124) echo "timed out" ;;
+    2) echo "internal error (exit status 2)" ;;
+    "$SAN_EXIT") echo "sanitizer report (exit status $SAN_EXIT)" ;;
+    *) if [ "$1" -gt 128 ]; then echo "killed by signal $(($1 - 128))"; fi ;;
+    esac
+}
+
+# ---- unit ------------------------------------------------------------------------------------
+
+# relay LAYER FILE: re-emits the PASS/FAIL lines of a sub-runner's output (a unit binary,
+# tests/pathological.sh, tests/fuzz/run.sh) as LAYER/NAME (NAME alone when it already starts with
+# LAYER/), with the indented lines that follow a FAIL (its details); counts them into the totals
+# and into RELAY_P / RELAY_F.
+relay() {
+    local layer=$1 file=$2 line name infail=0
+    RELAY_P=0
+    RELAY_F=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in
+        "PASS "* | "FAIL "*)
+            name=${line:5}
+            case "$name" in "$layer"/*) ;; *) name="$layer/$name" ;; esac
+            if [ "${line:0:4}" = PASS ]; then
+                infail=0
+                RELAY_P=$((RELAY_P + 1))
+                pass "$name"
+            else
+                infail=1
+                RELAY_F=$((RELAY_F + 1))
+                FAILED=$((FAILED + 1))
+                printf 'FAIL %s\n' "$name"
+            fi
+            ;;
+        " "* | $'\t'*)
+            if [ $infail = 1 ]; then printf '%s\n' "$line"; fi
+            ;;
+        *) infail=0 ;;
+        esac
+    done < <(LC_ALL=C tr '\000' '?' <"$file")
+}
+
+run_unit() {
+    local layer=$1 dir=$2 bin name out rc summary why found=0
+    for bin in "$dir"/test_*; do
+        [ -f "$bin" ] && [ -x "$bin" ] || continue
+        found=1
+        name=$(basename "$bin")
+        out="$TMP/${layer//\//-}-$name.out"
+        # (the braces catch the shell's own "Segmentation fault" line in the log)
+        { timeout 300 "$bin" >"$out" 2>&1; } 2>>"$out"
+        rc=$?
+        relay "$layer/$name" "$out"
+        summary=$(LC_ALL=C grep -aE '^[0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
+        why=$(describe_status "$rc")
+        if [ -n "$why" ]; then
+            # A crash, a hang or a sanitizer report always counts, FAIL lines or not.
+            fail "$layer/$name" "$why" "$out"
+        elif [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; then
+            fail "$layer/$name" "exited with status $rc without a FAIL line" "$out"
+        elif [ -z "$summary" ]; then
+            fail "$layer/$name" "no 'N passed, M failed' line at the end (did it stop early?)" "$out"
+        elif [ "$summary" != "$RELAY_P passed, $RELAY_F failed" ]; then
+            fail "$layer/$name" "its summary says '$summary' but it printed $RELAY_P PASS and $RELAY_F FAIL lines" "$out"
+        elif [ "$rc" = 0 ] && [ "$RELAY_F" != 0 ]; then
+            fail "$layer/$name" "exited with status 0 after FAIL lines" "$out"
+        elif [ "$RELAY_F" = 0 ] && san_report "$out"; then
+            fail "$layer/$name" "sanitizer report" "$out"
+        fi
+    done
+    if [ $found = 0 ]; then
+        fail "$layer" "no unit test binaries in $dir (run make unit)"
+    fi
+}
+
+# ---- diag ------------------------------------------------------------------------------------
+
+run_diag() {
+    local layer=$1 mbtc=$2 f name out err exp act rc want args why
+    if [ ! -x "$mbtc" ]; then
+        fail "$layer" "$mbtc does not exist (run make)"
+        return
+    fi
+    stdlib_env "$mbtc"
+    local found=0
+    for f in tests/diag/*.mbt; do
+        [ -f "$f" ] || continue
+        found=1
+        name=${f#tests/diag/}
+        name=${name%.mbt}
+        local tag="$TMP/${layer//\//-}-$name"
+        out="$tag.out"
+        err="$tag.err"
+        exp="$tag.expected"
+        act="$tag.actual"
+        LC_ALL=C grep -a '^# expect: ' "$f" | LC_ALL=C sed 's/^# expect: //' >"$exp"
+        want=$(LC_ALL=C grep -a -m1 '^# expect-exit: ' "$f" | LC_ALL=C sed 's/^# expect-exit: //; s/[[:space:]]*$//')
+        want=${want:-1}
+        args=()
+        local argline
+        argline=$(LC_ALL=C grep -a -m1 '^# args: ' "$f" | LC_ALL=C sed 's/^# args: //')
+        if [ -n "$argline" ]; then read -r -a args <<<"$argline"; fi
+        { timeout 20 "$mbtc" --check ${args[@]+"${args[@]}"} "$f" >"$out" 2>"$err"; } 2>>"$err"
+        rc=$?
+        # The messages about this file (path prefix stripped) and the hints, in order.
+        LC_ALL=C awk -v p="$f:" 'index($0, p) == 1 { print substr($0, length(p) + 1); next }
+                                /^  hint: / { print substr($0, 3) }' "$err" >"$act"
+        why=$(describe_status "$rc")
+        if [ -n "$why" ]; then
+            fail "$layer/$name" "$why" "$err"
+        elif san_report "$err"; then
+            fail "$layer/$name" "sanitizer report" "$err"
+        elif [ ! -s "$exp" ] && [ "$want" != 0 ]; then
+            fail "$layer/$name" "the file has no '# expect: ' lines"
+        elif ! cmp -s "$exp" "$act"; then
+            diff -u --label expected --label actual "$exp" "$act" >"$out.diff"
+            fail "$layer/$name" "messages differ" "$out.diff"
+        elif [ "$rc" != "$want" ]; then
+            fail "$layer/$name" "exit status $rc, expected $want" "$err"
+        else
+            pass "$layer/$name"
+        fi
+    done
+    if [ $found = 0 ]; then fail "$layer" "no tests/diag/*.mbt files"; fi
+}
+
+# ---- check -----------------------------------------------------------------------------------
+
+run_check() {
+    local layer=$1 mbtc=$2 f name err rc why
+    if [ ! -x "$mbtc" ]; then
+        fail "$layer" "$mbtc does not exist (run make)"
+        return
+    fi
+    stdlib_env "$mbtc"
+    local found=0
+    for f in stdlib/*.mbt examples/*.mbt; do
+        [ -f "$f" ] || continue
+        found=1
+        name=${f%.mbt}
+        err="$TMP/${layer//\//-}-${name//\//-}.err"
+        { timeout 60 "$mbtc" --check "$f" >/dev/null 2>"$err"; } 2>>"$err"
+        rc=$?
+        why=$(describe_status "$rc")
+        if [ -n "$why" ]; then
+            fail "$layer/$name" "$why" "$err"
+        elif san_report "$err"; then
+            fail "$layer/$name" "sanitizer report" "$err"
+        elif [ "$rc" != 0 ]; then
+            fail "$layer/$name" "mbtc --check exited with status $rc" "$err"
+        elif [ -s "$err" ]; then
+            fail "$layer/$name" "mbtc --check printed on stderr" "$err"
+        else
+            pass "$layer/$name"
+        fi
+    done
+    if [ $found = 0 ]; then fail "$layer" "no stdlib/*.mbt or examples/*.mbt files"; fi
+}
+
+# ---- pathological ----------------------------------------------------------------------------
+
+run_pathological() {
+    local layer=$1 mbtc=$2 limit_ms=$3 timeout_s=$4 out rc
+    if [ ! -x "$mbtc" ]; then
+        fail "$layer" "$mbtc does not exist (run make)"
+        return
+    fi
+    stdlib_env "$mbtc"
+    out="$TMP/${layer//\//-}.out"
+    bash tests/pathological.sh "$mbtc" "$BUILD/tmp/pathological" "$limit_ms" "$timeout_s" >"$out" 2>&1
+    rc=$?
+    relay "$layer" "$out"
+    if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
+        fail "$layer" "tests/pathological.sh exited with status $rc" "$out"
+    fi
+}
+
+# ---- fuzz ------------------------------------------------------------------------------------
+
+run_fuzz() {
+    local out="$TMP/fuzz.out" rc
+    bash tests/fuzz/run.sh "$BUILD" 60 >"$out" 2>&1
+    rc=$?
+    relay fuzz "$out"
+    if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
+        fail fuzz "tests/fuzz/run.sh exited with status $rc" "$out"
+    fi
+}
+
+# ---- the layers ------------------------------------------------------------------------------
+
+layer_begin
+run_unit unit "$BUILD/tests"
+layer_end unit
+
+layer_begin
+run_diag diag "$BUILD/mbtc"
+layer_end diag
+
+layer_begin
+run_check check "$BUILD/mbtc"
+layer_end check
+
+layer_begin
+run_pathological pathological "$BUILD/mbtc" 1000 5
+layer_end pathological
+
+if [ "$QUICK" = 1 ]; then
+    skip asan "MBT_QUICK=1"
+elif [ ! -x "$BUILD/asan/mbtc" ]; then
+    skip asan "no $BUILD/asan/mbtc (make asan builds it)"
+else
+    layer_begin
+    san_env
+    run_unit asan/unit "$BUILD/asan/tests"
+    run_diag asan/diag "$BUILD/asan/mbtc"
+    run_check asan/check "$BUILD/asan/mbtc"
+    run_pathological asan/pathological "$BUILD/asan/mbtc" 10000 20
+    unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+    layer_end asan
+fi
+
+if [ "$QUICK" = 1 ]; then
+    skip fuzz "MBT_QUICK=1"
+elif [ ! -x "$BUILD/fuzz/fuzz_frontend" ]; then
+    skip fuzz "no $BUILD/fuzz/fuzz_frontend (make fuzz-build builds it)"
+else
+    layer_begin
+    run_fuzz
+    layer_end fuzz
+fi
+
+summary="$PASSED passed, $FAILED failed"
+if [ "$SKIPPED" -gt 0 ]; then summary="$summary, $SKIPPED skipped"; fi
+echo "$summary"
+[ "$FAILED" = 0 ]
