@@ -68,6 +68,11 @@ $(BUILD)/obj/%.o: compiler/%.c $(HDRS)
 	@mkdir -p $(BUILD)/obj
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
+# mbtc finds the stdlib beside itself (<bindir>/../stdlib), else in this source tree.
+$(BUILD)/obj/main.o: compiler/main.c $(HDRS)
+	@mkdir -p $(BUILD)/obj
+	$(CC) $(CFLAGS_ALL) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"' -c $< -o $@
+
 # Generated code: same warnings, minus the unused-parameter noise lemon's template produces.
 $(BUILD)/obj/mbt.o: $(BUILD)/gen/mbt.c $(HDRS)
 	@mkdir -p $(BUILD)/obj

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "arena.h"
@@ -35,7 +36,7 @@ static void usage(FILE *out) {
             "exit status: 0 success, 1 errors in the program, 2 internal compiler error\n");
 }
 
-/* The stdlib shipped beside the compiler: <dir of mbtc>/../stdlib. */
+/* The stdlib shipped beside the compiler: <dir of mbtc>/../stdlib, else the source tree's. */
 static const char *default_stdlib(Arena *ar) {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -44,7 +45,40 @@ static const char *default_stdlib(Arena *ar) {
     char *slash = strrchr(exe, '/');
     if (!slash) return NULL;
     *slash = 0;
-    return arena_printf(ar, "%s/../stdlib", exe);
+    const char *beside = arena_printf(ar, "%s/../stdlib", exe);
+    struct stat st;
+    if (stat(beside, &st) == 0 && S_ISDIR(st.st_mode)) return beside;
+#ifdef MBT_SOURCE_STDLIB
+    return MBT_SOURCE_STDLIB; /* a build directory elsewhere (build/asan): the source tree's stdlib */
+#else
+    return beside;
+#endif
+}
+
+/* The pipeline, stage by stage; returns the exit status. */
+static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int check, const char *output) {
+    if (emit && strcmp(emit, "tokens") == 0) {
+        uint32_t len = 0;
+        const char *why = NULL;
+        char *text = loader_read_file(ar, input, &len, &why);
+        if (!text) {
+            diag_error_noloc("cannot read '%s': %s", input, why);
+            return diag_finish();
+        }
+        parse_dump_tokens(stdout, diag_add_source(input, text, len));
+        return diag_finish();
+    }
+    Module *main_mod = loader_main(ld, input);
+    if (!main_mod || diag_error_count()) return diag_finish(); /* unreadable, or syntax errors */
+    if (emit && strcmp(emit, "ast") == 0) {
+        ast_print(stdout, main_mod->ast);
+        return diag_finish();
+    }
+    sema_check(ld, main_mod);
+    if (diag_error_count() || check) return diag_finish();
+    diag_error_noloc("building executables is not available in this version of mbtc");
+    diag_hint("use --check to check a program%s", output ? "" : ", or --emit=ast to print it");
+    return diag_finish();
 }
 
 int main(int argc, char **argv) {
@@ -63,57 +97,31 @@ int main(int argc, char **argv) {
         else if (strncmp(a, "-I", 2) == 0 && a[2]) ptrvec_push(&ar, &incdirs, (void *)(a + 2));
         else if (strcmp(a, "--color") == 0) diag_set_color(1);
         else if (strcmp(a, "--no-color") == 0) diag_set_color(0);
-        else if (strcmp(a, "--version") == 0) { printf("mbtc %s\n", MBT_VERSION); return 0; }
-        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { usage(stdout); return 0; }
+        else if (strcmp(a, "--version") == 0) { printf("mbtc %s\n", MBT_VERSION); arena_free(&ar); return 0; }
+        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { usage(stdout); arena_free(&ar); return 0; }
         else if (a[0] == '-' && a[1]) {
             diag_error_noloc("unknown option '%s'", a);
             diag_hint("run 'mbtc --help' for the options");
-            return 1;
+            { arena_free(&ar); return 1; }
         } else if (input) {
             diag_error_noloc("more than one input file ('%s' and '%s')", input, a);
-            return 1;
+            { arena_free(&ar); return 1; }
         } else input = a;
     }
     if (!input) {
         diag_error_noloc("no input file");
         usage(stderr);
-        return 1;
+        { arena_free(&ar); return 1; }
     }
     if (emit && strcmp(emit, "tokens") != 0 && strcmp(emit, "ast") != 0) {
         diag_error_noloc("unknown stage '%s' for --emit", emit);
         diag_hint("the stages available are: tokens, ast");
-        return 1;
+        { arena_free(&ar); return 1; }
     }
 
     Loader ld;
     loader_init(&ld, &ar, (const char **)incdirs.v, incdirs.n, default_stdlib(&ar));
-
-    if (emit && strcmp(emit, "tokens") == 0) {
-        uint32_t len = 0;
-        const char *why = NULL;
-        char *text = loader_read_file(&ar, input, &len, &why);
-        if (!text) {
-            diag_error_noloc("cannot read '%s': %s", input, why);
-            return 1;
-        }
-        parse_dump_tokens(stdout, diag_add_source(input, text, len));
-        return diag_finish();
-    }
-
-    Module *main_mod = loader_main(&ld, input);
-    if (!main_mod) return diag_finish();
-    if (diag_error_count()) return diag_finish(); /* syntax errors: no semantic analysis */
-    if (emit && strcmp(emit, "ast") == 0) {
-        ast_print(stdout, main_mod->ast);
-        return diag_finish();
-    }
-    sema_check(&ld, main_mod);
-    if (diag_error_count() || check) {
-        int rc = diag_finish();
-        arena_free(&ar);
-        return rc;
-    }
-    diag_error_noloc("building executables is not available in this version of mbtc");
-    diag_hint("use --check to check a program%s", output ? "" : ", or --emit=ast to print it");
-    return diag_finish();
+    int rc = run(&ld, &ar, input, emit, check, output);
+    arena_free(&ar);
+    return rc;
 }

@@ -75,7 +75,9 @@ static Module *load(Loader *ld, const char *name, const char *path, char *text, 
     m->name = name;
     m->path = path;
     m->file = diag_add_source(path, text, len);
+    int errors = diag_error_count();
     m->ast = parse_source(ld->ar, m->file);
+    m->broken = diag_error_count() > errors;
     ptrvec_push(ld->ar, &ld->modules, m);
     return m;
 }

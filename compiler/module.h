@@ -16,6 +16,7 @@ typedef struct Module {
     const char *path;  /* the file it was read from */
     uint32_t file;     /* diag source id */
     Node *ast;         /* N_PROGRAM */
+    int broken;        /* it had syntax errors: its names are unknown, not missing */
     int state;         /* sema's bookkeeping: 0 new, 1 being checked, 2 checked */
     Scope *scope;      /* sema's top-level scope of the module */
 } Module;

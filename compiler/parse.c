@@ -96,37 +96,123 @@ static int either_expression(int code) {
     return code == TK_LPAREN || code == TK_LBRACKET || code == TK_PLUS || code == TK_MINUS;
 }
 
-void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected) {
+static int is_keyword(int code) {
+    switch (code) {
+    case TK_IMPORT: case TK_AS: case TK_FN: case TK_PARAM: case TK_RETURN: case TK_FOR: case TK_IN: case TK_IF:
+    case TK_ELSE: case TK_OPTIMIZER: case TK_STATE: case TK_TRAIN: case TK_SERVE: case TK_AND: case TK_OR:
+    case TK_NOT: case TK_MODEL:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Tokens after which an expression is complete (so a following operand means a missing ','). */
+static int ends_operand(int code) {
+    switch (code) {
+    case TK_IDENT: case TK_INT: case TK_FLOAT: case TK_STRING: case TK_TRUE: case TK_FALSE: case TK_RPAREN:
+    case TK_RBRACKET:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int is_comparison(int code) {
+    return code == TK_EQ || code == TK_NE || code == TK_LT || code == TK_LE || code == TK_GT || code == TK_GE;
+}
+
+/* Could only a closing bracket, a ',' or an operator follow here? (then a missing ',' is likely) */
+static int wants_separator(const int *expected, int nexpected) {
+    for (int i = 0; i < nexpected; i++) {
+        int t = expected[i];
+        if (t != TK_RPAREN && t != TK_RBRACKET && t != TK_COMMA && !continues_expression(t) && !either_expression(t))
+            return 0;
+    }
+    return nexpected > 0;
+}
+
+/* Is the parser inside a function header: 'fn' on the stack with no '{' above it? */
+static int in_fn_header(const int *terms, int nterms) {
+    for (int i = 0; i < nterms; i++) {
+        if (terms[i] == TK_LBRACE) return 0;
+        if (terms[i] == TK_FN || terms[i] == TK_OPTIMIZER || terms[i] == TK_MODEL) return 1;
+    }
+    return 0;
+}
+
+/* "expected X to close Y opened at L:C" for the innermost open bracket or brace. */
+static void error_unclosed(Span at, const char *got, Span open) {
+    uint32_t len;
+    const char *text = diag_source_text(open.file, &len);
+    char o = text[open.off], close = o == '(' ? ')' : o == '[' ? ']' : '}';
+    diag_error(at, "expected '%c' to close '%c' opened at %u:%u, got %s", close, o, open.line, open.col, got);
+    diag_note(open, "'%c' opened here", o);
+}
+
+void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected,
+                        const int *terms, int nterms) {
     if (c->failed) return;
     c->failed = 1;
+    const Lexer *lx = c->lx;
+    /* A declaration with a lexical error already has its message; what follows is noise. */
+    if (lx->errors && lx->last_error_off >= c->decl_off) return;
     const char *got = tok_show(c, code, tok);
     Span at = tok->span;
-    int has_start = 0, has_cont = 0, has_either = 0, want_rparen = 0, want_rbracket = 0, nshow = 0;
+    int has_start = 0, has_cont = 0, has_either = 0, want_close = 0, want_decl = 0, nshow = 0;
     const char *show[16];
     for (int i = 0; i < nexpected; i++) {
         int t = expected[i];
-        if (t == TK_RPAREN) want_rparen = 1;
-        if (t == TK_RBRACKET) want_rbracket = 1;
+        if (t == TK_RPAREN || t == TK_RBRACKET) want_close = 1;
+        if (t == TK_IMPORT) want_decl = 1;
         if (starts_expression(t)) has_start = 1;
         else if (continues_expression(t)) has_cont = 1;
         else if (either_expression(t)) has_either = 1;
         else if (nshow < 16) show[nshow++] = lex_token_desc(t);
     }
     int has_expr = has_start, has_op = has_cont || (has_either && !has_start);
+    int top_term = nterms > 0 ? terms[0] : 0;
     /* The innermost bracket still open (the failing token itself may be a new one). */
-    const Lexer *lx = c->lx;
     int top = lx->depth - 1;
     if (top >= 0 && (code == TK_LPAREN || code == TK_LBRACKET) && lx->open[top].off == tok->span.off) top--;
-    if ((want_rparen || want_rbracket) && !has_expr && top >= 0 && code != TK_RPAREN && code != TK_RBRACKET) {
-        Span o = lx->open[top];
+    char closer = 0;
+    if (top >= 0) {
         uint32_t len;
-        const char *text = diag_source_text(o.file, &len);
-        char open = text[o.off], close = open == '(' ? ')' : ']';
-        diag_error(at, "expected '%c' to close '%c' opened at %u:%u, got %s", close, open, o.line, o.col, got);
-        diag_note(o, "'%c' opened here", open);
-        return;
+        closer = diag_source_text(lx->open[top].file, &len)[lx->open[top].off] == '(' ? ')' : ']';
     }
-    if (has_expr && nshow == 0 && !has_op) {
+
+    int same_line = c->prev_span.line == tok->span.line;
+    if (want_decl && nterms <= 1) {
+        diag_error(at, "expected a declaration (import, model, fn, optimizer, train or serve), got %s", got);
+    } else if (is_comparison(code) && nterms >= 2 && terms[0] == -1 && is_comparison(terms[1])) {
+        diag_error(at, "comparisons cannot be chained");
+        diag_hint("write 'a < b and b < c'");
+    } else if (top_term == TK_IMPORT || top_term == TK_AS) {
+        diag_error(at, "expected a module name, got %s", got);
+    } else if (top_term == TK_ARROW || (top_term == TK_COLON && in_fn_header(terms, nterms))) {
+        diag_error(at, "expected a type, got %s", got);
+        diag_hint("a type is a dtype with dimensions, such as f32[B, T, d], or a dtype alone for a scalar");
+    } else if (is_keyword(code) && code != TK_NOT && code != TK_MODEL &&
+               (c->prev == TK_LPAREN || c->prev == TK_COMMA) && in_fn_header(terms, nterms)) {
+        diag_error(at, "expected a parameter name, got %s", got);
+        diag_hint("%s is a keyword; choose another name", got);
+    } else if (is_keyword(code) && (c->prev == TK_DOT || c->prev == TK_FN || c->prev == TK_FOR)) {
+        diag_error(at, "expected a name, got %s", got);
+        diag_hint("%s is a keyword; choose another name", got);
+    } else if (code == TK_ELSE && !has_expr) {
+        diag_error(at, "'else' must be on the same line as the '}' before it");
+        diag_hint("write '} else {' on one line");
+    } else if (code == TK_COMMA && (c->prev == TK_COMMA || c->prev == TK_LPAREN || c->prev == TK_LBRACKET) && closer) {
+        diag_error(at, "expected an expression or '%c', got ','", closer);
+    } else if (closer && same_line && ends_operand(c->prev) && (starts_expression(code) || code == TK_LPAREN) &&
+               wants_separator(expected, nexpected)) {
+        diag_error(at, "expected ',' or '%c', got %s", closer, got);
+    } else if (want_close && !has_expr && top >= 0 && code != TK_RPAREN && code != TK_RBRACKET) {
+        error_unclosed(at, got, lx->open[top]);
+    } else if (code == 0 && lx->braces > 0) {
+        at.len = 0;
+        error_unclosed(at, got, lx->brace[lx->braces - 1]);
+    } else if (has_expr && nshow == 0 && !has_op) {
         diag_error(at, "expected an expression, got %s", got);
     } else if (nexpected > 0 && nshow + has_op + has_expr <= 4) {
         const char *items[20];
@@ -142,18 +228,18 @@ void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expe
             n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s", sep, items[i]);
         }
         diag_error(at, "expected %s, got %s", buf, got);
+        if (code == TK_ASSIGN && has_op) diag_hint("'=' assigns; '==' compares");
+        if (code == TK_LBRACE) diag_hint("a block opens after the header on the same line: 'for x in xs {'");
     } else {
         diag_error(at, "unexpected %s", got);
     }
-    if (code == TK_ASSIGN && has_op) diag_hint("'=' assigns; '==' compares");
-    if (code == TK_LBRACE) diag_hint("a block opens after the header on the same line: 'for x in xs {'");
-    if (code == TK_ELSE) diag_hint("write '} else {' on one line");
 }
 
 void parse_stack_overflow(ParseCtx *c) {
     if (c->failed) return;
     c->failed = 1;
-    diag_error(span_none(), "program nested too deeply for the parser");
+    diag_error(c->cur.span, "program nested too deeply for the parser (more than %d levels)", PARSE_STACK_DEPTH);
+    diag_hint("split the expression or block into several statements or functions");
 }
 
 /* ---- declarations -------------------------------------------------------------------------- */
@@ -467,6 +553,15 @@ static int starts_declaration(const Token *t) {
     }
 }
 
+/* Feeds one token to the parser, remembering it for error messages. */
+static void feed(void *p, ParseCtx *c, Token t) {
+    if (starts_declaration(&t)) c->decl_off = t.span.off;
+    c->cur = t;
+    mbtParse(p, t.code, t);
+    c->prev = t.code;
+    c->prev_span = t.span;
+}
+
 Node *parse_source(Arena *ar, uint32_t file) {
     Lexer lx;
     lex_init(&lx, file);
@@ -481,21 +576,25 @@ Node *parse_source(Arena *ar, uint32_t file) {
     if (!p) INTERNAL("out of memory creating the parser");
     for (;;) {
         Token t = lex_next(&lx);
-        mbtParse(p, t.code, t);
+        if (lx.too_deep) break; /* reported by the lexer; the rest of the file is not parsed */
+        feed(p, &ctx, t);
         if (t.code == 0) break;
         if (ctx.failed) {
             /* Skip to the next declaration and start a fresh parser there. */
             mbtParseFree(p, free);
+            p = NULL;
             while (t.code != 0 && !starts_declaration(&t)) t = lex_next(&lx);
-            if (t.code == 0) return ctx.prog;
+            if (t.code == 0 || lx.too_deep) break;
             p = mbtParseAlloc(malloc, &ctx);
             if (!p) INTERNAL("out of memory creating the parser");
             ctx.failed = 0;
+            ctx.prev = TK_SEMI;
             lx.depth = 0;
-            mbtParse(p, t.code, t);
+            lx.braces = 0;
+            feed(p, &ctx, t);
         }
     }
-    mbtParseFree(p, free);
+    if (p) mbtParseFree(p, free);
     return ctx.prog;
 }
 

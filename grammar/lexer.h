@@ -29,6 +29,10 @@ typedef struct Lexer {
     uint32_t line;
     int depth;               /* open ( and [ */
     Span open[LEX_MAX_NESTING + 1]; /* where each open ( or [ is */
+    int braces;              /* open { */
+    Span brace[LEX_MAX_NESTING + 1]; /* where each open { is */
+    int errors;              /* lexical errors reported */
+    uint32_t last_error_off; /* where the latest one was */
     int last;                /* code of the last token returned */
     int pending;             /* a token held back while an inserted TK_SEMI is returned */
     Token held;

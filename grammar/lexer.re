@@ -11,6 +11,16 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
+/* Every lexical error goes through here, so the parser can tell a follow-on syntax error from a
+ * real one (parse.c stays quiet about a declaration that already has a lexical error). */
+#define LEX_ERROR(lx, sp, ...)                    \
+    do {                                          \
+        Span lex_error_at_ = (sp);                \
+        (lx)->errors++;                           \
+        (lx)->last_error_off = lex_error_at_.off; \
+        diag_error(lex_error_at_, __VA_ARGS__);   \
+    } while (0)
+
 static Span lex_span(const Lexer *lx, const unsigned char *from, const unsigned char *to) {
     Span s;
     s.file = lx->file;
@@ -48,7 +58,7 @@ static void check_utf8(Lexer *lx, const unsigned char *from, const unsigned char
     while (p < to) {
         int n = utf8_seq_len(p, to);
         if (n == 0) {
-            diag_error(lex_span(lx, p, p + 1), "invalid UTF-8 byte 0x%02X in %s", *p, what);
+            LEX_ERROR(lx, lex_span(lx, p, p + 1), "invalid UTF-8 byte 0x%02X in %s", *p, what);
             diag_hint("save the file as UTF-8");
             return;
         }
@@ -89,18 +99,18 @@ static int lex_string(Lexer *lx, const unsigned char *tok) {
                 p += 2;
                 continue;
             }
-            diag_error(lex_span(lx, p, p + 2 <= end ? p + 2 : p + 1), "unknown escape sequence in string");
+            LEX_ERROR(lx, lex_span(lx, p, p + 2 <= end ? p + 2 : p + 1), "unknown escape sequence in string");
             diag_hint("the escapes are \\\" \\\\ \\n and \\t");
             p += p + 1 < end && p[1] != '\n' ? 2 : 1;
             continue;
         }
         if (*p == 0) {
-            diag_error(lex_span(lx, p, p + 1), "NUL byte in string");
+            LEX_ERROR(lx, lex_span(lx, p, p + 1), "NUL byte in string");
         }
         p++;
     }
     if (p >= end || *p != '"') {
-        diag_error(lex_span(lx, tok, tok + 1), "unterminated string");
+        LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "unterminated string");
         diag_hint("close the string with '\"' on the same line");
         lx->cur = p; /* still a string token, so the parser goes on without a follow-on error */
         return 1;
@@ -108,6 +118,32 @@ static int lex_string(Lexer *lx, const unsigned char *tok) {
     check_utf8(lx, tok + 1, p, "string");
     lx->cur = p + 1;
     return 1;
+}
+
+/* A comment: from '#' to the end of the line. NUL bytes inside are reported (and skipped) rather
+ * than ending the comment, so the rest of the line is never read as code. */
+static void lex_comment(Lexer *lx, const unsigned char *tok) {
+    const unsigned char *p = tok + 1, *end = lx->src + lx->len;
+    int nul_seen = 0;
+    while (p < end && *p != '\n') {
+        if (*p == 0 && !nul_seen) {
+            LEX_ERROR(lx, lex_span(lx, p, p + 1), "NUL byte in source");
+            diag_hint("a .mbt file is text; remove the NUL bytes");
+            nul_seen = 1;
+        }
+        p++;
+    }
+    check_utf8(lx, tok, p, "comment");
+    lx->cur = p;
+}
+
+/* A string in single quotes: reported, then read as a string so no follow-on error appears. */
+static void lex_quoted(Lexer *lx, const unsigned char *tok, unsigned char quote) {
+    const unsigned char *p = tok + 1, *end = lx->src + lx->len;
+    while (p < end && *p != quote && *p != '\n') p++;
+    LEX_ERROR(lx, lex_span(lx, tok, p < end && *p == quote ? p + 1 : p), "strings use double quotes, not single quotes");
+    diag_hint("write \"...\"");
+    lx->cur = p < end && *p == quote ? p + 1 : p;
 }
 
 /* ---- the scanner ------------------------------------------------------------------------- */
@@ -131,7 +167,7 @@ static Token lex_raw(Lexer *lx) {
 
         "\x00" {
             if (tok >= lx->src + lx->len) { cur = tok; TOK(0); } /* stay on the sentinel */
-            diag_error(lex_span(lx, tok, tok + 1), "NUL byte in source");
+            LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "NUL byte in source");
             diag_hint("a .mbt file is text; remove the NUL bytes");
             lx->cur = cur;
             continue;
@@ -146,7 +182,8 @@ static Token lex_raw(Lexer *lx) {
             if (semi) { Token t = {TK_SEMI, at}; lx->last = TK_SEMI; return t; }
             continue;
         }
-        "#" [^\n\x00]* { check_utf8(lx, tok, cur, "comment"); lx->cur = cur; continue; }
+        "#" { lex_comment(lx, tok); continue; }
+        "'" { lex_quoted(lx, tok, '\''); cur = lx->cur; TOK(TK_STRING); }
         "\"" { if (!lex_string(lx, tok)) continue; cur = lx->cur; TOK(TK_STRING); }
 
         "import"    { TOK(TK_IMPORT); }
@@ -170,20 +207,32 @@ static Token lex_raw(Lexer *lx) {
         "not"       { TOK(TK_NOT); }
         ident {
             if (cur - tok > LEX_MAX_IDENT) {
-                diag_error(lex_span(lx, tok, tok + 16), "identifier is %ld bytes long; the limit is %d",
+                LEX_ERROR(lx, lex_span(lx, tok, tok + 16), "identifier is %ld bytes long; the limit is %d",
                            (long)(cur - tok), LEX_MAX_IDENT);
             }
             TOK(TK_IDENT);
         }
-        digits "." digits exp? | digits exp { TOK(TK_FLOAT); }
+        digits "." digits exp? | digits exp {
+            if (lx->last == TK_DOT) { /* t.0.1 is t . 0 . 1, not t . 0.1 */
+                cur = tok;
+                while (*cur >= '0' && *cur <= '9') cur++;
+                TOK(TK_INT);
+            }
+            TOK(TK_FLOAT);
+        }
         digits { TOK(TK_INT); }
-        [0-9] [0-9a-zA-Z_]* {
-            diag_error(lex_span(lx, tok, cur), "invalid number '%.*s'", (int)(cur - tok > 64 ? 64 : cur - tok),
+        digits ("." digits)? exp? [a-zA-Z_] [0-9a-zA-Z_]* {
+            LEX_ERROR(lx, lex_span(lx, tok, cur), "invalid number '%.*s'", (int)(cur - tok > 64 ? 64 : cur - tok),
                        (const char *)tok);
             diag_hint("numbers are decimal: 1024, 50_257, 0.02, 6e-4");
             TOK(TK_INT);
         }
 
+        "&&" | "||" {
+            LEX_ERROR(lx, lex_span(lx, tok, cur), "unexpected '%c%c'", tok[0], tok[1]);
+            diag_hint("write '%s' instead of '%c%c'", tok[0] == '&' ? "and" : "or", tok[0], tok[1]);
+            TOK(tok[0] == '&' ? TK_AND : TK_OR);
+        }
         "+"  { TOK(TK_PLUS); }
         "-"  { TOK(TK_MINUS); }
         "*"  { TOK(TK_STAR); }
@@ -221,19 +270,19 @@ static Token lex_raw(Lexer *lx) {
             if (c >= 0x80) {
                 int n = utf8_seq_len(tok, lx->src + lx->len);
                 if (n == 0) {
-                    diag_error(lex_span(lx, tok, tok + 1), "invalid UTF-8 byte 0x%02X", c);
+                    LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "invalid UTF-8 byte 0x%02X", c);
                     diag_hint("save the file as UTF-8");
                     lx->cur = tok + 1;
                 } else {
-                    diag_error(lex_span(lx, tok, tok + n), "unexpected character '%.*s'", n, (const char *)tok);
+                    LEX_ERROR(lx, lex_span(lx, tok, tok + n), "unexpected character '%.*s'", n, (const char *)tok);
                     diag_hint("non-ASCII text is allowed only in strings and comments");
                     lx->cur = tok + n;
                 }
             } else if (c < 0x20 || c == 0x7F) {
-                diag_error(lex_span(lx, tok, tok + 1), "unexpected control character 0x%02X", c);
+                LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "unexpected control character 0x%02X", c);
                 lx->cur = cur;
             } else {
-                diag_error(lex_span(lx, tok, tok + 1), "unexpected character '%c'", c);
+                LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "unexpected character '%c'", c);
                 if (c == '\'') diag_hint("strings use double quotes: \"...\"");
                 else if (c == '!') diag_hint("write 'not x' for negation; '!=' compares");
                 else if (c == '&' || c == '|') diag_hint("write 'and' / 'or'");
@@ -264,7 +313,7 @@ Token lex_next(Lexer *lx) {
     case TK_LPAREN:
     case TK_LBRACKET:
         if (lx->depth >= LEX_MAX_NESTING) {
-            diag_error(t.span, "brackets nested more than %d deep", LEX_MAX_NESTING);
+            LEX_ERROR(lx, t.span, "brackets nested more than %d deep", LEX_MAX_NESTING);
             diag_hint("split the expression into several statements");
             lx->too_deep = 1;
             return (Token){0, t.span};
@@ -275,8 +324,18 @@ Token lex_next(Lexer *lx) {
     case TK_RBRACKET:
         if (lx->depth > 0) lx->depth--;
         break;
+    case TK_LBRACE:
+        if (lx->braces >= LEX_MAX_NESTING) {
+            LEX_ERROR(lx, t.span, "blocks nested more than %d deep", LEX_MAX_NESTING);
+            diag_hint("move the inner code into a function");
+            lx->too_deep = 1;
+            return (Token){0, t.span};
+        }
+        lx->brace[lx->braces++] = t.span;
+        break;
     case 0:
     case TK_RBRACE:
+        if (t.code == TK_RBRACE && lx->braces > 0) lx->braces--;
         /* A statement also ends before '}' and at the end of the file. */
         if (lx->last != TK_SEMI && lx->last != TK_LBRACE && (t.code == TK_RBRACE || ends_statement(lx->last))) {
             lx->pending = 1;

@@ -30,7 +30,13 @@
     for (int t = 1; t < YYNTOKEN; t++)
         if (yy_find_shift_action((YYCODETYPE)t, yypParser->yytos->stateno) != YY_ERROR_ACTION)
             expected[nexpected++] = t;
-    parse_syntax_error(ctx, yymajor, &TOKEN, expected, nexpected);
+    /* The parser's stack, top first, for context ("in a function header", "after import"):
+     * terminals as their TK_ code, nonterminals as -1. */
+    int terms[64];
+    int nterms = 0;
+    for (yyStackEntry *e = yypParser->yytos; e > yypParser->yystack && nterms < 64; e--)
+        terms[nterms++] = e->major < YYNTOKEN ? e->major : -1;
+    parse_syntax_error(ctx, yymajor, &TOKEN, expected, nexpected, terms, nterms);
 }
 
 %stack_overflow {

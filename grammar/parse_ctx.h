@@ -7,7 +7,8 @@
 #include "ast.h"
 #include "lexer.h"
 
-#define PARSE_MAX_DEPTH 1000 /* deepest expression tree accepted */
+#define PARSE_MAX_DEPTH 1000   /* deepest expression tree accepted */
+#define PARSE_STACK_DEPTH 2000 /* the parser's stack (grammar/mbt.y %stack_size) */
 
 typedef struct ParseCtx {
     Arena *ar;
@@ -15,9 +16,15 @@ typedef struct ParseCtx {
     Lexer *lx;
     int failed;        /* a syntax error was reported: parse.c restarts at the next declaration */
     int depth_error;   /* "nested too deeply" already reported */
+    Token cur;         /* the token being fed to the parser */
+    int prev;          /* the code of the token fed before it */
+    Span prev_span;    /* and where it was */
+    uint32_t decl_off; /* where the current top-level declaration starts */
 } ParseCtx;
 
-void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected);
+/* expected: the terminals the parser could take; terms: its stack, top first (nonterminals -1). */
+void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected,
+                        const int *terms, int nterms);
 void parse_stack_overflow(ParseCtx *c);
 void parse_add_decl(ParseCtx *c, Node *d);
 

@@ -498,10 +498,10 @@ static void t_err_strings(void) {
 }
 
 static void t_err_characters(void) {
-    LEX_ERR("x = 'a'", "ident:x = ident:a $ EOF", "unexpected character '''");
+    LEX_ERR("x = 'a'", "ident:x = str:'a' $ EOF", "strings use double quotes, not single quotes");
     LEX_ERR("if !x", "if ident:x $ EOF", "unexpected character '!'");
-    LEX_ERR("a && b", NULL, "unexpected character '&'");
-    LEX_ERR("a || b", NULL, "unexpected character '|'");
+    LEX_ERR("a && b", "ident:a and ident:b $ EOF", "unexpected '&&'");
+    LEX_ERR("a || b", "ident:a or ident:b $ EOF", "unexpected '||'");
     LEX_ERR("$x", "ident:x $ EOF", "unexpected character '$'");
     LEX_ERR("a ? b", "ident:a ident:b $ EOF", "unexpected character '?'");
     LEX_ERR("`x`", "ident:x $ EOF", "unexpected character '`'");
@@ -509,7 +509,7 @@ static void t_err_characters(void) {
     LEX_ERR("x = \x01", "ident:x = EOF", "unexpected control character 0x01");
     LEX_ERR("x\x7f", "ident:x $ EOF", "unexpected control character 0x7F");
     Lexed r = lex_all("'a'", 3);
-    CHECK(strstr(r.log, "hint: strings use double quotes") != NULL, "no hint for a single quote");
+    CHECK(strstr(r.log, "hint: write \"...\"") != NULL, "no hint for a single quote");
     lexed_free(&r);
     r = lex_all("!x", 2);
     CHECK(strstr(r.log, "hint: write 'not x'") != NULL, "no hint for '!'");

@@ -1,0 +1,291 @@
+/* sema_internal.h - what the three parts of the semantic checker share: the checker's context,
+ * scopes, evaluation frames, de-duplicated diagnostics, and the resolved train/serve settings.
+ *
+ * Pipeline position: AST (parse.h) -> [sema] -> graph IR.
+ *   sema.c      drives: modules and imports, top-level declarations, scopes and name lookup,
+ *               diagnostics (each error reported once), "did you mean" suggestions.
+ *   eval.c      evaluates statements and expressions abstractly to Values (value.h): it
+ *               instantiates models, calls functions, unifies declared tensor types with the
+ *               arguments, and checks every model, function and optimizer on its own.
+ *   settings.c  checks train and serve blocks and resolves their numbers (TrainSettings,
+ *               ServeSettings) for the stages after sema.
+ * Not part of the compiler's public surface: only these three files include it. */
+#ifndef MBT_SEMA_INTERNAL_H
+#define MBT_SEMA_INTERNAL_H
+
+#include <stdint.h>
+
+#include "arena.h"
+#include "ast.h"
+#include "diag.h"
+#include "dim.h"
+#include "module.h"
+#include "sema.h"
+#include "value.h"
+
+/* ---- limits: nothing a user writes may hang the checker or overflow the C stack ---- */
+
+#define SEMA_MAX_CALL_DEPTH 64      /* nested calls and instantiations */
+#define SEMA_MAX_NEST 2000          /* nested expressions and statements, across calls: about
+                                     * 1.2 MB of C stack (3.4 MB with sanitizers) at the limit */
+#define SEMA_MAX_UNROLL 4096        /* longest loop or comprehension unrolled item by item */
+#define SEMA_MAX_LIST 65536         /* longest list with a known length */
+#define SEMA_STEP_BUDGET 20000000L  /* evaluation steps for one whole program */
+#define SEMA_MAX_MODULE_DEPTH 64    /* nested imports being checked */
+
+#define STR_ARG(s) (int)(s).len, (s).p /* for "%.*s" */
+
+typedef struct Sema Sema;
+typedef struct Frame Frame;
+
+/* ---- scopes ---- */
+
+typedef enum EntryKind {
+    ENT_DECL,     /* a top-level model, fn or optimizer */
+    ENT_IMPORT,   /* an imported module */
+    ENT_BLOCK,    /* a train or serve block: a name, not a value */
+    ENT_CONST,    /* a model constant or an optimizer hyper-parameter */
+    ENT_PARAM,    /* a model parameter (`param ...`) */
+    ENT_SUB,      /* a sub-model or a list of sub-models */
+    ENT_MEMBER,   /* another value computed in a model body (`hd = d / heads`) */
+    ENT_FN,       /* a function of a model instance or optimizer */
+    ENT_LOCAL,    /* a local variable, loop variable or function parameter */
+    ENT_DIM,      /* an upper-case dimension bound at a call (B, T) */
+    ENT_STATE,    /* an optimizer state variable, inside update */
+    ENT_UPDATE_P, /* update's parameter p */
+    ENT_READONLY, /* update's g and t; a block's model and data */
+} EntryKind;
+
+typedef struct Entry {
+    Str name;
+    Value *v;       /* NULL only for ENT_BLOCK */
+    EntryKind kind;
+    Span decl;      /* where the name was defined (notes point here) */
+} Entry;
+
+typedef enum ScopeKind { SC_MODULE, SC_MODEL, SC_OPTIMIZER, SC_LOCAL, SC_BLOCK } ScopeKind;
+
+struct Scope {
+    Scope *parent;      /* lookup goes on here: local -> instance -> module */
+    ScopeKind kind;
+    const char *name;   /* module, model, optimizer or function name */
+    Module *module;     /* the module the scope belongs to */
+    Entry *e;           /* entries in definition order */
+    int n, cap;
+    int *index;         /* open-addressing hash over e: entry index + 1, 0 = empty */
+    int icap;
+};
+
+Scope *scope_new(Sema *s, Scope *parent, ScopeKind kind, const char *name, Module *m);
+Entry *scope_find(Scope *sc, Str name);                   /* this scope only; NULL if absent */
+Entry *scope_lookup(Scope *sc, Str name, Scope **where);  /* along the parent chain */
+Entry *scope_define(Sema *s, Scope *sc, Str name, Value *v, EntryKind k, Span decl); /* add or replace */
+
+/* A copy of a scope's entries, to evaluate both branches of an `if` whose condition is unknown. */
+typedef struct ScopeSnap {
+    Entry *e;
+    int n;
+} ScopeSnap;
+ScopeSnap scope_snapshot(Sema *s, Scope *sc);
+void scope_restore(Sema *s, Scope *sc, ScopeSnap snap);
+
+/* ---- per-declaration bookkeeping ---- */
+
+typedef struct NodeInfo {
+    int generic;          /* checked on its own: 0 not yet, 1 under way, 2 done */
+    int broken;           /* evaluating its body reported errors: it is not evaluated again */
+    const Node *owner;    /* for a fn: the N_MODEL or N_OPTIMIZER it belongs to, else NULL */
+    Scope *defscope;      /* scope of the module that declares it (or its owner) */
+    Module *module;
+    Value *generic_inst;  /* for a model: its instance with symbolic constants */
+} NodeInfo;
+
+/* ---- resolved settings (for the stages after sema) ---- */
+
+typedef enum Precision { PREC_F32, PREC_BF16, PREC_F16 } Precision;
+typedef enum Storage { STORE_NONE, STORE_HOST, STORE_NVME } Storage;
+typedef enum PipeSchedule { PIPE_1F1B, PIPE_GPIPE } PipeSchedule;
+typedef enum KvDtype { KV_F32, KV_BF16, KV_F16, KV_FP8 } KvDtype;
+
+enum { /* TrainSettings.recompute bits */
+    RECOMPUTE_GELU = 1,
+    RECOMPUTE_LAYERNORM = 2,
+    RECOMPUTE_ATTENTION = 4,
+    RECOMPUTE_MLP = 8,
+    RECOMPUTE_ALL = 16,
+};
+
+typedef struct RampStep {
+    int64_t step, global, accumulation; /* from `step` on, the global batch and its accumulation */
+} RampStep;
+
+typedef struct TrainSettings {
+    const Node *node;       /* the N_TRAIN */
+    const char *name;
+    Module *module;
+    Value *model;           /* V_MODEL (or V_UNKNOWN after an error) */
+    Value *data;            /* V_DATA: x, y = i32[micro, seq] */
+    Value *loss;            /* f32[] */
+    Value *optimizer;       /* V_OPTIMIZER with its hyper-parameters bound */
+    Value *lr_fn;           /* the schedule (V_FN) or NULL for the constant default */
+    Value **lr_args;        /* its parameters after `step`, bound (lr_nargs of them) */
+    int lr_nargs;
+    const char *data_glob, *val_glob;
+    int shuffle;
+    int64_t seq;
+    int64_t global, micro, tokens, accumulation; /* tokens = 0 when micro is fixed */
+    RampStep *ramp;
+    int nramp;
+    int64_t data_par, tensor_par, pipeline_par, sequence_par, expert_par, zero;
+    PipeSchedule schedule;
+    int64_t blocks;         /* length of the model's longest list of sub-models */
+    Precision precision;
+    unsigned recompute;
+    Storage offload_activations, offload_optimizer;
+    int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
+    const char *ckpt_dir;
+    int ckpt_continue_on_error;
+    int64_t eval_every, eval_steps; /* eval_every = 0: no evaluation */
+    int64_t steps, seed;
+    double clip;
+} TrainSettings;
+
+typedef struct ServeSettings {
+    const Node *node;       /* the N_SERVE */
+    const char *name;
+    Module *module;
+    Value *model;
+    const char *weights;
+    int64_t tokens, prefill_chunk, seqs;
+    int64_t kv_block;
+    double kv_memory;
+    KvDtype kv_dtype;
+    double temperature, top_p;
+    int64_t top_k, max_tokens;
+    int64_t port;
+} ServeSettings;
+
+typedef struct SemaResult {
+    PtrVec trains; /* TrainSettings* in source order, module by module */
+    PtrVec serves; /* ServeSettings* */
+} SemaResult;
+
+/* sema_check, keeping the resolved settings for the next stage. Returns the errors reported. */
+int sema_run(Loader *ld, Module *main, SemaResult *out);
+
+/* ---- the checker's context ---- */
+
+typedef struct StrSet {
+    const char **v;
+    int n, cap;
+} StrSet;
+
+typedef struct PtrMap {
+    const void **key;
+    void **val;
+    int n, cap;
+} PtrMap;
+
+struct Sema {
+    Arena *ar;            /* where evaluation allocates: a scratch arena while a declaration is
+                           * checked on its own, dropped after it (values, dims, scopes) */
+    Arena *keep;          /* what outlives that: node bookkeeping, reported errors, module
+                           * scopes, train/serve settings (the loader's arena) */
+    Loader *ld;
+    SemaResult *out;
+    StrSet reported;      /* "file:offset:message" of each error reported by this checker */
+    int muted;            /* the last error of ours repeated an earlier one ... */
+    int muted_at;         /* ... when diag_error_count() was this: drop notes and hints after it */
+    PtrMap info;          /* const Node * -> NodeInfo * */
+    const Node *stack[SEMA_MAX_CALL_DEPTH]; /* functions and models being evaluated */
+    int depth;
+    int nest;             /* nested eval_expr/eval_stmt, across calls */
+    int nest_reported;
+    long steps;           /* evaluation steps so far */
+    int over_budget;      /* the step budget ran out: everything evaluates to V_UNKNOWN */
+    Module *modules[SEMA_MAX_MODULE_DEPTH + 1]; /* the import chain being checked */
+    int module_depth;
+    void *graph;          /* reserved for the graph builder: NULL while only checking */
+};
+
+NodeInfo *sema_info(Sema *s, const Node *n); /* created (zeroed) on first use */
+
+/* ---- diagnostics: each error is reported once (same file, offset and text) ---- */
+
+/* Reports an error; returns 0 (and drops it with its notes and hints) when it is a repeat. */
+int sema_error(Sema *s, Span at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void sema_note(Sema *s, Span at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void sema_hint(Sema *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "did you mean": the closest candidate within the edit-distance limit for the name. */
+typedef struct Suggest {
+    Str name;
+    int limit;          /* 2, or 1 for names of 3 bytes or fewer */
+    int best;           /* best distance so far (limit + 1: none) */
+    const char *pick;
+    uint32_t picklen;
+} Suggest;
+void suggest_init(Suggest *g, Str name);
+void suggest_try(Suggest *g, const char *cand, uint32_t len);
+void suggest_scope(Suggest *g, Scope *sc, int chain);   /* entries of sc (and its parents) */
+void suggest_builtins(Suggest *g);
+void sema_hint_suggest(Sema *s, const Suggest *g);      /* `hint: did you mean 'x'?` if any */
+
+/* ---- text for messages ---- */
+
+char *sema_cstr(Sema *s, Str x);                     /* NUL-terminated copy */
+char *sema_src(Sema *s, Span at);                    /* source text of a span, shortened */
+Span sema_span_of(const Node *n, Str piece);         /* span of a slice of n's source (its name) */
+char *sema_type_str(Sema *s, const TensorType *t);   /* "f32[B, T, 768]" */
+char *sema_describe(Sema *s, const Value *v);        /* "integer 768", "f32[4, 64]", "model 'GPT2'" */
+
+/* Counts one evaluation step and one level of nesting; 0 means stop (limit reported once). */
+int sema_enter(Sema *s, Span at);
+void sema_leave(Sema *s);
+
+/* ---- evaluation (eval.c) ---- */
+
+typedef enum FrameKind {
+    FR_MODEL_BODY, /* a model body: assignments define members of the instance */
+    FR_FN,         /* a function body */
+    FR_UPDATE,     /* an optimizer's update: p, state variables and locals may be assigned */
+    FR_BLOCK,      /* a train/serve block's setting values */
+    FR_EXPR,       /* default values and other lone expressions */
+} FrameKind;
+
+struct Frame {
+    Sema *s;
+    FrameKind kind;
+    Scope *scope;          /* where names are defined and looked up first */
+    const Node *fn;        /* the N_FN being evaluated, or NULL */
+    const char *fname;     /* its name, for messages */
+    const Node *result;    /* the declared result N_TYPE, or NULL */
+    Value *ret;            /* the first value returned */
+    int returned;          /* every path evaluated so far has returned */
+    int generic;           /* constants are symbolic (checking on its own) */
+    const char *owner;     /* model or optimizer name, for messages */
+    TensorType p_type;     /* FR_UPDATE: the type of p, kept by every assignment to p or state */
+};
+
+Value *eval_expr(Frame *f, const Node *n);
+void eval_body(Frame *f, const NodeList *stmts);
+const Dim *eval_dim(Sema *s, Scope *sc, const Node *n, int free_upper); /* NULL: unknown or error */
+
+/* Generic checks of declarations (each runs once; later calls return at once). */
+void eval_check_model(Sema *s, const Node *model);
+void eval_check_fn(Sema *s, const Node *fn);
+void eval_check_optimizer(Sema *s, const Node *opt);
+/* Runs an optimizer's update with its hyper-parameters as bound in opt (a V_OPTIMIZER). */
+void eval_check_update(Sema *s, Value *opt, Span at);
+
+/* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`
+ * (or a function all of whose other parameters have defaults). key names the setting. Returns
+ * the function (V_FN) with its bound values in *args and their count in *nargs, or NULL after an error. */
+Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args, int *nargs);
+
+/* ---- settings (settings.c) ---- */
+
+void settings_check_train(Sema *s, Module *m, const Node *train);
+void settings_check_serve(Sema *s, Module *m, const Node *serve);
+
+#endif

@@ -1,0 +1,794 @@
+/* settings.c - checking train and serve blocks, and resolving their numbers.
+ *
+ * Pipeline position: AST -> [sema: sema.c drives, eval.c evaluates, settings.c checks the
+ * blocks] -> graph IR. A train block instantiates its model with concrete constants, builds
+ * the data source (x, y = i32[micro, seq]), evaluates the loss over both, binds the optimizer
+ * and the learning-rate schedule, and checks the batch arithmetic and the parallel layout. A
+ * serve block instantiates its model and checks the serving limits. Every error names the key,
+ * what was given and what is allowed; the numbers end up in TrainSettings / ServeSettings for
+ * the stages after sema. */
+#include <stdint.h>
+#include <string.h>
+
+#include "sema_internal.h"
+
+/* ---- keys ---- */
+
+typedef enum SetKind { SK_VALUE, SK_BLOCK } SetKind;
+
+typedef struct KeySpec {
+    const char *name;
+    SetKind kind;
+} KeySpec;
+
+enum { T_MODEL, T_DATA, T_LOSS, T_OPTIMIZER, T_LR, T_BATCH, T_PARALLEL, T_PRECISION, T_RECOMPUTE, T_OFFLOAD,
+       T_CHECKPOINT, T_STEPS, T_EVAL, T_SEED, T_CLIP, T_NKEYS };
+static const KeySpec train_keys[T_NKEYS] = {
+    {"model", SK_VALUE},     {"data", SK_VALUE},     {"loss", SK_VALUE},      {"optimizer", SK_VALUE},
+    {"lr", SK_VALUE},        {"batch", SK_BLOCK},    {"parallel", SK_BLOCK},  {"precision", SK_VALUE},
+    {"recompute", SK_VALUE}, {"offload", SK_BLOCK},  {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},
+    {"eval", SK_BLOCK},      {"seed", SK_VALUE},     {"clip", SK_VALUE},
+};
+
+enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_NKEYS };
+static const KeySpec batch_keys[B_NKEYS] = {
+    {"global", SK_VALUE}, {"micro", SK_VALUE}, {"tokens", SK_VALUE}, {"ramp", SK_VALUE}};
+
+enum { P_DATA, P_TENSOR, P_PIPELINE, P_SEQUENCE, P_EXPERT, P_ZERO, P_SCHEDULE, P_NKEYS };
+static const KeySpec parallel_keys[P_NKEYS] = {
+    {"data", SK_VALUE},   {"tensor", SK_VALUE}, {"pipeline", SK_VALUE}, {"sequence", SK_VALUE},
+    {"expert", SK_VALUE}, {"zero", SK_VALUE},   {"schedule", SK_VALUE}};
+
+enum { O_ACTIVATIONS, O_OPTIMIZER, O_NKEYS };
+static const KeySpec offload_keys[O_NKEYS] = {{"activations", SK_VALUE}, {"optimizer", SK_VALUE}};
+
+enum { C_EVERY, C_DIR, C_KEEP, C_ON_ERROR, C_NKEYS };
+static const KeySpec checkpoint_keys[C_NKEYS] = {
+    {"every", SK_VALUE}, {"dir", SK_VALUE}, {"keep", SK_VALUE}, {"on_error", SK_VALUE}};
+
+enum { E_EVERY, E_STEPS, E_NKEYS };
+static const KeySpec eval_keys[E_NKEYS] = {{"every", SK_VALUE}, {"steps", SK_VALUE}};
+
+enum { S_MODEL, S_WEIGHTS, S_BATCH, S_KV, S_SAMPLING, S_PORT, S_NKEYS };
+static const KeySpec serve_keys[S_NKEYS] = {
+    {"model", SK_VALUE}, {"weights", SK_VALUE}, {"batch", SK_BLOCK},
+    {"kv", SK_BLOCK},    {"sampling", SK_BLOCK}, {"port", SK_VALUE}};
+
+enum { SB_TOKENS, SB_PREFILL_CHUNK, SB_SEQS, SB_NKEYS };
+static const KeySpec serve_batch_keys[SB_NKEYS] = {
+    {"tokens", SK_VALUE}, {"prefill_chunk", SK_VALUE}, {"seqs", SK_VALUE}};
+
+enum { K_BLOCK, K_MEMORY, K_DTYPE, K_NKEYS };
+static const KeySpec kv_keys[K_NKEYS] = {{"block", SK_VALUE}, {"memory", SK_VALUE}, {"dtype", SK_VALUE}};
+
+enum { SM_TEMPERATURE, SM_TOP_K, SM_TOP_P, SM_MAX_TOKENS, SM_NKEYS };
+static const KeySpec sampling_keys[SM_NKEYS] = {
+    {"temperature", SK_VALUE}, {"top_k", SK_VALUE}, {"top_p", SK_VALUE}, {"max_tokens", SK_VALUE}};
+
+static Span key_span(const Node *item) { return sema_span_of(item, item->name); }
+
+/* Setting values are evaluated in the block's scope (the module's names, plus model and data). */
+static Frame frame_make_block(Sema *s, Scope *bs) {
+    Frame f;
+    memset(&f, 0, sizeof f);
+    f.s = s;
+    f.kind = FR_BLOCK;
+    f.scope = bs;
+    f.fname = bs->name;
+    return f;
+}
+
+/* Files each setting under its key: unknown keys (with the nearest known one suggested),
+ * repeated keys, and a value given for a block (or the reverse) are errors. A key written in
+ * the wrong form, or misspelt close enough to be suggested, counts as present (bit k of
+ * *present), so that it is not also reported missing. */
+static void gather(Sema *s, const NodeList *items, const KeySpec *spec, int nspec, const char *where, const Node **out,
+                   unsigned *present) {
+    for (int i = 0; i < items->n; i++) {
+        const Node *it = items->v[i];
+        if (!it || (it->kind != N_SETTING && it->kind != N_SETTING_BLOCK)) continue;
+        int j = -1;
+        for (int k = 0; k < nspec; k++)
+            if (str_eqc(it->name, spec[k].name)) j = k;
+        if (j < 0) {
+            Suggest g;
+            suggest_init(&g, it->name);
+            for (int k = 0; k < nspec; k++) suggest_try(&g, spec[k].name, (uint32_t)strlen(spec[k].name));
+            if (sema_error(s, key_span(it), "unknown setting '%.*s' in %s", STR_ARG(it->name), where))
+                sema_hint_suggest(s, &g);
+            for (int k = 0; k < nspec && g.pick; k++)
+                if (strlen(spec[k].name) == g.picklen && memcmp(spec[k].name, g.pick, g.picklen) == 0) *present |= 1u << k;
+            continue;
+        }
+        *present |= 1u << j;
+        if (out[j]) {
+            if (sema_error(s, key_span(it), "setting '%.*s' is given twice", STR_ARG(it->name)))
+                sema_note(s, key_span(out[j]), "first given here");
+            continue;
+        }
+        if (spec[j].kind == SK_VALUE && it->kind == N_SETTING_BLOCK) {
+            sema_error(s, key_span(it), "'%s' takes a value, not a block: write %s = ...", spec[j].name, spec[j].name);
+            continue;
+        }
+        if (spec[j].kind == SK_BLOCK && it->kind == N_SETTING) {
+            sema_error(s, key_span(it), "'%s' is a block of settings: write %s { ... }", spec[j].name, spec[j].name);
+            continue;
+        }
+        out[j] = it;
+    }
+}
+
+/* ---- values ---- */
+
+static Span value_span(const Node *item) { return item->a ? item->a->span : item->span; }
+
+/* An integer setting in [lo, hi]; 0 (with an error unless the value is unknown) otherwise. */
+static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int64_t hi, const char *allowed,
+                   int64_t *out) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_UNKNOWN) return 0;
+    int64_t k;
+    if (v->kind == V_INT && v->dim && dim_const(v->dim, &k)) {
+        if (k >= lo && k <= hi) {
+            *out = k;
+            return 1;
+        }
+        sema_error(s, value_span(item), "'%s' must be %s, but it is %lld", key, allowed, (long long)k);
+        return 0;
+    }
+    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+    return 0;
+}
+
+/* A number setting in the interval from lo to hi (open ends when lo_open / hi_open). */
+static int get_num(Frame *f, const Node *item, const char *key, double lo, int lo_open, double hi, int hi_open,
+                   const char *allowed, double *out) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_UNKNOWN) return 0;
+    double x;
+    int64_t k;
+    int known = 0;
+    if (v->kind == V_INT && v->dim && dim_const(v->dim, &k)) {
+        x = (double)k;
+        known = 1;
+    } else if (v->kind == V_FLOAT && v->fknown) {
+        x = v->f;
+        known = 1;
+    }
+    if (!known) {
+        sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+        return 0;
+    }
+    if ((lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi) || x != x) {
+        sema_error(s, value_span(item), "'%s' must be %s, but it is %g", key, allowed, x);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+static int get_string(Frame *f, const Node *item, const char *key, const char *allowed, const char **out) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_UNKNOWN) return 0;
+    if (v->kind == V_STRING && v->s) {
+        *out = v->s;
+        return 1;
+    }
+    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+    return 0;
+}
+
+/* The key as written inside its block: "schedule" for "parallel.schedule". */
+static const char *key_leaf(const char *key) {
+    const char *dot = strrchr(key, '.');
+    return dot ? dot + 1 : key;
+}
+
+/* "a, b or c" */
+static const char *choices_text(Sema *s, const char *const *choices, int n, int quoted) {
+    const char *out = "";
+    for (int i = 0; i < n; i++)
+        out = arena_printf(s->ar, "%s%s%s%s%s", out, i == 0 ? "" : i == n - 1 ? " or " : ", ", quoted ? "\"" : "",
+                           choices[i], quoted ? "\"" : "");
+    return out;
+}
+
+/* A bare identifier from a fixed set (precision = bf16): not evaluated as a name. */
+static int get_ident(Frame *f, const Node *item, const char *key, const char *const *choices, int n, int *out) {
+    Sema *s = f->s;
+    const Node *v = item->a;
+    if (!v) return 0;
+    const char *allowed = choices_text(s, choices, n, 0);
+    if (v->kind == N_NAME) {
+        for (int i = 0; i < n; i++)
+            if (str_eqc(v->name, choices[i])) {
+                *out = i;
+                return 1;
+            }
+        if (sema_error(s, v->span, "'%s' must be %s, but it is '%.*s'", key, allowed, STR_ARG(v->name))) {
+            Suggest g;
+            suggest_init(&g, v->name);
+            for (int i = 0; i < n; i++) suggest_try(&g, choices[i], (uint32_t)strlen(choices[i]));
+            sema_hint_suggest(s, &g);
+        }
+        return 0;
+    }
+    if (v->kind == N_STRING && v->sval) {
+        for (int i = 0; i < n; i++)
+            if (strcmp(v->sval, choices[i]) == 0) {
+                if (sema_error(s, v->span, "'%s' must be %s, but it is the string \"%s\"", key, allowed, v->sval))
+                    sema_hint(s, "write it without quotes: %s = %s", key_leaf(key), choices[i]);
+                return 0;
+            }
+    }
+    sema_error(s, v->span, "'%s' must be %s, but it is '%s'", key, allowed, sema_src(s, v->span));
+    return 0;
+}
+
+/* A string from a fixed set (schedule = "1f1b"). */
+static int get_choice_string(Frame *f, const Node *item, const char *key, const char *const *choices, int n, int *out) {
+    Sema *s = f->s;
+    const Node *vn = item->a;
+    if (!vn) return 0;
+    const char *allowed = choices_text(s, choices, n, 1);
+    if (vn->kind == N_NAME) {
+        for (int i = 0; i < n; i++)
+            if (str_eqc(vn->name, choices[i])) {
+                if (sema_error(s, vn->span, "'%s' must be %s, but it is the name '%s'", key, allowed, choices[i]))
+                    sema_hint(s, "write it as a string: %s = \"%s\"", key_leaf(key), choices[i]);
+                return 0;
+            }
+    }
+    const char *str;
+    if (!get_string(f, item, key, allowed, &str)) return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(str, choices[i]) == 0) {
+            *out = i;
+            return 1;
+        }
+    sema_error(s, value_span(item), "'%s' must be %s, but it is \"%s\"", key, allowed, str);
+    return 0;
+}
+
+static int get_bool(Frame *f, const Node *item, const char *key, int *out) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_UNKNOWN) return 0;
+    if (v->kind == V_BOOL && v->bknown) {
+        *out = v->b;
+        return 1;
+    }
+    sema_error(s, value_span(item), "'%s' must be true or false, but it is %s", key, sema_describe(s, v));
+    return 0;
+}
+
+/* The block's model: an instance, not a definition. */
+static Value *get_model(Frame *f, const Node *item) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_MODEL || v->kind == V_UNKNOWN) return v;
+    if (v->kind == V_MODEL_DEF) {
+        if (sema_error(s, value_span(item), "'model' must be a model instance, but it is %s", sema_describe(s, v)))
+            sema_hint(s, "call it: model = %s()", sema_src(s, value_span(item)));
+    } else {
+        sema_error(s, value_span(item), "'model' must be a model instance, e.g. GPT2(), but it is %s",
+                   sema_describe(s, v));
+    }
+    return value_unknown(s->ar, value_span(item));
+}
+
+static void missing_key(Sema *s, Span at, const char *block, const char *key, const char *example) {
+    if (sema_error(s, at, "%s has no '%s' setting", block, key)) sema_hint(s, "add %s", example);
+}
+
+static void required(Sema *s, unsigned present, int idx, const KeySpec *spec, Span at, const char *block,
+                     const char *example) {
+    if (!(present & (1u << idx))) missing_key(s, at, block, spec[idx].name, example);
+}
+
+/* ---- the data source ---- */
+
+/* data = tokens(PATH, seq = T, shuffle = true, val = PATH). Fills the paths and seq. */
+static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
+    Sema *s = f->s;
+    const Node *v = item->a;
+    if (!v || v->kind != N_CALL || !v->a || v->a->kind != N_NAME || !str_eqc(v->a->name, "tokens")) {
+        Value *got = eval_expr(f, item->a);
+        if (got->kind != V_UNKNOWN &&
+            sema_error(s, value_span(item), "'data' must be a token source, but it is %s", sema_describe(s, got)))
+            sema_hint(s, "write data = tokens(\"data/train_*.bin\", seq = 1024)");
+        return 0;
+    }
+    static const char *const names[] = {"path", "seq", "shuffle", "val"};
+    const Node *given[4] = {0};
+    int ok = 1, npos = 0;
+    for (int i = 0; i < v->list.n; i++) {
+        const Node *a = v->list.v[i];
+        if (!a) continue;
+        if (a->kind != N_KWARG) {
+            if (npos++ == 0) given[0] = a;
+            else if (npos == 2) {
+                sema_error(s, a->span, "'tokens' takes 1 positional argument (the path of the token shards), but more were given");
+                ok = 0;
+            }
+            continue;
+        }
+        int j = -1;
+        for (int k = 1; k < 4; k++)
+            if (str_eqc(a->name, names[k])) j = k;
+        if (j < 0) {
+            if (sema_error(s, sema_span_of(a, a->name), "'tokens' has no parameter '%.*s'", STR_ARG(a->name))) {
+                Suggest g;
+                suggest_init(&g, a->name);
+                for (int k = 1; k < 4; k++) suggest_try(&g, names[k], (uint32_t)strlen(names[k]));
+                sema_hint_suggest(s, &g);
+            }
+            ok = 0;
+        } else if (given[j]) {
+            if (sema_error(s, sema_span_of(a, a->name), "argument '%.*s' of 'tokens' is given twice", STR_ARG(a->name)))
+                sema_note(s, given[j]->span, "first given here");
+            ok = 0;
+        } else {
+            given[j] = a;
+        }
+    }
+    if (!given[0]) {
+        if (sema_error(s, v->span, "missing argument 'path' in the call to 'tokens'"))
+            sema_hint(s, "the path of the token shards comes first: tokens(\"data/train_*.bin\", seq = 1024)");
+        ok = 0;
+    } else {
+        Value *p = eval_expr(f, given[0]);
+        if (p->kind == V_STRING && p->s) ts->data_glob = p->s;
+        else if (p->kind != V_UNKNOWN) {
+            sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s", sema_describe(s, p));
+            ok = 0;
+        }
+    }
+    if (!given[1]) {
+        sema_error(s, v->span, "missing argument 'seq' in the call to 'tokens'");
+        ok = 0;
+    } else {
+        Value *q = eval_expr(f, given[1]->a);
+        int64_t k;
+        if (q->kind == V_INT && q->dim && dim_const(q->dim, &k) && k > 0) ts->seq = k;
+        else if (q->kind != V_UNKNOWN) {
+            if (q->kind == V_INT && q->dim && dim_const(q->dim, &k))
+                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %lld", (long long)k);
+            else
+                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s", sema_describe(s, q));
+            ok = 0;
+        } else {
+            ok = 0;
+        }
+    }
+    if (given[2] && !get_bool(f, given[2], "shuffle", &ts->shuffle)) ok = 0;
+    if (given[3] && !get_string(f, given[3], "val", "a string (the path of the validation shards)", &ts->val_glob)) ok = 0;
+    return ok;
+}
+
+/* ---- the model's blocks (for pipeline stages) ---- */
+
+/* The length of the longest list of sub-models anywhere in an instance; *name is its member. */
+static int64_t longest_list(const Value *inst, Str *name, int depth) {
+    if (!inst || inst->kind != V_MODEL || !inst->scope || depth > 16) return 0;
+    int64_t best = 0;
+    Scope *sc = inst->scope;
+    for (int i = 0; i < sc->n; i++) {
+        Entry *e = &sc->e[i];
+        if (!e->v || e->kind != ENT_SUB) continue;
+        Str sub;
+        int64_t k;
+        if (e->v->kind == V_LIST) {
+            if (e->v->len && dim_const(e->v->len, &k) && k > best) {
+                best = k;
+                *name = e->name;
+            }
+            for (int j = 0; j < e->v->n && j < 1; j++) { /* the items are alike: look inside one */
+                int64_t in = longest_list(e->v->items[j], &sub, depth + 1);
+                if (in > best) {
+                    best = in;
+                    *name = sub;
+                }
+            }
+        } else if (e->v->kind == V_MODEL) {
+            int64_t in = longest_list(e->v, &sub, depth + 1);
+            if (in > best) {
+                best = in;
+                *name = sub;
+            }
+        }
+    }
+    return best;
+}
+
+/* ---- train ---- */
+
+/* global must be a multiple of unit = micro x data; the hint offers the nearest valid values. */
+static int check_multiple(Sema *s, Span at, const char *what, int64_t global, int64_t micro, int64_t data) {
+    int64_t unit = micro * data;
+    if (unit <= 0 || global % unit == 0) return 1;
+    if (sema_error(s, at, "batch: %s = %lld is not a multiple of micro x data = %lld x %lld = %lld", what,
+                   (long long)global, (long long)micro, (long long)data, (long long)unit)) {
+        int64_t lower = global / unit * unit, upper = lower + unit;
+        if (lower > 0) sema_hint(s, "use %s = %lld or %lld, or change micro/data", what, (long long)lower, (long long)upper);
+        else sema_hint(s, "use %s = %lld, or change micro/data", what, (long long)upper);
+    }
+    return 0;
+}
+
+static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t data) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_UNKNOWN) return;
+    int64_t len;
+    if (v->kind != V_LIST || !v->len || !dim_const(v->len, &len) || len != v->n) {
+        if (sema_error(s, value_span(item), "'batch.ramp' must be a list of (step, global) pairs, but it is %s",
+                       sema_describe(s, v)))
+            sema_hint(s, "for example: ramp = [(500, 128), (1000, 256)]");
+        return;
+    }
+    const Node *ln = item->a && item->a->kind == N_LIST && item->a->list.n == v->n ? item->a : NULL;
+    ts->ramp = arena_alloc(s->ar, sizeof(RampStep) * (size_t)(v->n + 1));
+    int64_t prev_step = -1, prev_global = ts->global;
+    for (int i = 0; i < v->n; i++) {
+        Value *e = v->items[i];
+        Span at = ln && ln->list.v[i] ? ln->list.v[i]->span : value_span(item);
+        int64_t st, gl;
+        if (!e || e->kind == V_UNKNOWN) continue;
+        if (e->kind != V_TUPLE || e->n != 2 || !e->items[0] || !e->items[1] || e->items[0]->kind != V_INT ||
+            e->items[1]->kind != V_INT || !e->items[0]->dim || !e->items[1]->dim ||
+            !dim_const(e->items[0]->dim, &st) || !dim_const(e->items[1]->dim, &gl)) {
+            sema_error(s, at, "each 'batch.ramp' entry must be a pair of integers (step, global), but this one is %s",
+                       sema_describe(s, e));
+            continue;
+        }
+        if (st <= prev_step || st < 0) {
+            if (st < 0) sema_error(s, at, "batch: a ramp step must not be negative, but it is %lld", (long long)st);
+            else sema_error(s, at, "batch: ramp steps must increase, but %lld comes after %lld", (long long)st,
+                            (long long)prev_step);
+            continue;
+        }
+        prev_step = st;
+        if (gl <= 0) {
+            sema_error(s, at, "batch: a ramp global must be a positive integer, but it is %lld", (long long)gl);
+            continue;
+        }
+        if (!check_multiple(s, at, "ramp global", gl, ts->micro, data)) continue;
+        if (gl <= prev_global)
+            sema_error(s, at, "batch: a ramp must raise the global batch, but %lld at step %lld is not more than %lld",
+                       (long long)gl, (long long)st, (long long)prev_global);
+        int64_t unit = ts->micro * data;
+        ts->ramp[ts->nramp++] = (RampStep){st, gl, unit > 0 ? gl / unit : 0};
+        prev_global = gl;
+    }
+}
+
+static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
+    Sema *s = f->s;
+    static const char *const ops[] = {"gelu", "layernorm", "attention", "mlp", "all"};
+    const Node *v = item->a;
+    if (!v) return;
+    if (v->kind != N_LIST) {
+        if (sema_error(s, v->span, "'recompute' must be a list of op names, but it is '%s'", sema_src(s, v->span)))
+            sema_hint(s, "for example: recompute = [gelu, layernorm]");
+        return;
+    }
+    for (int i = 0; i < v->list.n; i++) {
+        const Node *e = v->list.v[i];
+        if (!e) continue;
+        int which = -1;
+        if (e->kind == N_NAME)
+            for (int k = 0; k < 5; k++)
+                if (str_eqc(e->name, ops[k])) which = k;
+        if (which >= 0) {
+            ts->recompute |= 1u << which;
+            continue;
+        }
+        if (sema_error(s, e->span, "'recompute' entry '%s' is not one of %s", sema_src(s, e->span),
+                       choices_text(s, ops, 5, 0)) &&
+            e->kind == N_NAME) {
+            Suggest g;
+            suggest_init(&g, e->name);
+            for (int k = 0; k < 5; k++) suggest_try(&g, ops[k], (uint32_t)strlen(ops[k]));
+            sema_hint_suggest(s, &g);
+        }
+    }
+}
+
+static const char *const storage_names[] = {"none", "host", "nvme"};
+static const char *const precision_names[] = {"f32", "bf16", "f16"};
+
+void settings_check_train(Sema *s, Module *m, const Node *t) {
+    TrainSettings *ts = arena_alloc(s->ar, sizeof(TrainSettings));
+    ts->node = t;
+    ts->name = sema_cstr(s, t->name);
+    ts->module = m;
+    ts->micro = 1;
+    ts->data_par = ts->tensor_par = ts->pipeline_par = ts->sequence_par = ts->expert_par = 1;
+    ts->schedule = PIPE_1F1B;
+    ts->precision = PREC_F32;
+    ts->seed = 1337;
+    ts->shuffle = 1;
+    ts->ckpt_keep = 0;
+    ts->ckpt_dir = "checkpoints";
+    const char *block = arena_printf(s->ar, "train block '%s'", ts->name);
+    Span name_at = sema_span_of(t, t->name);
+    const Node *k[T_NKEYS] = {0};
+    unsigned present = 0, sub_present = 0;
+    gather(s, &t->list, train_keys, T_NKEYS, block, k, &present);
+    required(s, present, T_MODEL, train_keys, name_at, block, "model = MyModel()");
+    required(s, present, T_DATA, train_keys, name_at, block, "data = tokens(\"data/train_*.bin\", seq = 1024)");
+    required(s, present, T_LOSS, train_keys, name_at, block, "loss = cross_entropy(model(data.x), data.y)");
+    required(s, present, T_OPTIMIZER, train_keys, name_at, block, "optimizer = optim.adamw(lr = 6e-4)");
+    required(s, present, T_STEPS, train_keys, name_at, block, "steps = 1000");
+
+    Scope *bs = scope_new(s, m->scope, SC_BLOCK, ts->name, m);
+    Frame f = frame_make_block(s, bs);
+
+    /* The model first: everything else is about it. */
+    ts->model = k[T_MODEL] ? get_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
+    scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? key_span(k[T_MODEL]) : name_at);
+
+    if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
+
+    /* parallel { ... } */
+    if (k[T_PARALLEL]) {
+        const Node *p[P_NKEYS] = {0};
+        gather(s, &k[T_PARALLEL]->list, parallel_keys, P_NKEYS, "'parallel'", p, &sub_present);
+        int64_t *deg[5] = {&ts->data_par, &ts->tensor_par, &ts->pipeline_par, &ts->sequence_par, &ts->expert_par};
+        for (int i = 0; i < 5; i++)
+            if (p[i]) (void)get_int(&f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
+                                    "a positive integer", deg[i]);
+        if (p[P_ZERO]) (void)get_int(&f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->zero);
+        int sched;
+        static const char *const scheds[] = {"1f1b", "gpipe"};
+        if (p[P_SCHEDULE] && get_choice_string(&f, p[P_SCHEDULE], "parallel.schedule", scheds, 2, &sched))
+            ts->schedule = sched ? PIPE_GPIPE : PIPE_1F1B;
+        if (ts->zero > 0 && ts->data_par == 1 && p[P_ZERO]) {
+            if (sema_error(s, value_span(p[P_ZERO]), "'parallel.zero' = %lld needs data parallelism, but 'parallel.data' is 1",
+                           (long long)ts->zero))
+                sema_hint(s, "set parallel { data = N } with N > 1, or zero = 0");
+        }
+        ts->blocks = 0;
+        Str list_name = {"", 0};
+        if (ts->model->kind == V_MODEL) ts->blocks = longest_list(ts->model, &list_name, 0);
+        if (p[P_PIPELINE] && ts->pipeline_par > 1 && ts->model->kind == V_MODEL && ts->pipeline_par > ts->blocks) {
+            const char *mname = ts->model->node ? sema_cstr(s, ts->model->node->name) : "?";
+            if (ts->blocks == 0) {
+                sema_error(s, value_span(p[P_PIPELINE]),
+                           "'parallel.pipeline' = %lld needs a list of sub-models to split into stages, but model '%s' has none",
+                           (long long)ts->pipeline_par, mname);
+            } else if (sema_error(s, value_span(p[P_PIPELINE]),
+                                  "'parallel.pipeline' = %lld is more than the %lld blocks of '%.*s', the longest list of sub-models of '%s'",
+                                  (long long)ts->pipeline_par, (long long)ts->blocks, STR_ARG(list_name), mname)) {
+                sema_hint(s, "use pipeline <= %lld", (long long)ts->blocks);
+            }
+        }
+    } else if (ts->model->kind == V_MODEL) {
+        Str list_name;
+        ts->blocks = longest_list(ts->model, &list_name, 0);
+    }
+
+    /* batch { ... } */
+    int64_t global = 0;
+    const Node *b[B_NKEYS] = {0};
+    if (k[T_BATCH]) {
+        gather(s, &k[T_BATCH]->list, batch_keys, B_NKEYS, "'batch'", b, &sub_present);
+        if (b[B_GLOBAL]) (void)get_int(&f, b[B_GLOBAL], "batch.global", 1, INT32_MAX, "a positive integer", &global);
+        if (b[B_MICRO]) (void)get_int(&f, b[B_MICRO], "batch.micro", 1, INT32_MAX, "a positive integer", &ts->micro);
+        if (b[B_TOKENS]) (void)get_int(&f, b[B_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ts->tokens);
+        if (ts->tokens && b[B_MICRO]) {
+            if (sema_error(s, key_span(b[B_TOKENS]), "'batch.tokens' and 'batch.micro' cannot both be given"))
+                sema_hint(s, "tokens sets each micro-batch by its number of tokens; keep one of them");
+            ts->tokens = 0;
+        }
+        if (ts->tokens && ts->seq) {
+            if (ts->tokens < ts->seq) {
+                if (sema_error(s, value_span(b[B_TOKENS]), "'batch.tokens' = %lld is less than the sequence length seq = %lld",
+                               (long long)ts->tokens, (long long)ts->seq))
+                    sema_hint(s, "use tokens >= %lld", (long long)ts->seq);
+                ts->tokens = 0;
+            } else {
+                ts->micro = ts->tokens / ts->seq;
+            }
+        }
+    }
+    if (b[B_GLOBAL] && global > 0) {
+        ts->global = global;
+        if (!check_multiple(s, value_span(b[B_GLOBAL]), "global", global, ts->micro, ts->data_par)) ts->global = 0;
+    } else {
+        ts->global = ts->micro * ts->data_par;
+    }
+    if (ts->global) ts->accumulation = ts->global / (ts->micro * ts->data_par);
+    if (b[B_RAMP]) check_ramp(&f, b[B_RAMP], ts, ts->data_par);
+
+    /* data: x, y = i32[micro, seq] */
+    if (ts->seq > 0) { /* other mistakes in tokens(...) do not change the shapes */
+        const Dim *dims[2] = {dim_int(s->ar, ts->micro), dim_int(s->ar, ts->seq)};
+        Value *d = value_new(s->ar, V_DATA, value_span(k[T_DATA]));
+        d->n = 2;
+        d->items = arena_alloc(s->ar, sizeof(Value *) * 2);
+        d->items[0] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
+        d->items[1] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
+        ts->data = d;
+    } else {
+        ts->data = value_unknown(s->ar, name_at);
+    }
+    scope_define(s, bs, str_from("data"), ts->data, ENT_READONLY, k[T_DATA] ? key_span(k[T_DATA]) : name_at);
+
+    /* loss: a scalar over model and data */
+    if (k[T_LOSS]) {
+        Value *l = eval_expr(&f, k[T_LOSS]->a);
+        int scalar = l->kind == V_UNKNOWN || l->kind == V_FLOAT || l->kind == V_INT ||
+                     (l->kind == V_TENSOR && l->t.rank == 0 && dtype_is_float(l->t.dt));
+        if (!scalar) {
+            if (sema_error(s, value_span(k[T_LOSS]), "'loss' must be a scalar, but it is %s", sema_describe(s, l)))
+                sema_hint(s, "reduce it to one number, e.g. with mean(...) or cross_entropy(...)");
+            l = value_unknown(s->ar, value_span(k[T_LOSS]));
+        }
+        ts->loss = l;
+    }
+
+    /* optimizer: bound hyper-parameters, and its update run with them */
+    if (k[T_OPTIMIZER]) {
+        Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
+        Span at = value_span(k[T_OPTIMIZER]);
+        if (o->kind == V_OPTIMIZER) {
+            eval_check_update(s, o, at);
+        } else if (o->kind == V_OPTIMIZER_DEF) {
+            if (sema_error(s, at, "'optimizer' must be an optimizer with its hyper-parameters bound, but it is %s",
+                           sema_describe(s, o)))
+                sema_hint(s, "call it: optimizer = %s(lr = 1e-3)", sema_src(s, at));
+            o = value_unknown(s->ar, at);
+        } else if (o->kind != V_UNKNOWN) {
+            if (sema_error(s, at, "'optimizer' must be an optimizer, but it is %s", sema_describe(s, o)))
+                sema_hint(s, "for example: optimizer = optim.adamw(lr = 6e-4)");
+            o = value_unknown(s->ar, at);
+        }
+        ts->optimizer = o;
+    }
+
+    if (k[T_LR]) ts->lr_fn = eval_schedule(&f, k[T_LR]->a, "lr", &ts->lr_args, &ts->lr_nargs);
+
+    int which;
+    if (k[T_PRECISION] && get_ident(&f, k[T_PRECISION], "precision", precision_names, 3, &which))
+        ts->precision = (Precision)which;
+    if (k[T_RECOMPUTE]) check_recompute(&f, k[T_RECOMPUTE], ts);
+
+    if (k[T_OFFLOAD]) {
+        const Node *o[O_NKEYS] = {0};
+        gather(s, &k[T_OFFLOAD]->list, offload_keys, O_NKEYS, "'offload'", o, &sub_present);
+        if (o[O_ACTIVATIONS] && get_ident(&f, o[O_ACTIVATIONS], "offload.activations", storage_names, 3, &which))
+            ts->offload_activations = (Storage)which;
+        if (o[O_OPTIMIZER] && get_ident(&f, o[O_OPTIMIZER], "offload.optimizer", storage_names, 3, &which))
+            ts->offload_optimizer = (Storage)which;
+    }
+
+    if (k[T_CHECKPOINT]) {
+        const Node *c[C_NKEYS] = {0};
+        sub_present = 0;
+        gather(s, &k[T_CHECKPOINT]->list, checkpoint_keys, C_NKEYS, "'checkpoint'", c, &sub_present);
+        if (!(sub_present & (1u << C_EVERY))) missing_key(s, key_span(k[T_CHECKPOINT]), "'checkpoint'", "every", "every = 1000");
+        else if (c[C_EVERY]) (void)get_int(&f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->ckpt_every);
+        if (c[C_DIR]) (void)get_string(&f, c[C_DIR], "checkpoint.dir", "a string (a directory)", &ts->ckpt_dir);
+        if (c[C_KEEP]) (void)get_int(&f, c[C_KEEP], "checkpoint.keep", 1, INT32_MAX, "a positive integer", &ts->ckpt_keep);
+        static const char *const on_error[] = {"stop", "continue"};
+        if (c[C_ON_ERROR] && get_choice_string(&f, c[C_ON_ERROR], "checkpoint.on_error", on_error, 2, &which))
+            ts->ckpt_continue_on_error = which;
+    }
+
+    if (k[T_STEPS]) (void)get_int(&f, k[T_STEPS], "steps", 1, INT64_MAX, "a positive integer", &ts->steps);
+
+    if (k[T_EVAL]) {
+        const Node *e[E_NKEYS] = {0};
+        sub_present = 0;
+        gather(s, &k[T_EVAL]->list, eval_keys, E_NKEYS, "'eval'", e, &sub_present);
+        ts->eval_steps = 20;
+        if (!(sub_present & (1u << E_EVERY))) missing_key(s, key_span(k[T_EVAL]), "'eval'", "every", "every = 250");
+        else if (e[E_EVERY]) (void)get_int(&f, e[E_EVERY], "eval.every", 1, INT64_MAX, "a positive integer", &ts->eval_every);
+        if (e[E_STEPS]) (void)get_int(&f, e[E_STEPS], "eval.steps", 1, INT64_MAX, "a positive integer", &ts->eval_steps);
+    }
+
+    if (k[T_SEED]) (void)get_int(&f, k[T_SEED], "seed", 0, INT64_MAX, "a non-negative integer", &ts->seed);
+    if (k[T_CLIP]) (void)get_num(&f, k[T_CLIP], "clip", 0, 0, 1e300, 0, "a number >= 0 (0 for no clipping)", &ts->clip);
+
+    if (s->out) ptrvec_push(s->ar, &s->out->trains, ts);
+}
+
+/* ---- serve ---- */
+
+void settings_check_serve(Sema *s, Module *m, const Node *t) {
+    ServeSettings *ss = arena_alloc(s->ar, sizeof(ServeSettings));
+    ss->node = t;
+    ss->name = sema_cstr(s, t->name);
+    ss->module = m;
+    ss->tokens = 2048;
+    ss->prefill_chunk = 512;
+    ss->seqs = 128;
+    ss->kv_block = 16;
+    ss->kv_memory = 0.9;
+    ss->kv_dtype = KV_BF16;
+    ss->temperature = 1.0;
+    ss->top_p = 1.0;
+    ss->max_tokens = 256;
+    ss->port = 8000;
+    const char *block = arena_printf(s->ar, "serve block '%s'", ss->name);
+    Span name_at = sema_span_of(t, t->name);
+    const Node *k[S_NKEYS] = {0};
+    unsigned present = 0, sub_present = 0;
+    gather(s, &t->list, serve_keys, S_NKEYS, block, k, &present);
+    required(s, present, S_MODEL, serve_keys, name_at, block, "model = MyModel()");
+    required(s, present, S_WEIGHTS, serve_keys, name_at, block, "weights = \"model.safetensors\"");
+
+    Scope *bs = scope_new(s, m->scope, SC_BLOCK, ss->name, m);
+    Frame f = frame_make_block(s, bs);
+    ss->model = k[S_MODEL] ? get_model(&f, k[S_MODEL]) : value_unknown(s->ar, name_at);
+    scope_define(s, bs, str_from("model"), ss->model, ENT_READONLY, k[S_MODEL] ? key_span(k[S_MODEL]) : name_at);
+    if (ss->model->kind == V_MODEL && ss->model->scope) {
+        Entry *fw = scope_find(ss->model->scope, str_from("forward"));
+        if (!fw || fw->kind != ENT_FN) {
+            const char *mname = ss->model->node ? sema_cstr(s, ss->model->node->name) : "?";
+            sema_error(s, value_span(k[S_MODEL]), "model '%s' has no 'forward' function, so it cannot be served", mname);
+        }
+    }
+    if (k[S_WEIGHTS])
+        (void)get_string(&f, k[S_WEIGHTS], "weights", "a string (the path of a safetensors file)", &ss->weights);
+
+    if (k[S_BATCH]) {
+        const Node *b[SB_NKEYS] = {0};
+        gather(s, &k[S_BATCH]->list, serve_batch_keys, SB_NKEYS, "'batch'", b, &sub_present);
+        if (b[SB_TOKENS]) (void)get_int(&f, b[SB_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ss->tokens);
+        if (b[SB_PREFILL_CHUNK])
+            (void)get_int(&f, b[SB_PREFILL_CHUNK], "batch.prefill_chunk", 1, INT32_MAX, "a positive integer",
+                          &ss->prefill_chunk);
+        else if (ss->prefill_chunk > ss->tokens)
+            ss->prefill_chunk = ss->tokens; /* the default never exceeds a smaller budget */
+        if (b[SB_SEQS]) (void)get_int(&f, b[SB_SEQS], "batch.seqs", 1, INT32_MAX, "a positive integer", &ss->seqs);
+        if (b[SB_PREFILL_CHUNK] && ss->prefill_chunk > ss->tokens) {
+            if (sema_error(s, value_span(b[SB_PREFILL_CHUNK]), "'batch.prefill_chunk' = %lld exceeds 'batch.tokens' = %lld",
+                           (long long)ss->prefill_chunk, (long long)ss->tokens))
+                sema_hint(s, "use prefill_chunk <= %lld", (long long)ss->tokens);
+        }
+    }
+
+    if (k[S_KV]) {
+        const Node *kv[K_NKEYS] = {0};
+        gather(s, &k[S_KV]->list, kv_keys, K_NKEYS, "'kv'", kv, &sub_present);
+        int64_t blk;
+        if (kv[K_BLOCK] && get_int(&f, kv[K_BLOCK], "kv.block", 1, INT32_MAX, "a positive power of two", &blk)) {
+            if (blk & (blk - 1)) {
+                int64_t lo = 1;
+                while (lo * 2 <= blk) lo *= 2;
+                if (sema_error(s, value_span(kv[K_BLOCK]), "'kv.block' must be a power of two, but it is %lld", (long long)blk))
+                    sema_hint(s, "use %lld or %lld", (long long)lo, (long long)(lo * 2));
+            } else {
+                ss->kv_block = blk;
+            }
+        }
+        if (kv[K_MEMORY])
+            (void)get_num(&f, kv[K_MEMORY], "kv.memory", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->kv_memory);
+        static const char *const kv_dtypes[] = {"f32", "bf16", "f16", "fp8"};
+        int which;
+        if (kv[K_DTYPE] && get_ident(&f, kv[K_DTYPE], "kv.dtype", kv_dtypes, 4, &which)) ss->kv_dtype = (KvDtype)which;
+    }
+
+    if (k[S_SAMPLING]) {
+        const Node *sm[SM_NKEYS] = {0};
+        gather(s, &k[S_SAMPLING]->list, sampling_keys, SM_NKEYS, "'sampling'", sm, &sub_present);
+        if (sm[SM_TEMPERATURE])
+            (void)get_num(&f, sm[SM_TEMPERATURE], "sampling.temperature", 0, 0, 1e300, 0, "a number >= 0",
+                          &ss->temperature);
+        if (sm[SM_TOP_K])
+            (void)get_int(&f, sm[SM_TOP_K], "sampling.top_k", 0, INT32_MAX, "a non-negative integer (0 for all)", &ss->top_k);
+        if (sm[SM_TOP_P]) (void)get_num(&f, sm[SM_TOP_P], "sampling.top_p", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->top_p);
+        if (sm[SM_MAX_TOKENS])
+            (void)get_int(&f, sm[SM_MAX_TOKENS], "sampling.max_tokens", 1, INT32_MAX, "a positive integer", &ss->max_tokens);
+    }
+
+    if (k[S_PORT]) (void)get_int(&f, k[S_PORT], "port", 1, 65535, "an integer from 1 to 65535", &ss->port);
+
+    if (s->out) ptrvec_push(s->ar, &s->out->serves, ss);
+}
