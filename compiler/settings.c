@@ -562,8 +562,9 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
                            "'parallel.pipeline' = %lld needs a list of sub-models to split into stages, but model '%s' has none",
                            (long long)ts->pipeline_par, mname);
             } else if (sema_error(s, value_span(p[P_PIPELINE]),
-                                  "'parallel.pipeline' = %lld is more than the %lld blocks of '%.*s', the longest list of sub-models of '%s'",
-                                  (long long)ts->pipeline_par, (long long)ts->blocks, STR_ARG(list_name), mname)) {
+                                  "'parallel.pipeline' = %lld is more than the %lld block%s of '%.*s', the longest list of sub-models of '%s'",
+                                  (long long)ts->pipeline_par, (long long)ts->blocks, ts->blocks == 1 ? "" : "s",
+                                  STR_ARG(list_name), mname)) {
                 sema_hint(s, "use pipeline <= %lld", (long long)ts->blocks);
             }
         }

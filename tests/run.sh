@@ -233,10 +233,14 @@ run_check() {
     fi
     stdlib_env "$mbtc"
     local found=0
-    for f in stdlib/*.mbt examples/*.mbt; do
+    # The program shown in the README is checked too, so the README cannot drift from the language.
+    local readme="$TMP/README-program.mbt"
+    awk '/^```/{if (inblock) exit; inblock=1; next} inblock' README.md >"$readme"
+    for f in stdlib/*.mbt examples/*.mbt "$readme"; do
         [ -f "$f" ] || continue
         found=1
         name=${f%.mbt}
+        [ "$f" = "$readme" ] && name=README
         err="$TMP/${layer//\//-}-${name//\//-}.err"
         { timeout 60 "$mbtc" --check "$f" >/dev/null 2>"$err"; } 2>>"$err"
         rc=$?
