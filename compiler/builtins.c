@@ -346,19 +346,27 @@ static const Dim *bproduct(Arena *ar, const Dim **dims, int n, int skip) {
     return p;
 }
 
+/* The dimensions given as the rest of the arguments: f(x, B, T, d), or one tuple f(x, (B, T, d)).
+ * Returns their count; each dimension's span is its argument's (the tuple's, for a tuple). */
+static int bdims_args(BCall *c, Value ***vals, Span **spans) {
+    *vals = c->rest;
+    *spans = c->rest_at;
+    int n = c->nrest;
+    if (n == 1 && !bopaque((*vals)[0]) && ((*vals)[0]->kind == V_TUPLE || (*vals)[0]->kind == V_LIST)) {
+        Span s = (*spans)[0];
+        n = (*vals)[0]->n;
+        *vals = (*vals)[0]->items;
+        *spans = arena_alloc(c->ar, sizeof(Span) * (size_t)(n + 1));
+        for (int i = 0; i < n; i++) (*spans)[i] = s;
+    }
+    return n;
+}
+
 static Value *b_reshape(BCall *c) {
     const Value *x = btensor(c, 0, 0);
-    Value **vals = c->rest;
-    Span *spans = c->rest_at;
-    int n = c->nrest;
-    if (n == 1 && !bopaque(vals[0]) && (vals[0]->kind == V_TUPLE || vals[0]->kind == V_LIST)) {
-        /* reshape(x, (B, T, d)) as well as reshape(x, B, T, d) */
-        Span s = spans[0];
-        n = vals[0]->n;
-        vals = vals[0]->items;
-        spans = arena_alloc(c->ar, sizeof(Span) * (size_t)(n + 1));
-        for (int i = 0; i < n; i++) spans[i] = s;
-    }
+    Value **vals;
+    Span *spans;
+    int n = bdims_args(c, &vals, &spans);
     if (n == 0) {
         diag_error(c->args->at, "reshape: missing the new dimensions");
         diag_hint("usage: %s", c->b->usage);
@@ -834,16 +842,9 @@ static Value *b_arange(BCall *c) {
 }
 
 static Value *b_fill(BCall *c) {
-    Value **vals = c->rest;
-    Span *spans = c->rest_at;
-    int n = c->nrest;
-    if (n == 1 && !bopaque(vals[0]) && (vals[0]->kind == V_TUPLE || vals[0]->kind == V_LIST)) {
-        Span s = spans[0];
-        n = vals[0]->n;
-        vals = vals[0]->items;
-        spans = arena_alloc(c->ar, sizeof(Span) * (size_t)(n + 1));
-        for (int i = 0; i < n; i++) spans[i] = s;
-    }
+    Value **vals;
+    Span *spans;
+    int n = bdims_args(c, &vals, &spans);
     const Dim **dims = arena_alloc(c->ar, sizeof(const Dim *) * (size_t)(n + 1));
     for (int i = 0; i < n; i++) dims[i] = bsize(c, vals[i], spans[i], arena_printf(c->ar, "dimension %d", i));
     if (c->failed || c->unknown) return bstop(c);

@@ -15,29 +15,6 @@
 /* ---- small helpers ---- */
 
 /* Operator text for messages (ast.c has one too, but this module must not depend on the parser). */
-static const char *shape_op_text(Op op) {
-    switch (op) {
-    case OP_ADD: return "+";
-    case OP_SUB: return "-";
-    case OP_MUL: return "*";
-    case OP_DIV: return "/";
-    case OP_MOD: return "%";
-    case OP_POW: return "^";
-    case OP_MATMUL: return "@";
-    case OP_EQ: return "==";
-    case OP_NE: return "!=";
-    case OP_LT: return "<";
-    case OP_LE: return "<=";
-    case OP_GT: return ">";
-    case OP_GE: return ">=";
-    case OP_AND: return "and";
-    case OP_OR: return "or";
-    case OP_NEG: return "-";
-    case OP_POS: return "+";
-    case OP_NOT: return "not";
-    default: return "?";
-    }
-}
 
 static int shape_is_compare(Op op) { return op >= OP_EQ && op <= OP_GE; }
 
@@ -193,7 +170,7 @@ static double shape_fmod(double a, double b) {
 }
 
 static Value *shape_int_arith(Arena *ar, Op op, const Value *a, const Value *b, Span sb, Span at) {
-    const char *ot = shape_op_text(op);
+    const char *ot = ast_op_text(op);
     const char *as = dim_str(ar, a->dim), *bs = dim_str(ar, b->dim);
     const Dim *r = NULL;
     int64_t x, y;
@@ -270,7 +247,7 @@ static Value *shape_float_arith(Arena *ar, Op op, const Value *a, const Value *b
     default: INTERNAL("shape_float_arith: operator %d", (int)op);
     }
     if (!isfinite(r)) {
-        diag_error(at, "%s %s %s is not a finite number", shape_num_str(ar, a), shape_op_text(op), shape_num_str(ar, b));
+        diag_error(at, "%s %s %s is not a finite number", shape_num_str(ar, a), ast_op_text(op), shape_num_str(ar, b));
         return value_unknown(ar, at);
     }
     return value_float(ar, r, 1, at);
@@ -302,7 +279,7 @@ static Value *shape_num_compare(Arena *ar, Op op, const Value *a, const Value *b
 /* ---- errors shared by the operators ---- */
 
 static Value *shape_unsupported(Arena *ar, Op op, const Value *a, const Value *b, Span at) {
-    diag_error(at, "unsupported operands for '%s': %s and %s", shape_op_text(op), value_type_str(ar, a),
+    diag_error(at, "unsupported operands for '%s': %s and %s", ast_op_text(op), value_type_str(ar, a),
                value_type_str(ar, b));
     return value_unknown(ar, at);
 }
@@ -314,7 +291,7 @@ static int shape_is_boolish(const Value *v) {
 }
 
 static Value *shape_logic(Arena *ar, Op op, Value *a, Span sa, Value *b, Span sb, Span at) {
-    const char *ot = shape_op_text(op);
+    const char *ot = ast_op_text(op);
     if (!shape_is_boolish(a) || !shape_is_boolish(b)) {
         const Value *bad = shape_is_boolish(a) ? b : a;
         diag_error(shape_is_boolish(a) ? sb : sa, "'%s' needs bools, got %s", ot, value_type_str(ar, bad));
@@ -412,7 +389,7 @@ Value *value_elementwise(Arena *ar, const char *what, Value *a, Span sa, Value *
 
 Value *value_binary(Arena *ar, Op op, Value *a, Span sa, Value *b, Span sb, Span at) {
     if (shape_opaque(a) || shape_opaque(b)) return value_unknown(ar, at);
-    const char *ot = shape_op_text(op);
+    const char *ot = ast_op_text(op);
     if (op == OP_AND || op == OP_OR) return shape_logic(ar, op, a, sa, b, sb, at);
     if (op == OP_MATMUL) return value_matmul(ar, "'@'", a, sa, b, sb, at);
 
@@ -468,7 +445,7 @@ Value *value_unary(Arena *ar, Op op, Value *a, Span at) {
     }
     if (a->kind == V_FLOAT) return value_float(ar, op == OP_NEG ? -a->f : a->f, a->fknown, at);
     if (a->kind == V_TENSOR && a->t.dt != DT_BOOL) return value_tensor(ar, a->t.dt, a->t.rank, a->t.dims, at);
-    diag_error(at, "unsupported operand for '%s': %s", shape_op_text(op), value_type_str(ar, a));
+    diag_error(at, "unsupported operand for '%s': %s", ast_op_text(op), value_type_str(ar, a));
     return value_unknown(ar, at);
 }
 
