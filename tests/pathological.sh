@@ -204,4 +204,18 @@ check comments-only "$F/comments-only.mbt" 0 ""
 printf 'fn scale(x, k = 2.0) -> f32 {\r\n  if x > 0 {\r\n    return x * k\r\n  }\r\n  return 0.0\r\n}\r\n' >"$F/crlf.mbt"
 check crlf "$F/crlf.mbt" 0 ""
 
+# ---- the error cap ---------------------------------------------------------------------------
+
+# 30 mistakes: 20 are printed, then one line counts the rest.
+for i in $(seq 1 30); do printf 'fn f%d() {\n  return undefined_name_%d\n}\n' "$i" "$i"; done >"$F/thirty-errors.mbt"
+check error-cap "$F/thirty-errors.mbt" 1 "unknown name 'undefined_name_1'"
+printed=$(grep -c ': error: ' "$OUT/error-cap.log")
+summary=$(tail -n 1 "$OUT/error-cap.log")
+if [ "$printed" = 20 ] && [ "$summary" = "mbtc: 10 more errors not shown (30 in all)" ]; then
+    echo "PASS error-cap-count"
+else
+    failures=$((failures + 1))
+    echo "FAIL error-cap-count: $printed errors printed (want 20), last line '$summary'"
+fi
+
 [ "$failures" = 0 ]
