@@ -1,0 +1,120 @@
+/* graph.h - the tensor graph IR: SSA ops with static shapes and dtypes.
+ *
+ * Pipeline position: sema (instantiation of a train block) -> [graph] -> autodiff -> plan ->
+ * fuse -> kernel IR -> back ends. One Graph per entry point (the training step's forward and
+ * backward, the optimizer update, a serving step). Nodes are appended in a valid topological
+ * order (inputs always have smaller ids), so a pass is a loop over ids. Every node remembers the
+ * source span that produced it, so kernels can name the lines they fused. Shapes are concrete
+ * (int64 per dimension): a graph is built only from an instantiated model.
+ *
+ * Printed by `mbtc --emit=ir` (forward) and `--emit=grad` (forward + backward), checked by
+ * graph_verify between passes in tests and debug builds. */
+#ifndef MBT_GRAPH_H
+#define MBT_GRAPH_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "arena.h"
+#include "diag.h"
+#include "value.h"
+
+#define GRAPH_MAX_RANK 8
+#define GRAPH_MAX_IN 4
+
+typedef enum GOp {
+    /* ---- leaves ------------------------------------------------------------------------ */
+    G_PARAM,        /* trainable parameter; name = dotted path; init in iattr/fattr (below)    */
+    G_INPUT,        /* data fed each step (data.x, data.y); name                               */
+    G_CONST,        /* scalar constant fattr[0] broadcast to the node's shape (usually rank 0) */
+    G_ARANGE,       /* 0, 1, ..., shape[0]-1 (i32)                                             */
+    /* ---- elementwise unary: out = f(in0), same shape ------------------------------------ */
+    G_NEG, G_EXP, G_LOG, G_SQRT, G_RSQRT, G_TANH, G_SIGMOID, G_RELU, G_GELU, G_SILU,
+    G_ABS, G_SIGN, G_SIN, G_COS, G_FLOOR, G_NOT,
+    G_CAST,         /* to the node's dtype                                                     */
+    G_DROPOUT,      /* fattr[0] = p; iattr[0] = per-node RNG stream id                          */
+    G_CLAMP,        /* fattr[0] = lo, fattr[1] = hi                                            */
+    /* ---- elementwise binary, NumPy broadcasting of in0 and in1 to the node's shape ------ */
+    G_ADD, G_SUB, G_MUL, G_DIV, G_POW, G_MOD, G_MAX2, G_MIN2,
+    G_EQ, G_NE, G_LT, G_LE, G_GT, G_GE, G_AND, G_OR,
+    G_WHERE,        /* in0 ? in1 : in2, broadcast                                              */
+    /* ---- reductions: iattr[0] = axis (-1 after normalisation means all), iattr[1] = keepdim */
+    G_SUM, G_MEAN, G_MAX, G_MIN, G_LOGSUMEXP,
+    G_NORM,         /* L2 norm of all elements -> rank 0                                       */
+    G_SUM_TO,       /* sum in0 down to the node's shape (undoes broadcasting; for autodiff)    */
+    /* ---- composite ops with their own fused kernels (and backward ops below) ------------- */
+    G_SOFTMAX,      /* iattr[0] = axis (normalised, >= 0)                                     */
+    G_LOG_SOFTMAX,  /* iattr[0] = axis                                                         */
+    G_LAYERNORM,    /* in0 = x, in1 = weight, in2 = bias; fattr[0] = eps; over the last axis  */
+    G_RMSNORM,      /* in0 = x, in1 = weight; fattr[0] = eps                                   */
+    G_ROPE,         /* in0 = x [..., T, hd]; fattr[0] = theta; halves rotated (NeoX layout)    */
+    G_ATTENTION,    /* in0..2 = q [B,H,T,hd], k, v [B,Hk,S,hd]; iattr[0] = causal;
+                       fattr[0] = scale (1/sqrt(hd))                                           */
+    G_CROSS_ENTROPY,/* in0 = logits [..., V], in1 = targets i32 [...] -> rank 0, the mean       */
+    G_MSE,          /* in0, in1 same shape -> rank 0, the mean of squared differences          */
+    G_ONE_HOT,      /* in0 = i32 idx -> f32 [..., iattr[0]]                                    */
+    G_TOPK_VALUES,  /* in0; iattr[0] = k, iattr[1] = axis; largest first                       */
+    G_TOPK_INDICES, /* same, the i32 positions                                                 */
+    /* ---- linear algebra and data movement ---------------------------------------------- */
+    G_MATMUL,       /* in0 [..., n, k] @ in1 [..., k, m], batch dims broadcast; rank-1 cases
+                       as in NumPy                                                             */
+    G_RESHAPE,      /* same element count, the node's shape                                    */
+    G_TRANSPOSE,    /* swap axes iattr[0] and iattr[1] (normalised)                            */
+    G_SLICE,        /* along axis iattr[0]: [iattr[1], iattr[2]) (normalised, in range)        */
+    G_GATHER,       /* rows of in0 [n, ...] picked by i32 in1 [...] -> [..., ...]             */
+    G_CONCAT,       /* along axis iattr[0]; in0..in(nin-1) (up to GRAPH_MAX_IN; longer lists
+                       are a chain of concats)                                                 */
+    G_BROADCAST,    /* in0 broadcast to the node's shape                                       */
+    /* ---- backward ops: what autodiff emits for the composite ops ------------------------- */
+    G_SCATTER_ADD,  /* gather's backward: zeros of the node's shape [n, ...], rows in1 += in0  */
+    G_SOFTMAX_BWD,  /* in0 = dy, in1 = y (softmax output); iattr[0] = axis                     */
+    G_LAYERNORM_BWD_X, /* in0 = dy, in1 = x, in2 = weight; fattr[0] = eps -> dx               */
+    G_LAYERNORM_BWD_W, /* in0 = dy, in1 = x; fattr[0] = eps -> dweight (summed over rows)     */
+    G_RMSNORM_BWD_X,   /* in0 = dy, in1 = x, in2 = weight; fattr[0] = eps -> dx               */
+    G_RMSNORM_BWD_W,   /* in0 = dy, in1 = x; fattr[0] = eps -> dweight                        */
+    G_ROPE_BWD,     /* in0 = dy; fattr[0] = theta (rotation by the negative angle)             */
+    G_ATTENTION_BWD_Q, G_ATTENTION_BWD_K, G_ATTENTION_BWD_V,
+                    /* in0 = dout, in1 = q, in2 = k, in3 = v; iattr/fattr as the forward      */
+    G_CROSS_ENTROPY_BWD, /* in0 = dloss (rank 0), in1 = logits, in2 = targets -> dlogits       */
+    G_OP_COUNT
+} GOp;
+
+/* Parameter initialisers (G_PARAM's iattr[0]; fattr[0], fattr[1] their numbers). */
+typedef enum GInit { GI_ZEROS, GI_ONES, GI_CONSTANT, GI_NORMAL, GI_UNIFORM } GInit;
+
+typedef struct GNode {
+    int id;
+    GOp op;
+    DType dt;
+    int rank;
+    int64_t shape[GRAPH_MAX_RANK];
+    int nin;
+    int in[GRAPH_MAX_IN];   /* input node ids, all < id */
+    int64_t iattr[4];
+    double fattr[2];
+    const char *name;       /* G_PARAM: dotted path; G_INPUT: "data.x"; else NULL */
+    Span src;               /* the source that produced it (span_none for synthesised nodes) */
+} GNode;
+
+typedef struct Graph {
+    Arena *ar;
+    GNode **node;           /* node[id] */
+    int n, cap;
+    int loss;               /* id of the scalar loss, -1 if none */
+    int nparams;
+    int *params;            /* ids of the G_PARAM nodes, in declaration order */
+    int *grads;             /* after autodiff: grads[i] is the id of d loss / d params[i] */
+} Graph;
+
+Graph *graph_new(Arena *ar);                                        /* an empty graph */
+/* Appends a node; shape copied; inputs must exist. Returns its id. */
+int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int nin, const int *in, Span src);
+GNode *graph_node(const Graph *g, int id);                          /* node[id] */
+int64_t graph_numel(const GNode *n);                                /* product of the shape */
+const char *graph_op_name(GOp op);                                  /* "matmul", "layernorm_bwd_x" ... */
+void graph_print(FILE *out, const Graph *g, int first);             /* --emit=ir from node `first` on */
+/* Checks the invariants (input ids, ranks, shapes each op implies, dtypes). Returns the number of
+ * problems, each printed to `out` as `graph: %N: ...`. A failure is a compiler bug. */
+int graph_verify(const Graph *g, FILE *out);
+
+#endif

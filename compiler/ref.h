@@ -1,0 +1,30 @@
+/* ref.h - the reference evaluator: runs a graph op by op in double precision on the CPU.
+ *
+ * Pipeline position: beside the back ends, not in the build path. It is the oracle the tests
+ * hold everything against: gradients against finite differences, fused kernels against the
+ * unfused graph, the CPU and CUDA back ends against it. Plain loops, no tricks: correctness and
+ * readability over speed. Integer tensors (token ids, indices) are held as doubles (exact below
+ * 2^53); bool tensors as 0.0 / 1.0. */
+#ifndef MBT_REF_H
+#define MBT_REF_H
+
+#include "graph.h"
+
+/* Evaluates every node of g in order. leaves[id] gives the values of each G_PARAM and G_INPUT
+ * node (numel doubles, row-major); other entries are ignored. Returns vals with vals[id] the
+ * values of node id (allocated in ar). Reports an out-of-range gather index or target as an
+ * error (diag_error_noloc) and returns NULL. */
+double **ref_run(const Graph *g, double *const *leaves, Arena *ar);
+
+/* Evaluates one node whose inputs are already in vals; writes vals[n->id] (caller-allocated,
+ * graph_numel(n) doubles). Returns 0, or -1 after reporting a bad index. */
+int ref_eval_node(const Graph *g, const GNode *n, double **vals);
+
+/* The backward ops (G_SCATTER_ADD ... G_CROSS_ENTROPY_BWD), in ref_bwd.c; same contract. */
+int ref_eval_bwd(const Graph *g, const GNode *n, double **vals);
+
+/* Broadcasting helper shared by both files: the flat index into an input of shape (rank, shape)
+ * aligned at the right with the output shape, for output flat index i. */
+int64_t ref_bcast_index(int out_rank, const int64_t *out_shape, int64_t i, int in_rank, const int64_t *in_shape);
+
+#endif
