@@ -31,7 +31,10 @@ LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
 FRONT_SRCS = compiler/arena.c compiler/diag.c compiler/ast.c compiler/parse.c compiler/module.c
 SEMA_SRCS  = compiler/dim.c compiler/value.c compiler/shape.c compiler/builtins.c \
              compiler/sema.c compiler/eval.c compiler/settings.c
-LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS)
+# The middle: the graph IR and its construction, reverse-mode autodiff, and the double-precision
+# reference evaluator the tests hold everything against (ref.c forward ops, ref_bwd.c backward).
+MIDDLE_SRCS = compiler/graph.c compiler/graph_build.c compiler/autodiff.c compiler/ref.c compiler/ref_bwd.c
+LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS) $(MIDDLE_SRCS)
 GEN_SRCS   = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
 
 LIB_OBJS = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(BUILD)/obj/mbt.o $(BUILD)/obj/lexer.o
@@ -88,6 +91,34 @@ $(BUILD)/libmbtc.a: $(LIB_OBJS)
 
 $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
+
+# ---- runtime (libmbtrt) -------------------------------------------------------------------------
+# The library linked into every executable mbtc builds (runtime/rt.h is its whole surface), and the
+# tools built on it. Runtime objects see only runtime/ headers: the runtime never includes the
+# compiler. `all` gains the library and build/mbt-gendata (a second `all:` line adds prerequisites).
+RT_SRCS  = runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c
+RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))
+RT_HDRS  = $(wildcard runtime/*.h)
+RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) -Iruntime $(CFLAGS)
+
+all: $(BUILD)/libmbtrt.a $(BUILD)/mbt-gendata
+
+$(BUILD)/obj/rt/%.o: runtime/%.c $(RT_HDRS)
+	@mkdir -p $(BUILD)/obj/rt
+	$(CC) $(RT_CFLAGS) -c $< -o $@
+
+$(BUILD)/libmbtrt.a: $(RT_OBJS)
+	rm -f $@
+	ar rcs $@ $^
+
+# mbt-gendata: a synthetic token corpus with a known entropy rate (docs/runtime.md).
+$(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a $(RT_HDRS)
+	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a -lm -o $@ $(LDFLAGS_ALL)
+
+# Runtime unit tests link libmbtrt, not the compiler (the shorter stem wins over the rule below).
+$(BUILD)/tests/test_rt_%: tests/unit/test_rt_%.c $(BUILD)/libmbtrt.a $(RT_HDRS) $(wildcard tests/unit/*.h)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) -Itests/unit $< $(BUILD)/libmbtrt.a -lm -o $@ $(LDFLAGS_ALL)
 
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a $(HDRS) $(wildcard tests/unit/*.h)

@@ -959,6 +959,9 @@ const Builtin *builtin_find(Str name) {
 const char *builtin_name(const Builtin *b) { return b->name; }
 int builtin_count(void) { return BUILTIN_COUNT; }
 const char *builtin_name_at(int i) { return i >= 0 && i < BUILTIN_COUNT ? builtin_table[i].name : NULL; }
+const char *builtin_param(const Builtin *b, int i) {
+    return b && i >= 0 && i <= BUILTIN_MAX_PARAMS ? b->params[i] : NULL; /* params is NULL-terminated */
+}
 
 Value *builtin_value(Arena *ar, const Builtin *b, Span at) {
     if (b->fn == b_pi) return value_float(ar, 3.14159265358979323846, 1, at);

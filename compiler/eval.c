@@ -6,8 +6,9 @@
  * instantiation; a function's parameters take their declared types with fresh symbols for the
  * upper-case dimensions. Instantiated by a train or serve block, constants are numbers, every
  * `for` over a known range is unrolled, every sub-model is built, and every call is evaluated
- * inline with the argument's shapes - the walk the graph builder will repeat, hanging IR nodes
- * off tensor values (Value.graph_id).
+ * inline with the argument's shapes - the walk along which the graph builder (graph_build.c)
+ * hangs IR nodes off tensor values (Value.graph_id), through the hooks marked "graph builder
+ * hook" below: each is a no-op unless gb_listening(), so --check is unaffected.
  *
  * Errors inside a body are reported once: a body that reported errors is marked broken (its
  * NodeInfo) and is not evaluated again - calls to it give its declared result, instances of it
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "graph_build.h"
 #include "sema_internal.h"
 
 #define SEMA_PI 3.14159265358979323846
@@ -788,6 +790,7 @@ static Value *eval_apply(Sema *s, Value *callee, Call *c) {
     case V_UNKNOWN: return unknown_at(s, c->a.at);
     case V_BUILTIN: {
         Value *r = callee->builtin ? builtin_call(s->ar, callee->builtin, &c->a) : NULL;
+        if (r && gb_listening(s, c->generic)) gb_builtin(s->gb, callee->builtin, &c->a, r); /* graph builder hook */
         return r ? r : unknown_at(s, c->a.at);
     }
     case V_MODEL_DEF: return instantiate(s, callee, c);
@@ -874,7 +877,11 @@ static Value *eval_attr(Frame *f, const Node *n) {
             if (str_eqc(n->name, items[i])) return i < base->n && base->items[i] ? base->items[i] : unknown_at(s, n->span);
         return no_member(s, n, NULL, items, 2);
     }
-    case V_TENSOR: return value_tensor_attr(s->ar, base, n->name, n->span);
+    case V_TENSOR: {
+        Value *r = value_tensor_attr(s->ar, base, n->name, n->span);
+        if (gb_listening(s, f->generic)) gb_attr(s->gb, base, n->name, r, n->span); /* graph builder hook */
+        return r;
+    }
     case V_TUPLE:
     case V_LIST: {
         if (!all_digits(n->name)) return no_member(s, n, NULL, NULL, 0);
@@ -1010,6 +1017,10 @@ static Value *eval_comp(Frame *f, const Node *n) {
         for (; i < it.count; i++) items[i] = unknown_at(s, n->span);
         return make_list(s, items, (int)it.count, dim_int(s->ar, it.count), n->span);
     }
+    if (gb_listening(s, f->generic)) /* graph builder hook: it needs every comprehension unrolled */
+        gb_unsupported(s->gb, span_or(n->b, n->span),
+                       arena_printf(s->ar, "a comprehension whose number of items is not known at compile time (or above %d)",
+                                    SEMA_MAX_UNROLL));
     scope_define(s, cs, n->name, iter_rep(s, &it, n->name, var_at), ENT_LOCAL, var_at);
     Value *e = eval_expr(&cf, n->a);
     if (!it.len) return unknown_at(s, n->span);
@@ -1058,6 +1069,8 @@ static Value *eval_index(Frame *f, const Node *n) {
     }
     if (any_unknown) return unknown_at(s, n->span);
     Value *r = value_index(s->ar, base, span_or(n->a, n->span), idx, sidx, k, is_slice, lo, hi, n->span);
+    if (r && gb_listening(s, f->generic)) /* graph builder hook */
+        gb_index(s->gb, base, idx, is_slice, lo, hi, k, r, n->span);
     return r ? r : unknown_at(s, n->span);
 }
 
@@ -1107,9 +1120,17 @@ static Value *eval_expr_inner(Frame *f, const Node *n) {
                 return unknown_at(s, n->span);
             }
         }
-        return value_binary(s->ar, n->op, a, span_or(n->a, n->span), b, span_or(n->b, n->span), n->span);
+        Value *r = value_binary(s->ar, n->op, a, span_or(n->a, n->span), b, span_or(n->b, n->span), n->span);
+        if (gb_listening(s, f->generic)) /* graph builder hook */
+            gb_binary(s->gb, n->op, a, span_or(n->a, n->span), b, span_or(n->b, n->span), r, n->span);
+        return r;
     }
-    case N_UNARY: return value_unary(s->ar, n->op, eval_expr(f, n->a), n->span);
+    case N_UNARY: {
+        Value *a = eval_expr(f, n->a);
+        Value *r = value_unary(s->ar, n->op, a, n->span);
+        if (gb_listening(s, f->generic)) gb_unary(s->gb, n->op, a, r, n->span); /* graph builder hook */
+        return r;
+    }
     case N_CALL: {
         Value *callee = eval_expr(f, n->a);
         Call c;
@@ -1253,6 +1274,8 @@ static void eval_aug_assign(Frame *f, const Node *n) {
     Value *cur = eval_expr(f, n->a);
     Value *rhs = eval_expr(f, n->b);
     Value *nv = value_binary(s->ar, n->op, cur, n->a->span, rhs, span_or(n->b, n->span), n->span);
+    if (nv && gb_listening(s, f->generic)) /* graph builder hook */
+        gb_binary(s->gb, n->op, cur, n->a->span, rhs, span_or(n->b, n->span), nv, n->span);
     assign_name(f, n->a->name, nv ? nv : unknown_at(s, n->span), n->a->span, n->span, 0);
 }
 
@@ -1266,7 +1289,9 @@ static const struct {
     {"constant", 1, {"v"}},
 };
 
-static void check_init(Frame *f, const Node *init, Str pname) {
+/* Checks `~ init`; returns the initialiser's name ("normal", ...) with its arguments in x and
+ * whether each is known in known (for the graph builder), or NULL after an error. */
+static const char *check_init(Frame *f, const Node *init, Str pname, double x[2], int known[2]) {
     Sema *s = f->s;
     Str iname;
     const Node *call = NULL;
@@ -1279,7 +1304,7 @@ static void check_init(Frame *f, const Node *init, Str pname) {
         sema_error(s, init->span,
                    "the initialiser of '%.*s' must be normal(mean, std), uniform(lo, hi), zeros, ones or constant(v)",
                    STR_ARG(pname));
-        return;
+        return NULL;
     }
     int which = -1;
     for (size_t i = 0; i < sizeof inits / sizeof *inits; i++)
@@ -1294,7 +1319,7 @@ static void check_init(Frame *f, const Node *init, Str pname) {
             if (g.pick) sema_hint_suggest(s, &g);
             else sema_hint(s, "the initialisers are normal(mean, std), uniform(lo, hi), zeros, ones and constant(v)");
         }
-        return;
+        return NULL;
     }
     const char *wn = inits[which].name;
     int na = inits[which].nargs;
@@ -1302,8 +1327,9 @@ static void check_init(Frame *f, const Node *init, Str pname) {
         if (na > 0) {
             if (na == 2) sema_error(s, init->span, "'%s' needs arguments: %s(%s, %s)", wn, wn, inits[which].args[0], inits[which].args[1]);
             else sema_error(s, init->span, "'%s' needs an argument: %s(%s)", wn, wn, inits[which].args[0]);
+            return NULL;
         }
-        return;
+        return wn;
     }
     Value *vals[2] = {NULL, NULL};
     Span at[2] = {call->span, call->span};
@@ -1344,18 +1370,16 @@ static void check_init(Frame *f, const Node *init, Str pname) {
             npos++;
         }
     }
-    if (!ok) return;
-    double x[2] = {0, 0};
-    int known[2] = {0, 0};
+    if (!ok) return NULL;
     for (int k = 0; k < na; k++) {
         if (!vals[k]) {
             sema_error(s, call->span, "missing argument '%s' in the call to '%s'", inits[which].args[k], wn);
-            return;
+            return NULL;
         }
         if (vals[k]->kind != V_INT && vals[k]->kind != V_FLOAT && vals[k]->kind != V_UNKNOWN) {
             sema_error(s, at[k], "argument '%s' of '%s' must be a number, but it is %s", inits[which].args[k], wn,
                        sema_describe(s, vals[k]));
-            return;
+            return NULL;
         }
         known[k] = number_known(vals[k], &x[k]);
     }
@@ -1363,6 +1387,7 @@ static void check_init(Frame *f, const Node *init, Str pname) {
         sema_error(s, at[1], "the standard deviation of 'normal' must not be negative, but it is %g", x[1]);
     if (which == 1 && known[0] && known[1] && !(x[0] < x[1]))
         sema_error(s, call->span, "'uniform' needs lo < hi, but lo = %g and hi = %g", x[0], x[1]);
+    return wn;
 }
 
 static void eval_param_decl(Frame *f, const Node *n) {
@@ -1394,8 +1419,11 @@ static void eval_param_decl(Frame *f, const Node *n) {
             ok = 0;
         }
     }
-    if (n->a) check_init(f, n->a, n->name);
+    double ix[2] = {0, 0};
+    int iknown[2] = {0, 0};
+    const char *init = n->a ? check_init(f, n->a, n->name, ix, iknown) : NULL;
     Value *v = ok ? value_tensor(s->ar, dt, rank, dims, n->span) : unknown_at(s, n->span);
+    if (gb_listening(s, f->generic)) gb_param(s->gb, v, init, ix, iknown, name_at); /* graph builder hook */
     assign_name(f, n->name, v, name_at, n->span, ENT_PARAM);
 }
 
@@ -1439,6 +1467,10 @@ static void eval_for(Frame *f, const Node *n) {
         }
         return;
     }
+    if (gb_listening(s, f->generic)) /* graph builder hook: it needs every loop unrolled */
+        gb_unsupported(s->gb, span_or(n->a, n->span),
+                       arena_printf(s->ar, "a loop whose number of iterations is not known at compile time (or above %d)",
+                                    SEMA_MAX_UNROLL));
     int returned = f->returned; /* the loop may run no time at all */
     assign_name(f, n->name, iter_rep(s, &it, n->name, var_at), var_at, var_at, ENT_LOCAL);
     eval_body(f, &n->list);
@@ -1465,6 +1497,8 @@ static void eval_if(Frame *f, const Node *n) {
         return;
     }
     /* Unknown: both branches, each from the state before the `if`, then the two merged. */
+    if (gb_listening(s, f->generic) && c->kind != V_UNKNOWN && c->kind != V_TENSOR) /* graph builder hook */
+        gb_unsupported(s->gb, span_or(n->a, n->span), "an 'if' whose condition is not known at compile time");
     Scope *sc = f->scope;
     ScopeSnap before = scope_snapshot(s, sc);
     int r0 = f->returned;

@@ -35,6 +35,9 @@ typedef enum GOp {
     G_DROPOUT,      /* fattr[0] = p; iattr[0] = per-node RNG stream id                          */
     G_CLAMP,        /* fattr[0] = lo, fattr[1] = hi                                            */
     /* ---- elementwise binary, NumPy broadcasting of in0 and in1 to the node's shape ------ */
+    /* (added) dtypes: arithmetic, max2/min2, reductions and unary ops but cast take inputs of the node's
+       dtype (the builder inserts G_CAST); comparisons: in0, in1 of one dtype -> bool; and/or/not: bool;
+       where: in0 bool, in1 and in2 of the node's dtype                                                  */
     G_ADD, G_SUB, G_MUL, G_DIV, G_POW, G_MOD, G_MAX2, G_MIN2,
     G_EQ, G_NE, G_LT, G_LE, G_GT, G_GE, G_AND, G_OR,
     G_WHERE,        /* in0 ? in1 : in2, broadcast                                              */
@@ -104,10 +107,12 @@ typedef struct Graph {
     int nparams;
     int *params;            /* ids of the G_PARAM nodes, in declaration order */
     int *grads;             /* after autodiff: grads[i] is the id of d loss / d params[i] */
+    const char *name;       /* added: what the graph is ("train tiny"), for graph_print's header; may be NULL */
 } Graph;
 
 Graph *graph_new(Arena *ar);                                        /* an empty graph */
 /* Appends a node; shape copied; inputs must exist. Returns its id. */
+/* (added) iattr/fattr/name start zeroed; a G_PARAM's id is appended to params by graph_add itself. */
 int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int nin, const int *in, Span src);
 GNode *graph_node(const Graph *g, int id);                          /* node[id] */
 int64_t graph_numel(const GNode *n);                                /* product of the shape */
@@ -116,5 +121,6 @@ void graph_print(FILE *out, const Graph *g, int first);             /* --emit=ir
 /* Checks the invariants (input ids, ranks, shapes each op implies, dtypes). Returns the number of
  * problems, each printed to `out` as `graph: %N: ...`. A failure is a compiler bug. */
 int graph_verify(const Graph *g, FILE *out);
+/* (added) out may be NULL: the problems are then only counted. */
 
 #endif

@@ -10,9 +10,11 @@
 #include "arena.h"
 #include "ast.h"
 #include "diag.h"
+#include "graph.h"
 #include "module.h"
 #include "parse.h"
 #include "sema.h"
+#include "autodiff.h"
 
 #define MBT_VERSION "0.1.0"
 
@@ -22,7 +24,9 @@ static void usage(FILE *out) {
             "\n"
             "options:\n"
             "  --check            parse and check the program (names, types, shapes, settings); no output\n"
-            "  --emit=STAGE       print a stage to stdout: tokens, ast\n"
+            "  --emit=STAGE       print a stage to stdout: tokens, ast, ir (the training step's forward\n"
+            "                     graph), grad (forward and backward graph)\n"
+            "  --train NAME       the train block --emit=ir/grad builds (default: the first one)\n"
             "  -o FILE            write the executable to FILE (not available yet: see docs/cli.md)\n"
             "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
             "  --color            colour diagnostics (default: when stderr is a terminal)\n"
@@ -55,8 +59,21 @@ static const char *default_stdlib(Arena *ar) {
 #endif
 }
 
+/* --emit=ir and --emit=grad: the training step's graph, built while sema instantiates the train
+ * block, verified (a failure is a compiler bug), then printed. */
+static int emit_graph(Loader *ld, Arena *ar, Module *main_mod, const char *train, int grad) {
+    Graph *g = sema_build_train_graph(ld, main_mod, train, ar);
+    if (!g) return diag_finish();
+    if (grad) autodiff(g);
+    if (graph_verify(g, stderr))
+        INTERNAL("the %s graph fails graph_verify (problems above)", grad ? "gradient" : "forward");
+    graph_print(stdout, g, 0);
+    return diag_finish();
+}
+
 /* The pipeline, stage by stage; returns the exit status. */
-static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int check, const char *output) {
+static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int check, const char *output,
+               const char *train) {
     if (emit && strcmp(emit, "tokens") == 0) {
         uint32_t len = 0;
         const char *why = NULL;
@@ -74,6 +91,8 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
         ast_print(stdout, main_mod->ast);
         return diag_finish();
     }
+    if (emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0))
+        return emit_graph(ld, ar, main_mod, train, strcmp(emit, "grad") == 0);
     sema_check(ld, main_mod);
     if (diag_error_count() || check) return diag_finish();
     diag_error_noloc("building executables is not available in this version of mbtc");
@@ -83,7 +102,7 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
 
 int main(int argc, char **argv) {
     Arena ar = {0};
-    const char *input = NULL, *emit = NULL, *output = NULL;
+    const char *input = NULL, *emit = NULL, *output = NULL, *train = NULL;
     int check = 0;
     PtrVec incdirs = {0};
     diag_set_color(isatty(2));
@@ -93,6 +112,8 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--check") == 0) check = 1;
         else if (strncmp(a, "--emit=", 7) == 0) emit = a + 7;
         else if (strcmp(a, "-o") == 0 && i + 1 < argc) output = argv[++i];
+        else if (strcmp(a, "--train") == 0) train = i + 1 < argc ? argv[++i] : "";
+        else if (strncmp(a, "--train=", 8) == 0) train = a + 8;
         else if (strcmp(a, "-I") == 0 && i + 1 < argc) ptrvec_push(&ar, &incdirs, argv[++i]);
         else if (strncmp(a, "-I", 2) == 0 && a[2]) ptrvec_push(&ar, &incdirs, (void *)(a + 2));
         else if (strcmp(a, "--color") == 0) diag_set_color(1);
@@ -113,15 +134,27 @@ int main(int argc, char **argv) {
         usage(stderr);
         { arena_free(&ar); return 1; }
     }
-    if (emit && strcmp(emit, "tokens") != 0 && strcmp(emit, "ast") != 0) {
+    static const char *const stages[] = {"tokens", "ast", "ir", "grad"};
+    int known_stage = !emit;
+    for (size_t k = 0; emit && k < sizeof stages / sizeof *stages; k++) known_stage |= strcmp(emit, stages[k]) == 0;
+    if (!known_stage) {
         diag_error_noloc("unknown stage '%s' for --emit", emit);
-        diag_hint("the stages available are: tokens, ast");
+        diag_hint("the stages available are: tokens, ast, ir, grad");
+        { arena_free(&ar); return 1; }
+    }
+    if (train && !*train) {
+        diag_error_noloc("'--train' needs the name of a train block");
+        { arena_free(&ar); return 1; }
+    }
+    if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0))) {
+        diag_error_noloc("'--train %s' selects the train block for --emit=ir or --emit=grad, and neither is given",
+                         train);
         { arena_free(&ar); return 1; }
     }
 
     Loader ld;
     loader_init(&ld, &ar, (const char **)incdirs.v, incdirs.n, default_stdlib(&ar));
-    int rc = run(&ld, &ar, input, emit, check, output);
+    int rc = run(&ld, &ar, input, emit, check, output, train);
     arena_free(&ar);
     return rc;
 }

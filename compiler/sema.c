@@ -556,7 +556,7 @@ static void sema_check_module(Sema *s, Module *m) {
 
 /* ---- entry points ---- */
 
-int sema_run(Loader *ld, Module *main, SemaResult *out) {
+int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb) {
     int before = diag_error_count();
     Sema s;
     memset(&s, 0, sizeof s);
@@ -564,9 +564,12 @@ int sema_run(Loader *ld, Module *main, SemaResult *out) {
     s.keep = ld->ar;
     s.ld = ld;
     s.out = out;
+    s.gb_want = gb;
     sema_check_module(&s, main);
     return diag_error_count() - before;
 }
+
+int sema_run(Loader *ld, Module *main, SemaResult *out) { return sema_run_build(ld, main, out, NULL); }
 
 int sema_check(Loader *ld, Module *main) {
     SemaResult res;

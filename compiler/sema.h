@@ -1,15 +1,24 @@
 /* sema.h - semantic analysis: names, imports, constants, types and shapes, train/serve settings.
  *
- * Pipeline position: AST (parse.h) -> [sema] -> graph IR. `mbtc --check` stops after this.
+ * Pipeline position: AST (parse.h) -> [sema] -> graph IR. `mbtc --check` stops after this;
+ * `mbtc --emit=ir` builds a train block's graph during the same walk.
  * Every model and function is checked on its own with its constants symbolic; every train and
  * serve block then instantiates its model with concrete constants and checks the whole step
  * (data shapes, loss, optimizer, schedule, batch arithmetic, parallel layout). */
 #ifndef MBT_SEMA_H
 #define MBT_SEMA_H
 
+#include "graph.h"
 #include "module.h"
 
 /* Checks the main module and everything it imports. Returns the number of errors reported. */
 int sema_check(Loader *ld, Module *main);
+
+/* Checks the program as sema_check does and builds the forward graph of one train block of the
+ * main module (train_name, or the first when NULL) while its model is instantiated and its loss
+ * evaluated (graph_build.c). The graph lives in ar. Returns NULL after reporting errors: the
+ * program's, an unknown block name (the message lists the blocks), or a construct the graph
+ * builder does not support yet. */
+Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar);
 
 #endif

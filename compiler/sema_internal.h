@@ -9,7 +9,8 @@
  *               arguments, and checks every model, function and optimizer on its own.
  *   settings.c  checks train and serve blocks and resolves their numbers (TrainSettings,
  *               ServeSettings) for the stages after sema.
- * Not part of the compiler's public surface: only these three files include it. */
+ * graph_build.c, which builds the graph IR from the same walk (hooks in eval.c and settings.c),
+ * shares it too. Not part of the compiler's public surface: only these four files include it. */
 #ifndef MBT_SEMA_INTERNAL_H
 #define MBT_SEMA_INTERNAL_H
 
@@ -37,6 +38,7 @@
 
 typedef struct Sema Sema;
 typedef struct Frame Frame;
+typedef struct GraphBuilder GraphBuilder; /* graph_build.c */
 
 /* ---- scopes ---- */
 
@@ -172,6 +174,8 @@ typedef struct SemaResult {
 
 /* sema_check, keeping the resolved settings for the next stage. Returns the errors reported. */
 int sema_run(Loader *ld, Module *main, SemaResult *out);
+/* The same, building the graph of gb's train block on the way (graph_build.c). */
+int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb);
 
 /* ---- the checker's context ---- */
 
@@ -205,7 +209,9 @@ struct Sema {
     int over_budget;      /* the step budget ran out: everything evaluates to V_UNKNOWN */
     Module *modules[SEMA_MAX_MODULE_DEPTH + 1]; /* the import chain being checked */
     int module_depth;
-    void *graph;          /* reserved for the graph builder: NULL while only checking */
+    GraphBuilder *gb;     /* the graph builder (graph_build.h): set only while the train block being
+                           * built instantiates its model and evaluates its loss; NULL while checking */
+    GraphBuilder *gb_want;/* the builder waiting for its train block (sema_build_train_graph), or NULL */
 };
 
 NodeInfo *sema_info(Sema *s, const Node *n); /* created (zeroed) on first use */

@@ -6,10 +6,13 @@
  * and the learning-rate schedule, and checks the batch arithmetic and the parallel layout. A
  * serve block instantiates its model and checks the serving limits. Every error names the key,
  * what was given and what is allowed; the numbers end up in TrainSettings / ServeSettings for
- * the stages after sema. */
+ * the stages after sema. For the train block being built (sema_build_train_graph), the graph
+ * builder listens while the model is instantiated and the data and loss are evaluated (the
+ * hooks marked "graph builder hook"). */
 #include <stdint.h>
 #include <string.h>
 
+#include "graph_build.h"
 #include "sema_internal.h"
 
 /* ---- keys ---- */
@@ -529,7 +532,11 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     Frame f = frame_make_block(s, bs);
 
     /* The model first: everything else is about it. */
+    GraphBuilder *gb = gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
+    s->gb = gb;
     ts->model = k[T_MODEL] ? get_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
+    s->gb = NULL;
+    if (gb) gb_model(gb, ts->model); /* graph builder hook: names the parameters */
     scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? key_span(k[T_MODEL]) : name_at);
 
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
@@ -615,6 +622,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         d->items[0] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         d->items[1] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         ts->data = d;
+        if (gb) gb_data(gb, d); /* graph builder hook: data.x, data.y */
     } else {
         ts->data = value_unknown(s->ar, name_at);
     }
@@ -622,7 +630,9 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 
     /* loss: a scalar over model and data */
     if (k[T_LOSS]) {
+        s->gb = gb; /* graph builder hook: the loss is the forward graph */
         Value *l = eval_expr(&f, k[T_LOSS]->a);
+        s->gb = NULL;
         int scalar = l->kind == V_UNKNOWN || l->kind == V_FLOAT || l->kind == V_INT ||
                      (l->kind == V_TENSOR && l->t.rank == 0 && dtype_is_float(l->t.dt));
         if (!scalar) {
@@ -631,6 +641,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
             l = value_unknown(s->ar, value_span(k[T_LOSS]));
         }
         ts->loss = l;
+        if (gb) gb_loss(gb, l, value_span(k[T_LOSS])); /* graph builder hook */
     }
 
     /* optimizer: bound hyper-parameters, and its update run with them */

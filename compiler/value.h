@@ -71,7 +71,7 @@ typedef struct Value {
     const Node *node;     /* V_MODEL_DEF, V_MODEL, V_FN, V_OPTIMIZER_DEF, V_OPTIMIZER */
     Scope *scope;         /* see the kinds above */
     const Builtin *builtin; /* V_BUILTIN */
-    int graph_id;         /* reserved for the graph builder (0 = none) */
+    int graph_id;         /* the graph builder's node for a tensor: node id + 1 (0 = none; graph_build.h) */
 } Value;
 
 const char *value_kind_name(ValueKind k);       /* "tensor", "integer", "model", ... */
@@ -117,6 +117,7 @@ const Builtin *builtin_find(Str name);            /* NULL if not a builtin */
 const char *builtin_name(const Builtin *b);       /* its name */
 int builtin_count(void);                          /* for "did you mean" */
 const char *builtin_name_at(int i);               /* i-th builtin's name */
+const char *builtin_param(const Builtin *b, int i); /* its i-th parameter's name; NULL past the last (graph builder) */
 Value *builtin_call(Arena *ar, const Builtin *b, const CallArgs *args); /* shape rule + checks */
 Value *builtin_value(Arena *ar, const Builtin *b, Span at);   /* what the bare name means: V_FLOAT for pi, else V_BUILTIN */
 

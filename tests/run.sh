@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # tests/run.sh BUILD_DIR - runs every test layer against the binaries in BUILD_DIR (what `make
 # test` and `make test-quick` call, after building them).
+# tests/run.sh --update-golden BUILD_DIR - rewrites tests/golden/*.ir (and *.err) from what
+# BUILD_DIR/mbtc prints now, and runs nothing else: review the diff before committing it.
 #
 # Layers, each printing `PASS <layer>/<name>` or `FAIL <layer>/<name>: reason` (with the captured
 # output of a failure indented below it) and a `# layer NAME: 1.2 s` timing line:
 #   unit          every BUILD/tests/test_* (each prints its own PASS/FAIL lines; they are counted)
 #   diag          tests/diag/*.mbt: `mbtc --check` must print exactly the `# expect:` lines
 #   check         stdlib/*.mbt and examples/*.mbt check clean (exit 0, nothing on stderr)
+#   golden        tests/golden/NAME.mbt: `mbtc --emit=ir` prints exactly NAME.ir (or, with a
+#                 NAME.err, exactly that on stderr and exit 1); and every train block of every
+#                 example builds a graph that passes graph_verify, each within the time limit
 #   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
-#   asan          the unit, diag, check and pathological layers again with BUILD/asan's binaries
+#   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
 # MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection.
 # The last line is `N passed, M failed` (`, K skipped` when K > 0); the exit status is 1 when
@@ -17,8 +22,13 @@ set -u
 set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+UPDATE_GOLDEN=0
+if [ "${1:-}" = --update-golden ]; then
+    UPDATE_GOLDEN=1
+    shift
+fi
 if [ $# -lt 1 ]; then
-    echo "usage: tests/run.sh BUILD_DIR" >&2
+    echo "usage: tests/run.sh [--update-golden] BUILD_DIR" >&2
     exit 2
 fi
 if ! BUILD=$(cd "$1" 2>/dev/null && pwd); then
@@ -260,6 +270,97 @@ run_check() {
     if [ $found = 0 ]; then fail "$layer" "no stdlib/*.mbt or examples/*.mbt files"; fi
 }
 
+# ---- golden ----------------------------------------------------------------------------------
+
+# run_golden LAYER MBTC LIMIT_MS: the golden graphs, then every example's train blocks.
+run_golden() {
+    local layer=$1 mbtc=$2 limit_ms=$3 f name out err exp_out exp_err rc why want args argline
+    if [ ! -x "$mbtc" ]; then
+        fail "$layer" "$mbtc does not exist (run make)"
+        return
+    fi
+    stdlib_env "$mbtc"
+    local found=0
+    for f in tests/golden/*.mbt; do
+        [ -f "$f" ] || continue
+        found=1
+        name=${f#tests/golden/}
+        name=${name%.mbt}
+        out="$TMP/${layer//\//-}-$name.out"
+        err="$TMP/${layer//\//-}-$name.err"
+        exp_out="tests/golden/$name.ir"
+        exp_err="tests/golden/$name.err"
+        args=()
+        argline=$(LC_ALL=C grep -a -m1 '^# args: ' "$f" | LC_ALL=C sed 's/^# args: //')
+        if [ -n "$argline" ]; then read -r -a args <<<"$argline"; fi
+        { timeout 20 "$mbtc" --emit=ir ${args[@]+"${args[@]}"} "$f" >"$out" 2>"$err"; } 2>>"$err"
+        rc=$?
+        why=$(describe_status "$rc")
+        if [ "$UPDATE_GOLDEN" = 1 ]; then
+            if [ -n "$why" ]; then
+                fail "$layer/$name" "$why (nothing written)" "$err"
+            elif [ "$rc" = 0 ]; then
+                cp "$out" "$exp_out" && rm -f "$exp_err" && pass "$layer/$name (wrote $exp_out)"
+            else
+                cp "$err" "$exp_err" && rm -f "$exp_out" && pass "$layer/$name (wrote $exp_err)"
+            fi
+            continue
+        fi
+        want=0
+        [ -f "$exp_err" ] && want=1
+        if [ -n "$why" ]; then
+            fail "$layer/$name" "$why" "$err"
+        elif san_report "$err"; then
+            fail "$layer/$name" "sanitizer report" "$err"
+        elif [ "$want" = 0 ] && [ ! -f "$exp_out" ]; then
+            fail "$layer/$name" "no $exp_out or $exp_err (tests/run.sh --update-golden $BUILD writes them)"
+        elif [ "$rc" != "$want" ]; then
+            fail "$layer/$name" "exit status $rc, expected $want" "$err"
+        elif [ "$want" = 0 ] && [ -s "$err" ]; then
+            fail "$layer/$name" "mbtc printed on stderr" "$err"
+        elif [ "$want" = 0 ] && ! cmp -s "$exp_out" "$out"; then
+            diff -u --label "$exp_out" --label actual "$exp_out" "$out" >"$out.diff"
+            fail "$layer/$name" "the graph differs (tests/run.sh --update-golden $BUILD rewrites it)" "$out.diff"
+        elif [ "$want" = 1 ] && ! cmp -s "$exp_err" "$err"; then
+            diff -u --label "$exp_err" --label actual "$exp_err" "$err" >"$out.diff"
+            fail "$layer/$name" "the messages differ (tests/run.sh --update-golden $BUILD rewrites them)" "$out.diff"
+        else
+            pass "$layer/$name"
+        fi
+    done
+    if [ $found = 0 ]; then fail "$layer" "no tests/golden/*.mbt files"; fi
+    [ "$UPDATE_GOLDEN" = 1 ] && return
+    # Every train block of every example: the graph builds, verifies (mbtc checks it before
+    # printing; a failure is exit 2) and starts with its header, within limit_ms.
+    local t start ms
+    for f in examples/*.mbt; do
+        [ -f "$f" ] || continue
+        for t in $(LC_ALL=C sed -n 's/^train[[:space:]]\{1,\}\([A-Za-z_][A-Za-z0-9_]*\).*/\1/p' "$f"); do
+            name="$(basename "$f" .mbt)-$t"
+            out="$TMP/${layer//\//-}-example-$name.out"
+            err="$TMP/${layer//\//-}-example-$name.err"
+            start=$(now_ns)
+            { timeout 20 "$mbtc" --emit=ir --train "$t" "$f" >"$out" 2>"$err"; } 2>>"$err"
+            rc=$?
+            ms=$((($(now_ns) - start) / 1000000))
+            why=$(describe_status "$rc")
+            if [ -n "$why" ]; then
+                fail "$layer/example/$name" "$why" "$err"
+            elif san_report "$err"; then
+                fail "$layer/example/$name" "sanitizer report" "$err"
+            elif [ "$rc" != 0 ] || [ -s "$err" ]; then
+                fail "$layer/example/$name" "mbtc --emit=ir exited with status $rc" "$err"
+            elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# graph train $t: "; then
+                fail "$layer/example/$name" "no '# graph train $t: ...' header" "$out"
+            elif [ "$ms" -gt "$limit_ms" ]; then
+                fail "$layer/example/$name" "took $ms ms (limit $limit_ms ms)"
+            else
+                pass "$layer/example/$name"
+            fi
+        done
+    done
+}
+
 # ---- pathological ----------------------------------------------------------------------------
 
 run_pathological() {
@@ -292,6 +393,13 @@ run_fuzz() {
 
 # ---- the layers ------------------------------------------------------------------------------
 
+if [ "$UPDATE_GOLDEN" = 1 ]; then
+    run_golden golden "$BUILD/mbtc" 0
+    echo "$PASSED passed, $FAILED failed"
+    [ "$FAILED" = 0 ]
+    exit
+fi
+
 layer_begin
 run_unit unit "$BUILD/tests"
 layer_end unit
@@ -303,6 +411,10 @@ layer_end diag
 layer_begin
 run_check check "$BUILD/mbtc"
 layer_end check
+
+layer_begin
+run_golden golden "$BUILD/mbtc" 1000
+layer_end golden
 
 layer_begin
 run_pathological pathological "$BUILD/mbtc" 1000 5
@@ -318,6 +430,7 @@ else
     run_unit asan/unit "$BUILD/asan/tests"
     run_diag asan/diag "$BUILD/asan/mbtc"
     run_check asan/check "$BUILD/asan/mbtc"
+    run_golden asan/golden "$BUILD/asan/mbtc" 10000
     run_pathological asan/pathological "$BUILD/asan/mbtc" 10000 20
     unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
     layer_end asan

@@ -1,7 +1,9 @@
 /* fuzz_frontend.c - libFuzzer target for the front end and the checker: every input is lexed and
  * parsed as a .mbt file ("fuzz.mbt"); when it has no syntax error it is checked (sema_check) as
  * the main module, with `import` resolved against ./stdlib (run from the repository root, as
- * tests/fuzz/run.sh does). Built by `make fuzz-build` with ASan and UBSan; a crash, a sanitizer
+ * tests/fuzz/run.sh does). An input with a train block is checked with the graph builder on
+ * (sema_build_train_graph, as `mbtc --emit=ir` does), and a graph it returns must pass
+ * graph_verify (else abort: a finding). Built by `make fuzz-build` with ASan and UBSan; a crash, a sanitizer
  * report, an internal error (mbtc exits 2: libFuzzer reports "fuzz target exited") or a hang is
  * a finding.
  *
@@ -21,6 +23,7 @@
 #include "arena.h"
 #include "ast.h"
 #include "diag.h"
+#include "graph.h"
 #include "module.h"
 #include "parse.h"
 #include "sema.h"
@@ -66,7 +69,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         Loader ld;
         loader_init(&ld, &ar, NULL, 0, "stdlib");
         ptrvec_push(&ar, &ld.modules, m);
-        sema_check(&ld, m);
+        int has_train = 0;
+        for (int i = 0; i < m->ast->list.n; i++) has_train |= m->ast->list.v[i] && m->ast->list.v[i]->kind == N_TRAIN;
+        if (has_train) {
+            Graph *g = sema_build_train_graph(&ld, m, NULL, &ar);
+            if (g && graph_verify(g, NULL) != 0) abort(); /* a graph the builder made is malformed */
+        } else {
+            sema_check(&ld, m);
+        }
     }
 
     arena_free(&ar);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/fuzz/run.sh BUILD SECONDS - runs the front-end fuzzer (BUILD/fuzz/fuzz_frontend, built by
 # `make fuzz-build`) from the repository root, in two steps:
-#   1. replay: every file of the corpus (tests/fuzz/corpus, examples, stdlib, tests/diag) once;
+#   1. replay: every file of the corpus (tests/fuzz/corpus, examples, stdlib, tests/diag,
+#      tests/golden) once;
 #   2. fuzz for SECONDS (0 = until stopped with Ctrl-C) on a temporary copy of that corpus, so the
 #      stored corpus is never changed by a run.
 # Prints `PASS fuzz/<step>` or `FAIL fuzz/<step>: ...` for each step (what tests/run.sh counts),
@@ -33,7 +34,7 @@ fi
 ART="$BUILD/fuzz/artifacts"
 mkdir -p "$ART" "$BUILD/tmp" || exit 2
 CORPUS_DIRS=()
-for d in tests/fuzz/corpus examples stdlib tests/diag; do
+for d in tests/fuzz/corpus examples stdlib tests/diag tests/golden; do
     [ -d "$d" ] && CORPUS_DIRS+=("$d")
 done
 
