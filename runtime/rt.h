@@ -11,12 +11,18 @@
  *   token data   data.c         llm.c / nanoGPT token shards, batches, shuffling, resume position
  *   safetensors  safetensors.c  reading (mmap) and atomic writing of safetensors files
  *
+ * The ABI with generated code (the RtProgram descriptor, the thread pool, batched SGEMM) is
+ * rt_program.h; the executable built on both (command line, train loop, logs, weights,
+ * generation) is rt_exec.h.
+ *
  * Conventions shared by every module (docs/runtime.md is the user's description):
  * - A function that can fail returns RtStatus (RT_OK is 0) and on failure fills the caller's
  *   RtError with a message saying what was being done and why, ending with the C library's
  *   reason where there is one: `cannot open data shard 'x.bin': No such file or directory`.
  * - The library never exits, never prints and keeps no global mutable state: everything lives in
- *   objects the caller owns, so different objects may be used from different threads.
+ *   objects the caller owns, so different objects may be used from different threads. (Only the
+ *   executable's side, rt_exec.h, prints and picks exit statuses; and the thread pool stops the
+ *   process with an internal error if a mutex operation fails, which only corrupt memory causes.)
  * - Functions are prefixed rt_, types Rt, constants RT_. */
 #ifndef MBT_RT_H
 #define MBT_RT_H
@@ -97,6 +103,7 @@ uint64_t rt_hash_name(const char *name);              /* FNV-1a 64 of the name's
 #define RT_RNG_DOMAIN_INIT UINT64_C(0x696e6974)    /* "init": parameter initialisation */
 #define RT_RNG_DOMAIN_DATA UINT64_C(0x64617461)    /* "data": shuffling token windows */
 #define RT_RNG_DOMAIN_GENDATA UINT64_C(0x67656e64) /* "gend": tools/gendata.c */
+#define RT_RNG_DOMAIN_SAMPLE UINT64_C(0x73616d70)  /* "samp": sampling generated tokens (generate.c) */
 
 /* A sequential stream: block b of stream s is Philox4x32-10 of counter (b lo, b hi, s lo, s hi).
  * The struct is plain data: copying it saves the stream's position exactly. */

@@ -3,7 +3,7 @@
 # when running as root, and say what was found. Called by `make` (and `make test`) before
 # anything is compiled.
 #
-#   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19 (and, optionally, CUDA)
+#   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19, OpenBLAS (and, optionally, CUDA)
 #   tools/deps.sh test    the above plus what the tests use (clang 19 with libFuzzer)
 set -u
 what=${1:-build}
@@ -20,6 +20,13 @@ have re2c || need_pkgs+=(re2c)
 if ! have lemon || [ ! -f /usr/share/lemon/lempar.c ]; then need_pkgs+=(lemon); fi
 LLVM_CONFIG=${LLVM_CONFIG:-llvm-config-19}
 have "$LLVM_CONFIG" || need_pkgs+=(llvm-19-dev)
+# OpenBLAS for the runtime's GEMMs: Debian's libopenblas-dev pulls in the pthread flavour, whose
+# headers and libraries (the static libopenblas.a included) live under openblas-pthread/.
+multiarch=$( (cc -print-multiarch || gcc -print-multiarch) 2>/dev/null)
+multiarch=${multiarch:-x86_64-linux-gnu}
+openblas_inc=/usr/include/$multiarch/openblas-pthread
+openblas_dir=/usr/lib/$multiarch/openblas-pthread
+[ -f "$openblas_inc/cblas.h" ] || need_pkgs+=(libopenblas-dev)
 
 # --- test tools -------------------------------------------------------------------------
 if [ "$what" = test ]; then
@@ -47,6 +54,11 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 say "found re2c $(re2c --version | awk '{print $2}'), lemon (template /usr/share/lemon/lempar.c), $("$LLVM_CONFIG" --version | sed 's/^/LLVM /')"
+if [ -f "$openblas_dir/libopenblas.a" ]; then
+    say "found OpenBLAS in $openblas_dir; executables link its static libopenblas.a"
+else
+    say "found OpenBLAS headers in $openblas_inc but no static libopenblas.a; executables link -lopenblas"
+fi
 if [ "$what" = test ]; then say "found $(clang-19 --version | head -n 1) with libFuzzer"; fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if [ -f "$CUDA_HOME/include/nvrtc.h" ]; then

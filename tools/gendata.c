@@ -149,6 +149,8 @@ typedef struct Chain {
     double *p;  /* the full probability of each successor */
     double *pi; /* stationary distribution over contexts */
     double H;   /* entropy rate, nats/token */
+    double H1;  /* H(x_t | x_t-1): the best a bigram model can do, nats/token */
+    double H0;  /* H(x_t): the best a unigram model can do */
     int iterations;
     double residual;
 } Chain;
@@ -238,6 +240,40 @@ static int chain_stationary(Chain *c) {
         for (int64_t k = 0; k < K; k++) h -= c->p[s * K + k] * log(c->p[s * K + k]);
         c->H += c->pi[s] * h;
     }
+    return 1;
+}
+
+/* What models that see less context can reach at best, under the stationary distribution: a
+ * bigram model's best is H(x_t | x_t-1), from P(b, c) = sum_a pi(a, b) P(c | a, b); a unigram
+ * model's is H(x_t). Both are above the entropy rate (conditioning never raises entropy). */
+static int chain_short_entropies(Chain *c) {
+    int64_t V = c->V, K = c->K;
+    double *row = malloc((size_t)V * sizeof *row), *marg = calloc((size_t)V, sizeof *marg);
+    if (!row || !marg) {
+        free(row);
+        free(marg);
+        fprintf(stderr, "mbt-gendata: out of memory\n");
+        return 0;
+    }
+    c->H1 = 0;
+    for (int64_t b = 0; b < V; b++) {
+        double pb = 0;
+        for (int64_t a = 0; a < V; a++) pb += c->pi[a * V + b];
+        for (int64_t x = 0; x < V; x++) row[x] = pb * c->noise / (double)V; /* the uniform floor */
+        for (int64_t a = 0; a < V; a++) {
+            int64_t s = a * V + b;
+            for (int64_t k = 0; k < K; k++) row[c->succ[s * K + k]] += c->pi[s] * (1 - c->noise) * c->q[s * K + k];
+        }
+        for (int64_t x = 0; x < V; x++) {
+            marg[x] += row[x];
+            if (row[x] > 0 && pb > 0) c->H1 -= row[x] * log(row[x] / pb);
+        }
+    }
+    c->H0 = 0;
+    for (int64_t x = 0; x < V; x++)
+        if (marg[x] > 0) c->H0 -= marg[x] * log(marg[x]);
+    free(row);
+    free(marg);
     return 1;
 }
 
@@ -341,7 +377,7 @@ int main(int argc, char **argv) {
     Opts o;
     if (!parse_opts(argc, argv, &o)) return 1;
     Chain c = {0};
-    int ok = make_dirs(o.out_dir) && chain_build(&c, &o) && chain_stationary(&c);
+    int ok = make_dirs(o.out_dir) && chain_build(&c, &o) && chain_stationary(&c) && chain_short_entropies(&c);
     double nll_train = 0, nll_val = 0;
     if (ok) {
         printf("order-2 Markov chain: vocab %lld, %lld likely successors per context, noise %g, seed %llu\n",
@@ -352,6 +388,7 @@ int main(int argc, char **argv) {
     if (ok) {
         printf("entropy rate: %.6f nats/token (%.4f bits); uniform guessing: log(vocab) = %.6f nats\n", c.H, c.H / log(2.0),
                log((double)o.vocab));
+        printf("best with less context: bigram H(x_t | x_t-1) = %.6f nats/token, unigram H(x_t) = %.6f\n", c.H1, c.H0);
         printf("stationary distribution: %d power iterations, L1 change in the last %.1e\n", c.iterations, c.residual);
         printf("sample check (mean -log p of each token given the two before, under the true chain): train %.6f", nll_train);
         if (o.val_tokens > 0) printf(", val %.6f", nll_val);

@@ -1,0 +1,115 @@
+/* blas.c - batched SGEMM for the CPU back end, on OpenBLAS's cblas_sgemm (see rt_program.h).
+ *
+ * Pipeline position: every matrix multiply of a compiled program on the CPU (`x @ w`, attention's
+ * q @ k.T) is a call to rt_sgemm_batched from the generated host code; the elementwise work
+ * around it is fused kernels run on the same thread pool.
+ *
+ * Threading. OpenBLAS can parallelise one GEMM with its own threads, but then two pools would
+ * compete for the cores (the runtime's between GEMMs, OpenBLAS's during them) and a result could
+ * depend on how OpenBLAS split the work for the thread count it had. Instead OpenBLAS is told to
+ * run single-threaded and the runtime's pool runs the tiles: the batch and each C matrix are cut
+ * into tiles whose size is a function of (M, N, K) alone, each tile is one single-threaded
+ * cblas_sgemm call, and the pool hands tiles to threads. Every element of C is then computed by
+ * the same code on the same data for any --threads, so results are bit-identical across thread
+ * counts, small batched products (attention heads) are spread over the cores, and --threads is
+ * the one knob. OpenBLAS's threaded build is safe to call from several threads at once when each
+ * call is single-threaded. */
+#include <cblas.h>
+#include <limits.h>
+
+#include "rt_program.h"
+
+/* ---- tiling ------------------------------------------------------------------------------------- */
+
+/* A tile is about this many multiply-adds (8 Mi: ~0.2 ms on one core). On a 2-vCPU EPYC VM a
+ * 1024^3 product tiled at 2^22 ran ~15-25% below one untiled call, at 2^24 ~10%; 2^23 keeps most
+ * of that while a 256 x 768 x 768 product (a GPT-2 small layer at 256 tokens) still makes 18 tiles
+ * and 1024^3 makes 128, enough for 16-64 cores. */
+#define RT_GEMM_TILE_MACS (INT64_C(1) << 23)
+#define RT_GEMM_MIN_ROWS 16 /* tiles keep whole micro-kernel panels */
+#define RT_GEMM_MIN_COLS 64
+
+static int64_t rt_round_up(int64_t v, int64_t m) {
+    return (v + m - 1) / m * m;
+}
+
+typedef struct RtGemmJob {
+    CBLAS_TRANSPOSE ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    int64_t lda, ldb, ldc, sa, sb, sc;
+    int64_t bm, bn;     /* tile size */
+    int64_t tm, tn;     /* tiles per matrix in each direction */
+} RtGemmJob;
+
+static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const RtGemmJob *j = ctx;
+    int64_t per = j->tm * j->tn;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t bi = t / per, r = t % per;
+        int64_t r0 = (r / j->tn) * j->bm, c0 = (r % j->tn) * j->bn;
+        int64_t rows = j->m - r0 < j->bm ? j->m - r0 : j->bm;
+        int64_t cols = j->n - c0 < j->bn ? j->n - c0 : j->bn;
+        const float *a = j->a + bi * j->sa + (j->ta == CblasTrans ? r0 : r0 * j->lda);
+        const float *b = j->b + bi * j->sb + (j->tb == CblasTrans ? c0 * j->ldb : c0);
+        float *c = j->c + bi * j->sc + r0 * j->ldc + c0;
+        cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)rows, (int)cols, (int)j->k, j->alpha, a, (int)j->lda, b,
+                    (int)j->ldb, j->beta, c, (int)j->ldc);
+    }
+}
+
+/* ---- the call ----------------------------------------------------------------------------------- */
+
+RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+    if (m < 0 || n < 0 || k < 0 || batch < 0)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: negative size (m %lld, n %lld, k %lld, batch %lld)", (long long)m,
+                       (long long)n, (long long)k, (long long)batch);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m %lld, n %lld, k %lld)",
+                       (long long)m, (long long)n, (long long)k);
+    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) || ldc < (n > 1 ? n : 1))
+        return rt_fail(err, RT_ERR_ARG,
+                       "sgemm: a row pitch is shorter than its row (lda %lld for %lld columns, ldb %lld for %lld, ldc %lld "
+                       "for %lld)",
+                       (long long)lda, (long long)a_cols, (long long)ldb, (long long)b_cols, (long long)ldc, (long long)n);
+    if (stride_a < 0 || stride_b < 0 || stride_c < 0)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: negative batch stride");
+    if (m == 0 || n == 0 || batch == 0) return RT_OK;
+    if (batch > 1 && stride_c < (m - 1) * ldc + n)
+        return rt_fail(err, RT_ERR_ARG,
+                       "sgemm: the C matrices of the batch overlap (stride %lld, each spans %lld elements)",
+                       (long long)stride_c, (long long)((m - 1) * ldc + n));
+    if ((k > 0 && (!a || !b)) || !c) return rt_fail(err, RT_ERR_ARG, "sgemm: a matrix pointer is NULL");
+
+    /* OpenBLAS's own threads stay idle: the pool supplies the parallelism (see the top). */
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+
+    RtGemmJob j = {trans_a ? CblasTrans : CblasNoTrans,
+                   trans_b ? CblasTrans : CblasNoTrans,
+                   m, n, k, alpha, beta, a, b, c, lda, ldb, ldc, stride_a, stride_b, stride_c, m, n, 1, 1};
+    /* Halve the larger side of the tile (rows preferred) until it is about RT_GEMM_TILE_MACS: a
+     * function of (m, n, k) only, so the tiling never depends on the thread count. */
+    int64_t kk = k > 0 ? k : 1;
+    while ((double)j.bm * (double)j.bn * (double)kk > (double)RT_GEMM_TILE_MACS) {
+        if (j.bm >= 2 * RT_GEMM_MIN_ROWS && (j.bm * 4 >= j.bn || j.bn < 2 * RT_GEMM_MIN_COLS))
+            j.bm = rt_round_up((j.bm + 1) / 2, RT_GEMM_MIN_ROWS);
+        else if (j.bn >= 2 * RT_GEMM_MIN_COLS)
+            j.bn = rt_round_up((j.bn + 1) / 2, RT_GEMM_MIN_COLS);
+        else
+            break;
+    }
+    j.tm = (m + j.bm - 1) / j.bm;
+    j.tn = (n + j.bn - 1) / j.bn;
+    rt_parallel_for(pool, batch * j.tm * j.tn, rt_gemm_tiles, &j);
+    return RT_OK;
+}
+
+const char *rt_blas_config(void) {
+    return openblas_get_config();
+}

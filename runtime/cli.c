@@ -1,0 +1,399 @@
+/* cli.c - the command line of every executable mbtc builds (see rt_exec.h; docs/runtime.md,
+ * "The executable's command line"):
+ *
+ *   PROG train [NAME] [--steps N] [--device auto|cpu] [--seed S] [--data GLOB] [--log FILE.jsonl]
+ *              [--init-weights F.safetensors] [--save-weights F.safetensors] [--threads N]
+ *   PROG eval [NAME] [--weights F] [--data GLOB] [--steps N] [--seed S] [--device D] [--threads N]
+ *   PROG generate [--weights F] [--prompt-tokens 1,2,3] [--max-tokens N] [--temperature T]
+ *                 [--top-k K] [--seed S] [--device D] [--threads N]
+ *   PROG --help
+ *
+ * Pipeline position: the first thing rt_main does. Flags override the program's settings, which
+ * are the defaults (and --help prints them as such). A flag is `--flag value` or `--flag=value`;
+ * a repeated flag takes its last value. Every mistake is one message, returned in an RtError for
+ * rt_main to print as `PROG: message` with exit status 1. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_exec.h"
+
+/* ---- the flags ---------------------------------------------------------------------------------- */
+
+enum { RT_IN_TRAIN = 1, RT_IN_EVAL = 2, RT_IN_GENERATE = 4, RT_IN_ALL = 7 };
+
+typedef enum RtFlagId {
+    RT_F_STEPS, RT_F_DEVICE, RT_F_SEED, RT_F_DATA, RT_F_LOG, RT_F_INIT_WEIGHTS, RT_F_SAVE_WEIGHTS,
+    RT_F_THREADS, RT_F_WEIGHTS, RT_F_PROMPT, RT_F_MAX_TOKENS, RT_F_TEMPERATURE, RT_F_TOP_K,
+} RtFlagId;
+
+typedef struct RtFlag {
+    const char *name;
+    const char *arg; /* how --help names the value */
+    unsigned cmds;   /* RT_IN_* of the commands that take it */
+    RtFlagId id;
+} RtFlag;
+
+static const RtFlag rt_flags[] = {
+    {"--steps", "N", RT_IN_TRAIN | RT_IN_EVAL, RT_F_STEPS},
+    {"--device", "auto|cpu", RT_IN_ALL, RT_F_DEVICE},
+    {"--seed", "S", RT_IN_ALL, RT_F_SEED},
+    {"--data", "GLOB", RT_IN_TRAIN | RT_IN_EVAL, RT_F_DATA},
+    {"--log", "FILE.jsonl", RT_IN_TRAIN, RT_F_LOG},
+    {"--init-weights", "F.safetensors", RT_IN_TRAIN, RT_F_INIT_WEIGHTS},
+    {"--save-weights", "F.safetensors", RT_IN_TRAIN, RT_F_SAVE_WEIGHTS},
+    {"--threads", "N", RT_IN_ALL, RT_F_THREADS},
+    {"--weights", "F.safetensors", RT_IN_EVAL | RT_IN_GENERATE, RT_F_WEIGHTS},
+    {"--prompt-tokens", "1,2,3", RT_IN_GENERATE, RT_F_PROMPT},
+    {"--max-tokens", "N", RT_IN_GENERATE, RT_F_MAX_TOKENS},
+    {"--temperature", "T", RT_IN_GENERATE, RT_F_TEMPERATURE},
+    {"--top-k", "K", RT_IN_GENERATE, RT_F_TOP_K},
+};
+#define RT_NFLAGS (sizeof rt_flags / sizeof rt_flags[0])
+
+static const char *const rt_commands[] = {"train", "eval", "generate"};
+
+/* ---- suggestions -------------------------------------------------------------------------------- */
+
+/* Levenshtein distance, capped at 9 (only small distances matter). */
+static int rt_edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64) return 9;
+    int row[65];
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            if (up + 1 < best) best = up + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb] > 9 ? 9 : row[lb];
+}
+
+/* The candidate closest to word, if close enough to be a likely typo; else NULL. */
+static const char *rt_suggest(const char *word, const char *const *cands, size_t n) {
+    const char *best = NULL;
+    int bd = strlen(word) < 5 ? 2 : 3; /* a distance must be below this */
+    for (size_t i = 0; i < n; i++) {
+        int d = rt_edit_distance(word, cands[i]);
+        if (d < bd) {
+            bd = d;
+            best = cands[i];
+        }
+    }
+    return best;
+}
+
+/* ---- values ------------------------------------------------------------------------------------- */
+
+static RtStatus rt_parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out, RtError *err) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi || *s == '+' || *s == ' ')
+        return rt_fail(err, RT_ERR_ARG, "%s needs a whole number from %lld to %lld, not '%s'", flag, (long long)lo,
+                       (long long)hi, s);
+    *out = v;
+    return RT_OK;
+}
+
+static RtStatus rt_parse_u64(const char *flag, const char *s, uint64_t *out, RtError *err) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || *s < '0' || *s > '9')
+        return rt_fail(err, RT_ERR_ARG, "%s needs a whole number from 0 to %llu, not '%s'", flag,
+                       (unsigned long long)UINT64_MAX, s);
+    *out = v;
+    return RT_OK;
+}
+
+static RtStatus rt_parse_f64(const char *flag, const char *s, double lo, double *out, RtError *err) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || *s == ' ')
+        return rt_fail(err, RT_ERR_ARG, "%s needs a number of at least %g, not '%s'", flag, lo, s);
+    *out = v;
+    return RT_OK;
+}
+
+/* "1,2,3": token ids below vocab. */
+static RtStatus rt_parse_prompt(RtOptions *o, const char *s, int64_t vocab, RtError *err) {
+    int64_t n = 1;
+    for (const char *c = s; *c; c++) n += *c == ',';
+    int32_t *v = malloc((size_t)n * sizeof *v);
+    if (!v) return rt_fail_errno(err, ENOMEM, "cannot hold %lld prompt tokens", (long long)n);
+    const char *c = s;
+    for (int64_t i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long long t = *c >= '0' && *c <= '9' ? strtoll(c, &end, 10) : -1;
+        if (t < 0 || errno || (*end != ',' && *end != 0)) {
+            free(v);
+            return rt_fail(err, RT_ERR_ARG, "--prompt-tokens needs token ids separated by commas, not '%s'", s);
+        }
+        if (t >= vocab) {
+            free(v);
+            return rt_fail(err, RT_ERR_ARG, "--prompt-tokens: token %lld is not below the vocabulary size %lld", t,
+                           (long long)vocab);
+        }
+        v[i] = (int32_t)t;
+        c = end + (*end == ',');
+    }
+    free(o->prompt);
+    o->prompt = v;
+    o->nprompt = n;
+    return RT_OK;
+}
+
+/* ---- parsing ------------------------------------------------------------------------------------ */
+
+static const char *rt_cmd_name(RtCommand c) {
+    return c == RT_CMD_TRAIN ? "train" : c == RT_CMD_EVAL ? "eval" : c == RT_CMD_GENERATE ? "generate" : "help";
+}
+
+static unsigned rt_cmd_bit(RtCommand c) {
+    return c == RT_CMD_TRAIN ? RT_IN_TRAIN : c == RT_CMD_EVAL ? RT_IN_EVAL : c == RT_CMD_GENERATE ? RT_IN_GENERATE : 0;
+}
+
+/* "train", "train and eval", "eval and generate", ... */
+static void rt_cmds_text(unsigned cmds, char *buf, size_t n) {
+    const char *names[3] = {"", "", ""};
+    int k = 0;
+    for (int i = 0; i < 3; i++)
+        if (cmds & (1u << i)) names[k++] = rt_commands[i];
+    if (k == 1) snprintf(buf, n, "%s", names[0]);
+    else if (k == 2) snprintf(buf, n, "%s and %s", names[0], names[1]);
+    else snprintf(buf, n, "%s, %s and %s", names[0], names[1], names[2]);
+}
+
+static RtStatus rt_unknown_flag(const char *flag, RtCommand cmd, RtError *err) {
+    const char *names[RT_NFLAGS];
+    size_t n = 0;
+    for (size_t i = 0; i < RT_NFLAGS; i++)
+        if (rt_flags[i].cmds & rt_cmd_bit(cmd)) names[n++] = rt_flags[i].name;
+    const char *s = rt_suggest(flag, names, n);
+    if (s) return rt_fail(err, RT_ERR_ARG, "unknown option '%s' for %s (did you mean '%s'?)", flag, rt_cmd_name(cmd), s);
+    return rt_fail(err, RT_ERR_ARG, "unknown option '%s' for %s (see --help)", flag, rt_cmd_name(cmd));
+}
+
+static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, const char *v, RtError *err) {
+    int64_t i;
+    if (!*v && f->id != RT_F_PROMPT) return rt_fail(err, RT_ERR_ARG, "%s needs a value", f->name);
+    switch (f->id) {
+    case RT_F_STEPS:
+        if (rt_parse_i64(f->name, v, o->cmd == RT_CMD_EVAL ? 1 : 0, INT64_MAX, &o->steps, err)) return RT_ERR_ARG;
+        return RT_OK;
+    case RT_F_DEVICE:
+        if (strcmp(v, "auto") == 0 || strcmp(v, "cpu") == 0) {
+            o->device = v;
+            return RT_OK;
+        }
+        if (strcmp(v, "cuda") == 0)
+            return rt_fail(err, RT_ERR_ARG, "--device cuda: this executable has no CUDA back end yet (use auto or cpu)");
+        return rt_fail(err, RT_ERR_ARG, "--device must be auto or cpu, not '%s'", v);
+    case RT_F_SEED:
+        return rt_parse_u64(f->name, v, &o->seed, err);
+    case RT_F_DATA:
+        o->data = v;
+        return RT_OK;
+    case RT_F_LOG:
+        o->log_path = v;
+        return RT_OK;
+    case RT_F_INIT_WEIGHTS:
+        o->init_weights = v;
+        return RT_OK;
+    case RT_F_SAVE_WEIGHTS:
+        o->save_weights = v;
+        return RT_OK;
+    case RT_F_WEIGHTS:
+        o->weights = v;
+        return RT_OK;
+    case RT_F_THREADS:
+        if (rt_parse_i64(f->name, v, 1, RT_POOL_MAX_THREADS, &i, err)) return RT_ERR_ARG;
+        o->threads = (int)i;
+        return RT_OK;
+    case RT_F_PROMPT:
+        return rt_parse_prompt(o, v, p->train.vocab, err);
+    case RT_F_MAX_TOKENS:
+        return rt_parse_i64(f->name, v, 0, INT32_MAX, &o->max_tokens, err);
+    case RT_F_TEMPERATURE:
+        return rt_parse_f64(f->name, v, 0.0, &o->temperature, err);
+    case RT_F_TOP_K:
+        return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->top_k, err);
+    }
+    return rt_fail(err, RT_ERR_ARG, "internal error: flag %s has no parser", f->name);
+}
+
+const char *rt_prog_name(const char *argv0) {
+    if (!argv0 || !*argv0) return "prog";
+    const char *s = strrchr(argv0, '/');
+    return s && s[1] ? s + 1 : argv0;
+}
+
+void rt_options_free(RtOptions *o) {
+    free(o->prompt);
+    o->prompt = NULL;
+    o->nprompt = 0;
+}
+
+RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, RtError *err) {
+    memset(o, 0, sizeof *o);
+    o->prog = rt_prog_name(argc > 0 ? argv[0] : NULL);
+    o->device = "auto";
+    o->seed = p->train.seed;
+    o->max_tokens = p->generate.max_tokens;
+    o->temperature = p->generate.temperature;
+    o->top_k = p->generate.top_k;
+    o->weights = NULL;
+    if (argc < 2) return rt_fail(err, RT_ERR_ARG, "no command given; '%s --help' lists the commands", o->prog);
+    const char *c = argv[1];
+    if (strcmp(c, "--help") == 0 || strcmp(c, "-h") == 0 || strcmp(c, "help") == 0) {
+        o->cmd = RT_CMD_HELP;
+        return RT_OK;
+    }
+    if (strcmp(c, "train") == 0) o->cmd = RT_CMD_TRAIN;
+    else if (strcmp(c, "eval") == 0) o->cmd = RT_CMD_EVAL;
+    else if (strcmp(c, "generate") == 0) o->cmd = RT_CMD_GENERATE;
+    else if (strcmp(c, "serve") == 0)
+        return rt_fail(err, RT_ERR_ARG, "the serve command is not available yet; the commands are train, eval and generate");
+    else if (c[0] == '-')
+        return rt_fail(err, RT_ERR_ARG, "'%s' before a command; the commands are train, eval and generate (see --help)", c);
+    else {
+        const char *s = rt_suggest(c, rt_commands, 3);
+        if (s) return rt_fail(err, RT_ERR_ARG, "unknown command '%s' (did you mean '%s'?)", c, s);
+        return rt_fail(err, RT_ERR_ARG, "unknown command '%s'; the commands are train, eval and generate", c);
+    }
+    o->steps = o->cmd == RT_CMD_EVAL ? p->train.eval_steps : p->train.steps;
+    o->prompt = malloc(sizeof *o->prompt);
+    if (!o->prompt) return rt_fail_errno(err, ENOMEM, "cannot parse the command line");
+    o->prompt[0] = 0; /* the default prompt: token 0 */
+    o->nprompt = 1;
+    int have_name = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            rt_options_free(o);
+            o->cmd = RT_CMD_HELP;
+            return RT_OK;
+        }
+        if (strncmp(a, "--", 2) != 0 || strcmp(a, "--") == 0) {
+            if (o->cmd != RT_CMD_GENERATE && !have_name && a[0] != '-') {
+                if (strcmp(a, p->train.name) != 0) {
+                    rt_options_free(o);
+                    return rt_fail(err, RT_ERR_ARG, "no train block '%s' in this program (it has '%s')", a, p->train.name);
+                }
+                have_name = 1;
+                continue;
+            }
+            rt_options_free(o);
+            return rt_fail(err, RT_ERR_ARG, "unexpected argument '%s' for %s", a, rt_cmd_name(o->cmd));
+        }
+        const char *eq = strchr(a, '=');
+        size_t klen = eq ? (size_t)(eq - a) : strlen(a);
+        const RtFlag *f = NULL;
+        for (size_t k = 0; k < RT_NFLAGS; k++)
+            if (strlen(rt_flags[k].name) == klen && strncmp(rt_flags[k].name, a, klen) == 0) f = &rt_flags[k];
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", (int)(klen < 100 ? klen : 100), a);
+        RtStatus st = RT_OK;
+        if (!f) {
+            st = rt_unknown_flag(key, o->cmd, err);
+        } else if (!(f->cmds & rt_cmd_bit(o->cmd))) {
+            char which[64];
+            rt_cmds_text(f->cmds, which, sizeof which);
+            st = rt_fail(err, RT_ERR_ARG, "option '%s' is not for %s (it is for %s)", f->name, rt_cmd_name(o->cmd), which);
+        } else if (!eq && i + 1 >= argc) {
+            st = rt_fail(err, RT_ERR_ARG, "%s needs a value", f->name);
+        } else {
+            st = rt_set_flag(o, p, f, eq ? eq + 1 : argv[++i], err);
+        }
+        if (st != RT_OK) {
+            rt_options_free(o);
+            return st;
+        }
+    }
+    return RT_OK;
+}
+
+/* ---- --help ------------------------------------------------------------------------------------- */
+
+static void rt_help_line(FILE *f, const char *flag, const char *arg, const char *what, const char *dflt) {
+    char left[64];
+    snprintf(left, sizeof left, "%s %s", flag, arg);
+    fprintf(f, "  %-30s %s (default %s)\n", left, what, dflt);
+}
+
+void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
+    const RtTrainSettings *t = &p->train;
+    char buf[512], buf2[512];
+    fprintf(f, "usage: %s COMMAND [options]\n\n", prog);
+    fprintf(f, "A program compiled from %s, train block '%s'.\n", p->source ? p->source : "?", t->name);
+    fprintf(f, "Flags override the program's settings, which are the defaults shown; a flag is\n"
+               "'--flag value' or '--flag=value'.\n\n");
+    fprintf(f, "commands:\n");
+    char left[128];
+    snprintf(left, sizeof left, "train [%s]", t->name);
+    fprintf(f, "  %-30s train the model: %lld steps of %lld sequences of %lld tokens\n", left, (long long)t->steps,
+            (long long)t->global, (long long)t->seq);
+    snprintf(left, sizeof left, "eval [%s]", t->name);
+    fprintf(f, "  %-30s the loss on held-out data\n", left);
+    fprintf(f, "  generate                       continue a prompt, one token id at a time\n");
+    fprintf(f, "  --help                         this text\n");
+
+    char cpus[64];
+    snprintf(cpus, sizeof cpus, "%d: the CPUs this process may use", rt_cpu_count());
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
+
+    fprintf(f, "\ntrain options:\n");
+    snprintf(buf, sizeof buf, "%lld", (long long)t->steps);
+    rt_help_line(f, "--steps", "N", "optimizer steps", buf);
+    rt_help_line(f, "--device", "auto|cpu", "where to run; auto is the CPU until the CUDA back end exists", "auto");
+    rt_help_line(f, "--seed", "S", "seeds initialisation and the data order", seed);
+    snprintf(buf, sizeof buf, "'%s'", t->data ? t->data : "");
+    rt_help_line(f, "--data", "GLOB", "training token shards (llm.c or nanoGPT format)", buf);
+    rt_help_line(f, "--log", "FILE.jsonl", "also write one JSON object per step to FILE", "none");
+    rt_help_line(f, "--init-weights", "F.safetensors", "start from these weights instead of the initialisers", "none");
+    rt_help_line(f, "--save-weights", "F.safetensors", "write the trained weights (f32) at the end", "none");
+    rt_help_line(f, "--threads", "N", "CPU threads", cpus);
+
+    fprintf(f, "\neval options:\n");
+    rt_help_line(f, "--weights", "F.safetensors", "the weights to evaluate", "none: the initialised model");
+    if (t->val_data && *t->val_data) snprintf(buf, sizeof buf, "'%s'", t->val_data);
+    else
+        snprintf(buf, sizeof buf, "the last %lld windows of '%s', which training does not visit",
+                 (long long)(t->eval_steps * t->micro), t->data ? t->data : "");
+    rt_help_line(f, "--data", "GLOB", "held-out token shards", buf);
+    snprintf(buf2, sizeof buf2, "%lld", (long long)t->eval_steps);
+    snprintf(buf, sizeof buf, "batches of %lld sequences (fewer if the data hold fewer)", (long long)t->micro);
+    rt_help_line(f, "--steps", "N", buf, buf2);
+    rt_help_line(f, "--seed", "S", "seeds the initialisation when there is no --weights", seed);
+    rt_help_line(f, "--device", "auto|cpu", "where to run", "auto");
+    rt_help_line(f, "--threads", "N", "CPU threads", cpus);
+
+    fprintf(f, "\ngenerate options:\n");
+    if (p->generate.weights) snprintf(buf, sizeof buf, "'%s'", p->generate.weights);
+    else snprintf(buf, sizeof buf, "none: required");
+    rt_help_line(f, "--weights", "F.safetensors", "the model's weights", buf);
+    rt_help_line(f, "--prompt-tokens", "1,2,3", "the prompt, as token ids", "0");
+    snprintf(buf, sizeof buf, "%lld", (long long)p->generate.max_tokens);
+    rt_help_line(f, "--max-tokens", "N", "tokens to generate", buf);
+    snprintf(buf, sizeof buf, "%g", p->generate.temperature);
+    rt_help_line(f, "--temperature", "T", "sampling temperature; 0 is greedy (the likeliest token)", buf);
+    snprintf(buf, sizeof buf, "%lld%s", (long long)p->generate.top_k, p->generate.top_k == 0 ? ": all" : "");
+    rt_help_line(f, "--top-k", "K", "sample among the K likeliest tokens", buf);
+    rt_help_line(f, "--seed", "S", "seeds the sampling", seed);
+    rt_help_line(f, "--device", "auto|cpu", "where to run", "auto");
+    rt_help_line(f, "--threads", "N", "CPU threads", cpus);
+    fprintf(f, "\nExit status: 0 success, 1 a mistake in the command line, the data or a weights file, 2 an\n"
+               "internal error. docs/runtime.md describes the logs, the data formats and determinism.\n");
+}

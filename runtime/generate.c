@@ -1,0 +1,120 @@
+/* generate.c - `PROG generate`: continue a prompt one token at a time, greedily or by temperature
+ * and top-k sampling (see rt_exec.h; docs/runtime.md, "generate").
+ *
+ * Pipeline position: a command of the executable, on the program's forward_logits (B = 1,
+ * T = logits_seq). Each new token calls it on the last T tokens of the context (the prompt plus
+ * what was generated), left-aligned with zeros after them; a causal model's logits at position
+ * len - 1 depend only on x[0, len). There is no KV cache here: that is the serving loop's job;
+ * this is the reference path, O(T) work per token.
+ *
+ * Sampling draws one 53-bit uniform per generated token from the Philox stream 0 of the `samp`
+ * domain keyed by --seed, so the same seed gives the same tokens on any machine and thread
+ * count. Candidates are ordered by logit, ties by lower id, and the
+ * probabilities are computed in double. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_exec.h"
+
+/* ---- sampling ----------------------------------------------------------------------------------- */
+
+typedef struct RtCand {
+    float logit;
+    int32_t id;
+} RtCand;
+
+static int rt_cmp_cand(const void *a, const void *b) {
+    const RtCand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, double u, void *scratch) {
+    if (temperature <= 0 || top_k == 1) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < vocab; i++)
+            if (logits[i] > logits[best]) best = i;
+        return (int32_t)best;
+    }
+    RtCand *c = scratch;
+    for (int64_t i = 0; i < vocab; i++) c[i] = (RtCand){logits[i], (int32_t)i};
+    qsort(c, (size_t)vocab, sizeof *c, rt_cmp_cand);
+    int64_t k = top_k > 0 && top_k < vocab ? top_k : vocab;
+    /* softmax(logit / temperature) over the k candidates, in double, largest first */
+    double top = (double)c[0].logit, total = 0;
+    for (int64_t i = 0; i < k; i++) total += exp(((double)c[i].logit - top) / temperature);
+    double target = u * total, acc = 0;
+    for (int64_t i = 0; i < k; i++) {
+        acc += exp(((double)c[i].logit - top) / temperature);
+        if (target < acc) return c[i].id;
+    }
+    return c[k - 1].id; /* u * total rounded up to the sum */
+}
+
+/* ---- the command -------------------------------------------------------------------------------- */
+
+int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
+    RtError e;
+    rt_error_clear(&e);
+    RtExec x = {0};
+    float *logits = NULL;
+    RtCand *scratch = NULL;
+    int32_t *ctx = NULL;
+    int code = 1;
+    RtStatus st = RT_OK;
+    const char *weights = o->weights ? o->weights : p->generate.weights;
+    int64_t V = p->train.vocab, T = p->logits_seq;
+    if (!p->forward_logits) st = rt_fail(&e, RT_ERR_ARG, "this program cannot generate: it has no logits forward");
+    else if (!weights) st = rt_fail(&e, RT_ERR_ARG, "generate needs --weights F.safetensors (the program names no weights file)");
+    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK) {
+        int64_t unused = 0;
+        st = rt_weights_load(p, x.params, weights, &unused, &e);
+        if (st == RT_OK && unused > 0)
+            fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n",
+                    o->prog, (long long)unused, weights);
+    }
+    if (st == RT_OK) {
+        logits = malloc((size_t)V * sizeof *logits);
+        scratch = malloc((size_t)V * sizeof *scratch);
+        ctx = malloc((size_t)(o->nprompt + o->max_tokens) * sizeof *ctx);
+        if (!logits || !scratch || !ctx) st = rt_fail_errno(&e, ENOMEM, "cannot allocate for generating %lld tokens",
+                                                            (long long)o->max_tokens);
+    }
+    if (st != RT_OK) goto done;
+    memcpy(ctx, o->prompt, (size_t)o->nprompt * sizeof *ctx);
+    int64_t len = o->nprompt;
+    RtRng rng;
+    rt_rng_init(&rng, o->seed, RT_RNG_DOMAIN_SAMPLE, 0);
+    for (int64_t i = 0; i < o->max_tokens; i++) {
+        int64_t n = len < T ? len : T; /* the last T tokens */
+        memset(x.x, 0, (size_t)T * sizeof *x.x);
+        memcpy(x.x, ctx + len - n, (size_t)n * sizeof *x.x);
+        RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
+                    .x = x.x, .B = 1, .T = T, .len = n, .logits = logits, .seed = o->seed, .err = &e};
+        st = p->forward_logits(&s);
+        if (st != RT_OK) {
+            rt_error_context(&e, "generating token %lld", (long long)(i + 1));
+            goto done;
+        }
+        double u = rt_rng_f64(&rng); /* drawn for every token, so greedy and sampled runs stay aligned */
+        int32_t tok = rt_sample_token(logits, V, o->temperature, o->top_k, u, scratch);
+        ctx[len++] = tok;
+        printf("%s%d", i ? " " : "", (int)tok);
+    }
+    printf("\n");
+    code = 0;
+done:
+    if (code != 0) {
+        fflush(stdout);
+        fprintf(stderr, "%s: %s\n", o->prog, e.msg);
+    }
+    free(logits);
+    free(scratch);
+    free(ctx);
+    rt_exec_close(&x);
+    return code;
+}

@@ -1,0 +1,144 @@
+/* log.c - training progress: one line redrawn in place on a terminal, plain lines otherwise, and
+ * with --log one JSON object per step in a file (see rt_exec.h; docs/runtime.md, "Logs").
+ *
+ * Pipeline position: called by the train loop after every optimizer step and evaluation. The
+ * terminal line is redrawn at most every RT_LOG_REDRAW seconds (and at the last step), so a
+ * fast run does not spend its time repainting; plain lines (a pipe, a file, CI) get every step.
+ * The JSONL file is flushed after every line, so it can be followed while the run goes on and a
+ * killed run leaves only whole lines. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "rt_exec.h"
+
+#define RT_LOG_REDRAW 0.1 /* seconds between redraws of the terminal line */
+
+double rt_now(void) {
+    struct timespec ts;
+    /* CLOCK_MONOTONIC cannot fail on Linux; a zero time would only spoil the timings. */
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) return 0.0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* "1h02m03s", "2m03s", "12s" */
+static void rt_fmt_duration(char *buf, size_t n, double s) {
+    if (!(s >= 0) || s > 1e9) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    long long t = (long long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%lldh%02lldm%02llds", t / 3600, t / 60 % 60, t % 60);
+    else if (t >= 60) snprintf(buf, n, "%lldm%02llds", t / 60, t % 60);
+    else snprintf(buf, n, "%llds", t);
+}
+
+/* 1234567 -> "1.23M" */
+static void rt_fmt_count(char *buf, size_t n, double v) {
+    if (v >= 1e9) snprintf(buf, n, "%.2fG", v / 1e9);
+    else if (v >= 1e6) snprintf(buf, n, "%.2fM", v / 1e6);
+    else if (v >= 1e4) snprintf(buf, n, "%.1fk", v / 1e3);
+    else snprintf(buf, n, "%.0f", v);
+}
+
+/* A JSON number; JSON has no NaN or infinity, so those are null. */
+static void rt_fmt_json(char *buf, size_t n, double v) {
+    if (isfinite(v)) snprintf(buf, n, "%.9g", v);
+    else snprintf(buf, n, "null");
+}
+
+static RtStatus rt_log_put(RtLog *l, int rc, RtError *err) {
+    if (rc < 0 || fflush(l->jsonl) != 0) return rt_fail_errno(err, errno ? errno : EIO, "cannot write the log file '%s'", l->jsonl_path);
+    return RT_OK;
+}
+
+RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int64_t total_steps, RtError *err) {
+    memset(l, 0, sizeof *l);
+    l->out = out;
+    l->tty = tty;
+    l->total_steps = total_steps;
+    l->t_start = rt_now();
+    l->last_draw = -1e30;
+    if (jsonl_path) {
+        l->jsonl = fopen(jsonl_path, "w");
+        if (!l->jsonl) return rt_fail_errno(err, errno, "cannot open the log file '%s'", jsonl_path);
+        l->jsonl_path = jsonl_path;
+    }
+    return RT_OK;
+}
+
+RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err) {
+    double tok_s = s->ms > 0 ? (double)s->tokens / (s->ms * 1e-3) : 0;
+    if (s->step > 1) { /* the first step warms caches and pages in the data: not in the ETA */
+        l->timed_ms += s->ms;
+        l->timed_steps++;
+    }
+    double per = l->timed_steps ? l->timed_ms / (double)l->timed_steps : s->ms;
+    double eta = per * 1e-3 * (double)(l->total_steps - s->step);
+    char etab[32], tokb[32];
+    rt_fmt_duration(etab, sizeof etab, eta);
+    rt_fmt_count(tokb, sizeof tokb, tok_s);
+    if (l->out && l->tty) {
+        double now = rt_now();
+        if (now - l->last_draw >= RT_LOG_REDRAW || s->step == l->total_steps) {
+            fprintf(l->out, "\rstep %lld/%lld | loss %.4f | lr %.3e | %s tok/s | %.1f ms/step | ETA %s\033[K",
+                    (long long)s->step, (long long)l->total_steps, s->loss, s->lr, tokb, s->ms, etab);
+            fflush(l->out);
+            l->last_draw = now;
+            l->line_open = 1;
+        }
+    } else if (l->out) {
+        fprintf(l->out, "step %lld/%lld: loss %.6f, lr %.4e, grad norm %.4g, %.0f tokens/s, %.2f ms, ETA %s\n",
+                (long long)s->step, (long long)l->total_steps, s->loss, s->lr, s->grad_norm, tok_s, s->ms, etab);
+    }
+    if (l->jsonl) {
+        char loss[32], lr[32], gn[32], ms[32], tps[32];
+        rt_fmt_json(loss, sizeof loss, s->loss);
+        rt_fmt_json(lr, sizeof lr, s->lr);
+        rt_fmt_json(gn, sizeof gn, s->grad_norm);
+        rt_fmt_json(ms, sizeof ms, s->ms);
+        rt_fmt_json(tps, sizeof tps, tok_s);
+        errno = 0;
+        int rc = fprintf(l->jsonl,
+                         "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"ms\": %s, \"tokens\": %lld, "
+                         "\"tokens_per_s\": %s}\n",
+                         (long long)s->step, loss, lr, gn, ms, (long long)s->tokens, tps);
+        return rt_log_put(l, rc, err);
+    }
+    return RT_OK;
+}
+
+RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtError *err) {
+    if (l->out) {
+        if (l->line_open) fputc('\n', l->out);
+        l->line_open = 0;
+        fprintf(l->out, "step %lld/%lld: val loss %.6f (%lld batches)\n", (long long)step, (long long)l->total_steps, loss,
+                (long long)batches);
+        fflush(l->out);
+    }
+    if (l->jsonl) {
+        char v[32];
+        rt_fmt_json(v, sizeof v, loss);
+        errno = 0;
+        int rc = fprintf(l->jsonl, "{\"step\": %lld, \"val_loss\": %s, \"val_batches\": %lld}\n", (long long)step, v,
+                         (long long)batches);
+        return rt_log_put(l, rc, err);
+    }
+    return RT_OK;
+}
+
+RtStatus rt_log_close(RtLog *l, RtError *err) {
+    if (l->out && l->line_open) {
+        fputc('\n', l->out);
+        fflush(l->out);
+    }
+    l->line_open = 0;
+    RtStatus st = RT_OK;
+    if (l->jsonl) {
+        if (fclose(l->jsonl) != 0) st = rt_fail_errno(err, errno, "cannot close the log file '%s'", l->jsonl_path);
+        l->jsonl = NULL;
+    }
+    return st;
+}

@@ -1,0 +1,201 @@
+/* rt_program.h - the ABI between a compiled .mbt program and libmbtrt: what the generated object
+ * provides (an RtProgram descriptor exported as the global `mbt_program`) and the runtime services
+ * its code may call (the thread pool, batched SGEMM).
+ *
+ * Pipeline position: the seam between compiler/host (which will emit the descriptor and the step
+ * functions as LLVM IR) and the runtime (runtime/main.c, cli.c, train.c, generate.c, which own the
+ * command line, the loop, the data, logging and weights). Until the code generator exists,
+ * tests/runtime/bigram_program.c implements this ABI by hand. docs/runtime.md, "The program ABI",
+ * is the prose version of this header.
+ *
+ * Division of labour. The runtime allocates every region (64-byte aligned), initialises the
+ * parameters (rt_init_param, from the seed and each parameter's dotted name), loads and saves
+ * weights, reads the data, runs the step loop (micro-batches, gradient accumulation, clipping,
+ * the learning-rate schedule), logs, evaluates and samples. The generated code computes: the
+ * forward and backward pass of one micro-batch, the loss-only forward, the logits for generation,
+ * and the optimizer's elementwise update. It keeps no state of its own between calls: everything
+ * it reads or writes is in an RtStep.
+ *
+ * Memory. Parameters, gradients and optimizer state are three f32 regions. The gradient region
+ * has exactly the parameter region's layout (parameter i's gradient is at grads + offset_i). The
+ * optimizer-state layout is the generated code's business (adamw: m then v, each shaped like the
+ * parameter region). Activations live in one arena whose offsets the compiler's memory plan
+ * assigns; it is scratch, valid only during one call.
+ *
+ * Determinism. Every function must give bit-identical results whatever the pool's thread count:
+ * work is split with rt_parallel_for so that each output element is computed by exactly one
+ * thread, and a floating-point reduction across elements is done in a fixed order that does not
+ * depend on the split (see rt_parallel_for). rt_sgemm_batched obeys the same rule. */
+#ifndef MBT_RT_PROGRAM_H
+#define MBT_RT_PROGRAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt.h"
+
+/* The layout version of RtProgram and RtStep. A program compiled against another version is
+ * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
+ * stale object file). */
+#define RT_ABI_VERSION 1
+
+/* Regions and arena are aligned to this many bytes (one cache line, one AVX-512 vector). The
+ * compiler keeps each parameter's offset a multiple of RT_ALIGN / sizeof(float) elements so
+ * every parameter starts aligned; the runtime does not require it. */
+#define RT_ALIGN 64
+
+/* ==== the thread pool (pool.c) =============================================================== */
+
+/* A fixed set of threads created once per run (`--threads N`, default the cores this process may
+ * use). The caller's thread is worker 0 and takes part; workers 1..N-1 sleep on a condition
+ * variable between jobs. */
+typedef struct RtPool RtPool;
+
+#define RT_POOL_MAX_THREADS 64 /* --threads limit: OpenBLAS (Debian's build) is made for at most 64 threads */
+
+/* One chunk of a parallel loop: indices [begin, end) of the range. `worker` (0..threads-1) is
+ * which thread runs it; use it only to pick per-thread scratch, never to change a result. */
+typedef void (*RtRangeFn)(void *ctx, int64_t begin, int64_t end, int worker);
+
+RtStatus rt_pool_create(RtPool **out, int nthreads, RtError *err); /* nthreads <= 0: rt_cpu_count(); at most RT_POOL_MAX_THREADS */
+void rt_pool_destroy(RtPool *p);                                   /* joins the workers (NULL is fine) */
+int rt_pool_threads(const RtPool *p);                              /* N (1 for a NULL pool) */
+int rt_cpu_count(void);                                            /* CPUs this process may run on (sched_getaffinity), capped at RT_POOL_MAX_THREADS */
+
+/* Runs fn over [0, n) split into at most N contiguous chunks, one per thread, and returns when
+ * all are done. Each index is in exactly one chunk, and fn must compute each index's results
+ * from that index alone, so results never depend on N. The pool itself never reduces across
+ * chunks: a sum over the range is written as partial results per fixed-size block (the block size
+ * a constant, not N) combined in block order by the caller. A NULL pool, n <= 1, a one-thread
+ * pool, or a call made while the pool is busy (nested, from inside fn) runs serially on the
+ * calling thread, with the same results and that thread's worker index. A pool serves one thread
+ * at a time (plus nesting). */
+void rt_parallel_for(RtPool *p, int64_t n, RtRangeFn fn, void *ctx);
+
+/* ==== GEMM (blas.c) ========================================================================== */
+
+/* Batched single-precision GEMM, row-major, on OpenBLAS's cblas_sgemm:
+ *
+ *     for b in [0, batch):  C_b = alpha * op(A_b) @ op(B_b) + beta * C_b
+ *
+ * with op(A_b) M x K (A_b is K x M, read transposed, when trans_a), op(B_b) K x N (B_b is N x K
+ * when trans_b), C_b M x N; X_b = X + b * stride_x (a stride of 0 broadcasts one matrix over
+ * the batch, except for C); lda/ldb/ldc are row pitches in elements. beta == 0 overwrites C
+ * (NaNs in C do not propagate), as in BLAS. K == 0 gives C = beta * C.
+ *
+ * Threading: OpenBLAS runs single-threaded (rt_sgemm_batched sets openblas_set_num_threads(1)
+ * before its first call) and all parallelism is the pool's. The batch and each C matrix are cut
+ * into tiles whose size depends only on (M, N, K), never on the thread count; each tile is one
+ * cblas_sgemm call by one thread, so results are bit-identical for any --threads and no more
+ * threads than --threads ever run. The C batches must not overlap. Dimensions and pitches must fit
+ * OpenBLAS's 32-bit integers. */
+RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err);
+const char *rt_blas_config(void); /* OpenBLAS's build and the core it chose ("OpenBLAS 0.3.21 ... Zen") */
+
+/* ==== what the generated code provides ====================================================== */
+
+/* One parameter of the model, as the checkpoint names it. */
+typedef struct RtParam {
+    const char *name;              /* dotted path: "h.3.attn.c_attn.weight" (the safetensors name) */
+    int rank;                      /* 0..RT_ST_MAX_RANK */
+    int64_t shape[RT_ST_MAX_RANK]; /* dims 0..rank-1 */
+    int64_t numel;                 /* product of shape (1 for a scalar) */
+    int64_t offset;                /* first element in the parameter region (and the gradient region) */
+    RtInitKind init;               /* its initialiser (rt_init_param) */
+    double init_a, init_b;         /* normal(mean a, std b), uniform(a, b), constant(a) */
+} RtParam;
+
+/* A train block's settings, as the compiler resolved them; command-line flags override some
+ * (--steps, --seed, --data). */
+typedef struct RtTrainSettings {
+    const char *name;     /* the train block's name (`./prog train NAME`) */
+    int64_t micro;        /* B: sequences per micro-batch */
+    int64_t seq;          /* T: tokens per sequence */
+    int64_t global;       /* sequences per optimizer step: micro x accum (x data-parallel ranks) */
+    int64_t accum;        /* micro-batches per optimizer step */
+    int64_t steps;        /* optimizer steps */
+    uint64_t seed;        /* initialisation, data order, dropout */
+    double clip;          /* global gradient-norm clip; 0: none */
+    int64_t vocab;        /* token ids are below this */
+    int64_t ctx;          /* the model's longest context (positions) */
+    double lr;            /* the optimizer's base learning rate */
+    const char *data;     /* glob of the training shards */
+    const char *val_data; /* glob of the held-out shards; NULL: hold out the tail of `data` */
+    int shuffle;          /* 1: seeded shuffle of the training windows each epoch */
+    int64_t eval_every;   /* evaluate every N steps during training; 0: never */
+    int64_t eval_steps;   /* micro-batches per evaluation (also what is held out without val_data) */
+} RtTrainSettings;
+
+/* Defaults of `./prog generate` (from the serve block's sampling settings when there is one). */
+typedef struct RtGenerateSettings {
+    const char *weights; /* default --weights; NULL: none (the flag is then required) */
+    double temperature;  /* 0: greedy */
+    int64_t top_k;       /* 0: all tokens */
+    int64_t max_tokens;
+} RtGenerateSettings;
+
+/* Everything one call of a generated function reads and writes. Fields not listed for a
+ * function are unspecified during that call. */
+typedef struct RtStep {
+    RtPool *pool;          /* for rt_parallel_for / rt_sgemm_batched */
+    float *params;         /* all: the parameter region (read; optimizer_update writes) */
+    float *grads;          /* forward_backward accumulates (+=) into it; optimizer_update reads it */
+    float *state;          /* optimizer_init / optimizer_update: the optimizer-state region */
+    unsigned char *arena;  /* forward_*: activation scratch, arena_bytes, RT_ALIGN-aligned */
+    const int32_t *x;      /* forward_*: input token ids, [B, T] row-major, each below vocab */
+    const int32_t *y;      /* forward_backward, forward_loss: target ids, [B, T] */
+    int64_t B, T;          /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */
+    int64_t len;           /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */
+    float *logits;         /* forward_logits: out, [vocab] logits of position len - 1 */
+    double loss_scale;     /* forward_backward: the gradient seed, d(step objective) / d(this loss) */
+    double loss;           /* forward_backward, forward_loss: out, this micro-batch's loss */
+    double lr;             /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */
+    int64_t t;             /* optimizer_update: 1-based optimizer step (bias corrections) */
+    int64_t step;          /* 0-based optimizer step (an RNG key, with micro and seed) */
+    int64_t micro;         /* forward_backward: 0-based micro-batch within the step */
+    uint64_t seed;         /* the run's seed */
+    RtError *err;          /* a function that fails fills it and returns its status */
+} RtStep;
+
+/* A compiled program: the descriptor plus its functions. The generated object exports one as
+ * `const RtProgram mbt_program`; runtime/main.c passes it to rt_main. All pointers are to
+ * constant data with static storage. */
+typedef struct RtProgram {
+    int abi_version;       /* RT_ABI_VERSION */
+    const char *source;    /* the .mbt file it was compiled from (for --help) */
+    RtTrainSettings train; /* the train block */
+    RtGenerateSettings generate;
+
+    const RtParam *params; /* the parameter table, in declaration order */
+    int64_t nparams;
+    int64_t param_floats;  /* the parameter region, in f32 elements (also the gradient region's size) */
+    int64_t state_floats;  /* the optimizer-state region, in f32 elements */
+    int64_t arena_bytes;   /* the activation arena (the largest any function needs) */
+    int64_t logits_seq;    /* T of forward_logits: the longest context generation passes */
+
+    /* One micro-batch: reads params, x, y; computes this micro-batch's loss L as the program
+     * defines it (cross_entropy: the mean over its B x T tokens) into loss, and ADDS
+     * loss_scale x dL/dparams into grads. The runtime passes loss_scale = 1 / accum, so after
+     * the last micro-batch grads holds the gradient of the mean loss over the global batch. */
+    RtStatus (*forward_backward)(RtStep *s);
+    /* The same loss without gradients (evaluation). NULL: the program cannot evaluate. */
+    RtStatus (*forward_loss)(RtStep *s);
+    /* Generation, B = 1, T = logits_seq: writes the logits of position len - 1 (a causal model
+     * ignores x[len, T)). NULL: the program cannot generate. */
+    RtStatus (*forward_logits)(RtStep *s);
+    /* Sets the optimizer state's initial values (`state m = 0`); NULL: the runtime zeroes it. */
+    RtStatus (*optimizer_init)(RtStep *s);
+    /* One optimizer step over every parameter: reads grads (already clipped), updates params and
+     * state with lr and t. The runtime zeroes grads afterwards. */
+    RtStatus (*optimizer_update)(RtStep *s);
+    /* The learning-rate multiplier at 0-based step `step` (lr.cosine(...) compiled to C). */
+    double (*lr_schedule)(int64_t step);
+} RtProgram;
+
+/* The descriptor of the program being run, defined by the generated object (or a hand-written
+ * one, as in tests/runtime/bigram_program.c). */
+extern const RtProgram mbt_program;
+
+#endif

@@ -1,0 +1,513 @@
+/* train.c - the executable's driver: rt_main, the memory of a run, the train loop and evaluation
+ * (see rt_exec.h; docs/runtime.md, "The train loop").
+ *
+ * Pipeline position: the top of every executable. runtime/main.c hands rt_main the program's
+ * descriptor (rt_program.h); rt_main checks it, parses the command line (cli.c) and runs a
+ * command. Training, per optimizer step:
+ *
+ *     lr = base lr x lr_schedule(step)
+ *     for each of the accum micro-batches: read B windows, forward_backward (adds
+ *         grad(loss) / accum into the gradient region; the step's loss is the mean of theirs)
+ *     norm = the global L2 norm of the gradient region; if clip > 0 and norm > clip, scale it
+ *     optimizer_update(lr, t = step + 1); zero the gradients; log
+ *
+ * Determinism: initialisation is a function of (seed, name, element); the data order of (seed,
+ * epoch); every parallel loop gives each element to one thread; the gradient norm sums fixed
+ * blocks in block order. So a run is a function of its program, flags and data, never of the
+ * thread count (tests/unit/test_rt_train.c compares weights files byte for byte). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rt_exec.h"
+
+/* ---- the descriptor ----------------------------------------------------------------------------- */
+
+static int rt_cmp_param_offset(const void *a, const void *b) {
+    const RtParam *x = *(const RtParam *const *)a, *y = *(const RtParam *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+RtStatus rt_program_check(const RtProgram *p, RtError *err) {
+    if (!p) return rt_fail(err, RT_ERR_ARG, "no program descriptor");
+    if (p->abi_version != RT_ABI_VERSION)
+        return rt_fail(err, RT_ERR_ARG, "the program was compiled for runtime ABI %d but this runtime is ABI %d (rebuild it)",
+                       p->abi_version, RT_ABI_VERSION);
+    const RtTrainSettings *t = &p->train;
+    if (!t->name || !*t->name) return rt_fail(err, RT_ERR_ARG, "the train block has no name");
+    if (t->micro < 1 || t->seq < 1 || t->accum < 1 || t->global != t->micro * t->accum)
+        return rt_fail(err, RT_ERR_ARG, "batch: global %lld is not micro %lld x accumulation %lld (seq %lld)",
+                       (long long)t->global, (long long)t->micro, (long long)t->accum, (long long)t->seq);
+    if (t->steps < 0 || t->vocab < 1 || t->vocab > INT32_MAX || t->ctx < 0)
+        return rt_fail(err, RT_ERR_ARG, "steps %lld, vocab %lld or ctx %lld out of range", (long long)t->steps,
+                       (long long)t->vocab, (long long)t->ctx);
+    if (!isfinite(t->lr) || !isfinite(t->clip) || t->clip < 0)
+        return rt_fail(err, RT_ERR_ARG, "lr %g or clip %g is not a finite number (clip >= 0)", t->lr, t->clip);
+    if (!t->data || !*t->data) return rt_fail(err, RT_ERR_ARG, "the train block has no data glob");
+    if (t->eval_every < 0 || t->eval_steps < 1)
+        return rt_fail(err, RT_ERR_ARG, "eval every %lld, steps %lld out of range", (long long)t->eval_every,
+                       (long long)t->eval_steps);
+    if (p->generate.max_tokens < 0 || p->generate.top_k < 0 || !(p->generate.temperature >= 0))
+        return rt_fail(err, RT_ERR_ARG, "generation defaults out of range");
+    if (!p->forward_backward || !p->optimizer_update || !p->lr_schedule)
+        return rt_fail(err, RT_ERR_ARG, "forward_backward, optimizer_update or lr_schedule is missing");
+    if (p->nparams < 0 || (p->nparams > 0 && !p->params) || p->param_floats < 0 || p->state_floats < 0 ||
+        p->arena_bytes < 0 || (p->forward_logits && p->logits_seq < 1))
+        return rt_fail(err, RT_ERR_ARG, "a region size or the parameter count is negative");
+    const RtParam **byoff = calloc(p->nparams > 0 ? (size_t)p->nparams : 1, sizeof *byoff);
+    if (!byoff) return rt_fail_errno(err, ENOMEM, "cannot check the parameter table");
+    RtStatus st = RT_OK;
+    for (int64_t i = 0; st == RT_OK && i < p->nparams; i++) {
+        const RtParam *q = &p->params[i];
+        byoff[i] = q;
+        if (!q->name || !*q->name) {
+            st = rt_fail(err, RT_ERR_ARG, "parameter %lld has no name", (long long)i);
+            break;
+        }
+        if (q->rank < 0 || q->rank > RT_ST_MAX_RANK) {
+            st = rt_fail(err, RT_ERR_ARG, "parameter '%s' has rank %d", q->name, q->rank);
+            break;
+        }
+        int64_t n = 1;
+        for (int d = 0; d < q->rank && st == RT_OK; d++) {
+            if (q->shape[d] < 0 || (q->shape[d] > 0 && n > INT64_MAX / q->shape[d]))
+                st = rt_fail(err, RT_ERR_ARG, "parameter '%s' has a bad dimension %lld", q->name, (long long)q->shape[d]);
+            else n *= q->shape[d];
+        }
+        if (st != RT_OK) break;
+        if (n != q->numel || q->offset < 0 || q->offset > p->param_floats - q->numel) {
+            st = rt_fail(err, RT_ERR_ARG, "parameter '%s': %lld elements at offset %lld (shape gives %lld; the region has %lld)",
+                         q->name, (long long)q->numel, (long long)q->offset, (long long)n, (long long)p->param_floats);
+            break;
+        }
+        for (int64_t j = 0; j < i; j++)
+            if (strcmp(p->params[j].name, q->name) == 0) {
+                st = rt_fail(err, RT_ERR_ARG, "two parameters are named '%s'", q->name);
+                break;
+            }
+    }
+    if (st == RT_OK && p->nparams > 1) {
+        qsort(byoff, (size_t)p->nparams, sizeof *byoff, rt_cmp_param_offset);
+        for (int64_t i = 1; i < p->nparams; i++)
+            if (byoff[i - 1]->offset + byoff[i - 1]->numel > byoff[i]->offset) {
+                st = rt_fail(err, RT_ERR_ARG, "parameters '%s' and '%s' overlap in the parameter region", byoff[i - 1]->name,
+                             byoff[i]->name);
+                break;
+            }
+    }
+    free(byoff);
+    return st;
+}
+
+/* ---- the memory of a run ------------------------------------------------------------------------ */
+
+static RtStatus rt_alloc_region(void **out, int64_t bytes, const char *what, RtError *err) {
+    *out = NULL;
+    size_t n = bytes > 0 ? (size_t)bytes : RT_ALIGN;
+    n = (n + RT_ALIGN - 1) / RT_ALIGN * RT_ALIGN;
+    int rc = posix_memalign(out, RT_ALIGN, n);
+    if (rc != 0) {
+        *out = NULL;
+        return rt_fail_errno(err, rc, "cannot allocate the %s (%lld bytes)", what, (long long)bytes);
+    }
+    memset(*out, 0, n);
+    return RT_OK;
+}
+
+RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtError *err) {
+    memset(e, 0, sizeof *e);
+    e->prog = p;
+    if ((uint64_t)p->param_floats > (uint64_t)INT64_MAX / 4 || (uint64_t)p->state_floats > (uint64_t)INT64_MAX / 4)
+        return rt_fail(err, RT_ERR_NOMEM, "cannot allocate %lld parameters", (long long)p->param_floats);
+    int64_t tokens = p->train.micro * p->train.seq;
+    if (p->logits_seq > tokens) tokens = p->logits_seq;
+    RtStatus st = rt_pool_create(&e->pool, threads, err);
+    if (st == RT_OK) st = rt_alloc_region((void **)&e->params, p->param_floats * 4, "parameter region", err);
+    if (st == RT_OK) st = rt_alloc_region((void **)&e->grads, p->param_floats * 4, "gradient region", err);
+    if (st == RT_OK) st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
+    if (st == RT_OK) st = rt_alloc_region((void **)&e->arena, p->arena_bytes, "activation arena", err);
+    if (st == RT_OK) st = rt_alloc_region((void **)&e->x, tokens * 4, "input batch", err);
+    if (st == RT_OK) st = rt_alloc_region((void **)&e->y, tokens * 4, "target batch", err);
+    if (st != RT_OK) rt_exec_close(e);
+    return st;
+}
+
+void rt_exec_close(RtExec *e) {
+    rt_pool_destroy(e->pool);
+    free(e->params);
+    free(e->grads);
+    free(e->state);
+    free(e->arena);
+    free(e->x);
+    free(e->y);
+    memset(e, 0, sizeof *e);
+}
+
+/* Initialisation in blocks of RT_INIT_BLOCK elements over all parameters: each element's value
+ * depends only on (seed, name, index), so the blocks may run on any thread. */
+#define RT_INIT_BLOCK 65536
+
+typedef struct RtInitJob {
+    const RtProgram *p;
+    float *params;
+    uint64_t seed;
+    int64_t *first_block; /* first_block[i]: the first block of parameter i; [nparams]: the total */
+} RtInitJob;
+
+static void rt_init_blocks(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const RtInitJob *j = ctx;
+    int64_t i = 0;
+    for (int64_t blk = begin; blk < end; blk++) {
+        while (j->first_block[i + 1] <= blk) i++;
+        const RtParam *q = &j->p->params[i];
+        int64_t b = (blk - j->first_block[i]) * RT_INIT_BLOCK;
+        int64_t e = b + RT_INIT_BLOCK < q->numel ? b + RT_INIT_BLOCK : q->numel;
+        /* cannot fail: the arguments were checked by rt_exec_init_params */
+        rt_init_param_range(j->params + q->offset + b, b, e, j->seed, rt_hash_name(q->name), q->init, q->init_a, q->init_b,
+                            NULL);
+    }
+}
+
+RtStatus rt_exec_init_params(RtExec *e, uint64_t seed, RtError *err) {
+    const RtProgram *p = e->prog;
+    int64_t *first = calloc((size_t)p->nparams + 1, sizeof *first);
+    if (!first) return rt_fail_errno(err, ENOMEM, "cannot initialise the parameters");
+    for (int64_t i = 0; i < p->nparams; i++) {
+        const RtParam *q = &p->params[i];
+        /* an empty range checks the initialiser's numbers */
+        RtStatus st = rt_init_param_range(NULL, 0, 0, seed, 0, q->init, q->init_a, q->init_b, err);
+        if (st != RT_OK) {
+            free(first);
+            return rt_error_context(err, "cannot initialise parameter '%s'", q->name);
+        }
+        first[i + 1] = first[i] + (q->numel + RT_INIT_BLOCK - 1) / RT_INIT_BLOCK;
+    }
+    RtInitJob j = {p, e->params, seed, first};
+    rt_parallel_for(e->pool, first[p->nparams], rt_init_blocks, &j);
+    free(first);
+    return RT_OK;
+}
+
+/* ---- gradient-region passes --------------------------------------------------------------------- */
+
+/* The norm sums blocks of this many elements (a constant, so the sum never depends on the
+ * thread count), each in double, then the blocks in order. */
+#define RT_GRAD_BLOCK 16384
+
+typedef struct RtGradJob {
+    float *g;
+    int64_t n;
+    double *partial; /* one per block */
+    float scale;
+} RtGradJob;
+
+static void rt_grad_sumsq(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    RtGradJob *j = ctx;
+    for (int64_t blk = begin; blk < end; blk++) {
+        int64_t b = blk * RT_GRAD_BLOCK, e = b + RT_GRAD_BLOCK < j->n ? b + RT_GRAD_BLOCK : j->n;
+        double s = 0;
+        for (int64_t i = b; i < e; i++) s += (double)j->g[i] * (double)j->g[i];
+        j->partial[blk] = s;
+    }
+}
+
+static void rt_grad_scale(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    RtGradJob *j = ctx;
+    int64_t b = begin * RT_GRAD_BLOCK, e = end * RT_GRAD_BLOCK < j->n ? end * RT_GRAD_BLOCK : j->n;
+    for (int64_t i = b; i < e; i++) j->g[i] *= j->scale;
+}
+
+static void rt_grad_zero(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    RtGradJob *j = ctx;
+    int64_t b = begin * RT_GRAD_BLOCK, e = end * RT_GRAD_BLOCK < j->n ? end * RT_GRAD_BLOCK : j->n;
+    memset(j->g + b, 0, (size_t)(e - b) * sizeof *j->g);
+}
+
+/* ---- evaluation --------------------------------------------------------------------------------- */
+
+/* The mean loss over up to `batches` micro-batches of the held-out split, read from its start. */
+static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, double *loss, int64_t *used,
+                            RtError *err) {
+    const RtProgram *p = e->prog;
+    if (!p->forward_loss) return rt_fail(err, RT_ERR_ARG, "this program cannot evaluate: it has no loss-only forward");
+    int64_t B = p->train.micro, T = p->train.seq;
+    int64_t have = rt_data_windows(val) / B;
+    if (have < 1)
+        return rt_fail(err, RT_ERR_ARG, "the held-out data have %lld windows of %lld tokens, fewer than one batch of %lld",
+                       (long long)rt_data_windows(val), (long long)(T + 1), (long long)B);
+    if (batches > have) batches = have;
+    rt_data_rewind(val);
+    double sum = 0;
+    for (int64_t b = 0; b < batches; b++) {
+        RtStatus st = rt_data_next(val, B, e->x, e->y, err);
+        if (st != RT_OK) return st;
+        RtStep s = {.pool = e->pool, .params = e->params, .grads = e->grads, .state = e->state, .arena = e->arena,
+                    .x = e->x, .y = e->y, .B = B, .T = T, .seed = seed, .err = err};
+        st = p->forward_loss(&s);
+        if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
+        sum += s.loss;
+    }
+    *loss = sum / (double)batches;
+    *used = batches;
+    return RT_OK;
+}
+
+/* ---- commands ----------------------------------------------------------------------------------- */
+
+static int rt_report(const RtOptions *o, const RtError *e) {
+    fflush(stdout);
+    fprintf(stderr, "%s: %s\n", o->prog, e->msg);
+    return 1;
+}
+
+/* A file the run will write at its end must have a writable directory now: a typo in
+ * --save-weights should cost a second, not the whole run. */
+static RtStatus rt_check_output_dir(const char *path, const char *what, RtError *err) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (access(dir, W_OK | X_OK) != 0)
+        return rt_fail_errno(err, errno, "cannot write the %s '%s': directory '%s'", what, path, dir);
+    return RT_OK;
+}
+
+static RtDataSpec rt_data_spec(const RtProgram *p, const RtOptions *o, const char *train_glob, const char *val_glob) {
+    RtDataSpec d = {0};
+    d.pattern = train_glob;
+    d.val_pattern = val_glob;
+    d.seq = p->train.seq;
+    d.vocab = p->train.vocab;
+    d.shuffle = p->train.shuffle;
+    d.seed = o->seed;
+    /* Without a val glob the tail of the training data is held out, always, so that `eval`
+     * after training reads windows the training never saw. */
+    d.val_windows = val_glob && *val_glob ? 0 : p->train.eval_steps * p->train.micro;
+    return d;
+}
+
+static void rt_fmt_int(char *buf, size_t n, int64_t v) {
+    char tmp[32];
+    int len = snprintf(tmp, sizeof tmp, "%lld", (long long)v);
+    size_t k = 0;
+    for (int i = 0; i < len && k + 1 < n; i++) {
+        if (i > 0 && tmp[i - 1] != '-' && (len - i) % 3 == 0 && k + 2 < n) buf[k++] = ',';
+        buf[k++] = tmp[i];
+    }
+    buf[k] = 0;
+}
+
+int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
+    const RtTrainSettings *t = &p->train;
+    RtError e;
+    rt_error_clear(&e);
+    RtData *train = NULL, *val = NULL;
+    RtExec x = {0};
+    RtLog log;
+    int log_open = 0, code = 1;
+    double *partial = NULL;
+    RtDataSpec spec = rt_data_spec(p, o, o->data ? o->data : t->data, t->val_data);
+    RtStatus st = o->save_weights ? rt_check_output_dir(o->save_weights, "weights file", &e) : RT_OK;
+    if (st == RT_OK) st = rt_data_open(&train, &spec, RT_SPLIT_TRAIN, &e);
+    if (st == RT_OK && t->eval_every > 0) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
+    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK) {
+        if (o->init_weights) {
+            int64_t unused = 0;
+            st = rt_weights_load(p, x.params, o->init_weights, &unused, &e);
+            if (st == RT_OK && unused > 0)
+                fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n",
+                        o->prog, (long long)unused, o->init_weights);
+        } else {
+            st = rt_exec_init_params(&x, o->seed, &e);
+        }
+    }
+    if (st == RT_OK && p->optimizer_init) {
+        RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .seed = o->seed, .err = &e};
+        st = p->optimizer_init(&s);
+        if (st != RT_OK) rt_error_context(&e, "initialising the optimizer state");
+    }
+    int64_t nblocks = (p->param_floats + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK;
+    if (st == RT_OK) {
+        partial = calloc(nblocks > 0 ? (size_t)nblocks : 1, sizeof *partial);
+        if (!partial) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the gradient-norm blocks");
+    }
+    if (st == RT_OK) st = rt_log_open(&log, stdout, isatty(fileno(stdout)), o->log_path, o->steps, &e);
+    if (st != RT_OK) goto done;
+    log_open = 1;
+
+    int64_t tokens = t->global * t->seq;
+    char nparam[32];
+    rt_fmt_int(nparam, sizeof nparam, p->param_floats);
+    printf("train %s: %s parameters in %lld tensors; %lld steps of %lld sequences x %lld tokens (micro-batch %lld, "
+           "accumulation %lld); seed %llu\n",
+           t->name, nparam, (long long)p->nparams, (long long)o->steps, (long long)t->global, (long long)t->seq,
+           (long long)t->micro, (long long)t->accum, (unsigned long long)o->seed);
+    printf("device: cpu%s, %d threads; data: %lld windows in %lld file%s ('%s')\n",
+           strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x.pool), (long long)rt_data_windows(train),
+           (long long)rt_data_nfiles(train), rt_data_nfiles(train) == 1 ? "" : "s", spec.pattern);
+    fflush(stdout);
+
+    double t_run = rt_now(), last_loss = NAN;
+    RtGradJob g = {x.grads, p->param_floats, partial, 1.0f};
+    for (int64_t step = 0; step < o->steps; step++) {
+        double t0 = rt_now();
+        double mult = p->lr_schedule(step);
+        double lr = t->lr * mult;
+        if (!isfinite(lr)) {
+            st = rt_fail(&e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
+            goto done;
+        }
+        double loss = 0;
+        for (int64_t m = 0; m < t->accum; m++) {
+            st = rt_data_next(train, t->micro, x.x, x.y, &e);
+            if (st != RT_OK) {
+                rt_error_context(&e, "step %lld", (long long)(step + 1));
+                goto done;
+            }
+            RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
+                        .x = x.x, .y = x.y, .B = t->micro, .T = t->seq, .loss_scale = 1.0 / (double)t->accum,
+                        .step = step, .micro = m, .seed = o->seed, .err = &e};
+            st = p->forward_backward(&s);
+            if (st != RT_OK) {
+                rt_error_context(&e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
+                goto done;
+            }
+            if (!isfinite(s.loss)) {
+                st = rt_fail(&e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
+                             (long long)(m + 1), isnan(s.loss) ? "nan" : s.loss > 0 ? "inf" : "-inf");
+                goto done;
+            }
+            loss += s.loss * s.loss_scale;
+        }
+        rt_parallel_for(x.pool, nblocks, rt_grad_sumsq, &g);
+        double sumsq = 0;
+        for (int64_t b = 0; b < nblocks; b++) sumsq += partial[b];
+        double norm = sqrt(sumsq);
+        if (t->clip > 0 && norm > t->clip) {
+            g.scale = (float)(t->clip / norm);
+            rt_parallel_for(x.pool, nblocks, rt_grad_scale, &g);
+        }
+        RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
+                    .lr = lr, .t = step + 1, .step = step, .seed = o->seed, .err = &e};
+        st = p->optimizer_update(&s);
+        if (st != RT_OK) {
+            rt_error_context(&e, "step %lld: optimizer", (long long)(step + 1));
+            goto done;
+        }
+        rt_parallel_for(x.pool, nblocks, rt_grad_zero, &g);
+        last_loss = loss;
+        RtStepLog sl = {step + 1, loss, lr, norm, (rt_now() - t0) * 1e3, tokens};
+        st = rt_log_step(&log, &sl, &e);
+        if (st != RT_OK) goto done;
+        if (val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
+            double vl;
+            int64_t used;
+            st = rt_evaluate(&x, val, t->eval_steps, o->seed, &vl, &used, &e);
+            if (st == RT_OK) st = rt_log_eval(&log, step + 1, vl, used, &e);
+            if (st != RT_OK) goto done;
+        }
+    }
+    double secs = rt_now() - t_run;
+    st = rt_log_close(&log, &e);
+    log_open = 0;
+    if (st != RT_OK) goto done;
+    if (o->steps > 0) {
+        printf("done: %lld steps in %.2f s (%.3f ms/step, %.0f tokens/s); final loss %.6f\n", (long long)o->steps, secs,
+               secs * 1e3 / (double)o->steps, secs > 0 ? (double)(tokens * o->steps) / secs : 0.0, last_loss);
+    }
+    if (o->save_weights) {
+        st = rt_weights_save(p, x.params, o->save_weights, &e);
+        if (st != RT_OK) goto done;
+        printf("saved %lld tensors to '%s'\n", (long long)p->nparams, o->save_weights);
+    }
+    code = 0;
+done:
+    if (log_open) {
+        RtError e2;
+        rt_log_close(&log, &e2);
+    }
+    if (code != 0) rt_report(o, &e);
+    free(partial);
+    rt_exec_close(&x);
+    rt_data_close(val);
+    rt_data_close(train);
+    return code;
+}
+
+int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
+    const RtTrainSettings *t = &p->train;
+    RtError e;
+    rt_error_clear(&e);
+    RtData *val = NULL;
+    RtExec x = {0};
+    int code = 1;
+    RtDataSpec spec = rt_data_spec(p, o, t->data, o->data ? o->data : t->val_data);
+    RtStatus st = RT_OK;
+    if (!p->forward_loss) st = rt_fail(&e, RT_ERR_ARG, "this program cannot evaluate: it has no loss-only forward");
+    if (st == RT_OK) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
+    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK) {
+        if (o->weights) {
+            int64_t unused = 0;
+            st = rt_weights_load(p, x.params, o->weights, &unused, &e);
+            if (st == RT_OK && unused > 0)
+                fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n",
+                        o->prog, (long long)unused, o->weights);
+        } else {
+            st = rt_exec_init_params(&x, o->seed, &e);
+        }
+    }
+    double loss = 0;
+    int64_t used = 0;
+    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps, o->seed, &loss, &used, &e);
+    if (st == RT_OK) {
+        printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss,
+               exp(loss), (long long)used, (long long)t->micro, (long long)t->seq,
+               spec.val_pattern && *spec.val_pattern ? spec.val_pattern : spec.pattern);
+        code = 0;
+    } else {
+        rt_report(o, &e);
+    }
+    rt_exec_close(&x);
+    rt_data_close(val);
+    return code;
+}
+
+/* ---- main --------------------------------------------------------------------------------------- */
+
+int rt_main(int argc, char **argv, const RtProgram *p) {
+    RtError e;
+    rt_error_clear(&e);
+    const char *prog = rt_prog_name(argc > 0 ? argv[0] : NULL);
+    if (rt_program_check(p, &e) != RT_OK) {
+        fprintf(stderr, "%s: internal error: invalid program descriptor: %s\n", prog, e.msg);
+        return 2;
+    }
+    RtOptions o;
+    if (rt_cli_parse(&o, p, argc, argv, &e) != RT_OK) {
+        fprintf(stderr, "%s: %s\n", prog, e.msg);
+        return 1;
+    }
+    int code = 0;
+    switch (o.cmd) {
+    case RT_CMD_HELP: rt_cli_help(stdout, p, o.prog); break;
+    case RT_CMD_TRAIN: code = rt_cmd_train(p, &o); break;
+    case RT_CMD_EVAL: code = rt_cmd_eval(p, &o); break;
+    case RT_CMD_GENERATE: code = rt_cmd_generate(p, &o); break;
+    }
+    rt_options_free(&o);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "%s: cannot write to standard output: %s\n", prog, strerror(errno));
+        if (code == 0) code = 1;
+    }
+    return code;
+}

@@ -1,0 +1,208 @@
+/* test_rt_blas.c - unit tests of runtime/blas.c, rt_sgemm_batched on OpenBLAS: every transpose
+ * combination, padded pitches, batch strides (and a broadcast operand), alpha/beta, shapes large
+ * enough to be tiled, against a naive double-precision loop; bit-identical results for any
+ * thread count; argument errors.
+ *
+ * Build: make build/tests/test_rt_blas (links build/libmbtrt.a and OpenBLAS). Prints `PASS name`
+ * or `FAIL name: why` per case, then `N passed, M failed`; exits 1 on a failure.
+ *
+ * Tolerance: each element of C is compared with the double-precision sum; the allowed error is
+ * 1e-5 x (|alpha| sum_k |a_ik b_kj| + |beta c_ij|) + 1e-30, about 100 float roundings of the
+ * absolute terms, generous for any summation order OpenBLAS uses with K up to a few hundred and
+ * tight enough to catch a wrong element, transpose, pitch or stride. */
+#include <math.h>
+#include <stdint.h>
+
+#include "rt_program.h"
+#include "unit.h"
+
+/* A deterministic fill in [-1, 1). */
+static void fill(float *v, int64_t n, uint32_t seed) {
+    RtRng r;
+    rt_rng_init(&r, seed, 0x74657374, 0);
+    for (int64_t i = 0; i < n; i++) v[i] = 2.0f * rt_u01_f32(rt_rng_u32(&r)) - 1.0f;
+}
+
+typedef struct Case {
+    int ta, tb;
+    int64_t m, n, k, batch;
+    int64_t pad;        /* extra elements at the end of every row (pitch = cols + pad) */
+    int broadcast_a;    /* stride_a = 0 */
+    float alpha, beta;
+} Case;
+
+/* Runs one case on `pool` and checks it against the naive loop; returns C (caller frees). */
+static float *run_case(const Case *c, RtPool *pool, int check) {
+    int64_t a_rows = c->ta ? c->k : c->m, a_cols = c->ta ? c->m : c->k;
+    int64_t b_rows = c->tb ? c->n : c->k, b_cols = c->tb ? c->k : c->n;
+    /* a pitch is at least 1, even for K = 0 (as BLAS requires) */
+    int64_t lda = (a_cols > 0 ? a_cols : 1) + c->pad, ldb = (b_cols > 0 ? b_cols : 1) + c->pad, ldc = c->n + c->pad;
+    int64_t sa = c->broadcast_a ? 0 : a_rows * lda + 3, sb = b_rows * ldb + 5, sc = c->m * ldc + 7;
+    int64_t na = (c->broadcast_a ? 1 : c->batch) * (a_rows * lda + 3), nb = c->batch * sb, nc = c->batch * sc;
+    float *a = malloc((size_t)(na + 1) * sizeof *a), *b = malloc((size_t)(nb + 1) * sizeof *b);
+    float *cc = malloc((size_t)(nc + 1) * sizeof *cc), *c0 = malloc((size_t)(nc + 1) * sizeof *c0);
+    fill(a, na, 1);
+    fill(b, nb, 2);
+    fill(c0, nc, 3);
+    if (c->beta == 0.0f)
+        for (int64_t i = 0; i < nc; i++) c0[i] = NAN; /* beta 0 must overwrite, not multiply */
+    memcpy(cc, c0, (size_t)nc * sizeof *cc);
+    RtError e;
+    RtStatus st = rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb, c->beta, cc,
+                                   ldc, sc, c->batch, &e);
+    CHECK(st == RT_OK, "ta %d tb %d m %lld n %lld k %lld: %s", c->ta, c->tb, (long long)c->m, (long long)c->n,
+          (long long)c->k, e.msg);
+    if (check && st == RT_OK) {
+        int64_t bad = 0, untouched = 0;
+        double worst = 0;
+        for (int64_t bi = 0; bi < c->batch; bi++) {
+            const float *A = a + bi * sa, *B = b + bi * sb;
+            const float *C0 = c0 + bi * sc, *C = cc + bi * sc;
+            for (int64_t i = 0; i < c->m; i++)
+                for (int64_t j = 0; j < c->n; j++) {
+                    double s = 0, mag = 0;
+                    for (int64_t k = 0; k < c->k; k++) {
+                        double x = c->ta ? A[k * lda + i] : A[i * lda + k];
+                        double y = c->tb ? B[j * ldb + k] : B[k * ldb + j];
+                        s += x * y;
+                        mag += fabs(x * y);
+                    }
+                    double base = c->beta == 0.0f ? 0.0 : (double)c->beta * C0[i * ldc + j];
+                    double ref = (double)c->alpha * s + base;
+                    double tol = 1e-5 * (fabs(c->alpha) * mag + fabs(base)) + 1e-30;
+                    double err = fabs((double)C[i * ldc + j] - ref);
+                    if (!(err <= tol)) bad++;
+                    if (err / tol > worst) worst = err / tol;
+                }
+            /* the padding after each row and the gap between matrices are not written */
+            for (int64_t i = 0; i < c->m; i++)
+                for (int64_t j = c->n; j < ldc; j++) {
+                    float x = C[i * ldc + j], y = C0[i * ldc + j];
+                    untouched += memcmp(&x, &y, sizeof x) != 0;
+                }
+        }
+        CHECK(bad == 0, "ta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
+              c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch, (long long)c->pad,
+              (double)c->alpha, (double)c->beta, (long long)bad, worst);
+        CHECK(untouched == 0, "%lld padding elements were written", (long long)untouched);
+    }
+    free(a);
+    free(b);
+    free(c0);
+    return cc;
+}
+
+/* ---- correctness -------------------------------------------------------------------------------- */
+
+static void all_transposes_small(void) {
+    RtPool *p;
+    RtError e;
+    CHECK(rt_pool_create(&p, 2, &e) == RT_OK, "pool: %s", e.msg);
+    static const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 3}, {5, 1, 4}, {17, 33, 5}, {8, 8, 8}, {31, 2, 65}, {3, 4, 0}};
+    for (int t = 0; t < 4; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int pad = 0; pad <= 3; pad += 3) {
+                Case c = {t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 1, pad, 0, 1.0f, 0.0f};
+                free(run_case(&c, p, 1));
+                c.alpha = 0.5f;
+                c.beta = 1.0f;
+                free(run_case(&c, p, 1));
+                c.alpha = -2.0f;
+                c.beta = 0.25f;
+                free(run_case(&c, p, 1));
+            }
+    rt_pool_destroy(p);
+}
+
+static void batches_and_strides(void) {
+    RtPool *p;
+    RtError e;
+    CHECK(rt_pool_create(&p, 3, &e) == RT_OK, "pool: %s", e.msg);
+    for (int t = 0; t < 4; t++) {
+        Case c = {t & 1, t >> 1, 12, 20, 16, 5, 2, 0, 1.0f, 0.0f}; /* attention-like: many small products */
+        free(run_case(&c, p, 1));
+        c.broadcast_a = 1; /* one A for every batch entry */
+        c.beta = 1.0f;
+        free(run_case(&c, p, 1));
+    }
+    rt_pool_destroy(p);
+}
+
+static void large_tiled(void) {
+    RtPool *p;
+    RtError e;
+    CHECK(rt_pool_create(&p, 2, &e) == RT_OK, "pool: %s", e.msg);
+    /* 300 x 260 x 200 = 15.6M multiply-adds: several tiles; 16 x 700 x 512: column tiles */
+    for (int t = 0; t < 4; t++) {
+        Case c = {t & 1, t >> 1, 300, 260, 200, 1, 1, 0, 1.0f, 0.0f};
+        free(run_case(&c, p, 1));
+        Case d = {t & 1, t >> 1, 16, 700, 512, 2, 0, 0, 1.0f, 1.0f};
+        free(run_case(&d, p, 1));
+    }
+    rt_pool_destroy(p);
+}
+
+/* ---- determinism -------------------------------------------------------------------------------- */
+
+static void thread_count_invariance(void) {
+    Case cases[] = {
+        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f},
+        {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f},
+        {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const Case *c = &cases[ci];
+        int64_t nc = c->batch * (c->m * (c->n + c->pad) + 7);
+        float *ref = NULL;
+        for (int threads = 1; threads <= 4; threads++) {
+            RtPool *p;
+            RtError e;
+            CHECK(rt_pool_create(&p, threads, &e) == RT_OK, "pool: %s", e.msg);
+            float *out = run_case(c, p, 0);
+            if (!ref) ref = out;
+            else {
+                CHECK(memcmp(ref, out, (size_t)nc * sizeof *out) == 0, "case %zu differs between 1 and %d threads", ci,
+                      threads);
+                free(out);
+            }
+            rt_pool_destroy(p);
+        }
+        float *serial = run_case(c, NULL, 0);
+        CHECK(memcmp(ref, serial, (size_t)nc * sizeof *serial) == 0, "case %zu differs without a pool", ci);
+        free(serial);
+        free(ref);
+    }
+}
+
+/* ---- errors ------------------------------------------------------------------------------------- */
+
+static void argument_errors(void) {
+    float a[64] = {0}, b[64] = {0}, c[64] = {0};
+    RtError e;
+    CHECK(rt_sgemm_batched(NULL, 0, 0, -1, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_ERR_ARG, "negative m");
+    CHECK_STR(e.msg, "sgemm: negative size (m -1, n 2, k 2, batch 1)", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 3, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_ERR_ARG, "short lda");
+    CHECK_STR(e.msg, "sgemm: a row pitch is shorter than its row (lda 2 for 3 columns, ldb 2 for 2, ldc 2 for 2)", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, 0, c, 2, 3, 2, &e) == RT_ERR_ARG, "overlapping C");
+    CHECK_STR(e.msg, "sgemm: the C matrices of the batch overlap (stride 3, each spans 4 elements)", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, (int64_t)1 << 31, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_ERR_ARG,
+          "m over 2^31");
+    CHECK_STR(e.msg, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m 2147483648, n 2, k 2)", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, NULL, 2, 0, 1, &e) == RT_ERR_ARG, "NULL C");
+    CHECK_STR(e.msg, "sgemm: a matrix pointer is NULL", "message");
+    /* empty products are fine and touch nothing */
+    c[0] = 5;
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 0, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_OK && c[0] == 5, "m = 0");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 0, &e) == RT_OK && c[0] == 5, "batch 0");
+    const char *cfg = rt_blas_config();
+    CHECK(cfg && strstr(cfg, "OpenBLAS"), "rt_blas_config() = '%s'", cfg ? cfg : "(null)");
+}
+
+int main(void) {
+    RUN(all_transposes_small);
+    RUN(batches_and_strides);
+    RUN(large_tiled);
+    RUN(thread_count_invariance);
+    RUN(argument_errors);
+    return unit_finish();
+}
