@@ -8,7 +8,8 @@
 #   make clean
 #
 # Variables: LLVM_CONFIG (default llvm-config-19), CUDA_HOME (default /usr/local/cuda),
-# BUILD (output directory, default build), SAN=1 (sanitizers).
+# BUILD (output directory, default build), SAN=1 (sanitizers), OPENBLAS_DIR / OPENBLAS_INC /
+# BLAS_LIBS (where OpenBLAS is and how executables link it; see the runtime section).
 
 BUILD       ?= build
 CC          ?= cc
@@ -31,13 +32,30 @@ LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
 FRONT_SRCS = compiler/arena.c compiler/diag.c compiler/ast.c compiler/parse.c compiler/module.c
 SEMA_SRCS  = compiler/dim.c compiler/value.c compiler/shape.c compiler/builtins.c \
              compiler/sema.c compiler/eval.c compiler/settings.c
-# The middle: the graph IR and its construction, reverse-mode autodiff, and the double-precision
-# reference evaluator the tests hold everything against (ref.c forward ops, ref_bwd.c backward).
-MIDDLE_SRCS = compiler/graph.c compiler/graph_build.c compiler/autodiff.c compiler/ref.c compiler/ref_bwd.c
+# The middle: the graph IR and its construction, reverse-mode autodiff, the step program and memory
+# plan, fusion into launches and the kernel IR (fuse_lower.c, fuse.c, fuse_codegen.c, kir.c), and the
+# double-precision references the tests hold everything against (ref.c forward ops, ref_bwd.c
+# backward, ref_seg.c the segmented ops of update graphs; kir_ref.c runs fused kernels).
+MIDDLE_SRCS = compiler/graph.c compiler/graph_build.c compiler/autodiff.c compiler/plan.c \
+              compiler/ref.c compiler/ref_bwd.c compiler/ref_seg.c \
+              compiler/fuse_lower.c compiler/fuse.c compiler/fuse_codegen.c compiler/kir.c compiler/kir_ref.c
 LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS) $(MIDDLE_SRCS)
 GEN_SRCS   = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
 
 LIB_OBJS = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(BUILD)/obj/mbt.o $(BUILD)/obj/lexer.o
+
+# LLVM (the CPU back end, compiler/cpu.c): the files that include llvm-c headers are compiled with
+# llvm-config's flags, its include directory as -isystem so that -Werror holds our code and not
+# LLVM's headers; they stay out of LIB_SRCS (the fuzzer builds those without LLVM) but go into
+# libmbtc.a, and what calls them (mbtc, test_cpu) links LLVM_LIBS. Deferred (`=`) because
+# tools/deps.sh may install llvm-19-dev after this file is read.
+LLVM_CONFIG ?= llvm-config-19
+LLVM_CFLAGS  = $(patsubst -I%,-isystem %,$(shell $(LLVM_CONFIG) --cflags))
+LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs core analysis passes target x86 orcjit executionengine mcjit native --system-libs)
+LLVM_SRCS    = compiler/cpu.c
+LLVM_OBJS    = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LLVM_SRCS))
+LIB_OBJS    += $(LLVM_OBJS)
+
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
@@ -71,10 +89,15 @@ $(BUILD)/obj/%.o: compiler/%.c $(HDRS)
 	@mkdir -p $(BUILD)/obj
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-# mbtc finds the stdlib beside itself (<bindir>/../stdlib), else in this source tree.
-$(BUILD)/obj/main.o: compiler/main.c $(HDRS)
+# mbtc finds the stdlib beside itself (<bindir>/../stdlib), else in this source tree. (It calls the
+# CPU back end, whose header includes llvm-c.)
+$(BUILD)/obj/main.o: compiler/main.c $(HDRS) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"' -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"' -c $< -o $@
+
+$(LLVM_OBJS): $(BUILD)/obj/%.o: compiler/%.c $(HDRS) | $(BUILD)/.deps-ok
+	@mkdir -p $(BUILD)/obj
+	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -c $< -o $@
 
 # Generated code: same warnings, minus the unused-parameter noise lemon's template produces.
 $(BUILD)/obj/mbt.o: $(BUILD)/gen/mbt.c $(HDRS)
@@ -90,20 +113,41 @@ $(BUILD)/libmbtc.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
 $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ -lm
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LLVM_LIBS) -lm
 
 # ---- runtime (libmbtrt) -------------------------------------------------------------------------
-# The library linked into every executable mbtc builds (runtime/rt.h is its whole surface), and the
-# tools built on it. Runtime objects see only runtime/ headers: the runtime never includes the
-# compiler. `all` gains the library and build/mbt-gendata (a second `all:` line adds prerequisites).
-RT_SRCS  = runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c
+# The library linked into every executable mbtc builds (runtime/rt.h is its whole surface; the
+# ABI with generated code is runtime/rt_program.h), and the tools built on it. Runtime objects see
+# only runtime/ headers: the runtime never includes the compiler. `all` gains the library and
+# build/mbt-gendata (a second `all:` line adds prerequisites). main.c (the executables' `main`) is
+# in the archive too: a linker takes it only when nothing else defines main.
+RT_SRCS  = runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
+           runtime/pool.c runtime/blas.c runtime/log.c runtime/weights.c runtime/cli.c runtime/train.c \
+           runtime/generate.c runtime/main.c
 RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))
 RT_HDRS  = $(wildcard runtime/*.h)
-RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) -Iruntime $(CFLAGS)
+
+# OpenBLAS, from Debian's libopenblas-dev (tools/deps.sh installs it), whose default flavour is
+# the pthread build in /usr/lib/<multiarch>/openblas-pthread. That package ships the static
+# archive libopenblas.a, and executables link it statically when it is there: they then run on a
+# machine without OpenBLAS installed (cblas_sgemm pulls no Fortran, so no libgfortran; the cost
+# is ~25 MB of kernels for every CPU type in each executable). Without the archive they link
+# -lopenblas. Override with OPENBLAS_DIR=, OPENBLAS_INC= or BLAS_LIBS=. These are deferred (`=`)
+# so that they are looked up after tools/deps.sh has installed the package.
+MULTIARCH    := $(shell $(CC) -print-multiarch 2>/dev/null)
+OPENBLAS_DIR ?= /usr/lib/$(MULTIARCH)/openblas-pthread
+OPENBLAS_INC ?= /usr/include/$(MULTIARCH)/openblas-pthread
+BLAS_CFLAGS  = -I$(OPENBLAS_INC)
+BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/libopenblas.a,-lopenblas)
+# What an executable links after its own objects and build/libmbtrt.a. The compiler driver
+# (mbtc -o) links generated programs with exactly this; tools and tests here use it too.
+RT_LDLIBS = $(BLAS_LIBS) -lpthread -lm
+
+RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) -Iruntime $(BLAS_CFLAGS) $(CFLAGS)
 
 all: $(BUILD)/libmbtrt.a $(BUILD)/mbt-gendata
 
-$(BUILD)/obj/rt/%.o: runtime/%.c $(RT_HDRS)
+$(BUILD)/obj/rt/%.o: runtime/%.c $(RT_HDRS) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/obj/rt
 	$(CC) $(RT_CFLAGS) -c $< -o $@
 
@@ -113,17 +157,38 @@ $(BUILD)/libmbtrt.a: $(RT_OBJS)
 
 # mbt-gendata: a synthetic token corpus with a known entropy rate (docs/runtime.md).
 $(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a $(RT_HDRS)
-	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a -lm -o $@ $(LDFLAGS_ALL)
+	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
 # Runtime unit tests link libmbtrt, not the compiler (the shorter stem wins over the rule below).
 $(BUILD)/tests/test_rt_%: tests/unit/test_rt_%.c $(BUILD)/libmbtrt.a $(RT_HDRS) $(wildcard tests/unit/*.h)
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) -Itests/unit $< $(BUILD)/libmbtrt.a -lm -o $@ $(LDFLAGS_ALL)
+	$(CC) $(RT_CFLAGS) -Itests/unit $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
+# A hand-written program on the RtProgram ABI (tests/runtime/bigram_program.c), linked the way
+# mbtc will link generated ones: the program's object, libmbtrt (with its main) and RT_LDLIBS.
+# bigram_micro16 is the same model with micro-batch 16 and no accumulation; test_rt_train runs both
+# (and gendata) from its own directory.
+BIGRAM_BINS = $(BUILD)/tests/bigram $(BUILD)/tests/bigram_micro16
+
+$(BUILD)/tests/bigram: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.a $(RT_HDRS)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
+$(BUILD)/tests/bigram_micro16: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.a $(RT_HDRS)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) -DBIGRAM_MICRO=16 -DBIGRAM_GLOBAL=16 $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
+$(BUILD)/tests/test_rt_train: $(BIGRAM_BINS) $(BUILD)/mbt-gendata
 
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a $(HDRS) $(wildcard tests/unit/*.h)
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) -Itests/unit $< $(BUILD)/libmbtc.a -lm -o $@ $(LDFLAGS_ALL)
+
+# The CPU back end's test JIT-compiles kernels: it includes llvm-c headers and links LLVM.
+$(BUILD)/tests/test_cpu: tests/unit/test_cpu.c $(BUILD)/libmbtc.a $(HDRS) $(wildcard tests/unit/*.h)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
 unit: $(UNIT_BINS)
 

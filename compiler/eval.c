@@ -1483,8 +1483,12 @@ static void eval_if(Frame *f, const Node *n) {
     int known = 0, truth = 0;
     if (c->kind == V_TENSOR) {
         Span at = span_or(n->a, n->span);
-        if (sema_error(s, at, "the condition of 'if' must be known at compile time, but it is a tensor (%s)",
-                       sema_describe(s, c)))
+        if (gb_listening(s, f->generic) && gb_updating(s->gb)) /* graph builder hook: t and lr are run-time values */
+            gb_unsupported(s->gb, at,
+                           "an 'if' on a value known only when the step runs (t and lr are, in an optimizer's update; "
+                           "where(c, a, b) chooses per element)");
+        else if (sema_error(s, at, "the condition of 'if' must be known at compile time, but it is a tensor (%s)",
+                            sema_describe(s, c)))
             sema_hint(s, "use where(condition, a, b) to choose element by element");
     } else if (c->kind == V_BOOL) {
         known = c->bknown;
@@ -1721,27 +1725,45 @@ void eval_check_update(Sema *s, Value *ov, Span at) {
     Scope *loc = scope_new(s, ov->scope, SC_LOCAL, "update", NULL);
     /* Elementwise over every parameter: one symbolic length stands for all of their shapes. */
     const Dim *dims[1] = {dim_sym(s->ar, "P")};
-    Value *pt = value_tensor(s->ar, DT_F32, 1, dims, upd->span);
     const Node *pp = upd->list.v[0], *gp = upd->list.v[1], *tp = upd->list.v[2];
     if (!pp || !gp || !tp) return;
+    /* graph builder hook: building the update graph, p, g and the state variables are the f32[n]
+     * inputs over the flat parameter layout and t an f32[] input (graph_build.h); each hook gives
+     * NULL after a failure, and the generic value stands in. */
+    GraphBuilder *gb = gb_listening(s, at.file == 0) ? s->gb : NULL;
+    Value *pt = gb ? gb_update_leaf(gb, "p", pp->name, NULL, pp->span) : NULL;
+    Value *gt = gb ? gb_update_leaf(gb, "g", gp->name, NULL, gp->span) : NULL;
+    Value *tt = gb ? gb_update_leaf(gb, "t", tp->name, NULL, tp->span) : NULL;
+    if (!pt) pt = value_tensor(s->ar, DT_F32, 1, dims, upd->span);
+    if (!gt) gt = value_tensor(s->ar, DT_F32, 1, dims, gp->span);
+    if (!tt) tt = value_int(s->ar, dim_sym(s->ar, sema_cstr(s, tp->name)), tp->span);
     scope_define(s, loc, pp->name, pt, ENT_UPDATE_P, pp->span);
-    scope_define(s, loc, gp->name, value_tensor(s->ar, DT_F32, 1, dims, gp->span), ENT_READONLY, gp->span);
-    scope_define(s, loc, tp->name, value_int(s->ar, dim_sym(s->ar, sema_cstr(s, tp->name)), tp->span), ENT_READONLY,
-                 tp->span);
+    scope_define(s, loc, gp->name, gt, ENT_READONLY, gp->span);
+    scope_define(s, loc, tp->name, tt, ENT_READONLY, tp->span);
+    Frame init_frame = frame_make(s, FR_EXPR, ov->scope, 0);
     for (int i = 0; i < o->list2.n; i++) {
         const Node *st = o->list2.v[i];
         if (!st || st->kind != N_STATE) continue;
         for (int j = 0; j < st->list.n; j++) {
             const Node *sv = st->list.v[j];
-            if (sv && !scope_find(loc, sv->name))
-                scope_define(s, loc, sv->name, value_tensor(s->ar, DT_F32, 1, dims, sv->span), ENT_STATE,
-                             sema_span_of(sv, sv->name));
+            if (!sv || scope_find(loc, sv->name)) continue;
+            Value *sv_value = NULL;
+            if (gb) /* graph builder hook: the state's input, with the number it starts from */
+                sv_value = gb_update_leaf(gb, "state", sv->name, sv->a ? eval_expr(&init_frame, sv->a) : NULL,
+                                          sema_span_of(sv, sv->name));
+            if (!sv_value) sv_value = value_tensor(s->ar, DT_F32, 1, dims, sv->span);
+            scope_define(s, loc, sv->name, sv_value, ENT_STATE, sema_span_of(sv, sv->name));
         }
     }
     Value *fnv = value_new(s->ar, V_FN, upd->span);
     fnv->node = upd;
     fnv->scope = ov->scope;
+    if (gb) gb_update_lr(gb, ov->scope, 1); /* graph builder hook: lr is the input "lr" while update runs */
     (void)run_fn(s, fnv, loc, at, FR_UPDATE, at.file == 0, &pt->t);
+    if (gb) {
+        gb_update_lr(gb, ov->scope, 0);
+        gb_update_results(gb, loc, pp->name, at); /* graph builder hook: p and the states are the results */
+    }
 }
 
 /* ---- schedules ---- */

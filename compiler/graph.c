@@ -32,7 +32,7 @@ static const char *const graph_op_names[G_OP_COUNT] = {
     [G_MAX2] = "max2", [G_MIN2] = "min2", [G_EQ] = "eq", [G_NE] = "ne", [G_LT] = "lt", [G_LE] = "le",
     [G_GT] = "gt", [G_GE] = "ge", [G_AND] = "and", [G_OR] = "or", [G_WHERE] = "where",
     [G_SUM] = "sum", [G_MEAN] = "mean", [G_MAX] = "max", [G_MIN] = "min", [G_LOGSUMEXP] = "logsumexp",
-    [G_NORM] = "norm", [G_SUM_TO] = "sum_to",
+    [G_NORM] = "norm", [G_SEG_NORM] = "seg_norm", [G_SUM_TO] = "sum_to",
     [G_SOFTMAX] = "softmax", [G_LOG_SOFTMAX] = "log_softmax", [G_LAYERNORM] = "layernorm",
     [G_RMSNORM] = "rmsnorm", [G_ROPE] = "rope", [G_ATTENTION] = "attention",
     [G_CROSS_ENTROPY] = "cross_entropy", [G_MSE] = "mse", [G_ONE_HOT] = "one_hot",
@@ -221,8 +221,12 @@ void graph_print(FILE *out, const Graph *g, int first) {
             int64_t k = graph_numel(g->node[g->params[i]]);
             values = values > INT64_MAX - k ? INT64_MAX : values + k;
         }
-    fprintf(out, "# graph%s%s: %d nodes, %d parameter%s (%" PRId64 " values)", g->name ? " " : "",
-            g->name ? g->name : "", g->n, g->nparams, g->nparams == 1 ? "" : "s", values);
+    if (g->update) /* (added) an update graph: its layout instead of parameters */
+        fprintf(out, "# graph%s%s: %d nodes, %d segment%s over %" PRId64 " values", g->name ? " " : "",
+                g->name ? g->name : "", g->n, g->update->nsegs, g->update->nsegs == 1 ? "" : "s", g->update->n);
+    else
+        fprintf(out, "# graph%s%s: %d nodes, %d parameter%s (%" PRId64 " values)", g->name ? " " : "",
+                g->name ? g->name : "", g->n, g->nparams, g->nparams == 1 ? "" : "s", values);
     if (g->loss >= 0) fprintf(out, ", loss %%%d", g->loss);
     if (first > 0) fprintf(out, "; from %%%d on", first);
     fprintf(out, "\n");
@@ -246,6 +250,11 @@ void graph_print(FILE *out, const Graph *g, int first) {
             const GNode *p = g->params[i] >= 0 && g->params[i] < g->n ? g->node[g->params[i]] : NULL;
             fprintf(out, "# grad %s = %%%d\n", p && p->name ? p->name : "?", g->grads[i]);
         }
+    if (g->update) { /* (added) the results of an update graph */
+        const GraphUpdate *u = g->update;
+        fprintf(out, "# out p = %%%d\n", u->p_out);
+        for (int i = 0; i < u->nstate; i++) fprintf(out, "# out state.%s = %%%d\n", u->state_name[i], u->state_out[i]);
+    }
     arena_free(&scratch);
 }
 
@@ -567,6 +576,15 @@ static void graph_v_node(GraphVerify *v, const GNode *n) {
         graph_v_float(v, x, "the input");
         graph_v_dtype(v, n, x->dt, "the result");
         break;
+    case G_SEG_NORM: /* (added) */
+        if (!g->update) graph_v_fail(v, "a segmented norm outside an update graph (no segments)");
+        else if (n->rank != 1 || n->shape[0] != g->update->n)
+            graph_v_fail(v, "the result must be [%" PRId64 "], the update graph's length, got %s", g->update->n,
+                         graph_v_ntype(n).s);
+        graph_v_shape_of(v, x, "the input");
+        graph_v_float(v, x, "the input");
+        graph_v_dtype(v, n, x->dt, "the result");
+        break;
     case G_SUM_TO: {
         int r;
         if (!graph_v_broadcast(n->rank, n->shape, x->rank, x->shape, &r, s) ||
@@ -767,6 +785,46 @@ static void graph_v_node(GraphVerify *v, const GNode *n) {
     }
 }
 
+/* (added) An update graph: segments in order inside [0, n), and its roles are nodes of the right kind
+ * and shape (inputs f32[n] G_INPUT with their names, lr and t f32[] inputs, results f32[n]). */
+static void graph_v_role(GraphVerify *v, int id, int input, int scalar, const char *name) {
+    const Graph *g = v->g;
+    if (id < 0 || id >= g->n || !g->node[id]) {
+        graph_v_fail(v, "update: %s is %%%d, not a node", name, id);
+        return;
+    }
+    const GNode *n = g->node[id];
+    int64_t len = g->update->n;
+    if (input && (n->op != G_INPUT || !n->name || strcmp(n->name, name) != 0))
+        graph_v_fail(v, "update: %s is %%%d, not the input named '%s'", name, id, name);
+    if (n->dt != DT_F32 || (scalar ? n->rank != 0 : !graph_v_same_shape(n->rank, n->shape, 1, &len)))
+        graph_v_fail(v, "update: %s %%%d is %s, not f32[%s]", name, id, graph_v_ntype(n).s,
+                     scalar ? "" : "n");
+}
+
+static void graph_v_update(GraphVerify *v) {
+    const GraphUpdate *u = v->g->update;
+    if (u->n < 1) graph_v_fail(v, "update: length %" PRId64 " is not positive", u->n);
+    int64_t end = 0;
+    for (int i = 0; i < u->nsegs; i++) {
+        if (u->seg_off[i] < end || u->seg_len[i] < 1 || u->seg_off[i] + u->seg_len[i] > u->n)
+            graph_v_fail(v, "update: segment %d [%" PRId64 ", +%" PRId64 ") overlaps the previous one or leaves [0, %" PRId64
+                            ")", i, u->seg_off[i], u->seg_len[i], u->n);
+        end = u->seg_off[i] + u->seg_len[i];
+    }
+    graph_v_role(v, u->p_in, 1, 0, "p");
+    graph_v_role(v, u->g_in, 1, 0, "g");
+    graph_v_role(v, u->t_in, 1, 1, "t");
+    if (u->lr_in >= 0) graph_v_role(v, u->lr_in, 1, 1, "lr");
+    graph_v_role(v, u->p_out, 0, 0, "the new p");
+    for (int i = 0; i < u->nstate; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "state.%s", u->state_name[i] ? u->state_name[i] : "?");
+        graph_v_role(v, u->state_in[i], 1, 0, name);
+        graph_v_role(v, u->state_out[i], 0, 0, name);
+    }
+}
+
 int graph_verify(const Graph *g, FILE *out) {
     GraphVerify v = {g, out, 0, NULL};
     for (int id = 0; id < g->n; id++) {
@@ -813,5 +871,6 @@ int graph_verify(const Graph *g, FILE *out) {
         if (!graph_v_same_shape(pn->rank, pn->shape, dn->rank, dn->shape) || pn->dt != dn->dt)
             graph_v_fail(&v, "the gradient %%%d of %%%d is %s, not %s", d, p, graph_v_ntype(dn).s, graph_v_ntype(pn).s);
     }
+    if (g->update) graph_v_update(&v);
     return v.problems;
 }

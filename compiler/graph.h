@@ -44,6 +44,9 @@ typedef enum GOp {
     /* ---- reductions: iattr[0] = axis (-1 after normalisation means all), iattr[1] = keepdim */
     G_SUM, G_MEAN, G_MAX, G_MIN, G_LOGSUMEXP,
     G_NORM,         /* L2 norm of all elements -> rank 0                                       */
+    G_SEG_NORM,     /* (added) per-segment L2 norm, broadcast back: in0 f32[n] -> f32[n], out[i] =
+                       the norm of the segment holding i (0 outside every segment); the segments
+                       are the graph's update->seg_off/seg_len (an update graph's parameters) */
     G_SUM_TO,       /* sum in0 down to the node's shape (undoes broadcasting; for autodiff)    */
     /* ---- composite ops with their own fused kernels (and backward ops below) ------------- */
     G_SOFTMAX,      /* iattr[0] = axis (normalised, >= 0)                                     */
@@ -99,6 +102,32 @@ typedef struct GNode {
     Span src;               /* the source that produced it (span_none for synthesised nodes) */
 } GNode;
 
+/* (added) What makes a graph an update graph: the optimizer's `update` applied to every parameter at
+ * once (sema_build_train builds it, plan.h runs it after the micro-batches). Its flat vectors hold the
+ * parameters one after another, parameter i at elements [seg_off[i], seg_off[i] + seg_len[i]), each
+ * seg_off a multiple of the layout's alignment; the elements in between are padding (zero in every
+ * region, and the stdlib's optimizers keep them zero). The same layout is the parameter, gradient
+ * and optimizer-state regions of the memory plan, so the update runs over each region as it lies. */
+typedef struct GraphUpdate {
+    const char *optimizer;    /* its name ("adamw") */
+    int64_t n;                /* length of the flat vectors (elements, padding included) */
+    int nsegs;                /* one segment per parameter, in the step graph's parameter order */
+    const int64_t *seg_off;   /* [nsegs] first element of each */
+    const int64_t *seg_len;   /* [nsegs] its element count */
+    const char *const *seg_name; /* [nsegs] the parameter's dotted name */
+    int p_in, g_in;           /* G_INPUT "p" and "g": f32[n] */
+    int lr_in;                /* G_INPUT "lr": f32[], the step's rate (lr_base x schedule); -1 if the
+                                 optimizer has no hyper-parameter lr */
+    int t_in;                 /* G_INPUT "t": f32[], the 1-based step number */
+    double lr_base;           /* the hyper-parameter lr as bound (0 when lr_in < 0) */
+    int nstate;
+    const char **state_name;  /* [nstate] "m", "v" in declaration order */
+    double *state_init;       /* [nstate] the number each starts from */
+    int *state_in;            /* [nstate] G_INPUT "state.m": f32[n] */
+    int *state_out;           /* [nstate] the node of its new value (state_in[i] when unchanged) */
+    int p_out;                /* the node of the new parameters (p_in when unchanged) */
+} GraphUpdate;
+
 typedef struct Graph {
     Arena *ar;
     GNode **node;           /* node[id] */
@@ -108,6 +137,7 @@ typedef struct Graph {
     int *params;            /* ids of the G_PARAM nodes, in declaration order */
     int *grads;             /* after autodiff: grads[i] is the id of d loss / d params[i] */
     const char *name;       /* added: what the graph is ("train tiny"), for graph_print's header; may be NULL */
+    GraphUpdate *update;    /* (added) set for an update graph (its layout and roles), else NULL */
 } Graph;
 
 Graph *graph_new(Arena *ar);                                        /* an empty graph */

@@ -14,6 +14,10 @@
  *     per part; topk two nodes; concat of more than GRAPH_MAX_IN items a chain;
  *   - parameters are named after instantiation by their path from the model, walking its members
  *     (sub-models, lists of them by index): `h.3.attn.c_attn.weight`.
+ * (added) Then, for sema_build_train, the update graph (graph_build.h): the optimizer's update run
+ * with p, g and the state variables as f32[n] inputs over the flat parameter layout, t and lr as
+ * f32[] inputs; a scalar result computed from a per-element value is lifted to f32[n] (a value per
+ * parameter, held by each of its elements), and norm of a per-element value is G_SEG_NORM.
  * Anything else is a located user error ("... is not supported yet"), never an assertion. */
 #include <math.h>
 #include <stdarg.h>
@@ -32,6 +36,17 @@ struct GraphBuilder {
     int64_t streams;      /* dropout RNG streams handed out */
     const void **seen;    /* model instances already named (open addressing, NULL = empty) */
     int nseen, seencap;
+    /* (added) the update graph, for sema_build_train */
+    int64_t align;        /* parameters at multiples of this many elements; 0: no update graph wanted */
+    Graph *step;          /* the step graph, once the update graph is being built (g is then the update) */
+    Graph *upd;           /* the update graph */
+    int updating;         /* g is the update graph: the rules of update apply (graph_build.h) */
+    int update_done;      /* its results are recorded */
+    int lr_on;            /* the optimizer's lr is the input "lr" (its number is lr_saved) */
+    Value *lr_saved;
+    Value *lr_value;      /* the f32[] value of the input "lr" */
+    Str *state_str;       /* [statecap] the state variables' names, as update's scope knows them */
+    int statecap;
 };
 
 /* ---- errors ---- */
@@ -48,11 +63,11 @@ static void gb_fail(GraphBuilder *gb, Span at, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sema_error(gb->s, at, "%s", msg);
+    sema_error(gb->s, at, "building the %s graph: %s", gb->updating ? "optimizer" : "training", msg);
 }
 
 void gb_unsupported(GraphBuilder *gb, Span at, const char *what) {
-    if (gb) gb_fail(gb, at, "building the training graph: %s is not supported yet", what);
+    if (gb) gb_fail(gb, at, "%s is not supported yet", what);
 }
 
 /* The hooks' common guard: building, and r a fresh tensor (one already in the graph, such as a
@@ -68,7 +83,7 @@ static int gb_wants(GraphBuilder *gb, const Value *r) {
 /* The concrete shape of t into shape; 0 after an error. */
 static int gb_dims(GraphBuilder *gb, const TensorType *t, int64_t *shape, Span at) {
     if (t->rank > GRAPH_MAX_RANK) {
-        gb_fail(gb, at, "building the training graph: a tensor of rank %d is not supported yet (at most %d dimensions)",
+        gb_fail(gb, at, "a tensor of rank %d is not supported yet (at most %d dimensions)",
                 t->rank, GRAPH_MAX_RANK);
         return 0;
     }
@@ -76,7 +91,7 @@ static int gb_dims(GraphBuilder *gb, const TensorType *t, int64_t *shape, Span a
         int64_t k;
         if (!t->dims || !t->dims[i] || !dim_const(t->dims[i], &k) || k <= 0) {
             gb_fail(gb, at,
-                    "building the training graph: the shape %s is not known at compile time (only concrete shapes "
+                    "the shape %s is not known at compile time (only concrete shapes "
                     "are supported yet)",
                     tensor_type_str(gb->s->ar, t));
             return 0;
@@ -86,7 +101,7 @@ static int gb_dims(GraphBuilder *gb, const TensorType *t, int64_t *shape, Span a
     int64_t numel = 1;
     for (int i = 0; i < t->rank; i++) {
         if (shape[i] > GB_MAX_NUMEL / numel) {
-            gb_fail(gb, at, "building the training graph: the tensor %s has more than 2^62 elements",
+            gb_fail(gb, at, "the tensor %s has more than 2^62 elements",
                     tensor_type_str(gb->s->ar, t));
             return 0;
         }
@@ -109,7 +124,14 @@ static int gb_add(GraphBuilder *gb, GOp op, DType dt, int rank, const int64_t *s
 static int gb_result(GraphBuilder *gb, Value *r, GOp op, int nin, const int *in, Span at) {
     int64_t shape[GRAPH_MAX_RANK];
     if (gb->failed || !gb_dims(gb, &r->t, shape, at)) return -1;
-    int id = gb_add(gb, op, r->t.dt, r->t.rank, shape, nin, in, at);
+    int rank = r->t.rank;
+    if (gb->updating && rank == 0) /* a scalar per parameter: lifted to f32[n] (graph_build.h) */
+        for (int i = 0; i < nin; i++)
+            if (in[i] >= 0 && gb_node(gb, in[i])->rank == 1) {
+                rank = 1;
+                shape[0] = gb_node(gb, in[i])->shape[0];
+            }
+    int id = gb_add(gb, op, r->t.dt, rank, shape, nin, in, at);
     if (id >= 0) r->graph_id = id + 1;
     return id;
 }
@@ -140,12 +162,12 @@ static int gb_cast(GraphBuilder *gb, int id, int dt, Span at) {
 static int gb_operand(GraphBuilder *gb, const Value *v, int dt, Span at) {
     if (gb->failed) return -1;
     if (!v) {
-        gb_fail(gb, at, "building the training graph: a call without this operand is not supported yet");
+        gb_fail(gb, at, "a call without this operand is not supported yet");
         return -1;
     }
     if (v->kind == V_TENSOR) {
         if (v->graph_id <= 0) {
-            gb_fail(gb, at, "building the training graph: following the tensor %s made here is not supported yet",
+            gb_fail(gb, at, "following the tensor %s made here is not supported yet",
                     tensor_type_str(gb->s->ar, &v->t));
             return -1;
         }
@@ -165,7 +187,7 @@ static int gb_operand(GraphBuilder *gb, const Value *v, int dt, Span at) {
     }
     if (!known) {
         gb_fail(gb, at,
-                "building the training graph: %s, a value not known at compile time, next to a tensor is not "
+                "%s, a value not known at compile time, next to a tensor is not "
                 "supported yet",
                 value_type_str(gb->s->ar, v));
         return -1;
@@ -195,13 +217,13 @@ static int gb_number(GraphBuilder *gb, const Value *v, double def, double *out, 
     *out = def;
     if (!v) return 1;
     if (value_number(v, out)) return 1;
-    gb_fail(gb, at, "building the training graph: %s not known at compile time is not supported yet", what);
+    gb_fail(gb, at, "%s not known at compile time is not supported yet", what);
     return 0;
 }
 
 static int gb_int(GraphBuilder *gb, const Value *v, int64_t *out, Span at, const char *what) {
     if (v && v->kind == V_INT && v->dim && dim_const(v->dim, out)) return 1;
-    gb_fail(gb, at, "building the training graph: %s not known at compile time is not supported yet", what);
+    gb_fail(gb, at, "%s not known at compile time is not supported yet", what);
     return 0;
 }
 
@@ -211,7 +233,7 @@ static int gb_axis(GraphBuilder *gb, const Value *v, int64_t def, int rank, int6
     if (v && !gb_int(gb, v, &a, at, "an axis")) return 0;
     if (a < 0) a += rank;
     if (a < 0 || a >= rank) {
-        gb_fail(gb, at, "building the training graph: axis %lld is out of range for rank %d", (long long)a, rank);
+        gb_fail(gb, at, "axis %lld is out of range for rank %d", (long long)a, rank);
         return 0;
     }
     *out = a;
@@ -226,7 +248,7 @@ static int gb_flag(GraphBuilder *gb, const Value *v, int def, int *out, Span at,
         *out = v->b;
         return 1;
     }
-    gb_fail(gb, at, "building the training graph: %s not known at compile time is not supported yet", what);
+    gb_fail(gb, at, "%s not known at compile time is not supported yet", what);
     return 0;
 }
 
@@ -256,6 +278,10 @@ static GOp gb_binary_op(Op op) {
 void gb_binary(GraphBuilder *gb, Op op, Value *a, Span sa, Value *b, Span sb, Value *r, Span at) {
     if (!gb_wants(gb, r)) return;
     GOp g = gb_binary_op(op);
+    if (g == G_MATMUL && gb->updating) {
+        gb_unsupported(gb, at, "'@' inside an optimizer's update (it runs elementwise)");
+        return;
+    }
     if (g == G_OP_COUNT) {
         gb_unsupported(gb, at, arena_printf(gb->s->ar, "the operator '%s' on tensors", ast_op_text(op)));
         return;
@@ -291,6 +317,10 @@ static void gb_transpose(GraphBuilder *gb, int x, int64_t i, int64_t j, Value *r
 
 void gb_attr(GraphBuilder *gb, Value *base, Str name, Value *r, Span at) {
     if (!gb_wants(gb, r) || base->kind != V_TENSOR || !str_eqc(name, "T")) return;
+    if (gb->updating) {
+        gb_unsupported(gb, at, "'.T' inside an optimizer's update (it runs elementwise)");
+        return;
+    }
     int x = gb_operand(gb, base, -1, at);
     gb_transpose(gb, x, r->t.rank - 2, r->t.rank - 1, r, at);
 }
@@ -307,7 +337,7 @@ static int gb_slice(GraphBuilder *gb, int x, int64_t axis, int64_t lo, int64_t h
     const GNode *n = gb_node(gb, x);
     if (lo < 0 || lo >= hi || hi > n->shape[axis]) {
         gb_fail(gb, at,
-                "building the training graph: the slice [%lld, %lld) of dimension %lld (size %lld) is out of range",
+                "the slice [%lld, %lld) of dimension %lld (size %lld) is out of range",
                 (long long)lo, (long long)hi, (long long)axis, (long long)n->shape[axis]);
         return -1;
     }
@@ -327,6 +357,10 @@ static int gb_slice(GraphBuilder *gb, int x, int64_t axis, int64_t lo, int64_t h
 void gb_index(GraphBuilder *gb, Value *base, Value **idx, const int *is_slice, Value **lo, Value **hi, int nidx,
               Value *r, Span at) {
     if (!gb_wants(gb, r) || base->kind != V_TENSOR) return;
+    if (gb->updating) {
+        gb_unsupported(gb, at, "indexing inside an optimizer's update (it runs elementwise)");
+        return;
+    }
     int x = gb_operand(gb, base, -1, at);
     if (x < 0) return;
     if (nidx == 1 && !is_slice[0] && idx[0] && idx[0]->kind == V_TENSOR) { /* gather: w[idx] */
@@ -464,9 +498,24 @@ static void gb_topk(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value
     }
 }
 
+/* The builtins an optimizer's update may use on tensors: elementwise ones, and norm (per parameter). */
+static int gb_update_builtin(const char *name, const CallArgs *a) {
+    static const char *const ok[] = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "abs",
+                                     "sign", "sin", "cos", "floor", "where", "clamp", "norm", "float", "int"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        if (strcmp(name, ok[i]) == 0) return 1;
+    return (strcmp(name, "max") == 0 || strcmp(name, "min") == 0) && a->npos == 2 && a->nkw == 0;
+}
+
 void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r) {
     if (!gb || gb->failed || !b || !r) return;
     const char *name = builtin_name(b);
+    if (gb->updating && !gb_update_builtin(name, a) && (r->kind == V_TENSOR || r->kind == V_TUPLE || r->kind == V_LIST)) {
+        gb_unsupported(gb, a->at,
+                       arena_printf(gb->s->ar, "'%s' inside an optimizer's update (it runs elementwise; norm(x) is "
+                                               "the one reduction, per parameter)", name));
+        return;
+    }
     if (strcmp(name, "split") == 0) {
         gb_split(gb, b, a, r);
         return;
@@ -587,7 +636,10 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         gb_node(gb, id)->iattr[0] = gb->streams++;
     } else if (strcmp(name, "norm") == 0) {
         in[0] = gb_operand(gb, v0, dt, s0);
-        gb_result(gb, r, G_NORM, 1, in, at);
+        if (gb->updating && in[0] >= 0 && gb_node(gb, in[0])->rank == 1) /* per parameter (graph_build.h) */
+            gb_result(gb, r, x_tensor && v0->t.rank == 0 ? G_ABS : G_SEG_NORM, 1, in, at); /* lifted to f32[n] */
+        else
+            gb_result(gb, r, G_NORM, 1, in, at);
     } else if (strcmp(name, "clamp") == 0) {
         double lo, hi;
         in[0] = gb_operand(gb, v0, dt, s0);
@@ -607,6 +659,10 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
 
 void gb_param(GraphBuilder *gb, Value *v, const char *init, const double x[2], const int known[2], Span at) {
     if (!gb_wants(gb, v)) return;
+    if (gb->updating) {
+        gb_unsupported(gb, at, "a parameter declared while an optimizer's update runs");
+        return;
+    }
     static const struct {
         const char *name;
         GInit init;
@@ -714,7 +770,7 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
         GNode *p = gb_node(gb, gb->g->params[i]);
         if (p->name) continue;
         gb_fail(gb, p->src,
-                "building the training graph: parameter '%s' belongs to a model instantiated outside the train "
+                "parameter '%s' belongs to a model instantiated outside the train "
                 "block's model (in a function or in the loss), which is not supported yet",
                 sema_src(gb->s, p->src));
         if (gb->s && diag_error_count() > gb->errors_before)
@@ -725,7 +781,191 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
     gb->done = 1;
 }
 
-Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
+/* ---- the update graph ---- */
+
+int gb_updating(const GraphBuilder *gb) { return gb && gb->updating; }
+
+int gb_update_begin(GraphBuilder *gb, Value *opt, Span at) {
+    if (!gb || gb->failed || !gb->done || gb->align <= 0 || gb->upd || !opt || opt->kind != V_OPTIMIZER || !opt->node)
+        return 0;
+    Graph *step = gb->g;
+    gb->updating = 1; /* from here on errors say "building the optimizer graph" */
+    if (step->nparams == 0) {
+        gb_fail(gb, at, "the model has no parameters, so the optimizer has nothing to update");
+        return 0;
+    }
+    Arena *ar = step->ar;
+    GraphUpdate *u = arena_alloc(ar, sizeof(GraphUpdate));
+    int64_t *off = arena_alloc(ar, sizeof(int64_t) * (size_t)step->nparams);
+    int64_t *len = arena_alloc(ar, sizeof(int64_t) * (size_t)step->nparams);
+    const char **names = arena_alloc(ar, sizeof(char *) * (size_t)step->nparams);
+    int64_t end = 0, a = gb->align;
+    for (int i = 0; i < step->nparams; i++) {
+        const GNode *p = gb_node(gb, step->params[i]);
+        if (p->dt != DT_F32) {
+            gb_fail(gb, p->src,
+                    "parameter '%s' is %s, which is not supported yet (the optimizer's regions hold f32; declare it "
+                    "f32, and precision = bf16 for bf16 compute)",
+                    p->name ? p->name : "?", dtype_name(p->dt));
+            return 0;
+        }
+        int64_t start = (end + a - 1) / a * a;
+        if (graph_numel(p) > GB_MAX_NUMEL - start - a) {
+            gb_fail(gb, at, "the parameters hold more than 2^62 values");
+            return 0;
+        }
+        off[i] = start;
+        len[i] = graph_numel(p);
+        names[i] = p->name;
+        end = start + len[i];
+    }
+    u->optimizer = arena_printf(ar, "%.*s", STR_ARG(opt->node->name));
+    u->n = (end + a - 1) / a * a;
+    u->nsegs = step->nparams;
+    u->seg_off = off;
+    u->seg_len = len;
+    u->seg_name = names;
+    u->p_in = u->g_in = u->t_in = u->p_out = -1;
+    u->lr_in = -1;
+    /* room for every state variable the optimizer declares */
+    int cap = 0;
+    for (int i = 0; i < opt->node->list2.n; i++) {
+        const Node *st = opt->node->list2.v[i];
+        if (st && st->kind == N_STATE) cap += st->list.n;
+    }
+    gb->statecap = cap;
+    gb->state_str = arena_alloc(ar, sizeof(Str) * (size_t)(cap + 1));
+    u->state_name = arena_alloc(ar, sizeof(char *) * (size_t)(cap + 1));
+    u->state_init = arena_alloc(ar, sizeof(double) * (size_t)(cap + 1));
+    u->state_in = arena_alloc(ar, sizeof(int) * (size_t)(cap + 1));
+    u->state_out = arena_alloc(ar, sizeof(int) * (size_t)(cap + 1));
+    Graph *ug = graph_new(ar);
+    ug->name = arena_printf(ar, "update %s", u->optimizer);
+    ug->update = u;
+    gb->step = step;
+    gb->upd = ug;
+    gb->g = ug;
+    return 1;
+}
+
+/* A fresh f32 input of the update graph: f32[n], or f32[] when scalar. */
+static Value *gb_update_input(GraphBuilder *gb, const char *name, int scalar, Span at) {
+    const Dim *dims[1] = {dim_int(gb->s->ar, gb->g->update->n)};
+    Value *v = value_tensor(gb->s->ar, DT_F32, scalar ? 0 : 1, dims, at);
+    int id = gb_result(gb, v, G_INPUT, 0, NULL, at);
+    if (id < 0) return NULL;
+    gb_node(gb, id)->name = name;
+    return v;
+}
+
+Value *gb_update_leaf(GraphBuilder *gb, const char *role, Str name, const Value *init, Span at) {
+    if (!gb || gb->failed || !gb->updating || gb->update_done) return NULL;
+    GraphUpdate *u = gb->g->update;
+    Value *v;
+    if (strcmp(role, "state") == 0) {
+        double x = 0;
+        if (init && !value_number(init, &x)) {
+            gb_fail(gb, init->origin, "state '%.*s' starting from %s is not supported yet (a number is)", STR_ARG(name),
+                    sema_describe(gb->s, init));
+            return NULL;
+        }
+        if (u->nstate >= gb->statecap) INTERNAL("graph builder: more state variables than the optimizer declares");
+        const char *sname = arena_printf(gb->g->ar, "%.*s", STR_ARG(name));
+        v = gb_update_input(gb, arena_printf(gb->g->ar, "state.%s", sname), 0, at);
+        if (!v) return NULL;
+        int k = u->nstate++;
+        gb->state_str[k] = name;
+        u->state_name[k] = sname;
+        u->state_init[k] = x;
+        u->state_in[k] = u->state_out[k] = v->graph_id - 1;
+        return v;
+    }
+    int t = strcmp(role, "t") == 0;
+    v = gb_update_input(gb, t ? "t" : strcmp(role, "p") == 0 ? "p" : "g", t, at);
+    if (!v) return NULL;
+    if (t) u->t_in = v->graph_id - 1;
+    else if (strcmp(role, "p") == 0) u->p_in = u->p_out = v->graph_id - 1;
+    else u->g_in = v->graph_id - 1;
+    return v;
+}
+
+void gb_update_lr(GraphBuilder *gb, Scope *opt_scope, int on) {
+    if (!gb || !gb->updating || !opt_scope) return;
+    Entry *e = scope_find(opt_scope, str_from("lr"));
+    if (!on) {
+        if (gb->lr_on && e) e->v = gb->lr_saved;
+        gb->lr_on = 0;
+        return;
+    }
+    if (gb->failed || gb->update_done || gb->lr_on || !e || e->kind != ENT_CONST || !e->v) return; /* no lr: no input */
+    GraphUpdate *u = gb->g->update;
+    double x;
+    if (!value_number(e->v, &x)) {
+        if (e->v->kind != V_UNKNOWN)
+            gb_fail(gb, e->decl,
+                    "the hyper-parameter 'lr' is %s, but the learning-rate schedule scales a number; this is not "
+                    "supported yet",
+                    sema_describe(gb->s, e->v));
+        else
+            gb->failed = 1;
+        return;
+    }
+    if (!gb->lr_value) {
+        gb->lr_value = gb_update_input(gb, "lr", 1, e->decl);
+        if (!gb->lr_value) return;
+        u->lr_in = gb->lr_value->graph_id - 1;
+        u->lr_base = x;
+    }
+    gb->lr_saved = e->v;
+    e->v = gb->lr_value;
+    gb->lr_on = 1;
+}
+
+/* The node of the value a result ended with; -1 after a failure. */
+static int gb_update_out(GraphBuilder *gb, Scope *loc, Str name, const char *what, Span at) {
+    Entry *e = scope_find(loc, name);
+    Value *v = e ? e->v : NULL;
+    if (!v || v->kind == V_UNKNOWN) { /* an error the checker reported */
+        gb->failed = 1;
+        return -1;
+    }
+    if (v->kind != V_TENSOR || v->graph_id <= 0 || v->graph_id > gb->g->n) {
+        gb_fail(gb, at, "following the value %s ends with (%s) is not supported yet", what, sema_describe(gb->s, v));
+        return -1;
+    }
+    const GNode *n = gb_node(gb, v->graph_id - 1);
+    if (n->rank != 1 || n->dt != DT_F32) {
+        gb_fail(gb, at, "%s ends as %s per parameter, which is not supported yet (f32 per element is)", what,
+                dtype_name(n->dt));
+        return -1;
+    }
+    return n->id;
+}
+
+void gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at) {
+    if (!gb || gb->failed || !gb->updating || gb->update_done || !loc) return;
+    GraphUpdate *u = gb->g->update;
+    int p = gb_update_out(gb, loc, p_name, arena_printf(gb->s->ar, "'%.*s'", STR_ARG(p_name)), at);
+    if (p < 0) return;
+    int *outs = u->state_out;
+    for (int k = 0; k < u->nstate; k++) {
+        int id = gb_update_out(gb, loc, gb->state_str[k], arena_printf(gb->s->ar, "state '%s'", u->state_name[k]), at);
+        if (id < 0) return;
+        outs[k] = id;
+    }
+    u->p_out = p;
+    if (u->p_in < 0 || u->g_in < 0 || u->t_in < 0) INTERNAL("graph builder: the update graph lacks p, g or t");
+    gb->update_done = 1;
+}
+
+void gb_update_end(GraphBuilder *gb) {
+    if (!gb || !gb->updating) return;
+    gb->g = gb->step ? gb->step : gb->g;
+    gb->updating = 0;
+}
+
+/* Runs the checker with a builder waiting for the train block (align > 0: the update graph too). */
+static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
     if (!main || !main->ast) return NULL;
     const Node *want = NULL;
     const char *names = "";
@@ -746,10 +986,12 @@ Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, 
         }
         return NULL;
     }
+    if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
     GraphBuilder *gb = arena_alloc(ar, sizeof(GraphBuilder));
     gb->g = graph_new(ar);
     gb->g->name = arena_printf(ar, "train %.*s", STR_ARG(want->name));
     gb->train = want;
+    gb->align = align;
     gb->errors_before = diag_error_count();
     SemaResult res;
     memset(&res, 0, sizeof res);
@@ -760,5 +1002,26 @@ Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, 
     if (gb->failed) INTERNAL("graph builder: train block '%.*s' failed without an error", STR_ARG(want->name));
     if (!gb->done)
         INTERNAL("graph builder: train block '%.*s' was checked without building its graph", STR_ARG(want->name));
-    return gb->g;
+    if (align > 0 && !gb->update_done)
+        INTERNAL("graph builder: train block '%.*s' was checked without building its update graph",
+                 STR_ARG(want->name));
+    TrainBuild *tb = arena_alloc(ar, sizeof(TrainBuild));
+    tb->step = gb->step ? gb->step : gb->g;
+    tb->update = gb->upd;
+    for (int i = 0; i < res.trains.n; i++) {
+        const TrainSettings *ts = res.trains.v[i];
+        if (ts && ts->node == want) tb->settings = ts;
+    }
+    if (!tb->settings) INTERNAL("graph builder: train block '%.*s' has no settings", STR_ARG(want->name));
+    return tb;
+}
+
+Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
+    TrainBuild *tb = gb_build(ld, main, train_name, 0, ar);
+    return tb ? tb->step : NULL;
+}
+
+TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
+    if (align <= 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
+    return gb_build(ld, main, train_name, align, ar);
 }

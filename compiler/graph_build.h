@@ -14,7 +14,17 @@
  * under --check, never while a declaration is checked on its own with symbolic constants). A
  * construct the builder cannot express (a shape not known at compile time, an `if` on a value
  * only known at run time, ...) is a located user error saying so; after the first one, or after
- * any error of the program, the hooks stop adding nodes and the build returns NULL. */
+ * any error of the program, the hooks stop adding nodes and the build returns NULL.
+ *
+ * (added) The update graph (sema_build_train): after the loss, when the train block's optimizer
+ * runs its `update` with the block's hyper-parameters, the same hooks build a second graph, the
+ * update applied to every parameter at once (graph.h, GraphUpdate). p, g and each state variable
+ * are f32[n] inputs over the flat layout of the step graph's parameters; t and the optimizer's lr
+ * are f32[] inputs (the host feeds lr = lr_base x schedule(step) and t = step + 1). Inside update
+ * every tensor is either per element (f32[n]) or a scalar; a scalar computed from a per-parameter
+ * value - norm(x), LAMB's trust ratio - is a scalar per parameter, so its node is lifted to f32[n]
+ * (each element holds its parameter's value) and norm(x) of a per-element x is G_SEG_NORM. Only
+ * elementwise builtins and norm may be used there; anything else is "not supported yet". */
 #ifndef MBT_GRAPH_BUILD_H
 #define MBT_GRAPH_BUILD_H
 
@@ -43,6 +53,26 @@ void gb_attr(GraphBuilder *gb, Value *base, Str name, Value *r, Span at);       
 /* `name = param DT[dims] ~ init`: init is "normal", "uniform", "zeros", "ones", "constant" or NULL
  * (zeros); x[i] its arguments, known[i] whether each is known. */
 void gb_param(GraphBuilder *gb, Value *v, const char *init, const double x[2], const int known[2], Span at);
+/* ---- the update graph: hooks in settings.c and eval.c (eval_check_update) ---- */
+
+/* 1 while gb builds the update graph (eval.c's messages about run-time values differ there). */
+int gb_updating(const GraphBuilder *gb);
+
+/* Before the train block's optimizer runs update: 1 when gb builds the update graph now (started,
+ * with the flat layout of the step graph's parameters); 0 when it is not asked for, or failed. */
+int gb_update_begin(GraphBuilder *gb, Value *opt, Span at);
+/* A value update starts from: role "p", "g" or "state" (name its name, init its starting value,
+ * NULL for 0) is an f32[n] input, "t" an f32[] input. NULL after a failure (use the generic one). */
+Value *gb_update_leaf(GraphBuilder *gb, const char *role, Str name, const Value *init, Span at);
+/* While update runs (on = 1) the optimizer's hyper-parameter lr is the f32[] input "lr"; on = 0
+ * gives it its number back. opt_scope is the bound optimizer's scope. */
+void gb_update_lr(GraphBuilder *gb, Scope *opt_scope, int on);
+/* After update ran in loc: the values of p (named p_name) and of the state variables are the
+ * update graph's results. */
+void gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at);
+/* After the update: the builder is done with it (the results are recorded unless it failed). */
+void gb_update_end(GraphBuilder *gb);
+
 /* Something the builder cannot follow (`what` completes "... is not supported yet"). */
 void gb_unsupported(GraphBuilder *gb, Span at, const char *what);
 

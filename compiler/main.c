@@ -15,6 +15,9 @@
 #include "parse.h"
 #include "sema.h"
 #include "autodiff.h"
+#include "plan.h"
+#include "fuse.h"
+#include "cpu.h"
 
 #define MBT_VERSION "0.1.0"
 
@@ -25,8 +28,12 @@ static void usage(FILE *out) {
             "options:\n"
             "  --check            parse and check the program (names, types, shapes, settings); no output\n"
             "  --emit=STAGE       print a stage to stdout: tokens, ast, ir (the training step's forward\n"
-            "                     graph), grad (forward and backward graph)\n"
-            "  --train NAME       the train block --emit=ir/grad builds (default: the first one)\n"
+            "                     graph), grad (forward and backward graph), plan (the step program,\n"
+            "                     the optimizer's update graph and the memory plan), kernels (both\n"
+            "                     graphs fused into GEMMs and generated kernels, with their bodies),\n"
+            "                     llvm (the generated kernels as LLVM IR for the host CPU)\n"
+            "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
+            "  --train NAME       the train block --emit=ir/grad/plan/kernels/llvm builds (default: the first)\n"
             "  -o FILE            write the executable to FILE (not available yet: see docs/cli.md)\n"
             "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
             "  --color            colour diagnostics (default: when stderr is a terminal)\n"
@@ -71,9 +78,98 @@ static int emit_graph(Loader *ld, Arena *ar, Module *main_mod, const char *train
     return diag_finish();
 }
 
+/* --emit=plan: both graphs of the train block (the step, differentiated, and the optimizer's
+ * update), verified, then the step program and memory plan built, verified and printed. */
+static int emit_plan(Loader *ld, Arena *ar, Module *main_mod, const char *train) {
+    TrainBuild *tb = sema_build_train(ld, main_mod, train, PLAN_ALIGN / 4, ar);
+    if (!tb) return diag_finish();
+    int first_bwd = autodiff(tb->step);
+    if (graph_verify(tb->step, stderr)) INTERNAL("the gradient graph fails graph_verify (problems above)");
+    if (graph_verify(tb->update, stderr)) INTERNAL("the update graph fails graph_verify (problems above)");
+    Plan *plan = plan_build(tb, first_bwd, ar);
+    if (!plan) return diag_finish();
+    if (plan_verify(plan, stderr)) INTERNAL("the plan fails plan_verify (problems above)");
+    plan_print(stdout, plan);
+    return diag_finish();
+}
+
+/* --emit=kernels: the step graph (differentiated) and the optimizer's update graph, each fused
+ * into launches (fuse.h), verified, and printed with their kernels. */
+static int emit_kernels(Loader *ld, Arena *ar, Module *main_mod, const char *train) {
+    TrainBuild *tb = sema_build_train(ld, main_mod, train, PLAN_ALIGN / 4, ar);
+    if (!tb) return diag_finish();
+    autodiff(tb->step);
+    Graph *graphs[2] = {tb->step, tb->update};
+    for (int i = 0; i < 2; i++) {
+        if (!graphs[i]) continue;
+        if (graph_verify(graphs[i], stderr)) INTERNAL("the %s graph fails graph_verify (problems above)", i ? "update" : "gradient");
+        FuseResult *r = fuse_graph(graphs[i], NULL, 0, ar);
+        if (fuse_verify(r, stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", i ? "update" : "step");
+        if (i) printf("\n");
+        fuse_print(stdout, r);
+    }
+    return diag_finish();
+}
+
+/* The fused ops of kernel k, one a line as --emit=kernels lists them: `%7 mul   tiny.mbt:13:9`. */
+static const char *kernel_ops_note(const Graph *g, const Kernel *k, Arena *ar) {
+    const char *note = "";
+    for (int i = 0; i < k->nnodes; i++) {
+        const GNode *n = graph_node(g, k->nodes[i]);
+        const char *path = n->src.file ? diag_source_path(n->src.file) : NULL;
+        const char *base = path && strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        const char *head = arena_printf(ar, "%%%d %s", n->id, graph_op_name(n->op));
+        note = base ? arena_printf(ar, "%s%-28s %s:%u:%u\n", note, head, base, n->src.line, n->src.col)
+                    : arena_printf(ar, "%s%s\n", note, head);
+    }
+    return note;
+}
+
+/* --emit=llvm: the kernels of --emit=kernels (the step graph's, then the update graph's), each
+ * schedule's lowered by the CPU back end into one LLVM module for the host and printed with every
+ * kernel's listing above its function; with --opt, after the O2 pipeline. */
+static int emit_llvm(Loader *ld, Arena *ar, Module *main_mod, const char *train, int opt) {
+    TrainBuild *tb = sema_build_train(ld, main_mod, train, PLAN_ALIGN / 4, ar);
+    if (!tb) return diag_finish();
+    autodiff(tb->step);
+    CpuTarget target;
+    const char *err = NULL;
+    if (cpu_target_host(&target, ar, &err)) {
+        diag_error_noloc("%s", err);
+        return diag_finish();
+    }
+    LLVMContextRef ctx = LLVMContextCreate();
+    Graph *graphs[2] = {tb->step, tb->update};
+    static const char *const what[2] = {"step", "update"};
+    for (int i = 0; i < 2 && !diag_error_count(); i++) {
+        if (!graphs[i]) continue;
+        if (graph_verify(graphs[i], stderr)) INTERNAL("the %s graph fails graph_verify (problems above)", what[i]);
+        FuseResult *r = fuse_graph(graphs[i], NULL, 0, ar);
+        if (fuse_verify(r, stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", what[i]);
+        const char *name = arena_printf(ar, "%s %s", tb->step->name ? tb->step->name : "train", what[i]);
+        LLVMModuleRef m = cpu_module_new(ctx, &target, name);
+        const char **notes = arena_alloc(ar, sizeof(char *) * (size_t)(r->nkernels + 1));
+        for (int k = 0; k < r->nkernels; k++) {
+            /* the step's buffers are distinct activations (disjoint); the update writes in place */
+            cpu_lower_kernel(m, r->kernels[k], i == 0);
+            notes[k] = kernel_ops_note(graphs[i], r->kernels[k], ar);
+        }
+        if (cpu_verify(m, ar, &err)) INTERNAL("the %s kernels' LLVM module fails LLVMVerifyModule: %s", what[i], err);
+        if (opt && cpu_optimize(m, &target, ar, &err)) diag_error_noloc("%s", err);
+        else {
+            if (i) printf("\n");
+            cpu_print_module(stdout, m, r->kernels, notes, r->nkernels);
+        }
+        LLVMDisposeModule(m);
+    }
+    LLVMContextDispose(ctx);
+    cpu_target_dispose(&target);
+    return diag_finish();
+}
+
 /* The pipeline, stage by stage; returns the exit status. */
 static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int check, const char *output,
-               const char *train) {
+               const char *train, int opt) {
     if (emit && strcmp(emit, "tokens") == 0) {
         uint32_t len = 0;
         const char *why = NULL;
@@ -93,6 +189,9 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     }
     if (emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0))
         return emit_graph(ld, ar, main_mod, train, strcmp(emit, "grad") == 0);
+    if (emit && strcmp(emit, "plan") == 0) return emit_plan(ld, ar, main_mod, train);
+    if (emit && strcmp(emit, "kernels") == 0) return emit_kernels(ld, ar, main_mod, train);
+    if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
     sema_check(ld, main_mod);
     if (diag_error_count() || check) return diag_finish();
     diag_error_noloc("building executables is not available in this version of mbtc");
@@ -103,7 +202,7 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
 int main(int argc, char **argv) {
     Arena ar = {0};
     const char *input = NULL, *emit = NULL, *output = NULL, *train = NULL;
-    int check = 0;
+    int check = 0, opt = 0;
     PtrVec incdirs = {0};
     diag_set_color(isatty(2));
 
@@ -111,6 +210,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (strcmp(a, "--check") == 0) check = 1;
         else if (strncmp(a, "--emit=", 7) == 0) emit = a + 7;
+        else if (strcmp(a, "--opt") == 0) opt = 1;
         else if (strcmp(a, "-o") == 0 && i + 1 < argc) output = argv[++i];
         else if (strcmp(a, "--train") == 0) train = i + 1 < argc ? argv[++i] : "";
         else if (strncmp(a, "--train=", 8) == 0) train = a + 8;
@@ -134,27 +234,33 @@ int main(int argc, char **argv) {
         usage(stderr);
         { arena_free(&ar); return 1; }
     }
-    static const char *const stages[] = {"tokens", "ast", "ir", "grad"};
+    static const char *const stages[] = {"tokens", "ast", "ir", "grad", "plan", "kernels", "llvm"};
     int known_stage = !emit;
     for (size_t k = 0; emit && k < sizeof stages / sizeof *stages; k++) known_stage |= strcmp(emit, stages[k]) == 0;
     if (!known_stage) {
         diag_error_noloc("unknown stage '%s' for --emit", emit);
-        diag_hint("the stages available are: tokens, ast, ir, grad");
+        diag_hint("the stages available are: tokens, ast, ir, grad, plan, kernels, llvm");
         { arena_free(&ar); return 1; }
     }
     if (train && !*train) {
         diag_error_noloc("'--train' needs the name of a train block");
         { arena_free(&ar); return 1; }
     }
-    if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0))) {
-        diag_error_noloc("'--train %s' selects the train block for --emit=ir or --emit=grad, and neither is given",
+    if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
+                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0))) {
+        diag_error_noloc("'--train %s' selects the train block for --emit=ir, grad, plan, kernels or llvm, and none is given",
                          train);
+        { arena_free(&ar); return 1; }
+    }
+
+    if (opt && !(emit && strcmp(emit, "llvm") == 0)) {
+        diag_error_noloc("'--opt' prints the optimised LLVM IR of --emit=llvm, and --emit=llvm is not given");
         { arena_free(&ar); return 1; }
     }
 
     Loader ld;
     loader_init(&ld, &ar, (const char **)incdirs.v, incdirs.n, default_stdlib(&ar));
-    int rc = run(&ld, &ar, input, emit, check, output, train);
+    int rc = run(&ld, &ar, input, emit, check, output, train, opt);
     arena_free(&ar);
     return rc;
 }

@@ -23,6 +23,9 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals);
 /* The backward ops (G_SCATTER_ADD ... G_CROSS_ENTROPY_BWD), in ref_bwd.c; same contract. */
 int ref_eval_bwd(const Graph *g, const GNode *n, double **vals);
 
+/* (added) The segmented ops of update graphs (G_SEG_NORM), in ref_seg.c; same contract. */
+int ref_eval_seg(const Graph *g, const GNode *n, double **vals);
+
 /* Broadcasting helper shared by both files: the flat index into an input of shape (rank, shape)
  * aligned at the right with the output shape, for output flat index i. */
 int64_t ref_bcast_index(int out_rank, const int64_t *out_shape, int64_t i, int in_rank, const int64_t *in_shape);

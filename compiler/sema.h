@@ -21,4 +21,19 @@ int sema_check(Loader *ld, Module *main);
  * builder does not support yet. */
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar);
 
+typedef struct TrainSettings TrainSettings; /* sema_internal.h: a train block's resolved settings */
+
+/* (added) Everything a train block compiles from (plan.h takes it from here). */
+typedef struct TrainBuild {
+    Graph *step;                   /* the forward graph of one micro-batch (autodiff appends the backward) */
+    Graph *update;                 /* the optimizer's update over every parameter at once (graph.h, GraphUpdate) */
+    const TrainSettings *settings; /* the block's resolved settings: batch, schedule, clip, parallel layout */
+} TrainBuild;
+
+/* (added) sema_build_train_graph, and in the same walk the update graph: the train block's optimizer
+ * `update` over the flat vector of every parameter, parameter i at a multiple of `align` elements
+ * (a power of two; plan.h passes PLAN_ALIGN / 4). NULL after reporting errors, as above, or a
+ * construct inside update the builder does not support yet. */
+TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar);
+
 #endif

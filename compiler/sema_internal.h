@@ -10,7 +10,8 @@
  *   settings.c  checks train and serve blocks and resolves their numbers (TrainSettings,
  *               ServeSettings) for the stages after sema.
  * graph_build.c, which builds the graph IR from the same walk (hooks in eval.c and settings.c),
- * shares it too. Not part of the compiler's public surface: only these four files include it. */
+ * shares it too. Not part of the compiler's public surface: only these four files include it, and
+ * plan.c, which reads the resolved TrainSettings (sema.h's TrainBuild hands them over). */
 #ifndef MBT_SEMA_INTERNAL_H
 #define MBT_SEMA_INTERNAL_H
 

@@ -7,8 +7,8 @@
  * serve block instantiates its model and checks the serving limits. Every error names the key,
  * what was given and what is allowed; the numbers end up in TrainSettings / ServeSettings for
  * the stages after sema. For the train block being built (sema_build_train_graph), the graph
- * builder listens while the model is instantiated and the data and loss are evaluated (the
- * hooks marked "graph builder hook"). */
+ * builder listens while the model is instantiated and the data and loss are evaluated, and for
+ * sema_build_train also while the optimizer's update runs (the hooks marked "graph builder hook"). */
 #include <stdint.h>
 #include <string.h>
 
@@ -649,7 +649,11 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
         Span at = value_span(k[T_OPTIMIZER]);
         if (o->kind == V_OPTIMIZER) {
+            int building = gb && gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
+            s->gb = building ? gb : NULL;
             eval_check_update(s, o, at);
+            s->gb = NULL;
+            if (building) gb_update_end(gb);
         } else if (o->kind == V_OPTIMIZER_DEF) {
             if (sema_error(s, at, "'optimizer' must be an optimizer with its hyper-parameters bound, but it is %s",
                            sema_describe(s, o)))

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # tests/run.sh BUILD_DIR - runs every test layer against the binaries in BUILD_DIR (what `make
 # test` and `make test-quick` call, after building them).
-# tests/run.sh --update-golden BUILD_DIR - rewrites tests/golden/*.ir (and *.err) from what
-# BUILD_DIR/mbtc prints now, and runs nothing else: review the diff before committing it.
+# tests/run.sh --update-golden BUILD_DIR - rewrites the expected files of tests/golden (NAME.ir,
+# NAME.plan, ... and *.err; a case without any gets NAME.ir) from what BUILD_DIR/mbtc prints now,
+# and runs nothing else: review the diff before committing it.
 #
 # Layers, each printing `PASS <layer>/<name>` or `FAIL <layer>/<name>: reason` (with the captured
 # output of a failure indented below it) and a `# layer NAME: 1.2 s` timing line:
 #   unit          every BUILD/tests/test_* (each prints its own PASS/FAIL lines; they are counted)
 #   diag          tests/diag/*.mbt: `mbtc --check` must print exactly the `# expect:` lines
 #   check         stdlib/*.mbt and examples/*.mbt check clean (exit 0, nothing on stderr)
-#   golden        tests/golden/NAME.mbt: `mbtc --emit=ir` prints exactly NAME.ir (or, with a
-#                 NAME.err, exactly that on stderr and exit 1); and every train block of every
-#                 example builds a graph that passes graph_verify, each within the time limit
+#   golden        tests/golden/NAME.mbt, at each stage it names: `mbtc --emit=STAGE` prints exactly
+#                 NAME.STAGE (STAGE ir, grad, plan or kernels), or with NAME.STAGE.err exactly that
+#                 on stderr and exit 1 (NAME.err is NAME.ir.err); and every train block of every
+#                 example builds a graph that passes graph_verify, a plan that passes plan_verify
+#                 and kernels that pass fuse_verify, each within the time limit
 #   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
@@ -272,9 +275,22 @@ run_check() {
 
 # ---- golden ----------------------------------------------------------------------------------
 
-# run_golden LAYER MBTC LIMIT_MS: the golden graphs, then every example's train blocks.
+# golden_stages NAME: the stages tests/golden/NAME.mbt is compared at - each STAGE (ir, grad, plan, kernels)
+# with an expected NAME.STAGE (stdout) or NAME.STAGE.err (stderr, exit 1); NAME.err is the old
+# spelling of NAME.ir.err. Prints them, space-separated.
+golden_stages() {
+    local st out=""
+    for st in ir grad plan kernels; do
+        if [ -f "tests/golden/$1.$st" ] || [ -f "tests/golden/$1.$st.err" ] || { [ "$st" = ir ] && [ -f "tests/golden/$1.err" ]; }; then
+            out="$out $st"
+        fi
+    done
+    echo "$out"
+}
+
+# run_golden LAYER MBTC LIMIT_MS: the golden stages, then every example's train blocks.
 run_golden() {
-    local layer=$1 mbtc=$2 limit_ms=$3 f name out err exp_out exp_err rc why want args argline
+    local layer=$1 mbtc=$2 limit_ms=$3 f name out err exp_out exp_err rc why want args argline stage stages tname
     if [ ! -x "$mbtc" ]; then
         fail "$layer" "$mbtc does not exist (run make)"
         return
@@ -286,52 +302,65 @@ run_golden() {
         found=1
         name=${f#tests/golden/}
         name=${name%.mbt}
-        out="$TMP/${layer//\//-}-$name.out"
-        err="$TMP/${layer//\//-}-$name.err"
-        exp_out="tests/golden/$name.ir"
-        exp_err="tests/golden/$name.err"
+        stages=$(golden_stages "$name")
+        if [ -z "$stages" ]; then
+            if [ "$UPDATE_GOLDEN" = 1 ]; then
+                stages=ir # a new case: its graph
+            else
+                fail "$layer/$name" "no tests/golden/$name.ir, .grad, .plan or .err (tests/run.sh --update-golden $BUILD writes $name.ir)"
+                continue
+            fi
+        fi
         args=()
         argline=$(LC_ALL=C grep -a -m1 '^# args: ' "$f" | LC_ALL=C sed 's/^# args: //')
         if [ -n "$argline" ]; then read -r -a args <<<"$argline"; fi
-        { timeout 20 "$mbtc" --emit=ir ${args[@]+"${args[@]}"} "$f" >"$out" 2>"$err"; } 2>>"$err"
-        rc=$?
-        why=$(describe_status "$rc")
-        if [ "$UPDATE_GOLDEN" = 1 ]; then
-            if [ -n "$why" ]; then
-                fail "$layer/$name" "$why (nothing written)" "$err"
-            elif [ "$rc" = 0 ]; then
-                cp "$out" "$exp_out" && rm -f "$exp_err" && pass "$layer/$name (wrote $exp_out)"
-            else
-                cp "$err" "$exp_err" && rm -f "$exp_out" && pass "$layer/$name (wrote $exp_err)"
+        for stage in $stages; do
+            # the ir stage keeps the case's plain name (golden/mlp); the others are golden/mlp.plan
+            tname=$name
+            [ "$stage" = ir ] || tname="$name.$stage"
+            out="$TMP/${layer//\//-}-$tname.out"
+            err="$TMP/${layer//\//-}-$tname.err"
+            exp_out="tests/golden/$name.$stage"
+            exp_err="tests/golden/$name.$stage.err"
+            if [ "$stage" = ir ] && [ ! -f "$exp_err" ]; then exp_err="tests/golden/$name.err"; fi
+            { timeout 20 "$mbtc" --emit="$stage" ${args[@]+"${args[@]}"} "$f" >"$out" 2>"$err"; } 2>>"$err"
+            rc=$?
+            why=$(describe_status "$rc")
+            if [ "$UPDATE_GOLDEN" = 1 ]; then
+                if [ -n "$why" ]; then
+                    fail "$layer/$tname" "$why (nothing written)" "$err"
+                elif [ "$rc" = 0 ]; then
+                    cp "$out" "$exp_out" && rm -f "$exp_err" && pass "$layer/$tname (wrote $exp_out)"
+                else
+                    cp "$err" "$exp_err" && rm -f "$exp_out" && pass "$layer/$tname (wrote $exp_err)"
+                fi
+                continue
             fi
-            continue
-        fi
-        want=0
-        [ -f "$exp_err" ] && want=1
-        if [ -n "$why" ]; then
-            fail "$layer/$name" "$why" "$err"
-        elif san_report "$err"; then
-            fail "$layer/$name" "sanitizer report" "$err"
-        elif [ "$want" = 0 ] && [ ! -f "$exp_out" ]; then
-            fail "$layer/$name" "no $exp_out or $exp_err (tests/run.sh --update-golden $BUILD writes them)"
-        elif [ "$rc" != "$want" ]; then
-            fail "$layer/$name" "exit status $rc, expected $want" "$err"
-        elif [ "$want" = 0 ] && [ -s "$err" ]; then
-            fail "$layer/$name" "mbtc printed on stderr" "$err"
-        elif [ "$want" = 0 ] && ! cmp -s "$exp_out" "$out"; then
-            diff -u --label "$exp_out" --label actual "$exp_out" "$out" >"$out.diff"
-            fail "$layer/$name" "the graph differs (tests/run.sh --update-golden $BUILD rewrites it)" "$out.diff"
-        elif [ "$want" = 1 ] && ! cmp -s "$exp_err" "$err"; then
-            diff -u --label "$exp_err" --label actual "$exp_err" "$err" >"$out.diff"
-            fail "$layer/$name" "the messages differ (tests/run.sh --update-golden $BUILD rewrites them)" "$out.diff"
-        else
-            pass "$layer/$name"
-        fi
+            want=0
+            [ -f "$exp_err" ] && want=1
+            if [ -n "$why" ]; then
+                fail "$layer/$tname" "$why" "$err"
+            elif san_report "$err"; then
+                fail "$layer/$tname" "sanitizer report" "$err"
+            elif [ "$rc" != "$want" ]; then
+                fail "$layer/$tname" "exit status $rc, expected $want" "$err"
+            elif [ "$want" = 0 ] && [ -s "$err" ]; then
+                fail "$layer/$tname" "mbtc printed on stderr" "$err"
+            elif [ "$want" = 0 ] && ! cmp -s "$exp_out" "$out"; then
+                diff -u --label "$exp_out" --label actual "$exp_out" "$out" >"$out.diff"
+                fail "$layer/$tname" "the $stage output differs (tests/run.sh --update-golden $BUILD rewrites it)" "$out.diff"
+            elif [ "$want" = 1 ] && ! cmp -s "$exp_err" "$err"; then
+                diff -u --label "$exp_err" --label actual "$exp_err" "$err" >"$out.diff"
+                fail "$layer/$tname" "the messages differ (tests/run.sh --update-golden $BUILD rewrites them)" "$out.diff"
+            else
+                pass "$layer/$tname"
+            fi
+        done
     done
     if [ $found = 0 ]; then fail "$layer" "no tests/golden/*.mbt files"; fi
     [ "$UPDATE_GOLDEN" = 1 ] && return
     # Every train block of every example: the graph builds, verifies (mbtc checks it before
-    # printing; a failure is exit 2) and starts with its header, within limit_ms.
+    # printing; a failure is exit 2) and starts with its header, within limit_ms; so does its plan.
     local t start ms
     for f in examples/*.mbt; do
         [ -f "$f" ] || continue
@@ -356,6 +385,48 @@ run_golden() {
                 fail "$layer/example/$name" "took $ms ms (limit $limit_ms ms)"
             else
                 pass "$layer/example/$name"
+            fi
+            # and its plan: both graphs verify, the plan verifies (mbtc checks them before printing)
+            out="$TMP/${layer//\//-}-example-plan-$name.out"
+            err="$TMP/${layer//\//-}-example-plan-$name.err"
+            start=$(now_ns)
+            { timeout 20 "$mbtc" --emit=plan --train "$t" "$f" >"$out" 2>"$err"; } 2>>"$err"
+            rc=$?
+            ms=$((($(now_ns) - start) / 1000000))
+            why=$(describe_status "$rc")
+            if [ -n "$why" ]; then
+                fail "$layer/example-plan/$name" "$why" "$err"
+            elif san_report "$err"; then
+                fail "$layer/example-plan/$name" "sanitizer report" "$err"
+            elif [ "$rc" != 0 ] || [ -s "$err" ]; then
+                fail "$layer/example-plan/$name" "mbtc --emit=plan exited with status $rc" "$err"
+            elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# plan train $t: "; then
+                fail "$layer/example-plan/$name" "no '# plan train $t: ...' header" "$out"
+            elif [ "$ms" -gt "$limit_ms" ]; then
+                fail "$layer/example-plan/$name" "took $ms ms (limit $limit_ms ms)"
+            else
+                pass "$layer/example-plan/$name"
+            fi
+            # and its kernels: both graphs fused, every kernel verified (mbtc checks before printing)
+            out="$TMP/${layer//\//-}-example-kernels-$name.out"
+            err="$TMP/${layer//\//-}-example-kernels-$name.err"
+            start=$(now_ns)
+            { timeout 20 "$mbtc" --emit=kernels --train "$t" "$f" >"$out" 2>"$err"; } 2>>"$err"
+            rc=$?
+            ms=$((($(now_ns) - start) / 1000000))
+            why=$(describe_status "$rc")
+            if [ -n "$why" ]; then
+                fail "$layer/example-kernels/$name" "$why" "$err"
+            elif san_report "$err"; then
+                fail "$layer/example-kernels/$name" "sanitizer report" "$err"
+            elif [ "$rc" != 0 ] || [ -s "$err" ]; then
+                fail "$layer/example-kernels/$name" "mbtc --emit=kernels exited with status $rc" "$err"
+            elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# kernels train $t: "; then
+                fail "$layer/example-kernels/$name" "no '# kernels train $t: ...' header" "$out"
+            elif [ "$ms" -gt "$limit_ms" ]; then
+                fail "$layer/example-kernels/$name" "took $ms ms (limit $limit_ms ms)"
+            else
+                pass "$layer/example-kernels/$name"
             fi
         done
     done

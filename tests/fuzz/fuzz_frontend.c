@@ -2,8 +2,9 @@
  * parsed as a .mbt file ("fuzz.mbt"); when it has no syntax error it is checked (sema_check) as
  * the main module, with `import` resolved against ./stdlib (run from the repository root, as
  * tests/fuzz/run.sh does). An input with a train block is checked with the graph builder on
- * (sema_build_train_graph, as `mbtc --emit=ir` does), and a graph it returns must pass
- * graph_verify (else abort: a finding). Built by `make fuzz-build` with ASan and UBSan; a crash, a sanitizer
+ * (sema_build_train, as `mbtc --emit=plan` does: the step graph and the optimizer's update
+ * graph), and the graphs it returns must pass graph_verify, then the step graph is
+ * differentiated and the plan built, which must pass plan_verify (else abort: a finding). Built by `make fuzz-build` with ASan and UBSan; a crash, a sanitizer
  * report, an internal error (mbtc exits 2: libFuzzer reports "fuzz target exited") or a hang is
  * a finding.
  *
@@ -23,9 +24,11 @@
 #include "arena.h"
 #include "ast.h"
 #include "diag.h"
+#include "autodiff.h"
 #include "graph.h"
 #include "module.h"
 #include "parse.h"
+#include "plan.h"
 #include "sema.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -72,8 +75,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int has_train = 0;
         for (int i = 0; i < m->ast->list.n; i++) has_train |= m->ast->list.v[i] && m->ast->list.v[i]->kind == N_TRAIN;
         if (has_train) {
-            Graph *g = sema_build_train_graph(&ld, m, NULL, &ar);
-            if (g && graph_verify(g, NULL) != 0) abort(); /* a graph the builder made is malformed */
+            TrainBuild *tb = sema_build_train(&ld, m, NULL, PLAN_ALIGN / 4, &ar);
+            if (tb) {
+                /* a graph the builder made is malformed, or a plan breaks its invariants */
+                if (graph_verify(tb->step, NULL) != 0 || graph_verify(tb->update, NULL) != 0) abort();
+                int first_bwd = autodiff(tb->step);
+                if (graph_verify(tb->step, NULL) != 0) abort();
+                Plan *plan = plan_build(tb, first_bwd, &ar);
+                if (plan && plan_verify(plan, NULL) != 0) abort();
+            }
         } else {
             sema_check(&ld, m);
         }

@@ -1,0 +1,98 @@
+/* fuse.h - fusion: partitions a graph into launches (library GEMMs and generated kernels) and
+ * lists the buffers the launches read and write.
+ *
+ * Pipeline position: graph -> autodiff -> plan -> [fuse] -> kernel IR (kir.h) -> back ends.
+ * The result is self-contained: the back ends lower each Kernel without the graph, the memory
+ * planner takes every buffer's size and first/last launch, and the host code calls the launches
+ * in order. The rules (which ops fuse, what is materialised) are in fuse.c's first comment and
+ * docs/architecture.md. */
+#ifndef MBT_FUSE_H
+#define MBT_FUSE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "graph.h"
+#include "kir.h"
+
+/* A GEMM as a library call, row-major: for each batch index t < batch,
+ *   C_t[m, n] = alpha * sum_k opA_t[m, k] * opB_t[k, n] + beta * C_t[m, n]
+ * where opA_t[m, k] is A[t*stride_a + m*lda + k] (trans_a = 0) or A[t*stride_a + k*lda + m]
+ * (trans_a = 1), opB likewise with ldb, and C_t[m, n] is C[t*stride_c + m*ldc + n]. A stride of
+ * 0 reuses one matrix for every batch index (broadcasting). Elements, not bytes. (cuBLAS is
+ * column-major: a back end computes C^T = opB^T opA^T, swapping the operands.) */
+typedef struct FuseGemm {
+    int a, b, c;             /* buffers (FuseResult.buffers indices) */
+    int trans_a, trans_b;
+    int64_t m, n, k, batch;
+    int64_t lda, ldb, ldc;
+    int64_t stride_a, stride_b, stride_c;
+    double alpha, beta;
+    DType dt;
+} FuseGemm;
+
+typedef enum FuseBufKind {
+    FB_PARAM,   /* a parameter: given to the step */
+    FB_INPUT,   /* data fed each step */
+    FB_OUTPUT,  /* asked for (the loss, a gradient): live after the last launch */
+    FB_TEMP,    /* an activation or an internal value between two launches */
+} FuseBufKind;
+
+typedef struct FuseBuffer {
+    int node;        /* the graph node whose value it holds; -1 for an internal one */
+    const char *what;/* "%21 layernorm", "param wte", "row max of %48" */
+    DType dt;
+    int rank;
+    int64_t shape[GRAPH_MAX_RANK];
+    int64_t bytes;   /* elements * dtype size */
+    FuseBufKind kind;
+    int first, last; /* launches: the first that touches it (writes it, or reads a leaf), the last
+                        that does (an output's last is nlaunches - 1); -1, -1 when none does */
+} FuseBuffer;
+
+typedef enum FuseLaunchKind { FL_GEMM, FL_KERNEL } FuseLaunchKind;
+
+typedef struct FuseLaunch {
+    FuseLaunchKind kind;
+    int kernel;      /* FL_KERNEL: index into kernels */
+    FuseGemm gemm;   /* FL_GEMM */
+    int nnodes;
+    int *nodes;      /* FL_GEMM: the graph nodes it computes (a matmul, the sum_to it absorbed) */
+} FuseLaunch;
+
+typedef struct FuseResult {
+    const Graph *g;
+    int nlaunches;
+    FuseLaunch *launches;  /* in order */
+    int nbuffers;
+    FuseBuffer *buffers;   /* leaves first (graph order), then the rest by first use */
+    int nkernels;
+    Kernel **kernels;      /* in launch order */
+    int ngemms;
+    int *node_buffer;      /* [g->n]: the buffer holding a node's value, -1 when none does */
+    int noutputs;
+    int *outputs;          /* the graph nodes asked for */
+} FuseResult;
+
+/* Partitions the nodes of g that the outputs need into launches and generates every kernel.
+ * outputs: graph node ids whose values must exist after the step (NULL: fuse_default_outputs).
+ * Everything lives in ar. An internal inconsistency is an internal error (a compiler bug). */
+FuseResult *fuse_graph(const Graph *g, const int *outputs, int noutputs, Arena *ar);
+
+/* An update graph's new parameters and state; else the loss and every gradient when the graph has
+ * them; else every node no other node uses. */
+int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar);
+
+/* `mbtc --emit=kernels`: a summary line, the launches in order, the buffers with their lives,
+ * then every GEMM's parameters and every kernel (its ops with their source lines, its buffer
+ * parameters, its body). */
+void fuse_print(FILE *out, const FuseResult *r);
+
+/* Checks every kernel (kir_verify), every launch's buffers and every buffer's life. Returns the
+ * number of problems, printed to out (may be NULL). */
+int fuse_verify(const FuseResult *r, FILE *out);
+
+/* Launches of each kind: GEMMs and generated kernels. */
+void fuse_counts(const FuseResult *r, int *gemms, int *kernels);
+
+#endif

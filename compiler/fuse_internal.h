@@ -1,0 +1,159 @@
+/* fuse_internal.h - what fuse.c, fuse_lower.c and fuse_codegen.c share: the fused graph (a
+ * primitive form of the graph IR the partition works on) and the partition's state.
+ *
+ * Pipeline position: inside fuse (graph -> [fuse_lower -> partition (fuse.c) -> fuse_codegen]
+ * -> kernel IR). Not a public interface: fuse.h is. */
+#ifndef MBT_FUSE_INTERNAL_H
+#define MBT_FUSE_INTERNAL_H
+
+#include "fuse.h"
+
+/* ---- the fused graph -------------------------------------------------------------------------
+ * fuse_lower rewrites the graph into primitive nodes (FNode), hash-consed so that a value two
+ * graph nodes compute alike is one node (layernorm's mean in the forward and in the backward):
+ *   - leaves, constants and iota (the coordinate along an axis);
+ *   - views: reshape, permute (swap two axes), expand (broadcast), slice, concat, gather (rows
+ *     picked by an index tensor), take (one element of each last-axis row): index arithmetic;
+ *   - pointwise maps: one KIR instruction each (F_MAP with its KOp), inputs broadcast to the
+ *     node's shape; dropout and rope, which read their input at computed positions;
+ *   - reductions (F_REDUCE): add, max or min over a set of axes, keeping them as size 1;
+ *   - GEMMs (F_GEMM): operands already resolved to buffers with transposes folded in;
+ *   - dedicated kernels: attention (forward, row statistics for the backward, the backward of
+ *     q, k and v), topk, scatter_add, and the per-parameter norm of an update graph.
+ * Composite ops (softmax, layernorm, cross-entropy and their backward ops, logsumexp, mse, ...)
+ * become maps and reductions, written in the reference evaluator's order of operations. */
+
+typedef enum FOp {
+    F_LEAF,        /* a parameter or input; ia[0] = graph node                                  */
+    F_CONST,       /* fa[0] everywhere                                                          */
+    F_IOTA,        /* the coordinate along axis ia[0]                                           */
+    F_RESHAPE,     /* same elements, row-major                                                  */
+    F_PERMUTE,     /* swaps axes ia[0] and ia[1]                                                 */
+    F_EXPAND,      /* in0 broadcast (right-aligned) to the shape                                */
+    F_SLICE,       /* along axis ia[0] from ia[1]                                                */
+    F_CONCAT,      /* along axis ia[0]                                                           */
+    F_GATHER,      /* rows of in0 [R, ...] at the i32 indices in1 [...] -> [..., ...]          */
+    F_TAKE,        /* in0 [..., V] at the i32 column in1 [...] of each row -> [...]            */
+    F_MAP,         /* kop applied to in0..in2 broadcast to the shape                            */
+    F_DROPOUT,     /* fa[0] = p, ia[0] = stream: the counter-based mask of ref.c                */
+    F_ROPE,        /* fa[0] = theta, ia[0] = 1 for the backward (the transposed rotation)      */
+    F_REDUCE,      /* kop over the axes in the bit mask ia[0] of in0; those axes become 1       */
+    F_GEMM,        /* in0 = A's buffer node, in1 = B's; gemm holds the rest                     */
+    F_ATTN,        /* q, k, v; ia[0] = causal; fa[0] = scale                                    */
+    F_ATTN_STATS,  /* dout, q, k, v -> [..., H, T, 3]: row max, row sum, sum_j P dP per query  */
+    F_ATTN_BWD_Q,  /* dout, q, k, v, stats                                                      */
+    F_ATTN_BWD_K,
+    F_ATTN_BWD_V,
+    F_TOPK,        /* ia[0] = k, ia[1] = axis, ia[2] = 1 for the indices                        */
+    F_SCATTER_ADD, /* in0 = rows, in1 = i32 indices; zeros of the shape, rows added            */
+    F_SEG_NORM,    /* in0 f32[n] of an update graph: each element the L2 norm of its parameter's
+                      segment (graph.h, GraphUpdate), 0 between segments                        */
+    F_OP_COUNT
+} FOp;
+
+#define FUSE_MAX_IN 5
+
+typedef struct FNode {
+    int id;
+    FOp op;
+    KOp kop;
+    DType dt;
+    int rank;
+    int64_t shape[GRAPH_MAX_RANK];
+    int nin;
+    int in[FUSE_MAX_IN];
+    int64_t ia[4];
+    double fa[2];
+    int gid;        /* the graph node it was made for (a composite's parts: the composite) */
+    int keep;       /* lowering's hint: give it a buffer (cross-entropy's per-row loss, so that the
+                       loss's mean reads N values rather than the logits); not part of its identity */
+    FuseGemm gemm;  /* F_GEMM: a, b, c filled in by the partition */
+} FNode;
+
+typedef struct FGraph {
+    Arena *ar;
+    const Graph *g;
+    FNode **node;
+    int n, cap;
+    int *hash;      /* open addressing over node ids, -1 empty */
+    int hcap;
+    int *g2f;       /* [g->n] the node holding each graph node's value, -1 when not lowered */
+    int *absorbed;  /* [g->n] a matmul folded into the GEMM of its sum_to: that GEMM, else -1 */
+} FGraph;
+
+/* Lowers the graph nodes marked in glive (the ones the outputs need) into primitive nodes. */
+FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar);
+
+const char *fuse_fop_name(FOp op);        /* "map", "reduce" ... */
+int64_t fuse_numel(const FNode *n);       /* elements */
+
+/* ---- the partition --------------------------------------------------------------------------- */
+
+typedef struct IVec {
+    int *v;
+    int n, cap;
+} IVec;
+
+void fuse_ivec_push(Arena *ar, IVec *v, int x);       /* append */
+int fuse_ivec_has(const IVec *v, int x);              /* membership (linear) */
+
+enum { FC_LEAF, FC_INLINE, FC_ANCHOR };          /* how a node is computed */
+enum { FK_ELEM, FK_REDUCE, FK_GEMM, FK_OPAQUE }; /* kinds of launch */
+
+typedef struct FSeg {   /* a part of an elementwise kernel: members of one shape */
+    int rank;
+    int64_t shape[GRAPH_MAX_RANK];
+    IVec members;
+} FSeg;
+
+typedef struct FKern {
+    int alive;
+    int kind;
+    int rank;                       /* FK_ELEM: its first segment's shape; FK_REDUCE: the shape  */
+    int64_t shape[GRAPH_MAX_RANK];  /* F of the reduced inputs                                   */
+    uint32_t mask;                  /* FK_REDUCE: the reduced axes of F                          */
+    IVec members;                   /* the nodes it owns (computes and may store), ascending     */
+    int nseg;
+    FSeg *seg;                      /* FK_ELEM */
+    IVec reads;                     /* nodes it loads (owned elsewhere or leaves)               */
+    IVec inl;                       /* nodes it computes inline (owned by nobody)                */
+    IVec deps;                      /* kernels it reads from                                     */
+    int order;                      /* its launch, once scheduled                                */
+} FKern;
+
+typedef struct FuseCtx {
+    Arena *ar;              /* the result's arena */
+    Arena *tmp;             /* the partition's scratch */
+    const Graph *g;
+    FGraph *fg;
+    int n;                  /* fg->n */
+    unsigned char *live;    /* [n] needed by an output */
+    unsigned char *cat;     /* [n] FC_* */
+    unsigned char *mat;     /* [n] has a buffer of its own */
+    unsigned char *forced;  /* [n] must have one (an output, a GEMM or dedicated kernel operand) */
+    unsigned char *isout;   /* [n] an output */
+    int *owner;             /* [n] kernel owning it, -1 */
+    int *pin;               /* [n] a node whose kernel must also store this one, -1 */
+    IVec *users;            /* [n] live users */
+    FKern *k;
+    int nk, capk;
+    int *buf_of;            /* [n] buffer index once assigned, -1 */
+    int *buf_node;          /* [buffers] the graph node each buffer holds, -1 */
+    int final;              /* 1 while generating the kernels of the result */
+    int *stamp;             /* [n] visit marks of fz_eval */
+    int stampv;
+    int *work;              /* [n] fz_eval's stack */
+    int *kmark;             /* [capk] visit marks of the reachability search */
+    int kmarkv;
+    int *kver;              /* [capk] bumped when a kernel changes (for the failed-merge cache) */
+} FuseCtx;
+
+/* Generates kernel kid of the partition into a Kernel allocated in ar. With final == 0 (a trial
+ * while deciding a merge) it returns NULL and sets *why when the kernel cannot be formed (a row
+ * reduction read at another row); with final == 1 that is an internal error. */
+Kernel *fuse_codegen(FuseCtx *c, int kid, Arena *ar, const char **why);
+
+/* The graph node ids a kernel computes (members and inlined nodes, composites by their parts). */
+int fuse_kernel_nodes(FuseCtx *c, int kid, int **nodes, Arena *ar);
+
+#endif

@@ -1,0 +1,749 @@
+/* fuse_lower.c - the first step of fusion: the graph IR rewritten into primitive, hash-consed
+ * nodes (FNode, see fuse_internal.h) that the partition (fuse.c) groups into kernels.
+ *
+ * Pipeline position: graph -> autodiff -> plan -> fuse: [fuse_lower] -> partition ->
+ * fuse_codegen -> kernel IR. Every composite op becomes maps and reductions in the order of
+ * operations of the reference evaluator (ref.c, ref_bwd.c), so that a fused kernel computes the
+ * same numbers up to the order of its sums: softmax is max, exp(x - max), sum, divide;
+ * layernorm is sum, mean, (x - mean)^2, sum, rstd, scale; cross-entropy is the row max and
+ * row sum of the logits, the log-probability of the target per row, and their mean. Values the
+ * forward and backward both compute (layernorm's mean and rstd, cross-entropy's row max and
+ * sum) come out as the same node, so the fused backward reads them instead of recomputing.
+ *
+ * GEMMs are resolved here: an operand that is a transpose of the last two axes becomes the
+ * GEMM's trans flag (applied repeatedly: transpose of a transpose is none), reshapes are views
+ * of the same buffer, a batch of a rank-3 activation times an unbatched weight becomes one GEMM
+ * with M = batch * rows, and a batched A^T B whose only use is a sum over the batch (autodiff's
+ * weight gradient: matmul then sum_to) becomes one GEMM with K = batch * rows. */
+#include "fuse_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- the lowering's state -------------------------------------------------------------------- */
+
+typedef struct FL {
+    FGraph *fg;
+    const Graph *g;
+    int gid;                   /* the graph node being lowered */
+    int *guses;                /* [g->n] uses by live nodes */
+    int *guser;                /* [g->n] the last live user */
+    const unsigned char *glive;
+} FL;
+
+static const char *const fuse_fop_names[F_OP_COUNT] = {
+    [F_LEAF] = "leaf", [F_CONST] = "const", [F_IOTA] = "iota", [F_RESHAPE] = "reshape", [F_PERMUTE] = "permute",
+    [F_EXPAND] = "expand", [F_SLICE] = "slice", [F_CONCAT] = "concat", [F_GATHER] = "gather", [F_TAKE] = "take",
+    [F_MAP] = "map", [F_DROPOUT] = "dropout", [F_ROPE] = "rope", [F_REDUCE] = "reduce", [F_GEMM] = "gemm",
+    [F_ATTN] = "attention", [F_ATTN_STATS] = "attention_stats", [F_ATTN_BWD_Q] = "attention_bwd_q",
+    [F_ATTN_BWD_K] = "attention_bwd_k", [F_ATTN_BWD_V] = "attention_bwd_v", [F_TOPK] = "topk",
+    [F_SCATTER_ADD] = "scatter_add", [F_SEG_NORM] = "seg_norm",
+};
+
+const char *fuse_fop_name(FOp op) { return op >= 0 && op < F_OP_COUNT ? fuse_fop_names[op] : "?"; }
+
+int64_t fuse_numel(const FNode *n) {
+    int64_t k = 1;
+    for (int i = 0; i < n->rank; i++) k *= n->shape[i];
+    return k;
+}
+
+static const FNode *fl_n(const FL *L, int f) {
+    if (f < 0 || f >= L->fg->n) INTERNAL("fuse: lowering %%%d: no fused node %d", L->gid, f);
+    return L->fg->node[f];
+}
+
+/* ---- hash-consed nodes -------------------------------------------------------------------------- */
+
+static uint64_t fl_mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xBF58476D1CE4E5B9ull;
+}
+
+static uint64_t fl_hash(const FNode *p) {
+    uint64_t h = fl_mix(fl_mix(fl_mix((uint64_t)p->op, (uint64_t)p->kop), (uint64_t)p->dt), (uint64_t)p->rank);
+    for (int i = 0; i < p->rank; i++) h = fl_mix(h, (uint64_t)p->shape[i]);
+    h = fl_mix(h, (uint64_t)p->nin);
+    for (int i = 0; i < p->nin; i++) h = fl_mix(h, (uint64_t)p->in[i]);
+    for (int i = 0; i < 4; i++) h = fl_mix(h, (uint64_t)p->ia[i]);
+    for (int i = 0; i < 2; i++) {
+        uint64_t b;
+        memcpy(&b, &p->fa[i], sizeof b);
+        h = fl_mix(h, b);
+    }
+    if (p->op == F_GEMM) {
+        const FuseGemm *m = &p->gemm;
+        int64_t w[] = {m->trans_a, m->trans_b, m->m, m->n, m->k, m->batch, m->lda, m->ldb, m->ldc, m->stride_a, m->stride_b, m->stride_c};
+        for (size_t i = 0; i < sizeof w / sizeof *w; i++) h = fl_mix(h, (uint64_t)w[i]);
+    }
+    return h ^ (h >> 29);
+}
+
+static int fl_same(const FNode *a, const FNode *b) {
+    if (a->op != b->op || a->kop != b->kop || a->dt != b->dt || a->rank != b->rank || a->nin != b->nin) return 0;
+    for (int i = 0; i < a->rank; i++)
+        if (a->shape[i] != b->shape[i]) return 0;
+    for (int i = 0; i < a->nin; i++)
+        if (a->in[i] != b->in[i]) return 0;
+    for (int i = 0; i < 4; i++)
+        if (a->ia[i] != b->ia[i]) return 0;
+    if (memcmp(a->fa, b->fa, sizeof a->fa) != 0) return 0;
+    if (a->op == F_GEMM) {
+        const FuseGemm *x = &a->gemm, *y = &b->gemm;
+        if (x->trans_a != y->trans_a || x->trans_b != y->trans_b || x->m != y->m || x->n != y->n || x->k != y->k ||
+            x->batch != y->batch || x->lda != y->lda || x->ldb != y->ldb || x->ldc != y->ldc ||
+            x->stride_a != y->stride_a || x->stride_b != y->stride_b || x->stride_c != y->stride_c)
+            return 0;
+    }
+    return 1;
+}
+
+static void fl_rehash(FGraph *fg) {
+    int cap = fg->hcap ? fg->hcap * 2 : 1024;
+    int *h = arena_alloc(fg->ar, sizeof(int) * (size_t)cap);
+    for (int i = 0; i < cap; i++) h[i] = -1;
+    for (int id = 0; id < fg->n; id++) {
+        if (fg->node[id]->op == F_LEAF) continue;
+        uint64_t s = fl_hash(fg->node[id]) & (uint64_t)(cap - 1);
+        while (h[s] >= 0) s = (s + 1) & (uint64_t)(cap - 1);
+        h[s] = id;
+    }
+    fg->hash = h;
+    fg->hcap = cap;
+}
+
+/* The node equal to p (leaves are never shared), appended when new. */
+static int fl_add(FL *L, const FNode *p) {
+    FGraph *fg = L->fg;
+    for (int i = 0; i < p->nin; i++)
+        if (p->in[i] < 0 || p->in[i] >= fg->n) INTERNAL("fuse: lowering %%%d: input %d is %d", L->gid, i, p->in[i]);
+    if ((fg->n + 1) * 2 > fg->hcap) fl_rehash(fg);
+    uint64_t s = 0;
+    if (p->op != F_LEAF) {
+        s = fl_hash(p) & (uint64_t)(fg->hcap - 1);
+        while (fg->hash[s] >= 0) {
+            if (fl_same(fg->node[fg->hash[s]], p)) return fg->hash[s];
+            s = (s + 1) & (uint64_t)(fg->hcap - 1);
+        }
+    }
+    if (fg->n == fg->cap) {
+        int cap = fg->cap ? fg->cap * 2 : 256;
+        FNode **nv = arena_alloc(fg->ar, sizeof(FNode *) * (size_t)cap);
+        if (fg->n) memcpy(nv, fg->node, sizeof(FNode *) * (size_t)fg->n);
+        fg->node = nv;
+        fg->cap = cap;
+    }
+    FNode *n = arena_alloc(fg->ar, sizeof(FNode));
+    *n = *p;
+    n->id = fg->n;
+    n->gid = L->gid;
+    fg->node[fg->n++] = n;
+    if (p->op != F_LEAF) fg->hash[s] = n->id;
+    return n->id;
+}
+
+static FNode fl_proto(FOp op, DType dt, int rank, const int64_t *shape) {
+    FNode p;
+    memset(&p, 0, sizeof p);
+    p.op = op;
+    p.dt = dt;
+    p.rank = rank;
+    for (int i = 0; i < rank; i++) p.shape[i] = shape[i];
+    return p;
+}
+
+/* ---- constructors ------------------------------------------------------------------------------- */
+
+static int fl_const_shaped(FL *L, double v, DType dt, int rank, const int64_t *shape) {
+    FNode p = fl_proto(F_CONST, dt, rank, shape);
+    p.fa[0] = v;
+    return fl_add(L, &p);
+}
+
+static int fl_c(FL *L, double v, DType dt) { return fl_const_shaped(L, v, dt, 0, NULL); }
+
+static int fl_is_compare(KOp op) { return op >= K_EQ && op <= K_GE; }
+
+/* NumPy broadcasting of the inputs' shapes (valid: they come from a verified graph). */
+static int fl_bcast(const FL *L, int nin, const int *in, int64_t *shape) {
+    int rank = 0;
+    for (int i = 0; i < nin; i++)
+        if (fl_n(L, in[i])->rank > rank) rank = fl_n(L, in[i])->rank;
+    for (int d = 0; d < rank; d++) shape[d] = 1;
+    for (int i = 0; i < nin; i++) {
+        const FNode *x = fl_n(L, in[i]);
+        for (int d = 0; d < x->rank; d++) {
+            int64_t s = x->shape[d], *o = &shape[rank - x->rank + d];
+            if (s != 1) {
+                if (*o != 1 && *o != s) INTERNAL("fuse: lowering %%%d: shapes do not broadcast", L->gid);
+                *o = s;
+            }
+        }
+    }
+    return rank;
+}
+
+static int fl_map(FL *L, KOp kop, DType dt, int nin, int a, int b, int c) {
+    int in[3] = {a, b, c};
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    int rank = fl_bcast(L, nin, in, shape);
+    FNode p = fl_proto(F_MAP, dt, rank, shape);
+    p.kop = kop;
+    p.nin = nin;
+    for (int i = 0; i < nin; i++) p.in[i] = in[i];
+    return fl_add(L, &p);
+}
+
+static int fl_un(FL *L, KOp kop, int x) { return fl_map(L, kop, fl_n(L, x)->dt, 1, x, -1, -1); }
+
+static int fl_bin(FL *L, KOp kop, int a, int b) {
+    return fl_map(L, kop, fl_is_compare(kop) ? DT_BOOL : fl_n(L, a)->dt, 2, a, b, -1);
+}
+
+static int fl_sel(FL *L, int c, int a, int b) { return fl_map(L, K_SELECT, fl_n(L, a)->dt, 3, c, a, b); }
+
+static int fl_cast(FL *L, int x, DType dt) {
+    if (fl_n(L, x)->dt == dt) return x;
+    return fl_map(L, K_CAST, dt, 1, x, -1, -1);
+}
+
+static int fl_add2(FL *L, int a, int b) { return fl_bin(L, K_ADD, a, b); }
+static int fl_sub2(FL *L, int a, int b) { return fl_bin(L, K_SUB, a, b); }
+static int fl_mul2(FL *L, int a, int b) { return fl_bin(L, K_MUL, a, b); }
+static int fl_div2(FL *L, int a, int b) { return fl_bin(L, K_DIV, a, b); }
+
+/* x reduced with kop over the axes in mask (kept as size 1). Axes of size 1 need no reduction:
+ * a mask left empty returns x. */
+static int fl_reduce(FL *L, KOp kop, int x, uint32_t mask) {
+    const FNode *n = fl_n(L, x);
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    for (int d = 0; d < n->rank; d++) {
+        if (n->shape[d] == 1) mask &= ~(1u << d);
+        shape[d] = mask & (1u << d) ? 1 : n->shape[d];
+    }
+    mask &= (n->rank >= 32 ? ~0u : (1u << n->rank) - 1);
+    if (!mask) return x;
+    FNode p = fl_proto(F_REDUCE, n->dt, n->rank, shape);
+    p.kop = kop;
+    p.nin = 1;
+    p.in[0] = x;
+    p.ia[0] = mask;
+    return fl_add(L, &p);
+}
+
+static int fl_same_shape(const FNode *n, int rank, const int64_t *shape) {
+    if (n->rank != rank) return 0;
+    for (int i = 0; i < rank; i++)
+        if (n->shape[i] != shape[i]) return 0;
+    return 1;
+}
+
+static int fl_reshape(FL *L, int x, int rank, const int64_t *shape) {
+    const FNode *n = fl_n(L, x);
+    while (n->op == F_RESHAPE) n = fl_n(L, n->in[0]); /* a reshape of a reshape is one reshape */
+    if (fl_same_shape(n, rank, shape)) return n->id;
+    FNode p = fl_proto(F_RESHAPE, n->dt, rank, shape);
+    p.nin = 1;
+    p.in[0] = n->id;
+    return fl_add(L, &p);
+}
+
+static int fl_permute(FL *L, int x, int a, int b) {
+    const FNode *n = fl_n(L, x);
+    if (a == b) return x;
+    if (a > b) {
+        int t = a;
+        a = b;
+        b = t;
+    }
+    if (n->op == F_PERMUTE && n->ia[0] == a && n->ia[1] == b) return n->in[0]; /* swapped back */
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    memcpy(shape, n->shape, sizeof shape);
+    shape[a] = n->shape[b];
+    shape[b] = n->shape[a];
+    FNode p = fl_proto(F_PERMUTE, n->dt, n->rank, shape);
+    p.nin = 1;
+    p.in[0] = x;
+    p.ia[0] = a;
+    p.ia[1] = b;
+    return fl_add(L, &p);
+}
+
+static int fl_expand(FL *L, int x, int rank, const int64_t *shape) {
+    const FNode *n = fl_n(L, x);
+    if (fl_same_shape(n, rank, shape)) return x;
+    FNode p = fl_proto(F_EXPAND, n->dt, rank, shape);
+    p.nin = 1;
+    p.in[0] = x;
+    return fl_add(L, &p);
+}
+
+static int fl_iota(FL *L, DType dt, int rank, const int64_t *shape, int axis) {
+    FNode p = fl_proto(F_IOTA, dt, rank, shape);
+    p.ia[0] = axis;
+    return fl_add(L, &p);
+}
+
+/* A node of op with the given shape, inputs and attributes. */
+static int fl_op(FL *L, FOp op, DType dt, int rank, const int64_t *shape, int nin, const int *in) {
+    FNode p = fl_proto(op, dt, rank, shape);
+    p.nin = nin;
+    for (int i = 0; i < nin; i++) p.in[i] = in[i];
+    const GNode *gn = graph_node(L->g, L->gid);
+    memcpy(p.ia, gn->iattr, sizeof p.ia);
+    memcpy(p.fa, gn->fattr, sizeof p.fa);
+    return fl_add(L, &p);
+}
+
+static uint32_t fl_all_axes(int rank) { return rank >= 32 ? ~0u : (1u << rank) - 1; }
+
+/* x's shape with the last axis removed (rank - 1), then reshaped to keep it as 1 and so on. */
+static int fl_keep_last1(FL *L, int x) {
+    const FNode *n = fl_n(L, x);
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    memcpy(shape, n->shape, sizeof shape);
+    shape[n->rank] = 1;
+    return fl_reshape(L, x, n->rank + 1, shape);
+}
+
+/* ---- composite ops ------------------------------------------------------------------------------ */
+
+/* ref.c's sigmoid: both branches evaluated, the stable one selected. */
+static int fl_sigmoid(FL *L, int x) {
+    DType dt = fl_n(L, x)->dt;
+    int one = fl_c(L, 1.0, dt);
+    int pos = fl_div2(L, one, fl_add2(L, one, fl_un(L, K_EXP, fl_un(L, K_NEG, x))));
+    int e = fl_un(L, K_EXP, x);
+    int neg = fl_div2(L, e, fl_add2(L, one, e));
+    return fl_sel(L, fl_bin(L, K_GE, x, fl_c(L, 0.0, dt)), pos, neg);
+}
+
+/* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), associated as ref.c writes it. */
+static int fl_gelu(FL *L, int x) {
+    DType dt = fl_n(L, x)->dt;
+    int cube = fl_mul2(L, fl_mul2(L, fl_mul2(L, fl_c(L, 0.044715, dt), x), x), x);
+    int t = fl_un(L, K_TANH, fl_mul2(L, fl_c(L, sqrt(2.0 / 3.14159265358979323846), dt), fl_add2(L, x, cube)));
+    return fl_mul2(L, fl_mul2(L, fl_c(L, 0.5, dt), x), fl_add2(L, fl_c(L, 1.0, dt), t));
+}
+
+/* A layernorm's row statistics over the last axis: mean and 1/sqrt(var + eps), two passes. */
+static void fl_ln_stats(FL *L, int x, double eps, int *mean, int *rstd, int *centred) {
+    const FNode *n = fl_n(L, x);
+    DType dt = n->dt;
+    uint32_t last = 1u << (n->rank - 1);
+    int c = fl_c(L, (double)n->shape[n->rank - 1], dt);
+    *mean = fl_div2(L, fl_reduce(L, K_ADD, x, last), c);
+    *centred = fl_sub2(L, x, *mean);
+    int var = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, *centred, *centred), last), c);
+    *rstd = fl_div2(L, fl_c(L, 1.0, dt), fl_un(L, K_SQRT, fl_add2(L, var, fl_c(L, eps, dt))));
+}
+
+/* An rmsnorm's 1/sqrt(mean(x^2) + eps) over the last axis. */
+static int fl_rms_stats(FL *L, int x, double eps) {
+    const FNode *n = fl_n(L, x);
+    DType dt = n->dt;
+    int c = fl_c(L, (double)n->shape[n->rank - 1], dt);
+    int ms = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, x, x), 1u << (n->rank - 1)), c);
+    return fl_div2(L, fl_c(L, 1.0, dt), fl_un(L, K_SQRT, fl_add2(L, ms, fl_c(L, eps, dt))));
+}
+
+/* Cross-entropy's row max m and sum of exp(x - m) over the last axis, and exp(x - m). */
+static void fl_ce_stats(FL *L, int x, int *m, int *s, int *e) {
+    const FNode *n = fl_n(L, x);
+    uint32_t last = 1u << (n->rank - 1);
+    *m = fl_reduce(L, K_MAX, x, last);
+    *e = fl_un(L, K_EXP, fl_sub2(L, x, *m));
+    *s = fl_reduce(L, K_ADD, *e, last);
+}
+
+/* The bits of the axes a reduction with attribute axis (-1: all) reduces. */
+static uint32_t fl_axis_mask(const FNode *x, int64_t axis) {
+    if (axis < 0) return fl_all_axes(x->rank);
+    return 1u << axis;
+}
+
+/* ---- GEMMs ----------------------------------------------------------------------------------------- */
+
+typedef struct FLOperand {
+    int node;        /* after peeling transposes: the stored layout */
+    int buf;         /* the node whose buffer holds it (reshapes peeled) */
+    int trans;
+    int64_t rows, cols, batch;
+} FLOperand;
+
+static void fl_operand(FL *L, int f, int left, FLOperand *o) {
+    o->trans = 0;
+    for (;;) {
+        const FNode *n = fl_n(L, f);
+        if (n->op == F_PERMUTE && n->rank >= 2 && n->ia[0] == n->rank - 2 && n->ia[1] == n->rank - 1) {
+            o->trans ^= 1;
+            f = n->in[0];
+            continue;
+        }
+        break;
+    }
+    const FNode *n = fl_n(L, f);
+    o->node = f;
+    if (n->rank >= 2) {
+        o->rows = n->shape[n->rank - 2];
+        o->cols = n->shape[n->rank - 1];
+    } else { /* a vector: a row on the left, a column on the right */
+        o->rows = left ? 1 : n->shape[0];
+        o->cols = left ? n->shape[0] : 1;
+        o->trans = 0;
+    }
+    o->batch = fuse_numel(n) / (o->rows * o->cols);
+    int b = f;
+    while (fl_n(L, b)->op == F_RESHAPE) b = fl_n(L, b)->in[0];
+    o->buf = b;
+}
+
+/* An operand whose batch dims broadcast partially (neither one matrix nor one per batch index)
+ * is expanded to the output's batch dims: a copy the partition materialises. */
+static void fl_operand_expand(FL *L, FLOperand *o, int nbatch, const int64_t *bshape) {
+    const FNode *n = fl_n(L, o->node);
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    for (int i = 0; i < nbatch; i++) shape[i] = bshape[i];
+    shape[nbatch] = n->shape[n->rank - 2];
+    shape[nbatch + 1] = n->shape[n->rank - 1];
+    o->node = o->buf = fl_expand(L, o->node, nbatch + 2, shape);
+    o->batch = 1;
+    for (int i = 0; i < nbatch; i++) o->batch *= bshape[i];
+}
+
+static int fl_matmul(FL *L, const GNode *gn, int x, int y) {
+    const Graph *g = L->g;
+    FLOperand A, B;
+    fl_operand(L, x, 1, &A);
+    fl_operand(L, y, 0, &B);
+    int64_t M = A.trans ? A.cols : A.rows, K = A.trans ? A.rows : A.cols;
+    int64_t N = B.trans ? B.rows : B.cols;
+    int64_t out = graph_numel(gn), obatch = out / (M * N);
+    int nbatch = gn->rank - (fl_n(L, A.node)->rank >= 2) - (fl_n(L, B.node)->rank >= 2);
+    if (nbatch < 0 || obatch * M * N != out) INTERNAL("fuse: matmul %%%d: output shape", gn->id);
+    if (A.batch != 1 && A.batch != obatch) fl_operand_expand(L, &A, nbatch, gn->shape);
+    if (B.batch != 1 && B.batch != obatch) fl_operand_expand(L, &B, nbatch, gn->shape);
+    FuseGemm m = {.a = -1, .b = -1, .c = -1, .trans_a = A.trans, .trans_b = B.trans, .m = M, .n = N, .k = K,
+                  .batch = obatch, .lda = A.cols, .ldb = B.cols, .ldc = N, .alpha = 1.0, .beta = 0.0, .dt = gn->dt};
+    m.stride_a = A.batch > 1 ? A.rows * A.cols : 0;
+    m.stride_b = B.batch > 1 ? B.rows * B.cols : 0;
+    m.stride_c = obatch > 1 ? M * N : 0;
+    int rank = gn->rank;
+    const int64_t *shape = gn->shape;
+    if (obatch > 1 && m.stride_b == 0 && !m.trans_a && m.stride_a) {
+        /* activations [batch, rows, k] @ weight [k, n]: one GEMM over batch * rows */
+        m.m *= obatch;
+        m.batch = 1;
+        m.stride_a = m.stride_c = 0;
+    } else if (obatch > 1 && m.trans_a && !m.trans_b && m.stride_a && m.stride_b && L->guses[gn->id] == 1 &&
+               L->guser[gn->id] >= 0 && L->glive[gn->id] != 2) {
+        /* sum over the batch of A_t^T B_t (a weight gradient): one GEMM with K = batch * k */
+        const GNode *u = graph_node(g, L->guser[gn->id]);
+        int ok = u->op == G_SUM_TO && u->rank >= 2 && u->shape[u->rank - 2] == M && u->shape[u->rank - 1] == N;
+        for (int i = 0; ok && i < u->rank - 2; i++) ok = u->shape[i] == 1;
+        if (ok) {
+            m.k *= obatch;
+            m.batch = 1;
+            m.stride_a = m.stride_b = m.stride_c = 0;
+            rank = u->rank;
+            shape = u->shape;
+        }
+    }
+    FNode p = fl_proto(F_GEMM, gn->dt, rank, shape);
+    p.nin = 2;
+    p.in[0] = A.buf;
+    p.in[1] = B.buf;
+    p.gemm = m;
+    return fl_add(L, &p);
+}
+
+/* ---- one graph node ---------------------------------------------------------------------------- */
+
+static int fl_lower_node(FL *L, const GNode *n) {
+    const int *g2f = L->fg->g2f;
+    int in[GRAPH_MAX_IN] = {-1, -1, -1, -1};
+    for (int i = 0; i < n->nin; i++) {
+        in[i] = g2f[n->in[i]];
+        if (in[i] < 0 && !(n->op == G_SUM_TO && L->fg->absorbed[n->in[i]] >= 0))
+            INTERNAL("fuse: %%%d (%s) reads %%%d, which was not lowered", n->id, graph_op_name(n->op), n->in[i]);
+    }
+    int x = in[0], y = in[1], z = in[2];
+    DType dt = n->dt;
+    const FNode *nx = x >= 0 ? fl_n(L, x) : NULL;
+    switch (n->op) {
+    case G_PARAM:
+    case G_INPUT: {
+        FNode p = fl_proto(F_LEAF, dt, n->rank, n->shape);
+        p.ia[0] = n->id;
+        return fl_add(L, &p);
+    }
+    case G_CONST: return fl_const_shaped(L, n->fattr[0], dt, n->rank, n->shape);
+    case G_ARANGE: return fl_iota(L, DT_I32, n->rank, n->shape, 0);
+    case G_NEG: return fl_un(L, K_NEG, x);
+    case G_EXP: return fl_un(L, K_EXP, x);
+    case G_LOG: return fl_un(L, K_LOG, x);
+    case G_SQRT: return fl_un(L, K_SQRT, x);
+    case G_TANH: return fl_un(L, K_TANH, x);
+    case G_SIN: return fl_un(L, K_SIN, x);
+    case G_COS: return fl_un(L, K_COS, x);
+    case G_FLOOR: return fl_un(L, K_FLOOR, x);
+    case G_ABS: return fl_un(L, K_ABS, x);
+    case G_RSQRT: return fl_div2(L, fl_c(L, 1.0, dt), fl_un(L, K_SQRT, x));
+    case G_SIGMOID: return fl_sigmoid(L, x);
+    case G_RELU: /* x > 0 or NaN: x, else 0 */
+        return fl_sel(L, fl_bin(L, K_LE, x, fl_c(L, 0.0, dt)), fl_c(L, 0.0, dt), x);
+    case G_GELU: return fl_gelu(L, x);
+    case G_SILU: return fl_mul2(L, x, fl_sigmoid(L, x));
+    case G_SIGN:
+        return fl_sel(L, fl_bin(L, K_GT, x, fl_c(L, 0.0, dt)), fl_c(L, 1.0, dt),
+                      fl_sel(L, fl_bin(L, K_LT, x, fl_c(L, 0.0, dt)), fl_c(L, -1.0, dt), x));
+    case G_NOT:
+        if (nx->dt == DT_BOOL) return fl_un(L, K_NOT, x);
+        return fl_bin(L, K_EQ, x, fl_c(L, 0.0, nx->dt));
+    case G_CAST: return fl_cast(L, x, dt);
+    case G_DROPOUT: {
+        double p = n->fattr[0];
+        if (!(p > 0)) return x;
+        if (p >= 1) return fl_const_shaped(L, 0.0, dt, n->rank, n->shape);
+        FNode q = fl_proto(F_DROPOUT, dt, n->rank, n->shape);
+        q.nin = 1;
+        q.in[0] = x;
+        q.ia[0] = n->iattr[0];
+        q.fa[0] = p;
+        return fl_add(L, &q);
+    }
+    case G_CLAMP: {
+        int lo = fl_c(L, n->fattr[0], dt), hi = fl_c(L, n->fattr[1], dt);
+        return fl_sel(L, fl_bin(L, K_LT, x, lo), lo, fl_sel(L, fl_bin(L, K_GT, x, hi), hi, x));
+    }
+    case G_ADD: return fl_bin(L, K_ADD, x, y);
+    case G_SUB: return fl_bin(L, K_SUB, x, y);
+    case G_MUL: return fl_bin(L, K_MUL, x, y);
+    case G_DIV: return fl_bin(L, K_DIV, x, y);
+    case G_POW: return fl_bin(L, K_POW, x, y);
+    case G_MOD: return fl_bin(L, K_MOD, x, y);
+    case G_MAX2: return fl_bin(L, K_MAX, x, y);
+    case G_MIN2: return fl_bin(L, K_MIN, x, y);
+    case G_EQ: return fl_bin(L, K_EQ, x, y);
+    case G_NE: return fl_bin(L, K_NE, x, y);
+    case G_LT: return fl_bin(L, K_LT, x, y);
+    case G_LE: return fl_bin(L, K_LE, x, y);
+    case G_GT: return fl_bin(L, K_GT, x, y);
+    case G_GE: return fl_bin(L, K_GE, x, y);
+    case G_AND: return fl_bin(L, K_AND, fl_cast(L, x, DT_BOOL), fl_cast(L, y, DT_BOOL));
+    case G_OR: return fl_bin(L, K_OR, fl_cast(L, x, DT_BOOL), fl_cast(L, y, DT_BOOL));
+    case G_WHERE: return fl_map(L, K_SELECT, dt, 3, fl_cast(L, x, DT_BOOL), y, z);
+    case G_SUM:
+    case G_MEAN:
+    case G_MAX:
+    case G_MIN:
+    case G_LOGSUMEXP: {
+        uint32_t mask = fl_axis_mask(nx, n->iattr[0]);
+        int r;
+        if (n->op == G_SUM || n->op == G_MEAN) {
+            r = fl_reduce(L, K_ADD, x, mask);
+            if (n->op == G_MEAN) r = fl_div2(L, r, fl_c(L, (double)fuse_numel(nx) / (double)graph_numel(n), dt));
+        } else if (n->op == G_MAX || n->op == G_MIN) {
+            r = fl_reduce(L, n->op == G_MAX ? K_MAX : K_MIN, x, mask);
+        } else { /* max, then log of the sum of exp(x - max); an infinite or NaN max as it is */
+            int m = fl_reduce(L, K_MAX, x, mask);
+            int s = fl_reduce(L, K_ADD, fl_un(L, K_EXP, fl_sub2(L, x, m)), mask);
+            int finite = fl_bin(L, K_EQ, fl_sub2(L, m, m), fl_c(L, 0.0, dt));
+            r = fl_sel(L, finite, fl_add2(L, m, fl_un(L, K_LOG, s)), m);
+        }
+        return fl_reshape(L, r, n->rank, n->shape);
+    }
+    case G_SEG_NORM: return fl_op(L, F_SEG_NORM, dt, n->rank, n->shape, 1, in);
+    case G_NORM: {
+        int s = fl_reduce(L, K_ADD, fl_mul2(L, x, x), fl_all_axes(nx->rank));
+        return fl_reshape(L, fl_un(L, K_SQRT, s), n->rank, n->shape);
+    }
+    case G_SUM_TO: {
+        if (x < 0) return L->fg->absorbed[n->in[0]]; /* the GEMM summed over the batch already */
+        uint32_t mask = 0;
+        for (int a = 0; a < nx->rank; a++) {
+            int j = a - (nx->rank - n->rank);
+            if (j < 0 || (n->shape[j] == 1 && nx->shape[a] != 1)) mask |= 1u << a;
+        }
+        return fl_reshape(L, fl_reduce(L, K_ADD, x, mask), n->rank, n->shape);
+    }
+    case G_SOFTMAX:
+    case G_LOG_SOFTMAX: {
+        uint32_t mask = 1u << n->iattr[0];
+        int m = fl_reduce(L, K_MAX, x, mask);
+        int zc = fl_sub2(L, x, m);
+        int e = fl_un(L, K_EXP, zc);
+        int s = fl_reduce(L, K_ADD, e, mask);
+        return n->op == G_SOFTMAX ? fl_div2(L, e, s) : fl_sub2(L, zc, fl_un(L, K_LOG, s));
+    }
+    case G_LAYERNORM: {
+        int mean, rstd, d;
+        fl_ln_stats(L, x, n->fattr[0], &mean, &rstd, &d);
+        int r = fl_mul2(L, fl_mul2(L, d, rstd), y);
+        return n->nin > 2 ? fl_add2(L, r, z) : r;
+    }
+    case G_RMSNORM: return fl_mul2(L, fl_mul2(L, x, fl_rms_stats(L, x, n->fattr[0])), y);
+    case G_ROPE:
+    case G_ROPE_BWD: {
+        FNode p = fl_proto(F_ROPE, dt, n->rank, n->shape);
+        p.nin = 1;
+        p.in[0] = x;
+        p.fa[0] = n->fattr[0];
+        p.ia[0] = n->op == G_ROPE_BWD;
+        return fl_add(L, &p);
+    }
+    case G_ATTENTION: return fl_op(L, F_ATTN, dt, n->rank, n->shape, 3, in);
+    case G_ATTENTION_BWD_Q:
+    case G_ATTENTION_BWD_K:
+    case G_ATTENTION_BWD_V: {
+        const FNode *q = fl_n(L, y);
+        int64_t shape[GRAPH_MAX_RANK] = {0};
+        memcpy(shape, q->shape, sizeof shape);
+        shape[q->rank - 1] = 3;
+        int stats = fl_op(L, F_ATTN_STATS, q->dt, q->rank, shape, 4, in);
+        int all[5] = {in[0], in[1], in[2], in[3], stats};
+        FOp op = n->op == G_ATTENTION_BWD_Q ? F_ATTN_BWD_Q : n->op == G_ATTENTION_BWD_K ? F_ATTN_BWD_K : F_ATTN_BWD_V;
+        return fl_op(L, op, dt, n->rank, n->shape, 5, all);
+    }
+    case G_CROSS_ENTROPY: {
+        int m, s, e;
+        fl_ce_stats(L, x, &m, &s, &e);
+        int xt = fl_keep_last1(L, fl_op(L, F_TAKE, nx->dt, fl_n(L, y)->rank, fl_n(L, y)->shape, 2, in));
+        int rowloss = fl_sub2(L, fl_un(L, K_LOG, s), fl_sub2(L, xt, m));
+        L->fg->node[rowloss]->keep = 1;
+        int total = fl_reduce(L, K_ADD, rowloss, fl_all_axes(nx->rank));
+        int mean = fl_div2(L, total, fl_c(L, (double)fuse_numel(fl_n(L, y)), nx->dt));
+        return fl_cast(L, fl_reshape(L, mean, n->rank, n->shape), dt);
+    }
+    case G_CROSS_ENTROPY_BWD: { /* in0 = dloss, in1 = logits, in2 = targets */
+        const FNode *lg = fl_n(L, y);
+        int m, s, e;
+        fl_ce_stats(L, y, &m, &s, &e);
+        int p = fl_div2(L, e, s);
+        int iota = fl_iota(L, DT_I32, lg->rank, lg->shape, lg->rank - 1);
+        int hot = fl_sel(L, fl_bin(L, K_EQ, iota, fl_keep_last1(L, z)), fl_c(L, 1.0, lg->dt), fl_c(L, 0.0, lg->dt));
+        int dl = fl_mul2(L, fl_cast(L, x, lg->dt), fl_sub2(L, p, hot));
+        return fl_div2(L, dl, fl_c(L, (double)fuse_numel(fl_n(L, z)), lg->dt));
+    }
+    case G_MSE: {
+        int d = fl_sub2(L, x, y);
+        int s = fl_reduce(L, K_ADD, fl_mul2(L, d, d), fl_all_axes(nx->rank));
+        int mean = fl_div2(L, s, fl_c(L, (double)fuse_numel(nx), nx->dt));
+        return fl_cast(L, fl_reshape(L, mean, n->rank, n->shape), dt);
+    }
+    case G_ONE_HOT: {
+        int iota = fl_iota(L, DT_I32, n->rank, n->shape, n->rank - 1);
+        return fl_sel(L, fl_bin(L, K_EQ, iota, fl_keep_last1(L, x)), fl_c(L, 1.0, dt), fl_c(L, 0.0, dt));
+    }
+    case G_TOPK_VALUES:
+    case G_TOPK_INDICES: {
+        FNode p = fl_proto(F_TOPK, dt, n->rank, n->shape);
+        p.nin = 1;
+        p.in[0] = x;
+        p.ia[0] = n->iattr[0];
+        p.ia[1] = n->iattr[1] < 0 ? n->iattr[1] + nx->rank : n->iattr[1];
+        p.ia[2] = n->op == G_TOPK_INDICES;
+        return fl_add(L, &p);
+    }
+    case G_MATMUL: {
+        int f = fl_matmul(L, n, x, y);
+        if (!fl_same_shape(fl_n(L, f), n->rank, n->shape)) { /* absorbed by its sum_to */
+            L->fg->absorbed[n->id] = f;
+            return -1;
+        }
+        return f;
+    }
+    case G_RESHAPE: return fl_reshape(L, x, n->rank, n->shape);
+    case G_TRANSPOSE: return fl_permute(L, x, (int)n->iattr[0], (int)n->iattr[1]);
+    case G_SLICE: {
+        if (n->iattr[1] == 0 && n->iattr[2] == nx->shape[n->iattr[0]]) return x;
+        FNode p = fl_proto(F_SLICE, dt, n->rank, n->shape);
+        p.nin = 1;
+        p.in[0] = x;
+        p.ia[0] = n->iattr[0];
+        p.ia[1] = n->iattr[1];
+        return fl_add(L, &p);
+    }
+    case G_GATHER: return fl_op(L, F_GATHER, dt, n->rank, n->shape, 2, in);
+    case G_CONCAT: {
+        if (n->nin == 1) return x;
+        FNode p = fl_proto(F_CONCAT, dt, n->rank, n->shape);
+        p.nin = n->nin;
+        for (int i = 0; i < n->nin; i++) p.in[i] = in[i];
+        p.ia[0] = n->iattr[0];
+        return fl_add(L, &p);
+    }
+    case G_BROADCAST: return fl_expand(L, x, n->rank, n->shape);
+    case G_SCATTER_ADD: return fl_op(L, F_SCATTER_ADD, dt, n->rank, n->shape, 2, in);
+    case G_SOFTMAX_BWD: {
+        int s = fl_reduce(L, K_ADD, fl_mul2(L, x, y), 1u << n->iattr[0]);
+        return fl_mul2(L, y, fl_sub2(L, x, s));
+    }
+    case G_LAYERNORM_BWD_X: { /* in0 = dy, in1 = x, in2 = w */
+        const FNode *xn = fl_n(L, y);
+        int mean, rstd, d;
+        fl_ln_stats(L, y, n->fattr[0], &mean, &rstd, &d);
+        uint32_t last = 1u << (xn->rank - 1);
+        int c = fl_c(L, (double)xn->shape[xn->rank - 1], xn->dt);
+        int gr = fl_mul2(L, x, z);
+        int xhat = fl_mul2(L, d, rstd);
+        int mg = fl_div2(L, fl_reduce(L, K_ADD, gr, last), c);
+        int mgx = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, gr, xhat), last), c);
+        return fl_mul2(L, rstd, fl_sub2(L, fl_sub2(L, gr, mg), fl_mul2(L, xhat, mgx)));
+    }
+    case G_LAYERNORM_BWD_W:
+    case G_RMSNORM_BWD_W: { /* in0 = dy, in1 = x: sum over rows of dy * xhat */
+        const FNode *xn = fl_n(L, y);
+        int t;
+        if (n->op == G_LAYERNORM_BWD_W) {
+            int mean, rstd, d;
+            fl_ln_stats(L, y, n->fattr[0], &mean, &rstd, &d);
+            t = fl_mul2(L, fl_mul2(L, x, d), rstd);
+        } else {
+            t = fl_mul2(L, fl_mul2(L, x, y), fl_rms_stats(L, y, n->fattr[0]));
+        }
+        uint32_t rows = fl_all_axes(xn->rank) & ~(1u << (xn->rank - 1));
+        return fl_reshape(L, fl_reduce(L, K_ADD, t, rows), n->rank, n->shape);
+    }
+    case G_RMSNORM_BWD_X: {
+        const FNode *xn = fl_n(L, y);
+        int rs = fl_rms_stats(L, y, n->fattr[0]);
+        int c = fl_c(L, (double)xn->shape[xn->rank - 1], xn->dt);
+        int gr = fl_mul2(L, x, z);
+        int mgx = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, gr, y), 1u << (xn->rank - 1)), c);
+        int cube = fl_mul2(L, fl_mul2(L, fl_mul2(L, y, rs), rs), rs);
+        return fl_sub2(L, fl_mul2(L, rs, gr), fl_mul2(L, cube, mgx));
+    }
+    case G_OP_COUNT: break;
+    }
+    INTERNAL("fuse: no lowering for %s (%%%d)", graph_op_name(n->op), n->id);
+}
+
+FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar) {
+    FGraph *fg = arena_alloc(ar, sizeof(FGraph));
+    fg->ar = ar;
+    fg->g = g;
+    fg->g2f = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
+    fg->absorbed = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
+    FL L = {.fg = fg, .g = g, .glive = glive};
+    L.guses = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
+    L.guser = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
+    for (int id = 0; id < g->n; id++) {
+        fg->g2f[id] = fg->absorbed[id] = -1;
+        L.guser[id] = -1;
+    }
+    for (int id = 0; id < g->n; id++) {
+        if (!glive[id]) continue;
+        const GNode *n = graph_node(g, id);
+        for (int i = 0; i < n->nin; i++) {
+            L.guses[n->in[i]]++;
+            L.guser[n->in[i]] = id;
+        }
+    }
+    for (int id = 0; id < g->n; id++) {
+        if (!glive[id]) continue;
+        L.gid = id;
+        fg->g2f[id] = fl_lower_node(&L, graph_node(g, id));
+    }
+    return fg;
+}

@@ -1,0 +1,178 @@
+/* kir.h - the kernel IR: one generated kernel as a small loop nest of SSA scalar instructions.
+ *
+ * Pipeline position: graph -> autodiff -> plan -> fuse -> [kir] -> back ends (compiler/cpu:
+ * LLVM IR functions; compiler/cuda: CUDA C for NVRTC). fuse.c builds every kernel through the
+ * builder below; the back ends read a finished Kernel and nothing else (no graph), and kir_ref.c
+ * interprets one in double precision for the tests.
+ *
+ * A Kernel is
+ *   - buffer parameters (KBuf): element type, shape, read or written, and which buffer of the
+ *     schedule (FuseResult.buffers) the launch binds to it;
+ *   - an index space: `grid` independent work items, gid = 0 .. grid-1. The runtime splits them
+ *     across threads (CPU) or blocks/threads (CUDA) in any order; work items never communicate,
+ *     and no two write the same element (fuse guarantees it). A row kernel has one work item per
+ *     row, an elementwise kernel one per element (see KKind);
+ *   - a body run once per work item: a flat list of instructions, each defining at most one
+ *     value (its index in the list is its SSA id, printed %N), with structured control flow:
+ *     K_LOOP .. K_ENDLOOP (a counted loop; the K_LOOP's value is the counter) and K_IF ..
+ *     K_ENDIF, properly nested. A value defined inside a loop or if is not visible after its end.
+ *   - mutable scalars for reductions: K_ACC declares one (initial value, combine op add/max/min),
+ *     K_ACCUM folds a value into it, and any use of the K_ACC's id reads its current value. A
+ *     reduction is `%a = acc; loop { ...; accum %a, %v }` and %a after the loop is the result. A
+ *     back end may split such a loop across the threads of a block and combine in a fixed tree:
+ *     the result is deterministic, its rounding back-end defined.
+ * Broadcasting, transposes, slices, concatenation and gathers are index arithmetic on i64
+ * values feeding K_LOAD offsets (elements, row-major, from the buffer's start): buffers are
+ * dense and contiguous. Types: every value has a KType; floats of f16/bf16 may be computed in
+ * f32 by a back end; kir_ref computes every float in double. Integer K_IDIV/K_IMOD are index
+ * arithmetic (both operands >= 0); K_MOD is NumPy's remainder (sign of the divisor) for floats
+ * and integers; K_MAX/K_MIN propagate NaN. u64 values (K_XOR, K_SHR, wrapping K_ADD/K_MUL)
+ * exist for the counter-based dropout hash.
+ *
+ * Printed by `mbtc --emit=kernels` (kir_print), checked by kir_verify. */
+#ifndef MBT_KIR_H
+#define MBT_KIR_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "arena.h"
+#include "graph.h"
+
+/* ---- types and opcodes ---------------------------------------------------------------------- */
+
+typedef enum KType { KT_VOID, KT_BOOL, KT_I32, KT_I64, KT_U64, KT_F16, KT_BF16, KT_F32, KT_F64, KT_COUNT } KType;
+
+typedef enum KOp {
+    K_NONE,
+    /* ---- values without operands ---------------------------------------------------------- */
+    K_CONST,    /* .f (float types) or .i (integer and bool types)                              */
+    K_GID,      /* the work item's index in [0, grid), i64                                      */
+    /* ---- control (void): structured and properly nested ----------------------------------- */
+    K_LOOP,     /* value: the counter (i64) in [0, extent); extent .i, or a[0] (i64) if nin = 1 */
+    K_ENDLOOP,
+    K_IF,       /* a[0] bool: the block up to the matching K_ENDIF runs when it is true         */
+    K_ENDIF,
+    /* ---- accumulators --------------------------------------------------------------------- */
+    K_ACC,      /* a mutable scalar: initial value .f/.i, combine op .aop (K_ADD, K_MAX, K_MIN)  */
+    K_ACCUM,    /* void: a[0] (a K_ACC) = aop(a[0], a[1])                                        */
+    /* ---- memory ----------------------------------------------------------------------------- */
+    K_LOAD,     /* buffer .buf, a[0] = element offset (i64); the buffer's element type           */
+    K_STORE,    /* void: buffer .buf, a[0] = offset, a[1] = value                                */
+    /* ---- binary, operands of the result type -------------------------------------------------- */
+    K_ADD, K_SUB, K_MUL, K_DIV, K_MOD, K_POW, K_MAX, K_MIN,
+    K_IDIV, K_IMOD, /* i64, operands >= 0 (index arithmetic)                                     */
+    K_XOR, K_SHR,   /* u64                                                                       */
+    /* ---- unary, operand of the result type -------------------------------------------------- */
+    K_NEG, K_ABS, K_EXP, K_LOG, K_SQRT, K_TANH, K_SIN, K_COS, K_FLOOR,
+    /* ---- comparisons (bool result, operands of one type) and logic on bool ------------------- */
+    K_EQ, K_NE, K_LT, K_LE, K_GT, K_GE,
+    K_AND, K_OR, K_NOT,
+    /* ---- the rest --------------------------------------------------------------------------- */
+    K_SELECT,   /* a[0] bool ? a[1] : a[2]                                                      */
+    K_CAST,     /* a[0] converted to the result type: float -> int truncates, -> bool is != 0    */
+    K_OP_COUNT
+} KOp;
+
+const char *kir_op_name(KOp op);     /* "add", "loop" ... */
+const char *kir_type_name(KType t);  /* "f32", "i64" ... */
+KType kir_type_of(DType dt);         /* the value type of a graph dtype */
+int kir_type_is_float(KType t);      /* f16, bf16, f32, f64 */
+
+/* ---- kernels -------------------------------------------------------------------------------- */
+
+/* What a kernel's work items are, for the back ends' launch shape (the body says everything). */
+typedef enum KKind {
+    KK_ELEMENTWISE, /* one work item per output element (or per element of each segment)       */
+    KK_ROW,         /* one per row: loops over the trailing axes (norms, softmax, cross-entropy) */
+    KK_REDUCE,      /* one per output element of a reduction over leading axes or everything     */
+    KK_ATTENTION,   /* one per query row (forward, backward of q) or key row (backward of k, v)  */
+    KK_TOPK,        /* one per row of the selected axis                                          */
+    KK_SCATTER,     /* one per column of the scattered rows                                      */
+    KK_COUNT
+} KKind;
+
+const char *kir_kind_name(KKind k); /* "elementwise", "row" ... */
+
+typedef struct KInst {
+    KOp op;
+    KType type;   /* of the value defined; KT_VOID for stores, accumulations and control */
+    int nin;
+    int a[3];     /* operand SSA ids */
+    int buf;      /* K_LOAD / K_STORE: index into Kernel.bufs */
+    KOp aop;      /* K_ACC: the combine op */
+    double f;     /* K_CONST / K_ACC of a float type */
+    int64_t i;    /* K_CONST / K_ACC of an integer type; K_LOOP's static extent */
+} KInst;
+
+typedef struct KBuf {
+    int buffer;   /* the schedule's buffer (FuseResult.buffers index) bound to it */
+    int node;     /* graph node whose value the buffer holds, -1 for an internal one */
+    DType dt;
+    int rank;
+    int64_t shape[GRAPH_MAX_RANK];
+    int written;  /* 1 when the kernel stores to it (it may also load what it stored) */
+    int key;      /* fuse's bookkeeping (the fused node the buffer holds) */
+} KBuf;
+
+typedef struct Kernel {
+    const char *name;  /* "k3_add_layernorm": unique in a schedule, a C identifier */
+    KKind kind;
+    int64_t grid;      /* work items */
+    int nsegments;     /* > 1: independent parts chosen by ranges of gid (the optimizer update) */
+    int nbufs;
+    KBuf *bufs;
+    int n, cap;
+    KInst *inst;
+    int nnodes;
+    int *nodes;        /* the graph nodes it computes, ascending (for the listing and tests) */
+} Kernel;
+
+/* ---- building (used by fuse.c) ---------------------------------------------------------------- */
+
+/* A builder appends instructions to one kernel. Pure instructions are hash-consed (the same op on
+ * the same operands gives the same id, within the scopes still open) and integer arithmetic on
+ * constants is folded, so index math stays small. kb_memo_* is a map with the same scoping for
+ * the builder's client (fuse remembers which value a node has at an index). */
+typedef struct KBuilder KBuilder;
+
+KBuilder *kb_new(Arena *ar, Kernel *k);                   /* a builder appending to k */
+Kernel *kir_new(Arena *ar, const char *name, KKind kind, int64_t grid); /* an empty kernel */
+int kb_buf(KBuilder *b, int key, int buffer, int node, DType dt, int rank, const int64_t *shape, int written);
+                                                          /* the parameter for key (added once) */
+int kb_const_f(KBuilder *b, KType t, double v);           /* a float constant */
+int kb_const_i(KBuilder *b, KType t, int64_t v);          /* an integer or bool constant */
+int kb_gid(KBuilder *b);                                  /* the work item's index */
+int kb_op(KBuilder *b, KOp op, KType t, int nin, int a0, int a1, int a2); /* a pure instruction */
+int kb_load(KBuilder *b, int buf, int off);               /* buffer element */
+void kb_store(KBuilder *b, int buf, int off, int v);      /* buffer element = v */
+int kb_loop(KBuilder *b, int64_t extent);                 /* opens a loop; returns the counter */
+int kb_loop_dyn(KBuilder *b, int extent);                 /* the same, extent an i64 value */
+void kb_endloop(KBuilder *b);                             /* closes the innermost loop */
+void kb_if(KBuilder *b, int cond);                        /* opens an if block */
+void kb_endif(KBuilder *b);                               /* closes the innermost if */
+int kb_acc(KBuilder *b, KType t, KOp aop, double init);   /* declares an accumulator */
+void kb_accum(KBuilder *b, int acc, int v);               /* acc = aop(acc, v) */
+int kb_depth(const KBuilder *b);                          /* open loops and ifs */
+int kb_memo_get(KBuilder *b, int64_t k1, int64_t k2);     /* -1 when absent or out of scope */
+void kb_memo_put(KBuilder *b, int64_t k1, int64_t k2, int v); /* valid until its scope closes */
+KType kb_type(const KBuilder *b, int v);                  /* the type of value v */
+int kb_is_const(const KBuilder *b, int v, int64_t *iv);   /* 1 when v is an integer constant */
+
+/* Removes instructions whose values nothing uses (and loops and ifs left empty), renumbering the
+ * rest. Called once the body is complete. */
+void kir_finish(Kernel *k);
+
+/* ---- checking and printing -------------------------------------------------------------------- */
+
+/* Checks that operands are defined before use and in scope, nesting is balanced, types agree
+ * with each op's rule, buffers exist, loads and stores use i64 offsets, and no store goes to a
+ * buffer not marked written. Returns the number of problems, each printed to out (may be NULL)
+ * as `kir: NAME: %N: ...`. A failure is a compiler bug. */
+int kir_verify(const Kernel *k, FILE *out);
+
+/* The body, one instruction a line, indented by loop and if depth; constants are printed
+ * inline as operands. `indent` spaces before every line. */
+void kir_print_body(FILE *out, const Kernel *k, int indent);
+
+#endif

@@ -1,0 +1,821 @@
+/* test_fuse.c - unit tests of fusion and the kernel IR (compiler/fuse*.c, kir.c, kir_ref.c).
+ *
+ * Build: make unit (links build/libmbtc.a). Prints `PASS name` / `FAIL name: why` per case, a
+ * `# name: ...` line per fused graph (launches, buffers compared, the largest error), then
+ * `N passed, M failed`. Run from the repository root (the programs under tests/ are read).
+ *
+ * What is checked:
+ *   - the kernel IR: the builder folds index arithmetic and hash-conses, dead code goes, the
+ *     verifier catches broken kernels, the printer's form, the interpreter's semantics;
+ *   - kernel counts of typical blocks, asserted exactly: Linear + bias + GELU, residual add +
+ *     layernorm, softmax, cross-entropy with its backward, an AdamW update over parameters of
+ *     several shapes (built by hand with graph_add) and the update graph of a real program, a
+ *     GPT-2 block forward and forward + backward (counts explained at the case);
+ *   - GEMM resolution: transposes folded into trans flags, batched strides, M folded over a batch
+ *     times a weight, K folded over a batch for a weight gradient, a partially broadcast batch;
+ *   - fused == unfused: every buffer a schedule materialises, run by kir_ref (kernels instruction
+ *     by instruction, GEMMs by a naive loop), against ref_run's value of the node it holds, for
+ *     the hand-built graphs and for the step graph (after autodiff) and the update graph of every
+ *     program in tests/golden and tests/fuse, on random parameters and inputs.
+ * Tolerance: for each buffer, max |fused - unfused| / max |unfused| <= 1e-12 (normwise: a value
+ * that cancels to near zero is measured against the tensor's scale). Both sides compute in
+ * double; they differ only in the order of some sums (a GEMM folding K over a batch, a norm
+ * without scaling), so the observed error is near 1e-16. */
+#include "unit.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#include "autodiff.h"
+#include "fuse.h"
+#include "kir.h"
+#include "kir_ref.h"
+#include "module.h"
+#include "plan.h"
+#include "ref.h"
+#include "sema.h"
+
+#define TF_TOL 1e-12
+#define TF_MAX_NODES 8192
+
+/* ---- graphs by hand --------------------------------------------------------------------------------- */
+
+typedef struct TShape {
+    int rank;
+    int64_t d[GRAPH_MAX_RANK];
+} TShape;
+
+#define S(...) ((TShape){(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}})
+#define S0 ((TShape){0, {0}})
+
+typedef struct TF {
+    Arena ar;
+    Graph *g;
+    uint64_t rng;
+    uint32_t file;
+    int np, ni;
+    double **leaf; /* [TF_MAX_NODES] values of each leaf by id */
+} TF;
+
+static TF *tf_begin(uint64_t seed) {
+    TF *t = calloc(1, sizeof(TF));
+    if (!t) exit(1);
+    t->g = graph_new(&t->ar);
+    t->leaf = arena_alloc(&t->ar, sizeof(double *) * TF_MAX_NODES);
+    t->rng = 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
+    enum { LEN = 200 };
+    char *text = arena_alloc(&t->ar, LEN + 1);
+    memset(text, 'x', LEN);
+    text[LEN - 1] = '\n';
+    t->file = diag_add_source("hand.mbt", text, LEN);
+    return t;
+}
+
+static void tf_end(TF *t) {
+    arena_free(&t->ar);
+    free(t);
+}
+
+static double tf_uniform(uint64_t *rng, double lo, double hi) {
+    *rng ^= *rng >> 12;
+    *rng ^= *rng << 25;
+    *rng ^= *rng >> 27;
+    uint64_t r = *rng * 2685821657736338717ull;
+    return lo + (hi - lo) * ((double)(r >> 11) / 9007199254740992.0);
+}
+
+static GNode *tf_n(TF *t, int id) { return graph_node(t->g, id); }
+
+static TShape tf_shape(TF *t, int id) {
+    TShape s = {tf_n(t, id)->rank, {0}};
+    memcpy(s.d, tf_n(t, id)->shape, sizeof s.d);
+    return s;
+}
+
+static int tf_node(TF *t, GOp op, DType dt, TShape s, int nin, const int *in) {
+    if (t->g->n >= TF_MAX_NODES - 1) {
+        printf("FAIL %s: the graph has too many nodes\n", unit_case);
+        exit(UNIT_EXIT_FAILED);
+    }
+    Span sp = {t->file, (uint32_t)(t->g->n % 150), 1, 1, (uint32_t)(t->g->n % 150) + 1};
+    return graph_add(t->g, op, dt, s.rank, s.d, nin, in, sp);
+}
+
+static int tf_leaf(TF *t, GOp op, DType dt, TShape s, double lo, double hi) {
+    int id = tf_node(t, op, dt, s, 0, NULL);
+    GNode *n = tf_n(t, id);
+    n->name = op == G_PARAM ? arena_printf(&t->ar, "p%d", t->np++) : arena_printf(&t->ar, "data.in%d", t->ni++);
+    if (op == G_PARAM) n->iattr[0] = GI_NORMAL;
+    int64_t k = graph_numel(n);
+    t->leaf[id] = arena_alloc(&t->ar, sizeof(double) * (size_t)(k ? k : 1));
+    for (int64_t i = 0; i < k; i++) {
+        t->leaf[id][i] = tf_uniform(&t->rng, lo, hi);
+        if (dt == DT_I32) t->leaf[id][i] = floor(t->leaf[id][i]);
+    }
+    return id;
+}
+
+static int tf_param(TF *t, TShape s) { return tf_leaf(t, G_PARAM, DT_F32, s, -1.0, 1.0); }
+static int tf_input(TF *t, TShape s) { return tf_leaf(t, G_INPUT, DT_F32, s, -1.0, 1.0); }
+static int tf_input_in(TF *t, TShape s, double lo, double hi) { return tf_leaf(t, G_INPUT, DT_F32, s, lo, hi); }
+static int tf_index(TF *t, TShape s, int64_t n) { return tf_leaf(t, G_INPUT, DT_I32, s, 0.0, (double)n); }
+
+static int tf_const(TF *t, double v) {
+    int id = tf_node(t, G_CONST, DT_F32, S0, 0, NULL);
+    tf_n(t, id)->fattr[0] = v;
+    return id;
+}
+
+static int tf_un(TF *t, GOp op, int x) { return tf_node(t, op, tf_n(t, x)->dt, tf_shape(t, x), 1, &x); }
+
+static int tf_bin(TF *t, GOp op, int a, int b) {
+    TShape sa = tf_shape(t, a), sb = tf_shape(t, b), s;
+    s.rank = sa.rank > sb.rank ? sa.rank : sb.rank;
+    for (int i = 0; i < s.rank; i++) {
+        int ia = i - (s.rank - sa.rank), ib = i - (s.rank - sb.rank);
+        int64_t da = ia >= 0 ? sa.d[ia] : 1, db = ib >= 0 ? sb.d[ib] : 1;
+        s.d[i] = da == 1 ? db : da;
+    }
+    int in[2] = {a, b};
+    return tf_node(t, op, op >= G_EQ && op <= G_GE ? DT_BOOL : DT_F32, s, 2, in);
+}
+
+static int tf_matmul(TF *t, int a, int b) {
+    TShape sa = tf_shape(t, a), sb = tf_shape(t, b), s = sa;
+    s.d[s.rank - 1] = sb.d[sb.rank - 1];
+    int in[2] = {a, b};
+    return tf_node(t, G_MATMUL, DT_F32, s, 2, in);
+}
+
+static int tf_transpose(TF *t, int x, int i, int j) {
+    TShape s = tf_shape(t, x);
+    int64_t d = s.d[i];
+    s.d[i] = s.d[j];
+    s.d[j] = d;
+    int id = tf_node(t, G_TRANSPOSE, DT_F32, s, 1, &x);
+    tf_n(t, id)->iattr[0] = i;
+    tf_n(t, id)->iattr[1] = j;
+    return id;
+}
+
+static int tf_reshape(TF *t, int x, TShape s) { return tf_node(t, G_RESHAPE, tf_n(t, x)->dt, s, 1, &x); }
+
+static int tf_slice(TF *t, int x, int axis, int64_t lo, int64_t hi) {
+    TShape s = tf_shape(t, x);
+    s.d[axis] = hi - lo;
+    int id = tf_node(t, G_SLICE, DT_F32, s, 1, &x);
+    tf_n(t, id)->iattr[0] = axis;
+    tf_n(t, id)->iattr[1] = lo;
+    tf_n(t, id)->iattr[2] = hi;
+    return id;
+}
+
+static int tf_layernorm(TF *t, int x, int w, int b) {
+    int in[3] = {x, w, b};
+    int id = tf_node(t, G_LAYERNORM, DT_F32, tf_shape(t, x), 3, in);
+    tf_n(t, id)->fattr[0] = 1e-5;
+    return id;
+}
+
+static int tf_softmax(TF *t, int x, int axis) {
+    int id = tf_node(t, G_SOFTMAX, DT_F32, tf_shape(t, x), 1, &x);
+    tf_n(t, id)->iattr[0] = axis;
+    return id;
+}
+
+static int tf_cross_entropy(TF *t, int logits, int targets) {
+    int in[2] = {logits, targets};
+    return tf_node(t, G_CROSS_ENTROPY, DT_F32, S0, 2, in);
+}
+
+static int tf_sum_all(TF *t, int x) {
+    int id = tf_node(t, G_SUM, DT_F32, S0, 1, &x);
+    tf_n(t, id)->iattr[0] = -1;
+    return id;
+}
+
+/* x @ w + b */
+static int tf_linear(TF *t, int x, int w, int b) { return tf_bin(t, G_ADD, tf_matmul(t, x, w), b); }
+
+/* A GPT-2 block on x [B, T, d] (nn.GPT2Block with `heads` heads), as the graph builder makes it. */
+static int tf_gpt2_block(TF *t, int x, int64_t heads) {
+    TShape sx = tf_shape(t, x);
+    int64_t B = sx.d[0], T = sx.d[1], d = sx.d[2], hd = d / heads;
+    int ln1w = tf_param(t, S(d)), ln1b = tf_param(t, S(d));
+    int wa = tf_param(t, S(d, 3 * d)), ba = tf_param(t, S(3 * d));
+    int wp = tf_param(t, S(d, d)), bp = tf_param(t, S(d));
+    int ln2w = tf_param(t, S(d)), ln2b = tf_param(t, S(d));
+    int wf = tf_param(t, S(d, 4 * d)), bf = tf_param(t, S(4 * d));
+    int wo = tf_param(t, S(4 * d, d)), bo = tf_param(t, S(d));
+    int qkv = tf_linear(t, tf_layernorm(t, x, ln1w, ln1b), wa, ba);
+    int heads_of[3];
+    for (int i = 0; i < 3; i++) {
+        int part = tf_slice(t, qkv, 2, i * d, (i + 1) * d);
+        heads_of[i] = tf_transpose(t, tf_reshape(t, part, S(B, T, heads, hd)), 1, 2);
+    }
+    int att = tf_node(t, G_ATTENTION, DT_F32, S(B, heads, T, hd), 3, heads_of);
+    tf_n(t, att)->iattr[0] = 1;
+    tf_n(t, att)->fattr[0] = 1.0 / sqrt((double)hd);
+    int y = tf_reshape(t, tf_transpose(t, att, 1, 2), S(B, T, d));
+    int x1 = tf_bin(t, G_ADD, x, tf_linear(t, y, wp, bp));
+    int h = tf_un(t, G_GELU, tf_linear(t, tf_layernorm(t, x1, ln2w, ln2b), wf, bf));
+    return tf_bin(t, G_ADD, x1, tf_linear(t, h, wo, bo));
+}
+
+/* loss = sum(out * R), R a random input of out's shape. */
+static int tf_weighted_loss(TF *t, int out) {
+    int r = tf_input(t, tf_shape(t, out));
+    t->g->loss = tf_sum_all(t, tf_bin(t, G_MUL, out, r));
+    return t->g->loss;
+}
+
+/* ---- fused == unfused ------------------------------------------------------------------------------ */
+
+typedef struct Fused {
+    FuseResult *r;
+    int gemms, kernels;
+    int compared;
+    double err;
+} Fused;
+
+/* max |a - b| / max |b| over n values; equal NaNs and equal infinities agree, a mismatch of
+ * either is an infinite error. */
+static double rel_error(const double *a, const double *b, int64_t n) {
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(b[i]) && fabs(b[i]) > scale) scale = fabs(b[i]);
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]) || isinf(a[i]) || isinf(b[i])) {
+            if (!((isnan(a[i]) && isnan(b[i])) || a[i] == b[i])) return INFINITY;
+            continue;
+        }
+        double e = fabs(a[i] - b[i]);
+        if (e > worst) worst = e;
+    }
+    return scale > 0 ? worst / scale : worst;
+}
+
+/* Fuses g (for outputs, or the default ones), verifies the result, runs it with kir_ref and
+ * compares every materialised buffer of a graph node with ref_run's value. */
+static Fused fuse_check(const char *what, const Graph *g, double *const *leaves, const int *outputs, int noutputs,
+                        Arena *ar) {
+    Fused f = {0};
+    capture_begin();
+    f.r = fuse_graph(g, outputs, noutputs, ar);
+    const char *msg = capture_end();
+    CHECK(!*msg, "%s: fuse_graph printed", what);
+    if (*msg) unit_detail("stderr", msg);
+    char *vt = NULL;
+    size_t vl = 0;
+    FILE *m = open_memstream(&vt, &vl);
+    int problems = fuse_verify(f.r, m);
+    fclose(m);
+    CHECK(problems == 0, "%s: fuse_verify found %d problems", what, problems);
+    if (problems) unit_detail("problems", vt);
+    free(vt);
+    fuse_counts(f.r, &f.gemms, &f.kernels);
+    for (int i = 0; i < f.r->noutputs; i++)
+        CHECK(f.r->node_buffer[f.r->outputs[i]] >= 0, "%s: output %%%d has no buffer", what, f.r->outputs[i]);
+    capture_begin();
+    double **ref = ref_run(g, leaves, ar);
+    double **fused = ref ? kir_ref_schedule(f.r, leaves, ar) : NULL;
+    msg = capture_end();
+    CHECK(ref != NULL, "%s: ref_run failed", what);
+    CHECK(!ref || fused != NULL, "%s: kir_ref_schedule failed", what);
+    if (!ref || !fused) {
+        unit_detail("stderr", msg);
+        return f;
+    }
+    for (int id = 0; id < g->n; id++) {
+        int b = f.r->node_buffer[id];
+        const GNode *n = g->node[id];
+        if (b < 0 || n->op == G_PARAM || n->op == G_INPUT) continue;
+        CHECK(f.r->buffers[b].bytes > 0, "%s: buffer b%d of %%%d is empty", what, b, id);
+        double e = rel_error(fused[b], ref[id], graph_numel(n));
+        f.compared++;
+        if (e > f.err || isnan(e)) f.err = e;
+        CHECK(e <= TF_TOL, "%s: %%%d (%s) in b%d differs from the unfused graph by %.3g", what, id, graph_op_name(n->op), b, e);
+    }
+    printf("# %s: %d launches (%d gemm, %d kernels), %d buffers compared, max relative error %.2g\n", what,
+           f.r->nlaunches, f.gemms, f.kernels, f.compared, f.err);
+    return f;
+}
+
+/* The launches of r that read buffer b. */
+static int readers_of(const FuseResult *r, int b) {
+    int n = 0;
+    for (int i = 0; i < r->nlaunches; i++) {
+        const FuseLaunch *L = &r->launches[i];
+        if (L->kind == FL_GEMM) {
+            n += L->gemm.a == b || L->gemm.b == b;
+            continue;
+        }
+        const Kernel *k = r->kernels[L->kernel];
+        int reads = 0;
+        for (int p = 0; p < k->nbufs; p++) reads |= k->bufs[p].buffer == b && !k->bufs[p].written;
+        n += reads;
+    }
+    return n;
+}
+
+/* The first GEMM launch of r. */
+static const FuseGemm *first_gemm(const FuseResult *r) {
+    for (int i = 0; i < r->nlaunches; i++)
+        if (r->launches[i].kind == FL_GEMM) return &r->launches[i].gemm;
+    return NULL;
+}
+
+/* ---- the kernel IR ------------------------------------------------------------------------------- */
+
+static void test_kir_builder_folds(void) {
+    Arena ar = {0};
+    Kernel *k = kir_new(&ar, "k_fold", KK_ELEMENTWISE, 24);
+    KBuilder *b = kb_new(&ar, k);
+    int64_t shape[1] = {24};
+    int in = kb_buf(b, 0, 0, -1, DT_F32, 1, shape, 0), out = kb_buf(b, 1, 1, -1, DT_F32, 1, shape, 1);
+    int gid = kb_gid(b);
+    int c4 = kb_const_i(b, KT_I64, 4);
+    CHECK(kb_op(b, K_ADD, KT_I64, 2, gid, kb_const_i(b, KT_I64, 0), -1) == gid, "x + 0 is x");
+    CHECK(kb_op(b, K_MUL, KT_I64, 2, kb_const_i(b, KT_I64, 1), gid, -1) == gid, "1 * x is x");
+    int64_t v;
+    CHECK(kb_is_const(b, kb_op(b, K_MUL, KT_I64, 2, kb_const_i(b, KT_I64, 6), kb_const_i(b, KT_I64, 7), -1), &v) && v == 42,
+          "6 * 7 folds to 42");
+    int q = kb_op(b, K_IDIV, KT_I64, 2, gid, c4, -1), r = kb_op(b, K_IMOD, KT_I64, 2, gid, c4, -1);
+    CHECK(kb_op(b, K_IDIV, KT_I64, 2, gid, c4, -1) == q, "the same division is hash-consed");
+    int back = kb_op(b, K_ADD, KT_I64, 2, kb_op(b, K_MUL, KT_I64, 2, q, c4, -1), r, -1);
+    CHECK(back == gid, "(x idiv 4) * 4 + x imod 4 folds to x");
+    int x = kb_load(b, in, back);
+    CHECK(kb_load(b, in, gid) == x, "loads of a read-only buffer are hash-consed");
+    int f1 = kb_const_f(b, KT_F32, 1.0);
+    CHECK(kb_op(b, K_MUL, KT_F32, 2, x, f1, -1) == x, "x * 1.0 is x");
+    int dead = kb_op(b, K_EXP, KT_F32, 1, x, -1, -1);
+    (void)dead;
+    kb_store(b, out, gid, kb_op(b, K_NEG, KT_F32, 1, x, -1, -1));
+    int before = k->n;
+    kir_finish(k);
+    CHECK(k->n < before, "dead code is removed (%d -> %d instructions)", before, k->n);
+    for (int i = 0; i < k->n; i++) CHECK(k->inst[i].op != K_EXP, "the unused exp is gone");
+    CHECK(kir_verify(k, stdout) == 0, "the kernel verifies");
+    arena_free(&ar);
+}
+
+/* A row sum: acc, loop, accum, a division after the loop; printed and interpreted. */
+static Kernel *row_mean_kernel(Arena *ar) {
+    Kernel *k = kir_new(ar, "k_mean", KK_ROW, 2);
+    KBuilder *b = kb_new(ar, k);
+    int64_t s_in[2] = {2, 3}, s_out[1] = {2};
+    int in = kb_buf(b, 0, 0, -1, DT_F32, 2, s_in, 0), out = kb_buf(b, 1, 1, -1, DT_F32, 1, s_out, 1);
+    int gid = kb_gid(b);
+    int acc = kb_acc(b, KT_F32, K_ADD, 0.0);
+    int j = kb_loop(b, 3);
+    int off = kb_op(b, K_ADD, KT_I64, 2, kb_op(b, K_MUL, KT_I64, 2, gid, kb_const_i(b, KT_I64, 3), -1), j, -1);
+    kb_accum(b, acc, kb_load(b, in, off));
+    kb_endloop(b);
+    kb_store(b, out, gid, kb_op(b, K_DIV, KT_F32, 2, acc, kb_const_f(b, KT_F32, 3.0), -1));
+    kir_finish(k);
+    return k;
+}
+
+static void test_kir_print_and_run(void) {
+    Arena ar = {0};
+    Kernel *k = row_mean_kernel(&ar);
+    CHECK(kir_verify(k, stdout) == 0, "the kernel verifies");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    kir_print_body(m, k, 0);
+    fclose(m);
+    CHECK_STR(text,
+              "%0 = gid : i64\n"
+              "%1 = acc add 0.0 : f32\n"
+              "%2 = loop 3 {\n"
+              "  %4 = mul %0, 3 : i64\n"
+              "  %5 = add %4, %2 : i64\n"
+              "  %6 = load p0[%5] : f32\n"
+              "  %1 += %6\n"
+              "}\n"
+              "%10 = div %1, 3.0 : f32\n"
+              "store p1[%0] = %10\n",
+              "the printed body");
+    free(text);
+    double in[6] = {1, 2, 3, 4, 5, 9}, out[2] = {0, 0};
+    double *bufs[2] = {in, out};
+    CHECK(kir_ref_kernel(k, bufs) == 0, "kir_ref runs it");
+    CHECK(out[0] == 2.0 && out[1] == 6.0, "row means 2 and 6, got %g and %g", out[0], out[1]);
+    arena_free(&ar);
+}
+
+static void test_kir_verify_catches(void) {
+    Arena ar = {0};
+    Kernel *k = row_mean_kernel(&ar);
+    /* an operand used after its loop closed */
+    int loopvar = -1;
+    for (int i = 0; i < k->n; i++)
+        if (k->inst[i].op == K_LOOP) loopvar = i;
+    KInst bad = {.op = K_ADD, .type = KT_I64, .nin = 2, .a = {loopvar, loopvar, -1}};
+    KInst *ni = arena_alloc(&ar, sizeof(KInst) * (size_t)(k->n + 1));
+    memcpy(ni, k->inst, sizeof(KInst) * (size_t)k->n);
+    ni[k->n] = bad;
+    k->inst = ni;
+    k->n++;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    int n = kir_verify(k, m);
+    fclose(m);
+    CHECK(n > 0 && strstr(text, "out of scope"), "a loop counter used after the loop is caught");
+    free(text);
+    /* a store to a buffer not marked written, a load of the wrong type */
+    Kernel *k2 = row_mean_kernel(&ar);
+    k2->bufs[1].written = 0;
+    k2->bufs[0].dt = DT_I32;
+    text = NULL;
+    m = open_memstream(&text, &len);
+    n = kir_verify(k2, m);
+    fclose(m);
+    CHECK(n >= 2 && strstr(text, "read-only") && strstr(text, "load of f32 from a i32 buffer"),
+          "a store to a read-only buffer and a mistyped load are caught");
+    if (text && !(strstr(text, "read-only") && strstr(text, "load of f32"))) unit_detail("got", text);
+    free(text);
+    arena_free(&ar);
+}
+
+/* NumPy's remainder, NaN-propagating max, an if, a dynamic loop, a u64 hash step. */
+static void test_kir_ref_semantics(void) {
+    Arena ar = {0};
+    Kernel *k = kir_new(&ar, "k_sem", KK_ELEMENTWISE, 1);
+    KBuilder *b = kb_new(&ar, k);
+    int64_t s6[1] = {6};
+    int out = kb_buf(b, 0, 0, -1, DT_F32, 1, s6, 1);
+    kb_gid(b);
+    int a = kb_const_f(b, KT_F32, -7.0), c3 = kb_const_f(b, KT_F32, 3.0);
+    kb_store(b, out, kb_const_i(b, KT_I64, 0), kb_op(b, K_MOD, KT_F32, 2, a, c3, -1));
+    kb_store(b, out, kb_const_i(b, KT_I64, 1), kb_op(b, K_MAX, KT_F32, 2, kb_const_f(b, KT_F32, NAN), c3, -1));
+    int sum = kb_acc(b, KT_I64, K_ADD, 0);
+    int j = kb_loop_dyn(b, kb_op(b, K_ADD, KT_I64, 2, kb_gid(b), kb_const_i(b, KT_I64, 0), -1)); /* extent 0 */
+    kb_accum(b, sum, j);
+    kb_endloop(b);
+    int j2 = kb_loop(b, 4);
+    kb_if(b, kb_op(b, K_LT, KT_BOOL, 2, j2, kb_const_i(b, KT_I64, 2), -1));
+    kb_accum(b, sum, j2);
+    kb_endif(b);
+    kb_endloop(b);
+    kb_store(b, out, kb_const_i(b, KT_I64, 2), kb_op(b, K_CAST, KT_F32, 1, sum, -1, -1));
+    int h = kb_op(b, K_SHR, KT_U64, 2, kb_const_i(b, KT_U64, (int64_t)0xF000000000000000ull), kb_const_i(b, KT_U64, 60), -1);
+    kb_store(b, out, kb_const_i(b, KT_I64, 3), kb_op(b, K_CAST, KT_F32, 1, h, -1, -1));
+    kb_store(b, out, kb_const_i(b, KT_I64, 4), kb_op(b, K_CAST, KT_F32, 1, kb_op(b, K_CAST, KT_I32, 1, kb_const_f(b, KT_F32, -2.7), -1, -1), -1, -1));
+    kb_store(b, out, kb_const_i(b, KT_I64, 5), kb_op(b, K_MOD, KT_F32, 2, kb_const_f(b, KT_F32, 7.0), kb_const_f(b, KT_F32, -3.0), -1));
+    kir_finish(k);
+    CHECK(kir_verify(k, stdout) == 0, "the kernel verifies");
+    double o[6] = {0};
+    double *bufs[1] = {o};
+    CHECK(kir_ref_kernel(k, bufs) == 0, "kir_ref runs it");
+    CHECK(o[0] == 2.0, "-7 mod 3 is 2 (the divisor's sign), got %g", o[0]);
+    CHECK(isnan(o[1]), "max(NaN, 3) is NaN, got %g", o[1]);
+    CHECK(o[2] == 1.0, "an empty dynamic loop and an if inside a loop sum to 0 + 1, got %g", o[2]);
+    CHECK(o[3] == 15.0, "u64 shift right, got %g", o[3]);
+    CHECK(o[4] == -2.0, "float -> i32 truncates, got %g", o[4]);
+    CHECK(o[5] == -2.0, "7 mod -3 is -2, got %g", o[5]);
+    /* a store outside its buffer is reported, not performed */
+    Kernel *k2 = kir_new(&ar, "k_oob", KK_ELEMENTWISE, 7);
+    KBuilder *b2 = kb_new(&ar, k2);
+    int o2 = kb_buf(b2, 0, 0, -1, DT_F32, 1, s6, 1);
+    kb_store(b2, o2, kb_gid(b2), kb_const_f(b2, KT_F32, 1.0));
+    kir_finish(k2);
+    capture_begin();
+    int rc = kir_ref_kernel(k2, bufs);
+    const char *msg = capture_end();
+    CHECK(rc == -1 && strstr(msg, "outside p0"), "an out-of-range store is reported");
+    arena_free(&ar);
+}
+
+/* ---- kernel counts of typical blocks ------------------------------------------------------------- */
+
+/* Linear + bias + GELU: the GEMM, then one elementwise kernel (bias add and gelu). */
+static void test_count_linear_bias_gelu(void) {
+    TF *t = tf_begin(1);
+    int x = tf_input(t, S(2, 4, 8)), w = tf_param(t, S(8, 16)), b = tf_param(t, S(16));
+    int y = tf_un(t, G_GELU, tf_linear(t, x, w, b));
+    Fused f = fuse_check("linear_bias_gelu", t->g, t->leaf, &y, 1, &t->ar);
+    CHECK(f.gemms == 1 && f.kernels == 1, "Linear + bias + GELU: 1 GEMM + 1 kernel, got %d + %d", f.gemms, f.kernels);
+    const FuseGemm *m = first_gemm(f.r);
+    CHECK(m && m->m == 8 && m->n == 16 && m->k == 8 && m->batch == 1, "one GEMM over batch x rows (m = 8)");
+    CHECK(f.r->nbuffers == 5, "buffers: x, w, b, the GEMM's result and y (%d)", f.r->nbuffers);
+    tf_end(t);
+}
+
+/* Residual add + layernorm: one row kernel storing both the sum (the next residual) and the norm. */
+static void test_count_residual_layernorm(void) {
+    TF *t = tf_begin(2);
+    int a = tf_input(t, S(2, 4, 8)), b = tf_input(t, S(2, 4, 8));
+    int w = tf_param(t, S(8)), bias = tf_param(t, S(8));
+    int s = tf_bin(t, G_ADD, a, b);
+    int y = tf_layernorm(t, s, w, bias);
+    int outs[2] = {s, y};
+    Fused f = fuse_check("residual_layernorm", t->g, t->leaf, outs, 2, &t->ar);
+    CHECK(f.gemms == 0 && f.kernels == 1, "residual add + layernorm: 1 kernel, got %d + %d", f.gemms, f.kernels);
+    CHECK(f.kernels == 1 && f.r->kernels[0]->kind == KK_ROW && f.r->kernels[0]->grid == 8, "one row kernel, a row per work item");
+    Fused g = fuse_check("layernorm_only", t->g, t->leaf, &y, 1, &t->ar);
+    CHECK(g.kernels == 1 && g.r->nbuffers == 5, "without the sum as an output: 1 kernel and no buffer for the sum");
+    tf_end(t);
+}
+
+/* Softmax over the last axis: one row kernel (max, sum of exp, divide). */
+static void test_count_softmax(void) {
+    TF *t = tf_begin(3);
+    int x = tf_input(t, S(2, 3, 5, 7));
+    int y = tf_softmax(t, x, 3);
+    Fused f = fuse_check("softmax", t->g, t->leaf, &y, 1, &t->ar);
+    CHECK(f.gemms == 0 && f.kernels == 1, "softmax: 1 kernel, got %d + %d", f.gemms, f.kernels);
+    /* over a middle axis the rows are strided: the statistics (max, sum) in one kernel, the
+     * elementwise divide in another (a strided reduction stores only per-row values) */
+    int z = tf_softmax(t, x, 1);
+    Fused g = fuse_check("softmax_axis1", t->g, t->leaf, &z, 1, &t->ar);
+    CHECK(g.kernels == 2 && g.r->kernels[0]->kind == KK_REDUCE && g.r->kernels[1]->kind == KK_ELEMENTWISE,
+          "softmax over axis 1: a reduction and an elementwise kernel, got %d kernels", g.kernels);
+    tf_end(t);
+}
+
+/* Cross-entropy with its backward: one classifier kernel (row max, row sum, each row's loss and
+ * the logits' gradient, reading the logits once), plus the mean of the row losses (one work item:
+ * the sum over rows in a fixed order, no atomics). */
+static void test_count_cross_entropy(void) {
+    TF *t = tf_begin(4);
+    int logits = tf_param(t, S(2, 4, 10)), y = tf_index(t, S(2, 4), 10);
+    t->g->loss = tf_cross_entropy(t, logits, y);
+    autodiff(t->g);
+    Fused f = fuse_check("cross_entropy_fwd_bwd", t->g, t->leaf, NULL, 0, &t->ar);
+    CHECK(f.gemms == 0 && f.kernels == 2, "cross-entropy forward + backward: 2 kernels, got %d + %d", f.gemms, f.kernels);
+    int b = f.r->node_buffer[logits];
+    CHECK(readers_of(f.r, b) == 1, "one kernel (the classifier) reads the logits, %d do", readers_of(f.r, b));
+    CHECK(f.kernels == 2 && f.r->kernels[0]->kind == KK_ROW && f.r->kernels[1]->grid == 1,
+          "the classifier (a row kernel), then the mean (one work item)");
+    tf_end(t);
+}
+
+/* AdamW written out per parameter with graph_add, three parameters of different shapes: a purely
+ * elementwise graph, one kernel with a segment per shape. */
+static void test_count_adamw_by_hand(void) {
+    TF *t = tf_begin(5);
+    TShape shapes[3] = {S(4, 8), S(8), S(3, 5, 2)};
+    int lr = tf_input_in(t, S0, 0.001, 0.01), step = tf_input_in(t, S0, 1.0, 5.0);
+    int outs[9], no = 0;
+    double b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+    for (int i = 0; i < 3; i++) {
+        int p = tf_param(t, shapes[i]), g = tf_input(t, shapes[i]);
+        int m = tf_input(t, shapes[i]), v = tf_input_in(t, shapes[i], 0.01, 1.0);
+        int p1 = tf_bin(t, G_SUB, p, tf_bin(t, G_MUL, tf_bin(t, G_MUL, lr, tf_const(t, wd)), p));
+        int m1 = tf_bin(t, G_ADD, tf_bin(t, G_MUL, tf_const(t, b1), m), tf_bin(t, G_MUL, tf_const(t, 1 - b1), g));
+        int v1 = tf_bin(t, G_ADD, tf_bin(t, G_MUL, tf_const(t, b2), v),
+                        tf_bin(t, G_MUL, tf_bin(t, G_MUL, tf_const(t, 1 - b2), g), g));
+        int c1 = tf_bin(t, G_SUB, tf_const(t, 1.0), tf_bin(t, G_POW, tf_const(t, b1), step));
+        int c2 = tf_bin(t, G_SUB, tf_const(t, 1.0), tf_bin(t, G_POW, tf_const(t, b2), step));
+        int mh = tf_bin(t, G_DIV, m1, c1), vh = tf_bin(t, G_DIV, v1, c2);
+        int upd = tf_bin(t, G_DIV, tf_bin(t, G_MUL, lr, mh), tf_bin(t, G_ADD, tf_un(t, G_SQRT, vh), tf_const(t, eps)));
+        outs[no++] = tf_bin(t, G_SUB, p1, upd);
+        outs[no++] = m1;
+        outs[no++] = v1;
+    }
+    Fused f = fuse_check("adamw_by_hand", t->g, t->leaf, outs, no, &t->ar);
+    CHECK(f.gemms == 0 && f.kernels == 1, "the AdamW update: 1 kernel, got %d + %d", f.gemms, f.kernels);
+    CHECK(f.kernels == 1 && f.r->kernels[0]->nsegments == 3, "one segment per parameter shape, got %d",
+          f.kernels ? f.r->kernels[0]->nsegments : 0);
+    tf_end(t);
+}
+
+/* A GPT-2 block on an input x [2, 8, 16] with 2 heads.
+ * Forward, the block's result the output: 4 GEMMs (c_attn, c_proj, c_fc, the MLP's c_proj) and 6
+ * kernels: ln_1 (a row kernel); c_attn's bias add (what attention reads, through the split,
+ * reshape and transpose views); attention (storing its rows straight into the [B, T, heads, hd]
+ * layout the next GEMM reads); c_proj's bias + the residual + ln_2 (one row kernel storing the
+ * residual stream and the norm); c_fc's bias + gelu; the last bias + residual.
+ * Forward + backward, loss = sum(out * R): 12 GEMMs (the 4, and for each weight the gradient of
+ * its input and of itself, the latter one GEMM with K folded over the batch) and 17 kernels:
+ *   ln_1, c_attn's bias, attention, c_proj bias + residual + ln_2, as forward (4);
+ *   the loss: the last bias + residual computed inside the sum (one work item) (1);
+ *   d out = R * 1 (a GEMM operand) (1); the MLP c_proj's bias gradient (1);
+ *   c_fc's bias + gelu together with gelu's backward (about 20 nodes: its input x is read by both,
+ *   and d out does not depend on the forward here, so the two can share a kernel) (1);
+ *   c_fc's bias gradient (1); ln_2's backward: the input gradient with the residual's gradient
+ *   added (a row kernel) (1), its weight and bias gradients with c_proj's bias gradient (a column
+ *   reduction; independent neighbours merge, rule 7) (1);
+ *   attention's backward: dq with the row statistics, dk, dv (3); the heads' gradients
+ *   concatenated into c_attn's output gradient (1); c_attn's bias gradient (1);
+ *   ln_1's weight and bias gradients (x is an input, so ln_1's input gradient is not needed) (1).
+ * MBT_SHOW=1 prints both schedules. */
+static void test_count_gpt2_block(void) {
+    TF *t = tf_begin(6);
+    int x = tf_input(t, S(2, 8, 16));
+    int y = tf_gpt2_block(t, x, 2);
+    Fused f = fuse_check("gpt2_block_forward", t->g, t->leaf, &y, 1, &t->ar);
+    CHECK(f.gemms == 4 && f.kernels == 6, "GPT-2 block forward: 4 GEMMs + 6 kernels, got %d + %d", f.gemms, f.kernels);
+    if (getenv("MBT_SHOW")) fuse_print(stdout, f.r);
+    tf_weighted_loss(t, y);
+    autodiff(t->g);
+    Fused b = fuse_check("gpt2_block_fwd_bwd", t->g, t->leaf, NULL, 0, &t->ar);
+    CHECK(b.gemms == 12 && b.kernels == 17, "GPT-2 block forward + backward: 12 GEMMs + 17 kernels, got %d + %d", b.gemms,
+          b.kernels);
+    if (getenv("MBT_SHOW")) fuse_print(stdout, b.r);
+    tf_end(t);
+}
+
+/* ---- GEMM resolution ------------------------------------------------------------------------------ */
+
+static void test_gemm_transposes(void) {
+    TF *t = tf_begin(7);
+    int x = tf_input(t, S(2, 4, 8)), w = tf_param(t, S(16, 8));
+    int y = tf_matmul(t, x, tf_transpose(t, w, 0, 1)); /* x @ w.T */
+    Fused f = fuse_check("x_at_wT", t->g, t->leaf, &y, 1, &t->ar);
+    const FuseGemm *m = first_gemm(f.r);
+    CHECK(f.kernels == 0 && m && m->trans_b && !m->trans_a && m->m == 8 && m->n == 16 && m->k == 8 && m->ldb == 8,
+          "x @ w.T: one GEMM with trans_b, no transpose kernel");
+    int yy = tf_matmul(t, x, tf_transpose(t, tf_transpose(t, tf_param(t, S(8, 5)), 0, 1), 0, 1));
+    Fused g = fuse_check("x_at_wTT", t->g, t->leaf, &yy, 1, &t->ar);
+    m = first_gemm(g.r);
+    CHECK(g.kernels == 0 && m && !m->trans_b, "a transpose of a transpose is no transpose");
+    /* batched: [2, 3, 4, 5] @ [2, 3, 5, 6] and a^T b with a [2, 3, 5, 4] */
+    int a = tf_param(t, S(2, 3, 4, 5)), b = tf_param(t, S(2, 3, 5, 6)), a2 = tf_param(t, S(2, 3, 5, 4));
+    int outs[2] = {tf_matmul(t, a, b), tf_matmul(t, tf_transpose(t, a2, 2, 3), b)};
+    Fused h = fuse_check("batched", t->g, t->leaf, outs, 2, &t->ar);
+    CHECK(h.gemms == 2 && h.kernels == 0, "two batched GEMMs, no kernel");
+    m = first_gemm(h.r);
+    CHECK(m && m->batch == 6 && m->stride_a == 20 && m->stride_b == 30 && m->stride_c == 24, "batch 6 with its strides");
+    tf_end(t);
+}
+
+/* autodiff's weight gradient: transpose(x) @ dy summed over the batch is one GEMM with K = B * T. */
+static void test_gemm_weight_gradient(void) {
+    TF *t = tf_begin(8);
+    int x = tf_input(t, S(2, 4, 8)), w = tf_param(t, S(8, 16));
+    tf_weighted_loss(t, tf_matmul(t, x, w));
+    autodiff(t->g);
+    Fused f = fuse_check("weight_gradient", t->g, t->leaf, NULL, 0, &t->ar);
+    const FuseGemm *m = NULL;
+    for (int i = 0; i < f.r->nlaunches; i++)
+        if (f.r->launches[i].kind == FL_GEMM && f.r->launches[i].gemm.trans_a) m = &f.r->launches[i].gemm;
+    CHECK(m && m->m == 8 && m->n == 16 && m->k == 8 && m->batch == 1, "dW = x^T dy: m 8, n 16, k = 2 * 4, one matrix");
+    CHECK(f.gemms == 2, "the forward GEMM and the weight gradient's, got %d", f.gemms);
+    tf_end(t);
+}
+
+/* A batch dimension broadcast partly ([2, 1] against [1, 3]) cannot be a stride: the operands are
+ * expanded to the output's batch by a copy (independent neighbours, so one kernel). */
+static void test_gemm_partial_broadcast(void) {
+    TF *t = tf_begin(9);
+    int a = tf_param(t, S(2, 1, 4, 5)), b = tf_param(t, S(1, 3, 5, 6));
+    int in[2] = {a, b};
+    int y = tf_node(t, G_MATMUL, DT_F32, S(2, 3, 4, 6), 2, in);
+    Fused f = fuse_check("partial_broadcast", t->g, t->leaf, &y, 1, &t->ar);
+    CHECK(f.gemms == 1 && f.kernels == 1, "both operands expanded by one kernel, then one GEMM: got %d + %d", f.gemms,
+          f.kernels);
+    CHECK(f.kernels == 1 && f.r->kernels[0]->nsegments == 2, "the copies are the two segments of one kernel (rule 7)");
+    tf_end(t);
+}
+
+/* Outputs that need no arithmetic: an unused parameter's zero gradient gets a buffer and a
+ * kernel filling it; an output that is a leaf is its buffer; a reshape of a GEMM result is a
+ * copy (a buffer of its own). */
+static void test_outputs_without_arithmetic(void) {
+    TF *t = tf_begin(10);
+    int used = tf_param(t, S(3, 4)), unused = tf_param(t, S(5));
+    (void)unused;
+    tf_weighted_loss(t, tf_un(t, G_TANH, used));
+    autodiff(t->g);
+    Fused f = fuse_check("unused_parameter", t->g, t->leaf, NULL, 0, &t->ar);
+    int zero = t->g->grads[1];
+    CHECK(tf_n(t, zero)->op == G_CONST && f.r->node_buffer[zero] >= 0, "the zero gradient has a buffer");
+    int x = tf_param(t, S(2, 3)), w = tf_param(t, S(3, 4));
+    int outs[2] = {x, tf_reshape(t, tf_matmul(t, x, w), S(8))};
+    Fused g = fuse_check("leaf_and_reshape_outputs", t->g, t->leaf, outs, 2, &t->ar);
+    CHECK(g.r->node_buffer[x] >= 0 && g.r->buffers[g.r->node_buffer[x]].kind == FB_PARAM, "a leaf output is its own buffer");
+    CHECK(g.gemms == 1 && g.kernels == 1, "the GEMM and a copy for the reshaped output, got %d + %d", g.gemms, g.kernels);
+    tf_end(t);
+}
+
+/* ---- programs ------------------------------------------------------------------------------------ */
+
+/* The exclusive upper bound of the values an i32 input may hold: the size of what it indexes. */
+static int64_t index_limit(const Graph *g, int id) {
+    int64_t lim = INT64_MAX;
+    for (int u = 0; u < g->n; u++) {
+        const GNode *n = g->node[u];
+        for (int i = 0; i < n->nin; i++) {
+            if (n->in[i] != id) continue;
+            int64_t l = INT64_MAX;
+            if (n->op == G_GATHER && i == 1) l = g->node[n->in[0]]->shape[0];
+            if (n->op == G_SCATTER_ADD && i == 1) l = n->shape[0];
+            if (n->op == G_CROSS_ENTROPY && i == 1) l = g->node[n->in[0]]->shape[g->node[n->in[0]]->rank - 1];
+            if (n->op == G_CROSS_ENTROPY_BWD && i == 2) l = n->shape[n->rank - 1];
+            if (n->op == G_ONE_HOT) l = n->shape[n->rank - 1];
+            if (l < lim) lim = l;
+        }
+    }
+    return lim == INT64_MAX ? 4 : lim;
+}
+
+/* Random values for every leaf of g: parameters and float inputs in [-1, 1] (an update graph's
+ * state and step in ranges its formulas take), index inputs in range. */
+static double **random_leaves(const Graph *g, uint64_t seed, Arena *ar) {
+    double **leaves = arena_alloc(ar, sizeof(double *) * (size_t)(g->n + 1));
+    uint64_t rng = 0x243F6A8885A308D3ull ^ seed;
+    for (int id = 0; id < g->n; id++) {
+        const GNode *n = g->node[id];
+        if (n->op != G_PARAM && n->op != G_INPUT) continue;
+        int64_t k = graph_numel(n);
+        leaves[id] = arena_alloc(ar, sizeof(double) * (size_t)(k ? k : 1));
+        double lo = -1, hi = 1;
+        const char *name = n->name ? n->name : "";
+        if (g->update && (strncmp(name, "state", 5) == 0 || strcmp(name, "t") == 0)) lo = 0.5, hi = 3;
+        if (g->update && strcmp(name, "lr") == 0) lo = 0.001, hi = 0.01;
+        int64_t lim = n->dt == DT_I32 ? index_limit(g, id) : 0;
+        for (int64_t i = 0; i < k; i++) {
+            double v = tf_uniform(&rng, lo, hi);
+            if (n->dt == DT_I32) v = floor(tf_uniform(&rng, 0, (double)lim));
+            if (g->update && strcmp(name, "t") == 0) v = floor(v);
+            leaves[id][i] = v;
+        }
+    }
+    return leaves;
+}
+
+/* The step graph (with its backward) and the update graph of every train block in path, each
+ * fused and checked. Returns the number of graphs checked. */
+static int check_program(const char *path) {
+    Arena ar = {0};
+    Loader ld;
+    loader_init(&ld, &ar, NULL, 0, "stdlib");
+    capture_begin();
+    Module *m = loader_main(&ld, path);
+    TrainBuild *tb = m ? sema_build_train(&ld, m, NULL, PLAN_ALIGN / 4, &ar) : NULL;
+    const char *msg = capture_end();
+    CHECK(tb != NULL, "%s builds", path);
+    if (!tb) {
+        unit_detail("stderr", msg);
+        arena_free(&ar);
+        return 0;
+    }
+    autodiff(tb->step);
+    Graph *gs[2] = {tb->step, tb->update};
+    int checked = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!gs[i]) continue;
+        CHECK(graph_verify(gs[i], stdout) == 0, "%s: the %s graph verifies", path, i ? "update" : "step");
+        const char *what = arena_printf(&ar, "%s %s", path, i ? "update" : "step");
+        fuse_check(what, gs[i], random_leaves(gs[i], (uint64_t)i + 17, &ar), NULL, 0, &ar);
+        checked++;
+    }
+    arena_free(&ar);
+    return checked;
+}
+
+static void test_programs_golden(void) {
+    const char *files[] = {"tests/golden/gpt.mbt", "tests/golden/mlp.mbt", "tests/golden/ops.mbt",
+                           "tests/golden/plan_adamw.mbt", "tests/golden/select_train.mbt"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) CHECK(check_program(files[i]) == 2, "%s: 2 graphs", files[i]);
+}
+
+static void test_programs_fuse(void) {
+    const char *files[] = {"tests/fuse/by_hand.mbt", "tests/fuse/llama_block.mbt", "tests/fuse/moe_small.mbt"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) CHECK(check_program(files[i]) == 2, "%s: 2 graphs", files[i]);
+}
+
+/* The update graph of a program's AdamW (flat vectors over every parameter): one kernel. */
+static void test_count_adamw_update_graph(void) {
+    Arena ar = {0};
+    Loader ld;
+    loader_init(&ld, &ar, NULL, 0, "stdlib");
+    capture_begin();
+    Module *m = loader_main(&ld, "tests/golden/plan_adamw.mbt");
+    TrainBuild *tb = m ? sema_build_train(&ld, m, NULL, PLAN_ALIGN / 4, &ar) : NULL;
+    const char *msg = capture_end();
+    CHECK(tb && tb->update, "plan_adamw.mbt builds its update graph");
+    if (!tb || !tb->update) {
+        unit_detail("stderr", msg);
+        arena_free(&ar);
+        return;
+    }
+    Fused f = fuse_check("adamw_update_graph", tb->update, random_leaves(tb->update, 3, &ar), NULL, 0, &ar);
+    CHECK(f.gemms == 0 && f.kernels == 1, "AdamW's update graph: 1 kernel, got %d + %d", f.gemms, f.kernels);
+    arena_free(&ar);
+}
+
+int main(void) {
+    RUN(test_kir_builder_folds);
+    RUN(test_kir_print_and_run);
+    RUN(test_kir_verify_catches);
+    RUN(test_kir_ref_semantics);
+    RUN(test_count_linear_bias_gelu);
+    RUN(test_count_residual_layernorm);
+    RUN(test_count_softmax);
+    RUN(test_count_cross_entropy);
+    RUN(test_count_adamw_by_hand);
+    RUN(test_count_adamw_update_graph);
+    RUN(test_count_gpt2_block);
+    RUN(test_gemm_transposes);
+    RUN(test_gemm_weight_gradient);
+    RUN(test_gemm_partial_broadcast);
+    RUN(test_outputs_without_arithmetic);
+    RUN(test_programs_golden);
+    RUN(test_programs_fuse);
+    return unit_finish();
+}
