@@ -54,7 +54,7 @@ LLVM_CFLAGS  = $(patsubst -I%,-isystem %,$(shell $(LLVM_CONFIG) --cflags))
 LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs core analysis passes target x86 orcjit executionengine mcjit native --system-libs)
 LLVM_SRCS    = compiler/cpu.c
 LLVM_OBJS    = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LLVM_SRCS))
-LIB_OBJS    += $(LLVM_OBJS)
+LIB_OBJS    += $(LLVM_OBJS) $(BUILD)/obj/host.o $(BUILD)/obj/host_abi.o
 
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
@@ -95,6 +95,16 @@ $(BUILD)/obj/main.o: compiler/main.c $(HDRS) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/obj
 	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"' -c $< -o $@
 
+# The host code's driver links executables with libmbtrt and RT_LDLIBS (the same as the tests').
+$(BUILD)/obj/host.o: compiler/host.c $(HDRS) | $(BUILD)/.deps-ok
+	@mkdir -p $(BUILD)/obj
+	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"' -c $< -o $@
+
+# host_abi.c reads the runtime's ABI header for offsetof/sizeof.
+$(BUILD)/obj/host_abi.o: compiler/host_abi.c $(HDRS) $(RT_HDRS) | $(BUILD)/.deps-ok
+	@mkdir -p $(BUILD)/obj
+	$(CC) $(CFLAGS_ALL) -Iruntime -c $< -o $@
+
 $(LLVM_OBJS): $(BUILD)/obj/%.o: compiler/%.c $(HDRS) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/obj
 	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -c $< -o $@
@@ -112,7 +122,7 @@ $(BUILD)/libmbtc.a: $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a
+$(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a | $(BUILD)/libmbtrt.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LLVM_LIBS) -lm
 
 # ---- runtime (libmbtrt) -------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include "plan.h"
 #include "fuse.h"
 #include "cpu.h"
+#include "host.h"
 
 #define MBT_VERSION "0.1.0"
 
@@ -34,7 +35,7 @@ static void usage(FILE *out) {
             "                     llvm (the generated kernels as LLVM IR for the host CPU)\n"
             "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
             "  --train NAME       the train block --emit=ir/grad/plan/kernels/llvm builds (default: the first)\n"
-            "  -o FILE            write the executable to FILE (not available yet: see docs/cli.md)\n"
+            "  -o FILE            build the executable FILE (train, eval; see docs/cli.md)\n"
             "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
             "  --color            colour diagnostics (default: when stderr is a terminal)\n"
             "  --no-color         never colour diagnostics\n"
@@ -192,11 +193,14 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (emit && strcmp(emit, "plan") == 0) return emit_plan(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "kernels") == 0) return emit_kernels(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
+    if (output && !check) return host_compile(ld, main_mod, input, output, ar);
     sema_check(ld, main_mod);
     if (diag_error_count() || check) return diag_finish();
-    diag_error_noloc("building executables is not available in this version of mbtc");
-    diag_hint("use --check to check a program%s", output ? "" : ", or --emit=ast to print it");
-    return diag_finish();
+    {
+        diag_error_noloc("no output file: give -o FILE to build an executable");
+        diag_hint("use --check to check a program, or --emit=ast to print it");
+        return diag_finish();
+    }
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,656 @@
+/* host.c - the host code of an executable (host.h): one LLVM module with every kernel, the
+ * RtProgram functions that launch them, and the `mbt_program` descriptor; then the object file
+ * and the link with libmbtrt.
+ *
+ * Memory. Every buffer of a schedule (fuse.h) gets an address = region base + offset: parameters
+ * at the plan's offset in the parameter region; data.x / data.y are the RtStep's x / y; the update
+ * graph's p, g and state.* are the parameter, gradient and state regions; lr and t are two f32
+ * slots in the arena that optimizer_update fills; everything else lives in the arena at an offset
+ * from plan_assign_offsets over the schedule's launches (the step and update schedules never run
+ * at once, so each starts at byte 0). The step schedule's gradients are arena buffers; after the
+ * last launch forward_backward adds loss_scale x each into the gradient region (the ABI's +=).
+ * The update schedule's new parameters and state are arena buffers copied into their regions
+ * after its last launch. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <llvm-c/Analysis.h>
+
+#include "autodiff.h"
+#include "diag.h"
+#include "fuse.h"
+#include "graph.h"
+#include "host.h"
+#include "host_abi.h"
+#include "plan.h"
+#include "sema.h"
+#include "sema_internal.h"
+
+#ifndef MBT_RT_LIB
+#define MBT_RT_LIB "build/libmbtrt.a"
+#endif
+#ifndef MBT_RT_LDLIBS
+#define MBT_RT_LDLIBS "-lopenblas -lpthread -lm"
+#endif
+
+#define SMALL_GRID 256 /* work items below which a kernel is called directly, not through the pool */
+
+typedef struct Host {
+    Arena *ar;
+    LLVMContextRef ctx;
+    LLVMModuleRef m;
+    LLVMBuilderRef b;
+    LLVMTypeRef i8, i32, i64, f32, f64, ptr, vd;
+    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t;
+    LLVMTypeRef range_fn_t, pfor_t, gemm_t;
+    LLVMValueRef pfor, gemm;
+    const Plan *plan;
+    const TrainSettings *ts;
+} Host;
+
+/* one schedule's buffers: the arena offset of each buffer the arena holds (-1 otherwise) */
+typedef struct Sched {
+    const char *prefix;
+    FuseResult *r;
+    int64_t *arena_off;
+    int64_t peak;
+    LLVMValueRef *kfn, *kwrap; /* per kernel */
+} Sched;
+
+/* ---- ABI struct types, checked against the C layout ----------------------------------------- */
+
+static LLVMTypeRef host_struct(Host *h, HostAbiStruct which, const char *name, LLVMTypeRef *f, int n) {
+    LLVMTypeRef t = LLVMStructCreateNamed(h->ctx, name);
+    LLVMStructSetBody(t, f, (unsigned)n, 0);
+    LLVMTargetDataRef td = LLVMGetModuleDataLayout(h->m);
+    int nf = 0;
+    int64_t size = 0;
+    const int64_t *off = host_abi_layout(which, &nf, &size);
+    if (nf != n) INTERNAL("host: %s has %d fields in C, %d in LLVM", host_abi_name(which), nf, n);
+    for (int i = 0; i < n; i++)
+        if ((int64_t)LLVMOffsetOfElement(td, t, (unsigned)i) != off[i])
+            INTERNAL("host: %s field %d is at byte %" PRId64 " in C but %llu in LLVM", host_abi_name(which), i, off[i],
+                     (unsigned long long)LLVMOffsetOfElement(td, t, (unsigned)i));
+    if ((int64_t)LLVMABISizeOfType(td, t) != size)
+        INTERNAL("host: %s is %" PRId64 " bytes in C, %llu in LLVM", host_abi_name(which), size,
+                 (unsigned long long)LLVMABISizeOfType(td, t));
+    return t;
+}
+
+static void host_types(Host *h) {
+    h->i8 = LLVMInt8TypeInContext(h->ctx), h->i32 = LLVMInt32TypeInContext(h->ctx), h->i64 = LLVMInt64TypeInContext(h->ctx);
+    h->f32 = LLVMFloatTypeInContext(h->ctx), h->f64 = LLVMDoubleTypeInContext(h->ctx);
+    h->ptr = LLVMPointerTypeInContext(h->ctx, 0), h->vd = LLVMVoidTypeInContext(h->ctx);
+    LLVMTypeRef P = h->ptr, I = h->i64, D = h->f64, W = h->i32;
+    LLVMTypeRef step[] = {P, P, P, P, P, P, P, I, I, I, P, D, D, D, I, I, I, I, P};
+    h->step_t = host_struct(h, HA_STEP, "RtStep", step, 19);
+    LLVMTypeRef param[] = {P, W, LLVMArrayType2(I, (uint64_t)host_abi_max_rank()), I, I, W, D, D};
+    h->param_t = host_struct(h, HA_PARAM, "RtParam", param, 8);
+    LLVMTypeRef train[] = {P, I, I, I, I, I, I, D, I, I, D, P, P, W, I, I};
+    h->train_t = host_struct(h, HA_TRAIN, "RtTrainSettings", train, 16);
+    LLVMTypeRef gen[] = {P, D, I, I};
+    h->gen_t = host_struct(h, HA_GENERATE, "RtGenerateSettings", gen, 4);
+    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P};
+    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 16);
+    LLVMTypeRef rargs[] = {P, I, I, W};
+    h->range_fn_t = LLVMFunctionType(h->vd, rargs, 4, 0);
+    LLVMTypeRef pargs[] = {P, I, P, P};
+    h->pfor_t = LLVMFunctionType(h->vd, pargs, 4, 0);
+    h->pfor = LLVMAddFunction(h->m, "rt_parallel_for", h->pfor_t);
+    LLVMTypeRef gargs[] = {P, W, W, I, I, I, h->f32, P, I, I, P, I, I, h->f32, P, I, I, I, P};
+    h->gemm_t = LLVMFunctionType(W, gargs, 19, 0);
+    h->gemm = LLVMAddFunction(h->m, "rt_sgemm_batched", h->gemm_t);
+}
+
+/* ---- small builders --------------------------------------------------------------------------- */
+
+static LLVMValueRef ci64(Host *h, int64_t v) { return LLVMConstInt(h->i64, (unsigned long long)v, 1); }
+static LLVMValueRef ci32(Host *h, int64_t v) { return LLVMConstInt(h->i32, (unsigned long long)v, 1); }
+
+static LLVMValueRef step_field(Host *h, LLVMValueRef s, int field, LLVMTypeRef t, const char *name) {
+    LLVMValueRef p = LLVMBuildStructGEP2(h->b, h->step_t, s, (unsigned)field, "");
+    return LLVMBuildLoad2(h->b, t, p, name);
+}
+
+static LLVMValueRef byte_gep(Host *h, LLVMValueRef base, int64_t off, const char *name) {
+    if (!off) return base;
+    LLVMValueRef idx = ci64(h, off);
+    return LLVMBuildInBoundsGEP2(h->b, h->i8, base, &idx, 1, name);
+}
+
+static LLVMValueRef str_const(Host *h, const char *s) {
+    if (!s) return LLVMConstPointerNull(h->ptr);
+    return LLVMBuildGlobalStringPtr(h->b, s, ".str");
+}
+
+/* for (j = 0; j < n; j++) dst[j] = mode 0: src[j]; 1: dst[j] + scale * src[j]; 2: value (f32) */
+static void emit_f32_loop(Host *h, LLVMValueRef fn, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef scale, int64_t n, int mode) {
+    if (n <= 0) return;
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(h->b);
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(h->ctx, fn, "loop");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(h->ctx, fn, "done");
+    LLVMBuildBr(h->b, body);
+    LLVMPositionBuilderAtEnd(h->b, body);
+    LLVMValueRef j = LLVMBuildPhi(h->b, h->i64, "j");
+    LLVMValueRef pd = LLVMBuildInBoundsGEP2(h->b, h->f32, dst, &j, 1, "");
+    LLVMValueRef v;
+    if (mode == 2) v = scale;
+    else {
+        LLVMValueRef ps = LLVMBuildInBoundsGEP2(h->b, h->f32, src, &j, 1, "");
+        v = LLVMBuildLoad2(h->b, h->f32, ps, "");
+        if (mode == 1) v = LLVMBuildFAdd(h->b, LLVMBuildLoad2(h->b, h->f32, pd, ""), LLVMBuildFMul(h->b, scale, v, ""), "");
+    }
+    LLVMBuildStore(h->b, v, pd);
+    LLVMValueRef next = LLVMBuildAdd(h->b, j, ci64(h, 1), "");
+    LLVMValueRef in[2] = {ci64(h, 0), next};
+    LLVMBasicBlockRef from[2] = {pre, body};
+    LLVMAddIncoming(j, in, from, 2);
+    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntSLT, next, ci64(h, n), ""), body, done);
+    LLVMPositionBuilderAtEnd(h->b, done);
+}
+
+/* A function `NAME(ptr s)` with an entry block, the builder at its end; comments for --emit=llvm. */
+static LLVMValueRef begin_fn(Host *h, const char *name, LLVMTypeRef ret) {
+    LLVMTypeRef args[1] = {h->ptr};
+    LLVMValueRef fn = LLVMAddFunction(h->m, name, LLVMFunctionType(ret, args, 1, 0));
+    LLVMSetLinkage(fn, LLVMInternalLinkage);
+    LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, fn, "entry"));
+    return fn;
+}
+
+/* ---- schedules ---------------------------------------------------------------------------------- */
+
+static int is_leaf_home(const FuseBuffer *fb) { return fb->kind == FB_PARAM || fb->kind == FB_INPUT; }
+
+static void sched_plan(Host *h, Sched *S, int64_t reserve) {
+    FuseResult *r = S->r;
+    PlanBuffer *pb = arena_alloc(h->ar, sizeof *pb * (size_t)(r->nbuffers + 1));
+    S->arena_off = arena_alloc(h->ar, sizeof(int64_t) * (size_t)(r->nbuffers + 1));
+    for (int i = 0; i < r->nbuffers; i++) {
+        const FuseBuffer *fb = &r->buffers[i];
+        int in_arena = !is_leaf_home(fb) && fb->first >= 0;
+        pb[i].size = in_arena ? fb->bytes : 0;
+        pb[i].first = fb->first >= 0 ? fb->first : 0;
+        pb[i].last = fb->last >= pb[i].first ? fb->last : pb[i].first;
+        S->arena_off[i] = -1;
+    }
+    int64_t peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, h->ar);
+    for (int i = 0; i < r->nbuffers; i++)
+        if (pb[i].size) S->arena_off[i] = pb[i].offset + reserve;
+    S->peak = peak + reserve;
+}
+
+static void sched_kernels(Host *h, Sched *S, int disjoint) {
+    FuseResult *r = S->r;
+    S->kfn = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nkernels + 1));
+    S->kwrap = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nkernels + 1));
+    for (int k = 0; k < r->nkernels; k++) {
+        Kernel *kn = r->kernels[k];
+        kn->name = arena_printf(h->ar, "%s%s", S->prefix, kn->name);
+        S->kfn[k] = cpu_lower_kernel(h->m, kn, disjoint);
+        LLVMSetLinkage(S->kfn[k], LLVMInternalLinkage);
+        LLVMValueRef w = LLVMAddFunction(h->m, arena_printf(h->ar, "%s.range", kn->name), h->range_fn_t);
+        LLVMSetLinkage(w, LLVMInternalLinkage);
+        LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, w, "entry"));
+        LLVMValueRef a[3] = {LLVMGetParam(w, 0), LLVMGetParam(w, 1), LLVMGetParam(w, 2)};
+        LLVMBuildCall2(h->b, LLVMGlobalGetValueType(S->kfn[k]), S->kfn[k], a, 3, "");
+        LLVMBuildRetVoid(h->b);
+        S->kwrap[k] = w;
+    }
+}
+
+/* Launches [0, upto] of S in fn; addr[i] is buffer i's address. Returns status checks inline. */
+static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr, LLVMValueRef pool, LLVMValueRef err, int upto) {
+    FuseResult *r = S->r;
+    for (int li = 0; li <= upto && li < r->nlaunches; li++) {
+        const FuseLaunch *L = &r->launches[li];
+        if (L->kind == FL_GEMM) {
+            const FuseGemm *g = &L->gemm;
+            if (g->dt != DT_F32) INTERNAL("host: a GEMM of a type other than f32");
+            LLVMValueRef a[19] = {pool, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
+                                  LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
+                                  addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
+                                  addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch), err};
+            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, h->gemm, a, 19, "gemm_status");
+            LLVMBasicBlockRef fail = LLVMAppendBasicBlockInContext(h->ctx, fn, "gemm_failed");
+            LLVMBasicBlockRef ok = LLVMAppendBasicBlockInContext(h->ctx, fn, "gemm_ok");
+            LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntNE, st, ci32(h, 0), ""), fail, ok);
+            LLVMPositionBuilderAtEnd(h->b, fail);
+            LLVMBuildRet(h->b, st);
+            LLVMPositionBuilderAtEnd(h->b, ok);
+            continue;
+        }
+        const Kernel *k = r->kernels[L->kernel];
+        LLVMTypeRef arr_t = LLVMArrayType2(h->ptr, (uint64_t)(k->nbufs ? k->nbufs : 1));
+        LLVMValueRef arr = LLVMBuildAlloca(h->b, arr_t, "bufs");
+        for (int i = 0; i < k->nbufs; i++) {
+            LLVMValueRef idx[2] = {ci64(h, 0), ci64(h, i)};
+            LLVMBuildStore(h->b, addr[k->bufs[i].buffer], LLVMBuildInBoundsGEP2(h->b, arr_t, arr, idx, 2, ""));
+        }
+        if (k->grid < SMALL_GRID) {
+            LLVMValueRef a[3] = {arr, ci64(h, 0), ci64(h, k->grid)};
+            LLVMBuildCall2(h->b, LLVMGlobalGetValueType(S->kfn[L->kernel]), S->kfn[L->kernel], a, 3, "");
+        } else {
+            LLVMValueRef a[4] = {pool, ci64(h, k->grid), S->kwrap[L->kernel], arr};
+            LLVMBuildCall2(h->b, h->pfor_t, h->pfor, a, 4, "");
+        }
+    }
+}
+
+static int param_index(const Graph *g, int node) {
+    for (int i = 0; i < g->nparams; i++)
+        if (g->params[i] == node) return i;
+    return -1;
+}
+
+/* The step schedule's buffer addresses in the current function. */
+static LLVMValueRef *step_addrs(Host *h, Sched *S, LLVMValueRef s) {
+    FuseResult *r = S->r;
+    const Graph *g = r->g;
+    LLVMValueRef params = step_field(h, s, 1, h->ptr, "params"), arena = step_field(h, s, 4, h->ptr, "arena");
+    LLVMValueRef x = step_field(h, s, 5, h->ptr, "x"), y = step_field(h, s, 6, h->ptr, "y");
+    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
+    for (int i = 0; i < r->nbuffers; i++) {
+        const FuseBuffer *fb = &r->buffers[i];
+        const GNode *n = fb->node >= 0 ? graph_node(g, fb->node) : NULL;
+        if (S->arena_off[i] >= 0) addr[i] = byte_gep(h, arena, S->arena_off[i], "");
+        else if (n && n->op == G_PARAM) {
+            int pi = param_index(g, n->id);
+            if (pi < 0) INTERNAL("host: parameter %%%d is not in the graph's list", n->id);
+            addr[i] = byte_gep(h, params, h->plan->mem.params[pi].offset, "");
+        } else if (n && n->op == G_INPUT && n->name && strcmp(n->name, "data.x") == 0) addr[i] = x;
+        else if (n && n->op == G_INPUT && n->name && strcmp(n->name, "data.y") == 0) addr[i] = y;
+        else addr[i] = LLVMConstPointerNull(h->ptr); /* touched by no launch */
+    }
+    return addr;
+}
+
+static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
+    const FuseResult *r = S->r;
+    const Graph *g = r->g;
+    LLVMValueRef fn = begin_fn(h, grad ? "forward_backward" : "forward_loss", h->i32);
+    LLVMValueRef s = LLVMGetParam(fn, 0);
+    LLVMValueRef pool = step_field(h, s, 0, h->ptr, "pool"), err = step_field(h, s, 18, h->ptr, "err");
+    LLVMValueRef *addr = step_addrs(h, S, s);
+    int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
+    if (lb < 0) INTERNAL("host: the loss has no buffer");
+    emit_launches(h, fn, S, addr, pool, err, grad ? r->nlaunches - 1 : r->buffers[lb].first);
+    LLVMValueRef loss = LLVMBuildFPExt(h->b, LLVMBuildLoad2(h->b, h->f32, addr[lb], "loss"), h->f64, "");
+    LLVMBuildStore(h->b, loss, LLVMBuildStructGEP2(h->b, h->step_t, s, 12, ""));
+    if (grad) {
+        LLVMValueRef grads = step_field(h, s, 2, h->ptr, "grads");
+        LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, 11, h->f64, "loss_scale"), h->f32, "");
+        for (int i = 0; i < g->nparams; i++) {
+            const PlanParam *pp = &h->plan->mem.params[i];
+            int gb = g->grads && g->grads[i] >= 0 ? r->node_buffer[g->grads[i]] : -1;
+            if (gb < 0) continue; /* no buffer: a zero gradient */
+            emit_f32_loop(h, fn, byte_gep(h, grads, pp->offset, ""), addr[gb], ls, pp->numel, 1);
+        }
+    }
+    LLVMBuildRet(h->b, ci32(h, 0));
+    return fn;
+}
+
+static LLVMValueRef emit_update(Host *h, Sched *S) {
+    FuseResult *r = S->r;
+    const Graph *g = r->g;
+    const GraphUpdate *u = g->update;
+    LLVMValueRef fn = begin_fn(h, "optimizer_update", h->i32);
+    LLVMValueRef s = LLVMGetParam(fn, 0);
+    LLVMValueRef pool = step_field(h, s, 0, h->ptr, "pool"), err = step_field(h, s, 18, h->ptr, "err");
+    LLVMValueRef params = step_field(h, s, 1, h->ptr, "params"), grads = step_field(h, s, 2, h->ptr, "grads");
+    LLVMValueRef state = step_field(h, s, 3, h->ptr, "state"), arena = step_field(h, s, 4, h->ptr, "arena");
+    LLVMValueRef lr_slot = arena, t_slot = byte_gep(h, arena, 4, "t_slot");
+    LLVMBuildStore(h->b, LLVMBuildFPTrunc(h->b, step_field(h, s, 13, h->f64, "lr"), h->f32, ""), lr_slot);
+    LLVMBuildStore(h->b, LLVMBuildSIToFP(h->b, step_field(h, s, 14, h->i64, "t"), h->f32, ""), t_slot);
+    int64_t nbytes = u->n * 4;
+    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
+    for (int i = 0; i < r->nbuffers; i++) {
+        const FuseBuffer *fb = &r->buffers[i];
+        int nd = fb->node;
+        addr[i] = LLVMConstPointerNull(h->ptr);
+        if (S->arena_off[i] >= 0) addr[i] = byte_gep(h, arena, S->arena_off[i], "");
+        else if (nd < 0) continue;
+        else if (nd == u->p_in) addr[i] = params;
+        else if (nd == u->g_in) addr[i] = grads;
+        else if (nd == u->lr_in) addr[i] = lr_slot;
+        else if (nd == u->t_in) addr[i] = t_slot;
+        else
+            for (int j = 0; j < u->nstate; j++)
+                if (nd == u->state_in[j]) addr[i] = byte_gep(h, state, j * nbytes, "");
+    }
+    emit_launches(h, fn, S, addr, pool, err, r->nlaunches - 1);
+    if (u->p_out != u->p_in && r->node_buffer[u->p_out] >= 0)
+        emit_f32_loop(h, fn, params, addr[r->node_buffer[u->p_out]], NULL, u->n, 0);
+    for (int j = 0; j < u->nstate; j++)
+        if (u->state_out[j] != u->state_in[j] && r->node_buffer[u->state_out[j]] >= 0)
+            emit_f32_loop(h, fn, byte_gep(h, state, j * nbytes, ""), addr[r->node_buffer[u->state_out[j]]], NULL, u->n, 0);
+    LLVMBuildRet(h->b, ci32(h, 0));
+    return fn;
+}
+
+/* optimizer_init: each state variable's initial value over every segment (padding stays 0);
+ * NULL when every one starts at 0 (the runtime zeroes the region). */
+static LLVMValueRef emit_optimizer_init(Host *h, const GraphUpdate *u) {
+    int any = 0;
+    for (int j = 0; j < u->nstate; j++) any |= u->state_init[j] != 0;
+    if (!any) return NULL;
+    LLVMValueRef fn = begin_fn(h, "optimizer_init", h->i32);
+    LLVMValueRef state = step_field(h, LLVMGetParam(fn, 0), 3, h->ptr, "state");
+    for (int j = 0; j < u->nstate; j++)
+        for (int i = 0; i < u->nsegs && u->state_init[j] != 0; i++)
+            emit_f32_loop(h, fn, byte_gep(h, state, (j * u->n + u->seg_off[i]) * 4, ""), NULL,
+                          LLVMConstReal(h->f32, u->state_init[j]), u->seg_len[i], 2);
+    LLVMBuildRet(h->b, ci32(h, 0));
+    return fn;
+}
+
+/* ---- lr_schedule: the train block's `lr` function compiled from its AST ---------------------
+ * Every number is a double (ints included: a schedule's steps are far below 2^53), comparisons
+ * and and/or are i1; names are the parameters (`step` an int64 converted, the rest bound by the
+ * train block) and locals assigned in the body, each an alloca; builtins: float, int (truncation),
+ * min, max, abs, cos, sin, exp, log, sqrt, and `pi`. */
+typedef struct LrCtx {
+    Host *h;
+    LLVMValueRef fn;
+    int n;
+    Str names[64];
+    LLVMValueRef slots[64];
+    int bad;
+} LrCtx;
+
+static LLVMValueRef lr_slot(LrCtx *c, Str name, int create) {
+    for (int i = 0; i < c->n; i++)
+        if (c->names[i].len == name.len && memcmp(c->names[i].p, name.p, name.len) == 0) return c->slots[i];
+    if (!create || c->n == 64) return NULL;
+    LLVMBuilderRef b = c->h->b;
+    LLVMBasicBlockRef cur = LLVMGetInsertBlock(b), entry = LLVMGetEntryBasicBlock(c->fn);
+    LLVMValueRef first = LLVMGetFirstInstruction(entry);
+    if (first) LLVMPositionBuilderBefore(b, first);
+    else LLVMPositionBuilderAtEnd(b, entry);
+    LLVMValueRef s = LLVMBuildAlloca(b, c->h->f64, "");
+    LLVMPositionBuilderAtEnd(b, cur);
+    c->names[c->n] = name, c->slots[c->n++] = s;
+    return s;
+}
+
+static LLVMValueRef lr_intrinsic(LrCtx *c, const char *name, LLVMValueRef *a, int n) {
+    Host *h = c->h;
+    LLVMTypeRef ts[1] = {h->f64};
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(h->m, id, ts, 1);
+    return LLVMBuildCall2(h->b, LLVMIntrinsicGetType(h->ctx, id, ts, 1), f, a, (unsigned)n, "");
+}
+
+static LLVMValueRef lr_as_double(LrCtx *c, LLVMValueRef v) {
+    if (LLVMTypeOf(v) == c->h->f64) return v;
+    return LLVMBuildUIToFP(c->h->b, v, c->h->f64, "");
+}
+
+static LLVMValueRef lr_expr(LrCtx *c, const Node *e) {
+    Host *h = c->h;
+    LLVMBuilderRef b = h->b;
+    if (!e) { c->bad = 1; return LLVMConstReal(h->f64, 0); }
+    switch (e->kind) {
+    case N_INT: return LLVMConstReal(h->f64, (double)e->ival);
+    case N_FLOAT: return LLVMConstReal(h->f64, e->fval);
+    case N_BOOL: return LLVMConstInt(LLVMInt1TypeInContext(h->ctx), (unsigned long long)e->ival, 0);
+    case N_NAME: {
+        LLVMValueRef s = lr_slot(c, e->name, 0);
+        if (s) return LLVMBuildLoad2(b, h->f64, s, "");
+        if (e->name.len == 2 && memcmp(e->name.p, "pi", 2) == 0) return LLVMConstReal(h->f64, 3.14159265358979323846);
+        break;
+    }
+    case N_UNARY: {
+        LLVMValueRef a = lr_expr(c, e->a);
+        if (e->op == OP_NEG) return LLVMBuildFNeg(b, lr_as_double(c, a), "");
+        if (e->op == OP_POS) return a;
+        if (e->op == OP_NOT) return LLVMBuildNot(b, a, "");
+        break;
+    }
+    case N_BINARY: {
+        LLVMValueRef x = lr_expr(c, e->a), y = lr_expr(c, e->b);
+        if (e->op == OP_AND) return LLVMBuildAnd(b, x, y, "");
+        if (e->op == OP_OR) return LLVMBuildOr(b, x, y, "");
+        x = lr_as_double(c, x), y = lr_as_double(c, y);
+        switch (e->op) {
+        case OP_ADD: return LLVMBuildFAdd(b, x, y, "");
+        case OP_SUB: return LLVMBuildFSub(b, x, y, "");
+        case OP_MUL: return LLVMBuildFMul(b, x, y, "");
+        case OP_DIV: return LLVMBuildFDiv(b, x, y, "");
+        case OP_MOD: return LLVMBuildFRem(b, x, y, "");
+        case OP_POW: { LLVMValueRef a[2] = {x, y}; return lr_intrinsic(c, "llvm.pow", a, 2); }
+        case OP_EQ: return LLVMBuildFCmp(b, LLVMRealOEQ, x, y, "");
+        case OP_NE: return LLVMBuildFCmp(b, LLVMRealUNE, x, y, "");
+        case OP_LT: return LLVMBuildFCmp(b, LLVMRealOLT, x, y, "");
+        case OP_LE: return LLVMBuildFCmp(b, LLVMRealOLE, x, y, "");
+        case OP_GT: return LLVMBuildFCmp(b, LLVMRealOGT, x, y, "");
+        case OP_GE: return LLVMBuildFCmp(b, LLVMRealOGE, x, y, "");
+        default: break;
+        }
+        break;
+    }
+    case N_CALL: {
+        if (!e->a || e->a->kind != N_NAME || e->list.n < 1 || e->list.n > 2) break;
+        Str f = e->a->name;
+        LLVMValueRef a[2];
+        for (int i = 0; i < e->list.n; i++) a[i] = lr_as_double(c, lr_expr(c, e->list.v[i]));
+        static const char *const unary[][2] = {{"cos", "llvm.cos"}, {"sin", "llvm.sin"}, {"exp", "llvm.exp"},
+                                               {"log", "llvm.log"}, {"sqrt", "llvm.sqrt"}, {"abs", "llvm.fabs"},
+                                               {"min", "llvm.minimum"}, {"max", "llvm.maximum"}};
+        if (f.len == 5 && memcmp(f.p, "float", 5) == 0 && e->list.n == 1) return a[0];
+        if (f.len == 3 && memcmp(f.p, "int", 3) == 0 && e->list.n == 1) {
+            LLVMValueRef t[1] = {a[0]};
+            return lr_intrinsic(c, "llvm.trunc", t, 1);
+        }
+        for (size_t i = 0; i < sizeof unary / sizeof *unary; i++)
+            if (strlen(unary[i][0]) == f.len && memcmp(f.p, unary[i][0], f.len) == 0 &&
+                (e->list.n == 2) == (i >= 6))
+                return lr_intrinsic(c, unary[i][1], a, e->list.n);
+        break;
+    }
+    default: break;
+    }
+    diag_error(e->span, "the learning-rate schedule uses '%s', which host code does not compile yet", ast_kind_name(e->kind));
+    c->bad = 1;
+    return LLVMConstReal(h->f64, 0);
+}
+
+static void lr_stmts(LrCtx *c, const NodeList *l) {
+    Host *h = c->h;
+    for (int i = 0; i < l->n && !c->bad; i++) {
+        const Node *s = l->v[i];
+        if (LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) /* after a return: unreachable code */
+            LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, c->fn, "dead"));
+        if (s->kind == N_RETURN) LLVMBuildRet(h->b, lr_as_double(c, lr_expr(c, s->a)));
+        else if (s->kind == N_ASSIGN && s->list.n == 1 && s->list.v[0]->kind == N_NAME) {
+            LLVMValueRef v = lr_as_double(c, lr_expr(c, s->a));
+            LLVMBuildStore(h->b, v, lr_slot(c, s->list.v[0]->name, 1));
+        } else if (s->kind == N_IF) {
+            LLVMValueRef cond = lr_expr(c, s->a);
+            if (LLVMTypeOf(cond) == h->f64) cond = LLVMBuildFCmp(h->b, LLVMRealUNE, cond, LLVMConstReal(h->f64, 0), "");
+            LLVMBasicBlockRef th = LLVMAppendBasicBlockInContext(h->ctx, c->fn, "then");
+            LLVMBasicBlockRef el = LLVMAppendBasicBlockInContext(h->ctx, c->fn, "else");
+            LLVMBasicBlockRef join = LLVMAppendBasicBlockInContext(h->ctx, c->fn, "endif");
+            LLVMBuildCondBr(h->b, cond, th, el);
+            LLVMPositionBuilderAtEnd(h->b, th);
+            lr_stmts(c, &s->list);
+            if (!LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) LLVMBuildBr(h->b, join);
+            LLVMPositionBuilderAtEnd(h->b, el);
+            lr_stmts(c, &s->list2);
+            if (!LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) LLVMBuildBr(h->b, join);
+            LLVMPositionBuilderAtEnd(h->b, join);
+        } else if (s->kind != N_EXPR_STMT) {
+            diag_error(s->span, "the learning-rate schedule uses a '%s' statement, which host code does not compile yet",
+                       ast_kind_name(s->kind));
+            c->bad = 1;
+        }
+    }
+}
+
+static LLVMValueRef emit_lr_schedule(Host *h) {
+    LLVMTypeRef args[1] = {h->i64};
+    LLVMValueRef fn = LLVMAddFunction(h->m, "lr_schedule", LLVMFunctionType(h->f64, args, 1, 0));
+    LLVMSetLinkage(fn, LLVMInternalLinkage);
+    LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, fn, "entry"));
+    const TrainSettings *ts = h->ts;
+    const Node *f = ts->lr_fn ? ts->lr_fn->node : NULL;
+    if (!f) {
+        LLVMBuildRet(h->b, LLVMConstReal(h->f64, 1.0));
+        return fn;
+    }
+    LrCtx c = {.h = h, .fn = fn};
+    for (int i = 0; i < f->list.n; i++) {
+        const Node *p = f->list.v[i];
+        LLVMValueRef v;
+        double num = 0;
+        if (i == 0) v = LLVMBuildSIToFP(h->b, LLVMGetParam(fn, 0), h->f64, "step");
+        else if (i - 1 < ts->lr_nargs && ts->lr_args[i - 1] && value_number(ts->lr_args[i - 1], &num))
+            v = LLVMConstReal(h->f64, num);
+        else if (p->a) v = lr_as_double(&c, lr_expr(&c, p->a));
+        else {
+            diag_error(p->span, "the schedule's parameter '%.*s' has no number bound", STR_ARG(p->name));
+            return fn;
+        }
+        LLVMBuildStore(h->b, v, lr_slot(&c, p->name, 1));
+    }
+    lr_stmts(&c, &f->list2);
+    if (!LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) LLVMBuildRet(h->b, LLVMConstReal(h->f64, 1.0));
+    return fn;
+}
+
+/* ---- the descriptor ----------------------------------------------------------------------------- */
+
+static int64_t find_vocab(const Graph *g) {
+    for (int i = 0; i < g->n; i++) {
+        const GNode *n = graph_node(g, i);
+        if (n->op == G_CROSS_ENTROPY) {
+            const GNode *l = graph_node(g, n->in[0]);
+            return l->shape[l->rank - 1];
+        }
+    }
+    return 0;
+}
+
+static LLVMValueRef named_struct(LLVMTypeRef t, LLVMValueRef *v, int n) { return LLVMConstNamedStruct(t, v, (unsigned)n); }
+
+static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef oinit,
+                            LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes) {
+    const Plan *p = h->plan;
+    const TrainSettings *ts = h->ts;
+    const Graph *g = p->step;
+    LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
+    (void)fn0;
+    int np = p->mem.nparams, maxr = host_abi_max_rank();
+    LLVMValueRef *rows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(np + 1));
+    for (int i = 0; i < np; i++) {
+        const PlanParam *pp = &p->mem.params[i];
+        const GNode *n = graph_node(g, pp->node);
+        if (n->rank > maxr) INTERNAL("host: parameter %s has rank %d", pp->name, n->rank);
+        LLVMValueRef dims[64];
+        for (int d = 0; d < maxr; d++) dims[d] = ci64(h, d < n->rank ? n->shape[d] : 0);
+        int init = (int)n->iattr[0]; /* GInit and RtInitKind list the same initialisers in the same order */
+        LLVMValueRef f[8] = {str_const(h, pp->name), ci32(h, n->rank), LLVMConstArray2(h->i64, dims, (uint64_t)maxr),
+                             ci64(h, pp->numel), ci64(h, pp->offset / 4), ci32(h, init),
+                             LLVMConstReal(h->f64, n->fattr[0]), LLVMConstReal(h->f64, n->fattr[1])};
+        rows[i] = named_struct(h->param_t, f, 8);
+    }
+    LLVMValueRef table = LLVMAddGlobal(h->m, LLVMArrayType2(h->param_t, (uint64_t)np), "mbt.params");
+    LLVMSetInitializer(table, LLVMConstArray2(h->param_t, rows, (uint64_t)np));
+    LLVMSetGlobalConstant(table, 1);
+    LLVMSetLinkage(table, LLVMPrivateLinkage);
+    const PlanProgram *pg = &p->programs[0];
+    LLVMValueRef tr[16] = {str_const(h, ts->name), ci64(h, pg->micro), ci64(h, p->seq), ci64(h, pg->global),
+                           ci64(h, pg->accumulation), ci64(h, p->steps), ci64(h, ts->seed), LLVMConstReal(h->f64, p->clip),
+                           ci64(h, find_vocab(g)), ci64(h, p->seq), LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0),
+                           str_const(h, ts->data_glob), str_const(h, ts->val_glob), ci32(h, ts->shuffle),
+                           ci64(h, ts->eval_every), ci64(h, ts->eval_steps ? ts->eval_steps : 20)};
+    LLVMValueRef ge[4] = {LLVMConstPointerNull(h->ptr), LLVMConstReal(h->f64, 1.0), ci64(h, 0), ci64(h, 64)};
+    LLVMValueRef null = LLVMConstPointerNull(h->ptr);
+    LLVMValueRef pr[16] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 16),
+                           named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
+                           ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
+                           null, oinit ? oinit : null, oupd, lrs};
+    LLVMBuildRetVoid(h->b);
+    LLVMDeleteFunction(fn0);
+    LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
+    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 16));
+    LLVMSetGlobalConstant(desc, 1);
+}
+
+/* ---- the driver ------------------------------------------------------------------------------ */
+
+static const char *shell_quote(Arena *ar, const char *s) {
+    const char *out = "'";
+    for (const char *p = s; *p; p++) out = *p == '\'' ? arena_printf(ar, "%s'\\''", out) : arena_printf(ar, "%s%c", out, *p);
+    return arena_printf(ar, "%s'", out);
+}
+
+int host_compile(Loader *ld, Module *main_mod, const char *input, const char *output, Arena *ar) {
+    TrainBuild *tb = sema_build_train(ld, main_mod, NULL, PLAN_ALIGN / 4, ar);
+    if (!tb) return diag_finish();
+    if (!tb->update) {
+        diag_error_noloc("the train block has no optimizer update to compile");
+        return diag_finish();
+    }
+    int first_bwd = autodiff(tb->step);
+    if (graph_verify(tb->step, stderr)) INTERNAL("the gradient graph fails graph_verify (problems above)");
+    if (graph_verify(tb->update, stderr)) INTERNAL("the update graph fails graph_verify (problems above)");
+    Plan *plan = plan_build(tb, first_bwd, ar);
+    if (!plan) return diag_finish();
+    if (plan_verify(plan, stderr)) INTERNAL("the plan fails plan_verify (problems above)");
+    if (plan->nprograms != 1) {
+        diag_error_noloc("a batch-size ramp (%d step programs) is not compiled to an executable yet", plan->nprograms);
+        return diag_finish();
+    }
+    CpuTarget target;
+    const char *err = NULL;
+    if (cpu_target_host(&target, ar, &err)) {
+        diag_error_noloc("%s", err);
+        return diag_finish();
+    }
+    Host H = {.ar = ar, .plan = plan, .ts = tb->settings};
+    Host *h = &H;
+    h->ctx = LLVMContextCreate();
+    h->m = cpu_module_new(h->ctx, &target, input);
+    h->b = LLVMCreateBuilderInContext(h->ctx);
+    host_types(h);
+
+    Sched step = {.prefix = "step_", .r = fuse_graph(tb->step, NULL, 0, ar)};
+    Sched upd = {.prefix = "update_", .r = fuse_graph(tb->update, NULL, 0, ar)};
+    if (fuse_verify(step.r, stderr)) INTERNAL("the fused step graph fails fuse_verify (problems above)");
+    if (fuse_verify(upd.r, stderr)) INTERNAL("the fused update graph fails fuse_verify (problems above)");
+    sched_plan(h, &step, 0);
+    sched_plan(h, &upd, PLAN_ALIGN); /* lr and t in the first 64 bytes */
+    sched_kernels(h, &step, 1);
+    sched_kernels(h, &upd, 0);
+    LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0);
+    LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
+    LLVMValueRef lrs = emit_lr_schedule(h);
+    int64_t arena = step.peak > upd.peak ? step.peak : upd.peak;
+    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, oi, ou, lrs, arena);
+    int rc = 0;
+    if (!diag_error_count()) {
+        if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
+        const char *obj = arena_printf(ar, "%s.o", output);
+        if (cpu_optimize(h->m, &target, ar, &err) || cpu_emit_object(h->m, &target, obj, ar, &err))
+            diag_error_noloc("%s", err);
+        else {
+            const char *cmd = arena_printf(ar, "cc %s %s %s -o %s", shell_quote(ar, obj), shell_quote(ar, MBT_RT_LIB),
+                                           MBT_RT_LDLIBS, shell_quote(ar, output));
+            int st = system(cmd);
+            if (st != 0) diag_error_noloc("linking the executable failed (status %d): %s", st, cmd);
+            unlink(obj);
+        }
+    }
+    rc = diag_finish();
+    LLVMDisposeBuilder(h->b);
+    LLVMDisposeModule(h->m);
+    LLVMContextDispose(h->ctx);
+    cpu_target_dispose(&target);
+    return rc;
+}

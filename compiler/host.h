@@ -1,0 +1,23 @@
+/* host.h - the host code of an executable: `mbtc prog.mbt -o prog`.
+ *
+ * Pipeline position: plan -> fuse -> cpu (kernels) -> [host] -> object file -> link with libmbtrt.
+ * host_build_program emits one LLVM module holding every kernel of the step schedule (prefix
+ * step_) and of the update schedule (update_), the RtProgram functions that launch them
+ * (forward_backward, forward_loss, optimizer_update, lr_schedule) and the `mbt_program`
+ * descriptor (runtime/rt_program.h), whose struct layouts are checked against the C compiler's
+ * (host_abi.h). host_compile runs the whole pipeline, writes the object and links the executable.
+ *
+ * What it does not do yet: forward_logits (generation) is NULL in the descriptor; only f32 GEMMs;
+ * one step program (no batch-size ramp); the backward is seeded with 1.0 and the gradients are
+ * added into the gradient region scaled by loss_scale afterwards. */
+#ifndef MBT_HOST_H
+#define MBT_HOST_H
+
+#include "cpu.h"
+#include "module.h"
+
+/* Builds the executable for the first train block of main_mod at `output`. Returns the exit
+ * status (errors reported through diag). */
+int host_compile(Loader *ld, Module *main_mod, const char *input, const char *output, Arena *ar);
+
+#endif

@@ -1,0 +1,48 @@
+/* host_abi.c - offsetof/sizeof of the runtime's ABI structs (host_abi.h). The only compiler file
+ * that includes a runtime header (-Iruntime), so the layouts come from the header itself. */
+#include <stddef.h>
+
+#include "host_abi.h"
+#include "rt_program.h"
+
+#define F(S, f) (int64_t)offsetof(S, f)
+
+static const int64_t step_off[] = {F(RtStep, pool), F(RtStep, params), F(RtStep, grads), F(RtStep, state),
+                                   F(RtStep, arena), F(RtStep, x), F(RtStep, y), F(RtStep, B), F(RtStep, T),
+                                   F(RtStep, len), F(RtStep, logits), F(RtStep, loss_scale), F(RtStep, loss),
+                                   F(RtStep, lr), F(RtStep, t), F(RtStep, step), F(RtStep, micro), F(RtStep, seed),
+                                   F(RtStep, err)};
+static const int64_t param_off[] = {F(RtParam, name),   F(RtParam, rank), F(RtParam, shape),  F(RtParam, numel),
+                                    F(RtParam, offset), F(RtParam, init), F(RtParam, init_a), F(RtParam, init_b)};
+static const int64_t train_off[] = {
+    F(RtTrainSettings, name),     F(RtTrainSettings, micro),  F(RtTrainSettings, seq),        F(RtTrainSettings, global),
+    F(RtTrainSettings, accum),    F(RtTrainSettings, steps),  F(RtTrainSettings, seed),       F(RtTrainSettings, clip),
+    F(RtTrainSettings, vocab),    F(RtTrainSettings, ctx),    F(RtTrainSettings, lr),         F(RtTrainSettings, data),
+    F(RtTrainSettings, val_data), F(RtTrainSettings, shuffle), F(RtTrainSettings, eval_every), F(RtTrainSettings, eval_steps)};
+static const int64_t gen_off[] = {F(RtGenerateSettings, weights), F(RtGenerateSettings, temperature),
+                                  F(RtGenerateSettings, top_k), F(RtGenerateSettings, max_tokens)};
+static const int64_t prog_off[] = {
+    F(RtProgram, abi_version),  F(RtProgram, source),           F(RtProgram, train),          F(RtProgram, generate),
+    F(RtProgram, params),       F(RtProgram, nparams),          F(RtProgram, param_floats),   F(RtProgram, state_floats),
+    F(RtProgram, arena_bytes),  F(RtProgram, logits_seq),       F(RtProgram, forward_backward), F(RtProgram, forward_loss),
+    F(RtProgram, forward_logits), F(RtProgram, optimizer_init), F(RtProgram, optimizer_update), F(RtProgram, lr_schedule)};
+
+#define N(a) (int)(sizeof a / sizeof *a)
+
+const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size) {
+    switch (s) {
+    case HA_STEP: *nfields = N(step_off), *size = sizeof(RtStep); return step_off;
+    case HA_PARAM: *nfields = N(param_off), *size = sizeof(RtParam); return param_off;
+    case HA_TRAIN: *nfields = N(train_off), *size = sizeof(RtTrainSettings); return train_off;
+    case HA_GENERATE: *nfields = N(gen_off), *size = sizeof(RtGenerateSettings); return gen_off;
+    default: *nfields = N(prog_off), *size = sizeof(RtProgram); return prog_off;
+    }
+}
+
+const char *host_abi_name(HostAbiStruct s) {
+    static const char *const names[] = {"RtStep", "RtParam", "RtTrainSettings", "RtGenerateSettings", "RtProgram"};
+    return s < HA_COUNT ? names[s] : "?";
+}
+
+int host_abi_version(void) { return RT_ABI_VERSION; }
+int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }

@@ -1,0 +1,18 @@
+/* host_abi.h - the byte layout of the runtime's ABI structs (runtime/rt_program.h) as the C
+ * compiler that built mbtc lays them out: host_abi.c includes the runtime header and reports
+ * offsetof / sizeof, and compiler/host.c checks LLVM's layout of the same structs against them
+ * before emitting code that reads an RtStep or defines the `mbt_program` descriptor. */
+#ifndef MBT_HOST_ABI_H
+#define MBT_HOST_ABI_H
+
+#include <stdint.h>
+
+typedef enum HostAbiStruct { HA_STEP, HA_PARAM, HA_TRAIN, HA_GENERATE, HA_PROGRAM, HA_COUNT } HostAbiStruct;
+
+/* The struct's size and its fields' offsets in declaration order (*nfields of them). */
+const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size);
+const char *host_abi_name(HostAbiStruct s); /* "RtStep" ... */
+int host_abi_version(void);                 /* RT_ABI_VERSION */
+int host_abi_max_rank(void);                /* RT_ST_MAX_RANK */
+
+#endif
