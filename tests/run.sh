@@ -462,6 +462,32 @@ run_fuzz() {
     fi
 }
 
+
+# exec: `mbtc -o` builds examples/mlp.mbt; trained 30 steps on mbt-gendata's corpus, its loss falls
+# by at least 0.003 nats (first step's loss minus the last's), two runs save bit-identical weights,
+# and --threads 1 and 2 agree bit for bit.
+run_exec() {
+    local mbtc=$1 dir="$BUILD/tmp/exec" out
+    mkdir -p "$dir"
+    out="$dir/out.txt"
+    if ! "$mbtc" examples/mlp.mbt -o "$dir/mlp" >"$out" 2>&1; then fail exec/build "mbtc -o failed" "$out"; return; fi
+    pass exec/build
+    "$BUILD/mbt-gendata" --out-dir "$dir/d" --name t --tokens 200000 --val-tokens 20000 >"$out" 2>&1 || { fail exec/gendata "mbt-gendata failed" "$out"; return; }
+    local a
+    for a in 1 2; do
+        "$dir/mlp" train --steps 30 --data "$dir/d/t_train.bin" --threads $a --log "$dir/log$a.jsonl" --save-weights "$dir/w$a.safetensors" >"$out" 2>&1 \
+            || { fail exec/train "train --threads $a failed" "$out"; return; }
+    done
+    "$dir/mlp" train --steps 30 --data "$dir/d/t_train.bin" --threads 2 --save-weights "$dir/w3.safetensors" >"$out" 2>&1 || { fail exec/train "train failed" "$out"; return; }
+    local first last
+    first=$(head -1 "$dir/log2.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
+    last=$(tail -1 "$dir/log2.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
+    if awk -v f="$first" -v l="$last" 'BEGIN { exit !(f - l >= 0.003) }'; then pass "exec/loss-falls ($first -> $last)"
+    else fail exec/loss-falls "loss $first -> $last: fell by less than 0.003"; fi
+    if cmp -s "$dir/w2.safetensors" "$dir/w3.safetensors"; then pass exec/deterministic; else fail exec/deterministic "two runs differ"; fi
+    if cmp -s "$dir/w1.safetensors" "$dir/w2.safetensors"; then pass exec/threads; else fail exec/threads "--threads 1 and 2 differ"; fi
+}
+
 # ---- the layers ------------------------------------------------------------------------------
 
 if [ "$UPDATE_GOLDEN" = 1 ]; then
@@ -490,6 +516,10 @@ layer_end golden
 layer_begin
 run_pathological pathological "$BUILD/mbtc" 1000 5
 layer_end pathological
+
+layer_begin
+run_exec "$BUILD/mbtc"
+layer_end exec
 
 if [ "$QUICK" = 1 ]; then
     skip asan "MBT_QUICK=1"
