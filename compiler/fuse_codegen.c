@@ -51,8 +51,9 @@ typedef struct CG {
 
 static const FNode *cg_n(const CG *g, int f) { return g->c->fg->node[f]; }
 
-/* A failure: on trial it is remembered and the generation goes on with placeholders; in the
- * final generation it is a compiler bug. */
+/* A failure: on trial it is remembered (the merge being tried is then refused) and generation
+ * finishes the kernel with zero values in place of what could not be computed; in the final
+ * generation it is a compiler bug, so a kernel that runs never contains such a value. */
 static void cg_fail(CG *g, const char *why) {
     if (g->c->final) INTERNAL("fuse: kernel %d: %s", g->kid, why);
     if (!g->why) g->why = why;
@@ -228,26 +229,27 @@ static int cg_computes(const CG *g, int f) {
     return c->owner[f] == g->kid || (c->cat[f] == FC_INLINE && !c->mat[f]);
 }
 
-static int cg_placeholder(CG *g, const FNode *n) { return cg_f(g, cg_t(n), 0.0); }
+/* The value standing in for one a refused trial could not compute (never in a final kernel). */
+static int cg_refused_value(CG *g, const FNode *n) { return cg_f(g, cg_t(n), 0.0); }
 
 /* A reduction of this kernel read at ix: legal only at the row being computed. */
 static int cg_reduce_read(CG *g, int f, KIdx *ix) {
     const FNode *n = cg_n(g, f);
     if (!g->red) {
         cg_fail(g, "a reduction read outside a reduction kernel");
-        return cg_placeholder(g, n);
+        return cg_refused_value(g, n);
     }
     uint32_t mask = (uint32_t)g->K->mask;
     for (int a = 0; a < n->rank; a++) {
         if (mask & (1u << a) || n->shape[a] == 1) continue;
         if (ix->dim[a] < 0 || ix->dim[a] != g->kept[a]) {
             cg_fail(g, "a row reduction read at another row");
-            return cg_placeholder(g, n);
+            return cg_refused_value(g, n);
         }
     }
     if (!g->done[f]) {
         cg_fail(g, "a reduction read before its loop ends");
-        return cg_placeholder(g, n);
+        return cg_refused_value(g, n);
     }
     return g->acc[f];
 }
@@ -397,18 +399,18 @@ static int cg_compute(CG *g, const FNode *n, KIdx *ix) {
     }
     default:
         cg_fail(g, "a dedicated op computed as a value");
-        return cg_placeholder(g, n);
+        return cg_refused_value(g, n);
     }
 }
 
 static int cg_value(CG *g, int f, KIdx *ix) {
     const FNode *n = cg_n(g, f);
-    if (g->why) return cg_placeholder(g, n);
+    if (g->why) return cg_refused_value(g, n);
     if (n->op == F_REDUCE && g->c->owner[f] == g->kid) return cg_reduce_read(g, f, ix);
     int computed = cg_computes(g, f);
     if (computed && g->c->cat[f] == FC_ANCHOR) {
         cg_fail(g, "a dedicated op read inside its own kernel");
-        return cg_placeholder(g, n);
+        return cg_refused_value(g, n);
     }
     int key = ix_flat(g, ix);
     int m = kb_memo_get(g->b, f, key);

@@ -7,6 +7,7 @@
  * integer arithmetic in 64 bits (i32 results wrapped to 32), u64 wrapping, NumPy's remainder,
  * NaN-propagating max/min, a cast from float to integer truncating. */
 #include "kir_ref.h"
+#include "ref.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -22,17 +23,6 @@ typedef union KVal {
 
 /* ---- scalar semantics ---------------------------------------------------------------------------- */
 
-/* NumPy's float remainder: the sign of the divisor; x % 0 is NaN (ref.c's ref_mod). */
-static double kr_fmod(double a, double b) {
-    double m = fmod(a, b);
-    if (b == 0) return m;
-    if (m != 0) {
-        if ((b < 0) != (m < 0)) m += b;
-    } else {
-        m = copysign(0.0, b);
-    }
-    return m;
-}
 
 static int64_t kr_wrap(KType t, int64_t v) { return t == KT_I32 ? (int64_t)(int32_t)v : t == KT_BOOL ? v != 0 : v; }
 
@@ -55,7 +45,7 @@ static KVal kr_binary(KOp op, KType t, KVal a, KVal b) {
         case K_SUB: r.f = a.f - b.f; break;
         case K_MUL: r.f = a.f * b.f; break;
         case K_DIV: r.f = a.f / b.f; break;
-        case K_MOD: r.f = kr_fmod(a.f, b.f); break;
+        case K_MOD: r.f = ref_mod(a.f, b.f); break;
         case K_POW: r.f = pow(a.f, b.f); break;
         case K_MAX: r.f = kr_fmax(a.f, b.f); break;
         case K_MIN: r.f = kr_fmin(a.f, b.f); break;

@@ -110,7 +110,7 @@ static double ref_gelu(double x) {
 }
 
 /* NumPy's float remainder (npy_divmod): the result takes the sign of the divisor; x % 0 is NaN. */
-static double ref_mod(double a, double b) {
+double ref_mod(double a, double b) {
     double m = fmod(a, b);
     if (b == 0) return m;
     if (m != 0) {

@@ -26,6 +26,10 @@ int ref_eval_bwd(const Graph *g, const GNode *n, double **vals);
 /* (added) The segmented ops of update graphs (G_SEG_NORM), in ref_seg.c; same contract. */
 int ref_eval_seg(const Graph *g, const GNode *n, double **vals);
 
+/* NumPy's remainder on doubles: the result has the sign of the divisor (x % 0 is NaN). Shared by
+ * every interpreter of G_MOD / K_MOD so they cannot disagree. */
+double ref_mod(double a, double b);
+
 /* Broadcasting helper shared by both files: the flat index into an input of shape (rank, shape)
  * aligned at the right with the output shape, for output flat index i. */
 int64_t ref_bcast_index(int out_rank, const int64_t *out_shape, int64_t i, int in_rank, const int64_t *in_shape);
