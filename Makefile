@@ -54,7 +54,7 @@ LLVM_CFLAGS  = $(patsubst -I%,-isystem %,$(shell $(LLVM_CONFIG) --cflags))
 LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs core analysis passes target x86 orcjit executionengine mcjit native --system-libs)
 LLVM_SRCS    = compiler/cpu.c
 LLVM_OBJS    = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LLVM_SRCS))
-LIB_OBJS    += $(LLVM_OBJS) $(BUILD)/obj/host.o $(BUILD)/obj/host_abi.o
+LIB_OBJS    += $(LLVM_OBJS) $(BUILD)/obj/host.o $(BUILD)/obj/host_abi.o $(BUILD)/obj/verify_step.o
 
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
@@ -100,8 +100,9 @@ $(BUILD)/obj/host.o: compiler/host.c $(HDRS) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/obj
 	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"' -c $< -o $@
 
-# host_abi.c reads the runtime's ABI header for offsetof/sizeof.
-$(BUILD)/obj/host_abi.o: compiler/host_abi.c $(HDRS) $(RT_HDRS) | $(BUILD)/.deps-ok
+# host_abi.c reads the runtime's ABI header for offsetof/sizeof; verify_step.c reads step dumps
+# with the runtime's safetensors reader (so mbtc links libmbtrt.a).
+$(BUILD)/obj/host_abi.o $(BUILD)/obj/verify_step.o: $(BUILD)/obj/%.o: compiler/%.c $(HDRS) $(RT_HDRS) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/obj
 	$(CC) $(CFLAGS_ALL) -Iruntime -c $< -o $@
 
@@ -122,7 +123,7 @@ $(BUILD)/libmbtc.a: $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a | $(BUILD)/libmbtrt.a
+$(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LLVM_LIBS) -lm
 
 # ---- runtime (libmbtrt) -------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include "fuse.h"
 #include "cpu.h"
 #include "host.h"
+#include "verify_step.h"
 
 #define MBT_VERSION "0.1.0"
 
@@ -36,6 +37,8 @@ static void usage(FILE *out) {
             "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
             "  --train NAME       the train block --emit=ir/grad/plan/kernels/llvm builds (default: the first)\n"
             "  -o FILE            build the executable FILE (train, eval; see docs/cli.md)\n"
+            "  --verify-step F    check a step the executable computed (`PROG train --steps 1 --dump-step F`)\n"
+            "                     against the reference evaluator in double precision: loss and gradients\n"
             "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
             "  --color            colour diagnostics (default: when stderr is a terminal)\n"
             "  --no-color         never colour diagnostics\n"
@@ -170,7 +173,7 @@ static int emit_llvm(Loader *ld, Arena *ar, Module *main_mod, const char *train,
 
 /* The pipeline, stage by stage; returns the exit status. */
 static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int check, const char *output,
-               const char *train, int opt) {
+               const char *train, int opt, const char *verify) {
     if (emit && strcmp(emit, "tokens") == 0) {
         uint32_t len = 0;
         const char *why = NULL;
@@ -193,6 +196,7 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (emit && strcmp(emit, "plan") == 0) return emit_plan(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "kernels") == 0) return emit_kernels(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
+    if (verify) return verify_step(ld, main_mod, train, verify, ar);
     if (output && !check) return host_compile(ld, main_mod, input, output, ar);
     sema_check(ld, main_mod);
     if (diag_error_count() || check) return diag_finish();
@@ -205,7 +209,7 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
 
 int main(int argc, char **argv) {
     Arena ar = {0};
-    const char *input = NULL, *emit = NULL, *output = NULL, *train = NULL;
+    const char *input = NULL, *emit = NULL, *output = NULL, *train = NULL, *verify = NULL;
     int check = 0, opt = 0;
     PtrVec incdirs = {0};
     diag_set_color(isatty(2));
@@ -216,6 +220,8 @@ int main(int argc, char **argv) {
         else if (strncmp(a, "--emit=", 7) == 0) emit = a + 7;
         else if (strcmp(a, "--opt") == 0) opt = 1;
         else if (strcmp(a, "-o") == 0 && i + 1 < argc) output = argv[++i];
+        else if (strcmp(a, "--verify-step") == 0 && i + 1 < argc) verify = argv[++i];
+        else if (strncmp(a, "--verify-step=", 14) == 0) verify = a + 14;
         else if (strcmp(a, "--train") == 0) train = i + 1 < argc ? argv[++i] : "";
         else if (strncmp(a, "--train=", 8) == 0) train = a + 8;
         else if (strcmp(a, "-I") == 0 && i + 1 < argc) ptrvec_push(&ar, &incdirs, argv[++i]);
@@ -250,7 +256,11 @@ int main(int argc, char **argv) {
         diag_error_noloc("'--train' needs the name of a train block");
         { arena_free(&ar); return 1; }
     }
-    if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
+    if (verify && (emit || output || check)) {
+        diag_error_noloc("'--verify-step' is a mode of its own: give it without --emit, -o or --check");
+        { arena_free(&ar); return 1; }
+    }
+    if (train && !verify && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
                             strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0))) {
         diag_error_noloc("'--train %s' selects the train block for --emit=ir, grad, plan, kernels or llvm, and none is given",
                          train);
@@ -264,7 +274,7 @@ int main(int argc, char **argv) {
 
     Loader ld;
     loader_init(&ld, &ar, (const char **)incdirs.v, incdirs.n, default_stdlib(&ar));
-    int rc = run(&ld, &ar, input, emit, check, output, train, opt);
+    int rc = run(&ld, &ar, input, emit, check, output, train, opt, verify);
     arena_free(&ar);
     return rc;
 }

@@ -25,7 +25,7 @@ enum { RT_IN_TRAIN = 1, RT_IN_EVAL = 2, RT_IN_GENERATE = 4, RT_IN_ALL = 7 };
 
 typedef enum RtFlagId {
     RT_F_STEPS, RT_F_DEVICE, RT_F_SEED, RT_F_DATA, RT_F_LOG, RT_F_INIT_WEIGHTS, RT_F_SAVE_WEIGHTS,
-    RT_F_THREADS, RT_F_WEIGHTS, RT_F_PROMPT, RT_F_MAX_TOKENS, RT_F_TEMPERATURE, RT_F_TOP_K,
+    RT_F_THREADS, RT_F_DUMP_STEP, RT_F_WEIGHTS, RT_F_PROMPT, RT_F_MAX_TOKENS, RT_F_TEMPERATURE, RT_F_TOP_K,
 } RtFlagId;
 
 typedef struct RtFlag {
@@ -44,6 +44,7 @@ static const RtFlag rt_flags[] = {
     {"--init-weights", "F.safetensors", RT_IN_TRAIN, RT_F_INIT_WEIGHTS},
     {"--save-weights", "F.safetensors", RT_IN_TRAIN, RT_F_SAVE_WEIGHTS},
     {"--threads", "N", RT_IN_ALL, RT_F_THREADS},
+    {"--dump-step", "F.safetensors", RT_IN_TRAIN, RT_F_DUMP_STEP},
     {"--weights", "F.safetensors", RT_IN_EVAL | RT_IN_GENERATE, RT_F_WEIGHTS},
     {"--prompt-tokens", "1,2,3", RT_IN_GENERATE, RT_F_PROMPT},
     {"--max-tokens", "N", RT_IN_GENERATE, RT_F_MAX_TOKENS},
@@ -214,6 +215,9 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
     case RT_F_SAVE_WEIGHTS:
         o->save_weights = v;
         return RT_OK;
+    case RT_F_DUMP_STEP:
+        o->dump_step = v;
+        return RT_OK;
     case RT_F_WEIGHTS:
         o->weights = v;
         return RT_OK;
@@ -365,6 +369,8 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--init-weights", "F.safetensors", "start from these weights instead of the initialisers", "none");
     rt_help_line(f, "--save-weights", "F.safetensors", "write the trained weights (f32) at the end", "none");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
+    rt_help_line(f, "--dump-step", "F.safetensors",
+                 "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");
 
     fprintf(f, "\neval options:\n");
     rt_help_line(f, "--weights", "F.safetensors", "the weights to evaluate", "none: the initialised model");

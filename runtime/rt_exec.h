@@ -42,6 +42,7 @@ typedef struct RtOptions {
     const char *log_path;      /* train: --log FILE.jsonl, or NULL */
     const char *init_weights;  /* train: --init-weights, or NULL */
     const char *save_weights;  /* train: --save-weights, or NULL */
+    const char *dump_step;     /* train: --dump-step, or NULL (rt_step_dump) */
     const char *weights;       /* eval/generate: --weights, or NULL */
     int32_t *prompt;           /* generate: the prompt's token ids (owned; rt_options_free) */
     int64_t nprompt;
@@ -118,6 +119,26 @@ double rt_now(void);                                                            
 RtStatus rt_weights_load(const RtProgram *p, float *params, const char *path, int64_t *unused, RtError *err);
 /* Writes every parameter as F32 under its dotted name, metadata {"format": "pt"}, atomically. */
 RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *path, RtError *err);
+
+/* `train --dump-step F`: step 1 as the compiled program computed it, for checking it against
+ * another implementation (mbtc --verify-step evaluates the same step in double precision;
+ * tests/torch/ runs it in PyTorch). The file holds, as safetensors:
+ *   NAME              every parameter, f32, the values the step started from (so the file is
+ *                     also a weights file for --init-weights)
+ *   grad:NAME         its gradient of the step's objective (the mean loss over the global batch),
+ *                     accumulated over the micro-batches, before clipping
+ *   next:NAME         the parameter after clipping and the optimizer's update
+ *   batch:x, batch:y  the step's token ids, i32 [accum x micro, seq], micro-batch after micro-batch
+ * and the metadata mbt.loss (the step's loss), mbt.lr (the rate the update used), mbt.clip (the
+ * clipping threshold, 0 for none), mbt.micro, mbt.accum, mbt.seq. ':' never occurs in a
+ * parameter's dotted name, so the names cannot collide. */
+typedef struct RtStepDump {
+    const float *params, *grads, *next; /* each param_floats, laid out as the parameter region */
+    const int32_t *x, *y;               /* [accum x micro, seq] */
+    int64_t accum;
+    double loss, lr, clip;
+} RtStepDump;
+RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err);
 
 /* ==== sampling (generate.c) ================================================================== */
 

@@ -39,6 +39,11 @@
  * stale object file). */
 #define RT_ABI_VERSION 1
 
+/* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
+ * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
+ * is below 1 (PyTorch's clip_grad_norm_ rule). */
+#define RT_CLIP_EPS 1e-6
+
 /* Regions and arena are aligned to this many bytes (one cache line, one AVX-512 vector). The
  * compiler keeps each parameter's offset a multiple of RT_ALIGN / sizeof(float) elements so
  * every parameter starts aligned; the runtime does not require it. */

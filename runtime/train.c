@@ -340,6 +340,21 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
         partial = calloc(nblocks > 0 ? (size_t)nblocks : 1, sizeof *partial);
         if (!partial) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the gradient-norm blocks");
     }
+    /* --dump-step keeps step 1's batches (micro-batch after micro-batch), and its parameters and
+     * gradients as they were before clipping and the update */
+    int32_t *dump_x = NULL, *dump_y = NULL;
+    float *dump_p = NULL, *dump_g = NULL;
+    int64_t window = t->micro * t->seq;
+    if (st == RT_OK && o->dump_step) {
+        st = rt_check_output_dir(o->dump_step, "step dump", &e);
+        dump_x = calloc((size_t)(t->accum * window), sizeof *dump_x);
+        dump_y = calloc((size_t)(t->accum * window), sizeof *dump_y);
+        dump_p = calloc((size_t)p->param_floats + 1, sizeof *dump_p);
+        dump_g = calloc((size_t)p->param_floats + 1, sizeof *dump_g);
+        if (st == RT_OK && (!dump_x || !dump_y || !dump_p || !dump_g))
+            st = rt_fail_errno(&e, ENOMEM, "cannot hold the step to dump");
+        if (st == RT_OK && o->steps < 1) st = rt_fail(&e, RT_ERR_ARG, "--dump-step needs at least one step (--steps 0)");
+    }
     if (st == RT_OK) st = rt_log_open(&log, stdout, isatty(fileno(stdout)), o->log_path, o->steps, &e);
     if (st != RT_OK) goto done;
     log_open = 1;
@@ -387,13 +402,21 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
                 goto done;
             }
             loss += s.loss * s.loss_scale;
+            if (dump_x && step == 0) {
+                memcpy(dump_x + m * window, x.x, (size_t)window * sizeof *dump_x);
+                memcpy(dump_y + m * window, x.y, (size_t)window * sizeof *dump_y);
+            }
+        }
+        if (dump_x && step == 0) {
+            memcpy(dump_p, x.params, (size_t)p->param_floats * sizeof *dump_p);
+            memcpy(dump_g, x.grads, (size_t)p->param_floats * sizeof *dump_g);
         }
         rt_parallel_for(x.pool, nblocks, rt_grad_sumsq, &g);
         double sumsq = 0;
         for (int64_t b = 0; b < nblocks; b++) sumsq += partial[b];
         double norm = sqrt(sumsq);
-        if (t->clip > 0 && norm > t->clip) {
-            g.scale = (float)(t->clip / norm);
+        if (t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1) {
+            g.scale = (float)(t->clip / (norm + RT_CLIP_EPS));
             rt_parallel_for(x.pool, nblocks, rt_grad_scale, &g);
         }
         RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
@@ -404,6 +427,13 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             goto done;
         }
         rt_parallel_for(x.pool, nblocks, rt_grad_zero, &g);
+        if (dump_x && step == 0) {
+            RtStepDump d = {dump_p, dump_g, x.params, dump_x, dump_y, t->accum, loss, lr, t->clip};
+            st = rt_step_dump(p, &d, o->dump_step, &e);
+            if (st != RT_OK) goto done;
+            printf("wrote step 1 (loss %.9g, %lld micro-batch%s) to '%s'\n", loss, (long long)t->accum,
+                   t->accum == 1 ? "" : "es", o->dump_step);
+        }
         last_loss = loss;
         RtStepLog sl = {step + 1, loss, lr, norm, (rt_now() - t0) * 1e3, tokens};
         st = rt_log_step(&log, &sl, &e);
@@ -437,6 +467,10 @@ done:
     }
     if (code != 0) rt_report(o, &e);
     free(partial);
+    free(dump_x);
+    free(dump_y);
+    free(dump_p);
+    free(dump_g);
     rt_exec_close(&x);
     rt_data_close(val);
     rt_data_close(train);

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rt_exec.h"
 
@@ -64,6 +65,46 @@ RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *pa
     }
     RtStMeta meta = {"format", "pt"};
     RtStatus st = rt_st_write(path, e, p->nparams, &meta, 1, err);
+    free(e);
+    return st;
+}
+
+RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err) {
+    static const char *const prefix[2] = {"grad:", "next:"};
+    int64_t n = 3 * p->nparams + 2;
+    RtStEntry *e = calloc((size_t)n, sizeof *e);
+    char **names = calloc(2 * (size_t)p->nparams + 1, sizeof *names);
+    RtStatus st = RT_OK;
+    if (!e || !names) st = rt_fail_errno(err, ENOMEM, "cannot write step dump '%s'", path);
+    for (int64_t i = 0; st == RT_OK && i < p->nparams; i++) {
+        const RtParam *q = &p->params[i];
+        e[3 * i] = (RtStEntry){q->name, RT_F32, q->rank, q->shape, d->params + q->offset, 1};
+        for (int k = 0; k < 2; k++) {
+            size_t len = strlen(q->name) + 6;
+            char *name = names[2 * i + k] = malloc(len);
+            if (!name) {
+                st = rt_fail_errno(err, ENOMEM, "cannot write step dump '%s'", path);
+                break;
+            }
+            snprintf(name, len, "%s%s", prefix[k], q->name);
+            e[3 * i + 1 + k] = (RtStEntry){name, RT_F32, q->rank, q->shape, (k ? d->next : d->grads) + q->offset, 1};
+        }
+    }
+    int64_t bshape[2] = {d->accum * p->train.micro, p->train.seq};
+    e[n - 2] = (RtStEntry){"batch:x", RT_I32, 2, bshape, d->x, 0};
+    e[n - 1] = (RtStEntry){"batch:y", RT_I32, 2, bshape, d->y, 0};
+    char v[6][40];
+    snprintf(v[0], sizeof v[0], "%.17g", d->loss);
+    snprintf(v[1], sizeof v[1], "%.17g", d->lr);
+    snprintf(v[2], sizeof v[2], "%.17g", d->clip);
+    snprintf(v[3], sizeof v[3], "%lld", (long long)p->train.micro);
+    snprintf(v[4], sizeof v[4], "%lld", (long long)d->accum);
+    snprintf(v[5], sizeof v[5], "%lld", (long long)p->train.seq);
+    RtStMeta meta[7] = {{"format", "pt"}, {"mbt.loss", v[0]}, {"mbt.lr", v[1]},   {"mbt.clip", v[2]},
+                        {"mbt.micro", v[3]}, {"mbt.accum", v[4]}, {"mbt.seq", v[5]}};
+    if (st == RT_OK) st = rt_st_write(path, e, n, meta, 7, err);
+    for (int64_t i = 0; names && i < 2 * p->nparams; i++) free(names[i]);
+    free(names);
     free(e);
     return st;
 }

@@ -488,6 +488,45 @@ run_exec() {
     if cmp -s "$dir/w1.safetensors" "$dir/w2.safetensors"; then pass exec/threads; else fail exec/threads "--threads 1 and 2 differ"; fi
 }
 
+# verify: each CPU-sized example built with `mbtc -o` dumps its first step (`train --steps 1
+# --dump-step`), and `mbtc --verify-step` holds the compiled loss, gradients and optimizer update
+# against the reference evaluator in double precision (loss 1e-5, gradients and updates 1e-4,
+# relative). Then the checks that it can fail: mlp's step against tests/verify/mlp_gelu.mbt (same
+# parameters, gelu for relu) must be FAILED with status 1, and a dump of another shape or a file
+# that is not a dump must be refused with a message, not a crash.
+run_verify() {
+    local mbtc=$1 dir="$BUILD/tmp/verify" out ex
+    mkdir -p "$dir"
+    out="$dir/out.txt"
+    "$BUILD/mbt-gendata" --out-dir "$dir/d" --name t --tokens 100000 --val-tokens 20000 >"$out" 2>&1 || { fail verify/gendata "mbt-gendata failed" "$out"; return; }
+    for ex in mlp tiny moe; do
+        if ! "$mbtc" "examples/$ex.mbt" -o "$dir/$ex" >"$out" 2>&1 \
+            || ! "$dir/$ex" train --steps 1 --data "$dir/d/t_train.bin" --dump-step "$dir/$ex.safetensors" >"$out" 2>&1; then
+            fail "verify/$ex" "building or dumping the first step failed" "$out"
+            continue
+        fi
+        if "$mbtc" "examples/$ex.mbt" --verify-step "$dir/$ex.safetensors" >"$out" 2>&1 && grep -q '^verify-step: ok' "$out"; then
+            pass "verify/$ex ($(sed -n 's/^verify-step: ok (\(.*\);.*/\1/p' "$out"))"
+        else
+            fail "verify/$ex" "the compiled step differs from the reference" "$out"
+        fi
+    done
+    local rc
+    "$mbtc" tests/verify/mlp_gelu.mbt --verify-step "$dir/mlp.safetensors" >"$out" 2>&1
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q '^verify-step: FAILED' "$out"; then pass verify/detects-wrong-math
+    else fail verify/detects-wrong-math "relu's step held against gelu's program: status $rc, no FAILED" "$out"; fi
+    "$mbtc" examples/mlp.mbt --verify-step "$dir/tiny.safetensors" >"$out" 2>&1
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q "error: step dump .* holds micro-batches of 8 x 64 tokens, but this train block's are 32 x 64" "$out"; then
+        pass verify/wrong-shape
+    else fail verify/wrong-shape "status $rc" "$out"; fi
+    "$mbtc" examples/mlp.mbt --verify-step "$dir/d/t_train.bin" >"$out" 2>&1
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q "error: safetensors file" "$out"; then pass verify/not-a-dump
+    else fail verify/not-a-dump "status $rc" "$out"; fi
+}
+
 # ---- the layers ------------------------------------------------------------------------------
 
 if [ "$UPDATE_GOLDEN" = 1 ]; then
@@ -520,6 +559,10 @@ layer_end pathological
 layer_begin
 run_exec "$BUILD/mbtc"
 layer_end exec
+
+layer_begin
+run_verify "$BUILD/mbtc"
+layer_end verify
 
 if [ "$QUICK" = 1 ]; then
     skip asan "MBT_QUICK=1"

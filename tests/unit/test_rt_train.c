@@ -568,6 +568,7 @@ static void help_lists_every_flag(void) {
         "--init-weights F.safetensors",
         "--save-weights F.safetensors",
         "--threads N                    CPU threads (default ",
+        "--dump-step F.safetensors      write step 1's weights, batches, loss and gradients (for mbtc --verify-step) (default none)",
         "--weights F.safetensors        the weights to evaluate (default none: the initialised model)",
         "--data GLOB                    held-out token shards (default 'data/tiny_val.bin')",
         "--steps N                      batches of 4 sequences (fewer if the data hold fewer) (default 20)",
@@ -589,7 +590,7 @@ static void help_lists_every_flag(void) {
         const char *d = strstr(p + 1, "(default ");
         with_default += d && (!nl || d < nl);
     }
-    CHECK(lines == 22 && with_default == lines, "%d flag lines, %d with a default (expected 22: train 8, eval 6, generate 8)", lines, with_default);
+    CHECK(lines == 23 && with_default == lines, "%d flag lines, %d with a default (expected 23: train 9, eval 6, generate 8)", lines, with_default);
     Run r2 = run(g_bigram, "train", "--help", NULL);
     CHECK(r2.status == 0 && strcmp(r.out, r2.out) == 0, "'train --help' differs from '--help'");
     run_free(&r);
