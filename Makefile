@@ -191,6 +191,12 @@ $(BUILD)/tests/bigram_micro16: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.
 
 $(BUILD)/tests/test_rt_train: $(BIGRAM_BINS) $(BUILD)/mbt-gendata
 
+# st_compare: the largest relative difference of the tensors two safetensors files share (the
+# exec and verify layers of tests/run.sh compare weights and gradients with it).
+$(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a $(RT_HDRS)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a $(HDRS) $(wildcard tests/unit/*.h)
 	@mkdir -p $(BUILD)/tests
@@ -201,7 +207,7 @@ $(BUILD)/tests/test_cpu: tests/unit/test_cpu.c $(BUILD)/libmbtc.a $(HDRS) $(wild
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
-unit: $(UNIT_BINS)
+unit: $(UNIT_BINS) $(BUILD)/tests/st_compare
 
 deps-test:
 	@tools/deps.sh test

@@ -232,7 +232,8 @@ static void rt_grad_zero(void *ctx, int64_t begin, int64_t end, int worker) {
 
 /* ---- evaluation --------------------------------------------------------------------------------- */
 
-/* The mean loss over up to `batches` micro-batches of the held-out split, read from its start. */
+/* The mean loss over up to `batches` micro-batches of the held-out split, read from its start
+ * (the callers ask for eval_steps global batches: eval_steps x accum micro-batches). */
 static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, double *loss, int64_t *used,
                             RtError *err) {
     const RtProgram *p = e->prog;
@@ -289,8 +290,10 @@ static RtDataSpec rt_data_spec(const RtProgram *p, const RtOptions *o, const cha
     d.shuffle = p->train.shuffle;
     d.seed = o->seed;
     /* Without a val glob the tail of the training data is held out, always, so that `eval`
-     * after training reads windows the training never saw. */
-    d.val_windows = val_glob && *val_glob ? 0 : p->train.eval_steps * p->train.micro;
+     * after training reads windows the training never saw: eval_steps global batches, so the
+     * split (and the shuffled order of the rest) does not depend on how a global batch is cut
+     * into micro-batches. */
+    d.val_windows = val_glob && *val_glob ? 0 : p->train.eval_steps * p->train.micro * p->train.accum;
     return d;
 }
 
@@ -441,7 +444,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
         if (val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
             double vl;
             int64_t used;
-            st = rt_evaluate(&x, val, t->eval_steps, o->seed, &vl, &used, &e);
+            st = rt_evaluate(&x, val, t->eval_steps * t->accum, o->seed, &vl, &used, &e);
             if (st == RT_OK) st = rt_log_eval(&log, step + 1, vl, used, &e);
             if (st != RT_OK) goto done;
         }
@@ -502,7 +505,7 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     }
     double loss = 0;
     int64_t used = 0;
-    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps, o->seed, &loss, &used, &e);
+    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * t->accum, o->seed, &loss, &used, &e);
     if (st == RT_OK) {
         printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss,
                exp(loss), (long long)used, (long long)t->micro, (long long)t->seq,

@@ -527,6 +527,44 @@ run_verify() {
     else fail verify/not-a-dump "status $rc" "$out"; fi
 }
 
+# accum: gradient accumulation is exact. tests/accum/accum_4x4.mbt (micro 4, accumulation 4) and
+# accum_16x1.mbt (micro 16, none) train tiny's model 5 steps with SGD on the same data: every
+# step's loss agrees to 1e-6 relative, step 1's gradients and the weights after 5 steps to 1e-6
+# norm-wise (||a - b|| / ||b||; f32 sums in another order differ in the last bits, and a per-entry
+# measure would hold entries near zero to that). SGD rather than Adam: Adam divides each entry by
+# its own running scale, so last-bit noise in a gradient that is zero in exact arithmetic (the
+# attention key bias) becomes a full-size step and the weights part. A control: the trained
+# weights against the initial ones must fail the same comparison.
+run_accum() {
+    local mbtc=$1 dir="$BUILD/tmp/accum" out c
+    mkdir -p "$dir"
+    out="$dir/out.txt"
+    "$BUILD/mbt-gendata" --out-dir "$dir/d" --name t --tokens 100000 --val-tokens 20000 >"$out" 2>&1 || { fail accum/gendata "mbt-gendata failed" "$out"; return; }
+    for c in 4x4 16x1; do
+        if ! "$mbtc" -I examples "tests/accum/accum_$c.mbt" -o "$dir/accum_$c" >"$out" 2>&1 \
+            || ! "$dir/accum_$c" train --data "$dir/d/t_train.bin" --log "$dir/$c.jsonl" --dump-step "$dir/step_$c.st" \
+                --save-weights "$dir/w_$c.st" >"$out" 2>&1; then
+            fail "accum/$c" "building or training accum_$c failed" "$out"
+            return
+        fi
+    done
+    local losses
+    losses=$(paste -d' ' <(sed 's/.*"loss": \([0-9.e+-]*\).*/\1/' "$dir/4x4.jsonl") <(sed 's/.*"loss": \([0-9.e+-]*\).*/\1/' "$dir/16x1.jsonl"))
+    if [ "$(echo "$losses" | wc -l)" = 5 ] && echo "$losses" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (!(d <= 1e-6 * $2)) bad = 1 } END { exit bad }'; then
+        pass "accum/losses (5 steps within 1e-6)"
+    else
+        fail accum/losses "micro 4 x 4 and 16 x 1 losses differ by more than 1e-6: $(echo $losses)"
+    fi
+    if "$BUILD/tests/st_compare" "$dir/step_4x4.st" "$dir/step_16x1.st" grad: 1e-6 norm >"$out" 2>&1; then
+        pass "accum/gradients ($(sed -n 's/.*, \(norm-wise [^;]*\);.*/\1/p' "$out"))"
+    else fail accum/gradients "step 1's gradients differ" "$out"; fi
+    if "$BUILD/tests/st_compare" "$dir/w_4x4.st" "$dir/w_16x1.st" "" 1e-6 norm >"$out" 2>&1; then
+        pass "accum/weights ($(sed -n 's/.*, \(norm-wise [^;]*\);.*/\1/p' "$out"))"
+    else fail accum/weights "the weights after 5 steps differ" "$out"; fi
+    if ! "$BUILD/tests/st_compare" "$dir/w_4x4.st" "$dir/step_4x4.st" "" 1e-6 norm >"$out" 2>&1; then pass accum/control
+    else fail accum/control "trained and initial weights compare equal: the comparison cannot fail" "$out"; fi
+}
+
 # ---- the layers ------------------------------------------------------------------------------
 
 if [ "$UPDATE_GOLDEN" = 1 ]; then
@@ -563,6 +601,10 @@ layer_end exec
 layer_begin
 run_verify "$BUILD/mbtc"
 layer_end verify
+
+layer_begin
+run_accum "$BUILD/mbtc"
+layer_end accum
 
 if [ "$QUICK" = 1 ]; then
     skip asan "MBT_QUICK=1"

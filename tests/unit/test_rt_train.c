@@ -294,7 +294,12 @@ static void reaches_bigram_loss(void) {
     CHECK_OK(ev, "eval without weights");
     double init = number_after(ev.out, "eval bigram: loss ");
     CHECK(fabs(init - log(64.0)) < 0.02, "the initialised model's loss %.6f, expected about ln 64", init);
-    CHECK(strstr(ev.out, "on 20 batches"), "eval's default is the program's eval steps (20)");
+    /* eval { steps = 20 } global batches of 16 = 80 micro-batches of 4, more than the 78 there are */
+    CHECK(strstr(ev.out, "on 78 batches"), "eval's default is the program's eval steps (20 global batches, capped at 78)");
+    run_free(&ev);
+    ev = run(g_bigram, "eval", "--data", g_val, "--steps", "2", NULL);
+    CHECK_OK(ev, "eval --steps 2");
+    CHECK(strstr(ev.out, "on 8 batches of 4 x 64 tokens"), "eval --steps 2: two global batches of 16, 8 micro-batches");
     run_free(&ev);
 }
 
@@ -571,7 +576,7 @@ static void help_lists_every_flag(void) {
         "--dump-step F.safetensors      write step 1's weights, batches, loss and gradients (for mbtc --verify-step) (default none)",
         "--weights F.safetensors        the weights to evaluate (default none: the initialised model)",
         "--data GLOB                    held-out token shards (default 'data/tiny_val.bin')",
-        "--steps N                      batches of 4 sequences (fewer if the data hold fewer) (default 20)",
+        "--steps N                      batches of 16 sequences (fewer if the data hold fewer) (default 20)",
         "--weights F.safetensors        the model's weights (default none: required)",
         "--prompt-tokens 1,2,3          the prompt, as token ids (default 0)",
         "--max-tokens N                 tokens to generate (default 32)",
