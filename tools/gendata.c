@@ -35,6 +35,7 @@ typedef struct Opts {
     uint64_t seed;
     double noise;
     const char *out_dir, *name;
+    const char *score; /* --score FILE: score token ids instead of writing a corpus */
 } Opts;
 
 static void usage(FILE *f) {
@@ -49,7 +50,10 @@ static void usage(FILE *f) {
             "  --out-dir DIR     where to write (default data; created if missing)\n"
             "  --name NAME       file name prefix (default tiny)\n"
             "  --branch K        likely successors of each context, 1..V (default 4)\n"
-            "  --noise E         probability spread uniformly over all tokens, in (0, 1] (default 0.02)\n");
+            "  --noise E         probability spread uniformly over all tokens, in (0, 1] (default 0.02)\n"
+            "  --score FILE      write nothing: read token ids (whitespace- or comma-separated; - is stdin)\n"
+            "                    and print their mean -log p under the chain the other options define,\n"
+            "                    each token given the two before it (how plausible generated text is)\n");
 }
 
 static int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -66,7 +70,7 @@ static int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int
 }
 
 static int parse_opts(int argc, char **argv, Opts *o) {
-    *o = (Opts){64, 1000000, 100000, 4, 1337, 0.02, "data", "tiny"};
+    *o = (Opts){64, 1000000, 100000, 4, 1337, 0.02, "data", "tiny", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -120,6 +124,8 @@ static int parse_opts(int argc, char **argv, Opts *o) {
             o->out_dir = val;
         } else if (strcmp(key, "--name") == 0) {
             o->name = val;
+        } else if (strcmp(key, "--score") == 0) {
+            o->score = val;
         } else {
             fprintf(stderr, "mbt-gendata: unknown option '%s'\n", key);
             usage(stderr);
@@ -373,10 +379,70 @@ static int write_split(const Chain *c, const Opts *o, const char *split, uint64_
     return 1;
 }
 
+/* --score: the mean -log p of each token given the two before it, over every line of token ids
+ * in the file (a line is one sequence: its first two tokens are context only). */
+static int score_file(const Chain *c, const char *path) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "mbt-gendata: cannot read '%s': %s\n", path, strerror(errno));
+        return 0;
+    }
+    double nll = 0;
+    int64_t n = 0, seen = 0, line = 1;
+    uint32_t prev[2] = {0, 0};
+    int ok = 1, ch;
+    while (ok && (ch = fgetc(f)) != EOF) {
+        if (ch == '\n') {
+            line++;
+            seen = 0;
+            continue;
+        }
+        if (ch == ' ' || ch == '\t' || ch == ',' || ch == '\r') continue;
+        if (ch < '0' || ch > '9') {
+            fprintf(stderr, "mbt-gendata: %s:%lld: '%c' is not part of a token id\n", path, (long long)line, ch);
+            ok = 0;
+            break;
+        }
+        int64_t v = 0;
+        for (; ch >= '0' && ch <= '9'; ch = fgetc(f)) v = v < c->V ? v * 10 + (ch - '0') : v;
+        if (ch == '\n') ungetc(ch, f);
+        if (v >= c->V) {
+            fprintf(stderr, "mbt-gendata: %s:%lld: token id %lld is not below the vocabulary size %lld\n", path,
+                    (long long)line, (long long)v, (long long)c->V);
+            ok = 0;
+            break;
+        }
+        if (seen >= 2) {
+            nll -= log(chain_prob(c, (int64_t)prev[0] * c->V + prev[1], (uint32_t)v));
+            n++;
+        }
+        prev[0] = prev[1];
+        prev[1] = (uint32_t)v;
+        seen++;
+    }
+    if (f != stdin) fclose(f);
+    if (!ok) return 0;
+    if (n == 0) {
+        fprintf(stderr, "mbt-gendata: '%s' has no token with two before it to score\n", path);
+        return 0;
+    }
+    printf("score: %.6f nats/token over %lld tokens (entropy rate %.6f, bigram %.6f, unigram %.6f, uniform %.6f)\n",
+           nll / (double)n, (long long)n, c->H, c->H1, c->H0, log((double)c->V));
+    return 1;
+}
+
 int main(int argc, char **argv) {
     Opts o;
     if (!parse_opts(argc, argv, &o)) return 1;
     Chain c = {0};
+    if (o.score) {
+        int ok = chain_build(&c, &o) && chain_stationary(&c) && chain_short_entropies(&c) && score_file(&c, o.score);
+        free(c.succ);
+        free(c.q);
+        free(c.p);
+        free(c.pi);
+        return ok ? 0 : 1;
+    }
     int ok = make_dirs(o.out_dir) && chain_build(&c, &o) && chain_stationary(&c) && chain_short_entropies(&c);
     double nll_train = 0, nll_val = 0;
     if (ok) {
