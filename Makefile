@@ -1,7 +1,8 @@
 # Makefile - builds mbtc (build/mbtc) and runs the tests.
 #
 #   make              check/install build dependencies, build build/mbtc
-#   make demo         build, then check every example and show what the compiler sees
+#   make demo         build, generate data, compile and train examples/tiny.mbt (~2 min on 2 cores),
+#                     print its loss against the known optimum and generated samples
 #   make test         everything below `make test` in docs/testing.md (ends with "N passed, N failed")
 #   make fuzz         run the front-end fuzzer until stopped (FUZZ_SECONDS=N to bound it)
 #   make asan         build a copy with AddressSanitizer + UBSan in build/asan
