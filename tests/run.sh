@@ -565,6 +565,43 @@ run_accum() {
     else fail accum/control "trained and initial weights compare equal: the comparison cannot fail" "$out"; fi
 }
 
+# torch: the PyTorch oracle (tests/torch/oracle.py, on bench/torch_gpt.py's model). PyTorch draws
+# weights for examples/tiny.mbt's GPT-2 (tools/deps.sh test installs Debian's python3-torch), the
+# compiled program starts from them (--init-weights) and dumps its first step (4 micro-batches),
+# and PyTorch computes the same step in f32: loss to 1e-5, gradients to 1e-4 relative, and
+# torch.optim.AdamW fed the same gradients to the update. Two controls must fail: the exact GELU
+# for the tanh one (gradients), and weight decay 0 for 0.1 (the update).
+run_torch() {
+    local mbtc=$1 dir="$BUILD/tmp/torch" out py=/usr/bin/python3 rc
+    if ! "$py" -c 'import torch' >/dev/null 2>&1; then
+        skip torch "no PyTorch for /usr/bin/python3 (tools/deps.sh test installs python3-torch as root)"
+        return
+    fi
+    mkdir -p "$dir"
+    out="$dir/out.txt"
+    "$BUILD/mbt-gendata" --out-dir "$dir/d" --name t --tokens 50000 --val-tokens 10000 >"$out" 2>&1 || { fail torch/gendata "mbt-gendata failed" "$out"; return; }
+    if ! "$py" tests/torch/oracle.py init "$dir/w.safetensors" >"$out" 2>&1; then fail torch/init "oracle.py init failed" "$out"; return; fi
+    if ! "$mbtc" examples/tiny.mbt -o "$dir/tiny" >"$out" 2>&1 \
+        || ! "$dir/tiny" train --steps 1 --data "$dir/d/t_train.bin" --init-weights "$dir/w.safetensors" \
+            --dump-step "$dir/step.safetensors" >"$out" 2>&1; then
+        fail torch/dump "building tiny or dumping its first step failed" "$out"
+        return
+    fi
+    if "$py" tests/torch/oracle.py check "$dir/step.safetensors" >"$out" 2>&1 && grep -q '^torch oracle: ok' "$out"; then
+        pass "torch/tiny ($(sed -n 's/^torch oracle: ok (\(.*\);.*/\1/p' "$out"))"
+    else
+        fail torch/tiny "the compiled step differs from PyTorch's" "$out"
+    fi
+    "$py" tests/torch/oracle.py check "$dir/step.safetensors" --control-erf-gelu >"$out" 2>&1
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q '^torch oracle: FAILED' "$out"; then pass torch/control-gelu
+    else fail torch/control-gelu "a model with the exact GELU passed (status $rc)" "$out"; fi
+    "$py" tests/torch/oracle.py check "$dir/step.safetensors" --weight-decay 0 >"$out" 2>&1
+    rc=$?
+    if [ "$rc" = 1 ] && grep -q '^torch oracle: FAILED' "$out"; then pass torch/control-decay
+    else fail torch/control-decay "AdamW without weight decay passed (status $rc)" "$out"; fi
+}
+
 # ---- the layers ------------------------------------------------------------------------------
 
 if [ "$UPDATE_GOLDEN" = 1 ]; then
@@ -605,6 +642,10 @@ layer_end verify
 layer_begin
 run_accum "$BUILD/mbtc"
 layer_end accum
+
+layer_begin
+run_torch "$BUILD/mbtc"
+layer_end torch
 
 if [ "$QUICK" = 1 ]; then
     skip asan "MBT_QUICK=1"

@@ -4,7 +4,7 @@
 # anything is compiled.
 #
 #   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19, OpenBLAS (and, optionally, CUDA)
-#   tools/deps.sh test    the above plus what the tests use (clang 19 with libFuzzer)
+#   tools/deps.sh test    the above plus what the tests use (clang 19 with libFuzzer, python3-torch)
 set -u
 what=${1:-build}
 
@@ -32,6 +32,8 @@ openblas_dir=/usr/lib/$multiarch/openblas-pthread
 if [ "$what" = test ]; then
     have clang-19 || need_pkgs+=(clang-19)
     [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] || need_pkgs+=(libclang-rt-19-dev)
+    # the PyTorch oracle (tests/torch/): Debian's torch, run as /usr/bin/python3
+    /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need_pkgs+=(python3-torch)
 fi
 
 if [ ${#need_pkgs[@]} -gt 0 ]; then
