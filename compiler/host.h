@@ -7,9 +7,13 @@
  * descriptor (runtime/rt_program.h), whose struct layouts are checked against the C compiler's
  * (host_abi.h). host_compile runs the whole pipeline, writes the object and links the executable.
  *
+ * A batch-size ramp (one plan step program per stage) is one forward_backward - micro and T do not
+ * change - and a ramp table in the descriptor (RtRampStage) from which the runtime takes each
+ * step's accumulation and loss_scale.
+ *
  * What it does not do yet: forward_logits (generation) is NULL in the descriptor; only f32 GEMMs;
- * one step program (no batch-size ramp); the backward is seeded with 1.0 and the gradients are
- * added into the gradient region scaled by loss_scale afterwards. */
+ * the backward is seeded with 1.0 and the gradients are added into the gradient region scaled by
+ * loss_scale afterwards. */
 #ifndef MBT_HOST_H
 #define MBT_HOST_H
 
