@@ -621,8 +621,9 @@ static const char *shell_quote(Arena *ar, const char *s) {
     return arena_printf(ar, "%s'", out);
 }
 
-int host_compile(Loader *ld, Module *main_mod, const char *input, const char *output, Arena *ar) {
-    TrainBuild *tb = sema_build_train(ld, main_mod, NULL, PLAN_ALIGN / 4, ar);
+int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
+                 Arena *ar) {
+    TrainBuild *tb = sema_build_train(ld, main_mod, train_name, PLAN_ALIGN / 4, ar);
     if (!tb) return diag_finish();
     if (!tb->update) {
         diag_error_noloc("the train block has no optimizer update to compile");

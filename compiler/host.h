@@ -20,8 +20,10 @@
 #include "cpu.h"
 #include "module.h"
 
-/* Builds the executable for the first train block of main_mod at `output`. Returns the exit
- * status (errors reported through diag). */
-int host_compile(Loader *ld, Module *main_mod, const char *input, const char *output, Arena *ar);
+/* Builds the executable for the train block of main_mod named train_name (NULL: the first) at
+ * `output`. Returns the exit status (errors reported through diag; an unknown name is one, listing
+ * the file's train blocks). */
+int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
+                 Arena *ar);
 
 #endif

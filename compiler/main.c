@@ -34,8 +34,8 @@ static void usage(FILE *out) {
             "                     graphs fused into GEMMs and generated kernels, with their bodies),\n"
             "                     llvm (the generated kernels as LLVM IR for the host CPU)\n"
             "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
-            "  --train NAME       the train block --emit=ir/grad/plan/kernels/llvm builds (default: the first)\n"
-            "  -o FILE            build the executable FILE (train, eval; see docs/cli.md)\n"
+            "  --train NAME       the train block -o and --emit=ir/grad/plan/kernels/llvm build (default: the first)\n"
+            "  -o FILE            build the executable FILE for a train block (train, eval; see docs/cli.md)\n"
             "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
             "  --color            colour diagnostics (default: when stderr is a terminal)\n"
             "  --no-color         never colour diagnostics\n"
@@ -193,7 +193,7 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (emit && strcmp(emit, "plan") == 0) return emit_plan(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "kernels") == 0) return emit_kernels(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
-    if (output && !check) return host_compile(ld, main_mod, input, output, ar);
+    if (output && !check) return host_compile(ld, main_mod, input, train, output, ar);
     sema_check(ld, main_mod);
     if (diag_error_count() || check) return diag_finish();
     {
@@ -251,8 +251,10 @@ int main(int argc, char **argv) {
         { arena_free(&ar); return 1; }
     }
     if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
-                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0))) {
-        diag_error_noloc("'--train %s' selects the train block for --emit=ir, grad, plan, kernels or llvm, and none is given",
+                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0)) &&
+        !(output && !check && !emit)) {
+        diag_error_noloc("'--train %s' selects the train block for -o or --emit=ir, grad, plan, kernels or llvm, and none "
+                         "is given",
                          train);
         { arena_free(&ar); return 1; }
     }
