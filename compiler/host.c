@@ -45,7 +45,7 @@ typedef struct Host {
     LLVMModuleRef m;
     LLVMBuilderRef b;
     LLVMTypeRef i8, i32, i64, f32, f64, ptr, vd;
-    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t;
+    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t;
     LLVMTypeRef range_fn_t, pfor_t, gemm_t;
     LLVMValueRef pfor, gemm;
     const Plan *plan;
@@ -90,8 +90,10 @@ static void host_types(Host *h) {
     h->step_t = host_struct(h, HA_STEP, "RtStep", step, 19);
     LLVMTypeRef param[] = {P, W, LLVMArrayType2(I, (uint64_t)host_abi_max_rank()), I, I, W, D, D};
     h->param_t = host_struct(h, HA_PARAM, "RtParam", param, 8);
-    LLVMTypeRef train[] = {P, I, I, I, I, I, I, D, I, I, D, P, P, W, I, I};
-    h->train_t = host_struct(h, HA_TRAIN, "RtTrainSettings", train, 16);
+    LLVMTypeRef train[] = {P, I, I, I, I, I, I, D, I, I, D, P, P, W, I, I, I, I, P};
+    h->train_t = host_struct(h, HA_TRAIN, "RtTrainSettings", train, 19);
+    LLVMTypeRef ramp[] = {I, I, I};
+    h->ramp_t = host_struct(h, HA_RAMP, "RtRampStage", ramp, 3);
     LLVMTypeRef gen[] = {P, D, I, I};
     h->gen_t = host_struct(h, HA_GENERATE, "RtGenerateSettings", gen, 4);
     LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P};
@@ -538,6 +540,33 @@ static int64_t find_vocab(const Graph *g) {
 
 static LLVMValueRef named_struct(LLVMTypeRef t, LLVMValueRef *v, int n) { return LLVMConstNamedStruct(t, v, (unsigned)n); }
 
+/* The batch-size ramp: the plan's step programs after the first, one RtRampStage each (the
+ * step it starts at, its global batch and accumulation), or a null pointer without a ramp. The
+ * micro-batch and the data ranks are the same in every program, so one forward_backward serves
+ * them all; only the runtime's loop count and loss_scale change. A stage the block's `steps`
+ * never reaches is kept: `--steps` may run past it. */
+static LLVMValueRef emit_ramp_table(Host *h) {
+    const Plan *p = h->plan;
+    int n = p->nprograms - 1;
+    if (n < 1) return LLVMConstPointerNull(h->ptr);
+    LLVMValueRef *rows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        const PlanProgram *pg = &p->programs[i + 1];
+        if (pg->micro != p->programs[0].micro || pg->data != p->programs[0].data || pg->first_step <= 0 ||
+            pg->first_step <= p->programs[i].first_step || pg->global != pg->micro * pg->accumulation * pg->data)
+            INTERNAL("host: step program %d (from step %" PRId64 ", global %" PRId64 " = %" PRId64 " x %" PRId64
+                     " x %" PRId64 ") does not extend the batch schedule",
+                     i + 2, pg->first_step, pg->global, pg->micro, pg->accumulation, pg->data);
+        LLVMValueRef f[3] = {ci64(h, pg->first_step), ci64(h, pg->global), ci64(h, pg->accumulation)};
+        rows[i] = named_struct(h->ramp_t, f, 3);
+    }
+    LLVMValueRef table = LLVMAddGlobal(h->m, LLVMArrayType2(h->ramp_t, (uint64_t)n), "mbt.ramp");
+    LLVMSetInitializer(table, LLVMConstArray2(h->ramp_t, rows, (uint64_t)n));
+    LLVMSetGlobalConstant(table, 1);
+    LLVMSetLinkage(table, LLVMPrivateLinkage);
+    return table;
+}
+
 static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef oinit,
                             LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes) {
     const Plan *p = h->plan;
@@ -564,14 +593,16 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
     LLVMSetGlobalConstant(table, 1);
     LLVMSetLinkage(table, LLVMPrivateLinkage);
     const PlanProgram *pg = &p->programs[0];
-    LLVMValueRef tr[16] = {str_const(h, ts->name), ci64(h, pg->micro), ci64(h, p->seq), ci64(h, pg->global),
+    LLVMValueRef ramp = emit_ramp_table(h);
+    LLVMValueRef tr[19] = {str_const(h, ts->name), ci64(h, pg->micro), ci64(h, p->seq), ci64(h, pg->global),
                            ci64(h, pg->accumulation), ci64(h, p->steps), ci64(h, ts->seed), LLVMConstReal(h->f64, p->clip),
                            ci64(h, find_vocab(g)), ci64(h, p->seq), LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0),
                            str_const(h, ts->data_glob), str_const(h, ts->val_glob), ci32(h, ts->shuffle),
-                           ci64(h, ts->eval_every), ci64(h, ts->eval_steps ? ts->eval_steps : 20)};
+                           ci64(h, ts->eval_every), ci64(h, ts->eval_steps ? ts->eval_steps : 20),
+                           ci64(h, pg->data), ci64(h, p->nprograms - 1), ramp};
     LLVMValueRef ge[4] = {LLVMConstPointerNull(h->ptr), LLVMConstReal(h->f64, 1.0), ci64(h, 0), ci64(h, 64)};
     LLVMValueRef null = LLVMConstPointerNull(h->ptr);
-    LLVMValueRef pr[16] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 16),
+    LLVMValueRef pr[16] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 19),
                            named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
                            ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
                            null, oinit ? oinit : null, oupd, lrs};
@@ -590,8 +621,9 @@ static const char *shell_quote(Arena *ar, const char *s) {
     return arena_printf(ar, "%s'", out);
 }
 
-int host_compile(Loader *ld, Module *main_mod, const char *input, const char *output, Arena *ar) {
-    TrainBuild *tb = sema_build_train(ld, main_mod, NULL, PLAN_ALIGN / 4, ar);
+int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
+                 Arena *ar) {
+    TrainBuild *tb = sema_build_train(ld, main_mod, train_name, PLAN_ALIGN / 4, ar);
     if (!tb) return diag_finish();
     if (!tb->update) {
         diag_error_noloc("the train block has no optimizer update to compile");
@@ -603,10 +635,6 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *ou
     Plan *plan = plan_build(tb, first_bwd, ar);
     if (!plan) return diag_finish();
     if (plan_verify(plan, stderr)) INTERNAL("the plan fails plan_verify (problems above)");
-    if (plan->nprograms != 1) {
-        diag_error_noloc("a batch-size ramp (%d step programs) is not compiled to an executable yet", plan->nprograms);
-        return diag_finish();
-    }
     CpuTarget target;
     const char *err = NULL;
     if (cpu_target_host(&target, ar, &err)) {

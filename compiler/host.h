@@ -7,17 +7,23 @@
  * descriptor (runtime/rt_program.h), whose struct layouts are checked against the C compiler's
  * (host_abi.h). host_compile runs the whole pipeline, writes the object and links the executable.
  *
+ * A batch-size ramp (one plan step program per stage) is one forward_backward - micro and T do not
+ * change - and a ramp table in the descriptor (RtRampStage) from which the runtime takes each
+ * step's accumulation and loss_scale.
+ *
  * What it does not do yet: forward_logits (generation) is NULL in the descriptor; only f32 GEMMs;
- * one step program (no batch-size ramp); the backward is seeded with 1.0 and the gradients are
- * added into the gradient region scaled by loss_scale afterwards. */
+ * the backward is seeded with 1.0 and the gradients are added into the gradient region scaled by
+ * loss_scale afterwards. */
 #ifndef MBT_HOST_H
 #define MBT_HOST_H
 
 #include "cpu.h"
 #include "module.h"
 
-/* Builds the executable for the first train block of main_mod at `output`. Returns the exit
- * status (errors reported through diag). */
-int host_compile(Loader *ld, Module *main_mod, const char *input, const char *output, Arena *ar);
+/* Builds the executable for the train block of main_mod named train_name (NULL: the first) at
+ * `output`. Returns the exit status (errors reported through diag; an unknown name is one, listing
+ * the file's train blocks). */
+int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
+                 Arena *ar);
 
 #endif

@@ -18,7 +18,9 @@ static const int64_t train_off[] = {
     F(RtTrainSettings, name),     F(RtTrainSettings, micro),  F(RtTrainSettings, seq),        F(RtTrainSettings, global),
     F(RtTrainSettings, accum),    F(RtTrainSettings, steps),  F(RtTrainSettings, seed),       F(RtTrainSettings, clip),
     F(RtTrainSettings, vocab),    F(RtTrainSettings, ctx),    F(RtTrainSettings, lr),         F(RtTrainSettings, data),
-    F(RtTrainSettings, val_data), F(RtTrainSettings, shuffle), F(RtTrainSettings, eval_every), F(RtTrainSettings, eval_steps)};
+    F(RtTrainSettings, val_data), F(RtTrainSettings, shuffle), F(RtTrainSettings, eval_every), F(RtTrainSettings, eval_steps),
+    F(RtTrainSettings, data_ranks), F(RtTrainSettings, nramp),  F(RtTrainSettings, ramp)};
+static const int64_t ramp_off[] = {F(RtRampStage, step), F(RtRampStage, global), F(RtRampStage, accum)};
 static const int64_t gen_off[] = {F(RtGenerateSettings, weights), F(RtGenerateSettings, temperature),
                                   F(RtGenerateSettings, top_k), F(RtGenerateSettings, max_tokens)};
 static const int64_t prog_off[] = {
@@ -35,12 +37,14 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size) {
     case HA_PARAM: *nfields = N(param_off), *size = sizeof(RtParam); return param_off;
     case HA_TRAIN: *nfields = N(train_off), *size = sizeof(RtTrainSettings); return train_off;
     case HA_GENERATE: *nfields = N(gen_off), *size = sizeof(RtGenerateSettings); return gen_off;
+    case HA_RAMP: *nfields = N(ramp_off), *size = sizeof(RtRampStage); return ramp_off;
     default: *nfields = N(prog_off), *size = sizeof(RtProgram); return prog_off;
     }
 }
 
 const char *host_abi_name(HostAbiStruct s) {
-    static const char *const names[] = {"RtStep", "RtParam", "RtTrainSettings", "RtGenerateSettings", "RtProgram"};
+    static const char *const names[] = {"RtStep", "RtParam", "RtTrainSettings", "RtGenerateSettings", "RtProgram",
+                                        "RtRampStage"};
     return s < HA_COUNT ? names[s] : "?";
 }
 

@@ -35,8 +35,8 @@ static void usage(FILE *out) {
             "                     graphs fused into GEMMs and generated kernels, with their bodies),\n"
             "                     llvm (the generated kernels as LLVM IR for the host CPU)\n"
             "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
-            "  --train NAME       the train block --emit=ir/grad/plan/kernels/llvm builds (default: the first)\n"
-            "  -o FILE            build the executable FILE (train, eval; see docs/cli.md)\n"
+            "  --train NAME       the train block -o and --emit=ir/grad/plan/kernels/llvm build (default: the first)\n"
+            "  -o FILE            build the executable FILE for a train block (train, eval; see docs/cli.md)\n"
             "  --verify-step F    check a step the executable computed (`PROG train --steps 1 --dump-step F`)\n"
             "                     against the reference evaluator in double precision: loss and gradients\n"
             "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
@@ -197,7 +197,7 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (emit && strcmp(emit, "kernels") == 0) return emit_kernels(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
     if (verify) return verify_step(ld, main_mod, train, verify, ar);
-    if (output && !check) return host_compile(ld, main_mod, input, output, ar);
+    if (output && !check) return host_compile(ld, main_mod, input, train, output, ar);
     sema_check(ld, main_mod);
     if (diag_error_count() || check) return diag_finish();
     {
@@ -260,9 +260,11 @@ int main(int argc, char **argv) {
         diag_error_noloc("'--verify-step' is a mode of its own: give it without --emit, -o or --check");
         { arena_free(&ar); return 1; }
     }
-    if (train && !verify && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
-                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0))) {
-        diag_error_noloc("'--train %s' selects the train block for --emit=ir, grad, plan, kernels or llvm, and none is given",
+    if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
+                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0)) &&
+        !(output && !check && !emit) && !verify) {
+        diag_error_noloc("'--train %s' selects the train block for -o or --emit=ir, grad, plan, kernels or llvm, and none "
+                         "is given",
                          train);
         { arena_free(&ar); return 1; }
     }

@@ -377,10 +377,10 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     if (t->val_data && *t->val_data) snprintf(buf, sizeof buf, "'%s'", t->val_data);
     else
         snprintf(buf, sizeof buf, "the last %lld windows of '%s', which training does not visit",
-                 (long long)(t->eval_steps * t->micro * t->accum), t->data ? t->data : "");
+                 (long long)(t->eval_steps * t->global), t->data ? t->data : "");
     rt_help_line(f, "--data", "GLOB", "held-out token shards", buf);
     snprintf(buf2, sizeof buf2, "%lld", (long long)t->eval_steps);
-    snprintf(buf, sizeof buf, "batches of %lld sequences (fewer if the data hold fewer)", (long long)(t->micro * t->accum));
+    snprintf(buf, sizeof buf, "batches of %lld sequences (fewer if the data hold fewer)", (long long)t->global);
     rt_help_line(f, "--steps", "N", buf, buf2);
     rt_help_line(f, "--seed", "S", "seeds the initialisation when there is no --weights", seed);
     rt_help_line(f, "--device", "auto|cpu", "where to run", "auto");

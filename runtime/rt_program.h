@@ -37,7 +37,7 @@
 /* The layout version of RtProgram and RtStep. A program compiled against another version is
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
-#define RT_ABI_VERSION 1
+#define RT_ABI_VERSION 2 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -112,14 +112,30 @@ typedef struct RtParam {
     double init_a, init_b;         /* normal(mean a, std b), uniform(a, b), constant(a) */
 } RtParam;
 
+/* One stage of a batch-size ramp (`batch { ramp = [(step, global), ...] }`): from 0-based optimizer
+ * step `step` on, a step takes `global` sequences, `accum` micro-batches of `micro` sequences per
+ * data-parallel rank (global = micro x accum x data_ranks). */
+typedef struct RtRampStage {
+    int64_t step;
+    int64_t global;
+    int64_t accum;
+} RtRampStage;
+
 /* A train block's settings, as the compiler resolved them; command-line flags override some
- * (--steps, --seed, --data). */
+ * (--steps, --seed, --data).
+ *
+ * The batch. Optimizer step s takes the global batch of the stage in force at s: (global, accum)
+ * below before ramp[0].step, then ramp[i] from ramp[i].step on. data_ranks > 1 is the program's
+ * `parallel { data = N }`; one process (every executable today: there are no collectives yet)
+ * runs all N ranks' micro-batches in turn, accum x N a step, each seeded with
+ * loss_scale = 1 / (accum x N), so it trains on the program's whole global batch exactly as
+ * the N ranks together would (up to which windows each rank would read). */
 typedef struct RtTrainSettings {
     const char *name;     /* the train block's name (`./prog train NAME`) */
     int64_t micro;        /* B: sequences per micro-batch */
     int64_t seq;          /* T: tokens per sequence */
-    int64_t global;       /* sequences per optimizer step: micro x accum (x data-parallel ranks) */
-    int64_t accum;        /* micro-batches per optimizer step */
+    int64_t global;       /* sequences per optimizer step from step 0: micro x accum x data_ranks */
+    int64_t accum;        /* micro-batches per optimizer step and data-parallel rank, from step 0 */
     int64_t steps;        /* optimizer steps */
     uint64_t seed;        /* initialisation, data order, dropout */
     double clip;          /* global gradient-norm clip; 0: none */
@@ -131,6 +147,9 @@ typedef struct RtTrainSettings {
     int shuffle;          /* 1: seeded shuffle of the training windows each epoch */
     int64_t eval_every;   /* evaluate every N steps during training; 0: never */
     int64_t eval_steps;   /* micro-batches per evaluation (also what is held out without val_data) */
+    int64_t data_ranks;   /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */
+    int64_t nramp;        /* stages of a batch-size ramp after the first; 0: the batch never changes */
+    const RtRampStage *ramp; /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */
 } RtTrainSettings;
 
 /* Defaults of `./prog generate` (from the serve block's sampling settings when there is one). */
@@ -182,8 +201,9 @@ typedef struct RtProgram {
 
     /* One micro-batch: reads params, x, y; computes this micro-batch's loss L as the program
      * defines it (cross_entropy: the mean over its B x T tokens) into loss, and ADDS
-     * loss_scale x dL/dparams into grads. The runtime passes loss_scale = 1 / accum, so after
-     * the last micro-batch grads holds the gradient of the mean loss over the global batch. */
+     * loss_scale x dL/dparams into grads. The runtime passes loss_scale = 1 / (accum x data_ranks) of
+     * the step's ramp stage, so after the step's last micro-batch grads holds the gradient of
+     * the mean loss over the global batch. */
     RtStatus (*forward_backward)(RtStep *s);
     /* The same loss without gradients (evaluation). NULL: the program cannot evaluate. */
     RtStatus (*forward_loss)(RtStep *s);

@@ -5,9 +5,9 @@
  * descriptor (rt_program.h); rt_main checks it, parses the command line (cli.c) and runs a
  * command. Training, per optimizer step:
  *
- *     lr = base lr x lr_schedule(step)
- *     for each of the accum micro-batches: read B windows, forward_backward (adds
- *         grad(loss) / accum into the gradient region; the step's loss is the mean of theirs)
+ *     lr = base lr x lr_schedule(step); (global, accum) = the step's batch-ramp stage
+ *     for each of the accum x data_ranks micro-batches: read B windows, forward_backward (adds
+ *         grad(loss) / (accum x data_ranks) into the gradient region; the step's loss is the mean of theirs)
  *     norm = the global L2 norm of the gradient region; if clip > 0 and norm > clip, scale it
  *     optimizer_update(lr, t = step + 1); zero the gradients; log
  *
@@ -38,9 +38,29 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
                        p->abi_version, RT_ABI_VERSION);
     const RtTrainSettings *t = &p->train;
     if (!t->name || !*t->name) return rt_fail(err, RT_ERR_ARG, "the train block has no name");
-    if (t->micro < 1 || t->seq < 1 || t->accum < 1 || t->global != t->micro * t->accum)
-        return rt_fail(err, RT_ERR_ARG, "batch: global %lld is not micro %lld x accumulation %lld (seq %lld)",
-                       (long long)t->global, (long long)t->micro, (long long)t->accum, (long long)t->seq);
+    if (t->micro < 1 || t->seq < 1 || t->accum < 1 || t->data_ranks < 1 || t->global / t->micro / t->data_ranks != t->accum ||
+        t->global != t->micro * t->accum * t->data_ranks)
+        return rt_fail(err, RT_ERR_ARG, "batch: global %lld is not micro %lld x accumulation %lld x data %lld (seq %lld)",
+                       (long long)t->global, (long long)t->micro, (long long)t->accum, (long long)t->data_ranks,
+                       (long long)t->seq);
+    if (t->nramp < 0 || (t->nramp > 0 && !t->ramp))
+        return rt_fail(err, RT_ERR_ARG, "batch: nramp is %lld (it must be 0 or more, with a ramp table when above 0)",
+                       (long long)t->nramp);
+    for (int64_t i = 0; i < t->nramp; i++) {
+        const RtRampStage *r = &t->ramp[i];
+        int64_t prev = i > 0 ? t->ramp[i - 1].step : 0;
+        if (r->step <= prev)
+            return rt_fail(err, RT_ERR_ARG, "batch: ramp stage %lld starts at step %lld, not after step %lld",
+                           (long long)(i + 1), (long long)r->step, (long long)prev);
+        if (r->accum < 1)
+            return rt_fail(err, RT_ERR_ARG, "batch: ramp stage %lld (step %lld) has accumulation %lld", (long long)(i + 1),
+                           (long long)r->step, (long long)r->accum);
+        if (r->global / t->micro / t->data_ranks != r->accum || r->global != t->micro * r->accum * t->data_ranks)
+            return rt_fail(err, RT_ERR_ARG,
+                           "batch: ramp stage %lld (step %lld): global %lld is not micro %lld x accumulation %lld x data %lld",
+                           (long long)(i + 1), (long long)r->step, (long long)r->global, (long long)t->micro,
+                           (long long)r->accum, (long long)t->data_ranks);
+    }
     if (t->steps < 0 || t->vocab < 1 || t->vocab > INT32_MAX || t->ctx < 0)
         return rt_fail(err, RT_ERR_ARG, "steps %lld, vocab %lld or ctx %lld out of range", (long long)t->steps,
                        (long long)t->vocab, (long long)t->ctx);
@@ -192,6 +212,12 @@ RtStatus rt_exec_init_params(RtExec *e, uint64_t seed, RtError *err) {
     return RT_OK;
 }
 
+RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step) {
+    RtRampStage s = {0, t->global, t->accum};
+    for (int64_t i = 0; i < t->nramp && t->ramp[i].step <= step; i++) s = t->ramp[i];
+    return s;
+}
+
 /* ---- gradient-region passes --------------------------------------------------------------------- */
 
 /* The norm sums blocks of this many elements (a constant, so the sum never depends on the
@@ -233,7 +259,8 @@ static void rt_grad_zero(void *ctx, int64_t begin, int64_t end, int worker) {
 /* ---- evaluation --------------------------------------------------------------------------------- */
 
 /* The mean loss over up to `batches` micro-batches of the held-out split, read from its start
- * (the callers ask for eval_steps global batches: eval_steps x accum micro-batches). */
+ * (the callers ask for eval_steps global batches of the first ramp stage: eval_steps x global / micro
+ * micro-batches). */
 static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, double *loss, int64_t *used,
                             RtError *err) {
     const RtProgram *p = e->prog;
@@ -293,7 +320,7 @@ static RtDataSpec rt_data_spec(const RtProgram *p, const RtOptions *o, const cha
      * after training reads windows the training never saw: eval_steps global batches, so the
      * split (and the shuffled order of the rest) does not depend on how a global batch is cut
      * into micro-batches. */
-    d.val_windows = val_glob && *val_glob ? 0 : p->train.eval_steps * p->train.micro * p->train.accum;
+    d.val_windows = val_glob && *val_glob ? 0 : p->train.eval_steps * p->train.global;
     return d;
 }
 
@@ -350,8 +377,8 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     int64_t window = t->micro * t->seq;
     if (st == RT_OK && o->dump_step) {
         st = rt_check_output_dir(o->dump_step, "step dump", &e);
-        dump_x = calloc((size_t)(t->accum * window), sizeof *dump_x);
-        dump_y = calloc((size_t)(t->accum * window), sizeof *dump_y);
+        dump_x = calloc((size_t)(t->accum * t->data_ranks * window), sizeof *dump_x); /* step 1's micro-batches */
+        dump_y = calloc((size_t)(t->accum * t->data_ranks * window), sizeof *dump_y);
         dump_p = calloc((size_t)p->param_floats + 1, sizeof *dump_p);
         dump_g = calloc((size_t)p->param_floats + 1, sizeof *dump_g);
         if (st == RT_OK && (!dump_x || !dump_y || !dump_p || !dump_g))
@@ -362,22 +389,36 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     if (st != RT_OK) goto done;
     log_open = 1;
 
-    int64_t tokens = t->global * t->seq;
     char nparam[32];
     rt_fmt_int(nparam, sizeof nparam, p->param_floats);
+    char data_ranks[48] = "";
+    if (t->data_ranks > 1) snprintf(data_ranks, sizeof data_ranks, " x %lld data ranks", (long long)t->data_ranks);
     printf("train %s: %s parameters in %lld tensors; %lld steps of %lld sequences x %lld tokens (micro-batch %lld, "
-           "accumulation %lld); seed %llu\n",
+           "accumulation %lld%s%s); seed %llu\n",
            t->name, nparam, (long long)p->nparams, (long long)o->steps, (long long)t->global, (long long)t->seq,
-           (long long)t->micro, (long long)t->accum, (unsigned long long)o->seed);
+           (long long)t->micro, (long long)t->accum, data_ranks, t->nramp > 0 ? ", then ramped" : "",
+           (unsigned long long)o->seed);
+    for (int64_t i = 0; i < t->nramp; i++)
+        printf("batch ramp: from step %lld, %lld sequences a step (accumulation %lld)%s\n", (long long)(t->ramp[i].step + 1),
+               (long long)t->ramp[i].global, (long long)t->ramp[i].accum,
+               t->ramp[i].step >= o->steps ? "; not reached in this run" : "");
+    if (t->data_ranks > 1)
+        printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
+               "%lld micro-batches of %lld a step, the whole global batch\n",
+               (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
     printf("device: cpu%s, %d threads; data: %lld windows in %lld file%s ('%s')\n",
            strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x.pool), (long long)rt_data_windows(train),
            (long long)rt_data_nfiles(train), rt_data_nfiles(train) == 1 ? "" : "s", spec.pattern);
     fflush(stdout);
 
     double t_run = rt_now(), last_loss = NAN;
+    int64_t total_tokens = 0;
     RtGradJob g = {x.grads, p->param_floats, partial, 1.0f};
     for (int64_t step = 0; step < o->steps; step++) {
         double t0 = rt_now();
+        /* this step's batch: its ramp stage; all data ranks' micro-batches run here, in turn */
+        RtRampStage stage = rt_train_stage(t, step);
+        int64_t nmicro = stage.accum * t->data_ranks, tokens = stage.global * t->seq;
         double mult = p->lr_schedule(step);
         double lr = t->lr * mult;
         if (!isfinite(lr)) {
@@ -385,14 +426,14 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             goto done;
         }
         double loss = 0;
-        for (int64_t m = 0; m < t->accum; m++) {
+        for (int64_t m = 0; m < nmicro; m++) {
             st = rt_data_next(train, t->micro, x.x, x.y, &e);
             if (st != RT_OK) {
                 rt_error_context(&e, "step %lld", (long long)(step + 1));
                 goto done;
             }
             RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
-                        .x = x.x, .y = x.y, .B = t->micro, .T = t->seq, .loss_scale = 1.0 / (double)t->accum,
+                        .x = x.x, .y = x.y, .B = t->micro, .T = t->seq, .loss_scale = 1.0 / (double)nmicro,
                         .step = step, .micro = m, .seed = o->seed, .err = &e};
             st = p->forward_backward(&s);
             if (st != RT_OK) {
@@ -431,20 +472,21 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
         }
         rt_parallel_for(x.pool, nblocks, rt_grad_zero, &g);
         if (dump_x && step == 0) {
-            RtStepDump d = {dump_p, dump_g, x.params, dump_x, dump_y, t->accum, loss, lr, t->clip};
+            RtStepDump d = {dump_p, dump_g, x.params, dump_x, dump_y, nmicro, loss, lr, t->clip};
             st = rt_step_dump(p, &d, o->dump_step, &e);
             if (st != RT_OK) goto done;
-            printf("wrote step 1 (loss %.9g, %lld micro-batch%s) to '%s'\n", loss, (long long)t->accum,
-                   t->accum == 1 ? "" : "es", o->dump_step);
+            printf("wrote step 1 (loss %.9g, %lld micro-batch%s) to '%s'\n", loss, (long long)nmicro,
+                   nmicro == 1 ? "" : "es", o->dump_step);
         }
         last_loss = loss;
+        total_tokens += tokens;
         RtStepLog sl = {step + 1, loss, lr, norm, (rt_now() - t0) * 1e3, tokens};
         st = rt_log_step(&log, &sl, &e);
         if (st != RT_OK) goto done;
         if (val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
             double vl;
             int64_t used;
-            st = rt_evaluate(&x, val, t->eval_steps * t->accum, o->seed, &vl, &used, &e);
+            st = rt_evaluate(&x, val, t->eval_steps * (t->global / t->micro), o->seed, &vl, &used, &e);
             if (st == RT_OK) st = rt_log_eval(&log, step + 1, vl, used, &e);
             if (st != RT_OK) goto done;
         }
@@ -455,7 +497,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     if (st != RT_OK) goto done;
     if (o->steps > 0) {
         printf("done: %lld steps in %.2f s (%.3f ms/step, %.0f tokens/s); final loss %.6f\n", (long long)o->steps, secs,
-               secs * 1e3 / (double)o->steps, secs > 0 ? (double)(tokens * o->steps) / secs : 0.0, last_loss);
+               secs * 1e3 / (double)o->steps, secs > 0 ? (double)total_tokens / secs : 0.0, last_loss);
     }
     if (o->save_weights) {
         st = rt_weights_save(p, x.params, o->save_weights, &e);
@@ -505,7 +547,7 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     }
     double loss = 0;
     int64_t used = 0;
-    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * t->accum, o->seed, &loss, &used, &e);
+    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, &loss, &used, &e);
     if (st == RT_OK) {
         printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss,
                exp(loss), (long long)used, (long long)t->micro, (long long)t->seq,

@@ -16,6 +16,9 @@
 #                 example builds a graph that passes graph_verify, a plan that passes plan_verify
 #                 and kernels that pass fuse_verify, each within the time limit
 #   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
+#   exec          executables from `mbtc -o` run on mbt-gendata data: mlp's loss falls and
+#                 reruns are bit-identical; every example's train blocks build and its CPU-size
+#                 ones train 3 steps; tests/exec/ramp.mbt's batch-size ramp and data ranks
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
 # MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection.
@@ -602,6 +605,145 @@ run_torch() {
     else fail torch/control-decay "AdamW without weight decay passed (status $rc)" "$out"; fi
 }
 
+# jfield FILE N KEY: the value of KEY in the Nth line (a JSON object) of a --log file.
+jfield() { sed -n "${2}p" "$1" | sed -n 's/.*"'"$3"'": \([^,}]*\).*/\1/p'; }
+
+# secs START_NS: seconds since START_NS, one decimal.
+secs() { local ms=$((($(now_ns) - $1) / 1000000)); printf '%d.%d' $((ms / 1000)) $(((ms % 1000) / 100)); }
+
+# exec/example: every train block of every example builds with `mbtc FILE --train NAME -o` (a
+# full-size block, too big to train here, proves it compiles) into an executable whose --help
+# names the block (the runtime checks the descriptor first), and every block that reads the
+# README's tiny data (tokens("data/tiny_train.bin", ...): the CPU-size ones) trains 3 steps on
+# mbt-gendata's corpus (DATA) with 3 finite losses in its --log. llama_cpu's log shows its
+# ramp: 4 x 64 tokens at steps 1 and 2, twice that at step 3 (ramp = [(2, 8)]).
+run_exec_examples() {
+    local mbtc=$1 data=$2 dir="$BUILD/tmp/exec/examples" f ex t kind out log start bt rt n k l bad
+    mkdir -p "$dir"
+    if [ ! -f "$data" ]; then fail exec/example "no data file $data (exec/gendata failed)"; return; fi
+    for f in examples/*.mbt; do
+        [ -f "$f" ] || continue
+        ex=$(basename "$f" .mbt)
+        local runnable=0
+        # each train block's name, and whether its body reads data/tiny_train.bin
+        while read -r t kind; do
+            out="$dir/$ex-$t.out"
+            start=$(now_ns)
+            if ! { timeout 300 "$mbtc" "$f" --train "$t" -o "$dir/$ex-$t" </dev/null >"$out" 2>&1; } 2>>"$out"; then
+                fail "exec/example/$ex-$t" "mbtc $f --train $t -o failed" "$out"
+                continue
+            fi
+            bt=$(secs "$start")
+            # --help runs after the descriptor check (a bad descriptor is exit 2) and names the block
+            if ! "$dir/$ex-$t" --help </dev/null >"$out" 2>&1 || ! grep -q "train block '$t'" "$out"; then
+                fail "exec/example/$ex-$t" "the executable's --help fails or does not name train block '$t'" "$out"
+                rm -f "$dir/$ex-$t"
+                continue
+            fi
+            if [ "$kind" != run ]; then
+                pass "exec/example/$ex-$t (builds: $bt s, its descriptor passes the runtime's check; not run: its data are not the tiny corpus)"
+                rm -f "$dir/$ex-$t"
+                continue
+            fi
+            runnable=1
+            log="$dir/$ex-$t.jsonl"
+            start=$(now_ns)
+            if ! { timeout 600 "$dir/$ex-$t" train --steps 3 --data "$data" --log "$log" </dev/null >"$out" 2>&1; } 2>>"$out"; then
+                fail "exec/example/$ex-$t" "train --steps 3 failed" "$out"
+                continue
+            fi
+            rt=$(secs "$start")
+            n=$(grep -c '"loss"' "$log")
+            bad=""
+            for k in 1 2 3; do
+                l=$(jfield "$log" "$k" loss)
+                if ! awk -v l="$l" 'BEGIN { exit !(l ~ /^-?[0-9][0-9.e+-]*$/ && l + 0 == l + 0) }'; then bad="$bad step $k: loss '$l';"; fi
+            done
+            if [ "$n" != 3 ]; then
+                fail "exec/example/$ex-$t" "$n step records in the log, expected 3" "$log"
+            elif [ -n "$bad" ]; then
+                fail "exec/example/$ex-$t" "a loss that is not a finite number:$bad" "$log"
+            else
+                pass "exec/example/$ex-$t (builds: $bt s; 3 steps: $rt s; losses $(jfield "$log" 1 loss) $(jfield "$log" 2 loss) $(jfield "$log" 3 loss))"
+            fi
+            if [ "$ex-$t" = llama-llama_cpu ]; then
+                local t1 t2 t3
+                t1=$(jfield "$log" 1 tokens) t2=$(jfield "$log" 2 tokens) t3=$(jfield "$log" 3 tokens)
+                if [ "$t1" = 256 ] && [ "$t2" = 256 ] && [ "$t3" = 512 ] && grep -q '^batch ramp: from step 3, 8 sequences a step (accumulation 2)$' "$out"; then
+                    pass "exec/example/llama_cpu-ramp (tokens per step $t1, $t2, $t3)"
+                else
+                    fail exec/example/llama_cpu-ramp "tokens per step $t1, $t2, $t3, expected 256, 256, 512 (ramp = [(2, 8)]), or no 'batch ramp' line" "$out"
+                fi
+            fi
+            rm -f "$dir/$ex-$t"
+        done < <(LC_ALL=C awk '/^train[[:space:]]+[A-Za-z_][A-Za-z0-9_]*/ { t = $2; sub(/[^A-Za-z0-9_].*/, "", t); run = 0; next }
+                              t != "" && /tokens\("data\/tiny_train\.bin"/ { run = 1 }
+                              t != "" && /^}/ { print t, (run ? "run" : "build"); t = "" }' "$f")
+        if [ $runnable = 0 ]; then fail "exec/example/$ex" "no train block of $f reads data/tiny_train.bin, so none runs here"; fi
+    done
+}
+
+# exec/ramp: the blocks of tests/exec/ramp.mbt (see its header), each built with -o --train NAME,
+# on DATA in file order (T = 16). ramp logs 64, 128 and 256 tokens a step. For k = 1, 2: ramp
+# re-run from its own weights after k steps, on the shard from the window it had reached (a raw
+# copy of the tokens from there), must log exactly - every printed digit of loss and gradient
+# norm - what its step k + 1 logged, and that must be flat8's (k = 1) / flat16's (k = 2) first
+# step from the same weights and window; ramp's base stage alone from there (`--steps 1`, i.e.
+# without the ramp) must give another gradient norm, which shows the comparison can fail. dp2
+# (micro 4 x 2 data ranks, run in one process) must log exactly flat8's losses and norms.
+run_exec_ramp() {
+    local mbtc=$1 data=$2 dir="$BUILD/tmp/exec/ramp" out t k start
+    mkdir -p "$dir"
+    out="$dir/out.txt"
+    if [ ! -f "$data" ]; then fail exec/ramp "no data file $data (exec/gendata failed)"; return; fi
+    start=$(now_ns)
+    for t in ramp flat8 flat16 dp2; do
+        "$mbtc" tests/exec/ramp.mbt --train "$t" -o "$dir/$t" >"$out" 2>&1 || { fail exec/ramp-build "mbtc tests/exec/ramp.mbt --train $t -o failed" "$out"; return; }
+    done
+    if "$mbtc" tests/exec/ramp.mbt --train nope -o "$dir/nope" >"$out" 2>&1; then
+        fail exec/ramp-train-name "mbtc --train nope -o succeeded"
+    elif grep -q "has no train block named 'nope'" "$out" && grep -q "its train blocks are: ramp, flat8, flat16, dp2" "$out" && [ ! -e "$dir/nope" ]; then
+        pass exec/ramp-train-name
+    else
+        fail exec/ramp-train-name "mbtc --train nope -o: not the expected message" "$out"
+    fi
+    "$dir/ramp" --help | grep -q "train block 'ramp'" && "$dir/flat16" --help | grep -q "train block 'flat16'" \
+        && pass exec/ramp-build || fail exec/ramp-build "an executable is not of the train block --train named"
+    "$dir/ramp" train --data "$data" --log "$dir/ramp.jsonl" >"$out" 2>&1 || { fail exec/ramp "ramp train failed" "$out"; return; }
+    local toks
+    toks="$(jfield "$dir/ramp.jsonl" 1 tokens) $(jfield "$dir/ramp.jsonl" 2 tokens) $(jfield "$dir/ramp.jsonl" 3 tokens)"
+    if [ "$toks" = "64 128 256" ]; then pass "exec/ramp-tokens ($toks)"; else fail exec/ramp-tokens "tokens per step '$toks', expected '64 128 256'" "$dir/ramp.jsonl"; fi
+    for k in 1 2; do
+        local win flat=flat8 want got base ok=1
+        [ $k = 1 ] && win=4 || { win=12; flat=flat16; }
+        "$dir/ramp" train --steps $k --data "$data" --save-weights "$dir/w$k.safetensors" >"$out" 2>&1 || { fail exec/ramp "ramp --steps $k failed" "$out"; return; }
+        tail -c +$((1024 + win * 16 * 2 + 1)) "$data" >"$dir/from$win.bin"
+        "$dir/$flat" train --steps 1 --data "$dir/from$win.bin" --init-weights "$dir/w$k.safetensors" --log "$dir/$flat.jsonl" >"$out" 2>&1 \
+            || { fail exec/ramp "$flat from ramp's weights failed" "$out"; return; }
+        "$dir/ramp" train --steps 1 --data "$dir/from$win.bin" --init-weights "$dir/w$k.safetensors" --log "$dir/base$k.jsonl" >"$out" 2>&1 \
+            || { fail exec/ramp "ramp's base stage from its weights failed" "$out"; return; }
+        want="$(jfield "$dir/ramp.jsonl" $((k + 1)) loss) $(jfield "$dir/ramp.jsonl" $((k + 1)) grad_norm)"
+        got="$(jfield "$dir/$flat.jsonl" 1 loss) $(jfield "$dir/$flat.jsonl" 1 grad_norm)"
+        base="$(jfield "$dir/base$k.jsonl" 1 loss) $(jfield "$dir/base$k.jsonl" 1 grad_norm)"
+        [ "$want" = "$got" ] || ok=0
+        [ "$(jfield "$dir/base$k.jsonl" 1 grad_norm)" != "$(jfield "$dir/$flat.jsonl" 1 grad_norm)" ] || ok=2
+        if [ $ok = 1 ]; then pass "exec/ramp-step$((k + 1)) (ramp step $((k + 1)) = $flat step 1: loss, norm $got; without the ramp: $base)"
+        elif [ $ok = 2 ]; then fail "exec/ramp-step$((k + 1))" "the base stage gives the same gradient norm as $flat ($base): the test cannot tell a ramp from none"
+        else fail "exec/ramp-step$((k + 1))" "ramp's step $((k + 1)) logged loss, norm '$want' but $flat's first step from the same weights and window '$got'"; fi
+    done
+    "$dir/flat8" train --data "$data" --log "$dir/flat8-3.jsonl" >"$out" 2>&1 || { fail exec/ramp "flat8 failed" "$out"; return; }
+    "$dir/dp2" train --data "$data" --log "$dir/dp2.jsonl" >"$out" 2>&1 || { fail exec/ramp "dp2 failed" "$out"; return; }
+    local a b
+    a=$(sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$dir/flat8-3.jsonl")
+    b=$(sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$dir/dp2.jsonl")
+    if [ "$a" = "$b" ] && [ "$(wc -l <"$dir/dp2.jsonl")" = 3 ] && grep -q "^data-parallel: the program's 2 data ranks run in this one process" "$out"; then
+        pass "exec/ramp-data2 (dp2 = flat8 over 3 steps)"
+    else
+        fail exec/ramp-data2 "dp2's log differs from flat8's, or it has no 'data-parallel:' line" "$out"
+    fi
+    printf '# exec/ramp: %s s\n' "$(secs "$start")"
+}
+
 # ---- the layers ------------------------------------------------------------------------------
 
 if [ "$UPDATE_GOLDEN" = 1 ]; then
@@ -633,6 +775,8 @@ layer_end pathological
 
 layer_begin
 run_exec "$BUILD/mbtc"
+run_exec_ramp "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
+run_exec_examples "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
 layer_end exec
 
 layer_begin

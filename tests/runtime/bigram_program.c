@@ -208,6 +208,7 @@ const RtProgram mbt_program = {
               .seq = SEQ,
               .global = BIGRAM_GLOBAL,
               .accum = BIGRAM_GLOBAL / BIGRAM_MICRO,
+              .data_ranks = 1,
               .steps = STEPS,
               .seed = 1337,
               .clip = 0.05,
