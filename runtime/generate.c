@@ -83,7 +83,8 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     RtStatus st = RT_OK;
     const char *weights = o->weights ? o->weights : p->generate.weights;
     int64_t V = p->train.vocab;
-    if (!p->forward_logits) st = rt_fail(&e, RT_ERR_ARG, "this program cannot generate: it has no logits forward");
+    if (!p->forward_logits)
+        st = rt_fail(&e, RT_ERR_ARG, "this program cannot generate: it was compiled without a logits forward (mbtc warned why)");
     else if (!weights) st = rt_fail(&e, RT_ERR_ARG, "generate needs --weights F.safetensors (the program names no weights file)");
     if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
     if (st == RT_OK) {
