@@ -815,6 +815,20 @@ static Value *eval_apply(Sema *s, Value *callee, Call *c) {
     }
 }
 
+/* (added) `model(x)` for a model value and an argument value, as if written at `at` (checked with
+ * the block's concrete constants, so the graph builder listens). */
+Value *eval_call_model(Sema *s, Value *model, Value *x, Span at) {
+    Call c;
+    memset(&c, 0, sizeof c);
+    c.a.pos = arena_alloc(s->ar, sizeof(Value *));
+    c.a.pos_at = arena_alloc(s->ar, sizeof(Span));
+    c.a.pos[0] = x;
+    c.a.pos_at[0] = at;
+    c.a.npos = 1;
+    c.a.callee_at = c.a.at = at;
+    return eval_apply(s, model, &c);
+}
+
 /* ---- expressions ---- */
 
 static Value *eval_name(Frame *f, const Node *n) {

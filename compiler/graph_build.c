@@ -47,6 +47,9 @@ struct GraphBuilder {
     Value *lr_value;      /* the f32[] value of the input "lr" */
     Str *state_str;       /* [statecap] the state variables' names, as update's scope knows them */
     int statecap;
+    /* (added) the forward at another batch, for sema_build_forward */
+    int64_t batch;        /* rows of data.x; 0: the training step is built */
+    int output;           /* the node of model(data.x); -1 when it is not one tensor */
 };
 
 /* ---- errors ---- */
@@ -757,15 +760,8 @@ void gb_data(GraphBuilder *gb, Value *data) {
     }
 }
 
-void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
-    if (!gb || gb->failed) return;
-    if (!loss || loss->kind == V_UNKNOWN) { /* reported by sema */
-        gb->failed = 1;
-        return;
-    }
-    int id = gb_operand(gb, loss, loss->kind == V_TENSOR ? -1 : DT_F32, at);
-    if (id < 0) return;
-    gb->g->loss = id;
+/* 1 when every parameter has a name (else the build fails with the reason). */
+static int gb_params_named(GraphBuilder *gb) {
     for (int i = 0; i < gb->g->nparams; i++) {
         GNode *p = gb_node(gb, gb->g->params[i]);
         if (p->name) continue;
@@ -776,9 +772,39 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
         if (gb->s && diag_error_count() > gb->errors_before)
             sema_hint(gb->s,
                       "parameters are named by their path from the model: make the sub-model a member of a model");
+        return 0;
+    }
+    return 1;
+}
+
+void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
+    if (!gb || gb->failed) return;
+    if (!loss || loss->kind == V_UNKNOWN) { /* reported by sema */
+        gb->failed = 1;
         return;
     }
-    gb->done = 1;
+    int id = gb_operand(gb, loss, loss->kind == V_TENSOR ? -1 : DT_F32, at);
+    if (id < 0) return;
+    gb->g->loss = id;
+    if (gb_params_named(gb)) gb->done = 1;
+}
+
+int64_t gb_forward_batch(const GraphBuilder *gb) { return gb ? gb->batch : 0; }
+
+void gb_forward_input(GraphBuilder *gb, Value *x) {
+    if (!gb || gb->failed || !gb_wants(gb, x)) return;
+    int id = gb_result(gb, x, G_INPUT, 0, NULL, x->origin);
+    if (id >= 0) gb_node(gb, id)->name = "data.x";
+}
+
+void gb_forward_output(GraphBuilder *gb, Value *out) {
+    if (!gb || gb->failed) return;
+    if (!out || out->kind == V_UNKNOWN) { /* reported by sema */
+        gb->failed = 1;
+        return;
+    }
+    gb->output = out->kind == V_TENSOR && out->graph_id > 0 ? out->graph_id - 1 : -1;
+    if (gb_params_named(gb)) gb->done = 1;
 }
 
 /* ---- the update graph ---- */
@@ -965,7 +991,8 @@ void gb_update_end(GraphBuilder *gb) {
 }
 
 /* Runs the checker with a builder waiting for the train block (align > 0: the update graph too). */
-static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
+static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, int64_t align, int64_t batch, int *output,
+                            Arena *ar) {
     if (!main || !main->ast) return NULL;
     const Node *want = NULL;
     const char *names = "";
@@ -992,6 +1019,9 @@ static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, in
     gb->g->name = arena_printf(ar, "train %.*s", STR_ARG(want->name));
     gb->train = want;
     gb->align = align;
+    gb->batch = batch;
+    gb->output = -1;
+    if (batch > 0) gb->g->name = arena_printf(ar, "forward %.*s at batch %lld", STR_ARG(want->name), (long long)batch);
     gb->errors_before = diag_error_count();
     SemaResult res;
     memset(&res, 0, sizeof res);
@@ -1005,6 +1035,7 @@ static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, in
     if (align > 0 && !gb->update_done)
         INTERNAL("graph builder: train block '%.*s' was checked without building its update graph",
                  STR_ARG(want->name));
+    if (output) *output = gb->output;
     TrainBuild *tb = arena_alloc(ar, sizeof(TrainBuild));
     tb->step = gb->step ? gb->step : gb->g;
     tb->update = gb->upd;
@@ -1017,11 +1048,17 @@ static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, in
 }
 
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
-    TrainBuild *tb = gb_build(ld, main, train_name, 0, ar);
+    TrainBuild *tb = gb_build(ld, main, train_name, 0, 0, NULL, ar);
+    return tb ? tb->step : NULL;
+}
+
+Graph *sema_build_forward(Loader *ld, Module *main, const char *train_name, int64_t batch, int *output, Arena *ar) {
+    if (batch <= 0) INTERNAL("sema_build_forward: batch %lld", (long long)batch);
+    TrainBuild *tb = gb_build(ld, main, train_name, 0, batch, output, ar);
     return tb ? tb->step : NULL;
 }
 
 TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
     if (align <= 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
-    return gb_build(ld, main, train_name, align, ar);
+    return gb_build(ld, main, train_name, align, 0, NULL, ar);
 }

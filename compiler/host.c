@@ -10,7 +10,12 @@
  * at once, so each starts at byte 0). The step schedule's gradients are arena buffers; after the
  * last launch forward_backward adds loss_scale x each into the gradient region (the ABI's +=).
  * The update schedule's new parameters and state are arena buffers copied into their regions
- * after its last launch. */
+ * after its last launch.
+ *
+ * Generation. forward_logits runs a third schedule: the train block's model(data.x) built as a
+ * graph of its own with data.x of one row (B = 1, T = seq; see "forward_logits" below), fused for
+ * the logits alone. It has its own arena plan from byte 0 (no two of the three schedules run at
+ * once), and the descriptor's arena_bytes is the largest of the three peaks. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -297,6 +302,87 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     return fn;
 }
 
+/* ---- forward_logits: generation's forward ----------------------------------------------------
+ * The logits are the model's output: the train block's `model(data.x)` built as a graph of its own
+ * with data.x of one row (sema_build_forward, on a fresh parse of the program since sema checks a
+ * module once), so the loss and data.y are not part of it. It must be f32[1, T, vocab], vocab the
+ * last dimension of the logits the loss's cross_entropy reads. Dropout is off (p = 0): generation
+ * runs the model for inference. The runtime calls forward_logits with x = [1, T] (the context
+ * x[0, len), zeros after it); it runs every launch and copies row len - 1 of the logits into
+ * s->logits. A causal model's row len - 1 does not depend on the zeros; a program whose model is
+ * visibly not causal (attention with causal = false) gets no forward_logits. */
+
+/* Whether g's output node (-1: none) is logits generation can use: NULL when it is, else why not,
+ * with *at where (span_none when nowhere). T = seq, vocab from the step graph (0: no cross_entropy). */
+static const char *logits_refusal(const Graph *g, int out, int64_t T, int64_t vocab, Span *at, Arena *ar) {
+    *at = span_none();
+    for (int i = 0; i < g->n; i++) {
+        const GNode *n = graph_node(g, i);
+        if (n->op == G_ATTENTION && !n->iattr[0]) { /* a position would see the tokens after it */
+            *at = n->src;
+            return "its attention is not causal, so a position's logits depend on the tokens after it";
+        }
+    }
+    if (vocab <= 0) return "its loss has no cross_entropy, so the model's output is not known to be logits of the next token";
+    if (out < 0) return "the model's forward does not return one tensor";
+    const GNode *ln = graph_node(g, out);
+    *at = ln->src;
+    if (ln->dt == DT_F32 && ln->rank == 3 && ln->shape[0] == 1 && ln->shape[1] == T && ln->shape[2] == vocab) return NULL;
+    const char *shape = "";
+    for (int d = 0; d < ln->rank; d++) shape = arena_printf(ar, "%s%s%lld", shape, d ? ", " : "", (long long)ln->shape[d]);
+    return arena_printf(ar, "the model's forward returns %s[%s] at batch 1, not logits f32[1, %lld, %lld] ([B, T, vocab])",
+                        dtype_name(ln->dt), shape, (long long)T, (long long)vocab);
+}
+
+/* forward_logits(s): the logits schedule on s->x, then s->logits[0, V) = logits[len - 1, 0, V). */
+static LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
+    FuseResult *r = S->r;
+    LLVMValueRef fn = begin_fn(h, "forward_logits", h->i32);
+    LLVMValueRef s = LLVMGetParam(fn, 0);
+    LLVMValueRef pool = step_field(h, s, 0, h->ptr, "pool"), err = step_field(h, s, 18, h->ptr, "err");
+    LLVMValueRef *addr = step_addrs(h, S, s);
+    int lb = r->node_buffer[node];
+    if (lb < 0) INTERNAL("host: the logits %%%d have no buffer", node);
+    emit_launches(h, fn, S, addr, pool, err, r->nlaunches - 1);
+    LLVMValueRef len = step_field(h, s, 9, h->i64, "len");
+    LLVMValueRef first = LLVMBuildMul(h->b, LLVMBuildSub(h->b, len, ci64(h, 1), ""), ci64(h, vocab), "last_row");
+    LLVMValueRef src = LLVMBuildInBoundsGEP2(h->b, h->f32, addr[lb], &first, 1, "last_logits");
+    emit_f32_loop(h, fn, step_field(h, s, 10, h->ptr, "logits"), src, NULL, vocab, 0);
+    LLVMBuildRet(h->b, ci32(h, 0));
+    return fn;
+}
+
+/* The graph of the train block's model(data.x) at batch 1, its logits in *node; or NULL with a
+ * warning saying why this program cannot generate. Its parameters must be the step graph's, in the
+ * same order (step_addrs finds them through the plan's table). */
+static Graph *logits_graph(Host *h, Loader *ld, const Graph *step, int64_t vocab, int *node) {
+    Loader fresh;
+    Module *main2 = loader_reparse(&fresh, ld);
+    int errors = diag_error_count();
+    Graph *g = main2 ? sema_build_forward(&fresh, main2, h->ts->name, 1, node, h->ar) : NULL;
+    if (!g) {
+        if (diag_error_count() == errors) INTERNAL("host: the batch-1 forward failed without an error");
+        diag_note(span_none(), "the errors above come from the model at batch 1, which generation (forward_logits) runs");
+        return NULL;
+    }
+    if (g->nparams != step->nparams) INTERNAL("host: %d parameters at batch 1, %d in the step", g->nparams, step->nparams);
+    for (int i = 0; i < g->nparams; i++)
+        if (strcmp(graph_node(g, g->params[i])->name, graph_node(step, step->params[i])->name) != 0)
+            INTERNAL("host: parameter %d is '%s' at batch 1 but '%s' in the step", i, graph_node(g, g->params[i])->name,
+                     graph_node(step, step->params[i])->name);
+    Span at;
+    const char *why = logits_refusal(g, *node, h->plan->seq, vocab, &at, h->ar);
+    if (why) {
+        diag_warning(at, "train block '%s' compiles without generation: %s", h->ts->name, why);
+        diag_hint("the executable is built without forward_logits: its generate command says that it cannot generate");
+        return NULL;
+    }
+    for (int i = 0; i < g->n; i++) /* inference: dropout off */
+        if (graph_node(g, i)->op == G_DROPOUT) graph_node(g, i)->fattr[0] = 0;
+    if (graph_verify(g, stderr)) INTERNAL("the batch-1 forward graph fails graph_verify (problems above)");
+    return g;
+}
+
 static LLVMValueRef emit_update(Host *h, Sched *S) {
     FuseResult *r = S->r;
     const Graph *g = r->g;
@@ -567,8 +653,8 @@ static LLVMValueRef emit_ramp_table(Host *h) {
     return table;
 }
 
-static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef oinit,
-                            LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes) {
+static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog,
+                            LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes) {
     const Plan *p = h->plan;
     const TrainSettings *ts = h->ts;
     const Graph *g = p->step;
@@ -605,7 +691,7 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
     LLVMValueRef pr[16] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 19),
                            named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
                            ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
-                           null, oinit ? oinit : null, oupd, lrs};
+                           flog ? flog : null, oinit ? oinit : null, oupd, lrs};
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
@@ -660,7 +746,20 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = emit_lr_schedule(h);
     int64_t arena = step.peak > upd.peak ? step.peak : upd.peak;
-    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, oi, ou, lrs, arena);
+    /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */
+    LLVMValueRef flog = NULL;
+    int logits_node = -1;
+    int64_t vocab = find_vocab(plan->step);
+    Graph *lg = diag_error_count() ? NULL : logits_graph(h, ld, tb->step, vocab, &logits_node);
+    if (lg) {
+        Sched lsch = {.prefix = "logits_", .r = fuse_graph(lg, &logits_node, 1, ar)};
+        if (fuse_verify(lsch.r, stderr)) INTERNAL("the fused logits graph fails fuse_verify (problems above)");
+        sched_plan(h, &lsch, 0);
+        sched_kernels(h, &lsch, 1);
+        flog = emit_logits(h, &lsch, logits_node, vocab);
+        if (lsch.peak > arena) arena = lsch.peak;
+    }
+    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena);
     int rc = 0;
     if (!diag_error_count()) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);

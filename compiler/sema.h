@@ -21,6 +21,14 @@ int sema_check(Loader *ld, Module *main);
  * builder does not support yet. */
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar);
 
+/* (added) The graph of the train block's `model(data.x)` alone, with data.x of `batch` rows instead
+ * of the micro-batch (host.c builds generation's forward at batch 1): the parameters as in the
+ * step graph (same names, same order), the G_INPUT data.x, the model's forward. *output is the
+ * node of its result, -1 when that is not one tensor. The block is checked as written (its loss
+ * at the micro-batch, without the builder). main must not have been checked yet: sema checks a
+ * Module once (loader_reparse gives a fresh copy). NULL after reporting errors. */
+Graph *sema_build_forward(Loader *ld, Module *main, const char *train_name, int64_t batch, int *output, Arena *ar);
+
 typedef struct TrainSettings TrainSettings; /* sema_internal.h: a train block's resolved settings */
 
 /* (added) Everything a train block compiles from (plan.h takes it from here). */

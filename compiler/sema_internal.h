@@ -285,6 +285,10 @@ void eval_check_optimizer(Sema *s, const Node *opt);
 /* Runs an optimizer's update with its hyper-parameters as bound in opt (a V_OPTIMIZER). */
 void eval_check_update(Sema *s, Value *opt, Span at);
 
+/* (added) `model(x)` for a model value and an argument value, as if written at `at` in the train
+ * block (the graph builder's forward at another batch; graph_build.h). */
+Value *eval_call_model(Sema *s, Value *model, Value *x, Span at);
+
 /* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`
  * (or a function all of whose other parameters have defaults). key names the setting. Returns
  * the function (V_FN) with its bound values in *args and their count in *nargs, or NULL after an error. */

@@ -622,7 +622,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         d->items[0] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         d->items[1] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         ts->data = d;
-        if (gb) gb_data(gb, d); /* graph builder hook: data.x, data.y */
+        if (gb && !gb_forward_batch(gb)) gb_data(gb, d); /* graph builder hook: data.x, data.y */
     } else {
         ts->data = value_unknown(s->ar, name_at);
     }
@@ -630,7 +630,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 
     /* loss: a scalar over model and data */
     if (k[T_LOSS]) {
-        s->gb = gb; /* graph builder hook: the loss is the forward graph */
+        s->gb = gb_forward_batch(gb) ? NULL : gb; /* graph builder hook: the loss is the forward graph */
         Value *l = eval_expr(&f, k[T_LOSS]->a);
         s->gb = NULL;
         int scalar = l->kind == V_UNKNOWN || l->kind == V_FLOAT || l->kind == V_INT ||
@@ -641,7 +641,19 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
             l = value_unknown(s->ar, value_span(k[T_LOSS]));
         }
         ts->loss = l;
-        if (gb) gb_loss(gb, l, value_span(k[T_LOSS])); /* graph builder hook */
+        if (gb && !gb_forward_batch(gb)) gb_loss(gb, l, value_span(k[T_LOSS])); /* graph builder hook */
+    }
+
+    /* graph builder hook: the model's forward alone, on data.x of another batch (generation) */
+    if (gb && gb_forward_batch(gb) && ts->model->kind == V_MODEL && ts->seq > 0) {
+        Span at = k[T_LOSS] ? value_span(k[T_LOSS]) : name_at;
+        const Dim *dims[2] = {dim_int(s->ar, gb_forward_batch(gb)), dim_int(s->ar, ts->seq)};
+        Value *x = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
+        gb_forward_input(gb, x);
+        s->gb = gb;
+        Value *out = eval_call_model(s, ts->model, x, at);
+        s->gb = NULL;
+        gb_forward_output(gb, out);
     }
 
     /* optimizer: bound hyper-parameters, and its update run with them */

@@ -5,12 +5,12 @@
  *              [--init-weights F.safetensors] [--save-weights F.safetensors] [--threads N]
  *   PROG eval [NAME] [--weights F] [--data GLOB] [--steps N] [--seed S] [--device D] [--threads N]
  *   PROG generate [--weights F] [--prompt-tokens 1,2,3] [--max-tokens N] [--temperature T]
- *                 [--top-k K] [--seed S] [--device D] [--threads N]
+ *                 [--top-k K] [--seed S] [--device D] [--threads N] [--print-logits]
  *   PROG --help
  *
  * Pipeline position: the first thing rt_main does. Flags override the program's settings, which
  * are the defaults (and --help prints them as such). A flag is `--flag value` or `--flag=value`;
- * a repeated flag takes its last value. Every mistake is one message, returned in an RtError for
+ * a repeated flag takes its last value. A switch (--print-logits) takes no value. Every mistake is one message, returned in an RtError for
  * rt_main to print as `PROG: message` with exit status 1. */
 #include <errno.h>
 #include <math.h>
@@ -26,11 +26,12 @@ enum { RT_IN_TRAIN = 1, RT_IN_EVAL = 2, RT_IN_GENERATE = 4, RT_IN_ALL = 7 };
 typedef enum RtFlagId {
     RT_F_STEPS, RT_F_DEVICE, RT_F_SEED, RT_F_DATA, RT_F_LOG, RT_F_INIT_WEIGHTS, RT_F_SAVE_WEIGHTS,
     RT_F_THREADS, RT_F_DUMP_STEP, RT_F_WEIGHTS, RT_F_PROMPT, RT_F_MAX_TOKENS, RT_F_TEMPERATURE, RT_F_TOP_K,
+    RT_F_PRINT_LOGITS,
 } RtFlagId;
 
 typedef struct RtFlag {
     const char *name;
-    const char *arg; /* how --help names the value */
+    const char *arg; /* how --help names the value; NULL: a switch, which takes none */
     unsigned cmds;   /* RT_IN_* of the commands that take it */
     RtFlagId id;
 } RtFlag;
@@ -50,6 +51,7 @@ static const RtFlag rt_flags[] = {
     {"--max-tokens", "N", RT_IN_GENERATE, RT_F_MAX_TOKENS},
     {"--temperature", "T", RT_IN_GENERATE, RT_F_TEMPERATURE},
     {"--top-k", "K", RT_IN_GENERATE, RT_F_TOP_K},
+    {"--print-logits", NULL, RT_IN_GENERATE, RT_F_PRINT_LOGITS},
 };
 #define RT_NFLAGS (sizeof rt_flags / sizeof rt_flags[0])
 
@@ -188,7 +190,7 @@ static RtStatus rt_unknown_flag(const char *flag, RtCommand cmd, RtError *err) {
 
 static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, const char *v, RtError *err) {
     int64_t i;
-    if (!*v && f->id != RT_F_PROMPT) return rt_fail(err, RT_ERR_ARG, "%s needs a value", f->name);
+    if (!*v && f->arg && f->id != RT_F_PROMPT) return rt_fail(err, RT_ERR_ARG, "%s needs a value", f->name);
     switch (f->id) {
     case RT_F_STEPS:
         if (rt_parse_i64(f->name, v, o->cmd == RT_CMD_EVAL ? 1 : 0, INT64_MAX, &o->steps, err)) return RT_ERR_ARG;
@@ -233,6 +235,9 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
         return rt_parse_f64(f->name, v, 0.0, &o->temperature, err);
     case RT_F_TOP_K:
         return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->top_k, err);
+    case RT_F_PRINT_LOGITS:
+        o->print_logits = 1;
+        return RT_OK;
     }
     return rt_fail(err, RT_ERR_ARG, "internal error: flag %s has no parser", f->name);
 }
@@ -315,6 +320,9 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
             char which[64];
             rt_cmds_text(f->cmds, which, sizeof which);
             st = rt_fail(err, RT_ERR_ARG, "option '%s' is not for %s (it is for %s)", f->name, rt_cmd_name(o->cmd), which);
+        } else if (!f->arg) {
+            if (eq) st = rt_fail(err, RT_ERR_ARG, "%s takes no value, not '%s'", f->name, eq + 1);
+            else st = rt_set_flag(o, p, f, "", err);
         } else if (!eq && i + 1 >= argc) {
             st = rt_fail(err, RT_ERR_ARG, "%s needs a value", f->name);
         } else {
@@ -332,7 +340,7 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
 
 static void rt_help_line(FILE *f, const char *flag, const char *arg, const char *what, const char *dflt) {
     char left[64];
-    snprintf(left, sizeof left, "%s %s", flag, arg);
+    snprintf(left, sizeof left, "%s%s%s", flag, *arg ? " " : "", arg);
     fprintf(f, "  %-30s %s (default %s)\n", left, what, dflt);
 }
 
@@ -398,6 +406,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     snprintf(buf, sizeof buf, "%lld%s", (long long)p->generate.top_k, p->generate.top_k == 0 ? ": all" : "");
     rt_help_line(f, "--top-k", "K", "sample among the K likeliest tokens", buf);
     rt_help_line(f, "--seed", "S", "seeds the sampling", seed);
+    rt_help_line(f, "--print-logits", "", "instead of generating, print the logits after each prefix of the prompt", "off");
     rt_help_line(f, "--device", "auto|cpu", "where to run", "auto");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     fprintf(f, "\nExit status: 0 success, 1 a mistake in the command line, the data or a weights file, 2 an\n"

@@ -7,6 +7,11 @@
  * len - 1 depend only on x[0, len). There is no KV cache here: that is the serving loop's job;
  * this is the reference path, O(T) work per token.
  *
+ * --print-logits is the check of that forward: instead of generating, it prints the logits after
+ * each prefix of the prompt (len = 1, 2, ..., one line of vocab numbers each, %.9g so that a
+ * float round-trips), which tests/run.sh compares with the loss the training forward computes
+ * on the same tokens.
+ *
  * Sampling draws one 53-bit uniform per generated token from the Philox stream 0 of the `samp`
  * domain keyed by --seed, so the same seed gives the same tokens on any machine and thread
  * count. Candidates are ordered by logit, ties by lower id, and the
@@ -56,6 +61,17 @@ int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, 
 
 /* ---- the command -------------------------------------------------------------------------------- */
 
+/* forward_logits on the last T tokens of ctx[0, len), left-aligned, zeros after them. */
+static RtStatus rt_logits_at(const RtProgram *p, RtExec *x, const int32_t *ctx, int64_t len, uint64_t seed, float *logits,
+                             RtError *e) {
+    int64_t T = p->logits_seq, n = len < T ? len : T;
+    memset(x->x, 0, (size_t)T * sizeof *x->x);
+    memcpy(x->x, ctx + len - n, (size_t)n * sizeof *x->x);
+    RtStep s = {.pool = x->pool, .params = x->params, .grads = x->grads, .state = x->state, .arena = x->arena,
+                .x = x->x, .B = 1, .T = T, .len = n, .logits = logits, .seed = seed, .err = e};
+    return p->forward_logits(&s);
+}
+
 int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     RtError e;
     rt_error_clear(&e);
@@ -66,8 +82,9 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     int code = 1;
     RtStatus st = RT_OK;
     const char *weights = o->weights ? o->weights : p->generate.weights;
-    int64_t V = p->train.vocab, T = p->logits_seq;
-    if (!p->forward_logits) st = rt_fail(&e, RT_ERR_ARG, "this program cannot generate: it has no logits forward");
+    int64_t V = p->train.vocab;
+    if (!p->forward_logits)
+        st = rt_fail(&e, RT_ERR_ARG, "this program cannot generate: it was compiled without a logits forward (mbtc warned why)");
     else if (!weights) st = rt_fail(&e, RT_ERR_ARG, "generate needs --weights F.safetensors (the program names no weights file)");
     if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
     if (st == RT_OK) {
@@ -86,16 +103,24 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     }
     if (st != RT_OK) goto done;
     memcpy(ctx, o->prompt, (size_t)o->nprompt * sizeof *ctx);
+    if (o->print_logits) {
+        for (int64_t len = 1; len <= o->nprompt; len++) {
+            st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
+            if (st != RT_OK) {
+                rt_error_context(&e, "the logits after prompt token %lld", (long long)len);
+                goto done;
+            }
+            for (int64_t j = 0; j < V; j++) printf("%s%.9g", j ? " " : "", (double)logits[j]);
+            printf("\n");
+        }
+        code = 0;
+        goto done;
+    }
     int64_t len = o->nprompt;
     RtRng rng;
     rt_rng_init(&rng, o->seed, RT_RNG_DOMAIN_SAMPLE, 0);
     for (int64_t i = 0; i < o->max_tokens; i++) {
-        int64_t n = len < T ? len : T; /* the last T tokens */
-        memset(x.x, 0, (size_t)T * sizeof *x.x);
-        memcpy(x.x, ctx + len - n, (size_t)n * sizeof *x.x);
-        RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
-                    .x = x.x, .B = 1, .T = T, .len = n, .logits = logits, .seed = o->seed, .err = &e};
-        st = p->forward_logits(&s);
+        st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
         if (st != RT_OK) {
             rt_error_context(&e, "generating token %lld", (long long)(i + 1));
             goto done;

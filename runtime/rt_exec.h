@@ -49,6 +49,7 @@ typedef struct RtOptions {
     int64_t max_tokens;        /* generate */
     double temperature;        /* generate: 0 is greedy */
     int64_t top_k;             /* generate: 0 is all tokens */
+    int print_logits;          /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
 } RtOptions;
 
 /* Parses argv against the program's settings. A bad command line fills err with the message

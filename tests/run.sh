@@ -18,7 +18,8 @@
 #   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
 #   exec          executables from `mbtc -o` run on mbt-gendata data: mlp's loss falls and
 #                 reruns are bit-identical; every example's train blocks build and its CPU-size
-#                 ones train 3 steps; tests/exec/ramp.mbt's batch-size ramp and data ranks
+#                 ones train 3 steps; tests/exec/ramp.mbt's batch-size ramp and data ranks;
+#                 tests/exec/gen_*.mbt generate (see run_exec_generate)
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
 # MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection.
@@ -744,6 +745,135 @@ run_exec_ramp() {
     printf '# exec/ramp: %s s\n' "$(secs "$start")"
 }
 
+# exec, generation (after run_exec, whose data, mlp executable and weights it uses):
+# tests/exec/gen_gpt.mbt, a small causal GPT, compiles without a warning and trains 30 steps; then
+#   - greedy tokens are identical over two runs and --threads 1 and 2; sampled ones (temperature,
+#     top-k) for one seed too, and another seed gives others; every id is below the vocabulary;
+#   - the logits forward agrees with the training forward: --print-logits gives the logits after
+#     each prefix of the 8 held-out windows one eval step reads, whose mean cross-entropy against
+#     the next tokens must equal the loss `eval` computes on those windows (micro-batches of 4,
+#     whole windows) to 1e-5 relative - which needs the right row, the right parameters and a
+#     causal model;
+#   - a prompt longer than the context slides: the logits after 40 tokens are those after their
+#     last 32; generating after it works;
+#   - gen_dropout.mbt (mlp.mbt's model with dropout 0.9) generates with dropout off: its logits
+#     equal mlp.mbt's for the same weights, bit for bit;
+#   - gen_bidir.mbt (non-causal attention) and gen_nologits.mbt (no cross_entropy) compile with a
+#     warning saying why they cannot generate, and gen_bidir's generate says so (exit 1);
+#   - generate without --weights, with another model's weights, a file that is not safetensors and
+#     a missing file each fail with exit 1 and their one-line message.
+run_exec_generate() {
+    local mbtc=$1 dir="$BUILD/tmp/exec" out d w prog
+    out="$dir/gen-out.txt"
+    d="$dir/d"
+    w="$dir/gpt.safetensors"
+    prog="$dir/gpt"
+    if [ ! -f "$d/t_val.bin" ] || [ ! -x "$dir/mlp" ] || [ ! -f "$dir/w1.safetensors" ]; then
+        fail exec/gen "no data, mlp executable or weights from the exec tests before it"
+        return
+    fi
+    if ! "$mbtc" tests/exec/gen_gpt.mbt -o "$prog" >"$out" 2>&1; then fail exec/gen-build "mbtc -o failed" "$out"; return; fi
+    if [ -s "$out" ]; then fail exec/gen-build "mbtc -o printed something (a warning?)" "$out"; return; fi
+    pass exec/gen-build
+    "$prog" train --data "$d/t_train.bin" --save-weights "$w" >"$out" 2>&1 || { fail exec/gen-train "train failed" "$out"; return; }
+
+    # greedy and sampled tokens: repeatable, independent of the thread count, in the vocabulary
+    local g1 g2 g3 s1 s2 s3 ok=1
+    g1=$("$prog" generate --weights "$w" --prompt-tokens 1,2,3 --max-tokens 40 --temperature 0 --threads 1 2>"$out") || ok=0
+    g2=$("$prog" generate --weights "$w" --prompt-tokens 1,2,3 --max-tokens 40 --temperature 0 --threads 2 2>>"$out") || ok=0
+    g3=$("$prog" generate --weights "$w" --prompt-tokens 1,2,3 --max-tokens 40 --temperature 0 --threads 2 2>>"$out") || ok=0
+    s1=$("$prog" generate --weights "$w" --max-tokens 60 --temperature 0.8 --top-k 10 --seed 7 --threads 1 2>>"$out") || ok=0
+    s2=$("$prog" generate --weights "$w" --max-tokens 60 --temperature 0.8 --top-k 10 --seed 7 --threads 2 2>>"$out") || ok=0
+    s3=$("$prog" generate --weights "$w" --max-tokens 60 --temperature 0.8 --top-k 10 --seed 8 --threads 2 2>>"$out") || ok=0
+    if [ "$ok" = 0 ]; then fail exec/gen-generate "generate failed" "$out"; return; fi
+    if [ "$g1" = "$g2" ] && [ "$g2" = "$g3" ]; then pass exec/gen-greedy-deterministic
+    else fail exec/gen-greedy-deterministic "greedy tokens differ: '$g1' (1 thread), '$g2', '$g3' (2 threads)"; fi
+    if [ "$s1" = "$s2" ] && [ "$s1" != "$s3" ]; then pass exec/gen-sampling-seeded
+    else fail exec/gen-sampling-seeded "seed 7 on 1 and 2 threads: '$s1' / '$s2'; seed 8: '$s3'"; fi
+    if printf '%s\n%s\n' "$g1" "$s1" | awk -v v=64 'NR == 1 && NF != 40 { exit 1 } NR == 2 && NF != 60 { exit 1 }
+            { for (i = 1; i <= NF; i++) if ($i !~ /^[0-9]+$/ || $i + 0 >= v) exit 1 }'; then pass exec/gen-ids-in-vocab
+    else fail exec/gen-ids-in-vocab "expected 40 and 60 ids below 64: '$g1' / '$s1'"; fi
+
+    # the logits forward against the training forward: the held-out windows of 32 + 1 tokens one
+    # eval step reads (M = its batches x micro-batch: 2 x 4)
+    local T=32 M k prompt toks ce loss evalout
+    evalout=$("$prog" eval --weights "$w" --data "$d/t_val.bin" --steps 1 2>"$out")
+    loss=$(echo "$evalout" | sed -n 's/^eval small: loss \([0-9.]*\) .*/\1/p')
+    M=$(echo "$evalout" | sed -n 's/.* on \([0-9]*\) batches of \([0-9]*\) x 32 tokens .*/\1 \2/p' | awk '{ print $1 * $2 }')
+    if [ -z "$loss" ] || [ -z "$M" ] || [ "$M" = 0 ]; then fail exec/gen-logits "eval printed no loss or batch count: $evalout" "$out"; return; fi
+    toks=($(od -An -v -tu2 -j1024 -N$(( (M * T + 1) * 2 )) "$d/t_val.bin"))
+    : >"$dir/gen-logits.txt"
+    : >"$dir/gen-next.txt"
+    for ((k = 0; k < M; k++)); do
+        prompt=$(IFS=,; echo "${toks[*]:k*T:T}")
+        "$prog" generate --weights "$w" --prompt-tokens "$prompt" --print-logits >>"$dir/gen-logits.txt" 2>"$out" \
+            || { fail exec/gen-logits "generate --print-logits failed" "$out"; return; }
+        printf '%s\n' "${toks[@]:k*T+1:T}" >>"$dir/gen-next.txt"
+    done
+    ce=$(awk 'NR == FNR { y[FNR] = $1; next }
+              NF != 64 { print "line " FNR " has " NF " logits"; exit }
+              { m = $1; for (i = 2; i <= NF; i++) if ($i > m) m = $i
+                s = 0; for (i = 1; i <= NF; i++) s += exp($i - m)
+                ce += m + log(s) - $(y[FNR] + 1); n++ }
+              END { if (n) printf "%.9f %d", ce / n, n }' "$dir/gen-next.txt" "$dir/gen-logits.txt")
+    if [ "${ce#* }" != $((M * T)) ]; then fail exec/gen-logits "--print-logits: $ce (expected $((M * T)) rows)"
+    elif awk -v a="${ce% *}" -v b="$loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }'; then
+        pass "exec/gen-logits-match-training ($M windows: cross-entropy from the logits ${ce% *}, eval $loss)"
+    else fail exec/gen-logits-match-training "cross-entropy from --print-logits ${ce% *} but eval's loss $loss"; fi
+
+    # a prompt longer than the context: the last 32 of 40 tokens
+    local long tail a b
+    long=$(IFS=,; echo "${toks[*]:0:40}")
+    tail=$(IFS=,; echo "${toks[*]:8:32}")
+    a=$("$prog" generate --weights "$w" --prompt-tokens "$long" --print-logits 2>"$out" | tail -1)
+    b=$("$prog" generate --weights "$w" --prompt-tokens "$tail" --print-logits 2>>"$out" | tail -1)
+    g1=$("$prog" generate --weights "$w" --prompt-tokens "$long" --max-tokens 5 --temperature 0 2>>"$out")
+    g2=$("$prog" generate --weights "$w" --prompt-tokens "$tail" --max-tokens 5 --temperature 0 2>>"$out")
+    if [ -n "$a" ] && [ "$a" = "$b" ] && [ -n "$g1" ] && [ "$g1" = "$g2" ]; then pass exec/gen-long-prompt-slides
+    else fail exec/gen-long-prompt-slides "40-token prompt vs its last 32: logits equal? $([ "$a" = "$b" ] && echo yes || echo no); tokens '$g1' vs '$g2'" "$out"; fi
+
+    # dropout is off in generation
+    if ! "$mbtc" tests/exec/gen_dropout.mbt -o "$dir/gen_dropout" >"$out" 2>&1; then fail exec/gen-dropout "mbtc -o failed" "$out"
+    else
+        a=$("$dir/mlp" generate --weights "$dir/w1.safetensors" --prompt-tokens 5,9,1 --print-logits 2>"$out")
+        b=$("$dir/gen_dropout" generate --weights "$dir/w1.safetensors" --prompt-tokens 5,9,1 --print-logits 2>>"$out")
+        if [ -n "$a" ] && [ "$a" = "$b" ]; then pass exec/gen-dropout-off
+        else fail exec/gen-dropout-off "gen_dropout.mbt's logits differ from mlp.mbt's with the same weights" "$out"; fi
+    fi
+
+    # programs that cannot generate
+    local want
+    "$mbtc" tests/exec/gen_bidir.mbt -o "$dir/gen_bidir" >"$out" 2>&1
+    want="tests/exec/gen_bidir.mbt:13:9: warning: train block 'bidir' compiles without generation: its attention is not causal, so a position's logits depend on the tokens after it"
+    if [ -x "$dir/gen_bidir" ] && grep -qxF "$want" "$out"; then pass exec/gen-refuse-noncausal
+    else fail exec/gen-refuse-noncausal "expected an executable and the warning: $want" "$out"; fi
+    "$mbtc" tests/exec/gen_nologits.mbt -o "$dir/gen_nologits" >"$out" 2>&1
+    want="mbtc: warning: train block 'regress' compiles without generation: its loss has no cross_entropy, so the model's output is not known to be logits of the next token"
+    if [ -x "$dir/gen_nologits" ] && grep -qxF "$want" "$out"; then pass exec/gen-refuse-nologits
+    else fail exec/gen-refuse-nologits "expected an executable and the warning: $want" "$out"; fi
+
+    # run-time refusals: one line, exit 1
+    echo "not safetensors" >"$dir/junk.safetensors"
+    gen_error 0 "gen_bidir: this program cannot generate: it was compiled without a logits forward (mbtc warned why)" \
+        "$dir/gen_bidir" generate --weights "$w"
+    gen_error 1 "gpt: generate needs --weights F.safetensors (the program names no weights file)" "$prog" generate
+    gen_error 2 "gpt: weights file '$dir/w1.safetensors' has no tensor 'wte' (the parameter wte [64, 32])" \
+        "$prog" generate --weights "$dir/w1.safetensors"
+    gen_error 3 "gpt: safetensors file '$dir/junk.safetensors': header length 7306634592548843374 exceeds the limit of 100000000 bytes" "$prog" generate --weights "$dir/junk.safetensors"
+    gen_error 4 "gpt: cannot open safetensors file '$dir/none.safetensors': No such file or directory" \
+        "$prog" generate --weights "$dir/none.safetensors"
+}
+
+# gen_error N MESSAGE COMMAND...: COMMAND exits 1 having printed exactly MESSAGE (one line).
+gen_error() {
+    local n=$1 msg=$2 out="$BUILD/tmp/exec/gen-error.txt" rc
+    shift 2
+    "$@" >"$out" 2>&1
+    rc=$?
+    if [ "$rc" = 1 ] && [ "$(cat "$out")" = "$msg" ]; then pass "exec/gen-error-$n"
+    else fail "exec/gen-error-$n" "'$*': exit $rc, expected 1 and: $msg" "$out"; fi
+}
+
 # ---- the layers ------------------------------------------------------------------------------
 
 if [ "$UPDATE_GOLDEN" = 1 ]; then
@@ -777,6 +907,7 @@ layer_begin
 run_exec "$BUILD/mbtc"
 run_exec_ramp "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
 run_exec_examples "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
+run_exec_generate "$BUILD/mbtc"
 layer_end exec
 
 layer_begin

@@ -532,6 +532,45 @@ static void generate_sampling_is_seeded(void) {
     run_free(&t1);
 }
 
+/* --print-logits: one line per prefix of the prompt, the logits forward_logits wrote for it (the
+ * bigram's: row prompt[len - 1] of wte plus the bias), exactly as floats; nothing generated. */
+static void generate_print_logits(void) {
+    char a[PATH_MAX];
+    tmp_path(a, "gen.safetensors");
+    if (access(a, R_OK) != 0) {
+        Run r = run(g_bigram, "train", "--data", g_train, "--steps", "100", "--save-weights", a, NULL);
+        run_free(&r);
+    }
+    Run r = run(g_bigram, "generate", "--weights", a, "--prompt-tokens", "3,5,3", "--print-logits", "--max-tokens", "7", NULL);
+    CHECK_OK(r, "generate --print-logits");
+    RtStFile *f = NULL;
+    RtError e;
+    float w[64 * 64], b[64];
+    CHECK(rt_st_open(&f, a, &e) == RT_OK, "open: %s", e.msg);
+    if (!f) {
+        run_free(&r);
+        return;
+    }
+    rt_st_read_f32(f, rt_st_find(f, "wte.weight"), w, 64 * 64, &e);
+    rt_st_read_f32(f, rt_st_find(f, "head.bias"), b, 64, &e);
+    rt_st_close(f);
+    static const int prompt[3] = {3, 5, 3};
+    const char *p = r.out;
+    int lines = 0, bad = 0;
+    for (int len = 1; len <= 3 && *p; len++, lines++) {
+        for (int c = 0; c < 64; c++) {
+            char *end;
+            float got = strtof(p, &end);
+            bad += end == p || got != w[prompt[len - 1] * 64 + c] + b[c];
+            p = end;
+        }
+        bad += *p != '\n';
+        if (*p) p++;
+    }
+    CHECK(lines == 3 && bad == 0 && *p == 0, "--print-logits printed %d lines, %d numbers wrong, then '%.40s'", lines, bad, p);
+    run_free(&r);
+}
+
 /* rt_sample_token directly: inverse-CDF sampling over the sorted candidates. */
 static void sampler_distribution(void) {
     float logits[4] = {logf(0.2f), logf(0.5f), logf(0.3f), -INFINITY}; /* p = .2 .5 .3 0 */
@@ -583,6 +622,7 @@ static void help_lists_every_flag(void) {
         "--temperature T",
         "(default 1)",
         "--top-k K                      sample among the K likeliest tokens (default 0: all)",
+        "--print-logits                 instead of generating, print the logits after each prefix of the prompt (default off)",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         CHECK(strstr(r.out, want[i]), "--help lacks '%s'", want[i]);
@@ -595,7 +635,7 @@ static void help_lists_every_flag(void) {
         const char *d = strstr(p + 1, "(default ");
         with_default += d && (!nl || d < nl);
     }
-    CHECK(lines == 23 && with_default == lines, "%d flag lines, %d with a default (expected 23: train 9, eval 6, generate 8)", lines, with_default);
+    CHECK(lines == 24 && with_default == lines, "%d flag lines, %d with a default (expected 24: train 9, eval 6, generate 9)", lines, with_default);
     Run r2 = run(g_bigram, "train", "--help", NULL);
     CHECK(r2.status == 0 && strcmp(r.out, r2.out) == 0, "'train --help' differs from '--help'");
     run_free(&r);
@@ -667,6 +707,8 @@ static void cli_errors(void) {
         {{"generate", "--prompt-tokens", "1,x"}, "bigram: --prompt-tokens needs token ids separated by commas, not '1,x'\n"},
         {{"generate", "--prompt-tokens", "1,,2"}, "bigram: --prompt-tokens needs token ids separated by commas, not '1,,2'\n"},
         {{"generate", "--prompt-tokens", "99"}, "bigram: --prompt-tokens: token 99 is not below the vocabulary size 64\n"},
+        {{"generate", "--print-logits=1"}, "bigram: --print-logits takes no value, not '1'\n"},
+        {{"eval", "--print-logits"}, "bigram: option '--print-logits' is not for eval (it is for generate)\n"},
         {{"generate"}, "bigram: generate needs --weights F.safetensors (the program names no weights file)\n"},
         {{"generate", "--weights", "/nonexistent/w.safetensors"},
          "bigram: cannot open safetensors file '/nonexistent/w.safetensors': No such file or directory\n"},
@@ -756,6 +798,7 @@ int main(void) {
     RUN(initialisation_is_seed_and_name);
     RUN(generate_greedy_follows_argmax);
     RUN(generate_sampling_is_seeded);
+    RUN(generate_print_logits);
     RUN(sampler_distribution);
     RUN(help_lists_every_flag);
     RUN(cli_errors);
