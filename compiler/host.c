@@ -715,6 +715,17 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
         diag_error_noloc("the train block has no optimizer update to compile");
         return diag_finish();
     }
+    /* Dropout's mask is keyed by its stream number alone (graph_build.c), so a compiled step would
+     * draw the same mask every step and micro-batch: refused until the key carries the seed, step
+     * and micro-batch. */
+    for (int id = 0; id < tb->step->n; id++) {
+        const GNode *n = tb->step->node[id];
+        if (n->op == G_DROPOUT && n->fattr[0] > 0) {
+            diag_error(n->src, "dropout is not compiled into executables yet");
+            diag_hint("its mask would be the same at every step and micro-batch; --check and --emit accept it");
+            return diag_finish();
+        }
+    }
     int first_bwd = autodiff(tb->step);
     if (graph_verify(tb->step, stderr)) INTERNAL("the gradient graph fails graph_verify (problems above)");
     if (graph_verify(tb->update, stderr)) INTERNAL("the update graph fails graph_verify (problems above)");
