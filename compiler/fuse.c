@@ -43,6 +43,7 @@
  * partition starts again from the singletons, until nothing more is shared.
  * Launches are ordered topologically, earliest graph position first. */
 #include "fuse_internal.h"
+#include "diag.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -1183,4 +1184,18 @@ void fuse_print(FILE *out, const FuseResult *r) {
         kir_print_body(out, k, 4);
     }
     arena_free(&scratch);
+}
+
+/* fuse.h */
+const char *fuse_kernel_ops_note(const Graph *g, const Kernel *k, Arena *ar) {
+    const char *note = "";
+    for (int i = 0; i < k->nnodes; i++) {
+        const GNode *n = graph_node(g, k->nodes[i]);
+        const char *path = n->src.file ? diag_source_path(n->src.file) : NULL;
+        const char *base = path && strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        const char *head = arena_printf(ar, "%%%d %s", n->id, graph_op_name(n->op));
+        note = base ? arena_printf(ar, "%s%-28s %s:%u:%u\n", note, head, base, n->src.line, n->src.col)
+                    : arena_printf(ar, "%s%s\n", note, head);
+    }
+    return note;
 }

@@ -94,5 +94,8 @@ int fuse_verify(const FuseResult *r, FILE *out);
 
 /* Launches of each kind: GEMMs and generated kernels. */
 void fuse_counts(const FuseResult *r, int *gemms, int *kernels);
+/* The graph ops kernel k fuses, one a line as --emit=kernels lists them (`%7 mul   tiny.mbt:13:9`),
+ * for the listings above each kernel in --emit=llvm and --emit=program. */
+const char *fuse_kernel_ops_note(const Graph *g, const Kernel *k, Arena *ar);
 
 #endif

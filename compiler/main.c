@@ -115,20 +115,6 @@ static int emit_kernels(Loader *ld, Arena *ar, Module *main_mod, const char *tra
     return diag_finish();
 }
 
-/* The fused ops of kernel k, one a line as --emit=kernels lists them: `%7 mul   tiny.mbt:13:9`. */
-static const char *kernel_ops_note(const Graph *g, const Kernel *k, Arena *ar) {
-    const char *note = "";
-    for (int i = 0; i < k->nnodes; i++) {
-        const GNode *n = graph_node(g, k->nodes[i]);
-        const char *path = n->src.file ? diag_source_path(n->src.file) : NULL;
-        const char *base = path && strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-        const char *head = arena_printf(ar, "%%%d %s", n->id, graph_op_name(n->op));
-        note = base ? arena_printf(ar, "%s%-28s %s:%u:%u\n", note, head, base, n->src.line, n->src.col)
-                    : arena_printf(ar, "%s%s\n", note, head);
-    }
-    return note;
-}
-
 /* --emit=llvm: the kernels of --emit=kernels (the step graph's, then the update graph's), each
  * schedule's lowered by the CPU back end into one LLVM module for the host and printed with every
  * kernel's listing above its function; with --opt, after the O2 pipeline. */
@@ -156,7 +142,7 @@ static int emit_llvm(Loader *ld, Arena *ar, Module *main_mod, const char *train,
         for (int k = 0; k < r->nkernels; k++) {
             /* the step's buffers are distinct activations (disjoint); the update writes in place */
             cpu_lower_kernel(m, r->kernels[k], i == 0);
-            notes[k] = kernel_ops_note(graphs[i], r->kernels[k], ar);
+            notes[k] = fuse_kernel_ops_note(graphs[i], r->kernels[k], ar);
         }
         if (cpu_verify(m, ar, &err)) INTERNAL("the %s kernels' LLVM module fails LLVMVerifyModule: %s", what[i], err);
         if (opt && cpu_optimize(m, &target, ar, &err)) diag_error_noloc("%s", err);
