@@ -4,6 +4,8 @@
 #   make demo         build, then check every example and show what the compiler sees
 #   make test         everything below `make test` in docs/testing.md (ends with "N passed, N failed")
 #   make fuzz         run the front-end fuzzer until stopped (FUZZ_SECONDS=N to bound it)
+#   make bench        CPU training step time against PyTorch (docs/bench.md; not part of make test;
+#                     BENCH_ARGS="--rounds 5 --threads 4 --cases tiny" passes options to bench/run.py)
 #   make asan         build a copy with AddressSanitizer + UBSan in build/asan
 #   make clean
 #
@@ -59,7 +61,7 @@ LIB_OBJS    += $(LLVM_OBJS) $(BUILD)/obj/host.o $(BUILD)/obj/host_abi.o
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
-.PHONY: all demo test test-quick unit asan fuzz fuzz-build clean deps deps-test
+.PHONY: all demo test test-quick unit asan fuzz fuzz-build bench clean deps deps-test
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/mbtc
@@ -231,6 +233,14 @@ test-quick: all unit
 
 demo: all
 	@tools/demo.sh $(BUILD)
+
+# ---- benchmarks (docs/bench.md) ----------------------------------------------------------------
+# Never timed tests: tables and JSON under bench/results/. PyTorch is Debian's python3-torch,
+# run by /usr/bin/python3 (tools/deps.sh bench installs it when missing and running as root).
+BENCH_ARGS ?=
+bench: all
+	@tools/deps.sh bench
+	@/usr/bin/python3 bench/run.py --build $(BUILD) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD)
