@@ -5,6 +5,8 @@
 #                     print its loss against the known optimum and generated samples
 #   make test         everything below `make test` in docs/testing.md (ends with "N passed, N failed")
 #   make fuzz         run the front-end fuzzer until stopped (FUZZ_SECONDS=N to bound it)
+#   make bench        CPU training step time against PyTorch (docs/bench.md; not part of make test;
+#                     BENCH_ARGS="--rounds 5 --threads 4 --cases tiny" passes options to bench/run.py)
 #   make asan         build a copy with AddressSanitizer + UBSan in build/asan
 #   make clean
 #
@@ -60,7 +62,7 @@ LIB_OBJS    += $(LLVM_OBJS) $(BUILD)/obj/host.o $(BUILD)/obj/host_abi.o $(BUILD)
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
-.PHONY: all demo test test-quick unit asan fuzz fuzz-build clean deps deps-test
+.PHONY: all demo test test-quick unit asan fuzz fuzz-build bench clean deps deps-test
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/mbtc
@@ -134,7 +136,7 @@ $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 # build/mbt-gendata (a second `all:` line adds prerequisites). main.c (the executables' `main`) is
 # in the archive too: a linker takes it only when nothing else defines main.
 RT_SRCS  = runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
-           runtime/pool.c runtime/blas.c runtime/log.c runtime/weights.c runtime/cli.c runtime/train.c \
+           runtime/pool.c runtime/blas.c runtime/profile.c runtime/log.c runtime/weights.c runtime/cli.c runtime/train.c \
            runtime/generate.c runtime/main.c
 RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))
 RT_HDRS  = $(wildcard runtime/*.h)
@@ -239,6 +241,14 @@ test-quick: all unit
 
 demo: all
 	@tools/demo.sh $(BUILD)
+
+# ---- benchmarks (docs/bench.md) ----------------------------------------------------------------
+# Never timed tests: tables and JSON under bench/results/. PyTorch is Debian's python3-torch,
+# run by /usr/bin/python3 (tools/deps.sh bench installs it when missing and running as root).
+BENCH_ARGS ?=
+bench: all
+	@tools/deps.sh bench
+	@/usr/bin/python3 bench/run.py --build $(BUILD) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD)

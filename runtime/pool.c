@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rt_profile.h"
 #include "rt_program.h"
 
 /* ---- checks ------------------------------------------------------------------------------------- */
@@ -57,6 +58,7 @@ struct RtPool {
     void *ctx;
     int64_t n;
     int nchunks;
+    RtProfile *prof; /* MBT_PROFILE: parallel loops add their wall time (rt_profile.h); NULL: off */
 };
 
 typedef struct RtWorkerArg {
@@ -182,10 +184,34 @@ int rt_pool_threads(const RtPool *p) {
     return p ? p->nthreads : 1;
 }
 
+void rt_pool_set_profile(RtPool *p, RtProfile *prof) {
+    if (p) p->prof = prof;
+}
+
+RtProfile *rt_pool_profile(const RtPool *p) {
+    return p ? p->prof : NULL;
+}
+
 /* ---- running a range ---------------------------------------------------------------------------- */
+
+static void rt_parallel_for_run(RtPool *p, int64_t n, RtRangeFn fn, void *ctx);
 
 void rt_parallel_for(RtPool *p, int64_t n, RtRangeFn fn, void *ctx) {
     if (n <= 0) return;
+    RtProfile *prof = p ? p->prof : NULL;
+    if (prof && prof->depth == 0) { /* a top-level loop outside any GEMM: time it */
+        prof->depth = 1;
+        double t0 = rt_profile_now();
+        rt_parallel_for_run(p, n, fn, ctx);
+        prof->pool_s += rt_profile_now() - t0;
+        prof->pool_calls++;
+        prof->depth = 0;
+        return;
+    }
+    rt_parallel_for_run(p, n, fn, ctx);
+}
+
+static void rt_parallel_for_run(RtPool *p, int64_t n, RtRangeFn fn, void *ctx) {
     if (!p || p->nthreads == 1 || n == 1) {
         fn(ctx, 0, n, 0);
         return;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "rt_exec.h"
+#include "rt_profile.h"
 
 /* ---- the descriptor ----------------------------------------------------------------------------- */
 
@@ -344,11 +345,16 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     RtLog log;
     int log_open = 0, code = 1;
     double *partial = NULL;
+    RtProfile *prof = NULL; /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
     RtDataSpec spec = rt_data_spec(p, o, o->data ? o->data : t->data, t->val_data);
     RtStatus st = o->save_weights ? rt_check_output_dir(o->save_weights, "weights file", &e) : RT_OK;
     if (st == RT_OK) st = rt_data_open(&train, &spec, RT_SPLIT_TRAIN, &e);
     if (st == RT_OK && t->eval_every > 0) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
     if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK && rt_profile_requested()) {
+        prof = calloc(1, sizeof *prof);
+        if (!prof) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the profile");
+    }
     if (st == RT_OK) {
         if (o->init_weights) {
             int64_t unused = 0;
@@ -414,7 +420,15 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     double t_run = rt_now(), last_loss = NAN;
     int64_t total_tokens = 0;
     RtGradJob g = {x.grads, p->param_floats, partial, 1.0f};
+    if (prof) rt_pool_set_profile(x.pool, prof);
     for (int64_t step = 0; step < o->steps; step++) {
+        if (prof) {
+            if (step == 1) { /* the first step (first touch of the arena) is a warm-up: not profiled */
+                rt_profile_reset(prof);
+                prof->skipped_first = 1;
+            }
+            rt_profile_begin_step(prof);
+        }
         double t0 = rt_now();
         /* this step's batch: its ramp stage; all data ranks' micro-batches run here, in turn */
         RtRampStage stage = rt_train_stage(t, step);
@@ -432,6 +446,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
                 rt_error_context(&e, "step %lld", (long long)(step + 1));
                 goto done;
             }
+            if (prof) rt_profile_phase(prof, RT_PROF_DATA);
             RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
                         .x = x.x, .y = x.y, .B = t->micro, .T = t->seq, .loss_scale = 1.0 / (double)nmicro,
                         .step = step, .micro = m, .seed = o->seed, .err = &e};
@@ -440,6 +455,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
                 rt_error_context(&e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
                 goto done;
             }
+            if (prof) rt_profile_phase(prof, RT_PROF_FB);
             if (!isfinite(s.loss)) {
                 st = rt_fail(&e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
                              (long long)(m + 1), isnan(s.loss) ? "nan" : s.loss > 0 ? "inf" : "-inf");
@@ -463,6 +479,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             g.scale = (float)(t->clip / (norm + RT_CLIP_EPS));
             rt_parallel_for(x.pool, nblocks, rt_grad_scale, &g);
         }
+        if (prof) rt_profile_phase(prof, RT_PROF_NORM);
         RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
                     .lr = lr, .t = step + 1, .step = step, .seed = o->seed, .err = &e};
         st = p->optimizer_update(&s);
@@ -470,7 +487,9 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             rt_error_context(&e, "step %lld: optimizer", (long long)(step + 1));
             goto done;
         }
+        if (prof) rt_profile_phase(prof, RT_PROF_UPDATE);
         rt_parallel_for(x.pool, nblocks, rt_grad_zero, &g);
+        if (prof) rt_profile_phase(prof, RT_PROF_ZERO);
         if (dump_x && step == 0) {
             RtStepDump d = {dump_p, dump_g, x.params, dump_x, dump_y, nmicro, loss, lr, t->clip};
             st = rt_step_dump(p, &d, o->dump_step, &e);
@@ -490,6 +509,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             if (st == RT_OK) st = rt_log_eval(&log, step + 1, vl, used, &e);
             if (st != RT_OK) goto done;
         }
+        if (prof) rt_profile_phase(prof, RT_PROF_LOG);
     }
     double secs = rt_now() - t_run;
     st = rt_log_close(&log, &e);
@@ -498,6 +518,10 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     if (o->steps > 0) {
         printf("done: %lld steps in %.2f s (%.3f ms/step, %.0f tokens/s); final loss %.6f\n", (long long)o->steps, secs,
                secs * 1e3 / (double)o->steps, secs > 0 ? (double)total_tokens / secs : 0.0, last_loss);
+    }
+    if (prof) {
+        rt_pool_set_profile(x.pool, NULL);
+        rt_profile_print(stdout, prof, rt_pool_threads(x.pool));
     }
     if (o->save_weights) {
         st = rt_weights_save(p, x.params, o->save_weights, &e);
@@ -517,6 +541,7 @@ done:
     free(dump_p);
     free(dump_g);
     rt_exec_close(&x);
+    free(prof);
     rt_data_close(val);
     rt_data_close(train);
     return code;

@@ -5,6 +5,8 @@
 #
 #   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19, OpenBLAS (and, optionally, CUDA)
 #   tools/deps.sh test    the above plus what the tests use (clang 19 with libFuzzer, python3-torch)
+#   tools/deps.sh bench   the build's plus what `make bench` compares against (Debian's
+#                         python3-torch, imported by /usr/bin/python3)
 set -u
 what=${1:-build}
 
@@ -36,6 +38,12 @@ if [ "$what" = test ]; then
     /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need_pkgs+=(python3-torch)
 fi
 
+# --- benchmark tools --------------------------------------------------------------------
+# Debian's PyTorch (CPU), for /usr/bin/python3 - not whatever python3 comes first on PATH.
+if [ "$what" = bench ]; then
+    /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need_pkgs+=(python3-torch)
+fi
+
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && have apt-get; then
         say "installing missing Debian packages: ${need_pkgs[*]}"
@@ -62,6 +70,7 @@ else
     say "found OpenBLAS headers in $openblas_inc but no static libopenblas.a; executables link -lopenblas"
 fi
 if [ "$what" = test ]; then say "found $(clang-19 --version | head -n 1) with libFuzzer"; fi
+if [ "$what" = bench ]; then say "found PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) for /usr/bin/python3"; fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if [ -f "$CUDA_HOME/include/nvrtc.h" ]; then
     say "found CUDA at $CUDA_HOME (used by the CUDA back end; a GPU is not needed to build)"
