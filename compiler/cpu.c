@@ -871,7 +871,8 @@ static int cpu_defined_kernel(const char *line, size_t n, Kernel *const *kernels
     return -1;
 }
 
-void cpu_print_module(FILE *out, LLVMModuleRef m, Kernel *const *kernels, const char *const *notes, int nkernels) {
+void cpu_print_module(FILE *out, LLVMModuleRef m, Kernel *const *kernels, const char *const *notes, int nkernels,
+                      const CpuAnnotation *ann, int nann) {
     char *text = LLVMPrintModuleToString(m);
     const char *p = text;
     int announced = 0; /* the line before was `; Function Attrs:` and the listing went above it */
@@ -889,6 +890,9 @@ void cpu_print_module(FILE *out, LLVMModuleRef m, Kernel *const *kernels, const 
             if (k >= 0 && !announced) cpu_print_kernel_header(out, kernels[k], notes ? notes[k] : NULL);
             announced = 0;
         }
+        for (int a = 0; a < nann; a++)
+            if (memmem(p, n, ann[a].needle, strlen(ann[a].needle)) && memmem(p, n, "call ", 5))
+                fprintf(out, "  ; %s\n", ann[a].comment);
         fprintf(out, "%.*s\n", (int)n, p);
         p = next;
     }

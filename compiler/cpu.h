@@ -88,6 +88,11 @@ int cpu_emit_object(LLVMModuleRef m, const CpuTarget *t, const char *path, Arena
  * the kernel's name, kind, grid and buffers, notes[i] when given (the fused ops and their source
  * lines, one per line), and its KIR body, so a reader can match %N in the KIR with the LLVM
  * values named after it (`%add12`, `%load7`, `%i4` for loop counters, `%acc3` for accumulators). */
-void cpu_print_module(FILE *out, LLVMModuleRef m, Kernel *const *kernels, const char *const *notes, int nkernels);
+/* A comment cpu_print_module writes above every call containing `needle` (a launch in host code). */
+typedef struct CpuAnnotation {
+    const char *needle, *comment;
+} CpuAnnotation;
+void cpu_print_module(FILE *out, LLVMModuleRef m, Kernel *const *kernels, const char *const *notes, int nkernels,
+                      const CpuAnnotation *ann, int nann);
 
 #endif

@@ -222,7 +222,8 @@ static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr
                                   LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
                                   addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
                                   addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch), err};
-            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, h->gemm, a, 19, "gemm_status");
+            /* named after the launch, so --emit=program can annotate it (print_program) */
+            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, h->gemm, a, 19, arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
             LLVMBasicBlockRef fail = LLVMAppendBasicBlockInContext(h->ctx, fn, "gemm_failed");
             LLVMBasicBlockRef ok = LLVMAppendBasicBlockInContext(h->ctx, fn, "gemm_ok");
             LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntNE, st, ci32(h, 0), ""), fail, ok);
@@ -707,6 +708,56 @@ static const char *shell_quote(Arena *ar, const char *s) {
     return arena_printf(ar, "%s'", out);
 }
 
+/* --emit=program: the kernels of every schedule (each under its listing: kind, grid, buffers and
+ * the graph ops it fuses with their source lines), then the host functions and the descriptor,
+ * every launch in them preceded by a comment naming what it computes and where in the source. */
+static void print_program(Host *h, const Sched *const *scheds, const Graph *const *graphs, int n) {
+    int total = 0, nlaunch = 0;
+    for (int i = 0; i < n; i++) total += scheds[i] ? scheds[i]->r->nkernels : 0;
+    for (int i = 0; i < n; i++) nlaunch += scheds[i] ? scheds[i]->r->nlaunches : 0;
+    Kernel **kernels = arena_alloc(h->ar, sizeof(Kernel *) * (size_t)(total + 1));
+    const char **notes = arena_alloc(h->ar, sizeof(char *) * (size_t)(total + 1));
+    CpuAnnotation *ann = arena_alloc(h->ar, sizeof(CpuAnnotation) * (size_t)(nlaunch + 1));
+    int k = 0, a = 0;
+    for (int i = 0; i < n; i++) {
+        const Sched *S = scheds[i];
+        for (int j = 0; S && j < S->r->nkernels; j++, k++) {
+            kernels[k] = S->r->kernels[j];
+            notes[k] = fuse_kernel_ops_note(graphs[i], kernels[k], h->ar);
+        }
+        for (int li = 0; S && li < S->r->nlaunches; li++) {
+            const FuseLaunch *L = &S->r->launches[li];
+            if (L->kind == FL_GEMM) {
+                const FuseBuffer *c = &S->r->buffers[L->gemm.c];
+                const GNode *gn = c->node >= 0 ? graph_node(graphs[i], c->node) : NULL;
+                const char *at = gn && gn->src.file ? diag_source_path(gn->src.file) : NULL;
+                const char *base = at && strrchr(at, '/') ? strrchr(at, '/') + 1 : at;
+                ann[a].needle = arena_printf(h->ar, "%%%sgemm%d.", S->prefix, li);
+                ann[a++].comment = arena_printf(
+                    h->ar, "GEMM %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s into %s%s", L->gemm.m, L->gemm.n, L->gemm.k,
+                    L->gemm.batch > 1 ? arena_printf(h->ar, " (batch %" PRId64 ")", L->gemm.batch) : "",
+                    L->gemm.trans_a || L->gemm.trans_b ? (L->gemm.trans_a ? (L->gemm.trans_b ? ", A^T B^T" : ", A^T B")
+                                                                          : ", A B^T")
+                                                       : "",
+                    c->what, base ? arena_printf(h->ar, " %s:%u:%u", base, gn->src.line, gn->src.col) : "");
+            } else {
+                const Kernel *kn = S->r->kernels[L->kernel];
+                const char *note = fuse_kernel_ops_note(graphs[i], kn, h->ar), *nl = strchr(note, '\n');
+                int nops = 0;
+                for (const char *q = note; (q = strchr(q, '\n')) != NULL; q++) nops++;
+                char *first = arena_printf(h->ar, "%.*s", nl ? (int)(nl - note) : (int)strlen(note), note), *w = first;
+                for (const char *q = first; *q; q++)
+                    if (*q != ' ' || q[1] != ' ') *w++ = *q; /* the listing's column padding, squeezed */
+                *w = 0;
+                ann[a].needle = arena_printf(h->ar, "@%s.range,", kn->name);
+                ann[a++].comment = arena_printf(h->ar, "kernel %s: %s%s", kn->name, first,
+                                                nops > 1 ? arena_printf(h->ar, " (and %d more ops)", nops - 1) : "");
+            }
+        }
+    }
+    cpu_print_module(stdout, h->m, kernels, notes, total, ann, a);
+}
+
 int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
                  Arena *ar) {
     TrainBuild *tb = sema_build_train(ld, main_mod, train_name, PLAN_ALIGN / 4, ar);
@@ -762,8 +813,9 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     int logits_node = -1;
     int64_t vocab = find_vocab(plan->step);
     Graph *lg = diag_error_count() ? NULL : logits_graph(h, ld, tb->step, vocab, &logits_node);
+    Sched lsch = {.prefix = "logits_"};
     if (lg) {
-        Sched lsch = {.prefix = "logits_", .r = fuse_graph(lg, &logits_node, 1, ar)};
+        lsch.r = fuse_graph(lg, &logits_node, 1, ar);
         if (fuse_verify(lsch.r, stderr)) INTERNAL("the fused logits graph fails fuse_verify (problems above)");
         sched_plan(h, &lsch, 0);
         sched_kernels(h, &lsch, 1);
@@ -772,7 +824,12 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     }
     if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena);
     int rc = 0;
-    if (!diag_error_count()) {
+    if (!diag_error_count() && !output) {
+        if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
+        const Sched *scheds[3] = {&step, &upd, lg ? &lsch : NULL};
+        const Graph *graphs[3] = {tb->step, tb->update, lg};
+        print_program(h, scheds, graphs, 3);
+    } else if (!diag_error_count()) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
         const char *obj = arena_printf(ar, "%s.o", output);
         if (cpu_optimize(h->m, &target, ar, &err) || cpu_emit_object(h->m, &target, obj, ar, &err))

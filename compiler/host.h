@@ -23,7 +23,7 @@
 #include "module.h"
 
 /* Builds the executable for the train block of main_mod named train_name (NULL: the first) at
- * `output`. Returns the exit status (errors reported through diag; an unknown name is one, listing
+ * `output`; with output NULL, prints the program's whole LLVM module instead (--emit=program). Returns the exit status (errors reported through diag; an unknown name is one, listing
  * the file's train blocks). */
 int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
                  Arena *ar);

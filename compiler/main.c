@@ -33,7 +33,9 @@ static void usage(FILE *out) {
             "                     graph), grad (forward and backward graph), plan (the step program,\n"
             "                     the optimizer's update graph and the memory plan), kernels (both\n"
             "                     graphs fused into GEMMs and generated kernels, with their bodies),\n"
-            "                     llvm (the generated kernels as LLVM IR for the host CPU)\n"
+            "                     llvm (the generated kernels as LLVM IR for the host CPU), program\n"
+            "                     (the whole program -o builds, before optimisation: every kernel, the\n"
+            "                     step functions that launch them and the descriptor, as LLVM IR)\n"
             "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
             "  --train NAME       the train block -o and --emit=ir/grad/plan/kernels/llvm build (default: the first)\n"
             "  -o FILE            build the executable FILE for a train block (train, eval; see docs/cli.md)\n"
@@ -148,7 +150,7 @@ static int emit_llvm(Loader *ld, Arena *ar, Module *main_mod, const char *train,
         if (opt && cpu_optimize(m, &target, ar, &err)) diag_error_noloc("%s", err);
         else {
             if (i) printf("\n");
-            cpu_print_module(stdout, m, r->kernels, notes, r->nkernels);
+            cpu_print_module(stdout, m, r->kernels, notes, r->nkernels, NULL, 0);
         }
         LLVMDisposeModule(m);
     }
@@ -182,6 +184,7 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (emit && strcmp(emit, "plan") == 0) return emit_plan(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "kernels") == 0) return emit_kernels(ld, ar, main_mod, train);
     if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
+    if (emit && strcmp(emit, "program") == 0) return host_compile(ld, main_mod, input, train, NULL, ar);
     if (verify) return verify_step(ld, main_mod, train, verify, ar);
     if (output && !check) return host_compile(ld, main_mod, input, train, output, ar);
     sema_check(ld, main_mod);
@@ -230,12 +233,12 @@ int main(int argc, char **argv) {
         usage(stderr);
         { arena_free(&ar); return 1; }
     }
-    static const char *const stages[] = {"tokens", "ast", "ir", "grad", "plan", "kernels", "llvm"};
+    static const char *const stages[] = {"tokens", "ast", "ir", "grad", "plan", "kernels", "llvm", "program"};
     int known_stage = !emit;
     for (size_t k = 0; emit && k < sizeof stages / sizeof *stages; k++) known_stage |= strcmp(emit, stages[k]) == 0;
     if (!known_stage) {
         diag_error_noloc("unknown stage '%s' for --emit", emit);
-        diag_hint("the stages available are: tokens, ast, ir, grad, plan, kernels, llvm");
+        diag_hint("the stages available are: tokens, ast, ir, grad, plan, kernels, llvm, program");
         { arena_free(&ar); return 1; }
     }
     if (train && !*train) {
@@ -247,7 +250,7 @@ int main(int argc, char **argv) {
         { arena_free(&ar); return 1; }
     }
     if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
-                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0)) &&
+                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0 || strcmp(emit, "program") == 0)) &&
         !(output && !check && !emit) && !verify) {
         diag_error_noloc("'--train %s' selects the train block for -o or --emit=ir, grad, plan, kernels or llvm, and none "
                          "is given",

@@ -490,6 +490,16 @@ run_exec() {
     else fail exec/loss-falls "loss $first -> $last: fell by less than 0.003"; fi
     if cmp -s "$dir/w2.safetensors" "$dir/w3.safetensors"; then pass exec/deterministic; else fail exec/deterministic "two runs differ"; fi
     if cmp -s "$dir/w1.safetensors" "$dir/w2.safetensors"; then pass exec/threads; else fail exec/threads "--threads 1 and 2 differ"; fi
+    # --emit=program prints what -o compiles: the step functions, each launch annotated with its
+    # op and source line (mlp's first GEMM is fc1's matmul, nn.mbt's Linear)
+    if "$mbtc" examples/mlp.mbt --emit=program >"$dir/program.ll" 2>"$out" \
+        && grep -q '^define internal i32 @forward_backward' "$dir/program.ll" \
+        && grep -q '^define internal i32 @forward_logits' "$dir/program.ll" \
+        && grep -q '^@mbt_program = ' "$dir/program.ll" \
+        && grep -q '^  ; GEMM 2048x256x64 into %[0-9]* matmul nn.mbt:[0-9]*:[0-9]*$' "$dir/program.ll" \
+        && [ "$(grep -c '^  ; kernel step_k0_gather: %[0-9]* gather nn.mbt' "$dir/program.ll")" = 2 ]; then
+        pass exec/emit-program
+    else fail exec/emit-program "--emit=program lacks the step functions, the descriptor or a launch's annotation" "$out"; fi
 }
 
 # verify: each CPU-sized example built with `mbtc -o` dumps its first step (`train --steps 1

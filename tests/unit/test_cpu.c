@@ -889,7 +889,7 @@ static void test_print_optimize_object(void) {
     FILE *out = open_memstream(&text, &len);
     Kernel *ks[1] = {t->k};
     const char *notes[1] = {"%7 mul  demo.mbt:3:9\n%8 exp  demo.mbt:3:5"};
-    cpu_print_module(out, m, ks, notes, 1);
+    cpu_print_module(out, m, ks, notes, 1, NULL, 0);
     fclose(out);
     CHECK(strstr(text, "; kernel k3_scale_exp: elementwise, grid 1024") != NULL, "kernel header");
     CHECK(strstr(text, ";   bufs[0] = p0: f32[1024] read") && strstr(text, ";   bufs[1] = p1: f32[1024] written"), "buffers listed");
