@@ -469,14 +469,14 @@ run_fuzz() {
 
 # exec: `mbtc -o` builds examples/mlp.mbt; trained 30 steps on mbt-gendata's corpus, its loss falls
 # by at least 0.003 nats (first step's loss minus the last's), two runs save bit-identical weights,
-# and --threads 1 and 2 agree bit for bit.
+# and --threads 1 and 2 agree bit for bit; mlp and tiny train to stated held-out losses (below).
 run_exec() {
     local mbtc=$1 dir="$BUILD/tmp/exec" out
     mkdir -p "$dir"
     out="$dir/out.txt"
     if ! "$mbtc" examples/mlp.mbt -o "$dir/mlp" >"$out" 2>&1; then fail exec/build "mbtc -o failed" "$out"; return; fi
     pass exec/build
-    "$BUILD/mbt-gendata" --out-dir "$dir/d" --name t --tokens 200000 --val-tokens 20000 >"$out" 2>&1 || { fail exec/gendata "mbt-gendata failed" "$out"; return; }
+    "$BUILD/mbt-gendata" --out-dir "$dir/d" --name t --tokens 200000 --val-tokens 20000 >"$dir/gendata.txt" 2>&1 || { fail exec/gendata "mbt-gendata failed" "$dir/gendata.txt"; return; }
     local a
     for a in 1 2; do
         "$dir/mlp" train --steps 30 --data "$dir/d/t_train.bin" --threads $a --log "$dir/log$a.jsonl" --save-weights "$dir/w$a.safetensors" >"$out" 2>&1 \
@@ -490,6 +490,27 @@ run_exec() {
     else fail exec/loss-falls "loss $first -> $last: fell by less than 0.003"; fi
     if cmp -s "$dir/w2.safetensors" "$dir/w3.safetensors"; then pass exec/deterministic; else fail exec/deterministic "two runs differ"; fi
     if cmp -s "$dir/w1.safetensors" "$dir/w2.safetensors"; then pass exec/threads; else fail exec/threads "--threads 1 and 2 differ"; fi
+    # trained to a stated loss, on the held-out file: mlp (a bigram model) its whole 300 steps to
+    # within 0.05 nats of the best any bigram model can do; tiny 150 steps to below that bound,
+    # which only a model using more than the last token reaches
+    local bigram loss
+    bigram=$(sed -n 's/^best with less context: bigram H(x_t | x_t-1) = \([0-9.]*\) .*/\1/p' "$dir/gendata.txt")
+    if "$dir/mlp" train --data "$dir/d/t_train.bin" --save-weights "$dir/mlp300.safetensors" >"$out" 2>&1 \
+        && "$dir/mlp" eval --weights "$dir/mlp300.safetensors" --data "$dir/d/t_val.bin" >"$out" 2>&1; then
+        loss=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$out")
+        if awk -v l="$loss" -v b="$bigram" 'BEGIN { exit !(l != "" && b != "" && l < b + 0.05) }'; then
+            pass "exec/mlp-reaches-bigram-bound (held-out $loss, bound $bigram)"
+        else fail exec/mlp-reaches-bigram-bound "held-out loss $loss, not within 0.05 of the bigram bound $bigram" "$out"; fi
+    else fail exec/mlp-reaches-bigram-bound "training or evaluating mlp failed" "$out"; fi
+    if "$mbtc" examples/tiny.mbt -o "$dir/tiny" >"$out" 2>&1 \
+        && "$dir/tiny" train --steps 150 --data "$dir/d/t_train.bin" --save-weights "$dir/tiny150.safetensors" >"$out" 2>&1 \
+        && "$dir/tiny" eval --weights "$dir/tiny150.safetensors" --data "$dir/d/t_val.bin" >"$out" 2>&1; then
+        loss=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$out")
+        if awk -v l="$loss" -v b="$bigram" 'BEGIN { exit !(l != "" && b != "" && l < b) }'; then
+            pass "exec/tiny-beats-bigram-bound (held-out $loss after 150 steps, bound $bigram)"
+        else fail exec/tiny-beats-bigram-bound "held-out loss $loss after 150 steps, not below the bigram bound $bigram" "$out"; fi
+    else fail exec/tiny-beats-bigram-bound "building, training or evaluating tiny failed" "$out"; fi
+
     # --emit=program prints what -o compiles: the step functions, each launch annotated with its
     # op and source line (mlp's first GEMM is fc1's matmul, nn.mbt's Linear)
     if "$mbtc" examples/mlp.mbt --emit=program >"$dir/program.ll" 2>"$out" \
