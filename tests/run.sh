@@ -467,6 +467,20 @@ run_fuzz() {
 }
 
 
+# held_out_below TEST PROG DATADIR LIMIT WHAT [TRAIN ARGS...]: PROG trains on DATADIR/t_train.bin
+# (with TRAIN ARGS), then its held-out loss on DATADIR/t_val.bin must be below LIMIT (an awk
+# expression); WHAT says what the limit is.
+held_out_below() {
+    local name=$1 prog=$2 data=$3 limit=$4 what=$5 out="$BUILD/tmp/exec/held_out.txt" loss
+    shift 5
+    if "$prog" train --data "$data/t_train.bin" --save-weights "$out.safetensors" "$@" >"$out" 2>&1 \
+        && "$prog" eval --weights "$out.safetensors" --data "$data/t_val.bin" >"$out" 2>&1; then
+        loss=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$out")
+        if [ -n "$loss" ] && awk -v l="$loss" "BEGIN { exit !(l < $limit) }"; then pass "$name (held-out $loss, $what)"
+        else fail "$name" "held-out loss '$loss', not $what" "$out"; fi
+    else fail "$name" "training or evaluating $prog failed" "$out"; fi
+}
+
 # exec: `mbtc -o` builds examples/mlp.mbt; trained 30 steps on mbt-gendata's corpus, its loss falls
 # by at least 0.003 nats (first step's loss minus the last's), two runs save bit-identical weights,
 # and --threads 1 and 2 agree bit for bit; mlp and tiny train to stated held-out losses (below).
@@ -493,23 +507,12 @@ run_exec() {
     # trained to a stated loss, on the held-out file: mlp (a bigram model) its whole 300 steps to
     # within 0.05 nats of the best any bigram model can do; tiny 150 steps to below that bound,
     # which only a model using more than the last token reaches
-    local bigram loss
+    local bigram
     bigram=$(sed -n 's/^best with less context: bigram H(x_t | x_t-1) = \([0-9.]*\) .*/\1/p' "$dir/gendata.txt")
-    if "$dir/mlp" train --data "$dir/d/t_train.bin" --save-weights "$dir/mlp300.safetensors" >"$out" 2>&1 \
-        && "$dir/mlp" eval --weights "$dir/mlp300.safetensors" --data "$dir/d/t_val.bin" >"$out" 2>&1; then
-        loss=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$out")
-        if awk -v l="$loss" -v b="$bigram" 'BEGIN { exit !(l != "" && b != "" && l < b + 0.05) }'; then
-            pass "exec/mlp-reaches-bigram-bound (held-out $loss, bound $bigram)"
-        else fail exec/mlp-reaches-bigram-bound "held-out loss $loss, not within 0.05 of the bigram bound $bigram" "$out"; fi
-    else fail exec/mlp-reaches-bigram-bound "training or evaluating mlp failed" "$out"; fi
-    if "$mbtc" examples/tiny.mbt -o "$dir/tiny" >"$out" 2>&1 \
-        && "$dir/tiny" train --steps 150 --data "$dir/d/t_train.bin" --save-weights "$dir/tiny150.safetensors" >"$out" 2>&1 \
-        && "$dir/tiny" eval --weights "$dir/tiny150.safetensors" --data "$dir/d/t_val.bin" >"$out" 2>&1; then
-        loss=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$out")
-        if awk -v l="$loss" -v b="$bigram" 'BEGIN { exit !(l != "" && b != "" && l < b) }'; then
-            pass "exec/tiny-beats-bigram-bound (held-out $loss after 150 steps, bound $bigram)"
-        else fail exec/tiny-beats-bigram-bound "held-out loss $loss after 150 steps, not below the bigram bound $bigram" "$out"; fi
-    else fail exec/tiny-beats-bigram-bound "building, training or evaluating tiny failed" "$out"; fi
+    held_out_below exec/mlp-reaches-bigram-bound "$dir/mlp" "$dir/d" "$bigram + 0.05" "within 0.05 of the bigram bound $bigram"
+    if "$mbtc" examples/tiny.mbt -o "$dir/tiny" >"$out" 2>&1; then
+        held_out_below exec/tiny-beats-bigram-bound "$dir/tiny" "$dir/d" "$bigram" "below the bigram bound $bigram" --steps 150
+    else fail exec/tiny-beats-bigram-bound "mbtc -o examples/tiny.mbt failed" "$out"; fi
 
     # --emit=program prints what -o compiles: the step functions, each launch annotated with its
     # op and source line (mlp's first GEMM is fc1's matmul, nn.mbt's Linear)
