@@ -219,6 +219,18 @@ RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step) {
     return s;
 }
 
+/* The parameters a command starts from: the weights file, when one is given (a note on stderr
+ * counts its tensors that are not parameters), else every initialiser keyed by --seed. */
+static RtStatus rt_exec_start_params(RtExec *x, const RtOptions *o, const char *weights, RtError *err) {
+    if (!weights) return rt_exec_init_params(x, o->seed, err);
+    int64_t unused = 0;
+    RtStatus st = rt_weights_load(x->prog, x->params, weights, &unused, err);
+    if (st == RT_OK && unused > 0)
+        fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n", o->prog,
+                (long long)unused, weights);
+    return st;
+}
+
 /* ---- gradient-region passes --------------------------------------------------------------------- */
 
 /* The norm sums blocks of this many elements (a constant, so the sum never depends on the
@@ -355,17 +367,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
         prof = calloc(1, sizeof *prof);
         if (!prof) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the profile");
     }
-    if (st == RT_OK) {
-        if (o->init_weights) {
-            int64_t unused = 0;
-            st = rt_weights_load(p, x.params, o->init_weights, &unused, &e);
-            if (st == RT_OK && unused > 0)
-                fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n",
-                        o->prog, (long long)unused, o->init_weights);
-        } else {
-            st = rt_exec_init_params(&x, o->seed, &e);
-        }
-    }
+    if (st == RT_OK) st = rt_exec_start_params(&x, o, o->init_weights, &e);
     if (st == RT_OK && p->optimizer_init) {
         RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .seed = o->seed, .err = &e};
         st = p->optimizer_init(&s);
@@ -559,17 +561,7 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     if (!p->forward_loss) st = rt_fail(&e, RT_ERR_ARG, "this program cannot evaluate: it has no loss-only forward");
     if (st == RT_OK) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
     if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
-    if (st == RT_OK) {
-        if (o->weights) {
-            int64_t unused = 0;
-            st = rt_weights_load(p, x.params, o->weights, &unused, &e);
-            if (st == RT_OK && unused > 0)
-                fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n",
-                        o->prog, (long long)unused, o->weights);
-        } else {
-            st = rt_exec_init_params(&x, o->seed, &e);
-        }
-    }
+    if (st == RT_OK) st = rt_exec_start_params(&x, o, o->weights, &e);
     double loss = 0;
     int64_t used = 0;
     if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, &loss, &used, &e);
