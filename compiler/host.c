@@ -760,12 +760,9 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
 
 int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
                  Arena *ar) {
-    TrainBuild *tb = sema_build_train(ld, main_mod, train_name, PLAN_ALIGN / 4, ar);
-    if (!tb) return diag_finish();
-    if (!tb->update) {
-        diag_error_noloc("the train block has no optimizer update to compile");
-        return diag_finish();
-    }
+    TrainBuild *tb;
+    Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
+    if (!plan) return diag_finish();
     /* Dropout's mask is keyed by its stream number alone (graph_build.c), so a compiled step would
      * draw the same mask every step and micro-batch: refused until the key carries the seed, step
      * and micro-batch. */
@@ -777,12 +774,6 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
             return diag_finish();
         }
     }
-    int first_bwd = autodiff(tb->step);
-    if (graph_verify(tb->step, stderr)) INTERNAL("the gradient graph fails graph_verify (problems above)");
-    if (graph_verify(tb->update, stderr)) INTERNAL("the update graph fails graph_verify (problems above)");
-    Plan *plan = plan_build(tb, first_bwd, ar);
-    if (!plan) return diag_finish();
-    if (plan_verify(plan, stderr)) INTERNAL("the plan fails plan_verify (problems above)");
     CpuTarget target;
     const char *err = NULL;
     if (cpu_target_host(&target, ar, &err)) {

@@ -87,14 +87,9 @@ static int emit_graph(Loader *ld, Arena *ar, Module *main_mod, const char *train
 /* --emit=plan: both graphs of the train block (the step, differentiated, and the optimizer's
  * update), verified, then the step program and memory plan built, verified and printed. */
 static int emit_plan(Loader *ld, Arena *ar, Module *main_mod, const char *train) {
-    TrainBuild *tb = sema_build_train(ld, main_mod, train, PLAN_ALIGN / 4, ar);
-    if (!tb) return diag_finish();
-    int first_bwd = autodiff(tb->step);
-    if (graph_verify(tb->step, stderr)) INTERNAL("the gradient graph fails graph_verify (problems above)");
-    if (graph_verify(tb->update, stderr)) INTERNAL("the update graph fails graph_verify (problems above)");
-    Plan *plan = plan_build(tb, first_bwd, ar);
+    TrainBuild *tb;
+    Plan *plan = plan_for_train(ld, main_mod, train, &tb, ar);
     if (!plan) return diag_finish();
-    if (plan_verify(plan, stderr)) INTERNAL("the plan fails plan_verify (problems above)");
     plan_print(stdout, plan);
     return diag_finish();
 }

@@ -363,75 +363,40 @@ run_golden() {
     done
     if [ $found = 0 ]; then fail "$layer" "no tests/golden/*.mbt files"; fi
     [ "$UPDATE_GOLDEN" = 1 ] && return
-    # Every train block of every example: the graph builds, verifies (mbtc checks it before
-    # printing; a failure is exit 2) and starts with its header, within limit_ms; so does its plan.
-    local t start ms
+    # Every train block of every example: its graph (--emit=ir), plan and kernels build and verify
+    # (mbtc checks each before printing; a failure is exit 2), each output starts with its header,
+    # and each takes at most limit_ms. Tests: golden/example/NAME, example-plan/, example-kernels/.
+    local t start ms stage head test
     for f in examples/*.mbt; do
         [ -f "$f" ] || continue
         for t in $(LC_ALL=C sed -n 's/^train[[:space:]]\{1,\}\([A-Za-z_][A-Za-z0-9_]*\).*/\1/p' "$f"); do
             name="$(basename "$f" .mbt)-$t"
-            out="$TMP/${layer//\//-}-example-$name.out"
-            err="$TMP/${layer//\//-}-example-$name.err"
-            start=$(now_ns)
-            { timeout 20 "$mbtc" --emit=ir --train "$t" "$f" >"$out" 2>"$err"; } 2>>"$err"
-            rc=$?
-            ms=$((($(now_ns) - start) / 1000000))
-            why=$(describe_status "$rc")
-            if [ -n "$why" ]; then
-                fail "$layer/example/$name" "$why" "$err"
-            elif san_report "$err"; then
-                fail "$layer/example/$name" "sanitizer report" "$err"
-            elif [ "$rc" != 0 ] || [ -s "$err" ]; then
-                fail "$layer/example/$name" "mbtc --emit=ir exited with status $rc" "$err"
-            elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# graph train $t: "; then
-                fail "$layer/example/$name" "no '# graph train $t: ...' header" "$out"
-            elif [ "$ms" -gt "$limit_ms" ]; then
-                fail "$layer/example/$name" "took $ms ms (limit $limit_ms ms)"
-            else
-                pass "$layer/example/$name"
-            fi
-            # and its plan: both graphs verify, the plan verifies (mbtc checks them before printing)
-            out="$TMP/${layer//\//-}-example-plan-$name.out"
-            err="$TMP/${layer//\//-}-example-plan-$name.err"
-            start=$(now_ns)
-            { timeout 20 "$mbtc" --emit=plan --train "$t" "$f" >"$out" 2>"$err"; } 2>>"$err"
-            rc=$?
-            ms=$((($(now_ns) - start) / 1000000))
-            why=$(describe_status "$rc")
-            if [ -n "$why" ]; then
-                fail "$layer/example-plan/$name" "$why" "$err"
-            elif san_report "$err"; then
-                fail "$layer/example-plan/$name" "sanitizer report" "$err"
-            elif [ "$rc" != 0 ] || [ -s "$err" ]; then
-                fail "$layer/example-plan/$name" "mbtc --emit=plan exited with status $rc" "$err"
-            elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# plan train $t: "; then
-                fail "$layer/example-plan/$name" "no '# plan train $t: ...' header" "$out"
-            elif [ "$ms" -gt "$limit_ms" ]; then
-                fail "$layer/example-plan/$name" "took $ms ms (limit $limit_ms ms)"
-            else
-                pass "$layer/example-plan/$name"
-            fi
-            # and its kernels: both graphs fused, every kernel verified (mbtc checks before printing)
-            out="$TMP/${layer//\//-}-example-kernels-$name.out"
-            err="$TMP/${layer//\//-}-example-kernels-$name.err"
-            start=$(now_ns)
-            { timeout 20 "$mbtc" --emit=kernels --train "$t" "$f" >"$out" 2>"$err"; } 2>>"$err"
-            rc=$?
-            ms=$((($(now_ns) - start) / 1000000))
-            why=$(describe_status "$rc")
-            if [ -n "$why" ]; then
-                fail "$layer/example-kernels/$name" "$why" "$err"
-            elif san_report "$err"; then
-                fail "$layer/example-kernels/$name" "sanitizer report" "$err"
-            elif [ "$rc" != 0 ] || [ -s "$err" ]; then
-                fail "$layer/example-kernels/$name" "mbtc --emit=kernels exited with status $rc" "$err"
-            elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# kernels train $t: "; then
-                fail "$layer/example-kernels/$name" "no '# kernels train $t: ...' header" "$out"
-            elif [ "$ms" -gt "$limit_ms" ]; then
-                fail "$layer/example-kernels/$name" "took $ms ms (limit $limit_ms ms)"
-            else
-                pass "$layer/example-kernels/$name"
-            fi
+            for stage in ir plan kernels; do
+                case $stage in
+                ir) head=graph test="$layer/example/$name" ;;
+                *) head=$stage test="$layer/example-$stage/$name" ;;
+                esac
+                out="$TMP/${layer//\//-}-example-$stage-$name.out"
+                err="$TMP/${layer//\//-}-example-$stage-$name.err"
+                start=$(now_ns)
+                { timeout 20 "$mbtc" --emit=$stage --train "$t" "$f" >"$out" 2>"$err"; } 2>>"$err"
+                rc=$?
+                ms=$((($(now_ns) - start) / 1000000))
+                why=$(describe_status "$rc")
+                if [ -n "$why" ]; then
+                    fail "$test" "$why" "$err"
+                elif san_report "$err"; then
+                    fail "$test" "sanitizer report" "$err"
+                elif [ "$rc" != 0 ] || [ -s "$err" ]; then
+                    fail "$test" "mbtc --emit=$stage exited with status $rc" "$err"
+                elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# $head train $t: "; then
+                    fail "$test" "no '# $head train $t: ...' header" "$out"
+                elif [ "$ms" -gt "$limit_ms" ]; then
+                    fail "$test" "took $ms ms (limit $limit_ms ms)"
+                else
+                    pass "$test"
+                fi
+            done
         done
     done
 }
