@@ -22,7 +22,8 @@
 #                 tests/exec/gen_*.mbt generate (see run_exec_generate)
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
-# MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection.
+# MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection;
+# MBT_LAYERS=exec,verify runs only the layers named (a comma-separated list).
 # The last line is `N passed, M failed` (`, K skipped` when K > 0); the exit status is 1 when
 # anything failed. A skipped test never counts as passed.
 set -u
@@ -879,70 +880,63 @@ if [ "$UPDATE_GOLDEN" = 1 ]; then
     exit
 fi
 
-layer_begin
-run_unit unit "$BUILD/tests"
-layer_end unit
-
-layer_begin
-run_diag diag "$BUILD/mbtc"
-layer_end diag
-
-layer_begin
-run_check check "$BUILD/mbtc"
-layer_end check
-
-layer_begin
-run_golden golden "$BUILD/mbtc" 1000
-layer_end golden
-
-layer_begin
-run_pathological pathological "$BUILD/mbtc" 1000 5
-layer_end pathological
-
-layer_begin
-run_exec "$BUILD/mbtc"
-run_exec_ramp "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
-run_exec_examples "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
-run_exec_generate "$BUILD/mbtc"
-layer_end exec
-
-layer_begin
-run_verify "$BUILD/mbtc"
-layer_end verify
-
-layer_begin
-run_accum "$BUILD/mbtc"
-layer_end accum
-
-layer_begin
-run_torch "$BUILD/mbtc"
-layer_end torch
-
-if [ "$QUICK" = 1 ]; then
-    skip asan "MBT_QUICK=1"
-elif [ ! -x "$BUILD/asan/mbtc" ]; then
-    skip asan "no $BUILD/asan/mbtc (make asan builds it)"
-else
+# run_layer NAME COMMANDS...: the layer, timed, unless MBT_LAYERS leaves it out.
+run_layer() {
+    local name=$1
+    shift
+    if [ -n "${MBT_LAYERS:-}" ] && [[ ",$MBT_LAYERS," != *",$name,"* ]]; then return; fi
     layer_begin
-    san_env
-    run_unit asan/unit "$BUILD/asan/tests"
-    run_diag asan/diag "$BUILD/asan/mbtc"
-    run_check asan/check "$BUILD/asan/mbtc"
-    run_golden asan/golden "$BUILD/asan/mbtc" 10000
-    run_pathological asan/pathological "$BUILD/asan/mbtc" 10000 20
-    unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
-    layer_end asan
-fi
+    "$@"
+    layer_end "$name"
+}
 
-if [ "$QUICK" = 1 ]; then
-    skip fuzz "MBT_QUICK=1"
-elif [ ! -x "$BUILD/fuzz/fuzz_frontend" ]; then
-    skip fuzz "no $BUILD/fuzz/fuzz_frontend (make fuzz-build builds it)"
-else
-    layer_begin
-    run_fuzz
-    layer_end fuzz
-fi
+layer_unit() { run_unit unit "$BUILD/tests"; }
+layer_diag() { run_diag diag "$BUILD/mbtc"; }
+layer_check() { run_check check "$BUILD/mbtc"; }
+layer_golden() { run_golden golden "$BUILD/mbtc" 1000; }
+layer_pathological() { run_pathological pathological "$BUILD/mbtc" 1000 5; }
+layer_exec() {
+    run_exec "$BUILD/mbtc"
+    run_exec_ramp "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
+    run_exec_examples "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
+    run_exec_generate "$BUILD/mbtc"
+}
+layer_asan() {
+    if [ "$QUICK" = 1 ]; then
+        skip asan "MBT_QUICK=1"
+    elif [ ! -x "$BUILD/asan/mbtc" ]; then
+        skip asan "no $BUILD/asan/mbtc (make asan builds it)"
+    else
+        san_env
+        run_unit asan/unit "$BUILD/asan/tests"
+        run_diag asan/diag "$BUILD/asan/mbtc"
+        run_check asan/check "$BUILD/asan/mbtc"
+        run_golden asan/golden "$BUILD/asan/mbtc" 10000
+        run_pathological asan/pathological "$BUILD/asan/mbtc" 10000 20
+        unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+    fi
+}
+layer_fuzz() {
+    if [ "$QUICK" = 1 ]; then
+        skip fuzz "MBT_QUICK=1"
+    elif [ ! -x "$BUILD/fuzz/fuzz_frontend" ]; then
+        skip fuzz "no $BUILD/fuzz/fuzz_frontend (make fuzz-build builds it)"
+    else
+        run_fuzz
+    fi
+}
+
+run_layer unit layer_unit
+run_layer diag layer_diag
+run_layer check layer_check
+run_layer golden layer_golden
+run_layer pathological layer_pathological
+run_layer exec layer_exec
+run_layer verify run_verify "$BUILD/mbtc"
+run_layer accum run_accum "$BUILD/mbtc"
+run_layer torch run_torch "$BUILD/mbtc"
+run_layer asan layer_asan
+run_layer fuzz layer_fuzz
 
 summary="$PASSED passed, $FAILED failed"
 if [ "$SKIPPED" -gt 0 ]; then summary="$summary, $SKIPPED skipped"; fi
