@@ -136,8 +136,8 @@ $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 # build/mbt-gendata (a second `all:` line adds prerequisites). main.c (the executables' `main`) is
 # in the archive too: a linker takes it only when nothing else defines main.
 RT_SRCS  = runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
-           runtime/pool.c runtime/blas.c runtime/profile.c runtime/log.c runtime/weights.c runtime/cli.c runtime/train.c \
-           runtime/generate.c runtime/main.c
+           runtime/json.c runtime/pool.c runtime/blas.c runtime/profile.c runtime/log.c runtime/weights.c \
+           runtime/checkpoint.c runtime/cli.c runtime/train.c runtime/generate.c runtime/main.c
 RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))
 RT_HDRS  = $(wildcard runtime/*.h)
 

@@ -95,14 +95,14 @@ static void host_types(Host *h) {
     h->step_t = host_struct(h, HA_STEP, "RtStep", step, 19);
     LLVMTypeRef param[] = {P, W, LLVMArrayType2(I, (uint64_t)host_abi_max_rank()), I, I, W, D, D};
     h->param_t = host_struct(h, HA_PARAM, "RtParam", param, 8);
-    LLVMTypeRef train[] = {P, I, I, I, I, I, I, D, I, I, D, P, P, W, I, I, I, I, P};
-    h->train_t = host_struct(h, HA_TRAIN, "RtTrainSettings", train, 19);
+    LLVMTypeRef train[] = {P, I, I, I, I, I, I, D, I, I, D, P, P, W, I, I, I, I, P, I, P, I, W};
+    h->train_t = host_struct(h, HA_TRAIN, "RtTrainSettings", train, 23);
     LLVMTypeRef ramp[] = {I, I, I};
     h->ramp_t = host_struct(h, HA_RAMP, "RtRampStage", ramp, 3);
     LLVMTypeRef gen[] = {P, D, I, I};
     h->gen_t = host_struct(h, HA_GENERATE, "RtGenerateSettings", gen, 4);
-    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P};
-    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 16);
+    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P};
+    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 19);
     LLVMTypeRef rargs[] = {P, I, I, W};
     h->range_fn_t = LLVMFunctionType(h->vd, rargs, 4, 0);
     LLVMTypeRef pargs[] = {P, I, P, P};
@@ -654,8 +654,39 @@ static LLVMValueRef emit_ramp_table(Host *h) {
     return table;
 }
 
+/* The program's hash (RtProgram.hash): the LLVM module as it stands before the descriptor (every
+ * kernel and host function, without the source file's name) followed by the batch settings the
+ * runtime applies around them. Two compilations of one program hash alike wherever its file lies
+ * and however its comments change; a change to the step's computation changes the hash. */
+static const char *program_hash(Host *h) {
+    const Plan *p = h->plan;
+    const TrainSettings *ts = h->ts;
+    size_t idlen = 0, srclen = 0;
+    const char *id0 = LLVMGetModuleIdentifier(h->m, &idlen);
+    const char *id = arena_printf(h->ar, "%.*s", (int)idlen, id0);
+    const char *src0 = LLVMGetSourceFileName(h->m, &srclen);
+    const char *src = arena_printf(h->ar, "%.*s", (int)srclen, src0);
+    LLVMSetModuleIdentifier(h->m, "", 0);
+    LLVMSetSourceFileName(h->m, "", 0);
+    char *ir = LLVMPrintModuleToString(h->m);
+    LLVMSetModuleIdentifier(h->m, id, idlen);
+    LLVMSetSourceFileName(h->m, src, srclen);
+    const char *text = arena_printf(h->ar, "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
+                                           "shuffle=%d vocab=%" PRId64,
+                                    ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip,
+                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, find_vocab(p->step));
+    LLVMDisposeMessage(ir);
+    for (int i = 0; i < p->nprograms; i++)
+        text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text, p->programs[i].first_step,
+                            p->programs[i].global, p->programs[i].accumulation);
+    char hex[HOST_ABI_CHECKSUM_CHARS + 1];
+    host_abi_checksum(text, strlen(text), hex);
+    return arena_printf(h->ar, "xxh3-128:%s", hex);
+}
+
 static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog,
-                            LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes) {
+                            LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash,
+                            const GraphUpdate *u) {
     const Plan *p = h->plan;
     const TrainSettings *ts = h->ts;
     const Graph *g = p->step;
@@ -681,22 +712,33 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
     LLVMSetLinkage(table, LLVMPrivateLinkage);
     const PlanProgram *pg = &p->programs[0];
     LLVMValueRef ramp = emit_ramp_table(h);
-    LLVMValueRef tr[19] = {str_const(h, ts->name), ci64(h, pg->micro), ci64(h, p->seq), ci64(h, pg->global),
+    LLVMValueRef tr[23] = {str_const(h, ts->name), ci64(h, pg->micro), ci64(h, p->seq), ci64(h, pg->global),
                            ci64(h, pg->accumulation), ci64(h, p->steps), ci64(h, ts->seed), LLVMConstReal(h->f64, p->clip),
                            ci64(h, find_vocab(g)), ci64(h, p->seq), LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0),
                            str_const(h, ts->data_glob), str_const(h, ts->val_glob), ci32(h, ts->shuffle),
                            ci64(h, ts->eval_every), ci64(h, ts->eval_steps ? ts->eval_steps : 20),
-                           ci64(h, pg->data), ci64(h, p->nprograms - 1), ramp};
+                           ci64(h, pg->data), ci64(h, p->nprograms - 1), ramp, ci64(h, ts->ckpt_every),
+                           str_const(h, ts->ckpt_dir), ci64(h, ts->ckpt_keep), ci32(h, ts->ckpt_continue_on_error)};
     LLVMValueRef ge[4] = {LLVMConstPointerNull(h->ptr), LLVMConstReal(h->f64, 1.0), ci64(h, 0), ci64(h, 64)};
     LLVMValueRef null = LLVMConstPointerNull(h->ptr);
-    LLVMValueRef pr[16] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 19),
+    LLVMValueRef *names = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(u->nstate + 1));
+    for (int j = 0; j < u->nstate; j++) names[j] = str_const(h, u->state_name[j]);
+    LLVMValueRef state_names = LLVMConstPointerNull(h->ptr);
+    if (u->nstate > 0) {
+        state_names = LLVMAddGlobal(h->m, LLVMArrayType2(h->ptr, (uint64_t)u->nstate), "mbt.state_names");
+        LLVMSetInitializer(state_names, LLVMConstArray2(h->ptr, names, (uint64_t)u->nstate));
+        LLVMSetGlobalConstant(state_names, 1);
+        LLVMSetLinkage(state_names, LLVMPrivateLinkage);
+    }
+    LLVMValueRef pr[19] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 23),
                            named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
                            ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
-                           flog ? flog : null, oinit ? oinit : null, oupd, lrs};
+                           flog ? flog : null, oinit ? oinit : null, oupd, lrs, str_const(h, hash), ci64(h, u->nstate),
+                           state_names};
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
-    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 16));
+    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 19));
     LLVMSetGlobalConstant(desc, 1);
 }
 
@@ -813,7 +855,8 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
         flog = emit_logits(h, &lsch, logits_node, vocab);
         if (lsch.peak > arena) arena = lsch.peak;
     }
-    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena);
+    if (!diag_error_count())
+        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena, program_hash(h), tb->update->update);
     int rc = 0;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);

@@ -19,7 +19,9 @@ static const int64_t train_off[] = {
     F(RtTrainSettings, accum),    F(RtTrainSettings, steps),  F(RtTrainSettings, seed),       F(RtTrainSettings, clip),
     F(RtTrainSettings, vocab),    F(RtTrainSettings, ctx),    F(RtTrainSettings, lr),         F(RtTrainSettings, data),
     F(RtTrainSettings, val_data), F(RtTrainSettings, shuffle), F(RtTrainSettings, eval_every), F(RtTrainSettings, eval_steps),
-    F(RtTrainSettings, data_ranks), F(RtTrainSettings, nramp),  F(RtTrainSettings, ramp)};
+    F(RtTrainSettings, data_ranks), F(RtTrainSettings, nramp),  F(RtTrainSettings, ramp),
+    F(RtTrainSettings, ckpt_every), F(RtTrainSettings, ckpt_dir), F(RtTrainSettings, ckpt_keep),
+    F(RtTrainSettings, ckpt_continue_on_error)};
 static const int64_t ramp_off[] = {F(RtRampStage, step), F(RtRampStage, global), F(RtRampStage, accum)};
 static const int64_t gen_off[] = {F(RtGenerateSettings, weights), F(RtGenerateSettings, temperature),
                                   F(RtGenerateSettings, top_k), F(RtGenerateSettings, max_tokens)};
@@ -27,7 +29,8 @@ static const int64_t prog_off[] = {
     F(RtProgram, abi_version),  F(RtProgram, source),           F(RtProgram, train),          F(RtProgram, generate),
     F(RtProgram, params),       F(RtProgram, nparams),          F(RtProgram, param_floats),   F(RtProgram, state_floats),
     F(RtProgram, arena_bytes),  F(RtProgram, logits_seq),       F(RtProgram, forward_backward), F(RtProgram, forward_loss),
-    F(RtProgram, forward_logits), F(RtProgram, optimizer_init), F(RtProgram, optimizer_update), F(RtProgram, lr_schedule)};
+    F(RtProgram, forward_logits), F(RtProgram, optimizer_init), F(RtProgram, optimizer_update), F(RtProgram, lr_schedule),
+    F(RtProgram, hash),         F(RtProgram, nstate),           F(RtProgram, state_names)};
 
 #define N(a) (int)(sizeof a / sizeof *a)
 
@@ -50,3 +53,8 @@ const char *host_abi_name(HostAbiStruct s) {
 
 int host_abi_version(void) { return RT_ABI_VERSION; }
 int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }
+
+void host_abi_checksum(const void *data, size_t n, char out[HOST_ABI_CHECKSUM_CHARS + 1]) {
+    _Static_assert(HOST_ABI_CHECKSUM_CHARS + 1 == RT_CHECKSUM_CHARS, "the compiler and the runtime agree on the checksum's length");
+    rt_checksum(data, n, out);
+}

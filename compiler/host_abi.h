@@ -5,6 +5,7 @@
 #ifndef MBT_HOST_ABI_H
 #define MBT_HOST_ABI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum HostAbiStruct { HA_STEP, HA_PARAM, HA_TRAIN, HA_GENERATE, HA_PROGRAM, HA_RAMP, HA_COUNT } HostAbiStruct;
@@ -14,5 +15,9 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size);
 const char *host_abi_name(HostAbiStruct s); /* "RtStep" ... */
 int host_abi_version(void);                 /* RT_ABI_VERSION */
 int host_abi_max_rank(void);                /* RT_ST_MAX_RANK */
+
+/* The runtime's checksum (rt_checksum: XXH3-128) of n bytes, as 32 lowercase hex digits and a NUL. */
+#define HOST_ABI_CHECKSUM_CHARS 32
+void host_abi_checksum(const void *data, size_t n, char out[HOST_ABI_CHECKSUM_CHARS + 1]);
 
 #endif

@@ -26,7 +26,8 @@ enum { RT_IN_TRAIN = 1, RT_IN_EVAL = 2, RT_IN_GENERATE = 4, RT_IN_ALL = 7 };
 typedef enum RtFlagId {
     RT_F_STEPS, RT_F_DEVICE, RT_F_SEED, RT_F_DATA, RT_F_LOG, RT_F_INIT_WEIGHTS, RT_F_SAVE_WEIGHTS,
     RT_F_THREADS, RT_F_DUMP_STEP, RT_F_WEIGHTS, RT_F_PROMPT, RT_F_MAX_TOKENS, RT_F_TEMPERATURE, RT_F_TOP_K,
-    RT_F_PRINT_LOGITS,
+    RT_F_PRINT_LOGITS, RT_F_CKPT_DIR, RT_F_CKPT_EVERY, RT_F_CKPT_KEEP, RT_F_CKPT_SYNC, RT_F_RESUME,
+    RT_F_RESUME_WEIGHTS_ONLY,
 } RtFlagId;
 
 typedef struct RtFlag {
@@ -52,6 +53,12 @@ static const RtFlag rt_flags[] = {
     {"--temperature", "T", RT_IN_GENERATE, RT_F_TEMPERATURE},
     {"--top-k", "K", RT_IN_GENERATE, RT_F_TOP_K},
     {"--print-logits", NULL, RT_IN_GENERATE, RT_F_PRINT_LOGITS},
+    {"--ckpt-dir", "DIR", RT_IN_TRAIN, RT_F_CKPT_DIR},
+    {"--ckpt-every", "N", RT_IN_TRAIN, RT_F_CKPT_EVERY},
+    {"--ckpt-keep", "N", RT_IN_TRAIN, RT_F_CKPT_KEEP},
+    {"--ckpt-sync", NULL, RT_IN_TRAIN, RT_F_CKPT_SYNC},
+    {"--resume", "latest|DIR", RT_IN_TRAIN, RT_F_RESUME},
+    {"--resume-weights-only", "latest|DIR", RT_IN_TRAIN, RT_F_RESUME_WEIGHTS_ONLY},
 };
 #define RT_NFLAGS (sizeof rt_flags / sizeof rt_flags[0])
 
@@ -204,6 +211,7 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
             return rt_fail(err, RT_ERR_ARG, "--device cuda: this executable has no CUDA back end yet (use auto or cpu)");
         return rt_fail(err, RT_ERR_ARG, "--device must be auto or cpu, not '%s'", v);
     case RT_F_SEED:
+        o->seed_given = 1;
         return rt_parse_u64(f->name, v, &o->seed, err);
     case RT_F_DATA:
         o->data = v;
@@ -238,6 +246,22 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
     case RT_F_PRINT_LOGITS:
         o->print_logits = 1;
         return RT_OK;
+    case RT_F_CKPT_DIR:
+        o->ckpt_dir = v;
+        return RT_OK;
+    case RT_F_CKPT_EVERY:
+        return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_every, err);
+    case RT_F_CKPT_KEEP:
+        return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_keep, err);
+    case RT_F_CKPT_SYNC:
+        o->ckpt_sync = 1;
+        return RT_OK;
+    case RT_F_RESUME:
+        o->resume = v;
+        return RT_OK;
+    case RT_F_RESUME_WEIGHTS_ONLY:
+        o->resume_weights_only = v;
+        return RT_OK;
     }
     return rt_fail(err, RT_ERR_ARG, "internal error: flag %s has no parser", f->name);
 }
@@ -263,6 +287,9 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
     o->temperature = p->generate.temperature;
     o->top_k = p->generate.top_k;
     o->weights = NULL;
+    o->ckpt_dir = p->train.ckpt_dir && *p->train.ckpt_dir ? p->train.ckpt_dir : "checkpoints";
+    o->ckpt_every = p->train.ckpt_every;
+    o->ckpt_keep = p->train.ckpt_keep;
     if (argc < 2) return rt_fail(err, RT_ERR_ARG, "no command given; '%s --help' lists the commands", o->prog);
     const char *c = argv[1];
     if (strcmp(c, "--help") == 0 || strcmp(c, "-h") == 0 || strcmp(c, "help") == 0) {
@@ -333,6 +360,14 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
             return st;
         }
     }
+    const char *clash = o->resume && o->resume_weights_only ? "--resume-weights-only"
+                        : o->resume && o->init_weights  ? "--init-weights"
+                        : o->resume && o->dump_step     ? "--dump-step"
+                        : o->resume_weights_only && o->init_weights ? "--init-weights" : NULL;
+    if (clash) {
+        rt_options_free(o);
+        return rt_fail(err, RT_ERR_ARG, "%s cannot be used with %s", o->resume ? "--resume" : "--resume-weights-only", clash);
+    }
     return RT_OK;
 }
 
@@ -379,6 +414,15 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     rt_help_line(f, "--dump-step", "F.safetensors",
                  "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");
+    snprintf(buf, sizeof buf, "'%s'", t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints");
+    rt_help_line(f, "--ckpt-dir", "DIR", "where checkpoints go (DIR/step-N, DIR/latest)", buf);
+    snprintf(buf, sizeof buf, "%lld%s", (long long)t->ckpt_every, t->ckpt_every ? "" : ": only on SIGTERM or SIGINT");
+    rt_help_line(f, "--ckpt-every", "N", "write a checkpoint every N steps, and at the end", buf);
+    snprintf(buf, sizeof buf, "%lld%s", (long long)t->ckpt_keep, t->ckpt_keep ? "" : ": all");
+    rt_help_line(f, "--ckpt-keep", "N", "keep the newest N checkpoints", buf);
+    rt_help_line(f, "--ckpt-sync", "", "training waits for each checkpoint to be written", "off: written in the background");
+    rt_help_line(f, "--resume", "latest|DIR", "go on from a checkpoint of this program, bit-exactly", "none");
+    rt_help_line(f, "--resume-weights-only", "latest|DIR", "start afresh from a checkpoint's weights", "none");
 
     fprintf(f, "\neval options:\n");
     rt_help_line(f, "--weights", "F.safetensors", "the weights to evaluate", "none: the initialised model");

@@ -54,7 +54,7 @@ static RtStatus rt_log_put(RtLog *l, int rc, RtError *err) {
     return RT_OK;
 }
 
-RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int64_t total_steps, RtError *err) {
+RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int append, int64_t total_steps, RtError *err) {
     memset(l, 0, sizeof *l);
     l->out = out;
     l->tty = tty;
@@ -62,7 +62,7 @@ RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int64
     l->t_start = rt_now();
     l->last_draw = -1e30;
     if (jsonl_path) {
-        l->jsonl = fopen(jsonl_path, "w");
+        l->jsonl = fopen(jsonl_path, append ? "a" : "w");
         if (!l->jsonl) return rt_fail_errno(err, errno, "cannot open the log file '%s'", jsonl_path);
         l->jsonl_path = jsonl_path;
     }
@@ -110,10 +110,15 @@ RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err) {
     return RT_OK;
 }
 
+/* Ends a terminal line that is showing, so a message can follow on its own line. */
+static void rt_log_break(RtLog *l) {
+    if (l->out && l->line_open) fputc('\n', l->out);
+    l->line_open = 0;
+}
+
 RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtError *err) {
     if (l->out) {
-        if (l->line_open) fputc('\n', l->out);
-        l->line_open = 0;
+        rt_log_break(l);
         fprintf(l->out, "step %lld/%lld: val loss %.6f (%lld batches)\n", (long long)step, (long long)l->total_steps, loss,
                 (long long)batches);
         fflush(l->out);
@@ -124,6 +129,24 @@ RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtErr
         errno = 0;
         int rc = fprintf(l->jsonl, "{\"step\": %lld, \"val_loss\": %s, \"val_batches\": %lld}\n", (long long)step, v,
                          (long long)batches);
+        return rt_log_put(l, rc, err);
+    }
+    return RT_OK;
+}
+
+RtStatus rt_log_checkpoint(RtLog *l, const RtCkptDone *d, double waited_s, RtError *err) {
+    if (l->out) {
+        rt_log_break(l);
+        if (d->status == RT_OK)
+            fprintf(l->out, "checkpoint: step %lld written to '%s' (%.1f MB in %.2f s, %.0f MB/s; training waited %.1f ms)\n",
+                    (long long)d->step, d->path, (double)d->bytes / 1e6, d->write_s,
+                    d->write_s > 0 ? (double)d->bytes / 1e6 / d->write_s : 0.0, waited_s * 1e3);
+        fflush(l->out);
+    }
+    if (l->jsonl && d->status == RT_OK) {
+        errno = 0;
+        int rc = fprintf(l->jsonl, "{\"step\": %lld, \"checkpoint\": \"step-%08lld\", \"bytes\": %lld, \"write_s\": %.6f, \"waited_s\": %.6f}\n",
+                         (long long)d->step, (long long)d->step, (long long)d->bytes, d->write_s, waited_s);
         return rt_log_put(l, rc, err);
     }
     return RT_OK;

@@ -10,6 +10,7 @@
  *   random       rng.c          Philox4x32-10, uniforms, normals, parameter initialisation
  *   token data   data.c         llm.c / nanoGPT token shards, batches, shuffling, resume position
  *   safetensors  safetensors.c  reading (mmap) and atomic writing of safetensors files
+ *   json         json.c         a small JSON reader (a checkpoint's state.json)
  *
  * The ABI with generated code (the RtProgram descriptor, the thread pool, batched SGEMM) is
  * rt_program.h; the executable built on both (command line, train loop, logs, weights,
@@ -87,6 +88,14 @@ RtStatus rt_atomic_write(RtAtomicFile *f, const void *buf, size_t n, RtError *er
 RtStatus rt_atomic_commit(RtAtomicFile *f, RtError *err);  /* fsync, close, rename into place, fsync the directory; aborts on failure (a failure after the rename leaves the new file in place) */
 void rt_atomic_abort(RtAtomicFile *f);                     /* closes and removes the temporary file; safe after commit */
 RtStatus rt_write_all(int fd, const void *buf, size_t n, const char *what, const char *path, RtError *err); /* write(2) until done, retrying EINTR */
+RtStatus rt_fsync_dir(const char *dir, RtError *err); /* fsync(2) of a directory, so a rename or unlink in it is durable */
+
+/* Checksums (of checkpoint files, and of the compiled program: RtProgram.hash) are XXH3-128, from
+ * Debian's libxxhash (header-only here, so executables need no library): 32 lowercase hex digits,
+ * high half first as XXH3's canonical form writes it. */
+#define RT_CHECKSUM_CHARS 33 /* 32 digits and the NUL */
+void rt_checksum(const void *data, size_t n, char out[RT_CHECKSUM_CHARS]);
+RtStatus rt_checksum_file(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err);
 
 /* ==== random numbers (rng.c) ================================================================== */
 
@@ -276,5 +285,31 @@ float rt_bf16_to_f32(uint16_t h);  /* exact */
 uint16_t rt_f32_to_bf16(float f);  /* round to nearest, ties to even; NaN stays NaN */
 float rt_f16_to_f32(uint16_t h);   /* exact, subnormals included */
 uint16_t rt_f32_to_f16(float f);   /* round to nearest, ties to even; overflow to inf; NaN stays NaN */
+
+/* ==== JSON (json.c) =========================================================================== */
+
+typedef enum RtJsonType { RT_JSON_NULL, RT_JSON_BOOL, RT_JSON_NUMBER, RT_JSON_STRING, RT_JSON_ARRAY, RT_JSON_OBJECT } RtJsonType;
+
+/* One value of a parsed document (owned by it). */
+typedef struct RtJsonValue {
+    RtJsonType type;
+    int boolean;                 /* BOOL */
+    const char *str;             /* STRING: decoded UTF-8, NUL-terminated; NUMBER: its text as written */
+    int64_t n;                   /* ARRAY, OBJECT: the number of items */
+    const struct RtJsonValue **items; /* ARRAY, OBJECT: [n] */
+    const char **keys;           /* OBJECT: [n], unique */
+} RtJsonValue;
+
+typedef struct RtJsonDoc RtJsonDoc;
+
+/* Parses text[0, n) (one JSON value) ; `what` names it in messages ("checkpoint state 'x/state.json'"). */
+RtStatus rt_json_parse(RtJsonDoc **out, const char *text, size_t n, const char *what, RtError *err);
+void rt_json_free(RtJsonDoc *d);                             /* NULL is fine */
+const RtJsonValue *rt_json_root(const RtJsonDoc *d);
+const RtJsonValue *rt_json_get(const RtJsonValue *obj, const char *key); /* a member, or NULL (also when obj is not an object) */
+int rt_json_i64(const RtJsonValue *v, int64_t *out);  /* 1 when v is an integer that fits */
+int rt_json_u64(const RtJsonValue *v, uint64_t *out); /* 1 when v is a non-negative integer that fits */
+int rt_json_f64(const RtJsonValue *v, double *out);   /* 1 when v is a number */
+const char *rt_json_str(const RtJsonValue *v);        /* the string, or NULL when v is not one */
 
 #endif

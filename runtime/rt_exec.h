@@ -9,6 +9,7 @@
  *   train.c     rt_main, the regions, the train loop, evaluation
  *   log.c       progress on the terminal or as plain lines, and the --log JSONL file
  *   weights.c   parameters to and from safetensors files by their dotted names
+ *   checkpoint.c  checkpoints: asynchronous atomic writes, resuming, keeping the newest N
  *   generate.c  token generation: greedy, or temperature and top-k sampling
  *
  * Exit statuses: 0 success; 1 a user error (a bad flag, missing data, a bad weights file), printed
@@ -50,6 +51,13 @@ typedef struct RtOptions {
     double temperature;        /* generate: 0 is greedy */
     int64_t top_k;             /* generate: 0 is all tokens */
     int print_logits;          /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
+    int seed_given;            /* --seed was on the command line */
+    const char *ckpt_dir;      /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
+    int64_t ckpt_every;        /* train: --ckpt-every N; 0: none (the program's checkpoint { every } by default) */
+    int64_t ckpt_keep;         /* train: --ckpt-keep N; 0: all (the program's checkpoint { keep } by default) */
+    int ckpt_sync;             /* train: --ckpt-sync: training waits for every write (for comparison) */
+    const char *resume;        /* train: --resume latest|DIR, or NULL */
+    const char *resume_weights_only; /* train: --resume-weights-only latest|DIR, or NULL */
 } RtOptions;
 
 /* Parses argv against the program's settings. A bad command line fills err with the message
@@ -109,9 +117,11 @@ typedef struct RtLog {
     int line_open;       /* a terminal line is showing without its newline */
 } RtLog;
 
-RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int64_t total_steps, RtError *err);
+RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int append, int64_t total_steps, RtError *err); /* append: a resumed run adds to the file */
 RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err);                       /* a step: the line, the JSON object */
 RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtError *err); /* a val loss, on its own line */
+struct RtCkptDone;
+RtStatus rt_log_checkpoint(RtLog *l, const struct RtCkptDone *d, double waited_s, RtError *err); /* a written checkpoint: a line, a JSON object */
 RtStatus rt_log_close(RtLog *l, RtError *err);                                          /* ends the line, closes the file */
 double rt_now(void);                                                                    /* monotonic seconds */
 
@@ -143,6 +153,59 @@ typedef struct RtStepDump {
     double loss, lr, clip;
 } RtStepDump;
 RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err);
+
+/* ==== checkpoints (checkpoint.c) ============================================================= */
+
+/* A checkpoint is a directory DIR/step-NNNNNNNN (the optimizer steps done, 8 digits or more):
+ *   model.safetensors      every parameter, F32, by its dotted name (a weights file, as --save-weights)
+ *   optimizer.safetensors  every optimizer state variable, F32, as "<param>.<var>" ("h.0.attn.c_attn.weight.m")
+ *   state.json             the step, the seed, the data and schedule positions, the program's hash and
+ *                          layout, and each file's size and XXH3-128 checksum
+ * and DIR/latest holds the name of the newest complete one. See docs/runtime.md, "Checkpoints". */
+
+/* What a checkpoint holds besides the regions. */
+typedef struct RtCkptInfo {
+    int64_t step;     /* optimizer steps done: training goes on with 0-based step `step` */
+    uint64_t seed;    /* the run's seed (every random draw is keyed by it and by counters) */
+    RtDataPos data;   /* the training split's position after that step */
+    double loss;      /* that step's loss (for the log) */
+    double lr;        /* the learning rate that step used (for the log) */
+} RtCkptInfo;
+
+/* The outcome of one checkpoint write (rt_ckpt_poll). */
+typedef struct RtCkptDone {
+    int64_t step;
+    RtStatus status;  /* RT_OK, or the failure, described in err */
+    RtError err;
+    int64_t bytes;    /* written */
+    double write_s;   /* from the snapshot to the `latest` pointer */
+    char path[4096];  /* the checkpoint's directory */
+} RtCkptDone;
+
+typedef struct RtCkptWriter RtCkptWriter;
+
+/* Creates DIR if need be, takes its lock (one run writes a directory at a time) and removes the
+ * leftovers of interrupted writes. keep: the newest N checkpoints are kept (0: all). */
+RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char *dir, int64_t keep, int async, RtError *err);
+/* Copies the regions into the writer's snapshot (waiting first for a write still under way) and
+ * writes the checkpoint: in a background thread when async, else before returning. *waited_s:
+ * how long the caller was held. A write's outcome is reported by rt_ckpt_poll, never here. */
+RtStatus rt_ckpt_save(RtCkptWriter *w, RtPool *pool, const float *params, const float *state, const RtCkptInfo *info,
+                      double *waited_s, RtError *err);
+/* 1 and *d when a write has finished that was not reported yet; with wait, waits for the one
+ * under way first. 0 when there is nothing to report. */
+int rt_ckpt_poll(RtCkptWriter *w, int wait, RtCkptDone *d);
+void rt_ckpt_writer_close(RtCkptWriter *w); /* waits for the write under way, releases the lock; NULL is fine */
+
+/* The checkpoint `arg` names: "latest" (DIR/latest), a checkpoint root holding a `latest` file, or
+ * a step directory. *path is malloc'd. */
+RtStatus rt_ckpt_resolve(const char *arg, const char *dir, char **path, RtError *err);
+/* Reads state.json and checks every file's checksum; then, unless weights_only, checks that the
+ * checkpoint is of this program (hash, batch layout, parameters, optimizer state) - a mismatch is
+ * one message listing what differs - and reads the parameters, the optimizer state (state may be
+ * NULL with weights_only) and *info. */
+RtStatus rt_ckpt_load(const RtProgram *p, const char *path, int weights_only, float *params, float *state, RtCkptInfo *info,
+                      RtError *err);
 
 /* ==== sampling (generate.c) ================================================================== */
 

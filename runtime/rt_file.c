@@ -14,6 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL /* header-only: executables link no xxhash library */
+#include <xxhash.h>
+
 #include "rt.h"
 
 /* ---- mapping ----------------------------------------------------------------------------------- */
@@ -158,23 +161,20 @@ RtStatus rt_atomic_commit(RtAtomicFile *f, RtError *err) {
     f->tmp = NULL; /* renamed: nothing left to remove */
     /* The rename is durable only once the directory is. */
     char *dir = rt_dirname(f->path);
-    RtStatus st = RT_OK;
-    if (!dir) {
-        st = rt_fail_errno(err, ENOMEM, "cannot sync the directory of %s '%s'", f->what, f->path);
-    } else {
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0) {
-            st = rt_fail_errno(err, errno, "cannot open directory '%s' to sync %s '%s'", dir, f->what, f->path);
-        } else {
-            /* Some file systems cannot sync a directory (EINVAL): there is nothing more to do. */
-            if (fsync(dfd) != 0 && errno != EINVAL && errno != ENOTSUP)
-                st = rt_fail_errno(err, errno, "cannot sync directory '%s' after writing %s '%s'", dir, f->what, f->path);
-            if (close(dfd) != 0 && st == RT_OK)
-                st = rt_fail_errno(err, errno, "cannot close directory '%s'", dir);
-        }
-        free(dir);
-    }
+    RtStatus st = dir ? rt_fsync_dir(dir, err) : rt_fail_errno(err, ENOMEM, "cannot sync the directory of %s '%s'", f->what, f->path);
+    if (st != RT_OK) rt_error_context(err, "after writing %s '%s'", f->what, f->path);
+    free(dir);
     rt_atomic_abort(f);
+    return st;
+}
+
+RtStatus rt_fsync_dir(const char *dir, RtError *err) {
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return rt_fail_errno(err, errno, "cannot open directory '%s' to sync it", dir);
+    RtStatus st = RT_OK;
+    /* Some file systems cannot sync a directory (EINVAL): there is nothing more to do. */
+    if (fsync(dfd) != 0 && errno != EINVAL && errno != ENOTSUP) st = rt_fail_errno(err, errno, "cannot sync directory '%s'", dir);
+    if (close(dfd) != 0 && st == RT_OK) st = rt_fail_errno(err, errno, "cannot close directory '%s'", dir);
     return st;
 }
 
@@ -187,4 +187,29 @@ void rt_atomic_abort(RtAtomicFile *f) {
     f->tmp = NULL;
     free(f->path);
     f->path = NULL;
+}
+
+/* ---- checksums --------------------------------------------------------------------------------- */
+
+static void rt_checksum_hex(XXH128_hash_t h, char out[RT_CHECKSUM_CHARS]) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = digits[c.digest[i] >> 4];
+        out[2 * i + 1] = digits[c.digest[i] & 15];
+    }
+    out[32] = 0;
+}
+
+void rt_checksum(const void *data, size_t n, char out[RT_CHECKSUM_CHARS]) { rt_checksum_hex(XXH3_128bits(data, n), out); }
+
+RtStatus rt_checksum_file(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err) {
+    RtMap m;
+    RtStatus st = rt_map_file(&m, path, what, err);
+    if (st != RT_OK) return st;
+    rt_checksum(m.data, m.size, out);
+    if (bytes) *bytes = (int64_t)m.size;
+    rt_unmap(&m);
+    return RT_OK;
 }

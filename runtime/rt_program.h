@@ -37,7 +37,8 @@
 /* The layout version of RtProgram and RtStep. A program compiled against another version is
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
-#define RT_ABI_VERSION 2 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps) */
+#define RT_ABI_VERSION 3 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+                          * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -150,6 +151,10 @@ typedef struct RtTrainSettings {
     int64_t data_ranks;   /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */
     int64_t nramp;        /* stages of a batch-size ramp after the first; 0: the batch never changes */
     const RtRampStage *ramp; /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */
+    int64_t ckpt_every;   /* `checkpoint { every }`: a checkpoint every N steps; 0: none (--ckpt-every overrides) */
+    const char *ckpt_dir; /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */
+    int64_t ckpt_keep;    /* `checkpoint { keep }`: the newest N are kept; 0: all */
+    int32_t ckpt_continue_on_error; /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */
 } RtTrainSettings;
 
 /* Defaults of `./prog generate` (from the serve block's sampling settings when there is one). */
@@ -217,6 +222,15 @@ typedef struct RtProgram {
     RtStatus (*optimizer_update)(RtStep *s);
     /* The learning-rate multiplier at 0-based step `step` (lr.cosine(...) compiled to C). */
     double (*lr_schedule)(int64_t step);
+
+    /* What a checkpoint records of the program, so that resuming checks it continues the same
+     * computation: `hash` is "xxh3-128:" and 32 hex digits over the compiled step (every kernel,
+     * the host functions, the learning-rate schedule) and the batch settings that shape a step
+     * (micro, seq, global, accum, data ranks, ramp, clip, base lr, shuffle, vocab) - not the source's
+     * comments or layout, nor `steps`, evaluation or checkpoint settings. */
+    const char *hash;
+    int64_t nstate;                 /* optimizer state variables; the state region is nstate x param_floats */
+    const char *const *state_names; /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */
 } RtProgram;
 
 /* The descriptor of the program being run, defined by the generated object (or a hand-written

@@ -16,6 +16,7 @@
  * blocks in block order. So a run is a function of its program, flags and data, never of the
  * thread count (tests/unit/test_rt_train.c compares weights files byte for byte). */
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,8 +349,60 @@ static void rt_fmt_int(char *buf, size_t n, int64_t v) {
     buf[k] = 0;
 }
 
-int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
+/* ---- stopping on a signal ------------------------------------------------------------------------ */
+
+/* SIGTERM or SIGINT asks the run to stop: the step under way finishes, a checkpoint is written,
+ * and the run exits 0. A second signal stops the process at once (the default action). */
+static volatile sig_atomic_t rt_stop_signal;
+
+static void rt_on_stop_signal(int sig) {
+    rt_stop_signal = sig;
+    signal(sig, SIG_DFL);
+}
+
+static void rt_stop_handlers(int install, struct sigaction old[2]) {
+    static const int sigs[2] = {SIGTERM, SIGINT};
+    for (int i = 0; i < 2; i++) {
+        if (install) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = rt_on_stop_signal;
+            sigemptyset(&sa.sa_mask);
+            sa.sa_flags = SA_RESTART;
+            sigaction(sigs[i], &sa, &old[i]);
+        } else {
+            sigaction(sigs[i], &old[i], NULL);
+        }
+    }
+}
+
+/* Reports the checkpoint writes that have finished (all of them with wait). A failed write is an
+ * error unless the program says `checkpoint { on_error = "continue" }`, when it is a warning. */
+static RtStatus rt_ckpt_report(const RtProgram *p, const RtOptions *o, RtCkptWriter *w, int wait, double waited_s, RtLog *log,
+                               RtError *err) {
+    RtCkptDone d;
+    while (rt_ckpt_poll(w, wait, &d)) {
+        if (d.status == RT_OK) {
+            RtStatus st = rt_log_checkpoint(log, &d, waited_s, err);
+            if (st != RT_OK) return st;
+            continue;
+        }
+        if (!p->train.ckpt_continue_on_error)
+            return rt_fail(err, d.status, "checkpoint at step %lld failed: %s; earlier checkpoints are untouched; stopping "
+                                          "(checkpoint { on_error = \"continue\" } trains on)",
+                           (long long)d.step, d.err.msg);
+        rt_log_checkpoint(log, &d, waited_s, err);
+        fflush(stdout);
+        fprintf(stderr, "%s: warning: checkpoint at step %lld failed: %s; earlier checkpoints are untouched; training goes on\n",
+                o->prog, (long long)d.step, d.err.msg);
+    }
+    return RT_OK;
+}
+
+int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
     const RtTrainSettings *t = &p->train;
+    RtOptions run = *o0; /* a resumed run takes the checkpoint's seed */
+    const RtOptions *o = &run;
     RtError e;
     rt_error_clear(&e);
     RtData *train = NULL, *val = NULL;
@@ -358,17 +411,37 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     int log_open = 0, code = 1;
     double *partial = NULL;
     RtProfile *prof = NULL; /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
-    RtDataSpec spec = rt_data_spec(p, o, o->data ? o->data : t->data, t->val_data);
+    RtCkptWriter *ckpt = NULL;
+    RtCkptInfo resumed = {0};
+    char *resume_path = NULL;
+    const char *resume_arg = o->resume ? o->resume : o->resume_weights_only;
+    struct sigaction old_handlers[2];
+    int handlers = 0;
     RtStatus st = o->save_weights ? rt_check_output_dir(o->save_weights, "weights file", &e) : RT_OK;
+    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK && resume_arg) {
+        st = rt_ckpt_resolve(resume_arg, o->ckpt_dir, &resume_path, &e);
+        if (st == RT_OK) st = rt_ckpt_load(p, resume_path, !o->resume, x.params, x.state, &resumed, &e);
+        if (st == RT_OK && o->resume) {
+            if (o->seed_given && o->seed != resumed.seed)
+                st = rt_fail(&e, RT_ERR_ARG, "--seed %llu, but checkpoint '%s' was trained with seed %llu (leave --seed out to resume)",
+                             (unsigned long long)o->seed, resume_path, (unsigned long long)resumed.seed);
+            run.seed = resumed.seed;
+        }
+    }
+    RtDataSpec spec = rt_data_spec(p, o, o->data ? o->data : t->data, t->val_data);
     if (st == RT_OK) st = rt_data_open(&train, &spec, RT_SPLIT_TRAIN, &e);
     if (st == RT_OK && t->eval_every > 0) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
-    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK && o->resume) {
+        st = rt_data_seek(train, &resumed.data, &e);
+        if (st != RT_OK) rt_error_context(&e, "checkpoint '%s': the training data are not those it was trained on", resume_path);
+    }
     if (st == RT_OK && rt_profile_requested()) {
         prof = calloc(1, sizeof *prof);
         if (!prof) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the profile");
     }
-    if (st == RT_OK) st = rt_exec_start_params(&x, o, o->init_weights, &e);
-    if (st == RT_OK && p->optimizer_init) {
+    if (st == RT_OK && !resume_arg) st = rt_exec_start_params(&x, o, o->init_weights, &e);
+    if (st == RT_OK && p->optimizer_init && !o->resume) {
         RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .seed = o->seed, .err = &e};
         st = p->optimizer_init(&s);
         if (st != RT_OK) rt_error_context(&e, "initialising the optimizer state");
@@ -393,7 +466,8 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             st = rt_fail_errno(&e, ENOMEM, "cannot hold the step to dump");
         if (st == RT_OK && o->steps < 1) st = rt_fail(&e, RT_ERR_ARG, "--dump-step needs at least one step (--steps 0)");
     }
-    if (st == RT_OK) st = rt_log_open(&log, stdout, isatty(fileno(stdout)), o->log_path, o->steps, &e);
+    if (st == RT_OK && o->ckpt_every > 0) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, &e);
+    if (st == RT_OK) st = rt_log_open(&log, stdout, isatty(fileno(stdout)), o->log_path, o->resume != NULL, o->steps, &e);
     if (st != RT_OK) goto done;
     log_open = 1;
 
@@ -417,13 +491,24 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     printf("device: cpu%s, %d threads; data: %lld windows in %lld file%s ('%s')\n",
            strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x.pool), (long long)rt_data_windows(train),
            (long long)rt_data_nfiles(train), rt_data_nfiles(train) == 1 ? "" : "s", spec.pattern);
+    if (resume_path && o->resume)
+        printf("resumed from '%s': step %lld done (loss %.6f); training goes on to step %lld\n", resume_path,
+               (long long)resumed.step, resumed.loss, (long long)o->steps);
+    else if (resume_path)
+        printf("weights from checkpoint '%s'; the optimizer, the step and the data start afresh\n", resume_path);
+    if (ckpt)
+        printf("checkpoints: every %lld steps to '%s'%s, %s\n", (long long)o->ckpt_every, o->ckpt_dir,
+               o->ckpt_keep ? "" : ", all kept", o->ckpt_sync ? "written before training goes on" : "written in the background");
     fflush(stdout);
 
-    double t_run = rt_now(), last_loss = NAN;
-    int64_t total_tokens = 0;
+    double t_run = rt_now(), last_loss = NAN, waited = 0;
+    int64_t total_tokens = 0, first_step = o->resume ? resumed.step : 0, done_steps = 0;
     RtGradJob g = {x.grads, p->param_floats, partial, 1.0f};
     if (prof) rt_pool_set_profile(x.pool, prof);
-    for (int64_t step = 0; step < o->steps; step++) {
+    rt_stop_signal = 0;
+    rt_stop_handlers(1, old_handlers);
+    handlers = 1;
+    for (int64_t step = first_step; step < o->steps; step++) {
         if (prof) {
             if (step == 1) { /* the first step (first touch of the arena) is a warm-up: not profiled */
                 rt_profile_reset(prof);
@@ -511,15 +596,41 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             if (st == RT_OK) st = rt_log_eval(&log, step + 1, vl, used, &e);
             if (st != RT_OK) goto done;
         }
+        done_steps++;
+        /* checkpoints: every N steps, after the last, and when a signal asks the run to stop */
+        int stop = rt_stop_signal != 0;
+        if (ckpt) st = rt_ckpt_report(p, o, ckpt, 0, waited, &log, &e);
+        if (st != RT_OK) goto done;
+        if (stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps))) {
+            if (!ckpt) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, &e);
+            RtCkptInfo info = {step + 1, o->seed, rt_data_tell(train), loss, lr};
+            if (st == RT_OK) st = rt_ckpt_save(ckpt, x.pool, x.params, x.state, &info, &waited, &e);
+            if (st == RT_OK && (stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, ckpt, 1, waited, &log, &e);
+            if (st != RT_OK) goto done;
+        }
         if (prof) rt_profile_phase(prof, RT_PROF_LOG);
+        if (stop) {
+            rt_log_close(&log, &e);
+            log_open = 0;
+            printf("stopped by %s after step %lld; resume with: %s train --resume latest%s%s\n",
+                   rt_stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1), o->prog,
+                   strcmp(o->ckpt_dir, t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints") ? " --ckpt-dir " : "",
+                   strcmp(o->ckpt_dir, t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints") ? o->ckpt_dir : "");
+            code = 0;
+            goto done;
+        }
     }
+    if (ckpt) st = rt_ckpt_report(p, o, ckpt, 1, waited, &log, &e);
+    if (st != RT_OK) goto done;
     double secs = rt_now() - t_run;
     st = rt_log_close(&log, &e);
     log_open = 0;
     if (st != RT_OK) goto done;
-    if (o->steps > 0) {
-        printf("done: %lld steps in %.2f s (%.3f ms/step, %.0f tokens/s); final loss %.6f\n", (long long)o->steps, secs,
-               secs * 1e3 / (double)o->steps, secs > 0 ? (double)total_tokens / secs : 0.0, last_loss);
+    if (done_steps > 0) {
+        printf("done: %lld steps in %.2f s (%.3f ms/step, %.0f tokens/s); final loss %.6f\n", (long long)done_steps, secs,
+               secs * 1e3 / (double)done_steps, secs > 0 ? (double)total_tokens / secs : 0.0, last_loss);
+    } else if (o->resume) {
+        printf("nothing to train: the checkpoint is at step %lld and --steps is %lld\n", (long long)first_step, (long long)o->steps);
     }
     if (prof) {
         rt_pool_set_profile(x.pool, NULL);
@@ -532,6 +643,9 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     }
     code = 0;
 done:
+    if (handlers) rt_stop_handlers(0, old_handlers);
+    rt_ckpt_writer_close(ckpt); /* waits for a write still under way */
+    free(resume_path);
     if (log_open) {
         RtError e2;
         rt_log_close(&log, &e2);
