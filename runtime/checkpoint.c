@@ -59,6 +59,7 @@ struct RtCkptWriter {
     RtCkptDone done;                 /* the thread's result (the thread's while busy) */
     RtCkptDone report;               /* a joined result not yet returned by rt_ckpt_poll */
     int has_report;
+    char *data_json;                 /* the training files, as state.json's "data" "files" array */
 };
 
 /* ---- paths and directories --------------------------------------------------------------------- */
@@ -134,7 +135,8 @@ typedef struct RtCkptFile {
 } RtCkptFile;
 
 /* The text of state.json (malloc'd), or NULL when out of memory. */
-static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, const RtCkptFile *files, int nfiles, size_t *len) {
+static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, const char *data_json, const RtCkptFile *files,
+                                int nfiles, size_t *len) {
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
     if (!f) return NULL;
@@ -164,8 +166,8 @@ static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, const 
             in->step);
     fprintf(f,
             "  \"data\": {\"epoch\": %" PRIu64 ", \"shard\": %" PRIu64 ", \"window\": %" PRIu64 ", \"fingerprint\": \"%016" PRIx64
-            "\"},\n",
-            in->data.epoch, in->data.shard, in->data.window, in->data.fingerprint);
+            "\",\n           \"files\": %s},\n",
+            in->data.epoch, in->data.shard, in->data.window, in->data.fingerprint, data_json);
     fprintf(f, "  \"schedule\": {\"next_step\": %" PRId64 ", \"global\": %" PRId64 ", \"accum\": %" PRId64 ", \"lr\": %.17g, \"loss\": %.17g},\n",
             in->step, stage.global, stage.accum, in->lr, in->loss);
     fprintf(f, "  \"files\": {");
@@ -286,7 +288,7 @@ static RtStatus rt_ckpt_write(RtCkptWriter *w, RtCkptDone *d, RtError *err) {
     if (st == RT_OK) st = rt_ckpt_write_regions(w, tmp, files, err);
     if (st == RT_OK) {
         size_t len = 0;
-        char *json = rt_ckpt_state_json(w->p, &w->info, files, 2, &len);
+        char *json = rt_ckpt_state_json(w->p, &w->info, w->data_json, files, 2, &len);
         RtAtomicFile af;
         if (!json) st = rt_fail_errno(err, ENOMEM, "cannot write '%s'", state);
         if (st == RT_OK) st = rt_atomic_begin(&af, state, "checkpoint state", err);
@@ -353,7 +355,32 @@ static void rt_ckpt_join(RtCkptWriter *w) {
     w->has_report = 1;
 }
 
-RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char *dir, int64_t keep, int async, RtError *err) {
+/* The training files as a JSON array: each one's path, size and sampled checksum. */
+static RtStatus rt_ckpt_data_json(const RtData *train, char **out, RtError *err) {
+    size_t len = 0;
+    FILE *f = open_memstream(out, &len);
+    if (!f) return rt_fail_errno(err, errno, "cannot describe the training data");
+    RtStatus st = RT_OK;
+    fputc('[', f);
+    for (int64_t i = 0; st == RT_OK && i < rt_data_nfiles(train); i++) {
+        char sum[RT_CHECKSUM_CHARS];
+        int64_t bytes = 0;
+        st = rt_checksum_sample(rt_data_file(train, i), "data shard", sum, &bytes, err);
+        fprintf(f, "%s{\"path\": ", i ? ", " : "");
+        rt_json_put_str(f, rt_data_file(train, i));
+        fprintf(f, ", \"bytes\": %" PRId64 ", \"sample_xxh3_128\": \"%s\"}", bytes, sum);
+    }
+    fputc(']', f);
+    if (fclose(f) != 0 && st == RT_OK) st = rt_fail_errno(err, ENOMEM, "cannot describe the training data");
+    if (st != RT_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char *dir, int64_t keep, int async,
+                             const RtData *train, RtError *err) {
     *out = NULL;
     RtStatus st = rt_mkdirs(dir, err);
     if (st != RT_OK) return st;
@@ -363,6 +390,11 @@ RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char 
         return rt_fail_errno(err, ENOMEM, "cannot set up checkpoints");
     }
     w->p = p, w->keep = keep, w->async = async;
+    st = rt_ckpt_data_json(train, &w->data_json, err);
+    if (st != RT_OK) {
+        rt_ckpt_writer_close(w);
+        return st;
+    }
     char *lock = rt_path_join(dir, ".lock");
     w->lock_fd = lock ? open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
     if (w->lock_fd < 0) st = rt_fail_errno(err, lock ? errno : ENOMEM, "cannot create the lock file '%s'", lock ? lock : dir);
@@ -447,7 +479,8 @@ RtStatus rt_ckpt_save(RtCkptWriter *w, RtPool *pool, const float *params, const 
 
 int rt_ckpt_poll(RtCkptWriter *w, int wait, RtCkptDone *d) {
     if (!w) return 0;
-    if (w->busy && (wait || atomic_load(&w->finished))) rt_ckpt_join(w);
+    /* a result joined by rt_ckpt_save goes first: joining the next write would overwrite it */
+    if (!w->has_report && w->busy && (wait || atomic_load(&w->finished))) rt_ckpt_join(w);
     if (!w->has_report) return 0;
     *d = w->report;
     w->has_report = 0;
@@ -460,6 +493,7 @@ void rt_ckpt_writer_close(RtCkptWriter *w) {
     if (w->lock_fd >= 0) close(w->lock_fd); /* releases the lock */
     free(w->snap_params);
     free(w->snap_state);
+    free(w->data_json);
     free(w->dir);
     free(w);
 }
@@ -615,6 +649,21 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     if (st == RT_OK) {
         rt_json_f64(rt_jpath(root, "schedule", "loss"), &info->loss);
         rt_json_f64(rt_jpath(root, "schedule", "lr"), &info->lr);
+        const RtJsonValue *df = rt_jpath(root, "data", "files");
+        if (!df || df->type != RT_JSON_ARRAY) st = rt_ckpt_bad(err, spath, "no list of the training files (data.files)");
+        else if (!(info->data_files = calloc((size_t)df->n + 1, sizeof *info->data_files)))
+            st = rt_fail_errno(err, ENOMEM, "cannot read checkpoint '%s'", ckpt);
+        for (int64_t i = 0; st == RT_OK && i < df->n; i++) {
+            struct RtCkptData *d = &info->data_files[i];
+            const char *path = rt_json_str(rt_json_get(df->items[i], "path")), *sum = rt_json_str(rt_json_get(df->items[i], "sample_xxh3_128"));
+            if (!path || !sum || strlen(sum) != RT_CHECKSUM_CHARS - 1 || !rt_json_i64(rt_json_get(df->items[i], "bytes"), &d->bytes))
+                st = rt_ckpt_bad(err, spath, "a training file's entry (data.files) is malformed");
+            else if (!(d->path = strdup(path))) st = rt_fail_errno(err, ENOMEM, "cannot read checkpoint '%s'", ckpt);
+            else {
+                memcpy(d->sample, sum, RT_CHECKSUM_CHARS);
+                info->ndata = i + 1;
+            }
+        }
     }
     const RtJsonValue *files = rt_json_get(root, "files");
     if (st == RT_OK) st = rt_ckpt_check_file(ckpt, files, RT_CKPT_MODEL, err);
@@ -646,7 +695,10 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
                 else st = rt_st_read_f32(optim, x, state + k * p->param_floats + q->offset, q->numel, err);
             }
     }
-    if (weights_only) memset(info, 0, sizeof *info);
+    if (weights_only || st != RT_OK) {
+        rt_ckpt_info_free(info);
+        memset(info, 0, sizeof *info);
+    }
     rt_st_close(model);
     rt_st_close(optim);
     rt_json_free(doc);
@@ -655,4 +707,30 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     free(mpath);
     free(opath);
     return st;
+}
+
+void rt_ckpt_info_free(RtCkptInfo *info) {
+    for (int64_t i = 0; i < info->ndata; i++) free(info->data_files[i].path);
+    free(info->data_files);
+    info->data_files = NULL;
+    info->ndata = 0;
+}
+
+RtStatus rt_ckpt_check_data(const RtCkptInfo *info, const char *ckpt, const RtData *train, RtError *err) {
+    if (info->ndata != rt_data_nfiles(train))
+        return rt_fail(err, RT_ERR_ARG, "checkpoint '%s': the training data are not those it was trained on (%lld files then, %lld now)",
+                       ckpt, (long long)info->ndata, (long long)rt_data_nfiles(train));
+    for (int64_t i = 0; i < info->ndata; i++) {
+        char sum[RT_CHECKSUM_CHARS];
+        int64_t bytes = 0;
+        RtStatus st = rt_checksum_sample(rt_data_file(train, i), "data shard", sum, &bytes, err);
+        if (st != RT_OK) return st;
+        if (bytes != info->data_files[i].bytes || strcmp(sum, info->data_files[i].sample) != 0)
+            return rt_fail(err, RT_ERR_ARG,
+                           "checkpoint '%s': the training data are not those it was trained on: file %lld, '%s' (%lld bytes), "
+                           "is not '%s' (%lld bytes; sampled checksums %s and %s)",
+                           ckpt, (long long)(i + 1), rt_data_file(train, i), (long long)bytes, info->data_files[i].path,
+                           (long long)info->data_files[i].bytes, sum, info->data_files[i].sample);
+    }
+    return RT_OK;
 }

@@ -96,6 +96,9 @@ RtStatus rt_fsync_dir(const char *dir, RtError *err); /* fsync(2) of a directory
 #define RT_CHECKSUM_CHARS 33 /* 32 digits and the NUL */
 void rt_checksum(const void *data, size_t n, char out[RT_CHECKSUM_CHARS]);
 RtStatus rt_checksum_file(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err);
+/* A file's identity without reading it all: the checksum of its size, its first and its last MiB
+ * (of the whole file when it is 2 MiB or less). Tells a data shard from another one of its size. */
+RtStatus rt_checksum_sample(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err);
 
 /* ==== random numbers (rng.c) ================================================================== */
 

@@ -170,6 +170,12 @@ typedef struct RtCkptInfo {
     RtDataPos data;   /* the training split's position after that step */
     double loss;      /* that step's loss (for the log) */
     double lr;        /* the learning rate that step used (for the log) */
+    int64_t ndata;    /* rt_ckpt_load: the training files it was trained on, in order */
+    struct RtCkptData {
+        int64_t bytes;
+        char sample[RT_CHECKSUM_CHARS]; /* rt_checksum_sample */
+        char *path;
+    } *data_files;
 } RtCkptInfo;
 
 /* The outcome of one checkpoint write (rt_ckpt_poll). */
@@ -186,14 +192,16 @@ typedef struct RtCkptWriter RtCkptWriter;
 
 /* Creates DIR if need be, takes its lock (one run writes a directory at a time) and removes the
  * leftovers of interrupted writes. keep: the newest N checkpoints are kept (0: all). */
-RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char *dir, int64_t keep, int async, RtError *err);
+RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char *dir, int64_t keep, int async,
+                             const RtData *train, RtError *err); /* train: the files the checkpoints record */
 /* Copies the regions into the writer's snapshot (waiting first for a write still under way) and
  * writes the checkpoint: in a background thread when async, else before returning. *waited_s:
  * how long the caller was held. A write's outcome is reported by rt_ckpt_poll, never here. */
 RtStatus rt_ckpt_save(RtCkptWriter *w, RtPool *pool, const float *params, const float *state, const RtCkptInfo *info,
                       double *waited_s, RtError *err);
-/* 1 and *d when a write has finished that was not reported yet; with wait, waits for the one
- * under way first. 0 when there is nothing to report. */
+/* 1 and *d when a write has finished that was not reported yet (the oldest first); with wait,
+ * waits for the one under way. 0 when there is nothing to report. Call it until it returns 0
+ * before each rt_ckpt_save, so that no result is lost. */
 int rt_ckpt_poll(RtCkptWriter *w, int wait, RtCkptDone *d);
 void rt_ckpt_writer_close(RtCkptWriter *w); /* waits for the write under way, releases the lock; NULL is fine */
 
@@ -206,6 +214,9 @@ RtStatus rt_ckpt_resolve(const char *arg, const char *dir, char **path, RtError 
  * NULL with weights_only) and *info. */
 RtStatus rt_ckpt_load(const RtProgram *p, const char *path, int weights_only, float *params, float *state, RtCkptInfo *info,
                       RtError *err);
+/* The training files are those the checkpoint was trained on (sizes and sampled checksums; paths may differ). */
+RtStatus rt_ckpt_check_data(const RtCkptInfo *info, const char *path, const RtData *train, RtError *err);
+void rt_ckpt_info_free(RtCkptInfo *info); /* the data file list */
 
 /* ==== sampling (generate.c) ================================================================== */
 

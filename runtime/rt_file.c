@@ -213,3 +213,24 @@ RtStatus rt_checksum_file(const char *path, const char *what, char out[RT_CHECKS
     rt_unmap(&m);
     return RT_OK;
 }
+
+RtStatus rt_checksum_sample(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err) {
+    RtMap m;
+    RtStatus st = rt_map_file(&m, path, what, err);
+    if (st != RT_OK) return st;
+    const size_t part = (size_t)1 << 20;
+    XXH3_state_t s;
+    XXH3_128bits_reset(&s);
+    uint64_t size = m.size;
+    XXH3_128bits_update(&s, &size, sizeof size);
+    if (m.size <= 2 * part) {
+        XXH3_128bits_update(&s, m.data, m.size);
+    } else {
+        XXH3_128bits_update(&s, m.data, part);
+        XXH3_128bits_update(&s, m.data + m.size - part, part);
+    }
+    rt_checksum_hex(XXH3_128bits_digest(&s), out);
+    if (bytes) *bytes = (int64_t)m.size;
+    rt_unmap(&m);
+    return RT_OK;
+}

@@ -432,6 +432,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
     RtDataSpec spec = rt_data_spec(p, o, o->data ? o->data : t->data, t->val_data);
     if (st == RT_OK) st = rt_data_open(&train, &spec, RT_SPLIT_TRAIN, &e);
     if (st == RT_OK && t->eval_every > 0) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
+    if (st == RT_OK && o->resume) st = rt_ckpt_check_data(&resumed, resume_path, train, &e);
     if (st == RT_OK && o->resume) {
         st = rt_data_seek(train, &resumed.data, &e);
         if (st != RT_OK) rt_error_context(&e, "checkpoint '%s': the training data are not those it was trained on", resume_path);
@@ -466,7 +467,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
             st = rt_fail_errno(&e, ENOMEM, "cannot hold the step to dump");
         if (st == RT_OK && o->steps < 1) st = rt_fail(&e, RT_ERR_ARG, "--dump-step needs at least one step (--steps 0)");
     }
-    if (st == RT_OK && o->ckpt_every > 0) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, &e);
+    if (st == RT_OK && o->ckpt_every > 0) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, train, &e);
     if (st == RT_OK) st = rt_log_open(&log, stdout, isatty(fileno(stdout)), o->log_path, o->resume != NULL, o->steps, &e);
     if (st != RT_OK) goto done;
     log_open = 1;
@@ -602,8 +603,8 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         if (ckpt) st = rt_ckpt_report(p, o, ckpt, 0, waited, &log, &e);
         if (st != RT_OK) goto done;
         if (stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps))) {
-            if (!ckpt) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, &e);
-            RtCkptInfo info = {step + 1, o->seed, rt_data_tell(train), loss, lr};
+            if (!ckpt) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, train, &e);
+            RtCkptInfo info = {.step = step + 1, .seed = o->seed, .data = rt_data_tell(train), .loss = loss, .lr = lr};
             if (st == RT_OK) st = rt_ckpt_save(ckpt, x.pool, x.params, x.state, &info, &waited, &e);
             if (st == RT_OK && (stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, ckpt, 1, waited, &log, &e);
             if (st != RT_OK) goto done;
@@ -645,6 +646,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
 done:
     if (handlers) rt_stop_handlers(0, old_handlers);
     rt_ckpt_writer_close(ckpt); /* waits for a write still under way */
+    rt_ckpt_info_free(&resumed);
     free(resume_path);
     if (log_open) {
         RtError e2;
@@ -702,6 +704,9 @@ int rt_main(int argc, char **argv, const RtProgram *p) {
         fprintf(stderr, "%s: internal error: invalid program descriptor: %s\n", prog, e.msg);
         return 2;
     }
+    /* a file-size limit makes a write fail with EFBIG, reported like a full disk, instead of
+     * killing the process in the middle of a checkpoint */
+    signal(SIGXFSZ, SIG_IGN);
     RtOptions o;
     if (rt_cli_parse(&o, p, argc, argv, &e) != RT_OK) {
         fprintf(stderr, "%s: %s\n", prog, e.msg);

@@ -20,6 +20,7 @@
 #                 reruns are bit-identical; every example's train blocks build and its CPU-size
 #                 ones train 3 steps; tests/exec/ramp.mbt's batch-size ramp and data ranks;
 #                 tests/exec/gen_*.mbt generate (see run_exec_generate)
+#   ckpt          tests/ckpt/run.sh: killed and resumed runs equal an uninterrupted one; bad checkpoints
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
 # MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection;
@@ -432,6 +433,17 @@ run_fuzz() {
     fi
 }
 
+# ckpt: tests/ckpt/run.sh - kill -9 at random moments and during a write, SIGTERM, then resume:
+# bit-identical to an uninterrupted run; full disks, other programs' and damaged checkpoints
+run_ckpt() {
+    local out="$TMP/ckpt.out" rc
+    bash tests/ckpt/run.sh "$BUILD" >"$out" 2>&1
+    rc=$?
+    relay ckpt "$out"
+    if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
+        fail ckpt "tests/ckpt/run.sh exited with status $rc" "$out"
+    fi
+}
 
 # held_out_below TEST PROG DATADIR LIMIT WHAT [TRAIN ARGS...]: PROG trains on DATADIR/t_train.bin
 # (with TRAIN ARGS), then its held-out loss on DATADIR/t_val.bin must be below LIMIT (an awk
@@ -934,6 +946,7 @@ run_layer pathological layer_pathological
 run_layer exec layer_exec
 run_layer verify run_verify "$BUILD/mbtc"
 run_layer accum run_accum "$BUILD/mbtc"
+run_layer ckpt run_ckpt
 run_layer torch run_torch "$BUILD/mbtc"
 run_layer asan layer_asan
 run_layer fuzz layer_fuzz
