@@ -21,7 +21,8 @@
 #                 ones train 3 steps; tests/exec/ramp.mbt's batch-size ramp and data ranks;
 #                 tests/exec/gen_*.mbt generate (see run_exec_generate)
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
-#   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
+#   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s and the safetensors
+#                 reader for 30 s (tests/fuzz/run.sh)
 # MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection;
 # MBT_LAYERS=exec,verify runs only the layers named (a comma-separated list).
 # The last line is `N passed, M failed` (`, K skipped` when K > 0); the exit status is 1 when
@@ -423,13 +424,21 @@ run_pathological() {
 # ---- fuzz ------------------------------------------------------------------------------------
 
 run_fuzz() {
-    local out="$TMP/fuzz.out" rc
-    bash tests/fuzz/run.sh "$BUILD" 60 >"$out" 2>&1
-    rc=$?
-    relay fuzz "$out"
-    if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
-        fail fuzz "tests/fuzz/run.sh exited with status $rc" "$out"
-    fi
+    local out="$TMP/fuzz.out" rc target secs
+    for target in frontend:60 safetensors:30; do
+        secs=${target#*:}
+        target=${target%:*}
+        if [ ! -x "$BUILD/fuzz/fuzz_$target" ]; then
+            skip "fuzz/$target" "no $BUILD/fuzz/fuzz_$target (make fuzz-build builds it)"
+            continue
+        fi
+        bash tests/fuzz/run.sh "$BUILD" "$secs" "$target" >"$out" 2>&1
+        rc=$?
+        relay fuzz "$out"
+        if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
+            fail fuzz "tests/fuzz/run.sh ($target) exited with status $rc" "$out"
+        fi
+    done
 }
 
 
@@ -919,8 +928,8 @@ layer_asan() {
 layer_fuzz() {
     if [ "$QUICK" = 1 ]; then
         skip fuzz "MBT_QUICK=1"
-    elif [ ! -x "$BUILD/fuzz/fuzz_frontend" ]; then
-        skip fuzz "no $BUILD/fuzz/fuzz_frontend (make fuzz-build builds it)"
+    elif [ ! -x "$BUILD/fuzz/fuzz_frontend" ] && [ ! -x "$BUILD/fuzz/fuzz_safetensors" ]; then
+        skip fuzz "no $BUILD/fuzz/fuzz_frontend nor fuzz_safetensors (make fuzz-build builds them)"
     else
         run_fuzz
     fi
