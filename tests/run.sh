@@ -863,7 +863,14 @@ run_exec_generate() {
     gen_error 0 "gen_bidir: this program cannot generate: it was compiled without a logits forward (mbtc warned why)" \
         "$dir/gen_bidir" generate --weights "$w"
     gen_error 1 "gpt: generate needs --weights F.safetensors (the program names no weights file)" "$prog" generate
-    gen_error 2 "gpt: weights file '$dir/w1.safetensors' has no tensor 'wte' (the parameter wte [64, 32])" \
+    # another model's weights: every problem in one line, the first 20 listed
+    local blk="" b
+    for b in 0 1; do
+        blk="$blk; missing 'h.$b.ln_1.weight' [32]; missing 'h.$b.ln_1.bias' [32]; missing 'h.$b.attn.c_attn.weight' [32, 96]"
+        blk="$blk; missing 'h.$b.attn.c_attn.bias' [96]; missing 'h.$b.attn.c_proj.weight' [32, 32]; missing 'h.$b.attn.c_proj.bias' [32]"
+        [ $b = 0 ] && blk="$blk; missing 'h.0.ln_2.weight' [32]; missing 'h.0.ln_2.bias' [32]; missing 'h.0.mlp.c_fc.weight' [32, 128]; missing 'h.0.mlp.c_fc.bias' [128]; missing 'h.0.mlp.c_proj.weight' [128, 32]; missing 'h.0.mlp.c_proj.bias' [32]"
+    done
+    gen_error 2 "gpt: weights file '$dir/w1.safetensors' does not fit the program (28 problems): missing 'wte' [64, 32]; missing 'wpe' [32, 32]$blk; and 8 more" \
         "$prog" generate --weights "$dir/w1.safetensors"
     gen_error 3 "gpt: safetensors file '$dir/junk.safetensors': header length 7306634592548843374 exceeds the limit of 100000000 bytes" "$prog" generate --weights "$dir/junk.safetensors"
     gen_error 4 "gpt: cannot open safetensors file '$dir/none.safetensors': No such file or directory" \
