@@ -613,6 +613,31 @@ run_torch() {
     rc=$?
     if [ "$rc" = 1 ] && grep -q '^torch oracle: FAILED' "$out"; then pass torch/control-decay
     else fail torch/control-decay "AdamW without weight decay passed (status $rc)" "$out"; fi
+    run_hf_weights "$mbtc" "$dir/hf"
+}
+
+# Hugging Face weights as they are (tests/torch/hf_weights.py): examples/gpt2.mbt's and llama.mbt's
+# parameter tables are HF's names and shapes; their models at a tiny size (tests/torch/hf_*.mbt)
+# read HF-layout state dicts in F32, F16 and BF16 and print PyTorch's logits within 1e-4 relative,
+# with controls that must fail (a transposed weight, a perturbed one, a wrong layout in the reference).
+run_hf_weights() {
+    local mbtc=$1 dir=$2 py=/usr/bin/python3 out m errs
+    mkdir -p "$dir"
+    out="$dir/out.txt"
+    for m in gpt2 llama; do
+        if "$mbtc" "examples/$m.mbt" --train "${m}_cpu" --emit=plan >"$dir/${m}_plan.txt" 2>"$out" \
+            && "$py" tests/torch/hf_weights.py names "$m" "$dir/${m}_plan.txt" >"$out" 2>&1 && grep -q '^hf names: ok' "$out"; then
+            pass "torch/hf-names-$m ($(sed -n '1s/, [0-9]* in HF.*//p' "$out") named and shaped as HF's)"
+        else fail "torch/hf-names-$m" "examples/$m.mbt's parameters are not HF's" "$out"; fi
+        if ! "$mbtc" -I examples "tests/torch/hf_$m.mbt" -o "$dir/hf_$m" >"$out" 2>&1; then
+            fail "torch/hf-$m" "building tests/torch/hf_$m.mbt failed" "$out"
+            continue
+        fi
+        if "$py" tests/torch/hf_weights.py check "$m" "$dir/hf_$m" "$dir" >"$out" 2>&1 && grep -q '^hf weights: ok' "$out"; then
+            errs=$(sed -n 's/^ok *[a-z0-9]* \([A-Z0-9]*\): .*max error \([^ ]*\) .*/\1 \2/p' "$out" | paste -sd, - | sed 's/,/, /g')
+            pass "torch/hf-$m (logit errors $errs; $(grep -c '^ok     control' "$out") controls fail as they must)"
+        else fail "torch/hf-$m" "HF $m weights do not give PyTorch's logits" "$out"; fi
+    done
 }
 
 # jfield FILE N KEY: the value of KEY in the Nth line (a JSON object) of a --log file.
