@@ -4,7 +4,8 @@
 #   make demo         build, generate data, compile and train examples/tiny.mbt (~2 min on 2 cores),
 #                     print its loss against the known optimum and generated samples
 #   make test         everything below `make test` in docs/testing.md (ends with "N passed, N failed")
-#   make fuzz         run the front-end fuzzer until stopped (FUZZ_SECONDS=N to bound it)
+#   make fuzz         run the front-end fuzzer until stopped (FUZZ_SECONDS=N to bound it;
+#                     FUZZ_TARGET=safetensors fuzzes the safetensors reader instead)
 #   make bench        CPU training step time against PyTorch (docs/bench.md; not part of make test;
 #                     BENCH_ARGS="--rounds 5 --threads 4 --cases tiny" passes options to bench/run.py)
 #   make asan         build a copy with AddressSanitizer + UBSan in build/asan
@@ -21,6 +22,7 @@ LEMPAR      ?= /usr/share/lemon/lempar.c
 RE2C        ?= re2c
 CLANG_FUZZ  ?= clang-19
 FUZZ_SECONDS ?= 0
+FUZZ_TARGET ?= frontend
 
 WARN     = -Wall -Wextra -Werror
 CSTD     = -std=c11 -D_GNU_SOURCE
@@ -220,14 +222,21 @@ asan:
 
 # The fuzz target links the whole front end and checker with libFuzzer, ASan and UBSan.
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
-fuzz-build: $(BUILD)/fuzz/fuzz_frontend
+fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors
 
 $(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS)
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
 
-fuzz: $(BUILD)/fuzz/fuzz_frontend
-	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS)
+# The safetensors reader's fuzz target links only the runtime files the reader needs.
+FUZZ_ST_SRCS = runtime/rt_error.c runtime/rt_file.c runtime/safetensors.c
+$(BUILD)/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(RT_HDRS)
+	@mkdir -p $(BUILD)/fuzz
+	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) -Iruntime \
+		-o $@ tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) -lm
+
+fuzz: $(BUILD)/fuzz/fuzz_$(FUZZ_TARGET)
+	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGET)
 
 test: deps-test
 	@$(MAKE) --no-print-directory all unit

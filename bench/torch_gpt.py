@@ -226,7 +226,8 @@ def load_safetensors(path):
             raise ValueError(f"{path}: tensor '{name}': {dtype}{shape} does not fit its data_offsets [{begin}, {end})")
         a = np.frombuffer(data[begin:end], dtype=np_dtype).reshape(shape)
         if dtype == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)
+            # (1-d first: a 0-d array shifted by a Python int becomes an int64 scalar)
+            a = (a.reshape(-1).astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(shape)
         elif np.issubdtype(a.dtype, np.floating):
             a = a.astype(np.float32)
         else:
@@ -235,16 +236,25 @@ def load_safetensors(path):
     return out
 
 
-def save_safetensors(path, tensors, metadata=None):
+def save_safetensors(path, tensors, metadata=None, dtype="F32"):
     """Writes {name: float tensor} as F32 safetensors (names sorted, header padded to 8 bytes), a
-    file mbt programs read with --init-weights."""
+    file mbt programs read with --init-weights. dtype="F16" or "BF16" rounds every tensor to that
+    type (to nearest, ties to even) instead, as Hugging Face's half-precision checkpoints are."""
     header, blobs, off = {}, [], 0
     if metadata:
         header["__metadata__"] = dict(metadata)
     for name in sorted(tensors):
-        a = tensors[name].detach().to(torch.float32).contiguous().cpu().numpy()
+        t = tensors[name].detach().to(torch.float32).contiguous().cpu()
+        if dtype == "F32":
+            a = t.numpy()
+        elif dtype == "F16":
+            a = t.numpy().astype(np.float16)
+        elif dtype == "BF16":
+            a = t.to(torch.bfloat16).view(torch.int16).numpy()
+        else:
+            raise ValueError(f"save_safetensors: dtype {dtype} is not F32, F16 or BF16")
         b = a.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     h = json.dumps(header, separators=(",", ":")).encode("utf-8")

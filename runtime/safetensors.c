@@ -28,6 +28,40 @@
 
 #include "rt.h"
 
+/* ---- messages ----------------------------------------------------------------------------------- */
+
+/* rt_fail, with the message kept to one line: tensor names and metadata keys come from the file
+ * and may hold any character (a name "a\nb" is valid JSON), so control characters in the
+ * formatted message are written as escapes (\n, \t, \r, \xNN). Every failure in this file goes
+ * through here (found by fuzzing: a name holding a newline split the message in two). */
+static RtStatus rt_st_fail(RtError *e, RtStatus code, const char *fmt, ...) RT_PRINTF(3, 4);
+static RtStatus rt_st_fail(RtError *e, RtStatus code, const char *fmt, ...) {
+    if (!e) return code;
+    char raw[RT_ERROR_MAX], esc[4 * RT_ERROR_MAX + 8];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(raw, sizeof raw, fmt, ap);
+    va_end(ap);
+    if (n < 0) return rt_fail(e, code, "(unprintable error message)");
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)raw; *p; p++) {
+        unsigned c = *p;
+        if (c >= 0x20 && c != 0x7F) esc[k++] = (char)c;
+        else if (c == '\n' || c == '\t' || c == '\r') {
+            esc[k++] = '\\';
+            esc[k++] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+        } else {
+            k += (size_t)snprintf(esc + k, sizeof esc - k, "\\x%02x", c);
+        }
+    }
+    if ((size_t)n >= sizeof raw) { /* cut already: make sure rt_fail marks it so */
+        memcpy(esc + k, "...", 3);
+        k += 3;
+    }
+    esc[k] = 0;
+    return rt_fail(e, code, "%s", esc);
+}
+
 /* ---- dtypes ------------------------------------------------------------------------------------- */
 
 static const char *const rt_dtype_names[RT_DTYPE_COUNT] = {
@@ -159,7 +193,7 @@ static RtStatus rt_json_fail(RtJson *j, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return rt_fail(j->err, RT_ERR_FORMAT, "safetensors file '%s': malformed header at offset %zu: %s", j->f->label,
+    return rt_st_fail(j->err, RT_ERR_FORMAT, "safetensors file '%s': malformed header at offset %zu: %s", j->f->label,
                    8 + j->i, what);
 }
 
@@ -602,24 +636,24 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
         for (int d = 0; d < t->rank; d++) {
             uint64_t s = (uint64_t)t->shape[d];
             if (s != 0 && numel > (UINT64_C(1) << 62) / s)
-                return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' has too many elements", L, t->name);
+                return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' has too many elements", L, t->name);
             numel *= s;
         }
         if (numel > (UINT64_C(1) << 62) / 8)
-            return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' has too many elements", L, t->name);
+            return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' has too many elements", L, t->name);
         uint64_t bytes = numel * (uint64_t)rt_dtype_size(t->dtype); /* < 2^62: no overflow */
         t->numel = (int64_t)numel;
         if (t->begin > t->end)
-            return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' has reversed data_offsets [%llu, %llu]", L,
+            return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' has reversed data_offsets [%llu, %llu]", L,
                            t->name, (unsigned long long)t->begin, (unsigned long long)t->end);
         if (t->end > data_size)
-            return rt_fail(err, RT_ERR_FORMAT,
+            return rt_st_fail(err, RT_ERR_FORMAT,
                            "safetensors file '%s': tensor '%s' has data_offsets [%llu, %llu] outside the data (%llu bytes)",
                            L, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
                            (unsigned long long)data_size);
         if (t->end - t->begin != bytes) {
             char sh[256];
-            return rt_fail(err, RT_ERR_FORMAT,
+            return rt_st_fail(err, RT_ERR_FORMAT,
                            "safetensors file '%s': tensor '%s' is %s %s (%llu bytes) but its data_offsets [%llu, %llu] "
                            "span %llu bytes",
                            L, t->name, rt_dtype_name(t->dtype), rt_shape_str(t, sh, sizeof sh), (unsigned long long)bytes,
@@ -634,7 +668,7 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
     qsort(f->by_name, (size_t)f->nt, sizeof *f->by_name, rt_cmp_tensor_names);
     for (int64_t i = 1; i < f->nt; i++)
         if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0)
-            return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': duplicate tensor name '%s'", L, f->by_name[i]->name);
+            return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': duplicate tensor name '%s'", L, f->by_name[i]->name);
     if (f->nmeta > 1) {
         char **keys = malloc((size_t)f->nmeta * sizeof *keys);
         if (!keys) return rt_fail_errno(err, ENOMEM, "cannot read safetensors file '%s'", L);
@@ -642,7 +676,7 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
         qsort(keys, (size_t)f->nmeta, sizeof *keys, rt_cmp_str);
         for (int64_t i = 1; i < f->nmeta; i++)
             if (strcmp(keys[i - 1], keys[i]) == 0) {
-                RtStatus st = rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': duplicate __metadata__ key '%s'", L, keys[i]);
+                RtStatus st = rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': duplicate __metadata__ key '%s'", L, keys[i]);
                 free(keys);
                 return st;
             }
@@ -659,19 +693,19 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
     for (int64_t i = 0; i < f->nt; i++) {
         const RtStTensor *t = &f->t[i];
         if (t->begin < at)
-            return rt_fail(err, RT_ERR_FORMAT,
+            return rt_st_fail(err, RT_ERR_FORMAT,
                            "safetensors file '%s': tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap", L, prev->name,
                            (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
                            (unsigned long long)t->begin, (unsigned long long)t->end);
         if (t->begin > at)
-            return rt_fail(err, RT_ERR_FORMAT,
+            return rt_st_fail(err, RT_ERR_FORMAT,
                            "safetensors file '%s': data bytes [%llu, %llu) before tensor '%s' belong to no tensor", L,
                            (unsigned long long)at, (unsigned long long)t->begin, t->name);
         at = t->end;
         prev = t;
     }
     if (at != data_size)
-        return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': data bytes [%llu, %llu) at the end belong to no tensor", L,
+        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': data bytes [%llu, %llu) at the end belong to no tensor", L,
                        (unsigned long long)at, (unsigned long long)data_size);
     return RT_OK;
 }
@@ -681,15 +715,15 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
 static RtStatus rt_st_parse(RtStFile *f, RtError *err) {
     const char *L = f->label;
     if (f->size < 8)
-        return rt_fail(err, RT_ERR_FORMAT,
+        return rt_st_fail(err, RT_ERR_FORMAT,
                        "safetensors file '%s' is truncated: %zu bytes, too short for the 8-byte header length", L, f->size);
     uint64_t n = 0;
     for (int k = 7; k >= 0; k--) n = n << 8 | f->bytes[k];
     if (n > RT_ST_MAX_HEADER)
-        return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': header length %llu exceeds the limit of %llu bytes", L,
+        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': header length %llu exceeds the limit of %llu bytes", L,
                        (unsigned long long)n, (unsigned long long)RT_ST_MAX_HEADER);
     if (n > f->size - 8)
-        return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': header length %llu is beyond the end of the file (%zu bytes)",
+        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': header length %llu is beyond the end of the file (%zu bytes)",
                        L, (unsigned long long)n, f->size);
     RtJson j = {f->bytes + 8, (size_t)n, 0, f, err};
     RtStatus st = rt_json_header(&j);
@@ -785,11 +819,11 @@ const char *rt_st_meta_get(const RtStFile *f, const char *key) {
 static RtStatus rt_st_read_check(const RtStFile *f, const RtStTensor *t, const void *dst, int64_t n, RtError *err) {
     uintptr_t at = (uintptr_t)t, first = (uintptr_t)f->t, past = (uintptr_t)(f->t + f->nt);
     if (!t || at < first || at >= past || (at - first) % sizeof *t)
-        return rt_fail(err, RT_ERR_ARG, "safetensors file '%s': the tensor to read is not one of this file's", f->label);
+        return rt_st_fail(err, RT_ERR_ARG, "safetensors file '%s': the tensor to read is not one of this file's", f->label);
     if (n != t->numel)
-        return rt_fail(err, RT_ERR_ARG, "safetensors file '%s': tensor '%s' has %lld elements, not the %lld asked for",
+        return rt_st_fail(err, RT_ERR_ARG, "safetensors file '%s': tensor '%s' has %lld elements, not the %lld asked for",
                        f->label, t->name, (long long)t->numel, (long long)n);
-    if (n > 0 && !dst) return rt_fail(err, RT_ERR_ARG, "safetensors file '%s': no buffer to read '%s' into", f->label, t->name);
+    if (n > 0 && !dst) return rt_st_fail(err, RT_ERR_ARG, "safetensors file '%s': no buffer to read '%s' into", f->label, t->name);
     return RT_OK;
 }
 
@@ -822,7 +856,7 @@ RtStatus rt_st_read_f32(const RtStFile *f, const RtStTensor *t, float *dst, int6
         }
         return RT_OK;
     default:
-        return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as f32 (F32, F16, "
+        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as f32 (F32, F16, "
                        "BF16 or F64 expected)", f->label, t->name, rt_dtype_name(t->dtype));
     }
 }
@@ -839,7 +873,7 @@ RtStatus rt_st_read_i64(const RtStFile *f, const RtStTensor *t, int64_t *dst, in
         for (int64_t i = 0; i < n; i++) dst[i] = (int32_t)rt_le32(p + 4 * i);
         return RT_OK;
     }
-    return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as i64 (I32 or I64 expected)",
+    return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as i64 (I32 or I64 expected)",
                    f->label, t->name, rt_dtype_name(t->dtype));
 }
 
@@ -855,13 +889,13 @@ RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, in
         for (int64_t i = 0; i < n; i++) {
             int64_t v = (int64_t)rt_le64(p + 8 * i);
             if (v < INT32_MIN || v > INT32_MAX)
-                return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': element %lld of I64 tensor '%s' (%lld) does not fit int32",
+                return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': element %lld of I64 tensor '%s' (%lld) does not fit int32",
                                f->label, (long long)i, t->name, (long long)v);
             dst[i] = (int32_t)v;
         }
         return RT_OK;
     }
-    return rt_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as i32 (I32 or I64 expected)",
+    return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as i32 (I32 or I64 expected)",
                    f->label, t->name, rt_dtype_name(t->dtype));
 }
 
@@ -968,7 +1002,7 @@ static RtStatus rt_st_write_data(RtAtomicFile *af, const RtStEntry *e, uint64_t 
 
 RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtStMeta *meta, int64_t nmeta, RtError *err) {
     if (n < 0 || nmeta < 0 || (n > 0 && !t) || (nmeta > 0 && !meta))
-        return rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': bad tensor or metadata list", path);
+        return rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': bad tensor or metadata list", path);
     uint64_t *numel = calloc((size_t)(n ? n : 1), sizeof *numel);
     const RtStEntry **order = calloc((size_t)(n ? n : 1), sizeof *order);
     const RtStEntry **byname = calloc((size_t)(n ? n : 1), sizeof *byname);
@@ -982,47 +1016,47 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
     for (int64_t i = 0; i < n && st == RT_OK; i++) {
         const RtStEntry *e = &t[i];
         if (!e->name || !*e->name || strcmp(e->name, "__metadata__") == 0 || !rt_valid_utf8(e->name)) {
-            st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor %lld has an invalid name%s%s%s", path,
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor %lld has an invalid name%s%s%s", path,
                          (long long)i, e->name ? " '" : "", e->name ? e->name : "", e->name ? "'" : "");
             break;
         }
         if ((unsigned)e->dtype >= RT_DTYPE_COUNT || e->rank < 0 || e->rank > RT_ST_MAX_RANK || (e->rank > 0 && !e->shape)) {
-            st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad dtype or shape", path, e->name);
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad dtype or shape", path, e->name);
             break;
         }
         if (e->from_f32 && e->dtype != RT_F32 && e->dtype != RT_F16 && e->dtype != RT_BF16) {
-            st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' cannot be converted from f32 to %s", path,
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' cannot be converted from f32 to %s", path,
                          e->name, rt_dtype_name(e->dtype));
             break;
         }
         uint64_t c = 1;
         for (int d = 0; d < e->rank; d++) {
             if (e->shape[d] < 0 || (e->shape[d] > 0 && c > (UINT64_C(1) << 56) / (uint64_t)e->shape[d])) {
-                st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad shape", path, e->name);
+                st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad shape", path, e->name);
                 break;
             }
             c *= (uint64_t)e->shape[d];
         }
         if (st == RT_OK && c > 0 && !e->data)
-            st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has no data", path, e->name);
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has no data", path, e->name);
         numel[i] = c;
         order[i] = e;
     }
     for (int64_t i = 0; i < nmeta && st == RT_OK; i++)
         if (!meta[i].key || !meta[i].value || !rt_valid_utf8(meta[i].key) || !rt_valid_utf8(meta[i].value))
-            st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': __metadata__ entry %lld is not a pair of UTF-8 strings",
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': __metadata__ entry %lld is not a pair of UTF-8 strings",
                          path, (long long)i);
     for (int64_t i = 0; i < nmeta && st == RT_OK; i++)
         for (int64_t k = 0; k < i && st == RT_OK; k++)
             if (strcmp(meta[i].key, meta[k].key) == 0)
-                st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate __metadata__ key '%s'", path, meta[i].key);
+                st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate __metadata__ key '%s'", path, meta[i].key);
     if (st != RT_OK) goto done;
     /* Names are unique (checked on a name-sorted copy: the layout order groups by dtype). */
     memcpy(byname, order, (size_t)n * sizeof *byname);
     qsort(byname, (size_t)n, sizeof *byname, rt_cmp_entry_names);
     for (int64_t i = 1; i < n; i++)
         if (strcmp(byname[i - 1]->name, byname[i]->name) == 0) {
-            st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate tensor name '%s'", path, byname[i]->name);
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate tensor name '%s'", path, byname[i]->name);
             goto done;
         }
     qsort(order, (size_t)n, sizeof *order, rt_cmp_layout);
@@ -1066,7 +1100,7 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
         goto done;
     }
     if (hb.n > RT_ST_MAX_HEADER) {
-        st = rt_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': the header would be %zu bytes, over the limit", path, hb.n);
+        st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': the header would be %zu bytes, over the limit", path, hb.n);
         goto done;
     }
     RtAtomicFile af;

@@ -4,9 +4,11 @@
  * Pipeline position: `train --init-weights F` and `--save-weights F`, `eval --weights F`,
  * `generate --weights F`. Names and shapes come from the program's parameter table, so a model
  * written with Hugging Face's names reads Hugging Face's files as they are; values are converted
- * to f32 from F32, F16, BF16 or F64 (rt_st_read_f32). Files are written as F32 with the metadata
+ * to f32 from F32, F16, BF16 or F64 (rt_st_read_f32). A file that does not fit the program is one
+ * error listing every problem: missing tensors, wrong shapes, dtypes with no f32 conversion. Files are written as F32 with the metadata
  * {"format": "pt"} that transformers' loader expects, atomically (rt_st_write). */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,31 +27,77 @@ static void rt_fmt_shape(char *buf, size_t n, int rank, const int64_t *shape) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
+/* The problems of one load, gathered into one line: "A; B; C; and N more". Entries are added while
+ * the line stays within RT_WEIGHTS_MAX_LISTED entries and leaves room in an RtError for the tail
+ * and a caller's context. */
+#define RT_WEIGHTS_MAX_LISTED 20
+#define RT_WEIGHTS_LINE_BUDGET (RT_ERROR_MAX - 160)
+
+typedef struct RtWeightProblems {
+    char line[RT_ERROR_MAX];
+    size_t len;
+    int64_t count, listed, missing;
+    int full; /* the line has no room for another entry */
+} RtWeightProblems;
+
+static void rt_problem(RtWeightProblems *w, const char *fmt, ...) RT_PRINTF(2, 3);
+static void rt_problem(RtWeightProblems *w, const char *fmt, ...) {
+    w->count++;
+    if (w->full || w->listed >= RT_WEIGHTS_MAX_LISTED) return;
+    char item[RT_ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(item, sizeof item, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    size_t need = (w->listed ? 2 : 0) + (size_t)n;
+    if (w->len + need > RT_WEIGHTS_LINE_BUDGET) {
+        w->full = 1; /* the rest are counted, not listed */
+        return;
+    }
+    w->len += (size_t)snprintf(w->line + w->len, sizeof w->line - w->len, "%s%s", w->listed ? "; " : "", item);
+    w->listed++;
+}
+
+static int rt_readable_as_f32(RtDtype t) { return t == RT_F32 || t == RT_F16 || t == RT_BF16 || t == RT_F64; }
+
 RtStatus rt_weights_load(const RtProgram *p, float *params, const char *path, int64_t *unused, RtError *err) {
     RtStFile *f = NULL;
     RtStatus st = rt_st_open(&f, path, err);
     if (st != RT_OK) return st;
+    /* Every parameter is checked before any is read, so that one message lists what does not fit. */
+    RtWeightProblems w = {.len = 0};
     int64_t matched = 0;
-    for (int64_t i = 0; st == RT_OK && i < p->nparams; i++) {
+    for (int64_t i = 0; i < p->nparams; i++) {
         const RtParam *q = &p->params[i];
         char want[512], have[512];
         rt_fmt_shape(want, sizeof want, q->rank, q->shape);
         const RtStTensor *t = rt_st_find(f, q->name);
         if (!t) {
-            st = rt_fail(err, RT_ERR_NOTFOUND, "weights file '%s' has no tensor '%s' (the parameter %s %s)", path, q->name,
-                         q->name, want);
-            break;
+            w.missing++;
+            rt_problem(&w, "missing '%s' %s", q->name, want);
+            continue;
         }
+        matched++;
         int same = t->rank == q->rank;
         for (int d = 0; same && d < q->rank; d++) same = t->shape[d] == q->shape[d];
         if (!same) {
             rt_fmt_shape(have, sizeof have, t->rank, t->shape);
-            st = rt_fail(err, RT_ERR_FORMAT, "weights file '%s': tensor '%s' is %s but the parameter is %s", path, q->name,
-                         have, want);
-            break;
+            rt_problem(&w, "'%s' is %s but the parameter is %s", q->name, have, want);
         }
-        st = rt_st_read_f32(f, t, params + q->offset, q->numel, err);
-        matched++;
+        if (!rt_readable_as_f32(t->dtype))
+            rt_problem(&w, "'%s' is %s, which cannot be converted to f32", q->name, rt_dtype_name(t->dtype));
+    }
+    if (w.count > 0) {
+        char more[64] = "";
+        if (w.count > w.listed) snprintf(more, sizeof more, "; and %lld more", (long long)(w.count - w.listed));
+        st = rt_fail(err, w.missing == w.count ? RT_ERR_NOTFOUND : RT_ERR_FORMAT,
+                     "weights file '%s' does not fit the program (%lld problem%s): %s%s", path, (long long)w.count,
+                     w.count == 1 ? "" : "s", w.line, more);
+    }
+    for (int64_t i = 0; st == RT_OK && i < p->nparams; i++) {
+        const RtParam *q = &p->params[i];
+        st = rt_st_read_f32(f, rt_st_find(f, q->name), params + q->offset, q->numel, err);
     }
     if (st == RT_OK && unused) *unused = rt_st_count(f) - matched;
     rt_st_close(f);

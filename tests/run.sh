@@ -22,7 +22,8 @@
 #                 tests/exec/gen_*.mbt generate (see run_exec_generate)
 #   ckpt          tests/ckpt/run.sh: killed and resumed runs equal an uninterrupted one; bad checkpoints
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
-#   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s (tests/fuzz/run.sh)
+#   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s and the safetensors
+#                 reader for 30 s (tests/fuzz/run.sh)
 # MBT_QUICK=1 skips asan and fuzz; MBT_ASAN_LEAKS=0 runs the asan layer without leak detection;
 # MBT_LAYERS=exec,verify runs only the layers named (a comma-separated list).
 # The last line is `N passed, M failed` (`, K skipped` when K > 0); the exit status is 1 when
@@ -424,13 +425,21 @@ run_pathological() {
 # ---- fuzz ------------------------------------------------------------------------------------
 
 run_fuzz() {
-    local out="$TMP/fuzz.out" rc
-    bash tests/fuzz/run.sh "$BUILD" 60 >"$out" 2>&1
-    rc=$?
-    relay fuzz "$out"
-    if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
-        fail fuzz "tests/fuzz/run.sh exited with status $rc" "$out"
-    fi
+    local out="$TMP/fuzz.out" rc target secs
+    for target in frontend:60 safetensors:30; do
+        secs=${target#*:}
+        target=${target%:*}
+        if [ ! -x "$BUILD/fuzz/fuzz_$target" ]; then
+            skip "fuzz/$target" "no $BUILD/fuzz/fuzz_$target (make fuzz-build builds it)"
+            continue
+        fi
+        bash tests/fuzz/run.sh "$BUILD" "$secs" "$target" >"$out" 2>&1
+        rc=$?
+        relay fuzz "$out"
+        if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
+            fail fuzz "tests/fuzz/run.sh ($target) exited with status $rc" "$out"
+        fi
+    done
 }
 
 # ckpt: tests/ckpt/run.sh - kill -9 at random moments and during a write, SIGTERM, then resume:
@@ -616,6 +625,31 @@ run_torch() {
     rc=$?
     if [ "$rc" = 1 ] && grep -q '^torch oracle: FAILED' "$out"; then pass torch/control-decay
     else fail torch/control-decay "AdamW without weight decay passed (status $rc)" "$out"; fi
+    run_hf_weights "$mbtc" "$dir/hf"
+}
+
+# Hugging Face weights as they are (tests/torch/hf_weights.py): examples/gpt2.mbt's and llama.mbt's
+# parameter tables are HF's names and shapes; their models at a tiny size (tests/torch/hf_*.mbt)
+# read HF-layout state dicts in F32, F16 and BF16 and print PyTorch's logits within 1e-4 relative,
+# with controls that must fail (a transposed weight, a perturbed one, a wrong layout in the reference).
+run_hf_weights() {
+    local mbtc=$1 dir=$2 py=/usr/bin/python3 out m errs
+    mkdir -p "$dir"
+    out="$dir/out.txt"
+    for m in gpt2 llama; do
+        if "$mbtc" "examples/$m.mbt" --train "${m}_cpu" --emit=plan >"$dir/${m}_plan.txt" 2>"$out" \
+            && "$py" tests/torch/hf_weights.py names "$m" "$dir/${m}_plan.txt" >"$out" 2>&1 && grep -q '^hf names: ok' "$out"; then
+            pass "torch/hf-names-$m ($(sed -n '1s/, [0-9]* in HF.*//p' "$out") named and shaped as HF's)"
+        else fail "torch/hf-names-$m" "examples/$m.mbt's parameters are not HF's" "$out"; fi
+        if ! "$mbtc" -I examples "tests/torch/hf_$m.mbt" -o "$dir/hf_$m" >"$out" 2>&1; then
+            fail "torch/hf-$m" "building tests/torch/hf_$m.mbt failed" "$out"
+            continue
+        fi
+        if "$py" tests/torch/hf_weights.py check "$m" "$dir/hf_$m" "$dir" >"$out" 2>&1 && grep -q '^hf weights: ok' "$out"; then
+            errs=$(sed -n 's/^ok *[a-z0-9]* \([A-Z0-9]*\): .*max error \([^ ]*\) .*/\1 \2/p' "$out" | paste -sd, - | sed 's/,/, /g')
+            pass "torch/hf-$m (logit errors $errs; $(grep -c '^ok     control' "$out") controls fail as they must)"
+        else fail "torch/hf-$m" "HF $m weights do not give PyTorch's logits" "$out"; fi
+    done
 }
 
 # jfield FILE N KEY: the value of KEY in the Nth line (a JSON object) of a --log file.
@@ -866,7 +900,14 @@ run_exec_generate() {
     gen_error 0 "gen_bidir: this program cannot generate: it was compiled without a logits forward (mbtc warned why)" \
         "$dir/gen_bidir" generate --weights "$w"
     gen_error 1 "gpt: generate needs --weights F.safetensors (the program names no weights file)" "$prog" generate
-    gen_error 2 "gpt: weights file '$dir/w1.safetensors' has no tensor 'wte' (the parameter wte [64, 32])" \
+    # another model's weights: every problem in one line, the first 20 listed
+    local blk="" b
+    for b in 0 1; do
+        blk="$blk; missing 'h.$b.ln_1.weight' [32]; missing 'h.$b.ln_1.bias' [32]; missing 'h.$b.attn.c_attn.weight' [32, 96]"
+        blk="$blk; missing 'h.$b.attn.c_attn.bias' [96]; missing 'h.$b.attn.c_proj.weight' [32, 32]; missing 'h.$b.attn.c_proj.bias' [32]"
+        [ $b = 0 ] && blk="$blk; missing 'h.0.ln_2.weight' [32]; missing 'h.0.ln_2.bias' [32]; missing 'h.0.mlp.c_fc.weight' [32, 128]; missing 'h.0.mlp.c_fc.bias' [128]; missing 'h.0.mlp.c_proj.weight' [128, 32]; missing 'h.0.mlp.c_proj.bias' [32]"
+    done
+    gen_error 2 "gpt: weights file '$dir/w1.safetensors' does not fit the program (28 problems): missing 'wte' [64, 32]; missing 'wpe' [32, 32]$blk; and 8 more" \
         "$prog" generate --weights "$dir/w1.safetensors"
     gen_error 3 "gpt: safetensors file '$dir/junk.safetensors': header length 7306634592548843374 exceeds the limit of 100000000 bytes" "$prog" generate --weights "$dir/junk.safetensors"
     gen_error 4 "gpt: cannot open safetensors file '$dir/none.safetensors': No such file or directory" \
@@ -931,8 +972,8 @@ layer_asan() {
 layer_fuzz() {
     if [ "$QUICK" = 1 ]; then
         skip fuzz "MBT_QUICK=1"
-    elif [ ! -x "$BUILD/fuzz/fuzz_frontend" ]; then
-        skip fuzz "no $BUILD/fuzz/fuzz_frontend (make fuzz-build builds it)"
+    elif [ ! -x "$BUILD/fuzz/fuzz_frontend" ] && [ ! -x "$BUILD/fuzz/fuzz_safetensors" ]; then
+        skip fuzz "no $BUILD/fuzz/fuzz_frontend nor fuzz_safetensors (make fuzz-build builds them)"
     else
         run_fuzz
     fi

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# tests/fuzz/run.sh BUILD SECONDS - runs the front-end fuzzer (BUILD/fuzz/fuzz_frontend, built by
-# `make fuzz-build`) from the repository root, in two steps:
-#   1. replay: every file of the corpus (tests/fuzz/corpus, examples, stdlib, tests/diag,
-#      tests/golden) once;
+# tests/fuzz/run.sh BUILD SECONDS [TARGET] - runs a fuzzer (BUILD/fuzz/fuzz_TARGET, built by
+# `make fuzz-build`) from the repository root. TARGET is `frontend` (the default: the front end and
+# checker) or `safetensors` (the runtime's safetensors reader). Two steps:
+#   1. replay: every file of the corpus once (frontend: tests/fuzz/corpus, examples, stdlib,
+#      tests/diag, tests/golden; safetensors: tests/fuzz/corpus_st);
 #   2. fuzz for SECONDS (0 = until stopped with Ctrl-C) on a temporary copy of that corpus, so the
 #      stored corpus is never changed by a run.
-# Prints `PASS fuzz/<step>` or `FAIL fuzz/<step>: ...` for each step (what tests/run.sh counts),
+# Prints `PASS fuzz/<step>` or `FAIL fuzz/<step>: ...` for each step (step names are prefixed
+# `st-` for the safetensors target) (what tests/run.sh counts),
 # with the path of the input that crashed or hung (kept in BUILD/fuzz/artifacts/) and the end of
 # libFuzzer's log. Exit status 1 when a step failed.
 #
@@ -14,9 +16,10 @@
 set -u
 
 if [ $# -lt 2 ]; then
-    echo "usage: tests/fuzz/run.sh BUILD SECONDS" >&2
+    echo "usage: tests/fuzz/run.sh BUILD SECONDS [frontend|safetensors]" >&2
     exit 2
 fi
+TARGET=${3:-frontend}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 if ! BUILD=$(cd "$1" 2>/dev/null && pwd); then
     echo "FAIL fuzz/setup: build directory '$1' does not exist"
@@ -26,15 +29,22 @@ SECONDS_TO_RUN=$2
 case "$SECONDS_TO_RUN" in '' | *[!0-9]*) echo "tests/fuzz/run.sh: SECONDS must be a number" >&2; exit 2 ;; esac
 cd "$ROOT" || exit 2
 
-FUZZER="$BUILD/fuzz/fuzz_frontend"
+case "$TARGET" in
+frontend) P="" MAX_LEN=4096 ;;
+safetensors) P="st-" MAX_LEN=2048 ;;
+*) echo "tests/fuzz/run.sh: TARGET must be frontend or safetensors, not '$TARGET'" >&2; exit 2 ;;
+esac
+FUZZER="$BUILD/fuzz/fuzz_$TARGET"
 if [ ! -x "$FUZZER" ]; then
-    echo "FAIL fuzz/setup: $FUZZER does not exist (run make fuzz-build)"
+    echo "FAIL fuzz/${P}setup: $FUZZER does not exist (run make fuzz-build)"
     exit 1
 fi
 ART="$BUILD/fuzz/artifacts"
 mkdir -p "$ART" "$BUILD/tmp" || exit 2
 CORPUS_DIRS=()
-for d in tests/fuzz/corpus examples stdlib tests/diag tests/golden; do
+if [ "$TARGET" = safetensors ]; then SOURCES=(tests/fuzz/corpus_st)
+else SOURCES=(tests/fuzz/corpus examples stdlib tests/diag tests/golden); fi
+for d in "${SOURCES[@]}"; do
     [ -d "$d" ] && CORPUS_DIRS+=("$d")
 done
 
@@ -80,9 +90,9 @@ report() {
 
 # ---- 1. replay ---------------------------------------------------------------------------------
 BEFORE=$(list_artifacts)
-LOG="$BUILD/fuzz/replay.log"
+LOG="$BUILD/fuzz/${P}replay.log"
 "$FUZZER" -runs=0 -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/" "${CORPUS_DIRS[@]}" >"$LOG" 2>&1
-report replay $? "$LOG" "$BEFORE"
+report "${P}replay" $? "$LOG" "$BEFORE"
 
 # ---- 2. fuzz -----------------------------------------------------------------------------------
 WORK=$(mktemp -d "$BUILD/tmp/fuzz-corpus.XXXXXX") || exit 2
@@ -93,20 +103,20 @@ for d in "${CORPUS_DIRS[@]}"; do
     done
 done
 BEFORE=$(list_artifacts)
-LOG="$BUILD/fuzz/fuzz.log"
-ARGS=(-max_len=4096 -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/" -print_final_stats=1)
+LOG="$BUILD/fuzz/${P}fuzz.log"
+ARGS=(-max_len="$MAX_LEN" -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/" -print_final_stats=1)
 if [ "$SECONDS_TO_RUN" = 0 ]; then
     echo "fuzzing until stopped (Ctrl-C); new inputs go to $WORK, findings to $ART/"
     "$FUZZER" "${ARGS[@]}" "$WORK" 2>&1 | tee "$LOG"
     rc=${PIPESTATUS[0]}
     # Stopped by the user (SIGINT: libFuzzer exits 0 or 130): not a finding by itself.
     if [ "$rc" = 130 ]; then rc=0; fi
-    report fuzz $rc "$LOG" "$BEFORE"
+    report "${P}fuzz" $rc "$LOG" "$BEFORE"
 else
     "$FUZZER" "${ARGS[@]}" -max_total_time="$SECONDS_TO_RUN" "$WORK" >"$LOG" 2>&1
     rc=$?
-    report "fuzz-${SECONDS_TO_RUN}s" $rc "$LOG" "$BEFORE"
-    grep -aE '^stat::number_of_executed_units|^stat::peak_rss_mb' "$LOG" | sed 's/^/# /'
+    report "${P}fuzz-${SECONDS_TO_RUN}s" $rc "$LOG" "$BEFORE"
+    grep -aE '^stat::number_of_executed_units|^stat::average_exec_per_sec|^stat::peak_rss_mb' "$LOG" | sed "s/^/# ${P}/"
 fi
 
 [ "$failed" = 0 ]

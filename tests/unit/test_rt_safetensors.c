@@ -449,6 +449,73 @@ static void bad_files(void) {
     dir_remove();
 }
 
+/* ---- truncation, and names in messages ---------------------------------------------------------- */
+
+/* A valid file cut short at each part of it: the length field, the header, the data. */
+static void truncated_files(void) {
+    dir_make();
+    float v[4] = {1, 2, 3, 4};
+    int64_t s4[1] = {4};
+    RtStEntry t = {"a", RT_F32, 1, s4, v, 0};
+    RtError e;
+    CHECK(rt_st_write(at("ok.st"), &t, 1, NULL, 0, &e) == RT_OK, "%s", e.msg);
+    size_t n = 0;
+    unsigned char *good = slurp(at("ok.st"), &n);
+    size_t hlen = n - 8 - 16;
+    struct {
+        size_t len;
+        char msg[200];
+    } cuts[3];
+    cuts[0].len = 5;
+    snprintf(cuts[0].msg, sizeof cuts[0].msg, "' is truncated: 5 bytes, too short for the 8-byte header length");
+    cuts[1].len = 8 + hlen / 2;
+    snprintf(cuts[1].msg, sizeof cuts[1].msg, "': header length %zu is beyond the end of the file (%zu bytes)", hlen, 8 + hlen / 2);
+    cuts[2].len = n - 3;
+    snprintf(cuts[2].msg, sizeof cuts[2].msg, "': tensor 'a' has data_offsets [0, 16] outside the data (13 bytes)");
+    for (int i = 0; i < 3; i++) {
+        spit(at("cut.st"), good, cuts[i].len);
+        RtStFile *f = NULL;
+        char want[700];
+        snprintf(want, sizeof want, "safetensors file '%s%s", at("cut.st"), cuts[i].msg);
+        CHECK(rt_st_open(&f, at("cut.st"), &e) == RT_ERR_FORMAT && f == NULL, "the file cut to %zu bytes opened", cuts[i].len);
+        CHECK_STR(e.msg, want, "message");
+        rt_st_close(f);
+    }
+    free(good);
+    dir_remove();
+}
+
+/* Names may hold control characters (valid JSON escapes); messages naming them stay one line,
+ * the characters written as escapes. (The safetensors fuzzer found a newline splitting one.) */
+static void names_in_messages(void) {
+    dir_make();
+    static const char hdr[] = "{\"a\\nb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    unsigned char p[8 + sizeof hdr - 1 + 4] = {0};
+    p[0] = (unsigned char)(sizeof hdr - 1);
+    memcpy(p + 8, hdr, sizeof hdr - 1);
+    RtStFile *f = NULL;
+    RtError e;
+    CHECK(rt_st_open_memory(&f, p, sizeof p, "m", &e) == RT_OK, "%s", e.msg);
+    const RtStTensor *t = f ? rt_st_find(f, "a\nb") : NULL;
+    CHECK(t != NULL, "the name with a newline was not found");
+    int64_t out;
+    CHECK(t && rt_st_read_i64(f, t, &out, 1, &e) == RT_ERR_FORMAT, "F32 read as i64");
+    CHECK_STR(e.msg, "safetensors file 'm': tensor 'a\\nb' is F32, which cannot be read as i64 (I32 or I64 expected)",
+              "message");
+    rt_st_close(f);
+    static const char hdr2[] = "{\"x\\t\\u0001\":{\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    unsigned char q[8 + sizeof hdr2 - 1 + 4] = {0};
+    q[0] = (unsigned char)(sizeof hdr2 - 1);
+    memcpy(q + 8, hdr2, sizeof hdr2 - 1);
+    CHECK(rt_st_open_memory(&f, q, sizeof q, "m", &e) == RT_ERR_FORMAT && f == NULL, "an unknown dtype opened");
+    char want[300];
+    snprintf(want, sizeof want, "safetensors file 'm': malformed header at offset %d: unknown dtype \"F17\" for tensor \"x\\t\\x01\"",
+             8 + (int)(strstr(hdr2, "\"F17") - hdr2));
+    CHECK_STR(e.msg, want, "message");
+    CHECK(strchr(e.msg, '\n') == NULL && strchr(e.msg, '\t') == NULL, "a control character in the message");
+    dir_remove();
+}
+
 /* ---- no crash on damaged files ------------------------------------------------------------------ */
 
 /* Parses a private copy of exactly n bytes, so that AddressSanitizer sees any read past the end. */
@@ -626,6 +693,8 @@ int main(void) {
     RUN(round_trip);
     RUN(conversions);
     RUN(bad_files);
+    RUN(truncated_files);
+    RUN(names_in_messages);
     RUN(no_crash_sweep);
     RUN(write_errors);
     RUN(atomic_file_too_large);

@@ -671,9 +671,11 @@ static void cli_errors(void) {
     snprintf(missing_glob, sizeof missing_glob, "%s/*.nothing", g_tmp);
     snprintf(missing_log, sizeof missing_log, "%s/no/such/dir/x.jsonl", g_tmp);
     snprintf(msg[0], sizeof msg[0], "bigram: no data files match '%s'\n", missing_glob);
-    snprintf(msg[1], sizeof msg[1], "bigram: weights file '%s' has no tensor 'wte.weight' (the parameter wte.weight [64, 64])\n",
+    snprintf(msg[1], sizeof msg[1], "bigram: weights file '%s' does not fit the program (1 problem): missing 'wte.weight' [64, 64]\n",
              bad_name);
-    snprintf(msg[2], sizeof msg[2], "bigram: weights file '%s': tensor 'wte.weight' is [64, 32] but the parameter is [64, 64]\n",
+    snprintf(msg[2], sizeof msg[2],
+             "bigram: weights file '%s' does not fit the program (1 problem): 'wte.weight' is [64, 32] but the parameter "
+             "is [64, 64]\n",
              bad_shape);
     snprintf(msg[3], sizeof msg[3], "bigram: cannot open the log file '%s': No such file or directory\n", missing_log);
     ErrCase cases[] = {
