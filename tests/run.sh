@@ -650,6 +650,15 @@ run_hf_weights() {
             pass "torch/hf-$m (logit errors $errs; $(grep -c '^ok     control' "$out") controls fail as they must)"
         else fail "torch/hf-$m" "HF $m weights do not give PyTorch's logits" "$out"; fi
     done
+    # a checkpoint mbt wrote, read by PyTorch: 2 steps of hf_gpt2 from the F32 weights
+    "$BUILD/mbt-gendata" --vocab 96 --tokens 20000 --val-tokens 0 --out-dir "$dir/ckd" --name t >"$out" 2>&1
+    rm -rf "$dir/ck"
+    if "$dir/hf_gpt2" train --data "$dir/ckd/t_train.bin" --steps 2 --ckpt-every 2 --ckpt-dir "$dir/ck" \
+        --init-weights "$dir/gpt2_f32.safetensors" >"$out" 2>&1 \
+        && "$py" tests/torch/hf_weights.py ckpt gpt2 "$dir/hf_gpt2" "$dir/ck" "$dir/gpt2_f32.safetensors" >"$out" 2>&1 \
+        && grep -q '^ckpt: ok' "$out"; then
+        pass "torch/ckpt-to-pytorch ($(sed -n 's/.*match mbt.s: \(max error [^ ]*\).*/\1/p' "$out"); AdamW takes m and v)"
+    else fail torch/ckpt-to-pytorch "PyTorch does not read mbt's checkpoint to the same numbers" "$out"; fi
 }
 
 # jfield FILE N KEY: the value of KEY in the Nth line (a JSON object) of a --log file.

@@ -10,6 +10,7 @@ torch layer, run_hf_weights).
         LlamaForCausalLM with llama.mbt's configuration (nn.Linear weights [out, in]).
 
     hf_weights.py check gpt2|llama PROG DIR [--tol 1e-4]
+    hf_weights.py ckpt gpt2|llama PROG CKPT_DIR INIT.safetensors [--tol 1e-4]
         PROG is `examples/gpt2.mbt`'s GPT2 (or llama.mbt's Llama) at a tiny size, built by
         `mbtc -I examples tests/torch/hf_gpt2.mbt -o PROG` (hf_llama.mbt): the same model
         definitions, imported. Writes a random state dict with HF's exact names and layouts
@@ -31,6 +32,7 @@ import argparse
 import math
 import os
 import re
+import json
 import subprocess
 import sys
 
@@ -294,6 +296,45 @@ def check(args):
     return 0 if ok else 1
 
 
+def ckpt(args):
+    """A checkpoint mbt wrote, read by PyTorch: the same logits from model.safetensors, and an
+    optimizer state PyTorch's AdamW can take (exp_avg, exp_avg_sq per parameter)."""
+    c, ok = TINY[args.model], True
+
+    def expect(cond, line):
+        nonlocal ok
+        print(("ok     " if cond else "FAILED ") + line)
+        ok &= bool(cond)
+
+    step = open(os.path.join(args.ckpt, "latest")).read().strip()
+    d = os.path.join(args.ckpt, step)
+    state = json.load(open(os.path.join(d, "state.json")))
+    sd = load_safetensors(os.path.join(d, "model.safetensors"))
+    init_sd = load_safetensors(args.init)
+    buffers = {n: t for n, t in init_sd.items() if n not in sd}  # GPT-2's attn.bias masks: not parameters
+    ref = reference(args.model, {**sd, **buffers}, c)
+    got, err = mbt_logits(args.prog, os.path.join(d, "model.safetensors"))
+    e = rel_err(got, ref) if got is not None else float("inf")
+    expect(e <= args.tol, f"{step}: PyTorch's logits from the checkpoint's weights match mbt's: max error {e:.2e} (tolerance {args.tol:g})")
+    init = reference(args.model, init_sd, c)
+    moved = rel_err(init, ref)
+    expect(moved > args.tol, f"control: the initial weights' logits differ from the checkpoint's by {moved:.2e}")
+    opt = load_safetensors(os.path.join(d, "optimizer.safetensors"))
+    names = state["optimizer"]["state"]
+    expect(names == ["m", "v"] and len(opt) == 2 * len(sd), f"optimizer.safetensors holds {names} for all {len(sd)} parameters")
+    params = {n: torch.nn.Parameter(t.clone()) for n, t in sd.items()}
+    adam = torch.optim.AdamW(params.values(), lr=1e-3)
+    for n, p in params.items():
+        adam.state[p] = {"step": torch.tensor(float(state["step"])), "exp_avg": opt[n + ".m"].float(),
+                         "exp_avg_sq": opt[n + ".v"].float()}
+    shapes = all(opt[n + ".m"].shape == t.shape and opt[n + ".v"].shape == t.shape for n, t in sd.items())
+    nonneg = all((opt[n + ".v"] >= 0).all().item() for n in sd)
+    expect(shapes and nonneg and adam.state_dict()["state"],
+           f"AdamW takes the state at step {state['step']}: m and v shaped like their parameters, v >= 0")
+    print("ckpt: ok" if ok else "ckpt: FAILED")
+    return 0 if ok else 1
+
+
 def names(args):
     """The parameter table of `mbtc ... --emit=plan` against HF's names and shapes."""
     c = FULL[args.model]
@@ -333,9 +374,15 @@ def main(argv):
     b = sub.add_parser("names")
     b.add_argument("model", choices=["gpt2", "llama"])
     b.add_argument("plan")
+    k = sub.add_parser("ckpt")
+    k.add_argument("model", choices=["gpt2", "llama"])
+    k.add_argument("prog")
+    k.add_argument("ckpt")
+    k.add_argument("init")
+    k.add_argument("--tol", type=float, default=1e-4)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    return check(args) if args.cmd == "check" else names(args)
+    return {"check": check, "names": names, "ckpt": ckpt}[args.cmd](args)
 
 
 if __name__ == "__main__":
