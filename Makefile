@@ -258,6 +258,7 @@ BENCH_ARGS ?=
 bench: all
 	@tools/deps.sh bench
 	@/usr/bin/python3 bench/run.py --build $(BUILD) $(BENCH_ARGS)
+	@/usr/bin/python3 bench/ckpt.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -355,6 +355,27 @@ static void rt_ckpt_join(RtCkptWriter *w) {
     w->has_report = 1;
 }
 
+/* The snapshot's memory, allocated and touched once (memset faults its pages in), so that the
+ * first checkpoint's copy does not pay for a fresh mapping of the whole state. */
+static RtStatus rt_ckpt_snapshot_alloc(RtCkptWriter *w, RtError *err) {
+    if (w->snap_params) return RT_OK;
+    const RtProgram *p = w->p;
+    size_t pb = ((size_t)p->param_floats * 4 + RT_ALIGN) / RT_ALIGN * RT_ALIGN;
+    size_t sb = ((size_t)p->state_floats * 4 + RT_ALIGN) / RT_ALIGN * RT_ALIGN;
+    if (posix_memalign((void **)&w->snap_params, RT_ALIGN, pb) != 0) w->snap_params = NULL;
+    if (posix_memalign((void **)&w->snap_state, RT_ALIGN, sb) != 0) w->snap_state = NULL;
+    if (!w->snap_params || !w->snap_state) {
+        free(w->snap_params);
+        free(w->snap_state);
+        w->snap_params = w->snap_state = NULL;
+        return rt_fail_errno(err, ENOMEM, "cannot hold a checkpoint's snapshot (%lld bytes)",
+                             (long long)(p->param_floats + p->state_floats) * 4);
+    }
+    memset(w->snap_params, 0, pb);
+    memset(w->snap_state, 0, sb);
+    return RT_OK;
+}
+
 /* The training files as a JSON array: each one's path, size and sampled checksum. */
 static RtStatus rt_ckpt_data_json(const RtData *train, char **out, RtError *err) {
     size_t len = 0;
@@ -391,6 +412,7 @@ RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char 
     }
     w->p = p, w->keep = keep, w->async = async;
     st = rt_ckpt_data_json(train, &w->data_json, err);
+    if (st == RT_OK) st = rt_ckpt_snapshot_alloc(w, err);
     if (st != RT_OK) {
         rt_ckpt_writer_close(w);
         return st;
@@ -445,19 +467,8 @@ RtStatus rt_ckpt_save(RtCkptWriter *w, RtPool *pool, const float *params, const 
     double t0 = rt_now();
     rt_ckpt_join(w);
     const RtProgram *p = w->p;
-    if (!w->snap_params) {
-        size_t pb = ((size_t)p->param_floats * 4 + RT_ALIGN) / RT_ALIGN * RT_ALIGN;
-        size_t sb = ((size_t)p->state_floats * 4 + RT_ALIGN) / RT_ALIGN * RT_ALIGN;
-        if (posix_memalign((void **)&w->snap_params, RT_ALIGN, pb) != 0) w->snap_params = NULL;
-        if (posix_memalign((void **)&w->snap_state, RT_ALIGN, sb) != 0) w->snap_state = NULL;
-        if (!w->snap_params || !w->snap_state) {
-            free(w->snap_params);
-            free(w->snap_state);
-            w->snap_params = w->snap_state = NULL;
-            return rt_fail_errno(err, ENOMEM, "cannot hold a checkpoint's snapshot (%lld bytes)",
-                                 (long long)(p->param_floats + p->state_floats) * 4);
-        }
-    }
+    RtStatus st = rt_ckpt_snapshot_alloc(w, err);
+    if (st != RT_OK) return st;
     w->started = t0;
     rt_parallel_copy(pool, w->snap_params, params, p->param_floats);
     rt_parallel_copy(pool, w->snap_state, state, p->state_floats);
