@@ -44,7 +44,7 @@ MIDDLE_SRCS = compiler/graph.c compiler/graph_build.c compiler/autodiff.c compil
               compiler/fuse_lower.c compiler/fuse.c compiler/fuse_codegen.c compiler/kir.c compiler/kir_ref.c
 # The CUDA back end's code generator (KIR -> CUDA C) and NVRTC, opened with dlopen at run time
 # (no link-time dependency on CUDA: mbtc builds and runs without it).
-CUDA_SRCS  = compiler/cuda.c compiler/nvrtc.c
+CUDA_SRCS  = compiler/cuda.c compiler/cuda_program.c compiler/nvrtc.c
 LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS) $(MIDDLE_SRCS) $(CUDA_SRCS)
 GEN_SRCS   = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
 

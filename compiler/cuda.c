@@ -710,6 +710,7 @@ static void cuda_header(CudaEmit *E, const char *note) {
         fprintf(out, " * fuses:\n");
         cuda_comment_lines(out, "   ", note);
     }
+    fprintf(out, " * buffers:\n");
     for (int p = 0; p < k->nbufs; p++) {
         const KBuf *bf = &k->bufs[p];
         fprintf(out, " *   p%d: %s[", p, dtype_name(bf->dt));
