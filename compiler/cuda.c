@@ -40,6 +40,7 @@
 #define CUDA_WARP_BLOCK 128   /* warp mode: 4 work items per block */
 #define CUDA_BLOCK_BLOCK 256  /* block mode: 8 warps per work item */
 #define CUDA_MAX_BLOCKS 65536 /* grid cap: beyond it threads take more items (grid stride) */
+#define CUDA_REGISTER_BUDGET 128 /* registers a thread that __launch_bounds__ allows */
 #define CUDA_WARP_MAX_EXTENT 1024 /* split loops up to this long: a warp; longer: a block */
 
 const char *cuda_mode_name(CudaMode m) {
@@ -742,7 +743,10 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
     const CudaLaunch *L = &E.P.launch;
     if (launch) *launch = *L;
     cuda_header(&E, note);
-    fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d) %s(", L->block, k->name);
+    /* at least 65536 / (block x 64) blocks an SM: a budget of 128 registers a thread. With the
+     * block size alone ptxas aims at full occupancy (32 registers on sm_90) and spills row kernels */
+    fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, 65536 / (L->block * CUDA_REGISTER_BUDGET),
+            k->name);
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");
     E.indent = 1;
