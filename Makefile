@@ -44,7 +44,10 @@ SEMA_SRCS  = compiler/dim.c compiler/value.c compiler/shape.c compiler/builtins.
 MIDDLE_SRCS = compiler/graph.c compiler/graph_build.c compiler/autodiff.c compiler/plan.c \
               compiler/ref.c compiler/ref_bwd.c compiler/ref_seg.c \
               compiler/fuse_lower.c compiler/fuse.c compiler/fuse_codegen.c compiler/kir.c compiler/kir_ref.c
-LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS) $(MIDDLE_SRCS)
+# The CUDA back end's code generator (KIR -> CUDA C) and NVRTC, opened with dlopen at run time
+# (no link-time dependency on CUDA: mbtc builds and runs without it).
+CUDA_SRCS  = compiler/cuda.c compiler/cuda_program.c compiler/nvrtc.c
+LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS) $(MIDDLE_SRCS) $(CUDA_SRCS)
 GEN_SRCS   = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
 
 LIB_OBJS = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(BUILD)/obj/mbt.o $(BUILD)/obj/lexer.o

@@ -883,3 +883,34 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     cpu_target_dispose(&target);
     return rc;
 }
+
+/* ---- the schedules alone (host.h: for the CUDA source) ------------------------------------------ */
+
+int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSchedules *out, Arena *ar) {
+    memset(out, 0, sizeof *out);
+    TrainBuild *tb;
+    Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
+    if (!plan) return 1;
+    Host H = {.ar = ar, .plan = plan, .ts = tb->settings};
+    static const char *const prefix[3] = {"step_", "update_", "logits_"};
+    const Graph *graphs[2] = {tb->step, tb->update};
+    for (int i = 0; i < 2; i++) {
+        out->prefix[i] = prefix[i];
+        out->g[i] = graphs[i];
+        out->r[i] = fuse_graph(graphs[i], NULL, 0, ar);
+        if (fuse_verify(out->r[i], stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", i ? "update" : "step");
+        out->disjoint[i] = i == 0; /* the update writes in place (host_compile's sched_kernels) */
+    }
+    out->n = 2;
+    int logits_node = -1;
+    Graph *lg = diag_error_count() ? NULL : logits_graph(&H, ld, tb->step, find_vocab(plan->step), &logits_node);
+    if (lg) {
+        out->prefix[2] = prefix[2];
+        out->g[2] = lg;
+        out->r[2] = fuse_graph(lg, &logits_node, 1, ar);
+        if (fuse_verify(out->r[2], stderr)) INTERNAL("the fused logits graph fails fuse_verify (problems above)");
+        out->disjoint[2] = 1;
+        out->n = 3;
+    }
+    return diag_error_count() ? 1 : 0;
+}

@@ -20,6 +20,7 @@
 #define MBT_HOST_H
 
 #include "cpu.h"
+#include "fuse.h"
 #include "module.h"
 
 /* Builds the executable for the train block of main_mod named train_name (NULL: the first) at
@@ -27,5 +28,19 @@
  * the file's train blocks). */
 int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
                  Arena *ar);
+
+/* The schedules -o builds, fused and verified, for back ends that lower them elsewhere (the CUDA
+ * source of --emit=cuda): step (differentiated), update, and the batch-1 logits (absent, with the
+ * warning -o gives, when the program cannot generate). Kernel names are fuse's, unprefixed; the
+ * prefixes are host_compile's. */
+typedef struct HostSchedules {
+    int n;                    /* 2, or 3 with the logits */
+    const char *prefix[3];    /* "step_", "update_", "logits_" */
+    FuseResult *r[3];
+    const Graph *g[3];
+    int disjoint[3];          /* buffers of the schedule never overlap (cpu_lower_kernel's flag) */
+} HostSchedules;
+/* Returns 0, or 1 after errors were reported through diag. */
+int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSchedules *out, Arena *ar);
 
 #endif

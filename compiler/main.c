@@ -19,6 +19,7 @@
 #include "fuse.h"
 #include "cpu.h"
 #include "host.h"
+#include "cuda_program.h"
 #include "verify_step.h"
 
 #define MBT_VERSION "0.1.0"
@@ -36,7 +37,15 @@ static void usage(FILE *out) {
             "                     llvm (the generated kernels as LLVM IR for the host CPU), program\n"
             "                     (the whole program -o builds, before optimisation: every kernel, the\n"
             "                     step functions that launch them and the descriptor, as LLVM IR)\n"
+            "                     cuda (every kernel of the step, update and logits schedules as CUDA C),\n"
+            "                     ptx, sass (that source compiled by NVRTC for each --cuda-arch; sass\n"
+            "                     needs cuobjdump or nvdisasm)\n"
             "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
+            "  --cuda-arch=LIST   GPU architectures for ptx, sass, --cuda-info, --dump-dir (default sm_80,sm_90)\n"
+            "  --cuda-info        with --emit=kernels: a '# ptxas' line a kernel (registers, spills, shared\n"
+            "                     memory per architecture; needs NVRTC)\n"
+            "  --dump-dir DIR     write every kernel's stages to DIR: .kir, .cu, .ARCH.ptx, .ARCH.sass, and\n"
+            "                     the program's .cu, .ARCH.cubin, .ARCH.ptx, .ARCH.ptxas.log (needs NVRTC)\n"
             "  --train NAME       the train block -o and --emit=ir/grad/plan/kernels/llvm build (default: the first)\n"
             "  -o FILE            build the executable FILE for a train block (train, eval; see docs/cli.md)\n"
             "  --verify-step F    check a step the executable computed (`PROG train --steps 1 --dump-step F`)\n"
@@ -154,9 +163,51 @@ static int emit_llvm(Loader *ld, Arena *ar, Module *main_mod, const char *train,
     return diag_finish();
 }
 
+/* The CUDA stages: --emit=cuda (the source), ptx, sass, --cuda-info (after --emit=kernels'
+ * listing) and --dump-dir, all from the schedules -o builds (host_schedules) in one translation
+ * unit (cuda_program.h), compiled once per architecture. */
+typedef struct CudaOpts {
+    const char *archs[8];
+    int narch;
+    int info;            /* --cuda-info */
+    const char *dump;    /* --dump-dir */
+} CudaOpts;
+
+static int emit_cuda(Loader *ld, Arena *ar, Module *main_mod, const char *train, const char *emit, const CudaOpts *co) {
+    HostSchedules hs;
+    if (host_schedules(ld, main_mod, train, &hs, ar)) return diag_finish();
+    CudaSchedule cs[3];
+    for (int i = 0; i < hs.n; i++) cs[i] = (CudaSchedule){hs.prefix[i], hs.r[i], hs.g[i], hs.disjoint[i]};
+    CudaProgram *p = cuda_program_build(cs, hs.n, ar);
+    if (emit && strcmp(emit, "cuda") == 0) {
+        fputs(p->source, stdout);
+        if (!co->dump) return diag_finish();
+    }
+    int want_ptx = (emit && strcmp(emit, "ptx") == 0) || co->dump;
+    const char *what = co->dump ? "--dump-dir" : co->info ? "--cuda-info" : emit ? arena_printf(ar, "--emit=%s", emit) : "mbtc";
+    NvrtcResult *res = arena_alloc(ar, sizeof *res * (size_t)co->narch);
+    if (cuda_program_compile(p, co->archs, co->narch, want_ptx, res, what, ar)) return diag_finish();
+    for (int a = 0; emit && a < co->narch; a++) {
+        if (strcmp(emit, "ptx") == 0) {
+            printf("%s// ---- %s (compute_%s) ----\n%s", a ? "\n" : "", co->archs[a], co->archs[a] + 3, res[a].ptx);
+        } else if (strcmp(emit, "sass") == 0) {
+            const char *err = NULL, *sass = cuda_sass(&res[a], ar, &err);
+            if (!sass) {
+                diag_error_noloc("%s", err);
+                return diag_finish();
+            }
+            printf("%s// ---- %s ----\n%s", a ? "\n" : "", co->archs[a], sass);
+        }
+    }
+    if (co->info) cuda_print_info(stdout, p, res, co->narch);
+    if (co->dump && cuda_program_dump(p, res, co->narch, co->dump, ar) == 0)
+        fprintf(stderr, "mbtc: wrote %d kernels' stages for %d architectures to %s\n", p->nkernels, co->narch, co->dump);
+    return diag_finish();
+}
+
 /* The pipeline, stage by stage; returns the exit status. */
 static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int check, const char *output,
-               const char *train, int opt, const char *verify) {
+               const char *train, int opt, const char *verify, const CudaOpts *co) {
     if (emit && strcmp(emit, "tokens") == 0) {
         uint32_t len = 0;
         const char *why = NULL;
@@ -177,7 +228,18 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0))
         return emit_graph(ld, ar, main_mod, train, strcmp(emit, "grad") == 0);
     if (emit && strcmp(emit, "plan") == 0) return emit_plan(ld, ar, main_mod, train);
-    if (emit && strcmp(emit, "kernels") == 0) return emit_kernels(ld, ar, main_mod, train);
+    if (emit && strcmp(emit, "kernels") == 0) {
+        int rc = emit_kernels(ld, ar, main_mod, train);
+        if (rc || !co->info) return rc;
+        printf("\n");
+        fflush(stdout);
+        Loader fresh; /* sema checks a module once: the CUDA schedules are built from a second parse */
+        Module *again = loader_reparse(&fresh, ld);
+        if (!again) INTERNAL("cannot parse '%s' a second time", input);
+        return emit_cuda(&fresh, ar, again, train, NULL, co);
+    }
+    if (co->info || co->dump || (emit && (strcmp(emit, "cuda") == 0 || strcmp(emit, "ptx") == 0 || strcmp(emit, "sass") == 0)))
+        return emit_cuda(ld, ar, main_mod, train, emit && strcmp(emit, "kernels") != 0 ? emit : NULL, co);
     if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
     if (emit && strcmp(emit, "program") == 0) return host_compile(ld, main_mod, input, train, NULL, ar);
     if (verify) return verify_step(ld, main_mod, train, verify, ar);
@@ -196,6 +258,8 @@ int main(int argc, char **argv) {
     const char *input = NULL, *emit = NULL, *output = NULL, *train = NULL, *verify = NULL;
     int check = 0, opt = 0;
     PtrVec incdirs = {0};
+    CudaOpts co = {0};
+    const char *arch_list = "sm_80,sm_90";
     diag_set_color(isatty(2));
 
     for (int i = 1; i < argc; i++) {
@@ -203,6 +267,11 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--check") == 0) check = 1;
         else if (strncmp(a, "--emit=", 7) == 0) emit = a + 7;
         else if (strcmp(a, "--opt") == 0) opt = 1;
+        else if (strncmp(a, "--cuda-arch=", 12) == 0) arch_list = a + 12;
+        else if (strcmp(a, "--cuda-arch") == 0 && i + 1 < argc) arch_list = argv[++i];
+        else if (strcmp(a, "--cuda-info") == 0) co.info = 1;
+        else if (strcmp(a, "--dump-dir") == 0 && i + 1 < argc) co.dump = argv[++i];
+        else if (strncmp(a, "--dump-dir=", 11) == 0) co.dump = a + 11;
         else if (strcmp(a, "-o") == 0 && i + 1 < argc) output = argv[++i];
         else if (strcmp(a, "--verify-step") == 0 && i + 1 < argc) verify = argv[++i];
         else if (strncmp(a, "--verify-step=", 14) == 0) verify = a + 14;
@@ -228,12 +297,12 @@ int main(int argc, char **argv) {
         usage(stderr);
         { arena_free(&ar); return 1; }
     }
-    static const char *const stages[] = {"tokens", "ast", "ir", "grad", "plan", "kernels", "llvm", "program"};
+    static const char *const stages[] = {"tokens", "ast", "ir", "grad", "plan", "kernels", "llvm", "program", "cuda", "ptx", "sass"};
     int known_stage = !emit;
     for (size_t k = 0; emit && k < sizeof stages / sizeof *stages; k++) known_stage |= strcmp(emit, stages[k]) == 0;
     if (!known_stage) {
         diag_error_noloc("unknown stage '%s' for --emit", emit);
-        diag_hint("the stages available are: tokens, ast, ir, grad, plan, kernels, llvm, program");
+        diag_hint("the stages available are: tokens, ast, ir, grad, plan, kernels, llvm, program, cuda, ptx, sass");
         { arena_free(&ar); return 1; }
     }
     if (train && !*train) {
@@ -245,8 +314,9 @@ int main(int argc, char **argv) {
         { arena_free(&ar); return 1; }
     }
     if (train && !(emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0 || strcmp(emit, "plan") == 0 ||
-                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0 || strcmp(emit, "program") == 0)) &&
-        !(output && !check && !emit) && !verify) {
+                            strcmp(emit, "kernels") == 0 || strcmp(emit, "llvm") == 0 || strcmp(emit, "program") == 0 ||
+                            strcmp(emit, "cuda") == 0 || strcmp(emit, "ptx") == 0 || strcmp(emit, "sass") == 0)) &&
+        !(output && !check && !emit) && !verify && !co.dump) {
         diag_error_noloc("'--train %s' selects the train block for -o or --emit=ir, grad, plan, kernels or llvm, and none "
                          "is given",
                          train);
@@ -258,9 +328,26 @@ int main(int argc, char **argv) {
         { arena_free(&ar); return 1; }
     }
 
+    {
+        const char *err = NULL;
+        co.narch = cuda_parse_archs(arch_list, co.archs, 8, &ar, &err);
+        if (co.narch < 0) {
+            diag_error_noloc("%s", err);
+            { arena_free(&ar); return 1; }
+        }
+    }
+    if (co.info && !(emit && strcmp(emit, "kernels") == 0)) {
+        diag_error_noloc("'--cuda-info' adds ptxas's figures to --emit=kernels, and --emit=kernels is not given");
+        { arena_free(&ar); return 1; }
+    }
+    if (co.dump && (output || check || verify || (emit && strcmp(emit, "cuda") != 0))) {
+        diag_error_noloc("'--dump-dir' writes the CUDA stages of every kernel: give it alone or with --emit=cuda");
+        { arena_free(&ar); return 1; }
+    }
+
     Loader ld;
     loader_init(&ld, &ar, (const char **)incdirs.v, incdirs.n, default_stdlib(&ar));
-    int rc = run(&ld, &ar, input, emit, check, output, train, opt, verify);
+    int rc = run(&ld, &ar, input, emit, check, output, train, opt, verify, &co);
     arena_free(&ar);
     return rc;
 }

@@ -15,6 +15,10 @@
 #                 on stderr and exit 1 (NAME.err is NAME.ir.err); and every train block of every
 #                 example builds a graph that passes graph_verify, a plan that passes plan_verify
 #                 and kernels that pass fuse_verify, each within the time limit
+#   cuda          every train block of every example: all its kernels compile with NVRTC for sm_80
+#                 and sm_90 (`mbtc --emit=kernels --cuda-info`), ptxas reports no spills but for the
+#                 kernels named in run_cuda; a control shows the spill check catching a real one.
+#                 SKIP without libnvrtc. (Golden CUDA source is the golden layer's `cuda` stage.)
 #   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
 #   exec          executables from `mbtc -o` run on mbt-gendata data: mlp's loss falls and
 #                 reruns are bit-identical; every example's train blocks build and its CPU-size
@@ -287,7 +291,7 @@ run_check() {
 # spelling of NAME.ir.err. Prints them, space-separated.
 golden_stages() {
     local st out=""
-    for st in ir grad plan kernels; do
+    for st in ir grad plan kernels cuda; do
         if [ -f "tests/golden/$1.$st" ] || [ -f "tests/golden/$1.$st.err" ] || { [ "$st" = ir ] && [ -f "tests/golden/$1.err" ]; }; then
             out="$out $st"
         fi
@@ -963,6 +967,72 @@ layer_exec() {
     run_exec_examples "$BUILD/mbtc" "$BUILD/tmp/exec/d/t_train.bin"
     run_exec_generate "$BUILD/mbtc"
 }
+# ---- cuda ------------------------------------------------------------------------------------
+# cuda_spilling FILE ALLOWED: the kernels of FILE's `# ptxas` lines (mbtc --cuda-info) whose spill
+# stores, spill loads or stack frame are not 0 for some architecture, minus those whose name
+# matches the extended regex ALLOWED ('' allows none). Prints one name a line.
+cuda_spilling() {
+    local allowed=${2:-'^$'}
+    LC_ALL=C grep -a '^# ptxas ' "$1" | LC_ALL=C grep -aE '(^|[^0-9])[1-9][0-9]* B (spill stores|spill loads|stack)' \
+        | LC_ALL=C sed 's/^# ptxas \([^:]*\):.*/\1/' | LC_ALL=C grep -avE "$allowed"
+}
+
+# Kernels allowed to spill, each with why:
+#   *_attention_bwd_k - attention's backward for k and v rows, one thread per key row with the
+#     head dimension's loops nested inside the query loop: more values live than the 128
+#     registers __launch_bounds__ leaves a thread (compiler/cuda.c), ~100 B of spills on sm_80
+#     and sm_90 (tiny, moe). A flash-attention template, not generated loops, is its remedy.
+CUDA_SPILL_OK='_attention_bwd_k$'
+
+run_cuda() {
+    local mbtc=$1 dir="$BUILD/tmp/cuda" f t name out err probe jobs=() names=() i rc bad n
+    mkdir -p "$dir"
+    probe="$dir/probe.err"
+    if ! "$mbtc" --emit=ptx --cuda-arch=sm_80 tests/golden/mlp.mbt >/dev/null 2>"$probe"; then
+        if grep -q 'needs NVRTC, which is not installed' "$probe"; then
+            skip cuda "$(sed -n 's/.*not installed here: //p' "$probe" | head -n 1)"
+        else
+            fail cuda/probe "mbtc --emit=ptx failed" "$probe"
+        fi
+        return
+    fi
+    # two train blocks at a time (each mbtc runs NVRTC for sm_80 then sm_90)
+    for f in examples/*.mbt; do
+        for t in $(LC_ALL=C sed -n 's/^train[[:space:]]\{1,\}\([A-Za-z_][A-Za-z0-9_]*\).*/\1/p' "$f"); do
+            names+=("$(basename "$f" .mbt)-$t")
+            { timeout 120 "$mbtc" --emit=kernels --cuda-info --cuda-arch=sm_80,sm_90 --train "$t" "$f" \
+                >"$dir/$(basename "$f" .mbt)-$t.out" 2>"$dir/$(basename "$f" .mbt)-$t.err"; echo $? >"$dir/$(basename "$f" .mbt)-$t.rc"; } &
+            jobs+=($!)
+            if [ ${#jobs[@]} -ge 2 ]; then wait "${jobs[0]}"; jobs=("${jobs[@]:1}"); fi
+        done
+    done
+    wait
+    for name in "${names[@]}"; do
+        out="$dir/$name.out"
+        err="$dir/$name.err"
+        rc=$(cat "$dir/$name.rc")
+        n=$(LC_ALL=C grep -ac '^# ptxas ' "$out")
+        bad=$(cuda_spilling "$out" "$CUDA_SPILL_OK" | tr '\n' ' ')
+        if [ -n "$(describe_status "$rc")" ] || [ "$rc" != 0 ]; then
+            fail "cuda/example/$name" "mbtc --emit=kernels --cuda-info exited with status $rc" "$err"
+        elif [ -s "$err" ]; then
+            fail "cuda/example/$name" "mbtc printed on stderr" "$err"
+        elif [ "$n" = 0 ]; then
+            fail "cuda/example/$name" "no '# ptxas' lines" "$out"
+        elif [ -n "$bad" ]; then
+            fail "cuda/example/$name" "ptxas reports spills in: $bad"
+        else
+            pass "cuda/example/$name ($n kernels, sm_80 and sm_90)"
+        fi
+    done
+    # control: with no kernel allowed, the check must catch tiny's attention_bwd_k, which spills
+    if [ -f "$dir/tiny-tiny.out" ] && cuda_spilling "$dir/tiny-tiny.out" '' | grep -q '_attention_bwd_k$'; then
+        pass cuda/control-spill
+    else
+        fail cuda/control-spill "the spill check found no spilling kernel in tiny with none allowed"
+    fi
+}
+
 layer_asan() {
     if [ "$QUICK" = 1 ]; then
         skip asan "MBT_QUICK=1"
@@ -992,6 +1062,7 @@ run_layer unit layer_unit
 run_layer diag layer_diag
 run_layer check layer_check
 run_layer golden layer_golden
+run_layer cuda run_cuda "$BUILD/mbtc"
 run_layer pathological layer_pathological
 run_layer exec layer_exec
 run_layer verify run_verify "$BUILD/mbtc"
