@@ -623,6 +623,8 @@ static void help_lists_every_flag(void) {
         "(default 1)",
         "--top-k K                      sample among the K likeliest tokens (default 0: all)",
         "--print-logits                 instead of generating, print the logits after each prefix of the prompt (default off)",
+        "--ckpt-every N                 write a checkpoint every N steps, and at the end (default 0: only on SIGTERM or SIGINT)",
+        "--resume latest|DIR            go on from a checkpoint of this program, bit-exactly (default none)",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         CHECK(strstr(r.out, want[i]), "--help lacks '%s'", want[i]);
@@ -635,7 +637,7 @@ static void help_lists_every_flag(void) {
         const char *d = strstr(p + 1, "(default ");
         with_default += d && (!nl || d < nl);
     }
-    CHECK(lines == 24 && with_default == lines, "%d flag lines, %d with a default (expected 24: train 9, eval 6, generate 9)", lines, with_default);
+    CHECK(lines == 30 && with_default == lines, "%d flag lines, %d with a default (expected 30: train 15, eval 6, generate 9)", lines, with_default);
     Run r2 = run(g_bigram, "train", "--help", NULL);
     CHECK(r2.status == 0 && strcmp(r.out, r2.out) == 0, "'train --help' differs from '--help'");
     run_free(&r);
