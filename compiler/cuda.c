@@ -158,19 +158,6 @@ typedef struct CudaPlan {
     int needs_sync;   /* the kernel loads a buffer it stores to */
 } CudaPlan;
 
-static int cuda_elem_size(DType dt) {
-    switch (dt) {
-    case DT_F64:
-    case DT_I64: return 8;
-    case DT_F32:
-    case DT_I32: return 4;
-    case DT_F16:
-    case DT_BF16: return 2;
-    case DT_BOOL: return 1;
-    default: return 0;
-    }
-}
-
 /* 1 when buffer parameters p and q are bound to one schedule buffer, or are the same parameter. */
 static int cuda_same_buffer(const Kernel *k, int p, int q) { return p == q || k->bufs[p].buffer == k->bufs[q].buffer; }
 
@@ -245,7 +232,7 @@ static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
             for (int a = 0; a < in->nin; a++) dep[i] |= dep[in->a[a]];
             if (in->op == K_LOOP || in->op == K_IF || in->op == K_ACC) unit = 0;
             if ((in->op == K_LOAD || in->op == K_STORE) && dep[in->a[0]]) {
-                if (in->a[0] != gid || cuda_elem_size(k->bufs[in->buf].dt) != 4 || k->bufs[in->buf].dt == DT_F64) unit = 0;
+                if (in->a[0] != gid || dtype_size(k->bufs[in->buf].dt) != 4 || k->bufs[in->buf].dt == DT_F64) unit = 0;
                 any = 1;
             }
         }

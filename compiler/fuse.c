@@ -850,15 +850,6 @@ static const char *fz_kernel_name(FuseCtx *c, int kid, int index) {
     return arena_strndup(c->ar, buf, strlen(buf));
 }
 
-static int64_t fz_dtype_size(DType dt) {
-    switch (dt) {
-    case DT_F16: case DT_BF16: return 2;
-    case DT_F64: case DT_I64: return 8;
-    case DT_BOOL: return 1;
-    default: return 4;
-    }
-}
-
 /* ---- the result ----------------------------------------------------------------------------------------- */
 
 static int fz_add_buffer(FuseResult *r, Arena *ar, int *cap, int node, const char *what, DType dt, int rank,
@@ -881,7 +872,7 @@ static int fz_add_buffer(FuseResult *r, Arena *ar, int *cap, int node, const cha
         b->shape[i] = shape[i];
         numel *= shape[i];
     }
-    b->bytes = numel * fz_dtype_size(dt);
+    b->bytes = numel * dtype_size(dt);
     b->kind = kind;
     b->first = b->last = -1;
     return r->nbuffers++;

@@ -21,14 +21,9 @@
 /* ---- sizes ---------------------------------------------------------------------------------- */
 
 static int64_t plan_dtype_bytes(DType dt) {
-    switch (dt) {
-    case DT_F16: case DT_BF16: return 2;
-    case DT_F64: case DT_I64: return 8;
-    case DT_BOOL: return 1;
-    case DT_F32: case DT_I32: return 4;
-    case DT_COUNT: break;
-    }
-    INTERNAL("plan: dtype %d", (int)dt);
+    int n = dtype_size(dt);
+    if (!n) INTERNAL("plan: dtype %d", (int)dt);
+    return n;
 }
 
 int64_t plan_align_up(int64_t x, int64_t align) { return (x + align - 1) & ~(align - 1); }

@@ -16,6 +16,17 @@ static const char *const dtype_names[DT_COUNT] = {"f32", "f16", "bf16", "f64", "
 
 const char *dtype_name(DType dt) { return dt >= 0 && dt < DT_COUNT ? dtype_names[dt] : "?"; }
 
+int dtype_size(DType dt) {
+    switch (dt) {
+    case DT_F16: case DT_BF16: return 2;
+    case DT_F64: case DT_I64: return 8;
+    case DT_BOOL: return 1;
+    case DT_F32: case DT_I32: return 4;
+    case DT_COUNT: break;
+    }
+    return 0;
+}
+
 int dtype_parse(Str s, DType *out) {
     for (int i = 0; i < DT_COUNT; i++)
         if (str_eqc(s, dtype_names[i])) {

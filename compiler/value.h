@@ -18,6 +18,7 @@
 typedef enum DType { DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_BOOL, DT_COUNT } DType;
 
 const char *dtype_name(DType dt);         /* "f32" */
+int dtype_size(DType dt);                 /* bytes an element takes: 4 for f32, 2 for bf16, 1 for bool; 0 for no dtype */
 int dtype_parse(Str s, DType *out);       /* 1 if s names a dtype */
 int dtype_is_float(DType dt);             /* f32, f16, bf16, f64 */
 

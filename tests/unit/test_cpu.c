@@ -50,6 +50,7 @@
 #include <llvm-c/Object.h>
 #include <llvm-c/Orc.h>
 
+#include "kir_build.h"
 #include "unit.h"
 #include "autodiff.h"
 #include "cpu.h"
@@ -111,18 +112,6 @@ static uint16_t bf16_from_float(float x) {
 }
 
 /* ---- buffers ----------------------------------------------------------------------------------- */
-
-static size_t dt_size(DType dt) {
-    switch (dt) {
-    case DT_F64:
-    case DT_I64: return 8;
-    case DT_F32:
-    case DT_I32: return 4;
-    case DT_F16:
-    case DT_BF16: return 2;
-    default: return 1;
-    }
-}
 
 static double mem_get(DType dt, const void *m, int64_t i) {
     switch (dt) {
@@ -304,10 +293,10 @@ static Outcome run_on(const char *what, const Kernel *k, KernelFn fn, void **mem
     for (int p = 0; p < nb; p++) {
         const KBuf *b = &k->bufs[p];
         int64_t n = buf_numel(b);
-        mem2[p] = malloc(((size_t)n + 1) * dt_size(b->dt));
+        mem2[p] = malloc(((size_t)n + 1) * (size_t)dtype_size(b->dt));
         ref[p] = malloc(((size_t)n + 1) * sizeof(double));
         if (!mem2[p] || !ref[p]) exit(1);
-        memcpy(mem2[p], mem[p], (size_t)n * dt_size(b->dt));
+        memcpy(mem2[p], mem[p], (size_t)n * (size_t)dtype_size(b->dt));
         for (int64_t i = 0; i < n; i++) ref[p][i] = mem_get(b->dt, mem[p], i);
     }
     fn(mem, 0, k->grid);
@@ -318,7 +307,7 @@ static Outcome run_on(const char *what, const Kernel *k, KernelFn fn, void **mem
     fn(mem2, a, c);
     fn(mem2, c, k->grid);
     for (int p = 0; p < nb; p++)
-        CHECK(memcmp(mem[p], mem2[p], (size_t)buf_numel(&k->bufs[p]) * dt_size(k->bufs[p].dt)) == 0,
+        CHECK(memcmp(mem[p], mem2[p], (size_t)buf_numel(&k->bufs[p]) * (size_t)dtype_size(k->bufs[p].dt)) == 0,
               "%s: p%d differs when [0, %" PRId64 ") runs in pieces", what, p, k->grid);
     if (kir_ref_kernel(k, ref) != 0) CHECK(0, "%s: kir_ref failed", what);
     else o = compare(what, k, mem, ref, tol, scale);
@@ -344,7 +333,7 @@ static Outcome run_kernel(const char *what, const Kernel *k, KernelFn fn, const 
         const KBuf *b = &k->bufs[p];
         int64_t n = buf_numel(b);
         Init in = init && init[p].hi >= init[p].lo ? init[p] : init_default;
-        mem[p] = calloc((size_t)n + 1, dt_size(b->dt));
+        mem[p] = calloc((size_t)n + 1, (size_t)dtype_size(b->dt));
         if (!mem[p]) exit(1);
         for (int64_t i = 0; i < n; i++) {
             double v = rng_uniform(in.lo, in.hi);
@@ -379,43 +368,6 @@ static Outcome check_kernel(const char *what, Kernel *k, const Init *init, doubl
     }
     return o;
 }
-
-/* ---- building kernels ----------------------------------------------------------------------------- */
-
-typedef struct KB {
-    Arena ar;
-    Kernel *k;
-    KBuilder *b;
-    int g;     /* gid */
-    int nbufs;
-} KB;
-
-static KB *kb_start(const char *name, KKind kind, int64_t grid) {
-    KB *t = calloc(1, sizeof(KB));
-    if (!t) exit(1);
-    t->k = kir_new(&t->ar, name, kind, grid);
-    t->b = kb_new(&t->ar, t->k);
-    t->g = kb_gid(t->b);
-    return t;
-}
-
-static void kb_done(KB *t) {
-    arena_free(&t->ar);
-    free(t);
-}
-
-/* A 1-d buffer of n elements. */
-static int B1(KB *t, DType dt, int64_t n, int written) {
-    int key = t->nbufs++;
-    return kb_buf(t->b, key, key, -1, dt, 1, &n, written);
-}
-
-static int C_f(KB *t, KType ty, double v) { return kb_const_f(t->b, ty, v); }
-static int C_i(KB *t, KType ty, int64_t v) { return kb_const_i(t->b, ty, v); }
-static int OP1(KB *t, KOp op, KType ty, int a) { return kb_op(t->b, op, ty, 1, a, -1, -1); }
-static int OP2(KB *t, KOp op, KType ty, int a, int b) { return kb_op(t->b, op, ty, 2, a, b, -1); }
-static int LD(KB *t, int p, int off) { return kb_load(t->b, p, off); }
-static void ST(KB *t, int p, int off, int v) { kb_store(t->b, p, off, v); }
 
 /* ---- float ops ------------------------------------------------------------------------------------ */
 
@@ -997,7 +949,7 @@ static void check_schedule(const char *what, const FuseResult *r, const Graph *g
         const FuseBuffer *b = &r->buffers[i];
         int64_t n = 1;
         for (int d = 0; d < b->rank; d++) n *= b->shape[d];
-        mem[i] = calloc((size_t)n + 1, dt_size(b->dt));
+        mem[i] = calloc((size_t)n + 1, (size_t)dtype_size(b->dt));
         if (!mem[i]) exit(1);
         int leaf = b->kind == FB_PARAM || b->kind == FB_INPUT;
         Init in = leaf_init(g, b);

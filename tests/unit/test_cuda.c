@@ -14,6 +14,7 @@
  *     error comes back as an error carrying NVRTC's log. */
 #include <math.h>
 
+#include "kir_build.h"
 #include "unit.h"
 
 #include "arena.h"
@@ -22,27 +23,6 @@
 #include "nvrtc.h"
 
 /* ---- building kernels ------------------------------------------------------------------------ */
-
-typedef struct KB {
-    Arena ar;
-    Kernel *k;
-    KBuilder *b;
-    int g, nbufs;
-} KB;
-
-static KB *kb_start(const char *name, KKind kind, int64_t grid) {
-    KB *t = calloc(1, sizeof(KB));
-    if (!t) exit(1);
-    t->k = kir_new(&t->ar, name, kind, grid);
-    t->b = kb_new(&t->ar, t->k);
-    t->g = kb_gid(t->b);
-    return t;
-}
-
-static int B1(KB *t, DType dt, int64_t n, int written) {
-    int key = t->nbufs++;
-    return kb_buf(t->b, key, key, -1, dt, 1, &n, written);
-}
 
 /* The kernel's CUDA text and launch. */
 static char *emit(const Kernel *k, CudaLaunch *L) {
@@ -128,7 +108,7 @@ static void thread_mode_vectorised(void) {
     s = emit(u->k, &L);
     CHECK(L.vector == 1 && !strstr(s, "float4"), "grid 1001 vectorised");
     free(s);
-    arena_free(&t->ar), free(t), arena_free(&u->ar), free(u);
+    kb_done(t), kb_done(u);
 }
 
 static void thread_mode_broadcast_scalar(void) {
@@ -141,7 +121,7 @@ static void thread_mode_broadcast_scalar(void) {
     char *s = emit(t->k, &L);
     CHECK(L.mode == CUDA_THREAD && L.vector == 1, "a broadcast (gid %% 8) vectorised: vector %d", L.vector);
     free(s);
-    arena_free(&t->ar), free(t);
+    kb_done(t);
 }
 
 static void warp_and_block_modes(void) {
@@ -161,7 +141,7 @@ static void warp_and_block_modes(void) {
     CHECK(strstr(s, "mbt_block_reduce<8>(acc") != NULL, "no block tree");
     CHECK(strstr(s, "i4 += 256)") != NULL, "the loop is not split across the block");
     free(s);
-    arena_free(&t->ar), free(t), arena_free(&u->ar), free(u);
+    kb_done(t), kb_done(u);
 }
 
 static void never_split(void) {
@@ -181,7 +161,7 @@ static void never_split(void) {
     char *s = emit(t->k, &L);
     CHECK(L.mode == CUDA_THREAD, "a read-modify-write loop was split: %s", cuda_mode_name(L.mode));
     free(s);
-    arena_free(&t->ar), free(t);
+    kb_done(t);
     /* a loop reading the accumulator it folds into (a running value) */
     t = kb_start("k_running", KK_ROW, 8);
     int x = B1(t, DT_F32, 800, 0);
@@ -196,7 +176,7 @@ static void never_split(void) {
     s = emit(t->k, &L);
     CHECK(L.mode == CUDA_THREAD, "a cumulative sum was split: %s", cuda_mode_name(L.mode));
     free(s);
-    arena_free(&t->ar), free(t);
+    kb_done(t);
 }
 
 /* ---- with NVRTC ------------------------------------------------------------------------------------ */
@@ -229,7 +209,7 @@ static void nvrtc_generated_kernels(void) {
     }
     free(buf);
     arena_free(&ar);
-    for (int i = 0; i < 4; i++) arena_free(&ks[i]->ar), free(ks[i]);
+    for (int i = 0; i < 4; i++) kb_done(ks[i]);
 }
 
 static void nvrtc_reports_spills(void) {
