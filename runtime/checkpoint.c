@@ -289,14 +289,8 @@ static RtStatus rt_ckpt_write(RtCkptWriter *w, RtCkptDone *d, RtError *err) {
     if (st == RT_OK) {
         size_t len = 0;
         char *json = rt_ckpt_state_json(w->p, &w->info, w->data_json, files, 2, &len);
-        RtAtomicFile af;
         if (!json) st = rt_fail_errno(err, ENOMEM, "cannot write '%s'", state);
-        if (st == RT_OK) st = rt_atomic_begin(&af, state, "checkpoint state", err);
-        if (st == RT_OK) {
-            st = rt_atomic_write(&af, json, len, err);
-            if (st == RT_OK) st = rt_atomic_commit(&af, err); /* also fsyncs tmp */
-            else rt_atomic_abort(&af);
-        }
+        else st = rt_atomic_write_file(state, "checkpoint state", json, len, err); /* also fsyncs tmp */
         free(json);
         d->bytes = files[0].bytes + files[1].bytes + (int64_t)len;
     }
@@ -318,13 +312,7 @@ static RtStatus rt_ckpt_write(RtCkptWriter *w, RtCkptDone *d, RtError *err) {
     if (st == RT_OK) {
         char text[64];
         int n = snprintf(text, sizeof text, "%s\n", name);
-        RtAtomicFile af;
-        st = rt_atomic_begin(&af, latest, "checkpoint pointer", err);
-        if (st == RT_OK) {
-            st = rt_atomic_write(&af, text, (size_t)n, err);
-            if (st == RT_OK) st = rt_atomic_commit(&af, err);
-            else rt_atomic_abort(&af);
-        }
+        st = rt_atomic_write_file(latest, "checkpoint pointer", text, (size_t)n, err);
     }
     if (st == RT_OK) st = rt_ckpt_prune(w->dir, w->keep, w->info.step, err);
     if (made && !renamed) rt_rm_tree(tmp);

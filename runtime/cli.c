@@ -287,7 +287,7 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
     o->temperature = p->generate.temperature;
     o->top_k = p->generate.top_k;
     o->weights = NULL;
-    o->ckpt_dir = p->train.ckpt_dir && *p->train.ckpt_dir ? p->train.ckpt_dir : "checkpoints";
+    o->ckpt_dir = o->ckpt_dir_default = p->train.ckpt_dir && *p->train.ckpt_dir ? p->train.ckpt_dir : "checkpoints";
     o->ckpt_every = p->train.ckpt_every;
     o->ckpt_keep = p->train.ckpt_keep;
     if (argc < 2) return rt_fail(err, RT_ERR_ARG, "no command given; '%s --help' lists the commands", o->prog);
@@ -414,7 +414,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     rt_help_line(f, "--dump-step", "F.safetensors",
                  "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");
-    snprintf(buf, sizeof buf, "'%s'", t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints");
+    snprintf(buf, sizeof buf, "'%s'", t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints"); /* as rt_cli_parse's default */
     rt_help_line(f, "--ckpt-dir", "DIR", "where checkpoints go (DIR/step-N, DIR/latest)", buf);
     snprintf(buf, sizeof buf, "%lld%s", (long long)t->ckpt_every, t->ckpt_every ? "" : ": only on SIGTERM or SIGINT");
     rt_help_line(f, "--ckpt-every", "N", "write a checkpoint every N steps, and at the end", buf);

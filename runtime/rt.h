@@ -87,6 +87,7 @@ RtStatus rt_atomic_begin(RtAtomicFile *f, const char *path, const char *what, Rt
 RtStatus rt_atomic_write(RtAtomicFile *f, const void *buf, size_t n, RtError *err);         /* appends n bytes (on failure the caller aborts) */
 RtStatus rt_atomic_commit(RtAtomicFile *f, RtError *err);  /* fsync, close, rename into place, fsync the directory; aborts on failure (a failure after the rename leaves the new file in place) */
 void rt_atomic_abort(RtAtomicFile *f);                     /* closes and removes the temporary file; safe after commit */
+RtStatus rt_atomic_write_file(const char *path, const char *what, const void *buf, size_t n, RtError *err); /* begin, write, commit: a whole small file */
 RtStatus rt_write_all(int fd, const void *buf, size_t n, const char *what, const char *path, RtError *err); /* write(2) until done, retrying EINTR */
 RtStatus rt_fsync_dir(const char *dir, RtError *err); /* fsync(2) of a directory, so a rename or unlink in it is durable */
 

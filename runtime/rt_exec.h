@@ -53,6 +53,7 @@ typedef struct RtOptions {
     int print_logits;          /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
     int seed_given;            /* --seed was on the command line */
     const char *ckpt_dir;      /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
+    const char *ckpt_dir_default; /* the program's checkpoint { dir }, or "checkpoints" */
     int64_t ckpt_every;        /* train: --ckpt-every N; 0: none (the program's checkpoint { every } by default) */
     int64_t ckpt_keep;         /* train: --ckpt-keep N; 0: all (the program's checkpoint { keep } by default) */
     int ckpt_sync;             /* train: --ckpt-sync: training waits for every write (for comparison) */

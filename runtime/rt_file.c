@@ -168,6 +168,16 @@ RtStatus rt_atomic_commit(RtAtomicFile *f, RtError *err) {
     return st;
 }
 
+RtStatus rt_atomic_write_file(const char *path, const char *what, const void *buf, size_t n, RtError *err) {
+    RtAtomicFile f;
+    RtStatus st = rt_atomic_begin(&f, path, what, err);
+    if (st != RT_OK) return st;
+    st = rt_atomic_write(&f, buf, n, err);
+    if (st == RT_OK) return rt_atomic_commit(&f, err);
+    rt_atomic_abort(&f);
+    return st;
+}
+
 RtStatus rt_fsync_dir(const char *dir, RtError *err) {
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) return rt_fail_errno(err, errno, "cannot open directory '%s' to sync it", dir);

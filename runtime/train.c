@@ -613,10 +613,10 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         if (stop) {
             rt_log_close(&log, &e);
             log_open = 0;
+            int own_dir = strcmp(o->ckpt_dir, o0->ckpt_dir_default) == 0; /* the program's: no flag needed */
             printf("stopped by %s after step %lld; resume with: %s train --resume latest%s%s\n",
                    rt_stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1), o->prog,
-                   strcmp(o->ckpt_dir, t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints") ? " --ckpt-dir " : "",
-                   strcmp(o->ckpt_dir, t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints") ? o->ckpt_dir : "");
+                   own_dir ? "" : " --ckpt-dir ", own_dir ? "" : o->ckpt_dir);
             code = 0;
             goto done;
         }
