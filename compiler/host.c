@@ -91,8 +91,8 @@ static void host_types(Host *h) {
     h->f32 = LLVMFloatTypeInContext(h->ctx), h->f64 = LLVMDoubleTypeInContext(h->ctx);
     h->ptr = LLVMPointerTypeInContext(h->ctx, 0), h->vd = LLVMVoidTypeInContext(h->ctx);
     LLVMTypeRef P = h->ptr, I = h->i64, D = h->f64, W = h->i32;
-    LLVMTypeRef step[] = {P, P, P, P, P, P, P, I, I, I, P, D, D, D, I, I, I, I, P};
-    h->step_t = host_struct(h, HA_STEP, "RtStep", step, 19);
+    LLVMTypeRef step[] = {P, P, P, P, P, P, P, I, I, I, P, D, D, D, I, I, I, I, P, P};
+    h->step_t = host_struct(h, HA_STEP, "RtStep", step, 20);
     LLVMTypeRef param[] = {P, W, LLVMArrayType2(I, (uint64_t)host_abi_max_rank()), I, I, W, D, D};
     h->param_t = host_struct(h, HA_PARAM, "RtParam", param, 8);
     LLVMTypeRef train[] = {P, I, I, I, I, I, I, D, I, I, D, P, P, W, I, I, I, I, P, I, P, I, W};
@@ -101,8 +101,8 @@ static void host_types(Host *h) {
     h->ramp_t = host_struct(h, HA_RAMP, "RtRampStage", ramp, 3);
     LLVMTypeRef gen[] = {P, D, I, I};
     h->gen_t = host_struct(h, HA_GENERATE, "RtGenerateSettings", gen, 4);
-    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P};
-    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 19);
+    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P, P};
+    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 20);
     LLVMTypeRef rargs[] = {P, I, I, W};
     h->range_fn_t = LLVMFunctionType(h->vd, rargs, 4, 0);
     LLVMTypeRef pargs[] = {P, I, P, P};
@@ -730,15 +730,15 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
         LLVMSetGlobalConstant(state_names, 1);
         LLVMSetLinkage(state_names, LLVMPrivateLinkage);
     }
-    LLVMValueRef pr[19] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 23),
+    LLVMValueRef pr[20] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 23),
                            named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
                            ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
                            flog ? flog : null, oinit ? oinit : null, oupd, lrs, str_const(h, hash), ci64(h, u->nstate),
-                           state_names};
+                           state_names, null};
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
-    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 19));
+    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 20));
     LLVMSetGlobalConstant(desc, 1);
 }
 

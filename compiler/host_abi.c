@@ -11,7 +11,7 @@ static const int64_t step_off[] = {F(RtStep, pool), F(RtStep, params), F(RtStep,
                                    F(RtStep, arena), F(RtStep, x), F(RtStep, y), F(RtStep, B), F(RtStep, T),
                                    F(RtStep, len), F(RtStep, logits), F(RtStep, loss_scale), F(RtStep, loss),
                                    F(RtStep, lr), F(RtStep, t), F(RtStep, step), F(RtStep, micro), F(RtStep, seed),
-                                   F(RtStep, err)};
+                                   F(RtStep, err), F(RtStep, gpu)};
 static const int64_t param_off[] = {F(RtParam, name),   F(RtParam, rank), F(RtParam, shape),  F(RtParam, numel),
                                     F(RtParam, offset), F(RtParam, init), F(RtParam, init_a), F(RtParam, init_b)};
 static const int64_t train_off[] = {
@@ -30,7 +30,7 @@ static const int64_t prog_off[] = {
     F(RtProgram, params),       F(RtProgram, nparams),          F(RtProgram, param_floats),   F(RtProgram, state_floats),
     F(RtProgram, arena_bytes),  F(RtProgram, logits_seq),       F(RtProgram, forward_backward), F(RtProgram, forward_loss),
     F(RtProgram, forward_logits), F(RtProgram, optimizer_init), F(RtProgram, optimizer_update), F(RtProgram, lr_schedule),
-    F(RtProgram, hash),         F(RtProgram, nstate),           F(RtProgram, state_names)};
+    F(RtProgram, hash),         F(RtProgram, nstate),           F(RtProgram, state_names),    F(RtProgram, gpu)};
 
 #define N(a) (int)(sizeof a / sizeof *a)
 

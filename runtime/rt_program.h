@@ -37,8 +37,9 @@
 /* The layout version of RtProgram and RtStep. A program compiled against another version is
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
-#define RT_ABI_VERSION 3 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
-                          * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names) */
+#define RT_ABI_VERSION 4 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+                          * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
+                          * (RtStep.gpu, RtProgram.gpu) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -99,6 +100,33 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
                           const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
                           float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err);
 const char *rt_blas_config(void); /* OpenBLAS's build and the core it chose ("OpenBLAS 0.3.21 ... Zen") */
+
+/* ==== the GPU (gpu.c): what generated GPU code calls ========================================== */
+
+/* A GPU opened for one run (rt_gpu.h has the rest of its interface): the CUDA driver API, cuBLASLt
+ * and NCCL through dlopen, one context, one stream, the program's module loaded. Every call below
+ * is queued on that stream in order (nothing waits for the GPU except rt_gpu_download). Device
+ * addresses are passed as plain pointers; they are never dereferenced on the host. A failing call
+ * fills err with the CUDA call that failed, its error name and what it was doing ("cuLaunchKernel
+ * (step_k12_softmax, 96 blocks of 128 threads): CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"). */
+typedef struct RtGpu RtGpu;
+
+/* Launches kernel `kernel` of the program's table (RtGpuProgram.kernels) with its geometry; bufs
+ * are its device buffers, RtGpuKernel.nbufs of them, in the kernel's parameter order. */
+RtStatus rt_gpu_launch(RtGpu *g, int32_t kernel, void *const *bufs, RtError *err);
+/* rt_sgemm_batched's contract on device memory (f32, row-major, strided batch), through cuBLASLt
+ * with f32 compute (no TF32): same arguments but the GPU in place of the pool. */
+RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                              const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err);
+/* dst[i] += scale * src[i] for i < n, on the device (forward_backward's gradient accumulation). */
+RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_t n, RtError *err);
+/* Device to device copy of `bytes` (optimizer_update's new parameters and state). */
+RtStatus rt_gpu_copy(RtGpu *g, void *dst, const void *src, int64_t bytes, RtError *err);
+/* Host memory to the device; returns once `host` may be reused (the copy itself is queued). */
+RtStatus rt_gpu_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtError *err);
+/* The device to host memory; waits for everything queued before it and for the copy. */
+RtStatus rt_gpu_download(RtGpu *g, void *host, const void *dev, int64_t bytes, RtError *err);
 
 /* ==== what the generated code provides ====================================================== */
 
@@ -186,7 +214,44 @@ typedef struct RtStep {
     int64_t micro;         /* forward_backward: 0-based micro-batch within the step */
     uint64_t seed;         /* the run's seed */
     RtError *err;          /* a function that fails fills it and returns its status */
+    RtGpu *gpu;            /* RtGpuProgram's functions: the GPU (every pointer above is then a device address,
+                            * except logits, in host memory); NULL for the CPU functions */
 } RtStep;
+
+/* One image of the program's CUDA module, embedded by mbtc (--cuda-arch): the cubin for one
+ * architecture, or the PTX of one virtual architecture, which the driver compiles for a GPU that
+ * no cubin fits (rt_gpu.h: the JIT cache). */
+typedef struct RtGpuImage {
+    const char *arch;          /* "sm_90" (a cubin) or "compute_90" (PTX) */
+    int32_t ptx;               /* 1: PTX text, data NUL-terminated; 0: a cubin (ELF) */
+    const unsigned char *data;
+    int64_t size;              /* bytes (PTX: including the NUL) */
+} RtGpuImage;
+
+/* One kernel launch site's function and geometry (compiler/cuda.h: CudaLaunch). The generated
+ * GPU code names a kernel by its index in the table. */
+typedef struct RtGpuKernel {
+    const char *function;      /* the __global__ function's name in the module */
+    int32_t block;             /* threads per block (the kernel assumes exactly this) */
+    int32_t shared;            /* bytes of static shared memory (informational: the cubin holds it) */
+    int64_t blocks;            /* blocks in the grid */
+    int32_t nbufs;             /* its parameters: that many device pointers */
+} RtGpuKernel;
+
+/* The program's GPU side: NULL in RtProgram when mbtc built it without CUDA (--cuda-arch=none,
+ * or no NVRTC). The functions have the CPU functions' contracts with device regions (RtStep.gpu
+ * set); a NULL one means the GPU cannot run that function. */
+typedef struct RtGpuProgram {
+    const RtGpuImage *images;
+    int64_t nimages;
+    const RtGpuKernel *kernels;
+    int64_t nkernels;
+    const char *module_hash;   /* "xxh3-128:..." of the CUDA source: the JIT cache's key */
+    RtStatus (*forward_backward)(RtStep *s);
+    RtStatus (*forward_loss)(RtStep *s);
+    RtStatus (*forward_logits)(RtStep *s);
+    RtStatus (*optimizer_update)(RtStep *s);
+} RtGpuProgram;
 
 /* A compiled program: the descriptor plus its functions. The generated object exports one as
  * `const RtProgram mbt_program`; runtime/main.c passes it to rt_main. All pointers are to
@@ -231,6 +296,7 @@ typedef struct RtProgram {
     const char *hash;
     int64_t nstate;                 /* optimizer state variables; the state region is nstate x param_floats */
     const char *const *state_names; /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */
+    const RtGpuProgram *gpu;        /* the CUDA side, or NULL (built without CUDA) */
 } RtProgram;
 
 /* The descriptor of the program being run, defined by the generated object (or a hand-written

@@ -1,0 +1,73 @@
+/* rt_gpu.h - the GPU for the runtime's own use: opening a device, its memory, the program's module,
+ * the passes over the gradient region, timing. What generated code calls (rt_gpu_launch, the GEMM,
+ * copies) is in rt_program.h; this header is for train.c, generate.c and the tests.
+ *
+ * Pipeline position: beside the thread pool and BLAS (the CPU's equivalents). rt_cmd_train opens
+ * an RtGpu when --device asks for one (auto: when a GPU is there and the program has a CUDA side),
+ * allocates its regions on it and runs RtGpuProgram's functions instead of the CPU ones.
+ *
+ * No link-time dependency on CUDA: libcuda.so.1 (the driver API), libcublasLt.so and libnccl.so.2
+ * are dlopen'ed when a GPU is asked for, and every function the runtime uses is looked up once into
+ * one table of function pointers (gpu.c). An executable runs on a machine without CUDA; only
+ * `--device cuda` then fails, saying which library was missing and where it was looked for.
+ *
+ * Errors name the call that failed, CUDA's name for the error and what the runtime was doing:
+ * "cuMemAlloc (the activation arena, 1.2 GiB): CUDA_ERROR_OUT_OF_MEMORY: out of memory". */
+#ifndef MBT_RT_GPU_H
+#define MBT_RT_GPU_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "rt_program.h"
+
+/* What --device asked for. */
+typedef enum RtDeviceWant {
+    RT_DEVICE_AUTO, /* the GPU when one is there and the program has a CUDA side, else the CPU */
+    RT_DEVICE_CPU,
+    RT_DEVICE_CUDA, /* the GPU, or an error saying why not */
+} RtDeviceWant;
+
+/* Opens device 0 for `prog` (its module loaded: the cubin whose arch is the device's, else the
+ * PTX of the highest virtual arch not above it, JIT-compiled once into the cache, below).
+ * AUTO without a usable GPU returns RT_OK with *out NULL and *why saying why the CPU is used
+ * ("no CUDA driver (libcuda.so.1: cannot open shared object file)", "the program was built
+ * without CUDA"); CUDA gives the same reason as an RT_ERR_ARG error. `why` may be NULL. */
+RtStatus rt_gpu_open(RtGpu **out, const RtGpuProgram *prog, RtDeviceWant want, const char **why, RtError *err);
+void rt_gpu_close(RtGpu *g); /* frees everything it allocated (NULL is fine) */
+
+/* "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.2 GiB; driver 12.8; module: cubin sm_90" (or
+ * "PTX compute_90, JIT-compiled" / "... from the cache"). */
+const char *rt_gpu_describe(const RtGpu *g);
+int rt_gpu_arch(const RtGpu *g); /* 90 for sm_90 */
+
+/* ---- memory ---- */
+/* Device memory, 256-byte aligned, zeroed; `what` names it in the error ("the activation arena"). */
+RtStatus rt_gpu_alloc(RtGpu *g, void **dev, int64_t bytes, const char *what, RtError *err);
+void rt_gpu_free(RtGpu *g, void *dev);
+/* Page-locked host memory (the micro-batch staging buffers, so uploads overlap compute), zeroed. */
+RtStatus rt_gpu_host_alloc(RtGpu *g, void **host, int64_t bytes, const char *what, RtError *err);
+void rt_gpu_host_free(RtGpu *g, void *host);
+RtStatus rt_gpu_zero(RtGpu *g, void *dev, int64_t bytes, RtError *err); /* queued memset */
+RtStatus rt_gpu_sync(RtGpu *g, const char *what, RtError *err);         /* waits for the stream */
+
+/* ---- the gradient region (train.c's norm and clipping, as on the CPU) ---- */
+/* partial[b] = the sum of squares of g[b x block, (b + 1) x block), in double, for b < ceil(n /
+ * block); computed in a fixed order (deterministic) and downloaded. Waits. */
+RtStatus rt_gpu_sumsq_blocks(RtGpu *g, const float *dev, int64_t n, int64_t block, double *partial, RtError *err);
+RtStatus rt_gpu_scale(RtGpu *g, float *dev, float scale, int64_t n, RtError *err); /* dev[i] *= scale */
+
+/* ---- timing (MBT_DEBUG) ---- */
+/* MBT_DEBUG=1 (or more) in the environment: every launch and GEMM is timed with a pair of events
+ * (this serialises nothing but adds two event records a launch); rt_gpu_print_timing prints, per
+ * kernel function and GEMM shape, calls, total and mean microseconds and the share of the GPU
+ * time, longest first. MBT_TRACE=FILE.json: the same events written as a Chrome trace (the
+ * trace-event JSON format chrome://tracing and Perfetto read) when the GPU is closed. */
+void rt_gpu_print_timing(FILE *f, RtGpu *g);
+
+/* The cache of JIT-compiled PTX: $MBT_CACHE_DIR, else $XDG_CACHE_HOME/mbt, else ~/.cache/mbt;
+ * one file `<module_hash>-sm_XX-<driver version>.cubin` per program and GPU arch, written
+ * atomically (rt_atomic_write_file). Returns the directory (static storage) or NULL. */
+const char *rt_gpu_cache_dir(void);
+
+#endif
