@@ -140,7 +140,7 @@ $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 # only runtime/ headers: the runtime never includes the compiler. `all` gains the library and
 # build/mbt-gendata (a second `all:` line adds prerequisites). main.c (the executables' `main`) is
 # in the archive too: a linker takes it only when nothing else defines main.
-RT_SRCS  = runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
+RT_SRCS  = runtime/exec.c runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
            runtime/json.c runtime/pool.c runtime/blas.c runtime/profile.c runtime/log.c runtime/weights.c \
            runtime/checkpoint.c runtime/cli.c runtime/train.c runtime/generate.c runtime/main.c
 RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))

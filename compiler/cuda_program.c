@@ -38,7 +38,6 @@ CudaProgram *cuda_program_build(const CudaSchedule *s, int n, Arena *ar) {
     for (int i = 0; i < n; i++)
         for (int k = 0; s[i].r && k < s[i].r->nkernels; k++) {
             Kernel *kn = s[i].r->kernels[k];
-            kn->name = arena_printf(ar, "%s%s", s[i].prefix, kn->name);
             p->notes[p->nkernels] = fuse_kernel_ops_note(s[i].g, kn, ar);
             disjoint[p->nkernels] = s[i].disjoint;
             half |= cuda_kernel_uses_half(kn);
@@ -91,6 +90,7 @@ const char *cuda_program_function(const CudaProgram *p, int k) {
 int cuda_parse_archs(const char *list, const char **archs, int max, Arena *ar, const char **err) {
     int n = 0;
     const char *q = list;
+    if (strcmp(list, "none") == 0) return 0;
     for (;;) {
         const char *c = strchr(q, ',');
         size_t l = c ? (size_t)(c - q) : strlen(q);
@@ -169,9 +169,13 @@ int cuda_program_compile(const CudaProgram *p, const char *const *archs, int nar
         return 1;
     }
     static const char name[] = "mbt_program.cu";
+    int top = 0; /* the highest architecture: the PTX a newer GPU JIT-compiles */
+    for (int a = 1; a < narch; a++)
+        if (atoi(archs[a] + 3) > atoi(archs[top] + 3)) top = a;
     for (int a = 0; a < narch; a++) {
         const char *err = NULL;
-        if (nvrtc_compile(nv, p->source, name, archs[a], want_ptx, &res[a], ar, &err) == 0) continue;
+        int ptx = want_ptx == CUDA_PTX_ALL || (want_ptx == CUDA_PTX_HIGHEST && a == top);
+        if (nvrtc_compile(nv, p->source, name, archs[a], ptx, &res[a], ar, &err) == 0) continue;
         char tmpl[] = "/tmp/mbt-cuda-XXXXXX.cu";
         int fd = mkstemps(tmpl, 3);
         const char *file = NULL;

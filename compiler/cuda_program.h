@@ -14,9 +14,8 @@
 #include "fuse.h"
 #include "nvrtc.h"
 
-/* One schedule of the program: its kernels get `prefix` before their names (step_k3_add). */
+/* One schedule of the program (its kernels already named with the schedule's prefix: step_k3_add). */
 typedef struct CudaSchedule {
-    const char *prefix;
     FuseResult *r;
     const Graph *g;   /* for the fused ops' source lines */
     int disjoint;     /* cuda_emit_kernel's flag */
@@ -36,19 +35,21 @@ typedef struct CudaProgram {
 /* The function kernel k is launched as: its own, or that of the kernel with the same code. */
 const char *cuda_program_function(const CudaProgram *p, int k);
 
-/* Generates the program's CUDA C: the kernels of s[0..n) in order. Renames the kernels. A kernel
+/* Generates the program's CUDA C: the kernels of s[0..n) in order. A kernel
  * whose function is the same as an earlier one's but for its name (a layer's kernels, once per
  * layer) is not emitted again: its comment names the function it is launched as (same_as), so
  * NVRTC compiles each distinct kernel once. */
 CudaProgram *cuda_program_build(const CudaSchedule *s, int n, Arena *ar);
 
-/* Splits "sm_80,sm_90" into archs (at most max). Returns the count, or -1 with *err. */
+/* Splits "sm_80,sm_90" into archs (at most max); "none" is none. Returns the count, or -1 with *err. */
 int cuda_parse_archs(const char *list, const char **archs, int max, Arena *ar, const char **err);
 
-/* Compiles the program for every arch (PTX too when want_ptx) into res[0..narch). On failure
- * reports through diag: NVRTC's log, the numbered source lines it names, and an nvcc command
- * that reproduces it (the source written to a file). Returns 0 or 1. A missing NVRTC is an
- * error that says what needed it (`what`, e.g. "--emit=ptx"). */
+/* Which architectures cuda_program_compile also makes PTX for. */
+enum { CUDA_PTX_NONE, CUDA_PTX_ALL, CUDA_PTX_HIGHEST };
+/* Compiles the program for every arch, and to PTX as want_ptx says, into res[0..narch). On
+ * failure reports through diag: NVRTC's log, the numbered source lines it names, and an nvcc
+ * command that reproduces it (the source written to a file). Returns 0 or 1. A missing NVRTC is
+ * an error that says what needed it (`what`, e.g. "--emit=ptx"). */
 int cuda_program_compile(const CudaProgram *p, const char *const *archs, int narch, int want_ptx, NvrtcResult *res,
                          const char *what, Arena *ar);
 

@@ -26,11 +26,13 @@
 #include <llvm-c/Analysis.h>
 
 #include "autodiff.h"
+#include "cuda_program.h"
 #include "diag.h"
 #include "fuse.h"
 #include "graph.h"
 #include "host.h"
 #include "host_abi.h"
+#include "nvrtc.h"
 #include "plan.h"
 #include "sema.h"
 #include "sema_internal.h"
@@ -55,12 +57,18 @@ typedef struct Host {
     LLVMValueRef pfor, gemm;
     const Plan *plan;
     const TrainSettings *ts;
+    /* emitting the GPU functions (host_gpu below): launches and copies go through the runtime's
+     * rt_gpu_* calls, every region address is a device address */
+    int gpu;
+    LLVMTypeRef gpu_image_t, gpu_kernel_t, gpu_prog_t, gpu_launch_t, gpu_axpy_t, gpu_copy_t;
+    LLVMValueRef gpu_launch, gpu_gemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download;
 } Host;
 
 /* one schedule's buffers: the arena offset of each buffer the arena holds (-1 otherwise) */
 typedef struct Sched {
     const char *prefix;
     FuseResult *r;
+    int gpu_base;      /* the index of its first kernel in the GPU kernel table */
     int64_t *arena_off;
     int64_t peak;
     LLVMValueRef *kfn, *kwrap; /* per kernel */
@@ -111,6 +119,29 @@ static void host_types(Host *h) {
     LLVMTypeRef gargs[] = {P, W, W, I, I, I, h->f32, P, I, I, P, I, I, h->f32, P, I, I, I, P};
     h->gemm_t = LLVMFunctionType(W, gargs, 19, 0);
     h->gemm = LLVMAddFunction(h->m, "rt_sgemm_batched", h->gemm_t);
+    LLVMTypeRef image[] = {P, W, P, I};
+    h->gpu_image_t = host_struct(h, HA_GPU_IMAGE, "RtGpuImage", image, 4);
+    LLVMTypeRef kern[] = {P, W, W, I, W};
+    h->gpu_kernel_t = host_struct(h, HA_GPU_KERNEL, "RtGpuKernel", kern, 5);
+    LLVMTypeRef gprog[] = {P, I, P, I, P, P, P, P, P};
+    h->gpu_prog_t = host_struct(h, HA_GPU_PROGRAM, "RtGpuProgram", gprog, 9);
+}
+
+/* The runtime's rt_gpu_* calls (rt_program.h), declared when the GPU functions are emitted. */
+static void host_gpu_calls(Host *h) {
+    LLVMTypeRef P = h->ptr, I = h->i64, W = h->i32;
+    LLVMTypeRef launch[] = {P, W, P, P};
+    h->gpu_launch_t = LLVMFunctionType(W, launch, 4, 0);
+    h->gpu_launch = LLVMAddFunction(h->m, "rt_gpu_launch", h->gpu_launch_t);
+    h->gpu_gemm = LLVMAddFunction(h->m, "rt_gpu_sgemm_batched", h->gemm_t);
+    LLVMTypeRef axpy[] = {P, P, P, h->f32, I, P};
+    h->gpu_axpy_t = LLVMFunctionType(W, axpy, 6, 0);
+    h->gpu_axpy = LLVMAddFunction(h->m, "rt_gpu_axpy", h->gpu_axpy_t);
+    LLVMTypeRef copy[] = {P, P, P, I, P}; /* (gpu, dst, src, bytes, err): copy, upload, download */
+    h->gpu_copy_t = LLVMFunctionType(W, copy, 5, 0);
+    h->gpu_copy = LLVMAddFunction(h->m, "rt_gpu_copy", h->gpu_copy_t);
+    h->gpu_upload = LLVMAddFunction(h->m, "rt_gpu_upload", h->gpu_copy_t);
+    h->gpu_download = LLVMAddFunction(h->m, "rt_gpu_download", h->gpu_copy_t);
 }
 
 /* ---- small builders --------------------------------------------------------------------------- */
@@ -163,6 +194,7 @@ static void emit_f32_loop(Host *h, LLVMValueRef fn, LLVMValueRef dst, LLVMValueR
 /* A function `NAME(ptr s)` with an entry block, the builder at its end; comments for --emit=llvm. */
 static LLVMValueRef begin_fn(Host *h, const char *name, LLVMTypeRef ret) {
     LLVMTypeRef args[1] = {h->ptr};
+    if (h->gpu) name = arena_printf(h->ar, "gpu.%s", name);
     LLVMValueRef fn = LLVMAddFunction(h->m, name, LLVMFunctionType(ret, args, 1, 0));
     LLVMSetLinkage(fn, LLVMInternalLinkage);
     LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, fn, "entry"));
@@ -196,8 +228,7 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
     S->kfn = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nkernels + 1));
     S->kwrap = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nkernels + 1));
     for (int k = 0; k < r->nkernels; k++) {
-        Kernel *kn = r->kernels[k];
-        kn->name = arena_printf(h->ar, "%s%s", S->prefix, kn->name);
+        Kernel *kn = r->kernels[k]; /* named with its schedule's prefix (host_fuse) */
         S->kfn[k] = cpu_lower_kernel(h->m, kn, disjoint);
         LLVMSetLinkage(S->kfn[k], LLVMInternalLinkage);
         LLVMValueRef w = LLVMAddFunction(h->m, arena_printf(h->ar, "%s.range", kn->name), h->range_fn_t);
@@ -210,43 +241,89 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
     }
 }
 
-/* Launches [0, upto] of S in fn; addr[i] is buffer i's address. Returns status checks inline. */
-static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr, LLVMValueRef pool, LLVMValueRef err, int upto) {
+/* The executor a function's launches go to: RtStep.pool on the CPU, RtStep.gpu on the GPU. */
+static LLVMValueRef step_exec(Host *h, LLVMValueRef s) {
+    return h->gpu ? step_field(h, s, 19, h->ptr, "gpu") : step_field(h, s, 0, h->ptr, "pool");
+}
+
+/* Returns the status st from fn when it is not RT_OK (the callee filled RtStep.err). */
+static void emit_check(Host *h, LLVMValueRef fn, LLVMValueRef st) {
+    LLVMBasicBlockRef fail = LLVMAppendBasicBlockInContext(h->ctx, fn, "failed");
+    LLVMBasicBlockRef ok = LLVMAppendBasicBlockInContext(h->ctx, fn, "ok");
+    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntNE, st, ci32(h, 0), ""), fail, ok);
+    LLVMPositionBuilderAtEnd(h->b, fail);
+    LLVMBuildRet(h->b, st);
+    LLVMPositionBuilderAtEnd(h->b, ok);
+}
+
+/* An array of n pointers on the stack holding v[0..n), for a callee that takes them as one. */
+static LLVMValueRef ptr_array(Host *h, LLVMValueRef const *v, int n, const char *name) {
+    LLVMTypeRef arr_t = LLVMArrayType2(h->ptr, (uint64_t)(n ? n : 1));
+    LLVMValueRef arr = LLVMBuildAlloca(h->b, arr_t, name);
+    for (int i = 0; i < n; i++) {
+        LLVMValueRef idx[2] = {ci64(h, 0), ci64(h, i)};
+        LLVMBuildStore(h->b, v[i], LLVMBuildInBoundsGEP2(h->b, arr_t, arr, idx, 2, ""));
+    }
+    return arr;
+}
+
+/* Launches [0, upto] of S in fn; addr[i] is buffer i's address, exec the pool (CPU) or the GPU. A
+ * GEMM's status (and on the GPU a launch's) is checked inline: a failure returns it. */
+static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr, LLVMValueRef exec, LLVMValueRef err, int upto) {
     FuseResult *r = S->r;
     for (int li = 0; li <= upto && li < r->nlaunches; li++) {
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32) INTERNAL("host: a GEMM of a type other than f32");
-            LLVMValueRef a[19] = {pool, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
+            LLVMValueRef a[19] = {exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
                                   LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
                                   addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
                                   addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch), err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
-            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, h->gemm, a, 19, arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
-            LLVMBasicBlockRef fail = LLVMAppendBasicBlockInContext(h->ctx, fn, "gemm_failed");
-            LLVMBasicBlockRef ok = LLVMAppendBasicBlockInContext(h->ctx, fn, "gemm_ok");
-            LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntNE, st, ci32(h, 0), ""), fail, ok);
-            LLVMPositionBuilderAtEnd(h->b, fail);
-            LLVMBuildRet(h->b, st);
-            LLVMPositionBuilderAtEnd(h->b, ok);
+            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, h->gpu ? h->gpu_gemm : h->gemm, a, 19,
+                                             arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
+            emit_check(h, fn, st);
             continue;
         }
         const Kernel *k = r->kernels[L->kernel];
-        LLVMTypeRef arr_t = LLVMArrayType2(h->ptr, (uint64_t)(k->nbufs ? k->nbufs : 1));
-        LLVMValueRef arr = LLVMBuildAlloca(h->b, arr_t, "bufs");
-        for (int i = 0; i < k->nbufs; i++) {
-            LLVMValueRef idx[2] = {ci64(h, 0), ci64(h, i)};
-            LLVMBuildStore(h->b, addr[k->bufs[i].buffer], LLVMBuildInBoundsGEP2(h->b, arr_t, arr, idx, 2, ""));
-        }
-        if (k->grid < SMALL_GRID) {
+        LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 1));
+        for (int i = 0; i < k->nbufs; i++) bufs[i] = addr[k->bufs[i].buffer];
+        LLVMValueRef arr = ptr_array(h, bufs, k->nbufs, "bufs");
+        if (h->gpu) {
+            LLVMValueRef a[4] = {exec, ci32(h, S->gpu_base + L->kernel), arr, err};
+            emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_launch_t, h->gpu_launch, a, 4, arena_printf(h->ar, "%s.", k->name)));
+        } else if (k->grid < SMALL_GRID) {
             LLVMValueRef a[3] = {arr, ci64(h, 0), ci64(h, k->grid)};
             LLVMBuildCall2(h->b, LLVMGlobalGetValueType(S->kfn[L->kernel]), S->kfn[L->kernel], a, 3, "");
         } else {
-            LLVMValueRef a[4] = {pool, ci64(h, k->grid), S->kwrap[L->kernel], arr};
+            LLVMValueRef a[4] = {exec, ci64(h, k->grid), S->kwrap[L->kernel], arr};
             LLVMBuildCall2(h->b, h->pfor_t, h->pfor, a, 4, "");
         }
     }
+}
+
+/* Data movement around the launches, n f32 elements. On the CPU loops (emit_f32_loop); on the GPU
+ * the runtime's calls, each status checked. */
+static void emit_accumulate(Host *h, LLVMValueRef fn, LLVMValueRef exec, LLVMValueRef err, LLVMValueRef dst, LLVMValueRef src,
+                            LLVMValueRef scale, int64_t n) { /* dst += scale x src (device: rt_gpu_axpy) */
+    if (!h->gpu) {
+        emit_f32_loop(h, fn, dst, src, scale, n, 1);
+        return;
+    }
+    LLVMValueRef a[6] = {exec, dst, src, scale, ci64(h, n), err};
+    emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_axpy_t, h->gpu_axpy, a, 6, ""));
+}
+
+/* dst = src; `to_host`: dst is host memory (rt_gpu_download on the GPU), else the region's kind (rt_gpu_copy). */
+static void emit_copy(Host *h, LLVMValueRef fn, LLVMValueRef exec, LLVMValueRef err, LLVMValueRef dst, LLVMValueRef src, int64_t n,
+                      int to_host) {
+    if (!h->gpu) {
+        emit_f32_loop(h, fn, dst, src, NULL, n, 0);
+        return;
+    }
+    LLVMValueRef a[5] = {exec, dst, src, ci64(h, n * 4), err};
+    emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_copy_t, to_host ? h->gpu_download : h->gpu_copy, a, 5, ""));
 }
 
 static int param_index(const Graph *g, int node) {
@@ -282,12 +359,17 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     const Graph *g = r->g;
     LLVMValueRef fn = begin_fn(h, grad ? "forward_backward" : "forward_loss", h->i32);
     LLVMValueRef s = LLVMGetParam(fn, 0);
-    LLVMValueRef pool = step_field(h, s, 0, h->ptr, "pool"), err = step_field(h, s, 18, h->ptr, "err");
+    LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
     LLVMValueRef *addr = step_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
-    emit_launches(h, fn, S, addr, pool, err, grad ? r->nlaunches - 1 : r->buffers[lb].first);
-    LLVMValueRef loss = LLVMBuildFPExt(h->b, LLVMBuildLoad2(h->b, h->f32, addr[lb], "loss"), h->f64, "");
+    emit_launches(h, fn, S, addr, exec, err, grad ? r->nlaunches - 1 : r->buffers[lb].first);
+    LLVMValueRef loss_at = addr[lb];
+    if (h->gpu) { /* the loss comes to the host */
+        loss_at = LLVMBuildAlloca(h->b, h->f32, "loss_host");
+        emit_copy(h, fn, exec, err, loss_at, addr[lb], 1, 1);
+    }
+    LLVMValueRef loss = LLVMBuildFPExt(h->b, LLVMBuildLoad2(h->b, h->f32, loss_at, "loss"), h->f64, "");
     LLVMBuildStore(h->b, loss, LLVMBuildStructGEP2(h->b, h->step_t, s, 12, ""));
     if (grad) {
         LLVMValueRef grads = step_field(h, s, 2, h->ptr, "grads");
@@ -296,7 +378,7 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
             const PlanParam *pp = &h->plan->mem.params[i];
             int gb = g->grads && g->grads[i] >= 0 ? r->node_buffer[g->grads[i]] : -1;
             if (gb < 0) continue; /* no buffer: a zero gradient */
-            emit_f32_loop(h, fn, byte_gep(h, grads, pp->offset, ""), addr[gb], ls, pp->numel, 1);
+            emit_accumulate(h, fn, exec, err, byte_gep(h, grads, pp->offset, ""), addr[gb], ls, pp->numel);
         }
     }
     LLVMBuildRet(h->b, ci32(h, 0));
@@ -340,15 +422,15 @@ static LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
     FuseResult *r = S->r;
     LLVMValueRef fn = begin_fn(h, "forward_logits", h->i32);
     LLVMValueRef s = LLVMGetParam(fn, 0);
-    LLVMValueRef pool = step_field(h, s, 0, h->ptr, "pool"), err = step_field(h, s, 18, h->ptr, "err");
+    LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
     LLVMValueRef *addr = step_addrs(h, S, s);
     int lb = r->node_buffer[node];
     if (lb < 0) INTERNAL("host: the logits %%%d have no buffer", node);
-    emit_launches(h, fn, S, addr, pool, err, r->nlaunches - 1);
+    emit_launches(h, fn, S, addr, exec, err, r->nlaunches - 1);
     LLVMValueRef len = step_field(h, s, 9, h->i64, "len");
     LLVMValueRef first = LLVMBuildMul(h->b, LLVMBuildSub(h->b, len, ci64(h, 1), ""), ci64(h, vocab), "last_row");
     LLVMValueRef src = LLVMBuildInBoundsGEP2(h->b, h->f32, addr[lb], &first, 1, "last_logits");
-    emit_f32_loop(h, fn, step_field(h, s, 10, h->ptr, "logits"), src, NULL, vocab, 0);
+    emit_copy(h, fn, exec, err, step_field(h, s, 10, h->ptr, "logits"), src, vocab, 1);
     LLVMBuildRet(h->b, ci32(h, 0));
     return fn;
 }
@@ -390,12 +472,18 @@ static LLVMValueRef emit_update(Host *h, Sched *S) {
     const GraphUpdate *u = g->update;
     LLVMValueRef fn = begin_fn(h, "optimizer_update", h->i32);
     LLVMValueRef s = LLVMGetParam(fn, 0);
-    LLVMValueRef pool = step_field(h, s, 0, h->ptr, "pool"), err = step_field(h, s, 18, h->ptr, "err");
+    LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
     LLVMValueRef params = step_field(h, s, 1, h->ptr, "params"), grads = step_field(h, s, 2, h->ptr, "grads");
     LLVMValueRef state = step_field(h, s, 3, h->ptr, "state"), arena = step_field(h, s, 4, h->ptr, "arena");
     LLVMValueRef lr_slot = arena, t_slot = byte_gep(h, arena, 4, "t_slot");
-    LLVMBuildStore(h->b, LLVMBuildFPTrunc(h->b, step_field(h, s, 13, h->f64, "lr"), h->f32, ""), lr_slot);
-    LLVMBuildStore(h->b, LLVMBuildSIToFP(h->b, step_field(h, s, 14, h->i64, "t"), h->f32, ""), t_slot);
+    /* lr and t as f32 in the arena's first 8 bytes (on the GPU written on the host, then uploaded) */
+    LLVMValueRef host_slots = h->gpu ? LLVMBuildAlloca(h->b, LLVMArrayType2(h->f32, 2), "lr_t_host") : arena;
+    LLVMBuildStore(h->b, LLVMBuildFPTrunc(h->b, step_field(h, s, 13, h->f64, "lr"), h->f32, ""), host_slots);
+    LLVMBuildStore(h->b, LLVMBuildSIToFP(h->b, step_field(h, s, 14, h->i64, "t"), h->f32, ""), byte_gep(h, host_slots, 4, ""));
+    if (h->gpu) {
+        LLVMValueRef a[5] = {exec, arena, host_slots, ci64(h, 8), err};
+        emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_copy_t, h->gpu_upload, a, 5, ""));
+    }
     int64_t nbytes = u->n * 4;
     LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
     for (int i = 0; i < r->nbuffers; i++) {
@@ -412,12 +500,12 @@ static LLVMValueRef emit_update(Host *h, Sched *S) {
             for (int j = 0; j < u->nstate; j++)
                 if (nd == u->state_in[j]) addr[i] = byte_gep(h, state, j * nbytes, "");
     }
-    emit_launches(h, fn, S, addr, pool, err, r->nlaunches - 1);
+    emit_launches(h, fn, S, addr, exec, err, r->nlaunches - 1);
     if (u->p_out != u->p_in && r->node_buffer[u->p_out] >= 0)
-        emit_f32_loop(h, fn, params, addr[r->node_buffer[u->p_out]], NULL, u->n, 0);
+        emit_copy(h, fn, exec, err, params, addr[r->node_buffer[u->p_out]], u->n, 0);
     for (int j = 0; j < u->nstate; j++)
         if (u->state_out[j] != u->state_in[j] && r->node_buffer[u->state_out[j]] >= 0)
-            emit_f32_loop(h, fn, byte_gep(h, state, j * nbytes, ""), addr[r->node_buffer[u->state_out[j]]], NULL, u->n, 0);
+            emit_copy(h, fn, exec, err, byte_gep(h, state, j * nbytes, ""), addr[r->node_buffer[u->state_out[j]]], u->n, 0);
     LLVMBuildRet(h->b, ci32(h, 0));
     return fn;
 }
@@ -686,7 +774,7 @@ static const char *program_hash(Host *h) {
 
 static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog,
                             LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash,
-                            const GraphUpdate *u) {
+                            const GraphUpdate *u, LLVMValueRef gpu) {
     const Plan *p = h->plan;
     const TrainSettings *ts = h->ts;
     const Graph *g = p->step;
@@ -734,7 +822,7 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
                            named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
                            ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
                            flog ? flog : null, oinit ? oinit : null, oupd, lrs, str_const(h, hash), ci64(h, u->nstate),
-                           state_names, null};
+                           state_names, gpu ? gpu : null};
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
@@ -759,7 +847,7 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
     for (int i = 0; i < n; i++) nlaunch += scheds[i] ? scheds[i]->r->nlaunches : 0;
     Kernel **kernels = arena_alloc(h->ar, sizeof(Kernel *) * (size_t)(total + 1));
     const char **notes = arena_alloc(h->ar, sizeof(char *) * (size_t)(total + 1));
-    CpuAnnotation *ann = arena_alloc(h->ar, sizeof(CpuAnnotation) * (size_t)(nlaunch + 1));
+    CpuAnnotation *ann = arena_alloc(h->ar, sizeof(CpuAnnotation) * (size_t)(2 * nlaunch + 1)); /* a kernel: CPU and GPU calls */
     int k = 0, a = 0;
     for (int i = 0; i < n; i++) {
         const Sched *S = scheds[i];
@@ -794,14 +882,152 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
                 ann[a].needle = arena_printf(h->ar, "@%s.range,", kn->name);
                 ann[a++].comment = arena_printf(h->ar, "kernel %s: %s%s", kn->name, first,
                                                 nops > 1 ? arena_printf(h->ar, " (and %d more ops)", nops - 1) : "");
+                ann[a].needle = arena_printf(h->ar, "%%%s. = call i32 @rt_gpu_launch", kn->name); /* emit_launches names it */
+                ann[a].comment = ann[a - 1].comment;
+                a++;
             }
         }
     }
     cpu_print_module(stdout, h->m, kernels, notes, total, ann, a);
 }
 
+/* The schedules of a train block (HostSchedules), fused and verified, every kernel named with
+ * its schedule's prefix. */
+static void host_fuse(Host *h, Loader *ld, const TrainBuild *tb, HostSchedules *out) {
+    static const char *const prefix[3] = {"step_", "update_", "logits_"};
+    memset(out, 0, sizeof *out);
+    out->logits_node = -1;
+    const Graph *graphs[2] = {tb->step, tb->update};
+    for (int i = 0; i < 2; i++) {
+        out->g[i] = graphs[i];
+        out->r[i] = fuse_graph(graphs[i], NULL, 0, h->ar);
+        out->disjoint[i] = i == 0; /* the update writes in place */
+    }
+    out->n = 2;
+    Graph *lg = diag_error_count() ? NULL : logits_graph(h, ld, tb->step, find_vocab(h->plan->step), &out->logits_node);
+    if (lg) {
+        out->g[2] = lg;
+        out->r[2] = fuse_graph(lg, &out->logits_node, 1, h->ar);
+        out->disjoint[2] = 1;
+        out->n = 3;
+    }
+    for (int i = 0; i < out->n; i++) {
+        out->prefix[i] = prefix[i];
+        if (fuse_verify(out->r[i], stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", prefix[i]);
+        for (int k = 0; k < out->r[i]->nkernels; k++)
+            out->r[i]->kernels[k]->name = arena_printf(h->ar, "%s%s", prefix[i], out->r[i]->kernels[k]->name);
+    }
+}
+
+/* ---- the GPU functions ------------------------------------------------------------------------
+ * The same schedules, memory plan and host code as the CPU functions (one emit_* each, with
+ * h->gpu set): every region and arena address is a device address, each kernel launch is
+ * rt_gpu_launch with its index in the kernel table, each GEMM rt_gpu_sgemm_batched, and the
+ * moves around them (the loss, the gradient accumulation, the logits, the update's copies, lr and
+ * t) rt_gpu_* calls. The kernels themselves are the CUDA program (cuda_program.h): its images -
+ * a cubin per --cuda-arch and the PTX of the highest - and its launch table go into the
+ * RtGpuProgram descriptor. optimizer_init has no GPU version: the runtime runs the CPU one and
+ * uploads the state. */
+
+/* A byte array constant as a private global. */
+static LLVMValueRef bytes_global(Host *h, const char *data, size_t n, const char *name) {
+    LLVMValueRef init = LLVMConstStringInContext2(h->ctx, data, n, 1);
+    LLVMValueRef g = LLVMAddGlobal(h->m, LLVMTypeOf(init), name);
+    LLVMSetInitializer(g, init);
+    LLVMSetGlobalConstant(g, 1);
+    LLVMSetLinkage(g, LLVMPrivateLinkage);
+    LLVMSetAlignment(g, 16);
+    return g;
+}
+
+/* A constant array of `t` rows as a private global (a null pointer when n is 0). */
+static LLVMValueRef table_global(Host *h, LLVMTypeRef t, LLVMValueRef *rows, int64_t n, const char *name) {
+    if (n == 0) return LLVMConstPointerNull(h->ptr);
+    LLVMValueRef g = LLVMAddGlobal(h->m, LLVMArrayType2(t, (uint64_t)n), name);
+    LLVMSetInitializer(g, LLVMConstArray2(t, rows, (uint64_t)n));
+    LLVMSetGlobalConstant(g, 1);
+    LLVMSetLinkage(g, LLVMPrivateLinkage);
+    return g;
+}
+
+/* Emits the GPU functions for the schedules S[0..n) (S[2] may be absent: no logits) and returns
+ * the RtGpuProgram global. res[0..narch): the compiled images (narch 0: none, for --emit=program). */
+static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, int n, const HostSchedules *hs, const NvrtcResult *res,
+                             int narch) {
+    host_gpu_calls(h);
+    int base = 0;
+    for (int i = 0; i < n; i++)
+        if (S[i]) {
+            S[i]->gpu_base = base;
+            base += S[i]->r->nkernels;
+        }
+    if (base != cp->nkernels) INTERNAL("host: %d kernels in the schedules, %d in the CUDA program", base, cp->nkernels);
+    h->gpu = 1;
+    LLVMValueRef fb = emit_forward(h, S[0], 1), fl = emit_forward(h, S[0], 0), ou = emit_update(h, S[1]);
+    LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, find_vocab(h->plan->step)) : LLVMConstPointerNull(h->ptr);
+    h->gpu = 0;
+    LLVMValueRef fn0 = begin_fn(h, "mbt.gpu_strings", h->vd); /* a builder position for global strings */
+    LLVMValueRef *krows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(cp->nkernels + 1));
+    for (int k = 0; k < cp->nkernels; k++) {
+        const CudaLaunch *L = &cp->launch[k];
+        LLVMValueRef f[5] = {str_const(h, cuda_program_function(cp, k)), ci32(h, L->block), ci32(h, L->shared), ci64(h, L->blocks),
+                             ci32(h, cp->kernels[k]->nbufs)};
+        krows[k] = named_struct(h->gpu_kernel_t, f, 5);
+    }
+    LLVMValueRef *irows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(2 * narch + 1));
+    int nimg = 0;
+    for (int a = 0; a < narch; a++) {
+        const char *code[2] = {res[a].cubin, res[a].ptx};
+        size_t size[2] = {res[a].cubin_size, res[a].ptx ? strlen(res[a].ptx) + 1 : 0};
+        for (int ptx = 0; ptx < 2; ptx++) {
+            if (!code[ptx]) continue;
+            const char *arch = ptx ? arena_printf(h->ar, "compute_%s", res[a].arch + 3) : res[a].arch;
+            LLVMValueRef f[4] = {str_const(h, arch), ci32(h, ptx),
+                                 bytes_global(h, code[ptx], size[ptx], arena_printf(h->ar, "mbt.gpu.%s", arch)),
+                                 ci64(h, (int64_t)size[ptx])};
+            irows[nimg++] = named_struct(h->gpu_image_t, f, 4);
+        }
+    }
+    char hex[HOST_ABI_CHECKSUM_CHARS + 1];
+    host_abi_checksum(cp->source, strlen(cp->source), hex);
+    LLVMValueRef f[9] = {table_global(h, h->gpu_image_t, irows, nimg, "mbt.gpu_images"), ci64(h, nimg),
+                         table_global(h, h->gpu_kernel_t, krows, cp->nkernels, "mbt.gpu_kernels"), ci64(h, cp->nkernels),
+                         str_const(h, arena_printf(h->ar, "xxh3-128:%s", hex)), fb, fl, flog, ou};
+    LLVMBuildRetVoid(h->b);
+    LLVMDeleteFunction(fn0);
+    LLVMValueRef g = LLVMAddGlobal(h->m, h->gpu_prog_t, "mbt.gpu");
+    LLVMSetInitializer(g, named_struct(h->gpu_prog_t, f, 9));
+    LLVMSetGlobalConstant(g, 1);
+    LLVMSetLinkage(g, LLVMPrivateLinkage);
+    return g;
+}
+
+/* The CUDA side of an executable: the CUDA program of the schedules, compiled for the archs by
+ * NVRTC (none for --emit=program: output NULL), and the GPU functions. NULL when the executable is
+ * built without one: no archs (--cuda-arch=none), or no NVRTC here (a warning). */
+static LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const HostCuda *cuda, int emit_only) {
+    if (!cuda || cuda->narch == 0) return NULL;
+    CudaSchedule cs[3];
+    for (int i = 0; i < hs->n; i++) cs[i] = (CudaSchedule){hs->r[i], hs->g[i], hs->disjoint[i]};
+    CudaProgram *cp = cuda_program_build(cs, hs->n, h->ar);
+    NvrtcResult *res = arena_alloc(h->ar, sizeof *res * (size_t)cuda->narch);
+    if (!emit_only) {
+        const char *why = NULL;
+        if (!nvrtc_open(h->ar, &why)) {
+            diag_warning(span_none(), "the executable is built for the CPU alone: NVRTC, which compiles its CUDA kernels, is not "
+                                      "installed here (%s)", why);
+            diag_hint("install the CUDA toolkit, or give --cuda-arch=none to build for the CPU without this warning");
+            return NULL;
+        }
+        if (cuda_program_compile(cp, cuda->archs, cuda->narch, CUDA_PTX_HIGHEST, res, "-o", h->ar)) return NULL;
+    }
+    return host_gpu(h, cp, S, 3, hs, res, emit_only ? 0 : cuda->narch);
+}
+
+/* ---- the driver ---------------------------------------------------------------------------------- */
+
 int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
-                 Arena *ar) {
+                 const HostCuda *cuda, Arena *ar) {
     TrainBuild *tb;
     Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
     if (!plan) return diag_finish();
@@ -829,10 +1055,10 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     h->b = LLVMCreateBuilderInContext(h->ctx);
     host_types(h);
 
-    Sched step = {.prefix = "step_", .r = fuse_graph(tb->step, NULL, 0, ar)};
-    Sched upd = {.prefix = "update_", .r = fuse_graph(tb->update, NULL, 0, ar)};
-    if (fuse_verify(step.r, stderr)) INTERNAL("the fused step graph fails fuse_verify (problems above)");
-    if (fuse_verify(upd.r, stderr)) INTERNAL("the fused update graph fails fuse_verify (problems above)");
+    HostSchedules hs;
+    host_fuse(h, ld, tb, &hs);
+    Sched step = {.prefix = "step_", .r = hs.r[0]}, upd = {.prefix = "update_", .r = hs.r[1]};
+    Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[2] : NULL};
     sched_plan(h, &step, 0);
     sched_plan(h, &upd, PLAN_ALIGN); /* lr and t in the first 64 bytes */
     sched_kernels(h, &step, 1);
@@ -843,26 +1069,24 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     int64_t arena = step.peak > upd.peak ? step.peak : upd.peak;
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */
     LLVMValueRef flog = NULL;
-    int logits_node = -1;
-    int64_t vocab = find_vocab(plan->step);
-    Graph *lg = diag_error_count() ? NULL : logits_graph(h, ld, tb->step, vocab, &logits_node);
-    Sched lsch = {.prefix = "logits_"};
-    if (lg) {
-        lsch.r = fuse_graph(lg, &logits_node, 1, ar);
-        if (fuse_verify(lsch.r, stderr)) INTERNAL("the fused logits graph fails fuse_verify (problems above)");
+    if (lsch.r) {
         sched_plan(h, &lsch, 0);
         sched_kernels(h, &lsch, 1);
-        flog = emit_logits(h, &lsch, logits_node, vocab);
+        flog = emit_logits(h, &lsch, hs.logits_node, find_vocab(plan->step));
         if (lsch.peak > arena) arena = lsch.peak;
     }
+    /* the hash covers the CPU functions alone: the GPU ones compute the same step, and a checkpoint
+     * resumes on either device */
+    const char *hash = diag_error_count() ? NULL : program_hash(h);
+    Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
+    LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
     if (!diag_error_count())
-        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena, program_hash(h), tb->update->update);
+        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena, hash, tb->update->update, gpu);
     int rc = 0;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
-        const Sched *scheds[3] = {&step, &upd, lg ? &lsch : NULL};
-        const Graph *graphs[3] = {tb->step, tb->update, lg};
-        print_program(h, scheds, graphs, 3);
+        const Graph *graphs[3] = {tb->step, tb->update, hs.n > 2 ? hs.g[2] : NULL};
+        print_program(h, (const Sched *const *)scheds, graphs, 3);
     } else if (!diag_error_count()) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
         const char *obj = arena_printf(ar, "%s.o", output);
@@ -892,25 +1116,6 @@ int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSch
     Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
     if (!plan) return 1;
     Host H = {.ar = ar, .plan = plan, .ts = tb->settings};
-    static const char *const prefix[3] = {"step_", "update_", "logits_"};
-    const Graph *graphs[2] = {tb->step, tb->update};
-    for (int i = 0; i < 2; i++) {
-        out->prefix[i] = prefix[i];
-        out->g[i] = graphs[i];
-        out->r[i] = fuse_graph(graphs[i], NULL, 0, ar);
-        if (fuse_verify(out->r[i], stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", i ? "update" : "step");
-        out->disjoint[i] = i == 0; /* the update writes in place (host_compile's sched_kernels) */
-    }
-    out->n = 2;
-    int logits_node = -1;
-    Graph *lg = diag_error_count() ? NULL : logits_graph(&H, ld, tb->step, find_vocab(plan->step), &logits_node);
-    if (lg) {
-        out->prefix[2] = prefix[2];
-        out->g[2] = lg;
-        out->r[2] = fuse_graph(lg, &logits_node, 1, ar);
-        if (fuse_verify(out->r[2], stderr)) INTERNAL("the fused logits graph fails fuse_verify (problems above)");
-        out->disjoint[2] = 1;
-        out->n = 3;
-    }
+    host_fuse(&H, ld, tb, out);
     return diag_error_count() ? 1 : 0;
 }

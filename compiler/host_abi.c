@@ -31,6 +31,14 @@ static const int64_t prog_off[] = {
     F(RtProgram, arena_bytes),  F(RtProgram, logits_seq),       F(RtProgram, forward_backward), F(RtProgram, forward_loss),
     F(RtProgram, forward_logits), F(RtProgram, optimizer_init), F(RtProgram, optimizer_update), F(RtProgram, lr_schedule),
     F(RtProgram, hash),         F(RtProgram, nstate),           F(RtProgram, state_names),    F(RtProgram, gpu)};
+static const int64_t gpu_image_off[] = {F(RtGpuImage, arch), F(RtGpuImage, ptx), F(RtGpuImage, data), F(RtGpuImage, size)};
+static const int64_t gpu_kernel_off[] = {F(RtGpuKernel, function), F(RtGpuKernel, block), F(RtGpuKernel, shared),
+                                         F(RtGpuKernel, blocks), F(RtGpuKernel, nbufs)};
+static const int64_t gpu_prog_off[] = {F(RtGpuProgram, images),          F(RtGpuProgram, nimages),
+                                       F(RtGpuProgram, kernels),         F(RtGpuProgram, nkernels),
+                                       F(RtGpuProgram, module_hash),     F(RtGpuProgram, forward_backward),
+                                       F(RtGpuProgram, forward_loss),    F(RtGpuProgram, forward_logits),
+                                       F(RtGpuProgram, optimizer_update)};
 
 #define N(a) (int)(sizeof a / sizeof *a)
 
@@ -41,13 +49,16 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size) {
     case HA_TRAIN: *nfields = N(train_off), *size = sizeof(RtTrainSettings); return train_off;
     case HA_GENERATE: *nfields = N(gen_off), *size = sizeof(RtGenerateSettings); return gen_off;
     case HA_RAMP: *nfields = N(ramp_off), *size = sizeof(RtRampStage); return ramp_off;
+    case HA_GPU_IMAGE: *nfields = N(gpu_image_off), *size = sizeof(RtGpuImage); return gpu_image_off;
+    case HA_GPU_KERNEL: *nfields = N(gpu_kernel_off), *size = sizeof(RtGpuKernel); return gpu_kernel_off;
+    case HA_GPU_PROGRAM: *nfields = N(gpu_prog_off), *size = sizeof(RtGpuProgram); return gpu_prog_off;
     default: *nfields = N(prog_off), *size = sizeof(RtProgram); return prog_off;
     }
 }
 
 const char *host_abi_name(HostAbiStruct s) {
     static const char *const names[] = {"RtStep", "RtParam", "RtTrainSettings", "RtGenerateSettings", "RtProgram",
-                                        "RtRampStage"};
+                                        "RtRampStage", "RtGpuImage", "RtGpuKernel", "RtGpuProgram"};
     return s < HA_COUNT ? names[s] : "?";
 }
 

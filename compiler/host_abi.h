@@ -8,7 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum HostAbiStruct { HA_STEP, HA_PARAM, HA_TRAIN, HA_GENERATE, HA_PROGRAM, HA_RAMP, HA_COUNT } HostAbiStruct;
+typedef enum HostAbiStruct {
+    HA_STEP, HA_PARAM, HA_TRAIN, HA_GENERATE, HA_PROGRAM, HA_RAMP, HA_GPU_IMAGE, HA_GPU_KERNEL, HA_GPU_PROGRAM, HA_COUNT
+} HostAbiStruct;
 
 /* The struct's size and its fields' offsets in declaration order (*nfields of them). */
 const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size);

@@ -41,7 +41,9 @@ static void usage(FILE *out) {
             "                     ptx, sass (that source compiled by NVRTC for each --cuda-arch; sass\n"
             "                     needs cuobjdump or nvdisasm)\n"
             "  --opt              with --emit=llvm: the IR after LLVM's O2 pipeline for this CPU\n"
-            "  --cuda-arch=LIST   GPU architectures for ptx, sass, --cuda-info, --dump-dir (default sm_80,sm_90)\n"
+            "  --cuda-arch=LIST   GPU architectures -o builds cubins for (with the PTX of the highest, which\n"
+            "                     newer GPUs compile on first use), and those of ptx, sass, --cuda-info and\n"
+            "                     --dump-dir (default sm_80,sm_90; none: -o builds for the CPU alone)\n"
             "  --cuda-info        with --emit=kernels: a '# ptxas' line a kernel (registers, spills, shared\n"
             "                     memory per architecture; needs NVRTC)\n"
             "  --dump-dir DIR     write every kernel's stages to DIR: .kir, .cu, .ARCH.ptx, .ARCH.sass, and\n"
@@ -58,6 +60,8 @@ static void usage(FILE *out) {
             "\n"
             "environment:\n"
             "  MBT_PATH           colon-separated directories searched for imports\n"
+            "  MBT_CUDA_ARCH      the default of --cuda-arch (none: executables for the CPU alone)\n"
+            "  MBT_CACHE_DIR      NVRTC's output cache (default $XDG_CACHE_HOME/mbt or ~/.cache/mbt; off: none)\n"
             "\n"
             "exit status: 0 success, 1 errors in the program, 2 internal compiler error\n");
 }
@@ -177,13 +181,13 @@ static int emit_cuda(Loader *ld, Arena *ar, Module *main_mod, const char *train,
     HostSchedules hs;
     if (host_schedules(ld, main_mod, train, &hs, ar)) return diag_finish();
     CudaSchedule cs[3];
-    for (int i = 0; i < hs.n; i++) cs[i] = (CudaSchedule){hs.prefix[i], hs.r[i], hs.g[i], hs.disjoint[i]};
+    for (int i = 0; i < hs.n; i++) cs[i] = (CudaSchedule){hs.r[i], hs.g[i], hs.disjoint[i]};
     CudaProgram *p = cuda_program_build(cs, hs.n, ar);
     if (emit && strcmp(emit, "cuda") == 0) {
         fputs(p->source, stdout);
         if (!co->dump) return diag_finish();
     }
-    int want_ptx = (emit && strcmp(emit, "ptx") == 0) || co->dump;
+    int want_ptx = (emit && strcmp(emit, "ptx") == 0) || co->dump ? CUDA_PTX_ALL : CUDA_PTX_NONE;
     const char *what = co->dump ? "--dump-dir" : co->info ? "--cuda-info" : emit ? arena_printf(ar, "--emit=%s", emit) : "mbtc";
     NvrtcResult *res = arena_alloc(ar, sizeof *res * (size_t)co->narch);
     if (cuda_program_compile(p, co->archs, co->narch, want_ptx, res, what, ar)) return diag_finish();
@@ -241,9 +245,10 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (co->info || co->dump || (emit && (strcmp(emit, "cuda") == 0 || strcmp(emit, "ptx") == 0 || strcmp(emit, "sass") == 0)))
         return emit_cuda(ld, ar, main_mod, train, emit && strcmp(emit, "kernels") != 0 ? emit : NULL, co);
     if (emit && strcmp(emit, "llvm") == 0) return emit_llvm(ld, ar, main_mod, train, opt);
-    if (emit && strcmp(emit, "program") == 0) return host_compile(ld, main_mod, input, train, NULL, ar);
+    HostCuda hc = {co->archs, co->narch};
+    if (emit && strcmp(emit, "program") == 0) return host_compile(ld, main_mod, input, train, NULL, &hc, ar);
     if (verify) return verify_step(ld, main_mod, train, verify, ar);
-    if (output && !check) return host_compile(ld, main_mod, input, train, output, ar);
+    if (output && !check) return host_compile(ld, main_mod, input, train, output, &hc, ar);
     sema_check(ld, main_mod);
     if (diag_error_count() || check) return diag_finish();
     {
@@ -259,7 +264,7 @@ int main(int argc, char **argv) {
     int check = 0, opt = 0;
     PtrVec incdirs = {0};
     CudaOpts co = {0};
-    const char *arch_list = "sm_80,sm_90";
+    const char *arch_list = getenv("MBT_CUDA_ARCH") && *getenv("MBT_CUDA_ARCH") ? getenv("MBT_CUDA_ARCH") : "sm_80,sm_90";
     diag_set_color(isatty(2));
 
     for (int i = 1; i < argc; i++) {
@@ -335,6 +340,10 @@ int main(int argc, char **argv) {
             diag_error_noloc("%s", err);
             { arena_free(&ar); return 1; }
         }
+    }
+    if (co.narch == 0 && (co.info || co.dump || (emit && (strcmp(emit, "ptx") == 0 || strcmp(emit, "sass") == 0)))) {
+        diag_error_noloc("--cuda-arch=none: --emit=ptx, sass, --cuda-info and --dump-dir need an architecture");
+        { arena_free(&ar); return 1; }
     }
     if (co.info && !(emit && strcmp(emit, "kernels") == 0)) {
         diag_error_noloc("'--cuda-info' adds ptxas's figures to --emit=kernels, and --emit=kernels is not given");

@@ -6,11 +6,16 @@
 #include "nvrtc.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL /* header-only, as in runtime/rt_file.c */
+#include <xxhash.h>
 
 typedef void *nvrtcProgram;
 
@@ -154,6 +159,91 @@ static nvrtcProgram nvrtc_run(Nvrtc *nv, const char *source, const char *name, c
     return prog;
 }
 
+/* ---- the cache ----------------------------------------------------------------------------------
+ * Each NVRTC output (a cubin with its log, or PTX) is kept in DIR/nvrtc/KEY.bin and KEY.log, KEY the
+ * XXH3-128 of NVRTC's version, the target, the options and the source; DIR is $MBT_CACHE_DIR, else
+ * $XDG_CACHE_HOME/mbt, else ~/.cache/mbt (the runtime's JIT cache's directory, rt_gpu.h). A file is
+ * written under a temporary name and renamed, so a reader sees it whole or not at all; any failure
+ * to read or write the cache only means compiling. MBT_CACHE_DIR=off turns it off. */
+
+static const char *nvrtc_cache_dir(Arena *ar) {
+    const char *d = getenv("MBT_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    const char *base = d && *d ? d : x && *x ? arena_printf(ar, "%s/mbt", x) : h && *h ? arena_printf(ar, "%s/.cache/mbt", h) : NULL;
+    if (!base || strcmp(base, "off") == 0) return NULL;
+    const char *dir = arena_printf(ar, "%s/nvrtc", base);
+    for (char *p = (char *)dir + 1; *p; p++) /* mkdir -p */
+        if (*p == '/') {
+            *p = 0;
+            mkdir(dir, 0777);
+            *p = '/';
+        }
+    return mkdir(dir, 0777) == 0 || errno == EEXIST ? dir : NULL;
+}
+
+static char *nvrtc_read_file(const char *path, size_t *size, Arena *ar) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *data = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+            data = arena_alloc(ar, (size_t)n + 1);
+            if (fread(data, 1, (size_t)n, f) != (size_t)n) data = NULL;
+            else data[n] = 0, *size = (size_t)n;
+        }
+    }
+    fclose(f);
+    return data;
+}
+
+static void nvrtc_write_file(const char *path, const char *data, size_t size, Arena *ar) {
+    const char *tmp = arena_printf(ar, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    int ok = fwrite(data, 1, size, f) == size;
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+/* One NVRTC output of source for `target` (sm_XX: the cubin; compute_XX: the PTX) and its log,
+ * from the cache or compiled. Returns 0, or 1 with *err. */
+static int nvrtc_output(Nvrtc *nv, const char *source, const char *name, const char *target, char **data, size_t *size,
+                        const char **log, Arena *ar, const char **err) {
+    int ptx = strncmp(target, "compute_", 8) == 0;
+    const char *dir = nvrtc_cache_dir(ar), *path = NULL;
+    if (dir) {
+        XXH3_state_t *st = XXH3_createState();
+        const char *head = arena_printf(ar, "mbt nvrtc 1\n%s\n%s\n%s -I%s\n", nvrtc_version(nv, ar), target, nvrtc_options_line(),
+                                        nv->include ? nv->include : "");
+        XXH3_128bits_reset(st);
+        XXH3_128bits_update(st, head, strlen(head));
+        XXH3_128bits_update(st, source, strlen(source));
+        XXH128_hash_t hv = XXH3_128bits_digest(st);
+        XXH3_freeState(st);
+        path = arena_printf(ar, "%s/%016llx%016llx", dir, (unsigned long long)hv.high64, (unsigned long long)hv.low64);
+        size_t lsize = 0;
+        *data = nvrtc_read_file(arena_printf(ar, "%s.bin", path), size, ar);
+        *log = *data ? nvrtc_read_file(arena_printf(ar, "%s.log", path), &lsize, ar) : NULL;
+        if (*data && *log) return 0;
+    }
+    nvrtcProgram prog = nvrtc_run(nv, source, name, target, log, ar, err);
+    if (!prog) return 1;
+    int rc = ptx ? nv->nvrtcGetPTXSize(prog, size) : nv->nvrtcGetCUBINSize(prog, size);
+    *data = rc == 0 ? arena_alloc(ar, *size + 1) : NULL;
+    if (rc == 0) rc = ptx ? nv->nvrtcGetPTX(prog, *data) : nv->nvrtcGetCUBIN(prog, *data);
+    nv->nvrtcDestroyProgram(&prog);
+    if (rc != 0) {
+        *err = arena_printf(ar, "NVRTC compiled %s for %s but returned no %s: %s", name, target, ptx ? "PTX" : "cubin",
+                            nv->nvrtcGetErrorString(rc));
+        return 1;
+    }
+    if (ptx) *size = strlen(*data); /* NVRTC's size counts the NUL */
+    if (path) { /* the log last: an entry counts only when both are there */
+        nvrtc_write_file(arena_printf(ar, "%s.bin", path), *data, *size, ar);
+        nvrtc_write_file(arena_printf(ar, "%s.log", path), *log, strlen(*log), ar);
+    }
+    return 0;
+}
+
 int nvrtc_compile(Nvrtc *nv, const char *source, const char *name, const char *arch, int want_ptx, NvrtcResult *out,
                   Arena *ar, const char **err) {
     memset(out, 0, sizeof *out);
@@ -163,36 +253,16 @@ int nvrtc_compile(Nvrtc *nv, const char *source, const char *name, const char *a
         return 1;
     }
     double t0 = nvrtc_now_ms();
-    const char *log = NULL;
-    nvrtcProgram prog = nvrtc_run(nv, source, name, arch, &log, ar, err);
-    if (!prog) return 1;
-    size_t size = 0;
-    int rc = nv->nvrtcGetCUBINSize(prog, &size);
-    char *cubin = rc == 0 ? arena_alloc(ar, size + 1) : NULL;
-    if (rc == 0) rc = nv->nvrtcGetCUBIN(prog, cubin);
-    nv->nvrtcDestroyProgram(&prog);
-    if (rc != 0) {
-        *err = arena_printf(ar, "NVRTC compiled %s for %s but returned no cubin: %s", name, arch, nv->nvrtcGetErrorString(rc));
-        return 1;
-    }
+    char *cubin = NULL, *ptx = NULL;
+    size_t size = 0, psize = 0;
+    const char *log = NULL, *plog = NULL;
+    if (nvrtc_output(nv, source, name, arch, &cubin, &size, &log, ar, err)) return 1;
     out->cubin = cubin;
     out->cubin_size = size;
     out->log = log;
     out->nkernels = nvrtc_parse_ptxas(log, &out->info, ar);
-    if (want_ptx) {
-        const char *virt = arena_printf(ar, "compute_%s", arch + 3), *plog = NULL;
-        prog = nvrtc_run(nv, source, name, virt, &plog, ar, err);
-        if (!prog) return 1;
-        rc = nv->nvrtcGetPTXSize(prog, &size);
-        char *ptx = rc == 0 ? arena_alloc(ar, size + 1) : NULL;
-        if (rc == 0) rc = nv->nvrtcGetPTX(prog, ptx);
-        nv->nvrtcDestroyProgram(&prog);
-        if (rc != 0) {
-            *err = arena_printf(ar, "NVRTC compiled %s for %s but returned no PTX: %s", name, virt, nv->nvrtcGetErrorString(rc));
-            return 1;
-        }
-        out->ptx = ptx;
-    }
+    if (want_ptx && nvrtc_output(nv, source, name, arena_printf(ar, "compute_%s", arch + 3), &ptx, &psize, &plog, ar, err)) return 1;
+    out->ptx = ptx;
     out->ms = nvrtc_now_ms() - t0;
     return 0;
 }

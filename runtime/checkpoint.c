@@ -151,9 +151,9 @@ static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, const 
     rt_json_put_str(f, p->hash ? p->hash : "");
     fprintf(f, "},\n");
     fprintf(f,
-            "  \"layout\": {\"device\": \"cpu\", \"data_ranks\": %" PRId64 ", \"tensor\": 1, \"pipeline\": 1, \"micro\": %" PRId64
+            "  \"layout\": {\"device\": \"%s\", \"data_ranks\": %" PRId64 ", \"tensor\": 1, \"pipeline\": 1, \"micro\": %" PRId64
             ", \"seq\": %" PRId64 ", \"global\": %" PRId64 ", \"accum\": %" PRId64 "},\n",
-            t->data_ranks, t->micro, t->seq, t->global, t->accum);
+            in->device ? in->device : "cpu", t->data_ranks, t->micro, t->seq, t->global, t->accum);
     fprintf(f, "  \"optimizer\": {\"state\": [");
     for (int64_t k = 0; k < p->nstate; k++) {
         fprintf(f, "%s", k ? ", " : "");

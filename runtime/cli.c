@@ -1,7 +1,7 @@
 /* cli.c - the command line of every executable mbtc builds (see rt_exec.h; docs/runtime.md,
  * "The executable's command line"):
  *
- *   PROG train [NAME] [--steps N] [--device auto|cpu] [--seed S] [--data GLOB] [--log FILE.jsonl]
+ *   PROG train [NAME] [--steps N] [--device auto|cpu|cuda] [--seed S] [--data GLOB] [--log FILE.jsonl]
  *              [--init-weights F.safetensors] [--save-weights F.safetensors] [--threads N]
  *   PROG eval [NAME] [--weights F] [--data GLOB] [--steps N] [--seed S] [--device D] [--threads N]
  *   PROG generate [--weights F] [--prompt-tokens 1,2,3] [--max-tokens N] [--temperature T]
@@ -39,7 +39,7 @@ typedef struct RtFlag {
 
 static const RtFlag rt_flags[] = {
     {"--steps", "N", RT_IN_TRAIN | RT_IN_EVAL, RT_F_STEPS},
-    {"--device", "auto|cpu", RT_IN_ALL, RT_F_DEVICE},
+    {"--device", "auto|cpu|cuda", RT_IN_ALL, RT_F_DEVICE},
     {"--seed", "S", RT_IN_ALL, RT_F_SEED},
     {"--data", "GLOB", RT_IN_TRAIN | RT_IN_EVAL, RT_F_DATA},
     {"--log", "FILE.jsonl", RT_IN_TRAIN, RT_F_LOG},
@@ -203,13 +203,11 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
         if (rt_parse_i64(f->name, v, o->cmd == RT_CMD_EVAL ? 1 : 0, INT64_MAX, &o->steps, err)) return RT_ERR_ARG;
         return RT_OK;
     case RT_F_DEVICE:
-        if (strcmp(v, "auto") == 0 || strcmp(v, "cpu") == 0) {
+        if (strcmp(v, "auto") == 0 || strcmp(v, "cpu") == 0 || strcmp(v, "cuda") == 0) {
             o->device = v;
             return RT_OK;
         }
-        if (strcmp(v, "cuda") == 0)
-            return rt_fail(err, RT_ERR_ARG, "--device cuda: this executable has no CUDA back end yet (use auto or cpu)");
-        return rt_fail(err, RT_ERR_ARG, "--device must be auto or cpu, not '%s'", v);
+        return rt_fail(err, RT_ERR_ARG, "--device must be auto, cpu or cuda, not '%s'", v);
     case RT_F_SEED:
         o->seed_given = 1;
         return rt_parse_u64(f->name, v, &o->seed, err);
@@ -379,11 +377,29 @@ static void rt_help_line(FILE *f, const char *flag, const char *arg, const char 
     fprintf(f, "  %-30s %s (default %s)\n", left, what, dflt);
 }
 
+/* What the executable holds for the GPU: one line. */
+static void rt_help_gpu(FILE *f, const RtGpuProgram *g) {
+    if (!g) {
+        fprintf(f, "Built for the CPU alone (mbtc --cuda-arch=none, or no NVRTC where it was built).\n");
+        return;
+    }
+    fprintf(f, "For the GPU: %lld kernels;", (long long)g->nkernels);
+    for (int ptx = 0; ptx < 2; ptx++) {
+        int n = 0;
+        for (int64_t i = 0; i < g->nimages; i++)
+            if (g->images[i].ptx == ptx) fprintf(f, "%s%s", n++ ? ", " : ptx ? " PTX " : " cubins ", g->images[i].arch);
+        if (ptx && n) fprintf(f, " (compiled for other GPUs on first use)");
+        else if (n) fprintf(f, ";");
+    }
+    fprintf(f, "\n");
+}
+
 void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     const RtTrainSettings *t = &p->train;
     char buf[512], buf2[512];
     fprintf(f, "usage: %s COMMAND [options]\n\n", prog);
     fprintf(f, "A program compiled from %s, train block '%s'.\n", p->source ? p->source : "?", t->name);
+    rt_help_gpu(f, p->gpu);
     fprintf(f, "Flags override the program's settings, which are the defaults shown; a flag is\n"
                "'--flag value' or '--flag=value'.\n\n");
     fprintf(f, "commands:\n");
@@ -404,7 +420,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     fprintf(f, "\ntrain options:\n");
     snprintf(buf, sizeof buf, "%lld", (long long)t->steps);
     rt_help_line(f, "--steps", "N", "optimizer steps", buf);
-    rt_help_line(f, "--device", "auto|cpu", "where to run; auto is the CPU until the CUDA back end exists", "auto");
+    rt_help_line(f, "--device", "auto|cpu|cuda", "where to run; auto is the GPU when there is one", "auto");
     rt_help_line(f, "--seed", "S", "seeds initialisation and the data order", seed);
     snprintf(buf, sizeof buf, "'%s'", t->data ? t->data : "");
     rt_help_line(f, "--data", "GLOB", "training token shards (llm.c or nanoGPT format)", buf);
@@ -435,7 +451,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     snprintf(buf, sizeof buf, "batches of %lld sequences (fewer if the data hold fewer)", (long long)t->global);
     rt_help_line(f, "--steps", "N", buf, buf2);
     rt_help_line(f, "--seed", "S", "seeds the initialisation when there is no --weights", seed);
-    rt_help_line(f, "--device", "auto|cpu", "where to run", "auto");
+    rt_help_line(f, "--device", "auto|cpu|cuda", "where to run", "auto");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
 
     fprintf(f, "\ngenerate options:\n");
@@ -451,7 +467,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--top-k", "K", "sample among the K likeliest tokens", buf);
     rt_help_line(f, "--seed", "S", "seeds the sampling", seed);
     rt_help_line(f, "--print-logits", "", "instead of generating, print the logits after each prefix of the prompt", "off");
-    rt_help_line(f, "--device", "auto|cpu", "where to run", "auto");
+    rt_help_line(f, "--device", "auto|cpu|cuda", "where to run", "auto");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     fprintf(f, "\nExit status: 0 success, 1 a mistake in the command line, the data or a weights file, 2 an\n"
                "internal error. docs/runtime.md describes the logs, the data formats and determinism.\n");

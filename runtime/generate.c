@@ -67,9 +67,11 @@ static RtStatus rt_logits_at(const RtProgram *p, RtExec *x, const int32_t *ctx, 
     int64_t T = p->logits_seq, n = len < T ? len : T;
     memset(x->x, 0, (size_t)T * sizeof *x->x);
     memcpy(x->x, ctx + len - n, (size_t)n * sizeof *x->x);
-    RtStep s = {.pool = x->pool, .params = x->params, .grads = x->grads, .state = x->state, .arena = x->arena,
-                .x = x->x, .B = 1, .T = T, .len = n, .logits = logits, .seed = seed, .err = e};
-    return p->forward_logits(&s);
+    RtStatus st = rt_exec_batch(x, T, e);
+    if (st != RT_OK) return st;
+    RtStep s = rt_exec_step(x, e);
+    s.B = 1, s.T = T, s.len = n, s.logits = logits, s.seed = seed;
+    return rt_exec_call(x, RT_EXEC_FORWARD_LOGITS, &s);
 }
 
 int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
@@ -86,7 +88,7 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     if (!p->forward_logits)
         st = rt_fail(&e, RT_ERR_ARG, "this program cannot generate: it was compiled without a logits forward (mbtc warned why)");
     else if (!weights) st = rt_fail(&e, RT_ERR_ARG, "generate needs --weights F.safetensors (the program names no weights file)");
-    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, rt_device_want(o), &e);
     if (st == RT_OK) {
         int64_t unused = 0;
         st = rt_weights_load(p, x.params, weights, &unused, &e);
@@ -94,6 +96,7 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
             fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n",
                     o->prog, (long long)unused, weights);
     }
+    if (st == RT_OK) st = rt_exec_push(&x, &e);
     if (st == RT_OK) {
         logits = malloc((size_t)V * sizeof *logits);
         scratch = malloc((size_t)V * sizeof *scratch);

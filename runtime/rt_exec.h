@@ -19,6 +19,7 @@
 
 #include <stdio.h>
 
+#include "rt_gpu.h"
 #include "rt_program.h"
 
 /* ==== the command line (cli.c) =============================================================== */
@@ -38,7 +39,7 @@ typedef struct RtOptions {
     int64_t steps;             /* train: optimizer steps; eval: batches */
     uint64_t seed;             /* train/eval: initialisation and data order; generate: sampling */
     int threads;               /* 0: rt_cpu_count() */
-    const char *device;        /* "auto" or "cpu" */
+    const char *device;        /* "auto", "cpu" or "cuda" */
     const char *data;          /* train: training glob; eval: the held-out glob (NULL: the program's) */
     const char *log_path;      /* train: --log FILE.jsonl, or NULL */
     const char *init_weights;  /* train: --init-weights, or NULL */
@@ -76,18 +77,46 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err); /* the descriptor i
  * starts; the base stage is {0, global, accum}). The step runs accum x data micro-batches. */
 RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step);
 
-/* The memory of a run: the pool and the regions, RT_ALIGN-aligned. */
+/* The memory of a run (exec.c): the pool and the regions, RT_ALIGN-aligned, on the device that
+ * runs the program. On the CPU the host regions are the regions. On the GPU (gpu != NULL) the
+ * d_* regions are, and params / grads / state are host copies moved by rt_exec_push / pull. */
 typedef struct RtExec {
     const RtProgram *prog;
     RtPool *pool;
+    RtGpu *gpu;                    /* NULL: the CPU runs the program */
+    const char *cpu_reason;        /* --device auto on the CPU: why not the GPU (static storage), or NULL */
     float *params, *grads, *state; /* param_floats, param_floats, state_floats */
-    unsigned char *arena;          /* arena_bytes */
-    int32_t *x, *y;                /* one micro-batch: [micro, seq] each (or [1, logits_seq]) */
+    unsigned char *arena;          /* arena_bytes (the CPU's; NULL on the GPU) */
+    int32_t *x, *y;                /* one micro-batch: [micro, seq] each (or [1, logits_seq]); page-locked on the GPU */
+    float *d_params, *d_grads, *d_state; /* the GPU's regions (device addresses) */
+    unsigned char *d_arena;
+    int32_t *d_x, *d_y;
 } RtExec;
 
-RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtError *err); /* pool + zeroed regions */
+/* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool
+ * and zeroed regions. */
+RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant want, RtError *err);
 void rt_exec_close(RtExec *e);
+const char *rt_exec_device(const RtExec *e);                  /* "cpu", or rt_gpu_describe's line */
+RtStatus rt_exec_push(RtExec *e, RtError *err);               /* the host's parameters and state to the GPU (CPU: nothing) */
+enum { RT_PULL_PARAMS = 1, RT_PULL_GRADS = 2, RT_PULL_STATE = 4 };
+RtStatus rt_exec_pull(RtExec *e, int what, RtError *err);     /* the GPU's regions to the host copies (CPU: nothing) */
+RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err); /* x and y, `tokens` each, to the GPU (CPU: nothing) */
+/* An RtStep with the running device's regions, pool or GPU, and err; the caller sets the rest. */
+RtStep rt_exec_step(const RtExec *e, RtError *err);
+typedef enum RtExecFn { RT_EXEC_FORWARD_BACKWARD, RT_EXEC_FORWARD_LOSS, RT_EXEC_FORWARD_LOGITS, RT_EXEC_UPDATE } RtExecFn;
+RtStatus rt_exec_call(RtExec *e, RtExecFn fn, RtStep *s);     /* the running device's version of the function */
+/* The gradient region's passes. The norm sums blocks of RT_GRAD_BLOCK elements (a constant, so the
+ * sum never depends on the thread count), each in double, then the blocks in order; partial holds
+ * rt_exec_grad_blocks of them. */
+#define RT_GRAD_BLOCK 16384
+int64_t rt_exec_grad_blocks(const RtExec *e);
+RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *err);
+RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err);
+RtStatus rt_exec_grad_zero(RtExec *e, RtError *err);
 RtStatus rt_exec_init_params(RtExec *e, uint64_t seed, RtError *err); /* every parameter from its initialiser */
+RtDeviceWant rt_device_want(const RtOptions *o);           /* --device as rt_exec_open takes it */
+void rt_print_device(const RtOptions *o, const RtExec *x); /* the `device:` line of a command's header */
 
 int rt_cmd_train(const RtProgram *p, const RtOptions *o);    /* exit status */
 int rt_cmd_eval(const RtProgram *p, const RtOptions *o);     /* exit status */
@@ -171,6 +200,7 @@ typedef struct RtCkptInfo {
     RtDataPos data;   /* the training split's position after that step */
     double loss;      /* that step's loss (for the log) */
     double lr;        /* the learning rate that step used (for the log) */
+    const char *device; /* "cpu" or "cuda": where it was trained (a checkpoint resumes on either) */
     int64_t ndata;    /* rt_ckpt_load: the training files it was trained on, in order */
     struct RtCkptData {
         int64_t bytes;

@@ -124,49 +124,21 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
     return st;
 }
 
-/* ---- the memory of a run ------------------------------------------------------------------------ */
+/* ---- the device -------------------------------------------------------------------------------- */
 
-static RtStatus rt_alloc_region(void **out, int64_t bytes, const char *what, RtError *err) {
-    *out = NULL;
-    size_t n = bytes > 0 ? (size_t)bytes : RT_ALIGN;
-    n = (n + RT_ALIGN - 1) / RT_ALIGN * RT_ALIGN;
-    int rc = posix_memalign(out, RT_ALIGN, n);
-    if (rc != 0) {
-        *out = NULL;
-        return rt_fail_errno(err, rc, "cannot allocate the %s (%lld bytes)", what, (long long)bytes);
-    }
-    memset(*out, 0, n);
-    return RT_OK;
+RtDeviceWant rt_device_want(const RtOptions *o) {
+    return strcmp(o->device, "cuda") == 0 ? RT_DEVICE_CUDA : strcmp(o->device, "cpu") == 0 ? RT_DEVICE_CPU : RT_DEVICE_AUTO;
 }
 
-RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtError *err) {
-    memset(e, 0, sizeof *e);
-    e->prog = p;
-    if ((uint64_t)p->param_floats > (uint64_t)INT64_MAX / 4 || (uint64_t)p->state_floats > (uint64_t)INT64_MAX / 4)
-        return rt_fail(err, RT_ERR_NOMEM, "cannot allocate %lld parameters", (long long)p->param_floats);
-    int64_t tokens = p->train.micro * p->train.seq;
-    if (p->logits_seq > tokens) tokens = p->logits_seq;
-    RtStatus st = rt_pool_create(&e->pool, threads, err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->params, p->param_floats * 4, "parameter region", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->grads, p->param_floats * 4, "gradient region", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->arena, p->arena_bytes, "activation arena", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->x, tokens * 4, "input batch", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->y, tokens * 4, "target batch", err);
-    if (st != RT_OK) rt_exec_close(e);
-    return st;
+/* The `device:` line: the GPU, or the CPU's threads (and, under auto, why not a GPU). */
+void rt_print_device(const RtOptions *o, const RtExec *x) {
+    if (x->gpu) printf("device: cuda, %s\n", rt_exec_device(x));
+    else
+        printf("device: cpu%s, %d threads%s%s\n", strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x->pool),
+               x->cpu_reason ? "; no GPU: " : "", x->cpu_reason ? x->cpu_reason : "");
 }
 
-void rt_exec_close(RtExec *e) {
-    rt_pool_destroy(e->pool);
-    free(e->params);
-    free(e->grads);
-    free(e->state);
-    free(e->arena);
-    free(e->x);
-    free(e->y);
-    memset(e, 0, sizeof *e);
-}
+/* ---- parameters --------------------------------------------------------------------------------- */
 
 /* Initialisation in blocks of RT_INIT_BLOCK elements over all parameters: each element's value
  * depends only on (seed, name, index), so the blocks may run on any thread. */
@@ -232,44 +204,6 @@ static RtStatus rt_exec_start_params(RtExec *x, const RtOptions *o, const char *
     return st;
 }
 
-/* ---- gradient-region passes --------------------------------------------------------------------- */
-
-/* The norm sums blocks of this many elements (a constant, so the sum never depends on the
- * thread count), each in double, then the blocks in order. */
-#define RT_GRAD_BLOCK 16384
-
-typedef struct RtGradJob {
-    float *g;
-    int64_t n;
-    double *partial; /* one per block */
-    float scale;
-} RtGradJob;
-
-static void rt_grad_sumsq(void *ctx, int64_t begin, int64_t end, int worker) {
-    (void)worker;
-    RtGradJob *j = ctx;
-    for (int64_t blk = begin; blk < end; blk++) {
-        int64_t b = blk * RT_GRAD_BLOCK, e = b + RT_GRAD_BLOCK < j->n ? b + RT_GRAD_BLOCK : j->n;
-        double s = 0;
-        for (int64_t i = b; i < e; i++) s += (double)j->g[i] * (double)j->g[i];
-        j->partial[blk] = s;
-    }
-}
-
-static void rt_grad_scale(void *ctx, int64_t begin, int64_t end, int worker) {
-    (void)worker;
-    RtGradJob *j = ctx;
-    int64_t b = begin * RT_GRAD_BLOCK, e = end * RT_GRAD_BLOCK < j->n ? end * RT_GRAD_BLOCK : j->n;
-    for (int64_t i = b; i < e; i++) j->g[i] *= j->scale;
-}
-
-static void rt_grad_zero(void *ctx, int64_t begin, int64_t end, int worker) {
-    (void)worker;
-    RtGradJob *j = ctx;
-    int64_t b = begin * RT_GRAD_BLOCK, e = end * RT_GRAD_BLOCK < j->n ? end * RT_GRAD_BLOCK : j->n;
-    memset(j->g + b, 0, (size_t)(e - b) * sizeof *j->g);
-}
-
 /* ---- evaluation --------------------------------------------------------------------------------- */
 
 /* The mean loss over up to `batches` micro-batches of the held-out split, read from its start
@@ -289,10 +223,11 @@ static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t se
     double sum = 0;
     for (int64_t b = 0; b < batches; b++) {
         RtStatus st = rt_data_next(val, B, e->x, e->y, err);
+        if (st == RT_OK) st = rt_exec_batch(e, B * T, err);
         if (st != RT_OK) return st;
-        RtStep s = {.pool = e->pool, .params = e->params, .grads = e->grads, .state = e->state, .arena = e->arena,
-                    .x = e->x, .y = e->y, .B = B, .T = T, .seed = seed, .err = err};
-        st = p->forward_loss(&s);
+        RtStep s = rt_exec_step(e, err);
+        s.B = B, s.T = T, s.seed = seed;
+        st = rt_exec_call(e, RT_EXEC_FORWARD_LOSS, &s);
         if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
         sum += s.loss;
     }
@@ -418,7 +353,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
     struct sigaction old_handlers[2];
     int handlers = 0;
     RtStatus st = o->save_weights ? rt_check_output_dir(o->save_weights, "weights file", &e) : RT_OK;
-    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, rt_device_want(o), &e);
     if (st == RT_OK && resume_arg) {
         st = rt_ckpt_resolve(resume_arg, o->ckpt_dir, &resume_path, &e);
         if (st == RT_OK) st = rt_ckpt_load(p, resume_path, !o->resume, x.params, x.state, &resumed, &e);
@@ -442,12 +377,13 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         if (!prof) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the profile");
     }
     if (st == RT_OK && !resume_arg) st = rt_exec_start_params(&x, o, o->init_weights, &e);
-    if (st == RT_OK && p->optimizer_init && !o->resume) {
+    if (st == RT_OK && p->optimizer_init && !o->resume) { /* on the host; pushed below */
         RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .seed = o->seed, .err = &e};
         st = p->optimizer_init(&s);
         if (st != RT_OK) rt_error_context(&e, "initialising the optimizer state");
     }
-    int64_t nblocks = (p->param_floats + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK;
+    if (st == RT_OK) st = rt_exec_push(&x, &e);
+    int64_t nblocks = rt_exec_grad_blocks(&x);
     if (st == RT_OK) {
         partial = calloc(nblocks > 0 ? (size_t)nblocks : 1, sizeof *partial);
         if (!partial) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the gradient-norm blocks");
@@ -489,8 +425,8 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
-    printf("device: cpu%s, %d threads; data: %lld windows in %lld file%s ('%s')\n",
-           strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x.pool), (long long)rt_data_windows(train),
+    rt_print_device(o, &x);
+    printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(train),
            (long long)rt_data_nfiles(train), rt_data_nfiles(train) == 1 ? "" : "s", spec.pattern);
     if (resume_path && o->resume)
         printf("resumed from '%s': step %lld done (loss %.6f); training goes on to step %lld\n", resume_path,
@@ -504,7 +440,6 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
 
     double t_run = rt_now(), last_loss = NAN, waited = 0;
     int64_t total_tokens = 0, first_step = o->resume ? resumed.step : 0, done_steps = 0;
-    RtGradJob g = {x.grads, p->param_floats, partial, 1.0f};
     if (prof) rt_pool_set_profile(x.pool, prof);
     rt_stop_signal = 0;
     rt_stop_handlers(1, old_handlers);
@@ -530,15 +465,15 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         double loss = 0;
         for (int64_t m = 0; m < nmicro; m++) {
             st = rt_data_next(train, t->micro, x.x, x.y, &e);
+            if (st == RT_OK) st = rt_exec_batch(&x, window, &e);
             if (st != RT_OK) {
                 rt_error_context(&e, "step %lld", (long long)(step + 1));
                 goto done;
             }
             if (prof) rt_profile_phase(prof, RT_PROF_DATA);
-            RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
-                        .x = x.x, .y = x.y, .B = t->micro, .T = t->seq, .loss_scale = 1.0 / (double)nmicro,
-                        .step = step, .micro = m, .seed = o->seed, .err = &e};
-            st = p->forward_backward(&s);
+            RtStep s = rt_exec_step(&x, &e);
+            s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)nmicro, s.step = step, s.micro = m, s.seed = o->seed;
+            st = rt_exec_call(&x, RT_EXEC_FORWARD_BACKWARD, &s);
             if (st != RT_OK) {
                 rt_error_context(&e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
                 goto done;
@@ -556,29 +491,33 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
             }
         }
         if (dump_x && step == 0) {
+            st = rt_exec_pull(&x, RT_PULL_PARAMS | RT_PULL_GRADS, &e);
+            if (st != RT_OK) goto done;
             memcpy(dump_p, x.params, (size_t)p->param_floats * sizeof *dump_p);
             memcpy(dump_g, x.grads, (size_t)p->param_floats * sizeof *dump_g);
         }
-        rt_parallel_for(x.pool, nblocks, rt_grad_sumsq, &g);
-        double sumsq = 0;
-        for (int64_t b = 0; b < nblocks; b++) sumsq += partial[b];
-        double norm = sqrt(sumsq);
-        if (t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1) {
-            g.scale = (float)(t->clip / (norm + RT_CLIP_EPS));
-            rt_parallel_for(x.pool, nblocks, rt_grad_scale, &g);
+        double norm = 0;
+        st = rt_exec_grad_norm(&x, partial, &norm, &e);
+        if (st == RT_OK && t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1)
+            st = rt_exec_grad_scale(&x, (float)(t->clip / (norm + RT_CLIP_EPS)), &e);
+        if (st != RT_OK) {
+            rt_error_context(&e, "step %lld: the gradient norm", (long long)(step + 1));
+            goto done;
         }
         if (prof) rt_profile_phase(prof, RT_PROF_NORM);
-        RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .arena = x.arena,
-                    .lr = lr, .t = step + 1, .step = step, .seed = o->seed, .err = &e};
-        st = p->optimizer_update(&s);
+        RtStep s = rt_exec_step(&x, &e);
+        s.lr = lr, s.t = step + 1, s.step = step, s.seed = o->seed;
+        st = rt_exec_call(&x, RT_EXEC_UPDATE, &s);
+        if (st == RT_OK) st = rt_exec_grad_zero(&x, &e);
         if (st != RT_OK) {
             rt_error_context(&e, "step %lld: optimizer", (long long)(step + 1));
             goto done;
         }
         if (prof) rt_profile_phase(prof, RT_PROF_UPDATE);
-        rt_parallel_for(x.pool, nblocks, rt_grad_zero, &g);
         if (prof) rt_profile_phase(prof, RT_PROF_ZERO);
         if (dump_x && step == 0) {
+            st = rt_exec_pull(&x, RT_PULL_PARAMS, &e);
+            if (st != RT_OK) goto done;
             RtStepDump d = {dump_p, dump_g, x.params, dump_x, dump_y, nmicro, loss, lr, t->clip};
             st = rt_step_dump(p, &d, o->dump_step, &e);
             if (st != RT_OK) goto done;
@@ -604,7 +543,9 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         if (st != RT_OK) goto done;
         if (stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps))) {
             if (!ckpt) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, train, &e);
-            RtCkptInfo info = {.step = step + 1, .seed = o->seed, .data = rt_data_tell(train), .loss = loss, .lr = lr};
+            RtCkptInfo info = {.step = step + 1, .seed = o->seed, .data = rt_data_tell(train), .loss = loss, .lr = lr,
+                           .device = x.gpu ? "cuda" : "cpu"};
+            if (st == RT_OK) st = rt_exec_pull(&x, RT_PULL_PARAMS | RT_PULL_STATE, &e);
             if (st == RT_OK) st = rt_ckpt_save(ckpt, x.pool, x.params, x.state, &info, &waited, &e);
             if (st == RT_OK && (stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, ckpt, 1, waited, &log, &e);
             if (st != RT_OK) goto done;
@@ -638,7 +579,8 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         rt_profile_print(stdout, prof, rt_pool_threads(x.pool));
     }
     if (o->save_weights) {
-        st = rt_weights_save(p, x.params, o->save_weights, &e);
+        st = rt_exec_pull(&x, RT_PULL_PARAMS, &e);
+        if (st == RT_OK) st = rt_weights_save(p, x.params, o->save_weights, &e);
         if (st != RT_OK) goto done;
         printf("saved %lld tensors to '%s'\n", (long long)p->nparams, o->save_weights);
     }
@@ -676,8 +618,9 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     RtStatus st = RT_OK;
     if (!p->forward_loss) st = rt_fail(&e, RT_ERR_ARG, "this program cannot evaluate: it has no loss-only forward");
     if (st == RT_OK) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
-    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, &e);
+    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, rt_device_want(o), &e);
     if (st == RT_OK) st = rt_exec_start_params(&x, o, o->weights, &e);
+    if (st == RT_OK) st = rt_exec_push(&x, &e);
     double loss = 0;
     int64_t used = 0;
     if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, &loss, &used, &e);

@@ -65,6 +65,12 @@ stdlib_env() {
 TMP="$BUILD/tmp/run"
 rm -rf "$TMP"
 mkdir -p "$TMP" || exit 2
+# NVRTC's output cache (compiler/nvrtc.c), fresh for each run: every distinct CUDA program the
+# tests build is compiled by NVRTC once a run, and the cache itself is tested (run_cuda_embed).
+export MBT_CACHE_DIR="$BUILD/tmp/cache"
+rm -rf "$MBT_CACHE_DIR"
+# Where NVRTC is missing, executables are built for the CPU alone without mbtc's warning saying so.
+if ! "$BUILD/mbtc" --emit=ptx --cuda-arch=sm_80 tests/golden/mlp.mbt >/dev/null 2>&1; then export MBT_CUDA_ARCH=none; fi
 
 PASSED=0
 FAILED=0
@@ -957,6 +963,7 @@ run_layer() {
 }
 
 layer_unit() { run_unit unit "$BUILD/tests"; }
+layer_cuda() { run_cuda "$BUILD/mbtc" && run_cuda_embed "$BUILD/mbtc"; }
 layer_diag() { run_diag diag "$BUILD/mbtc"; }
 layer_check() { run_check check "$BUILD/mbtc"; }
 layer_golden() { run_golden golden "$BUILD/mbtc" 1000; }
@@ -994,7 +1001,7 @@ run_cuda() {
         else
             fail cuda/probe "mbtc --emit=ptx failed" "$probe"
         fi
-        return
+        return 1
     fi
     # two train blocks at a time (each mbtc runs NVRTC for sm_80 then sm_90)
     for f in examples/*.mbt; do
@@ -1033,6 +1040,60 @@ run_cuda() {
     fi
 }
 
+# Whether file $1 holds the bytes of file $2.
+holds_bytes() {
+    /usr/bin/python3 -c 'import sys; sys.exit(0 if open(sys.argv[2], "rb").read() in open(sys.argv[1], "rb").read() else 1)' "$1" "$2"
+}
+
+# -o embeds the CUDA program: the cubins of --dump-dir (the same translation unit, the same NVRTC)
+# byte for byte, and the PTX of the highest architecture alone; --help says so. --cuda-arch=none
+# embeds nothing. NVRTC's cache gives the cubins compiling gives. Without a GPU, --device cuda is an
+# error naming why, and auto trains on the CPU saying why.
+run_cuda_embed() {
+    local mbtc=$1 dir="$BUILD/tmp/cuda/embed" out
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    out="$dir/out"
+    if ! "$mbtc" examples/mlp.mbt -o "$dir/mlp" >"$out" 2>&1 || [ -s "$out" ] \
+        || ! "$mbtc" --emit=cuda --dump-dir "$dir/dump" examples/mlp.mbt >/dev/null 2>"$out" \
+        || ! MBT_CACHE_DIR=off "$mbtc" --emit=cuda --dump-dir "$dir/dump-nocache" examples/mlp.mbt >/dev/null 2>"$out"; then
+        fail cuda/embed "mbtc -o or --dump-dir of examples/mlp.mbt failed (or printed)" "$out"
+        return
+    fi
+    if holds_bytes "$dir/mlp" "$dir/dump/program.sm_80.cubin" && holds_bytes "$dir/mlp" "$dir/dump/program.sm_90.cubin" \
+        && holds_bytes "$dir/mlp" "$dir/dump/program.sm_90.ptx"; then
+        pass "cuda/embed/images (cubins sm_80, sm_90 and PTX compute_90 in the executable, byte for byte)"
+    else
+        fail cuda/embed/images "the executable lacks a cubin or the PTX that --dump-dir wrote"
+    fi
+    if holds_bytes "$dir/mlp" "$dir/dump/program.sm_80.ptx"; then
+        fail cuda/embed/ptx-highest "the executable holds compute_80's PTX too (only the highest architecture's is embedded)"
+    else
+        pass cuda/embed/ptx-highest
+    fi
+    if cmp -s "$dir/dump/program.sm_90.cubin" "$dir/dump-nocache/program.sm_90.cubin" \
+        && cmp -s "$dir/dump/program.sm_90.ptx" "$dir/dump-nocache/program.sm_90.ptx" \
+        && [ -n "$(ls "$MBT_CACHE_DIR/nvrtc" 2>/dev/null)" ]; then
+        pass cuda/embed/cache
+    else
+        fail cuda/embed/cache "the NVRTC cache is empty, or its cubin or PTX differs from a compilation without it"
+    fi
+    "$dir/mlp" --help >"$out" 2>&1
+    if grep -q '^For the GPU: [0-9]* kernels; cubins sm_80, sm_90; PTX compute_90 (compiled for other GPUs on first use)$' "$out"; then
+        pass cuda/embed/help
+    else
+        fail cuda/embed/help "--help does not list the embedded images" "$out"
+    fi
+    if ! "$mbtc" examples/mlp.mbt --cuda-arch=none -o "$dir/mlp-cpu" >"$out" 2>&1 || [ -s "$out" ]; then
+        fail cuda/embed/none "mbtc --cuda-arch=none -o failed (or printed)" "$out"
+    elif holds_bytes "$dir/mlp-cpu" "$dir/dump/program.sm_90.cubin" \
+        || ! "$dir/mlp-cpu" --help 2>&1 | grep -q '^Built for the CPU alone'; then
+        fail cuda/embed/none "--cuda-arch=none: the executable holds a cubin, or --help does not say it is for the CPU alone"
+    else
+        pass cuda/embed/none
+    fi
+}
+
 layer_asan() {
     if [ "$QUICK" = 1 ]; then
         skip asan "MBT_QUICK=1"
@@ -1062,7 +1123,7 @@ run_layer unit layer_unit
 run_layer diag layer_diag
 run_layer check layer_check
 run_layer golden layer_golden
-run_layer cuda run_cuda "$BUILD/mbtc"
+run_layer cuda layer_cuda
 run_layer pathological layer_pathological
 run_layer exec layer_exec
 run_layer verify run_verify "$BUILD/mbtc"
