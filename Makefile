@@ -174,6 +174,19 @@ $(BUILD)/libmbtrt.a: $(RT_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
+# The runtime's own kernels (runtime/kernels/rt_kernels.cu) as a C string for compiler/cuda_program.c,
+# which appends them to every program's CUDA source: each line becomes "line\n" with backslashes,
+# double quotes, tabs and question marks (trigraphs, which -std=c11 enables) escaped.
+CUDA_HOME ?= /usr/local/cuda
+$(BUILD)/gen/rt_kernels_cu.h: runtime/kernels/rt_kernels.cu
+	@mkdir -p $(BUILD)/gen
+	{ printf '/* generated from runtime/kernels/rt_kernels.cu by the Makefile: do not edit */\n'; \
+	  printf 'static const char mbt_rt_kernels_cu[] =\n'; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/\\t/g' -e 's/?/\\?/g' -e 's/^/    "/' -e 's/$$/\\n"/' $<; \
+	  printf '    "";\n'; } > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/obj/cuda_program.o: $(BUILD)/gen/rt_kernels_cu.h
+
 # mbt-gendata: a synthetic token corpus with a known entropy rate (docs/runtime.md).
 $(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a $(RT_HDRS)
 	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
@@ -227,7 +240,7 @@ asan:
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
 fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors
 
-$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS)
+$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS) $(BUILD)/gen/rt_kernels_cu.h
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
 
