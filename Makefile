@@ -140,9 +140,13 @@ $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 # only runtime/ headers: the runtime never includes the compiler. `all` gains the library and
 # build/mbt-gendata (a second `all:` line adds prerequisites). main.c (the executables' `main`) is
 # in the archive too: a linker takes it only when nothing else defines main.
+# The GPU (gpu_api.c: the CUDA driver, cuBLASLt and NCCL through dlopen; gpu.c: device, module,
+# memory, launches; gpu_blas.c: GEMMs on cuBLASLt; gpu_timing.c: MBT_DEBUG timing, MBT_TRACE) needs
+# no CUDA to build or link.
 RT_SRCS  = runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
            runtime/json.c runtime/pool.c runtime/blas.c runtime/profile.c runtime/log.c runtime/weights.c \
-           runtime/checkpoint.c runtime/cli.c runtime/train.c runtime/generate.c runtime/main.c
+           runtime/checkpoint.c runtime/cli.c runtime/train.c runtime/generate.c runtime/main.c \
+           runtime/gpu_api.c runtime/gpu.c runtime/gpu_blas.c runtime/gpu_timing.c
 RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))
 RT_HDRS  = $(wildcard runtime/*.h)
 
@@ -159,8 +163,9 @@ OPENBLAS_INC ?= /usr/include/$(MULTIARCH)/openblas-pthread
 BLAS_CFLAGS  = -I$(OPENBLAS_INC)
 BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/libopenblas.a,-lopenblas)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
-# (mbtc -o) links generated programs with exactly this; tools and tests here use it too.
-RT_LDLIBS = $(BLAS_LIBS) -lpthread -lm
+# (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
+# for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
+RT_LDLIBS = $(BLAS_LIBS) -lpthread -ldl -lm
 
 RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) -Iruntime $(BLAS_CFLAGS) $(CFLAGS)
 
@@ -186,6 +191,16 @@ $(BUILD)/gen/rt_kernels_cu.h: runtime/kernels/rt_kernels.cu
 	  printf '    "";\n'; } > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/obj/cuda_program.o: $(BUILD)/gen/rt_kernels_cu.h
+
+# gpu_internal.h declares the CUDA types, constants and functions the runtime uses without
+# including CUDA's headers. Where the toolkit's headers are, tests/unit/gpu_decls_check.c checks
+# those declarations against them at compile time (skipped on a machine without CUDA).
+GPU_DECLS_CHECK = $(if $(wildcard $(CUDA_HOME)/include/cuda.h),$(BUILD)/obj/rt/gpu_decls.ok)
+$(BUILD)/obj/rt/gpu_decls.ok: tests/unit/gpu_decls_check.c $(RT_HDRS)
+	@mkdir -p $(BUILD)/obj/rt
+	$(CC) $(RT_CFLAGS) -isystem $(CUDA_HOME)/include -fsyntax-only $< && touch $@
+
+all: $(GPU_DECLS_CHECK)
 
 # mbt-gendata: a synthetic token corpus with a known entropy rate (docs/runtime.md).
 $(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a $(RT_HDRS)
