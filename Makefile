@@ -227,6 +227,14 @@ $(BUILD)/tests/bigram_micro16: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.
 
 $(BUILD)/tests/test_rt_train: $(BIGRAM_BINS) $(BUILD)/mbt-gendata
 
+# test_rt_gpu drives the GPU runtime through a CPU stand-in for the CUDA driver and cuBLASLt
+# (tests/unit/fake_cuda.c), loaded from beside the test as both libraries.
+$(BUILD)/tests/libmbt_fake_cuda.so: tests/unit/fake_cuda.c tests/unit/fake_cuda.h $(RT_HDRS)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) -Itests/unit -shared -fPIC $< -o $@ $(LDFLAGS_ALL)
+
+$(BUILD)/tests/test_rt_gpu: $(BUILD)/tests/libmbt_fake_cuda.so
+
 # st_compare: the largest relative difference of the tensors two safetensors files share (the
 # exec and verify layers of tests/run.sh compare weights and gradients with it).
 $(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a $(RT_HDRS)
