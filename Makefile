@@ -140,9 +140,13 @@ $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 # only runtime/ headers: the runtime never includes the compiler. `all` gains the library and
 # build/mbt-gendata (a second `all:` line adds prerequisites). main.c (the executables' `main`) is
 # in the archive too: a linker takes it only when nothing else defines main.
+# The GPU (gpu_api.c: the CUDA driver, cuBLASLt and NCCL through dlopen; gpu.c: device, module,
+# memory, launches; gpu_blas.c: GEMMs on cuBLASLt; gpu_timing.c: MBT_DEBUG timing, MBT_TRACE) needs
+# no CUDA to build or link; exec.c runs a program on the CPU or the GPU.
 RT_SRCS  = runtime/exec.c runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
            runtime/json.c runtime/pool.c runtime/blas.c runtime/profile.c runtime/log.c runtime/weights.c \
-           runtime/checkpoint.c runtime/cli.c runtime/train.c runtime/generate.c runtime/main.c
+           runtime/checkpoint.c runtime/cli.c runtime/train.c runtime/generate.c runtime/main.c \
+           runtime/gpu_api.c runtime/gpu.c runtime/gpu_blas.c runtime/gpu_timing.c
 RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))
 RT_HDRS  = $(wildcard runtime/*.h)
 
@@ -159,8 +163,9 @@ OPENBLAS_INC ?= /usr/include/$(MULTIARCH)/openblas-pthread
 BLAS_CFLAGS  = -I$(OPENBLAS_INC)
 BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/libopenblas.a,-lopenblas)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
-# (mbtc -o) links generated programs with exactly this; tools and tests here use it too.
-RT_LDLIBS = $(BLAS_LIBS) -lpthread -lm
+# (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
+# for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
+RT_LDLIBS = $(BLAS_LIBS) -lpthread -ldl -lm
 
 RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) -Iruntime $(BLAS_CFLAGS) $(CFLAGS)
 
@@ -173,6 +178,29 @@ $(BUILD)/obj/rt/%.o: runtime/%.c $(RT_HDRS) | $(BUILD)/.deps-ok
 $(BUILD)/libmbtrt.a: $(RT_OBJS)
 	rm -f $@
 	ar rcs $@ $^
+
+# The runtime's own kernels (runtime/kernels/rt_kernels.cu) as a C string for compiler/cuda_program.c,
+# which appends them to every program's CUDA source: each line becomes "line\n" with backslashes,
+# double quotes, tabs and question marks (trigraphs, which -std=c11 enables) escaped.
+CUDA_HOME ?= /usr/local/cuda
+$(BUILD)/gen/rt_kernels_cu.h: runtime/kernels/rt_kernels.cu
+	@mkdir -p $(BUILD)/gen
+	{ printf '/* generated from runtime/kernels/rt_kernels.cu by the Makefile: do not edit */\n'; \
+	  printf 'static const char mbt_rt_kernels_cu[] =\n'; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/\\t/g' -e 's/?/\\?/g' -e 's/^/    "/' -e 's/$$/\\n"/' $<; \
+	  printf '    "";\n'; } > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/obj/cuda_program.o: $(BUILD)/gen/rt_kernels_cu.h
+
+# gpu_internal.h declares the CUDA types, constants and functions the runtime uses without
+# including CUDA's headers. Where the toolkit's headers are, tests/unit/gpu_decls_check.c checks
+# those declarations against them at compile time (skipped on a machine without CUDA).
+GPU_DECLS_CHECK = $(if $(wildcard $(CUDA_HOME)/include/cuda.h),$(BUILD)/obj/rt/gpu_decls.ok)
+$(BUILD)/obj/rt/gpu_decls.ok: tests/unit/gpu_decls_check.c $(RT_HDRS)
+	@mkdir -p $(BUILD)/obj/rt
+	$(CC) $(RT_CFLAGS) -isystem $(CUDA_HOME)/include -fsyntax-only $< && touch $@
+
+all: $(GPU_DECLS_CHECK)
 
 # mbt-gendata: a synthetic token corpus with a known entropy rate (docs/runtime.md).
 $(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a $(RT_HDRS)
@@ -198,6 +226,14 @@ $(BUILD)/tests/bigram_micro16: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.
 	$(CC) $(RT_CFLAGS) -DBIGRAM_MICRO=16 -DBIGRAM_GLOBAL=16 $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
 $(BUILD)/tests/test_rt_train: $(BIGRAM_BINS) $(BUILD)/mbt-gendata
+
+# test_rt_gpu drives the GPU runtime through a CPU stand-in for the CUDA driver and cuBLASLt
+# (tests/unit/fake_cuda.c), loaded from beside the test as both libraries.
+$(BUILD)/tests/libmbt_fake_cuda.so: tests/unit/fake_cuda.c tests/unit/fake_cuda.h $(RT_HDRS)
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) -Itests/unit -shared -fPIC $< -o $@ $(LDFLAGS_ALL)
+
+$(BUILD)/tests/test_rt_gpu: $(BUILD)/tests/libmbt_fake_cuda.so
 
 # st_compare: the largest relative difference of the tensors two safetensors files share (the
 # exec and verify layers of tests/run.sh compare weights and gradients with it).
@@ -227,7 +263,7 @@ asan:
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
 fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors
 
-$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS)
+$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS) $(BUILD)/gen/rt_kernels_cu.h
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
 

@@ -17,8 +17,8 @@
 #include <cblas.h>
 #include <limits.h>
 
+#include "rt_gemm.h"
 #include "rt_profile.h"
-#include "rt_program.h"
 
 /* ---- tiling ------------------------------------------------------------------------------------- */
 
@@ -64,15 +64,14 @@ static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
 
 /* ---- the call ----------------------------------------------------------------------------------- */
 
-RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+/* The contract's argument rules (rt_gemm.h), shared with the GPU's GEMM (gpu_blas.c). */
+RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, const float *c, int64_t ldc,
+                        int64_t stride_c, int64_t batch, int *nothing, RtError *err) {
+    *nothing = 0;
     if (m < 0 || n < 0 || k < 0 || batch < 0)
         return rt_fail(err, RT_ERR_ARG, "sgemm: negative size (m %lld, n %lld, k %lld, batch %lld)", (long long)m,
                        (long long)n, (long long)k, (long long)batch);
-    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
-        return rt_fail(err, RT_ERR_ARG, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m %lld, n %lld, k %lld)",
-                       (long long)m, (long long)n, (long long)k);
     int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
     if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) || ldc < (n > 1 ? n : 1))
         return rt_fail(err, RT_ERR_ARG,
@@ -81,12 +80,33 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
                        (long long)lda, (long long)a_cols, (long long)ldb, (long long)b_cols, (long long)ldc, (long long)n);
     if (stride_a < 0 || stride_b < 0 || stride_c < 0)
         return rt_fail(err, RT_ERR_ARG, "sgemm: negative batch stride");
-    if (m == 0 || n == 0 || batch == 0) return RT_OK;
+    if (m == 0 || n == 0 || batch == 0) {
+        *nothing = 1;
+        return RT_OK;
+    }
+    /* Each C matrix spans (m - 1) x ldc + n elements (ldc >= 1 here, so the division is safe). */
+    if (m - 1 > (INT64_MAX - n) / ldc)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: a C matrix spans more than 2^63 elements (m %lld, ldc %lld)",
+                       (long long)m, (long long)ldc);
     if (batch > 1 && stride_c < (m - 1) * ldc + n)
         return rt_fail(err, RT_ERR_ARG,
                        "sgemm: the C matrices of the batch overlap (stride %lld, each spans %lld elements)",
                        (long long)stride_c, (long long)((m - 1) * ldc + n));
     if ((k > 0 && (!a || !b)) || !c) return rt_fail(err, RT_ERR_ARG, "sgemm: a matrix pointer is NULL");
+    return RT_OK;
+}
+
+RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+    int nothing = 0;
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
+                                 &nothing, err);
+    if (st != RT_OK) return st;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m %lld, n %lld, k %lld)",
+                       (long long)m, (long long)n, (long long)k);
+    if (nothing) return RT_OK;
 
     /* OpenBLAS's own threads stay idle: the pool supplies the parallelism (see the top). */
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);

@@ -32,7 +32,8 @@ typedef enum RtDeviceWant {
  * PTX of the highest virtual arch not above it, JIT-compiled once into the cache, below).
  * AUTO without a usable GPU returns RT_OK with *out NULL and *why saying why the CPU is used
  * ("no CUDA driver (libcuda.so.1: cannot open shared object file)", "the program was built
- * without CUDA"); CUDA gives the same reason as an RT_ERR_ARG error. `why` may be NULL. */
+ * without CUDA"); CUDA gives the same reason as an RT_ERR_ARG error. `why` may be NULL; the
+ * text it points to stays valid until the calling thread's next rt_gpu_open. */
 RtStatus rt_gpu_open(RtGpu **out, const RtGpuProgram *prog, RtDeviceWant want, const char **why, RtError *err);
 void rt_gpu_close(RtGpu *g); /* frees everything it allocated (NULL is fine) */
 
@@ -69,5 +70,43 @@ void rt_gpu_print_timing(FILE *f, RtGpu *g);
  * one file `<module_hash>-sm_XX-<driver version>.cubin` per program and GPU arch, written
  * atomically (rt_atomic_write_file). Returns the directory (static storage) or NULL. */
 const char *rt_gpu_cache_dir(void);
+
+/* ---- for tests: the pieces above that need no GPU ---- */
+
+/* One timed launch or GEMM: the kernel function's name or the GEMM's shape ("sgemm NT
+ * 128x768x3072 x12"), its start in microseconds since the GPU was opened, its duration. */
+typedef struct RtGpuEvent {
+    const char *name;
+    double start_us, dur_us;
+} RtGpuEvent;
+
+/* Calls and total time per name (rt_gpu_print_timing's table). Zero-initialised is empty. */
+typedef struct RtGpuStat {
+    const char *name;
+    int64_t calls;
+    double total_us;
+} RtGpuStat;
+typedef struct RtGpuStats {
+    RtGpuStat *items;
+    int64_t n, cap;
+    int64_t *index; /* hash of the name -> 1 + position in items; 0: empty */
+    int64_t index_cap;
+} RtGpuStats;
+
+/* Adds each event to its name's entry (names compared by content, not copied: they must outlive s). */
+RtStatus rt_gpu_stats_add(RtGpuStats *s, const RtGpuEvent *ev, int64_t n, RtError *err);
+void rt_gpu_stats_sort(RtGpuStats *s);           /* longest total first, equal totals by name */
+void rt_gpu_stats_print(FILE *f, RtGpuStats *s); /* sorts, then one line a name: calls, total, mean, share */
+void rt_gpu_stats_free(RtGpuStats *s);
+/* The events as a Chrome trace ({"traceEvents":[{"name":..,"ph":"X","ts":..,"dur":..,"pid":0,"tid":0},..]}),
+ * written atomically. */
+RtStatus rt_gpu_trace_write(const char *path, const RtGpuEvent *ev, int64_t n, RtError *err);
+/* The JIT cache's file for a module: `<dir>/<module_hash>-sm_<arch>-<driver>.cubin`, every character
+ * of the hash outside [A-Za-z0-9._-] replaced by '-'. 0 when it does not fit in cap. */
+int rt_gpu_cache_file(char *buf, size_t cap, const char *dir, const char *module_hash, int arch, int driver);
+const char *rt_gpu_format_bytes(int64_t bytes, char buf[32]); /* "512 B", "1.5 KiB", "1.2 GiB": buf */
+/* Opens the libraries rt_gpu_open would and resolves every function, calling none: RT_OK and
+ * `found` saying what was loaded, or the reason rt_gpu_open would give. */
+RtStatus rt_gpu_libraries(char *found, size_t cap, RtError *err);
 
 #endif

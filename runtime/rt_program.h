@@ -123,7 +123,10 @@ RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int
 RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_t n, RtError *err);
 /* Device to device copy of `bytes` (optimizer_update's new parameters and state). */
 RtStatus rt_gpu_copy(RtGpu *g, void *dst, const void *src, int64_t bytes, RtError *err);
-/* Host memory to the device; returns once `host` may be reused (the copy itself is queued). */
+/* Host memory to the device, queued. From pageable memory it returns once `host` may be reused
+ * (the driver has staged it); from page-locked memory (rt_gpu_host_alloc) the transfer reads
+ * `host` when the stream reaches it, so `host` must not change before a later call that waits
+ * (rt_gpu_sync, rt_gpu_download). */
 RtStatus rt_gpu_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtError *err);
 /* The device to host memory; waits for everything queued before it and for the copy. */
 RtStatus rt_gpu_download(RtGpu *g, void *host, const void *dev, int64_t bytes, RtError *err);

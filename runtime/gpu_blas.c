@@ -1,0 +1,307 @@
+/* gpu_blas.c - rt_gpu_sgemm_batched: rt_sgemm_batched's contract (rt_program.h) on device memory,
+ * through cuBLASLt.
+ *
+ * Pipeline position: every matrix multiply of a program's GPU step is a call here from the
+ * generated host code, between kernel launches on the same stream.
+ *
+ * Numerics. Compute type CUBLAS_COMPUTE_32F with f32 scale and matrices: full f32 products and
+ * sums, never TF32 (which would need CUBLAS_COMPUTE_32F_FAST_TF32), so results agree with the
+ * CPU's OpenBLAS to f32 rounding (the summation order differs). For one shape cuBLASLt runs the
+ * same algorithm every time (chosen once, below), and its results are then the same run to run
+ * on one GPU model.
+ *
+ * Row-major. cuBLASLt's default order is column-major, and a row-major matrix read as
+ * column-major is its transpose. So C = op(A) op(B), row-major M x N, is computed as the
+ * column-major product C^T = op(B)^T op(A)^T (N x M): cuBLASLt's "A" is our B and its "B" our A,
+ * each with its own transpose flag, pitches unchanged. CUBLASLT_ORDER_ROW layouts would say the
+ * same thing directly, but fewer of cuBLASLt's f32 kernels accept them; the swap keeps every
+ * algorithm available.
+ *
+ * Plans. The matmul descriptor, the three layouts and the heuristic's algorithm depend only on
+ * the shape (sizes, pitches, strides, batch, transposes) and on how the pointers are aligned;
+ * they are made once per distinct one and kept in a small hash table, so the GEMMs of a step,
+ * which repeat every step, run without a heuristic query.
+ *
+ * Beta. With beta == 0 cuBLASLt does not read C (NaNs in it do not propagate), as in BLAS. K == 0
+ * (a sum of nothing) gives C = beta C without cuBLASLt: a 2D memset for beta == 0, the runtime's
+ * mbt_rt_scale kernel for other betas. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_internal.h"
+#include "rt_gemm.h"
+
+#define RT_GPU_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's workspace: 32 MiB */
+
+/* What a plan depends on. Built zeroed (memset), so padding compares equal. */
+typedef struct RtGemmKey {
+    int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
+    int32_t trans_a, trans_b;
+    uint32_t align_a, align_b, align_c; /* bytes, a power of two <= 256 */
+} RtGemmKey;
+
+struct RtGemmPlan {
+    RtGemmKey key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t lt_a, lt_b, lt_c; /* cuBLASLt's A (our B), B (our A) and C (see the top) */
+    cublasLtMatmulAlgo_t algo;
+    char name[96]; /* "sgemm NT 128x768x3072 x12": messages and timing */
+};
+
+/* The alignment cuBLASLt may assume for every matrix of a batch: the largest power of two (at
+ * most 256, its default assumption) dividing the base address and the batch stride in bytes. The
+ * heuristic only picks algorithms that work with it. */
+static uint32_t rt_align(const void *p, int64_t stride, int64_t batch) {
+    uint64_t bits = (uint64_t)(uintptr_t)p | 256u;
+    if (batch > 1) bits |= (uint64_t)stride * sizeof(float);
+    return (uint32_t)(bits & (~bits + 1));
+}
+
+static uint64_t rt_key_hash(const RtGemmKey *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a */
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+    return h;
+}
+
+/* ---- making a plan ---------------------------------------------------------------------------- */
+
+static RtStatus rt_gemm_layout(RtGpu *g, cublasLtMatrixLayout_t *out, int64_t rows, int64_t cols, int64_t ld,
+                               int64_t batch, int64_t stride, const char *name, RtError *err) {
+    RtGpuApi *api = &g->api;
+    RtStatus st = rt_lt_check(api, api->cublasLtMatrixLayoutCreate(out, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld),
+                              err, "cublasLtMatrixLayoutCreate", "%s", name);
+    if (st != RT_OK || batch <= 1) return st;
+    int32_t count = (int32_t)batch;
+    st = rt_lt_check(api, api->cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+                     err, "cublasLtMatrixLayoutSetAttribute", "%s, batch count", name);
+    if (st == RT_OK)
+        st = rt_lt_check(api,
+                         api->cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                               sizeof stride),
+                         err, "cublasLtMatrixLayoutSetAttribute", "%s, batch stride", name);
+    return st;
+}
+
+static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
+    RtGpuApi *api = &g->api;
+    int32_t op_a = p->key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A is our B */
+    int32_t op_b = p->key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    RtStatus st = rt_lt_check(api, api->cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), err,
+                              "cublasLtMatmulDescCreate", "%s", p->name);
+    if (st == RT_OK)
+        st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+                         err, "cublasLtMatmulDescSetAttribute", "%s, transa", p->name);
+    if (st == RT_OK)
+        st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
+                         err, "cublasLtMatmulDescSetAttribute", "%s, transb", p->name);
+    return st;
+}
+
+/* The heuristic's first algorithm for the plan, within the workspace and the alignments. */
+static RtStatus rt_gemm_algo(RtGpu *g, RtGemmPlan *p, RtError *err) {
+    RtGpuApi *api = &g->api;
+    cublasLtMatmulPreference_t pref = NULL;
+    RtStatus st = rt_lt_check(api, api->cublasLtMatmulPreferenceCreate(&pref), err, "cublasLtMatmulPreferenceCreate",
+                              "%s", p->name);
+    if (st != RT_OK) return st;
+    uint64_t ws = g->workspace_size;
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        const void *value;
+        size_t size;
+    } prefs[] = {
+        {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &p->key.align_b, sizeof p->key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &p->key.align_a, sizeof p->key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &p->key.align_c, sizeof p->key.align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &p->key.align_c, sizeof p->key.align_c},
+    };
+    for (size_t i = 0; i < sizeof prefs / sizeof prefs[0] && st == RT_OK; i++)
+        st = rt_lt_check(api, api->cublasLtMatmulPreferenceSetAttribute(pref, prefs[i].attr, prefs[i].value, prefs[i].size),
+                         err, "cublasLtMatmulPreferenceSetAttribute", "%s, preference %d", p->name, (int)prefs[i].attr);
+    cublasLtMatmulHeuristicResult_t result;
+    memset(&result, 0, sizeof result);
+    int found = 0;
+    if (st == RT_OK)
+        st = rt_lt_check(api,
+                         api->cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref, 1,
+                                                             &result, &found),
+                         err, "cublasLtMatmulAlgoGetHeuristic", "%s", p->name);
+    if (st == RT_OK && found < 1)
+        st = rt_fail(err, RT_ERR_IO, "cublasLtMatmulAlgoGetHeuristic (%s): no algorithm for this shape and alignment",
+                     p->name);
+    if (st == RT_OK) p->algo = result.algo;
+    api->cublasLtMatmulPreferenceDestroy(pref);
+    return st;
+}
+
+static void rt_gemm_plan_free(RtGpu *g, RtGemmPlan *p) {
+    if (!p) return;
+    if (p->lt_a) g->api.cublasLtMatrixLayoutDestroy(p->lt_a);
+    if (p->lt_b) g->api.cublasLtMatrixLayoutDestroy(p->lt_b);
+    if (p->lt_c) g->api.cublasLtMatrixLayoutDestroy(p->lt_c);
+    if (p->desc) g->api.cublasLtMatmulDescDestroy(p->desc);
+    free(p);
+}
+
+static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out, RtError *err) {
+    RtGemmPlan *p = calloc(1, sizeof *p);
+    if (!p) return rt_fail(err, RT_ERR_NOMEM, "sgemm: out of memory for a plan");
+    p->key = *k;
+    int n = snprintf(p->name, sizeof p->name, "sgemm %c%c %lldx%lldx%lld", k->trans_a ? 'T' : 'N', k->trans_b ? 'T' : 'N',
+                     (long long)k->m, (long long)k->n, (long long)k->k);
+    if (k->batch > 1 && n > 0 && (size_t)n < sizeof p->name)
+        snprintf(p->name + n, sizeof p->name - (size_t)n, " x%lld", (long long)k->batch);
+    /* Column-major views (see the top): a row-major R x C matrix of pitch ld is the column-major
+     * C x R matrix of leading dimension ld. Our B, K x N (N x K when trans_b), is cuBLASLt's A,
+     * N x K (K x N); our A, M x K (K x M), its B, K x M (M x K); C, M x N, its N x M. */
+    RtStatus st = rt_gemm_desc(g, p, err);
+    if (st == RT_OK)
+        st = rt_gemm_layout(g, &p->lt_a, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb, k->batch,
+                            k->stride_b, p->name, err);
+    if (st == RT_OK)
+        st = rt_gemm_layout(g, &p->lt_b, k->trans_a ? k->m : k->k, k->trans_a ? k->k : k->m, k->lda, k->batch,
+                            k->stride_a, p->name, err);
+    if (st == RT_OK) st = rt_gemm_layout(g, &p->lt_c, k->n, k->m, k->ldc, k->batch, k->stride_c, p->name, err);
+    if (st == RT_OK) st = rt_gemm_algo(g, p, err);
+    if (st != RT_OK) {
+        rt_gemm_plan_free(g, p);
+        return st;
+    }
+    *out = p;
+    return RT_OK;
+}
+
+/* ---- the plan table ---------------------------------------------------------------------------- */
+
+static int64_t rt_plan_slot(RtGemmPlan **table, int64_t cap, const RtGemmKey *k) {
+    int64_t i = (int64_t)(rt_key_hash(k) & (uint64_t)(cap - 1));
+    while (table[i] && memcmp(&table[i]->key, k, sizeof *k) != 0) i = (i + 1) & (cap - 1);
+    return i;
+}
+
+static RtStatus rt_plan_grow(RtGpu *g, RtError *err) {
+    int64_t cap = g->cap_plans ? g->cap_plans * 2 : 64;
+    RtGemmPlan **table = calloc((size_t)cap, sizeof *table);
+    if (!table) return rt_fail(err, RT_ERR_NOMEM, "sgemm: out of memory for the plan table");
+    for (int64_t i = 0; i < g->cap_plans; i++)
+        if (g->plans[i]) table[rt_plan_slot(table, cap, &g->plans[i]->key)] = g->plans[i];
+    free(g->plans);
+    g->plans = table;
+    g->cap_plans = cap;
+    return RT_OK;
+}
+
+/* The plan for key, made on first use. */
+static RtStatus rt_plan_get(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out, RtError *err) {
+    if (2 * (g->nplans + 1) > g->cap_plans) {
+        RtStatus st = rt_plan_grow(g, err);
+        if (st != RT_OK) return st;
+    }
+    int64_t i = rt_plan_slot(g->plans, g->cap_plans, k);
+    if (!g->plans[i]) {
+        RtStatus st = rt_gemm_plan_make(g, k, &g->plans[i], err);
+        if (st != RT_OK) return st;
+        g->nplans++;
+    }
+    *out = g->plans[i];
+    return RT_OK;
+}
+
+/* ---- the call ------------------------------------------------------------------------------------ */
+
+/* K == 0: C = beta C for each matrix of the batch (one call when the batch's rows are evenly spaced). */
+static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
+                                int64_t batch, RtError *err) {
+    if (beta == 1.0f) return RT_OK;
+    int one_call = batch == 1 || stride_c == m * ldc;
+    int64_t rows = one_call ? m * batch : m, calls = one_call ? 1 : batch;
+    RtStatus st = RT_OK;
+    for (int64_t i = 0; i < calls && st == RT_OK; i++) {
+        float *ci = c + i * stride_c;
+        if (beta == 0.0f)
+            st = rt_cu_check(&g->api,
+                             g->api.cuMemsetD2D32Async((CUdeviceptr)(uintptr_t)ci, (size_t)ldc * sizeof(float), 0u,
+                                                       (size_t)n, (size_t)rows, g->stream),
+                             err, "cuMemsetD2D32Async", "sgemm with k = 0, C = 0 (%lld x %lld)", (long long)rows,
+                             (long long)n);
+        else st = rt_gpu_scale_rows(g, ci, beta, rows, n, ldc, err);
+    }
+    return st;
+}
+
+RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                              const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+    int nothing = 0;
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
+                                 &nothing, err);
+    if (st != RT_OK || nothing) return st;
+    if (batch > INT32_MAX)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: batch %lld exceeds cuBLASLt's 32-bit batch count", (long long)batch);
+    st = rt_gpu_use(g, err);
+    if (st != RT_OK) return st;
+    if (k == 0) return rt_gemm_scale_c(g, beta, c, m, n, ldc, stride_c, batch, err);
+
+    RtGemmKey key;
+    memset(&key, 0, sizeof key); /* the padding too: keys are compared and hashed as bytes */
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.stride_a = batch > 1 ? stride_a : 0; /* unused for one matrix: one plan whatever the caller passed */
+    key.stride_b = batch > 1 ? stride_b : 0;
+    key.stride_c = batch > 1 ? stride_c : 0;
+    key.batch = batch;
+    key.trans_a = trans_a != 0;
+    key.trans_b = trans_b != 0;
+    key.align_a = rt_align(a, stride_a, batch);
+    key.align_b = rt_align(b, stride_b, batch);
+    key.align_c = rt_align(c, stride_c, batch);
+    RtGemmPlan *p = NULL;
+    st = rt_plan_get(g, &key, &p, err);
+    int64_t slot = -1;
+    if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin(g, &slot, err);
+    if (st != RT_OK) return st;
+    st = rt_lt_check(&g->api,
+                     g->api.cublasLtMatmul(g->lt, p->desc, &alpha, b, p->lt_a, a, p->lt_b, &beta, c, p->lt_c, c, p->lt_c,
+                                           &p->algo, (void *)(uintptr_t)g->workspace, g->workspace_size, g->stream),
+                     err, "cublasLtMatmul", "%s", p->name);
+    if (slot >= 0) st = rt_gpu_time_end(g, slot, p->name, st, err);
+    return st;
+}
+
+/* ---- the handle --------------------------------------------------------------------------------- */
+
+RtStatus rt_gpu_blas_open(RtGpu *g, RtError *err) {
+    RtGpuApi *api = &g->api;
+    RtStatus st = rt_lt_check(api, api->cublasLtCreate(&g->lt), err, "cublasLtCreate", "cuBLASLt %s", api->lt_path);
+    if (st != RT_OK) {
+        g->lt = NULL;
+        return st;
+    }
+    char size[32];
+    st = rt_cu_check(api, api->cuMemAlloc(&g->workspace, RT_GPU_WORKSPACE), err, "cuMemAlloc", "cuBLASLt's workspace, %s",
+                     rt_gpu_format_bytes((int64_t)RT_GPU_WORKSPACE, size));
+    if (st != RT_OK) {
+        g->workspace = 0;
+        return st;
+    }
+    g->workspace_size = RT_GPU_WORKSPACE;
+    return RT_OK;
+}
+
+void rt_gpu_blas_close(RtGpu *g) {
+    for (int64_t i = 0; i < g->cap_plans; i++) rt_gemm_plan_free(g, g->plans[i]);
+    free(g->plans);
+    g->plans = NULL;
+    g->nplans = g->cap_plans = 0;
+    if (g->workspace) g->api.cuMemFree(g->workspace);
+    g->workspace = 0;
+    if (g->lt) g->api.cublasLtDestroy(g->lt);
+    g->lt = NULL;
+}

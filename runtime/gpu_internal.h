@@ -1,0 +1,302 @@
+/* gpu_internal.h - what the GPU runtime's files (gpu_api.c, gpu.c, gpu_blas.c, gpu_timing.c) share:
+ * the few CUDA driver and cuBLASLt types and constants they use, the table of library functions,
+ * and struct RtGpu. Not part of the library's surface (that is rt_gpu.h and rt_program.h).
+ *
+ * No CUDA header is included: the declarations below mirror cuda.h and cublasLt.h of CUDA 12
+ * and 13 (the values and signatures are the same in both). Enumerations are declared as int,
+ * which is how the C ABI passes them. When the toolkit's headers are on the build machine, the
+ * Makefile compiles tests/unit/gpu_decls_check.c, which includes them and this file with
+ * RT_GPU_CHECK_DECLS defined: every constant and function signature here is then checked
+ * against NVIDIA's own (a mismatch fails the build). */
+#ifndef MBT_GPU_INTERNAL_H
+#define MBT_GPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt_gpu.h"
+
+/* ==== CUDA's types (cuda.h, cublasLt.h, library_types.h, nccl.h) ================================== */
+
+#ifndef RT_GPU_CHECK_DECLS
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2: 64 bits on every 64-bit host */
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUlinkState_st *CUlinkState;
+typedef int CUdevice_attribute;
+typedef int CUjit_option;
+typedef int CUjitInputType;
+
+typedef int cublasStatus_t;
+typedef int cublasComputeType_t;
+typedef int cudaDataType_t;
+typedef int cudaDataType;
+typedef int cublasLtMatmulDescAttributes_t;
+typedef int cublasLtMatrixLayoutAttribute_t;
+typedef int cublasLtMatmulPreferenceAttributes_t;
+typedef CUstream cudaStream_t;
+typedef struct cublasLtContext *cublasLtHandle_t;
+typedef struct RtLtMatmulDesc *cublasLtMatmulDesc_t;         /* cublasLtMatmulDescOpaque_t * */
+typedef struct RtLtMatrixLayout *cublasLtMatrixLayout_t;     /* cublasLtMatrixLayoutOpaque_t * */
+typedef struct RtLtMatmulPreference *cublasLtMatmulPreference_t; /* cublasLtMatmulPreferenceOpaque_t * */
+typedef struct {
+    uint64_t data[8];
+} cublasLtMatmulAlgo_t;
+typedef struct {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    cublasStatus_t state;
+    float wavesCount;
+    int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+
+typedef int ncclResult_t;
+#endif
+
+/* Layouts cuBLASLt fills or reads (checked against cublasLt.h too). */
+_Static_assert(sizeof(cublasLtMatmulAlgo_t) == 64, "cublasLtMatmulAlgo_t is 64 bytes");
+_Static_assert(sizeof(cublasLtMatmulHeuristicResult_t) == 96, "cublasLtMatmulHeuristicResult_t is 96 bytes");
+_Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, workspaceSize) == 64, "workspaceSize's offset");
+_Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's offset");
+
+/* The constants used, as (name, value). */
+#define RT_CUDA_CONSTANTS(X)                                  \
+    X(CUDA_SUCCESS, 0)                                        \
+    X(CUDA_ERROR_OUT_OF_MEMORY, 2)                            \
+    X(CUDA_ERROR_STUB_LIBRARY, 34)                            \
+    X(CUDA_ERROR_NO_DEVICE, 100)                              \
+    X(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 16)           \
+    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75)       \
+    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76)       \
+    X(CU_JIT_INFO_LOG_BUFFER, 3)                              \
+    X(CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, 4)                   \
+    X(CU_JIT_ERROR_LOG_BUFFER, 5)                             \
+    X(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, 6)                  \
+    X(CU_JIT_INPUT_PTX, 1)                                    \
+    X(CU_STREAM_NON_BLOCKING, 1)                              \
+    X(CU_EVENT_DEFAULT, 0)                                    \
+    X(CU_MEMHOSTALLOC_PORTABLE, 1)                            \
+    X(CUBLAS_STATUS_SUCCESS, 0)                               \
+    X(CUBLAS_COMPUTE_32F, 68)                                 \
+    X(CUDA_R_32F, 0)                                          \
+    X(CUBLAS_OP_N, 0)                                         \
+    X(CUBLAS_OP_T, 1)                                         \
+    X(CUBLASLT_MATMUL_DESC_TRANSA, 3)                         \
+    X(CUBLASLT_MATMUL_DESC_TRANSB, 4)                         \
+    X(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, 5)                  \
+    X(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, 6)         \
+    X(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, 1)            \
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, 5)          \
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, 6)          \
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, 7)          \
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, 8)
+
+#ifndef RT_GPU_CHECK_DECLS
+#define RT_GPU_ENUM(name, value) name = value,
+enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
+#undef RT_GPU_ENUM
+#endif
+
+/* ==== the table of library functions (gpu_api.c loads it) ========================================= */
+
+/* X(return type, name, exported symbol, parameters). The symbol is the versioned entry point
+ * where the driver has one (cuMemAlloc_v2, ...), as cuda.h maps the plain names. One exception:
+ * cuEventElapsedTime stays the original entry point, which every driver exports; CUDA 13's header
+ * maps it to cuEventElapsedTime_v2 (same signature), which drivers before 12.8 lack. The primary
+ * context (cuDevicePrimaryCtxRetain) is used rather than cuCtxCreate, whose signature changed
+ * (_v4 in CUDA 13); it is also the context cuBLASLt's runtime uses. */
+#define RT_CUDA_FUNCTIONS(X)                                                                                       \
+    X(CUresult, cuGetErrorName, "cuGetErrorName", (CUresult, const char **))                                        \
+    X(CUresult, cuGetErrorString, "cuGetErrorString", (CUresult, const char **))                                    \
+    X(CUresult, cuInit, "cuInit", (unsigned int))                                                                   \
+    X(CUresult, cuDriverGetVersion, "cuDriverGetVersion", (int *))                                                  \
+    X(CUresult, cuDeviceGetCount, "cuDeviceGetCount", (int *))                                                      \
+    X(CUresult, cuDeviceGet, "cuDeviceGet", (CUdevice *, int))                                                      \
+    X(CUresult, cuDeviceGetAttribute, "cuDeviceGetAttribute", (int *, CUdevice_attribute, CUdevice))                \
+    X(CUresult, cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice))                                        \
+    X(CUresult, cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *, CUdevice))                                      \
+    X(CUresult, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))                      \
+    X(CUresult, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice))                              \
+    X(CUresult, cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                                                    \
+    X(CUresult, cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                               \
+    X(CUresult, cuMemFree, "cuMemFree_v2", (CUdeviceptr))                                                           \
+    X(CUresult, cuMemHostAlloc, "cuMemHostAlloc", (void **, size_t, unsigned int))                                  \
+    X(CUresult, cuMemFreeHost, "cuMemFreeHost", (void *))                                                           \
+    X(CUresult, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", (CUdeviceptr, const void *, size_t, CUstream))           \
+    X(CUresult, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", (void *, CUdeviceptr, size_t, CUstream))                 \
+    X(CUresult, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", (CUdeviceptr, CUdeviceptr, size_t, CUstream))            \
+    X(CUresult, cuMemsetD8Async, "cuMemsetD8Async", (CUdeviceptr, unsigned char, size_t, CUstream))                 \
+    X(CUresult, cuMemsetD2D32Async, "cuMemsetD2D32Async", (CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream)) \
+    X(CUresult, cuModuleLoadDataEx, "cuModuleLoadDataEx", (CUmodule *, const void *, unsigned int, CUjit_option *, void **)) \
+    X(CUresult, cuModuleUnload, "cuModuleUnload", (CUmodule))                                                       \
+    X(CUresult, cuModuleGetFunction, "cuModuleGetFunction", (CUfunction *, CUmodule, const char *))                 \
+    X(CUresult, cuLinkCreate, "cuLinkCreate_v2", (unsigned int, CUjit_option *, void **, CUlinkState *))            \
+    X(CUresult, cuLinkAddData, "cuLinkAddData_v2",                                                                  \
+      (CUlinkState, CUjitInputType, void *, size_t, const char *, unsigned int, CUjit_option *, void **))           \
+    X(CUresult, cuLinkComplete, "cuLinkComplete", (CUlinkState, void **, size_t *))                                 \
+    X(CUresult, cuLinkDestroy, "cuLinkDestroy", (CUlinkState))                                                      \
+    X(CUresult, cuStreamCreate, "cuStreamCreate", (CUstream *, unsigned int))                                       \
+    X(CUresult, cuStreamDestroy, "cuStreamDestroy_v2", (CUstream))                                                  \
+    X(CUresult, cuStreamSynchronize, "cuStreamSynchronize", (CUstream))                                             \
+    X(CUresult, cuEventCreate, "cuEventCreate", (CUevent *, unsigned int))                                          \
+    X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                     \
+    X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                \
+    X(CUresult, cuEventSynchronize, "cuEventSynchronize", (CUevent))                                                \
+    X(CUresult, cuEventElapsedTime, "cuEventElapsedTime", (float *, CUevent, CUevent))                              \
+    X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                                   \
+      (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
+       CUstream, void **, void **))
+
+#define RT_CUBLASLT_FUNCTIONS(X)                                                                                   \
+    X(cublasStatus_t, cublasLtCreate, "cublasLtCreate", (cublasLtHandle_t *))                                       \
+    X(cublasStatus_t, cublasLtDestroy, "cublasLtDestroy", (cublasLtHandle_t))                                       \
+    X(size_t, cublasLtGetVersion, "cublasLtGetVersion", (void))                                                     \
+    X(const char *, cublasLtGetStatusName, "cublasLtGetStatusName", (cublasStatus_t))                               \
+    X(const char *, cublasLtGetStatusString, "cublasLtGetStatusString", (cublasStatus_t))                           \
+    X(cublasStatus_t, cublasLtMatmul, "cublasLtMatmul",                                                             \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t, const void *,    \
+       cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t, \
+       const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t))                                                 \
+    X(cublasStatus_t, cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate",                                         \
+      (cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t))                                               \
+    X(cublasStatus_t, cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy", (cublasLtMatmulDesc_t))               \
+    X(cublasStatus_t, cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute",                             \
+      (cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t))                                 \
+    X(cublasStatus_t, cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate",                                     \
+      (cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t, int64_t))                                        \
+    X(cublasStatus_t, cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy", (cublasLtMatrixLayout_t))         \
+    X(cublasStatus_t, cublasLtMatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute",                         \
+      (cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, const void *, size_t))                              \
+    X(cublasStatus_t, cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate", (cublasLtMatmulPreference_t *)) \
+    X(cublasStatus_t, cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy", (cublasLtMatmulPreference_t)) \
+    X(cublasStatus_t, cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute",                 \
+      (cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *, size_t))                     \
+    X(cublasStatus_t, cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic",                             \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,                      \
+       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,                             \
+       cublasLtMatmulHeuristicResult_t *, int *))
+
+/* NCCL is optional and not used yet (no collectives): only whether it is there, and its version. */
+#define RT_NCCL_FUNCTIONS(X) X(ncclResult_t, ncclGetVersion, "ncclGetVersion", (int *))
+
+#ifndef RT_GPU_CHECK_DECLS
+
+#define RT_GPU_PATH_MAX 512
+
+/* The loaded libraries and every function the runtime calls in them. */
+typedef struct RtGpuApi {
+    void *cuda_lib, *lt_lib, *nccl_lib; /* dlopen handles (nccl_lib NULL: no NCCL) */
+    char cuda_path[RT_GPU_PATH_MAX];    /* the name or path each was opened by */
+    char lt_path[RT_GPU_PATH_MAX];
+    char nccl_path[RT_GPU_PATH_MAX];
+    int initialized; /* cuInit ran: the libraries then stay loaded (see rt_gpu_api_close) */
+#define RT_GPU_FIELD(ret, name, sym, args) ret(*name) args;
+    RT_CUDA_FUNCTIONS(RT_GPU_FIELD)
+    RT_CUBLASLT_FUNCTIONS(RT_GPU_FIELD)
+    RT_NCCL_FUNCTIONS(RT_GPU_FIELD)
+#undef RT_GPU_FIELD
+} RtGpuApi;
+
+/* gpu_api.c. Opens the driver ($MBT_LIBCUDA, else libcuda.so.1), cuBLASLt ($MBT_LIBCUBLASLT, else
+ * found by name) and NCCL (optional)
+ * and resolves every function: 1, or 0 with `why` saying which library or function is missing
+ * (every library closed again). rt_gpu_api_close undoes it (see there). */
+int rt_gpu_api_open(RtGpuApi *api, char *why, size_t cap);
+void rt_gpu_api_close(RtGpuApi *api);
+/* CUDA's name and description of rc ("CUDA_ERROR_OUT_OF_MEMORY", "out of memory"); a few codes the
+ * driver cannot name itself (the stub library answers every call with 34) come from a table;
+ * *name NULL for any other code the driver does not name. */
+void rt_gpu_error_text(const RtGpuApi *api, CUresult rc, const char **name, const char **text);
+/* RT_OK when rc is CUDA_SUCCESS; else fills err with "<call> (<what>): <name>: <text>" (`what`
+ * formatted as printf does) and returns RT_ERR_NOMEM for an out-of-memory error, else RT_ERR_IO. */
+RtStatus rt_cu_check(const RtGpuApi *api, CUresult rc, RtError *err, const char *call, const char *what, ...)
+    RT_PRINTF(5, 6);
+/* The same for a cuBLASLt status: "<call> (<what>): CUBLAS_STATUS_...: <text>". */
+RtStatus rt_lt_check(const RtGpuApi *api, cublasStatus_t rc, RtError *err, const char *call, const char *what, ...)
+    RT_PRINTF(5, 6);
+
+/* ==== the open GPU =============================================================================== */
+
+/* One kernel launch or GEMM being timed (MBT_DEBUG): its two events on the stream. */
+typedef struct RtGpuPending {
+    const char *name;
+    CUevent start, stop; /* created once, reused after each resolution */
+} RtGpuPending;
+
+/* Timing (gpu_timing.c). Events are read back whenever the stream has been waited for: times
+ * are offsets from an anchor event recorded at the previous read-back, so each float the driver
+ * returns spans at most the time between two waits. */
+typedef struct RtGpuTimer {
+    int on;                 /* MBT_DEBUG >= 1 or MBT_TRACE set */
+    char *trace_path;       /* a copy of MBT_TRACE, or NULL */
+    RtGpuPending *pending;  /* launches since the last read-back */
+    int64_t npending, cap_pending, created; /* created: pending slots whose events exist */
+    CUevent anchor[2];
+    int cur;                /* anchor[cur] is the current origin */
+    double anchor_us;       /* its time since the first anchor */
+    RtGpuEvent *events;     /* MBT_TRACE: every event read back (up to RT_GPU_TRACE_MAX) */
+    int64_t nevents, cap_events, dropped, written; /* written: events in the trace file already */
+    RtGpuStats stats;       /* per name */
+} RtGpuTimer;
+
+typedef struct RtGemmPlan RtGemmPlan; /* x[r * pitch + c] *= scale for r < rows, c < cols (mbt_rt_scale), queued. */
+RtStatus rt_gpu_scale_rows(RtGpu *g, float *x, float scale, int64_t rows, int64_t cols, int64_t pitch, RtError *err);
+
+/* gpu_blas.c */
+
+struct RtGpu {
+    RtGpuApi api;
+    const RtGpuProgram *prog;
+    CUdevice dev;
+    CUcontext ctx; /* the device's primary context (retained) */
+    CUstream stream;
+    CUmodule module;
+    CUfunction *fns; /* [prog->nkernels] */
+    CUfunction fn_axpy, fn_scale, fn_sumsq; /* the runtime's kernels (runtime/kernels/rt_kernels.cu) */
+    const RtGpuImage *image; /* the module image loaded */
+    char module_kind[96];    /* "cubin sm_90", "PTX compute_80, JIT-compiled for sm_90" */
+    char module_note[640];   /* ", from the cache", ", saved in the cache", ", not cached: why" */
+    int arch;        /* compute capability x 10 + minor: 90 */
+    int sms;         /* multiprocessors */
+    int driver;      /* cuDriverGetVersion: 12080 */
+    double *partial; /* device scratch of rt_gpu_sumsq_blocks */
+    int64_t partial_cap;
+    /* cuBLASLt (gpu_blas.c) */
+    cublasLtHandle_t lt;
+    CUdeviceptr workspace;
+    size_t workspace_size;
+    RtGemmPlan **plans; /* open addressing, power-of-two capacity */
+    int64_t nplans, cap_plans;
+    RtGpuTimer timer;
+    char describe[1536];
+};
+
+/* The calling thread's current context becomes the GPU's (a context is current per thread). */
+RtStatus rt_gpu_use(RtGpu *g, RtError *err);
+
+/* x[r * pitch + c] *= scale for r < rows, c < cols (mbt_rt_scale), queued. */
+RtStatus rt_gpu_scale_rows(RtGpu *g, float *x, float scale, int64_t rows, int64_t cols, int64_t pitch, RtError *err);
+
+/* gpu_blas.c */
+RtStatus rt_gpu_blas_open(RtGpu *g, RtError *err); /* the handle, the workspace */
+void rt_gpu_blas_close(RtGpu *g);                  /* the plans, the workspace, the handle */
+
+/* gpu_timing.c: around every launch and GEMM when g->timer.on. begin records the start event of
+ * a new pending slot (its index in *slot); end, given the launch's status, records the stop event
+ * (RT_OK) or frees the slot again and returns that status. */
+RtStatus rt_gpu_timer_open(RtGpu *g, RtError *err);
+RtStatus rt_gpu_time_begin(RtGpu *g, int64_t *slot, RtError *err);
+RtStatus rt_gpu_time_end(RtGpu *g, int64_t slot, const char *name, RtStatus launched, RtError *err);
+/* After the stream was waited for: reads the pending events into stats (and the trace). */
+RtStatus rt_gpu_timer_resolve(RtGpu *g, RtError *err);
+RtStatus rt_gpu_trace_flush(RtGpu *g, RtError *err); /* writes MBT_TRACE's file when it has new events */
+void rt_gpu_timer_close(RtGpu *g);
+
+#endif /* RT_GPU_CHECK_DECLS */
+
+#endif

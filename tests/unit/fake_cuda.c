@@ -1,0 +1,583 @@
+/* fake_cuda.c - a stand-in for the CUDA driver and cuBLASLt that runs on the CPU, so that
+ * test_rt_gpu can drive runtime/gpu*.c's whole path (opening, module choice, the JIT cache,
+ * memory, launches, GEMMs, timing) on a machine without a GPU. It exports every function of
+ * gpu_internal.h's table under the table's symbol names; test_rt_gpu loads it as both libraries
+ * (MBT_LIBCUDA, MBT_LIBCUBLASLT). What it checks and what it cannot:
+ *
+ * - "Device" memory is host memory (cuMemAlloc is aligned_alloc), so copies are memcpy and the
+ *   runtime's kernels (mbt_rt_axpy, mbt_rt_scale, mbt_rt_sumsq_blocks) run here in C with the
+ *   parameter layout rt_kernels.cu documents: the test sees whether gpu.c passes them right. Two
+ *   test kernels: fake_fill7 (its one buffer's first gridDim.x x blockDim.x floats = 7) and
+ *   fake_fail (its launch fails).
+ * - Modules are text (fake_cuda.h); cuLink* "compiles" fake PTX into a fake cubin and counts it.
+ * - cublasLtMatmul computes the column-major product its layouts and transposes describe, after
+ *   checking that they agree; the test compares rt_gpu_sgemm_batched with the CPU's
+ *   rt_sgemm_batched, which tests the row-major to column-major mapping. That NVIDIA's library
+ *   means the same by these descriptors is what this cannot show.
+ * - Time is a clock that launches and matmuls advance by fixed amounts.
+ *
+ * Build: the Makefile makes build/tests/libmbt_fake_cuda.so for test_rt_gpu. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda.h"
+#include "gpu_internal.h"
+
+static FakeControl fake = {.major = 8, .minor = 0, .sms = 4, .devices = 1};
+
+FakeControl *fake_control(void) {
+    return &fake;
+}
+
+enum {
+    FAKE_INVALID_VALUE = 1,
+    FAKE_INVALID_IMAGE = 200,
+    FAKE_INVALID_PTX = 218,
+    FAKE_NOT_FOUND = 500,
+    FAKE_OUT_OF_RESOURCES = 701,
+    FAKE_LT_INVALID_VALUE = 7,
+    FAKE_LT_NOT_SUPPORTED = 15,
+};
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+static const struct {
+    CUresult rc;
+    const char *name, *text;
+} fake_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {FAKE_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {FAKE_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {FAKE_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
+    {FAKE_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {FAKE_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+};
+
+static CUresult fake_error(CUresult rc, const char **out, int text) {
+    for (size_t i = 0; i < sizeof fake_errors / sizeof fake_errors[0]; i++)
+        if (fake_errors[i].rc == rc) {
+            *out = text ? fake_errors[i].text : fake_errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    return FAKE_INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult rc, const char **s) { return fake_error(rc, s, 0); }
+CUresult cuGetErrorString(CUresult rc, const char **s) { return fake_error(rc, s, 1); }
+
+/* ---- the device ------------------------------------------------------------------------------ */
+
+CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    return fake.init_result;
+}
+
+CUresult cuDriverGetVersion(int *v) {
+    *v = 12080;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *n) {
+    *n = fake.devices;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    *d = ordinal;
+    return ordinal < fake.devices ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+}
+
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
+    (void)d;
+    switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = fake.major; return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = fake.minor; return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = fake.sms; return CUDA_SUCCESS;
+    }
+    return FAKE_INVALID_VALUE;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    (void)d;
+    strncpy(name, "Fake GPU", (size_t)len);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    (void)d;
+    *bytes = (size_t)16 << 30;
+    return CUDA_SUCCESS;
+}
+
+static int fake_context; /* its address is the primary context */
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d) {
+    (void)d;
+    *ctx = (CUcontext)(void *)&fake_context;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    (void)d;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    return ctx == (CUcontext)(void *)&fake_context ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    if (n == 0) return FAKE_INVALID_VALUE;
+    if (fake.oom_above && n > fake.oom_above) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *m = aligned_alloc(256, (n + 255) / 256 * 256);
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    fake.live_allocs++;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    fake.live_allocs--;
+    free((void *)(uintptr_t)p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
+    (void)flags;
+    *p = malloc(n);
+    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuMemFreeHost(void *p) {
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    (void)s;
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    (void)s;
+    memcpy(dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    (void)s;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
+    (void)s;
+    memset((void *)(uintptr_t)p, v, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD2D32Async(CUdeviceptr p, size_t pitch, unsigned int v, size_t width, size_t height, CUstream s) {
+    (void)s;
+    if (pitch % 4 || (height > 1 && pitch < width * 4)) return FAKE_INVALID_VALUE;
+    for (size_t r = 0; r < height; r++) {
+        uint32_t *row = (uint32_t *)(uintptr_t)(p + r * pitch);
+        for (size_t c = 0; c < width; c++) row[c] = v;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules --------------------------------------------------------------------------------- */
+
+typedef struct FakeFunction {
+    char name[64];
+} FakeFunction;
+
+typedef struct FakeModule {
+    char *text;
+    FakeFunction fns[64];
+    int nfns;
+} FakeModule;
+
+/* The error log buffer among JIT options, if any. */
+static void fake_log(unsigned int n, CUjit_option *opts, void **vals, const char *msg) {
+    char *buf = NULL;
+    size_t cap = 0;
+    for (unsigned int i = 0; i < n; i++) {
+        if (opts[i] == CU_JIT_ERROR_LOG_BUFFER) buf = vals[i];
+        if (opts[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) cap = (size_t)(uintptr_t)vals[i];
+    }
+    if (buf && cap) {
+        strncpy(buf, msg, cap - 1);
+        buf[cap - 1] = 0;
+    }
+}
+
+CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *opts, void **vals) {
+    if (memcmp(image, FAKE_CUBIN, strlen(FAKE_CUBIN)) != 0) {
+        fake_log(n, opts, vals, "fake: not a fake cubin\nsecond line");
+        return FAKE_INVALID_IMAGE;
+    }
+    FakeModule *mod = calloc(1, sizeof *mod);
+    mod->text = strdup(image);
+    *m = (CUmodule)(void *)mod;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule m) {
+    FakeModule *mod = (FakeModule *)(void *)m;
+    free(mod->text);
+    free(mod);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    FakeModule *mod = (FakeModule *)(void *)m;
+    for (const char *line = strchr(mod->text, '\n'); line; line = strchr(line + 1, '\n')) {
+        size_t len = strcspn(line + 1, "\n");
+        if (len == strlen(name) && strncmp(line + 1, name, len) == 0 && mod->nfns < 64 && len < 64) {
+            FakeFunction *fn = &mod->fns[mod->nfns++];
+            memcpy(fn->name, name, len + 1);
+            *f = (CUfunction)(void *)fn;
+            return CUDA_SUCCESS;
+        }
+    }
+    return FAKE_NOT_FOUND;
+}
+
+typedef struct FakeLink {
+    char *cubin;
+    size_t size;
+    unsigned int nopts;
+    CUjit_option opts[8];
+    void *vals[8];
+} FakeLink;
+
+CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *opts, void **vals, CUlinkState *out) {
+    FakeLink *l = calloc(1, sizeof *l);
+    l->nopts = n < 8 ? n : 8;
+    for (unsigned int i = 0; i < l->nopts; i++) {
+        l->opts[i] = opts[i];
+        l->vals[i] = vals[i];
+    }
+    *out = (CUlinkState)(void *)l;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
+                          unsigned int n, CUjit_option *opts, void **vals) {
+    (void)name, (void)n, (void)opts, (void)vals;
+    FakeLink *l = (FakeLink *)(void *)state;
+    const char *ptx = data;
+    if (type != CU_JIT_INPUT_PTX || size != strlen(ptx) + 1 || strncmp(ptx, FAKE_PTX, strlen(FAKE_PTX)) != 0) {
+        fake_log(l->nopts, l->opts, l->vals, "fake ptxas: not fake PTX");
+        return FAKE_INVALID_PTX;
+    }
+    const char *names = ptx + strlen(FAKE_PTX);
+    l->size = strlen(FAKE_CUBIN) + strlen(names) + 1;
+    l->cubin = malloc(l->size);
+    strcpy(l->cubin, FAKE_CUBIN);
+    strcat(l->cubin, names);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLinkComplete(CUlinkState state, void **cubin, size_t *size) {
+    FakeLink *l = (FakeLink *)(void *)state;
+    if (!l->cubin) return FAKE_INVALID_VALUE;
+    fake.links++;
+    *cubin = l->cubin;
+    *size = l->size;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuLinkDestroy(CUlinkState state) {
+    FakeLink *l = (FakeLink *)(void *)state;
+    free(l->cubin);
+    free(l);
+    return CUDA_SUCCESS;
+}
+
+/* ---- streams, events ------------------------------------------------------------------------- */
+
+static int fake_stream;
+
+CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+    *s = (CUstream)(void *)&fake_stream;
+    return flags == CU_STREAM_NON_BLOCKING ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+}
+
+CUresult cuStreamDestroy_v2(CUstream s) {
+    (void)s;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+    return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+}
+
+typedef struct FakeEvent {
+    double ms;
+    int recorded;
+} FakeEvent;
+
+CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+    (void)flags;
+    *e = (CUevent)(void *)calloc(1, sizeof(FakeEvent));
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent e) {
+    free((void *)e);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    (void)s;
+    FakeEvent *ev = (FakeEvent *)(void *)e;
+    ev->ms = fake.clock_ms;
+    ev->recorded = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+    return ((FakeEvent *)(void *)e)->recorded ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+}
+
+CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    const FakeEvent *x = (const FakeEvent *)(void *)a, *y = (const FakeEvent *)(void *)b;
+    if (!x->recorded || !y->recorded) return FAKE_INVALID_VALUE;
+    *ms = (float)(y->ms - x->ms);
+    return CUDA_SUCCESS;
+}
+
+/* ---- kernels --------------------------------------------------------------------------------- */
+
+static void fake_axpy(void **p) {
+    float *dst = *(float **)p[0];
+    const float *src = *(const float **)p[1];
+    float scale = *(float *)p[2];
+    long long n = *(long long *)p[3];
+    for (long long i = 0; i < n; i++) dst[i] = dst[i] + scale * src[i];
+}
+
+static void fake_scale(void **p) {
+    float *x = *(float **)p[0];
+    float scale = *(float *)p[1];
+    long long rows = *(long long *)p[2], cols = *(long long *)p[3], pitch = *(long long *)p[4];
+    for (long long r = 0; r < rows; r++)
+        for (long long c = 0; c < cols; c++) x[r * pitch + c] *= scale;
+}
+
+static void fake_sumsq(void **p) {
+    const float *x = *(const float **)p[0];
+    long long n = *(long long *)p[1], block = *(long long *)p[2];
+    double *partial = *(double **)p[3];
+    for (long long b = 0; b * block < n; b++) {
+        double s = 0;
+        for (long long i = b * block; i < n && i < (b + 1) * block; i++) s += (double)x[i] * x[i];
+        partial[b] = s;
+    }
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) {
+    const FakeFunction *fn = (const FakeFunction *)(void *)f;
+    if (gz != 1 || by != 1 || bz != 1 || shared != 0 || extra || s != (CUstream)(void *)&fake_stream)
+        return FAKE_INVALID_VALUE;
+    snprintf(fake.last_kernel, sizeof fake.last_kernel, "%s", fn->name);
+    fake.last_grid[0] = gx;
+    fake.last_grid[1] = gy;
+    fake.last_block = bx;
+    fake.launches++;
+    if (strcmp(fn->name, "fake_fail") == 0) return FAKE_OUT_OF_RESOURCES;
+    if (strcmp(fn->name, "mbt_rt_axpy") == 0) fake_axpy(params);
+    else if (strcmp(fn->name, "mbt_rt_scale") == 0) fake_scale(params);
+    else if (strcmp(fn->name, "mbt_rt_sumsq_blocks") == 0) {
+        if (bx != 256) return FAKE_INVALID_VALUE; /* the kernel's reduction tree is for exactly 256 threads */
+        fake_sumsq(params);
+    } else if (strcmp(fn->name, "fake_fill7") == 0) {
+        float *buf = *(float **)params[0];
+        for (unsigned long i = 0; i < (unsigned long)gx * bx; i++) buf[i] = 7;
+    }
+    fake.clock_ms += 0.5;
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuBLASLt -------------------------------------------------------------------------------- */
+
+typedef struct FakeDesc {
+    int compute, scale, op_a, op_b;
+} FakeDesc;
+
+typedef struct FakeLayout {
+    int type;
+    uint64_t rows, cols;
+    int64_t ld, stride;
+    int32_t batch;
+} FakeLayout;
+
+typedef struct FakePref {
+    uint64_t workspace;
+    uint32_t align[4];
+} FakePref;
+
+static int fake_handle;
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    *h = (cublasLtHandle_t)(void *)&fake_handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    (void)h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+size_t cublasLtGetVersion(void) {
+    return 130001;
+}
+
+const char *cublasLtGetStatusName(cublasStatus_t s) {
+    return s == 0 ? "CUBLAS_STATUS_SUCCESS" : s == FAKE_LT_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE"
+                                                                          : "CUBLAS_STATUS_NOT_SUPPORTED";
+}
+
+const char *cublasLtGetStatusString(cublasStatus_t s) {
+    return s == 0 ? "success" : s == FAKE_LT_INVALID_VALUE ? "an invalid value was used as an argument"
+                                                            : "the functionality requested is not supported";
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+    FakeDesc *desc = calloc(1, sizeof *desc);
+    desc->compute = compute;
+    desc->scale = scale;
+    *d = (cublasLtMatmulDesc_t)(void *)desc;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    free((void *)d);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size) {
+    FakeDesc *desc = (FakeDesc *)(void *)d;
+    if (size != sizeof(int32_t)) return FAKE_LT_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_DESC_TRANSA) desc->op_a = *(const int32_t *)buf;
+    else if (attr == CUBLASLT_MATMUL_DESC_TRANSB) desc->op_b = *(const int32_t *)buf;
+    else return FAKE_LT_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    if (ld < (int64_t)rows) return FAKE_LT_INVALID_VALUE; /* column-major: a column is `rows` long */
+    FakeLayout *lay = calloc(1, sizeof *lay);
+    *lay = (FakeLayout){type, rows, cols, ld, 0, 1};
+    *l = (cublasLtMatrixLayout_t)(void *)lay;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    free((void *)l);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                const void *buf, size_t size) {
+    FakeLayout *lay = (FakeLayout *)(void *)l;
+    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && size == sizeof(int32_t)) lay->batch = *(const int32_t *)buf;
+    else if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && size == sizeof(int64_t)) lay->stride = *(const int64_t *)buf;
+    else return FAKE_LT_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    FakePref *pref = calloc(1, sizeof *pref);
+    for (int i = 0; i < 4; i++) pref->align[i] = 256;
+    *p = (cublasLtMatmulPreference_t)(void *)pref;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    free((void *)p);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void *buf, size_t size) {
+    FakePref *pref = (FakePref *)(void *)p;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES && size == sizeof(uint64_t)) pref->workspace = *(const uint64_t *)buf;
+    else if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES &&
+             size == sizeof(uint32_t))
+        pref->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = *(const uint32_t *)buf;
+    else return FAKE_LT_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+#define FAKE_ALGO 0xa160
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                              cublasLtMatmulPreference_t p, int requested,
+                                              cublasLtMatmulHeuristicResult_t *results, int *found) {
+    (void)h, (void)a, (void)b, (void)c, (void)dl;
+    const FakeDesc *desc = (const FakeDesc *)(void *)d;
+    const FakePref *pref = (const FakePref *)(void *)p;
+    fake.heuristics++;
+    memcpy(fake.last_align, pref->align, sizeof fake.last_align);
+    if (requested < 1) return FAKE_LT_INVALID_VALUE;
+    if (desc->compute != CUBLAS_COMPUTE_32F || desc->scale != CUDA_R_32F) return FAKE_LT_NOT_SUPPORTED;
+    *found = fake.no_algo ? 0 : 1;
+    memset(&results[0], 0, sizeof results[0]);
+    results[0].algo.data[0] = FAKE_ALGO;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Element (i, j) of a column-major matrix, or of its transpose. */
+static float fake_at(const float *x, const FakeLayout *l, int op, int64_t i, int64_t j) {
+    return op == CUBLAS_OP_T ? x[j + i * l->ld] : x[i + j * l->ld];
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *a,
+                              cublasLtMatrixLayout_t al, const void *b, cublasLtMatrixLayout_t bl, const void *beta,
+                              const void *c, cublasLtMatrixLayout_t cl, void *dst, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t wss, cudaStream_t s) {
+    (void)h, (void)ws, (void)wss, (void)s;
+    const FakeDesc *desc = (const FakeDesc *)(void *)d;
+    const FakeLayout *la = (const FakeLayout *)(void *)al, *lb = (const FakeLayout *)(void *)bl;
+    const FakeLayout *lc = (const FakeLayout *)(void *)cl, *ld = (const FakeLayout *)(void *)dl;
+    int64_t m = (int64_t)ld->rows, n = (int64_t)ld->cols;
+    int64_t k = (int64_t)(desc->op_a == CUBLAS_OP_T ? la->rows : la->cols);
+    int64_t a_m = (int64_t)(desc->op_a == CUBLAS_OP_T ? la->cols : la->rows);
+    int64_t b_k = (int64_t)(desc->op_b == CUBLAS_OP_T ? lb->cols : lb->rows);
+    int64_t b_n = (int64_t)(desc->op_b == CUBLAS_OP_T ? lb->rows : lb->cols);
+    if (!algo || algo->data[0] != FAKE_ALGO || a_m != m || b_k != k || b_n != n || lc->rows != ld->rows ||
+        lc->cols != ld->cols || c != dst || la->batch != ld->batch || lb->batch != ld->batch || lc->batch != ld->batch)
+        return FAKE_LT_INVALID_VALUE;
+    float al_ = *(const float *)alpha, be = *(const float *)beta;
+    for (int32_t bi = 0; bi < ld->batch; bi++) {
+        const float *ab = (const float *)a + bi * la->stride, *bb = (const float *)b + bi * lb->stride;
+        const float *cb = (const float *)c + bi * lc->stride;
+        float *db = (float *)dst + bi * ld->stride;
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                double acc = 0;
+                for (int64_t p = 0; p < k; p++) acc += (double)fake_at(ab, la, desc->op_a, i, p) * fake_at(bb, lb, desc->op_b, p, j);
+                float v = al_ * (float)acc;
+                if (be != 0) v += be * cb[i + j * lc->ld];
+                db[i + j * ld->ld] = v;
+            }
+    }
+    fake.matmuls++;
+    fake.clock_ms += 2.0;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* NCCL is looked up in its own library, never here. */

@@ -1,0 +1,849 @@
+/* test_rt_gpu.c - unit tests of the GPU runtime (runtime/gpu*.c, rt_gpu.h) on a machine without a
+ * GPU:
+ *   - no driver (MBT_LIBCUDA naming a missing file), a library that is not a driver, the CUDA
+ *     toolkit's stub driver (when installed): what --device auto and cuda say, and that the CPU
+ *     and a program without CUDA never load a library;
+ *   - the real cuBLASLt's and NCCL's functions resolving (when installed);
+ *   - the JIT cache's directory and file names, byte sizes in messages, the per-name timing table
+ *     and the Chrome trace writer (plain functions);
+ *   - the whole path through build/tests/libmbt_fake_cuda.so (tests/unit/fake_cuda.c, a CPU
+ *     stand-in for the driver and cuBLASLt): module choice, the JIT cache (written, read back,
+ *     replaced when damaged), error messages, memory, the runtime's kernels' parameters, GEMMs
+ *     against the CPU's rt_sgemm_batched, plan caching, MBT_DEBUG timing and MBT_TRACE.
+ * What the fake cannot show is that NVIDIA's libraries and kernels behave as it does; that needs
+ * a GPU (docs/runtime.md, "The GPU").
+ *
+ * Build: make build/tests/test_rt_gpu (links build/libmbtrt.a; the fake library is built beside
+ * it). Prints `PASS name` or `FAIL name: why` per case, then `N passed, M failed`; a case whose
+ * library is not installed is not run, with a `note:` line saying so. */
+#include <dlfcn.h>
+#include <ftw.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "fake_cuda.h"
+#include "rt_gpu.h"
+#include "unit.h"
+
+#define STUB_DRIVER "/usr/local/cuda/lib64/stubs/libcuda.so"
+#define HASH "xxh3-128:0123456789abcdef0123456789abcdef"
+
+static char fake_path[PATH_MAX]; /* libmbt_fake_cuda.so beside this executable */
+static char dir[PATH_MAX];       /* a case's scratch directory */
+
+/* ---- helpers ------------------------------------------------------------------------------------ */
+
+static void dir_make(void) {
+    const char *base = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/mbt-test-gpu-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        printf("FAIL setup: mkdtemp %s: %s\n", dir, strerror(errno));
+        exit(1);
+    }
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
+    (void)st, (void)flag, (void)f;
+    return remove(p);
+}
+
+static void dir_remove(void) {
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *at(const char *name) {
+    static char buf[4][PATH_MAX + 64];
+    static int next;
+    char *b = buf[next++ % 4];
+    snprintf(b, sizeof buf[0], "%s/%s", dir, name);
+    return b;
+}
+
+/* The whole file, NUL-terminated (NULL when it cannot be read); *n its size. */
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    int c;
+    while ((c = fgetc(f)) != EOF) fputc(c, m);
+    fclose(f);
+    fclose(m);
+    if (n) *n = len;
+    return buf;
+}
+
+static void spit(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static int loaded(const char *path) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (h) dlclose(h);
+    return h != NULL;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* ---- a program for the fake -------------------------------------------------------------------- */
+
+#define NAMES "fake_fill7\nfake_fail\nmbt_rt_axpy\nmbt_rt_scale\nmbt_rt_sumsq_blocks\n"
+static const char cubin[] = FAKE_CUBIN NAMES;
+static const char ptx[] = FAKE_PTX NAMES;
+static const char bad_ptx[] = "// not PTX\n";
+
+static const RtGpuImage images[] = {
+    {"sm_80", 0, (const unsigned char *)cubin, sizeof cubin},
+    {"compute_70", 1, (const unsigned char *)ptx, sizeof ptx},
+    {"compute_75", 1, (const unsigned char *)ptx, sizeof ptx},
+    {"compute_100", 1, (const unsigned char *)ptx, sizeof ptx},
+    {"sm_90a", 0, (const unsigned char *)cubin, sizeof cubin}, /* arch-specific: never chosen for sm_90 */
+};
+
+static const RtGpuKernel kernels[] = {
+    {"fake_fill7", 64, 0, 2, 1},
+    {"fake_fail", 128, 0, 96, 0},
+};
+
+static const RtGpuProgram program = {images, 5, kernels, 2, HASH, NULL, NULL, NULL, NULL};
+
+/* Loads the fake as both libraries (the runtime's dlopen finds this same instance). No JIT cache
+ * unless a case sets one (never the user's ~/.cache). */
+static FakeControl *use_fake(void) {
+    setenv("MBT_LIBCUDA", fake_path, 1);
+    setenv("MBT_LIBCUBLASLT", fake_path, 1);
+    unsetenv("MBT_DEBUG");
+    unsetenv("MBT_TRACE");
+    unsetenv("MBT_CACHE_DIR");
+    unsetenv("XDG_CACHE_HOME");
+    unsetenv("HOME");
+    void *h = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
+    FakeControl *(*control)(void) = h ? (FakeControl * (*)(void)) dlsym(h, "fake_control") : NULL;
+    if (!control) {
+        printf("FAIL setup: cannot load %s: %s\n", fake_path, dlerror());
+        exit(1);
+    }
+    return control();
+}
+
+static RtGpu *open_fake(const RtGpuProgram *p) {
+    RtGpu *g = NULL;
+    RtError e;
+    rt_error_clear(&e);
+    RtStatus st = rt_gpu_open(&g, p, RT_DEVICE_CUDA, NULL, &e);
+    CHECK(st == RT_OK && g, "open on the fake: %s", e.msg);
+    return g;
+}
+
+/* The module part of rt_gpu_describe: after "module: ", up to "; cuBLASLt". */
+static const char *module_of(const RtGpu *g) {
+    static char buf[1024];
+    const char *d = rt_gpu_describe(g), *s = strstr(d, "module: "), *e = strstr(d, "; cuBLASLt");
+    if (!s || !e) return d;
+    snprintf(buf, sizeof buf, "%.*s", (int)(e - s - 8), s + 8);
+    return buf;
+}
+
+/* ==== no driver, stubs, libraries ================================================================= */
+
+static void no_driver(void) {
+    setenv("MBT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    RtGpu *g = (RtGpu *)&g;
+    const char *why = NULL;
+    RtError e;
+    rt_error_clear(&e);
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_AUTO, &why, &e) == RT_OK, "auto without a driver failed: %s", e.msg);
+    CHECK(g == NULL, "auto without a driver returned a GPU");
+    CHECK(e.code == RT_OK && e.msg[0] == 0, "auto filled the error: %s", e.msg);
+    CHECK(why && strncmp(why, "no CUDA driver (MBT_LIBCUDA=/nonexistent/libcuda.so.1: /nonexistent/libcuda.so.1: ", 82) == 0,
+          "why: %s", why ? why : "(null)");
+    char auto_why[RT_ERROR_MAX];
+    snprintf(auto_why, sizeof auto_why, "%s", why ? why : "");
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_CUDA, &why, &e) == RT_ERR_ARG, "cuda without a driver did not fail");
+    CHECK(g == NULL, "cuda without a driver returned a GPU");
+    CHECK_STR(e.msg, auto_why, "cuda's error is auto's reason");
+    /* the loader's path: the default name */
+    unsetenv("MBT_LIBCUDA");
+    char found[1024];
+    if (rt_gpu_libraries(found, sizeof found, &e) != RT_OK)
+        CHECK(strncmp(e.msg, "no CUDA driver (libcuda.so.1 on the loader's path: ", 50) == 0 || strstr(e.msg, "cuBLASLt"),
+              "default driver name: %s", e.msg);
+}
+
+/* The CPU and a program without CUDA: the driver library is never opened. */
+static void cpu_loads_no_library(void) {
+    setenv("MBT_LIBCUDA", fake_path, 1);
+    setenv("MBT_LIBCUBLASLT", fake_path, 1);
+    RtGpu *g = (RtGpu *)&g;
+    const char *why = NULL;
+    RtError e;
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_CPU, &why, &e) == RT_OK && g == NULL, "cpu: %s", e.msg);
+    CHECK_STR(why, "the CPU was asked for", "cpu's reason");
+    g = (RtGpu *)&g;
+    CHECK(rt_gpu_open(&g, NULL, RT_DEVICE_AUTO, &why, &e) == RT_OK && g == NULL, "no program, auto: %s", e.msg);
+    CHECK_STR(why, "the program was built without CUDA", "no program's reason");
+    CHECK(rt_gpu_open(&g, NULL, RT_DEVICE_CUDA, &why, &e) == RT_ERR_ARG && g == NULL, "no program, cuda did not fail");
+    CHECK_STR(e.msg, "the program was built without CUDA", "no program's error");
+    CHECK(!loaded(fake_path), "the driver library was loaded for the CPU or a program without CUDA");
+    /* the control: auto with a program does load it (and keeps it: cuInit ran) */
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_AUTO, &why, &e) == RT_OK && g, "auto on the fake: %s", e.msg);
+    CHECK(loaded(fake_path), "auto did not load the driver library");
+    rt_gpu_close(g);
+}
+
+static void not_a_driver(void) {
+    setenv("MBT_LIBCUDA", "libm.so.6", 1);
+    char found[1024];
+    RtError e;
+    CHECK(rt_gpu_libraries(found, sizeof found, &e) == RT_ERR_NOTFOUND, "libm accepted as a driver: %s", found);
+    CHECK_STR(e.msg, "the CUDA driver libm.so.6 has no function cuGetErrorName (not a CUDA driver, or one older than CUDA 11)",
+              "message");
+    const char *why = NULL;
+    RtGpu *g = NULL;
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_AUTO, &why, &e) == RT_OK && !g, "auto with libm: %s", e.msg);
+    CHECK_STR(why, "the CUDA driver libm.so.6 has no function cuGetErrorName (not a CUDA driver, or one older than CUDA 11)",
+              "auto's reason");
+    setenv("MBT_LIBCUDA", fake_path, 1);
+    setenv("MBT_LIBCUBLASLT", "libm.so.6", 1);
+    CHECK(rt_gpu_libraries(found, sizeof found, &e) == RT_ERR_NOTFOUND, "libm accepted as cuBLASLt");
+    CHECK_STR(e.msg, "cuBLASLt libm.so.6 has no function cublasLtCreate (older than CUDA 11.4?)", "cuBLASLt message");
+    setenv("MBT_LIBCUBLASLT", "/nonexistent/libcublasLt.so", 1);
+    CHECK(rt_gpu_libraries(found, sizeof found, &e) == RT_ERR_NOTFOUND, "a missing cuBLASLt accepted");
+    CHECK(strncmp(e.msg, "no cuBLASLt (MBT_LIBCUBLASLT=/nonexistent/libcublasLt.so: /nonexistent/libcublasLt.so: ", 86) == 0,
+          "missing cuBLASLt: %s", e.msg);
+}
+
+/* The toolkit's stub driver: every function resolves, cuInit says it is a stub. */
+static void stub_driver(void) {
+    setenv("MBT_LIBCUDA", STUB_DRIVER, 1);
+    unsetenv("MBT_LIBCUBLASLT");
+    char found[1024];
+    RtError e;
+    CHECK(rt_gpu_libraries(found, sizeof found, &e) == RT_OK, "libraries with the stub: %s", e.msg);
+    CHECK(strncmp(found, "CUDA driver " STUB_DRIVER " (", strlen("CUDA driver " STUB_DRIVER " (")) == 0, "found: %s", found);
+    const char *want = "no CUDA driver: cuInit (the CUDA driver " STUB_DRIVER "): CUDA_ERROR_STUB_LIBRARY: CUDA driver is a "
+                       "stub library (the toolkit's stub for linking, not an installed NVIDIA driver)";
+    RtGpu *g = NULL;
+    const char *why = NULL;
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_AUTO, &why, &e) == RT_OK && !g, "auto with the stub: %s", e.msg);
+    CHECK_STR(why, want, "auto's reason");
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_CUDA, &why, &e) == RT_ERR_ARG && !g, "cuda with the stub did not fail");
+    CHECK_STR(e.msg, want, "cuda's error");
+    CHECK(!loaded(STUB_DRIVER), "the stub stays loaded although cuInit failed");
+}
+
+/* The real cuBLASLt (and NCCL when there) resolve every function the runtime uses. */
+static void real_cublaslt(void) {
+    setenv("MBT_LIBCUDA", STUB_DRIVER, 1);
+    unsetenv("MBT_LIBCUBLASLT");
+    char found[1024];
+    RtError e;
+    CHECK(rt_gpu_libraries(found, sizeof found, &e) == RT_OK, "libraries: %s", e.msg);
+    CHECK(strstr(found, "; cuBLASLt libcublasLt.so.1") || strstr(found, "; cuBLASLt /"), "cuBLASLt not named: %s", found);
+    void *nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (nccl) CHECK(strstr(found, "; NCCL libnccl.so.2") != NULL, "NCCL not found: %s", found);
+    else CHECK(strstr(found, "; no NCCL") != NULL, "NCCL claimed: %s", found);
+}
+
+/* ==== plain functions ============================================================================= */
+
+static void cache_dir_rules(void) {
+    setenv("MBT_CACHE_DIR", "/c/mbt-cache", 1);
+    setenv("XDG_CACHE_HOME", "/xdg", 1);
+    setenv("HOME", "/home/u", 1);
+    CHECK_STR(rt_gpu_cache_dir(), "/c/mbt-cache", "MBT_CACHE_DIR first");
+    setenv("MBT_CACHE_DIR", "", 1);
+    CHECK_STR(rt_gpu_cache_dir(), "/xdg/mbt", "an empty MBT_CACHE_DIR is unset; then XDG_CACHE_HOME/mbt");
+    unsetenv("MBT_CACHE_DIR");
+    setenv("XDG_CACHE_HOME", "relative/cache", 1);
+    CHECK_STR(rt_gpu_cache_dir(), "/home/u/.cache/mbt", "a relative XDG_CACHE_HOME is ignored; then ~/.cache/mbt");
+    unsetenv("XDG_CACHE_HOME");
+    CHECK_STR(rt_gpu_cache_dir(), "/home/u/.cache/mbt", "HOME");
+    unsetenv("HOME");
+    CHECK(rt_gpu_cache_dir() == NULL, "no directory without any of them: %s", rt_gpu_cache_dir());
+}
+
+static void cache_file_names(void) {
+    char buf[256];
+    CHECK(rt_gpu_cache_file(buf, sizeof buf, "/c", HASH, 90, 12080) == 1, "fits");
+    CHECK_STR(buf, "/c/xxh3-128-0123456789abcdef0123456789abcdef-sm_90-12080.cubin", "name");
+    CHECK(rt_gpu_cache_file(buf, sizeof buf, "/c", "a/b c:d.e_f", 75, 13000) == 1, "fits");
+    CHECK_STR(buf, "/c/a-b-c-d.e_f-sm_75-13000.cubin", "no separator or odd character survives");
+    CHECK(rt_gpu_cache_file(buf, 20, "/c", HASH, 90, 12080) == 0, "a name that does not fit");
+    CHECK(rt_gpu_cache_file(buf, 4, "/cache", "x", 90, 12080) == 0, "a directory that does not fit");
+}
+
+static void byte_sizes(void) {
+    char b[32];
+    CHECK_STR(rt_gpu_format_bytes(0, b), "0 B", "0");
+    CHECK_STR(rt_gpu_format_bytes(1023, b), "1023 B", "1023");
+    CHECK_STR(rt_gpu_format_bytes(1536, b), "1.5 KiB", "1536");
+    CHECK_STR(rt_gpu_format_bytes((int64_t)32 << 20, b), "32.0 MiB", "32 MiB");
+    CHECK_STR(rt_gpu_format_bytes(1288490189, b), "1.2 GiB", "1.2 GiB");
+    CHECK_STR(rt_gpu_format_bytes((int64_t)3 << 40, b), "3.0 TiB", "3 TiB");
+}
+
+static void stats_sum_and_sort(void) {
+    char a2[] = "k_a"; /* the same name in other storage: names are compared by content */
+    RtGpuEvent ev[] = {
+        {"k_a", 0, 10}, {"sgemm NT 4x4x4", 10, 30}, {a2, 40, 25}, {"k_d", 65, 5}, {"k_c", 70, 5},
+    };
+    RtGpuStats s = {0};
+    RtError e;
+    CHECK(rt_gpu_stats_add(&s, ev, 5, &e) == RT_OK, "add: %s", e.msg);
+    CHECK(s.n == 4, "%lld names, want 4", (long long)s.n);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    rt_gpu_stats_print(f, &s);
+    fclose(f);
+    CHECK_STR(text,
+              "GPU time by kernel and GEMM: 5 calls, 75.0 us\n"
+              "     calls       total us      mean us   share  name\n"
+              "         2           35.0        17.50   46.7%  k_a\n"
+              "         1           30.0        30.00   40.0%  sgemm NT 4x4x4\n"
+              "         1            5.0         5.00    6.7%  k_c\n"
+              "         1            5.0         5.00    6.7%  k_d\n",
+              "table (longest first, ties by name)");
+    free(text);
+    /* after sorting, adding still finds each name */
+    CHECK(rt_gpu_stats_add(&s, ev + 3, 1, &e) == RT_OK && s.n == 4, "re-add after sort made %lld names", (long long)s.n);
+    rt_gpu_stats_sort(&s);
+    CHECK(strcmp(s.items[2].name, "k_d") == 0 && s.items[2].calls == 2, "k_d: %s %lld", s.items[2].name,
+          (long long)s.items[2].calls);
+    rt_gpu_stats_free(&s);
+}
+
+static void stats_many_names(void) {
+    enum { N = 1000 };
+    static char names[N][16];
+    static RtGpuEvent ev[2 * N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "k%d", i);
+        ev[2 * i] = (RtGpuEvent){names[i], 0, (double)i};
+        ev[2 * i + 1] = (RtGpuEvent){names[i], 0, 1};
+    }
+    RtGpuStats s = {0};
+    RtError e;
+    CHECK(rt_gpu_stats_add(&s, ev, 2 * N, &e) == RT_OK, "add: %s", e.msg);
+    CHECK(s.n == N, "%lld names, want %d", (long long)s.n, N);
+    rt_gpu_stats_sort(&s);
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        const RtGpuStat *t = &s.items[i];
+        char want[16];
+        snprintf(want, sizeof want, "k%d", N - 1 - i);
+        ok = ok && strcmp(t->name, want) == 0 && t->calls == 2 && t->total_us == (double)(N - 1 - i) + 1;
+    }
+    CHECK(ok, "1000 names are not each summed and sorted");
+    rt_gpu_stats_free(&s);
+}
+
+static void trace_json(void) {
+    dir_make();
+    RtGpuEvent ev[] = {
+        {"k_a", 0, 12.5},
+        {"sgemm NT 128x768x3072 x12", 12.5, 1000.25},
+        {"odd \"name\"\\\n", 2000, 0.001},
+    };
+    RtError e;
+    CHECK(rt_gpu_trace_write(at("t.json"), ev, 3, &e) == RT_OK, "write: %s", e.msg);
+    size_t n = 0;
+    char *text = slurp(at("t.json"), &n);
+    CHECK_STR(text,
+              "{\"traceEvents\":[\n"
+              "{\"name\":\"k_a\",\"ph\":\"X\",\"ts\":0.000,\"dur\":12.500,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"sgemm NT 128x768x3072 x12\",\"ph\":\"X\",\"ts\":12.500,\"dur\":1000.250,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"odd \\\"name\\\"\\\\\\u000a\",\"ph\":\"X\",\"ts\":2000.000,\"dur\":0.001,\"pid\":0,\"tid\":0}\n"
+              "]}\n",
+              "trace");
+    RtJsonDoc *doc = NULL;
+    CHECK(text && rt_json_parse(&doc, text, n, "trace", &e) == RT_OK, "trace does not parse: %s", e.msg);
+    if (doc) {
+        const RtJsonValue *list = rt_json_get(rt_json_root(doc), "traceEvents");
+        CHECK(list && list->type == RT_JSON_ARRAY && list->n == 3, "traceEvents is not 3 events");
+        if (list && list->n == 3) {
+            double ts = 0, dur = 0;
+            CHECK_STR(rt_json_str(rt_json_get(list->items[2], "name")), "odd \"name\"\\\n", "escaped name round trip");
+            CHECK(rt_json_f64(rt_json_get(list->items[1], "ts"), &ts) && ts == 12.5, "ts %g", ts);
+            CHECK(rt_json_f64(rt_json_get(list->items[1], "dur"), &dur) && dur == 1000.25, "dur %g", dur);
+            CHECK_STR(rt_json_str(rt_json_get(list->items[0], "ph")), "X", "ph");
+        }
+        rt_json_free(doc);
+    }
+    free(text);
+    /* no events: still a valid trace */
+    CHECK(rt_gpu_trace_write(at("empty.json"), NULL, 0, &e) == RT_OK, "empty: %s", e.msg);
+    text = slurp(at("empty.json"), NULL);
+    CHECK_STR(text, "{\"traceEvents\":[\n\n]}\n", "empty trace");
+    free(text);
+    CHECK(rt_gpu_trace_write(at("no/such/dir/t.json"), ev, 3, &e) == RT_ERR_IO, "writing into a missing directory");
+    CHECK(strncmp(e.msg, "cannot create GPU trace '", 25) == 0, "message: %s", e.msg);
+    dir_remove();
+}
+
+/* ==== the whole path, on the fake ================================================================== */
+
+static void fake_cubin_module(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    const char *d = rt_gpu_describe(g);
+    const char *want = "Fake GPU, sm_80, 4 SMs, 16.0 GiB; driver 12.8; module: cubin sm_80; cuBLASLt 13.0.1; ";
+    CHECK(strncmp(d, want, strlen(want)) == 0, "describe: %s", d);
+    CHECK(strcmp(d + strlen(want), "no NCCL") == 0 || strncmp(d + strlen(want), "NCCL ", 5) == 0, "describe: %s", d);
+    CHECK(rt_gpu_arch(g) == 80, "arch %d", rt_gpu_arch(g));
+    CHECK(fake->links == 0, "a cubin was JIT-compiled");
+    rt_gpu_close(g);
+    CHECK(fake->live_allocs == 0, "%d device allocations left after close", fake->live_allocs);
+}
+
+static void fake_ptx_and_cache(void) {
+    FakeControl *fake = use_fake();
+    dir_make();
+    setenv("MBT_CACHE_DIR", at("cache/sub"), 1); /* not there yet: created */
+    fake->major = 9;
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    CHECK_STR(module_of(g), "PTX compute_75, JIT-compiled for sm_90, saved in the cache", "first run (sm_90a and compute_100 not taken)");
+    rt_gpu_close(g);
+    char path[PATH_MAX];
+    rt_gpu_cache_file(path, sizeof path, at("cache/sub"), HASH, 90, 12080);
+    size_t n = 0;
+    char *text = slurp(path, &n);
+    CHECK(text && n == sizeof cubin && memcmp(text, cubin, n) == 0, "cache file %s: %zu bytes", path, n);
+    free(text);
+    CHECK(fake->links == 1, "%d compilations", fake->links);
+
+    g = open_fake(&program);
+    CHECK_STR(module_of(g), "PTX compute_75, JIT-compiled for sm_90, from the cache", "second run");
+    CHECK(fake->links == 1, "compiled again although cached (%d)", fake->links);
+    rt_gpu_close(g);
+
+    spit(path, "damaged cache file");
+    g = open_fake(&program);
+    char want[3 * PATH_MAX];
+    snprintf(want, sizeof want,
+             "PTX compute_75, JIT-compiled for sm_90, the cached cubin did not load (cuModuleLoadDataEx (%s): "
+             "CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid (log: fake: not a fake cubin second line)), saved in "
+             "the cache",
+             path);
+    CHECK_STR(module_of(g), want, "damaged cache");
+    CHECK(fake->links == 2, "%d compilations", fake->links);
+    rt_gpu_close(g);
+    text = slurp(path, &n);
+    CHECK(text && n == sizeof cubin && memcmp(text, cubin, n) == 0, "the damaged file was not replaced");
+    free(text);
+
+    unsetenv("MBT_CACHE_DIR");
+    g = open_fake(&program);
+    CHECK_STR(module_of(g), "PTX compute_75, JIT-compiled for sm_90, not cached: no cache directory (set MBT_CACHE_DIR or HOME)",
+              "no cache directory");
+    rt_gpu_close(g);
+    /* an unwritable cache costs the cache, not the run */
+    spit(at("file"), "x");
+    setenv("MBT_CACHE_DIR", at("file/cache"), 1);
+    g = open_fake(&program);
+    snprintf(want, sizeof want, "PTX compute_75, JIT-compiled for sm_90, not cached: cannot create the JIT cache directory '%s': Not a directory",
+             at("file/cache"));
+    CHECK_STR(module_of(g), want, "unwritable cache");
+    rt_gpu_close(g);
+    dir_remove();
+}
+
+static void fake_no_image(void) {
+    FakeControl *fake = use_fake();
+    fake->major = 7;
+    const RtGpuImage two[] = {images[0], images[2]};
+    const RtGpuProgram p = {two, 2, kernels, 2, HASH, NULL, NULL, NULL, NULL};
+    RtGpu *g = NULL;
+    const char *why = NULL;
+    RtError e;
+    CHECK(rt_gpu_open(&g, &p, RT_DEVICE_AUTO, &why, &e) == RT_OK && !g, "auto: %s", e.msg);
+    CHECK_STR(why, "the program's CUDA module has no image for this GPU's sm_70 (it has sm_80, compute_75)", "why");
+    CHECK(rt_gpu_open(&g, &p, RT_DEVICE_CUDA, &why, &e) == RT_ERR_ARG && !g, "cuda did not fail");
+    CHECK_STR(e.msg, "the program's CUDA module has no image for this GPU's sm_70 (it has sm_80, compute_75)", "error");
+    /* sm_90a is that GPU's alone: sm_90 takes the PTX */
+    fake->major = 9;
+    const RtGpuImage arch_specific[] = {images[4], images[1]};
+    const RtGpuProgram q = {arch_specific, 2, kernels, 2, HASH, NULL, NULL, NULL, NULL};
+    g = open_fake(&q);
+    if (g) CHECK(strncmp(module_of(g), "PTX compute_70, JIT-compiled for sm_90", 38) == 0, "module: %s", module_of(g));
+    rt_gpu_close(g);
+}
+
+static void fake_open_errors(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = NULL;
+    const char *why = NULL;
+    RtError e;
+    char want[PATH_MAX + 256];
+    fake->init_result = 100;
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_AUTO, &why, &e) == RT_OK && !g, "auto: %s", e.msg);
+    snprintf(want, sizeof want, "no CUDA device: cuInit (the CUDA driver %s): CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected",
+             fake_path);
+    CHECK_STR(why, want, "cuInit's error");
+    fake->init_result = 0;
+    fake->devices = 0;
+    setenv("CUDA_VISIBLE_DEVICES", "7", 1);
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_AUTO, &why, &e) == RT_OK && !g, "auto: %s", e.msg);
+    CHECK_STR(why, "no CUDA device (the driver sees none; CUDA_VISIBLE_DEVICES='7')", "no device");
+    fake->devices = 1;
+    unsetenv("CUDA_VISIBLE_DEVICES");
+
+    /* after the device is found usable, failures are errors even for auto */
+    const RtGpuKernel missing[] = {{"fake_fill7", 64, 0, 2, 1}, {"nosuch", 32, 0, 1, 2}};
+    RtGpuProgram p = program;
+    p.kernels = missing;
+    CHECK(rt_gpu_open(&g, &p, RT_DEVICE_AUTO, &why, &e) == RT_ERR_IO && !g, "missing function accepted");
+    CHECK_STR(e.msg, "cuModuleGetFunction (the program's kernel 1, nosuch): CUDA_ERROR_NOT_FOUND: named symbol not found", "missing function");
+    static const char no_scale[] = FAKE_CUBIN "fake_fill7\nfake_fail\nmbt_rt_axpy\nmbt_rt_sumsq_blocks\n";
+    const RtGpuImage lacking[] = {{"sm_80", 0, (const unsigned char *)no_scale, sizeof no_scale}};
+    p = program;
+    p.images = lacking;
+    p.nimages = 1;
+    CHECK(rt_gpu_open(&g, &p, RT_DEVICE_CUDA, &why, &e) == RT_ERR_IO && !g, "missing runtime kernel accepted");
+    CHECK_STR(e.msg, "cuModuleGetFunction (the runtime's kernel mbt_rt_scale, which mbtc appends to every program's CUDA source): "
+                     "CUDA_ERROR_NOT_FOUND: named symbol not found", "missing runtime kernel");
+    const RtGpuKernel huge[] = {{"fake_fill7", 2048, 0, 2, 1}};
+    p = program;
+    p.kernels = huge;
+    p.nkernels = 1;
+    CHECK(rt_gpu_open(&g, &p, RT_DEVICE_CUDA, &why, &e) == RT_ERR_ARG && !g, "a 2048-thread block accepted");
+    CHECK_STR(e.msg, "the program's kernel 0 (fake_fill7) cannot be launched: 2 blocks of 2048 threads, 1 buffers (at most "
+                     "2147483647 blocks of 1024 threads, 512 buffers)", "geometry");
+    const RtGpuImage bad[] = {{"compute_80", 1, (const unsigned char *)bad_ptx, sizeof bad_ptx}};
+    p = program;
+    p.images = bad;
+    p.nimages = 1;
+    CHECK(rt_gpu_open(&g, &p, RT_DEVICE_CUDA, &why, &e) == RT_ERR_IO && !g, "bad PTX accepted");
+    CHECK_STR(e.msg, "cuLinkAddData (JIT-compiling the PTX for compute_80 to sm_80): CUDA_ERROR_INVALID_PTX: a PTX JIT "
+                     "compilation failed (log: fake ptxas: not fake PTX)", "bad PTX");
+    CHECK(fake->live_allocs == 0, "%d device allocations left after failed opens", fake->live_allocs);
+}
+
+static void fake_memory_and_kernels(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    RtError e;
+    enum { N = 1000 };
+    float host[N], back[N];
+    for (int i = 0; i < N; i++) host[i] = (float)(i % 17) - 8.0f;
+    void *x = NULL, *y = NULL;
+    CHECK(rt_gpu_alloc(g, &x, N * sizeof(float), "x", &e) == RT_OK && x, "alloc x: %s", e.msg);
+    CHECK(rt_gpu_alloc(g, &y, 200 * sizeof(float), "y", &e) == RT_OK && y, "alloc y: %s", e.msg);
+    if (!x || !y) return;
+    CHECK(rt_gpu_upload(g, x, host, sizeof host, &e) == RT_OK, "upload: %s", e.msg);
+
+    void *bufs[] = {y};
+    CHECK(rt_gpu_launch(g, 0, bufs, &e) == RT_OK, "launch: %s", e.msg);
+    CHECK(strcmp(fake->last_kernel, "fake_fill7") == 0 && fake->last_grid[0] == 2 && fake->last_grid[1] == 1 &&
+              fake->last_block == 64,
+          "launched %s with %u x %u blocks of %u", fake->last_kernel, fake->last_grid[0], fake->last_grid[1], fake->last_block);
+    CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK, "download: %s", e.msg);
+    CHECK(back[0] == 7 && back[127] == 7 && back[128] == 0 && back[199] == 0, "fill7 or zeroing: %g %g %g %g", back[0],
+          back[127], back[128], back[199]);
+
+    CHECK(rt_gpu_axpy(g, y, x, 0.5f, 200, &e) == RT_OK, "axpy: %s", e.msg);
+    CHECK(rt_gpu_scale(g, y, 2.0f, 200, &e) == RT_OK, "scale: %s", e.msg);
+    CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK, "download: %s", e.msg);
+    int ok = 1;
+    for (int i = 0; i < 200; i++) ok = ok && back[i] == ((i < 128 ? 7.0f : 0.0f) + 0.5f * host[i]) * 2.0f;
+    CHECK(ok, "axpy then scale gave wrong values");
+
+    double partial[4] = {0}, want[4] = {0};
+    for (int i = 0; i < N; i++) want[i / 300] += (double)host[i] * host[i];
+    CHECK(rt_gpu_sumsq_blocks(g, x, N, 300, partial, &e) == RT_OK, "sumsq: %s", e.msg);
+    CHECK(fake->last_block == 256, "sumsq launched with %u threads", fake->last_block);
+    CHECK(memcmp(partial, want, sizeof want) == 0, "partials %g %g %g %g, want %g %g %g %g", partial[0], partial[1],
+          partial[2], partial[3], want[0], want[1], want[2], want[3]);
+
+    CHECK(rt_gpu_copy(g, y, x, 200 * sizeof(float), &e) == RT_OK, "copy: %s", e.msg);
+    CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK && memcmp(back, host, 200 * sizeof(float)) == 0,
+          "copy: %s", e.msg);
+    CHECK(rt_gpu_zero(g, y, 200 * sizeof(float), &e) == RT_OK, "zero: %s", e.msg);
+    CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK && back[0] == 0 && back[199] == 0, "zero");
+    CHECK(rt_gpu_sync(g, "the test", &e) == RT_OK, "sync: %s", e.msg);
+
+    void *pinned = NULL;
+    CHECK(rt_gpu_host_alloc(g, &pinned, 4096, "staging", &e) == RT_OK && pinned && ((char *)pinned)[4095] == 0,
+          "host alloc: %s", e.msg);
+    rt_gpu_host_free(g, pinned);
+
+    /* errors */
+    fake->oom_above = (size_t)1 << 30;
+    void *big = NULL;
+    CHECK(rt_gpu_alloc(g, &big, 1288490189, "the activation arena", &e) == RT_ERR_NOMEM && !big, "oom accepted");
+    CHECK_STR(e.msg, "cuMemAlloc (the activation arena, 1.2 GiB): CUDA_ERROR_OUT_OF_MEMORY: out of memory", "oom message");
+    CHECK(rt_gpu_launch(g, 1, NULL, &e) == RT_ERR_IO, "failing launch accepted");
+    CHECK_STR(e.msg, "cuLaunchKernel (fake_fail, 96 blocks of 128 threads): CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many "
+                     "resources requested for launch", "launch message");
+    CHECK(rt_gpu_launch(g, 2, bufs, &e) == RT_ERR_ARG, "kernel 2 of 2 accepted");
+    CHECK_STR(e.msg, "rt_gpu_launch: kernel 2 is not in the program's table of 2", "index message");
+    CHECK(rt_gpu_alloc(g, &big, 0, "nothing", &e) == RT_OK && !big, "a zero-byte allocation");
+
+    rt_gpu_free(g, x);
+    rt_gpu_free(g, y);
+    rt_gpu_close(g);
+    CHECK(fake->live_allocs == 0, "%d device allocations left after close", fake->live_allocs);
+}
+
+/* ---- GEMMs against the CPU -------------------------------------------------------------------- */
+
+typedef struct Gemm {
+    int ta, tb;
+    int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
+    float alpha, beta;
+} Gemm;
+
+static int64_t extent(int64_t rows, int64_t ld, int64_t stride, int64_t batch) {
+    return (batch - 1) * stride + rows * ld;
+}
+
+/* Runs q on the CPU and on the fake from the same inputs (C starts as NaN where c_nan, else
+ * values, with padding) and compares every element of C, padding included. */
+static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) {
+    int64_t na = extent(q->ta ? q->k : q->m, q->lda, q->sa, q->batch);
+    int64_t nb = extent(q->tb ? q->n : q->k, q->ldb, q->sb, q->batch);
+    int64_t nc = extent(q->m, q->ldc, q->sc, q->batch);
+    float *a = malloc((size_t)(na + 1) * sizeof *a), *b = malloc((size_t)nb * sizeof *b);
+    float *c_cpu = malloc((size_t)nc * sizeof *c_cpu), *c_gpu = malloc((size_t)nc * sizeof *c_gpu);
+    for (int64_t i = 0; i < na + 1; i++) a[i] = (float)((i * 7) % 11) / 4 - 1;
+    for (int64_t i = 0; i < nb; i++) b[i] = (float)((i * 5) % 13) / 8 - 0.5f;
+    for (int64_t i = 0; i < nc; i++) c_cpu[i] = c_nan ? NAN : (float)(i % 3) + 0.25f;
+    memcpy(c_gpu, c_cpu, (size_t)nc * sizeof *c_cpu);
+    RtError e;
+    CHECK(rt_sgemm_batched(NULL, q->ta, q->tb, q->m, q->n, q->k, q->alpha, a, q->lda, q->sa, b, q->ldb, q->sb, q->beta,
+                           c_cpu, q->ldc, q->sc, q->batch, &e) == RT_OK,
+          "%s: cpu: %s", label, e.msg);
+    void *da = NULL, *db = NULL, *dc = NULL;
+    rt_gpu_alloc(g, &da, (na + 1) * (int64_t)sizeof *a, "a", &e);
+    rt_gpu_alloc(g, &db, nb * (int64_t)sizeof *b, "b", &e);
+    rt_gpu_alloc(g, &dc, nc * (int64_t)sizeof *c_gpu, "c", &e);
+    rt_gpu_upload(g, da, a, (na + 1) * (int64_t)sizeof *a, &e);
+    rt_gpu_upload(g, db, b, nb * (int64_t)sizeof *b, &e);
+    rt_gpu_upload(g, dc, c_gpu, nc * (int64_t)sizeof *c_gpu, &e);
+    CHECK(rt_gpu_sgemm_batched(g, q->ta, q->tb, q->m, q->n, q->k, q->alpha, da, q->lda, q->sa, db, q->ldb, q->sb, q->beta,
+                               dc, q->ldc, q->sc, q->batch, &e) == RT_OK,
+          "%s: gpu: %s", label, e.msg);
+    rt_gpu_download(g, c_gpu, dc, nc * (int64_t)sizeof *c_gpu, &e);
+    double worst = 0;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < nc; i++) {
+        double x = c_cpu[i], y = c_gpu[i];
+        if (isnan(x) || isnan(y)) {
+            if (isnan(x) != isnan(y)) bad = i;
+            continue;
+        }
+        double d = fabs(x - y) / (fabs(x) > 1 ? fabs(x) : 1);
+        if (d > worst) worst = d;
+    }
+    CHECK(bad < 0 && worst < 1e-5, "%s: C differs from the CPU's (NaN mismatch at %lld, worst relative difference %g)", label,
+          (long long)bad, worst);
+    rt_gpu_free(g, da);
+    rt_gpu_free(g, db);
+    rt_gpu_free(g, dc);
+    free(a), free(b), free(c_cpu), free(c_gpu);
+}
+
+static void fake_gemm_matches_cpu(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    char label[128];
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int64_t m = 5, n = 7, k = 3, lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 1, ldc = n + 3;
+            Gemm one = {ta, tb, m, n, k, lda, ldb, ldc, 0, 0, 0, 1, 1.5f, 0.5f};
+            snprintf(label, sizeof label, "%c%c one", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &one, 0, label);
+            int64_t sa = (ta ? k : m) * lda + 4, sb = (tb ? n : k) * ldb + 2, sc = m * ldc + 5;
+            Gemm batched = {ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc, 3, 1.0f, 0.0f};
+            snprintf(label, sizeof label, "%c%c batched, beta 0 over NaN", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &batched, 1, label);
+            Gemm broadcast = batched;
+            broadcast.sb = 0;
+            broadcast.beta = -1.0f;
+            snprintf(label, sizeof label, "%c%c batched, B broadcast", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &broadcast, 0, label);
+        }
+    /* k = 0: C = beta C, padding untouched, contiguous and strided batches */
+    Gemm k0 = {0, 0, 3, 4, 0, 1, 4, 6, 0, 0, 18, 2, 1.0f, 0.0f};
+    gemm_compare(g, &k0, 1, "k 0, beta 0 over NaN");
+    k0.beta = 2.0f;
+    gemm_compare(g, &k0, 0, "k 0, beta 2");
+    k0.sc = 25;
+    gemm_compare(g, &k0, 0, "k 0, beta 2, strided batch");
+    k0.beta = 0.0f;
+    gemm_compare(g, &k0, 1, "k 0, beta 0, strided batch");
+    k0.beta = 1.0f;
+    gemm_compare(g, &k0, 0, "k 0, beta 1");
+    rt_gpu_close(g);
+    CHECK(fake->live_allocs == 0, "%d device allocations left after close", fake->live_allocs);
+}
+
+static void fake_gemm_plans(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    RtError e;
+    void *a = NULL, *b = NULL, *c = NULL;
+    rt_gpu_alloc(g, &a, 4096, "a", &e);
+    rt_gpu_alloc(g, &b, 4096, "b", &e);
+    rt_gpu_alloc(g, &c, 4096, "c", &e);
+    const float *fa = a, *fb = b;
+    float *fc = c;
+    for (int i = 0; i < 3; i++)
+        CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, &e) == RT_OK, "gemm: %s", e.msg);
+    CHECK(fake->heuristics == 1 && fake->matmuls == 3, "3 equal GEMMs: %d heuristic queries, %d matmuls", fake->heuristics,
+          fake->matmuls);
+    CHECK(fake->last_align[0] == 256 && fake->last_align[1] == 256 && fake->last_align[2] == 256, "aligned: %u %u %u",
+          fake->last_align[0], fake->last_align[1], fake->last_align[2]);
+    /* A one float in: 4-byte aligned; a batch stride of 6 floats for B: 8 bytes (cuBLASLt's A is our B) */
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa + 1, 6, 24, fb, 6, 30, 0, fc, 5, 20, 2, &e) == RT_OK, "gemm: %s", e.msg);
+    CHECK(fake->heuristics == 2, "a new shape made no new plan");
+    CHECK(fake->last_align[0] == 8 && fake->last_align[1] == 4 && fake->last_align[2] == 16 && fake->last_align[3] == 16,
+          "alignments %u %u %u %u, want 8 4 16 16", fake->last_align[0], fake->last_align[1], fake->last_align[2],
+          fake->last_align[3]);
+    /* one matrix: the strides do not matter */
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 99, fb, 6, 77, 0, fc, 5, 55, 1, &e) == RT_OK, "gemm: %s", e.msg);
+    CHECK(fake->heuristics == 2, "strides of a batch of one made a new plan");
+    fake->no_algo = 1;
+    CHECK(rt_gpu_sgemm_batched(g, 1, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, &e) == RT_ERR_IO, "no algorithm accepted");
+    CHECK_STR(e.msg, "cublasLtMatmulAlgoGetHeuristic (sgemm TT 4x5x6): no algorithm for this shape and alignment", "no algorithm");
+    CHECK(rt_gpu_sgemm_batched(g, 0, 0, -1, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, &e) == RT_ERR_ARG, "negative m");
+    CHECK_STR(e.msg, "sgemm: negative size (m -1, n 5, k 6, batch 1)", "the CPU's argument checks");
+    rt_gpu_free(g, a);
+    rt_gpu_free(g, b);
+    rt_gpu_free(g, c);
+    rt_gpu_close(g);
+    CHECK(fake->live_allocs == 0, "%d device allocations left after close", fake->live_allocs);
+}
+
+/* ---- timing -------------------------------------------------------------------------------------- */
+
+static void fake_timing_and_trace(void) {
+    FakeControl *fake = use_fake();
+    dir_make();
+    setenv("MBT_DEBUG", "1", 1);
+    setenv("MBT_TRACE", at("trace.json"), 1);
+    RtGpu *g = NULL;
+    RtError e;
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_CUDA, NULL, &e) == RT_OK, "open: %s", e.msg);
+    if (!g) return;
+    void *y = NULL, *a = NULL;
+    rt_gpu_alloc(g, &y, 4096, "y", &e);
+    rt_gpu_alloc(g, &a, 4096, "a", &e);
+    void *bufs[] = {y};
+    rt_gpu_launch(g, 0, bufs, &e);
+    rt_gpu_launch(g, 0, bufs, &e);
+    rt_gpu_axpy(g, y, a, 1, 16, &e);
+    rt_gpu_sgemm_batched(g, 0, 0, 5, 7, 3, 1, a, 3, 0, a, 7, 0, 0, y, 7, 0, 1, &e);
+    CHECK(rt_gpu_launch(g, 1, NULL, &e) == RT_ERR_IO, "fake_fail launched"); /* a failed launch is not timed */
+    CHECK(rt_gpu_sync(g, "step", &e) == RT_OK, "sync: %s", e.msg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    rt_gpu_print_timing(f, g);
+    fclose(f);
+    char want[PATH_MAX + 1024];
+    snprintf(want, sizeof want,
+             "GPU time by kernel and GEMM: 4 calls, 3500.0 us\n"
+             "     calls       total us      mean us   share  name\n"
+             "         1         2000.0      2000.00   57.1%%  sgemm NN 5x7x3\n"
+             "         2         1000.0       500.00   28.6%%  fake_fill7\n"
+             "         1          500.0       500.00   14.3%%  mbt_rt_axpy\n"
+             "GPU trace: %s (4 events)\n",
+             at("trace.json"));
+    CHECK_STR(text, want, "timing table");
+    free(text);
+    /* after the wait: times continue from the new anchor */
+    rt_gpu_launch(g, 0, bufs, &e);
+    rt_gpu_free(g, y);
+    rt_gpu_free(g, a);
+    rt_gpu_close(g);
+    (void)fake;
+    text = slurp(at("trace.json"), NULL);
+    CHECK_STR(text,
+              "{\"traceEvents\":[\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":0.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":500.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"mbt_rt_axpy\",\"ph\":\"X\",\"ts\":1000.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"sgemm NN 5x7x3\",\"ph\":\"X\",\"ts\":1500.000,\"dur\":2000.000,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":3500.000,\"dur\":500.000,\"pid\":0,\"tid\":0}\n"
+              "]}\n",
+              "trace written at close");
+    free(text);
+    dir_remove();
+}
+
+static void fake_timing_off(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    RtError e;
+    void *y = NULL;
+    rt_gpu_alloc(g, &y, 4096, "y", &e);
+    void *bufs[] = {y};
+    rt_gpu_launch(g, 0, bufs, &e);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    rt_gpu_print_timing(f, g);
+    fclose(f);
+    CHECK(len == 0, "timing printed without MBT_DEBUG: %s", text);
+    free(text);
+    CHECK(fake->launches == 1, "%d launches", fake->launches);
+    rt_gpu_free(g, y);
+    rt_gpu_close(g);
+}
+
+/* ==== main ========================================================================================== */
+
+int main(int argc, char **argv) {
+    (void)argc;
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(self, '/');
+    snprintf(fake_path, sizeof fake_path, "%.*s/libmbt_fake_cuda.so", slash ? (int)(slash - self) : 1, slash ? self : ".");
+    (void)argv;
+
+    RUN(no_driver);
+    RUN(cpu_loads_no_library);
+    RUN(not_a_driver);
+    if (file_exists(STUB_DRIVER)) {
+        RUN(stub_driver);
+        RUN(real_cublaslt);
+    } else {
+        printf("note: %s is not installed: stub_driver and real_cublaslt not run\n", STUB_DRIVER);
+    }
+    RUN(cache_dir_rules);
+    RUN(cache_file_names);
+    RUN(byte_sizes);
+    RUN(stats_sum_and_sort);
+    RUN(stats_many_names);
+    RUN(trace_json);
+    RUN(fake_cubin_module);
+    RUN(fake_ptx_and_cache);
+    RUN(fake_no_image);
+    RUN(fake_open_errors);
+    RUN(fake_memory_and_kernels);
+    RUN(fake_gemm_matches_cpu);
+    RUN(fake_gemm_plans);
+    RUN(fake_timing_and_trace);
+    RUN(fake_timing_off);
+    return unit_finish();
+}
