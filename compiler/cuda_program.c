@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "diag.h"
+#include "rt_kernels_cu.h" /* mbt_rt_kernels_cu: runtime/kernels/rt_kernels.cu as a string (the Makefile makes it) */
 
 /* ---- the translation unit ------------------------------------------------------------------- */
 
@@ -79,6 +80,8 @@ CudaProgram *cuda_program_build(const CudaSchedule *s, int n, Arena *ar) {
         fprintf(alone, "\n%s", text);
         p->kernel_source[k] = cuda_capture(alone, &pbuf, &plen, ar);
     }
+    /* the runtime's own kernels (gradient accumulation, scaling, the norm's sums), in every module */
+    fprintf(tu, "\n%s", mbt_rt_kernels_cu);
     p->source = cuda_capture(tu, &buf, &len, ar);
     return p;
 }

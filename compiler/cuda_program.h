@@ -35,7 +35,8 @@ typedef struct CudaProgram {
 /* The function kernel k is launched as: its own, or that of the kernel with the same code. */
 const char *cuda_program_function(const CudaProgram *p, int k);
 
-/* Generates the program's CUDA C: the kernels of s[0..n) in order. A kernel
+/* Generates the program's CUDA C: the kernels of s[0..n) in order, then the runtime's own
+ * (runtime/kernels/rt_kernels.cu: mbt_rt_axpy, mbt_rt_scale, mbt_rt_sumsq_blocks). A kernel
  * whose function is the same as an earlier one's but for its name (a layer's kernels, once per
  * layer) is not emitted again: its comment names the function it is launched as (same_as), so
  * NVRTC compiles each distinct kernel once. */

@@ -58,6 +58,7 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
     int64_t tokens = p->train.micro * p->train.seq;
     if (p->logits_seq > tokens) tokens = p->logits_seq;
     RtStatus st = rt_gpu_open(&e->gpu, p->gpu, want, &e->cpu_reason, err);
+    if (st != RT_OK && want == RT_DEVICE_CUDA) rt_error_context(err, "--device cuda");
     if (st == RT_OK) st = rt_pool_create(&e->pool, threads, err);
     if (st == RT_OK) st = rt_alloc_region((void **)&e->params, p->param_floats * 4, "parameter region", err);
     if (st == RT_OK) st = rt_alloc_region((void **)&e->grads, p->param_floats * 4, "gradient region", err);
@@ -188,10 +189,10 @@ static void rt_grad_zero(void *ctx, int64_t begin, int64_t end, int worker) {
     memset(j->g + b, 0, (size_t)(e - b) * sizeof *j->g);
 }
 
-int64_t rt_exec_grad_blocks(const RtExec *e) { return (e->prog->param_floats + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK; }
+int64_t rt_exec_grad_blocks(const RtProgram *p) { return (p->param_floats + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK; }
 
 RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *err) {
-    int64_t n = e->prog->param_floats, nblocks = rt_exec_grad_blocks(e);
+    int64_t n = e->prog->param_floats, nblocks = rt_exec_grad_blocks(e->prog);
     if (e->gpu) {
         RtStatus st = rt_gpu_sumsq_blocks(e->gpu, e->d_grads, n, RT_GRAD_BLOCK, partial, err);
         if (st != RT_OK) return st;
@@ -208,13 +209,13 @@ RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *er
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err) {
     if (e->gpu) return rt_gpu_scale(e->gpu, e->d_grads, scale, e->prog->param_floats, err);
     RtGradJob j = {e->grads, e->prog->param_floats, NULL, scale};
-    rt_parallel_for(e->pool, rt_exec_grad_blocks(e), rt_grad_scale, &j);
+    rt_parallel_for(e->pool, rt_exec_grad_blocks(e->prog), rt_grad_scale, &j);
     return RT_OK;
 }
 
 RtStatus rt_exec_grad_zero(RtExec *e, RtError *err) {
     if (e->gpu) return rt_gpu_zero(e->gpu, e->d_grads, e->prog->param_floats * 4, err);
     RtGradJob j = {e->grads, e->prog->param_floats, NULL, 0};
-    rt_parallel_for(e->pool, rt_exec_grad_blocks(e), rt_grad_zero, &j);
+    rt_parallel_for(e->pool, rt_exec_grad_blocks(e->prog), rt_grad_zero, &j);
     return RT_OK;
 }

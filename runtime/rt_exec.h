@@ -110,7 +110,7 @@ RtStatus rt_exec_call(RtExec *e, RtExecFn fn, RtStep *s);     /* the running dev
  * sum never depends on the thread count), each in double, then the blocks in order; partial holds
  * rt_exec_grad_blocks of them. */
 #define RT_GRAD_BLOCK 16384
-int64_t rt_exec_grad_blocks(const RtExec *e);
+int64_t rt_exec_grad_blocks(const RtProgram *p);
 RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *err);
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err);
 RtStatus rt_exec_grad_zero(RtExec *e, RtError *err);

@@ -383,7 +383,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         if (st != RT_OK) rt_error_context(&e, "initialising the optimizer state");
     }
     if (st == RT_OK) st = rt_exec_push(&x, &e);
-    int64_t nblocks = rt_exec_grad_blocks(&x);
+    int64_t nblocks = rt_exec_grad_blocks(p);
     if (st == RT_OK) {
         partial = calloc(nblocks > 0 ? (size_t)nblocks : 1, sizeof *partial);
         if (!partial) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the gradient-norm blocks");
