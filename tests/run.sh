@@ -69,8 +69,13 @@ mkdir -p "$TMP" || exit 2
 # tests build is compiled by NVRTC once a run, and the cache itself is tested (run_cuda_embed).
 export MBT_CACHE_DIR="$BUILD/tmp/cache"
 rm -rf "$MBT_CACHE_DIR"
-# Where NVRTC is missing, executables are built for the CPU alone without mbtc's warning saying so.
-if ! "$BUILD/mbtc" --emit=ptx --cuda-arch=sm_80 tests/golden/mlp.mbt >/dev/null 2>&1; then export MBT_CUDA_ARCH=none; fi
+# Executables are built for the CPU alone (MBT_CUDA_ARCH=none: no NVRTC, which keeps the layers
+# that build many executables fast) except where a test gives --cuda-arch: exec/example (every
+# example's CUDA side, CUDA_ARCHS), cuda/embed and exec/emit-program. Where NVRTC is missing,
+# CUDA_ARCHS is none too (then mbtc would warn that it builds for the CPU alone).
+export MBT_CUDA_ARCH=none
+CUDA_ARCHS=sm_80,sm_90
+"$BUILD/mbtc" --emit=ptx --cuda-arch=sm_80 tests/golden/mlp.mbt >/dev/null 2>&1 || CUDA_ARCHS=none
 
 PASSED=0
 FAILED=0
@@ -511,14 +516,17 @@ run_exec() {
         held_out_below exec/tiny-beats-bigram-bound "$dir/tiny" "$dir/d" "$bigram" "below the bigram bound $bigram" --steps 150
     else fail exec/tiny-beats-bigram-bound "mbtc -o examples/tiny.mbt failed" "$out"; fi
 
-    # --emit=program prints what -o compiles: the step functions, each launch annotated with its
-    # op and source line (mlp's first GEMM is fc1's matmul, nn.mbt's Linear)
-    if "$mbtc" examples/mlp.mbt --emit=program >"$dir/program.ll" 2>"$out" \
+    # --emit=program prints what -o compiles: the step functions for the CPU and the GPU, each
+    # launch annotated with its op and source line (mlp's first GEMM is fc1's matmul, nn.mbt's
+    # Linear; its first kernel is launched by forward_backward and forward_loss on each device)
+    if "$mbtc" examples/mlp.mbt --emit=program --cuda-arch=sm_80,sm_90 >"$dir/program.ll" 2>"$out" \
         && grep -q '^define internal i32 @forward_backward' "$dir/program.ll" \
         && grep -q '^define internal i32 @forward_logits' "$dir/program.ll" \
-        && grep -q '^@mbt_program = ' "$dir/program.ll" \
+        && grep -q '^define internal i32 @gpu.forward_backward' "$dir/program.ll" \
+        && grep -q '^  %step_k0_gather. = call i32 @rt_gpu_launch(ptr %gpu, i32 0, ' "$dir/program.ll" \
+        && grep -q '^@mbt_program = .* ptr @mbt.gpu }$' "$dir/program.ll" \
         && grep -q '^  ; GEMM 2048x256x64 into %[0-9]* matmul nn.mbt:[0-9]*:[0-9]*$' "$dir/program.ll" \
-        && [ "$(grep -c '^  ; kernel step_k0_gather: %[0-9]* gather nn.mbt' "$dir/program.ll")" = 2 ]; then
+        && [ "$(grep -c '^  ; kernel step_k0_gather: %[0-9]* gather nn.mbt' "$dir/program.ll")" = 4 ]; then
         pass exec/emit-program
     else fail exec/emit-program "--emit=program lacks the step functions, the descriptor or a launch's annotation" "$out"; fi
 }
@@ -695,14 +703,15 @@ run_exec_examples() {
         while read -r t kind; do
             out="$dir/$ex-$t.out"
             start=$(now_ns)
-            if ! { timeout 300 "$mbtc" "$f" --train "$t" -o "$dir/$ex-$t" </dev/null >"$out" 2>&1; } 2>>"$out"; then
+            if ! { timeout 300 "$mbtc" "$f" --train "$t" --cuda-arch="$CUDA_ARCHS" -o "$dir/$ex-$t" </dev/null >"$out" 2>&1; } 2>>"$out"; then
                 fail "exec/example/$ex-$t" "mbtc $f --train $t -o failed" "$out"
                 continue
             fi
             bt=$(secs "$start")
             # --help runs after the descriptor check (a bad descriptor is exit 2) and names the block
-            if ! "$dir/$ex-$t" --help </dev/null >"$out" 2>&1 || ! grep -q "train block '$t'" "$out"; then
-                fail "exec/example/$ex-$t" "the executable's --help fails or does not name train block '$t'" "$out"
+            if ! "$dir/$ex-$t" --help </dev/null >"$out" 2>&1 || ! grep -q "train block '$t'" "$out" \
+                || { [ "$CUDA_ARCHS" != none ] && ! grep -q '^For the GPU: [0-9]* kernels; cubins sm_80, sm_90; PTX compute_90' "$out"; }; then
+                fail "exec/example/$ex-$t" "the executable's --help fails, does not name train block '$t' or lists no GPU images" "$out"
                 rm -f "$dir/$ex-$t"
                 continue
             fi
@@ -1054,9 +1063,9 @@ run_cuda_embed() {
     rm -rf "$dir"
     mkdir -p "$dir"
     out="$dir/out"
-    if ! "$mbtc" examples/mlp.mbt -o "$dir/mlp" >"$out" 2>&1 || [ -s "$out" ] \
-        || ! "$mbtc" --emit=cuda --dump-dir "$dir/dump" examples/mlp.mbt >/dev/null 2>"$out" \
-        || ! MBT_CACHE_DIR=off "$mbtc" --emit=cuda --dump-dir "$dir/dump-nocache" examples/mlp.mbt >/dev/null 2>"$out"; then
+    if ! "$mbtc" examples/mlp.mbt --cuda-arch=sm_80,sm_90 -o "$dir/mlp" >"$out" 2>&1 || [ -s "$out" ] \
+        || ! "$mbtc" --emit=cuda --cuda-arch=sm_80,sm_90 --dump-dir "$dir/dump" examples/mlp.mbt >/dev/null 2>"$out" \
+        || ! MBT_CACHE_DIR=off "$mbtc" --emit=cuda --cuda-arch=sm_80,sm_90 --dump-dir "$dir/dump-nocache" examples/mlp.mbt >/dev/null 2>"$out"; then
         fail cuda/embed "mbtc -o or --dump-dir of examples/mlp.mbt failed (or printed)" "$out"
         return
     fi
