@@ -239,12 +239,21 @@ def load_safetensors(path):
 def save_safetensors(path, tensors, metadata=None, dtype="F32"):
     """Writes {name: float tensor} as F32 safetensors (names sorted, header padded to 8 bytes), a
     file mbt programs read with --init-weights. dtype="F16" or "BF16" rounds every tensor to that
-    type (to nearest, ties to even) instead, as Hugging Face's half-precision checkpoints are."""
+    type (to nearest, ties to even) instead, as Hugging Face's half-precision checkpoints are.
+    Integer tensors are written as I32 whatever dtype says (a step dump's batch:x, batch:y)."""
     header, blobs, off = {}, [], 0
     if metadata:
         header["__metadata__"] = dict(metadata)
     for name in sorted(tensors):
-        t = tensors[name].detach().to(torch.float32).contiguous().cpu()
+        t = tensors[name].detach()
+        if not t.is_floating_point():
+            a = t.to(torch.int32).contiguous().cpu().numpy()
+            b = a.tobytes()
+            header[name] = {"dtype": "I32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+            blobs.append(b)
+            off += len(b)
+            continue
+        t = t.to(torch.float32).contiguous().cpu()
         if dtype == "F32":
             a = t.numpy()
         elif dtype == "F16":
