@@ -300,7 +300,7 @@ def gpu_present():
     return True, first
 
 
-def torch_info(device):
+def torch_info(python, device):
     """PyTorch's version, its CUDA version, whether it sees the device, has torch.compile and a
     fused AdamW for it (the GPU's only)."""
     cuda = device.startswith("cuda")
@@ -312,9 +312,9 @@ def torch_info(device):
         "    compile=hasattr(torch, 'compile'),",
         "    fused=cuda and 'fused' in inspect.signature(torch.optim.AdamW).parameters,",
         "    device=(torch.cuda.get_device_name(0) if ok else None) if cuda else 'cpu')))"])
-    p = subprocess.run([PYTHON, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
-        return None, p.stdout.strip().splitlines()[-1] if p.stdout.strip() else f"{PYTHON} failed"
+        return None, p.stdout.strip().splitlines()[-1] if p.stdout.strip() else f"{python} failed"
     return json.loads(p.stdout.strip().splitlines()[-1]), None
 
 
@@ -340,7 +340,7 @@ def variant_source(case, batch, seq, work):
 
 def torch_cmd(case, mode, args, data, init, log, B, T, g):
     """bench/torch_gpt.py's training run for a torch-* mode."""
-    cmd = [PYTHON, TORCH_GPT, "train", "--config", case["config"], "--threads", str(cpu_bench.cpu_count()),
+    cmd = [args.python, TORCH_GPT, "train", "--config", case["config"], "--threads", str(cpu_bench.cpu_count()),
            "--steps", str(args.steps), "--batch", str(B), "--seq", str(T), "--global", str(g),
            "--lr", repr(case["lr"]), "--beta1", repr(case["betas"][0]), "--beta2", repr(case["betas"][1]),
            "--weight-decay", repr(case["weight_decay"]), "--data", data, "--init-weights", init, "--log", log,
@@ -419,13 +419,13 @@ def bench(a):
             say(f"SKIP: no GPU ({gpu})")
             return 0
         a.device = "cuda"
-    tinfo, terr = torch_info(a.device) if any(m.startswith("torch") for m in modes) else (None, "not asked for")
+    tinfo, terr = torch_info(a.python, a.device) if any(m.startswith("torch") for m in modes) else (None, "not asked for")
     peak = None
     if a.peak_f32 and a.peak_bf16:
         peak = ("--peak-f32/--peak-bf16", a.peak_f32, a.peak_bf16)
     elif not a.device_for_testing:
         peak = peak_for(gpu)
-    machine = dict(host=socket.gethostname(), gpu=gpu, cpu=cpu_bench.cpu_model(), torch=tinfo, python=PYTHON)
+    machine = dict(host=socket.gethostname(), gpu=gpu, cpu=cpu_bench.cpu_model(), torch=tinfo, python=a.python)
     say(f"mbt GPU benchmark: {gpu}; torch {tinfo['version'] + ' (CUDA ' + str(tinfo['cuda']) + ')' if tinfo else terr}; "
         f"commit {cpu_bench.git_commit()}")
     say("peak used for MFU: " + (f"{peak[0]}: f32 {peak[1]} TFLOPS (FP32, not TF32), bf16 {peak[2]} TFLOPS (dense)"
@@ -463,7 +463,7 @@ def bench(a):
     for m in modes:
         if m.startswith("torch"):
             if tinfo is None:
-                unavailable[m] = f"{PYTHON} cannot import torch: {terr}"
+                unavailable[m] = f"{a.python} cannot import torch: {terr}"
             elif not tinfo["available"]:
                 unavailable[m] = f"torch {tinfo['version']} sees no GPU (torch.cuda.is_available() is False)"
             elif m.endswith("-compile") and not tinfo["compile"]:
@@ -483,7 +483,7 @@ def bench(a):
         if p.returncode != 0 or not m:
             raise SystemExit(f"bench: the self-check's mbt eval failed:\n{p.stdout[-2000:]}")
         mbt_loss = float(m.group(1))
-        out, _, _ = cpu_bench.run_measured([PYTHON, TORCH_GPT, "check", "--config", case["config"], "--weights", init,
+        out, _, _ = cpu_bench.run_measured([a.python, TORCH_GPT, "check", "--config", case["config"], "--weights", init,
                                             "--data", data, "--batch", str(g), "--seq", str(T), "--device", a.device])
         torch_loss = float(re.search(r"torch loss ([0-9.]+)", out).group(1))
         check = dict(mbt=mbt_loss, torch=torch_loss, diff=abs(torch_loss - mbt_loss))
@@ -491,6 +491,8 @@ def bench(a):
             f"torch {torch_loss:.6f}, |difference| {check['diff']:.1e} (tolerance 1e-5)")
         if check["diff"] > 1e-5:
             raise SystemExit("bench: the PyTorch model does not compute what the mbt program computes")
+    elif not a.no_check:
+        say("  self-check: not run (it needs both mbt and PyTorch running on the device)")
 
     # the rounds
     runs = {m: [] for m in modes if m not in unavailable}
@@ -540,7 +542,7 @@ def bench(a):
         kernels_report = kernel_report(a, mbtc, source, case["include"] + include, prog, data, init, work, name)
     copy = None
     if tinfo and tinfo["available"] and not a.no_copy:
-        p = subprocess.run([PYTHON, os.path.abspath(__file__), "copy", "--device", a.device, "--bytes",
+        p = subprocess.run([a.python, os.path.abspath(__file__), "copy", "--device", a.device, "--bytes",
                             str(a.copy_bytes)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if p.returncode == 0:
             copy = json.loads(p.stdout.strip().splitlines()[-1])
@@ -703,6 +705,9 @@ def main(argv):
     ap.add_argument("--steps", type=int, default=25, help="steps a run, warm-up included (default 25)")
     ap.add_argument("--warmup", type=int, default=5, help="warm-up steps not timed (default 5; compilation happens there)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
+    ap.add_argument("--python", default=PYTHON,
+                    help=f"the Python whose PyTorch runs the torch side and the copy (default {PYTHON}, Debian's; "
+                         "on a GPU machine one whose torch has CUDA)")
     ap.add_argument("--torch-adamw", choices=["fused", "foreach", "single"], default="fused",
                     help="PyTorch's AdamW implementation (default fused)")
     ap.add_argument("--peak-f32", type=float, default=0.0, help="FP32 peak TFLOPS for MFU (with --peak-bf16)")
