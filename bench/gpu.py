@@ -4,6 +4,7 @@ against PyTorch on the same GPU (docs/bench.md, "On a GPU").
 
     /usr/bin/python3 bench/gpu.py [--build build] [--rounds 3] [--steps 25] [--warmup 5]
                                   [--batch 4] [--seq 64] [--modes mbt,torch-f32,...] [--out F.json]
+                                  [--python PYTHON_WITH_CUDA_TORCH]
     /usr/bin/python3 bench/gpu.py --self-test        # the arithmetic and parsers, on any machine
 
 Without a GPU (`nvidia-smi -L` fails or lists none) it prints `SKIP: no GPU (why)` and exits 0.
