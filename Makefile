@@ -8,6 +8,10 @@
 #                     FUZZ_TARGET=safetensors fuzzes the safetensors reader instead)
 #   make bench        CPU training step time against PyTorch (docs/bench.md; not part of make test;
 #                     BENCH_ARGS="--rounds 5 --threads 4 --cases tiny" passes options to bench/run.py)
+#   make test-gpu     the training step with --device cuda against the CPU's, reruns, MBT_DEBUG and
+#                     MBT_TRACE (tests/gpu/run.sh, docs/testing.md; prints SKIP without a GPU)
+#   make bench-gpu    GPT-2 124M on one GPU: mbt against PyTorch eager/compiled, f32/bf16, MFU
+#                     (bench/gpu.py, docs/bench.md; SKIP without a GPU; BENCH_GPU_ARGS passes options)
 #   make asan         build a copy with AddressSanitizer + UBSan in build/asan
 #   make clean
 #
@@ -67,7 +71,7 @@ LIB_OBJS    += $(LLVM_OBJS) $(BUILD)/obj/host.o $(BUILD)/obj/host_abi.o $(BUILD)
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
-.PHONY: all demo test test-quick unit asan fuzz fuzz-build bench clean deps deps-test
+.PHONY: all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu clean deps deps-test
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/mbtc
@@ -287,6 +291,12 @@ test: deps-test
 test-quick: all unit
 	@MBT_QUICK=1 tests/run.sh $(BUILD)
 
+# The GPU's training step against the CPU's (docs/testing.md, "The GPU tests"); without a GPU it
+# prints SKIP and `0 passed, 0 failed`. Not part of `make test`.
+test-gpu: deps-test
+	@$(MAKE) --no-print-directory all
+	@tests/gpu/run.sh $(BUILD)
+
 demo: all
 	@tools/demo.sh $(BUILD)
 
@@ -298,6 +308,12 @@ bench: all
 	@tools/deps.sh bench
 	@/usr/bin/python3 bench/run.py --build $(BUILD) $(BENCH_ARGS)
 	@/usr/bin/python3 bench/ckpt.py --build $(BUILD)
+
+# On a GPU (docs/bench.md, "On a GPU"): PyTorch with CUDA is the --python bench/gpu.py is given
+# (BENCH_GPU_ARGS="--python /path/to/python --batch 16 --seq 1024"); without a GPU it prints SKIP.
+BENCH_GPU_ARGS ?=
+bench-gpu: all
+	@/usr/bin/python3 bench/gpu.py --build $(BUILD) $(BENCH_GPU_ARGS)
 
 clean:
 	rm -rf $(BUILD)

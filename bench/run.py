@@ -143,6 +143,47 @@ def git_commit():
         return "unknown"
 
 
+def build_program(mbtc, source, include, prog):
+    """Compiles `source` (relative to the repository) into the executable `prog` with mbtc and
+    `include` (["-I", DIR] ...); returns the compile time in seconds. Stops the benchmark when
+    mbtc fails."""
+    t0 = time.monotonic()
+    p = subprocess.run([mbtc, *include, os.path.join(ROOT, source), "-o", prog], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    compile_s = time.monotonic() - t0
+    if p.returncode != 0:
+        say(p.stdout)
+        raise SystemExit(f"bench: mbtc failed on {source}")
+    say(f"  compile: mbtc {source} -o {os.path.relpath(prog, ROOT)}: {compile_s:.2f} s")
+    return compile_s
+
+
+def make_data(gendata, gendata_args, data_dir, name):
+    """mbt-gendata's corpus DATA_DIR/NAME_train.bin, made with `gendata_args` unless it exists;
+    returns its path."""
+    data = os.path.join(data_dir, f"{name}_train.bin")
+    if not os.path.exists(data):
+        os.makedirs(data_dir, exist_ok=True)
+        subprocess.run([gendata, *gendata_args, "--out-dir", data_dir, "--name", name], check=True,
+                       stdout=subprocess.DEVNULL)
+    return data
+
+
+def save_initial_weights(prog, data, init, case, extra=()):
+    """Writes the program's freshly initialised weights to `init` (`train --steps 0
+    --save-weights`), which both sides then start from, and checks the program's banner against
+    the case's batch (micro, seq, global). Returns (global, seq, micro)."""
+    out, _, _ = run_measured([prog, "train", "--steps", "0", *extra, "--data", data, "--save-weights", init])
+    m = re.search(r"(\d+) steps of (\d+) sequences x (\d+) tokens \(micro-batch (\d+), accumulation (\d+)\)", out)
+    if not m:
+        raise SystemExit(f"bench: cannot read the program's banner:\n{out}")
+    g, T, B = int(m.group(2)), int(m.group(3)), int(m.group(4))
+    if (g, T, B) != (case["global_batch"], case["seq"], case["micro"]):
+        raise SystemExit(f"bench: {case['source']} trains global {g} x seq {T}, micro {B}, but the benchmark "
+                         f"expects {case['global_batch']} x {case['seq']}, micro {case['micro']}")
+    return g, T, B
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description="mbt vs PyTorch CPU training step time (docs/bench.md)")
     ap.add_argument("--build", default="build", help="the build directory (mbtc, mbt-gendata)")
@@ -200,33 +241,12 @@ def main(argv):
         say(f"== {name}: {c['source']} (micro {c['micro']} x seq {c['seq']}, global {c['global_batch']}, adamw), "
             f"{c['steps']} steps a run, {c['warmup']} warm-up")
 
-        # the program
+        # the program, its data, and the initial weights both sides start from
         prog = os.path.join(work, name)
-        t0 = time.monotonic()
-        p = subprocess.run([mbtc, *c["include"], os.path.join(ROOT, c["source"]), "-o", prog], cwd=ROOT,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        compile_s = time.monotonic() - t0
-        if p.returncode != 0:
-            say(p.stdout)
-            raise SystemExit(f"bench: mbtc failed on {c['source']}")
-        say(f"  compile: mbtc {c['source']} -o {os.path.relpath(prog, ROOT)}: {compile_s:.2f} s")
-
-        # the data
-        data = os.path.join(work, "data", f"{name}_train.bin")
-        if not os.path.exists(data):
-            subprocess.run([gendata, *c["gendata"], "--out-dir", os.path.join(work, "data"), "--name", name],
-                           check=True, stdout=subprocess.DEVNULL)
-        # the initial weights, which both sides start from
+        compile_s = build_program(mbtc, c["source"], c["include"], prog)
+        data = make_data(gendata, c["gendata"], os.path.join(work, "data"), name)
         init = os.path.join(work, f"{name}-init.safetensors")
-        out, _, _ = run_measured([prog, "train", "--steps", "0", "--threads", str(threads), "--data", data,
-                                  "--save-weights", init])
-        m = re.search(r"(\d+) steps of (\d+) sequences x (\d+) tokens \(micro-batch (\d+), accumulation (\d+)\)", out)
-        if not m:
-            raise SystemExit(f"bench: cannot read the program's banner:\n{out}")
-        g, T, B = int(m.group(2)), int(m.group(3)), int(m.group(4))
-        if (g, T, B) != (c["global_batch"], c["seq"], c["micro"]):
-            raise SystemExit(f"bench: {c['source']} trains global {g} x seq {T}, micro {B}, but the benchmark "
-                             f"expects {c['global_batch']} x {c['seq']}, micro {c['micro']}: update bench/run.py")
+        g, T, B = save_initial_weights(prog, data, init, c, ["--threads", str(threads)])
 
         check = None
         if not a.no_check:
@@ -234,8 +254,10 @@ def main(argv):
                                       "--threads", str(threads)])
             m = re.search(r"loss ([0-9.]+)", out)
             mbt_loss = float(m.group(1))
+            # eval's one step is a global batch: accumulation x micro sequences, whose mean loss is
+            # the mean over the g windows as one batch
             out, _, _ = run_measured([PYTHON, TORCH_GPT, "check", "--config", c["config"], "--weights", init,
-                                      "--data", data, "--batch", str(B), "--seq", str(T), "--expect",
+                                      "--data", data, "--batch", str(g), "--seq", str(T), "--expect",
                                       repr(mbt_loss), "--threads", str(threads)])
             m = re.search(r"torch loss ([0-9.]+)", out)
             check = dict(mbt=mbt_loss, torch=float(m.group(1)), diff=abs(float(m.group(1)) - mbt_loss))

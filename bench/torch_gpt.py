@@ -36,12 +36,14 @@ As a command (the self-check: same loss as the compiled program on the same weig
     /usr/bin/python3 bench/torch_gpt.py check --config tiny --weights w.safetensors \\
         --data data/tiny_train.bin --batch 8 --seq 64 [--expect 4.158883 --tol 1e-5]
 
-and the PyTorch half of the benchmark (bench/run.py drives it):
+and the PyTorch half of the benchmarks (bench/run.py drives it on the CPU; bench/gpu.py on a GPU
+adds `--device cuda`, `--precision bf16`, `--compile` and `--fused`):
 
     /usr/bin/python3 bench/torch_gpt.py train --config tiny --threads 2 --steps 13 --batch 8 \\
         --seq 64 --global 32 --lr 1e-3 --weight-decay 0.1 --data data/tiny_train.bin --log t.jsonl
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -239,12 +241,21 @@ def load_safetensors(path):
 def save_safetensors(path, tensors, metadata=None, dtype="F32"):
     """Writes {name: float tensor} as F32 safetensors (names sorted, header padded to 8 bytes), a
     file mbt programs read with --init-weights. dtype="F16" or "BF16" rounds every tensor to that
-    type (to nearest, ties to even) instead, as Hugging Face's half-precision checkpoints are."""
+    type (to nearest, ties to even) instead, as Hugging Face's half-precision checkpoints are.
+    Integer tensors are written as I32 whatever dtype says (a step dump's batch:x, batch:y)."""
     header, blobs, off = {}, [], 0
     if metadata:
         header["__metadata__"] = dict(metadata)
     for name in sorted(tensors):
-        t = tensors[name].detach().to(torch.float32).contiguous().cpu()
+        t = tensors[name].detach()
+        if not t.is_floating_point():
+            a = t.to(torch.int32).contiguous().cpu().numpy()
+            b = a.tobytes()
+            header[name] = {"dtype": "I32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+            blobs.append(b)
+            off += len(b)
+            continue
+        t = t.to(torch.float32).contiguous().cpu()
         if dtype == "F32":
             a = t.numpy()
         elif dtype == "F16":
@@ -311,17 +322,37 @@ def batch_at(tokens, B, T, window):
 # ---- the self-check ------------------------------------------------------------------------------
 
 
-def mbt_loss_on_batch(config, weights, data, B, T, window=0, dtype=torch.float32):
+def mbt_loss_on_batch(config, weights, data, B, T, window=0, dtype=torch.float32, device="cpu"):
     """The loss of the model `config` (a CONFIGS key or a dict of GPT's arguments) with the mbt
     weights file `weights` on windows window .. window+B-1 of the token file `data`: what
-    `./prog eval --weights W --data D --steps 1` computes for window 0."""
+    `./prog eval --weights W --data D --steps 1` computes for window 0. On a GPU in f32 without
+    TF32 (see use_device)."""
     cfg = CONFIGS[config] if isinstance(config, str) else config
+    use_device(device, tf32=False)
     model = GPT(**cfg)
     load_mbt_weights(model, weights)
-    model = model.to(dtype)
+    model = model.to(dtype).to(device)
     x, y = batch_at(read_tokens(data), B, T, window)
     with torch.no_grad():
-        return float(model.loss(x, y))
+        return float(model.loss(x.to(device), y.to(device)))
+
+
+def use_device(device, tf32=False):
+    """The torch.device for `device` ("cpu", "cuda", "cuda:1"); on a GPU, TF32 for matmuls and
+    convolutions on or off (off: f32 GEMMs are computed in f32, as mbt's are)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"torch {torch.__version__}: --device {device}, but torch.cuda.is_available() is False")
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    return dev
+
+
+def sync(dev):
+    """Waits for the GPU's queued work (a no-op on the CPU): before reading a step's clock."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 # ---- the benchmark's PyTorch side ----------------------------------------------------------------
@@ -341,15 +372,29 @@ def train(args):
     """Trains `args.steps` optimizer steps the way an mbt program's train loop does (accumulation
     of global / micro micro-batches, each loss scaled by 1 / accumulation, AdamW with decoupled
     weight decay on every parameter, no clipping) and writes each step's wall time to a JSONL
-    log in the runtime's format: {"step", "loss", "ms", "tokens", "tokens_per_s"}."""
+    log in the runtime's format: {"step", "loss", "ms", "tokens", "tokens_per_s"} (and on a GPU
+    "max_mem_bytes", torch.cuda.max_memory_allocated). --device cuda runs it on a GPU (the step's
+    time then ends with torch.cuda.synchronize), --precision bf16 under torch.autocast(bfloat16)
+    with f32 weights and optimizer, --compile the loss function compiled with torch.compile,
+    --tf32 lets f32 GEMMs use TF32 (off by default: f32 as mbt computes it)."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    dev = use_device(args.device, tf32=args.tf32)
     model = GPT(**CONFIGS[args.config])
     if args.init_weights:
         load_mbt_weights(model, args.init_weights)
+    model.to(dev)
     model.train()
+    kw = dict(fused=True) if args.fused else dict(foreach=args.foreach)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), eps=1e-8,
-                            weight_decay=args.weight_decay, foreach=args.foreach)
+                            weight_decay=args.weight_decay, **kw)
+    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if args.precision == "bf16" \
+        else contextlib.nullcontext
+    loss_fn = model.loss
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            raise SystemExit(f"torch {torch.__version__} has no torch.compile (it came with 2.0)")
+        loss_fn = torch.compile(model.loss)
     tokens = read_tokens(args.data)
     B, T = args.batch, args.seq
     accum = args.global_batch // B
@@ -359,26 +404,35 @@ def train(args):
     log = open(args.log, "w") if args.log else None
     print(f"torch {torch.__version__}: {args.config}, {sum(p.numel() for p in model.parameters()):,} parameters; "
           f"{args.steps} steps of {args.global_batch} x {T} tokens (micro-batch {B}, accumulation {accum}); "
-          f"{torch.get_num_threads()} threads", flush=True)
+          f"{torch.get_num_threads()} threads; device {dev}, {args.precision}"
+          f"{' (TF32 on)' if args.tf32 and dev.type == 'cuda' else ''}{', compiled' if args.compile else ''}; "
+          f"AdamW {'fused' if args.fused else 'foreach' if args.foreach else 'single-tensor'}", flush=True)
     for step in range(args.steps):
         t0 = time.perf_counter()
         mult = cosine_lr(step, args.warmup, args.total) if args.cosine else 1.0
         for g in opt.param_groups:
             g["lr"] = args.lr * mult
-        total = 0.0
+        losses = []
         for _ in range(accum):
             if window + B > nwin:
                 window = 0
             x, y = batch_at(tokens, B, T, window)
             window += B
-            loss = model.loss(x, y)
+            with autocast():
+                loss = loss_fn(x.to(dev), y.to(dev))
             (loss / accum).backward()
-            total += loss.item() / accum
+            losses.append(loss.detach())
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync(dev)
         ms = (time.perf_counter() - t0) * 1e3
+        total = 0.0
+        for lm in losses:
+            total += lm.item() / accum
         rec = {"step": step + 1, "loss": total, "ms": ms, "tokens": tokens_per_step,
                "tokens_per_s": tokens_per_step / (ms / 1e3)}
+        if dev.type == "cuda":
+            rec["max_mem_bytes"] = torch.cuda.max_memory_allocated(dev)
         if log:
             log.write(json.dumps(rec) + "\n")
             log.flush()
@@ -402,6 +456,7 @@ def main(argv):
     c.add_argument("--expect", type=float, help="mbt's loss on the same batch")
     c.add_argument("--tol", type=float, default=1e-5, help="allowed |torch - expect| (default 1e-5)")
     c.add_argument("--threads", type=int, default=0)
+    c.add_argument("--device", default="cpu", help="cpu, or cuda (f32 without TF32)")
     t = sub.add_parser("train", help="the benchmark's PyTorch training run")
     t.add_argument("--config", choices=sorted(CONFIGS), required=True)
     t.add_argument("--threads", type=int, required=True)
@@ -417,6 +472,12 @@ def main(argv):
     t.add_argument("--warmup", type=int, default=0)
     t.add_argument("--total", type=int, default=1)
     t.add_argument("--foreach", action="store_true", help="AdamW's multi-tensor path (torch's default is off)")
+    t.add_argument("--fused", action="store_true", help="AdamW's fused kernels (torch >= 2.0, on a GPU)")
+    t.add_argument("--device", default="cpu", help="cpu (default), or cuda")
+    t.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                   help="bf16: the forward and loss under torch.autocast(bfloat16); weights and AdamW stay f32")
+    t.add_argument("--compile", action="store_true", help="torch.compile the loss function (torch >= 2.0)")
+    t.add_argument("--tf32", action="store_true", help="let f32 GEMMs on a GPU use TF32 (default off)")
     t.add_argument("--data", required=True)
     t.add_argument("--log")
     t.add_argument("--seed", type=int, default=1337)
@@ -426,7 +487,7 @@ def main(argv):
     if a.cmd == "check":
         if a.threads > 0:
             torch.set_num_threads(a.threads)
-        loss = mbt_loss_on_batch(a.config, a.weights, a.data, a.batch, a.seq, a.window)
+        loss = mbt_loss_on_batch(a.config, a.weights, a.data, a.batch, a.seq, a.window, device=a.device)
         if a.expect is None:
             print(f"torch loss {loss:.9f}")
             return 0

@@ -19,6 +19,12 @@ step against the same model written in PyTorch (bench/torch_gpt.py), in f32.
         roundings of the stored values (2 ulps: PyTorch stores p twice), relative to the largest
         step), and exits 1 when the loss
         differs by more than --loss-tol or a gradient or update by more than --grad-tol.
+
+    oracle.py step STEP.safetensors OUT.safetensors [--config tiny] [--betas B1 B2] [--eps E] [--weight-decay W]
+                   [--control-erf-gelu]
+        PyTorch's own step (its gradients, clipping and AdamW update) from STEP's weights and
+        batches, written as a step dump: an independent f32 implementation that
+        tests/gpu/selftest.sh compares with mbt's at the GPU harness's tolerances.
 """
 import argparse
 import json
@@ -63,41 +69,70 @@ def rel_error(a, b):
     return diff / scale if scale > 0 else diff
 
 
-def check(args):
-    meta = metadata(args.step)
-    dump = load_safetensors(args.step)
-    micro, accum, seq = int(meta["mbt.micro"]), int(meta["mbt.accum"]), int(meta["mbt.seq"])
-    mbt_loss, lr, clip = float(meta["mbt.loss"]), float(meta["mbt.lr"]), float(meta["mbt.clip"])
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+def torch_step(args, path):
+    """PyTorch's forward and backward of the step dump `path`'s micro-batches (each loss weighted
+    1 / accum, as the runtime does) from the weights it started from. Returns (dump, metadata,
+    model, {name: parameter}, {name: starting value}, loss, {name: gradient before clipping})."""
     if args.control_erf_gelu:
         # the control: GELU's exact form instead of the tanh approximation mbt's gelu computes
-        # (they differ by up to ~1e-3); the check must then fail
+        # (they differ by up to ~1e-3); a comparison with mbt's step must then fail
         torch_gpt.MLP.forward = lambda self, x: self.c_proj(torch.nn.functional.gelu(self.c_fc(x)))
+    meta = metadata(path)
+    dump = load_safetensors(path)
+    micro, accum, seq = int(meta["mbt.micro"]), int(meta["mbt.accum"]), int(meta["mbt.seq"])
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
     model = GPT(**CONFIGS[args.config])
-    load_mbt_weights(model, args.step)
+    load_mbt_weights(model, path)
     params = dict(model.named_parameters())
     start = {n: p.detach().clone() for n, p in params.items()}
     x, y = dump["batch:x"].long(), dump["batch:y"].long()
     assert x.shape == (micro * accum, seq), f"batch:x is {list(x.shape)}, expected [{micro * accum}, {seq}]"
-
     loss = 0.0
     for m in range(accum):
         rows = slice(m * micro, (m + 1) * micro)
         lm = model.loss(x[rows], y[rows])
         (lm / accum).backward()
         loss += lm.item() / accum
-    grads = {n: p.grad.detach().clone() for n, p in params.items()}  # the dump's are from before clipping
+    grads = {n: p.grad.detach().clone() for n, p in params.items()}
+    return dump, meta, model, params, start, loss, grads
+
+
+def adamw_step(args, model, lr, clip):
+    """clip_grad_norm_ (when the program clips) and one torch.optim.AdamW step on the parameters'
+    .grad, with the program's hyper-parameters (args) and the dump's learning rate."""
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(args.betas), eps=args.eps,
+                            weight_decay=args.weight_decay)
+    opt.step()
+
+
+def step(args):
+    """PyTorch's own step - its gradients, its clipping, its AdamW update - from the weights and
+    batches of an mbt step dump, written as a step dump (the same tensors and metadata, PyTorch's
+    values): an independent f32 implementation of the step, which tests/gpu/selftest.sh holds
+    against mbt's with tests/gpu/cmpdump.py's GPU tolerances."""
+    dump, meta, model, params, start, loss, grads = torch_step(args, args.step)
+    adamw_step(args, model, float(meta["mbt.lr"]), float(meta["mbt.clip"]))
+    out = {"batch:x": dump["batch:x"], "batch:y": dump["batch:y"]}
+    for n, p in params.items():
+        out[n], out["grad:" + n], out["next:" + n] = start[n], grads[n], p.detach()
+    save_safetensors(args.out, out, dict(meta, **{"mbt.loss": repr(loss)}))
+    print(f"wrote PyTorch's step ({len(params)} parameters, loss {loss:.9g}) to {args.out}")
+    return 0
+
+
+def check(args):
+    dump, meta, model, params, start, loss, grads = torch_step(args, args.step)  # grads: before clipping, as the dump's
+    micro, accum, seq = int(meta["mbt.micro"]), int(meta["mbt.accum"]), int(meta["mbt.seq"])
+    mbt_loss, lr, clip = float(meta["mbt.loss"]), float(meta["mbt.lr"]), float(meta["mbt.clip"])
     # The update is checked on mbt's own gradients: at step 1 AdamW moves each entry by about
     # lr * g / (|g| + eps), so an entry whose gradient is zero in exact arithmetic turns last-bit
     # differences of the two gradients into different steps; fed the same gradients, PyTorch's
     # AdamW and the compiled update must agree.
     for n, p in params.items():
         p.grad.copy_(dump["grad:" + n])
-    if clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(args.betas), eps=args.eps,
-                            weight_decay=args.weight_decay)
-    opt.step()
+    adamw_step(args, model, lr, clip)
 
     loss_err = abs(mbt_loss - loss) / abs(loss)
     print(f"torch oracle: {accum} micro-batch(es) of {micro} x {seq} tokens, {len(params)} parameters")
@@ -140,8 +175,16 @@ def main(argv):
     c.add_argument("--eps", type=float, default=1e-8)
     c.add_argument("--weight-decay", type=float, default=0.1)
     c.add_argument("--control-erf-gelu", action="store_true", help="a wrong model, to show the check fails")
+    s = sub.add_parser("step", help="PyTorch's own step from a dump's weights and batches, written as a dump")
+    s.add_argument("step")
+    s.add_argument("out")
+    s.add_argument("--config", default="tiny", choices=sorted(CONFIGS))
+    s.add_argument("--betas", type=float, nargs=2, default=[0.9, 0.999])
+    s.add_argument("--eps", type=float, default=1e-8)
+    s.add_argument("--weight-decay", type=float, default=0.1)
+    s.add_argument("--control-erf-gelu", action="store_true", help="a wrong model, to show a comparison fails")
     args = ap.parse_args(argv)
-    return init(args) if args.cmd == "init" else check(args)
+    return {"init": init, "check": check, "step": step}[args.cmd](args)
 
 
 if __name__ == "__main__":

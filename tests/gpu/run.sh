@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh BUILD - `make test-gpu`: the compiled programs' training step on the GPU
+# (`--device cuda`) against the same step on the CPU. Needs an NVIDIA GPU: without one (`nvidia-smi
+# -L` fails or lists none) it prints `SKIP: no GPU (why)` and `0 passed, 0 failed` and exits 0.
+#
+# For every train block of examples/*.mbt that reads the tiny corpus (tokens("data/tiny_train.bin",
+# ...): the CPU-size blocks, as tests/run.sh's exec layer picks them; the full-size ones - GPT-2
+# 124M at 16 x 1024, llama_small - have no CPU step to compare with in reasonable time), on
+# mbt-gendata's corpus:
+#   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
+#                          --device cuda; tests/gpu/cmpdump.py holds the GPU's step 1 to the CPU's:
+#                          starting weights, batches and learning rate identical, loss 1e-5 relative,
+#                          each gradient 1e-5 of its tensor's largest entry, the updated weights 1e-6
+#                          (docs/testing.md, "The GPU tests", says why these)
+#   gpu/EX-BLOCK/step2     step 2's logged loss (from each device's own updated weights) within 1e-5
+#   gpu/EX-BLOCK/rerun     the cuda run again: a byte-identical dump and the same logged losses and
+#                          gradient norms (every printed digit)
+#   gpu/EX-BLOCK/verify    (mlp, tiny, moe: the verify layer's, whose float64 reference takes seconds)
+#                          `mbtc --verify-step` on the GPU's dump: its gradients and its update (fed
+#                          its own gradients) against the reference evaluator, 1e-4
+# then, on examples/tiny.mbt:
+#   gpu/debug-timing       MBT_DEBUG=1 prints a per-kernel timing table: a header line naming
+#                          "kernel" and "us" (or µs), and rows naming the program's kernel functions
+#                          (the `__global__` functions of `mbtc --emit=cuda`)
+#   gpu/trace              MBT_TRACE=F.json writes JSON whose traceEvents is a non-empty list of
+#                          events, some named after the program's kernel functions
+# A first run (gpu/probe) must train one step on the GPU at all; when it cannot, the rest is not run.
+#
+# MBT_GPU_TEST_DEVICE=cpu is a dry run of this script for machines without a GPU: the device under
+# test is the CPU with --threads 1 (the reference uses the default thread count), which must agree
+# bit for bit, and the MBT_DEBUG / MBT_TRACE tests are skipped. It checks the harness, not a GPU.
+#
+# Output: PASS/FAIL/SKIP lines, `N passed, M failed` last; exit status 1 when anything failed.
+set -u
+set -o pipefail
+if [ $# -lt 1 ]; then
+    echo "usage: tests/gpu/run.sh BUILD" >&2
+    exit 2
+fi
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 2
+# shellcheck source=tests/gpu/lib.sh
+. tests/gpu/lib.sh
+if ! BUILD=$(cd "$1" 2>/dev/null && pwd); then
+    fail gpu/setup "build directory '$1' does not exist (run make first)"
+    summary
+    exit
+fi
+unset MBT_PATH MBT_DEBUG MBT_TRACE
+PY=/usr/bin/python3
+MBTC="$BUILD/mbtc"
+DIR="$BUILD/tmp/gpu"
+OUT="$DIR/out.txt"
+LOSS_TOL=1e-5 # step 2's logged loss, relative (step 1's is cmpdump's)
+VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny "
+
+DEVICE=${MBT_GPU_TEST_DEVICE:-cuda}
+case "$DEVICE" in
+cuda)
+    DUT=(--device cuda)
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        echo "SKIP: no GPU (nvidia-smi not found)"
+        echo "0 passed, 0 failed"
+        exit 0
+    fi
+    if ! gpus=$(nvidia-smi -L 2>&1); then
+        echo "SKIP: no GPU (nvidia-smi -L failed: $(echo "$gpus" | head -n 1))"
+        echo "0 passed, 0 failed"
+        exit 0
+    fi
+    if ! grep -q '^GPU [0-9]' <<<"$gpus"; then
+        echo "SKIP: no GPU (nvidia-smi -L lists none)"
+        echo "0 passed, 0 failed"
+        exit 0
+    fi
+    echo "# $(grep -m1 '^GPU [0-9]' <<<"$gpus")"
+    ;;
+cpu)
+    DUT=(--device cpu --threads 1)
+    echo "# MBT_GPU_TEST_DEVICE=cpu: a dry run of the harness, the CPU with --threads 1 as the device under test"
+    ;;
+*)
+    echo "tests/gpu/run.sh: MBT_GPU_TEST_DEVICE must be cuda or cpu, not '$DEVICE'" >&2
+    exit 2
+    ;;
+esac
+
+rm -rf "$DIR"
+mkdir -p "$DIR" || exit 2
+if [ ! -x "$MBTC" ] || [ ! -x "$BUILD/mbt-gendata" ]; then
+    fail gpu/setup "$MBTC or $BUILD/mbt-gendata does not exist (run make first)"
+    summary
+    exit
+fi
+if ! "$PY" -c 'import numpy' >/dev/null 2>&1; then
+    fail gpu/setup "$PY cannot import numpy, which tests/gpu/cmpdump.py needs (apt-get install python3-numpy)"
+    summary
+    exit
+fi
+DATA="$DIR/d/t_train.bin"
+if ! "$BUILD/mbt-gendata" --out-dir "$DIR/d" --name t --tokens 200000 --val-tokens 20000 >"$OUT" 2>&1; then
+    fail gpu/setup "mbt-gendata failed" "$OUT"
+    summary
+    exit
+fi
+
+# jfield FILE N KEY: the value of KEY in the Nth line (a JSON object) of a --log file.
+jfield() { sed -n "${2}p" "$1" | sed -n 's/.*"'"$3"'": \([^,}]*\).*/\1/p'; }
+# the log without its timings: what two runs of one program must log alike
+untimed() { sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$1"; }
+# train PROG TAG ARGS...: 2 steps, dumping step 1 to TAG.st and logging to TAG.jsonl, output in TAG.out
+train() {
+    local prog=$1 tag=$2
+    shift 2
+    { timeout 600 "$prog" train --steps 2 --data "$DATA" --dump-step "$tag.st" --log "$tag.jsonl" "$@" \
+        </dev/null >"$tag.out" 2>&1; } 2>>"$tag.out"
+}
+
+# ---- the probe: one step on the device at all --------------------------------------------------
+if ! "$MBTC" examples/mlp.mbt -o "$DIR/probe" >"$OUT" 2>&1; then
+    fail gpu/probe "mbtc examples/mlp.mbt -o failed" "$OUT"
+    summary
+    exit
+fi
+if ! train "$DIR/probe" "$DIR/probe" "${DUT[@]}"; then
+    fail gpu/probe "examples/mlp.mbt cannot train on the device: ${DUT[*]} failed (nothing else was run)" "$DIR/probe.out"
+    summary
+    exit
+fi
+pass "gpu/probe (mlp trains 2 steps with ${DUT[*]})"
+
+# ---- every CPU-size train block: the step against the CPU's, reruns, the reference -----------------
+for f in examples/*.mbt; do
+    ex=$(basename "$f" .mbt)
+    # each train block's name, and whether its body reads data/tiny_train.bin (run_exec_examples' rule)
+    while read -r t kind; do
+        [ "$kind" = run ] || continue
+        name="$ex-$t"
+        d="$DIR/$name"
+        mkdir -p "$d"
+        if ! { timeout 600 "$MBTC" "$f" --train "$t" -o "$d/prog" </dev/null >"$OUT" 2>&1; } 2>>"$OUT"; then
+            fail "gpu/$name" "mbtc $f --train $t -o failed" "$OUT"
+            continue
+        fi
+        if ! train "$d/prog" "$d/cpu" --device cpu; then fail "gpu/$name" "the CPU run failed" "$d/cpu.out"; continue; fi
+        if ! train "$d/prog" "$d/dev" "${DUT[@]}"; then fail "gpu/$name" "the ${DUT[*]} run failed" "$d/dev.out"; continue; fi
+
+        "$PY" tests/gpu/cmpdump.py "$d/cpu.st" "$d/dev.st" >"$d/cmp.txt" 2>&1
+        rc=$?
+        if [ $rc = 0 ]; then pass "gpu/$name/step ($(sed -n 's/^cmpdump: ok (\(.*\); tolerances.*/\1/p' "$d/cmp.txt"))"
+        else fail "gpu/$name/step" "the device's step 1 differs from the CPU's (cmpdump status $rc)" "$d/cmp.txt"; fi
+
+        a=$(jfield "$d/cpu.jsonl" 2 loss)
+        b=$(jfield "$d/dev.jsonl" 2 loss)
+        if [ -n "$a" ] && [ -n "$b" ] && awk -v a="$a" -v b="$b" -v t="$LOSS_TOL" \
+            'BEGIN { d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a; exit !(a == a + 0 && b == b + 0 && d <= t * s) }'; then
+            pass "gpu/$name/step2 (loss: CPU $a, device $b)"
+        else fail "gpu/$name/step2" "step 2's loss: CPU '$a', device '$b' (tolerance $LOSS_TOL relative)"; fi
+
+        if ! train "$d/prog" "$d/dev2" "${DUT[@]}"; then
+            fail "gpu/$name/rerun" "the second ${DUT[*]} run failed" "$d/dev2.out"
+        elif ! cmp -s "$d/dev.st" "$d/dev2.st"; then
+            "$PY" tests/gpu/cmpdump.py --exact "$d/dev.st" "$d/dev2.st" >"$OUT" 2>&1
+            fail "gpu/$name/rerun" "two runs on the device dumped different step files" "$OUT"
+        elif [ "$(untimed "$d/dev.jsonl")" != "$(untimed "$d/dev2.jsonl")" ]; then
+            diff <(untimed "$d/dev.jsonl") <(untimed "$d/dev2.jsonl") >"$OUT"
+            fail "gpu/$name/rerun" "two runs on the device logged different losses or norms" "$OUT"
+        else
+            pass "gpu/$name/rerun (identical dumps and logs)"
+        fi
+
+        if [[ "$VERIFY_BLOCKS" == *" $name "* ]]; then
+            { timeout 600 "$MBTC" "$f" --train "$t" --verify-step "$d/dev.st" >"$OUT" 2>&1; } 2>>"$OUT"
+            rc=$?
+            if [ $rc = 0 ] && grep -q '^verify-step: ok' "$OUT"; then
+                pass "gpu/$name/verify ($(sed -n 's/^verify-step: ok (\(.*\);.*/\1/p' "$OUT"))"
+            else fail "gpu/$name/verify" "mbtc --verify-step on the device's dump: status $rc" "$OUT"; fi
+        fi
+        rm -f "$d/prog" "$d"/*.st
+    done < <(LC_ALL=C awk '/^train[[:space:]]+[A-Za-z_][A-Za-z0-9_]*/ { t = $2; sub(/[^A-Za-z0-9_].*/, "", t); run = 0; next }
+                          t != "" && /tokens\("data\/tiny_train\.bin"/ { run = 1 }
+                          t != "" && /^}/ { print t, (run ? "run" : "build"); t = "" }' "$f")
+done
+
+# ---- MBT_DEBUG's timing table and MBT_TRACE's Chrome trace ----------------------------------------
+if [ "$DEVICE" != cuda ]; then
+    skip gpu/debug-timing "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU prints no GPU timing table"
+    skip gpu/trace "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
+else
+    d="$DIR/debug"
+    mkdir -p "$d"
+    if ! "$MBTC" examples/tiny.mbt -o "$d/tiny" >"$OUT" 2>&1 || ! "$MBTC" examples/tiny.mbt --emit=cuda >"$d/tiny.cu" 2>"$OUT"; then
+        fail gpu/debug-timing "mbtc examples/tiny.mbt -o or --emit=cuda failed" "$OUT"
+    else
+        # the kernel functions: `extern "C" __global__ void [__launch_bounds__(...)] NAME(`
+        sed -n 's/.*__global__ void \(__launch_bounds__([^)]*) \)\{0,1\}\([A-Za-z_][A-Za-z0-9_]*\)(.*/\2/p' "$d/tiny.cu" | sort -u >"$d/kernels.txt"
+        MBT_DEBUG=1 MBT_TRACE="$d/trace.json" timeout 600 "$d/tiny" train --steps 2 --data "$DATA" --device cuda </dev/null >"$d/run.out" 2>&1
+        rc=$?
+        # the table: from its header (a line naming "kernel" and "us"/"µs") on; rows name kernels
+        awk 'tolower($0) ~ /kernel/ && ($0 ~ /(^|[^A-Za-z])us([^A-Za-z]|$)/ || $0 ~ /µs/) { on = 1 } on' "$d/run.out" >"$d/table.txt"
+        named=$(grep -owFf "$d/kernels.txt" "$d/table.txt" | sort -u | wc -l)
+        if [ $rc != 0 ]; then
+            fail gpu/debug-timing "MBT_DEBUG=1 MBT_TRACE=F train --device cuda exited with status $rc" "$d/run.out"
+        elif [ ! -s "$d/kernels.txt" ]; then
+            fail gpu/debug-timing "no __global__ functions found in mbtc --emit=cuda's output" "$d/tiny.cu"
+        elif [ ! -s "$d/table.txt" ]; then
+            fail gpu/debug-timing "MBT_DEBUG=1 printed no header line naming 'kernel' and 'us'" "$d/run.out"
+        elif [ "$named" = 0 ]; then
+            fail gpu/debug-timing "the timing table names none of the program's $(wc -l <"$d/kernels.txt") kernel functions" "$d/table.txt"
+        else
+            pass "gpu/debug-timing (the table names $named of the program's $(wc -l <"$d/kernels.txt") kernel functions)"
+        fi
+        if [ $rc != 0 ]; then
+            fail gpu/trace "the MBT_TRACE run failed (see gpu/debug-timing)"
+        elif "$PY" - "$d/trace.json" "$d/kernels.txt" >"$OUT" 2>&1 <<'EOF'; then
+import json, sys
+try:
+    with open(sys.argv[1]) as f:
+        trace = json.load(f)
+except (OSError, ValueError) as e:
+    sys.exit(f"{sys.argv[1]}: {e}")
+events = trace.get("traceEvents") if isinstance(trace, dict) else None
+if not isinstance(events, list) or not events:
+    sys.exit(f"traceEvents is not a non-empty list: {str(trace)[:200]}")
+bad = [e for e in events if not isinstance(e, dict) or "name" not in e or "ph" not in e]
+if bad:
+    sys.exit(f"{len(bad)} of {len(events)} events have no name or ph, e.g. {bad[0]}")
+kernels = set(open(sys.argv[2]).read().split())
+named = {e["name"] for e in events} & kernels
+if not named:
+    sys.exit(f"no event is named after one of the program's {len(kernels)} kernel functions; names: "
+             f"{sorted({str(e['name']) for e in events})[:10]}")
+print(f"{len(events)} events, {len(named)} of the {len(kernels)} kernel functions")
+EOF
+            pass "gpu/trace ($(tail -n 1 "$OUT"))"
+        else
+            fail gpu/trace "MBT_TRACE's file is not the expected trace" "$OUT"
+        fi
+    fi
+fi
+summary
