@@ -19,12 +19,17 @@
 #                 and sm_90 (`mbtc --emit=kernels --cuda-info`), ptxas reports no spills but for the
 #                 kernels named in run_cuda; a control shows the spill check catching a real one.
 #                 SKIP without libnvrtc. (Golden CUDA source is the golden layer's `cuda` stage.)
+#                 And the executable's CUDA side (run_cuda_embed): -o embeds NVRTC's cubins and PTX
+#                 byte for byte, --help lists them, --cuda-arch=none embeds none, the NVRTC cache
+#                 gives what compiling gives.
 #   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
 #   exec          executables from `mbtc -o` run on mbt-gendata data: mlp's loss falls and
 #                 reruns are bit-identical; every example's train blocks build and its CPU-size
 #                 ones train 3 steps; tests/exec/ramp.mbt's batch-size ramp and data ranks;
 #                 tests/exec/gen_*.mbt generate (see run_exec_generate)
 #   ckpt          tests/ckpt/run.sh: killed and resumed runs equal an uninterrupted one; bad checkpoints
+#   gpu-selftest  tests/gpu/selftest.sh: make test-gpu's comparison (tests/gpu/cmpdump.py) passes on
+#                 equal steps and on PyTorch's, fails on perturbed ones
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s and the safetensors
 #                 reader for 30 s (tests/fuzz/run.sh)
@@ -459,13 +464,14 @@ run_fuzz() {
 
 # ckpt: tests/ckpt/run.sh - kill -9 at random moments and during a write, SIGTERM, then resume:
 # bit-identical to an uninterrupted run; full disks, other programs' and damaged checkpoints
-run_ckpt() {
-    local out="$TMP/ckpt.out" rc
-    bash tests/ckpt/run.sh "$BUILD" >"$out" 2>&1
+# run_relayed LAYER SCRIPT: a test script of its own (its PASS/FAIL lines relayed under LAYER).
+run_relayed() {
+    local layer=$1 script=$2 out="$TMP/$1.out" rc
+    bash "$script" "$BUILD" >"$out" 2>&1
     rc=$?
-    relay ckpt "$out"
+    relay "$layer" "$out"
     if [ $((RELAY_P + RELAY_F)) = 0 ] || { [ "$rc" != 0 ] && [ "$RELAY_F" = 0 ]; }; then
-        fail ckpt "tests/ckpt/run.sh exited with status $rc" "$out"
+        fail "$layer" "$script exited with status $rc" "$out"
     fi
 }
 
@@ -1137,7 +1143,8 @@ run_layer pathological layer_pathological
 run_layer exec layer_exec
 run_layer verify run_verify "$BUILD/mbtc"
 run_layer accum run_accum "$BUILD/mbtc"
-run_layer ckpt run_ckpt
+run_layer ckpt run_relayed ckpt tests/ckpt/run.sh
+run_layer gpu-selftest run_relayed gpu-selftest tests/gpu/selftest.sh
 run_layer torch run_torch "$BUILD/mbtc"
 run_layer asan layer_asan
 run_layer fuzz layer_fuzz
