@@ -90,13 +90,14 @@ void rt_gpu_stats_print(FILE *f, RtGpuStats *s) {
         calls += s->items[i].calls;
         total += s->items[i].total_us;
     }
-    fprintf(f, "GPU time by kernel and GEMM: %lld calls, %.1f us\n", (long long)calls, total);
+    fprintf(f, "GPU time: %lld launches and GEMMs, %.1f us\n", (long long)calls, total);
     if (s->n == 0) return;
-    fprintf(f, "%10s %14s %12s %7s  %s\n", "calls", "total us", "mean us", "share", "name");
+    /* the name first, the numbers after it (bench/gpu.py reads the table by its header) */
+    fprintf(f, "%-44s  %10s  %14s  %12s  %6s\n", "kernel / GEMM", "calls", "total us", "mean us", "share");
     for (int64_t i = 0; i < s->n; i++) {
         const RtGpuStat *t = &s->items[i];
-        fprintf(f, "%10lld %14.1f %12.2f %6.1f%%  %s\n", (long long)t->calls, t->total_us,
-                t->calls ? t->total_us / (double)t->calls : 0.0, total > 0 ? 100.0 * t->total_us / total : 0.0, t->name);
+        fprintf(f, "%-44s  %10lld  %14.1f  %12.2f  %5.1f%%\n", t->name, (long long)t->calls, t->total_us,
+                t->calls ? t->total_us / (double)t->calls : 0.0, total > 0 ? 100.0 * t->total_us / total : 0.0);
     }
 }
 

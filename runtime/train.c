@@ -574,6 +574,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
     } else if (o->resume) {
         printf("nothing to train: the checkpoint is at step %lld and --steps is %lld\n", (long long)first_step, (long long)o->steps);
     }
+    if (x.gpu) rt_gpu_print_timing(stdout, x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */
     if (prof) {
         rt_pool_set_profile(x.pool, NULL);
         rt_profile_print(stdout, prof, rt_pool_threads(x.pool));

@@ -309,12 +309,12 @@ static void stats_sum_and_sort(void) {
     rt_gpu_stats_print(f, &s);
     fclose(f);
     CHECK_STR(text,
-              "GPU time by kernel and GEMM: 5 calls, 75.0 us\n"
-              "     calls       total us      mean us   share  name\n"
-              "         2           35.0        17.50   46.7%  k_a\n"
-              "         1           30.0        30.00   40.0%  sgemm NT 4x4x4\n"
-              "         1            5.0         5.00    6.7%  k_c\n"
-              "         1            5.0         5.00    6.7%  k_d\n",
+              "GPU time: 5 launches and GEMMs, 75.0 us\n"
+              "kernel / GEMM                                      calls        total us       mean us   share\n"
+              "k_a                                                    2            35.0         17.50   46.7%\n"
+              "sgemm NT 4x4x4                                         1            30.0         30.00   40.0%\n"
+              "k_c                                                    1             5.0          5.00    6.7%\n"
+              "k_d                                                    1             5.0          5.00    6.7%\n",
               "table (longest first, ties by name)");
     free(text);
     /* after sorting, adding still finds each name */
@@ -760,11 +760,11 @@ static void fake_timing_and_trace(void) {
     fclose(f);
     char want[PATH_MAX + 1024];
     snprintf(want, sizeof want,
-             "GPU time by kernel and GEMM: 4 calls, 3500.0 us\n"
-             "     calls       total us      mean us   share  name\n"
-             "         1         2000.0      2000.00   57.1%%  sgemm NN 5x7x3\n"
-             "         2         1000.0       500.00   28.6%%  fake_fill7\n"
-             "         1          500.0       500.00   14.3%%  mbt_rt_axpy\n"
+             "GPU time: 4 launches and GEMMs, 3500.0 us\n"
+             "kernel / GEMM                                      calls        total us       mean us   share\n"
+             "sgemm NN 5x7x3                                         1          2000.0       2000.00   57.1%%\n"
+             "fake_fill7                                             2          1000.0        500.00   28.6%%\n"
+             "mbt_rt_axpy                                            1           500.0        500.00   14.3%%\n"
              "GPU trace: %s (4 events)\n",
              at("trace.json"));
     CHECK_STR(text, want, "timing table");
