@@ -82,36 +82,8 @@ export MBT_CUDA_ARCH=none
 CUDA_ARCHS=sm_80,sm_90
 "$BUILD/mbtc" --emit=ptx --cuda-arch=sm_80 tests/golden/mlp.mbt >/dev/null 2>&1 || CUDA_ARCHS=none
 
-PASSED=0
-FAILED=0
-SKIPPED=0
-
-# ---- reporting -----------------------------------------------------------------------------
-
-pass() {
-    PASSED=$((PASSED + 1))
-    printf 'PASS %s\n' "$1"
-}
-
-# fail NAME REASON [FILE]: the failure, and FILE (captured output) indented below it.
-fail() {
-    FAILED=$((FAILED + 1))
-    printf 'FAIL %s: %s\n' "$1" "$2"
-    if [ $# -ge 3 ] && [ -s "$3" ]; then show "$3"; fi
-}
-
-skip() {
-    SKIPPED=$((SKIPPED + 1))
-    printf 'SKIP %s: %s\n' "$1" "$2"
-}
-
-# show FILE: at most 60 lines of it, indented, control bytes made visible.
-show() {
-    local n
-    n=$(wc -l <"$1")
-    LC_ALL=C head -n 60 "$1" | LC_ALL=C cut -c1-300 | LC_ALL=C tr '\000-\010\013-\037\177' '?' | sed 's/^/    /'
-    if [ "$n" -gt 60 ]; then printf '    ... (%d more lines in %s)\n' "$((n - 60))" "$1"; fi
-}
+# shellcheck source=tests/report.sh
+. tests/report.sh
 
 now_ns() { date +%s%N; }
 
@@ -1149,7 +1121,4 @@ run_layer torch run_torch "$BUILD/mbtc"
 run_layer asan layer_asan
 run_layer fuzz layer_fuzz
 
-summary="$PASSED passed, $FAILED failed"
-if [ "$SKIPPED" -gt 0 ]; then summary="$summary, $SKIPPED skipped"; fi
-echo "$summary"
-[ "$FAILED" = 0 ]
+summary

@@ -39,8 +39,8 @@ if [ $# -lt 1 ]; then
 fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
-# shellcheck source=tests/gpu/lib.sh
-. tests/gpu/lib.sh
+# shellcheck source=tests/report.sh
+. tests/report.sh
 if ! BUILD=$(cd "$1" 2>/dev/null && pwd); then
     fail gpu/setup "build directory '$1' does not exist (run make first)"
     summary

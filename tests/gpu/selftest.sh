@@ -26,8 +26,8 @@ fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=$(cd "$1" 2>/dev/null && pwd) || { echo "FAIL gpu-selftest/setup: no build directory '$1' (run make first)"; echo "0 passed, 1 failed"; exit 1; }
 cd "$ROOT" || exit 2
-# shellcheck source=tests/gpu/lib.sh
-. tests/gpu/lib.sh
+# shellcheck source=tests/report.sh
+. tests/report.sh
 PY=/usr/bin/python3
 CMP=(/usr/bin/python3 tests/gpu/cmpdump.py)
 T=gpu-selftest

@@ -13,36 +13,11 @@
 
 #include "rt.h"
 #include "unit.h"
+#include "scratch.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
-static char dir[256];
-
-static void dir_make(void) {
-    const char *base = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/mbt-test-data-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        printf("FAIL setup: mkdtemp %s: %s\n", dir, strerror(errno));
-        exit(1);
-    }
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
-    (void)st, (void)flag, (void)f;
-    return remove(p);
-}
-
-static void dir_remove(void) {
-    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static char *at(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
+static void dir_make(void) { dir_make_tagged("data"); }
 
 /* A shard of tokens first, first+1, ..., first+n-1. */
 static void shard(const char *name, RtShardFormat fmt, uint32_t first, int64_t n) {

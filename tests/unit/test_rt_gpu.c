@@ -27,40 +27,13 @@
 #include "fake_cuda.h"
 #include "rt_gpu.h"
 #include "unit.h"
+#include "scratch.h"
 
 #define STUB_DRIVER "/usr/local/cuda/lib64/stubs/libcuda.so"
 #define HASH "xxh3-128:0123456789abcdef0123456789abcdef"
 
 static char fake_path[PATH_MAX]; /* libmbt_fake_cuda.so beside this executable */
-static char dir[PATH_MAX];       /* a case's scratch directory */
-
-/* ---- helpers ------------------------------------------------------------------------------------ */
-
-static void dir_make(void) {
-    const char *base = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/mbt-test-gpu-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        printf("FAIL setup: mkdtemp %s: %s\n", dir, strerror(errno));
-        exit(1);
-    }
-}
-
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
-    (void)st, (void)flag, (void)f;
-    return remove(p);
-}
-
-static void dir_remove(void) {
-    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static char *at(const char *name) {
-    static char buf[4][PATH_MAX + 64];
-    static int next;
-    char *b = buf[next++ % 4];
-    snprintf(b, sizeof buf[0], "%s/%s", dir, name);
-    return b;
-}
+static void dir_make(void) { dir_make_tagged("gpu"); }
 
 /* The whole file, NUL-terminated (NULL when it cannot be read); *n its size. */
 static char *slurp(const char *path, size_t *n) {

@@ -1,8 +1,7 @@
 # shellcheck shell=bash
-# tests/gpu/lib.sh - sourced by tests/gpu/run.sh and tests/gpu/selftest.sh: the PASS/FAIL/SKIP
-# lines tests/run.sh prints (a failure's captured output indented below it, which tests/run.sh's
+# tests/report.sh - sourced by the test runners (tests/run.sh, tests/gpu/run.sh, tests/gpu/selftest.sh):
+# the PASS/FAIL/SKIP lines (a failure's captured output indented below it, which tests/run.sh's
 # relay() passes on), and the closing `N passed, M failed` line (`, K skipped` when K > 0).
-# (tests/run.sh cannot be sourced: it runs its layers when read.)
 
 PASSED=0
 FAILED=0
@@ -25,12 +24,12 @@ skip() {
     printf 'SKIP %s: %s\n' "$1" "$2"
 }
 
-# show FILE: at most 40 lines of it (its end, where the reason is), indented, control bytes made visible.
+# show FILE: at most 60 lines of it, indented, control bytes made visible.
 show() {
     local n
     n=$(wc -l <"$1")
-    if [ "$n" -gt 40 ]; then printf '    ... (%d lines before these in %s)\n' "$((n - 40))" "$1"; fi
-    LC_ALL=C tail -n 40 "$1" | LC_ALL=C cut -c1-300 | LC_ALL=C tr '\000-\010\013-\037\177' '?' | sed 's/^/    /'
+    LC_ALL=C head -n 60 "$1" | LC_ALL=C cut -c1-300 | LC_ALL=C tr '\000-\010\013-\037\177' '?' | sed 's/^/    /'
+    if [ "$n" -gt 60 ]; then printf '    ... (%d more lines in %s)\n' "$((n - 60))" "$1"; fi
 }
 
 # summary: the closing line; the status is 1 when anything failed.
