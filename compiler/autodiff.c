@@ -621,9 +621,13 @@ static void ad_rule(AdCtx *c, const GNode *n, int dy) {
     case G_TRANSPOSE: ad_accum(c, n->in[0], ad_transpose(c, dy, (int)n->iattr[0], (int)n->iattr[1])); return;
     case G_SLICE: ad_rule_slice(c, n, dy); return;
     case G_GATHER: {
-        int in[2] = {dy, n->in[1]};
+        /* A half-precision table (an embedding read as bf16) sums each row's many contributions in
+         * f32 and rounds once: adding them in bf16 would round at every add. */
         const GNode *nx = ad_node(c, n->in[0]);
-        ad_accum(c, n->in[0], ad_emit(c, G_SCATTER_ADD, nx->dt, nx->rank, nx->shape, 2, in));
+        int half = nx->dt == DT_BF16 || nx->dt == DT_F16;
+        int in[2] = {half ? ad_cast(c, dy, DT_F32) : dy, n->in[1]};
+        int sum = ad_emit(c, G_SCATTER_ADD, half ? DT_F32 : nx->dt, nx->rank, nx->shape, 2, in);
+        ad_accum(c, n->in[0], ad_cast(c, sum, nx->dt));
         return;
     }
     case G_SCATTER_ADD: /* rows in1 += in0: d in0 = the rows of dy at in1 */

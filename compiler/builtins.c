@@ -33,6 +33,7 @@ typedef struct BCall {
     int nrest;
     int failed;  /* an error has been reported */
     int unknown; /* an argument the result depends on is not known */
+    DType fill_dt; /* the dtype zeros and ones make (builtin_call) */
 } BCall;
 
 typedef Value *(*BuiltinFn)(BCall *c);
@@ -848,7 +849,7 @@ static Value *b_fill(BCall *c) {
     const Dim **dims = arena_alloc(c->ar, sizeof(const Dim *) * (size_t)(n + 1));
     for (int i = 0; i < n; i++) dims[i] = bsize(c, vals[i], spans[i], arena_printf(c->ar, "dimension %d", i));
     if (c->failed || c->unknown) return bstop(c);
-    return value_tensor(c->ar, DT_F32, n, dims, c->args->at);
+    return value_tensor(c->ar, c->fill_dt, n, dims, c->args->at);
 }
 
 /* ---- dropout, norm, clamp ---- */
@@ -1032,9 +1033,10 @@ static int builtin_bind(BCall *c) {
     return 1;
 }
 
-Value *builtin_call(Arena *ar, const Builtin *b, const CallArgs *args) {
+Value *builtin_call(Arena *ar, const Builtin *b, const CallArgs *args, DType fill_dt) {
     if (!b || !args) INTERNAL("builtin_call without a builtin or arguments");
     BCall c = {0};
+    c.fill_dt = fill_dt;
     c.ar = ar;
     c.b = b;
     c.args = args;

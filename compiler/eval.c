@@ -282,7 +282,8 @@ static int type_match(Sema *s, Scope *loc, const Node *ty, const Value *v) {
         return v->kind == V_INT;
     }
     if (v->kind != V_TENSOR) return ty->list.n == 0 && dtype_is_float(dt) && (v->kind == V_FLOAT || v->kind == V_INT);
-    if (v->t.dt != dt || v->t.rank != ty->list.n) return 0;
+    if ((v->t.dt != dt && !(dt == DT_F32 && v->t.dt == DT_BF16 && s->precision == PREC_BF16)) || v->t.rank != ty->list.n)
+        return 0;
     for (int i = 0; i < ty->list.n; i++) {
         const Dim *want = eval_dim(s, loc, ty->list.v[i], 1);
         if (!want || !v->t.dims || !v->t.dims[i]) continue;
@@ -789,7 +790,7 @@ static Value *eval_apply(Sema *s, Value *callee, Call *c) {
     switch (callee->kind) {
     case V_UNKNOWN: return unknown_at(s, c->a.at);
     case V_BUILTIN: {
-        Value *r = callee->builtin ? builtin_call(s->ar, callee->builtin, &c->a) : NULL;
+        Value *r = callee->builtin ? builtin_call(s->ar, callee->builtin, &c->a, s->precision == PREC_BF16 ? DT_BF16 : DT_F32) : NULL;
         if (r && gb_listening(s, c->generic)) gb_builtin(s->gb, callee->builtin, &c->a, r); /* graph builder hook */
         return r ? r : unknown_at(s, c->a.at);
     }
@@ -1436,8 +1437,10 @@ static void eval_param_decl(Frame *f, const Node *n) {
     double ix[2] = {0, 0};
     int iknown[2] = {0, 0};
     const char *init = n->a ? check_init(f, n->a, n->name, ix, iknown) : NULL;
-    Value *v = ok ? value_tensor(s->ar, dt, rank, dims, n->span) : unknown_at(s, n->span);
-    if (gb_listening(s, f->generic)) gb_param(s->gb, v, init, ix, iknown, name_at); /* graph builder hook */
+    /* precision = bf16: an f32 parameter is read as bf16 (its f32 master copy is the graph's G_PARAM) */
+    DType as = ok && dt == DT_F32 && s->precision == PREC_BF16 ? DT_BF16 : dt;
+    Value *v = ok ? value_tensor(s->ar, as, rank, dims, n->span) : unknown_at(s, n->span);
+    if (gb_listening(s, f->generic)) gb_param(s->gb, v, dt, init, ix, iknown, name_at); /* graph builder hook */
     assign_name(f, n->name, v, name_at, n->span, ENT_PARAM);
 }
 

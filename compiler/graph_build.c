@@ -567,16 +567,17 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         if (id >= 0) gb_node(gb, id)->iattr[0] = axis;
         return;
     }
-    if (op == G_CROSS_ENTROPY) {
-        in[0] = gb_operand(gb, v0, -1, s0);
-        in[1] = gb_operand(gb, v1, DT_I32, s1);
+    if (op == G_CROSS_ENTROPY || op == G_MSE) { /* half-precision inputs are computed in f32, the loss's dtype */
+        int half = x_tensor && (v0->t.dt == DT_BF16 || v0->t.dt == DT_F16);
+        in[0] = gb_operand(gb, v0, half ? DT_F32 : -1, s0);
+        in[1] = gb_operand(gb, v1, op == G_MSE ? (half ? DT_F32 : -1) : DT_I32, s1);
         gb_result(gb, r, op, 2, in, at);
         return;
     }
-    if (op != G_OP_COUNT) { /* elementwise math, matmul, mse: the inputs as they are */
+    if (op != G_OP_COUNT) { /* elementwise math, matmul: the inputs as they are */
         in[0] = gb_operand(gb, v0, -1, s0);
-        if (op == G_MATMUL || op == G_MSE) in[1] = gb_operand(gb, v1, -1, s1);
-        gb_result(gb, r, op, op == G_MATMUL || op == G_MSE ? 2 : 1, in, at);
+        if (op == G_MATMUL) in[1] = gb_operand(gb, v1, -1, s1);
+        gb_result(gb, r, op, op == G_MATMUL ? 2 : 1, in, at);
         return;
     }
     if (strcmp(name, "transpose") == 0) {
@@ -660,7 +661,8 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
 
 /* ---- parameters and their names ---- */
 
-void gb_param(GraphBuilder *gb, Value *v, const char *init, const double x[2], const int known[2], Span at) {
+void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const double x[2], const int known[2],
+              Span at) {
     if (!gb_wants(gb, v)) return;
     if (gb->updating) {
         gb_unsupported(gb, at, "a parameter declared while an optimizer's update runs");
@@ -681,11 +683,14 @@ void gb_param(GraphBuilder *gb, Value *v, const char *init, const double x[2], c
                            arena_printf(gb->s->ar, "an argument of '%s' not known at compile time", inits[which].name));
             return;
         }
-    int id = gb_result(gb, v, G_PARAM, 0, NULL, at);
+    int64_t shape[GRAPH_MAX_RANK];
+    if (!gb_dims(gb, &v->t, shape, at)) return;
+    int id = gb_add(gb, G_PARAM, stored, v->t.rank, shape, 0, NULL, at);
     if (id < 0) return;
     GNode *n = gb_node(gb, id);
     n->iattr[0] = inits[which].init;
     for (int k = 0; k < inits[which].nargs; k++) n->fattr[k] = x[k];
+    gb_alias(v, gb_cast(gb, id, (int)v->t.dt, at)); /* read in another dtype: one cast, every use shares it */
 }
 
 /* Marks a model instance as named; 1 when it already was (a sub-model reachable twice). */
@@ -725,6 +730,7 @@ static void gb_name_walk(GraphBuilder *gb, const Value *v, const char *prefix, i
             if (!e->v) continue;
             if (e->kind == ENT_PARAM && e->v->kind == V_TENSOR && e->v->graph_id > 0 && e->v->graph_id <= gb->g->n) {
                 GNode *n = gb_node(gb, e->v->graph_id - 1);
+                if (n->op == G_CAST && gb_node(gb, n->in[0])->op == G_PARAM) n = gb_node(gb, n->in[0]); /* bf16 */
                 if (n->op == G_PARAM && !n->name) n->name = arena_printf(ar, "%s%.*s", prefix, STR_ARG(e->name));
             } else if (e->kind == ENT_SUB) {
                 gb_name_walk(gb, e->v, arena_printf(ar, "%s%.*s.", prefix, STR_ARG(e->name)), depth + 1);
@@ -804,6 +810,8 @@ void gb_forward_output(GraphBuilder *gb, Value *out) {
         return;
     }
     gb->output = out->kind == V_TENSOR && out->graph_id > 0 ? out->graph_id - 1 : -1;
+    if (gb->output >= 0 && (out->t.dt == DT_BF16 || out->t.dt == DT_F16)) /* the runtime samples f32 logits */
+        gb->output = gb_cast(gb, gb->output, DT_F32, out->origin);
     if (gb_params_named(gb)) gb->done = 1;
 }
 

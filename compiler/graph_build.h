@@ -60,7 +60,8 @@ void gb_index(GraphBuilder *gb, Value *base, Value **idx, const int *is_slice, V
 void gb_attr(GraphBuilder *gb, Value *base, Str name, Value *r, Span at);                         /* x.T */
 /* `name = param DT[dims] ~ init`: init is "normal", "uniform", "zeros", "ones", "constant" or NULL
  * (zeros); x[i] its arguments, known[i] whether each is known. */
-void gb_param(GraphBuilder *gb, Value *v, const char *init, const double x[2], const int known[2], Span at);
+void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const double x[2], const int known[2],
+              Span at);
 /* ---- the update graph: hooks in settings.c and eval.c (eval_check_update) ---- */
 
 /* 1 while gb builds the update graph (eval.c's messages about run-time values differ there). */

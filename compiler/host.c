@@ -54,14 +54,14 @@ typedef struct Host {
     LLVMTypeRef i8, i32, i64, f32, f64, ptr, vd;
     LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t;
     LLVMTypeRef range_fn_t, pfor_t, gemm_t;
-    LLVMValueRef pfor, gemm;
+    LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
     const Plan *plan;
     const TrainSettings *ts;
     /* emitting the GPU functions (host_gpu below): launches and copies go through the runtime's
      * rt_gpu_* calls, every region address is a device address */
     int gpu;
     LLVMTypeRef gpu_image_t, gpu_kernel_t, gpu_prog_t, gpu_launch_t, gpu_axpy_t, gpu_copy_t;
-    LLVMValueRef gpu_launch, gpu_gemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download;
+    LLVMValueRef gpu_launch, gpu_gemm, gpu_bgemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download;
 } Host;
 
 /* one schedule's buffers: the arena offset of each buffer the arena holds (-1 otherwise) */
@@ -119,6 +119,7 @@ static void host_types(Host *h) {
     LLVMTypeRef gargs[] = {P, W, W, I, I, I, h->f32, P, I, I, P, I, I, h->f32, P, I, I, I, P};
     h->gemm_t = LLVMFunctionType(W, gargs, 19, 0);
     h->gemm = LLVMAddFunction(h->m, "rt_sgemm_batched", h->gemm_t);
+    h->bgemm = NULL; /* declared on first use: f32 programs never name it */
     LLVMTypeRef image[] = {P, W, P, I};
     h->gpu_image_t = host_struct(h, HA_GPU_IMAGE, "RtGpuImage", image, 4);
     LLVMTypeRef kern[] = {P, W, W, I, W};
@@ -134,6 +135,7 @@ static void host_gpu_calls(Host *h) {
     h->gpu_launch_t = LLVMFunctionType(W, launch, 4, 0);
     h->gpu_launch = LLVMAddFunction(h->m, "rt_gpu_launch", h->gpu_launch_t);
     h->gpu_gemm = LLVMAddFunction(h->m, "rt_gpu_sgemm_batched", h->gemm_t);
+    h->gpu_bgemm = NULL;
     LLVMTypeRef axpy[] = {P, P, P, h->f32, I, P};
     h->gpu_axpy_t = LLVMFunctionType(W, axpy, 6, 0);
     h->gpu_axpy = LLVMAddFunction(h->m, "rt_gpu_axpy", h->gpu_axpy_t);
@@ -267,6 +269,14 @@ static LLVMValueRef ptr_array(Host *h, LLVMValueRef const *v, int n, const char 
     return arr;
 }
 
+/* The runtime's GEMM for matrices of dtype dt on the CPU or (h->gpu) the GPU: f32 or bf16. */
+static LLVMValueRef host_gemm_fn(Host *h, DType dt) {
+    if (dt == DT_F32) return h->gpu ? h->gpu_gemm : h->gemm;
+    LLVMValueRef *fn = h->gpu ? &h->gpu_bgemm : &h->bgemm;
+    if (!*fn) *fn = LLVMAddFunction(h->m, h->gpu ? "rt_gpu_bgemm_batched" : "rt_bgemm_batched", h->gemm_t);
+    return *fn;
+}
+
 /* Launches [0, upto] of S in fn; addr[i] is buffer i's address, exec the pool (CPU) or the GPU. A
  * GEMM's status (and on the GPU a launch's) is checked inline: a failure returns it. */
 static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr, LLVMValueRef exec, LLVMValueRef err, int upto) {
@@ -275,13 +285,14 @@ static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
-            if (g->dt != DT_F32) INTERNAL("host: a GEMM of a type other than f32");
+            if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
+            LLVMValueRef callee = host_gemm_fn(h, g->dt);
             LLVMValueRef a[19] = {exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
                                   LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
                                   addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
                                   addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch), err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
-            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, h->gpu ? h->gpu_gemm : h->gemm, a, 19,
+            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 19,
                                              arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
             emit_check(h, fn, st);
             continue;
@@ -864,7 +875,8 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
                 const char *base = at && strrchr(at, '/') ? strrchr(at, '/') + 1 : at;
                 ann[a].needle = arena_printf(h->ar, "%%%sgemm%d.", S->prefix, li);
                 ann[a++].comment = arena_printf(
-                    h->ar, "GEMM %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s into %s%s", L->gemm.m, L->gemm.n, L->gemm.k,
+                    h->ar, "%sGEMM %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s into %s%s", L->gemm.dt == DT_BF16 ? "bf16 " : "",
+                    L->gemm.m, L->gemm.n, L->gemm.k,
                     L->gemm.batch > 1 ? arena_printf(h->ar, " (batch %" PRId64 ")", L->gemm.batch) : "",
                     L->gemm.trans_a || L->gemm.trans_b ? (L->gemm.trans_a ? (L->gemm.trans_b ? ", A^T B^T" : ", A^T B")
                                                                           : ", A B^T")

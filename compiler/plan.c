@@ -279,7 +279,6 @@ static void plan_note(PlanCtx *c, const char *text) {
 static void plan_notes(PlanCtx *c) {
     const TrainSettings *ts = c->ts;
     static const char *const storage[] = {"none", "host", "nvme"};
-    static const char *const precision[] = {"f32", "bf16", "f16"};
     struct { const char *key; int64_t v; } par[] = {
         {"tensor", ts->tensor_par}, {"pipeline", ts->pipeline_par}, {"sequence", ts->sequence_par}, {"expert", ts->expert_par}};
     for (size_t i = 0; i < sizeof par / sizeof *par; i++)
@@ -289,10 +288,6 @@ static void plan_notes(PlanCtx *c) {
     if (ts->zero > 0)
         plan_note(c, arena_printf(c->ar, "parallel.zero = %" PRId64 " is not planned yet: every rank holds all of the "
                                          "optimizer state and gradients", ts->zero));
-    if (ts->precision != PREC_F32 && (int)ts->precision < 3)
-        plan_note(c, arena_printf(c->ar, "precision = %s is not planned yet: no %s copy of the weights; values keep "
-                                         "the graph's dtypes (f32 master weights)",
-                                  precision[ts->precision], precision[ts->precision]));
     if (ts->recompute) plan_note(c, "recompute is not planned yet: the arena keeps every activation for the backward");
     if (ts->offload_activations != STORE_NONE && (int)ts->offload_activations < 3)
         plan_note(c, arena_printf(c->ar, "offload.activations = %s is not planned yet", storage[ts->offload_activations]));

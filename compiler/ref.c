@@ -12,7 +12,10 @@
  * Conventions settled here where graph.h is silent (each is repeated at its op):
  *   - G_PARAM / G_INPUT: ref_run copies leaves[id]; a missing parameter with a deterministic
  *     initialiser (zeros, ones, constant) is filled from it, any other missing leaf is an error.
- *   - G_CAST to a float dtype is the identity (the evaluator never rounds to f32/f16/bf16).
+ *   - G_CAST to f32 or f64 is the identity; to bf16 or f16 it rounds to that format (nearest, ties
+ *     to even, straight from double): precision = bf16 reads the f32 parameters through such a
+ *     cast, so the reference computes with the very weights the compiled step does. Nothing else
+ *     rounds (a bf16 node's value is exact, where the back ends round what they store).
  *   - G_ATTENTION with causal = 1 and T != S aligns the mask at the bottom right (query t sees
  *     keys j <= t + S - T, as a KV cache needs; the usual mask when T == S); a query row that
  *     sees no key gives zeros.
@@ -96,6 +99,19 @@ static void ref_require_bcast(const GNode *n, const GNode *x) {
 
 /* ---- scalar functions ----------------------------------------------------------------------- */
 
+/* x rounded to a binary format with `bits` significand bits (the implicit one included), normal
+ * exponents from emin (subnormals below) and largest finite value max: to nearest, ties to even
+ * (nearbyint in the default rounding mode); beyond max + half an ulp, infinity. */
+static double ref_round_float(double x, int bits, int emin, double max) {
+    if (!isfinite(x) || x == 0) return x;
+    int e;
+    (void)frexp(x, &e); /* |x| = m 2^e, m in [0.5, 1): x's exponent is e - 1 */
+    if (e - 1 < emin) e = emin + 1;
+    double ulp = ldexp(1.0, e - bits);
+    double r = nearbyint(x / ulp) * ulp;
+    return fabs(r) > max ? copysign(INFINITY, x) : r;
+}
+
 static double ref_sigmoid(double x) {
     /* exp of a non-positive number only, so neither branch overflows */
     if (x >= 0) return 1.0 / (1.0 + exp(-x));
@@ -150,10 +166,12 @@ static double ref_unary(const GNode *n, double x) {
     case G_FLOOR: return floor(x);
     case G_NOT: return x == 0 ? 1.0 : 0.0;
     case G_CAST:
-        /* integers truncate toward zero, bool is != 0 (NaN is true, as in NumPy); a float
-         * target is the identity since every value here is a double */
+        /* integers truncate toward zero, bool is != 0 (NaN is true, as in NumPy); f32 and f64
+         * are the identity, bf16 and f16 round (see the top) */
         if (n->dt == DT_I32 || n->dt == DT_I64) return trunc(x);
         if (n->dt == DT_BOOL) return x != 0 ? 1.0 : 0.0;
+        if (n->dt == DT_BF16) return ref_round_float(x, 8, -126, 0x1.fep127);
+        if (n->dt == DT_F16) return ref_round_float(x, 11, -14, 65504.0);
         return x;
     case G_CLAMP: {
         double lo = n->fattr[0], hi = n->fattr[1];

@@ -213,6 +213,9 @@ struct Sema {
     GraphBuilder *gb;     /* the graph builder (graph_build.h): set only while the train block being
                            * built instantiates its model and evaluates its loss; NULL while checking */
     GraphBuilder *gb_want;/* the builder waiting for its train block (sema_build_train_graph), or NULL */
+    Precision precision;  /* while a train block's model and loss are evaluated, its precision: bf16 makes
+                           * each f32 parameter a bf16 value (its f32 master copy is what the optimizer
+                           * updates), and f32 in a declared tensor type then accepts bf16 */
 };
 
 NodeInfo *sema_info(Sema *s, const Node *n); /* created (zeroed) on first use */

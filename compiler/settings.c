@@ -531,9 +531,19 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     Scope *bs = scope_new(s, m->scope, SC_BLOCK, ts->name, m);
     Frame f = frame_make_block(s, bs);
 
-    /* The model first: everything else is about it. */
+    /* The precision first: it sets the dtype the model's parameters are read in. */
+    int which;
+    if (k[T_PRECISION] && get_ident(&f, k[T_PRECISION], "precision", precision_names, 3, &which)) {
+        ts->precision = (Precision)which;
+        if (ts->precision == PREC_F16 &&
+            sema_error(s, value_span(k[T_PRECISION]), "precision = f16 is not supported yet: f16 training needs loss scaling"))
+            sema_hint(s, "use precision = bf16 (the range of f32, so no loss scaling)");
+    }
+
+    /* The model: everything else is about it. */
     GraphBuilder *gb = gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
     s->gb = gb;
+    s->precision = ts->precision == PREC_BF16 ? PREC_BF16 : PREC_F32; /* until the optimizer (f32) */
     ts->model = k[T_MODEL] ? get_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
     s->gb = NULL;
     if (gb) gb_model(gb, ts->model); /* graph builder hook: names the parameters */
@@ -656,6 +666,8 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         gb_forward_output(gb, out);
     }
 
+    s->precision = PREC_F32;
+
     /* optimizer: bound hyper-parameters, and its update run with them */
     if (k[T_OPTIMIZER]) {
         Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
@@ -681,9 +693,6 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 
     if (k[T_LR]) ts->lr_fn = eval_schedule(&f, k[T_LR]->a, "lr", &ts->lr_args, &ts->lr_nargs);
 
-    int which;
-    if (k[T_PRECISION] && get_ident(&f, k[T_PRECISION], "precision", precision_names, 3, &which))
-        ts->precision = (Precision)which;
     if (k[T_RECOMPUTE]) check_recompute(&f, k[T_RECOMPUTE], ts);
 
     if (k[T_OFFLOAD]) {

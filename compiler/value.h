@@ -119,7 +119,9 @@ const char *builtin_name(const Builtin *b);       /* its name */
 int builtin_count(void);                          /* for "did you mean" */
 const char *builtin_name_at(int i);               /* i-th builtin's name */
 const char *builtin_param(const Builtin *b, int i); /* its i-th parameter's name; NULL past the last (graph builder) */
-Value *builtin_call(Arena *ar, const Builtin *b, const CallArgs *args); /* shape rule + checks */
+/* The shape rule and checks; fill_dt is the dtype zeros(...) and ones(...) make: f32, or bf16
+ * while a precision = bf16 model is evaluated. */
+Value *builtin_call(Arena *ar, const Builtin *b, const CallArgs *args, DType fill_dt);
 Value *builtin_value(Arena *ar, const Builtin *b, Span at);   /* what the bare name means: V_FLOAT for pi, else V_BUILTIN */
 
 #endif

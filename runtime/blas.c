@@ -16,6 +16,7 @@
  * call is single-threaded. */
 #include <cblas.h>
 #include <limits.h>
+#include <stdlib.h>
 
 #include "rt_gemm.h"
 #include "rt_profile.h"
@@ -65,8 +66,8 @@ static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
 /* ---- the call ----------------------------------------------------------------------------------- */
 
 /* The contract's argument rules (rt_gemm.h), shared with the GPU's GEMM (gpu_blas.c). */
-RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                        int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, const float *c, int64_t ldc,
+RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                        int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc,
                         int64_t stride_c, int64_t batch, int *nothing, RtError *err) {
     *nothing = 0;
     if (m < 0 || n < 0 || k < 0 || batch < 0)
@@ -140,6 +141,79 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     }
     rt_parallel_for(pool, batch * j.tm * j.tn, rt_gemm_tiles, &j);
     return RT_OK;
+}
+
+/* ---- bf16 ---------------------------------------------------------------------------------------- */
+
+/* The elements a strided batch of matrices spans: rows x cols at pitch ld, batch of them at stride
+ * (0 broadcasts one). */
+static int64_t rt_gemm_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+    if (rows == 0 || cols == 0) return 0;
+    return (stride ? (batch - 1) * stride : 0) + (rows - 1) * ld + cols;
+}
+
+typedef struct RtConvert {
+    const uint16_t *from16;
+    const float *from32;
+    float *to32;
+    uint16_t *to16;
+} RtConvert;
+
+#define RT_CONVERT_CHUNK 65536
+
+static void rt_convert_chunks(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const RtConvert *c = ctx;
+    for (int64_t i = begin * RT_CONVERT_CHUNK; i < end * RT_CONVERT_CHUNK; i++) {
+        if (c->to32) c->to32[i] = rt_bf16_to_f32(c->from16[i]);
+        else c->to16[i] = rt_f32_to_bf16(c->from32[i]);
+    }
+}
+
+/* n elements between bf16 and f32, on the pool (the tail after the last whole chunk here). */
+static void rt_convert(RtPool *pool, const uint16_t *from16, const float *from32, float *to32, uint16_t *to16, int64_t n) {
+    RtConvert c = {from16, from32, to32, to16};
+    int64_t chunks = n / RT_CONVERT_CHUNK;
+    rt_parallel_for(pool, chunks, rt_convert_chunks, &c);
+    for (int64_t i = chunks * RT_CONVERT_CHUNK; i < n; i++) {
+        if (to32) to32[i] = rt_bf16_to_f32(from16[i]);
+        else to16[i] = rt_f32_to_bf16(from32[i]);
+    }
+}
+
+RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
+                          int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
+                          RtError *err) {
+    /* The argument rules are sgemm's, on the same element counts (the pointers are only compared). */
+    int nothing = 0;
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
+                                 &nothing, err);
+    if (st != RT_OK || nothing) return st;
+    int64_t na = k ? rt_gemm_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch) : 0;
+    int64_t nb = k ? rt_gemm_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch) : 0;
+    int64_t nc = rt_gemm_span(m, n, ldc, stride_c, batch);
+    float *fa = malloc(sizeof(float) * (size_t)(na + nb + nc));
+    if (!fa) return rt_fail(err, RT_ERR_NOMEM, "bgemm: no memory for the f32 copies of a %lld x %lld x %lld product",
+                            (long long)m, (long long)n, (long long)k);
+    float *fb = fa + na, *fc = fb + nb;
+    /* The gaps between rows and matrices are copied too: their values never reach C. */
+    rt_convert(pool, a, NULL, fa, NULL, na);
+    rt_convert(pool, b, NULL, fb, NULL, nb);
+    if (beta != 0) rt_convert(pool, c, NULL, fc, NULL, nc);
+    st = rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, fa, lda, stride_a, fb, ldb, stride_b, beta, fc, ldc,
+                          stride_c, batch, err);
+    if (st == RT_OK && ldc == n && (batch == 1 || stride_c == m * n)) {
+        rt_convert(pool, NULL, fc, NULL, c, nc);
+    } else if (st == RT_OK) { /* only C's own elements: the gaps between its rows may be another tensor's */
+        for (int64_t bi = 0; bi < batch; bi++)
+            for (int64_t i = 0; i < m; i++) {
+                int64_t o = bi * stride_c + i * ldc;
+                rt_convert(pool, NULL, fc + o, NULL, c + o, n);
+            }
+    }
+    free(fa);
+    return st;
 }
 
 const char *rt_blas_config(void) {

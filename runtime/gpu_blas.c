@@ -1,5 +1,5 @@
-/* gpu_blas.c - rt_gpu_sgemm_batched: rt_sgemm_batched's contract (rt_program.h) on device memory,
- * through cuBLASLt.
+/* gpu_blas.c - rt_gpu_sgemm_batched and rt_gpu_bgemm_batched: rt_sgemm_batched's and
+ * rt_bgemm_batched's contracts (rt_program.h) on device memory, through cuBLASLt.
  *
  * Pipeline position: every matrix multiply of a program's GPU step is a call here from the
  * generated host code, between kernel launches on the same stream.
@@ -8,7 +8,8 @@
  * sums, never TF32 (which would need CUBLAS_COMPUTE_32F_FAST_TF32), so results agree with the
  * CPU's OpenBLAS to f32 rounding (the summation order differs). For one shape cuBLASLt runs the
  * same algorithm every time (chosen once, below), and its results are then the same run to run
- * on one GPU model.
+ * on one GPU model. bf16 products (rt_gpu_bgemm_batched) have bf16 A, B and C and the same f32
+ * compute: products of bf16 values are exact in f32, sums are f32, and C is rounded to bf16 once.
  *
  * Row-major. cuBLASLt's default order is column-major, and a row-major matrix read as
  * column-major is its transpose. So C = op(A) op(B), row-major M x N, is computed as the
@@ -38,6 +39,7 @@
 typedef struct RtGemmKey {
     int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
     int32_t trans_a, trans_b;
+    int32_t type;                       /* of A, B and C: CUDA_R_32F or CUDA_R_16BF */
     uint32_t align_a, align_b, align_c; /* bytes, a power of two <= 256 */
 } RtGemmKey;
 
@@ -52,9 +54,9 @@ struct RtGemmPlan {
 /* The alignment cuBLASLt may assume for every matrix of a batch: the largest power of two (at
  * most 256, its default assumption) dividing the base address and the batch stride in bytes. The
  * heuristic only picks algorithms that work with it. */
-static uint32_t rt_align(const void *p, int64_t stride, int64_t batch) {
+static uint32_t rt_align(const void *p, int64_t stride, int64_t batch, size_t size) {
     uint64_t bits = (uint64_t)(uintptr_t)p | 256u;
-    if (batch > 1) bits |= (uint64_t)stride * sizeof(float);
+    if (batch > 1) bits |= (uint64_t)stride * size;
     return (uint32_t)(bits & (~bits + 1));
 }
 
@@ -67,10 +69,10 @@ static uint64_t rt_key_hash(const RtGemmKey *k) {
 
 /* ---- making a plan ---------------------------------------------------------------------------- */
 
-static RtStatus rt_gemm_layout(RtGpu *g, cublasLtMatrixLayout_t *out, int64_t rows, int64_t cols, int64_t ld,
+static RtStatus rt_gemm_layout(RtGpu *g, cublasLtMatrixLayout_t *out, int type, int64_t rows, int64_t cols, int64_t ld,
                                int64_t batch, int64_t stride, const char *name, RtError *err) {
     RtGpuApi *api = &g->api;
-    RtStatus st = rt_lt_check(api, api->cublasLtMatrixLayoutCreate(out, CUDA_R_32F, (uint64_t)rows, (uint64_t)cols, ld),
+    RtStatus st = rt_lt_check(api, api->cublasLtMatrixLayoutCreate(out, type, (uint64_t)rows, (uint64_t)cols, ld),
                               err, "cublasLtMatrixLayoutCreate", "%s", name);
     if (st != RT_OK || batch <= 1) return st;
     int32_t count = (int32_t)batch;
@@ -150,7 +152,8 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out
     RtGemmPlan *p = calloc(1, sizeof *p);
     if (!p) return rt_fail(err, RT_ERR_NOMEM, "sgemm: out of memory for a plan");
     p->key = *k;
-    int n = snprintf(p->name, sizeof p->name, "sgemm %c%c %lldx%lldx%lld", k->trans_a ? 'T' : 'N', k->trans_b ? 'T' : 'N',
+    int n = snprintf(p->name, sizeof p->name, "%s %c%c %lldx%lldx%lld", k->type == CUDA_R_16BF ? "bgemm" : "sgemm",
+                     k->trans_a ? 'T' : 'N', k->trans_b ? 'T' : 'N',
                      (long long)k->m, (long long)k->n, (long long)k->k);
     if (k->batch > 1 && n > 0 && (size_t)n < sizeof p->name)
         snprintf(p->name + n, sizeof p->name - (size_t)n, " x%lld", (long long)k->batch);
@@ -159,12 +162,12 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out
      * N x K (K x N); our A, M x K (K x M), its B, K x M (M x K); C, M x N, its N x M. */
     RtStatus st = rt_gemm_desc(g, p, err);
     if (st == RT_OK)
-        st = rt_gemm_layout(g, &p->lt_a, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb, k->batch,
+        st = rt_gemm_layout(g, &p->lt_a, k->type, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb, k->batch,
                             k->stride_b, p->name, err);
     if (st == RT_OK)
-        st = rt_gemm_layout(g, &p->lt_b, k->trans_a ? k->m : k->k, k->trans_a ? k->k : k->m, k->lda, k->batch,
+        st = rt_gemm_layout(g, &p->lt_b, k->type, k->trans_a ? k->m : k->k, k->trans_a ? k->k : k->m, k->lda, k->batch,
                             k->stride_a, p->name, err);
-    if (st == RT_OK) st = rt_gemm_layout(g, &p->lt_c, k->n, k->m, k->ldc, k->batch, k->stride_c, p->name, err);
+    if (st == RT_OK) st = rt_gemm_layout(g, &p->lt_c, k->type, k->n, k->m, k->ldc, k->batch, k->stride_c, p->name, err);
     if (st == RT_OK) st = rt_gemm_algo(g, p, err);
     if (st != RT_OK) {
         rt_gemm_plan_free(g, p);
@@ -213,28 +216,39 @@ static RtStatus rt_plan_get(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out, RtEr
 /* ---- the call ------------------------------------------------------------------------------------ */
 
 /* K == 0: C = beta C for each matrix of the batch (one call when the batch's rows are evenly spaced). */
-static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, float *c, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
-                                int64_t batch, RtError *err) {
+static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, void *c, int type, int64_t m, int64_t n, int64_t ldc,
+                                int64_t stride_c, int64_t batch, RtError *err) {
     if (beta == 1.0f) return RT_OK;
+    if (type == CUDA_R_16BF && beta != 0.0f) /* no bf16 scaling kernel: no program makes this call */
+        return rt_fail(err, RT_ERR_ARG, "bgemm: k = 0 with beta %g (only 0 and 1 are supported for bf16)", (double)beta);
+    size_t size = type == CUDA_R_16BF ? 2 : 4;
     int one_call = batch == 1 || stride_c == m * ldc;
     int64_t rows = one_call ? m * batch : m, calls = one_call ? 1 : batch;
     RtStatus st = RT_OK;
     for (int64_t i = 0; i < calls && st == RT_OK; i++) {
-        float *ci = c + i * stride_c;
-        if (beta == 0.0f)
+        char *ci = (char *)c + (size_t)(i * stride_c) * size;
+        if (beta == 0.0f && type == CUDA_R_16BF) /* row by row: the gaps between rows may be another tensor's */
+            for (int64_t r = 0; r < rows && st == RT_OK; r++)
+                st = rt_cu_check(&g->api,
+                                 g->api.cuMemsetD8Async((CUdeviceptr)(uintptr_t)(ci + (size_t)(r * ldc) * size), 0,
+                                                        (size_t)n * size, g->stream),
+                                 err, "cuMemsetD8Async", "bgemm with k = 0, C = 0 (%lld x %lld)", (long long)rows,
+                                 (long long)n);
+        else if (beta == 0.0f)
             st = rt_cu_check(&g->api,
                              g->api.cuMemsetD2D32Async((CUdeviceptr)(uintptr_t)ci, (size_t)ldc * sizeof(float), 0u,
                                                        (size_t)n, (size_t)rows, g->stream),
                              err, "cuMemsetD2D32Async", "sgemm with k = 0, C = 0 (%lld x %lld)", (long long)rows,
                              (long long)n);
-        else st = rt_gpu_scale_rows(g, ci, beta, rows, n, ldc, err);
+        else st = rt_gpu_scale_rows(g, (float *)ci, beta, rows, n, ldc, err);
     }
     return st;
 }
 
-RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                              const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+/* Both contracts: A, B and C of one type (CUDA_R_32F or CUDA_R_16BF), f32 compute. */
+static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                            const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
+                            float beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
                                  &nothing, err);
@@ -243,8 +257,9 @@ RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int
         return rt_fail(err, RT_ERR_ARG, "sgemm: batch %lld exceeds cuBLASLt's 32-bit batch count", (long long)batch);
     st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
-    if (k == 0) return rt_gemm_scale_c(g, beta, c, m, n, ldc, stride_c, batch, err);
+    if (k == 0) return rt_gemm_scale_c(g, beta, c, type, m, n, ldc, stride_c, batch, err);
 
+    size_t size = type == CUDA_R_16BF ? 2 : 4;
     RtGemmKey key;
     memset(&key, 0, sizeof key); /* the padding too: keys are compared and hashed as bytes */
     key.m = m;
@@ -259,9 +274,10 @@ RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int
     key.batch = batch;
     key.trans_a = trans_a != 0;
     key.trans_b = trans_b != 0;
-    key.align_a = rt_align(a, stride_a, batch);
-    key.align_b = rt_align(b, stride_b, batch);
-    key.align_c = rt_align(c, stride_c, batch);
+    key.type = type;
+    key.align_a = rt_align(a, stride_a, batch, size);
+    key.align_b = rt_align(b, stride_b, batch, size);
+    key.align_c = rt_align(c, stride_c, batch, size);
     RtGemmPlan *p = NULL;
     st = rt_plan_get(g, &key, &p, err);
     int64_t slot = -1;
@@ -273,6 +289,21 @@ RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int
                      err, "cublasLtMatmul", "%s", p->name);
     if (slot >= 0) st = rt_gpu_time_end(g, slot, p->name, st, err);
     return st;
+}
+
+RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                              const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+    return rt_gpu_gemm(g, CUDA_R_32F, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                       stride_c, batch, err);
+}
+
+RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                              const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
+                              int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
+                              RtError *err) {
+    return rt_gpu_gemm(g, CUDA_R_16BF, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                       stride_c, batch, err);
 }
 
 /* ---- the handle --------------------------------------------------------------------------------- */

@@ -84,6 +84,7 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's 
     X(CUBLAS_STATUS_SUCCESS, 0)                               \
     X(CUBLAS_COMPUTE_32F, 68)                                 \
     X(CUDA_R_32F, 0)                                          \
+    X(CUDA_R_16BF, 14)                                        \
     X(CUBLAS_OP_N, 0)                                         \
     X(CUBLAS_OP_T, 1)                                         \
     X(CUBLASLT_MATMUL_DESC_TRANSA, 3)                         \

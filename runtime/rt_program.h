@@ -99,6 +99,13 @@ void rt_parallel_for(RtPool *p, int64_t n, RtRangeFn fn, void *ctx);
 RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
                           float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err);
+/* The same with A, B and C in bf16 (their 16 bits, uint16_t): A and B are widened to f32
+ * exactly, the product is rt_sgemm_batched's (f32 accumulation, the same tiles, so bit-identical
+ * for any --threads), and C is rounded to bf16, to nearest even. */
+RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
+                          int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
+                          RtError *err);
 const char *rt_blas_config(void); /* OpenBLAS's build and the core it chose ("OpenBLAS 0.3.21 ... Zen") */
 
 /* ==== the GPU (gpu.c): what generated GPU code calls ========================================== */
@@ -119,6 +126,11 @@ RtStatus rt_gpu_launch(RtGpu *g, int32_t kernel, void *const *bufs, RtError *err
 RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
                               float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err);
+/* rt_bgemm_batched's contract on device memory: bf16 A, B and C, f32 compute (cuBLASLt). */
+RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                              const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
+                              int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
+                              RtError *err);
 /* dst[i] += scale * src[i] for i < n, on the device (forward_backward's gradient accumulation). */
 RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_t n, RtError *err);
 /* Device to device copy of `bytes` (optimizer_update's new parameters and state). */

@@ -324,7 +324,7 @@ static Value *call_(const char *name, int n, const Arg *args) {
     }
     c.callee_at = sp(0, 5);
     c.at = AT;
-    return builtin_call(ar, b, &c);
+    return builtin_call(ar, b, &c, DT_F32);
 }
 #define CALL(name, ...) call_(name, (int)(sizeof((Arg[]){__VA_ARGS__}) / sizeof(Arg)), (Arg[]){__VA_ARGS__})
 static Value *call0(const char *name) { return call_(name, 0, NULL); }
