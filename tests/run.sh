@@ -532,6 +532,24 @@ run_verify() {
             fail "verify/$ex" "the compiled step differs from the reference" "$out"
         fi
     done
+    # precision = bf16 (tests/verify/*_bf16.mbt): held to bf16's tolerances; the bf16 step held
+    # against the f32 program must fail, so the bf16 build really rounds
+    for ex in tiny mlp; do
+        if ! "$mbtc" -I examples "tests/verify/${ex}_bf16.mbt" -o "$dir/${ex}_bf16" >"$out" 2>&1 \
+            || ! "$dir/${ex}_bf16" train --steps 1 --data "$dir/d/t_train.bin" --dump-step "$dir/${ex}_bf16.safetensors" >"$out" 2>&1; then
+            fail "verify/${ex}_bf16" "building or dumping the first step failed" "$out"
+            continue
+        fi
+        if "$mbtc" -I examples "tests/verify/${ex}_bf16.mbt" --verify-step "$dir/${ex}_bf16.safetensors" >"$out" 2>&1 \
+            && grep -q '^verify-step: ok' "$out"; then
+            pass "verify/${ex}_bf16 ($(sed -n 's/^verify-step: ok (\(.*\);.*/\1/p' "$out"))"
+        else
+            fail "verify/${ex}_bf16" "the compiled bf16 step differs from the reference beyond bf16's tolerances" "$out"
+        fi
+        "$mbtc" "examples/$ex.mbt" --verify-step "$dir/${ex}_bf16.safetensors" >"$out" 2>&1
+        if [ "$?" = 1 ] && grep -q '^verify-step: FAILED' "$out"; then pass "verify/${ex}_bf16-is-not-f32"
+        else fail "verify/${ex}_bf16-is-not-f32" "the bf16 step passed as the f32 program's" "$out"; fi
+    done
     local rc
     "$mbtc" tests/verify/mlp_gelu.mbt --verify-step "$dir/mlp.safetensors" >"$out" 2>&1
     rc=$?

@@ -286,7 +286,26 @@ static void test_cast(void) {
     CHECK_ARR(v[i32], ((double[]){-2, 2, 0, 3, 0, NAN}), 6, 0, "to i32 truncates toward zero");
     CHECK_ARR(v[i64], ((double[]){-2, 2, 0, 3, 0}), 5, 0, "to i64 truncates toward zero");
     CHECK_ARR(v[b], ((double[]){1, 1, 1, 1, 0, 1}), 6, 0, "to bool is != 0 (NaN is true)");
-    CHECK_ARR(v[f], xs, 6, 0, "to a float type is the identity");
+    CHECK_ARR(v[f], ((double[]){-2.703125, 2.703125, -0.5, 3, 0, NAN}), 6, 0, "to bf16 rounds");
+}
+
+/* Casts to bf16 and f16 round straight from double: to nearest, ties to even, subnormals, and
+ * infinity past the largest finite value plus half an ulp. */
+static void test_cast_half(void) {
+    reset();
+    double bs[] = {1 + 0x1p-8, 1 + 3 * 0x1p-8, 0x1.ffp127, -0x1.fe8p127, 0x1p-134, 3 * 0x1p-134, 1e39, -0.0};
+    double hs[] = {65519, 65520, 0x1p-25, 3 * 0x1p-25, 1 + 0x1p-11, 0.1, -70000, 0x1p-24};
+    int xb = input(DT_F32, SHAPE(8), bs), xh = input(DT_F32, SHAPE(8), hs);
+    int b = add(G_CAST, DT_BF16, SHAPE(8), INS(xb));
+    int h = add(G_CAST, DT_F16, SHAPE(8), INS(xh));
+    int f = add(G_CAST, DT_F32, SHAPE(8), INS(xb));
+    double **v = run();
+    REQUIRE_RUN(v);
+    CHECK_ARR(v[b], ((double[]){1, 1 + 0x1p-6, INFINITY, -0x1.fep127, 0, 0x1p-132, INFINITY, -0.0}), 8, 0,
+              "to bf16: ties to even, overflow, subnormal ties");
+    CHECK_ARR(v[h], ((double[]){65504, INFINITY, 0, 0x1p-23, 1, 0.0999755859375, -INFINITY, 0x1p-24}), 8, 0,
+              "to f16: ties to even, overflow, subnormals");
+    CHECK_ARR(v[f], bs, 8, 0, "to f32 is the identity");
 }
 
 static void test_clamp(void) {
@@ -1097,6 +1116,7 @@ int main(void) {
     RUN(test_unary);
     RUN(test_unary_extremes);
     RUN(test_cast);
+    RUN(test_cast_half);
     RUN(test_clamp);
     RUN(test_dropout);
     RUN(test_binary_broadcast);

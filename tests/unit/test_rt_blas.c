@@ -1,7 +1,7 @@
 /* test_rt_blas.c - unit tests of runtime/blas.c, rt_sgemm_batched on OpenBLAS: every transpose
  * combination, padded pitches, batch strides (and a broadcast operand), alpha/beta, shapes large
  * enough to be tiled, against a naive double-precision loop; bit-identical results for any
- * thread count; argument errors.
+ * thread count; argument errors; rt_bgemm_batched (bf16) the same way.
  *
  * Build: make build/tests/test_rt_blas (links build/libmbtrt.a and OpenBLAS). Prints `PASS name`
  * or `FAIL name: why` per case, then `N passed, M failed`; exits 1 on a failure.
@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "rt.h"
 #include "rt_program.h"
 #include "unit.h"
 
@@ -29,7 +30,17 @@ typedef struct Case {
     int64_t pad;        /* extra elements at the end of every row (pitch = cols + pad) */
     int broadcast_a;    /* stride_a = 0 */
     float alpha, beta;
+    int bf16;           /* rt_bgemm_batched: A, B and C in bf16 */
 } Case;
+
+static uint16_t *to_bf16(float *v, int64_t n) { /* v rounded in place; its bf16 bits returned */
+    uint16_t *h = malloc((size_t)(n + 1) * sizeof *h);
+    for (int64_t i = 0; i < n; i++) {
+        h[i] = rt_f32_to_bf16(v[i]);
+        v[i] = rt_bf16_to_f32(h[i]);
+    }
+    return h;
+}
 
 /* Runs one case on `pool` and checks it against the naive loop; returns C (caller frees). */
 static float *run_case(const Case *c, RtPool *pool, int check) {
@@ -46,10 +57,21 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
     fill(c0, nc, 3);
     if (c->beta == 0.0f)
         for (int64_t i = 0; i < nc; i++) c0[i] = NAN; /* beta 0 must overwrite, not multiply */
+    uint16_t *a16 = NULL, *b16 = NULL, *c16 = NULL, *c016 = NULL;
+    if (c->bf16) { /* the inputs become bf16 values, so the double reference uses exactly them */
+        a16 = to_bf16(a, na);
+        b16 = to_bf16(b, nb);
+        c016 = to_bf16(c0, nc);
+        c16 = malloc((size_t)(nc + 1) * sizeof *c16);
+        memcpy(c16, c016, (size_t)nc * sizeof *c16);
+    }
     memcpy(cc, c0, (size_t)nc * sizeof *cc);
     RtError e;
-    RtStatus st = rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb, c->beta, cc,
-                                   ldc, sc, c->batch, &e);
+    RtStatus st = c->bf16 ? rt_bgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a16, lda, sa, b16, ldb, sb,
+                                             c->beta, c16, ldc, sc, c->batch, &e)
+                          : rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb,
+                                             c->beta, cc, ldc, sc, c->batch, &e);
+    for (int64_t i = 0; c->bf16 && i < nc; i++) cc[i] = rt_bf16_to_f32(c16[i]);
     CHECK(st == RT_OK, "ta %d tb %d m %lld n %lld k %lld: %s", c->ta, c->tb, (long long)c->m, (long long)c->n,
           (long long)c->k, e.msg);
     if (check && st == RT_OK) {
@@ -69,7 +91,8 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
                     }
                     double base = c->beta == 0.0f ? 0.0 : (double)c->beta * C0[i * ldc + j];
                     double ref = (double)c->alpha * s + base;
-                    double tol = 1e-5 * (fabs(c->alpha) * mag + fabs(base)) + 1e-30;
+                    /* bf16: plus C's one rounding to nearest: half an ulp, at most 2^-8 relative (8 significand bits) */
+                    double tol = 1e-5 * (fabs(c->alpha) * mag + fabs(base)) + (c->bf16 ? 0x1p-8 * fabs(ref) : 0) + 1e-30;
                     double err = fabs((double)C[i * ldc + j] - ref);
                     if (!(err <= tol)) bad++;
                     if (err / tol > worst) worst = err / tol;
@@ -78,21 +101,50 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
             for (int64_t i = 0; i < c->m; i++)
                 for (int64_t j = c->n; j < ldc; j++) {
                     float x = C[i * ldc + j], y = C0[i * ldc + j];
-                    untouched += memcmp(&x, &y, sizeof x) != 0;
+                    untouched += c->bf16 ? c16[bi * sc + i * ldc + j] != c016[bi * sc + i * ldc + j]
+                                         : memcmp(&x, &y, sizeof x) != 0;
                 }
         }
-        CHECK(bad == 0, "ta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
-              c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch, (long long)c->pad,
+        CHECK(bad == 0, "%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
+              c->bf16 ? "bf16 " : "", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch,
+              (long long)c->pad,
               (double)c->alpha, (double)c->beta, (long long)bad, worst);
         CHECK(untouched == 0, "%lld padding elements were written", (long long)untouched);
     }
     free(a);
     free(b);
     free(c0);
+    free(a16);
+    free(b16);
+    free(c16);
+    free(c016);
     return cc;
 }
 
 /* ---- correctness -------------------------------------------------------------------------------- */
+
+/* rt_bgemm_batched: every transpose, padded pitches (the padding must stay as it was), batches
+ * with a broadcast A, beta 0 (C's NaNs ignored) and 1, and a product large enough to be tiled. */
+static void bf16_products(void) {
+    RtPool *p;
+    RtError e;
+    CHECK(rt_pool_create(&p, 2, &e) == RT_OK, "pool: %s", e.msg);
+    for (int t = 0; t < 4; t++) {
+        Case c = {t & 1, t >> 1, 17, 33, 40, 1, 3, 0, 1.0f, 0.0f, 1};
+        free(run_case(&c, p, 1));
+        c.batch = 3;
+        c.broadcast_a = 1;
+        c.beta = 1.0f;
+        free(run_case(&c, p, 1));
+        c.pad = 0; /* contiguous C: converted back in one pass */
+        c.broadcast_a = 0;
+        c.beta = 0.0f;
+        free(run_case(&c, p, 1));
+    }
+    Case big = {0, 1, 300, 200, 96, 1, 0, 0, 1.0f, 0.0f, 1};
+    free(run_case(&big, p, 1));
+    rt_pool_destroy(p);
+}
 
 static void all_transposes_small(void) {
     RtPool *p;
@@ -102,7 +154,7 @@ static void all_transposes_small(void) {
     for (int t = 0; t < 4; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int pad = 0; pad <= 3; pad += 3) {
-                Case c = {t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 1, pad, 0, 1.0f, 0.0f};
+                Case c = {t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 1, pad, 0, 1.0f, 0.0f, 0};
                 free(run_case(&c, p, 1));
                 c.alpha = 0.5f;
                 c.beta = 1.0f;
@@ -119,7 +171,7 @@ static void batches_and_strides(void) {
     RtError e;
     CHECK(rt_pool_create(&p, 3, &e) == RT_OK, "pool: %s", e.msg);
     for (int t = 0; t < 4; t++) {
-        Case c = {t & 1, t >> 1, 12, 20, 16, 5, 2, 0, 1.0f, 0.0f}; /* attention-like: many small products */
+        Case c = {t & 1, t >> 1, 12, 20, 16, 5, 2, 0, 1.0f, 0.0f, 0}; /* attention-like: many small products */
         free(run_case(&c, p, 1));
         c.broadcast_a = 1; /* one A for every batch entry */
         c.beta = 1.0f;
@@ -134,9 +186,9 @@ static void large_tiled(void) {
     CHECK(rt_pool_create(&p, 2, &e) == RT_OK, "pool: %s", e.msg);
     /* 300 x 260 x 200 = 15.6M multiply-adds: several tiles; 16 x 700 x 512: column tiles */
     for (int t = 0; t < 4; t++) {
-        Case c = {t & 1, t >> 1, 300, 260, 200, 1, 1, 0, 1.0f, 0.0f};
+        Case c = {t & 1, t >> 1, 300, 260, 200, 1, 1, 0, 1.0f, 0.0f, 0};
         free(run_case(&c, p, 1));
-        Case d = {t & 1, t >> 1, 16, 700, 512, 2, 0, 0, 1.0f, 1.0f};
+        Case d = {t & 1, t >> 1, 16, 700, 512, 2, 0, 0, 1.0f, 1.0f, 0};
         free(run_case(&d, p, 1));
     }
     rt_pool_destroy(p);
@@ -146,9 +198,9 @@ static void large_tiled(void) {
 
 static void thread_count_invariance(void) {
     Case cases[] = {
-        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f},
-        {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f},
-        {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f},
+        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0},
+        {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f, 0},
+        {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f, 0},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const Case *c = &cases[ci];
@@ -204,5 +256,6 @@ int main(void) {
     RUN(large_tiled);
     RUN(thread_count_invariance);
     RUN(argument_errors);
+    RUN(bf16_products);
     return unit_finish();
 }
