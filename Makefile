@@ -86,7 +86,9 @@ $(BUILD)/.deps-ok: tools/deps.sh
 
 # ---- generated front end (never in the source tree) ------------------------------------------
 # lemon exits non-zero when the grammar has conflicts, so a conflicting grammar fails the build.
-$(BUILD)/gen/mbt.c $(BUILD)/gen/mbt.h: grammar/mbt.y $(LEMPAR) | $(BUILD)/.deps-ok
+# lempar.c is a prerequisite only once it exists: on a fresh machine tools/deps.sh (.deps-ok)
+# installs lemon first, and a missing file must not stop make before that runs.
+$(BUILD)/gen/mbt.c $(BUILD)/gen/mbt.h: grammar/mbt.y $(wildcard $(LEMPAR)) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/gen
 	$(LEMON) -q -T$(LEMPAR) -d$(BUILD)/gen grammar/mbt.y
 
