@@ -16,7 +16,16 @@
  *   means the same by these descriptors is what this cannot show.
  * - Time is a clock that launches and matmuls advance by fixed amounts.
  *
+ * The emulated GPU (MBT_FAKE_CUDA_EMU=FILE.so, a program's CUDA C compiled for the host by
+ * tests/cudaemu/build.sh): modules are any image (the executable's real cubin or PTX), their
+ * functions are FILE.so's kernels by name, and launches run the kernels' own code on the CPU
+ * (tests/cudaemu/cudaemu.h: blocks of fibers, barriers and shuffles), so a whole `--device cuda`
+ * run executes here. Device memory starts as 0xff bytes (f32 NaN) so a read of memory nothing
+ * wrote shows in the results, as a GPU's unwritten memory would not reliably.
+ *
  * Build: the Makefile makes build/tests/libmbt_fake_cuda.so for test_rt_gpu. */
+#include <cblas.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +34,34 @@
 #include "gpu_internal.h"
 
 static FakeControl fake = {.major = 8, .minor = 0, .sms = 4, .devices = 1};
+
+/* The emulated GPU's kernels (MBT_FAKE_CUDA_EMU), opened on first use. */
+static struct {
+    int tried;
+    int (*find)(const char *name);
+    int (*launch)(int k, const unsigned grid[3], const unsigned block[3], void **params, char *err, size_t errlen);
+} emu;
+
+static int fake_emu(void) {
+    if (!emu.tried) {
+        emu.tried = 1;
+        const char *path = getenv("MBT_FAKE_CUDA_EMU");
+        if (path && *path) {
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (!h) {
+                fprintf(stderr, "fake_cuda: MBT_FAKE_CUDA_EMU: %s\n", dlerror());
+                exit(2);
+            }
+            *(void **)&emu.find = dlsym(h, "mbt_emu_find");
+            *(void **)&emu.launch = dlsym(h, "mbt_emu_launch");
+            if (!emu.find || !emu.launch) {
+                fprintf(stderr, "fake_cuda: MBT_FAKE_CUDA_EMU: %s is not built by tests/cudaemu/build.sh\n", path);
+                exit(2);
+            }
+        }
+    }
+    return emu.launch != NULL;
+}
 
 FakeControl *fake_control(void) {
     return &fake;
@@ -36,6 +73,7 @@ enum {
     FAKE_INVALID_PTX = 218,
     FAKE_NOT_FOUND = 500,
     FAKE_OUT_OF_RESOURCES = 701,
+    FAKE_LAUNCH_FAILED = 719,
     FAKE_LT_INVALID_VALUE = 7,
     FAKE_LT_NOT_SUPPORTED = 15,
 };
@@ -54,6 +92,7 @@ static const struct {
     {FAKE_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
     {FAKE_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {FAKE_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {FAKE_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
 };
 
 static CUresult fake_error(CUresult rc, const char **out, int text) {
@@ -136,6 +175,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (fake.oom_above && n > fake.oom_above) return CUDA_ERROR_OUT_OF_MEMORY;
     void *m = aligned_alloc(256, (n + 255) / 256 * 256);
     if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (fake_emu()) memset(m, 0xff, n);
     fake.live_allocs++;
     *p = (CUdeviceptr)(uintptr_t)m;
     return CUDA_SUCCESS;
@@ -196,11 +236,12 @@ CUresult cuMemsetD2D32Async(CUdeviceptr p, size_t pitch, unsigned int v, size_t 
 
 typedef struct FakeFunction {
     char name[64];
+    int emu; /* the emulated kernel's index (MBT_FAKE_CUDA_EMU), else -1 */
 } FakeFunction;
 
 typedef struct FakeModule {
     char *text;
-    FakeFunction fns[64];
+    FakeFunction fns[512];
     int nfns;
 } FakeModule;
 
@@ -219,6 +260,11 @@ static void fake_log(unsigned int n, CUjit_option *opts, void **vals, const char
 }
 
 CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *opts, void **vals) {
+    if (fake_emu()) { /* the image is the program's real one; its functions come from the emulator */
+        FakeModule *mod = calloc(1, sizeof *mod);
+        *m = (CUmodule)(void *)mod;
+        return CUDA_SUCCESS;
+    }
     if (memcmp(image, FAKE_CUBIN, strlen(FAKE_CUBIN)) != 0) {
         fake_log(n, opts, vals, "fake: not a fake cubin\nsecond line");
         return FAKE_INVALID_IMAGE;
@@ -238,11 +284,21 @@ CUresult cuModuleUnload(CUmodule m) {
 
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     FakeModule *mod = (FakeModule *)(void *)m;
+    if (fake_emu()) {
+        int k = emu.find(name);
+        if (k < 0 || mod->nfns == 512 || strlen(name) >= 64) return FAKE_NOT_FOUND;
+        FakeFunction *fn = &mod->fns[mod->nfns++];
+        strcpy(fn->name, name);
+        fn->emu = k;
+        *f = (CUfunction)(void *)fn;
+        return CUDA_SUCCESS;
+    }
     for (const char *line = strchr(mod->text, '\n'); line; line = strchr(line + 1, '\n')) {
         size_t len = strcspn(line + 1, "\n");
         if (len == strlen(name) && strncmp(line + 1, name, len) == 0 && mod->nfns < 64 && len < 64) {
             FakeFunction *fn = &mod->fns[mod->nfns++];
             memcpy(fn->name, name, len + 1);
+            fn->emu = -1;
             *f = (CUfunction)(void *)fn;
             return CUDA_SUCCESS;
         }
@@ -394,6 +450,16 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
     fake.last_grid[1] = gy;
     fake.last_block = bx;
     fake.launches++;
+    if (fn->emu >= 0) {
+        unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+        char err[600];
+        if (emu.launch(fn->emu, grid, block, params, err, sizeof err)) {
+            fprintf(stderr, "fake_cuda: %s\n", err);
+            return FAKE_LAUNCH_FAILED;
+        }
+        fake.clock_ms += 0.5;
+        return CUDA_SUCCESS;
+    }
     if (strcmp(fn->name, "fake_fail") == 0) return FAKE_OUT_OF_RESOURCES;
     if (strcmp(fn->name, "mbt_rt_axpy") == 0) fake_axpy(params);
     else if (strcmp(fn->name, "mbt_rt_scale") == 0) fake_scale(params);
@@ -540,9 +606,27 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* Element (i, j) of a column-major matrix, or of its transpose. */
-static float fake_at(const float *x, const FakeLayout *l, int op, int64_t i, int64_t j) {
-    return op == CUBLAS_OP_T ? x[j + i * l->ld] : x[i + j * l->ld];
+/* Element (i, j) of a column-major f32 or bf16 matrix, or of its transpose. */
+static float fake_at(const void *x, const FakeLayout *l, int op, int64_t i, int64_t j) {
+    int64_t at = op == CUBLAS_OP_T ? j + i * l->ld : i + j * l->ld;
+    if (l->type == CUDA_R_16BF) {
+        uint32_t bits = (uint32_t)((const uint16_t *)x)[at] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    return ((const float *)x)[at];
+}
+
+static void fake_put(void *x, const FakeLayout *l, int64_t i, int64_t j, float v) {
+    int64_t at = i + j * l->ld;
+    if (l->type == CUDA_R_16BF) { /* round to nearest even, NaN kept quiet */
+        uint32_t b;
+        memcpy(&b, &v, sizeof b);
+        ((uint16_t *)x)[at] = v != v ? (uint16_t)((b >> 16) | 0x40u) : (uint16_t)((b + ((b >> 16) & 1u) + 0x7fffu) >> 16);
+    } else {
+        ((float *)x)[at] = v;
+    }
 }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *a,
@@ -561,20 +645,43 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     if (!algo || algo->data[0] != FAKE_ALGO || a_m != m || b_k != k || b_n != n || lc->rows != ld->rows ||
         lc->cols != ld->cols || c != dst || la->batch != ld->batch || lb->batch != ld->batch || lc->batch != ld->batch)
         return FAKE_LT_INVALID_VALUE;
+    if ((la->type != CUDA_R_32F && la->type != CUDA_R_16BF) || lb->type != la->type || lc->type != la->type ||
+        ld->type != la->type)
+        return FAKE_LT_NOT_SUPPORTED;
+    size_t size = la->type == CUDA_R_16BF ? 2 : 4;
     float al_ = *(const float *)alpha, be = *(const float *)beta;
+    /* opA and opB copied out as dense row-major f32 (bf16 widens exactly), their product by
+     * OpenBLAS (f32 sums, as cuBLASLt's CUBLAS_COMPUTE_32F), then D = alpha AB + beta C rounded
+     * to D's type: fast enough for the emulated GPU's every GEMM. The copying is this file's own
+     * reading of the layouts, which is what test_rt_gpu holds against rt_sgemm_batched. */
+    openblas_set_num_threads(1); /* the emulator is one thread; OpenBLAS's idle threads would spin */
+    float *A = malloc(sizeof(float) * (size_t)(m * k + 1)), *B = malloc(sizeof(float) * (size_t)(k * n + 1));
+    float *AB = malloc(sizeof(float) * (size_t)(m * n + 1));
+    if (!A || !B || !AB) {
+        free(A), free(B), free(AB);
+        return FAKE_LT_INVALID_VALUE;
+    }
     for (int32_t bi = 0; bi < ld->batch; bi++) {
-        const float *ab = (const float *)a + bi * la->stride, *bb = (const float *)b + bi * lb->stride;
-        const float *cb = (const float *)c + bi * lc->stride;
-        float *db = (float *)dst + bi * ld->stride;
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t i = 0; i < m; i++) {
-                double acc = 0;
-                for (int64_t p = 0; p < k; p++) acc += (double)fake_at(ab, la, desc->op_a, i, p) * fake_at(bb, lb, desc->op_b, p, j);
-                float v = al_ * (float)acc;
-                if (be != 0) v += be * cb[i + j * lc->ld];
-                db[i + j * ld->ld] = v;
+        const char *ab = (const char *)a + bi * la->stride * size, *bb = (const char *)b + bi * lb->stride * size;
+        const char *cb = (const char *)c + bi * lc->stride * size;
+        char *db = (char *)dst + bi * ld->stride * size;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t p = 0; p < k; p++) A[i * k + p] = fake_at(ab, la, desc->op_a, i, p);
+        for (int64_t p = 0; p < k; p++)
+            for (int64_t j = 0; j < n; j++) B[p * n + j] = fake_at(bb, lb, desc->op_b, p, j);
+        if (k > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, A,
+                        (blasint)k, B, (blasint)n, 0.0f, AB, (blasint)n);
+        else
+            memset(AB, 0, sizeof(float) * (size_t)(m * n));
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                float v = al_ * AB[i * n + j];
+                if (be != 0) v += be * fake_at(cb, lc, CUBLAS_OP_N, i, j);
+                fake_put(db, ld, i, j, v);
             }
     }
+    free(A), free(B), free(AB);
     fake.matmuls++;
     fake.clock_ms += 2.0;
     return CUBLAS_STATUS_SUCCESS;
