@@ -1171,6 +1171,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
             fz_print_type(out, p->dt, p->rank, p->shape);
             fprintf(out, "\n");
         }
+        if (k->attn) kir_print_attn(out, k->attn, "  ");
         fprintf(out, "  body:\n");
         kir_print_body(out, k, 4);
     }

@@ -722,6 +722,219 @@ static void cg_out_put(CG *g, const CGAttn *a, int o, int head, int row, int col
     for (int i = 0; i < np; i++) kb_store(g->b, bufs[i], offs[i], nv);
 }
 
+/* ---- attention's layout (Kernel.attn) ------------------------------------------------------------ */
+
+/* A node's elements as a strided view of a buffer: element (i0, i1, ...) at
+ * off + sum i_d * stride[d]. */
+typedef struct CGLayout {
+    int rank;
+    int64_t off;
+    int64_t shape[GRAPH_MAX_RANK], stride[GRAPH_MAX_RANK];
+} CGLayout;
+
+static void lay_rowmajor(CGLayout *L, int rank, const int64_t *shape) {
+    L->rank = rank;
+    L->off = 0;
+    int64_t s = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        L->shape[d] = shape[d];
+        L->stride[d] = s;
+        s *= shape[d];
+    }
+}
+
+static void lay_swap(CGLayout *L, int a, int b) {
+    int64_t t = L->shape[a];
+    L->shape[a] = L->shape[b];
+    L->shape[b] = t;
+    t = L->stride[a];
+    L->stride[a] = L->stride[b];
+    L->stride[b] = t;
+}
+
+/* The same elements seen with another shape, grouped as ix_reshape groups them: a group of
+ * several axes must be contiguous in `in` (each axis's stride its inner neighbour's times that
+ * one's size). Returns 0 when one is not: the reshape is then no strided view. */
+static int lay_reshape(const CGLayout *in, int rank, const int64_t *shape, CGLayout *out) {
+    out->rank = rank;
+    out->off = in->off;
+    for (int d = 0; d < rank; d++) {
+        out->shape[d] = shape[d];
+        out->stride[d] = 0;
+    }
+    int src[GRAPH_MAX_RANK], dst[GRAPH_MAX_RANK], ns = 0, nd = 0;
+    for (int d = 0; d < in->rank; d++)
+        if (in->shape[d] != 1) src[ns++] = d;
+    for (int d = 0; d < rank; d++)
+        if (shape[d] != 1) dst[nd++] = d;
+    int i = 0, j = 0;
+    while (i < ns && j < nd) {
+        int gi[GRAPH_MAX_RANK], gj[GRAPH_MAX_RANK], ni = 0, nj = 0;
+        int64_t ps = in->shape[src[i]], pd = shape[dst[j]];
+        gi[ni++] = src[i++];
+        gj[nj++] = dst[j++];
+        while (ps != pd) {
+            if (ps < pd && i < ns) {
+                ps *= in->shape[src[i]];
+                gi[ni++] = src[i++];
+            } else if (pd < ps && j < nd) {
+                pd *= shape[dst[j]];
+                gj[nj++] = dst[j++];
+            } else {
+                return 0;
+            }
+        }
+        for (int k = 0; k + 1 < ni; k++)
+            if (in->stride[gi[k]] != in->stride[gi[k + 1]] * in->shape[gi[k + 1]]) return 0;
+        int64_t inner = in->stride[gi[ni - 1]];
+        for (int k = nj - 1; k >= 0; k--) {
+            out->stride[gj[k]] = inner;
+            inner *= shape[gj[k]];
+        }
+    }
+    return i == ns && j == nd;
+}
+
+/* The layout of node f over the buffer it is read from (*param): f itself when this kernel loads
+ * it, else the pure views this kernel computes it by. 0 when it is computed otherwise or a view
+ * on the way is not strided. */
+static int cg_layout_in(CG *g, int f, CGLayout *L, int *param) {
+    const FNode *n = cg_n(g, f);
+    if (!cg_computes(g, f)) {
+        *param = cg_buf(g, f, 0);
+        lay_rowmajor(L, n->rank, n->shape);
+        return 1;
+    }
+    if (n->op != F_RESHAPE && n->op != F_PERMUTE && n->op != F_SLICE && n->op != F_EXPAND) return 0;
+    CGLayout in;
+    if (!cg_layout_in(g, n->in[0], &in, param)) return 0;
+    switch (n->op) {
+    case F_RESHAPE: return lay_reshape(&in, n->rank, n->shape, L);
+    case F_PERMUTE:
+        *L = in;
+        lay_swap(L, (int)n->ia[0], (int)n->ia[1]);
+        return 1;
+    case F_SLICE:
+        *L = in;
+        L->off += n->ia[1] * in.stride[n->ia[0]];
+        L->shape[n->ia[0]] = n->shape[n->ia[0]];
+        return 1;
+    default: /* F_EXPAND, right-aligned: new axes and size-1 axes broadcast with stride 0 */
+        L->rank = n->rank;
+        L->off = in.off;
+        for (int d = 0; d < n->rank; d++) {
+            int id = d - (n->rank - in.rank);
+            L->shape[d] = n->shape[d];
+            L->stride[d] = id < 0 || in.shape[id] == 1 ? 0 : in.stride[id];
+        }
+        return 1;
+    }
+}
+
+/* A [..., heads, rows, cols] layout as a KView: the leading axes merged into one (0 when their
+ * strides do not allow it). */
+static int cg_kview(const CGLayout *L, int param, KView *v) {
+    int r = L->rank;
+    int64_t zs = 0, prod = 1;
+    int any = 0;
+    for (int i = r - 4; i >= 0; i--) {
+        if (L->shape[i] == 1) continue;
+        if (!any) zs = L->stride[i], any = 1;
+        else if (L->stride[i] != zs * prod) return 0;
+        prod *= L->shape[i];
+    }
+    v->param = param;
+    v->offset = L->off;
+    v->stride[0] = zs;
+    for (int i = 0; i < 3; i++) v->stride[i + 1] = L->stride[r - 3 + i];
+    return 1;
+}
+
+static int cg_kview_of(CG *g, int f, KView *v) {
+    CGLayout L;
+    int param = -1;
+    return cg_layout_in(g, f, &L, &param) && cg_kview(&L, param, v);
+}
+
+/* The places cg_out_places stores result o at, as views: o's own buffer, and each member that is
+ * a permute/reshape chain of o seen back through the chain. 0 when one is not strided. */
+static int cg_out_views(CG *g, int o, KAttn *a) {
+    const FNode *on = cg_n(g, o);
+    CGLayout L;
+    a->nout = 0;
+    if (g->c->mat[o]) {
+        lay_rowmajor(&L, on->rank, on->shape);
+        if (!cg_kview(&L, cg_buf(g, o, 1), &a->out[a->nout++])) return 0;
+    }
+    const FKern *K = g->K;
+    for (int m = 0; m < K->members.n && a->nout < 4; m++) {
+        int f = K->members.v[m];
+        if (f == o || !g->c->mat[f]) continue;
+        int chain[64], nc = 0, x = f;
+        while (x != o && nc < 64) {
+            const FNode *n = cg_n(g, x);
+            if (n->op != F_PERMUTE && n->op != F_RESHAPE) break;
+            chain[nc++] = x;
+            x = n->in[0];
+        }
+        if (x != o) continue;
+        lay_rowmajor(&L, cg_n(g, f)->rank, cg_n(g, f)->shape);
+        for (int i = 0; i < nc; i++) { /* from the member down to o */
+            const FNode *n = cg_n(g, chain[i]), *in = cg_n(g, n->in[0]);
+            if (n->op == F_PERMUTE) {
+                lay_swap(&L, (int)n->ia[0], (int)n->ia[1]);
+            } else {
+                CGLayout t;
+                if (!lay_reshape(&L, in->rank, in->shape, &t)) return 0;
+                L = t;
+            }
+        }
+        if (!cg_kview(&L, cg_buf(g, f, 1), &a->out[a->nout++])) return 0;
+    }
+    return a->nout > 0;
+}
+
+/* Kernel.attn for attention op n (KA_*), when every operand and result is a strided view and the
+ * kernel computes nothing else; otherwise it stays NULL and the body is the kernel. */
+static void cg_attn_describe(CG *g, const FNode *n, const CGAttn *a, KAttnOp op) {
+    const FuseCtx *c = g->c;
+    KAttn *d = arena_alloc(g->ar, sizeof *d);
+    memset(d, 0, sizeof *d);
+    d->op = op;
+    d->dt = n->dt;
+    const FNode *q = cg_n(g, a->q);
+    d->Z = 1;
+    for (int i = 0; i < a->r - 3; i++) d->Z *= q->shape[i];
+    d->H = a->H, d->Hk = a->Hk, d->T = a->T, d->S = a->S, d->D = a->D, d->E = a->E;
+    d->causal = a->causal;
+    d->scale = a->scale;
+    d->dout.param = d->stats.param = -1;
+    int ops[4] = {a->q, a->k, a->v, a->dout};
+    KView *views[4] = {&d->q, &d->k, &d->v, &d->dout};
+    for (int i = 0; i < 4; i++) {
+        if (ops[i] < 0) continue;
+        if (cg_n(g, ops[i])->dt != n->dt || !cg_kview_of(g, ops[i], views[i])) return;
+    }
+    if (!cg_out_views(g, n->id, d)) return;
+    int others = 0; /* members besides n, its statistics and the views of n it stores */
+    for (int m = 0; m < g->K->members.n; m++) {
+        int f = g->K->members.v[m];
+        if (f == n->id || f == a->stats) continue;
+        const FNode *x = cg_n(g, f);
+        others += (x->op != F_PERMUTE && x->op != F_RESHAPE) || !c->mat[f];
+    }
+    if (others) return;
+    if (a->stats >= 0) {
+        const FNode *st = cg_n(g, a->stats);
+        CGLayout L;
+        lay_rowmajor(&L, st->rank, st->shape);
+        d->stats_computed = op == KA_BWD_Q && c->owner[a->stats] == g->kid;
+        if (!d->stats_computed || c->mat[a->stats])
+            if (st->dt != n->dt || !cg_kview(&L, cg_buf(g, a->stats, d->stats_computed), &d->stats)) return;
+    }
+    g->k->attn = d;
+}
+
 /* Forward: ref.c's ref_eval_attention, one query row per work item. */
 static void cg_attention(CG *g, const FNode *n) {
     CGAttn a;
@@ -752,6 +965,7 @@ static void cg_attention(CG *g, const FNode *n) {
     cg_out_put(g, &a, n->id, h, t, c, sum, K_DIV);
     kb_endloop(g->b);
     if (a.causal) kb_endif(g->b);
+    cg_attn_describe(g, n, &a, KA_FORWARD);
 }
 
 /* P_ij for query row (h, i) against key j, given the row's max and sum. */
@@ -842,6 +1056,7 @@ static void cg_attention_bwd_q(CG *g, const FNode *n) {
     cg_out_put(g, &a, n->id, h, i, d, cg_op2(g, K_MUL, a.t, w, cg_attn_at(g, &a, a.k, kh, j, d)), K_ADD);
     kb_endloop(g->b);
     kb_endloop(g->b);
+    cg_attn_describe(g, n, &a, KA_BWD_Q);
 }
 
 /* dk_j = scale * sum dS_ij q_i and dv_j = sum P_ij dout_i over the query heads of key head kh
@@ -878,6 +1093,7 @@ static void cg_attention_bwd_kv(CG *g, const FNode *n) {
     kb_endloop(g->b);
     kb_endloop(g->b);
     kb_endloop(g->b);
+    cg_attn_describe(g, n, &a, want_k ? KA_BWD_K : KA_BWD_V);
 }
 
 /* ---- dedicated kernels: topk and scatter_add ----------------------------------------------------- */

@@ -750,3 +750,27 @@ void kir_print_body(FILE *out, const Kernel *k, int indent) {
     }
     arena_free(&scratch);
 }
+
+/* ---- attention's layout ------------------------------------------------------------------------ */
+
+static void kir_print_view(FILE *out, const char *prefix, const char *what, const KView *v, const char *note) {
+    fprintf(out, "%s  %-6s p%d + %" PRId64 "  strides [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]%s\n", prefix,
+            what, v->param, v->offset, v->stride[0], v->stride[1], v->stride[2], v->stride[3], note);
+}
+
+void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
+    static const char *ops[] = {"forward", "backward of q", "backward of k", "backward of v"};
+    fprintf(out, "%sattention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64
+                 ", D %" PRId64 ", E %" PRId64 ", %s, scale %.9g, %s\n",
+            prefix, ops[a->op], a->Z, a->H, a->Hk, a->T, a->S, a->D, a->E, a->causal ? "causal" : "not causal", a->scale,
+            dtype_name(a->dt));
+    kir_print_view(out, prefix, "q", &a->q, "");
+    kir_print_view(out, prefix, "k", &a->k, "");
+    kir_print_view(out, prefix, "v", &a->v, "");
+    if (a->dout.param >= 0) kir_print_view(out, prefix, "dout", &a->dout, "");
+    for (int i = 0; i < a->nout; i++) kir_print_view(out, prefix, "out", &a->out[i], "");
+    if (a->op != KA_FORWARD) {
+        if (a->stats.param >= 0) kir_print_view(out, prefix, "stats", &a->stats, a->stats_computed ? " (computed here)" : "");
+        else fprintf(out, "%s  stats  computed here, not stored\n", prefix);
+    }
+}

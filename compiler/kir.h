@@ -115,6 +115,43 @@ typedef struct KBuf {
     int key;      /* fuse's bookkeeping (the fused node the buffer holds) */
 } KBuf;
 
+/* ---- attention's layout, for a back end's hand-written attention kernel ---------------------- */
+
+/* A strided view of a buffer parameter as [Z, heads, rows, cols] (Z: the leading batch axes
+ * flattened): element (z, h, r, c) is bufs[param][offset + z*stride[0] + h*stride[1] +
+ * r*stride[2] + c*stride[3]] (elements). param -1: absent. */
+typedef struct KView {
+    int param;
+    int64_t offset;
+    int64_t stride[4];
+} KView;
+
+typedef enum KAttnOp { KA_FORWARD, KA_BWD_Q, KA_BWD_K, KA_BWD_V } KAttnOp;
+
+/* What a KK_ATTENTION kernel computes, in the terms of graph.h's G_ATTENTION and its backward
+ * ops (ref.c and ref_bwd.c define them), with every operand and result a strided view: the
+ * slices, reshapes and transposes fusion folded into the kernel's index arithmetic, resolved.
+ * A back end may run a kernel of its own from this instead of the body (compiler/cuda.c does,
+ * with runtime/kernels/rt_attention.cuh); the body computes the same. Set by fusion when every
+ * view is strided, else NULL. */
+typedef struct KAttn {
+    KAttnOp op;
+    DType dt;                 /* of q, k, v, dout and the results */
+    int64_t Z, H, Hk, T, S;   /* batch, query heads, key/value heads (H a multiple), query rows, key rows */
+    int64_t D, E;             /* the width of q and k, of v and the output */
+    int causal;               /* key j is visible to query row i when j <= i + S - T */
+    double scale;             /* of the scores: scale * (q . k) */
+    KView q, k, v;
+    KView dout;               /* the output's gradient [Z, H, T, E]: the backward ops */
+    int nout;
+    KView out[4];             /* the result [Z, H, T, E] (forward), dq [Z, H, T, D], dk [Z, Hk, S, D] or
+                                 dv [Z, Hk, S, E]; each place gets every element */
+    KView stats;              /* backward: [Z, H, T, 3] per query row: max of the scaled scores, sum of
+                                 exp(s - max), sum over keys of P dP; param -1 when not stored */
+    int stats_computed;       /* KA_BWD_Q: 1 when the kernel computes the statistics (storing them
+                                 at stats when param >= 0); otherwise they are loaded from stats */
+} KAttn;
+
 typedef struct Kernel {
     const char *name;  /* "k3_add_layernorm": unique in a schedule, a C identifier */
     KKind kind;
@@ -126,6 +163,7 @@ typedef struct Kernel {
     KInst *inst;
     int nnodes;
     int *nodes;        /* the graph nodes it computes, ascending (for the listing and tests) */
+    const KAttn *attn; /* KK_ATTENTION: its layout when strided, else NULL */
 } Kernel;
 
 /* ---- building (used by fuse.c) ---------------------------------------------------------------- */
@@ -174,5 +212,9 @@ int kir_verify(const Kernel *k, FILE *out);
 /* The body, one instruction a line, indented by loop and if depth; constants are printed
  * inline as operands. `indent` spaces before every line. */
 void kir_print_body(FILE *out, const Kernel *k, int indent);
+
+/* Kernel.attn, a few lines each starting with `prefix`: the op and sizes, then each view as
+ * `q  p0 + 128  strides [z, h, r, c]`. */
+void kir_print_attn(FILE *out, const KAttn *a, const char *prefix);
 
 #endif
