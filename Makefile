@@ -185,17 +185,25 @@ $(BUILD)/libmbtrt.a: $(RT_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-# The runtime's own kernels (runtime/kernels/rt_kernels.cu) as a C string for compiler/cuda_program.c,
-# which appends them to every program's CUDA source: each line becomes "line\n" with backslashes,
-# double quotes, tabs and question marks (trigraphs, which -std=c11 enables) escaped.
+# The runtime's CUDA sources as C strings for the compiler: runtime/kernels/rt_kernels.cu (its own
+# kernels, which compiler/cuda_program.c appends to every program's CUDA source) as mbt_rt_kernels_cu,
+# and rt_attention.cuh (the attention templates compiler/cuda.c puts after the prelude) as
+# mbt_rt_attention_cuh: each line becomes "line\n" with backslashes, double quotes, tabs and
+# question marks (trigraphs, which -std=c11 enables) escaped.
 CUDA_HOME ?= /usr/local/cuda
-$(BUILD)/gen/rt_kernels_cu.h: runtime/kernels/rt_kernels.cu
+define cuda_string
 	@mkdir -p $(BUILD)/gen
-	{ printf '/* generated from runtime/kernels/rt_kernels.cu by the Makefile: do not edit */\n'; \
-	  printf 'static const char mbt_rt_kernels_cu[] =\n'; \
+	{ printf '/* generated from $< by the Makefile: do not edit */\n'; \
+	  printf 'static const char $(1)[] =\n'; \
 	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/\\t/g' -e 's/?/\\?/g' -e 's/^/    "/' -e 's/$$/\\n"/' $<; \
 	  printf '    "";\n'; } > $@.tmp && mv $@.tmp $@
+endef
+$(BUILD)/gen/%_cu.h: runtime/kernels/%.cu
+	$(call cuda_string,mbt_$*_cu)
+$(BUILD)/gen/%_cuh.h: runtime/kernels/%.cuh
+	$(call cuda_string,mbt_$*_cuh)
 
+$(BUILD)/obj/cuda.o: $(BUILD)/gen/rt_attention_cuh.h
 $(BUILD)/obj/cuda_program.o: $(BUILD)/gen/rt_kernels_cu.h
 
 # gpu_internal.h declares the CUDA types, constants and functions the runtime uses without
@@ -237,7 +245,7 @@ $(BUILD)/tests/test_rt_train: $(BIGRAM_BINS) $(BUILD)/mbt-gendata
 # (tests/unit/fake_cuda.c), loaded from beside the test as both libraries.
 $(BUILD)/tests/libmbt_fake_cuda.so: tests/unit/fake_cuda.c tests/unit/fake_cuda.h $(RT_HDRS)
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) -Itests/unit -shared -fPIC $< -o $@ $(LDFLAGS_ALL)
+	$(CC) $(RT_CFLAGS) -Itests/unit -shared -fPIC $< -o $@ $(LDFLAGS_ALL) -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
 
 $(BUILD)/tests/test_rt_gpu: $(BUILD)/tests/libmbt_fake_cuda.so
 
@@ -269,7 +277,7 @@ asan:
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
 fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors
 
-$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS) $(BUILD)/gen/rt_kernels_cu.h
+$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS) $(BUILD)/gen/rt_kernels_cu.h $(BUILD)/gen/rt_attention_cuh.h
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
 

@@ -38,6 +38,9 @@ typedef enum CudaMode {
     CUDA_THREAD, /* one thread per work item (or per 4 consecutive items when vectorised) */
     CUDA_WARP,   /* one warp per work item: its reduction loops split across the 32 lanes */
     CUDA_BLOCK,  /* one block per work item: split across its threads, combined through shared memory */
+    CUDA_ATTENTION, /* an attention kernel whose layout fusion resolved (Kernel.attn): a call of a
+                       template of runtime/kernels/rt_attention.cuh, 4 warps a block, a block per
+                       tile of query (key) rows */
 } CudaMode;
 
 /* The launch geometry chosen for a kernel: what the host side passes to cuLaunchKernel. */
@@ -50,15 +53,20 @@ typedef struct CudaLaunch {
     int64_t per_block;    /* work items a block takes at a time (block, block / 32 or 1; x vector) */
 } CudaLaunch;
 
-const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block" */
+const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention" */
 
-/* The translation unit's head: includes (cuda_fp16.h / cuda_bf16.h only when half = 1) and the
+/* The translation unit's head: includes (cuda_fp16.h / cuda_bf16.h only when half = 1), the
  * device helpers every kernel uses (NaN-propagating max/min, NumPy mod, bf16 rounding, the fixed
- * reduction trees). Printed once, before the kernels. */
-void cuda_emit_prelude(FILE *out, int half);
+ * reduction trees) and, when attn = 1, the attention templates (runtime/kernels/rt_attention.cuh).
+ * Printed once, before the kernels. */
+void cuda_emit_prelude(FILE *out, int half, int attn);
 
 /* 1 when kernel k has an f16 or bf16 buffer or value (the TU then needs the half headers). */
 int cuda_kernel_uses_half(const Kernel *k);
+
+/* 1 when kernel k is written as a call of an attention template (CUDA_ATTENTION): it has a
+ * resolved layout (Kernel.attn) with heads of at most 128 wide, in f32, f16 or bf16. */
+int cuda_kernel_uses_attention(const Kernel *k);
 
 /* Writes kernel k as CUDA C to out: a comment naming it, its launch geometry, its buffers and
  * `note` (the fused ops and their source lines, one a line; may be NULL), then the function.

@@ -1,0 +1,338 @@
+/* rt_attention.cuh - attention on the GPU without the T x S matrix: hand-written templates that
+ * a program's attention kernels call, specialised by NVRTC for the program's shapes.
+ *
+ * compiler/cuda.c writes each KK_ATTENTION kernel whose layout fusion resolved (kir.h, KAttn) as
+ * a wrapper: its operands as strided views (MbtAttn, every size and stride a constant) and one
+ * call of the template below for its op. The Makefile turns this file into a C string
+ * (build/gen/rt_attention_cuh.h) that mbtc puts in the translation unit after the prelude when a
+ * program has such a kernel; it uses the prelude's mbt_warp_reduce, MbtMax/MbtAdd and
+ * mbt_bf16_bits. tests/cudaemu/test_attention.cc runs these templates against a float64
+ * reference on the CPU (tests/cudaemu/cudaemu.h).
+ *
+ * What each computes is graph.h's G_ATTENTION and its backward ops (ref.c, ref_bwd.c):
+ *   s_ij = scale * (q_i . k_j) over the keys j row i sees (all S, or j <= i + S - T when causal);
+ *   forward:  out_i = sum_j exp(s_ij - m_i) v_j / l_i, m_i = max_j s_ij, l_i = sum_j exp(s_ij - m_i)
+ *             (a row that sees no key is 0);
+ *   backward: P_ij = exp(s_ij - m_i) / l_i, dP_ij = dout_i . v_j, pdp_i = sum_j P_ij dP_ij,
+ *             dq_i = sum_j scale P_ij (dP_ij - pdp_i) k_j, dk_j = sum_i scale P_ij (dP_ij - pdp_i) q_i,
+ *             dv_j = sum_i P_ij dout_i (i over the query rows that see j, of the query heads that
+ *             share key head j's: grouped-query attention);
+ *   the statistics (m_i, l_i, pdp_i) of each query row are what the backward of q computes and
+ *   stores ([Z, H, T, 3]) and the backward of k and v load.
+ * The forward and the statistics are one pass over the keys with the running maximum (each tile's
+ * contributions rescaled by exp(m_old - m_new)); no pass stores anything per key.
+ *
+ * The work: 4 warps a block; each warp owns RPW query rows (forward, dq) or key rows (dk, dv) and
+ * walks tiles of 32 keys (queries), one a lane, read into shared memory by the whole block. A lane
+ * computes its key's score (a dot product over D, in order), the warp combines the row's running
+ * maximum with the prelude's fixed butterfly, each lane keeps its own part of the row sums (added
+ * up by the same butterfly once, after the last tile), and the lanes then own output columns
+ * (c = lane, lane + 32, ...) and add the tile's 32 terms in key order, reading the weights each
+ * lane wrote to its row's slot in shared memory. Sums are in f32 whatever the element
+ * type; loads widen f16/bf16 exactly, stores round to nearest even. The order of every sum depends
+ * only on the shapes: results are the same run to run. Compute stays on the CUDA cores (f32,
+ * like the rest of mbt's f32 numerics); a tensor-core version is future work (docs/cuda.md). */
+
+#define MBT_ATTN_WARPS 4
+#define MBT_ATTN_TILE 32 /* keys (or queries) a tile: one a lane */
+
+struct MbtView {
+    long long off, z, h, r, c; /* element (z, h, r, c) at off + z*z_ + h*h_ + r*r_ + c*c_ */
+};
+
+struct MbtAttn {
+    long long Z, H, Hk, T, S;
+    float scale;
+    MbtView q, k, v, dout, stats;
+    int nout;
+    MbtView out[4];
+};
+
+static __device__ __forceinline__ long long mbt_at(const MbtView &w, long long z, long long h, long long r, long long c) {
+    return w.off + z * w.z + h * w.h + r * w.r + c * w.c;
+}
+
+static __device__ __forceinline__ float mbt_ld(const float *p) { return *p; }
+static __device__ __forceinline__ void mbt_st(float *p, float x) { *p = x; }
+#if MBT_HALF
+static __device__ __forceinline__ float mbt_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+static __device__ __forceinline__ void mbt_st(__nv_bfloat16 *p, float x) { *p = __ushort_as_bfloat16(mbt_bf16_bits(x)); }
+static __device__ __forceinline__ float mbt_ld(const __half *p) { return __half2float(*p); }
+static __device__ __forceinline__ void mbt_st(__half *p, float x) { *p = __float2half_rn(x); }
+#endif
+
+/* Rows a warp owns: fewer for wide heads, so that the tiles fit 48 KB of static shared memory. */
+template <int D, int E> struct MbtAttnRows {
+    static const int per_warp = D + E > 192 ? 2 : 4;
+    static const int per_block = per_warp * MBT_ATTN_WARPS;
+};
+
+/* Rows [r0, r0 + N) of an operand into sh[N][PITCH] (zeros past `rows`), by the whole block. */
+template <typename T, int N, int W, int PITCH>
+static __device__ __forceinline__ void mbt_attn_tile(float (*sh)[PITCH], const T *x, const MbtView &w, long long z,
+                                                     long long h, long long r0, long long rows) {
+    for (int i = threadIdx.x; i < N * W; i += MBT_ATTN_WARPS * 32) {
+        const int rr = i / W, c = i % W;
+        sh[rr][c] = r0 + rr < rows ? mbt_ld(x + mbt_at(w, z, h, r0 + rr, c)) : 0.0f;
+    }
+}
+
+/* sum over c < W of a[c] * b[c], in order */
+template <int W> static __device__ __forceinline__ float mbt_dot(const float *a, const float *b) {
+    float acc = 0.0f;
+    for (int c = 0; c < W; c++) acc = acc + a[c] * b[c];
+    return acc;
+}
+
+/* One result row to every place of the result (NOUT of them, unrolled: no array in local memory). */
+template <typename T, int W, int WC, int NOUT>
+static __device__ __forceinline__ void mbt_attn_put(const MbtAttn &a, T *const *out, long long z, long long h, long long r,
+                                                    const float *acc, float div) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int cc = 0; cc < WC; cc++) {
+        const int c = lane + 32 * cc;
+        if (c >= W) break;
+        const float x = div == 1.0f ? acc[cc] : div > 0.0f ? acc[cc] / div : 0.0f;
+#pragma unroll
+        for (int o = 0; o < NOUT; o++) mbt_st(out[o] + mbt_at(a.out[o], z, h, r, c), x);
+    }
+}
+
+/* ---- the forward: out [Z, H, T, E] --------------------------------------------------------------- */
+
+template <typename T, int D, int E, bool CAUSAL, int NOUT>
+static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out) {
+    const int RPW = MbtAttnRows<D, E>::per_warp, BQ = MbtAttnRows<D, E>::per_block, BK = MBT_ATTN_TILE;
+    const int EC = (E + 31) / 32;
+    __shared__ float qs[BQ][D], ks[BK][D + 1], vs[BK][E + 1], ps[BQ][BK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ, shift = a.S - a.T;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
+        __syncthreads(); /* the previous tile is done with the shared rows */
+        mbt_attn_tile<T, BQ, D, D>(qs, q, a.q, z, h, t0, a.T);
+        float m[RPW], l[RPW], o[RPW][EC];
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            m[rr] = -MBT_INF_F;
+            l[rr] = 0.0f;
+#pragma unroll
+            for (int cc = 0; cc < EC; cc++) o[rr][cc] = 0.0f;
+        }
+        long long kend = a.S; /* the keys the tile's last row sees */
+        if (CAUSAL) {
+            const long long last = t0 + BQ - 1 < a.T - 1 ? t0 + BQ - 1 : a.T - 1;
+            kend = last + shift + 1 < a.S ? last + shift + 1 : a.S;
+        }
+        for (long long j0 = 0; j0 < kend; j0 += BK) {
+            __syncthreads();
+            mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+            mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+            __syncthreads();
+#pragma unroll
+            for (int rr = 0; rr < RPW; rr++) {
+                const int r = warp * RPW + rr;
+                const long long t = t0 + r, j = j0 + lane;
+                if (t >= a.T) break; /* the same for the whole warp */
+                const bool seen = j < a.S && (!CAUSAL || j <= t + shift);
+                const float s = seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F;
+                const float mt = mbt_warp_reduce(s, MbtMax());
+                const float mn = m[rr] > mt ? m[rr] : mt;
+                if (mn == -MBT_INF_F) continue; /* no key seen yet: the warp agrees */
+                const float p = seen ? expf(s - mn) : 0.0f, alpha = expf(m[rr] - mn);
+                l[rr] = l[rr] * alpha + p; /* this lane's part of the row sum: added up at the end */
+                m[rr] = mn;
+                ps[r][lane] = p; /* a slot a row: the next tile's __syncthreads orders its reuse */
+                __syncwarp();
+#pragma unroll
+                for (int cc = 0; cc < EC; cc++) {
+                    const int c = lane + 32 * cc;
+                    if (c >= E) break;
+                    float acc = o[rr][cc] * alpha;
+                    for (int jj = 0; jj < BK; jj++) acc = acc + ps[r][jj] * vs[jj][c];
+                    o[rr][cc] = acc;
+                }
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const long long t = t0 + warp * RPW + rr;
+            if (t >= a.T) break;
+            const float sum = mbt_warp_reduce(l[rr], MbtAdd());
+            mbt_attn_put<T, E, EC, NOUT>(a, out, z, h, t, o[rr], sum);
+        }
+    }
+}
+
+/* ---- the backward of q: dq [Z, H, T, D], and the statistics ------------------------------------- */
+
+template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT>
+static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                      const T *stats_in, T *stats_out, T *const *out) {
+    const int RPW = MbtAttnRows<D, E>::per_warp, BQ = MbtAttnRows<D, E>::per_block, BK = MBT_ATTN_TILE;
+    const int DC = (D + 31) / 32;
+    __shared__ float qs[BQ][D], dos[BQ][E], ks[BK][D + 1], vs[BK][E + 1], ws[BQ][BK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ, shift = a.S - a.T;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
+        __syncthreads();
+        mbt_attn_tile<T, BQ, D, D>(qs, q, a.q, z, h, t0, a.T);
+        mbt_attn_tile<T, BQ, E, E>(dos, dout, a.dout, z, h, t0, a.T);
+        float m[RPW], l[RPW], pdp[RPW], dq[RPW][DC];
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            m[rr] = -MBT_INF_F;
+            l[rr] = pdp[rr] = 0.0f;
+#pragma unroll
+            for (int dc = 0; dc < DC; dc++) dq[rr][dc] = 0.0f;
+        }
+        long long kend = a.S;
+        if (CAUSAL) {
+            const long long last = t0 + BQ - 1 < a.T - 1 ? t0 + BQ - 1 : a.T - 1;
+            kend = last + shift + 1 < a.S ? last + shift + 1 : a.S;
+        }
+        if (COMPUTE) { /* m, l and sum P dP in one pass: the running sums rescaled as m grows */
+            for (long long j0 = 0; j0 < kend; j0 += BK) {
+                __syncthreads();
+                mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+                mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+                __syncthreads();
+#pragma unroll
+                for (int rr = 0; rr < RPW; rr++) {
+                    const int r = warp * RPW + rr;
+                    const long long t = t0 + r, j = j0 + lane;
+                    if (t >= a.T) break;
+                    const bool seen = j < a.S && (!CAUSAL || j <= t + shift);
+                    const float s = seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F;
+                    const float mt = mbt_warp_reduce(s, MbtMax());
+                    const float mn = m[rr] > mt ? m[rr] : mt;
+                    if (mn == -MBT_INF_F) continue;
+                    const float p = seen ? expf(s - mn) : 0.0f, alpha = expf(m[rr] - mn);
+                    const float dp = seen ? mbt_dot<E>(dos[r], vs[lane]) : 0.0f;
+                    l[rr] = l[rr] * alpha + p; /* this lane's parts, added up below */
+                    pdp[rr] = pdp[rr] * alpha + p * dp;
+                    m[rr] = mn;
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < RPW; rr++) {
+                const long long t = t0 + warp * RPW + rr;
+                if (t >= a.T) break;
+                l[rr] = mbt_warp_reduce(l[rr], MbtAdd());
+                pdp[rr] = mbt_warp_reduce(pdp[rr], MbtAdd());
+                pdp[rr] = l[rr] > 0.0f ? pdp[rr] / l[rr] : 0.0f;
+                if (stats_out && t < a.T && lane < 3)
+                    mbt_st(stats_out + mbt_at(a.stats, z, h, t, lane), lane == 0 ? m[rr] : lane == 1 ? l[rr] : pdp[rr]);
+            }
+        } else {
+#pragma unroll
+            for (int rr = 0; rr < RPW; rr++) {
+                const long long t = t0 + warp * RPW + rr;
+                if (t >= a.T) break;
+                m[rr] = mbt_ld(stats_in + mbt_at(a.stats, z, h, t, 0));
+                l[rr] = mbt_ld(stats_in + mbt_at(a.stats, z, h, t, 1));
+                pdp[rr] = mbt_ld(stats_in + mbt_at(a.stats, z, h, t, 2));
+            }
+        }
+        for (long long j0 = 0; j0 < kend; j0 += BK) { /* dq_i = sum_j scale P_ij (dP_ij - pdp_i) k_j */
+            __syncthreads();
+            mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+            mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+            __syncthreads();
+#pragma unroll
+            for (int rr = 0; rr < RPW; rr++) {
+                const int r = warp * RPW + rr;
+                const long long t = t0 + r, j = j0 + lane;
+                if (t >= a.T) break;
+                if (!(l[rr] > 0.0f)) continue; /* a row that sees no key: dq stays 0 */
+                const bool seen = j < a.S && (!CAUSAL || j <= t + shift);
+                float w = 0.0f;
+                if (seen) {
+                    const float s = a.scale * mbt_dot<D>(qs[r], ks[lane]);
+                    const float p = expf(s - m[rr]) / l[rr], dp = mbt_dot<E>(dos[r], vs[lane]);
+                    w = a.scale * (p * (dp - pdp[rr]));
+                }
+                ws[r][lane] = w;
+                __syncwarp();
+#pragma unroll
+                for (int dc = 0; dc < DC; dc++) {
+                    const int d = lane + 32 * dc;
+                    if (d >= D) break;
+                    float acc = dq[rr][dc];
+                    for (int jj = 0; jj < BK; jj++) acc = acc + ws[r][jj] * ks[jj][d];
+                    dq[rr][dc] = acc;
+                }
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const long long t = t0 + warp * RPW + rr;
+            if (t < a.T) mbt_attn_put<T, D, DC, NOUT>(a, out, z, h, t, dq[rr], 1.0f);
+        }
+    }
+}
+
+/* ---- the backward of k or v: dk [Z, Hk, S, D] or dv [Z, Hk, S, E] ------------------------------- */
+
+template <typename T, int D, int E, bool CAUSAL, bool WANT_K, int NOUT>
+static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                       const T *stats, T *const *out) {
+    const int RPW = MbtAttnRows<D, E>::per_warp, BKR = MbtAttnRows<D, E>::per_block, BQ = MBT_ATTN_TILE;
+    const int W = WANT_K ? D : E, WC = (W + 31) / 32;
+    __shared__ float kr[BKR][D], vr[BKR][E], qs[BQ][D + 1], dos[BQ][E + 1], st[BQ][3], ws[BKR][BQ];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long G = a.H / a.Hk, tiles = (a.S + BKR - 1) / BKR, shift = a.S - a.T;
+    for (long long tile = blockIdx.x; tile < a.Z * a.Hk * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.Hk * tiles), kh = tile / tiles % a.Hk, j0 = tile % tiles * BKR;
+        __syncthreads();
+        mbt_attn_tile<T, BKR, D, D>(kr, k, a.k, z, kh, j0, a.S);
+        if (WANT_K) mbt_attn_tile<T, BKR, E, E>(vr, v, a.v, z, kh, j0, a.S);
+        float acc[RPW][WC];
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++)
+#pragma unroll
+            for (int wc = 0; wc < WC; wc++) acc[rr][wc] = 0.0f;
+        long long ifirst = CAUSAL ? j0 - shift : 0; /* the first query row that sees the tile's first key */
+        if (ifirst < 0) ifirst = 0;
+        for (long long g = 0; g < G; g++) {
+            const long long h = kh * G + g;
+            for (long long i0 = ifirst; i0 < a.T; i0 += BQ) {
+                __syncthreads();
+                mbt_attn_tile<T, BQ, D, D + 1>(qs, q, a.q, z, h, i0, a.T);
+                mbt_attn_tile<T, BQ, E, E + 1>(dos, dout, a.dout, z, h, i0, a.T);
+                mbt_attn_tile<T, BQ, 3, 3>(st, stats, a.stats, z, h, i0, a.T);
+                __syncthreads();
+#pragma unroll
+                for (int rr = 0; rr < RPW; rr++) {
+                    const int r = warp * RPW + rr;
+                    const long long j = j0 + r, i = i0 + lane;
+                    if (j >= a.S) break;
+                    const bool seen = i < a.T && (!CAUSAL || j <= i + shift);
+                    float w = 0.0f;
+                    if (seen) {
+                        const float s = a.scale * mbt_dot<D>(qs[lane], kr[r]);
+                        const float p = expf(s - st[lane][0]) / st[lane][1];
+                        w = WANT_K ? a.scale * (p * (mbt_dot<E>(dos[lane], vr[r]) - st[lane][2])) : p;
+                    }
+                    ws[r][lane] = w;
+                    __syncwarp();
+#pragma unroll
+                    for (int wc = 0; wc < WC; wc++) {
+                        const int c = lane + 32 * wc;
+                        if (c >= W) break;
+                        float x = acc[rr][wc];
+                        for (int ii = 0; ii < BQ; ii++) x = x + ws[r][ii] * (WANT_K ? qs[ii][c] : dos[ii][c]);
+                        acc[rr][wc] = x;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const long long j = j0 + warp * RPW + rr;
+            if (j < a.S) mbt_attn_put<T, W, WC, NOUT>(a, out, z, kh, j, acc[rr], 1.0f);
+        }
+    }
+}
