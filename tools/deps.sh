@@ -35,6 +35,8 @@ openblas_dir=/usr/lib/$multiarch/openblas-pthread
 # --- test tools -------------------------------------------------------------------------
 if [ "$what" = test ]; then
     have clang-19 || need_pkgs+=(clang-19)
+    # the emulated GPU (tests/cudaemu) compiles each program's CUDA C as C++ for the host
+    have g++ || need_pkgs+=(g++)
     [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] || need_pkgs+=(libclang-rt-19-dev)
     # the PyTorch oracle (tests/torch/): Debian's torch, run as /usr/bin/python3
     /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need_pkgs+=(python3-torch)
