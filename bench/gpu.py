@@ -18,7 +18,9 @@ batch is compiled in, so another one is compiled from a copy of the .mbt with it
 losses on the first batch to 1e-5, as bench/run.py's does.
 
 The runs (--modes; each a fresh process, R rounds, each round every mode in this order):
-  mbt                 the compiled program, --device cuda: f32 (mbt has no bf16 yet), GEMMs without TF32
+  mbt                 the compiled program, --device cuda: f32, GEMMs without TF32
+  mbt-bf16            the same program with `precision = bf16` (f32 master weights and AdamW; bf16
+                      activations and GEMMs with f32 sums), compiled from a copy of the .mbt
   torch-f32           bench/torch_gpt.py's model eagerly in f32, TF32 off (matmul and cuDNN)
   torch-f32-compile   the same, its loss function under torch.compile (torch >= 2.0)
   torch-bf16          torch.autocast(bfloat16) over the forward and loss; f32 weights and AdamW
@@ -63,12 +65,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as cpu_bench  # noqa: E402  (bench/run.py: the cases, building, data, weights, logs)
 from run import PYTHON, ROOT, TORCH_GPT, say  # noqa: E402
 
-MODES = ["mbt", "torch-f32", "torch-f32-compile", "torch-bf16", "torch-bf16-compile"]
-PRECISION = {"mbt": "f32", "torch-f32": "f32", "torch-f32-compile": "f32", "torch-bf16": "bf16",
+MODES = ["mbt", "mbt-bf16", "torch-f32", "torch-f32-compile", "torch-bf16", "torch-bf16-compile"]
+PRECISION = {"mbt": "f32", "mbt-bf16": "bf16", "torch-f32": "f32", "torch-f32-compile": "f32", "torch-bf16": "bf16",
              "torch-bf16-compile": "bf16"}
-LABEL = {"mbt": "mbt", "torch-f32": "torch eager", "torch-f32-compile": "torch.compile",
+LABEL = {"mbt": "mbt", "mbt-bf16": "mbt", "torch-f32": "torch eager", "torch-f32-compile": "torch.compile",
          "torch-bf16": "torch eager", "torch-bf16-compile": "torch.compile"}
-ARITH = {"f32": "f32 (no TF32)", "bf16": "bf16 autocast"}
+ARITH = {"mbt": "f32 (no TF32)", "mbt-bf16": "bf16 mixed", "torch-f32": "f32 (no TF32)",
+         "torch-f32-compile": "f32 (no TF32)", "torch-bf16": "bf16 autocast", "torch-bf16-compile": "bf16 autocast"}
 
 # Dense peak TFLOPS (FP32 on CUDA cores; BF16 on tensor cores, without sparsity), NVIDIA's data
 # sheets, SXM boards unless named. First match of the pattern in the GPU's name wins.
@@ -319,23 +322,26 @@ def torch_info(python, device):
     return json.loads(p.stdout.strip().splitlines()[-1]), None
 
 
-def variant_source(case, batch, seq, work):
-    """The case's .mbt file, or when --batch / --seq differ from it, a copy with `seq = T` and
-    `batch { global = B x accumulation, micro = B }` written under `work`. Returns (path relative
-    to the repository or absolute, extra -I options, global batch)."""
+def variant_source(case, batch, seq, work, precision="f32"):
+    """The case's .mbt file, or when --batch / --seq differ from it or precision is bf16, a copy
+    with `seq = T`, `batch { global = B x accumulation, micro = B }` and `precision = bf16` after the
+    batch written under `work`. Returns (path relative to the repository or absolute, extra -I
+    options, global batch)."""
     accum = case["global_batch"] // case["micro"]
-    if (batch, seq) == (case["micro"], case["seq"]):
+    if (batch, seq, precision) == (case["micro"], case["seq"], "f32"):
         return case["source"], [], case["global_batch"]
     with open(os.path.join(ROOT, case["source"])) as f:
         text = f.read()
     text, n1 = re.subn(r"\bseq\s*=\s*\d+", f"seq = {seq}", text)
-    text, n2 = re.subn(r"global\s*=\s*\d+\s*,\s*micro\s*=\s*\d+", f"global = {batch * accum}, micro = {batch}", text)
+    text, n2 = re.subn(r"(batch\s*\{\s*)global\s*=\s*\d+\s*,\s*micro\s*=\s*\d+(\s*\})",
+                       lambda m: f"{m.group(1)}global = {batch * accum}, micro = {batch}{m.group(2)}"
+                       + ("\n  precision = bf16" if precision == "bf16" else ""), text)
     if (n1, n2) != (1, 1):
         raise SystemExit(f"bench: cannot set the batch of {case['source']}: expected one `seq =` and one "
                          f"`batch {{ global = G, micro = M }}` (found {n1} and {n2})")
-    path = os.path.join(work, f"{os.path.basename(case['source'])[:-4]}_b{batch}_t{seq}.mbt")
+    path = os.path.join(work, f"{os.path.basename(case['source'])[:-4]}_b{batch}_t{seq}_{precision}.mbt")
     with open(path, "w") as f:
-        f.write(f"# written by bench/gpu.py from {case['source']}: micro-batch {batch}, seq {seq}\n" + text)
+        f.write(f"# written by bench/gpu.py from {case['source']}: micro-batch {batch}, seq {seq}, {precision}\n" + text)
     return path, ["-I", os.path.join(ROOT, os.path.dirname(case["source"]))], batch * accum
 
 
@@ -432,14 +438,19 @@ def bench(a):
     say("peak used for MFU: " + (f"{peak[0]}: f32 {peak[1]} TFLOPS (FP32, not TF32), bf16 {peak[2]} TFLOPS (dense)"
                                   if peak else "none known for this device: no MFU (--peak-f32 and --peak-bf16 set one)"))
 
-    # the program, its data, the weights both sides start from
+    # the programs (f32, and bf16 when asked for), their data, the weights both sides start from
     source, include, g = variant_source(case, B, T, work)
     name = f"{a.case}-b{B}-t{T}"
     prog = os.path.join(work, name)
+    progs = {"mbt": (prog, source, include)}
     case.update(micro=B, seq=T, global_batch=g, source=source)
     say(f"== {a.case}: {source} (micro {B} x seq {T}, global {g}, adamw), {a.steps} steps a run, {a.warmup} warm-up, "
         f"{a.rounds} rounds")
     compile_s = cpu_bench.build_program(mbtc, source, case["include"] + include, prog)
+    if "mbt-bf16" in modes:
+        src16, inc16, _ = variant_source(case, B, T, work, "bf16")
+        progs["mbt-bf16"] = (prog + "-bf16", src16, inc16)
+        cpu_bench.build_program(mbtc, src16, case["include"] + inc16, prog + "-bf16")
     tokens_needed = (a.steps + 2) * g * T + 1
     gen = list(case["gendata"])
     if "--tokens" in gen:
@@ -456,11 +467,12 @@ def bench(a):
 
     # can each side run at all?
     unavailable = {}
-    if "mbt" in modes:
-        p = subprocess.run([prog, "train", "--steps", "1", "--device", a.device, "--data", data, "--init-weights", init],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if p.returncode != 0:
-            unavailable["mbt"] = (p.stdout.strip().splitlines() or ["?"])[-1]
+    for m in modes:
+        if m.startswith("mbt"):
+            p = subprocess.run([progs[m][0], "train", "--steps", "1", "--device", a.device, "--data", data,
+                                "--init-weights", init], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if p.returncode != 0:
+                unavailable[m] = (p.stdout.strip().splitlines() or ["?"])[-1]
     for m in modes:
         if m.startswith("torch"):
             if tinfo is None:
@@ -500,8 +512,8 @@ def bench(a):
     for r in range(a.rounds):
         for m in runs:
             log = os.path.join(work, f"{name}-{m}-{r}.jsonl")
-            if m == "mbt":
-                cmd = [prog, "train", "--steps", str(a.steps), "--device", a.device, "--data", data,
+            if m.startswith("mbt"):
+                cmd = [progs[m][0], "train", "--steps", str(a.steps), "--device", a.device, "--data", data,
                        "--init-weights", init, "--log", log]
             else:
                 cmd = torch_cmd(case, m, a, data, init, log, B, T, g)
@@ -537,10 +549,12 @@ def bench(a):
                 res.update(peak_tflops=pk, mfu=mfu(n_params, layers, d, T, res["tokens_per_s"], pk))
         results.append(res)
 
-    # mbt's kernels (one more run with MBT_DEBUG=1) and the copy bandwidth
-    kernels_report = None
-    if a.device.startswith("cuda") and "mbt" in runs and any("ms" in x for x in runs["mbt"]):
-        kernels_report = kernel_report(a, mbtc, source, case["include"] + include, prog, data, init, work, name)
+    # mbt's kernels (one more run of each mbt mode with MBT_DEBUG=1) and the copy bandwidth
+    kernels_report = {}
+    for m in ("mbt", "mbt-bf16"):
+        if a.device.startswith("cuda") and m in runs and any("ms" in x for x in runs[m]):
+            exe, src, inc = progs[m]
+            kernels_report[m] = kernel_report(a, mbtc, src, case["include"] + inc, exe, data, init, work, f"{name}-{m}")
     copy = None
     if tinfo and tinfo["available"] and not a.no_copy:
         p = subprocess.run([a.python, os.path.abspath(__file__), "copy", "--device", a.device, "--bytes",
@@ -558,21 +572,21 @@ def bench(a):
     say(hdr)
     say("-" * len(hdr))
     for res in results:
-        if res["mode"] == "mbt":
+        if res["mode"].startswith("mbt"):
             res["label"] = f"mbt --device {a.device}"
         if "not_run" in res:
-            say(f"{res['label']:<19} {ARITH[res['precision']]:<14} {'-':>10} {'-':>11} {'-':>7}  not run: {res['not_run']}")
+            say(f"{res['label']:<19} {ARITH[res['mode']]:<14} {'-':>10} {'-':>11} {'-':>7}  not run: {res['not_run']}")
             continue
         mf = f"{100 * res['mfu']:.2f}%" if "mfu" in res else "-"
         pk = f"{res['peak_tflops']} TFLOPS ({'FP32' if res['precision'] == 'f32' else 'BF16 dense'})" if "mfu" in res else "-"
-        say(f"{res['label']:<19} {ARITH[res['precision']]:<14} {res['ms']:10.3f} {res['tokens_per_s']:11.0f} {mf:>7}  {pk}")
+        say(f"{res['label']:<19} {ARITH[res['mode']]:<14} {res['ms']:10.3f} {res['tokens_per_s']:11.0f} {mf:>7}  {pk}")
     say(f"(MFU = (6N + 12LdT) x tokens/s / peak, N = {n_params:,}, L = {layers}, d = {d}, T = {T}: "
         f"{flops_per_token(n_params, layers, d, T):,} FLOPs per token)")
     if copy:
         say(f"device-to-device copy (torch, {copy['bytes'] / 2**30:.2f} GiB): {copy['ms']:.3f} ms, {copy['gbps']:.0f} GB/s "
             f"(read + write)")
-    if kernels_report:
-        print_kernels(kernels_report, copy)
+    for m, rep in kernels_report.items():
+        print_kernels(m, rep, copy)
 
     out = a.out or os.path.join(ROOT, "bench", "results",
                                 f"gpu-{socket.gethostname()}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
@@ -608,8 +622,9 @@ def kernel_report(a, mbtc, source, include, prog, data, init, work, name):
     return rep
 
 
-def print_kernels(rep, copy):
+def print_kernels(mode, rep, copy):
     say()
+    say(f"== {mode} ({ARITH[mode]})")
     t = rep["table"]
     if rep["status"] != 0:
         say(f"mbt with MBT_DEBUG=1 failed (status {rep['status']}): no kernel times")
@@ -672,7 +687,7 @@ def self_test(a):
             table = timing_table(text)
             rep = dict(status=0, output_tail=text, table=table, elementwise=elementwise_bandwidth(table, ks))
             say("the kernel report on a MADE-UP table (formatting only; these numbers were not measured):")
-            print_kernels(rep, dict(gbps=3000.0))
+            print_kernels("mbt", rep, dict(gbps=3000.0))
             good = len(rep["elementwise"]) == 2 and abs(rep["elementwise"][0]["gbps"] - want / 100.0 / 1e3) < 1e-6
             say(f"made-up table parsed: {'ok' if good else 'WRONG'}")
             bad |= not good
