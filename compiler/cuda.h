@@ -49,7 +49,7 @@ typedef struct CudaLaunch {
     int block;            /* threads per block (blockDim.x; the kernel assumes exactly this) */
     int64_t blocks;       /* gridDim.x: enough blocks to give every thread or warp work, capped */
     int shared;           /* bytes of static shared memory (none dynamic) */
-    int vector;           /* consecutive work items per thread step: 4 with 128-bit accesses, else 1 */
+    int vector;           /* consecutive work items per thread step: 4 with vector accesses, else 1 */
     int64_t per_block;    /* work items a block takes at a time (block, block / 32 or 1; x vector) */
 } CudaLaunch;
 

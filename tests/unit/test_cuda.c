@@ -6,7 +6,8 @@
  *
  * What is covered:
  *   - nvrtc_parse_ptxas on a fixed ptxas -v log (registers, spills, stack, shared memory);
- *   - thread mode with float4 for unit-stride f32 kernels, scalar for broadcasts (gid % n);
+ *   - thread mode with float4 for unit-stride f32 kernels, vectors for broadcast rows (gid % n)
+ *     and one load for gid / n where 4 divides n, MbtBf16x4 for bf16, scalar otherwise;
  *   - warp mode for short reductions, block mode with shared memory for long ones; a loop that
  *     loads and stores one buffer (a scatter) or reads its own accumulator is never split;
  *   - with NVRTC: the kernels above compile with zero spills, a test kernel built to spill (96
@@ -111,17 +112,47 @@ static void thread_mode_vectorised(void) {
     kb_done(t), kb_done(u);
 }
 
-static void thread_mode_broadcast_scalar(void) {
+/* out[gid] = x[gid OP n] (+ y[gid] when `also_at_gid`): one kernel of the broadcast cases */
+static char *emit_broadcast(KOp op, int64_t n, int also_at_gid, DType dt, CudaLaunch *L) {
     KB *t = kb_start("k_bcast", KK_ELEMENTWISE, 1024);
-    int x = B1(t, DT_F32, 8, 0), o = B1(t, DT_F32, 1024, 1);
-    int off = kb_op(t->b, K_IMOD, KT_I64, 2, t->g, kb_const_i(t->b, KT_I64, 8), -1);
-    kb_store(t->b, o, t->g, kb_load(t->b, x, off));
+    int x = B1(t, dt, also_at_gid ? 1024 : (op == K_IMOD ? n : 1024 / n), 0), o = B1(t, DT_F32, 1024, 1);
+    int off = kb_op(t->b, op, KT_I64, 2, t->g, kb_const_i(t->b, KT_I64, n), -1);
+    KType vt = dt == DT_F32 ? KT_F32 : KT_BF16;
+    int v = kb_load(t->b, x, off);
+    if (also_at_gid) v = kb_op(t->b, K_ADD, vt, 2, v, kb_load(t->b, x, t->g), -1);
+    if (vt != KT_F32) v = kb_op(t->b, K_CAST, KT_F32, 1, v, -1, -1);
+    kb_store(t->b, o, t->g, v);
     kir_finish(t->k);
-    CudaLaunch L;
-    char *s = emit(t->k, &L);
-    CHECK(L.mode == CUDA_THREAD && L.vector == 1, "a broadcast (gid %% 8) vectorised: vector %d", L.vector);
-    free(s);
+    char *s = emit(t->k, L);
     kb_done(t);
+    return s;
+}
+
+/* A broadcast row (gid mod n, 4 | n) is one vector at gid0 mod n; gid / n (4 | n) one scalar for
+ * the four work items; other divisors, or one buffer read two ways, are not vectorised; 2-byte
+ * elements come in 8-byte vectors. */
+static void thread_mode_broadcasts(void) {
+    CudaLaunch L;
+    char *s = emit_broadcast(K_IMOD, 8, 0, DT_F32, &L);
+    CHECK(L.vector == 4 && strstr(s, "const float4 p0v = *reinterpret_cast<const float4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));"),
+          "gid %% 8: vector %d", L.vector);
+    free(s);
+    s = emit_broadcast(K_IDIV, 8, 0, DT_F32, &L);
+    CHECK(L.vector == 4 && strstr(s, "const float p0s = p0[(long long)((unsigned long long)gid0 / 8ULL)];") &&
+              strstr(s, "= p0s;"),
+          "gid / 8: vector %d", L.vector);
+    free(s);
+    s = emit_broadcast(K_IMOD, 6, 0, DT_F32, &L);
+    CHECK(L.vector == 1 && !strstr(s, "float4"), "gid %% 6 vectorised");
+    free(s);
+    s = emit_broadcast(K_IMOD, 8, 1, DT_F32, &L);
+    CHECK(L.vector == 1, "a buffer read at gid and at gid %% 8 vectorised");
+    free(s);
+    s = emit_broadcast(K_IMOD, 8, 0, DT_BF16, &L);
+    CHECK(L.vector == 4 && strstr(s, "const MbtBf16x4 p0v = *reinterpret_cast<const MbtBf16x4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));") &&
+              strstr(s, "__bfloat162float(p0v.w)") && strstr(s, "float4 p1v;"),
+          "bf16 gid %% 8: vector %d", L.vector);
+    free(s);
 }
 
 static void warp_and_block_modes(void) {
@@ -247,7 +278,7 @@ static void nvrtc_error_has_log(void) {
 int main(void) {
     RUN(parse_ptxas);
     RUN(thread_mode_vectorised);
-    RUN(thread_mode_broadcast_scalar);
+    RUN(thread_mode_broadcasts);
     RUN(warp_and_block_modes);
     RUN(never_split);
     Arena ar = {0};
