@@ -202,7 +202,11 @@ static int cuda_attention_shared(const KAttn *a) {
     switch (a->op) {
     case KA_FORWARD: return (int)(4 * (rows * a->D + tile + slots));
     case KA_BWD_Q: return (int)(4 * (rows * (a->D + a->E) + tile + slots));
-    default: return (int)(4 * (rows * (a->D + a->E) + tile + 32 * 3 + slots));
+    default: { /* rt_attention.cuh's mbt_attn_bwd_kv: k rows, v rows (for dk), q, dout, stats, slots */
+        int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
+        return (int)(4 * (rows * a->D + (want_k ? rows * a->E : rows) + tile + 32 * 3 + (want_k ? slots : 32) +
+                          (want_v ? slots : 32)));
+    }
     }
 }
 
@@ -212,7 +216,7 @@ static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
         const KAttn *a = k->attn;
         CudaLaunch *L = &P->launch;
         int64_t rows = cuda_attention_rows(a);
-        int by_key = a->op == KA_BWD_K || a->op == KA_BWD_V;
+        int by_key = a->op == KA_BWD_K || a->op == KA_BWD_V || a->op == KA_BWD_KV;
         int64_t tiles = a->Z * (by_key ? a->Hk * ((a->S + rows - 1) / rows) : a->H * ((a->T + rows - 1) / rows));
         L->mode = CUDA_ATTENTION;
         L->block = 128;
@@ -837,7 +841,7 @@ static void cuda_attention_call(CudaEmit *E) {
     const KAttn *a = E->k->attn;
     const char *t = cuda_memory_type(E, a->dt);
     const char *causal = a->causal ? "true" : "false";
-    static const char *what[] = {"forward", "backward of q", "backward of k", "backward of v"};
+    static const char *what[] = {"forward", "backward of q", "backward of k", "backward of v", "backward of k and v"};
     cuda_line(E, "/* attention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64
                  ", D %" PRId64 ", E %" PRId64 "; views {offset, z, h, r, c} */",
               what[a->op], a->Z, a->H, a->Hk, a->T, a->S, a->D, a->E);
@@ -848,12 +852,21 @@ static void cuda_attention_call(CudaEmit *E) {
     cuda_line(E, "    %s, /* v */", cuda_view(E, &a->v));
     cuda_line(E, "    %s, /* dout */", cuda_view(E, &a->dout));
     cuda_line(E, "    %s, /* statistics */", cuda_view(E, &a->stats));
-    cuda_line(E, "    %d, {", a->nout);
+    cuda_line(E, "    %d, { /* %s */", a->nout, a->op == KA_BWD_KV ? "dk" : "the result");
     for (int i = 0; i < a->nout; i++) cuda_line(E, "        %s,", cuda_view(E, &a->out[i]));
-    cuda_line(E, "    }};");
-    const char *outs = "";
+    if (a->op != KA_BWD_KV) {
+        cuda_line(E, "    }, 0, {}};");
+    } else {
+        cuda_line(E, "    },");
+        cuda_line(E, "    %d, { /* dv */", a->nout_v);
+        for (int i = 0; i < a->nout_v; i++) cuda_line(E, "        %s,", cuda_view(E, &a->out_v[i]));
+        cuda_line(E, "    }};");
+    }
+    const char *outs = "", *outs_v = "";
     for (int i = 0; i < a->nout; i++) outs = arena_printf(E->ar, "%s%sp%d", outs, i ? ", " : "", a->out[i].param);
+    for (int i = 0; i < a->nout_v; i++) outs_v = arena_printf(E->ar, "%s%sp%d", outs_v, i ? ", " : "", a->out_v[i].param);
     cuda_line(E, "%s *const out[%d] = {%s};", t, a->nout, outs);
+    if (a->op == KA_BWD_KV) cuda_line(E, "%s *const out_v[%d] = {%s};", t, a->nout_v, outs_v);
     const char *q = cuda_param_or_null(E, a->q.param), *k = cuda_param_or_null(E, a->k.param);
     const char *v = cuda_param_or_null(E, a->v.param), *dout = cuda_param_or_null(E, a->dout.param);
     const char *st = cuda_param_or_null(E, a->stats.param);
@@ -867,9 +880,17 @@ static void cuda_attention_call(CudaEmit *E) {
                   a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout, a->stats_computed ? "nullptr" : st,
                   a->stats_computed ? st : "nullptr");
         break;
-    default:
-        cuda_line(E, "mbt_attn_bwd_kv<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, out);", t, a->D,
-                  a->E, causal, a->op == KA_BWD_K ? "true" : "false", a->nout, q, k, v, dout, st);
+    case KA_BWD_K:
+        cuda_line(E, "mbt_attn_bwd_kv<%s, %" PRId64 ", %" PRId64 ", %s, true, false, %d, 0>(a, %s, %s, %s, %s, %s, out, nullptr);",
+                  t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
+        break;
+    case KA_BWD_V:
+        cuda_line(E, "mbt_attn_bwd_kv<%s, %" PRId64 ", %" PRId64 ", %s, false, true, 0, %d>(a, %s, %s, %s, %s, %s, nullptr, out);",
+                  t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
+        break;
+    case KA_BWD_KV:
+        cuda_line(E, "mbt_attn_bwd_kv<%s, %" PRId64 ", %" PRId64 ", %s, true, true, %d, %d>(a, %s, %s, %s, %s, %s, out, out_v);",
+                  t, a->D, a->E, causal, a->nout, a->nout_v, q, k, v, dout, st);
         break;
     }
 }

@@ -36,7 +36,9 @@
  *   6. attention's backward row statistics into the kernel of dq, which needs them first;
  *   7. finally, consecutive independent launches: elementwise ones become one kernel with a
  *      segment each (the optimizer update over parameters of several shapes: one launch),
- *      reductions of one shape and axes one kernel.
+ *      reductions of one shape and axes one kernel;
+ *   8. (among siblings) attention's backward of k and of v, which read the same: one kernel
+ *      computing each key row's weights once for both.
  * A map shared by several kernels is found after a round of merges; it is then materialised -
  * as a launch of its own, or pinned to the first kernel that computes it when its own launch would
  * read that kernel (layernorm's rstd, stored by the forward kernel for the backward) - and the
@@ -439,10 +441,36 @@ static int fz_try_pair(FuseCtx *c, FzFail *fail, int p, int k) {
     return 0;
 }
 
-/* Siblings a and b (a < b) both reading r, a buffer this step computes, of the size of their
- * iteration space: reductions of one space, or elementwise kernels of one shape. */
+/* The dedicated op of an opaque kernel (its other members are views of its result, rule 5). */
+static const FNode *fz_opaque_op(const FuseCtx *c, const FKern *K) {
+    const FNode *op = NULL;
+    for (int i = 0; i < K->members.n; i++) {
+        const FNode *n = fz_n(c, K->members.v[i]);
+        if (n->op >= F_ATTN && n->op <= F_SEG_NORM) {
+            if (op) return NULL;
+            op = n;
+        }
+    }
+    return op;
+}
+
+/* Rule 8: the backward of k and the backward of v of one attention (the same inputs). */
+static int fz_attention_kv(const FuseCtx *c, const FKern *A, const FKern *B) {
+    if (A->kind != FK_OPAQUE || B->kind != FK_OPAQUE) return 0;
+    const FNode *a = fz_opaque_op(c, A), *b = fz_opaque_op(c, B);
+    if (!a || !b || !((a->op == F_ATTN_BWD_K && b->op == F_ATTN_BWD_V) || (a->op == F_ATTN_BWD_V && b->op == F_ATTN_BWD_K)))
+        return 0;
+    for (int i = 0; i < a->nin; i++)
+        if (a->in[i] != b->in[i]) return 0;
+    return 1;
+}
+
+/* Siblings a and b (a < b) both reading r: the backward of k and of v of one attention (rule 8);
+ * otherwise r must be a buffer this step computes, of the size of their iteration space:
+ * reductions of one space, or elementwise kernels of one shape. */
 static int fz_try_siblings(FuseCtx *c, FzFail *fail, int a, int b, int r) {
     const FKern *A = &c->k[a], *B = &c->k[b];
+    if (fz_attention_kv(c, A, B)) return fz_try_merge(c, fail, a, b, 0); /* always writable */
     int64_t n = 1;
     for (int d = 0; d < A->rank; d++) n *= A->shape[d];
     if (fz_n(c, r)->op == F_LEAF || fuse_numel(fz_n(c, r)) != n) return 0; /* a buffer of this step, of full size */

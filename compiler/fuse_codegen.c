@@ -856,18 +856,19 @@ static int cg_kview_of(CG *g, int f, KView *v) {
     return cg_layout_in(g, f, &L, &param) && cg_kview(&L, param, v);
 }
 
-/* The places cg_out_places stores result o at, as views: o's own buffer, and each member that is
- * a permute/reshape chain of o seen back through the chain. 0 when one is not strided. */
-static int cg_out_views(CG *g, int o, KAttn *a) {
+/* The places cg_out_places stores result o at, as views (out[0 .. *nout)): o's own buffer, and
+ * each member that is a permute/reshape chain of o seen back through the chain. 0 when one is not
+ * strided. */
+static int cg_out_views(CG *g, int o, KView *out, int *nout) {
     const FNode *on = cg_n(g, o);
     CGLayout L;
-    a->nout = 0;
+    *nout = 0;
     if (g->c->mat[o]) {
         lay_rowmajor(&L, on->rank, on->shape);
-        if (!cg_kview(&L, cg_buf(g, o, 1), &a->out[a->nout++])) return 0;
+        if (!cg_kview(&L, cg_buf(g, o, 1), &out[(*nout)++])) return 0;
     }
     const FKern *K = g->K;
-    for (int m = 0; m < K->members.n && a->nout < 4; m++) {
+    for (int m = 0; m < K->members.n && *nout < 4; m++) {
         int f = K->members.v[m];
         if (f == o || !g->c->mat[f]) continue;
         int chain[64], nc = 0, x = f;
@@ -889,14 +890,15 @@ static int cg_out_views(CG *g, int o, KAttn *a) {
                 L = t;
             }
         }
-        if (!cg_kview(&L, cg_buf(g, f, 1), &a->out[a->nout++])) return 0;
+        if (!cg_kview(&L, cg_buf(g, f, 1), &out[(*nout)++])) return 0;
     }
-    return a->nout > 0;
+    return *nout > 0;
 }
 
-/* Kernel.attn for attention op n (KA_*), when every operand and result is a strided view and the
- * kernel computes nothing else; otherwise it stays NULL and the body is the kernel. */
-static void cg_attn_describe(CG *g, const FNode *n, const CGAttn *a, KAttnOp op) {
+/* Kernel.attn for attention op n (KA_*; with KA_BWD_KV, n is dk's node and dv its partner's), when
+ * every operand and result is a strided view and the kernel computes nothing else; otherwise it
+ * stays NULL and the body is the kernel. */
+static void cg_attn_describe(CG *g, const FNode *n, const FNode *dv, const CGAttn *a, KAttnOp op) {
     const FuseCtx *c = g->c;
     KAttn *d = arena_alloc(g->ar, sizeof *d);
     memset(d, 0, sizeof *d);
@@ -915,11 +917,12 @@ static void cg_attn_describe(CG *g, const FNode *n, const CGAttn *a, KAttnOp op)
         if (ops[i] < 0) continue;
         if (cg_n(g, ops[i])->dt != n->dt || !cg_kview_of(g, ops[i], views[i])) return;
     }
-    if (!cg_out_views(g, n->id, d)) return;
-    int others = 0; /* members besides n, its statistics and the views of n it stores */
+    if (!cg_out_views(g, n->id, d->out, &d->nout)) return;
+    if (dv && !cg_out_views(g, dv->id, d->out_v, &d->nout_v)) return;
+    int others = 0; /* members besides n (and dv), the statistics and the views of results it stores */
     for (int m = 0; m < g->K->members.n; m++) {
         int f = g->K->members.v[m];
-        if (f == n->id || f == a->stats) continue;
+        if (f == n->id || f == a->stats || (dv && f == dv->id)) continue;
         const FNode *x = cg_n(g, f);
         others += (x->op != F_PERMUTE && x->op != F_RESHAPE) || !c->mat[f];
     }
@@ -965,7 +968,7 @@ static void cg_attention(CG *g, const FNode *n) {
     cg_out_put(g, &a, n->id, h, t, c, sum, K_DIV);
     kb_endloop(g->b);
     if (a.causal) kb_endif(g->b);
-    cg_attn_describe(g, n, &a, KA_FORWARD);
+    cg_attn_describe(g, n, NULL, &a, KA_FORWARD);
 }
 
 /* P_ij for query row (h, i) against key j, given the row's max and sum. */
@@ -1056,21 +1059,31 @@ static void cg_attention_bwd_q(CG *g, const FNode *n) {
     cg_out_put(g, &a, n->id, h, i, d, cg_op2(g, K_MUL, a.t, w, cg_attn_at(g, &a, a.k, kh, j, d)), K_ADD);
     kb_endloop(g->b);
     kb_endloop(g->b);
-    cg_attn_describe(g, n, &a, KA_BWD_Q);
+    cg_attn_describe(g, n, NULL, &a, KA_BWD_Q);
 }
 
 /* dk_j = scale * sum dS_ij q_i and dv_j = sum P_ij dout_i over the query heads of key head kh
- * and the query rows i that see key j; one key row a work item. */
+ * and the query rows i that see key j; one key row a work item. A kernel holding both (rule 8)
+ * computes P_ij once for the two. */
 static void cg_attention_bwd_kv(CG *g, const FNode *n) {
+    const FNode *nk = NULL, *nv = NULL;
+    for (int m = 0; m < g->K->members.n; m++) {
+        const FNode *x = cg_n(g, g->K->members.v[m]);
+        if (x->op == F_ATTN_BWD_K) nk = x;
+        if (x->op == F_ATTN_BWD_V) nv = x;
+    }
     CGAttn a;
     cg_attn_init(g, n, 1, &a);
-    int want_k = n->op == F_ATTN_BWD_K;
     int kh, j;
     cg_attn_row(g, &a, n, &kh, &j);
-    int64_t width = want_k ? a.D : a.E;
-    int d = kb_loop(g->b, width);
-    cg_out_put(g, &a, n->id, kh, j, d, cg_f(g, a.t, 0.0), K_NONE);
-    kb_endloop(g->b);
+    const FNode *outs[2] = {nk, nv};
+    int64_t widths[2] = {a.D, a.E};
+    for (int o = 0; o < 2; o++) {
+        if (!outs[o]) continue;
+        int d = kb_loop(g->b, widths[o]);
+        cg_out_put(g, &a, outs[o]->id, kh, j, d, cg_f(g, a.t, 0.0), K_NONE);
+        kb_endloop(g->b);
+    }
     int gi = kb_loop(g->b, a.G);
     int h = cg_iadd(g, cg_imul(g, kh, cg_i(g, a.G)), gi);
     int first = cg_i(g, 0); /* the first query row that sees key j */
@@ -1080,20 +1093,22 @@ static void cg_attention_bwd_kv(CG *g, const FNode *n) {
     int st[3];
     cg_attn_stats_load(g, &a, h, i, st);
     int p = cg_attn_p(g, &a, h, i, kh, j, st[0], st[1]);
-    int w;
-    if (want_k) {
+    if (nk) {
         int dp = cg_attn_dot(g, &a, a.dout, h, i, a.v, kh, j, a.E);
-        w = cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), cg_op2(g, K_MUL, a.t, p, cg_op2(g, K_SUB, a.t, dp, st[2])));
-    } else {
-        w = p;
+        int w = cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), cg_op2(g, K_MUL, a.t, p, cg_op2(g, K_SUB, a.t, dp, st[2])));
+        int d = kb_loop(g->b, a.D);
+        cg_out_put(g, &a, nk->id, kh, j, d, cg_op2(g, K_MUL, a.t, w, cg_attn_at(g, &a, a.q, h, i, d)), K_ADD);
+        kb_endloop(g->b);
     }
-    d = kb_loop(g->b, width);
-    int x = cg_attn_at(g, &a, want_k ? a.q : a.dout, h, i, d);
-    cg_out_put(g, &a, n->id, kh, j, d, cg_op2(g, K_MUL, a.t, w, x), K_ADD);
+    if (nv) {
+        int e = kb_loop(g->b, a.E);
+        cg_out_put(g, &a, nv->id, kh, j, e, cg_op2(g, K_MUL, a.t, p, cg_attn_at(g, &a, a.dout, h, i, e)), K_ADD);
+        kb_endloop(g->b);
+    }
     kb_endloop(g->b);
     kb_endloop(g->b);
-    kb_endloop(g->b);
-    cg_attn_describe(g, n, &a, want_k ? KA_BWD_K : KA_BWD_V);
+    if (nk && nv) cg_attn_describe(g, nk, nv, &a, KA_BWD_KV);
+    else cg_attn_describe(g, n, NULL, &a, nk ? KA_BWD_K : KA_BWD_V);
 }
 
 /* ---- dedicated kernels: topk and scatter_add ----------------------------------------------------- */

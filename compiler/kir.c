@@ -759,7 +759,7 @@ static void kir_print_view(FILE *out, const char *prefix, const char *what, cons
 }
 
 void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
-    static const char *ops[] = {"forward", "backward of q", "backward of k", "backward of v"};
+    static const char *ops[] = {"forward", "backward of q", "backward of k", "backward of v", "backward of k and v"};
     fprintf(out, "%sattention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64
                  ", D %" PRId64 ", E %" PRId64 ", %s, scale %.9g, %s\n",
             prefix, ops[a->op], a->Z, a->H, a->Hk, a->T, a->S, a->D, a->E, a->causal ? "causal" : "not causal", a->scale,
@@ -768,7 +768,8 @@ void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
     kir_print_view(out, prefix, "k", &a->k, "");
     kir_print_view(out, prefix, "v", &a->v, "");
     if (a->dout.param >= 0) kir_print_view(out, prefix, "dout", &a->dout, "");
-    for (int i = 0; i < a->nout; i++) kir_print_view(out, prefix, "out", &a->out[i], "");
+    for (int i = 0; i < a->nout; i++) kir_print_view(out, prefix, a->op == KA_BWD_KV ? "dk" : "out", &a->out[i], "");
+    for (int i = 0; i < a->nout_v; i++) kir_print_view(out, prefix, "dv", &a->out_v[i], "");
     if (a->op != KA_FORWARD) {
         if (a->stats.param >= 0) kir_print_view(out, prefix, "stats", &a->stats, a->stats_computed ? " (computed here)" : "");
         else fprintf(out, "%s  stats  computed here, not stored\n", prefix);

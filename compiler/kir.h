@@ -126,7 +126,7 @@ typedef struct KView {
     int64_t stride[4];
 } KView;
 
-typedef enum KAttnOp { KA_FORWARD, KA_BWD_Q, KA_BWD_K, KA_BWD_V } KAttnOp;
+typedef enum KAttnOp { KA_FORWARD, KA_BWD_Q, KA_BWD_K, KA_BWD_V, KA_BWD_KV } KAttnOp;
 
 /* What a KK_ATTENTION kernel computes, in the terms of graph.h's G_ATTENTION and its backward
  * ops (ref.c and ref_bwd.c define them), with every operand and result a strided view: the
@@ -144,8 +144,10 @@ typedef struct KAttn {
     KView q, k, v;
     KView dout;               /* the output's gradient [Z, H, T, E]: the backward ops */
     int nout;
-    KView out[4];             /* the result [Z, H, T, E] (forward), dq [Z, H, T, D], dk [Z, Hk, S, D] or
-                                 dv [Z, Hk, S, E]; each place gets every element */
+    KView out[4];             /* the result [Z, H, T, E] (forward), dq [Z, H, T, D], dk [Z, Hk, S, D]
+                                 (KA_BWD_K, KA_BWD_KV) or dv [Z, Hk, S, E]; each place gets every element */
+    int nout_v;
+    KView out_v[4];           /* KA_BWD_KV: dv [Z, Hk, S, E], likewise */
     KView stats;              /* backward: [Z, H, T, 3] per query row: max of the scaled scores, sum of
                                  exp(s - max), sum over keys of P dP; param -1 when not stored */
     int stats_computed;       /* KA_BWD_Q: 1 when the kernel computes the statistics (storing them

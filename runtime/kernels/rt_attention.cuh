@@ -18,7 +18,8 @@
  *             dv_j = sum_i P_ij dout_i (i over the query rows that see j, of the query heads that
  *             share key head j's: grouped-query attention);
  *   the statistics (m_i, l_i, pdp_i) of each query row are what the backward of q computes and
- *   stores ([Z, H, T, 3]) and the backward of k and v load.
+ *   stores ([Z, H, T, 3]) and the backward of k and v load; one kernel computes dk and dv together
+ *   (fusion's rule 8), each P_ij once for both, or either alone.
  * The forward and the statistics are one pass over the keys with the running maximum (each tile's
  * contributions rescaled by exp(m_old - m_new)); no pass stores anything per key.
  *
@@ -45,7 +46,9 @@ struct MbtAttn {
     float scale;
     MbtView q, k, v, dout, stats;
     int nout;
-    MbtView out[4];
+    MbtView out[4];   /* the places of the result (dk for the backward of k and v) */
+    int nout_v;
+    MbtView out_v[4]; /* the backward of k and v: dv's */
 };
 
 static __device__ __forceinline__ long long mbt_at(const MbtView &w, long long z, long long h, long long r, long long c) {
@@ -84,10 +87,10 @@ template <int W> static __device__ __forceinline__ float mbt_dot(const float *a,
     return acc;
 }
 
-/* One result row to every place of the result (NOUT of them, unrolled: no array in local memory). */
+/* One result row to every place of a result (NOUT of them, unrolled: no array in local memory). */
 template <typename T, int W, int WC, int NOUT>
-static __device__ __forceinline__ void mbt_attn_put(const MbtAttn &a, T *const *out, long long z, long long h, long long r,
-                                                    const float *acc, float div) {
+static __device__ __forceinline__ void mbt_attn_put(const MbtView *views, T *const *out, long long z, long long h,
+                                                    long long r, const float *acc, float div) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int cc = 0; cc < WC; cc++) {
@@ -95,7 +98,7 @@ static __device__ __forceinline__ void mbt_attn_put(const MbtAttn &a, T *const *
         if (c >= W) break;
         const float x = div == 1.0f ? acc[cc] : div > 0.0f ? acc[cc] / div : 0.0f;
 #pragma unroll
-        for (int o = 0; o < NOUT; o++) mbt_st(out[o] + mbt_at(a.out[o], z, h, r, c), x);
+        for (int o = 0; o < NOUT; o++) mbt_st(out[o] + mbt_at(views[o], z, h, r, c), x);
     }
 }
 
@@ -160,7 +163,7 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
             const long long t = t0 + warp * RPW + rr;
             if (t >= a.T) break;
             const float sum = mbt_warp_reduce(l[rr], MbtAdd());
-            mbt_attn_put<T, E, EC, NOUT>(a, out, z, h, t, o[rr], sum);
+            mbt_attn_put<T, E, EC, NOUT>(a.out, out, z, h, t, o[rr], sum);
         }
     }
 }
@@ -269,19 +272,20 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
 #pragma unroll
         for (int rr = 0; rr < RPW; rr++) {
             const long long t = t0 + warp * RPW + rr;
-            if (t < a.T) mbt_attn_put<T, D, DC, NOUT>(a, out, z, h, t, dq[rr], 1.0f);
+            if (t < a.T) mbt_attn_put<T, D, DC, NOUT>(a.out, out, z, h, t, dq[rr], 1.0f);
         }
     }
 }
 
-/* ---- the backward of k or v: dk [Z, Hk, S, D] or dv [Z, Hk, S, E] ------------------------------- */
+/* ---- the backward of k and v: dk [Z, Hk, S, D], dv [Z, Hk, S, E] (either or both) ----------------- */
 
-template <typename T, int D, int E, bool CAUSAL, bool WANT_K, int NOUT>
+template <typename T, int D, int E, bool CAUSAL, bool WANT_K, bool WANT_V, int NOUT_K, int NOUT_V>
 static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
-                                       const T *stats, T *const *out) {
+                                       const T *stats, T *const *out_k, T *const *out_v) {
     const int RPW = MbtAttnRows<D, E>::per_warp, BKR = MbtAttnRows<D, E>::per_block, BQ = MBT_ATTN_TILE;
-    const int W = WANT_K ? D : E, WC = (W + 31) / 32;
-    __shared__ float kr[BKR][D], vr[BKR][E], qs[BQ][D + 1], dos[BQ][E + 1], st[BQ][3], ws[BKR][BQ];
+    const int DC = (D + 31) / 32, EC = (E + 31) / 32;
+    __shared__ float kr[BKR][D], vr[BKR][WANT_K ? E : 1], qs[BQ][D + 1], dos[BQ][E + 1], st[BQ][3];
+    __shared__ float wk[WANT_K ? BKR : 1][BQ], wv[WANT_V ? BKR : 1][BQ];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long G = a.H / a.Hk, tiles = (a.S + BKR - 1) / BKR, shift = a.S - a.T;
     for (long long tile = blockIdx.x; tile < a.Z * a.Hk * tiles; tile += gridDim.x) {
@@ -289,11 +293,14 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
         __syncthreads();
         mbt_attn_tile<T, BKR, D, D>(kr, k, a.k, z, kh, j0, a.S);
         if (WANT_K) mbt_attn_tile<T, BKR, E, E>(vr, v, a.v, z, kh, j0, a.S);
-        float acc[RPW][WC];
+        float dk[RPW][DC], dv[RPW][EC];
 #pragma unroll
-        for (int rr = 0; rr < RPW; rr++)
+        for (int rr = 0; rr < RPW; rr++) {
 #pragma unroll
-            for (int wc = 0; wc < WC; wc++) acc[rr][wc] = 0.0f;
+            for (int dc = 0; dc < DC; dc++) dk[rr][dc] = 0.0f;
+#pragma unroll
+            for (int ec = 0; ec < EC; ec++) dv[rr][ec] = 0.0f;
+        }
         long long ifirst = CAUSAL ? j0 - shift : 0; /* the first query row that sees the tile's first key */
         if (ifirst < 0) ifirst = 0;
         for (long long g = 0; g < G; g++) {
@@ -310,21 +317,34 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
                     const long long j = j0 + r, i = i0 + lane;
                     if (j >= a.S) break;
                     const bool seen = i < a.T && (!CAUSAL || j <= i + shift);
-                    float w = 0.0f;
+                    float p = 0.0f, w = 0.0f;
                     if (seen) {
                         const float s = a.scale * mbt_dot<D>(qs[lane], kr[r]);
-                        const float p = expf(s - st[lane][0]) / st[lane][1];
-                        w = WANT_K ? a.scale * (p * (mbt_dot<E>(dos[lane], vr[r]) - st[lane][2])) : p;
+                        p = expf(s - st[lane][0]) / st[lane][1];
+                        if (WANT_K) w = a.scale * (p * (mbt_dot<E>(dos[lane], vr[r]) - st[lane][2]));
                     }
-                    ws[r][lane] = w;
+                    if (WANT_K) wk[r][lane] = w;
+                    if (WANT_V) wv[r][lane] = p;
                     __syncwarp();
+                    if (WANT_K) {
 #pragma unroll
-                    for (int wc = 0; wc < WC; wc++) {
-                        const int c = lane + 32 * wc;
-                        if (c >= W) break;
-                        float x = acc[rr][wc];
-                        for (int ii = 0; ii < BQ; ii++) x = x + ws[r][ii] * (WANT_K ? qs[ii][c] : dos[ii][c]);
-                        acc[rr][wc] = x;
+                        for (int dc = 0; dc < DC; dc++) {
+                            const int c = lane + 32 * dc;
+                            if (c >= D) break;
+                            float x = dk[rr][dc];
+                            for (int ii = 0; ii < BQ; ii++) x = x + wk[r][ii] * qs[ii][c];
+                            dk[rr][dc] = x;
+                        }
+                    }
+                    if (WANT_V) {
+#pragma unroll
+                        for (int ec = 0; ec < EC; ec++) {
+                            const int c = lane + 32 * ec;
+                            if (c >= E) break;
+                            float x = dv[rr][ec];
+                            for (int ii = 0; ii < BQ; ii++) x = x + wv[r][ii] * dos[ii][c];
+                            dv[rr][ec] = x;
+                        }
                     }
                 }
             }
@@ -332,7 +352,9 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
 #pragma unroll
         for (int rr = 0; rr < RPW; rr++) {
             const long long j = j0 + warp * RPW + rr;
-            if (j < a.S) mbt_attn_put<T, W, WC, NOUT>(a, out, z, kh, j, acc[rr], 1.0f);
+            if (j >= a.S) break;
+            if (WANT_K) mbt_attn_put<T, D, DC, NOUT_K>(a.out, out_k, z, kh, j, dk[rr], 1.0f);
+            if (WANT_V) mbt_attn_put<T, E, EC, NOUT_V>(WANT_K ? a.out_v : a.out, out_v, z, kh, j, dv[rr], 1.0f);
         }
     }
 }
