@@ -128,6 +128,41 @@ static int ix_all_dims_known(const KIdx *ix) {
     return 1;
 }
 
+/* A reshape from shape a to shape b as groups of axes with equal products (size-1 axes left out):
+ * group k is a's axes gi[0 .. ni) and b's gj[0 .. nj), in order. */
+typedef struct ReshapeGroup {
+    int gi[GRAPH_MAX_RANK], gj[GRAPH_MAX_RANK], ni, nj;
+} ReshapeGroup;
+
+/* The groups into out[]; their number, or -1 when the element counts differ. */
+static int reshape_groups(int ra, const int64_t *a, int rb, const int64_t *b, ReshapeGroup *out) {
+    int src[GRAPH_MAX_RANK], dst[GRAPH_MAX_RANK], ns = 0, nd = 0, n = 0;
+    for (int d = 0; d < ra; d++)
+        if (a[d] != 1) src[ns++] = d;
+    for (int d = 0; d < rb; d++)
+        if (b[d] != 1) dst[nd++] = d;
+    int i = 0, j = 0;
+    while (i < ns && j < nd) {
+        ReshapeGroup *G = &out[n++];
+        int64_t ps = a[src[i]], pd = b[dst[j]];
+        G->ni = G->nj = 0;
+        G->gi[G->ni++] = src[i++];
+        G->gj[G->nj++] = dst[j++];
+        while (ps != pd) {
+            if (ps < pd && i < ns) {
+                ps *= a[src[i]];
+                G->gi[G->ni++] = src[i++];
+            } else if (pd < ps && j < nd) {
+                pd *= b[dst[j]];
+                G->gj[G->nj++] = dst[j++];
+            } else {
+                return -1;
+            }
+        }
+    }
+    return i == ns && j == nd ? n : -1;
+}
+
 /* The same elements seen with another shape: with every dimension known, groups of dimensions
  * with equal products map onto each other (one to one where the group is one dimension on both
  * sides, through a linear index otherwise), so that [B, T, 1] -> [B, T] keeps the very values of
@@ -140,35 +175,21 @@ static KIdx ix_reshape(CG *g, KIdx *ix, int rank, const int64_t *shape) {
         o.flat = ix_flat(g, ix);
         return o;
     }
-    int src[GRAPH_MAX_RANK], dst[GRAPH_MAX_RANK], ns = 0, nd = 0;
-    for (int d = 0; d < ix->rank; d++)
-        if (ix->shape[d] != 1) src[ns++] = d;
-    for (int d = 0; d < rank; d++)
-        if (shape[d] != 1) dst[nd++] = d;
-    int i = 0, j = 0;
-    while (i < ns && j < nd) {
-        int gi[GRAPH_MAX_RANK], gj[GRAPH_MAX_RANK], ni = 0, nj = 0;
-        int64_t ps = ix->shape[src[i]], pd = shape[dst[j]];
-        gi[ni++] = src[i++];
-        gj[nj++] = dst[j++];
-        while (ps != pd) {
-            if (ps < pd && i < ns) {
-                ps *= ix->shape[src[i]];
-                gi[ni++] = src[i++];
-            } else if (pd < ps && j < nd) {
-                pd *= shape[dst[j]];
-                gj[nj++] = dst[j++];
-            } else {
-                INTERNAL("fuse: reshape of a different element count");
-            }
-        }
+    ReshapeGroup groups[GRAPH_MAX_RANK];
+    int ng = reshape_groups(ix->rank, ix->shape, rank, shape, groups);
+    if (ng < 0) INTERNAL("fuse: reshape of a different element count");
+    for (int q = 0; q < ng; q++) {
+        const int *gi = groups[q].gi, *gj = groups[q].gj, ni = groups[q].ni, nj = groups[q].nj;
         if (ni == 1 && nj == 1) {
             o.dim[gj[0]] = ix_dim(g, ix, gi[0]);
             continue;
         }
         int lin = cg_i(g, 0);
-        for (int k = 0; k < ni; k++) lin = cg_iadd(g, cg_imul(g, lin, cg_i(g, ix->shape[gi[k]])), ix_dim(g, ix, gi[k]));
-        int64_t inner = pd;
+        int64_t inner = 1;
+        for (int k = 0; k < ni; k++) {
+            lin = cg_iadd(g, cg_imul(g, lin, cg_i(g, ix->shape[gi[k]])), ix_dim(g, ix, gi[k]));
+            inner *= ix->shape[gi[k]];
+        }
         for (int k = 0; k < nj; k++) {
             inner /= shape[gj[k]];
             int v = inner == 1 ? lin : cg_op2(g, K_IDIV, KT_I64, lin, cg_i(g, inner));
@@ -762,28 +783,11 @@ static int lay_reshape(const CGLayout *in, int rank, const int64_t *shape, CGLay
         out->shape[d] = shape[d];
         out->stride[d] = 0;
     }
-    int src[GRAPH_MAX_RANK], dst[GRAPH_MAX_RANK], ns = 0, nd = 0;
-    for (int d = 0; d < in->rank; d++)
-        if (in->shape[d] != 1) src[ns++] = d;
-    for (int d = 0; d < rank; d++)
-        if (shape[d] != 1) dst[nd++] = d;
-    int i = 0, j = 0;
-    while (i < ns && j < nd) {
-        int gi[GRAPH_MAX_RANK], gj[GRAPH_MAX_RANK], ni = 0, nj = 0;
-        int64_t ps = in->shape[src[i]], pd = shape[dst[j]];
-        gi[ni++] = src[i++];
-        gj[nj++] = dst[j++];
-        while (ps != pd) {
-            if (ps < pd && i < ns) {
-                ps *= in->shape[src[i]];
-                gi[ni++] = src[i++];
-            } else if (pd < ps && j < nd) {
-                pd *= shape[dst[j]];
-                gj[nj++] = dst[j++];
-            } else {
-                return 0;
-            }
-        }
+    ReshapeGroup groups[GRAPH_MAX_RANK];
+    int ng = reshape_groups(in->rank, in->shape, rank, shape, groups);
+    if (ng < 0) return 0;
+    for (int q = 0; q < ng; q++) {
+        const int *gi = groups[q].gi, *gj = groups[q].gj, ni = groups[q].ni, nj = groups[q].nj;
         for (int k = 0; k + 1 < ni; k++)
             if (in->stride[gi[k]] != in->stride[gi[k + 1]] * in->shape[gi[k + 1]]) return 0;
         int64_t inner = in->stride[gi[ni - 1]];
@@ -792,7 +796,7 @@ static int lay_reshape(const CGLayout *in, int rank, const int64_t *shape, CGLay
             inner *= shape[gj[k]];
         }
     }
-    return i == ns && j == nd;
+    return 1;
 }
 
 /* The layout of node f over the buffer it is read from (*param): f itself when this kernel loads

@@ -87,6 +87,30 @@ template <int W> static __device__ __forceinline__ float mbt_dot(const float *a,
     return acc;
 }
 
+/* The keys [0, end) that the tile of query rows [t0, t0 + rows) sees: causal rows stop at the
+ * last key their last row sees. */
+template <bool CAUSAL>
+static __device__ __forceinline__ long long mbt_attn_keys_seen(const MbtAttn &a, long long t0, int rows) {
+    if (!CAUSAL) return a.S;
+    const long long last = t0 + rows - 1 < a.T - 1 ? t0 + rows - 1 : a.T - 1, end = last + a.S - a.T + 1;
+    return end < a.S ? end : a.S;
+}
+
+/* A row's columns (c = lane, lane + 32, ... < W, in acc[]): acc = acc * keep + sum over the tile's
+ * 32 rows jj, in order, of w[jj] * x[jj][c]. */
+template <int W, int WC, int PITCH>
+static __device__ __forceinline__ void mbt_attn_accum(float *acc, const float *w, const float (*x)[PITCH], float keep) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int cc = 0; cc < WC; cc++) {
+        const int c = lane + 32 * cc;
+        if (c >= W) break;
+        float t = acc[cc] * keep;
+        for (int jj = 0; jj < MBT_ATTN_TILE; jj++) t = t + w[jj] * x[jj][c];
+        acc[cc] = t;
+    }
+}
+
 /* One result row to every place of a result (NOUT of them, unrolled: no array in local memory). */
 template <typename T, int W, int WC, int NOUT>
 static __device__ __forceinline__ void mbt_attn_put(const MbtView *views, T *const *out, long long z, long long h,
@@ -123,11 +147,7 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
 #pragma unroll
             for (int cc = 0; cc < EC; cc++) o[rr][cc] = 0.0f;
         }
-        long long kend = a.S; /* the keys the tile's last row sees */
-        if (CAUSAL) {
-            const long long last = t0 + BQ - 1 < a.T - 1 ? t0 + BQ - 1 : a.T - 1;
-            kend = last + shift + 1 < a.S ? last + shift + 1 : a.S;
-        }
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         for (long long j0 = 0; j0 < kend; j0 += BK) {
             __syncthreads();
             mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
@@ -148,14 +168,7 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
                 m[rr] = mn;
                 ps[r][lane] = p; /* a slot a row: the next tile's __syncthreads orders its reuse */
                 __syncwarp();
-#pragma unroll
-                for (int cc = 0; cc < EC; cc++) {
-                    const int c = lane + 32 * cc;
-                    if (c >= E) break;
-                    float acc = o[rr][cc] * alpha;
-                    for (int jj = 0; jj < BK; jj++) acc = acc + ps[r][jj] * vs[jj][c];
-                    o[rr][cc] = acc;
-                }
+                mbt_attn_accum<E, EC, E + 1>(o[rr], ps[r], vs, alpha);
             }
         }
 #pragma unroll
@@ -191,11 +204,7 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
 #pragma unroll
             for (int dc = 0; dc < DC; dc++) dq[rr][dc] = 0.0f;
         }
-        long long kend = a.S;
-        if (CAUSAL) {
-            const long long last = t0 + BQ - 1 < a.T - 1 ? t0 + BQ - 1 : a.T - 1;
-            kend = last + shift + 1 < a.S ? last + shift + 1 : a.S;
-        }
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         if (COMPUTE) { /* m, l and sum P dP in one pass: the running sums rescaled as m grows */
             for (long long j0 = 0; j0 < kend; j0 += BK) {
                 __syncthreads();
@@ -259,14 +268,7 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
                 }
                 ws[r][lane] = w;
                 __syncwarp();
-#pragma unroll
-                for (int dc = 0; dc < DC; dc++) {
-                    const int d = lane + 32 * dc;
-                    if (d >= D) break;
-                    float acc = dq[rr][dc];
-                    for (int jj = 0; jj < BK; jj++) acc = acc + ws[r][jj] * ks[jj][d];
-                    dq[rr][dc] = acc;
-                }
+                mbt_attn_accum<D, DC, D + 1>(dq[rr], ws[r], ks, 1.0f);
             }
         }
 #pragma unroll
@@ -326,26 +328,8 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
                     if (WANT_K) wk[r][lane] = w;
                     if (WANT_V) wv[r][lane] = p;
                     __syncwarp();
-                    if (WANT_K) {
-#pragma unroll
-                        for (int dc = 0; dc < DC; dc++) {
-                            const int c = lane + 32 * dc;
-                            if (c >= D) break;
-                            float x = dk[rr][dc];
-                            for (int ii = 0; ii < BQ; ii++) x = x + wk[r][ii] * qs[ii][c];
-                            dk[rr][dc] = x;
-                        }
-                    }
-                    if (WANT_V) {
-#pragma unroll
-                        for (int ec = 0; ec < EC; ec++) {
-                            const int c = lane + 32 * ec;
-                            if (c >= E) break;
-                            float x = dv[rr][ec];
-                            for (int ii = 0; ii < BQ; ii++) x = x + wv[r][ii] * dos[ii][c];
-                            dv[rr][ec] = x;
-                        }
-                    }
+                    if (WANT_K) mbt_attn_accum<D, DC, D + 1>(dk[rr], wk[r], qs, 1.0f);
+                    if (WANT_V) mbt_attn_accum<E, EC, E + 1>(dv[rr], wv[r], dos, 1.0f);
                 }
             }
         }
