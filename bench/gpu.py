@@ -3,7 +3,7 @@
 against PyTorch on the same GPU (docs/bench.md, "On a GPU").
 
     /usr/bin/python3 bench/gpu.py [--build build] [--rounds 3] [--steps 25] [--warmup 5]
-                                  [--batch 4] [--seq 64] [--modes mbt,torch-f32,...] [--out F.json]
+                                  [--batch 4|max] [--seq 64] [--modes mbt,torch-f32,...] [--out F.json]
                                   [--python PYTHON_WITH_CUDA_TORCH]
     /usr/bin/python3 bench/gpu.py --self-test        # the arithmetic and parsers, on any machine
 
@@ -11,9 +11,12 @@ Without a GPU (`nvidia-smi -L` fails or lists none) it prints `SKIP: no GPU (why
 
 The case is bench/run.py's gpt2-124m (bench/gpt2_124m.mbt: examples/gpt2.mbt's GPT2, AdamW lr 6e-4,
 betas (0.9, 0.95), weight decay 0.1, constant lr, no clipping, windows in file order). --batch and
---seq give the micro-batch and sequence length (default: the program's 4 x 64); an mbt program's
-batch is compiled in, so another one is compiled from a copy of the .mbt with its `seq =` and
-`batch { global, micro }` replaced. Both sides start from the program's initial weights
+--seq give the micro-batch and sequence length (default: the program's 4 x 64; `make bench-gpu`
+asks for --seq 1024 --batch max, the largest micro-batch of --batch-candidates with which mbt - in
+bf16 when mbt-bf16 is a mode - trains a step on the GPU, tried largest first; every mode then runs
+that batch, and a PyTorch mode that cannot says so in its row); an mbt program's batch is compiled
+in, so another one is compiled from a copy of the .mbt with its `seq =` and `batch { global,
+micro }` replaced. Both sides start from the program's initial weights
 (`train --steps 0 --save-weights`), read the same windows, and a self-check first holds their
 losses on the first batch to 1e-5, as bench/run.py's does.
 
@@ -407,7 +410,8 @@ def bench(a):
         if not os.access(tool, os.X_OK):
             raise SystemExit(f"bench: {tool} is missing: run `make all` first")
     case = dict(cpu_bench.CASES[a.case])
-    B, T = a.batch or case["micro"], a.seq or case["seq"]
+    T = a.seq or case["seq"]
+    B = case["micro"] if a.batch in ("", "0") else 0 if a.batch == "max" else int(a.batch)
     modes = [m for m in a.modes.split(",") if m]
     for m in modes:
         if m not in MODES:
@@ -438,27 +442,27 @@ def bench(a):
     say("peak used for MFU: " + (f"{peak[0]}: f32 {peak[1]} TFLOPS (FP32, not TF32), bf16 {peak[2]} TFLOPS (dense)"
                                   if peak else "none known for this device: no MFU (--peak-f32 and --peak-bf16 set one)"))
 
+    # --batch max: the largest candidate micro-batch with which mbt trains a step on the device
+    if not B:
+        B = largest_batch(a, case, T, work, mbtc, gendata, "bf16" if "mbt-bf16" in modes else "f32")
+        if not B:
+            raise SystemExit(f"bench: no micro-batch of {a.batch_candidates} trains a step on {a.device} at seq {T}")
+
     # the programs (f32, and bf16 when asked for), their data, the weights both sides start from
     source, include, g = variant_source(case, B, T, work)
     name = f"{a.case}-b{B}-t{T}"
     prog = os.path.join(work, name)
     progs = {"mbt": (prog, source, include)}
+    if "mbt-bf16" in modes:
+        src16, inc16, _ = variant_source(case, B, T, work, "bf16")
+        progs["mbt-bf16"] = (prog + "-bf16", src16, inc16)
     case.update(micro=B, seq=T, global_batch=g, source=source)
     say(f"== {a.case}: {source} (micro {B} x seq {T}, global {g}, adamw), {a.steps} steps a run, {a.warmup} warm-up, "
         f"{a.rounds} rounds")
     compile_s = cpu_bench.build_program(mbtc, source, case["include"] + include, prog)
-    if "mbt-bf16" in modes:
-        src16, inc16, _ = variant_source(case, B, T, work, "bf16")
-        progs["mbt-bf16"] = (prog + "-bf16", src16, inc16)
-        cpu_bench.build_program(mbtc, src16, case["include"] + inc16, prog + "-bf16")
-    tokens_needed = (a.steps + 2) * g * T + 1
-    gen = list(case["gendata"])
-    if "--tokens" in gen:
-        i = gen.index("--tokens")
-        gen[i + 1] = str(max(int(gen[i + 1]), tokens_needed))
-    else:
-        gen += ["--tokens", str(max(300000, tokens_needed))]
-    data = cpu_bench.make_data(gendata, gen, os.path.join(work, "data"), f"{a.case}-{gen[gen.index('--tokens') + 1]}")
+    if "mbt-bf16" in progs:
+        cpu_bench.build_program(mbtc, progs["mbt-bf16"][1], case["include"] + progs["mbt-bf16"][2], prog + "-bf16")
+    data = corpus(a, case, gendata, work, (a.steps + 2) * g * T + 1)
     init = os.path.join(work, f"{name}-init.safetensors")
     cpu_bench.save_initial_weights(prog, data, init, case, ["--device", "cpu"])
     n_params, layers, d = model_shape(init)
@@ -605,6 +609,38 @@ def bench(a):
     return 0
 
 
+def corpus(a, case, gendata, work, tokens_needed):
+    """mbt-gendata's corpus for the case with at least tokens_needed tokens (made once per size)."""
+    gen = list(case["gendata"])
+    if "--tokens" in gen:
+        i = gen.index("--tokens")
+        gen[i + 1] = str(max(int(gen[i + 1]), tokens_needed))
+    else:
+        gen += ["--tokens", str(max(300000, tokens_needed))]
+    return cpu_bench.make_data(gendata, gen, os.path.join(work, "data"), f"{a.case}-{gen[gen.index('--tokens') + 1]}")
+
+
+def largest_batch(a, case, T, work, mbtc, gendata, precision):
+    """The largest of --batch-candidates with which the case's program (at seq T, in `precision`)
+    trains one step on the device, trying the largest first; 0 when none does. What fails is said
+    (an out-of-memory at a large batch is expected; other failures are shown as they are)."""
+    accum = case["global_batch"] // case["micro"]
+    cands = sorted({int(x) for x in a.batch_candidates.split(",") if x.strip()}, reverse=True)
+    data = corpus(a, case, gendata, work, (max(cands, default=1) * accum + 1) * T + 1)
+    for b in cands:
+        src, inc, _ = variant_source(case, b, T, work, precision)
+        prog = os.path.join(work, f"{a.case}-probe-b{b}-t{T}-{precision}")
+        cpu_bench.build_program(mbtc, src, case["include"] + inc, prog)
+        p = subprocess.run([prog, "train", "--steps", "1", "--device", a.device, "--data", data],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode == 0:
+            say(f"  --batch max: micro-batch {b} x {T} trains a step ({precision}); the runs use it")
+            return b
+        say(f"  --batch max: micro-batch {b} x {T} does not train a step: "
+            f"{(p.stdout.strip().splitlines() or ['?'])[-1]}")
+    return 0
+
+
 def kernel_report(a, mbtc, source, include, prog, data, init, work, name):
     """One more mbt run with MBT_DEBUG=1 (not timed): its timing table, and the elementwise
     kernels' bytes from mbtc --emit=cuda."""
@@ -715,7 +751,11 @@ def main(argv):
     ap.add_argument("--build", default="build", help="the build directory (mbtc, mbt-gendata)")
     ap.add_argument("--case", default="gpt2-124m", choices=sorted(cpu_bench.CASES),
                     help="bench/run.py's case (default gpt2-124m)")
-    ap.add_argument("--batch", type=int, default=0, help="micro-batch, sequences (default: the program's)")
+    ap.add_argument("--batch", default="0",
+                    help="micro-batch, sequences, or `max`: the largest of --batch-candidates with which mbt trains "
+                         "a step on the device (default: the program's)")
+    ap.add_argument("--batch-candidates", default="64,48,32,24,16,12,8,4",
+                    help="the micro-batches --batch max tries, largest first (default 64,48,32,24,16,12,8,4)")
     ap.add_argument("--seq", type=int, default=0, help="sequence length (default: the program's)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each running every mode once (default 3)")
     ap.add_argument("--steps", type=int, default=25, help="steps a run, warm-up included (default 25)")
