@@ -24,7 +24,10 @@
 #                          takes seconds) `mbtc --verify-step` on the device's dump: its gradients and
 #                          its update (fed its own gradients) against the reference evaluator, 1e-4
 #                          (bf16: 5e-2)
-# then, on examples/tiny.mbt:
+# then, on examples/tiny.mbt (weights trained 3 steps on the CPU):
+#   gpu/eval               `eval --steps 2` on the device: the CPU's loss within 1e-5 relative
+#   gpu/generate-logits    `generate --print-logits` over a 16-token prompt on the device: each
+#                          prefix's logits within 1e-5 of the row's largest of the CPU's
 #   gpu/debug-timing       MBT_DEBUG=1 prints a per-kernel timing table: a header line naming
 #                          "kernel" and "us" (or µs), and rows naming the program's kernel functions
 #                          (the `__global__` functions of `mbtc --emit=cuda`)
@@ -287,6 +290,49 @@ for name in "${names[@]}"; do
     PASSED=$((PASSED + $(grep -c '^PASS ' "$DIR/$name/report.txt")))
     FAILED=$((FAILED + $(grep -c '^FAIL ' "$DIR/$name/report.txt")))
 done
+
+# ---- eval and generate on the device: the GPU's forward_loss and forward_logits -----------------------
+# on_device_cmd KERNELS PROG OUT ARGS...: PROG ARGS... on the device under test, output in OUT
+on_device_cmd() {
+    local cu=$1 prog=$2 out=$3
+    shift 3
+    if [ "$DEVICE" = emu ]; then
+        [ -f "$cu.so" ] || tests/cudaemu/build.sh "$cu" "$cu.so" >"$out" 2>&1 || return 1
+        MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_FAKE_CUDA_EMU="$cu.so" timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
+    else
+        timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
+    fi
+}
+d="$DIR/infer"
+T="$DIR/tiny-tiny"
+mkdir -p "$d"
+PROMPT=3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3
+if ! build "$T" examples/tiny.mbt --train tiny \
+    || ! timeout 600 "$T/prog" train --steps 3 --data "$DATA" --device cpu --save-weights "$d/w.st" </dev/null >"$d/train.out" 2>&1; then
+    fail gpu/eval "building tiny or training its weights on the CPU failed" "$d/train.out"
+else
+    # eval: the held-out loss of the same weights and batches (1e-5 relative, as step 1's)
+    timeout 600 "$T/prog" eval --weights "$d/w.st" --data "$DATA" --steps 2 --device cpu </dev/null >"$d/eval-cpu.out" 2>&1
+    on_device_cmd "$T/prog.cu" "$T/prog" "$d/eval-dev.out" eval --weights "$d/w.st" --data "$DATA" --steps 2
+    a=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$d/eval-cpu.out")
+    b=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$d/eval-dev.out")
+    if [ -n "$a" ] && [ -n "$b" ] && within "$a" "$b" "$LOSS_TOL"; then pass "gpu/eval (loss: CPU $a, device $b)"
+    else fail gpu/eval "eval's loss: CPU '$a', device '$b' (tolerance $LOSS_TOL relative)" "$d/eval-dev.out"; fi
+    # generate --print-logits: each prefix's logits, every entry within 1e-5 of the row's largest
+    timeout 600 "$T/prog" generate --weights "$d/w.st" --prompt-tokens "$PROMPT" --print-logits --device cpu \
+        </dev/null >"$d/logits-cpu.out" 2>&1
+    on_device_cmd "$T/prog.cu" "$T/prog" "$d/logits-dev.out" generate --weights "$d/w.st" --prompt-tokens "$PROMPT" --print-logits
+    if worst=$(paste -d '|' "$d/logits-cpu.out" "$d/logits-dev.out" | awk -F'|' '
+            { na = split($1, a, " "); nb = split($2, b, " "); if (na != nb || na == 0) { bad = 1; exit }
+              m = 0; for (i = 1; i <= na; i++) { x = a[i] < 0 ? -a[i] : a[i]; if (x > m) m = x }
+              for (i = 1; i <= na; i++) { e = a[i] - b[i]; if (e < 0) e = -e; if (m > 0 && e / m > w) w = e / m }
+              rows++ }
+            END { if (bad || rows != 16) exit 1; printf "%.2e", w; exit !(w <= 1e-5) }'); then
+        pass "gpu/generate-logits (16 prefixes, largest difference $worst of a row's largest logit)"
+    else
+        fail gpu/generate-logits "generate --print-logits differs from the CPU's by more than 1e-5 of a row's largest logit ($worst)" "$d/logits-dev.out"
+    fi
+fi
 
 # ---- MBT_DEBUG's timing table and MBT_TRACE's Chrome trace ----------------------------------------
 if [ "$DEVICE" = cpu ]; then
