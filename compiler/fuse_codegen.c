@@ -69,6 +69,7 @@ static int cg_f(CG *g, KType t, double v) {
 
 static int cg_op1(CG *g, KOp op, KType t, int a) { return kb_op(g->b, op, t, 1, a, -1, -1); }
 static int cg_op2(CG *g, KOp op, KType t, int a, int b) { return kb_op(g->b, op, t, 2, a, b, -1); }
+static int cg_as(CG *g, int v, KType t) { return kb_type(g->b, v) == t ? v : cg_op1(g, K_CAST, t, v); } /* v as type t */
 static int cg_op3(CG *g, KOp op, KType t, int a, int b, int c) { return kb_op(g->b, op, t, 3, a, b, c); }
 
 static int cg_iadd(CG *g, int a, int b) { return cg_op2(g, K_ADD, KT_I64, a, b); }
@@ -639,7 +640,9 @@ static void cg_attn_init(CG *g, const FNode *n, int qpos, CGAttn *a) {
     a->G = a->H / a->Hk;
     a->causal = n->ia[0] != 0;
     a->scale = n->fa[0];
-    a->t = cg_t(q);
+    /* f16/bf16 operands are computed in f32 anyway (kir.h); saying so lets the statistics be kept in
+     * f32 (fuse_lower.c) without a rounding where they are read back */
+    a->t = cg_t(q) == KT_F16 || cg_t(q) == KT_BF16 ? KT_F32 : cg_t(q);
 }
 
 /* Element (batch, head, row, col) of a [..., heads, rows, cols] operand. */
@@ -651,7 +654,7 @@ static int cg_attn_at(CG *g, const CGAttn *a, int f, int head, int row, int col)
     dims[a->r - 2] = row;
     dims[a->r - 1] = col;
     KIdx ix = ix_of(n->rank, n->shape, dims);
-    return cg_value(g, f, &ix);
+    return cg_as(g, cg_value(g, f, &ix), a->t);
 }
 
 /* sum over c < len of x(head_x, row_x, c) * y(head_y, row_y, c) */
@@ -739,7 +742,8 @@ static void cg_out_put(CG *g, const CGAttn *a, int o, int head, int row, int col
     int np = cg_out_places(g, o, &ix, bufs, offs);
     if (!np) return;
     int nv = v;
-    if (how != K_NONE) nv = cg_op2(g, how, a->t, kb_load(g->b, bufs[0], offs[0]), v);
+    if (how != K_NONE) nv = cg_op2(g, how, a->t, cg_as(g, kb_load(g->b, bufs[0], offs[0]), a->t), v);
+    nv = cg_as(g, nv, cg_t(n)); /* f16/bf16 results: rounded as the store rounds */
     for (int i = 0; i < np; i++) kb_store(g->b, bufs[i], offs[i], nv);
 }
 
@@ -937,7 +941,7 @@ static void cg_attn_describe(CG *g, const FNode *n, const FNode *dv, const CGAtt
         lay_rowmajor(&L, st->rank, st->shape);
         d->stats_computed = op == KA_BWD_Q && c->owner[a->stats] == g->kid;
         if (!d->stats_computed || c->mat[a->stats])
-            if (st->dt != n->dt || !cg_kview(&L, cg_buf(g, a->stats, d->stats_computed), &d->stats)) return;
+            if (st->dt != DT_F32 || !cg_kview(&L, cg_buf(g, a->stats, d->stats_computed), &d->stats)) return;
     }
     g->k->attn = d;
 }

@@ -600,7 +600,9 @@ static int fl_lower_node(FL *L, const GNode *n) {
         int64_t shape[GRAPH_MAX_RANK] = {0};
         memcpy(shape, q->shape, sizeof shape);
         shape[q->rank - 1] = 3;
-        int stats = fl_op(L, F_ATTN_STATS, q->dt, q->rank, shape, 4, in);
+        /* the statistics in f32 at least: a row maximum in bf16 would be off by up to 2^-9 of itself,
+         * and every P computed from it by that much (relatively) times |max| */
+        int stats = fl_op(L, F_ATTN_STATS, q->dt == DT_F64 ? DT_F64 : DT_F32, q->rank, shape, 4, in);
         int all[5] = {in[0], in[1], in[2], in[3], stats};
         FOp op = n->op == G_ATTENTION_BWD_Q ? F_ATTN_BWD_Q : n->op == G_ATTENTION_BWD_K ? F_ATTN_BWD_K : F_ATTN_BWD_V;
         return fl_op(L, op, dt, n->rank, n->shape, 5, all);

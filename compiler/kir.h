@@ -148,8 +148,8 @@ typedef struct KAttn {
                                  (KA_BWD_K, KA_BWD_KV) or dv [Z, Hk, S, E]; each place gets every element */
     int nout_v;
     KView out_v[4];           /* KA_BWD_KV: dv [Z, Hk, S, E], likewise */
-    KView stats;              /* backward: [Z, H, T, 3] per query row: max of the scaled scores, sum of
-                                 exp(s - max), sum over keys of P dP; param -1 when not stored */
+    KView stats;              /* backward: [Z, H, T, 3] in f32, per query row: max of the scaled scores,
+                                 sum of exp(s - max), sum over keys of P dP; param -1 when not stored */
     int stats_computed;       /* KA_BWD_Q: 1 when the kernel computes the statistics (storing them
                                  at stats when param >= 0); otherwise they are loaded from stats */
 } KAttn;

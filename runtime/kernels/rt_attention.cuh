@@ -18,7 +18,7 @@
  *             dv_j = sum_i P_ij dout_i (i over the query rows that see j, of the query heads that
  *             share key head j's: grouped-query attention);
  *   the statistics (m_i, l_i, pdp_i) of each query row are what the backward of q computes and
- *   stores ([Z, H, T, 3]) and the backward of k and v load; one kernel computes dk and dv together
+ *   stores ([Z, H, T, 3], f32 whatever the element type) and the backward of k and v load; one kernel computes dk and dv together
  *   (fusion's rule 8), each P_ij once for both, or either alone.
  * The forward and the statistics are one pass over the keys with the running maximum (each tile's
  * contributions rescaled by exp(m_old - m_new)); no pass stores anything per key.
@@ -185,7 +185,7 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
 
 template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT>
 static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
-                                      const T *stats_in, T *stats_out, T *const *out) {
+                                      const float *stats_in, float *stats_out, T *const *out) {
     const int RPW = MbtAttnRows<D, E>::per_warp, BQ = MbtAttnRows<D, E>::per_block, BK = MBT_ATTN_TILE;
     const int DC = (D + 31) / 32;
     __shared__ float qs[BQ][D], dos[BQ][E], ks[BK][D + 1], vs[BK][E + 1], ws[BQ][BK];
@@ -283,7 +283,7 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
 
 template <typename T, int D, int E, bool CAUSAL, bool WANT_K, bool WANT_V, int NOUT_K, int NOUT_V>
 static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
-                                       const T *stats, T *const *out_k, T *const *out_v) {
+                                       const float *stats, T *const *out_k, T *const *out_v) {
     const int RPW = MbtAttnRows<D, E>::per_warp, BKR = MbtAttnRows<D, E>::per_block, BQ = MBT_ATTN_TILE;
     const int DC = (D + 31) / 32, EC = (E + 31) / 32;
     __shared__ float kr[BKR][D], vr[BKR][WANT_K ? E : 1], qs[BQ][D + 1], dos[BQ][E + 1], st[BQ][3];
@@ -311,7 +311,7 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
                 __syncthreads();
                 mbt_attn_tile<T, BQ, D, D + 1>(qs, q, a.q, z, h, i0, a.T);
                 mbt_attn_tile<T, BQ, E, E + 1>(dos, dout, a.dout, z, h, i0, a.T);
-                mbt_attn_tile<T, BQ, 3, 3>(st, stats, a.stats, z, h, i0, a.T);
+                mbt_attn_tile<float, BQ, 3, 3>(st, stats, a.stats, z, h, i0, a.T);
                 __syncthreads();
 #pragma unroll
                 for (int rr = 0; rr < RPW; rr++) {
