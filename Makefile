@@ -203,7 +203,7 @@ $(BUILD)/gen/%_cu.h: runtime/kernels/%.cu
 $(BUILD)/gen/%_cuh.h: runtime/kernels/%.cuh
 	$(call cuda_string,mbt_$*_cuh)
 
-$(BUILD)/obj/cuda.o: $(BUILD)/gen/rt_attention_cuh.h
+$(BUILD)/obj/cuda.o: $(BUILD)/gen/rt_attention_cuh.h $(BUILD)/gen/rt_attention_tc_cuh.h
 $(BUILD)/obj/cuda_program.o: $(BUILD)/gen/rt_kernels_cu.h
 
 # gpu_internal.h declares the CUDA types, constants and functions the runtime uses without
@@ -277,7 +277,7 @@ asan:
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
 fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors
 
-$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS) $(BUILD)/gen/rt_kernels_cu.h $(BUILD)/gen/rt_attention_cuh.h
+$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS) $(BUILD)/gen/rt_kernels_cu.h $(BUILD)/gen/rt_attention_cuh.h $(BUILD)/gen/rt_attention_tc_cuh.h
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
 

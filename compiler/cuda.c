@@ -36,6 +36,7 @@
 
 #include "diag.h"
 #include "rt_attention_cuh.h" /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
+#include "rt_attention_tc_cuh.h" /* mbt_rt_attention_tc_cuh: rt_attention_tc.cuh, likewise */
 #include "value.h"
 
 #define CUDA_THREAD_BLOCK 256 /* threads per block in thread mode */
@@ -147,12 +148,16 @@ void cuda_emit_prelude(FILE *out, int half, int attn) {
                      "struct __align__(8) MbtHalf4 { __half x, y, z, w; };\n"
                      "struct __align__(8) MbtBf16x4 { __nv_bfloat16 x, y, z, w; };\n");
     if (attn) fprintf(out, "\n#define MBT_HALF %d\n%s", half, mbt_rt_attention_cuh);
+    if (attn == CUDA_ATTN_TENSOR_CORES) fprintf(out, "\n%s", mbt_rt_attention_tc_cuh);
 }
 
 int cuda_kernel_uses_attention(const Kernel *k) {
     const KAttn *a = k->attn;
-    return a && a->D <= 128 && a->E <= 128 && a->D >= 1 && a->E >= 1 &&
-           (a->dt == DT_F32 || a->dt == DT_F16 || a->dt == DT_BF16);
+    if (!a || a->D > 128 || a->E > 128 || a->D < 1 || a->E < 1 || (a->dt != DT_F32 && a->dt != DT_F16 && a->dt != DT_BF16))
+        return CUDA_ATTN_NONE;
+    if (a->op == KA_FORWARD && a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0 && a->D <= 64 && a->E <= 64)
+        return CUDA_ATTN_TENSOR_CORES;
+    return CUDA_ATTN_CUDA_CORES;
 }
 
 int cuda_kernel_uses_half(const Kernel *k) {
@@ -194,11 +199,21 @@ static int cuda_loads_what_it_stores(const Kernel *k, int from, int to) {
 }
 
 /* Rows (query rows, or key rows for dk and dv) a block of an attention template takes at a time,
- * and the static shared memory it declares: rt_attention.cuh's MbtAttnRows and tiles. */
-static int cuda_attention_rows(const KAttn *a) { return (a->D + a->E > 192 ? 2 : 4) * 4; }
+ * and the static shared memory it declares: rt_attention.cuh's MbtAttnRows and tiles, or
+ * rt_attention_tc.cuh's (16 rows a warp; its tiles in the element type, f32 scores). */
+static int cuda_attention_rows(const Kernel *k) {
+    const KAttn *a = k->attn;
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) return 16 * 4;
+    return (a->D + a->E > 192 ? 2 : 4) * 4;
+}
 
-static int cuda_attention_shared(const KAttn *a) {
-    int64_t rows = cuda_attention_rows(a), tile = 32 * (a->D + 1) + 32 * (a->E + 1), slots = rows * 32;
+static int cuda_attention_shared(const Kernel *k) {
+    const KAttn *a = k->attn;
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) {
+        int64_t qp = a->D + 8, vp = a->E + 8, sp = (a->E > 32 ? a->E : 32) + 4;
+        return (int)(2 * (64 * qp + 32 * qp + 32 * vp + 4 * 16 * (32 + 8)) + 4 * (4 * 16 * sp + 4 * 16));
+    }
+    int64_t rows = cuda_attention_rows(k), tile = 32 * (a->D + 1) + 32 * (a->E + 1), slots = rows * 32;
     switch (a->op) {
     case KA_FORWARD: return (int)(4 * (rows * a->D + tile + slots));
     case KA_BWD_Q: return (int)(4 * (rows * (a->D + a->E) + tile + slots));
@@ -215,14 +230,14 @@ static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
     if (cuda_kernel_uses_attention(k)) { /* the template's geometry; the body is not written */
         const KAttn *a = k->attn;
         CudaLaunch *L = &P->launch;
-        int64_t rows = cuda_attention_rows(a);
+        int64_t rows = cuda_attention_rows(k);
         int by_key = a->op == KA_BWD_K || a->op == KA_BWD_V || a->op == KA_BWD_KV;
         int64_t tiles = a->Z * (by_key ? a->Hk * ((a->S + rows - 1) / rows) : a->H * ((a->T + rows - 1) / rows));
         L->mode = CUDA_ATTENTION;
         L->block = 128;
         L->vector = 1;
         L->per_block = rows;
-        L->shared = cuda_attention_shared(a);
+        L->shared = cuda_attention_shared(k);
         L->blocks = tiles < 1 ? 1 : tiles > CUDA_MAX_BLOCKS ? CUDA_MAX_BLOCKS : tiles;
         return;
     }
@@ -793,7 +808,10 @@ static void cuda_header(CudaEmit *E, const char *note) {
             L->shared);
     if (L->mode == CUDA_WARP) fprintf(out, " (a warp per work item, %d per block)", L->block / 32);
     if (L->mode == CUDA_BLOCK) fprintf(out, " (a block per work item)");
-    if (L->mode == CUDA_ATTENTION) fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/rt_attention.cuh)", L->per_block);
+    if (L->mode == CUDA_ATTENTION)
+        fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/%s)", L->per_block,
+                cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
+                                                                        : "rt_attention.cuh");
     if (L->vector > 1) fprintf(out, " (%d work items a thread: vector loads and stores)", L->vector);
     fprintf(out, "\n");
     if (note && *note) {
@@ -872,8 +890,9 @@ static void cuda_attention_call(CudaEmit *E) {
     const char *st = cuda_param_or_null(E, a->stats.param);
     switch (a->op) {
     case KA_FORWARD:
-        cuda_line(E, "mbt_attn_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);", t, a->D, a->E, causal,
-                  a->nout, q, k, v);
+        cuda_line(E, "mbt_attn_forward%s<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);",
+                  cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "", t, a->D, a->E, causal, a->nout, q,
+                  k, v);
         break;
     case KA_BWD_Q:
         cuda_line(E, "mbt_attn_bwd_q<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", t, a->D,
@@ -903,10 +922,12 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
     const CudaLaunch *L = &E.P.launch;
     if (launch) *launch = *L;
     cuda_header(&E, note);
-    /* at least 65536 / (block x 64) blocks an SM: a budget of 128 registers a thread. With the
-     * block size alone ptxas aims at full occupancy (32 registers on sm_90) and spills row kernels */
-    fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, 65536 / (L->block * CUDA_REGISTER_BUDGET),
-            k->name);
+    /* at least 65536 / (block x 128) blocks an SM: a budget of 128 registers a thread. With the
+     * block size alone ptxas aims at full occupancy (32 registers on sm_90) and spills row kernels.
+     * The tensor-core attention forward keeps 16 rows' outputs and statistics a lane: 2 blocks an
+     * SM (255 registers), which its 41 KB of shared memory allows anyway (spills at 128 on sm_80). */
+    int min_blocks = cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
+    fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, min_blocks, k->name);
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");
     E.indent = 1;

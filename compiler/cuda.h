@@ -57,15 +57,18 @@ const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention
 
 /* The translation unit's head: includes (cuda_fp16.h / cuda_bf16.h only when half = 1), the
  * device helpers every kernel uses (NaN-propagating max/min, NumPy mod, bf16 rounding, the fixed
- * reduction trees) and, when attn = 1, the attention templates (runtime/kernels/rt_attention.cuh).
+ * reduction trees) and the attention templates its kernels need (attn: the largest of their
+ * cuda_kernel_uses_attention; CUDA_ATTN_TENSOR_CORES adds rt_attention_tc.cuh to rt_attention.cuh).
  * Printed once, before the kernels. */
 void cuda_emit_prelude(FILE *out, int half, int attn);
 
 /* 1 when kernel k has an f16 or bf16 buffer or value (the TU then needs the half headers). */
 int cuda_kernel_uses_half(const Kernel *k);
 
-/* 1 when kernel k is written as a call of an attention template (CUDA_ATTENTION): it has a
- * resolved layout (Kernel.attn) with heads of at most 128 wide, in f32, f16 or bf16. */
+/* Whether kernel k is written as a call of an attention template (CUDA_ATTENTION mode): it has a
+ * resolved layout (Kernel.attn) with heads at most 128 wide, in f32, f16 or bf16. Forwards in f16
+ * or bf16 with heads of 16 to 64, multiples of 16, use the tensor cores (rt_attention_tc.cuh). */
+enum { CUDA_ATTN_NONE, CUDA_ATTN_CUDA_CORES, CUDA_ATTN_TENSOR_CORES };
 int cuda_kernel_uses_attention(const Kernel *k);
 
 /* Writes kernel k as CUDA C to out: a comment naming it, its launch geometry, its buffers and

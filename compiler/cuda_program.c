@@ -42,7 +42,7 @@ CudaProgram *cuda_program_build(const CudaSchedule *s, int n, Arena *ar) {
             p->notes[p->nkernels] = fuse_kernel_ops_note(s[i].g, kn, ar);
             disjoint[p->nkernels] = s[i].disjoint;
             half |= cuda_kernel_uses_half(kn);
-            attn |= cuda_kernel_uses_attention(kn);
+            if (cuda_kernel_uses_attention(kn) > attn) attn = cuda_kernel_uses_attention(kn);
             p->kernels[p->nkernels++] = kn;
         }
     char *buf = NULL;
