@@ -30,10 +30,11 @@
 #   ckpt          tests/ckpt/run.sh: killed and resumed runs equal an uninterrupted one; bad checkpoints
 #   gpu-selftest  tests/gpu/selftest.sh: make test-gpu's comparison (tests/gpu/cmpdump.py) passes on
 #                 equal steps and on PyTorch's, fails on perturbed ones
-#   gpu-emu       tests/gpu/run.sh with MBT_GPU_TEST_DEVICE=emu: make test-gpu on an emulated GPU -
-#                 the executables' --device cuda path against tests/unit/fake_cuda.c, every kernel's
-#                 CUDA C run on the CPU by tests/cudaemu/cudaemu.h - each CPU-size example's step
-#                 (and attention's odd shapes, and a bf16 program) held to the CPU's. SKIP without NVRTC
+#   gpu-emu       the emulated GPU (tests/cudaemu/cudaemu.h runs CUDA C on the CPU): the attention
+#                 templates against a float64 reference (tests/cudaemu/check_attention.sh), then
+#                 tests/gpu/run.sh with MBT_GPU_TEST_DEVICE=emu: make test-gpu with the executables'
+#                 --device cuda path against tests/unit/fake_cuda.c, each CPU-size example's step
+#                 (and attention's odd shapes, in f32 and bf16) held to the CPU's. SKIP without NVRTC
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s and the safetensors
 #                 reader for 30 s (tests/fuzz/run.sh)
@@ -980,6 +981,7 @@ layer_gpu_emu() {
         skip gpu-emu "$(sed -n 's/.*not installed here: //p' "$probe" | head -n 1)"
         return
     fi
+    run_relayed gpu-emu tests/cudaemu/check_attention.sh
     MBT_GPU_TEST_DEVICE=emu run_relayed gpu-emu tests/gpu/run.sh
 }
 layer_cuda() { run_cuda "$BUILD/mbtc" && run_cuda_embed "$BUILD/mbtc"; }

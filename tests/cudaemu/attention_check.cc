@@ -1,0 +1,202 @@
+/* attention_check.cc - the attention templates (runtime/kernels/rt_attention.cuh, rt_attention_tc.cuh)
+ * against a float64 reference, on the emulated GPU. tests/cudaemu/check_attention.sh appends this
+ * file to the prelude and templates of a program's CUDA C (what mbtc puts before its kernels) and
+ * builds it with cudaemu.h into an executable.
+ *
+ * The training steps of tests/gpu/run.sh start from initial weights, whose scores are all near 0:
+ * the running maximum hardly moves, so the rescaling of sums from tile to tile is hardly exercised.
+ * Here q and k are drawn large (scores with a standard deviation of 4, moving the maximum often),
+ * rows span several tiles of keys, heads are grouped, widths differ (D != E), keys can be fewer or
+ * more than queries and some causal rows see no key. Each case runs the forward, the backward of q
+ * (computing and storing the statistics) and the backward of k and v (loading them) and holds every
+ * output to the reference computed in double from the same (rounded) inputs:
+ *   f32          within 1e-5 of the largest |reference| of the tensor (each statistic: of its own)
+ *   bf16         within 1e-2: results are stored in bf16 (8 significand bits: 2^-9 relative), the
+ *                statistics in f32, and the tensor-core forward rounds P to bf16 for its product
+ *                with V
+ * Prints `PASS name` / `FAIL name: why` lines and `N passed, M failed`; exit status 1 on a failure. */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <vector>
+
+namespace check {
+
+int passed, failed;
+
+/* A launch of kernel K on `blocks` blocks of 128 threads with arguments args. */
+template <auto K> void thunk(void **p) { cudaemu::call(K, p); }
+template <auto K, class... A> bool launch(const char *name, long long blocks, A... args) {
+    void *params[] = {&args...};
+    unsigned grid[3] = {(unsigned)(blocks < 1 ? 1 : blocks > 65536 ? 65536 : blocks), 1, 1}, block[3] = {128, 1, 1};
+    char err[600];
+    if (cudaemu::launch(thunk<K>, name, grid, block, params, err, sizeof err)) {
+        printf("FAIL %s: %s\n", name, err);
+        failed++;
+        return false;
+    }
+    return true;
+}
+
+template <typename T, int D, int E, bool C, bool TC>
+__global__ void k_forward(MbtAttn a, const T *q, const T *k, const T *v, T *o) {
+    T *const out[1] = {o};
+    if constexpr (TC) mbt_attn_forward_tc<T, D, E, C, 1>(a, q, k, v, out);
+    else mbt_attn_forward<T, D, E, C, 1>(a, q, k, v, out);
+}
+template <typename T, int D, int E, bool C>
+__global__ void k_bwd_q(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
+    T *const out[1] = {dq};
+    mbt_attn_bwd_q<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
+}
+template <typename T, int D, int E, bool C>
+__global__ void k_bwd_kv(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dk, T *dv) {
+    T *const outk[1] = {dk}, *const outv[1] = {dv};
+    mbt_attn_bwd_kv<T, D, E, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
+}
+
+inline float to_f(float x) { return x; }
+inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> T from_f(float x);
+template <> float from_f<float>(float x) { return x; }
+template <> __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __ushort_as_bfloat16(mbt_bf16_bits(x)); }
+
+/* A contiguous [Z, heads, rows, cols] tensor's view. */
+MbtView view(long long heads, long long rows, long long cols) { return MbtView{0, heads * rows * cols, rows * cols, cols, 1}; }
+
+/* max |got - want| over max |want|: `what` of case `name` within tol */
+void expect(const char *name, const char *what, const std::vector<double> &want, const std::vector<float> &got, double tol) {
+    double m = 0, e = 0;
+    for (size_t i = 0; i < want.size(); i++) m = fmax(m, fabs(want[i]));
+    for (size_t i = 0; i < want.size(); i++) e = fmax(e, fabs(want[i] - got[i]) / (m > 0 ? m : 1));
+    if (e <= tol && e == e) {
+        printf("PASS %s/%s (%.2g of the largest)\n", name, what, e);
+        passed++;
+    } else {
+        printf("FAIL %s/%s: off by %.3g of the largest |value| %.3g (tolerance %g)\n", name, what, e, m, tol);
+        failed++;
+    }
+}
+
+template <typename T, int D, int E, bool C, bool TC>
+void run_case(const char *name, long long Z, long long H, long long Hk, long long Tq, long long S, double tol, unsigned seed) {
+    const long long G = H / Hk, shift = S - Tq;
+    const float scale = 1.0f / sqrtf((float)D);
+    srand(seed);
+    auto draw = [](long long n, double sd) {
+        std::vector<float> x((size_t)n);
+        for (auto &v : x) { /* Irwin-Hall: near normal, deterministic everywhere */
+            double s = 0;
+            for (int i = 0; i < 12; i++) s += rand() / (RAND_MAX + 1.0);
+            v = (float)((s - 6) * sd);
+        }
+        return x;
+    };
+    /* scores s = scale q.k with q, k ~ N(0, 2^2): standard deviation 4 */
+    std::vector<float> qf = draw(Z * H * Tq * D, 2), kf = draw(Z * Hk * S * D, 2), vf = draw(Z * Hk * S * E, 1),
+                       df = draw(Z * H * Tq * E, 1);
+    std::vector<T> q(qf.size()), k(kf.size()), v(vf.size()), dout(df.size());
+    for (size_t i = 0; i < q.size(); i++) q[i] = from_f<T>(qf[i]), qf[i] = to_f(q[i]);
+    for (size_t i = 0; i < k.size(); i++) k[i] = from_f<T>(kf[i]), kf[i] = to_f(k[i]);
+    for (size_t i = 0; i < v.size(); i++) v[i] = from_f<T>(vf[i]), vf[i] = to_f(v[i]);
+    for (size_t i = 0; i < dout.size(); i++) dout[i] = from_f<T>(df[i]), df[i] = to_f(dout[i]);
+
+    /* the reference, in double */
+    std::vector<double> o((size_t)(Z * H * Tq * E)), dq((size_t)(Z * H * Tq * D)), dk(k.size()), dv(v.size());
+    std::vector<double> sm((size_t)(Z * H * Tq)), sl(sm.size()), sp(sm.size());
+    std::vector<double> s((size_t)S), p((size_t)S), dp((size_t)S);
+    for (long long z = 0; z < Z; z++)
+        for (long long h = 0; h < H; h++)
+            for (long long t = 0; t < Tq; t++) {
+                const long long kh = h / G, row = (z * H + h) * Tq + t;
+                long long n = C ? t + shift + 1 : S;
+                if (n > S) n = S;
+                if (n < 0) n = 0;
+                double m = -INFINITY, l = 0, pdp = 0;
+                for (long long j = 0; j < n; j++) {
+                    double acc = 0;
+                    for (int c = 0; c < D; c++) acc += (double)qf[row * D + c] * kf[((z * Hk + kh) * S + j) * D + c];
+                    s[j] = scale * acc;
+                    m = fmax(m, s[j]);
+                }
+                for (long long j = 0; j < n; j++) l += exp(s[j] - m);
+                for (long long j = 0; j < n; j++) {
+                    p[j] = exp(s[j] - m) / l;
+                    double acc = 0;
+                    for (int c = 0; c < E; c++) acc += (double)df[row * E + c] * vf[((z * Hk + kh) * S + j) * E + c];
+                    dp[j] = acc;
+                    pdp += p[j] * dp[j];
+                }
+                sm[row] = n ? m : -INFINITY, sl[row] = l, sp[row] = pdp;
+                for (long long j = 0; j < n; j++) {
+                    const long long kr = (z * Hk + kh) * S + j;
+                    const double ds = scale * p[j] * (dp[j] - pdp);
+                    for (int c = 0; c < E; c++) o[row * E + c] += p[j] * vf[kr * E + c];
+                    for (int c = 0; c < D; c++) dq[row * D + c] += ds * kf[kr * D + c];
+                    for (int c = 0; c < D; c++) dk[kr * D + c] += ds * qf[row * D + c];
+                    for (int c = 0; c < E; c++) dv[kr * E + c] += p[j] * df[row * E + c];
+                }
+            }
+
+    /* the kernels */
+    MbtAttn a = {Z, H, Hk, Tq, S, scale, view(H, Tq, D), view(Hk, S, D), view(Hk, S, E), view(H, Tq, E),
+                 view(H, Tq, 3), 1, {view(H, Tq, E)}, 0, {}};
+    std::vector<T> go(o.size()), gdq(dq.size()), gdk(dk.size()), gdv(dv.size());
+    std::vector<float> gstats(sm.size() * 3);
+    const int rows = TC ? 64 : MbtAttnRows<D, E>::per_block;
+    if (!launch<&k_forward<T, D, E, C, TC>>(name, Z * H * ((Tq + rows - 1) / rows), a, (const T *)q.data(),
+                                             (const T *)k.data(), (const T *)v.data(), go.data()))
+        return;
+    a.out[0] = view(H, Tq, D);
+    const int brows = MbtAttnRows<D, E>::per_block;
+    if (!launch<&k_bwd_q<T, D, E, C>>(name, Z * H * ((Tq + brows - 1) / brows), a, (const T *)q.data(), (const T *)k.data(),
+                                       (const T *)v.data(), (const T *)dout.data(), gstats.data(), gdq.data()))
+        return;
+    a.out[0] = view(Hk, S, D);
+    a.nout_v = 1;
+    a.out_v[0] = view(Hk, S, E);
+    if (!launch<&k_bwd_kv<T, D, E, C>>(name, Z * Hk * ((S + brows - 1) / brows), a, (const T *)q.data(), (const T *)k.data(),
+                                        (const T *)v.data(), (const T *)dout.data(), (const float *)gstats.data(), gdk.data(),
+                                        gdv.data()))
+        return;
+
+    auto floats = [](const std::vector<T> &x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); i++) f[i] = to_f(x[i]);
+        return f;
+    };
+    expect(name, TC ? "forward (tensor cores)" : "forward", o, floats(go), tol);
+    std::vector<float> st = gstats, m1, l1, p1;
+    std::vector<double> mw, lw, pw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue; /* a row that sees no key: its statistics are not used */
+        mw.push_back(sm[r]), lw.push_back(sl[r]), pw.push_back(sp[r]);
+        m1.push_back(st[r * 3]), l1.push_back(st[r * 3 + 1]), p1.push_back(st[r * 3 + 2]);
+    }
+    expect(name, "statistics: row max", mw, m1, tol);
+    expect(name, "statistics: row sum", lw, l1, tol);
+    expect(name, "statistics: sum P dP", pw, p1, tol);
+    expect(name, "dq", dq, floats(gdq), tol);
+    expect(name, "dk", dk, floats(gdk), tol);
+    expect(name, "dv", dv, floats(gdv), tol);
+}
+
+} /* namespace check */
+
+int main() {
+    using namespace check;
+    /* f32 on the CUDA cores: grouped heads and D != E over several tiles; keys fewer than queries
+     * (causal rows 0..9 see none); keys more than queries, not causal */
+    run_case<float, 24, 40, true, false>("f32-gqa-causal", 2, 4, 2, 70, 70, 1e-5, 1);
+    run_case<float, 32, 32, true, false>("f32-fewer-keys", 1, 2, 2, 50, 40, 1e-5, 2);
+    run_case<float, 16, 16, false, false>("f32-more-keys", 2, 3, 1, 33, 65, 1e-5, 3);
+    /* bf16: the forward on the tensor cores, the backward on the CUDA cores */
+    run_case<__nv_bfloat16, 32, 64, true, true>("bf16-gqa-causal", 1, 4, 2, 100, 100, 1e-2, 4);
+    run_case<__nv_bfloat16, 64, 64, true, true>("bf16-fewer-keys", 1, 2, 2, 45, 40, 1e-2, 5);
+    run_case<__nv_bfloat16, 16, 32, false, true>("bf16-more-keys", 2, 2, 1, 20, 70, 1e-2, 6);
+    run_case<__nv_bfloat16, 32, 32, true, false>("bf16-cuda-cores", 1, 2, 2, 70, 70, 1e-2, 7);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
