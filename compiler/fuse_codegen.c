@@ -686,6 +686,19 @@ static void cg_attn_row(CG *g, CGAttn *a, const FNode *like, int *head, int *row
     g->k->grid = fuse_numel(like) / like->shape[a->r - 1];
 }
 
+/* When member f is a chain of permutes and reshapes of node o: its links from f down to (not
+ * including) o into chain[], and their number; else -1. */
+static int cg_view_chain(CG *g, int o, int f, int chain[64]) {
+    int nc = 0, x = f;
+    while (x != o && nc < 64) {
+        const FNode *n = cg_n(g, x);
+        if (n->op != F_PERMUTE && n->op != F_RESHAPE) break;
+        chain[nc++] = x;
+        x = n->in[0];
+    }
+    return x == o ? nc : -1;
+}
+
 /* Where the kernel's dedicated output node o is stored for index ix of o: its own buffer, or the
  * buffer of a member that is a chain of permutes and reshapes of it (o is then not stored).
  * Returns the number of places. */
@@ -698,15 +711,8 @@ static int cg_out_places(CG *g, int o, KIdx *ix, int *bufs, int *offs) {
     }
     for (int m = 0; m < K->members.n && np < 4; m++) {
         int f = K->members.v[m];
-        if (f == o || !g->c->mat[f]) continue;
-        int chain[64], nc = 0, x = f;
-        while (x != o && nc < 64) {
-            const FNode *n = cg_n(g, x);
-            if (n->op != F_PERMUTE && n->op != F_RESHAPE) break;
-            chain[nc++] = x;
-            x = n->in[0];
-        }
-        if (x != o) continue;
+        int chain[64], nc = f == o || !g->c->mat[f] ? -1 : cg_view_chain(g, o, f, chain);
+        if (nc < 0) continue;
         KIdx cur = *ix;
         for (int i = nc - 1; i >= 0; i--) { /* from o up to the member */
             const FNode *n = cg_n(g, chain[i]);
@@ -878,15 +884,8 @@ static int cg_out_views(CG *g, int o, KView *out, int *nout) {
     const FKern *K = g->K;
     for (int m = 0; m < K->members.n && *nout < 4; m++) {
         int f = K->members.v[m];
-        if (f == o || !g->c->mat[f]) continue;
-        int chain[64], nc = 0, x = f;
-        while (x != o && nc < 64) {
-            const FNode *n = cg_n(g, x);
-            if (n->op != F_PERMUTE && n->op != F_RESHAPE) break;
-            chain[nc++] = x;
-            x = n->in[0];
-        }
-        if (x != o) continue;
+        int chain[64], nc = f == o || !g->c->mat[f] ? -1 : cg_view_chain(g, o, f, chain);
+        if (nc < 0) continue;
         lay_rowmajor(&L, cg_n(g, f)->rank, cg_n(g, f)->shape);
         for (int i = 0; i < nc; i++) { /* from the member down to o */
             const FNode *n = cg_n(g, chain[i]), *in = cg_n(g, n->in[0]);

@@ -80,6 +80,17 @@ static __device__ __forceinline__ void mbt_attn_tile(float (*sh)[PITCH], const T
     }
 }
 
+/* Keys [j0, j0 + 32) of k and v into the shared tiles, between barriers (the previous tile's
+ * readers are done; every thread sees the new one). */
+template <typename T, int D, int E>
+static __device__ __forceinline__ void mbt_attn_key_tile(float (*ks)[D + 1], float (*vs)[E + 1], const T *k, const T *v,
+                                                         const MbtAttn &a, long long z, long long kh, long long j0) {
+    __syncthreads();
+    mbt_attn_tile<T, MBT_ATTN_TILE, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+    mbt_attn_tile<T, MBT_ATTN_TILE, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+    __syncthreads();
+}
+
 /* sum over c < W of a[c] * b[c], in order */
 template <int W> static __device__ __forceinline__ float mbt_dot(const float *a, const float *b) {
     float acc = 0.0f;
@@ -149,10 +160,7 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
         }
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         for (long long j0 = 0; j0 < kend; j0 += BK) {
-            __syncthreads();
-            mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
-            mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
-            __syncthreads();
+            mbt_attn_key_tile<T, D, E>(ks, vs, k, v, a, z, kh, j0);
 #pragma unroll
             for (int rr = 0; rr < RPW; rr++) {
                 const int r = warp * RPW + rr;
@@ -207,10 +215,7 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         if (COMPUTE) { /* m, l and sum P dP in one pass: the running sums rescaled as m grows */
             for (long long j0 = 0; j0 < kend; j0 += BK) {
-                __syncthreads();
-                mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
-                mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
-                __syncthreads();
+                mbt_attn_key_tile<T, D, E>(ks, vs, k, v, a, z, kh, j0);
 #pragma unroll
                 for (int rr = 0; rr < RPW; rr++) {
                     const int r = warp * RPW + rr;
@@ -249,10 +254,7 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
             }
         }
         for (long long j0 = 0; j0 < kend; j0 += BK) { /* dq_i = sum_j scale P_ij (dP_ij - pdp_i) k_j */
-            __syncthreads();
-            mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
-            mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
-            __syncthreads();
+            mbt_attn_key_tile<T, D, E>(ks, vs, k, v, a, z, kh, j0);
 #pragma unroll
             for (int rr = 0; rr < RPW; rr++) {
                 const int r = warp * RPW + rr;
