@@ -70,25 +70,55 @@ template <int D, int E> struct MbtAttnRows {
     static const int per_block = per_warp * MBT_ATTN_WARPS;
 };
 
+/* An element into a shared tile: widened to f32 (the CUDA-core kernels), or as it is (the tensor
+ * cores' tiles keep the element type). */
+template <typename T> static __device__ __forceinline__ void mbt_tile_set(float *d, const T *x) { *d = mbt_ld(x); }
+template <typename T> static __device__ __forceinline__ void mbt_tile_set(T *d, const T *x) { *d = *x; }
+static __device__ __forceinline__ void mbt_tile_set(float *d, const float *x) { *d = *x; }
+
 /* Rows [r0, r0 + N) of an operand into sh[N][PITCH] (zeros past `rows`), by the whole block. */
-template <typename T, int N, int W, int PITCH>
-static __device__ __forceinline__ void mbt_attn_tile(float (*sh)[PITCH], const T *x, const MbtView &w, long long z,
+template <typename T, int N, int W, int PITCH, typename S>
+static __device__ __forceinline__ void mbt_attn_tile(S (*sh)[PITCH], const T *x, const MbtView &w, long long z,
                                                      long long h, long long r0, long long rows) {
     for (int i = threadIdx.x; i < N * W; i += MBT_ATTN_WARPS * 32) {
         const int rr = i / W, c = i % W;
-        sh[rr][c] = r0 + rr < rows ? mbt_ld(x + mbt_at(w, z, h, r0 + rr, c)) : 0.0f;
+        if (r0 + rr < rows) mbt_tile_set(&sh[rr][c], x + mbt_at(w, z, h, r0 + rr, c));
+        else mbt_st(&sh[rr][c], 0.0f);
     }
 }
 
-/* Keys [j0, j0 + 32) of k and v into the shared tiles, between barriers (the previous tile's
- * readers are done; every thread sees the new one). */
-template <typename T, int D, int E>
-static __device__ __forceinline__ void mbt_attn_key_tile(float (*ks)[D + 1], float (*vs)[E + 1], const T *k, const T *v,
+/* Keys [j0, j0 + 32) of k and v into the shared tiles (pitches DP, EP), between barriers (the
+ * previous tile's readers are done; every thread sees the new one). */
+template <typename T, int D, int E, int DP, int EP, typename S>
+static __device__ __forceinline__ void mbt_attn_key_tile(S (*ks)[DP], S (*vs)[EP], const T *k, const T *v,
                                                          const MbtAttn &a, long long z, long long kh, long long j0) {
     __syncthreads();
-    mbt_attn_tile<T, MBT_ATTN_TILE, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
-    mbt_attn_tile<T, MBT_ATTN_TILE, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+    mbt_attn_tile<T, MBT_ATTN_TILE, D, DP>(ks, k, a.k, z, kh, j0, a.S);
+    mbt_attn_tile<T, MBT_ATTN_TILE, E, EP>(vs, v, a.v, z, kh, j0, a.S);
     __syncthreads();
+}
+
+/* Whether query row t sees key j (row t of T, key j of S; causal: j <= t + S - T). */
+template <bool CAUSAL>
+static __device__ __forceinline__ bool mbt_attn_sees(const MbtAttn &a, long long t, long long j) {
+    return t < a.T && j < a.S && (!CAUSAL || j <= t + a.S - a.T);
+}
+
+/* One tile of a row's online softmax, a key a lane: s is this lane's scaled score (-inf for a key
+ * the row does not see). m, the row's running maximum (the same in every lane), becomes the
+ * maximum over the tile too; p = exp(s - m) and alpha = exp(m_old - m), the factor the row's sums
+ * so far are rescaled by. False, m unchanged, p 0 and alpha 1 while the row has seen no key (the
+ * warp agrees on it). */
+static __device__ __forceinline__ bool mbt_attn_online(float s, float &m, float &p, float &alpha) {
+    const float mt = mbt_warp_reduce(s, MbtMax());
+    const float mn = m > mt ? m : mt;
+    p = 0.0f;
+    alpha = 1.0f;
+    if (mn == -MBT_INF_F) return false;
+    p = s == -MBT_INF_F ? 0.0f : expf(s - mn);
+    alpha = expf(m - mn);
+    m = mn;
+    return true;
 }
 
 /* sum over c < W of a[c] * b[c], in order */
@@ -145,7 +175,7 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
     const int EC = (E + 31) / 32;
     __shared__ float qs[BQ][D], ks[BK][D + 1], vs[BK][E + 1], ps[BQ][BK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ, shift = a.S - a.T;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
     for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
         const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
         __syncthreads(); /* the previous tile is done with the shared rows */
@@ -160,20 +190,16 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
         }
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         for (long long j0 = 0; j0 < kend; j0 += BK) {
-            mbt_attn_key_tile<T, D, E>(ks, vs, k, v, a, z, kh, j0);
+            mbt_attn_key_tile<T, D, E, D + 1, E + 1>(ks, vs, k, v, a, z, kh, j0);
 #pragma unroll
             for (int rr = 0; rr < RPW; rr++) {
                 const int r = warp * RPW + rr;
                 const long long t = t0 + r, j = j0 + lane;
                 if (t >= a.T) break; /* the same for the whole warp */
-                const bool seen = j < a.S && (!CAUSAL || j <= t + shift);
-                const float s = seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F;
-                const float mt = mbt_warp_reduce(s, MbtMax());
-                const float mn = m[rr] > mt ? m[rr] : mt;
-                if (mn == -MBT_INF_F) continue; /* no key seen yet: the warp agrees */
-                const float p = seen ? expf(s - mn) : 0.0f, alpha = expf(m[rr] - mn);
+                const bool seen = mbt_attn_sees<CAUSAL>(a, t, j);
+                float p, alpha;
+                if (!mbt_attn_online(seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F, m[rr], p, alpha)) continue;
                 l[rr] = l[rr] * alpha + p; /* this lane's part of the row sum: added up at the end */
-                m[rr] = mn;
                 ps[r][lane] = p; /* a slot a row: the next tile's __syncthreads orders its reuse */
                 __syncwarp();
                 mbt_attn_accum<E, EC, E + 1>(o[rr], ps[r], vs, alpha);
@@ -198,7 +224,7 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
     const int DC = (D + 31) / 32;
     __shared__ float qs[BQ][D], dos[BQ][E], ks[BK][D + 1], vs[BK][E + 1], ws[BQ][BK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ, shift = a.S - a.T;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
     for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
         const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
         __syncthreads();
@@ -215,22 +241,18 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         if (COMPUTE) { /* m, l and sum P dP in one pass: the running sums rescaled as m grows */
             for (long long j0 = 0; j0 < kend; j0 += BK) {
-                mbt_attn_key_tile<T, D, E>(ks, vs, k, v, a, z, kh, j0);
+                mbt_attn_key_tile<T, D, E, D + 1, E + 1>(ks, vs, k, v, a, z, kh, j0);
 #pragma unroll
                 for (int rr = 0; rr < RPW; rr++) {
                     const int r = warp * RPW + rr;
                     const long long t = t0 + r, j = j0 + lane;
                     if (t >= a.T) break;
-                    const bool seen = j < a.S && (!CAUSAL || j <= t + shift);
-                    const float s = seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F;
-                    const float mt = mbt_warp_reduce(s, MbtMax());
-                    const float mn = m[rr] > mt ? m[rr] : mt;
-                    if (mn == -MBT_INF_F) continue;
-                    const float p = seen ? expf(s - mn) : 0.0f, alpha = expf(m[rr] - mn);
+                    const bool seen = mbt_attn_sees<CAUSAL>(a, t, j);
+                    float p, alpha;
+                    if (!mbt_attn_online(seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F, m[rr], p, alpha)) continue;
                     const float dp = seen ? mbt_dot<E>(dos[r], vs[lane]) : 0.0f;
                     l[rr] = l[rr] * alpha + p; /* this lane's parts, added up below */
                     pdp[rr] = pdp[rr] * alpha + p * dp;
-                    m[rr] = mn;
                 }
             }
 #pragma unroll
@@ -254,14 +276,14 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
             }
         }
         for (long long j0 = 0; j0 < kend; j0 += BK) { /* dq_i = sum_j scale P_ij (dP_ij - pdp_i) k_j */
-            mbt_attn_key_tile<T, D, E>(ks, vs, k, v, a, z, kh, j0);
+            mbt_attn_key_tile<T, D, E, D + 1, E + 1>(ks, vs, k, v, a, z, kh, j0);
 #pragma unroll
             for (int rr = 0; rr < RPW; rr++) {
                 const int r = warp * RPW + rr;
                 const long long t = t0 + r, j = j0 + lane;
                 if (t >= a.T) break;
                 if (!(l[rr] > 0.0f)) continue; /* a row that sees no key: dq stays 0 */
-                const bool seen = j < a.S && (!CAUSAL || j <= t + shift);
+                const bool seen = mbt_attn_sees<CAUSAL>(a, t, j);
                 float w = 0.0f;
                 if (seen) {
                     const float s = a.scale * mbt_dot<D>(qs[r], ks[lane]);
@@ -320,7 +342,7 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
                     const int r = warp * RPW + rr;
                     const long long j = j0 + r, i = i0 + lane;
                     if (j >= a.S) break;
-                    const bool seen = i < a.T && (!CAUSAL || j <= i + shift);
+                    const bool seen = mbt_attn_sees<CAUSAL>(a, i, j);
                     float p = 0.0f, w = 0.0f;
                     if (seen) {
                         const float s = a.scale * mbt_dot<D>(qs[lane], kr[r]);

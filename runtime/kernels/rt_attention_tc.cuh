@@ -34,15 +34,11 @@ static __device__ void mbt_attn_forward_tc(const MbtAttn &a, const T *q, const T
     __shared__ __align__(32) float ss[MBT_ATTN_WARPS][16][SP]; /* a warp's scores, then its P V */
     __shared__ float al[MBT_ATTN_WARPS][16];                   /* a warp's rescaling of each row */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ, shift = a.S - a.T;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
     for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
         const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
         __syncthreads();
-        for (int i = threadIdx.x; i < BQ * D; i += MBT_ATTN_WARPS * 32) {
-            const int r = i / D, c = i % D;
-            if (t0 + r < a.T) qs[r][c] = q[mbt_at(a.q, z, h, t0 + r, c)];
-            else mbt_st(&qs[r][c], 0.0f);
-        }
+        mbt_attn_tile<T, BQ, D, QP>(qs, q, a.q, z, h, t0, a.T);
         float m[16], l[16], o[16][EC];
 #pragma unroll
         for (int r = 0; r < 16; r++) {
@@ -53,18 +49,7 @@ static __device__ void mbt_attn_forward_tc(const MbtAttn &a, const T *q, const T
         }
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         for (long long j0 = 0; j0 < kend; j0 += BK) {
-            __syncthreads();
-            for (int i = threadIdx.x; i < BK * D; i += MBT_ATTN_WARPS * 32) {
-                const int r = i / D, c = i % D;
-                if (j0 + r < a.S) ks[r][c] = k[mbt_at(a.k, z, kh, j0 + r, c)];
-                else mbt_st(&ks[r][c], 0.0f);
-            }
-            for (int i = threadIdx.x; i < BK * E; i += MBT_ATTN_WARPS * 32) {
-                const int r = i / E, c = i % E;
-                if (j0 + r < a.S) vs[r][c] = v[mbt_at(a.v, z, kh, j0 + r, c)];
-                else mbt_st(&vs[r][c], 0.0f);
-            }
-            __syncthreads();
+            mbt_attn_key_tile<T, D, E, QP, VP>(ks, vs, k, v, a, z, kh, j0);
             /* the warp's scores Q K^T: 16 x 32, two accumulator tiles over D in steps of 16 */
             {
                 wmma::fragment<wmma::accumulator, 16, 16, 16, float> sc[BK / 16];
@@ -89,16 +74,8 @@ static __device__ void mbt_attn_forward_tc(const MbtAttn &a, const T *q, const T
 #pragma unroll
             for (int r = 0; r < 16; r++) {
                 const long long t = t0 + warp * 16 + r, j = j0 + lane;
-                const bool seen = t < a.T && j < a.S && (!CAUSAL || j <= t + shift);
-                const float s = seen ? a.scale * ss[warp][r][lane] : -MBT_INF_F;
-                const float mt = mbt_warp_reduce(s, MbtMax());
-                const float mn = m[r] > mt ? m[r] : mt;
-                float p = 0.0f, alpha = 1.0f;
-                if (mn != -MBT_INF_F) { /* the warp agrees: mn is its maximum */
-                    p = seen ? expf(s - mn) : 0.0f;
-                    alpha = expf(m[r] - mn);
-                    m[r] = mn;
-                }
+                float p, alpha;
+                mbt_attn_online(mbt_attn_sees<CAUSAL>(a, t, j) ? a.scale * ss[warp][r][lane] : -MBT_INF_F, m[r], p, alpha);
                 l[r] = l[r] * alpha + p;
                 mbt_st(&ps[warp][r][lane], p); /* rounded to nearest even, as every store */
                 if (lane == 0) al[warp][r] = alpha;
