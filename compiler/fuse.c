@@ -684,8 +684,7 @@ static void fz_partition(FuseCtx *c) {
         if (c->isout[f]) fz_force_base(c, f, 0, 1);
         if (x->keep && c->cat[f] == FC_INLINE) c->mat[f] = 1;
         if (x->op == F_GEMM) {
-            fz_force_base(c, x->in[0], 0, 1);
-            fz_force_base(c, x->in[1], 0, 1);
+            for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 0, 1);
         } else if (x->op >= F_ATTN && x->op <= F_TOPK) {
             for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 1, 0);
         } else if (x->op == F_SCATTER_ADD) {
@@ -1028,10 +1027,13 @@ FuseResult *fuse_graph(const Graph *g, const int *outputs, int noutputs, Arena *
             L->gemm.a = c->buf_of[x->in[0]];
             L->gemm.b = c->buf_of[x->in[1]];
             L->gemm.c = c->buf_of[x->id];
-            if (L->gemm.a < 0 || L->gemm.b < 0 || L->gemm.c < 0) INTERNAL("fuse: a GEMM operand without a buffer");
+            L->gemm.bias = x->nin > 2 ? c->buf_of[x->in[2]] : -1;
+            if (L->gemm.a < 0 || L->gemm.b < 0 || L->gemm.c < 0 || (x->nin > 2 && L->gemm.bias < 0))
+                INTERNAL("fuse: a GEMM operand without a buffer");
             fz_touch(r, L->gemm.a, li);
             fz_touch(r, L->gemm.b, li);
             fz_touch(r, L->gemm.c, li);
+            if (L->gemm.bias >= 0) fz_touch(r, L->gemm.bias, li);
             L->nnodes = fuse_kernel_nodes(c, kid, &L->nodes, ar);
             r->ngemms++;
             continue;
@@ -1074,11 +1076,11 @@ int fuse_verify(const FuseResult *r, FILE *out) {
             continue;
         }
         const FuseGemm *m = &L->gemm;
-        int bufs[3] = {m->a, m->b, m->c};
-        int64_t need[3] = {(m->batch - 1) * m->stride_a + (m->trans_a ? m->k : m->m) * m->lda,
+        int bufs[4] = {m->a, m->b, m->c, m->bias};
+        int64_t need[4] = {(m->batch - 1) * m->stride_a + (m->trans_a ? m->k : m->m) * m->lda,
                            (m->batch - 1) * m->stride_b + (m->trans_b ? m->n : m->k) * m->ldb,
-                           (m->batch - 1) * m->stride_c + m->m * m->ldc};
-        for (int j = 0; j < 3; j++) {
+                           (m->batch - 1) * m->stride_c + m->m * m->ldc, m->n};
+        for (int j = 0; j < (m->epilogue == FE_BIAS ? 4 : 3); j++) {
             if (bufs[j] < 0 || bufs[j] >= r->nbuffers) {
                 problems++;
                 if (out) fprintf(out, "fuse: launch %d: a GEMM operand has no buffer\n", i);
@@ -1090,7 +1092,7 @@ int fuse_verify(const FuseResult *r, FILE *out) {
             if (need[j] > numel) {
                 problems++;
                 if (out) fprintf(out, "fuse: launch %d: GEMM operand %c needs %" PRId64 " elements of b%d's %" PRId64 "\n", i,
-                                 "abc"[j], need[j], bufs[j], numel);
+                                 "abcv"[j], need[j], bufs[j], numel);
             }
         }
     }
@@ -1145,6 +1147,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
             fprintf(out, "%3d  gemm   b%d = b%d%s @ b%d%s  m=%" PRId64 " n=%" PRId64 " k=%" PRId64, i, m->c, m->a,
                     m->trans_a ? "^T" : "", m->b, m->trans_b ? "^T" : "", m->m, m->n, m->k);
             if (m->batch > 1) fprintf(out, " batch=%" PRId64, m->batch);
+            if (m->epilogue == FE_BIAS) fprintf(out, " +bias b%d", m->bias);
         } else {
             const Kernel *k = r->kernels[L->kernel];
             fprintf(out, "%3d  kernel %s  %s grid=%" PRId64, i, k->name, kir_kind_name(k->kind), k->grid);
@@ -1175,7 +1178,8 @@ void fuse_print(FILE *out, const FuseResult *r) {
         fprintf(out, "\n");
         if (L->kind == FL_GEMM) {
             const FuseGemm *m = &L->gemm;
-            fprintf(out, "gemm (launch %d): C[m, n] = alpha * opA[m, k] opB[k, n] + beta * C\n", i);
+            fprintf(out, "gemm (launch %d): C[m, n] = alpha * opA[m, k] opB[k, n] + beta * C%s\n", i,
+                    m->epilogue == FE_BIAS ? " + bias[n]" : "");
             fprintf(out, "  ops:\n");
             fz_print_nodes(out, g, L->nodes, L->nnodes, &scratch);
             fprintf(out, "  a=b%d trans_a=%d lda=%" PRId64 "  b=b%d trans_b=%d ldb=%" PRId64 "  c=b%d ldc=%" PRId64 "\n", m->a,
@@ -1184,6 +1188,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
                          " stride_c=%" PRId64 " alpha=%s beta=%s %s\n",
                     m->m, m->n, m->k, m->batch, m->stride_a, m->stride_b, m->stride_c, value_float_str(&scratch, m->alpha),
                     value_float_str(&scratch, m->beta), dtype_name(m->dt));
+            if (m->epilogue == FE_BIAS) fprintf(out, "  epilogue: bias b%d added to every row of C\n", m->bias);
             continue;
         }
         const Kernel *k = r->kernels[L->kernel];

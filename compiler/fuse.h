@@ -16,13 +16,20 @@
 #include "kir.h"
 
 /* A GEMM as a library call, row-major: for each batch index t < batch,
- *   C_t[m, n] = alpha * sum_k opA_t[m, k] * opB_t[k, n] + beta * C_t[m, n]
+ *   C_t[m, n] = alpha * sum_k opA_t[m, k] * opB_t[k, n] + beta * C_t[m, n] (+ bias[n], FE_BIAS)
  * where opA_t[m, k] is A[t*stride_a + m*lda + k] (trans_a = 0) or A[t*stride_a + k*lda + m]
  * (trans_a = 1), opB likewise with ldb, and C_t[m, n] is C[t*stride_c + m*ldc + n]. A stride of
  * 0 reuses one matrix for every batch index (broadcasting). Elements, not bytes. (cuBLAS is
  * column-major: a back end computes C^T = opB^T opA^T, swapping the operands.) */
+typedef enum FuseEpilogue {
+    FE_NONE,
+    FE_BIAS,                 /* C_t[m, n] += bias[n]: `x @ w + b` as one GEMM (the library's epilogue) */
+} FuseEpilogue;
+
 typedef struct FuseGemm {
     int a, b, c;             /* buffers (FuseResult.buffers indices) */
+    FuseEpilogue epilogue;
+    int bias;                /* FE_BIAS: the buffer of the n-vector added to every row; else -1 */
     int trans_a, trans_b;
     int64_t m, n, k, batch;
     int64_t lda, ldb, ldc;
@@ -57,7 +64,7 @@ typedef struct FuseLaunch {
     int kernel;      /* FL_KERNEL: index into kernels */
     FuseGemm gemm;   /* FL_GEMM */
     int nnodes;
-    int *nodes;      /* FL_GEMM: the graph nodes it computes (a matmul, the sum_to it absorbed) */
+    int *nodes;      /* FL_GEMM: the graph nodes it computes (a matmul, the sum_to or bias add it absorbed) */
 } FuseLaunch;
 
 typedef struct FuseResult {

@@ -38,7 +38,7 @@ typedef enum FOp {
     F_DROPOUT,     /* fa[0] = p, ia[0] = stream: the counter-based mask of ref.c                */
     F_ROPE,        /* fa[0] = theta, ia[0] = 1 for the backward (the transposed rotation)      */
     F_REDUCE,      /* kop over the axes in the bit mask ia[0] of in0; those axes become 1       */
-    F_GEMM,        /* in0 = A's buffer node, in1 = B's; gemm holds the rest                     */
+    F_GEMM,        /* in0 = A's buffer node, in1 = B's, in2 = the bias's (FE_BIAS); gemm holds the rest */
     F_ATTN,        /* q, k, v; ia[0] = causal; fa[0] = scale                                    */
     F_ATTN_STATS,  /* dout, q, k, v -> [..., H, T, 3]: row max, row sum, sum_j P dP per query  */
     F_ATTN_BWD_Q,  /* dout, q, k, v, stats                                                      */
@@ -78,7 +78,7 @@ typedef struct FGraph {
     int *hash;      /* open addressing over node ids, -1 empty */
     int hcap;
     int *g2f;       /* [g->n] the node holding each graph node's value, -1 when not lowered */
-    int *absorbed;  /* [g->n] a matmul folded into the GEMM of its sum_to: that GEMM, else -1 */
+    int *absorbed;  /* [g->n] a matmul folded into the GEMM of its sum_to or bias add: that GEMM, else -1 */
 } FGraph;
 
 /* Lowers the graph nodes marked in glive (the ones the outputs need) into primitive nodes. */

@@ -73,7 +73,8 @@ static uint64_t fl_hash(const FNode *p) {
     }
     if (p->op == F_GEMM) {
         const FuseGemm *m = &p->gemm;
-        int64_t w[] = {m->trans_a, m->trans_b, m->m, m->n, m->k, m->batch, m->lda, m->ldb, m->ldc, m->stride_a, m->stride_b, m->stride_c};
+        int64_t w[] = {m->trans_a, m->trans_b, m->m, m->n, m->k, m->batch, m->lda, m->ldb, m->ldc, m->stride_a, m->stride_b, m->stride_c,
+                       m->epilogue};
         for (size_t i = 0; i < sizeof w / sizeof *w; i++) h = fl_mix(h, (uint64_t)w[i]);
     }
     return h ^ (h >> 29);
@@ -92,7 +93,8 @@ static int fl_same(const FNode *a, const FNode *b) {
         const FuseGemm *x = &a->gemm, *y = &b->gemm;
         if (x->trans_a != y->trans_a || x->trans_b != y->trans_b || x->m != y->m || x->n != y->n || x->k != y->k ||
             x->batch != y->batch || x->lda != y->lda || x->ldb != y->ldb || x->ldc != y->ldc ||
-            x->stride_a != y->stride_a || x->stride_b != y->stride_b || x->stride_c != y->stride_c)
+            x->stride_a != y->stride_a || x->stride_b != y->stride_b || x->stride_c != y->stride_c ||
+            x->epilogue != y->epilogue)
             return 0;
     }
     return 1;
@@ -423,7 +425,7 @@ static int fl_matmul(FL *L, const GNode *gn, int x, int y) {
     if (nbatch < 0 || obatch * M * N != out) INTERNAL("fuse: matmul %%%d: output shape", gn->id);
     if (A.batch != 1 && A.batch != obatch) fl_operand_expand(L, &A, nbatch, gn->shape);
     if (B.batch != 1 && B.batch != obatch) fl_operand_expand(L, &B, nbatch, gn->shape);
-    FuseGemm m = {.a = -1, .b = -1, .c = -1, .trans_a = A.trans, .trans_b = B.trans, .m = M, .n = N, .k = K,
+    FuseGemm m = {.a = -1, .b = -1, .c = -1, .epilogue = FE_NONE, .bias = -1, .trans_a = A.trans, .trans_b = B.trans, .m = M, .n = N, .k = K,
                   .batch = obatch, .lda = A.cols, .ldb = B.cols, .ldc = N, .alpha = 1.0, .beta = 0.0, .dt = gn->dt};
     m.stride_a = A.batch > 1 ? A.rows * A.cols : 0;
     m.stride_b = B.batch > 1 ? B.rows * B.cols : 0;
@@ -455,6 +457,36 @@ static int fl_matmul(FL *L, const GNode *gn, int x, int y) {
     p.in[1] = B.buf;
     p.gemm = m;
     return fl_add(L, &p);
+}
+
+/* `x @ w + b`, b a vector along the last axis (a linear layer's bias): one GEMM that adds b as it
+ * stores the product (FE_BIAS, the library's epilogue), when the product is a plain one (one
+ * matrix, beta 0, k > 0) of the add's shape and type that nothing but the add reads. The matmul
+ * is then absorbed like a weight gradient's into its sum_to. Returns the GEMM node, or -1 when
+ * the add stays an add. */
+static int fl_gemm_bias(FL *L, const GNode *n) {
+    for (int side = 0; side < 2; side++) {
+        int mm = n->in[side], f = L->fg->g2f[mm];
+        if (f < 0 || graph_node(L->g, mm)->op != G_MATMUL || L->guses[mm] != 1 || L->glive[mm] == 2) continue;
+        const FNode *G = fl_n(L, f);
+        const FuseGemm *m = &G->gemm;
+        if (G->op != F_GEMM || G->nin != 2 || m->batch != 1 || m->beta != 0 || m->k == 0 || G->dt != n->dt ||
+            !fl_same_shape(G, n->rank, n->shape))
+            continue;
+        int b = L->fg->g2f[n->in[1 - side]];
+        while (fl_n(L, b)->op == F_RESHAPE) b = fl_n(L, b)->in[0];
+        const FNode *B = fl_n(L, b);
+        if (B->dt != n->dt || B->rank < 1 || fuse_numel(B) != m->n || B->shape[B->rank - 1] != m->n) continue;
+        FNode p = *G;
+        p.nin = 3;
+        p.in[2] = b;
+        p.gemm.epilogue = FE_BIAS;
+        int r = fl_add(L, &p);
+        L->fg->g2f[mm] = -1;
+        L->fg->absorbed[mm] = r;
+        return r;
+    }
+    return -1;
 }
 
 /* ---- one graph node ---------------------------------------------------------------------------- */
@@ -516,7 +548,10 @@ static int fl_lower_node(FL *L, const GNode *n) {
         int lo = fl_c(L, n->fattr[0], dt), hi = fl_c(L, n->fattr[1], dt);
         return fl_sel(L, fl_bin(L, K_LT, x, lo), lo, fl_sel(L, fl_bin(L, K_GT, x, hi), hi, x));
     }
-    case G_ADD: return fl_bin(L, K_ADD, x, y);
+    case G_ADD: {
+        int f = fl_gemm_bias(L, n);
+        return f >= 0 ? f : fl_bin(L, K_ADD, x, y);
+    }
     case G_SUB: return fl_bin(L, K_SUB, x, y);
     case G_MUL: return fl_bin(L, K_MUL, x, y);
     case G_DIV: return fl_bin(L, K_DIV, x, y);

@@ -116,8 +116,8 @@ static void host_types(Host *h) {
     LLVMTypeRef pargs[] = {P, I, P, P};
     h->pfor_t = LLVMFunctionType(h->vd, pargs, 4, 0);
     h->pfor = LLVMAddFunction(h->m, "rt_parallel_for", h->pfor_t);
-    LLVMTypeRef gargs[] = {P, W, W, I, I, I, h->f32, P, I, I, P, I, I, h->f32, P, I, I, I, P};
-    h->gemm_t = LLVMFunctionType(W, gargs, 19, 0);
+    LLVMTypeRef gargs[] = {P, W, W, I, I, I, h->f32, P, I, I, P, I, I, h->f32, P, I, I, I, W, P, P};
+    h->gemm_t = LLVMFunctionType(W, gargs, 21, 0);
     h->gemm = LLVMAddFunction(h->m, "rt_sgemm_batched", h->gemm_t);
     h->bgemm = NULL; /* declared on first use: f32 programs never name it */
     LLVMTypeRef image[] = {P, W, P, I};
@@ -287,12 +287,15 @@ static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
             LLVMValueRef callee = host_gemm_fn(h, g->dt);
-            LLVMValueRef a[19] = {exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
+            int bias = g->epilogue == FE_BIAS;
+            LLVMValueRef a[21] = {exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
                                   LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
                                   addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
-                                  addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch), err};
+                                  addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch),
+                                  ci32(h, host_abi_gemm_epilogue(bias)), bias ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
+                                  err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
-            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 19,
+            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21,
                                              arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
             emit_check(h, fn, st);
             continue;
@@ -875,12 +878,13 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
                 const char *base = at && strrchr(at, '/') ? strrchr(at, '/') + 1 : at;
                 ann[a].needle = arena_printf(h->ar, "%%%sgemm%d.", S->prefix, li);
                 ann[a++].comment = arena_printf(
-                    h->ar, "%sGEMM %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s into %s%s", L->gemm.dt == DT_BF16 ? "bf16 " : "",
+                    h->ar, "%sGEMM %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s%s into %s%s", L->gemm.dt == DT_BF16 ? "bf16 " : "",
                     L->gemm.m, L->gemm.n, L->gemm.k,
                     L->gemm.batch > 1 ? arena_printf(h->ar, " (batch %" PRId64 ")", L->gemm.batch) : "",
                     L->gemm.trans_a || L->gemm.trans_b ? (L->gemm.trans_a ? (L->gemm.trans_b ? ", A^T B^T" : ", A^T B")
                                                                           : ", A B^T")
                                                        : "",
+                    L->gemm.epilogue == FE_BIAS ? arena_printf(h->ar, " + bias %s", S->r->buffers[L->gemm.bias].what) : "",
                     c->what, base ? arena_printf(h->ar, " %s:%u:%u", base, gn->src.line, gn->src.col) : "");
             } else {
                 const Kernel *kn = S->r->kernels[L->kernel];

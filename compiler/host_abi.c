@@ -63,6 +63,7 @@ const char *host_abi_name(HostAbiStruct s) {
 }
 
 int host_abi_version(void) { return RT_ABI_VERSION; }
+int host_abi_gemm_epilogue(int bias) { return bias ? RT_GEMM_BIAS : RT_GEMM_PLAIN; }
 int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }
 
 void host_abi_checksum(const void *data, size_t n, char out[HOST_ABI_CHECKSUM_CHARS + 1]) {

@@ -304,7 +304,8 @@ void kir_ref_gemm(const FuseGemm *m, double *const *bufs) {
                     s += x * y;
                 }
                 double *out = &C[t * m->stride_c + i * m->ldc + j];
-                *out = m->beta == 0 ? m->alpha * s : m->alpha * s + m->beta * *out;
+                *out = (m->beta == 0 ? m->alpha * s : m->alpha * s + m->beta * *out) +
+                       (m->epilogue == FE_BIAS ? bufs[m->bias][j] : 0.0);
             }
 }
 

@@ -14,7 +14,7 @@
  * -1 after reporting (diag_error_noloc) a load or store outside its buffer. */
 int kir_ref_kernel(const Kernel *k, double *const *bufs);
 
-/* One GEMM launch; bufs is indexed by the schedule's buffer numbers (m->a, m->b, m->c). */
+/* One GEMM launch; bufs is indexed by the schedule's buffer numbers (m->a, m->b, m->c, m->bias). */
 void kir_ref_gemm(const FuseGemm *m, double *const *bufs);
 
 /* Runs the launches of r in order. Every buffer is allocated in ar: leaves are copied from

@@ -17,6 +17,7 @@
 #include <cblas.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rt_gemm.h"
 #include "rt_profile.h"
@@ -41,6 +42,7 @@ typedef struct RtGemmJob {
     float alpha, beta;
     const float *a, *b;
     float *c;
+    const float *bias;  /* RT_GEMM_BIAS: added to every row; else NULL */
     int64_t lda, ldb, ldc, sa, sb, sc;
     int64_t bm, bn;     /* tile size */
     int64_t tm, tn;     /* tiles per matrix in each direction */
@@ -58,8 +60,16 @@ static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
         const float *a = j->a + bi * j->sa + (j->ta == CblasTrans ? r0 : r0 * j->lda);
         const float *b = j->b + bi * j->sb + (j->tb == CblasTrans ? c0 * j->ldb : c0);
         float *c = j->c + bi * j->sc + r0 * j->ldc + c0;
+        float beta = j->beta;
+        if (j->bias && beta == 0.0f) { /* C = bias, then C = alpha AB + C: the bias joins the sum unrounded */
+            for (int64_t i = 0; i < rows; i++) memcpy(c + i * j->ldc, j->bias + c0, sizeof(float) * (size_t)cols);
+            beta = 1.0f;
+        }
         cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)rows, (int)cols, (int)j->k, j->alpha, a, (int)j->lda, b,
-                    (int)j->ldb, j->beta, c, (int)j->ldc);
+                    (int)j->ldb, beta, c, (int)j->ldc);
+        if (j->bias && j->beta != 0.0f)
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t x = 0; x < cols; x++) c[i * j->ldc + x] += j->bias[c0 + x];
     }
 }
 
@@ -68,8 +78,13 @@ static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
 /* The contract's argument rules (rt_gemm.h), shared with the GPU's GEMM (gpu_blas.c). */
 RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                         int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc,
-                        int64_t stride_c, int64_t batch, int *nothing, RtError *err) {
+                        int64_t stride_c, int64_t batch, int32_t epilogue, const void *vec, int *nothing, RtError *err) {
     *nothing = 0;
+    if (epilogue != RT_GEMM_PLAIN && epilogue != RT_GEMM_BIAS)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: unknown epilogue %d", (int)epilogue);
+    if (epilogue == RT_GEMM_BIAS && !vec) return rt_fail(err, RT_ERR_ARG, "sgemm: the bias epilogue without a bias");
+    if (epilogue != RT_GEMM_PLAIN && k == 0)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: an epilogue on a product over nothing (k = 0)");
     if (m < 0 || n < 0 || k < 0 || batch < 0)
         return rt_fail(err, RT_ERR_ARG, "sgemm: negative size (m %lld, n %lld, k %lld, batch %lld)", (long long)m,
                        (long long)n, (long long)k, (long long)batch);
@@ -99,10 +114,11 @@ RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
 
 RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
+                          const void *vec, RtError *err) {
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
-                                 &nothing, err);
+                                 epilogue, vec, &nothing, err);
     if (st != RT_OK) return st;
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
         return rt_fail(err, RT_ERR_ARG, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m %lld, n %lld, k %lld)",
@@ -114,7 +130,8 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
 
     RtGemmJob j = {trans_a ? CblasTrans : CblasNoTrans,
                    trans_b ? CblasTrans : CblasNoTrans,
-                   m, n, k, alpha, beta, a, b, c, lda, ldb, ldc, stride_a, stride_b, stride_c, m, n, 1, 1};
+                   m, n, k, alpha, beta, a, b, c, epilogue == RT_GEMM_BIAS ? vec : NULL,
+                   lda, ldb, ldc, stride_a, stride_b, stride_c, m, n, 1, 1};
     /* Halve the larger side of the tile (rows preferred) until it is about RT_GEMM_TILE_MACS: a
      * function of (m, n, k) only, so the tiling never depends on the thread count. */
     int64_t kk = k > 0 ? k : 1;
@@ -184,25 +201,27 @@ static void rt_convert(RtPool *pool, const uint16_t *from16, const float *from32
 RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
                           int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                          RtError *err) {
+                          int32_t epilogue, const void *vec, RtError *err) {
     /* The argument rules are sgemm's, on the same element counts (the pointers are only compared). */
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
-                                 &nothing, err);
+                                 epilogue, vec, &nothing, err);
     if (st != RT_OK || nothing) return st;
     int64_t na = k ? rt_gemm_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch) : 0;
     int64_t nb = k ? rt_gemm_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch) : 0;
     int64_t nc = rt_gemm_span(m, n, ldc, stride_c, batch);
-    float *fa = malloc(sizeof(float) * (size_t)(na + nb + nc));
+    int64_t nv = epilogue == RT_GEMM_BIAS ? n : 0;
+    float *fa = malloc(sizeof(float) * (size_t)(na + nb + nc + nv));
     if (!fa) return rt_fail(err, RT_ERR_NOMEM, "bgemm: no memory for the f32 copies of a %lld x %lld x %lld product",
                             (long long)m, (long long)n, (long long)k);
-    float *fb = fa + na, *fc = fb + nb;
+    float *fb = fa + na, *fc = fb + nb, *fv = fc + nc;
     /* The gaps between rows and matrices are copied too: their values never reach C. */
     rt_convert(pool, a, NULL, fa, NULL, na);
     rt_convert(pool, b, NULL, fb, NULL, nb);
+    rt_convert(pool, vec, NULL, fv, NULL, nv);
     if (beta != 0) rt_convert(pool, c, NULL, fc, NULL, nc);
     st = rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, fa, lda, stride_a, fb, ldb, stride_b, beta, fc, ldc,
-                          stride_c, batch, err);
+                          stride_c, batch, epilogue, fv, err);
     if (st == RT_OK && ldc == n && (batch == 1 || stride_c == m * n)) {
         rt_convert(pool, NULL, fc, NULL, c, nc);
     } else if (st == RT_OK) { /* only C's own elements: the gaps between its rows may be another tensor's */

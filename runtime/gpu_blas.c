@@ -23,9 +23,15 @@
  * they are made once per distinct one and kept in a small hash table, so the GEMMs of a step,
  * which repeat every step, run without a heuristic query.
  *
+ * Epilogue. RT_GEMM_BIAS is CUBLASLT_EPILOGUE_BIAS: cuBLASLt's bias vector runs along the rows of
+ * its (column-major, N x M) D, which are our columns, so it is our per-column bias as it is; its
+ * type is C's, and it is added to the f32 sum before D is rounded. The plan's descriptor carries
+ * the epilogue; the bias pointer is set on it before each call (the heuristic reads its alignment,
+ * which is part of the plan's key).
+ *
  * Beta. With beta == 0 cuBLASLt does not read C (NaNs in it do not propagate), as in BLAS. K == 0
  * (a sum of nothing) gives C = beta C without cuBLASLt: a 2D memset for beta == 0, the runtime's
- * mbt_rt_scale kernel for other betas. */
+ * mbt_rt_scale kernel for other betas (the contract allows no epilogue there). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +46,9 @@ typedef struct RtGemmKey {
     int64_t m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c, batch;
     int32_t trans_a, trans_b;
     int32_t type;                       /* of A, B and C: CUDA_R_32F or CUDA_R_16BF */
+    int32_t epilogue;                   /* RtGemmEpilogue */
     uint32_t align_a, align_b, align_c; /* bytes, a power of two <= 256 */
+    uint32_t align_vec;                 /* the epilogue's vector (0 without one) */
 } RtGemmKey;
 
 struct RtGemmPlan {
@@ -98,7 +106,27 @@ static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
     if (st == RT_OK)
         st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
                          err, "cublasLtMatmulDescSetAttribute", "%s, transb", p->name);
+    if (st != RT_OK || p->key.epilogue == RT_GEMM_PLAIN) return st;
+    uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    int32_t type = p->key.type;
+    st = rt_lt_check(api,
+                     api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                         sizeof epilogue),
+                     err, "cublasLtMatmulDescSetAttribute", "%s, epilogue", p->name);
+    if (st == RT_OK)
+        st = rt_lt_check(api,
+                         api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type,
+                                                             sizeof type),
+                         err, "cublasLtMatmulDescSetAttribute", "%s, bias type", p->name);
     return st;
+}
+
+/* The epilogue's vector for the next call (and for the heuristic, which reads its alignment). */
+static RtStatus rt_gemm_set_vec(RtGpu *g, RtGemmPlan *p, const void *vec, RtError *err) {
+    if (p->key.epilogue == RT_GEMM_PLAIN) return RT_OK;
+    return rt_lt_check(&g->api,
+                       g->api.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec),
+                       err, "cublasLtMatmulDescSetAttribute", "%s, bias pointer", p->name);
 }
 
 /* The heuristic's first algorithm for the plan, within the workspace and the alignments. */
@@ -148,7 +176,7 @@ static void rt_gemm_plan_free(RtGpu *g, RtGemmPlan *p) {
     free(p);
 }
 
-static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out, RtError *err) {
+static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, const void *vec, RtGemmPlan **out, RtError *err) {
     RtGemmPlan *p = calloc(1, sizeof *p);
     if (!p) return rt_fail(err, RT_ERR_NOMEM, "sgemm: out of memory for a plan");
     p->key = *k;
@@ -156,7 +184,9 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out
                      k->trans_a ? 'T' : 'N', k->trans_b ? 'T' : 'N',
                      (long long)k->m, (long long)k->n, (long long)k->k);
     if (k->batch > 1 && n > 0 && (size_t)n < sizeof p->name)
-        snprintf(p->name + n, sizeof p->name - (size_t)n, " x%lld", (long long)k->batch);
+        n += snprintf(p->name + n, sizeof p->name - (size_t)n, " x%lld", (long long)k->batch);
+    if (k->epilogue == RT_GEMM_BIAS && n > 0 && (size_t)n < sizeof p->name)
+        snprintf(p->name + n, sizeof p->name - (size_t)n, " +bias");
     /* Column-major views (see the top): a row-major R x C matrix of pitch ld is the column-major
      * C x R matrix of leading dimension ld. Our B, K x N (N x K when trans_b), is cuBLASLt's A,
      * N x K (K x N); our A, M x K (K x M), its B, K x M (M x K); C, M x N, its N x M. */
@@ -168,6 +198,7 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out
         st = rt_gemm_layout(g, &p->lt_b, k->type, k->trans_a ? k->m : k->k, k->trans_a ? k->k : k->m, k->lda, k->batch,
                             k->stride_a, p->name, err);
     if (st == RT_OK) st = rt_gemm_layout(g, &p->lt_c, k->type, k->n, k->m, k->ldc, k->batch, k->stride_c, p->name, err);
+    if (st == RT_OK) st = rt_gemm_set_vec(g, p, vec, err);
     if (st == RT_OK) st = rt_gemm_algo(g, p, err);
     if (st != RT_OK) {
         rt_gemm_plan_free(g, p);
@@ -197,15 +228,15 @@ static RtStatus rt_plan_grow(RtGpu *g, RtError *err) {
     return RT_OK;
 }
 
-/* The plan for key, made on first use. */
-static RtStatus rt_plan_get(RtGpu *g, const RtGemmKey *k, RtGemmPlan **out, RtError *err) {
+/* The plan for key, made on first use (vec: the epilogue's vector, whose alignment the key has). */
+static RtStatus rt_plan_get(RtGpu *g, const RtGemmKey *k, const void *vec, RtGemmPlan **out, RtError *err) {
     if (2 * (g->nplans + 1) > g->cap_plans) {
         RtStatus st = rt_plan_grow(g, err);
         if (st != RT_OK) return st;
     }
     int64_t i = rt_plan_slot(g->plans, g->cap_plans, k);
     if (!g->plans[i]) {
-        RtStatus st = rt_gemm_plan_make(g, k, &g->plans[i], err);
+        RtStatus st = rt_gemm_plan_make(g, k, vec, &g->plans[i], err);
         if (st != RT_OK) return st;
         g->nplans++;
     }
@@ -248,10 +279,11 @@ static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, void *c, int type, int64_t
 /* Both contracts: A, B and C of one type (CUDA_R_32F or CUDA_R_16BF), f32 compute. */
 static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                             const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
-                            float beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+                            float beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
+                            const void *vec, RtError *err) {
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
-                                 &nothing, err);
+                                 epilogue, vec, &nothing, err);
     if (st != RT_OK || nothing) return st;
     if (batch > INT32_MAX)
         return rt_fail(err, RT_ERR_ARG, "sgemm: batch %lld exceeds cuBLASLt's 32-bit batch count", (long long)batch);
@@ -278,8 +310,11 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
     key.align_a = rt_align(a, stride_a, batch, size);
     key.align_b = rt_align(b, stride_b, batch, size);
     key.align_c = rt_align(c, stride_c, batch, size);
+    key.epilogue = epilogue;
+    key.align_vec = epilogue == RT_GEMM_PLAIN ? 0 : rt_align(vec, 0, 1, size);
     RtGemmPlan *p = NULL;
-    st = rt_plan_get(g, &key, &p, err);
+    st = rt_plan_get(g, &key, vec, &p, err);
+    if (st == RT_OK) st = rt_gemm_set_vec(g, p, vec, err);
     int64_t slot = -1;
     if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin(g, &slot, err);
     if (st != RT_OK) return st;
@@ -293,17 +328,18 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
 
 RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err) {
+                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
+                              const void *vec, RtError *err) {
     return rt_gpu_gemm(g, CUDA_R_32F, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
-                       stride_c, batch, err);
+                       stride_c, batch, epilogue, vec, err);
 }
 
 RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
                               int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                              RtError *err) {
+                              int32_t epilogue, const void *vec, RtError *err) {
     return rt_gpu_gemm(g, CUDA_R_16BF, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
-                       stride_c, batch, err);
+                       stride_c, batch, epilogue, vec, err);
 }
 
 /* ---- the handle --------------------------------------------------------------------------------- */

@@ -89,6 +89,10 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's 
     X(CUBLAS_OP_T, 1)                                         \
     X(CUBLASLT_MATMUL_DESC_TRANSA, 3)                         \
     X(CUBLASLT_MATMUL_DESC_TRANSB, 4)                         \
+    X(CUBLASLT_MATMUL_DESC_EPILOGUE, 7)                       \
+    X(CUBLASLT_MATMUL_DESC_BIAS_POINTER, 8)                   \
+    X(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, 26)                \
+    X(CUBLASLT_EPILOGUE_BIAS, 4)                              \
     X(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, 5)                  \
     X(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, 6)         \
     X(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, 1)            \

@@ -37,9 +37,9 @@
 /* The layout version of RtProgram and RtStep. A program compiled against another version is
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
-#define RT_ABI_VERSION 4 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+#define RT_ABI_VERSION 5 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
-                          * (RtStep.gpu, RtProgram.gpu) */
+                          * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -95,17 +95,25 @@ void rt_parallel_for(RtPool *p, int64_t n, RtRangeFn fn, void *ctx);
  * into tiles whose size depends only on (M, N, K), never on the thread count; each tile is one
  * cblas_sgemm call by one thread, so results are bit-identical for any --threads and no more
  * threads than --threads ever run. The C batches must not overlap. Dimensions and pitches must fit
- * OpenBLAS's 32-bit integers. */
+ * OpenBLAS's 32-bit integers.
+ *
+ * The epilogue (RtGemmEpilogue) is what the product does besides: RT_GEMM_PLAIN nothing (vec is
+ * not read, may be NULL); RT_GEMM_BIAS adds vec[j] (n values of C's type) to column j of every
+ * row of every C_b, in f32 before C is rounded to its type - a linear layer's bias, which the
+ * compiler folds into the GEMM of `x @ w + b` (docs/architecture.md, fusion). An epilogue needs
+ * k > 0. */
+typedef enum RtGemmEpilogue { RT_GEMM_PLAIN = 0, RT_GEMM_BIAS = 1 } RtGemmEpilogue;
 RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err);
+                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
+                          const void *vec, RtError *err);
 /* The same with A, B and C in bf16 (their 16 bits, uint16_t): A and B are widened to f32
  * exactly, the product is rt_sgemm_batched's (f32 accumulation, the same tiles, so bit-identical
  * for any --threads), and C is rounded to bf16, to nearest even. */
 RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
                           int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                          RtError *err);
+                          int32_t epilogue, const void *vec, RtError *err);
 const char *rt_blas_config(void); /* OpenBLAS's build and the core it chose ("OpenBLAS 0.3.21 ... Zen") */
 
 /* ==== the GPU (gpu.c): what generated GPU code calls ========================================== */
@@ -122,15 +130,17 @@ typedef struct RtGpu RtGpu;
  * are its device buffers, RtGpuKernel.nbufs of them, in the kernel's parameter order. */
 RtStatus rt_gpu_launch(RtGpu *g, int32_t kernel, void *const *bufs, RtError *err);
 /* rt_sgemm_batched's contract on device memory (f32, row-major, strided batch), through cuBLASLt
- * with f32 compute (no TF32): same arguments but the GPU in place of the pool. */
+ * with f32 compute (no TF32): same arguments but the GPU in place of the pool; RT_GEMM_BIAS is
+ * cuBLASLt's bias epilogue. */
 RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, RtError *err);
+                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
+                          const void *vec, RtError *err);
 /* rt_bgemm_batched's contract on device memory: bf16 A, B and C, f32 compute (cuBLASLt). */
 RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
                               int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                              RtError *err);
+                              int32_t epilogue, const void *vec, RtError *err);
 /* dst[i] += scale * src[i] for i < n, on the device (forward_backward's gradient accumulation). */
 RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_t n, RtError *err);
 /* Device to device copy of `bytes` (optimizer_update's new parameters and state). */

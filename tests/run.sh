@@ -500,15 +500,15 @@ run_exec() {
     else fail exec/tiny-beats-bigram-bound "mbtc -o examples/tiny.mbt failed" "$out"; fi
 
     # --emit=program prints what -o compiles: the step functions for the CPU and the GPU, each
-    # launch annotated with its op and source line (mlp's first GEMM is fc1's matmul, nn.mbt's
-    # Linear; its first kernel is launched by forward_backward and forward_loss on each device)
+    # launch annotated with its op and source line (mlp's first GEMM is fc1's matmul with its bias
+    # added as it stores, nn.mbt's Linear; its first kernel is launched by forward_backward and forward_loss on each device)
     if "$mbtc" examples/mlp.mbt --emit=program --cuda-arch=sm_80,sm_90 >"$dir/program.ll" 2>"$out" \
         && grep -q '^define internal i32 @forward_backward' "$dir/program.ll" \
         && grep -q '^define internal i32 @forward_logits' "$dir/program.ll" \
         && grep -q '^define internal i32 @gpu.forward_backward' "$dir/program.ll" \
         && grep -q '^  %step_k0_gather. = call i32 @rt_gpu_launch(ptr %gpu, i32 0, ' "$dir/program.ll" \
         && grep -q '^@mbt_program = .* ptr @mbt.gpu }$' "$dir/program.ll" \
-        && grep -q '^  ; GEMM 2048x256x64 into %[0-9]* matmul nn.mbt:[0-9]*:[0-9]*$' "$dir/program.ll" \
+        && grep -q '^  ; GEMM 2048x256x64 + bias param fc1.bias into %[0-9]* add nn.mbt:[0-9]*:[0-9]*$' "$dir/program.ll" \
         && [ "$(grep -c '^  ; kernel step_k0_gather: %[0-9]* gather nn.mbt' "$dir/program.ll")" = 4 ]; then
         pass exec/emit-program
     else fail exec/emit-program "--emit=program lacks the step functions, the descriptor or a launch's annotation" "$out"; fi

@@ -478,6 +478,9 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
 
 typedef struct FakeDesc {
     int compute, scale, op_a, op_b;
+    uint32_t epilogue;  /* CUBLASLT_EPILOGUE_DEFAULT (1) or CUBLASLT_EPILOGUE_BIAS */
+    int32_t bias_type;  /* -1: D's */
+    const void *bias;
 } FakeDesc;
 
 typedef struct FakeLayout {
@@ -522,6 +525,8 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     FakeDesc *desc = calloc(1, sizeof *desc);
     desc->compute = compute;
     desc->scale = scale;
+    desc->epilogue = 1;
+    desc->bias_type = -1;
     *d = (cublasLtMatmulDesc_t)(void *)desc;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -534,9 +539,15 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
                                               const void *buf, size_t size) {
     FakeDesc *desc = (FakeDesc *)(void *)d;
+    if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER && size == sizeof(void *)) {
+        memcpy(&desc->bias, buf, sizeof desc->bias);
+        return CUBLAS_STATUS_SUCCESS;
+    }
     if (size != sizeof(int32_t)) return FAKE_LT_INVALID_VALUE;
     if (attr == CUBLASLT_MATMUL_DESC_TRANSA) desc->op_a = *(const int32_t *)buf;
     else if (attr == CUBLASLT_MATMUL_DESC_TRANSB) desc->op_b = *(const int32_t *)buf;
+    else if (attr == CUBLASLT_MATMUL_DESC_EPILOGUE) desc->epilogue = *(const uint32_t *)buf;
+    else if (attr == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE) desc->bias_type = *(const int32_t *)buf;
     else return FAKE_LT_INVALID_VALUE;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -593,13 +604,19 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
                                               cublasLtMatmulPreference_t p, int requested,
                                               cublasLtMatmulHeuristicResult_t *results, int *found) {
-    (void)h, (void)a, (void)b, (void)c, (void)dl;
+    (void)h, (void)a, (void)b, (void)c;
     const FakeDesc *desc = (const FakeDesc *)(void *)d;
     const FakePref *pref = (const FakePref *)(void *)p;
     fake.heuristics++;
     memcpy(fake.last_align, pref->align, sizeof fake.last_align);
     if (requested < 1) return FAKE_LT_INVALID_VALUE;
     if (desc->compute != CUBLAS_COMPUTE_32F || desc->scale != CUDA_R_32F) return FAKE_LT_NOT_SUPPORTED;
+    /* the epilogues the runtime asks for: none, or a bias of D's type whose pointer (its
+     * alignment) the heuristic can see */
+    if (desc->epilogue != 1 && desc->epilogue != CUBLASLT_EPILOGUE_BIAS) return FAKE_LT_NOT_SUPPORTED;
+    if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS &&
+        (!desc->bias || (desc->bias_type != -1 && desc->bias_type != ((const FakeLayout *)(void *)dl)->type)))
+        return FAKE_LT_INVALID_VALUE;
     *found = fake.no_algo ? 0 : 1;
     memset(&results[0], 0, sizeof results[0]);
     results[0].algo.data[0] = FAKE_ALGO;
@@ -678,6 +695,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             for (int64_t j = 0; j < n; j++) {
                 float v = al_ * AB[i * n + j];
                 if (be != 0) v += be * fake_at(cb, lc, CUBLAS_OP_N, i, j);
+                if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS) /* along D's rows, one vector for the batch */
+                    v += fake_at(desc->bias, &(FakeLayout){ld->type, (uint64_t)m, 1, m, 0, 1}, CUBLAS_OP_N, i, 0);
                 fake_put(db, ld, i, j, v);
             }
     }

@@ -920,7 +920,8 @@ static void gemm_f32(const FuseGemm *m, void **bufs) {
                     s += x * y;
                 }
                 float *out = &C[t * m->stride_c + i * m->ldc + j];
-                *out = (float)(m->beta == 0 ? m->alpha * s : m->alpha * s + m->beta * *out);
+                *out = (float)((m->beta == 0 ? m->alpha * s : m->alpha * s + m->beta * *out) +
+                               (m->epilogue == FE_BIAS ? ((const float *)bufs[m->bias])[j] : 0.0));
             }
 }
 

@@ -584,17 +584,17 @@ static void test_count_adamw_by_hand(void) {
 }
 
 /* A GPT-2 block on an input x [2, 8, 16] with 2 heads.
- * Forward, the block's result the output: 4 GEMMs (c_attn, c_proj, c_fc, the MLP's c_proj) and 6
- * kernels: ln_1 (a row kernel); c_attn's bias add (what attention reads, through the split,
- * reshape and transpose views); attention (storing its rows straight into the [B, T, heads, hd]
- * layout the next GEMM reads); c_proj's bias + the residual + ln_2 (one row kernel storing the
- * residual stream and the norm); c_fc's bias + gelu; the last bias + residual.
+ * Forward, the block's result the output: 4 GEMMs (c_attn, c_proj, c_fc, the MLP's c_proj, each
+ * adding its bias as it stores: the bias epilogue) and 5 kernels: ln_1 (a row kernel); attention
+ * (reading the qkv GEMM's result through the split, reshape and transpose views, storing its rows
+ * straight into the [B, T, heads, hd] layout the next GEMM reads); the residual + ln_2 (one row
+ * kernel storing the residual stream and the norm); gelu; the last residual add.
  * Forward + backward, loss = sum(out * R): 12 GEMMs (the 4, and for each weight the gradient of
- * its input and of itself, the latter one GEMM with K folded over the batch) and 16 kernels:
- *   ln_1, c_attn's bias, attention, c_proj bias + residual + ln_2, as forward (4);
- *   the loss: the last bias + residual computed inside the sum (one work item) (1);
+ * its input and of itself, the latter one GEMM with K folded over the batch) and 15 kernels:
+ *   ln_1, attention, residual + ln_2, as forward (3);
+ *   the loss: the last residual add computed inside the sum (one work item) (1);
  *   d out = R * 1 (a GEMM operand) (1); the MLP c_proj's bias gradient (1);
- *   c_fc's bias + gelu together with gelu's backward (about 20 nodes: its input x is read by both,
+ *   gelu together with gelu's backward (about 20 nodes: its input x is read by both,
  *   and d out does not depend on the forward here, so the two can share a kernel) (1);
  *   c_fc's bias gradient (1); ln_2's backward: the input gradient with the residual's gradient
  *   added (a row kernel) (1), its weight and bias gradients with c_proj's bias gradient (a column
@@ -608,12 +608,12 @@ static void test_count_gpt2_block(void) {
     int x = tf_input(t, S(2, 8, 16));
     int y = tf_gpt2_block(t, x, 2);
     Fused f = fuse_check("gpt2_block_forward", t->g, t->leaf, &y, 1, &t->ar);
-    CHECK(f.gemms == 4 && f.kernels == 6, "GPT-2 block forward: 4 GEMMs + 6 kernels, got %d + %d", f.gemms, f.kernels);
+    CHECK(f.gemms == 4 && f.kernels == 5, "GPT-2 block forward: 4 GEMMs + 5 kernels, got %d + %d", f.gemms, f.kernels);
     if (getenv("MBT_SHOW")) fuse_print(stdout, f.r);
     tf_weighted_loss(t, y);
     autodiff(t->g);
     Fused b = fuse_check("gpt2_block_fwd_bwd", t->g, t->leaf, NULL, 0, &t->ar);
-    CHECK(b.gemms == 12 && b.kernels == 16, "GPT-2 block forward + backward: 12 GEMMs + 16 kernels, got %d + %d", b.gemms,
+    CHECK(b.gemms == 12 && b.kernels == 15, "GPT-2 block forward + backward: 12 GEMMs + 15 kernels, got %d + %d", b.gemms,
           b.kernels);
     if (getenv("MBT_SHOW")) fuse_print(stdout, b.r);
     tf_end(t);
@@ -655,6 +655,41 @@ static void test_gemm_weight_gradient(void) {
         if (f.r->launches[i].kind == FL_GEMM && f.r->launches[i].gemm.trans_a) m = &f.r->launches[i].gemm;
     CHECK(m && m->m == 8 && m->n == 16 && m->k == 8 && m->batch == 1, "dW = x^T dy: m 8, n 16, k = 2 * 4, one matrix");
     CHECK(f.gemms == 2, "the forward GEMM and the weight gradient's, got %d", f.gemms);
+    tf_end(t);
+}
+
+/* `x @ w + b`, b along the last axis: one GEMM adding b as it stores (the bias epilogue), b on
+ * either side of the add and of any rank that is a vector; fuse_check holds its result to the
+ * unfused graph's. Not folded: a bias of another shape, a product something else reads too, a
+ * product that is an output itself. */
+static void test_gemm_bias_epilogue(void) {
+    TF *t = tf_begin(12);
+    int x = tf_input(t, S(2, 4, 8)), w = tf_param(t, S(8, 16)), b = tf_param(t, S(16)), b3 = tf_param(t, S(1, 1, 16));
+    int outs[2] = {tf_linear(t, x, w, b), tf_bin(t, G_ADD, b3, tf_matmul(t, x, tf_param(t, S(8, 16))))};
+    Fused f = fuse_check("bias_epilogue", t->g, t->leaf, outs, 2, &t->ar);
+    int folded = 0;
+    for (int i = 0; i < f.r->nlaunches; i++) {
+        const FuseGemm *m = &f.r->launches[i].gemm;
+        if (f.r->launches[i].kind != FL_GEMM || m->epilogue != FE_BIAS) continue;
+        folded++;
+        CHECK(f.r->buffers[m->bias].node == b || f.r->buffers[m->bias].node == b3, "the bias buffer is the bias");
+        CHECK(f.r->buffers[m->c].node == outs[0] || f.r->buffers[m->c].node == outs[1], "C holds the sum");
+    }
+    CHECK(f.gemms == 2 && f.kernels == 0 && folded == 2, "two GEMMs with the bias epilogue, no kernel: %d + %d, %d folded",
+          f.gemms, f.kernels, folded);
+    /* a bias per row, not per column */
+    int y = tf_bin(t, G_ADD, tf_matmul(t, x, w), tf_param(t, S(2, 4, 1)));
+    Fused g = fuse_check("row_bias", t->g, t->leaf, &y, 1, &t->ar);
+    CHECK(g.gemms == 1 && g.kernels == 1 && first_gemm(g.r)->epilogue == FE_NONE, "a per-row bias stays an add");
+    /* the product read twice, or asked for */
+    int p = tf_matmul(t, x, w);
+    int two[2] = {tf_bin(t, G_ADD, p, b), tf_bin(t, G_MUL, p, p)};
+    Fused h = fuse_check("product_shared", t->g, t->leaf, two, 2, &t->ar);
+    CHECK(first_gemm(h.r)->epilogue == FE_NONE, "a product read twice stays a product");
+    int q = tf_matmul(t, x, w);
+    int asked[2] = {q, tf_bin(t, G_ADD, q, b)};
+    Fused o = fuse_check("product_output", t->g, t->leaf, asked, 2, &t->ar);
+    CHECK(first_gemm(o.r)->epilogue == FE_NONE, "a product asked for stays a product");
     tf_end(t);
 }
 
@@ -812,6 +847,7 @@ int main(void) {
     RUN(test_count_adamw_update_graph);
     RUN(test_count_gpt2_block);
     RUN(test_gemm_transposes);
+    RUN(test_gemm_bias_epilogue);
     RUN(test_gemm_weight_gradient);
     RUN(test_gemm_partial_broadcast);
     RUN(test_outputs_without_arithmetic);

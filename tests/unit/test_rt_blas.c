@@ -31,6 +31,7 @@ typedef struct Case {
     int broadcast_a;    /* stride_a = 0 */
     float alpha, beta;
     int bf16;           /* rt_bgemm_batched: A, B and C in bf16 */
+    int bias;           /* RT_GEMM_BIAS: a vector of n added to every row */
 } Case;
 
 static uint16_t *to_bf16(float *v, int64_t n) { /* v rounded in place; its bf16 bits returned */
@@ -52,25 +53,29 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
     int64_t na = (c->broadcast_a ? 1 : c->batch) * (a_rows * lda + 3), nb = c->batch * sb, nc = c->batch * sc;
     float *a = malloc((size_t)(na + 1) * sizeof *a), *b = malloc((size_t)(nb + 1) * sizeof *b);
     float *cc = malloc((size_t)(nc + 1) * sizeof *cc), *c0 = malloc((size_t)(nc + 1) * sizeof *c0);
+    float *v = malloc((size_t)(c->n + 1) * sizeof *v);
     fill(a, na, 1);
     fill(b, nb, 2);
     fill(c0, nc, 3);
+    fill(v, c->n, 4);
     if (c->beta == 0.0f)
         for (int64_t i = 0; i < nc; i++) c0[i] = NAN; /* beta 0 must overwrite, not multiply */
-    uint16_t *a16 = NULL, *b16 = NULL, *c16 = NULL, *c016 = NULL;
+    uint16_t *a16 = NULL, *b16 = NULL, *c16 = NULL, *c016 = NULL, *v16 = NULL;
     if (c->bf16) { /* the inputs become bf16 values, so the double reference uses exactly them */
         a16 = to_bf16(a, na);
         b16 = to_bf16(b, nb);
+        v16 = to_bf16(v, c->n);
         c016 = to_bf16(c0, nc);
         c16 = malloc((size_t)(nc + 1) * sizeof *c16);
         memcpy(c16, c016, (size_t)nc * sizeof *c16);
     }
     memcpy(cc, c0, (size_t)nc * sizeof *cc);
     RtError e;
+    int32_t ep = c->bias ? RT_GEMM_BIAS : RT_GEMM_PLAIN;
     RtStatus st = c->bf16 ? rt_bgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a16, lda, sa, b16, ldb, sb,
-                                             c->beta, c16, ldc, sc, c->batch, &e)
+                                             c->beta, c16, ldc, sc, c->batch, ep, c->bias ? v16 : NULL, &e)
                           : rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb,
-                                             c->beta, cc, ldc, sc, c->batch, &e);
+                                             c->beta, cc, ldc, sc, c->batch, ep, c->bias ? v : NULL, &e);
     for (int64_t i = 0; c->bf16 && i < nc; i++) cc[i] = rt_bf16_to_f32(c16[i]);
     CHECK(st == RT_OK, "ta %d tb %d m %lld n %lld k %lld: %s", c->ta, c->tb, (long long)c->m, (long long)c->n,
           (long long)c->k, e.msg);
@@ -89,7 +94,7 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
                         s += x * y;
                         mag += fabs(x * y);
                     }
-                    double base = c->beta == 0.0f ? 0.0 : (double)c->beta * C0[i * ldc + j];
+                    double base = (c->beta == 0.0f ? 0.0 : (double)c->beta * C0[i * ldc + j]) + (c->bias ? v[j] : 0.0);
                     double ref = (double)c->alpha * s + base;
                     /* bf16: plus C's one rounding to nearest: half an ulp, at most 2^-8 relative (8 significand bits) */
                     double tol = 1e-5 * (fabs(c->alpha) * mag + fabs(base)) + (c->bf16 ? 0x1p-8 * fabs(ref) : 0) + 1e-30;
@@ -105,8 +110,8 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
                                          : memcmp(&x, &y, sizeof x) != 0;
                 }
         }
-        CHECK(bad == 0, "%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
-              c->bf16 ? "bf16 " : "", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch,
+        CHECK(bad == 0, "%s%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
+              c->bf16 ? "bf16 " : "", c->bias ? "bias " : "", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch,
               (long long)c->pad,
               (double)c->alpha, (double)c->beta, (long long)bad, worst);
         CHECK(untouched == 0, "%lld padding elements were written", (long long)untouched);
@@ -118,6 +123,8 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
     free(b16);
     free(c16);
     free(c016);
+    free(v);
+    free(v16);
     return cc;
 }
 
@@ -130,7 +137,7 @@ static void bf16_products(void) {
     RtError e;
     CHECK(rt_pool_create(&p, 2, &e) == RT_OK, "pool: %s", e.msg);
     for (int t = 0; t < 4; t++) {
-        Case c = {t & 1, t >> 1, 17, 33, 40, 1, 3, 0, 1.0f, 0.0f, 1};
+        Case c = {t & 1, t >> 1, 17, 33, 40, 1, 3, 0, 1.0f, 0.0f, 1, 0};
         free(run_case(&c, p, 1));
         c.batch = 3;
         c.broadcast_a = 1;
@@ -141,8 +148,12 @@ static void bf16_products(void) {
         c.beta = 0.0f;
         free(run_case(&c, p, 1));
     }
-    Case big = {0, 1, 300, 200, 96, 1, 0, 0, 1.0f, 0.0f, 1};
+    Case big = {0, 1, 300, 200, 96, 1, 0, 0, 1.0f, 0.0f, 1, 0};
     free(run_case(&big, p, 1));
+    big.bias = 1; /* added before C's rounding: within the same half ulp */
+    free(run_case(&big, p, 1));
+    Case biased = {1, 0, 17, 33, 40, 3, 3, 0, 1.0f, 1.0f, 1, 1};
+    free(run_case(&biased, p, 1));
     rt_pool_destroy(p);
 }
 
@@ -154,13 +165,19 @@ static void all_transposes_small(void) {
     for (int t = 0; t < 4; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int pad = 0; pad <= 3; pad += 3) {
-                Case c = {t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 1, pad, 0, 1.0f, 0.0f, 0};
+                Case c = {t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 1, pad, 0, 1.0f, 0.0f, 0, 0};
                 free(run_case(&c, p, 1));
                 c.alpha = 0.5f;
                 c.beta = 1.0f;
                 free(run_case(&c, p, 1));
                 c.alpha = -2.0f;
                 c.beta = 0.25f;
+                free(run_case(&c, p, 1));
+                if (c.k == 0) continue; /* an epilogue needs k > 0 (argument_errors) */
+                c.bias = 1;
+                free(run_case(&c, p, 1));
+                c.alpha = 1.0f;
+                c.beta = 0.0f; /* the bias is C's starting value (blas.c) */
                 free(run_case(&c, p, 1));
             }
     rt_pool_destroy(p);
@@ -171,7 +188,7 @@ static void batches_and_strides(void) {
     RtError e;
     CHECK(rt_pool_create(&p, 3, &e) == RT_OK, "pool: %s", e.msg);
     for (int t = 0; t < 4; t++) {
-        Case c = {t & 1, t >> 1, 12, 20, 16, 5, 2, 0, 1.0f, 0.0f, 0}; /* attention-like: many small products */
+        Case c = {t & 1, t >> 1, 12, 20, 16, 5, 2, 0, 1.0f, 0.0f, 0, 0}; /* attention-like: many small products */
         free(run_case(&c, p, 1));
         c.broadcast_a = 1; /* one A for every batch entry */
         c.beta = 1.0f;
@@ -186,9 +203,12 @@ static void large_tiled(void) {
     CHECK(rt_pool_create(&p, 2, &e) == RT_OK, "pool: %s", e.msg);
     /* 300 x 260 x 200 = 15.6M multiply-adds: several tiles; 16 x 700 x 512: column tiles */
     for (int t = 0; t < 4; t++) {
-        Case c = {t & 1, t >> 1, 300, 260, 200, 1, 1, 0, 1.0f, 0.0f, 0};
+        Case c = {t & 1, t >> 1, 300, 260, 200, 1, 1, 0, 1.0f, 0.0f, 0, 0};
         free(run_case(&c, p, 1));
-        Case d = {t & 1, t >> 1, 16, 700, 512, 2, 0, 0, 1.0f, 1.0f, 0};
+        Case d = {t & 1, t >> 1, 16, 700, 512, 2, 0, 0, 1.0f, 1.0f, 0, 0};
+        free(run_case(&d, p, 1));
+        c.bias = d.bias = 1; /* each tile adds its own columns of the bias */
+        free(run_case(&c, p, 1));
         free(run_case(&d, p, 1));
     }
     rt_pool_destroy(p);
@@ -198,9 +218,10 @@ static void large_tiled(void) {
 
 static void thread_count_invariance(void) {
     Case cases[] = {
-        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0},
-        {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f, 0},
-        {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f, 0},
+        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 0},
+        {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f, 0, 0},
+        {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f, 0, 0},
+        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 1},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const Case *c = &cases[ci];
@@ -231,21 +252,29 @@ static void thread_count_invariance(void) {
 static void argument_errors(void) {
     float a[64] = {0}, b[64] = {0}, c[64] = {0};
     RtError e;
-    CHECK(rt_sgemm_batched(NULL, 0, 0, -1, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_ERR_ARG, "negative m");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, -1, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "negative m");
     CHECK_STR(e.msg, "sgemm: negative size (m -1, n 2, k 2, batch 1)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 3, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_ERR_ARG, "short lda");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 3, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "short lda");
     CHECK_STR(e.msg, "sgemm: a row pitch is shorter than its row (lda 2 for 3 columns, ldb 2 for 2, ldc 2 for 2)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, 0, c, 2, 3, 2, &e) == RT_ERR_ARG, "overlapping C");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, 0, c, 2, 3, 2, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "overlapping C");
     CHECK_STR(e.msg, "sgemm: the C matrices of the batch overlap (stride 3, each spans 4 elements)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, (int64_t)1 << 31, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_ERR_ARG,
+    CHECK(rt_sgemm_batched(NULL, 0, 0, (int64_t)1 << 31, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG,
           "m over 2^31");
     CHECK_STR(e.msg, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m 2147483648, n 2, k 2)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, NULL, 2, 0, 1, &e) == RT_ERR_ARG, "NULL C");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, NULL, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "NULL C");
     CHECK_STR(e.msg, "sgemm: a matrix pointer is NULL", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, 7, NULL, &e) == RT_ERR_ARG, "epilogue 7");
+    CHECK_STR(e.msg, "sgemm: unknown epilogue 7", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_BIAS, NULL, &e) == RT_ERR_ARG,
+          "bias without a vector");
+    CHECK_STR(e.msg, "sgemm: the bias epilogue without a bias", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 0, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_BIAS, a, &e) == RT_ERR_ARG,
+          "bias with k = 0");
+    CHECK_STR(e.msg, "sgemm: an epilogue on a product over nothing (k = 0)", "message");
     /* empty products are fine and touch nothing */
     c[0] = 5;
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 0, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, &e) == RT_OK && c[0] == 5, "m = 0");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 0, &e) == RT_OK && c[0] == 5, "batch 0");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 0, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK && c[0] == 5, "m = 0");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 0, RT_GEMM_PLAIN, NULL, &e) == RT_OK && c[0] == 5, "batch 0");
     const char *cfg = rt_blas_config();
     CHECK(cfg && strstr(cfg, "OpenBLAS"), "rt_blas_config() = '%s'", cfg ? cfg : "(null)");
 }

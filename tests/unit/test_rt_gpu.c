@@ -579,6 +579,7 @@ typedef struct Gemm {
     int ta, tb;
     int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
     float alpha, beta;
+    int bias; /* RT_GEMM_BIAS */
 } Gemm;
 
 static int64_t extent(int64_t rows, int64_t ld, int64_t stride, int64_t batch) {
@@ -593,15 +594,20 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     int64_t nc = extent(q->m, q->ldc, q->sc, q->batch);
     float *a = malloc((size_t)(na + 1) * sizeof *a), *b = malloc((size_t)nb * sizeof *b);
     float *c_cpu = malloc((size_t)nc * sizeof *c_cpu), *c_gpu = malloc((size_t)nc * sizeof *c_gpu);
+    float *v = malloc((size_t)q->n * sizeof *v);
+    for (int64_t i = 0; i < q->n; i++) v[i] = (float)i / 2 - 1;
+    int32_t ep = q->bias ? RT_GEMM_BIAS : RT_GEMM_PLAIN;
     for (int64_t i = 0; i < na + 1; i++) a[i] = (float)((i * 7) % 11) / 4 - 1;
     for (int64_t i = 0; i < nb; i++) b[i] = (float)((i * 5) % 13) / 8 - 0.5f;
     for (int64_t i = 0; i < nc; i++) c_cpu[i] = c_nan ? NAN : (float)(i % 3) + 0.25f;
     memcpy(c_gpu, c_cpu, (size_t)nc * sizeof *c_cpu);
     RtError e;
     CHECK(rt_sgemm_batched(NULL, q->ta, q->tb, q->m, q->n, q->k, q->alpha, a, q->lda, q->sa, b, q->ldb, q->sb, q->beta,
-                           c_cpu, q->ldc, q->sc, q->batch, &e) == RT_OK,
+                           c_cpu, q->ldc, q->sc, q->batch, ep, q->bias ? v : NULL, &e) == RT_OK,
           "%s: cpu: %s", label, e.msg);
-    void *da = NULL, *db = NULL, *dc = NULL;
+    void *da = NULL, *db = NULL, *dc = NULL, *dv = NULL;
+    rt_gpu_alloc(g, &dv, q->n * (int64_t)sizeof *v, "bias", &e);
+    rt_gpu_upload(g, dv, v, q->n * (int64_t)sizeof *v, &e);
     rt_gpu_alloc(g, &da, (na + 1) * (int64_t)sizeof *a, "a", &e);
     rt_gpu_alloc(g, &db, nb * (int64_t)sizeof *b, "b", &e);
     rt_gpu_alloc(g, &dc, nc * (int64_t)sizeof *c_gpu, "c", &e);
@@ -609,7 +615,7 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     rt_gpu_upload(g, db, b, nb * (int64_t)sizeof *b, &e);
     rt_gpu_upload(g, dc, c_gpu, nc * (int64_t)sizeof *c_gpu, &e);
     CHECK(rt_gpu_sgemm_batched(g, q->ta, q->tb, q->m, q->n, q->k, q->alpha, da, q->lda, q->sa, db, q->ldb, q->sb, q->beta,
-                               dc, q->ldc, q->sc, q->batch, &e) == RT_OK,
+                               dc, q->ldc, q->sc, q->batch, ep, q->bias ? dv : NULL, &e) == RT_OK,
           "%s: gpu: %s", label, e.msg);
     rt_gpu_download(g, c_gpu, dc, nc * (int64_t)sizeof *c_gpu, &e);
     double worst = 0;
@@ -628,7 +634,8 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     rt_gpu_free(g, da);
     rt_gpu_free(g, db);
     rt_gpu_free(g, dc);
-    free(a), free(b), free(c_cpu), free(c_gpu);
+    rt_gpu_free(g, dv);
+    free(a), free(b), free(c_cpu), free(c_gpu), free(v);
 }
 
 static void fake_gemm_matches_cpu(void) {
@@ -639,11 +646,11 @@ static void fake_gemm_matches_cpu(void) {
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
             int64_t m = 5, n = 7, k = 3, lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 1, ldc = n + 3;
-            Gemm one = {ta, tb, m, n, k, lda, ldb, ldc, 0, 0, 0, 1, 1.5f, 0.5f};
+            Gemm one = {ta, tb, m, n, k, lda, ldb, ldc, 0, 0, 0, 1, 1.5f, 0.5f, 0};
             snprintf(label, sizeof label, "%c%c one", ta ? 'T' : 'N', tb ? 'T' : 'N');
             gemm_compare(g, &one, 0, label);
             int64_t sa = (ta ? k : m) * lda + 4, sb = (tb ? n : k) * ldb + 2, sc = m * ldc + 5;
-            Gemm batched = {ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc, 3, 1.0f, 0.0f};
+            Gemm batched = {ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc, 3, 1.0f, 0.0f, 0};
             snprintf(label, sizeof label, "%c%c batched, beta 0 over NaN", ta ? 'T' : 'N', tb ? 'T' : 'N');
             gemm_compare(g, &batched, 1, label);
             Gemm broadcast = batched;
@@ -651,9 +658,15 @@ static void fake_gemm_matches_cpu(void) {
             broadcast.beta = -1.0f;
             snprintf(label, sizeof label, "%c%c batched, B broadcast", ta ? 'T' : 'N', tb ? 'T' : 'N');
             gemm_compare(g, &broadcast, 0, label);
+            /* the bias epilogue: cuBLASLt's vector along its D's rows is our per-column bias */
+            one.bias = batched.bias = 1;
+            snprintf(label, sizeof label, "%c%c one, bias", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &one, 0, label);
+            snprintf(label, sizeof label, "%c%c batched, bias, beta 0 over NaN", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &batched, 1, label);
         }
     /* k = 0: C = beta C, padding untouched, contiguous and strided batches */
-    Gemm k0 = {0, 0, 3, 4, 0, 1, 4, 6, 0, 0, 18, 2, 1.0f, 0.0f};
+    Gemm k0 = {0, 0, 3, 4, 0, 1, 4, 6, 0, 0, 18, 2, 1.0f, 0.0f, 0};
     gemm_compare(g, &k0, 1, "k 0, beta 0 over NaN");
     k0.beta = 2.0f;
     gemm_compare(g, &k0, 0, "k 0, beta 2");
@@ -679,24 +692,45 @@ static void fake_gemm_plans(void) {
     const float *fa = a, *fb = b;
     float *fc = c;
     for (int i = 0; i < 3; i++)
-        CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, &e) == RT_OK, "gemm: %s", e.msg);
+        CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK, "gemm: %s", e.msg);
     CHECK(fake->heuristics == 1 && fake->matmuls == 3, "3 equal GEMMs: %d heuristic queries, %d matmuls", fake->heuristics,
           fake->matmuls);
     CHECK(fake->last_align[0] == 256 && fake->last_align[1] == 256 && fake->last_align[2] == 256, "aligned: %u %u %u",
           fake->last_align[0], fake->last_align[1], fake->last_align[2]);
     /* A one float in: 4-byte aligned; a batch stride of 6 floats for B: 8 bytes (cuBLASLt's A is our B) */
-    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa + 1, 6, 24, fb, 6, 30, 0, fc, 5, 20, 2, &e) == RT_OK, "gemm: %s", e.msg);
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa + 1, 6, 24, fb, 6, 30, 0, fc, 5, 20, 2, RT_GEMM_PLAIN, NULL, &e) == RT_OK, "gemm: %s", e.msg);
     CHECK(fake->heuristics == 2, "a new shape made no new plan");
     CHECK(fake->last_align[0] == 8 && fake->last_align[1] == 4 && fake->last_align[2] == 16 && fake->last_align[3] == 16,
           "alignments %u %u %u %u, want 8 4 16 16", fake->last_align[0], fake->last_align[1], fake->last_align[2],
           fake->last_align[3]);
     /* one matrix: the strides do not matter */
-    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 99, fb, 6, 77, 0, fc, 5, 55, 1, &e) == RT_OK, "gemm: %s", e.msg);
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 99, fb, 6, 77, 0, fc, 5, 55, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK, "gemm: %s", e.msg);
     CHECK(fake->heuristics == 2, "strides of a batch of one made a new plan");
+    /* the bias epilogue is a plan of its own; its vector is set on each call, not kept from the first */
+    float ones[5] = {1, 1, 1, 1, 1}, twos[5] = {2, 2, 2, 2, 2}, out1[20], out2[20], zeros[1024] = {0};
+    void *v1 = NULL, *v2 = NULL;
+    rt_gpu_upload(g, a, zeros, sizeof zeros, &e);
+    rt_gpu_upload(g, b, zeros, sizeof zeros, &e);
+    rt_gpu_alloc(g, &v1, sizeof ones, "bias 1", &e);
+    rt_gpu_alloc(g, &v2, sizeof twos, "bias 2", &e);
+    rt_gpu_upload(g, v1, ones, sizeof ones, &e);
+    rt_gpu_upload(g, v2, twos, sizeof twos, &e);
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_BIAS, v1, &e) == RT_OK,
+          "bias gemm: %s", e.msg);
+    rt_gpu_download(g, out1, fc, sizeof out1, &e);
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_BIAS, v2, &e) == RT_OK,
+          "bias gemm: %s", e.msg);
+    rt_gpu_download(g, out2, fc, sizeof out2, &e);
+    CHECK(fake->heuristics == 3, "the bias epilogue: %d heuristic queries, want 3 (one new plan)", fake->heuristics);
+    int moved = 1;
+    for (int i = 0; i < 20; i++) moved &= out1[i] == 1.0f && out2[i] == 2.0f;
+    CHECK(moved, "the second bias was not the one added");
+    rt_gpu_free(g, v1);
+    rt_gpu_free(g, v2);
     fake->no_algo = 1;
-    CHECK(rt_gpu_sgemm_batched(g, 1, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, &e) == RT_ERR_IO, "no algorithm accepted");
+    CHECK(rt_gpu_sgemm_batched(g, 1, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_IO, "no algorithm accepted");
     CHECK_STR(e.msg, "cublasLtMatmulAlgoGetHeuristic (sgemm TT 4x5x6): no algorithm for this shape and alignment", "no algorithm");
-    CHECK(rt_gpu_sgemm_batched(g, 0, 0, -1, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, &e) == RT_ERR_ARG, "negative m");
+    CHECK(rt_gpu_sgemm_batched(g, 0, 0, -1, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "negative m");
     CHECK_STR(e.msg, "sgemm: negative size (m -1, n 5, k 6, batch 1)", "the CPU's argument checks");
     rt_gpu_free(g, a);
     rt_gpu_free(g, b);
@@ -723,7 +757,7 @@ static void fake_timing_and_trace(void) {
     rt_gpu_launch(g, 0, bufs, &e);
     rt_gpu_launch(g, 0, bufs, &e);
     rt_gpu_axpy(g, y, a, 1, 16, &e);
-    rt_gpu_sgemm_batched(g, 0, 0, 5, 7, 3, 1, a, 3, 0, a, 7, 0, 0, y, 7, 0, 1, &e);
+    rt_gpu_sgemm_batched(g, 0, 0, 5, 7, 3, 1, a, 3, 0, a, 7, 0, 0, y, 7, 0, 1, RT_GEMM_PLAIN, NULL, &e);
     CHECK(rt_gpu_launch(g, 1, NULL, &e) == RT_ERR_IO, "fake_fail launched"); /* a failed launch is not timed */
     CHECK(rt_gpu_sync(g, "step", &e) == RT_OK, "sync: %s", e.msg);
     char *text = NULL;

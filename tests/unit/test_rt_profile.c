@@ -21,7 +21,7 @@ static void touch(void *ctx, int64_t begin, int64_t end, int worker) {
 static void run_work(RtPool *pool, float *a, float *b, float *c, float *v) {
     RtError e;
     rt_error_clear(&e);
-    RtStatus st = rt_sgemm_batched(pool, 0, 1, 256, 512, 128, 1.0f, a, 128, 0, b, 128, 0, 0.0f, c, 512, 0, 1, &e);
+    RtStatus st = rt_sgemm_batched(pool, 0, 1, 256, 512, 128, 1.0f, a, 128, 0, b, 128, 0, 0.0f, c, 512, 0, 1, RT_GEMM_PLAIN, NULL, &e);
     CHECK(st == RT_OK, "gemm failed: %s", e.msg);
     rt_parallel_for(pool, 1000, touch, v);
     rt_parallel_for(pool, 1000, touch, v);
