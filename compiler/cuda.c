@@ -155,8 +155,7 @@ int cuda_kernel_uses_attention(const Kernel *k) {
     const KAttn *a = k->attn;
     if (!a || a->D > 128 || a->E > 128 || a->D < 1 || a->E < 1 || (a->dt != DT_F32 && a->dt != DT_F16 && a->dt != DT_BF16))
         return CUDA_ATTN_NONE;
-    if (a->op == KA_FORWARD && a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0 && a->D <= 64 && a->E <= 64)
-        return CUDA_ATTN_TENSOR_CORES;
+    if (a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0 && a->D <= 64 && a->E <= 64) return CUDA_ATTN_TENSOR_CORES;
     return CUDA_ATTN_CUDA_CORES;
 }
 
@@ -209,9 +208,18 @@ static int cuda_attention_rows(const Kernel *k) {
 
 static int cuda_attention_shared(const Kernel *k) {
     const KAttn *a = k->attn;
-    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) {
-        int64_t qp = a->D + 8, vp = a->E + 8, sp = (a->E > 32 ? a->E : 32) + 4;
-        return (int)(2 * (64 * qp + 32 * qp + 32 * vp + 4 * 16 * (32 + 8)) + 4 * (4 * 16 * sp + 4 * 16));
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) { /* 2-byte tiles, f32 scratch (pitches as there) */
+        int64_t qp = a->D + 8, vp = a->E + 8, pp = 32 + 8, scratch = 4 * 4 * 16 * (32 + 4);
+        int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
+        switch (a->op) {
+        case KA_FORWARD:
+            return (int)(2 * (64 * qp + 32 * qp + 32 * vp + 4 * 16 * pp) + 4 * (4 * 16 * ((a->E > 32 ? a->E : 32) + 4) + 4 * 16));
+        case KA_BWD_Q: return (int)(2 * (64 * qp + 64 * vp + 32 * qp + 32 * vp + 4 * 16 * pp) + scratch);
+        default: /* k rows, v rows (for dk), q, dout, P^T (for dv), dS^T (for dk), stats */
+            return (int)(2 * (64 * qp + (want_k ? 64 : 16) * vp + 32 * qp + 32 * vp + (want_v ? 4 : 1) * 16 * pp +
+                              (want_k ? 4 : 1) * 16 * pp) +
+                         4 * 32 * 3 + scratch);
+        }
     }
     int64_t rows = cuda_attention_rows(k), tile = 32 * (a->D + 1) + 32 * (a->E + 1), slots = rows * 32;
     switch (a->op) {
@@ -888,28 +896,28 @@ static void cuda_attention_call(CudaEmit *E) {
     const char *q = cuda_param_or_null(E, a->q.param), *k = cuda_param_or_null(E, a->k.param);
     const char *v = cuda_param_or_null(E, a->v.param), *dout = cuda_param_or_null(E, a->dout.param);
     const char *st = cuda_param_or_null(E, a->stats.param);
+    const char *tc = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "";
     switch (a->op) {
     case KA_FORWARD:
-        cuda_line(E, "mbt_attn_forward%s<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);",
-                  cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "", t, a->D, a->E, causal, a->nout, q,
-                  k, v);
+        cuda_line(E, "mbt_attn_forward%s<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);", tc, t, a->D, a->E, causal,
+                  a->nout, q, k, v);
         break;
     case KA_BWD_Q:
-        cuda_line(E, "mbt_attn_bwd_q<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", t, a->D,
-                  a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout, a->stats_computed ? "nullptr" : st,
-                  a->stats_computed ? st : "nullptr");
+        cuda_line(E, "mbt_attn_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", tc, t,
+                  a->D, a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout,
+                  a->stats_computed ? "nullptr" : st, a->stats_computed ? st : "nullptr");
         break;
     case KA_BWD_K:
-        cuda_line(E, "mbt_attn_bwd_kv<%s, %" PRId64 ", %" PRId64 ", %s, true, false, %d, 0>(a, %s, %s, %s, %s, %s, out, nullptr);",
-                  t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
+        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, true, false, %d, 0>(a, %s, %s, %s, %s, %s, out, nullptr);",
+                  tc, t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
         break;
     case KA_BWD_V:
-        cuda_line(E, "mbt_attn_bwd_kv<%s, %" PRId64 ", %" PRId64 ", %s, false, true, 0, %d>(a, %s, %s, %s, %s, %s, nullptr, out);",
-                  t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
+        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, false, true, 0, %d>(a, %s, %s, %s, %s, %s, nullptr, out);",
+                  tc, t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
         break;
     case KA_BWD_KV:
-        cuda_line(E, "mbt_attn_bwd_kv<%s, %" PRId64 ", %" PRId64 ", %s, true, true, %d, %d>(a, %s, %s, %s, %s, %s, out, out_v);",
-                  t, a->D, a->E, causal, a->nout, a->nout_v, q, k, v, dout, st);
+        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, true, true, %d, %d>(a, %s, %s, %s, %s, %s, out, out_v);",
+                  tc, t, a->D, a->E, causal, a->nout, a->nout_v, q, k, v, dout, st);
         break;
     }
 }
@@ -924,8 +932,9 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
     cuda_header(&E, note);
     /* at least 65536 / (block x 128) blocks an SM: a budget of 128 registers a thread. With the
      * block size alone ptxas aims at full occupancy (32 registers on sm_90) and spills row kernels.
-     * The tensor-core attention forward keeps 16 rows' outputs and statistics a lane: 2 blocks an
-     * SM (255 registers), which its 41 KB of shared memory allows anyway (spills at 128 on sm_80). */
+     * The tensor-core attention kernels keep 16 rows' statistics (and the forward their outputs) a
+     * lane: 2 blocks an SM (255 registers), which their 41-47 KB of shared memory allows anyway
+     * (the forward spills at 128 on sm_80). */
     int min_blocks = cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
     fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, min_blocks, k->name);
     cuda_params(&E, disjoint);

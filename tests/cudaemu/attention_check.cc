@@ -12,13 +12,16 @@
  * output to the reference computed in double from the same (rounded) inputs:
  *   f32          within 1e-5 of the largest |reference| of the tensor (each statistic: of its own)
  *   bf16         within 1e-2: results are stored in bf16 (8 significand bits: 2^-9 relative), the
- *                statistics in f32, and the tensor-core forward rounds P to bf16 for its product
- *                with V
+ *                statistics in f32, and the tensor-core kernels round P (and the backward dS) to
+ *                bf16 for their products with V, dO, K and Q
+ * The backward of q runs twice, computing the statistics and loading them, and dk and dv are made
+ * together and each alone: the variants must agree bit for bit.
  * Prints `PASS name` / `FAIL name: why` lines and `N passed, M failed`; exit status 1 on a failure. */
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <vector>
 
@@ -46,15 +49,26 @@ __global__ void k_forward(MbtAttn a, const T *q, const T *k, const T *v, T *o) {
     if constexpr (TC) mbt_attn_forward_tc<T, D, E, C, 1>(a, q, k, v, out);
     else mbt_attn_forward<T, D, E, C, 1>(a, q, k, v, out);
 }
-template <typename T, int D, int E, bool C>
+template <typename T, int D, int E, bool C, bool TC>
 __global__ void k_bwd_q(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
     T *const out[1] = {dq};
-    mbt_attn_bwd_q<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
+    if constexpr (TC) mbt_attn_bwd_q_tc<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
+    else mbt_attn_bwd_q<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
 }
-template <typename T, int D, int E, bool C>
+/* dq again from the stored statistics (the kernel fusion makes when dq's kernel does not compute them) */
+template <typename T, int D, int E, bool C, bool TC>
+__global__ void k_bwd_q_loaded(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dq) {
+    T *const out[1] = {dq};
+    if constexpr (TC) mbt_attn_bwd_q_tc<T, D, E, C, false, 1>(a, q, k, v, dout, stats, nullptr, out);
+    else mbt_attn_bwd_q<T, D, E, C, false, 1>(a, q, k, v, dout, stats, nullptr, out);
+}
+/* dk and dv: together (WK and WV) or either alone */
+template <typename T, int D, int E, bool C, bool TC, bool WK, bool WV>
 __global__ void k_bwd_kv(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dk, T *dv) {
     T *const outk[1] = {dk}, *const outv[1] = {dv};
-    mbt_attn_bwd_kv<T, D, E, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
+    T *const *first = WK ? outk : nullptr, *const *second = WK ? outv : outk;
+    if constexpr (TC) mbt_attn_bwd_kv_tc<T, D, E, C, WK, WV, WK ? 1 : 0, WV ? 1 : 0>(a, q, k, v, dout, stats, first, WV ? second : nullptr);
+    else mbt_attn_bwd_kv<T, D, E, C, WK, WV, WK ? 1 : 0, WV ? 1 : 0>(a, q, k, v, dout, stats, first, WV ? second : nullptr);
 }
 
 inline float to_f(float x) { return x; }
@@ -145,22 +159,28 @@ void run_case(const char *name, long long Z, long long H, long long Hk, long lon
                  view(H, Tq, 3), 1, {view(H, Tq, E)}, 0, {}};
     std::vector<T> go(o.size()), gdq(dq.size()), gdk(dk.size()), gdv(dv.size());
     std::vector<float> gstats(sm.size() * 3);
-    const int rows = TC ? 64 : MbtAttnRows<D, E>::per_block;
+    const int rows = TC ? 64 : MbtAttnRows<D, E>::per_block; /* a block's rows, every kernel */
     if (!launch<&k_forward<T, D, E, C, TC>>(name, Z * H * ((Tq + rows - 1) / rows), a, (const T *)q.data(),
                                              (const T *)k.data(), (const T *)v.data(), go.data()))
         return;
     a.out[0] = view(H, Tq, D);
-    const int brows = MbtAttnRows<D, E>::per_block;
-    if (!launch<&k_bwd_q<T, D, E, C>>(name, Z * H * ((Tq + brows - 1) / brows), a, (const T *)q.data(), (const T *)k.data(),
-                                       (const T *)v.data(), (const T *)dout.data(), gstats.data(), gdq.data()))
+    const T *qd = q.data(), *kd = k.data(), *vd = v.data(), *dd = dout.data();
+    if (!launch<&k_bwd_q<T, D, E, C, TC>>(name, Z * H * ((Tq + rows - 1) / rows), a, qd, kd, vd, dd, gstats.data(), gdq.data()))
+        return;
+    std::vector<T> gdq2(dq.size()), gdk1(dk.size()), gdv1(dv.size());
+    if (!launch<&k_bwd_q_loaded<T, D, E, C, TC>>(name, Z * H * ((Tq + rows - 1) / rows), a, qd, kd, vd, dd,
+                                                  (const float *)gstats.data(), gdq2.data()))
         return;
     a.out[0] = view(Hk, S, D);
     a.nout_v = 1;
     a.out_v[0] = view(Hk, S, E);
-    if (!launch<&k_bwd_kv<T, D, E, C>>(name, Z * Hk * ((S + brows - 1) / brows), a, (const T *)q.data(), (const T *)k.data(),
-                                        (const T *)v.data(), (const T *)dout.data(), (const float *)gstats.data(), gdk.data(),
-                                        gdv.data()))
+    const long long kblocks = Z * Hk * ((S + rows - 1) / rows);
+    const float *sd = gstats.data();
+    if (!launch<&k_bwd_kv<T, D, E, C, TC, true, true>>(name, kblocks, a, qd, kd, vd, dd, sd, gdk.data(), gdv.data()) ||
+        !launch<&k_bwd_kv<T, D, E, C, TC, true, false>>(name, kblocks, a, qd, kd, vd, dd, sd, gdk1.data(), (T *)nullptr))
         return;
+    a.out[0] = view(Hk, S, E); /* dv alone: its places are the result's */
+    if (!launch<&k_bwd_kv<T, D, E, C, TC, false, true>>(name, kblocks, a, qd, kd, vd, dd, sd, gdv1.data(), (T *)nullptr)) return;
 
     auto floats = [](const std::vector<T> &x) {
         std::vector<float> f(x.size());
@@ -178,9 +198,20 @@ void run_case(const char *name, long long Z, long long H, long long Hk, long lon
     expect(name, "statistics: row max", mw, m1, tol);
     expect(name, "statistics: row sum", lw, l1, tol);
     expect(name, "statistics: sum P dP", pw, p1, tol);
-    expect(name, "dq", dq, floats(gdq), tol);
-    expect(name, "dk", dk, floats(gdk), tol);
-    expect(name, "dv", dv, floats(gdv), tol);
+    const char *dq_name = TC ? "dq (tensor cores)" : "dq", *dk_name = TC ? "dk (tensor cores)" : "dk";
+    const char *dv_name = TC ? "dv (tensor cores)" : "dv";
+    expect(name, dq_name, dq, floats(gdq), tol);
+    expect(name, dk_name, dk, floats(gdk), tol);
+    expect(name, dv_name, dv, floats(gdv), tol);
+    /* the same sums made by the other variants: exactly the same values */
+    auto same = [&](const char *what, const std::vector<T> &x, const std::vector<T> &y) {
+        bool eq = memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+        printf("%s %s/%s\n", eq ? "PASS" : "FAIL", name, what);
+        eq ? passed++ : failed++;
+    };
+    same("dq from the stored statistics, as computed", gdq, gdq2);
+    same("dk alone, as with dv", gdk, gdk1);
+    same("dv alone, as with dk", gdv, gdv1);
 }
 
 } /* namespace check */
@@ -192,7 +223,7 @@ int main() {
     run_case<float, 24, 40, true, false>("f32-gqa-causal", 2, 4, 2, 70, 70, 1e-5, 1);
     run_case<float, 32, 32, true, false>("f32-fewer-keys", 1, 2, 2, 50, 40, 1e-5, 2);
     run_case<float, 16, 16, false, false>("f32-more-keys", 2, 3, 1, 33, 65, 1e-5, 3);
-    /* bf16: the forward on the tensor cores, the backward on the CUDA cores */
+    /* bf16 on the tensor cores, and once on the CUDA cores */
     run_case<__nv_bfloat16, 32, 64, true, true>("bf16-gqa-causal", 1, 4, 2, 100, 100, 1e-2, 4);
     run_case<__nv_bfloat16, 64, 64, true, true>("bf16-fewer-keys", 1, 2, 2, 45, 40, 1e-2, 5);
     run_case<__nv_bfloat16, 16, 32, false, true>("bf16-more-keys", 2, 2, 1, 20, 70, 1e-2, 6);
