@@ -60,8 +60,8 @@ typedef struct Host {
     /* emitting the GPU functions (host_gpu below): launches and copies go through the runtime's
      * rt_gpu_* calls, every region address is a device address */
     int gpu;
-    LLVMTypeRef gpu_image_t, gpu_kernel_t, gpu_prog_t, gpu_launch_t, gpu_axpy_t, gpu_copy_t;
-    LLVMValueRef gpu_launch, gpu_gemm, gpu_bgemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download;
+    LLVMTypeRef gpu_image_t, gpu_kernel_t, gpu_prog_t, gpu_launch_t, gpu_axpy_t, gpu_copy_t, gpu_loss_t;
+    LLVMValueRef gpu_launch, gpu_gemm, gpu_bgemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download, gpu_loss;
 } Host;
 
 /* one schedule's buffers: the arena offset of each buffer the arena holds (-1 otherwise) */
@@ -144,6 +144,9 @@ static void host_gpu_calls(Host *h) {
     h->gpu_copy = LLVMAddFunction(h->m, "rt_gpu_copy", h->gpu_copy_t);
     h->gpu_upload = LLVMAddFunction(h->m, "rt_gpu_upload", h->gpu_copy_t);
     h->gpu_download = LLVMAddFunction(h->m, "rt_gpu_download", h->gpu_copy_t);
+    LLVMTypeRef loss[] = {P, P, P, P}; /* (gpu, double *dst, const float *dev, err) */
+    h->gpu_loss_t = LLVMFunctionType(W, loss, 4, 0);
+    h->gpu_loss = LLVMAddFunction(h->m, "rt_gpu_loss", h->gpu_loss_t);
 }
 
 /* ---- small builders --------------------------------------------------------------------------- */
@@ -378,13 +381,13 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
     emit_launches(h, fn, S, addr, exec, err, grad ? r->nlaunches - 1 : r->buffers[lb].first);
-    LLVMValueRef loss_at = addr[lb];
-    if (h->gpu) { /* the loss comes to the host */
-        loss_at = LLVMBuildAlloca(h->b, h->f32, "loss_host");
-        emit_copy(h, fn, exec, err, loss_at, addr[lb], 1, 1);
+    LLVMValueRef loss_field = LLVMBuildStructGEP2(h->b, h->step_t, s, 12, "");
+    if (h->gpu) { /* queued for the host, which has it after its next wait: nothing here waits */
+        LLVMValueRef a[4] = {exec, loss_field, addr[lb], err};
+        emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_loss_t, h->gpu_loss, a, 4, ""));
+    } else {
+        LLVMBuildStore(h->b, LLVMBuildFPExt(h->b, LLVMBuildLoad2(h->b, h->f32, addr[lb], "loss"), h->f64, ""), loss_field);
     }
-    LLVMValueRef loss = LLVMBuildFPExt(h->b, LLVMBuildLoad2(h->b, h->f32, loss_at, "loss"), h->f64, "");
-    LLVMBuildStore(h->b, loss, LLVMBuildStructGEP2(h->b, h->step_t, s, 12, ""));
     if (grad) {
         LLVMValueRef grads = step_field(h, s, 2, h->ptr, "grads");
         LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, 11, h->f64, "loss_scale"), h->f32, "");

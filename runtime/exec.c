@@ -9,8 +9,11 @@
  * and the micro-batch's token ids in page-locked buffers uploaded by rt_exec_batch.
  *
  * Order on the GPU. Every device call is queued on the GPU's one stream; forward_backward and
- * forward_loss end by downloading the loss, which waits for the stream. So when the next
- * micro-batch is read into the host buffers, the previous upload from them is done. */
+ * forward_loss end by queuing the loss's copy to the host (rt_gpu_loss), so they return with the
+ * whole micro-batch queued. rt_exec_call then waits for it; rt_exec_queue does not, and the
+ * caller reads the next micro-batch into the other pair of page-locked buffers (rt_exec_flip)
+ * while the GPU computes, then waits (rt_exec_wait). A pair is written again only after a wait
+ * that followed its upload. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +70,8 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
     if (st == RT_OK && !e->gpu) st = rt_alloc_region((void **)&e->arena, p->arena_bytes, "activation arena", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->x, tokens * 4, "input batch", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->y, tokens * 4, "target batch", err);
+    if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->x_next, tokens * 4, "next input batch", err);
+    if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->y_next, tokens * 4, "next target batch", err);
     if (st == RT_OK && e->gpu) st = rt_exec_open_gpu(e, tokens, err);
     if (st != RT_OK) rt_exec_close(e);
     return st;
@@ -82,6 +87,8 @@ void rt_exec_close(RtExec *e) {
         rt_gpu_free(e->gpu, e->d_y);
         rt_gpu_host_free(e->gpu, e->x);
         rt_gpu_host_free(e->gpu, e->y);
+        rt_gpu_host_free(e->gpu, e->x_next);
+        rt_gpu_host_free(e->gpu, e->y_next);
         rt_gpu_close(e->gpu);
     } else {
         free(e->x);
@@ -140,7 +147,23 @@ RtStep rt_exec_step(const RtExec *e, RtError *err) {
     return s;
 }
 
+void rt_exec_flip(RtExec *e) {
+    if (!e->gpu) return;
+    int32_t *x = e->x, *y = e->y;
+    e->x = e->x_next, e->y = e->y_next;
+    e->x_next = x, e->y_next = y;
+}
+
+RtStatus rt_exec_wait(RtExec *e, RtError *err) {
+    return e->gpu ? rt_gpu_sync(e->gpu, "waiting for the micro-batch", err) : RT_OK;
+}
+
 RtStatus rt_exec_call(RtExec *e, RtExecFn fn, RtStep *s) {
+    RtStatus st = rt_exec_queue(e, fn, s);
+    return st == RT_OK && (fn == RT_EXEC_FORWARD_BACKWARD || fn == RT_EXEC_FORWARD_LOSS) ? rt_exec_wait(e, s->err) : st;
+}
+
+RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
     const RtProgram *p = e->prog;
     const RtGpuProgram *g = e->gpu ? p->gpu : NULL;
     RtStatus (*f)(RtStep *) = NULL;

@@ -18,10 +18,12 @@
  * there by later runs; a cache file that does not load is compiled again and replaced.
  *
  * Every call is queued on one stream (CU_STREAM_NON_BLOCKING: it never waits for the legacy
- * default stream); only rt_gpu_download, rt_gpu_sync and rt_gpu_sumsq_blocks wait for it. The
+ * default stream); only rt_gpu_download, rt_gpu_sync and rt_gpu_sumsq_blocks wait for it (and
+ * hand over the losses rt_gpu_loss queued). The
  * context is the device's primary context, made current again at the start of every call (a
  * context is current per thread, and the caller may use the GPU from more than one). */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,10 +259,26 @@ RtStatus rt_gpu_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtE
                        "cuMemcpyHtoDAsync", "uploading %s", rt_gpu_format_bytes(bytes, size));
 }
 
-/* Waits for the stream, then reads back the timing events it passed. */
+/* Waits for the stream, then hands over the losses it copied and reads back the timing events it
+ * passed. */
 static RtStatus rt_gpu_wait(RtGpu *g, const char *what, RtError *err) {
     RtStatus st = rt_cu_check(&g->api, g->api.cuStreamSynchronize(g->stream), err, "cuStreamSynchronize", "%s", what);
+    for (int i = 0; i < g->nlosses && st == RT_OK; i++) *g->loss_dst[i] = g->losses[i];
+    g->nlosses = 0; /* after a failure the losses stay NaN */
     if (st == RT_OK && g->timer.on) st = rt_gpu_timer_resolve(g, err);
+    return st;
+}
+
+RtStatus rt_gpu_loss(RtGpu *g, double *dst, const float *dev, RtError *err) {
+    *dst = NAN;
+    RtStatus st = rt_gpu_use(g, err);
+    if (st == RT_OK && !g->losses)
+        st = rt_gpu_host_alloc(g, (void **)&g->losses, RT_GPU_LOSSES * (int64_t)sizeof(float), "the losses' slots", err);
+    if (st == RT_OK && g->nlosses == RT_GPU_LOSSES) st = rt_gpu_wait(g, "collecting the queued losses", err);
+    if (st != RT_OK) return st;
+    st = rt_cu_check(&g->api, g->api.cuMemcpyDtoHAsync(&g->losses[g->nlosses], rt_dptr(dev), sizeof(float), g->stream), err,
+                     "cuMemcpyDtoHAsync", "the loss");
+    if (st == RT_OK) g->loss_dst[g->nlosses++] = dst;
     return st;
 }
 
@@ -607,6 +625,7 @@ void rt_gpu_close(RtGpu *g) {
         rt_gpu_timer_close(g);
         rt_gpu_blas_close(g);
         if (g->partial) api->cuMemFree(rt_dptr(g->partial));
+        if (g->losses) api->cuMemFreeHost(g->losses);
         if (g->module) api->cuModuleUnload(g->module);
         if (g->stream) api->cuStreamDestroy(g->stream);
         api->cuDevicePrimaryCtxRelease(g->dev);

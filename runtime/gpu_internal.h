@@ -271,6 +271,9 @@ struct RtGpu {
     int driver;      /* cuDriverGetVersion: 12080 */
     double *partial; /* device scratch of rt_gpu_sumsq_blocks */
     int64_t partial_cap;
+    float *losses;                   /* page-locked: the losses rt_gpu_loss queued since the last wait */
+    double *loss_dst[RT_GPU_LOSSES]; /* where each goes when the wait is over */
+    int nlosses;
     /* cuBLASLt (gpu_blas.c) */
     cublasLtHandle_t lt;
     CUdeviceptr workspace;

@@ -88,6 +88,7 @@ typedef struct RtExec {
     float *params, *grads, *state; /* param_floats, param_floats, state_floats */
     unsigned char *arena;          /* arena_bytes (the CPU's; NULL on the GPU) */
     int32_t *x, *y;                /* one micro-batch: [micro, seq] each (or [1, logits_seq]); page-locked on the GPU */
+    int32_t *x_next, *y_next;      /* the GPU's other pair, filled while the GPU runs the micro-batch before */
     float *d_params, *d_grads, *d_state; /* the GPU's regions (device addresses) */
     unsigned char *d_arena;
     int32_t *d_x, *d_y;
@@ -105,7 +106,14 @@ RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err); /* x and y, `to
 /* An RtStep with the running device's regions, pool or GPU, and err; the caller sets the rest. */
 RtStep rt_exec_step(const RtExec *e, RtError *err);
 typedef enum RtExecFn { RT_EXEC_FORWARD_BACKWARD, RT_EXEC_FORWARD_LOSS, RT_EXEC_FORWARD_LOGITS, RT_EXEC_UPDATE } RtExecFn;
-RtStatus rt_exec_call(RtExec *e, RtExecFn fn, RtStep *s);     /* the running device's version of the function */
+/* The running device's version of the function. rt_exec_call returns when it is done (s->loss
+ * set); rt_exec_queue may return with it queued on the GPU: s->loss is NaN until rt_exec_wait,
+ * and s must live until then. rt_exec_flip makes the other pair of batch buffers x and y (GPU;
+ * the CPU has one pair), so that the next micro-batch is read while the GPU runs this one. */
+RtStatus rt_exec_call(RtExec *e, RtExecFn fn, RtStep *s);
+RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s);
+RtStatus rt_exec_wait(RtExec *e, RtError *err);
+void rt_exec_flip(RtExec *e);
 /* The gradient region's passes. The norm sums blocks of RT_GRAD_BLOCK elements (a constant, so the
  * sum never depends on the thread count), each in double, then the blocks in order; partial holds
  * rt_exec_grad_blocks of them. */

@@ -51,6 +51,7 @@ RtStatus rt_gpu_host_alloc(RtGpu *g, void **host, int64_t bytes, const char *wha
 void rt_gpu_host_free(RtGpu *g, void *host);
 RtStatus rt_gpu_zero(RtGpu *g, void *dev, int64_t bytes, RtError *err); /* queued memset */
 RtStatus rt_gpu_sync(RtGpu *g, const char *what, RtError *err);         /* waits for the stream */
+#define RT_GPU_LOSSES 64 /* rt_gpu_loss's losses queued at once: one more waits for the stream first */
 
 /* ---- the gradient region (train.c's norm and clipping, as on the CPU) ---- */
 /* partial[b] = the sum of squares of g[b x block, (b + 1) x block), in double, for b < ceil(n /

@@ -152,6 +152,11 @@ RtStatus rt_gpu_copy(RtGpu *g, void *dst, const void *src, int64_t bytes, RtErro
 RtStatus rt_gpu_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtError *err);
 /* The device to host memory; waits for everything queued before it and for the copy. */
 RtStatus rt_gpu_download(RtGpu *g, void *host, const void *dev, int64_t bytes, RtError *err);
+/* The f32 loss at `dev` for the host, without waiting: queued into page-locked memory, *dst is NaN
+ * until the next wait (rt_gpu_sync, rt_gpu_download) sets it. The GPU's forward_backward and
+ * forward_loss end with it, so they return with the whole step queued, and the runtime reads the
+ * next micro-batch while the GPU runs this one (train.c). */
+RtStatus rt_gpu_loss(RtGpu *g, double *dst, const float *dev, RtError *err);
 
 /* ==== what the generated code provides ====================================================== */
 

@@ -463,17 +463,31 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
             goto done;
         }
         double loss = 0;
+        /* the step's first micro-batch; each next one is read while the GPU runs the one before
+         * (exec.c: the GPU has two pairs of batch buffers) */
+        RtError enext;
+        RtStatus next = rt_data_next(train, t->micro, x.x, x.y, &enext);
         for (int64_t m = 0; m < nmicro; m++) {
-            st = rt_data_next(train, t->micro, x.x, x.y, &e);
+            st = next;
+            if (st != RT_OK) e = enext;
             if (st == RT_OK) st = rt_exec_batch(&x, window, &e);
             if (st != RT_OK) {
                 rt_error_context(&e, "step %lld", (long long)(step + 1));
                 goto done;
             }
+            if (dump_x && step == 0) {
+                memcpy(dump_x + m * window, x.x, (size_t)window * sizeof *dump_x);
+                memcpy(dump_y + m * window, x.y, (size_t)window * sizeof *dump_y);
+            }
             if (prof) rt_profile_phase(prof, RT_PROF_DATA);
             RtStep s = rt_exec_step(&x, &e);
             s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)nmicro, s.step = step, s.micro = m, s.seed = o->seed;
-            st = rt_exec_call(&x, RT_EXEC_FORWARD_BACKWARD, &s);
+            st = rt_exec_queue(&x, RT_EXEC_FORWARD_BACKWARD, &s);
+            if (st == RT_OK && m + 1 < nmicro) {
+                rt_exec_flip(&x);
+                next = rt_data_next(train, t->micro, x.x, x.y, &enext);
+            }
+            if (st == RT_OK) st = rt_exec_wait(&x, &e); /* s.loss is set */
             if (st != RT_OK) {
                 rt_error_context(&e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
                 goto done;
@@ -485,10 +499,6 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
                 goto done;
             }
             loss += s.loss * s.loss_scale;
-            if (dump_x && step == 0) {
-                memcpy(dump_x + m * window, x.x, (size_t)window * sizeof *dump_x);
-                memcpy(dump_y + m * window, x.y, (size_t)window * sizeof *dump_y);
-            }
         }
         if (dump_x && step == 0) {
             st = rt_exec_pull(&x, RT_PULL_PARAMS | RT_PULL_GRADS, &e);

@@ -550,6 +550,22 @@ static void fake_memory_and_kernels(void) {
     CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK && back[0] == 0 && back[199] == 0, "zero");
     CHECK(rt_gpu_sync(g, "the test", &e) == RT_OK, "sync: %s", e.msg);
 
+    /* rt_gpu_loss: NaN until a wait; more than RT_GPU_LOSSES queued: the first ones are handed
+     * over by the wait the next one makes */
+    double losses[RT_GPU_LOSSES + 6];
+    int nan_before = 1, fine = 1;
+    for (int i = 0; i < RT_GPU_LOSSES + 6; i++) {
+        CHECK(rt_gpu_loss(g, &losses[i], (const float *)x + i, &e) == RT_OK, "loss %d: %s", i, e.msg);
+        nan_before &= isnan(losses[i]);
+    }
+    CHECK(nan_before, "a queued loss was set before a wait");
+    for (int i = 0; i < RT_GPU_LOSSES; i++) fine &= losses[i] == host[i];
+    CHECK(fine, "the %d losses queued first were not handed over when the %dth waited", RT_GPU_LOSSES, RT_GPU_LOSSES + 1);
+    CHECK(isnan(losses[RT_GPU_LOSSES + 5]), "the last loss was set before a wait");
+    CHECK(rt_gpu_sync(g, "the losses", &e) == RT_OK, "sync: %s", e.msg);
+    for (int i = 0; i < RT_GPU_LOSSES + 6; i++) fine &= losses[i] == host[i];
+    CHECK(fine, "rt_gpu_sync did not hand over every loss");
+
     void *pinned = NULL;
     CHECK(rt_gpu_host_alloc(g, &pinned, 4096, "staging", &e) == RT_OK && pinned && ((char *)pinned)[4095] == 0,
           "host alloc: %s", e.msg);
