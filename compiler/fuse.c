@@ -18,6 +18,8 @@
  * qkv projection is index arithmetic in the attention kernel); a map read by more than one
  * kernel, unless it is one element (a scalar is recomputed where needed) or cheap to recompute
  * (FZ_REMAT_OPS); a reduction or dedicated result read by another launch.
+ * A GEMM's bias gradient (F_GEMM_BGRAD: its B's column sums, fuse_lower.c) is pinned to the GEMM:
+ * one launch, the library's epilogue.
  * Each anchored and each materialised inline node starts as a launch of its own; launches then
  * merge while the launch graph stays acyclic and the merged kernel can be written (a row
  * reduction may only be read at its own row; fuse_codegen refuses otherwise):
@@ -950,6 +952,7 @@ FuseResult *fuse_graph(const Graph *g, const int *outputs, int noutputs, Arena *
     for (int f = 0; f < n; f++) {
         c->owner[f] = c->buf_of[f] = c->pin[f] = -1;
         c->cat[f] = (unsigned char)fz_cat(fz_n(c, f)->op);
+        if (fz_n(c, f)->op == F_GEMM_BGRAD) c->pin[f] = fz_n(c, f)->in[0]; /* computed by its GEMM's launch */
     }
     for (int i = 0; i < noutputs; i++) {
         int f = c->fg->g2f[outs[i]];
@@ -1028,7 +1031,14 @@ FuseResult *fuse_graph(const Graph *g, const int *outputs, int noutputs, Arena *
             L->gemm.b = c->buf_of[x->in[1]];
             L->gemm.c = c->buf_of[x->id];
             L->gemm.bias = x->nin > 2 ? c->buf_of[x->in[2]] : -1;
-            if (L->gemm.a < 0 || L->gemm.b < 0 || L->gemm.c < 0 || (x->nin > 2 && L->gemm.bias < 0))
+            if (K->members.n > 1) { /* its bias gradient (F_GEMM_BGRAD) */
+                const FNode *v = fz_n(c, K->members.v[1]);
+                if (K->members.n > 2 || v->op != F_GEMM_BGRAD || v->in[0] != x->id)
+                    INTERNAL("fuse: a GEMM launch computes %d nodes", K->members.n);
+                L->gemm.epilogue = FE_BGRAD_B;
+                L->gemm.bias = c->buf_of[v->id];
+            }
+            if (L->gemm.a < 0 || L->gemm.b < 0 || L->gemm.c < 0 || (L->gemm.epilogue != FE_NONE && L->gemm.bias < 0))
                 INTERNAL("fuse: a GEMM operand without a buffer");
             fz_touch(r, L->gemm.a, li);
             fz_touch(r, L->gemm.b, li);
@@ -1080,7 +1090,7 @@ int fuse_verify(const FuseResult *r, FILE *out) {
         int64_t need[4] = {(m->batch - 1) * m->stride_a + (m->trans_a ? m->k : m->m) * m->lda,
                            (m->batch - 1) * m->stride_b + (m->trans_b ? m->n : m->k) * m->ldb,
                            (m->batch - 1) * m->stride_c + m->m * m->ldc, m->n};
-        for (int j = 0; j < (m->epilogue == FE_BIAS ? 4 : 3); j++) {
+        for (int j = 0; j < (m->epilogue != FE_NONE ? 4 : 3); j++) {
             if (bufs[j] < 0 || bufs[j] >= r->nbuffers) {
                 problems++;
                 if (out) fprintf(out, "fuse: launch %d: a GEMM operand has no buffer\n", i);
@@ -1148,6 +1158,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
                     m->trans_a ? "^T" : "", m->b, m->trans_b ? "^T" : "", m->m, m->n, m->k);
             if (m->batch > 1) fprintf(out, " batch=%" PRId64, m->batch);
             if (m->epilogue == FE_BIAS) fprintf(out, " +bias b%d", m->bias);
+            if (m->epilogue == FE_BGRAD_B) fprintf(out, " b%d = colsum b%d", m->bias, m->b);
         } else {
             const Kernel *k = r->kernels[L->kernel];
             fprintf(out, "%3d  kernel %s  %s grid=%" PRId64, i, k->name, kir_kind_name(k->kind), k->grid);
@@ -1189,6 +1200,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
                     m->m, m->n, m->k, m->batch, m->stride_a, m->stride_b, m->stride_c, value_float_str(&scratch, m->alpha),
                     value_float_str(&scratch, m->beta), dtype_name(m->dt));
             if (m->epilogue == FE_BIAS) fprintf(out, "  epilogue: bias b%d added to every row of C\n", m->bias);
+            if (m->epilogue == FE_BGRAD_B) fprintf(out, "  epilogue: b%d[n] = sum_k opB[k, n] (a bias gradient)\n", m->bias);
             continue;
         }
         const Kernel *k = r->kernels[L->kernel];

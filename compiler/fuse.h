@@ -17,6 +17,7 @@
 
 /* A GEMM as a library call, row-major: for each batch index t < batch,
  *   C_t[m, n] = alpha * sum_k opA_t[m, k] * opB_t[k, n] + beta * C_t[m, n] (+ bias[n], FE_BIAS)
+ * and with FE_BGRAD_B (batch 1) also bias[n] = sum_k opB[k, n].
  * where opA_t[m, k] is A[t*stride_a + m*lda + k] (trans_a = 0) or A[t*stride_a + k*lda + m]
  * (trans_a = 1), opB likewise with ldb, and C_t[m, n] is C[t*stride_c + m*ldc + n]. A stride of
  * 0 reuses one matrix for every batch index (broadcasting). Elements, not bytes. (cuBLAS is
@@ -24,12 +25,14 @@
 typedef enum FuseEpilogue {
     FE_NONE,
     FE_BIAS,                 /* C_t[m, n] += bias[n]: `x @ w + b` as one GEMM (the library's epilogue) */
+    FE_BGRAD_B,              /* bias[n] = sum_k opB[k, n], written: a linear layer's bias gradient, summed
+                                from the output gradient that its weight gradient's GEMM reads as B */
 } FuseEpilogue;
 
 typedef struct FuseGemm {
     int a, b, c;             /* buffers (FuseResult.buffers indices) */
     FuseEpilogue epilogue;
-    int bias;                /* FE_BIAS: the buffer of the n-vector added to every row; else -1 */
+    int bias;                /* the epilogue's n-vector: FE_BIAS's bias (read), FE_BGRAD_B's sums (written); else -1 */
     int trans_a, trans_b;
     int64_t m, n, k, batch;
     int64_t lda, ldb, ldc;
@@ -64,7 +67,8 @@ typedef struct FuseLaunch {
     int kernel;      /* FL_KERNEL: index into kernels */
     FuseGemm gemm;   /* FL_GEMM */
     int nnodes;
-    int *nodes;      /* FL_GEMM: the graph nodes it computes (a matmul, the sum_to or bias add it absorbed) */
+    int *nodes;      /* FL_GEMM: the graph nodes it computes (a matmul, the sum_to or bias add it absorbed, a
+                        bias gradient) */
 } FuseLaunch;
 
 typedef struct FuseResult {

@@ -39,6 +39,8 @@ typedef enum FOp {
     F_ROPE,        /* fa[0] = theta, ia[0] = 1 for the backward (the transposed rotation)      */
     F_REDUCE,      /* kop over the axes in the bit mask ia[0] of in0; those axes become 1       */
     F_GEMM,        /* in0 = A's buffer node, in1 = B's, in2 = the bias's (FE_BIAS); gemm holds the rest */
+    F_GEMM_BGRAD,  /* in0 = a GEMM whose B is [k, n] (not transposed): B's column sums, computed by
+                      that GEMM's launch (FE_BGRAD_B: a bias gradient beside its weight gradient)    */
     F_ATTN,        /* q, k, v; ia[0] = causal; fa[0] = scale                                    */
     F_ATTN_STATS,  /* dout, q, k, v -> [..., H, T, 3]: row max, row sum, sum_j P dP per query  */
     F_ATTN_BWD_Q,  /* dout, q, k, v, stats                                                      */

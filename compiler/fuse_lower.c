@@ -35,6 +35,7 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_LEAF] = "leaf", [F_CONST] = "const", [F_IOTA] = "iota", [F_RESHAPE] = "reshape", [F_PERMUTE] = "permute",
     [F_EXPAND] = "expand", [F_SLICE] = "slice", [F_CONCAT] = "concat", [F_GATHER] = "gather", [F_TAKE] = "take",
     [F_MAP] = "map", [F_DROPOUT] = "dropout", [F_ROPE] = "rope", [F_REDUCE] = "reduce", [F_GEMM] = "gemm",
+    [F_GEMM_BGRAD] = "gemm_bgrad",
     [F_ATTN] = "attention", [F_ATTN_STATS] = "attention_stats", [F_ATTN_BWD_Q] = "attention_bwd_q",
     [F_ATTN_BWD_K] = "attention_bwd_k", [F_ATTN_BWD_V] = "attention_bwd_v", [F_TOPK] = "topk",
     [F_SCATTER_ADD] = "scatter_add", [F_SEG_NORM] = "seg_norm",
@@ -489,6 +490,45 @@ static int fl_gemm_bias(FL *L, const GNode *n) {
     return -1;
 }
 
+/* A bias gradient, graph node sum_to `id` of dy [..., n] down to n values, when a GEMM reads the
+ * same dy as its B operand (not transposed, one matrix, k = the rows of dy: the weight gradient
+ * x^T dy of the same linear layer): that GEMM sums B's columns as well (FE_BGRAD_B), so dy is
+ * read once for both. The sum_to becomes an F_GEMM_BGRAD node of that GEMM's; the reduction it
+ * replaces is left to nobody. */
+static void fl_gemm_bgrad(FL *L, int id) {
+    FGraph *fg = L->fg;
+    const GNode *s = graph_node(L->g, id);
+    int f = fg->g2f[id];
+    if (f < 0) return;
+    const FNode *r = fl_n(L, f);
+    if (r->op == F_RESHAPE) r = fl_n(L, r->in[0]);
+    if (r->op != F_REDUCE || r->kop != K_ADD) return;
+    const FNode *y = fl_n(L, r->in[0]);
+    if (y->rank < 2) return;
+    int64_t n = y->shape[y->rank - 1];
+    uint32_t rows = fl_all_axes(y->rank) & ~(1u << (y->rank - 1));
+    for (int a = 0; a < y->rank - 1; a++)
+        if (y->shape[a] == 1) rows &= ~(1u << a); /* fl_reduce leaves size-1 axes out of the mask */
+    if ((uint32_t)r->ia[0] != rows || graph_numel(s) != n || s->dt != y->dt) return;
+    int b = r->in[0];
+    while (fl_n(L, b)->op == F_RESHAPE) b = fl_n(L, b)->in[0];
+    for (int gm = 0; gm < fg->n; gm++) {
+        const FNode *G = fl_n(L, gm);
+        const FuseGemm *m = &G->gemm;
+        if (G->op != F_GEMM || G->nin != 2 || G->in[1] != b || m->trans_b || m->batch != 1 || m->n != n || m->ldb != n ||
+            m->k * n != fuse_numel(y) || G->dt != y->dt)
+            continue;
+        for (int v = 0; v < fg->n; v++) /* one bias gradient a GEMM */
+            if (fl_n(L, v)->op == F_GEMM_BGRAD && fl_n(L, v)->in[0] == gm) return;
+        FNode p = fl_proto(F_GEMM_BGRAD, s->dt, s->rank, s->shape);
+        p.nin = 1;
+        p.in[0] = gm;
+        L->gid = id;
+        fg->g2f[id] = fl_add(L, &p);
+        return;
+    }
+}
+
 /* ---- one graph node ---------------------------------------------------------------------------- */
 
 static int fl_lower_node(FL *L, const GNode *n) {
@@ -782,5 +822,7 @@ FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar) {
         L.gid = id;
         fg->g2f[id] = fl_lower_node(&L, graph_node(g, id));
     }
+    for (int id = 0; id < g->n; id++)
+        if (glive[id] && graph_node(g, id)->op == G_SUM_TO) fl_gemm_bgrad(&L, id);
     return fg;
 }

@@ -290,12 +290,12 @@ static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
             LLVMValueRef callee = host_gemm_fn(h, g->dt);
-            int bias = g->epilogue == FE_BIAS;
+            int vec = g->epilogue != FE_NONE;
             LLVMValueRef a[21] = {exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
                                   LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
                                   addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
                                   addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch),
-                                  ci32(h, host_abi_gemm_epilogue(bias)), bias ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
+                                  ci32(h, host_abi_gemm_epilogue(g->epilogue)), vec ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
                                   err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
             LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21,
@@ -887,7 +887,9 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
                     L->gemm.trans_a || L->gemm.trans_b ? (L->gemm.trans_a ? (L->gemm.trans_b ? ", A^T B^T" : ", A^T B")
                                                                           : ", A B^T")
                                                        : "",
-                    L->gemm.epilogue == FE_BIAS ? arena_printf(h->ar, " + bias %s", S->r->buffers[L->gemm.bias].what) : "",
+                    L->gemm.epilogue == FE_BIAS     ? arena_printf(h->ar, " + bias %s", S->r->buffers[L->gemm.bias].what)
+                    : L->gemm.epilogue == FE_BGRAD_B ? arena_printf(h->ar, ", B's column sums into %s", S->r->buffers[L->gemm.bias].what)
+                                                     : "",
                     c->what, base ? arena_printf(h->ar, " %s:%u:%u", base, gn->src.line, gn->src.col) : "");
             } else {
                 const Kernel *kn = S->r->kernels[L->kernel];

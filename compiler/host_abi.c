@@ -2,6 +2,7 @@
  * that includes a runtime header (-Iruntime), so the layouts come from the header itself. */
 #include <stddef.h>
 
+#include "fuse.h"
 #include "host_abi.h"
 #include "rt_program.h"
 
@@ -63,7 +64,7 @@ const char *host_abi_name(HostAbiStruct s) {
 }
 
 int host_abi_version(void) { return RT_ABI_VERSION; }
-int host_abi_gemm_epilogue(int bias) { return bias ? RT_GEMM_BIAS : RT_GEMM_PLAIN; }
+int host_abi_gemm_epilogue(int fe) { return fe == FE_BIAS ? RT_GEMM_BIAS : fe == FE_BGRAD_B ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN; }
 int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }
 
 void host_abi_checksum(const void *data, size_t n, char out[HOST_ABI_CHECKSUM_CHARS + 1]) {

@@ -17,7 +17,7 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size);
 const char *host_abi_name(HostAbiStruct s); /* "RtStep" ... */
 int host_abi_version(void);                 /* RT_ABI_VERSION */
 int host_abi_max_rank(void);                /* RT_ST_MAX_RANK */
-int host_abi_gemm_epilogue(int bias);       /* RT_GEMM_BIAS when bias, else RT_GEMM_PLAIN */
+int host_abi_gemm_epilogue(int fe);         /* FuseEpilogue's FE_* as RtGemmEpilogue's RT_GEMM_* */
 
 /* The runtime's checksum (rt_checksum: XXH3-128) of n bytes, as 32 lowercase hex digits and a NUL. */
 #define HOST_ABI_CHECKSUM_CHARS 32

@@ -294,6 +294,11 @@ int kir_ref_kernel(const Kernel *k, double *const *bufs) {
 void kir_ref_gemm(const FuseGemm *m, double *const *bufs) {
     const double *A = bufs[m->a], *B = bufs[m->b];
     double *C = bufs[m->c];
+    for (int64_t j = 0; m->epilogue == FE_BGRAD_B && j < m->n; j++) { /* batch 1 */
+        double s = 0;
+        for (int64_t p = 0; p < m->k; p++) s += m->trans_b ? B[j * m->ldb + p] : B[p * m->ldb + j];
+        bufs[m->bias][j] = s;
+    }
     for (int64_t t = 0; t < m->batch; t++)
         for (int64_t i = 0; i < m->m; i++)
             for (int64_t j = 0; j < m->n; j++) {

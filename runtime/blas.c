@@ -73,6 +73,28 @@ static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
     }
 }
 
+/* RT_GEMM_BGRAD_B: out[j] = sum over p < k of op(B)[p, j], in f32 and in order, 64 columns a job
+ * (so the sums never depend on the thread count). */
+#define RT_COLSUM_COLS 64
+
+typedef struct RtColsumJob {
+    const float *b;
+    int64_t n, k, ldb;
+    int trans;
+    float *out;
+} RtColsumJob;
+
+static void rt_colsum_chunks(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const RtColsumJob *j = ctx;
+    for (int64_t chunk = begin; chunk < end; chunk++) {
+        int64_t j0 = chunk * RT_COLSUM_COLS, j1 = j0 + RT_COLSUM_COLS < j->n ? j0 + RT_COLSUM_COLS : j->n;
+        for (int64_t c = j0; c < j1; c++) j->out[c] = 0.0f;
+        for (int64_t p = 0; p < j->k; p++)
+            for (int64_t c = j0; c < j1; c++) j->out[c] += j->trans ? j->b[c * j->ldb + p] : j->b[p * j->ldb + c];
+    }
+}
+
 /* ---- the call ----------------------------------------------------------------------------------- */
 
 /* The contract's argument rules (rt_gemm.h), shared with the GPU's GEMM (gpu_blas.c). */
@@ -80,11 +102,15 @@ RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
                         int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc,
                         int64_t stride_c, int64_t batch, int32_t epilogue, const void *vec, int *nothing, RtError *err) {
     *nothing = 0;
-    if (epilogue != RT_GEMM_PLAIN && epilogue != RT_GEMM_BIAS)
+    if (epilogue != RT_GEMM_PLAIN && epilogue != RT_GEMM_BIAS && epilogue != RT_GEMM_BGRAD_B)
         return rt_fail(err, RT_ERR_ARG, "sgemm: unknown epilogue %d", (int)epilogue);
-    if (epilogue == RT_GEMM_BIAS && !vec) return rt_fail(err, RT_ERR_ARG, "sgemm: the bias epilogue without a bias");
+    if (epilogue != RT_GEMM_PLAIN && !vec)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: the %s epilogue without its vector",
+                       epilogue == RT_GEMM_BIAS ? "bias" : "bias-gradient");
     if (epilogue != RT_GEMM_PLAIN && k == 0)
         return rt_fail(err, RT_ERR_ARG, "sgemm: an epilogue on a product over nothing (k = 0)");
+    if (epilogue == RT_GEMM_BGRAD_B && batch != 1)
+        return rt_fail(err, RT_ERR_ARG, "sgemm: the bias-gradient epilogue on a batch of %lld", (long long)batch);
     if (m < 0 || n < 0 || k < 0 || batch < 0)
         return rt_fail(err, RT_ERR_ARG, "sgemm: negative size (m %lld, n %lld, k %lld, batch %lld)", (long long)m,
                        (long long)n, (long long)k, (long long)batch);
@@ -115,7 +141,7 @@ RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
 RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
                           float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                          const void *vec, RtError *err) {
+                          void *vec, RtError *err) {
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
                                  epilogue, vec, &nothing, err);
@@ -148,15 +174,21 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     /* MBT_PROFILE (rt_profile.h): the call's wall time, tiles included, counts as GEMM time; the
      * pool does not count its parallel loop again. Off, this is one NULL test. */
     RtProfile *prof = rt_pool_profile(pool);
-    if (prof && prof->depth == 0) {
+    int timed = prof && prof->depth == 0;
+    double t0 = 0;
+    if (timed) {
         prof->depth = 1;
-        double t0 = rt_profile_now();
-        rt_parallel_for(pool, batch * j.tm * j.tn, rt_gemm_tiles, &j);
-        rt_profile_gemm(prof, trans_a != 0, trans_b != 0, m, n, k, batch, rt_profile_now() - t0);
-        prof->depth = 0;
-        return RT_OK;
+        t0 = rt_profile_now();
     }
     rt_parallel_for(pool, batch * j.tm * j.tn, rt_gemm_tiles, &j);
+    if (epilogue == RT_GEMM_BGRAD_B) {
+        RtColsumJob cj = {b, n, k, ldb, trans_b != 0, (float *)vec};
+        rt_parallel_for(pool, (n + RT_COLSUM_COLS - 1) / RT_COLSUM_COLS, rt_colsum_chunks, &cj);
+    }
+    if (timed) {
+        rt_profile_gemm(prof, trans_a != 0, trans_b != 0, m, n, k, batch, rt_profile_now() - t0);
+        prof->depth = 0;
+    }
     return RT_OK;
 }
 
@@ -201,7 +233,7 @@ static void rt_convert(RtPool *pool, const uint16_t *from16, const float *from32
 RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
                           int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                          int32_t epilogue, const void *vec, RtError *err) {
+                          int32_t epilogue, void *vec, RtError *err) {
     /* The argument rules are sgemm's, on the same element counts (the pointers are only compared). */
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
@@ -210,7 +242,7 @@ RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     int64_t na = k ? rt_gemm_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch) : 0;
     int64_t nb = k ? rt_gemm_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch) : 0;
     int64_t nc = rt_gemm_span(m, n, ldc, stride_c, batch);
-    int64_t nv = epilogue == RT_GEMM_BIAS ? n : 0;
+    int64_t nv = epilogue != RT_GEMM_PLAIN ? n : 0;
     float *fa = malloc(sizeof(float) * (size_t)(na + nb + nc + nv));
     if (!fa) return rt_fail(err, RT_ERR_NOMEM, "bgemm: no memory for the f32 copies of a %lld x %lld x %lld product",
                             (long long)m, (long long)n, (long long)k);
@@ -218,10 +250,11 @@ RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     /* The gaps between rows and matrices are copied too: their values never reach C. */
     rt_convert(pool, a, NULL, fa, NULL, na);
     rt_convert(pool, b, NULL, fb, NULL, nb);
-    rt_convert(pool, vec, NULL, fv, NULL, nv);
+    if (epilogue == RT_GEMM_BIAS) rt_convert(pool, vec, NULL, fv, NULL, nv);
     if (beta != 0) rt_convert(pool, c, NULL, fc, NULL, nc);
     st = rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, fa, lda, stride_a, fb, ldb, stride_b, beta, fc, ldc,
                           stride_c, batch, epilogue, fv, err);
+    if (st == RT_OK && epilogue == RT_GEMM_BGRAD_B) rt_convert(pool, NULL, fv, NULL, (uint16_t *)vec, nv);
     if (st == RT_OK && ldc == n && (batch == 1 || stride_c == m * n)) {
         rt_convert(pool, NULL, fc, NULL, c, nc);
     } else if (st == RT_OK) { /* only C's own elements: the gaps between its rows may be another tensor's */

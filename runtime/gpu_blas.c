@@ -25,9 +25,14 @@
  *
  * Epilogue. RT_GEMM_BIAS is CUBLASLT_EPILOGUE_BIAS: cuBLASLt's bias vector runs along the rows of
  * its (column-major, N x M) D, which are our columns, so it is our per-column bias as it is; its
- * type is C's, and it is added to the f32 sum before D is rounded. The plan's descriptor carries
- * the epilogue; the bias pointer is set on it before each call (the heuristic reads its alignment,
- * which is part of the plan's key).
+ * type is C's, and it is added to the f32 sum before D is rounded. RT_GEMM_BGRAD_B, the column
+ * sums of our B over k, is CUBLASLT_EPILOGUE_BGRADA: cuBLASLt's A is our B, and its bias gradient
+ * "based on A" is a vector along D's rows summed over k. The plan's descriptor carries the
+ * epilogue; the vector's pointer is set on it before each call (the heuristic reads its alignment,
+ * which is part of the plan's key). Where cuBLASLt's heuristic has no algorithm with the
+ * bias-gradient epilogue (its documentation does not say for which types and transposes it has
+ * one), the plan is the plain product and the sums a second one, ones[1, k] op(B): B read twice,
+ * the same numbers (f32 sums, rounded to C's type).
  *
  * Beta. With beta == 0 cuBLASLt does not read C (NaNs in it do not propagate), as in BLAS. K == 0
  * (a sum of nothing) gives C = beta C without cuBLASLt: a 2D memset for beta == 0, the runtime's
@@ -56,7 +61,8 @@ struct RtGemmPlan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t lt_a, lt_b, lt_c; /* cuBLASLt's A (our B), B (our A) and C (see the top) */
     cublasLtMatmulAlgo_t algo;
-    char name[96]; /* "sgemm NT 128x768x3072 x12": messages and timing */
+    int colsum_gemm; /* RT_GEMM_BGRAD_B without cuBLASLt's epilogue: the sums are a second product */
+    char name[96];   /* "sgemm NT 128x768x3072 x12": messages and timing */
 };
 
 /* The alignment cuBLASLt may assume for every matrix of a batch: the largest power of two (at
@@ -106,8 +112,8 @@ static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
     if (st == RT_OK)
         st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
                          err, "cublasLtMatmulDescSetAttribute", "%s, transb", p->name);
-    if (st != RT_OK || p->key.epilogue == RT_GEMM_PLAIN) return st;
-    uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    if (st != RT_OK || p->key.epilogue == RT_GEMM_PLAIN || p->colsum_gemm) return st;
+    uint32_t epilogue = p->key.epilogue == RT_GEMM_BIAS ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADA;
     int32_t type = p->key.type;
     st = rt_lt_check(api,
                      api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
@@ -123,7 +129,7 @@ static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
 
 /* The epilogue's vector for the next call (and for the heuristic, which reads its alignment). */
 static RtStatus rt_gemm_set_vec(RtGpu *g, RtGemmPlan *p, const void *vec, RtError *err) {
-    if (p->key.epilogue == RT_GEMM_PLAIN) return RT_OK;
+    if (p->key.epilogue == RT_GEMM_PLAIN || p->colsum_gemm) return RT_OK;
     return rt_lt_check(&g->api,
                        g->api.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec),
                        err, "cublasLtMatmulDescSetAttribute", "%s, bias pointer", p->name);
@@ -185,21 +191,27 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, const void *vec,
                      (long long)k->m, (long long)k->n, (long long)k->k);
     if (k->batch > 1 && n > 0 && (size_t)n < sizeof p->name)
         n += snprintf(p->name + n, sizeof p->name - (size_t)n, " x%lld", (long long)k->batch);
-    if (k->epilogue == RT_GEMM_BIAS && n > 0 && (size_t)n < sizeof p->name)
-        snprintf(p->name + n, sizeof p->name - (size_t)n, " +bias");
+    if (k->epilogue != RT_GEMM_PLAIN && n > 0 && (size_t)n < sizeof p->name)
+        snprintf(p->name + n, sizeof p->name - (size_t)n, k->epilogue == RT_GEMM_BIAS ? " +bias" : " +bgrad");
     /* Column-major views (see the top): a row-major R x C matrix of pitch ld is the column-major
      * C x R matrix of leading dimension ld. Our B, K x N (N x K when trans_b), is cuBLASLt's A,
      * N x K (K x N); our A, M x K (K x M), its B, K x M (M x K); C, M x N, its N x M. */
-    RtStatus st = rt_gemm_desc(g, p, err);
-    if (st == RT_OK)
-        st = rt_gemm_layout(g, &p->lt_a, k->type, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb, k->batch,
-                            k->stride_b, p->name, err);
+    RtStatus st = rt_gemm_layout(g, &p->lt_a, k->type, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb,
+                                 k->batch, k->stride_b, p->name, err);
     if (st == RT_OK)
         st = rt_gemm_layout(g, &p->lt_b, k->type, k->trans_a ? k->m : k->k, k->trans_a ? k->k : k->m, k->lda, k->batch,
                             k->stride_a, p->name, err);
     if (st == RT_OK) st = rt_gemm_layout(g, &p->lt_c, k->type, k->n, k->m, k->ldc, k->batch, k->stride_c, p->name, err);
-    if (st == RT_OK) st = rt_gemm_set_vec(g, p, vec, err);
-    if (st == RT_OK) st = rt_gemm_algo(g, p, err);
+    for (int attempt = 0; st == RT_OK && attempt < 2; attempt++) {
+        st = rt_gemm_desc(g, p, err);
+        if (st == RT_OK) st = rt_gemm_set_vec(g, p, vec, err);
+        if (st == RT_OK) st = rt_gemm_algo(g, p, err);
+        if (st == RT_OK || k->epilogue != RT_GEMM_BGRAD_B || p->colsum_gemm) break;
+        g->api.cublasLtMatmulDescDestroy(p->desc); /* no bias-gradient algorithm: the plain product */
+        p->desc = NULL;
+        p->colsum_gemm = 1;
+        st = RT_OK;
+    }
     if (st != RT_OK) {
         rt_gemm_plan_free(g, p);
         return st;
@@ -276,11 +288,38 @@ static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, void *c, int type, int64_t
     return st;
 }
 
+/* k ones of the type (device memory kept for the run): the left operand of a column sum. */
+static RtStatus rt_gpu_ones(RtGpu *g, int type, int64_t k, const void **out, RtError *err) {
+    int t = type == CUDA_R_16BF;
+    size_t size = t ? 2 : 4;
+    if (g->ones_cap[t] < k) {
+        void *host = malloc((size_t)k * size);
+        if (!host) return rt_fail(err, RT_ERR_NOMEM, "sgemm: out of memory for %lld ones", (long long)k);
+        for (int64_t i = 0; i < k; i++) {
+            if (t) ((uint16_t *)host)[i] = 0x3f80; /* bf16 1.0 */
+            else ((float *)host)[i] = 1.0f;
+        }
+        if (g->ones[t]) g->api.cuMemFree(g->ones[t]);
+        g->ones[t] = 0;
+        g->ones_cap[t] = 0;
+        RtStatus st = rt_cu_check(&g->api, g->api.cuMemAlloc(&g->ones[t], (size_t)k * size), err, "cuMemAlloc",
+                                  "%lld ones for a column sum", (long long)k);
+        if (st == RT_OK) /* from pageable memory: staged before it returns */
+            st = rt_cu_check(&g->api, g->api.cuMemcpyHtoDAsync(g->ones[t], host, (size_t)k * size, g->stream), err,
+                             "cuMemcpyHtoDAsync", "%lld ones for a column sum", (long long)k);
+        free(host);
+        if (st != RT_OK) return st;
+        g->ones_cap[t] = k;
+    }
+    *out = (const void *)(uintptr_t)g->ones[t];
+    return RT_OK;
+}
+
 /* Both contracts: A, B and C of one type (CUDA_R_32F or CUDA_R_16BF), f32 compute. */
 static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                             const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
                             float beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                            const void *vec, RtError *err) {
+                            void *vec, RtError *err) {
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
                                  epilogue, vec, &nothing, err);
@@ -323,13 +362,20 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
                                            &p->algo, (void *)(uintptr_t)g->workspace, g->workspace_size, g->stream),
                      err, "cublasLtMatmul", "%s", p->name);
     if (slot >= 0) st = rt_gpu_time_end(g, slot, p->name, st, err);
+    if (st == RT_OK && p->colsum_gemm) { /* vec[1, n] = ones[1, k] op(B) */
+        const void *ones = NULL;
+        st = rt_gpu_ones(g, type, k, &ones, err);
+        if (st == RT_OK)
+            st = rt_gpu_gemm(g, type, 0, trans_b, 1, n, k, 1.0f, ones, k, 0, b, ldb, 0, 0.0f, vec, n, 0, 1, RT_GEMM_PLAIN,
+                             NULL, err);
+    }
     return st;
 }
 
 RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
                               float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                              const void *vec, RtError *err) {
+                              void *vec, RtError *err) {
     return rt_gpu_gemm(g, CUDA_R_32F, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                        stride_c, batch, epilogue, vec, err);
 }
@@ -337,7 +383,7 @@ RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int
 RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                               const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
                               int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                              int32_t epilogue, const void *vec, RtError *err) {
+                              int32_t epilogue, void *vec, RtError *err) {
     return rt_gpu_gemm(g, CUDA_R_16BF, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                        stride_c, batch, epilogue, vec, err);
 }
@@ -363,6 +409,8 @@ RtStatus rt_gpu_blas_open(RtGpu *g, RtError *err) {
 }
 
 void rt_gpu_blas_close(RtGpu *g) {
+    for (int t = 0; t < 2; t++)
+        if (g->ones[t]) g->api.cuMemFree(g->ones[t]);
     for (int64_t i = 0; i < g->cap_plans; i++) rt_gemm_plan_free(g, g->plans[i]);
     free(g->plans);
     g->plans = NULL;

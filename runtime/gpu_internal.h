@@ -93,6 +93,7 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's 
     X(CUBLASLT_MATMUL_DESC_BIAS_POINTER, 8)                   \
     X(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, 26)                \
     X(CUBLASLT_EPILOGUE_BIAS, 4)                              \
+    X(CUBLASLT_EPILOGUE_BGRADA, 256)                          \
     X(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, 5)                  \
     X(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, 6)         \
     X(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, 1)            \
@@ -280,6 +281,8 @@ struct RtGpu {
     size_t workspace_size;
     RtGemmPlan **plans; /* open addressing, power-of-two capacity */
     int64_t nplans, cap_plans;
+    CUdeviceptr ones[2];  /* k ones (f32, bf16): the column sums' product when cuBLASLt has no epilogue for them */
+    int64_t ones_cap[2];
     RtGpuTimer timer;
     char describe[1536];
 };

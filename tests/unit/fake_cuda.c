@@ -478,9 +478,9 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
 
 typedef struct FakeDesc {
     int compute, scale, op_a, op_b;
-    uint32_t epilogue;  /* CUBLASLT_EPILOGUE_DEFAULT (1) or CUBLASLT_EPILOGUE_BIAS */
+    uint32_t epilogue;  /* CUBLASLT_EPILOGUE_DEFAULT (1), _BIAS or _BGRADA */
     int32_t bias_type;  /* -1: D's */
-    const void *bias;
+    void *bias;
 } FakeDesc;
 
 typedef struct FakeLayout {
@@ -613,11 +613,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (desc->compute != CUBLAS_COMPUTE_32F || desc->scale != CUDA_R_32F) return FAKE_LT_NOT_SUPPORTED;
     /* the epilogues the runtime asks for: none, or a bias of D's type whose pointer (its
      * alignment) the heuristic can see */
-    if (desc->epilogue != 1 && desc->epilogue != CUBLASLT_EPILOGUE_BIAS) return FAKE_LT_NOT_SUPPORTED;
-    if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS &&
+    if (desc->epilogue != 1 && desc->epilogue != CUBLASLT_EPILOGUE_BIAS && desc->epilogue != CUBLASLT_EPILOGUE_BGRADA)
+        return FAKE_LT_NOT_SUPPORTED;
+    if (desc->epilogue != 1 &&
         (!desc->bias || (desc->bias_type != -1 && desc->bias_type != ((const FakeLayout *)(void *)dl)->type)))
         return FAKE_LT_INVALID_VALUE;
-    *found = fake.no_algo ? 0 : 1;
+    if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADA && ((const FakeLayout *)(void *)dl)->batch != 1)
+        return FAKE_LT_NOT_SUPPORTED;
+    *found = fake.no_algo || (fake.no_bgrad && desc->epilogue == CUBLASLT_EPILOGUE_BGRADA) ? 0 : 1;
     memset(&results[0], 0, sizeof results[0]);
     results[0].algo.data[0] = FAKE_ALGO;
     return CUBLAS_STATUS_SUCCESS;
@@ -700,6 +703,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                 fake_put(db, ld, i, j, v);
             }
     }
+    if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADA) /* op(A)'s rows summed over k (one matrix), D's type */
+        for (int64_t i = 0; i < m; i++) {
+            float sum = 0;
+            for (int64_t p = 0; p < k; p++) sum += fake_at(a, la, desc->op_a, i, p);
+            fake_put(desc->bias, &(FakeLayout){ld->type, (uint64_t)m, 1, m, 0, 1}, i, 0, sum);
+        }
     free(A), free(B), free(AB);
     fake.matmuls++;
     fake.clock_ms += 2.0;

@@ -16,6 +16,7 @@ typedef struct FakeControl {
     int init_result;                /* what cuInit returns (0) */
     size_t oom_above;               /* cuMemAlloc fails with CUDA_ERROR_OUT_OF_MEMORY above this (0: never) */
     int no_algo;                    /* cublasLtMatmulAlgoGetHeuristic finds nothing */
+    int no_bgrad;                   /* ... nothing with the bias-gradient epilogue */
     /* counters and what the last calls saw */
     int links;                      /* PTX compilations (cuLinkComplete) */
     int heuristics, matmuls, launches;

@@ -910,6 +910,11 @@ static void test_print_optimize_object(void) {
 static void gemm_f32(const FuseGemm *m, void **bufs) {
     const float *A = bufs[m->a], *B = bufs[m->b];
     float *C = bufs[m->c];
+    for (int64_t j = 0; m->epilogue == FE_BGRAD_B && j < m->n; j++) { /* batch 1 */
+        double s = 0;
+        for (int64_t p = 0; p < m->k; p++) s += m->trans_b ? B[j * m->ldb + p] : B[p * m->ldb + j];
+        ((float *)bufs[m->bias])[j] = (float)s;
+    }
     for (int64_t t = 0; t < m->batch; t++)
         for (int64_t i = 0; i < m->m; i++)
             for (int64_t j = 0; j < m->n; j++) {

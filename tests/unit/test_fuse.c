@@ -590,17 +590,17 @@ static void test_count_adamw_by_hand(void) {
  * straight into the [B, T, heads, hd] layout the next GEMM reads); the residual + ln_2 (one row
  * kernel storing the residual stream and the norm); gelu; the last residual add.
  * Forward + backward, loss = sum(out * R): 12 GEMMs (the 4, and for each weight the gradient of
- * its input and of itself, the latter one GEMM with K folded over the batch) and 15 kernels:
+ * its input and of itself, the latter one GEMM with K folded over the batch that also sums its
+ * output gradient's columns into the bias's gradient: the bias-gradient epilogue) and 12 kernels:
  *   ln_1, attention, residual + ln_2, as forward (3);
  *   the loss: the last residual add computed inside the sum (one work item) (1);
- *   d out = R * 1 (a GEMM operand) (1); the MLP c_proj's bias gradient (1);
+ *   d out = R * 1 (a GEMM operand) (1);
  *   gelu together with gelu's backward (about 20 nodes: its input x is read by both,
  *   and d out does not depend on the forward here, so the two can share a kernel) (1);
- *   c_fc's bias gradient (1); ln_2's backward: the input gradient with the residual's gradient
- *   added (a row kernel) (1), its weight and bias gradients with c_proj's bias gradient (a column
- *   reduction; independent neighbours merge, rule 7) (1);
- *   attention's backward: dq with the row statistics, dk and dv together (rule 8) (2); the heads' gradients
- *   concatenated into c_attn's output gradient (1); c_attn's bias gradient (1);
+ *   ln_2's backward: the input gradient with the residual's gradient added (a row kernel) (1),
+ *   its weight and bias gradients (a column reduction) (1);
+ *   attention's backward: dq with the row statistics, dk and dv together (rule 8) (2); the heads'
+ *   gradients concatenated into c_attn's output gradient (1);
  *   ln_1's weight and bias gradients (x is an input, so ln_1's input gradient is not needed) (1).
  * MBT_SHOW=1 prints both schedules. */
 static void test_count_gpt2_block(void) {
@@ -613,7 +613,7 @@ static void test_count_gpt2_block(void) {
     tf_weighted_loss(t, y);
     autodiff(t->g);
     Fused b = fuse_check("gpt2_block_fwd_bwd", t->g, t->leaf, NULL, 0, &t->ar);
-    CHECK(b.gemms == 12 && b.kernels == 15, "GPT-2 block forward + backward: 12 GEMMs + 15 kernels, got %d + %d", b.gemms,
+    CHECK(b.gemms == 12 && b.kernels == 12, "GPT-2 block forward + backward: 12 GEMMs + 12 kernels, got %d + %d", b.gemms,
           b.kernels);
     if (getenv("MBT_SHOW")) fuse_print(stdout, b.r);
     tf_end(t);
@@ -690,6 +690,28 @@ static void test_gemm_bias_epilogue(void) {
     int asked[2] = {q, tf_bin(t, G_ADD, q, b)};
     Fused o = fuse_check("product_output", t->g, t->leaf, asked, 2, &t->ar);
     CHECK(first_gemm(o.r)->epilogue == FE_NONE, "a product asked for stays a product");
+    tf_end(t);
+}
+
+/* The bias's gradient beside the weight's: the weight gradient's GEMM (x^T dy, k = B * T) sums
+ * its B, dy, over k as well (FE_BGRAD_B) into the bias's gradient, and no kernel computes it. */
+static void test_gemm_bias_gradient(void) {
+    TF *t = tf_begin(13);
+    int x = tf_input(t, S(2, 4, 8)), w = tf_param(t, S(8, 16)), b = tf_param(t, S(16));
+    (void)w, (void)b;
+    tf_weighted_loss(t, tf_linear(t, x, w, b));
+    autodiff(t->g);
+    Fused f = fuse_check("bias_gradient", t->g, t->leaf, NULL, 0, &t->ar);
+    int db = t->g->grads[1], in_kernel = 0;
+    const FuseGemm *m = NULL;
+    for (int i = 0; i < f.r->nlaunches; i++) {
+        const FuseLaunch *L = &f.r->launches[i];
+        if (L->kind == FL_GEMM && L->gemm.epilogue == FE_BGRAD_B) m = &L->gemm;
+        for (int j = 0; L->kind == FL_KERNEL && j < L->nnodes; j++) in_kernel |= L->nodes[j] == db;
+    }
+    CHECK(m && m->trans_a && !m->trans_b && m->k == 8 && f.r->buffers[m->bias].node == db,
+          "the weight gradient's GEMM writes the bias's gradient");
+    CHECK(!in_kernel, "a kernel computes the bias's gradient too");
     tf_end(t);
 }
 
@@ -848,6 +870,7 @@ int main(void) {
     RUN(test_count_gpt2_block);
     RUN(test_gemm_transposes);
     RUN(test_gemm_bias_epilogue);
+    RUN(test_gemm_bias_gradient);
     RUN(test_gemm_weight_gradient);
     RUN(test_gemm_partial_broadcast);
     RUN(test_outputs_without_arithmetic);

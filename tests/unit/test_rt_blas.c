@@ -31,7 +31,7 @@ typedef struct Case {
     int broadcast_a;    /* stride_a = 0 */
     float alpha, beta;
     int bf16;           /* rt_bgemm_batched: A, B and C in bf16 */
-    int bias;           /* RT_GEMM_BIAS: a vector of n added to every row */
+    int bias;           /* 1: RT_GEMM_BIAS (a vector of n added to every row); 2: RT_GEMM_BGRAD_B (B's column sums) */
 } Case;
 
 static uint16_t *to_bf16(float *v, int64_t n) { /* v rounded in place; its bf16 bits returned */
@@ -71,7 +71,7 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
     }
     memcpy(cc, c0, (size_t)nc * sizeof *cc);
     RtError e;
-    int32_t ep = c->bias ? RT_GEMM_BIAS : RT_GEMM_PLAIN;
+    int32_t ep = c->bias == 1 ? RT_GEMM_BIAS : c->bias == 2 ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN;
     RtStatus st = c->bf16 ? rt_bgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a16, lda, sa, b16, ldb, sb,
                                              c->beta, c16, ldc, sc, c->batch, ep, c->bias ? v16 : NULL, &e)
                           : rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb,
@@ -94,7 +94,7 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
                         s += x * y;
                         mag += fabs(x * y);
                     }
-                    double base = (c->beta == 0.0f ? 0.0 : (double)c->beta * C0[i * ldc + j]) + (c->bias ? v[j] : 0.0);
+                    double base = (c->beta == 0.0f ? 0.0 : (double)c->beta * C0[i * ldc + j]) + (c->bias == 1 ? v[j] : 0.0);
                     double ref = (double)c->alpha * s + base;
                     /* bf16: plus C's one rounding to nearest: half an ulp, at most 2^-8 relative (8 significand bits) */
                     double tol = 1e-5 * (fabs(c->alpha) * mag + fabs(base)) + (c->bf16 ? 0x1p-8 * fabs(ref) : 0) + 1e-30;
@@ -115,6 +115,18 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
               (long long)c->pad,
               (double)c->alpha, (double)c->beta, (long long)bad, worst);
         CHECK(untouched == 0, "%lld padding elements were written", (long long)untouched);
+        for (int64_t j = 0; c->bias == 2 && j < c->n; j++) { /* B's column sums, in f32 (C's type) */
+            double s = 0, mag = 0;
+            for (int64_t k = 0; k < c->k; k++) {
+                double y = c->tb ? b[j * ldb + k] : b[k * ldb + j];
+                s += y;
+                mag += fabs(y);
+            }
+            double got = c->bf16 ? rt_bf16_to_f32(v16[j]) : v[j];
+            double tol = 1e-5 * mag + (c->bf16 ? 0x1p-8 * fabs(s) : 0) + 1e-30;
+            if (!(fabs(got - s) <= tol)) bad++;
+        }
+        CHECK(bad == 0, "bias gradient: %lld column sums off", (long long)bad);
     }
     free(a);
     free(b);
@@ -154,6 +166,10 @@ static void bf16_products(void) {
     free(run_case(&big, p, 1));
     Case biased = {1, 0, 17, 33, 40, 3, 3, 0, 1.0f, 1.0f, 1, 1};
     free(run_case(&biased, p, 1));
+    for (int t = 0; t < 4; t++) { /* the bias gradient, rounded to bf16 once */
+        Case bg = {t & 1, t >> 1, 300, 200, 96, 1, 2, 0, 1.0f, 0.0f, 1, 2};
+        free(run_case(&bg, p, 1));
+    }
     rt_pool_destroy(p);
 }
 
@@ -178,6 +194,8 @@ static void all_transposes_small(void) {
                 free(run_case(&c, p, 1));
                 c.alpha = 1.0f;
                 c.beta = 0.0f; /* the bias is C's starting value (blas.c) */
+                free(run_case(&c, p, 1));
+                c.bias = 2; /* B's column sums */
                 free(run_case(&c, p, 1));
             }
     rt_pool_destroy(p);
@@ -210,6 +228,8 @@ static void large_tiled(void) {
         c.bias = d.bias = 1; /* each tile adds its own columns of the bias */
         free(run_case(&c, p, 1));
         free(run_case(&d, p, 1));
+        c.bias = 2; /* column sums over k = 200, 260 columns: chunks of 64 */
+        free(run_case(&c, p, 1));
     }
     rt_pool_destroy(p);
 }
@@ -222,6 +242,7 @@ static void thread_count_invariance(void) {
         {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f, 0, 0},
         {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f, 0, 0},
         {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 1},
+        {0, 1, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 2},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const Case *c = &cases[ci];
@@ -267,7 +288,10 @@ static void argument_errors(void) {
     CHECK_STR(e.msg, "sgemm: unknown epilogue 7", "message");
     CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_BIAS, NULL, &e) == RT_ERR_ARG,
           "bias without a vector");
-    CHECK_STR(e.msg, "sgemm: the bias epilogue without a bias", "message");
+    CHECK_STR(e.msg, "sgemm: the bias epilogue without its vector", "message");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, 0, c, 2, 4, 2, RT_GEMM_BGRAD_B, a + 32, &e) == RT_ERR_ARG,
+          "bias gradient on a batch");
+    CHECK_STR(e.msg, "sgemm: the bias-gradient epilogue on a batch of 2", "message");
     CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 0, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_BIAS, a, &e) == RT_ERR_ARG,
           "bias with k = 0");
     CHECK_STR(e.msg, "sgemm: an epilogue on a product over nothing (k = 0)", "message");

@@ -595,7 +595,7 @@ typedef struct Gemm {
     int ta, tb;
     int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
     float alpha, beta;
-    int bias; /* RT_GEMM_BIAS */
+    int bias; /* 1: RT_GEMM_BIAS; 2: RT_GEMM_BGRAD_B */
 } Gemm;
 
 static int64_t extent(int64_t rows, int64_t ld, int64_t stride, int64_t batch) {
@@ -610,9 +610,9 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     int64_t nc = extent(q->m, q->ldc, q->sc, q->batch);
     float *a = malloc((size_t)(na + 1) * sizeof *a), *b = malloc((size_t)nb * sizeof *b);
     float *c_cpu = malloc((size_t)nc * sizeof *c_cpu), *c_gpu = malloc((size_t)nc * sizeof *c_gpu);
-    float *v = malloc((size_t)q->n * sizeof *v);
+    float *v = malloc((size_t)q->n * sizeof *v), *v_gpu = malloc((size_t)q->n * sizeof *v);
     for (int64_t i = 0; i < q->n; i++) v[i] = (float)i / 2 - 1;
-    int32_t ep = q->bias ? RT_GEMM_BIAS : RT_GEMM_PLAIN;
+    int32_t ep = q->bias == 1 ? RT_GEMM_BIAS : q->bias == 2 ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN;
     for (int64_t i = 0; i < na + 1; i++) a[i] = (float)((i * 7) % 11) / 4 - 1;
     for (int64_t i = 0; i < nb; i++) b[i] = (float)((i * 5) % 13) / 8 - 0.5f;
     for (int64_t i = 0; i < nc; i++) c_cpu[i] = c_nan ? NAN : (float)(i % 3) + 0.25f;
@@ -634,6 +634,10 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
                                dc, q->ldc, q->sc, q->batch, ep, q->bias ? dv : NULL, &e) == RT_OK,
           "%s: gpu: %s", label, e.msg);
     rt_gpu_download(g, c_gpu, dc, nc * (int64_t)sizeof *c_gpu, &e);
+    rt_gpu_download(g, v_gpu, dv, q->n * (int64_t)sizeof *v, &e);
+    for (int64_t i = 0; q->bias == 2 && i < q->n; i++) /* the column sums: the same f32 sums over k */
+        CHECK(fabsf(v[i] - v_gpu[i]) <= 1e-5f * (fabsf(v[i]) > 1 ? fabsf(v[i]) : 1), "%s: column sum %lld: %g, want %g", label,
+              (long long)i, (double)v_gpu[i], (double)v[i]);
     double worst = 0;
     int64_t bad = -1;
     for (int64_t i = 0; i < nc; i++) {
@@ -651,7 +655,7 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     rt_gpu_free(g, db);
     rt_gpu_free(g, dc);
     rt_gpu_free(g, dv);
-    free(a), free(b), free(c_cpu), free(c_gpu), free(v);
+    free(a), free(b), free(c_cpu), free(c_gpu), free(v), free(v_gpu);
 }
 
 static void fake_gemm_matches_cpu(void) {
@@ -680,6 +684,19 @@ static void fake_gemm_matches_cpu(void) {
             gemm_compare(g, &one, 0, label);
             snprintf(label, sizeof label, "%c%c batched, bias, beta 0 over NaN", ta ? 'T' : 'N', tb ? 'T' : 'N');
             gemm_compare(g, &batched, 1, label);
+            /* the bias gradient: with cuBLASLt's epilogue, and as a second product where it has none */
+            one.bias = 2;
+            snprintf(label, sizeof label, "%c%c one, bias gradient", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &one, 0, label);
+            fake->no_bgrad = 1;
+            one.k += 1; /* a new shape: a new plan */
+            one.lda += ta ? 0 : 1;
+            one.ldb += tb ? 1 : 0;
+            snprintf(label, sizeof label, "%c%c one, bias gradient as a second product", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            int before = fake->matmuls;
+            gemm_compare(g, &one, 0, label);
+            CHECK(fake->matmuls == before + 2, "%s: %d matmuls, want 2", label, fake->matmuls - before);
+            fake->no_bgrad = 0;
         }
     /* k = 0: C = beta C, padding untouched, contiguous and strided batches */
     Gemm k0 = {0, 0, 3, 4, 0, 1, 4, 6, 0, 0, 18, 2, 1.0f, 0.0f, 0};
