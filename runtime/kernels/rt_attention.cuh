@@ -99,6 +99,19 @@ static __device__ __forceinline__ void mbt_attn_key_tile(S (*ks)[DP], S (*vs)[EP
     __syncthreads();
 }
 
+/* Query rows [i0, i0 + 32) of q, dout and the statistics into the shared tiles (pitches DP, EP),
+ * between barriers: the backward of k and v's tile of queries. */
+template <typename T, int D, int E, int DP, int EP, typename S>
+static __device__ __forceinline__ void mbt_attn_query_tile(S (*qs)[DP], S (*dos)[EP], float (*st)[3], const T *q,
+                                                           const T *dout, const float *stats, const MbtAttn &a, long long z,
+                                                           long long h, long long i0) {
+    __syncthreads();
+    mbt_attn_tile<T, MBT_ATTN_TILE, D, DP>(qs, q, a.q, z, h, i0, a.T);
+    mbt_attn_tile<T, MBT_ATTN_TILE, E, EP>(dos, dout, a.dout, z, h, i0, a.T);
+    mbt_attn_tile<float, MBT_ATTN_TILE, 3, 3>(st, stats, a.stats, z, h, i0, a.T);
+    __syncthreads();
+}
+
 /* Whether query row t sees key j (row t of T, key j of S; causal: j <= t + S - T). */
 template <bool CAUSAL>
 static __device__ __forceinline__ bool mbt_attn_sees(const MbtAttn &a, long long t, long long j) {
@@ -333,11 +346,7 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
         for (long long g = 0; g < G; g++) {
             const long long h = kh * G + g;
             for (long long i0 = ifirst; i0 < a.T; i0 += BQ) {
-                __syncthreads();
-                mbt_attn_tile<T, BQ, D, D + 1>(qs, q, a.q, z, h, i0, a.T);
-                mbt_attn_tile<T, BQ, E, E + 1>(dos, dout, a.dout, z, h, i0, a.T);
-                mbt_attn_tile<float, BQ, 3, 3>(st, stats, a.stats, z, h, i0, a.T);
-                __syncthreads();
+                mbt_attn_query_tile<T, D, E, D + 1, E + 1>(qs, dos, st, q, dout, stats, a, z, h, i0);
 #pragma unroll
                 for (int rr = 0; rr < RPW; rr++) {
                     const int r = warp * RPW + rr;

@@ -180,6 +180,24 @@ static __device__ void mbt_attn_forward_tc(const MbtAttn &a, const T *q, const T
  * walk and leave through the scratch at the end. Static shared memory: 42 KB (dq) and 47 KB (dk
  * and dv) at D = E = 64. */
 
+/* A tile of keys for the backward of q: k's and v's rows [j0, j0 + 32) into the shared tiles,
+ * the warp's scores Q K^T into sv (a key a lane: sv[r] is row r's) and its dP = dO V^T into its
+ * scratch s. */
+template <typename T, int D, int E, int QP, int VP, int SP>
+static __device__ __forceinline__ void mbt_attn_tc_scores_dp(const MbtAttn &a, T (*qw)[QP], T (*dow)[VP], T (*ks)[QP],
+                                                             T (*vs)[VP], float (*s)[SP], float *sv, const T *k,
+                                                             const T *v, long long z, long long kh, long long j0) {
+    const int lane = threadIdx.x & 31;
+    mbt_attn_key_tile<T, D, E, QP, VP>(ks, vs, k, v, a, z, kh, j0);
+    mbt_attn_tc_abt<T, D, QP, QP, SP>(qw, ks, s);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 16; r++) sv[r] = s[r][lane];
+    __syncwarp();
+    mbt_attn_tc_abt<T, E, VP, VP, SP>(dow, vs, s);
+    __syncwarp();
+}
+
 /* The backward of q: dq [Z, H, T, D], and the statistics (COMPUTE) or loading them. */
 template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT>
 static __device__ void mbt_attn_bwd_q_tc(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
@@ -208,14 +226,8 @@ static __device__ void mbt_attn_bwd_q_tc(const MbtAttn &a, const T *q, const T *
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
         if (COMPUTE) { /* m, l and sum P dP in one pass, a key a lane (as mbt_attn_bwd_q) */
             for (long long j0 = 0; j0 < kend; j0 += BK) {
-                mbt_attn_key_tile<T, D, E, QP, VP>(ks, vs, k, v, a, z, kh, j0);
-                mbt_attn_tc_abt<T, D, QP, QP, SP>(&qs[warp * 16], ks, ss[warp]);
-                __syncwarp();
-#pragma unroll
-                for (int r = 0; r < 16; r++) sv[r] = ss[warp][r][lane];
-                __syncwarp();
-                mbt_attn_tc_abt<T, E, VP, VP, SP>(&dos[warp * 16], vs, ss[warp]);
-                __syncwarp();
+                mbt_attn_tc_scores_dp<T, D, E, QP, VP, SP>(a, &qs[warp * 16], &dos[warp * 16], ks, vs, ss[warp], sv, k, v, z,
+                                                           kh, j0);
 #pragma unroll
                 for (int r = 0; r < 16; r++) {
                     const bool seen = mbt_attn_sees<CAUSAL>(a, tw + r, j0 + lane);
@@ -246,14 +258,8 @@ static __device__ void mbt_attn_bwd_q_tc(const MbtAttn &a, const T *q, const T *
 #pragma unroll
         for (int n = 0; n < D / 16; n++) wmma::fill_fragment(dq[n], 0.0f);
         for (long long j0 = 0; j0 < kend; j0 += BK) { /* dq_i = sum_j scale P_ij (dP_ij - pdp_i) k_j */
-            mbt_attn_key_tile<T, D, E, QP, VP>(ks, vs, k, v, a, z, kh, j0);
-            mbt_attn_tc_abt<T, D, QP, QP, SP>(&qs[warp * 16], ks, ss[warp]);
-            __syncwarp();
-#pragma unroll
-            for (int r = 0; r < 16; r++) sv[r] = ss[warp][r][lane];
-            __syncwarp();
-            mbt_attn_tc_abt<T, E, VP, VP, SP>(&dos[warp * 16], vs, ss[warp]);
-            __syncwarp();
+            mbt_attn_tc_scores_dp<T, D, E, QP, VP, SP>(a, &qs[warp * 16], &dos[warp * 16], ks, vs, ss[warp], sv, k, v, z, kh,
+                                                       j0);
 #pragma unroll
             for (int r = 0; r < 16; r++) {
                 float w = 0.0f;
@@ -304,11 +310,7 @@ static __device__ void mbt_attn_bwd_kv_tc(const MbtAttn &a, const T *q, const T 
         for (long long g = 0; g < G; g++) {
             const long long h = kh * G + g;
             for (long long i0 = ifirst; i0 < a.T; i0 += BQ) {
-                __syncthreads();
-                mbt_attn_tile<T, BQ, D, QP>(qs, q, a.q, z, h, i0, a.T);
-                mbt_attn_tile<T, BQ, E, VP>(dos, dout, a.dout, z, h, i0, a.T);
-                mbt_attn_tile<float, BQ, 3, 3>(st, stats, a.stats, z, h, i0, a.T);
-                __syncthreads();
+                mbt_attn_query_tile<T, D, E, QP, VP>(qs, dos, st, q, dout, stats, a, z, h, i0);
                 /* S^T: the warp's 16 keys against the tile's 32 queries; a lane takes a query */
                 mbt_attn_tc_abt<T, D, QP, QP, SP>(&kr[warp * 16], qs, ss[warp]);
                 __syncwarp();
@@ -317,7 +319,8 @@ static __device__ void mbt_attn_bwd_kv_tc(const MbtAttn &a, const T *q, const T 
 #pragma unroll
                 for (int r = 0; r < 16; r++) {
                     p[r] = 0.0f;
-                    if (mbt_attn_sees<CAUSAL>(a, i, jw + r)) p[r] = expf(a.scale * ss[warp][r][lane] - st[lane][0]) / st[lane][1];
+                    if (mbt_attn_sees<CAUSAL>(a, i, jw + r))
+                        p[r] = expf(a.scale * ss[warp][r][lane] - st[lane][0]) / st[lane][1];
                     if constexpr (WANT_V) mbt_st(&pt[warp][r][lane], p[r]);
                 }
                 __syncwarp();
@@ -325,7 +328,8 @@ static __device__ void mbt_attn_bwd_kv_tc(const MbtAttn &a, const T *q, const T 
                     mbt_attn_tc_abt<T, E, VP, VP, SP>(&vr[warp * 16], dos, ss[warp]);
                     __syncwarp();
 #pragma unroll
-                    for (int r = 0; r < 16; r++) mbt_st(&dst[warp][r][lane], a.scale * (p[r] * (ss[warp][r][lane] - st[lane][2])));
+                    for (int r = 0; r < 16; r++)
+                        mbt_st(&dst[warp][r][lane], a.scale * (p[r] * (ss[warp][r][lane] - st[lane][2])));
                     __syncwarp();
                     mbt_attn_tc_accum<T, D, PP, QP>(dk, dst[warp], qs);
                 }
@@ -334,6 +338,7 @@ static __device__ void mbt_attn_bwd_kv_tc(const MbtAttn &a, const T *q, const T 
             }
         }
         if constexpr (WANT_K) mbt_attn_tc_put<T, D, NOUT_K, SP>(dk, ss[warp], a.out, out_k, z, kh, jw, a.S);
-        if constexpr (WANT_V) mbt_attn_tc_put<T, E, NOUT_V, SP>(dv, ss[warp], WANT_K ? a.out_v : a.out, out_v, z, kh, jw, a.S);
+        if constexpr (WANT_V)
+            mbt_attn_tc_put<T, E, NOUT_V, SP>(dv, ss[warp], WANT_K ? a.out_v : a.out, out_v, z, kh, jw, a.S);
     }
 }
