@@ -213,7 +213,8 @@ static int cuda_attention_shared(const Kernel *k) {
         int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
         switch (a->op) {
         case KA_FORWARD:
-            return (int)(2 * (64 * qp + 32 * qp + 32 * vp + 4 * 16 * pp) + 4 * (4 * 16 * ((a->E > 32 ? a->E : 32) + 4) + 4 * 16));
+            return (int)(2 * (64 * qp + 32 * qp + 32 * vp + 4 * 16 * pp) +
+                         4 * (4 * 16 * ((a->E > 32 ? a->E : 32) + 4) + 4 * 16));
         case KA_BWD_Q: return (int)(2 * (64 * qp + 64 * vp + 32 * qp + 32 * vp + 4 * 16 * pp) + scratch);
         default: /* k rows, v rows (for dk), q, dout, P^T (for dv), dS^T (for dk), stats */
             return (int)(2 * (64 * qp + (want_k ? 64 : 16) * vp + 32 * qp + 32 * vp + (want_v ? 4 : 1) * 16 * pp +

@@ -74,8 +74,8 @@ static uint64_t fl_hash(const FNode *p) {
     }
     if (p->op == F_GEMM) {
         const FuseGemm *m = &p->gemm;
-        int64_t w[] = {m->trans_a, m->trans_b, m->m, m->n, m->k, m->batch, m->lda, m->ldb, m->ldc, m->stride_a, m->stride_b, m->stride_c,
-                       m->epilogue};
+        int64_t w[] = {m->trans_a, m->trans_b, m->m,        m->n,        m->k,        m->batch,   m->lda,
+                       m->ldb,     m->ldc,     m->stride_a, m->stride_b, m->stride_c, m->epilogue};
         for (size_t i = 0; i < sizeof w / sizeof *w; i++) h = fl_mix(h, (uint64_t)w[i]);
     }
     return h ^ (h >> 29);
@@ -426,7 +426,8 @@ static int fl_matmul(FL *L, const GNode *gn, int x, int y) {
     if (nbatch < 0 || obatch * M * N != out) INTERNAL("fuse: matmul %%%d: output shape", gn->id);
     if (A.batch != 1 && A.batch != obatch) fl_operand_expand(L, &A, nbatch, gn->shape);
     if (B.batch != 1 && B.batch != obatch) fl_operand_expand(L, &B, nbatch, gn->shape);
-    FuseGemm m = {.a = -1, .b = -1, .c = -1, .epilogue = FE_NONE, .bias = -1, .trans_a = A.trans, .trans_b = B.trans, .m = M, .n = N, .k = K,
+    FuseGemm m = {.a = -1, .b = -1, .c = -1, .epilogue = FE_NONE, .bias = -1, .trans_a = A.trans, .trans_b = B.trans,
+                  .m = M, .n = N, .k = K,
                   .batch = obatch, .lda = A.cols, .ldb = B.cols, .ldc = N, .alpha = 1.0, .beta = 0.0, .dt = gn->dt};
     m.stride_a = A.batch > 1 ? A.rows * A.cols : 0;
     m.stride_b = B.batch > 1 ? B.rows * B.cols : 0;

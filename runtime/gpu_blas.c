@@ -299,7 +299,10 @@ static RtStatus rt_gpu_ones(RtGpu *g, int type, int64_t k, const void **out, RtE
             if (t) ((uint16_t *)host)[i] = 0x3f80; /* bf16 1.0 */
             else ((float *)host)[i] = 1.0f;
         }
-        if (g->ones[t]) g->api.cuMemFree(g->ones[t]);
+        if (g->ones[t]) { /* a larger k (rare: a program's are fixed): the queued products are done with it */
+            g->api.cuStreamSynchronize(g->stream);
+            g->api.cuMemFree(g->ones[t]);
+        }
         g->ones[t] = 0;
         g->ones_cap[t] = 0;
         RtStatus st = rt_cu_check(&g->api, g->api.cuMemAlloc(&g->ones[t], (size_t)k * size), err, "cuMemAlloc",
