@@ -142,6 +142,16 @@ template <int W> static __device__ __forceinline__ float mbt_dot(const float *a,
     return acc;
 }
 
+/* The CUDA-core kernels' online step for query row t (its shared row q) and key j (this lane's,
+ * row kr): seen says whether the row sees the key, the score is scale * q . kr, then
+ * mbt_attn_online. */
+template <int D, bool CAUSAL>
+static __device__ __forceinline__ bool mbt_attn_score_online(const MbtAttn &a, const float *q, const float *kr, long long t,
+                                                             long long j, bool &seen, float &m, float &p, float &alpha) {
+    seen = mbt_attn_sees<CAUSAL>(a, t, j);
+    return mbt_attn_online(seen ? a.scale * mbt_dot<D>(q, kr) : -MBT_INF_F, m, p, alpha);
+}
+
 /* The keys [0, end) that the tile of query rows [t0, t0 + rows) sees: causal rows stop at the
  * last key their last row sees. */
 template <bool CAUSAL>
@@ -210,9 +220,9 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
                 const int r = warp * RPW + rr;
                 const long long t = t0 + r, j = j0 + lane;
                 if (t >= a.T) break; /* the same for the whole warp */
-                const bool seen = mbt_attn_sees<CAUSAL>(a, t, j);
+                bool seen;
                 float p, alpha;
-                if (!mbt_attn_online(seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F, m[rr], p, alpha)) continue;
+                if (!mbt_attn_score_online<D, CAUSAL>(a, qs[r], ks[lane], t, j, seen, m[rr], p, alpha)) continue;
                 l[rr] = l[rr] * alpha + p; /* this lane's part of the row sum: added up at the end */
                 ps[r][lane] = p; /* a slot a row: the next tile's __syncthreads orders its reuse */
                 __syncwarp();
@@ -261,9 +271,9 @@ static __device__ void mbt_attn_bwd_q(const MbtAttn &a, const T *q, const T *k, 
                     const int r = warp * RPW + rr;
                     const long long t = t0 + r, j = j0 + lane;
                     if (t >= a.T) break;
-                    const bool seen = mbt_attn_sees<CAUSAL>(a, t, j);
+                    bool seen;
                     float p, alpha;
-                    if (!mbt_attn_online(seen ? a.scale * mbt_dot<D>(qs[r], ks[lane]) : -MBT_INF_F, m[rr], p, alpha)) continue;
+                    if (!mbt_attn_score_online<D, CAUSAL>(a, qs[r], ks[lane], t, j, seen, m[rr], p, alpha)) continue;
                     const float dp = seen ? mbt_dot<E>(dos[r], vs[lane]) : 0.0f;
                     l[rr] = l[rr] * alpha + p; /* this lane's parts, added up below */
                     pdp[rr] = pdp[rr] * alpha + p * dp;

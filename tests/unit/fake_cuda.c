@@ -670,6 +670,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         return FAKE_LT_NOT_SUPPORTED;
     size_t size = la->type == CUDA_R_16BF ? 2 : 4;
     float al_ = *(const float *)alpha, be = *(const float *)beta;
+    const FakeLayout vec = {ld->type, (uint64_t)m, 1, m, 0, 1}; /* the epilogue's vector: m of D's type */
     /* opA and opB copied out as dense row-major f32 (bf16 widens exactly), their product by
      * OpenBLAS (f32 sums, as cuBLASLt's CUBLAS_COMPUTE_32F), then D = alpha AB + beta C rounded
      * to D's type: fast enough for the emulated GPU's every GEMM. The copying is this file's own
@@ -699,7 +700,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                 float v = al_ * AB[i * n + j];
                 if (be != 0) v += be * fake_at(cb, lc, CUBLAS_OP_N, i, j);
                 if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS) /* along D's rows, one vector for the batch */
-                    v += fake_at(desc->bias, &(FakeLayout){ld->type, (uint64_t)m, 1, m, 0, 1}, CUBLAS_OP_N, i, 0);
+                    v += fake_at(desc->bias, &vec, CUBLAS_OP_N, i, 0);
                 fake_put(db, ld, i, j, v);
             }
     }
@@ -707,7 +708,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         for (int64_t i = 0; i < m; i++) {
             float sum = 0;
             for (int64_t p = 0; p < k; p++) sum += fake_at(a, la, desc->op_a, i, p);
-            fake_put(desc->bias, &(FakeLayout){ld->type, (uint64_t)m, 1, m, 0, 1}, i, 0, sum);
+            fake_put(desc->bias, &vec, i, 0, sum);
         }
     free(A), free(B), free(AB);
     fake.matmuls++;

@@ -111,7 +111,7 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
                 }
         }
         CHECK(bad == 0, "%s%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
-              c->bf16 ? "bf16 " : "", c->bias ? "bias " : "", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch,
+              c->bf16 ? "bf16 " : "", c->bias == 1 ? "bias " : c->bias == 2 ? "bias gradient " : "", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch,
               (long long)c->pad,
               (double)c->alpha, (double)c->beta, (long long)bad, worst);
         CHECK(untouched == 0, "%lld padding elements were written", (long long)untouched);
