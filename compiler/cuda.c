@@ -908,18 +908,14 @@ static void cuda_attention_call(CudaEmit *E) {
                   a->D, a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout,
                   a->stats_computed ? "nullptr" : st, a->stats_computed ? st : "nullptr");
         break;
-    case KA_BWD_K:
-        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, true, false, %d, 0>(a, %s, %s, %s, %s, %s, out, nullptr);",
-                  tc, t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
+    default: { /* dk and dv, or either: dk's places in out, dv's in out_v (in out when alone) */
+        int wk = a->op != KA_BWD_V, wv = a->op != KA_BWD_K;
+        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", tc,
+                  t, a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
+                  wv ? (wk ? a->nout_v : a->nout) : 0, q, k, v, dout, st, wk ? "out" : "nullptr",
+                  !wv ? "nullptr" : wk ? "out_v" : "out");
         break;
-    case KA_BWD_V:
-        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, false, true, 0, %d>(a, %s, %s, %s, %s, %s, nullptr, out);",
-                  tc, t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
-        break;
-    case KA_BWD_KV:
-        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, true, true, %d, %d>(a, %s, %s, %s, %s, %s, out, out_v);",
-                  tc, t, a->D, a->E, causal, a->nout, a->nout_v, q, k, v, dout, st);
-        break;
+    }
     }
 }
 
