@@ -33,40 +33,41 @@ CSTD     = -std=c11 -D_GNU_SOURCE
 OPT      ?= -O2 -g
 SAN_KINDS = address,undefined
 SANFLAGS = $(if $(SAN),-fsanitize=$(SAN_KINDS) -fno-omit-frame-pointer -fno-sanitize-recover=all)
-INC      = -Icompiler -Igrammar -I$(BUILD)/gen
+# Every object writes its header dependencies next to itself (-MMD -MP; included at the end), so
+# editing any header rebuilds exactly what includes it.
+DEPFLAGS = -MMD -MP
+
+# ---- the compiler's folders, in pipeline order (docs/architecture.md) -------------------------
+#   support/  arena, diagnostics                 front/   lexer, grammar, AST, modules
+#   sema/     names, types, shapes, settings     ir/      graph IR, its builder, autodiff
+#   fuse/     fusion into launches               kir/     the kernel IR
+#   plan/     the step program, the memory plan  backend/cpu, backend/cuda   LLVM, CUDA C + NVRTC
+#   host/     host code, descriptor, linking     ref/     the float64 references, verify-step
+# main.c is the command line, pipeline.c the stage table.
+COMPILER_DIRS = compiler compiler/support compiler/front compiler/sema compiler/ir compiler/fuse compiler/kir \
+                compiler/plan compiler/backend/cpu compiler/backend/cuda compiler/host compiler/ref
+RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli
+INC      = $(addprefix -I,$(COMPILER_DIRS)) -I$(BUILD)/gen
+RT_INC   = $(addprefix -I,$(RUNTIME_DIRS))
 CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(INC) $(CFLAGS)
 LDFLAGS_ALL = $(SANFLAGS) $(LDFLAGS)
 
-# The compiler's own sources, in pipeline order; main.c is the CLI only.
-FRONT_SRCS = compiler/arena.c compiler/diag.c compiler/ast.c compiler/parse.c compiler/module.c
-SEMA_SRCS  = compiler/dim.c compiler/value.c compiler/shape.c compiler/builtins.c \
-             compiler/sema.c compiler/eval.c compiler/settings.c
-# The middle: the graph IR and its construction, reverse-mode autodiff, the step program and memory
-# plan, fusion into launches and the kernel IR (fuse_lower.c, fuse.c, fuse_codegen.c, kir.c), and the
-# double-precision references the tests hold everything against (ref.c forward ops, ref_bwd.c
-# backward, ref_seg.c the segmented ops of update graphs; kir_ref.c runs fused kernels).
-MIDDLE_SRCS = compiler/graph.c compiler/graph_build.c compiler/autodiff.c compiler/plan.c \
-              compiler/ref.c compiler/ref_bwd.c compiler/ref_seg.c \
-              compiler/fuse_lower.c compiler/fuse.c compiler/fuse_codegen.c compiler/kir.c compiler/kir_ref.c
-# The CUDA back end's code generator (KIR -> CUDA C) and NVRTC, opened with dlopen at run time
-# (no link-time dependency on CUDA: mbtc builds and runs without it).
-CUDA_SRCS  = compiler/cuda.c compiler/cuda_program.c compiler/nvrtc.c
-LIB_SRCS   = $(FRONT_SRCS) $(SEMA_SRCS) $(MIDDLE_SRCS) $(CUDA_SRCS)
-GEN_SRCS   = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
-
-LIB_OBJS = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS)) $(BUILD)/obj/mbt.o $(BUILD)/obj/lexer.o
-
-# LLVM (the CPU back end, compiler/cpu.c): the files that include llvm-c headers are compiled with
-# llvm-config's flags, its include directory as -isystem so that -Werror holds our code and not
-# LLVM's headers; they stay out of LIB_SRCS (the fuzzer builds those without LLVM) but go into
-# libmbtc.a, and what calls them (mbtc, test_cpu) links LLVM_LIBS. Deferred (`=`) because
-# tools/deps.sh may install llvm-19-dev after this file is read.
+ALL_COMPILER_SRCS = $(filter-out compiler/main.c,$(wildcard $(addsuffix /*.c,$(COMPILER_DIRS))))
+# LLVM (the CPU back end and the host code): these files include llvm-c headers and are compiled
+# with llvm-config's flags, its include directory as -isystem so that -Werror holds our code and
+# not LLVM's headers. Deferred (`=`) because tools/deps.sh may install llvm-19-dev after this file
+# is read. verify_step.c reads step dumps with the runtime's safetensors reader. These stay out of
+# LIB_SRCS (the fuzzer builds those alone) but go into libmbtc.a, and what calls them (mbtc,
+# test_cpu) links LLVM_LIBS and libmbtrt.a.
 LLVM_CONFIG ?= llvm-config-19
 LLVM_CFLAGS  = $(patsubst -I%,-isystem %,$(shell $(LLVM_CONFIG) --cflags))
 LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs core analysis passes target x86 orcjit executionengine mcjit native --system-libs)
-LLVM_SRCS    = compiler/cpu.c
-LLVM_OBJS    = $(patsubst compiler/%.c,$(BUILD)/obj/%.o,$(LLVM_SRCS))
-LIB_OBJS    += $(LLVM_OBJS) $(BUILD)/obj/host.o $(BUILD)/obj/host_abi.o $(BUILD)/obj/verify_step.o
+LLVM_SRCS    = $(wildcard compiler/backend/cpu/*.c compiler/host/*.c) compiler/ref/verify_step.c
+LIB_SRCS     = $(filter-out $(LLVM_SRCS),$(ALL_COMPILER_SRCS))
+GEN_SRCS     = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
+
+LIB_OBJS  = $(patsubst %.c,$(BUILD)/obj/%.o,$(ALL_COMPILER_SRCS)) $(BUILD)/obj/gen/mbt.o $(BUILD)/obj/gen/lexer.o
+LLVM_OBJS = $(patsubst %.c,$(BUILD)/obj/%.o,$(LLVM_SRCS)) $(BUILD)/obj/compiler/main.o
 
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
@@ -88,56 +89,44 @@ $(BUILD)/.deps-ok: tools/deps.sh
 # lemon exits non-zero when the grammar has conflicts, so a conflicting grammar fails the build.
 # lempar.c is a prerequisite only once it exists: on a fresh machine tools/deps.sh (.deps-ok)
 # installs lemon first, and a missing file must not stop make before that runs.
-$(BUILD)/gen/mbt.c $(BUILD)/gen/mbt.h: grammar/mbt.y $(wildcard $(LEMPAR)) | $(BUILD)/.deps-ok
+$(BUILD)/gen/mbt.c $(BUILD)/gen/mbt.h: compiler/front/mbt.y $(wildcard $(LEMPAR)) | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/gen
-	$(LEMON) -q -T$(LEMPAR) -d$(BUILD)/gen grammar/mbt.y
+	$(LEMON) -q -T$(LEMPAR) -d$(BUILD)/gen compiler/front/mbt.y
 
-$(BUILD)/gen/lexer.c: grammar/lexer.re $(BUILD)/gen/mbt.h | $(BUILD)/.deps-ok
+$(BUILD)/gen/lexer.c: compiler/front/lexer.re $(BUILD)/gen/mbt.h | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/gen
-	$(RE2C) -W --no-generation-date -o $@ grammar/lexer.re
+	$(RE2C) -W --no-generation-date -o $@ compiler/front/lexer.re
 
 # ---- objects -----------------------------------------------------------------------------------
-HDRS = $(wildcard compiler/*.h grammar/*.h) $(BUILD)/gen/mbt.h
+# Generated headers every compiler object may include: they exist before the first compile, and
+# afterwards the .d files name what each object really reads.
+GEN_HDRS = $(BUILD)/gen/mbt.h $(BUILD)/gen/rt_kernels_cu.h $(BUILD)/gen/rt_attention_cuh.h $(BUILD)/gen/rt_attention_tc_cuh.h
 
-$(BUILD)/obj/%.o: compiler/%.c $(HDRS)
-	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) -c $< -o $@
+$(BUILD)/obj/compiler/%.o: compiler/%.c | $(GEN_HDRS) $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(OBJ_EXTRA) $(DEPFLAGS) -c $< -o $@
 
-# mbtc finds the stdlib beside itself (<bindir>/../stdlib), else in this source tree. (It calls the
-# CPU back end, whose header includes llvm-c.)
-$(BUILD)/obj/main.o: compiler/main.c $(HDRS) | $(BUILD)/.deps-ok
-	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"' -c $< -o $@
-
-# The host code's driver links executables with libmbtrt and RT_LDLIBS (the same as the tests').
-$(BUILD)/obj/host.o: compiler/host.c $(HDRS) | $(BUILD)/.deps-ok
-	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"' -c $< -o $@
-
-# host_abi.c reads the runtime's ABI header for offsetof/sizeof; verify_step.c reads step dumps
-# with the runtime's safetensors reader (so mbtc links libmbtrt.a).
-$(BUILD)/obj/host_abi.o $(BUILD)/obj/verify_step.o: $(BUILD)/obj/%.o: compiler/%.c $(HDRS) $(RT_HDRS) | $(BUILD)/.deps-ok
-	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) -Iruntime -c $< -o $@
-
-$(LLVM_OBJS): $(BUILD)/obj/%.o: compiler/%.c $(HDRS) | $(BUILD)/.deps-ok
-	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -c $< -o $@
+$(LLVM_OBJS): OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC)
+# mbtc finds the stdlib beside itself (<bindir>/../stdlib), else in this source tree; the host
+# code's driver links executables with libmbtrt and RT_LDLIBS (the same as the tests').
+$(BUILD)/obj/compiler/main.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"'
+$(BUILD)/obj/compiler/host/link.o $(BUILD)/obj/compiler/host/host.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) \
+    -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"'
 
 # Generated code: same warnings, minus the unused-parameter noise lemon's template produces.
-$(BUILD)/obj/mbt.o: $(BUILD)/gen/mbt.c $(HDRS)
-	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) -Wno-unused-parameter -Wno-unused-variable -c $< -o $@
+$(BUILD)/obj/gen/mbt.o: $(BUILD)/gen/mbt.c | $(GEN_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) -Wno-unused-parameter -Wno-unused-variable -c $< -o $@
 
-$(BUILD)/obj/lexer.o: $(BUILD)/gen/lexer.c $(HDRS)
-	@mkdir -p $(BUILD)/obj
-	$(CC) $(CFLAGS_ALL) -c $< -o $@
+$(BUILD)/obj/gen/lexer.o: $(BUILD)/gen/lexer.c | $(GEN_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) -c $< -o $@
 
 $(BUILD)/libmbtc.a: $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
+$(BUILD)/mbtc: $(BUILD)/obj/compiler/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LLVM_LIBS) -lm
 
 # ---- runtime (libmbtrt) -------------------------------------------------------------------------
@@ -149,12 +138,8 @@ $(BUILD)/mbtc: $(BUILD)/obj/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
 # The GPU (gpu_api.c: the CUDA driver, cuBLASLt and NCCL through dlopen; gpu.c: device, module,
 # memory, launches; gpu_blas.c: GEMMs on cuBLASLt; gpu_timing.c: MBT_DEBUG timing, MBT_TRACE) needs
 # no CUDA to build or link; exec.c runs a program on the CPU or the GPU.
-RT_SRCS  = runtime/exec.c runtime/rt_error.c runtime/rt_file.c runtime/rng.c runtime/data.c runtime/safetensors.c \
-           runtime/json.c runtime/pool.c runtime/blas.c runtime/profile.c runtime/log.c runtime/weights.c \
-           runtime/checkpoint.c runtime/cli.c runtime/train.c runtime/generate.c runtime/main.c \
-           runtime/gpu_api.c runtime/gpu.c runtime/gpu_blas.c runtime/gpu_timing.c
-RT_OBJS  = $(patsubst runtime/%.c,$(BUILD)/obj/rt/%.o,$(RT_SRCS))
-RT_HDRS  = $(wildcard runtime/*.h)
+RT_SRCS  = $(wildcard $(addsuffix /*.c,$(RUNTIME_DIRS)))
+RT_OBJS  = $(patsubst %.c,$(BUILD)/obj/%.o,$(RT_SRCS))
 
 # OpenBLAS, from Debian's libopenblas-dev (tools/deps.sh installs it), whose default flavour is
 # the pthread build in /usr/lib/<multiarch>/openblas-pthread. That package ships the static
@@ -173,13 +158,13 @@ BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/l
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
 RT_LDLIBS = $(BLAS_LIBS) -lpthread -ldl -lm
 
-RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) -Iruntime $(BLAS_CFLAGS) $(CFLAGS)
+RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(RT_INC) $(BLAS_CFLAGS) $(CFLAGS)
 
 all: $(BUILD)/libmbtrt.a $(BUILD)/mbt-gendata
 
-$(BUILD)/obj/rt/%.o: runtime/%.c $(RT_HDRS) | $(BUILD)/.deps-ok
-	@mkdir -p $(BUILD)/obj/rt
-	$(CC) $(RT_CFLAGS) -c $< -o $@
+$(BUILD)/obj/runtime/%.o: runtime/%.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(BUILD)/libmbtrt.a: $(RT_OBJS)
 	rm -f $@
@@ -203,27 +188,25 @@ $(BUILD)/gen/%_cu.h: runtime/kernels/%.cu
 $(BUILD)/gen/%_cuh.h: runtime/kernels/%.cuh
 	$(call cuda_string,mbt_$*_cuh)
 
-$(BUILD)/obj/cuda.o: $(BUILD)/gen/rt_attention_cuh.h $(BUILD)/gen/rt_attention_tc_cuh.h
-$(BUILD)/obj/cuda_program.o: $(BUILD)/gen/rt_kernels_cu.h
 
 # gpu_internal.h declares the CUDA types, constants and functions the runtime uses without
 # including CUDA's headers. Where the toolkit's headers are, tests/unit/gpu_decls_check.c checks
 # those declarations against them at compile time (skipped on a machine without CUDA).
-GPU_DECLS_CHECK = $(if $(wildcard $(CUDA_HOME)/include/cuda.h),$(BUILD)/obj/rt/gpu_decls.ok)
-$(BUILD)/obj/rt/gpu_decls.ok: tests/unit/gpu_decls_check.c $(RT_HDRS)
-	@mkdir -p $(BUILD)/obj/rt
-	$(CC) $(RT_CFLAGS) -isystem $(CUDA_HOME)/include -fsyntax-only $< && touch $@
+GPU_DECLS_CHECK = $(if $(wildcard $(CUDA_HOME)/include/cuda.h),$(BUILD)/obj/runtime/gpu_decls.ok)
+$(BUILD)/obj/runtime/gpu_decls.ok: tests/unit/gpu_decls_check.c | $(BUILD)/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(RT_CFLAGS) -isystem $(CUDA_HOME)/include -fsyntax-only -MMD -MP -MF $@.d -MT $@ $< && touch $@
 
 all: $(GPU_DECLS_CHECK)
 
 # mbt-gendata: a synthetic token corpus with a known entropy rate (docs/runtime.md).
-$(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a $(RT_HDRS)
-	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+$(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
 # Runtime unit tests link libmbtrt, not the compiler (the shorter stem wins over the rule below).
-$(BUILD)/tests/test_rt_%: tests/unit/test_rt_%.c $(BUILD)/libmbtrt.a $(RT_HDRS) $(wildcard tests/unit/*.h)
+$(BUILD)/tests/test_rt_%: tests/unit/test_rt_%.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) -Itests/unit $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -Itests/unit -Itests/cudaemu $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
 # A hand-written program on the RtProgram ABI (tests/runtime/bigram_program.c), linked the way
 # mbtc will link generated ones: the program's object, libmbtrt (with its main) and RT_LDLIBS.
@@ -231,39 +214,39 @@ $(BUILD)/tests/test_rt_%: tests/unit/test_rt_%.c $(BUILD)/libmbtrt.a $(RT_HDRS) 
 # (and gendata) from its own directory.
 BIGRAM_BINS = $(BUILD)/tests/bigram $(BUILD)/tests/bigram_micro16
 
-$(BUILD)/tests/bigram: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.a $(RT_HDRS)
+$(BUILD)/tests/bigram: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
-$(BUILD)/tests/bigram_micro16: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.a $(RT_HDRS)
+$(BUILD)/tests/bigram_micro16: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) -DBIGRAM_MICRO=16 -DBIGRAM_GLOBAL=16 $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -DBIGRAM_MICRO=16 -DBIGRAM_GLOBAL=16 $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
 $(BUILD)/tests/test_rt_train: $(BIGRAM_BINS) $(BUILD)/mbt-gendata
 
 # test_rt_gpu drives the GPU runtime through a CPU stand-in for the CUDA driver and cuBLASLt
-# (tests/unit/fake_cuda.c), loaded from beside the test as both libraries.
-$(BUILD)/tests/libmbt_fake_cuda.so: tests/unit/fake_cuda.c tests/unit/fake_cuda.h $(RT_HDRS)
+# (tests/cudaemu/fake_cuda.c), loaded from beside the test as both libraries.
+$(BUILD)/tests/libmbt_fake_cuda.so: tests/cudaemu/fake_cuda.c | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) -Itests/unit -shared -fPIC $< -o $@ $(LDFLAGS_ALL) -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -Itests/cudaemu -shared -fPIC $< -o $@ $(LDFLAGS_ALL) -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
 
 $(BUILD)/tests/test_rt_gpu: $(BUILD)/tests/libmbt_fake_cuda.so
 
 # st_compare: the largest relative difference of the tensors two safetensors files share (the
 # exec and verify layers of tests/run.sh compare weights and gradients with it).
-$(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a $(RT_HDRS)
+$(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
 # ---- tests -------------------------------------------------------------------------------------
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a $(HDRS) $(wildcard tests/unit/*.h)
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(CFLAGS_ALL) -Itests/unit $< $(BUILD)/libmbtc.a -lm -o $@ $(LDFLAGS_ALL)
+	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a -lm -o $@ $(LDFLAGS_ALL)
 
 # The CPU back end's test JIT-compiles kernels: it includes llvm-c headers and links LLVM.
-$(BUILD)/tests/test_cpu: tests/unit/test_cpu.c $(BUILD)/libmbtc.a $(HDRS) $(wildcard tests/unit/*.h)
+$(BUILD)/tests/test_cpu: tests/unit/test_cpu.c $(BUILD)/libmbtc.a
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(CFLAGS_ALL) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
+	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
 unit: $(UNIT_BINS) $(BUILD)/tests/st_compare
 
@@ -277,15 +260,15 @@ asan:
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
 fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors
 
-$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(HDRS) $(BUILD)/gen/rt_kernels_cu.h $(BUILD)/gen/rt_attention_cuh.h $(BUILD)/gen/rt_attention_tc_cuh.h
+$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(GEN_HDRS) $(wildcard $(addsuffix /*.h,$(COMPILER_DIRS)))
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
 
 # The safetensors reader's fuzz target links only the runtime files the reader needs.
-FUZZ_ST_SRCS = runtime/rt_error.c runtime/rt_file.c runtime/safetensors.c
-$(BUILD)/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(RT_HDRS)
+FUZZ_ST_SRCS = runtime/base/rt_error.c runtime/base/rt_file.c runtime/io/safetensors.c
+$(BUILD)/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(wildcard $(addsuffix /*.h,$(RUNTIME_DIRS)))
 	@mkdir -p $(BUILD)/fuzz
-	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) -Iruntime \
+	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $(RT_INC) \
 		-o $@ tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) -lm
 
 fuzz: $(BUILD)/fuzz/fuzz_$(FUZZ_TARGET)
@@ -329,3 +312,6 @@ bench-gpu: all
 
 clean:
 	rm -rf $(BUILD)
+
+# Header dependencies written by -MMD (absent before the first build, when everything is built).
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/obj/*/*/*.d $(BUILD)/obj/*/*/*/*.d $(BUILD)/tests/*.d $(BUILD)/*.d)

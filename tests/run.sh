@@ -33,7 +33,7 @@
 #   gpu-emu       the emulated GPU (tests/cudaemu/cudaemu.h runs CUDA C on the CPU): the attention
 #                 templates against a float64 reference (tests/cudaemu/check_attention.sh), then
 #                 tests/gpu/run.sh with MBT_GPU_TEST_DEVICE=emu: make test-gpu with the executables'
-#                 --device cuda path against tests/unit/fake_cuda.c, each CPU-size example's step
+#                 --device cuda path against tests/cudaemu/fake_cuda.c, each CPU-size example's step
 #                 (and attention's odd shapes, in f32 and bf16) held to the CPU's. SKIP without NVRTC
 #   asan          the unit, diag, check, golden and pathological layers again with BUILD/asan's binaries
 #   fuzz          replay the fuzz corpus, then fuzz the front end for 60 s and the safetensors

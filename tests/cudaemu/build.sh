@@ -1,7 +1,7 @@
 #!/bin/sh
 # tests/cudaemu/build.sh IN.cu OUT.so - compiles a program's CUDA C (`mbtc --emit=cuda`) for the
 # host with cudaemu.h, into a shared object the CPU stand-in for the CUDA driver runs kernels
-# from (tests/unit/fake_cuda.c, MBT_FAKE_CUDA_EMU=OUT.so). Every `__global__` function of IN is
+# from (tests/cudaemu/fake_cuda.c, MBT_FAKE_CUDA_EMU=OUT.so). Every `__global__` function of IN is
 # exported by name.
 # tests/cudaemu/build.sh --exe IN.cc OUT - the same compilation of a translation unit with a main
 # of its own (tests/cudaemu/attention_check.cc), into an executable.

@@ -3,7 +3,7 @@
  * A program's translation unit (`mbtc --emit=cuda`: the generated kernels and the runtime's own,
  * runtime/kernels/rt_kernels.cu) is compiled as C++ for the host with this header forced in
  * first (`g++ -include cudaemu.h`, tests/cudaemu/build.sh), into a shared object that the CPU
- * stand-in for the CUDA driver (tests/unit/fake_cuda.c, MBT_FAKE_CUDA_EMU) loads and launches
+ * stand-in for the CUDA driver (tests/cudaemu/fake_cuda.c, MBT_FAKE_CUDA_EMU) loads and launches
  * kernels from. The kernels' source is NVRTC's, unchanged: what runs is the code the GPU runs,
  * with the host's arithmetic.
  *

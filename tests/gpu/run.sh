@@ -39,7 +39,7 @@
 # MBT_GPU_TEST_DEVICE selects the device under test:
 #   cuda (default)  the GPU, as above.
 #   emu             the GPU path on the CPU, for machines without a GPU (tests/run.sh's gpu-emu
-#                   layer): the executables run with --device cuda against tests/unit/fake_cuda.c
+#                   layer): the executables run with --device cuda against tests/cudaemu/fake_cuda.c
 #                   as the CUDA driver and cuBLASLt, and each program's kernels - its CUDA C from
 #                   `mbtc --emit=cuda`, compiled for the host by tests/cudaemu/build.sh - run in
 #                   tests/cudaemu/cudaemu.h's emulation. Everything the host does for the GPU runs
@@ -105,7 +105,7 @@ emu)
     DUT=(--device cuda)
     export MBT_CUDA_ARCH=sm_80 # the stand-in driver is an 8.0 device; its cubin is all it loads
     VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny " # the rest: cmpdump against the CPU, whose step the verify layer checks
-    echo "# MBT_GPU_TEST_DEVICE=emu: the GPU path on the CPU (tests/unit/fake_cuda.c, tests/cudaemu/cudaemu.h)"
+    echo "# MBT_GPU_TEST_DEVICE=emu: the GPU path on the CPU (tests/cudaemu/fake_cuda.c, tests/cudaemu/cudaemu.h)"
     ;;
 cpu)
     DUT=(--device cpu --threads 1)

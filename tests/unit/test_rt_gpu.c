@@ -6,7 +6,7 @@
  *   - the real cuBLASLt's and NCCL's functions resolving (when installed);
  *   - the JIT cache's directory and file names, byte sizes in messages, the per-name timing table
  *     and the Chrome trace writer (plain functions);
- *   - the whole path through build/tests/libmbt_fake_cuda.so (tests/unit/fake_cuda.c, a CPU
+ *   - the whole path through build/tests/libmbt_fake_cuda.so (tests/cudaemu/fake_cuda.c, a CPU
  *     stand-in for the driver and cuBLASLt): module choice, the JIT cache (written, read back,
  *     replaced when damaged), error messages, memory, the runtime's kernels' parameters, GEMMs
  *     against the CPU's rt_sgemm_batched, plan caching, MBT_DEBUG timing and MBT_TRACE.

@@ -1,4 +1,4 @@
-/* fake_cuda.h - the controls of tests/unit/fake_cuda.c, a stand-in for the CUDA driver and
+/* fake_cuda.h - the controls of tests/cudaemu/fake_cuda.c, a stand-in for the CUDA driver and
  * cuBLASLt that runs on the CPU (test_rt_gpu loads it through MBT_LIBCUDA and MBT_LIBCUBLASLT and
  * reaches this struct with dlsym(handle, "fake_control")). */
 #ifndef MBT_FAKE_CUDA_H
