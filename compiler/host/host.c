@@ -26,6 +26,7 @@
 #include <llvm-c/Analysis.h>
 
 #include "autodiff.h"
+#include "cpu_scalar.h"
 #include "cuda_program.h"
 #include "diag.h"
 #include "fuse.h"
@@ -35,7 +36,6 @@
 #include "nvrtc.h"
 #include "plan.h"
 #include "sema.h"
-#include "sema_internal.h"
 
 #ifndef MBT_RT_LIB
 #define MBT_RT_LIB "build/libmbtrt.a"
@@ -56,7 +56,7 @@ typedef struct Host {
     LLVMTypeRef range_fn_t, pfor_t, gemm_t;
     LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
     const Plan *plan;
-    const TrainSettings *ts;
+    const TrainConfig *ts;
     /* emitting the GPU functions (host_gpu below): launches and copies go through the runtime's
      * rt_gpu_* calls, every region address is a device address */
     int gpu;
@@ -404,8 +404,8 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
 
 /* ---- forward_logits: generation's forward ----------------------------------------------------
  * The logits are the model's output: the train block's `model(data.x)` built as a graph of its own
- * with data.x of one row (sema_build_forward, on a fresh parse of the program since sema checks a
- * module once), so the loss and data.y are not part of it. It must be f32[1, T, vocab], vocab the
+ * with data.x of one row (sema_build_train builds it in the same walk as the step), so the loss
+ * and data.y are not part of it. It must be f32[1, T, vocab], vocab the
  * last dimension of the logits the loss's cross_entropy reads. Dropout is off (p = 0): generation
  * runs the model for inference. The runtime calls forward_logits with x = [1, T] (the context
  * x[0, len), zeros after it); it runs every launch and copies row len - 1 of the logits into
@@ -455,16 +455,11 @@ static LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
 /* The graph of the train block's model(data.x) at batch 1, its logits in *node; or NULL with a
  * warning saying why this program cannot generate. Its parameters must be the step graph's, in the
  * same order (step_addrs finds them through the plan's table). */
-static Graph *logits_graph(Host *h, Loader *ld, const Graph *step, int64_t vocab, int *node) {
-    Loader fresh;
-    Module *main2 = loader_reparse(&fresh, ld);
-    int errors = diag_error_count();
-    Graph *g = main2 ? sema_build_forward(&fresh, main2, h->ts->name, 1, node, h->ar) : NULL;
-    if (!g) {
-        if (diag_error_count() == errors) INTERNAL("host: the batch-1 forward failed without an error");
-        diag_note(span_none(), "the errors above come from the model at batch 1, which generation (forward_logits) runs");
-        return NULL;
-    }
+static Graph *logits_graph(Host *h, const TrainBuild *tb, int64_t vocab, int *node) {
+    const Graph *step = tb->step;
+    Graph *g = tb->forward;
+    *node = tb->forward_output;
+    if (!g) INTERNAL("host: the train build has no batch-1 forward");
     if (g->nparams != step->nparams) INTERNAL("host: %d parameters at batch 1, %d in the step", g->nparams, step->nparams);
     for (int i = 0; i < g->nparams; i++)
         if (strcmp(graph_node(g, g->params[i])->name, graph_node(step, step->params[i])->name) != 0)
@@ -543,180 +538,6 @@ static LLVMValueRef emit_optimizer_init(Host *h, const GraphUpdate *u) {
     return fn;
 }
 
-/* ---- lr_schedule: the train block's `lr` function compiled from its AST ---------------------
- * Every number is a double (ints included: a schedule's steps are far below 2^53), comparisons
- * and and/or are i1; names are the parameters (`step` an int64 converted, the rest bound by the
- * train block) and locals assigned in the body, each an alloca; builtins: float, int (truncation),
- * min, max, abs, cos, sin, exp, log, sqrt, and `pi`. */
-typedef struct LrCtx {
-    Host *h;
-    LLVMValueRef fn;
-    int n;
-    Str names[64];
-    LLVMValueRef slots[64];
-    int bad;
-} LrCtx;
-
-static LLVMValueRef lr_slot(LrCtx *c, Str name, int create) {
-    for (int i = 0; i < c->n; i++)
-        if (c->names[i].len == name.len && memcmp(c->names[i].p, name.p, name.len) == 0) return c->slots[i];
-    if (!create || c->n == 64) return NULL;
-    LLVMBuilderRef b = c->h->b;
-    LLVMBasicBlockRef cur = LLVMGetInsertBlock(b), entry = LLVMGetEntryBasicBlock(c->fn);
-    LLVMValueRef first = LLVMGetFirstInstruction(entry);
-    if (first) LLVMPositionBuilderBefore(b, first);
-    else LLVMPositionBuilderAtEnd(b, entry);
-    LLVMValueRef s = LLVMBuildAlloca(b, c->h->f64, "");
-    LLVMPositionBuilderAtEnd(b, cur);
-    c->names[c->n] = name, c->slots[c->n++] = s;
-    return s;
-}
-
-static LLVMValueRef lr_intrinsic(LrCtx *c, const char *name, LLVMValueRef *a, int n) {
-    Host *h = c->h;
-    LLVMTypeRef ts[1] = {h->f64};
-    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-    LLVMValueRef f = LLVMGetIntrinsicDeclaration(h->m, id, ts, 1);
-    return LLVMBuildCall2(h->b, LLVMIntrinsicGetType(h->ctx, id, ts, 1), f, a, (unsigned)n, "");
-}
-
-static LLVMValueRef lr_as_double(LrCtx *c, LLVMValueRef v) {
-    if (LLVMTypeOf(v) == c->h->f64) return v;
-    return LLVMBuildUIToFP(c->h->b, v, c->h->f64, "");
-}
-
-static LLVMValueRef lr_expr(LrCtx *c, const Node *e) {
-    Host *h = c->h;
-    LLVMBuilderRef b = h->b;
-    if (!e) { c->bad = 1; return LLVMConstReal(h->f64, 0); }
-    switch (e->kind) {
-    case N_INT: return LLVMConstReal(h->f64, (double)e->ival);
-    case N_FLOAT: return LLVMConstReal(h->f64, e->fval);
-    case N_BOOL: return LLVMConstInt(LLVMInt1TypeInContext(h->ctx), (unsigned long long)e->ival, 0);
-    case N_NAME: {
-        LLVMValueRef s = lr_slot(c, e->name, 0);
-        if (s) return LLVMBuildLoad2(b, h->f64, s, "");
-        if (e->name.len == 2 && memcmp(e->name.p, "pi", 2) == 0) return LLVMConstReal(h->f64, 3.14159265358979323846);
-        break;
-    }
-    case N_UNARY: {
-        LLVMValueRef a = lr_expr(c, e->a);
-        if (e->op == OP_NEG) return LLVMBuildFNeg(b, lr_as_double(c, a), "");
-        if (e->op == OP_POS) return a;
-        if (e->op == OP_NOT) return LLVMBuildNot(b, a, "");
-        break;
-    }
-    case N_BINARY: {
-        LLVMValueRef x = lr_expr(c, e->a), y = lr_expr(c, e->b);
-        if (e->op == OP_AND) return LLVMBuildAnd(b, x, y, "");
-        if (e->op == OP_OR) return LLVMBuildOr(b, x, y, "");
-        x = lr_as_double(c, x), y = lr_as_double(c, y);
-        switch (e->op) {
-        case OP_ADD: return LLVMBuildFAdd(b, x, y, "");
-        case OP_SUB: return LLVMBuildFSub(b, x, y, "");
-        case OP_MUL: return LLVMBuildFMul(b, x, y, "");
-        case OP_DIV: return LLVMBuildFDiv(b, x, y, "");
-        case OP_MOD: return LLVMBuildFRem(b, x, y, "");
-        case OP_POW: { LLVMValueRef a[2] = {x, y}; return lr_intrinsic(c, "llvm.pow", a, 2); }
-        case OP_EQ: return LLVMBuildFCmp(b, LLVMRealOEQ, x, y, "");
-        case OP_NE: return LLVMBuildFCmp(b, LLVMRealUNE, x, y, "");
-        case OP_LT: return LLVMBuildFCmp(b, LLVMRealOLT, x, y, "");
-        case OP_LE: return LLVMBuildFCmp(b, LLVMRealOLE, x, y, "");
-        case OP_GT: return LLVMBuildFCmp(b, LLVMRealOGT, x, y, "");
-        case OP_GE: return LLVMBuildFCmp(b, LLVMRealOGE, x, y, "");
-        default: break;
-        }
-        break;
-    }
-    case N_CALL: {
-        if (!e->a || e->a->kind != N_NAME || e->list.n < 1 || e->list.n > 2) break;
-        Str f = e->a->name;
-        LLVMValueRef a[2];
-        for (int i = 0; i < e->list.n; i++) a[i] = lr_as_double(c, lr_expr(c, e->list.v[i]));
-        static const char *const unary[][2] = {{"cos", "llvm.cos"}, {"sin", "llvm.sin"}, {"exp", "llvm.exp"},
-                                               {"log", "llvm.log"}, {"sqrt", "llvm.sqrt"}, {"abs", "llvm.fabs"},
-                                               {"min", "llvm.minimum"}, {"max", "llvm.maximum"}};
-        if (f.len == 5 && memcmp(f.p, "float", 5) == 0 && e->list.n == 1) return a[0];
-        if (f.len == 3 && memcmp(f.p, "int", 3) == 0 && e->list.n == 1) {
-            LLVMValueRef t[1] = {a[0]};
-            return lr_intrinsic(c, "llvm.trunc", t, 1);
-        }
-        for (size_t i = 0; i < sizeof unary / sizeof *unary; i++)
-            if (strlen(unary[i][0]) == f.len && memcmp(f.p, unary[i][0], f.len) == 0 &&
-                (e->list.n == 2) == (i >= 6))
-                return lr_intrinsic(c, unary[i][1], a, e->list.n);
-        break;
-    }
-    default: break;
-    }
-    diag_error(e->span, "the learning-rate schedule uses '%s', which host code does not compile yet", ast_kind_name(e->kind));
-    c->bad = 1;
-    return LLVMConstReal(h->f64, 0);
-}
-
-static void lr_stmts(LrCtx *c, const NodeList *l) {
-    Host *h = c->h;
-    for (int i = 0; i < l->n && !c->bad; i++) {
-        const Node *s = l->v[i];
-        if (LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) /* after a return: unreachable code */
-            LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, c->fn, "dead"));
-        if (s->kind == N_RETURN) LLVMBuildRet(h->b, lr_as_double(c, lr_expr(c, s->a)));
-        else if (s->kind == N_ASSIGN && s->list.n == 1 && s->list.v[0]->kind == N_NAME) {
-            LLVMValueRef v = lr_as_double(c, lr_expr(c, s->a));
-            LLVMBuildStore(h->b, v, lr_slot(c, s->list.v[0]->name, 1));
-        } else if (s->kind == N_IF) {
-            LLVMValueRef cond = lr_expr(c, s->a);
-            if (LLVMTypeOf(cond) == h->f64) cond = LLVMBuildFCmp(h->b, LLVMRealUNE, cond, LLVMConstReal(h->f64, 0), "");
-            LLVMBasicBlockRef th = LLVMAppendBasicBlockInContext(h->ctx, c->fn, "then");
-            LLVMBasicBlockRef el = LLVMAppendBasicBlockInContext(h->ctx, c->fn, "else");
-            LLVMBasicBlockRef join = LLVMAppendBasicBlockInContext(h->ctx, c->fn, "endif");
-            LLVMBuildCondBr(h->b, cond, th, el);
-            LLVMPositionBuilderAtEnd(h->b, th);
-            lr_stmts(c, &s->list);
-            if (!LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) LLVMBuildBr(h->b, join);
-            LLVMPositionBuilderAtEnd(h->b, el);
-            lr_stmts(c, &s->list2);
-            if (!LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) LLVMBuildBr(h->b, join);
-            LLVMPositionBuilderAtEnd(h->b, join);
-        } else if (s->kind != N_EXPR_STMT) {
-            diag_error(s->span, "the learning-rate schedule uses a '%s' statement, which host code does not compile yet",
-                       ast_kind_name(s->kind));
-            c->bad = 1;
-        }
-    }
-}
-
-static LLVMValueRef emit_lr_schedule(Host *h) {
-    LLVMTypeRef args[1] = {h->i64};
-    LLVMValueRef fn = LLVMAddFunction(h->m, "lr_schedule", LLVMFunctionType(h->f64, args, 1, 0));
-    LLVMSetLinkage(fn, LLVMInternalLinkage);
-    LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, fn, "entry"));
-    const TrainSettings *ts = h->ts;
-    const Node *f = ts->lr_fn ? ts->lr_fn->node : NULL;
-    if (!f) {
-        LLVMBuildRet(h->b, LLVMConstReal(h->f64, 1.0));
-        return fn;
-    }
-    LrCtx c = {.h = h, .fn = fn};
-    for (int i = 0; i < f->list.n; i++) {
-        const Node *p = f->list.v[i];
-        LLVMValueRef v;
-        double num = 0;
-        if (i == 0) v = LLVMBuildSIToFP(h->b, LLVMGetParam(fn, 0), h->f64, "step");
-        else if (i - 1 < ts->lr_nargs && ts->lr_args[i - 1] && value_number(ts->lr_args[i - 1], &num))
-            v = LLVMConstReal(h->f64, num);
-        else if (p->a) v = lr_as_double(&c, lr_expr(&c, p->a));
-        else {
-            diag_error(p->span, "the schedule's parameter '%.*s' has no number bound", STR_ARG(p->name));
-            return fn;
-        }
-        LLVMBuildStore(h->b, v, lr_slot(&c, p->name, 1));
-    }
-    lr_stmts(&c, &f->list2);
-    if (!LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(h->b))) LLVMBuildRet(h->b, LLVMConstReal(h->f64, 1.0));
-    return fn;
-}
-
 /* ---- the descriptor ----------------------------------------------------------------------------- */
 
 static int64_t find_vocab(const Graph *g) {
@@ -765,7 +586,7 @@ static LLVMValueRef emit_ramp_table(Host *h) {
  * and however its comments change; a change to the step's computation changes the hash. */
 static const char *program_hash(Host *h) {
     const Plan *p = h->plan;
-    const TrainSettings *ts = h->ts;
+    const TrainConfig *ts = h->ts;
     size_t idlen = 0, srclen = 0;
     const char *id0 = LLVMGetModuleIdentifier(h->m, &idlen);
     const char *id = arena_printf(h->ar, "%.*s", (int)idlen, id0);
@@ -793,7 +614,7 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
                             LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash,
                             const GraphUpdate *u, LLVMValueRef gpu) {
     const Plan *p = h->plan;
-    const TrainSettings *ts = h->ts;
+    const TrainConfig *ts = h->ts;
     const Graph *g = p->step;
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
     (void)fn0;
@@ -914,7 +735,7 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
 
 /* The schedules of a train block (HostSchedules), fused and verified, every kernel named with
  * its schedule's prefix. */
-static void host_fuse(Host *h, Loader *ld, const TrainBuild *tb, HostSchedules *out) {
+static void host_fuse(Host *h, const TrainBuild *tb, HostSchedules *out) {
     static const char *const prefix[3] = {"step_", "update_", "logits_"};
     memset(out, 0, sizeof *out);
     out->logits_node = -1;
@@ -925,7 +746,7 @@ static void host_fuse(Host *h, Loader *ld, const TrainBuild *tb, HostSchedules *
         out->disjoint[i] = i == 0; /* the update writes in place */
     }
     out->n = 2;
-    Graph *lg = diag_error_count() ? NULL : logits_graph(h, ld, tb->step, find_vocab(h->plan->step), &out->logits_node);
+    Graph *lg = diag_error_count() ? NULL : logits_graph(h, tb, find_vocab(h->plan->step), &out->logits_node);
     if (lg) {
         out->g[2] = lg;
         out->r[2] = fuse_graph(lg, &out->logits_node, 1, h->ar);
@@ -1069,7 +890,7 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
         diag_error_noloc("%s", err);
         return diag_finish();
     }
-    Host H = {.ar = ar, .plan = plan, .ts = tb->settings};
+    Host H = {.ar = ar, .plan = plan, .ts = tb->config};
     Host *h = &H;
     h->ctx = LLVMContextCreate();
     h->m = cpu_module_new(h->ctx, &target, input);
@@ -1077,7 +898,7 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     host_types(h);
 
     HostSchedules hs;
-    host_fuse(h, ld, tb, &hs);
+    host_fuse(h, tb, &hs);
     Sched step = {.prefix = "step_", .r = hs.r[0]}, upd = {.prefix = "update_", .r = hs.r[1]};
     Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[2] : NULL};
     sched_plan(h, &step, 0);
@@ -1086,7 +907,7 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     sched_kernels(h, &upd, 0);
     LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
-    LLVMValueRef lrs = emit_lr_schedule(h);
+    LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
     int64_t arena = step.peak > upd.peak ? step.peak : upd.peak;
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */
     LLVMValueRef flog = NULL;
@@ -1136,7 +957,7 @@ int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSch
     TrainBuild *tb;
     Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
     if (!plan) return 1;
-    Host H = {.ar = ar, .plan = plan, .ts = tb->settings};
-    host_fuse(&H, ld, tb, out);
+    Host H = {.ar = ar, .plan = plan, .ts = tb->config};
+    host_fuse(&H, tb, out);
     return diag_error_count() ? 1 : 0;
 }

@@ -47,9 +47,9 @@ struct GraphBuilder {
     Value *lr_value;      /* the f32[] value of the input "lr" */
     Str *state_str;       /* [statecap] the state variables' names, as update's scope knows them */
     int statecap;
-    /* (added) the forward at another batch, for sema_build_forward */
-    int64_t batch;        /* rows of data.x; 0: the training step is built */
-    int output;           /* the node of model(data.x); -1 when it is not one tensor */
+    /* generation's forward, for sema_build_train */
+    GraphBuilder *forward; /* the batch-1 builder riding along with the step's (NULL: none wanted) */
+    int output;           /* a forward builder's node of model(data.x); -1 when it is not one tensor */
 };
 
 /* ---- errors ---- */
@@ -795,7 +795,13 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
     if (gb_params_named(gb)) gb->done = 1;
 }
 
-int64_t gb_forward_batch(const GraphBuilder *gb) { return gb ? gb->batch : 0; }
+GraphBuilder *gb_forward_of(GraphBuilder *gb) {
+    if (!gb || !gb->forward || gb->failed || !gb->done || diag_error_count() > gb->errors_before) return NULL;
+    GraphBuilder *fwd = gb->forward;
+    fwd->s = gb->s;
+    fwd->errors_before = diag_error_count();
+    return fwd;
+}
 
 void gb_forward_input(GraphBuilder *gb, Value *x) {
     if (!gb || gb->failed || !gb_wants(gb, x)) return;
@@ -998,10 +1004,17 @@ void gb_update_end(GraphBuilder *gb) {
     gb->updating = 0;
 }
 
-/* Runs the checker with a builder waiting for the train block (align > 0: the update graph too). */
-static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, int64_t align, int64_t batch, int *output,
-                            Arena *ar) {
-    if (!main || !main->ast) return NULL;
+static GraphBuilder *gb_new(Arena *ar, const Node *train, const char *name) {
+    GraphBuilder *gb = arena_alloc(ar, sizeof(GraphBuilder));
+    gb->g = graph_new(ar);
+    gb->g->name = name;
+    gb->train = train;
+    gb->output = -1;
+    return gb;
+}
+
+/* The train block of main named train_name (the first when NULL); NULL after reporting why not. */
+static const Node *gb_find_train(Module *main, const char *train_name, Arena *ar) {
     const Node *want = NULL;
     const char *names = "";
     int ntrain = 0;
@@ -1011,25 +1024,27 @@ static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, in
         names = arena_printf(ar, "%s%s%.*s", names, ntrain++ ? ", " : "", STR_ARG(d->name));
         if (!want && (!train_name || str_eqc(d->name, train_name))) want = d;
     }
-    if (!want) {
-        if (!ntrain) {
-            diag_error_noloc("'%s' has no train block: there is no training step to build", main->path);
-            diag_hint("add one: train NAME { model = ..., data = ..., loss = ..., optimizer = ..., steps = ... }");
-        } else {
-            diag_error_noloc("'%s' has no train block named '%s'", main->path, train_name);
-            diag_hint("its train block%s: %s", ntrain == 1 ? " is" : "s are", names);
-        }
-        return NULL;
+    if (want) return want;
+    if (!ntrain) {
+        diag_error_noloc("'%s' has no train block: there is no training step to build", main->path);
+        diag_hint("add one: train NAME { model = ..., data = ..., loss = ..., optimizer = ..., steps = ... }");
+    } else {
+        diag_error_noloc("'%s' has no train block named '%s'", main->path, train_name);
+        diag_hint("its train block%s: %s", ntrain == 1 ? " is" : "s are", names);
     }
+    return NULL;
+}
+
+/* Runs the checker with a builder waiting for the train block (align > 0: the update graph and
+ * the batch-1 forward too). */
+static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
+    if (!main || !main->ast) return NULL;
+    const Node *want = gb_find_train(main, train_name, ar);
+    if (!want) return NULL;
     if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
-    GraphBuilder *gb = arena_alloc(ar, sizeof(GraphBuilder));
-    gb->g = graph_new(ar);
-    gb->g->name = arena_printf(ar, "train %.*s", STR_ARG(want->name));
-    gb->train = want;
+    GraphBuilder *gb = gb_new(ar, want, arena_printf(ar, "train %.*s", STR_ARG(want->name)));
     gb->align = align;
-    gb->batch = batch;
-    gb->output = -1;
-    if (batch > 0) gb->g->name = arena_printf(ar, "forward %.*s at batch %lld", STR_ARG(want->name), (long long)batch);
+    if (align > 0) gb->forward = gb_new(ar, want, arena_printf(ar, "forward %.*s at batch 1", STR_ARG(want->name)));
     gb->errors_before = diag_error_count();
     SemaResult res;
     memset(&res, 0, sizeof res);
@@ -1040,33 +1055,28 @@ static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, in
     if (gb->failed) INTERNAL("graph builder: train block '%.*s' failed without an error", STR_ARG(want->name));
     if (!gb->done)
         INTERNAL("graph builder: train block '%.*s' was checked without building its graph", STR_ARG(want->name));
-    if (align > 0 && !gb->update_done)
-        INTERNAL("graph builder: train block '%.*s' was checked without building its update graph",
+    if (align > 0 && (!gb->update_done || !gb->forward->done))
+        INTERNAL("graph builder: train block '%.*s' was checked without building its update or batch-1 graph",
                  STR_ARG(want->name));
-    if (output) *output = gb->output;
     TrainBuild *tb = arena_alloc(ar, sizeof(TrainBuild));
     tb->step = gb->step ? gb->step : gb->g;
     tb->update = gb->upd;
+    tb->forward = gb->forward ? gb->forward->g : NULL;
+    tb->forward_output = gb->forward ? gb->forward->output : -1;
     for (int i = 0; i < res.trains.n; i++) {
         const TrainSettings *ts = res.trains.v[i];
-        if (ts && ts->node == want) tb->settings = ts;
+        if (ts && ts->node == want) tb->config = &ts->cfg;
     }
-    if (!tb->settings) INTERNAL("graph builder: train block '%.*s' has no settings", STR_ARG(want->name));
+    if (!tb->config) INTERNAL("graph builder: train block '%.*s' has no settings", STR_ARG(want->name));
     return tb;
 }
 
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
-    TrainBuild *tb = gb_build(ld, main, train_name, 0, 0, NULL, ar);
-    return tb ? tb->step : NULL;
-}
-
-Graph *sema_build_forward(Loader *ld, Module *main, const char *train_name, int64_t batch, int *output, Arena *ar) {
-    if (batch <= 0) INTERNAL("sema_build_forward: batch %lld", (long long)batch);
-    TrainBuild *tb = gb_build(ld, main, train_name, 0, batch, output, ar);
+    TrainBuild *tb = gb_build(ld, main, train_name, 0, ar);
     return tb ? tb->step : NULL;
 }
 
 TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
     if (align <= 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
-    return gb_build(ld, main, train_name, align, 0, NULL, ar);
+    return gb_build(ld, main, train_name, align, ar);
 }

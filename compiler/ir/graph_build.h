@@ -42,12 +42,13 @@ void gb_model(GraphBuilder *gb, Value *model);          /* after instantiation: 
 void gb_data(GraphBuilder *gb, Value *data);            /* data.x, data.y -> G_INPUT */
 void gb_loss(GraphBuilder *gb, Value *loss, Span at);   /* the loss -> g->loss; the graph is complete */
 
-/* (added) The forward at another batch (sema_build_forward): instead of the loss, the graph is the
- * train block's `model(data.x)` with data.x of gb_forward_batch(gb) rows. Then gb_data and
- * gb_loss are not called and the loss is checked without the builder; settings.c calls the model
- * on gb_forward_input's value and gives the result to gb_forward_output. */
-int64_t gb_forward_batch(const GraphBuilder *gb);       /* the rows asked for; 0: build the training step */
-void gb_forward_input(GraphBuilder *gb, Value *x);      /* x (i32[batch, seq]) -> G_INPUT data.x */
+/* Generation's forward (sema_build_train): beside the step's builder rides a second one, for
+ * the train block's `model(data.x)` with data.x of one row. After the loss, settings.c
+ * instantiates the model again with it listening (gb_model names its parameters as in the
+ * step), gives it that data.x and the model's result. gb_forward_of is NULL when no forward is
+ * wanted (sema_build_train_graph) or the step's build failed. */
+GraphBuilder *gb_forward_of(GraphBuilder *gb);
+void gb_forward_input(GraphBuilder *gb, Value *x);      /* x (i32[1, seq]) -> G_INPUT data.x */
 void gb_forward_output(GraphBuilder *gb, Value *out);    /* the model's result; the graph is complete */
 
 /* ---- hooks in eval.c (each gets the operands and the result sema computed) ---- */

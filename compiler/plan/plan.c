@@ -1,8 +1,8 @@
 /* plan.c - the step program and the static memory plan of a train block (plan.h).
  *
  * Pipeline position: graph (the step graph after autodiff, the update graph) -> [plan] -> fuse ->
- * kernel IR -> back ends -> host code. Reads the train block's resolved settings (TrainSettings,
- * sema_internal.h: the numbers sema settles "for the stages after sema") and the two graphs, and
+ * kernel IR -> back ends -> host code. Reads the train block's checked settings (TrainConfig,
+ * settings.h: the numbers sema settles for the stages after it) and the two graphs, and
  * decides: the step program per distinct accumulation count (a batch-size ramp has several), and
  * where every value lives (regions for parameters, gradients, optimizer state and inputs; an
  * activation arena with offsets assigned by liveness). Printed by `mbtc --emit=plan`, checked by
@@ -16,7 +16,6 @@
 #include "autodiff.h"
 #include "diag.h"
 #include "plan.h"
-#include "sema_internal.h"
 
 /* ---- sizes ---------------------------------------------------------------------------------- */
 
@@ -194,20 +193,9 @@ int64_t plan_assign_offsets(PlanBuffer *buf, int n, int64_t align, Arena *scratc
 typedef struct PlanCtx {
     Arena *ar;
     Plan *p;
-    const TrainSettings *ts;
+    const TrainConfig *ts;
     Span at; /* the train block's name: where whole-plan errors point */
 } PlanCtx;
-
-/* The setting `key` of the train block (its value's span), or the block's name. */
-static Span plan_setting_span(const PlanCtx *c, const char *key) {
-    const Node *t = c->ts->node;
-    for (int i = 0; t && i < t->list.n; i++) {
-        const Node *it = t->list.v[i];
-        if (it && (it->kind == N_SETTING || it->kind == N_SETTING_BLOCK) && str_eqc(it->name, key))
-            return it->a ? it->a->span : it->span;
-    }
-    return c->at;
-}
 
 /* a x b bytes, or -1 beyond PLAN_MAX_BYTES. */
 static int64_t plan_mul_bytes(int64_t a, int64_t b) {
@@ -225,46 +213,6 @@ static int64_t plan_node_bytes(const PlanCtx *c, const GNode *n) {
     return -1;
 }
 
-/* ---- the schedule, as written -------------------------------------------------------------- */
-
-/* A bound value as the program would write it: 20, 0.1, true, (0.9, 0.95). */
-static const char *plan_value_text(Arena *ar, const Value *v, int depth) {
-    int64_t k;
-    if (!v) return "?";
-    switch (v->kind) {
-    case V_INT: return v->dim && dim_const(v->dim, &k) ? arena_printf(ar, "%" PRId64, k) : "?";
-    case V_FLOAT: return v->fknown ? value_float_str(ar, v->f) : "?";
-    case V_BOOL: return v->bknown ? (v->b ? "true" : "false") : "?";
-    case V_STRING: return v->s ? arena_printf(ar, "\"%s\"", v->s) : "?";
-    case V_TUPLE: {
-        if (depth > 4) return "(...)";
-        const char *out = "(";
-        for (int i = 0; i < v->n; i++)
-            out = arena_printf(ar, "%s%s%s", out, i ? ", " : "", plan_value_text(ar, v->items[i], depth + 1));
-        return arena_printf(ar, "%s)", out);
-    }
-    default: return "?";
-    }
-}
-
-/* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", or NULL for the constant default. */
-static const char *plan_schedule_text(const PlanCtx *c) {
-    const TrainSettings *ts = c->ts;
-    if (!ts->lr_fn || !ts->lr_fn->node) return NULL;
-    const Node *fn = ts->lr_fn->node;
-    const Scope *sc = ts->lr_fn->scope;
-    const char *out = "";
-    if (sc && sc->kind == SC_MODULE && sc->module && sc->module != ts->module && sc->module->name)
-        out = arena_printf(c->ar, "%s.", sc->module->name);
-    out = arena_printf(c->ar, "%s%.*s(step", out, STR_ARG(fn->name));
-    for (int i = 1; i < fn->list.n && i - 1 < ts->lr_nargs; i++) {
-        const Node *p = fn->list.v[i];
-        if (!p) continue;
-        out = arena_printf(c->ar, "%s, %.*s = %s", out, STR_ARG(p->name), plan_value_text(c->ar, ts->lr_args[i - 1], 0));
-    }
-    return arena_printf(c->ar, "%s)", out);
-}
-
 /* ---- the step programs ----------------------------------------------------------------------- */
 
 static void plan_note(PlanCtx *c, const char *text) {
@@ -277,7 +225,7 @@ static void plan_note(PlanCtx *c, const char *text) {
 
 /* Settings this plan does not carry out yet: said in the plan rather than silently dropped. */
 static void plan_notes(PlanCtx *c) {
-    const TrainSettings *ts = c->ts;
+    const TrainConfig *ts = c->ts;
     static const char *const storage[] = {"none", "host", "nvme"};
     struct { const char *key; int64_t v; } par[] = {
         {"tensor", ts->tensor_par}, {"pipeline", ts->pipeline_par}, {"sequence", ts->sequence_par}, {"expert", ts->expert_par}};
@@ -321,7 +269,7 @@ static PlanProgram plan_program(PlanCtx *c, int64_t first, int64_t last, int64_t
 
 /* One program per stage of the batch schedule: the base batch from step 0, then each ramp entry. */
 static void plan_programs(PlanCtx *c) {
-    const TrainSettings *ts = c->ts;
+    const TrainConfig *ts = c->ts;
     Plan *p = c->p;
     int nstage = 1 + ts->nramp;
     p->programs = arena_alloc(c->ar, sizeof(PlanProgram) * (size_t)nstage);
@@ -556,14 +504,14 @@ static int plan_update_memory(PlanCtx *c) {
 /* ---- plan_build ------------------------------------------------------------------------------ */
 
 Plan *plan_build(const TrainBuild *tb, int first_bwd, Arena *ar) {
-    if (!tb || !tb->step || !tb->update || !tb->update->update || !tb->settings) INTERNAL("plan_build: no train build");
+    if (!tb || !tb->step || !tb->update || !tb->update->update || !tb->config) INTERNAL("plan_build: no train build");
     const Graph *g = tb->step;
     if (!g->grads) INTERNAL("plan_build: the step graph is not differentiated");
     if (first_bwd < 0 || first_bwd > g->n) INTERNAL("plan_build: first backward node %d of %d", first_bwd, g->n);
-    PlanCtx ctx = {.ar = ar, .ts = tb->settings};
+    PlanCtx ctx = {.ar = ar, .ts = tb->config};
     PlanCtx *c = &ctx;
-    const TrainSettings *ts = c->ts;
-    c->at = ts->node ? sema_span_of(ts->node, ts->node->name) : span_none();
+    const TrainConfig *ts = c->ts;
+    c->at = ts->at;
     Plan *p = arena_alloc(ar, sizeof(Plan));
     c->p = p;
     p->name = ts->name;
@@ -588,9 +536,9 @@ Plan *plan_build(const TrainBuild *tb, int first_bwd, Arena *ar) {
     const GraphUpdate *u = tb->update->update;
     p->has_lr = u->lr_in >= 0;
     p->lr_base = u->lr_base;
-    p->schedule = plan_schedule_text(c);
+    p->schedule = ts->schedule_text;
     if (p->schedule && !p->has_lr) {
-        diag_error(plan_setting_span(c, "lr"),
+        diag_error(ts->lr_at,
                    "the schedule '%s' scales the optimizer's hyper-parameter 'lr', but optimizer '%s' has none",
                    p->schedule, u->optimizer);
         diag_hint("give the optimizer a hyper-parameter lr, or remove this setting");

@@ -10,6 +10,7 @@
 
 #include "graph.h"
 #include "module.h"
+#include "settings.h"
 
 /* Checks the main module and everything it imports. Returns the number of errors reported. */
 int sema_check(Loader *ld, Module *main);
@@ -21,27 +22,21 @@ int sema_check(Loader *ld, Module *main);
  * builder does not support yet. */
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar);
 
-/* (added) The graph of the train block's `model(data.x)` alone, with data.x of `batch` rows instead
- * of the micro-batch (host.c builds generation's forward at batch 1): the parameters as in the
- * step graph (same names, same order), the G_INPUT data.x, the model's forward. *output is the
- * node of its result, -1 when that is not one tensor. The block is checked as written (its loss
- * at the micro-batch, without the builder). main must not have been checked yet: sema checks a
- * Module once (loader_reparse gives a fresh copy). NULL after reporting errors. */
-Graph *sema_build_forward(Loader *ld, Module *main, const char *train_name, int64_t batch, int *output, Arena *ar);
-
-typedef struct TrainSettings TrainSettings; /* sema_internal.h: a train block's resolved settings */
-
-/* (added) Everything a train block compiles from (plan.h takes it from here). */
+/* Everything a train block compiles from (plan.h takes it from here). */
 typedef struct TrainBuild {
-    Graph *step;                   /* the forward graph of one micro-batch (autodiff appends the backward) */
-    Graph *update;                 /* the optimizer's update over every parameter at once (graph.h, GraphUpdate) */
-    const TrainSettings *settings; /* the block's resolved settings: batch, schedule, clip, parallel layout */
+    Graph *step;                /* the forward graph of one micro-batch (autodiff appends the backward) */
+    Graph *update;              /* the optimizer's update over every parameter at once (graph.h, GraphUpdate) */
+    Graph *forward;             /* generation's forward: the block's `model(data.x)` with data.x of one row
+                                 * (T = seq), its parameters the step graph's, in the same order */
+    int forward_output;         /* the node of forward's result; -1 when that is not one tensor */
+    const TrainConfig *config;  /* the block's checked settings (settings.h): batch, schedule, clip, layout */
 } TrainBuild;
 
-/* (added) sema_build_train_graph, and in the same walk the update graph: the train block's optimizer
+/* sema_build_train_graph, and in the same walk the update graph - the train block's optimizer
  * `update` over the flat vector of every parameter, parameter i at a multiple of `align` elements
- * (a power of two; plan.h passes PLAN_ALIGN / 4). NULL after reporting errors, as above, or a
- * construct inside update the builder does not support yet. */
+ * (a power of two; plan.h passes PLAN_ALIGN / 4) - and the batch-1 forward. NULL after reporting
+ * errors, as above, or a construct the builder does not support yet (in the model, the loss or
+ * update; the errors of the model at batch 1 say so in a note). */
 TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar);
 
 #endif

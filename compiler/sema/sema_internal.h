@@ -23,6 +23,7 @@
 #include "dim.h"
 #include "module.h"
 #include "sema.h"
+#include "settings.h"
 #include "value.h"
 
 /* ---- limits: nothing a user writes may hang the checker or overflow the C stack ---- */
@@ -103,28 +104,10 @@ typedef struct NodeInfo {
     Value *generic_inst;  /* for a model: its instance with symbolic constants */
 } NodeInfo;
 
-/* ---- resolved settings (for the stages after sema) ---- */
-
-typedef enum Precision { PREC_F32, PREC_BF16, PREC_F16 } Precision;
-typedef enum Storage { STORE_NONE, STORE_HOST, STORE_NVME } Storage;
-typedef enum PipeSchedule { PIPE_1F1B, PIPE_GPIPE } PipeSchedule;
-typedef enum KvDtype { KV_F32, KV_BF16, KV_F16, KV_FP8 } KvDtype;
-
-enum { /* TrainSettings.recompute bits */
-    RECOMPUTE_GELU = 1,
-    RECOMPUTE_LAYERNORM = 2,
-    RECOMPUTE_ATTENTION = 4,
-    RECOMPUTE_MLP = 8,
-    RECOMPUTE_ALL = 16,
-};
-
-typedef struct RampStep {
-    int64_t step, global, accumulation; /* from `step` on, the global batch and its accumulation */
-} RampStep;
+/* ---- resolved settings: the public numbers (settings.h) and what sema keeps beside them ---- */
 
 typedef struct TrainSettings {
     const Node *node;       /* the N_TRAIN */
-    const char *name;
     Module *module;
     Value *model;           /* V_MODEL (or V_UNKNOWN after an error) */
     Value *data;            /* V_DATA: x, y = i32[micro, seq] */
@@ -133,39 +116,14 @@ typedef struct TrainSettings {
     Value *lr_fn;           /* the schedule (V_FN) or NULL for the constant default */
     Value **lr_args;        /* its parameters after `step`, bound (lr_nargs of them) */
     int lr_nargs;
-    const char *data_glob, *val_glob;
-    int shuffle;
-    int64_t seq;
-    int64_t global, micro, tokens, accumulation; /* tokens = 0 when micro is fixed */
-    RampStep *ramp;
-    int nramp;
-    int64_t data_par, tensor_par, pipeline_par, sequence_par, expert_par, zero;
-    PipeSchedule schedule;
-    int64_t blocks;         /* length of the model's longest list of sub-models */
-    Precision precision;
-    unsigned recompute;
-    Storage offload_activations, offload_optimizer;
-    int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
-    const char *ckpt_dir;
-    int ckpt_continue_on_error;
-    int64_t eval_every, eval_steps; /* eval_every = 0: no evaluation */
-    int64_t steps, seed;
-    double clip;
+    TrainConfig cfg;        /* the numbers the stages after sema read */
 } TrainSettings;
 
 typedef struct ServeSettings {
     const Node *node;       /* the N_SERVE */
-    const char *name;
     Module *module;
     Value *model;
-    const char *weights;
-    int64_t tokens, prefill_chunk, seqs;
-    int64_t kv_block;
-    double kv_memory;
-    KvDtype kv_dtype;
-    double temperature, top_p;
-    int64_t top_k, max_tokens;
-    int64_t port;
+    ServeConfig cfg;
 } ServeSettings;
 
 typedef struct SemaResult {
@@ -301,5 +259,9 @@ Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args
 
 void settings_check_train(Sema *s, Module *m, const Node *train);
 void settings_check_serve(Sema *s, Module *m, const Node *serve);
+/* The train block's schedule (ts->lr_fn with its bound arguments, or none: the constant 1.0)
+ * lowered into ts->cfg.lr, and its text into ts->cfg.schedule_text (schedule.c). Constructs a
+ * schedule cannot use are errors at their source. */
+void schedule_lower(Sema *s, TrainSettings *ts);
 
 #endif

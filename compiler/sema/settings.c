@@ -344,7 +344,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         ok = 0;
     } else {
         Value *p = eval_expr(f, given[0]);
-        if (p->kind == V_STRING && p->s) ts->data_glob = p->s;
+        if (p->kind == V_STRING && p->s) ts->cfg.data_glob = p->s;
         else if (p->kind != V_UNKNOWN) {
             sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s", sema_describe(s, p));
             ok = 0;
@@ -356,7 +356,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
     } else {
         Value *q = eval_expr(f, given[1]->a);
         int64_t k;
-        if (q->kind == V_INT && q->dim && dim_const(q->dim, &k) && k > 0) ts->seq = k;
+        if (q->kind == V_INT && q->dim && dim_const(q->dim, &k) && k > 0) ts->cfg.seq = k;
         else if (q->kind != V_UNKNOWN) {
             if (q->kind == V_INT && q->dim && dim_const(q->dim, &k))
                 sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %lld", (long long)k);
@@ -367,8 +367,8 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
             ok = 0;
         }
     }
-    if (given[2] && !get_bool(f, given[2], "shuffle", &ts->shuffle)) ok = 0;
-    if (given[3] && !get_string(f, given[3], "val", "a string (the path of the validation shards)", &ts->val_glob)) ok = 0;
+    if (given[2] && !get_bool(f, given[2], "shuffle", &ts->cfg.shuffle)) ok = 0;
+    if (given[3] && !get_string(f, given[3], "val", "a string (the path of the validation shards)", &ts->cfg.val_glob)) ok = 0;
     return ok;
 }
 
@@ -434,8 +434,8 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
         return;
     }
     const Node *ln = item->a && item->a->kind == N_LIST && item->a->list.n == v->n ? item->a : NULL;
-    ts->ramp = arena_alloc(s->ar, sizeof(RampStep) * (size_t)(v->n + 1));
-    int64_t prev_step = -1, prev_global = ts->global;
+    ts->cfg.ramp = arena_alloc(s->ar, sizeof(RampStep) * (size_t)(v->n + 1));
+    int64_t prev_step = -1, prev_global = ts->cfg.global;
     for (int i = 0; i < v->n; i++) {
         Value *e = v->items[i];
         Span at = ln && ln->list.v[i] ? ln->list.v[i]->span : value_span(item);
@@ -459,12 +459,12 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
             sema_error(s, at, "batch: a ramp global must be a positive integer, but it is %lld", (long long)gl);
             continue;
         }
-        if (!check_multiple(s, at, "ramp global", gl, ts->micro, data)) continue;
+        if (!check_multiple(s, at, "ramp global", gl, ts->cfg.micro, data)) continue;
         if (gl <= prev_global)
             sema_error(s, at, "batch: a ramp must raise the global batch, but %lld at step %lld is not more than %lld",
                        (long long)gl, (long long)st, (long long)prev_global);
-        int64_t unit = ts->micro * data;
-        ts->ramp[ts->nramp++] = (RampStep){st, gl, unit > 0 ? gl / unit : 0};
+        int64_t unit = ts->cfg.micro * data;
+        ts->cfg.ramp[ts->cfg.nramp++] = (RampStep){st, gl, unit > 0 ? gl / unit : 0};
         prev_global = gl;
     }
 }
@@ -487,7 +487,7 @@ static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
             for (int k = 0; k < 5; k++)
                 if (str_eqc(e->name, ops[k])) which = k;
         if (which >= 0) {
-            ts->recompute |= 1u << which;
+            ts->cfg.recompute |= 1u << which;
             continue;
         }
         if (sema_error(s, e->span, "'recompute' entry '%s' is not one of %s", sema_src(s, e->span),
@@ -504,23 +504,172 @@ static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
 static const char *const storage_names[] = {"none", "host", "nvme"};
 static const char *const precision_names[] = {"f32", "bf16", "f16"};
 
+/* parallel { ... }, and the model's longest list of sub-models (the blocks a pipeline splits). */
+static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
+    Sema *s = f->s;
+    unsigned sub_present = 0;
+    if (item) {
+        const Node *p[P_NKEYS] = {0};
+        gather(s, &item->list, parallel_keys, P_NKEYS, "'parallel'", p, &sub_present);
+        int64_t *deg[5] = {&ts->cfg.data_par, &ts->cfg.tensor_par, &ts->cfg.pipeline_par, &ts->cfg.sequence_par, &ts->cfg.expert_par};
+        for (int i = 0; i < 5; i++)
+            if (p[i]) (void)get_int(f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
+                                    "a positive integer", deg[i]);
+        if (p[P_ZERO]) (void)get_int(f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->cfg.zero);
+        int sched;
+        static const char *const scheds[] = {"1f1b", "gpipe"};
+        if (p[P_SCHEDULE] && get_choice_string(f, p[P_SCHEDULE], "parallel.schedule", scheds, 2, &sched))
+            ts->cfg.schedule = sched ? PIPE_GPIPE : PIPE_1F1B;
+        if (ts->cfg.zero > 0 && ts->cfg.data_par == 1 && p[P_ZERO]) {
+            if (sema_error(s, value_span(p[P_ZERO]), "'parallel.zero' = %lld needs data parallelism, but 'parallel.data' is 1",
+                           (long long)ts->cfg.zero))
+                sema_hint(s, "set parallel { data = N } with N > 1, or zero = 0");
+        }
+        ts->cfg.blocks = 0;
+        Str list_name = {"", 0};
+        if (ts->model->kind == V_MODEL) ts->cfg.blocks = longest_list(ts->model, &list_name, 0);
+        if (p[P_PIPELINE] && ts->cfg.pipeline_par > 1 && ts->model->kind == V_MODEL && ts->cfg.pipeline_par > ts->cfg.blocks) {
+            const char *mname = ts->model->node ? sema_cstr(s, ts->model->node->name) : "?";
+            if (ts->cfg.blocks == 0) {
+                sema_error(s, value_span(p[P_PIPELINE]),
+                           "'parallel.pipeline' = %lld needs a list of sub-models to split into stages, but model '%s' has none",
+                           (long long)ts->cfg.pipeline_par, mname);
+            } else if (sema_error(s, value_span(p[P_PIPELINE]),
+                                  "'parallel.pipeline' = %lld is more than the %lld block%s of '%.*s', the longest list of sub-models of '%s'",
+                                  (long long)ts->cfg.pipeline_par, (long long)ts->cfg.blocks, ts->cfg.blocks == 1 ? "" : "s",
+                                  STR_ARG(list_name), mname)) {
+                sema_hint(s, "use pipeline <= %lld", (long long)ts->cfg.blocks);
+            }
+        }
+    } else if (ts->model->kind == V_MODEL) {
+        Str list_name;
+        ts->cfg.blocks = longest_list(ts->model, &list_name, 0);
+    }
+}
+
+/* batch { ... }: the global batch, the micro-batch (or tokens), their accumulation, the ramp. */
+static void check_batch(Frame *f, const Node *item, TrainSettings *ts) {
+    Sema *s = f->s;
+    unsigned sub_present = 0;
+    int64_t global = 0;
+    const Node *b[B_NKEYS] = {0};
+    if (item) {
+        gather(s, &item->list, batch_keys, B_NKEYS, "'batch'", b, &sub_present);
+        if (b[B_GLOBAL]) (void)get_int(f, b[B_GLOBAL], "batch.global", 1, INT32_MAX, "a positive integer", &global);
+        if (b[B_MICRO]) (void)get_int(f, b[B_MICRO], "batch.micro", 1, INT32_MAX, "a positive integer", &ts->cfg.micro);
+        if (b[B_TOKENS]) (void)get_int(f, b[B_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ts->cfg.tokens);
+        if (ts->cfg.tokens && b[B_MICRO]) {
+            if (sema_error(s, key_span(b[B_TOKENS]), "'batch.tokens' and 'batch.micro' cannot both be given"))
+                sema_hint(s, "tokens sets each micro-batch by its number of tokens; keep one of them");
+            ts->cfg.tokens = 0;
+        }
+        if (ts->cfg.tokens && ts->cfg.seq) {
+            if (ts->cfg.tokens < ts->cfg.seq) {
+                if (sema_error(s, value_span(b[B_TOKENS]), "'batch.tokens' = %lld is less than the sequence length seq = %lld",
+                               (long long)ts->cfg.tokens, (long long)ts->cfg.seq))
+                    sema_hint(s, "use tokens >= %lld", (long long)ts->cfg.seq);
+                ts->cfg.tokens = 0;
+            } else {
+                ts->cfg.micro = ts->cfg.tokens / ts->cfg.seq;
+            }
+        }
+    }
+    if (b[B_GLOBAL] && global > 0) {
+        ts->cfg.global = global;
+        if (!check_multiple(s, value_span(b[B_GLOBAL]), "global", global, ts->cfg.micro, ts->cfg.data_par)) ts->cfg.global = 0;
+    } else {
+        ts->cfg.global = ts->cfg.micro * ts->cfg.data_par;
+    }
+    if (ts->cfg.global) ts->cfg.accumulation = ts->cfg.global / (ts->cfg.micro * ts->cfg.data_par);
+    if (b[B_RAMP]) check_ramp(f, b[B_RAMP], ts, ts->cfg.data_par);
+}
+
+/* The settings after the optimizer: recompute, offload, checkpoint, steps, eval, seed, clip. */
+static void check_train_rest(Frame *f, const Node *const *k, TrainSettings *ts) {
+    Sema *s = f->s;
+    unsigned sub_present = 0;
+    int which;
+    if (k[T_RECOMPUTE]) check_recompute(f, k[T_RECOMPUTE], ts);
+
+    if (k[T_OFFLOAD]) {
+        const Node *o[O_NKEYS] = {0};
+        gather(s, &k[T_OFFLOAD]->list, offload_keys, O_NKEYS, "'offload'", o, &sub_present);
+        if (o[O_ACTIVATIONS] && get_ident(f, o[O_ACTIVATIONS], "offload.activations", storage_names, 3, &which))
+            ts->cfg.offload_activations = (Storage)which;
+        if (o[O_OPTIMIZER] && get_ident(f, o[O_OPTIMIZER], "offload.optimizer", storage_names, 3, &which))
+            ts->cfg.offload_optimizer = (Storage)which;
+    }
+
+    if (k[T_CHECKPOINT]) {
+        const Node *c[C_NKEYS] = {0};
+        sub_present = 0;
+        gather(s, &k[T_CHECKPOINT]->list, checkpoint_keys, C_NKEYS, "'checkpoint'", c, &sub_present);
+        if (!(sub_present & (1u << C_EVERY))) missing_key(s, key_span(k[T_CHECKPOINT]), "'checkpoint'", "every", "every = 1000");
+        else if (c[C_EVERY]) (void)get_int(f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->cfg.ckpt_every);
+        if (c[C_DIR]) (void)get_string(f, c[C_DIR], "checkpoint.dir", "a string (a directory)", &ts->cfg.ckpt_dir);
+        if (c[C_KEEP]) (void)get_int(f, c[C_KEEP], "checkpoint.keep", 1, INT32_MAX, "a positive integer", &ts->cfg.ckpt_keep);
+        static const char *const on_error[] = {"stop", "continue"};
+        if (c[C_ON_ERROR] && get_choice_string(f, c[C_ON_ERROR], "checkpoint.on_error", on_error, 2, &which))
+            ts->cfg.ckpt_continue_on_error = which;
+    }
+
+    if (k[T_STEPS]) (void)get_int(f, k[T_STEPS], "steps", 1, INT64_MAX, "a positive integer", &ts->cfg.steps);
+
+    if (k[T_EVAL]) {
+        const Node *e[E_NKEYS] = {0};
+        sub_present = 0;
+        gather(s, &k[T_EVAL]->list, eval_keys, E_NKEYS, "'eval'", e, &sub_present);
+        ts->cfg.eval_steps = 20;
+        if (!(sub_present & (1u << E_EVERY))) missing_key(s, key_span(k[T_EVAL]), "'eval'", "every", "every = 250");
+        else if (e[E_EVERY]) (void)get_int(f, e[E_EVERY], "eval.every", 1, INT64_MAX, "a positive integer", &ts->cfg.eval_every);
+        if (e[E_STEPS]) (void)get_int(f, e[E_STEPS], "eval.steps", 1, INT64_MAX, "a positive integer", &ts->cfg.eval_steps);
+    }
+
+    if (k[T_SEED]) (void)get_int(f, k[T_SEED], "seed", 0, INT64_MAX, "a non-negative integer", &ts->cfg.seed);
+    if (k[T_CLIP]) (void)get_num(f, k[T_CLIP], "clip", 0, 0, 1e300, 0, "a number >= 0 (0 for no clipping)", &ts->cfg.clip);
+}
+
+/* Graph builder hook: generation's forward, built beside the step (graph_build.h) - the model
+ * instantiated again with that builder listening, then called on data.x of one row. Its errors
+ * are the program's (the model must run at batch 1 too), with a note saying where they come from. */
+static void build_forward(Frame *f, const Node *model_item, TrainSettings *ts, GraphBuilder *gb, Span at, Span data_at) {
+    Sema *s = f->s;
+    GraphBuilder *fwd = gb_forward_of(gb);
+    if (!fwd) return;
+    int before = diag_error_count();
+    s->gb = fwd;
+    Value *model = get_model(f, model_item);
+    s->gb = NULL;
+    gb_model(fwd, model);
+    const Dim *dims[2] = {dim_int(s->ar, 1), dim_int(s->ar, ts->cfg.seq)};
+    Value *x = value_tensor(s->ar, DT_I32, 2, dims, data_at);
+    gb_forward_input(fwd, x);
+    s->gb = fwd;
+    Value *out = model->kind == V_MODEL ? eval_call_model(s, model, x, at) : model;
+    s->gb = NULL;
+    gb_forward_output(fwd, out);
+    if (diag_error_count() > before)
+        diag_note(span_none(), "the errors above come from the model at batch 1, which generation (forward_logits) runs");
+}
+
 void settings_check_train(Sema *s, Module *m, const Node *t) {
     TrainSettings *ts = arena_alloc(s->ar, sizeof(TrainSettings));
     ts->node = t;
-    ts->name = sema_cstr(s, t->name);
+    ts->cfg.name = sema_cstr(s, t->name);
     ts->module = m;
-    ts->micro = 1;
-    ts->data_par = ts->tensor_par = ts->pipeline_par = ts->sequence_par = ts->expert_par = 1;
-    ts->schedule = PIPE_1F1B;
-    ts->precision = PREC_F32;
-    ts->seed = 1337;
-    ts->shuffle = 1;
-    ts->ckpt_keep = 0;
-    ts->ckpt_dir = "checkpoints";
-    const char *block = arena_printf(s->ar, "train block '%s'", ts->name);
+    ts->cfg.micro = 1;
+    ts->cfg.data_par = ts->cfg.tensor_par = ts->cfg.pipeline_par = ts->cfg.sequence_par = ts->cfg.expert_par = 1;
+    ts->cfg.schedule = PIPE_1F1B;
+    ts->cfg.precision = PREC_F32;
+    ts->cfg.seed = 1337;
+    ts->cfg.shuffle = 1;
+    ts->cfg.ckpt_keep = 0;
+    ts->cfg.ckpt_dir = "checkpoints";
+    const char *block = arena_printf(s->ar, "train block '%s'", ts->cfg.name);
     Span name_at = sema_span_of(t, t->name);
+    ts->cfg.at = ts->cfg.lr_at = name_at;
     const Node *k[T_NKEYS] = {0};
-    unsigned present = 0, sub_present = 0;
+    unsigned present = 0;
     gather(s, &t->list, train_keys, T_NKEYS, block, k, &present);
     required(s, present, T_MODEL, train_keys, name_at, block, "model = MyModel()");
     required(s, present, T_DATA, train_keys, name_at, block, "data = tokens(\"data/train_*.bin\", seq = 1024)");
@@ -528,14 +677,14 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     required(s, present, T_OPTIMIZER, train_keys, name_at, block, "optimizer = optim.adamw(lr = 6e-4)");
     required(s, present, T_STEPS, train_keys, name_at, block, "steps = 1000");
 
-    Scope *bs = scope_new(s, m->scope, SC_BLOCK, ts->name, m);
+    Scope *bs = scope_new(s, m->scope, SC_BLOCK, ts->cfg.name, m);
     Frame f = frame_make_block(s, bs);
 
     /* The precision first: it sets the dtype the model's parameters are read in. */
     int which;
     if (k[T_PRECISION] && get_ident(&f, k[T_PRECISION], "precision", precision_names, 3, &which)) {
-        ts->precision = (Precision)which;
-        if (ts->precision == PREC_F16 &&
+        ts->cfg.precision = (Precision)which;
+        if (ts->cfg.precision == PREC_F16 &&
             sema_error(s, value_span(k[T_PRECISION]), "precision = f16 is not supported yet: f16 training needs loss scaling"))
             sema_hint(s, "use precision = bf16 (the range of f32, so no loss scaling)");
     }
@@ -543,7 +692,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     /* The model: everything else is about it. */
     GraphBuilder *gb = gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
     s->gb = gb;
-    s->precision = ts->precision == PREC_BF16 ? PREC_BF16 : PREC_F32; /* until the optimizer (f32) */
+    s->precision = ts->cfg.precision == PREC_BF16 ? PREC_BF16 : PREC_F32; /* until the optimizer (f32) */
     ts->model = k[T_MODEL] ? get_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
     s->gb = NULL;
     if (gb) gb_model(gb, ts->model); /* graph builder hook: names the parameters */
@@ -552,87 +701,21 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
 
     /* parallel { ... } */
-    if (k[T_PARALLEL]) {
-        const Node *p[P_NKEYS] = {0};
-        gather(s, &k[T_PARALLEL]->list, parallel_keys, P_NKEYS, "'parallel'", p, &sub_present);
-        int64_t *deg[5] = {&ts->data_par, &ts->tensor_par, &ts->pipeline_par, &ts->sequence_par, &ts->expert_par};
-        for (int i = 0; i < 5; i++)
-            if (p[i]) (void)get_int(&f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
-                                    "a positive integer", deg[i]);
-        if (p[P_ZERO]) (void)get_int(&f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->zero);
-        int sched;
-        static const char *const scheds[] = {"1f1b", "gpipe"};
-        if (p[P_SCHEDULE] && get_choice_string(&f, p[P_SCHEDULE], "parallel.schedule", scheds, 2, &sched))
-            ts->schedule = sched ? PIPE_GPIPE : PIPE_1F1B;
-        if (ts->zero > 0 && ts->data_par == 1 && p[P_ZERO]) {
-            if (sema_error(s, value_span(p[P_ZERO]), "'parallel.zero' = %lld needs data parallelism, but 'parallel.data' is 1",
-                           (long long)ts->zero))
-                sema_hint(s, "set parallel { data = N } with N > 1, or zero = 0");
-        }
-        ts->blocks = 0;
-        Str list_name = {"", 0};
-        if (ts->model->kind == V_MODEL) ts->blocks = longest_list(ts->model, &list_name, 0);
-        if (p[P_PIPELINE] && ts->pipeline_par > 1 && ts->model->kind == V_MODEL && ts->pipeline_par > ts->blocks) {
-            const char *mname = ts->model->node ? sema_cstr(s, ts->model->node->name) : "?";
-            if (ts->blocks == 0) {
-                sema_error(s, value_span(p[P_PIPELINE]),
-                           "'parallel.pipeline' = %lld needs a list of sub-models to split into stages, but model '%s' has none",
-                           (long long)ts->pipeline_par, mname);
-            } else if (sema_error(s, value_span(p[P_PIPELINE]),
-                                  "'parallel.pipeline' = %lld is more than the %lld block%s of '%.*s', the longest list of sub-models of '%s'",
-                                  (long long)ts->pipeline_par, (long long)ts->blocks, ts->blocks == 1 ? "" : "s",
-                                  STR_ARG(list_name), mname)) {
-                sema_hint(s, "use pipeline <= %lld", (long long)ts->blocks);
-            }
-        }
-    } else if (ts->model->kind == V_MODEL) {
-        Str list_name;
-        ts->blocks = longest_list(ts->model, &list_name, 0);
-    }
+    check_parallel(&f, k[T_PARALLEL], ts);
 
     /* batch { ... } */
-    int64_t global = 0;
-    const Node *b[B_NKEYS] = {0};
-    if (k[T_BATCH]) {
-        gather(s, &k[T_BATCH]->list, batch_keys, B_NKEYS, "'batch'", b, &sub_present);
-        if (b[B_GLOBAL]) (void)get_int(&f, b[B_GLOBAL], "batch.global", 1, INT32_MAX, "a positive integer", &global);
-        if (b[B_MICRO]) (void)get_int(&f, b[B_MICRO], "batch.micro", 1, INT32_MAX, "a positive integer", &ts->micro);
-        if (b[B_TOKENS]) (void)get_int(&f, b[B_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ts->tokens);
-        if (ts->tokens && b[B_MICRO]) {
-            if (sema_error(s, key_span(b[B_TOKENS]), "'batch.tokens' and 'batch.micro' cannot both be given"))
-                sema_hint(s, "tokens sets each micro-batch by its number of tokens; keep one of them");
-            ts->tokens = 0;
-        }
-        if (ts->tokens && ts->seq) {
-            if (ts->tokens < ts->seq) {
-                if (sema_error(s, value_span(b[B_TOKENS]), "'batch.tokens' = %lld is less than the sequence length seq = %lld",
-                               (long long)ts->tokens, (long long)ts->seq))
-                    sema_hint(s, "use tokens >= %lld", (long long)ts->seq);
-                ts->tokens = 0;
-            } else {
-                ts->micro = ts->tokens / ts->seq;
-            }
-        }
-    }
-    if (b[B_GLOBAL] && global > 0) {
-        ts->global = global;
-        if (!check_multiple(s, value_span(b[B_GLOBAL]), "global", global, ts->micro, ts->data_par)) ts->global = 0;
-    } else {
-        ts->global = ts->micro * ts->data_par;
-    }
-    if (ts->global) ts->accumulation = ts->global / (ts->micro * ts->data_par);
-    if (b[B_RAMP]) check_ramp(&f, b[B_RAMP], ts, ts->data_par);
+    check_batch(&f, k[T_BATCH], ts);
 
     /* data: x, y = i32[micro, seq] */
-    if (ts->seq > 0) { /* other mistakes in tokens(...) do not change the shapes */
-        const Dim *dims[2] = {dim_int(s->ar, ts->micro), dim_int(s->ar, ts->seq)};
+    if (ts->cfg.seq > 0) { /* other mistakes in tokens(...) do not change the shapes */
+        const Dim *dims[2] = {dim_int(s->ar, ts->cfg.micro), dim_int(s->ar, ts->cfg.seq)};
         Value *d = value_new(s->ar, V_DATA, value_span(k[T_DATA]));
         d->n = 2;
         d->items = arena_alloc(s->ar, sizeof(Value *) * 2);
         d->items[0] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         d->items[1] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         ts->data = d;
-        if (gb && !gb_forward_batch(gb)) gb_data(gb, d); /* graph builder hook: data.x, data.y */
+        if (gb) gb_data(gb, d); /* graph builder hook: data.x, data.y */
     } else {
         ts->data = value_unknown(s->ar, name_at);
     }
@@ -640,7 +723,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 
     /* loss: a scalar over model and data */
     if (k[T_LOSS]) {
-        s->gb = gb_forward_batch(gb) ? NULL : gb; /* graph builder hook: the loss is the forward graph */
+        s->gb = gb; /* graph builder hook: the loss is the forward graph */
         Value *l = eval_expr(&f, k[T_LOSS]->a);
         s->gb = NULL;
         int scalar = l->kind == V_UNKNOWN || l->kind == V_FLOAT || l->kind == V_INT ||
@@ -651,20 +734,11 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
             l = value_unknown(s->ar, value_span(k[T_LOSS]));
         }
         ts->loss = l;
-        if (gb && !gb_forward_batch(gb)) gb_loss(gb, l, value_span(k[T_LOSS])); /* graph builder hook */
+        if (gb) gb_loss(gb, l, value_span(k[T_LOSS])); /* graph builder hook */
     }
 
-    /* graph builder hook: the model's forward alone, on data.x of another batch (generation) */
-    if (gb && gb_forward_batch(gb) && ts->model->kind == V_MODEL && ts->seq > 0) {
-        Span at = k[T_LOSS] ? value_span(k[T_LOSS]) : name_at;
-        const Dim *dims[2] = {dim_int(s->ar, gb_forward_batch(gb)), dim_int(s->ar, ts->seq)};
-        Value *x = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
-        gb_forward_input(gb, x);
-        s->gb = gb;
-        Value *out = eval_call_model(s, ts->model, x, at);
-        s->gb = NULL;
-        gb_forward_output(gb, out);
-    }
+    if (k[T_MODEL] && ts->model->kind == V_MODEL && ts->cfg.seq > 0)
+        build_forward(&f, k[T_MODEL], ts, gb, k[T_LOSS] ? value_span(k[T_LOSS]) : name_at, value_span(k[T_DATA]));
 
     s->precision = PREC_F32;
 
@@ -691,46 +765,13 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         ts->optimizer = o;
     }
 
-    if (k[T_LR]) ts->lr_fn = eval_schedule(&f, k[T_LR]->a, "lr", &ts->lr_args, &ts->lr_nargs);
-
-    if (k[T_RECOMPUTE]) check_recompute(&f, k[T_RECOMPUTE], ts);
-
-    if (k[T_OFFLOAD]) {
-        const Node *o[O_NKEYS] = {0};
-        gather(s, &k[T_OFFLOAD]->list, offload_keys, O_NKEYS, "'offload'", o, &sub_present);
-        if (o[O_ACTIVATIONS] && get_ident(&f, o[O_ACTIVATIONS], "offload.activations", storage_names, 3, &which))
-            ts->offload_activations = (Storage)which;
-        if (o[O_OPTIMIZER] && get_ident(&f, o[O_OPTIMIZER], "offload.optimizer", storage_names, 3, &which))
-            ts->offload_optimizer = (Storage)which;
+    if (k[T_LR]) {
+        ts->cfg.lr_at = value_span(k[T_LR]);
+        ts->lr_fn = eval_schedule(&f, k[T_LR]->a, "lr", &ts->lr_args, &ts->lr_nargs);
     }
+    schedule_lower(s, ts); /* the schedule as a scalar program (schedule.c) */
 
-    if (k[T_CHECKPOINT]) {
-        const Node *c[C_NKEYS] = {0};
-        sub_present = 0;
-        gather(s, &k[T_CHECKPOINT]->list, checkpoint_keys, C_NKEYS, "'checkpoint'", c, &sub_present);
-        if (!(sub_present & (1u << C_EVERY))) missing_key(s, key_span(k[T_CHECKPOINT]), "'checkpoint'", "every", "every = 1000");
-        else if (c[C_EVERY]) (void)get_int(&f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->ckpt_every);
-        if (c[C_DIR]) (void)get_string(&f, c[C_DIR], "checkpoint.dir", "a string (a directory)", &ts->ckpt_dir);
-        if (c[C_KEEP]) (void)get_int(&f, c[C_KEEP], "checkpoint.keep", 1, INT32_MAX, "a positive integer", &ts->ckpt_keep);
-        static const char *const on_error[] = {"stop", "continue"};
-        if (c[C_ON_ERROR] && get_choice_string(&f, c[C_ON_ERROR], "checkpoint.on_error", on_error, 2, &which))
-            ts->ckpt_continue_on_error = which;
-    }
-
-    if (k[T_STEPS]) (void)get_int(&f, k[T_STEPS], "steps", 1, INT64_MAX, "a positive integer", &ts->steps);
-
-    if (k[T_EVAL]) {
-        const Node *e[E_NKEYS] = {0};
-        sub_present = 0;
-        gather(s, &k[T_EVAL]->list, eval_keys, E_NKEYS, "'eval'", e, &sub_present);
-        ts->eval_steps = 20;
-        if (!(sub_present & (1u << E_EVERY))) missing_key(s, key_span(k[T_EVAL]), "'eval'", "every", "every = 250");
-        else if (e[E_EVERY]) (void)get_int(&f, e[E_EVERY], "eval.every", 1, INT64_MAX, "a positive integer", &ts->eval_every);
-        if (e[E_STEPS]) (void)get_int(&f, e[E_STEPS], "eval.steps", 1, INT64_MAX, "a positive integer", &ts->eval_steps);
-    }
-
-    if (k[T_SEED]) (void)get_int(&f, k[T_SEED], "seed", 0, INT64_MAX, "a non-negative integer", &ts->seed);
-    if (k[T_CLIP]) (void)get_num(&f, k[T_CLIP], "clip", 0, 0, 1e300, 0, "a number >= 0 (0 for no clipping)", &ts->clip);
+    check_train_rest(&f, k, ts);
 
     if (s->out) ptrvec_push(s->ar, &s->out->trains, ts);
 }
@@ -740,19 +781,20 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 void settings_check_serve(Sema *s, Module *m, const Node *t) {
     ServeSettings *ss = arena_alloc(s->ar, sizeof(ServeSettings));
     ss->node = t;
-    ss->name = sema_cstr(s, t->name);
+    ss->cfg.name = sema_cstr(s, t->name);
+    ss->cfg.at = sema_span_of(t, t->name);
     ss->module = m;
-    ss->tokens = 2048;
-    ss->prefill_chunk = 512;
-    ss->seqs = 128;
-    ss->kv_block = 16;
-    ss->kv_memory = 0.9;
-    ss->kv_dtype = KV_BF16;
-    ss->temperature = 1.0;
-    ss->top_p = 1.0;
-    ss->max_tokens = 256;
-    ss->port = 8000;
-    const char *block = arena_printf(s->ar, "serve block '%s'", ss->name);
+    ss->cfg.tokens = 2048;
+    ss->cfg.prefill_chunk = 512;
+    ss->cfg.seqs = 128;
+    ss->cfg.kv_block = 16;
+    ss->cfg.kv_memory = 0.9;
+    ss->cfg.kv_dtype = KV_BF16;
+    ss->cfg.temperature = 1.0;
+    ss->cfg.top_p = 1.0;
+    ss->cfg.max_tokens = 256;
+    ss->cfg.port = 8000;
+    const char *block = arena_printf(s->ar, "serve block '%s'", ss->cfg.name);
     Span name_at = sema_span_of(t, t->name);
     const Node *k[S_NKEYS] = {0};
     unsigned present = 0, sub_present = 0;
@@ -760,7 +802,7 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
     required(s, present, S_MODEL, serve_keys, name_at, block, "model = MyModel()");
     required(s, present, S_WEIGHTS, serve_keys, name_at, block, "weights = \"model.safetensors\"");
 
-    Scope *bs = scope_new(s, m->scope, SC_BLOCK, ss->name, m);
+    Scope *bs = scope_new(s, m->scope, SC_BLOCK, ss->cfg.name, m);
     Frame f = frame_make_block(s, bs);
     ss->model = k[S_MODEL] ? get_model(&f, k[S_MODEL]) : value_unknown(s->ar, name_at);
     scope_define(s, bs, str_from("model"), ss->model, ENT_READONLY, k[S_MODEL] ? key_span(k[S_MODEL]) : name_at);
@@ -772,22 +814,22 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
         }
     }
     if (k[S_WEIGHTS])
-        (void)get_string(&f, k[S_WEIGHTS], "weights", "a string (the path of a safetensors file)", &ss->weights);
+        (void)get_string(&f, k[S_WEIGHTS], "weights", "a string (the path of a safetensors file)", &ss->cfg.weights);
 
     if (k[S_BATCH]) {
         const Node *b[SB_NKEYS] = {0};
         gather(s, &k[S_BATCH]->list, serve_batch_keys, SB_NKEYS, "'batch'", b, &sub_present);
-        if (b[SB_TOKENS]) (void)get_int(&f, b[SB_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ss->tokens);
+        if (b[SB_TOKENS]) (void)get_int(&f, b[SB_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ss->cfg.tokens);
         if (b[SB_PREFILL_CHUNK])
             (void)get_int(&f, b[SB_PREFILL_CHUNK], "batch.prefill_chunk", 1, INT32_MAX, "a positive integer",
-                          &ss->prefill_chunk);
-        else if (ss->prefill_chunk > ss->tokens)
-            ss->prefill_chunk = ss->tokens; /* the default never exceeds a smaller budget */
-        if (b[SB_SEQS]) (void)get_int(&f, b[SB_SEQS], "batch.seqs", 1, INT32_MAX, "a positive integer", &ss->seqs);
-        if (b[SB_PREFILL_CHUNK] && ss->prefill_chunk > ss->tokens) {
+                          &ss->cfg.prefill_chunk);
+        else if (ss->cfg.prefill_chunk > ss->cfg.tokens)
+            ss->cfg.prefill_chunk = ss->cfg.tokens; /* the default never exceeds a smaller budget */
+        if (b[SB_SEQS]) (void)get_int(&f, b[SB_SEQS], "batch.seqs", 1, INT32_MAX, "a positive integer", &ss->cfg.seqs);
+        if (b[SB_PREFILL_CHUNK] && ss->cfg.prefill_chunk > ss->cfg.tokens) {
             if (sema_error(s, value_span(b[SB_PREFILL_CHUNK]), "'batch.prefill_chunk' = %lld exceeds 'batch.tokens' = %lld",
-                           (long long)ss->prefill_chunk, (long long)ss->tokens))
-                sema_hint(s, "use prefill_chunk <= %lld", (long long)ss->tokens);
+                           (long long)ss->cfg.prefill_chunk, (long long)ss->cfg.tokens))
+                sema_hint(s, "use prefill_chunk <= %lld", (long long)ss->cfg.tokens);
         }
     }
 
@@ -802,14 +844,14 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
                 if (sema_error(s, value_span(kv[K_BLOCK]), "'kv.block' must be a power of two, but it is %lld", (long long)blk))
                     sema_hint(s, "use %lld or %lld", (long long)lo, (long long)(lo * 2));
             } else {
-                ss->kv_block = blk;
+                ss->cfg.kv_block = blk;
             }
         }
         if (kv[K_MEMORY])
-            (void)get_num(&f, kv[K_MEMORY], "kv.memory", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->kv_memory);
+            (void)get_num(&f, kv[K_MEMORY], "kv.memory", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->cfg.kv_memory);
         static const char *const kv_dtypes[] = {"f32", "bf16", "f16", "fp8"};
         int which;
-        if (kv[K_DTYPE] && get_ident(&f, kv[K_DTYPE], "kv.dtype", kv_dtypes, 4, &which)) ss->kv_dtype = (KvDtype)which;
+        if (kv[K_DTYPE] && get_ident(&f, kv[K_DTYPE], "kv.dtype", kv_dtypes, 4, &which)) ss->cfg.kv_dtype = (KvDtype)which;
     }
 
     if (k[S_SAMPLING]) {
@@ -817,15 +859,15 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
         gather(s, &k[S_SAMPLING]->list, sampling_keys, SM_NKEYS, "'sampling'", sm, &sub_present);
         if (sm[SM_TEMPERATURE])
             (void)get_num(&f, sm[SM_TEMPERATURE], "sampling.temperature", 0, 0, 1e300, 0, "a number >= 0",
-                          &ss->temperature);
+                          &ss->cfg.temperature);
         if (sm[SM_TOP_K])
-            (void)get_int(&f, sm[SM_TOP_K], "sampling.top_k", 0, INT32_MAX, "a non-negative integer (0 for all)", &ss->top_k);
-        if (sm[SM_TOP_P]) (void)get_num(&f, sm[SM_TOP_P], "sampling.top_p", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->top_p);
+            (void)get_int(&f, sm[SM_TOP_K], "sampling.top_k", 0, INT32_MAX, "a non-negative integer (0 for all)", &ss->cfg.top_k);
+        if (sm[SM_TOP_P]) (void)get_num(&f, sm[SM_TOP_P], "sampling.top_p", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->cfg.top_p);
         if (sm[SM_MAX_TOKENS])
-            (void)get_int(&f, sm[SM_MAX_TOKENS], "sampling.max_tokens", 1, INT32_MAX, "a positive integer", &ss->max_tokens);
+            (void)get_int(&f, sm[SM_MAX_TOKENS], "sampling.max_tokens", 1, INT32_MAX, "a positive integer", &ss->cfg.max_tokens);
     }
 
-    if (k[S_PORT]) (void)get_int(&f, k[S_PORT], "port", 1, 65535, "an integer from 1 to 65535", &ss->port);
+    if (k[S_PORT]) (void)get_int(&f, k[S_PORT], "port", 1, 65535, "an integer from 1 to 65535", &ss->cfg.port);
 
     if (s->out) ptrvec_push(s->ar, &s->out->serves, ss);
 }

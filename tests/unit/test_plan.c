@@ -31,7 +31,6 @@
 #include "parse.h"
 #include "plan.h"
 #include "ref.h"
-#include "sema_internal.h"
 
 /* ---- randomness ----------------------------------------------------------------------------- */
 

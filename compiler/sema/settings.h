@@ -1,0 +1,72 @@
+/* settings.h - what sema settles about a train or serve block, for the stages after it.
+ *
+ * Pipeline position: sema (settings.c checks the blocks) -> [these numbers] -> plan, host code.
+ * Plain numbers, strings and source spans (for the later stages' messages): nothing here points
+ * into the syntax tree or sema's values, so a stage after sema needs no part of sema's insides.
+ * sema.h's TrainBuild carries a train block's TrainConfig with its graphs. */
+#ifndef MBT_SETTINGS_H
+#define MBT_SETTINGS_H
+
+#include <stdint.h>
+
+#include "diag.h"
+
+typedef struct ScalarProg ScalarProg; /* scalar.h: the learning-rate schedule, lowered */
+
+typedef enum Precision { PREC_F32, PREC_BF16, PREC_F16 } Precision;
+typedef enum Storage { STORE_NONE, STORE_HOST, STORE_NVME } Storage;
+typedef enum PipeSchedule { PIPE_1F1B, PIPE_GPIPE } PipeSchedule;
+typedef enum KvDtype { KV_F32, KV_BF16, KV_F16, KV_FP8 } KvDtype;
+
+enum { /* TrainConfig.recompute bits */
+    RECOMPUTE_GELU = 1,
+    RECOMPUTE_LAYERNORM = 2,
+    RECOMPUTE_ATTENTION = 4,
+    RECOMPUTE_MLP = 8,
+    RECOMPUTE_ALL = 16,
+};
+
+typedef struct RampStep {
+    int64_t step, global, accumulation; /* from `step` on, the global batch and its accumulation */
+} RampStep;
+
+typedef struct TrainConfig {
+    const char *name;
+    Span at;                /* the block's name: where messages about the whole block point */
+    Span lr_at;             /* the `lr` setting's value (at when there is none) */
+    const char *schedule_text; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: none */
+    const ScalarProg *lr;   /* the schedule lowered (scalar.h); the constant 1.0 without `lr` */
+    const char *data_glob, *val_glob;
+    int shuffle;
+    int64_t seq;
+    int64_t global, micro, tokens, accumulation; /* tokens = 0 when micro is fixed */
+    RampStep *ramp;
+    int nramp;
+    int64_t data_par, tensor_par, pipeline_par, sequence_par, expert_par, zero;
+    PipeSchedule schedule;
+    int64_t blocks;         /* length of the model's longest list of sub-models */
+    Precision precision;
+    unsigned recompute;
+    Storage offload_activations, offload_optimizer;
+    int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
+    const char *ckpt_dir;
+    int ckpt_continue_on_error;
+    int64_t eval_every, eval_steps; /* eval_every = 0: no evaluation */
+    int64_t steps, seed;
+    double clip;
+} TrainConfig;
+
+typedef struct ServeConfig {
+    const char *name;
+    Span at;                /* the block's name */
+    const char *weights;
+    int64_t tokens, prefill_chunk, seqs;
+    int64_t kv_block;
+    double kv_memory;
+    KvDtype kv_dtype;
+    double temperature, top_p;
+    int64_t top_k, max_tokens;
+    int64_t port;
+} ServeConfig;
+
+#endif
