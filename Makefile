@@ -243,8 +243,8 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a -lm -o $@ $(LDFLAGS_ALL)
 
-# The CPU back end's test JIT-compiles kernels: it includes llvm-c headers and links LLVM.
-$(BUILD)/tests/test_cpu: tests/unit/test_cpu.c $(BUILD)/libmbtc.a
+# The CPU back end's tests JIT-compile kernels and the schedule: they include llvm-c headers and link LLVM.
+$(BUILD)/tests/test_cpu $(BUILD)/tests/test_schedule: $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
