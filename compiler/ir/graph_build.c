@@ -14,7 +14,7 @@
  *     per part; topk two nodes; concat of more than GRAPH_MAX_IN items a chain;
  *   - parameters are named after instantiation by their path from the model, walking its members
  *     (sub-models, lists of them by index): `h.3.attn.c_attn.weight`.
- * (added) Then, for sema_build_train, the update graph (graph_build.h): the optimizer's update run
+ * Then, for sema_build_train, the update graph (graph_build.h): the optimizer's update run
  * with p, g and the state variables as f32[n] inputs over the flat parameter layout, t and lr as
  * f32[] inputs; a scalar result computed from a per-element value is lifted to f32[n] (a value per
  * parameter, held by each of its elements), and norm of a per-element value is G_SEG_NORM.
@@ -36,7 +36,7 @@ struct GraphBuilder {
     int64_t streams;      /* dropout RNG streams handed out */
     const void **seen;    /* model instances already named (open addressing, NULL = empty) */
     int nseen, seencap;
-    /* (added) the update graph, for sema_build_train */
+    /* the update graph, for sema_build_train */
     int64_t align;        /* parameters at multiples of this many elements; 0: no update graph wanted */
     Graph *step;          /* the step graph, once the update graph is being built (g is then the update) */
     Graph *upd;           /* the update graph */

@@ -16,7 +16,7 @@
  * only known at run time, ...) is a located user error saying so; after the first one, or after
  * any error of the program, the hooks stop adding nodes and the build returns NULL.
  *
- * (added) The update graph (sema_build_train): after the loss, when the train block's optimizer
+ * The update graph (sema_build_train): after the loss, when the train block's optimizer
  * runs its `update` with the block's hyper-parameters, the same hooks build a second graph, the
  * update applied to every parameter at once (graph.h, GraphUpdate). p, g and each state variable
  * are f32[n] inputs over the flat layout of the step graph's parameters; t and the optimizer's lr

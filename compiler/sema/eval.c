@@ -6,32 +6,28 @@
  * instantiation; a function's parameters take their declared types with fresh symbols for the
  * upper-case dimensions. Instantiated by a train or serve block, constants are numbers, every
  * `for` over a known range is unrolled, every sub-model is built, and every call is evaluated
- * inline with the argument's shapes - the walk along which the graph builder (graph_build.c)
- * hangs IR nodes off tensor values (Value.graph_id), through the hooks marked "graph builder
- * hook" below: each is a no-op unless gb_listening(), so --check is unaffected.
+ * inline with the argument's shapes (eval_call.c) - the walk along which the graph builder
+ * (graph_build.c) hangs IR nodes off tensor values (Value.graph_id), through the hooks marked
+ * "graph builder hook" below: each is a no-op unless gb_listening(), so --check is unaffected.
  *
  * Errors inside a body are reported once: a body that reported errors is marked broken (its
  * NodeInfo) and is not evaluated again - calls to it give its declared result, instances of it
  * V_UNKNOWN - and sema_error drops exact repeats. Shape rules of operators and builtins live in
  * shape.c and builtins.c; this file decides what to evaluate, in which scope, and checks
- * names, calls, arguments, declared types, returns and statements. */
+ * names, declared types, returns and statements. */
 #include <stdio.h>
 #include <string.h>
 
-#include "graph_build.h"
-#include "sema_internal.h"
-
-#define SEMA_PI 3.14159265358979323846
-
+#include "eval_internal.h"
 /* ---- small helpers ---- */
 
-static Value *unknown_at(Sema *s, Span at) { return value_unknown(s->ar, at); }
+Value *unknown_at(Sema *s, Span at) { return value_unknown(s->ar, at); }
 
-static Span span_or(const Node *n, Span fallback) { return n ? n->span : fallback; }
+Span span_or(const Node *n, Span fallback) { return n ? n->span : fallback; }
 
-static int is_upper_name(Str name) { return name.len > 0 && name.p[0] >= 'A' && name.p[0] <= 'Z'; }
+int is_upper_name(Str name) { return name.len > 0 && name.p[0] >= 'A' && name.p[0] <= 'Z'; }
 
-static Frame frame_make(Sema *s, FrameKind k, Scope *sc, int generic) {
+Frame frame_make(Sema *s, FrameKind k, Scope *sc, int generic) {
     Frame f;
     memset(&f, 0, sizeof f);
     f.s = s;
@@ -42,7 +38,7 @@ static Frame frame_make(Sema *s, FrameKind k, Scope *sc, int generic) {
     return f;
 }
 
-static Span decl_name_span(const Node *decl) { return decl ? sema_span_of(decl, decl->name) : span_none(); }
+Span decl_name_span(const Node *decl) { return decl ? sema_span_of(decl, decl->name) : span_none(); }
 
 /* A number known at compile time (an integer or a float). */
 static int number_known(const Value *v, double *out) {
@@ -58,7 +54,7 @@ static int number_known(const Value *v, double *out) {
     return 0;
 }
 
-static int is_number(const Value *v) {
+int is_number(const Value *v) {
     return v->kind == V_INT || v->kind == V_FLOAT || v->kind == V_UNKNOWN ||
            (v->kind == V_TENSOR && v->t.rank == 0 && dtype_is_float(v->t.dt));
 }
@@ -69,15 +65,15 @@ static int is_submodel(const Value *v) {
     return 0;
 }
 
-static int on_stack(Sema *s, const Node *n) {
+int on_stack(Sema *s, const Node *n) {
     for (int i = 0; i < s->depth; i++)
         if (s->stack[i] == n) return 1;
     return 0;
 }
 
-static Entry *find_member(Scope *sc, const char *name) { return sc ? scope_find(sc, str_from(name)) : NULL; }
+Entry *find_member(Scope *sc, const char *name) { return sc ? scope_find(sc, str_from(name)) : NULL; }
 
-static const Node *find_fn(const Node *owner, const char *name) {
+const Node *find_fn(const Node *owner, const char *name) {
     for (int i = 0; i < owner->list2.n; i++) {
         const Node *it = owner->list2.v[i];
         if (it && it->kind == N_FN && str_eqc(it->name, name)) return it;
@@ -100,7 +96,7 @@ static const char *const_text(Sema *s, const Value *v) {
 }
 
 /* "d = 768, heads = 12": the constants of an instance, for notes. */
-static const char *scope_sig(Sema *s, Scope *sc) {
+const char *scope_sig(Sema *s, Scope *sc) {
     const char *out = "";
     for (int i = 0; i < sc->n; i++) {
         if (sc->e[i].kind != ENT_CONST) continue;
@@ -114,7 +110,7 @@ static const char *scope_sig(Sema *s, Scope *sc) {
 /* A value of the same kind as a default, with its value forgotten: a model checked on its own
  * must be right for every value of its constants. Integers become symbols named after the
  * constant, so shapes built from them stay exact polynomials. */
-static Value *unknownify(Sema *s, Value *v, Str name, Span at, int depth) {
+Value *unknownify(Sema *s, Value *v, Str name, Span at, int depth) {
     switch (v->kind) {
     case V_INT: return name.len ? value_int(s->ar, dim_sym(s->ar, sema_cstr(s, name)), at) : unknown_at(s, at);
     case V_FLOAT: return value_float(s->ar, 0, 0, at);
@@ -158,7 +154,7 @@ static Value *value_join(Sema *s, Value *a, Value *b) {
 static const char *const dtype_names[] = {"f32", "f16", "bf16", "f64", "i32", "i64", "bool"};
 
 /* Checks that a type names a dtype; reports `unknown dtype` once per place. */
-static int type_dtype(Sema *s, const Node *ty, DType *dt) {
+int type_dtype(Sema *s, const Node *ty, DType *dt) {
     if (!ty) return 0;
     if (dtype_parse(ty->name, dt)) return 1;
     if (sema_error(s, sema_span_of(ty, ty->name), "unknown dtype '%.*s'", STR_ARG(ty->name))) {
@@ -172,7 +168,7 @@ static int type_dtype(Sema *s, const Node *ty, DType *dt) {
 }
 
 /* The type as declared, from its source: "f32[B, T, d]". */
-static const char *type_text(Sema *s, const Node *ty) {
+const char *type_text(Sema *s, const Node *ty) {
     if (!ty) return "?";
     const char *out = sema_cstr(s, ty->name);
     if (!ty->ival) return out;
@@ -260,7 +256,7 @@ const Dim *eval_dim(Sema *s, Scope *sc, const Node *n, int free_upper) {
 
 /* Pass 1 of matching a value to a declared type: a bare upper-case dimension not bound yet
  * takes the argument's dimension (B, T at a call). `decl` marks who bound it. */
-static void type_bind(Sema *s, Scope *loc, const Node *ty, const Value *v, Span decl) {
+void type_bind(Sema *s, Scope *loc, const Node *ty, const Value *v, Span decl) {
     if (!ty || !ty->ival || v->kind != V_TENSOR || v->t.rank != ty->list.n) return;
     for (int i = 0; i < ty->list.n; i++) {
         const Node *d = ty->list.v[i];
@@ -272,7 +268,7 @@ static void type_bind(Sema *s, Scope *loc, const Node *ty, const Value *v, Span 
 }
 
 /* Pass 2: 1 when v fits the declared type (V_UNKNOWN fits everything), else 0. */
-static int type_match(Sema *s, Scope *loc, const Node *ty, const Value *v) {
+int type_match(Sema *s, Scope *loc, const Node *ty, const Value *v) {
     DType dt;
     if (!ty || !dtype_parse(ty->name, &dt) || v->kind == V_UNKNOWN) return 1;
     if (!ty->ival) { /* a scalar */
@@ -315,7 +311,7 @@ static int bare_count(const Node *ty, Str name) {
 
 /* " with d = 768, T = 64": the names in a declared type whose values are not obvious from the
  * message (dimensions bound by the very argument being reported are left out). */
-static const char *type_with(Sema *s, Scope *loc, const Node *ty, Span own) {
+const char *type_with(Sema *s, Scope *loc, const Node *ty, Span own) {
     const Node *names[32];
     int n = 0;
     for (int i = 0; ty && i < ty->list.n; i++) collect_names(ty->list.v[i], names, &n, 32, 0);
@@ -337,7 +333,7 @@ static const char *type_with(Sema *s, Scope *loc, const Node *ty, Span own) {
 /* A value of a declared type, for a parameter checked on its own (fresh = 1: bare upper-case
  * dimensions not bound yet become symbols) or a declared result (fresh = 0: one not bound
  * makes the result unknown). Scalars have unknown values; an integer is a symbol named name. */
-static Value *value_of_type(Sema *s, Scope *loc, const Node *ty, Span origin, int fresh, Str name) {
+Value *value_of_type(Sema *s, Scope *loc, const Node *ty, Span origin, int fresh, Str name) {
     DType dt;
     if (!ty || !dtype_parse(ty->name, &dt)) return unknown_at(s, origin);
     if (!ty->ival) {
@@ -363,471 +359,9 @@ static Value *value_of_type(Sema *s, Scope *loc, const Node *ty, Span origin, in
     return value_tensor(s->ar, dt, rank, dims, origin);
 }
 
-static Value *declared_result(Sema *s, const Node *fn, Scope *loc, Span at) {
+Value *declared_result(Sema *s, const Node *fn, Scope *loc, Span at) {
     if (!fn->type) return unknown_at(s, at);
     return value_of_type(s, loc, fn->type, at, 0, fn->name);
-}
-
-/* ---- calls: arguments ---- */
-
-typedef struct Call {
-    CallArgs a;
-    Span *kw_name_at; /* the keyword names, for errors about them */
-    int generic;      /* made by code checked on its own (constants symbolic) */
-} Call;
-
-static void build_call(Frame *f, const Node *n, Call *c) {
-    Sema *s = f->s;
-    memset(c, 0, sizeof *c);
-    int np = 0, nk = 0;
-    for (int i = 0; i < n->list.n; i++) {
-        if (!n->list.v[i]) continue;
-        if (n->list.v[i]->kind == N_KWARG) nk++;
-        else np++;
-    }
-    /* One block for the six arrays (Str and pointers first, for alignment). */
-    char *mem = arena_alloc(s->ar, (sizeof(Value *) + sizeof(Span)) * (size_t)np +
-                                       (sizeof(Str) + sizeof(Value *) + 2 * sizeof(Span)) * (size_t)nk + 8);
-    c->a.kw_name = (Str *)mem;
-    mem += sizeof(Str) * (size_t)nk;
-    c->a.pos = (Value **)mem;
-    mem += sizeof(Value *) * (size_t)np;
-    c->a.kw = (Value **)mem;
-    mem += sizeof(Value *) * (size_t)nk;
-    c->a.pos_at = (Span *)mem;
-    mem += sizeof(Span) * (size_t)np;
-    c->a.kw_at = (Span *)mem;
-    mem += sizeof(Span) * (size_t)nk;
-    c->kw_name_at = (Span *)mem;
-    for (int i = 0; i < n->list.n; i++) {
-        const Node *it = n->list.v[i];
-        if (!it) continue;
-        if (it->kind == N_KWARG) {
-            int k = c->a.nkw++;
-            c->a.kw_name[k] = it->name;
-            c->a.kw[k] = eval_expr(f, it->a);
-            c->a.kw_at[k] = span_or(it->a, it->span);
-            c->kw_name_at[k] = sema_span_of(it, it->name);
-        } else {
-            int k = c->a.npos++;
-            c->a.pos[k] = eval_expr(f, it);
-            c->a.pos_at[k] = it->span;
-        }
-    }
-    c->a.callee_at = span_or(n->a, n->span);
-    c->a.at = n->span;
-    c->generic = f->generic;
-}
-
-/* Matches a call's arguments to declared parameters: vals[i]/at[i] receive the argument given
- * for params->v[i] (NULL when none). Parameters before `first` are supplied by the compiler
- * (a schedule's `step`), and giving one is an error. Returns 0 after reporting too many,
- * unknown or repeated arguments; missing ones are the caller's to report (defaults first). */
-static int bind_args(Sema *s, const Call *c, const NodeList *params, int first, const char *what, const Node *decl,
-                     Value **vals, Span *at) {
-    int ok = 1;
-    int np = params->n - first;
-    for (int i = 0; i < c->a.npos; i++) {
-        if (i >= np) {
-            if (sema_error(s, c->a.pos_at[i], "'%s' takes %d argument%s but %d %s given", what, np, np == 1 ? "" : "s",
-                           c->a.npos, c->a.npos == 1 ? "was" : "were"))
-                sema_note(s, decl_name_span(decl), "'%s' is declared here", what);
-            ok = 0;
-            break;
-        }
-        vals[first + i] = c->a.pos[i];
-        at[first + i] = c->a.pos_at[i];
-    }
-    for (int k = 0; k < c->a.nkw; k++) {
-        Str kn = c->a.kw_name[k];
-        int j = -1;
-        for (int i = 0; i < params->n; i++)
-            if (params->v[i] && str_eq(params->v[i]->name, kn)) {
-                j = i;
-                break;
-            }
-        if (j >= 0 && j < first) {
-            sema_error(s, c->kw_name_at[k], "'%.*s' is supplied by the training loop and cannot be given", STR_ARG(kn));
-            ok = 0;
-            continue;
-        }
-        if (j < 0) {
-            if (sema_error(s, c->kw_name_at[k], "'%s' has no parameter '%.*s'", what, STR_ARG(kn))) {
-                sema_note(s, decl_name_span(decl), "'%s' is declared here", what);
-                Suggest g;
-                suggest_init(&g, kn);
-                for (int i = first; i < params->n; i++)
-                    if (params->v[i]) suggest_try(&g, params->v[i]->name.p, params->v[i]->name.len);
-                sema_hint_suggest(s, &g);
-            }
-            ok = 0;
-            continue;
-        }
-        if (vals[j]) {
-            if (sema_error(s, c->kw_name_at[k], "argument '%.*s' of '%s' is given twice", STR_ARG(kn), what))
-                sema_note(s, at[j], "first given here");
-            ok = 0;
-            continue;
-        }
-        vals[j] = c->a.kw[k];
-        at[j] = c->a.kw_at[k];
-    }
-    return ok;
-}
-
-static void missing_arg(Sema *s, Span call_at, const Node *param, const char *what) {
-    if (sema_error(s, call_at, "missing argument '%.*s' in the call to '%s'", STR_ARG(param->name), what))
-        sema_note(s, param->span, "'%.*s' is declared here", STR_ARG(param->name));
-}
-
-static const char *kind_word(ValueKind k) {
-    switch (k) {
-    case V_INT: return "an integer";
-    case V_FLOAT: return "a float";
-    case V_BOOL: return "a bool";
-    case V_STRING: return "a string";
-    default: return "a value";
-    }
-}
-
-/* A model constant given at an instantiation: integers, floats, bools and strings only, of the
- * kind of its default when it has a literal one. */
-static Value *check_constant(Sema *s, const Node *p, Value *v, Span at, const char *model) {
-    if (v->kind == V_UNKNOWN) return v;
-    if (v->kind != V_INT && v->kind != V_FLOAT && v->kind != V_BOOL && v->kind != V_STRING) {
-        sema_error(s, at, "constant '%.*s' of '%s' must be an integer, float, bool or string, but it is %s",
-                   STR_ARG(p->name), model, sema_describe(s, v));
-        return unknown_at(s, at);
-    }
-    const Node *d = p->a;
-    if (d && d->kind == N_UNARY && d->a) d = d->a;
-    ValueKind want = V_UNKNOWN;
-    if (d && d->kind == N_INT) want = V_INT;
-    else if (d && d->kind == N_FLOAT) want = V_FLOAT;
-    else if (d && d->kind == N_BOOL) want = V_BOOL;
-    else if (d && d->kind == N_STRING) want = V_STRING;
-    if (want == V_UNKNOWN || want == v->kind || (want == V_FLOAT && v->kind == V_INT)) return v;
-    if (sema_error(s, at, "constant '%.*s' of '%s' must be %s like its default, but it is %s", STR_ARG(p->name), model,
-                   kind_word(want), sema_describe(s, v)))
-        sema_note(s, p->span, "'%.*s' is declared here", STR_ARG(p->name));
-    return unknown_at(s, at);
-}
-
-static int hyper_ok(const Value *v, int depth) {
-    if (v->kind == V_INT || v->kind == V_FLOAT || v->kind == V_BOOL || v->kind == V_UNKNOWN) return 1;
-    if (v->kind == V_TUPLE && depth < 4) {
-        for (int i = 0; i < v->n; i++)
-            if (!v->items[i] || !hyper_ok(v->items[i], depth + 1)) return 0;
-        return 1;
-    }
-    return 0;
-}
-
-static Value *check_hyper(Sema *s, const Node *p, Value *v, Span at, const char *opt) {
-    if (hyper_ok(v, 0)) return v;
-    sema_error(s, at, "hyper-parameter '%.*s' of '%s' must be a number or a tuple of numbers, but it is %s",
-               STR_ARG(p->name), opt, sema_describe(s, v));
-    return unknown_at(s, at);
-}
-
-/* Gives each parameter of a function its value: vals[i] when given, else its default
- * (evaluated where the earlier parameters are visible), else a `missing argument` error. Then
- * binds upper-case dimensions from the arguments and checks every declared type. Parameters
- * are defined in loc. Returns 0 after any error. */
-static int setup_params(Sema *s, const Node *fn, const char *fname, Value **vals, Span *at, Scope *loc, Span call_at,
-                        int generic) {
-    int ok = 1, np = fn->list.n;
-    int *given = arena_alloc(s->ar, sizeof(int) * (size_t)(np + 1));
-    Frame df = frame_make(s, FR_EXPR, loc, generic);
-    for (int i = 0; i < np; i++) {
-        const Node *p = fn->list.v[i];
-        if (!p) continue;
-        given[i] = vals[i] != NULL;
-        if (!vals[i]) {
-            if (p->a) {
-                vals[i] = eval_expr(&df, p->a);
-                at[i] = p->a->span;
-            } else {
-                missing_arg(s, call_at, p, fname);
-                vals[i] = unknown_at(s, call_at);
-                ok = 0;
-            }
-        }
-        scope_define(s, loc, p->name, vals[i], ENT_LOCAL, p->span);
-    }
-    for (int i = 0; i < np; i++) {
-        const Node *p = fn->list.v[i];
-        if (p && p->type) type_bind(s, loc, p->type, vals[i], p->span);
-    }
-    /* An upper-case dimension no argument could bind (the argument is unknown after an earlier
-     * error) is unknown too, so the body's uses of it stay quiet. */
-    for (int i = 0; i < np; i++) {
-        const Node *p = fn->list.v[i];
-        if (!p || !p->type || !p->type->ival) continue;
-        for (int j = 0; j < p->type->list.n; j++) {
-            const Node *d = p->type->list.v[j];
-            if (!d || d->kind != N_NAME || !is_upper_name(d->name)) continue;
-            Entry *e = scope_lookup(loc, d->name, NULL);
-            if (!e || !(e->kind == ENT_DIM || (e->v && e->v->kind == V_INT)))
-                scope_define(s, loc, d->name, unknown_at(s, p->span), ENT_DIM, p->span);
-        }
-    }
-    for (int i = 0; i < np; i++) {
-        const Node *p = fn->list.v[i];
-        if (!p || !p->type || type_match(s, loc, p->type, vals[i])) continue;
-        const Value *v = vals[i];
-        const char *decl = type_text(s, p->type);
-        const char *with = type_with(s, loc, p->type, p->span);
-        Span where = given[i] ? at[i] : call_at;
-        int rep;
-        DType dt;
-        if (v->kind == V_TENSOR && p->type->ival && dtype_parse(p->type->name, &dt))
-            rep = sema_error(s, where, "argument '%.*s' of '%s' has %s %s but the parameter is declared %s%s",
-                             STR_ARG(p->name), fname, v->t.dt == dt ? "shape" : "type", sema_describe(s, v), decl, with);
-        else
-            rep = sema_error(s, where, "argument '%.*s' of '%s' is %s but the parameter is declared %s%s",
-                             STR_ARG(p->name), fname, sema_describe(s, v), decl, with);
-        if (rep) sema_note(s, p->span, "parameter '%.*s' is declared here", STR_ARG(p->name));
-        ok = 0;
-    }
-    return ok;
-}
-
-/* ---- calls: bodies ---- */
-
-static int enter_call(Sema *s, const Node *decl, const char *name, Span call_at) {
-    if (on_stack(s, decl)) {
-        if (sema_error(s, call_at.file ? call_at : decl_name_span(decl), "recursive call to '%s'", name))
-            sema_note(s, decl_name_span(decl), "'%s' is declared here", name);
-        return 0;
-    }
-    if (s->depth >= SEMA_MAX_CALL_DEPTH) {
-        sema_error(s, call_at.file ? call_at : decl_name_span(decl), "calls are nested more than %d deep",
-                   SEMA_MAX_CALL_DEPTH);
-        return 0;
-    }
-    s->stack[s->depth++] = decl;
-    return 1;
-}
-
-/* Evaluates a function's body with its parameters already in loc. */
-static Value *run_fn(Sema *s, Value *fnv, Scope *loc, Span call_at, FrameKind kind, int generic,
-                     const TensorType *p_type) {
-    const Node *fn = fnv->node;
-    const char *fname = sema_cstr(s, fn->name);
-    if (!enter_call(s, fn, fname, call_at)) return declared_result(s, fn, loc, call_at);
-    int before = diag_error_count();
-    Frame ff = frame_make(s, kind, loc, generic);
-    ff.fn = fn;
-    ff.fname = fname;
-    ff.result = fn->type;
-    ff.owner = fnv->scope ? fnv->scope->name : "";
-    if (p_type) ff.p_type = *p_type;
-    eval_body(&ff, &fn->list2);
-    if (fn->type && !ff.returned && !s->over_budget)
-        sema_error(s, decl_name_span(fn), "missing return in '%s', which is declared to return %s", fname,
-                   type_text(s, fn->type));
-    s->depth--;
-    Value *r = ff.ret;
-    if (!r) r = fn->type ? declared_result(s, fn, loc, call_at) : value_new(s->ar, V_NONE, call_at);
-    if (diag_error_count() > before) {
-        sema_info(s, fn)->broken = 1;
-        if (call_at.file) sema_note(s, call_at, "'%s' is called here", fname);
-    }
-    return r;
-}
-
-/* Every parameter and the result have declared types. */
-static int fully_typed(const Node *fn) {
-    if (!fn->type) return 0;
-    for (int i = 0; i < fn->list.n; i++)
-        if (!fn->list.v[i] || !fn->list.v[i]->type) return 0;
-    return 1;
-}
-
-static Value *call_fn(Sema *s, Value *fnv, Call *c) {
-    const Node *fn = fnv->node;
-    if (!fn) return unknown_at(s, c->a.at);
-    const char *fname = sema_cstr(s, fn->name);
-    NodeInfo *inf = sema_info(s, fn);
-    if (!inf->generic) eval_check_fn(s, fn);
-    int np = fn->list.n;
-    Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
-    Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
-    int ok = bind_args(s, c, &fn->list, 0, fname, fn, vals, at);
-    Scope *loc = scope_new(s, fnv->scope, SC_LOCAL, fname, NULL);
-    ok &= setup_params(s, fn, fname, vals, at, loc, c->a.at, 0);
-    if (!ok) return unknown_at(s, c->a.at); /* the caller's mistake: nothing more to say */
-    if (inf->broken) return declared_result(s, fn, loc, c->a.at);
-    if (c->generic && inf->generic == 2 && fully_typed(fn)) {
-        /* Checked on its own for every value of its constants and dimensions, and the arguments
-         * fit its declared types: its declared result is exact, and evaluating the body again
-         * could find nothing new (concrete values come with a train or serve block). */
-        Value *r = declared_result(s, fn, loc, c->a.at);
-        if (r->kind != V_UNKNOWN) return r;
-    }
-    return run_fn(s, fnv, loc, c->a.at, FR_FN, c->generic, NULL);
-}
-
-/* Evaluates a model body into the instance scope inst (its constants already there). */
-static Value *instantiate_body(Sema *s, const Node *m, Scope *inst, Span call_at, int generic) {
-    const char *mname = inst->name;
-    if (!enter_call(s, m, mname, call_at)) return unknown_at(s, call_at);
-    int before = diag_error_count();
-    /* Functions are members from the start, so the body may name them in any order. */
-    for (int i = 0; i < m->list2.n; i++) {
-        const Node *it = m->list2.v[i];
-        if (!it || it->kind != N_FN) continue;
-        Entry *old = scope_find(inst, it->name);
-        if (old) {
-            if (sema_error(s, decl_name_span(it), "redefinition of '%.*s' in model '%s'", STR_ARG(it->name), mname))
-                sema_note(s, old->decl, "'%.*s' was first defined here", STR_ARG(it->name));
-            continue;
-        }
-        Value *fv = value_new(s->ar, V_FN, it->span);
-        fv->node = it;
-        fv->scope = inst;
-        scope_define(s, inst, it->name, fv, ENT_FN, decl_name_span(it));
-    }
-    Frame bf = frame_make(s, FR_MODEL_BODY, inst, generic);
-    bf.owner = mname;
-    eval_body(&bf, &m->list2);
-    s->depth--;
-    Value *v = value_new(s->ar, V_MODEL, call_at.file ? call_at : m->span);
-    v->node = m;
-    v->scope = inst;
-    if (diag_error_count() > before) {
-        sema_info(s, m)->broken = 1;
-        if (call_at.file) {
-            const char *sig = scope_sig(s, inst);
-            if (*sig) sema_note(s, call_at, "'%s' is instantiated here with %s", mname, sig);
-            else sema_note(s, call_at, "'%s' is instantiated here", mname);
-        }
-    }
-    return v;
-}
-
-static Value *instantiate(Sema *s, Value *defv, Call *c) {
-    const Node *m = defv->node;
-    if (!m) return unknown_at(s, c->a.at);
-    const char *mname = sema_cstr(s, m->name);
-    NodeInfo *inf = sema_info(s, m);
-    if (!inf->generic) eval_check_model(s, m);
-    int np = m->list.n;
-    Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
-    Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
-    int ok = bind_args(s, c, &m->list, 0, mname, m, vals, at);
-    Scope *inst = scope_new(s, defv->scope, SC_MODEL, mname, NULL);
-    Frame df = frame_make(s, FR_EXPR, inst, 0);
-    for (int i = 0; i < np; i++) {
-        const Node *p = m->list.v[i];
-        if (!p) continue;
-        Value *v = vals[i];
-        if (v) v = check_constant(s, p, v, at[i], mname);
-        else if (p->a) v = eval_expr(&df, p->a);
-        else {
-            missing_arg(s, c->a.at, p, mname);
-            v = unknown_at(s, c->a.at);
-            ok = 0;
-        }
-        scope_define(s, inst, p->name, v, ENT_CONST, p->span);
-    }
-    if (!ok || inf->broken) return unknown_at(s, c->a.at);
-    return instantiate_body(s, m, inst, c->a.at, 0);
-}
-
-static void define_member_fns(Sema *s, const Node *owner, Scope *sc) {
-    for (int i = 0; i < owner->list2.n; i++) {
-        const Node *it = owner->list2.v[i];
-        if (!it || it->kind != N_FN) continue;
-        Entry *old = scope_find(sc, it->name);
-        if (old) {
-            if (sema_error(s, decl_name_span(it), "redefinition of '%.*s' in '%s'", STR_ARG(it->name), sc->name))
-                sema_note(s, old->decl, "'%.*s' was first defined here", STR_ARG(it->name));
-            continue;
-        }
-        Value *fv = value_new(s->ar, V_FN, it->span);
-        fv->node = it;
-        fv->scope = sc;
-        scope_define(s, sc, it->name, fv, ENT_FN, decl_name_span(it));
-    }
-}
-
-static Value *bind_optimizer(Sema *s, Value *defv, Call *c) {
-    const Node *o = defv->node;
-    if (!o) return unknown_at(s, c->a.at);
-    const char *oname = sema_cstr(s, o->name);
-    NodeInfo *inf = sema_info(s, o);
-    if (!inf->generic) eval_check_optimizer(s, o);
-    int np = o->list.n;
-    Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
-    Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
-    int ok = bind_args(s, c, &o->list, 0, oname, o, vals, at);
-    Scope *os = scope_new(s, defv->scope, SC_OPTIMIZER, oname, NULL);
-    Frame df = frame_make(s, FR_EXPR, os, 0);
-    for (int i = 0; i < np; i++) {
-        const Node *p = o->list.v[i];
-        if (!p) continue;
-        Value *v = vals[i];
-        if (v) v = check_hyper(s, p, v, at[i], oname);
-        else if (p->a) v = check_hyper(s, p, eval_expr(&df, p->a), p->a->span, oname);
-        else {
-            missing_arg(s, c->a.at, p, oname);
-            v = unknown_at(s, c->a.at);
-            ok = 0;
-        }
-        scope_define(s, os, p->name, v, ENT_CONST, p->span);
-    }
-    define_member_fns(s, o, os);
-    if (!ok) return unknown_at(s, c->a.at);
-    Value *v = value_new(s->ar, V_OPTIMIZER, c->a.at);
-    v->node = o;
-    v->scope = os;
-    return v;
-}
-
-static Value *eval_apply(Sema *s, Value *callee, Call *c) {
-    switch (callee->kind) {
-    case V_UNKNOWN: return unknown_at(s, c->a.at);
-    case V_BUILTIN: {
-        Value *r = callee->builtin ? builtin_call(s->ar, callee->builtin, &c->a, s->precision == PREC_BF16 ? DT_BF16 : DT_F32) : NULL;
-        if (r && gb_listening(s, c->generic)) gb_builtin(s->gb, callee->builtin, &c->a, r); /* graph builder hook */
-        return r ? r : unknown_at(s, c->a.at);
-    }
-    case V_MODEL_DEF: return instantiate(s, callee, c);
-    case V_MODEL: {
-        Entry *e = find_member(callee->scope, "forward");
-        if (!e || e->kind != ENT_FN || !e->v || e->v->kind != V_FN) {
-            const char *mname = callee->node ? sema_cstr(s, callee->node->name) : "?";
-            if (sema_error(s, c->a.callee_at, "'%s' cannot be called: model '%s' has no 'forward' function",
-                           sema_src(s, c->a.callee_at), mname) &&
-                callee->node)
-                sema_note(s, decl_name_span(callee->node), "'%s' is declared here", mname);
-            return unknown_at(s, c->a.at);
-        }
-        return call_fn(s, e->v, c);
-    }
-    case V_FN: return call_fn(s, callee, c);
-    case V_OPTIMIZER_DEF: return bind_optimizer(s, callee, c);
-    default:
-        sema_error(s, c->a.callee_at, "'%s' cannot be called: it is %s", sema_src(s, c->a.callee_at),
-                   sema_describe(s, callee));
-        return unknown_at(s, c->a.at);
-    }
-}
-
-/* (added) `model(x)` for a model value and an argument value, as if written at `at` (checked with
- * the block's concrete constants, so the graph builder listens). */
-Value *eval_call_model(Sema *s, Value *model, Value *x, Span at) {
-    Call c;
-    memset(&c, 0, sizeof c);
-    c.a.pos = arena_alloc(s->ar, sizeof(Value *));
-    c.a.pos_at = arena_alloc(s->ar, sizeof(Span));
-    c.a.pos[0] = x;
-    c.a.pos_at[0] = at;
-    c.a.npos = 1;
-    c.a.callee_at = c.a.at = at;
-    return eval_apply(s, model, &c);
 }
 
 /* ---- expressions ---- */
@@ -1572,258 +1106,4 @@ void eval_body(Frame *f, const NodeList *stmts) {
         if (f->returned || f->s->over_budget) break;
         eval_stmt(f, stmts->v[i]);
     }
-}
-
-/* ---- checking declarations on their own ---- */
-
-/* Duplicate parameter names and unknown dtypes in a parameter list. */
-static void check_param_list(Sema *s, const NodeList *params) {
-    for (int i = 0; i < params->n; i++) {
-        const Node *p = params->v[i];
-        if (!p) continue;
-        for (int j = 0; j < i; j++) {
-            const Node *q = params->v[j];
-            if (q && str_eq(q->name, p->name)) {
-                if (sema_error(s, sema_span_of(p, p->name), "redefinition of '%.*s'", STR_ARG(p->name)))
-                    sema_note(s, sema_span_of(q, q->name), "'%.*s' was first defined here", STR_ARG(q->name));
-                break;
-            }
-        }
-        DType dt;
-        if (p->type) (void)type_dtype(s, p->type, &dt);
-    }
-}
-
-/* Checks one function with parameters of their declared types (untyped ones unknown). */
-static void check_fn_in(Sema *s, const Node *fn, Scope *scope) {
-    NodeInfo *inf = sema_info(s, fn);
-    if (inf->generic) return;
-    inf->generic = 1;
-    const char *fname = sema_cstr(s, fn->name);
-    check_param_list(s, &fn->list);
-    DType dt;
-    if (fn->type) (void)type_dtype(s, fn->type, &dt);
-    Value *fnv = value_new(s->ar, V_FN, fn->span);
-    fnv->node = fn;
-    fnv->scope = scope;
-    Scope *loc = scope_new(s, scope, SC_LOCAL, fname, NULL);
-    for (int i = 0; i < fn->list.n; i++) {
-        const Node *p = fn->list.v[i];
-        if (!p) continue;
-        Value *v = p->type ? value_of_type(s, loc, p->type, p->span, 1, p->name) : unknown_at(s, p->span);
-        scope_define(s, loc, p->name, v, ENT_LOCAL, p->span);
-    }
-    (void)run_fn(s, fnv, loc, span_none(), FR_FN, 1, NULL);
-    inf->generic = 2;
-}
-
-void eval_check_fn(Sema *s, const Node *fn) {
-    NodeInfo *inf = sema_info(s, fn);
-    if (inf->generic) return;
-    if (!inf->owner) {
-        if (inf->defscope) check_fn_in(s, fn, inf->defscope);
-        return;
-    }
-    if (inf->owner->kind == N_MODEL) eval_check_model(s, inf->owner);
-    else if (inf->owner->kind == N_OPTIMIZER) eval_check_optimizer(s, inf->owner);
-    /* The owner is being checked and its instance is ready: check this one now, before a call
-     * evaluates it with other arguments. */
-    NodeInfo *oi = sema_info(s, inf->owner);
-    if (!inf->generic && oi->generic_inst && oi->generic_inst->scope) check_fn_in(s, fn, oi->generic_inst->scope);
-}
-
-/* The value a model constant or hyper-parameter has when its declaration is checked on its own. */
-static Value *generic_const(Sema *s, Frame *df, const Node *p, Scope *sc, int optimizer) {
-    if (p->type) return value_of_type(s, sc, p->type, p->span, 1, p->name);
-    if (p->a) return unknownify(s, eval_expr(df, p->a), p->name, p->span, 0);
-    if (optimizer) return value_float(s->ar, 0, 0, p->span);
-    return value_int(s->ar, dim_sym(s->ar, sema_cstr(s, p->name)), p->span);
-}
-
-void eval_check_model(Sema *s, const Node *m) {
-    NodeInfo *inf = sema_info(s, m);
-    if (inf->generic) return;
-    inf->generic = 1;
-    if (!inf->defscope) {
-        inf->generic = 2;
-        return;
-    }
-    const char *mname = sema_cstr(s, m->name);
-    check_param_list(s, &m->list);
-    Scope *inst = scope_new(s, inf->defscope, SC_MODEL, mname, inf->module);
-    Frame df = frame_make(s, FR_EXPR, inst, 1);
-    for (int i = 0; i < m->list.n; i++) {
-        const Node *p = m->list.v[i];
-        if (p) scope_define(s, inst, p->name, generic_const(s, &df, p, inst, 0), ENT_CONST, p->span);
-    }
-    inf->generic_inst = instantiate_body(s, m, inst, span_none(), 1);
-    for (int i = 0; i < m->list2.n; i++) {
-        const Node *it = m->list2.v[i];
-        if (it && it->kind == N_FN) check_fn_in(s, it, inst);
-    }
-    inf->generic_inst = NULL; /* it may live in a scratch arena that is about to go */
-    inf->generic = 2;
-}
-
-void eval_check_optimizer(Sema *s, const Node *o) {
-    NodeInfo *inf = sema_info(s, o);
-    if (inf->generic) return;
-    inf->generic = 1;
-    if (!inf->defscope) {
-        inf->generic = 2;
-        return;
-    }
-    const char *oname = sema_cstr(s, o->name);
-    check_param_list(s, &o->list);
-    Scope *os = scope_new(s, inf->defscope, SC_OPTIMIZER, oname, inf->module);
-    Frame df = frame_make(s, FR_EXPR, os, 1);
-    for (int i = 0; i < o->list.n; i++) {
-        const Node *p = o->list.v[i];
-        if (!p) continue;
-        if (p->a) (void)check_hyper(s, p, eval_expr(&df, p->a), p->a->span, oname);
-        scope_define(s, os, p->name, generic_const(s, &df, p, os, 1), ENT_CONST, p->span);
-    }
-    define_member_fns(s, o, os);
-    Value *ov = value_new(s->ar, V_OPTIMIZER, o->span);
-    ov->node = o;
-    ov->scope = os;
-    inf->generic_inst = ov;
-    /* State variables: numbers to start from, names of their own. */
-    Scope *names = scope_new(s, NULL, SC_LOCAL, oname, inf->module);
-    for (int i = 0; i < o->list2.n; i++) {
-        const Node *st = o->list2.v[i];
-        if (!st || st->kind != N_STATE) continue;
-        for (int j = 0; j < st->list.n; j++) {
-            const Node *sv = st->list.v[j];
-            if (!sv) continue;
-            Span sv_at = sema_span_of(sv, sv->name);
-            Entry *old = scope_find(names, sv->name);
-            if (!old) old = scope_find(os, sv->name);
-            if (old) {
-                if (sema_error(s, sv_at, "redefinition of '%.*s'", STR_ARG(sv->name)))
-                    sema_note(s, old->decl, "'%.*s' was first defined here", STR_ARG(sv->name));
-                continue;
-            }
-            scope_define(s, names, sv->name, unknown_at(s, sv_at), ENT_STATE, sv_at);
-            if (!sv->a) continue;
-            Value *init = eval_expr(&df, sv->a);
-            if (init->kind != V_INT && init->kind != V_FLOAT && init->kind != V_UNKNOWN)
-                sema_error(s, sv->a->span, "state '%.*s' must start from a number, but it is %s", STR_ARG(sv->name),
-                           sema_describe(s, init));
-        }
-    }
-    const Node *upd = find_fn(o, "update");
-    if (!upd) {
-        if (sema_error(s, decl_name_span(o), "optimizer '%s' has no 'update' function", oname))
-            sema_hint(s, "add fn update(p, g, t) { ... }, which assigns the new value of p");
-    } else if (upd->list.n != 3) {
-        sema_error(s, decl_name_span(upd), "'update' must take 3 parameters (p, g, t), but it takes %d", upd->list.n);
-    }
-    for (int i = 0; i < o->list2.n; i++) {
-        const Node *it = o->list2.v[i];
-        if (it && it->kind == N_FN && it != upd) check_fn_in(s, it, os);
-    }
-    if (upd) {
-        NodeInfo *ui = sema_info(s, upd);
-        ui->generic = 1;
-        check_param_list(s, &upd->list);
-        eval_check_update(s, ov, span_none());
-        ui->generic = 2;
-    }
-    inf->generic_inst = NULL; /* it may live in a scratch arena that is about to go */
-    inf->generic = 2;
-}
-
-void eval_check_update(Sema *s, Value *ov, Span at) {
-    const Node *o = ov->node;
-    if (!o || !ov->scope) return;
-    const Node *upd = find_fn(o, "update");
-    if (!upd || upd->list.n != 3 || sema_info(s, upd)->broken) return;
-    Scope *loc = scope_new(s, ov->scope, SC_LOCAL, "update", NULL);
-    /* Elementwise over every parameter: one symbolic length stands for all of their shapes. */
-    const Dim *dims[1] = {dim_sym(s->ar, "P")};
-    const Node *pp = upd->list.v[0], *gp = upd->list.v[1], *tp = upd->list.v[2];
-    if (!pp || !gp || !tp) return;
-    /* graph builder hook: building the update graph, p, g and the state variables are the f32[n]
-     * inputs over the flat parameter layout and t an f32[] input (graph_build.h); each hook gives
-     * NULL after a failure, and the generic value stands in. */
-    GraphBuilder *gb = gb_listening(s, at.file == 0) ? s->gb : NULL;
-    Value *pt = gb ? gb_update_leaf(gb, "p", pp->name, NULL, pp->span) : NULL;
-    Value *gt = gb ? gb_update_leaf(gb, "g", gp->name, NULL, gp->span) : NULL;
-    Value *tt = gb ? gb_update_leaf(gb, "t", tp->name, NULL, tp->span) : NULL;
-    if (!pt) pt = value_tensor(s->ar, DT_F32, 1, dims, upd->span);
-    if (!gt) gt = value_tensor(s->ar, DT_F32, 1, dims, gp->span);
-    if (!tt) tt = value_int(s->ar, dim_sym(s->ar, sema_cstr(s, tp->name)), tp->span);
-    scope_define(s, loc, pp->name, pt, ENT_UPDATE_P, pp->span);
-    scope_define(s, loc, gp->name, gt, ENT_READONLY, gp->span);
-    scope_define(s, loc, tp->name, tt, ENT_READONLY, tp->span);
-    Frame init_frame = frame_make(s, FR_EXPR, ov->scope, 0);
-    for (int i = 0; i < o->list2.n; i++) {
-        const Node *st = o->list2.v[i];
-        if (!st || st->kind != N_STATE) continue;
-        for (int j = 0; j < st->list.n; j++) {
-            const Node *sv = st->list.v[j];
-            if (!sv || scope_find(loc, sv->name)) continue;
-            Value *sv_value = NULL;
-            if (gb) /* graph builder hook: the state's input, with the number it starts from */
-                sv_value = gb_update_leaf(gb, "state", sv->name, sv->a ? eval_expr(&init_frame, sv->a) : NULL,
-                                          sema_span_of(sv, sv->name));
-            if (!sv_value) sv_value = value_tensor(s->ar, DT_F32, 1, dims, sv->span);
-            scope_define(s, loc, sv->name, sv_value, ENT_STATE, sema_span_of(sv, sv->name));
-        }
-    }
-    Value *fnv = value_new(s->ar, V_FN, upd->span);
-    fnv->node = upd;
-    fnv->scope = ov->scope;
-    if (gb) gb_update_lr(gb, ov->scope, 1); /* graph builder hook: lr is the input "lr" while update runs */
-    (void)run_fn(s, fnv, loc, at, FR_UPDATE, at.file == 0, &pt->t);
-    if (gb) {
-        gb_update_lr(gb, ov->scope, 0);
-        gb_update_results(gb, loc, pp->name, at); /* graph builder hook: p and the states are the results */
-    }
-}
-
-/* ---- schedules ---- */
-
-Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args, int *nargs) {
-    Sema *s = f->s;
-    const Node *callee_node = value->kind == N_CALL ? value->a : value;
-    Value *fnv = eval_expr(f, callee_node);
-    Call c;
-    if (value->kind == N_CALL) build_call(f, value, &c);
-    if (fnv->kind == V_UNKNOWN) return NULL;
-    if (fnv->kind != V_FN || !fnv->node) {
-        if (sema_error(s, value->span, "'%s' must be a schedule, a function whose first parameter is 'step', but it is %s",
-                       key, sema_describe(s, fnv)))
-            sema_hint(s, "for example: %s = lr.cosine(warmup = 700, total = 18865)", key);
-        return NULL;
-    }
-    const Node *fn = fnv->node;
-    const char *fname = sema_cstr(s, fn->name);
-    if (fn->list.n == 0 || !fn->list.v[0] || !str_eqc(fn->list.v[0]->name, "step")) {
-        if (sema_error(s, callee_node->span, "'%s' cannot be a schedule: its first parameter must be 'step'", fname))
-            sema_note(s, decl_name_span(fn), "'%s' is declared here", fname);
-        return NULL;
-    }
-    NodeInfo *inf = sema_info(s, fn);
-    if (!inf->generic) eval_check_fn(s, fn);
-    int np = fn->list.n;
-    Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
-    Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
-    int ok = value->kind == N_CALL ? bind_args(s, &c, &fn->list, 1, fname, fn, vals, at) : 1;
-    /* The training loop passes the step: a runtime integer. */
-    vals[0] = value_int(s->ar, dim_sym(s->ar, "step"), value->span);
-    at[0] = value->span;
-    Scope *loc = scope_new(s, fnv->scope, SC_LOCAL, fname, NULL);
-    ok &= setup_params(s, fn, fname, vals, at, loc, value->span, 0);
-    if (!ok) return NULL;
-    *args = vals + 1;
-    *nargs = np - 1;
-    if (inf->broken) return fnv;
-    Value *r = run_fn(s, fnv, loc, value->span, FR_FN, 0, NULL);
-    if (!is_number(r)) {
-        sema_error(s, value->span, "the schedule '%s' must return a number, but it returns %s", fname, sema_describe(s, r));
-        return NULL;
-    }
-    return fnv;
 }

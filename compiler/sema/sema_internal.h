@@ -1,17 +1,19 @@
-/* sema_internal.h - what the three parts of the semantic checker share: the checker's context,
+/* sema_internal.h - what the parts of the semantic checker share: the checker's context,
  * scopes, evaluation frames, de-duplicated diagnostics, and the resolved train/serve settings.
  *
  * Pipeline position: AST (parse.h) -> [sema] -> graph IR.
  *   sema.c      drives: modules and imports, top-level declarations, scopes and name lookup,
  *               diagnostics (each error reported once), "did you mean" suggestions.
- *   eval.c      evaluates statements and expressions abstractly to Values (value.h): it
- *               instantiates models, calls functions, unifies declared tensor types with the
- *               arguments, and checks every model, function and optimizer on its own.
- *   settings.c  checks train and serve blocks and resolves their numbers (TrainSettings,
- *               ServeSettings) for the stages after sema.
- * graph_build.c, which builds the graph IR from the same walk (hooks in eval.c and settings.c),
- * shares it too. Not part of the compiler's public surface: only these four files include it, and
- * plan.c, which reads the resolved TrainSettings (sema.h's TrainBuild hands them over). */
+ *   eval.c      evaluates statements and expressions abstractly to Values (value.h);
+ *   eval_call.c the calls they make: it instantiates models, calls functions, unifies declared
+ *               tensor types with the arguments, and checks every model, function and
+ *               optimizer on its own.
+ *   settings.c  checks train and serve blocks and resolves their numbers (TrainConfig,
+ *               ServeConfig in settings.h) for the stages after sema; schedule.c lowers the
+ *               learning-rate schedule to a scalar program (scalar.h).
+ * graph_build.c, which builds the graph IR from the same walk (hooks in eval.c, eval_call.c and
+ * settings.c), shares it too. Not part of the compiler's public surface: the stages after sema
+ * read sema.h and settings.h. */
 #ifndef MBT_SEMA_INTERNAL_H
 #define MBT_SEMA_INTERNAL_H
 
@@ -246,8 +248,8 @@ void eval_check_optimizer(Sema *s, const Node *opt);
 /* Runs an optimizer's update with its hyper-parameters as bound in opt (a V_OPTIMIZER). */
 void eval_check_update(Sema *s, Value *opt, Span at);
 
-/* (added) `model(x)` for a model value and an argument value, as if written at `at` in the train
- * block (the graph builder's forward at another batch; graph_build.h). */
+/* `model(x)` for a model value and an argument value, as if written at `at` in the train
+ * block (generation's batch-1 forward; graph_build.h). */
 Value *eval_call_model(Sema *s, Value *model, Value *x, Span at);
 
 /* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`
