@@ -1,6 +1,6 @@
 /* fuse_codegen.c - the last step of fusion: one kernel of the partition written as kernel IR.
  *
- * Pipeline position: fuse: fuse_lower -> partition (fuse.c) -> [fuse_codegen] -> kernel IR
+ * Pipeline position: fuse: fuse_lower -> partition (fuse_partition.c) -> [fuse_codegen] -> kernel IR
  * (kir.h) -> back ends. The partition also calls it on trial while deciding a merge: a merge
  * whose kernel cannot be written (a row reduction read at another row) is refused.
  *
@@ -1252,7 +1252,7 @@ static KKind cg_kind(const FuseCtx *c, const FKern *K, const FNode **main) {
     }
 }
 
-Kernel *fuse_codegen(FuseCtx *c, int kid, Arena *ar, const char **why) {
+Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why) {
     FKern *K = &c->k[kid];
     if (K->kind == FK_GEMM) INTERNAL("fuse: fuse_codegen of a GEMM");
     const FNode *main;

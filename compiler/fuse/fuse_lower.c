@@ -1,7 +1,7 @@
 /* fuse_lower.c - the first step of fusion: the graph IR rewritten into primitive, hash-consed
- * nodes (FNode, see fuse_internal.h) that the partition (fuse.c) groups into kernels.
+ * nodes (FNode, see fuse_internal.h) that the partition (fuse_partition.c) groups into kernels.
  *
- * Pipeline position: graph -> autodiff -> plan -> fuse: [fuse_lower] -> partition ->
+ * Pipeline position: graph -> autodiff -> plan -> fuse: [fuse_lower: the fused IR] -> partition ->
  * fuse_codegen -> kernel IR. Every composite op becomes maps and reductions in the order of
  * operations of the reference evaluator (ref.c, ref_bwd.c), so that a fused kernel computes the
  * same numbers up to the order of its sums: softmax is max, exp(x - max), sum, divide;
@@ -23,7 +23,7 @@
 /* ---- the lowering's state -------------------------------------------------------------------- */
 
 typedef struct FL {
-    FGraph *fg;
+    FusedGraph *fg;
     const Graph *g;
     int gid;                   /* the graph node being lowered */
     int *guses;                /* [g->n] uses by live nodes */
@@ -101,7 +101,7 @@ static int fl_same(const FNode *a, const FNode *b) {
     return 1;
 }
 
-static void fl_rehash(FGraph *fg) {
+static void fl_rehash(FusedGraph *fg) {
     int cap = fg->hcap ? fg->hcap * 2 : 1024;
     int *h = arena_alloc(fg->ar, sizeof(int) * (size_t)cap);
     for (int i = 0; i < cap; i++) h[i] = -1;
@@ -117,7 +117,7 @@ static void fl_rehash(FGraph *fg) {
 
 /* The node equal to p (leaves are never shared), appended when new. */
 static int fl_add(FL *L, const FNode *p) {
-    FGraph *fg = L->fg;
+    FusedGraph *fg = L->fg;
     for (int i = 0; i < p->nin; i++)
         if (p->in[i] < 0 || p->in[i] >= fg->n) INTERNAL("fuse: lowering %%%d: input %d is %d", L->gid, i, p->in[i]);
     if ((fg->n + 1) * 2 > fg->hcap) fl_rehash(fg);
@@ -497,7 +497,7 @@ static int fl_gemm_bias(FL *L, const GNode *n) {
  * read once for both. The sum_to becomes an F_GEMM_BGRAD node of that GEMM's; the reduction it
  * replaces is left to nobody. */
 static void fl_gemm_bgrad(FL *L, int id) {
-    FGraph *fg = L->fg;
+    FusedGraph *fg = L->fg;
     const GNode *s = graph_node(L->g, id);
     int f = fg->g2f[id];
     if (f < 0) return;
@@ -797,15 +797,35 @@ static int fl_lower_node(FL *L, const GNode *n) {
     INTERNAL("fuse: no lowering for %s (%%%d)", graph_op_name(n->op), n->id);
 }
 
-FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar) {
-    FGraph *fg = arena_alloc(ar, sizeof(FGraph));
+/* The graph nodes the outputs need, in tmp: 2 for an output, 1 for a node one of them reads. */
+static unsigned char *fl_graph_live(const Graph *g, const int *outs, int nouts, Arena *tmp) {
+    unsigned char *glive = arena_alloc(tmp, (size_t)g->n + 1);
+    for (int i = 0; i < nouts; i++) {
+        if (outs[i] < 0 || outs[i] >= g->n) INTERNAL("fuse: output %%%d is not a node", outs[i]);
+        glive[outs[i]] = 2;
+    }
+    for (int id = g->n - 1; id >= 0; id--)
+        if (glive[id])
+            for (int i = 0; i < g->node[id]->nin; i++)
+                if (!glive[g->node[id]->in[i]]) glive[g->node[id]->in[i]] = 1;
+    return glive;
+}
+
+/* fuse.h */
+FusedGraph *fuse_lower_graph(const Graph *g, const int *outputs, int noutputs, Arena *ar) {
+    FusedGraph *fg = arena_alloc(ar, sizeof(FusedGraph));
     fg->ar = ar;
     fg->g = g;
+    if (!outputs) noutputs = fuse_default_outputs(g, &fg->outputs, ar);
+    else fg->outputs = arena_dup(ar, outputs, sizeof(int) * (size_t)(noutputs ? noutputs : 1));
+    fg->noutputs = noutputs;
+    Arena tmp = {0};
+    const unsigned char *glive = fl_graph_live(g, fg->outputs, noutputs, &tmp);
     fg->g2f = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
     fg->absorbed = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
     FL L = {.fg = fg, .g = g, .glive = glive};
-    L.guses = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
-    L.guser = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
+    L.guses = arena_alloc(&tmp, sizeof(int) * (size_t)(g->n + 1));
+    L.guser = arena_alloc(&tmp, sizeof(int) * (size_t)(g->n + 1));
     for (int id = 0; id < g->n; id++) {
         fg->g2f[id] = fg->absorbed[id] = -1;
         L.guser[id] = -1;
@@ -825,5 +845,6 @@ FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar) {
     }
     for (int id = 0; id < g->n; id++)
         if (glive[id] && graph_node(g, id)->op == G_SUM_TO) fl_gemm_bgrad(&L, id);
+    arena_free(&tmp);
     return fg;
 }
