@@ -98,6 +98,9 @@ typedef struct IVec {
 void fuse_ivec_push(Arena *ar, IVec *v, int x);       /* append */
 int fuse_ivec_has(const IVec *v, int x);              /* membership (linear) */
 
+/* Shapes a and b equal once their size-1 axes are left out. */
+int fuse_squeeze_eq(int ra, const int64_t *a, int rb, const int64_t *b);
+
 enum { FC_LEAF, FC_INLINE, FC_ANCHOR };          /* how a node is computed */
 enum { FK_ELEM, FK_REDUCE, FK_GEMM, FK_OPAQUE }; /* kinds of launch */
 

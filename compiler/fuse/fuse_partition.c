@@ -213,7 +213,8 @@ static int fz_same_shape(int ra, const int64_t *a, int rb, const int64_t *b) {
     return 1;
 }
 
-static int fz_squeeze_eq(int ra, const int64_t *a, int rb, const int64_t *b) {
+/* fuse_internal.h */
+int fuse_squeeze_eq(int ra, const int64_t *a, int rb, const int64_t *b) {
     int i = 0, j = 0;
     for (;;) {
         while (i < ra && a[i] == 1) i++;
@@ -256,8 +257,8 @@ static int fz_elem_single(const FKern *K) { return K->kind == FK_ELEM && K->nseg
 static int fz_fits_reduction(const FKern *E, const FKern *R) {
     int64_t kept[GRAPH_MAX_RANK] = {0};
     fz_kept(R, kept);
-    if (fz_squeeze_eq(E->rank, E->shape, R->rank, kept)) return 1;
-    return fz_row_kernel(R) && fz_squeeze_eq(E->rank, E->shape, R->rank, R->shape);
+    if (fuse_squeeze_eq(E->rank, E->shape, R->rank, kept)) return 1;
+    return fz_row_kernel(R) && fuse_squeeze_eq(E->rank, E->shape, R->rank, R->shape);
 }
 
 /* ---- merging -------------------------------------------------------------------------------------- */
@@ -584,8 +585,8 @@ static int fz_materialise_shared(FuseCtx *c, int f) {
     } else if (K->kind == FK_REDUCE) {
         int64_t kept[GRAPH_MAX_RANK] = {0};
         fz_kept(K, kept);
-        if (fz_squeeze_eq(x->rank, x->shape, K->rank, kept) ||
-            (fz_row_kernel(K) && fz_squeeze_eq(x->rank, x->shape, K->rank, K->shape)))
+        if (fuse_squeeze_eq(x->rank, x->shape, K->rank, kept) ||
+            (fz_row_kernel(K) && fuse_squeeze_eq(x->rank, x->shape, K->rank, K->shape)))
             for (int i = 0; i < K->members.n && pin < 0; i++)
                 if (fz_n(c, K->members.v[i])->op == F_REDUCE) pin = K->members.v[i];
     }
