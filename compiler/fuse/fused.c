@@ -11,27 +11,12 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- printing -------------------------------------------------------------------------------- */
 
 #define FUSED_PRINT_COLUMN 72 /* where the `# %N op  file:line:col` comments start, as graph_print */
-
-/* A line being built. */
-typedef struct FusedLine {
-    char buf[1024];
-    size_t n;
-} FusedLine;
-
-static void fd_printf(FusedLine *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fd_printf(FusedLine *l, const char *fmt, ...) {
-    if (l->n >= sizeof l->buf - 1) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(l->buf + l->n, sizeof l->buf - l->n, fmt, ap);
-    va_end(ap);
-    if (k > 0) l->n += (size_t)k < sizeof l->buf - l->n ? (size_t)k : sizeof l->buf - l->n - 1;
-}
 
 /* A constant as the program would write it: booleans and integers plainly, floats shortest. */
 static const char *fd_num(Arena *ar, double v, DType dt) {
@@ -40,53 +25,53 @@ static const char *fd_num(Arena *ar, double v, DType dt) {
     return value_float_str(ar, v);
 }
 
-static void fd_axes(FusedLine *l, uint32_t mask) {
-    fd_printf(l, " axes=");
+static void fd_axes(FILE *l, uint32_t mask) {
+    fprintf(l, " axes=");
     for (int a = 0, first = 1; a < 32; a++)
         if (mask & (1u << a)) {
-            fd_printf(l, "%s%d", first ? "" : ",", a);
+            fprintf(l, "%s%d", first ? "" : ",", a);
             first = 0;
         }
 }
 
-static void fd_gemm(FusedLine *l, const FuseGemm *m) {
-    fd_printf(l, " m=%" PRId64 " n=%" PRId64 " k=%" PRId64, m->m, m->n, m->k);
+static void fd_gemm(FILE *l, const FuseGemm *m) {
+    fprintf(l, " m=%" PRId64 " n=%" PRId64 " k=%" PRId64, m->m, m->n, m->k);
     if (m->batch != 1)
-        fd_printf(l, " batch=%" PRId64 " strides=%" PRId64 ",%" PRId64 ",%" PRId64, m->batch, m->stride_a, m->stride_b,
+        fprintf(l, " batch=%" PRId64 " strides=%" PRId64 ",%" PRId64 ",%" PRId64, m->batch, m->stride_a, m->stride_b,
                   m->stride_c);
-    if (m->trans_a) fd_printf(l, " trans_a");
-    if (m->trans_b) fd_printf(l, " trans_b");
-    fd_printf(l, " ld=%" PRId64 ",%" PRId64 ",%" PRId64, m->lda, m->ldb, m->ldc);
-    if (m->alpha != 1.0 || m->beta != 0.0) fd_printf(l, " alpha=%g beta=%g", m->alpha, m->beta);
-    if (m->epilogue == FE_BIAS) fd_printf(l, " +bias");
+    if (m->trans_a) fprintf(l, " trans_a");
+    if (m->trans_b) fprintf(l, " trans_b");
+    fprintf(l, " ld=%" PRId64 ",%" PRId64 ",%" PRId64, m->lda, m->ldb, m->ldc);
+    if (m->alpha != 1.0 || m->beta != 0.0) fprintf(l, " alpha=%g beta=%g", m->alpha, m->beta);
+    if (m->epilogue == FE_BIAS) fprintf(l, " +bias");
 }
 
 /* The op and its attributes: "map mul", "reduce max", "leaf param wte", "const 0.5". */
-static void fd_head(FusedLine *l, Arena *ar, const FusedGraph *fg, const FNode *n) {
-    fd_printf(l, "f%d = %s", n->id, fuse_fop_name(n->op));
-    if (n->op == F_MAP || n->op == F_REDUCE) fd_printf(l, " %s", kir_op_name(n->kop));
+static void fd_head(FILE *l, Arena *ar, const FusedGraph *fg, const FNode *n) {
+    fprintf(l, "f%d = %s", n->id, fuse_fop_name(n->op));
+    if (n->op == F_MAP || n->op == F_REDUCE) fprintf(l, " %s", kir_op_name(n->kop));
     if (n->op == F_LEAF) {
         const GNode *gn = n->ia[0] >= 0 && n->ia[0] < fg->g->n ? graph_node(fg->g, (int)n->ia[0]) : NULL;
-        fd_printf(l, " %s %s", gn && gn->op == G_PARAM ? "param" : "input", gn && gn->name ? gn->name : "?");
+        fprintf(l, " %s %s", gn && gn->op == G_PARAM ? "param" : "input", gn && gn->name ? gn->name : "?");
     }
-    if (n->op == F_CONST) fd_printf(l, " %s", fd_num(ar, n->fa[0], n->dt));
+    if (n->op == F_CONST) fprintf(l, " %s", fd_num(ar, n->fa[0], n->dt));
 }
 
-static void fd_attrs(FusedLine *l, Arena *ar, const FNode *n) {
+static void fd_attrs(FILE *l, Arena *ar, const FNode *n) {
     const int64_t *ia = n->ia;
     switch (n->op) {
-    case F_IOTA: fd_printf(l, " axis=%" PRId64, ia[0]); break;
-    case F_PERMUTE: fd_printf(l, " axes=%" PRId64 ",%" PRId64, ia[0], ia[1]); break;
-    case F_SLICE: fd_printf(l, " axis=%" PRId64 " start=%" PRId64, ia[0], ia[1]); break;
-    case F_CONCAT: fd_printf(l, " axis=%" PRId64, ia[0]); break;
-    case F_DROPOUT: fd_printf(l, " p=%s stream=%" PRId64, value_float_str(ar, n->fa[0]), ia[0]); break;
-    case F_ROPE: fd_printf(l, " theta=%s%s", value_float_str(ar, n->fa[0]), ia[0] ? " backward" : ""); break;
+    case F_IOTA: fprintf(l, " axis=%" PRId64, ia[0]); break;
+    case F_PERMUTE: fprintf(l, " axes=%" PRId64 ",%" PRId64, ia[0], ia[1]); break;
+    case F_SLICE: fprintf(l, " axis=%" PRId64 " start=%" PRId64, ia[0], ia[1]); break;
+    case F_CONCAT: fprintf(l, " axis=%" PRId64, ia[0]); break;
+    case F_DROPOUT: fprintf(l, " p=%s stream=%" PRId64, value_float_str(ar, n->fa[0]), ia[0]); break;
+    case F_ROPE: fprintf(l, " theta=%s%s", value_float_str(ar, n->fa[0]), ia[0] ? " backward" : ""); break;
     case F_REDUCE: fd_axes(l, (uint32_t)ia[0]); break;
     case F_GEMM: fd_gemm(l, &n->gemm); break;
     case F_ATTN: case F_ATTN_STATS: case F_ATTN_BWD_Q: case F_ATTN_BWD_K: case F_ATTN_BWD_V:
-        fd_printf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, n->fa[0]));
+        fprintf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, n->fa[0]));
         break;
-    case F_TOPK: fd_printf(l, " k=%" PRId64 " axis=%" PRId64 "%s", ia[0], ia[1], ia[2] ? " indices" : ""); break;
+    case F_TOPK: fprintf(l, " k=%" PRId64 " axis=%" PRId64 "%s", ia[0], ia[1], ia[2] ? " indices" : ""); break;
     default: break;
     }
 }
@@ -126,16 +111,21 @@ void fused_print(FILE *out, const FusedGraph *fg) {
             g->name ? g->name : "", fg->n, unused, g->n, fg->noutputs, fg->noutputs == 1 ? "" : "s");
     for (int f = 0; f < fg->n; f++) {
         const FNode *n = fg->node[f];
-        FusedLine l = {.n = 0};
-        fd_head(&l, &scratch, fg, n);
-        for (int i = 0; i < n->nin; i++) fd_printf(&l, "%sf%d", i ? ", " : " ", n->in[i]);
-        fd_attrs(&l, &scratch, n);
-        fd_printf(&l, " : %s[", dtype_name(n->dt));
-        for (int d = 0; d < n->rank && d < GRAPH_MAX_RANK; d++) fd_printf(&l, "%s%" PRId64, d ? ", " : "", n->shape[d]);
-        fd_printf(&l, "]%s%s", n->keep ? " keep" : "", need[f] ? "" : " (unused)");
+        char *line = NULL;
+        size_t len = 0;
+        FILE *l = open_memstream(&line, &len);
+        if (!l) INTERNAL("fused_print: no memory for a line");
+        fd_head(l, &scratch, fg, n);
+        for (int i = 0; i < n->nin; i++) fprintf(l, "%sf%d", i ? ", " : " ", n->in[i]);
+        fd_attrs(l, &scratch, n);
+        fprintf(l, " : %s[", dtype_name(n->dt));
+        for (int d = 0; d < n->rank && d < GRAPH_MAX_RANK; d++) fprintf(l, "%s%" PRId64, d ? ", " : "", n->shape[d]);
+        fprintf(l, "]%s%s", n->keep ? " keep" : "", need[f] ? "" : " (unused)");
+        fclose(l);
         const char *where = fd_where(&scratch, g, n->gid);
-        if (where) fprintf(out, "%-*s  # %s\n", FUSED_PRINT_COLUMN - 2, l.buf, where);
-        else fprintf(out, "%s\n", l.buf);
+        if (where) fprintf(out, "%-*s  # %s\n", FUSED_PRINT_COLUMN - 2, line, where);
+        else fprintf(out, "%s\n", line);
+        free(line);
     }
     for (int id = 0; id < g->n; id++)
         if (fg->absorbed[id] >= 0)
@@ -156,16 +146,24 @@ typedef struct FusedVerify {
     const FNode *n; /* the node being checked */
 } FusedVerify;
 
+/* One problem: `fused: f12 (map, for %21 layernorm): ...`, the graph node the fused node was made
+ * for named so that a broken lowering is found from the message alone. */
 static void fd_fail(FusedVerify *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fd_fail(FusedVerify *v, const char *fmt, ...) {
     v->problems++;
     if (!v->out) return;
-    fprintf(v->out, "fused: f%d (%s): ", v->n ? v->n->id : -1, v->n ? fuse_fop_name(v->n->op) : "-");
+    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(v->out, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(v->out, "\n");
+    const FNode *n = v->n;
+    const Graph *g = v->fg->g;
+    if (!n) fprintf(v->out, "fused: %s\n", msg);
+    else if (n->gid >= 0 && n->gid < g->n)
+        fprintf(v->out, "fused: f%d (%s, for %%%d %s): %s\n", n->id, fuse_fop_name(n->op), n->gid,
+                graph_op_name(graph_node(g, n->gid)->op), msg);
+    else fprintf(v->out, "fused: f%d (%s): %s\n", n->id, fuse_fop_name(n->op), msg);
 }
 
 static const FNode *fd_in(const FusedVerify *v, int i) { return v->fg->node[v->n->in[i]]; }
