@@ -13,7 +13,7 @@
 
 static const FNode *fz_n(const FuseCtx *c, int f) { return c->fg->node[f]; }
 
-/* ---- outputs and liveness ------------------------------------------------------------------------- */
+/* ---- outputs ------------------------------------------------------------------------------------------ */
 
 int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar) {
     int n = 0;
@@ -36,7 +36,6 @@ int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar) {
     *outputs = o;
     return n;
 }
-
 
 /* ---- names ------------------------------------------------------------------------------------------- */
 
@@ -195,9 +194,8 @@ static void fz_launches(FuseCtx *c, FuseResult *r, const int *order, int nl) {
     r->kernels = arena_alloc(c->ar, sizeof(Kernel *) * (size_t)(nl + 1));
     for (int li = 0; li < nl; li++) {
         int kid = order[li];
-        FKern *K = &c->k[kid];
         FuseLaunch *L = &r->launches[li];
-        if (K->kind == FK_GEMM) {
+        if (c->k[kid].kind == FK_GEMM) {
             fz_gemm_launch(c, r, kid, li);
             continue;
         }

@@ -7,8 +7,8 @@
  * their kernels (FuseResult, `mbtc --emit=kernels`); fuse_graph is the two in one.
  * The result is self-contained: the back ends lower each Kernel without the graph, the memory
  * planner takes every buffer's size and first/last launch, and the host code calls the launches
- * in order. The rules (which ops fuse, what is materialised) are in fuse.c's first comment and
- * docs/architecture.md. */
+ * in order. The rules (which ops fuse, what is materialised) are in fuse_partition.c's first
+ * comment and docs/architecture.md. */
 #ifndef MBT_FUSE_H
 #define MBT_FUSE_H
 
@@ -101,12 +101,12 @@ FusedGraph *fuse_lower_graph(const Graph *g, const int *outputs, int noutputs, A
 /* Checks the fused IR: inputs defined before use, each node's shape and type against its op and
  * operands, every GEMM's operands large enough, every lowered graph node's value of its size and
  * type, every output lowered. Returns the number of problems, each printed to out (may be NULL)
- * as `fused: fN: ...`. */
+ * as `fused: fN (op, for %G op): ...`. */
 int fused_verify(const FusedGraph *fg, FILE *out);
 
 /* `mbtc --emit=fused`: a summary line, then one line a node in the style of graph_print
  * (`f12 = map mul f7, f11 : f32[4, 16]   # %21 layernorm  tiny.mbt:12:5`), nodes no output
- * needs marked `(unused)`, and the fused node holding each output. */
+ * needs marked `(unused)`, then each matmul folded into a GEMM and the node holding each output. */
 void fused_print(FILE *out, const FusedGraph *fg);
 
 /* Partitions the fused IR's nodes that its outputs need into launches, gives them buffers and
