@@ -109,7 +109,7 @@ static int emit_plan(Loader *ld, Arena *ar, Module *main_mod, const char *train)
 
 /* --emit=kernels: the step graph (differentiated) and the optimizer's update graph, each fused
  * into launches (fuse.h), verified, and printed with their kernels. */
-static int emit_kernels(Loader *ld, Arena *ar, Module *main_mod, const char *train) {
+static int emit_kernels(Loader *ld, Arena *ar, Module *main_mod, const char *train, int fused) {
     TrainBuild *tb = sema_build_train(ld, main_mod, train, PLAN_ALIGN / 4, ar);
     if (!tb) return diag_finish();
     autodiff(tb->step);
@@ -117,6 +117,13 @@ static int emit_kernels(Loader *ld, Arena *ar, Module *main_mod, const char *tra
     for (int i = 0; i < 2; i++) {
         if (!graphs[i]) continue;
         if (graph_verify(graphs[i], stderr)) INTERNAL("the %s graph fails graph_verify (problems above)", i ? "update" : "gradient");
+        if (fused) { /* --emit=fused: the fused IR the launches are made from */
+            FusedGraph *fg = fuse_lower_graph(graphs[i], NULL, 0, ar);
+            if (fused_verify(fg, stderr)) INTERNAL("the fused IR fails fused_verify (problems above)");
+            if (i) printf("\n");
+            fused_print(stdout, fg);
+            continue;
+        }
         FuseResult *r = fuse_graph(graphs[i], NULL, 0, ar);
         if (fuse_verify(r, stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", i ? "update" : "step");
         if (i) printf("\n");
@@ -232,8 +239,9 @@ static int run(Loader *ld, Arena *ar, const char *input, const char *emit, int c
     if (emit && (strcmp(emit, "ir") == 0 || strcmp(emit, "grad") == 0))
         return emit_graph(ld, ar, main_mod, train, strcmp(emit, "grad") == 0);
     if (emit && strcmp(emit, "plan") == 0) return emit_plan(ld, ar, main_mod, train);
+    if (emit && strcmp(emit, "fused") == 0) return emit_kernels(ld, ar, main_mod, train, 1);
     if (emit && strcmp(emit, "kernels") == 0) {
-        int rc = emit_kernels(ld, ar, main_mod, train);
+        int rc = emit_kernels(ld, ar, main_mod, train, 0);
         if (rc || !co->info) return rc;
         printf("\n");
         fflush(stdout);
@@ -302,7 +310,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         { arena_free(&ar); return 1; }
     }
-    static const char *const stages[] = {"tokens", "ast", "ir", "grad", "plan", "kernels", "llvm", "program", "cuda", "ptx", "sass"};
+    static const char *const stages[] = {"tokens", "ast", "ir", "grad", "plan", "fused", "kernels", "llvm", "program", "cuda", "ptx", "sass"};
     int known_stage = !emit;
     for (size_t k = 0; emit && k < sizeof stages / sizeof *stages; k++) known_stage |= strcmp(emit, stages[k]) == 0;
     if (!known_stage) {

@@ -279,12 +279,12 @@ run_check() {
 
 # ---- golden ----------------------------------------------------------------------------------
 
-# golden_stages NAME: the stages tests/golden/NAME.mbt is compared at - each STAGE (ir, grad, plan, kernels)
+# golden_stages NAME: the stages tests/golden/NAME.mbt is compared at - each STAGE (ir, grad, plan, fused, kernels, cuda)
 # with an expected NAME.STAGE (stdout) or NAME.STAGE.err (stderr, exit 1); NAME.err is the old
 # spelling of NAME.ir.err. Prints them, space-separated.
 golden_stages() {
     local st out=""
-    for st in ir grad plan kernels cuda; do
+    for st in ir grad plan fused kernels cuda; do
         if [ -f "tests/golden/$1.$st" ] || [ -f "tests/golden/$1.$st.err" ] || { [ "$st" = ir ] && [ -f "tests/golden/$1.err" ]; }; then
             out="$out $st"
         fi

@@ -146,6 +146,34 @@ static void lex_quoted(Lexer *lx, const unsigned char *tok, unsigned char quote)
     lx->cur = p < end && *p == quote ? p + 1 : p;
 }
 
+/* A byte no token starts with: an invalid UTF-8 byte, a non-ASCII character, a control
+ * character or stray punctuation, reported with a hint; lx->cur moves past it (cur: the byte
+ * after tok). */
+static void lex_unexpected(Lexer *lx, const unsigned char *tok, const unsigned char *cur) {
+    unsigned char c = *tok;
+    if (c >= 0x80) {
+        int n = utf8_seq_len(tok, lx->src + lx->len);
+        if (n == 0) {
+            LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "invalid UTF-8 byte 0x%02X", c);
+            diag_hint("save the file as UTF-8");
+            lx->cur = tok + 1;
+        } else {
+            LEX_ERROR(lx, lex_span(lx, tok, tok + n), "unexpected character '%.*s'", n, (const char *)tok);
+            diag_hint("non-ASCII text is allowed only in strings and comments");
+            lx->cur = tok + n;
+        }
+    } else if (c < 0x20 || c == 0x7F) {
+        LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "unexpected control character 0x%02X", c);
+        lx->cur = cur;
+    } else {
+        LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "unexpected character '%c'", c);
+        if (c == '\'') diag_hint("strings use double quotes: \"...\"");
+        else if (c == '!') diag_hint("write 'not x' for negation; '!=' compares");
+        else if (c == '&' || c == '|') diag_hint("write 'and' / 'or'");
+        lx->cur = cur;
+    }
+}
+
 /* ---- the scanner ------------------------------------------------------------------------- */
 
 /* Scans one raw token (no statement-end insertion). */
@@ -266,28 +294,7 @@ static Token lex_raw(Lexer *lx) {
         "}"  { TOK(TK_RBRACE); }
 
         [^] {
-            unsigned char c = *tok;
-            if (c >= 0x80) {
-                int n = utf8_seq_len(tok, lx->src + lx->len);
-                if (n == 0) {
-                    LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "invalid UTF-8 byte 0x%02X", c);
-                    diag_hint("save the file as UTF-8");
-                    lx->cur = tok + 1;
-                } else {
-                    LEX_ERROR(lx, lex_span(lx, tok, tok + n), "unexpected character '%.*s'", n, (const char *)tok);
-                    diag_hint("non-ASCII text is allowed only in strings and comments");
-                    lx->cur = tok + n;
-                }
-            } else if (c < 0x20 || c == 0x7F) {
-                LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "unexpected control character 0x%02X", c);
-                lx->cur = cur;
-            } else {
-                LEX_ERROR(lx, lex_span(lx, tok, tok + 1), "unexpected character '%c'", c);
-                if (c == '\'') diag_hint("strings use double quotes: \"...\"");
-                else if (c == '!') diag_hint("write 'not x' for negation; '!=' compares");
-                else if (c == '&' || c == '|') diag_hint("write 'and' / 'or'");
-                lx->cur = cur;
-            }
+            lex_unexpected(lx, tok, cur);
             continue;
         }
         */

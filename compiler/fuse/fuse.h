@@ -1,11 +1,14 @@
-/* fuse.h - fusion: partitions a graph into launches (library GEMMs and generated kernels) and
- * lists the buffers the launches read and write.
+/* fuse.h - fusion: a graph lowered to the fused IR, then partitioned into launches (library GEMMs
+ * and generated kernels) with the buffers the launches read and write.
  *
- * Pipeline position: graph -> autodiff -> plan -> [fuse] -> kernel IR (kir.h) -> back ends.
+ * Pipeline position: graph -> autodiff -> plan -> [fuse: fused IR -> launches] -> kernel IR
+ * (kir.h) -> back ends. Two stages: fuse_lower_graph makes the fused IR (FusedGraph: primitive,
+ * hash-consed nodes, `mbtc --emit=fused`), fuse_codegen partitions it into launches and writes
+ * their kernels (FuseResult, `mbtc --emit=kernels`); fuse_graph is the two in one.
  * The result is self-contained: the back ends lower each Kernel without the graph, the memory
  * planner takes every buffer's size and first/last launch, and the host code calls the launches
- * in order. The rules (which ops fuse, what is materialised) are in fuse.c's first comment and
- * docs/architecture.md. */
+ * in order. The rules (which ops fuse, what is materialised) are in fuse_partition.c's first
+ * comment and docs/architecture.md. */
 #ifndef MBT_FUSE_H
 #define MBT_FUSE_H
 
@@ -85,9 +88,33 @@ typedef struct FuseResult {
     int *outputs;          /* the graph nodes asked for */
 } FuseResult;
 
-/* Partitions the nodes of g that the outputs need into launches and generates every kernel.
- * outputs: graph node ids whose values must exist after the step (NULL: fuse_default_outputs).
- * Everything lives in ar. An internal inconsistency is an internal error (a compiler bug). */
+/* The fused IR: the graph nodes the outputs need, rewritten into primitive nodes - leaves,
+ * constants, views, pointwise maps, reductions, GEMMs with their operands' transposes and
+ * epilogues resolved, dedicated ops (attention, topk, ...) - a value computed alike twice being
+ * one node. Its nodes are in fuse_internal.h; fused_print shows them. */
+typedef struct FusedGraph FusedGraph;
+
+/* Lowers the nodes of g that the outputs need into the fused IR. outputs: graph node ids whose
+ * values must exist after the step (NULL: fuse_default_outputs). Everything lives in ar. */
+FusedGraph *fuse_lower_graph(const Graph *g, const int *outputs, int noutputs, Arena *ar);
+
+/* Checks the fused IR: inputs defined before use, each node's shape and type against its op and
+ * operands, every GEMM's operands large enough, every lowered graph node's value of its size and
+ * type, every output lowered. Returns the number of problems, each printed to out (may be NULL)
+ * as `fused: fN (op, for %G op): ...`. */
+int fused_verify(const FusedGraph *fg, FILE *out);
+
+/* `mbtc --emit=fused`: a summary line, then one line a node in the style of graph_print
+ * (`f12 = map mul f7, f11 : f32[4, 16]   # %21 layernorm  tiny.mbt:12:5`), nodes no output
+ * needs marked `(unused)`, then each matmul folded into a GEMM and the node holding each output. */
+void fused_print(FILE *out, const FusedGraph *fg);
+
+/* Partitions the fused IR's nodes that its outputs need into launches, gives them buffers and
+ * generates every kernel. The result lives in ar and does not refer to fg. */
+FuseResult *fuse_codegen(const FusedGraph *fg, Arena *ar);
+
+/* fuse_codegen(fuse_lower_graph(...)), the fused IR freed. An internal inconsistency is an
+ * internal error (a compiler bug). */
 FuseResult *fuse_graph(const Graph *g, const int *outputs, int noutputs, Arena *ar);
 
 /* An update graph's new parameters and state; else the loss and every gradient when the graph has

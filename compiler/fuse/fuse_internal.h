@@ -1,8 +1,8 @@
-/* fuse_internal.h - what fuse.c, fuse_lower.c and fuse_codegen.c share: the fused graph (a
- * primitive form of the graph IR the partition works on) and the partition's state.
+/* fuse_internal.h - what the files of fusion share: the fused graph's nodes (a primitive form of
+ * the graph IR the partition works on) and the partition's state.
  *
- * Pipeline position: inside fuse (graph -> [fuse_lower -> partition (fuse.c) -> fuse_codegen]
- * -> kernel IR). Not a public interface: fuse.h is. */
+ * Pipeline position: inside fuse (graph -> [fuse_lower.c -> fuse_partition.c -> fuse.c,
+ * fuse_codegen.c] -> kernel IR). Not a public interface: fuse.h is. */
 #ifndef MBT_FUSE_INTERNAL_H
 #define MBT_FUSE_INTERNAL_H
 
@@ -72,7 +72,7 @@ typedef struct FNode {
     FuseGemm gemm;  /* F_GEMM: a, b, c filled in by the partition */
 } FNode;
 
-typedef struct FGraph {
+struct FusedGraph {
     Arena *ar;
     const Graph *g;
     FNode **node;
@@ -81,10 +81,9 @@ typedef struct FGraph {
     int hcap;
     int *g2f;       /* [g->n] the node holding each graph node's value, -1 when not lowered */
     int *absorbed;  /* [g->n] a matmul folded into the GEMM of its sum_to or bias add: that GEMM, else -1 */
-} FGraph;
-
-/* Lowers the graph nodes marked in glive (the ones the outputs need) into primitive nodes. */
-FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar);
+    int noutputs;
+    int *outputs;   /* the graph nodes asked for */
+};
 
 const char *fuse_fop_name(FOp op);        /* "map", "reduce" ... */
 int64_t fuse_numel(const FNode *n);       /* elements */
@@ -98,6 +97,9 @@ typedef struct IVec {
 
 void fuse_ivec_push(Arena *ar, IVec *v, int x);       /* append */
 int fuse_ivec_has(const IVec *v, int x);              /* membership (linear) */
+
+/* Shapes a and b equal once their size-1 axes are left out. */
+int fuse_squeeze_eq(int ra, const int64_t *a, int rb, const int64_t *b);
 
 enum { FC_LEAF, FC_INLINE, FC_ANCHOR };          /* how a node is computed */
 enum { FK_ELEM, FK_REDUCE, FK_GEMM, FK_OPAQUE }; /* kinds of launch */
@@ -127,7 +129,7 @@ typedef struct FuseCtx {
     Arena *ar;              /* the result's arena */
     Arena *tmp;             /* the partition's scratch */
     const Graph *g;
-    FGraph *fg;
+    const FusedGraph *fg;
     int n;                  /* fg->n */
     unsigned char *live;    /* [n] needed by an output */
     unsigned char *cat;     /* [n] FC_* */
@@ -150,10 +152,15 @@ typedef struct FuseCtx {
     int *kver;              /* [capk] bumped when a kernel changes (for the failed-merge cache) */
 } FuseCtx;
 
+/* Partitions the nodes of c->fg that its outputs need into launches (c->ar, c->tmp and c->g set
+ * by the caller): sets up the rest of c, and points *order at the launches' kernels (c->k
+ * indices) in launch order, allocated in c->tmp. Returns the number of launches. */
+int fuse_partition(FuseCtx *c, int **order);
+
 /* Generates kernel kid of the partition into a Kernel allocated in ar. With final == 0 (a trial
  * while deciding a merge) it returns NULL and sets *why when the kernel cannot be formed (a row
  * reduction read at another row); with final == 1 that is an internal error. */
-Kernel *fuse_codegen(FuseCtx *c, int kid, Arena *ar, const char **why);
+Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why);
 
 /* The graph node ids a kernel computes (members and inlined nodes, composites by their parts). */
 int fuse_kernel_nodes(FuseCtx *c, int kid, int **nodes, Arena *ar);

@@ -1,7 +1,7 @@
 /* fuse_lower.c - the first step of fusion: the graph IR rewritten into primitive, hash-consed
- * nodes (FNode, see fuse_internal.h) that the partition (fuse.c) groups into kernels.
+ * nodes (FNode, see fuse_internal.h) that the partition (fuse_partition.c) groups into kernels.
  *
- * Pipeline position: graph -> autodiff -> plan -> fuse: [fuse_lower] -> partition ->
+ * Pipeline position: graph -> autodiff -> plan -> fuse: [fuse_lower: the fused IR] -> partition ->
  * fuse_codegen -> kernel IR. Every composite op becomes maps and reductions in the order of
  * operations of the reference evaluator (ref.c, ref_bwd.c), so that a fused kernel computes the
  * same numbers up to the order of its sums: softmax is max, exp(x - max), sum, divide;
@@ -23,7 +23,7 @@
 /* ---- the lowering's state -------------------------------------------------------------------- */
 
 typedef struct FL {
-    FGraph *fg;
+    FusedGraph *fg;
     const Graph *g;
     int gid;                   /* the graph node being lowered */
     int *guses;                /* [g->n] uses by live nodes */
@@ -54,7 +54,8 @@ static const FNode *fl_n(const FL *L, int f) {
     return L->fg->node[f];
 }
 
-/* ---- hash-consed nodes -------------------------------------------------------------------------- */
+/* ---- hash-consed nodes
+ * -------------------------------------------------------------------------- */
 
 static uint64_t fl_mix(uint64_t h, uint64_t v) {
     h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -101,7 +102,7 @@ static int fl_same(const FNode *a, const FNode *b) {
     return 1;
 }
 
-static void fl_rehash(FGraph *fg) {
+static void fl_rehash(FusedGraph *fg) {
     int cap = fg->hcap ? fg->hcap * 2 : 1024;
     int *h = arena_alloc(fg->ar, sizeof(int) * (size_t)cap);
     for (int i = 0; i < cap; i++) h[i] = -1;
@@ -117,7 +118,7 @@ static void fl_rehash(FGraph *fg) {
 
 /* The node equal to p (leaves are never shared), appended when new. */
 static int fl_add(FL *L, const FNode *p) {
-    FGraph *fg = L->fg;
+    FusedGraph *fg = L->fg;
     for (int i = 0; i < p->nin; i++)
         if (p->in[i] < 0 || p->in[i] >= fg->n) INTERNAL("fuse: lowering %%%d: input %d is %d", L->gid, i, p->in[i]);
     if ((fg->n + 1) * 2 > fg->hcap) fl_rehash(fg);
@@ -155,7 +156,8 @@ static FNode fl_proto(FOp op, DType dt, int rank, const int64_t *shape) {
     return p;
 }
 
-/* ---- constructors ------------------------------------------------------------------------------- */
+/* ---- constructors
+ * ------------------------------------------------------------------------------- */
 
 static int fl_const_shaped(FL *L, double v, DType dt, int rank, const int64_t *shape) {
     FNode p = fl_proto(F_CONST, dt, rank, shape);
@@ -309,7 +311,8 @@ static int fl_keep_last1(FL *L, int x) {
     return fl_reshape(L, x, n->rank + 1, shape);
 }
 
-/* ---- composite ops ------------------------------------------------------------------------------ */
+/* ---- composite ops
+ * ------------------------------------------------------------------------------ */
 
 /* ref.c's sigmoid: both branches evaluated, the stable one selected. */
 static int fl_sigmoid(FL *L, int x) {
@@ -365,7 +368,8 @@ static uint32_t fl_axis_mask(const FNode *x, int64_t axis) {
     return 1u << axis;
 }
 
-/* ---- GEMMs ----------------------------------------------------------------------------------------- */
+/* ---- GEMMs
+ * ----------------------------------------------------------------------------------------- */
 
 typedef struct FLOperand {
     int node;        /* after peeling transposes: the stored layout */
@@ -497,7 +501,7 @@ static int fl_gemm_bias(FL *L, const GNode *n) {
  * read once for both. The sum_to becomes an F_GEMM_BGRAD node of that GEMM's; the reduction it
  * replaces is left to nobody. */
 static void fl_gemm_bgrad(FL *L, int id) {
-    FGraph *fg = L->fg;
+    FusedGraph *fg = L->fg;
     const GNode *s = graph_node(L->g, id);
     int f = fg->g2f[id];
     if (f < 0) return;
@@ -532,14 +536,13 @@ static void fl_gemm_bgrad(FL *L, int id) {
 
 /* ---- one graph node ---------------------------------------------------------------------------- */
 
-static int fl_lower_node(FL *L, const GNode *n) {
-    const int *g2f = L->fg->g2f;
-    int in[GRAPH_MAX_IN] = {-1, -1, -1, -1};
-    for (int i = 0; i < n->nin; i++) {
-        in[i] = g2f[n->in[i]];
-        if (in[i] < 0 && !(n->op == G_SUM_TO && L->fg->absorbed[n->in[i]] >= 0))
-            INTERNAL("fuse: %%%d (%s) reads %%%d, which was not lowered", n->id, graph_op_name(n->op), n->in[i]);
-    }
+/* The value of graph node n from its inputs' fused nodes in[], by op family: the fused node, -1 for
+ * a matmul folded into its sum_to, or FL_OTHER when n is not of the family. */
+#define FL_OTHER INT32_MIN
+
+/* Leaves, constants and pointwise ops: maps (a composite such as gelu or sigmoid as several),
+ * dropout, and `x @ w + b` as a GEMM with the bias epilogue (fl_gemm_bias). */
+static int fl_lower_pointwise(FL *L, const GNode *n, const int *in) {
     int x = in[0], y = in[1], z = in[2];
     DType dt = n->dt;
     const FNode *nx = x >= 0 ? fl_n(L, x) : NULL;
@@ -609,6 +612,17 @@ static int fl_lower_node(FL *L, const GNode *n) {
     case G_AND: return fl_bin(L, K_AND, fl_cast(L, x, DT_BOOL), fl_cast(L, y, DT_BOOL));
     case G_OR: return fl_bin(L, K_OR, fl_cast(L, x, DT_BOOL), fl_cast(L, y, DT_BOOL));
     case G_WHERE: return fl_map(L, K_SELECT, dt, 3, fl_cast(L, x, DT_BOOL), y, z);
+    default: return FL_OTHER;
+    }
+}
+
+/* Reductions and the composites made of them (softmax, layernorm, rmsnorm and their backward ops),
+ * in the reference evaluator's order of operations. */
+static int fl_lower_reduction(FL *L, const GNode *n, const int *in) {
+    int x = in[0], y = in[1], z = in[2];
+    DType dt = n->dt;
+    const FNode *nx = x >= 0 ? fl_n(L, x) : NULL;
+    switch (n->op) {
     case G_SUM:
     case G_MEAN:
     case G_MAX:
@@ -659,6 +673,56 @@ static int fl_lower_node(FL *L, const GNode *n) {
         return n->nin > 2 ? fl_add2(L, r, z) : r;
     }
     case G_RMSNORM: return fl_mul2(L, fl_mul2(L, x, fl_rms_stats(L, x, n->fattr[0])), y);
+    case G_SOFTMAX_BWD: {
+        int s = fl_reduce(L, K_ADD, fl_mul2(L, x, y), 1u << n->iattr[0]);
+        return fl_mul2(L, y, fl_sub2(L, x, s));
+    }
+    case G_LAYERNORM_BWD_X: { /* in0 = dy, in1 = x, in2 = w */
+        const FNode *xn = fl_n(L, y);
+        int mean, rstd, d;
+        fl_ln_stats(L, y, n->fattr[0], &mean, &rstd, &d);
+        uint32_t last = 1u << (xn->rank - 1);
+        int c = fl_c(L, (double)xn->shape[xn->rank - 1], xn->dt);
+        int gr = fl_mul2(L, x, z);
+        int xhat = fl_mul2(L, d, rstd);
+        int mg = fl_div2(L, fl_reduce(L, K_ADD, gr, last), c);
+        int mgx = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, gr, xhat), last), c);
+        return fl_mul2(L, rstd, fl_sub2(L, fl_sub2(L, gr, mg), fl_mul2(L, xhat, mgx)));
+    }
+    case G_LAYERNORM_BWD_W:
+    case G_RMSNORM_BWD_W: { /* in0 = dy, in1 = x: sum over rows of dy * xhat */
+        const FNode *xn = fl_n(L, y);
+        int t;
+        if (n->op == G_LAYERNORM_BWD_W) {
+            int mean, rstd, d;
+            fl_ln_stats(L, y, n->fattr[0], &mean, &rstd, &d);
+            t = fl_mul2(L, fl_mul2(L, x, d), rstd);
+        } else {
+            t = fl_mul2(L, fl_mul2(L, x, y), fl_rms_stats(L, y, n->fattr[0]));
+        }
+        uint32_t rows = fl_all_axes(xn->rank) & ~(1u << (xn->rank - 1));
+        return fl_reshape(L, fl_reduce(L, K_ADD, t, rows), n->rank, n->shape);
+    }
+    case G_RMSNORM_BWD_X: {
+        const FNode *xn = fl_n(L, y);
+        int rs = fl_rms_stats(L, y, n->fattr[0]);
+        int c = fl_c(L, (double)xn->shape[xn->rank - 1], xn->dt);
+        int gr = fl_mul2(L, x, z);
+        int mgx = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, gr, y), 1u << (xn->rank - 1)), c);
+        int cube = fl_mul2(L, fl_mul2(L, fl_mul2(L, y, rs), rs), rs);
+        return fl_sub2(L, fl_mul2(L, rs, gr), fl_mul2(L, cube, mgx));
+    }
+    default: return FL_OTHER;
+    }
+}
+
+/* The ops with kernels of their own (rope, attention and its backward, topk, scatter_add) and the
+ * losses (cross-entropy and its backward, mse, one_hot). */
+static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
+    int x = in[0], y = in[1], z = in[2];
+    DType dt = n->dt;
+    const FNode *nx = x >= 0 ? fl_n(L, x) : NULL;
+    switch (n->op) {
     case G_ROPE:
     case G_ROPE_BWD: {
         FNode p = fl_proto(F_ROPE, dt, n->rank, n->shape);
@@ -723,6 +787,18 @@ static int fl_lower_node(FL *L, const GNode *n) {
         p.ia[2] = n->op == G_TOPK_INDICES;
         return fl_add(L, &p);
     }
+    case G_SCATTER_ADD: return fl_op(L, F_SCATTER_ADD, dt, n->rank, n->shape, 2, in);
+    default: return FL_OTHER;
+    }
+}
+
+/* Matmuls (resolved into GEMMs, fl_matmul) and views: reshape, transpose, slice, gather, concat,
+ * broadcast. */
+static int fl_lower_layout(FL *L, const GNode *n, const int *in) {
+    int x = in[0], y = in[1];
+    DType dt = n->dt;
+    const FNode *nx = x >= 0 ? fl_n(L, x) : NULL;
+    switch (n->op) {
     case G_MATMUL: {
         int f = fl_matmul(L, n, x, y);
         if (!fl_same_shape(fl_n(L, f), n->rank, n->shape)) { /* absorbed by its sum_to */
@@ -752,60 +828,56 @@ static int fl_lower_node(FL *L, const GNode *n) {
         return fl_add(L, &p);
     }
     case G_BROADCAST: return fl_expand(L, x, n->rank, n->shape);
-    case G_SCATTER_ADD: return fl_op(L, F_SCATTER_ADD, dt, n->rank, n->shape, 2, in);
-    case G_SOFTMAX_BWD: {
-        int s = fl_reduce(L, K_ADD, fl_mul2(L, x, y), 1u << n->iattr[0]);
-        return fl_mul2(L, y, fl_sub2(L, x, s));
+    default: return FL_OTHER;
     }
-    case G_LAYERNORM_BWD_X: { /* in0 = dy, in1 = x, in2 = w */
-        const FNode *xn = fl_n(L, y);
-        int mean, rstd, d;
-        fl_ln_stats(L, y, n->fattr[0], &mean, &rstd, &d);
-        uint32_t last = 1u << (xn->rank - 1);
-        int c = fl_c(L, (double)xn->shape[xn->rank - 1], xn->dt);
-        int gr = fl_mul2(L, x, z);
-        int xhat = fl_mul2(L, d, rstd);
-        int mg = fl_div2(L, fl_reduce(L, K_ADD, gr, last), c);
-        int mgx = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, gr, xhat), last), c);
-        return fl_mul2(L, rstd, fl_sub2(L, fl_sub2(L, gr, mg), fl_mul2(L, xhat, mgx)));
+}
+
+static int fl_lower_node(FL *L, const GNode *n) {
+    const int *g2f = L->fg->g2f;
+    int in[GRAPH_MAX_IN] = {-1, -1, -1, -1};
+    for (int i = 0; i < n->nin; i++) {
+        in[i] = g2f[n->in[i]];
+        if (in[i] < 0 && !(n->op == G_SUM_TO && L->fg->absorbed[n->in[i]] >= 0))
+            INTERNAL("fuse: %%%d (%s) reads %%%d, which was not lowered", n->id, graph_op_name(n->op), n->in[i]);
     }
-    case G_LAYERNORM_BWD_W:
-    case G_RMSNORM_BWD_W: { /* in0 = dy, in1 = x: sum over rows of dy * xhat */
-        const FNode *xn = fl_n(L, y);
-        int t;
-        if (n->op == G_LAYERNORM_BWD_W) {
-            int mean, rstd, d;
-            fl_ln_stats(L, y, n->fattr[0], &mean, &rstd, &d);
-            t = fl_mul2(L, fl_mul2(L, x, d), rstd);
-        } else {
-            t = fl_mul2(L, fl_mul2(L, x, y), fl_rms_stats(L, y, n->fattr[0]));
-        }
-        uint32_t rows = fl_all_axes(xn->rank) & ~(1u << (xn->rank - 1));
-        return fl_reshape(L, fl_reduce(L, K_ADD, t, rows), n->rank, n->shape);
-    }
-    case G_RMSNORM_BWD_X: {
-        const FNode *xn = fl_n(L, y);
-        int rs = fl_rms_stats(L, y, n->fattr[0]);
-        int c = fl_c(L, (double)xn->shape[xn->rank - 1], xn->dt);
-        int gr = fl_mul2(L, x, z);
-        int mgx = fl_div2(L, fl_reduce(L, K_ADD, fl_mul2(L, gr, y), 1u << (xn->rank - 1)), c);
-        int cube = fl_mul2(L, fl_mul2(L, fl_mul2(L, y, rs), rs), rs);
-        return fl_sub2(L, fl_mul2(L, rs, gr), fl_mul2(L, cube, mgx));
-    }
-    case G_OP_COUNT: break;
+    int (*const family[])(FL *, const GNode *, const int *) = {fl_lower_pointwise, fl_lower_reduction,
+                                                               fl_lower_dedicated, fl_lower_layout};
+    for (size_t i = 0; i < sizeof family / sizeof *family; i++) {
+        int f = family[i](L, n, in);
+        if (f != FL_OTHER) return f;
     }
     INTERNAL("fuse: no lowering for %s (%%%d)", graph_op_name(n->op), n->id);
 }
 
-FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar) {
-    FGraph *fg = arena_alloc(ar, sizeof(FGraph));
+/* The graph nodes the outputs need, in tmp: 2 for an output, 1 for a node one of them reads. */
+static unsigned char *fl_graph_live(const Graph *g, const int *outs, int nouts, Arena *tmp) {
+    unsigned char *glive = arena_alloc(tmp, (size_t)g->n + 1);
+    for (int i = 0; i < nouts; i++) {
+        if (outs[i] < 0 || outs[i] >= g->n) INTERNAL("fuse: output %%%d is not a node", outs[i]);
+        glive[outs[i]] = 2;
+    }
+    for (int id = g->n - 1; id >= 0; id--)
+        if (glive[id])
+            for (int i = 0; i < g->node[id]->nin; i++)
+                if (!glive[g->node[id]->in[i]]) glive[g->node[id]->in[i]] = 1;
+    return glive;
+}
+
+/* fuse.h */
+FusedGraph *fuse_lower_graph(const Graph *g, const int *outputs, int noutputs, Arena *ar) {
+    FusedGraph *fg = arena_alloc(ar, sizeof(FusedGraph));
     fg->ar = ar;
     fg->g = g;
+    if (!outputs) noutputs = fuse_default_outputs(g, &fg->outputs, ar);
+    else fg->outputs = arena_dup(ar, outputs, sizeof(int) * (size_t)(noutputs ? noutputs : 1));
+    fg->noutputs = noutputs;
+    Arena tmp = {0};
+    const unsigned char *glive = fl_graph_live(g, fg->outputs, noutputs, &tmp);
     fg->g2f = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
     fg->absorbed = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
     FL L = {.fg = fg, .g = g, .glive = glive};
-    L.guses = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
-    L.guser = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
+    L.guses = arena_alloc(&tmp, sizeof(int) * (size_t)(g->n + 1));
+    L.guser = arena_alloc(&tmp, sizeof(int) * (size_t)(g->n + 1));
     for (int id = 0; id < g->n; id++) {
         fg->g2f[id] = fg->absorbed[id] = -1;
         L.guser[id] = -1;
@@ -825,5 +897,6 @@ FGraph *fuse_lower(const Graph *g, const unsigned char *glive, Arena *ar) {
     }
     for (int id = 0; id < g->n; id++)
         if (glive[id] && graph_node(g, id)->op == G_SUM_TO) fl_gemm_bgrad(&L, id);
+    arena_free(&tmp);
     return fg;
 }

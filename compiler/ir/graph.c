@@ -221,7 +221,7 @@ void graph_print(FILE *out, const Graph *g, int first) {
             int64_t k = graph_numel(g->node[g->params[i]]);
             values = values > INT64_MAX - k ? INT64_MAX : values + k;
         }
-    if (g->update) /* (added) an update graph: its layout instead of parameters */
+    if (g->update) /* an update graph: its layout instead of parameters */
         fprintf(out, "# graph%s%s: %d nodes, %d segment%s over %" PRId64 " values", g->name ? " " : "",
                 g->name ? g->name : "", g->n, g->update->nsegs, g->update->nsegs == 1 ? "" : "s", g->update->n);
     else
@@ -250,7 +250,7 @@ void graph_print(FILE *out, const Graph *g, int first) {
             const GNode *p = g->params[i] >= 0 && g->params[i] < g->n ? g->node[g->params[i]] : NULL;
             fprintf(out, "# grad %s = %%%d\n", p && p->name ? p->name : "?", g->grads[i]);
         }
-    if (g->update) { /* (added) the results of an update graph */
+    if (g->update) { /* the results of an update graph */
         const GraphUpdate *u = g->update;
         fprintf(out, "# out p = %%%d\n", u->p_out);
         for (int i = 0; i < u->nstate; i++) fprintf(out, "# out state.%s = %%%d\n", u->state_name[i], u->state_out[i]);
@@ -503,21 +503,22 @@ static void graph_v_matmul(GraphVerify *v, const GNode *a, const GNode *b) {
     graph_v_shape(v, r, s, "the matmul");
 }
 
-static void graph_v_node(GraphVerify *v, const GNode *n) {
+/* The node's own fields and its inputs (into in[]): 0, the problems reported, when the rules by op
+ * cannot be applied. */
+static int graph_v_frame(GraphVerify *v, const GNode *n, const GNode **in) {
     const Graph *g = v->g;
-    const GNode *in[GRAPH_MAX_IN] = {0};
     int lo, hi;
     if (n->op < 0 || n->op >= G_OP_COUNT) {
         graph_v_fail(v, "unknown op %d", (int)n->op);
-        return;
+        return 0;
     }
     if (n->rank < 0 || n->rank > GRAPH_MAX_RANK) {
         graph_v_fail(v, "rank %d is out of range", n->rank);
-        return;
+        return 0;
     }
     if (n->dt < 0 || n->dt >= DT_COUNT) {
         graph_v_fail(v, "unknown dtype %d", (int)n->dt);
-        return;
+        return 0;
     }
     for (int i = 0; i < n->rank; i++)
         if (n->shape[i] < 1) graph_v_fail(v, "dimension %d is %" PRId64 ", not positive", i, n->shape[i]);
@@ -525,34 +526,27 @@ static void graph_v_node(GraphVerify *v, const GNode *n) {
     if (n->nin < lo || n->nin > hi) {
         if (lo == hi) graph_v_fail(v, "takes %d input%s, has %d", lo, lo == 1 ? "" : "s", n->nin);
         else graph_v_fail(v, "takes %d to %d inputs, has %d", lo, hi, n->nin);
-        return;
+        return 0;
     }
     for (int i = 0; i < n->nin; i++) {
         if (n->in[i] < 0 || n->in[i] >= n->id) {
             graph_v_fail(v, "input %d is %%%d, which does not precede it", i, n->in[i]);
-            return;
+            return 0;
         }
         in[i] = g->node[n->in[i]];
         if (!in[i] || in[i]->rank < 0 || in[i]->rank > GRAPH_MAX_RANK) {
             graph_v_fail(v, "input %d (%%%d) is broken", i, n->in[i]);
-            return;
+            return 0;
         }
     }
+    return 1;
+}
+/* Leaves and the ops of the forward pass other than views and matmuls: checks n, returns 1; 0 when n is not one of them. */
+static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) {
+    const Graph *g = v->g;
     const GNode *x = in[0];
     int64_t s[GRAPH_MAX_RANK];
     const int64_t *ia = n->iattr;
-    if (graph_is_unary(n->op)) {
-        graph_v_unary(v, x);
-        return;
-    }
-    if (graph_is_binary(n->op)) {
-        graph_v_binary(v, x, in[1]);
-        return;
-    }
-    if (graph_is_reduce(n->op)) {
-        graph_v_reduce(v, x);
-        return;
-    }
     switch (n->op) {
     case G_PARAM:
         if (!n->name || !*n->name) graph_v_fail(v, "a parameter without a name");
@@ -576,7 +570,7 @@ static void graph_v_node(GraphVerify *v, const GNode *n) {
         graph_v_float(v, x, "the input");
         graph_v_dtype(v, n, x->dt, "the result");
         break;
-    case G_SEG_NORM: /* (added) */
+    case G_SEG_NORM:
         if (!g->update) graph_v_fail(v, "a segmented norm outside an update graph (no segments)");
         else if (n->rank != 1 || n->shape[0] != g->update->n)
             graph_v_fail(v, "the result must be [%" PRId64 "], the update graph's length, got %s", g->update->n,
@@ -653,6 +647,17 @@ static void graph_v_node(GraphVerify *v, const GNode *n) {
         graph_v_shape(v, x->rank, s, "topk");
         graph_v_dtype(v, n, n->op == G_TOPK_VALUES ? x->dt : DT_I32, "the result");
         break;
+    default: return 0;
+    }
+    return 1;
+}
+
+/* Matmuls and views: reshape, transpose, slice, gather, concat, broadcast, scatter_add: checks n, returns 1; 0 when n is not one of them. */
+static int graph_v_layout(GraphVerify *v, const GNode *n, const GNode *const *in) {
+    const GNode *x = in[0];
+    int64_t s[GRAPH_MAX_RANK];
+    const int64_t *ia = n->iattr;
+    switch (n->op) {
     case G_MATMUL: graph_v_matmul(v, x, in[1]); break;
     case G_RESHAPE:
         if (graph_numel(x) != graph_numel(n))
@@ -741,6 +746,17 @@ static void graph_v_node(GraphVerify *v, const GNode *n) {
         graph_v_dtype(v, n, x->dt, "the result");
         break;
     }
+    default: return 0;
+    }
+    return 1;
+}
+
+/* The backward ops autodiff makes (softmax, the norms, attention, cross-entropy): checks n, returns 1; 0 when n is not one of them. */
+static int graph_v_backward(GraphVerify *v, const GNode *n, const GNode *const *in) {
+    const GNode *x = in[0];
+    int64_t s[GRAPH_MAX_RANK];
+    const int64_t *ia = n->iattr;
+    switch (n->op) {
     case G_SOFTMAX_BWD:
         graph_v_axis(v, ia[0], x->rank, 0, "axis");
         if (!graph_v_same_shape(x->rank, x->shape, in[1]->rank, in[1]->shape))
@@ -781,11 +797,21 @@ static void graph_v_node(GraphVerify *v, const GNode *n) {
         graph_v_shape_of(v, in[1], "the logits");
         graph_v_dtype(v, n, in[1]->dt, "the result");
         break;
-    default: graph_v_fail(v, "no rule for this op"); break;
+    default: return 0;
     }
+    return 1;
+}
+static void graph_v_node(GraphVerify *v, const GNode *n) {
+    const GNode *in[GRAPH_MAX_IN] = {0};
+    if (!graph_v_frame(v, n, in)) return;
+    if (graph_is_unary(n->op)) graph_v_unary(v, in[0]);
+    else if (graph_is_binary(n->op)) graph_v_binary(v, in[0], in[1]);
+    else if (graph_is_reduce(n->op)) graph_v_reduce(v, in[0]);
+    else if (!graph_v_leaf(v, n, in) && !graph_v_layout(v, n, in) && !graph_v_backward(v, n, in))
+        graph_v_fail(v, "no rule for this op");
 }
 
-/* (added) An update graph: segments in order inside [0, n), and its roles are nodes of the right kind
+/* An update graph: segments in order inside [0, n), and its roles are nodes of the right kind
  * and shape (inputs f32[n] G_INPUT with their names, lr and t f32[] inputs, results f32[n]). */
 static void graph_v_role(GraphVerify *v, int id, int input, int scalar, const char *name) {
     const Graph *g = v->g;

@@ -28,6 +28,7 @@
 
 #include "autodiff.h"
 #include "fuse.h"
+#include "fuse_internal.h"
 #include "kir.h"
 #include "kir_ref.h"
 #include "module.h"
@@ -255,19 +256,28 @@ static double rel_error(const double *a, const double *b, int64_t n) {
     return scale > 0 ? worst / scale : worst;
 }
 
-/* Fuses g (for outputs, or the default ones), verifies the result, runs it with kir_ref and
+/* Fuses g (for outputs, or the default ones) in its two stages, the fused IR (verified) and the
+ * launches (verified), runs it with kir_ref and
  * compares every materialised buffer of a graph node with ref_run's value. */
 static Fused fuse_check(const char *what, const Graph *g, double *const *leaves, const int *outputs, int noutputs,
                         Arena *ar) {
     Fused f = {0};
     capture_begin();
-    f.r = fuse_graph(g, outputs, noutputs, ar);
-    const char *msg = capture_end();
-    CHECK(!*msg, "%s: fuse_graph printed", what);
-    if (*msg) unit_detail("stderr", msg);
+    FusedGraph *fg = fuse_lower_graph(g, outputs, noutputs, ar);
     char *vt = NULL;
     size_t vl = 0;
     FILE *m = open_memstream(&vt, &vl);
+    int fproblems = fused_verify(fg, m);
+    fclose(m);
+    CHECK(fproblems == 0, "%s: fused_verify found %d problems", what, fproblems);
+    if (fproblems) unit_detail("problems", vt);
+    free(vt);
+    f.r = fuse_codegen(fg, ar);
+    const char *msg = capture_end();
+    CHECK(!*msg, "%s: fusion printed", what);
+    if (*msg) unit_detail("stderr", msg);
+    vt = NULL;
+    m = open_memstream(&vt, &vl);
     int problems = fuse_verify(f.r, m);
     fclose(m);
     CHECK(problems == 0, "%s: fuse_verify found %d problems", what, problems);
@@ -487,6 +497,87 @@ static void test_kir_ref_semantics(void) {
     const char *msg = capture_end();
     CHECK(rc == -1 && strstr(msg, "outside p0"), "an out-of-range store is reported");
     arena_free(&ar);
+}
+
+/* ---- the fused IR ------------------------------------------------------------------------------------ */
+
+/* fused_print's text for fg, in ar. */
+static const char *fused_text(const FusedGraph *fg) {
+    char *t = NULL;
+    size_t l = 0;
+    FILE *m = open_memstream(&t, &l);
+    fused_print(m, fg);
+    fclose(m);
+    return t;
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Linear + bias + GELU as the fused IR: a GEMM with the bias epilogue, the matmul it absorbed
+ * left unused, gelu's maps; one line a node between the header and the trailer. */
+static void test_fused_print(void) {
+    TF *t = tf_begin(1);
+    int x = tf_input(t, S(2, 4, 8)), w = tf_param(t, S(8, 16)), b = tf_param(t, S(16));
+    int y = tf_un(t, G_GELU, tf_linear(t, x, w, b));
+    FusedGraph *fg = fuse_lower_graph(t->g, &y, 1, &t->ar);
+    CHECK(fused_verify(fg, stdout) == 0, "the fused IR verifies");
+    char *text = (char *)fused_text(fg);
+    CHECK(strncmp(text, "# fused", 7) == 0, "a header line first");
+    CHECK(strstr(text, "f0 = leaf input") != NULL, "the input is leaf f0");
+    CHECK(strstr(text, "= gemm f0, f1, f2 m=8 n=16 k=8 ld=8,16,16 +bias : f32[2, 4, 16]") != NULL,
+          "the GEMM folds the batch into m and adds the bias");
+    CHECK(strstr(text, "(unused)") != NULL, "the plain product the bias GEMM replaced is marked unused");
+    CHECK(strstr(text, "map tanh") != NULL, "gelu's tanh is a map");
+    CHECK(strstr(text, "matmul folded into f") != NULL, "the folded matmul is listed");
+    CHECK(strstr(text, "# out %") != NULL, "the output's node is listed");
+    CHECK(count_lines(text) == 1 + fg->n + 1 + 1, "header, %d nodes, one fold, one output: %d lines", fg->n, count_lines(text));
+    if (unit_case_failures) unit_detail("fused", text);
+    free(text);
+    tf_end(t);
+}
+
+/* A fresh fused IR of a softmax over a GEMM, broken by corrupt, must fail fused_verify with a
+ * message naming `want`. */
+static void fused_breaks(const char *what, void (*corrupt)(FusedGraph *), const char *want) {
+    TF *t = tf_begin(5);
+    int x = tf_input(t, S(4, 8)), w = tf_param(t, S(8, 6));
+    int y = tf_softmax(t, tf_matmul(t, x, w), 1);
+    FusedGraph *fg = fuse_lower_graph(t->g, &y, 1, &t->ar);
+    CHECK(fused_verify(fg, NULL) == 0, "%s: verifies before it is broken", what);
+    corrupt(fg);
+    char *msg = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&msg, &len);
+    int problems = fused_verify(fg, m);
+    fclose(m);
+    CHECK(problems > 0, "%s: fused_verify finds it", what);
+    CHECK(strstr(msg, "fused: f") && strstr(msg, want), "%s: the message says '%s': %s", what, want, msg);
+    free(msg);
+    tf_end(t);
+}
+
+static FNode *fused_first(FusedGraph *fg, FOp op) {
+    for (int f = 0; f < fg->n; f++)
+        if (fg->node[f]->op == op) return fg->node[f];
+    return fg->node[0];
+}
+
+static void break_map_shape(FusedGraph *fg) { fused_first(fg, F_MAP)->shape[0] = 3; }
+static void break_reduce_axes(FusedGraph *fg) { fused_first(fg, F_REDUCE)->ia[0] = 1u << 5; }
+static void break_forward_input(FusedGraph *fg) { fused_first(fg, F_MAP)->in[0] = fg->n - 1; }
+static void break_gemm_k(FusedGraph *fg) { fused_first(fg, F_GEMM)->gemm.k = 9; }
+static void break_leaf(FusedGraph *fg) { fused_first(fg, F_LEAF)->dt = DT_F64; }
+
+static void test_fused_verify_catches(void) {
+    fused_breaks("a map of the wrong shape", break_map_shape, "does not broadcast");
+    fused_breaks("a reduction over an axis it lacks", break_reduce_axes, "axes outside");
+    fused_breaks("an input defined later", break_forward_input, "not an earlier node");
+    fused_breaks("a GEMM reading past its operand", break_gemm_k, "elements,");
+    fused_breaks("a leaf of another type", break_leaf, "type");
 }
 
 /* ---- kernel counts of typical blocks ------------------------------------------------------------- */
@@ -861,6 +952,8 @@ int main(void) {
     RUN(test_kir_print_and_run);
     RUN(test_kir_verify_catches);
     RUN(test_kir_ref_semantics);
+    RUN(test_fused_print);
+    RUN(test_fused_verify_catches);
     RUN(test_count_linear_bias_gelu);
     RUN(test_count_residual_layernorm);
     RUN(test_count_softmax);

@@ -1,0 +1,628 @@
+/* fuse_codegen_dedicated.c - the kernels of fusion's dedicated ops written as kernel IR:
+ * attention (forward, row statistics, backward of q, k and v), topk, scatter_add and an update
+ * graph's per-parameter norm, as ref.c and ref_bwd.c compute them.
+ *
+ * Pipeline position: fuse: fuse_lower -> partition -> fuse_codegen.c, [this file] -> kernel IR
+ * (kir.h) -> back ends. fuse_codegen.c picks the op (fuse_gen_kernel) and provides indices and
+ * values (fuse_cg.h). */
+#include "fuse_cg.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- dedicated kernels: attention --------------------------------------------------------------- */
+
+typedef struct CGAttn {
+    int dout, q, k, v, stats;
+    int r;
+    int64_t H, T, D, Hk, S, E, G;
+    int causal;
+    double scale;
+    KType t;
+    int bd[GRAPH_MAX_RANK]; /* the leading (batch) coordinates */
+} CGAttn;
+
+static void cg_attn_init(CG *g, const FNode *n, int qpos, CGAttn *a) {
+    memset(a, 0, sizeof *a);
+    a->dout = qpos ? n->in[0] : -1;
+    a->q = n->in[qpos];
+    a->k = n->in[qpos + 1];
+    a->v = n->in[qpos + 2];
+    a->stats = n->nin > 4 ? n->in[4] : -1;
+    const FNode *q = cg_n(g, a->q), *k = cg_n(g, a->k), *v = cg_n(g, a->v);
+    a->r = q->rank;
+    if (a->r < 3 || k->rank != a->r || v->rank != a->r) INTERNAL("fuse: attention of rank %d", a->r);
+    for (int i = 0; i < a->r - 3; i++)
+        if (q->shape[i] != k->shape[i] || q->shape[i] != v->shape[i])
+            INTERNAL("fuse: attention whose q, k, v batch dimensions differ");
+    a->H = q->shape[a->r - 3];
+    a->T = q->shape[a->r - 2];
+    a->D = q->shape[a->r - 1];
+    a->Hk = k->shape[a->r - 3];
+    a->S = k->shape[a->r - 2];
+    a->E = v->shape[a->r - 1];
+    a->G = a->H / a->Hk;
+    a->causal = n->ia[0] != 0;
+    a->scale = n->fa[0];
+    /* f16/bf16 operands are computed in f32 anyway (kir.h); saying so lets the statistics be kept in
+     * f32 (fuse_lower.c) without a rounding where they are read back */
+    a->t = cg_t(q) == KT_F16 || cg_t(q) == KT_BF16 ? KT_F32 : cg_t(q);
+}
+
+/* The index (batch, head, row, col) into node n of shape [..., heads, rows, cols]. */
+static KIdx cg_attn_ix(const CGAttn *a, const FNode *n, int head, int row, int col) {
+    int dims[GRAPH_MAX_RANK] = {0};
+    for (int i = 0; i < a->r - 3; i++) dims[i] = a->bd[i];
+    dims[a->r - 3] = head;
+    dims[a->r - 2] = row;
+    dims[a->r - 1] = col;
+    KIdx ix = ix_of(n->rank, n->shape, dims);
+    return ix;
+}
+
+/* Element (batch, head, row, col) of a [..., heads, rows, cols] operand. */
+static int cg_attn_at(CG *g, const CGAttn *a, int f, int head, int row, int col) {
+    const FNode *n = cg_n(g, f);
+    KIdx ix = cg_attn_ix(a, n, head, row, col);
+    return cg_as(g, cg_value(g, f, &ix), a->t);
+}
+
+/* sum over c < len of x(head_x, row_x, c) * y(head_y, row_y, c) */
+static int cg_attn_dot(CG *g, const CGAttn *a, int x, int hx, int rx, int y, int hy, int ry, int64_t len) {
+    int s = kb_acc(g->b, a->t, K_ADD, 0.0);
+    int c = kb_loop(g->b, len);
+    kb_accum(g->b, s, cg_op2(g, K_MUL, a->t, cg_attn_at(g, a, x, hx, rx, c), cg_attn_at(g, a, y, hy, ry, c)));
+    kb_endloop(g->b);
+    return s;
+}
+
+/* The number of keys query row i sees: all S, or j <= i + (S - T) when causal. */
+static int cg_attn_visible(CG *g, const CGAttn *a, int i) {
+    if (!a->causal) return cg_i(g, a->S);
+    int last = cg_op2(g, K_MIN, KT_I64, cg_iadd(g, i, cg_i(g, a->S - a->T)), cg_i(g, a->S - 1));
+    return cg_op2(g, K_MAX, KT_I64, cg_iadd(g, last, cg_i(g, 1)), cg_i(g, 0));
+}
+
+/* Decomposes gid over shape[0 .. r-2): the batch coordinates into a->bd, then head and row. */
+static void cg_attn_row(CG *g, CGAttn *a, const FNode *like, int *head, int *row) {
+    KIdx ix;
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    for (int i = 0; i < a->r - 1; i++) shape[i] = like->shape[i];
+    ix_init(&ix, a->r - 1, shape);
+    ix.flat = kb_gid(g->b);
+    for (int i = 0; i < a->r - 3; i++) a->bd[i] = ix_dim(g, &ix, i);
+    *head = ix_dim(g, &ix, a->r - 3);
+    *row = ix_dim(g, &ix, a->r - 2);
+    g->k->grid = fuse_numel(like) / like->shape[a->r - 1];
+}
+
+/* When member f is a chain of permutes and reshapes of node o: its links from f down to (not
+ * including) o into chain[], and their number; else -1. */
+static int cg_view_chain(CG *g, int o, int f, int chain[64]) {
+    int nc = 0, x = f;
+    while (x != o && nc < 64) {
+        const FNode *n = cg_n(g, x);
+        if (n->op != F_PERMUTE && n->op != F_RESHAPE) break;
+        chain[nc++] = x;
+        x = n->in[0];
+    }
+    return x == o ? nc : -1;
+}
+
+/* Where the kernel's dedicated output node o is stored for index ix of o: its own buffer, or the
+ * buffer of a member that is a chain of permutes and reshapes of it (o is then not stored).
+ * Returns the number of places. */
+static int cg_out_places(CG *g, int o, KIdx *ix, int *bufs, int *offs) {
+    int np = 0;
+    const FKern *K = g->K;
+    if (g->c->mat[o]) {
+        bufs[np] = cg_buf(g, o, 1);
+        offs[np++] = ix_flat(g, ix);
+    }
+    for (int m = 0; m < K->members.n && np < 4; m++) {
+        int f = K->members.v[m];
+        int chain[64], nc = f == o || !g->c->mat[f] ? -1 : cg_view_chain(g, o, f, chain);
+        if (nc < 0) continue;
+        KIdx cur = *ix;
+        for (int i = nc - 1; i >= 0; i--) { /* from o up to the member */
+            const FNode *n = cg_n(g, chain[i]);
+            if (n->op == F_RESHAPE) {
+                cur = ix_reshape(g, &cur, n->rank, n->shape);
+            } else {
+                int dims[GRAPH_MAX_RANK] = {0};
+                for (int d = 0; d < n->rank; d++) {
+                    int s = d == n->ia[0] ? (int)n->ia[1] : d == n->ia[1] ? (int)n->ia[0] : d;
+                    dims[d] = ix_dim(g, &cur, s);
+                }
+                cur = ix_of(n->rank, n->shape, dims);
+            }
+        }
+        bufs[np] = cg_buf(g, f, 1);
+        offs[np++] = ix_flat(g, &cur);
+    }
+    if (!np) cg_fail(g, "a dedicated kernel with nowhere to store its result");
+    return np;
+}
+
+/* out(head, row, col) of node o: zero it, add to it, scale it (rows are owned by one work item,
+ * so the result buffer itself is the accumulator). */
+static void cg_out_put(CG *g, const CGAttn *a, int o, int head, int row, int col, int v, KOp how) {
+    const FNode *n = cg_n(g, o);
+    KIdx ix = cg_attn_ix(a, n, head, row, col);
+    int bufs[4], offs[4];
+    int np = cg_out_places(g, o, &ix, bufs, offs);
+    if (!np) return;
+    int nv = v;
+    if (how != K_NONE) nv = cg_op2(g, how, a->t, cg_as(g, kb_load(g->b, bufs[0], offs[0]), a->t), v);
+    nv = cg_as(g, nv, cg_t(n)); /* f16/bf16 results: rounded as the store rounds */
+    for (int i = 0; i < np; i++) kb_store(g->b, bufs[i], offs[i], nv);
+}
+
+/* ---- attention's layout (Kernel.attn) ------------------------------------------------------------ */
+
+/* A node's elements as a strided view of a buffer: element (i0, i1, ...) at
+ * off + sum i_d * stride[d]. */
+typedef struct CGLayout {
+    int rank;
+    int64_t off;
+    int64_t shape[GRAPH_MAX_RANK], stride[GRAPH_MAX_RANK];
+} CGLayout;
+
+static void lay_rowmajor(CGLayout *L, int rank, const int64_t *shape) {
+    L->rank = rank;
+    L->off = 0;
+    int64_t s = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        L->shape[d] = shape[d];
+        L->stride[d] = s;
+        s *= shape[d];
+    }
+}
+
+static void lay_swap(CGLayout *L, int a, int b) {
+    int64_t t = L->shape[a];
+    L->shape[a] = L->shape[b];
+    L->shape[b] = t;
+    t = L->stride[a];
+    L->stride[a] = L->stride[b];
+    L->stride[b] = t;
+}
+
+/* The same elements seen with another shape, grouped as ix_reshape groups them: a group of
+ * several axes must be contiguous in `in` (each axis's stride its inner neighbour's times that
+ * one's size). Returns 0 when one is not: the reshape is then no strided view. */
+static int lay_reshape(const CGLayout *in, int rank, const int64_t *shape, CGLayout *out) {
+    out->rank = rank;
+    out->off = in->off;
+    for (int d = 0; d < rank; d++) {
+        out->shape[d] = shape[d];
+        out->stride[d] = 0;
+    }
+    ReshapeGroup groups[GRAPH_MAX_RANK];
+    int ng = reshape_groups(in->rank, in->shape, rank, shape, groups);
+    if (ng < 0) return 0;
+    for (int q = 0; q < ng; q++) {
+        const int *gi = groups[q].gi, *gj = groups[q].gj, ni = groups[q].ni, nj = groups[q].nj;
+        for (int k = 0; k + 1 < ni; k++)
+            if (in->stride[gi[k]] != in->stride[gi[k + 1]] * in->shape[gi[k + 1]]) return 0;
+        int64_t inner = in->stride[gi[ni - 1]];
+        for (int k = nj - 1; k >= 0; k--) {
+            out->stride[gj[k]] = inner;
+            inner *= shape[gj[k]];
+        }
+    }
+    return 1;
+}
+
+/* The layout of node f over the buffer it is read from (*param): f itself when this kernel loads
+ * it, else the pure views this kernel computes it by. 0 when it is computed otherwise or a view
+ * on the way is not strided. */
+static int cg_layout_in(CG *g, int f, CGLayout *L, int *param) {
+    const FNode *n = cg_n(g, f);
+    if (!cg_computes(g, f)) {
+        *param = cg_buf(g, f, 0);
+        lay_rowmajor(L, n->rank, n->shape);
+        return 1;
+    }
+    if (n->op != F_RESHAPE && n->op != F_PERMUTE && n->op != F_SLICE && n->op != F_EXPAND) return 0;
+    CGLayout in;
+    if (!cg_layout_in(g, n->in[0], &in, param)) return 0;
+    switch (n->op) {
+    case F_RESHAPE: return lay_reshape(&in, n->rank, n->shape, L);
+    case F_PERMUTE:
+        *L = in;
+        lay_swap(L, (int)n->ia[0], (int)n->ia[1]);
+        return 1;
+    case F_SLICE:
+        *L = in;
+        L->off += n->ia[1] * in.stride[n->ia[0]];
+        L->shape[n->ia[0]] = n->shape[n->ia[0]];
+        return 1;
+    default: /* F_EXPAND, right-aligned: new axes and size-1 axes broadcast with stride 0 */
+        L->rank = n->rank;
+        L->off = in.off;
+        for (int d = 0; d < n->rank; d++) {
+            int id = d - (n->rank - in.rank);
+            L->shape[d] = n->shape[d];
+            L->stride[d] = id < 0 || in.shape[id] == 1 ? 0 : in.stride[id];
+        }
+        return 1;
+    }
+}
+
+/* A [..., heads, rows, cols] layout as a KView: the leading axes merged into one (0 when their
+ * strides do not allow it). */
+static int cg_kview(const CGLayout *L, int param, KView *v) {
+    int r = L->rank;
+    int64_t zs = 0, prod = 1;
+    int any = 0;
+    for (int i = r - 4; i >= 0; i--) {
+        if (L->shape[i] == 1) continue;
+        if (!any) zs = L->stride[i], any = 1;
+        else if (L->stride[i] != zs * prod) return 0;
+        prod *= L->shape[i];
+    }
+    v->param = param;
+    v->offset = L->off;
+    v->stride[0] = zs;
+    for (int i = 0; i < 3; i++) v->stride[i + 1] = L->stride[r - 3 + i];
+    return 1;
+}
+
+static int cg_kview_of(CG *g, int f, KView *v) {
+    CGLayout L;
+    int param = -1;
+    return cg_layout_in(g, f, &L, &param) && cg_kview(&L, param, v);
+}
+
+/* The places cg_out_places stores result o at, as views (out[0 .. *nout)): o's own buffer, and
+ * each member that is a permute/reshape chain of o seen back through the chain. 0 when one is not
+ * strided. */
+static int cg_out_views(CG *g, int o, KView *out, int *nout) {
+    const FNode *on = cg_n(g, o);
+    CGLayout L;
+    *nout = 0;
+    if (g->c->mat[o]) {
+        lay_rowmajor(&L, on->rank, on->shape);
+        if (!cg_kview(&L, cg_buf(g, o, 1), &out[(*nout)++])) return 0;
+    }
+    const FKern *K = g->K;
+    for (int m = 0; m < K->members.n && *nout < 4; m++) {
+        int f = K->members.v[m];
+        int chain[64], nc = f == o || !g->c->mat[f] ? -1 : cg_view_chain(g, o, f, chain);
+        if (nc < 0) continue;
+        lay_rowmajor(&L, cg_n(g, f)->rank, cg_n(g, f)->shape);
+        for (int i = 0; i < nc; i++) { /* from the member down to o */
+            const FNode *n = cg_n(g, chain[i]), *in = cg_n(g, n->in[0]);
+            if (n->op == F_PERMUTE) {
+                lay_swap(&L, (int)n->ia[0], (int)n->ia[1]);
+            } else {
+                CGLayout t;
+                if (!lay_reshape(&L, in->rank, in->shape, &t)) return 0;
+                L = t;
+            }
+        }
+        if (!cg_kview(&L, cg_buf(g, f, 1), &out[(*nout)++])) return 0;
+    }
+    return *nout > 0;
+}
+
+/* Kernel.attn for attention op n (KA_*; with KA_BWD_KV, n is dk's node and dv its partner's), when
+ * every operand and result is a strided view and the kernel computes nothing else; otherwise it
+ * stays NULL and the body is the kernel. */
+static void cg_attn_describe(CG *g, const FNode *n, const FNode *dv, const CGAttn *a, KAttnOp op) {
+    const FuseCtx *c = g->c;
+    KAttn *d = arena_alloc(g->ar, sizeof *d);
+    memset(d, 0, sizeof *d);
+    d->op = op;
+    d->dt = n->dt;
+    const FNode *q = cg_n(g, a->q);
+    d->Z = 1;
+    for (int i = 0; i < a->r - 3; i++) d->Z *= q->shape[i];
+    d->H = a->H, d->Hk = a->Hk, d->T = a->T, d->S = a->S, d->D = a->D, d->E = a->E;
+    d->causal = a->causal;
+    d->scale = a->scale;
+    d->dout.param = d->stats.param = -1;
+    int ops[4] = {a->q, a->k, a->v, a->dout};
+    KView *views[4] = {&d->q, &d->k, &d->v, &d->dout};
+    for (int i = 0; i < 4; i++) {
+        if (ops[i] < 0) continue;
+        if (cg_n(g, ops[i])->dt != n->dt || !cg_kview_of(g, ops[i], views[i])) return;
+    }
+    if (!cg_out_views(g, n->id, d->out, &d->nout)) return;
+    if (dv && !cg_out_views(g, dv->id, d->out_v, &d->nout_v)) return;
+    int others = 0; /* members besides n (and dv), the statistics and the views of results it stores */
+    for (int m = 0; m < g->K->members.n; m++) {
+        int f = g->K->members.v[m];
+        if (f == n->id || f == a->stats || (dv && f == dv->id)) continue;
+        const FNode *x = cg_n(g, f);
+        others += (x->op != F_PERMUTE && x->op != F_RESHAPE) || !c->mat[f];
+    }
+    if (others) return;
+    if (a->stats >= 0) {
+        const FNode *st = cg_n(g, a->stats);
+        CGLayout L;
+        lay_rowmajor(&L, st->rank, st->shape);
+        d->stats_computed = op == KA_BWD_Q && c->owner[a->stats] == g->kid;
+        if (!d->stats_computed || c->mat[a->stats])
+            if (st->dt != DT_F32 || !cg_kview(&L, cg_buf(g, a->stats, d->stats_computed), &d->stats)) return;
+    }
+    g->k->attn = d;
+}
+
+/* Forward: ref.c's ref_eval_attention, one query row per work item. */
+void cg_attention(CG *g, const FNode *n) {
+    CGAttn a;
+    cg_attn_init(g, n, 0, &a);
+    int h, t;
+    cg_attn_row(g, &a, n, &h, &t);
+    int kh = cg_op2(g, K_IDIV, KT_I64, h, cg_i(g, a.G));
+    int cnt = cg_attn_visible(g, &a, t);
+    int c = kb_loop(g->b, a.E);
+    cg_out_put(g, &a, n->id, h, t, c, cg_f(g, a.t, 0.0), K_NONE);
+    kb_endloop(g->b);
+    int m = kb_acc(g->b, a.t, K_MAX, -INFINITY);
+    int j = kb_loop_dyn(g->b, cnt);
+    int s = cg_attn_dot(g, &a, a.q, h, t, a.k, kh, j, a.D);
+    kb_accum(g->b, m, cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), s));
+    kb_endloop(g->b);
+    int sum = kb_acc(g->b, a.t, K_ADD, 0.0);
+    j = kb_loop_dyn(g->b, cnt);
+    s = cg_attn_dot(g, &a, a.q, h, t, a.k, kh, j, a.D);
+    int p = cg_op1(g, K_EXP, a.t, cg_op2(g, K_SUB, a.t, cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), s), m));
+    kb_accum(g->b, sum, p);
+    c = kb_loop(g->b, a.E);
+    cg_out_put(g, &a, n->id, h, t, c, cg_op2(g, K_MUL, a.t, p, cg_attn_at(g, &a, a.v, kh, j, c)), K_ADD);
+    kb_endloop(g->b);
+    kb_endloop(g->b);
+    if (a.causal) kb_if(g->b, cg_op2(g, K_GT, KT_BOOL, cnt, cg_i(g, 0))); /* a row that sees no key stays zero */
+    c = kb_loop(g->b, a.E);
+    cg_out_put(g, &a, n->id, h, t, c, sum, K_DIV);
+    kb_endloop(g->b);
+    if (a.causal) kb_endif(g->b);
+    cg_attn_describe(g, n, NULL, &a, KA_FORWARD);
+}
+
+/* P_ij for query row (h, i) against key j, given the row's max and sum. */
+static int cg_attn_p(CG *g, const CGAttn *a, int h, int i, int kh, int j, int m, int sum) {
+    int s = cg_op2(g, K_MUL, a->t, cg_attn_dot(g, a, a->q, h, i, a->k, kh, j, a->D), cg_f(g, a->t, a->scale));
+    return cg_op2(g, K_DIV, a->t, cg_op1(g, K_EXP, a->t, cg_op2(g, K_SUB, a->t, s, m)), sum);
+}
+
+/* The statistics of query row (h, i): m = max_j s_ij, sum = sum_j exp(s_ij - m),
+ * pdp = sum_j P_ij dP_ij with dP_ij = dout_i . v_j (ref_bwd.c's ref_attn_row). */
+static void cg_attn_stats_compute(CG *g, const CGAttn *a, int h, int i, int kh, int out[3]) {
+    int cnt = cg_attn_visible(g, a, i);
+    int m = kb_acc(g->b, a->t, K_MAX, -INFINITY);
+    int j = kb_loop_dyn(g->b, cnt);
+    kb_accum(g->b, m, cg_op2(g, K_MUL, a->t, cg_attn_dot(g, a, a->q, h, i, a->k, kh, j, a->D), cg_f(g, a->t, a->scale)));
+    kb_endloop(g->b);
+    int sum = kb_acc(g->b, a->t, K_ADD, 0.0);
+    j = kb_loop_dyn(g->b, cnt);
+    int s = cg_op2(g, K_MUL, a->t, cg_attn_dot(g, a, a->q, h, i, a->k, kh, j, a->D), cg_f(g, a->t, a->scale));
+    kb_accum(g->b, sum, cg_op1(g, K_EXP, a->t, cg_op2(g, K_SUB, a->t, s, m)));
+    kb_endloop(g->b);
+    int pdp = kb_acc(g->b, a->t, K_ADD, 0.0);
+    j = kb_loop_dyn(g->b, cnt);
+    int p = cg_attn_p(g, a, h, i, kh, j, m, sum);
+    int dp = cg_attn_dot(g, a, a->dout, h, i, a->v, kh, j, a->E);
+    kb_accum(g->b, pdp, cg_op2(g, K_MUL, a->t, p, dp));
+    kb_endloop(g->b);
+    out[0] = m;
+    out[1] = sum;
+    out[2] = pdp;
+}
+
+/* The statistics of query row (h, i) read from their buffer. */
+static void cg_attn_stats_load(CG *g, const CGAttn *a, int h, int i, int out[3]) {
+    for (int s = 0; s < 3; s++) out[s] = cg_attn_at(g, a, a->stats, h, i, cg_i(g, s));
+}
+
+static void cg_attn_stats_store(CG *g, const CGAttn *a, int h, int i, const int st[3]) {
+    if (!g->c->mat[a->stats]) return;
+    const FNode *n = cg_n(g, a->stats);
+    for (int s = 0; s < 3; s++) {
+        int dims[GRAPH_MAX_RANK] = {0};
+        for (int d = 0; d < a->r - 3; d++) dims[d] = a->bd[d];
+        dims[a->r - 3] = h;
+        dims[a->r - 2] = i;
+        dims[a->r - 1] = cg_i(g, s);
+        KIdx ix = ix_of(n->rank, n->shape, dims);
+        cg_store(g, a->stats, &ix, st[s]);
+    }
+}
+
+/* The statistics alone (when no backward of q computes them). */
+void cg_attention_stats(CG *g, const FNode *n) {
+    CGAttn a;
+    cg_attn_init(g, n, 1, &a);
+    a.stats = n->id;
+    int h, i;
+    cg_attn_row(g, &a, cg_n(g, a.q), &h, &i);
+    int kh = cg_op2(g, K_IDIV, KT_I64, h, cg_i(g, a.G));
+    int st[3];
+    cg_attn_stats_compute(g, &a, h, i, kh, st);
+    cg_attn_stats_store(g, &a, h, i, st);
+}
+
+/* dq_i = scale * sum_j dS_ij k_j with dS_ij = P_ij (dP_ij - pdp_i); one query row a work item. */
+void cg_attention_bwd_q(CG *g, const FNode *n) {
+    CGAttn a;
+    cg_attn_init(g, n, 1, &a);
+    int h, i;
+    cg_attn_row(g, &a, n, &h, &i);
+    int kh = cg_op2(g, K_IDIV, KT_I64, h, cg_i(g, a.G));
+    int st[3];
+    if (g->c->owner[a.stats] == g->kid) {
+        cg_attn_stats_compute(g, &a, h, i, kh, st);
+        cg_attn_stats_store(g, &a, h, i, st);
+    } else {
+        cg_attn_stats_load(g, &a, h, i, st);
+    }
+    int d = kb_loop(g->b, a.D);
+    cg_out_put(g, &a, n->id, h, i, d, cg_f(g, a.t, 0.0), K_NONE);
+    kb_endloop(g->b);
+    int j = kb_loop_dyn(g->b, cg_attn_visible(g, &a, i));
+    int p = cg_attn_p(g, &a, h, i, kh, j, st[0], st[1]);
+    int dp = cg_attn_dot(g, &a, a.dout, h, i, a.v, kh, j, a.E);
+    int ds = cg_op2(g, K_MUL, a.t, p, cg_op2(g, K_SUB, a.t, dp, st[2]));
+    int w = cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), ds);
+    d = kb_loop(g->b, a.D);
+    cg_out_put(g, &a, n->id, h, i, d, cg_op2(g, K_MUL, a.t, w, cg_attn_at(g, &a, a.k, kh, j, d)), K_ADD);
+    kb_endloop(g->b);
+    kb_endloop(g->b);
+    cg_attn_describe(g, n, NULL, &a, KA_BWD_Q);
+}
+
+/* dk_j = scale * sum dS_ij q_i and dv_j = sum P_ij dout_i over the query heads of key head kh
+ * and the query rows i that see key j; one key row a work item. A kernel holding both (rule 8)
+ * computes P_ij once for the two. */
+void cg_attention_bwd_kv(CG *g, const FNode *n) {
+    const FNode *nk = NULL, *nv = NULL;
+    for (int m = 0; m < g->K->members.n; m++) {
+        const FNode *x = cg_n(g, g->K->members.v[m]);
+        if (x->op == F_ATTN_BWD_K) nk = x;
+        if (x->op == F_ATTN_BWD_V) nv = x;
+    }
+    CGAttn a;
+    cg_attn_init(g, n, 1, &a);
+    int kh, j;
+    cg_attn_row(g, &a, n, &kh, &j);
+    const FNode *outs[2] = {nk, nv};
+    int64_t widths[2] = {a.D, a.E};
+    for (int o = 0; o < 2; o++) {
+        if (!outs[o]) continue;
+        int d = kb_loop(g->b, widths[o]);
+        cg_out_put(g, &a, outs[o]->id, kh, j, d, cg_f(g, a.t, 0.0), K_NONE);
+        kb_endloop(g->b);
+    }
+    int gi = kb_loop(g->b, a.G);
+    int h = cg_iadd(g, cg_imul(g, kh, cg_i(g, a.G)), gi);
+    int first = cg_i(g, 0); /* the first query row that sees key j */
+    if (a.causal) first = cg_op2(g, K_MAX, KT_I64, cg_isub(g, j, cg_i(g, a.S - a.T)), cg_i(g, 0));
+    int ii = kb_loop_dyn(g->b, cg_isub(g, cg_i(g, a.T), first));
+    int i = cg_iadd(g, first, ii);
+    int st[3];
+    cg_attn_stats_load(g, &a, h, i, st);
+    int p = cg_attn_p(g, &a, h, i, kh, j, st[0], st[1]);
+    if (nk) {
+        int dp = cg_attn_dot(g, &a, a.dout, h, i, a.v, kh, j, a.E);
+        int w = cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), cg_op2(g, K_MUL, a.t, p, cg_op2(g, K_SUB, a.t, dp, st[2])));
+        int d = kb_loop(g->b, a.D);
+        cg_out_put(g, &a, nk->id, kh, j, d, cg_op2(g, K_MUL, a.t, w, cg_attn_at(g, &a, a.q, h, i, d)), K_ADD);
+        kb_endloop(g->b);
+    }
+    if (nv) {
+        int e = kb_loop(g->b, a.E);
+        cg_out_put(g, &a, nv->id, kh, j, e, cg_op2(g, K_MUL, a.t, p, cg_attn_at(g, &a, a.dout, h, i, e)), K_ADD);
+        kb_endloop(g->b);
+    }
+    kb_endloop(g->b);
+    kb_endloop(g->b);
+    if (nk && nv) cg_attn_describe(g, nk, nv, &a, KA_BWD_KV);
+    else cg_attn_describe(g, n, NULL, &a, nk ? KA_BWD_K : KA_BWD_V);
+}
+
+/* ---- dedicated kernels: topk and scatter_add ----------------------------------------------------- */
+
+/* One row of the selected axis a work item. Element j's rank is the number of elements before it
+ * (larger, NaN above any number, equal ones earlier); rank < k goes to position rank. */
+void cg_topk(CG *g, const FNode *n) {
+    const FNode *x = cg_n(g, n->in[0]);
+    int axis = (int)n->ia[1];
+    int64_t k = n->ia[0], len = x->shape[axis];
+    int64_t rows_shape[GRAPH_MAX_RANK] = {0};
+    for (int a = 0; a < x->rank; a++) rows_shape[a] = a == axis ? 1 : x->shape[a];
+    KIdx rix;
+    ix_init(&rix, x->rank, rows_shape);
+    rix.flat = kb_gid(g->b);
+    int dims[GRAPH_MAX_RANK] = {0};
+    for (int a = 0; a < x->rank; a++) dims[a] = ix_dim(g, &rix, a);
+    g->k->grid = fuse_numel(x) / len;
+    int j = kb_loop(g->b, len);
+    dims[axis] = j;
+    KIdx jx = ix_of(x->rank, x->shape, dims);
+    int xj = cg_value(g, x->id, &jx);
+    int rank = kb_acc(g->b, KT_I64, K_ADD, 0.0);
+    int l = kb_loop(g->b, len);
+    dims[axis] = l;
+    KIdx lx = ix_of(x->rank, x->shape, dims);
+    int xl = cg_value(g, x->id, &lx);
+    int nan_l = cg_op2(g, K_NE, KT_BOOL, xl, xl), nan_j = cg_op2(g, K_NE, KT_BOOL, xj, xj);
+    int above = cg_op2(g, K_OR, KT_BOOL, cg_op2(g, K_AND, KT_BOOL, nan_l, cg_op1(g, K_NOT, KT_BOOL, nan_j)),
+                       cg_op2(g, K_GT, KT_BOOL, xl, xj));
+    int tie = cg_op2(g, K_OR, KT_BOOL, cg_op2(g, K_EQ, KT_BOOL, xl, xj), cg_op2(g, K_AND, KT_BOOL, nan_l, nan_j));
+    int before = cg_op2(g, K_OR, KT_BOOL, above, cg_op2(g, K_AND, KT_BOOL, tie, cg_op2(g, K_LT, KT_BOOL, l, j)));
+    kb_accum(g->b, rank, cg_op3(g, K_SELECT, KT_I64, before, cg_i(g, 1), cg_i(g, 0)));
+    kb_endloop(g->b);
+    kb_if(g->b, cg_op2(g, K_LT, KT_BOOL, rank, cg_i(g, k)));
+    dims[axis] = rank;
+    KIdx ox = ix_of(n->rank, n->shape, dims);
+    int v = n->ia[2] ? cg_op1(g, K_CAST, cg_t(n), j) : xj;
+    cg_store(g, n->id, &ox, v);
+    kb_endif(g->b);
+    kb_endloop(g->b);
+}
+
+/* out [R, ...] = zeros, then row idx[p] += updates[p] for every p in order; one column of the
+ * rows a work item (ref_bwd.c's ref_scatter_add, the same order of additions). */
+void cg_scatter_add(CG *g, const FNode *n) {
+    const FNode *upd = cg_n(g, n->in[0]), *idx = cg_n(g, n->in[1]);
+    int64_t R = n->shape[0], width = fuse_numel(n) / R, P = fuse_numel(idx);
+    KType t = cg_t(n);
+    int col = kb_gid(g->b);
+    g->k->grid = width;
+    int buf = cg_buf(g, n->id, 1);
+    int r = kb_loop(g->b, R);
+    kb_store(g->b, buf, cg_iadd(g, cg_imul(g, r, cg_i(g, width)), col), cg_f(g, t, 0.0));
+    kb_endloop(g->b);
+    int p = kb_loop(g->b, P);
+    KIdx pix;
+    ix_init(&pix, idx->rank, idx->shape);
+    pix.flat = p;
+    int row = cg_index(g, idx->id, &pix, R);
+    KIdx uix;
+    ix_init(&uix, upd->rank, upd->shape);
+    uix.flat = cg_iadd(g, cg_imul(g, p, cg_i(g, width)), col);
+    int v = cg_value(g, upd->id, &uix);
+    int off = cg_iadd(g, cg_imul(g, row, cg_i(g, width)), col);
+    kb_store(g->b, buf, off, cg_op2(g, K_ADD, t, kb_load(g->b, buf, off), v));
+    kb_endloop(g->b);
+}
+
+/* The per-parameter L2 norm of an update graph's flat vector, broadcast over the parameter: one
+ * segment (and one work item) per parameter, which also zeroes the padding after it. */
+void cg_seg_norm(CG *g, const FNode *n) {
+    const GraphUpdate *u = g->c->g->update;
+    const FNode *x = cg_n(g, n->in[0]);
+    if (!u || n->rank != 1 || n->shape[0] != u->n) INTERNAL("fuse: seg_norm outside an update graph");
+    KType t = cg_t(n);
+    int gid = kb_gid(g->b);
+    g->k->grid = u->nsegs > 0 ? u->nsegs : 1;
+    g->k->nsegments = g->k->grid;
+    for (int s = 0; s < u->nsegs; s++) {
+        int64_t off = u->seg_off[s], len = u->seg_len[s], end = s + 1 < u->nsegs ? u->seg_off[s + 1] : u->n;
+        kb_if(g->b, cg_op2(g, K_EQ, KT_BOOL, gid, cg_i(g, s)));
+        int acc = kb_acc(g->b, t, K_ADD, 0.0);
+        int j = kb_loop(g->b, len);
+        KIdx ix;
+        ix_init(&ix, x->rank, x->shape);
+        ix.flat = cg_iadd(g, cg_i(g, off), j);
+        int v = cg_value(g, x->id, &ix);
+        kb_accum(g->b, acc, cg_op2(g, K_MUL, t, v, v));
+        kb_endloop(g->b);
+        int norm = cg_op1(g, K_SQRT, t, acc);
+        int buf = cg_buf(g, n->id, 1);
+        j = kb_loop(g->b, len);
+        kb_store(g->b, buf, cg_iadd(g, cg_i(g, off), j), norm);
+        kb_endloop(g->b);
+        int64_t pad_from[2] = {off + len, 0}, pad_to[2] = {end, s == 0 ? off : 0};
+        for (int p = 0; p < 2; p++) {
+            if (pad_to[p] <= pad_from[p]) continue;
+            j = kb_loop(g->b, pad_to[p] - pad_from[p]);
+            kb_store(g->b, buf, cg_iadd(g, cg_i(g, pad_from[p]), j), cg_f(g, t, 0.0));
+            kb_endloop(g->b);
+        }
+        kb_endif(g->b);
+    }
+}
