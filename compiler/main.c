@@ -199,7 +199,10 @@ static int run(Pipeline *p, const Cli *c) {
     const PipelineOptions *o = &c->o;
     if (c->verify) return verify_step(p, c->verify);
     if (o->emit >= 0 || o->dump_dir) {
-        if (!(o->emit >= 0 && pipeline_emit(p, (StageId)o->emit)) && o->dump_dir) pipeline_dump(p, o->dump_dir);
+        /* the dump first: it prints ir before grad differentiates that graph in place; the stage
+         * emitted with it (cuda) is then printed from what the dump computed */
+        if (o->dump_dir) pipeline_dump(p, o->dump_dir);
+        if (o->emit >= 0) pipeline_emit(p, (StageId)o->emit);
         return diag_finish();
     }
     if (o->output && !c->check) {
