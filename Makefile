@@ -56,13 +56,13 @@ ALL_COMPILER_SRCS = $(filter-out compiler/main.c,$(wildcard $(addsuffix /*.c,$(C
 # LLVM (the CPU back end and the host code): these files include llvm-c headers and are compiled
 # with llvm-config's flags, its include directory as -isystem so that -Werror holds our code and
 # not LLVM's headers. Deferred (`=`) because tools/deps.sh may install llvm-19-dev after this file
-# is read. verify_step.c reads step dumps with the runtime's safetensors reader. These stay out of
-# LIB_SRCS (the fuzzer builds those alone) but go into libmbtc.a, and what calls them (mbtc,
-# test_cpu) links LLVM_LIBS and libmbtrt.a.
+# is read. verify_step.c reads step dumps with the runtime's safetensors reader; pipeline.c, the
+# stage table, drives them all. These stay out of LIB_SRCS (the fuzzer builds those alone) but go
+# into libmbtc.a, and what calls them (mbtc, test_cpu) links LLVM_LIBS and libmbtrt.a.
 LLVM_CONFIG ?= llvm-config-19
 LLVM_CFLAGS  = $(patsubst -I%,-isystem %,$(shell $(LLVM_CONFIG) --cflags))
 LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs core analysis passes target x86 orcjit executionengine mcjit native --system-libs)
-LLVM_SRCS    = $(wildcard compiler/backend/cpu/*.c compiler/host/*.c) compiler/ref/verify_step.c
+LLVM_SRCS    = $(wildcard compiler/backend/cpu/*.c compiler/host/*.c) compiler/ref/verify_step.c compiler/pipeline.c
 LIB_SRCS     = $(filter-out $(LLVM_SRCS),$(ALL_COMPILER_SRCS))
 GEN_SRCS     = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
 

@@ -11,17 +11,19 @@
 #   diag          tests/diag/*.mbt: `mbtc --check` must print exactly the `# expect:` lines
 #   check         stdlib/*.mbt and examples/*.mbt check clean (exit 0, nothing on stderr)
 #   golden        tests/golden/NAME.mbt, at each stage it names: `mbtc --emit=STAGE` prints exactly
-#                 NAME.STAGE (STAGE ir, grad, plan or kernels), or with NAME.STAGE.err exactly that
-#                 on stderr and exit 1 (NAME.err is NAME.ir.err); and every train block of every
-#                 example builds a graph that passes graph_verify, a plan that passes plan_verify
-#                 and kernels that pass fuse_verify, each within the time limit
+#                 NAME.STAGE (STAGE tokens, ast, ir, grad, update, plan, kernels, cuda or list), or
+#                 with NAME.STAGE.err exactly that on stderr and exit 1 (NAME.err is NAME.ir.err);
+#                 and every train block of every example builds a graph that passes graph_verify, a
+#                 plan that passes plan_verify and kernels that pass fuse_verify, each within the
+#                 time limit
 #   cuda          every train block of every example: all its kernels compile with NVRTC for sm_80
 #                 and sm_90 (`mbtc --emit=kernels --cuda-info`), ptxas reports no spills nor stack
 #                 but for the kernels named in run_cuda; a control shows the check catching both.
 #                 SKIP without libnvrtc. (Golden CUDA source is the golden layer's `cuda` stage.)
 #                 And the executable's CUDA side (run_cuda_embed): -o embeds NVRTC's cubins and PTX
 #                 byte for byte, --help lists them, --cuda-arch=none embeds none, the NVRTC cache
-#                 gives what compiling gives.
+#                 gives what compiling gives. And --dump-dir writes every stage --emit prints
+#                 (run_cuda_dump).
 #   pathological  tests/pathological.sh: hostile inputs finish fast, with a located error
 #   exec          executables from `mbtc -o` run on mbt-gendata data: mlp's loss falls and
 #                 reruns are bit-identical; every example's train blocks build and its CPU-size
@@ -279,12 +281,12 @@ run_check() {
 
 # ---- golden ----------------------------------------------------------------------------------
 
-# golden_stages NAME: the stages tests/golden/NAME.mbt is compared at - each STAGE (ir, grad, plan, fused, kernels, cuda)
+# golden_stages NAME: the stages tests/golden/NAME.mbt is compared at - each STAGE (--emit=list's names, and list)
 # with an expected NAME.STAGE (stdout) or NAME.STAGE.err (stderr, exit 1); NAME.err is the old
 # spelling of NAME.ir.err. Prints them, space-separated.
 golden_stages() {
     local st out=""
-    for st in ir grad plan fused kernels cuda; do
+    for st in tokens ast ir grad update plan fused kernels cuda list; do
         if [ -f "tests/golden/$1.$st" ] || [ -f "tests/golden/$1.$st.err" ] || { [ "$st" = ir ] && [ -f "tests/golden/$1.err" ]; }; then
             out="$out $st"
         fi
@@ -984,7 +986,7 @@ layer_gpu_emu() {
     run_relayed gpu-emu tests/cudaemu/check_attention.sh
     MBT_GPU_TEST_DEVICE=emu run_relayed gpu-emu tests/gpu/run.sh
 }
-layer_cuda() { run_cuda "$BUILD/mbtc" && run_cuda_embed "$BUILD/mbtc"; }
+layer_cuda() { run_cuda "$BUILD/mbtc" && run_cuda_embed "$BUILD/mbtc" && run_cuda_dump "$BUILD/mbtc"; }
 layer_diag() { run_diag diag "$BUILD/mbtc"; }
 layer_check() { run_check check "$BUILD/mbtc"; }
 layer_golden() { run_golden golden "$BUILD/mbtc" 1000; }
@@ -1113,6 +1115,34 @@ run_cuda_embed() {
         fail cuda/embed/none "--cuda-arch=none: the executable holds a cubin, or --help does not say it is for the CPU alone"
     else
         pass cuda/embed/none
+    fi
+}
+
+# --dump-dir writes every stage --emit prints (each stage of `mbtc --emit=list` without a
+# parenthesised "prints nothing" or "not yet printable") as DIR/NN-STAGE.txt, NN its line in the
+# list, equal to `mbtc --emit=STAGE`; sass only where --emit=sass works (cuobjdump or nvdisasm).
+# Uses the dump run_cuda_embed wrote of examples/mlp.mbt.
+run_cuda_dump() {
+    local mbtc=$1 dir="$BUILD/tmp/cuda/embed" line nn=0 stage file n=0 bad=""
+    while IFS= read -r line; do
+        nn=$((nn + 1))
+        stage=${line%% *}
+        case $line in *"(prints nothing"* | *"(not yet printable)"*) continue ;; esac
+        file=$(printf '%s/dump/%02d-%s.txt' "$dir" "$nn" "$stage")
+        if ! "$mbtc" --emit="$stage" --cuda-arch=sm_80,sm_90 examples/mlp.mbt >"$dir/emit.out" 2>"$dir/emit.err"; then
+            if [ "$stage" = sass ] && grep -q 'needs cuobjdump or nvdisasm' "$dir/emit.err" && [ ! -e "$file" ]; then continue; fi
+            bad="$bad $stage(--emit failed)"
+        elif ! cmp -s "$dir/emit.out" "$file"; then
+            bad="$bad $stage"
+        fi
+        n=$((n + 1))
+    done < <("$mbtc" --emit=list)
+    if [ "$n" -lt 11 ]; then
+        fail cuda/dump-stages "only $n stages of --emit=list are printable here (11 or more expected)"
+    elif [ -n "$bad" ]; then
+        fail cuda/dump-stages "--dump-dir's file differs from --emit=STAGE's output (or is missing) for:$bad"
+    else
+        pass "cuda/dump-stages ($n stages, each equal to --emit=STAGE)"
     fi
 }
 

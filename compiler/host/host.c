@@ -679,7 +679,7 @@ static const char *shell_quote(Arena *ar, const char *s) {
 /* --emit=program: the kernels of every schedule (each under its listing: kind, grid, buffers and
  * the graph ops it fuses with their source lines), then the host functions and the descriptor,
  * every launch in them preceded by a comment naming what it computes and where in the source. */
-static void print_program(Host *h, const Sched *const *scheds, const Graph *const *graphs, int n) {
+static void print_program(Host *h, FILE *out, const Sched *const *scheds, const Graph *const *graphs, int n) {
     int total = 0, nlaunch = 0;
     for (int i = 0; i < n; i++) total += scheds[i] ? scheds[i]->r->nkernels : 0;
     for (int i = 0; i < n; i++) nlaunch += scheds[i] ? scheds[i]->r->nlaunches : 0;
@@ -730,19 +730,19 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
             }
         }
     }
-    cpu_print_module(stdout, h->m, kernels, notes, total, ann, a);
+    cpu_print_module(out, h->m, kernels, notes, total, ann, a);
 }
 
-/* The schedules of a train block (HostSchedules), fused and verified, every kernel named with
- * its schedule's prefix. */
-static void host_fuse(Host *h, const TrainBuild *tb, HostSchedules *out) {
+/* The schedules of a train block (HostSchedules): the step's and update's fused launches given,
+ * and the batch-1 logits fused here; each verified, every kernel named with its schedule's prefix. */
+static void host_fuse(Host *h, const TrainBuild *tb, FuseResult *const fused[2], HostSchedules *out) {
     static const char *const prefix[3] = {"step_", "update_", "logits_"};
     memset(out, 0, sizeof *out);
     out->logits_node = -1;
     const Graph *graphs[2] = {tb->step, tb->update};
     for (int i = 0; i < 2; i++) {
         out->g[i] = graphs[i];
-        out->r[i] = fuse_graph(graphs[i], NULL, 0, h->ar);
+        out->r[i] = fused[i];
         out->disjoint[i] = i == 0; /* the update writes in place */
     }
     out->n = 2;
@@ -868,11 +868,7 @@ static LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs,
 
 /* ---- the driver ---------------------------------------------------------------------------------- */
 
-int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
-                 const HostCuda *cuda, Arena *ar) {
-    TrainBuild *tb;
-    Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
-    if (!plan) return diag_finish();
+int host_refuses(const TrainBuild *tb) {
     /* Dropout's mask is keyed by its stream number alone (graph_build.c), so a compiled step would
      * draw the same mask every step and micro-batch: refused until the key carries the seed, step
      * and micro-batch. */
@@ -881,9 +877,14 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
         if (n->op == G_DROPOUT && n->fattr[0] > 0) {
             diag_error(n->src, "dropout is not compiled into executables yet");
             diag_hint("its mask would be the same at every step and micro-batch; --check and --emit accept it");
-            return diag_finish();
+            return 1;
         }
     }
+    return 0;
+}
+
+int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input,
+                 const char *output, FILE *emit, const HostCuda *cuda, Arena *ar) {
     CpuTarget target;
     const char *err = NULL;
     if (cpu_target_host(&target, ar, &err)) {
@@ -897,8 +898,7 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     h->b = LLVMCreateBuilderInContext(h->ctx);
     host_types(h);
 
-    HostSchedules hs;
-    host_fuse(h, tb, &hs);
+    const HostSchedules hs = *schedules;
     Sched step = {.prefix = "step_", .r = hs.r[0]}, upd = {.prefix = "update_", .r = hs.r[1]};
     Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[2] : NULL};
     sched_plan(h, &step, 0);
@@ -924,11 +924,11 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
     if (!diag_error_count())
         emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena, hash, tb->update->update, gpu);
-    int rc = 0;
+    int rc;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
         const Graph *graphs[3] = {tb->step, tb->update, hs.n > 2 ? hs.g[2] : NULL};
-        print_program(h, (const Sched *const *)scheds, graphs, 3);
+        print_program(h, emit, (const Sched *const *)scheds, graphs, 3);
     } else if (!diag_error_count()) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
         const char *obj = arena_printf(ar, "%s.o", output);
@@ -942,7 +942,7 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
             unlink(obj);
         }
     }
-    rc = diag_finish();
+    rc = diag_error_count() ? 1 : 0;
     LLVMDisposeBuilder(h->b);
     LLVMDisposeModule(h->m);
     LLVMContextDispose(h->ctx);
@@ -952,12 +952,8 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
 
 /* ---- the schedules alone (host.h: for the CUDA source) ------------------------------------------ */
 
-int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSchedules *out, Arena *ar) {
-    memset(out, 0, sizeof *out);
-    TrainBuild *tb;
-    Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
-    if (!plan) return 1;
+int host_schedules(const TrainBuild *tb, const Plan *plan, FuseResult *const fused[2], HostSchedules *out, Arena *ar) {
     Host H = {.ar = ar, .plan = plan, .ts = tb->config};
-    host_fuse(&H, tb, out);
+    host_fuse(&H, tb, fused, out);
     return diag_error_count() ? 1 : 0;
 }

@@ -5,8 +5,8 @@
  * step_), of the update schedule (update_) and of generation's forward at batch 1 (logits_), the
  * RtProgram functions that launch them (forward_backward, forward_loss, forward_logits,
  * optimizer_update, lr_schedule) and the `mbt_program` descriptor (runtime/rt_program.h), whose
- * struct layouts are checked against the C compiler's (host_abi.h). host_compile runs the whole
- * pipeline, writes the object and links the executable. A program whose model's output is not
+ * struct layouts are checked against the C compiler's (host_abi.h). host_compile builds it from
+ * the stages before it (compiler/pipeline.c), writes the object and links the executable. A program whose model's output is not
  * [B, T, vocab] logits of a causal model compiles with a warning and forward_logits NULL.
  *
  * A batch-size ramp (one plan step program per stage) is one forward_backward - micro and T do not
@@ -22,6 +22,7 @@
 #include "cpu.h"
 #include "fuse.h"
 #include "module.h"
+#include "plan.h"
 
 /* The CUDA side -o builds into the executable: a cubin for each architecture ("sm_80") and the PTX
  * of the highest; narch 0 builds for the CPU alone. */
@@ -30,14 +31,9 @@ typedef struct HostCuda {
     int narch;
 } HostCuda;
 
-/* Builds the executable for the train block of main_mod named train_name (NULL: the first) at
- * `output`; with output NULL, prints the program's whole LLVM module instead (--emit=program: the
- * GPU functions too, without the compiled images). Returns the exit status (errors reported through
- * diag; an unknown name is one, listing the file's train blocks). Without NVRTC the executable is
- * built for the CPU alone, with a warning. */
-int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
-                 const HostCuda *cuda, Arena *ar);
-
+/* Refuses a step -o cannot compile yet (dropout, whose mask would repeat every step): returns 1
+ * after reporting the error, else 0. Called before the schedules are built. */
+int host_refuses(const TrainBuild *tb);
 /* The schedules -o builds, fused and verified, for back ends that lower them elsewhere (the CUDA
  * source of --emit=cuda): step (differentiated), update, and the batch-1 logits (absent, with the
  * warning -o gives, when the program cannot generate). Each kernel is named with its schedule's
@@ -50,7 +46,16 @@ typedef struct HostSchedules {
     int disjoint[3];          /* buffers of the schedule never overlap (cpu_lower_kernel's flag) */
     int logits_node;          /* the logits' node in g[2] (-1 without) */
 } HostSchedules;
-/* Returns 0, or 1 after errors were reported through diag. */
-int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSchedules *out, Arena *ar);
-
+/* The schedules of tb (its step differentiated) with plan: fused[0] and fused[1] are the step's
+ * and the update's launches (fuse_graph, verified; their kernels are renamed here with the
+ * prefixes), and the batch-1 logits (tb->forward, built in sema's one walk) are fused here. Returns 0, or 1 after errors were reported through diag. */
+int host_schedules(const TrainBuild *tb, const Plan *plan, FuseResult *const fused[2], HostSchedules *out,
+                   Arena *ar);
+/* Builds the executable for tb (its step differentiated) from its plan and schedules
+ * (host_schedules) at `output`; with output NULL, prints the program's whole LLVM module to emit
+ * instead (--emit=program: the GPU functions too, without the compiled images). input names the
+ * module. Returns the exit status (errors reported through diag). Without NVRTC the executable is
+ * built for the CPU alone, with a warning. */
+int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input,
+                 const char *output, FILE *emit, const HostCuda *cuda, Arena *ar);
 #endif

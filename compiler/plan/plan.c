@@ -889,14 +889,3 @@ void plan_print(FILE *out, const Plan *p) {
     plan_print_arena(out, &ar, u, m->update, m->update_peak, m->update_naive, "during the update");
     arena_free(&ar);
 }
-
-Plan *plan_for_train(Loader *ld, Module *main_mod, const char *train, TrainBuild **tb_out, Arena *ar) {
-    TrainBuild *tb = *tb_out = sema_build_train(ld, main_mod, train, PLAN_ALIGN / 4, ar);
-    if (!tb) return NULL;
-    int first_bwd = autodiff(tb->step);
-    if (graph_verify(tb->step, stderr)) INTERNAL("the gradient graph fails graph_verify (problems above)");
-    if (graph_verify(tb->update, stderr)) INTERNAL("the update graph fails graph_verify (problems above)");
-    Plan *plan = plan_build(tb, first_bwd, ar);
-    if (plan && plan_verify(plan, stderr)) INTERNAL("the plan fails plan_verify (problems above)");
-    return plan;
-}

@@ -184,10 +184,6 @@ typedef struct Plan {
  * (autodiff, which returned first_bwd). Returns NULL after reporting a user error (a learning-rate
  * schedule for an optimizer without lr, a tensor or region beyond PLAN_MAX_BYTES). */
 Plan *plan_build(const TrainBuild *tb, int first_bwd, Arena *ar);
-/* The front of every consumer of a plan (--emit=plan, -o): the train block `train` (NULL: the
- * first) built by sema_build_train into *tb, its step differentiated, both graphs and then the plan
- * verified (a failure is an internal error). NULL after reporting a user error. */
-Plan *plan_for_train(Loader *ld, Module *main_mod, const char *train, TrainBuild **tb, Arena *ar);
 /* Checks the plan's invariants: regions contiguous, aligned and matching the update graph's
  * layout; no two arena buffers live at once share a byte; every write lands inside its region.
  * Returns the number of problems, each printed to out (when not NULL) as `plan: ...`. */

@@ -4,9 +4,9 @@
  * Pipeline position: beside the back ends, like ref.c, whose oracle it applies to a whole
  * compiled executable. `./prog train --steps 1 --dump-step STEP.safetensors` writes the weights a
  * step started from, the step's token batches, its loss, its accumulated gradients and the
- * parameters after the update (runtime/rt_exec.h, rt_step_dump). This file rebuilds the same train
- * block's step graph, differentiates it, evaluates it in double precision micro-batch by
- * micro-batch with ref_run on exactly those weights and tokens, accumulates as the runtime does
+ * parameters after the update (runtime/rt_exec.h, rt_step_dump). This file takes the same train
+ * block's step graph, differentiated, and its update graph from the stage table (pipeline.h),
+ * evaluates the step in double precision micro-batch by micro-batch with ref_run on exactly those weights and tokens, accumulates as the runtime does
  * (each micro-batch weighted 1 / accum); then clips the dumped gradients as the runtime does
  * (rt_program.h, RT_CLIP_EPS) and runs the optimizer's update graph with ref_run from the state's
  * initial values. It compares:
@@ -28,9 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autodiff.h"
 #include "diag.h"
-#include "plan.h"
+#include "pipeline.h"
 #include "ref.h"
 #include "rt.h"
 #include "sema.h"
@@ -162,16 +161,16 @@ static double **reference_update(const Graph *ug, const Graph *g, double *const 
     return out;
 }
 
-int verify_step(Loader *ld, Module *main_mod, const char *train, const char *path, Arena *ar) {
-    TrainBuild *tb = sema_build_train(ld, main_mod, train, PLAN_ALIGN / 4, ar);
-    if (!tb) return diag_finish();
-    Graph *g = tb->step;
+int verify_step(Pipeline *p, const char *path) {
+    if (pipeline_run(p, ST_IR)) return diag_finish();
+    const TrainBuild *tb = p->tb;
+    const Graph *g = tb->step;
     if (g->loss < 0) {
         diag_error_noloc("the train block has no loss to verify");
         return diag_finish();
     }
-    autodiff(g);
-    if (graph_verify(g, stderr)) INTERNAL("the gradient graph fails graph_verify (problems above)");
+    if (pipeline_run(p, ST_GRAD) || pipeline_run(p, ST_UPDATE)) return diag_finish();
+    Arena *ar = p->ar;
 
     RtError err;
     rt_error_clear(&err);

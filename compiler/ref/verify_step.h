@@ -3,12 +3,12 @@
 #ifndef MBT_VERIFY_STEP_H
 #define MBT_VERIFY_STEP_H
 
-#include "arena.h"
-#include "module.h"
+#include "pipeline.h"
 
-/* Rebuilds the train block `train` (NULL: the first), evaluates its step on the dump's weights and
+/* Runs the stage table p (its goal ST_UPDATE; --train picks the block) up to the train block's
+ * differentiated step and its update graph, evaluates the step on the dump's weights and
  * batches with ref_run, prints the loss and every gradient's relative error, and returns the exit
  * status: 0 within tolerance, 1 over it or on an error (reported). */
-int verify_step(Loader *ld, Module *main_mod, const char *train, const char *path, Arena *ar);
+int verify_step(Pipeline *p, const char *path);
 
 #endif
