@@ -153,7 +153,11 @@ LLVMValueRef ptr_array(Host *h, LLVMValueRef const *v, int n, const char *name) 
     return arr;
 }
 
-LLVMValueRef named_struct(LLVMTypeRef t, LLVMValueRef *v, int n) { return LLVMConstNamedStruct(t, v, (unsigned)n); }
+LLVMValueRef named_struct(LLVMTypeRef t, LLVMValueRef *v, int n) {
+    for (int i = 0; i < n; i++)
+        if (!v[i]) INTERNAL("host: field %d of %s has no value", i, LLVMGetStructName(t));
+    return LLVMConstNamedStruct(t, v, (unsigned)n);
+}
 
 /* A constant array of `t` rows as a private global (a null pointer when n is 0). */
 LLVMValueRef table_global(Host *h, LLVMTypeRef t, LLVMValueRef *rows, int64_t n, const char *name) {

@@ -37,7 +37,7 @@ static LLVMValueRef emit_ramp_table(Host *h) {
             INTERNAL("host: step program %d (from step %" PRId64 ", global %" PRId64 " = %" PRId64 " x %" PRId64
                      " x %" PRId64 ") does not extend the batch schedule",
                      i + 2, pg->first_step, pg->global, pg->micro, pg->accumulation, pg->data);
-        LLVMValueRef f[RT_RAMP_NFIELDS];
+        LLVMValueRef f[RT_RAMP_NFIELDS] = {0};
         f[RT_RAMP_step] = ci64(h, pg->first_step);
         f[RT_RAMP_global] = ci64(h, pg->global);
         f[RT_RAMP_accum] = ci64(h, pg->accumulation);
@@ -89,7 +89,7 @@ static LLVMValueRef emit_param_table(Host *h) {
         LLVMValueRef dims[64];
         for (int d = 0; d < maxr; d++) dims[d] = ci64(h, d < n->rank ? n->shape[d] : 0);
         int init = (int)n->iattr[0]; /* GInit and RtInitKind list the same initialisers in the same order */
-        LLVMValueRef f[RT_PARAM_NFIELDS];
+        LLVMValueRef f[RT_PARAM_NFIELDS] = {0};
         f[RT_PARAM_name] = str_const(h, pp->name);
         f[RT_PARAM_rank] = ci32(h, n->rank);
         f[RT_PARAM_shape] = LLVMConstArray2(h->i64, dims, (uint64_t)maxr);
@@ -113,7 +113,7 @@ static LLVMValueRef train_settings(Host *h) {
     const TrainSettings *ts = h->ts;
     const PlanProgram *pg = &p->programs[0];
     LLVMValueRef ramp = emit_ramp_table(h);
-    LLVMValueRef f[RT_TRAIN_NFIELDS];
+    LLVMValueRef f[RT_TRAIN_NFIELDS] = {0};
     f[RT_TRAIN_name] = str_const(h, ts->name);
     f[RT_TRAIN_micro] = ci64(h, pg->micro);
     f[RT_TRAIN_seq] = ci64(h, p->seq);
@@ -146,7 +146,7 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     const Plan *p = h->plan;
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
     LLVMValueRef table = emit_param_table(h), train = train_settings(h);
-    LLVMValueRef ge[RT_GEN_NFIELDS];
+    LLVMValueRef ge[RT_GEN_NFIELDS] = {0};
     ge[RT_GEN_weights] = LLVMConstPointerNull(h->ptr);
     ge[RT_GEN_temperature] = LLVMConstReal(h->f64, 1.0);
     ge[RT_GEN_top_k] = ci64(h, 0);
@@ -155,7 +155,7 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     LLVMValueRef *names = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(u->nstate + 1));
     for (int j = 0; j < u->nstate; j++) names[j] = str_const(h, u->state_name[j]);
     LLVMValueRef state_names = table_global(h, h->ptr, names, u->nstate, "mbt.state_names");
-    LLVMValueRef f[RT_PROG_NFIELDS];
+    LLVMValueRef f[RT_PROG_NFIELDS] = {0};
     f[RT_PROG_abi_version] = ci32(h, host_abi_version());
     f[RT_PROG_source] = str_const(h, source);
     f[RT_PROG_train] = train;

@@ -129,6 +129,8 @@ LLVMValueRef begin_fn(Host *h, const char *name, LLVMTypeRef ret);
 HostFn host_fn_begin(Host *h, const char *name);
 void emit_check(Host *h, LLVMValueRef fn, LLVMValueRef st);
 LLVMValueRef ptr_array(Host *h, LLVMValueRef const *v, int n, const char *name);
+/* the constant struct t of v[0..n), every field set (an emitter fills v by field index from
+ * zeroed arrays: a field it forgot is an internal error, not a garbage pointer) */
 LLVMValueRef named_struct(LLVMTypeRef t, LLVMValueRef *v, int n);
 LLVMValueRef table_global(Host *h, LLVMTypeRef t, LLVMValueRef *rows, int64_t n, const char *name);
 

@@ -116,7 +116,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     LLVMValueRef *krows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(cp->nkernels + 1));
     for (int k = 0; k < cp->nkernels; k++) {
         const CudaLaunch *L = &cp->launch[k];
-        LLVMValueRef f[RT_GPU_KERNEL_NFIELDS];
+        LLVMValueRef f[RT_GPU_KERNEL_NFIELDS] = {0};
         f[RT_GPU_KERNEL_function] = str_const(h, cuda_program_function(cp, k));
         f[RT_GPU_KERNEL_block] = ci32(h, L->block);
         f[RT_GPU_KERNEL_shared] = ci32(h, L->shared);
@@ -132,7 +132,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
         for (int ptx = 0; ptx < 2; ptx++) {
             if (!code[ptx]) continue;
             const char *arch = ptx ? arena_printf(h->ar, "compute_%s", res[a].arch + 3) : res[a].arch;
-            LLVMValueRef f[RT_GPU_IMAGE_NFIELDS];
+            LLVMValueRef f[RT_GPU_IMAGE_NFIELDS] = {0};
             f[RT_GPU_IMAGE_arch] = str_const(h, arch);
             f[RT_GPU_IMAGE_ptx] = ci32(h, ptx);
             f[RT_GPU_IMAGE_data] = bytes_global(h, code[ptx], size[ptx], arena_printf(h->ar, "mbt.gpu.%s", arch));
@@ -142,7 +142,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     }
     char hex[HOST_ABI_CHECKSUM_CHARS + 1];
     host_abi_checksum(cp->source, strlen(cp->source), hex);
-    LLVMValueRef f[RT_GPU_PROG_NFIELDS];
+    LLVMValueRef f[RT_GPU_PROG_NFIELDS] = {0};
     f[RT_GPU_PROG_images] = table_global(h, h->gpu_image_t, irows, nimg, "mbt.gpu_images");
     f[RT_GPU_PROG_nimages] = ci64(h, nimg);
     f[RT_GPU_PROG_kernels] = table_global(h, h->gpu_kernel_t, krows, cp->nkernels, "mbt.gpu_kernels");
