@@ -110,7 +110,7 @@ $(LLVM_OBJS): OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC)
 # mbtc finds the stdlib beside itself (<bindir>/../stdlib), else in this source tree; the host
 # code's driver links executables with libmbtrt and RT_LDLIBS (the same as the tests').
 $(BUILD)/obj/compiler/main.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"'
-$(BUILD)/obj/compiler/host/link.o $(BUILD)/obj/compiler/host/host.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) \
+$(BUILD)/obj/compiler/host/link.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) \
     -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"'
 
 # Generated code: same warnings, minus the unused-parameter noise lemon's template produces.

@@ -2,11 +2,11 @@
  * provides (an RtProgram descriptor exported as the global `mbt_program`) and the runtime services
  * its code may call (the thread pool, batched SGEMM).
  *
- * Pipeline position: the seam between compiler/host (which will emit the descriptor and the step
- * functions as LLVM IR) and the runtime (runtime/main.c, cli.c, train.c, generate.c, which own the
- * command line, the loop, the data, logging and weights). Until the code generator exists,
- * tests/runtime/bigram_program.c implements this ABI by hand. docs/runtime.md, "The program ABI",
- * is the prose version of this header.
+ * Pipeline position: the seam between compiler/host (which emits the descriptor and the step
+ * functions as LLVM IR) and the runtime (runtime/cli: main.c, cli.c, train.c, generate.c, which
+ * own the command line, the loop, the data, logging and weights). tests/runtime/bigram_program.c
+ * implements this ABI by hand for the runtime's own tests. docs/runtime.md, "The program ABI", is
+ * the prose version of this header.
  *
  * Division of labour. The runtime allocates every region (64-byte aligned), initialises the
  * parameters (rt_init_param, from the seed and each parameter's dotted name), loads and saves
@@ -161,24 +161,25 @@ RtStatus rt_gpu_loss(RtGpu *g, double *dst, const float *dev, RtError *err);
 
 /* ==== what the generated code provides ====================================================== */
 
-/* One parameter of the model, as the checkpoint names it. */
+/* The structs' fields are listed once, in rt_program_fields.h (with a comment each), and declared
+ * here from those lists; the compiler's host code reads the same lists for its LLVM layouts. */
+#include "rt_program_fields.h"
+
+#define RT_DECLARE_FIELD(ctype, name, kind) ctype name;
+
+typedef int64_t RtDims[RT_ST_MAX_RANK]; /* a parameter's shape: dims 0..rank-1, the rest 0 */
+
+/* One parameter of the model, as the checkpoint names it; its initialiser's two numbers are
+ * normal(mean a, std b), uniform(a, b) or constant(a). */
 typedef struct RtParam {
-    const char *name;              /* dotted path: "h.3.attn.c_attn.weight" (the safetensors name) */
-    int rank;                      /* 0..RT_ST_MAX_RANK */
-    int64_t shape[RT_ST_MAX_RANK]; /* dims 0..rank-1 */
-    int64_t numel;                 /* product of shape (1 for a scalar) */
-    int64_t offset;                /* first element in the parameter region (and the gradient region) */
-    RtInitKind init;               /* its initialiser (rt_init_param) */
-    double init_a, init_b;         /* normal(mean a, std b), uniform(a, b), constant(a) */
+    RT_PARAM_FIELDS(RT_DECLARE_FIELD)
 } RtParam;
 
 /* One stage of a batch-size ramp (`batch { ramp = [(step, global), ...] }`): from 0-based optimizer
  * step `step` on, a step takes `global` sequences, `accum` micro-batches of `micro` sequences per
  * data-parallel rank (global = micro x accum x data_ranks). */
 typedef struct RtRampStage {
-    int64_t step;
-    int64_t global;
-    int64_t accum;
+    RT_RAMP_FIELDS(RT_DECLARE_FIELD)
 } RtRampStage;
 
 /* A train block's settings, as the compiler resolved them; command-line flags override some
@@ -191,144 +192,74 @@ typedef struct RtRampStage {
  * loss_scale = 1 / (accum x N), so it trains on the program's whole global batch exactly as
  * the N ranks together would (up to which windows each rank would read). */
 typedef struct RtTrainSettings {
-    const char *name;     /* the train block's name (`./prog train NAME`) */
-    int64_t micro;        /* B: sequences per micro-batch */
-    int64_t seq;          /* T: tokens per sequence */
-    int64_t global;       /* sequences per optimizer step from step 0: micro x accum x data_ranks */
-    int64_t accum;        /* micro-batches per optimizer step and data-parallel rank, from step 0 */
-    int64_t steps;        /* optimizer steps */
-    uint64_t seed;        /* initialisation, data order, dropout */
-    double clip;          /* global gradient-norm clip; 0: none */
-    int64_t vocab;        /* token ids are below this */
-    int64_t ctx;          /* the model's longest context (positions) */
-    double lr;            /* the optimizer's base learning rate */
-    const char *data;     /* glob of the training shards */
-    const char *val_data; /* glob of the held-out shards; NULL: hold out the tail of `data` */
-    int shuffle;          /* 1: seeded shuffle of the training windows each epoch */
-    int64_t eval_every;   /* evaluate every N steps during training; 0: never */
-    int64_t eval_steps;   /* micro-batches per evaluation (also what is held out without val_data) */
-    int64_t data_ranks;   /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */
-    int64_t nramp;        /* stages of a batch-size ramp after the first; 0: the batch never changes */
-    const RtRampStage *ramp; /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */
-    int64_t ckpt_every;   /* `checkpoint { every }`: a checkpoint every N steps; 0: none (--ckpt-every overrides) */
-    const char *ckpt_dir; /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */
-    int64_t ckpt_keep;    /* `checkpoint { keep }`: the newest N are kept; 0: all */
-    int32_t ckpt_continue_on_error; /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */
+    RT_TRAIN_FIELDS(RT_DECLARE_FIELD)
 } RtTrainSettings;
 
 /* Defaults of `./prog generate` (from the serve block's sampling settings when there is one). */
 typedef struct RtGenerateSettings {
-    const char *weights; /* default --weights; NULL: none (the flag is then required) */
-    double temperature;  /* 0: greedy */
-    int64_t top_k;       /* 0: all tokens */
-    int64_t max_tokens;
+    RT_GEN_FIELDS(RT_DECLARE_FIELD)
 } RtGenerateSettings;
 
 /* Everything one call of a generated function reads and writes. Fields not listed for a
  * function are unspecified during that call. */
 typedef struct RtStep {
-    RtPool *pool;          /* for rt_parallel_for / rt_sgemm_batched */
-    float *params;         /* all: the parameter region (read; optimizer_update writes) */
-    float *grads;          /* forward_backward accumulates (+=) into it; optimizer_update reads it */
-    float *state;          /* optimizer_init / optimizer_update: the optimizer-state region */
-    unsigned char *arena;  /* forward_*: activation scratch, arena_bytes, RT_ALIGN-aligned */
-    const int32_t *x;      /* forward_*: input token ids, [B, T] row-major, each below vocab */
-    const int32_t *y;      /* forward_backward, forward_loss: target ids, [B, T] */
-    int64_t B, T;          /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */
-    int64_t len;           /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */
-    float *logits;         /* forward_logits: out, [vocab] logits of position len - 1 */
-    double loss_scale;     /* forward_backward: the gradient seed, d(step objective) / d(this loss) */
-    double loss;           /* forward_backward, forward_loss: out, this micro-batch's loss */
-    double lr;             /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */
-    int64_t t;             /* optimizer_update: 1-based optimizer step (bias corrections) */
-    int64_t step;          /* 0-based optimizer step (an RNG key, with micro and seed) */
-    int64_t micro;         /* forward_backward: 0-based micro-batch within the step */
-    uint64_t seed;         /* the run's seed */
-    RtError *err;          /* a function that fails fills it and returns its status */
-    RtGpu *gpu;            /* RtGpuProgram's functions: the GPU (every pointer above is then a device address,
-                            * except logits, in host memory); NULL for the CPU functions */
+    RT_STEP_FIELDS(RT_DECLARE_FIELD)
 } RtStep;
+
+/* A generated function of the step (RtProgram's and RtGpuProgram's forward_backward ...), and
+ * the learning-rate schedule's multiplier at 0-based step `step`. */
+typedef RtStatus (*RtStepFn)(RtStep *s);
+typedef double (*RtLrScheduleFn)(int64_t step);
 
 /* One image of the program's CUDA module, embedded by mbtc (--cuda-arch): the cubin for one
  * architecture, or the PTX of one virtual architecture, which the driver compiles for a GPU that
  * no cubin fits (rt_gpu.h: the JIT cache). */
 typedef struct RtGpuImage {
-    const char *arch;          /* "sm_90" (a cubin) or "compute_90" (PTX) */
-    int32_t ptx;               /* 1: PTX text, data NUL-terminated; 0: a cubin (ELF) */
-    const unsigned char *data;
-    int64_t size;              /* bytes (PTX: including the NUL) */
+    RT_GPU_IMAGE_FIELDS(RT_DECLARE_FIELD)
 } RtGpuImage;
 
-/* One kernel launch site's function and geometry (compiler/cuda.h: CudaLaunch). The generated
- * GPU code names a kernel by its index in the table. */
+/* One kernel launch site's function and geometry (compiler/backend/cuda/cuda.h: CudaLaunch). The
+ * generated GPU code names a kernel by its index in the table. */
 typedef struct RtGpuKernel {
-    const char *function;      /* the __global__ function's name in the module */
-    int32_t block;             /* threads per block (the kernel assumes exactly this) */
-    int32_t shared;            /* bytes of static shared memory (informational: the cubin holds it) */
-    int64_t blocks;            /* blocks in the grid */
-    int32_t nbufs;             /* its parameters: that many device pointers */
+    RT_GPU_KERNEL_FIELDS(RT_DECLARE_FIELD)
 } RtGpuKernel;
 
 /* The program's GPU side: NULL in RtProgram when mbtc built it without CUDA (--cuda-arch=none,
  * or no NVRTC). The functions have the CPU functions' contracts with device regions (RtStep.gpu
  * set); a NULL one means the GPU cannot run that function. */
 typedef struct RtGpuProgram {
-    const RtGpuImage *images;
-    int64_t nimages;
-    const RtGpuKernel *kernels;
-    int64_t nkernels;
-    const char *module_hash;   /* "xxh3-128:..." of the CUDA source: the JIT cache's key */
-    RtStatus (*forward_backward)(RtStep *s);
-    RtStatus (*forward_loss)(RtStep *s);
-    RtStatus (*forward_logits)(RtStep *s);
-    RtStatus (*optimizer_update)(RtStep *s);
+    RT_GPU_PROG_FIELDS(RT_DECLARE_FIELD)
 } RtGpuProgram;
 
 /* A compiled program: the descriptor plus its functions. The generated object exports one as
  * `const RtProgram mbt_program`; runtime/main.c passes it to rt_main. All pointers are to
- * constant data with static storage. */
+ * constant data with static storage. The functions:
+ *
+ * forward_backward: one micro-batch. Reads params, x, y; computes this micro-batch's loss L as
+ * the program defines it (cross_entropy: the mean over its B x T tokens) into loss, and ADDS
+ * loss_scale x dL/dparams into grads. The runtime passes loss_scale = 1 / (accum x data_ranks)
+ * of the step's ramp stage, so after the step's last micro-batch grads holds the gradient of
+ * the mean loss over the global batch.
+ * forward_loss: the same loss without gradients (evaluation). NULL: the program cannot evaluate.
+ * forward_logits: generation, B = 1, T = logits_seq: writes the logits of position len - 1 (a
+ * causal model ignores x[len, T)). NULL: the program cannot generate.
+ * optimizer_init: sets the optimizer state's initial values (`state m = 0`); NULL: the runtime
+ * zeroes it.
+ * optimizer_update: one optimizer step over every parameter: reads grads (already clipped),
+ * updates params and state with lr and t. The runtime zeroes grads afterwards.
+ * lr_schedule: the learning-rate multiplier at 0-based step `step` (lr.cosine(...) compiled).
+ *
+ * What a checkpoint records of the program, so that resuming checks it continues the same
+ * computation: `hash` is "xxh3-128:" and 32 hex digits over the compiled step (every kernel, the
+ * host functions, the learning-rate schedule) and the batch settings that shape a step (micro,
+ * seq, global, accum, data ranks, ramp, clip, base lr, shuffle, vocab) - not the source's
+ * comments or layout, nor `steps`, evaluation or checkpoint settings; nstate and state_names
+ * name the optimizer state's variables. */
 typedef struct RtProgram {
-    int abi_version;       /* RT_ABI_VERSION */
-    const char *source;    /* the .mbt file it was compiled from (for --help) */
-    RtTrainSettings train; /* the train block */
-    RtGenerateSettings generate;
-
-    const RtParam *params; /* the parameter table, in declaration order */
-    int64_t nparams;
-    int64_t param_floats;  /* the parameter region, in f32 elements (also the gradient region's size) */
-    int64_t state_floats;  /* the optimizer-state region, in f32 elements */
-    int64_t arena_bytes;   /* the activation arena (the largest any function needs) */
-    int64_t logits_seq;    /* T of forward_logits: the longest context generation passes */
-
-    /* One micro-batch: reads params, x, y; computes this micro-batch's loss L as the program
-     * defines it (cross_entropy: the mean over its B x T tokens) into loss, and ADDS
-     * loss_scale x dL/dparams into grads. The runtime passes loss_scale = 1 / (accum x data_ranks) of
-     * the step's ramp stage, so after the step's last micro-batch grads holds the gradient of
-     * the mean loss over the global batch. */
-    RtStatus (*forward_backward)(RtStep *s);
-    /* The same loss without gradients (evaluation). NULL: the program cannot evaluate. */
-    RtStatus (*forward_loss)(RtStep *s);
-    /* Generation, B = 1, T = logits_seq: writes the logits of position len - 1 (a causal model
-     * ignores x[len, T)). NULL: the program cannot generate. */
-    RtStatus (*forward_logits)(RtStep *s);
-    /* Sets the optimizer state's initial values (`state m = 0`); NULL: the runtime zeroes it. */
-    RtStatus (*optimizer_init)(RtStep *s);
-    /* One optimizer step over every parameter: reads grads (already clipped), updates params and
-     * state with lr and t. The runtime zeroes grads afterwards. */
-    RtStatus (*optimizer_update)(RtStep *s);
-    /* The learning-rate multiplier at 0-based step `step` (lr.cosine(...) compiled to C). */
-    double (*lr_schedule)(int64_t step);
-
-    /* What a checkpoint records of the program, so that resuming checks it continues the same
-     * computation: `hash` is "xxh3-128:" and 32 hex digits over the compiled step (every kernel,
-     * the host functions, the learning-rate schedule) and the batch settings that shape a step
-     * (micro, seq, global, accum, data ranks, ramp, clip, base lr, shuffle, vocab) - not the source's
-     * comments or layout, nor `steps`, evaluation or checkpoint settings. */
-    const char *hash;
-    int64_t nstate;                 /* optimizer state variables; the state region is nstate x param_floats */
-    const char *const *state_names; /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */
-    const RtGpuProgram *gpu;        /* the CUDA side, or NULL (built without CUDA) */
+    RT_PROG_FIELDS(RT_DECLARE_FIELD)
 } RtProgram;
+
+#undef RT_DECLARE_FIELD
 
 /* The descriptor of the program being run, defined by the generated object (or a hand-written
  * one, as in tests/runtime/bigram_program.c). */

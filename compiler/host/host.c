@@ -1,6 +1,8 @@
-/* host.c - the host code of an executable (host.h): one LLVM module with every kernel, the
- * RtProgram functions that launch them, and the `mbt_program` descriptor; then the object file
- * and the link with libmbtrt.
+/* host.c - the host code of an executable (host.h): its driver, host_compile, which builds one
+ * LLVM module with every kernel, the RtProgram functions that launch them and the `mbt_program`
+ * descriptor (descriptor.c), then links it (link.c); and those functions' emitters, written once
+ * against a HostTarget (host_internal.h): the CPU's (target_cpu.c) for the RtProgram functions,
+ * the GPU's (target_gpu.c) for the RtGpuProgram ones.
  *
  * Memory. Every buffer of a schedule (fuse.h) gets an address = region base + offset: parameters
  * at the plan's offset in the parameter region; data.x / data.y are the RtStep's x / y; the update
@@ -13,198 +15,20 @@
  * after its last launch.
  *
  * Generation. forward_logits runs a third schedule: the train block's model(data.x) built as a
- * graph of its own with data.x of one row (B = 1, T = seq; see "forward_logits" below), fused for
+ * graph of its own with data.x of one row (B = 1, T = seq; logits.c builds it), fused for
  * the logits alone. It has its own arena plan from byte 0 (no two of the three schedules run at
  * once), and the descriptor's arena_bytes is the largest of the three peaks. */
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include <llvm-c/Analysis.h>
-
-#include "autodiff.h"
 #include "cpu_scalar.h"
-#include "cuda_program.h"
 #include "diag.h"
 #include "fuse.h"
 #include "graph.h"
-#include "host.h"
-#include "host_abi.h"
-#include "nvrtc.h"
+#include "host_internal.h"
 #include "plan.h"
 #include "sema.h"
-
-#ifndef MBT_RT_LIB
-#define MBT_RT_LIB "build/libmbtrt.a"
-#endif
-#ifndef MBT_RT_LDLIBS
-#define MBT_RT_LDLIBS "-lopenblas -lpthread -lm"
-#endif
-
-#define SMALL_GRID 256 /* work items below which a kernel is called directly, not through the pool */
-
-typedef struct Host {
-    Arena *ar;
-    LLVMContextRef ctx;
-    LLVMModuleRef m;
-    LLVMBuilderRef b;
-    LLVMTypeRef i8, i32, i64, f32, f64, ptr, vd;
-    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t;
-    LLVMTypeRef range_fn_t, pfor_t, gemm_t;
-    LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
-    const Plan *plan;
-    const TrainConfig *ts;
-    /* emitting the GPU functions (host_gpu below): launches and copies go through the runtime's
-     * rt_gpu_* calls, every region address is a device address */
-    int gpu;
-    LLVMTypeRef gpu_image_t, gpu_kernel_t, gpu_prog_t, gpu_launch_t, gpu_axpy_t, gpu_copy_t, gpu_loss_t;
-    LLVMValueRef gpu_launch, gpu_gemm, gpu_bgemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download, gpu_loss;
-} Host;
-
-/* one schedule's buffers: the arena offset of each buffer the arena holds (-1 otherwise) */
-typedef struct Sched {
-    const char *prefix;
-    FuseResult *r;
-    int gpu_base;      /* the index of its first kernel in the GPU kernel table */
-    int64_t *arena_off;
-    int64_t peak;
-    LLVMValueRef *kfn, *kwrap; /* per kernel */
-} Sched;
-
-/* ---- ABI struct types, checked against the C layout ----------------------------------------- */
-
-static LLVMTypeRef host_struct(Host *h, HostAbiStruct which, const char *name, LLVMTypeRef *f, int n) {
-    LLVMTypeRef t = LLVMStructCreateNamed(h->ctx, name);
-    LLVMStructSetBody(t, f, (unsigned)n, 0);
-    LLVMTargetDataRef td = LLVMGetModuleDataLayout(h->m);
-    int nf = 0;
-    int64_t size = 0;
-    const int64_t *off = host_abi_layout(which, &nf, &size);
-    if (nf != n) INTERNAL("host: %s has %d fields in C, %d in LLVM", host_abi_name(which), nf, n);
-    for (int i = 0; i < n; i++)
-        if ((int64_t)LLVMOffsetOfElement(td, t, (unsigned)i) != off[i])
-            INTERNAL("host: %s field %d is at byte %" PRId64 " in C but %llu in LLVM", host_abi_name(which), i, off[i],
-                     (unsigned long long)LLVMOffsetOfElement(td, t, (unsigned)i));
-    if ((int64_t)LLVMABISizeOfType(td, t) != size)
-        INTERNAL("host: %s is %" PRId64 " bytes in C, %llu in LLVM", host_abi_name(which), size,
-                 (unsigned long long)LLVMABISizeOfType(td, t));
-    return t;
-}
-
-static void host_types(Host *h) {
-    h->i8 = LLVMInt8TypeInContext(h->ctx), h->i32 = LLVMInt32TypeInContext(h->ctx), h->i64 = LLVMInt64TypeInContext(h->ctx);
-    h->f32 = LLVMFloatTypeInContext(h->ctx), h->f64 = LLVMDoubleTypeInContext(h->ctx);
-    h->ptr = LLVMPointerTypeInContext(h->ctx, 0), h->vd = LLVMVoidTypeInContext(h->ctx);
-    LLVMTypeRef P = h->ptr, I = h->i64, D = h->f64, W = h->i32;
-    LLVMTypeRef step[] = {P, P, P, P, P, P, P, I, I, I, P, D, D, D, I, I, I, I, P, P};
-    h->step_t = host_struct(h, HA_STEP, "RtStep", step, 20);
-    LLVMTypeRef param[] = {P, W, LLVMArrayType2(I, (uint64_t)host_abi_max_rank()), I, I, W, D, D};
-    h->param_t = host_struct(h, HA_PARAM, "RtParam", param, 8);
-    LLVMTypeRef train[] = {P, I, I, I, I, I, I, D, I, I, D, P, P, W, I, I, I, I, P, I, P, I, W};
-    h->train_t = host_struct(h, HA_TRAIN, "RtTrainSettings", train, 23);
-    LLVMTypeRef ramp[] = {I, I, I};
-    h->ramp_t = host_struct(h, HA_RAMP, "RtRampStage", ramp, 3);
-    LLVMTypeRef gen[] = {P, D, I, I};
-    h->gen_t = host_struct(h, HA_GENERATE, "RtGenerateSettings", gen, 4);
-    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P, P};
-    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 20);
-    LLVMTypeRef rargs[] = {P, I, I, W};
-    h->range_fn_t = LLVMFunctionType(h->vd, rargs, 4, 0);
-    LLVMTypeRef pargs[] = {P, I, P, P};
-    h->pfor_t = LLVMFunctionType(h->vd, pargs, 4, 0);
-    h->pfor = LLVMAddFunction(h->m, "rt_parallel_for", h->pfor_t);
-    LLVMTypeRef gargs[] = {P, W, W, I, I, I, h->f32, P, I, I, P, I, I, h->f32, P, I, I, I, W, P, P};
-    h->gemm_t = LLVMFunctionType(W, gargs, 21, 0);
-    h->gemm = LLVMAddFunction(h->m, "rt_sgemm_batched", h->gemm_t);
-    h->bgemm = NULL; /* declared on first use: f32 programs never name it */
-    LLVMTypeRef image[] = {P, W, P, I};
-    h->gpu_image_t = host_struct(h, HA_GPU_IMAGE, "RtGpuImage", image, 4);
-    LLVMTypeRef kern[] = {P, W, W, I, W};
-    h->gpu_kernel_t = host_struct(h, HA_GPU_KERNEL, "RtGpuKernel", kern, 5);
-    LLVMTypeRef gprog[] = {P, I, P, I, P, P, P, P, P};
-    h->gpu_prog_t = host_struct(h, HA_GPU_PROGRAM, "RtGpuProgram", gprog, 9);
-}
-
-/* The runtime's rt_gpu_* calls (rt_program.h), declared when the GPU functions are emitted. */
-static void host_gpu_calls(Host *h) {
-    LLVMTypeRef P = h->ptr, I = h->i64, W = h->i32;
-    LLVMTypeRef launch[] = {P, W, P, P};
-    h->gpu_launch_t = LLVMFunctionType(W, launch, 4, 0);
-    h->gpu_launch = LLVMAddFunction(h->m, "rt_gpu_launch", h->gpu_launch_t);
-    h->gpu_gemm = LLVMAddFunction(h->m, "rt_gpu_sgemm_batched", h->gemm_t);
-    h->gpu_bgemm = NULL;
-    LLVMTypeRef axpy[] = {P, P, P, h->f32, I, P};
-    h->gpu_axpy_t = LLVMFunctionType(W, axpy, 6, 0);
-    h->gpu_axpy = LLVMAddFunction(h->m, "rt_gpu_axpy", h->gpu_axpy_t);
-    LLVMTypeRef copy[] = {P, P, P, I, P}; /* (gpu, dst, src, bytes, err): copy, upload, download */
-    h->gpu_copy_t = LLVMFunctionType(W, copy, 5, 0);
-    h->gpu_copy = LLVMAddFunction(h->m, "rt_gpu_copy", h->gpu_copy_t);
-    h->gpu_upload = LLVMAddFunction(h->m, "rt_gpu_upload", h->gpu_copy_t);
-    h->gpu_download = LLVMAddFunction(h->m, "rt_gpu_download", h->gpu_copy_t);
-    LLVMTypeRef loss[] = {P, P, P, P}; /* (gpu, double *dst, const float *dev, err) */
-    h->gpu_loss_t = LLVMFunctionType(W, loss, 4, 0);
-    h->gpu_loss = LLVMAddFunction(h->m, "rt_gpu_loss", h->gpu_loss_t);
-}
-
-/* ---- small builders --------------------------------------------------------------------------- */
-
-static LLVMValueRef ci64(Host *h, int64_t v) { return LLVMConstInt(h->i64, (unsigned long long)v, 1); }
-static LLVMValueRef ci32(Host *h, int64_t v) { return LLVMConstInt(h->i32, (unsigned long long)v, 1); }
-
-static LLVMValueRef step_field(Host *h, LLVMValueRef s, int field, LLVMTypeRef t, const char *name) {
-    LLVMValueRef p = LLVMBuildStructGEP2(h->b, h->step_t, s, (unsigned)field, "");
-    return LLVMBuildLoad2(h->b, t, p, name);
-}
-
-static LLVMValueRef byte_gep(Host *h, LLVMValueRef base, int64_t off, const char *name) {
-    if (!off) return base;
-    LLVMValueRef idx = ci64(h, off);
-    return LLVMBuildInBoundsGEP2(h->b, h->i8, base, &idx, 1, name);
-}
-
-static LLVMValueRef str_const(Host *h, const char *s) {
-    if (!s) return LLVMConstPointerNull(h->ptr);
-    return LLVMBuildGlobalStringPtr(h->b, s, ".str");
-}
-
-/* for (j = 0; j < n; j++) dst[j] = mode 0: src[j]; 1: dst[j] + scale * src[j]; 2: value (f32) */
-static void emit_f32_loop(Host *h, LLVMValueRef fn, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef scale, int64_t n, int mode) {
-    if (n <= 0) return;
-    LLVMBasicBlockRef pre = LLVMGetInsertBlock(h->b);
-    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(h->ctx, fn, "loop");
-    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(h->ctx, fn, "done");
-    LLVMBuildBr(h->b, body);
-    LLVMPositionBuilderAtEnd(h->b, body);
-    LLVMValueRef j = LLVMBuildPhi(h->b, h->i64, "j");
-    LLVMValueRef pd = LLVMBuildInBoundsGEP2(h->b, h->f32, dst, &j, 1, "");
-    LLVMValueRef v;
-    if (mode == 2) v = scale;
-    else {
-        LLVMValueRef ps = LLVMBuildInBoundsGEP2(h->b, h->f32, src, &j, 1, "");
-        v = LLVMBuildLoad2(h->b, h->f32, ps, "");
-        if (mode == 1) v = LLVMBuildFAdd(h->b, LLVMBuildLoad2(h->b, h->f32, pd, ""), LLVMBuildFMul(h->b, scale, v, ""), "");
-    }
-    LLVMBuildStore(h->b, v, pd);
-    LLVMValueRef next = LLVMBuildAdd(h->b, j, ci64(h, 1), "");
-    LLVMValueRef in[2] = {ci64(h, 0), next};
-    LLVMBasicBlockRef from[2] = {pre, body};
-    LLVMAddIncoming(j, in, from, 2);
-    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntSLT, next, ci64(h, n), ""), body, done);
-    LLVMPositionBuilderAtEnd(h->b, done);
-}
-
-/* A function `NAME(ptr s)` with an entry block, the builder at its end; comments for --emit=llvm. */
-static LLVMValueRef begin_fn(Host *h, const char *name, LLVMTypeRef ret) {
-    LLVMTypeRef args[1] = {h->ptr};
-    if (h->gpu) name = arena_printf(h->ar, "gpu.%s", name);
-    LLVMValueRef fn = LLVMAddFunction(h->m, name, LLVMFunctionType(ret, args, 1, 0));
-    LLVMSetLinkage(fn, LLVMInternalLinkage);
-    LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, fn, "entry"));
-    return fn;
-}
 
 /* ---- schedules ---------------------------------------------------------------------------------- */
 
@@ -246,101 +70,34 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
     }
 }
 
-/* The executor a function's launches go to: RtStep.pool on the CPU, RtStep.gpu on the GPU. */
-static LLVMValueRef step_exec(Host *h, LLVMValueRef s) {
-    return h->gpu ? step_field(h, s, 19, h->ptr, "gpu") : step_field(h, s, 0, h->ptr, "pool");
-}
-
-/* Returns the status st from fn when it is not RT_OK (the callee filled RtStep.err). */
-static void emit_check(Host *h, LLVMValueRef fn, LLVMValueRef st) {
-    LLVMBasicBlockRef fail = LLVMAppendBasicBlockInContext(h->ctx, fn, "failed");
-    LLVMBasicBlockRef ok = LLVMAppendBasicBlockInContext(h->ctx, fn, "ok");
-    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntNE, st, ci32(h, 0), ""), fail, ok);
-    LLVMPositionBuilderAtEnd(h->b, fail);
-    LLVMBuildRet(h->b, st);
-    LLVMPositionBuilderAtEnd(h->b, ok);
-}
-
-/* An array of n pointers on the stack holding v[0..n), for a callee that takes them as one. */
-static LLVMValueRef ptr_array(Host *h, LLVMValueRef const *v, int n, const char *name) {
-    LLVMTypeRef arr_t = LLVMArrayType2(h->ptr, (uint64_t)(n ? n : 1));
-    LLVMValueRef arr = LLVMBuildAlloca(h->b, arr_t, name);
-    for (int i = 0; i < n; i++) {
-        LLVMValueRef idx[2] = {ci64(h, 0), ci64(h, i)};
-        LLVMBuildStore(h->b, v[i], LLVMBuildInBoundsGEP2(h->b, arr_t, arr, idx, 2, ""));
-    }
-    return arr;
-}
-
-/* The runtime's GEMM for matrices of dtype dt on the CPU or (h->gpu) the GPU: f32 or bf16. */
-static LLVMValueRef host_gemm_fn(Host *h, DType dt) {
-    if (dt == DT_F32) return h->gpu ? h->gpu_gemm : h->gemm;
-    LLVMValueRef *fn = h->gpu ? &h->gpu_bgemm : &h->bgemm;
-    if (!*fn) *fn = LLVMAddFunction(h->m, h->gpu ? "rt_gpu_bgemm_batched" : "rt_bgemm_batched", h->gemm_t);
-    return *fn;
-}
-
-/* Launches [0, upto] of S in fn; addr[i] is buffer i's address, exec the pool (CPU) or the GPU. A
- * GEMM's status (and on the GPU a launch's) is checked inline: a failure returns it. */
-static void emit_launches(Host *h, LLVMValueRef fn, Sched *S, LLVMValueRef *addr, LLVMValueRef exec, LLVMValueRef err, int upto) {
+/* Launches [0, upto] of S in f on h->target; addr[i] is buffer i's address. A GEMM's status (and
+ * on the GPU a launch's) is checked inline: a failure returns it. */
+static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto) {
     FuseResult *r = S->r;
     for (int li = 0; li <= upto && li < r->nlaunches; li++) {
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
-            LLVMValueRef callee = host_gemm_fn(h, g->dt);
+            LLVMValueRef callee = h->target->gemm(h, g->dt);
             int vec = g->epilogue != FE_NONE;
-            LLVMValueRef a[21] = {exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
+            LLVMValueRef a[21] = {f->exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
                                   LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
                                   addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
                                   addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch),
                                   ci32(h, host_abi_gemm_epilogue(g->epilogue)), vec ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
-                                  err};
+                                  f->err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
             LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21,
                                              arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
-            emit_check(h, fn, st);
+            emit_check(h, f->fn, st);
             continue;
         }
         const Kernel *k = r->kernels[L->kernel];
         LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 1));
         for (int i = 0; i < k->nbufs; i++) bufs[i] = addr[k->bufs[i].buffer];
-        LLVMValueRef arr = ptr_array(h, bufs, k->nbufs, "bufs");
-        if (h->gpu) {
-            LLVMValueRef a[4] = {exec, ci32(h, S->gpu_base + L->kernel), arr, err};
-            emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_launch_t, h->gpu_launch, a, 4, arena_printf(h->ar, "%s.", k->name)));
-        } else if (k->grid < SMALL_GRID) {
-            LLVMValueRef a[3] = {arr, ci64(h, 0), ci64(h, k->grid)};
-            LLVMBuildCall2(h->b, LLVMGlobalGetValueType(S->kfn[L->kernel]), S->kfn[L->kernel], a, 3, "");
-        } else {
-            LLVMValueRef a[4] = {exec, ci64(h, k->grid), S->kwrap[L->kernel], arr};
-            LLVMBuildCall2(h->b, h->pfor_t, h->pfor, a, 4, "");
-        }
+        h->target->launch(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"));
     }
-}
-
-/* Data movement around the launches, n f32 elements. On the CPU loops (emit_f32_loop); on the GPU
- * the runtime's calls, each status checked. */
-static void emit_accumulate(Host *h, LLVMValueRef fn, LLVMValueRef exec, LLVMValueRef err, LLVMValueRef dst, LLVMValueRef src,
-                            LLVMValueRef scale, int64_t n) { /* dst += scale x src (device: rt_gpu_axpy) */
-    if (!h->gpu) {
-        emit_f32_loop(h, fn, dst, src, scale, n, 1);
-        return;
-    }
-    LLVMValueRef a[6] = {exec, dst, src, scale, ci64(h, n), err};
-    emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_axpy_t, h->gpu_axpy, a, 6, ""));
-}
-
-/* dst = src; `to_host`: dst is host memory (rt_gpu_download on the GPU), else the region's kind (rt_gpu_copy). */
-static void emit_copy(Host *h, LLVMValueRef fn, LLVMValueRef exec, LLVMValueRef err, LLVMValueRef dst, LLVMValueRef src, int64_t n,
-                      int to_host) {
-    if (!h->gpu) {
-        emit_f32_loop(h, fn, dst, src, NULL, n, 0);
-        return;
-    }
-    LLVMValueRef a[5] = {exec, dst, src, ci64(h, n * 4), err};
-    emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_copy_t, to_host ? h->gpu_download : h->gpu_copy, a, 5, ""));
 }
 
 static int param_index(const Graph *g, int node) {
@@ -353,8 +110,9 @@ static int param_index(const Graph *g, int node) {
 static LLVMValueRef *step_addrs(Host *h, Sched *S, LLVMValueRef s) {
     FuseResult *r = S->r;
     const Graph *g = r->g;
-    LLVMValueRef params = step_field(h, s, 1, h->ptr, "params"), arena = step_field(h, s, 4, h->ptr, "arena");
-    LLVMValueRef x = step_field(h, s, 5, h->ptr, "x"), y = step_field(h, s, 6, h->ptr, "y");
+    LLVMValueRef params = step_field(h, s, RT_STEP_params, h->ptr, "params");
+    LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
+    LLVMValueRef x = step_field(h, s, RT_STEP_x, h->ptr, "x"), y = step_field(h, s, RT_STEP_y, h->ptr, "y");
     LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
     for (int i = 0; i < r->nbuffers; i++) {
         const FuseBuffer *fb = &r->buffers[i];
@@ -371,131 +129,68 @@ static LLVMValueRef *step_addrs(Host *h, Sched *S, LLVMValueRef s) {
     return addr;
 }
 
-static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
+/* forward_backward (grad) or forward_loss: the step schedule's launches (all of them, or up to the
+ * loss), the loss into s->loss, and with grad loss_scale x each gradient added into s->grads. */
+LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     const FuseResult *r = S->r;
     const Graph *g = r->g;
-    LLVMValueRef fn = begin_fn(h, grad ? "forward_backward" : "forward_loss", h->i32);
-    LLVMValueRef s = LLVMGetParam(fn, 0);
-    LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
+    HostFn f = host_fn_begin(h, grad ? "forward_backward" : "forward_loss");
+    LLVMValueRef s = f.s;
     LLVMValueRef *addr = step_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
-    emit_launches(h, fn, S, addr, exec, err, grad ? r->nlaunches - 1 : r->buffers[lb].first);
-    LLVMValueRef loss_field = LLVMBuildStructGEP2(h->b, h->step_t, s, 12, "");
-    if (h->gpu) { /* queued for the host, which has it after its next wait: nothing here waits */
-        LLVMValueRef a[4] = {exec, loss_field, addr[lb], err};
-        emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_loss_t, h->gpu_loss, a, 4, ""));
-    } else {
-        LLVMBuildStore(h->b, LLVMBuildFPExt(h->b, LLVMBuildLoad2(h->b, h->f32, addr[lb], "loss"), h->f64, ""), loss_field);
-    }
+    emit_launches(h, &f, S, addr, grad ? r->nlaunches - 1 : r->buffers[lb].first);
+    h->target->read_loss(h, &f, LLVMBuildStructGEP2(h->b, h->step_t, s, RT_STEP_loss, ""), addr[lb]);
     if (grad) {
-        LLVMValueRef grads = step_field(h, s, 2, h->ptr, "grads");
-        LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, 11, h->f64, "loss_scale"), h->f32, "");
+        LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
+        LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
         for (int i = 0; i < g->nparams; i++) {
             const PlanParam *pp = &h->plan->mem.params[i];
             int gb = g->grads && g->grads[i] >= 0 ? r->node_buffer[g->grads[i]] : -1;
             if (gb < 0) continue; /* no buffer: a zero gradient */
-            emit_accumulate(h, fn, exec, err, byte_gep(h, grads, pp->offset, ""), addr[gb], ls, pp->numel);
+            h->target->accumulate(h, &f, byte_gep(h, grads, pp->offset, ""), addr[gb], ls, pp->numel);
         }
     }
     LLVMBuildRet(h->b, ci32(h, 0));
-    return fn;
-}
-
-/* ---- forward_logits: generation's forward ----------------------------------------------------
- * The logits are the model's output: the train block's `model(data.x)` built as a graph of its own
- * with data.x of one row (sema_build_train builds it in the same walk as the step), so the loss
- * and data.y are not part of it. It must be f32[1, T, vocab], vocab the
- * last dimension of the logits the loss's cross_entropy reads. Dropout is off (p = 0): generation
- * runs the model for inference. The runtime calls forward_logits with x = [1, T] (the context
- * x[0, len), zeros after it); it runs every launch and copies row len - 1 of the logits into
- * s->logits. A causal model's row len - 1 does not depend on the zeros; a program whose model is
- * visibly not causal (attention with causal = false) gets no forward_logits. */
-
-/* Whether g's output node (-1: none) is logits generation can use: NULL when it is, else why not,
- * with *at where (span_none when nowhere). T = seq, vocab from the step graph (0: no cross_entropy). */
-static const char *logits_refusal(const Graph *g, int out, int64_t T, int64_t vocab, Span *at, Arena *ar) {
-    *at = span_none();
-    for (int i = 0; i < g->n; i++) {
-        const GNode *n = graph_node(g, i);
-        if (n->op == G_ATTENTION && !n->iattr[0]) { /* a position would see the tokens after it */
-            *at = n->src;
-            return "its attention is not causal, so a position's logits depend on the tokens after it";
-        }
-    }
-    if (vocab <= 0) return "its loss has no cross_entropy, so the model's output is not known to be logits of the next token";
-    if (out < 0) return "the model's forward does not return one tensor";
-    const GNode *ln = graph_node(g, out);
-    *at = ln->src;
-    if (ln->dt == DT_F32 && ln->rank == 3 && ln->shape[0] == 1 && ln->shape[1] == T && ln->shape[2] == vocab) return NULL;
-    const char *shape = "";
-    for (int d = 0; d < ln->rank; d++) shape = arena_printf(ar, "%s%s%lld", shape, d ? ", " : "", (long long)ln->shape[d]);
-    return arena_printf(ar, "the model's forward returns %s[%s] at batch 1, not logits f32[1, %lld, %lld] ([B, T, vocab])",
-                        dtype_name(ln->dt), shape, (long long)T, (long long)vocab);
+    return f.fn;
 }
 
 /* forward_logits(s): the logits schedule on s->x, then s->logits[0, V) = logits[len - 1, 0, V). */
-static LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
+LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
     FuseResult *r = S->r;
-    LLVMValueRef fn = begin_fn(h, "forward_logits", h->i32);
-    LLVMValueRef s = LLVMGetParam(fn, 0);
-    LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
+    HostFn f = host_fn_begin(h, "forward_logits");
+    LLVMValueRef s = f.s;
     LLVMValueRef *addr = step_addrs(h, S, s);
     int lb = r->node_buffer[node];
     if (lb < 0) INTERNAL("host: the logits %%%d have no buffer", node);
-    emit_launches(h, fn, S, addr, exec, err, r->nlaunches - 1);
-    LLVMValueRef len = step_field(h, s, 9, h->i64, "len");
+    emit_launches(h, &f, S, addr, r->nlaunches - 1);
+    LLVMValueRef len = step_field(h, s, RT_STEP_len, h->i64, "len");
     LLVMValueRef first = LLVMBuildMul(h->b, LLVMBuildSub(h->b, len, ci64(h, 1), ""), ci64(h, vocab), "last_row");
     LLVMValueRef src = LLVMBuildInBoundsGEP2(h->b, h->f32, addr[lb], &first, 1, "last_logits");
-    emit_copy(h, fn, exec, err, step_field(h, s, 10, h->ptr, "logits"), src, vocab, 1);
+    h->target->copy(h, &f, step_field(h, s, RT_STEP_logits, h->ptr, "logits"), src, vocab, 1);
     LLVMBuildRet(h->b, ci32(h, 0));
-    return fn;
+    return f.fn;
 }
 
-/* The graph of the train block's model(data.x) at batch 1, its logits in *node; or NULL with a
- * warning saying why this program cannot generate. Its parameters must be the step graph's, in the
- * same order (step_addrs finds them through the plan's table). */
-static Graph *logits_graph(Host *h, const TrainBuild *tb, int64_t vocab, int *node) {
-    const Graph *step = tb->step;
-    Graph *g = tb->forward;
-    *node = tb->forward_output;
-    if (!g) INTERNAL("host: the train build has no batch-1 forward");
-    if (g->nparams != step->nparams) INTERNAL("host: %d parameters at batch 1, %d in the step", g->nparams, step->nparams);
-    for (int i = 0; i < g->nparams; i++)
-        if (strcmp(graph_node(g, g->params[i])->name, graph_node(step, step->params[i])->name) != 0)
-            INTERNAL("host: parameter %d is '%s' at batch 1 but '%s' in the step", i, graph_node(g, g->params[i])->name,
-                     graph_node(step, step->params[i])->name);
-    Span at;
-    const char *why = logits_refusal(g, *node, h->plan->seq, vocab, &at, h->ar);
-    if (why) {
-        diag_warning(at, "train block '%s' compiles without generation: %s", h->ts->name, why);
-        diag_hint("the executable is built without forward_logits: its generate command says that it cannot generate");
-        return NULL;
-    }
-    for (int i = 0; i < g->n; i++) /* inference: dropout off */
-        if (graph_node(g, i)->op == G_DROPOUT) graph_node(g, i)->fattr[0] = 0;
-    if (graph_verify(g, stderr)) INTERNAL("the batch-1 forward graph fails graph_verify (problems above)");
-    return g;
-}
-
-static LLVMValueRef emit_update(Host *h, Sched *S) {
+/* optimizer_update: lr and t into the arena, the update schedule's launches over the parameter,
+ * gradient and state regions, then the new parameters and state copied into their regions. */
+LLVMValueRef emit_update(Host *h, Sched *S) {
     FuseResult *r = S->r;
     const Graph *g = r->g;
     const GraphUpdate *u = g->update;
-    LLVMValueRef fn = begin_fn(h, "optimizer_update", h->i32);
-    LLVMValueRef s = LLVMGetParam(fn, 0);
-    LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
-    LLVMValueRef params = step_field(h, s, 1, h->ptr, "params"), grads = step_field(h, s, 2, h->ptr, "grads");
-    LLVMValueRef state = step_field(h, s, 3, h->ptr, "state"), arena = step_field(h, s, 4, h->ptr, "arena");
+    HostFn f = host_fn_begin(h, "optimizer_update");
+    LLVMValueRef s = f.s;
+    LLVMValueRef params = step_field(h, s, RT_STEP_params, h->ptr, "params");
+    LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
+    LLVMValueRef state = step_field(h, s, RT_STEP_state, h->ptr, "state");
+    LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
     LLVMValueRef lr_slot = arena, t_slot = byte_gep(h, arena, 4, "t_slot");
-    /* lr and t as f32 in the arena's first 8 bytes (on the GPU written on the host, then uploaded) */
-    LLVMValueRef host_slots = h->gpu ? LLVMBuildAlloca(h->b, LLVMArrayType2(h->f32, 2), "lr_t_host") : arena;
-    LLVMBuildStore(h->b, LLVMBuildFPTrunc(h->b, step_field(h, s, 13, h->f64, "lr"), h->f32, ""), host_slots);
-    LLVMBuildStore(h->b, LLVMBuildSIToFP(h->b, step_field(h, s, 14, h->i64, "t"), h->f32, ""), byte_gep(h, host_slots, 4, ""));
-    if (h->gpu) {
-        LLVMValueRef a[5] = {exec, arena, host_slots, ci64(h, 8), err};
-        emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_copy_t, h->gpu_upload, a, 5, ""));
-    }
+    /* lr and t as f32 in the arena's first 8 bytes, written by the host (staged on the GPU, then uploaded) */
+    LLVMValueRef host_slots = h->target->staging(h, arena, 2, "lr_t_host");
+    LLVMBuildStore(h->b, LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_lr, h->f64, "lr"), h->f32, ""), host_slots);
+    LLVMValueRef t_host = byte_gep(h, host_slots, 4, "");
+    LLVMBuildStore(h->b, LLVMBuildSIToFP(h->b, step_field(h, s, RT_STEP_t, h->i64, "t"), h->f32, ""), t_host);
+    h->target->upload(h, &f, arena, host_slots, 2);
     int64_t nbytes = u->n * 4;
     LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
     for (int i = 0; i < r->nbuffers; i++) {
@@ -512,14 +207,14 @@ static LLVMValueRef emit_update(Host *h, Sched *S) {
             for (int j = 0; j < u->nstate; j++)
                 if (nd == u->state_in[j]) addr[i] = byte_gep(h, state, j * nbytes, "");
     }
-    emit_launches(h, fn, S, addr, exec, err, r->nlaunches - 1);
+    emit_launches(h, &f, S, addr, r->nlaunches - 1);
     if (u->p_out != u->p_in && r->node_buffer[u->p_out] >= 0)
-        emit_copy(h, fn, exec, err, params, addr[r->node_buffer[u->p_out]], u->n, 0);
+        h->target->copy(h, &f, params, addr[r->node_buffer[u->p_out]], u->n, 0);
     for (int j = 0; j < u->nstate; j++)
         if (u->state_out[j] != u->state_in[j] && r->node_buffer[u->state_out[j]] >= 0)
-            emit_copy(h, fn, exec, err, byte_gep(h, state, j * nbytes, ""), addr[r->node_buffer[u->state_out[j]]], u->n, 0);
+            h->target->copy(h, &f, byte_gep(h, state, j * nbytes, ""), addr[r->node_buffer[u->state_out[j]]], u->n, 0);
     LLVMBuildRet(h->b, ci32(h, 0));
-    return fn;
+    return f.fn;
 }
 
 /* optimizer_init: each state variable's initial value over every segment (padding stays 0);
@@ -529,7 +224,7 @@ static LLVMValueRef emit_optimizer_init(Host *h, const GraphUpdate *u) {
     for (int j = 0; j < u->nstate; j++) any |= u->state_init[j] != 0;
     if (!any) return NULL;
     LLVMValueRef fn = begin_fn(h, "optimizer_init", h->i32);
-    LLVMValueRef state = step_field(h, LLVMGetParam(fn, 0), 3, h->ptr, "state");
+    LLVMValueRef state = step_field(h, LLVMGetParam(fn, 0), RT_STEP_state, h->ptr, "state");
     for (int j = 0; j < u->nstate; j++)
         for (int i = 0; i < u->nsegs && u->state_init[j] != 0; i++)
             emit_f32_loop(h, fn, byte_gep(h, state, (j * u->n + u->seg_off[i]) * 4, ""), NULL,
@@ -538,143 +233,7 @@ static LLVMValueRef emit_optimizer_init(Host *h, const GraphUpdate *u) {
     return fn;
 }
 
-/* ---- the descriptor ----------------------------------------------------------------------------- */
-
-static int64_t find_vocab(const Graph *g) {
-    for (int i = 0; i < g->n; i++) {
-        const GNode *n = graph_node(g, i);
-        if (n->op == G_CROSS_ENTROPY) {
-            const GNode *l = graph_node(g, n->in[0]);
-            return l->shape[l->rank - 1];
-        }
-    }
-    return 0;
-}
-
-static LLVMValueRef named_struct(LLVMTypeRef t, LLVMValueRef *v, int n) { return LLVMConstNamedStruct(t, v, (unsigned)n); }
-
-/* The batch-size ramp: the plan's step programs after the first, one RtRampStage each (the
- * step it starts at, its global batch and accumulation), or a null pointer without a ramp. The
- * micro-batch and the data ranks are the same in every program, so one forward_backward serves
- * them all; only the runtime's loop count and loss_scale change. A stage the block's `steps`
- * never reaches is kept: `--steps` may run past it. */
-static LLVMValueRef emit_ramp_table(Host *h) {
-    const Plan *p = h->plan;
-    int n = p->nprograms - 1;
-    if (n < 1) return LLVMConstPointerNull(h->ptr);
-    LLVMValueRef *rows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        const PlanProgram *pg = &p->programs[i + 1];
-        if (pg->micro != p->programs[0].micro || pg->data != p->programs[0].data || pg->first_step <= 0 ||
-            pg->first_step <= p->programs[i].first_step || pg->global != pg->micro * pg->accumulation * pg->data)
-            INTERNAL("host: step program %d (from step %" PRId64 ", global %" PRId64 " = %" PRId64 " x %" PRId64
-                     " x %" PRId64 ") does not extend the batch schedule",
-                     i + 2, pg->first_step, pg->global, pg->micro, pg->accumulation, pg->data);
-        LLVMValueRef f[3] = {ci64(h, pg->first_step), ci64(h, pg->global), ci64(h, pg->accumulation)};
-        rows[i] = named_struct(h->ramp_t, f, 3);
-    }
-    LLVMValueRef table = LLVMAddGlobal(h->m, LLVMArrayType2(h->ramp_t, (uint64_t)n), "mbt.ramp");
-    LLVMSetInitializer(table, LLVMConstArray2(h->ramp_t, rows, (uint64_t)n));
-    LLVMSetGlobalConstant(table, 1);
-    LLVMSetLinkage(table, LLVMPrivateLinkage);
-    return table;
-}
-
-/* The program's hash (RtProgram.hash): the LLVM module as it stands before the descriptor (every
- * kernel and host function, without the source file's name) followed by the batch settings the
- * runtime applies around them. Two compilations of one program hash alike wherever its file lies
- * and however its comments change; a change to the step's computation changes the hash. */
-static const char *program_hash(Host *h) {
-    const Plan *p = h->plan;
-    const TrainConfig *ts = h->ts;
-    size_t idlen = 0, srclen = 0;
-    const char *id0 = LLVMGetModuleIdentifier(h->m, &idlen);
-    const char *id = arena_printf(h->ar, "%.*s", (int)idlen, id0);
-    const char *src0 = LLVMGetSourceFileName(h->m, &srclen);
-    const char *src = arena_printf(h->ar, "%.*s", (int)srclen, src0);
-    LLVMSetModuleIdentifier(h->m, "", 0);
-    LLVMSetSourceFileName(h->m, "", 0);
-    char *ir = LLVMPrintModuleToString(h->m);
-    LLVMSetModuleIdentifier(h->m, id, idlen);
-    LLVMSetSourceFileName(h->m, src, srclen);
-    const char *text = arena_printf(h->ar, "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
-                                           "shuffle=%d vocab=%" PRId64,
-                                    ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip,
-                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, find_vocab(p->step));
-    LLVMDisposeMessage(ir);
-    for (int i = 0; i < p->nprograms; i++)
-        text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text, p->programs[i].first_step,
-                            p->programs[i].global, p->programs[i].accumulation);
-    char hex[HOST_ABI_CHECKSUM_CHARS + 1];
-    host_abi_checksum(text, strlen(text), hex);
-    return arena_printf(h->ar, "xxh3-128:%s", hex);
-}
-
-static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog,
-                            LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash,
-                            const GraphUpdate *u, LLVMValueRef gpu) {
-    const Plan *p = h->plan;
-    const TrainConfig *ts = h->ts;
-    const Graph *g = p->step;
-    LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
-    (void)fn0;
-    int np = p->mem.nparams, maxr = host_abi_max_rank();
-    LLVMValueRef *rows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(np + 1));
-    for (int i = 0; i < np; i++) {
-        const PlanParam *pp = &p->mem.params[i];
-        const GNode *n = graph_node(g, pp->node);
-        if (n->rank > maxr) INTERNAL("host: parameter %s has rank %d", pp->name, n->rank);
-        LLVMValueRef dims[64];
-        for (int d = 0; d < maxr; d++) dims[d] = ci64(h, d < n->rank ? n->shape[d] : 0);
-        int init = (int)n->iattr[0]; /* GInit and RtInitKind list the same initialisers in the same order */
-        LLVMValueRef f[8] = {str_const(h, pp->name), ci32(h, n->rank), LLVMConstArray2(h->i64, dims, (uint64_t)maxr),
-                             ci64(h, pp->numel), ci64(h, pp->offset / 4), ci32(h, init),
-                             LLVMConstReal(h->f64, n->fattr[0]), LLVMConstReal(h->f64, n->fattr[1])};
-        rows[i] = named_struct(h->param_t, f, 8);
-    }
-    LLVMValueRef table = LLVMAddGlobal(h->m, LLVMArrayType2(h->param_t, (uint64_t)np), "mbt.params");
-    LLVMSetInitializer(table, LLVMConstArray2(h->param_t, rows, (uint64_t)np));
-    LLVMSetGlobalConstant(table, 1);
-    LLVMSetLinkage(table, LLVMPrivateLinkage);
-    const PlanProgram *pg = &p->programs[0];
-    LLVMValueRef ramp = emit_ramp_table(h);
-    LLVMValueRef tr[23] = {str_const(h, ts->name), ci64(h, pg->micro), ci64(h, p->seq), ci64(h, pg->global),
-                           ci64(h, pg->accumulation), ci64(h, p->steps), ci64(h, ts->seed), LLVMConstReal(h->f64, p->clip),
-                           ci64(h, find_vocab(g)), ci64(h, p->seq), LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0),
-                           str_const(h, ts->data_glob), str_const(h, ts->val_glob), ci32(h, ts->shuffle),
-                           ci64(h, ts->eval_every), ci64(h, ts->eval_steps ? ts->eval_steps : 20),
-                           ci64(h, pg->data), ci64(h, p->nprograms - 1), ramp, ci64(h, ts->ckpt_every),
-                           str_const(h, ts->ckpt_dir), ci64(h, ts->ckpt_keep), ci32(h, ts->ckpt_continue_on_error)};
-    LLVMValueRef ge[4] = {LLVMConstPointerNull(h->ptr), LLVMConstReal(h->f64, 1.0), ci64(h, 0), ci64(h, 64)};
-    LLVMValueRef null = LLVMConstPointerNull(h->ptr);
-    LLVMValueRef *names = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(u->nstate + 1));
-    for (int j = 0; j < u->nstate; j++) names[j] = str_const(h, u->state_name[j]);
-    LLVMValueRef state_names = LLVMConstPointerNull(h->ptr);
-    if (u->nstate > 0) {
-        state_names = LLVMAddGlobal(h->m, LLVMArrayType2(h->ptr, (uint64_t)u->nstate), "mbt.state_names");
-        LLVMSetInitializer(state_names, LLVMConstArray2(h->ptr, names, (uint64_t)u->nstate));
-        LLVMSetGlobalConstant(state_names, 1);
-        LLVMSetLinkage(state_names, LLVMPrivateLinkage);
-    }
-    LLVMValueRef pr[20] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 23),
-                           named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
-                           ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
-                           flog ? flog : null, oinit ? oinit : null, oupd, lrs, str_const(h, hash), ci64(h, u->nstate),
-                           state_names, gpu ? gpu : null};
-    LLVMBuildRetVoid(h->b);
-    LLVMDeleteFunction(fn0);
-    LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
-    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 20));
-    LLVMSetGlobalConstant(desc, 1);
-}
-
-/* ---- the driver ------------------------------------------------------------------------------ */
-
-static const char *shell_quote(Arena *ar, const char *s) {
-    const char *out = "'";
-    for (const char *p = s; *p; p++) out = *p == '\'' ? arena_printf(ar, "%s'\\''", out) : arena_printf(ar, "%s%c", out, *p);
-    return arena_printf(ar, "%s'", out);
-}
+/* ---- the listing (--emit=program) and the fused schedules -------------------------------------- */
 
 /* --emit=program: the kernels of every schedule (each under its listing: kind, grid, buffers and
  * the graph ops it fuses with their source lines), then the host functions and the descriptor,
@@ -761,111 +320,6 @@ static void host_fuse(Host *h, const TrainBuild *tb, FuseResult *const fused[2],
     }
 }
 
-/* ---- the GPU functions ------------------------------------------------------------------------
- * The same schedules, memory plan and host code as the CPU functions (one emit_* each, with
- * h->gpu set): every region and arena address is a device address, each kernel launch is
- * rt_gpu_launch with its index in the kernel table, each GEMM rt_gpu_sgemm_batched, and the
- * moves around them (the loss, the gradient accumulation, the logits, the update's copies, lr and
- * t) rt_gpu_* calls. The kernels themselves are the CUDA program (cuda_program.h): its images -
- * a cubin per --cuda-arch and the PTX of the highest - and its launch table go into the
- * RtGpuProgram descriptor. optimizer_init has no GPU version: the runtime runs the CPU one and
- * uploads the state. */
-
-/* A byte array constant as a private global. */
-static LLVMValueRef bytes_global(Host *h, const char *data, size_t n, const char *name) {
-    LLVMValueRef init = LLVMConstStringInContext2(h->ctx, data, n, 1);
-    LLVMValueRef g = LLVMAddGlobal(h->m, LLVMTypeOf(init), name);
-    LLVMSetInitializer(g, init);
-    LLVMSetGlobalConstant(g, 1);
-    LLVMSetLinkage(g, LLVMPrivateLinkage);
-    LLVMSetAlignment(g, 16);
-    return g;
-}
-
-/* A constant array of `t` rows as a private global (a null pointer when n is 0). */
-static LLVMValueRef table_global(Host *h, LLVMTypeRef t, LLVMValueRef *rows, int64_t n, const char *name) {
-    if (n == 0) return LLVMConstPointerNull(h->ptr);
-    LLVMValueRef g = LLVMAddGlobal(h->m, LLVMArrayType2(t, (uint64_t)n), name);
-    LLVMSetInitializer(g, LLVMConstArray2(t, rows, (uint64_t)n));
-    LLVMSetGlobalConstant(g, 1);
-    LLVMSetLinkage(g, LLVMPrivateLinkage);
-    return g;
-}
-
-/* Emits the GPU functions for the schedules S[0..n) (S[2] may be absent: no logits) and returns
- * the RtGpuProgram global. res[0..narch): the compiled images (narch 0: none, for --emit=program). */
-static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, int n, const HostSchedules *hs, const NvrtcResult *res,
-                             int narch) {
-    host_gpu_calls(h);
-    int base = 0;
-    for (int i = 0; i < n; i++)
-        if (S[i]) {
-            S[i]->gpu_base = base;
-            base += S[i]->r->nkernels;
-        }
-    if (base != cp->nkernels) INTERNAL("host: %d kernels in the schedules, %d in the CUDA program", base, cp->nkernels);
-    h->gpu = 1;
-    LLVMValueRef fb = emit_forward(h, S[0], 1), fl = emit_forward(h, S[0], 0), ou = emit_update(h, S[1]);
-    LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, find_vocab(h->plan->step)) : LLVMConstPointerNull(h->ptr);
-    h->gpu = 0;
-    LLVMValueRef fn0 = begin_fn(h, "mbt.gpu_strings", h->vd); /* a builder position for global strings */
-    LLVMValueRef *krows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(cp->nkernels + 1));
-    for (int k = 0; k < cp->nkernels; k++) {
-        const CudaLaunch *L = &cp->launch[k];
-        LLVMValueRef f[5] = {str_const(h, cuda_program_function(cp, k)), ci32(h, L->block), ci32(h, L->shared), ci64(h, L->blocks),
-                             ci32(h, cp->kernels[k]->nbufs)};
-        krows[k] = named_struct(h->gpu_kernel_t, f, 5);
-    }
-    LLVMValueRef *irows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(2 * narch + 1));
-    int nimg = 0;
-    for (int a = 0; a < narch; a++) {
-        const char *code[2] = {res[a].cubin, res[a].ptx};
-        size_t size[2] = {res[a].cubin_size, res[a].ptx ? strlen(res[a].ptx) + 1 : 0};
-        for (int ptx = 0; ptx < 2; ptx++) {
-            if (!code[ptx]) continue;
-            const char *arch = ptx ? arena_printf(h->ar, "compute_%s", res[a].arch + 3) : res[a].arch;
-            LLVMValueRef f[4] = {str_const(h, arch), ci32(h, ptx),
-                                 bytes_global(h, code[ptx], size[ptx], arena_printf(h->ar, "mbt.gpu.%s", arch)),
-                                 ci64(h, (int64_t)size[ptx])};
-            irows[nimg++] = named_struct(h->gpu_image_t, f, 4);
-        }
-    }
-    char hex[HOST_ABI_CHECKSUM_CHARS + 1];
-    host_abi_checksum(cp->source, strlen(cp->source), hex);
-    LLVMValueRef f[9] = {table_global(h, h->gpu_image_t, irows, nimg, "mbt.gpu_images"), ci64(h, nimg),
-                         table_global(h, h->gpu_kernel_t, krows, cp->nkernels, "mbt.gpu_kernels"), ci64(h, cp->nkernels),
-                         str_const(h, arena_printf(h->ar, "xxh3-128:%s", hex)), fb, fl, flog, ou};
-    LLVMBuildRetVoid(h->b);
-    LLVMDeleteFunction(fn0);
-    LLVMValueRef g = LLVMAddGlobal(h->m, h->gpu_prog_t, "mbt.gpu");
-    LLVMSetInitializer(g, named_struct(h->gpu_prog_t, f, 9));
-    LLVMSetGlobalConstant(g, 1);
-    LLVMSetLinkage(g, LLVMPrivateLinkage);
-    return g;
-}
-
-/* The CUDA side of an executable: the CUDA program of the schedules, compiled for the archs by
- * NVRTC (none for --emit=program: output NULL), and the GPU functions. NULL when the executable is
- * built without one: no archs (--cuda-arch=none), or no NVRTC here (a warning). */
-static LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const HostCuda *cuda, int emit_only) {
-    if (!cuda || cuda->narch == 0) return NULL;
-    CudaSchedule cs[3];
-    for (int i = 0; i < hs->n; i++) cs[i] = (CudaSchedule){hs->r[i], hs->g[i], hs->disjoint[i]};
-    CudaProgram *cp = cuda_program_build(cs, hs->n, h->ar);
-    NvrtcResult *res = arena_alloc(h->ar, sizeof *res * (size_t)cuda->narch);
-    if (!emit_only) {
-        const char *why = NULL;
-        if (!nvrtc_open(h->ar, &why)) {
-            diag_warning(span_none(), "the executable is built for the CPU alone: NVRTC, which compiles its CUDA kernels, is not "
-                                      "installed here (%s)", why);
-            diag_hint("install the CUDA toolkit, or give --cuda-arch=none to build for the CPU without this warning");
-            return NULL;
-        }
-        if (cuda_program_compile(cp, cuda->archs, cuda->narch, CUDA_PTX_HIGHEST, res, "-o", h->ar)) return NULL;
-    }
-    return host_gpu(h, cp, S, 3, hs, res, emit_only ? 0 : cuda->narch);
-}
-
 /* ---- the driver ---------------------------------------------------------------------------------- */
 
 int host_refuses(const TrainBuild *tb) {
@@ -891,7 +345,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         diag_error_noloc("%s", err);
         return diag_finish();
     }
-    Host H = {.ar = ar, .plan = plan, .ts = tb->config};
+    Host H = {.ar = ar, .plan = plan, .ts = tb->config, .target = &host_target_cpu};
     Host *h = &H;
     h->ctx = LLVMContextCreate();
     h->m = cpu_module_new(h->ctx, &target, input);
@@ -931,16 +385,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         print_program(h, emit, (const Sched *const *)scheds, graphs, 3);
     } else if (!diag_error_count()) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
-        const char *obj = arena_printf(ar, "%s.o", output);
-        if (cpu_optimize(h->m, &target, ar, &err) || cpu_emit_object(h->m, &target, obj, ar, &err))
-            diag_error_noloc("%s", err);
-        else {
-            const char *cmd = arena_printf(ar, "cc %s %s %s -o %s", shell_quote(ar, obj), shell_quote(ar, MBT_RT_LIB),
-                                           MBT_RT_LDLIBS, shell_quote(ar, output));
-            int st = system(cmd);
-            if (st != 0) diag_error_noloc("linking the executable failed (status %d): %s", st, cmd);
-            unlink(obj);
-        }
+        host_link(h->m, &target, output, ar);
     }
     rc = diag_error_count() ? 1 : 0;
     LLVMDisposeBuilder(h->b);

@@ -1,21 +1,23 @@
 /* host.h - the host code of an executable: `mbtc prog.mbt -o prog`.
  *
  * Pipeline position: plan -> fuse -> cpu (kernels) -> [host] -> object file -> link with libmbtrt.
- * host_build_program emits one LLVM module holding every kernel of the step schedule (prefix
- * step_), of the update schedule (update_) and of generation's forward at batch 1 (logits_), the
- * RtProgram functions that launch them (forward_backward, forward_loss, forward_logits,
- * optimizer_update, lr_schedule) and the `mbt_program` descriptor (runtime/rt_program.h), whose
- * struct layouts are checked against the C compiler's (host_abi.h). host_compile builds it from
- * the stages before it (compiler/pipeline.c), writes the object and links the executable. A program whose model's output is not
- * [B, T, vocab] logits of a causal model compiles with a warning and forward_logits NULL.
+ * host_compile builds, from the stages before it (compiler/pipeline.c), one LLVM module holding
+ * every kernel of the step schedule (prefix step_), of the update schedule (update_) and of
+ * generation's forward at batch 1 (logits_), the RtProgram functions that launch them
+ * (forward_backward, forward_loss, forward_logits, optimizer_update, lr_schedule) and the
+ * `mbt_program` descriptor (runtime/rt_program.h), whose struct layouts are checked against the C
+ * compiler's (host_abi.h); then it writes the object and links the executable. A program whose
+ * model's output is not [B, T, vocab] logits of a causal model compiles with a warning and
+ * forward_logits NULL.
  *
  * A batch-size ramp (one plan step program per stage) is one forward_backward - micro and T do not
  * change - and a ramp table in the descriptor (RtRampStage) from which the runtime takes each
- * step's accumulation and loss_scale.
+ * step's accumulation and loss_scale. The backward is seeded with 1.0 and the gradients are added
+ * into the gradient region scaled by loss_scale afterwards.
  *
- * What it does not do yet: only f32 GEMMs;
- * the backward is seeded with 1.0 and the gradients are added into the gradient region scaled by
- * loss_scale afterwards. */
+ * Every function is emitted once per target from one emitter: the CPU's (the thread pool,
+ * rt_sgemm_batched / rt_bgemm_batched) and, when the executable has a CUDA side, the GPU's
+ * (rt_gpu_launch, rt_gpu_sgemm_batched / rt_gpu_bgemm_batched ...); host_internal.h lists the files. */
 #ifndef MBT_HOST_H
 #define MBT_HOST_H
 
@@ -48,7 +50,8 @@ typedef struct HostSchedules {
 } HostSchedules;
 /* The schedules of tb (its step differentiated) with plan: fused[0] and fused[1] are the step's
  * and the update's launches (fuse_graph, verified; their kernels are renamed here with the
- * prefixes), and the batch-1 logits (tb->forward, built in sema's one walk) are fused here. Returns 0, or 1 after errors were reported through diag. */
+ * prefixes), and the batch-1 logits (tb->forward, built in sema's one walk) are fused here.
+ * Returns 0, or 1 after errors were reported through diag. */
 int host_schedules(const TrainBuild *tb, const Plan *plan, FuseResult *const fused[2], HostSchedules *out,
                    Arena *ar);
 /* Builds the executable for tb (its step differentiated) from its plan and schedules

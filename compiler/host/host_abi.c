@@ -1,45 +1,33 @@
 /* host_abi.c - offsetof/sizeof of the runtime's ABI structs (host_abi.h). The only compiler file
- * that includes a runtime header (-Iruntime), so the layouts come from the header itself. */
+ * that includes rt_program.h (-Iruntime), so the layouts come from the header itself; the fields
+ * are those of the lists in rt_program_fields.h, which the host code's LLVM types follow too. */
 #include <stddef.h>
 
 #include "fuse.h"
 #include "host_abi.h"
 #include "rt_program.h"
 
-#define F(S, f) (int64_t)offsetof(S, f)
+/* Each struct's field offsets, from its field list (rt_program_fields.h) in declaration order. */
+#define OFFSETS(S, LIST) LIST(S##_OFFSET)
+#define RtStep_OFFSET(ctype, f, kind) (int64_t)offsetof(RtStep, f),
+#define RtParam_OFFSET(ctype, f, kind) (int64_t)offsetof(RtParam, f),
+#define RtTrainSettings_OFFSET(ctype, f, kind) (int64_t)offsetof(RtTrainSettings, f),
+#define RtRampStage_OFFSET(ctype, f, kind) (int64_t)offsetof(RtRampStage, f),
+#define RtGenerateSettings_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGenerateSettings, f),
+#define RtProgram_OFFSET(ctype, f, kind) (int64_t)offsetof(RtProgram, f),
+#define RtGpuImage_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuImage, f),
+#define RtGpuKernel_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuKernel, f),
+#define RtGpuProgram_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuProgram, f),
 
-static const int64_t step_off[] = {F(RtStep, pool), F(RtStep, params), F(RtStep, grads), F(RtStep, state),
-                                   F(RtStep, arena), F(RtStep, x), F(RtStep, y), F(RtStep, B), F(RtStep, T),
-                                   F(RtStep, len), F(RtStep, logits), F(RtStep, loss_scale), F(RtStep, loss),
-                                   F(RtStep, lr), F(RtStep, t), F(RtStep, step), F(RtStep, micro), F(RtStep, seed),
-                                   F(RtStep, err), F(RtStep, gpu)};
-static const int64_t param_off[] = {F(RtParam, name),   F(RtParam, rank), F(RtParam, shape),  F(RtParam, numel),
-                                    F(RtParam, offset), F(RtParam, init), F(RtParam, init_a), F(RtParam, init_b)};
-static const int64_t train_off[] = {
-    F(RtTrainSettings, name),     F(RtTrainSettings, micro),  F(RtTrainSettings, seq),        F(RtTrainSettings, global),
-    F(RtTrainSettings, accum),    F(RtTrainSettings, steps),  F(RtTrainSettings, seed),       F(RtTrainSettings, clip),
-    F(RtTrainSettings, vocab),    F(RtTrainSettings, ctx),    F(RtTrainSettings, lr),         F(RtTrainSettings, data),
-    F(RtTrainSettings, val_data), F(RtTrainSettings, shuffle), F(RtTrainSettings, eval_every), F(RtTrainSettings, eval_steps),
-    F(RtTrainSettings, data_ranks), F(RtTrainSettings, nramp),  F(RtTrainSettings, ramp),
-    F(RtTrainSettings, ckpt_every), F(RtTrainSettings, ckpt_dir), F(RtTrainSettings, ckpt_keep),
-    F(RtTrainSettings, ckpt_continue_on_error)};
-static const int64_t ramp_off[] = {F(RtRampStage, step), F(RtRampStage, global), F(RtRampStage, accum)};
-static const int64_t gen_off[] = {F(RtGenerateSettings, weights), F(RtGenerateSettings, temperature),
-                                  F(RtGenerateSettings, top_k), F(RtGenerateSettings, max_tokens)};
-static const int64_t prog_off[] = {
-    F(RtProgram, abi_version),  F(RtProgram, source),           F(RtProgram, train),          F(RtProgram, generate),
-    F(RtProgram, params),       F(RtProgram, nparams),          F(RtProgram, param_floats),   F(RtProgram, state_floats),
-    F(RtProgram, arena_bytes),  F(RtProgram, logits_seq),       F(RtProgram, forward_backward), F(RtProgram, forward_loss),
-    F(RtProgram, forward_logits), F(RtProgram, optimizer_init), F(RtProgram, optimizer_update), F(RtProgram, lr_schedule),
-    F(RtProgram, hash),         F(RtProgram, nstate),           F(RtProgram, state_names),    F(RtProgram, gpu)};
-static const int64_t gpu_image_off[] = {F(RtGpuImage, arch), F(RtGpuImage, ptx), F(RtGpuImage, data), F(RtGpuImage, size)};
-static const int64_t gpu_kernel_off[] = {F(RtGpuKernel, function), F(RtGpuKernel, block), F(RtGpuKernel, shared),
-                                         F(RtGpuKernel, blocks), F(RtGpuKernel, nbufs)};
-static const int64_t gpu_prog_off[] = {F(RtGpuProgram, images),          F(RtGpuProgram, nimages),
-                                       F(RtGpuProgram, kernels),         F(RtGpuProgram, nkernels),
-                                       F(RtGpuProgram, module_hash),     F(RtGpuProgram, forward_backward),
-                                       F(RtGpuProgram, forward_loss),    F(RtGpuProgram, forward_logits),
-                                       F(RtGpuProgram, optimizer_update)};
+static const int64_t step_off[] = {OFFSETS(RtStep, RT_STEP_FIELDS)};
+static const int64_t param_off[] = {OFFSETS(RtParam, RT_PARAM_FIELDS)};
+static const int64_t train_off[] = {OFFSETS(RtTrainSettings, RT_TRAIN_FIELDS)};
+static const int64_t ramp_off[] = {OFFSETS(RtRampStage, RT_RAMP_FIELDS)};
+static const int64_t gen_off[] = {OFFSETS(RtGenerateSettings, RT_GEN_FIELDS)};
+static const int64_t prog_off[] = {OFFSETS(RtProgram, RT_PROG_FIELDS)};
+static const int64_t gpu_image_off[] = {OFFSETS(RtGpuImage, RT_GPU_IMAGE_FIELDS)};
+static const int64_t gpu_kernel_off[] = {OFFSETS(RtGpuKernel, RT_GPU_KERNEL_FIELDS)};
+static const int64_t gpu_prog_off[] = {OFFSETS(RtGpuProgram, RT_GPU_PROG_FIELDS)};
 
 #define N(a) (int)(sizeof a / sizeof *a)
 

@@ -1,7 +1,8 @@
 /* host_abi.h - the byte layout of the runtime's ABI structs (runtime/rt_program.h) as the C
  * compiler that built mbtc lays them out: host_abi.c includes the runtime header and reports
- * offsetof / sizeof, and compiler/host.c checks LLVM's layout of the same structs against them
- * before emitting code that reads an RtStep or defines the `mbt_program` descriptor. */
+ * offsetof / sizeof, and builders.c checks LLVM's layout of the same structs against them before
+ * emitting code that reads an RtStep or defines the `mbt_program` descriptor. Both follow the
+ * structs' field lists (runtime/rt_program_fields.h). */
 #ifndef MBT_HOST_ABI_H
 #define MBT_HOST_ABI_H
 

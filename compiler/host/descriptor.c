@@ -1,0 +1,184 @@
+/* descriptor.c - the `mbt_program` descriptor (RtProgram, runtime/rt_program.h): the train
+ * block's settings, the parameter table, the batch-size ramp, the sizes of the regions, the
+ * functions, and the program's hash (RtProgram.hash) over the module and the batch settings.
+ * Every struct's values are set by field (RT_PROG_hash ...), the indices coming from the field
+ * lists the runtime declares the structs from (rt_program_fields.h). */
+#include <inttypes.h>
+#include <string.h>
+
+#include "diag.h"
+#include "host_internal.h"
+
+int64_t find_vocab(const Graph *g) {
+    for (int i = 0; i < g->n; i++) {
+        const GNode *n = graph_node(g, i);
+        if (n->op == G_CROSS_ENTROPY) {
+            const GNode *l = graph_node(g, n->in[0]);
+            return l->shape[l->rank - 1];
+        }
+    }
+    return 0;
+}
+
+/* The batch-size ramp: the plan's step programs after the first, one RtRampStage each (the
+ * step it starts at, its global batch and accumulation), or a null pointer without a ramp. The
+ * micro-batch and the data ranks are the same in every program, so one forward_backward serves
+ * them all; only the runtime's loop count and loss_scale change. A stage the block's `steps`
+ * never reaches is kept: `--steps` may run past it. */
+static LLVMValueRef emit_ramp_table(Host *h) {
+    const Plan *p = h->plan;
+    int n = p->nprograms - 1;
+    if (n < 1) return LLVMConstPointerNull(h->ptr);
+    LLVMValueRef *rows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        const PlanProgram *pg = &p->programs[i + 1];
+        if (pg->micro != p->programs[0].micro || pg->data != p->programs[0].data || pg->first_step <= 0 ||
+            pg->first_step <= p->programs[i].first_step || pg->global != pg->micro * pg->accumulation * pg->data)
+            INTERNAL("host: step program %d (from step %" PRId64 ", global %" PRId64 " = %" PRId64 " x %" PRId64
+                     " x %" PRId64 ") does not extend the batch schedule",
+                     i + 2, pg->first_step, pg->global, pg->micro, pg->accumulation, pg->data);
+        LLVMValueRef f[RT_RAMP_NFIELDS] = {0};
+        f[RT_RAMP_step] = ci64(h, pg->first_step);
+        f[RT_RAMP_global] = ci64(h, pg->global);
+        f[RT_RAMP_accum] = ci64(h, pg->accumulation);
+        rows[i] = named_struct(h->ramp_t, f, RT_RAMP_NFIELDS);
+    }
+    return table_global(h, h->ramp_t, rows, n, "mbt.ramp");
+}
+
+/* The program's hash (RtProgram.hash): the LLVM module as it stands before the descriptor (every
+ * kernel and host function, without the source file's name) followed by the batch settings the
+ * runtime applies around them. Two compilations of one program hash alike wherever its file lies
+ * and however its comments change; a change to the step's computation changes the hash. */
+const char *program_hash(Host *h) {
+    const Plan *p = h->plan;
+    const TrainConfig *ts = h->ts;
+    size_t idlen = 0, srclen = 0;
+    const char *id0 = LLVMGetModuleIdentifier(h->m, &idlen);
+    const char *id = arena_printf(h->ar, "%.*s", (int)idlen, id0);
+    const char *src0 = LLVMGetSourceFileName(h->m, &srclen);
+    const char *src = arena_printf(h->ar, "%.*s", (int)srclen, src0);
+    LLVMSetModuleIdentifier(h->m, "", 0);
+    LLVMSetSourceFileName(h->m, "", 0);
+    char *ir = LLVMPrintModuleToString(h->m);
+    LLVMSetModuleIdentifier(h->m, id, idlen);
+    LLVMSetSourceFileName(h->m, src, srclen);
+    const char *text = arena_printf(h->ar, "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
+                                           "shuffle=%d vocab=%" PRId64,
+                                    ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip,
+                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, find_vocab(p->step));
+    LLVMDisposeMessage(ir);
+    for (int i = 0; i < p->nprograms; i++)
+        text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text, p->programs[i].first_step,
+                            p->programs[i].global, p->programs[i].accumulation);
+    char hex[HOST_ABI_CHECKSUM_CHARS + 1];
+    host_abi_checksum(text, strlen(text), hex);
+    return arena_printf(h->ar, "xxh3-128:%s", hex);
+}
+
+/* The parameter table (RtParam rows, "mbt.params"). */
+static LLVMValueRef emit_param_table(Host *h) {
+    const Plan *p = h->plan;
+    const Graph *g = p->step;
+    int np = p->mem.nparams, maxr = host_abi_max_rank();
+    LLVMValueRef *rows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(np + 1));
+    for (int i = 0; i < np; i++) {
+        const PlanParam *pp = &p->mem.params[i];
+        const GNode *n = graph_node(g, pp->node);
+        if (n->rank > maxr) INTERNAL("host: parameter %s has rank %d", pp->name, n->rank);
+        LLVMValueRef dims[64];
+        for (int d = 0; d < maxr; d++) dims[d] = ci64(h, d < n->rank ? n->shape[d] : 0);
+        int init = (int)n->iattr[0]; /* GInit and RtInitKind list the same initialisers in the same order */
+        LLVMValueRef f[RT_PARAM_NFIELDS] = {0};
+        f[RT_PARAM_name] = str_const(h, pp->name);
+        f[RT_PARAM_rank] = ci32(h, n->rank);
+        f[RT_PARAM_shape] = LLVMConstArray2(h->i64, dims, (uint64_t)maxr);
+        f[RT_PARAM_numel] = ci64(h, pp->numel);
+        f[RT_PARAM_offset] = ci64(h, pp->offset / 4);
+        f[RT_PARAM_init] = ci32(h, init);
+        f[RT_PARAM_init_a] = LLVMConstReal(h->f64, n->fattr[0]);
+        f[RT_PARAM_init_b] = LLVMConstReal(h->f64, n->fattr[1]);
+        rows[i] = named_struct(h->param_t, f, RT_PARAM_NFIELDS);
+    }
+    LLVMValueRef table = LLVMAddGlobal(h->m, LLVMArrayType2(h->param_t, (uint64_t)np), "mbt.params");
+    LLVMSetInitializer(table, LLVMConstArray2(h->param_t, rows, (uint64_t)np));
+    LLVMSetGlobalConstant(table, 1);
+    LLVMSetLinkage(table, LLVMPrivateLinkage);
+    return table;
+}
+
+/* The train block's settings (RtTrainSettings), with the batch-size ramp's table. */
+static LLVMValueRef train_settings(Host *h) {
+    const Plan *p = h->plan;
+    const TrainConfig *ts = h->ts;
+    const PlanProgram *pg = &p->programs[0];
+    LLVMValueRef ramp = emit_ramp_table(h);
+    LLVMValueRef f[RT_TRAIN_NFIELDS] = {0};
+    f[RT_TRAIN_name] = str_const(h, ts->name);
+    f[RT_TRAIN_micro] = ci64(h, pg->micro);
+    f[RT_TRAIN_seq] = ci64(h, p->seq);
+    f[RT_TRAIN_global] = ci64(h, pg->global);
+    f[RT_TRAIN_accum] = ci64(h, pg->accumulation);
+    f[RT_TRAIN_steps] = ci64(h, p->steps);
+    f[RT_TRAIN_seed] = ci64(h, ts->seed);
+    f[RT_TRAIN_clip] = LLVMConstReal(h->f64, p->clip);
+    f[RT_TRAIN_vocab] = ci64(h, find_vocab(p->step));
+    f[RT_TRAIN_ctx] = ci64(h, p->seq);
+    f[RT_TRAIN_lr] = LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0);
+    f[RT_TRAIN_data] = str_const(h, ts->data_glob);
+    f[RT_TRAIN_val_data] = str_const(h, ts->val_glob);
+    f[RT_TRAIN_shuffle] = ci32(h, ts->shuffle);
+    f[RT_TRAIN_eval_every] = ci64(h, ts->eval_every);
+    f[RT_TRAIN_eval_steps] = ci64(h, ts->eval_steps ? ts->eval_steps : 20);
+    f[RT_TRAIN_data_ranks] = ci64(h, pg->data);
+    f[RT_TRAIN_nramp] = ci64(h, p->nprograms - 1);
+    f[RT_TRAIN_ramp] = ramp;
+    f[RT_TRAIN_ckpt_every] = ci64(h, ts->ckpt_every);
+    f[RT_TRAIN_ckpt_dir] = str_const(h, ts->ckpt_dir);
+    f[RT_TRAIN_ckpt_keep] = ci64(h, ts->ckpt_keep);
+    f[RT_TRAIN_ckpt_continue_on_error] = ci32(h, ts->ckpt_continue_on_error);
+    return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
+}
+
+void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
+                     LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash, const GraphUpdate *u,
+                     LLVMValueRef gpu) {
+    const Plan *p = h->plan;
+    LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
+    LLVMValueRef table = emit_param_table(h), train = train_settings(h);
+    LLVMValueRef ge[RT_GEN_NFIELDS] = {0};
+    ge[RT_GEN_weights] = LLVMConstPointerNull(h->ptr);
+    ge[RT_GEN_temperature] = LLVMConstReal(h->f64, 1.0);
+    ge[RT_GEN_top_k] = ci64(h, 0);
+    ge[RT_GEN_max_tokens] = ci64(h, 64);
+    LLVMValueRef null = LLVMConstPointerNull(h->ptr);
+    LLVMValueRef *names = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(u->nstate + 1));
+    for (int j = 0; j < u->nstate; j++) names[j] = str_const(h, u->state_name[j]);
+    LLVMValueRef state_names = table_global(h, h->ptr, names, u->nstate, "mbt.state_names");
+    LLVMValueRef f[RT_PROG_NFIELDS] = {0};
+    f[RT_PROG_abi_version] = ci32(h, host_abi_version());
+    f[RT_PROG_source] = str_const(h, source);
+    f[RT_PROG_train] = train;
+    f[RT_PROG_generate] = named_struct(h->gen_t, ge, RT_GEN_NFIELDS);
+    f[RT_PROG_params] = table;
+    f[RT_PROG_nparams] = ci64(h, p->mem.nparams);
+    f[RT_PROG_param_floats] = ci64(h, p->mem.param_bytes / 4);
+    f[RT_PROG_state_floats] = ci64(h, p->mem.state_bytes / 4);
+    f[RT_PROG_arena_bytes] = ci64(h, arena_bytes);
+    f[RT_PROG_logits_seq] = ci64(h, p->seq);
+    f[RT_PROG_forward_backward] = fb;
+    f[RT_PROG_forward_loss] = fl ? fl : null;
+    f[RT_PROG_forward_logits] = flog ? flog : null;
+    f[RT_PROG_optimizer_init] = oinit ? oinit : null;
+    f[RT_PROG_optimizer_update] = oupd;
+    f[RT_PROG_lr_schedule] = lrs;
+    f[RT_PROG_hash] = str_const(h, hash);
+    f[RT_PROG_nstate] = ci64(h, u->nstate);
+    f[RT_PROG_state_names] = state_names;
+    f[RT_PROG_gpu] = gpu ? gpu : null;
+    LLVMBuildRetVoid(h->b);
+    LLVMDeleteFunction(fn0);
+    LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
+    LLVMSetInitializer(desc, named_struct(h->prog_t, f, RT_PROG_NFIELDS));
+    LLVMSetGlobalConstant(desc, 1);
+}

@@ -1,0 +1,36 @@
+/* link.c - the last step of `mbtc prog.mbt -o prog`: the host module, optimised, as an object
+ * file, linked with the runtime library (libmbtrt) by the system's C compiler driver. The Makefile
+ * defines where this build's libmbtrt.a is and the libraries it needs (MBT_RT_LIB, MBT_RT_LDLIBS),
+ * the same as the tests link with. */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "diag.h"
+#include "host_internal.h"
+
+#ifndef MBT_RT_LIB
+#define MBT_RT_LIB "build/libmbtrt.a"
+#endif
+#ifndef MBT_RT_LDLIBS
+#define MBT_RT_LDLIBS "-lopenblas -lpthread -lm"
+#endif
+
+static const char *shell_quote(Arena *ar, const char *s) {
+    const char *out = "'";
+    for (const char *p = s; *p; p++) out = *p == '\'' ? arena_printf(ar, "%s'\\''", out) : arena_printf(ar, "%s%c", out, *p);
+    return arena_printf(ar, "%s'", out);
+}
+
+void host_link(LLVMModuleRef m, const CpuTarget *target, const char *output, Arena *ar) {
+    const char *err = NULL;
+    const char *obj = arena_printf(ar, "%s.o", output);
+    if (cpu_optimize(m, target, ar, &err) || cpu_emit_object(m, target, obj, ar, &err)) {
+        diag_error_noloc("%s", err);
+        return;
+    }
+    const char *cmd = arena_printf(ar, "cc %s %s %s -o %s", shell_quote(ar, obj), shell_quote(ar, MBT_RT_LIB), MBT_RT_LDLIBS,
+                                   shell_quote(ar, output));
+    int st = system(cmd);
+    if (st != 0) diag_error_noloc("linking the executable failed (status %d): %s", st, cmd);
+    unlink(obj);
+}
