@@ -553,8 +553,9 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         if (st != RT_OK) goto done;
         if (stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps))) {
             if (!ckpt) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, train, &e);
+            RtRampStage next_stage = rt_train_stage(t, step + 1);
             RtCkptInfo info = {.step = step + 1, .seed = o->seed, .data = rt_data_tell(train), .loss = loss, .lr = lr,
-                           .device = x.gpu ? "cuda" : "cpu"};
+                               .global = next_stage.global, .accum = next_stage.accum, .device = x.gpu ? "cuda" : "cpu"};
             if (st == RT_OK) st = rt_exec_pull(&x, RT_PULL_PARAMS | RT_PULL_STATE, &e);
             if (st == RT_OK) st = rt_ckpt_save(ckpt, x.pool, x.params, x.state, &info, &waited, &e);
             if (st == RT_OK && (stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, ckpt, 1, waited, &log, &e);
