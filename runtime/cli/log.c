@@ -11,18 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "rt_exec.h"
 
 #define RT_LOG_REDRAW 0.1 /* seconds between redraws of the terminal line */
-
-double rt_now(void) {
-    struct timespec ts;
-    /* CLOCK_MONOTONIC cannot fail on Linux; a zero time would only spoil the timings. */
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) return 0.0;
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* "1h02m03s", "2m03s", "12s" */
 static void rt_fmt_duration(char *buf, size_t n, double s) {

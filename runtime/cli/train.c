@@ -124,20 +124,6 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
     return st;
 }
 
-/* ---- the device -------------------------------------------------------------------------------- */
-
-RtDeviceWant rt_device_want(const RtOptions *o) {
-    return strcmp(o->device, "cuda") == 0 ? RT_DEVICE_CUDA : strcmp(o->device, "cpu") == 0 ? RT_DEVICE_CPU : RT_DEVICE_AUTO;
-}
-
-/* The `device:` line: the GPU, or the CPU's threads (and, under auto, why not a GPU). */
-void rt_print_device(const RtOptions *o, const RtExec *x) {
-    if (x->gpu) printf("device: cuda, %s\n", rt_exec_device(x));
-    else
-        printf("device: cpu%s, %d threads%s%s\n", strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x->pool),
-               x->cpu_reason ? "; no GPU: " : "", x->cpu_reason ? x->cpu_reason : "");
-}
-
 /* ---- parameters --------------------------------------------------------------------------------- */
 
 /* Initialisation in blocks of RT_INIT_BLOCK elements over all parameters: each element's value

@@ -1,8 +1,9 @@
 /* gpu_timing.c - where the GPU's time goes (rt_gpu.h, "timing"): MBT_DEBUG=1 times every kernel
- * launch and GEMM with a pair of events; rt_gpu_print_timing sums them per kernel function and
- * GEMM shape; MBT_TRACE=FILE.json writes them as a Chrome trace.
+ * launch and GEMM with a pair of events, summed per kernel function and GEMM shape (gpu.c's
+ * rt_gpu_print_timing prints the table); MBT_TRACE=FILE.json writes them as a Chrome trace.
  *
- * Pipeline position: gpu.c and gpu_blas.c call rt_gpu_time_begin/end around each launch when
+ * Pipeline position: above gpu_api.c only (it calls nothing else of the GPU's files); gpu.c and
+ * gpu_blas.c call rt_gpu_time_begin/end around each launch when
  * timing is on (off, it costs them one flag test). The per-name table (RtGpuStats) and the trace
  * writer are plain functions over RtGpuEvent records, tested without a GPU.
  *
@@ -304,20 +305,6 @@ RtStatus rt_gpu_trace_flush(RtGpu *g, RtError *err) {
     RtStatus st = rt_gpu_trace_write(t->trace_path, t->events, t->nevents, err);
     if (st == RT_OK) t->written = t->nevents;
     return st;
-}
-
-void rt_gpu_print_timing(FILE *f, RtGpu *g) {
-    if (!g || !g->timer.on) return;
-    RtGpuTimer *t = &g->timer;
-    RtError e;
-    RtStatus st = rt_gpu_sync(g, "reading GPU timing", &e);
-    if (st != RT_OK) fprintf(f, "GPU timing is incomplete: %s\n", e.msg);
-    rt_gpu_stats_print(f, &t->stats);
-    if (!t->trace_path) return;
-    if (rt_gpu_trace_flush(g, &e) != RT_OK) fprintf(f, "GPU trace: %s\n", e.msg);
-    else if (t->dropped) fprintf(f, "GPU trace: %s (the first %lld events; %lld more not kept)\n", t->trace_path,
-                                 (long long)t->nevents, (long long)t->dropped);
-    else fprintf(f, "GPU trace: %s (%lld events)\n", t->trace_path, (long long)t->nevents);
 }
 
 /* At close (the stream already waited for): the last events, the trace file (a failure there

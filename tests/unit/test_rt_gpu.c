@@ -819,11 +819,11 @@ static void fake_timing_and_trace(void) {
     text = slurp(at("trace.json"), NULL);
     CHECK_STR(text,
               "{\"traceEvents\":[\n"
-              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":0.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":500.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"mbt_rt_axpy\",\"ph\":\"X\",\"ts\":1000.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"sgemm NN 5x7x3\",\"ph\":\"X\",\"ts\":1500.000,\"dur\":2000.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":3500.000,\"dur\":500.000,\"pid\":0,\"tid\":0}\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":0.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":500.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"mbt_rt_axpy\",\"ph\":\"X\",\"ts\":1000.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"sgemm NN 5x7x3\",\"ph\":\"X\",\"ts\":1500.0,\"dur\":2000.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":3500.0,\"dur\":500.0,\"pid\":0,\"tid\":0}\n"
               "]}\n",
               "trace written at close");
     free(text);
