@@ -1,7 +1,7 @@
 /* rt.h - the public surface of libmbtrt, the runtime library linked into every executable that
  * mbtc builds (and into tools/gendata.c and the tests under tests/unit/test_rt_*.c).
  *
- * Pipeline position: after the compiler. The generated host code (compiler/host, to come) calls
+ * Pipeline position: after the compiler. The generated host code (compiler/host) calls
  * into libmbtrt for everything that is not a kernel. This header holds the first, self-contained
  * modules, one section each, in the order a training run needs them:
  *

@@ -9,16 +9,19 @@
  * "__metadata__" object of strings; then the data, to which the offsets are relative. The data
  * must be covered exactly by the tensors, without holes or overlaps.
  *
- * Reading maps the file and trusts nothing: the JSON parser below knows exactly this schema (so
- * nesting is bounded by construction), the header is capped at 100 MB as in the reference
- * implementation, and every offset, size and product is checked before use. Any malformed
- * input is an RT_ERR_FORMAT naming the file and the problem, never a read out of bounds.
+ * Reading maps the file and trusts nothing: the header, capped at 100 MB as in the reference
+ * implementation, is parsed by the runtime's JSON reader (json.c over jansson: strict, a key
+ * repeated in one object refused, nesting bounded) and then checked against the schema here;
+ * every offset, size and product is checked before use. Any malformed input is an RT_ERR_FORMAT
+ * naming the file and the problem (a syntax error with its byte in the file, a schema error with
+ * the tensor or key), never a read out of bounds.
  *
  * Writing follows the reference serializer (safetensors/src/tensor.rs, `prepare`): tensors laid
  * out in descending dtype order then by name (so each tensor's data is aligned to its element
  * size), compact JSON with `__metadata__` first, the header padded with spaces to a multiple of
- * 8 bytes. Without metadata the bytes are identical to the reference's; the test checks this
- * against the reference's own expected outputs. The file is written atomically (rt_file.c). */
+ * 8 bytes, built and written by the same JSON module. Without metadata the bytes are identical to
+ * the reference's; the test checks this against the reference's own expected outputs. The file is
+ * written atomically (rt_file.c). */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
