@@ -156,7 +156,7 @@ BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/l
 # jansson, from Debian's libjansson-dev (tools/deps.sh installs it): the runtime's one JSON reader
 # and writer (runtime/io/json.c). The package ships the static libjansson.a, and executables link
 # it statically when it is there, as they do OpenBLAS, so that they run on a machine without
-# jansson installed (it adds ~60 KB); without the archive they link -ljansson. Override with
+# jansson installed (it adds ~50 KB); without the archive they link -ljansson. Override with
 # JANSSON_LIBS=.
 JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(MULTIARCH)/libjansson.a,-ljansson)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
