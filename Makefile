@@ -127,7 +127,7 @@ $(BUILD)/libmbtc.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
 $(BUILD)/mbtc: $(BUILD)/obj/compiler/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LLVM_LIBS) -lm
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LLVM_LIBS) $(JANSSON_LIBS) -lm
 
 # ---- runtime (libmbtrt) -------------------------------------------------------------------------
 # The library linked into every executable mbtc builds (runtime/rt.h is its whole surface; the
@@ -153,10 +153,16 @@ OPENBLAS_DIR ?= /usr/lib/$(MULTIARCH)/openblas-pthread
 OPENBLAS_INC ?= /usr/include/$(MULTIARCH)/openblas-pthread
 BLAS_CFLAGS  = -I$(OPENBLAS_INC)
 BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/libopenblas.a,-lopenblas)
+# jansson, from Debian's libjansson-dev (tools/deps.sh installs it): the runtime's one JSON reader
+# and writer (runtime/io/json.c). The package ships the static libjansson.a, and executables link
+# it statically when it is there, as they do OpenBLAS, so that they run on a machine without
+# jansson installed (it adds ~50 KB); without the archive they link -ljansson. Override with
+# JANSSON_LIBS=.
+JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(MULTIARCH)/libjansson.a,-ljansson)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
 # (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
-RT_LDLIBS = $(BLAS_LIBS) -lpthread -ldl -lm
+RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) -lpthread -ldl -lm
 
 RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(RT_INC) $(BLAS_CFLAGS) $(CFLAGS)
 
@@ -264,12 +270,13 @@ $(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) 
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
 
-# The safetensors reader's fuzz target links only the runtime files the reader needs.
-FUZZ_ST_SRCS = runtime/base/rt_error.c runtime/base/rt_file.c runtime/io/safetensors.c
+# The safetensors reader's fuzz target links only the runtime files the reader needs, and jansson
+# (Debian's build, not instrumented: libFuzzer's coverage sees the schema checks, not the parser).
+FUZZ_ST_SRCS = runtime/base/rt_error.c runtime/base/rt_file.c runtime/io/json.c runtime/io/safetensors.c
 $(BUILD)/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(wildcard $(addsuffix /*.h,$(RUNTIME_DIRS)))
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $(RT_INC) \
-		-o $@ tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) -lm
+		-o $@ tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(JANSSON_LIBS) -lm
 
 fuzz: $(BUILD)/fuzz/fuzz_$(FUZZ_TARGET)
 	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGET)

@@ -1,7 +1,7 @@
 /* rt.h - the public surface of libmbtrt, the runtime library linked into every executable that
  * mbtc builds (and into tools/gendata.c and the tests under tests/unit/test_rt_*.c).
  *
- * Pipeline position: after the compiler. The generated host code (compiler/host, to come) calls
+ * Pipeline position: after the compiler. The generated host code (compiler/host) calls
  * into libmbtrt for everything that is not a kernel. This header holds the first, self-contained
  * modules, one section each, in the order a training run needs them:
  *
@@ -10,7 +10,7 @@
  *   random       rng.c          Philox4x32-10, uniforms, normals, parameter initialisation
  *   token data   data.c         llm.c / nanoGPT token shards, batches, shuffling, resume position
  *   safetensors  safetensors.c  reading (mmap) and atomic writing of safetensors files
- *   json         json.c         a small JSON reader (a checkpoint's state.json)
+ *   json         json.c         JSON reading and writing (jansson): headers, state.json, logs
  *
  * The ABI with generated code (the RtProgram descriptor, the thread pool, batched SGEMM) is
  * rt_program.h; the executable built on both (command line, train loop, logs, weights,
@@ -292,28 +292,27 @@ uint16_t rt_f32_to_f16(float f);   /* round to nearest, ties to even; overflow t
 
 /* ==== JSON (json.c) =========================================================================== */
 
-typedef enum RtJsonType { RT_JSON_NULL, RT_JSON_BOOL, RT_JSON_NUMBER, RT_JSON_STRING, RT_JSON_ARRAY, RT_JSON_OBJECT } RtJsonType;
+/* The runtime's one reader and one writer of JSON, over Debian's jansson 2.14 (linked statically
+ * into executables). Documents are jansson's json_t: a file that builds or walks one includes
+ * <jansson.h>; these functions add RtError messages, exact 64-bit integers and the text form. */
+typedef struct json_t json_t;
 
-/* One value of a parsed document (owned by it). */
-typedef struct RtJsonValue {
-    RtJsonType type;
-    int boolean;                 /* BOOL */
-    const char *str;             /* STRING: decoded UTF-8, NUL-terminated; NUMBER: its text as written */
-    int64_t n;                   /* ARRAY, OBJECT: the number of items */
-    const struct RtJsonValue **items; /* ARRAY, OBJECT: [n] */
-    const char **keys;           /* OBJECT: [n], unique */
-} RtJsonValue;
+/* Parses text[0, n) (one value; a key repeated in one object is an error). `at` is where text
+ * starts in its file and `what` names the file in messages: "<what> at byte <at + offset>: <why>".
+ * The caller owns *out (json_decref). */
+RtStatus rt_json_parse(json_t **out, const void *text, size_t n, size_t at, const char *what, RtError *err);
+const json_t *rt_json_get(const json_t *obj, const char *key); /* a member, or NULL (also when obj is not an object) */
+int rt_json_i64(const json_t *v, int64_t *out);  /* 1 when v is an integer */
+int rt_json_u64(const json_t *v, uint64_t *out); /* 1 when v is a non-negative integer or rt_json_new_u64's decimal string */
+int rt_json_f64(const json_t *v, double *out);   /* 1 when v is a number */
+const char *rt_json_str(const json_t *v);        /* the string, or NULL when v is not one */
 
-typedef struct RtJsonDoc RtJsonDoc;
-
-/* Parses text[0, n) (one JSON value) ; `what` names it in messages ("checkpoint state 'x/state.json'"). */
-RtStatus rt_json_parse(RtJsonDoc **out, const char *text, size_t n, const char *what, RtError *err);
-void rt_json_free(RtJsonDoc *d);                             /* NULL is fine */
-const RtJsonValue *rt_json_root(const RtJsonDoc *d);
-const RtJsonValue *rt_json_get(const RtJsonValue *obj, const char *key); /* a member, or NULL (also when obj is not an object) */
-int rt_json_i64(const RtJsonValue *v, int64_t *out);  /* 1 when v is an integer that fits */
-int rt_json_u64(const RtJsonValue *v, uint64_t *out); /* 1 when v is a non-negative integer that fits */
-int rt_json_f64(const RtJsonValue *v, double *out);   /* 1 when v is a number */
-const char *rt_json_str(const RtJsonValue *v);        /* the string, or NULL when v is not one */
+json_t *rt_json_new_u64(uint64_t v); /* an integer; above INT64_MAX (past jansson's integers) a string of the decimal digits */
+json_t *rt_json_new_f64(double v);   /* a real; null for NaN and infinities, which JSON cannot hold */
+int rt_json_valid_utf8(const char *s, int *nomem); /* 1 when s is UTF-8 that a JSON string may hold; *nomem says a 0 was for lack of memory */
+/* The text of v (malloc'd; NULL when out of memory): jansson's encoder with its flags
+ * (JSON_COMPACT, JSON_INDENT(n), JSON_REAL_PRECISION(n)), members in insertion order, \u escapes
+ * in lower case as serde_json and Python write them. *len (may be NULL) gets its length. */
+char *rt_json_text(const json_t *v, size_t flags, size_t *len);
 
 #endif

@@ -11,9 +11,11 @@
  * Pipeline position: the first thing rt_main does. Flags override the program's settings, which
  * are the defaults (and --help prints them as such). A flag is `--flag value` or `--flag=value`;
  * a repeated flag takes its last value. A switch (--print-logits) takes no value. Every mistake is one message, returned in an RtError for
- * rt_main to print as `PROG: message` with exit status 1. */
+ * rt_main to print as `PROG: message` with exit status 1. The device the options ask for
+ * (rt_device_want) and the `device:` line every command prints (rt_print_device) are here too. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -471,4 +473,18 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     fprintf(f, "\nExit status: 0 success, 1 a mistake in the command line, the data or a weights file, 2 an\n"
                "internal error. docs/runtime.md describes the logs, the data formats and determinism.\n");
+}
+
+/* ---- the device -------------------------------------------------------------------------------- */
+
+RtDeviceWant rt_device_want(const RtOptions *o) {
+    return strcmp(o->device, "cuda") == 0 ? RT_DEVICE_CUDA : strcmp(o->device, "cpu") == 0 ? RT_DEVICE_CPU : RT_DEVICE_AUTO;
+}
+
+/* The `device:` line: the GPU, or the CPU's threads (and, under auto, why not a GPU). */
+void rt_print_device(const RtOptions *o, const RtExec *x) {
+    if (x->gpu) printf("device: cuda, %s\n", rt_exec_device(x));
+    else
+        printf("device: cpu%s, %d threads%s%s\n", strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x->pool),
+               x->cpu_reason ? "; no GPU: " : "", x->cpu_reason ? x->cpu_reason : "");
 }

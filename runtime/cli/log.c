@@ -7,21 +7,14 @@
  * The JSONL file is flushed after every line, so it can be followed while the run goes on and a
  * killed run leaves only whole lines. */
 #include <errno.h>
-#include <math.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "rt_exec.h"
 
 #define RT_LOG_REDRAW 0.1 /* seconds between redraws of the terminal line */
-
-double rt_now(void) {
-    struct timespec ts;
-    /* CLOCK_MONOTONIC cannot fail on Linux; a zero time would only spoil the timings. */
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) return 0.0;
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* "1h02m03s", "2m03s", "12s" */
 static void rt_fmt_duration(char *buf, size_t n, double s) {
@@ -43,13 +36,15 @@ static void rt_fmt_count(char *buf, size_t n, double v) {
     else snprintf(buf, n, "%.0f", v);
 }
 
-/* A JSON number; JSON has no NaN or infinity, so those are null. */
-static void rt_fmt_json(char *buf, size_t n, double v) {
-    if (isfinite(v)) snprintf(buf, n, "%.9g", v);
-    else snprintf(buf, n, "null");
-}
-
-static RtStatus rt_log_put(RtLog *l, int rc, RtError *err) {
+/* One line of the JSONL file: the object (consumed) as one line, numbers to 9 significant
+ * digits, flushed. */
+static RtStatus rt_log_put(RtLog *l, json_t *obj, RtError *err) {
+    char *text = rt_json_text(obj, JSON_REAL_PRECISION(9), NULL);
+    json_decref(obj);
+    if (!text) return rt_fail_errno(err, ENOMEM, "cannot write the log file '%s'", l->jsonl_path);
+    errno = 0;
+    int rc = fprintf(l->jsonl, "%s\n", text);
+    free(text);
     if (rc < 0 || fflush(l->jsonl) != 0) return rt_fail_errno(err, errno ? errno : EIO, "cannot write the log file '%s'", l->jsonl_path);
     return RT_OK;
 }
@@ -93,20 +88,12 @@ RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err) {
         fprintf(l->out, "step %lld/%lld: loss %.6f, lr %.4e, grad norm %.4g, %.0f tokens/s, %.2f ms, ETA %s\n",
                 (long long)s->step, (long long)l->total_steps, s->loss, s->lr, s->grad_norm, tok_s, s->ms, etab);
     }
-    if (l->jsonl) {
-        char loss[32], lr[32], gn[32], ms[32], tps[32];
-        rt_fmt_json(loss, sizeof loss, s->loss);
-        rt_fmt_json(lr, sizeof lr, s->lr);
-        rt_fmt_json(gn, sizeof gn, s->grad_norm);
-        rt_fmt_json(ms, sizeof ms, s->ms);
-        rt_fmt_json(tps, sizeof tps, tok_s);
-        errno = 0;
-        int rc = fprintf(l->jsonl,
-                         "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"ms\": %s, \"tokens\": %lld, "
-                         "\"tokens_per_s\": %s}\n",
-                         (long long)s->step, loss, lr, gn, ms, (long long)s->tokens, tps);
-        return rt_log_put(l, rc, err);
-    }
+    if (l->jsonl)
+        return rt_log_put(l,
+                          json_pack("{s:I, s:o, s:o, s:o, s:o, s:I, s:o}", "step", (json_int_t)s->step, "loss", rt_json_new_f64(s->loss),
+                                    "lr", rt_json_new_f64(s->lr), "grad_norm", rt_json_new_f64(s->grad_norm), "ms",
+                                    rt_json_new_f64(s->ms), "tokens", (json_int_t)s->tokens, "tokens_per_s", rt_json_new_f64(tok_s)),
+                          err);
     return RT_OK;
 }
 
@@ -123,14 +110,9 @@ RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtErr
                 (long long)batches);
         fflush(l->out);
     }
-    if (l->jsonl) {
-        char v[32];
-        rt_fmt_json(v, sizeof v, loss);
-        errno = 0;
-        int rc = fprintf(l->jsonl, "{\"step\": %lld, \"val_loss\": %s, \"val_batches\": %lld}\n", (long long)step, v,
-                         (long long)batches);
-        return rt_log_put(l, rc, err);
-    }
+    if (l->jsonl)
+        return rt_log_put(l, json_pack("{s:I, s:o, s:I}", "step", (json_int_t)step, "val_loss", rt_json_new_f64(loss), "val_batches",
+                                       (json_int_t)batches), err);
     return RT_OK;
 }
 
@@ -144,10 +126,11 @@ RtStatus rt_log_checkpoint(RtLog *l, const RtCkptDone *d, double waited_s, RtErr
         fflush(l->out);
     }
     if (l->jsonl && d->status == RT_OK) {
-        errno = 0;
-        int rc = fprintf(l->jsonl, "{\"step\": %lld, \"checkpoint\": \"step-%08lld\", \"bytes\": %lld, \"write_s\": %.6f, \"waited_s\": %.6f}\n",
-                         (long long)d->step, (long long)d->step, (long long)d->bytes, d->write_s, waited_s);
-        return rt_log_put(l, rc, err);
+        char name[40];
+        snprintf(name, sizeof name, "step-%08lld", (long long)d->step);
+        return rt_log_put(l, json_pack("{s:I, s:s, s:I, s:o, s:o}", "step", (json_int_t)d->step, "checkpoint", name, "bytes",
+                                       (json_int_t)d->bytes, "write_s", rt_json_new_f64(d->write_s), "waited_s", rt_json_new_f64(waited_s)),
+                          err);
     }
     return RT_OK;
 }

@@ -124,20 +124,6 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
     return st;
 }
 
-/* ---- the device -------------------------------------------------------------------------------- */
-
-RtDeviceWant rt_device_want(const RtOptions *o) {
-    return strcmp(o->device, "cuda") == 0 ? RT_DEVICE_CUDA : strcmp(o->device, "cpu") == 0 ? RT_DEVICE_CPU : RT_DEVICE_AUTO;
-}
-
-/* The `device:` line: the GPU, or the CPU's threads (and, under auto, why not a GPU). */
-void rt_print_device(const RtOptions *o, const RtExec *x) {
-    if (x->gpu) printf("device: cuda, %s\n", rt_exec_device(x));
-    else
-        printf("device: cpu%s, %d threads%s%s\n", strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x->pool),
-               x->cpu_reason ? "; no GPU: " : "", x->cpu_reason ? x->cpu_reason : "");
-}
-
 /* ---- parameters --------------------------------------------------------------------------------- */
 
 /* Initialisation in blocks of RT_INIT_BLOCK elements over all parameters: each element's value
@@ -334,80 +320,118 @@ static RtStatus rt_ckpt_report(const RtProgram *p, const RtOptions *o, RtCkptWri
     return RT_OK;
 }
 
-int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
-    const RtTrainSettings *t = &p->train;
-    RtOptions run = *o0; /* a resumed run takes the checkpoint's seed */
-    const RtOptions *o = &run;
+/* ---- the train command ------------------------------------------------------------------------- */
+
+/* Everything one training run holds, from rt_train_open to rt_train_close. */
+typedef struct RtTrainRun {
+    const RtProgram *p;
+    const RtOptions *given; /* the options as parsed */
+    RtOptions o;            /* the run's: a resumed run takes the checkpoint's seed */
     RtError e;
-    rt_error_clear(&e);
-    RtData *train = NULL, *val = NULL;
-    RtExec x = {0};
+    RtExec x;
+    RtData *train, *val;
+    RtDataSpec spec;
     RtLog log;
-    int log_open = 0, code = 1;
-    double *partial = NULL;
-    RtProfile *prof = NULL; /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
-    RtCkptWriter *ckpt = NULL;
-    RtCkptInfo resumed = {0};
-    char *resume_path = NULL;
-    const char *resume_arg = o->resume ? o->resume : o->resume_weights_only;
+    int log_open;
+    double *partial;        /* the gradient norm's blocks */
+    RtProfile *prof;        /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
+    RtCkptWriter *ckpt;
+    RtCkptInfo resumed;
+    char *resume_path;
     struct sigaction old_handlers[2];
-    int handlers = 0;
-    RtStatus st = o->save_weights ? rt_check_output_dir(o->save_weights, "weights file", &e) : RT_OK;
-    if (st == RT_OK) st = rt_exec_open(&x, p, o->threads, rt_device_want(o), &e);
-    if (st == RT_OK && resume_arg) {
-        st = rt_ckpt_resolve(resume_arg, o->ckpt_dir, &resume_path, &e);
-        if (st == RT_OK) st = rt_ckpt_load(p, resume_path, !o->resume, x.params, x.state, &resumed, &e);
-        if (st == RT_OK && o->resume) {
-            if (o->seed_given && o->seed != resumed.seed)
-                st = rt_fail(&e, RT_ERR_ARG, "--seed %llu, but checkpoint '%s' was trained with seed %llu (leave --seed out to resume)",
-                             (unsigned long long)o->seed, resume_path, (unsigned long long)resumed.seed);
-            run.seed = resumed.seed;
-        }
-    }
-    RtDataSpec spec = rt_data_spec(p, o, o->data ? o->data : t->data, t->val_data);
-    if (st == RT_OK) st = rt_data_open(&train, &spec, RT_SPLIT_TRAIN, &e);
-    if (st == RT_OK && t->eval_every > 0) st = rt_data_open(&val, &spec, RT_SPLIT_VAL, &e);
-    if (st == RT_OK && o->resume) st = rt_ckpt_check_data(&resumed, resume_path, train, &e);
-    if (st == RT_OK && o->resume) {
-        st = rt_data_seek(train, &resumed.data, &e);
-        if (st != RT_OK) rt_error_context(&e, "checkpoint '%s': the training data are not those it was trained on", resume_path);
-    }
-    if (st == RT_OK && rt_profile_requested()) {
-        prof = calloc(1, sizeof *prof);
-        if (!prof) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the profile");
-    }
-    if (st == RT_OK && !resume_arg) st = rt_exec_start_params(&x, o, o->init_weights, &e);
-    if (st == RT_OK && p->optimizer_init && !o->resume) { /* on the host; pushed below */
-        RtStep s = {.pool = x.pool, .params = x.params, .grads = x.grads, .state = x.state, .seed = o->seed, .err = &e};
-        st = p->optimizer_init(&s);
-        if (st != RT_OK) rt_error_context(&e, "initialising the optimizer state");
-    }
-    if (st == RT_OK) st = rt_exec_push(&x, &e);
-    int64_t nblocks = rt_exec_grad_blocks(p);
-    if (st == RT_OK) {
-        partial = calloc(nblocks > 0 ? (size_t)nblocks : 1, sizeof *partial);
-        if (!partial) st = rt_fail_errno(&e, ENOMEM, "cannot allocate the gradient-norm blocks");
-    }
+    int handlers;
     /* --dump-step keeps step 1's batches (micro-batch after micro-batch), and its parameters and
      * gradients as they were before clipping and the update */
-    int32_t *dump_x = NULL, *dump_y = NULL;
-    float *dump_p = NULL, *dump_g = NULL;
-    int64_t window = t->micro * t->seq;
-    if (st == RT_OK && o->dump_step) {
-        st = rt_check_output_dir(o->dump_step, "step dump", &e);
-        dump_x = calloc((size_t)(t->accum * t->data_ranks * window), sizeof *dump_x); /* step 1's micro-batches */
-        dump_y = calloc((size_t)(t->accum * t->data_ranks * window), sizeof *dump_y);
-        dump_p = calloc((size_t)p->param_floats + 1, sizeof *dump_p);
-        dump_g = calloc((size_t)p->param_floats + 1, sizeof *dump_g);
-        if (st == RT_OK && (!dump_x || !dump_y || !dump_p || !dump_g))
-            st = rt_fail_errno(&e, ENOMEM, "cannot hold the step to dump");
-        if (st == RT_OK && o->steps < 1) st = rt_fail(&e, RT_ERR_ARG, "--dump-step needs at least one step (--steps 0)");
-    }
-    if (st == RT_OK && o->ckpt_every > 0) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, train, &e);
-    if (st == RT_OK) st = rt_log_open(&log, stdout, isatty(fileno(stdout)), o->log_path, o->resume != NULL, o->steps, &e);
-    if (st != RT_OK) goto done;
-    log_open = 1;
+    int32_t *dump_x, *dump_y;
+    float *dump_p, *dump_g;
+    int64_t window;         /* tokens of one micro-batch */
+    double waited;          /* training's wait for the last checkpoint snapshot */
+} RtTrainRun;
 
+/* Resumes from --resume or --resume-weights-only: the parameters (and the optimizer state and the
+ * seed with --resume) from the checkpoint. */
+static RtStatus rt_train_resume(RtTrainRun *r, const char *arg) {
+    RtOptions *o = &r->o;
+    RtStatus st = rt_ckpt_resolve(arg, o->ckpt_dir, &r->resume_path, &r->e);
+    if (st == RT_OK) st = rt_ckpt_load(r->p, r->resume_path, !o->resume, r->x.params, r->x.state, &r->resumed, &r->e);
+    if (st == RT_OK && o->resume) {
+        if (o->seed_given && o->seed != r->resumed.seed)
+            st = rt_fail(&r->e, RT_ERR_ARG, "--seed %llu, but checkpoint '%s' was trained with seed %llu (leave --seed out to resume)",
+                         (unsigned long long)o->seed, r->resume_path, (unsigned long long)r->resumed.seed);
+        o->seed = r->resumed.seed;
+    }
+    return st;
+}
+
+/* The data: both splits open, the training split where a resumed run left it. */
+static RtStatus rt_train_data(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    const RtOptions *o = &r->o;
+    r->spec = rt_data_spec(p, o, o->data ? o->data : p->train.data, p->train.val_data);
+    RtStatus st = rt_data_open(&r->train, &r->spec, RT_SPLIT_TRAIN, &r->e);
+    if (st == RT_OK && p->train.eval_every > 0) st = rt_data_open(&r->val, &r->spec, RT_SPLIT_VAL, &r->e);
+    if (st == RT_OK && o->resume) st = rt_ckpt_check_data(&r->resumed, r->resume_path, r->train, &r->e);
+    if (st == RT_OK && o->resume) {
+        st = rt_data_seek(r->train, &r->resumed.data, &r->e);
+        if (st != RT_OK) rt_error_context(&r->e, "checkpoint '%s': the training data are not those it was trained on", r->resume_path);
+    }
+    return st;
+}
+
+/* The buffers --dump-step fills during step 1. */
+static RtStatus rt_train_dump_alloc(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    const RtTrainSettings *t = &p->train;
+    RtStatus st = rt_check_output_dir(r->o.dump_step, "step dump", &r->e);
+    r->dump_x = calloc((size_t)(t->accum * t->data_ranks * r->window), sizeof *r->dump_x); /* step 1's micro-batches */
+    r->dump_y = calloc((size_t)(t->accum * t->data_ranks * r->window), sizeof *r->dump_y);
+    r->dump_p = calloc((size_t)p->param_floats + 1, sizeof *r->dump_p);
+    r->dump_g = calloc((size_t)p->param_floats + 1, sizeof *r->dump_g);
+    if (st == RT_OK && (!r->dump_x || !r->dump_y || !r->dump_p || !r->dump_g))
+        st = rt_fail_errno(&r->e, ENOMEM, "cannot hold the step to dump");
+    if (st == RT_OK && r->o.steps < 1) st = rt_fail(&r->e, RT_ERR_ARG, "--dump-step needs at least one step (--steps 0)");
+    return st;
+}
+
+/* Everything before the first step: the device, a resumed checkpoint, the data, the parameters
+ * and the optimizer state on the device, the checkpoint writer and the log. */
+static RtStatus rt_train_open(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    const RtOptions *o = &r->o;
+    const char *resume_arg = o->resume ? o->resume : o->resume_weights_only;
+    RtStatus st = o->save_weights ? rt_check_output_dir(o->save_weights, "weights file", &r->e) : RT_OK;
+    if (st == RT_OK) st = rt_exec_open(&r->x, p, o->threads, rt_device_want(o), &r->e);
+    if (st == RT_OK && resume_arg) st = rt_train_resume(r, resume_arg);
+    if (st == RT_OK) st = rt_train_data(r);
+    if (st == RT_OK && rt_profile_requested()) {
+        r->prof = calloc(1, sizeof *r->prof);
+        if (!r->prof) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the profile");
+    }
+    if (st == RT_OK && !resume_arg) st = rt_exec_start_params(&r->x, o, o->init_weights, &r->e);
+    if (st == RT_OK && p->optimizer_init && !o->resume) { /* on the host; pushed below */
+        RtStep s = {.pool = r->x.pool, .params = r->x.params, .grads = r->x.grads, .state = r->x.state, .seed = o->seed, .err = &r->e};
+        st = p->optimizer_init(&s);
+        if (st != RT_OK) rt_error_context(&r->e, "initialising the optimizer state");
+    }
+    if (st == RT_OK) st = rt_exec_push(&r->x, &r->e);
+    int64_t nblocks = rt_exec_grad_blocks(p);
+    if (st == RT_OK) {
+        r->partial = calloc(nblocks > 0 ? (size_t)nblocks : 1, sizeof *r->partial);
+        if (!r->partial) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient-norm blocks");
+    }
+    if (st == RT_OK && o->dump_step) st = rt_train_dump_alloc(r);
+    if (st == RT_OK && o->ckpt_every > 0)
+        st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, &r->e);
+    if (st == RT_OK) st = rt_log_open(&r->log, stdout, isatty(fileno(stdout)), o->log_path, o->resume != NULL, o->steps, &r->e);
+    if (st == RT_OK) r->log_open = 1;
+    return st;
+}
+
+/* The run's header: the model and batch, the ramp, the device, the data, where it resumes. */
+static void rt_train_banner(const RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    const RtTrainSettings *t = &p->train;
+    const RtOptions *o = &r->o;
     char nparam[32];
     rt_fmt_int(nparam, sizeof nparam, p->param_floats);
     char data_ranks[48] = "";
@@ -425,197 +449,231 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o0) {
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
-    rt_print_device(o, &x);
-    printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(train),
-           (long long)rt_data_nfiles(train), rt_data_nfiles(train) == 1 ? "" : "s", spec.pattern);
-    if (resume_path && o->resume)
-        printf("resumed from '%s': step %lld done (loss %.6f); training goes on to step %lld\n", resume_path,
-               (long long)resumed.step, resumed.loss, (long long)o->steps);
-    else if (resume_path)
-        printf("weights from checkpoint '%s'; the optimizer, the step and the data start afresh\n", resume_path);
-    if (ckpt)
+    rt_print_device(o, &r->x);
+    printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(r->train),
+           (long long)rt_data_nfiles(r->train), rt_data_nfiles(r->train) == 1 ? "" : "s", r->spec.pattern);
+    if (r->resume_path && o->resume)
+        printf("resumed from '%s': step %lld done (loss %.6f); training goes on to step %lld\n", r->resume_path,
+               (long long)r->resumed.step, r->resumed.loss, (long long)o->steps);
+    else if (r->resume_path)
+        printf("weights from checkpoint '%s'; the optimizer, the step and the data start afresh\n", r->resume_path);
+    if (r->ckpt)
         printf("checkpoints: every %lld steps to '%s'%s, %s\n", (long long)o->ckpt_every, o->ckpt_dir,
                o->ckpt_keep ? "" : ", all kept", o->ckpt_sync ? "written before training goes on" : "written in the background");
     fflush(stdout);
+}
 
-    double t_run = rt_now(), last_loss = NAN, waited = 0;
-    int64_t total_tokens = 0, first_step = o->resume ? resumed.step : 0, done_steps = 0;
-    if (prof) rt_pool_set_profile(x.pool, prof);
-    rt_stop_signal = 0;
-    rt_stop_handlers(1, old_handlers);
-    handlers = 1;
-    for (int64_t step = first_step; step < o->steps; step++) {
-        if (prof) {
-            if (step == 1) { /* the first step (first touch of the arena) is a warm-up: not profiled */
-                rt_profile_reset(prof);
-                prof->skipped_first = 1;
-            }
-            rt_profile_begin_step(prof);
+/* One step's micro-batches: forward and backward of each, adding into the gradients; *loss is
+ * the step's (the mean of theirs). Each next batch is read while the GPU runs the one before
+ * (exec.c: the GPU has two pairs of batch buffers). */
+static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t nmicro, double *loss) {
+    const RtTrainSettings *t = &r->p->train;
+    RtExec *x = &r->x;
+    RtError enext;
+    RtStatus next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
+    *loss = 0;
+    for (int64_t m = 0; m < nmicro; m++) {
+        RtStatus st = next;
+        if (st != RT_OK) r->e = enext;
+        if (st == RT_OK) st = rt_exec_batch(x, r->window, &r->e);
+        if (st != RT_OK) return rt_error_context(&r->e, "step %lld", (long long)(step + 1));
+        if (r->dump_x && step == 0) {
+            memcpy(r->dump_x + m * r->window, x->x, (size_t)r->window * sizeof *r->dump_x);
+            memcpy(r->dump_y + m * r->window, x->y, (size_t)r->window * sizeof *r->dump_y);
         }
-        double t0 = rt_now();
-        /* this step's batch: its ramp stage; all data ranks' micro-batches run here, in turn */
-        RtRampStage stage = rt_train_stage(t, step);
-        int64_t nmicro = stage.accum * t->data_ranks, tokens = stage.global * t->seq;
-        double mult = p->lr_schedule(step);
-        double lr = t->lr * mult;
-        if (!isfinite(lr)) {
-            st = rt_fail(&e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
-            goto done;
+        if (r->prof) rt_profile_phase(r->prof, RT_PROF_DATA);
+        RtStep s = rt_exec_step(x, &r->e);
+        s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)nmicro, s.step = step, s.micro = m, s.seed = r->o.seed;
+        st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
+        if (st == RT_OK && m + 1 < nmicro) {
+            rt_exec_flip(x);
+            next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
         }
-        double loss = 0;
-        /* the step's first micro-batch; each next one is read while the GPU runs the one before
-         * (exec.c: the GPU has two pairs of batch buffers) */
-        RtError enext;
-        RtStatus next = rt_data_next(train, t->micro, x.x, x.y, &enext);
-        for (int64_t m = 0; m < nmicro; m++) {
-            st = next;
-            if (st != RT_OK) e = enext;
-            if (st == RT_OK) st = rt_exec_batch(&x, window, &e);
-            if (st != RT_OK) {
-                rt_error_context(&e, "step %lld", (long long)(step + 1));
-                goto done;
-            }
-            if (dump_x && step == 0) {
-                memcpy(dump_x + m * window, x.x, (size_t)window * sizeof *dump_x);
-                memcpy(dump_y + m * window, x.y, (size_t)window * sizeof *dump_y);
-            }
-            if (prof) rt_profile_phase(prof, RT_PROF_DATA);
-            RtStep s = rt_exec_step(&x, &e);
-            s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)nmicro, s.step = step, s.micro = m, s.seed = o->seed;
-            st = rt_exec_queue(&x, RT_EXEC_FORWARD_BACKWARD, &s);
-            if (st == RT_OK && m + 1 < nmicro) {
-                rt_exec_flip(&x);
-                next = rt_data_next(train, t->micro, x.x, x.y, &enext);
-            }
-            if (st == RT_OK) st = rt_exec_wait(&x, &e); /* s.loss is set */
-            if (st != RT_OK) {
-                rt_error_context(&e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
-                goto done;
-            }
-            if (prof) rt_profile_phase(prof, RT_PROF_FB);
-            if (!isfinite(s.loss)) {
-                st = rt_fail(&e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
-                             (long long)(m + 1), isnan(s.loss) ? "nan" : s.loss > 0 ? "inf" : "-inf");
-                goto done;
-            }
-            loss += s.loss * s.loss_scale;
-        }
-        if (dump_x && step == 0) {
-            st = rt_exec_pull(&x, RT_PULL_PARAMS | RT_PULL_GRADS, &e);
-            if (st != RT_OK) goto done;
-            memcpy(dump_p, x.params, (size_t)p->param_floats * sizeof *dump_p);
-            memcpy(dump_g, x.grads, (size_t)p->param_floats * sizeof *dump_g);
-        }
-        double norm = 0;
-        st = rt_exec_grad_norm(&x, partial, &norm, &e);
-        if (st == RT_OK && t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1)
-            st = rt_exec_grad_scale(&x, (float)(t->clip / (norm + RT_CLIP_EPS)), &e);
-        if (st != RT_OK) {
-            rt_error_context(&e, "step %lld: the gradient norm", (long long)(step + 1));
-            goto done;
-        }
-        if (prof) rt_profile_phase(prof, RT_PROF_NORM);
-        RtStep s = rt_exec_step(&x, &e);
-        s.lr = lr, s.t = step + 1, s.step = step, s.seed = o->seed;
-        st = rt_exec_call(&x, RT_EXEC_UPDATE, &s);
-        if (st == RT_OK) st = rt_exec_grad_zero(&x, &e);
-        if (st != RT_OK) {
-            rt_error_context(&e, "step %lld: optimizer", (long long)(step + 1));
-            goto done;
-        }
-        if (prof) rt_profile_phase(prof, RT_PROF_UPDATE);
-        if (prof) rt_profile_phase(prof, RT_PROF_ZERO);
-        if (dump_x && step == 0) {
-            st = rt_exec_pull(&x, RT_PULL_PARAMS, &e);
-            if (st != RT_OK) goto done;
-            RtStepDump d = {dump_p, dump_g, x.params, dump_x, dump_y, nmicro, loss, lr, t->clip};
-            st = rt_step_dump(p, &d, o->dump_step, &e);
-            if (st != RT_OK) goto done;
-            printf("wrote step 1 (loss %.9g, %lld micro-batch%s) to '%s'\n", loss, (long long)nmicro,
-                   nmicro == 1 ? "" : "es", o->dump_step);
-        }
-        last_loss = loss;
-        total_tokens += tokens;
-        RtStepLog sl = {step + 1, loss, lr, norm, (rt_now() - t0) * 1e3, tokens};
-        st = rt_log_step(&log, &sl, &e);
-        if (st != RT_OK) goto done;
-        if (val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
-            double vl;
-            int64_t used;
-            st = rt_evaluate(&x, val, t->eval_steps * (t->global / t->micro), o->seed, &vl, &used, &e);
-            if (st == RT_OK) st = rt_log_eval(&log, step + 1, vl, used, &e);
-            if (st != RT_OK) goto done;
-        }
-        done_steps++;
-        /* checkpoints: every N steps, after the last, and when a signal asks the run to stop */
-        int stop = rt_stop_signal != 0;
-        if (ckpt) st = rt_ckpt_report(p, o, ckpt, 0, waited, &log, &e);
-        if (st != RT_OK) goto done;
-        if (stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps))) {
-            if (!ckpt) st = rt_ckpt_writer_open(&ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, train, &e);
-            RtCkptInfo info = {.step = step + 1, .seed = o->seed, .data = rt_data_tell(train), .loss = loss, .lr = lr,
-                           .device = x.gpu ? "cuda" : "cpu"};
-            if (st == RT_OK) st = rt_exec_pull(&x, RT_PULL_PARAMS | RT_PULL_STATE, &e);
-            if (st == RT_OK) st = rt_ckpt_save(ckpt, x.pool, x.params, x.state, &info, &waited, &e);
-            if (st == RT_OK && (stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, ckpt, 1, waited, &log, &e);
-            if (st != RT_OK) goto done;
-        }
-        if (prof) rt_profile_phase(prof, RT_PROF_LOG);
-        if (stop) {
-            rt_log_close(&log, &e);
-            log_open = 0;
-            int own_dir = strcmp(o->ckpt_dir, o0->ckpt_dir_default) == 0; /* the program's: no flag needed */
-            printf("stopped by %s after step %lld; resume with: %s train --resume latest%s%s\n",
-                   rt_stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1), o->prog,
-                   own_dir ? "" : " --ckpt-dir ", own_dir ? "" : o->ckpt_dir);
-            code = 0;
-            goto done;
-        }
+        if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
+        if (st != RT_OK) return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
+        if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
+        if (!isfinite(s.loss))
+            return rt_fail(&r->e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
+                           (long long)(m + 1), isnan(s.loss) ? "nan" : s.loss > 0 ? "inf" : "-inf");
+        *loss += s.loss * s.loss_scale;
     }
-    if (ckpt) st = rt_ckpt_report(p, o, ckpt, 1, waited, &log, &e);
-    if (st != RT_OK) goto done;
+    return RT_OK;
+}
+
+/* One optimizer step: its micro-batches, the gradient norm and clipping, the update, and with
+ * --dump-step the dump of step 1. The step's log record comes back in *sl. */
+static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
+    const RtProgram *p = r->p;
+    const RtTrainSettings *t = &p->train;
+    RtExec *x = &r->x;
+    double t0 = rt_now();
+    /* this step's batch: its ramp stage; all data ranks' micro-batches run here, in turn */
+    RtRampStage stage = rt_train_stage(t, step);
+    int64_t nmicro = stage.accum * t->data_ranks;
+    double mult = p->lr_schedule(step), lr = t->lr * mult, loss = 0, norm = 0;
+    if (!isfinite(lr)) return rt_fail(&r->e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
+    RtStatus st = rt_train_micro_batches(r, step, nmicro, &loss);
+    if (st == RT_OK && r->dump_x && step == 0) {
+        st = rt_exec_pull(x, RT_PULL_PARAMS | RT_PULL_GRADS, &r->e);
+        if (st != RT_OK) return st;
+        memcpy(r->dump_p, x->params, (size_t)p->param_floats * sizeof *r->dump_p);
+        memcpy(r->dump_g, x->grads, (size_t)p->param_floats * sizeof *r->dump_g);
+    }
+    if (st != RT_OK) return st;
+    st = rt_exec_grad_norm(x, r->partial, &norm, &r->e);
+    if (st == RT_OK && t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1)
+        st = rt_exec_grad_scale(x, (float)(t->clip / (norm + RT_CLIP_EPS)), &r->e);
+    if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient norm", (long long)(step + 1));
+    if (r->prof) rt_profile_phase(r->prof, RT_PROF_NORM);
+    RtStep s = rt_exec_step(x, &r->e);
+    s.lr = lr, s.t = step + 1, s.step = step, s.seed = r->o.seed;
+    st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
+    if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
+    if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
+    if (r->prof) rt_profile_phase(r->prof, RT_PROF_UPDATE);
+    if (r->prof) rt_profile_phase(r->prof, RT_PROF_ZERO);
+    if (r->dump_x && step == 0) {
+        st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
+        if (st != RT_OK) return st;
+        RtStepDump d = {r->dump_p, r->dump_g, x->params, r->dump_x, r->dump_y, nmicro, loss, lr, t->clip};
+        st = rt_step_dump(p, &d, r->o.dump_step, &r->e);
+        if (st != RT_OK) return st;
+        printf("wrote step 1 (loss %.9g, %lld micro-batch%s) to '%s'\n", loss, (long long)nmicro, nmicro == 1 ? "" : "es",
+               r->o.dump_step);
+    }
+    *sl = (RtStepLog){step + 1, loss, lr, norm, (rt_now() - t0) * 1e3, stage.global * t->seq};
+    return RT_OK;
+}
+
+/* After a step: its log line, an evaluation when one is due, a checkpoint every N steps, after
+ * the last and when a signal asks the run to stop (*stop says whether one did). */
+static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog *sl, int *stop) {
+    const RtProgram *p = r->p;
+    const RtTrainSettings *t = &p->train;
+    const RtOptions *o = &r->o;
+    RtStatus st = rt_log_step(&r->log, sl, &r->e);
+    if (st == RT_OK && r->val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
+        double vl;
+        int64_t used;
+        st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, &vl, &used, &r->e);
+        if (st == RT_OK) st = rt_log_eval(&r->log, step + 1, vl, used, &r->e);
+    }
+    *stop = rt_stop_signal != 0;
+    if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
+    if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
+    if (!r->ckpt) st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, &r->e);
+    RtRampStage next = rt_train_stage(t, step + 1);
+    RtCkptInfo info = {.step = step + 1, .seed = o->seed, .data = rt_data_tell(r->train), .loss = sl->loss, .lr = sl->lr,
+                       .global = next.global, .accum = next.accum, .device = r->x.gpu ? "cuda" : "cpu"};
+    if (st == RT_OK) st = rt_exec_pull(&r->x, RT_PULL_PARAMS | RT_PULL_STATE, &r->e);
+    if (st == RT_OK) st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->x.state, &info, &r->waited, &r->e);
+    if (st == RT_OK && (*stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e);
+    return st;
+}
+
+/* After the last step: the last checkpoint's report, the summary, the GPU timing and profile,
+ * --save-weights. */
+static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_steps, int64_t total_tokens, double t_run,
+                                double last_loss) {
+    const RtProgram *p = r->p;
+    const RtOptions *o = &r->o;
+    RtStatus st = r->ckpt ? rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e) : RT_OK;
+    if (st != RT_OK) return st;
     double secs = rt_now() - t_run;
-    st = rt_log_close(&log, &e);
-    log_open = 0;
-    if (st != RT_OK) goto done;
+    st = rt_log_close(&r->log, &r->e);
+    r->log_open = 0;
+    if (st != RT_OK) return st;
     if (done_steps > 0) {
         printf("done: %lld steps in %.2f s (%.3f ms/step, %.0f tokens/s); final loss %.6f\n", (long long)done_steps, secs,
                secs * 1e3 / (double)done_steps, secs > 0 ? (double)total_tokens / secs : 0.0, last_loss);
     } else if (o->resume) {
         printf("nothing to train: the checkpoint is at step %lld and --steps is %lld\n", (long long)first_step, (long long)o->steps);
     }
-    if (x.gpu) rt_gpu_print_timing(stdout, x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */
-    if (prof) {
-        rt_pool_set_profile(x.pool, NULL);
-        rt_profile_print(stdout, prof, rt_pool_threads(x.pool));
+    if (r->x.gpu) rt_gpu_print_timing(stdout, r->x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */
+    if (r->prof) {
+        rt_pool_set_profile(r->x.pool, NULL);
+        rt_profile_print(stdout, r->prof, rt_pool_threads(r->x.pool));
     }
     if (o->save_weights) {
-        st = rt_exec_pull(&x, RT_PULL_PARAMS, &e);
-        if (st == RT_OK) st = rt_weights_save(p, x.params, o->save_weights, &e);
-        if (st != RT_OK) goto done;
+        st = rt_exec_pull(&r->x, RT_PULL_PARAMS, &r->e);
+        if (st == RT_OK) st = rt_weights_save(p, r->x.params, o->save_weights, &r->e);
+        if (st != RT_OK) return st;
         printf("saved %lld tensors to '%s'\n", (long long)p->nparams, o->save_weights);
     }
-    code = 0;
-done:
-    if (handlers) rt_stop_handlers(0, old_handlers);
-    rt_ckpt_writer_close(ckpt); /* waits for a write still under way */
-    rt_ckpt_info_free(&resumed);
-    free(resume_path);
-    if (log_open) {
-        RtError e2;
-        rt_log_close(&log, &e2);
+    return RT_OK;
+}
+
+/* The steps from first_step to --steps, or until a signal asks the run to stop. */
+static RtStatus rt_train_loop(RtTrainRun *r, int64_t first_step) {
+    const RtOptions *o = &r->o;
+    double t_run = rt_now(), last_loss = NAN;
+    int64_t total_tokens = 0, done_steps = 0;
+    if (r->prof) rt_pool_set_profile(r->x.pool, r->prof);
+    rt_stop_signal = 0;
+    rt_stop_handlers(1, r->old_handlers);
+    r->handlers = 1;
+    for (int64_t step = first_step; step < o->steps; step++) {
+        if (r->prof) {
+            if (step == 1) { /* the first step (first touch of the arena) is a warm-up: not profiled */
+                rt_profile_reset(r->prof);
+                r->prof->skipped_first = 1;
+            }
+            rt_profile_begin_step(r->prof);
+        }
+        RtStepLog sl;
+        RtStatus st = rt_train_step(r, step, &sl);
+        if (st != RT_OK) return st;
+        last_loss = sl.loss;
+        total_tokens += sl.tokens;
+        done_steps++;
+        int stop = 0;
+        st = rt_train_after_step(r, step, &sl, &stop);
+        if (st != RT_OK) return st;
+        if (r->prof) rt_profile_phase(r->prof, RT_PROF_LOG);
+        if (stop) {
+            rt_log_close(&r->log, &r->e);
+            r->log_open = 0;
+            int own_dir = strcmp(o->ckpt_dir, r->given->ckpt_dir_default) == 0; /* the program's: no flag needed */
+            printf("stopped by %s after step %lld; resume with: %s train --resume latest%s%s\n",
+                   rt_stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1), o->prog, own_dir ? "" : " --ckpt-dir ",
+                   own_dir ? "" : o->ckpt_dir);
+            return RT_OK;
+        }
     }
-    if (code != 0) rt_report(o, &e);
-    free(partial);
-    free(dump_x);
-    free(dump_y);
-    free(dump_p);
-    free(dump_g);
-    rt_exec_close(&x);
-    free(prof);
-    rt_data_close(val);
-    rt_data_close(train);
-    return code;
+    return rt_train_finish(r, first_step, done_steps, total_tokens, t_run, last_loss);
+}
+
+static void rt_train_close(RtTrainRun *r) {
+    if (r->handlers) rt_stop_handlers(0, r->old_handlers);
+    rt_ckpt_writer_close(r->ckpt); /* waits for a write still under way */
+    rt_ckpt_info_free(&r->resumed);
+    free(r->resume_path);
+    if (r->log_open) {
+        RtError e2;
+        rt_log_close(&r->log, &e2);
+    }
+    free(r->partial);
+    free(r->dump_x);
+    free(r->dump_y);
+    free(r->dump_p);
+    free(r->dump_g);
+    rt_exec_close(&r->x);
+    free(r->prof);
+    rt_data_close(r->val);
+    rt_data_close(r->train);
+}
+
+int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
+    RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq};
+    rt_error_clear(&r.e);
+    RtStatus st = rt_train_open(&r);
+    if (st == RT_OK) {
+        rt_train_banner(&r);
+        st = rt_train_loop(&r, r.o.resume ? r.resumed.step : 0);
+    }
+    rt_train_close(&r);
+    if (st != RT_OK) rt_report(&r.o, &r.e);
+    return st == RT_OK ? 0 : 1;
 }
 
 int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {

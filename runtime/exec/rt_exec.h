@@ -208,6 +208,7 @@ typedef struct RtCkptInfo {
     RtDataPos data;   /* the training split's position after that step */
     double loss;      /* that step's loss (for the log) */
     double lr;        /* the learning rate that step used (for the log) */
+    int64_t global, accum; /* the batch ramp's stage for the next step (state.json's "schedule") */
     const char *device; /* "cpu" or "cuda": where it was trained (a checkpoint resumes on either) */
     int64_t ndata;    /* rt_ckpt_load: the training files it was trained on, in order */
     struct RtCkptData {

@@ -287,7 +287,12 @@ struct RtGpu {
     char describe[1536];
 };
 
-/* The calling thread's current context becomes the GPU's (a context is current per thread). */
+#define RT_GPU_MAX_PARAMS 512 /* kernel parameters: 4 KiB of pointers, every driver's limit */
+
+/* A device pointer as the driver API takes it. */
+static inline CUdeviceptr rt_dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+/* gpu.c. The calling thread's current context becomes the GPU's (a context is current per thread). */
 RtStatus rt_gpu_use(RtGpu *g, RtError *err);
 
 /* x[r * pitch + c] *= scale for r < rows, c < cols (mbt_rt_scale), queued. */

@@ -1,8 +1,9 @@
 /* gpu_timing.c - where the GPU's time goes (rt_gpu.h, "timing"): MBT_DEBUG=1 times every kernel
- * launch and GEMM with a pair of events; rt_gpu_print_timing sums them per kernel function and
- * GEMM shape; MBT_TRACE=FILE.json writes them as a Chrome trace.
+ * launch and GEMM with a pair of events, summed per kernel function and GEMM shape (gpu.c's
+ * rt_gpu_print_timing prints the table); MBT_TRACE=FILE.json writes them as a Chrome trace.
  *
- * Pipeline position: gpu.c and gpu_blas.c call rt_gpu_time_begin/end around each launch when
+ * Pipeline position: above gpu_api.c only (it calls nothing else of the GPU's files); gpu.c and
+ * gpu_blas.c call rt_gpu_time_begin/end around each launch when
  * timing is on (off, it costs them one flag test). The per-name table (RtGpuStats) and the trace
  * writer are plain functions over RtGpuEvent records, tested without a GPU.
  *
@@ -12,6 +13,8 @@
  * event recorded at the previous read-back, whose own time is the sum of the gaps between
  * anchors: cuEventElapsedTime's float milliseconds then span one step or so, not the whole run,
  * and keep sub-microsecond resolution. The event pairs are created once and reused. */
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,23 +136,16 @@ static void rt_trace_put(RtTraceOut *o, const char *s, size_t n) {
     o->len += n;
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped; other bytes as they are. */
-static void rt_trace_string(RtTraceOut *o, const char *s) {
-    rt_trace_put(o, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char esc[8];
-        if (*p == '"' || *p == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)*p;
-            rt_trace_put(o, esc, 2);
-        } else if (*p < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", *p);
-            rt_trace_put(o, esc, 6);
-        } else {
-            rt_trace_put(o, (const char *)p, 1);
-        }
-    }
-    rt_trace_put(o, "\"", 1);
+/* A time in microseconds to the nanosecond, as the trace viewer reads it. */
+static json_t *rt_trace_us(double us) { return rt_json_new_f64(round(us * 1e3) / 1e3); }
+
+/* One event of the trace: its JSON text, compact, on one line (malloc'd; NULL when out of memory). */
+static char *rt_trace_event(const RtGpuEvent *ev) {
+    json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:i, s:i}", "name", ev->name, "ph", "X", "ts", rt_trace_us(ev->start_us), "dur",
+                          rt_trace_us(ev->dur_us), "pid", 0, "tid", 0);
+    char *text = rt_json_text(o, JSON_COMPACT | JSON_REAL_PRECISION(15), NULL);
+    json_decref(o);
+    return text;
 }
 
 RtStatus rt_gpu_trace_write(const char *path, const RtGpuEvent *ev, int64_t n, RtError *err) {
@@ -165,14 +161,12 @@ RtStatus rt_gpu_trace_write(const char *path, const RtGpuEvent *ev, int64_t n, R
     o->st = RT_OK;
     static const char head[] = "{\"traceEvents\":[\n", tail[] = "\n]}\n";
     rt_trace_put(o, head, sizeof head - 1);
-    for (int64_t i = 0; i < n; i++) {
-        char num[160];
+    for (int64_t i = 0; i < n && o->st == RT_OK; i++) {
+        char *text = rt_trace_event(&ev[i]);
+        if (!text) o->st = rt_fail(err, RT_ERR_NOMEM, "cannot write GPU trace '%s': out of memory", path);
         if (i) rt_trace_put(o, ",\n", 2);
-        rt_trace_put(o, "{\"name\":", 8);
-        rt_trace_string(o, ev[i].name);
-        int len = snprintf(num, sizeof num, ",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":0,\"tid\":0}", ev[i].start_us,
-                           ev[i].dur_us);
-        rt_trace_put(o, num, (size_t)len);
+        if (text) rt_trace_put(o, text, strlen(text));
+        free(text);
     }
     rt_trace_put(o, tail, sizeof tail - 1);
     rt_trace_flush_buf(o);
@@ -311,20 +305,6 @@ RtStatus rt_gpu_trace_flush(RtGpu *g, RtError *err) {
     RtStatus st = rt_gpu_trace_write(t->trace_path, t->events, t->nevents, err);
     if (st == RT_OK) t->written = t->nevents;
     return st;
-}
-
-void rt_gpu_print_timing(FILE *f, RtGpu *g) {
-    if (!g || !g->timer.on) return;
-    RtGpuTimer *t = &g->timer;
-    RtError e;
-    RtStatus st = rt_gpu_sync(g, "reading GPU timing", &e);
-    if (st != RT_OK) fprintf(f, "GPU timing is incomplete: %s\n", e.msg);
-    rt_gpu_stats_print(f, &t->stats);
-    if (!t->trace_path) return;
-    if (rt_gpu_trace_flush(g, &e) != RT_OK) fprintf(f, "GPU trace: %s\n", e.msg);
-    else if (t->dropped) fprintf(f, "GPU trace: %s (the first %lld events; %lld more not kept)\n", t->trace_path,
-                                 (long long)t->nevents, (long long)t->dropped);
-    else fprintf(f, "GPU trace: %s (%lld events)\n", t->trace_path, (long long)t->nevents);
 }
 
 /* At close (the stream already waited for): the last events, the trace file (a failure there

@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -59,7 +60,7 @@ struct RtCkptWriter {
     RtCkptDone done;                 /* the thread's result (the thread's while busy) */
     RtCkptDone report;               /* a joined result not yet returned by rt_ckpt_poll */
     int has_report;
-    char *data_json;                 /* the training files, as state.json's "data" "files" array */
+    json_t *data_files;              /* the training files, state.json's "data" "files" array */
 };
 
 /* ---- paths and directories --------------------------------------------------------------------- */
@@ -118,68 +119,48 @@ static RtStatus rt_mkdirs(const char *dir, RtError *err) {
 
 /* ---- state.json -------------------------------------------------------------------------------- */
 
-static void rt_json_put_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
-        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
-        else fputc(*c, f);
-    }
-    fputc('"', f);
-}
-
 typedef struct RtCkptFile {
     const char *name;
     int64_t bytes;
     char sum[RT_CHECKSUM_CHARS];
 } RtCkptFile;
 
-/* The text of state.json (malloc'd), or NULL when out of memory. */
-static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, const char *data_json, const RtCkptFile *files,
+/* The text of state.json (malloc'd, ending in a newline), or NULL when out of memory. */
+static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, json_t *data_files, const RtCkptFile *files,
                                 int nfiles, size_t *len) {
-    char *buf = NULL;
-    FILE *f = open_memstream(&buf, len);
-    if (!f) return NULL;
     const RtTrainSettings *t = &p->train;
-    RtRampStage stage = rt_train_stage(t, in->step);
-    fprintf(f, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"step\": %" PRId64 ",\n", RT_CKPT_FORMAT, RT_CKPT_VERSION, in->step);
-    fprintf(f, "  \"program\": {\"source\": ");
-    rt_json_put_str(f, p->source ? p->source : "");
-    fprintf(f, ", \"train\": ");
-    rt_json_put_str(f, t->name);
-    fprintf(f, ", \"hash\": ");
-    rt_json_put_str(f, p->hash ? p->hash : "");
-    fprintf(f, "},\n");
-    fprintf(f,
-            "  \"layout\": {\"device\": \"%s\", \"data_ranks\": %" PRId64 ", \"tensor\": 1, \"pipeline\": 1, \"micro\": %" PRId64
-            ", \"seq\": %" PRId64 ", \"global\": %" PRId64 ", \"accum\": %" PRId64 "},\n",
-            in->device ? in->device : "cpu", t->data_ranks, t->micro, t->seq, t->global, t->accum);
-    fprintf(f, "  \"optimizer\": {\"state\": [");
-    for (int64_t k = 0; k < p->nstate; k++) {
-        fprintf(f, "%s", k ? ", " : "");
-        rt_json_put_str(f, p->state_names[k]);
-    }
-    fprintf(f, "]},\n");
+    json_t *state = json_array(), *sums = json_object();
+    for (int64_t k = 0; state && k < p->nstate; k++) json_array_append_new(state, json_string(p->state_names[k]));
+    for (int i = 0; sums && i < nfiles; i++)
+        json_object_set_new(sums, files[i].name, json_pack("{s:I, s:s}", "bytes", (json_int_t)files[i].bytes, "xxh3_128", files[i].sum));
+    char fingerprint[17];
+    snprintf(fingerprint, sizeof fingerprint, "%016" PRIx64, in->data.fingerprint);
     /* every draw is Philox4x32-10 keyed by the seed and counted by (step, micro-batch, element):
      * there is no generator state beyond the seed and the step */
-    fprintf(f, "  \"rng\": {\"generator\": \"philox4x32-10\", \"seed\": %" PRIu64 ", \"counter_step\": %" PRId64 "},\n", in->seed,
-            in->step);
-    fprintf(f,
-            "  \"data\": {\"epoch\": %" PRIu64 ", \"shard\": %" PRIu64 ", \"window\": %" PRIu64 ", \"fingerprint\": \"%016" PRIx64
-            "\",\n           \"files\": %s},\n",
-            in->data.epoch, in->data.shard, in->data.window, in->data.fingerprint, data_json);
-    fprintf(f, "  \"schedule\": {\"next_step\": %" PRId64 ", \"global\": %" PRId64 ", \"accum\": %" PRId64 ", \"lr\": %.17g, \"loss\": %.17g},\n",
-            in->step, stage.global, stage.accum, in->lr, in->loss);
-    fprintf(f, "  \"files\": {");
-    for (int i = 0; i < nfiles; i++)
-        fprintf(f, "%s\n    \"%s\": {\"bytes\": %" PRId64 ", \"xxh3_128\": \"%s\"}", i ? "," : "", files[i].name, files[i].bytes,
-                files[i].sum);
-    fprintf(f, "\n  }\n}\n");
-    if (fclose(f) != 0) {
-        free(buf);
+    json_t *doc = json_pack(
+        "{s:s, s:i, s:I, s:{s:s, s:s, s:s}, s:{s:s, s:I, s:i, s:i, s:I, s:I, s:I, s:I}, s:{s:o}, s:{s:s, s:o, s:I},"
+        " s:{s:o, s:o, s:o, s:s, s:O}, s:{s:I, s:I, s:I, s:o, s:o}, s:o}",
+        "format", RT_CKPT_FORMAT, "version", RT_CKPT_VERSION, "step", (json_int_t)in->step,
+        "program", "source", p->source ? p->source : "", "train", t->name, "hash", p->hash ? p->hash : "",
+        "layout", "device", in->device ? in->device : "cpu", "data_ranks", (json_int_t)t->data_ranks, "tensor", 1, "pipeline", 1,
+        "micro", (json_int_t)t->micro, "seq", (json_int_t)t->seq, "global", (json_int_t)t->global, "accum", (json_int_t)t->accum,
+        "optimizer", "state", state,
+        "rng", "generator", "philox4x32-10", "seed", rt_json_new_u64(in->seed), "counter_step", (json_int_t)in->step,
+        "data", "epoch", rt_json_new_u64(in->data.epoch), "shard", rt_json_new_u64(in->data.shard), "window",
+        rt_json_new_u64(in->data.window), "fingerprint", fingerprint, "files", data_files,
+        "schedule", "next_step", (json_int_t)in->step, "global", (json_int_t)in->global, "accum", (json_int_t)in->accum, "lr",
+        rt_json_new_f64(in->lr), "loss", rt_json_new_f64(in->loss),
+        "files", sums);
+    char *text = rt_json_text(doc, JSON_INDENT(2), len);
+    json_decref(doc);
+    char *line = text ? realloc(text, *len + 2) : NULL;
+    if (!line) {
+        free(text);
         return NULL;
     }
-    return buf;
+    line[(*len)++] = '\n';
+    line[*len] = 0;
+    return line;
 }
 
 /* ---- writing ----------------------------------------------------------------------------------- */
@@ -288,7 +269,7 @@ static RtStatus rt_ckpt_write(RtCkptWriter *w, RtCkptDone *d, RtError *err) {
     if (st == RT_OK) st = rt_ckpt_write_regions(w, tmp, files, err);
     if (st == RT_OK) {
         size_t len = 0;
-        char *json = rt_ckpt_state_json(w->p, &w->info, w->data_json, files, 2, &len);
+        char *json = rt_ckpt_state_json(w->p, &w->info, w->data_files, files, 2, &len);
         if (!json) st = rt_fail_errno(err, ENOMEM, "cannot write '%s'", state);
         else st = rt_atomic_write_file(state, "checkpoint state", json, len, err); /* also fsyncs tmp */
         free(json);
@@ -365,25 +346,17 @@ static RtStatus rt_ckpt_snapshot_alloc(RtCkptWriter *w, RtError *err) {
 }
 
 /* The training files as a JSON array: each one's path, size and sampled checksum. */
-static RtStatus rt_ckpt_data_json(const RtData *train, char **out, RtError *err) {
-    size_t len = 0;
-    FILE *f = open_memstream(out, &len);
-    if (!f) return rt_fail_errno(err, errno, "cannot describe the training data");
-    RtStatus st = RT_OK;
-    fputc('[', f);
+static RtStatus rt_ckpt_data_files(const RtData *train, json_t **out, RtError *err) {
+    json_t *a = *out = json_array();
+    RtStatus st = a ? RT_OK : rt_fail_errno(err, ENOMEM, "cannot describe the training data");
     for (int64_t i = 0; st == RT_OK && i < rt_data_nfiles(train); i++) {
         char sum[RT_CHECKSUM_CHARS];
         int64_t bytes = 0;
         st = rt_checksum_sample(rt_data_file(train, i), "data shard", sum, &bytes, err);
-        fprintf(f, "%s{\"path\": ", i ? ", " : "");
-        rt_json_put_str(f, rt_data_file(train, i));
-        fprintf(f, ", \"bytes\": %" PRId64 ", \"sample_xxh3_128\": \"%s\"}", bytes, sum);
-    }
-    fputc(']', f);
-    if (fclose(f) != 0 && st == RT_OK) st = rt_fail_errno(err, ENOMEM, "cannot describe the training data");
-    if (st != RT_OK) {
-        free(*out);
-        *out = NULL;
+        if (st == RT_OK &&
+            json_array_append_new(a, json_pack("{s:s, s:I, s:s}", "path", rt_data_file(train, i), "bytes", (json_int_t)bytes,
+                                               "sample_xxh3_128", sum)) != 0)
+            st = rt_fail_errno(err, ENOMEM, "cannot describe the training data");
     }
     return st;
 }
@@ -399,7 +372,7 @@ RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char 
         return rt_fail_errno(err, ENOMEM, "cannot set up checkpoints");
     }
     w->p = p, w->keep = keep, w->async = async;
-    st = rt_ckpt_data_json(train, &w->data_json, err);
+    st = rt_ckpt_data_files(train, &w->data_files, err);
     if (st == RT_OK) st = rt_ckpt_snapshot_alloc(w, err);
     if (st != RT_OK) {
         rt_ckpt_writer_close(w);
@@ -492,7 +465,7 @@ void rt_ckpt_writer_close(RtCkptWriter *w) {
     if (w->lock_fd >= 0) close(w->lock_fd); /* releases the lock */
     free(w->snap_params);
     free(w->snap_state);
-    free(w->data_json);
+    json_decref(w->data_files);
     free(w->dir);
     free(w);
 }
@@ -540,8 +513,8 @@ static void rt_diff_add(char *buf, size_t cap, int *n, const char *fmt, ...) {
     (*n)++;
 }
 
-static const RtJsonValue *rt_jpath(const RtJsonValue *root, const char *a, const char *b) {
-    const RtJsonValue *v = rt_json_get(root, a);
+static const json_t *rt_jpath(const json_t *root, const char *a, const char *b) {
+    const json_t *v = rt_json_get(root, a);
     return b ? rt_json_get(v, b) : v;
 }
 
@@ -554,7 +527,7 @@ static int rt_same_shape(const RtStTensor *t, const RtParam *q) {
 }
 
 /* What makes the checkpoint another program's: each difference, in one list. */
-static void rt_ckpt_compare(const RtProgram *p, const RtJsonValue *root, const RtStFile *model, char *buf, size_t cap, int *n) {
+static void rt_ckpt_compare(const RtProgram *p, const json_t *root, const RtStFile *model, char *buf, size_t cap, int *n) {
     const RtTrainSettings *t = &p->train;
     const char *hash = rt_json_str(rt_jpath(root, "program", "hash")), *train = rt_json_str(rt_jpath(root, "program", "train"));
     if (train && strcmp(train, t->name) != 0) rt_diff_add(buf, cap, n, "train block '%s', here '%s'", train, t->name);
@@ -565,10 +538,10 @@ static void rt_ckpt_compare(const RtProgram *p, const RtJsonValue *root, const R
         if (rt_json_i64(rt_jpath(root, "layout", keys[k]), &v) && v != have[k])
             rt_diff_add(buf, cap, n, "%s %lld, here %lld", keys[k], (long long)v, (long long)have[k]);
     }
-    const RtJsonValue *vars = rt_jpath(root, "optimizer", "state");
-    int same_vars = vars && vars->type == RT_JSON_ARRAY && vars->n == p->nstate;
+    const json_t *vars = rt_jpath(root, "optimizer", "state");
+    int same_vars = json_is_array(vars) && json_array_size(vars) == (size_t)p->nstate;
     for (int64_t k = 0; same_vars && k < p->nstate; k++) {
-        const char *s = rt_json_str(vars->items[k]);
+        const char *s = rt_json_str(json_array_get(vars, (size_t)k));
         same_vars = s && strcmp(s, p->state_names[k]) == 0;
     }
     if (!same_vars) rt_diff_add(buf, cap, n, "another optimizer (its state variables differ)");
@@ -592,8 +565,8 @@ static void rt_ckpt_compare(const RtProgram *p, const RtJsonValue *root, const R
 }
 
 /* Checks one file of the checkpoint against the size and checksum state.json gives. */
-static RtStatus rt_ckpt_check_file(const char *ckpt, const RtJsonValue *files, const char *name, RtError *err) {
-    const RtJsonValue *f = rt_json_get(files, name);
+static RtStatus rt_ckpt_check_file(const char *ckpt, const json_t *files, const char *name, RtError *err) {
+    const json_t *f = rt_json_get(files, name);
     int64_t bytes;
     const char *want = rt_json_str(rt_json_get(f, "xxh3_128"));
     if (!f || !want || !rt_json_i64(rt_json_get(f, "bytes"), &bytes))
@@ -622,16 +595,15 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     char *spath = rt_path_join(ckpt, RT_CKPT_STATE), *mpath = rt_path_join(ckpt, RT_CKPT_MODEL),
          *opath = rt_path_join(ckpt, RT_CKPT_OPTIM);
     RtMap m = {0};
-    RtJsonDoc *doc = NULL;
+    json_t *root = NULL;
     RtStFile *model = NULL, *optim = NULL;
     RtStatus st = spath && mpath && opath ? RT_OK : rt_fail_errno(err, ENOMEM, "cannot read checkpoint '%s'", ckpt);
     if (st == RT_OK) st = rt_map_file(&m, spath, "checkpoint state", err);
     if (st == RT_OK) {
         char what[4200];
         snprintf(what, sizeof what, "checkpoint state '%s'", spath);
-        st = rt_json_parse(&doc, (const char *)m.data, m.size, what, err);
+        st = rt_json_parse(&root, m.data, m.size, 0, what, err);
     }
-    const RtJsonValue *root = rt_json_root(doc);
     int64_t version = 0;
     const char *fmt = rt_json_str(rt_json_get(root, "format")), *fp = rt_json_str(rt_jpath(root, "data", "fingerprint"));
     if (st == RT_OK && (!fmt || strcmp(fmt, RT_CKPT_FORMAT) != 0)) st = rt_ckpt_bad(err, spath, "not an mbt checkpoint (no \"format\": \"mbt-checkpoint\")");
@@ -648,14 +620,15 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     if (st == RT_OK) {
         rt_json_f64(rt_jpath(root, "schedule", "loss"), &info->loss);
         rt_json_f64(rt_jpath(root, "schedule", "lr"), &info->lr);
-        const RtJsonValue *df = rt_jpath(root, "data", "files");
-        if (!df || df->type != RT_JSON_ARRAY) st = rt_ckpt_bad(err, spath, "no list of the training files (data.files)");
-        else if (!(info->data_files = calloc((size_t)df->n + 1, sizeof *info->data_files)))
+        const json_t *df = rt_jpath(root, "data", "files");
+        if (!json_is_array(df)) st = rt_ckpt_bad(err, spath, "no list of the training files (data.files)");
+        else if (!(info->data_files = calloc(json_array_size(df) + 1, sizeof *info->data_files)))
             st = rt_fail_errno(err, ENOMEM, "cannot read checkpoint '%s'", ckpt);
-        for (int64_t i = 0; st == RT_OK && i < df->n; i++) {
+        for (int64_t i = 0; st == RT_OK && i < (int64_t)json_array_size(df); i++) {
             struct RtCkptData *d = &info->data_files[i];
-            const char *path = rt_json_str(rt_json_get(df->items[i], "path")), *sum = rt_json_str(rt_json_get(df->items[i], "sample_xxh3_128"));
-            if (!path || !sum || strlen(sum) != RT_CHECKSUM_CHARS - 1 || !rt_json_i64(rt_json_get(df->items[i], "bytes"), &d->bytes))
+            const json_t *item = json_array_get(df, (size_t)i);
+            const char *path = rt_json_str(rt_json_get(item, "path")), *sum = rt_json_str(rt_json_get(item, "sample_xxh3_128"));
+            if (!path || !sum || strlen(sum) != RT_CHECKSUM_CHARS - 1 || !rt_json_i64(rt_json_get(item, "bytes"), &d->bytes))
                 st = rt_ckpt_bad(err, spath, "a training file's entry (data.files) is malformed");
             else if (!(d->path = strdup(path))) st = rt_fail_errno(err, ENOMEM, "cannot read checkpoint '%s'", ckpt);
             else {
@@ -664,7 +637,7 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
             }
         }
     }
-    const RtJsonValue *files = rt_json_get(root, "files");
+    const json_t *files = rt_json_get(root, "files");
     if (st == RT_OK) st = rt_ckpt_check_file(ckpt, files, RT_CKPT_MODEL, err);
     if (st == RT_OK && !weights_only) st = rt_ckpt_check_file(ckpt, files, RT_CKPT_OPTIM, err);
     if (st == RT_OK) st = rt_st_open(&model, mpath, err);
@@ -700,7 +673,7 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     }
     rt_st_close(model);
     rt_st_close(optim);
-    rt_json_free(doc);
+    json_decref(root);
     rt_unmap(&m);
     free(spath);
     free(mpath);

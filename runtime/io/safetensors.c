@@ -9,17 +9,21 @@
  * "__metadata__" object of strings; then the data, to which the offsets are relative. The data
  * must be covered exactly by the tensors, without holes or overlaps.
  *
- * Reading maps the file and trusts nothing: the JSON parser below knows exactly this schema (so
- * nesting is bounded by construction), the header is capped at 100 MB as in the reference
- * implementation, and every offset, size and product is checked before use. Any malformed
- * input is an RT_ERR_FORMAT naming the file and the problem, never a read out of bounds.
+ * Reading maps the file and trusts nothing: the header, capped at 100 MB as in the reference
+ * implementation, is parsed by the runtime's JSON reader (json.c over jansson: strict, a key
+ * repeated in one object refused, nesting bounded) and then checked against the schema here;
+ * every offset, size and product is checked before use. Any malformed input is an RT_ERR_FORMAT
+ * naming the file and the problem (a syntax error with its byte in the file, a schema error with
+ * the tensor or key), never a read out of bounds.
  *
  * Writing follows the reference serializer (safetensors/src/tensor.rs, `prepare`): tensors laid
  * out in descending dtype order then by name (so each tensor's data is aligned to its element
  * size), compact JSON with `__metadata__` first, the header padded with spaces to a multiple of
- * 8 bytes. Without metadata the bytes are identical to the reference's; the test checks this
- * against the reference's own expected outputs. The file is written atomically (rt_file.c). */
+ * 8 bytes, built and written by the same JSON module. Without metadata the bytes are identical to
+ * the reference's; the test checks this against the reference's own expected outputs. The file is
+ * written atomically (rt_file.c). */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -152,10 +156,10 @@ struct RtStFile {
     const unsigned char *bytes; /* the whole file */
     size_t size;
     RtStTensor *t; /* in data-offset order once validated */
-    int64_t nt, tcap;
+    int64_t nt;
     RtStTensor **by_name; /* sorted by name */
     char **mkey, **mval;  /* __metadata__, header order */
-    int64_t nmeta, mcap;
+    int64_t nmeta;
 };
 
 void rt_st_close(RtStFile *f) {
@@ -174,431 +178,158 @@ void rt_st_close(RtStFile *f) {
     free(f);
 }
 
-/* ---- the JSON header parser --------------------------------------------------------------------- */
+/* ---- the header ---------------------------------------------------------------------------------- */
 
-/* A cursor over the header. The grammar is safetensors' schema, not general JSON: an object of
- * tensor entries (objects of exactly dtype/shape/data_offsets) and one __metadata__ object of
- * strings. Strings and whole numbers follow RFC 8259 strictly. */
-typedef struct RtJson {
-    const unsigned char *s;
-    size_t n, i;
+/* The header is read by the runtime's JSON reader (json.c: strict RFC 8259, a key repeated in
+ * one object refused, so tensor names and __metadata__ keys are unique), then checked against
+ * safetensors' schema here: an object of tensor entries - objects of exactly dtype, shape and
+ * data_offsets - and at most one __metadata__ object of strings. A schema error names the tensor
+ * or key it is about. */
+
+#define RT_ST_MAX_INT (INT64_C(1) << 53) /* larger whole numbers are not exact in JSON readers */
+
+typedef struct RtStCtx {
     RtStFile *f;
     RtError *err;
-} RtJson;
+} RtStCtx;
 
-static RtStatus rt_json_fail(RtJson *j, const char *fmt, ...) RT_PRINTF(2, 3);
-static RtStatus rt_json_fail(RtJson *j, const char *fmt, ...) {
-    char what[512];
+static RtStatus rt_st_schema(RtStCtx *c, const char *fmt, ...) RT_PRINTF(2, 3);
+static RtStatus rt_st_schema(RtStCtx *c, const char *fmt, ...) {
+    char what[700];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    return rt_st_fail(j->err, RT_ERR_FORMAT, "safetensors file '%s': malformed header at offset %zu: %s", j->f->label,
-                   8 + j->i, what);
+    return rt_st_fail(c->err, RT_ERR_FORMAT, "safetensors file '%s': malformed header: %s", c->f->label, what);
 }
 
-/* What is at the cursor, for messages: "'x'", "byte 0x01", "the end of the header". */
-static const char *rt_json_found(const RtJson *j, char *buf, size_t cap) {
-    if (j->i >= j->n) return "the end of the header";
-    unsigned char c = j->s[j->i];
-    if (c >= 0x20 && c < 0x7F) snprintf(buf, cap, "'%c'", c);
-    else snprintf(buf, cap, "byte 0x%02x", c);
-    return buf;
-}
+static RtStatus rt_st_nomem(RtStCtx *c) { return rt_fail_errno(c->err, ENOMEM, "cannot read safetensors file '%s'", c->f->label); }
 
-static void rt_json_ws(RtJson *j) {
-    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r')) j->i++;
-}
-
-static RtStatus rt_json_expect(RtJson *j, char c, const char *context) {
-    rt_json_ws(j);
-    if (j->i < j->n && j->s[j->i] == (unsigned char)c) {
-        j->i++;
-        return RT_OK;
+/* What a JSON value is, for messages. */
+static const char *rt_st_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "a list";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "a whole number";
+    case JSON_REAL: return "a fraction or exponent";
+    default: return "true, false or null";
     }
-    char b[16];
-    return rt_json_fail(j, "expected '%c' %s, found %s", c, context, rt_json_found(j, b, sizeof b));
 }
 
-/* Length of the well-formed UTF-8 sequence at p (at most avail bytes), or 0. */
-static int rt_utf8_len(const unsigned char *p, size_t avail) {
-    unsigned c = p[0];
-    int len;
-    uint32_t min, cp;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000, cp = c & 0x07;
-    else return 0;
-    if ((size_t)len > avail) return 0;
-    for (int k = 1; k < len; k++) {
-        if ((p[k] & 0xC0) != 0x80) return 0;
-        cp = cp << 6 | (p[k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return len;
-}
-
-static int rt_hex4(const unsigned char *p, uint32_t *out) {
-    uint32_t v = 0;
-    for (int k = 0; k < 4; k++) {
-        unsigned c = p[k];
-        v <<= 4;
-        if (c >= '0' && c <= '9') v |= c - '0';
-        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-        else return 0;
-    }
-    *out = v;
-    return 1;
-}
-
-static size_t rt_utf8_put(unsigned char *o, uint32_t cp) {
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (unsigned char)(0xC0 | cp >> 6); o[1] = (unsigned char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | cp >> 12);
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | cp >> 18);
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* A string at the cursor (after optional whitespace), decoded into a malloc'd NUL-terminated
- * buffer. The decoded form is never longer than the encoded one, which bounds the buffer. */
-static RtStatus rt_json_string(RtJson *j, char **out, const char *context) {
-    *out = NULL;
-    rt_json_ws(j);
-    if (j->i >= j->n || j->s[j->i] != '"') {
-        char b[16];
-        return rt_json_fail(j, "expected a string %s, found %s", context, rt_json_found(j, b, sizeof b));
-    }
-    size_t start = ++j->i;
-    size_t end = start;
-    while (end < j->n && j->s[end] != '"') end += j->s[end] == '\\' ? 2 : 1;
-    if (end > j->n) end = j->n;
-    /* Decoding consumes exactly [start, end) when the string is well formed, and every escape
-     * decodes to fewer bytes than it takes, so this always suffices. */
-    unsigned char *o = malloc(end - start + 1);
-    if (!o) return rt_fail_errno(j->err, ENOMEM, "cannot read safetensors file '%s'", j->f->label);
-    size_t k = 0;
-    for (;;) {
-        if (j->i >= j->n) {
-            free(o);
-            return rt_json_fail(j, "unterminated string %s", context);
-        }
-        unsigned char c = j->s[j->i];
-        if (c == '"') {
-            j->i++;
-            break;
-        }
-        if (c < 0x20) {
-            free(o);
-            return rt_json_fail(j, "control character 0x%02x in a string %s (it must be escaped)", c, context);
-        }
-        if (c == '\\') {
-            if (j->i + 1 >= j->n) {
-                free(o);
-                return rt_json_fail(j, "unterminated string %s", context);
-            }
-            unsigned char e = j->s[j->i + 1];
-            const char *simple = strchr("\"\\/bfnrt", e);
-            if (e && simple) {
-                static const char map[] = "\"\\/\b\f\n\r\t";
-                o[k++] = (unsigned char)map[simple - "\"\\/bfnrt"];
-                j->i += 2;
-                continue;
-            }
-            if (e != 'u') {
-                free(o);
-                j->i++;
-                return rt_json_fail(j, "invalid escape '\\%c' in a string %s", e >= 0x20 && e < 0x7F ? e : '?', context);
-            }
-            uint32_t cp;
-            if (j->i + 6 > j->n || !rt_hex4(j->s + j->i + 2, &cp)) {
-                free(o);
-                return rt_json_fail(j, "invalid \\u escape in a string %s (four hex digits expected)", context);
-            }
-            size_t esc_at = j->i;
-            j->i += 6;
-            if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                free(o);
-                j->i = esc_at;
-                return rt_json_fail(j, "unpaired surrogate \\u%04x in a string %s", (unsigned)cp, context);
-            }
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                uint32_t lo;
-                if (j->i + 6 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u' || !rt_hex4(j->s + j->i + 2, &lo) ||
-                    lo < 0xDC00 || lo > 0xDFFF) {
-                    free(o);
-                    j->i = esc_at;
-                    return rt_json_fail(j, "unpaired surrogate \\u%04x in a string %s", (unsigned)cp, context);
-                }
-                j->i += 6;
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            }
-            if (cp == 0) {
-                free(o);
-                j->i = esc_at;
-                return rt_json_fail(j, "a string %s holds the NUL character (\\u0000), which mbt does not accept", context);
-            }
-            k += rt_utf8_put(o + k, cp); /* never longer than the 6 (or 12) escape bytes */
-            continue;
-        }
-        int len = rt_utf8_len(j->s + j->i, j->n - j->i);
-        if (!len) {
-            free(o);
-            return rt_json_fail(j, "invalid UTF-8 in a string %s", context);
-        }
-        memcpy(o + k, j->s + j->i, (size_t)len);
-        k += (size_t)len;
-        j->i += (size_t)len;
-    }
-    o[k] = 0;
-    *out = (char *)o;
+/* A whole number in [0, 2^53]: a shape's dimension or a data offset. */
+static RtStatus rt_st_whole(RtStCtx *c, const json_t *v, const char *field, const char *name, uint64_t *out) {
+    if (!json_is_integer(v))
+        return rt_st_schema(c, "%s of tensor \"%.100s\" must hold whole numbers, not %s", field, name, rt_st_kind(v));
+    json_int_t x = json_integer_value(v);
+    if (x < 0) return rt_st_schema(c, "%s of tensor \"%.100s\" holds a negative number", field, name);
+    if (x > RT_ST_MAX_INT) return rt_st_schema(c, "%s of tensor \"%.100s\" holds a number above 2^53", field, name);
+    *out = (uint64_t)x;
     return RT_OK;
 }
 
-#define RT_JSON_MAX_INT (UINT64_C(1) << 53) /* larger whole numbers are not exact in JSON readers */
-
-static RtStatus rt_json_uint(RtJson *j, uint64_t *out, const char *context) {
-    rt_json_ws(j);
-    char b[16];
-    if (j->i < j->n && j->s[j->i] == '-') return rt_json_fail(j, "negative number %s", context);
-    if (j->i >= j->n || j->s[j->i] < '0' || j->s[j->i] > '9')
-        return rt_json_fail(j, "expected a whole number %s, found %s", context, rt_json_found(j, b, sizeof b));
-    if (j->s[j->i] == '0' && j->i + 1 < j->n && j->s[j->i + 1] >= '0' && j->s[j->i + 1] <= '9')
-        return rt_json_fail(j, "number with a leading zero %s", context);
-    uint64_t v = 0;
-    size_t at = j->i;
-    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') {
-        v = v * 10 + (uint64_t)(j->s[j->i] - '0');
-        if (v > RT_JSON_MAX_INT) {
-            j->i = at;
-            return rt_json_fail(j, "number too large %s (the limit is 2^53)", context);
-        }
-        j->i++;
-    }
-    if (j->i < j->n && (j->s[j->i] == '.' || j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
-        j->i = at;
-        return rt_json_fail(j, "expected a whole number %s, found a fraction or exponent", context);
-    }
-    *out = v;
-    return RT_OK;
+static RtStatus rt_st_dtype(RtStCtx *c, const json_t *v, RtStTensor *t) {
+    const char *s = json_string_value(v);
+    if (!s) return rt_st_schema(c, "dtype of tensor \"%.100s\" must be a string, not %s", t->name, rt_st_kind(v));
+    if (rt_dtype_parse(s, &t->dtype)) return RT_OK;
+    if (strcmp(s, "F4") == 0 || strcmp(s, "F6_E2M3") == 0 || strcmp(s, "F6_E3M2") == 0)
+        return rt_st_schema(c, "dtype \"%s\" of tensor \"%.100s\" is not supported (its elements are smaller than a byte)", s, t->name);
+    return rt_st_schema(c, "unknown dtype \"%.40s\" of tensor \"%.100s\"", s, t->name);
 }
 
-/* ',' then more, or the closing bracket: returns 1 for more, 0 at the end, -1 on error. */
-static int rt_json_more(RtJson *j, char close, const char *context) {
-    rt_json_ws(j);
-    if (j->i < j->n && j->s[j->i] == ',') {
-        j->i++;
-        return 1;
-    }
-    if (j->i < j->n && j->s[j->i] == (unsigned char)close) {
-        j->i++;
-        return 0;
-    }
-    char b[16];
-    rt_json_fail(j, "expected ',' or '%c' %s, found %s", close, context, rt_json_found(j, b, sizeof b));
-    return -1;
-}
-
-/* The opening bracket and whether the list is empty: 1 non-empty, 0 empty, -1 error. */
-static int rt_json_open(RtJson *j, char open, char close, const char *context) {
-    if (rt_json_expect(j, open, context) != RT_OK) return -1;
-    rt_json_ws(j);
-    if (j->i < j->n && j->s[j->i] == (unsigned char)close) {
-        j->i++;
-        return 0;
-    }
-    return 1;
-}
-
-static RtStatus rt_json_metadata(RtJson *j) {
-    int more = rt_json_open(j, '{', '}', "to open __metadata__");
-    while (more > 0) {
-        char *key = NULL, *val = NULL;
-        RtStatus st = rt_json_string(j, &key, "as a __metadata__ key");
+static RtStatus rt_st_shape(RtStCtx *c, const json_t *v, RtStTensor *t) {
+    if (!json_is_array(v)) return rt_st_schema(c, "shape of tensor \"%.100s\" must be a list, not %s", t->name, rt_st_kind(v));
+    if (json_array_size(v) > RT_ST_MAX_RANK)
+        return rt_st_schema(c, "shape of tensor \"%.100s\" has more than %d dimensions", t->name, RT_ST_MAX_RANK);
+    t->rank = (int)json_array_size(v);
+    for (int d = 0; d < t->rank; d++) {
+        uint64_t x;
+        RtStatus st = rt_st_whole(c, json_array_get(v, (size_t)d), "shape", t->name, &x);
         if (st != RT_OK) return st;
-        char ctx[160];
-        snprintf(ctx, sizeof ctx, "after the __metadata__ key \"%.100s\"", key);
-        if ((st = rt_json_expect(j, ':', ctx)) != RT_OK) {
-            free(key);
-            return st;
-        }
-        rt_json_ws(j);
-        if (j->i >= j->n || j->s[j->i] != '"') {
-            char b[16];
-            st = rt_json_fail(j, "the value of __metadata__ key \"%.100s\" must be a string, found %s", key,
-                                       rt_json_found(j, b, sizeof b));
-            free(key);
-            return st;
-        }
-        if ((st = rt_json_string(j, &val, "as a __metadata__ value")) != RT_OK) {
-            free(key);
-            return st;
-        }
-        if (j->f->nmeta == j->f->mcap) {
-            int64_t cap = j->f->mcap ? 2 * j->f->mcap : 8;
-            char **k2 = realloc(j->f->mkey, (size_t)cap * sizeof *k2);
-            if (k2) j->f->mkey = k2;
-            char **v2 = k2 ? realloc(j->f->mval, (size_t)cap * sizeof *v2) : NULL;
-            if (v2) j->f->mval = v2;
-            if (!k2 || !v2) {
-                free(key);
-                free(val);
-                return rt_fail_errno(j->err, ENOMEM, "cannot read safetensors file '%s'", j->f->label);
-            }
-            j->f->mcap = cap;
-        }
-        j->f->mkey[j->f->nmeta] = key;
-        j->f->mval[j->f->nmeta] = val;
-        j->f->nmeta++;
-        more = rt_json_more(j, '}', "in __metadata__");
+        t->shape[d] = (int64_t)x;
     }
-    return more < 0 ? RT_ERR_FORMAT : RT_OK;
+    return RT_OK;
+}
+
+static RtStatus rt_st_offsets(RtStCtx *c, const json_t *v, RtStTensor *t) {
+    if (!json_is_array(v)) return rt_st_schema(c, "data_offsets of tensor \"%.100s\" must be a list, not %s", t->name, rt_st_kind(v));
+    if (json_array_size(v) != 2)
+        return rt_st_schema(c, "data_offsets of tensor \"%.100s\" must hold two numbers, not %zu", t->name, json_array_size(v));
+    RtStatus st = rt_st_whole(c, json_array_get(v, 0), "data_offsets", t->name, &t->begin);
+    return st == RT_OK ? rt_st_whole(c, json_array_get(v, 1), "data_offsets", t->name, &t->end) : st;
 }
 
 /* One tensor entry into t (name already set). */
-static RtStatus rt_json_tensor(RtJson *j, RtStTensor *t) {
-    char ctx[200];
-    snprintf(ctx, sizeof ctx, "for tensor \"%.100s\"", t->name);
-    int have_dtype = 0, have_shape = 0, have_offsets = 0;
-    RtStatus st;
-    int more = rt_json_open(j, '{', '}', ctx);
-    if (more < 0) return RT_ERR_FORMAT;
-    while (more > 0) {
-        size_t key_at = j->i;
-        char *key = NULL;
-        if ((st = rt_json_string(j, &key, ctx)) != RT_OK) return st;
-        int which = strcmp(key, "dtype") == 0 ? 0 : strcmp(key, "shape") == 0 ? 1 : strcmp(key, "data_offsets") == 0 ? 2 : -1;
-        if (which < 0 || (which == 0 && have_dtype) || (which == 1 && have_shape) || (which == 2 && have_offsets)) {
-            j->i = key_at;
-            rt_json_ws(j);
-            st = which < 0 ? rt_json_fail(j, "unknown key \"%.100s\" %s (expected dtype, shape, data_offsets)", key, ctx)
-                           : rt_json_fail(j, "duplicate key \"%s\" %s", key, ctx);
-            free(key);
-            return st;
-        }
-        free(key);
-        if ((st = rt_json_expect(j, ':', ctx)) != RT_OK) return st;
-        if (which == 0) {
-            rt_json_ws(j);
-            size_t at = j->i;
-            char *name = NULL;
-            if ((st = rt_json_string(j, &name, ctx)) != RT_OK) return st;
-            RtDtype dt;
-            if (!rt_dtype_parse(name, &dt)) {
-                j->i = at;
-                int sub = strcmp(name, "F4") == 0 || strcmp(name, "F6_E2M3") == 0 || strcmp(name, "F6_E3M2") == 0;
-                st = sub ? rt_json_fail(j, "dtype \"%s\" %s is not supported (its elements are smaller than a byte)", name, ctx)
-                     : rt_json_fail(j, "unknown dtype \"%.40s\" %s", name, ctx);
-                free(name);
-                return st;
-            }
-            free(name);
-            t->dtype = dt;
-            have_dtype = 1;
-        } else if (which == 1) {
-            int m = rt_json_open(j, '[', ']', ctx);
-            if (m < 0) return RT_ERR_FORMAT;
-            t->rank = 0;
-            while (m > 0) {
-                if (t->rank == RT_ST_MAX_RANK) return rt_json_fail(j, "shape %s has more than %d dimensions", ctx, RT_ST_MAX_RANK);
-                uint64_t v;
-                if ((st = rt_json_uint(j, &v, ctx)) != RT_OK) return st;
-                t->shape[t->rank++] = (int64_t)v;
-                m = rt_json_more(j, ']', ctx);
-                if (m < 0) return RT_ERR_FORMAT;
-            }
-            have_shape = 1;
-        } else {
-            uint64_t v[2];
-            int m = rt_json_open(j, '[', ']', ctx);
-            if (m < 0) return RT_ERR_FORMAT;
-            if (m == 0) return rt_json_fail(j, "data_offsets %s must hold two numbers, not none", ctx);
-            if ((st = rt_json_uint(j, &v[0], ctx)) != RT_OK) return st;
-            m = rt_json_more(j, ']', ctx);
-            if (m < 0) return RT_ERR_FORMAT;
-            if (m == 0) return rt_json_fail(j, "data_offsets %s must hold two numbers, not one", ctx);
-            if ((st = rt_json_uint(j, &v[1], ctx)) != RT_OK) return st;
-            rt_json_ws(j);
-            if (j->i < j->n && j->s[j->i] == ',') return rt_json_fail(j, "data_offsets %s must hold two numbers, not more", ctx);
-            if ((st = rt_json_expect(j, ']', ctx)) != RT_OK) return st;
-            t->begin = v[0];
-            t->end = v[1];
-            have_offsets = 1;
-        }
-        more = rt_json_more(j, '}', ctx);
+static RtStatus rt_st_entry(RtStCtx *c, const json_t *v, RtStTensor *t) {
+    if (!json_is_object(v)) return rt_st_schema(c, "tensor \"%.100s\" must be an object, not %s", t->name, rt_st_kind(v));
+    const char *key;
+    const json_t *x;
+    json_object_foreach((json_t *)v, key, x) {
+        RtStatus st = strcmp(key, "dtype") == 0 ? rt_st_dtype(c, x, t)
+                      : strcmp(key, "shape") == 0 ? rt_st_shape(c, x, t)
+                      : strcmp(key, "data_offsets") == 0
+                          ? rt_st_offsets(c, x, t)
+                          : rt_st_schema(c, "unknown key \"%.100s\" in tensor \"%.100s\" (expected dtype, shape, data_offsets)", key, t->name);
+        if (st != RT_OK) return st;
     }
-    if (more < 0) return RT_ERR_FORMAT;
-    if (!have_dtype || !have_shape || !have_offsets) {
-        j->i--; /* at the closing brace */
-        return rt_json_fail(j, "tensor \"%.100s\" has no %s", t->name,
-                            !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+    static const char *const need[3] = {"dtype", "shape", "data_offsets"};
+    for (int k = 0; k < 3; k++)
+        if (!json_object_get(v, need[k])) return rt_st_schema(c, "tensor \"%.100s\" has no %s", t->name, need[k]);
+    return RT_OK;
+}
+
+static RtStatus rt_st_metadata(RtStCtx *c, const json_t *v) {
+    if (!json_is_object(v)) return rt_st_schema(c, "__metadata__ must be an object, not %s", rt_st_kind(v));
+    RtStFile *f = c->f;
+    size_t n = json_object_size(v);
+    f->mkey = calloc(n ? n : 1, sizeof *f->mkey);
+    f->mval = calloc(n ? n : 1, sizeof *f->mval);
+    if (!f->mkey || !f->mval) return rt_st_nomem(c);
+    const char *key;
+    const json_t *x;
+    json_object_foreach((json_t *)v, key, x) {
+        if (!json_is_string(x))
+            return rt_st_schema(c, "the value of __metadata__ key \"%.100s\" must be a string, not %s", key, rt_st_kind(x));
+        f->mkey[f->nmeta] = strdup(key);
+        f->mval[f->nmeta] = strdup(json_string_value(x));
+        f->nmeta++;
+        if (!f->mkey[f->nmeta - 1] || !f->mval[f->nmeta - 1]) return rt_st_nomem(c);
     }
     return RT_OK;
 }
 
-static RtStatus rt_json_header(RtJson *j) {
-    if (j->n == 0 || j->s[0] != '{') {
-        char b[16];
-        return rt_json_fail(j, "the header must start with '{', found %s", rt_json_found(j, b, sizeof b));
+static RtStatus rt_st_header(RtStFile *f, const unsigned char *text, size_t n, RtError *err) {
+    RtStCtx c = {f, err};
+    if (n == 0 || text[0] != '{') {
+        char found[24] = "the end of the header";
+        if (n) snprintf(found, sizeof found, text[0] >= 0x20 && text[0] < 0x7F ? "'%c'" : "byte 0x%02x", text[0]);
+        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': malformed header at byte 8: the header must start with '{', found %s",
+                          f->label, found);
     }
-    int seen_meta = 0;
-    int more = rt_json_open(j, '{', '}', "to open the header");
-    while (more > 0) {
-        rt_json_ws(j);
-        size_t key_at = j->i;
-        char *name = NULL;
-        RtStatus st = rt_json_string(j, &name, "as a tensor name");
-        if (st != RT_OK) return st;
-        char ctx[160];
-        snprintf(ctx, sizeof ctx, "after the name \"%.100s\"", name);
-        if ((st = rt_json_expect(j, ':', ctx)) != RT_OK) {
-            free(name);
-            return st;
+    char what[4200];
+    snprintf(what, sizeof what, "safetensors file '%s': malformed header", f->label);
+    json_t *root = NULL;
+    RtStatus st = rt_json_parse(&root, text, n, 8, what, err);
+    if (st != RT_OK) return rt_st_fail(err, st, "%s", err ? err->msg : "");
+    f->t = calloc(json_object_size(root) + 1, sizeof *f->t);
+    if (!f->t) st = rt_st_nomem(&c);
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (st != RT_OK) break;
+        if (strcmp(key, "__metadata__") == 0) {
+            st = rt_st_metadata(&c, v);
+            continue;
         }
-        if (strcmp(name, "__metadata__") == 0) {
-            free(name);
-            if (seen_meta) {
-                j->i = key_at;
-                return rt_json_fail(j, "duplicate key \"__metadata__\"");
-            }
-            seen_meta = 1;
-            if ((st = rt_json_metadata(j)) != RT_OK) return st;
-        } else {
-            RtStFile *f = j->f;
-            if (f->nt == f->tcap) {
-                int64_t cap = f->tcap ? 2 * f->tcap : 16;
-                RtStTensor *t2 = realloc(f->t, (size_t)cap * sizeof *t2);
-                if (!t2) {
-                    free(name);
-                    return rt_fail_errno(j->err, ENOMEM, "cannot read safetensors file '%s'", f->label);
-                }
-                f->t = t2;
-                f->tcap = cap;
-            }
-            RtStTensor *t = &f->t[f->nt++];
-            memset(t, 0, sizeof *t);
-            t->name = name;
-            if ((st = rt_json_tensor(j, t)) != RT_OK) return st;
+        RtStTensor *t = &f->t[f->nt];
+        if (!(t->name = strdup(key))) st = rt_st_nomem(&c);
+        else {
+            f->nt++;
+            st = rt_st_entry(&c, v, t);
         }
-        more = rt_json_more(j, '}', "in the header object");
     }
-    if (more < 0) return RT_ERR_FORMAT;
-    rt_json_ws(j);
-    if (j->i < j->n) {
-        char b[16];
-        return rt_json_fail(j, "unexpected %s after the header object (only space padding may follow it)",
-                            rt_json_found(j, b, sizeof b));
-    }
-    return RT_OK;
+    json_decref(root);
+    return st;
 }
 
 /* ---- validation --------------------------------------------------------------------------------- */
@@ -612,10 +343,6 @@ static int rt_cmp_offsets(const void *a, const void *b) {
 
 static int rt_cmp_tensor_names(const void *a, const void *b) {
     return strcmp((*(RtStTensor *const *)a)->name, (*(RtStTensor *const *)b)->name);
-}
-
-static int rt_cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* "[2, 3]" into buf. */
@@ -661,33 +388,13 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
                            (unsigned long long)(t->end - t->begin));
         }
     }
-    /* Names: sorted copies find duplicates (and serve rt_st_find). */
+    /* Offsets: in order they must tile the data exactly (the format forbids holes). Names are
+     * unique (the JSON reader refuses a repeated key); pointers sorted by name serve rt_st_find. */
+    qsort(f->t, (size_t)f->nt, sizeof *f->t, rt_cmp_offsets);
     f->by_name = malloc((size_t)(f->nt ? f->nt : 1) * sizeof *f->by_name);
     if (!f->by_name) return rt_fail_errno(err, ENOMEM, "cannot read safetensors file '%s'", L);
     for (int64_t i = 0; i < f->nt; i++) f->by_name[i] = &f->t[i];
     qsort(f->by_name, (size_t)f->nt, sizeof *f->by_name, rt_cmp_tensor_names);
-    for (int64_t i = 1; i < f->nt; i++)
-        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0)
-            return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': duplicate tensor name '%s'", L, f->by_name[i]->name);
-    if (f->nmeta > 1) {
-        char **keys = malloc((size_t)f->nmeta * sizeof *keys);
-        if (!keys) return rt_fail_errno(err, ENOMEM, "cannot read safetensors file '%s'", L);
-        memcpy(keys, f->mkey, (size_t)f->nmeta * sizeof *keys);
-        qsort(keys, (size_t)f->nmeta, sizeof *keys, rt_cmp_str);
-        for (int64_t i = 1; i < f->nmeta; i++)
-            if (strcmp(keys[i - 1], keys[i]) == 0) {
-                RtStatus st = rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': duplicate __metadata__ key '%s'", L, keys[i]);
-                free(keys);
-                return st;
-            }
-        free(keys);
-    }
-    /* Offsets: in order they must tile the data exactly (the format forbids holes). */
-    if (f->nt > 1) {
-        qsort(f->t, (size_t)f->nt, sizeof *f->t, rt_cmp_offsets);
-        for (int64_t i = 0; i < f->nt; i++) f->by_name[i] = &f->t[i]; /* re-point after the move */
-        qsort(f->by_name, (size_t)f->nt, sizeof *f->by_name, rt_cmp_tensor_names);
-    }
     uint64_t at = 0;
     const RtStTensor *prev = NULL;
     for (int64_t i = 0; i < f->nt; i++) {
@@ -725,8 +432,7 @@ static RtStatus rt_st_parse(RtStFile *f, RtError *err) {
     if (n > f->size - 8)
         return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': header length %llu is beyond the end of the file (%zu bytes)",
                        L, (unsigned long long)n, f->size);
-    RtJson j = {f->bytes + 8, (size_t)n, 0, f, err};
-    RtStatus st = rt_json_header(&j);
+    RtStatus st = rt_st_header(f, f->bytes + 8, (size_t)n, err);
     if (st != RT_OK) return st;
     const unsigned char *data = f->bytes + 8 + n;
     st = rt_st_validate(f, (uint64_t)(f->size - 8 - n), err);
@@ -901,73 +607,11 @@ RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, in
 
 /* ---- writing ------------------------------------------------------------------------------------ */
 
-typedef struct RtSb {
-    char *p;
-    size_t n, cap;
-    int oom;
-} RtSb;
-
-static void rt_sb_put(RtSb *b, const char *s, size_t len) {
-    if (b->oom) return;
-    if (b->n + len + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + len + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, len);
-    b->n += len;
-    b->p[b->n] = 0;
-}
-
-static void rt_sb_str(RtSb *b, const char *s) { rt_sb_put(b, s, strlen(s)); }
-
-static void rt_sb_u64(RtSb *b, uint64_t v) {
-    char tmp[24];
-    int k = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-    rt_sb_put(b, tmp, (size_t)k);
-}
-
-/* A JSON string as serde_json writes it: '"' and '\\' escaped, control characters as \b \f \n
- * \r \t or \u00xx, everything else (UTF-8 included) as is. */
-static void rt_sb_json(RtSb *b, const char *s) {
-    rt_sb_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char esc[8];
-        switch (*p) {
-        case '"': rt_sb_put(b, "\\\"", 2); break;
-        case '\\': rt_sb_put(b, "\\\\", 2); break;
-        case '\b': rt_sb_put(b, "\\b", 2); break;
-        case '\f': rt_sb_put(b, "\\f", 2); break;
-        case '\n': rt_sb_put(b, "\\n", 2); break;
-        case '\r': rt_sb_put(b, "\\r", 2); break;
-        case '\t': rt_sb_put(b, "\\t", 2); break;
-        default:
-            if (*p < 0x20) {
-                snprintf(esc, sizeof esc, "\\u%04x", *p);
-                rt_sb_put(b, esc, 6);
-            } else {
-                rt_sb_put(b, (const char *)p, 1);
-            }
-        }
-    }
-    rt_sb_put(b, "\"", 1);
-}
-
-static int rt_valid_utf8(const char *s) {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t n = strlen(s);
-    for (size_t i = 0; i < n;) {
-        int len = rt_utf8_len(p + i, n - i);
-        if (!len) return 0;
-        i += (size_t)len;
-    }
-    return 1;
+/* A string the header may hold: UTF-8 that a JSON string can carry. Out of memory counts as
+ * valid here: building the header then fails with ENOMEM. */
+static int rt_st_name_ok(const char *s) {
+    int nomem = 0;
+    return rt_json_valid_utf8(s, &nomem) || nomem;
 }
 
 static int rt_cmp_entry_names(const void *a, const void *b) {
@@ -1000,13 +644,43 @@ static RtStatus rt_st_write_data(RtAtomicFile *af, const RtStEntry *e, uint64_t 
     return RT_OK;
 }
 
+/* The header's JSON text as the reference writes it (compact, __metadata__ first, then the
+ * tensors in layout order), padded with spaces to a multiple of 8 bytes; malloc'd into *out. */
+static RtStatus rt_st_header_text(const char *path, const RtStEntry *t, const RtStEntry **order, const uint64_t *numel, int64_t n,
+                                  const RtStMeta *meta, int64_t nmeta, char **out, size_t *len, RtError *err) {
+    json_t *root = json_object(), *m = nmeta > 0 ? json_object() : NULL;
+    int bad = !root || (nmeta > 0 && json_object_set_new(root, "__metadata__", m) != 0);
+    for (int64_t i = 0; i < nmeta && !bad; i++) bad = json_object_set_new(m, meta[i].key, json_string(meta[i].value)) != 0;
+    uint64_t off = 0;
+    for (int64_t i = 0; i < n && !bad; i++) {
+        const RtStEntry *e = order[i];
+        uint64_t bytes = numel[e - t] * (uint64_t)rt_dtype_size(e->dtype);
+        json_t *shape = json_array();
+        for (int d = 0; d < e->rank && shape && !bad; d++) bad = json_array_append_new(shape, json_integer(e->shape[d])) != 0;
+        json_t *entry = json_pack("{s:s, s:o, s:[I,I]}", "dtype", rt_dtype_name(e->dtype), "shape", shape, "data_offsets",
+                                  (json_int_t)off, (json_int_t)(off + bytes));
+        bad = bad || json_object_set_new(root, e->name, entry) != 0;
+        off += bytes;
+    }
+    char *text = bad ? NULL : rt_json_text(root, JSON_COMPACT, len);
+    json_decref(root);
+    char *padded = text ? realloc(text, *len + 8) : NULL;
+    if (!padded) {
+        free(text);
+        return rt_fail_errno(err, ENOMEM, "cannot write safetensors file '%s'", path);
+    }
+    while (*len % 8) padded[(*len)++] = ' ';
+    *out = padded;
+    return RT_OK;
+}
+
 RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtStMeta *meta, int64_t nmeta, RtError *err) {
     if (n < 0 || nmeta < 0 || (n > 0 && !t) || (nmeta > 0 && !meta))
         return rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': bad tensor or metadata list", path);
     uint64_t *numel = calloc((size_t)(n ? n : 1), sizeof *numel);
     const RtStEntry **order = calloc((size_t)(n ? n : 1), sizeof *order);
     const RtStEntry **byname = calloc((size_t)(n ? n : 1), sizeof *byname);
-    RtSb hb = {0};
+    char *header = NULL;
     RtStatus st = RT_OK;
     if (!numel || !order || !byname) {
         st = rt_fail_errno(err, ENOMEM, "cannot write safetensors file '%s'", path);
@@ -1015,7 +689,7 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
     /* Check everything before the file is touched. */
     for (int64_t i = 0; i < n && st == RT_OK; i++) {
         const RtStEntry *e = &t[i];
-        if (!e->name || !*e->name || strcmp(e->name, "__metadata__") == 0 || !rt_valid_utf8(e->name)) {
+        if (!e->name || !*e->name || strcmp(e->name, "__metadata__") == 0 || !rt_st_name_ok(e->name)) {
             st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor %lld has an invalid name%s%s%s", path,
                          (long long)i, e->name ? " '" : "", e->name ? e->name : "", e->name ? "'" : "");
             break;
@@ -1043,7 +717,7 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
         order[i] = e;
     }
     for (int64_t i = 0; i < nmeta && st == RT_OK; i++)
-        if (!meta[i].key || !meta[i].value || !rt_valid_utf8(meta[i].key) || !rt_valid_utf8(meta[i].value))
+        if (!meta[i].key || !meta[i].value || !rt_st_name_ok(meta[i].key) || !rt_st_name_ok(meta[i].value))
             st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': __metadata__ entry %lld is not a pair of UTF-8 strings",
                          path, (long long)i);
     for (int64_t i = 0; i < nmeta && st == RT_OK; i++)
@@ -1060,61 +734,25 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
             goto done;
         }
     qsort(order, (size_t)n, sizeof *order, rt_cmp_layout);
-    /* The header. */
-    rt_sb_str(&hb, "{");
-    if (nmeta > 0) {
-        rt_sb_str(&hb, "\"__metadata__\":{");
-        for (int64_t i = 0; i < nmeta; i++) {
-            if (i) rt_sb_str(&hb, ",");
-            rt_sb_json(&hb, meta[i].key);
-            rt_sb_str(&hb, ":");
-            rt_sb_json(&hb, meta[i].value);
-        }
-        rt_sb_str(&hb, "}");
-        if (n > 0) rt_sb_str(&hb, ",");
-    }
-    uint64_t off = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const RtStEntry *e = order[i];
-        uint64_t bytes = numel[e - t] * (uint64_t)rt_dtype_size(e->dtype);
-        if (i) rt_sb_str(&hb, ",");
-        rt_sb_json(&hb, e->name);
-        rt_sb_str(&hb, ":{\"dtype\":\"");
-        rt_sb_str(&hb, rt_dtype_name(e->dtype));
-        rt_sb_str(&hb, "\",\"shape\":[");
-        for (int d = 0; d < e->rank; d++) {
-            if (d) rt_sb_str(&hb, ",");
-            rt_sb_u64(&hb, (uint64_t)e->shape[d]);
-        }
-        rt_sb_str(&hb, "],\"data_offsets\":[");
-        rt_sb_u64(&hb, off);
-        rt_sb_str(&hb, ",");
-        rt_sb_u64(&hb, off + bytes);
-        rt_sb_str(&hb, "]}");
-        off += bytes;
-    }
-    rt_sb_str(&hb, "}");
-    while (hb.n % 8) rt_sb_str(&hb, " ");
-    if (hb.oom) {
-        st = rt_fail_errno(err, ENOMEM, "cannot write safetensors file '%s'", path);
-        goto done;
-    }
-    if (hb.n > RT_ST_MAX_HEADER) {
-        st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': the header would be %zu bytes, over the limit", path, hb.n);
+    size_t hlen = 0;
+    st = rt_st_header_text(path, t, order, numel, n, meta, nmeta, &header, &hlen, err);
+    if (st != RT_OK) goto done;
+    if (hlen > RT_ST_MAX_HEADER) {
+        st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': the header would be %zu bytes, over the limit", path, hlen);
         goto done;
     }
     RtAtomicFile af;
     st = rt_atomic_begin(&af, path, "safetensors file", err);
     if (st != RT_OK) goto done;
     unsigned char len8[8];
-    for (int k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hb.n >> (8 * k));
+    for (int k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
     st = rt_atomic_write(&af, len8, 8, err);
-    if (st == RT_OK) st = rt_atomic_write(&af, hb.p, hb.n, err);
+    if (st == RT_OK) st = rt_atomic_write(&af, header, hlen, err);
     for (int64_t i = 0; i < n && st == RT_OK; i++) st = rt_st_write_data(&af, order[i], numel[order[i] - t], err);
     if (st == RT_OK) st = rt_atomic_commit(&af, err);
     else rt_atomic_abort(&af);
 done:
-    free(hb.p);
+    free(header);
     free(numel);
     free(order);
     free(byname);

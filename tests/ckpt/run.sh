@@ -209,13 +209,13 @@ expect_refusal damaged-truncated "model.safetensors' is [0-9]+ bytes, but state.
 damage && printf '\x7f' | dd of=bad/optimizer.safetensors bs=1 seek=5000 conv=notrunc status=none
 expect_refusal damaged-flipped-byte "optimizer.safetensors' fails its checksum \(xxh3-128 [0-9a-f]{32}, state.json says [0-9a-f]{32}\)" train --resume bad --steps 410
 damage && sed -i 's/"step": 400,/"step": 400,,/' bad/state.json
-expect_refusal damaged-json "checkpoint state 'bad/state.json': byte [0-9]+: an object key must be a string" train --resume bad --steps 410
+expect_refusal damaged-json "checkpoint state 'bad/state.json' at byte [0-9]+: string or '}' expected near ','" train --resume bad --steps 410
 damage && sed -i 's/"version": 1/"version": 7/' bad/state.json
 expect_refusal damaged-version "version 7, but this runtime reads version 1" train --resume bad --steps 410
 damage && sed -i 's/"fingerprint": "[0-9a-f]*"/"fingerprint": "zz"/' bad/state.json
 expect_refusal damaged-position "the step, the seed or the data position is missing or malformed" train --resume bad --steps 410
 damage && : >bad/state.json
-expect_refusal damaged-empty-state "unexpected end of the file" train --resume bad --steps 410
+expect_refusal damaged-empty-state "checkpoint state 'bad/state.json' at byte 0: unexpected token near end of file" train --resume bad --steps 410
 mkdir -p badroot && echo "../../etc" >badroot/latest
 expect_refusal damaged-latest "'badroot/latest' does not name a checkpoint" train --resume badroot --steps 410
 "$BUILD/mbt-gendata" --out-dir d2 --name t --tokens 200000 --val-tokens 0 --seed 9 >/dev/null 2>&1

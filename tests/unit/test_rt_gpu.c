@@ -18,6 +18,7 @@
  * library is not installed is not run, with a `note:` line saying so. */
 #include <dlfcn.h>
 #include <ftw.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -336,24 +337,24 @@ static void trace_json(void) {
     char *text = slurp(at("t.json"), &n);
     CHECK_STR(text,
               "{\"traceEvents\":[\n"
-              "{\"name\":\"k_a\",\"ph\":\"X\",\"ts\":0.000,\"dur\":12.500,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"sgemm NT 128x768x3072 x12\",\"ph\":\"X\",\"ts\":12.500,\"dur\":1000.250,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"odd \\\"name\\\"\\\\\\u000a\",\"ph\":\"X\",\"ts\":2000.000,\"dur\":0.001,\"pid\":0,\"tid\":0}\n"
+              "{\"name\":\"k_a\",\"ph\":\"X\",\"ts\":0.0,\"dur\":12.5,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"sgemm NT 128x768x3072 x12\",\"ph\":\"X\",\"ts\":12.5,\"dur\":1000.25,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"odd \\\"name\\\"\\\\\\n\",\"ph\":\"X\",\"ts\":2000.0,\"dur\":0.001,\"pid\":0,\"tid\":0}\n"
               "]}\n",
               "trace");
-    RtJsonDoc *doc = NULL;
-    CHECK(text && rt_json_parse(&doc, text, n, "trace", &e) == RT_OK, "trace does not parse: %s", e.msg);
+    json_t *doc = NULL;
+    CHECK(text && rt_json_parse(&doc, text, n, 0, "trace", &e) == RT_OK, "trace does not parse: %s", e.msg);
     if (doc) {
-        const RtJsonValue *list = rt_json_get(rt_json_root(doc), "traceEvents");
-        CHECK(list && list->type == RT_JSON_ARRAY && list->n == 3, "traceEvents is not 3 events");
-        if (list && list->n == 3) {
+        const json_t *list = rt_json_get(doc, "traceEvents");
+        CHECK(json_is_array(list) && json_array_size(list) == 3, "traceEvents is not 3 events");
+        if (json_array_size(list) == 3) {
             double ts = 0, dur = 0;
-            CHECK_STR(rt_json_str(rt_json_get(list->items[2], "name")), "odd \"name\"\\\n", "escaped name round trip");
-            CHECK(rt_json_f64(rt_json_get(list->items[1], "ts"), &ts) && ts == 12.5, "ts %g", ts);
-            CHECK(rt_json_f64(rt_json_get(list->items[1], "dur"), &dur) && dur == 1000.25, "dur %g", dur);
-            CHECK_STR(rt_json_str(rt_json_get(list->items[0], "ph")), "X", "ph");
+            CHECK_STR(rt_json_str(rt_json_get(json_array_get(list, 2), "name")), "odd \"name\"\\\n", "escaped name round trip");
+            CHECK(rt_json_f64(rt_json_get(json_array_get(list, 1), "ts"), &ts) && ts == 12.5, "ts %g", ts);
+            CHECK(rt_json_f64(rt_json_get(json_array_get(list, 1), "dur"), &dur) && dur == 1000.25, "dur %g", dur);
+            CHECK_STR(rt_json_str(rt_json_get(json_array_get(list, 0), "ph")), "X", "ph");
         }
-        rt_json_free(doc);
+        json_decref(doc);
     }
     free(text);
     /* no events: still a valid trace */
@@ -818,11 +819,11 @@ static void fake_timing_and_trace(void) {
     text = slurp(at("trace.json"), NULL);
     CHECK_STR(text,
               "{\"traceEvents\":[\n"
-              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":0.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":500.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"mbt_rt_axpy\",\"ph\":\"X\",\"ts\":1000.000,\"dur\":500.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"sgemm NN 5x7x3\",\"ph\":\"X\",\"ts\":1500.000,\"dur\":2000.000,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":3500.000,\"dur\":500.000,\"pid\":0,\"tid\":0}\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":0.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":500.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"mbt_rt_axpy\",\"ph\":\"X\",\"ts\":1000.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"sgemm NN 5x7x3\",\"ph\":\"X\",\"ts\":1500.0,\"dur\":2000.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":3500.0,\"dur\":500.0,\"pid\":0,\"tid\":0}\n"
               "]}\n",
               "trace written at close");
     free(text);

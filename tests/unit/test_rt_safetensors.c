@@ -260,95 +260,105 @@ typedef struct Bad {
     const char *header;
     long long len;      /* the length field, or -1 for the header's length */
     size_t data;        /* data bytes after the header */
-    const char *needle; /* where the error is reported: the first occurrence in header (NULL: end); "" for no offset */
-    const char *msg;    /* the message after "safetensors file 'PATH': " (with "at offset %d" where needle says) */
+    const char *msg;    /* the message after "safetensors file 'PATH': ": a syntax error at its byte in the file (the
+                         * JSON reader's words), a schema error naming the tensor or key */
 } Bad;
 
 static const Bad bads[] = {
-    {"header_beyond_file", "{}", 1000, 20, "", "header length 1000 is beyond the end of the file (30 bytes)"},
-    {"header_too_large", "{}", 1LL << 40, 0, "", "header length 1099511627776 exceeds the limit of 100000000 bytes"},
-    {"not_an_object", "[]", -1, 0, "[", "malformed header at offset %d: the header must start with '{', found '['"},
-    {"leading_space", " {}", -1, 0, " ", "malformed header at offset %d: the header must start with '{', found ' '"},
-    {"empty_header", "", -1, 0, NULL, "malformed header at offset %d: the header must start with '{', found the end of the header"},
-    {"unclosed_object", "{\"a\":" F32A, -1, 4, NULL,
-     "malformed header at offset %d: expected ',' or '}' in the header object, found the end of the header"},
-    {"missing_colon", "{\"a\" " F32A "}", -1, 4, "{\"d", "malformed header at offset %d: expected ':' after the name \"a\", found '{'"},
-    {"unterminated_string", "{\"abc", -1, 0, NULL, "malformed header at offset %d: unterminated string as a tensor name"},
-    {"bad_escape", "{\"a\\q\":" F32A "}", -1, 4, "q", "malformed header at offset %d: invalid escape '\\q' in a string as a tensor name"},
-    {"bad_unicode_escape", "{\"a\\u12G4\":" F32A "}", -1, 4, "\\u",
-     "malformed header at offset %d: invalid \\u escape in a string as a tensor name (four hex digits expected)"},
-    {"invalid_utf8", "{\"a\xff\":" F32A "}", -1, 4, "\xff", "malformed header at offset %d: invalid UTF-8 in a string as a tensor name"},
-    {"overlong_utf8", "{\"a\xc0\xaf\":" F32A "}", -1, 4, "\xc0", "malformed header at offset %d: invalid UTF-8 in a string as a tensor name"},
-    {"control_char", "{\"a\x01\":" F32A "}", -1, 4, "\x01",
-     "malformed header at offset %d: control character 0x01 in a string as a tensor name (it must be escaped)"},
-    {"lone_surrogate", "{\"\\udc00\":" F32A "}", -1, 4, "\\u",
-     "malformed header at offset %d: unpaired surrogate \\udc00 in a string as a tensor name"},
-    {"unpaired_high_surrogate", "{\"\\ud800x\":" F32A "}", -1, 4, "\\u",
-     "malformed header at offset %d: unpaired surrogate \\ud800 in a string as a tensor name"},
-    {"nul_escape", "{\"a\\u0000\":" F32A "}", -1, 4, "\\u",
-     "malformed header at offset %d: a string as a tensor name holds the NUL character (\\u0000), which mbt does not accept"},
-    {"leading_zero", "{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", -1, 4, "01",
-     "malformed header at offset %d: number with a leading zero for tensor \"a\""},
-    {"negative", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-1,4]}}", -1, 4, "-",
-     "malformed header at offset %d: negative number for tensor \"a\""},
-    {"fraction", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", -1, 4, "1.0",
-     "malformed header at offset %d: expected a whole number for tensor \"a\", found a fraction or exponent"},
-    {"exponent", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1e0],\"data_offsets\":[0,4]}}", -1, 4, "1e0",
-     "malformed header at offset %d: expected a whole number for tensor \"a\", found a fraction or exponent"},
-    {"huge_number", "{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]}}", -1, 4, "999",
-     "malformed header at offset %d: number too large for tensor \"a\" (the limit is 2^53)"},
-    {"string_number", "{\"a\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", -1, 4, "\"1\"",
-     "malformed header at offset %d: expected a whole number for tensor \"a\", found '\"'"},
-    {"shape_not_list", "{\"a\":{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}}", -1, 4, "1,",
-     "malformed header at offset %d: expected '[' for tensor \"a\", found '1'"},
-    {"three_offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", -1, 4, ",8",
-     "malformed header at offset %d: data_offsets for tensor \"a\" must hold two numbers, not more"},
-    {"one_offset", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", -1, 4, "}}",
-     "malformed header at offset %d: data_offsets for tensor \"a\" must hold two numbers, not one"},
-    {"missing_dtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4, "}}",
-     "malformed header at offset %d: tensor \"a\" has no dtype"},
-    {"unknown_key", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"foo\":1,\"data_offsets\":[0,4]}}", -1, 4, "\"foo",
-     "malformed header at offset %d: unknown key \"foo\" for tensor \"a\" (expected dtype, shape, data_offsets)"},
-    {"duplicate_key", "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4, "\"dtype\":\"F32\",\"shape",
-     "malformed header at offset %d: duplicate key \"dtype\" for tensor \"a\""},
-    {"tensor_not_object", "{\"a\":\"b\"}", -1, 0, "\"b", "malformed header at offset %d: expected '{' for tensor \"a\", found '\"'"},
-    {"deep_nesting", "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}", -1, 0, "[",
-     "malformed header at offset %d: expected '{' for tensor \"a\", found '['"},
-    {"metadata_not_string", "{\"__metadata__\":{\"k\":1}}", -1, 0, "1}",
-     "malformed header at offset %d: the value of __metadata__ key \"k\" must be a string, found '1'"},
-    {"metadata_nested", "{\"__metadata__\":{\"k\":{\"x\":\"y\"}}}", -1, 0, "{\"x",
-     "malformed header at offset %d: the value of __metadata__ key \"k\" must be a string, found '{'"},
-    {"duplicate_metadata", "{\"__metadata__\":{},\"__metadata__\":{}}", -1, 0, "\"__metadata__\":{}}",
-     "malformed header at offset %d: duplicate key \"__metadata__\""},
-    {"garbage_after", "{} x", -1, 0, "x",
-     "malformed header at offset %d: unexpected 'x' after the header object (only space padding may follow it)"},
-    {"nul_padding", "{}\0\0", 4, 0, "", NULL}, /* (message built below: the needle cannot hold NUL) */
+    {"header_beyond_file", "{}", 1000, 20,
+     "header length 1000 is beyond the end of the file (30 bytes)"},
+    {"header_too_large", "{}", 1LL << 40, 0,
+     "header length 1099511627776 exceeds the limit of 100000000 bytes"},
+    {"not_an_object", "[]", -1, 0,
+     "malformed header at byte 8: the header must start with '{', found '['"},
+    {"leading_space", " {}", -1, 0,
+     "malformed header at byte 8: the header must start with '{', found ' '"},
+    {"empty_header", "", -1, 0,
+     "malformed header at byte 8: the header must start with '{', found the end of the header"},
+    {"unclosed_object", "{\"a\":" F32A, -1, 4,
+     "malformed header at byte 61: '}' expected near end of file"},
+    {"missing_colon", "{\"a\" " F32A "}", -1, 4,
+     "malformed header at byte 14: ':' expected near '{'"},
+    {"unterminated_string", "{\"abc", -1, 0,
+     "malformed header at byte 13: premature end of input near '\"abc'"},
+    {"bad_escape", "{\"a\\q\":" F32A "}", -1, 4,
+     "malformed header at byte 13: invalid escape near '\"a\\q'"},
+    {"bad_unicode_escape", "{\"a\\u12G4\":" F32A "}", -1, 4,
+     "malformed header at byte 16: invalid escape near '\"a\\u12G'"},
+    {"invalid_utf8", "{\"a\xff\":" F32A "}", -1, 4,
+     "malformed header at byte 11: unable to decode byte 0xff near '\"a'"},
+    {"overlong_utf8", "{\"a\xc0\xaf\":" F32A "}", -1, 4,
+     "malformed header at byte 11: unable to decode byte 0xc0 near '\"a'"},
+    {"control_char", "{\"a\x01\":" F32A "}", -1, 4,
+     "malformed header at byte 11: control character 0x1 near '\"a'"},
+    {"lone_surrogate", "{\"\\udc00\":" F32A "}", -1, 4,
+     "malformed header at byte 17: invalid Unicode '\\uDC00' near '\"\\udc00\"'"},
+    {"unpaired_high_surrogate", "{\"\\ud800x\":" F32A "}", -1, 4,
+     "malformed header at byte 18: invalid Unicode '\\uD800' near '\"\\ud800x\"'"},
+    {"nul_escape", "{\"a\\u0000\":" F32A "}", -1, 4,
+     "malformed header at byte 18: NUL byte in object key not supported near '\"a\\u0000\"'"},
+    {"leading_zero", "{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header at byte 38: invalid token near '0'"},
+    {"negative", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-1,4]}}", -1, 4,
+     "malformed header: data_offsets of tensor \"a\" holds a negative number"},
+    {"fraction", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header: shape of tensor \"a\" must hold whole numbers, not a fraction or exponent"},
+    {"exponent", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1e0],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header: shape of tensor \"a\" must hold whole numbers, not a fraction or exponent"},
+    {"huge_number", "{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header at byte 57: too big integer near '99999999999999999999'"},
+    {"string_number", "{\"a\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header: shape of tensor \"a\" must hold whole numbers, not a string"},
+    {"shape_not_list", "{\"a\":{\"dtype\":\"F32\",\"shape\":1,\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header: shape of tensor \"a\" must be a list, not a whole number"},
+    {"three_offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", -1, 4,
+     "malformed header: data_offsets of tensor \"a\" must hold two numbers, not 3"},
+    {"one_offset", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", -1, 4,
+     "malformed header: data_offsets of tensor \"a\" must hold two numbers, not 1"},
+    {"missing_dtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header: tensor \"a\" has no dtype"},
+    {"unknown_key", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"foo\":1,\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header: unknown key \"foo\" in tensor \"a\" (expected dtype, shape, data_offsets)"},
+    {"duplicate_key", "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header at byte 35: duplicate object key near '\"dtype\"'"},
+    {"tensor_not_object", "{\"a\":\"b\"}", -1, 0,
+     "malformed header: tensor \"a\" must be an object, not a string"},
+    {"deep_nesting", "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}", -1, 0,
+     "malformed header: tensor \"a\" must be an object, not a list"},
+    {"metadata_not_string", "{\"__metadata__\":{\"k\":1}}", -1, 0,
+     "malformed header: the value of __metadata__ key \"k\" must be a string, not a whole number"},
+    {"metadata_nested", "{\"__metadata__\":{\"k\":{\"x\":\"y\"}}}", -1, 0,
+     "malformed header: the value of __metadata__ key \"k\" must be a string, not an object"},
+    {"duplicate_metadata", "{\"__metadata__\":{},\"__metadata__\":{}}", -1, 0,
+     "malformed header at byte 41: duplicate object key near '\"__metadata__\"'"},
+    {"garbage_after", "{} x", -1, 0,
+     "malformed header at byte 12: end of file expected near 'x'"},
+    {"nul_padding", "{}\0\0", 4, 0, "malformed header at byte 11: end of file expected near end of file"}, /* jansson reads NUL as the end */
     {"too_many_dims", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", -1, 4,
-     "1],", "malformed header at offset %d: shape for tensor \"a\" has more than 16 dimensions"},
-    {"unknown_dtype", "{\"a\":{\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4, "\"F17",
-     "malformed header at offset %d: unknown dtype \"F17\" for tensor \"a\""},
-    {"sub_byte_dtype", "{\"a\":{\"dtype\":\"F4\",\"shape\":[2],\"data_offsets\":[0,1]}}", -1, 1, "\"F4",
-     "malformed header at offset %d: dtype \"F4\" for tensor \"a\" is not supported (its elements are smaller than a byte)"},
-    {"outside_data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[0,100]}}", -1, 24, "",
+     "malformed header: shape of tensor \"a\" has more than 16 dimensions"},
+    {"unknown_dtype", "{\"a\":{\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4,
+     "malformed header: unknown dtype \"F17\" of tensor \"a\""},
+    {"sub_byte_dtype", "{\"a\":{\"dtype\":\"F4\",\"shape\":[2],\"data_offsets\":[0,1]}}", -1, 1,
+     "malformed header: dtype \"F4\" of tensor \"a\" is not supported (its elements are smaller than a byte)"},
+    {"outside_data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[0,100]}}", -1, 24,
      "tensor 'a' has data_offsets [0, 100] outside the data (24 bytes)"},
-    {"reversed", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", -1, 8, "",
+    {"reversed", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", -1, 8,
      "tensor 'a' has reversed data_offsets [8, 4]"},
-    {"size_mismatch", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", -1, 20, "",
+    {"size_mismatch", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", -1, 20,
      "tensor 'a' is F32 [2, 3] (24 bytes) but its data_offsets [0, 20] span 20 bytes"},
-    {"overlap",
-     "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
-     -1, 24, "", "tensors 'a' [0, 16] and 'b' [8, 24] overlap"},
-    {"gap",
-     "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-     -1, 24, "", "data bytes [8, 16) before tensor 'b' belong to no tensor"},
-    {"hole_at_start", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", -1, 16, "",
+    {"overlap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}", -1, 24,
+     "tensors 'a' [0, 16] and 'b' [8, 24] overlap"},
+    {"gap", "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 24,
+     "data bytes [8, 16) before tensor 'b' belong to no tensor"},
+    {"hole_at_start", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", -1, 16,
      "data bytes [0, 8) before tensor 'a' belong to no tensor"},
-    {"trailing_data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 16, "",
+    {"trailing_data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 16,
      "data bytes [8, 16) at the end belong to no tensor"},
-    {"duplicate_name", "{\"a\":" F32A ",\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", -1, 8, "",
-     "duplicate tensor name 'a'"},
-    {"duplicate_metadata_key", "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", -1, 0, "", "duplicate __metadata__ key 'k'"},
-    {"too_many_elements", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1073741824,1073741824,1073741824],\"data_offsets\":[0,4]}}", -1, 4, "",
+    {"duplicate_name", "{\"a\":" F32A ",\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", -1, 8,
+     "malformed header at byte 65: duplicate object key near '\"a\"'"},
+    {"duplicate_metadata_key", "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", -1, 0,
+     "malformed header at byte 36: duplicate object key near '\"k\"'"},
+    {"too_many_elements", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1073741824,1073741824,1073741824],\"data_offsets\":[0,4]}}", -1, 4,
      "tensor 'a' has too many elements"},
 };
 
@@ -366,22 +376,8 @@ static void bad_files(void) {
         memcpy(p + 8, b->header, hlen);
         spit(path, p, n);
         free(p);
-        char msg[600], want[1200];
-        if (strcmp(b->name, "nul_padding") == 0) {
-            snprintf(msg, sizeof msg, "malformed header at offset 10: unexpected byte 0x00 after the header object (only space "
-                                      "padding may follow it)");
-        } else if (b->needle && !*b->needle) {
-            snprintf(msg, sizeof msg, "%s", b->msg);
-        } else {
-            const char *hit = b->needle ? strstr(b->header, b->needle) : NULL;
-            int off = 8 + (int)(b->needle ? hit - b->header : (long)hlen);
-            if (b->needle && !hit) {
-                CHECK(0, "%s: the needle is not in the header", b->name);
-                continue;
-            }
-            snprintf(msg, sizeof msg, b->msg, off);
-        }
-        snprintf(want, sizeof want, "safetensors file '%s': %s", path, msg);
+        char want[1200];
+        snprintf(want, sizeof want, "safetensors file '%s': %s", path, b->msg);
         RtStFile *f = NULL;
         RtError e;
         RtStatus st = rt_st_open(&f, path, &e);
@@ -393,7 +389,7 @@ static void bad_files(void) {
         }
         rt_st_close(f);
     }
-    /* A trailing comma (reported at the closing brace, the header's last byte). */
+    /* A trailing comma (reported after the closing brace, the header's last byte). */
     char want[700];
     RtStFile *f = NULL;
     RtError e;
@@ -406,8 +402,7 @@ static void bad_files(void) {
     free(tp);
     CHECK(rt_st_open(&f, at("comma.st"), &e) == RT_ERR_FORMAT, "a trailing comma was accepted");
     snprintf(want, sizeof want,
-             "safetensors file '%s': malformed header at offset %zu: expected a string as a tensor name, found '}'",
-             at("comma.st"), 8 + tcn - 1);
+             "safetensors file '%s': malformed header at byte %zu: string or '}' expected near '}'", at("comma.st"), 8 + tcn);
     CHECK_STR(e.msg, want, "message");
     /* Too short for the length field; missing; a directory. */
     spit(at("short.st"), "\x08\0\0", 3);
@@ -482,10 +477,7 @@ static void names_in_messages(void) {
     q[0] = (unsigned char)(sizeof hdr2 - 1);
     memcpy(q + 8, hdr2, sizeof hdr2 - 1);
     CHECK(rt_st_open_memory(&f, q, sizeof q, "m", &e) == RT_ERR_FORMAT && f == NULL, "an unknown dtype opened");
-    char want[300];
-    snprintf(want, sizeof want, "safetensors file 'm': malformed header at offset %d: unknown dtype \"F17\" for tensor \"x\\t\\x01\"",
-             8 + (int)(strstr(hdr2, "\"F17") - hdr2));
-    CHECK_STR(e.msg, want, "message");
+    CHECK_STR(e.msg, "safetensors file 'm': malformed header: unknown dtype \"F17\" of tensor \"x\\t\\x01\"", "message");
     CHECK(strchr(e.msg, '\n') == NULL && strchr(e.msg, '\t') == NULL, "a control character in the message");
     dir_remove();
 }
