@@ -112,6 +112,8 @@ $(LLVM_OBJS): OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC)
 $(BUILD)/obj/compiler/main.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"'
 $(BUILD)/obj/compiler/host/link.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) \
     -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"'
+# link.o bakes in RT_LDLIBS: a change of the libraries executables link must rebuild it.
+$(BUILD)/obj/compiler/host/link.o: Makefile
 
 # Generated code: same warnings, minus the unused-parameter noise lemon's template produces.
 $(BUILD)/obj/gen/mbt.o: $(BUILD)/gen/mbt.c | $(GEN_HDRS)
