@@ -118,7 +118,13 @@ run=sigterm
 : >"$OUT"
 "$PROG" train --data "$DATA" --threads 1 --steps "$STEPS" --ckpt-dir "$run.ckpt" --ckpt-every 0 --log "$run.jsonl" >"$OUT" 2>&1 &
 pid=$!
-sleep 0.3
+# SIGTERM once the first step is logged (not after a fixed delay: the whole run can take less
+# than any delay on an idle machine, and more than it to start on a loaded one)
+for _ in $(seq 1 1000); do
+    [ -s "$run.jsonl" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.01
+done
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
