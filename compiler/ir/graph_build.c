@@ -774,7 +774,7 @@ static int gb_params_named(GraphBuilder *gb) {
         gb_fail(gb, p->src,
                 "parameter '%s' belongs to a model instantiated outside the train "
                 "block's model (in a function or in the loss), which is not supported yet",
-                sema_src(gb->s, p->src));
+                diag_span_text(gb->s->ar, p->src));
         if (gb->s && diag_error_count() > gb->errors_before)
             sema_hint(gb->s,
                       "parameters are named by their path from the model: make the sub-model a member of a model");
@@ -906,7 +906,7 @@ Value *gb_update_leaf(GraphBuilder *gb, const char *role, Str name, const Value 
         double x = 0;
         if (init && !value_number(init, &x)) {
             gb_fail(gb, init->origin, "state '%.*s' starting from %s is not supported yet (a number is)", STR_ARG(name),
-                    sema_describe(gb->s, init));
+                    value_describe(gb->s->ar, init));
             return NULL;
         }
         if (u->nstate >= gb->statecap) INTERNAL("graph builder: more state variables than the optimizer declares");
@@ -945,7 +945,7 @@ void gb_update_lr(GraphBuilder *gb, Scope *opt_scope, int on) {
             gb_fail(gb, e->decl,
                     "the hyper-parameter 'lr' is %s, but the learning-rate schedule scales a number; this is not "
                     "supported yet",
-                    sema_describe(gb->s, e->v));
+                    value_describe(gb->s->ar, e->v));
         else
             gb->failed = 1;
         return;
@@ -970,7 +970,7 @@ static int gb_update_out(GraphBuilder *gb, Scope *loc, Str name, const char *wha
         return -1;
     }
     if (v->kind != V_TENSOR || v->graph_id <= 0 || v->graph_id > gb->g->n) {
-        gb_fail(gb, at, "following the value %s ends with (%s) is not supported yet", what, sema_describe(gb->s, v));
+        gb_fail(gb, at, "following the value %s ends with (%s) is not supported yet", what, value_describe(gb->s->ar, v));
         return -1;
     }
     const GNode *n = gb_node(gb, v->graph_id - 1);

@@ -38,8 +38,6 @@
 #define SEMA_STEP_BUDGET 20000000L  /* evaluation steps for one whole program */
 #define SEMA_MAX_MODULE_DEPTH 64    /* nested imports being checked */
 
-#define STR_ARG(s) (int)(s).len, (s).p /* for "%.*s" */
-
 typedef struct Sema Sema;
 typedef struct Frame Frame;
 typedef struct GraphBuilder GraphBuilder; /* graph_build.c */
@@ -150,6 +148,9 @@ typedef struct PtrMap {
     void **val;
     int n, cap;
 } PtrMap;
+/* The value slot of key in m (open addressing, grown in ar); *fresh = 1 when key was just added
+ * (its slot holds NULL). */
+void **ptrmap_slot(Arena *ar, PtrMap *m, const void *key, int *fresh);
 
 struct Sema {
     Arena *ar;            /* where evaluation allocates: a scratch arena while a declaration is
@@ -204,10 +205,7 @@ void sema_hint_suggest(Sema *s, const Suggest *g);      /* `hint: did you mean '
 /* ---- text for messages ---- */
 
 char *sema_cstr(Sema *s, Str x);                     /* NUL-terminated copy */
-char *sema_src(Sema *s, Span at);                    /* source text of a span, shortened */
 Span sema_span_of(const Node *n, Str piece);         /* span of a slice of n's source (its name) */
-char *sema_type_str(Sema *s, const TensorType *t);   /* "f32[B, T, 768]" */
-char *sema_describe(Sema *s, const Value *v);        /* "integer 768", "f32[4, 64]", "model 'GPT2'" */
 
 /* Counts one evaluation step and one level of nesting; 0 means stop (limit reported once). */
 int sema_enter(Sema *s, Span at);

@@ -140,7 +140,7 @@ static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int6
         sema_error(s, value_span(item), "'%s' must be %s, but it is %lld", key, allowed, (long long)k);
         return 0;
     }
-    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
     return 0;
 }
 
@@ -161,7 +161,7 @@ static int get_num(Frame *f, const Node *item, const char *key, double lo, int l
         known = 1;
     }
     if (!known) {
-        sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+        sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
         return 0;
     }
     if ((lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi) || x != x) {
@@ -180,7 +180,7 @@ static int get_string(Frame *f, const Node *item, const char *key, const char *a
         *out = v->s;
         return 1;
     }
-    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
     return 0;
 }
 
@@ -227,7 +227,7 @@ static int get_ident(Frame *f, const Node *item, const char *key, const char *co
                 return 0;
             }
     }
-    sema_error(s, v->span, "'%s' must be %s, but it is '%s'", key, allowed, sema_src(s, v->span));
+    sema_error(s, v->span, "'%s' must be %s, but it is '%s'", key, allowed, diag_span_text(s->ar, v->span));
     return 0;
 }
 
@@ -264,7 +264,7 @@ static int get_bool(Frame *f, const Node *item, const char *key, int *out) {
         *out = v->b;
         return 1;
     }
-    sema_error(s, value_span(item), "'%s' must be true or false, but it is %s", key, sema_describe(s, v));
+    sema_error(s, value_span(item), "'%s' must be true or false, but it is %s", key, value_describe(s->ar, v));
     return 0;
 }
 
@@ -274,11 +274,11 @@ static Value *get_model(Frame *f, const Node *item) {
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_MODEL || v->kind == V_UNKNOWN) return v;
     if (v->kind == V_MODEL_DEF) {
-        if (sema_error(s, value_span(item), "'model' must be a model instance, but it is %s", sema_describe(s, v)))
-            sema_hint(s, "call it: model = %s()", sema_src(s, value_span(item)));
+        if (sema_error(s, value_span(item), "'model' must be a model instance, but it is %s", value_describe(s->ar, v)))
+            sema_hint(s, "call it: model = %s()", diag_span_text(s->ar, value_span(item)));
     } else {
         sema_error(s, value_span(item), "'model' must be a model instance, e.g. GPT2(), but it is %s",
-                   sema_describe(s, v));
+                   value_describe(s->ar, v));
     }
     return value_unknown(s->ar, value_span(item));
 }
@@ -301,7 +301,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
     if (!v || v->kind != N_CALL || !v->a || v->a->kind != N_NAME || !str_eqc(v->a->name, "tokens")) {
         Value *got = eval_expr(f, item->a);
         if (got->kind != V_UNKNOWN &&
-            sema_error(s, value_span(item), "'data' must be a token source, but it is %s", sema_describe(s, got)))
+            sema_error(s, value_span(item), "'data' must be a token source, but it is %s", value_describe(s->ar, got)))
             sema_hint(s, "write data = tokens(\"data/train_*.bin\", seq = 1024)");
         return 0;
     }
@@ -346,7 +346,8 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         Value *p = eval_expr(f, given[0]);
         if (p->kind == V_STRING && p->s) ts->cfg.data_glob = p->s;
         else if (p->kind != V_UNKNOWN) {
-            sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s", sema_describe(s, p));
+            sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s",
+                       value_describe(s->ar, p));
             ok = 0;
         }
     }
@@ -361,7 +362,8 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
             if (q->kind == V_INT && q->dim && dim_const(q->dim, &k))
                 sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %lld", (long long)k);
             else
-                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s", sema_describe(s, q));
+                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s",
+                           value_describe(s->ar, q));
             ok = 0;
         } else {
             ok = 0;
@@ -429,7 +431,7 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
     int64_t len;
     if (v->kind != V_LIST || !v->len || !dim_const(v->len, &len) || len != v->n) {
         if (sema_error(s, value_span(item), "'batch.ramp' must be a list of (step, global) pairs, but it is %s",
-                       sema_describe(s, v)))
+                       value_describe(s->ar, v)))
             sema_hint(s, "for example: ramp = [(500, 128), (1000, 256)]");
         return;
     }
@@ -445,7 +447,7 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
             e->items[1]->kind != V_INT || !e->items[0]->dim || !e->items[1]->dim ||
             !dim_const(e->items[0]->dim, &st) || !dim_const(e->items[1]->dim, &gl)) {
             sema_error(s, at, "each 'batch.ramp' entry must be a pair of integers (step, global), but this one is %s",
-                       sema_describe(s, e));
+                       value_describe(s->ar, e));
             continue;
         }
         if (st <= prev_step || st < 0) {
@@ -475,7 +477,8 @@ static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
     const Node *v = item->a;
     if (!v) return;
     if (v->kind != N_LIST) {
-        if (sema_error(s, v->span, "'recompute' must be a list of op names, but it is '%s'", sema_src(s, v->span)))
+        if (sema_error(s, v->span, "'recompute' must be a list of op names, but it is '%s'",
+                       diag_span_text(s->ar, v->span)))
             sema_hint(s, "for example: recompute = [gelu, layernorm]");
         return;
     }
@@ -490,7 +493,7 @@ static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
             ts->cfg.recompute |= 1u << which;
             continue;
         }
-        if (sema_error(s, e->span, "'recompute' entry '%s' is not one of %s", sema_src(s, e->span),
+        if (sema_error(s, e->span, "'recompute' entry '%s' is not one of %s", diag_span_text(s->ar, e->span),
                        choices_text(s, ops, 5, 0)) &&
             e->kind == N_NAME) {
             Suggest g;
@@ -729,7 +732,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         int scalar = l->kind == V_UNKNOWN || l->kind == V_FLOAT || l->kind == V_INT ||
                      (l->kind == V_TENSOR && l->t.rank == 0 && dtype_is_float(l->t.dt));
         if (!scalar) {
-            if (sema_error(s, value_span(k[T_LOSS]), "'loss' must be a scalar, but it is %s", sema_describe(s, l)))
+            if (sema_error(s, value_span(k[T_LOSS]), "'loss' must be a scalar, but it is %s", value_describe(s->ar, l)))
                 sema_hint(s, "reduce it to one number, e.g. with mean(...) or cross_entropy(...)");
             l = value_unknown(s->ar, value_span(k[T_LOSS]));
         }
@@ -754,11 +757,11 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
             if (building) gb_update_end(gb);
         } else if (o->kind == V_OPTIMIZER_DEF) {
             if (sema_error(s, at, "'optimizer' must be an optimizer with its hyper-parameters bound, but it is %s",
-                           sema_describe(s, o)))
-                sema_hint(s, "call it: optimizer = %s(lr = 1e-3)", sema_src(s, at));
+                           value_describe(s->ar, o)))
+                sema_hint(s, "call it: optimizer = %s(lr = 1e-3)", diag_span_text(s->ar, at));
             o = value_unknown(s->ar, at);
         } else if (o->kind != V_UNKNOWN) {
-            if (sema_error(s, at, "'optimizer' must be an optimizer, but it is %s", sema_describe(s, o)))
+            if (sema_error(s, at, "'optimizer' must be an optimizer, but it is %s", value_describe(s->ar, o)))
                 sema_hint(s, "for example: optimizer = optim.adamw(lr = 6e-4)");
             o = value_unknown(s->ar, at);
         }
