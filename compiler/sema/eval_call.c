@@ -667,11 +667,12 @@ void eval_check_update(Sema *s, Value *ov, Span at) {
     Value *fnv = value_new(s->ar, V_FN, upd->span);
     fnv->node = upd;
     fnv->scope = ov->scope;
-    if (gb) gb_update_lr(gb, ov->scope, 1); /* graph builder hook: lr is the input "lr" while update runs */
+    Value *lr_number = NULL; /* graph builder hook: lr is the input "lr" while update runs */
+    Entry *lr = gb ? sema_gb_lr_swap(gb, ov->scope, &lr_number) : NULL;
     (void)run_fn(s, fnv, loc, at, FR_UPDATE, at.file == 0, &pt->t);
     if (gb) {
-        gb_update_lr(gb, ov->scope, 0);
-        gb_update_results(gb, loc, pp->name, at); /* graph builder hook: p and the states are the results */
+        sema_gb_lr_restore(lr, lr_number);
+        sema_gb_update_results(gb, loc, pp->name, at); /* graph builder hook: p and the states are the results */
     }
 }
 

@@ -476,7 +476,7 @@ static void sema_check_module(Sema *s, Module *m) {
 
 /* ---- entry points ---- */
 
-int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb) {
+int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb, const Node *train) {
     int before = diag_error_count();
     Sema s;
     memset(&s, 0, sizeof s);
@@ -485,11 +485,12 @@ int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb) 
     s.ld = ld;
     s.out = out;
     s.gb_want = gb;
+    s.gb_train = train;
     sema_check_module(&s, main);
     return diag_error_count() - before;
 }
 
-int sema_run(Loader *ld, Module *main, SemaResult *out) { return sema_run_build(ld, main, out, NULL); }
+int sema_run(Loader *ld, Module *main, SemaResult *out) { return sema_run_build(ld, main, out, NULL, NULL); }
 
 int sema_check(Loader *ld, Module *main) {
     SemaResult res;

@@ -12,7 +12,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "graph_build.h"
 #include "sema_internal.h"
 
 /* ---- keys ---- */
@@ -643,7 +642,7 @@ static void build_forward(Frame *f, const Node *model_item, TrainSettings *ts, G
     s->gb = fwd;
     Value *model = get_model(f, model_item);
     s->gb = NULL;
-    gb_model(fwd, model);
+    sema_gb_name_params(s, fwd, model);
     const Dim *dims[2] = {dim_int(s->ar, 1), dim_int(s->ar, ts->cfg.seq)};
     Value *x = value_tensor(s->ar, DT_I32, 2, dims, data_at);
     gb_forward_input(fwd, x);
@@ -693,12 +692,12 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     }
 
     /* The model: everything else is about it. */
-    GraphBuilder *gb = gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
+    GraphBuilder *gb = sema_gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
     s->gb = gb;
     s->precision = ts->cfg.precision == PREC_BF16 ? PREC_BF16 : PREC_F32; /* until the optimizer (f32) */
     ts->model = k[T_MODEL] ? get_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
     s->gb = NULL;
-    if (gb) gb_model(gb, ts->model); /* graph builder hook: names the parameters */
+    if (gb) sema_gb_name_params(s, gb, ts->model); /* graph builder hook: names the parameters */
     scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? key_span(k[T_MODEL]) : name_at);
 
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
@@ -750,7 +749,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
         Span at = value_span(k[T_OPTIMIZER]);
         if (o->kind == V_OPTIMIZER) {
-            int building = gb && gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
+            int building = sema_gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
             s->gb = building ? gb : NULL;
             eval_check_update(s, o, at);
             s->gb = NULL;
