@@ -808,8 +808,7 @@ int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
     u->seg_name = names;
     u->p_in = u->g_in = u->t_in = u->p_out = -1;
     u->lr_in = -1;
-    /* room for every state variable the optimizer declares */
-    int cap = nstate;
+    int cap = nstate < 0 ? 0 : nstate; /* room for every state variable the optimizer declares */
     gb->statecap = cap;
     gb->state_str = arena_alloc(ar, sizeof(Str) * (size_t)(cap + 1));
     u->state_name = arena_alloc(ar, sizeof(char *) * (size_t)(cap + 1));
