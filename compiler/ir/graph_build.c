@@ -1,7 +1,8 @@
 /* graph_build.c - the forward graph IR of a train block, built while sema instantiates it.
  *
- * Pipeline position: sema (eval.c evaluates, settings.c drives the train block) -> [graph_build]
- * -> graph IR (graph.h) -> autodiff. The checker already walks the train block's model with
+ * Pipeline position: sema (eval.c evaluates, settings.c checks the train block, build.c drives
+ * the build) -> [graph_build] -> graph IR (graph.h) -> autodiff. The checker already walks the
+ * train block's model with
  * concrete constants, unrolling every loop and evaluating every call inline; the hooks here
  * (graph_build.h) are called at each place that walk makes a tensor and append the op that
  * made it, so what `--check` accepts is exactly what gets built. Rules followed:
@@ -12,8 +13,8 @@
  *   - axes are normalised to >= 0; a reduction over everything has axis -1;
  *   - integer selection x[:, 0] is a slice and a reshape dropping the axis; split is one slice
  *     per part; topk two nodes; concat of more than GRAPH_MAX_IN items a chain;
- *   - parameters are named after instantiation by their path from the model, walking its members
- *     (sub-models, lists of them by index): `h.3.attn.c_attn.weight`.
+ *   - parameters are named after instantiation by their path from the model (sema walks its
+ *     members, sub-models and lists of them by index): `h.3.attn.c_attn.weight`.
  * Then, for sema_build_train, the update graph (graph_build.h): the optimizer's update run
  * with p, g and the state variables as f32[n] inputs over the flat parameter layout, t and lr as
  * f32[] inputs; a scalar result computed from a per-element value is lifted to f32[n] (a value per
@@ -27,23 +28,18 @@
 #include "graph_build.h"
 
 struct GraphBuilder {
-    Sema *s;              /* the checker running the build (set when it reaches the train block) */
+    Arena *ar;            /* the checker's: values the hooks make, text of messages (gb_start) */
     Graph *g;
-    const Node *train;    /* the N_TRAIN being built */
     int errors_before;    /* diag's error count when the build started */
     int failed;           /* an error stopped the build: hooks add nothing more */
     int done;             /* the loss is recorded */
     int64_t streams;      /* dropout RNG streams handed out */
-    const void **seen;    /* model instances already named (open addressing, NULL = empty) */
-    int nseen, seencap;
     /* the update graph, for sema_build_train */
     int64_t align;        /* parameters at multiples of this many elements; 0: no update graph wanted */
     Graph *step;          /* the step graph, once the update graph is being built (g is then the update) */
     Graph *upd;           /* the update graph */
     int updating;         /* g is the update graph: the rules of update apply (graph_build.h) */
     int update_done;      /* its results are recorded */
-    int lr_on;            /* the optimizer's lr is the input "lr" (its number is lr_saved) */
-    Value *lr_saved;
     Value *lr_value;      /* the f32[] value of the input "lr" */
     Str *state_str;       /* [statecap] the state variables' names, as update's scope knows them */
     int statecap;
@@ -55,18 +51,19 @@ struct GraphBuilder {
 /* ---- errors ---- */
 
 /* Stops the build. The message is reported only when the program had no error before: a value
- * the builder cannot follow after an error is a consequence of that error. */
-static void gb_fail(GraphBuilder *gb, Span at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void gb_fail(GraphBuilder *gb, Span at, const char *fmt, ...) {
-    if (gb->failed) return;
+ * the builder cannot follow after an error is a consequence of that error. 1 when reported. */
+static int gb_fail(GraphBuilder *gb, Span at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int gb_fail(GraphBuilder *gb, Span at, const char *fmt, ...) {
+    if (gb->failed) return 0;
     gb->failed = 1;
-    if (diag_error_count() > gb->errors_before || !gb->s) return;
+    if (diag_error_count() > gb->errors_before) return 0;
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    sema_error(gb->s, at, "building the %s graph: %s", gb->updating ? "optimizer" : "training", msg);
+    diag_error(at, "building the %s graph: %s", gb->updating ? "optimizer" : "training", msg);
+    return 1;
 }
 
 void gb_unsupported(GraphBuilder *gb, Span at, const char *what) {
@@ -96,7 +93,7 @@ static int gb_dims(GraphBuilder *gb, const TensorType *t, int64_t *shape, Span a
             gb_fail(gb, at,
                     "the shape %s is not known at compile time (only concrete shapes "
                     "are supported yet)",
-                    tensor_type_str(gb->s->ar, t));
+                    tensor_type_str(gb->ar, t));
             return 0;
         }
         shape[i] = k;
@@ -105,7 +102,7 @@ static int gb_dims(GraphBuilder *gb, const TensorType *t, int64_t *shape, Span a
     for (int i = 0; i < t->rank; i++) {
         if (shape[i] > GB_MAX_NUMEL / numel) {
             gb_fail(gb, at, "the tensor %s has more than 2^62 elements",
-                    tensor_type_str(gb->s->ar, t));
+                    tensor_type_str(gb->ar, t));
             return 0;
         }
         numel *= shape[i];
@@ -171,7 +168,7 @@ static int gb_operand(GraphBuilder *gb, const Value *v, int dt, Span at) {
     if (v->kind == V_TENSOR) {
         if (v->graph_id <= 0) {
             gb_fail(gb, at, "following the tensor %s made here is not supported yet",
-                    tensor_type_str(gb->s->ar, &v->t));
+                    tensor_type_str(gb->ar, &v->t));
             return -1;
         }
         if (v->graph_id > gb->g->n) INTERNAL("graph builder: a value names node %d of %d", v->graph_id - 1, gb->g->n);
@@ -192,7 +189,7 @@ static int gb_operand(GraphBuilder *gb, const Value *v, int dt, Span at) {
         gb_fail(gb, at,
                 "%s, a value not known at compile time, next to a tensor is not "
                 "supported yet",
-                value_type_str(gb->s->ar, v));
+                value_type_str(gb->ar, v));
         return -1;
     }
     return gb_const(gb, dt >= 0 ? (DType)dt : def, x, at);
@@ -286,7 +283,7 @@ void gb_binary(GraphBuilder *gb, Op op, Value *a, Span sa, Value *b, Span sb, Va
         return;
     }
     if (g == G_OP_COUNT) {
-        gb_unsupported(gb, at, arena_printf(gb->s->ar, "the operator '%s' on tensors", ast_op_text(op)));
+        gb_unsupported(gb, at, arena_printf(gb->ar, "the operator '%s' on tensors", ast_op_text(op)));
         return;
     }
     int dt;
@@ -515,7 +512,7 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
     const char *name = builtin_name(b);
     if (gb->updating && !gb_update_builtin(name, a) && (r->kind == V_TENSOR || r->kind == V_TUPLE || r->kind == V_LIST)) {
         gb_unsupported(gb, a->at,
-                       arena_printf(gb->s->ar, "'%s' inside an optimizer's update (it runs elementwise; norm(x) is "
+                       arena_printf(gb->ar, "'%s' inside an optimizer's update (it runs elementwise; norm(x) is "
                                                "the one reduction, per parameter)", name));
         return;
     }
@@ -655,7 +652,7 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
     } else if (strcmp(name, "float") == 0 || strcmp(name, "int") == 0) {
         gb_alias(r, gb_operand(gb, v0, dt, s0)); /* a cast, or the tensor itself */
     } else {
-        gb_unsupported(gb, at, arena_printf(gb->s->ar, "the builtin '%s' on tensors", name));
+        gb_unsupported(gb, at, arena_printf(gb->ar, "the builtin '%s' on tensors", name));
     }
 }
 
@@ -680,7 +677,7 @@ void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const 
     for (int k = 0; k < inits[which].nargs; k++)
         if (!known[k]) {
             gb_unsupported(gb, at,
-                           arena_printf(gb->s->ar, "an argument of '%s' not known at compile time", inits[which].name));
+                           arena_printf(gb->ar, "an argument of '%s' not known at compile time", inits[which].name));
             return;
         }
     int64_t shape[GRAPH_MAX_RANK];
@@ -693,67 +690,14 @@ void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const 
     gb_alias(v, gb_cast(gb, id, (int)v->t.dt, at)); /* read in another dtype: one cast, every use shares it */
 }
 
-/* Marks a model instance as named; 1 when it already was (a sub-model reachable twice). */
-static int gb_seen(GraphBuilder *gb, const void *p) {
-    if (gb->nseen * 2 >= gb->seencap) {
-        int cap = gb->seencap ? gb->seencap * 2 : 64;
-        const void **nv = arena_alloc(gb->g->ar, sizeof(void *) * (size_t)cap);
-        for (int i = 0; i < gb->seencap; i++) {
-            if (!gb->seen[i]) continue;
-            uint32_t h = (uint32_t)(((uintptr_t)gb->seen[i] >> 4) * 2654435761u) & (uint32_t)(cap - 1);
-            while (nv[h]) h = (h + 1) & (uint32_t)(cap - 1);
-            nv[h] = gb->seen[i];
-        }
-        gb->seen = nv;
-        gb->seencap = cap;
-    }
-    uint32_t h = (uint32_t)(((uintptr_t)p >> 4) * 2654435761u) & (uint32_t)(gb->seencap - 1);
-    while (gb->seen[h]) {
-        if (gb->seen[h] == p) return 1;
-        h = (h + 1) & (uint32_t)(gb->seencap - 1);
-    }
-    gb->seen[h] = p;
-    gb->nseen++;
-    return 0;
-}
-
-/* Names the parameters under v (a model instance, or a list or tuple of them) prefix + member
- * path; the first path that reaches a parameter names it. */
-static void gb_name_walk(GraphBuilder *gb, const Value *v, const char *prefix, int depth) {
-    if (!v || depth > SEMA_MAX_CALL_DEPTH + 8) return;
-    Arena *ar = gb->g->ar;
-    if (v->kind == V_MODEL) {
-        if (!v->scope || gb_seen(gb, v->scope)) return;
-        Scope *sc = v->scope;
-        for (int i = 0; i < sc->n; i++) {
-            Entry *e = &sc->e[i];
-            if (!e->v) continue;
-            if (e->kind == ENT_PARAM && e->v->kind == V_TENSOR && e->v->graph_id > 0 && e->v->graph_id <= gb->g->n) {
-                GNode *n = gb_node(gb, e->v->graph_id - 1);
-                if (n->op == G_CAST && gb_node(gb, n->in[0])->op == G_PARAM) n = gb_node(gb, n->in[0]); /* bf16 */
-                if (n->op == G_PARAM && !n->name) n->name = arena_printf(ar, "%s%.*s", prefix, STR_ARG(e->name));
-            } else if (e->kind == ENT_SUB) {
-                gb_name_walk(gb, e->v, arena_printf(ar, "%s%.*s.", prefix, STR_ARG(e->name)), depth + 1);
-            }
-        }
-    } else if (v->kind == V_LIST || v->kind == V_TUPLE) {
-        for (int i = 0; i < v->n; i++) gb_name_walk(gb, v->items[i], arena_printf(ar, "%s%d.", prefix, i), depth + 1);
-    }
+void gb_name_param(GraphBuilder *gb, const Value *v, const char *path) {
+    if (!gb || gb->failed || !v || v->kind != V_TENSOR || v->graph_id <= 0 || v->graph_id > gb->g->n) return;
+    GNode *n = gb_node(gb, v->graph_id - 1);
+    if (n->op == G_CAST && gb_node(gb, n->in[0])->op == G_PARAM) n = gb_node(gb, n->in[0]); /* bf16 */
+    if (n->op == G_PARAM && !n->name) n->name = arena_strndup(gb->g->ar, path, strlen(path));
 }
 
 /* ---- the train block ---- */
-
-GraphBuilder *gb_for_train(Sema *s, const Node *train) {
-    GraphBuilder *gb = s->gb_want;
-    if (!gb || gb->train != train) return NULL;
-    gb->s = s;
-    return gb;
-}
-
-void gb_model(GraphBuilder *gb, Value *model) {
-    if (!gb || gb->failed || !model || model->kind != V_MODEL) return;
-    gb_name_walk(gb, model, "", 0);
-}
 
 void gb_data(GraphBuilder *gb, Value *data) {
     if (!gb || gb->failed || !data || data->kind != V_DATA) return;
@@ -771,13 +715,11 @@ static int gb_params_named(GraphBuilder *gb) {
     for (int i = 0; i < gb->g->nparams; i++) {
         GNode *p = gb_node(gb, gb->g->params[i]);
         if (p->name) continue;
-        gb_fail(gb, p->src,
-                "parameter '%s' belongs to a model instantiated outside the train "
-                "block's model (in a function or in the loss), which is not supported yet",
-                sema_src(gb->s, p->src));
-        if (gb->s && diag_error_count() > gb->errors_before)
-            sema_hint(gb->s,
-                      "parameters are named by their path from the model: make the sub-model a member of a model");
+        if (gb_fail(gb, p->src,
+                    "parameter '%s' belongs to a model instantiated outside the train "
+                    "block's model (in a function or in the loss), which is not supported yet",
+                    diag_span_text(gb->ar, p->src)))
+            diag_hint("parameters are named by their path from the model: make the sub-model a member of a model");
         return 0;
     }
     return 1;
@@ -798,7 +740,7 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
 GraphBuilder *gb_forward_of(GraphBuilder *gb) {
     if (!gb || !gb->forward || gb->failed || !gb->done || diag_error_count() > gb->errors_before) return NULL;
     GraphBuilder *fwd = gb->forward;
-    fwd->s = gb->s;
+    fwd->ar = gb->ar;
     fwd->errors_before = diag_error_count();
     return fwd;
 }
@@ -825,9 +767,8 @@ void gb_forward_output(GraphBuilder *gb, Value *out) {
 
 int gb_updating(const GraphBuilder *gb) { return gb && gb->updating; }
 
-int gb_update_begin(GraphBuilder *gb, Value *opt, Span at) {
-    if (!gb || gb->failed || !gb->done || gb->align <= 0 || gb->upd || !opt || opt->kind != V_OPTIMIZER || !opt->node)
-        return 0;
+int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
+    if (!gb || gb->failed || !gb->done || gb->align <= 0 || gb->upd) return 0;
     Graph *step = gb->g;
     gb->updating = 1; /* from here on errors say "building the optimizer graph" */
     if (step->nparams == 0) {
@@ -859,7 +800,7 @@ int gb_update_begin(GraphBuilder *gb, Value *opt, Span at) {
         names[i] = p->name;
         end = start + len[i];
     }
-    u->optimizer = arena_printf(ar, "%.*s", STR_ARG(opt->node->name));
+    u->optimizer = arena_printf(ar, "%.*s", STR_ARG(optimizer));
     u->n = (end + a - 1) / a * a;
     u->nsegs = step->nparams;
     u->seg_off = off;
@@ -867,12 +808,7 @@ int gb_update_begin(GraphBuilder *gb, Value *opt, Span at) {
     u->seg_name = names;
     u->p_in = u->g_in = u->t_in = u->p_out = -1;
     u->lr_in = -1;
-    /* room for every state variable the optimizer declares */
-    int cap = 0;
-    for (int i = 0; i < opt->node->list2.n; i++) {
-        const Node *st = opt->node->list2.v[i];
-        if (st && st->kind == N_STATE) cap += st->list.n;
-    }
+    int cap = nstate < 0 ? 0 : nstate; /* room for every state variable the optimizer declares */
     gb->statecap = cap;
     gb->state_str = arena_alloc(ar, sizeof(Str) * (size_t)(cap + 1));
     u->state_name = arena_alloc(ar, sizeof(char *) * (size_t)(cap + 1));
@@ -890,8 +826,8 @@ int gb_update_begin(GraphBuilder *gb, Value *opt, Span at) {
 
 /* A fresh f32 input of the update graph: f32[n], or f32[] when scalar. */
 static Value *gb_update_input(GraphBuilder *gb, const char *name, int scalar, Span at) {
-    const Dim *dims[1] = {dim_int(gb->s->ar, gb->g->update->n)};
-    Value *v = value_tensor(gb->s->ar, DT_F32, scalar ? 0 : 1, dims, at);
+    const Dim *dims[1] = {dim_int(gb->ar, gb->g->update->n)};
+    Value *v = value_tensor(gb->ar, DT_F32, scalar ? 0 : 1, dims, at);
     int id = gb_result(gb, v, G_INPUT, 0, NULL, at);
     if (id < 0) return NULL;
     gb_node(gb, id)->name = name;
@@ -906,7 +842,7 @@ Value *gb_update_leaf(GraphBuilder *gb, const char *role, Str name, const Value 
         double x = 0;
         if (init && !value_number(init, &x)) {
             gb_fail(gb, init->origin, "state '%.*s' starting from %s is not supported yet (a number is)", STR_ARG(name),
-                    sema_describe(gb->s, init));
+                    value_describe(gb->ar, init));
             return NULL;
         }
         if (u->nstate >= gb->statecap) INTERNAL("graph builder: more state variables than the optimizer declares");
@@ -929,48 +865,38 @@ Value *gb_update_leaf(GraphBuilder *gb, const char *role, Str name, const Value 
     return v;
 }
 
-void gb_update_lr(GraphBuilder *gb, Scope *opt_scope, int on) {
-    if (!gb || !gb->updating || !opt_scope) return;
-    Entry *e = scope_find(opt_scope, str_from("lr"));
-    if (!on) {
-        if (gb->lr_on && e) e->v = gb->lr_saved;
-        gb->lr_on = 0;
-        return;
-    }
-    if (gb->failed || gb->update_done || gb->lr_on || !e || e->kind != ENT_CONST || !e->v) return; /* no lr: no input */
-    GraphUpdate *u = gb->g->update;
+Value *gb_update_lr(GraphBuilder *gb, const Value *lr, Span decl) {
+    if (!gb || gb->failed || !gb->updating || gb->update_done || !lr) return NULL;
     double x;
-    if (!value_number(e->v, &x)) {
-        if (e->v->kind != V_UNKNOWN)
-            gb_fail(gb, e->decl,
+    if (!value_number(lr, &x)) {
+        if (lr->kind != V_UNKNOWN)
+            gb_fail(gb, decl,
                     "the hyper-parameter 'lr' is %s, but the learning-rate schedule scales a number; this is not "
                     "supported yet",
-                    sema_describe(gb->s, e->v));
+                    value_describe(gb->ar, lr));
         else
             gb->failed = 1;
-        return;
+        return NULL;
     }
     if (!gb->lr_value) {
-        gb->lr_value = gb_update_input(gb, "lr", 1, e->decl);
-        if (!gb->lr_value) return;
-        u->lr_in = gb->lr_value->graph_id - 1;
-        u->lr_base = x;
+        gb->lr_value = gb_update_input(gb, "lr", 1, decl);
+        if (!gb->lr_value) return NULL;
+        gb->g->update->lr_in = gb->lr_value->graph_id - 1;
+        gb->g->update->lr_base = x;
     }
-    gb->lr_saved = e->v;
-    e->v = gb->lr_value;
-    gb->lr_on = 1;
+    return gb->lr_value;
 }
 
 /* The node of the value a result ended with; -1 after a failure. */
-static int gb_update_out(GraphBuilder *gb, Scope *loc, Str name, const char *what, Span at) {
-    Entry *e = scope_find(loc, name);
-    Value *v = e ? e->v : NULL;
+static int gb_update_out(GraphBuilder *gb, GbLookup lookup, void *ctx, Str name, const char *what, Span at) {
+    Value *v = lookup(ctx, name);
     if (!v || v->kind == V_UNKNOWN) { /* an error the checker reported */
         gb->failed = 1;
         return -1;
     }
     if (v->kind != V_TENSOR || v->graph_id <= 0 || v->graph_id > gb->g->n) {
-        gb_fail(gb, at, "following the value %s ends with (%s) is not supported yet", what, sema_describe(gb->s, v));
+        gb_fail(gb, at, "following the value %s ends with (%s) is not supported yet", what,
+                value_describe(gb->ar, v));
         return -1;
     }
     const GNode *n = gb_node(gb, v->graph_id - 1);
@@ -982,14 +908,14 @@ static int gb_update_out(GraphBuilder *gb, Scope *loc, Str name, const char *wha
     return n->id;
 }
 
-void gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at) {
-    if (!gb || gb->failed || !gb->updating || gb->update_done || !loc) return;
+void gb_update_results(GraphBuilder *gb, GbLookup lookup, void *ctx, Str p_name, Span at) {
+    if (!gb || gb->failed || !gb->updating || gb->update_done || !lookup) return;
     GraphUpdate *u = gb->g->update;
-    int p = gb_update_out(gb, loc, p_name, arena_printf(gb->s->ar, "'%.*s'", STR_ARG(p_name)), at);
+    int p = gb_update_out(gb, lookup, ctx, p_name, arena_printf(gb->ar, "'%.*s'", STR_ARG(p_name)), at);
     if (p < 0) return;
     int *outs = u->state_out;
     for (int k = 0; k < u->nstate; k++) {
-        int id = gb_update_out(gb, loc, gb->state_str[k], arena_printf(gb->s->ar, "state '%s'", u->state_name[k]), at);
+        int id = gb_update_out(gb, lookup, ctx, gb->state_str[k], arena_printf(gb->ar, "state '%s'", u->state_name[k]), at);
         if (id < 0) return;
         outs[k] = id;
     }
@@ -1004,79 +930,34 @@ void gb_update_end(GraphBuilder *gb) {
     gb->updating = 0;
 }
 
-static GraphBuilder *gb_new(Arena *ar, const Node *train, const char *name) {
+/* ---- the builder's life ---- */
+
+GraphBuilder *gb_new(Arena *ar, const char *name) {
     GraphBuilder *gb = arena_alloc(ar, sizeof(GraphBuilder));
     gb->g = graph_new(ar);
     gb->g->name = name;
-    gb->train = train;
     gb->output = -1;
+    gb->errors_before = diag_error_count();
     return gb;
 }
 
-/* The train block of main named train_name (the first when NULL); NULL after reporting why not. */
-static const Node *gb_find_train(Module *main, const char *train_name, Arena *ar) {
-    const Node *want = NULL;
-    const char *names = "";
-    int ntrain = 0;
-    for (int i = 0; i < main->ast->list.n; i++) {
-        const Node *d = main->ast->list.v[i];
-        if (!d || d->kind != N_TRAIN) continue;
-        names = arena_printf(ar, "%s%s%.*s", names, ntrain++ ? ", " : "", STR_ARG(d->name));
-        if (!want && (!train_name || str_eqc(d->name, train_name))) want = d;
-    }
-    if (want) return want;
-    if (!ntrain) {
-        diag_error_noloc("'%s' has no train block: there is no training step to build", main->path);
-        diag_hint("add one: train NAME { model = ..., data = ..., loss = ..., optimizer = ..., steps = ... }");
-    } else {
-        diag_error_noloc("'%s' has no train block named '%s'", main->path, train_name);
-        diag_hint("its train block%s: %s", ntrain == 1 ? " is" : "s are", names);
-    }
-    return NULL;
-}
-
-/* Runs the checker with a builder waiting for the train block (align > 0: the update graph and
- * the batch-1 forward too). */
-static TrainBuild *gb_build(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
-    if (!main || !main->ast) return NULL;
-    const Node *want = gb_find_train(main, train_name, ar);
-    if (!want) return NULL;
-    if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
-    GraphBuilder *gb = gb_new(ar, want, arena_printf(ar, "train %.*s", STR_ARG(want->name)));
+void gb_want_update(GraphBuilder *gb, int64_t align, GraphBuilder *fwd) {
+    if (align <= 0 || (align & (align - 1)) != 0) INTERNAL("graph builder: alignment %lld", (long long)align);
     gb->align = align;
-    if (align > 0) gb->forward = gb_new(ar, want, arena_printf(ar, "forward %.*s at batch 1", STR_ARG(want->name)));
-    gb->errors_before = diag_error_count();
-    SemaResult res;
-    memset(&res, 0, sizeof res);
-    if (main->state != 0) INTERNAL("sema_build_train_graph: module '%s' was checked already", main->name);
-    sema_run_build(ld, main, &res, gb);
-    gb->s = NULL; /* the checker's context is gone */
-    if (diag_error_count() > gb->errors_before) return NULL;
-    if (gb->failed) INTERNAL("graph builder: train block '%.*s' failed without an error", STR_ARG(want->name));
-    if (!gb->done)
-        INTERNAL("graph builder: train block '%.*s' was checked without building its graph", STR_ARG(want->name));
-    if (align > 0 && (!gb->update_done || !gb->forward->done))
-        INTERNAL("graph builder: train block '%.*s' was checked without building its update or batch-1 graph",
-                 STR_ARG(want->name));
-    TrainBuild *tb = arena_alloc(ar, sizeof(TrainBuild));
-    tb->step = gb->step ? gb->step : gb->g;
-    tb->update = gb->upd;
-    tb->forward = gb->forward ? gb->forward->g : NULL;
-    tb->forward_output = gb->forward ? gb->forward->output : -1;
-    for (int i = 0; i < res.trains.n; i++) {
-        const TrainSettings *ts = res.trains.v[i];
-        if (ts && ts->node == want) tb->config = &ts->cfg;
-    }
-    if (!tb->config) INTERNAL("graph builder: train block '%.*s' has no settings", STR_ARG(want->name));
-    return tb;
+    gb->forward = fwd;
 }
 
-Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
-    TrainBuild *tb = gb_build(ld, main, train_name, 0, ar);
-    return tb ? tb->step : NULL;
-}
+void gb_start(GraphBuilder *gb, Arena *values) { gb->ar = values; }
 
-TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
-    if (align <= 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
-    return gb_build(ld, main, train_name, align, ar);
+GbOutcome gb_finish(GraphBuilder *gb, GraphBuilt *out) {
+    gb->ar = NULL; /* the checker's values are no longer the builder's to make */
+    if (diag_error_count() > gb->errors_before) return GB_ERRORS;
+    if (gb->failed) return GB_FAILED;
+    if (!gb->done) return GB_NO_LOSS;
+    if (gb->align > 0 && (!gb->update_done || !gb->forward || !gb->forward->done)) return GB_NO_UPDATE;
+    out->step = gb->step ? gb->step : gb->g;
+    out->update = gb->upd;
+    out->forward = gb->forward ? gb->forward->g : NULL;
+    out->forward_output = gb->forward ? gb->forward->output : -1;
+    return GB_BUILT;
 }

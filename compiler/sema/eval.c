@@ -91,7 +91,7 @@ static const char *const_text(Sema *s, const Value *v) {
     case V_FLOAT: return v->fknown ? arena_printf(s->ar, "%g", v->f) : "?";
     case V_BOOL: return v->bknown ? (v->b ? "true" : "false") : "?";
     case V_STRING: return v->s ? arena_printf(s->ar, "\"%s\"", v->s) : "?";
-    default: return sema_describe(s, v);
+    default: return value_describe(s->ar, v);
     }
 }
 
@@ -174,7 +174,7 @@ const char *type_text(Sema *s, const Node *ty) {
     if (!ty->ival) return out;
     out = arena_printf(s->ar, "%s[", out);
     for (int i = 0; i < ty->list.n; i++)
-        out = arena_printf(s->ar, "%s%s%s", out, i ? ", " : "", ty->list.v[i] ? sema_src(s, ty->list.v[i]->span) : "?");
+        out = arena_printf(s->ar, "%s%s%s", out, i ? ", " : "", ty->list.v[i] ? diag_span_text(s->ar, ty->list.v[i]->span) : "?");
     return arena_printf(s->ar, "%s]", out);
 }
 
@@ -189,7 +189,7 @@ static void unknown_name(Sema *s, Scope *sc, const Node *n) {
 }
 
 static const Dim *dim_checked(Sema *s, const Node *n, const Dim *r) {
-    if (!r) sema_error(s, n->span, "dimension '%s' overflows", sema_src(s, n->span));
+    if (!r) sema_error(s, n->span, "dimension '%s' overflows", diag_span_text(s->ar, n->span));
     return r;
 }
 
@@ -208,7 +208,7 @@ static const Dim *eval_dim_inner(Sema *s, Scope *sc, const Node *n, int free_upp
         if (!e->v || e->v->kind == V_UNKNOWN) return NULL;
         if (e->v->kind == V_INT && e->v->dim) return e->v->dim;
         sema_error(s, n->span, "dimension '%.*s' must be an integer, but it is %s", STR_ARG(n->name),
-                   sema_describe(s, e->v));
+                   value_describe(s->ar, e->v));
         return NULL;
     }
     case N_UNARY: {
@@ -229,11 +229,11 @@ static const Dim *eval_dim_inner(Sema *s, Scope *sc, const Node *n, int free_upp
         const Dim *r = dim_div(s->ar, a, b, &exact);
         int64_t bv;
         if (dim_const(b, &bv) && bv == 0) {
-            sema_error(s, n->span, "dimension '%s' divides by zero", sema_src(s, n->span));
+            sema_error(s, n->span, "dimension '%s' divides by zero", diag_span_text(s->ar, n->span));
             return NULL;
         }
         if (!exact) {
-            sema_error(s, n->span, "dimension '%s' = %s / %s is not a whole number", sema_src(s, n->span),
+            sema_error(s, n->span, "dimension '%s' = %s / %s is not a whole number", diag_span_text(s->ar, n->span),
                        dim_str(s->ar, a), dim_str(s->ar, b));
             return NULL;
         }
@@ -242,7 +242,7 @@ static const Dim *eval_dim_inner(Sema *s, Scope *sc, const Node *n, int free_upp
     default: break;
     }
     sema_error(s, n->span, "'%s' cannot be a dimension: dimensions are integers, constants and + - * / of them",
-               sema_src(s, n->span));
+               diag_span_text(s->ar, n->span));
     return NULL;
 }
 
@@ -396,7 +396,8 @@ static int all_digits(Str x) {
 }
 
 static Value *no_member(Sema *s, const Node *n, Scope *members, const char *const *extra, int nextra) {
-    if (sema_error(s, sema_span_of(n, n->name), "'%s' has no member '%.*s'", sema_src(s, n->a->span), STR_ARG(n->name))) {
+    if (sema_error(s, sema_span_of(n, n->name), "'%s' has no member '%.*s'", diag_span_text(s->ar, n->a->span),
+                   STR_ARG(n->name))) {
         Suggest g;
         suggest_init(&g, n->name);
         if (members) suggest_scope(&g, members, 0);
@@ -441,15 +442,15 @@ static Value *eval_attr(Frame *f, const Node *n) {
         if (!known) return base->n ? base->items[0] : unknown_at(s, n->span);
         if (k >= base->n) {
             sema_error(s, sema_span_of(n, n->name), "'%s' has %d element%s, so '.%.*s' is out of range",
-                       sema_src(s, n->a->span), base->n, base->n == 1 ? "" : "s", STR_ARG(n->name));
+                       diag_span_text(s->ar, n->a->span), base->n, base->n == 1 ? "" : "s", STR_ARG(n->name));
             return unknown_at(s, n->span);
         }
         return base->items[k] ? base->items[k] : unknown_at(s, n->span);
     }
     default:
-        if (sema_error(s, sema_span_of(n, n->name), "'%s' has no member '%.*s'", sema_src(s, n->a->span),
+        if (sema_error(s, sema_span_of(n, n->name), "'%s' has no member '%.*s'", diag_span_text(s->ar, n->a->span),
                        STR_ARG(n->name)))
-            sema_hint(s, "'%s' is %s", sema_src(s, n->a->span), sema_describe(s, base));
+            sema_hint(s, "'%s' is %s", diag_span_text(s->ar, n->a->span), value_describe(s->ar, base));
         return unknown_at(s, n->span);
     }
 }
@@ -465,7 +466,7 @@ static Value *eval_range(Frame *f, const Node *n) {
         ok = 0;
         if (bounds[i]->kind != V_UNKNOWN)
             sema_error(s, span_or(nodes[i], n->span), "a range bound must be an integer, but it is %s",
-                       sema_describe(s, bounds[i]));
+                       value_describe(s->ar, bounds[i]));
     }
     if (!ok) return unknown_at(s, n->span);
     Value *r = value_new(s->ar, V_RANGE, n->span);
@@ -521,7 +522,7 @@ static Iter iter_of(Sema *s, Value *it, Span at) {
         break;
     case V_UNKNOWN: r.rep = it; break;
     default:
-        sema_error(s, at, "cannot iterate over %s: a loop takes a range, a list or a tuple", sema_describe(s, it));
+        sema_error(s, at, "cannot iterate over %s: a loop takes a range, a list or a tuple", value_describe(s->ar, it));
         r.ok = 0;
         break;
     }
@@ -664,7 +665,7 @@ static Value *eval_expr_inner(Frame *f, const Node *n) {
             int64_t bv;
             (void)dim_div(s->ar, a->dim, b->dim, &exact);
             if (!exact && !(dim_const(b->dim, &bv) && bv == 0)) {
-                sema_error(s, n->span, "dimension '%s' = %s / %s is not a whole number", sema_src(s, n->span),
+                sema_error(s, n->span, "dimension '%s' = %s / %s is not a whole number", diag_span_text(s->ar, n->span),
                            dim_str(s->ar, a->dim), dim_str(s->ar, b->dim));
                 return unknown_at(s, n->span);
             }
@@ -742,13 +743,13 @@ static void assign_name(Frame *f, Str name, Value *v, Span at, Span vat, EntryKi
         case ENT_UPDATE_P:
         case ENT_STATE:
             if (v->kind != V_UNKNOWN && !(v->kind == V_TENSOR && tensor_type_eq(&v->t, &f->p_type))) {
-                const char *pt = sema_type_str(s, &f->p_type);
+                const char *pt = tensor_type_str(s->ar, &f->p_type);
                 if (e->kind == ENT_UPDATE_P)
                     sema_error(s, vat, "'%.*s' must keep its shape (%s), but the value is %s", STR_ARG(name), pt,
-                               sema_describe(s, v));
+                               value_describe(s->ar, v));
                 else
                     sema_error(s, vat, "state '%.*s' must keep the shape of the parameter (%s), but the value is %s",
-                               STR_ARG(name), pt, sema_describe(s, v));
+                               STR_ARG(name), pt, value_describe(s->ar, v));
                 return;
             }
             e->v = v;
@@ -782,7 +783,7 @@ static void assign_target(Frame *f, const Node *t, Value *v, Span vat) {
     Sema *s = f->s;
     if (!t) return;
     if (t->kind != N_NAME) {
-        sema_error(s, t->span, "cannot assign to '%s': only names can be assigned", sema_src(s, t->span));
+        sema_error(s, t->span, "cannot assign to '%s': only names can be assigned", diag_span_text(s->ar, t->span));
         return;
     }
     assign_name(f, t->name, v, t->span, vat, 0);
@@ -807,7 +808,7 @@ static void eval_assign(Frame *f, const Node *n) {
     } else if (have >= 0) {
         sema_error(s, vat, "cannot unpack %d value%s into %d names", have, have == 1 ? "" : "s", want);
     } else if (v->kind != V_UNKNOWN) {
-        sema_error(s, vat, "cannot unpack %s into %d names", sema_describe(s, v), want);
+        sema_error(s, vat, "cannot unpack %s into %d names", value_describe(s->ar, v), want);
     }
     for (int i = 0; i < want; i++)
         assign_target(f, n->list.v[i], parts && parts[i] ? parts[i] : unknown_at(s, vat), vat);
@@ -817,7 +818,7 @@ static void eval_aug_assign(Frame *f, const Node *n) {
     Sema *s = f->s;
     if (!n->a || n->a->kind != N_NAME) {
         Span at = span_or(n->a, n->span);
-        sema_error(s, at, "cannot assign to '%s': only names can be assigned", sema_src(s, at));
+        sema_error(s, at, "cannot assign to '%s': only names can be assigned", diag_span_text(s->ar, at));
         return;
     }
     Value *cur = eval_expr(f, n->a);
@@ -927,7 +928,7 @@ static const char *check_init(Frame *f, const Node *init, Str pname, double x[2]
         }
         if (vals[k]->kind != V_INT && vals[k]->kind != V_FLOAT && vals[k]->kind != V_UNKNOWN) {
             sema_error(s, at[k], "argument '%s' of '%s' must be a number, but it is %s", inits[which].args[k], wn,
-                       sema_describe(s, vals[k]));
+                       value_describe(s->ar, vals[k]));
             return NULL;
         }
         known[k] = number_known(vals[k], &x[k]);
@@ -964,7 +965,7 @@ static void eval_param_decl(Frame *f, const Node *n) {
         if (!dims[i]) ok = 0;
         else if (dim_const(dims[i], &k) && k <= 0) {
             sema_error(s, dn->span, "dimension '%s' of parameter '%.*s' is %lld, but dimensions must be positive",
-                       sema_src(s, dn->span), STR_ARG(n->name), (long long)k);
+                       diag_span_text(s->ar, dn->span), STR_ARG(n->name), (long long)k);
             ok = 0;
         }
     }
@@ -995,7 +996,7 @@ static void eval_return(Frame *f, const Node *n) {
                 sema_note(s, ty->span, "the result type is declared here");
             v = declared_result(s, f->fn, f->scope, vat);
         } else if (!type_match(s, f->scope, ty, v)) {
-            if (sema_error(s, vat, "'%s' returns %s but is declared to return %s%s", f->fname, sema_describe(s, v),
+            if (sema_error(s, vat, "'%s' returns %s but is declared to return %s%s", f->fname, value_describe(s->ar, v),
                            type_text(s, ty), type_with(s, f->scope, ty, ty->span)))
                 sema_note(s, ty->span, "the result type is declared here");
             v = declared_result(s, f->fn, f->scope, vat);
@@ -1039,7 +1040,7 @@ static void eval_if(Frame *f, const Node *n) {
                            "an 'if' on a value known only when the step runs (t and lr are, in an optimizer's update; "
                            "where(c, a, b) chooses per element)");
         else if (sema_error(s, at, "the condition of 'if' must be known at compile time, but it is a tensor (%s)",
-                            sema_describe(s, c)))
+                            value_describe(s->ar, c)))
             sema_hint(s, "use where(condition, a, b) to choose element by element");
     } else if (c->kind == V_BOOL) {
         known = c->bknown;

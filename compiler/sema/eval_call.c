@@ -131,7 +131,7 @@ static Value *check_constant(Sema *s, const Node *p, Value *v, Span at, const ch
     if (v->kind == V_UNKNOWN) return v;
     if (v->kind != V_INT && v->kind != V_FLOAT && v->kind != V_BOOL && v->kind != V_STRING) {
         sema_error(s, at, "constant '%.*s' of '%s' must be an integer, float, bool or string, but it is %s",
-                   STR_ARG(p->name), model, sema_describe(s, v));
+                   STR_ARG(p->name), model, value_describe(s->ar, v));
         return unknown_at(s, at);
     }
     const Node *d = p->a;
@@ -143,7 +143,7 @@ static Value *check_constant(Sema *s, const Node *p, Value *v, Span at, const ch
     else if (d && d->kind == N_STRING) want = V_STRING;
     if (want == V_UNKNOWN || want == v->kind || (want == V_FLOAT && v->kind == V_INT)) return v;
     if (sema_error(s, at, "constant '%.*s' of '%s' must be %s like its default, but it is %s", STR_ARG(p->name), model,
-                   kind_word(want), sema_describe(s, v)))
+                   kind_word(want), value_describe(s->ar, v)))
         sema_note(s, p->span, "'%.*s' is declared here", STR_ARG(p->name));
     return unknown_at(s, at);
 }
@@ -161,7 +161,7 @@ static int hyper_ok(const Value *v, int depth) {
 static Value *check_hyper(Sema *s, const Node *p, Value *v, Span at, const char *opt) {
     if (hyper_ok(v, 0)) return v;
     sema_error(s, at, "hyper-parameter '%.*s' of '%s' must be a number or a tuple of numbers, but it is %s",
-               STR_ARG(p->name), opt, sema_describe(s, v));
+               STR_ARG(p->name), opt, value_describe(s->ar, v));
     return unknown_at(s, at);
 }
 
@@ -218,10 +218,11 @@ static int setup_params(Sema *s, const Node *fn, const char *fname, Value **vals
         DType dt;
         if (v->kind == V_TENSOR && p->type->ival && dtype_parse(p->type->name, &dt))
             rep = sema_error(s, where, "argument '%.*s' of '%s' has %s %s but the parameter is declared %s%s",
-                             STR_ARG(p->name), fname, v->t.dt == dt ? "shape" : "type", sema_describe(s, v), decl, with);
+                             STR_ARG(p->name), fname, v->t.dt == dt ? "shape" : "type",
+                             value_describe(s->ar, v), decl, with);
         else
             rep = sema_error(s, where, "argument '%.*s' of '%s' is %s but the parameter is declared %s%s",
-                             STR_ARG(p->name), fname, sema_describe(s, v), decl, with);
+                             STR_ARG(p->name), fname, value_describe(s->ar, v), decl, with);
         if (rep) sema_note(s, p->span, "parameter '%.*s' is declared here", STR_ARG(p->name));
         ok = 0;
     }
@@ -435,7 +436,7 @@ Value *eval_apply(Sema *s, Value *callee, Call *c) {
         if (!e || e->kind != ENT_FN || !e->v || e->v->kind != V_FN) {
             const char *mname = callee->node ? sema_cstr(s, callee->node->name) : "?";
             if (sema_error(s, c->a.callee_at, "'%s' cannot be called: model '%s' has no 'forward' function",
-                           sema_src(s, c->a.callee_at), mname) &&
+                           diag_span_text(s->ar, c->a.callee_at), mname) &&
                 callee->node)
                 sema_note(s, decl_name_span(callee->node), "'%s' is declared here", mname);
             return unknown_at(s, c->a.at);
@@ -445,8 +446,8 @@ Value *eval_apply(Sema *s, Value *callee, Call *c) {
     case V_FN: return call_fn(s, callee, c);
     case V_OPTIMIZER_DEF: return bind_optimizer(s, callee, c);
     default:
-        sema_error(s, c->a.callee_at, "'%s' cannot be called: it is %s", sema_src(s, c->a.callee_at),
-                   sema_describe(s, callee));
+        sema_error(s, c->a.callee_at, "'%s' cannot be called: it is %s", diag_span_text(s->ar, c->a.callee_at),
+                   value_describe(s->ar, callee));
         return unknown_at(s, c->a.at);
     }
 }
@@ -600,7 +601,7 @@ void eval_check_optimizer(Sema *s, const Node *o) {
             Value *init = eval_expr(&df, sv->a);
             if (init->kind != V_INT && init->kind != V_FLOAT && init->kind != V_UNKNOWN)
                 sema_error(s, sv->a->span, "state '%.*s' must start from a number, but it is %s", STR_ARG(sv->name),
-                           sema_describe(s, init));
+                           value_describe(s->ar, init));
         }
     }
     const Node *upd = find_fn(o, "update");
@@ -666,11 +667,12 @@ void eval_check_update(Sema *s, Value *ov, Span at) {
     Value *fnv = value_new(s->ar, V_FN, upd->span);
     fnv->node = upd;
     fnv->scope = ov->scope;
-    if (gb) gb_update_lr(gb, ov->scope, 1); /* graph builder hook: lr is the input "lr" while update runs */
+    Value *lr_number = NULL; /* graph builder hook: lr is the input "lr" while update runs */
+    Entry *lr = gb ? sema_gb_lr_swap(gb, ov->scope, &lr_number) : NULL;
     (void)run_fn(s, fnv, loc, at, FR_UPDATE, at.file == 0, &pt->t);
     if (gb) {
-        gb_update_lr(gb, ov->scope, 0);
-        gb_update_results(gb, loc, pp->name, at); /* graph builder hook: p and the states are the results */
+        sema_gb_lr_restore(lr, lr_number);
+        sema_gb_update_results(gb, loc, pp->name, at); /* graph builder hook: p and the states are the results */
     }
 }
 
@@ -685,7 +687,7 @@ Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args
     if (fnv->kind == V_UNKNOWN) return NULL;
     if (fnv->kind != V_FN || !fnv->node) {
         if (sema_error(s, value->span, "'%s' must be a schedule, a function whose first parameter is 'step', but it is %s",
-                       key, sema_describe(s, fnv)))
+                       key, value_describe(s->ar, fnv)))
             sema_hint(s, "for example: %s = lr.cosine(warmup = 700, total = 18865)", key);
         return NULL;
     }
@@ -713,7 +715,8 @@ Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args
     if (inf->broken) return fnv;
     Value *r = run_fn(s, fnv, loc, value->span, FR_FN, 0, NULL);
     if (!is_number(r)) {
-        sema_error(s, value->span, "the schedule '%s' must return a number, but it returns %s", fname, sema_describe(s, r));
+        sema_error(s, value->span, "the schedule '%s' must return a number, but it returns %s", fname,
+                   value_describe(s->ar, r));
         return NULL;
     }
     return fnv;

@@ -4,7 +4,6 @@
 #ifndef MBT_EVAL_INTERNAL_H
 #define MBT_EVAL_INTERNAL_H
 
-#include "graph_build.h"
 #include "sema_internal.h"
 
 #define SEMA_PI 3.14159265358979323846

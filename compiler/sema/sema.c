@@ -136,33 +136,39 @@ void scope_restore(Sema *s, Scope *sc, ScopeSnap snap) {
 
 /* ---- node bookkeeping ---- */
 
-NodeInfo *sema_info(Sema *s, const Node *n) {
-    PtrMap *m = &s->info;
+void **ptrmap_slot(Arena *ar, PtrMap *m, const void *key, int *fresh) {
     if (m->n * 2 >= m->cap) { /* grow and rehash */
         int cap = m->cap ? m->cap * 2 : 64;
-        const void **key = arena_alloc(s->keep, sizeof(void *) * (size_t)cap);
-        void **val = arena_alloc(s->keep, sizeof(void *) * (size_t)cap);
+        const void **keys = arena_alloc(ar, sizeof(void *) * (size_t)cap);
+        void **val = arena_alloc(ar, sizeof(void *) * (size_t)cap);
         for (int i = 0; i < m->cap; i++) {
             if (!m->key[i]) continue;
             uint32_t h = hash_ptr(m->key[i]) & (uint32_t)(cap - 1);
-            while (key[h]) h = (h + 1) & (uint32_t)(cap - 1);
-            key[h] = m->key[i];
+            while (keys[h]) h = (h + 1) & (uint32_t)(cap - 1);
+            keys[h] = m->key[i];
             val[h] = m->val[i];
         }
-        m->key = key;
+        m->key = keys;
         m->val = val;
         m->cap = cap;
     }
-    uint32_t h = hash_ptr(n) & (uint32_t)(m->cap - 1);
+    uint32_t h = hash_ptr(key) & (uint32_t)(m->cap - 1);
+    *fresh = 0;
     while (m->key[h]) {
-        if (m->key[h] == n) return m->val[h];
+        if (m->key[h] == key) return &m->val[h];
         h = (h + 1) & (uint32_t)(m->cap - 1);
     }
-    NodeInfo *inf = arena_alloc(s->keep, sizeof(NodeInfo));
-    m->key[h] = n;
-    m->val[h] = inf;
+    m->key[h] = key;
     m->n++;
-    return inf;
+    *fresh = 1;
+    return &m->val[h];
+}
+
+NodeInfo *sema_info(Sema *s, const Node *n) {
+    int fresh;
+    void **slot = ptrmap_slot(s->keep, &s->info, n, &fresh);
+    if (fresh) *slot = arena_alloc(s->keep, sizeof(NodeInfo));
+    return *slot;
 }
 
 /* ---- diagnostics ---- */
@@ -289,34 +295,6 @@ void sema_hint_suggest(Sema *s, const Suggest *g) {
 
 char *sema_cstr(Sema *s, Str x) { return arena_strndup(s->ar, x.p ? x.p : "", x.p ? x.len : 0); }
 
-char *sema_src(Sema *s, Span at) {
-    uint32_t len;
-    const char *text = diag_source_text(at.file, &len);
-    if (at.file == 0 || at.off > len) return "?";
-    uint32_t n = at.len;
-    if (at.off + n > len) n = len - at.off;
-    /* Whitespace runs (a call spread over lines) print as one space; long text is cut. */
-    char *out = arena_alloc(s->ar, 64 + 4);
-    uint32_t o = 0;
-    int space = 0;
-    for (uint32_t i = 0; i < n && o < 60; i++) {
-        char c = text[at.off + i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
-            space = 1;
-            continue;
-        }
-        if (space && o > 0) out[o++] = ' ';
-        space = 0;
-        out[o++] = c;
-    }
-    if (o >= 60) {
-        memcpy(out + o, "...", 3);
-        o += 3;
-    }
-    out[o] = 0;
-    return out;
-}
-
 Span sema_span_of(const Node *n, Str piece) {
     uint32_t len;
     const char *text = diag_source_text(n->span.file, &len);
@@ -335,65 +313,6 @@ Span sema_span_of(const Node *n, Str piece) {
     sp.off = off;
     sp.len = piece.len;
     return sp;
-}
-
-char *sema_type_str(Sema *s, const TensorType *t) {
-    size_t cap = 64, n = 0;
-    char *buf = arena_alloc(s->ar, cap);
-    const char *dn = dtype_name(t->dt);
-    for (int i = -1; i <= t->rank; i++) {
-        const char *piece;
-        if (i < 0) piece = arena_printf(s->ar, "%s[", dn ? dn : "?");
-        else if (i == t->rank) piece = "]";
-        else {
-            const char *ds = t->dims && t->dims[i] ? dim_str(s->ar, t->dims[i]) : "?";
-            piece = i ? arena_printf(s->ar, ", %s", ds) : ds;
-        }
-        size_t pl = strlen(piece);
-        if (n + pl + 1 > cap) {
-            size_t ncap = (n + pl + 1) * 2;
-            char *nb = arena_alloc(s->ar, ncap);
-            memcpy(nb, buf, n);
-            buf = nb;
-            cap = ncap;
-        }
-        memcpy(buf + n, piece, pl);
-        n += pl;
-    }
-    buf[n] = 0;
-    return buf;
-}
-
-char *sema_describe(Sema *s, const Value *v) {
-    if (!v) return "an unknown value";
-    const char *nm = v->node ? sema_cstr(s, v->node->name) : "?";
-    int64_t k;
-    switch (v->kind) {
-    case V_UNKNOWN: return "an unknown value";
-    case V_NONE: return "none";
-    case V_INT:
-        if (!v->dim) return "an integer";
-        if (dim_const(v->dim, &k)) return arena_printf(s->ar, "integer %lld", (long long)k);
-        return arena_printf(s->ar, "integer %s", dim_str(s->ar, v->dim));
-    case V_FLOAT: return v->fknown ? arena_printf(s->ar, "float %g", v->f) : "a float";
-    case V_BOOL: return v->bknown ? (v->b ? "bool true" : "bool false") : "a bool";
-    case V_STRING: return v->s ? arena_printf(s->ar, "string \"%s\"", v->s) : "a string";
-    case V_TENSOR: return sema_type_str(s, &v->t);
-    case V_TUPLE: return arena_printf(s->ar, "a tuple of %d", v->n);
-    case V_LIST:
-        if (v->len && dim_const(v->len, &k)) return arena_printf(s->ar, "a list of %lld", (long long)k);
-        return "a list";
-    case V_RANGE: return "a range";
-    case V_MODULE: return v->scope ? arena_printf(s->ar, "module '%s'", v->scope->name) : "a module";
-    case V_MODEL_DEF: return arena_printf(s->ar, "model definition '%s'", nm);
-    case V_MODEL: return arena_printf(s->ar, "model '%s'", nm);
-    case V_FN: return arena_printf(s->ar, "function '%s'", nm);
-    case V_BUILTIN: return arena_printf(s->ar, "builtin '%s'", v->builtin ? builtin_name(v->builtin) : "?");
-    case V_OPTIMIZER_DEF: return arena_printf(s->ar, "optimizer definition '%s'", nm);
-    case V_OPTIMIZER: return arena_printf(s->ar, "optimizer '%s'", nm);
-    case V_DATA: return "a data source";
-    default: return "a value";
-    }
 }
 
 /* ---- evaluation limits ---- */
@@ -471,6 +390,7 @@ static void collect_decl(Sema *s, Module *m, const Node *d) {
         if (im && im->scope) {
             v = value_new(s->ar, V_MODULE, d->span);
             v->scope = im->scope;
+            v->s = im->scope->name;
         } else {
             v = value_unknown(s->ar, d->span);
         }
@@ -556,7 +476,7 @@ static void sema_check_module(Sema *s, Module *m) {
 
 /* ---- entry points ---- */
 
-int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb) {
+int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb, const Node *train) {
     int before = diag_error_count();
     Sema s;
     memset(&s, 0, sizeof s);
@@ -565,11 +485,12 @@ int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb) 
     s.ld = ld;
     s.out = out;
     s.gb_want = gb;
+    s.gb_train = train;
     sema_check_module(&s, main);
     return diag_error_count() - before;
 }
 
-int sema_run(Loader *ld, Module *main, SemaResult *out) { return sema_run_build(ld, main, out, NULL); }
+int sema_run(Loader *ld, Module *main, SemaResult *out) { return sema_run_build(ld, main, out, NULL, NULL); }
 
 int sema_check(Loader *ld, Module *main) {
     SemaResult res;

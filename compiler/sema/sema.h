@@ -17,9 +17,9 @@ int sema_check(Loader *ld, Module *main);
 
 /* Checks the program as sema_check does and builds the forward graph of one train block of the
  * main module (train_name, or the first when NULL) while its model is instantiated and its loss
- * evaluated (graph_build.c). The graph lives in ar. Returns NULL after reporting errors: the
- * program's, an unknown block name (the message lists the blocks), or a construct the graph
- * builder does not support yet. */
+ * evaluated (build.c drives the graph builder, graph_build.h). The graph lives in ar. Returns
+ * NULL after reporting errors: the program's, an unknown block name (the message lists the
+ * blocks), or a construct the graph builder does not support yet. */
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar);
 
 /* Everything a train block compiles from (plan.h takes it from here). */

@@ -11,9 +11,13 @@
  *   settings.c  checks train and serve blocks and resolves their numbers (TrainConfig,
  *               ServeConfig in settings.h) for the stages after sema; schedule.c lowers the
  *               learning-rate schedule to a scalar program (scalar.h).
- * graph_build.c, which builds the graph IR from the same walk (hooks in eval.c, eval_call.c and
- * settings.c), shares it too. Not part of the compiler's public surface: the stages after sema
- * read sema.h and settings.h. */
+ *   build.c     drives the graph build (sema_build_train*, sema.h): runs the checker with a
+ *               graph builder (graph_build.h) waiting for one train block, and does the builder's
+ *               sema-side work - naming parameters by walking the model's scopes, the update's
+ *               optimizer, its `lr` and its results.
+ * The builder's hooks in eval.c, eval_call.c and settings.c hand it values (value.h); it sees
+ * nothing of this header. Not part of the compiler's public surface: the stages after sema read
+ * sema.h and settings.h. */
 #ifndef MBT_SEMA_INTERNAL_H
 #define MBT_SEMA_INTERNAL_H
 
@@ -23,6 +27,7 @@
 #include "ast.h"
 #include "diag.h"
 #include "dim.h"
+#include "graph_build.h"
 #include "module.h"
 #include "sema.h"
 #include "settings.h"
@@ -38,11 +43,8 @@
 #define SEMA_STEP_BUDGET 20000000L  /* evaluation steps for one whole program */
 #define SEMA_MAX_MODULE_DEPTH 64    /* nested imports being checked */
 
-#define STR_ARG(s) (int)(s).len, (s).p /* for "%.*s" */
-
 typedef struct Sema Sema;
 typedef struct Frame Frame;
-typedef struct GraphBuilder GraphBuilder; /* graph_build.c */
 
 /* ---- scopes ---- */
 
@@ -135,8 +137,8 @@ typedef struct SemaResult {
 
 /* sema_check, keeping the resolved settings for the next stage. Returns the errors reported. */
 int sema_run(Loader *ld, Module *main, SemaResult *out);
-/* The same, building the graph of gb's train block on the way (graph_build.c). */
-int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb);
+/* The same, with gb building the graph of the train block `train` on the way (build.c). */
+int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb, const Node *train);
 
 /* ---- the checker's context ---- */
 
@@ -150,6 +152,9 @@ typedef struct PtrMap {
     void **val;
     int n, cap;
 } PtrMap;
+/* The value slot of key in m (open addressing, grown in ar); *fresh = 1 when key was just added
+ * (its slot holds NULL). */
+void **ptrmap_slot(Arena *ar, PtrMap *m, const void *key, int *fresh);
 
 struct Sema {
     Arena *ar;            /* where evaluation allocates: a scratch arena while a declaration is
@@ -173,6 +178,7 @@ struct Sema {
     GraphBuilder *gb;     /* the graph builder (graph_build.h): set only while the train block being
                            * built instantiates its model and evaluates its loss; NULL while checking */
     GraphBuilder *gb_want;/* the builder waiting for its train block (sema_build_train_graph), or NULL */
+    const Node *gb_train; /* that train block */
     Precision precision;  /* while a train block's model and loss are evaluated, its precision: bf16 makes
                            * each f32 parameter a bf16 value (its f32 master copy is what the optimizer
                            * updates), and f32 in a declared tensor type then accepts bf16 */
@@ -204,10 +210,7 @@ void sema_hint_suggest(Sema *s, const Suggest *g);      /* `hint: did you mean '
 /* ---- text for messages ---- */
 
 char *sema_cstr(Sema *s, Str x);                     /* NUL-terminated copy */
-char *sema_src(Sema *s, Span at);                    /* source text of a span, shortened */
 Span sema_span_of(const Node *n, Str piece);         /* span of a slice of n's source (its name) */
-char *sema_type_str(Sema *s, const TensorType *t);   /* "f32[B, T, 768]" */
-char *sema_describe(Sema *s, const Value *v);        /* "integer 768", "f32[4, 64]", "model 'GPT2'" */
 
 /* Counts one evaluation step and one level of nesting; 0 means stop (limit reported once). */
 int sema_enter(Sema *s, Span at);
@@ -256,6 +259,25 @@ Value *eval_call_model(Sema *s, Value *model, Value *x, Span at);
  * (or a function all of whose other parameters have defaults). key names the setting. Returns
  * the function (V_FN) with its bound values in *args and their count in *nargs, or NULL after an error. */
 Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args, int *nargs);
+
+/* ---- the graph build (build.c): the sema side of graph_build.h ---- */
+
+/* 1 while the graph builder listens: sema is evaluating the train block being built with
+ * concrete constants (generic: the frame or call checks a declaration on its own). */
+static inline int gb_listening(const Sema *s, int generic) { return s->gb != NULL && !generic; }
+/* The builder when `train` is the block being built (started on the checker's arena), else NULL. */
+GraphBuilder *sema_gb_for_train(Sema *s, const Node *train);
+/* After instantiation: names the parameters of model by their path, walking its members. */
+void sema_gb_name_params(Sema *s, GraphBuilder *gb, Value *model);
+/* Before the train block's optimizer opt runs update: gb_update_begin with its name and state count. */
+int sema_gb_update_begin(GraphBuilder *gb, Value *opt, Span at);
+/* While update runs the optimizer's hyper-parameter lr (in opt_scope) is the update graph's input
+ * "lr": swapped in, its entry returned with its number in *saved (NULL when nothing was swapped;
+ * sema_gb_lr_restore gives it back). */
+Entry *sema_gb_lr_swap(GraphBuilder *gb, Scope *opt_scope, Value **saved);
+void sema_gb_lr_restore(Entry *lr, Value *saved);
+/* After update ran in loc: p (named p_name) and the state variables are the update graph's results. */
+void sema_gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at);
 
 /* ---- settings (settings.c) ---- */
 

@@ -12,7 +12,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "graph_build.h"
 #include "sema_internal.h"
 
 /* ---- keys ---- */
@@ -140,7 +139,7 @@ static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int6
         sema_error(s, value_span(item), "'%s' must be %s, but it is %lld", key, allowed, (long long)k);
         return 0;
     }
-    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
     return 0;
 }
 
@@ -161,7 +160,7 @@ static int get_num(Frame *f, const Node *item, const char *key, double lo, int l
         known = 1;
     }
     if (!known) {
-        sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+        sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
         return 0;
     }
     if ((lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi) || x != x) {
@@ -180,7 +179,7 @@ static int get_string(Frame *f, const Node *item, const char *key, const char *a
         *out = v->s;
         return 1;
     }
-    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, sema_describe(s, v));
+    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
     return 0;
 }
 
@@ -227,7 +226,7 @@ static int get_ident(Frame *f, const Node *item, const char *key, const char *co
                 return 0;
             }
     }
-    sema_error(s, v->span, "'%s' must be %s, but it is '%s'", key, allowed, sema_src(s, v->span));
+    sema_error(s, v->span, "'%s' must be %s, but it is '%s'", key, allowed, diag_span_text(s->ar, v->span));
     return 0;
 }
 
@@ -264,7 +263,7 @@ static int get_bool(Frame *f, const Node *item, const char *key, int *out) {
         *out = v->b;
         return 1;
     }
-    sema_error(s, value_span(item), "'%s' must be true or false, but it is %s", key, sema_describe(s, v));
+    sema_error(s, value_span(item), "'%s' must be true or false, but it is %s", key, value_describe(s->ar, v));
     return 0;
 }
 
@@ -274,11 +273,11 @@ static Value *get_model(Frame *f, const Node *item) {
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_MODEL || v->kind == V_UNKNOWN) return v;
     if (v->kind == V_MODEL_DEF) {
-        if (sema_error(s, value_span(item), "'model' must be a model instance, but it is %s", sema_describe(s, v)))
-            sema_hint(s, "call it: model = %s()", sema_src(s, value_span(item)));
+        if (sema_error(s, value_span(item), "'model' must be a model instance, but it is %s", value_describe(s->ar, v)))
+            sema_hint(s, "call it: model = %s()", diag_span_text(s->ar, value_span(item)));
     } else {
         sema_error(s, value_span(item), "'model' must be a model instance, e.g. GPT2(), but it is %s",
-                   sema_describe(s, v));
+                   value_describe(s->ar, v));
     }
     return value_unknown(s->ar, value_span(item));
 }
@@ -301,7 +300,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
     if (!v || v->kind != N_CALL || !v->a || v->a->kind != N_NAME || !str_eqc(v->a->name, "tokens")) {
         Value *got = eval_expr(f, item->a);
         if (got->kind != V_UNKNOWN &&
-            sema_error(s, value_span(item), "'data' must be a token source, but it is %s", sema_describe(s, got)))
+            sema_error(s, value_span(item), "'data' must be a token source, but it is %s", value_describe(s->ar, got)))
             sema_hint(s, "write data = tokens(\"data/train_*.bin\", seq = 1024)");
         return 0;
     }
@@ -346,7 +345,8 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         Value *p = eval_expr(f, given[0]);
         if (p->kind == V_STRING && p->s) ts->cfg.data_glob = p->s;
         else if (p->kind != V_UNKNOWN) {
-            sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s", sema_describe(s, p));
+            sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s",
+                       value_describe(s->ar, p));
             ok = 0;
         }
     }
@@ -361,7 +361,8 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
             if (q->kind == V_INT && q->dim && dim_const(q->dim, &k))
                 sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %lld", (long long)k);
             else
-                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s", sema_describe(s, q));
+                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s",
+                           value_describe(s->ar, q));
             ok = 0;
         } else {
             ok = 0;
@@ -429,7 +430,7 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
     int64_t len;
     if (v->kind != V_LIST || !v->len || !dim_const(v->len, &len) || len != v->n) {
         if (sema_error(s, value_span(item), "'batch.ramp' must be a list of (step, global) pairs, but it is %s",
-                       sema_describe(s, v)))
+                       value_describe(s->ar, v)))
             sema_hint(s, "for example: ramp = [(500, 128), (1000, 256)]");
         return;
     }
@@ -445,7 +446,7 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
             e->items[1]->kind != V_INT || !e->items[0]->dim || !e->items[1]->dim ||
             !dim_const(e->items[0]->dim, &st) || !dim_const(e->items[1]->dim, &gl)) {
             sema_error(s, at, "each 'batch.ramp' entry must be a pair of integers (step, global), but this one is %s",
-                       sema_describe(s, e));
+                       value_describe(s->ar, e));
             continue;
         }
         if (st <= prev_step || st < 0) {
@@ -475,7 +476,8 @@ static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
     const Node *v = item->a;
     if (!v) return;
     if (v->kind != N_LIST) {
-        if (sema_error(s, v->span, "'recompute' must be a list of op names, but it is '%s'", sema_src(s, v->span)))
+        if (sema_error(s, v->span, "'recompute' must be a list of op names, but it is '%s'",
+                       diag_span_text(s->ar, v->span)))
             sema_hint(s, "for example: recompute = [gelu, layernorm]");
         return;
     }
@@ -490,7 +492,7 @@ static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
             ts->cfg.recompute |= 1u << which;
             continue;
         }
-        if (sema_error(s, e->span, "'recompute' entry '%s' is not one of %s", sema_src(s, e->span),
+        if (sema_error(s, e->span, "'recompute' entry '%s' is not one of %s", diag_span_text(s->ar, e->span),
                        choices_text(s, ops, 5, 0)) &&
             e->kind == N_NAME) {
             Suggest g;
@@ -640,7 +642,7 @@ static void build_forward(Frame *f, const Node *model_item, TrainSettings *ts, G
     s->gb = fwd;
     Value *model = get_model(f, model_item);
     s->gb = NULL;
-    gb_model(fwd, model);
+    sema_gb_name_params(s, fwd, model);
     const Dim *dims[2] = {dim_int(s->ar, 1), dim_int(s->ar, ts->cfg.seq)};
     Value *x = value_tensor(s->ar, DT_I32, 2, dims, data_at);
     gb_forward_input(fwd, x);
@@ -690,12 +692,12 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     }
 
     /* The model: everything else is about it. */
-    GraphBuilder *gb = gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
+    GraphBuilder *gb = sema_gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
     s->gb = gb;
     s->precision = ts->cfg.precision == PREC_BF16 ? PREC_BF16 : PREC_F32; /* until the optimizer (f32) */
     ts->model = k[T_MODEL] ? get_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
     s->gb = NULL;
-    if (gb) gb_model(gb, ts->model); /* graph builder hook: names the parameters */
+    if (gb) sema_gb_name_params(s, gb, ts->model); /* graph builder hook: names the parameters */
     scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? key_span(k[T_MODEL]) : name_at);
 
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
@@ -729,7 +731,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         int scalar = l->kind == V_UNKNOWN || l->kind == V_FLOAT || l->kind == V_INT ||
                      (l->kind == V_TENSOR && l->t.rank == 0 && dtype_is_float(l->t.dt));
         if (!scalar) {
-            if (sema_error(s, value_span(k[T_LOSS]), "'loss' must be a scalar, but it is %s", sema_describe(s, l)))
+            if (sema_error(s, value_span(k[T_LOSS]), "'loss' must be a scalar, but it is %s", value_describe(s->ar, l)))
                 sema_hint(s, "reduce it to one number, e.g. with mean(...) or cross_entropy(...)");
             l = value_unknown(s->ar, value_span(k[T_LOSS]));
         }
@@ -747,18 +749,18 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
         Span at = value_span(k[T_OPTIMIZER]);
         if (o->kind == V_OPTIMIZER) {
-            int building = gb && gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
+            int building = sema_gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
             s->gb = building ? gb : NULL;
             eval_check_update(s, o, at);
             s->gb = NULL;
             if (building) gb_update_end(gb);
         } else if (o->kind == V_OPTIMIZER_DEF) {
             if (sema_error(s, at, "'optimizer' must be an optimizer with its hyper-parameters bound, but it is %s",
-                           sema_describe(s, o)))
-                sema_hint(s, "call it: optimizer = %s(lr = 1e-3)", sema_src(s, at));
+                           value_describe(s->ar, o)))
+                sema_hint(s, "call it: optimizer = %s(lr = 1e-3)", diag_span_text(s->ar, at));
             o = value_unknown(s->ar, at);
         } else if (o->kind != V_UNKNOWN) {
-            if (sema_error(s, at, "'optimizer' must be an optimizer, but it is %s", sema_describe(s, o)))
+            if (sema_error(s, at, "'optimizer' must be an optimizer, but it is %s", value_describe(s->ar, o)))
                 sema_hint(s, "for example: optimizer = optim.adamw(lr = 6e-4)");
             o = value_unknown(s->ar, at);
         }

@@ -2,7 +2,8 @@
  *
  * Pipeline position: sema's abstract interpreter produces Values; shape.c and builtins.c compute
  * new ones from old. Everything a diagnostic says about a value's type comes from
- * tensor_type_str and value_type_str here, so the wording is decided in one place. */
+ * tensor_type_str, value_type_str (shape.c's and builtins.c's wording) and value_describe (the
+ * checker's and the graph builder's) here, so the wording is decided in one place. */
 #include "value.h"
 
 #include <math.h>
@@ -194,5 +195,39 @@ char *value_type_str(Arena *ar, const Value *v) {
         return v->builtin ? arena_printf(ar, "builtin %s", builtin_name(v->builtin)) : arena_printf(ar, "builtin");
     default:
         return arena_printf(ar, "%s", value_kind_name(v->kind));
+    }
+}
+
+char *value_describe(Arena *ar, const Value *v) {
+    if (!v) return "an unknown value";
+    const char *nm = "?";
+    if (v->node) /* the declaration's name (an empty one when it has none) */
+        nm = v->node->name.p ? arena_strndup(ar, v->node->name.p, v->node->name.len) : "";
+    int64_t k;
+    switch (v->kind) {
+    case V_UNKNOWN: return "an unknown value";
+    case V_NONE: return "none";
+    case V_INT:
+        if (!v->dim) return "an integer";
+        if (dim_const(v->dim, &k)) return arena_printf(ar, "integer %lld", (long long)k);
+        return arena_printf(ar, "integer %s", dim_str(ar, v->dim));
+    case V_FLOAT: return v->fknown ? arena_printf(ar, "float %g", v->f) : "a float";
+    case V_BOOL: return v->bknown ? (v->b ? "bool true" : "bool false") : "a bool";
+    case V_STRING: return v->s ? arena_printf(ar, "string \"%s\"", v->s) : "a string";
+    case V_TENSOR: return tensor_type_str(ar, &v->t);
+    case V_TUPLE: return arena_printf(ar, "a tuple of %d", v->n);
+    case V_LIST:
+        if (v->len && dim_const(v->len, &k)) return arena_printf(ar, "a list of %lld", (long long)k);
+        return "a list";
+    case V_RANGE: return "a range";
+    case V_MODULE: return v->s ? arena_printf(ar, "module '%s'", v->s) : "a module";
+    case V_MODEL_DEF: return arena_printf(ar, "model definition '%s'", nm);
+    case V_MODEL: return arena_printf(ar, "model '%s'", nm);
+    case V_FN: return arena_printf(ar, "function '%s'", nm);
+    case V_BUILTIN: return arena_printf(ar, "builtin '%s'", v->builtin ? builtin_name(v->builtin) : "?");
+    case V_OPTIMIZER_DEF: return arena_printf(ar, "optimizer definition '%s'", nm);
+    case V_OPTIMIZER: return arena_printf(ar, "optimizer '%s'", nm);
+    case V_DATA: return "a data source";
+    default: return "a value";
     }
 }

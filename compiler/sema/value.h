@@ -43,7 +43,7 @@ typedef enum ValueKind {
     V_TUPLE,        /* items[n] */
     V_LIST,         /* items[n]; len = length (n == 1 representative item when len is symbolic) */
     V_RANGE,        /* lo..hi as dims: dim = lo, len = hi */
-    V_MODULE,       /* an imported module: scope */
+    V_MODULE,       /* an imported module: scope, s = its name */
     V_MODEL_DEF,    /* a model declaration (callable: instantiates): node, scope = defining module */
     V_MODEL,        /* a model instance: node = its N_MODEL, scope = its members */
     V_FN,           /* a function: node = N_FN, scope = enclosing (module or model instance) */
@@ -83,6 +83,9 @@ Value *value_float(Arena *ar, double f, int known, Span origin); /* V_FLOAT */
 Value *value_bool(Arena *ar, int b, int known, Span origin);     /* V_BOOL */
 Value *value_tensor(Arena *ar, DType dt, int rank, const Dim **dims, Span origin); /* V_TENSOR (dims copied) */
 char *value_type_str(Arena *ar, const Value *v); /* "f32[B, T, d]", "integer 768", "model Block", ... */
+/* What a value is, for the checker's and the graph builder's messages: "integer 768", "f32[4, 64]",
+ * "model 'GPT2'", "module 'optim'". */
+char *value_describe(Arena *ar, const Value *v);
 char *value_float_str(Arena *ar, double f);      /* shortest text reading back as f: "0.02", "1e-8", "2.0" */
 int value_number(const Value *v, double *out);   /* 1 if v is a V_INT or V_FLOAT with a known value (into *out) */
 

@@ -18,6 +18,7 @@ typedef struct Str {
     const char *p;
     uint32_t len;
 } Str;
+#define STR_ARG(s) (int)(s).len, (s).p /* for "%.*s" */
 
 void *arena_alloc(Arena *a, size_t n);                 /* zeroed memory, 16-byte aligned */
 void *arena_dup(Arena *a, const void *p, size_t n);    /* copy of n bytes */

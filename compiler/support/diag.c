@@ -46,6 +46,33 @@ const char *diag_source_text(uint32_t file, uint32_t *len) {
     return g_diag.src[file - 1].text;
 }
 
+char *diag_span_text(Arena *ar, Span at) {
+    uint32_t len;
+    const char *text = diag_source_text(at.file, &len);
+    if (at.file == 0 || at.off > len) return "?";
+    uint32_t n = at.len;
+    if (at.off + n > len) n = len - at.off;
+    char *out = arena_alloc(ar, 64 + 4);
+    uint32_t o = 0;
+    int space = 0;
+    for (uint32_t i = 0; i < n && o < 60; i++) {
+        char c = text[at.off + i];
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            space = 1;
+            continue;
+        }
+        if (space && o > 0) out[o++] = ' ';
+        space = 0;
+        out[o++] = c;
+    }
+    if (o >= 60) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = 0;
+    return out;
+}
+
 Span span_join(Span a, Span b) {
     if (a.file == 0) return b;
     if (b.file == 0 || b.file != a.file) return a;

@@ -20,6 +20,8 @@
 
 #include <stdint.h>
 
+#include "arena.h"
+
 #define DIAG_MAX_ERRORS 20
 
 /* A byte range in a registered source file. file == 0 means "no location". */
@@ -37,6 +39,9 @@ Span span_join(Span a, Span b);                 /* smallest span covering a and 
 uint32_t diag_add_source(const char *path, const char *text, uint32_t len); /* register; returns id >= 1 */
 const char *diag_source_path(uint32_t file);    /* the path a file was registered with */
 const char *diag_source_text(uint32_t file, uint32_t *len); /* its bytes */
+/* The source text of a span for a message, in ar: whitespace runs (a call spread over lines) as
+ * one space, cut after 60 bytes with "..."; "?" for no location. */
+char *diag_span_text(Arena *ar, Span at);
 
 void diag_error(Span at, const char *fmt, ...) __attribute__((format(printf, 2, 3)));   /* a user error */
 void diag_warning(Span at, const char *fmt, ...) __attribute__((format(printf, 2, 3))); /* a warning */

@@ -1,0 +1,161 @@
+/* build.c - the graph build driven from sema: sema_build_train_graph and sema_build_train (sema.h).
+ *
+ * Pipeline position: AST -> [sema, with build.c driving graph_build] -> graph IR. The checker
+ * runs once over the whole program with a graph builder (graph_build.h) waiting for one train
+ * block; settings.c starts it when it reaches that block, and the hooks in eval.c, eval_call.c
+ * and settings.c hand it every tensor the walk makes. What needs the checker's own structures
+ * is done here, so that the builder sees values only:
+ *   - naming the parameters by their path from the model, walking its members (sub-models, lists
+ *     of them by index): `h.3.attn.c_attn.weight`;
+ *   - the update graph's optimizer: its name and how many state variables it declares;
+ *   - while update runs, the optimizer's `lr` swapped for the graph's input "lr", and after it
+ *     the values p and the state variables end with, looked up in update's scope.
+ * Afterwards the builder's outcome becomes a TrainBuild with the block's checked settings. */
+#include <string.h>
+
+#include "sema_internal.h"
+
+/* ---- the builder's sema-side work ---- */
+
+GraphBuilder *sema_gb_for_train(Sema *s, const Node *train) {
+    if (!s->gb_want || s->gb_train != train) return NULL;
+    gb_start(s->gb_want, s->ar);
+    return s->gb_want;
+}
+
+/* Names the parameters under v (a model instance, or a list or tuple of them) prefix + member
+ * path; seen holds the model instances walked already (a sub-model reachable twice is named by
+ * the first path). */
+static void name_walk(Sema *s, GraphBuilder *gb, PtrMap *seen, const Value *v, const char *prefix, int depth) {
+    if (!v || depth > SEMA_MAX_CALL_DEPTH + 8) return;
+    if (v->kind == V_MODEL) {
+        int fresh;
+        if (!v->scope) return;
+        ptrmap_slot(s->ar, seen, v->scope, &fresh);
+        if (!fresh) return;
+        Scope *sc = v->scope;
+        for (int i = 0; i < sc->n; i++) {
+            Entry *e = &sc->e[i];
+            if (!e->v) continue;
+            if (e->kind == ENT_PARAM)
+                gb_name_param(gb, e->v, arena_printf(s->ar, "%s%.*s", prefix, STR_ARG(e->name)));
+            else if (e->kind == ENT_SUB)
+                name_walk(s, gb, seen, e->v, arena_printf(s->ar, "%s%.*s.", prefix, STR_ARG(e->name)), depth + 1);
+        }
+    } else if (v->kind == V_LIST || v->kind == V_TUPLE) {
+        for (int i = 0; i < v->n; i++)
+            name_walk(s, gb, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), depth + 1);
+    }
+}
+
+void sema_gb_name_params(Sema *s, GraphBuilder *gb, Value *model) {
+    if (!gb || !model || model->kind != V_MODEL) return;
+    PtrMap seen;
+    memset(&seen, 0, sizeof seen);
+    name_walk(s, gb, &seen, model, "", 0);
+}
+
+int sema_gb_update_begin(GraphBuilder *gb, Value *opt, Span at) {
+    if (!gb || !opt || opt->kind != V_OPTIMIZER || !opt->node) return 0;
+    int nstate = 0;
+    for (int i = 0; i < opt->node->list2.n; i++) {
+        const Node *st = opt->node->list2.v[i];
+        if (st && st->kind == N_STATE) nstate += st->list.n;
+    }
+    return gb_update_begin(gb, opt->node->name, nstate, at);
+}
+
+Entry *sema_gb_lr_swap(GraphBuilder *gb, Scope *opt_scope, Value **saved) {
+    Entry *e = gb && opt_scope ? scope_find(opt_scope, str_from("lr")) : NULL;
+    if (!e || e->kind != ENT_CONST || !e->v) return NULL; /* no lr: no input */
+    Value *in = gb_update_lr(gb, e->v, e->decl);
+    if (!in) return NULL;
+    *saved = e->v;
+    e->v = in;
+    return e;
+}
+
+void sema_gb_lr_restore(Entry *lr, Value *saved) {
+    if (lr) lr->v = saved;
+}
+
+static Value *scope_value(void *scope, Str name) {
+    Entry *e = scope_find(scope, name);
+    return e ? e->v : NULL;
+}
+
+void sema_gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at) {
+    if (loc) gb_update_results(gb, scope_value, loc, p_name, at);
+}
+
+/* ---- the build ---- */
+
+/* The train block of main named train_name (the first when NULL); NULL after reporting why not. */
+static const Node *find_train(Module *main, const char *train_name, Arena *ar) {
+    const Node *want = NULL;
+    const char *names = "";
+    int ntrain = 0;
+    for (int i = 0; i < main->ast->list.n; i++) {
+        const Node *d = main->ast->list.v[i];
+        if (!d || d->kind != N_TRAIN) continue;
+        names = arena_printf(ar, "%s%s%.*s", names, ntrain++ ? ", " : "", STR_ARG(d->name));
+        if (!want && (!train_name || str_eqc(d->name, train_name))) want = d;
+    }
+    if (want) return want;
+    if (!ntrain) {
+        diag_error_noloc("'%s' has no train block: there is no training step to build", main->path);
+        diag_hint("add one: train NAME { model = ..., data = ..., loss = ..., optimizer = ..., steps = ... }");
+    } else {
+        diag_error_noloc("'%s' has no train block named '%s'", main->path, train_name);
+        diag_hint("its train block%s: %s", ntrain == 1 ? " is" : "s are", names);
+    }
+    return NULL;
+}
+
+/* Runs the checker with a builder waiting for the train block (align > 0: the update graph and
+ * the batch-1 forward too). */
+static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
+    if (!main || !main->ast) return NULL;
+    const Node *want = find_train(main, train_name, ar);
+    if (!want) return NULL;
+    if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
+    GraphBuilder *gb = gb_new(ar, arena_printf(ar, "train %.*s", STR_ARG(want->name)));
+    if (align > 0)
+        gb_want_update(gb, align, gb_new(ar, arena_printf(ar, "forward %.*s at batch 1", STR_ARG(want->name))));
+    SemaResult res;
+    memset(&res, 0, sizeof res);
+    if (main->state != 0) INTERNAL("sema_build_train_graph: module '%s' was checked already", main->name);
+    sema_run_build(ld, main, &res, gb, want);
+    GraphBuilt built;
+    switch (gb_finish(gb, &built)) {
+    case GB_BUILT: break;
+    case GB_ERRORS: return NULL;
+    case GB_FAILED: INTERNAL("graph builder: train block '%.*s' failed without an error", STR_ARG(want->name));
+    case GB_NO_LOSS:
+        INTERNAL("graph builder: train block '%.*s' was checked without building its graph", STR_ARG(want->name));
+    case GB_NO_UPDATE:
+        INTERNAL("graph builder: train block '%.*s' was checked without building its update or batch-1 graph",
+                 STR_ARG(want->name));
+    }
+    TrainBuild *tb = arena_alloc(ar, sizeof(TrainBuild));
+    tb->step = built.step;
+    tb->update = built.update;
+    tb->forward = built.forward;
+    tb->forward_output = built.forward_output;
+    for (int i = 0; i < res.trains.n; i++) {
+        const TrainSettings *ts = res.trains.v[i];
+        if (ts && ts->node == want) tb->config = &ts->cfg;
+    }
+    if (!tb->config) INTERNAL("graph builder: train block '%.*s' has no settings", STR_ARG(want->name));
+    return tb;
+}
+
+Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
+    TrainBuild *tb = build_train(ld, main, train_name, 0, ar);
+    return tb ? tb->step : NULL;
+}
+
+TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
+    if (align <= 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
+    return build_train(ld, main, train_name, align, ar);
+}
