@@ -251,8 +251,8 @@ check_block() {
     [ "$name" = tiny-tiny ] || rm -f "$d/prog" "$d"/*.so
 }
 
-# each train block of FILE: its name, whether its body reads data/tiny_train.bin (run_exec_examples'
-# rule) and whether it asks for precision = bf16
+# each train block of FILE: its name, whether its body reads data/tiny_train.bin (every_example's
+# rule, tests/layers/exec.sh) and whether it asks for precision = bf16
 blocks() {
     LC_ALL=C awk '/^train[[:space:]]+[A-Za-z_][A-Za-z0-9_]*/ { t = $2; sub(/[^A-Za-z0-9_].*/, "", t); run = 0; bf = 0; next }
                   t != "" && /tokens\("data\/tiny_train\.bin"/ { run = 1 }

@@ -1,0 +1,204 @@
+# shellcheck shell=bash
+# tests/layers/exec.sh - the helpers the case files of tests/exec/ name in their `# test` and
+# `# tests` lines (sourced by tests/run.sh; the cases run by run_cases, tests/layers/cases.sh).
+# A helper exits 0 when what it checks holds and prints what it measured as its last line (the
+# PASS line's detail); it reads the case's $W, $DATA and $VAL.
+
+# log_losses LOG: the losses of a --log file (JSON lines), one a line.
+log_losses() { sed 's/.*"loss": \([0-9.e+-]*\).*/\1/' "$1"; }
+
+# loss_falls LOG MIN: the first step's loss minus the last's is at least MIN nats.
+loss_falls() {
+    local first last
+    first=$(log_losses "$1" | head -n 1)
+    last=$(log_losses "$1" | tail -n 1)
+    echo "$first -> $last"
+    awk -v f="$first" -v l="$last" -v m="$2" 'BEGIN { exit !(f - l >= m) }'
+}
+
+# held_out_below PROG LIMIT [TRAIN ARGS...]: PROG trains on $DATA (with TRAIN ARGS), then its
+# held-out loss on $VAL must be below LIMIT, an awk expression in which `bigram` is the best loss
+# a bigram model can reach on the corpus (mbt-gendata's report, $W/data.txt).
+held_out_below() {
+    local prog=$1 limit=$2 bigram loss
+    shift 2
+    bigram=$(sed -n 's/^best with less context: bigram H(x_t | x_t-1) = \([0-9.]*\) .*/\1/p' "$W/data.txt")
+    "$prog" train --data "$DATA" --save-weights "$W/held_out.safetensors" "$@" || return 1
+    "$prog" eval --weights "$W/held_out.safetensors" --data "$VAL" >"$W/held_out.txt" || return 1
+    loss=$(sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p' "$W/held_out.txt")
+    echo "held-out $loss, below ${limit//bigram/the bigram bound $bigram}"
+    [ -n "$loss" ] && awk -v l="$loss" "BEGIN { bigram = $bigram; exit !(l < $limit) }"
+}
+
+# log_field LOG KEY: KEY's value in each line of a --log file, on one line.
+log_field() {
+    local k n
+    n=$(wc -l <"$1")
+    for ((k = 1; k <= n; k++)); do printf '%s%s' "$([ $k = 1 ] || echo ' ')" "$(jfield "$1" $k "$2")"; done
+    echo
+}
+
+# same_log_fields LOG_A:N LOG_B:M KEY...: line N of LOG_A and line M of LOG_B log the same KEYs,
+# to every printed digit.
+same_log_fields() {
+    local a=${1%:*} n=${1##*:} b=${2%:*} m=${2##*:} k va="" vb=""
+    shift 2
+    for k in "$@"; do
+        va="$va $(jfield "$a" "$n" "$k")"
+        vb="$vb $(jfield "$b" "$m" "$k")"
+    done
+    echo "$*:$va in $(basename "$a") step $n,$vb in $(basename "$b") step $m"
+    [ "$va" = "$vb" ] && [ -n "${va// /}" ]
+}
+
+# same_log A B N: two --log files of N steps each that agree but for the time taken.
+same_log() {
+    local a b
+    a=$(sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$1")
+    b=$(sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$2")
+    echo "$(wc -l <"$1") and $(wc -l <"$2") steps"
+    [ "$a" = "$b" ] && [ "$(wc -l <"$1")" = "$3" ]
+}
+
+# data_from_window DATA WINDOW SEQ OUT: a token file holding DATA's tokens from window WINDOW of
+# SEQ tokens on (a raw copy after the 1024-byte header: a program reading it in file order starts
+# where one reading DATA had reached after WINDOW windows).
+data_from_window() { tail -c +$((1024 + $2 * $3 * 2 + 1)) "$1" >"$4"; }
+
+# ids_in_vocab VOCAB FILE:COUNT...: each FILE holds COUNT token ids, each below VOCAB.
+ids_in_vocab() {
+    local v=$1 a
+    shift
+    for a in "$@"; do
+        awk -v v="$v" -v n="${a##*:}" 'NF != n { exit 1 } { for (i = 1; i <= NF; i++) if ($i !~ /^[0-9]+$/ || $i + 0 >= v) exit 1 }' "${a%:*}" \
+            || { echo "${a%:*}: expected ${a##*:} ids below $v: $(cat "${a%:*}")"; return 1; }
+    done
+    echo "$# outputs, every id below $v"
+}
+
+# val_tokens N: the first N tokens of $VAL.
+val_tokens() { od -An -v -tu2 -j1024 -N$(($1 * 2)) "$VAL"; }
+
+# logits_match_eval PROG WEIGHTS VOCAB: the logits forward against the training forward. The
+# held-out windows of T + 1 tokens one eval step reads (M = its batches x micro-batch): for each,
+# `generate --print-logits` gives the logits after each prefix, whose mean cross-entropy against
+# the next tokens must equal the loss `eval --steps 1` computes on those windows to 1e-5 relative -
+# which needs the right row, the right parameters and a causal model.
+logits_match_eval() {
+    local prog=$1 w=$2 v=$3 T M k prompt toks ce loss evalout
+    evalout=$("$prog" eval --weights "$w" --data "$VAL" --steps 1) || return 1
+    loss=$(echo "$evalout" | sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p')
+    read -r M T <<<"$(echo "$evalout" | sed -n 's/.* on \([0-9]*\) batches of \([0-9]*\) x \([0-9]*\) tokens .*/\1 \2 \3/p' | awk '{ print $1 * $2, $3 }')"
+    if [ -z "$loss" ] || [ -z "$M" ] || [ "$M" = 0 ]; then echo "eval printed no loss or batch count: $evalout"; return 1; fi
+    toks=($(val_tokens $((M * T + 1))))
+    : >"$W/logits.txt"
+    : >"$W/next.txt"
+    for ((k = 0; k < M; k++)); do
+        prompt=$(IFS=,; echo "${toks[*]:k*T:T}")
+        "$prog" generate --weights "$w" --prompt-tokens "$prompt" --print-logits >>"$W/logits.txt" || return 1
+        printf '%s\n' "${toks[@]:k*T+1:T}" >>"$W/next.txt"
+    done
+    ce=$(awk -v v="$v" 'NR == FNR { y[FNR] = $1; next }
+              NF != v { print "line " FNR " has " NF " logits"; exit }
+              { m = $1; for (i = 2; i <= NF; i++) if ($i > m) m = $i
+                s = 0; for (i = 1; i <= NF; i++) s += exp($i - m)
+                ce += m + log(s) - $(y[FNR] + 1); n++ }
+              END { if (n) printf "%.9f %d", ce / n, n }' "$W/next.txt" "$W/logits.txt")
+    if [ "${ce#* }" != $((M * T)) ]; then echo "--print-logits: $ce (expected $((M * T)) rows)"; return 1; fi
+    echo "$M windows: cross-entropy from the logits ${ce% *}, eval $loss"
+    awk -v a="${ce% *}" -v b="$loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }'
+}
+
+# long_prompt_slides PROG WEIGHTS CTX: a prompt longer than the context CTX slides: after
+# CTX + 8 tokens of $VAL, the logits and the next 5 greedy tokens are those after their last CTX.
+long_prompt_slides() {
+    local prog=$1 w=$2 c=$3 toks long tail a b g1 g2
+    toks=($(val_tokens $((c + 8))))
+    long=$(IFS=,; echo "${toks[*]:0:c+8}")
+    tail=$(IFS=,; echo "${toks[*]:8:c}")
+    a=$("$prog" generate --weights "$w" --prompt-tokens "$long" --print-logits | tail -1)
+    b=$("$prog" generate --weights "$w" --prompt-tokens "$tail" --print-logits | tail -1)
+    g1=$("$prog" generate --weights "$w" --prompt-tokens "$long" --max-tokens 5 --temperature 0)
+    g2=$("$prog" generate --weights "$w" --prompt-tokens "$tail" --max-tokens 5 --temperature 0)
+    echo "$((c + 8))-token prompt vs its last $c: logits equal? $([ "$a" = "$b" ] && echo yes || echo no); tokens '$g1' vs '$g2'"
+    [ -n "$a" ] && [ "$a" = "$b" ] && [ -n "$g1" ] && [ "$g1" = "$g2" ]
+}
+
+# every_example DATA (tests/exec/examples.case): every train block of every example builds with
+# `mbtc FILE --train NAME -o` (a full-size block, too big to train here, proves it compiles),
+# built for CUDA_ARCHS, into an executable whose --help
+# names the block (the runtime checks the descriptor first), and every block that reads the
+# README's tiny data (tokens("data/tiny_train.bin", ...): the CPU-size ones) trains 3 steps on
+# mbt-gendata's corpus (DATA) with 3 finite losses in its --log. llama_cpu's log shows its
+# ramp: 4 x 64 tokens at steps 1 and 2, twice that at step 3 (ramp = [(2, 8)]).
+every_example() {
+    local mbtc="$BUILD/mbtc" data=$1 dir=$W f ex t kind out log start bt rt n k l bad
+    for f in examples/*.mbt; do
+        [ -f "$f" ] || continue
+        ex=$(basename "$f" .mbt)
+        local runnable=0
+        # each train block's name, and whether its body reads data/tiny_train.bin
+        while read -r t kind; do
+            out="$dir/$ex-$t.out"
+            start=$(now_ns)
+            if ! { timeout 300 "$mbtc" "$f" --train "$t" --cuda-arch="$CUDA_ARCHS" -o "$dir/$ex-$t" </dev/null >"$out" 2>&1; } 2>>"$out"; then
+                fail "exec/example/$ex-$t" "mbtc $f --train $t -o failed" "$out"
+                continue
+            fi
+            bt=$(secs "$start")
+            # --help runs after the descriptor check (a bad descriptor is exit 2) and names the block
+            if ! "$dir/$ex-$t" --help </dev/null >"$out" 2>&1 || ! grep -q "train block '$t'" "$out" \
+                || { [ "$CUDA_ARCHS" != none ] && ! grep -q '^For the GPU: [0-9]* kernels; cubins sm_80, sm_90; PTX compute_90' "$out"; }; then
+                fail "exec/example/$ex-$t" "the executable's --help fails, does not name train block '$t' or lists no GPU images" "$out"
+                rm -f "$dir/$ex-$t"
+                continue
+            fi
+            if [ "$kind" != run ]; then
+                pass "exec/example/$ex-$t (builds: $bt s, its descriptor passes the runtime's check; not run: its data are not the tiny corpus)"
+                rm -f "$dir/$ex-$t"
+                continue
+            fi
+            runnable=1
+            log="$dir/$ex-$t.jsonl"
+            start=$(now_ns)
+            if ! { timeout 600 "$dir/$ex-$t" train --steps 3 --data "$data" --log "$log" </dev/null >"$out" 2>&1; } 2>>"$out"; then
+                fail "exec/example/$ex-$t" "train --steps 3 failed" "$out"
+                continue
+            fi
+            rt=$(secs "$start")
+            n=$(grep -c '"loss"' "$log")
+            bad=""
+            for k in 1 2 3; do
+                l=$(jfield "$log" "$k" loss)
+                if ! awk -v l="$l" 'BEGIN { exit !(l ~ /^-?[0-9][0-9.e+-]*$/ && l + 0 == l + 0) }'; then bad="$bad step $k: loss '$l';"; fi
+            done
+            if [ "$n" != 3 ]; then
+                fail "exec/example/$ex-$t" "$n step records in the log, expected 3" "$log"
+            elif [ -n "$bad" ]; then
+                fail "exec/example/$ex-$t" "a loss that is not a finite number:$bad" "$log"
+            else
+                pass "exec/example/$ex-$t (builds: $bt s; 3 steps: $rt s; losses $(jfield "$log" 1 loss) $(jfield "$log" 2 loss) $(jfield "$log" 3 loss))"
+            fi
+            if [ "$ex-$t" = llama-llama_cpu ]; then
+                local t1 t2 t3
+                t1=$(jfield "$log" 1 tokens) t2=$(jfield "$log" 2 tokens) t3=$(jfield "$log" 3 tokens)
+                if [ "$t1" = 256 ] && [ "$t2" = 256 ] && [ "$t3" = 512 ] && grep -q '^batch ramp: from step 3, 8 sequences a step (accumulation 2)$' "$out"; then
+                    pass "exec/example/llama_cpu-ramp (tokens per step $t1, $t2, $t3)"
+                else
+                    fail exec/example/llama_cpu-ramp "tokens per step $t1, $t2, $t3, expected 256, 256, 512 (ramp = [(2, 8)]), or no 'batch ramp' line" "$out"
+                fi
+            fi
+            rm -f "$dir/$ex-$t"
+        done < <(LC_ALL=C awk '/^train[[:space:]]+[A-Za-z_][A-Za-z0-9_]*/ { t = $2; sub(/[^A-Za-z0-9_].*/, "", t); run = 0; next }
+                              t != "" && /tokens\("data\/tiny_train\.bin"/ { run = 1 }
+                              t != "" && /^}/ { print t, (run ? "run" : "build"); t = "" }' "$f")
+        if [ $runnable = 0 ]; then fail "exec/example/$ex" "no train block of $f reads data/tiny_train.bin, so none runs here"; fi
+    done
+}
+
+# exec/ramp: the blocks of tests/exec/ramp.mbt (see its header), each built with -o --train NAME,
+# on DATA in file order (T = 16). ramp logs 64, 128 and 256 tokens a step. For k = 1, 2: ramp
+# re-run from its own weights after k steps, on the shard from the window it had reached (a raw
+# copy of the tokens from there), must log exactly - every printed digit of loss and gradient
+# norm - what its step k + 1 logged, and that must be flat8's (k = 1) / flat16's (k = 2) first
+# step from the same weights and window; ramp's base stage alone from there (`--steps 1`, i.e.
