@@ -37,9 +37,9 @@
 /* The layout version of RtProgram and RtStep. A program compiled against another version is
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
-#define RT_ABI_VERSION 5 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+#define RT_ABI_VERSION 6 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
-                          * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments */
+                          * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -284,6 +284,20 @@ typedef struct RtGpuProgram {
     RtStatus (*optimizer_update)(RtStep *s);
 } RtGpuProgram;
 
+/* The phases of a step, each one generated function; no two run at once, so they share the arena
+ * (compiler/plan/plan.h: PlanPhase, in the same order). */
+enum { RT_PHASE_STEP, RT_PHASE_UPDATE, RT_PHASE_LOGITS, RT_NPHASES };
+
+/* The compiler's memory plan in numbers, which `./prog info` prints back in the words of
+ * `mbtc --emit=plan`'s summary: per phase (forward_backward for one micro-batch, optimizer_update,
+ * forward_logits), the arena bytes it uses and its launches per call. */
+typedef struct RtPlanInfo {
+    int64_t arena[RT_NPHASES];   /* bytes from the arena's start; 0 for an absent function */
+    int64_t kernels[RT_NPHASES]; /* generated kernels launched per call */
+    int64_t gemms[RT_NPHASES];   /* GEMMs per call */
+    int64_t input_bytes;         /* data.x and data.y of one micro-batch */
+} RtPlanInfo;
+
 /* A compiled program: the descriptor plus its functions. The generated object exports one as
  * `const RtProgram mbt_program`; runtime/main.c passes it to rt_main. All pointers are to
  * constant data with static storage. */
@@ -328,6 +342,7 @@ typedef struct RtProgram {
     int64_t nstate;                 /* optimizer state variables; the state region is nstate x param_floats */
     const char *const *state_names; /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */
     const RtGpuProgram *gpu;        /* the CUDA side, or NULL (built without CUDA) */
+    RtPlanInfo plan;                /* the memory plan's summary; arena_bytes is the largest of plan.arena */
 } RtProgram;
 
 /* The descriptor of the program being run, defined by the generated object (or a hand-written

@@ -28,6 +28,7 @@
 #                 ones train 3 steps; tests/exec/ramp.mbt's batch-size ramp and data ranks;
 #                 tests/exec/gen_*.mbt generate (see run_exec_generate)
 #   ckpt          tests/ckpt/run.sh: killed and resumed runs equal an uninterrupted one; bad checkpoints
+#   info          tests/info/run.sh: every example's `./prog info` equals `mbtc --emit=plan`'s summary
 #   gpu-selftest  tests/gpu/selftest.sh: make test-gpu's comparison (tests/gpu/cmpdump.py) passes on
 #                 equal steps and on PyTorch's, fails on perturbed ones
 #   gpu-emu       the emulated GPU (tests/cudaemu/cudaemu.h runs CUDA C on the CPU): the attention
@@ -1151,6 +1152,7 @@ run_layer exec layer_exec
 run_layer verify run_verify "$BUILD/mbtc"
 run_layer accum run_accum "$BUILD/mbtc"
 run_layer ckpt run_relayed ckpt tests/ckpt/run.sh
+run_layer info run_relayed info tests/info/run.sh
 run_layer gpu-selftest run_relayed gpu-selftest tests/gpu/selftest.sh
 run_layer gpu-emu layer_gpu_emu
 run_layer torch run_torch "$BUILD/mbtc"

@@ -2,20 +2,15 @@
  * RtProgram functions that launch them, and the `mbt_program` descriptor; then the object file
  * and the link with libmbtrt.
  *
- * Memory. Every buffer of a schedule (fuse.h) gets an address = region base + offset: parameters
- * at the plan's offset in the parameter region; data.x / data.y are the RtStep's x / y; the update
- * graph's p, g and state.* are the parameter, gradient and state regions; lr and t are two f32
- * slots in the arena that optimizer_update fills; everything else lives in the arena at an offset
- * from plan_assign_offsets over the schedule's launches (the step and update schedules never run
- * at once, so each starts at byte 0). The step schedule's gradients are arena buffers; after the
- * last launch forward_backward adds loss_scale x each into the gradient region (the ABI's +=).
- * The update schedule's new parameters and state are arena buffers copied into their regions
- * after its last launch.
+ * Memory. Every buffer of a schedule (fuse.h) gets its address from the memory plan (plan.h): the
+ * RtStep field of its home (params, grads, state, x, y, arena) plus the plan's offset. The moves
+ * after the launches are the plan's too: forward_backward adds loss_scale x each gradient buffer
+ * into the gradient region (the ABI's +=), optimizer_update copies the new parameters and state
+ * into their regions, after filling the plan's lr and t slots.
  *
- * Generation. forward_logits runs a third schedule: the train block's model(data.x) built as a
- * graph of its own with data.x of one row (B = 1, T = seq; see "forward_logits" below), fused for
- * the logits alone. It has its own arena plan from byte 0 (no two of the three schedules run at
- * once), and the descriptor's arena_bytes is the largest of the three peaks. */
+ * Generation. forward_logits runs a third schedule (plan.h, PLAN_LOGITS): the train block's
+ * model(data.x) at batch 1, fused for the logits alone. The descriptor's arena_bytes is the plan's
+ * largest peak; its RtPlanInfo carries the plan's summary for `./prog info`. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -52,7 +47,7 @@ typedef struct Host {
     LLVMModuleRef m;
     LLVMBuilderRef b;
     LLVMTypeRef i8, i32, i64, f32, f64, ptr, vd;
-    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t;
+    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t, plan_t;
     LLVMTypeRef range_fn_t, pfor_t, gemm_t;
     LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
     const Plan *plan;
@@ -64,13 +59,12 @@ typedef struct Host {
     LLVMValueRef gpu_launch, gpu_gemm, gpu_bgemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download, gpu_loss;
 } Host;
 
-/* one schedule's buffers: the arena offset of each buffer the arena holds (-1 otherwise) */
+/* one schedule: its launches and where the plan puts its buffers */
 typedef struct Sched {
     const char *prefix;
     FuseResult *r;
+    const PlanPhaseMem *mem; /* the plan's slots and moves for it */
     int gpu_base;      /* the index of its first kernel in the GPU kernel table */
-    int64_t *arena_off;
-    int64_t peak;
     LLVMValueRef *kfn, *kwrap; /* per kernel */
 } Sched;
 
@@ -109,8 +103,11 @@ static void host_types(Host *h) {
     h->ramp_t = host_struct(h, HA_RAMP, "RtRampStage", ramp, 3);
     LLVMTypeRef gen[] = {P, D, I, I};
     h->gen_t = host_struct(h, HA_GENERATE, "RtGenerateSettings", gen, 4);
-    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P, P};
-    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 20);
+    LLVMTypeRef phases = LLVMArrayType2(I, (uint64_t)host_abi_phases());
+    LLVMTypeRef plan[] = {phases, phases, phases, I};
+    h->plan_t = host_struct(h, HA_PLAN_INFO, "RtPlanInfo", plan, 4);
+    LLVMTypeRef prog[] = {W, P, h->train_t, h->gen_t, P, I, I, I, I, I, P, P, P, P, P, P, P, I, P, P, h->plan_t};
+    h->prog_t = host_struct(h, HA_PROGRAM, "RtProgram", prog, 21);
     LLVMTypeRef rargs[] = {P, I, I, W};
     h->range_fn_t = LLVMFunctionType(h->vd, rargs, 4, 0);
     LLVMTypeRef pargs[] = {P, I, P, P};
@@ -208,32 +205,12 @@ static LLVMValueRef begin_fn(Host *h, const char *name, LLVMTypeRef ret) {
 
 /* ---- schedules ---------------------------------------------------------------------------------- */
 
-static int is_leaf_home(const FuseBuffer *fb) { return fb->kind == FB_PARAM || fb->kind == FB_INPUT; }
-
-static void sched_plan(Host *h, Sched *S, int64_t reserve) {
-    FuseResult *r = S->r;
-    PlanBuffer *pb = arena_alloc(h->ar, sizeof *pb * (size_t)(r->nbuffers + 1));
-    S->arena_off = arena_alloc(h->ar, sizeof(int64_t) * (size_t)(r->nbuffers + 1));
-    for (int i = 0; i < r->nbuffers; i++) {
-        const FuseBuffer *fb = &r->buffers[i];
-        int in_arena = !is_leaf_home(fb) && fb->first >= 0;
-        pb[i].size = in_arena ? fb->bytes : 0;
-        pb[i].first = fb->first >= 0 ? fb->first : 0;
-        pb[i].last = fb->last >= pb[i].first ? fb->last : pb[i].first;
-        S->arena_off[i] = -1;
-    }
-    int64_t peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, h->ar);
-    for (int i = 0; i < r->nbuffers; i++)
-        if (pb[i].size) S->arena_off[i] = pb[i].offset + reserve;
-    S->peak = peak + reserve;
-}
-
 static void sched_kernels(Host *h, Sched *S, int disjoint) {
     FuseResult *r = S->r;
     S->kfn = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nkernels + 1));
     S->kwrap = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nkernels + 1));
     for (int k = 0; k < r->nkernels; k++) {
-        Kernel *kn = r->kernels[k]; /* named with its schedule's prefix (host_fuse) */
+        Kernel *kn = r->kernels[k]; /* named with its schedule's prefix (plan_schedules) */
         S->kfn[k] = cpu_lower_kernel(h->m, kn, disjoint);
         LLVMSetLinkage(S->kfn[k], LLVMInternalLinkage);
         LLVMValueRef w = LLVMAddFunction(h->m, arena_printf(h->ar, "%s.range", kn->name), h->range_fn_t);
@@ -343,30 +320,18 @@ static void emit_copy(Host *h, LLVMValueRef fn, LLVMValueRef exec, LLVMValueRef 
     emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_copy_t, to_host ? h->gpu_download : h->gpu_copy, a, 5, ""));
 }
 
-static int param_index(const Graph *g, int node) {
-    for (int i = 0; i < g->nparams; i++)
-        if (g->params[i] == node) return i;
-    return -1;
-}
-
-/* The step schedule's buffer addresses in the current function. */
-static LLVMValueRef *step_addrs(Host *h, Sched *S, LLVMValueRef s) {
-    FuseResult *r = S->r;
-    const Graph *g = r->g;
-    LLVMValueRef params = step_field(h, s, 1, h->ptr, "params"), arena = step_field(h, s, 4, h->ptr, "arena");
-    LLVMValueRef x = step_field(h, s, 5, h->ptr, "x"), y = step_field(h, s, 6, h->ptr, "y");
-    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
-    for (int i = 0; i < r->nbuffers; i++) {
-        const FuseBuffer *fb = &r->buffers[i];
-        const GNode *n = fb->node >= 0 ? graph_node(g, fb->node) : NULL;
-        if (S->arena_off[i] >= 0) addr[i] = byte_gep(h, arena, S->arena_off[i], "");
-        else if (n && n->op == G_PARAM) {
-            int pi = param_index(g, n->id);
-            if (pi < 0) INTERNAL("host: parameter %%%d is not in the graph's list", n->id);
-            addr[i] = byte_gep(h, params, h->plan->mem.params[pi].offset, "");
-        } else if (n && n->op == G_INPUT && n->name && strcmp(n->name, "data.x") == 0) addr[i] = x;
-        else if (n && n->op == G_INPUT && n->name && strcmp(n->name, "data.y") == 0) addr[i] = y;
-        else addr[i] = LLVMConstPointerNull(h->ptr); /* touched by no launch */
+/* The address of every buffer of S in the current function: the RtStep field of its plan home
+ * plus its offset (null for a buffer no launch touches). */
+static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
+    const PlanPhaseMem *pm = S->mem;
+    LLVMValueRef base[PH_ARENA + 1] = {NULL};
+    base[PH_PARAMS] = step_field(h, s, 1, h->ptr, "params"), base[PH_GRADS] = step_field(h, s, 2, h->ptr, "grads");
+    base[PH_STATE] = step_field(h, s, 3, h->ptr, "state"), base[PH_ARENA] = step_field(h, s, 4, h->ptr, "arena");
+    base[PH_X] = step_field(h, s, 5, h->ptr, "x"), base[PH_Y] = step_field(h, s, 6, h->ptr, "y");
+    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(S->r->nbuffers + 1));
+    for (int i = 0; i < S->r->nbuffers; i++) {
+        const PlanSlot *sl = &pm->slots[i];
+        addr[i] = sl->home == PH_NONE ? LLVMConstPointerNull(h->ptr) : byte_gep(h, base[sl->home], sl->offset, "");
     }
     return addr;
 }
@@ -377,7 +342,7 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     LLVMValueRef fn = begin_fn(h, grad ? "forward_backward" : "forward_loss", h->i32);
     LLVMValueRef s = LLVMGetParam(fn, 0);
     LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
-    LLVMValueRef *addr = step_addrs(h, S, s);
+    LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
     emit_launches(h, fn, S, addr, exec, err, grad ? r->nlaunches - 1 : r->buffers[lb].first);
@@ -391,11 +356,10 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     if (grad) {
         LLVMValueRef grads = step_field(h, s, 2, h->ptr, "grads");
         LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, 11, h->f64, "loss_scale"), h->f32, "");
-        for (int i = 0; i < g->nparams; i++) {
-            const PlanParam *pp = &h->plan->mem.params[i];
-            int gb = g->grads && g->grads[i] >= 0 ? r->node_buffer[g->grads[i]] : -1;
-            if (gb < 0) continue; /* no buffer: a zero gradient */
-            emit_accumulate(h, fn, exec, err, byte_gep(h, grads, pp->offset, ""), addr[gb], ls, pp->numel);
+        for (int i = 0; i < S->mem->nwrites; i++) {
+            const PlanWrite *w = &S->mem->writes[i];
+            if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
+            emit_accumulate(h, fn, exec, err, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
         }
     }
     LLVMBuildRet(h->b, ci32(h, 0));
@@ -403,36 +367,9 @@ static LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
 }
 
 /* ---- forward_logits: generation's forward ----------------------------------------------------
- * The logits are the model's output: the train block's `model(data.x)` built as a graph of its own
- * with data.x of one row (sema_build_forward, on a fresh parse of the program since sema checks a
- * module once), so the loss and data.y are not part of it. It must be f32[1, T, vocab], vocab the
- * last dimension of the logits the loss's cross_entropy reads. Dropout is off (p = 0): generation
- * runs the model for inference. The runtime calls forward_logits with x = [1, T] (the context
- * x[0, len), zeros after it); it runs every launch and copies row len - 1 of the logits into
- * s->logits. A causal model's row len - 1 does not depend on the zeros; a program whose model is
- * visibly not causal (attention with causal = false) gets no forward_logits. */
-
-/* Whether g's output node (-1: none) is logits generation can use: NULL when it is, else why not,
- * with *at where (span_none when nowhere). T = seq, vocab from the step graph (0: no cross_entropy). */
-static const char *logits_refusal(const Graph *g, int out, int64_t T, int64_t vocab, Span *at, Arena *ar) {
-    *at = span_none();
-    for (int i = 0; i < g->n; i++) {
-        const GNode *n = graph_node(g, i);
-        if (n->op == G_ATTENTION && !n->iattr[0]) { /* a position would see the tokens after it */
-            *at = n->src;
-            return "its attention is not causal, so a position's logits depend on the tokens after it";
-        }
-    }
-    if (vocab <= 0) return "its loss has no cross_entropy, so the model's output is not known to be logits of the next token";
-    if (out < 0) return "the model's forward does not return one tensor";
-    const GNode *ln = graph_node(g, out);
-    *at = ln->src;
-    if (ln->dt == DT_F32 && ln->rank == 3 && ln->shape[0] == 1 && ln->shape[1] == T && ln->shape[2] == vocab) return NULL;
-    const char *shape = "";
-    for (int d = 0; d < ln->rank; d++) shape = arena_printf(ar, "%s%s%lld", shape, d ? ", " : "", (long long)ln->shape[d]);
-    return arena_printf(ar, "the model's forward returns %s[%s] at batch 1, not logits f32[1, %lld, %lld] ([B, T, vocab])",
-                        dtype_name(ln->dt), shape, (long long)T, (long long)vocab);
-}
+ * The runtime calls forward_logits with x = [1, T] (the context x[0, len), zeros after it); it runs
+ * every launch of the logits schedule (plan.h, PLAN_LOGITS) and copies row len - 1 of the logits
+ * into s->logits. */
 
 /* forward_logits(s): the logits schedule on s->x, then s->logits[0, V) = logits[len - 1, 0, V). */
 static LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
@@ -440,7 +377,7 @@ static LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
     LLVMValueRef fn = begin_fn(h, "forward_logits", h->i32);
     LLVMValueRef s = LLVMGetParam(fn, 0);
     LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
-    LLVMValueRef *addr = step_addrs(h, S, s);
+    LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = r->node_buffer[node];
     if (lb < 0) INTERNAL("host: the logits %%%d have no buffer", node);
     emit_launches(h, fn, S, addr, exec, err, r->nlaunches - 1);
@@ -452,77 +389,31 @@ static LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
     return fn;
 }
 
-/* The graph of the train block's model(data.x) at batch 1, its logits in *node; or NULL with a
- * warning saying why this program cannot generate. Its parameters must be the step graph's, in the
- * same order (step_addrs finds them through the plan's table). */
-static Graph *logits_graph(Host *h, Loader *ld, const Graph *step, int64_t vocab, int *node) {
-    Loader fresh;
-    Module *main2 = loader_reparse(&fresh, ld);
-    int errors = diag_error_count();
-    Graph *g = main2 ? sema_build_forward(&fresh, main2, h->ts->name, 1, node, h->ar) : NULL;
-    if (!g) {
-        if (diag_error_count() == errors) INTERNAL("host: the batch-1 forward failed without an error");
-        diag_note(span_none(), "the errors above come from the model at batch 1, which generation (forward_logits) runs");
-        return NULL;
-    }
-    if (g->nparams != step->nparams) INTERNAL("host: %d parameters at batch 1, %d in the step", g->nparams, step->nparams);
-    for (int i = 0; i < g->nparams; i++)
-        if (strcmp(graph_node(g, g->params[i])->name, graph_node(step, step->params[i])->name) != 0)
-            INTERNAL("host: parameter %d is '%s' at batch 1 but '%s' in the step", i, graph_node(g, g->params[i])->name,
-                     graph_node(step, step->params[i])->name);
-    Span at;
-    const char *why = logits_refusal(g, *node, h->plan->seq, vocab, &at, h->ar);
-    if (why) {
-        diag_warning(at, "train block '%s' compiles without generation: %s", h->ts->name, why);
-        diag_hint("the executable is built without forward_logits: its generate command says that it cannot generate");
-        return NULL;
-    }
-    for (int i = 0; i < g->n; i++) /* inference: dropout off */
-        if (graph_node(g, i)->op == G_DROPOUT) graph_node(g, i)->fattr[0] = 0;
-    if (graph_verify(g, stderr)) INTERNAL("the batch-1 forward graph fails graph_verify (problems above)");
-    return g;
-}
-
 static LLVMValueRef emit_update(Host *h, Sched *S) {
-    FuseResult *r = S->r;
-    const Graph *g = r->g;
-    const GraphUpdate *u = g->update;
+    const PlanMemory *m = &h->plan->mem;
     LLVMValueRef fn = begin_fn(h, "optimizer_update", h->i32);
     LLVMValueRef s = LLVMGetParam(fn, 0);
     LLVMValueRef exec = step_exec(h, s), err = step_field(h, s, 18, h->ptr, "err");
-    LLVMValueRef params = step_field(h, s, 1, h->ptr, "params"), grads = step_field(h, s, 2, h->ptr, "grads");
-    LLVMValueRef state = step_field(h, s, 3, h->ptr, "state"), arena = step_field(h, s, 4, h->ptr, "arena");
-    LLVMValueRef lr_slot = arena, t_slot = byte_gep(h, arena, 4, "t_slot");
-    /* lr and t as f32 in the arena's first 8 bytes (on the GPU written on the host, then uploaded) */
-    LLVMValueRef host_slots = h->gpu ? LLVMBuildAlloca(h->b, LLVMArrayType2(h->f32, 2), "lr_t_host") : arena;
+    LLVMValueRef arena = step_field(h, s, 4, h->ptr, "arena");
+    /* lr and t as f32 in the plan's arena slots (on the GPU written on the host, then uploaded) */
+    if (m->t_offset != m->lr_offset + 4) INTERNAL("host: the plan's lr and t slots are not adjacent");
+    LLVMValueRef slots = byte_gep(h, arena, m->lr_offset, "lr_slot");
+    LLVMValueRef host_slots = h->gpu ? LLVMBuildAlloca(h->b, LLVMArrayType2(h->f32, 2), "lr_t_host") : slots;
     LLVMBuildStore(h->b, LLVMBuildFPTrunc(h->b, step_field(h, s, 13, h->f64, "lr"), h->f32, ""), host_slots);
     LLVMBuildStore(h->b, LLVMBuildSIToFP(h->b, step_field(h, s, 14, h->i64, "t"), h->f32, ""), byte_gep(h, host_slots, 4, ""));
     if (h->gpu) {
-        LLVMValueRef a[5] = {exec, arena, host_slots, ci64(h, 8), err};
+        LLVMValueRef a[5] = {exec, slots, host_slots, ci64(h, 8), err};
         emit_check(h, fn, LLVMBuildCall2(h->b, h->gpu_copy_t, h->gpu_upload, a, 5, ""));
     }
-    int64_t nbytes = u->n * 4;
-    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
-    for (int i = 0; i < r->nbuffers; i++) {
-        const FuseBuffer *fb = &r->buffers[i];
-        int nd = fb->node;
-        addr[i] = LLVMConstPointerNull(h->ptr);
-        if (S->arena_off[i] >= 0) addr[i] = byte_gep(h, arena, S->arena_off[i], "");
-        else if (nd < 0) continue;
-        else if (nd == u->p_in) addr[i] = params;
-        else if (nd == u->g_in) addr[i] = grads;
-        else if (nd == u->lr_in) addr[i] = lr_slot;
-        else if (nd == u->t_in) addr[i] = t_slot;
-        else
-            for (int j = 0; j < u->nstate; j++)
-                if (nd == u->state_in[j]) addr[i] = byte_gep(h, state, j * nbytes, "");
+    LLVMValueRef *addr = sched_addrs(h, S, s);
+    emit_launches(h, fn, S, addr, exec, err, S->r->nlaunches - 1);
+    LLVMValueRef region[PH_ARENA + 1] = {NULL};
+    region[PH_PARAMS] = step_field(h, s, 1, h->ptr, "params"), region[PH_STATE] = step_field(h, s, 3, h->ptr, "state");
+    for (int i = 0; i < S->mem->nwrites; i++) {
+        const PlanWrite *w = &S->mem->writes[i];
+        if (w->accumulate || !region[w->to]) INTERNAL("host: the update's move '%s'", w->what);
+        emit_copy(h, fn, exec, err, byte_gep(h, region[w->to], w->offset, ""), addr[w->buffer], w->bytes / 4, 0);
     }
-    emit_launches(h, fn, S, addr, exec, err, r->nlaunches - 1);
-    if (u->p_out != u->p_in && r->node_buffer[u->p_out] >= 0)
-        emit_copy(h, fn, exec, err, params, addr[r->node_buffer[u->p_out]], u->n, 0);
-    for (int j = 0; j < u->nstate; j++)
-        if (u->state_out[j] != u->state_in[j] && r->node_buffer[u->state_out[j]] >= 0)
-            emit_copy(h, fn, exec, err, byte_gep(h, state, j * nbytes, ""), addr[r->node_buffer[u->state_out[j]]], u->n, 0);
     LLVMBuildRet(h->b, ci32(h, 0));
     return fn;
 }
@@ -719,17 +610,6 @@ static LLVMValueRef emit_lr_schedule(Host *h) {
 
 /* ---- the descriptor ----------------------------------------------------------------------------- */
 
-static int64_t find_vocab(const Graph *g) {
-    for (int i = 0; i < g->n; i++) {
-        const GNode *n = graph_node(g, i);
-        if (n->op == G_CROSS_ENTROPY) {
-            const GNode *l = graph_node(g, n->in[0]);
-            return l->shape[l->rank - 1];
-        }
-    }
-    return 0;
-}
-
 static LLVMValueRef named_struct(LLVMTypeRef t, LLVMValueRef *v, int n) { return LLVMConstNamedStruct(t, v, (unsigned)n); }
 
 /* The batch-size ramp: the plan's step programs after the first, one RtRampStage each (the
@@ -779,7 +659,7 @@ static const char *program_hash(Host *h) {
     const char *text = arena_printf(h->ar, "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
                                            "shuffle=%d vocab=%" PRId64,
                                     ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip,
-                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, find_vocab(p->step));
+                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, p->sched.vocab);
     LLVMDisposeMessage(ir);
     for (int i = 0; i < p->nprograms; i++)
         text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text, p->programs[i].first_step,
@@ -789,8 +669,20 @@ static const char *program_hash(Host *h) {
     return arena_printf(h->ar, "xxh3-128:%s", hex);
 }
 
+/* RtPlanInfo: the plan's summary, phase by phase (PlanPhase and the runtime's RT_PHASE_* agree). */
+static LLVMValueRef emit_plan_info(Host *h) {
+    const PlanMemory *m = &h->plan->mem;
+    if (host_abi_phases() != PLAN_NPHASES) INTERNAL("host: %d phases in the runtime, %d in the plan", host_abi_phases(), PLAN_NPHASES);
+    LLVMValueRef arena[PLAN_NPHASES], kernels[PLAN_NPHASES], gemms[PLAN_NPHASES];
+    for (int i = 0; i < PLAN_NPHASES; i++)
+        arena[i] = ci64(h, m->phase[i].peak), kernels[i] = ci64(h, m->phase[i].kernels), gemms[i] = ci64(h, m->phase[i].gemms);
+    LLVMValueRef f[4] = {LLVMConstArray2(h->i64, arena, PLAN_NPHASES), LLVMConstArray2(h->i64, kernels, PLAN_NPHASES),
+                         LLVMConstArray2(h->i64, gemms, PLAN_NPHASES), ci64(h, m->input_bytes)};
+    return named_struct(h->plan_t, f, 4);
+}
+
 static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog,
-                            LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash,
+                            LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash,
                             const GraphUpdate *u, LLVMValueRef gpu) {
     const Plan *p = h->plan;
     const TrainSettings *ts = h->ts;
@@ -819,7 +711,7 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
     LLVMValueRef ramp = emit_ramp_table(h);
     LLVMValueRef tr[23] = {str_const(h, ts->name), ci64(h, pg->micro), ci64(h, p->seq), ci64(h, pg->global),
                            ci64(h, pg->accumulation), ci64(h, p->steps), ci64(h, ts->seed), LLVMConstReal(h->f64, p->clip),
-                           ci64(h, find_vocab(g)), ci64(h, p->seq), LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0),
+                           ci64(h, p->sched.vocab), ci64(h, p->seq), LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0),
                            str_const(h, ts->data_glob), str_const(h, ts->val_glob), ci32(h, ts->shuffle),
                            ci64(h, ts->eval_every), ci64(h, ts->eval_steps ? ts->eval_steps : 20),
                            ci64(h, pg->data), ci64(h, p->nprograms - 1), ramp, ci64(h, ts->ckpt_every),
@@ -835,15 +727,15 @@ static void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMVa
         LLVMSetGlobalConstant(state_names, 1);
         LLVMSetLinkage(state_names, LLVMPrivateLinkage);
     }
-    LLVMValueRef pr[20] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 23),
+    LLVMValueRef pr[21] = {ci32(h, host_abi_version()), str_const(h, source), named_struct(h->train_t, tr, 23),
                            named_struct(h->gen_t, ge, 4), table, ci64(h, np), ci64(h, p->mem.param_bytes / 4),
-                           ci64(h, p->mem.state_bytes / 4), ci64(h, arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
+                           ci64(h, p->mem.state_bytes / 4), ci64(h, p->mem.arena_bytes), ci64(h, p->seq), fb, fl ? fl : null,
                            flog ? flog : null, oinit ? oinit : null, oupd, lrs, str_const(h, hash), ci64(h, u->nstate),
-                           state_names, gpu ? gpu : null};
+                           state_names, gpu ? gpu : null, emit_plan_info(h)};
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");
-    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 20));
+    LLVMSetInitializer(desc, named_struct(h->prog_t, pr, 21));
     LLVMSetGlobalConstant(desc, 1);
 }
 
@@ -912,34 +804,6 @@ static void print_program(Host *h, const Sched *const *scheds, const Graph *cons
     cpu_print_module(stdout, h->m, kernels, notes, total, ann, a);
 }
 
-/* The schedules of a train block (HostSchedules), fused and verified, every kernel named with
- * its schedule's prefix. */
-static void host_fuse(Host *h, Loader *ld, const TrainBuild *tb, HostSchedules *out) {
-    static const char *const prefix[3] = {"step_", "update_", "logits_"};
-    memset(out, 0, sizeof *out);
-    out->logits_node = -1;
-    const Graph *graphs[2] = {tb->step, tb->update};
-    for (int i = 0; i < 2; i++) {
-        out->g[i] = graphs[i];
-        out->r[i] = fuse_graph(graphs[i], NULL, 0, h->ar);
-        out->disjoint[i] = i == 0; /* the update writes in place */
-    }
-    out->n = 2;
-    Graph *lg = diag_error_count() ? NULL : logits_graph(h, ld, tb->step, find_vocab(h->plan->step), &out->logits_node);
-    if (lg) {
-        out->g[2] = lg;
-        out->r[2] = fuse_graph(lg, &out->logits_node, 1, h->ar);
-        out->disjoint[2] = 1;
-        out->n = 3;
-    }
-    for (int i = 0; i < out->n; i++) {
-        out->prefix[i] = prefix[i];
-        if (fuse_verify(out->r[i], stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", prefix[i]);
-        for (int k = 0; k < out->r[i]->nkernels; k++)
-            out->r[i]->kernels[k]->name = arena_printf(h->ar, "%s%s", prefix[i], out->r[i]->kernels[k]->name);
-    }
-}
-
 /* ---- the GPU functions ------------------------------------------------------------------------
  * The same schedules, memory plan and host code as the CPU functions (one emit_* each, with
  * h->gpu set): every region and arena address is a device address, each kernel launch is
@@ -985,7 +849,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     if (base != cp->nkernels) INTERNAL("host: %d kernels in the schedules, %d in the CUDA program", base, cp->nkernels);
     h->gpu = 1;
     LLVMValueRef fb = emit_forward(h, S[0], 1), fl = emit_forward(h, S[0], 0), ou = emit_update(h, S[1]);
-    LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, find_vocab(h->plan->step)) : LLVMConstPointerNull(h->ptr);
+    LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, h->plan->sched.vocab) : LLVMConstPointerNull(h->ptr);
     h->gpu = 0;
     LLVMValueRef fn0 = begin_fn(h, "mbt.gpu_strings", h->vd); /* a builder position for global strings */
     LLVMValueRef *krows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(cp->nkernels + 1));
@@ -1076,25 +940,22 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     h->b = LLVMCreateBuilderInContext(h->ctx);
     host_types(h);
 
-    HostSchedules hs;
-    host_fuse(h, ld, tb, &hs);
-    Sched step = {.prefix = "step_", .r = hs.r[0]}, upd = {.prefix = "update_", .r = hs.r[1]};
-    Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[2] : NULL};
-    sched_plan(h, &step, 0);
-    sched_plan(h, &upd, PLAN_ALIGN); /* lr and t in the first 64 bytes */
+    const HostSchedules hs = plan->sched;
+    plan_warn_no_logits(&hs, tb->settings->name);
+    const PlanPhaseMem *pm = plan->mem.phase;
+    Sched step = {.prefix = "step_", .r = hs.r[PLAN_STEP], .mem = &pm[PLAN_STEP]};
+    Sched upd = {.prefix = "update_", .r = hs.r[PLAN_UPDATE], .mem = &pm[PLAN_UPDATE]};
+    Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[PLAN_LOGITS] : NULL, .mem = &pm[PLAN_LOGITS]};
     sched_kernels(h, &step, 1);
     sched_kernels(h, &upd, 0);
     LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = emit_lr_schedule(h);
-    int64_t arena = step.peak > upd.peak ? step.peak : upd.peak;
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */
     LLVMValueRef flog = NULL;
     if (lsch.r) {
-        sched_plan(h, &lsch, 0);
         sched_kernels(h, &lsch, 1);
-        flog = emit_logits(h, &lsch, hs.logits_node, find_vocab(plan->step));
-        if (lsch.peak > arena) arena = lsch.peak;
+        flog = emit_logits(h, &lsch, hs.logits_node, plan->sched.vocab);
     }
     /* the hash covers the CPU functions alone: the GPU ones compute the same step, and a checkpoint
      * resumes on either device */
@@ -1102,7 +963,7 @@ int host_compile(Loader *ld, Module *main_mod, const char *input, const char *tr
     Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
     if (!diag_error_count())
-        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena, hash, tb->update->update, gpu);
+        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc = 0;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
@@ -1136,7 +997,7 @@ int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSch
     TrainBuild *tb;
     Plan *plan = plan_for_train(ld, main_mod, train_name, &tb, ar);
     if (!plan) return 1;
-    Host H = {.ar = ar, .plan = plan, .ts = tb->settings};
-    host_fuse(&H, ld, tb, out);
+    *out = plan->sched;
+    plan_warn_no_logits(out, tb->settings->name);
     return diag_error_count() ? 1 : 0;
 }

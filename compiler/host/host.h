@@ -22,6 +22,7 @@
 #include "cpu.h"
 #include "fuse.h"
 #include "module.h"
+#include "plan.h"
 
 /* The CUDA side -o builds into the executable: a cubin for each architecture ("sm_80") and the PTX
  * of the highest; narch 0 builds for the CPU alone. */
@@ -38,18 +39,9 @@ typedef struct HostCuda {
 int host_compile(Loader *ld, Module *main_mod, const char *input, const char *train_name, const char *output,
                  const HostCuda *cuda, Arena *ar);
 
-/* The schedules -o builds, fused and verified, for back ends that lower them elsewhere (the CUDA
- * source of --emit=cuda): step (differentiated), update, and the batch-1 logits (absent, with the
- * warning -o gives, when the program cannot generate). Each kernel is named with its schedule's
- * prefix (step_k3_add). */
-typedef struct HostSchedules {
-    int n;                    /* 2, or 3 with the logits */
-    const char *prefix[3];    /* "step_", "update_", "logits_" */
-    FuseResult *r[3];
-    const Graph *g[3];
-    int disjoint[3];          /* buffers of the schedule never overlap (cpu_lower_kernel's flag) */
-    int logits_node;          /* the logits' node in g[2] (-1 without) */
-} HostSchedules;
+/* The schedules -o builds, fused and verified (plan.h, PlanSchedules), for back ends that lower
+ * them elsewhere (the CUDA source of --emit=cuda), with -o's warning when there are no logits. */
+typedef PlanSchedules HostSchedules;
 /* Returns 0, or 1 after errors were reported through diag. */
 int host_schedules(Loader *ld, Module *main_mod, const char *train_name, HostSchedules *out, Arena *ar);
 

@@ -31,7 +31,10 @@ static const int64_t prog_off[] = {
     F(RtProgram, params),       F(RtProgram, nparams),          F(RtProgram, param_floats),   F(RtProgram, state_floats),
     F(RtProgram, arena_bytes),  F(RtProgram, logits_seq),       F(RtProgram, forward_backward), F(RtProgram, forward_loss),
     F(RtProgram, forward_logits), F(RtProgram, optimizer_init), F(RtProgram, optimizer_update), F(RtProgram, lr_schedule),
-    F(RtProgram, hash),         F(RtProgram, nstate),           F(RtProgram, state_names),    F(RtProgram, gpu)};
+    F(RtProgram, hash),         F(RtProgram, nstate),           F(RtProgram, state_names),    F(RtProgram, gpu),
+    F(RtProgram, plan)};
+static const int64_t plan_info_off[] = {F(RtPlanInfo, arena), F(RtPlanInfo, kernels), F(RtPlanInfo, gemms),
+                                        F(RtPlanInfo, input_bytes)};
 static const int64_t gpu_image_off[] = {F(RtGpuImage, arch), F(RtGpuImage, ptx), F(RtGpuImage, data), F(RtGpuImage, size)};
 static const int64_t gpu_kernel_off[] = {F(RtGpuKernel, function), F(RtGpuKernel, block), F(RtGpuKernel, shared),
                                          F(RtGpuKernel, blocks), F(RtGpuKernel, nbufs)};
@@ -53,19 +56,21 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size) {
     case HA_GPU_IMAGE: *nfields = N(gpu_image_off), *size = sizeof(RtGpuImage); return gpu_image_off;
     case HA_GPU_KERNEL: *nfields = N(gpu_kernel_off), *size = sizeof(RtGpuKernel); return gpu_kernel_off;
     case HA_GPU_PROGRAM: *nfields = N(gpu_prog_off), *size = sizeof(RtGpuProgram); return gpu_prog_off;
+    case HA_PLAN_INFO: *nfields = N(plan_info_off), *size = sizeof(RtPlanInfo); return plan_info_off;
     default: *nfields = N(prog_off), *size = sizeof(RtProgram); return prog_off;
     }
 }
 
 const char *host_abi_name(HostAbiStruct s) {
     static const char *const names[] = {"RtStep", "RtParam", "RtTrainSettings", "RtGenerateSettings", "RtProgram",
-                                        "RtRampStage", "RtGpuImage", "RtGpuKernel", "RtGpuProgram"};
+                                        "RtRampStage", "RtGpuImage", "RtGpuKernel", "RtGpuProgram", "RtPlanInfo"};
     return s < HA_COUNT ? names[s] : "?";
 }
 
 int host_abi_version(void) { return RT_ABI_VERSION; }
 int host_abi_gemm_epilogue(int fe) { return fe == FE_BIAS ? RT_GEMM_BIAS : fe == FE_BGRAD_B ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN; }
 int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }
+int host_abi_phases(void) { return RT_NPHASES; }
 
 void host_abi_checksum(const void *data, size_t n, char out[HOST_ABI_CHECKSUM_CHARS + 1]) {
     _Static_assert(HOST_ABI_CHECKSUM_CHARS + 1 == RT_CHECKSUM_CHARS, "the compiler and the runtime agree on the checksum's length");
