@@ -508,7 +508,7 @@ run_exec() {
         && grep -q '^define internal i32 @forward_logits' "$dir/program.ll" \
         && grep -q '^define internal i32 @gpu.forward_backward' "$dir/program.ll" \
         && grep -q '^  %step_k0_gather. = call i32 @rt_gpu_launch(ptr %gpu, i32 0, ' "$dir/program.ll" \
-        && grep -q '^@mbt_program = .* ptr @mbt.gpu }$' "$dir/program.ll" \
+        && grep -q '^@mbt_program = .* ptr @mbt.gpu, %RtPlanInfo { .* } }$' "$dir/program.ll" \
         && grep -q '^  ; GEMM 2048x256x64 + bias param fc1.bias into %[0-9]* add nn.mbt:[0-9]*:[0-9]*$' "$dir/program.ll" \
         && [ "$(grep -c '^  ; kernel step_k0_gather: %[0-9]* gather nn.mbt' "$dir/program.ll")" = 4 ]; then
         pass exec/emit-program

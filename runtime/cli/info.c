@@ -30,7 +30,11 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
     }
 }
 
-int rt_cmd_info(const RtProgram *p, const char *prog) {
+int rt_cmd_info(const RtProgram *p, const char *prog, int nargs) {
+    if (nargs > 0) {
+        fprintf(stderr, "%s: info takes no options\n", prog);
+        return 1;
+    }
     fprintf(stdout, "info: %s, compiled from %s, train block '%s'\n", prog, p->source ? p->source : "?", p->train.name);
     rt_info_plan(stdout, p);
     /* what rt_exec_open allocates: the arena is the descriptor's arena_bytes, which no phase exceeds */
