@@ -174,8 +174,12 @@ static int print_kernels(Pipeline *p, FILE *out) {
 
 /* ---- the plan ---- */
 
+/* The plan is made after fusion, of the fused schedules: the step's and update's launches and the
+ * batch-1 logits fused here (plan_schedules). */
 static int run_plan(Pipeline *p) {
-    p->plan = plan_build(p->tb, p->first_bwd, p->ar);
+    PlanSchedules sched;
+    if (plan_schedules(p->tb, p->fused, &sched, p->ar)) return 1;
+    p->plan = plan_build(p->tb, p->first_bwd, &sched, p->ar);
     return !p->plan;
 }
 
@@ -237,7 +241,7 @@ static int print_llvm(Pipeline *p, FILE *out) {
  * update renamed with their prefixes, and the batch-1 logits. */
 static int need_schedules(Pipeline *p) {
     if (!p->have_hs) {
-        if (host_schedules(p->tb, p->plan, p->fused, &p->hs, p->ar)) return 1;
+        if (host_schedules(p->plan, &p->hs, p->ar)) return 1;
         p->have_hs = 1;
     }
     return 0;
@@ -348,18 +352,18 @@ static const Stage stages[ST_COUNT] = {
                   run_fused, verify_fused, print_fused, NULL},
     [ST_KERNELS] = {"kernels", "the launches: GEMMs and generated kernels, with their bodies", NEEDS1(ST_FUSED),
                     run_kernels, verify_kernels, print_kernels, NULL},
-    [ST_PLAN] = {"plan", "the step program and the memory plan", NEEDS2(ST_GRAD, ST_UPDATE), run_plan, verify_plan,
-                 print_plan, NULL},
+    [ST_PLAN] = {"plan", "the step program and the memory plan of the fused schedules", NEEDS1(ST_KERNELS), run_plan,
+                 verify_plan, print_plan, NULL},
     [ST_LLVM] = {"llvm", "the kernels as LLVM IR for the host CPU (--opt: after O2)", NEEDS1(ST_KERNELS), run_llvm,
                  verify_llvm, print_llvm, NULL},
-    [ST_CUDA] = {"cuda", "every kernel of the step, update and logits schedules as CUDA C", NEEDS2(ST_PLAN, ST_KERNELS),
+    [ST_CUDA] = {"cuda", "every kernel of the step, update and logits schedules as CUDA C", NEEDS1(ST_PLAN),
                  run_cuda, NULL, print_cuda, NULL},
     [ST_PTX] = {"ptx", "the CUDA C compiled by NVRTC for each --cuda-arch", NEEDS1(ST_CUDA), run_ptx, NULL, print_ptx, NULL},
     [ST_SASS] = {"sass", "the compiled kernels disassembled (needs cuobjdump or nvdisasm)", NEEDS1(ST_PTX), run_sass,
                  NULL, print_sass, NULL},
-    [ST_PROGRAM] = {"program", "the whole program -o builds, as LLVM IR before optimisation", NEEDS2(ST_PLAN, ST_KERNELS),
+    [ST_PROGRAM] = {"program", "the whole program -o builds, as LLVM IR before optimisation", NEEDS1(ST_PLAN),
                     run_program, NULL, print_program, NULL},
-    [ST_OBJECT] = {"object", "the program optimised, compiled and linked into an executable", NEEDS2(ST_PLAN, ST_KERNELS),
+    [ST_OBJECT] = {"object", "the program optimised, compiled and linked into an executable", NEEDS1(ST_PLAN),
                    run_object, NULL, NULL, "prints nothing: -o FILE"},
 };
 

@@ -37,9 +37,9 @@
 /* The layout version of RtProgram and RtStep. A program compiled against another version is
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
-#define RT_ABI_VERSION 5 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+#define RT_ABI_VERSION 6 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
-                          * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments */
+                          * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -231,6 +231,18 @@ typedef struct RtGpuProgram {
     RT_GPU_PROG_FIELDS(RT_DECLARE_FIELD)
 } RtGpuProgram;
 
+/* The phases of a step, each one generated function; no two run at once, so they share the arena
+ * (compiler/plan/plan.h: PlanPhase, in the same order). */
+enum { RT_PHASE_STEP, RT_PHASE_UPDATE, RT_PHASE_LOGITS, RT_NPHASES };
+typedef int64_t RtPhases[RT_NPHASES]; /* one number a phase */
+
+/* The compiler's memory plan in numbers, which `./prog info` prints back in the words of
+ * `mbtc --emit=plan`'s summary: per phase (forward_backward for one micro-batch, optimizer_update,
+ * forward_logits), the arena bytes it uses and its launches per call. */
+typedef struct RtPlanInfo {
+    RT_PLAN_INFO_FIELDS(RT_DECLARE_FIELD)
+} RtPlanInfo;
+
 /* A compiled program: the descriptor plus its functions. The generated object exports one as
  * `const RtProgram mbt_program`; runtime/main.c passes it to rt_main. All pointers are to
  * constant data with static storage. The functions:
@@ -254,7 +266,8 @@ typedef struct RtGpuProgram {
  * host functions, the learning-rate schedule) and the batch settings that shape a step (micro,
  * seq, global, accum, data ranks, ramp, clip, base lr, shuffle, vocab) - not the source's
  * comments or layout, nor `steps`, evaluation or checkpoint settings; nstate and state_names
- * name the optimizer state's variables. */
+ * name the optimizer state's variables. plan is the memory plan's summary (arena_bytes is the
+ * largest of plan.arena). */
 typedef struct RtProgram {
     RT_PROG_FIELDS(RT_DECLARE_FIELD)
 } RtProgram;

@@ -1,7 +1,8 @@
 /* rt_program_fields.h - the field lists of the program ABI's structs (rt_program.h), one X-macro
  * per struct, in declaration order. Each entry is X(C type, name, machine type); the machine type
  * is how the compiler's host code lays the field out in LLVM: ptr, i32, i64, f64, dims (an int64
- * array of RT_ST_MAX_RANK), or train / generate (the nested settings structs).
+ * array of RT_ST_MAX_RANK), phases (an int64 array of RT_NPHASES), or train / generate / plan (the
+ * nested structs).
  *
  * Three readers share each list, so they cannot drift apart: rt_program.h declares the structs
  * from it; compiler/host/host_abi.c takes offsetof and sizeof of every field from it; the host code
@@ -139,6 +140,14 @@
     X(const char *, hash, ptr)               /* "xxh3-128:" and 32 hex digits over the compiled step */                    \
     X(int64_t, nstate, i64)                  /* optimizer state variables; the state region is nstate x param_floats */   \
     X(const char *const *, state_names, ptr) /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */ \
-    X(const RtGpuProgram *, gpu, ptr)        /* the CUDA side, or NULL (built without CUDA) */
+    X(const RtGpuProgram *, gpu, ptr)        /* the CUDA side, or NULL (built without CUDA) */       \
+    X(RtPlanInfo, plan, plan)                /* the memory plan's summary (./prog info) */
+
+/* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
+#define RT_PLAN_INFO_FIELDS(X)                                                                                 \
+    X(RtPhases, arena, phases)   /* bytes from the arena's start; 0 for an absent function */                \
+    X(RtPhases, kernels, phases) /* generated kernels launched per call */                                   \
+    X(RtPhases, gemms, phases)   /* GEMMs per call */                                                        \
+    X(int64_t, input_bytes, i64) /* data.x and data.y of one micro-batch */
 
 #endif

@@ -9,17 +9,6 @@
 #include "diag.h"
 #include "host_internal.h"
 
-int64_t find_vocab(const Graph *g) {
-    for (int i = 0; i < g->n; i++) {
-        const GNode *n = graph_node(g, i);
-        if (n->op == G_CROSS_ENTROPY) {
-            const GNode *l = graph_node(g, n->in[0]);
-            return l->shape[l->rank - 1];
-        }
-    }
-    return 0;
-}
-
 /* The batch-size ramp: the plan's step programs after the first, one RtRampStage each (the
  * step it starts at, its global batch and accumulation), or a null pointer without a ramp. The
  * micro-batch and the data ranks are the same in every program, so one forward_backward serves
@@ -66,7 +55,7 @@ const char *program_hash(Host *h) {
     const char *text = arena_printf(h->ar, "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
                                            "shuffle=%d vocab=%" PRId64,
                                     ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip,
-                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, find_vocab(p->step));
+                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, p->sched.vocab);
     LLVMDisposeMessage(ir);
     for (int i = 0; i < p->nprograms; i++)
         text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text, p->programs[i].first_step,
@@ -122,7 +111,7 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_steps] = ci64(h, p->steps);
     f[RT_TRAIN_seed] = ci64(h, ts->seed);
     f[RT_TRAIN_clip] = LLVMConstReal(h->f64, p->clip);
-    f[RT_TRAIN_vocab] = ci64(h, find_vocab(p->step));
+    f[RT_TRAIN_vocab] = ci64(h, p->sched.vocab);
     f[RT_TRAIN_ctx] = ci64(h, p->seq);
     f[RT_TRAIN_lr] = LLVMConstReal(h->f64, p->has_lr ? p->lr_base : 1.0);
     f[RT_TRAIN_data] = str_const(h, ts->data_glob);
@@ -140,8 +129,24 @@ static LLVMValueRef train_settings(Host *h) {
     return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
 }
 
+/* RtPlanInfo: the plan's summary, phase by phase (PlanPhase and the runtime's RT_PHASE_* agree). */
+static LLVMValueRef emit_plan_info(Host *h) {
+    const PlanMemory *m = &h->plan->mem;
+    if (host_abi_phases() != PLAN_NPHASES)
+        INTERNAL("host: %d phases in the runtime, %d in the plan", host_abi_phases(), PLAN_NPHASES);
+    LLVMValueRef arena[PLAN_NPHASES], kernels[PLAN_NPHASES], gemms[PLAN_NPHASES];
+    for (int i = 0; i < PLAN_NPHASES; i++)
+        arena[i] = ci64(h, m->phase[i].peak), kernels[i] = ci64(h, m->phase[i].kernels), gemms[i] = ci64(h, m->phase[i].gemms);
+    LLVMValueRef f[RT_PLAN_INFO_NFIELDS] = {NULL};
+    f[RT_PLAN_INFO_arena] = LLVMConstArray2(h->i64, arena, PLAN_NPHASES);
+    f[RT_PLAN_INFO_kernels] = LLVMConstArray2(h->i64, kernels, PLAN_NPHASES);
+    f[RT_PLAN_INFO_gemms] = LLVMConstArray2(h->i64, gemms, PLAN_NPHASES);
+    f[RT_PLAN_INFO_input_bytes] = ci64(h, m->input_bytes);
+    return named_struct(h->plan_t, f, RT_PLAN_INFO_NFIELDS);
+}
+
 void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
-                     LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash, const GraphUpdate *u,
+                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
                      LLVMValueRef gpu) {
     const Plan *p = h->plan;
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
@@ -164,7 +169,7 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     f[RT_PROG_nparams] = ci64(h, p->mem.nparams);
     f[RT_PROG_param_floats] = ci64(h, p->mem.param_bytes / 4);
     f[RT_PROG_state_floats] = ci64(h, p->mem.state_bytes / 4);
-    f[RT_PROG_arena_bytes] = ci64(h, arena_bytes);
+    f[RT_PROG_arena_bytes] = ci64(h, p->mem.arena_bytes);
     f[RT_PROG_logits_seq] = ci64(h, p->seq);
     f[RT_PROG_forward_backward] = fb;
     f[RT_PROG_forward_loss] = fl ? fl : null;
@@ -176,6 +181,7 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     f[RT_PROG_nstate] = ci64(h, u->nstate);
     f[RT_PROG_state_names] = state_names;
     f[RT_PROG_gpu] = gpu ? gpu : null;
+    f[RT_PROG_plan] = emit_plan_info(h);
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");

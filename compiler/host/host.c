@@ -4,20 +4,15 @@
  * against a HostTarget (host_internal.h): the CPU's (target_cpu.c) for the RtProgram functions,
  * the GPU's (target_gpu.c) for the RtGpuProgram ones.
  *
- * Memory. Every buffer of a schedule (fuse.h) gets an address = region base + offset: parameters
- * at the plan's offset in the parameter region; data.x / data.y are the RtStep's x / y; the update
- * graph's p, g and state.* are the parameter, gradient and state regions; lr and t are two f32
- * slots in the arena that optimizer_update fills; everything else lives in the arena at an offset
- * from plan_assign_offsets over the schedule's launches (the step and update schedules never run
- * at once, so each starts at byte 0). The step schedule's gradients are arena buffers; after the
- * last launch forward_backward adds loss_scale x each into the gradient region (the ABI's +=).
- * The update schedule's new parameters and state are arena buffers copied into their regions
- * after its last launch.
+ * Memory. Every buffer of a schedule (fuse.h) gets its address from the memory plan (plan.h): the
+ * RtStep field of its home (params, grads, state, x, y, arena) plus the plan's offset. The moves
+ * after the launches are the plan's too: forward_backward adds loss_scale x each gradient buffer
+ * into the gradient region (the ABI's +=), optimizer_update copies the new parameters and state
+ * into their regions, after filling the plan's lr and t slots.
  *
- * Generation. forward_logits runs a third schedule: the train block's model(data.x) built as a
- * graph of its own with data.x of one row (B = 1, T = seq; logits.c builds it), fused for
- * the logits alone. It has its own arena plan from byte 0 (no two of the three schedules run at
- * once), and the descriptor's arena_bytes is the largest of the three peaks. */
+ * Generation. forward_logits runs a third schedule (plan.h, PLAN_LOGITS): the train block's
+ * model(data.x) at batch 1, fused for the logits alone. The descriptor's arena_bytes is the plan's
+ * largest peak; its RtPlanInfo carries the plan's summary for `./prog info`. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,26 +26,6 @@
 #include "sema.h"
 
 /* ---- schedules ---------------------------------------------------------------------------------- */
-
-static int is_leaf_home(const FuseBuffer *fb) { return fb->kind == FB_PARAM || fb->kind == FB_INPUT; }
-
-static void sched_plan(Host *h, Sched *S, int64_t reserve) {
-    FuseResult *r = S->r;
-    PlanBuffer *pb = arena_alloc(h->ar, sizeof *pb * (size_t)(r->nbuffers + 1));
-    S->arena_off = arena_alloc(h->ar, sizeof(int64_t) * (size_t)(r->nbuffers + 1));
-    for (int i = 0; i < r->nbuffers; i++) {
-        const FuseBuffer *fb = &r->buffers[i];
-        int in_arena = !is_leaf_home(fb) && fb->first >= 0;
-        pb[i].size = in_arena ? fb->bytes : 0;
-        pb[i].first = fb->first >= 0 ? fb->first : 0;
-        pb[i].last = fb->last >= pb[i].first ? fb->last : pb[i].first;
-        S->arena_off[i] = -1;
-    }
-    int64_t peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, h->ar);
-    for (int i = 0; i < r->nbuffers; i++)
-        if (pb[i].size) S->arena_off[i] = pb[i].offset + reserve;
-    S->peak = peak + reserve;
-}
 
 static void sched_kernels(Host *h, Sched *S, int disjoint) {
     FuseResult *r = S->r;
@@ -100,31 +75,20 @@ static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr
     }
 }
 
-static int param_index(const Graph *g, int node) {
-    for (int i = 0; i < g->nparams; i++)
-        if (g->params[i] == node) return i;
-    return -1;
-}
-
-/* The step schedule's buffer addresses in the current function. */
-static LLVMValueRef *step_addrs(Host *h, Sched *S, LLVMValueRef s) {
-    FuseResult *r = S->r;
-    const Graph *g = r->g;
-    LLVMValueRef params = step_field(h, s, RT_STEP_params, h->ptr, "params");
-    LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
-    LLVMValueRef x = step_field(h, s, RT_STEP_x, h->ptr, "x"), y = step_field(h, s, RT_STEP_y, h->ptr, "y");
-    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
-    for (int i = 0; i < r->nbuffers; i++) {
-        const FuseBuffer *fb = &r->buffers[i];
-        const GNode *n = fb->node >= 0 ? graph_node(g, fb->node) : NULL;
-        if (S->arena_off[i] >= 0) addr[i] = byte_gep(h, arena, S->arena_off[i], "");
-        else if (n && n->op == G_PARAM) {
-            int pi = param_index(g, n->id);
-            if (pi < 0) INTERNAL("host: parameter %%%d is not in the graph's list", n->id);
-            addr[i] = byte_gep(h, params, h->plan->mem.params[pi].offset, "");
-        } else if (n && n->op == G_INPUT && n->name && strcmp(n->name, "data.x") == 0) addr[i] = x;
-        else if (n && n->op == G_INPUT && n->name && strcmp(n->name, "data.y") == 0) addr[i] = y;
-        else addr[i] = LLVMConstPointerNull(h->ptr); /* touched by no launch */
+/* The address of every buffer of S in the current function: the RtStep field of its plan home
+ * plus its offset (null for a buffer no launch touches). */
+static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
+    const PlanPhaseMem *pm = S->mem;
+    LLVMValueRef base[PH_ARENA + 1] = {NULL};
+    base[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
+    base[PH_GRADS] = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
+    base[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
+    base[PH_ARENA] = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
+    base[PH_X] = step_field(h, s, RT_STEP_x, h->ptr, "x"), base[PH_Y] = step_field(h, s, RT_STEP_y, h->ptr, "y");
+    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(S->r->nbuffers + 1));
+    for (int i = 0; i < S->r->nbuffers; i++) {
+        const PlanSlot *sl = &pm->slots[i];
+        addr[i] = sl->home == PH_NONE ? LLVMConstPointerNull(h->ptr) : byte_gep(h, base[sl->home], sl->offset, "");
     }
     return addr;
 }
@@ -136,7 +100,7 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     const Graph *g = r->g;
     HostFn f = host_fn_begin(h, grad ? "forward_backward" : "forward_loss");
     LLVMValueRef s = f.s;
-    LLVMValueRef *addr = step_addrs(h, S, s);
+    LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
     emit_launches(h, &f, S, addr, grad ? r->nlaunches - 1 : r->buffers[lb].first);
@@ -144,11 +108,10 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     if (grad) {
         LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
         LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
-        for (int i = 0; i < g->nparams; i++) {
-            const PlanParam *pp = &h->plan->mem.params[i];
-            int gb = g->grads && g->grads[i] >= 0 ? r->node_buffer[g->grads[i]] : -1;
-            if (gb < 0) continue; /* no buffer: a zero gradient */
-            h->target->accumulate(h, &f, byte_gep(h, grads, pp->offset, ""), addr[gb], ls, pp->numel);
+        for (int i = 0; i < S->mem->nwrites; i++) {
+            const PlanWrite *w = &S->mem->writes[i];
+            if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
+            h->target->accumulate(h, &f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
         }
     }
     LLVMBuildRet(h->b, ci32(h, 0));
@@ -160,7 +123,7 @@ LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
     FuseResult *r = S->r;
     HostFn f = host_fn_begin(h, "forward_logits");
     LLVMValueRef s = f.s;
-    LLVMValueRef *addr = step_addrs(h, S, s);
+    LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = r->node_buffer[node];
     if (lb < 0) INTERNAL("host: the logits %%%d have no buffer", node);
     emit_launches(h, &f, S, addr, r->nlaunches - 1);
@@ -172,47 +135,32 @@ LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
     return f.fn;
 }
 
-/* optimizer_update: lr and t into the arena, the update schedule's launches over the parameter,
- * gradient and state regions, then the new parameters and state copied into their regions. */
+/* optimizer_update: lr and t into the plan's arena slots, the update schedule's launches over the
+ * parameter, gradient and state regions, then the plan's moves: the new parameters and state
+ * copied into their regions. */
 LLVMValueRef emit_update(Host *h, Sched *S) {
-    FuseResult *r = S->r;
-    const Graph *g = r->g;
-    const GraphUpdate *u = g->update;
+    const PlanMemory *m = &h->plan->mem;
     HostFn f = host_fn_begin(h, "optimizer_update");
     LLVMValueRef s = f.s;
-    LLVMValueRef params = step_field(h, s, RT_STEP_params, h->ptr, "params");
-    LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
-    LLVMValueRef state = step_field(h, s, RT_STEP_state, h->ptr, "state");
     LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
-    LLVMValueRef lr_slot = arena, t_slot = byte_gep(h, arena, 4, "t_slot");
-    /* lr and t as f32 in the arena's first 8 bytes, written by the host (staged on the GPU, then uploaded) */
-    LLVMValueRef host_slots = h->target->staging(h, arena, 2, "lr_t_host");
+    /* lr and t as f32 in the plan's slots, written by the host (staged on the GPU, then uploaded) */
+    if (m->t_offset != m->lr_offset + 4) INTERNAL("host: the plan's lr and t slots are not adjacent");
+    LLVMValueRef slots = byte_gep(h, arena, m->lr_offset, "lr_slot");
+    LLVMValueRef host_slots = h->target->staging(h, slots, 2, "lr_t_host");
     LLVMBuildStore(h->b, LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_lr, h->f64, "lr"), h->f32, ""), host_slots);
     LLVMValueRef t_host = byte_gep(h, host_slots, 4, "");
     LLVMBuildStore(h->b, LLVMBuildSIToFP(h->b, step_field(h, s, RT_STEP_t, h->i64, "t"), h->f32, ""), t_host);
-    h->target->upload(h, &f, arena, host_slots, 2);
-    int64_t nbytes = u->n * 4;
-    LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(r->nbuffers + 1));
-    for (int i = 0; i < r->nbuffers; i++) {
-        const FuseBuffer *fb = &r->buffers[i];
-        int nd = fb->node;
-        addr[i] = LLVMConstPointerNull(h->ptr);
-        if (S->arena_off[i] >= 0) addr[i] = byte_gep(h, arena, S->arena_off[i], "");
-        else if (nd < 0) continue;
-        else if (nd == u->p_in) addr[i] = params;
-        else if (nd == u->g_in) addr[i] = grads;
-        else if (nd == u->lr_in) addr[i] = lr_slot;
-        else if (nd == u->t_in) addr[i] = t_slot;
-        else
-            for (int j = 0; j < u->nstate; j++)
-                if (nd == u->state_in[j]) addr[i] = byte_gep(h, state, j * nbytes, "");
+    h->target->upload(h, &f, slots, host_slots, 2);
+    LLVMValueRef *addr = sched_addrs(h, S, s);
+    emit_launches(h, &f, S, addr, S->r->nlaunches - 1);
+    LLVMValueRef region[PH_ARENA + 1] = {NULL};
+    region[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
+    region[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
+    for (int i = 0; i < S->mem->nwrites; i++) {
+        const PlanWrite *w = &S->mem->writes[i];
+        if (w->accumulate || !region[w->to]) INTERNAL("host: the update's move '%s'", w->what);
+        h->target->copy(h, &f, byte_gep(h, region[w->to], w->offset, ""), addr[w->buffer], w->bytes / 4, 0);
     }
-    emit_launches(h, &f, S, addr, r->nlaunches - 1);
-    if (u->p_out != u->p_in && r->node_buffer[u->p_out] >= 0)
-        h->target->copy(h, &f, params, addr[r->node_buffer[u->p_out]], u->n, 0);
-    for (int j = 0; j < u->nstate; j++)
-        if (u->state_out[j] != u->state_in[j] && r->node_buffer[u->state_out[j]] >= 0)
-            h->target->copy(h, &f, byte_gep(h, state, j * nbytes, ""), addr[r->node_buffer[u->state_out[j]]], u->n, 0);
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;
 }
@@ -292,34 +240,6 @@ static void print_program(Host *h, FILE *out, const Sched *const *scheds, const 
     cpu_print_module(out, h->m, kernels, notes, total, ann, a);
 }
 
-/* The schedules of a train block (HostSchedules): the step's and update's fused launches given,
- * and the batch-1 logits fused here; each verified, every kernel named with its schedule's prefix. */
-static void host_fuse(Host *h, const TrainBuild *tb, FuseResult *const fused[2], HostSchedules *out) {
-    static const char *const prefix[3] = {"step_", "update_", "logits_"};
-    memset(out, 0, sizeof *out);
-    out->logits_node = -1;
-    const Graph *graphs[2] = {tb->step, tb->update};
-    for (int i = 0; i < 2; i++) {
-        out->g[i] = graphs[i];
-        out->r[i] = fused[i];
-        out->disjoint[i] = i == 0; /* the update writes in place */
-    }
-    out->n = 2;
-    Graph *lg = diag_error_count() ? NULL : logits_graph(h, tb, find_vocab(h->plan->step), &out->logits_node);
-    if (lg) {
-        out->g[2] = lg;
-        out->r[2] = fuse_graph(lg, &out->logits_node, 1, h->ar);
-        out->disjoint[2] = 1;
-        out->n = 3;
-    }
-    for (int i = 0; i < out->n; i++) {
-        out->prefix[i] = prefix[i];
-        if (fuse_verify(out->r[i], stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", prefix[i]);
-        for (int k = 0; k < out->r[i]->nkernels; k++)
-            out->r[i]->kernels[k]->name = arena_printf(h->ar, "%s%s", prefix[i], out->r[i]->kernels[k]->name);
-    }
-}
-
 /* ---- the driver ---------------------------------------------------------------------------------- */
 
 int host_refuses(const TrainBuild *tb) {
@@ -353,23 +273,20 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     host_types(h);
 
     const HostSchedules hs = *schedules;
-    Sched step = {.prefix = "step_", .r = hs.r[0]}, upd = {.prefix = "update_", .r = hs.r[1]};
-    Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[2] : NULL};
-    sched_plan(h, &step, 0);
-    sched_plan(h, &upd, PLAN_ALIGN); /* lr and t in the first 64 bytes */
+    const PlanPhaseMem *pm = plan->mem.phase;
+    Sched step = {.prefix = "step_", .r = hs.r[PLAN_STEP], .mem = &pm[PLAN_STEP]};
+    Sched upd = {.prefix = "update_", .r = hs.r[PLAN_UPDATE], .mem = &pm[PLAN_UPDATE]};
+    Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[PLAN_LOGITS] : NULL, .mem = &pm[PLAN_LOGITS]};
     sched_kernels(h, &step, 1);
     sched_kernels(h, &upd, 0);
     LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
-    int64_t arena = step.peak > upd.peak ? step.peak : upd.peak;
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */
     LLVMValueRef flog = NULL;
     if (lsch.r) {
-        sched_plan(h, &lsch, 0);
         sched_kernels(h, &lsch, 1);
-        flog = emit_logits(h, &lsch, hs.logits_node, find_vocab(plan->step));
-        if (lsch.peak > arena) arena = lsch.peak;
+        flog = emit_logits(h, &lsch, hs.logits_node, plan->sched.vocab);
     }
     /* the hash covers the CPU functions alone: the GPU ones compute the same step, and a checkpoint
      * resumes on either device */
@@ -377,7 +294,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
     if (!diag_error_count())
-        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, arena, hash, tb->update->update, gpu);
+        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
@@ -397,8 +314,11 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
 
 /* ---- the schedules alone (host.h: for the CUDA source) ------------------------------------------ */
 
-int host_schedules(const TrainBuild *tb, const Plan *plan, FuseResult *const fused[2], HostSchedules *out, Arena *ar) {
-    Host H = {.ar = ar, .plan = plan, .ts = tb->config};
-    host_fuse(&H, tb, fused, out);
+int host_schedules(const Plan *plan, HostSchedules *out, Arena *ar) {
+    *out = plan->sched;
+    for (int i = 0; i < out->n; i++)
+        for (int k = 0; k < out->r[i]->nkernels; k++)
+            out->r[i]->kernels[k]->name = arena_printf(ar, "%s%s", out->prefix[i], out->r[i]->kernels[k]->name);
+    plan_warn_no_logits(out, plan->name);
     return diag_error_count() ? 1 : 0;
 }

@@ -36,24 +36,13 @@ typedef struct HostCuda {
 /* Refuses a step -o cannot compile yet (dropout, whose mask would repeat every step): returns 1
  * after reporting the error, else 0. Called before the schedules are built. */
 int host_refuses(const TrainBuild *tb);
-/* The schedules -o builds, fused and verified, for back ends that lower them elsewhere (the CUDA
- * source of --emit=cuda): step (differentiated), update, and the batch-1 logits (absent, with the
- * warning -o gives, when the program cannot generate). Each kernel is named with its schedule's
- * prefix (step_k3_add). */
-typedef struct HostSchedules {
-    int n;                    /* 2, or 3 with the logits */
-    const char *prefix[3];    /* "step_", "update_", "logits_" */
-    FuseResult *r[3];
-    const Graph *g[3];
-    int disjoint[3];          /* buffers of the schedule never overlap (cpu_lower_kernel's flag) */
-    int logits_node;          /* the logits' node in g[2] (-1 without) */
-} HostSchedules;
-/* The schedules of tb (its step differentiated) with plan: fused[0] and fused[1] are the step's
- * and the update's launches (fuse_graph, verified; their kernels are renamed here with the
- * prefixes), and the batch-1 logits (tb->forward, built in sema's one walk) are fused here.
- * Returns 0, or 1 after errors were reported through diag. */
-int host_schedules(const TrainBuild *tb, const Plan *plan, FuseResult *const fused[2], HostSchedules *out,
-                   Arena *ar);
+/* The schedules -o builds (plan.h, PlanSchedules: the fused step, update and batch-1 logits the
+ * memory plan is of), for the host code and the CUDA program. */
+typedef PlanSchedules HostSchedules;
+/* The plan's schedules with every kernel named with its schedule's prefix (step_k3_add; in place:
+ * call once, after the stages that print the kernels' own names), and -o's warning when the
+ * program has no logits. Returns 0, or 1 after errors were reported through diag. */
+int host_schedules(const Plan *plan, HostSchedules *out, Arena *ar);
 /* Builds the executable for tb (its step differentiated) from its plan and schedules
  * (host_schedules) at `output`; with output NULL, prints the program's whole LLVM module to emit
  * instead (--emit=program: the GPU functions too, without the compiled images). input names the

@@ -18,6 +18,7 @@
 #define RtGpuImage_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuImage, f),
 #define RtGpuKernel_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuKernel, f),
 #define RtGpuProgram_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuProgram, f),
+#define RtPlanInfo_OFFSET(ctype, f, kind) (int64_t)offsetof(RtPlanInfo, f),
 
 static const int64_t step_off[] = {OFFSETS(RtStep, RT_STEP_FIELDS)};
 static const int64_t param_off[] = {OFFSETS(RtParam, RT_PARAM_FIELDS)};
@@ -28,6 +29,7 @@ static const int64_t prog_off[] = {OFFSETS(RtProgram, RT_PROG_FIELDS)};
 static const int64_t gpu_image_off[] = {OFFSETS(RtGpuImage, RT_GPU_IMAGE_FIELDS)};
 static const int64_t gpu_kernel_off[] = {OFFSETS(RtGpuKernel, RT_GPU_KERNEL_FIELDS)};
 static const int64_t gpu_prog_off[] = {OFFSETS(RtGpuProgram, RT_GPU_PROG_FIELDS)};
+static const int64_t plan_info_off[] = {OFFSETS(RtPlanInfo, RT_PLAN_INFO_FIELDS)};
 
 #define N(a) (int)(sizeof a / sizeof *a)
 
@@ -41,19 +43,21 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size) {
     case HA_GPU_IMAGE: *nfields = N(gpu_image_off), *size = sizeof(RtGpuImage); return gpu_image_off;
     case HA_GPU_KERNEL: *nfields = N(gpu_kernel_off), *size = sizeof(RtGpuKernel); return gpu_kernel_off;
     case HA_GPU_PROGRAM: *nfields = N(gpu_prog_off), *size = sizeof(RtGpuProgram); return gpu_prog_off;
+    case HA_PLAN_INFO: *nfields = N(plan_info_off), *size = sizeof(RtPlanInfo); return plan_info_off;
     default: *nfields = N(prog_off), *size = sizeof(RtProgram); return prog_off;
     }
 }
 
 const char *host_abi_name(HostAbiStruct s) {
     static const char *const names[] = {"RtStep", "RtParam", "RtTrainSettings", "RtGenerateSettings", "RtProgram",
-                                        "RtRampStage", "RtGpuImage", "RtGpuKernel", "RtGpuProgram"};
+                                        "RtRampStage", "RtGpuImage", "RtGpuKernel", "RtGpuProgram", "RtPlanInfo"};
     return s < HA_COUNT ? names[s] : "?";
 }
 
 int host_abi_version(void) { return RT_ABI_VERSION; }
 int host_abi_gemm_epilogue(int fe) { return fe == FE_BIAS ? RT_GEMM_BIAS : fe == FE_BGRAD_B ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN; }
 int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }
+int host_abi_phases(void) { return RT_NPHASES; }
 
 void host_abi_checksum(const void *data, size_t n, char out[HOST_ABI_CHECKSUM_CHARS + 1]) {
     _Static_assert(HOST_ABI_CHECKSUM_CHARS + 1 == RT_CHECKSUM_CHARS, "the compiler and the runtime agree on the checksum's length");

@@ -10,7 +10,8 @@
 #include <stdint.h>
 
 typedef enum HostAbiStruct {
-    HA_STEP, HA_PARAM, HA_TRAIN, HA_GENERATE, HA_PROGRAM, HA_RAMP, HA_GPU_IMAGE, HA_GPU_KERNEL, HA_GPU_PROGRAM, HA_COUNT
+    HA_STEP, HA_PARAM, HA_TRAIN, HA_GENERATE, HA_PROGRAM, HA_RAMP, HA_GPU_IMAGE, HA_GPU_KERNEL, HA_GPU_PROGRAM, HA_PLAN_INFO,
+    HA_COUNT
 } HostAbiStruct;
 
 /* The struct's size and its fields' offsets in declaration order (*nfields of them). */
@@ -18,6 +19,7 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size);
 const char *host_abi_name(HostAbiStruct s); /* "RtStep" ... */
 int host_abi_version(void);                 /* RT_ABI_VERSION */
 int host_abi_max_rank(void);                /* RT_ST_MAX_RANK */
+int host_abi_phases(void);                  /* RT_NPHASES */
 int host_abi_gemm_epilogue(int fe);         /* FuseEpilogue's FE_* as RtGemmEpilogue's RT_GEMM_* */
 
 /* The runtime's checksum (rt_checksum: XXH3-128) of n bytes, as 32 lowercase hex digits and a NUL. */

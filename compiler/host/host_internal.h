@@ -8,7 +8,6 @@
  *   target_cpu.c  the CPU target: the thread pool, rt_sgemm_batched, loops
  *   target_gpu.c  the GPU target (rt_gpu_*), and the GPU side: the CUDA program, its images and
  *                 kernel table, the GPU functions and the RtGpuProgram descriptor
- *   logits.c      the batch-1 graph generation's forward_logits runs
  *   descriptor.c  the `mbt_program` descriptor and the program's hash
  *   link.c        the object file and the link with libmbtrt
  *
@@ -35,6 +34,7 @@
 #define HOST_GPU_IMAGE_INDEX(ctype, f, kind) RT_GPU_IMAGE_##f,
 #define HOST_GPU_KERNEL_INDEX(ctype, f, kind) RT_GPU_KERNEL_##f,
 #define HOST_GPU_PROG_INDEX(ctype, f, kind) RT_GPU_PROG_##f,
+#define HOST_PLAN_INFO_INDEX(ctype, f, kind) RT_PLAN_INFO_##f,
 enum { RT_STEP_FIELDS(HOST_STEP_INDEX) RT_STEP_NFIELDS };
 enum { RT_PARAM_FIELDS(HOST_PARAM_INDEX) RT_PARAM_NFIELDS };
 enum { RT_TRAIN_FIELDS(HOST_TRAIN_INDEX) RT_TRAIN_NFIELDS };
@@ -44,6 +44,7 @@ enum { RT_PROG_FIELDS(HOST_PROG_INDEX) RT_PROG_NFIELDS };
 enum { RT_GPU_IMAGE_FIELDS(HOST_GPU_IMAGE_INDEX) RT_GPU_IMAGE_NFIELDS };
 enum { RT_GPU_KERNEL_FIELDS(HOST_GPU_KERNEL_INDEX) RT_GPU_KERNEL_NFIELDS };
 enum { RT_GPU_PROG_FIELDS(HOST_GPU_PROG_INDEX) RT_GPU_PROG_NFIELDS };
+enum { RT_PLAN_INFO_FIELDS(HOST_PLAN_INFO_INDEX) RT_PLAN_INFO_NFIELDS };
 
 /* ---- the emitter's state ------------------------------------------------------------------------ */
 
@@ -55,7 +56,7 @@ typedef struct Host {
     LLVMModuleRef m;
     LLVMBuilderRef b;
     LLVMTypeRef i8, i32, i64, f32, f64, ptr, vd;
-    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t;
+    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t, plan_t;
     LLVMTypeRef range_fn_t, pfor_t, gemm_t;
     LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
     const Plan *plan;
@@ -73,8 +74,7 @@ typedef struct Sched {
     const char *prefix;
     FuseResult *r;
     int gpu_base;      /* the index of its first kernel in the GPU kernel table */
-    int64_t *arena_off;
-    int64_t peak;
+    const PlanPhaseMem *mem; /* the plan's slots and moves for it */
     LLVMValueRef *kfn, *kwrap; /* per kernel */
 } Sched;
 
@@ -147,15 +147,10 @@ LLVMValueRef emit_update(Host *h, Sched *S);
  * NVRTC here (a warning). */
 LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const HostCuda *cuda, int emit_only);
 
-/* logits.c: the graph of the train block's model(data.x) at batch 1, its logits in *node; or NULL
- * with a warning saying why this program cannot generate. */
-Graph *logits_graph(Host *h, const TrainBuild *tb, int64_t vocab, int *node);
-
 /* descriptor.c */
-int64_t find_vocab(const Graph *g); /* the last dimension of the logits cross_entropy reads; 0: none */
 const char *program_hash(Host *h);  /* RtProgram.hash of the module as it stands */
 void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
-                     LLVMValueRef oupd, LLVMValueRef lrs, int64_t arena_bytes, const char *hash, const GraphUpdate *u,
+                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
                      LLVMValueRef gpu);
 
 /* link.c: writes m (verified) as `output`.o, links it with libmbtrt into the executable `output`

@@ -110,7 +110,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     if (base != cp->nkernels) INTERNAL("host: %d kernels in the schedules, %d in the CUDA program", base, cp->nkernels);
     h->target = &host_target_gpu;
     LLVMValueRef fb = emit_forward(h, S[0], 1), fl = emit_forward(h, S[0], 0), ou = emit_update(h, S[1]);
-    LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, find_vocab(h->plan->step)) : LLVMConstPointerNull(h->ptr);
+    LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, h->plan->sched.vocab) : LLVMConstPointerNull(h->ptr);
     h->target = &host_target_cpu;
     LLVMValueRef fn0 = begin_fn(h, "mbt.gpu_strings", h->vd); /* a builder position for global strings */
     LLVMValueRef *krows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(cp->nkernels + 1));

@@ -1,15 +1,15 @@
 /* plan.h - the step program and the static memory plan of a train block.
  *
- * Pipeline position: graph (the step graph after autodiff, the update graph) -> [plan] -> fuse ->
- * kernel IR -> back ends -> host code. The plan says what one optimizer step does, in order, and
+ * Pipeline position: graph (the step graph after autodiff, the update graph) -> fuse -> [plan] ->
+ * back ends -> host code. The plan says what one optimizer step does, in order, and
  * where every value lives; `mbtc --emit=plan` prints both.
  *
  * The step program (one per distinct accumulation count: a batch-size ramp has one per stage):
  *     for k in 0 .. accumulation-1:         each micro-batch
  *         load     data.x, data.y <- micro-batch k, into the input region
  *         run      the step graph: forward, then backward seeded with d loss = loss_scale
- *                  = 1 / (accumulation x data); gradients: k = 0 writes the gradient region,
- *                  k > 0 adds to it (no zeroing pass)
+ *                  = 1 / (accumulation x data); every micro-batch adds its gradients into the
+ *                  gradient region (the runtime zeroes it after each update)
  *         loss     the reported loss += loss_scale x this micro-batch's loss
  *     allreduce    (data > 1) sum the gradient region and the loss over the data ranks
  *     clip         (clip > 0) scale = min(1, clip / (||gradients||_2 + 1e-6)); gradients *= scale
@@ -20,17 +20,17 @@
  * batch. The scale enters as the seed of the backward (the G_CONST 1.0 autodiff puts at the loss),
  * so the graph stays the same for every program; only the seed and the loop count differ.
  *
- * The memory plan. Parameters, gradients and optimizer state each live in one contiguous region
+ * The memory plan, made after fusion from the fused schedules' buffers, assigns every address the
+ * executable uses. Parameters, gradients and optimizer state each live in one contiguous region
  * with the update graph's flat layout (graph.h, GraphUpdate): parameter i at the same byte offset
  * (a multiple of PLAN_ALIGN) in the parameter and gradient regions and in each state variable's
  * part of the state region, so the optimizer is one elementwise pass over the regions and a
- * data-parallel all-reduce one collective over the gradient region. Data inputs (data.x, data.y)
- * and the update's scalars (lr, t) live in an input region. Every other value lives in the
- * activation arena at an offset assigned by liveness (plan_assign_offsets); the micro-batch's
- * graph and the update graph never run at once, so the arena is the larger of their two peaks.
- * For now the plan is of the unfused graphs: every node is a buffer (a rank-0 constant is an
- * immediate and needs none); the fusion stage calls plan_assign_offsets again with only the
- * buffers its kernels materialise. */
+ * data-parallel all-reduce one collective over the gradient region. data.x and data.y are the
+ * runtime's two batch buffers. Every other buffer of a schedule lives in the activation arena at
+ * an offset assigned by liveness over its launches (plan_assign_offsets); the phases (step,
+ * update, logits) never run at once, so each starts at byte 0 - the update after its lr and t
+ * slots - and the arena is the largest of their peaks. The host code (compiler/host) takes every
+ * address from here. */
 #ifndef MBT_PLAN_H
 #define MBT_PLAN_H
 
@@ -38,6 +38,7 @@
 #include <stdio.h>
 
 #include "arena.h"
+#include "fuse.h"
 #include "graph.h"
 #include "sema.h"
 
@@ -70,37 +71,84 @@ int64_t plan_naive_bytes(const PlanBuffer *buf, int n, int64_t align);
 /* x rounded up to a multiple of align (a power of two). */
 int64_t plan_align_up(int64_t x, int64_t align);
 
-/* ---- the memory plan ---- */
+/* ---- the fused schedules the plan is made of (schedules.c) ---- */
+
+/* The phases of an executable, each one schedule of launches; no two run at once, so each one's
+ * arena starts at byte 0 and the executable's arena is the largest of their peaks. */
+typedef enum PlanPhase {
+    PLAN_STEP,   /* forward_backward: one micro-batch's forward and backward (forward_loss: its prefix) */
+    PLAN_UPDATE, /* optimizer_update */
+    PLAN_LOGITS, /* forward_logits: generation's forward at batch 1 */
+    PLAN_NPHASES
+} PlanPhase;
+
+/* The schedules -o builds, fused and verified: step (differentiated), update, and the batch-1
+ * logits (absent when the program cannot generate: why_no_logits says why, at no_logits_at). Each
+ * kernel is named with its schedule's prefix (step_k3_add). */
+typedef struct PlanSchedules {
+    int n;                    /* 2, or 3 with the logits */
+    const char *prefix[PLAN_NPHASES]; /* "step_", "update_", "logits_" */
+    FuseResult *r[PLAN_NPHASES];
+    const Graph *g[PLAN_NPHASES];
+    int disjoint[PLAN_NPHASES]; /* buffers of the schedule never overlap (cpu_lower_kernel's flag) */
+    int logits_node;          /* the logits' node in g[PLAN_LOGITS] (-1 without) */
+    int64_t vocab;            /* the last dimension of what the loss's cross_entropy reads; 0: none */
+    const char *why_no_logits;/* NULL with the logits */
+    Span no_logits_at;
+} PlanSchedules;
+
+/* The schedules of tb (its step differentiated): fused[0] and fused[1] are the step's and the
+ * update's launches (the kernels stage), and the train block's model(data.x) at batch 1 (tb->forward,
+ * built in sema's one walk) is fused here for its logits. The kernels keep their names (the host
+ * code prefixes them: host_schedules). Returns 0, or 1 after errors were reported through diag. */
+int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedules *out, Arena *ar);
+/* The warning -o and the CUDA source give for a program without the logits: it builds without
+ * generation. Nothing when it has them. */
+void plan_warn_no_logits(const PlanSchedules *s, const char *train);
+
+/* ---- the memory plan: every address the executable uses ---- */
 
 typedef enum PlanHome {
-    PH_NONE,   /* no memory: a rank-0 constant, folded into the kernels that read it */
+    PH_NONE,   /* no memory: a buffer no launch touches */
     PH_PARAMS, /* the parameter region */
     PH_GRADS,  /* the gradient region */
     PH_STATE,  /* the optimizer-state region */
-    PH_INPUTS, /* the input region: data.x, data.y, and the update's lr and t */
+    PH_X,      /* data.x: the runtime's input batch (RtStep.x) */
+    PH_Y,      /* data.y: the runtime's target batch (RtStep.y) */
     PH_ARENA,  /* the activation arena */
 } PlanHome;
 
-/* Where one node's value lives. */
+/* Where one fused buffer (FuseResult.buffers) lives. */
 typedef struct PlanSlot {
     PlanHome home;
     int64_t offset;  /* bytes from the start of its region */
     int64_t bytes;
-    int first, last; /* PH_ARENA: its live range, in node ids of its graph (the unfused order) */
+    int first, last; /* PH_ARENA: its live range, in launches of its schedule */
 } PlanSlot;
 
-/* A value that must end up in a region: a parameter's gradient (step graph), or an update result
- * (update graph). In place: the node's own slot is that place. Otherwise a separate write right
- * after the node is computed (gradients) or after the whole graph ran (update results). */
+/* A move after a schedule's last launch: a parameter's gradient added into the gradient region
+ * (step: dst += loss_scale x src, so micro-batch k > 0 adds to k = 0's), or an update result copied
+ * into its region (update). Nothing is computed in place: every kernel writes arena buffers, and
+ * these moves put the results where the runtime reads them. */
 typedef struct PlanWrite {
     const char *what; /* "grad h.0.attn.weight", "p", "state.m" */
-    int node;         /* the value, a node of its graph */
+    int buffer;       /* the source: a buffer of the schedule, in the arena */
     PlanHome to;
     int64_t offset, bytes;
-    int accumulate;   /* gradients: micro-batch k = 0 writes, k > 0 adds */
-    int in_place;
-    int unchanged;    /* an update result that is its own input: nothing to write */
+    int accumulate;   /* 1: added, scaled by the micro-batch's loss_scale; 0: copied */
 } PlanWrite;
+
+/* The memory of one phase: a slot for every buffer of its schedule, and its moves. */
+typedef struct PlanPhaseMem {
+    const char *name;        /* "step", "update", "logits" */
+    const FuseResult *r;     /* NULL: the phase is absent (no logits) */
+    PlanSlot *slots;         /* [r->nbuffers] */
+    int nwrites;
+    PlanWrite *writes;
+    int64_t reserve;         /* arena bytes before the first buffer: the update's lr and t slots */
+    int64_t peak, naive;     /* the arena during the phase: planned (reserve included), and without reuse */
+    int kernels, gemms;      /* launches per call */
+} PlanPhaseMem;
 
 typedef struct PlanParam {
     const char *name;
@@ -110,10 +158,10 @@ typedef struct PlanParam {
 } PlanParam;
 
 typedef struct PlanInput {
-    const char *name; /* "data.x", "lr" */
-    int update;       /* 1: a node of the update graph, 0: of the step graph */
-    int node;
-    int64_t offset, bytes;
+    const char *name; /* "data.x", "data.y" */
+    PlanHome home;    /* PH_X, PH_Y */
+    int node;         /* in the step graph */
+    int64_t bytes;    /* what the runtime allocates: the step's [micro, seq] (the logits' [1, seq] fits) */
 } PlanInput;
 
 typedef struct PlanMemory {
@@ -123,16 +171,11 @@ typedef struct PlanMemory {
     int nstate;
     int64_t state_bytes;    /* nstate x param_bytes */
     int ninputs;
-    PlanInput *inputs;
-    int64_t input_bytes;
-    PlanSlot *step;         /* [step graph's n]: where each node's value lives */
-    PlanSlot *update;       /* [update graph's n] */
-    PlanWrite *grad_writes; /* [nparams] */
-    int nupdate_writes;     /* 1 + nstate: p, then each state variable */
-    PlanWrite *update_writes;
-    int64_t step_peak, step_naive;     /* the arena while a micro-batch runs: planned, and without reuse */
-    int64_t update_peak, update_naive; /* the arena while the update runs */
-    int64_t arena_bytes;               /* the larger peak */
+    PlanInput inputs[2];
+    int64_t input_bytes;    /* data.x and data.y together */
+    PlanPhaseMem phase[PLAN_NPHASES];
+    int64_t lr_offset, t_offset; /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
+    int64_t arena_bytes;    /* the largest peak: what the executable allocates */
 } PlanMemory;
 
 /* ---- the step program ---- */
@@ -175,20 +218,27 @@ typedef struct Plan {
     const char *schedule;     /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
     int nprograms;
     PlanProgram *programs;
+    PlanSchedules sched;      /* the fused schedules the memory plan is of */
     PlanMemory mem;
     int nnotes;
     const char **notes;       /* settings of the block this plan does not carry out yet */
 } Plan;
 
 /* The plan of a train block: tb from sema_build_train, its step graph already differentiated
- * (autodiff, which returned first_bwd). Returns NULL after reporting a user error (a learning-rate
- * schedule for an optimizer without lr, a tensor or region beyond PLAN_MAX_BYTES). */
-Plan *plan_build(const TrainBuild *tb, int first_bwd, Arena *ar);
+ * (autodiff, which returned first_bwd), and its fused schedules (plan_schedules). Returns NULL
+ * after reporting a user error (a learning-rate schedule for an optimizer without lr, a tensor or
+ * region beyond PLAN_MAX_BYTES). */
+Plan *plan_build(const TrainBuild *tb, int first_bwd, const PlanSchedules *s, Arena *ar);
 /* Checks the plan's invariants: regions contiguous, aligned and matching the update graph's
- * layout; no two arena buffers live at once share a byte; every write lands inside its region.
+ * layout; in every phase, every buffer of its schedule placed, no two arena buffers live at once
+ * share a byte, and every buffer and every write inside its region.
  * Returns the number of problems, each printed to out (when not NULL) as `plan: ...`. */
 int plan_verify(const Plan *p, FILE *out);
-/* --emit=plan: the settings, the step programs, the update graph, the regions and the arenas. */
+/* --emit=plan: the settings, the step programs, the update graph, the regions, each phase's arena
+ * and buffers, and the summary `./prog info` prints back (plan_print_summary). */
 void plan_print(FILE *out, const Plan *p);
+/* The summary lines, `plan: ...`, in the words and numbers of `./prog info` (runtime/cli/info.c):
+ * the arena of each phase and the largest, the regions, kernels and GEMMs per call and per step. */
+void plan_print_summary(FILE *out, const Plan *p);
 
 #endif

@@ -6,6 +6,7 @@
  *   PROG eval [NAME] [--weights F] [--data GLOB] [--steps N] [--seed S] [--device D] [--threads N]
  *   PROG generate [--weights F] [--prompt-tokens 1,2,3] [--max-tokens N] [--temperature T]
  *                 [--top-k K] [--seed S] [--device D] [--threads N] [--print-logits]
+ *   PROG info                      (the memory plan: info.c; rt_main dispatches it)
  *   PROG --help
  *
  * Pipeline position: the first thing rt_main does. Flags override the program's settings, which
@@ -412,6 +413,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     snprintf(left, sizeof left, "eval [%s]", t->name);
     fprintf(f, "  %-30s the loss on held-out data\n", left);
     fprintf(f, "  generate                       continue a prompt, one token id at a time\n");
+    fprintf(f, "  info                           the memory plan: arena, regions, kernels and GEMMs per step\n");
     fprintf(f, "  --help                         this text\n");
 
     char cpus[64];

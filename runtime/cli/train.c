@@ -719,6 +719,7 @@ int rt_main(int argc, char **argv, const RtProgram *p) {
     /* a file-size limit makes a write fail with EFBIG, reported like a full disk, instead of
      * killing the process in the middle of a checkpoint */
     signal(SIGXFSZ, SIG_IGN);
+    if (argc >= 2 && strcmp(argv[1], "info") == 0) return rt_cmd_info(p, prog, argc - 2);
     RtOptions o;
     if (rt_cli_parse(&o, p, argc, argv, &e) != RT_OK) {
         fprintf(stderr, "%s: %s\n", prog, e.msg);

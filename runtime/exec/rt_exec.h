@@ -72,6 +72,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog);    /* the --hel
 /* ==== running (train.c) ====================================================================== */
 
 int rt_main(int argc, char **argv, const RtProgram *p);      /* parses, dispatches, returns the exit status */
+int rt_cmd_info(const RtProgram *p, const char *prog, int nargs); /* `PROG info` (info.c): the memory plan; the exit status */
 RtStatus rt_program_check(const RtProgram *p, RtError *err); /* the descriptor is self-consistent (else an internal error) */
 /* The batch of 0-based optimizer step `step`: the ramp stage in force then (.step is where it
  * starts; the base stage is {0, global, accum}). The step runs accum x data micro-batches. */

@@ -81,7 +81,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (graph_verify(tb->step, NULL) != 0 || graph_verify(tb->update, NULL) != 0) abort();
                 int first_bwd = autodiff(tb->step);
                 if (graph_verify(tb->step, NULL) != 0) abort();
-                Plan *plan = plan_build(tb, first_bwd, &ar);
+                PlanSchedules sched; /* the memory plan is made after fusion, as mbtc makes it */
+                FuseResult *fused[2] = {fuse_graph(tb->step, NULL, 0, &ar), fuse_graph(tb->update, NULL, 0, &ar)};
+                Plan *plan = plan_schedules(tb, fused, &sched, &ar) ? NULL : plan_build(tb, first_bwd, &sched, &ar);
                 if (plan && plan_verify(plan, NULL) != 0) abort();
             }
         } else {

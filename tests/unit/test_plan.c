@@ -29,6 +29,7 @@
 #include "autodiff.h"
 #include "module.h"
 #include "parse.h"
+#include "fuse.h"
 #include "plan.h"
 #include "ref.h"
 
@@ -212,7 +213,10 @@ static Built *build(const char *src, const char *train) {
     int first_bwd = autodiff(b->tb->step);
     CHECK(graph_verify(b->tb->step, stdout) == 0, "the step graph verifies");
     CHECK(graph_verify(b->tb->update, stdout) == 0, "the update graph verifies");
-    b->plan = plan_build(b->tb, first_bwd, &b->ar);
+    PlanSchedules sched;
+    FuseResult *fused[2] = {fuse_graph(b->tb->step, NULL, 0, &b->ar), fuse_graph(b->tb->update, NULL, 0, &b->ar)};
+    if (plan_schedules(b->tb, fused, &sched, &b->ar)) return b;
+    b->plan = plan_build(b->tb, first_bwd, &sched, &b->ar);
     if (b->plan) CHECK(plan_verify(b->plan, stdout) == 0, "the plan verifies");
     return b;
 }
@@ -266,11 +270,20 @@ static void regions_contiguous(void) {
         CHECK(q->offset == plan_align_up(end, PLAN_ALIGN), "parameter %s at %lld, expected the next aligned offset %lld",
               q->name, (long long)q->offset, (long long)plan_align_up(end, PLAN_ALIGN));
         end = q->offset + q->numel * 4;
-        /* the gradient goes to the same offset of the gradient region */
-        CHECK(m->grad_writes[i].to == PH_GRADS && m->grad_writes[i].offset == q->offset, "gradient of %s at %lld", q->name,
-              (long long)m->grad_writes[i].offset);
-        const PlanSlot *ps = &m->step[q->node];
-        CHECK(ps->home == PH_PARAMS && ps->offset == q->offset, "the parameter node of %s lives in the region", q->name);
+        /* the gradient is added from its arena buffer into the same offset of the gradient region */
+        const PlanPhaseMem *st = &m->phase[PLAN_STEP];
+        int found = 0;
+        for (int k = 0; k < st->nwrites; k++) {
+            const PlanWrite *w = &st->writes[k];
+            if (w->to != PH_GRADS || w->offset != q->offset) continue;
+            found++;
+            CHECK(w->accumulate && w->bytes == q->numel * 4 && st->slots[w->buffer].home == PH_ARENA,
+                  "gradient of %s: %lld bytes added from an arena buffer", q->name, (long long)w->bytes);
+        }
+        CHECK(found == 1, "the gradient of %s is added once (%d)", q->name, found);
+        int pb = st->r->node_buffer[q->node];
+        CHECK(pb >= 0 && st->slots[pb].home == PH_PARAMS && st->slots[pb].offset == q->offset,
+              "the parameter buffer of %s lives in the region", q->name);
     }
     /* offsets 0, 64, 128, 192, 384: 7, 15, 1 and 33 values each fit below the next multiple of 16 values */
     CHECK(m->params[0].offset == 0 && m->params[1].offset == 64 && m->params[2].offset == 128 &&
@@ -285,25 +298,37 @@ static void regions_contiguous(void) {
     CHECK(u->n * 4 == m->param_bytes, "the update graph's length matches the region");
     for (int i = 0; i < u->nsegs; i++)
         CHECK(u->seg_off[i] * 4 == m->params[i].offset, "segment %d at the parameter's offset", i);
-    /* the update's inputs and results live in the regions */
-    CHECK(m->update[u->p_in].home == PH_PARAMS && m->update[u->g_in].home == PH_GRADS, "p and g in their regions");
-    CHECK(m->update[u->state_in[1]].home == PH_STATE && m->update[u->state_in[1]].offset == m->param_bytes,
+    /* the update's inputs live in the regions, lr and t in the arena's reserved bytes */
+    const PlanPhaseMem *up = &m->phase[PLAN_UPDATE];
+    const int *nb = up->r->node_buffer;
+    CHECK(up->slots[nb[u->p_in]].home == PH_PARAMS && up->slots[nb[u->g_in]].home == PH_GRADS, "p and g in their regions");
+    CHECK(up->slots[nb[u->state_in[1]]].home == PH_STATE && up->slots[nb[u->state_in[1]]].offset == m->param_bytes,
           "state.v is the second part of the state region");
-    CHECK(m->update_writes[0].in_place && m->update_writes[1].in_place && m->update_writes[2].in_place,
-          "adamw's results are written in place");
-    /* inputs: data.x, data.y (i32[8, 4]), then the update's t and lr, each at the next aligned offset */
-    CHECK(m->ninputs == 4, "%d inputs", m->ninputs);
-    static const char *const in_names[4] = {"data.x", "data.y", "t", "lr"};
-    static const int64_t in_bytes[4] = {8 * 4 * 4, 8 * 4 * 4, 4, 4};
-    for (int i = 0; i < m->ninputs && i < 4; i++)
-        CHECK(strcmp(m->inputs[i].name, in_names[i]) == 0 && m->inputs[i].bytes == in_bytes[i] &&
-                  m->inputs[i].offset == (i ? plan_align_up(m->inputs[i - 1].offset + m->inputs[i - 1].bytes, PLAN_ALIGN) : 0),
-              "input %s: %lld bytes at %lld", m->inputs[i].name, (long long)m->inputs[i].bytes,
-              (long long)m->inputs[i].offset);
-    CHECK(m->arena_bytes >= m->step_peak && m->arena_bytes >= m->update_peak && m->step_peak <= m->step_naive &&
-              m->update_peak <= m->update_naive,
-          "arena %lld, peaks %lld / %lld", (long long)m->arena_bytes, (long long)m->step_peak,
-          (long long)m->update_peak);
+    CHECK(up->slots[nb[u->lr_in]].home == PH_ARENA && up->slots[nb[u->lr_in]].offset == m->lr_offset &&
+              m->t_offset == m->lr_offset + 4 && up->reserve == PLAN_ALIGN,
+          "lr and t in the update's reserved arena bytes");
+    /* adamw's results are copied from the arena into their regions: p, then m and v */
+    CHECK(up->nwrites == 3, "%d update moves", up->nwrites);
+    for (int k = 0; k < up->nwrites && k < 3; k++) {
+        const PlanWrite *w = &up->writes[k];
+        CHECK(!w->accumulate && w->to == (k ? PH_STATE : PH_PARAMS) && w->offset == (k ? (k - 1) * m->param_bytes : 0) &&
+                  w->bytes == m->param_bytes && up->slots[w->buffer].home == PH_ARENA,
+              "update move %s", w->what);
+    }
+    /* inputs: data.x and data.y, i32[8, 4] each, in the runtime's two batch buffers */
+    CHECK(m->ninputs == 2 && m->inputs[0].home == PH_X && m->inputs[1].home == PH_Y && m->inputs[0].bytes == 8 * 4 * 4 &&
+              m->inputs[1].bytes == 8 * 4 * 4 && m->input_bytes == 2 * 8 * 4 * 4,
+          "%d inputs, %lld bytes", m->ninputs, (long long)m->input_bytes);
+    /* three phases (the model's output is logits), the arena the largest of their peaks */
+    int64_t largest = 0;
+    for (int i = 0; i < PLAN_NPHASES; i++) {
+        const PlanPhaseMem *ph = &m->phase[i];
+        CHECK(ph->r && ph->peak <= ph->naive && ph->kernels == ph->r->nkernels && ph->gemms == ph->r->ngemms,
+              "phase %s: peak %lld, naive %lld", ph->name, (long long)ph->peak, (long long)ph->naive);
+        if (ph->peak > largest) largest = ph->peak;
+    }
+    CHECK(m->arena_bytes == largest && up->peak >= up->reserve, "arena %lld, the largest peak %lld",
+          (long long)m->arena_bytes, (long long)largest);
     built_free(b);
     arena_free(&ar);
 }
@@ -630,19 +655,33 @@ static void verify_catches(void) {
     Built *b = build(program(&ar, "optim.adamw(lr = 1e-3)", ""), NULL);
     if (b->plan) {
         PlanMemory *m = &b->plan->mem;
+        PlanPhaseMem *st = &m->phase[PLAN_STEP];
         int a = -1, c = -1;
-        for (int i = 0; i < b->plan->step->n && c < 0; i++) {
-            if (m->step[i].home != PH_ARENA) continue;
+        for (int i = 0; i < st->r->nbuffers && c < 0; i++) {
+            const PlanSlot *si = &st->slots[i];
+            if (si->home != PH_ARENA) continue;
             if (a < 0) a = i;
-            else if (!(m->step[i].last < m->step[a].first || m->step[a].last < m->step[i].first)) c = i;
+            else if (!(si->last < st->slots[a].first || st->slots[a].last < si->first)) c = i;
         }
         CHECK(a >= 0 && c >= 0, "two arena buffers live together");
         if (c >= 0) {
-            int64_t saved = m->step[c].offset;
-            m->step[c].offset = m->step[a].offset;
+            int64_t saved = st->slots[c].offset;
+            st->slots[c].offset = st->slots[a].offset;
             CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports two live buffers sharing bytes");
-            m->step[c].offset = saved;
+            st->slots[c].offset = saved;
         }
+        CHECK(st->nwrites > 0, "the step adds gradients");
+        if (st->nwrites > 0) {
+            int64_t saved = st->writes[0].offset;
+            st->writes[0].offset = m->param_bytes;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a gradient added past its region");
+            st->writes[0].offset = saved;
+        }
+        int64_t peak = st->peak;
+        st->peak = 0;
+        CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports buffers past the phase's peak");
+        st->peak = peak;
+        CHECK(plan_verify(b->plan, NULL) == 0, "the plan verifies again once restored");
         m->params[1].offset += PLAN_ALIGN;
         CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a parameter off its place");
     } else {

@@ -1,0 +1,44 @@
+/* plan_internal.h - what plan.c (the settings, the step programs, offsets by liveness) and
+ * plan_memory.c (the memory plan after fusion) share; not for the stages after the plan. */
+#ifndef MBT_PLAN_INTERNAL_H
+#define MBT_PLAN_INTERNAL_H
+
+#include <stdio.h>
+
+#include "plan.h"
+#include "sema.h"
+
+typedef struct PlanCtx {
+    Arena *ar;
+    Plan *p;
+    const TrainConfig *ts;
+    Span at; /* the train block's name: where whole-plan errors point */
+} PlanCtx;
+
+/* An entry of a sort by time: a size rounded up to the alignment, a time and an index. */
+typedef struct PlanOrder {
+    int64_t size;
+    int first, idx;
+} PlanOrder;
+/* By .first, then decreasing size, then index: a total order. */
+int plan_first_cmp(const void *a, const void *b);
+
+/* a x b bytes, or -1 beyond PLAN_MAX_BYTES. */
+int64_t plan_mul_bytes(int64_t a, int64_t b);
+/* "16506014784 bytes (15.4 GiB)" */
+const char *plan_bytes_text(Arena *ar, int64_t b);
+
+/* plan_verify's problems: counted, and printed to out (when not NULL) as `plan: ...`. */
+typedef struct PlanVerify {
+    FILE *out;
+    int problems;
+} PlanVerify;
+void plan_v_fail(PlanVerify *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* plan_memory.c: the regions and every phase's slots and moves (0 after a reported error); their
+ * checks; their listing in --emit=plan. */
+int plan_memory(PlanCtx *c, const PlanSchedules *s);
+void plan_verify_memory(PlanVerify *v, const Plan *p);
+void plan_print_memory(FILE *out, Arena *ar, const Plan *p);
+
+#endif

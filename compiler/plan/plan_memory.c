@@ -1,0 +1,458 @@
+/* plan_memory.c - the memory plan after fusion (plan.h, "the memory plan"): the regions, and for
+ * each phase (step, update, logits) a slot for every buffer of its fused schedule and the moves
+ * after its launches; their checks (plan_verify) and their listing (--emit=plan), with the summary
+ * that `./prog info` prints back from the executable's descriptor.
+ *
+ * Nothing is computed in place. The step's kernels write each gradient to an arena buffer, and
+ * forward_backward adds loss_scale x it into the gradient region after the last launch: the seed
+ * of the backward is 1.0 and the micro-batches accumulate, so a kernel writing the region itself
+ * would have to scale and add, which the generated kernels do not. The update's new parameters and
+ * state are arena buffers copied into their regions after the last launch, since a fused update
+ * kernel may still read the old values of other segments. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "diag.h"
+#include "plan_internal.h"
+
+#define PLAN_LR_OFFSET 0 /* the update's lr slot, then t, in the arena's first PLAN_ALIGN bytes */
+#define PLAN_T_OFFSET 4
+
+/* ---- the regions ------------------------------------------------------------------------------ */
+
+/* Parameters, gradients and state: the update graph's layout, in bytes. */
+static int plan_regions(PlanCtx *c) {
+    Plan *p = c->p;
+    PlanMemory *m = &p->mem;
+    const Graph *g = p->step;
+    const GraphUpdate *u = p->update->update;
+    if (u->nsegs != g->nparams) INTERNAL("plan: %d segments for %d parameters", u->nsegs, g->nparams);
+    m->param_bytes = plan_mul_bytes(u->n, 4);
+    m->nstate = u->nstate;
+    m->state_bytes = plan_mul_bytes(m->param_bytes, u->nstate);
+    if (m->param_bytes < 0 || m->state_bytes < 0) {
+        diag_error(c->at, "the memory plan: the parameters or the optimizer state need more than 2^60 bytes, which is "
+                          "not supported");
+        return 0;
+    }
+    m->nparams = g->nparams;
+    m->params = arena_alloc(c->ar, sizeof(PlanParam) * (size_t)(g->nparams + 1));
+    for (int i = 0; i < g->nparams; i++) {
+        const GNode *pn = graph_node(g, g->params[i]);
+        if (u->seg_len[i] != graph_numel(pn) || pn->dt != DT_F32)
+            INTERNAL("plan: segment %d does not hold parameter '%s'", i, pn->name ? pn->name : "?");
+        m->params[i] = (PlanParam){pn->name, pn->id, graph_numel(pn), u->seg_off[i] * 4};
+    }
+    return 1;
+}
+
+/* data.x and data.y: the runtime's batch buffers, each as large as the step's. */
+static int plan_inputs(PlanCtx *c) {
+    PlanMemory *m = &c->p->mem;
+    const Graph *g = c->p->step;
+    for (int id = 0; id < g->n; id++) {
+        const GNode *n = g->node[id];
+        if (n->op != G_INPUT || !n->name) continue;
+        PlanHome home = strcmp(n->name, "data.x") == 0 ? PH_X : strcmp(n->name, "data.y") == 0 ? PH_Y : PH_NONE;
+        if (home == PH_NONE || m->ninputs == 2) INTERNAL("plan: step input %%%d '%s'", id, n->name);
+        int64_t bytes = plan_mul_bytes(graph_numel(n), dtype_size(n->dt));
+        if (bytes < 0) {
+            diag_error(c->at, "the memory plan: the inputs need more than 2^60 bytes, which is not supported");
+            return 0;
+        }
+        m->inputs[m->ninputs++] = (PlanInput){n->name, home, id, bytes};
+        m->input_bytes += bytes;
+    }
+    return 1;
+}
+
+/* ---- one phase -------------------------------------------------------------------------------- */
+
+static int plan_param_index(const Graph *g, int node) {
+    for (int i = 0; i < g->nparams; i++)
+        if (g->params[i] == node) return i;
+    return -1;
+}
+
+/* The home of a leaf buffer (a parameter or an input) of the step or logits schedule. */
+static void plan_leaf_forward(const PlanMemory *m, const Graph *g, const GNode *n, PlanSlot *s) {
+    if (n->op == G_PARAM) {
+        int pi = plan_param_index(g, n->id);
+        if (pi < 0) INTERNAL("plan: parameter %%%d is not in the graph's list", n->id);
+        s->home = PH_PARAMS;
+        s->offset = m->params[pi].offset;
+        return;
+    }
+    for (int i = 0; i < m->ninputs; i++)
+        if (n->op == G_INPUT && n->name && strcmp(n->name, m->inputs[i].name) == 0) s->home = m->inputs[i].home;
+    if (s->home == PH_NONE) INTERNAL("plan: leaf %%%d has no home", n->id);
+}
+
+/* The home of a leaf buffer of the update schedule: a region, or lr and t in the reserved slots. */
+static void plan_leaf_update(const PlanMemory *m, const GraphUpdate *u, int node, PlanSlot *s) {
+    if (node == u->p_in) s->home = PH_PARAMS;
+    else if (node == u->g_in) s->home = PH_GRADS;
+    else if (node == u->lr_in || node == u->t_in) {
+        s->home = PH_ARENA;
+        s->offset = node == u->lr_in ? m->lr_offset : m->t_offset;
+    } else {
+        for (int j = 0; j < u->nstate; j++)
+            if (node == u->state_in[j]) {
+                s->home = PH_STATE;
+                s->offset = (int64_t)j * m->param_bytes;
+            }
+        if (s->home == PH_NONE) INTERNAL("plan: update input %%%d has no role", node);
+    }
+}
+
+static void plan_add_write(Arena *ar, PlanPhaseMem *ph, PlanWrite w) {
+    PlanWrite *nw = arena_alloc(ar, sizeof(PlanWrite) * (size_t)(ph->nwrites + 1));
+    if (ph->nwrites) memcpy(nw, ph->writes, sizeof(PlanWrite) * (size_t)ph->nwrites);
+    nw[ph->nwrites++] = w;
+    ph->writes = nw;
+}
+
+/* The moves after the launches: each gradient added into its place (step), each changed update
+ * result copied into its region (update). */
+static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
+    const PlanMemory *m = &c->p->mem;
+    const FuseResult *r = ph->r;
+    const Graph *g = r->g;
+    if (which == PLAN_STEP) {
+        for (int i = 0; i < g->nparams; i++) {
+            int gb = g->grads && g->grads[i] >= 0 ? r->node_buffer[g->grads[i]] : -1;
+            if (gb < 0) continue; /* no buffer: a zero gradient, nothing to add */
+            plan_add_write(c->ar, ph, (PlanWrite){arena_printf(c->ar, "grad %s", m->params[i].name), gb, PH_GRADS,
+                                                  m->params[i].offset, m->params[i].numel * 4, 1});
+        }
+    } else if (which == PLAN_UPDATE) {
+        const GraphUpdate *u = g->update;
+        for (int k = 0; k <= u->nstate; k++) {
+            int out = k == 0 ? u->p_out : u->state_out[k - 1], in = k == 0 ? u->p_in : u->state_in[k - 1];
+            if (out == in || r->node_buffer[out] < 0) continue; /* unchanged */
+            plan_add_write(c->ar, ph, (PlanWrite){k == 0 ? "p" : arena_printf(c->ar, "state.%s", u->state_name[k - 1]),
+                                                  r->node_buffer[out], k == 0 ? PH_PARAMS : PH_STATE,
+                                                  k == 0 ? 0 : (int64_t)(k - 1) * m->param_bytes, m->param_bytes, 0});
+        }
+    }
+}
+
+/* Every buffer of the phase's schedule: leaves in their regions, the rest in the arena by
+ * liveness over the launches (after the reserved bytes). */
+static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
+    PlanMemory *m = &c->p->mem;
+    PlanPhaseMem *ph = &m->phase[which];
+    static const char *const names[PLAN_NPHASES] = {"step", "update", "logits"};
+    ph->name = names[which];
+    if ((int)which >= s->n) return;
+    const FuseResult *r = ph->r = s->r[which];
+    const Graph *g = r->g;
+    ph->kernels = r->nkernels;
+    ph->gemms = r->ngemms;
+    ph->reserve = which == PLAN_UPDATE ? PLAN_ALIGN : 0;
+    ph->slots = arena_alloc(c->ar, sizeof(PlanSlot) * (size_t)(r->nbuffers + 1));
+    Arena scratch = {0};
+    PlanBuffer *pb = arena_alloc(&scratch, sizeof(PlanBuffer) * (size_t)(r->nbuffers + 1));
+    for (int i = 0; i < r->nbuffers; i++) {
+        const FuseBuffer *fb = &r->buffers[i];
+        PlanSlot *sl = &ph->slots[i];
+        *sl = (PlanSlot){PH_NONE, 0, fb->bytes, fb->first, fb->last};
+        int leaf = fb->kind == FB_PARAM || fb->kind == FB_INPUT;
+        pb[i] = (PlanBuffer){0, fb->first >= 0 ? fb->first : 0, 0, 0};
+        pb[i].last = fb->last >= pb[i].first ? fb->last : pb[i].first;
+        if (fb->first < 0) continue; /* no launch touches it */
+        if (leaf && which == PLAN_UPDATE) plan_leaf_update(m, g->update, fb->node, sl);
+        else if (leaf) plan_leaf_forward(m, g, graph_node(g, fb->node), sl);
+        else pb[i].size = fb->bytes;
+    }
+    ph->naive = plan_naive_bytes(pb, r->nbuffers, PLAN_ALIGN) + ph->reserve;
+    ph->peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, &scratch) + ph->reserve;
+    for (int i = 0; i < r->nbuffers; i++)
+        if (pb[i].size) {
+            ph->slots[i].home = PH_ARENA;
+            ph->slots[i].offset = pb[i].offset + ph->reserve;
+        }
+    arena_free(&scratch);
+    plan_writes(c, which, ph);
+}
+
+int plan_memory(PlanCtx *c, const PlanSchedules *s) {
+    PlanMemory *m = &c->p->mem;
+    if (!plan_regions(c) || !plan_inputs(c)) return 0;
+    m->lr_offset = PLAN_LR_OFFSET;
+    m->t_offset = PLAN_T_OFFSET;
+    int64_t total = 0;
+    for (int i = 0; i < PLAN_NPHASES; i++) {
+        const FuseResult *r = i < s->n ? s->r[i] : NULL;
+        for (int b = 0; r && b < r->nbuffers; b++) {
+            total += plan_align_up(r->buffers[b].bytes, PLAN_ALIGN);
+            if (r->buffers[b].bytes > PLAN_MAX_BYTES || total > PLAN_MAX_BYTES) {
+                diag_error(c->at, "the memory plan: the activations need more than 2^60 bytes, which is not supported");
+                return 0;
+            }
+        }
+        plan_phase(c, s, (PlanPhase)i);
+        if (m->phase[i].peak > m->arena_bytes) m->arena_bytes = m->phase[i].peak;
+    }
+    return 1;
+}
+
+/* ---- checks ----------------------------------------------------------------------------------- */
+
+static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
+    const PlanMemory *m = &p->mem;
+    switch (h) {
+    case PH_PARAMS: case PH_GRADS: return m->param_bytes;
+    case PH_STATE: return m->state_bytes;
+    case PH_X: return m->inputs[0].bytes;
+    case PH_Y: return m->ninputs > 1 ? m->inputs[1].bytes : 0;
+    case PH_ARENA: return m->arena_bytes;
+    case PH_NONE: return 0;
+    }
+    return 0;
+}
+
+/* The first position in live (slot ids sorted by offset) whose offset is not below off. */
+static int plan_v_lower(const PlanSlot *slots, const int *live, int nlive, int64_t off) {
+    int lo = 0, hi = nlive;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (slots[live[mid]].offset < off) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Arena slots live together never share a byte: a sweep over time keeping the live slots sorted by
+ * offset; each slot that becomes live is checked against its neighbours there (the live ones being
+ * disjoint, those are the only candidates). O(n log n + n x live). */
+static void plan_v_arena(PlanVerify *v, const PlanSlot *slots, int nslots, const char *what) {
+    Arena scratch = {0};
+    int n = 0;
+    for (int i = 0; i < nslots; i++) n += slots[i].home == PH_ARENA && slots[i].bytes > 0;
+    PlanOrder *starts = arena_alloc(&scratch, sizeof(PlanOrder) * (size_t)(n + 1));
+    PlanOrder *ends = arena_alloc(&scratch, sizeof(PlanOrder) * (size_t)(n + 1));
+    int *live = arena_alloc(&scratch, sizeof(int) * (size_t)(n + 1)); /* slot ids by offset */
+    int k = 0, nlive = 0, released = 0;
+    for (int i = 0; i < nslots; i++)
+        if (slots[i].home == PH_ARENA && slots[i].bytes > 0) {
+            starts[k] = (PlanOrder){0, slots[i].first, i};
+            ends[k++] = (PlanOrder){0, slots[i].last, i};
+        }
+    if (n > 1) {
+        qsort(starts, (size_t)n, sizeof *starts, plan_first_cmp);
+        qsort(ends, (size_t)n, sizeof *ends, plan_first_cmp);
+    }
+    for (int s = 0; s < n; s++) {
+        int id = starts[s].idx;
+        const PlanSlot *a = &slots[id];
+        while (released < n && ends[released].first < a->first) { /* no longer live */
+            int gone = ends[released++].idx, j = plan_v_lower(slots, live, nlive, slots[gone].offset);
+            while (j < nlive && live[j] != gone) j++; /* equal offsets only after a reported problem */
+            if (j == nlive) INTERNAL("plan_verify: a live slot went missing");
+            memmove(live + j, live + j + 1, sizeof(int) * (size_t)(nlive - j - 1));
+            nlive--;
+        }
+        int lo = plan_v_lower(slots, live, nlive, a->offset);
+        if (lo > 0 && slots[live[lo - 1]].offset + slots[live[lo - 1]].bytes > a->offset)
+            plan_v_fail(v, "%s buffers %d and %d are live together and share bytes", what, live[lo - 1], id);
+        if (lo < nlive && a->offset + a->bytes > slots[live[lo]].offset)
+            plan_v_fail(v, "%s buffers %d and %d are live together and share bytes", what, id, live[lo]);
+        memmove(live + lo + 1, live + lo, sizeof(int) * (size_t)(nlive - lo));
+        live[lo] = id;
+        nlive++;
+    }
+    arena_free(&scratch);
+}
+
+/* One phase: every buffer a launch touches has a home; every slot and every move inside its
+ * region, arena slots aligned, at or after the reserve, below the peak and disjoint while live. */
+static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
+    const FuseResult *r = ph->r;
+    for (int i = 0; i < r->nbuffers; i++) {
+        const PlanSlot *s = &ph->slots[i];
+        if (s->home == PH_NONE) {
+            if (r->buffers[i].first >= 0) plan_v_fail(v, "%s buffer %d (%s) has no home", ph->name, i, r->buffers[i].what);
+            continue;
+        }
+        if (s->offset < 0 || s->offset + s->bytes > plan_region_bytes(p, s->home))
+            plan_v_fail(v, "%s buffer %d: %" PRId64 " bytes at %" PRId64 " leave their region", ph->name, i, s->bytes,
+                        s->offset);
+        int reserved = s->home == PH_ARENA && s->offset < ph->reserve; /* the update's lr and t */
+        if (reserved ? s->offset + s->bytes > ph->reserve : s->home == PH_ARENA && s->offset % PLAN_ALIGN != 0)
+            plan_v_fail(v, "%s buffer %d at arena %" PRId64 " is not aligned or crosses the reserved bytes", ph->name, i,
+                        s->offset);
+        if (s->home == PH_ARENA && s->offset + s->bytes > ph->peak)
+            plan_v_fail(v, "%s buffer %d ends past the peak %" PRId64, ph->name, i, ph->peak);
+    }
+    plan_v_arena(v, ph->slots, r->nbuffers, ph->name);
+    for (int i = 0; i < ph->nwrites; i++) {
+        const PlanWrite *w = &ph->writes[i];
+        if (w->buffer < 0 || w->buffer >= r->nbuffers || ph->slots[w->buffer].bytes != w->bytes)
+            plan_v_fail(v, "%s: %s moves a buffer of another size", ph->name, w->what);
+        if (w->offset < 0 || w->offset % PLAN_ALIGN != 0 || w->offset + w->bytes > plan_region_bytes(p, w->to))
+            plan_v_fail(v, "%s: %s (%" PRId64 " bytes at %" PRId64 ") leaves its region", ph->name, w->what, w->bytes,
+                        w->offset);
+    }
+    if (ph->peak > ph->naive) plan_v_fail(v, "%s: the peak exceeds its naive total", ph->name);
+}
+
+void plan_verify_memory(PlanVerify *v, const Plan *p) {
+    const PlanMemory *m = &p->mem;
+    const GraphUpdate *u = p->update->update;
+    if (m->param_bytes % PLAN_ALIGN != 0 || m->param_bytes != u->n * 4)
+        plan_v_fail(v, "the parameter region (%" PRId64 " bytes) is not the update graph's %" PRId64 " values",
+                    m->param_bytes, u->n);
+    int64_t end = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const PlanParam *q = &m->params[i];
+        if (q->offset % PLAN_ALIGN != 0 || q->offset < end || q->offset - end >= PLAN_ALIGN ||
+            q->offset != u->seg_off[i] * 4)
+            plan_v_fail(v, "parameter '%s' at %" PRId64 ": not the next aligned offset after %" PRId64, q->name,
+                        q->offset, end);
+        end = q->offset + q->numel * 4;
+    }
+    if (end > m->param_bytes || m->param_bytes - end >= PLAN_ALIGN)
+        plan_v_fail(v, "the parameter region is %" PRId64 " bytes for parameters ending at %" PRId64, m->param_bytes, end);
+    if (m->state_bytes != m->param_bytes * m->nstate) plan_v_fail(v, "the state region is not one part per state variable");
+    if (m->t_offset + 4 > PLAN_ALIGN || m->lr_offset + 4 > m->t_offset)
+        plan_v_fail(v, "the update's lr and t slots are not in its reserved bytes");
+    int64_t largest = 0;
+    for (int i = 0; i < PLAN_NPHASES; i++) {
+        if (!m->phase[i].r) continue;
+        plan_v_phase(v, p, &m->phase[i]);
+        if (m->phase[i].peak > largest) largest = m->phase[i].peak;
+    }
+    if (!m->phase[PLAN_STEP].r || !m->phase[PLAN_UPDATE].r) plan_v_fail(v, "a step or update phase is missing");
+    if (m->arena_bytes != largest) plan_v_fail(v, "the arena (%" PRId64 ") is not the largest peak", m->arena_bytes);
+}
+
+/* ---- --emit=plan ------------------------------------------------------------------------------ */
+
+static const char *plan_home_name(PlanHome h) {
+    switch (h) {
+    case PH_NONE: return "none";
+    case PH_PARAMS: return "parameters";
+    case PH_GRADS: return "gradients";
+    case PH_STATE: return "state";
+    case PH_X: return "data.x";
+    case PH_Y: return "data.y";
+    case PH_ARENA: return "arena";
+    }
+    return "?";
+}
+
+/* "f32[2, 4, 8]" */
+static const char *plan_type(Arena *ar, DType dt, int rank, const int64_t *shape) {
+    const char *out = arena_printf(ar, "%s[", dtype_name(dt));
+    for (int i = 0; i < rank; i++) out = arena_printf(ar, "%s%s%" PRId64, out, i ? ", " : "", shape[i]);
+    return arena_printf(ar, "%s]", out);
+}
+
+static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
+    const PlanMemory *m = &p->mem;
+    const Graph *g = p->step;
+    const PlanPhaseMem *st = &m->phase[PLAN_STEP];
+    fprintf(out, "\n## regions (bytes; every offset a multiple of %d)\n", PLAN_ALIGN);
+    fprintf(out, "parameters %" PRId64 ", gradients %" PRId64 ", optimizer state %" PRId64 " (%d x %" PRId64
+                 "), inputs %" PRId64 ", arena %" PRId64 "\n",
+            m->param_bytes, m->param_bytes, m->state_bytes, m->nstate, m->param_bytes, m->input_bytes, m->arena_bytes);
+    int w = 9;
+    for (int i = 0; i < m->nparams; i++) {
+        int len = (int)strlen(m->params[i].name ? m->params[i].name : "?");
+        if (len > w) w = len;
+    }
+    fprintf(out, "%-*s  %-16s  %12s  %12s  gradient\n", w, "parameter", "type", "bytes", "offset");
+    for (int i = 0; i < m->nparams; i++) {
+        const PlanParam *q = &m->params[i];
+        const GNode *n = graph_node(g, q->node);
+        const char *how = "zero (no buffer holds it)";
+        for (int k = 0; k < st->nwrites; k++)
+            if (st->writes[k].offset == q->offset && st->writes[k].to == PH_GRADS)
+                how = arena_printf(ar, "added from step buffer %d", st->writes[k].buffer);
+        fprintf(out, "%-*s  %-16s  %12" PRId64 "  %12" PRId64 "  %s\n", w, q->name ? q->name : "?",
+                plan_type(ar, n->dt, n->rank, n->shape), q->numel * 4, q->offset, how);
+    }
+    for (int i = 0; i < m->nstate; i++)
+        fprintf(out, "state.%s: the state region from %" PRId64 ", each parameter at its offset above\n",
+                p->update->update->state_name[i], (int64_t)i * m->param_bytes);
+    fprintf(out, "%-*s  %-16s  %12s\n", w, "input", "type", "bytes");
+    for (int i = 0; i < m->ninputs; i++) {
+        const GNode *n = graph_node(g, m->inputs[i].node);
+        fprintf(out, "%-*s  %-16s  %12" PRId64 "  (the runtime's %s batch buffer)\n", w, m->inputs[i].name,
+                plan_type(ar, n->dt, n->rank, n->shape), m->inputs[i].bytes, m->inputs[i].home == PH_X ? "input" : "target");
+    }
+}
+
+static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase which) {
+    static const char *const fns[PLAN_NPHASES] = {"forward_backward, and forward_loss up to the loss", "optimizer_update",
+                                                  "forward_logits, batch 1"};
+    const PlanPhaseMem *ph = &p->mem.phase[which];
+    if (!ph->r) {
+        fprintf(out, "\n## phase %s: none (%s)\n", ph->name, p->sched.why_no_logits ? p->sched.why_no_logits : "?");
+        return;
+    }
+    const FuseResult *r = ph->r;
+    int nb = 0;
+    for (int i = 0; i < r->nbuffers; i++) nb += ph->slots[i].home == PH_ARENA && ph->slots[i].offset >= ph->reserve;
+    fprintf(out, "\n## phase %s (%s): %d kernel%s, %d GEMM%s; arena %d buffer%s, peak %s, without reuse %s", ph->name,
+            fns[which], ph->kernels, ph->kernels == 1 ? "" : "s", ph->gemms, ph->gemms == 1 ? "" : "s", nb, nb == 1 ? "" : "s",
+            plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, ph->naive));
+    if (ph->naive > 0) fprintf(out, " (saves %.1f%%)", 100.0 * (double)(ph->naive - ph->peak) / (double)ph->naive);
+    fprintf(out, "\n");
+    if (which == PLAN_UPDATE)
+        fprintf(out, "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",
+                p->mem.lr_offset, p->mem.t_offset, ph->reserve);
+    int w = 6;
+    const char **label = arena_alloc(ar, sizeof(char *) * (size_t)(r->nbuffers + 1));
+    for (int i = 0; i < r->nbuffers; i++) {
+        const FuseBuffer *fb = &r->buffers[i];
+        label[i] = arena_printf(ar, "%d %s %s", i, fb->what ? fb->what : "?", plan_type(ar, fb->dt, fb->rank, fb->shape));
+        int len = (int)strlen(label[i]);
+        if (len > w) w = len;
+    }
+    fprintf(out, "%-*s  %12s  %-10s  %12s  launches\n", w, "buffer", "bytes", "home", "offset");
+    for (int i = 0; i < r->nbuffers; i++) {
+        const PlanSlot *s = &ph->slots[i];
+        if (s->home == PH_NONE) fprintf(out, "%-*s  %12" PRId64 "  none (no launch touches it)\n", w, label[i], s->bytes);
+        else
+            fprintf(out, "%-*s  %12" PRId64 "  %-10s  %12" PRId64 "  %d..%d\n", w, label[i], s->bytes, plan_home_name(s->home),
+                    s->offset, s->first, s->last);
+    }
+    for (int i = 0; i < ph->nwrites; i++) {
+        const PlanWrite *wr = &ph->writes[i];
+        fprintf(out, "after the launches: %s %s buffer %d into the %s region at %" PRId64 " (%" PRId64 " bytes)\n", wr->what,
+                wr->accumulate ? "+= loss_scale x" : "= (copied from)", wr->buffer, plan_home_name(wr->to), wr->offset,
+                wr->bytes);
+    }
+}
+
+void plan_print_memory(FILE *out, Arena *ar, const Plan *p) {
+    plan_print_regions(out, ar, p);
+    for (int i = 0; i < PLAN_NPHASES; i++) plan_print_phase(out, ar, p, (PlanPhase)i);
+    fprintf(out, "\n## summary (`./prog info` prints the same lines from the executable)\n");
+    plan_print_summary(out, p);
+}
+
+/* The summary. runtime/cli/info.c prints the same lines from the descriptor: keep the two alike. */
+void plan_print_summary(FILE *out, const Plan *p) {
+    const PlanMemory *m = &p->mem;
+    static const char *const call[PLAN_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call"};
+    for (int i = 0; i < PLAN_NPHASES; i++)
+        fprintf(out, "plan: arena %s %" PRId64 " bytes\n", m->phase[i].name, m->phase[i].peak);
+    fprintf(out, "plan: arena %" PRId64 " bytes, the largest\n", m->arena_bytes);
+    fprintf(out, "plan: parameters %" PRId64 " bytes, gradients %" PRId64 " bytes, optimizer state %" PRId64
+                 " bytes, inputs %" PRId64 " bytes\n",
+            m->param_bytes, m->param_bytes, m->state_bytes, m->input_bytes);
+    for (int i = 0; i < PLAN_NPHASES; i++)
+        fprintf(out, "plan: per %s %d kernels, %d GEMMs\n", call[i], m->phase[i].kernels, m->phase[i].gemms);
+    for (int k = 0; k < p->nprograms; k++) {
+        const PlanProgram *pr = &p->programs[k];
+        int64_t nmicro = pr->accumulation * pr->data;
+        fprintf(out, "plan: per optimizer step from step %" PRId64 " (%" PRId64 " micro-batches and the update) %" PRId64
+                     " kernels, %" PRId64 " GEMMs\n",
+                pr->first_step, nmicro, nmicro * m->phase[PLAN_STEP].kernels + m->phase[PLAN_UPDATE].kernels,
+                nmicro * m->phase[PLAN_STEP].gemms + m->phase[PLAN_UPDATE].gemms);
+    }
+}
