@@ -82,24 +82,6 @@ static Module *load(Loader *ld, const char *name, const char *path, char *text, 
     return m;
 }
 
-Module *loader_reparse(Loader *dst, const Loader *src) {
-    memset(dst, 0, sizeof *dst);
-    dst->ar = src->ar;
-    dst->dirs = src->dirs;
-    dst->ndirs = src->ndirs;
-    for (int i = 0; i < src->modules.n; i++) {
-        const Module *o = src->modules.v[i];
-        Module *m = arena_alloc(dst->ar, sizeof(Module));
-        m->name = o->name;
-        m->path = o->path;
-        m->file = o->file;
-        m->ast = parse_source(dst->ar, o->file);
-        m->broken = o->broken;
-        ptrvec_push(dst->ar, &dst->modules, m);
-    }
-    return dst->modules.n ? dst->modules.v[0] : NULL;
-}
-
 static const char *stem_of(Arena *ar, const char *path) {
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;

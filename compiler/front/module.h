@@ -34,11 +34,6 @@ void loader_init(Loader *ld, Arena *ar, const char **incdirs, int nincdirs, cons
 Module *loader_main(Loader *ld, const char *path);
 /* Resolves `import name` written in `from` at `at`; NULL (with an error) if not found. */
 Module *loader_import(Loader *ld, Module *from, Str name, Span at);
-/* (added) A fresh, unchecked copy of every module src has loaded, each parsed again from the text
- * it was read from (the same diag file ids, so spans and messages are unchanged; nothing is read
- * from disk). Sema checks a Module once; this lets a caller run it a second time (host.c builds
- * the generation forward at batch 1 so). dst gets src's search path. Returns dst's main module. */
-Module *loader_reparse(Loader *dst, const Loader *src);
 /* Reads a whole file into memory, refusing directories and files over 256 MiB. Returns NULL and
  * sets *why to a message when it cannot. */
 char *loader_read_file(Arena *ar, const char *path, uint32_t *len, const char **why);

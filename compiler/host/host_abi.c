@@ -5,7 +5,11 @@
 
 #include "fuse.h"
 #include "host_abi.h"
+#include "plan.h"
 #include "rt_program.h"
+
+/* The plan lays regions and the arena out at the alignment the runtime allocates them with. */
+_Static_assert(PLAN_ALIGN == RT_ALIGN, "compiler/plan/plan.h and runtime/rt_program.h agree on the alignment");
 
 /* Each struct's field offsets, from its field list (rt_program_fields.h) in declaration order. */
 #define OFFSETS(S, LIST) LIST(S##_OFFSET)

@@ -35,7 +35,7 @@ typedef enum GOp {
     G_DROPOUT,      /* fattr[0] = p; iattr[0] = per-node RNG stream id                          */
     G_CLAMP,        /* fattr[0] = lo, fattr[1] = hi                                            */
     /* ---- elementwise binary, NumPy broadcasting of in0 and in1 to the node's shape ------ */
-    /* (added) dtypes: arithmetic, max2/min2, reductions and unary ops but cast take inputs of the node's
+    /* dtypes: arithmetic, max2/min2, reductions and unary ops but cast take inputs of the node's
        dtype (the builder inserts G_CAST); comparisons: in0, in1 of one dtype -> bool; and/or/not: bool;
        where: in0 bool, in1 and in2 of the node's dtype                                                  */
     G_ADD, G_SUB, G_MUL, G_DIV, G_POW, G_MOD, G_MAX2, G_MIN2,
@@ -44,7 +44,7 @@ typedef enum GOp {
     /* ---- reductions: iattr[0] = axis (-1 after normalisation means all), iattr[1] = keepdim */
     G_SUM, G_MEAN, G_MAX, G_MIN, G_LOGSUMEXP,
     G_NORM,         /* L2 norm of all elements -> rank 0                                       */
-    G_SEG_NORM,     /* (added) per-segment L2 norm, broadcast back: in0 f32[n] -> f32[n], out[i] =
+    G_SEG_NORM,     /* per-segment L2 norm, broadcast back: in0 f32[n] -> f32[n], out[i] =
                        the norm of the segment holding i (0 outside every segment); the segments
                        are the graph's update->seg_off/seg_len (an update graph's parameters) */
     G_SUM_TO,       /* sum in0 down to the node's shape (undoes broadcasting; for autodiff)    */
@@ -102,7 +102,7 @@ typedef struct GNode {
     Span src;               /* the source that produced it (span_none for synthesised nodes) */
 } GNode;
 
-/* (added) What makes a graph an update graph: the optimizer's `update` applied to every parameter at
+/* What makes a graph an update graph: the optimizer's `update` applied to every parameter at
  * once (sema_build_train builds it, plan.h runs it after the micro-batches). Its flat vectors hold the
  * parameters one after another, parameter i at elements [seg_off[i], seg_off[i] + seg_len[i]), each
  * seg_off a multiple of the layout's alignment; the elements in between are padding (zero in every
@@ -136,13 +136,13 @@ typedef struct Graph {
     int nparams;
     int *params;            /* ids of the G_PARAM nodes, in declaration order */
     int *grads;             /* after autodiff: grads[i] is the id of d loss / d params[i] */
-    const char *name;       /* added: what the graph is ("train tiny"), for graph_print's header; may be NULL */
-    GraphUpdate *update;    /* (added) set for an update graph (its layout and roles), else NULL */
+    const char *name;       /* what the graph is ("train tiny"), for graph_print's header; may be NULL */
+    GraphUpdate *update;    /* set for an update graph (its layout and roles), else NULL */
 } Graph;
 
 Graph *graph_new(Arena *ar);                                        /* an empty graph */
 /* Appends a node; shape copied; inputs must exist. Returns its id. */
-/* (added) iattr/fattr/name start zeroed; a G_PARAM's id is appended to params by graph_add itself. */
+/* iattr/fattr/name start zeroed; a G_PARAM's id is appended to params by graph_add itself. */
 int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int nin, const int *in, Span src);
 GNode *graph_node(const Graph *g, int id);                          /* node[id] */
 int64_t graph_numel(const GNode *n);                                /* product of the shape */
@@ -151,6 +151,6 @@ void graph_print(FILE *out, const Graph *g, int first);             /* --emit=ir
 /* Checks the invariants (input ids, ranks, shapes each op implies, dtypes). Returns the number of
  * problems, each printed to `out` as `graph: %N: ...`. A failure is a compiler bug. */
 int graph_verify(const Graph *g, FILE *out);
-/* (added) out may be NULL: the problems are then only counted. */
+/* out may be NULL: the problems are then only counted. */
 
 #endif

@@ -42,7 +42,8 @@
 #include "graph.h"
 #include "sema.h"
 
-#define PLAN_ALIGN 64                     /* bytes: every region offset and arena offset is a multiple */
+#define PLAN_ALIGN 64                     /* bytes: every region offset and arena offset is a multiple (RT_ALIGN:
+                                             host_abi.c asserts they are equal) */
 #define PLAN_MAX_BYTES ((int64_t)1 << 60) /* a region, the arena or a naive total beyond this is refused */
 #define PLAN_GREEDY_MAX 10000             /* buffers: plan_assign_offsets' greedy-by-size limit */
 

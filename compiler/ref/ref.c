@@ -786,7 +786,7 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals) {
         ref_eval_reduce(g, n, vals);
         return 0;
     case G_NORM: ref_eval_norm(g, n, vals); return 0;
-    case G_SEG_NORM: return ref_eval_seg(g, n, vals); /* (added) ref_seg.c */
+    case G_SEG_NORM: return ref_eval_seg(g, n, vals); /* ref_seg.c */
     case G_SUM_TO: ref_eval_sum_to(g, n, vals); return 0;
     case G_SOFTMAX: case G_LOG_SOFTMAX: ref_eval_softmax(g, n, vals); return 0;
     case G_LAYERNORM: ref_eval_layernorm(g, n, vals); return 0;

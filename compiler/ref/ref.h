@@ -23,7 +23,7 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals);
 /* The backward ops (G_SCATTER_ADD ... G_CROSS_ENTROPY_BWD), in ref_bwd.c; same contract. */
 int ref_eval_bwd(const Graph *g, const GNode *n, double **vals);
 
-/* (added) The segmented ops of update graphs (G_SEG_NORM), in ref_seg.c; same contract. */
+/* The segmented ops of update graphs (G_SEG_NORM), in ref_seg.c; same contract. */
 int ref_eval_seg(const Graph *g, const GNode *n, double **vals);
 
 /* NumPy's remainder on doubles: the result has the sign of the divisor (x % 0 is NaN). Shared by

@@ -32,6 +32,7 @@
 #include "pipeline.h"
 #include "ref.h"
 #include "rt.h"
+#include "rt_program.h"
 #include "sema.h"
 #include "verify_step.h"
 
@@ -44,7 +45,6 @@ typedef struct VerifyTol {
 } VerifyTol;
 static const VerifyTol verify_f32 = {1e-5, 1e-4};
 static const VerifyTol verify_bf16 = {1e-4, 5e-2};
-#define VERIFY_CLIP_EPS 1e-6 /* runtime/rt_program.h, RT_CLIP_EPS */
 
 /* 1 when the step reads its parameters through casts to bf16 (precision = bf16). */
 static int graph_reads_bf16(const Graph *g) {
@@ -130,7 +130,7 @@ static double **reference_update(const Graph *ug, const Graph *g, double *const 
     double sumsq = 0;
     for (int i = 0; i < g->nparams; i++)
         for (int64_t k = 0; k < graph_numel(g->node[g->params[i]]); k++) sumsq += grad[i][k] * grad[i][k];
-    double scale = clip > 0 && clip / (sqrt(sumsq) + VERIFY_CLIP_EPS) < 1 ? clip / (sqrt(sumsq) + VERIFY_CLIP_EPS) : 1;
+    double scale = clip > 0 && clip / (sqrt(sumsq) + RT_CLIP_EPS) < 1 ? clip / (sqrt(sumsq) + RT_CLIP_EPS) : 1;
     double **in = arena_alloc(ar, (size_t)ug->n * sizeof *in);
     in[u->p_in] = arena_alloc(ar, (size_t)u->n * sizeof(double));
     in[u->g_in] = arena_alloc(ar, (size_t)u->n * sizeof(double));
