@@ -13,6 +13,8 @@
 #   make bench-gpu    GPT-2 124M on one GPU: mbt against PyTorch eager/compiled, f32/bf16, MFU
 #                     (bench/gpu.py, docs/bench.md; SKIP without a GPU; BENCH_GPU_ARGS passes options)
 #   make asan         build a copy with AddressSanitizer + UBSan in build/asan
+#   make format       format the C sources with clang-format-19 and .clang-format (tools/format.sh;
+#                     make test's format layer checks them)
 #   make clean
 #
 # Variables: LLVM_CONFIG (default llvm-config-19), CUDA_HOME (default /usr/local/cuda),
@@ -72,7 +74,7 @@ LLVM_OBJS = $(patsubst %.c,$(BUILD)/obj/%.o,$(LLVM_SRCS)) $(BUILD)/obj/compiler/
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
-.PHONY: all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu clean deps deps-test
+.PHONY: all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu clean deps deps-test format
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/mbtc
@@ -318,6 +320,9 @@ bench: all
 BENCH_GPU_ARGS ?=
 bench-gpu: all
 	@/usr/bin/python3 bench/gpu.py --build $(BUILD) --seq 1024 --batch max $(BENCH_GPU_ARGS)
+
+format:
+	@tools/format.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -26,7 +26,7 @@
 /* One stage. */
 typedef struct Stage {
     const char *name;
-    const char *what;                     /* one line, for --emit=list */
+    const char *what; /* one line, for --emit=list */
     int nneeds;
     StageId needs[2];                     /* the stages whose results it consumes, run in this order */
     int (*run)(Pipeline *p);              /* NULL: its result is made by a stage it needs */
@@ -334,37 +334,40 @@ static int run_object(Pipeline *p) {
 
 /* ---- the table ---- */
 
-#define NEEDS0 0, {ST_TOKENS, ST_TOKENS}
-#define NEEDS1(a) 1, {a, ST_TOKENS}
-#define NEEDS2(a, b) 2, {a, b}
+#define NEEDS0                                                                                                                   \
+    0, { ST_TOKENS, ST_TOKENS }
+#define NEEDS1(a)                                                                                                                \
+    1, { a, ST_TOKENS }
+#define NEEDS2(a, b)                                                                                                             \
+    2, { a, b }
 
 static const Stage stages[ST_COUNT] = {
     [ST_TOKENS] = {"tokens", "the lexer's tokens of the main file", NEEDS0, run_tokens, NULL, print_tokens, NULL},
     [ST_AST] = {"ast", "the syntax tree of the main file, parsed with its imports", NEEDS0, run_ast, NULL, print_ast, NULL},
-    [ST_CHECK] = {"check", "sema: names, types, shapes and settings checked", NEEDS1(ST_AST), run_check,
-                  NULL, NULL, "prints nothing: --check"},
+    [ST_CHECK] = {"check", "sema: names, types, shapes and settings checked", NEEDS1(ST_AST), run_check, NULL, NULL,
+                  "prints nothing: --check"},
     [ST_IR] = {"ir", "the training step's forward graph", NEEDS1(ST_CHECK), run_ir, verify_ir, print_ir, NULL},
-    [ST_GRAD] = {"grad", "the step's forward and backward graph (autodiff)", NEEDS1(ST_IR), run_grad, verify_grad,
-                 print_grad, NULL},
-    [ST_UPDATE] = {"update", "the optimizer's update graph over every parameter", NEEDS1(ST_CHECK), run_update,
-                   verify_update, print_update, NULL},
+    [ST_GRAD] = {"grad", "the step's forward and backward graph (autodiff)", NEEDS1(ST_IR), run_grad, verify_grad, print_grad,
+                 NULL},
+    [ST_UPDATE] = {"update", "the optimizer's update graph over every parameter", NEEDS1(ST_CHECK), run_update, verify_update,
+                   print_update, NULL},
     [ST_FUSED] = {"fused", "both graphs lowered to the fused IR: primitive, hash-consed nodes", NEEDS2(ST_GRAD, ST_UPDATE),
                   run_fused, verify_fused, print_fused, NULL},
-    [ST_KERNELS] = {"kernels", "the launches: GEMMs and generated kernels, with their bodies", NEEDS1(ST_FUSED),
-                    run_kernels, verify_kernels, print_kernels, NULL},
-    [ST_PLAN] = {"plan", "the step program and the memory plan of the fused schedules", NEEDS1(ST_KERNELS), run_plan,
-                 verify_plan, print_plan, NULL},
-    [ST_LLVM] = {"llvm", "the kernels as LLVM IR for the host CPU (--opt: after O2)", NEEDS1(ST_KERNELS), run_llvm,
-                 verify_llvm, print_llvm, NULL},
-    [ST_CUDA] = {"cuda", "every kernel of the step, update and logits schedules as CUDA C", NEEDS1(ST_PLAN),
-                 run_cuda, NULL, print_cuda, NULL},
+    [ST_KERNELS] = {"kernels", "the launches: GEMMs and generated kernels, with their bodies", NEEDS1(ST_FUSED), run_kernels,
+                    verify_kernels, print_kernels, NULL},
+    [ST_PLAN] = {"plan", "the step program and the memory plan of the fused schedules", NEEDS1(ST_KERNELS), run_plan, verify_plan,
+                 print_plan, NULL},
+    [ST_LLVM] = {"llvm", "the kernels as LLVM IR for the host CPU (--opt: after O2)", NEEDS1(ST_KERNELS), run_llvm, verify_llvm,
+                 print_llvm, NULL},
+    [ST_CUDA] = {"cuda", "every kernel of the step, update and logits schedules as CUDA C", NEEDS1(ST_PLAN), run_cuda, NULL,
+                 print_cuda, NULL},
     [ST_PTX] = {"ptx", "the CUDA C compiled by NVRTC for each --cuda-arch", NEEDS1(ST_CUDA), run_ptx, NULL, print_ptx, NULL},
-    [ST_SASS] = {"sass", "the compiled kernels disassembled (needs cuobjdump or nvdisasm)", NEEDS1(ST_PTX), run_sass,
-                 NULL, print_sass, NULL},
-    [ST_PROGRAM] = {"program", "the whole program -o builds, as LLVM IR before optimisation", NEEDS1(ST_PLAN),
-                    run_program, NULL, print_program, NULL},
-    [ST_OBJECT] = {"object", "the program optimised, compiled and linked into an executable", NEEDS1(ST_PLAN),
-                   run_object, NULL, NULL, "prints nothing: -o FILE"},
+    [ST_SASS] = {"sass", "the compiled kernels disassembled (needs cuobjdump or nvdisasm)", NEEDS1(ST_PTX), run_sass, NULL,
+                 print_sass, NULL},
+    [ST_PROGRAM] = {"program", "the whole program -o builds, as LLVM IR before optimisation", NEEDS1(ST_PLAN), run_program, NULL,
+                    print_program, NULL},
+    [ST_OBJECT] = {"object", "the program optimised, compiled and linked into an executable", NEEDS1(ST_PLAN), run_object, NULL,
+                   NULL, "prints nothing: -o FILE"},
 };
 
 /* ---- running it ---- */
@@ -453,8 +456,8 @@ int pipeline_dump(Pipeline *p, const char *dir) {
         if (!bad && s == ST_PTX) {
             bad = cuda_program_dump(p->cuda, p->nvrtc, p->o.narch, dir, p->ar);
             if (!bad)
-                fprintf(stderr, "mbtc: wrote %d kernels' stages for %d architectures to %s\n", p->cuda->nkernels,
-                        p->o.narch, dir);
+                fprintf(stderr, "mbtc: wrote %d kernels' stages for %d architectures to %s\n", p->cuda->nkernels, p->o.narch,
+                        dir);
         }
     }
     fprintf(stderr, "mbtc: wrote %d stages' printouts to %s (NN-STAGE.txt)%s\n", written, dir,

@@ -60,26 +60,26 @@ typedef struct Pipeline {
     Loader *ld;
     Arena *ar;
     PipelineOptions o;
-    StageId goal;               /* the furthest stage this run needs (sema builds what it consumes) */
-    int dumping;                /* printing into --dump-dir */
+    StageId goal;                  /* the furthest stage this run needs (sema builds what it consumes) */
+    int dumping;                   /* printing into --dump-dir */
     unsigned char state[ST_COUNT]; /* 0 not run, 1 done, 2 failed (errors reported) */
-    uint32_t source;            /* tokens: the main file's diag source */
-    Module *main_mod;           /* ast */
-    TrainBuild *tb;             /* check (a run past it): the step graph, the update graph, the settings */
-    int first_bwd;              /* grad: the step graph's first backward node */
-    FusedGraph *fgraph[2];      /* fused: the step's and the update's fused IR */
-    FuseResult *fused[2];       /* kernels: their launches and kernels */
-    Plan *plan;                 /* plan */
-    CpuTarget cpu;              /* llvm */
+    uint32_t source;               /* tokens: the main file's diag source */
+    Module *main_mod;              /* ast */
+    TrainBuild *tb;                /* check (a run past it): the step graph, the update graph, the settings */
+    int first_bwd;                 /* grad: the step graph's first backward node */
+    FusedGraph *fgraph[2];         /* fused: the step's and the update's fused IR */
+    FuseResult *fused[2];          /* kernels: their launches and kernels */
+    Plan *plan;                    /* plan */
+    CpuTarget cpu;                 /* llvm */
     LLVMContextRef llvm_ctx;
-    LLVMModuleRef llvm[2];      /* llvm: the step's and the update's kernels */
-    HostSchedules hs;           /* the schedules -o builds (cuda, program, object) */
+    LLVMModuleRef llvm[2]; /* llvm: the step's and the update's kernels */
+    HostSchedules hs;      /* the schedules -o builds (cuda, program, object) */
     int have_hs;
-    CudaProgram *cuda;          /* cuda */
-    NvrtcResult *nvrtc;         /* ptx: [narch] */
-    const char **sass;          /* sass: [narch], NULL where cuobjdump failed */
+    CudaProgram *cuda;  /* cuda */
+    NvrtcResult *nvrtc; /* ptx: [narch] */
+    const char **sass;  /* sass: [narch], NULL where cuobjdump failed */
     const char *sass_err;
-    const char *program;        /* program: its printout */
+    const char *program; /* program: its printout */
 } Pipeline;
 
 /* Sets up a run of the table with these options; goal is the furthest stage it will need. */

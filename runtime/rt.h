@@ -56,11 +56,13 @@ typedef struct RtError {
     char msg[RT_ERROR_MAX]; /* one line, no trailing newline */
 } RtError;
 
-void rt_error_clear(RtError *e);                                    /* code RT_OK, empty message */
+void rt_error_clear(RtError *e);                                                   /* code RT_OK, empty message */
 RtStatus rt_fail(RtError *e, RtStatus code, const char *fmt, ...) RT_PRINTF(3, 4); /* fills e (may be NULL); returns code */
-RtStatus rt_fail_errno(RtError *e, int errnum, const char *fmt, ...) RT_PRINTF(3, 4); /* "<fmt>: <strerror(errnum)>"; RT_ERR_NOMEM for ENOMEM, else RT_ERR_IO */
-RtStatus rt_error_context(RtError *e, const char *fmt, ...) RT_PRINTF(2, 3); /* prefixes "<fmt>: " to e's message; returns e->code */
-const char *rt_status_name(RtStatus s);                             /* "ok", "i/o error", "bad format", ... */
+RtStatus rt_fail_errno(RtError *e, int errnum, const char *fmt, ...)
+    RT_PRINTF(3, 4); /* "<fmt>: <strerror(errnum)>"; RT_ERR_NOMEM for ENOMEM, else RT_ERR_IO */
+RtStatus rt_error_context(RtError *e, const char *fmt, ...)
+    RT_PRINTF(2, 3);                    /* prefixes "<fmt>: " to e's message; returns e->code */
+const char *rt_status_name(RtStatus s); /* "ok", "i/o error", "bad format", ... */
 
 /* ==== files (rt_file.c) ======================================================================= */
 
@@ -70,8 +72,9 @@ typedef struct RtMap {
     size_t size;
 } RtMap;
 
-RtStatus rt_map_file(RtMap *m, const char *path, const char *what, RtError *err); /* maps a regular file; `what` names it in messages ("data shard") */
-void rt_unmap(RtMap *m);                                                          /* unmaps (no-op on a zeroed map) */
+RtStatus rt_map_file(RtMap *m, const char *path, const char *what,
+                     RtError *err); /* maps a regular file; `what` names it in messages ("data shard") */
+void rt_unmap(RtMap *m);            /* unmaps (no-op on a zeroed map) */
 
 /* A file written atomically: bytes go to a temporary file beside `path`; commit fsyncs it,
  * renames it over `path` and fsyncs the directory; abort removes it. Until commit succeeds,
@@ -83,12 +86,19 @@ typedef struct RtAtomicFile {
     const char *what; /* names the file in messages ("safetensors file"); not owned */
 } RtAtomicFile;
 
-RtStatus rt_atomic_begin(RtAtomicFile *f, const char *path, const char *what, RtError *err); /* creates the temporary file (mode 0644 before umask) */
-RtStatus rt_atomic_write(RtAtomicFile *f, const void *buf, size_t n, RtError *err);         /* appends n bytes (on failure the caller aborts) */
-RtStatus rt_atomic_commit(RtAtomicFile *f, RtError *err);  /* fsync, close, rename into place, fsync the directory; aborts on failure (a failure after the rename leaves the new file in place) */
-void rt_atomic_abort(RtAtomicFile *f);                     /* closes and removes the temporary file; safe after commit */
-RtStatus rt_atomic_write_file(const char *path, const char *what, const void *buf, size_t n, RtError *err); /* begin, write, commit: a whole small file */
-RtStatus rt_write_all(int fd, const void *buf, size_t n, const char *what, const char *path, RtError *err); /* write(2) until done, retrying EINTR */
+RtStatus rt_atomic_begin(RtAtomicFile *f, const char *path, const char *what,
+                         RtError *err); /* creates the temporary file (mode 0644 before umask) */
+RtStatus rt_atomic_write(RtAtomicFile *f, const void *buf, size_t n,
+                         RtError *err); /* appends n bytes (on failure the caller aborts) */
+RtStatus rt_atomic_commit(
+    RtAtomicFile *f,
+    RtError *
+        err); /* fsync, close, rename into place, fsync the directory; aborts on failure (a failure after the rename leaves the new file in place) */
+void rt_atomic_abort(RtAtomicFile *f); /* closes and removes the temporary file; safe after commit */
+RtStatus rt_atomic_write_file(const char *path, const char *what, const void *buf, size_t n,
+                              RtError *err); /* begin, write, commit: a whole small file */
+RtStatus rt_write_all(int fd, const void *buf, size_t n, const char *what, const char *path,
+                      RtError *err);                  /* write(2) until done, retrying EINTR */
 RtStatus rt_fsync_dir(const char *dir, RtError *err); /* fsync(2) of a directory, so a rename or unlink in it is durable */
 
 /* Checksums (of checkpoint files, and of the compiled program: RtProgram.hash) are XXH3-128, from
@@ -105,12 +115,13 @@ RtStatus rt_checksum_sample(const char *path, const char *what, char out[RT_CHEC
 
 /* Philox4x32 (Salmon et al., "Parallel Random Numbers: As Easy as 1, 2, 3", SC'11): a keyed
  * bijection of a 128-bit counter; the output depends only on (counter, key). */
-void rt_philox4x32_r(const uint32_t ctr[4], const uint32_t key[2], int rounds, uint32_t out[4]); /* `rounds` rounds (the known-answer tests use 7 and 10) */
-void rt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);               /* Philox4x32-10, used everywhere */
-float rt_u01_f32(uint32_t bits);                      /* uniform in [0, 1): the top 24 bits times 2^-24 (exact in a float) */
-double rt_u01_f64(uint32_t hi, uint32_t lo);          /* uniform in [0, 1): 53 bits from two draws */
+void rt_philox4x32_r(const uint32_t ctr[4], const uint32_t key[2], int rounds,
+                     uint32_t out[4]); /* `rounds` rounds (the known-answer tests use 7 and 10) */
+void rt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]); /* Philox4x32-10, used everywhere */
+float rt_u01_f32(uint32_t bits);             /* uniform in [0, 1): the top 24 bits times 2^-24 (exact in a float) */
+double rt_u01_f64(uint32_t hi, uint32_t lo); /* uniform in [0, 1): 53 bits from two draws */
 void rt_box_muller(uint32_t a, uint32_t b, double *z0, double *z1); /* two independent standard normals from two 32-bit draws */
-uint64_t rt_hash_name(const char *name);              /* FNV-1a 64 of the name's bytes (offset 0xcbf29ce484222325, prime 0x100000001b3) */
+uint64_t rt_hash_name(const char *name); /* FNV-1a 64 of the name's bytes (offset 0xcbf29ce484222325, prime 0x100000001b3) */
 
 /* Domains keep the streams of different uses apart: the Philox key is seed ^ (domain << 32). */
 #define RT_RNG_DOMAIN_INIT UINT64_C(0x696e6974)    /* "init": parameter initialisation */
@@ -121,18 +132,18 @@ uint64_t rt_hash_name(const char *name);              /* FNV-1a 64 of the name's
 /* A sequential stream: block b of stream s is Philox4x32-10 of counter (b lo, b hi, s lo, s hi).
  * The struct is plain data: copying it saves the stream's position exactly. */
 typedef struct RtRng {
-    uint32_t key[2];  /* seed ^ (domain << 32) */
-    uint64_t stream;  /* counter words 2 and 3 */
-    uint64_t block;   /* the next block to generate (counter words 0 and 1) */
-    uint32_t out[4];  /* the current block's output */
-    int used;         /* words of out[] already returned (4: none left) */
+    uint32_t key[2]; /* seed ^ (domain << 32) */
+    uint64_t stream; /* counter words 2 and 3 */
+    uint64_t block;  /* the next block to generate (counter words 0 and 1) */
+    uint32_t out[4]; /* the current block's output */
+    int used;        /* words of out[] already returned (4: none left) */
 } RtRng;
 
 void rt_rng_init(RtRng *r, uint64_t seed, uint64_t domain, uint64_t stream); /* starts at block 0 */
-uint32_t rt_rng_u32(RtRng *r);                                  /* the next 32-bit word */
-uint64_t rt_rng_u64(RtRng *r);                                  /* two words, first one high */
-double rt_rng_f64(RtRng *r);                                    /* uniform in [0, 1), 53 bits */
-uint64_t rt_rng_below(RtRng *r, uint64_t n);                    /* uniform in [0, n) without bias (rejection); n > 0 */
+uint32_t rt_rng_u32(RtRng *r);                                               /* the next 32-bit word */
+uint64_t rt_rng_u64(RtRng *r);                                               /* two words, first one high */
+double rt_rng_f64(RtRng *r);                                                 /* uniform in [0, 1), 53 bits */
+uint64_t rt_rng_below(RtRng *r, uint64_t n); /* uniform in [0, n) without bias (rejection); n > 0 */
 
 /* Parameter initialisation. Element i of the parameter `name` takes its value from block i / 4,
  * word i % 4, of stream rt_hash_name(name) in domain RT_RNG_DOMAIN_INIT under `seed` (normals:
@@ -146,10 +157,10 @@ typedef enum RtInitKind {
     RT_INIT_UNIFORM,  /* uniform in [a, b), a <= b */
 } RtInitKind;
 
-RtStatus rt_init_param(float *dst, int64_t n, uint64_t seed, const char *name, RtInitKind kind,
-                       double a, double b, RtError *err); /* fills dst[0..n) */
-RtStatus rt_init_param_range(float *dst, int64_t begin, int64_t end, uint64_t seed, uint64_t name_hash,
-                             RtInitKind kind, double a, double b, RtError *err); /* fills elements [begin, end) into dst[0..end-begin) */
+RtStatus rt_init_param(float *dst, int64_t n, uint64_t seed, const char *name, RtInitKind kind, double a, double b,
+                       RtError *err); /* fills dst[0..n) */
+RtStatus rt_init_param_range(float *dst, int64_t begin, int64_t end, uint64_t seed, uint64_t name_hash, RtInitKind kind, double a,
+                             double b, RtError *err); /* fills elements [begin, end) into dst[0..end-begin) */
 
 /* A keyed permutation of [0, n): a balanced Feistel network over Philox with cycle walking.
  * rt_perm_apply(p, i) for i in [0, n) visits every value once; it needs no memory. */
@@ -160,7 +171,8 @@ typedef struct RtPerm {
     uint32_t tweak[2]; /* counter words 2 and 3 (which permutation) */
 } RtPerm;
 
-void rt_perm_init(RtPerm *p, uint64_t n, uint64_t seed, uint64_t domain, uint32_t tweak0, uint32_t tweak1); /* the permutation keyed by all of these */
+void rt_perm_init(RtPerm *p, uint64_t n, uint64_t seed, uint64_t domain, uint32_t tweak0,
+                  uint32_t tweak1);                  /* the permutation keyed by all of these */
 uint64_t rt_perm_apply(const RtPerm *p, uint64_t i); /* the i-th element (i < n) */
 
 /* ==== token data (data.c) ===================================================================== */
@@ -199,17 +211,20 @@ typedef struct RtDataPos {
 
 typedef struct RtData RtData;
 
-RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtError *err); /* finds, validates and maps the files */
-void rt_data_close(RtData *d);                                                          /* unmaps and frees (NULL is fine) */
-RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err); /* the next B windows: x, y are [B, T]; on error the position does not move */
-RtDataPos rt_data_tell(const RtData *d);                              /* the position of the next window */
-RtStatus rt_data_seek(RtData *d, const RtDataPos *pos, RtError *err); /* restores a position from rt_data_tell of an identical source */
-void rt_data_rewind(RtData *d);                                       /* back to the first window of epoch 0 */
-int64_t rt_data_windows(const RtData *d);                             /* windows in one epoch of this split */
-int64_t rt_data_seq(const RtData *d);                                 /* T */
-int64_t rt_data_nfiles(const RtData *d);                              /* files opened */
-const char *rt_data_file(const RtData *d, int64_t i);                 /* the i-th file's path (sorted order) */
-int64_t rt_data_file_tokens(const RtData *d, int64_t i);              /* tokens in the i-th file */
+RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split,
+                      RtError *err); /* finds, validates and maps the files */
+void rt_data_close(RtData *d);       /* unmaps and frees (NULL is fine) */
+RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y,
+                      RtError *err);     /* the next B windows: x, y are [B, T]; on error the position does not move */
+RtDataPos rt_data_tell(const RtData *d); /* the position of the next window */
+RtStatus rt_data_seek(RtData *d, const RtDataPos *pos,
+                      RtError *err);                     /* restores a position from rt_data_tell of an identical source */
+void rt_data_rewind(RtData *d);                          /* back to the first window of epoch 0 */
+int64_t rt_data_windows(const RtData *d);                /* windows in one epoch of this split */
+int64_t rt_data_seq(const RtData *d);                    /* T */
+int64_t rt_data_nfiles(const RtData *d);                 /* files opened */
+const char *rt_data_file(const RtData *d, int64_t i);    /* the i-th file's path (sorted order) */
+int64_t rt_data_file_tokens(const RtData *d, int64_t i); /* tokens in the i-th file */
 
 /* Shard writing (tests, tools/gendata.c), atomically. */
 typedef enum RtShardFormat {
@@ -218,52 +233,73 @@ typedef enum RtShardFormat {
     RT_SHARD_RAW,      /* bare uint16 tokens, as nanoGPT's prepare.py writes them */
 } RtShardFormat;
 
-RtStatus rt_shard_write(const char *path, RtShardFormat fmt, const uint32_t *tokens, int64_t n, RtError *err); /* tokens must fit the format's width */
+RtStatus rt_shard_write(const char *path, RtShardFormat fmt, const uint32_t *tokens, int64_t n,
+                        RtError *err); /* tokens must fit the format's width */
 
 /* ==== safetensors (safetensors.c) ============================================================= */
 
-#define RT_ST_MAX_RANK 16                  /* dimensions a tensor may have */
-#define RT_ST_MAX_HEADER 100000000ull      /* header bytes accepted (the reference implementation's limit) */
+#define RT_ST_MAX_RANK 16             /* dimensions a tensor may have */
+#define RT_ST_MAX_HEADER 100000000ull /* header bytes accepted (the reference implementation's limit) */
 
 /* The dtypes of the safetensors specification that are whole bytes, in the reference
  * implementation's order (increasing alignment); the writer lays tensors out in descending order
  * of this enum, then by name, as the reference does. */
 typedef enum RtDtype {
-    RT_BOOL, RT_U8, RT_I8, RT_F8_E5M2, RT_F8_E4M3, RT_F8_E8M0, RT_F8_E4M3FNUZ, RT_F8_E5M2FNUZ,
-    RT_I16, RT_U16, RT_F16, RT_BF16, RT_I32, RT_U32, RT_F32, RT_C64, RT_F64, RT_I64, RT_U64,
+    RT_BOOL,
+    RT_U8,
+    RT_I8,
+    RT_F8_E5M2,
+    RT_F8_E4M3,
+    RT_F8_E8M0,
+    RT_F8_E4M3FNUZ,
+    RT_F8_E5M2FNUZ,
+    RT_I16,
+    RT_U16,
+    RT_F16,
+    RT_BF16,
+    RT_I32,
+    RT_U32,
+    RT_F32,
+    RT_C64,
+    RT_F64,
+    RT_I64,
+    RT_U64,
     RT_DTYPE_COUNT
 } RtDtype;
 
-const char *rt_dtype_name(RtDtype t); /* "F32", "BF16", ... */
-int rt_dtype_size(RtDtype t);         /* bytes per element */
+const char *rt_dtype_name(RtDtype t);            /* "F32", "BF16", ... */
+int rt_dtype_size(RtDtype t);                    /* bytes per element */
 int rt_dtype_parse(const char *s, RtDtype *out); /* 1 and *out for a known name, else 0 */
 
 /* One tensor of an open file. */
 typedef struct RtStTensor {
-    const char *name;             /* UTF-8, NUL-terminated (owned by the file) */
+    const char *name; /* UTF-8, NUL-terminated (owned by the file) */
     RtDtype dtype;
-    int rank;                     /* 0 for a scalar */
+    int rank; /* 0 for a scalar */
     int64_t shape[RT_ST_MAX_RANK];
-    int64_t numel;                /* product of shape (1 for a scalar, 0 for an empty tensor) */
-    uint64_t begin, end;          /* data_offsets: relative to the byte after the header */
-    const unsigned char *data;    /* begin's address in the mapping; not aligned in general */
+    int64_t numel;             /* product of shape (1 for a scalar, 0 for an empty tensor) */
+    uint64_t begin, end;       /* data_offsets: relative to the byte after the header */
+    const unsigned char *data; /* begin's address in the mapping; not aligned in general */
 } RtStTensor;
 
 typedef struct RtStFile RtStFile;
 
 RtStatus rt_st_open(RtStFile **out, const char *path, RtError *err); /* maps and validates the whole file */
-RtStatus rt_st_open_memory(RtStFile **out, const void *bytes, size_t n, const char *label, RtError *err); /* the same over caller-owned bytes (kept alive until close) */
-void rt_st_close(RtStFile *f);                                      /* NULL is fine */
-int64_t rt_st_count(const RtStFile *f);                             /* tensors in the file */
-const RtStTensor *rt_st_tensor(const RtStFile *f, int64_t i);       /* the i-th, in data-offset order */
-const RtStTensor *rt_st_find(const RtStFile *f, const char *name);  /* by name, or NULL */
-int64_t rt_st_meta_count(const RtStFile *f);                        /* __metadata__ entries */
-const char *rt_st_meta_key(const RtStFile *f, int64_t i);           /* i-th key (header order) */
-const char *rt_st_meta_value(const RtStFile *f, int64_t i);         /* i-th value */
-const char *rt_st_meta_get(const RtStFile *f, const char *key);     /* value for key, or NULL */
-RtStatus rt_st_read_f32(const RtStFile *f, const RtStTensor *t, float *dst, int64_t n, RtError *err);   /* F32/F16/BF16/F64 -> f32; n must be numel */
+RtStatus rt_st_open_memory(RtStFile **out, const void *bytes, size_t n, const char *label,
+                           RtError *err);                          /* the same over caller-owned bytes (kept alive until close) */
+void rt_st_close(RtStFile *f);                                     /* NULL is fine */
+int64_t rt_st_count(const RtStFile *f);                            /* tensors in the file */
+const RtStTensor *rt_st_tensor(const RtStFile *f, int64_t i);      /* the i-th, in data-offset order */
+const RtStTensor *rt_st_find(const RtStFile *f, const char *name); /* by name, or NULL */
+int64_t rt_st_meta_count(const RtStFile *f);                       /* __metadata__ entries */
+const char *rt_st_meta_key(const RtStFile *f, int64_t i);          /* i-th key (header order) */
+const char *rt_st_meta_value(const RtStFile *f, int64_t i);        /* i-th value */
+const char *rt_st_meta_get(const RtStFile *f, const char *key);    /* value for key, or NULL */
+RtStatus rt_st_read_f32(const RtStFile *f, const RtStTensor *t, float *dst, int64_t n,
+                        RtError *err); /* F32/F16/BF16/F64 -> f32; n must be numel */
 RtStatus rt_st_read_i64(const RtStFile *f, const RtStTensor *t, int64_t *dst, int64_t n, RtError *err); /* I32/I64 -> i64 */
-RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, int64_t n, RtError *err); /* I32, or I64 within int32's range -> i32 */
+RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, int64_t n,
+                        RtError *err); /* I32, or I64 within int32's range -> i32 */
 
 /* A tensor to write. `data` holds numel elements of dtype, little-endian, or - when from_f32 is
  * set (dtype F32, F16 or BF16) - numel floats converted with round-to-nearest-even on the way. */
@@ -285,10 +321,10 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
                      RtError *err); /* atomic; byte-identical to the reference serializer without metadata */
 
 /* Conversions (bit patterns as uint16_t). */
-float rt_bf16_to_f32(uint16_t h);  /* exact */
-uint16_t rt_f32_to_bf16(float f);  /* round to nearest, ties to even; NaN stays NaN */
-float rt_f16_to_f32(uint16_t h);   /* exact, subnormals included */
-uint16_t rt_f32_to_f16(float f);   /* round to nearest, ties to even; overflow to inf; NaN stays NaN */
+float rt_bf16_to_f32(uint16_t h); /* exact */
+uint16_t rt_f32_to_bf16(float f); /* round to nearest, ties to even; NaN stays NaN */
+float rt_f16_to_f32(uint16_t h);  /* exact, subnormals included */
+uint16_t rt_f32_to_f16(float f);  /* round to nearest, ties to even; overflow to inf; NaN stays NaN */
 
 /* ==== JSON (json.c) =========================================================================== */
 
@@ -302,14 +338,15 @@ typedef struct json_t json_t;
  * The caller owns *out (json_decref). */
 RtStatus rt_json_parse(json_t **out, const void *text, size_t n, size_t at, const char *what, RtError *err);
 const json_t *rt_json_get(const json_t *obj, const char *key); /* a member, or NULL (also when obj is not an object) */
-int rt_json_i64(const json_t *v, int64_t *out);  /* 1 when v is an integer */
+int rt_json_i64(const json_t *v, int64_t *out);                /* 1 when v is an integer */
 int rt_json_u64(const json_t *v, uint64_t *out); /* 1 when v is a non-negative integer or rt_json_new_u64's decimal string */
 int rt_json_f64(const json_t *v, double *out);   /* 1 when v is a number */
 const char *rt_json_str(const json_t *v);        /* the string, or NULL when v is not one */
 
 json_t *rt_json_new_u64(uint64_t v); /* an integer; above INT64_MAX (past jansson's integers) a string of the decimal digits */
 json_t *rt_json_new_f64(double v);   /* a real; null for NaN and infinities, which JSON cannot hold */
-int rt_json_valid_utf8(const char *s, int *nomem); /* 1 when s is UTF-8 that a JSON string may hold; *nomem says a 0 was for lack of memory */
+int rt_json_valid_utf8(const char *s,
+                       int *nomem); /* 1 when s is UTF-8 that a JSON string may hold; *nomem says a 0 was for lack of memory */
 /* The text of v (malloc'd; NULL when out of memory): jansson's encoder with its flags
  * (JSON_COMPACT, JSON_INDENT(n), JSON_REAL_PRECISION(n)), members in insertion order, \u escapes
  * in lower case as serde_json and Python write them. *len (may be NULL) gets its length. */

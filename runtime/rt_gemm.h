@@ -13,8 +13,8 @@
  * NULL: the bf16 products (rt_bgemm_batched) share the rules. An epilogue other than
  * RtGemmEpilogue's, one without its vector, an epilogue with k = 0 (which cuBLASLt never sees:
  * its C = beta C is a memset or a scale) or RT_GEMM_BGRAD_B on a batch is RT_ERR_ARG too. */
-RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                        int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc,
-                        int64_t stride_c, int64_t batch, int32_t epilogue, const void *vec, int *nothing, RtError *err);
+RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda, int64_t stride_a,
+                        const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc, int64_t stride_c, int64_t batch,
+                        int32_t epilogue, const void *vec, int *nothing, RtError *err);
 
 #endif

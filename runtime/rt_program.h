@@ -37,7 +37,8 @@
 /* The layout version of RtProgram and RtStep. A program compiled against another version is
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
-#define RT_ABI_VERSION 6 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+#define RT_ABI_VERSION                                                                                                           \
+    6 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan */
 
@@ -64,10 +65,11 @@ typedef struct RtPool RtPool;
  * which thread runs it; use it only to pick per-thread scratch, never to change a result. */
 typedef void (*RtRangeFn)(void *ctx, int64_t begin, int64_t end, int worker);
 
-RtStatus rt_pool_create(RtPool **out, int nthreads, RtError *err); /* nthreads <= 0: rt_cpu_count(); at most RT_POOL_MAX_THREADS */
-void rt_pool_destroy(RtPool *p);                                   /* joins the workers (NULL is fine) */
-int rt_pool_threads(const RtPool *p);                              /* N (1 for a NULL pool) */
-int rt_cpu_count(void);                                            /* CPUs this process may run on (sched_getaffinity), capped at RT_POOL_MAX_THREADS */
+RtStatus rt_pool_create(RtPool **out, int nthreads,
+                        RtError *err); /* nthreads <= 0: rt_cpu_count(); at most RT_POOL_MAX_THREADS */
+void rt_pool_destroy(RtPool *p);       /* joins the workers (NULL is fine) */
+int rt_pool_threads(const RtPool *p);  /* N (1 for a NULL pool) */
+int rt_cpu_count(void);                /* CPUs this process may run on (sched_getaffinity), capped at RT_POOL_MAX_THREADS */
 
 /* Runs fn over [0, n) split into at most N contiguous chunks, one per thread, and returns when
  * all are done. Each index is in exactly one chunk, and fn must compute each index's results
@@ -104,17 +106,15 @@ void rt_parallel_for(RtPool *p, int64_t n, RtRangeFn fn, void *ctx);
  * (one matrix) also writes vec[j] = sum over k of op(B)[k, j], in f32 rounded to C's type - the
  * bias gradient beside a weight gradient x^T dy, whose B is dy. An epilogue needs k > 0. */
 typedef enum RtGemmEpilogue { RT_GEMM_PLAIN = 0, RT_GEMM_BIAS = 1, RT_GEMM_BGRAD_B = 2 } RtGemmEpilogue;
-RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                          void *vec, RtError *err);
+RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                          int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
+                          int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err);
 /* The same with A, B and C in bf16 (their 16 bits, uint16_t): A and B are widened to f32
  * exactly, the product is rt_sgemm_batched's (f32 accumulation, the same tiles, so bit-identical
  * for any --threads), and C is rounded to bf16, to nearest even. */
-RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
-                          int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                          int32_t epilogue, void *vec, RtError *err);
+RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                          int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
+                          uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err);
 const char *rt_blas_config(void); /* OpenBLAS's build and the core it chose ("OpenBLAS 0.3.21 ... Zen") */
 
 /* ==== the GPU (gpu.c): what generated GPU code calls ========================================== */
@@ -133,15 +133,14 @@ RtStatus rt_gpu_launch(RtGpu *g, int32_t kernel, void *const *bufs, RtError *err
 /* rt_sgemm_batched's contract on device memory (f32, row-major, strided batch), through cuBLASLt
  * with f32 compute (no TF32): same arguments but the GPU in place of the pool; RT_GEMM_BIAS is
  * cuBLASLt's bias epilogue, RT_GEMM_BGRAD_B its bias-gradient one (gpu_blas.c). */
-RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                              const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                          void *vec, RtError *err);
+RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                              int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
+                              int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err);
 /* rt_bgemm_batched's contract on device memory: bf16 A, B and C, f32 compute (cuBLASLt). */
-RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                              const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
-                              int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                              int32_t epilogue, void *vec, RtError *err);
+RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                              int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
+                              uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                              RtError *err);
 /* dst[i] += scale * src[i] for i < n, on the device (forward_backward's gradient accumulation). */
 RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_t n, RtError *err);
 /* Device to device copy of `bytes` (optimizer_update's new parameters and state). */

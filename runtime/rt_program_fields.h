@@ -16,138 +16,139 @@
 #define MBT_RT_PROGRAM_FIELDS_H
 
 /* RtParam: one parameter of the model, as the checkpoint names it. */
-#define RT_PARAM_FIELDS(X)                                                                                     \
-    X(const char *, name, ptr)  /* dotted path: "h.3.attn.c_attn.weight" (the safetensors name) */          \
-    X(int, rank, i32)           /* 0..RT_ST_MAX_RANK */                                                      \
-    X(RtDims, shape, dims)      /* dims 0..rank-1 */                                                         \
-    X(int64_t, numel, i64)      /* product of shape (1 for a scalar) */                                      \
-    X(int64_t, offset, i64)     /* first element in the parameter region (and the gradient region) */       \
-    X(RtInitKind, init, i32)    /* its initialiser (rt_init_param) */                                        \
-    X(double, init_a, f64)      /* normal: mean; uniform: low; constant: the value */                        \
-    X(double, init_b, f64)      /* normal: std; uniform: high */
+#define RT_PARAM_FIELDS(X)                                                                                                       \
+    X(const char *, name, ptr) /* dotted path: "h.3.attn.c_attn.weight" (the safetensors name) */                                \
+    X(int, rank, i32)          /* 0..RT_ST_MAX_RANK */                                                                           \
+    X(RtDims, shape, dims)     /* dims 0..rank-1 */                                                                              \
+    X(int64_t, numel, i64)     /* product of shape (1 for a scalar) */                                                           \
+    X(int64_t, offset, i64)    /* first element in the parameter region (and the gradient region) */                             \
+    X(RtInitKind, init, i32)   /* its initialiser (rt_init_param) */                                                             \
+    X(double, init_a, f64)     /* normal: mean; uniform: low; constant: the value */                                             \
+    X(double, init_b, f64)     /* normal: std; uniform: high */
 
 /* RtRampStage: one stage of a batch-size ramp. */
-#define RT_RAMP_FIELDS(X)                                                                                      \
-    X(int64_t, step, i64)   /* 0-based optimizer step the stage starts at */                                 \
-    X(int64_t, global, i64) /* sequences per optimizer step */                                               \
+#define RT_RAMP_FIELDS(X)                                                                                                        \
+    X(int64_t, step, i64)   /* 0-based optimizer step the stage starts at */                                                     \
+    X(int64_t, global, i64) /* sequences per optimizer step */                                                                   \
     X(int64_t, accum, i64)  /* micro-batches per step and data-parallel rank */
 
 /* RtTrainSettings: a train block's settings. */
-#define RT_TRAIN_FIELDS(X)                                                                                                   \
-    X(const char *, name, ptr)             /* the train block's name (`./prog train NAME`) */                               \
-    X(int64_t, micro, i64)                 /* B: sequences per micro-batch */                                               \
-    X(int64_t, seq, i64)                   /* T: tokens per sequence */                                                     \
-    X(int64_t, global, i64)                /* sequences per optimizer step from step 0: micro x accum x data_ranks */       \
-    X(int64_t, accum, i64)                 /* micro-batches per optimizer step and data-parallel rank, from step 0 */      \
-    X(int64_t, steps, i64)                 /* optimizer steps */                                                            \
-    X(uint64_t, seed, i64)                 /* initialisation, data order, dropout */                                        \
-    X(double, clip, f64)                   /* global gradient-norm clip; 0: none */                                         \
-    X(int64_t, vocab, i64)                 /* token ids are below this */                                                   \
-    X(int64_t, ctx, i64)                   /* the model's longest context (positions) */                                    \
-    X(double, lr, f64)                     /* the optimizer's base learning rate */                                         \
-    X(const char *, data, ptr)             /* glob of the training shards */                                                \
-    X(const char *, val_data, ptr)         /* glob of the held-out shards; NULL: hold out the tail of `data` */            \
-    X(int, shuffle, i32)                   /* 1: seeded shuffle of the training windows each epoch */                       \
-    X(int64_t, eval_every, i64)            /* evaluate every N steps during training; 0: never */                           \
-    X(int64_t, eval_steps, i64)            /* micro-batches per evaluation (also what is held out without val_data) */     \
-    X(int64_t, data_ranks, i64)            /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */  \
-    X(int64_t, nramp, i64)                 /* stages of a batch-size ramp after the first; 0: the batch never changes */   \
-    X(const RtRampStage *, ramp, ptr)      /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */            \
-    X(int64_t, ckpt_every, i64)            /* `checkpoint { every }`: every N steps; 0: none (--ckpt-every overrides) */    \
-    X(const char *, ckpt_dir, ptr)         /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */      \
-    X(int64_t, ckpt_keep, i64)             /* `checkpoint { keep }`: the newest N are kept; 0: all */                       \
+#define RT_TRAIN_FIELDS(X)                                                                                                       \
+    X(const char *, name, ptr)              /* the train block's name (`./prog train NAME`) */                                   \
+    X(int64_t, micro, i64)                  /* B: sequences per micro-batch */                                                   \
+    X(int64_t, seq, i64)                    /* T: tokens per sequence */                                                         \
+    X(int64_t, global, i64)                 /* sequences per optimizer step from step 0: micro x accum x data_ranks */           \
+    X(int64_t, accum, i64)                  /* micro-batches per optimizer step and data-parallel rank, from step 0 */           \
+    X(int64_t, steps, i64)                  /* optimizer steps */                                                                \
+    X(uint64_t, seed, i64)                  /* initialisation, data order, dropout */                                            \
+    X(double, clip, f64)                    /* global gradient-norm clip; 0: none */                                             \
+    X(int64_t, vocab, i64)                  /* token ids are below this */                                                       \
+    X(int64_t, ctx, i64)                    /* the model's longest context (positions) */                                        \
+    X(double, lr, f64)                      /* the optimizer's base learning rate */                                             \
+    X(const char *, data, ptr)              /* glob of the training shards */                                                    \
+    X(const char *, val_data, ptr)          /* glob of the held-out shards; NULL: hold out the tail of `data` */                 \
+    X(int, shuffle, i32)                    /* 1: seeded shuffle of the training windows each epoch */                           \
+    X(int64_t, eval_every, i64)             /* evaluate every N steps during training; 0: never */                               \
+    X(int64_t, eval_steps, i64)             /* micro-batches per evaluation (also what is held out without val_data) */          \
+    X(int64_t, data_ranks, i64)             /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */       \
+    X(int64_t, nramp, i64)                  /* stages of a batch-size ramp after the first; 0: the batch never changes */        \
+    X(const RtRampStage *, ramp, ptr)       /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */                 \
+    X(int64_t, ckpt_every, i64)             /* `checkpoint { every }`: every N steps; 0: none (--ckpt-every overrides) */        \
+    X(const char *, ckpt_dir, ptr)          /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */          \
+    X(int64_t, ckpt_keep, i64)              /* `checkpoint { keep }`: the newest N are kept; 0: all */                           \
     X(int32_t, ckpt_continue_on_error, i32) /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */
 
 /* RtGenerateSettings: the defaults of `./prog generate`. */
-#define RT_GEN_FIELDS(X)                                                                                       \
-    X(const char *, weights, ptr) /* default --weights; NULL: none (the flag is then required) */            \
-    X(double, temperature, f64)   /* 0: greedy */                                                            \
-    X(int64_t, top_k, i64)        /* 0: all tokens */                                                        \
+#define RT_GEN_FIELDS(X)                                                                                                         \
+    X(const char *, weights, ptr) /* default --weights; NULL: none (the flag is then required) */                                \
+    X(double, temperature, f64)   /* 0: greedy */                                                                                \
+    X(int64_t, top_k, i64)        /* 0: all tokens */                                                                            \
     X(int64_t, max_tokens, i64)
 
 /* RtStep: everything one call of a generated function reads and writes. Fields not listed for a
  * function are unspecified during that call. With `gpu` set (RtGpuProgram's functions) every
  * pointer is a device address except logits, which is in host memory. */
-#define RT_STEP_FIELDS(X)                                                                                                  \
-    X(RtPool *, pool, ptr)            /* for rt_parallel_for / rt_sgemm_batched */                                        \
-    X(float *, params, ptr)           /* all: the parameter region (read; optimizer_update writes) */                     \
-    X(float *, grads, ptr)            /* forward_backward accumulates (+=) into it; optimizer_update reads it */          \
-    X(float *, state, ptr)            /* optimizer_init / optimizer_update: the optimizer-state region */                 \
-    X(unsigned char *, arena, ptr)    /* forward_*: activation scratch, arena_bytes, RT_ALIGN-aligned */                   \
-    X(const int32_t *, x, ptr)        /* forward_*: input token ids, [B, T] row-major, each below vocab */                \
-    X(const int32_t *, y, ptr)        /* forward_backward, forward_loss: target ids, [B, T] */                            \
-    X(int64_t, B, i64)                /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */          \
-    X(int64_t, T, i64)                                                                                                     \
-    X(int64_t, len, i64)              /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */     \
-    X(float *, logits, ptr)           /* forward_logits: out, [vocab] logits of position len - 1 */                      \
-    X(double, loss_scale, f64)        /* forward_backward: the gradient seed, d(step objective) / d(this loss) */        \
-    X(double, loss, f64)              /* forward_backward, forward_loss: out, this micro-batch's loss */                 \
-    X(double, lr, f64)                /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */     \
-    X(int64_t, t, i64)                /* optimizer_update: 1-based optimizer step (bias corrections) */                  \
-    X(int64_t, step, i64)             /* 0-based optimizer step (an RNG key, with micro and seed) */                     \
-    X(int64_t, micro, i64)            /* forward_backward: 0-based micro-batch within the step */                        \
-    X(uint64_t, seed, i64)            /* the run's seed */                                                               \
-    X(RtError *, err, ptr)            /* a function that fails fills it and returns its status */                        \
-    X(RtGpu *, gpu, ptr)              /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */
+#define RT_STEP_FIELDS(X)                                                                                                        \
+    X(RtPool *, pool, ptr)         /* for rt_parallel_for / rt_sgemm_batched */                                                  \
+    X(float *, params, ptr)        /* all: the parameter region (read; optimizer_update writes) */                               \
+    X(float *, grads, ptr)         /* forward_backward accumulates (+=) into it; optimizer_update reads it */                    \
+    X(float *, state, ptr)         /* optimizer_init / optimizer_update: the optimizer-state region */                           \
+    X(unsigned char *, arena, ptr) /* forward_*: activation scratch, arena_bytes, RT_ALIGN-aligned */                            \
+    X(const int32_t *, x, ptr)     /* forward_*: input token ids, [B, T] row-major, each below vocab */                          \
+    X(const int32_t *, y, ptr)     /* forward_backward, forward_loss: target ids, [B, T] */                                      \
+    X(int64_t, B, i64)             /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                     \
+    X(int64_t, T, i64)                                                                                                           \
+    X(int64_t, len, i64)       /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */                    \
+    X(float *, logits, ptr)    /* forward_logits: out, [vocab] logits of position len - 1 */                                     \
+    X(double, loss_scale, f64) /* forward_backward: the gradient seed, d(step objective) / d(this loss) */                       \
+    X(double, loss, f64)       /* forward_backward, forward_loss: out, this micro-batch's loss */                                \
+    X(double, lr, f64)         /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */                    \
+    X(int64_t, t, i64)         /* optimizer_update: 1-based optimizer step (bias corrections) */                                 \
+    X(int64_t, step, i64)      /* 0-based optimizer step (an RNG key, with micro and seed) */                                    \
+    X(int64_t, micro, i64)     /* forward_backward: 0-based micro-batch within the step */                                       \
+    X(uint64_t, seed, i64)     /* the run's seed */                                                                              \
+    X(RtError *, err, ptr)     /* a function that fails fills it and returns its status */                                       \
+    X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */
 
 /* RtGpuImage: one image of the program's CUDA module, embedded by mbtc (--cuda-arch). */
-#define RT_GPU_IMAGE_FIELDS(X)                                                                                 \
-    X(const char *, arch, ptr)          /* "sm_90" (a cubin) or "compute_90" (PTX) */                        \
-    X(int32_t, ptx, i32)                /* 1: PTX text, data NUL-terminated; 0: a cubin (ELF) */              \
-    X(const unsigned char *, data, ptr)                                                                        \
-    X(int64_t, size, i64)               /* bytes (PTX: including the NUL) */
+#define RT_GPU_IMAGE_FIELDS(X)                                                                                                   \
+    X(const char *, arch, ptr) /* "sm_90" (a cubin) or "compute_90" (PTX) */                                                     \
+    X(int32_t, ptx, i32)       /* 1: PTX text, data NUL-terminated; 0: a cubin (ELF) */                                          \
+    X(const unsigned char *, data, ptr)                                                                                          \
+    X(int64_t, size, i64) /* bytes (PTX: including the NUL) */
 
 /* RtGpuKernel: one kernel launch site's function and geometry. */
-#define RT_GPU_KERNEL_FIELDS(X)                                                                                \
-    X(const char *, function, ptr) /* the __global__ function's name in the module */                        \
-    X(int32_t, block, i32)         /* threads per block (the kernel assumes exactly this) */                 \
-    X(int32_t, shared, i32)        /* bytes of static shared memory (informational: the cubin holds it) */   \
-    X(int64_t, blocks, i64)        /* blocks in the grid */                                                  \
+#define RT_GPU_KERNEL_FIELDS(X)                                                                                                  \
+    X(const char *, function, ptr) /* the __global__ function's name in the module */                                            \
+    X(int32_t, block, i32)         /* threads per block (the kernel assumes exactly this) */                                     \
+    X(int32_t, shared, i32)        /* bytes of static shared memory (informational: the cubin holds it) */                       \
+    X(int64_t, blocks, i64)        /* blocks in the grid */                                                                      \
     X(int32_t, nbufs, i32)         /* its parameters: that many device pointers */
 
 /* RtGpuProgram: the program's GPU side; the functions have the CPU functions' contracts with
  * device regions (RtStep.gpu set), a NULL one meaning the GPU cannot run that function. */
-#define RT_GPU_PROG_FIELDS(X)                                                                                  \
-    X(const RtGpuImage *, images, ptr)                                                                         \
-    X(int64_t, nimages, i64)                                                                                   \
-    X(const RtGpuKernel *, kernels, ptr)                                                                       \
-    X(int64_t, nkernels, i64)                                                                                  \
-    X(const char *, module_hash, ptr) /* "xxh3-128:..." of the CUDA source: the JIT cache's key */           \
-    X(RtStepFn, forward_backward, ptr)                                                                         \
-    X(RtStepFn, forward_loss, ptr)                                                                             \
-    X(RtStepFn, forward_logits, ptr)                                                                           \
+#define RT_GPU_PROG_FIELDS(X)                                                                                                    \
+    X(const RtGpuImage *, images, ptr)                                                                                           \
+    X(int64_t, nimages, i64)                                                                                                     \
+    X(const RtGpuKernel *, kernels, ptr)                                                                                         \
+    X(int64_t, nkernels, i64)                                                                                                    \
+    X(const char *, module_hash, ptr) /* "xxh3-128:..." of the CUDA source: the JIT cache's key */                               \
+    X(RtStepFn, forward_backward, ptr)                                                                                           \
+    X(RtStepFn, forward_loss, ptr)                                                                                               \
+    X(RtStepFn, forward_logits, ptr)                                                                                             \
     X(RtStepFn, optimizer_update, ptr)
 
 /* RtProgram: a compiled program, the descriptor plus its functions (rt_program.h describes each
  * function's contract and the hash). All pointers are to constant data with static storage. */
-#define RT_PROG_FIELDS(X)                                                                                                   \
-    X(int, abi_version, i32)                 /* RT_ABI_VERSION */                                                          \
-    X(const char *, source, ptr)             /* the .mbt file it was compiled from (for --help) */                         \
-    X(RtTrainSettings, train, train)         /* the train block */                                                         \
-    X(RtGenerateSettings, generate, generate)                                                                               \
-    X(const RtParam *, params, ptr)          /* the parameter table, in declaration order */                               \
-    X(int64_t, nparams, i64)                                                                                                \
-    X(int64_t, param_floats, i64)            /* the parameter region, in f32 elements (also the gradient region's size) */ \
-    X(int64_t, state_floats, i64)            /* the optimizer-state region, in f32 elements */                             \
-    X(int64_t, arena_bytes, i64)             /* the activation arena (the largest any function needs) */                   \
-    X(int64_t, logits_seq, i64)              /* T of forward_logits: the longest context generation passes */              \
-    X(RtStepFn, forward_backward, ptr)       /* one micro-batch's loss and loss_scale x its gradients (+=) */              \
-    X(RtStepFn, forward_loss, ptr)           /* the same loss without gradients (evaluation); NULL: cannot evaluate */     \
-    X(RtStepFn, forward_logits, ptr)         /* generation's logits at batch 1; NULL: cannot generate */                   \
-    X(RtStepFn, optimizer_init, ptr)         /* the optimizer state's initial values; NULL: the runtime zeroes it */       \
-    X(RtStepFn, optimizer_update, ptr)       /* one optimizer step over every parameter */                                 \
-    X(RtLrScheduleFn, lr_schedule, ptr)      /* the learning-rate multiplier at 0-based step `step` */                     \
-    X(const char *, hash, ptr)               /* "xxh3-128:" and 32 hex digits over the compiled step */                    \
-    X(int64_t, nstate, i64)                  /* optimizer state variables; the state region is nstate x param_floats */   \
-    X(const char *const *, state_names, ptr) /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */ \
-    X(const RtGpuProgram *, gpu, ptr)        /* the CUDA side, or NULL (built without CUDA) */       \
-    X(RtPlanInfo, plan, plan)                /* the memory plan's summary (./prog info) */
+#define RT_PROG_FIELDS(X)                                                                                                        \
+    X(int, abi_version, i32)         /* RT_ABI_VERSION */                                                                        \
+    X(const char *, source, ptr)     /* the .mbt file it was compiled from (for --help) */                                       \
+    X(RtTrainSettings, train, train) /* the train block */                                                                       \
+    X(RtGenerateSettings, generate, generate)                                                                                    \
+    X(const RtParam *, params, ptr) /* the parameter table, in declaration order */                                              \
+    X(int64_t, nparams, i64)                                                                                                     \
+    X(int64_t, param_floats, i64)       /* the parameter region, in f32 elements (also the gradient region's size) */            \
+    X(int64_t, state_floats, i64)       /* the optimizer-state region, in f32 elements */                                        \
+    X(int64_t, arena_bytes, i64)        /* the activation arena (the largest any function needs) */                              \
+    X(int64_t, logits_seq, i64)         /* T of forward_logits: the longest context generation passes */                         \
+    X(RtStepFn, forward_backward, ptr)  /* one micro-batch's loss and loss_scale x its gradients (+=) */                         \
+    X(RtStepFn, forward_loss, ptr)      /* the same loss without gradients (evaluation); NULL: cannot evaluate */                \
+    X(RtStepFn, forward_logits, ptr)    /* generation's logits at batch 1; NULL: cannot generate */                              \
+    X(RtStepFn, optimizer_init, ptr)    /* the optimizer state's initial values; NULL: the runtime zeroes it */                  \
+    X(RtStepFn, optimizer_update, ptr)  /* one optimizer step over every parameter */                                            \
+    X(RtLrScheduleFn, lr_schedule, ptr) /* the learning-rate multiplier at 0-based step `step` */                                \
+    X(const char *, hash, ptr)          /* "xxh3-128:" and 32 hex digits over the compiled step */                               \
+    X(int64_t, nstate, i64)             /* optimizer state variables; the state region is nstate x param_floats */               \
+    X(const char *const *, state_names,                                                                                          \
+      ptr)                            /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */     \
+    X(const RtGpuProgram *, gpu, ptr) /* the CUDA side, or NULL (built without CUDA) */                                          \
+    X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
-#define RT_PLAN_INFO_FIELDS(X)                                                                                 \
-    X(RtPhases, arena, phases)   /* bytes from the arena's start; 0 for an absent function */                \
-    X(RtPhases, kernels, phases) /* generated kernels launched per call */                                   \
-    X(RtPhases, gemms, phases)   /* GEMMs per call */                                                        \
+#define RT_PLAN_INFO_FIELDS(X)                                                                                                   \
+    X(RtPhases, arena, phases)   /* bytes from the arena's start; 0 for an absent function */                                    \
+    X(RtPhases, kernels, phases) /* generated kernels launched per call */                                                       \
+    X(RtPhases, gemms, phases)   /* GEMMs per call */                                                                            \
     X(int64_t, input_bytes, i64) /* data.x and data.y of one micro-batch */
 
 #endif

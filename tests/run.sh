@@ -21,6 +21,7 @@ set -o pipefail
 # name          function            needs       runs
 LAYERS='
 unit            layer_unit          -           quick
+format          layer_format        clang-format quick
 diag            layer_diag          -           quick
 check           layer_check         -           quick
 golden          layer_golden        -           quick
@@ -99,6 +100,7 @@ need() {
             || echo "no PyTorch for /usr/bin/python3 (tools/deps.sh test installs python3-torch as root)"
         ;;
     script) [ -f "tests/$2/run.sh" ] || echo "no tests/$2/run.sh" ;;
+    clang-format) command -v clang-format-19 >/dev/null 2>&1 || echo "no clang-format-19 (tools/deps.sh test installs it as root)" ;;
     asan) [ -x "$BUILD/asan/mbtc" ] || echo "no $BUILD/asan/mbtc (make asan builds it)" ;;
     fuzz)
         [ -x "$BUILD/fuzz/fuzz_frontend" ] || [ -x "$BUILD/fuzz/fuzz_safetensors" ] \
@@ -116,6 +118,11 @@ layer_golden() { run_golden golden "$BUILD/mbtc" 1000; }
 layer_pathological() { run_pathological pathological "$BUILD/mbtc" 1000 5; }
 # a layer that is a script of its own, tests/LAYER/run.sh BUILD, its PASS/FAIL lines relayed
 layer_script() { run_relayed "$1" "tests/$1/run.sh"; }
+# the C sources in the house style (.clang-format): tools/format.sh --check
+layer_format() {
+    local out
+    if out=$(tools/format.sh --check 2>&1); then pass "format/clang-format ($out)"; else fail format/clang-format "$out"; fi
+}
 # make test-gpu's comparison (tests/gpu/cmpdump.py) passes on equal steps and PyTorch's, fails on
 # perturbed ones
 layer_gpu_selftest() { run_relayed gpu-selftest tests/gpu/selftest.sh; }

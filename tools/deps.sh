@@ -39,6 +39,8 @@ if [ "$what" = test ]; then
     have clang-19 || need_pkgs+=(clang-19)
     # the emulated GPU (tests/cudaemu) compiles each program's CUDA C as C++ for the host
     have g++ || need_pkgs+=(g++)
+    # the format layer: the C sources in the house style (.clang-format, tools/format.sh)
+    have clang-format-19 || need_pkgs+=(clang-format-19)
     [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] || need_pkgs+=(libclang-rt-19-dev)
     # the PyTorch oracle (tests/torch/): Debian's torch, run as /usr/bin/python3
     /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need_pkgs+=(python3-torch)

@@ -39,21 +39,20 @@ typedef struct Opts {
 } Opts;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: mbt-gendata [options]\n"
-            "  writes OUT/NAME_train.bin and OUT/NAME_val.bin (llm.c shards) from a seeded order-2 Markov\n"
-            "  chain and prints its entropy rate (the best achievable cross-entropy) in nats/token\n"
-            "  --vocab V         vocabulary size, 2..1024 (default 64)\n"
-            "  --tokens N        training tokens (default 1000000)\n"
-            "  --val-tokens N    held-out tokens, 0 for none (default 100000)\n"
-            "  --seed S          seed of the chain and of the samples (default 1337)\n"
-            "  --out-dir DIR     where to write (default data; created if missing)\n"
-            "  --name NAME       file name prefix (default tiny)\n"
-            "  --branch K        likely successors of each context, 1..V (default 4)\n"
-            "  --noise E         probability spread uniformly over all tokens, in (0, 1] (default 0.02)\n"
-            "  --score FILE      write nothing: read token ids (whitespace- or comma-separated; - is stdin)\n"
-            "                    and print their mean -log p under the chain the other options define,\n"
-            "                    each token given the two before it (how plausible generated text is)\n");
+    fprintf(f, "usage: mbt-gendata [options]\n"
+               "  writes OUT/NAME_train.bin and OUT/NAME_val.bin (llm.c shards) from a seeded order-2 Markov\n"
+               "  chain and prints its entropy rate (the best achievable cross-entropy) in nats/token\n"
+               "  --vocab V         vocabulary size, 2..1024 (default 64)\n"
+               "  --tokens N        training tokens (default 1000000)\n"
+               "  --val-tokens N    held-out tokens, 0 for none (default 100000)\n"
+               "  --seed S          seed of the chain and of the samples (default 1337)\n"
+               "  --out-dir DIR     where to write (default data; created if missing)\n"
+               "  --name NAME       file name prefix (default tiny)\n"
+               "  --branch K        likely successors of each context, 1..V (default 4)\n"
+               "  --noise E         probability spread uniformly over all tokens, in (0, 1] (default 0.02)\n"
+               "  --score FILE      write nothing: read token ids (whitespace- or comma-separated; - is stdin)\n"
+               "                    and print their mean -log p under the chain the other options define,\n"
+               "                    each token given the two before it (how plausible generated text is)\n");
 }
 
 static int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -61,8 +60,8 @@ static int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "mbt-gendata: %s needs a whole number from %lld to %lld, not '%s'\n", opt, (long long)lo,
-                (long long)hi, s);
+        fprintf(stderr, "mbt-gendata: %s needs a whole number from %lld to %lld, not '%s'\n", opt, (long long)lo, (long long)hi,
+                s);
         return 0;
     }
     *out = v;
@@ -407,8 +406,8 @@ static int score_file(const Chain *c, const char *path) {
         for (; ch >= '0' && ch <= '9'; ch = fgetc(f)) v = v < c->V ? v * 10 + (ch - '0') : v;
         if (ch == '\n') ungetc(ch, f);
         if (v >= c->V) {
-            fprintf(stderr, "mbt-gendata: %s:%lld: token id %lld is not below the vocabulary size %lld\n", path,
-                    (long long)line, (long long)v, (long long)c->V);
+            fprintf(stderr, "mbt-gendata: %s:%lld: token id %lld is not below the vocabulary size %lld\n", path, (long long)line,
+                    (long long)v, (long long)c->V);
             ok = 0;
             break;
         }
@@ -446,8 +445,8 @@ int main(int argc, char **argv) {
     int ok = make_dirs(o.out_dir) && chain_build(&c, &o) && chain_stationary(&c) && chain_short_entropies(&c);
     double nll_train = 0, nll_val = 0;
     if (ok) {
-        printf("order-2 Markov chain: vocab %lld, %lld likely successors per context, noise %g, seed %llu\n",
-               (long long)o.vocab, (long long)o.branch, o.noise, (unsigned long long)o.seed);
+        printf("order-2 Markov chain: vocab %lld, %lld likely successors per context, noise %g, seed %llu\n", (long long)o.vocab,
+               (long long)o.branch, o.noise, (unsigned long long)o.seed);
         ok = write_split(&c, &o, "train", 1, o.tokens, &nll_train);
         if (ok && o.val_tokens > 0) ok = write_split(&c, &o, "val", 2, o.val_tokens, &nll_val);
     }

@@ -22,22 +22,51 @@ void ast_push(Arena *ar, NodeList *l, Node *n) {
 }
 
 static const char *const kind_names[N_KIND_COUNT] = {
-    [N_PROGRAM] = "program", [N_IMPORT] = "import", [N_MODEL] = "model", [N_FN] = "fn",
-    [N_OPTIMIZER] = "optimizer", [N_TRAIN] = "train", [N_SERVE] = "serve", [N_FPARAM] = "fparam",
-    [N_TYPE] = "type", [N_STATE] = "state", [N_SETTING] = "setting", [N_SETTING_BLOCK] = "settings",
-    [N_PARAM_DECL] = "param", [N_ASSIGN] = "assign", [N_AUG_ASSIGN] = "aug-assign", [N_EXPR_STMT] = "expr",
-    [N_RETURN] = "return", [N_FOR] = "for", [N_IF] = "if", [N_NAME] = "name", [N_INT] = "int",
-    [N_FLOAT] = "float", [N_STRING] = "string", [N_BOOL] = "bool", [N_BINARY] = "binary", [N_UNARY] = "unary",
-    [N_CALL] = "call", [N_KWARG] = "kwarg", [N_INDEX] = "index", [N_SLICE] = "slice", [N_ATTR] = "attr",
-    [N_TUPLE] = "tuple", [N_LIST] = "list", [N_COMP] = "comprehension", [N_RANGE] = "range",
+    [N_PROGRAM] = "program",
+    [N_IMPORT] = "import",
+    [N_MODEL] = "model",
+    [N_FN] = "fn",
+    [N_OPTIMIZER] = "optimizer",
+    [N_TRAIN] = "train",
+    [N_SERVE] = "serve",
+    [N_FPARAM] = "fparam",
+    [N_TYPE] = "type",
+    [N_STATE] = "state",
+    [N_SETTING] = "setting",
+    [N_SETTING_BLOCK] = "settings",
+    [N_PARAM_DECL] = "param",
+    [N_ASSIGN] = "assign",
+    [N_AUG_ASSIGN] = "aug-assign",
+    [N_EXPR_STMT] = "expr",
+    [N_RETURN] = "return",
+    [N_FOR] = "for",
+    [N_IF] = "if",
+    [N_NAME] = "name",
+    [N_INT] = "int",
+    [N_FLOAT] = "float",
+    [N_STRING] = "string",
+    [N_BOOL] = "bool",
+    [N_BINARY] = "binary",
+    [N_UNARY] = "unary",
+    [N_CALL] = "call",
+    [N_KWARG] = "kwarg",
+    [N_INDEX] = "index",
+    [N_SLICE] = "slice",
+    [N_ATTR] = "attr",
+    [N_TUPLE] = "tuple",
+    [N_LIST] = "list",
+    [N_COMP] = "comprehension",
+    [N_RANGE] = "range",
 };
 
 const char *ast_kind_name(NodeKind k) { return k < N_KIND_COUNT && kind_names[k] ? kind_names[k] : "?"; }
 
 const char *ast_op_text(Op op) {
     switch (op) {
-    case OP_ADD: case OP_POS: return "+";
-    case OP_SUB: case OP_NEG: return "-";
+    case OP_ADD:
+    case OP_POS: return "+";
+    case OP_SUB:
+    case OP_NEG: return "-";
     case OP_MUL: return "*";
     case OP_DIV: return "/";
     case OP_MOD: return "%";
@@ -84,7 +113,9 @@ static void print_node(FILE *out, const Node *n, int ind, const char *label) {
         fputc('"', out);
         break;
     }
-    case N_BINARY: case N_UNARY: case N_AUG_ASSIGN: fprintf(out, " %s", ast_op_text(n->op)); break;
+    case N_BINARY:
+    case N_UNARY:
+    case N_AUG_ASSIGN: fprintf(out, " %s", ast_op_text(n->op)); break;
     case N_TYPE: fprintf(out, " %.*s%s", (int)n->name.len, n->name.p, n->ival ? (n->list.n ? "[...]" : "[]") : ""); break;
     default:
         if (n->name.len) fprintf(out, " %.*s", (int)n->name.len, n->name.p);
@@ -101,8 +132,16 @@ static void print_node(FILE *out, const Node *n, int ind, const char *label) {
     if (n->b) print_node(out, n->b, ind + 1, NULL);
     const char *l1 = NULL, *l2 = NULL;
     switch (n->kind) {
-    case N_MODEL: case N_FN: case N_OPTIMIZER: l1 = "params"; l2 = "body"; break;
-    case N_IF: l1 = "then"; l2 = "else"; break;
+    case N_MODEL:
+    case N_FN:
+    case N_OPTIMIZER:
+        l1 = "params";
+        l2 = "body";
+        break;
+    case N_IF:
+        l1 = "then";
+        l2 = "else";
+        break;
     case N_ASSIGN: l1 = "targets"; break;
     default: break;
     }
@@ -125,8 +164,7 @@ void ast_print(FILE *out, const Node *n) { print_node(out, n, 0, NULL); }
 
 static int spans_ok(const Node *n, uint32_t file, uint32_t len) {
     if (!n) return 1;
-    if (n->kind != N_PROGRAM && (n->span.file != file || n->span.off + n->span.len > len || n->span.line == 0))
-        return 0;
+    if (n->kind != N_PROGRAM && (n->span.file != file || n->span.off + n->span.len > len || n->span.line == 0)) return 0;
     if (!spans_ok(n->a, file, len) || !spans_ok(n->b, file, len) || !spans_ok(n->type, file, len)) return 0;
     for (int i = 0; i < n->list.n; i++)
         if (!spans_ok(n->list.v[i], file, len)) return 0;

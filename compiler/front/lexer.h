@@ -21,26 +21,26 @@ typedef struct Token {
 } Token;
 
 typedef struct Lexer {
-    uint32_t file;           /* diag source id */
-    const unsigned char *src;/* source text; src[len] must be 0 (sentinel) */
+    uint32_t file;            /* diag source id */
+    const unsigned char *src; /* source text; src[len] must be 0 (sentinel) */
     uint32_t len;
-    const unsigned char *cur;/* next byte to read */
+    const unsigned char *cur; /* next byte to read */
     const unsigned char *line_start;
     uint32_t line;
-    int depth;               /* open ( and [ */
-    Span open[LEX_MAX_NESTING + 1]; /* where each open ( or [ is */
-    int braces;              /* open { */
+    int depth;                       /* open ( and [ */
+    Span open[LEX_MAX_NESTING + 1];  /* where each open ( or [ is */
+    int braces;                      /* open { */
     Span brace[LEX_MAX_NESTING + 1]; /* where each open { is */
-    int errors;              /* lexical errors reported */
-    uint32_t last_error_off; /* where the latest one was */
-    int last;                /* code of the last token returned */
-    int pending;             /* a token held back while an inserted TK_SEMI is returned */
+    int errors;                      /* lexical errors reported */
+    uint32_t last_error_off;         /* where the latest one was */
+    int last;                        /* code of the last token returned */
+    int pending;                     /* a token held back while an inserted TK_SEMI is returned */
     Token held;
-    int too_deep;            /* nesting limit hit: the rest of the file is skipped */
+    int too_deep; /* nesting limit hit: the rest of the file is skipped */
 } Lexer;
 
-void lex_init(Lexer *lx, uint32_t file);     /* the source must be registered with diag */
-Token lex_next(Lexer *lx);                   /* next token; code 0 at end */
-const char *lex_token_desc(int code);        /* "')'", "identifier", "end of file" ... */
+void lex_init(Lexer *lx, uint32_t file); /* the source must be registered with diag */
+Token lex_next(Lexer *lx);               /* next token; code 0 at end */
+const char *lex_token_desc(int code);    /* "')'", "identifier", "end of file" ... */
 
 #endif

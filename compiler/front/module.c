@@ -115,8 +115,8 @@ Module *loader_import(Loader *ld, Module *from, Str name, Span at) {
     int ncand = ld->ndirs + 1;
     for (int i = 0; i < ncand; i++) {
         const char *dir = i == 0 ? dir_of(ld->ar, from->path) : ld->dirs[i - 1];
-        char *path = strcmp(dir, ".") == 0 ? arena_printf(ld->ar, "%s.mbt", cname)
-                                           : arena_printf(ld->ar, "%s/%s.mbt", dir, cname);
+        char *path =
+            strcmp(dir, ".") == 0 ? arena_printf(ld->ar, "%s.mbt", cname) : arena_printf(ld->ar, "%s/%s.mbt", dir, cname);
         struct stat st;
         if (stat(path, &st) != 0) continue;
         /* The same file reached under another name or directory is the same module. */
@@ -141,7 +141,7 @@ Module *loader_import(Loader *ld, Module *from, Str name, Span at) {
         return load(ld, cname, path, text, len);
     }
     diag_error(at, "module '%s' not found", cname);
-    diag_hint("looked for '%s.mbt' beside '%s', in -I directories, $MBT_PATH and the stdlib; pass -I DIR or set MBT_PATH",
-              cname, from->path);
+    diag_hint("looked for '%s.mbt' beside '%s', in -I directories, $MBT_PATH and the stdlib; pass -I DIR or set MBT_PATH", cname,
+              from->path);
     return NULL;
 }

@@ -12,20 +12,20 @@
 typedef struct Scope Scope;
 
 typedef struct Module {
-    const char *name;  /* import name ("nn"), or the main file's stem */
-    const char *path;  /* the file it was read from */
-    uint32_t file;     /* diag source id */
-    Node *ast;         /* N_PROGRAM */
-    int broken;        /* it had syntax errors: its names are unknown, not missing */
-    int state;         /* sema's bookkeeping: 0 new, 1 being checked, 2 checked */
-    Scope *scope;      /* sema's top-level scope of the module */
+    const char *name; /* import name ("nn"), or the main file's stem */
+    const char *path; /* the file it was read from */
+    uint32_t file;    /* diag source id */
+    Node *ast;        /* N_PROGRAM */
+    int broken;       /* it had syntax errors: its names are unknown, not missing */
+    int state;        /* sema's bookkeeping: 0 new, 1 being checked, 2 checked */
+    Scope *scope;     /* sema's top-level scope of the module */
 } Module;
 
 typedef struct Loader {
     Arena *ar;
     const char **dirs; /* -I dirs, then $MBT_PATH dirs, then the stdlib dir */
     int ndirs;
-    PtrVec modules;    /* Module*, in load order */
+    PtrVec modules; /* Module*, in load order */
 } Loader;
 
 /* Sets up the search path: -I dirs given, $MBT_PATH, then stdlib_dir (may be NULL). */

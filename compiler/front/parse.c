@@ -73,48 +73,78 @@ static const char *tok_show(ParseCtx *c, int code, const Token *t) {
 /* Tokens that can only start an expression, and tokens that can only continue one. */
 static int starts_expression(int code) {
     switch (code) {
-    case TK_IDENT: case TK_INT: case TK_FLOAT: case TK_STRING: case TK_TRUE: case TK_FALSE: case TK_MODEL:
-    case TK_NOT: case TK_PARAM:
-        return 1;
-    default:
-        return 0;
+    case TK_IDENT:
+    case TK_INT:
+    case TK_FLOAT:
+    case TK_STRING:
+    case TK_TRUE:
+    case TK_FALSE:
+    case TK_MODEL:
+    case TK_NOT:
+    case TK_PARAM: return 1;
+    default: return 0;
     }
 }
 
 static int continues_expression(int code) {
     switch (code) {
-    case TK_STAR: case TK_SLASH: case TK_PERCENT: case TK_CARET: case TK_AT: case TK_EQ: case TK_NE:
-    case TK_LT: case TK_LE: case TK_GT: case TK_GE: case TK_AND: case TK_OR: case TK_DOTDOT: case TK_DOT:
-        return 1;
-    default:
-        return 0;
+    case TK_STAR:
+    case TK_SLASH:
+    case TK_PERCENT:
+    case TK_CARET:
+    case TK_AT:
+    case TK_EQ:
+    case TK_NE:
+    case TK_LT:
+    case TK_LE:
+    case TK_GT:
+    case TK_GE:
+    case TK_AND:
+    case TK_OR:
+    case TK_DOTDOT:
+    case TK_DOT: return 1;
+    default: return 0;
     }
 }
 
 /* Either: '(' '[' '+' '-' start an expression (grouping, list, sign) or continue one. */
-static int either_expression(int code) {
-    return code == TK_LPAREN || code == TK_LBRACKET || code == TK_PLUS || code == TK_MINUS;
-}
+static int either_expression(int code) { return code == TK_LPAREN || code == TK_LBRACKET || code == TK_PLUS || code == TK_MINUS; }
 
 static int is_keyword(int code) {
     switch (code) {
-    case TK_IMPORT: case TK_AS: case TK_FN: case TK_PARAM: case TK_RETURN: case TK_FOR: case TK_IN: case TK_IF:
-    case TK_ELSE: case TK_OPTIMIZER: case TK_STATE: case TK_TRAIN: case TK_SERVE: case TK_AND: case TK_OR:
-    case TK_NOT: case TK_MODEL:
-        return 1;
-    default:
-        return 0;
+    case TK_IMPORT:
+    case TK_AS:
+    case TK_FN:
+    case TK_PARAM:
+    case TK_RETURN:
+    case TK_FOR:
+    case TK_IN:
+    case TK_IF:
+    case TK_ELSE:
+    case TK_OPTIMIZER:
+    case TK_STATE:
+    case TK_TRAIN:
+    case TK_SERVE:
+    case TK_AND:
+    case TK_OR:
+    case TK_NOT:
+    case TK_MODEL: return 1;
+    default: return 0;
     }
 }
 
 /* Tokens after which an expression is complete (so a following operand means a missing ','). */
 static int ends_operand(int code) {
     switch (code) {
-    case TK_IDENT: case TK_INT: case TK_FLOAT: case TK_STRING: case TK_TRUE: case TK_FALSE: case TK_RPAREN:
-    case TK_RBRACKET:
-        return 1;
-    default:
-        return 0;
+    case TK_IDENT:
+    case TK_INT:
+    case TK_FLOAT:
+    case TK_STRING:
+    case TK_TRUE:
+    case TK_FALSE:
+    case TK_RPAREN:
+    case TK_RBRACKET: return 1;
+    default: return 0;
     }
 }
 
@@ -126,8 +156,7 @@ static int is_comparison(int code) {
 static int wants_separator(const int *expected, int nexpected) {
     for (int i = 0; i < nexpected; i++) {
         int t = expected[i];
-        if (t != TK_RPAREN && t != TK_RBRACKET && t != TK_COMMA && !continues_expression(t) && !either_expression(t))
-            return 0;
+        if (t != TK_RPAREN && t != TK_RBRACKET && t != TK_COMMA && !continues_expression(t) && !either_expression(t)) return 0;
     }
     return nexpected > 0;
 }
@@ -150,8 +179,8 @@ static void error_unclosed(Span at, const char *got, Span open) {
     diag_note(open, "'%c' opened here", o);
 }
 
-void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected,
-                        const int *terms, int nterms) {
+void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected, const int *terms,
+                        int nterms) {
     if (c->failed) return;
     c->failed = 1;
     const Lexer *lx = c->lx;
@@ -192,8 +221,8 @@ void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expe
     } else if (top_term == TK_ARROW || (top_term == TK_COLON && in_fn_header(terms, nterms))) {
         diag_error(at, "expected a type, got %s", got);
         diag_hint("a type is a dtype with dimensions, such as f32[B, T, d], or a dtype alone for a scalar");
-    } else if (is_keyword(code) && code != TK_NOT && code != TK_MODEL &&
-               (c->prev == TK_LPAREN || c->prev == TK_COMMA) && in_fn_header(terms, nterms)) {
+    } else if (is_keyword(code) && code != TK_NOT && code != TK_MODEL && (c->prev == TK_LPAREN || c->prev == TK_COMMA) &&
+               in_fn_header(terms, nterms)) {
         diag_error(at, "expected a parameter name, got %s", got);
         diag_hint("%s is a keyword; choose another name", got);
     } else if (is_keyword(code) && (c->prev == TK_DOT || c->prev == TK_FN || c->prev == TK_FOR)) {
@@ -546,10 +575,13 @@ Node *parse_slice(ParseCtx *c, const Token *colon, Node *lo, Node *hi) {
 static int starts_declaration(const Token *t) {
     if (t->span.col != 1) return 0;
     switch (t->code) {
-    case TK_IMPORT: case TK_MODEL: case TK_FN: case TK_OPTIMIZER: case TK_TRAIN: case TK_SERVE:
-        return 1;
-    default:
-        return 0;
+    case TK_IMPORT:
+    case TK_MODEL:
+    case TK_FN:
+    case TK_OPTIMIZER:
+    case TK_TRAIN:
+    case TK_SERVE: return 1;
+    default: return 0;
     }
 }
 

@@ -12,7 +12,7 @@
 
 typedef struct ParseCtx {
     Arena *ar;
-    Node *prog;        /* N_PROGRAM being filled */
+    Node *prog; /* N_PROGRAM being filled */
     Lexer *lx;
     int failed;        /* a syntax error was reported: parse.c restarts at the next declaration */
     int depth_error;   /* "nested too deeply" already reported */
@@ -23,14 +23,13 @@ typedef struct ParseCtx {
 } ParseCtx;
 
 /* expected: the terminals the parser could take; terms: its stack, top first (nonterminals -1). */
-void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected,
-                        const int *terms, int nterms);
+void parse_syntax_error(ParseCtx *c, int code, const Token *tok, const int *expected, int nexpected, const int *terms,
+                        int nterms);
 void parse_stack_overflow(ParseCtx *c);
 void parse_add_decl(ParseCtx *c, Node *d);
 
 Node *parse_import(ParseCtx *c, const Token *kw, const Token *name, const Token *alias);
-Node *parse_decl(ParseCtx *c, NodeKind k, const Token *kw, const Token *name, NodeList *params, NodeList *body,
-                 const Token *end);
+Node *parse_decl(ParseCtx *c, NodeKind k, const Token *kw, const Token *name, NodeList *params, NodeList *body, const Token *end);
 Node *parse_fparam(ParseCtx *c, const Token *name, Node *type, Node *dflt);
 Node *parse_type(ParseCtx *c, const Token *dtype, NodeList *dims, const Token *end, int has_dims);
 Node *parse_state(ParseCtx *c, const Token *kw, NodeList *vars);

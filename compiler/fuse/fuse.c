@@ -41,8 +41,9 @@ int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar) {
 
 /* How much an op says about a kernel, for its name: dedicated and composite ops first. */
 static int fz_name_rank(GOp op) {
-    if (op >= G_SOFTMAX || op == G_GATHER) return op == G_MATMUL || op == G_RESHAPE || op == G_TRANSPOSE ||
-                                                       op == G_SLICE || op == G_CONCAT || op == G_BROADCAST ? 1 : 3;
+    if (op >= G_SOFTMAX || op == G_GATHER)
+        return op == G_MATMUL || op == G_RESHAPE || op == G_TRANSPOSE || op == G_SLICE || op == G_CONCAT || op == G_BROADCAST ? 1
+                                                                                                                              : 3;
     if (op >= G_SUM && op <= G_SUM_TO) return 2;
     return op == G_CONST ? 0 : 1;
 }
@@ -78,8 +79,8 @@ static const char *fz_kernel_name(FuseCtx *c, int kid, int index) {
 
 /* ---- the result ----------------------------------------------------------------------------------------- */
 
-static int fz_add_buffer(FuseResult *r, Arena *ar, int *cap, int node, const char *what, DType dt, int rank,
-                         const int64_t *shape, FuseBufKind kind) {
+static int fz_add_buffer(FuseResult *r, Arena *ar, int *cap, int node, const char *what, DType dt, int rank, const int64_t *shape,
+                         FuseBufKind kind) {
     if (r->nbuffers == *cap) {
         int nc = *cap ? *cap * 2 : 64;
         FuseBuffer *nb = arena_alloc(ar, sizeof(FuseBuffer) * (size_t)nc);
@@ -155,7 +156,6 @@ static void fz_buffers(FuseCtx *c, FuseResult *r, const int *order, int nl) {
         int f = c->fg->g2f[id];
         if (f >= 0 && c->buf_of[f] >= 0) r->node_buffer[id] = c->buf_of[f];
     }
-
 }
 
 /* Launch li, a GEMM: its operands' buffers, its bias gradient as the epilogue (F_GEMM_BGRAD). */
@@ -274,8 +274,9 @@ int fuse_verify(const FuseResult *r, FILE *out) {
             for (int d = 0; d < b->rank; d++) numel *= b->shape[d];
             if (need[j] > numel) {
                 problems++;
-                if (out) fprintf(out, "fuse: launch %d: GEMM operand %c needs %" PRId64 " elements of b%d's %" PRId64 "\n", i,
-                                 "abcv"[j], need[j], bufs[j], numel);
+                if (out)
+                    fprintf(out, "fuse: launch %d: GEMM operand %c needs %" PRId64 " elements of b%d's %" PRId64 "\n", i,
+                            "abcv"[j], need[j], bufs[j], numel);
             }
         }
     }
@@ -368,8 +369,9 @@ void fuse_print(FILE *out, const FuseResult *r) {
             fz_print_nodes(out, g, L->nodes, L->nnodes, &scratch);
             fprintf(out, "  a=b%d trans_a=%d lda=%" PRId64 "  b=b%d trans_b=%d ldb=%" PRId64 "  c=b%d ldc=%" PRId64 "\n", m->a,
                     m->trans_a, m->lda, m->b, m->trans_b, m->ldb, m->c, m->ldc);
-            fprintf(out, "  m=%" PRId64 " n=%" PRId64 " k=%" PRId64 " batch=%" PRId64 " stride_a=%" PRId64 " stride_b=%" PRId64
-                         " stride_c=%" PRId64 " alpha=%s beta=%s %s\n",
+            fprintf(out,
+                    "  m=%" PRId64 " n=%" PRId64 " k=%" PRId64 " batch=%" PRId64 " stride_a=%" PRId64 " stride_b=%" PRId64
+                    " stride_c=%" PRId64 " alpha=%s beta=%s %s\n",
                     m->m, m->n, m->k, m->batch, m->stride_a, m->stride_b, m->stride_c, value_float_str(&scratch, m->alpha),
                     value_float_str(&scratch, m->beta), dtype_name(m->dt));
             if (m->epilogue == FE_BIAS) fprintf(out, "  epilogue: bias b%d added to every row of C\n", m->bias);

@@ -27,15 +27,15 @@
  * column-major: a back end computes C^T = opB^T opA^T, swapping the operands.) */
 typedef enum FuseEpilogue {
     FE_NONE,
-    FE_BIAS,                 /* C_t[m, n] += bias[n]: `x @ w + b` as one GEMM (the library's epilogue) */
-    FE_BGRAD_B,              /* bias[n] = sum_k opB[k, n], written: a linear layer's bias gradient, summed
+    FE_BIAS,    /* C_t[m, n] += bias[n]: `x @ w + b` as one GEMM (the library's epilogue) */
+    FE_BGRAD_B, /* bias[n] = sum_k opB[k, n], written: a linear layer's bias gradient, summed
                                 from the output gradient that its weight gradient's GEMM reads as B */
 } FuseEpilogue;
 
 typedef struct FuseGemm {
-    int a, b, c;             /* buffers (FuseResult.buffers indices) */
+    int a, b, c; /* buffers (FuseResult.buffers indices) */
     FuseEpilogue epilogue;
-    int bias;                /* the epilogue's n-vector: FE_BIAS's bias (read), FE_BGRAD_B's sums (written); else -1 */
+    int bias; /* the epilogue's n-vector: FE_BIAS's bias (read), FE_BGRAD_B's sums (written); else -1 */
     int trans_a, trans_b;
     int64_t m, n, k, batch;
     int64_t lda, ldb, ldc;
@@ -45,19 +45,19 @@ typedef struct FuseGemm {
 } FuseGemm;
 
 typedef enum FuseBufKind {
-    FB_PARAM,   /* a parameter: given to the step */
-    FB_INPUT,   /* data fed each step */
-    FB_OUTPUT,  /* asked for (the loss, a gradient): live after the last launch */
-    FB_TEMP,    /* an activation or an internal value between two launches */
+    FB_PARAM,  /* a parameter: given to the step */
+    FB_INPUT,  /* data fed each step */
+    FB_OUTPUT, /* asked for (the loss, a gradient): live after the last launch */
+    FB_TEMP,   /* an activation or an internal value between two launches */
 } FuseBufKind;
 
 typedef struct FuseBuffer {
-    int node;        /* the graph node whose value it holds; -1 for an internal one */
-    const char *what;/* "%21 layernorm", "param wte", "row max of %48" */
+    int node;         /* the graph node whose value it holds; -1 for an internal one */
+    const char *what; /* "%21 layernorm", "param wte", "row max of %48" */
     DType dt;
     int rank;
     int64_t shape[GRAPH_MAX_RANK];
-    int64_t bytes;   /* elements * dtype size */
+    int64_t bytes; /* elements * dtype size */
     FuseBufKind kind;
     int first, last; /* launches: the first that touches it (writes it, or reads a leaf), the last
                         that does (an output's last is nlaunches - 1); -1, -1 when none does */
@@ -67,25 +67,25 @@ typedef enum FuseLaunchKind { FL_GEMM, FL_KERNEL } FuseLaunchKind;
 
 typedef struct FuseLaunch {
     FuseLaunchKind kind;
-    int kernel;      /* FL_KERNEL: index into kernels */
-    FuseGemm gemm;   /* FL_GEMM */
+    int kernel;    /* FL_KERNEL: index into kernels */
+    FuseGemm gemm; /* FL_GEMM */
     int nnodes;
-    int *nodes;      /* FL_GEMM: the graph nodes it computes (a matmul, the sum_to or bias add it absorbed, a
+    int *nodes; /* FL_GEMM: the graph nodes it computes (a matmul, the sum_to or bias add it absorbed, a
                         bias gradient) */
 } FuseLaunch;
 
 typedef struct FuseResult {
     const Graph *g;
     int nlaunches;
-    FuseLaunch *launches;  /* in order */
+    FuseLaunch *launches; /* in order */
     int nbuffers;
-    FuseBuffer *buffers;   /* leaves first (graph order), then the rest by first use */
+    FuseBuffer *buffers; /* leaves first (graph order), then the rest by first use */
     int nkernels;
-    Kernel **kernels;      /* in launch order */
+    Kernel **kernels; /* in launch order */
     int ngemms;
-    int *node_buffer;      /* [g->n]: the buffer holding a node's value, -1 when none does */
+    int *node_buffer; /* [g->n]: the buffer holding a node's value, -1 when none does */
     int noutputs;
-    int *outputs;          /* the graph nodes asked for */
+    int *outputs; /* the graph nodes asked for */
 } FuseResult;
 
 /* The fused IR: the graph nodes the outputs need, rewritten into primitive nodes - leaves,

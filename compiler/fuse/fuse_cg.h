@@ -26,11 +26,11 @@ typedef struct CG {
     Arena *ar;
     Kernel *k;
     KBuilder *b;
-    const char *why;  /* the first failure (trial mode) */
-    int red;          /* a reduction kernel */
-    int *acc;         /* [n] a reduce member's accumulator */
-    unsigned char *done; /* [n] its loop has ended */
-    int *dep;         /* [n] memo of cg_dep + 1 (0: unknown) */
+    const char *why;          /* the first failure (trial mode) */
+    int red;                  /* a reduction kernel */
+    int *acc;                 /* [n] a reduce member's accumulator */
+    unsigned char *done;      /* [n] its loop has ended */
+    int *dep;                 /* [n] memo of cg_dep + 1 (0: unknown) */
     int kept[GRAPH_MAX_RANK]; /* SSA of F's kept coordinates */
 } CG;
 
@@ -59,18 +59,18 @@ void cg_fail(CG *g, const char *why);
 
 /* ---- indices ---- */
 void ix_init(KIdx *ix, int rank, const int64_t *shape);
-int ix_dim(CG *g, KIdx *ix, int d);                /* dimension d, from the flat offset when unknown */
-int ix_flat(CG *g, KIdx *ix);                      /* the flat offset, from the dimensions when unknown */
+int ix_dim(CG *g, KIdx *ix, int d); /* dimension d, from the flat offset when unknown */
+int ix_flat(CG *g, KIdx *ix);       /* the flat offset, from the dimensions when unknown */
 KIdx ix_of(int rank, const int64_t *shape, const int *dims);
 int reshape_groups(int ra, const int64_t *a, int rb, const int64_t *b, ReshapeGroup *out);
 KIdx ix_reshape(CG *g, KIdx *ix, int rank, const int64_t *shape); /* ix in a reshaped view */
 
 /* ---- values ---- */
-int cg_buf(CG *g, int f, int written);             /* kernel parameter of node f's buffer */
-void cg_store(CG *g, int f, KIdx *ix, int v);      /* stores v when f has a buffer */
-int cg_value(CG *g, int f, KIdx *ix);              /* node f's value at ix, computed or loaded */
-int cg_index(CG *g, int f, KIdx *ix, int64_t n);   /* an i32 index tensor's element, clamped to [0, n) */
-int cg_computes(const CG *g, int f);               /* computed here (a member, or inlined) */
+int cg_buf(CG *g, int f, int written);           /* kernel parameter of node f's buffer */
+void cg_store(CG *g, int f, KIdx *ix, int v);    /* stores v when f has a buffer */
+int cg_value(CG *g, int f, KIdx *ix);            /* node f's value at ix, computed or loaded */
+int cg_index(CG *g, int f, KIdx *ix, int64_t n); /* an i32 index tensor's element, clamped to [0, n) */
+int cg_computes(const CG *g, int f);             /* computed here (a member, or inlined) */
 
 /* ---- dedicated kernels (fuse_codegen_dedicated.c): node n is the kernel's op ---- */
 void cg_attention(CG *g, const FNode *n);

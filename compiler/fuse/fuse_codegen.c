@@ -370,9 +370,7 @@ static int cg_compute(CG *g, const FNode *n, KIdx *ix) {
         int minus = cg_op2(g, K_SUB, t, ac, bs), plus = cg_op2(g, K_ADD, t, ac, bs);
         return n->ia[0] ? cg_op3(g, K_SELECT, t, lo, plus, minus) : cg_op3(g, K_SELECT, t, lo, minus, plus);
     }
-    default:
-        cg_fail(g, "a dedicated op computed as a value");
-        return cg_refused_value(g, n);
+    default: cg_fail(g, "a dedicated op computed as a value"); return cg_refused_value(g, n);
     }
 }
 

@@ -24,26 +24,26 @@
  * become maps and reductions, written in the reference evaluator's order of operations. */
 
 typedef enum FOp {
-    F_LEAF,        /* a parameter or input; ia[0] = graph node                                  */
-    F_CONST,       /* fa[0] everywhere                                                          */
-    F_IOTA,        /* the coordinate along axis ia[0]                                           */
-    F_RESHAPE,     /* same elements, row-major                                                  */
-    F_PERMUTE,     /* swaps axes ia[0] and ia[1]                                                 */
-    F_EXPAND,      /* in0 broadcast (right-aligned) to the shape                                */
-    F_SLICE,       /* along axis ia[0] from ia[1]                                                */
-    F_CONCAT,      /* along axis ia[0]                                                           */
-    F_GATHER,      /* rows of in0 [R, ...] at the i32 indices in1 [...] -> [..., ...]          */
-    F_TAKE,        /* in0 [..., V] at the i32 column in1 [...] of each row -> [...]            */
-    F_MAP,         /* kop applied to in0..in2 broadcast to the shape                            */
-    F_DROPOUT,     /* fa[0] = p, ia[0] = stream: the counter-based mask of ref.c                */
-    F_ROPE,        /* fa[0] = theta, ia[0] = 1 for the backward (the transposed rotation)      */
-    F_REDUCE,      /* kop over the axes in the bit mask ia[0] of in0; those axes become 1       */
-    F_GEMM,        /* in0 = A's buffer node, in1 = B's, in2 = the bias's (FE_BIAS); gemm holds the rest */
-    F_GEMM_BGRAD,  /* in0 = a GEMM whose B is [k, n] (not transposed): B's column sums, computed by
+    F_LEAF,       /* a parameter or input; ia[0] = graph node                                  */
+    F_CONST,      /* fa[0] everywhere                                                          */
+    F_IOTA,       /* the coordinate along axis ia[0]                                           */
+    F_RESHAPE,    /* same elements, row-major                                                  */
+    F_PERMUTE,    /* swaps axes ia[0] and ia[1]                                                 */
+    F_EXPAND,     /* in0 broadcast (right-aligned) to the shape                                */
+    F_SLICE,      /* along axis ia[0] from ia[1]                                                */
+    F_CONCAT,     /* along axis ia[0]                                                           */
+    F_GATHER,     /* rows of in0 [R, ...] at the i32 indices in1 [...] -> [..., ...]          */
+    F_TAKE,       /* in0 [..., V] at the i32 column in1 [...] of each row -> [...]            */
+    F_MAP,        /* kop applied to in0..in2 broadcast to the shape                            */
+    F_DROPOUT,    /* fa[0] = p, ia[0] = stream: the counter-based mask of ref.c                */
+    F_ROPE,       /* fa[0] = theta, ia[0] = 1 for the backward (the transposed rotation)      */
+    F_REDUCE,     /* kop over the axes in the bit mask ia[0] of in0; those axes become 1       */
+    F_GEMM,       /* in0 = A's buffer node, in1 = B's, in2 = the bias's (FE_BIAS); gemm holds the rest */
+    F_GEMM_BGRAD, /* in0 = a GEMM whose B is [k, n] (not transposed): B's column sums, computed by
                       that GEMM's launch (FE_BGRAD_B: a bias gradient beside its weight gradient)    */
-    F_ATTN,        /* q, k, v; ia[0] = causal; fa[0] = scale                                    */
-    F_ATTN_STATS,  /* dout, q, k, v -> [..., H, T, 3]: row max, row sum, sum_j P dP per query  */
-    F_ATTN_BWD_Q,  /* dout, q, k, v, stats                                                      */
+    F_ATTN,       /* q, k, v; ia[0] = causal; fa[0] = scale                                    */
+    F_ATTN_STATS, /* dout, q, k, v -> [..., H, T, 3]: row max, row sum, sum_j P dP per query  */
+    F_ATTN_BWD_Q, /* dout, q, k, v, stats                                                      */
     F_ATTN_BWD_K,
     F_ATTN_BWD_V,
     F_TOPK,        /* ia[0] = k, ia[1] = axis, ia[2] = 1 for the indices                        */
@@ -66,10 +66,10 @@ typedef struct FNode {
     int in[FUSE_MAX_IN];
     int64_t ia[4];
     double fa[2];
-    int gid;        /* the graph node it was made for (a composite's parts: the composite) */
-    int keep;       /* lowering's hint: give it a buffer (cross-entropy's per-row loss, so that the
+    int gid;       /* the graph node it was made for (a composite's parts: the composite) */
+    int keep;      /* lowering's hint: give it a buffer (cross-entropy's per-row loss, so that the
                        loss's mean reads N values rather than the logits); not part of its identity */
-    FuseGemm gemm;  /* F_GEMM: a, b, c filled in by the partition */
+    FuseGemm gemm; /* F_GEMM: a, b, c filled in by the partition */
 } FNode;
 
 struct FusedGraph {
@@ -77,16 +77,16 @@ struct FusedGraph {
     const Graph *g;
     FNode **node;
     int n, cap;
-    int *hash;      /* open addressing over node ids, -1 empty */
+    int *hash; /* open addressing over node ids, -1 empty */
     int hcap;
-    int *g2f;       /* [g->n] the node holding each graph node's value, -1 when not lowered */
-    int *absorbed;  /* [g->n] a matmul folded into the GEMM of its sum_to or bias add: that GEMM, else -1 */
+    int *g2f;      /* [g->n] the node holding each graph node's value, -1 when not lowered */
+    int *absorbed; /* [g->n] a matmul folded into the GEMM of its sum_to or bias add: that GEMM, else -1 */
     int noutputs;
-    int *outputs;   /* the graph nodes asked for */
+    int *outputs; /* the graph nodes asked for */
 };
 
-const char *fuse_fop_name(FOp op);        /* "map", "reduce" ... */
-int64_t fuse_numel(const FNode *n);       /* elements */
+const char *fuse_fop_name(FOp op);  /* "map", "reduce" ... */
+int64_t fuse_numel(const FNode *n); /* elements */
 
 /* ---- the partition --------------------------------------------------------------------------- */
 
@@ -95,8 +95,8 @@ typedef struct IVec {
     int n, cap;
 } IVec;
 
-void fuse_ivec_push(Arena *ar, IVec *v, int x);       /* append */
-int fuse_ivec_has(const IVec *v, int x);              /* membership (linear) */
+void fuse_ivec_push(Arena *ar, IVec *v, int x); /* append */
+int fuse_ivec_has(const IVec *v, int x);        /* membership (linear) */
 
 /* Shapes a and b equal once their size-1 axes are left out. */
 int fuse_squeeze_eq(int ra, const int64_t *a, int rb, const int64_t *b);
@@ -104,7 +104,7 @@ int fuse_squeeze_eq(int ra, const int64_t *a, int rb, const int64_t *b);
 enum { FC_LEAF, FC_INLINE, FC_ANCHOR };          /* how a node is computed */
 enum { FK_ELEM, FK_REDUCE, FK_GEMM, FK_OPAQUE }; /* kinds of launch */
 
-typedef struct FSeg {   /* a part of an elementwise kernel: members of one shape */
+typedef struct FSeg { /* a part of an elementwise kernel: members of one shape */
     int rank;
     int64_t shape[GRAPH_MAX_RANK];
     IVec members;
@@ -113,43 +113,43 @@ typedef struct FSeg {   /* a part of an elementwise kernel: members of one shape
 typedef struct FKern {
     int alive;
     int kind;
-    int rank;                       /* FK_ELEM: its first segment's shape; FK_REDUCE: the shape  */
-    int64_t shape[GRAPH_MAX_RANK];  /* F of the reduced inputs                                   */
-    uint32_t mask;                  /* FK_REDUCE: the reduced axes of F                          */
-    IVec members;                   /* the nodes it owns (computes and may store), ascending     */
+    int rank;                      /* FK_ELEM: its first segment's shape; FK_REDUCE: the shape  */
+    int64_t shape[GRAPH_MAX_RANK]; /* F of the reduced inputs                                   */
+    uint32_t mask;                 /* FK_REDUCE: the reduced axes of F                          */
+    IVec members;                  /* the nodes it owns (computes and may store), ascending     */
     int nseg;
-    FSeg *seg;                      /* FK_ELEM */
-    IVec reads;                     /* nodes it loads (owned elsewhere or leaves)               */
-    IVec inl;                       /* nodes it computes inline (owned by nobody)                */
-    IVec deps;                      /* kernels it reads from                                     */
-    int order;                      /* its launch, once scheduled                                */
+    FSeg *seg;  /* FK_ELEM */
+    IVec reads; /* nodes it loads (owned elsewhere or leaves)               */
+    IVec inl;   /* nodes it computes inline (owned by nobody)                */
+    IVec deps;  /* kernels it reads from                                     */
+    int order;  /* its launch, once scheduled                                */
 } FKern;
 
 typedef struct FuseCtx {
-    Arena *ar;              /* the result's arena */
-    Arena *tmp;             /* the partition's scratch */
+    Arena *ar;  /* the result's arena */
+    Arena *tmp; /* the partition's scratch */
     const Graph *g;
     const FusedGraph *fg;
-    int n;                  /* fg->n */
-    unsigned char *live;    /* [n] needed by an output */
-    unsigned char *cat;     /* [n] FC_* */
-    unsigned char *mat;     /* [n] has a buffer of its own */
-    unsigned char *forced;  /* [n] must have one (an output, a GEMM or dedicated kernel operand) */
-    unsigned char *isout;   /* [n] an output */
-    int *owner;             /* [n] kernel owning it, -1 */
-    int *pin;               /* [n] a node whose kernel must also store this one, -1 */
-    IVec *users;            /* [n] live users */
+    int n;                 /* fg->n */
+    unsigned char *live;   /* [n] needed by an output */
+    unsigned char *cat;    /* [n] FC_* */
+    unsigned char *mat;    /* [n] has a buffer of its own */
+    unsigned char *forced; /* [n] must have one (an output, a GEMM or dedicated kernel operand) */
+    unsigned char *isout;  /* [n] an output */
+    int *owner;            /* [n] kernel owning it, -1 */
+    int *pin;              /* [n] a node whose kernel must also store this one, -1 */
+    IVec *users;           /* [n] live users */
     FKern *k;
     int nk, capk;
-    int *buf_of;            /* [n] buffer index once assigned, -1 */
-    int *buf_node;          /* [buffers] the graph node each buffer holds, -1 */
-    int final;              /* 1 while generating the kernels of the result */
-    int *stamp;             /* [n] visit marks of fz_eval */
+    int *buf_of;   /* [n] buffer index once assigned, -1 */
+    int *buf_node; /* [buffers] the graph node each buffer holds, -1 */
+    int final;     /* 1 while generating the kernels of the result */
+    int *stamp;    /* [n] visit marks of fz_eval */
     int stampv;
-    int *work;              /* [n] fz_eval's stack */
-    int *kmark;             /* [capk] visit marks of the reachability search */
+    int *work;  /* [n] fz_eval's stack */
+    int *kmark; /* [capk] visit marks of the reachability search */
     int kmarkv;
-    int *kver;              /* [capk] bumped when a kernel changes (for the failed-merge cache) */
+    int *kver; /* [capk] bumped when a kernel changes (for the failed-merge cache) */
 } FuseCtx;
 
 /* Partitions the nodes of c->fg that its outputs need into launches (c->ar, c->tmp and c->g set

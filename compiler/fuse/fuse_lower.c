@@ -25,20 +25,37 @@
 typedef struct FL {
     FusedGraph *fg;
     const Graph *g;
-    int gid;                   /* the graph node being lowered */
-    int *guses;                /* [g->n] uses by live nodes */
-    int *guser;                /* [g->n] the last live user */
+    int gid;    /* the graph node being lowered */
+    int *guses; /* [g->n] uses by live nodes */
+    int *guser; /* [g->n] the last live user */
     const unsigned char *glive;
 } FL;
 
 static const char *const fuse_fop_names[F_OP_COUNT] = {
-    [F_LEAF] = "leaf", [F_CONST] = "const", [F_IOTA] = "iota", [F_RESHAPE] = "reshape", [F_PERMUTE] = "permute",
-    [F_EXPAND] = "expand", [F_SLICE] = "slice", [F_CONCAT] = "concat", [F_GATHER] = "gather", [F_TAKE] = "take",
-    [F_MAP] = "map", [F_DROPOUT] = "dropout", [F_ROPE] = "rope", [F_REDUCE] = "reduce", [F_GEMM] = "gemm",
+    [F_LEAF] = "leaf",
+    [F_CONST] = "const",
+    [F_IOTA] = "iota",
+    [F_RESHAPE] = "reshape",
+    [F_PERMUTE] = "permute",
+    [F_EXPAND] = "expand",
+    [F_SLICE] = "slice",
+    [F_CONCAT] = "concat",
+    [F_GATHER] = "gather",
+    [F_TAKE] = "take",
+    [F_MAP] = "map",
+    [F_DROPOUT] = "dropout",
+    [F_ROPE] = "rope",
+    [F_REDUCE] = "reduce",
+    [F_GEMM] = "gemm",
     [F_GEMM_BGRAD] = "gemm_bgrad",
-    [F_ATTN] = "attention", [F_ATTN_STATS] = "attention_stats", [F_ATTN_BWD_Q] = "attention_bwd_q",
-    [F_ATTN_BWD_K] = "attention_bwd_k", [F_ATTN_BWD_V] = "attention_bwd_v", [F_TOPK] = "topk",
-    [F_SCATTER_ADD] = "scatter_add", [F_SEG_NORM] = "seg_norm",
+    [F_ATTN] = "attention",
+    [F_ATTN_STATS] = "attention_stats",
+    [F_ATTN_BWD_Q] = "attention_bwd_q",
+    [F_ATTN_BWD_K] = "attention_bwd_k",
+    [F_ATTN_BWD_V] = "attention_bwd_v",
+    [F_TOPK] = "topk",
+    [F_SCATTER_ADD] = "scatter_add",
+    [F_SEG_NORM] = "seg_norm",
 };
 
 const char *fuse_fop_name(FOp op) { return op >= 0 && op < F_OP_COUNT ? fuse_fop_names[op] : "?"; }
@@ -94,9 +111,8 @@ static int fl_same(const FNode *a, const FNode *b) {
     if (a->op == F_GEMM) {
         const FuseGemm *x = &a->gemm, *y = &b->gemm;
         if (x->trans_a != y->trans_a || x->trans_b != y->trans_b || x->m != y->m || x->n != y->n || x->k != y->k ||
-            x->batch != y->batch || x->lda != y->lda || x->ldb != y->ldb || x->ldc != y->ldc ||
-            x->stride_a != y->stride_a || x->stride_b != y->stride_b || x->stride_c != y->stride_c ||
-            x->epilogue != y->epilogue)
+            x->batch != y->batch || x->lda != y->lda || x->ldb != y->ldb || x->ldc != y->ldc || x->stride_a != y->stride_a ||
+            x->stride_b != y->stride_b || x->stride_c != y->stride_c || x->epilogue != y->epilogue)
             return 0;
     }
     return 1;
@@ -372,8 +388,8 @@ static uint32_t fl_axis_mask(const FNode *x, int64_t axis) {
  * ----------------------------------------------------------------------------------------- */
 
 typedef struct FLOperand {
-    int node;        /* after peeling transposes: the stored layout */
-    int buf;         /* the node whose buffer holds it (reshapes peeled) */
+    int node; /* after peeling transposes: the stored layout */
+    int buf;  /* the node whose buffer holds it (reshapes peeled) */
     int trans;
     int64_t rows, cols, batch;
 } FLOperand;
@@ -430,9 +446,23 @@ static int fl_matmul(FL *L, const GNode *gn, int x, int y) {
     if (nbatch < 0 || obatch * M * N != out) INTERNAL("fuse: matmul %%%d: output shape", gn->id);
     if (A.batch != 1 && A.batch != obatch) fl_operand_expand(L, &A, nbatch, gn->shape);
     if (B.batch != 1 && B.batch != obatch) fl_operand_expand(L, &B, nbatch, gn->shape);
-    FuseGemm m = {.a = -1, .b = -1, .c = -1, .epilogue = FE_NONE, .bias = -1, .trans_a = A.trans, .trans_b = B.trans,
-                  .m = M, .n = N, .k = K,
-                  .batch = obatch, .lda = A.cols, .ldb = B.cols, .ldc = N, .alpha = 1.0, .beta = 0.0, .dt = gn->dt};
+    FuseGemm m = {.a = -1,
+                  .b = -1,
+                  .c = -1,
+                  .epilogue = FE_NONE,
+                  .bias = -1,
+                  .trans_a = A.trans,
+                  .trans_b = B.trans,
+                  .m = M,
+                  .n = N,
+                  .k = K,
+                  .batch = obatch,
+                  .lda = A.cols,
+                  .ldb = B.cols,
+                  .ldc = N,
+                  .alpha = 1.0,
+                  .beta = 0.0,
+                  .dt = gn->dt};
     m.stride_a = A.batch > 1 ? A.rows * A.cols : 0;
     m.stride_b = B.batch > 1 ? B.rows * B.cols : 0;
     m.stride_c = obatch > 1 ? M * N : 0;
@@ -566,8 +596,7 @@ static int fl_lower_pointwise(FL *L, const GNode *n, const int *in) {
     case G_ABS: return fl_un(L, K_ABS, x);
     case G_RSQRT: return fl_div2(L, fl_c(L, 1.0, dt), fl_un(L, K_SQRT, x));
     case G_SIGMOID: return fl_sigmoid(L, x);
-    case G_RELU: /* x > 0 or NaN: x, else 0 */
-        return fl_sel(L, fl_bin(L, K_LE, x, fl_c(L, 0.0, dt)), fl_c(L, 0.0, dt), x);
+    case G_RELU: /* x > 0 or NaN: x, else 0 */ return fl_sel(L, fl_bin(L, K_LE, x, fl_c(L, 0.0, dt)), fl_c(L, 0.0, dt), x);
     case G_GELU: return fl_gelu(L, x);
     case G_SILU: return fl_mul2(L, x, fl_sigmoid(L, x));
     case G_SIGN:
@@ -840,8 +869,8 @@ static int fl_lower_node(FL *L, const GNode *n) {
         if (in[i] < 0 && !(n->op == G_SUM_TO && L->fg->absorbed[n->in[i]] >= 0))
             INTERNAL("fuse: %%%d (%s) reads %%%d, which was not lowered", n->id, graph_op_name(n->op), n->in[i]);
     }
-    int (*const family[])(FL *, const GNode *, const int *) = {fl_lower_pointwise, fl_lower_reduction,
-                                                               fl_lower_dedicated, fl_lower_layout};
+    int (*const family[])(FL *, const GNode *, const int *) = {fl_lower_pointwise, fl_lower_reduction, fl_lower_dedicated,
+                                                               fl_lower_layout};
     for (size_t i = 0; i < sizeof family / sizeof *family; i++) {
         int f = family[i](L, n, in);
         if (f != FL_OTHER) return f;

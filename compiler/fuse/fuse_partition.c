@@ -489,7 +489,6 @@ static void fz_merge_all(FuseCtx *c, FzFail *fail) {
 
 /* ---- the partition ---------------------------------------------------------------------------------- */
 
-
 /* x == y, or a path x -> ... -> y. */
 static int fz_ancestor(FuseCtx *c, int x, int y) {
     if (x == y) return 1;
@@ -602,8 +601,7 @@ static void fz_build_kernels(FuseCtx *c) {
     c->nk = 0;
     for (int f = 0; f < c->n; f++) c->owner[f] = -1;
     for (int f = 0; f < c->n; f++)
-        if (c->live[f] && c->pin[f] < 0 && (c->cat[f] == FC_ANCHOR || (c->cat[f] == FC_INLINE && c->mat[f])))
-            fz_kernel_for(c, f);
+        if (c->live[f] && c->pin[f] < 0 && (c->cat[f] == FC_ANCHOR || (c->cat[f] == FC_INLINE && c->mat[f]))) fz_kernel_for(c, f);
     for (int placed = 1; placed;) {
         placed = 0;
         for (int f = 0; f < c->n; f++) {
@@ -621,7 +619,8 @@ static void fz_build_kernels(FuseCtx *c) {
         }
     }
     for (int f = 0; f < c->n; f++)
-        if (c->live[f] && c->pin[f] >= 0 && c->owner[f] < 0) INTERNAL("fuse: node %d is pinned to %d, which has no launch", f, c->pin[f]);
+        if (c->live[f] && c->pin[f] >= 0 && c->owner[f] < 0)
+            INTERNAL("fuse: node %d is pinned to %d, which has no launch", f, c->pin[f]);
 }
 
 /* Kernels of a cycle in the launch graph, if any (a pinned node whose pin turned out wrong):

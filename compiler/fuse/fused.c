@@ -38,7 +38,7 @@ static void fd_gemm(FILE *l, const FuseGemm *m) {
     fprintf(l, " m=%" PRId64 " n=%" PRId64 " k=%" PRId64, m->m, m->n, m->k);
     if (m->batch != 1)
         fprintf(l, " batch=%" PRId64 " strides=%" PRId64 ",%" PRId64 ",%" PRId64, m->batch, m->stride_a, m->stride_b,
-                  m->stride_c);
+                m->stride_c);
     if (m->trans_a) fprintf(l, " trans_a");
     if (m->trans_b) fprintf(l, " trans_b");
     fprintf(l, " ld=%" PRId64 ",%" PRId64 ",%" PRId64, m->lda, m->ldb, m->ldc);
@@ -68,9 +68,11 @@ static void fd_attrs(FILE *l, Arena *ar, const FNode *n) {
     case F_ROPE: fprintf(l, " theta=%s%s", value_float_str(ar, n->fa[0]), ia[0] ? " backward" : ""); break;
     case F_REDUCE: fd_axes(l, (uint32_t)ia[0]); break;
     case F_GEMM: fd_gemm(l, &n->gemm); break;
-    case F_ATTN: case F_ATTN_STATS: case F_ATTN_BWD_Q: case F_ATTN_BWD_K: case F_ATTN_BWD_V:
-        fprintf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, n->fa[0]));
-        break;
+    case F_ATTN:
+    case F_ATTN_STATS:
+    case F_ATTN_BWD_Q:
+    case F_ATTN_BWD_K:
+    case F_ATTN_BWD_V: fprintf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, n->fa[0])); break;
     case F_TOPK: fprintf(l, " k=%" PRId64 " axis=%" PRId64 "%s", ia[0], ia[1], ia[2] ? " indices" : ""); break;
     default: break;
     }
@@ -178,12 +180,12 @@ static void fd_same_type(FusedVerify *v, const FNode *x, int shape_too) {
 /* How many inputs op takes: [*lo, *hi]. */
 static void fd_arity(FOp op, int *lo, int *hi) {
     static const signed char a[F_OP_COUNT][2] = {
-        [F_LEAF] = {0, 0},      [F_CONST] = {0, 0},       [F_IOTA] = {0, 0},          [F_RESHAPE] = {1, 1},
-        [F_PERMUTE] = {1, 1},   [F_EXPAND] = {1, 1},      [F_SLICE] = {1, 1},         [F_CONCAT] = {1, FUSE_MAX_IN},
-        [F_GATHER] = {2, 2},    [F_TAKE] = {2, 2},        [F_MAP] = {1, 3},           [F_DROPOUT] = {1, 1},
-        [F_ROPE] = {1, 1},      [F_REDUCE] = {1, 1},      [F_GEMM] = {2, 3},          [F_GEMM_BGRAD] = {1, 1},
-        [F_ATTN] = {3, 3},      [F_ATTN_STATS] = {4, 4},  [F_ATTN_BWD_Q] = {5, 5},    [F_ATTN_BWD_K] = {5, 5},
-        [F_ATTN_BWD_V] = {5, 5}, [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2},   [F_SEG_NORM] = {1, 1},
+        [F_LEAF] = {0, 0},       [F_CONST] = {0, 0},      [F_IOTA] = {0, 0},        [F_RESHAPE] = {1, 1},
+        [F_PERMUTE] = {1, 1},    [F_EXPAND] = {1, 1},     [F_SLICE] = {1, 1},       [F_CONCAT] = {1, FUSE_MAX_IN},
+        [F_GATHER] = {2, 2},     [F_TAKE] = {2, 2},       [F_MAP] = {1, 3},         [F_DROPOUT] = {1, 1},
+        [F_ROPE] = {1, 1},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},        [F_GEMM_BGRAD] = {1, 1},
+        [F_ATTN] = {3, 3},       [F_ATTN_STATS] = {4, 4}, [F_ATTN_BWD_Q] = {5, 5},  [F_ATTN_BWD_K] = {5, 5},
+        [F_ATTN_BWD_V] = {5, 5}, [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},
     };
     *lo = a[op][0];
     *hi = a[op][1];
@@ -215,7 +217,8 @@ static void fd_view(FusedVerify *v) {
             return;
         }
         for (int d = 0; d < n->rank; d++)
-            if (n->shape[d] != x->shape[d == a ? b : d == b ? a : d]) fd_fail(v, "the shape is not f%d's with two axes swapped", x->id);
+            if (n->shape[d] != x->shape[d == a ? b : d == b ? a : d])
+                fd_fail(v, "the shape is not f%d's with two axes swapped", x->id);
     }
     if (n->op == F_EXPAND) fd_broadcast(v);
     if (n->op == F_SLICE) {
@@ -248,7 +251,8 @@ static void fd_gemm_check(FusedVerify *v) {
                        (m->batch - 1) * m->stride_b + (m->trans_b ? m->n : m->k) * m->ldb, m->n};
     for (int i = 0; i < n->nin; i++)
         if (fuse_numel(fd_in(v, i)) < need[i])
-            fd_fail(v, "operand %c (f%d) has %" PRId64 " elements, %" PRId64 " needed", "abv"[i], n->in[i], fuse_numel(fd_in(v, i)), need[i]);
+            fd_fail(v, "operand %c (f%d) has %" PRId64 " elements, %" PRId64 " needed", "abv"[i], n -> in[i],
+                    fuse_numel(fd_in(v, i)), need[i]);
     if ((n->nin == 3) != (m->epilogue == FE_BIAS)) fd_fail(v, "a bias operand without the bias epilogue, or the reverse");
 }
 
@@ -263,9 +267,13 @@ static void fd_node(FusedVerify *v) {
             fd_fail(v, "not of %%%d's type", gn->id);
         break;
     }
-    case F_RESHAPE: case F_PERMUTE: case F_EXPAND: case F_SLICE: fd_view(v); break;
+    case F_RESHAPE:
+    case F_PERMUTE:
+    case F_EXPAND:
+    case F_SLICE: fd_view(v); break;
     case F_MAP: fd_broadcast(v); break;
-    case F_DROPOUT: case F_ROPE: fd_same_type(v, fd_in(v, 0), 1); break;
+    case F_DROPOUT:
+    case F_ROPE: fd_same_type(v, fd_in(v, 0), 1); break;
     case F_REDUCE: fd_reduce(v); break;
     case F_GEMM: fd_gemm_check(v); break;
     case F_GEMM_BGRAD:

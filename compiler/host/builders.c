@@ -38,10 +38,10 @@ static LLVMTypeRef host_struct(Host *h, HostAbiStruct which, const char *name, L
 #define HOST_KIND_plan(h) (h)->plan_t
 #define HOST_FIELD_TYPE(ctype, f, kind) HOST_KIND_##kind(h),
 /* h->member = the named struct `name` of the fields in LIST, checked against the C layout */
-#define HOST_STRUCT(member, which, name, LIST, n)                                                              \
-    do {                                                                                                       \
-        LLVMTypeRef fields_[] = {LIST(HOST_FIELD_TYPE)};                                                       \
-        h->member = host_struct(h, which, name, fields_, n);                                                   \
+#define HOST_STRUCT(member, which, name, LIST, n)                                                                                \
+    do {                                                                                                                         \
+        LLVMTypeRef fields_[] = {LIST(HOST_FIELD_TYPE)};                                                                         \
+        h->member = host_struct(h, which, name, fields_, n);                                                                     \
     } while (0)
 
 void host_types(Host *h) {

@@ -23,8 +23,8 @@ static LLVMValueRef emit_ramp_table(Host *h) {
         const PlanProgram *pg = &p->programs[i + 1];
         if (pg->micro != p->programs[0].micro || pg->data != p->programs[0].data || pg->first_step <= 0 ||
             pg->first_step <= p->programs[i].first_step || pg->global != pg->micro * pg->accumulation * pg->data)
-            INTERNAL("host: step program %d (from step %" PRId64 ", global %" PRId64 " = %" PRId64 " x %" PRId64
-                     " x %" PRId64 ") does not extend the batch schedule",
+            INTERNAL("host: step program %d (from step %" PRId64 ", global %" PRId64 " = %" PRId64 " x %" PRId64 " x %" PRId64
+                     ") does not extend the batch schedule",
                      i + 2, pg->first_step, pg->global, pg->micro, pg->accumulation, pg->data);
         LLVMValueRef f[RT_RAMP_NFIELDS] = {0};
         f[RT_RAMP_step] = ci64(h, pg->first_step);
@@ -52,14 +52,15 @@ const char *program_hash(Host *h) {
     char *ir = LLVMPrintModuleToString(h->m);
     LLVMSetModuleIdentifier(h->m, id, idlen);
     LLVMSetSourceFileName(h->m, src, srclen);
-    const char *text = arena_printf(h->ar, "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
-                                           "shuffle=%d vocab=%" PRId64,
-                                    ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip,
-                                    p->has_lr ? p->lr_base : 1.0, ts->shuffle, p->sched.vocab);
+    const char *text = arena_printf(h->ar,
+                                    "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
+                                    "shuffle=%d vocab=%" PRId64,
+                                    ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip, p->has_lr ? p->lr_base : 1.0,
+                                    ts->shuffle, p->sched.vocab);
     LLVMDisposeMessage(ir);
     for (int i = 0; i < p->nprograms; i++)
-        text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text, p->programs[i].first_step,
-                            p->programs[i].global, p->programs[i].accumulation);
+        text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text,
+                            p->programs[i].first_step, p->programs[i].global, p->programs[i].accumulation);
     char hex[HOST_ABI_CHECKSUM_CHARS + 1];
     host_abi_checksum(text, strlen(text), hex);
     return arena_printf(h->ar, "xxh3-128:%s", hex);
@@ -146,8 +147,7 @@ static LLVMValueRef emit_plan_info(Host *h) {
 }
 
 void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
-                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
-                     LLVMValueRef gpu) {
+                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u, LLVMValueRef gpu) {
     const Plan *p = h->plan;
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
     LLVMValueRef table = emit_param_table(h), train = train_settings(h);

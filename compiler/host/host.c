@@ -56,15 +56,29 @@ static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
             LLVMValueRef callee = h->target->gemm(h, g->dt);
             int vec = g->epilogue != FE_NONE;
-            LLVMValueRef a[21] = {f->exec, ci32(h, g->trans_a), ci32(h, g->trans_b), ci64(h, g->m), ci64(h, g->n), ci64(h, g->k),
-                                  LLVMConstReal(h->f32, g->alpha), addr[g->a], ci64(h, g->lda), ci64(h, g->stride_a),
-                                  addr[g->b], ci64(h, g->ldb), ci64(h, g->stride_b), LLVMConstReal(h->f32, g->beta),
-                                  addr[g->c], ci64(h, g->ldc), ci64(h, g->stride_c), ci64(h, g->batch),
-                                  ci32(h, host_abi_gemm_epilogue(g->epilogue)), vec ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
+            LLVMValueRef a[21] = {f->exec,
+                                  ci32(h, g->trans_a),
+                                  ci32(h, g->trans_b),
+                                  ci64(h, g->m),
+                                  ci64(h, g->n),
+                                  ci64(h, g->k),
+                                  LLVMConstReal(h->f32, g->alpha),
+                                  addr[g->a],
+                                  ci64(h, g->lda),
+                                  ci64(h, g->stride_a),
+                                  addr[g->b],
+                                  ci64(h, g->ldb),
+                                  ci64(h, g->stride_b),
+                                  LLVMConstReal(h->f32, g->beta),
+                                  addr[g->c],
+                                  ci64(h, g->ldc),
+                                  ci64(h, g->stride_c),
+                                  ci64(h, g->batch),
+                                  ci32(h, host_abi_gemm_epilogue(g->epilogue)),
+                                  vec ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
                                   f->err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
-            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21,
-                                             arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
+            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21, arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
             emit_check(h, f->fn, st);
             continue;
         }
@@ -212,12 +226,13 @@ static void print_program(Host *h, FILE *out, const Sched *const *scheds, const 
                     h->ar, "%sGEMM %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s%s into %s%s", L->gemm.dt == DT_BF16 ? "bf16 " : "",
                     L->gemm.m, L->gemm.n, L->gemm.k,
                     L->gemm.batch > 1 ? arena_printf(h->ar, " (batch %" PRId64 ")", L->gemm.batch) : "",
-                    L->gemm.trans_a || L->gemm.trans_b ? (L->gemm.trans_a ? (L->gemm.trans_b ? ", A^T B^T" : ", A^T B")
-                                                                          : ", A B^T")
-                                                       : "",
-                    L->gemm.epilogue == FE_NONE ? ""
-                    : arena_printf(h->ar, L->gemm.epilogue == FE_BIAS ? " + bias %s" : ", B's column sums into %s",
-                                   S->r->buffers[L->gemm.bias].what),
+                    L->gemm.trans_a || L->gemm.trans_b
+                        ? (L->gemm.trans_a ? (L->gemm.trans_b ? ", A^T B^T" : ", A^T B") : ", A B^T")
+                        : "",
+                    L->gemm.epilogue == FE_NONE
+                        ? ""
+                        : arena_printf(h->ar, L->gemm.epilogue == FE_BIAS ? " + bias %s" : ", B's column sums into %s",
+                                       S->r->buffers[L->gemm.bias].what),
                     c->what, base ? arena_printf(h->ar, " %s:%u:%u", base, gn->src.line, gn->src.col) : "");
             } else {
                 const Kernel *kn = S->r->kernels[L->kernel];
@@ -257,8 +272,8 @@ int host_refuses(const TrainBuild *tb) {
     return 0;
 }
 
-int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input,
-                 const char *output, FILE *emit, const HostCuda *cuda, Arena *ar) {
+int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
+                 FILE *emit, const HostCuda *cuda, Arena *ar) {
     CpuTarget target;
     const char *err = NULL;
     if (cpu_target_host(&target, ar, &err)) {
@@ -293,8 +308,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     const char *hash = diag_error_count() ? NULL : program_hash(h);
     Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
-    if (!diag_error_count())
-        emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, hash, tb->update->update, gpu);
+    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);

@@ -48,6 +48,6 @@ int host_schedules(const Plan *plan, HostSchedules *out, Arena *ar);
  * instead (--emit=program: the GPU functions too, without the compiled images). input names the
  * module. Returns the exit status (errors reported through diag). Without NVRTC the executable is
  * built for the CPU alone, with a warning. */
-int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input,
-                 const char *output, FILE *emit, const HostCuda *cuda, Arena *ar);
+int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
+                 FILE *emit, const HostCuda *cuda, Arena *ar);
 #endif

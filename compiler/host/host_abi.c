@@ -53,8 +53,8 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size) {
 }
 
 const char *host_abi_name(HostAbiStruct s) {
-    static const char *const names[] = {"RtStep", "RtParam", "RtTrainSettings", "RtGenerateSettings", "RtProgram",
-                                        "RtRampStage", "RtGpuImage", "RtGpuKernel", "RtGpuProgram", "RtPlanInfo"};
+    static const char *const names[] = {"RtStep",      "RtParam",    "RtTrainSettings", "RtGenerateSettings", "RtProgram",
+                                        "RtRampStage", "RtGpuImage", "RtGpuKernel",     "RtGpuProgram",       "RtPlanInfo"};
     return s < HA_COUNT ? names[s] : "?";
 }
 
@@ -64,6 +64,7 @@ int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }
 int host_abi_phases(void) { return RT_NPHASES; }
 
 void host_abi_checksum(const void *data, size_t n, char out[HOST_ABI_CHECKSUM_CHARS + 1]) {
-    _Static_assert(HOST_ABI_CHECKSUM_CHARS + 1 == RT_CHECKSUM_CHARS, "the compiler and the runtime agree on the checksum's length");
+    _Static_assert(HOST_ABI_CHECKSUM_CHARS + 1 == RT_CHECKSUM_CHARS,
+                   "the compiler and the runtime agree on the checksum's length");
     rt_checksum(data, n, out);
 }

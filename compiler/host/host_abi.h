@@ -10,7 +10,16 @@
 #include <stdint.h>
 
 typedef enum HostAbiStruct {
-    HA_STEP, HA_PARAM, HA_TRAIN, HA_GENERATE, HA_PROGRAM, HA_RAMP, HA_GPU_IMAGE, HA_GPU_KERNEL, HA_GPU_PROGRAM, HA_PLAN_INFO,
+    HA_STEP,
+    HA_PARAM,
+    HA_TRAIN,
+    HA_GENERATE,
+    HA_PROGRAM,
+    HA_RAMP,
+    HA_GPU_IMAGE,
+    HA_GPU_KERNEL,
+    HA_GPU_PROGRAM,
+    HA_PLAN_INFO,
     HA_COUNT
 } HostAbiStruct;
 

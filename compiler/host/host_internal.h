@@ -73,8 +73,8 @@ typedef struct Host {
 typedef struct Sched {
     const char *prefix;
     FuseResult *r;
-    int gpu_base;      /* the index of its first kernel in the GPU kernel table */
-    const PlanPhaseMem *mem; /* the plan's slots and moves for it */
+    int gpu_base;              /* the index of its first kernel in the GPU kernel table */
+    const PlanPhaseMem *mem;   /* the plan's slots and moves for it */
     LLVMValueRef *kfn, *kwrap; /* per kernel */
 } Sched;
 
@@ -148,10 +148,9 @@ LLVMValueRef emit_update(Host *h, Sched *S);
 LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const HostCuda *cuda, int emit_only);
 
 /* descriptor.c */
-const char *program_hash(Host *h);  /* RtProgram.hash of the module as it stands */
+const char *program_hash(Host *h); /* RtProgram.hash of the module as it stands */
 void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
-                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
-                     LLVMValueRef gpu);
+                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u, LLVMValueRef gpu);
 
 /* link.c: writes m (verified) as `output`.o, links it with libmbtrt into the executable `output`
  * and removes the object; failures are reported through diag. */

@@ -55,6 +55,14 @@ static void cpu_upload(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef 
     (void)h, (void)f, (void)dst, (void)staged, (void)n;
 }
 
-const HostTarget host_target_cpu = {.name = "cpu", .fn_prefix = "", .declare = cpu_declare, .executor = cpu_executor,
-                                    .launch = cpu_launch, .gemm = cpu_gemm, .accumulate = cpu_accumulate, .copy = cpu_copy,
-                                    .read_loss = cpu_read_loss, .staging = cpu_staging, .upload = cpu_upload};
+const HostTarget host_target_cpu = {.name = "cpu",
+                                    .fn_prefix = "",
+                                    .declare = cpu_declare,
+                                    .executor = cpu_executor,
+                                    .launch = cpu_launch,
+                                    .gemm = cpu_gemm,
+                                    .accumulate = cpu_accumulate,
+                                    .copy = cpu_copy,
+                                    .read_loss = cpu_read_loss,
+                                    .staging = cpu_staging,
+                                    .upload = cpu_upload};

@@ -71,9 +71,17 @@ static void gpu_upload(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef 
     emit_check(h, f->fn, LLVMBuildCall2(h->b, h->gpu_copy_t, h->gpu_upload, a, 5, ""));
 }
 
-const HostTarget host_target_gpu = {.name = "gpu", .fn_prefix = "gpu.", .declare = gpu_declare, .executor = gpu_executor,
-                                    .launch = gpu_launch, .gemm = gpu_gemm, .accumulate = gpu_accumulate, .copy = gpu_copy,
-                                    .read_loss = gpu_read_loss, .staging = gpu_staging, .upload = gpu_upload};
+const HostTarget host_target_gpu = {.name = "gpu",
+                                    .fn_prefix = "gpu.",
+                                    .declare = gpu_declare,
+                                    .executor = gpu_executor,
+                                    .launch = gpu_launch,
+                                    .gemm = gpu_gemm,
+                                    .accumulate = gpu_accumulate,
+                                    .copy = gpu_copy,
+                                    .read_loss = gpu_read_loss,
+                                    .staging = gpu_staging,
+                                    .upload = gpu_upload};
 
 /* ---- the GPU functions ------------------------------------------------------------------------
  * The same schedules, memory plan and host code as the CPU functions (one emit_* each, with
@@ -98,8 +106,8 @@ static LLVMValueRef bytes_global(Host *h, const char *data, size_t n, const char
 
 /* Emits the GPU functions for the schedules S[0..n) (S[2] may be absent: no logits) and returns
  * the RtGpuProgram global. res[0..narch): the compiled images (narch 0: none, for --emit=program). */
-static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, int n, const HostSchedules *hs, const NvrtcResult *res,
-                             int narch) {
+static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, int n, const HostSchedules *hs,
+                             const NvrtcResult *res, int narch) {
     host_target_gpu.declare(h);
     int base = 0;
     for (int i = 0; i < n; i++)
@@ -171,8 +179,10 @@ LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const 
     if (!emit_only) {
         const char *why = NULL;
         if (!nvrtc_open(h->ar, &why)) {
-            diag_warning(span_none(), "the executable is built for the CPU alone: NVRTC, which compiles its CUDA kernels, is not "
-                                      "installed here (%s)", why);
+            diag_warning(span_none(),
+                         "the executable is built for the CPU alone: NVRTC, which compiles its CUDA kernels, is not "
+                         "installed here (%s)",
+                         why);
             diag_hint("install the CUDA toolkit, or give --cuda-arch=none to build for the CPU without this warning");
             return NULL;
         }

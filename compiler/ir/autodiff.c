@@ -275,14 +275,13 @@ static int ad_rule_unary(AdCtx *c, const GNode *n, int dy) {
     case G_NEG: return ad_unary(c, G_NEG, dy);
     case G_EXP: return ad_mul(c, dy, y);
     case G_LOG: return ad_div(c, dy, x);
-    case G_SQRT: return ad_div(c, ad_scale(c, dy, 0.5), y);             /* dy / (2 sqrt x) */
-    case G_RSQRT:                                                       /* -0.5 x^-1.5 = -0.5 y^3 */
-        return ad_mul(c, dy, ad_scale(c, ad_mul(c, y, ad_mul(c, y, y)), -0.5));
+    case G_SQRT: return ad_div(c, ad_scale(c, dy, 0.5), y); /* dy / (2 sqrt x) */
+    case G_RSQRT: /* -0.5 x^-1.5 = -0.5 y^3 */ return ad_mul(c, dy, ad_scale(c, ad_mul(c, y, ad_mul(c, y, y)), -0.5));
     case G_TANH: return ad_mul(c, dy, ad_rsub(c, 1.0, ad_mul(c, y, y)));
     case G_SIGMOID: return ad_mul(c, dy, ad_mul(c, y, ad_rsub(c, 1.0, y)));
     case G_RELU: return ad_mask(c, ad_bin(c, G_GT, x, ad_const(c, 0.0, dt)), dy);
     case G_GELU: return ad_mul(c, dy, ad_gelu_grad(c, x));
-    case G_SILU: {                                                      /* s (1 + x (1 - s)) */
+    case G_SILU: { /* s (1 + x (1 - s)) */
         int s = ad_unary(c, G_SIGMOID, x);
         int d = ad_mul(c, s, ad_add(c, ad_const(c, 1.0, dt), ad_mul(c, x, ad_rsub(c, 1.0, s))));
         return ad_mul(c, dy, d);
@@ -407,9 +406,7 @@ static void ad_rule_reduce(AdCtx *c, const GNode *n, int dy) {
         ad_accum(c, x, ad_mul(c, dyk, ad_unary(c, G_EXP, ad_sub(c, x, yk))));
         return;
     }
-    case G_NORM: /* d |x| = x / |x| */
-        ad_accum(c, x, ad_mul(c, x, ad_div(c, dy, n->id)));
-        return;
+    case G_NORM: /* d |x| = x / |x| */ ad_accum(c, x, ad_mul(c, x, ad_div(c, dy, n->id))); return;
     default: INTERNAL("autodiff: %s is not a reduction", graph_op_name(n->op));
     }
 }
@@ -491,8 +488,7 @@ static void ad_rule_topk(AdCtx *c, const GNode *n, int dy) {
     int idx = -1;
     for (int i = x + 1; i < c->nfwd && idx < 0; i++) { /* reuse the forward's indices if taken */
         const GNode *m = ad_node(c, i);
-        if (m->op == G_TOPK_INDICES && m->in[0] == x && m->iattr[0] == n->iattr[0] && m->iattr[1] == n->iattr[1])
-            idx = i;
+        if (m->op == G_TOPK_INDICES && m->in[0] == x && m->iattr[0] == n->iattr[0] && m->iattr[1] == n->iattr[1]) idx = i;
     }
     if (idx < 0) {
         idx = ad_emit1(c, G_TOPK_INDICES, DT_I32, n->rank, n->shape, x);
@@ -582,35 +578,72 @@ static void ad_rule_composite(AdCtx *c, const GNode *n, int dy) {
 /* Applies the rule of forward node n, whose gradient is dy, adding to its inputs' gradients. */
 static void ad_rule(AdCtx *c, const GNode *n, int dy) {
     switch (n->op) {
-    case G_PARAM: case G_INPUT: case G_CONST: case G_ARANGE:
-        return;
-    case G_NEG: case G_EXP: case G_LOG: case G_SQRT: case G_RSQRT: case G_TANH: case G_SIGMOID:
-    case G_RELU: case G_GELU: case G_SILU: case G_ABS: case G_SIGN: case G_SIN: case G_COS:
-    case G_FLOOR: case G_CAST: case G_DROPOUT: case G_CLAMP: {
+    case G_PARAM:
+    case G_INPUT:
+    case G_CONST:
+    case G_ARANGE: return;
+    case G_NEG:
+    case G_EXP:
+    case G_LOG:
+    case G_SQRT:
+    case G_RSQRT:
+    case G_TANH:
+    case G_SIGMOID:
+    case G_RELU:
+    case G_GELU:
+    case G_SILU:
+    case G_ABS:
+    case G_SIGN:
+    case G_SIN:
+    case G_COS:
+    case G_FLOOR:
+    case G_CAST:
+    case G_DROPOUT:
+    case G_CLAMP: {
         int dx = ad_rule_unary(c, n, dy);
         if (dx >= 0) ad_accum(c, n->in[0], dx);
         return;
     }
-    case G_ADD: case G_SUB: case G_MUL: case G_DIV: case G_POW: case G_MOD: case G_MAX2: case G_MIN2:
-    case G_WHERE:
-        ad_rule_binary(c, n, dy);
-        return;
-    case G_NOT: case G_EQ: case G_NE: case G_LT: case G_LE: case G_GT: case G_GE: case G_AND: case G_OR:
-    case G_ONE_HOT: case G_TOPK_INDICES:
-        return; /* bool or integer results: no gradient */
-    case G_SUM: case G_MEAN: case G_MAX: case G_MIN: case G_LOGSUMEXP: case G_NORM:
-        ad_rule_reduce(c, n, dy);
-        return;
+    case G_ADD:
+    case G_SUB:
+    case G_MUL:
+    case G_DIV:
+    case G_POW:
+    case G_MOD:
+    case G_MAX2:
+    case G_MIN2:
+    case G_WHERE: ad_rule_binary(c, n, dy); return;
+    case G_NOT:
+    case G_EQ:
+    case G_NE:
+    case G_LT:
+    case G_LE:
+    case G_GT:
+    case G_GE:
+    case G_AND:
+    case G_OR:
+    case G_ONE_HOT:
+    case G_TOPK_INDICES: return; /* bool or integer results: no gradient */
+    case G_SUM:
+    case G_MEAN:
+    case G_MAX:
+    case G_MIN:
+    case G_LOGSUMEXP:
+    case G_NORM: ad_rule_reduce(c, n, dy); return;
     case G_SUM_TO: {
         const GNode *nx = ad_node(c, n->in[0]);
         ad_accum(c, n->in[0], ad_broadcast(c, dy, nx->rank, nx->shape));
         return;
     }
     case G_BROADCAST: ad_accum_bcast(c, n->in[0], dy); return;
-    case G_SOFTMAX: case G_LOG_SOFTMAX: case G_LAYERNORM: case G_RMSNORM: case G_ROPE: case G_ATTENTION:
-    case G_CROSS_ENTROPY: case G_MSE:
-        ad_rule_composite(c, n, dy);
-        return;
+    case G_SOFTMAX:
+    case G_LOG_SOFTMAX:
+    case G_LAYERNORM:
+    case G_RMSNORM:
+    case G_ROPE:
+    case G_ATTENTION:
+    case G_CROSS_ENTROPY:
+    case G_MSE: ad_rule_composite(c, n, dy); return;
     case G_TOPK_VALUES: ad_rule_topk(c, n, dy); return;
     case G_MATMUL: ad_rule_matmul(c, n, dy); return;
     case G_RESHAPE: {
@@ -638,8 +671,7 @@ static void ad_rule(AdCtx *c, const GNode *n, int dy) {
         }
         return;
     case G_CONCAT: ad_rule_concat(c, n, dy); return;
-    default:
-        INTERNAL("autodiff: no derivative for %s (%%%d), which the loss needs", graph_op_name(n->op), n->id);
+    default: INTERNAL("autodiff: no derivative for %s (%%%d), which the loss needs", graph_op_name(n->op), n->id);
     }
 }
 

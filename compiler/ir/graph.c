@@ -23,32 +23,86 @@
 /* ---- op names and arities ---- */
 
 static const char *const graph_op_names[G_OP_COUNT] = {
-    [G_PARAM] = "param", [G_INPUT] = "input", [G_CONST] = "const", [G_ARANGE] = "arange",
-    [G_NEG] = "neg", [G_EXP] = "exp", [G_LOG] = "log", [G_SQRT] = "sqrt", [G_RSQRT] = "rsqrt",
-    [G_TANH] = "tanh", [G_SIGMOID] = "sigmoid", [G_RELU] = "relu", [G_GELU] = "gelu", [G_SILU] = "silu",
-    [G_ABS] = "abs", [G_SIGN] = "sign", [G_SIN] = "sin", [G_COS] = "cos", [G_FLOOR] = "floor", [G_NOT] = "not",
-    [G_CAST] = "cast", [G_DROPOUT] = "dropout", [G_CLAMP] = "clamp",
-    [G_ADD] = "add", [G_SUB] = "sub", [G_MUL] = "mul", [G_DIV] = "div", [G_POW] = "pow", [G_MOD] = "mod",
-    [G_MAX2] = "max2", [G_MIN2] = "min2", [G_EQ] = "eq", [G_NE] = "ne", [G_LT] = "lt", [G_LE] = "le",
-    [G_GT] = "gt", [G_GE] = "ge", [G_AND] = "and", [G_OR] = "or", [G_WHERE] = "where",
-    [G_SUM] = "sum", [G_MEAN] = "mean", [G_MAX] = "max", [G_MIN] = "min", [G_LOGSUMEXP] = "logsumexp",
-    [G_NORM] = "norm", [G_SEG_NORM] = "seg_norm", [G_SUM_TO] = "sum_to",
-    [G_SOFTMAX] = "softmax", [G_LOG_SOFTMAX] = "log_softmax", [G_LAYERNORM] = "layernorm",
-    [G_RMSNORM] = "rmsnorm", [G_ROPE] = "rope", [G_ATTENTION] = "attention",
-    [G_CROSS_ENTROPY] = "cross_entropy", [G_MSE] = "mse", [G_ONE_HOT] = "one_hot",
-    [G_TOPK_VALUES] = "topk_values", [G_TOPK_INDICES] = "topk_indices",
-    [G_MATMUL] = "matmul", [G_RESHAPE] = "reshape", [G_TRANSPOSE] = "transpose", [G_SLICE] = "slice",
-    [G_GATHER] = "gather", [G_CONCAT] = "concat", [G_BROADCAST] = "broadcast",
-    [G_SCATTER_ADD] = "scatter_add", [G_SOFTMAX_BWD] = "softmax_bwd",
-    [G_LAYERNORM_BWD_X] = "layernorm_bwd_x", [G_LAYERNORM_BWD_W] = "layernorm_bwd_w",
-    [G_RMSNORM_BWD_X] = "rmsnorm_bwd_x", [G_RMSNORM_BWD_W] = "rmsnorm_bwd_w", [G_ROPE_BWD] = "rope_bwd",
-    [G_ATTENTION_BWD_Q] = "attention_bwd_q", [G_ATTENTION_BWD_K] = "attention_bwd_k",
-    [G_ATTENTION_BWD_V] = "attention_bwd_v", [G_CROSS_ENTROPY_BWD] = "cross_entropy_bwd",
+    [G_PARAM] = "param",
+    [G_INPUT] = "input",
+    [G_CONST] = "const",
+    [G_ARANGE] = "arange",
+    [G_NEG] = "neg",
+    [G_EXP] = "exp",
+    [G_LOG] = "log",
+    [G_SQRT] = "sqrt",
+    [G_RSQRT] = "rsqrt",
+    [G_TANH] = "tanh",
+    [G_SIGMOID] = "sigmoid",
+    [G_RELU] = "relu",
+    [G_GELU] = "gelu",
+    [G_SILU] = "silu",
+    [G_ABS] = "abs",
+    [G_SIGN] = "sign",
+    [G_SIN] = "sin",
+    [G_COS] = "cos",
+    [G_FLOOR] = "floor",
+    [G_NOT] = "not",
+    [G_CAST] = "cast",
+    [G_DROPOUT] = "dropout",
+    [G_CLAMP] = "clamp",
+    [G_ADD] = "add",
+    [G_SUB] = "sub",
+    [G_MUL] = "mul",
+    [G_DIV] = "div",
+    [G_POW] = "pow",
+    [G_MOD] = "mod",
+    [G_MAX2] = "max2",
+    [G_MIN2] = "min2",
+    [G_EQ] = "eq",
+    [G_NE] = "ne",
+    [G_LT] = "lt",
+    [G_LE] = "le",
+    [G_GT] = "gt",
+    [G_GE] = "ge",
+    [G_AND] = "and",
+    [G_OR] = "or",
+    [G_WHERE] = "where",
+    [G_SUM] = "sum",
+    [G_MEAN] = "mean",
+    [G_MAX] = "max",
+    [G_MIN] = "min",
+    [G_LOGSUMEXP] = "logsumexp",
+    [G_NORM] = "norm",
+    [G_SEG_NORM] = "seg_norm",
+    [G_SUM_TO] = "sum_to",
+    [G_SOFTMAX] = "softmax",
+    [G_LOG_SOFTMAX] = "log_softmax",
+    [G_LAYERNORM] = "layernorm",
+    [G_RMSNORM] = "rmsnorm",
+    [G_ROPE] = "rope",
+    [G_ATTENTION] = "attention",
+    [G_CROSS_ENTROPY] = "cross_entropy",
+    [G_MSE] = "mse",
+    [G_ONE_HOT] = "one_hot",
+    [G_TOPK_VALUES] = "topk_values",
+    [G_TOPK_INDICES] = "topk_indices",
+    [G_MATMUL] = "matmul",
+    [G_RESHAPE] = "reshape",
+    [G_TRANSPOSE] = "transpose",
+    [G_SLICE] = "slice",
+    [G_GATHER] = "gather",
+    [G_CONCAT] = "concat",
+    [G_BROADCAST] = "broadcast",
+    [G_SCATTER_ADD] = "scatter_add",
+    [G_SOFTMAX_BWD] = "softmax_bwd",
+    [G_LAYERNORM_BWD_X] = "layernorm_bwd_x",
+    [G_LAYERNORM_BWD_W] = "layernorm_bwd_w",
+    [G_RMSNORM_BWD_X] = "rmsnorm_bwd_x",
+    [G_RMSNORM_BWD_W] = "rmsnorm_bwd_w",
+    [G_ROPE_BWD] = "rope_bwd",
+    [G_ATTENTION_BWD_Q] = "attention_bwd_q",
+    [G_ATTENTION_BWD_K] = "attention_bwd_k",
+    [G_ATTENTION_BWD_V] = "attention_bwd_v",
+    [G_CROSS_ENTROPY_BWD] = "cross_entropy_bwd",
 };
 
-const char *graph_op_name(GOp op) {
-    return op >= 0 && op < G_OP_COUNT && graph_op_names[op] ? graph_op_names[op] : "?";
-}
+const char *graph_op_name(GOp op) { return op >= 0 && op < G_OP_COUNT && graph_op_names[op] ? graph_op_names[op] : "?"; }
 
 static int graph_is_unary(GOp op) { return op >= G_NEG && op <= G_CLAMP; }
 static int graph_is_binary(GOp op) { return op >= G_ADD && op <= G_OR; }
@@ -62,12 +116,28 @@ static void graph_arity(GOp op, int *lo, int *hi) {
     else if (graph_is_unary(op) || graph_is_reduce(op)) n = 1;
     else if (graph_is_binary(op)) n = 2;
     else switch (op) {
-        case G_WHERE: case G_LAYERNORM: case G_ATTENTION: case G_LAYERNORM_BWD_X: case G_RMSNORM_BWD_X:
+        case G_WHERE:
+        case G_LAYERNORM:
+        case G_ATTENTION:
+        case G_LAYERNORM_BWD_X:
+        case G_RMSNORM_BWD_X:
         case G_CROSS_ENTROPY_BWD: n = 3; break;
-        case G_RMSNORM: case G_CROSS_ENTROPY: case G_MSE: case G_MATMUL: case G_GATHER: case G_SCATTER_ADD:
-        case G_SOFTMAX_BWD: case G_LAYERNORM_BWD_W: case G_RMSNORM_BWD_W: n = 2; break;
-        case G_ATTENTION_BWD_Q: case G_ATTENTION_BWD_K: case G_ATTENTION_BWD_V: n = 4; break;
-        case G_CONCAT: *lo = 1; *hi = GRAPH_MAX_IN; return;
+        case G_RMSNORM:
+        case G_CROSS_ENTROPY:
+        case G_MSE:
+        case G_MATMUL:
+        case G_GATHER:
+        case G_SCATTER_ADD:
+        case G_SOFTMAX_BWD:
+        case G_LAYERNORM_BWD_W:
+        case G_RMSNORM_BWD_W: n = 2; break;
+        case G_ATTENTION_BWD_Q:
+        case G_ATTENTION_BWD_K:
+        case G_ATTENTION_BWD_V: n = 4; break;
+        case G_CONCAT:
+            *lo = 1;
+            *hi = GRAPH_MAX_IN;
+            return;
         default: n = 1; break;
         }
     *lo = *hi = n;
@@ -87,8 +157,7 @@ int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int ni
     if (rank < 0 || rank > GRAPH_MAX_RANK) INTERNAL("graph_add: rank %d", rank);
     if (nin < 0 || nin > GRAPH_MAX_IN) INTERNAL("graph_add: %d inputs", nin);
     for (int i = 0; i < nin; i++)
-        if (in[i] < 0 || in[i] >= g->n)
-            INTERNAL("graph_add: %s input %d is %%%d of %d nodes", graph_op_name(op), i, in[i], g->n);
+        if (in[i] < 0 || in[i] >= g->n) INTERNAL("graph_add: %s input %d is %%%d of %d nodes", graph_op_name(op), i, in[i], g->n);
     if (g->n == g->cap) {
         int cap = g->cap ? g->cap * 2 : 64;
         GNode **nv = arena_alloc(g->ar, sizeof(GNode *) * (size_t)cap);
@@ -181,22 +250,36 @@ static void graph_line_attrs(GraphLine *l, Arena *ar, const GNode *n) {
     }
     case G_DROPOUT: graph_line_printf(l, " p=%s stream=%" PRId64, value_float_str(ar, fa[0]), ia[0]); break;
     case G_CLAMP: graph_line_printf(l, " lo=%s hi=%s", value_float_str(ar, fa[0]), value_float_str(ar, fa[1])); break;
-    case G_SUM: case G_MEAN: case G_MAX: case G_MIN: case G_LOGSUMEXP:
+    case G_SUM:
+    case G_MEAN:
+    case G_MAX:
+    case G_MIN:
+    case G_LOGSUMEXP:
         if (ia[0] < 0) graph_line_printf(l, " axis=all");
         else graph_line_printf(l, " axis=%" PRId64, ia[0]);
         if (ia[1]) graph_line_printf(l, " keepdim=true");
         break;
-    case G_SOFTMAX: case G_LOG_SOFTMAX: case G_SOFTMAX_BWD: case G_CONCAT:
-        graph_line_printf(l, " axis=%" PRId64, ia[0]);
-        break;
-    case G_LAYERNORM: case G_RMSNORM: case G_LAYERNORM_BWD_X: case G_LAYERNORM_BWD_W: case G_RMSNORM_BWD_X:
+    case G_SOFTMAX:
+    case G_LOG_SOFTMAX:
+    case G_SOFTMAX_BWD:
+    case G_CONCAT: graph_line_printf(l, " axis=%" PRId64, ia[0]); break;
+    case G_LAYERNORM:
+    case G_RMSNORM:
+    case G_LAYERNORM_BWD_X:
+    case G_LAYERNORM_BWD_W:
+    case G_RMSNORM_BWD_X:
     case G_RMSNORM_BWD_W: graph_line_printf(l, " eps=%s", value_float_str(ar, fa[0])); break;
-    case G_ROPE: case G_ROPE_BWD: graph_line_printf(l, " theta=%s", value_float_str(ar, fa[0])); break;
-    case G_ATTENTION: case G_ATTENTION_BWD_Q: case G_ATTENTION_BWD_K: case G_ATTENTION_BWD_V:
+    case G_ROPE:
+    case G_ROPE_BWD: graph_line_printf(l, " theta=%s", value_float_str(ar, fa[0])); break;
+    case G_ATTENTION:
+    case G_ATTENTION_BWD_Q:
+    case G_ATTENTION_BWD_K:
+    case G_ATTENTION_BWD_V:
         graph_line_printf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, fa[0]));
         break;
     case G_ONE_HOT: graph_line_printf(l, " n=%" PRId64, ia[0]); break;
-    case G_TOPK_VALUES: case G_TOPK_INDICES: graph_line_printf(l, " k=%" PRId64 " axis=%" PRId64, ia[0], ia[1]); break;
+    case G_TOPK_VALUES:
+    case G_TOPK_INDICES: graph_line_printf(l, " k=%" PRId64 " axis=%" PRId64, ia[0], ia[1]); break;
     case G_TRANSPOSE: graph_line_printf(l, " axes=%" PRId64 ",%" PRId64, ia[0], ia[1]); break;
     case G_SLICE: graph_line_printf(l, " axis=%" PRId64 " start=%" PRId64 " end=%" PRId64, ia[0], ia[1], ia[2]); break;
     default: break;
@@ -222,11 +305,11 @@ void graph_print(FILE *out, const Graph *g, int first) {
             values = values > INT64_MAX - k ? INT64_MAX : values + k;
         }
     if (g->update) /* an update graph: its layout instead of parameters */
-        fprintf(out, "# graph%s%s: %d nodes, %d segment%s over %" PRId64 " values", g->name ? " " : "",
-                g->name ? g->name : "", g->n, g->update->nsegs, g->update->nsegs == 1 ? "" : "s", g->update->n);
+        fprintf(out, "# graph%s%s: %d nodes, %d segment%s over %" PRId64 " values", g->name ? " " : "", g->name ? g->name : "",
+                g->n, g->update->nsegs, g->update->nsegs == 1 ? "" : "s", g->update->n);
     else
-        fprintf(out, "# graph%s%s: %d nodes, %d parameter%s (%" PRId64 " values)", g->name ? " " : "",
-                g->name ? g->name : "", g->n, g->nparams, g->nparams == 1 ? "" : "s", values);
+        fprintf(out, "# graph%s%s: %d nodes, %d parameter%s (%" PRId64 " values)", g->name ? " " : "", g->name ? g->name : "",
+                g->n, g->nparams, g->nparams == 1 ? "" : "s", values);
     if (g->loss >= 0) fprintf(out, ", loss %%%d", g->loss);
     if (first > 0) fprintf(out, "; from %%%d on", first);
     fprintf(out, "\n");
@@ -311,9 +394,7 @@ static void graph_v_shape(GraphVerify *v, int rank, const int64_t *shape, const 
     graph_v_fail(v, "result is %s but %s gives %s", got.s, why, want.s);
 }
 
-static void graph_v_shape_of(GraphVerify *v, const GNode *x, const char *why) {
-    graph_v_shape(v, x->rank, x->shape, why);
-}
+static void graph_v_shape_of(GraphVerify *v, const GNode *x, const char *why) { graph_v_shape(v, x->rank, x->shape, why); }
 
 static void graph_v_dtype(GraphVerify *v, const GNode *x, DType want, const char *what) {
     if (x->dt != want) graph_v_fail(v, "%s is %s, expected %s", what, dtype_name(x->dt), dtype_name(want));
@@ -349,15 +430,21 @@ static void graph_v_unary(GraphVerify *v, const GNode *x) {
     graph_v_shape_of(v, x, "the input");
     switch (n->op) {
     case G_CAST: return;
-    case G_NOT: graph_v_dtype(v, x, DT_BOOL, "the input"); graph_v_dtype(v, n, DT_BOOL, "the result"); return;
-    case G_NEG: case G_RELU: case G_ABS: case G_SIGN: case G_CLAMP:
+    case G_NOT:
+        graph_v_dtype(v, x, DT_BOOL, "the input");
+        graph_v_dtype(v, n, DT_BOOL, "the result");
+        return;
+    case G_NEG:
+    case G_RELU:
+    case G_ABS:
+    case G_SIGN:
+    case G_CLAMP:
         if (x->dt == DT_BOOL) graph_v_fail(v, "the input must be numeric, got %s", graph_v_ntype(x).s);
         break;
     default: graph_v_float(v, x, "the input"); break;
     }
     if (x->dt != n->dt) graph_v_fail(v, "the input is %s but the result is %s", dtype_name(x->dt), dtype_name(n->dt));
-    if (n->op == G_DROPOUT && !(n->fattr[0] >= 0 && n->fattr[0] < 1))
-        graph_v_fail(v, "p = %g is not in [0, 1)", n->fattr[0]);
+    if (n->op == G_DROPOUT && !(n->fattr[0] >= 0 && n->fattr[0] < 1)) graph_v_fail(v, "p = %g is not in [0, 1)", n->fattr[0]);
     if (n->op == G_CLAMP && !(n->fattr[0] <= n->fattr[1]))
         graph_v_fail(v, "lo = %g is greater than hi = %g", n->fattr[0], n->fattr[1]);
 }
@@ -377,8 +464,7 @@ static void graph_v_binary(GraphVerify *v, const GNode *a, const GNode *b) {
         graph_v_dtype(v, a, DT_BOOL, "input 0");
         graph_v_dtype(v, n, DT_BOOL, "the result");
     } else {
-        if (a->dt != n->dt)
-            graph_v_fail(v, "the inputs are %s but the result is %s", dtype_name(a->dt), dtype_name(n->dt));
+        if (a->dt != n->dt) graph_v_fail(v, "the inputs are %s but the result is %s", dtype_name(a->dt), dtype_name(n->dt));
         if (n->dt == DT_BOOL) graph_v_fail(v, "arithmetic on bool tensors");
     }
 }
@@ -581,19 +667,20 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         break;
     case G_SUM_TO: {
         int r;
-        if (!graph_v_broadcast(n->rank, n->shape, x->rank, x->shape, &r, s) ||
-            !graph_v_same_shape(r, s, x->rank, x->shape))
+        if (!graph_v_broadcast(n->rank, n->shape, x->rank, x->shape, &r, s) || !graph_v_same_shape(r, s, x->rank, x->shape))
             graph_v_fail(v, "%s does not sum down to %s", graph_v_ntype(x).s, graph_v_ntype(n).s);
         graph_v_dtype(v, n, x->dt, "the result");
         break;
     }
-    case G_SOFTMAX: case G_LOG_SOFTMAX:
+    case G_SOFTMAX:
+    case G_LOG_SOFTMAX:
         graph_v_axis(v, ia[0], x->rank, 0, "axis");
         graph_v_shape_of(v, x, "the input");
         graph_v_float(v, x, "the input");
         graph_v_dtype(v, n, x->dt, "the result");
         break;
-    case G_LAYERNORM: case G_RMSNORM:
+    case G_LAYERNORM:
+    case G_RMSNORM:
         graph_v_float(v, x, "x");
         graph_v_norm_vector(v, x, in[1], "the weight");
         if (n->op == G_LAYERNORM) graph_v_norm_vector(v, x, in[2], "the bias");
@@ -601,7 +688,8 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         graph_v_dtype(v, n, x->dt, "the result");
         if (!(n->fattr[0] > 0)) graph_v_fail(v, "eps %g is not positive", n->fattr[0]);
         break;
-    case G_ROPE: case G_ROPE_BWD:
+    case G_ROPE:
+    case G_ROPE_BWD:
         if (x->rank < 2 || x->shape[x->rank - 1] % 2 != 0)
             graph_v_fail(v, "x must be [..., T, hd] with hd even, got %s", graph_v_ntype(x).s);
         graph_v_float(v, x, "x");
@@ -635,11 +723,11 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         }
         graph_v_float(v, n, "the result");
         break;
-    case G_TOPK_VALUES: case G_TOPK_INDICES:
+    case G_TOPK_VALUES:
+    case G_TOPK_INDICES:
         if (!graph_v_axis(v, ia[1], x->rank, 0, "axis")) break;
         if (ia[0] < 1 || ia[0] > x->shape[ia[1]]) {
-            graph_v_fail(v, "k = %" PRId64 " is out of range for dimension %" PRId64 " of %s", ia[0], ia[1],
-                         graph_v_ntype(x).s);
+            graph_v_fail(v, "k = %" PRId64 " is out of range for dimension %" PRId64 " of %s", ia[0], ia[1], graph_v_ntype(x).s);
             break;
         }
         memcpy(s, x->shape, sizeof(int64_t) * (size_t)x->rank);
@@ -676,8 +764,8 @@ static int graph_v_layout(GraphVerify *v, const GNode *n, const GNode *const *in
     case G_SLICE:
         if (!graph_v_axis(v, ia[0], x->rank, 0, "axis")) break;
         if (ia[1] < 0 || ia[1] >= ia[2] || ia[2] > x->shape[ia[0]]) {
-            graph_v_fail(v, "[%" PRId64 ", %" PRId64 ") is out of range for dimension %" PRId64 " of %s", ia[1], ia[2],
-                         ia[0], graph_v_ntype(x).s);
+            graph_v_fail(v, "[%" PRId64 ", %" PRId64 ") is out of range for dimension %" PRId64 " of %s", ia[1], ia[2], ia[0],
+                         graph_v_ntype(x).s);
             break;
         }
         memcpy(s, x->shape, sizeof(int64_t) * (size_t)x->rank);
@@ -724,8 +812,7 @@ static int graph_v_layout(GraphVerify *v, const GNode *n, const GNode *const *in
     }
     case G_BROADCAST: {
         int r;
-        if (!graph_v_broadcast(x->rank, x->shape, n->rank, n->shape, &r, s) ||
-            !graph_v_same_shape(r, s, n->rank, n->shape))
+        if (!graph_v_broadcast(x->rank, x->shape, n->rank, n->shape, &r, s) || !graph_v_same_shape(r, s, n->rank, n->shape))
             graph_v_fail(v, "%s does not broadcast to %s", graph_v_ntype(x).s, graph_v_ntype(n).s);
         graph_v_dtype(v, n, x->dt, "the result");
         break;
@@ -741,8 +828,8 @@ static int graph_v_layout(GraphVerify *v, const GNode *n, const GNode *const *in
         for (int i = 0; i < idx->rank; i++) s[r++] = idx->shape[i];
         for (int i = 1; i < n->rank; i++) s[r++] = n->shape[i];
         if (!graph_v_same_shape(x->rank, x->shape, r, s))
-            graph_v_fail(v, "the rows %s do not match the index %s and the result %s", graph_v_ntype(x).s,
-                         graph_v_ntype(idx).s, graph_v_ntype(n).s);
+            graph_v_fail(v, "the rows %s do not match the index %s and the result %s", graph_v_ntype(x).s, graph_v_ntype(idx).s,
+                         graph_v_ntype(n).s);
         graph_v_dtype(v, n, x->dt, "the result");
         break;
     }
@@ -764,14 +851,16 @@ static int graph_v_backward(GraphVerify *v, const GNode *n, const GNode *const *
         graph_v_shape_of(v, in[1], "the softmax output");
         graph_v_dtype(v, n, in[1]->dt, "the result");
         break;
-    case G_LAYERNORM_BWD_X: case G_RMSNORM_BWD_X:
+    case G_LAYERNORM_BWD_X:
+    case G_RMSNORM_BWD_X:
         if (!graph_v_same_shape(x->rank, x->shape, in[1]->rank, in[1]->shape))
             graph_v_fail(v, "dy %s and x %s differ", graph_v_ntype(x).s, graph_v_ntype(in[1]).s);
         graph_v_norm_vector(v, in[1], in[2], "the weight");
         graph_v_shape_of(v, in[1], "x");
         graph_v_dtype(v, n, in[1]->dt, "the result");
         break;
-    case G_LAYERNORM_BWD_W: case G_RMSNORM_BWD_W:
+    case G_LAYERNORM_BWD_W:
+    case G_RMSNORM_BWD_W:
         if (!graph_v_same_shape(x->rank, x->shape, in[1]->rank, in[1]->shape))
             graph_v_fail(v, "dy %s and x %s differ", graph_v_ntype(x).s, graph_v_ntype(in[1]).s);
         if (in[1]->rank < 1) {
@@ -781,7 +870,9 @@ static int graph_v_backward(GraphVerify *v, const GNode *n, const GNode *const *
         graph_v_shape(v, 1, &in[1]->shape[in[1]->rank - 1], "the weight of x's last dimension");
         graph_v_dtype(v, n, in[1]->dt, "the result");
         break;
-    case G_ATTENTION_BWD_Q: case G_ATTENTION_BWD_K: case G_ATTENTION_BWD_V: {
+    case G_ATTENTION_BWD_Q:
+    case G_ATTENTION_BWD_K:
+    case G_ATTENTION_BWD_V: {
         if (!graph_v_attention_shape(v, in[1], in[2], in[3], s)) break;
         if (!graph_v_same_shape(x->rank, x->shape, 4, s))
             graph_v_fail(v, "dout %s does not match the attention output %s", graph_v_ntype(x).s,
@@ -824,8 +915,7 @@ static void graph_v_role(GraphVerify *v, int id, int input, int scalar, const ch
     if (input && (n->op != G_INPUT || !n->name || strcmp(n->name, name) != 0))
         graph_v_fail(v, "update: %s is %%%d, not the input named '%s'", name, id, name);
     if (n->dt != DT_F32 || (scalar ? n->rank != 0 : !graph_v_same_shape(n->rank, n->shape, 1, &len)))
-        graph_v_fail(v, "update: %s %%%d is %s, not f32[%s]", name, id, graph_v_ntype(n).s,
-                     scalar ? "" : "n");
+        graph_v_fail(v, "update: %s %%%d is %s, not f32[%s]", name, id, graph_v_ntype(n).s, scalar ? "" : "n");
 }
 
 static void graph_v_update(GraphVerify *v) {
@@ -834,8 +924,8 @@ static void graph_v_update(GraphVerify *v) {
     int64_t end = 0;
     for (int i = 0; i < u->nsegs; i++) {
         if (u->seg_off[i] < end || u->seg_len[i] < 1 || u->seg_off[i] + u->seg_len[i] > u->n)
-            graph_v_fail(v, "update: segment %d [%" PRId64 ", +%" PRId64 ") overlaps the previous one or leaves [0, %" PRId64
-                            ")", i, u->seg_off[i], u->seg_len[i], u->n);
+            graph_v_fail(v, "update: segment %d [%" PRId64 ", +%" PRId64 ") overlaps the previous one or leaves [0, %" PRId64 ")",
+                         i, u->seg_off[i], u->seg_len[i], u->n);
         end = u->seg_off[i] + u->seg_len[i];
     }
     graph_v_role(v, u->p_in, 1, 0, "p");

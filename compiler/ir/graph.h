@@ -24,63 +24,97 @@
 
 typedef enum GOp {
     /* ---- leaves ------------------------------------------------------------------------ */
-    G_PARAM,        /* trainable parameter; name = dotted path; init in iattr/fattr (below)    */
-    G_INPUT,        /* data fed each step (data.x, data.y); name                               */
-    G_CONST,        /* scalar constant fattr[0] broadcast to the node's shape (usually rank 0) */
-    G_ARANGE,       /* 0, 1, ..., shape[0]-1 (i32)                                             */
+    G_PARAM,  /* trainable parameter; name = dotted path; init in iattr/fattr (below)    */
+    G_INPUT,  /* data fed each step (data.x, data.y); name                               */
+    G_CONST,  /* scalar constant fattr[0] broadcast to the node's shape (usually rank 0) */
+    G_ARANGE, /* 0, 1, ..., shape[0]-1 (i32)                                             */
     /* ---- elementwise unary: out = f(in0), same shape ------------------------------------ */
-    G_NEG, G_EXP, G_LOG, G_SQRT, G_RSQRT, G_TANH, G_SIGMOID, G_RELU, G_GELU, G_SILU,
-    G_ABS, G_SIGN, G_SIN, G_COS, G_FLOOR, G_NOT,
-    G_CAST,         /* to the node's dtype                                                     */
-    G_DROPOUT,      /* fattr[0] = p; iattr[0] = per-node RNG stream id                          */
-    G_CLAMP,        /* fattr[0] = lo, fattr[1] = hi                                            */
+    G_NEG,
+    G_EXP,
+    G_LOG,
+    G_SQRT,
+    G_RSQRT,
+    G_TANH,
+    G_SIGMOID,
+    G_RELU,
+    G_GELU,
+    G_SILU,
+    G_ABS,
+    G_SIGN,
+    G_SIN,
+    G_COS,
+    G_FLOOR,
+    G_NOT,
+    G_CAST,    /* to the node's dtype                                                     */
+    G_DROPOUT, /* fattr[0] = p; iattr[0] = per-node RNG stream id                          */
+    G_CLAMP,   /* fattr[0] = lo, fattr[1] = hi                                            */
     /* ---- elementwise binary, NumPy broadcasting of in0 and in1 to the node's shape ------ */
     /* dtypes: arithmetic, max2/min2, reductions and unary ops but cast take inputs of the node's
        dtype (the builder inserts G_CAST); comparisons: in0, in1 of one dtype -> bool; and/or/not: bool;
        where: in0 bool, in1 and in2 of the node's dtype                                                  */
-    G_ADD, G_SUB, G_MUL, G_DIV, G_POW, G_MOD, G_MAX2, G_MIN2,
-    G_EQ, G_NE, G_LT, G_LE, G_GT, G_GE, G_AND, G_OR,
-    G_WHERE,        /* in0 ? in1 : in2, broadcast                                              */
+    G_ADD,
+    G_SUB,
+    G_MUL,
+    G_DIV,
+    G_POW,
+    G_MOD,
+    G_MAX2,
+    G_MIN2,
+    G_EQ,
+    G_NE,
+    G_LT,
+    G_LE,
+    G_GT,
+    G_GE,
+    G_AND,
+    G_OR,
+    G_WHERE, /* in0 ? in1 : in2, broadcast                                              */
     /* ---- reductions: iattr[0] = axis (-1 after normalisation means all), iattr[1] = keepdim */
-    G_SUM, G_MEAN, G_MAX, G_MIN, G_LOGSUMEXP,
-    G_NORM,         /* L2 norm of all elements -> rank 0                                       */
-    G_SEG_NORM,     /* per-segment L2 norm, broadcast back: in0 f32[n] -> f32[n], out[i] =
+    G_SUM,
+    G_MEAN,
+    G_MAX,
+    G_MIN,
+    G_LOGSUMEXP,
+    G_NORM,     /* L2 norm of all elements -> rank 0                                       */
+    G_SEG_NORM, /* per-segment L2 norm, broadcast back: in0 f32[n] -> f32[n], out[i] =
                        the norm of the segment holding i (0 outside every segment); the segments
                        are the graph's update->seg_off/seg_len (an update graph's parameters) */
-    G_SUM_TO,       /* sum in0 down to the node's shape (undoes broadcasting; for autodiff)    */
+    G_SUM_TO,   /* sum in0 down to the node's shape (undoes broadcasting; for autodiff)    */
     /* ---- composite ops with their own fused kernels (and backward ops below) ------------- */
-    G_SOFTMAX,      /* iattr[0] = axis (normalised, >= 0)                                     */
-    G_LOG_SOFTMAX,  /* iattr[0] = axis                                                         */
-    G_LAYERNORM,    /* in0 = x, in1 = weight, in2 = bias; fattr[0] = eps; over the last axis  */
-    G_RMSNORM,      /* in0 = x, in1 = weight; fattr[0] = eps                                   */
-    G_ROPE,         /* in0 = x [..., T, hd]; fattr[0] = theta; halves rotated (NeoX layout)    */
-    G_ATTENTION,    /* in0..2 = q [B,H,T,hd], k, v [B,Hk,S,hd]; iattr[0] = causal;
+    G_SOFTMAX,       /* iattr[0] = axis (normalised, >= 0)                                     */
+    G_LOG_SOFTMAX,   /* iattr[0] = axis                                                         */
+    G_LAYERNORM,     /* in0 = x, in1 = weight, in2 = bias; fattr[0] = eps; over the last axis  */
+    G_RMSNORM,       /* in0 = x, in1 = weight; fattr[0] = eps                                   */
+    G_ROPE,          /* in0 = x [..., T, hd]; fattr[0] = theta; halves rotated (NeoX layout)    */
+    G_ATTENTION,     /* in0..2 = q [B,H,T,hd], k, v [B,Hk,S,hd]; iattr[0] = causal;
                        fattr[0] = scale (1/sqrt(hd))                                           */
-    G_CROSS_ENTROPY,/* in0 = logits [..., V], in1 = targets i32 [...] -> rank 0, the mean       */
-    G_MSE,          /* in0, in1 same shape -> rank 0, the mean of squared differences          */
-    G_ONE_HOT,      /* in0 = i32 idx -> f32 [..., iattr[0]]                                    */
-    G_TOPK_VALUES,  /* in0; iattr[0] = k, iattr[1] = axis; largest first                       */
-    G_TOPK_INDICES, /* same, the i32 positions                                                 */
+    G_CROSS_ENTROPY, /* in0 = logits [..., V], in1 = targets i32 [...] -> rank 0, the mean       */
+    G_MSE,           /* in0, in1 same shape -> rank 0, the mean of squared differences          */
+    G_ONE_HOT,       /* in0 = i32 idx -> f32 [..., iattr[0]]                                    */
+    G_TOPK_VALUES,   /* in0; iattr[0] = k, iattr[1] = axis; largest first                       */
+    G_TOPK_INDICES,  /* same, the i32 positions                                                 */
     /* ---- linear algebra and data movement ---------------------------------------------- */
-    G_MATMUL,       /* in0 [..., n, k] @ in1 [..., k, m], batch dims broadcast; rank-1 cases
+    G_MATMUL,    /* in0 [..., n, k] @ in1 [..., k, m], batch dims broadcast; rank-1 cases
                        as in NumPy                                                             */
-    G_RESHAPE,      /* same element count, the node's shape                                    */
-    G_TRANSPOSE,    /* swap axes iattr[0] and iattr[1] (normalised)                            */
-    G_SLICE,        /* along axis iattr[0]: [iattr[1], iattr[2]) (normalised, in range)        */
-    G_GATHER,       /* rows of in0 [n, ...] picked by i32 in1 [...] -> [..., ...]             */
-    G_CONCAT,       /* along axis iattr[0]; in0..in(nin-1) (up to GRAPH_MAX_IN; longer lists
+    G_RESHAPE,   /* same element count, the node's shape                                    */
+    G_TRANSPOSE, /* swap axes iattr[0] and iattr[1] (normalised)                            */
+    G_SLICE,     /* along axis iattr[0]: [iattr[1], iattr[2]) (normalised, in range)        */
+    G_GATHER,    /* rows of in0 [n, ...] picked by i32 in1 [...] -> [..., ...]             */
+    G_CONCAT,    /* along axis iattr[0]; in0..in(nin-1) (up to GRAPH_MAX_IN; longer lists
                        are a chain of concats)                                                 */
-    G_BROADCAST,    /* in0 broadcast to the node's shape                                       */
+    G_BROADCAST, /* in0 broadcast to the node's shape                                       */
     /* ---- backward ops: what autodiff emits for the composite ops ------------------------- */
-    G_SCATTER_ADD,  /* gather's backward: zeros of the node's shape [n, ...], rows in1 += in0  */
-    G_SOFTMAX_BWD,  /* in0 = dy, in1 = y (softmax output); iattr[0] = axis                     */
+    G_SCATTER_ADD,     /* gather's backward: zeros of the node's shape [n, ...], rows in1 += in0  */
+    G_SOFTMAX_BWD,     /* in0 = dy, in1 = y (softmax output); iattr[0] = axis                     */
     G_LAYERNORM_BWD_X, /* in0 = dy, in1 = x, in2 = weight; fattr[0] = eps -> dx               */
     G_LAYERNORM_BWD_W, /* in0 = dy, in1 = x; fattr[0] = eps -> dweight (summed over rows)     */
     G_RMSNORM_BWD_X,   /* in0 = dy, in1 = x, in2 = weight; fattr[0] = eps -> dx               */
     G_RMSNORM_BWD_W,   /* in0 = dy, in1 = x; fattr[0] = eps -> dweight                        */
-    G_ROPE_BWD,     /* in0 = dy; fattr[0] = theta (rotation by the negative angle)             */
-    G_ATTENTION_BWD_Q, G_ATTENTION_BWD_K, G_ATTENTION_BWD_V,
-                    /* in0 = dout, in1 = q, in2 = k, in3 = v; iattr/fattr as the forward      */
+    G_ROPE_BWD,        /* in0 = dy; fattr[0] = theta (rotation by the negative angle)             */
+    G_ATTENTION_BWD_Q,
+    G_ATTENTION_BWD_K,
+    G_ATTENTION_BWD_V,
+    /* in0 = dout, in1 = q, in2 = k, in3 = v; iattr/fattr as the forward      */
     G_CROSS_ENTROPY_BWD, /* in0 = dloss (rank 0), in1 = logits, in2 = targets -> dlogits       */
     G_OP_COUNT
 } GOp;
@@ -95,11 +129,11 @@ typedef struct GNode {
     int rank;
     int64_t shape[GRAPH_MAX_RANK];
     int nin;
-    int in[GRAPH_MAX_IN];   /* input node ids, all < id */
+    int in[GRAPH_MAX_IN]; /* input node ids, all < id */
     int64_t iattr[4];
     double fattr[2];
-    const char *name;       /* G_PARAM: dotted path; G_INPUT: "data.x"; else NULL */
-    Span src;               /* the source that produced it (span_none for synthesised nodes) */
+    const char *name; /* G_PARAM: dotted path; G_INPUT: "data.x"; else NULL */
+    Span src;         /* the source that produced it (span_none for synthesised nodes) */
 } GNode;
 
 /* What makes a graph an update graph: the optimizer's `update` applied to every parameter at
@@ -109,45 +143,45 @@ typedef struct GNode {
  * region, and the stdlib's optimizers keep them zero). The same layout is the parameter, gradient
  * and optimizer-state regions of the memory plan, so the update runs over each region as it lies. */
 typedef struct GraphUpdate {
-    const char *optimizer;    /* its name ("adamw") */
-    int64_t n;                /* length of the flat vectors (elements, padding included) */
-    int nsegs;                /* one segment per parameter, in the step graph's parameter order */
-    const int64_t *seg_off;   /* [nsegs] first element of each */
-    const int64_t *seg_len;   /* [nsegs] its element count */
+    const char *optimizer;       /* its name ("adamw") */
+    int64_t n;                   /* length of the flat vectors (elements, padding included) */
+    int nsegs;                   /* one segment per parameter, in the step graph's parameter order */
+    const int64_t *seg_off;      /* [nsegs] first element of each */
+    const int64_t *seg_len;      /* [nsegs] its element count */
     const char *const *seg_name; /* [nsegs] the parameter's dotted name */
-    int p_in, g_in;           /* G_INPUT "p" and "g": f32[n] */
-    int lr_in;                /* G_INPUT "lr": f32[], the step's rate (lr_base x schedule); -1 if the
+    int p_in, g_in;              /* G_INPUT "p" and "g": f32[n] */
+    int lr_in;                   /* G_INPUT "lr": f32[], the step's rate (lr_base x schedule); -1 if the
                                  optimizer has no hyper-parameter lr */
-    int t_in;                 /* G_INPUT "t": f32[], the 1-based step number */
-    double lr_base;           /* the hyper-parameter lr as bound (0 when lr_in < 0) */
+    int t_in;                    /* G_INPUT "t": f32[], the 1-based step number */
+    double lr_base;              /* the hyper-parameter lr as bound (0 when lr_in < 0) */
     int nstate;
-    const char **state_name;  /* [nstate] "m", "v" in declaration order */
-    double *state_init;       /* [nstate] the number each starts from */
-    int *state_in;            /* [nstate] G_INPUT "state.m": f32[n] */
-    int *state_out;           /* [nstate] the node of its new value (state_in[i] when unchanged) */
-    int p_out;                /* the node of the new parameters (p_in when unchanged) */
+    const char **state_name; /* [nstate] "m", "v" in declaration order */
+    double *state_init;      /* [nstate] the number each starts from */
+    int *state_in;           /* [nstate] G_INPUT "state.m": f32[n] */
+    int *state_out;          /* [nstate] the node of its new value (state_in[i] when unchanged) */
+    int p_out;               /* the node of the new parameters (p_in when unchanged) */
 } GraphUpdate;
 
 typedef struct Graph {
     Arena *ar;
-    GNode **node;           /* node[id] */
+    GNode **node; /* node[id] */
     int n, cap;
-    int loss;               /* id of the scalar loss, -1 if none */
+    int loss; /* id of the scalar loss, -1 if none */
     int nparams;
-    int *params;            /* ids of the G_PARAM nodes, in declaration order */
-    int *grads;             /* after autodiff: grads[i] is the id of d loss / d params[i] */
-    const char *name;       /* what the graph is ("train tiny"), for graph_print's header; may be NULL */
-    GraphUpdate *update;    /* set for an update graph (its layout and roles), else NULL */
+    int *params;         /* ids of the G_PARAM nodes, in declaration order */
+    int *grads;          /* after autodiff: grads[i] is the id of d loss / d params[i] */
+    const char *name;    /* what the graph is ("train tiny"), for graph_print's header; may be NULL */
+    GraphUpdate *update; /* set for an update graph (its layout and roles), else NULL */
 } Graph;
 
-Graph *graph_new(Arena *ar);                                        /* an empty graph */
+Graph *graph_new(Arena *ar); /* an empty graph */
 /* Appends a node; shape copied; inputs must exist. Returns its id. */
 /* iattr/fattr/name start zeroed; a G_PARAM's id is appended to params by graph_add itself. */
 int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int nin, const int *in, Span src);
-GNode *graph_node(const Graph *g, int id);                          /* node[id] */
-int64_t graph_numel(const GNode *n);                                /* product of the shape */
-const char *graph_op_name(GOp op);                                  /* "matmul", "layernorm_bwd_x" ... */
-void graph_print(FILE *out, const Graph *g, int first);             /* --emit=ir from node `first` on */
+GNode *graph_node(const Graph *g, int id);              /* node[id] */
+int64_t graph_numel(const GNode *n);                    /* product of the shape */
+const char *graph_op_name(GOp op);                      /* "matmul", "layernorm_bwd_x" ... */
+void graph_print(FILE *out, const Graph *g, int first); /* --emit=ir from node `first` on */
 /* Checks the invariants (input ids, ranks, shapes each op implies, dtypes). Returns the number of
  * problems, each printed to `out` as `graph: %N: ...`. A failure is a compiler bug. */
 int graph_verify(const Graph *g, FILE *out);

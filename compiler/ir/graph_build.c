@@ -28,24 +28,24 @@
 #include "graph_build.h"
 
 struct GraphBuilder {
-    Arena *ar;            /* the checker's: values the hooks make, text of messages (gb_start) */
+    Arena *ar; /* the checker's: values the hooks make, text of messages (gb_start) */
     Graph *g;
-    int errors_before;    /* diag's error count when the build started */
-    int failed;           /* an error stopped the build: hooks add nothing more */
-    int done;             /* the loss is recorded */
-    int64_t streams;      /* dropout RNG streams handed out */
+    int errors_before; /* diag's error count when the build started */
+    int failed;        /* an error stopped the build: hooks add nothing more */
+    int done;          /* the loss is recorded */
+    int64_t streams;   /* dropout RNG streams handed out */
     /* the update graph, for sema_build_train */
-    int64_t align;        /* parameters at multiples of this many elements; 0: no update graph wanted */
-    Graph *step;          /* the step graph, once the update graph is being built (g is then the update) */
-    Graph *upd;           /* the update graph */
-    int updating;         /* g is the update graph: the rules of update apply (graph_build.h) */
-    int update_done;      /* its results are recorded */
-    Value *lr_value;      /* the f32[] value of the input "lr" */
-    Str *state_str;       /* [statecap] the state variables' names, as update's scope knows them */
+    int64_t align;   /* parameters at multiples of this many elements; 0: no update graph wanted */
+    Graph *step;     /* the step graph, once the update graph is being built (g is then the update) */
+    Graph *upd;      /* the update graph */
+    int updating;    /* g is the update graph: the rules of update apply (graph_build.h) */
+    int update_done; /* its results are recorded */
+    Value *lr_value; /* the f32[] value of the input "lr" */
+    Str *state_str;  /* [statecap] the state variables' names, as update's scope knows them */
     int statecap;
     /* generation's forward, for sema_build_train */
     GraphBuilder *forward; /* the batch-1 builder riding along with the step's (NULL: none wanted) */
-    int output;           /* a forward builder's node of model(data.x); -1 when it is not one tensor */
+    int output;            /* a forward builder's node of model(data.x); -1 when it is not one tensor */
 };
 
 /* ---- errors ---- */
@@ -83,8 +83,7 @@ static int gb_wants(GraphBuilder *gb, const Value *r) {
 /* The concrete shape of t into shape; 0 after an error. */
 static int gb_dims(GraphBuilder *gb, const TensorType *t, int64_t *shape, Span at) {
     if (t->rank > GRAPH_MAX_RANK) {
-        gb_fail(gb, at, "a tensor of rank %d is not supported yet (at most %d dimensions)",
-                t->rank, GRAPH_MAX_RANK);
+        gb_fail(gb, at, "a tensor of rank %d is not supported yet (at most %d dimensions)", t->rank, GRAPH_MAX_RANK);
         return 0;
     }
     for (int i = 0; i < t->rank; i++) {
@@ -101,8 +100,7 @@ static int gb_dims(GraphBuilder *gb, const TensorType *t, int64_t *shape, Span a
     int64_t numel = 1;
     for (int i = 0; i < t->rank; i++) {
         if (shape[i] > GB_MAX_NUMEL / numel) {
-            gb_fail(gb, at, "the tensor %s has more than 2^62 elements",
-                    tensor_type_str(gb->ar, t));
+            gb_fail(gb, at, "the tensor %s has more than 2^62 elements", tensor_type_str(gb->ar, t));
             return 0;
         }
         numel *= shape[i];
@@ -167,8 +165,7 @@ static int gb_operand(GraphBuilder *gb, const Value *v, int dt, Span at) {
     }
     if (v->kind == V_TENSOR) {
         if (v->graph_id <= 0) {
-            gb_fail(gb, at, "following the tensor %s made here is not supported yet",
-                    tensor_type_str(gb->ar, &v->t));
+            gb_fail(gb, at, "following the tensor %s made here is not supported yet", tensor_type_str(gb->ar, &v->t));
             return -1;
         }
         if (v->graph_id > gb->g->n) INTERNAL("graph builder: a value names node %d of %d", v->graph_id - 1, gb->g->n);
@@ -336,9 +333,8 @@ static int gb_slice(GraphBuilder *gb, int x, int64_t axis, int64_t lo, int64_t h
     if (x < 0) return -1;
     const GNode *n = gb_node(gb, x);
     if (lo < 0 || lo >= hi || hi > n->shape[axis]) {
-        gb_fail(gb, at,
-                "the slice [%lld, %lld) of dimension %lld (size %lld) is out of range",
-                (long long)lo, (long long)hi, (long long)axis, (long long)n->shape[axis]);
+        gb_fail(gb, at, "the slice [%lld, %lld) of dimension %lld (size %lld) is out of range", (long long)lo, (long long)hi,
+                (long long)axis, (long long)n->shape[axis]);
         return -1;
     }
     int64_t shape[GRAPH_MAX_RANK];
@@ -354,8 +350,8 @@ static int gb_slice(GraphBuilder *gb, int x, int64_t axis, int64_t lo, int64_t h
     return id;
 }
 
-void gb_index(GraphBuilder *gb, Value *base, Value **idx, const int *is_slice, Value **lo, Value **hi, int nidx,
-              Value *r, Span at) {
+void gb_index(GraphBuilder *gb, Value *base, Value **idx, const int *is_slice, Value **lo, Value **hi, int nidx, Value *r,
+              Span at) {
     if (!gb_wants(gb, r) || base->kind != V_TENSOR) return;
     if (gb->updating) {
         gb_unsupported(gb, at, "indexing inside an optimizer's update (it runs elementwise)");
@@ -410,12 +406,30 @@ static const struct {
     const char *name;
     GOp op;
 } gb_math[] = {
-    {"exp", G_EXP},   {"log", G_LOG},   {"sqrt", G_SQRT}, {"rsqrt", G_RSQRT}, {"tanh", G_TANH},
-    {"sigmoid", G_SIGMOID}, {"relu", G_RELU}, {"gelu", G_GELU}, {"silu", G_SILU}, {"abs", G_ABS},
-    {"sign", G_SIGN}, {"sin", G_SIN}, {"cos", G_COS}, {"floor", G_FLOOR},
-    {"matmul", G_MATMUL}, {"cross_entropy", G_CROSS_ENTROPY}, {"mse", G_MSE},
-    {"softmax", G_SOFTMAX}, {"log_softmax", G_LOG_SOFTMAX}, {"logsumexp", G_LOGSUMEXP},
-    {"sum", G_SUM}, {"mean", G_MEAN}, {"max", G_MAX}, {"min", G_MIN},
+    {"exp", G_EXP},
+    {"log", G_LOG},
+    {"sqrt", G_SQRT},
+    {"rsqrt", G_RSQRT},
+    {"tanh", G_TANH},
+    {"sigmoid", G_SIGMOID},
+    {"relu", G_RELU},
+    {"gelu", G_GELU},
+    {"silu", G_SILU},
+    {"abs", G_ABS},
+    {"sign", G_SIGN},
+    {"sin", G_SIN},
+    {"cos", G_COS},
+    {"floor", G_FLOOR},
+    {"matmul", G_MATMUL},
+    {"cross_entropy", G_CROSS_ENTROPY},
+    {"mse", G_MSE},
+    {"softmax", G_SOFTMAX},
+    {"log_softmax", G_LOG_SOFTMAX},
+    {"logsumexp", G_LOGSUMEXP},
+    {"sum", G_SUM},
+    {"mean", G_MEAN},
+    {"max", G_MAX},
+    {"min", G_MIN},
 };
 
 static GOp gb_builtin_op(const char *name) {
@@ -500,8 +514,8 @@ static void gb_topk(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value
 
 /* The builtins an optimizer's update may use on tensors: elementwise ones, and norm (per parameter). */
 static int gb_update_builtin(const char *name, const CallArgs *a) {
-    static const char *const ok[] = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "abs",
-                                     "sign", "sin", "cos", "floor", "where", "clamp", "norm", "float", "int"};
+    static const char *const ok[] = {"exp",  "log", "sqrt", "rsqrt", "tanh",  "sigmoid", "relu", "gelu",  "silu", "abs",
+                                     "sign", "sin", "cos",  "floor", "where", "clamp",   "norm", "float", "int"};
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
         if (strcmp(name, ok[i]) == 0) return 1;
     return (strcmp(name, "max") == 0 || strcmp(name, "min") == 0) && a->npos == 2 && a->nkw == 0;
@@ -512,8 +526,10 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
     const char *name = builtin_name(b);
     if (gb->updating && !gb_update_builtin(name, a) && (r->kind == V_TENSOR || r->kind == V_TUPLE || r->kind == V_LIST)) {
         gb_unsupported(gb, a->at,
-                       arena_printf(gb->ar, "'%s' inside an optimizer's update (it runs elementwise; norm(x) is "
-                                               "the one reduction, per parameter)", name));
+                       arena_printf(gb->ar,
+                                    "'%s' inside an optimizer's update (it runs elementwise; norm(x) is "
+                                    "the one reduction, per parameter)",
+                                    name));
         return;
     }
     if (strcmp(name, "split") == 0) {
@@ -637,10 +653,9 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         gb_node(gb, id)->iattr[0] = gb->streams++;
     } else if (strcmp(name, "norm") == 0) {
         in[0] = gb_operand(gb, v0, dt, s0);
-        if (gb->updating && in[0] >= 0 && gb_node(gb, in[0])->rank == 1) /* per parameter (graph_build.h) */
+        if (gb->updating && in[0] >= 0 && gb_node(gb, in[0])->rank == 1)                   /* per parameter (graph_build.h) */
             gb_result(gb, r, x_tensor && v0->t.rank == 0 ? G_ABS : G_SEG_NORM, 1, in, at); /* lifted to f32[n] */
-        else
-            gb_result(gb, r, G_NORM, 1, in, at);
+        else gb_result(gb, r, G_NORM, 1, in, at);
     } else if (strcmp(name, "clamp") == 0) {
         double lo, hi;
         in[0] = gb_operand(gb, v0, dt, s0);
@@ -658,8 +673,7 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
 
 /* ---- parameters and their names ---- */
 
-void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const double x[2], const int known[2],
-              Span at) {
+void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const double x[2], const int known[2], Span at) {
     if (!gb_wants(gb, v)) return;
     if (gb->updating) {
         gb_unsupported(gb, at, "a parameter declared while an optimizer's update runs");
@@ -669,15 +683,17 @@ void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const 
         const char *name;
         GInit init;
         int nargs;
-    } inits[] = {{"zeros", GI_ZEROS, 0}, {"ones", GI_ONES, 0}, {"constant", GI_CONSTANT, 1},
-                 {"normal", GI_NORMAL, 2}, {"uniform", GI_UNIFORM, 2}};
+    } inits[] = {{"zeros", GI_ZEROS, 0},
+                 {"ones", GI_ONES, 0},
+                 {"constant", GI_CONSTANT, 1},
+                 {"normal", GI_NORMAL, 2},
+                 {"uniform", GI_UNIFORM, 2}};
     int which = 0; /* no initialiser: zeros */
     for (size_t i = 0; init && i < sizeof inits / sizeof *inits; i++)
         if (strcmp(init, inits[i].name) == 0) which = (int)i;
     for (int k = 0; k < inits[which].nargs; k++)
         if (!known[k]) {
-            gb_unsupported(gb, at,
-                           arena_printf(gb->ar, "an argument of '%s' not known at compile time", inits[which].name));
+            gb_unsupported(gb, at, arena_printf(gb->ar, "an argument of '%s' not known at compile time", inits[which].name));
             return;
         }
     int64_t shape[GRAPH_MAX_RANK];
@@ -874,8 +890,7 @@ Value *gb_update_lr(GraphBuilder *gb, const Value *lr, Span decl) {
                     "the hyper-parameter 'lr' is %s, but the learning-rate schedule scales a number; this is not "
                     "supported yet",
                     value_describe(gb->ar, lr));
-        else
-            gb->failed = 1;
+        else gb->failed = 1;
         return NULL;
     }
     if (!gb->lr_value) {
@@ -895,14 +910,12 @@ static int gb_update_out(GraphBuilder *gb, GbLookup lookup, void *ctx, Str name,
         return -1;
     }
     if (v->kind != V_TENSOR || v->graph_id <= 0 || v->graph_id > gb->g->n) {
-        gb_fail(gb, at, "following the value %s ends with (%s) is not supported yet", what,
-                value_describe(gb->ar, v));
+        gb_fail(gb, at, "following the value %s ends with (%s) is not supported yet", what, value_describe(gb->ar, v));
         return -1;
     }
     const GNode *n = gb_node(gb, v->graph_id - 1);
     if (n->rank != 1 || n->dt != DT_F32) {
-        gb_fail(gb, at, "%s ends as %s per parameter, which is not supported yet (f32 per element is)", what,
-                dtype_name(n->dt));
+        gb_fail(gb, at, "%s ends as %s per parameter, which is not supported yet (f32 per element is)", what, dtype_name(n->dt));
         return -1;
     }
     return n->id;

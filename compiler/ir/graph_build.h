@@ -68,8 +68,8 @@ GbOutcome gb_finish(GraphBuilder *gb, GraphBuilt *out);
 /* Names the parameter v (a tensor made by gb_param, read as it is or through its cast) path,
  * unless it has a name already: the first path that reaches a parameter names it. */
 void gb_name_param(GraphBuilder *gb, const Value *v, const char *path);
-void gb_data(GraphBuilder *gb, Value *data);            /* data.x, data.y -> G_INPUT */
-void gb_loss(GraphBuilder *gb, Value *loss, Span at);   /* the loss -> g->loss; the graph is complete */
+void gb_data(GraphBuilder *gb, Value *data);          /* data.x, data.y -> G_INPUT */
+void gb_loss(GraphBuilder *gb, Value *loss, Span at); /* the loss -> g->loss; the graph is complete */
 
 /* Generation's forward: beside the step's builder rides a second one (gb_want_update), for the
  * train block's `model(data.x)` with data.x of one row. After the loss, settings.c instantiates
@@ -77,21 +77,20 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at);   /* the loss -> g->loss; 
  * and the model's result. gb_forward_of is NULL when no forward is wanted or the step's build
  * failed. */
 GraphBuilder *gb_forward_of(GraphBuilder *gb);
-void gb_forward_input(GraphBuilder *gb, Value *x);      /* x (i32[1, seq]) -> G_INPUT data.x */
-void gb_forward_output(GraphBuilder *gb, Value *out);    /* the model's result; the graph is complete */
+void gb_forward_input(GraphBuilder *gb, Value *x);    /* x (i32[1, seq]) -> G_INPUT data.x */
+void gb_forward_output(GraphBuilder *gb, Value *out); /* the model's result; the graph is complete */
 
 /* ---- hooks for expressions (eval.c, eval_call.c; each gets the operands and the result sema computed) ---- */
 
 void gb_binary(GraphBuilder *gb, Op op, Value *a, Span sa, Value *b, Span sb, Value *r, Span at); /* a op b, a op= b */
 void gb_unary(GraphBuilder *gb, Op op, Value *a, Value *r, Span at);                              /* -x, +x, not x */
 void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *args, Value *r);              /* builtin calls */
-void gb_index(GraphBuilder *gb, Value *base, Value **idx, const int *is_slice, Value **lo, Value **hi, int nidx,
-              Value *r, Span at);                                                                 /* x[...] */
-void gb_attr(GraphBuilder *gb, Value *base, Str name, Value *r, Span at);                         /* x.T */
+void gb_index(GraphBuilder *gb, Value *base, Value **idx, const int *is_slice, Value **lo, Value **hi, int nidx, Value *r,
+              Span at);                                                   /* x[...] */
+void gb_attr(GraphBuilder *gb, Value *base, Str name, Value *r, Span at); /* x.T */
 /* `name = param DT[dims] ~ init`: init is "normal", "uniform", "zeros", "ones", "constant" or NULL
  * (zeros); x[i] its arguments, known[i] whether each is known. */
-void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const double x[2], const int known[2],
-              Span at);
+void gb_param(GraphBuilder *gb, Value *v, DType stored, const char *init, const double x[2], const int known[2], Span at);
 
 /* ---- the update graph (settings.c, eval_call.c's eval_check_update) ---- */
 

@@ -27,14 +27,15 @@
 /* ---- names ------------------------------------------------------------------------------------ */
 
 static const char *const kir_op_names[K_OP_COUNT] = {
-    [K_NONE] = "?", [K_CONST] = "const", [K_GID] = "gid", [K_LOOP] = "loop", [K_ENDLOOP] = "endloop",
-    [K_IF] = "if", [K_ENDIF] = "endif", [K_ACC] = "acc", [K_ACCUM] = "accum", [K_LOAD] = "load",
-    [K_STORE] = "store", [K_ADD] = "add", [K_SUB] = "sub", [K_MUL] = "mul", [K_DIV] = "div", [K_MOD] = "mod",
-    [K_POW] = "pow", [K_MAX] = "max", [K_MIN] = "min", [K_IDIV] = "idiv", [K_IMOD] = "imod", [K_XOR] = "xor",
-    [K_SHR] = "shr", [K_NEG] = "neg", [K_ABS] = "abs", [K_EXP] = "exp", [K_LOG] = "log", [K_SQRT] = "sqrt",
-    [K_TANH] = "tanh", [K_SIN] = "sin", [K_COS] = "cos", [K_FLOOR] = "floor", [K_EQ] = "eq", [K_NE] = "ne",
-    [K_LT] = "lt", [K_LE] = "le", [K_GT] = "gt", [K_GE] = "ge", [K_AND] = "and", [K_OR] = "or", [K_NOT] = "not",
-    [K_SELECT] = "select", [K_CAST] = "cast",
+    [K_NONE] = "?",      [K_CONST] = "const",   [K_GID] = "gid",   [K_LOOP] = "loop",   [K_ENDLOOP] = "endloop",
+    [K_IF] = "if",       [K_ENDIF] = "endif",   [K_ACC] = "acc",   [K_ACCUM] = "accum", [K_LOAD] = "load",
+    [K_STORE] = "store", [K_ADD] = "add",       [K_SUB] = "sub",   [K_MUL] = "mul",     [K_DIV] = "div",
+    [K_MOD] = "mod",     [K_POW] = "pow",       [K_MAX] = "max",   [K_MIN] = "min",     [K_IDIV] = "idiv",
+    [K_IMOD] = "imod",   [K_XOR] = "xor",       [K_SHR] = "shr",   [K_NEG] = "neg",     [K_ABS] = "abs",
+    [K_EXP] = "exp",     [K_LOG] = "log",       [K_SQRT] = "sqrt", [K_TANH] = "tanh",   [K_SIN] = "sin",
+    [K_COS] = "cos",     [K_FLOOR] = "floor",   [K_EQ] = "eq",     [K_NE] = "ne",       [K_LT] = "lt",
+    [K_LE] = "le",       [K_GT] = "gt",         [K_GE] = "ge",     [K_AND] = "and",     [K_OR] = "or",
+    [K_NOT] = "not",     [K_SELECT] = "select", [K_CAST] = "cast",
 };
 
 const char *kir_op_name(KOp op) { return op >= 0 && op < K_OP_COUNT && kir_op_names[op] ? kir_op_names[op] : "?"; }
@@ -233,8 +234,8 @@ static int kb_cons(KBuilder *b, KInst in, int pure) {
     if (!pure) return kb_emit(b, in);
     int64_t fb;
     memcpy(&fb, &in.f, sizeof fb);
-    int64_t key[6] = {(int64_t)in.op * 65536 + (int64_t)in.type * 256 + in.nin, in.a[0], in.a[1], in.a[2],
-                      in.op == K_LOAD ? in.buf : in.i, fb};
+    int64_t key[6] = {
+        (int64_t)in.op * 65536 + (int64_t)in.type * 256 + in.nin, in.a[0], in.a[1], in.a[2], in.op == K_LOAD ? in.buf : in.i, fb};
     int v = kmap_get(b, &b->cons, key);
     if (v >= 0) return v;
     v = kb_emit(b, in);
@@ -269,8 +270,14 @@ static int kb_fold_int(KOp op, KType t, int64_t x, int64_t y, int64_t *out) {
     case K_ADD: *out = (int64_t)(ux + uy); return 1;
     case K_SUB: *out = (int64_t)(ux - uy); return 1;
     case K_MUL: *out = (int64_t)(ux * uy); return 1;
-    case K_IDIV: if (y <= 0 || x < 0) return 0; *out = x / y; return 1;
-    case K_IMOD: if (y <= 0 || x < 0) return 0; *out = x % y; return 1;
+    case K_IDIV:
+        if (y <= 0 || x < 0) return 0;
+        *out = x / y;
+        return 1;
+    case K_IMOD:
+        if (y <= 0 || x < 0) return 0;
+        *out = x % y;
+        return 1;
     case K_MAX: *out = t == KT_U64 ? (int64_t)(ux > uy ? ux : uy) : (x > y ? x : y); return 1;
     case K_MIN: *out = t == KT_U64 ? (int64_t)(ux < uy ? ux : uy) : (x < y ? x : y); return 1;
     case K_XOR: *out = (int64_t)(ux ^ uy); return 1;
@@ -316,8 +323,7 @@ int kb_op(KBuilder *b, KOp op, KType t, int nin, int a0, int a1, int a2) {
             if (m->op == K_MUL && r->op == K_IMOD) {
                 for (int s = 0; s < 2; s++) {
                     const KInst *q = &b->k->inst[m->a[s]];
-                    if (q->op == K_IDIV && q->a[0] == r->a[0] && q->a[1] == r->a[1] && m->a[1 - s] == r->a[1])
-                        return r->a[0];
+                    if (q->op == K_IDIV && q->a[0] == r->a[0] && q->a[1] == r->a[1] && m->a[1 - s] == r->a[1]) return r->a[0];
                 }
             }
         }
@@ -327,7 +333,8 @@ int kb_op(KBuilder *b, KOp op, KType t, int nin, int a0, int a1, int a2) {
         if (y->op == K_CONST && y->f == 1.0) return a[0];
         if (op == K_MUL && x->op == K_CONST && x->f == 1.0) return a[1];
     }
-    if (kir_is_compare(op) && cx && cy && (ta == KT_I64 || ta == KT_I32)) return kb_const_i(b, KT_BOOL, kb_fold_compare(op, x, y));
+    if (kir_is_compare(op) && cx && cy && (ta == KT_I64 || ta == KT_I32))
+        return kb_const_i(b, KT_BOOL, kb_fold_compare(op, x, y));
     if (op == K_SELECT) {
         int64_t c;
         if (kb_is_const(b, a[0], &c)) return c ? a[1] : a[2];
@@ -642,16 +649,20 @@ int kir_verify(const Kernel *k, FILE *out) {
             break;
         case K_SELECT:
             if (t0 != KT_BOOL) kir_v_fail(&v, i, "select condition must be bool");
-            if (t1 != t || t2 != t) kir_v_fail(&v, i, "select of %s and %s as %s", kir_type_name(t1), kir_type_name(t2), kir_type_name(t));
+            if (t1 != t || t2 != t)
+                kir_v_fail(&v, i, "select of %s and %s as %s", kir_type_name(t1), kir_type_name(t2), kir_type_name(t));
             break;
         case K_CAST:
             if (t == KT_VOID) kir_v_fail(&v, i, "cast to void");
             break;
         default:
             if (kir_is_compare(in->op)) {
-                if (t != KT_BOOL || t0 != t1) kir_v_fail(&v, i, "%s of %s and %s", kir_op_name(in->op), kir_type_name(t0), kir_type_name(t1));
+                if (t != KT_BOOL || t0 != t1)
+                    kir_v_fail(&v, i, "%s of %s and %s", kir_op_name(in->op), kir_type_name(t0), kir_type_name(t1));
             } else if (kir_is_binary(in->op)) {
-                if (t0 != t || t1 != t) kir_v_fail(&v, i, "%s of %s and %s as %s", kir_op_name(in->op), kir_type_name(t0), kir_type_name(t1), kir_type_name(t));
+                if (t0 != t || t1 != t)
+                    kir_v_fail(&v, i, "%s of %s and %s as %s", kir_op_name(in->op), kir_type_name(t0), kir_type_name(t1),
+                               kir_type_name(t));
                 if ((in->op == K_POW || in->op == K_DIV) && !kir_type_is_float(t) && in->op == K_POW)
                     kir_v_fail(&v, i, "pow of %s", kir_type_name(t));
             } else if (kir_is_unary(in->op)) {
@@ -664,7 +675,8 @@ int kir_verify(const Kernel *k, FILE *out) {
     }
     if (sp != 0) kir_v_fail(&v, n, "%d loops or ifs left open", sp);
     for (int i = 0; i < k->nbufs; i++)
-        if (k->bufs[i].rank < 0 || k->bufs[i].rank > GRAPH_MAX_RANK) kir_v_fail(&v, 0, "buffer p%d has rank %d", i, k->bufs[i].rank);
+        if (k->bufs[i].rank < 0 || k->bufs[i].rank > GRAPH_MAX_RANK)
+            kir_v_fail(&v, 0, "buffer p%d has rank %d", i, k->bufs[i].rank);
     arena_free(&scratch);
     return v.problems;
 }
@@ -754,14 +766,15 @@ void kir_print_body(FILE *out, const Kernel *k, int indent) {
 /* ---- attention's layout ------------------------------------------------------------------------ */
 
 static void kir_print_view(FILE *out, const char *prefix, const char *what, const KView *v, const char *note) {
-    fprintf(out, "%s  %-6s p%d + %" PRId64 "  strides [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]%s\n", prefix,
-            what, v->param, v->offset, v->stride[0], v->stride[1], v->stride[2], v->stride[3], note);
+    fprintf(out, "%s  %-6s p%d + %" PRId64 "  strides [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]%s\n", prefix, what,
+            v->param, v->offset, v->stride[0], v->stride[1], v->stride[2], v->stride[3], note);
 }
 
 void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
     static const char *ops[] = {"forward", "backward of q", "backward of k", "backward of v", "backward of k and v"};
-    fprintf(out, "%sattention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64
-                 ", D %" PRId64 ", E %" PRId64 ", %s, scale %.9g, %s\n",
+    fprintf(out,
+            "%sattention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64 ", D %" PRId64
+            ", E %" PRId64 ", %s, scale %.9g, %s\n",
             prefix, ops[a->op], a->Z, a->H, a->Hk, a->T, a->S, a->D, a->E, a->causal ? "causal" : "not causal", a->scale,
             dtype_name(a->dt));
     kir_print_view(out, prefix, "q", &a->q, "");

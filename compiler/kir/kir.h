@@ -46,38 +46,62 @@ typedef enum KType { KT_VOID, KT_BOOL, KT_I32, KT_I64, KT_U64, KT_F16, KT_BF16, 
 typedef enum KOp {
     K_NONE,
     /* ---- values without operands ---------------------------------------------------------- */
-    K_CONST,    /* .f (float types) or .i (integer and bool types)                              */
-    K_GID,      /* the work item's index in [0, grid), i64                                      */
+    K_CONST, /* .f (float types) or .i (integer and bool types)                              */
+    K_GID,   /* the work item's index in [0, grid), i64                                      */
     /* ---- control (void): structured and properly nested ----------------------------------- */
-    K_LOOP,     /* value: the counter (i64) in [0, extent); extent .i, or a[0] (i64) if nin = 1 */
+    K_LOOP, /* value: the counter (i64) in [0, extent); extent .i, or a[0] (i64) if nin = 1 */
     K_ENDLOOP,
-    K_IF,       /* a[0] bool: the block up to the matching K_ENDIF runs when it is true         */
+    K_IF, /* a[0] bool: the block up to the matching K_ENDIF runs when it is true         */
     K_ENDIF,
     /* ---- accumulators --------------------------------------------------------------------- */
-    K_ACC,      /* a mutable scalar: initial value .f/.i, combine op .aop (K_ADD, K_MAX, K_MIN)  */
-    K_ACCUM,    /* void: a[0] (a K_ACC) = aop(a[0], a[1])                                        */
+    K_ACC,   /* a mutable scalar: initial value .f/.i, combine op .aop (K_ADD, K_MAX, K_MIN)  */
+    K_ACCUM, /* void: a[0] (a K_ACC) = aop(a[0], a[1])                                        */
     /* ---- memory ----------------------------------------------------------------------------- */
-    K_LOAD,     /* buffer .buf, a[0] = element offset (i64); the buffer's element type           */
-    K_STORE,    /* void: buffer .buf, a[0] = offset, a[1] = value                                */
+    K_LOAD,  /* buffer .buf, a[0] = element offset (i64); the buffer's element type           */
+    K_STORE, /* void: buffer .buf, a[0] = offset, a[1] = value                                */
     /* ---- binary, operands of the result type -------------------------------------------------- */
-    K_ADD, K_SUB, K_MUL, K_DIV, K_MOD, K_POW, K_MAX, K_MIN,
-    K_IDIV, K_IMOD, /* i64, operands >= 0 (index arithmetic)                                     */
-    K_XOR, K_SHR,   /* u64                                                                       */
+    K_ADD,
+    K_SUB,
+    K_MUL,
+    K_DIV,
+    K_MOD,
+    K_POW,
+    K_MAX,
+    K_MIN,
+    K_IDIV,
+    K_IMOD, /* i64, operands >= 0 (index arithmetic)                                     */
+    K_XOR,
+    K_SHR, /* u64                                                                       */
     /* ---- unary, operand of the result type -------------------------------------------------- */
-    K_NEG, K_ABS, K_EXP, K_LOG, K_SQRT, K_TANH, K_SIN, K_COS, K_FLOOR,
+    K_NEG,
+    K_ABS,
+    K_EXP,
+    K_LOG,
+    K_SQRT,
+    K_TANH,
+    K_SIN,
+    K_COS,
+    K_FLOOR,
     /* ---- comparisons (bool result, operands of one type) and logic on bool ------------------- */
-    K_EQ, K_NE, K_LT, K_LE, K_GT, K_GE,
-    K_AND, K_OR, K_NOT,
+    K_EQ,
+    K_NE,
+    K_LT,
+    K_LE,
+    K_GT,
+    K_GE,
+    K_AND,
+    K_OR,
+    K_NOT,
     /* ---- the rest --------------------------------------------------------------------------- */
-    K_SELECT,   /* a[0] bool ? a[1] : a[2]                                                      */
-    K_CAST,     /* a[0] converted to the result type: float -> int truncates, -> bool is != 0    */
+    K_SELECT, /* a[0] bool ? a[1] : a[2]                                                      */
+    K_CAST,   /* a[0] converted to the result type: float -> int truncates, -> bool is != 0    */
     K_OP_COUNT
 } KOp;
 
-const char *kir_op_name(KOp op);     /* "add", "loop" ... */
-const char *kir_type_name(KType t);  /* "f32", "i64" ... */
-KType kir_type_of(DType dt);         /* the value type of a graph dtype */
-int kir_type_is_float(KType t);      /* f16, bf16, f32, f64 */
+const char *kir_op_name(KOp op);    /* "add", "loop" ... */
+const char *kir_type_name(KType t); /* "f32", "i64" ... */
+KType kir_type_of(DType dt);        /* the value type of a graph dtype */
+int kir_type_is_float(KType t);     /* f16, bf16, f32, f64 */
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
@@ -96,23 +120,23 @@ const char *kir_kind_name(KKind k); /* "elementwise", "row" ... */
 
 typedef struct KInst {
     KOp op;
-    KType type;   /* of the value defined; KT_VOID for stores, accumulations and control */
+    KType type; /* of the value defined; KT_VOID for stores, accumulations and control */
     int nin;
-    int a[3];     /* operand SSA ids */
-    int buf;      /* K_LOAD / K_STORE: index into Kernel.bufs */
-    KOp aop;      /* K_ACC: the combine op */
-    double f;     /* K_CONST / K_ACC of a float type */
-    int64_t i;    /* K_CONST / K_ACC of an integer type; K_LOOP's static extent */
+    int a[3];  /* operand SSA ids */
+    int buf;   /* K_LOAD / K_STORE: index into Kernel.bufs */
+    KOp aop;   /* K_ACC: the combine op */
+    double f;  /* K_CONST / K_ACC of a float type */
+    int64_t i; /* K_CONST / K_ACC of an integer type; K_LOOP's static extent */
 } KInst;
 
 typedef struct KBuf {
-    int buffer;   /* the schedule's buffer (FuseResult.buffers index) bound to it */
-    int node;     /* graph node whose value the buffer holds, -1 for an internal one */
+    int buffer; /* the schedule's buffer (FuseResult.buffers index) bound to it */
+    int node;   /* graph node whose value the buffer holds, -1 for an internal one */
     DType dt;
     int rank;
     int64_t shape[GRAPH_MAX_RANK];
-    int written;  /* 1 when the kernel stores to it (it may also load what it stored) */
-    int key;      /* fuse's bookkeeping (the fused node the buffer holds) */
+    int written; /* 1 when the kernel stores to it (it may also load what it stored) */
+    int key;     /* fuse's bookkeeping (the fused node the buffer holds) */
 } KBuf;
 
 /* ---- attention's layout, for a back end's hand-written attention kernel ---------------------- */
@@ -136,29 +160,29 @@ typedef enum KAttnOp { KA_FORWARD, KA_BWD_Q, KA_BWD_K, KA_BWD_V, KA_BWD_KV } KAt
  * view is strided, else NULL. */
 typedef struct KAttn {
     KAttnOp op;
-    DType dt;                 /* of q, k, v, dout and the results */
-    int64_t Z, H, Hk, T, S;   /* batch, query heads, key/value heads (H a multiple), query rows, key rows */
-    int64_t D, E;             /* the width of q and k, of v and the output */
-    int causal;               /* key j is visible to query row i when j <= i + S - T */
-    double scale;             /* of the scores: scale * (q . k) */
+    DType dt;               /* of q, k, v, dout and the results */
+    int64_t Z, H, Hk, T, S; /* batch, query heads, key/value heads (H a multiple), query rows, key rows */
+    int64_t D, E;           /* the width of q and k, of v and the output */
+    int causal;             /* key j is visible to query row i when j <= i + S - T */
+    double scale;           /* of the scores: scale * (q . k) */
     KView q, k, v;
-    KView dout;               /* the output's gradient [Z, H, T, E]: the backward ops */
+    KView dout; /* the output's gradient [Z, H, T, E]: the backward ops */
     int nout;
-    KView out[4];             /* the result [Z, H, T, E] (forward), dq [Z, H, T, D], dk [Z, Hk, S, D]
+    KView out[4]; /* the result [Z, H, T, E] (forward), dq [Z, H, T, D], dk [Z, Hk, S, D]
                                  (KA_BWD_K, KA_BWD_KV) or dv [Z, Hk, S, E]; each place gets every element */
     int nout_v;
-    KView out_v[4];           /* KA_BWD_KV: dv [Z, Hk, S, E], likewise */
-    KView stats;              /* backward: [Z, H, T, 3] in f32, per query row: max of the scaled scores,
+    KView out_v[4];     /* KA_BWD_KV: dv [Z, Hk, S, E], likewise */
+    KView stats;        /* backward: [Z, H, T, 3] in f32, per query row: max of the scaled scores,
                                  sum of exp(s - max), sum over keys of P dP; param -1 when not stored */
-    int stats_computed;       /* KA_BWD_Q: 1 when the kernel computes the statistics (storing them
+    int stats_computed; /* KA_BWD_Q: 1 when the kernel computes the statistics (storing them
                                  at stats when param >= 0); otherwise they are loaded from stats */
 } KAttn;
 
 typedef struct Kernel {
-    const char *name;  /* "k3_add_layernorm": unique in a schedule, a C identifier */
+    const char *name; /* "k3_add_layernorm": unique in a schedule, a C identifier */
     KKind kind;
-    int64_t grid;      /* work items */
-    int nsegments;     /* > 1: independent parts chosen by ranges of gid (the optimizer update) */
+    int64_t grid;  /* work items */
+    int nsegments; /* > 1: independent parts chosen by ranges of gid (the optimizer update) */
     int nbufs;
     KBuf *bufs;
     int n, cap;
@@ -176,28 +200,28 @@ typedef struct Kernel {
  * the builder's client (fuse remembers which value a node has at an index). */
 typedef struct KBuilder KBuilder;
 
-KBuilder *kb_new(Arena *ar, Kernel *k);                   /* a builder appending to k */
+KBuilder *kb_new(Arena *ar, Kernel *k);                                 /* a builder appending to k */
 Kernel *kir_new(Arena *ar, const char *name, KKind kind, int64_t grid); /* an empty kernel */
 int kb_buf(KBuilder *b, int key, int buffer, int node, DType dt, int rank, const int64_t *shape, int written);
-                                                          /* the parameter for key (added once) */
-int kb_const_f(KBuilder *b, KType t, double v);           /* a float constant */
-int kb_const_i(KBuilder *b, KType t, int64_t v);          /* an integer or bool constant */
-int kb_gid(KBuilder *b);                                  /* the work item's index */
+/* the parameter for key (added once) */
+int kb_const_f(KBuilder *b, KType t, double v);                           /* a float constant */
+int kb_const_i(KBuilder *b, KType t, int64_t v);                          /* an integer or bool constant */
+int kb_gid(KBuilder *b);                                                  /* the work item's index */
 int kb_op(KBuilder *b, KOp op, KType t, int nin, int a0, int a1, int a2); /* a pure instruction */
-int kb_load(KBuilder *b, int buf, int off);               /* buffer element */
-void kb_store(KBuilder *b, int buf, int off, int v);      /* buffer element = v */
-int kb_loop(KBuilder *b, int64_t extent);                 /* opens a loop; returns the counter */
-int kb_loop_dyn(KBuilder *b, int extent);                 /* the same, extent an i64 value */
-void kb_endloop(KBuilder *b);                             /* closes the innermost loop */
-void kb_if(KBuilder *b, int cond);                        /* opens an if block */
-void kb_endif(KBuilder *b);                               /* closes the innermost if */
-int kb_acc(KBuilder *b, KType t, KOp aop, double init);   /* declares an accumulator */
-void kb_accum(KBuilder *b, int acc, int v);               /* acc = aop(acc, v) */
-int kb_depth(const KBuilder *b);                          /* open loops and ifs */
-int kb_memo_get(KBuilder *b, int64_t k1, int64_t k2);     /* -1 when absent or out of scope */
-void kb_memo_put(KBuilder *b, int64_t k1, int64_t k2, int v); /* valid until its scope closes */
-KType kb_type(const KBuilder *b, int v);                  /* the type of value v */
-int kb_is_const(const KBuilder *b, int v, int64_t *iv);   /* 1 when v is an integer constant */
+int kb_load(KBuilder *b, int buf, int off);                               /* buffer element */
+void kb_store(KBuilder *b, int buf, int off, int v);                      /* buffer element = v */
+int kb_loop(KBuilder *b, int64_t extent);                                 /* opens a loop; returns the counter */
+int kb_loop_dyn(KBuilder *b, int extent);                                 /* the same, extent an i64 value */
+void kb_endloop(KBuilder *b);                                             /* closes the innermost loop */
+void kb_if(KBuilder *b, int cond);                                        /* opens an if block */
+void kb_endif(KBuilder *b);                                               /* closes the innermost if */
+int kb_acc(KBuilder *b, KType t, KOp aop, double init);                   /* declares an accumulator */
+void kb_accum(KBuilder *b, int acc, int v);                               /* acc = aop(acc, v) */
+int kb_depth(const KBuilder *b);                                          /* open loops and ifs */
+int kb_memo_get(KBuilder *b, int64_t k1, int64_t k2);                     /* -1 when absent or out of scope */
+void kb_memo_put(KBuilder *b, int64_t k1, int64_t k2, int v);             /* valid until its scope closes */
+KType kb_type(const KBuilder *b, int v);                                  /* the type of value v */
+int kb_is_const(const KBuilder *b, int v, int64_t *iv);                   /* 1 when v is an integer constant */
 
 /* Removes instructions whose values nothing uses (and loops and ifs left empty), renumbering the
  * rest. Called once the body is complete. */

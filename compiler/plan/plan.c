@@ -31,9 +31,7 @@ static int plan_order_cmp(const void *a, const void *b) {
     return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
-static int plan_live_together(const PlanBuffer *a, const PlanBuffer *b) {
-    return !(a->last < b->first || b->last < a->first);
-}
+static int plan_live_together(const PlanBuffer *a, const PlanBuffer *b) { return !(a->last < b->first || b->last < a->first); }
 
 int64_t plan_naive_bytes(const PlanBuffer *buf, int n, int64_t align) {
     int64_t total = 0;
@@ -169,7 +167,8 @@ int64_t plan_assign_offsets(PlanBuffer *buf, int n, int64_t align, Arena *scratc
     for (int i = 0; i < n; i++) {
         if (buf[i].size < 0 || buf[i].size > PLAN_MAX_BYTES - total || buf[i].first > buf[i].last)
             INTERNAL("plan_assign_offsets: buffer %d (size %" PRId64 ", live %d..%d) is invalid or the sizes sum "
-                     "past PLAN_MAX_BYTES", i, buf[i].size, buf[i].first, buf[i].last);
+                     "past PLAN_MAX_BYTES",
+                     i, buf[i].size, buf[i].first, buf[i].last);
         total += plan_align_up(buf[i].size, align);
         if (total > PLAN_MAX_BYTES) INTERNAL("plan_assign_offsets: the sizes sum past PLAN_MAX_BYTES");
     }
@@ -177,7 +176,6 @@ int64_t plan_assign_offsets(PlanBuffer *buf, int n, int64_t align, Arena *scratc
 }
 
 /* ---- building: context and errors ----------------------------------------------------------- */
-
 
 /* a x b bytes, or -1 beyond PLAN_MAX_BYTES. */
 int64_t plan_mul_bytes(int64_t a, int64_t b) {
@@ -199,22 +197,26 @@ static void plan_note(PlanCtx *c, const char *text) {
 static void plan_notes(PlanCtx *c) {
     const TrainConfig *ts = c->ts;
     static const char *const storage[] = {"none", "host", "nvme"};
-    struct { const char *key; int64_t v; } par[] = {
+    struct {
+        const char *key;
+        int64_t v;
+    } par[] = {
         {"tensor", ts->tensor_par}, {"pipeline", ts->pipeline_par}, {"sequence", ts->sequence_par}, {"expert", ts->expert_par}};
     for (size_t i = 0; i < sizeof par / sizeof *par; i++)
         if (par[i].v > 1)
             plan_note(c, arena_printf(c->ar, "parallel.%s = %" PRId64 " is not planned yet: each rank holds the whole model",
                                       par[i].key, par[i].v));
     if (ts->zero > 0)
-        plan_note(c, arena_printf(c->ar, "parallel.zero = %" PRId64 " is not planned yet: every rank holds all of the "
-                                         "optimizer state and gradients", ts->zero));
+        plan_note(c, arena_printf(c->ar,
+                                  "parallel.zero = %" PRId64 " is not planned yet: every rank holds all of the "
+                                  "optimizer state and gradients",
+                                  ts->zero));
     if (ts->recompute) plan_note(c, "recompute is not planned yet: the arena keeps every activation for the backward");
     if (ts->offload_activations != STORE_NONE && (int)ts->offload_activations < 3)
         plan_note(c, arena_printf(c->ar, "offload.activations = %s is not planned yet", storage[ts->offload_activations]));
     if (ts->offload_optimizer != STORE_NONE && (int)ts->offload_optimizer < 3)
         plan_note(c, arena_printf(c->ar, "offload.optimizer = %s is not planned yet", storage[ts->offload_optimizer]));
-    if (ts->steps > ((int64_t)1 << 24))
-        plan_note(c, "t is an f32: past step 16777216 it is no longer exact");
+    if (ts->steps > ((int64_t)1 << 24)) plan_note(c, "t is an f32: past step 16777216 it is no longer exact");
 }
 
 static PlanProgram plan_program(PlanCtx *c, int64_t first, int64_t last, int64_t global, int64_t accumulation) {
@@ -260,7 +262,8 @@ static void plan_programs(PlanCtx *c) {
 /* ---- plan_build ------------------------------------------------------------------------------ */
 
 Plan *plan_build(const TrainBuild *tb, int first_bwd, const PlanSchedules *s, Arena *ar) {
-    if (!s || s->n < 2 || !tb || !tb->step || !tb->update || !tb->update->update || !tb->config) INTERNAL("plan_build: no train build");
+    if (!s || s->n < 2 || !tb || !tb->step || !tb->update || !tb->update->update || !tb->config)
+        INTERNAL("plan_build: no train build");
     const Graph *g = tb->step;
     if (!g->grads) INTERNAL("plan_build: the step graph is not differentiated");
     if (first_bwd < 0 || first_bwd > g->n) INTERNAL("plan_build: first backward node %d of %d", first_bwd, g->n);
@@ -294,8 +297,7 @@ Plan *plan_build(const TrainBuild *tb, int first_bwd, const PlanSchedules *s, Ar
     p->lr_base = u->lr_base;
     p->schedule = ts->schedule_text;
     if (p->schedule && !p->has_lr) {
-        diag_error(ts->lr_at,
-                   "the schedule '%s' scales the optimizer's hyper-parameter 'lr', but optimizer '%s' has none",
+        diag_error(ts->lr_at, "the schedule '%s' scales the optimizer's hyper-parameter 'lr', but optimizer '%s' has none",
                    p->schedule, u->optimizer);
         diag_hint("give the optimizer a hyper-parameter lr, or remove this setting");
         return NULL;
@@ -360,10 +362,9 @@ static void plan_print_program(FILE *out, Arena *ar, const Plan *p, int k) {
     fprintf(out, "\n## step program %d of %d: ", k + 1, p->nprograms);
     if (pr->first_step >= p->steps)
         fprintf(out, "from step %" PRId64 ", never reached (the run has %" PRId64 " steps)", pr->first_step, p->steps);
-    else
-        fprintf(out, "steps %" PRId64 "..%" PRId64, pr->first_step, pr->last_step);
-    fprintf(out, ", global batch %" PRId64 " = micro %" PRId64 " x accumulation %" PRId64 " x data %" PRId64 "\n",
-            pr->global, pr->micro, pr->accumulation, pr->data);
+    else fprintf(out, "steps %" PRId64 "..%" PRId64, pr->first_step, pr->last_step);
+    fprintf(out, ", global batch %" PRId64 " = micro %" PRId64 " x accumulation %" PRId64 " x data %" PRId64 "\n", pr->global,
+            pr->micro, pr->accumulation, pr->data);
     const char *scale = plan_scale_text(ar, pr);
     int in_loop = 0;
     for (int i = 0; i < pr->nops; i++) {
@@ -383,15 +384,15 @@ static void plan_print_program(FILE *out, Arena *ar, const Plan *p, int k) {
                     p->first_bwd - 1, p->first_bwd, g->n - 1);
             if (p->seed >= 0) fprintf(out, ", seed d loss %%%d = %s", p->seed, scale);
             else fprintf(out, " (no parameter reaches the loss: zero gradients)");
-            fprintf(out, "\n%s          gradients: added into the gradient region (the runtime zeroes it after each update)\n", ind);
+            fprintf(out, "\n%s          gradients: added into the gradient region (the runtime zeroes it after each update)\n",
+                    ind);
             break;
         case PO_LOSS:
-            fprintf(out, "%sloss      += %s x %%%d  # the reported loss: the mean over the global batch\n", ind, scale,
-                    g->loss);
+            fprintf(out, "%sloss      += %s x %%%d  # the reported loss: the mean over the global batch\n", ind, scale, g->loss);
             break;
         case PO_ALLREDUCE:
-            fprintf(out, "%sallreduce sum of the gradient region (%" PRId64 " bytes) and the loss over %" PRId64
-                         " data ranks\n", ind, p->mem.param_bytes, pr->data);
+            fprintf(out, "%sallreduce sum of the gradient region (%" PRId64 " bytes) and the loss over %" PRId64 " data ranks\n",
+                    ind, p->mem.param_bytes, pr->data);
             break;
         case PO_CLIP:
             fprintf(out, "%sclip      norm = ||gradients||_2; gradients *= min(1, %s / (norm + 1e-6))\n", ind,
@@ -421,11 +422,11 @@ void plan_print(FILE *out, const Plan *p) {
     const GraphUpdate *up = u->update;
     int64_t values = 0;
     for (int i = 0; i < m->nparams; i++) values += m->params[i].numel;
-    fprintf(out, "# plan train %s: %d parameter%s (%" PRId64 " values), %d step program%s, arena %s\n", p->name,
-            m->nparams, m->nparams == 1 ? "" : "s", values, p->nprograms, p->nprograms == 1 ? "" : "s",
-            plan_bytes_text(&ar, m->arena_bytes));
-    fprintf(out, "steps %" PRId64 "; micro-batch %" PRId64 " sequence%s of %" PRId64 " tokens; %" PRId64
-                 " data-parallel rank%s; clip %s\n",
+    fprintf(out, "# plan train %s: %d parameter%s (%" PRId64 " values), %d step program%s, arena %s\n", p->name, m->nparams,
+            m->nparams == 1 ? "" : "s", values, p->nprograms, p->nprograms == 1 ? "" : "s", plan_bytes_text(&ar, m->arena_bytes));
+    fprintf(out,
+            "steps %" PRId64 "; micro-batch %" PRId64 " sequence%s of %" PRId64 " tokens; %" PRId64
+            " data-parallel rank%s; clip %s\n",
             p->steps, p->micro, p->micro == 1 ? "" : "s", p->seq, p->data, p->data == 1 ? "" : "s",
             p->clip > 0 ? value_float_str(&ar, p->clip) : "none");
     fprintf(out, "optimizer %s: %d state variable%s", up->optimizer, up->nstate, up->nstate == 1 ? "" : "s");

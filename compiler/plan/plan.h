@@ -42,7 +42,8 @@
 #include "graph.h"
 #include "sema.h"
 
-#define PLAN_ALIGN 64                     /* bytes: every region offset and arena offset is a multiple (RT_ALIGN:
+#define PLAN_ALIGN                                                                                                               \
+    64                                    /* bytes: every region offset and arena offset is a multiple (RT_ALIGN:
                                              host_abi.c asserts they are equal) */
 #define PLAN_MAX_BYTES ((int64_t)1 << 60) /* a region, the arena or a naive total beyond this is refused */
 #define PLAN_GREEDY_MAX 10000             /* buffers: plan_assign_offsets' greedy-by-size limit */
@@ -87,14 +88,14 @@ typedef enum PlanPhase {
  * logits (absent when the program cannot generate: why_no_logits says why, at no_logits_at). Each
  * kernel is named with its schedule's prefix (step_k3_add). */
 typedef struct PlanSchedules {
-    int n;                    /* 2, or 3 with the logits */
+    int n;                            /* 2, or 3 with the logits */
     const char *prefix[PLAN_NPHASES]; /* "step_", "update_", "logits_" */
     FuseResult *r[PLAN_NPHASES];
     const Graph *g[PLAN_NPHASES];
     int disjoint[PLAN_NPHASES]; /* buffers of the schedule never overlap (cpu_lower_kernel's flag) */
-    int logits_node;          /* the logits' node in g[PLAN_LOGITS] (-1 without) */
-    int64_t vocab;            /* the last dimension of what the loss's cross_entropy reads; 0: none */
-    const char *why_no_logits;/* NULL with the logits */
+    int logits_node;            /* the logits' node in g[PLAN_LOGITS] (-1 without) */
+    int64_t vocab;              /* the last dimension of what the loss's cross_entropy reads; 0: none */
+    const char *why_no_logits;  /* NULL with the logits */
     Span no_logits_at;
 } PlanSchedules;
 
@@ -122,7 +123,7 @@ typedef enum PlanHome {
 /* Where one fused buffer (FuseResult.buffers) lives. */
 typedef struct PlanSlot {
     PlanHome home;
-    int64_t offset;  /* bytes from the start of its region */
+    int64_t offset; /* bytes from the start of its region */
     int64_t bytes;
     int first, last; /* PH_ARENA: its live range, in launches of its schedule */
 } PlanSlot;
@@ -136,26 +137,26 @@ typedef struct PlanWrite {
     int buffer;       /* the source: a buffer of the schedule, in the arena */
     PlanHome to;
     int64_t offset, bytes;
-    int accumulate;   /* 1: added, scaled by the micro-batch's loss_scale; 0: copied */
+    int accumulate; /* 1: added, scaled by the micro-batch's loss_scale; 0: copied */
 } PlanWrite;
 
 /* The memory of one phase: a slot for every buffer of its schedule, and its moves. */
 typedef struct PlanPhaseMem {
-    const char *name;        /* "step", "update", "logits" */
-    const FuseResult *r;     /* NULL: the phase is absent (no logits) */
-    PlanSlot *slots;         /* [r->nbuffers] */
+    const char *name;    /* "step", "update", "logits" */
+    const FuseResult *r; /* NULL: the phase is absent (no logits) */
+    PlanSlot *slots;     /* [r->nbuffers] */
     int nwrites;
     PlanWrite *writes;
-    int64_t reserve;         /* arena bytes before the first buffer: the update's lr and t slots */
-    int64_t peak, naive;     /* the arena during the phase: planned (reserve included), and without reuse */
-    int kernels, gemms;      /* launches per call */
+    int64_t reserve;     /* arena bytes before the first buffer: the update's lr and t slots */
+    int64_t peak, naive; /* the arena during the phase: planned (reserve included), and without reuse */
+    int kernels, gemms;  /* launches per call */
 } PlanPhaseMem;
 
 typedef struct PlanParam {
     const char *name;
-    int node;         /* its G_PARAM in the step graph */
+    int node; /* its G_PARAM in the step graph */
     int64_t numel;
-    int64_t offset;   /* bytes; the same in the parameter and gradient regions and in each state part */
+    int64_t offset; /* bytes; the same in the parameter and gradient regions and in each state part */
 } PlanParam;
 
 typedef struct PlanInput {
@@ -166,17 +167,17 @@ typedef struct PlanInput {
 } PlanInput;
 
 typedef struct PlanMemory {
-    int64_t param_bytes;    /* the parameter region; the gradient region and each state part alike */
+    int64_t param_bytes; /* the parameter region; the gradient region and each state part alike */
     int nparams;
     PlanParam *params;
     int nstate;
-    int64_t state_bytes;    /* nstate x param_bytes */
+    int64_t state_bytes; /* nstate x param_bytes */
     int ninputs;
     PlanInput inputs[2];
-    int64_t input_bytes;    /* data.x and data.y together */
+    int64_t input_bytes; /* data.x and data.y together */
     PlanPhaseMem phase[PLAN_NPHASES];
     int64_t lr_offset, t_offset; /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
-    int64_t arena_bytes;    /* the largest peak: what the executable allocates */
+    int64_t arena_bytes;         /* the largest peak: what the executable allocates */
 } PlanMemory;
 
 /* ---- the step program ---- */
@@ -197,32 +198,32 @@ typedef struct PlanOp {
 } PlanOp;
 
 typedef struct PlanProgram {
-    int64_t first_step, last_step; /* the optimizer steps it runs (0-based, inclusive); first_step >= steps:
+    int64_t first_step, last_step;             /* the optimizer steps it runs (0-based, inclusive); first_step >= steps:
                                       a ramp stage the run never reaches */
     int64_t global, micro, data, accumulation; /* global = micro x accumulation x data */
-    double loss_scale;             /* 1 / (accumulation x data) */
+    double loss_scale;                         /* 1 / (accumulation x data) */
     int nops;
     PlanOp *ops;
 } PlanProgram;
 
 typedef struct Plan {
-    const char *name;         /* the train block's name */
-    const Graph *step;        /* the step graph, differentiated */
-    const Graph *update;      /* the update graph */
-    int first_bwd;            /* the step graph's first backward node */
-    int seed;                 /* the backward's seed (d loss / d loss, a G_CONST 1.0), or -1: no parameter
+    const char *name;    /* the train block's name */
+    const Graph *step;   /* the step graph, differentiated */
+    const Graph *update; /* the update graph */
+    int first_bwd;       /* the step graph's first backward node */
+    int seed;            /* the backward's seed (d loss / d loss, a G_CONST 1.0), or -1: no parameter
                                  reaches the loss, and every gradient is zero */
     int64_t steps, seq, micro, data;
-    double clip;              /* 0: none */
-    int has_lr;               /* the optimizer has the hyper-parameter lr (the update's input "lr") */
+    double clip; /* 0: none */
+    int has_lr;  /* the optimizer has the hyper-parameter lr (the update's input "lr") */
     double lr_base;
-    const char *schedule;     /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
+    const char *schedule; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
     int nprograms;
     PlanProgram *programs;
-    PlanSchedules sched;      /* the fused schedules the memory plan is of */
+    PlanSchedules sched; /* the fused schedules the memory plan is of */
     PlanMemory mem;
     int nnotes;
-    const char **notes;       /* settings of the block this plan does not carry out yet */
+    const char **notes; /* settings of the block this plan does not carry out yet */
 } Plan;
 
 /* The plan of a train block: tb from sema_build_train, its step graph already differentiated

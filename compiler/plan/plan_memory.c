@@ -123,17 +123,19 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
         for (int i = 0; i < g->nparams; i++) {
             int gb = g->grads && g->grads[i] >= 0 ? r->node_buffer[g->grads[i]] : -1;
             if (gb < 0) continue; /* no buffer: a zero gradient, nothing to add */
-            plan_add_write(c->ar, ph, (PlanWrite){arena_printf(c->ar, "grad %s", m->params[i].name), gb, PH_GRADS,
-                                                  m->params[i].offset, m->params[i].numel * 4, 1});
+            plan_add_write(c->ar, ph,
+                           (PlanWrite){arena_printf(c->ar, "grad %s", m->params[i].name), gb, PH_GRADS, m->params[i].offset,
+                                       m->params[i].numel * 4, 1});
         }
     } else if (which == PLAN_UPDATE) {
         const GraphUpdate *u = g->update;
         for (int k = 0; k <= u->nstate; k++) {
             int out = k == 0 ? u->p_out : u->state_out[k - 1], in = k == 0 ? u->p_in : u->state_in[k - 1];
             if (out == in || r->node_buffer[out] < 0) continue; /* unchanged */
-            plan_add_write(c->ar, ph, (PlanWrite){k == 0 ? "p" : arena_printf(c->ar, "state.%s", u->state_name[k - 1]),
-                                                  r->node_buffer[out], k == 0 ? PH_PARAMS : PH_STATE,
-                                                  k == 0 ? 0 : (int64_t)(k - 1) * m->param_bytes, m->param_bytes, 0});
+            plan_add_write(c->ar, ph,
+                           (PlanWrite){k == 0 ? "p" : arena_printf(c->ar, "state.%s", u->state_name[k - 1]), r->node_buffer[out],
+                                       k == 0 ? PH_PARAMS : PH_STATE, k == 0 ? 0 : (int64_t)(k - 1) * m->param_bytes,
+                                       m->param_bytes, 0});
         }
     }
 }
@@ -203,7 +205,8 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s) {
 static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
     const PlanMemory *m = &p->mem;
     switch (h) {
-    case PH_PARAMS: case PH_GRADS: return m->param_bytes;
+    case PH_PARAMS:
+    case PH_GRADS: return m->param_bytes;
     case PH_STATE: return m->state_bytes;
     case PH_X: return m->inputs[0].bytes;
     case PH_Y: return m->ninputs > 1 ? m->inputs[1].bytes : 0;
@@ -277,8 +280,7 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
             continue;
         }
         if (s->offset < 0 || s->offset + s->bytes > plan_region_bytes(p, s->home))
-            plan_v_fail(v, "%s buffer %d: %" PRId64 " bytes at %" PRId64 " leave their region", ph->name, i, s->bytes,
-                        s->offset);
+            plan_v_fail(v, "%s buffer %d: %" PRId64 " bytes at %" PRId64 " leave their region", ph->name, i, s->bytes, s->offset);
         int reserved = s->home == PH_ARENA && s->offset < ph->reserve; /* the update's lr and t */
         if (reserved ? s->offset + s->bytes > ph->reserve : s->home == PH_ARENA && s->offset % PLAN_ALIGN != 0)
             plan_v_fail(v, "%s buffer %d at arena %" PRId64 " is not aligned or crosses the reserved bytes", ph->name, i,
@@ -292,8 +294,7 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
         if (w->buffer < 0 || w->buffer >= r->nbuffers || ph->slots[w->buffer].bytes != w->bytes)
             plan_v_fail(v, "%s: %s moves a buffer of another size", ph->name, w->what);
         if (w->offset < 0 || w->offset % PLAN_ALIGN != 0 || w->offset + w->bytes > plan_region_bytes(p, w->to))
-            plan_v_fail(v, "%s: %s (%" PRId64 " bytes at %" PRId64 ") leaves its region", ph->name, w->what, w->bytes,
-                        w->offset);
+            plan_v_fail(v, "%s: %s (%" PRId64 " bytes at %" PRId64 ") leaves its region", ph->name, w->what, w->bytes, w->offset);
     }
     if (ph->peak > ph->naive) plan_v_fail(v, "%s: the peak exceeds its naive total", ph->name);
 }
@@ -302,15 +303,13 @@ void plan_verify_memory(PlanVerify *v, const Plan *p) {
     const PlanMemory *m = &p->mem;
     const GraphUpdate *u = p->update->update;
     if (m->param_bytes % PLAN_ALIGN != 0 || m->param_bytes != u->n * 4)
-        plan_v_fail(v, "the parameter region (%" PRId64 " bytes) is not the update graph's %" PRId64 " values",
-                    m->param_bytes, u->n);
+        plan_v_fail(v, "the parameter region (%" PRId64 " bytes) is not the update graph's %" PRId64 " values", m->param_bytes,
+                    u->n);
     int64_t end = 0;
     for (int i = 0; i < m->nparams; i++) {
         const PlanParam *q = &m->params[i];
-        if (q->offset % PLAN_ALIGN != 0 || q->offset < end || q->offset - end >= PLAN_ALIGN ||
-            q->offset != u->seg_off[i] * 4)
-            plan_v_fail(v, "parameter '%s' at %" PRId64 ": not the next aligned offset after %" PRId64, q->name,
-                        q->offset, end);
+        if (q->offset % PLAN_ALIGN != 0 || q->offset < end || q->offset - end >= PLAN_ALIGN || q->offset != u->seg_off[i] * 4)
+            plan_v_fail(v, "parameter '%s' at %" PRId64 ": not the next aligned offset after %" PRId64, q->name, q->offset, end);
         end = q->offset + q->numel * 4;
     }
     if (end > m->param_bytes || m->param_bytes - end >= PLAN_ALIGN)
@@ -355,8 +354,9 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
     const Graph *g = p->step;
     const PlanPhaseMem *st = &m->phase[PLAN_STEP];
     fprintf(out, "\n## regions (bytes; every offset a multiple of %d)\n", PLAN_ALIGN);
-    fprintf(out, "parameters %" PRId64 ", gradients %" PRId64 ", optimizer state %" PRId64 " (%d x %" PRId64
-                 "), inputs %" PRId64 ", arena %" PRId64 "\n",
+    fprintf(out,
+            "parameters %" PRId64 ", gradients %" PRId64 ", optimizer state %" PRId64 " (%d x %" PRId64 "), inputs %" PRId64
+            ", arena %" PRId64 "\n",
             m->param_bytes, m->param_bytes, m->state_bytes, m->nstate, m->param_bytes, m->input_bytes, m->arena_bytes);
     int w = 9;
     for (int i = 0; i < m->nparams; i++) {
@@ -396,13 +396,14 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
     const FuseResult *r = ph->r;
     int nb = 0;
     for (int i = 0; i < r->nbuffers; i++) nb += ph->slots[i].home == PH_ARENA && ph->slots[i].offset >= ph->reserve;
-    fprintf(out, "\n## phase %s (%s): %d kernel%s, %d GEMM%s; arena %d buffer%s, peak %s, without reuse %s", ph->name,
-            fns[which], ph->kernels, ph->kernels == 1 ? "" : "s", ph->gemms, ph->gemms == 1 ? "" : "s", nb, nb == 1 ? "" : "s",
+    fprintf(out, "\n## phase %s (%s): %d kernel%s, %d GEMM%s; arena %d buffer%s, peak %s, without reuse %s", ph->name, fns[which],
+            ph->kernels, ph->kernels == 1 ? "" : "s", ph->gemms, ph->gemms == 1 ? "" : "s", nb, nb == 1 ? "" : "s",
             plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, ph->naive));
     if (ph->naive > 0) fprintf(out, " (saves %.1f%%)", 100.0 * (double)(ph->naive - ph->peak) / (double)ph->naive);
     fprintf(out, "\n");
     if (which == PLAN_UPDATE)
-        fprintf(out, "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",
+        fprintf(out,
+                "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",
                 p->mem.lr_offset, p->mem.t_offset, ph->reserve);
     int w = 6;
     const char **label = arena_alloc(ar, sizeof(char *) * (size_t)(r->nbuffers + 1));
@@ -439,19 +440,20 @@ void plan_print_memory(FILE *out, Arena *ar, const Plan *p) {
 void plan_print_summary(FILE *out, const Plan *p) {
     const PlanMemory *m = &p->mem;
     static const char *const call[PLAN_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call"};
-    for (int i = 0; i < PLAN_NPHASES; i++)
-        fprintf(out, "plan: arena %s %" PRId64 " bytes\n", m->phase[i].name, m->phase[i].peak);
+    for (int i = 0; i < PLAN_NPHASES; i++) fprintf(out, "plan: arena %s %" PRId64 " bytes\n", m->phase[i].name, m->phase[i].peak);
     fprintf(out, "plan: arena %" PRId64 " bytes, the largest\n", m->arena_bytes);
-    fprintf(out, "plan: parameters %" PRId64 " bytes, gradients %" PRId64 " bytes, optimizer state %" PRId64
-                 " bytes, inputs %" PRId64 " bytes\n",
+    fprintf(out,
+            "plan: parameters %" PRId64 " bytes, gradients %" PRId64 " bytes, optimizer state %" PRId64 " bytes, inputs %" PRId64
+            " bytes\n",
             m->param_bytes, m->param_bytes, m->state_bytes, m->input_bytes);
     for (int i = 0; i < PLAN_NPHASES; i++)
         fprintf(out, "plan: per %s %d kernels, %d GEMMs\n", call[i], m->phase[i].kernels, m->phase[i].gemms);
     for (int k = 0; k < p->nprograms; k++) {
         const PlanProgram *pr = &p->programs[k];
         int64_t nmicro = pr->accumulation * pr->data;
-        fprintf(out, "plan: per optimizer step from step %" PRId64 " (%" PRId64 " micro-batches and the update) %" PRId64
-                     " kernels, %" PRId64 " GEMMs\n",
+        fprintf(out,
+                "plan: per optimizer step from step %" PRId64 " (%" PRId64 " micro-batches and the update) %" PRId64
+                " kernels, %" PRId64 " GEMMs\n",
                 pr->first_step, nmicro, nmicro * m->phase[PLAN_STEP].kernels + m->phase[PLAN_UPDATE].kernels,
                 nmicro * m->phase[PLAN_STEP].gemms + m->phase[PLAN_UPDATE].gemms);
     }

@@ -23,7 +23,6 @@ typedef union KVal {
 
 /* ---- scalar semantics ---------------------------------------------------------------------------- */
 
-
 static int64_t kr_wrap(KType t, int64_t v) { return t == KT_I32 ? (int64_t)(int32_t)v : t == KT_BOOL ? v != 0 : v; }
 
 static double kr_fmax(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
@@ -255,7 +254,8 @@ int kir_ref_kernel(const Kernel *k, double *const *bufs) {
             case K_STORE: {
                 const KBuf *kb = &k->bufs[in->buf];
                 if (a.i < 0 || a.i >= numel[in->buf]) {
-                    diag_error_noloc("kernel %s: %%%d: %s at %" PRId64 " outside p%d's %" PRId64 " elements (work item %" PRId64 ")",
+                    diag_error_noloc("kernel %s: %%%d: %s at %" PRId64 " outside p%d's %" PRId64 " elements (work item %" PRId64
+                                     ")",
                                      k->name ? k->name : "?", pc, kir_op_name(in->op), a.i, in->buf, numel[in->buf], gid);
                     rc = -1;
                     pc = n;
@@ -273,13 +273,22 @@ int kir_ref_kernel(const Kernel *k, double *const *bufs) {
             }
             case K_SELECT: v[pc] = a.i ? b : v[in->a[2]]; break;
             case K_CAST: v[pc] = kr_cast(in->type, ta, a); break;
-            case K_EQ: case K_NE: case K_LT: case K_LE: case K_GT: case K_GE:
-                v[pc].i = kr_compare(in->op, ta, a, b);
-                break;
-            case K_NEG: case K_ABS: case K_EXP: case K_LOG: case K_SQRT: case K_TANH: case K_SIN: case K_COS:
-            case K_FLOOR: case K_NOT:
-                v[pc] = kr_unary(in->op, in->type, a);
-                break;
+            case K_EQ:
+            case K_NE:
+            case K_LT:
+            case K_LE:
+            case K_GT:
+            case K_GE: v[pc].i = kr_compare(in->op, ta, a, b); break;
+            case K_NEG:
+            case K_ABS:
+            case K_EXP:
+            case K_LOG:
+            case K_SQRT:
+            case K_TANH:
+            case K_SIN:
+            case K_COS:
+            case K_FLOOR:
+            case K_NOT: v[pc] = kr_unary(in->op, in->type, a); break;
             default: v[pc] = kr_binary(in->op, in->type, a, b); break;
             }
             pc++;

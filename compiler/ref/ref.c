@@ -33,9 +33,9 @@
 #define REF_PI 3.14159265358979323846
 
 /* A graph that breaks its own contract is a compiler bug: stop with file and line. */
-#define REF_REQUIRE(n, cond, what) \
-    do { \
-        if (!(cond)) INTERNAL("reference evaluator: node %%%d (op %d): %s", (n)->id, (int)(n)->op, (what)); \
+#define REF_REQUIRE(n, cond, what)                                                                                               \
+    do {                                                                                                                         \
+        if (!(cond)) INTERNAL("reference evaluator: node %%%d (op %d): %s", (n)->id, (int)(n)->op, (what));                      \
     } while (0)
 
 /* ---- shapes and indexing -------------------------------------------------------------------- */
@@ -494,8 +494,7 @@ static void ref_eval_attention(const Graph *g, const GNode *n, double **vals) {
     int64_t H = q->shape[r - 3], T = q->shape[r - 2], hd = q->shape[r - 1];
     int64_t Hk = k->shape[r - 3], S = k->shape[r - 2], hv = v->shape[r - 1];
     int64_t batch = ref_prod(q->shape, 0, r - 3);
-    REF_REQUIRE(n, ref_prod(k->shape, 0, r - 3) == batch && ref_prod(v->shape, 0, r - 3) == batch,
-                "attention batch dims");
+    REF_REQUIRE(n, ref_prod(k->shape, 0, r - 3) == batch && ref_prod(v->shape, 0, r - 3) == batch, "attention batch dims");
     REF_REQUIRE(n, k->shape[r - 1] == hd && v->shape[r - 3] == Hk && v->shape[r - 2] == S, "attention k/v shapes");
     REF_REQUIRE(n, Hk > 0 && H % Hk == 0, "attention heads are not a multiple of kv heads");
     REF_REQUIRE(n, ref_numel(n) == batch * H * T * hv, "attention output shape");
@@ -550,8 +549,8 @@ static int ref_eval_cross_entropy(const Graph *g, const GNode *n, double **vals)
     double total = 0;
     for (int64_t p = 0; p < N; p++) {
         if (!ref_index_ok(tv[p], V)) {
-            diag_error_noloc("cross_entropy: target %.17g at position %lld is out of range [0, %lld)", tv[p],
-                             (long long)p, (long long)V);
+            diag_error_noloc("cross_entropy: target %.17g at position %lld is out of range [0, %lld)", tv[p], (long long)p,
+                             (long long)V);
             return -1;
         }
         const double *row = xv + p * V;
@@ -612,7 +611,7 @@ static void ref_eval_topk(const Graph *g, const GNode *n, double **vals) {
     for (int64_t o = 0; o < s.outer; o++) {
         for (int64_t in = 0; in < s.inner; in++) {
             const double *row = xv + o * s.len * s.inner + in; /* stride s.inner */
-            double *dst = out + o * k * s.inner + in;           /* stride s.inner */
+            double *dst = out + o * k * s.inner + in;          /* stride s.inner */
             int64_t cnt = 0;
             for (int64_t j = 0; j < s.len && k > 0; j++) {
                 double v = row[j * s.inner];
@@ -644,8 +643,7 @@ static void ref_eval_matmul(const Graph *g, const GNode *n, double **vals) {
     int abr = avec ? 0 : a->rank - 2, bbr = bvec ? 0 : b->rank - 2;
     int obr = n->rank - (avec ? 0 : 1) - (bvec ? 0 : 1);
     REF_REQUIRE(n, K == Kb, "matmul inner dimensions differ");
-    REF_REQUIRE(n, obr >= 0 && (avec || n->shape[obr] == N) && (bvec || n->shape[n->rank - 1] == M),
-                "matmul output shape");
+    REF_REQUIRE(n, obr >= 0 && (avec || n->shape[obr] == N) && (bvec || n->shape[n->rank - 1] == M), "matmul output shape");
     REF_REQUIRE(n, ref_bcasts_to(abr, a->shape, obr, n->shape) && ref_bcasts_to(bbr, b->shape, obr, n->shape),
                 "matmul batch dims do not broadcast");
     const double *av = ref_val(n, vals, 0), *bv = ref_val(n, vals, 1);
@@ -723,8 +721,7 @@ static int ref_eval_gather(const Graph *g, const GNode *n, double **vals) {
     double *out = vals[n->id];
     for (int64_t p = 0; p < N; p++) {
         if (!ref_index_ok(iv[p], R)) {
-            diag_error_noloc("gather: index %.17g at position %lld is out of range [0, %lld)", iv[p], (long long)p,
-                             (long long)R);
+            diag_error_noloc("gather: index %.17g at position %lld is out of range [0, %lld)", iv[p], (long long)p, (long long)R);
             return -1;
         }
         for (int64_t j = 0; j < row; j++) out[p * row + j] = xv[(int64_t)iv[p] * row + j];
@@ -754,8 +751,7 @@ static void ref_eval_broadcast(const Graph *g, const GNode *n, double **vals) {
     const GNode *x = ref_in(g, n, 0);
     ref_require_bcast(n, x);
     const double *xv = ref_val(n, vals, 0);
-    for (int64_t i = 0; i < ref_numel(n); i++)
-        vals[n->id][i] = xv[ref_bcast_index(n->rank, n->shape, i, x->rank, x->shape)];
+    for (int64_t i = 0; i < ref_numel(n); i++) vals[n->id][i] = xv[ref_bcast_index(n->rank, n->shape, i, x->rank, x->shape)];
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------- */
@@ -771,24 +767,52 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals) {
     case G_ARANGE:
         for (int64_t i = 0; i < ref_numel(n); i++) out[i] = (double)i;
         return 0;
-    case G_NEG: case G_EXP: case G_LOG: case G_SQRT: case G_RSQRT: case G_TANH: case G_SIGMOID:
-    case G_RELU: case G_GELU: case G_SILU: case G_ABS: case G_SIGN: case G_SIN: case G_COS:
-    case G_FLOOR: case G_NOT: case G_CAST: case G_CLAMP:
-        ref_eval_unary(g, n, vals);
-        return 0;
+    case G_NEG:
+    case G_EXP:
+    case G_LOG:
+    case G_SQRT:
+    case G_RSQRT:
+    case G_TANH:
+    case G_SIGMOID:
+    case G_RELU:
+    case G_GELU:
+    case G_SILU:
+    case G_ABS:
+    case G_SIGN:
+    case G_SIN:
+    case G_COS:
+    case G_FLOOR:
+    case G_NOT:
+    case G_CAST:
+    case G_CLAMP: ref_eval_unary(g, n, vals); return 0;
     case G_DROPOUT: ref_eval_dropout(g, n, vals); return 0;
-    case G_ADD: case G_SUB: case G_MUL: case G_DIV: case G_POW: case G_MOD: case G_MAX2: case G_MIN2:
-    case G_EQ: case G_NE: case G_LT: case G_LE: case G_GT: case G_GE: case G_AND: case G_OR:
-        ref_eval_binary(g, n, vals);
-        return 0;
+    case G_ADD:
+    case G_SUB:
+    case G_MUL:
+    case G_DIV:
+    case G_POW:
+    case G_MOD:
+    case G_MAX2:
+    case G_MIN2:
+    case G_EQ:
+    case G_NE:
+    case G_LT:
+    case G_LE:
+    case G_GT:
+    case G_GE:
+    case G_AND:
+    case G_OR: ref_eval_binary(g, n, vals); return 0;
     case G_WHERE: ref_eval_where(g, n, vals); return 0;
-    case G_SUM: case G_MEAN: case G_MAX: case G_MIN: case G_LOGSUMEXP:
-        ref_eval_reduce(g, n, vals);
-        return 0;
+    case G_SUM:
+    case G_MEAN:
+    case G_MAX:
+    case G_MIN:
+    case G_LOGSUMEXP: ref_eval_reduce(g, n, vals); return 0;
     case G_NORM: ref_eval_norm(g, n, vals); return 0;
     case G_SEG_NORM: return ref_eval_seg(g, n, vals); /* ref_seg.c */
     case G_SUM_TO: ref_eval_sum_to(g, n, vals); return 0;
-    case G_SOFTMAX: case G_LOG_SOFTMAX: ref_eval_softmax(g, n, vals); return 0;
+    case G_SOFTMAX:
+    case G_LOG_SOFTMAX: ref_eval_softmax(g, n, vals); return 0;
     case G_LAYERNORM: ref_eval_layernorm(g, n, vals); return 0;
     case G_RMSNORM: ref_eval_rmsnorm(g, n, vals); return 0;
     case G_ROPE: ref_eval_rope(g, n, vals); return 0;
@@ -796,7 +820,8 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals) {
     case G_CROSS_ENTROPY: return ref_eval_cross_entropy(g, n, vals);
     case G_MSE: ref_eval_mse(g, n, vals); return 0;
     case G_ONE_HOT: return ref_eval_one_hot(g, n, vals);
-    case G_TOPK_VALUES: case G_TOPK_INDICES: ref_eval_topk(g, n, vals); return 0;
+    case G_TOPK_VALUES:
+    case G_TOPK_INDICES: ref_eval_topk(g, n, vals); return 0;
     case G_MATMUL: ref_eval_matmul(g, n, vals); return 0;
     case G_RESHAPE: ref_eval_copy(g, n, vals); return 0;
     case G_TRANSPOSE: ref_eval_transpose(g, n, vals); return 0;
@@ -804,10 +829,17 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals) {
     case G_GATHER: return ref_eval_gather(g, n, vals);
     case G_CONCAT: ref_eval_concat(g, n, vals); return 0;
     case G_BROADCAST: ref_eval_broadcast(g, n, vals); return 0;
-    case G_SCATTER_ADD: case G_SOFTMAX_BWD: case G_LAYERNORM_BWD_X: case G_LAYERNORM_BWD_W:
-    case G_RMSNORM_BWD_X: case G_RMSNORM_BWD_W: case G_ROPE_BWD:
-    case G_ATTENTION_BWD_Q: case G_ATTENTION_BWD_K: case G_ATTENTION_BWD_V: case G_CROSS_ENTROPY_BWD:
-        return ref_eval_bwd(g, n, vals);
+    case G_SCATTER_ADD:
+    case G_SOFTMAX_BWD:
+    case G_LAYERNORM_BWD_X:
+    case G_LAYERNORM_BWD_W:
+    case G_RMSNORM_BWD_X:
+    case G_RMSNORM_BWD_W:
+    case G_ROPE_BWD:
+    case G_ATTENTION_BWD_Q:
+    case G_ATTENTION_BWD_K:
+    case G_ATTENTION_BWD_V:
+    case G_CROSS_ENTROPY_BWD: return ref_eval_bwd(g, n, vals);
     case G_OP_COUNT: break;
     }
     INTERNAL("reference evaluator: node %%%d has unknown op %d", n->id, (int)n->op);
@@ -826,8 +858,8 @@ static int ref_fill_leaf(const GNode *n, double *const *leaves, double *out) {
         for (int64_t i = 0; i < total; i++) out[i] = v;
         return 0;
     }
-    diag_error_noloc("reference evaluator: no values given for %s '%s' (node %%%d)",
-                     n->op == G_PARAM ? "parameter" : "input", n->name ? n->name : "?", n->id);
+    diag_error_noloc("reference evaluator: no values given for %s '%s' (node %%%d)", n->op == G_PARAM ? "parameter" : "input",
+                     n->name ? n->name : "?", n->id);
     return -1;
 }
 

@@ -225,9 +225,19 @@ static void ref_attention_bwd(const Graph *g, const GNode *n, double **vals) {
     int64_t B = 1;
     for (int i = 0; i < r - 3; i++) B *= q->shape[i];
     RefAttn a = {
-        .dout = vals[n->in[0]], .q = vals[n->in[1]], .k = vals[n->in[2]], .v = vals[n->in[3]],
-        .B = B, .H = q->shape[r - 3], .Hk = k->shape[r - 3], .T = q->shape[r - 2], .S = k->shape[r - 2],
-        .D = q->shape[r - 1], .E = v->shape[r - 1], .causal = n->iattr[0] != 0, .scale = n->fattr[0],
+        .dout = vals[n->in[0]],
+        .q = vals[n->in[1]],
+        .k = vals[n->in[2]],
+        .v = vals[n->in[3]],
+        .B = B,
+        .H = q->shape[r - 3],
+        .Hk = k->shape[r - 3],
+        .T = q->shape[r - 2],
+        .S = k->shape[r - 2],
+        .D = q->shape[r - 1],
+        .E = v->shape[r - 1],
+        .causal = n->iattr[0] != 0,
+        .scale = n->fattr[0],
     };
     double *out = vals[n->id];
     int64_t numel = ref_numel(n);

@@ -59,8 +59,7 @@ static int64_t meta_int(const RtStFile *f, const char *path, const char *key) {
     char *end = NULL;
     long long n = v ? strtoll(v, &end, 10) : -1;
     if (!v || end == v || *end || n < 1) {
-        diag_error_noloc("'%s' is not a step dump: its metadata have no %s (write one with `PROG train --dump-step`)", path,
-                         key);
+        diag_error_noloc("'%s' is not a step dump: its metadata have no %s (write one with `PROG train --dump-step`)", path, key);
         return -1;
     }
     return n;
@@ -86,8 +85,8 @@ static const RtStTensor *dump_tensor(const RtStFile *f, const char *path, const 
                                      int64_t cols) {
     const RtStTensor *t = rt_st_find(f, name);
     if (!t) {
-        diag_error_noloc("step dump '%s' has no tensor '%s': was it written by a program compiled from this train block?",
-                         path, name);
+        diag_error_noloc("step dump '%s' has no tensor '%s': was it written by a program compiled from this train block?", path,
+                         name);
         return NULL;
     }
     int rank = n ? n->rank : 2;
@@ -137,8 +136,7 @@ static double **reference_update(const Graph *ug, const Graph *g, double *const 
     for (int i = 0; i < u->nsegs; i++) {
         const GNode *p = g->node[g->params[i]];
         if (strcmp(u->seg_name[i], p->name) != 0 || u->seg_len[i] != graph_numel(p))
-            INTERNAL("the update graph's segment %d is '%s', the step graph's parameter %d '%s'", i, u->seg_name[i], i,
-                     p->name);
+            INTERNAL("the update graph's segment %d is '%s', the step graph's parameter %d '%s'", i, u->seg_name[i], i, p->name);
         for (int64_t k = 0; k < u->seg_len[i]; k++) {
             in[u->p_in][u->seg_off[i] + k] = leaves[p->id][k];
             in[u->g_in][u->seg_off[i] + k] = (double)(float)(grad[i][k] * scale); /* the runtime scales in f32 */
@@ -184,10 +182,10 @@ int verify_step(Pipeline *p, const char *path) {
     int64_t seq = meta_int(f, path, "mbt.seq");
     double loss = meta_num(f, "mbt.loss"), lr = meta_num(f, "mbt.lr"), clip = meta_num(f, "mbt.clip");
     if (xin < 0 || yin < 0) diag_error_noloc("the train block's step reads no data.x and data.y");
-    else if (micro > 0 && seq > 0 && (g->node[xin]->rank != 2 || g->node[xin]->shape[0] != micro ||
-                                      g->node[xin]->shape[1] != seq))
-        diag_error_noloc("step dump '%s' holds micro-batches of %lld x %lld tokens, but this train block's are %lld x %lld",
-                         path, (long long)micro, (long long)seq, (long long)g->node[xin]->shape[0],
+    else if (micro > 0 && seq > 0 &&
+             (g->node[xin]->rank != 2 || g->node[xin]->shape[0] != micro || g->node[xin]->shape[1] != seq))
+        diag_error_noloc("step dump '%s' holds micro-batches of %lld x %lld tokens, but this train block's are %lld x %lld", path,
+                         (long long)micro, (long long)seq, (long long)g->node[xin]->shape[0],
                          (long long)(g->node[xin]->rank > 1 ? g->node[xin]->shape[1] : 0));
     if ((isnan(loss) || isnan(lr) || isnan(clip)) && accum > 0)
         diag_error_noloc("step dump '%s' lacks mbt.loss, mbt.lr or mbt.clip in its metadata", path);
@@ -257,8 +255,7 @@ int verify_step(Pipeline *p, const char *path) {
     double loss_err = fabs(loss - ref_loss) / (fabs(ref_loss) > 0 ? fabs(ref_loss) : 1);
     printf("verify-step %s: %lld micro-batch%s of %lld x %lld tokens, %d parameters\n", g->name ? g->name : "train",
            (long long)accum, accum == 1 ? "" : "es", (long long)micro, (long long)seq, g->nparams);
-    printf("  loss: compiled %.9g, reference %.9g, relative error %.2e (tolerance %.0e)\n", loss, ref_loss, loss_err,
-           tol->loss);
+    printf("  loss: compiled %.9g, reference %.9g, relative error %.2e (tolerance %.0e)\n", loss, ref_loss, loss_err, tol->loss);
     printf("  %-40s %12s %12s %12s %12s\n", "parameter", "max |grad|", "grad error", "max |step|", "step error");
     double worst = 0, worst_step = 0;
     int bad = loss_err > tol->loss || isnan(loss_err);
@@ -283,8 +280,7 @@ int verify_step(Pipeline *p, const char *path) {
         bad |= over;
         if (e > worst) worst = e;
         if (se > worst_step) worst_step = se;
-        printf("  %-40s %12.4e %12.2e %12.4e %12.2e%s\n", p->name, scale, e, step_scale, se,
-               over ? "  <- over tolerance" : "");
+        printf("  %-40s %12.4e %12.2e %12.4e %12.2e%s\n", p->name, scale, e, step_scale, se, over ? "  <- over tolerance" : "");
     }
     printf("verify-step: %s (loss error %.2e, largest gradient error %.2e, largest update error %.2e; tolerances "
            "%.0e and %.0e)\n",

@@ -37,14 +37,12 @@ static void name_walk(Sema *s, GraphBuilder *gb, PtrMap *seen, const Value *v, c
         for (int i = 0; i < sc->n; i++) {
             Entry *e = &sc->e[i];
             if (!e->v) continue;
-            if (e->kind == ENT_PARAM)
-                gb_name_param(gb, e->v, arena_printf(s->ar, "%s%.*s", prefix, STR_ARG(e->name)));
+            if (e->kind == ENT_PARAM) gb_name_param(gb, e->v, arena_printf(s->ar, "%s%.*s", prefix, STR_ARG(e->name)));
             else if (e->kind == ENT_SUB)
                 name_walk(s, gb, seen, e->v, arena_printf(s->ar, "%s%.*s.", prefix, STR_ARG(e->name)), depth + 1);
         }
     } else if (v->kind == V_LIST || v->kind == V_TUPLE) {
-        for (int i = 0; i < v->n; i++)
-            name_walk(s, gb, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), depth + 1);
+        for (int i = 0; i < v->n; i++) name_walk(s, gb, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), depth + 1);
     }
 }
 
@@ -120,8 +118,7 @@ static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name,
     if (!want) return NULL;
     if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
     GraphBuilder *gb = gb_new(ar, arena_printf(ar, "train %.*s", STR_ARG(want->name)));
-    if (align > 0)
-        gb_want_update(gb, align, gb_new(ar, arena_printf(ar, "forward %.*s at batch 1", STR_ARG(want->name))));
+    if (align > 0) gb_want_update(gb, align, gb_new(ar, arena_printf(ar, "forward %.*s at batch 1", STR_ARG(want->name))));
     SemaResult res;
     memset(&res, 0, sizeof res);
     if (main->state != 0) INTERNAL("sema_build_train_graph: module '%s' was checked already", main->name);
@@ -131,8 +128,7 @@ static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name,
     case GB_BUILT: break;
     case GB_ERRORS: return NULL;
     case GB_FAILED: INTERNAL("graph builder: train block '%.*s' failed without an error", STR_ARG(want->name));
-    case GB_NO_LOSS:
-        INTERNAL("graph builder: train block '%.*s' was checked without building its graph", STR_ARG(want->name));
+    case GB_NO_LOSS: INTERNAL("graph builder: train block '%.*s' was checked without building its graph", STR_ARG(want->name));
     case GB_NO_UPDATE:
         INTERNAL("graph builder: train block '%.*s' was checked without building its update or batch-1 graph",
                  STR_ARG(want->name));

@@ -31,8 +31,8 @@ typedef struct BCall {
     Value **rest; /* positional arguments past the named parameters (variadic builtins) */
     Span *rest_at;
     int nrest;
-    int failed;  /* an error has been reported */
-    int unknown; /* an argument the result depends on is not known */
+    int failed;    /* an error has been reported */
+    int unknown;   /* an argument the result depends on is not known */
     DType fill_dt; /* the dtype zeros and ones make (builtin_call) */
 } BCall;
 
@@ -93,8 +93,7 @@ static const Value *btensor(BCall *c, int i, int need_float) {
         return NULL;
     }
     if (need_float && !dtype_is_float(v->t.dt)) {
-        diag_error(c->at[i], "%s: '%s' must be a float tensor, got %s", bname(c), c->b->params[i],
-                   tensor_type_str(c->ar, &v->t));
+        diag_error(c->at[i], "%s: '%s' must be a float tensor, got %s", bname(c), c->b->params[i], tensor_type_str(c->ar, &v->t));
         diag_hint("convert with float(x)");
         c->failed = 1;
         return NULL;
@@ -257,8 +256,10 @@ static Value *b_math(BCall *c) {
     if (x->kind == V_INT && bmath_keeps_int(op)) {
         int64_t n;
         if (dim_const(x->dim, &n))
-            return value_int(c->ar, dim_int(c->ar, op == M_ABS ? (n < 0 ? -n : n) : op == M_RELU ? (n > 0 ? n : 0)
-                                                                              : (n > 0) - (n < 0)),
+            return value_int(c->ar,
+                             dim_int(c->ar, op == M_ABS    ? (n < 0 ? -n : n)
+                                            : op == M_RELU ? (n > 0 ? n : 0)
+                                                           : (n > 0) - (n < 0)),
                              c->args->at);
     }
     double r = bmath_eval(op, v);
@@ -323,9 +324,7 @@ bad:
 
 /* ---- matmul, transpose, reshape ---- */
 
-static Value *b_matmul(BCall *c) {
-    return value_matmul(c->ar, "matmul", c->v[0], c->at[0], c->v[1], c->at[1], c->args->at);
-}
+static Value *b_matmul(BCall *c) { return value_matmul(c->ar, "matmul", c->v[0], c->at[0], c->v[1], c->at[1], c->args->at); }
 
 static Value *b_transpose(BCall *c) {
     const Value *x = btensor(c, 0, 0);
@@ -426,8 +425,7 @@ static Value *b_split(BCall *c) {
     if (nv->kind == V_INT) {
         int64_t k;
         if (!dim_const(nv->dim, &k)) {
-            diag_error(c->at[1], "split: the number of parts must be known at compile time, got %s",
-                       value_type_str(c->ar, nv));
+            diag_error(c->at[1], "split: the number of parts must be known at compile time, got %s", value_type_str(c->ar, nv));
             diag_hint("use reshape to cut a dimension into a symbolic number of parts");
             return bstop(c);
         }
@@ -461,8 +459,8 @@ static Value *b_split(BCall *c) {
         const Dim *sum = dim_int(c->ar, 0);
         for (int i = 0; i < parts && sum; i++) sum = dim_add(c->ar, sum, sizes[i]);
         if (!sum || !dim_eq(sum, size)) {
-            diag_error(c->at[1], "split: the sizes add up to %s but dimension %d of %s is %s", dim_str(c->ar, sum), axis,
-                       xs, dim_str(c->ar, size));
+            diag_error(c->at[1], "split: the sizes add up to %s but dimension %d of %s is %s", dim_str(c->ar, sum), axis, xs,
+                       dim_str(c->ar, size));
             return bstop(c);
         }
     } else {
@@ -625,8 +623,8 @@ static void bnorm_vector(BCall *c, int i, const char *role, const Value *x) {
     if (!w || !x) return;
     const Dim *n = x->t.dims[x->t.rank - 1];
     if (w->t.rank != 1 || !dim_eq(w->t.dims[0], n)) {
-        diag_error(c->at[i], "%s: %s has shape %s but x's last dimension is %s", bname(c), role,
-                   tensor_type_str(c->ar, &w->t), dim_str(c->ar, n));
+        diag_error(c->at[i], "%s: %s has shape %s but x's last dimension is %s", bname(c), role, tensor_type_str(c->ar, &w->t),
+                   dim_str(c->ar, n));
         bnote_origin(c, w, arena_printf(c->ar, "the shape of '%s'", c->b->params[i]));
         diag_hint("%s", c->b->op ? "layernorm's weight and bias have shape [n], where n is x's last dimension"
                                  : "rmsnorm's weight has shape [n], where n is x's last dimension");
@@ -634,8 +632,8 @@ static void bnorm_vector(BCall *c, int i, const char *role, const Value *x) {
         return;
     }
     if (w->t.dt != x->t.dt) {
-        diag_error(c->at[i], "%s: %s is %s but x is %s; their dtypes differ", bname(c), role,
-                   tensor_type_str(c->ar, &w->t), tensor_type_str(c->ar, &x->t));
+        diag_error(c->at[i], "%s: %s is %s but x is %s; their dtypes differ", bname(c), role, tensor_type_str(c->ar, &w->t),
+                   tensor_type_str(c->ar, &x->t));
         c->failed = 1;
     }
 }
@@ -689,31 +687,28 @@ static Value *b_attention(BCall *c) {
     bflag(c, 3, 1);
     if (c->failed || c->unknown || !t[0] || !t[1] || !t[2]) return bstop(c);
     const Value *q = t[0], *k = t[1], *v = t[2];
-    const char *qs = tensor_type_str(c->ar, &q->t), *ks = tensor_type_str(c->ar, &k->t),
-               *vs = tensor_type_str(c->ar, &v->t);
+    const char *qs = tensor_type_str(c->ar, &q->t), *ks = tensor_type_str(c->ar, &k->t), *vs = tensor_type_str(c->ar, &v->t);
     if (k->t.dt != q->t.dt || v->t.dt != q->t.dt) {
         int i = k->t.dt != q->t.dt ? 1 : 2;
-        diag_error(c->at[i], "attention: '%s' is %s but 'q' is %s; their dtypes differ", c->b->params[i],
-                   i == 1 ? ks : vs, qs);
+        diag_error(c->at[i], "attention: '%s' is %s but 'q' is %s; their dtypes differ", c->b->params[i], i == 1 ? ks : vs, qs);
         return bstop(c);
     }
     if (!dim_eq(k->t.dims[0], q->t.dims[0])) {
-        diag_error(c->at[1], "attention: the batch dimension of 'k' is %s but that of 'q' is %s",
-                   dim_str(c->ar, k->t.dims[0]), dim_str(c->ar, q->t.dims[0]));
+        diag_error(c->at[1], "attention: the batch dimension of 'k' is %s but that of 'q' is %s", dim_str(c->ar, k->t.dims[0]),
+                   dim_str(c->ar, q->t.dims[0]));
         bnote_origin(c, k, "the shape of 'k'");
         return bstop(c);
     }
     if (!dim_eq(k->t.dims[3], q->t.dims[3])) {
-        diag_error(c->at[1], "attention: the head dimension of 'k' is %s but that of 'q' is %s",
-                   dim_str(c->ar, k->t.dims[3]), dim_str(c->ar, q->t.dims[3]));
+        diag_error(c->at[1], "attention: the head dimension of 'k' is %s but that of 'q' is %s", dim_str(c->ar, k->t.dims[3]),
+                   dim_str(c->ar, q->t.dims[3]));
         bnote_origin(c, k, "the shape of 'k'");
         diag_hint("q is [B, H, T, hd] and k is [B, Hk, S, hd]: their last dimensions must agree");
         return bstop(c);
     }
     for (int i = 0; i < 3; i++)
         if (!dim_eq(v->t.dims[i], k->t.dims[i])) {
-            diag_error(c->at[2], "attention: 'v' has shape %s but 'k' has shape %s; they must agree in B, Hk and S", vs,
-                       ks);
+            diag_error(c->at[2], "attention: 'v' has shape %s but 'k' has shape %s; they must agree in B, Hk and S", vs, ks);
             bnote_origin(c, v, "the shape of 'v'");
             return bstop(c);
         }
@@ -746,8 +741,8 @@ static Value *b_cross_entropy(BCall *c) {
     int ok = tg->t.rank == logits->t.rank - 1;
     for (int i = 0; ok && i < tg->t.rank; i++) ok = dim_eq(tg->t.dims[i], logits->t.dims[i]);
     if (!ok) {
-        diag_error(c->at[1], "cross_entropy: 'targets' has shape %s but 'logits' has shape %s",
-                   tensor_type_str(c->ar, &tg->t), tensor_type_str(c->ar, &logits->t));
+        diag_error(c->at[1], "cross_entropy: 'targets' has shape %s but 'logits' has shape %s", tensor_type_str(c->ar, &tg->t),
+                   tensor_type_str(c->ar, &logits->t));
         bnote_origin(c, tg, "the shape of 'targets'");
         diag_hint("targets must have the shape of logits without its last (class) dimension");
         return bstop(c);
@@ -913,9 +908,19 @@ static Value *b_pi(BCall *c) {
 #define MATH(n, o) {n, P("x"), 1, 0, b_math, o, n "(x)"}
 
 static const Builtin builtin_table[] = {
-    MATH("exp", M_EXP), MATH("log", M_LOG), MATH("sqrt", M_SQRT), MATH("rsqrt", M_RSQRT),
-    MATH("tanh", M_TANH), MATH("sigmoid", M_SIGMOID), MATH("relu", M_RELU), MATH("gelu", M_GELU),
-    MATH("silu", M_SILU), MATH("abs", M_ABS), MATH("sign", M_SIGN), MATH("sin", M_SIN), MATH("cos", M_COS),
+    MATH("exp", M_EXP),
+    MATH("log", M_LOG),
+    MATH("sqrt", M_SQRT),
+    MATH("rsqrt", M_RSQRT),
+    MATH("tanh", M_TANH),
+    MATH("sigmoid", M_SIGMOID),
+    MATH("relu", M_RELU),
+    MATH("gelu", M_GELU),
+    MATH("silu", M_SILU),
+    MATH("abs", M_ABS),
+    MATH("sign", M_SIGN),
+    MATH("sin", M_SIN),
+    MATH("cos", M_COS),
     {"matmul", P("a", "b"), 2, 0, b_matmul, 0, "matmul(a, b)"},
     {"transpose", P("x", "i", "j"), 3, 0, b_transpose, 0, "transpose(x, i, j)"},
     {"reshape", P("x"), 1, 1, b_reshape, 0, "reshape(x, d1, ..., dn)"},

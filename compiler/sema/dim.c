@@ -90,8 +90,7 @@ static void rat_reduce(int64_t *n, int64_t *d) {
 
 static int rat_add(int64_t an, int64_t ad, int64_t bn, int64_t bd, int64_t *rn, int64_t *rd) {
     int64_t g = i64_gcd(ad, bd), x, y, n, d;
-    if (!i64_mul(an, bd / g, &x) || !i64_mul(bn, ad / g, &y) || !i64_add(x, y, &n) || !i64_mul(ad / g, bd, &d))
-        return 0;
+    if (!i64_mul(an, bd / g, &x) || !i64_mul(bn, ad / g, &y) || !i64_add(x, y, &n) || !i64_mul(ad / g, bd, &d)) return 0;
     if (n == 0) d = 1;
     rat_reduce(&n, &d);
     *rn = n;

@@ -26,14 +26,14 @@ const Dim *dim_mul(Arena *ar, const Dim *a, const Dim *b); /* a * b; NULL on ove
 /* a / b. *exact is set to 0 when both are known and b does not divide a (or b is 0) - the
  * result is then NULL; symbolic quotients are exact by construction (d/heads). */
 const Dim *dim_div(Arena *ar, const Dim *a, const Dim *b, int *exact);
-int dim_eq(const Dim *a, const Dim *b);                    /* polynomial identity */
-int dim_const(const Dim *a, int64_t *out);                 /* 1 and *out if a is a known integer */
-int dim_is_sym(const Dim *a, const char **name);           /* 1 if a is exactly one bare symbol */
-int dim_has_sym(const Dim *a, const char *name);           /* 1 if the symbol occurs in a */
+int dim_eq(const Dim *a, const Dim *b);                                         /* polynomial identity */
+int dim_const(const Dim *a, int64_t *out);                                      /* 1 and *out if a is a known integer */
+int dim_is_sym(const Dim *a, const char **name);                                /* 1 if a is exactly one bare symbol */
+int dim_has_sym(const Dim *a, const char *name);                                /* 1 if the symbol occurs in a */
 const Dim *dim_subst(Arena *ar, const Dim *a, const char *sym, const Dim *val); /* replace sym by val */
-char *dim_str(Arena *ar, const Dim *a);                    /* "B", "768", "d*4", "d/heads", "T-1" */
+char *dim_str(Arena *ar, const Dim *a);                                         /* "B", "768", "d*4", "d/heads", "T-1" */
 int dim_rational(const Dim *a, int64_t *num, int64_t *den); /* 1 if a has no symbols: value num/den (den > 1: not an integer) */
-const Dim *dim_pow(Arena *ar, const Dim *a, int64_t e);    /* a^e for e >= 0; NULL on overflow or e < 0 */
-int dim_is_integral(const Dim *a);                         /* 1 if whole for all integer symbols: integer coefficients, no division */
+const Dim *dim_pow(Arena *ar, const Dim *a, int64_t e);     /* a^e for e >= 0; NULL on overflow or e < 0 */
+int dim_is_integral(const Dim *a); /* 1 if whole for all integer symbols: integer coefficients, no division */
 
 #endif

@@ -198,8 +198,7 @@ static const Dim *eval_dim_inner(Sema *s, Scope *sc, const Node *n, int free_upp
     case N_INT: return dim_int(s->ar, n->ival);
     case N_NAME: {
         Entry *e = scope_lookup(sc, n->name, NULL);
-        if (free_upper && is_upper_name(n->name) &&
-            (!e || !(e->kind == ENT_DIM || (e->v && e->v->kind == V_INT))))
+        if (free_upper && is_upper_name(n->name) && (!e || !(e->kind == ENT_DIM || (e->v && e->v->kind == V_INT))))
             return dim_sym(s->ar, sema_cstr(s, n->name)); /* bound at the call, not yet seen */
         if (!e || e->kind == ENT_BLOCK) {
             unknown_name(s, sc, n);
@@ -349,8 +348,7 @@ Value *value_of_type(Sema *s, Scope *loc, const Node *ty, Span origin, int fresh
             Entry *e = scope_lookup(loc, d->name, NULL);
             if (!e || !(e->kind == ENT_DIM || (e->v && e->v->kind == V_INT))) {
                 if (!fresh) return unknown_at(s, origin);
-                scope_define(s, loc, d->name, value_int(s->ar, dim_sym(s->ar, sema_cstr(s, d->name)), origin),
-                             ENT_DIM, origin);
+                scope_define(s, loc, d->name, value_int(s->ar, dim_sym(s->ar, sema_cstr(s, d->name)), origin), ENT_DIM, origin);
             }
         }
         dims[i] = eval_dim(s, loc, d, 1);
@@ -478,13 +476,13 @@ static Value *eval_range(Frame *f, const Node *n) {
 /* How a `for` or a comprehension walks a value: item by item when the count is known and
  * small, else once with a representative item. */
 typedef struct Iter {
-    int ok;          /* 0: not iterable (reported) */
-    int known;       /* count items, from iter_at */
+    int ok;    /* 0: not iterable (reported) */
+    int known; /* count items, from iter_at */
     int64_t count;
     Value *src;
-    int64_t lo;      /* a known range's start */
-    const Dim *len;  /* the length (NULL when not known at all) */
-    Value *rep;      /* the representative item; NULL: a symbol named after the variable */
+    int64_t lo;     /* a known range's start */
+    const Dim *len; /* the length (NULL when not known at all) */
+    Value *rep;     /* the representative item; NULL: a symbol named after the variable */
 } Iter;
 
 static Iter iter_of(Sema *s, Value *it, Span at) {
@@ -754,15 +752,14 @@ static void assign_name(Frame *f, Str name, Value *v, Span at, Span vat, EntryKi
             }
             e->v = v;
             return;
-        case ENT_DIM:
-            sema_error(s, at, "cannot assign to dimension '%.*s': it is bound by the call", STR_ARG(name));
-            return;
+        case ENT_DIM: sema_error(s, at, "cannot assign to dimension '%.*s': it is bound by the call", STR_ARG(name)); return;
         case ENT_READONLY:
             if (f->kind == FR_UPDATE)
-                sema_error(s, at, "cannot assign to '%.*s' in 'update': only the parameter, the state variables and locals may be assigned",
-                           STR_ARG(name));
-            else
-                sema_error(s, at, "cannot assign to '%.*s'", STR_ARG(name));
+                sema_error(
+                    s, at,
+                    "cannot assign to '%.*s' in 'update': only the parameter, the state variables and locals may be assigned",
+                    STR_ARG(name));
+            else sema_error(s, at, "cannot assign to '%.*s'", STR_ARG(name));
             return;
         default: e->v = v; return;
         }
@@ -810,8 +807,7 @@ static void eval_assign(Frame *f, const Node *n) {
     } else if (v->kind != V_UNKNOWN) {
         sema_error(s, vat, "cannot unpack %s into %d names", value_describe(s->ar, v), want);
     }
-    for (int i = 0; i < want; i++)
-        assign_target(f, n->list.v[i], parts && parts[i] ? parts[i] : unknown_at(s, vat), vat);
+    for (int i = 0; i < want; i++) assign_target(f, n->list.v[i], parts && parts[i] ? parts[i] : unknown_at(s, vat), vat);
 }
 
 static void eval_aug_assign(Frame *f, const Node *n) {
@@ -835,8 +831,7 @@ static const struct {
     int nargs;
     const char *args[2];
 } inits[] = {
-    {"normal", 2, {"mean", "std"}}, {"uniform", 2, {"lo", "hi"}}, {"zeros", 0, {0}}, {"ones", 0, {0}},
-    {"constant", 1, {"v"}},
+    {"normal", 2, {"mean", "std"}}, {"uniform", 2, {"lo", "hi"}}, {"zeros", 0, {0}}, {"ones", 0, {0}}, {"constant", 1, {"v"}},
 };
 
 /* Checks `~ init`; returns the initialiser's name ("normal", ...) with its arguments in x and
@@ -875,7 +870,8 @@ static const char *check_init(Frame *f, const Node *init, Str pname, double x[2]
     int na = inits[which].nargs;
     if (!call) {
         if (na > 0) {
-            if (na == 2) sema_error(s, init->span, "'%s' needs arguments: %s(%s, %s)", wn, wn, inits[which].args[0], inits[which].args[1]);
+            if (na == 2)
+                sema_error(s, init->span, "'%s' needs arguments: %s(%s, %s)", wn, wn, inits[which].args[0], inits[which].args[1]);
             else sema_error(s, init->span, "'%s' needs an argument: %s(%s)", wn, wn, inits[which].args[0]);
             return NULL;
         }
@@ -909,8 +905,9 @@ static const char *check_init(Frame *f, const Node *init, Str pname, double x[2]
             }
         } else {
             if (npos >= na) {
-                if (ok) sema_error(s, a->span, "'%s' takes %d argument%s but %d were given", wn, na, na == 1 ? "" : "s",
-                                   call->list.n);
+                if (ok)
+                    sema_error(s, a->span, "'%s' takes %d argument%s but %d were given", wn, na, na == 1 ? "" : "s",
+                               call->list.n);
                 ok = 0;
                 npos++;
                 continue;
@@ -991,8 +988,7 @@ static void eval_return(Frame *f, const Node *n) {
         const Node *ty = f->result;
         type_bind(s, f->scope, ty, v, ty->span);
         if (v->kind == V_NONE) {
-            if (sema_error(s, n->span, "'%s' must return a value: it is declared to return %s", f->fname,
-                           type_text(s, ty)))
+            if (sema_error(s, n->span, "'%s' must return a value: it is declared to return %s", f->fname, type_text(s, ty)))
                 sema_note(s, ty->span, "the result type is declared here");
             v = declared_result(s, f->fn, f->scope, vat);
         } else if (!type_match(s, f->scope, ty, v)) {
@@ -1020,9 +1016,9 @@ static void eval_for(Frame *f, const Node *n) {
         return;
     }
     if (gb_listening(s, f->generic)) /* graph builder hook: it needs every loop unrolled */
-        gb_unsupported(s->gb, span_or(n->a, n->span),
-                       arena_printf(s->ar, "a loop whose number of iterations is not known at compile time (or above %d)",
-                                    SEMA_MAX_UNROLL));
+        gb_unsupported(
+            s->gb, span_or(n->a, n->span),
+            arena_printf(s->ar, "a loop whose number of iterations is not known at compile time (or above %d)", SEMA_MAX_UNROLL));
     int returned = f->returned; /* the loop may run no time at all */
     assign_name(f, n->name, iter_rep(s, &it, n->name, var_at), var_at, var_at, ENT_LOCAL);
     eval_body(f, &n->list);
@@ -1065,8 +1061,8 @@ static void eval_if(Frame *f, const Node *n) {
     f->returned = r0;
     eval_body(f, &n->list2);
     int re = f->returned;
-    if (rt && !re) return;                /* only the else path goes on */
-    if (re && !rt) {                      /* only the then path goes on */
+    if (rt && !re) return; /* only the else path goes on */
+    if (re && !rt) {       /* only the then path goes on */
         scope_restore(s, sc, after_then);
         f->returned = r0;
         return;

@@ -58,14 +58,14 @@ void build_call(Frame *f, const Node *n, Call *c) {
  * for params->v[i] (NULL when none). Parameters before `first` are supplied by the compiler
  * (a schedule's `step`), and giving one is an error. Returns 0 after reporting too many,
  * unknown or repeated arguments; missing ones are the caller's to report (defaults first). */
-static int bind_args(Sema *s, const Call *c, const NodeList *params, int first, const char *what, const Node *decl,
-                     Value **vals, Span *at) {
+static int bind_args(Sema *s, const Call *c, const NodeList *params, int first, const char *what, const Node *decl, Value **vals,
+                     Span *at) {
     int ok = 1;
     int np = params->n - first;
     for (int i = 0; i < c->a.npos; i++) {
         if (i >= np) {
-            if (sema_error(s, c->a.pos_at[i], "'%s' takes %d argument%s but %d %s given", what, np, np == 1 ? "" : "s",
-                           c->a.npos, c->a.npos == 1 ? "was" : "were"))
+            if (sema_error(s, c->a.pos_at[i], "'%s' takes %d argument%s but %d %s given", what, np, np == 1 ? "" : "s", c->a.npos,
+                           c->a.npos == 1 ? "was" : "were"))
                 sema_note(s, decl_name_span(decl), "'%s' is declared here", what);
             ok = 0;
             break;
@@ -130,8 +130,8 @@ static const char *kind_word(ValueKind k) {
 static Value *check_constant(Sema *s, const Node *p, Value *v, Span at, const char *model) {
     if (v->kind == V_UNKNOWN) return v;
     if (v->kind != V_INT && v->kind != V_FLOAT && v->kind != V_BOOL && v->kind != V_STRING) {
-        sema_error(s, at, "constant '%.*s' of '%s' must be an integer, float, bool or string, but it is %s",
-                   STR_ARG(p->name), model, value_describe(s->ar, v));
+        sema_error(s, at, "constant '%.*s' of '%s' must be an integer, float, bool or string, but it is %s", STR_ARG(p->name),
+                   model, value_describe(s->ar, v));
         return unknown_at(s, at);
     }
     const Node *d = p->a;
@@ -160,8 +160,8 @@ static int hyper_ok(const Value *v, int depth) {
 
 static Value *check_hyper(Sema *s, const Node *p, Value *v, Span at, const char *opt) {
     if (hyper_ok(v, 0)) return v;
-    sema_error(s, at, "hyper-parameter '%.*s' of '%s' must be a number or a tuple of numbers, but it is %s",
-               STR_ARG(p->name), opt, value_describe(s->ar, v));
+    sema_error(s, at, "hyper-parameter '%.*s' of '%s' must be a number or a tuple of numbers, but it is %s", STR_ARG(p->name),
+               opt, value_describe(s->ar, v));
     return unknown_at(s, at);
 }
 
@@ -217,12 +217,11 @@ static int setup_params(Sema *s, const Node *fn, const char *fname, Value **vals
         int rep;
         DType dt;
         if (v->kind == V_TENSOR && p->type->ival && dtype_parse(p->type->name, &dt))
-            rep = sema_error(s, where, "argument '%.*s' of '%s' has %s %s but the parameter is declared %s%s",
-                             STR_ARG(p->name), fname, v->t.dt == dt ? "shape" : "type",
-                             value_describe(s->ar, v), decl, with);
+            rep = sema_error(s, where, "argument '%.*s' of '%s' has %s %s but the parameter is declared %s%s", STR_ARG(p->name),
+                             fname, v->t.dt == dt ? "shape" : "type", value_describe(s->ar, v), decl, with);
         else
-            rep = sema_error(s, where, "argument '%.*s' of '%s' is %s but the parameter is declared %s%s",
-                             STR_ARG(p->name), fname, value_describe(s->ar, v), decl, with);
+            rep = sema_error(s, where, "argument '%.*s' of '%s' is %s but the parameter is declared %s%s", STR_ARG(p->name),
+                             fname, value_describe(s->ar, v), decl, with);
         if (rep) sema_note(s, p->span, "parameter '%.*s' is declared here", STR_ARG(p->name));
         ok = 0;
     }
@@ -238,8 +237,7 @@ static int enter_call(Sema *s, const Node *decl, const char *name, Span call_at)
         return 0;
     }
     if (s->depth >= SEMA_MAX_CALL_DEPTH) {
-        sema_error(s, call_at.file ? call_at : decl_name_span(decl), "calls are nested more than %d deep",
-                   SEMA_MAX_CALL_DEPTH);
+        sema_error(s, call_at.file ? call_at : decl_name_span(decl), "calls are nested more than %d deep", SEMA_MAX_CALL_DEPTH);
         return 0;
     }
     s->stack[s->depth++] = decl;
@@ -247,8 +245,7 @@ static int enter_call(Sema *s, const Node *decl, const char *name, Span call_at)
 }
 
 /* Evaluates a function's body with its parameters already in loc. */
-static Value *run_fn(Sema *s, Value *fnv, Scope *loc, Span call_at, FrameKind kind, int generic,
-                     const TensorType *p_type) {
+static Value *run_fn(Sema *s, Value *fnv, Scope *loc, Span call_at, FrameKind kind, int generic, const TensorType *p_type) {
     const Node *fn = fnv->node;
     const char *fname = sema_cstr(s, fn->name);
     if (!enter_call(s, fn, fname, call_at)) return declared_result(s, fn, loc, call_at);
@@ -426,7 +423,8 @@ Value *eval_apply(Sema *s, Value *callee, Call *c) {
     switch (callee->kind) {
     case V_UNKNOWN: return unknown_at(s, c->a.at);
     case V_BUILTIN: {
-        Value *r = callee->builtin ? builtin_call(s->ar, callee->builtin, &c->a, s->precision == PREC_BF16 ? DT_BF16 : DT_F32) : NULL;
+        Value *r =
+            callee->builtin ? builtin_call(s->ar, callee->builtin, &c->a, s->precision == PREC_BF16 ? DT_BF16 : DT_F32) : NULL;
         if (r && gb_listening(s, c->generic)) gb_builtin(s->gb, callee->builtin, &c->a, r); /* graph builder hook */
         return r ? r : unknown_at(s, c->a.at);
     }
@@ -686,8 +684,8 @@ Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args
     if (value->kind == N_CALL) build_call(f, value, &c);
     if (fnv->kind == V_UNKNOWN) return NULL;
     if (fnv->kind != V_FN || !fnv->node) {
-        if (sema_error(s, value->span, "'%s' must be a schedule, a function whose first parameter is 'step', but it is %s",
-                       key, value_describe(s->ar, fnv)))
+        if (sema_error(s, value->span, "'%s' must be a schedule, a function whose first parameter is 'step', but it is %s", key,
+                       value_describe(s->ar, fnv)))
             sema_hint(s, "for example: %s = lr.cosine(warmup = 700, total = 18865)", key);
         return NULL;
     }
@@ -715,8 +713,7 @@ Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args
     if (inf->broken) return fnv;
     Value *r = run_fn(s, fnv, loc, value->span, FR_FN, 0, NULL);
     if (!is_number(r)) {
-        sema_error(s, value->span, "the schedule '%s' must return a number, but it returns %s", fname,
-                   value_describe(s->ar, r));
+        sema_error(s, value->span, "the schedule '%s' must return a number, but it returns %s", fname, value_describe(s->ar, r));
         return NULL;
     }
     return fnv;

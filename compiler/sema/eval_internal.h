@@ -15,7 +15,6 @@ typedef struct Call {
     int generic;      /* made by code checked on its own (constants symbolic) */
 } Call;
 
-
 /* ---- helpers (eval.c) ---- */
 
 Value *unknown_at(Sema *s, Span at);

@@ -3,9 +3,10 @@
 
 #include <string.h>
 
-static const char *const op_names[SC_NOPS] = {
-    "const", "bconst", "step", "neg", "not", "to_f64", "nonzero", "trunc", "cos", "sin", "exp", "log", "sqrt", "abs",
-    "add", "sub", "mul", "div", "mod", "pow", "min", "max", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "select"};
+static const char *const op_names[SC_NOPS] = {"const", "bconst", "step", "neg", "not",  "to_f64", "nonzero", "trunc",
+                                              "cos",   "sin",    "exp",  "log", "sqrt", "abs",    "add",     "sub",
+                                              "mul",   "div",    "mod",  "pow", "min",  "max",    "eq",      "ne",
+                                              "lt",    "le",     "gt",   "ge",  "and",  "or",     "select"};
 
 const char *scalar_op_name(ScalarOp op) { return op >= 0 && op < SC_NOPS ? op_names[op] : "?"; }
 

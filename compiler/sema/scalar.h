@@ -18,23 +18,40 @@
 
 typedef enum ScalarOp {
     /* leaves */
-    SC_CONST,   /* f64: k */
-    SC_BCONST,  /* bool: k != 0 */
-    SC_STEP,    /* f64: the argument, converted from int64 */
+    SC_CONST,  /* f64: k */
+    SC_BCONST, /* bool: k != 0 */
+    SC_STEP,   /* f64: the argument, converted from int64 */
     /* one operand */
     SC_NEG,     /* f64: -a */
     SC_NOT,     /* bool: not a */
     SC_TO_F64,  /* f64: a bool as 0 or 1 */
     SC_NONZERO, /* bool: a != 0 (an `if` on a number) */
     SC_TRUNC,   /* f64: a rounded toward zero (int(a)) */
-    SC_COS, SC_SIN, SC_EXP, SC_LOG, SC_SQRT, SC_ABS,
+    SC_COS,
+    SC_SIN,
+    SC_EXP,
+    SC_LOG,
+    SC_SQRT,
+    SC_ABS,
     /* two operands, f64 */
-    SC_ADD, SC_SUB, SC_MUL, SC_DIV, SC_MOD, SC_POW,
-    SC_MIN, SC_MAX, /* NaN if either is; -0 below +0 */
+    SC_ADD,
+    SC_SUB,
+    SC_MUL,
+    SC_DIV,
+    SC_MOD,
+    SC_POW,
+    SC_MIN,
+    SC_MAX, /* NaN if either is; -0 below +0 */
     /* comparisons of two f64 (ordered; NE unordered), bool */
-    SC_EQ, SC_NE, SC_LT, SC_LE, SC_GT, SC_GE,
+    SC_EQ,
+    SC_NE,
+    SC_LT,
+    SC_LE,
+    SC_GT,
+    SC_GE,
     /* two bools */
-    SC_AND, SC_OR,
+    SC_AND,
+    SC_OR,
     /* c ? a : b (a and b of one type) */
     SC_SELECT,
     SC_NOPS
@@ -42,17 +59,17 @@ typedef enum ScalarOp {
 
 typedef struct ScalarInst {
     ScalarOp op;
-    int is_bool;    /* the result is a bool (else an f64) */
-    int a, b, c;    /* operands (instruction indices; -1 unused); SC_SELECT: c ? a : b */
-    double k;       /* SC_CONST, SC_BCONST */
-    Span src;       /* the source it comes from (span_none for the defaults) */
+    int is_bool; /* the result is a bool (else an f64) */
+    int a, b, c; /* operands (instruction indices; -1 unused); SC_SELECT: c ? a : b */
+    double k;    /* SC_CONST, SC_BCONST */
+    Span src;    /* the source it comes from (span_none for the defaults) */
 } ScalarInst;
 
 typedef struct ScalarProg {
-    const char *name;  /* what it computes, for listings: "lr.cosine(step, warmup = 20, ...)" */
+    const char *name; /* what it computes, for listings: "lr.cosine(step, warmup = 20, ...)" */
     ScalarInst *v;
     int n, cap;
-    int result;        /* the f64 instruction returned */
+    int result; /* the f64 instruction returned */
     Arena *ar;
 } ScalarProg;
 
@@ -60,7 +77,7 @@ ScalarProg *scalar_new(Arena *ar, const char *name);
 /* Appends an instruction and returns its index; the result's type follows from op and operands. */
 int scalar_add(ScalarProg *p, ScalarOp op, int a, int b, int c, Span src);
 int scalar_const(ScalarProg *p, double k, Span src);
-const char *scalar_op_name(ScalarOp op);   /* "add", "select", ... */
+const char *scalar_op_name(ScalarOp op); /* "add", "select", ... */
 /* Checks SSA order, operand counts and types; 0 when well formed, else the problems (to out, if
  * not NULL). */
 int scalar_verify(const ScalarProg *p, FILE *out);

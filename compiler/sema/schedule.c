@@ -90,10 +90,14 @@ static int lower_expr(Lower *L, const Node *e);
 static int lower_call(Lower *L, const Node *e) {
     if (!e->a || e->a->kind != N_NAME || e->list.n < 1 || e->list.n > 2) return unsupported(L, e, "this call");
     int a[2];
-    for (int i = 0; i < e->list.n; i++) a[i] = as_f64(L, lower_expr(L, e->list.v[i]), e->list.v[i] ? e->list.v[i]->span : e->span);
-    static const struct { const char *name; ScalarOp op; int n; } fns[] = {
-        {"float", SC_NOPS, 1}, {"int", SC_TRUNC, 1}, {"cos", SC_COS, 1}, {"sin", SC_SIN, 1}, {"exp", SC_EXP, 1},
-        {"log", SC_LOG, 1},    {"sqrt", SC_SQRT, 1}, {"abs", SC_ABS, 1}, {"min", SC_MIN, 2}, {"max", SC_MAX, 2}};
+    for (int i = 0; i < e->list.n; i++)
+        a[i] = as_f64(L, lower_expr(L, e->list.v[i]), e->list.v[i] ? e->list.v[i]->span : e->span);
+    static const struct {
+        const char *name;
+        ScalarOp op;
+        int n;
+    } fns[] = {{"float", SC_NOPS, 1}, {"int", SC_TRUNC, 1}, {"cos", SC_COS, 1}, {"sin", SC_SIN, 1}, {"exp", SC_EXP, 1},
+               {"log", SC_LOG, 1},    {"sqrt", SC_SQRT, 1}, {"abs", SC_ABS, 1}, {"min", SC_MIN, 2}, {"max", SC_MAX, 2}};
     for (size_t i = 0; i < sizeof fns / sizeof *fns; i++) {
         if (!str_eqc(e->a->name, fns[i].name) || e->list.n != fns[i].n) continue;
         if (fns[i].op == SC_NOPS) return a[0]; /* float(x): every number is a double already */
@@ -106,9 +110,11 @@ static int lower_binary(Lower *L, const Node *e) {
     int x = lower_expr(L, e->a), y = lower_expr(L, e->b);
     if (e->op == OP_AND || e->op == OP_OR)
         return op2(L, e->op == OP_AND ? SC_AND : SC_OR, as_bool(L, x, e->span), as_bool(L, y, e->span), e->span);
-    static const struct { Op op; ScalarOp sc; } ops[] = {
-        {OP_ADD, SC_ADD}, {OP_SUB, SC_SUB}, {OP_MUL, SC_MUL}, {OP_DIV, SC_DIV}, {OP_MOD, SC_MOD}, {OP_POW, SC_POW},
-        {OP_EQ, SC_EQ},   {OP_NE, SC_NE},   {OP_LT, SC_LT},   {OP_LE, SC_LE},   {OP_GT, SC_GT},   {OP_GE, SC_GE}};
+    static const struct {
+        Op op;
+        ScalarOp sc;
+    } ops[] = {{OP_ADD, SC_ADD}, {OP_SUB, SC_SUB}, {OP_MUL, SC_MUL}, {OP_DIV, SC_DIV}, {OP_MOD, SC_MOD}, {OP_POW, SC_POW},
+               {OP_EQ, SC_EQ},   {OP_NE, SC_NE},   {OP_LT, SC_LT},   {OP_LE, SC_LE},   {OP_GT, SC_GT},   {OP_GE, SC_GE}};
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
         if (ops[i].op == e->op) return op2(L, ops[i].sc, as_f64(L, x, e->span), as_f64(L, y, e->span), e->span);
     return unsupported(L, e, "this operator");
@@ -128,8 +134,8 @@ static int lower_expr(Lower *L, const Node *e) {
         int i = env_find(&L->env, e->name);
         if (i >= 0) return L->env.val[i];
         if (str_eqc(e->name, "pi")) return scalar_const(L->p, 3.14159265358979323846, e->span);
-        return unsupported(L, e, arena_printf(L->s->ar, "'%s', which is not one of its parameters or locals",
-                                              sema_cstr(L->s, e->name)));
+        return unsupported(
+            L, e, arena_printf(L->s->ar, "'%s', which is not one of its parameters or locals", sema_cstr(L->s, e->name)));
     }
     case N_UNARY: {
         int a = lower_expr(L, e->a);
@@ -226,7 +232,8 @@ static const char *value_text(Arena *ar, const Value *v, int depth) {
     case V_TUPLE: {
         if (depth > 4) return "(...)";
         const char *out = "(";
-        for (int i = 0; i < v->n; i++) out = arena_printf(ar, "%s%s%s", out, i ? ", " : "", value_text(ar, v->items[i], depth + 1));
+        for (int i = 0; i < v->n; i++)
+            out = arena_printf(ar, "%s%s%s", out, i ? ", " : "", value_text(ar, v->items[i], depth + 1));
         return arena_printf(ar, "%s)", out);
     }
     default: return "?";

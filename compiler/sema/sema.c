@@ -263,7 +263,7 @@ void suggest_try(Suggest *g, const char *cand, uint32_t len) {
     if (len == g->name.len && memcmp(cand, g->name.p, len) == 0) return; /* the name itself */
     int d = diag_edit_distance(g->name.p, g->name.len, cand, len, g->limit);
     if (d >= (int)g->name.len) return; /* nothing in common: 'c' is no typo of 'a' */
-    if (d < g->best) { /* first seen wins ties: the innermost scope comes first */
+    if (d < g->best) {                 /* first seen wins ties: the innermost scope comes first */
         g->best = d;
         g->pick = cand;
         g->picklen = len;
@@ -325,8 +325,8 @@ int sema_enter(Sema *s, Span at) {
         return 0;
     }
     if (s->nest >= SEMA_MAX_NEST) {
-        if (!s->nest_reported) sema_error(s, at, "expressions and calls are nested too deeply here (more than %d levels)",
-                                          SEMA_MAX_NEST);
+        if (!s->nest_reported)
+            sema_error(s, at, "expressions and calls are nested too deeply here (more than %d levels)", SEMA_MAX_NEST);
         s->nest_reported = 1;
         return 0;
     }
@@ -372,8 +372,7 @@ static void collect_decl(Sema *s, Module *m, const Node *d) {
             const char *chain = "";
             int k = s->module_depth - 1;
             while (k > 0 && s->modules[k] != im) k--;
-            for (int i = k; i < s->module_depth; i++)
-                chain = arena_printf(s->ar, "%s%s -> ", chain, s->modules[i]->name);
+            for (int i = k; i < s->module_depth; i++) chain = arena_printf(s->ar, "%s%s -> ", chain, s->modules[i]->name);
             if (sema_error(s, mod_at, "import cycle: %s%s", chain, im->name))
                 sema_hint(s, "move what the modules share into a module that imports neither");
             im = NULL;

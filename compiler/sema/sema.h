@@ -24,12 +24,12 @@ Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, 
 
 /* Everything a train block compiles from (plan.h takes it from here). */
 typedef struct TrainBuild {
-    Graph *step;                /* the forward graph of one micro-batch (autodiff appends the backward) */
-    Graph *update;              /* the optimizer's update over every parameter at once (graph.h, GraphUpdate) */
-    Graph *forward;             /* generation's forward: the block's `model(data.x)` with data.x of one row
+    Graph *step;               /* the forward graph of one micro-batch (autodiff appends the backward) */
+    Graph *update;             /* the optimizer's update over every parameter at once (graph.h, GraphUpdate) */
+    Graph *forward;            /* generation's forward: the block's `model(data.x)` with data.x of one row
                                  * (T = seq), its parameters the step graph's, in the same order */
-    int forward_output;         /* the node of forward's result; -1 when that is not one tensor */
-    const TrainConfig *config;  /* the block's checked settings (settings.h): batch, schedule, clip, layout */
+    int forward_output;        /* the node of forward's result; -1 when that is not one tensor */
+    const TrainConfig *config; /* the block's checked settings (settings.h): batch, schedule, clip, layout */
 } TrainBuild;
 
 /* sema_build_train_graph, and in the same walk the update graph - the train block's optimizer

@@ -35,13 +35,14 @@
 
 /* ---- limits: nothing a user writes may hang the checker or overflow the C stack ---- */
 
-#define SEMA_MAX_CALL_DEPTH 64      /* nested calls and instantiations */
-#define SEMA_MAX_NEST 2000          /* nested expressions and statements, across calls: about
+#define SEMA_MAX_CALL_DEPTH 64 /* nested calls and instantiations */
+#define SEMA_MAX_NEST                                                                                                            \
+    2000                           /* nested expressions and statements, across calls: about
                                      * 1.2 MB of C stack (3.4 MB with sanitizers) at the limit */
-#define SEMA_MAX_UNROLL 4096        /* longest loop or comprehension unrolled item by item */
-#define SEMA_MAX_LIST 65536         /* longest list with a known length */
-#define SEMA_STEP_BUDGET 20000000L  /* evaluation steps for one whole program */
-#define SEMA_MAX_MODULE_DEPTH 64    /* nested imports being checked */
+#define SEMA_MAX_UNROLL 4096       /* longest loop or comprehension unrolled item by item */
+#define SEMA_MAX_LIST 65536        /* longest list with a known length */
+#define SEMA_STEP_BUDGET 20000000L /* evaluation steps for one whole program */
+#define SEMA_MAX_MODULE_DEPTH 64   /* nested imports being checked */
 
 typedef struct Sema Sema;
 typedef struct Frame Frame;
@@ -66,27 +67,27 @@ typedef enum EntryKind {
 
 typedef struct Entry {
     Str name;
-    Value *v;       /* NULL only for ENT_BLOCK */
+    Value *v; /* NULL only for ENT_BLOCK */
     EntryKind kind;
-    Span decl;      /* where the name was defined (notes point here) */
+    Span decl; /* where the name was defined (notes point here) */
 } Entry;
 
 typedef enum ScopeKind { SC_MODULE, SC_MODEL, SC_OPTIMIZER, SC_LOCAL, SC_BLOCK } ScopeKind;
 
 struct Scope {
-    Scope *parent;      /* lookup goes on here: local -> instance -> module */
+    Scope *parent; /* lookup goes on here: local -> instance -> module */
     ScopeKind kind;
-    const char *name;   /* module, model, optimizer or function name */
-    Module *module;     /* the module the scope belongs to */
-    Entry *e;           /* entries in definition order */
+    const char *name; /* module, model, optimizer or function name */
+    Module *module;   /* the module the scope belongs to */
+    Entry *e;         /* entries in definition order */
     int n, cap;
-    int *index;         /* open-addressing hash over e: entry index + 1, 0 = empty */
+    int *index; /* open-addressing hash over e: entry index + 1, 0 = empty */
     int icap;
 };
 
 Scope *scope_new(Sema *s, Scope *parent, ScopeKind kind, const char *name, Module *m);
-Entry *scope_find(Scope *sc, Str name);                   /* this scope only; NULL if absent */
-Entry *scope_lookup(Scope *sc, Str name, Scope **where);  /* along the parent chain */
+Entry *scope_find(Scope *sc, Str name);                                              /* this scope only; NULL if absent */
+Entry *scope_lookup(Scope *sc, Str name, Scope **where);                             /* along the parent chain */
 Entry *scope_define(Sema *s, Scope *sc, Str name, Value *v, EntryKind k, Span decl); /* add or replace */
 
 /* A copy of a scope's entries, to evaluate both branches of an `if` whose condition is unknown. */
@@ -100,31 +101,31 @@ void scope_restore(Sema *s, Scope *sc, ScopeSnap snap);
 /* ---- per-declaration bookkeeping ---- */
 
 typedef struct NodeInfo {
-    int generic;          /* checked on its own: 0 not yet, 1 under way, 2 done */
-    int broken;           /* evaluating its body reported errors: it is not evaluated again */
-    const Node *owner;    /* for a fn: the N_MODEL or N_OPTIMIZER it belongs to, else NULL */
-    Scope *defscope;      /* scope of the module that declares it (or its owner) */
+    int generic;       /* checked on its own: 0 not yet, 1 under way, 2 done */
+    int broken;        /* evaluating its body reported errors: it is not evaluated again */
+    const Node *owner; /* for a fn: the N_MODEL or N_OPTIMIZER it belongs to, else NULL */
+    Scope *defscope;   /* scope of the module that declares it (or its owner) */
     Module *module;
-    Value *generic_inst;  /* for a model: its instance with symbolic constants */
+    Value *generic_inst; /* for a model: its instance with symbolic constants */
 } NodeInfo;
 
 /* ---- resolved settings: the public numbers (settings.h) and what sema keeps beside them ---- */
 
 typedef struct TrainSettings {
-    const Node *node;       /* the N_TRAIN */
+    const Node *node; /* the N_TRAIN */
     Module *module;
-    Value *model;           /* V_MODEL (or V_UNKNOWN after an error) */
-    Value *data;            /* V_DATA: x, y = i32[micro, seq] */
-    Value *loss;            /* f32[] */
-    Value *optimizer;       /* V_OPTIMIZER with its hyper-parameters bound */
-    Value *lr_fn;           /* the schedule (V_FN) or NULL for the constant default */
-    Value **lr_args;        /* its parameters after `step`, bound (lr_nargs of them) */
+    Value *model;     /* V_MODEL (or V_UNKNOWN after an error) */
+    Value *data;      /* V_DATA: x, y = i32[micro, seq] */
+    Value *loss;      /* f32[] */
+    Value *optimizer; /* V_OPTIMIZER with its hyper-parameters bound */
+    Value *lr_fn;     /* the schedule (V_FN) or NULL for the constant default */
+    Value **lr_args;  /* its parameters after `step`, bound (lr_nargs of them) */
     int lr_nargs;
-    TrainConfig cfg;        /* the numbers the stages after sema read */
+    TrainConfig cfg; /* the numbers the stages after sema read */
 } TrainSettings;
 
 typedef struct ServeSettings {
-    const Node *node;       /* the N_SERVE */
+    const Node *node; /* the N_SERVE */
     Module *module;
     Value *model;
     ServeConfig cfg;
@@ -157,29 +158,29 @@ typedef struct PtrMap {
 void **ptrmap_slot(Arena *ar, PtrMap *m, const void *key, int *fresh);
 
 struct Sema {
-    Arena *ar;            /* where evaluation allocates: a scratch arena while a declaration is
+    Arena *ar;   /* where evaluation allocates: a scratch arena while a declaration is
                            * checked on its own, dropped after it (values, dims, scopes) */
-    Arena *keep;          /* what outlives that: node bookkeeping, reported errors, module
+    Arena *keep; /* what outlives that: node bookkeeping, reported errors, module
                            * scopes, train/serve settings (the loader's arena) */
     Loader *ld;
     SemaResult *out;
-    StrSet reported;      /* "file:offset:message" of each error reported by this checker */
-    int muted;            /* the last error of ours repeated an earlier one ... */
-    int muted_at;         /* ... when diag_error_count() was this: drop notes and hints after it */
-    PtrMap info;          /* const Node * -> NodeInfo * */
+    StrSet reported;                        /* "file:offset:message" of each error reported by this checker */
+    int muted;                              /* the last error of ours repeated an earlier one ... */
+    int muted_at;                           /* ... when diag_error_count() was this: drop notes and hints after it */
+    PtrMap info;                            /* const Node * -> NodeInfo * */
     const Node *stack[SEMA_MAX_CALL_DEPTH]; /* functions and models being evaluated */
     int depth;
-    int nest;             /* nested eval_expr/eval_stmt, across calls */
+    int nest; /* nested eval_expr/eval_stmt, across calls */
     int nest_reported;
-    long steps;           /* evaluation steps so far */
-    int over_budget;      /* the step budget ran out: everything evaluates to V_UNKNOWN */
+    long steps;                                 /* evaluation steps so far */
+    int over_budget;                            /* the step budget ran out: everything evaluates to V_UNKNOWN */
     Module *modules[SEMA_MAX_MODULE_DEPTH + 1]; /* the import chain being checked */
     int module_depth;
-    GraphBuilder *gb;     /* the graph builder (graph_build.h): set only while the train block being
+    GraphBuilder *gb;      /* the graph builder (graph_build.h): set only while the train block being
                            * built instantiates its model and evaluates its loss; NULL while checking */
-    GraphBuilder *gb_want;/* the builder waiting for its train block (sema_build_train_graph), or NULL */
-    const Node *gb_train; /* that train block */
-    Precision precision;  /* while a train block's model and loss are evaluated, its precision: bf16 makes
+    GraphBuilder *gb_want; /* the builder waiting for its train block (sema_build_train_graph), or NULL */
+    const Node *gb_train;  /* that train block */
+    Precision precision;   /* while a train block's model and loss are evaluated, its precision: bf16 makes
                            * each f32 parameter a bf16 value (its f32 master copy is what the optimizer
                            * updates), and f32 in a declared tensor type then accepts bf16 */
 };
@@ -196,21 +197,21 @@ void sema_hint(Sema *s, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* "did you mean": the closest candidate within the edit-distance limit for the name. */
 typedef struct Suggest {
     Str name;
-    int limit;          /* 2, or 1 for names of 3 bytes or fewer */
-    int best;           /* best distance so far (limit + 1: none) */
+    int limit; /* 2, or 1 for names of 3 bytes or fewer */
+    int best;  /* best distance so far (limit + 1: none) */
     const char *pick;
     uint32_t picklen;
 } Suggest;
 void suggest_init(Suggest *g, Str name);
 void suggest_try(Suggest *g, const char *cand, uint32_t len);
-void suggest_scope(Suggest *g, Scope *sc, int chain);   /* entries of sc (and its parents) */
+void suggest_scope(Suggest *g, Scope *sc, int chain); /* entries of sc (and its parents) */
 void suggest_builtins(Suggest *g);
-void sema_hint_suggest(Sema *s, const Suggest *g);      /* `hint: did you mean 'x'?` if any */
+void sema_hint_suggest(Sema *s, const Suggest *g); /* `hint: did you mean 'x'?` if any */
 
 /* ---- text for messages ---- */
 
-char *sema_cstr(Sema *s, Str x);                     /* NUL-terminated copy */
-Span sema_span_of(const Node *n, Str piece);         /* span of a slice of n's source (its name) */
+char *sema_cstr(Sema *s, Str x);             /* NUL-terminated copy */
+Span sema_span_of(const Node *n, Str piece); /* span of a slice of n's source (its name) */
 
 /* Counts one evaluation step and one level of nesting; 0 means stop (limit reported once). */
 int sema_enter(Sema *s, Span at);
@@ -229,15 +230,15 @@ typedef enum FrameKind {
 struct Frame {
     Sema *s;
     FrameKind kind;
-    Scope *scope;          /* where names are defined and looked up first */
-    const Node *fn;        /* the N_FN being evaluated, or NULL */
-    const char *fname;     /* its name, for messages */
-    const Node *result;    /* the declared result N_TYPE, or NULL */
-    Value *ret;            /* the first value returned */
-    int returned;          /* every path evaluated so far has returned */
-    int generic;           /* constants are symbolic (checking on its own) */
-    const char *owner;     /* model or optimizer name, for messages */
-    TensorType p_type;     /* FR_UPDATE: the type of p, kept by every assignment to p or state */
+    Scope *scope;       /* where names are defined and looked up first */
+    const Node *fn;     /* the N_FN being evaluated, or NULL */
+    const char *fname;  /* its name, for messages */
+    const Node *result; /* the declared result N_TYPE, or NULL */
+    Value *ret;         /* the first value returned */
+    int returned;       /* every path evaluated so far has returned */
+    int generic;        /* constants are symbolic (checking on its own) */
+    const char *owner;  /* model or optimizer name, for messages */
+    TensorType p_type;  /* FR_UPDATE: the type of p, kept by every assignment to p or state */
 };
 
 Value *eval_expr(Frame *f, const Node *n);

@@ -23,23 +23,37 @@ typedef struct KeySpec {
     SetKind kind;
 } KeySpec;
 
-enum { T_MODEL, T_DATA, T_LOSS, T_OPTIMIZER, T_LR, T_BATCH, T_PARALLEL, T_PRECISION, T_RECOMPUTE, T_OFFLOAD,
-       T_CHECKPOINT, T_STEPS, T_EVAL, T_SEED, T_CLIP, T_NKEYS };
+enum {
+    T_MODEL,
+    T_DATA,
+    T_LOSS,
+    T_OPTIMIZER,
+    T_LR,
+    T_BATCH,
+    T_PARALLEL,
+    T_PRECISION,
+    T_RECOMPUTE,
+    T_OFFLOAD,
+    T_CHECKPOINT,
+    T_STEPS,
+    T_EVAL,
+    T_SEED,
+    T_CLIP,
+    T_NKEYS
+};
 static const KeySpec train_keys[T_NKEYS] = {
-    {"model", SK_VALUE},     {"data", SK_VALUE},     {"loss", SK_VALUE},      {"optimizer", SK_VALUE},
-    {"lr", SK_VALUE},        {"batch", SK_BLOCK},    {"parallel", SK_BLOCK},  {"precision", SK_VALUE},
-    {"recompute", SK_VALUE}, {"offload", SK_BLOCK},  {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},
-    {"eval", SK_BLOCK},      {"seed", SK_VALUE},     {"clip", SK_VALUE},
+    {"model", SK_VALUE},      {"data", SK_VALUE},     {"loss", SK_VALUE},      {"optimizer", SK_VALUE}, {"lr", SK_VALUE},
+    {"batch", SK_BLOCK},      {"parallel", SK_BLOCK}, {"precision", SK_VALUE}, {"recompute", SK_VALUE}, {"offload", SK_BLOCK},
+    {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},    {"eval", SK_BLOCK},      {"seed", SK_VALUE},      {"clip", SK_VALUE},
 };
 
 enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_NKEYS };
-static const KeySpec batch_keys[B_NKEYS] = {
-    {"global", SK_VALUE}, {"micro", SK_VALUE}, {"tokens", SK_VALUE}, {"ramp", SK_VALUE}};
+static const KeySpec batch_keys[B_NKEYS] = {{"global", SK_VALUE}, {"micro", SK_VALUE}, {"tokens", SK_VALUE}, {"ramp", SK_VALUE}};
 
 enum { P_DATA, P_TENSOR, P_PIPELINE, P_SEQUENCE, P_EXPERT, P_ZERO, P_SCHEDULE, P_NKEYS };
-static const KeySpec parallel_keys[P_NKEYS] = {
-    {"data", SK_VALUE},   {"tensor", SK_VALUE}, {"pipeline", SK_VALUE}, {"sequence", SK_VALUE},
-    {"expert", SK_VALUE}, {"zero", SK_VALUE},   {"schedule", SK_VALUE}};
+static const KeySpec parallel_keys[P_NKEYS] = {{"data", SK_VALUE},     {"tensor", SK_VALUE}, {"pipeline", SK_VALUE},
+                                               {"sequence", SK_VALUE}, {"expert", SK_VALUE}, {"zero", SK_VALUE},
+                                               {"schedule", SK_VALUE}};
 
 enum { O_ACTIVATIONS, O_OPTIMIZER, O_NKEYS };
 static const KeySpec offload_keys[O_NKEYS] = {{"activations", SK_VALUE}, {"optimizer", SK_VALUE}};
@@ -52,13 +66,11 @@ enum { E_EVERY, E_STEPS, E_NKEYS };
 static const KeySpec eval_keys[E_NKEYS] = {{"every", SK_VALUE}, {"steps", SK_VALUE}};
 
 enum { S_MODEL, S_WEIGHTS, S_BATCH, S_KV, S_SAMPLING, S_PORT, S_NKEYS };
-static const KeySpec serve_keys[S_NKEYS] = {
-    {"model", SK_VALUE}, {"weights", SK_VALUE}, {"batch", SK_BLOCK},
-    {"kv", SK_BLOCK},    {"sampling", SK_BLOCK}, {"port", SK_VALUE}};
+static const KeySpec serve_keys[S_NKEYS] = {{"model", SK_VALUE}, {"weights", SK_VALUE},  {"batch", SK_BLOCK},
+                                            {"kv", SK_BLOCK},    {"sampling", SK_BLOCK}, {"port", SK_VALUE}};
 
 enum { SB_TOKENS, SB_PREFILL_CHUNK, SB_SEQS, SB_NKEYS };
-static const KeySpec serve_batch_keys[SB_NKEYS] = {
-    {"tokens", SK_VALUE}, {"prefill_chunk", SK_VALUE}, {"seqs", SK_VALUE}};
+static const KeySpec serve_batch_keys[SB_NKEYS] = {{"tokens", SK_VALUE}, {"prefill_chunk", SK_VALUE}, {"seqs", SK_VALUE}};
 
 enum { K_BLOCK, K_MEMORY, K_DTYPE, K_NKEYS };
 static const KeySpec kv_keys[K_NKEYS] = {{"block", SK_VALUE}, {"memory", SK_VALUE}, {"dtype", SK_VALUE}};
@@ -96,8 +108,7 @@ static void gather(Sema *s, const NodeList *items, const KeySpec *spec, int nspe
             Suggest g;
             suggest_init(&g, it->name);
             for (int k = 0; k < nspec; k++) suggest_try(&g, spec[k].name, (uint32_t)strlen(spec[k].name));
-            if (sema_error(s, key_span(it), "unknown setting '%.*s' in %s", STR_ARG(it->name), where))
-                sema_hint_suggest(s, &g);
+            if (sema_error(s, key_span(it), "unknown setting '%.*s' in %s", STR_ARG(it->name), where)) sema_hint_suggest(s, &g);
             for (int k = 0; k < nspec && g.pick; k++)
                 if (strlen(spec[k].name) == g.picklen && memcmp(spec[k].name, g.pick, g.picklen) == 0) *present |= 1u << k;
             continue;
@@ -125,8 +136,7 @@ static void gather(Sema *s, const NodeList *items, const KeySpec *spec, int nspe
 static Span value_span(const Node *item) { return item->a ? item->a->span : item->span; }
 
 /* An integer setting in [lo, hi]; 0 (with an error unless the value is unknown) otherwise. */
-static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int64_t hi, const char *allowed,
-                   int64_t *out) {
+static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int64_t hi, const char *allowed, int64_t *out) {
     Sema *s = f->s;
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_UNKNOWN) return 0;
@@ -193,8 +203,11 @@ static const char *key_leaf(const char *key) {
 static const char *choices_text(Sema *s, const char *const *choices, int n, int quoted) {
     const char *out = "";
     for (int i = 0; i < n; i++)
-        out = arena_printf(s->ar, "%s%s%s%s%s", out, i == 0 ? "" : i == n - 1 ? " or " : ", ", quoted ? "\"" : "",
-                           choices[i], quoted ? "\"" : "");
+        out = arena_printf(s->ar, "%s%s%s%s%s", out,
+                           i == 0       ? ""
+                           : i == n - 1 ? " or "
+                                        : ", ",
+                           quoted ? "\"" : "", choices[i], quoted ? "\"" : "");
     return out;
 }
 
@@ -276,8 +289,7 @@ static Value *get_model(Frame *f, const Node *item) {
         if (sema_error(s, value_span(item), "'model' must be a model instance, but it is %s", value_describe(s->ar, v)))
             sema_hint(s, "call it: model = %s()", diag_span_text(s->ar, value_span(item)));
     } else {
-        sema_error(s, value_span(item), "'model' must be a model instance, e.g. GPT2(), but it is %s",
-                   value_describe(s->ar, v));
+        sema_error(s, value_span(item), "'model' must be a model instance, e.g. GPT2(), but it is %s", value_describe(s->ar, v));
     }
     return value_unknown(s->ar, value_span(item));
 }
@@ -286,8 +298,7 @@ static void missing_key(Sema *s, Span at, const char *block, const char *key, co
     if (sema_error(s, at, "%s has no '%s' setting", block, key)) sema_hint(s, "add %s", example);
 }
 
-static void required(Sema *s, unsigned present, int idx, const KeySpec *spec, Span at, const char *block,
-                     const char *example) {
+static void required(Sema *s, unsigned present, int idx, const KeySpec *spec, Span at, const char *block, const char *example) {
     if (!(present & (1u << idx))) missing_key(s, at, block, spec[idx].name, example);
 }
 
@@ -313,7 +324,8 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         if (a->kind != N_KWARG) {
             if (npos++ == 0) given[0] = a;
             else if (npos == 2) {
-                sema_error(s, a->span, "'tokens' takes 1 positional argument (the path of the token shards), but more were given");
+                sema_error(s, a->span,
+                           "'tokens' takes 1 positional argument (the path of the token shards), but more were given");
                 ok = 0;
             }
             continue;
@@ -345,8 +357,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         Value *p = eval_expr(f, given[0]);
         if (p->kind == V_STRING && p->s) ts->cfg.data_glob = p->s;
         else if (p->kind != V_UNKNOWN) {
-            sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s",
-                       value_describe(s->ar, p));
+            sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s", value_describe(s->ar, p));
             ok = 0;
         }
     }
@@ -360,9 +371,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         else if (q->kind != V_UNKNOWN) {
             if (q->kind == V_INT && q->dim && dim_const(q->dim, &k))
                 sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %lld", (long long)k);
-            else
-                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s",
-                           value_describe(s->ar, q));
+            else sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s", value_describe(s->ar, q));
             ok = 0;
         } else {
             ok = 0;
@@ -414,8 +423,8 @@ static int64_t longest_list(const Value *inst, Str *name, int depth) {
 static int check_multiple(Sema *s, Span at, const char *what, int64_t global, int64_t micro, int64_t data) {
     int64_t unit = micro * data;
     if (unit <= 0 || global % unit == 0) return 1;
-    if (sema_error(s, at, "batch: %s = %lld is not a multiple of micro x data = %lld x %lld = %lld", what,
-                   (long long)global, (long long)micro, (long long)data, (long long)unit)) {
+    if (sema_error(s, at, "batch: %s = %lld is not a multiple of micro x data = %lld x %lld = %lld", what, (long long)global,
+                   (long long)micro, (long long)data, (long long)unit)) {
         int64_t lower = global / unit * unit, upper = lower + unit;
         if (lower > 0) sema_hint(s, "use %s = %lld or %lld, or change micro/data", what, (long long)lower, (long long)upper);
         else sema_hint(s, "use %s = %lld, or change micro/data", what, (long long)upper);
@@ -443,16 +452,17 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
         int64_t st, gl;
         if (!e || e->kind == V_UNKNOWN) continue;
         if (e->kind != V_TUPLE || e->n != 2 || !e->items[0] || !e->items[1] || e->items[0]->kind != V_INT ||
-            e->items[1]->kind != V_INT || !e->items[0]->dim || !e->items[1]->dim ||
-            !dim_const(e->items[0]->dim, &st) || !dim_const(e->items[1]->dim, &gl)) {
+            e->items[1]->kind != V_INT || !e->items[0]->dim || !e->items[1]->dim || !dim_const(e->items[0]->dim, &st) ||
+            !dim_const(e->items[1]->dim, &gl)) {
             sema_error(s, at, "each 'batch.ramp' entry must be a pair of integers (step, global), but this one is %s",
                        value_describe(s->ar, e));
             continue;
         }
         if (st <= prev_step || st < 0) {
             if (st < 0) sema_error(s, at, "batch: a ramp step must not be negative, but it is %lld", (long long)st);
-            else sema_error(s, at, "batch: ramp steps must increase, but %lld comes after %lld", (long long)st,
-                            (long long)prev_step);
+            else
+                sema_error(s, at, "batch: ramp steps must increase, but %lld comes after %lld", (long long)st,
+                           (long long)prev_step);
             continue;
         }
         prev_step = st;
@@ -476,8 +486,7 @@ static void check_recompute(Frame *f, const Node *item, TrainSettings *ts) {
     const Node *v = item->a;
     if (!v) return;
     if (v->kind != N_LIST) {
-        if (sema_error(s, v->span, "'recompute' must be a list of op names, but it is '%s'",
-                       diag_span_text(s->ar, v->span)))
+        if (sema_error(s, v->span, "'recompute' must be a list of op names, but it is '%s'", diag_span_text(s->ar, v->span)))
             sema_hint(s, "for example: recompute = [gelu, layernorm]");
         return;
     }
@@ -513,10 +522,12 @@ static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
     if (item) {
         const Node *p[P_NKEYS] = {0};
         gather(s, &item->list, parallel_keys, P_NKEYS, "'parallel'", p, &sub_present);
-        int64_t *deg[5] = {&ts->cfg.data_par, &ts->cfg.tensor_par, &ts->cfg.pipeline_par, &ts->cfg.sequence_par, &ts->cfg.expert_par};
+        int64_t *deg[5] = {&ts->cfg.data_par, &ts->cfg.tensor_par, &ts->cfg.pipeline_par, &ts->cfg.sequence_par,
+                           &ts->cfg.expert_par};
         for (int i = 0; i < 5; i++)
-            if (p[i]) (void)get_int(f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
-                                    "a positive integer", deg[i]);
+            if (p[i])
+                (void)get_int(f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
+                              "a positive integer", deg[i]);
         if (p[P_ZERO]) (void)get_int(f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->cfg.zero);
         int sched;
         static const char *const scheds[] = {"1f1b", "gpipe"};
@@ -536,10 +547,12 @@ static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
                 sema_error(s, value_span(p[P_PIPELINE]),
                            "'parallel.pipeline' = %lld needs a list of sub-models to split into stages, but model '%s' has none",
                            (long long)ts->cfg.pipeline_par, mname);
-            } else if (sema_error(s, value_span(p[P_PIPELINE]),
-                                  "'parallel.pipeline' = %lld is more than the %lld block%s of '%.*s', the longest list of sub-models of '%s'",
-                                  (long long)ts->cfg.pipeline_par, (long long)ts->cfg.blocks, ts->cfg.blocks == 1 ? "" : "s",
-                                  STR_ARG(list_name), mname)) {
+            } else if (
+                sema_error(
+                    s, value_span(p[P_PIPELINE]),
+                    "'parallel.pipeline' = %lld is more than the %lld block%s of '%.*s', the longest list of sub-models of '%s'",
+                    (long long)ts->cfg.pipeline_par, (long long)ts->cfg.blocks, ts->cfg.blocks == 1 ? "" : "s",
+                    STR_ARG(list_name), mname)) {
                 sema_hint(s, "use pipeline <= %lld", (long long)ts->cfg.blocks);
             }
         }
@@ -607,7 +620,8 @@ static void check_train_rest(Frame *f, const Node *const *k, TrainSettings *ts) 
         sub_present = 0;
         gather(s, &k[T_CHECKPOINT]->list, checkpoint_keys, C_NKEYS, "'checkpoint'", c, &sub_present);
         if (!(sub_present & (1u << C_EVERY))) missing_key(s, key_span(k[T_CHECKPOINT]), "'checkpoint'", "every", "every = 1000");
-        else if (c[C_EVERY]) (void)get_int(f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->cfg.ckpt_every);
+        else if (c[C_EVERY])
+            (void)get_int(f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->cfg.ckpt_every);
         if (c[C_DIR]) (void)get_string(f, c[C_DIR], "checkpoint.dir", "a string (a directory)", &ts->cfg.ckpt_dir);
         if (c[C_KEEP]) (void)get_int(f, c[C_KEEP], "checkpoint.keep", 1, INT32_MAX, "a positive integer", &ts->cfg.ckpt_keep);
         static const char *const on_error[] = {"stop", "continue"};
@@ -849,8 +863,7 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
                 ss->cfg.kv_block = blk;
             }
         }
-        if (kv[K_MEMORY])
-            (void)get_num(&f, kv[K_MEMORY], "kv.memory", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->cfg.kv_memory);
+        if (kv[K_MEMORY]) (void)get_num(&f, kv[K_MEMORY], "kv.memory", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->cfg.kv_memory);
         static const char *const kv_dtypes[] = {"f32", "bf16", "f16", "fp8"};
         int which;
         if (kv[K_DTYPE] && get_ident(&f, kv[K_DTYPE], "kv.dtype", kv_dtypes, 4, &which)) ss->cfg.kv_dtype = (KvDtype)which;
@@ -860,8 +873,7 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
         const Node *sm[SM_NKEYS] = {0};
         gather(s, &k[S_SAMPLING]->list, sampling_keys, SM_NKEYS, "'sampling'", sm, &sub_present);
         if (sm[SM_TEMPERATURE])
-            (void)get_num(&f, sm[SM_TEMPERATURE], "sampling.temperature", 0, 0, 1e300, 0, "a number >= 0",
-                          &ss->cfg.temperature);
+            (void)get_num(&f, sm[SM_TEMPERATURE], "sampling.temperature", 0, 0, 1e300, 0, "a number >= 0", &ss->cfg.temperature);
         if (sm[SM_TOP_K])
             (void)get_int(&f, sm[SM_TOP_K], "sampling.top_k", 0, INT32_MAX, "a non-negative integer (0 for all)", &ss->cfg.top_k);
         if (sm[SM_TOP_P]) (void)get_num(&f, sm[SM_TOP_P], "sampling.top_p", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->cfg.top_p);

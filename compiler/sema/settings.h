@@ -19,11 +19,11 @@ typedef enum PipeSchedule { PIPE_1F1B, PIPE_GPIPE } PipeSchedule;
 typedef enum KvDtype { KV_F32, KV_BF16, KV_F16, KV_FP8 } KvDtype;
 
 enum { /* TrainConfig.recompute bits */
-    RECOMPUTE_GELU = 1,
-    RECOMPUTE_LAYERNORM = 2,
-    RECOMPUTE_ATTENTION = 4,
-    RECOMPUTE_MLP = 8,
-    RECOMPUTE_ALL = 16,
+       RECOMPUTE_GELU = 1,
+       RECOMPUTE_LAYERNORM = 2,
+       RECOMPUTE_ATTENTION = 4,
+       RECOMPUTE_MLP = 8,
+       RECOMPUTE_ALL = 16,
 };
 
 typedef struct RampStep {
@@ -32,10 +32,10 @@ typedef struct RampStep {
 
 typedef struct TrainConfig {
     const char *name;
-    Span at;                /* the block's name: where messages about the whole block point */
-    Span lr_at;             /* the `lr` setting's value (at when there is none) */
+    Span at;                   /* the block's name: where messages about the whole block point */
+    Span lr_at;                /* the `lr` setting's value (at when there is none) */
     const char *schedule_text; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: none */
-    const ScalarProg *lr;   /* the schedule lowered (scalar.h); the constant 1.0 without `lr` */
+    const ScalarProg *lr;      /* the schedule lowered (scalar.h); the constant 1.0 without `lr` */
     const char *data_glob, *val_glob;
     int shuffle;
     int64_t seq;
@@ -44,7 +44,7 @@ typedef struct TrainConfig {
     int nramp;
     int64_t data_par, tensor_par, pipeline_par, sequence_par, expert_par, zero;
     PipeSchedule schedule;
-    int64_t blocks;         /* length of the model's longest list of sub-models */
+    int64_t blocks; /* length of the model's longest list of sub-models */
     Precision precision;
     unsigned recompute;
     Storage offload_activations, offload_optimizer;
@@ -58,7 +58,7 @@ typedef struct TrainConfig {
 
 typedef struct ServeConfig {
     const char *name;
-    Span at;                /* the block's name */
+    Span at; /* the block's name */
     const char *weights;
     int64_t tokens, prefill_chunk, seqs;
     int64_t kv_block;

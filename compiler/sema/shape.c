@@ -74,8 +74,8 @@ static DType shape_dtype_with_scalar(DType t, const Value *scalar) {
 
 /* NumPy broadcasting of two shapes into *out. On a conflict returns 0 with *bad the axis of
  * the result and *da, *db the two dimensions. */
-static int shape_broadcast(Arena *ar, const TensorType *a, const TensorType *b, TensorType *out, int *bad,
-                           const Dim **da, const Dim **db) {
+static int shape_broadcast(Arena *ar, const TensorType *a, const TensorType *b, TensorType *out, int *bad, const Dim **da,
+                           const Dim **db) {
     int r = a->rank > b->rank ? a->rank : b->rank;
     const Dim **dims = arena_alloc(ar, sizeof(const Dim *) * (size_t)(r + 1));
     for (int i = 0; i < r; i++) {
@@ -100,14 +100,13 @@ static int shape_broadcast(Arena *ar, const TensorType *a, const TensorType *b, 
 /* The common shape and joined dtype of two operands of which at least one is a tensor. `opname`
  * is the operator between the two shapes in the mismatch message ("+", "and"), `prefix` starts
  * the message ("" for operators, "max: " for builtins). Returns 0 after reporting an error. */
-static int shape_combine(Arena *ar, const char *prefix, const char *opname, const Value *a, const Value *b,
-                         Span at, TensorType *out) {
+static int shape_combine(Arena *ar, const char *prefix, const char *opname, const Value *a, const Value *b, Span at,
+                         TensorType *out) {
     if (a->kind == V_TENSOR && b->kind == V_TENSOR) {
         int bad = 0;
         const Dim *da = NULL, *db = NULL;
         if (!shape_broadcast(ar, &a->t, &b->t, out, &bad, &da, &db)) {
-            diag_error(at, "%sshape mismatch: %s %s %s", prefix, tensor_type_str(ar, &a->t), opname,
-                       tensor_type_str(ar, &b->t));
+            diag_error(at, "%sshape mismatch: %s %s %s", prefix, tensor_type_str(ar, &a->t), opname, tensor_type_str(ar, &b->t));
             if (shape_note_worthy(a->origin, at)) diag_note(a->origin, "the left operand's shape comes from here");
             if (shape_note_worthy(b->origin, at)) diag_note(b->origin, "the right operand's shape comes from here");
             diag_hint("dimension %d is %s on the left and %s on the right; they must be equal, or one of them 1", bad,
@@ -115,8 +114,7 @@ static int shape_combine(Arena *ar, const char *prefix, const char *opname, cons
             return 0;
         }
         if (!shape_dtype_join(a->t.dt, b->t.dt, &out->dt)) {
-            diag_error(at, "%sdtype mismatch: %s %s %s", prefix, tensor_type_str(ar, &a->t), opname,
-                       tensor_type_str(ar, &b->t));
+            diag_error(at, "%sdtype mismatch: %s %s %s", prefix, tensor_type_str(ar, &a->t), opname, tensor_type_str(ar, &b->t));
             if (shape_note_worthy(a->origin, at)) diag_note(a->origin, "the left operand's dtype comes from here");
             if (shape_note_worthy(b->origin, at)) diag_note(b->origin, "the right operand's dtype comes from here");
             diag_hint("float tensors of different dtypes are not mixed implicitly; give both operands the same dtype");
@@ -144,8 +142,7 @@ static int shape_known_int(const Value *v, int64_t *out) { return v->kind == V_I
 
 /* a / b for two integers: an integer when the quotient is exact or symbolic (d/heads), a float
  * when both are known and it is not, an unknown float when no Dim can hold it. */
-static Value *shape_int_div(Arena *ar, const Dim *a, const Dim *b, Span sb, Span at, const char *atext,
-                            const char *btext) {
+static Value *shape_int_div(Arena *ar, const Dim *a, const Dim *b, Span sb, Span at, const char *atext, const char *btext) {
     int64_t zn, zd;
     if (dim_rational(b, &zn, &zd) && zn == 0) {
         diag_error(sb, "division by zero");
@@ -279,16 +276,13 @@ static Value *shape_num_compare(Arena *ar, Op op, const Value *a, const Value *b
 /* ---- errors shared by the operators ---- */
 
 static Value *shape_unsupported(Arena *ar, Op op, const Value *a, const Value *b, Span at) {
-    diag_error(at, "unsupported operands for '%s': %s and %s", ast_op_text(op), value_type_str(ar, a),
-               value_type_str(ar, b));
+    diag_error(at, "unsupported operands for '%s': %s and %s", ast_op_text(op), value_type_str(ar, a), value_type_str(ar, b));
     return value_unknown(ar, at);
 }
 
 /* ---- logic ---- */
 
-static int shape_is_boolish(const Value *v) {
-    return v->kind == V_BOOL || (v->kind == V_TENSOR && v->t.dt == DT_BOOL);
-}
+static int shape_is_boolish(const Value *v) { return v->kind == V_BOOL || (v->kind == V_TENSOR && v->t.dt == DT_BOOL); }
 
 static Value *shape_logic(Arena *ar, Op op, Value *a, Span sa, Value *b, Span sb, Span at) {
     const char *ot = ast_op_text(op);
@@ -401,7 +395,7 @@ Value *value_binary(Arena *ar, Op op, Value *a, Span sa, Value *b, Span sb, Span
         DType dt = out.dt;
         if (shape_is_compare(op)) dt = DT_BOOL;
         else if (op == OP_DIV && !dtype_is_float(dt)) dt = DT_F32; /* `/` is true division */
-        else if (dt == DT_BOOL) dt = DT_I32;                        /* arithmetic on masks counts */
+        else if (dt == DT_BOOL) dt = DT_I32;                       /* arithmetic on masks counts */
         return value_tensor(ar, dt, out.rank, out.dims, at);
     }
 
@@ -519,8 +513,8 @@ static const Dim *shape_position(Arena *ar, const Value *v, const Dim *size, Spa
     return v->dim;
 }
 
-static Value *shape_index_tensor(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, int nidx,
-                                 const int *is_slice, Value **slice_lo, Value **slice_hi, Span at) {
+static Value *shape_index_tensor(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, int nidx, const int *is_slice,
+                                 Value **slice_lo, Value **slice_hi, Span at) {
     const TensorType *t = &base->t;
     for (int i = 0; i < nidx; i++) {
         if (is_slice[i] || !idx[i] || idx[i]->kind != V_TENSOR) continue;
@@ -554,10 +548,9 @@ static Value *shape_index_tensor(Arena *ar, Value *base, Span sbase, Value **idx
                 failed |= !unk;
                 continue;
             }
-            if ((shape_dim_cmp(ar, p, dim_int(ar, 0), &sign) && sign < 0) ||
-                (shape_dim_cmp(ar, p, size, &sign) && sign >= 0)) {
-                diag_error(sidx[i], "index %s is out of range for dimension %d of %s (size %s)",
-                           dim_str(ar, idx[i]->dim), i, ts, ss);
+            if ((shape_dim_cmp(ar, p, dim_int(ar, 0), &sign) && sign < 0) || (shape_dim_cmp(ar, p, size, &sign) && sign >= 0)) {
+                diag_error(sidx[i], "index %s is out of range for dimension %d of %s (size %s)", dim_str(ar, idx[i]->dim), i, ts,
+                           ss);
                 failed = 1;
             }
             continue;
@@ -572,8 +565,7 @@ static Value *shape_index_tensor(Arena *ar, Value *base, Span sbase, Value **idx
             continue;
         }
         const char *text = arena_printf(ar, "%s:%s", lo ? dim_str(ar, lo->dim) : "", hi ? dim_str(ar, hi->dim) : "");
-        if ((shape_dim_cmp(ar, plo, dim_int(ar, 0), &sign) && sign < 0) ||
-            (shape_dim_cmp(ar, phi, size, &sign) && sign > 0)) {
+        if ((shape_dim_cmp(ar, plo, dim_int(ar, 0), &sign) && sign < 0) || (shape_dim_cmp(ar, phi, size, &sign) && sign > 0)) {
             diag_error(sidx[i], "slice %s is out of range for dimension %d of %s (size %s)", text, i, ts, ss);
             if (shape_note_worthy(base->origin, at)) diag_note(base->origin, "the sliced tensor's shape comes from here");
             failed = 1;
@@ -598,8 +590,8 @@ static Value *shape_index_tensor(Arena *ar, Value *base, Span sbase, Value **idx
     return value_tensor(ar, t->dt, r, dims, at);
 }
 
-Value *value_index(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, int nidx, const int *is_slice,
-                   Value **slice_lo, Value **slice_hi, Span at) {
+Value *value_index(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, int nidx, const int *is_slice, Value **slice_lo,
+                   Value **slice_hi, Span at) {
     if (shape_opaque(base)) return value_unknown(ar, at);
     if (nidx <= 0) INTERNAL("value_index: no indices");
     /* Callers may leave out the arrays they have nothing for. */
@@ -609,10 +601,8 @@ Value *value_index(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, 
     }
     if (!is_slice) is_slice = arena_alloc(ar, sizeof(int) * (size_t)nidx);
     if (!idx) idx = arena_alloc(ar, sizeof(Value *) * (size_t)nidx);
-    if (base->kind == V_TUPLE || base->kind == V_LIST)
-        return shape_index_seq(ar, base, idx[0], sidx[0], is_slice[0], nidx, at);
-    if (base->kind == V_TENSOR)
-        return shape_index_tensor(ar, base, sbase, idx, sidx, nidx, is_slice, slice_lo, slice_hi, at);
+    if (base->kind == V_TUPLE || base->kind == V_LIST) return shape_index_seq(ar, base, idx[0], sidx[0], is_slice[0], nidx, at);
+    if (base->kind == V_TENSOR) return shape_index_tensor(ar, base, sbase, idx, sidx, nidx, is_slice, slice_lo, slice_hi, at);
     diag_error(sbase, "%s cannot be indexed", value_type_str(ar, base));
     return value_unknown(ar, at);
 }
@@ -658,27 +648,16 @@ int value_truthy(const Value *v, int *known) {
     *known = 0;
     if (!v) return 0;
     switch (v->kind) {
-    case V_BOOL:
-        *known = v->bknown;
-        return v->bknown && v->b;
+    case V_BOOL: *known = v->bknown; return v->bknown && v->b;
     case V_INT:
         if (!dim_rational(v->dim, &n, &d)) return 0;
         *known = 1;
         return n != 0;
-    case V_FLOAT:
-        *known = v->fknown;
-        return v->fknown && v->f != 0;
+    case V_FLOAT: *known = v->fknown; return v->fknown && v->f != 0;
     case V_UNKNOWN:
-    case V_TENSOR:
-        return 0; /* a tensor's truth is a run-time matter; sema decides whether that is allowed */
-    case V_NONE:
-        *known = 1;
-        return 0;
-    case V_STRING:
-        *known = 1;
-        return v->s && v->s[0];
-    default:
-        *known = 1;
-        return 1;
+    case V_TENSOR: return 0; /* a tensor's truth is a run-time matter; sema decides whether that is allowed */
+    case V_NONE: *known = 1; return 0;
+    case V_STRING: *known = 1; return v->s && v->s[0];
+    default: *known = 1; return 1;
     }
 }

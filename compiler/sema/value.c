@@ -19,10 +19,13 @@ const char *dtype_name(DType dt) { return dt >= 0 && dt < DT_COUNT ? dtype_names
 
 int dtype_size(DType dt) {
     switch (dt) {
-    case DT_F16: case DT_BF16: return 2;
-    case DT_F64: case DT_I64: return 8;
+    case DT_F16:
+    case DT_BF16: return 2;
+    case DT_F64:
+    case DT_I64: return 8;
     case DT_BOOL: return 1;
-    case DT_F32: case DT_I32: return 4;
+    case DT_F32:
+    case DT_I32: return 4;
     case DT_COUNT: break;
     }
     return 0;
@@ -66,12 +69,11 @@ int tensor_type_eq(const TensorType *a, const TensorType *b) {
 /* ---- constructors ---- */
 
 static const char *const kind_names[V_KIND_COUNT] = {
-    [V_UNKNOWN] = "unknown",         [V_NONE] = "none",       [V_INT] = "integer",
-    [V_FLOAT] = "float",             [V_BOOL] = "bool",       [V_STRING] = "string",
-    [V_TENSOR] = "tensor",           [V_TUPLE] = "tuple",     [V_LIST] = "list",
-    [V_RANGE] = "range",             [V_MODULE] = "module",   [V_MODEL_DEF] = "model declaration",
-    [V_MODEL] = "model",             [V_FN] = "function",     [V_BUILTIN] = "builtin",
-    [V_OPTIMIZER_DEF] = "optimizer declaration", [V_OPTIMIZER] = "optimizer", [V_DATA] = "data source",
+    [V_UNKNOWN] = "unknown",     [V_NONE] = "none",        [V_INT] = "integer",     [V_FLOAT] = "float",
+    [V_BOOL] = "bool",           [V_STRING] = "string",    [V_TENSOR] = "tensor",   [V_TUPLE] = "tuple",
+    [V_LIST] = "list",           [V_RANGE] = "range",      [V_MODULE] = "module",   [V_MODEL_DEF] = "model declaration",
+    [V_MODEL] = "model",         [V_FN] = "function",      [V_BUILTIN] = "builtin", [V_OPTIMIZER_DEF] = "optimizer declaration",
+    [V_OPTIMIZER] = "optimizer", [V_DATA] = "data source",
 };
 
 const char *value_kind_name(ValueKind k) { return k >= 0 && k < V_KIND_COUNT ? kind_names[k] : "?"; }
@@ -164,16 +166,11 @@ static const char *value_decl_name(Arena *ar, const Value *v) {
 char *value_type_str(Arena *ar, const Value *v) {
     if (!v) return arena_printf(ar, "unknown");
     switch (v->kind) {
-    case V_INT:
-        return v->dim ? arena_printf(ar, "integer %s", dim_str(ar, v->dim)) : arena_printf(ar, "integer");
-    case V_FLOAT:
-        return v->fknown ? arena_printf(ar, "float %s", value_float_str(ar, v->f)) : arena_printf(ar, "float");
-    case V_BOOL:
-        return v->bknown ? arena_printf(ar, "bool %s", v->b ? "true" : "false") : arena_printf(ar, "bool");
-    case V_TENSOR:
-        return tensor_type_str(ar, &v->t);
-    case V_TUPLE:
-        return arena_printf(ar, "tuple of %d", v->n);
+    case V_INT: return v->dim ? arena_printf(ar, "integer %s", dim_str(ar, v->dim)) : arena_printf(ar, "integer");
+    case V_FLOAT: return v->fknown ? arena_printf(ar, "float %s", value_float_str(ar, v->f)) : arena_printf(ar, "float");
+    case V_BOOL: return v->bknown ? arena_printf(ar, "bool %s", v->b ? "true" : "false") : arena_printf(ar, "bool");
+    case V_TENSOR: return tensor_type_str(ar, &v->t);
+    case V_TUPLE: return arena_printf(ar, "tuple of %d", v->n);
     case V_LIST: {
         const char *len = v->len ? dim_str(ar, v->len) : arena_printf(ar, "%d", v->n);
         if (v->n == 0 || !v->items) return arena_printf(ar, "empty list");
@@ -183,18 +180,14 @@ char *value_type_str(Arena *ar, const Value *v) {
             if (strcmp(first, value_type_str(ar, v->items[i])) != 0) return arena_printf(ar, "list of %s items", len);
         return arena_printf(ar, "list of %s %s", len, first);
     }
-    case V_RANGE:
-        return arena_printf(ar, "range %s..%s", dim_str(ar, v->dim), dim_str(ar, v->len));
+    case V_RANGE: return arena_printf(ar, "range %s..%s", dim_str(ar, v->dim), dim_str(ar, v->len));
     case V_MODEL_DEF:
     case V_MODEL:
     case V_FN:
     case V_OPTIMIZER_DEF:
-    case V_OPTIMIZER:
-        return arena_printf(ar, "%s%s", value_kind_name(v->kind), value_decl_name(ar, v));
-    case V_BUILTIN:
-        return v->builtin ? arena_printf(ar, "builtin %s", builtin_name(v->builtin)) : arena_printf(ar, "builtin");
-    default:
-        return arena_printf(ar, "%s", value_kind_name(v->kind));
+    case V_OPTIMIZER: return arena_printf(ar, "%s%s", value_kind_name(v->kind), value_decl_name(ar, v));
+    case V_BUILTIN: return v->builtin ? arena_printf(ar, "builtin %s", builtin_name(v->builtin)) : arena_printf(ar, "builtin");
+    default: return arena_printf(ar, "%s", value_kind_name(v->kind));
     }
 }
 

@@ -17,10 +17,10 @@
 
 typedef enum DType { DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_BOOL, DT_COUNT } DType;
 
-const char *dtype_name(DType dt);         /* "f32" */
-int dtype_size(DType dt);                 /* bytes an element takes: 4 for f32, 2 for bf16, 1 for bool; 0 for no dtype */
-int dtype_parse(Str s, DType *out);       /* 1 if s names a dtype */
-int dtype_is_float(DType dt);             /* f32, f16, bf16, f64 */
+const char *dtype_name(DType dt);   /* "f32" */
+int dtype_size(DType dt);           /* bytes an element takes: 4 for f32, 2 for bf16, 1 for bool; 0 for no dtype */
+int dtype_parse(Str s, DType *out); /* 1 if s names a dtype */
+int dtype_is_float(DType dt);       /* f32, f16, bf16, f64 */
 
 /* A tensor's type. rank 0 is a scalar tensor, printed f32[]. */
 typedef struct TensorType {
@@ -29,28 +29,28 @@ typedef struct TensorType {
     const Dim **dims;
 } TensorType;
 
-char *tensor_type_str(Arena *ar, const TensorType *t); /* "f32[B, T, 768]" */
+char *tensor_type_str(Arena *ar, const TensorType *t);        /* "f32[B, T, 768]" */
 int tensor_type_eq(const TensorType *a, const TensorType *b); /* same dtype, rank and dims */
 
 typedef enum ValueKind {
-    V_UNKNOWN,      /* type not known: accepted everywhere, no further errors */
-    V_NONE,         /* result of a function without `return` */
-    V_INT,          /* compile-time integer: dim (known or symbolic); runtime ints are symbolic */
-    V_FLOAT,        /* floating scalar: f, known when fknown */
-    V_BOOL,         /* boolean: b, known when bknown */
-    V_STRING,       /* s */
-    V_TENSOR,       /* t */
-    V_TUPLE,        /* items[n] */
-    V_LIST,         /* items[n]; len = length (n == 1 representative item when len is symbolic) */
-    V_RANGE,        /* lo..hi as dims: dim = lo, len = hi */
-    V_MODULE,       /* an imported module: scope, s = its name */
-    V_MODEL_DEF,    /* a model declaration (callable: instantiates): node, scope = defining module */
-    V_MODEL,        /* a model instance: node = its N_MODEL, scope = its members */
-    V_FN,           /* a function: node = N_FN, scope = enclosing (module or model instance) */
-    V_BUILTIN,      /* a builtin function: builtin */
-    V_OPTIMIZER_DEF,/* an optimizer declaration: node, scope = defining module */
-    V_OPTIMIZER,    /* an optimizer with its hyper-parameters bound: node, scope */
-    V_DATA,         /* a data source in a train block: items[0] = x, items[1] = y */
+    V_UNKNOWN,       /* type not known: accepted everywhere, no further errors */
+    V_NONE,          /* result of a function without `return` */
+    V_INT,           /* compile-time integer: dim (known or symbolic); runtime ints are symbolic */
+    V_FLOAT,         /* floating scalar: f, known when fknown */
+    V_BOOL,          /* boolean: b, known when bknown */
+    V_STRING,        /* s */
+    V_TENSOR,        /* t */
+    V_TUPLE,         /* items[n] */
+    V_LIST,          /* items[n]; len = length (n == 1 representative item when len is symbolic) */
+    V_RANGE,         /* lo..hi as dims: dim = lo, len = hi */
+    V_MODULE,        /* an imported module: scope, s = its name */
+    V_MODEL_DEF,     /* a model declaration (callable: instantiates): node, scope = defining module */
+    V_MODEL,         /* a model instance: node = its N_MODEL, scope = its members */
+    V_FN,            /* a function: node = N_FN, scope = enclosing (module or model instance) */
+    V_BUILTIN,       /* a builtin function: builtin */
+    V_OPTIMIZER_DEF, /* an optimizer declaration: node, scope = defining module */
+    V_OPTIMIZER,     /* an optimizer with its hyper-parameters bound: node, scope */
+    V_DATA,          /* a data source in a train block: items[0] = x, items[1] = y */
     V_KIND_COUNT
 } ValueKind;
 
@@ -69,35 +69,35 @@ typedef struct Value {
     TensorType t;         /* V_TENSOR */
     struct Value **items; /* V_TUPLE, V_LIST, V_DATA */
     int n;
-    const Node *node;     /* V_MODEL_DEF, V_MODEL, V_FN, V_OPTIMIZER_DEF, V_OPTIMIZER */
-    Scope *scope;         /* see the kinds above */
+    const Node *node;       /* V_MODEL_DEF, V_MODEL, V_FN, V_OPTIMIZER_DEF, V_OPTIMIZER */
+    Scope *scope;           /* see the kinds above */
     const Builtin *builtin; /* V_BUILTIN */
-    int graph_id;         /* the graph builder's node for a tensor: node id + 1 (0 = none; graph_build.h) */
+    int graph_id;           /* the graph builder's node for a tensor: node id + 1 (0 = none; graph_build.h) */
 } Value;
 
-const char *value_kind_name(ValueKind k);       /* "tensor", "integer", "model", ... */
-Value *value_new(Arena *ar, ValueKind k, Span origin);           /* zeroed value of kind k */
-Value *value_unknown(Arena *ar, Span origin);                    /* V_UNKNOWN */
-Value *value_int(Arena *ar, const Dim *d, Span origin);          /* V_INT */
-Value *value_float(Arena *ar, double f, int known, Span origin); /* V_FLOAT */
-Value *value_bool(Arena *ar, int b, int known, Span origin);     /* V_BOOL */
+const char *value_kind_name(ValueKind k);                                          /* "tensor", "integer", "model", ... */
+Value *value_new(Arena *ar, ValueKind k, Span origin);                             /* zeroed value of kind k */
+Value *value_unknown(Arena *ar, Span origin);                                      /* V_UNKNOWN */
+Value *value_int(Arena *ar, const Dim *d, Span origin);                            /* V_INT */
+Value *value_float(Arena *ar, double f, int known, Span origin);                   /* V_FLOAT */
+Value *value_bool(Arena *ar, int b, int known, Span origin);                       /* V_BOOL */
 Value *value_tensor(Arena *ar, DType dt, int rank, const Dim **dims, Span origin); /* V_TENSOR (dims copied) */
 char *value_type_str(Arena *ar, const Value *v); /* "f32[B, T, d]", "integer 768", "model Block", ... */
 /* What a value is, for the checker's and the graph builder's messages: "integer 768", "f32[4, 64]",
  * "model 'GPT2'", "module 'optim'". */
 char *value_describe(Arena *ar, const Value *v);
-char *value_float_str(Arena *ar, double f);      /* shortest text reading back as f: "0.02", "1e-8", "2.0" */
-int value_number(const Value *v, double *out);   /* 1 if v is a V_INT or V_FLOAT with a known value (into *out) */
+char *value_float_str(Arena *ar, double f);    /* shortest text reading back as f: "0.02", "1e-8", "2.0" */
+int value_number(const Value *v, double *out); /* 1 if v is a V_INT or V_FLOAT with a known value (into *out) */
 
 /* ---- operations on values (shape.c): each reports its own errors through diag and then
  * returns V_UNKNOWN, so callers never cascade. `at` is the whole expression's span. ---- */
 Value *value_binary(Arena *ar, Op op, Value *a, Span sa, Value *b, Span sb, Span at); /* + - * / % ^ @ == < and or ... */
 Value *value_unary(Arena *ar, Op op, Value *a, Span at);                              /* -x, +x, not x */
 /* base[indices]: gather with an integer tensor, slices a:b, integer positions; tuples/lists too. */
-Value *value_index(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, int nidx, const int *is_slice,
-                   Value **slice_lo, Value **slice_hi, Span at);
+Value *value_index(Arena *ar, Value *base, Span sbase, Value **idx, Span *sidx, int nidx, const int *is_slice, Value **slice_lo,
+                   Value **slice_hi, Span at);
 Value *value_tensor_attr(Arena *ar, Value *t, Str name, Span at); /* x.T (swap last two dims), x.shape, x.dtype... */
-int value_truthy(const Value *v, int *known);                    /* condition of if/and/or */
+int value_truthy(const Value *v, int *known);                     /* condition of if/and/or */
 /* a @ b, also for matmul(a, b): messages begin with `what` ("'@'" or "matmul"). */
 Value *value_matmul(Arena *ar, const char *what, Value *a, Span sa, Value *b, Span sb, Span at);
 /* Elementwise combination of two numbers/tensors for builtins (max, min, where): broadcast shape and
@@ -106,25 +106,25 @@ Value *value_elementwise(Arena *ar, const char *what, Value *a, Span sa, Value *
 
 /* ---- builtins (builtins.c) ---- */
 typedef struct CallArgs {
-    Value **pos;      /* positional arguments */
-    Span *pos_at;     /* their spans */
+    Value **pos;  /* positional arguments */
+    Span *pos_at; /* their spans */
     int npos;
-    Str *kw_name;     /* keyword arguments */
+    Str *kw_name; /* keyword arguments */
     Value **kw;
     Span *kw_at;
     int nkw;
-    Span callee_at;   /* span of the callee expression */
-    Span at;          /* span of the whole call */
+    Span callee_at; /* span of the callee expression */
+    Span at;        /* span of the whole call */
 } CallArgs;
 
-const Builtin *builtin_find(Str name);            /* NULL if not a builtin */
-const char *builtin_name(const Builtin *b);       /* its name */
-int builtin_count(void);                          /* for "did you mean" */
-const char *builtin_name_at(int i);               /* i-th builtin's name */
+const Builtin *builtin_find(Str name);              /* NULL if not a builtin */
+const char *builtin_name(const Builtin *b);         /* its name */
+int builtin_count(void);                            /* for "did you mean" */
+const char *builtin_name_at(int i);                 /* i-th builtin's name */
 const char *builtin_param(const Builtin *b, int i); /* its i-th parameter's name; NULL past the last (graph builder) */
 /* The shape rule and checks; fill_dt is the dtype zeros(...) and ones(...) make: f32, or bf16
  * while a precision = bf16 model is evaluated. */
 Value *builtin_call(Arena *ar, const Builtin *b, const CallArgs *args, DType fill_dt);
-Value *builtin_value(Arena *ar, const Builtin *b, Span at);   /* what the bare name means: V_FLOAT for pi, else V_BUILTIN */
+Value *builtin_value(Arena *ar, const Builtin *b, Span at); /* what the bare name means: V_FLOAT for pi, else V_BUILTIN */
 
 #endif

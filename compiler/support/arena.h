@@ -20,12 +20,12 @@ typedef struct Str {
 } Str;
 #define STR_ARG(s) (int)(s).len, (s).p /* for "%.*s" */
 
-void *arena_alloc(Arena *a, size_t n);                 /* zeroed memory, 16-byte aligned */
-void *arena_dup(Arena *a, const void *p, size_t n);    /* copy of n bytes */
+void *arena_alloc(Arena *a, size_t n);                  /* zeroed memory, 16-byte aligned */
+void *arena_dup(Arena *a, const void *p, size_t n);     /* copy of n bytes */
 char *arena_strndup(Arena *a, const char *s, size_t n); /* NUL-terminated copy */
-char *arena_printf(Arena *a, const char *fmt, ...)     /* formatted NUL-terminated string */
+char *arena_printf(Arena *a, const char *fmt, ...)      /* formatted NUL-terminated string */
     __attribute__((format(printf, 2, 3)));
-void arena_free(Arena *a);                             /* release every block */
+void arena_free(Arena *a); /* release every block */
 
 /* Growable array of pointers, arena-backed (old storage is simply abandoned on growth). */
 typedef struct PtrVec {
@@ -34,8 +34,8 @@ typedef struct PtrVec {
 } PtrVec;
 void ptrvec_push(Arena *a, PtrVec *pv, void *p); /* append p */
 
-Str str_from(const char *s);              /* slice over a C string */
-int str_eq(Str a, Str b);                 /* byte equality */
-int str_eqc(Str a, const char *c);        /* equality with a C string */
+Str str_from(const char *s);       /* slice over a C string */
+int str_eq(Str a, Str b);          /* byte equality */
+int str_eqc(Str a, const char *c); /* equality with a C string */
 
 #endif

@@ -33,9 +33,7 @@ uint32_t diag_add_source(const char *path, const char *text, uint32_t len) {
     return ++g_diag.nsrc;
 }
 
-const char *diag_source_path(uint32_t file) {
-    return file >= 1 && file <= g_diag.nsrc ? g_diag.src[file - 1].path : "<none>";
-}
+const char *diag_source_path(uint32_t file) { return file >= 1 && file <= g_diag.nsrc ? g_diag.src[file - 1].path : "<none>"; }
 
 const char *diag_source_text(uint32_t file, uint32_t *len) {
     if (file < 1 || file > g_diag.nsrc) {

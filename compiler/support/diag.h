@@ -26,19 +26,19 @@
 
 /* A byte range in a registered source file. file == 0 means "no location". */
 typedef struct Span {
-    uint32_t file;  /* id from diag_add_source; 0 = none */
-    uint32_t off;   /* byte offset of the first byte */
-    uint32_t len;   /* length in bytes (0 = a point) */
-    uint32_t line;  /* 1-based line of the first byte */
-    uint32_t col;   /* 1-based column (in bytes) of the first byte */
+    uint32_t file; /* id from diag_add_source; 0 = none */
+    uint32_t off;  /* byte offset of the first byte */
+    uint32_t len;  /* length in bytes (0 = a point) */
+    uint32_t line; /* 1-based line of the first byte */
+    uint32_t col;  /* 1-based column (in bytes) of the first byte */
 } Span;
 
 static inline Span span_none(void) { return (Span){0, 0, 0, 0, 0}; }
-Span span_join(Span a, Span b);                 /* smallest span covering a and b (same file) */
+Span span_join(Span a, Span b); /* smallest span covering a and b (same file) */
 
 uint32_t diag_add_source(const char *path, const char *text, uint32_t len); /* register; returns id >= 1 */
-const char *diag_source_path(uint32_t file);    /* the path a file was registered with */
-const char *diag_source_text(uint32_t file, uint32_t *len); /* its bytes */
+const char *diag_source_path(uint32_t file);                                /* the path a file was registered with */
+const char *diag_source_text(uint32_t file, uint32_t *len);                 /* its bytes */
 /* The source text of a span for a message, in ar: whitespace runs (a call spread over lines) as
  * one space, cut after 60 bytes with "..."; "?" for no location. */
 char *diag_span_text(Arena *ar, Span at);
@@ -49,13 +49,12 @@ void diag_note(Span at, const char *fmt, ...) __attribute__((format(printf, 2, 3
 void diag_hint(const char *fmt, ...) __attribute__((format(printf, 1, 2)));             /* attach to last error */
 void diag_error_noloc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));      /* `mbtc: error: ...` */
 
-int diag_error_count(void);   /* errors reported so far (including those not printed) */
-int diag_finish(void);        /* print the "N more errors" summary; returns 1 if any error, else 0 */
-void diag_set_color(int on);  /* colour output (default: off) */
+int diag_error_count(void);  /* errors reported so far (including those not printed) */
+int diag_finish(void);       /* print the "N more errors" summary; returns 1 if any error, else 0 */
+void diag_set_color(int on); /* colour output (default: off) */
 
 /* A compiler bug: prints `internal error at FILE:LINE: ...` and exits with status 2. */
-_Noreturn void diag_internal(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+_Noreturn void diag_internal(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #define INTERNAL(...) diag_internal(__FILE__, __LINE__, __VA_ARGS__)
 
 /* Edit distance for "did you mean" suggestions (bounded; returns > limit when farther). */

@@ -51,9 +51,7 @@ void rt_philox4x32_r(const uint32_t ctr[4], const uint32_t key[2], int rounds, u
     memcpy(out, c, sizeof c);
 }
 
-void rt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
-    rt_philox4x32_r(ctr, key, 10, out);
-}
+void rt_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) { rt_philox4x32_r(ctr, key, 10, out); }
 
 /* ---- uniforms, normals, hashing ----------------------------------------------------------------- */
 
@@ -104,8 +102,7 @@ void rt_rng_init(RtRng *r, uint64_t seed, uint64_t domain, uint64_t stream) {
 
 uint32_t rt_rng_u32(RtRng *r) {
     if (r->used >= 4) {
-        uint32_t ctr[4] = {(uint32_t)r->block, (uint32_t)(r->block >> 32), (uint32_t)r->stream,
-                           (uint32_t)(r->stream >> 32)};
+        uint32_t ctr[4] = {(uint32_t)r->block, (uint32_t)(r->block >> 32), (uint32_t)r->stream, (uint32_t)(r->stream >> 32)};
         rt_philox4x32(ctr, r->key, r->out);
         r->block++;
         r->used = 0;
@@ -135,16 +132,14 @@ uint64_t rt_rng_below(RtRng *r, uint64_t n) {
 
 /* ---- parameter initialisation ------------------------------------------------------------------- */
 
-RtStatus rt_init_param_range(float *dst, int64_t begin, int64_t end, uint64_t seed, uint64_t name_hash,
-                             RtInitKind kind, double a, double b, RtError *err) {
+RtStatus rt_init_param_range(float *dst, int64_t begin, int64_t end, uint64_t seed, uint64_t name_hash, RtInitKind kind, double a,
+                             double b, RtError *err) {
     if (begin < 0 || end < begin)
-        return rt_fail(err, RT_ERR_ARG, "cannot initialise elements [%lld, %lld): not a range",
-                       (long long)begin, (long long)end);
+        return rt_fail(err, RT_ERR_ARG, "cannot initialise elements [%lld, %lld): not a range", (long long)begin, (long long)end);
     if (end > begin && !dst) return rt_fail(err, RT_ERR_ARG, "cannot initialise a parameter: no destination");
     switch (kind) {
     case RT_INIT_ZEROS:
-    case RT_INIT_ONES:
-        break;
+    case RT_INIT_ONES: break;
     case RT_INIT_CONSTANT:
         if (!isfinite(a)) return rt_fail(err, RT_ERR_ARG, "constant(%g): the value is not finite", a);
         break;
@@ -156,8 +151,7 @@ RtStatus rt_init_param_range(float *dst, int64_t begin, int64_t end, uint64_t se
         if (!isfinite(a) || !isfinite(b)) return rt_fail(err, RT_ERR_ARG, "uniform(%g, %g): not finite", a, b);
         if (b < a) return rt_fail(err, RT_ERR_ARG, "uniform(%g, %g): the upper bound is below the lower", a, b);
         break;
-    default:
-        return rt_fail(err, RT_ERR_ARG, "unknown initialiser kind %d", (int)kind);
+    default: return rt_fail(err, RT_ERR_ARG, "unknown initialiser kind %d", (int)kind);
     }
     if (kind == RT_INIT_ZEROS || kind == RT_INIT_ONES || kind == RT_INIT_CONSTANT) {
         float v = kind == RT_INIT_ZEROS ? 0.0f : kind == RT_INIT_ONES ? 1.0f : (float)a;
@@ -173,8 +167,7 @@ RtStatus rt_init_param_range(float *dst, int64_t begin, int64_t end, uint64_t se
     for (int64_t i = begin; i < end; i++) {
         int64_t blk = i >> 2;
         if (blk != have) {
-            uint32_t ctr[4] = {(uint32_t)blk, (uint32_t)((uint64_t)blk >> 32), (uint32_t)name_hash,
-                               (uint32_t)(name_hash >> 32)};
+            uint32_t ctr[4] = {(uint32_t)blk, (uint32_t)((uint64_t)blk >> 32), (uint32_t)name_hash, (uint32_t)(name_hash >> 32)};
             rt_philox4x32(ctr, key, words);
             if (kind == RT_INIT_NORMAL) {
                 rt_box_muller(words[0], words[1], &z[0], &z[1]);
@@ -199,8 +192,8 @@ RtStatus rt_init_param_range(float *dst, int64_t begin, int64_t end, uint64_t se
 
 RtStatus rt_init_param(float *dst, int64_t n, uint64_t seed, const char *name, RtInitKind kind, double a, double b,
                        RtError *err) {
-    if (n < 0) return rt_fail(err, RT_ERR_ARG, "cannot initialise parameter '%s': %lld elements", name ? name : "?",
-                              (long long)n);
+    if (n < 0)
+        return rt_fail(err, RT_ERR_ARG, "cannot initialise parameter '%s': %lld elements", name ? name : "?", (long long)n);
     if (!name) return rt_fail(err, RT_ERR_ARG, "cannot initialise a parameter without a name");
     RtStatus st = rt_init_param_range(dst, 0, n, seed, rt_hash_name(name), kind, a, b, err);
     if (st != RT_OK) rt_error_context(err, "cannot initialise parameter '%s'", name);

@@ -129,8 +129,8 @@ RtStatus rt_atomic_write(RtAtomicFile *f, const void *buf, size_t n, RtError *er
             return rt_fail_errno(err, errno, "cannot write %s '%s' (temporary file '%s')", f->what, f->path, f->tmp);
         }
         if (k == 0)
-            return rt_fail(err, RT_ERR_IO, "cannot write %s '%s' (temporary file '%s'): write made no progress",
-                           f->what, f->path, f->tmp);
+            return rt_fail(err, RT_ERR_IO, "cannot write %s '%s' (temporary file '%s'): write made no progress", f->what, f->path,
+                           f->tmp);
         p += k;
         n -= (size_t)k;
     }
@@ -140,8 +140,7 @@ RtStatus rt_atomic_write(RtAtomicFile *f, const void *buf, size_t n, RtError *er
 RtStatus rt_atomic_commit(RtAtomicFile *f, RtError *err) {
     if (f->fd < 0) return rt_fail(err, RT_ERR_ARG, "cannot finish %s: it is not open", f->what);
     if (fsync(f->fd) != 0) {
-        RtStatus st = rt_fail_errno(err, errno, "cannot flush %s '%s' (temporary file '%s') to disk", f->what,
-                                    f->path, f->tmp);
+        RtStatus st = rt_fail_errno(err, errno, "cannot flush %s '%s' (temporary file '%s') to disk", f->what, f->path, f->tmp);
         rt_atomic_abort(f);
         return st;
     }
@@ -161,7 +160,8 @@ RtStatus rt_atomic_commit(RtAtomicFile *f, RtError *err) {
     f->tmp = NULL; /* renamed: nothing left to remove */
     /* The rename is durable only once the directory is. */
     char *dir = rt_dirname(f->path);
-    RtStatus st = dir ? rt_fsync_dir(dir, err) : rt_fail_errno(err, ENOMEM, "cannot sync the directory of %s '%s'", f->what, f->path);
+    RtStatus st =
+        dir ? rt_fsync_dir(dir, err) : rt_fail_errno(err, ENOMEM, "cannot sync the directory of %s '%s'", f->what, f->path);
     if (st != RT_OK) rt_error_context(err, "after writing %s '%s'", f->what, f->path);
     free(dir);
     rt_atomic_abort(f);

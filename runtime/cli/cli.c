@@ -27,9 +27,26 @@
 enum { RT_IN_TRAIN = 1, RT_IN_EVAL = 2, RT_IN_GENERATE = 4, RT_IN_ALL = 7 };
 
 typedef enum RtFlagId {
-    RT_F_STEPS, RT_F_DEVICE, RT_F_SEED, RT_F_DATA, RT_F_LOG, RT_F_INIT_WEIGHTS, RT_F_SAVE_WEIGHTS,
-    RT_F_THREADS, RT_F_DUMP_STEP, RT_F_WEIGHTS, RT_F_PROMPT, RT_F_MAX_TOKENS, RT_F_TEMPERATURE, RT_F_TOP_K,
-    RT_F_PRINT_LOGITS, RT_F_CKPT_DIR, RT_F_CKPT_EVERY, RT_F_CKPT_KEEP, RT_F_CKPT_SYNC, RT_F_RESUME,
+    RT_F_STEPS,
+    RT_F_DEVICE,
+    RT_F_SEED,
+    RT_F_DATA,
+    RT_F_LOG,
+    RT_F_INIT_WEIGHTS,
+    RT_F_SAVE_WEIGHTS,
+    RT_F_THREADS,
+    RT_F_DUMP_STEP,
+    RT_F_WEIGHTS,
+    RT_F_PROMPT,
+    RT_F_MAX_TOKENS,
+    RT_F_TEMPERATURE,
+    RT_F_TOP_K,
+    RT_F_PRINT_LOGITS,
+    RT_F_CKPT_DIR,
+    RT_F_CKPT_EVERY,
+    RT_F_CKPT_KEEP,
+    RT_F_CKPT_SYNC,
+    RT_F_RESUME,
     RT_F_RESUME_WEIGHTS_ONLY,
 } RtFlagId;
 
@@ -111,8 +128,8 @@ static RtStatus rt_parse_i64(const char *flag, const char *s, int64_t lo, int64_
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi || *s == '+' || *s == ' ')
-        return rt_fail(err, RT_ERR_ARG, "%s needs a whole number from %lld to %lld, not '%s'", flag, (long long)lo,
-                       (long long)hi, s);
+        return rt_fail(err, RT_ERR_ARG, "%s needs a whole number from %lld to %lld, not '%s'", flag, (long long)lo, (long long)hi,
+                       s);
     *out = v;
     return RT_OK;
 }
@@ -122,8 +139,8 @@ static RtStatus rt_parse_u64(const char *flag, const char *s, uint64_t *out, RtE
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || *s < '0' || *s > '9')
-        return rt_fail(err, RT_ERR_ARG, "%s needs a whole number from 0 to %llu, not '%s'", flag,
-                       (unsigned long long)UINT64_MAX, s);
+        return rt_fail(err, RT_ERR_ARG, "%s needs a whole number from 0 to %llu, not '%s'", flag, (unsigned long long)UINT64_MAX,
+                       s);
     *out = v;
     return RT_OK;
 }
@@ -211,58 +228,28 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
             return RT_OK;
         }
         return rt_fail(err, RT_ERR_ARG, "--device must be auto, cpu or cuda, not '%s'", v);
-    case RT_F_SEED:
-        o->seed_given = 1;
-        return rt_parse_u64(f->name, v, &o->seed, err);
-    case RT_F_DATA:
-        o->data = v;
-        return RT_OK;
-    case RT_F_LOG:
-        o->log_path = v;
-        return RT_OK;
-    case RT_F_INIT_WEIGHTS:
-        o->init_weights = v;
-        return RT_OK;
-    case RT_F_SAVE_WEIGHTS:
-        o->save_weights = v;
-        return RT_OK;
-    case RT_F_DUMP_STEP:
-        o->dump_step = v;
-        return RT_OK;
-    case RT_F_WEIGHTS:
-        o->weights = v;
-        return RT_OK;
+    case RT_F_SEED: o->seed_given = 1; return rt_parse_u64(f->name, v, &o->seed, err);
+    case RT_F_DATA: o->data = v; return RT_OK;
+    case RT_F_LOG: o->log_path = v; return RT_OK;
+    case RT_F_INIT_WEIGHTS: o->init_weights = v; return RT_OK;
+    case RT_F_SAVE_WEIGHTS: o->save_weights = v; return RT_OK;
+    case RT_F_DUMP_STEP: o->dump_step = v; return RT_OK;
+    case RT_F_WEIGHTS: o->weights = v; return RT_OK;
     case RT_F_THREADS:
         if (rt_parse_i64(f->name, v, 1, RT_POOL_MAX_THREADS, &i, err)) return RT_ERR_ARG;
         o->threads = (int)i;
         return RT_OK;
-    case RT_F_PROMPT:
-        return rt_parse_prompt(o, v, p->train.vocab, err);
-    case RT_F_MAX_TOKENS:
-        return rt_parse_i64(f->name, v, 0, INT32_MAX, &o->max_tokens, err);
-    case RT_F_TEMPERATURE:
-        return rt_parse_f64(f->name, v, 0.0, &o->temperature, err);
-    case RT_F_TOP_K:
-        return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->top_k, err);
-    case RT_F_PRINT_LOGITS:
-        o->print_logits = 1;
-        return RT_OK;
-    case RT_F_CKPT_DIR:
-        o->ckpt_dir = v;
-        return RT_OK;
-    case RT_F_CKPT_EVERY:
-        return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_every, err);
-    case RT_F_CKPT_KEEP:
-        return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_keep, err);
-    case RT_F_CKPT_SYNC:
-        o->ckpt_sync = 1;
-        return RT_OK;
-    case RT_F_RESUME:
-        o->resume = v;
-        return RT_OK;
-    case RT_F_RESUME_WEIGHTS_ONLY:
-        o->resume_weights_only = v;
-        return RT_OK;
+    case RT_F_PROMPT: return rt_parse_prompt(o, v, p->train.vocab, err);
+    case RT_F_MAX_TOKENS: return rt_parse_i64(f->name, v, 0, INT32_MAX, &o->max_tokens, err);
+    case RT_F_TEMPERATURE: return rt_parse_f64(f->name, v, 0.0, &o->temperature, err);
+    case RT_F_TOP_K: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->top_k, err);
+    case RT_F_PRINT_LOGITS: o->print_logits = 1; return RT_OK;
+    case RT_F_CKPT_DIR: o->ckpt_dir = v; return RT_OK;
+    case RT_F_CKPT_EVERY: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_every, err);
+    case RT_F_CKPT_KEEP: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_keep, err);
+    case RT_F_CKPT_SYNC: o->ckpt_sync = 1; return RT_OK;
+    case RT_F_RESUME: o->resume = v; return RT_OK;
+    case RT_F_RESUME_WEIGHTS_ONLY: o->resume_weights_only = v; return RT_OK;
     }
     return rt_fail(err, RT_ERR_ARG, "internal error: flag %s has no parser", f->name);
 }
@@ -361,10 +348,11 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
             return st;
         }
     }
-    const char *clash = o->resume && o->resume_weights_only ? "--resume-weights-only"
-                        : o->resume && o->init_weights  ? "--init-weights"
-                        : o->resume && o->dump_step     ? "--dump-step"
-                        : o->resume_weights_only && o->init_weights ? "--init-weights" : NULL;
+    const char *clash = o->resume && o->resume_weights_only         ? "--resume-weights-only"
+                        : o->resume && o->init_weights              ? "--init-weights"
+                        : o->resume && o->dump_step                 ? "--dump-step"
+                        : o->resume_weights_only && o->init_weights ? "--init-weights"
+                                                                    : NULL;
     if (clash) {
         rt_options_free(o);
         return rt_fail(err, RT_ERR_ARG, "%s cannot be used with %s", o->resume ? "--resume" : "--resume-weights-only", clash);

@@ -93,16 +93,16 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
         int64_t unused = 0;
         st = rt_weights_load(p, x.params, weights, &unused, &e);
         if (st == RT_OK && unused > 0)
-            fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n",
-                    o->prog, (long long)unused, weights);
+            fprintf(stderr, "%s: note: %lld tensors of '%s' are not parameters of this program and were not read\n", o->prog,
+                    (long long)unused, weights);
     }
     if (st == RT_OK) st = rt_exec_push(&x, &e);
     if (st == RT_OK) {
         logits = malloc((size_t)V * sizeof *logits);
         scratch = malloc((size_t)V * sizeof *scratch);
         ctx = malloc((size_t)(o->nprompt + o->max_tokens) * sizeof *ctx);
-        if (!logits || !scratch || !ctx) st = rt_fail_errno(&e, ENOMEM, "cannot allocate for generating %lld tokens",
-                                                            (long long)o->max_tokens);
+        if (!logits || !scratch || !ctx)
+            st = rt_fail_errno(&e, ENOMEM, "cannot allocate for generating %lld tokens", (long long)o->max_tokens);
     }
     if (st != RT_OK) goto done;
     memcpy(ctx, o->prompt, (size_t)o->nprompt * sizeof *ctx);

@@ -45,7 +45,8 @@ static RtStatus rt_log_put(RtLog *l, json_t *obj, RtError *err) {
     errno = 0;
     int rc = fprintf(l->jsonl, "%s\n", text);
     free(text);
-    if (rc < 0 || fflush(l->jsonl) != 0) return rt_fail_errno(err, errno ? errno : EIO, "cannot write the log file '%s'", l->jsonl_path);
+    if (rc < 0 || fflush(l->jsonl) != 0)
+        return rt_fail_errno(err, errno ? errno : EIO, "cannot write the log file '%s'", l->jsonl_path);
     return RT_OK;
 }
 
@@ -78,8 +79,8 @@ RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err) {
     if (l->out && l->tty) {
         double now = rt_now();
         if (now - l->last_draw >= RT_LOG_REDRAW || s->step == l->total_steps) {
-            fprintf(l->out, "\rstep %lld/%lld | loss %.4f | lr %.3e | %s tok/s | %.1f ms/step | ETA %s\033[K",
-                    (long long)s->step, (long long)l->total_steps, s->loss, s->lr, tokb, s->ms, etab);
+            fprintf(l->out, "\rstep %lld/%lld | loss %.4f | lr %.3e | %s tok/s | %.1f ms/step | ETA %s\033[K", (long long)s->step,
+                    (long long)l->total_steps, s->loss, s->lr, tokb, s->ms, etab);
             fflush(l->out);
             l->last_draw = now;
             l->line_open = 1;
@@ -90,9 +91,10 @@ RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err) {
     }
     if (l->jsonl)
         return rt_log_put(l,
-                          json_pack("{s:I, s:o, s:o, s:o, s:o, s:I, s:o}", "step", (json_int_t)s->step, "loss", rt_json_new_f64(s->loss),
-                                    "lr", rt_json_new_f64(s->lr), "grad_norm", rt_json_new_f64(s->grad_norm), "ms",
-                                    rt_json_new_f64(s->ms), "tokens", (json_int_t)s->tokens, "tokens_per_s", rt_json_new_f64(tok_s)),
+                          json_pack("{s:I, s:o, s:o, s:o, s:o, s:I, s:o}", "step", (json_int_t)s->step, "loss",
+                                    rt_json_new_f64(s->loss), "lr", rt_json_new_f64(s->lr), "grad_norm",
+                                    rt_json_new_f64(s->grad_norm), "ms", rt_json_new_f64(s->ms), "tokens", (json_int_t)s->tokens,
+                                    "tokens_per_s", rt_json_new_f64(tok_s)),
                           err);
     return RT_OK;
 }
@@ -111,8 +113,10 @@ RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtErr
         fflush(l->out);
     }
     if (l->jsonl)
-        return rt_log_put(l, json_pack("{s:I, s:o, s:I}", "step", (json_int_t)step, "val_loss", rt_json_new_f64(loss), "val_batches",
-                                       (json_int_t)batches), err);
+        return rt_log_put(l,
+                          json_pack("{s:I, s:o, s:I}", "step", (json_int_t)step, "val_loss", rt_json_new_f64(loss), "val_batches",
+                                    (json_int_t)batches),
+                          err);
     return RT_OK;
 }
 
@@ -128,8 +132,10 @@ RtStatus rt_log_checkpoint(RtLog *l, const RtCkptDone *d, double waited_s, RtErr
     if (l->jsonl && d->status == RT_OK) {
         char name[40];
         snprintf(name, sizeof name, "step-%08lld", (long long)d->step);
-        return rt_log_put(l, json_pack("{s:I, s:s, s:I, s:o, s:o}", "step", (json_int_t)d->step, "checkpoint", name, "bytes",
-                                       (json_int_t)d->bytes, "write_s", rt_json_new_f64(d->write_s), "waited_s", rt_json_new_f64(waited_s)),
+        return rt_log_put(l,
+                          json_pack("{s:I, s:s, s:I, s:o, s:o}", "step", (json_int_t)d->step, "checkpoint", name, "bytes",
+                                    (json_int_t)d->bytes, "write_s", rt_json_new_f64(d->write_s), "waited_s",
+                                    rt_json_new_f64(waited_s)),
                           err);
     }
     return RT_OK;

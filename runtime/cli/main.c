@@ -7,6 +7,4 @@
  * tests, tools/gendata.c) never pull it in and need no mbt_program. */
 #include "rt_exec.h"
 
-int main(int argc, char **argv) {
-    return rt_main(argc, argv, &mbt_program);
-}
+int main(int argc, char **argv) { return rt_main(argc, argv, &mbt_program); }

@@ -52,16 +52,16 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
         const RtRampStage *r = &t->ramp[i];
         int64_t prev = i > 0 ? t->ramp[i - 1].step : 0;
         if (r->step <= prev)
-            return rt_fail(err, RT_ERR_ARG, "batch: ramp stage %lld starts at step %lld, not after step %lld",
-                           (long long)(i + 1), (long long)r->step, (long long)prev);
+            return rt_fail(err, RT_ERR_ARG, "batch: ramp stage %lld starts at step %lld, not after step %lld", (long long)(i + 1),
+                           (long long)r->step, (long long)prev);
         if (r->accum < 1)
             return rt_fail(err, RT_ERR_ARG, "batch: ramp stage %lld (step %lld) has accumulation %lld", (long long)(i + 1),
                            (long long)r->step, (long long)r->accum);
         if (r->global / t->micro / t->data_ranks != r->accum || r->global != t->micro * r->accum * t->data_ranks)
             return rt_fail(err, RT_ERR_ARG,
                            "batch: ramp stage %lld (step %lld): global %lld is not micro %lld x accumulation %lld x data %lld",
-                           (long long)(i + 1), (long long)r->step, (long long)r->global, (long long)t->micro,
-                           (long long)r->accum, (long long)t->data_ranks);
+                           (long long)(i + 1), (long long)r->step, (long long)r->global, (long long)t->micro, (long long)r->accum,
+                           (long long)t->data_ranks);
     }
     if (t->steps < 0 || t->vocab < 1 || t->vocab > INT32_MAX || t->ctx < 0)
         return rt_fail(err, RT_ERR_ARG, "steps %lld, vocab %lld or ctx %lld out of range", (long long)t->steps,
@@ -76,8 +76,8 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
         return rt_fail(err, RT_ERR_ARG, "generation defaults out of range");
     if (!p->forward_backward || !p->optimizer_update || !p->lr_schedule)
         return rt_fail(err, RT_ERR_ARG, "forward_backward, optimizer_update or lr_schedule is missing");
-    if (p->nparams < 0 || (p->nparams > 0 && !p->params) || p->param_floats < 0 || p->state_floats < 0 ||
-        p->arena_bytes < 0 || (p->forward_logits && p->logits_seq < 1))
+    if (p->nparams < 0 || (p->nparams > 0 && !p->params) || p->param_floats < 0 || p->state_floats < 0 || p->arena_bytes < 0 ||
+        (p->forward_logits && p->logits_seq < 1))
         return rt_fail(err, RT_ERR_ARG, "a region size or the parameter count is negative");
     const RtParam **byoff = calloc(p->nparams > 0 ? (size_t)p->nparams : 1, sizeof *byoff);
     if (!byoff) return rt_fail_errno(err, ENOMEM, "cannot check the parameter table");
@@ -147,8 +147,7 @@ static void rt_init_blocks(void *ctx, int64_t begin, int64_t end, int worker) {
         int64_t b = (blk - j->first_block[i]) * RT_INIT_BLOCK;
         int64_t e = b + RT_INIT_BLOCK < q->numel ? b + RT_INIT_BLOCK : q->numel;
         /* cannot fail: the arguments were checked by rt_exec_init_params */
-        rt_init_param_range(j->params + q->offset + b, b, e, j->seed, rt_hash_name(q->name), q->init, q->init_a, q->init_b,
-                            NULL);
+        rt_init_param_range(j->params + q->offset + b, b, e, j->seed, rt_hash_name(q->name), q->init, q->init_a, q->init_b, NULL);
     }
 }
 
@@ -195,8 +194,7 @@ static RtStatus rt_exec_start_params(RtExec *x, const RtOptions *o, const char *
 /* The mean loss over up to `batches` micro-batches of the held-out split, read from its start
  * (the callers ask for eval_steps global batches of the first ramp stage: eval_steps x global / micro
  * micro-batches). */
-static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, double *loss, int64_t *used,
-                            RtError *err) {
+static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, double *loss, int64_t *used, RtError *err) {
     const RtProgram *p = e->prog;
     if (!p->forward_loss) return rt_fail(err, RT_ERR_ARG, "this program cannot evaluate: it has no loss-only forward");
     int64_t B = p->train.micro, T = p->train.seq;
@@ -309,8 +307,9 @@ static RtStatus rt_ckpt_report(const RtProgram *p, const RtOptions *o, RtCkptWri
             continue;
         }
         if (!p->train.ckpt_continue_on_error)
-            return rt_fail(err, d.status, "checkpoint at step %lld failed: %s; earlier checkpoints are untouched; stopping "
-                                          "(checkpoint { on_error = \"continue\" } trains on)",
+            return rt_fail(err, d.status,
+                           "checkpoint at step %lld failed: %s; earlier checkpoints are untouched; stopping "
+                           "(checkpoint { on_error = \"continue\" } trains on)",
                            (long long)d.step, d.err.msg);
         rt_log_checkpoint(log, &d, waited_s, err);
         fflush(stdout);
@@ -333,8 +332,8 @@ typedef struct RtTrainRun {
     RtDataSpec spec;
     RtLog log;
     int log_open;
-    double *partial;        /* the gradient norm's blocks */
-    RtProfile *prof;        /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
+    double *partial; /* the gradient norm's blocks */
+    RtProfile *prof; /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
     RtCkptWriter *ckpt;
     RtCkptInfo resumed;
     char *resume_path;
@@ -344,8 +343,8 @@ typedef struct RtTrainRun {
      * gradients as they were before clipping and the update */
     int32_t *dump_x, *dump_y;
     float *dump_p, *dump_g;
-    int64_t window;         /* tokens of one micro-batch */
-    double waited;          /* training's wait for the last checkpoint snapshot */
+    int64_t window; /* tokens of one micro-batch */
+    double waited;  /* training's wait for the last checkpoint snapshot */
 } RtTrainRun;
 
 /* Resumes from --resume or --resume-weights-only: the parameters (and the optimizer state and the
@@ -356,7 +355,8 @@ static RtStatus rt_train_resume(RtTrainRun *r, const char *arg) {
     if (st == RT_OK) st = rt_ckpt_load(r->p, r->resume_path, !o->resume, r->x.params, r->x.state, &r->resumed, &r->e);
     if (st == RT_OK && o->resume) {
         if (o->seed_given && o->seed != r->resumed.seed)
-            st = rt_fail(&r->e, RT_ERR_ARG, "--seed %llu, but checkpoint '%s' was trained with seed %llu (leave --seed out to resume)",
+            st = rt_fail(&r->e, RT_ERR_ARG,
+                         "--seed %llu, but checkpoint '%s' was trained with seed %llu (leave --seed out to resume)",
                          (unsigned long long)o->seed, r->resume_path, (unsigned long long)r->resumed.seed);
         o->seed = r->resumed.seed;
     }
@@ -373,7 +373,8 @@ static RtStatus rt_train_data(RtTrainRun *r) {
     if (st == RT_OK && o->resume) st = rt_ckpt_check_data(&r->resumed, r->resume_path, r->train, &r->e);
     if (st == RT_OK && o->resume) {
         st = rt_data_seek(r->train, &r->resumed.data, &r->e);
-        if (st != RT_OK) rt_error_context(&r->e, "checkpoint '%s': the training data are not those it was trained on", r->resume_path);
+        if (st != RT_OK)
+            rt_error_context(&r->e, "checkpoint '%s': the training data are not those it was trained on", r->resume_path);
     }
     return st;
 }
@@ -409,7 +410,8 @@ static RtStatus rt_train_open(RtTrainRun *r) {
     }
     if (st == RT_OK && !resume_arg) st = rt_exec_start_params(&r->x, o, o->init_weights, &r->e);
     if (st == RT_OK && p->optimizer_init && !o->resume) { /* on the host; pushed below */
-        RtStep s = {.pool = r->x.pool, .params = r->x.params, .grads = r->x.grads, .state = r->x.state, .seed = o->seed, .err = &r->e};
+        RtStep s = {
+            .pool = r->x.pool, .params = r->x.params, .grads = r->x.grads, .state = r->x.state, .seed = o->seed, .err = &r->e};
         st = p->optimizer_init(&s);
         if (st != RT_OK) rt_error_context(&r->e, "initialising the optimizer state");
     }
@@ -494,7 +496,10 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t nmic
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
         if (!isfinite(s.loss))
             return rt_fail(&r->e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
-                           (long long)(m + 1), isnan(s.loss) ? "nan" : s.loss > 0 ? "inf" : "-inf");
+                           (long long)(m + 1),
+                           isnan(s.loss) ? "nan"
+                           : s.loss > 0  ? "inf"
+                                         : "-inf");
         *loss += s.loss * s.loss_scale;
     }
     return RT_OK;
@@ -511,7 +516,8 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     RtRampStage stage = rt_train_stage(t, step);
     int64_t nmicro = stage.accum * t->data_ranks;
     double mult = p->lr_schedule(step), lr = t->lr * mult, loss = 0, norm = 0;
-    if (!isfinite(lr)) return rt_fail(&r->e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
+    if (!isfinite(lr))
+        return rt_fail(&r->e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
     RtStatus st = rt_train_micro_batches(r, step, nmicro, &loss);
     if (st == RT_OK && r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS | RT_PULL_GRADS, &r->e);
@@ -563,8 +569,14 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
     if (!r->ckpt) st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, &r->e);
     RtRampStage next = rt_train_stage(t, step + 1);
-    RtCkptInfo info = {.step = step + 1, .seed = o->seed, .data = rt_data_tell(r->train), .loss = sl->loss, .lr = sl->lr,
-                       .global = next.global, .accum = next.accum, .device = r->x.gpu ? "cuda" : "cpu"};
+    RtCkptInfo info = {.step = step + 1,
+                       .seed = o->seed,
+                       .data = rt_data_tell(r->train),
+                       .loss = sl->loss,
+                       .lr = sl->lr,
+                       .global = next.global,
+                       .accum = next.accum,
+                       .device = r->x.gpu ? "cuda" : "cpu"};
     if (st == RT_OK) st = rt_exec_pull(&r->x, RT_PULL_PARAMS | RT_PULL_STATE, &r->e);
     if (st == RT_OK) st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->x.state, &info, &r->waited, &r->e);
     if (st == RT_OK && (*stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e);
@@ -587,7 +599,8 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         printf("done: %lld steps in %.2f s (%.3f ms/step, %.0f tokens/s); final loss %.6f\n", (long long)done_steps, secs,
                secs * 1e3 / (double)done_steps, secs > 0 ? (double)total_tokens / secs : 0.0, last_loss);
     } else if (o->resume) {
-        printf("nothing to train: the checkpoint is at step %lld and --steps is %lld\n", (long long)first_step, (long long)o->steps);
+        printf("nothing to train: the checkpoint is at step %lld and --steps is %lld\n", (long long)first_step,
+               (long long)o->steps);
     }
     if (r->x.gpu) rt_gpu_print_timing(stdout, r->x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */
     if (r->prof) {
@@ -694,8 +707,8 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     int64_t used = 0;
     if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, &loss, &used, &e);
     if (st == RT_OK) {
-        printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss,
-               exp(loss), (long long)used, (long long)t->micro, (long long)t->seq,
+        printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss, exp(loss),
+               (long long)used, (long long)t->micro, (long long)t->seq,
                spec.val_pattern && *spec.val_pattern ? spec.val_pattern : spec.pattern);
         code = 0;
     } else {

@@ -32,9 +32,7 @@
 #define RT_GEMM_MIN_ROWS 16 /* tiles keep whole micro-kernel panels */
 #define RT_GEMM_MIN_COLS 64
 
-static int64_t rt_round_up(int64_t v, int64_t m) {
-    return (v + m - 1) / m * m;
-}
+static int64_t rt_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 typedef struct RtGemmJob {
     CBLAS_TRANSPOSE ta, tb;
@@ -42,10 +40,10 @@ typedef struct RtGemmJob {
     float alpha, beta;
     const float *a, *b;
     float *c;
-    const float *bias;  /* RT_GEMM_BIAS: added to every row; else NULL */
+    const float *bias; /* RT_GEMM_BIAS: added to every row; else NULL */
     int64_t lda, ldb, ldc, sa, sb, sc;
-    int64_t bm, bn;     /* tile size */
-    int64_t tm, tn;     /* tiles per matrix in each direction */
+    int64_t bm, bn; /* tile size */
+    int64_t tm, tn; /* tiles per matrix in each direction */
 } RtGemmJob;
 
 static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
@@ -65,8 +63,8 @@ static void rt_gemm_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
             for (int64_t i = 0; i < rows; i++) memcpy(c + i * j->ldc, j->bias + c0, sizeof(float) * (size_t)cols);
             beta = 1.0f;
         }
-        cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)rows, (int)cols, (int)j->k, j->alpha, a, (int)j->lda, b,
-                    (int)j->ldb, beta, c, (int)j->ldc);
+        cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)rows, (int)cols, (int)j->k, j->alpha, a, (int)j->lda, b, (int)j->ldb, beta,
+                    c, (int)j->ldc);
         if (j->bias && j->beta != 0.0f)
             for (int64_t i = 0; i < rows; i++)
                 for (int64_t x = 0; x < cols; x++) c[i * j->ldc + x] += j->bias[c0 + x];
@@ -98,9 +96,9 @@ static void rt_colsum_chunks(void *ctx, int64_t begin, int64_t end, int worker) 
 /* ---- the call ----------------------------------------------------------------------------------- */
 
 /* The contract's argument rules (rt_gemm.h), shared with the GPU's GEMM (gpu_blas.c). */
-RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                        int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc,
-                        int64_t stride_c, int64_t batch, int32_t epilogue, const void *vec, int *nothing, RtError *err) {
+RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda, int64_t stride_a,
+                        const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc, int64_t stride_c, int64_t batch,
+                        int32_t epilogue, const void *vec, int *nothing, RtError *err) {
     *nothing = 0;
     if (epilogue != RT_GEMM_PLAIN && epilogue != RT_GEMM_BIAS && epilogue != RT_GEMM_BGRAD_B)
         return rt_fail(err, RT_ERR_ARG, "sgemm: unknown epilogue %d", (int)epilogue);
@@ -112,39 +110,36 @@ RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
     if (epilogue == RT_GEMM_BGRAD_B && batch != 1)
         return rt_fail(err, RT_ERR_ARG, "sgemm: the bias-gradient epilogue on a batch of %lld", (long long)batch);
     if (m < 0 || n < 0 || k < 0 || batch < 0)
-        return rt_fail(err, RT_ERR_ARG, "sgemm: negative size (m %lld, n %lld, k %lld, batch %lld)", (long long)m,
-                       (long long)n, (long long)k, (long long)batch);
+        return rt_fail(err, RT_ERR_ARG, "sgemm: negative size (m %lld, n %lld, k %lld, batch %lld)", (long long)m, (long long)n,
+                       (long long)k, (long long)batch);
     int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
     if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) || ldc < (n > 1 ? n : 1))
         return rt_fail(err, RT_ERR_ARG,
                        "sgemm: a row pitch is shorter than its row (lda %lld for %lld columns, ldb %lld for %lld, ldc %lld "
                        "for %lld)",
                        (long long)lda, (long long)a_cols, (long long)ldb, (long long)b_cols, (long long)ldc, (long long)n);
-    if (stride_a < 0 || stride_b < 0 || stride_c < 0)
-        return rt_fail(err, RT_ERR_ARG, "sgemm: negative batch stride");
+    if (stride_a < 0 || stride_b < 0 || stride_c < 0) return rt_fail(err, RT_ERR_ARG, "sgemm: negative batch stride");
     if (m == 0 || n == 0 || batch == 0) {
         *nothing = 1;
         return RT_OK;
     }
     /* Each C matrix spans (m - 1) x ldc + n elements (ldc >= 1 here, so the division is safe). */
     if (m - 1 > (INT64_MAX - n) / ldc)
-        return rt_fail(err, RT_ERR_ARG, "sgemm: a C matrix spans more than 2^63 elements (m %lld, ldc %lld)",
-                       (long long)m, (long long)ldc);
+        return rt_fail(err, RT_ERR_ARG, "sgemm: a C matrix spans more than 2^63 elements (m %lld, ldc %lld)", (long long)m,
+                       (long long)ldc);
     if (batch > 1 && stride_c < (m - 1) * ldc + n)
-        return rt_fail(err, RT_ERR_ARG,
-                       "sgemm: the C matrices of the batch overlap (stride %lld, each spans %lld elements)",
+        return rt_fail(err, RT_ERR_ARG, "sgemm: the C matrices of the batch overlap (stride %lld, each spans %lld elements)",
                        (long long)stride_c, (long long)((m - 1) * ldc + n));
     if ((k > 0 && (!a || !b)) || !c) return rt_fail(err, RT_ERR_ARG, "sgemm: a matrix pointer is NULL");
     return RT_OK;
 }
 
-RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                          float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                          void *vec, RtError *err) {
+RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                          int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
+                          int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err) {
     int nothing = 0;
-    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
-                                 epilogue, vec, &nothing, err);
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
+                                 vec, &nothing, err);
     if (st != RT_OK) return st;
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
         return rt_fail(err, RT_ERR_ARG, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m %lld, n %lld, k %lld)",
@@ -156,18 +151,33 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
 
     RtGemmJob j = {trans_a ? CblasTrans : CblasNoTrans,
                    trans_b ? CblasTrans : CblasNoTrans,
-                   m, n, k, alpha, beta, a, b, c, epilogue == RT_GEMM_BIAS ? vec : NULL,
-                   lda, ldb, ldc, stride_a, stride_b, stride_c, m, n, 1, 1};
+                   m,
+                   n,
+                   k,
+                   alpha,
+                   beta,
+                   a,
+                   b,
+                   c,
+                   epilogue == RT_GEMM_BIAS ? vec : NULL,
+                   lda,
+                   ldb,
+                   ldc,
+                   stride_a,
+                   stride_b,
+                   stride_c,
+                   m,
+                   n,
+                   1,
+                   1};
     /* Halve the larger side of the tile (rows preferred) until it is about RT_GEMM_TILE_MACS: a
      * function of (m, n, k) only, so the tiling never depends on the thread count. */
     int64_t kk = k > 0 ? k : 1;
     while ((double)j.bm * (double)j.bn * (double)kk > (double)RT_GEMM_TILE_MACS) {
         if (j.bm >= 2 * RT_GEMM_MIN_ROWS && (j.bm * 4 >= j.bn || j.bn < 2 * RT_GEMM_MIN_COLS))
             j.bm = rt_round_up((j.bm + 1) / 2, RT_GEMM_MIN_ROWS);
-        else if (j.bn >= 2 * RT_GEMM_MIN_COLS)
-            j.bn = rt_round_up((j.bn + 1) / 2, RT_GEMM_MIN_COLS);
-        else
-            break;
+        else if (j.bn >= 2 * RT_GEMM_MIN_COLS) j.bn = rt_round_up((j.bn + 1) / 2, RT_GEMM_MIN_COLS);
+        else break;
     }
     j.tm = (m + j.bm - 1) / j.bm;
     j.tn = (n + j.bn - 1) / j.bn;
@@ -230,30 +240,30 @@ static void rt_convert(RtPool *pool, const uint16_t *from16, const float *from32
     }
 }
 
-RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
-                          int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                          int32_t epilogue, void *vec, RtError *err) {
+RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                          int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
+                          uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err) {
     /* The argument rules are sgemm's, on the same element counts (the pointers are only compared). */
     int nothing = 0;
-    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
-                                 epilogue, vec, &nothing, err);
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
+                                 vec, &nothing, err);
     if (st != RT_OK || nothing) return st;
     int64_t na = k ? rt_gemm_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch) : 0;
     int64_t nb = k ? rt_gemm_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch) : 0;
     int64_t nc = rt_gemm_span(m, n, ldc, stride_c, batch);
     int64_t nv = epilogue != RT_GEMM_PLAIN ? n : 0;
     float *fa = malloc(sizeof(float) * (size_t)(na + nb + nc + nv));
-    if (!fa) return rt_fail(err, RT_ERR_NOMEM, "bgemm: no memory for the f32 copies of a %lld x %lld x %lld product",
-                            (long long)m, (long long)n, (long long)k);
+    if (!fa)
+        return rt_fail(err, RT_ERR_NOMEM, "bgemm: no memory for the f32 copies of a %lld x %lld x %lld product", (long long)m,
+                       (long long)n, (long long)k);
     float *fb = fa + na, *fc = fb + nb, *fv = fc + nc;
     /* The gaps between rows and matrices are copied too: their values never reach C. */
     rt_convert(pool, a, NULL, fa, NULL, na);
     rt_convert(pool, b, NULL, fb, NULL, nb);
     if (epilogue == RT_GEMM_BIAS) rt_convert(pool, vec, NULL, fv, NULL, nv);
     if (beta != 0) rt_convert(pool, c, NULL, fc, NULL, nc);
-    st = rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, fa, lda, stride_a, fb, ldb, stride_b, beta, fc, ldc,
-                          stride_c, batch, epilogue, fv, err);
+    st = rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, fa, lda, stride_a, fb, ldb, stride_b, beta, fc, ldc, stride_c,
+                          batch, epilogue, fv, err);
     if (st == RT_OK && epilogue == RT_GEMM_BGRAD_B) rt_convert(pool, NULL, fv, NULL, (uint16_t *)vec, nv);
     if (st == RT_OK && ldc == n && (batch == 1 || stride_c == m * n)) {
         rt_convert(pool, NULL, fc, NULL, c, nc);
@@ -268,6 +278,4 @@ RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     return st;
 }
 
-const char *rt_blas_config(void) {
-    return openblas_get_config();
-}
+const char *rt_blas_config(void) { return openblas_get_config(); }

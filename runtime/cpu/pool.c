@@ -34,10 +34,10 @@ static void rt_pool_die(int rc, const char *what, const char *file, int line) {
     _exit(2);
 }
 
-#define RT_PT(call, what)                                                  \
-    do {                                                                   \
-        int rc_ = (call);                                                  \
-        if (rc_ != 0) rt_pool_die(rc_, what, __FILE__, __LINE__);          \
+#define RT_PT(call, what)                                                                                                        \
+    do {                                                                                                                         \
+        int rc_ = (call);                                                                                                        \
+        if (rc_ != 0) rt_pool_die(rc_, what, __FILE__, __LINE__);                                                                \
     } while (0)
 
 /* ---- the pool ----------------------------------------------------------------------------------- */
@@ -180,17 +180,13 @@ void rt_pool_destroy(RtPool *p) {
     free(p);
 }
 
-int rt_pool_threads(const RtPool *p) {
-    return p ? p->nthreads : 1;
-}
+int rt_pool_threads(const RtPool *p) { return p ? p->nthreads : 1; }
 
 void rt_pool_set_profile(RtPool *p, RtProfile *prof) {
     if (p) p->prof = prof;
 }
 
-RtProfile *rt_pool_profile(const RtPool *p) {
-    return p ? p->prof : NULL;
-}
+RtProfile *rt_pool_profile(const RtPool *p) { return p ? p->prof : NULL; }
 
 /* ---- running a range ---------------------------------------------------------------------------- */
 

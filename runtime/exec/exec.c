@@ -102,9 +102,7 @@ void rt_exec_close(RtExec *e) {
     memset(e, 0, sizeof *e);
 }
 
-const char *rt_exec_device(const RtExec *e) {
-    return e->gpu ? rt_gpu_describe(e->gpu) : "cpu";
-}
+const char *rt_exec_device(const RtExec *e) { return e->gpu ? rt_gpu_describe(e->gpu) : "cpu"; }
 
 /* ---- host copies -------------------------------------------------------------------------------- */
 

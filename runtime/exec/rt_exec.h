@@ -35,45 +35,45 @@ typedef enum RtCommand {
  * given. Strings point into argv or the program's descriptor. */
 typedef struct RtOptions {
     RtCommand cmd;
-    const char *prog;          /* argv[0]'s last component, the prefix of every message */
-    int64_t steps;             /* train: optimizer steps; eval: batches */
-    uint64_t seed;             /* train/eval: initialisation and data order; generate: sampling */
-    int threads;               /* 0: rt_cpu_count() */
-    const char *device;        /* "auto", "cpu" or "cuda" */
-    const char *data;          /* train: training glob; eval: the held-out glob (NULL: the program's) */
-    const char *log_path;      /* train: --log FILE.jsonl, or NULL */
-    const char *init_weights;  /* train: --init-weights, or NULL */
-    const char *save_weights;  /* train: --save-weights, or NULL */
-    const char *dump_step;     /* train: --dump-step, or NULL (rt_step_dump) */
-    const char *weights;       /* eval/generate: --weights, or NULL */
-    int32_t *prompt;           /* generate: the prompt's token ids (owned; rt_options_free) */
+    const char *prog;         /* argv[0]'s last component, the prefix of every message */
+    int64_t steps;            /* train: optimizer steps; eval: batches */
+    uint64_t seed;            /* train/eval: initialisation and data order; generate: sampling */
+    int threads;              /* 0: rt_cpu_count() */
+    const char *device;       /* "auto", "cpu" or "cuda" */
+    const char *data;         /* train: training glob; eval: the held-out glob (NULL: the program's) */
+    const char *log_path;     /* train: --log FILE.jsonl, or NULL */
+    const char *init_weights; /* train: --init-weights, or NULL */
+    const char *save_weights; /* train: --save-weights, or NULL */
+    const char *dump_step;    /* train: --dump-step, or NULL (rt_step_dump) */
+    const char *weights;      /* eval/generate: --weights, or NULL */
+    int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
     int64_t nprompt;
-    int64_t max_tokens;        /* generate */
-    double temperature;        /* generate: 0 is greedy */
-    int64_t top_k;             /* generate: 0 is all tokens */
-    int print_logits;          /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
-    int seed_given;            /* --seed was on the command line */
-    const char *ckpt_dir;      /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
-    const char *ckpt_dir_default; /* the program's checkpoint { dir }, or "checkpoints" */
-    int64_t ckpt_every;        /* train: --ckpt-every N; 0: none (the program's checkpoint { every } by default) */
-    int64_t ckpt_keep;         /* train: --ckpt-keep N; 0: all (the program's checkpoint { keep } by default) */
-    int ckpt_sync;             /* train: --ckpt-sync: training waits for every write (for comparison) */
-    const char *resume;        /* train: --resume latest|DIR, or NULL */
+    int64_t max_tokens;   /* generate */
+    double temperature;   /* generate: 0 is greedy */
+    int64_t top_k;        /* generate: 0 is all tokens */
+    int print_logits;     /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
+    int seed_given;       /* --seed was on the command line */
+    const char *ckpt_dir; /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
+    const char *ckpt_dir_default;    /* the program's checkpoint { dir }, or "checkpoints" */
+    int64_t ckpt_every;              /* train: --ckpt-every N; 0: none (the program's checkpoint { every } by default) */
+    int64_t ckpt_keep;               /* train: --ckpt-keep N; 0: all (the program's checkpoint { keep } by default) */
+    int ckpt_sync;                   /* train: --ckpt-sync: training waits for every write (for comparison) */
+    const char *resume;              /* train: --resume latest|DIR, or NULL */
     const char *resume_weights_only; /* train: --resume-weights-only latest|DIR, or NULL */
 } RtOptions;
 
 /* Parses argv against the program's settings. A bad command line fills err with the message
  * (without the "PROG: " prefix) and returns RT_ERR_ARG. */
 RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, RtError *err);
-void rt_options_free(RtOptions *o);                                 /* frees the prompt */
-const char *rt_prog_name(const char *argv0);                        /* argv0's last path component ("prog" when empty) */
-void rt_cli_help(FILE *f, const RtProgram *p, const char *prog);    /* the --help text, every flag with its default */
+void rt_options_free(RtOptions *o);                              /* frees the prompt */
+const char *rt_prog_name(const char *argv0);                     /* argv0's last path component ("prog" when empty) */
+void rt_cli_help(FILE *f, const RtProgram *p, const char *prog); /* the --help text, every flag with its default */
 
 /* ==== running (train.c) ====================================================================== */
 
-int rt_main(int argc, char **argv, const RtProgram *p);      /* parses, dispatches, returns the exit status */
+int rt_main(int argc, char **argv, const RtProgram *p);           /* parses, dispatches, returns the exit status */
 int rt_cmd_info(const RtProgram *p, const char *prog, int nargs); /* `PROG info` (info.c): the memory plan; the exit status */
-RtStatus rt_program_check(const RtProgram *p, RtError *err); /* the descriptor is self-consistent (else an internal error) */
+RtStatus rt_program_check(const RtProgram *p, RtError *err);      /* the descriptor is self-consistent (else an internal error) */
 /* The batch of 0-based optimizer step `step`: the ramp stage in force then (.step is where it
  * starts; the base stage is {0, global, accum}). The step runs accum x data micro-batches. */
 RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step);
@@ -84,12 +84,12 @@ RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step);
 typedef struct RtExec {
     const RtProgram *prog;
     RtPool *pool;
-    RtGpu *gpu;                    /* NULL: the CPU runs the program */
-    const char *cpu_reason;        /* --device auto on the CPU: why not the GPU (static storage), or NULL */
-    float *params, *grads, *state; /* param_floats, param_floats, state_floats */
-    unsigned char *arena;          /* arena_bytes (the CPU's; NULL on the GPU) */
-    int32_t *x, *y;                /* one micro-batch: [micro, seq] each (or [1, logits_seq]); page-locked on the GPU */
-    int32_t *x_next, *y_next;      /* the GPU's other pair, filled while the GPU runs the micro-batch before */
+    RtGpu *gpu;                          /* NULL: the CPU runs the program */
+    const char *cpu_reason;              /* --device auto on the CPU: why not the GPU (static storage), or NULL */
+    float *params, *grads, *state;       /* param_floats, param_floats, state_floats */
+    unsigned char *arena;                /* arena_bytes (the CPU's; NULL on the GPU) */
+    int32_t *x, *y;                      /* one micro-batch: [micro, seq] each (or [1, logits_seq]); page-locked on the GPU */
+    int32_t *x_next, *y_next;            /* the GPU's other pair, filled while the GPU runs the micro-batch before */
     float *d_params, *d_grads, *d_state; /* the GPU's regions (device addresses) */
     unsigned char *d_arena;
     int32_t *d_x, *d_y;
@@ -99,10 +99,10 @@ typedef struct RtExec {
  * and zeroed regions. */
 RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant want, RtError *err);
 void rt_exec_close(RtExec *e);
-const char *rt_exec_device(const RtExec *e);                  /* "cpu", or rt_gpu_describe's line */
-RtStatus rt_exec_push(RtExec *e, RtError *err);               /* the host's parameters and state to the GPU (CPU: nothing) */
+const char *rt_exec_device(const RtExec *e);    /* "cpu", or rt_gpu_describe's line */
+RtStatus rt_exec_push(RtExec *e, RtError *err); /* the host's parameters and state to the GPU (CPU: nothing) */
 enum { RT_PULL_PARAMS = 1, RT_PULL_GRADS = 2, RT_PULL_STATE = 4 };
-RtStatus rt_exec_pull(RtExec *e, int what, RtError *err);     /* the GPU's regions to the host copies (CPU: nothing) */
+RtStatus rt_exec_pull(RtExec *e, int what, RtError *err);        /* the GPU's regions to the host copies (CPU: nothing) */
 RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err); /* x and y, `tokens` each, to the GPU (CPU: nothing) */
 /* An RtStep with the running device's regions, pool or GPU, and err; the caller sets the rest. */
 RtStep rt_exec_step(const RtExec *e, RtError *err);
@@ -124,8 +124,8 @@ RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *er
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err);
 RtStatus rt_exec_grad_zero(RtExec *e, RtError *err);
 RtStatus rt_exec_init_params(RtExec *e, uint64_t seed, RtError *err); /* every parameter from its initialiser */
-RtDeviceWant rt_device_want(const RtOptions *o);           /* --device as rt_exec_open takes it */
-void rt_print_device(const RtOptions *o, const RtExec *x); /* the `device:` line of a command's header */
+RtDeviceWant rt_device_want(const RtOptions *o);                      /* --device as rt_exec_open takes it */
+void rt_print_device(const RtOptions *o, const RtExec *x);            /* the `device:` line of a command's header */
 
 int rt_cmd_train(const RtProgram *p, const RtOptions *o);    /* exit status */
 int rt_cmd_eval(const RtProgram *p, const RtOptions *o);     /* exit status */
@@ -135,34 +135,36 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o); /* exit status (gen
 
 /* One optimizer step as logged. */
 typedef struct RtStepLog {
-    int64_t step;        /* 1-based: the step just done */
-    double loss;         /* its loss (the global batch's mean) */
-    double lr;           /* the learning rate it used */
-    double grad_norm;    /* the gradient's global L2 norm before clipping */
-    double ms;           /* its wall time */
-    int64_t tokens;      /* tokens it consumed */
+    int64_t step;     /* 1-based: the step just done */
+    double loss;      /* its loss (the global batch's mean) */
+    double lr;        /* the learning rate it used */
+    double grad_norm; /* the gradient's global L2 norm before clipping */
+    double ms;        /* its wall time */
+    int64_t tokens;   /* tokens it consumed */
 } RtStepLog;
 
 typedef struct RtLog {
-    FILE *out;           /* progress (stdout) */
-    int tty;             /* out is a terminal: one line redrawn in place */
-    FILE *jsonl;         /* --log, or NULL */
+    FILE *out;   /* progress (stdout) */
+    int tty;     /* out is a terminal: one line redrawn in place */
+    FILE *jsonl; /* --log, or NULL */
     const char *jsonl_path;
     int64_t total_steps;
-    double t_start;      /* monotonic seconds at rt_log_open */
-    double last_draw;    /* when the terminal line was last redrawn */
-    double timed_ms;     /* wall time of the steps after the first (ETA) */
+    double t_start;   /* monotonic seconds at rt_log_open */
+    double last_draw; /* when the terminal line was last redrawn */
+    double timed_ms;  /* wall time of the steps after the first (ETA) */
     int64_t timed_steps;
-    int line_open;       /* a terminal line is showing without its newline */
+    int line_open; /* a terminal line is showing without its newline */
 } RtLog;
 
-RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int append, int64_t total_steps, RtError *err); /* append: a resumed run adds to the file */
-RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err);                       /* a step: the line, the JSON object */
+RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int append, int64_t total_steps,
+                     RtError *err);                               /* append: a resumed run adds to the file */
+RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err); /* a step: the line, the JSON object */
 RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtError *err); /* a val loss, on its own line */
 struct RtCkptDone;
-RtStatus rt_log_checkpoint(RtLog *l, const struct RtCkptDone *d, double waited_s, RtError *err); /* a written checkpoint: a line, a JSON object */
-RtStatus rt_log_close(RtLog *l, RtError *err);                                          /* ends the line, closes the file */
-double rt_now(void);                                                                    /* monotonic seconds */
+RtStatus rt_log_checkpoint(RtLog *l, const struct RtCkptDone *d, double waited_s,
+                           RtError *err);      /* a written checkpoint: a line, a JSON object */
+RtStatus rt_log_close(RtLog *l, RtError *err); /* ends the line, closes the file */
+double rt_now(void);                           /* monotonic seconds */
 
 /* ==== weights (weights.c) ==================================================================== */
 
@@ -204,14 +206,14 @@ RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path,
 
 /* What a checkpoint holds besides the regions. */
 typedef struct RtCkptInfo {
-    int64_t step;     /* optimizer steps done: training goes on with 0-based step `step` */
-    uint64_t seed;    /* the run's seed (every random draw is keyed by it and by counters) */
-    RtDataPos data;   /* the training split's position after that step */
-    double loss;      /* that step's loss (for the log) */
-    double lr;        /* the learning rate that step used (for the log) */
+    int64_t step;          /* optimizer steps done: training goes on with 0-based step `step` */
+    uint64_t seed;         /* the run's seed (every random draw is keyed by it and by counters) */
+    RtDataPos data;        /* the training split's position after that step */
+    double loss;           /* that step's loss (for the log) */
+    double lr;             /* the learning rate that step used (for the log) */
     int64_t global, accum; /* the batch ramp's stage for the next step (state.json's "schedule") */
-    const char *device; /* "cpu" or "cuda": where it was trained (a checkpoint resumes on either) */
-    int64_t ndata;    /* rt_ckpt_load: the training files it was trained on, in order */
+    const char *device;    /* "cpu" or "cuda": where it was trained (a checkpoint resumes on either) */
+    int64_t ndata;         /* rt_ckpt_load: the training files it was trained on, in order */
     struct RtCkptData {
         int64_t bytes;
         char sample[RT_CHECKSUM_CHARS]; /* rt_checksum_sample */
@@ -222,11 +224,11 @@ typedef struct RtCkptInfo {
 /* The outcome of one checkpoint write (rt_ckpt_poll). */
 typedef struct RtCkptDone {
     int64_t step;
-    RtStatus status;  /* RT_OK, or the failure, described in err */
+    RtStatus status; /* RT_OK, or the failure, described in err */
     RtError err;
-    int64_t bytes;    /* written */
-    double write_s;   /* from the snapshot to the `latest` pointer */
-    char path[4096];  /* the checkpoint's directory */
+    int64_t bytes;   /* written */
+    double write_s;  /* from the snapshot to the `latest` pointer */
+    char path[4096]; /* the checkpoint's directory */
 } RtCkptDone;
 
 typedef struct RtCkptWriter RtCkptWriter;

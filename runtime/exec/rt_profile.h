@@ -46,12 +46,12 @@ typedef struct RtProfileGemm {
 } RtProfileGemm;
 
 typedef struct RtProfile {
-    int depth;          /* > 0 inside a timed GEMM or parallel loop (nested calls are not timed) */
+    int depth; /* > 0 inside a timed GEMM or parallel loop (nested calls are not timed) */
     /* running totals */
-    double gemm_s;      /* wall time inside rt_sgemm_batched */
-    double gemm_flop;   /* 2 m n k batch per call */
+    double gemm_s;    /* wall time inside rt_sgemm_batched */
+    double gemm_flop; /* 2 m n k batch per call */
     int64_t gemm_calls;
-    double pool_s;      /* wall time inside rt_parallel_for, outside GEMMs */
+    double pool_s; /* wall time inside rt_parallel_for, outside GEMMs */
     int64_t pool_calls;
     /* per phase: wall time, and the GEMM and pool time within it */
     double phase_s[RT_PROF_NPHASES], phase_gemm_s[RT_PROF_NPHASES], phase_pool_s[RT_PROF_NPHASES];
@@ -70,14 +70,14 @@ static inline double rt_profile_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int rt_profile_requested(void);                           /* MBT_PROFILE is set and not "" or "0" */
-void rt_profile_reset(RtProfile *p);                      /* all counters to zero (the train loop: after step 1) */
-void rt_pool_set_profile(RtPool *pool, RtProfile *p);     /* attach (NULL: detach); pool.c */
-RtProfile *rt_pool_profile(const RtPool *pool);           /* the attached profile or NULL; pool.c */
+int rt_profile_requested(void);                       /* MBT_PROFILE is set and not "" or "0" */
+void rt_profile_reset(RtProfile *p);                  /* all counters to zero (the train loop: after step 1) */
+void rt_pool_set_profile(RtPool *pool, RtProfile *p); /* attach (NULL: detach); pool.c */
+RtProfile *rt_pool_profile(const RtPool *pool);       /* the attached profile or NULL; pool.c */
 void rt_profile_gemm(RtProfile *p, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, int64_t batch,
-                     double seconds);                     /* one GEMM call (blas.c) */
-void rt_profile_begin_step(RtProfile *p);                 /* marks the start of a step */
-void rt_profile_phase(RtProfile *p, RtProfilePhase ph);   /* the phase since the last mark ends now */
+                     double seconds);                            /* one GEMM call (blas.c) */
+void rt_profile_begin_step(RtProfile *p);                        /* marks the start of a step */
+void rt_profile_phase(RtProfile *p, RtProfilePhase ph);          /* the phase since the last mark ends now */
 void rt_profile_print(FILE *f, const RtProfile *p, int threads); /* the report (after the run) */
 
 #endif

@@ -51,8 +51,8 @@ RtStatus rt_gpu_use(RtGpu *g, RtError *err) {
 }
 
 /* One launch on the stream (timed under MBT_DEBUG); an error names the function and geometry. */
-static RtStatus rt_gpu_run(RtGpu *g, CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned block,
-                           void **params, RtError *err) {
+static RtStatus rt_gpu_run(RtGpu *g, CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned block, void **params,
+                           RtError *err) {
     RtStatus st = rt_gpu_use(g, err);
     int64_t slot = -1;
     if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin(g, &slot, err);
@@ -117,8 +117,8 @@ RtStatus rt_gpu_alloc(RtGpu *g, void **dev, int64_t bytes, const char *what, RtE
     st = rt_cu_check(&g->api, g->api.cuMemAlloc(&p, (size_t)bytes), err, "cuMemAlloc", "%s, %s", what,
                      rt_gpu_format_bytes(bytes, size));
     if (st != RT_OK) return st;
-    st = rt_cu_check(&g->api, g->api.cuMemsetD8Async(p, 0, (size_t)bytes, g->stream), err, "cuMemsetD8Async",
-                     "zeroing %s, %s", what, size);
+    st = rt_cu_check(&g->api, g->api.cuMemsetD8Async(p, 0, (size_t)bytes, g->stream), err, "cuMemsetD8Async", "zeroing %s, %s",
+                     what, size);
     if (st != RT_OK) {
         g->api.cuMemFree(p);
         return st;
@@ -141,8 +141,8 @@ RtStatus rt_gpu_host_alloc(RtGpu *g, void **host, int64_t bytes, const char *wha
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     char size[32];
-    st = rt_cu_check(&g->api, g->api.cuMemHostAlloc(host, (size_t)bytes, CU_MEMHOSTALLOC_PORTABLE), err,
-                     "cuMemHostAlloc", "%s, %s of page-locked host memory", what, rt_gpu_format_bytes(bytes, size));
+    st = rt_cu_check(&g->api, g->api.cuMemHostAlloc(host, (size_t)bytes, CU_MEMHOSTALLOC_PORTABLE), err, "cuMemHostAlloc",
+                     "%s, %s of page-locked host memory", what, rt_gpu_format_bytes(bytes, size));
     if (st != RT_OK) {
         *host = NULL;
         return st;
@@ -162,8 +162,8 @@ RtStatus rt_gpu_zero(RtGpu *g, void *dev, int64_t bytes, RtError *err) {
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     char size[32];
-    return rt_cu_check(&g->api, g->api.cuMemsetD8Async(rt_dptr(dev), 0, (size_t)bytes, g->stream), err,
-                       "cuMemsetD8Async", "zeroing %s", rt_gpu_format_bytes(bytes, size));
+    return rt_cu_check(&g->api, g->api.cuMemsetD8Async(rt_dptr(dev), 0, (size_t)bytes, g->stream), err, "cuMemsetD8Async",
+                       "zeroing %s", rt_gpu_format_bytes(bytes, size));
 }
 
 RtStatus rt_gpu_copy(RtGpu *g, void *dst, const void *src, int64_t bytes, RtError *err) {
@@ -184,8 +184,8 @@ RtStatus rt_gpu_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtE
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     char size[32];
-    return rt_cu_check(&g->api, g->api.cuMemcpyHtoDAsync(rt_dptr(dev), host, (size_t)bytes, g->stream), err,
-                       "cuMemcpyHtoDAsync", "uploading %s", rt_gpu_format_bytes(bytes, size));
+    return rt_cu_check(&g->api, g->api.cuMemcpyHtoDAsync(rt_dptr(dev), host, (size_t)bytes, g->stream), err, "cuMemcpyHtoDAsync",
+                       "uploading %s", rt_gpu_format_bytes(bytes, size));
 }
 
 /* Waits for the stream, then hands over the losses it copied and reads back the timing events it
@@ -232,8 +232,7 @@ RtStatus rt_gpu_sync(RtGpu *g, const char *what, RtError *err) {
 
 RtStatus rt_gpu_sumsq_blocks(RtGpu *g, const float *dev, int64_t n, int64_t block, double *partial, RtError *err) {
     if (n < 0 || block <= 0)
-        return rt_fail(err, RT_ERR_ARG, "rt_gpu_sumsq_blocks: invalid length %lld or block %lld", (long long)n,
-                       (long long)block);
+        return rt_fail(err, RT_ERR_ARG, "rt_gpu_sumsq_blocks: invalid length %lld or block %lld", (long long)n, (long long)block);
     if (n == 0) return RT_OK;
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
@@ -267,7 +266,8 @@ void rt_gpu_print_timing(FILE *f, RtGpu *g) {
     rt_gpu_stats_print(f, &t->stats);
     if (!t->trace_path) return;
     if (rt_gpu_trace_flush(g, &e) != RT_OK) fprintf(f, "GPU trace: %s\n", e.msg);
-    else if (t->dropped) fprintf(f, "GPU trace: %s (the first %lld events; %lld more not kept)\n", t->trace_path,
-                                 (long long)t->nevents, (long long)t->dropped);
+    else if (t->dropped)
+        fprintf(f, "GPU trace: %s (the first %lld events; %lld more not kept)\n", t->trace_path, (long long)t->nevents,
+                (long long)t->dropped);
     else fprintf(f, "GPU trace: %s (%lld events)\n", t->trace_path, (long long)t->nevents);
 }

@@ -74,8 +74,8 @@ static int rt_open_driver(RtGpuApi *api, char *why, size_t cap) {
         return 0;
     }
     snprintf(api->cuda_path, sizeof api->cuda_path, "%s", name);
-#define RT_LOAD(ret, fn, sym, args)                                                                  \
-    if (!(*(void **)&api->fn = dlsym(api->cuda_lib, sym)))                                          \
+#define RT_LOAD(ret, fn, sym, args)                                                                                              \
+    if (!(*(void **)&api->fn = dlsym(api->cuda_lib, sym)))                                                                       \
         return rt_missing(why, cap, "the CUDA driver", api->cuda_path, sym, "not a CUDA driver, or one older than CUDA 11");
     RT_CUDA_FUNCTIONS(RT_LOAD)
 #undef RT_LOAD
@@ -101,8 +101,8 @@ static int rt_open_cublaslt(RtGpuApi *api, char *why, size_t cap) {
                  first);
         return 0;
     }
-#define RT_LOAD(ret, fn, sym, args)                                                                  \
-    if (!(*(void **)&api->fn = dlsym(api->lt_lib, sym)))                                            \
+#define RT_LOAD(ret, fn, sym, args)                                                                                              \
+    if (!(*(void **)&api->fn = dlsym(api->lt_lib, sym)))                                                                         \
         return rt_missing(why, cap, "cuBLASLt", api->lt_path, sym, "older than CUDA 11.4?");
     RT_CUBLASLT_FUNCTIONS(RT_LOAD)
 #undef RT_LOAD
@@ -187,8 +187,8 @@ RtStatus rt_cu_check(const RtGpuApi *api, CUresult rc, RtError *err, const char 
     rt_gpu_error_text(api, rc, &name, &text);
     va_list ap;
     va_start(ap, what);
-    RtStatus st = rt_gpu_vfail(err, rc == CUDA_ERROR_OUT_OF_MEMORY ? RT_ERR_NOMEM : RT_ERR_IO, call, name, (int)rc,
-                               text, what, ap);
+    RtStatus st =
+        rt_gpu_vfail(err, rc == CUDA_ERROR_OUT_OF_MEMORY ? RT_ERR_NOMEM : RT_ERR_IO, call, name, (int)rc, text, what, ap);
     va_end(ap);
     return st;
 }
@@ -197,8 +197,8 @@ RtStatus rt_lt_check(const RtGpuApi *api, cublasStatus_t rc, RtError *err, const
     if (rc == CUBLAS_STATUS_SUCCESS) return RT_OK;
     va_list ap;
     va_start(ap, what);
-    RtStatus st = rt_gpu_vfail(err, RT_ERR_IO, call, api->cublasLtGetStatusName(rc), (int)rc,
-                               api->cublasLtGetStatusString(rc), what, ap);
+    RtStatus st =
+        rt_gpu_vfail(err, RT_ERR_IO, call, api->cublasLtGetStatusName(rc), (int)rc, api->cublasLtGetStatusString(rc), what, ap);
     va_end(ap);
     return st;
 }
@@ -220,9 +220,8 @@ RtStatus rt_gpu_libraries(char *found, size_t cap, RtError *err) {
         free(api);
         return rt_fail(err, RT_ERR_NOTFOUND, "%s", why);
     }
-    snprintf(found, cap, "CUDA driver %s (%d functions); cuBLASLt %s (%d functions); %s%s", api->cuda_path,
-             RT_N_CUDA_FUNCTIONS, api->lt_path, RT_N_CUBLASLT_FUNCTIONS, api->nccl_lib ? "NCCL " : "no NCCL",
-             api->nccl_path);
+    snprintf(found, cap, "CUDA driver %s (%d functions); cuBLASLt %s (%d functions); %s%s", api->cuda_path, RT_N_CUDA_FUNCTIONS,
+             api->lt_path, RT_N_CUBLASLT_FUNCTIONS, api->nccl_lib ? "NCCL " : "no NCCL", api->nccl_path);
     rt_gpu_api_close(api);
     free(api);
     return RT_OK;

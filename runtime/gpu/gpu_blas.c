@@ -86,17 +86,16 @@ static uint64_t rt_key_hash(const RtGemmKey *k) {
 static RtStatus rt_gemm_layout(RtGpu *g, cublasLtMatrixLayout_t *out, int type, int64_t rows, int64_t cols, int64_t ld,
                                int64_t batch, int64_t stride, const char *name, RtError *err) {
     RtGpuApi *api = &g->api;
-    RtStatus st = rt_lt_check(api, api->cublasLtMatrixLayoutCreate(out, type, (uint64_t)rows, (uint64_t)cols, ld),
-                              err, "cublasLtMatrixLayoutCreate", "%s", name);
+    RtStatus st = rt_lt_check(api, api->cublasLtMatrixLayoutCreate(out, type, (uint64_t)rows, (uint64_t)cols, ld), err,
+                              "cublasLtMatrixLayoutCreate", "%s", name);
     if (st != RT_OK || batch <= 1) return st;
     int32_t count = (int32_t)batch;
     st = rt_lt_check(api, api->cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
                      err, "cublasLtMatrixLayoutSetAttribute", "%s, batch count", name);
     if (st == RT_OK)
-        st = rt_lt_check(api,
-                         api->cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                               sizeof stride),
-                         err, "cublasLtMatrixLayoutSetAttribute", "%s, batch stride", name);
+        st = rt_lt_check(
+            api, api->cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+            err, "cublasLtMatrixLayoutSetAttribute", "%s, batch stride", name);
     return st;
 }
 
@@ -107,22 +106,19 @@ static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
     RtStatus st = rt_lt_check(api, api->cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), err,
                               "cublasLtMatmulDescCreate", "%s", p->name);
     if (st == RT_OK)
-        st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
-                         err, "cublasLtMatmulDescSetAttribute", "%s, transa", p->name);
+        st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), err,
+                         "cublasLtMatmulDescSetAttribute", "%s, transa", p->name);
     if (st == RT_OK)
-        st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
-                         err, "cublasLtMatmulDescSetAttribute", "%s, transb", p->name);
+        st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), err,
+                         "cublasLtMatmulDescSetAttribute", "%s, transb", p->name);
     if (st != RT_OK || p->key.epilogue == RT_GEMM_PLAIN || p->colsum_gemm) return st;
     uint32_t epilogue = p->key.epilogue == RT_GEMM_BIAS ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADA;
     int32_t type = p->key.type;
-    st = rt_lt_check(api,
-                     api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                         sizeof epilogue),
+    st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
                      err, "cublasLtMatmulDescSetAttribute", "%s, epilogue", p->name);
     if (st == RT_OK)
         st = rt_lt_check(api,
-                         api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type,
-                                                             sizeof type),
+                         api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof type),
                          err, "cublasLtMatmulDescSetAttribute", "%s, bias type", p->name);
     return st;
 }
@@ -131,16 +127,16 @@ static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
 static RtStatus rt_gemm_set_vec(RtGpu *g, RtGemmPlan *p, const void *vec, RtError *err) {
     if (p->key.epilogue == RT_GEMM_PLAIN || p->colsum_gemm) return RT_OK;
     return rt_lt_check(&g->api,
-                       g->api.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec),
-                       err, "cublasLtMatmulDescSetAttribute", "%s, bias pointer", p->name);
+                       g->api.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec), err,
+                       "cublasLtMatmulDescSetAttribute", "%s, bias pointer", p->name);
 }
 
 /* The heuristic's first algorithm for the plan, within the workspace and the alignments. */
 static RtStatus rt_gemm_algo(RtGpu *g, RtGemmPlan *p, RtError *err) {
     RtGpuApi *api = &g->api;
     cublasLtMatmulPreference_t pref = NULL;
-    RtStatus st = rt_lt_check(api, api->cublasLtMatmulPreferenceCreate(&pref), err, "cublasLtMatmulPreferenceCreate",
-                              "%s", p->name);
+    RtStatus st =
+        rt_lt_check(api, api->cublasLtMatmulPreferenceCreate(&pref), err, "cublasLtMatmulPreferenceCreate", "%s", p->name);
     if (st != RT_OK) return st;
     uint64_t ws = g->workspace_size;
     const struct {
@@ -155,19 +151,18 @@ static RtStatus rt_gemm_algo(RtGpu *g, RtGemmPlan *p, RtError *err) {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &p->key.align_c, sizeof p->key.align_c},
     };
     for (size_t i = 0; i < sizeof prefs / sizeof prefs[0] && st == RT_OK; i++)
-        st = rt_lt_check(api, api->cublasLtMatmulPreferenceSetAttribute(pref, prefs[i].attr, prefs[i].value, prefs[i].size),
-                         err, "cublasLtMatmulPreferenceSetAttribute", "%s, preference %d", p->name, (int)prefs[i].attr);
+        st = rt_lt_check(api, api->cublasLtMatmulPreferenceSetAttribute(pref, prefs[i].attr, prefs[i].value, prefs[i].size), err,
+                         "cublasLtMatmulPreferenceSetAttribute", "%s, preference %d", p->name, (int)prefs[i].attr);
     cublasLtMatmulHeuristicResult_t result;
     memset(&result, 0, sizeof result);
     int found = 0;
     if (st == RT_OK)
-        st = rt_lt_check(api,
-                         api->cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref, 1,
-                                                             &result, &found),
-                         err, "cublasLtMatmulAlgoGetHeuristic", "%s", p->name);
+        st = rt_lt_check(
+            api,
+            api->cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref, 1, &result, &found),
+            err, "cublasLtMatmulAlgoGetHeuristic", "%s", p->name);
     if (st == RT_OK && found < 1)
-        st = rt_fail(err, RT_ERR_IO, "cublasLtMatmulAlgoGetHeuristic (%s): no algorithm for this shape and alignment",
-                     p->name);
+        st = rt_fail(err, RT_ERR_IO, "cublasLtMatmulAlgoGetHeuristic (%s): no algorithm for this shape and alignment", p->name);
     if (st == RT_OK) p->algo = result.algo;
     api->cublasLtMatmulPreferenceDestroy(pref);
     return st;
@@ -187,8 +182,7 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, const void *vec,
     if (!p) return rt_fail(err, RT_ERR_NOMEM, "sgemm: out of memory for a plan");
     p->key = *k;
     int n = snprintf(p->name, sizeof p->name, "%s %c%c %lldx%lldx%lld", k->type == CUDA_R_16BF ? "bgemm" : "sgemm",
-                     k->trans_a ? 'T' : 'N', k->trans_b ? 'T' : 'N',
-                     (long long)k->m, (long long)k->n, (long long)k->k);
+                     k->trans_a ? 'T' : 'N', k->trans_b ? 'T' : 'N', (long long)k->m, (long long)k->n, (long long)k->k);
     if (k->batch > 1 && n > 0 && (size_t)n < sizeof p->name)
         n += snprintf(p->name + n, sizeof p->name - (size_t)n, " x%lld", (long long)k->batch);
     if (k->epilogue != RT_GEMM_PLAIN && n > 0 && (size_t)n < sizeof p->name)
@@ -196,8 +190,8 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, const void *vec,
     /* Column-major views (see the top): a row-major R x C matrix of pitch ld is the column-major
      * C x R matrix of leading dimension ld. Our B, K x N (N x K when trans_b), is cuBLASLt's A,
      * N x K (K x N); our A, M x K (K x M), its B, K x M (M x K); C, M x N, its N x M. */
-    RtStatus st = rt_gemm_layout(g, &p->lt_a, k->type, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb,
-                                 k->batch, k->stride_b, p->name, err);
+    RtStatus st = rt_gemm_layout(g, &p->lt_a, k->type, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb, k->batch,
+                                 k->stride_b, p->name, err);
     if (st == RT_OK)
         st = rt_gemm_layout(g, &p->lt_b, k->type, k->trans_a ? k->m : k->k, k->trans_a ? k->k : k->m, k->lda, k->batch,
                             k->stride_a, p->name, err);
@@ -259,8 +253,8 @@ static RtStatus rt_plan_get(RtGpu *g, const RtGemmKey *k, const void *vec, RtGem
 /* ---- the call ------------------------------------------------------------------------------------ */
 
 /* K == 0: C = beta C for each matrix of the batch (one call when the batch's rows are evenly spaced). */
-static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, void *c, int type, int64_t m, int64_t n, int64_t ldc,
-                                int64_t stride_c, int64_t batch, RtError *err) {
+static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, void *c, int type, int64_t m, int64_t n, int64_t ldc, int64_t stride_c,
+                                int64_t batch, RtError *err) {
     if (beta == 1.0f) return RT_OK;
     if (type == CUDA_R_16BF && beta != 0.0f) /* no bf16 scaling kernel: no program makes this call */
         return rt_fail(err, RT_ERR_ARG, "bgemm: k = 0 with beta %g (only 0 and 1 are supported for bf16)", (double)beta);
@@ -275,14 +269,12 @@ static RtStatus rt_gemm_scale_c(RtGpu *g, float beta, void *c, int type, int64_t
                 st = rt_cu_check(&g->api,
                                  g->api.cuMemsetD8Async((CUdeviceptr)(uintptr_t)(ci + (size_t)(r * ldc) * size), 0,
                                                         (size_t)n * size, g->stream),
-                                 err, "cuMemsetD8Async", "bgemm with k = 0, C = 0 (%lld x %lld)", (long long)rows,
-                                 (long long)n);
+                                 err, "cuMemsetD8Async", "bgemm with k = 0, C = 0 (%lld x %lld)", (long long)rows, (long long)n);
         else if (beta == 0.0f)
             st = rt_cu_check(&g->api,
-                             g->api.cuMemsetD2D32Async((CUdeviceptr)(uintptr_t)ci, (size_t)ldc * sizeof(float), 0u,
-                                                       (size_t)n, (size_t)rows, g->stream),
-                             err, "cuMemsetD2D32Async", "sgemm with k = 0, C = 0 (%lld x %lld)", (long long)rows,
-                             (long long)n);
+                             g->api.cuMemsetD2D32Async((CUdeviceptr)(uintptr_t)ci, (size_t)ldc * sizeof(float), 0u, (size_t)n,
+                                                       (size_t)rows, g->stream),
+                             err, "cuMemsetD2D32Async", "sgemm with k = 0, C = 0 (%lld x %lld)", (long long)rows, (long long)n);
         else st = rt_gpu_scale_rows(g, (float *)ci, beta, rows, n, ldc, err);
     }
     return st;
@@ -321,11 +313,11 @@ static RtStatus rt_gpu_ones(RtGpu *g, int type, int64_t k, const void **out, RtE
 /* Both contracts: A, B and C of one type (CUDA_R_32F or CUDA_R_16BF), f32 compute. */
 static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                             const void *a, int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
-                            float beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                            void *vec, RtError *err) {
+                            float beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                            RtError *err) {
     int nothing = 0;
-    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
-                                 epilogue, vec, &nothing, err);
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
+                                 vec, &nothing, err);
     if (st != RT_OK || nothing) return st;
     if (batch > INT32_MAX)
         return rt_fail(err, RT_ERR_ARG, "sgemm: batch %lld exceeds cuBLASLt's 32-bit batch count", (long long)batch);
@@ -369,24 +361,23 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
         const void *ones = NULL;
         st = rt_gpu_ones(g, type, k, &ones, err);
         if (st == RT_OK)
-            st = rt_gpu_gemm(g, type, 0, trans_b, 1, n, k, 1.0f, ones, k, 0, b, ldb, 0, 0.0f, vec, n, 0, 1, RT_GEMM_PLAIN,
-                             NULL, err);
+            st = rt_gpu_gemm(g, type, 0, trans_b, 1, n, k, 1.0f, ones, k, 0, b, ldb, 0, 0.0f, vec, n, 0, 1, RT_GEMM_PLAIN, NULL,
+                             err);
     }
     return st;
 }
 
-RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                              const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
-                              float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue,
-                              void *vec, RtError *err) {
+RtStatus rt_gpu_sgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                              int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
+                              int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err) {
     return rt_gpu_gemm(g, CUDA_R_32F, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                        stride_c, batch, epilogue, vec, err);
 }
 
-RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                              const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb,
-                              int64_t stride_b, float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch,
-                              int32_t epilogue, void *vec, RtError *err) {
+RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                              int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
+                              uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                              RtError *err) {
     return rt_gpu_gemm(g, CUDA_R_16BF, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                        stride_c, batch, epilogue, vec, err);
 }

@@ -41,8 +41,8 @@ typedef int cublasLtMatrixLayoutAttribute_t;
 typedef int cublasLtMatmulPreferenceAttributes_t;
 typedef CUstream cudaStream_t;
 typedef struct cublasLtContext *cublasLtHandle_t;
-typedef struct RtLtMatmulDesc *cublasLtMatmulDesc_t;         /* cublasLtMatmulDescOpaque_t * */
-typedef struct RtLtMatrixLayout *cublasLtMatrixLayout_t;     /* cublasLtMatrixLayoutOpaque_t * */
+typedef struct RtLtMatmulDesc *cublasLtMatmulDesc_t;             /* cublasLtMatmulDescOpaque_t * */
+typedef struct RtLtMatrixLayout *cublasLtMatrixLayout_t;         /* cublasLtMatrixLayoutOpaque_t * */
 typedef struct RtLtMatmulPreference *cublasLtMatmulPreference_t; /* cublasLtMatmulPreferenceOpaque_t * */
 typedef struct {
     uint64_t data[8];
@@ -65,41 +65,41 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, workspaceSize) == 64, "
 _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's offset");
 
 /* The constants used, as (name, value). */
-#define RT_CUDA_CONSTANTS(X)                                  \
-    X(CUDA_SUCCESS, 0)                                        \
-    X(CUDA_ERROR_OUT_OF_MEMORY, 2)                            \
-    X(CUDA_ERROR_STUB_LIBRARY, 34)                            \
-    X(CUDA_ERROR_NO_DEVICE, 100)                              \
-    X(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 16)           \
-    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75)       \
-    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76)       \
-    X(CU_JIT_INFO_LOG_BUFFER, 3)                              \
-    X(CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, 4)                   \
-    X(CU_JIT_ERROR_LOG_BUFFER, 5)                             \
-    X(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, 6)                  \
-    X(CU_JIT_INPUT_PTX, 1)                                    \
-    X(CU_STREAM_NON_BLOCKING, 1)                              \
-    X(CU_EVENT_DEFAULT, 0)                                    \
-    X(CU_MEMHOSTALLOC_PORTABLE, 1)                            \
-    X(CUBLAS_STATUS_SUCCESS, 0)                               \
-    X(CUBLAS_COMPUTE_32F, 68)                                 \
-    X(CUDA_R_32F, 0)                                          \
-    X(CUDA_R_16BF, 14)                                        \
-    X(CUBLAS_OP_N, 0)                                         \
-    X(CUBLAS_OP_T, 1)                                         \
-    X(CUBLASLT_MATMUL_DESC_TRANSA, 3)                         \
-    X(CUBLASLT_MATMUL_DESC_TRANSB, 4)                         \
-    X(CUBLASLT_MATMUL_DESC_EPILOGUE, 7)                       \
-    X(CUBLASLT_MATMUL_DESC_BIAS_POINTER, 8)                   \
-    X(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, 26)                \
-    X(CUBLASLT_EPILOGUE_BIAS, 4)                              \
-    X(CUBLASLT_EPILOGUE_BGRADA, 256)                          \
-    X(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, 5)                  \
-    X(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, 6)         \
-    X(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, 1)            \
-    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, 5)          \
-    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, 6)          \
-    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, 7)          \
+#define RT_CUDA_CONSTANTS(X)                                                                                                     \
+    X(CUDA_SUCCESS, 0)                                                                                                           \
+    X(CUDA_ERROR_OUT_OF_MEMORY, 2)                                                                                               \
+    X(CUDA_ERROR_STUB_LIBRARY, 34)                                                                                               \
+    X(CUDA_ERROR_NO_DEVICE, 100)                                                                                                 \
+    X(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 16)                                                                              \
+    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75)                                                                          \
+    X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76)                                                                          \
+    X(CU_JIT_INFO_LOG_BUFFER, 3)                                                                                                 \
+    X(CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, 4)                                                                                      \
+    X(CU_JIT_ERROR_LOG_BUFFER, 5)                                                                                                \
+    X(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, 6)                                                                                     \
+    X(CU_JIT_INPUT_PTX, 1)                                                                                                       \
+    X(CU_STREAM_NON_BLOCKING, 1)                                                                                                 \
+    X(CU_EVENT_DEFAULT, 0)                                                                                                       \
+    X(CU_MEMHOSTALLOC_PORTABLE, 1)                                                                                               \
+    X(CUBLAS_STATUS_SUCCESS, 0)                                                                                                  \
+    X(CUBLAS_COMPUTE_32F, 68)                                                                                                    \
+    X(CUDA_R_32F, 0)                                                                                                             \
+    X(CUDA_R_16BF, 14)                                                                                                           \
+    X(CUBLAS_OP_N, 0)                                                                                                            \
+    X(CUBLAS_OP_T, 1)                                                                                                            \
+    X(CUBLASLT_MATMUL_DESC_TRANSA, 3)                                                                                            \
+    X(CUBLASLT_MATMUL_DESC_TRANSB, 4)                                                                                            \
+    X(CUBLASLT_MATMUL_DESC_EPILOGUE, 7)                                                                                          \
+    X(CUBLASLT_MATMUL_DESC_BIAS_POINTER, 8)                                                                                      \
+    X(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, 26)                                                                                   \
+    X(CUBLASLT_EPILOGUE_BIAS, 4)                                                                                                 \
+    X(CUBLASLT_EPILOGUE_BGRADA, 256)                                                                                             \
+    X(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, 5)                                                                                     \
+    X(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, 6)                                                                            \
+    X(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, 1)                                                                               \
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, 5)                                                                             \
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, 6)                                                                             \
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, 7)                                                                             \
     X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, 8)
 
 #ifndef RT_GPU_CHECK_DECLS
@@ -116,76 +116,75 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
  * maps it to cuEventElapsedTime_v2 (same signature), which drivers before 12.8 lack. The primary
  * context (cuDevicePrimaryCtxRetain) is used rather than cuCtxCreate, whose signature changed
  * (_v4 in CUDA 13); it is also the context cuBLASLt's runtime uses. */
-#define RT_CUDA_FUNCTIONS(X)                                                                                       \
-    X(CUresult, cuGetErrorName, "cuGetErrorName", (CUresult, const char **))                                        \
-    X(CUresult, cuGetErrorString, "cuGetErrorString", (CUresult, const char **))                                    \
-    X(CUresult, cuInit, "cuInit", (unsigned int))                                                                   \
-    X(CUresult, cuDriverGetVersion, "cuDriverGetVersion", (int *))                                                  \
-    X(CUresult, cuDeviceGetCount, "cuDeviceGetCount", (int *))                                                      \
-    X(CUresult, cuDeviceGet, "cuDeviceGet", (CUdevice *, int))                                                      \
-    X(CUresult, cuDeviceGetAttribute, "cuDeviceGetAttribute", (int *, CUdevice_attribute, CUdevice))                \
-    X(CUresult, cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice))                                        \
-    X(CUresult, cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *, CUdevice))                                      \
-    X(CUresult, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))                      \
-    X(CUresult, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice))                              \
-    X(CUresult, cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                                                    \
-    X(CUresult, cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                               \
-    X(CUresult, cuMemFree, "cuMemFree_v2", (CUdeviceptr))                                                           \
-    X(CUresult, cuMemHostAlloc, "cuMemHostAlloc", (void **, size_t, unsigned int))                                  \
-    X(CUresult, cuMemFreeHost, "cuMemFreeHost", (void *))                                                           \
-    X(CUresult, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", (CUdeviceptr, const void *, size_t, CUstream))           \
-    X(CUresult, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", (void *, CUdeviceptr, size_t, CUstream))                 \
-    X(CUresult, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", (CUdeviceptr, CUdeviceptr, size_t, CUstream))            \
-    X(CUresult, cuMemsetD8Async, "cuMemsetD8Async", (CUdeviceptr, unsigned char, size_t, CUstream))                 \
-    X(CUresult, cuMemsetD2D32Async, "cuMemsetD2D32Async", (CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream)) \
-    X(CUresult, cuModuleLoadDataEx, "cuModuleLoadDataEx", (CUmodule *, const void *, unsigned int, CUjit_option *, void **)) \
-    X(CUresult, cuModuleUnload, "cuModuleUnload", (CUmodule))                                                       \
-    X(CUresult, cuModuleGetFunction, "cuModuleGetFunction", (CUfunction *, CUmodule, const char *))                 \
-    X(CUresult, cuLinkCreate, "cuLinkCreate_v2", (unsigned int, CUjit_option *, void **, CUlinkState *))            \
-    X(CUresult, cuLinkAddData, "cuLinkAddData_v2",                                                                  \
-      (CUlinkState, CUjitInputType, void *, size_t, const char *, unsigned int, CUjit_option *, void **))           \
-    X(CUresult, cuLinkComplete, "cuLinkComplete", (CUlinkState, void **, size_t *))                                 \
-    X(CUresult, cuLinkDestroy, "cuLinkDestroy", (CUlinkState))                                                      \
-    X(CUresult, cuStreamCreate, "cuStreamCreate", (CUstream *, unsigned int))                                       \
-    X(CUresult, cuStreamDestroy, "cuStreamDestroy_v2", (CUstream))                                                  \
-    X(CUresult, cuStreamSynchronize, "cuStreamSynchronize", (CUstream))                                             \
-    X(CUresult, cuEventCreate, "cuEventCreate", (CUevent *, unsigned int))                                          \
-    X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                     \
-    X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                \
-    X(CUresult, cuEventSynchronize, "cuEventSynchronize", (CUevent))                                                \
-    X(CUresult, cuEventElapsedTime, "cuEventElapsedTime", (float *, CUevent, CUevent))                              \
-    X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                                   \
-      (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
-       CUstream, void **, void **))
+#define RT_CUDA_FUNCTIONS(X)                                                                                                     \
+    X(CUresult, cuGetErrorName, "cuGetErrorName", (CUresult, const char **))                                                     \
+    X(CUresult, cuGetErrorString, "cuGetErrorString", (CUresult, const char **))                                                 \
+    X(CUresult, cuInit, "cuInit", (unsigned int))                                                                                \
+    X(CUresult, cuDriverGetVersion, "cuDriverGetVersion", (int *))                                                               \
+    X(CUresult, cuDeviceGetCount, "cuDeviceGetCount", (int *))                                                                   \
+    X(CUresult, cuDeviceGet, "cuDeviceGet", (CUdevice *, int))                                                                   \
+    X(CUresult, cuDeviceGetAttribute, "cuDeviceGetAttribute", (int *, CUdevice_attribute, CUdevice))                             \
+    X(CUresult, cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice))                                                     \
+    X(CUresult, cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *, CUdevice))                                                   \
+    X(CUresult, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))                                   \
+    X(CUresult, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice))                                           \
+    X(CUresult, cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                                                                 \
+    X(CUresult, cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                                            \
+    X(CUresult, cuMemFree, "cuMemFree_v2", (CUdeviceptr))                                                                        \
+    X(CUresult, cuMemHostAlloc, "cuMemHostAlloc", (void **, size_t, unsigned int))                                               \
+    X(CUresult, cuMemFreeHost, "cuMemFreeHost", (void *))                                                                        \
+    X(CUresult, cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", (CUdeviceptr, const void *, size_t, CUstream))                        \
+    X(CUresult, cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", (void *, CUdeviceptr, size_t, CUstream))                              \
+    X(CUresult, cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", (CUdeviceptr, CUdeviceptr, size_t, CUstream))                         \
+    X(CUresult, cuMemsetD8Async, "cuMemsetD8Async", (CUdeviceptr, unsigned char, size_t, CUstream))                              \
+    X(CUresult, cuMemsetD2D32Async, "cuMemsetD2D32Async", (CUdeviceptr, size_t, unsigned int, size_t, size_t, CUstream))         \
+    X(CUresult, cuModuleLoadDataEx, "cuModuleLoadDataEx", (CUmodule *, const void *, unsigned int, CUjit_option *, void **))     \
+    X(CUresult, cuModuleUnload, "cuModuleUnload", (CUmodule))                                                                    \
+    X(CUresult, cuModuleGetFunction, "cuModuleGetFunction", (CUfunction *, CUmodule, const char *))                              \
+    X(CUresult, cuLinkCreate, "cuLinkCreate_v2", (unsigned int, CUjit_option *, void **, CUlinkState *))                         \
+    X(CUresult, cuLinkAddData, "cuLinkAddData_v2",                                                                               \
+      (CUlinkState, CUjitInputType, void *, size_t, const char *, unsigned int, CUjit_option *, void **))                        \
+    X(CUresult, cuLinkComplete, "cuLinkComplete", (CUlinkState, void **, size_t *))                                              \
+    X(CUresult, cuLinkDestroy, "cuLinkDestroy", (CUlinkState))                                                                   \
+    X(CUresult, cuStreamCreate, "cuStreamCreate", (CUstream *, unsigned int))                                                    \
+    X(CUresult, cuStreamDestroy, "cuStreamDestroy_v2", (CUstream))                                                               \
+    X(CUresult, cuStreamSynchronize, "cuStreamSynchronize", (CUstream))                                                          \
+    X(CUresult, cuEventCreate, "cuEventCreate", (CUevent *, unsigned int))                                                       \
+    X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                                  \
+    X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                             \
+    X(CUresult, cuEventSynchronize, "cuEventSynchronize", (CUevent))                                                             \
+    X(CUresult, cuEventElapsedTime, "cuEventElapsedTime", (float *, CUevent, CUevent))                                           \
+    X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                                                \
+      (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, CUstream,   \
+       void **, void **))
 
-#define RT_CUBLASLT_FUNCTIONS(X)                                                                                   \
-    X(cublasStatus_t, cublasLtCreate, "cublasLtCreate", (cublasLtHandle_t *))                                       \
-    X(cublasStatus_t, cublasLtDestroy, "cublasLtDestroy", (cublasLtHandle_t))                                       \
-    X(size_t, cublasLtGetVersion, "cublasLtGetVersion", (void))                                                     \
-    X(const char *, cublasLtGetStatusName, "cublasLtGetStatusName", (cublasStatus_t))                               \
-    X(const char *, cublasLtGetStatusString, "cublasLtGetStatusString", (cublasStatus_t))                           \
-    X(cublasStatus_t, cublasLtMatmul, "cublasLtMatmul",                                                             \
-      (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t, const void *,    \
-       cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t, \
-       const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t))                                                 \
-    X(cublasStatus_t, cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate",                                         \
-      (cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t))                                               \
-    X(cublasStatus_t, cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy", (cublasLtMatmulDesc_t))               \
-    X(cublasStatus_t, cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute",                             \
-      (cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t))                                 \
-    X(cublasStatus_t, cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate",                                     \
-      (cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t, int64_t))                                        \
-    X(cublasStatus_t, cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy", (cublasLtMatrixLayout_t))         \
-    X(cublasStatus_t, cublasLtMatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute",                         \
-      (cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, const void *, size_t))                              \
-    X(cublasStatus_t, cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate", (cublasLtMatmulPreference_t *)) \
-    X(cublasStatus_t, cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy", (cublasLtMatmulPreference_t)) \
-    X(cublasStatus_t, cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute",                 \
-      (cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *, size_t))                     \
-    X(cublasStatus_t, cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic",                             \
-      (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,                      \
-       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,                             \
-       cublasLtMatmulHeuristicResult_t *, int *))
+#define RT_CUBLASLT_FUNCTIONS(X)                                                                                                 \
+    X(cublasStatus_t, cublasLtCreate, "cublasLtCreate", (cublasLtHandle_t *))                                                    \
+    X(cublasStatus_t, cublasLtDestroy, "cublasLtDestroy", (cublasLtHandle_t))                                                    \
+    X(size_t, cublasLtGetVersion, "cublasLtGetVersion", (void))                                                                  \
+    X(const char *, cublasLtGetStatusName, "cublasLtGetStatusName", (cublasStatus_t))                                            \
+    X(const char *, cublasLtGetStatusString, "cublasLtGetStatusString", (cublasStatus_t))                                        \
+    X(cublasStatus_t, cublasLtMatmul, "cublasLtMatmul",                                                                          \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t, const void *,                 \
+       cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t,               \
+       const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t))                                                              \
+    X(cublasStatus_t, cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate",                                                      \
+      (cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t))                                                             \
+    X(cublasStatus_t, cublasLtMatmulDescDestroy, "cublasLtMatmulDescDestroy", (cublasLtMatmulDesc_t))                            \
+    X(cublasStatus_t, cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute",                                          \
+      (cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t))                                              \
+    X(cublasStatus_t, cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate",                                                  \
+      (cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t, int64_t))                                                     \
+    X(cublasStatus_t, cublasLtMatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy", (cublasLtMatrixLayout_t))                      \
+    X(cublasStatus_t, cublasLtMatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute",                                      \
+      (cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, const void *, size_t))                                           \
+    X(cublasStatus_t, cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate", (cublasLtMatmulPreference_t *))          \
+    X(cublasStatus_t, cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy", (cublasLtMatmulPreference_t))          \
+    X(cublasStatus_t, cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute",                              \
+      (cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *, size_t))                                  \
+    X(cublasStatus_t, cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic",                                          \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,           \
+       cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *))
 
 /* NCCL is optional and not used yet (no collectives): only whether it is there, and its version. */
 #define RT_NCCL_FUNCTIONS(X) X(ncclResult_t, ncclGetVersion, "ncclGetVersion", (int *))
@@ -220,8 +219,7 @@ void rt_gpu_api_close(RtGpuApi *api);
 void rt_gpu_error_text(const RtGpuApi *api, CUresult rc, const char **name, const char **text);
 /* RT_OK when rc is CUDA_SUCCESS; else fills err with "<call> (<what>): <name>: <text>" (`what`
  * formatted as printf does) and returns RT_ERR_NOMEM for an out-of-memory error, else RT_ERR_IO. */
-RtStatus rt_cu_check(const RtGpuApi *api, CUresult rc, RtError *err, const char *call, const char *what, ...)
-    RT_PRINTF(5, 6);
+RtStatus rt_cu_check(const RtGpuApi *api, CUresult rc, RtError *err, const char *call, const char *what, ...) RT_PRINTF(5, 6);
 /* The same for a cuBLASLt status: "<call> (<what>): CUBLAS_STATUS_...: <text>". */
 RtStatus rt_lt_check(const RtGpuApi *api, cublasStatus_t rc, RtError *err, const char *call, const char *what, ...)
     RT_PRINTF(5, 6);
@@ -238,16 +236,16 @@ typedef struct RtGpuPending {
  * are offsets from an anchor event recorded at the previous read-back, so each float the driver
  * returns spans at most the time between two waits. */
 typedef struct RtGpuTimer {
-    int on;                 /* MBT_DEBUG >= 1 or MBT_TRACE set */
-    char *trace_path;       /* a copy of MBT_TRACE, or NULL */
-    RtGpuPending *pending;  /* launches since the last read-back */
+    int on;                                 /* MBT_DEBUG >= 1 or MBT_TRACE set */
+    char *trace_path;                       /* a copy of MBT_TRACE, or NULL */
+    RtGpuPending *pending;                  /* launches since the last read-back */
     int64_t npending, cap_pending, created; /* created: pending slots whose events exist */
     CUevent anchor[2];
-    int cur;                /* anchor[cur] is the current origin */
-    double anchor_us;       /* its time since the first anchor */
-    RtGpuEvent *events;     /* MBT_TRACE: every event read back (up to RT_GPU_TRACE_MAX) */
+    int cur;                                       /* anchor[cur] is the current origin */
+    double anchor_us;                              /* its time since the first anchor */
+    RtGpuEvent *events;                            /* MBT_TRACE: every event read back (up to RT_GPU_TRACE_MAX) */
     int64_t nevents, cap_events, dropped, written; /* written: events in the trace file already */
-    RtGpuStats stats;       /* per name */
+    RtGpuStats stats;                              /* per name */
 } RtGpuTimer;
 
 typedef struct RtGemmPlan RtGemmPlan; /* x[r * pitch + c] *= scale for r < rows, c < cols (mbt_rt_scale), queued. */
@@ -262,15 +260,15 @@ struct RtGpu {
     CUcontext ctx; /* the device's primary context (retained) */
     CUstream stream;
     CUmodule module;
-    CUfunction *fns; /* [prog->nkernels] */
+    CUfunction *fns;                        /* [prog->nkernels] */
     CUfunction fn_axpy, fn_scale, fn_sumsq; /* the runtime's kernels (runtime/kernels/rt_kernels.cu) */
-    const RtGpuImage *image; /* the module image loaded */
-    char module_kind[96];    /* "cubin sm_90", "PTX compute_80, JIT-compiled for sm_90" */
-    char module_note[640];   /* ", from the cache", ", saved in the cache", ", not cached: why" */
-    int arch;        /* compute capability x 10 + minor: 90 */
-    int sms;         /* multiprocessors */
-    int driver;      /* cuDriverGetVersion: 12080 */
-    double *partial; /* device scratch of rt_gpu_sumsq_blocks */
+    const RtGpuImage *image;                /* the module image loaded */
+    char module_kind[96];                   /* "cubin sm_90", "PTX compute_80, JIT-compiled for sm_90" */
+    char module_note[640];                  /* ", from the cache", ", saved in the cache", ", not cached: why" */
+    int arch;                               /* compute capability x 10 + minor: 90 */
+    int sms;                                /* multiprocessors */
+    int driver;                             /* cuDriverGetVersion: 12080 */
+    double *partial;                        /* device scratch of rt_gpu_sumsq_blocks */
     int64_t partial_cap;
     float *losses;                   /* page-locked: the losses rt_gpu_loss queued since the last wait */
     double *loss_dst[RT_GPU_LOSSES]; /* where each goes when the wait is over */
@@ -281,7 +279,7 @@ struct RtGpu {
     size_t workspace_size;
     RtGemmPlan **plans; /* open addressing, power-of-two capacity */
     int64_t nplans, cap_plans;
-    CUdeviceptr ones[2];  /* k ones (f32, bf16): the column sums' product when cuBLASLt has no epilogue for them */
+    CUdeviceptr ones[2]; /* k ones (f32, bf16): the column sums' product when cuBLASLt has no epilogue for them */
     int64_t ones_cap[2];
     RtGpuTimer timer;
     char describe[1536];

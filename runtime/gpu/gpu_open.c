@@ -40,7 +40,6 @@ static void rt_gpu_text(char *buf, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
-
 const char *rt_gpu_cache_dir(void) {
     static _Thread_local char dir[RT_GPU_PATH_MAX];
     const char *env = getenv("MBT_CACHE_DIR");
@@ -48,8 +47,7 @@ const char *rt_gpu_cache_dir(void) {
     if (env && *env) n = snprintf(dir, sizeof dir, "%s", env);
     else if ((env = getenv("XDG_CACHE_HOME")) && env[0] == '/') /* the XDG spec: relative paths are ignored */
         n = snprintf(dir, sizeof dir, "%s/mbt", env);
-    else if ((env = getenv("HOME")) && *env)
-        n = snprintf(dir, sizeof dir, "%s/.cache/mbt", env);
+    else if ((env = getenv("HOME")) && *env) n = snprintf(dir, sizeof dir, "%s/.cache/mbt", env);
     return n >= 0 && (size_t)n < sizeof dir ? dir : NULL;
 }
 
@@ -60,8 +58,7 @@ int rt_gpu_cache_file(char *buf, size_t cap, const char *dir, const char *module
     for (const char *p = module_hash; *p; p++) {
         if (len + 1 >= cap) return 0;
         char c = *p;
-        int keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-                   c == '-';
+        int keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
         buf[len++] = keep ? c : '-';
     }
     n = snprintf(buf + len, cap - len, "-sm_%d-%d.cubin", arch, driver);
@@ -140,7 +137,9 @@ static int rt_gpu_find_device(RtGpu *g, char *why, size_t cap) {
         rt_cu_check(api, rc, &e, "cuInit", "the CUDA driver %s", api->cuda_path);
         if (rc == CUDA_ERROR_STUB_LIBRARY)
             rt_gpu_text(why, cap, "no CUDA driver: %s (the toolkit's stub for linking, not an installed NVIDIA driver)", e.msg);
-        else rt_gpu_text(why, cap, "%s: %s", rc == CUDA_ERROR_NO_DEVICE ? "no CUDA device" : "the CUDA driver cannot start", e.msg);
+        else
+            rt_gpu_text(why, cap, "%s: %s", rc == CUDA_ERROR_NO_DEVICE ? "no CUDA device" : "the CUDA driver cannot start",
+                        e.msg);
         return 0;
     }
     api->initialized = 1;
@@ -149,8 +148,8 @@ static int rt_gpu_find_device(RtGpu *g, char *why, size_t cap) {
     if (!rt_gpu_query(g, api->cuDeviceGetCount(&count), "cuDeviceGetCount", why, cap)) return 0;
     if (count < 1) {
         const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-        snprintf(why, cap, "no CUDA device (the driver sees none%s%s%s)", vis ? "; CUDA_VISIBLE_DEVICES='" : "",
-                 vis ? vis : "", vis ? "'" : "");
+        snprintf(why, cap, "no CUDA device (the driver sees none%s%s%s)", vis ? "; CUDA_VISIBLE_DEVICES='" : "", vis ? vis : "",
+                 vis ? "'" : "");
         return 0;
     }
     if (!rt_gpu_query(g, api->cuDeviceGet(&g->dev, 0), "cuDeviceGet", why, cap) ||
@@ -186,8 +185,8 @@ static RtStatus rt_gpu_load_image(RtGpu *g, const void *image, const char *what,
     char log[RT_GPU_LOG] = "";
     CUjit_option opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     void *vals[] = {log, (void *)(uintptr_t)sizeof log};
-    RtStatus st = rt_cu_check(&g->api, g->api.cuModuleLoadDataEx(&g->module, image, 2, opts, vals), err,
-                              "cuModuleLoadDataEx", "%s", what);
+    RtStatus st =
+        rt_cu_check(&g->api, g->api.cuModuleLoadDataEx(&g->module, image, 2, opts, vals), err, "cuModuleLoadDataEx", "%s", what);
     if (st != RT_OK) {
         g->module = NULL;
         rt_append_log(err, log);
@@ -230,8 +229,8 @@ static RtStatus rt_gpu_jit(RtGpu *g, const char *dir, const char *path, RtError 
     void *cubin = NULL;
     size_t size = 0;
     st = rt_cu_check(api,
-                     api->cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)g->image->data, (size_t)g->image->size,
-                                        "mbt_program.ptx", 0, NULL, NULL),
+                     api->cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)g->image->data, (size_t)g->image->size, "mbt_program.ptx",
+                                        0, NULL, NULL),
                      err, "cuLinkAddData", "%s", what);
     if (st == RT_OK) st = rt_cu_check(api, api->cuLinkComplete(link, &cubin, &size), err, "cuLinkComplete", "%s", what);
     if (st != RT_OK) rt_append_log(err, log);
@@ -260,7 +259,9 @@ static RtStatus rt_gpu_load_module(RtGpu *g, RtError *err) {
     }
     if (!cached)
         snprintf(g->module_note, sizeof g->module_note, ", not cached: %s",
-                 !dir ? "no cache directory (set MBT_CACHE_DIR or HOME)" : !hash || !*hash ? "the program has no module hash" : "the cache path is too long");
+                 !dir              ? "no cache directory (set MBT_CACHE_DIR or HOME)"
+                 : !hash || !*hash ? "the program has no module hash"
+                                   : "the cache path is too long");
     return rt_gpu_jit(g, dir, cached ? path : NULL, err);
 }
 
@@ -268,8 +269,7 @@ static RtStatus rt_gpu_load_module(RtGpu *g, RtError *err) {
 
 static RtStatus rt_gpu_check_kernel(const RtGpuKernel *k, int64_t i, RtError *err) {
     if (!k->function) return rt_fail(err, RT_ERR_ARG, "the program's kernel %lld has no function name", (long long)i);
-    if (k->block < 1 || k->block > 1024 || k->blocks < 1 || k->blocks > INT32_MAX || k->nbufs < 0 ||
-        k->nbufs > RT_GPU_MAX_PARAMS)
+    if (k->block < 1 || k->block > 1024 || k->blocks < 1 || k->blocks > INT32_MAX || k->nbufs < 0 || k->nbufs > RT_GPU_MAX_PARAMS)
         return rt_fail(err, RT_ERR_ARG,
                        "the program's kernel %lld (%s) cannot be launched: %lld blocks of %d threads, %d buffers (at most "
                        "2147483647 blocks of 1024 threads, %d buffers)",
@@ -289,16 +289,15 @@ static RtStatus rt_gpu_functions(RtGpu *g, RtError *err) {
         const RtGpuKernel *k = &p->kernels[i];
         st = rt_gpu_check_kernel(k, i, err);
         if (st == RT_OK)
-            st = rt_cu_check(&g->api, g->api.cuModuleGetFunction(&g->fns[i], g->module, k->function), err,
-                             "cuModuleGetFunction", "the program's kernel %lld, %s", (long long)i, k->function);
+            st = rt_cu_check(&g->api, g->api.cuModuleGetFunction(&g->fns[i], g->module, k->function), err, "cuModuleGetFunction",
+                             "the program's kernel %lld, %s", (long long)i, k->function);
     }
     const struct {
         CUfunction *fn;
         const char *name;
     } own[] = {{&g->fn_axpy, "mbt_rt_axpy"}, {&g->fn_scale, "mbt_rt_scale"}, {&g->fn_sumsq, "mbt_rt_sumsq_blocks"}};
     for (size_t i = 0; i < sizeof own / sizeof own[0] && st == RT_OK; i++)
-        st = rt_cu_check(&g->api, g->api.cuModuleGetFunction(own[i].fn, g->module, own[i].name), err,
-                         "cuModuleGetFunction",
+        st = rt_cu_check(&g->api, g->api.cuModuleGetFunction(own[i].fn, g->module, own[i].name), err, "cuModuleGetFunction",
                          "the runtime's kernel %s, which mbtc appends to every program's CUDA source", own[i].name);
     return st;
 }
@@ -312,9 +311,9 @@ static void rt_gpu_fill_describe(RtGpu *g) {
     if (g->api.nccl_lib && g->api.ncclGetVersion(&nv) == 0)
         snprintf(nccl, sizeof nccl, "NCCL %d.%d.%d", nv / 10000, nv / 100 % 100, nv % 100);
     size_t lt = g->api.cublasLtGetVersion();
-    snprintf(g->describe, sizeof g->describe, "%s, sm_%d, %d SMs, %s; driver %d.%d; module: %s%s; cuBLASLt %zu.%zu.%zu; %s",
-             name, g->arch, g->sms, mem, g->driver / 1000, g->driver % 1000 / 10, g->module_kind, g->module_note,
-             lt / 10000, lt / 100 % 100, lt % 100, nccl);
+    snprintf(g->describe, sizeof g->describe, "%s, sm_%d, %d SMs, %s; driver %d.%d; module: %s%s; cuBLASLt %zu.%zu.%zu; %s", name,
+             g->arch, g->sms, mem, g->driver / 1000, g->driver % 1000 / 10, g->module_kind, g->module_note, lt / 10000,
+             lt / 100 % 100, lt % 100, nccl);
 }
 
 /* Everything after the device was found usable: a failure here is an error. */
@@ -337,8 +336,7 @@ static RtStatus rt_gpu_start(RtGpu *g, RtError *err) {
 }
 
 /* No usable GPU: AUTO says why and goes on without one, CUDA fails with the reason. */
-static RtStatus rt_gpu_unavailable(RtDeviceWant want, const char **why, RtError *err, const char *fmt, ...)
-    RT_PRINTF(4, 5);
+static RtStatus rt_gpu_unavailable(RtDeviceWant want, const char **why, RtError *err, const char *fmt, ...) RT_PRINTF(4, 5);
 static RtStatus rt_gpu_unavailable(RtDeviceWant want, const char **why, RtError *err, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -392,10 +390,6 @@ void rt_gpu_close(RtGpu *g) {
     free(g);
 }
 
-const char *rt_gpu_describe(const RtGpu *g) {
-    return g ? g->describe : "no GPU";
-}
+const char *rt_gpu_describe(const RtGpu *g) { return g ? g->describe : "no GPU"; }
 
-int rt_gpu_arch(const RtGpu *g) {
-    return g ? g->arch : 0;
-}
+int rt_gpu_arch(const RtGpu *g) { return g ? g->arch : 0; }

@@ -281,11 +281,11 @@ RtStatus rt_gpu_timer_resolve(RtGpu *g, RtError *err) {
     for (int64_t i = 0; i < t->npending && st == RT_OK; i++) {
         const RtGpuPending *p = &t->pending[i];
         float start = 0, dur = 0;
-        st = rt_cu_check(&g->api, g->api.cuEventElapsedTime(&start, t->anchor[t->cur], p->start), err,
-                         "cuEventElapsedTime", "timing %s", p->name);
+        st = rt_cu_check(&g->api, g->api.cuEventElapsedTime(&start, t->anchor[t->cur], p->start), err, "cuEventElapsedTime",
+                         "timing %s", p->name);
         if (st == RT_OK)
-            st = rt_cu_check(&g->api, g->api.cuEventElapsedTime(&dur, p->start, p->stop), err, "cuEventElapsedTime",
-                             "timing %s", p->name);
+            st = rt_cu_check(&g->api, g->api.cuEventElapsedTime(&dur, p->start, p->stop), err, "cuEventElapsedTime", "timing %s",
+                             p->name);
         batch[i] = (RtGpuEvent){p->name, t->anchor_us + 1e3 * start, 1e3 * dur};
     }
     if (st == RT_OK) st = rt_gpu_stats_add(&t->stats, batch, t->npending, err);

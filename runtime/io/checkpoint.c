@@ -55,12 +55,12 @@ struct RtCkptWriter {
     double started;                  /* when the snapshot began */
     int64_t nwritten;                /* checkpoints begun by this writer (the fault-injection hook counts them) */
     pthread_t thread;
-    int busy;                        /* a thread is running or not yet joined */
-    atomic_int finished;             /* set by the thread as it ends */
-    RtCkptDone done;                 /* the thread's result (the thread's while busy) */
-    RtCkptDone report;               /* a joined result not yet returned by rt_ckpt_poll */
+    int busy;            /* a thread is running or not yet joined */
+    atomic_int finished; /* set by the thread as it ends */
+    RtCkptDone done;     /* the thread's result (the thread's while busy) */
+    RtCkptDone report;   /* a joined result not yet returned by rt_ckpt_poll */
     int has_report;
-    json_t *data_files;              /* the training files, state.json's "data" "files" array */
+    json_t *data_files; /* the training files, state.json's "data" "files" array */
 };
 
 /* ---- paths and directories --------------------------------------------------------------------- */
@@ -126,31 +126,30 @@ typedef struct RtCkptFile {
 } RtCkptFile;
 
 /* The text of state.json (malloc'd, ending in a newline), or NULL when out of memory. */
-static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, json_t *data_files, const RtCkptFile *files,
-                                int nfiles, size_t *len) {
+static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, json_t *data_files, const RtCkptFile *files, int nfiles,
+                                size_t *len) {
     const RtTrainSettings *t = &p->train;
     json_t *state = json_array(), *sums = json_object();
     for (int64_t k = 0; state && k < p->nstate; k++) json_array_append_new(state, json_string(p->state_names[k]));
     for (int i = 0; sums && i < nfiles; i++)
-        json_object_set_new(sums, files[i].name, json_pack("{s:I, s:s}", "bytes", (json_int_t)files[i].bytes, "xxh3_128", files[i].sum));
+        json_object_set_new(sums, files[i].name,
+                            json_pack("{s:I, s:s}", "bytes", (json_int_t)files[i].bytes, "xxh3_128", files[i].sum));
     char fingerprint[17];
     snprintf(fingerprint, sizeof fingerprint, "%016" PRIx64, in->data.fingerprint);
     /* every draw is Philox4x32-10 keyed by the seed and counted by (step, micro-batch, element):
      * there is no generator state beyond the seed and the step */
-    json_t *doc = json_pack(
-        "{s:s, s:i, s:I, s:{s:s, s:s, s:s}, s:{s:s, s:I, s:i, s:i, s:I, s:I, s:I, s:I}, s:{s:o}, s:{s:s, s:o, s:I},"
-        " s:{s:o, s:o, s:o, s:s, s:O}, s:{s:I, s:I, s:I, s:o, s:o}, s:o}",
-        "format", RT_CKPT_FORMAT, "version", RT_CKPT_VERSION, "step", (json_int_t)in->step,
-        "program", "source", p->source ? p->source : "", "train", t->name, "hash", p->hash ? p->hash : "",
-        "layout", "device", in->device ? in->device : "cpu", "data_ranks", (json_int_t)t->data_ranks, "tensor", 1, "pipeline", 1,
-        "micro", (json_int_t)t->micro, "seq", (json_int_t)t->seq, "global", (json_int_t)t->global, "accum", (json_int_t)t->accum,
-        "optimizer", "state", state,
-        "rng", "generator", "philox4x32-10", "seed", rt_json_new_u64(in->seed), "counter_step", (json_int_t)in->step,
-        "data", "epoch", rt_json_new_u64(in->data.epoch), "shard", rt_json_new_u64(in->data.shard), "window",
-        rt_json_new_u64(in->data.window), "fingerprint", fingerprint, "files", data_files,
-        "schedule", "next_step", (json_int_t)in->step, "global", (json_int_t)in->global, "accum", (json_int_t)in->accum, "lr",
-        rt_json_new_f64(in->lr), "loss", rt_json_new_f64(in->loss),
-        "files", sums);
+    json_t *doc =
+        json_pack("{s:s, s:i, s:I, s:{s:s, s:s, s:s}, s:{s:s, s:I, s:i, s:i, s:I, s:I, s:I, s:I}, s:{s:o}, s:{s:s, s:o, s:I},"
+                  " s:{s:o, s:o, s:o, s:s, s:O}, s:{s:I, s:I, s:I, s:o, s:o}, s:o}",
+                  "format", RT_CKPT_FORMAT, "version", RT_CKPT_VERSION, "step", (json_int_t)in->step, "program", "source",
+                  p->source ? p->source : "", "train", t->name, "hash", p->hash ? p->hash : "", "layout", "device",
+                  in->device ? in->device : "cpu", "data_ranks", (json_int_t)t->data_ranks, "tensor", 1, "pipeline", 1, "micro",
+                  (json_int_t)t->micro, "seq", (json_int_t)t->seq, "global", (json_int_t)t->global, "accum", (json_int_t)t->accum,
+                  "optimizer", "state", state, "rng", "generator", "philox4x32-10", "seed", rt_json_new_u64(in->seed),
+                  "counter_step", (json_int_t)in->step, "data", "epoch", rt_json_new_u64(in->data.epoch), "shard",
+                  rt_json_new_u64(in->data.shard), "window", rt_json_new_u64(in->data.window), "fingerprint", fingerprint,
+                  "files", data_files, "schedule", "next_step", (json_int_t)in->step, "global", (json_int_t)in->global, "accum",
+                  (json_int_t)in->accum, "lr", rt_json_new_f64(in->lr), "loss", rt_json_new_f64(in->loss), "files", sums);
     char *text = rt_json_text(doc, JSON_INDENT(2), len);
     json_decref(doc);
     char *line = text ? realloc(text, *len + 2) : NULL;
@@ -353,9 +352,8 @@ static RtStatus rt_ckpt_data_files(const RtData *train, json_t **out, RtError *e
         char sum[RT_CHECKSUM_CHARS];
         int64_t bytes = 0;
         st = rt_checksum_sample(rt_data_file(train, i), "data shard", sum, &bytes, err);
-        if (st == RT_OK &&
-            json_array_append_new(a, json_pack("{s:s, s:I, s:s}", "path", rt_data_file(train, i), "bytes", (json_int_t)bytes,
-                                               "sample_xxh3_128", sum)) != 0)
+        if (st == RT_OK && json_array_append_new(a, json_pack("{s:s, s:I, s:s}", "path", rt_data_file(train, i), "bytes",
+                                                              (json_int_t)bytes, "sample_xxh3_128", sum)) != 0)
             st = rt_fail_errno(err, ENOMEM, "cannot describe the training data");
     }
     return st;
@@ -382,8 +380,9 @@ RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char 
     w->lock_fd = lock ? open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
     if (w->lock_fd < 0) st = rt_fail_errno(err, lock ? errno : ENOMEM, "cannot create the lock file '%s'", lock ? lock : dir);
     else if (flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0)
-        st = errno == EWOULDBLOCK ? rt_fail(err, RT_ERR_IO, "another run is writing checkpoints to '%s' (it holds '%s')", dir, lock)
-                                  : rt_fail_errno(err, errno, "cannot lock '%s'", lock);
+        st = errno == EWOULDBLOCK
+                 ? rt_fail(err, RT_ERR_IO, "another run is writing checkpoints to '%s' (it holds '%s')", dir, lock)
+                 : rt_fail_errno(err, errno, "cannot lock '%s'", lock);
     free(lock);
     /* with the lock held, every temporary directory in DIR is a leftover of a run that died */
     DIR *d = st == RT_OK ? opendir(dir) : NULL;
@@ -494,8 +493,7 @@ RtStatus rt_ckpt_resolve(const char *arg, const char *dir, char **path, RtError 
     RtStatus st = RT_OK;
     if (rt_ckpt_step_of(name) < 0)
         st = rt_fail(err, RT_ERR_FORMAT, "'%s' does not name a checkpoint (it holds '%.40s')", latest, name);
-    else if (!(*path = rt_path_join(root, name)))
-        st = rt_fail_errno(err, ENOMEM, "cannot find the checkpoint");
+    else if (!(*path = rt_path_join(root, name))) st = rt_fail_errno(err, ENOMEM, "cannot find the checkpoint");
     free(latest);
     return st;
 }
@@ -560,8 +558,10 @@ static void rt_ckpt_compare(const RtProgram *p, const json_t *root, const RtStFi
         if (!known) rt_diff_add(buf, cap, n, "'%s' is not a parameter here", x->name);
     }
     if (hash && p->hash && strcmp(hash, p->hash) != 0 && *n == 0)
-        rt_diff_add(buf, cap, n, "the compiled step differs (program hash %s, here %s): the model's computation, the optimizer, "
-                                 "the schedule or the batch settings changed", hash, p->hash);
+        rt_diff_add(buf, cap, n,
+                    "the compiled step differs (program hash %s, here %s): the model's computation, the optimizer, "
+                    "the schedule or the batch settings changed",
+                    hash, p->hash);
 }
 
 /* Checks one file of the checkpoint against the size and checksum state.json gives. */
@@ -576,11 +576,13 @@ static RtStatus rt_ckpt_check_file(const char *ckpt, const json_t *files, const 
     int64_t have = 0;
     RtStatus st = rt_checksum_file(path, "checkpoint file", sum, &have, err);
     if (st == RT_OK && have != bytes)
-        st = rt_fail(err, RT_ERR_FORMAT, "checkpoint file '%s' is %lld bytes, but state.json says %lld: it was truncated or changed",
-                     path, (long long)have, (long long)bytes);
+        st = rt_fail(err, RT_ERR_FORMAT,
+                     "checkpoint file '%s' is %lld bytes, but state.json says %lld: it was truncated or changed", path,
+                     (long long)have, (long long)bytes);
     else if (st == RT_OK && strcmp(sum, want) != 0)
-        st = rt_fail(err, RT_ERR_FORMAT, "checkpoint file '%s' fails its checksum (xxh3-128 %s, state.json says %s): it was damaged or changed",
-                     path, sum, want);
+        st = rt_fail(err, RT_ERR_FORMAT,
+                     "checkpoint file '%s' fails its checksum (xxh3-128 %s, state.json says %s): it was damaged or changed", path,
+                     sum, want);
     free(path);
     return st;
 }
@@ -606,7 +608,8 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     }
     int64_t version = 0;
     const char *fmt = rt_json_str(rt_json_get(root, "format")), *fp = rt_json_str(rt_jpath(root, "data", "fingerprint"));
-    if (st == RT_OK && (!fmt || strcmp(fmt, RT_CKPT_FORMAT) != 0)) st = rt_ckpt_bad(err, spath, "not an mbt checkpoint (no \"format\": \"mbt-checkpoint\")");
+    if (st == RT_OK && (!fmt || strcmp(fmt, RT_CKPT_FORMAT) != 0))
+        st = rt_ckpt_bad(err, spath, "not an mbt checkpoint (no \"format\": \"mbt-checkpoint\")");
     if (st == RT_OK && (!rt_json_i64(rt_json_get(root, "version"), &version) || version != RT_CKPT_VERSION))
         st = rt_fail(err, RT_ERR_FORMAT, "checkpoint state '%s': version %lld, but this runtime reads version %d", spath,
                      (long long)version, RT_CKPT_VERSION);
@@ -647,7 +650,8 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
         int n = 0;
         rt_ckpt_compare(p, root, model, diff, sizeof diff, &n);
         if (n > 0)
-            st = rt_fail(err, RT_ERR_ARG, "checkpoint '%s' is not of this program: %s (--resume-weights-only takes its weights and starts afresh)",
+            st = rt_fail(err, RT_ERR_ARG,
+                         "checkpoint '%s' is not of this program: %s (--resume-weights-only takes its weights and starts afresh)",
                          ckpt, diff);
     }
     if (st == RT_OK) {
@@ -663,7 +667,8 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
                 snprintf(name, sizeof name, "%s.%s", q->name, p->state_names[k]);
                 const RtStTensor *x = rt_st_find(optim, name);
                 if (!x || !rt_same_shape(x, q))
-                    st = rt_fail(err, RT_ERR_FORMAT, "checkpoint file '%s' has no tensor '%s' shaped like the parameter", opath, name);
+                    st = rt_fail(err, RT_ERR_FORMAT, "checkpoint file '%s' has no tensor '%s' shaped like the parameter", opath,
+                                 name);
                 else st = rt_st_read_f32(optim, x, state + k * p->param_floats + q->offset, q->numel, err);
             }
     }
@@ -690,8 +695,9 @@ void rt_ckpt_info_free(RtCkptInfo *info) {
 
 RtStatus rt_ckpt_check_data(const RtCkptInfo *info, const char *ckpt, const RtData *train, RtError *err) {
     if (info->ndata != rt_data_nfiles(train))
-        return rt_fail(err, RT_ERR_ARG, "checkpoint '%s': the training data are not those it was trained on (%lld files then, %lld now)",
-                       ckpt, (long long)info->ndata, (long long)rt_data_nfiles(train));
+        return rt_fail(err, RT_ERR_ARG,
+                       "checkpoint '%s': the training data are not those it was trained on (%lld files then, %lld now)", ckpt,
+                       (long long)info->ndata, (long long)rt_data_nfiles(train));
     for (int64_t i = 0; i < info->ndata; i++) {
         char sum[RT_CHECKSUM_CHARS];
         int64_t bytes = 0;

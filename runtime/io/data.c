@@ -28,7 +28,7 @@ typedef struct RtShard {
     RtMap map;
     const unsigned char *tok; /* the first token's bytes */
     int64_t ntok;
-    int width;                /* bytes per token: 2 or 4 */
+    int width; /* bytes per token: 2 or 4 */
 } RtShard;
 
 /* A run of windows [first, first + count) of one shard: what one split visits of it. */
@@ -57,9 +57,7 @@ static uint32_t rt_le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static uint32_t rt_bswap32(uint32_t x) {
-    return (x >> 24) | ((x >> 8) & 0xFF00) | ((x << 8) & 0xFF0000) | (x << 24);
-}
+static uint32_t rt_bswap32(uint32_t x) { return (x >> 24) | ((x >> 8) & 0xFF00) | ((x << 8) & 0xFF0000) | (x << 24); }
 
 static uint32_t rt_token(const RtShard *s, int64_t i) {
     const unsigned char *p = s->tok + i * s->width;
@@ -88,8 +86,8 @@ static RtStatus rt_shard_open(RtShard *s, const char *path, RtError *err) {
                            path, magic, size, RT_LLMC_HEADER_BYTES);
         uint32_t version = rt_le32(b + 4);
         if (version != RT_LLMC_VERSION)
-            return rt_fail(err, RT_ERR_FORMAT, "data shard '%s': unsupported llm.c shard version %u (expected %d)", path,
-                           version, RT_LLMC_VERSION);
+            return rt_fail(err, RT_ERR_FORMAT, "data shard '%s': unsupported llm.c shard version %u (expected %d)", path, version,
+                           RT_LLMC_VERSION);
         int32_t count = (int32_t)rt_le32(b + 8);
         if (count < 0)
             return rt_fail(err, RT_ERR_FORMAT, "data shard '%s': negative token count %d in its header", path, (int)count);
@@ -102,8 +100,8 @@ static RtStatus rt_shard_open(RtShard *s, const char *path, RtError *err) {
                            "header) but the file has %zu bytes",
                            path, (int)count, (unsigned long long)body, RT_LLMC_HEADER_BYTES, size);
         if (body < have)
-            return rt_fail(err, RT_ERR_FORMAT, "data shard '%s' has %llu bytes more than the %d tokens its header declares",
-                           path, (unsigned long long)(have - body), (int)count);
+            return rt_fail(err, RT_ERR_FORMAT, "data shard '%s' has %llu bytes more than the %d tokens its header declares", path,
+                           (unsigned long long)(have - body), (int)count);
         s->tok = b + RT_LLMC_HEADER_BYTES;
         s->ntok = count;
         return RT_OK;
@@ -112,8 +110,8 @@ static RtStatus rt_shard_open(RtShard *s, const char *path, RtError *err) {
      * which would otherwise be read as 512 tokens of garbage. */
     if (size >= RT_LLMC_HEADER_BYTES) {
         if (magic == rt_bswap32(RT_LLMC_MAGIC) || magic == rt_bswap32(RT_LLMC_MAGIC_U32))
-            return rt_fail(err, RT_ERR_FORMAT, "data shard '%s' starts with a byte-swapped llm.c magic number (written big-endian?)",
-                           path);
+            return rt_fail(err, RT_ERR_FORMAT,
+                           "data shard '%s' starts with a byte-swapped llm.c magic number (written big-endian?)", path);
         uint32_t version = rt_le32(b + 4);
         int32_t count = (int32_t)rt_le32(b + 8);
         if (version == RT_LLMC_VERSION && count >= 0 &&
@@ -141,13 +139,9 @@ static void rt_shard_close(RtShard *s) {
 
 /* ---- finding the files -------------------------------------------------------------------------- */
 
-static int rt_cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int rt_cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static int rt_has_glob_chars(const char *p) {
-    return strpbrk(p, "*?[\\") != NULL;
-}
+static int rt_has_glob_chars(const char *p) { return strpbrk(p, "*?[\\") != NULL; }
 
 /* The files of a pattern, sorted byte-wise (glob's own order follows the locale). A pattern
  * without wildcards names one file, whose absence is reported by opening it. */
@@ -208,9 +202,7 @@ static uint64_t rt_fnv_u64(uint64_t h, uint64_t v) {
     return h;
 }
 
-static int64_t rt_shard_windows(const RtShard *s, int64_t T) {
-    return s->ntok >= T + 1 ? (s->ntok - 1) / T : 0;
-}
+static int64_t rt_shard_windows(const RtShard *s, int64_t T) { return s->ntok >= T + 1 ? (s->ntok - 1) / T : 0; }
 
 void rt_data_close(RtData *d) {
     if (!d) return;
@@ -267,8 +259,8 @@ RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtErr
     int64_t total = 0;
     for (int64_t i = 0; i < d->nshards; i++) total += rt_shard_windows(&d->shards[i], d->T);
     if (total == 0) {
-        st = rt_fail(err, RT_ERR_FORMAT, "data: no file matching '%s' holds a window of %lld tokens (seq %lld + 1)",
-                     pattern, (long long)(d->T + 1), (long long)d->T);
+        st = rt_fail(err, RT_ERR_FORMAT, "data: no file matching '%s' holds a window of %lld tokens (seq %lld + 1)", pattern,
+                     (long long)(d->T + 1), (long long)d->T);
         rt_data_close(d);
         return st;
     }
@@ -370,8 +362,9 @@ RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err
                                    "data shard '%s': token id %u at token %lld (byte offset %lld) is not below the "
                                    "vocabulary size %lld",
                                    s->path, t, (long long)at, (long long)byte, (long long)d->vocab);
-                return rt_fail(err, RT_ERR_FORMAT, "data shard '%s': token id %u at token %lld (byte offset %lld) does not fit in int32",
-                               s->path, t, (long long)at, (long long)byte);
+                return rt_fail(err, RT_ERR_FORMAT,
+                               "data shard '%s': token id %u at token %lld (byte offset %lld) does not fit in int32", s->path, t,
+                               (long long)at, (long long)byte);
             }
             if (i < T) xr[i] = (int32_t)t;
             if (i > 0) yr[i - 1] = (int32_t)t;
@@ -382,9 +375,7 @@ RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err
     return RT_OK;
 }
 
-RtDataPos rt_data_tell(const RtData *d) {
-    return d->pos;
-}
+RtDataPos rt_data_tell(const RtData *d) { return d->pos; }
 
 RtStatus rt_data_seek(RtData *d, const RtDataPos *pos, RtError *err) {
     if (pos->fingerprint != d->fingerprint)
@@ -400,9 +391,7 @@ RtStatus rt_data_seek(RtData *d, const RtDataPos *pos, RtError *err) {
     return RT_OK;
 }
 
-void rt_data_rewind(RtData *d) {
-    d->pos = (RtDataPos){0, 0, 0, d->fingerprint};
-}
+void rt_data_rewind(RtData *d) { d->pos = (RtDataPos){0, 0, 0, d->fingerprint}; }
 
 int64_t rt_data_windows(const RtData *d) { return d->windows; }
 int64_t rt_data_seq(const RtData *d) { return d->T; }
@@ -422,8 +411,8 @@ RtStatus rt_shard_write(const char *path, RtShardFormat fmt, const uint32_t *tok
     int width = fmt == RT_SHARD_LLMC_U32 ? 4 : 2;
     for (int64_t i = 0; width == 2 && i < n; i++)
         if (tokens[i] > 0xFFFF)
-            return rt_fail(err, RT_ERR_ARG, "cannot write data shard '%s': token %lld is %u, which does not fit uint16",
-                           path, (long long)i, tokens[i]);
+            return rt_fail(err, RT_ERR_ARG, "cannot write data shard '%s': token %lld is %u, which does not fit uint16", path,
+                           (long long)i, tokens[i]);
     RtAtomicFile f;
     RtStatus st = rt_atomic_begin(&f, path, "data shard", err);
     if (st != RT_OK) return st;

@@ -69,18 +69,14 @@ static RtStatus rt_st_fail(RtError *e, RtStatus code, const char *fmt, ...) {
 /* ---- dtypes ------------------------------------------------------------------------------------- */
 
 static const char *const rt_dtype_names[RT_DTYPE_COUNT] = {
-    "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16",
-    "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
+    "BOOL", "U8",   "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16",
+    "F16",  "BF16", "I32", "U32",     "F32",     "C64",     "F64",         "I64",         "U64",
 };
 static const unsigned char rt_dtype_sizes[RT_DTYPE_COUNT] = {1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8, 8};
 
-const char *rt_dtype_name(RtDtype t) {
-    return (unsigned)t < RT_DTYPE_COUNT ? rt_dtype_names[t] : "?";
-}
+const char *rt_dtype_name(RtDtype t) { return (unsigned)t < RT_DTYPE_COUNT ? rt_dtype_names[t] : "?"; }
 
-int rt_dtype_size(RtDtype t) {
-    return (unsigned)t < RT_DTYPE_COUNT ? rt_dtype_sizes[t] : 0;
-}
+int rt_dtype_size(RtDtype t) { return (unsigned)t < RT_DTYPE_COUNT ? rt_dtype_sizes[t] : 0; }
 
 int rt_dtype_parse(const char *s, RtDtype *out) {
     for (int i = 0; i < RT_DTYPE_COUNT; i++)
@@ -105,14 +101,12 @@ static float rt_bits_f32(uint32_t u) {
     return f;
 }
 
-float rt_bf16_to_f32(uint16_t h) {
-    return rt_bits_f32((uint32_t)h << 16);
-}
+float rt_bf16_to_f32(uint16_t h) { return rt_bits_f32((uint32_t)h << 16); }
 
 uint16_t rt_f32_to_bf16(float f) {
     uint32_t u = rt_f32_bits(f);
     if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x0040); /* NaN: keep it quiet */
-    uint32_t bias = 0x7FFF + ((u >> 16) & 1);                                  /* ties to even */
+    uint32_t bias = 0x7FFF + ((u >> 16) & 1);                                 /* ties to even */
     return (uint16_t)((u + bias) >> 16);
 }
 
@@ -134,7 +128,7 @@ uint16_t rt_f32_to_f16(float f) {
     if (x > 0x7F800000) return (uint16_t)(sign | 0x7E00 | ((x >> 13) & 0x3FF)); /* NaN */
     if (x >= 0x477FF000) return (uint16_t)(sign | 0x7C00);                      /* >= 65520 rounds to inf */
     uint32_t e = x >> 23;
-    if (e < 113) { /* below 2^-14: a subnormal half (or zero) */
+    if (e < 113) {                /* below 2^-14: a subnormal half (or zero) */
         if (e < 102) return sign; /* below 2^-25: rounds to zero */
         uint32_t m = (x & 0x7FFFFF) | 0x800000;
         uint32_t shift = 126 - e; /* 14..24 */
@@ -203,7 +197,9 @@ static RtStatus rt_st_schema(RtStCtx *c, const char *fmt, ...) {
     return rt_st_fail(c->err, RT_ERR_FORMAT, "safetensors file '%s': malformed header: %s", c->f->label, what);
 }
 
-static RtStatus rt_st_nomem(RtStCtx *c) { return rt_fail_errno(c->err, ENOMEM, "cannot read safetensors file '%s'", c->f->label); }
+static RtStatus rt_st_nomem(RtStCtx *c) {
+    return rt_fail_errno(c->err, ENOMEM, "cannot read safetensors file '%s'", c->f->label);
+}
 
 /* What a JSON value is, for messages. */
 static const char *rt_st_kind(const json_t *v) {
@@ -233,7 +229,8 @@ static RtStatus rt_st_dtype(RtStCtx *c, const json_t *v, RtStTensor *t) {
     if (!s) return rt_st_schema(c, "dtype of tensor \"%.100s\" must be a string, not %s", t->name, rt_st_kind(v));
     if (rt_dtype_parse(s, &t->dtype)) return RT_OK;
     if (strcmp(s, "F4") == 0 || strcmp(s, "F6_E2M3") == 0 || strcmp(s, "F6_E3M2") == 0)
-        return rt_st_schema(c, "dtype \"%s\" of tensor \"%.100s\" is not supported (its elements are smaller than a byte)", s, t->name);
+        return rt_st_schema(c, "dtype \"%s\" of tensor \"%.100s\" is not supported (its elements are smaller than a byte)", s,
+                            t->name);
     return rt_st_schema(c, "unknown dtype \"%.40s\" of tensor \"%.100s\"", s, t->name);
 }
 
@@ -252,7 +249,8 @@ static RtStatus rt_st_shape(RtStCtx *c, const json_t *v, RtStTensor *t) {
 }
 
 static RtStatus rt_st_offsets(RtStCtx *c, const json_t *v, RtStTensor *t) {
-    if (!json_is_array(v)) return rt_st_schema(c, "data_offsets of tensor \"%.100s\" must be a list, not %s", t->name, rt_st_kind(v));
+    if (!json_is_array(v))
+        return rt_st_schema(c, "data_offsets of tensor \"%.100s\" must be a list, not %s", t->name, rt_st_kind(v));
     if (json_array_size(v) != 2)
         return rt_st_schema(c, "data_offsets of tensor \"%.100s\" must hold two numbers, not %zu", t->name, json_array_size(v));
     RtStatus st = rt_st_whole(c, json_array_get(v, 0), "data_offsets", t->name, &t->begin);
@@ -265,11 +263,12 @@ static RtStatus rt_st_entry(RtStCtx *c, const json_t *v, RtStTensor *t) {
     const char *key;
     const json_t *x;
     json_object_foreach((json_t *)v, key, x) {
-        RtStatus st = strcmp(key, "dtype") == 0 ? rt_st_dtype(c, x, t)
+        RtStatus st = strcmp(key, "dtype") == 0   ? rt_st_dtype(c, x, t)
                       : strcmp(key, "shape") == 0 ? rt_st_shape(c, x, t)
                       : strcmp(key, "data_offsets") == 0
                           ? rt_st_offsets(c, x, t)
-                          : rt_st_schema(c, "unknown key \"%.100s\" in tensor \"%.100s\" (expected dtype, shape, data_offsets)", key, t->name);
+                          : rt_st_schema(c, "unknown key \"%.100s\" in tensor \"%.100s\" (expected dtype, shape, data_offsets)",
+                                         key, t->name);
         if (st != RT_OK) return st;
     }
     static const char *const need[3] = {"dtype", "shape", "data_offsets"};
@@ -303,8 +302,9 @@ static RtStatus rt_st_header(RtStFile *f, const unsigned char *text, size_t n, R
     if (n == 0 || text[0] != '{') {
         char found[24] = "the end of the header";
         if (n) snprintf(found, sizeof found, text[0] >= 0x20 && text[0] < 0x7F ? "'%c'" : "byte 0x%02x", text[0]);
-        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': malformed header at byte 8: the header must start with '{', found %s",
-                          f->label, found);
+        return rt_st_fail(err, RT_ERR_FORMAT,
+                          "safetensors file '%s': malformed header at byte 8: the header must start with '{', found %s", f->label,
+                          found);
     }
     char what[4200];
     snprintf(what, sizeof what, "safetensors file '%s': malformed header", f->label);
@@ -372,20 +372,18 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
         t->numel = (int64_t)numel;
         if (t->begin > t->end)
             return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' has reversed data_offsets [%llu, %llu]", L,
-                           t->name, (unsigned long long)t->begin, (unsigned long long)t->end);
+                              t->name, (unsigned long long)t->begin, (unsigned long long)t->end);
         if (t->end > data_size)
             return rt_st_fail(err, RT_ERR_FORMAT,
-                           "safetensors file '%s': tensor '%s' has data_offsets [%llu, %llu] outside the data (%llu bytes)",
-                           L, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                           (unsigned long long)data_size);
+                              "safetensors file '%s': tensor '%s' has data_offsets [%llu, %llu] outside the data (%llu bytes)", L,
+                              t->name, (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data_size);
         if (t->end - t->begin != bytes) {
             char sh[256];
             return rt_st_fail(err, RT_ERR_FORMAT,
-                           "safetensors file '%s': tensor '%s' is %s %s (%llu bytes) but its data_offsets [%llu, %llu] "
-                           "span %llu bytes",
-                           L, t->name, rt_dtype_name(t->dtype), rt_shape_str(t, sh, sizeof sh), (unsigned long long)bytes,
-                           (unsigned long long)t->begin, (unsigned long long)t->end,
-                           (unsigned long long)(t->end - t->begin));
+                              "safetensors file '%s': tensor '%s' is %s %s (%llu bytes) but its data_offsets [%llu, %llu] "
+                              "span %llu bytes",
+                              L, t->name, rt_dtype_name(t->dtype), rt_shape_str(t, sh, sizeof sh), (unsigned long long)bytes,
+                              (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)(t->end - t->begin));
         }
     }
     /* Offsets: in order they must tile the data exactly (the format forbids holes). Names are
@@ -401,19 +399,19 @@ static RtStatus rt_st_validate(RtStFile *f, uint64_t data_size, RtError *err) {
         const RtStTensor *t = &f->t[i];
         if (t->begin < at)
             return rt_st_fail(err, RT_ERR_FORMAT,
-                           "safetensors file '%s': tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap", L, prev->name,
-                           (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
-                           (unsigned long long)t->begin, (unsigned long long)t->end);
+                              "safetensors file '%s': tensors '%s' [%llu, %llu] and '%s' [%llu, %llu] overlap", L, prev->name,
+                              (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
+                              (unsigned long long)t->begin, (unsigned long long)t->end);
         if (t->begin > at)
             return rt_st_fail(err, RT_ERR_FORMAT,
-                           "safetensors file '%s': data bytes [%llu, %llu) before tensor '%s' belong to no tensor", L,
-                           (unsigned long long)at, (unsigned long long)t->begin, t->name);
+                              "safetensors file '%s': data bytes [%llu, %llu) before tensor '%s' belong to no tensor", L,
+                              (unsigned long long)at, (unsigned long long)t->begin, t->name);
         at = t->end;
         prev = t;
     }
     if (at != data_size)
         return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': data bytes [%llu, %llu) at the end belong to no tensor", L,
-                       (unsigned long long)at, (unsigned long long)data_size);
+                          (unsigned long long)at, (unsigned long long)data_size);
     return RT_OK;
 }
 
@@ -423,15 +421,16 @@ static RtStatus rt_st_parse(RtStFile *f, RtError *err) {
     const char *L = f->label;
     if (f->size < 8)
         return rt_st_fail(err, RT_ERR_FORMAT,
-                       "safetensors file '%s' is truncated: %zu bytes, too short for the 8-byte header length", L, f->size);
+                          "safetensors file '%s' is truncated: %zu bytes, too short for the 8-byte header length", L, f->size);
     uint64_t n = 0;
     for (int k = 7; k >= 0; k--) n = n << 8 | f->bytes[k];
     if (n > RT_ST_MAX_HEADER)
         return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': header length %llu exceeds the limit of %llu bytes", L,
-                       (unsigned long long)n, (unsigned long long)RT_ST_MAX_HEADER);
+                          (unsigned long long)n, (unsigned long long)RT_ST_MAX_HEADER);
     if (n > f->size - 8)
-        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': header length %llu is beyond the end of the file (%zu bytes)",
-                       L, (unsigned long long)n, f->size);
+        return rt_st_fail(err, RT_ERR_FORMAT,
+                          "safetensors file '%s': header length %llu is beyond the end of the file (%zu bytes)", L,
+                          (unsigned long long)n, f->size);
     RtStatus st = rt_st_header(f, f->bytes + 8, (size_t)n, err);
     if (st != RT_OK) return st;
     const unsigned char *data = f->bytes + 8 + n;
@@ -495,9 +494,7 @@ RtStatus rt_st_open_memory(RtStFile **out, const void *bytes, size_t n, const ch
 
 int64_t rt_st_count(const RtStFile *f) { return f->nt; }
 
-const RtStTensor *rt_st_tensor(const RtStFile *f, int64_t i) {
-    return i >= 0 && i < f->nt ? &f->t[i] : NULL;
-}
+const RtStTensor *rt_st_tensor(const RtStFile *f, int64_t i) { return i >= 0 && i < f->nt ? &f->t[i] : NULL; }
 
 const RtStTensor *rt_st_find(const RtStFile *f, const char *name) {
     int64_t lo = 0, hi = f->nt;
@@ -528,8 +525,9 @@ static RtStatus rt_st_read_check(const RtStFile *f, const RtStTensor *t, const v
         return rt_st_fail(err, RT_ERR_ARG, "safetensors file '%s': the tensor to read is not one of this file's", f->label);
     if (n != t->numel)
         return rt_st_fail(err, RT_ERR_ARG, "safetensors file '%s': tensor '%s' has %lld elements, not the %lld asked for",
-                       f->label, t->name, (long long)t->numel, (long long)n);
-    if (n > 0 && !dst) return rt_st_fail(err, RT_ERR_ARG, "safetensors file '%s': no buffer to read '%s' into", f->label, t->name);
+                          f->label, t->name, (long long)t->numel, (long long)n);
+    if (n > 0 && !dst)
+        return rt_st_fail(err, RT_ERR_ARG, "safetensors file '%s': no buffer to read '%s' into", f->label, t->name);
     return RT_OK;
 }
 
@@ -562,8 +560,10 @@ RtStatus rt_st_read_f32(const RtStFile *f, const RtStTensor *t, float *dst, int6
         }
         return RT_OK;
     default:
-        return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as f32 (F32, F16, "
-                       "BF16 or F64 expected)", f->label, t->name, rt_dtype_name(t->dtype));
+        return rt_st_fail(err, RT_ERR_FORMAT,
+                          "safetensors file '%s': tensor '%s' is %s, which cannot be read as f32 (F32, F16, "
+                          "BF16 or F64 expected)",
+                          f->label, t->name, rt_dtype_name(t->dtype));
     }
 }
 
@@ -579,8 +579,9 @@ RtStatus rt_st_read_i64(const RtStFile *f, const RtStTensor *t, int64_t *dst, in
         for (int64_t i = 0; i < n; i++) dst[i] = (int32_t)rt_le32(p + 4 * i);
         return RT_OK;
     }
-    return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as i64 (I32 or I64 expected)",
-                   f->label, t->name, rt_dtype_name(t->dtype));
+    return rt_st_fail(err, RT_ERR_FORMAT,
+                      "safetensors file '%s': tensor '%s' is %s, which cannot be read as i64 (I32 or I64 expected)", f->label,
+                      t->name, rt_dtype_name(t->dtype));
 }
 
 RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, int64_t n, RtError *err) {
@@ -595,14 +596,16 @@ RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, in
         for (int64_t i = 0; i < n; i++) {
             int64_t v = (int64_t)rt_le64(p + 8 * i);
             if (v < INT32_MIN || v > INT32_MAX)
-                return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': element %lld of I64 tensor '%s' (%lld) does not fit int32",
-                               f->label, (long long)i, t->name, (long long)v);
+                return rt_st_fail(err, RT_ERR_FORMAT,
+                                  "safetensors file '%s': element %lld of I64 tensor '%s' (%lld) does not fit int32", f->label,
+                                  (long long)i, t->name, (long long)v);
             dst[i] = (int32_t)v;
         }
         return RT_OK;
     }
-    return rt_st_fail(err, RT_ERR_FORMAT, "safetensors file '%s': tensor '%s' is %s, which cannot be read as i32 (I32 or I64 expected)",
-                   f->label, t->name, rt_dtype_name(t->dtype));
+    return rt_st_fail(err, RT_ERR_FORMAT,
+                      "safetensors file '%s': tensor '%s' is %s, which cannot be read as i32 (I32 or I64 expected)", f->label,
+                      t->name, rt_dtype_name(t->dtype));
 }
 
 /* ---- writing ------------------------------------------------------------------------------------ */
@@ -691,22 +694,24 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
         const RtStEntry *e = &t[i];
         if (!e->name || !*e->name || strcmp(e->name, "__metadata__") == 0 || !rt_st_name_ok(e->name)) {
             st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor %lld has an invalid name%s%s%s", path,
-                         (long long)i, e->name ? " '" : "", e->name ? e->name : "", e->name ? "'" : "");
+                            (long long)i, e->name ? " '" : "", e->name ? e->name : "", e->name ? "'" : "");
             break;
         }
         if ((unsigned)e->dtype >= RT_DTYPE_COUNT || e->rank < 0 || e->rank > RT_ST_MAX_RANK || (e->rank > 0 && !e->shape)) {
-            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad dtype or shape", path, e->name);
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad dtype or shape", path,
+                            e->name);
             break;
         }
         if (e->from_f32 && e->dtype != RT_F32 && e->dtype != RT_F16 && e->dtype != RT_BF16) {
-            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' cannot be converted from f32 to %s", path,
-                         e->name, rt_dtype_name(e->dtype));
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' cannot be converted from f32 to %s",
+                            path, e->name, rt_dtype_name(e->dtype));
             break;
         }
         uint64_t c = 1;
         for (int d = 0; d < e->rank; d++) {
             if (e->shape[d] < 0 || (e->shape[d] > 0 && c > (UINT64_C(1) << 56) / (uint64_t)e->shape[d])) {
-                st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad shape", path, e->name);
+                st =
+                    rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': tensor '%s' has a bad shape", path, e->name);
                 break;
             }
             c *= (uint64_t)e->shape[d];
@@ -718,19 +723,22 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
     }
     for (int64_t i = 0; i < nmeta && st == RT_OK; i++)
         if (!meta[i].key || !meta[i].value || !rt_st_name_ok(meta[i].key) || !rt_st_name_ok(meta[i].value))
-            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': __metadata__ entry %lld is not a pair of UTF-8 strings",
-                         path, (long long)i);
+            st = rt_st_fail(err, RT_ERR_ARG,
+                            "cannot write safetensors file '%s': __metadata__ entry %lld is not a pair of UTF-8 strings", path,
+                            (long long)i);
     for (int64_t i = 0; i < nmeta && st == RT_OK; i++)
         for (int64_t k = 0; k < i && st == RT_OK; k++)
             if (strcmp(meta[i].key, meta[k].key) == 0)
-                st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate __metadata__ key '%s'", path, meta[i].key);
+                st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate __metadata__ key '%s'", path,
+                                meta[i].key);
     if (st != RT_OK) goto done;
     /* Names are unique (checked on a name-sorted copy: the layout order groups by dtype). */
     memcpy(byname, order, (size_t)n * sizeof *byname);
     qsort(byname, (size_t)n, sizeof *byname, rt_cmp_entry_names);
     for (int64_t i = 1; i < n; i++)
         if (strcmp(byname[i - 1]->name, byname[i]->name) == 0) {
-            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate tensor name '%s'", path, byname[i]->name);
+            st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': duplicate tensor name '%s'", path,
+                            byname[i]->name);
             goto done;
         }
     qsort(order, (size_t)n, sizeof *order, rt_cmp_layout);
@@ -738,7 +746,8 @@ RtStatus rt_st_write(const char *path, const RtStEntry *t, int64_t n, const RtSt
     st = rt_st_header_text(path, t, order, numel, n, meta, nmeta, &header, &hlen, err);
     if (st != RT_OK) goto done;
     if (hlen > RT_ST_MAX_HEADER) {
-        st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': the header would be %zu bytes, over the limit", path, hlen);
+        st = rt_st_fail(err, RT_ERR_ARG, "cannot write safetensors file '%s': the header would be %zu bytes, over the limit",
+                        path, hlen);
         goto done;
     }
     RtAtomicFile af;

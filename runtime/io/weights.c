@@ -148,7 +148,7 @@ RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path,
     snprintf(v[3], sizeof v[3], "%lld", (long long)p->train.micro);
     snprintf(v[4], sizeof v[4], "%lld", (long long)d->accum);
     snprintf(v[5], sizeof v[5], "%lld", (long long)p->train.seq);
-    RtStMeta meta[7] = {{"format", "pt"}, {"mbt.loss", v[0]}, {"mbt.lr", v[1]},   {"mbt.clip", v[2]},
+    RtStMeta meta[7] = {{"format", "pt"},    {"mbt.loss", v[0]},  {"mbt.lr", v[1]}, {"mbt.clip", v[2]},
                         {"mbt.micro", v[3]}, {"mbt.accum", v[4]}, {"mbt.seq", v[5]}};
     if (st == RT_OK) st = rt_st_write(path, e, n, meta, 7, err);
     for (int64_t i = 0; names && i < 2 * p->nparams; i++) free(names[i]);

@@ -104,16 +104,16 @@ struct State {
     Fiber fibers[MAX_THREADS];
     unsigned char state[MAX_THREADS]; /* each thread's RUN, AT_WARP, AT_BLOCK or DONE: compact, as
                                          the barriers scan it */
-    int created;                   /* fibers with a stack */
+    int created;                      /* fibers with a stack */
     Fiber *cur;
     Jump sched;
     ucontext_t creator;
-    void (*body)(void **);         /* the kernel's thunk, run by each thread */
+    void (*body)(void **); /* the kernel's thunk, run by each thread */
     void **params;
     const char *kernel;
-    char err[512];                 /* the launch's failure, if any */
-    int nthreads;                  /* of the block being run */
-    int arrived[MAX_THREADS / 32]; /* each warp's lanes waiting at its barrier */
+    char err[512];                          /* the launch's failure, if any */
+    int nthreads;                           /* of the block being run */
+    int arrived[MAX_THREADS / 32];          /* each warp's lanes waiting at its barrier */
     unsigned char lanes[2][MAX_THREADS][8]; /* the shuffles' exchange slots: a pair per thread */
 };
 
@@ -191,8 +191,8 @@ inline void fail(const char *what) {
     State &s = st();
     Fiber *f = s.cur;
     if (!s.err[0])
-        snprintf(s.err, sizeof s.err, "cudaemu: kernel %s, block (%u, %u, %u), thread (%u, %u, %u): %s", s.kernel,
-                 s.block.x, s.block.y, s.block.z, f->idx.x, f->idx.y, f->idx.z, what);
+        snprintf(s.err, sizeof s.err, "cudaemu: kernel %s, block (%u, %u, %u), thread (%u, %u, %u): %s", s.kernel, s.block.x,
+                 s.block.y, s.block.z, f->idx.x, f->idx.y, f->idx.z, what);
     wait_at(DONE); /* this thread stops here; the launch reports the failure */
 }
 
@@ -265,13 +265,13 @@ inline void reset(State &s) {
     s.created = 0;
 }
 
-inline int launch(void (*body)(void **), const char *kernel, const unsigned grid[3], const unsigned block[3],
-                  void **params, char *err, size_t errlen) {
+inline int launch(void (*body)(void **), const char *kernel, const unsigned grid[3], const unsigned block[3], void **params,
+                  char *err, size_t errlen) {
     State &s = st();
     unsigned long long nthreads = (unsigned long long)block[0] * block[1] * block[2];
     if (nthreads == 0 || nthreads > MAX_THREADS || grid[0] == 0 || grid[1] == 0 || grid[2] == 0) {
-        snprintf(err, errlen, "cudaemu: kernel %s: grid (%u, %u, %u), block (%u, %u, %u): invalid geometry", kernel,
-                 grid[0], grid[1], grid[2], block[0], block[1], block[2]);
+        snprintf(err, errlen, "cudaemu: kernel %s: grid (%u, %u, %u), block (%u, %u, %u): invalid geometry", kernel, grid[0],
+                 grid[1], grid[2], block[0], block[1], block[2]);
         return 1;
     }
     for (; s.created < (int)nthreads; s.created++)
@@ -299,9 +299,7 @@ inline int launch(void (*body)(void **), const char *kernel, const unsigned grid
 template <class... A, size_t... I> inline void call_with(void (*k)(A...), void **p, std::index_sequence<I...>) {
     k(*static_cast<typename std::remove_reference<A>::type *>(p[I])...);
 }
-template <class... A> inline void call(void (*k)(A...), void **p) {
-    call_with(k, p, std::index_sequence_for<A...>{});
-}
+template <class... A> inline void call(void (*k)(A...), void **p) { call_with(k, p, std::index_sequence_for<A...>{}); }
 
 struct Entry {
     const char *name;
@@ -332,7 +330,7 @@ template <class T> inline T shuffle(unsigned mask, T v, int src) {
     check_mask(mask);
     State &s = st();
     Fiber *f = s.cur;
-    unsigned char (*slots)[8] = s.lanes[f->shuffles++ & 1];
+    unsigned char(*slots)[8] = s.lanes[f->shuffles++ & 1];
     memcpy(slots[f->tid], &v, sizeof v);
     wait_warp();
     T r = v;
@@ -397,13 +395,23 @@ inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 /* float -> int truncating and saturating, NaN -> 0 (what the PTX cvt.rzi does) */
-inline int __float2int_rz(float x) { return x != x ? 0 : x >= 2147483648.0f ? 2147483647 : x <= -2147483648.0f ? (-2147483647 - 1) : (int)x; }
-inline long long __float2ll_rz(float x) {
-    return x != x ? 0 : x >= 9223372036854775808.0f ? 9223372036854775807LL : x <= -9223372036854775808.0f ? (-9223372036854775807LL - 1) : (long long)x;
+inline int __float2int_rz(float x) {
+    return x != x ? 0 : x >= 2147483648.0f ? 2147483647 : x <= -2147483648.0f ? (-2147483647 - 1) : (int)x;
 }
-inline int __double2int_rz(double x) { return x != x ? 0 : x >= 2147483648.0 ? 2147483647 : x <= -2147483648.0 ? (-2147483647 - 1) : (int)x; }
+inline long long __float2ll_rz(float x) {
+    return x != x                         ? 0
+           : x >= 9223372036854775808.0f  ? 9223372036854775807LL
+           : x <= -9223372036854775808.0f ? (-9223372036854775807LL - 1)
+                                          : (long long)x;
+}
+inline int __double2int_rz(double x) {
+    return x != x ? 0 : x >= 2147483648.0 ? 2147483647 : x <= -2147483648.0 ? (-2147483647 - 1) : (int)x;
+}
 inline long long __double2ll_rz(double x) {
-    return x != x ? 0 : x >= 9223372036854775808.0 ? 9223372036854775807LL : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)x;
+    return x != x                        ? 0
+           : x >= 9223372036854775808.0  ? 9223372036854775807LL
+           : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1)
+                                         : (long long)x;
 }
 
 /* ---- vector types ----------------------------------------------------------------------------- */
@@ -482,16 +490,15 @@ inline __half __float2half_rn(float f) {
  *     static const cudaemu::Entry cudaemu_kernels[] = { MBT_EMU_KERNEL(name) ... };
  *     MBT_EMU_EXPORTS */
 #define MBT_EMU_KERNEL(k) {#k, [](void **p) { cudaemu::call(k, p); }},
-#define MBT_EMU_EXPORTS                                                                                    \
-    extern "C" int mbt_emu_find(const char *name) {                                                       \
-        for (size_t i = 0; i < sizeof cudaemu_kernels / sizeof cudaemu_kernels[0]; i++)                    \
-            if (strcmp(cudaemu_kernels[i].name, name) == 0) return (int)i;                                 \
-        return -1;                                                                                         \
-    }                                                                                                      \
-    extern "C" int mbt_emu_launch(int k, const unsigned grid[3], const unsigned block[3], void **params, \
-                                  char *err, size_t errlen) {                                              \
-        return cudaemu::launch(cudaemu_kernels[k].thunk, cudaemu_kernels[k].name, grid, block, params, err, \
-                               errlen);                                                                    \
+#define MBT_EMU_EXPORTS                                                                                                          \
+    extern "C" int mbt_emu_find(const char *name) {                                                                              \
+        for (size_t i = 0; i < sizeof cudaemu_kernels / sizeof cudaemu_kernels[0]; i++)                                          \
+            if (strcmp(cudaemu_kernels[i].name, name) == 0) return (int)i;                                                       \
+        return -1;                                                                                                               \
+    }                                                                                                                            \
+    extern "C" int mbt_emu_launch(int k, const unsigned grid[3], const unsigned block[3], void **params, char *err,              \
+                                  size_t errlen) {                                                                               \
+        return cudaemu::launch(cudaemu_kernels[k].thunk, cudaemu_kernels[k].name, grid, block, params, err, errlen);             \
     }
 
 #endif

@@ -63,9 +63,7 @@ static int fake_emu(void) {
     return emu.launch != NULL;
 }
 
-FakeControl *fake_control(void) {
-    return &fake;
-}
+FakeControl *fake_control(void) { return &fake; }
 
 enum {
     FAKE_INVALID_VALUE = 1,
@@ -164,9 +162,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSetCurrent(CUcontext ctx) {
-    return ctx == (CUcontext)(void *)&fake_context ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
-}
+CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx == (CUcontext)(void *)&fake_context ? CUDA_SUCCESS : FAKE_INVALID_VALUE; }
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
@@ -325,8 +321,8 @@ CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *opts, void **vals, CUlink
     return CUDA_SUCCESS;
 }
 
-CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
-                          unsigned int n, CUjit_option *opts, void **vals) {
+CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name, unsigned int n,
+                          CUjit_option *opts, void **vals) {
     (void)name, (void)n, (void)opts, (void)vals;
     FakeLink *l = (FakeLink *)(void *)state;
     const char *ptx = data;
@@ -372,9 +368,7 @@ CUresult cuStreamDestroy_v2(CUstream s) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuStreamSynchronize(CUstream s) {
-    return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
-}
+CUresult cuStreamSynchronize(CUstream s) { return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE; }
 
 typedef struct FakeEvent {
     double ms;
@@ -400,9 +394,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuEventSynchronize(CUevent e) {
-    return ((FakeEvent *)(void *)e)->recorded ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
-}
+CUresult cuEventSynchronize(CUevent e) { return ((FakeEvent *)(void *)e)->recorded ? CUDA_SUCCESS : FAKE_INVALID_VALUE; }
 
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     const FakeEvent *x = (const FakeEvent *)(void *)a, *y = (const FakeEvent *)(void *)b;
@@ -440,11 +432,10 @@ static void fake_sumsq(void **p) {
     }
 }
 
-CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                        unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) {
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+                        unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) {
     const FakeFunction *fn = (const FakeFunction *)(void *)f;
-    if (gz != 1 || by != 1 || bz != 1 || shared != 0 || extra || s != (CUstream)(void *)&fake_stream)
-        return FAKE_INVALID_VALUE;
+    if (gz != 1 || by != 1 || bz != 1 || shared != 0 || extra || s != (CUstream)(void *)&fake_stream) return FAKE_INVALID_VALUE;
     snprintf(fake.last_kernel, sizeof fake.last_kernel, "%s", fn->name);
     fake.last_grid[0] = gx;
     fake.last_grid[1] = gy;
@@ -478,8 +469,8 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
 
 typedef struct FakeDesc {
     int compute, scale, op_a, op_b;
-    uint32_t epilogue;  /* CUBLASLT_EPILOGUE_DEFAULT (1), _BIAS or _BGRADA */
-    int32_t bias_type;  /* -1: D's */
+    uint32_t epilogue; /* CUBLASLT_EPILOGUE_DEFAULT (1), _BIAS or _BGRADA */
+    int32_t bias_type; /* -1: D's */
     void *bias;
 } FakeDesc;
 
@@ -507,18 +498,18 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
-size_t cublasLtGetVersion(void) {
-    return 130001;
-}
+size_t cublasLtGetVersion(void) { return 130001; }
 
 const char *cublasLtGetStatusName(cublasStatus_t s) {
-    return s == 0 ? "CUBLAS_STATUS_SUCCESS" : s == FAKE_LT_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE"
-                                                                          : "CUBLAS_STATUS_NOT_SUPPORTED";
+    return s == 0                       ? "CUBLAS_STATUS_SUCCESS"
+           : s == FAKE_LT_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE"
+                                        : "CUBLAS_STATUS_NOT_SUPPORTED";
 }
 
 const char *cublasLtGetStatusString(cublasStatus_t s) {
-    return s == 0 ? "success" : s == FAKE_LT_INVALID_VALUE ? "an invalid value was used as an argument"
-                                                            : "the functionality requested is not supported";
+    return s == 0                       ? "success"
+           : s == FAKE_LT_INVALID_VALUE ? "an invalid value was used as an argument"
+                                        : "the functionality requested is not supported";
 }
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
@@ -536,8 +527,8 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
-                                              const void *buf, size_t size) {
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *buf,
+                                              size_t size) {
     FakeDesc *desc = (FakeDesc *)(void *)d;
     if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER && size == sizeof(void *)) {
         memcpy(&desc->bias, buf, sizeof desc->bias);
@@ -566,8 +557,8 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
-                                                const void *buf, size_t size) {
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, const void *buf,
+                                                size_t size) {
     FakeLayout *lay = (FakeLayout *)(void *)l;
     if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && size == sizeof(int32_t)) lay->batch = *(const int32_t *)buf;
     else if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET && size == sizeof(int64_t)) lay->stride = *(const int64_t *)buf;
@@ -618,8 +609,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (desc->epilogue != 1 &&
         (!desc->bias || (desc->bias_type != -1 && desc->bias_type != ((const FakeLayout *)(void *)dl)->type)))
         return FAKE_LT_INVALID_VALUE;
-    if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADA && ((const FakeLayout *)(void *)dl)->batch != 1)
-        return FAKE_LT_NOT_SUPPORTED;
+    if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADA && ((const FakeLayout *)(void *)dl)->batch != 1) return FAKE_LT_NOT_SUPPORTED;
     *found = fake.no_algo || (fake.no_bgrad && desc->epilogue == CUBLASLT_EPILOGUE_BGRADA) ? 0 : 1;
     memset(&results[0], 0, sizeof results[0]);
     results[0].algo.data[0] = FAKE_ALGO;
@@ -662,8 +652,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     int64_t a_m = (int64_t)(desc->op_a == CUBLAS_OP_T ? la->cols : la->rows);
     int64_t b_k = (int64_t)(desc->op_b == CUBLAS_OP_T ? lb->cols : lb->rows);
     int64_t b_n = (int64_t)(desc->op_b == CUBLAS_OP_T ? lb->rows : lb->cols);
-    if (!algo || algo->data[0] != FAKE_ALGO || a_m != m || b_k != k || b_n != n || lc->rows != ld->rows ||
-        lc->cols != ld->cols || c != dst || la->batch != ld->batch || lb->batch != ld->batch || lc->batch != ld->batch)
+    if (!algo || algo->data[0] != FAKE_ALGO || a_m != m || b_k != k || b_n != n || lc->rows != ld->rows || lc->cols != ld->cols ||
+        c != dst || la->batch != ld->batch || lb->batch != ld->batch || lc->batch != ld->batch)
         return FAKE_LT_INVALID_VALUE;
     if ((la->type != CUDA_R_32F && la->type != CUDA_R_16BF) || lb->type != la->type || lc->type != la->type ||
         ld->type != la->type)
@@ -691,10 +681,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         for (int64_t p = 0; p < k; p++)
             for (int64_t j = 0; j < n; j++) B[p * n + j] = fake_at(bb, lb, desc->op_b, p, j);
         if (k > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, A,
-                        (blasint)k, B, (blasint)n, 0.0f, AB, (blasint)n);
-        else
-            memset(AB, 0, sizeof(float) * (size_t)(m * n));
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, A, (blasint)k, B,
+                        (blasint)n, 0.0f, AB, (blasint)n);
+        else memset(AB, 0, sizeof(float) * (size_t)(m * n));
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
                 float v = al_ * AB[i * n + j];

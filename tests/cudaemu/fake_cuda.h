@@ -18,13 +18,13 @@ typedef struct FakeControl {
     int no_algo;                    /* cublasLtMatmulAlgoGetHeuristic finds nothing */
     int no_bgrad;                   /* ... nothing with the bias-gradient epilogue */
     /* counters and what the last calls saw */
-    int links;                      /* PTX compilations (cuLinkComplete) */
+    int links; /* PTX compilations (cuLinkComplete) */
     int heuristics, matmuls, launches;
-    int live_allocs;                /* device allocations not freed */
-    uint32_t last_align[4];         /* the last heuristic's minimum alignments of A, B, C, D */
+    int live_allocs;        /* device allocations not freed */
+    uint32_t last_align[4]; /* the last heuristic's minimum alignments of A, B, C, D */
     char last_kernel[64];
     unsigned last_grid[2], last_block;
-    double clock_ms;                /* a launch takes 0.5 ms, a matmul 2 ms; events read this clock */
+    double clock_ms; /* a launch takes 0.5 ms, a matmul 2 ms; events read this clock */
 } FakeControl;
 
 #endif

@@ -65,7 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     m->path = "fuzz.mbt";
     m->file = file;
     m->ast = parse_source(&ar, file);
-    if (!m->ast) abort();                 /* parse_source never returns NULL */
+    if (!m->ast) abort();                  /* parse_source never returns NULL */
     if (!ast_check_spans(m->ast)) abort(); /* every node is located inside the file */
 
     if (diag_error_count() == before) {

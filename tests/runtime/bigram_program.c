@@ -40,7 +40,7 @@
 #define BIGRAM_GLOBAL 16
 #endif
 
-#define V 64      /* vocabulary: mbt-gendata's default */
+#define V 64 /* vocabulary: mbt-gendata's default */
 #define SEQ 64
 #define STEPS 300
 #define WARMUP 10
@@ -54,10 +54,10 @@
 /* Optimizer state: AdamW's m then v, each shaped like the parameter region. */
 #define STATE_FLOATS (2 * PARAM_FLOATS)
 /* Arena: counts, row totals, per-row losses, per-row bias-gradient terms (64-byte aligned). */
-#define AR_CNT 0                                   /* int32 [V, V] */
-#define AR_N (AR_CNT + V * V * 4)                  /* int32 [V] */
-#define AR_LOSS (AR_N + V * 4)                     /* double [V] */
-#define AR_DBIAS (AR_LOSS + V * 8)                 /* double [V, V] */
+#define AR_CNT 0                   /* int32 [V, V] */
+#define AR_N (AR_CNT + V * V * 4)  /* int32 [V] */
+#define AR_LOSS (AR_N + V * 4)     /* double [V] */
+#define AR_DBIAS (AR_LOSS + V * 8) /* double [V, V] */
 #define ARENA_BYTES (AR_DBIAS + V * V * 8)
 
 typedef struct Bigram {
@@ -127,8 +127,13 @@ static void bigram_bias_grad(void *ctx, int64_t begin, int64_t end, int worker) 
 }
 
 static RtStatus bigram_loss(RtStep *s, int grad) {
-    Bigram m = {s, (int32_t *)(s->arena + AR_CNT), (int32_t *)(s->arena + AR_N), (double *)(s->arena + AR_LOSS),
-                (double *)(s->arena + AR_DBIAS), s->loss_scale / (double)(s->B * s->T), grad};
+    Bigram m = {s,
+                (int32_t *)(s->arena + AR_CNT),
+                (int32_t *)(s->arena + AR_N),
+                (double *)(s->arena + AR_LOSS),
+                (double *)(s->arena + AR_DBIAS),
+                s->loss_scale / (double)(s->B * s->T),
+                grad};
     bigram_count(&m);
     rt_parallel_for(s->pool, V, bigram_rows, &m);
     if (grad) rt_parallel_for(s->pool, V, bigram_bias_grad, &m);
@@ -138,13 +143,9 @@ static RtStatus bigram_loss(RtStep *s, int grad) {
     return RT_OK;
 }
 
-static RtStatus bigram_forward_backward(RtStep *s) {
-    return bigram_loss(s, 1);
-}
+static RtStatus bigram_forward_backward(RtStep *s) { return bigram_loss(s, 1); }
 
-static RtStatus bigram_forward_loss(RtStep *s) {
-    return bigram_loss(s, 0);
-}
+static RtStatus bigram_forward_loss(RtStep *s) { return bigram_loss(s, 0); }
 
 static RtStatus bigram_forward_logits(RtStep *s) {
     int32_t a = s->x[s->len - 1];
@@ -196,7 +197,7 @@ static double bigram_lr_schedule(int64_t step) {
 /* ---- the descriptor ----------------------------------------------------------------------------- */
 
 static const RtParam bigram_params[] = {
-    {"wte.weight", 2, {V, V}, V * V, OFF_WTE, RT_INIT_NORMAL, 0.0, 0.02},
+    {"wte.weight", 2, {V, V}, V *V, OFF_WTE, RT_INIT_NORMAL, 0.0, 0.02},
     {"head.bias", 1, {V}, V, OFF_BIAS, RT_INIT_ZEROS, 0.0, 0.0},
 };
 

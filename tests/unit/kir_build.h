@@ -12,7 +12,7 @@ typedef struct KB {
     Arena ar;
     Kernel *k;
     KBuilder *b;
-    int g;     /* gid */
+    int g; /* gid */
     int nbufs;
 } KB;
 

@@ -274,8 +274,7 @@ static Outcome compare(const char *what, const Kernel *k, void **mem, double **r
                 if (e > *worst) *worst = e;
                 bad = e > t;
             }
-            if (bad && o.mismatches++ < 5)
-                CHECK(0, "%s: p%d[%" PRId64 "] is %.9g, kir_ref says %.17g", what, p, i, c, r);
+            if (bad && o.mismatches++ < 5) CHECK(0, "%s: p%d[%" PRId64 "] is %.9g, kir_ref says %.17g", what, p, i, c, r);
         }
     }
     return o;
@@ -486,8 +485,15 @@ static void test_integer_ops(void) {
 /* Comparisons on every type, and/or/not, select. */
 static void test_compare_logic(void) {
     static const KOp cmps[] = {K_EQ, K_NE, K_LT, K_LE, K_GT, K_GE};
-    static const struct { KType t; DType dt; double lo, hi; } types[] = {
-        {KT_F32, DT_F32, -2, 2}, {KT_F64, DT_F64, -2, 2}, {KT_I32, DT_I32, -3, 3}, {KT_I64, DT_I64, -3, 3}, {KT_BOOL, DT_BOOL, 0, 2}};
+    static const struct {
+        KType t;
+        DType dt;
+        double lo, hi;
+    } types[] = {{KT_F32, DT_F32, -2, 2},
+                 {KT_F64, DT_F64, -2, 2},
+                 {KT_I32, DT_I32, -3, 3},
+                 {KT_I64, DT_I64, -3, 3},
+                 {KT_BOOL, DT_BOOL, 0, 2}};
     KB *t = kb_start("k_compare", KK_ELEMENTWISE, N_ELEM);
     Init init[80];
     for (int i = 0; i < 80; i++) init[i] = init_default;
@@ -508,7 +514,8 @@ static void test_compare_logic(void) {
         if (ti == 3) { /* select on i64 */
             ST(t, B1(t, DT_I64, N_ELEM, 1), t->g, kb_op(t->b, K_SELECT, KT_I64, 3, conds[0], lx, ly));
         }
-        if (ti == 0) ST(t, B1(t, DT_F32, N_ELEM, 1), t->g, kb_op(t->b, K_SELECT, KT_F32, 3, OP2(t, K_GT, KT_BOOL, lx, ly), lx, ly));
+        if (ti == 0)
+            ST(t, B1(t, DT_F32, N_ELEM, 1), t->g, kb_op(t->b, K_SELECT, KT_F32, 3, OP2(t, K_GT, KT_BOOL, lx, ly), lx, ly));
     }
     ST(t, B1(t, DT_BOOL, N_ELEM, 1), t->g, OP2(t, K_AND, KT_BOOL, conds[0], conds[1]));
     ST(t, B1(t, DT_BOOL, N_ELEM, 1), t->g, OP2(t, K_OR, KT_BOOL, conds[0], conds[1]));
@@ -526,9 +533,11 @@ static void test_compare_logic(void) {
 
 /* Every cast among bool, i32, i64, u64 (through i64), f16, bf16, f32, f64. */
 static void test_casts(void) {
-    static const struct { KType t; DType dt; } types[] = {{KT_BOOL, DT_BOOL}, {KT_I32, DT_I32}, {KT_I64, DT_I64},
-                                                         {KT_F16, DT_F16},   {KT_BF16, DT_BF16}, {KT_F32, DT_F32},
-                                                         {KT_F64, DT_F64}};
+    static const struct {
+        KType t;
+        DType dt;
+    } types[] = {{KT_BOOL, DT_BOOL}, {KT_I32, DT_I32}, {KT_I64, DT_I64}, {KT_F16, DT_F16},
+                 {KT_BF16, DT_BF16}, {KT_F32, DT_F32}, {KT_F64, DT_F64}};
     int nt = (int)(sizeof types / sizeof *types);
     for (int from = 0; from < nt; from++) {
         KB *t = kb_start("k_cast", KK_ELEMENTWISE, N_ELEM);
@@ -573,8 +582,10 @@ static void test_u64_hash(void) {
     int i = OP1(t, K_CAST, KT_U64, t->g);
     int step = OP2(t, K_MUL, KT_U64, OP2(t, K_ADD, KT_U64, i, C_i(t, KT_U64, 1)), C_i(t, KT_U64, (int64_t)0x9E3779B97F4A7C15ull));
     int z = OP2(t, K_ADD, KT_U64, C_i(t, KT_U64, (int64_t)0x0123456789ABCDEFull), step);
-    z = OP2(t, K_MUL, KT_U64, OP2(t, K_XOR, KT_U64, z, OP2(t, K_SHR, KT_U64, z, C_i(t, KT_U64, 30))), C_i(t, KT_U64, (int64_t)0xBF58476D1CE4E5B9ull));
-    z = OP2(t, K_MUL, KT_U64, OP2(t, K_XOR, KT_U64, z, OP2(t, K_SHR, KT_U64, z, C_i(t, KT_U64, 27))), C_i(t, KT_U64, (int64_t)0x94D049BB133111EBull));
+    z = OP2(t, K_MUL, KT_U64, OP2(t, K_XOR, KT_U64, z, OP2(t, K_SHR, KT_U64, z, C_i(t, KT_U64, 30))),
+            C_i(t, KT_U64, (int64_t)0xBF58476D1CE4E5B9ull));
+    z = OP2(t, K_MUL, KT_U64, OP2(t, K_XOR, KT_U64, z, OP2(t, K_SHR, KT_U64, z, C_i(t, KT_U64, 27))),
+            C_i(t, KT_U64, (int64_t)0x94D049BB133111EBull));
     z = OP2(t, K_XOR, KT_U64, z, OP2(t, K_SHR, KT_U64, z, C_i(t, KT_U64, 31)));
     ST(t, ohash, t->g, OP1(t, K_CAST, KT_I64, z));
     int top = OP2(t, K_SHR, KT_U64, z, C_i(t, KT_U64, 40));
@@ -683,8 +694,11 @@ static void test_bf16_rounding_edges(void) {
         fn(bufs, 0, 12);
         for (int i = 0; i < 12; i++) {
             uint16_t want = bf16_from_float(xs[i]);
-            if (isnan(xs[i])) CHECK(isnan(bf16_to_double(ys[i])) && isnan(zs[i]), "bf16 of NaN %08x is NaN (got %04x)", bits[i], ys[i]);
-            else CHECK(ys[i] == want && (double)zs[i] == bf16_to_double(want), "bf16 of %08x: got %04x, want %04x", bits[i], ys[i], want);
+            if (isnan(xs[i]))
+                CHECK(isnan(bf16_to_double(ys[i])) && isnan(zs[i]), "bf16 of NaN %08x is NaN (got %04x)", bits[i], ys[i]);
+            else
+                CHECK(ys[i] == want && (double)zs[i] == bf16_to_double(want), "bf16 of %08x: got %04x, want %04x", bits[i], ys[i],
+                      want);
         }
     }
     jit_close(&j);
@@ -716,7 +730,8 @@ static void test_loops_accumulators_ifs(void) {
     int oimin = kb_buf(t->b, 13, 13, -1, DT_I32, 1, (int64_t[]){R}, 1);
     KBuilder *b = t->b;
     int row = OP2(t, K_MUL, KT_I64, t->g, C_i(t, KT_I64, W));
-    int asum = kb_acc(b, KT_F32, K_ADD, 0.0), amax = kb_acc(b, KT_F32, K_MAX, -INFINITY), amin = kb_acc(b, KT_F32, K_MIN, INFINITY);
+    int asum = kb_acc(b, KT_F32, K_ADD, 0.0), amax = kb_acc(b, KT_F32, K_MAX, -INFINITY),
+        amin = kb_acc(b, KT_F32, K_MIN, INFINITY);
     int aisum = kb_acc(b, KT_I64, K_ADD, 0), aimax = kb_acc(b, KT_I64, K_MAX, -1e18);
     int adsum = kb_acc(b, KT_F64, K_ADD, 0.0), aimin = kb_acc(b, KT_I32, K_MIN, 2147483647.0);
     int j = kb_loop(b, W);
@@ -759,7 +774,9 @@ static void test_loops_accumulators_ifs(void) {
     int i = kb_loop(b, I);
     int inner = kb_acc(b, KT_F32, K_MAX, -INFINITY);
     int jj = kb_loop(b, J);
-    int off3 = OP2(t, K_ADD, KT_I64, OP2(t, K_MUL, KT_I64, OP2(t, K_ADD, KT_I64, OP2(t, K_MUL, KT_I64, t->g, C_i(t, KT_I64, I)), i), C_i(t, KT_I64, J)), jj);
+    int off3 = OP2(
+        t, K_ADD, KT_I64,
+        OP2(t, K_MUL, KT_I64, OP2(t, K_ADD, KT_I64, OP2(t, K_MUL, KT_I64, t->g, C_i(t, KT_I64, I)), i), C_i(t, KT_I64, J)), jj);
     kb_accum(b, inner, LD(t, x3, off3));
     kb_endloop(b);
     kb_accum(b, outer, inner);
@@ -781,7 +798,8 @@ static void test_loops_accumulators_ifs(void) {
     for (int disjoint = 0; disjoint < 2; disjoint++) {
         Jit jt;
         KernelFn fn = NULL;
-        if (jit_open(&jt, &t->k, 1, &fn, disjoint)) run_kernel(disjoint ? "k_control (disjoint)" : "k_control", t->k, fn, init, 1e-5, 1.0);
+        if (jit_open(&jt, &t->k, 1, &fn, disjoint))
+            run_kernel(disjoint ? "k_control (disjoint)" : "k_control", t->k, fn, init, 1e-5, 1.0);
         jit_close(&jt);
     }
     kb_done(t);
@@ -805,7 +823,8 @@ static void test_empty_loop(void) {
         void *bufs[1] = {out};
         fn(bufs, 2, 6);
         CHECK(out[0] == 1 && out[1] == 2 && out[2] == 8 && out[5] == 11 && out[6] == 7 && out[7] == 8,
-              "only work items 2..5 ran, each adding the untouched accumulator 5: %g %g %g %g %g", out[0], out[1], out[2], out[5], out[6]);
+              "only work items 2..5 ran, each adding the untouched accumulator 5: %g %g %g %g %g", out[0], out[1], out[2], out[5],
+              out[6]);
     }
     jit_close(&jt);
     kb_done(t);
@@ -844,9 +863,11 @@ static void test_print_optimize_object(void) {
     cpu_print_module(out, m, ks, notes, 1, NULL, 0);
     fclose(out);
     CHECK(strstr(text, "; kernel k3_scale_exp: elementwise, grid 1024") != NULL, "kernel header");
-    CHECK(strstr(text, ";   bufs[0] = p0: f32[1024] read") && strstr(text, ";   bufs[1] = p1: f32[1024] written"), "buffers listed");
+    CHECK(strstr(text, ";   bufs[0] = p0: f32[1024] read") && strstr(text, ";   bufs[1] = p1: f32[1024] written"),
+          "buffers listed");
     CHECK(strstr(text, ";   %8 exp  demo.mbt:3:5") != NULL, "the note's lines");
-    CHECK(strstr(text, "; kir:") && strstr(text, "define void @k3_scale_exp(ptr") && strstr(text, "%gid = phi i64"), "KIR listing and the function");
+    CHECK(strstr(text, "; kir:") && strstr(text, "define void @k3_scale_exp(ptr") && strstr(text, "%gid = phi i64"),
+          "KIR listing and the function");
     CHECK(strstr(text, "@llvm.exp.f32") && strstr(text, "%load") && strstr(text, "%mul"), "named values and intrinsics");
     const char *hdr = strstr(text, "; kernel"), *def = strstr(text, "define void @k3");
     CHECK(hdr && def && hdr < def, "the listing comes before the function");

@@ -86,9 +86,10 @@ static void parse_ptxas(void) {
         CHECK(strcmp(info[0].name, "k_a") == 0, "first kernel '%s'", info[0].name);
         CHECK(info[0].registers == 40 && info[0].spill_stores == 12 && info[0].spill_loads == 16 && info[0].stack == 8 &&
                   info[0].shared == 64,
-              "k_a: %d registers, %d/%d spills, %d stack, %d smem", info[0].registers, info[0].spill_stores,
-              info[0].spill_loads, info[0].stack, info[0].shared);
-        CHECK(info[1].registers == 14 && info[1].spill_stores == 0 && info[1].shared == 0, "k_b: %d registers", info[1].registers);
+              "k_a: %d registers, %d/%d spills, %d stack, %d smem", info[0].registers, info[0].spill_stores, info[0].spill_loads,
+              info[0].stack, info[0].shared);
+        CHECK(info[1].registers == 14 && info[1].spill_stores == 0 && info[1].shared == 0, "k_b: %d registers",
+              info[1].registers);
     }
     arena_free(&ar);
 }
@@ -134,8 +135,10 @@ static char *emit_broadcast(KOp op, int64_t n, int also_at_gid, DType dt, CudaLa
 static void thread_mode_broadcasts(void) {
     CudaLaunch L;
     char *s = emit_broadcast(K_IMOD, 8, 0, DT_F32, &L);
-    CHECK(L.vector == 4 && strstr(s, "const float4 p0v = *reinterpret_cast<const float4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));"),
-          "gid %% 8: vector %d", L.vector);
+    CHECK(
+        L.vector == 4 &&
+            strstr(s, "const float4 p0v = *reinterpret_cast<const float4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));"),
+        "gid %% 8: vector %d", L.vector);
     free(s);
     s = emit_broadcast(K_IDIV, 8, 0, DT_F32, &L);
     CHECK(L.vector == 4 && strstr(s, "const float p0s = p0[(long long)((unsigned long long)gid0 / 8ULL)];") &&
@@ -149,9 +152,13 @@ static void thread_mode_broadcasts(void) {
     CHECK(L.vector == 1, "a buffer read at gid and at gid %% 8 vectorised");
     free(s);
     s = emit_broadcast(K_IMOD, 8, 0, DT_BF16, &L);
-    CHECK(L.vector == 4 && strstr(s, "const MbtBf16x4 p0v = *reinterpret_cast<const MbtBf16x4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));") &&
-              strstr(s, "__bfloat162float(p0v.w)") && strstr(s, "float4 p1v;"),
-          "bf16 gid %% 8: vector %d", L.vector);
+    CHECK(
+        L.vector == 4 &&
+            strstr(
+                s,
+                "const MbtBf16x4 p0v = *reinterpret_cast<const MbtBf16x4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));") &&
+            strstr(s, "__bfloat162float(p0v.w)") && strstr(s, "float4 p1v;"),
+        "bf16 gid %% 8: vector %d", L.vector);
     free(s);
 }
 
@@ -183,7 +190,8 @@ static void never_split(void) {
     int r = kb_loop(t->b, 64);
     int row = kb_op(t->b, K_CAST, KT_I64, 1, kb_load(t->b, idx, r), -1, -1);
     int off = kb_op(t->b, K_ADD, KT_I64, 2, kb_op(t->b, K_MUL, KT_I64, 2, row, kb_const_i(t->b, KT_I64, 8), -1), t->g, -1);
-    int gv = kb_load(t->b, g, kb_op(t->b, K_ADD, KT_I64, 2, kb_op(t->b, K_MUL, KT_I64, 2, r, kb_const_i(t->b, KT_I64, 8), -1), t->g, -1));
+    int gv = kb_load(t->b, g,
+                     kb_op(t->b, K_ADD, KT_I64, 2, kb_op(t->b, K_MUL, KT_I64, 2, r, kb_const_i(t->b, KT_I64, 8), -1), t->g, -1));
     kb_store(t->b, o, off, kb_op(t->b, K_ADD, KT_F32, 2, kb_load(t->b, o, off), gv, -1));
     kb_accum(t->b, cnt, gv);
     kb_endloop(t->b);
@@ -259,8 +267,9 @@ static void nvrtc_reports_spills(void) {
     int rc = nvrtc_compile(nv, src, "spill.cu", "sm_80", 0, &r, &ar, &err);
     CHECK(rc == 0, "NVRTC failed: %s", err ? err : "?");
     const NvrtcKernelInfo *k = rc == 0 ? nvrtc_find(&r, "mbt_test_spill") : NULL;
-    CHECK(k && k->registers <= 32 && k->spill_stores > 0 && k->spill_loads > 0, "the spilling kernel: %d registers, %d/%d B spills",
-          k ? k->registers : -1, k ? k->spill_stores : -1, k ? k->spill_loads : -1);
+    CHECK(k && k->registers <= 32 && k->spill_stores > 0 && k->spill_loads > 0,
+          "the spilling kernel: %d registers, %d/%d B spills", k ? k->registers : -1, k ? k->spill_stores : -1,
+          k ? k->spill_loads : -1);
     arena_free(&ar);
 }
 
@@ -268,8 +277,8 @@ static void nvrtc_error_has_log(void) {
     Arena ar = {0};
     NvrtcResult r;
     const char *err = NULL;
-    int rc = nvrtc_compile(nv, "extern \"C\" __global__ void k(float *p) { p[0] = undeclared; }\n", "bad.cu", "sm_90", 0, &r,
-                           &ar, &err);
+    int rc = nvrtc_compile(nv, "extern \"C\" __global__ void k(float *p) { p[0] = undeclared; }\n", "bad.cu", "sm_90", 0, &r, &ar,
+                           &err);
     CHECK(rc == 1, "a kernel using an undeclared name compiled");
     CHECK(err && strstr(err, "bad.cu(1)") && strstr(err, "undeclared"), "the error lacks NVRTC's log: %s", err ? err : "(none)");
     arena_free(&ar);

@@ -198,8 +198,7 @@ int main(void) {
     check("d_over_heads_ne_d", !dim_eq(hd, d), "d/heads == d");
     check("t_minus_1_plus_1", dim_eq(dim_add(a, dim_sub(a, T, one), one), T), "T-1+1 != T");
     check("add_commutes", dim_eq(dim_add(a, B, T), dim_add(a, T, B)), "B+T != T+B");
-    check("distributes", dim_eq(dim_mul(a, dim_add(a, T, one), two), dim_add(a, dim_add(a, T, T), two)),
-          "(T+1)*2 != T+T+2");
+    check("distributes", dim_eq(dim_mul(a, dim_add(a, T, one), two), dim_add(a, dim_add(a, T, T), two)), "(T+1)*2 != T+T+2");
     check("sub_self_zero", dim_eq(dim_sub(a, dim_mul(a, B, T), dim_mul(a, T, B)), zero), "B*T-T*B != 0");
     check("d_ne_768", !dim_eq(d, dim_int(a, 768)), "d == 768");
     check("const_eq", dim_eq(dim_mul(a, dim_int(a, 32), dim_int(a, 24)), dim_int(a, 768)), "32*24 != 768");

@@ -259,8 +259,7 @@ static double rel_error(const double *a, const double *b, int64_t n) {
 /* Fuses g (for outputs, or the default ones) in its two stages, the fused IR (verified) and the
  * launches (verified), runs it with kir_ref and
  * compares every materialised buffer of a graph node with ref_run's value. */
-static Fused fuse_check(const char *what, const Graph *g, double *const *leaves, const int *outputs, int noutputs,
-                        Arena *ar) {
+static Fused fuse_check(const char *what, const Graph *g, double *const *leaves, const int *outputs, int noutputs, Arena *ar) {
     Fused f = {0};
     capture_begin();
     FusedGraph *fg = fuse_lower_graph(g, outputs, noutputs, ar);
@@ -306,8 +305,8 @@ static Fused fuse_check(const char *what, const Graph *g, double *const *leaves,
         if (e > f.err || isnan(e)) f.err = e;
         CHECK(e <= TF_TOL, "%s: %%%d (%s) in b%d differs from the unfused graph by %.3g", what, id, graph_op_name(n->op), b, e);
     }
-    printf("# %s: %d launches (%d gemm, %d kernels), %d buffers compared, max relative error %.2g\n", what,
-           f.r->nlaunches, f.gemms, f.kernels, f.compared, f.err);
+    printf("# %s: %d launches (%d gemm, %d kernels), %d buffers compared, max relative error %.2g\n", what, f.r->nlaunches,
+           f.gemms, f.kernels, f.compared, f.err);
     return f;
 }
 
@@ -473,8 +472,10 @@ static void test_kir_ref_semantics(void) {
     kb_store(b, out, kb_const_i(b, KT_I64, 2), kb_op(b, K_CAST, KT_F32, 1, sum, -1, -1));
     int h = kb_op(b, K_SHR, KT_U64, 2, kb_const_i(b, KT_U64, (int64_t)0xF000000000000000ull), kb_const_i(b, KT_U64, 60), -1);
     kb_store(b, out, kb_const_i(b, KT_I64, 3), kb_op(b, K_CAST, KT_F32, 1, h, -1, -1));
-    kb_store(b, out, kb_const_i(b, KT_I64, 4), kb_op(b, K_CAST, KT_F32, 1, kb_op(b, K_CAST, KT_I32, 1, kb_const_f(b, KT_F32, -2.7), -1, -1), -1, -1));
-    kb_store(b, out, kb_const_i(b, KT_I64, 5), kb_op(b, K_MOD, KT_F32, 2, kb_const_f(b, KT_F32, 7.0), kb_const_f(b, KT_F32, -3.0), -1));
+    kb_store(b, out, kb_const_i(b, KT_I64, 4),
+             kb_op(b, K_CAST, KT_F32, 1, kb_op(b, K_CAST, KT_I32, 1, kb_const_f(b, KT_F32, -2.7), -1, -1), -1, -1));
+    kb_store(b, out, kb_const_i(b, KT_I64, 5),
+             kb_op(b, K_MOD, KT_F32, 2, kb_const_f(b, KT_F32, 7.0), kb_const_f(b, KT_F32, -3.0), -1));
     kir_finish(k);
     CHECK(kir_verify(k, stdout) == 0, "the kernel verifies");
     double o[6] = {0};
@@ -657,8 +658,8 @@ static void test_count_adamw_by_hand(void) {
         int m = tf_input(t, shapes[i]), v = tf_input_in(t, shapes[i], 0.01, 1.0);
         int p1 = tf_bin(t, G_SUB, p, tf_bin(t, G_MUL, tf_bin(t, G_MUL, lr, tf_const(t, wd)), p));
         int m1 = tf_bin(t, G_ADD, tf_bin(t, G_MUL, tf_const(t, b1), m), tf_bin(t, G_MUL, tf_const(t, 1 - b1), g));
-        int v1 = tf_bin(t, G_ADD, tf_bin(t, G_MUL, tf_const(t, b2), v),
-                        tf_bin(t, G_MUL, tf_bin(t, G_MUL, tf_const(t, 1 - b2), g), g));
+        int v1 =
+            tf_bin(t, G_ADD, tf_bin(t, G_MUL, tf_const(t, b2), v), tf_bin(t, G_MUL, tf_bin(t, G_MUL, tf_const(t, 1 - b2), g), g));
         int c1 = tf_bin(t, G_SUB, tf_const(t, 1.0), tf_bin(t, G_POW, tf_const(t, b1), step));
         int c2 = tf_bin(t, G_SUB, tf_const(t, 1.0), tf_bin(t, G_POW, tf_const(t, b2), step));
         int mh = tf_bin(t, G_DIV, m1, c1), vh = tf_bin(t, G_DIV, v1, c2);
@@ -814,8 +815,7 @@ static void test_gemm_partial_broadcast(void) {
     int in[2] = {a, b};
     int y = tf_node(t, G_MATMUL, DT_F32, S(2, 3, 4, 6), 2, in);
     Fused f = fuse_check("partial_broadcast", t->g, t->leaf, &y, 1, &t->ar);
-    CHECK(f.gemms == 1 && f.kernels == 1, "both operands expanded by one kernel, then one GEMM: got %d + %d", f.gemms,
-          f.kernels);
+    CHECK(f.gemms == 1 && f.kernels == 1, "both operands expanded by one kernel, then one GEMM: got %d + %d", f.gemms, f.kernels);
     CHECK(f.kernels == 1 && f.r->kernels[0]->nsegments == 2, "the copies are the two segments of one kernel (rule 7)");
     tf_end(t);
 }
@@ -917,8 +917,8 @@ static int check_program(const char *path) {
 }
 
 static void test_programs_golden(void) {
-    const char *files[] = {"tests/golden/gpt.mbt", "tests/golden/mlp.mbt", "tests/golden/ops.mbt",
-                           "tests/golden/plan_adamw.mbt", "tests/golden/select_train.mbt"};
+    const char *files[] = {"tests/golden/gpt.mbt", "tests/golden/mlp.mbt", "tests/golden/ops.mbt", "tests/golden/plan_adamw.mbt",
+                           "tests/golden/select_train.mbt"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) CHECK(check_program(files[i]) == 2, "%s: 2 graphs", files[i]);
 }
 

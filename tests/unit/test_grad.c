@@ -46,12 +46,12 @@ typedef struct TShape {
 #define S0 ((TShape){0, {0}})
 
 typedef struct TG {
-    Arena ar;                     /* the graph, the leaves, names */
+    Arena ar; /* the graph, the leaves, names */
     Graph *g;
-    uint64_t rng;                 /* xorshift64* state */
-    uint32_t file;                /* the fake source every node's span points into */
-    int nparams, ninputs;         /* for names */
-    double *leaf[TG_MAX_NODES];   /* values of each G_PARAM / G_INPUT by id */
+    uint64_t rng;               /* xorshift64* state */
+    uint32_t file;              /* the fake source every node's span points into */
+    int nparams, ninputs;       /* for names */
+    double *leaf[TG_MAX_NODES]; /* values of each G_PARAM / G_INPUT by id */
 } TG;
 
 static TG *tg_begin(uint64_t seed) {
@@ -378,8 +378,8 @@ static int tg_autodiff(TG *t) {
     }
     CHECK(g->grads != NULL, "autodiff left g->grads NULL");
     for (int i = 0; g->grads && i < g->nparams; i++)
-        CHECK(g->grads[i] >= nfwd && g->grads[i] < g->n, "the gradient of %%%d is %%%d, not a backward node",
-              g->params[i], g->grads[i]);
+        CHECK(g->grads[i] >= nfwd && g->grads[i] < g->n, "the gradient of %%%d is %%%d, not a backward node", g->params[i],
+              g->grads[i]);
     return first;
 }
 
@@ -439,11 +439,11 @@ static double tg_check(TG *t, int out) {
 
 /* ---- elementwise unary ops ---- */
 
-#define UNARY_CASE(fname, OP, lo, hi) \
-    static void fname(void) { \
-        TG *t = tg_begin(__LINE__); \
-        tg_check(t, tg_un(t, OP, tg_param_in(t, S(3, 4), lo, hi))); \
-        tg_end(t); \
+#define UNARY_CASE(fname, OP, lo, hi)                                                                                            \
+    static void fname(void) {                                                                                                    \
+        TG *t = tg_begin(__LINE__);                                                                                              \
+        tg_check(t, tg_un(t, OP, tg_param_in(t, S(3, 4), lo, hi)));                                                              \
+        tg_end(t);                                                                                                               \
     }
 
 UNARY_CASE(grad_neg, G_NEG, -1, 1)
@@ -535,12 +535,12 @@ static void grad_clamp(void) {
 
 /* ---- elementwise binary ops, broadcasting both ways: [2, 1, 4] with [3, 1] -> [2, 3, 4] ---- */
 
-#define BINARY_CASE(fname, OP, alo, ahi, blo, bhi) \
-    static void fname(void) { \
-        TG *t = tg_begin(__LINE__); \
-        int a = tg_param_in(t, S(2, 1, 4), alo, ahi), b = tg_param_in(t, S(3, 1), blo, bhi); \
-        tg_check(t, tg_bin(t, OP, a, b)); \
-        tg_end(t); \
+#define BINARY_CASE(fname, OP, alo, ahi, blo, bhi)                                                                               \
+    static void fname(void) {                                                                                                    \
+        TG *t = tg_begin(__LINE__);                                                                                              \
+        int a = tg_param_in(t, S(2, 1, 4), alo, ahi), b = tg_param_in(t, S(3, 1), blo, bhi);                                     \
+        tg_check(t, tg_bin(t, OP, a, b));                                                                                        \
+        tg_end(t);                                                                                                               \
     }
 
 BINARY_CASE(grad_add, G_ADD, -1, 1, -1, 1)
@@ -589,11 +589,11 @@ static void grad_where(void) {
 
 /* ---- reductions ---- */
 
-#define REDUCE_CASE(fname, OP, axis, keep) \
-    static void fname(void) { \
-        TG *t = tg_begin(__LINE__); \
-        tg_check(t, tg_reduce(t, OP, tg_param(t, S(3, 4, 5)), axis, keep)); \
-        tg_end(t); \
+#define REDUCE_CASE(fname, OP, axis, keep)                                                                                       \
+    static void fname(void) {                                                                                                    \
+        TG *t = tg_begin(__LINE__);                                                                                              \
+        tg_check(t, tg_reduce(t, OP, tg_param(t, S(3, 4, 5)), axis, keep));                                                      \
+        tg_end(t);                                                                                                               \
     }
 
 REDUCE_CASE(grad_sum_axis1, G_SUM, 1, 0)
@@ -613,7 +613,7 @@ static void grad_max_ties(void) {
     TG *t = tg_begin(__LINE__);
     int p = tg_param(t, S(3, 5));
     double *v = t->leaf[p];
-    v[1] = v[3] = 1.5;  /* row 0: a tie for the maximum */
+    v[1] = v[3] = 1.5;    /* row 0: a tie for the maximum */
     v[10] = v[14] = -1.5; /* row 2: a tie for the minimum */
     tg_check(t, tg_bin(t, G_ADD, tg_reduce(t, G_MAX, p, 1, 0), tg_reduce(t, G_MIN, p, 1, 0)));
     tg_end(t);
@@ -685,8 +685,7 @@ static void grad_rope(void) {
 }
 
 /* q [B, H, T, hd], k, v [B, Hk, S, hd / hv]; all three parameters. */
-static void tg_attention_case(int64_t H, int64_t Hk, int64_t T, int64_t Sk, int64_t hd, int64_t hv, int causal,
-                              int line) {
+static void tg_attention_case(int64_t H, int64_t Hk, int64_t T, int64_t Sk, int64_t hd, int64_t hv, int causal, int line) {
     TG *t = tg_begin((uint64_t)line);
     int q = tg_param_in(t, S(2, H, T, hd), -1.5, 1.5);
     int k = tg_param_in(t, S(2, Hk, Sk, hd), -1.5, 1.5);
@@ -730,11 +729,11 @@ static void grad_topk_axis0(void) {
 
 /* ---- matmul ---- */
 
-#define MATMUL_CASE(fname, SA, SB) \
-    static void fname(void) { \
-        TG *t = tg_begin(__LINE__); \
-        tg_check(t, tg_matmul(t, tg_param(t, SA), tg_param(t, SB))); \
-        tg_end(t); \
+#define MATMUL_CASE(fname, SA, SB)                                                                                               \
+    static void fname(void) {                                                                                                    \
+        TG *t = tg_begin(__LINE__);                                                                                              \
+        tg_check(t, tg_matmul(t, tg_param(t, SA), tg_param(t, SB)));                                                             \
+        tg_end(t);                                                                                                               \
     }
 
 MATMUL_CASE(grad_matmul, S(3, 4), S(4, 5))
@@ -1014,8 +1013,8 @@ static void struct_param_free_subgraph(void) {
     int lo, hi;
     int without = tg_build_branchy(0, &lo, &hi);
     int with = tg_build_branchy(1, &lo, &hi);
-    CHECK(with == without, "a parameter-free branch added %d backward nodes (%d with it, %d without)", with - without,
-          with, without);
+    CHECK(with == without, "a parameter-free branch added %d backward nodes (%d with it, %d without)", with - without, with,
+          without);
 }
 
 /* A loss with no parameter on its path: autodiff adds the zero gradients and nothing else. */
@@ -1037,10 +1036,8 @@ static void struct_unused_param_zero(void) {
     (void)u;
     tg_check(t, tg_matmul(t, tg_input(t, S(3, 4)), w));
     GNode *d = tg_n(t, t->g->grads[1]);
-    CHECK(d->op == G_CONST && d->fattr[0] == 0.0, "the unused parameter's gradient is %s %g", graph_op_name(d->op),
-          d->fattr[0]);
-    CHECK(d->rank == 2 && d->shape[0] == 3 && d->shape[1] == 5 && d->dt == DT_F32,
-          "the zero gradient has the wrong type");
+    CHECK(d->op == G_CONST && d->fattr[0] == 0.0, "the unused parameter's gradient is %s %g", graph_op_name(d->op), d->fattr[0]);
+    CHECK(d->rank == 2 && d->shape[0] == 3 && d->shape[1] == 5 && d->dt == DT_F32, "the zero gradient has the wrong type");
     tg_end(t);
 }
 
@@ -1051,8 +1048,7 @@ static void struct_loss_is_param(void) {
     t->g->loss = p;
     tg_autodiff(t);
     GNode *d = tg_n(t, t->g->grads[0]);
-    CHECK(d->op == G_CONST && d->fattr[0] == 1.0 && d->rank == 0, "d p / d p is %s %g", graph_op_name(d->op),
-          d->fattr[0]);
+    CHECK(d->op == G_CONST && d->fattr[0] == 1.0 && d->rank == 0, "d p / d p is %s %g", graph_op_name(d->op), d->fattr[0]);
     tg_end(t);
 }
 

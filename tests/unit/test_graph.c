@@ -70,27 +70,27 @@ static Graph *small_graph(Arena *ar) {
 }
 
 /* graph_verify must find at least one problem, and its text must contain `want`. */
-#define EXPECT_BROKEN(g, want)                                                                  \
-    do {                                                                                        \
-        char *t_ = NULL;                                                                        \
-        int n_ = verify_text((g), &t_);                                                         \
-        CHECK(n_ > 0, "graph_verify found no problem (wanted '%s')", (want));                   \
-        if (n_ > 0 && !strstr(t_, (want))) {                                                    \
-            unit_fail_at(__FILE__, __LINE__, "graph_verify's message lacks '%s'", (want));       \
-            unit_detail("got", t_);                                                             \
-        }                                                                                       \
-        free(t_);                                                                               \
+#define EXPECT_BROKEN(g, want)                                                                                                   \
+    do {                                                                                                                         \
+        char *t_ = NULL;                                                                                                         \
+        int n_ = verify_text((g), &t_);                                                                                          \
+        CHECK(n_ > 0, "graph_verify found no problem (wanted '%s')", (want));                                                    \
+        if (n_ > 0 && !strstr(t_, (want))) {                                                                                     \
+            unit_fail_at(__FILE__, __LINE__, "graph_verify's message lacks '%s'", (want));                                       \
+            unit_detail("got", t_);                                                                                              \
+        }                                                                                                                        \
+        free(t_);                                                                                                                \
     } while (0)
 
-#define EXPECT_OK(g)                                                                            \
-    do {                                                                                        \
-        char *t_ = NULL;                                                                        \
-        int n_ = verify_text((g), &t_);                                                         \
-        if (n_ != 0) {                                                                          \
-            unit_fail_at(__FILE__, __LINE__, "graph_verify found %d problem(s)", n_);           \
-            unit_detail("problems", t_);                                                        \
-        }                                                                                       \
-        free(t_);                                                                               \
+#define EXPECT_OK(g)                                                                                                             \
+    do {                                                                                                                         \
+        char *t_ = NULL;                                                                                                         \
+        int n_ = verify_text((g), &t_);                                                                                          \
+        if (n_ != 0) {                                                                                                           \
+            unit_fail_at(__FILE__, __LINE__, "graph_verify found %d problem(s)", n_);                                            \
+            unit_detail("problems", t_);                                                                                         \
+        }                                                                                                                        \
+        free(t_);                                                                                                                \
     } while (0)
 
 /* ---- building ---- */
@@ -163,13 +163,12 @@ static void test_print(void) {
     FILE *f = open_memstream(&text, &len);
     graph_print(f, g, 0);
     fclose(f);
-    const char *want =
-        "# graph train t: 5 nodes, 1 parameter (3 values), loss %3\n"
-        "%0 = param blk.0.w init=ones : f32[3]                                   # m.mbt:2:3\n"
-        "%1 = const 0.5 : f32[]\n"
-        "%2 = mul %0, %1 : f32[3]\n"
-        "%3 = sum %2 axis=all : f32[]\n"
-        "%4 = softmax %2 axis=0 : f32[3]\n";
+    const char *want = "# graph train t: 5 nodes, 1 parameter (3 values), loss %3\n"
+                       "%0 = param blk.0.w init=ones : f32[3]                                   # m.mbt:2:3\n"
+                       "%1 = const 0.5 : f32[]\n"
+                       "%2 = mul %0, %1 : f32[3]\n"
+                       "%3 = sum %2 axis=all : f32[]\n"
+                       "%4 = softmax %2 axis=0 : f32[3]\n";
     CHECK_STR(text, want, "printed graph");
     free(text);
     text = NULL;

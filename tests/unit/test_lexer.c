@@ -142,24 +142,24 @@ static void lexed_free(Lexed *r) {
 }
 
 /* Lexes src (a C string) and expects exactly these tokens and no error. */
-#define LEX_OK(src, want) \
-    do { \
-        Lexed r_ = lex_all((src), strlen(src)); \
-        CHECK_STR(buf_str(&r_.text), (want), "tokens of \"" src "\""); \
-        CHECK(r_.errors == 0, "\"%s\": %d unexpected error(s): %s", (src), r_.errors, r_.log); \
-        lexed_free(&r_); \
+#define LEX_OK(src, want)                                                                                                        \
+    do {                                                                                                                         \
+        Lexed r_ = lex_all((src), strlen(src));                                                                                  \
+        CHECK_STR(buf_str(&r_.text), (want), "tokens of \"" src "\"");                                                           \
+        CHECK(r_.errors == 0, "\"%s\": %d unexpected error(s): %s", (src), r_.errors, r_.log);                                   \
+        lexed_free(&r_);                                                                                                         \
     } while (0)
 
 /* Lexes src (a string literal or char array: its size gives the length, NULs included); expects
  * an error whose message contains msg, and these tokens (unless want is NULL). */
-#define LEX_ERR(src, want, msg) \
-    do { \
-        Lexed r_ = lex_all((src), sizeof(src) - 1); \
-        CHECK(r_.errors > 0, "no error reported for %s", #src); \
-        CHECK(strstr(r_.log, (msg)) != NULL, "message \"%s\" not reported for %s", (msg), #src); \
-        if (r_.errors == 0 || !strstr(r_.log, (msg))) unit_detail("diag printed", r_.log); \
-        if ((want) != NULL) CHECK_STR(buf_str(&r_.text), (const char *)(want), "tokens of " #src); \
-        lexed_free(&r_); \
+#define LEX_ERR(src, want, msg)                                                                                                  \
+    do {                                                                                                                         \
+        Lexed r_ = lex_all((src), sizeof(src) - 1);                                                                              \
+        CHECK(r_.errors > 0, "no error reported for %s", #src);                                                                  \
+        CHECK(strstr(r_.log, (msg)) != NULL, "message \"%s\" not reported for %s", (msg), #src);                                 \
+        if (r_.errors == 0 || !strstr(r_.log, (msg))) unit_detail("diag printed", r_.log);                                       \
+        if ((want) != NULL) CHECK_STR(buf_str(&r_.text), (const char *)(want), "tokens of " #src);                               \
+        lexed_free(&r_);                                                                                                         \
     } while (0)
 
 /* ---- tokens ------------------------------------------------------------------------------- */
@@ -189,8 +189,8 @@ static void t_identifiers(void) {
     id[LEX_MAX_IDENT] = 0;
     Lexed r = lex_all(id, strlen(id));
     CHECK(r.errors == 0, "a %d-byte identifier was refused: %s", LEX_MAX_IDENT, r.log);
-    CHECK(r.n == 3 && r.toks[0].code == TK_IDENT && r.toks[0].span.len == LEX_MAX_IDENT,
-          "a %d-byte identifier is not one token", LEX_MAX_IDENT);
+    CHECK(r.n == 3 && r.toks[0].code == TK_IDENT && r.toks[0].span.len == LEX_MAX_IDENT, "a %d-byte identifier is not one token",
+          LEX_MAX_IDENT);
     lexed_free(&r);
     free(id);
 }
@@ -296,9 +296,9 @@ static void t_no_semi_inside_brackets(void) {
 
 static void t_semi_before_rbrace(void) {
     LEX_OK("{ x }", "{ ident:x $ } $ EOF");
-    LEX_OK("{ x; }", "{ ident:x ; } $ EOF");   /* no second statement end after ';' */
-    LEX_OK("{ x\n}", "{ ident:x $ } $ EOF");   /* nor after the line end's */
-    LEX_OK("{}", "{ } $ EOF");                 /* nor right after '{' */
+    LEX_OK("{ x; }", "{ ident:x ; } $ EOF");    /* no second statement end after ';' */
+    LEX_OK("{ x\n}", "{ ident:x $ } $ EOF");    /* nor after the line end's */
+    LEX_OK("{}", "{ } $ EOF");                  /* nor right after '{' */
     LEX_OK("{ a + }", "{ ident:a + $ } $ EOF"); /* before '}' even after an operator */
     LEX_OK("for b in h { x = b(x) }", "for ident:b in ident:h { ident:x = ident:b ( ident:x ) $ } $ EOF");
     LEX_OK("{ { x } }", "{ { ident:x $ } $ } $ EOF");
@@ -331,19 +331,22 @@ static void t_spans(void) {
     const char *src = "fn f(x) {\n\treturn x + 1.5\n}\n";
     Lexed r = lex_all(src, strlen(src));
     /* code line col len, for each token */
-    static const struct { int code; uint32_t line, col, len; } want[] = {
-        {TK_FN, 1, 1, 2}, {TK_IDENT, 1, 4, 1}, {TK_LPAREN, 1, 5, 1}, {TK_IDENT, 1, 6, 1}, {TK_RPAREN, 1, 7, 1},
-        {TK_LBRACE, 1, 9, 1}, {TK_RETURN, 2, 2, 6}, {TK_IDENT, 2, 9, 1}, {TK_PLUS, 2, 11, 1},
-        {TK_FLOAT, 2, 13, 3}, {TK_SEMI, 2, 16, 0}, {TK_RBRACE, 3, 1, 1}, {TK_SEMI, 3, 2, 0}, {0, 4, 1, 0},
+    static const struct {
+        int code;
+        uint32_t line, col, len;
+    } want[] = {
+        {TK_FN, 1, 1, 2},     {TK_IDENT, 1, 4, 1},  {TK_LPAREN, 1, 5, 1}, {TK_IDENT, 1, 6, 1}, {TK_RPAREN, 1, 7, 1},
+        {TK_LBRACE, 1, 9, 1}, {TK_RETURN, 2, 2, 6}, {TK_IDENT, 2, 9, 1},  {TK_PLUS, 2, 11, 1}, {TK_FLOAT, 2, 13, 3},
+        {TK_SEMI, 2, 16, 0},  {TK_RBRACE, 3, 1, 1}, {TK_SEMI, 3, 2, 0},   {0, 4, 1, 0},
     };
     int nwant = (int)(sizeof want / sizeof want[0]);
     CHECK(r.n == nwant, "%d tokens, expected %d: %s", r.n, nwant, buf_str(&r.text));
     for (int i = 0; i < r.n && i < nwant; i++) {
         Token t = r.toks[i];
-        CHECK(t.code == want[i].code && t.span.line == want[i].line && t.span.col == want[i].col &&
-                  t.span.len == want[i].len && t.span.file == r.file,
-              "token %d: %s at %u:%u len %u, expected %s at %u:%u len %u", i, tok_name(t.code), t.span.line,
-              t.span.col, t.span.len, tok_name(want[i].code), want[i].line, want[i].col, want[i].len);
+        CHECK(t.code == want[i].code && t.span.line == want[i].line && t.span.col == want[i].col && t.span.len == want[i].len &&
+                  t.span.file == r.file,
+              "token %d: %s at %u:%u len %u, expected %s at %u:%u len %u", i, tok_name(t.code), t.span.line, t.span.col,
+              t.span.len, tok_name(want[i].code), want[i].line, want[i].col, want[i].len);
     }
     lexed_free(&r);
 
@@ -383,8 +386,7 @@ static int spans_consistent(const char *what, const char *src, size_t len) {
         int fixed = t.code != 0 && t.code != TK_IDENT && t.code != TK_INT && t.code != TK_FLOAT && t.code != TK_STRING &&
                     !(t.code == TK_SEMI && t.span.len == 0);
         if (fixed && (strlen(name) != t.span.len || memcmp(src + t.span.off, name, t.span.len) != 0)) {
-            unit_fail_at(__FILE__, __LINE__, "%s: token %d (%s) spans '%.*s'", what, i, name, (int)t.span.len,
-                         src + t.span.off);
+            unit_fail_at(__FILE__, __LINE__, "%s: token %d (%s) spans '%.*s'", what, i, name, (int)t.span.len, src + t.span.off);
             ok = 0;
         }
     }
@@ -566,8 +568,7 @@ static void t_err_nesting(void) {
     CHECK(r.errors == 1, "%d errors for brackets nested too deep, expected 1", r.errors);
     CHECK(strstr(r.log, "test.mbt:1:257: error: brackets nested more than 256 deep") != NULL,
           "no located message for brackets nested too deep");
-    CHECK(r.n == LEX_MAX_NESTING + 1 && r.toks[r.n - 1].code == 0, "%d tokens: the lexer did not stop at the 257th '('",
-          r.n);
+    CHECK(r.n == LEX_MAX_NESTING + 1 && r.toks[r.n - 1].code == 0, "%d tokens: the lexer did not stop at the 257th '('", r.n);
     lexed_free(&r);
     buf_free(&b);
 }
@@ -583,17 +584,18 @@ static void t_err_recovery(void) {
 
 static void t_token_desc(void) {
     /* Every token the lexer produces has a description for messages. */
-    int codes[] = {TK_IMPORT, TK_AS, TK_MODEL, TK_FN, TK_PARAM, TK_RETURN, TK_FOR, TK_IN, TK_IF, TK_ELSE, TK_OPTIMIZER,
-                   TK_STATE, TK_TRAIN, TK_SERVE, TK_TRUE, TK_FALSE, TK_AND, TK_OR, TK_NOT, TK_IDENT, TK_INT, TK_FLOAT,
-                   TK_STRING, TK_SEMI, TK_COMMA, TK_COLON, TK_ASSIGN, TK_PLUSEQ, TK_MINUSEQ, TK_STAREQ, TK_SLASHEQ,
-                   TK_TILDE, TK_ARROW, TK_DOT, TK_DOTDOT, TK_LPAREN, TK_RPAREN, TK_LBRACKET, TK_RBRACKET, TK_LBRACE,
-                   TK_RBRACE, TK_PLUS, TK_MINUS, TK_STAR, TK_SLASH, TK_PERCENT, TK_AT, TK_CARET, TK_EQ, TK_NE, TK_LT,
-                   TK_LE, TK_GT, TK_GE, 0};
+    int codes[] = {TK_IMPORT,  TK_AS,        TK_MODEL,    TK_FN,      TK_PARAM,  TK_RETURN, TK_FOR,   TK_IN,     TK_IF,
+                   TK_ELSE,    TK_OPTIMIZER, TK_STATE,    TK_TRAIN,   TK_SERVE,  TK_TRUE,   TK_FALSE, TK_AND,    TK_OR,
+                   TK_NOT,     TK_IDENT,     TK_INT,      TK_FLOAT,   TK_STRING, TK_SEMI,   TK_COMMA, TK_COLON,  TK_ASSIGN,
+                   TK_PLUSEQ,  TK_MINUSEQ,   TK_STAREQ,   TK_SLASHEQ, TK_TILDE,  TK_ARROW,  TK_DOT,   TK_DOTDOT, TK_LPAREN,
+                   TK_RPAREN,  TK_LBRACKET,  TK_RBRACKET, TK_LBRACE,  TK_RBRACE, TK_PLUS,   TK_MINUS, TK_STAR,   TK_SLASH,
+                   TK_PERCENT, TK_AT,        TK_CARET,    TK_EQ,      TK_NE,     TK_LT,     TK_LE,    TK_GT,     TK_GE,
+                   0};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         const char *d = lex_token_desc(codes[i]);
         CHECK(d && strcmp(d, "a token") != 0, "token %s has no description", tok_name(codes[i]));
-        if (codes[i] > 0 && codes[i] != TK_IDENT && codes[i] != TK_INT && codes[i] != TK_FLOAT &&
-            codes[i] != TK_STRING && codes[i] != TK_SEMI) {
+        if (codes[i] > 0 && codes[i] != TK_IDENT && codes[i] != TK_INT && codes[i] != TK_FLOAT && codes[i] != TK_STRING &&
+            codes[i] != TK_SEMI) {
             char want[32];
             snprintf(want, sizeof want, "'%s'", tok_name(codes[i]));
             CHECK(strcmp(d, want) == 0, "description of %s is %s", want, d);

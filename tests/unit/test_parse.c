@@ -294,8 +294,7 @@ static int span_ok(const Parsed *p, const Node *n, char *why, size_t whylen) {
         else col++;
     }
     if (line != s.line || col != s.col)
-        return snprintf(why, whylen, "%s: says %u:%u, its offset is at %u:%u", ast_kind_name(n->kind), s.line, s.col,
-                        line, col),
+        return snprintf(why, whylen, "%s: says %u:%u, its offset is at %u:%u", ast_kind_name(n->kind), s.line, s.col, line, col),
                0;
     return 1;
 }
@@ -307,9 +306,8 @@ static int spans_nested(const Parsed *p, const Node *n, const Node *parent, char
         if (!span_ok(p, n, why, whylen)) return 0;
         if (parent && parent->kind != N_PROGRAM &&
             (n->span.off < parent->span.off || n->span.off + n->span.len > parent->span.off + parent->span.len))
-            return snprintf(why, whylen, "%s at %u:%u is not inside its parent %s at %u:%u", ast_kind_name(n->kind),
-                            n->span.line, n->span.col, ast_kind_name(parent->kind), parent->span.line,
-                            parent->span.col),
+            return snprintf(why, whylen, "%s at %u:%u is not inside its parent %s at %u:%u", ast_kind_name(n->kind), n->span.line,
+                            n->span.col, ast_kind_name(parent->kind), parent->span.line, parent->span.col),
                    0;
     }
     const Node *kids[] = {n->a, n->b, n->type};
@@ -340,60 +338,58 @@ static char *stmts_of(const char *body, int *errors, const char **log) {
         buf_printf(&out, "<%d declarations>", p.prog->list.n);
     }
     char why[256];
-    if (!p.errors && !spans_nested(&p, p.prog, NULL, why, sizeof why)) {
-        buf_printf(&out, " <bad span: %s>", why);
-    }
+    if (!p.errors && !spans_nested(&p, p.prog, NULL, why, sizeof why)) { buf_printf(&out, " <bad span: %s>", why); }
     if (log) *log = strdup(p.log);
     parsed_free(&p);
     return out.p ? out.p : strdup("");
 }
 
 /* The statement(s) `body` parse to `want`, with no error. */
-#define STMT(body, want) \
-    do { \
-        int e_; \
-        const char *log_; \
-        char *got_ = stmts_of((body), &e_, &log_); \
-        CHECK_STR(got_, (want), "AST of `" body "`"); \
-        CHECK(e_ == 0, "`%s`: %d unexpected error(s)", (body), e_); \
-        if (e_) unit_detail("diag printed", log_); \
-        free(got_); \
-        free((void *)log_); \
+#define STMT(body, want)                                                                                                         \
+    do {                                                                                                                         \
+        int e_;                                                                                                                  \
+        const char *log_;                                                                                                        \
+        char *got_ = stmts_of((body), &e_, &log_);                                                                               \
+        CHECK_STR(got_, (want), "AST of `" body "`");                                                                            \
+        CHECK(e_ == 0, "`%s`: %d unexpected error(s)", (body), e_);                                                              \
+        if (e_) unit_detail("diag printed", log_);                                                                               \
+        free(got_);                                                                                                              \
+        free((void *)log_);                                                                                                      \
     } while (0)
 
 /* The expression `e` (as `return e`) parses to `want`. */
 #define EXPR(e, want) STMT("return " e, "(return " want ")")
 
 /* A whole file parses to `want` with no error. */
-#define FILE_OK(src, want) \
-    do { \
-        Parsed p_ = parse_text((src), strlen(src)); \
-        char *got_ = render(p_.prog); \
-        CHECK_STR(got_, (want), "AST"); \
-        CHECK(p_.errors == 0, "%d unexpected error(s)", p_.errors); \
-        if (p_.errors) unit_detail("diag printed", p_.log); \
-        char why_[256]; \
-        CHECK(p_.errors || spans_nested(&p_, p_.prog, NULL, why_, sizeof why_), "bad span: %s", why_); \
-        CHECK(p_.errors || ast_check_spans(p_.prog), "ast_check_spans failed"); \
-        free(got_); \
-        parsed_free(&p_); \
+#define FILE_OK(src, want)                                                                                                       \
+    do {                                                                                                                         \
+        Parsed p_ = parse_text((src), strlen(src));                                                                              \
+        char *got_ = render(p_.prog);                                                                                            \
+        CHECK_STR(got_, (want), "AST");                                                                                          \
+        CHECK(p_.errors == 0, "%d unexpected error(s)", p_.errors);                                                              \
+        if (p_.errors) unit_detail("diag printed", p_.log);                                                                      \
+        char why_[256];                                                                                                          \
+        CHECK(p_.errors || spans_nested(&p_, p_.prog, NULL, why_, sizeof why_), "bad span: %s", why_);                           \
+        CHECK(p_.errors || ast_check_spans(p_.prog), "ast_check_spans failed");                                                  \
+        free(got_);                                                                                                              \
+        parsed_free(&p_);                                                                                                        \
     } while (0)
 
 /* A file with a syntax error: `nerr` errors, the first message containing `msg` (a substring of
  * `path:line:col: error: ...`), and the declarations that did parse rendered as `want` (or NULL). */
-#define FILE_ERR(src, nerr, msg, want) \
-    do { \
-        Parsed p_ = parse_text((src), strlen(src)); \
-        CHECK(p_.errors == (nerr), "%d errors, expected %d", p_.errors, (nerr)); \
-        CHECK(strstr(p_.log, (msg)) != NULL, "message \"%s\" not printed", (msg)); \
-        if (p_.errors != (nerr) || !strstr(p_.log, (msg))) unit_detail("diag printed", p_.log); \
-        if ((want) != NULL) { \
-            char *got_ = render(p_.prog); \
-            CHECK_STR(got_, (const char *)(want), "what parsed"); \
-            free(got_); \
-        } \
-        CHECK(ast_check_spans(p_.prog), "ast_check_spans failed after errors"); \
-        parsed_free(&p_); \
+#define FILE_ERR(src, nerr, msg, want)                                                                                           \
+    do {                                                                                                                         \
+        Parsed p_ = parse_text((src), strlen(src));                                                                              \
+        CHECK(p_.errors == (nerr), "%d errors, expected %d", p_.errors, (nerr));                                                 \
+        CHECK(strstr(p_.log, (msg)) != NULL, "message \"%s\" not printed", (msg));                                               \
+        if (p_.errors != (nerr) || !strstr(p_.log, (msg))) unit_detail("diag printed", p_.log);                                  \
+        if ((want) != NULL) {                                                                                                    \
+            char *got_ = render(p_.prog);                                                                                        \
+            CHECK_STR(got_, (const char *)(want), "what parsed");                                                                \
+            free(got_);                                                                                                          \
+        }                                                                                                                        \
+        CHECK(ast_check_spans(p_.prog), "ast_check_spans failed after errors");                                                  \
+        parsed_free(&p_);                                                                                                        \
     } while (0)
 
 /* ---- precedence and associativity ------------------------------------------------------- */
@@ -538,9 +534,7 @@ static void t_control_flow(void) {
 
 /* ---- declarations ----------------------------------------------------------------------- */
 
-static void t_imports(void) {
-    FILE_OK("import nn\nimport optim as o\n", "(program (import nn) (import optim as o))");
-}
+static void t_imports(void) { FILE_OK("import nn\nimport optim as o\n", "(program (import nn) (import optim as o))"); }
 
 static void t_fn_decls(void) {
     FILE_OK("fn f() {\n}\n", "(program (fn f ()))");
@@ -641,8 +635,7 @@ static void t_whole_programs(void) {
             FILE *m = open_memstream(&mem, &memlen);
             ast_print(m, p.prog);
             fclose(m);
-            CHECK(memlen > 0 && strncmp(mem, "program", 7) == 0, "%s: ast_print output starts \"%.20s\"", path,
-                  mem ? mem : "");
+            CHECK(memlen > 0 && strncmp(mem, "program", 7) == 0, "%s: ast_print output starts \"%.20s\"", path, mem ? mem : "");
             free(mem);
             parsed_free(&p);
             buf_free(&b);
@@ -688,10 +681,9 @@ static void t_err_literals(void) {
 }
 
 static void t_err_arguments(void) {
-    FILE_ERR("fn f() {\n  return g(a = 1, 2)\n}\n", 1,
-             "test.mbt:2:19: error: positional argument after a keyword argument", NULL);
-    FILE_ERR("model M(d) {\n  w, b = param f32[d]\n}\n", 1,
-             "test.mbt:2:3: error: a parameter is declared with one name", NULL);
+    FILE_ERR("fn f() {\n  return g(a = 1, 2)\n}\n", 1, "test.mbt:2:19: error: positional argument after a keyword argument",
+             NULL);
+    FILE_ERR("model M(d) {\n  w, b = param f32[d]\n}\n", 1, "test.mbt:2:3: error: a parameter is declared with one name", NULL);
     FILE_ERR("model M(d) {\n  w.x = param f32[d]\n}\n", 1, "a parameter is declared with one name", NULL);
 }
 

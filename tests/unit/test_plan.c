@@ -64,9 +64,9 @@ static int check_assignment(const PlanBuffer *b, int n, int64_t align, int64_t p
         for (int j = 0; j < i; j++) {
             if (!b[i].size || !b[j].size || b[i].last < b[j].first || b[j].last < b[i].first) continue;
             if (b[i].offset < b[j].offset + b[j].size && b[j].offset < b[i].offset + b[i].size) {
-                CHECK(0, "trial %d: buffers %d [%lld, +%lld) live %d..%d and %d [%lld, +%lld) live %d..%d overlap", trial,
-                      j, (long long)b[j].offset, (long long)b[j].size, b[j].first, b[j].last, i,
-                      (long long)b[i].offset, (long long)b[i].size, b[i].first, b[i].last);
+                CHECK(0, "trial %d: buffers %d [%lld, +%lld) live %d..%d and %d [%lld, +%lld) live %d..%d overlap", trial, j,
+                      (long long)b[j].offset, (long long)b[j].size, b[j].first, b[j].last, i, (long long)b[i].offset,
+                      (long long)b[i].size, b[i].first, b[i].last);
                 return 1;
             }
         }
@@ -138,8 +138,7 @@ static void assign_large(void) {
         int same = plan_assign_offsets(again, n, 64, &ar) == peak;
         for (int i = 0; i < n; i++) same &= again[i].offset == b[i].offset;
         CHECK(same, "trial %d: the same buffers got other offsets the second time", trial);
-        printf("# assign_large: %d buffers, peak %lld, naive %lld\n", n, (long long)peak,
-               (long long)plan_naive_bytes(b, n, 64));
+        printf("# assign_large: %d buffers, peak %lld, naive %lld\n", n, (long long)peak, (long long)plan_naive_bytes(b, n, 64));
     }
     arena_free(&ar);
 }
@@ -153,13 +152,12 @@ static void assign_exact(void) {
     PlanBuffer a[3] = {{100, 0, 5, 0}, {300, 0, 5, 0}, {64, 2, 3, 0}};
     int64_t peak = plan_assign_offsets(a, 3, 64, &ar);
     CHECK(peak == 128 + 320 + 64, "stacked: peak %lld", (long long)peak);
-    CHECK(a[1].offset == 0 && a[0].offset == 320 && a[2].offset == 448, "stacked offsets %lld %lld %lld",
-          (long long)a[0].offset, (long long)a[1].offset, (long long)a[2].offset);
+    CHECK(a[1].offset == 0 && a[0].offset == 320 && a[2].offset == 448, "stacked offsets %lld %lld %lld", (long long)a[0].offset,
+          (long long)a[1].offset, (long long)a[2].offset);
     /* never live together: all at 0, the peak the largest */
     PlanBuffer b[3] = {{100, 0, 1, 0}, {300, 2, 3, 0}, {64, 4, 9, 0}};
     peak = plan_assign_offsets(b, 3, 64, &ar);
-    CHECK(peak == 320 && b[0].offset == 0 && b[1].offset == 0 && b[2].offset == 0, "disjoint: peak %lld",
-          (long long)peak);
+    CHECK(peak == 320 && b[0].offset == 0 && b[1].offset == 0 && b[2].offset == 0, "disjoint: peak %lld", (long long)peak);
     /* best fit: the last buffer sees two gaps among the buffers live with it, [1024, 1536) between
      * big and mid (left by p2) and [1792, 1920) between mid and last (left by p1): the smaller wins */
     PlanBuffer c[6] = {
@@ -227,22 +225,21 @@ static void built_free(Built *b) {
 }
 
 /* A small model: parameters of 7, 15, 1, 33 and 4 values (so the layout pads between them). */
-#define TP_MODEL \
-    "model P(n = 5) {\n" \
-    "  a = param f32[7] ~ normal(0, 1)\n" \
-    "  b = param f32[n, 3] ~ normal(0, 1)\n" \
-    "  c = param f32[] ~ ones\n" \
-    "  d = param f32[33] ~ normal(0, 1)\n" \
-    "  e = param f32[4]\n" \
-    "  fn forward(idx: i32[B, T]) -> f32[B, T, 3] {\n" \
-    "    return one_hot(idx, n) @ b + sum(a) * c + mean(d) + sum(e)\n" \
-    "  }\n" \
+#define TP_MODEL                                                                                                                 \
+    "model P(n = 5) {\n"                                                                                                         \
+    "  a = param f32[7] ~ normal(0, 1)\n"                                                                                        \
+    "  b = param f32[n, 3] ~ normal(0, 1)\n"                                                                                     \
+    "  c = param f32[] ~ ones\n"                                                                                                 \
+    "  d = param f32[33] ~ normal(0, 1)\n"                                                                                       \
+    "  e = param f32[4]\n"                                                                                                       \
+    "  fn forward(idx: i32[B, T]) -> f32[B, T, 3] {\n"                                                                           \
+    "    return one_hot(idx, n) @ b + sum(a) * c + mean(d) + sum(e)\n"                                                           \
+    "  }\n"                                                                                                                      \
     "}\n"
 
 static const char *program(Arena *ar, const char *optimizer, const char *extra) {
     return arena_printf(ar,
-                        "import optim\nimport lr\n" TP_MODEL
-                        "train t {\n  model = P()\n  data = tokens(\"x.bin\", seq = 4)\n"
+                        "import optim\nimport lr\n" TP_MODEL "train t {\n  model = P()\n  data = tokens(\"x.bin\", seq = 4)\n"
                         "  loss = cross_entropy(model(data.x), data.y)\n  optimizer = %s\n  steps = 100\n%s}\n",
                         optimizer, extra);
 }
@@ -267,8 +264,8 @@ static void regions_contiguous(void) {
         const PlanParam *q = &m->params[i];
         CHECK(strcmp(q->name, names[i]) == 0 && q->numel == numel[i], "parameter %d is %s with %lld values", i, q->name,
               (long long)q->numel);
-        CHECK(q->offset == plan_align_up(end, PLAN_ALIGN), "parameter %s at %lld, expected the next aligned offset %lld",
-              q->name, (long long)q->offset, (long long)plan_align_up(end, PLAN_ALIGN));
+        CHECK(q->offset == plan_align_up(end, PLAN_ALIGN), "parameter %s at %lld, expected the next aligned offset %lld", q->name,
+              (long long)q->offset, (long long)plan_align_up(end, PLAN_ALIGN));
         end = q->offset + q->numel * 4;
         /* the gradient is added from its arena buffer into the same offset of the gradient region */
         const PlanPhaseMem *st = &m->phase[PLAN_STEP];
@@ -286,8 +283,8 @@ static void regions_contiguous(void) {
               "the parameter buffer of %s lives in the region", q->name);
     }
     /* offsets 0, 64, 128, 192, 384: 7, 15, 1 and 33 values each fit below the next multiple of 16 values */
-    CHECK(m->params[0].offset == 0 && m->params[1].offset == 64 && m->params[2].offset == 128 &&
-              m->params[3].offset == 192 && m->params[4].offset == 384,
+    CHECK(m->params[0].offset == 0 && m->params[1].offset == 64 && m->params[2].offset == 128 && m->params[3].offset == 192 &&
+              m->params[4].offset == 384,
           "offsets %lld %lld %lld %lld %lld", (long long)m->params[0].offset, (long long)m->params[1].offset,
           (long long)m->params[2].offset, (long long)m->params[3].offset, (long long)m->params[4].offset);
     CHECK(m->param_bytes == plan_align_up(end, PLAN_ALIGN) && m->param_bytes == 448, "parameter region %lld bytes",
@@ -296,8 +293,7 @@ static void regions_contiguous(void) {
           (long long)m->state_bytes);
     const GraphUpdate *u = b->tb->update->update;
     CHECK(u->n * 4 == m->param_bytes, "the update graph's length matches the region");
-    for (int i = 0; i < u->nsegs; i++)
-        CHECK(u->seg_off[i] * 4 == m->params[i].offset, "segment %d at the parameter's offset", i);
+    for (int i = 0; i < u->nsegs; i++) CHECK(u->seg_off[i] * 4 == m->params[i].offset, "segment %d at the parameter's offset", i);
     /* the update's inputs live in the regions, lr and t in the arena's reserved bytes */
     const PlanPhaseMem *up = &m->phase[PLAN_UPDATE];
     const int *nb = up->r->node_buffer;
@@ -327,8 +323,8 @@ static void regions_contiguous(void) {
               "phase %s: peak %lld, naive %lld", ph->name, (long long)ph->peak, (long long)ph->naive);
         if (ph->peak > largest) largest = ph->peak;
     }
-    CHECK(m->arena_bytes == largest && up->peak >= up->reserve, "arena %lld, the largest peak %lld",
-          (long long)m->arena_bytes, (long long)largest);
+    CHECK(m->arena_bytes == largest && up->peak >= up->reserve, "arena %lld, the largest peak %lld", (long long)m->arena_bytes,
+          (long long)largest);
     built_free(b);
     arena_free(&ar);
 }
@@ -362,15 +358,17 @@ static void program_accumulation(void) {
         CHECK(!p->schedule && p->has_lr && p->lr_base == 0.1, "lr 0.1 without a schedule");
     }
     built_free(b);
-    b = build(program(&ar, "optim.sgd(lr = 0.1)", "  batch { global = 32, micro = 8 }\n  parallel { data = 2 }\n"
-                           "  clip = 1.0\n  lr = lr.cosine(warmup = 10, total = 100)\n"), NULL);
+    b = build(program(&ar, "optim.sgd(lr = 0.1)",
+                      "  batch { global = 32, micro = 8 }\n  parallel { data = 2 }\n"
+                      "  clip = 1.0\n  lr = lr.cosine(warmup = 10, total = 100)\n"),
+              NULL);
     p = b->plan;
     CHECK(p && p->nprograms == 1, "one step program with data = 2");
     if (p && p->nprograms == 1) {
         const PlanProgram *pr = &p->programs[0];
         CHECK(pr->global == 32 && pr->micro == 8 && pr->accumulation == 2 && pr->data == 2,
-              "data = 2: global %lld = micro %lld x accumulation %lld x data %lld", (long long)pr->global,
-              (long long)pr->micro, (long long)pr->accumulation, (long long)pr->data);
+              "data = 2: global %lld = micro %lld x accumulation %lld x data %lld", (long long)pr->global, (long long)pr->micro,
+              (long long)pr->accumulation, (long long)pr->data);
         CHECK(pr->loss_scale == 0.25, "data = 2: loss scale %g, expected 1/(2 x 2)", pr->loss_scale);
         CHECK(has_op(pr, PO_ALLREDUCE) && has_op(pr, PO_CLIP), "an all-reduce and a clip");
         int ar_at = -1, clip_at = -1;
@@ -389,9 +387,9 @@ static void program_accumulation(void) {
 
 static void program_ramp(void) {
     Arena ar = {0};
-    Built *b = build(program(&ar, "optim.sgd(lr = 0.1)",
-                             "  batch { global = 16, micro = 8, ramp = [(10, 32), (50, 64), (200, 128)] }\n"),
-                     NULL);
+    Built *b = build(
+        program(&ar, "optim.sgd(lr = 0.1)", "  batch { global = 16, micro = 8, ramp = [(10, 32), (50, 64), (200, 128)] }\n"),
+        NULL);
     const Plan *p = b->plan;
     CHECK(p && p->nprograms == 4, "a program per stage of the ramp");
     if (p && p->nprograms == 4) {
@@ -421,7 +419,7 @@ typedef enum { OPT_ADAMW, OPT_SGD, OPT_LION, OPT_LAMB } OptKind;
 
 typedef struct OptCase {
     OptKind kind;
-    const char *source;            /* the train block's optimizer */
+    const char *source; /* the train block's optimizer */
     double lr, b1, b2, eps, wd, momentum;
 } OptCase;
 
@@ -555,7 +553,10 @@ static void run_optimizer(const OptCase *oc, const char *name) {
                 if (d > worst) worst = d;
                 if (!close_rel(pairs[j][0], pairs[j][1])) {
                     CHECK(0, "%s step %d: element %lld of %s is %.17g, C says %.17g", name, step, (long long)k,
-                          j == 0 ? "p" : j == 1 ? "state 0" : "state 1", pairs[j][0], pairs[j][1]);
+                          j == 0   ? "p"
+                          : j == 1 ? "state 0"
+                                   : "state 1",
+                          pairs[j][0], pairs[j][1]);
                     bad = 1;
                     break;
                 }
@@ -572,8 +573,8 @@ static void run_optimizer(const OptCase *oc, const char *name) {
 }
 
 static void optimizer_adamw(void) {
-    OptCase oc = {OPT_ADAMW, "optim.adamw(lr = 0.01, betas = (0.8, 0.95), eps = 1e-6, weight_decay = 0.1)",
-                  0.01, 0.8, 0.95, 1e-6, 0.1, 0};
+    OptCase oc = {
+        OPT_ADAMW, "optim.adamw(lr = 0.01, betas = (0.8, 0.95), eps = 1e-6, weight_decay = 0.1)", 0.01, 0.8, 0.95, 1e-6, 0.1, 0};
     run_optimizer(&oc, "adamw");
 }
 
@@ -583,14 +584,13 @@ static void optimizer_sgd(void) {
 }
 
 static void optimizer_lion(void) {
-    OptCase oc = {OPT_LION, "optim.lion(lr = 0.001, betas = (0.85, 0.98), weight_decay = 0.2)", 0.001, 0.85, 0.98,
-                  0, 0.2, 0};
+    OptCase oc = {OPT_LION, "optim.lion(lr = 0.001, betas = (0.85, 0.98), weight_decay = 0.2)", 0.001, 0.85, 0.98, 0, 0.2, 0};
     run_optimizer(&oc, "lion");
 }
 
 static void optimizer_lamb(void) {
-    OptCase oc = {OPT_LAMB, "optim.lamb(lr = 0.01, betas = (0.9, 0.99), eps = 1e-6, weight_decay = 0.05)", 0.01, 0.9,
-                  0.99, 1e-6, 0.05, 0};
+    OptCase oc = {
+        OPT_LAMB, "optim.lamb(lr = 0.01, betas = (0.9, 0.99), eps = 1e-6, weight_decay = 0.05)", 0.01, 0.9, 0.99, 1e-6, 0.05, 0};
     run_optimizer(&oc, "lamb");
 }
 

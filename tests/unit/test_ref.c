@@ -57,9 +57,11 @@ static int add(GOp op, DType dt, int rank, const int64_t *shape, int nin, const 
 
 static GNode *N(int id) { return &nodes[id]; }
 
-#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
+#define SHAPE(...)                                                                                                               \
+    (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]) { __VA_ARGS__ }
 #define SCALAR 0, NULL
-#define INS(...) (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (const int[]){__VA_ARGS__}
+#define INS(...)                                                                                                                 \
+    (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (const int[]) { __VA_ARGS__ }
 
 /* A G_INPUT leaf holding data (not copied: it must outlive the run). */
 static int input(DType dt, int rank, const int64_t *shape, double *data) {
@@ -100,8 +102,8 @@ static int near(double got, double want, double tol) {
 #define TOL 1e-12
 
 /* The first element of got that differs from want, reported at the caller's line. */
-static void check_arr_at(const char *file, int line, const char *what, const double *got, const double *want,
-                         int64_t n, double tol) {
+static void check_arr_at(const char *file, int line, const char *what, const double *got, const double *want, int64_t n,
+                         double tol) {
     if (!got) {
         unit_fail_at(file, line, "%s: no result", what);
         return;
@@ -114,15 +116,18 @@ static void check_arr_at(const char *file, int line, const char *what, const dou
     }
 }
 #define CHECK_ARR(got, want, n, tol, what) check_arr_at(__FILE__, __LINE__, (what), (got), (want), (n), (tol))
-#define REQUIRE_RUN(v) \
-    do { \
-        if (!(v)) { \
-            CHECK(0, "ref_run failed"); \
-            return; \
-        } \
+#define REQUIRE_RUN(v)                                                                                                           \
+    do {                                                                                                                         \
+        if (!(v)) {                                                                                                              \
+            CHECK(0, "ref_run failed");                                                                                          \
+            return;                                                                                                              \
+        }                                                                                                                        \
     } while (0)
-#define CHECK_NEAR(got, want, tol, what) \
-    do { double w_[1] = {(want)}, g_[1] = {(got)}; check_arr_at(__FILE__, __LINE__, (what), g_, w_, 1, (tol)); } while (0)
+#define CHECK_NEAR(got, want, tol, what)                                                                                         \
+    do {                                                                                                                         \
+        double w_[1] = {(want)}, g_[1] = {(got)};                                                                                \
+        check_arr_at(__FILE__, __LINE__, (what), g_, w_, 1, (tol));                                                              \
+    } while (0)
 
 /* Right-aligned shapes padded with leading 1s to rank 4, and the flat index of a 4-d
  * coordinate in such a shape (size-1 axes read index 0): the test's own broadcasting. */
@@ -209,9 +214,11 @@ static double gelu_formula(double x) {
 static void test_unary(void) {
     double xs[] = {-40, -3, -0.5, 0, 0.25, 1, 2, 40};
     enum { NX = 8 };
-    struct { GOp op; double (*f)(double); } fs[] = {
-        {G_EXP, exp}, {G_TANH, tanh}, {G_SIN, sin}, {G_COS, cos}, {G_ABS, fabs}, {G_FLOOR, floor},
-        {G_GELU, gelu_formula},
+    struct {
+        GOp op;
+        double (*f)(double);
+    } fs[] = {
+        {G_EXP, exp}, {G_TANH, tanh}, {G_SIN, sin}, {G_COS, cos}, {G_ABS, fabs}, {G_FLOOR, floor}, {G_GELU, gelu_formula},
     };
     for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
         reset();
@@ -224,7 +231,9 @@ static void test_unary(void) {
     }
     double want[NX];
     /* the rest by their formulas */
-    struct { GOp op; } rest[] = {{G_NEG}, {G_SIGMOID}, {G_RELU}, {G_SILU}, {G_SIGN}, {G_NOT}};
+    struct {
+        GOp op;
+    } rest[] = {{G_NEG}, {G_SIGMOID}, {G_RELU}, {G_SILU}, {G_SIGN}, {G_NOT}};
     for (size_t k = 0; k < sizeof rest / sizeof rest[0]; k++) {
         reset();
         int x = input(DT_F32, SHAPE(NX), xs);
@@ -397,14 +406,20 @@ static double binary_formula(GOp op, double a, double b) {
 
 static void test_binary_broadcast(void) {
     static const GOp ops[] = {G_ADD, G_SUB, G_MUL, G_DIV, G_POW, G_MOD, G_MAX2, G_MIN2,
-                              G_EQ,  G_NE,  G_LT,  G_LE,  G_GT,  G_GE,  G_AND, G_OR};
+                              G_EQ,  G_NE,  G_LT,  G_LE,  G_GT,  G_GE,  G_AND,  G_OR};
     static const char *names[] = {"add", "sub", "mul", "div", "pow", "mod", "max2", "min2",
-                                  "eq",  "ne",  "lt",  "le",  "gt",  "ge",  "and", "or"};
-    struct { int ra; int64_t a[3]; int rb; int64_t b[3]; int ro; int64_t o[3]; } cases[] = {
-        {2, {2, 3}, 1, {3}, 2, {2, 3}},         {2, {2, 1}, 2, {1, 3}, 2, {2, 3}},
-        {0, {0}, 2, {2, 3}, 2, {2, 3}},         {2, {2, 3}, 0, {0}, 2, {2, 3}},
-        {3, {2, 3, 1}, 1, {4}, 3, {2, 3, 4}},   {1, {1}, 1, {3}, 1, {3}},
-        {0, {0}, 0, {0}, 0, {0}},               {3, {1, 3, 1}, 3, {2, 1, 2}, 3, {2, 3, 2}},
+                                  "eq",  "ne",  "lt",  "le",  "gt",  "ge",  "and",  "or"};
+    struct {
+        int ra;
+        int64_t a[3];
+        int rb;
+        int64_t b[3];
+        int ro;
+        int64_t o[3];
+    } cases[] = {
+        {2, {2, 3}, 1, {3}, 2, {2, 3}}, {2, {2, 1}, 2, {1, 3}, 2, {2, 3}},          {0, {0}, 2, {2, 3}, 2, {2, 3}},
+        {2, {2, 3}, 0, {0}, 2, {2, 3}}, {3, {2, 3, 1}, 1, {4}, 3, {2, 3, 4}},       {1, {1}, 1, {3}, 1, {3}},
+        {0, {0}, 0, {0}, 0, {0}},       {3, {1, 3, 1}, 3, {2, 1, 2}, 3, {2, 3, 2}},
     };
     /* small integers and halves, zeros and repeats: comparisons tie, mod and pow are exact */
     double pool[] = {2, -3, 0.5, 0, 4, -1.5, 2, 3, -2, 1, 0, 5, -0.5, 6, 2, -4, 3, 1, 0.5, -2, 7, 2, 1, 3};
@@ -560,7 +575,10 @@ static void test_norm(void) {
 static void test_sum_to(void) {
     double xv[24];
     rnd_fill(xv, 24);
-    struct { int r; int64_t s[3]; } outs[] = {{2, {3, 1}}, {1, {4}}, {0, {0}}, {3, {2, 1, 4}}, {3, {2, 3, 4}}};
+    struct {
+        int r;
+        int64_t s[3];
+    } outs[] = {{2, {3, 1}}, {1, {4}}, {0, {0}}, {3, {2, 1, 4}}, {3, {2, 3, 4}}};
     for (size_t c = 0; c < sizeof outs / sizeof outs[0]; c++) {
         reset();
         int x = input(DT_F32, SHAPE(2, 3, 4), xv);
@@ -690,7 +708,11 @@ static void test_rmsnorm(void) {
 }
 
 static void test_rope(void) {
-    struct { int rank; int64_t s[4]; double theta; } cases[] = {{3, {2, 3, 4}, 10000}, {4, {1, 2, 5, 6}, 500}};
+    struct {
+        int rank;
+        int64_t s[4];
+        double theta;
+    } cases[] = {{3, {2, 3, 4}, 10000}, {4, {1, 2, 5, 6}, 500}};
     for (int c = 0; c < 2; c++) {
         reset();
         double xv[60];
@@ -727,8 +749,8 @@ static void test_rope(void) {
 /* Attention written as in a textbook: a full T x S score matrix, -inf where masked, softmax by
  * exp/sum (inputs are small), then the weighted sum of v. mask: key j visible to query t iff
  * j <= t + S - T. */
-static void naive_attention(const double *q, const double *k, const double *v, double *out, int B, int H, int Hk,
-                            int T, int S, int hd, int hv, int causal, double scale) {
+static void naive_attention(const double *q, const double *k, const double *v, double *out, int B, int H, int Hk, int T, int S,
+                            int hd, int hv, int causal, double scale) {
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int g = h / (H / Hk);
@@ -750,13 +772,16 @@ static void naive_attention(const double *q, const double *k, const double *v, d
 }
 
 static void test_attention(void) {
-    struct { int B, H, Hk, T, S, hd, hv, causal; double scale; } cases[] = {
-        {1, 2, 2, 3, 3, 4, 4, 1, 0.5},  /* 2 heads, T = 3, causal */
-        {1, 2, 2, 3, 3, 4, 4, 0, 0.5},  /* the same, not causal */
-        {2, 4, 2, 3, 3, 4, 3, 1, 0.7},  /* grouped-query: 4 q heads on 2 kv heads, hv != hd */
-        {1, 2, 1, 3, 3, 2, 2, 0, 1.0},  /* multi-query */
-        {1, 2, 2, 1, 3, 4, 4, 1, 0.5},  /* one new query against a cache of 3: sees all */
-        {1, 2, 2, 2, 3, 4, 4, 1, 0.5},  /* bottom-right aligned mask */
+    struct {
+        int B, H, Hk, T, S, hd, hv, causal;
+        double scale;
+    } cases[] = {
+        {1, 2, 2, 3, 3, 4, 4, 1, 0.5}, /* 2 heads, T = 3, causal */
+        {1, 2, 2, 3, 3, 4, 4, 0, 0.5}, /* the same, not causal */
+        {2, 4, 2, 3, 3, 4, 3, 1, 0.7}, /* grouped-query: 4 q heads on 2 kv heads, hv != hd */
+        {1, 2, 1, 3, 3, 2, 2, 0, 1.0}, /* multi-query */
+        {1, 2, 2, 1, 3, 4, 4, 1, 0.5}, /* one new query against a cache of 3: sees all */
+        {1, 2, 2, 2, 3, 4, 4, 1, 0.5}, /* bottom-right aligned mask */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         reset();
@@ -924,7 +949,14 @@ static void test_topk(void) {
 
 static void test_matmul(void) {
     /* shapes of a, b and the result; a rank-1 operand is marked by rank 1 */
-    struct { int ra; int64_t a[4]; int rb; int64_t b[4]; int ro; int64_t o[4]; } cases[] = {
+    struct {
+        int ra;
+        int64_t a[4];
+        int rb;
+        int64_t b[4];
+        int ro;
+        int64_t o[4];
+    } cases[] = {
         {2, {2, 3}, 2, {3, 4}, 2, {2, 4}},
         {3, {2, 2, 3}, 2, {3, 4}, 3, {2, 2, 4}},
         {4, {2, 1, 2, 3}, 3, {3, 3, 4}, 4, {2, 3, 2, 4}},

@@ -26,8 +26,19 @@ static const RtParam params[1] = {{"w", 1, {16}, 16, 0, RT_INIT_ZEROS, 0.0, 0.0}
 static RtProgram program(void) {
     RtProgram p = {.abi_version = RT_ABI_VERSION,
                    .source = "test",
-                   .train = {.name = "t", .micro = 4, .seq = 16, .global = 8, .accum = 2, .steps = 10, .seed = 1,
-                             .vocab = 64, .ctx = 16, .lr = 1e-3, .data = "x.bin", .eval_steps = 20, .data_ranks = 1},
+                   .train = {.name = "t",
+                             .micro = 4,
+                             .seq = 16,
+                             .global = 8,
+                             .accum = 2,
+                             .steps = 10,
+                             .seed = 1,
+                             .vocab = 64,
+                             .ctx = 16,
+                             .lr = 1e-3,
+                             .data = "x.bin",
+                             .eval_steps = 20,
+                             .data_ranks = 1},
                    .generate = {.temperature = 1.0, .max_tokens = 16},
                    .params = params,
                    .nparams = 1,
@@ -62,9 +73,9 @@ static void stages(void) {
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         s = rt_train_stage(&t, want[i].step);
         CHECK(s.step == want[i].first && s.global == want[i].global && s.accum == want[i].accum,
-              "step %lld: stage {%lld, %lld, %lld}, expected {%lld, %lld, %lld}", (long long)want[i].step,
-              (long long)s.step, (long long)s.global, (long long)s.accum, (long long)want[i].first,
-              (long long)want[i].global, (long long)want[i].accum);
+              "step %lld: stage {%lld, %lld, %lld}, expected {%lld, %lld, %lld}", (long long)want[i].step, (long long)s.step,
+              (long long)s.global, (long long)s.accum, (long long)want[i].first, (long long)want[i].global,
+              (long long)want[i].accum);
     }
 }
 

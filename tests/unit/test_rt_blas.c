@@ -27,11 +27,11 @@ static void fill(float *v, int64_t n, uint32_t seed) {
 typedef struct Case {
     int ta, tb;
     int64_t m, n, k, batch;
-    int64_t pad;        /* extra elements at the end of every row (pitch = cols + pad) */
-    int broadcast_a;    /* stride_a = 0 */
+    int64_t pad;     /* extra elements at the end of every row (pitch = cols + pad) */
+    int broadcast_a; /* stride_a = 0 */
     float alpha, beta;
-    int bf16;           /* rt_bgemm_batched: A, B and C in bf16 */
-    int bias;           /* 1: RT_GEMM_BIAS (a vector of n added to every row); 2: RT_GEMM_BGRAD_B (B's column sums) */
+    int bf16; /* rt_bgemm_batched: A, B and C in bf16 */
+    int bias; /* 1: RT_GEMM_BIAS (a vector of n added to every row); 2: RT_GEMM_BGRAD_B (B's column sums) */
 } Case;
 
 static uint16_t *to_bf16(float *v, int64_t n) { /* v rounded in place; its bf16 bits returned */
@@ -72,13 +72,13 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
     memcpy(cc, c0, (size_t)nc * sizeof *cc);
     RtError e;
     int32_t ep = c->bias == 1 ? RT_GEMM_BIAS : c->bias == 2 ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN;
-    RtStatus st = c->bf16 ? rt_bgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a16, lda, sa, b16, ldb, sb,
-                                             c->beta, c16, ldc, sc, c->batch, ep, c->bias ? v16 : NULL, &e)
-                          : rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb,
-                                             c->beta, cc, ldc, sc, c->batch, ep, c->bias ? v : NULL, &e);
+    RtStatus st = c->bf16 ? rt_bgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a16, lda, sa, b16, ldb, sb, c->beta,
+                                             c16, ldc, sc, c->batch, ep, c->bias ? v16 : NULL, &e)
+                          : rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb, c->beta, cc,
+                                             ldc, sc, c->batch, ep, c->bias ? v : NULL, &e);
     for (int64_t i = 0; c->bf16 && i < nc; i++) cc[i] = rt_bf16_to_f32(c16[i]);
-    CHECK(st == RT_OK, "ta %d tb %d m %lld n %lld k %lld: %s", c->ta, c->tb, (long long)c->m, (long long)c->n,
-          (long long)c->k, e.msg);
+    CHECK(st == RT_OK, "ta %d tb %d m %lld n %lld k %lld: %s", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k,
+          e.msg);
     if (check && st == RT_OK) {
         int64_t bad = 0, untouched = 0;
         double worst = 0;
@@ -106,13 +106,17 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
             for (int64_t i = 0; i < c->m; i++)
                 for (int64_t j = c->n; j < ldc; j++) {
                     float x = C[i * ldc + j], y = C0[i * ldc + j];
-                    untouched += c->bf16 ? c16[bi * sc + i * ldc + j] != c016[bi * sc + i * ldc + j]
-                                         : memcmp(&x, &y, sizeof x) != 0;
+                    untouched +=
+                        c->bf16 ? c16[bi * sc + i * ldc + j] != c016[bi * sc + i * ldc + j] : memcmp(&x, &y, sizeof x) != 0;
                 }
         }
-        CHECK(bad == 0, "%s%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
-              c->bf16 ? "bf16 " : "", c->bias == 1 ? "bias " : c->bias == 2 ? "bias gradient " : "", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch,
-              (long long)c->pad,
+        CHECK(bad == 0,
+              "%s%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
+              c->bf16 ? "bf16 " : "",
+              c->bias == 1   ? "bias "
+              : c->bias == 2 ? "bias gradient "
+                             : "",
+              c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->batch, (long long)c->pad,
               (double)c->alpha, (double)c->beta, (long long)bad, worst);
         CHECK(untouched == 0, "%lld padding elements were written", (long long)untouched);
         for (int64_t j = 0; c->bias == 2 && j < c->n; j++) { /* B's column sums, in f32 (C's type) */
@@ -238,10 +242,8 @@ static void large_tiled(void) {
 
 static void thread_count_invariance(void) {
     Case cases[] = {
-        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 0},
-        {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f, 0, 0},
-        {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f, 0, 0},
-        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 1},
+        {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 0}, {1, 1, 16, 700, 512, 2, 1, 0, 1.0f, 1.0f, 0, 0},
+        {0, 1, 64, 64, 64, 24, 0, 1, 0.125f, 0.0f, 0, 0}, {0, 0, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 1},
         {0, 1, 300, 260, 200, 1, 0, 0, 1.0f, 0.0f, 0, 2},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -255,8 +257,7 @@ static void thread_count_invariance(void) {
             float *out = run_case(c, p, 0);
             if (!ref) ref = out;
             else {
-                CHECK(memcmp(ref, out, (size_t)nc * sizeof *out) == 0, "case %zu differs between 1 and %d threads", ci,
-                      threads);
+                CHECK(memcmp(ref, out, (size_t)nc * sizeof *out) == 0, "case %zu differs between 1 and %d threads", ci, threads);
                 free(out);
             }
             rt_pool_destroy(p);
@@ -273,16 +274,21 @@ static void thread_count_invariance(void) {
 static void argument_errors(void) {
     float a[64] = {0}, b[64] = {0}, c[64] = {0};
     RtError e;
-    CHECK(rt_sgemm_batched(NULL, 0, 0, -1, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "negative m");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, -1, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG,
+          "negative m");
     CHECK_STR(e.msg, "sgemm: negative size (m -1, n 2, k 2, batch 1)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 3, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "short lda");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 3, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG,
+          "short lda");
     CHECK_STR(e.msg, "sgemm: a row pitch is shorter than its row (lda 2 for 3 columns, ldb 2 for 2, ldc 2 for 2)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, 0, c, 2, 3, 2, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "overlapping C");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 4, b, 2, 4, 0, c, 2, 3, 2, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG,
+          "overlapping C");
     CHECK_STR(e.msg, "sgemm: the C matrices of the batch overlap (stride 3, each spans 4 elements)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, (int64_t)1 << 31, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG,
+    CHECK(rt_sgemm_batched(NULL, 0, 0, (int64_t)1 << 31, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) ==
+              RT_ERR_ARG,
           "m over 2^31");
     CHECK_STR(e.msg, "sgemm: a size or pitch exceeds OpenBLAS's 32-bit limit (m 2147483648, n 2, k 2)", "message");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, NULL, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "NULL C");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, NULL, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG,
+          "NULL C");
     CHECK_STR(e.msg, "sgemm: a matrix pointer is NULL", "message");
     CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, 7, NULL, &e) == RT_ERR_ARG, "epilogue 7");
     CHECK_STR(e.msg, "sgemm: unknown epilogue 7", "message");
@@ -297,8 +303,12 @@ static void argument_errors(void) {
     CHECK_STR(e.msg, "sgemm: an epilogue on a product over nothing (k = 0)", "message");
     /* empty products are fine and touch nothing */
     c[0] = 5;
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 0, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK && c[0] == 5, "m = 0");
-    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 0, RT_GEMM_PLAIN, NULL, &e) == RT_OK && c[0] == 5, "batch 0");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 0, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK &&
+              c[0] == 5,
+          "m = 0");
+    CHECK(rt_sgemm_batched(NULL, 0, 0, 2, 2, 2, 1, a, 2, 0, b, 2, 0, 0, c, 2, 0, 0, RT_GEMM_PLAIN, NULL, &e) == RT_OK &&
+              c[0] == 5,
+          "batch 0");
     const char *cfg = rt_blas_config();
     CHECK(cfg && strstr(cfg, "OpenBLAS"), "rt_blas_config() = '%s'", cfg ? cfg : "(null)");
 }

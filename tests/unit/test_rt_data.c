@@ -147,8 +147,8 @@ static void formats_agree(void) {
 
 static void shuffled_is_a_permutation(void) {
     dir_make();
-    shard("a.bin", RT_SHARD_LLMC, 0, 401);      /* 100 windows of T=4 */
-    shard("b.bin", RT_SHARD_RAW, 10000, 161);   /* 40 */
+    shard("a.bin", RT_SHARD_LLMC, 0, 401);       /* 100 windows of T=4 */
+    shard("b.bin", RT_SHARD_RAW, 10000, 161);    /* 40 */
     shard("c.bin", RT_SHARD_LLMC, 20000, 4 + 1); /* 1 */
     RtDataSpec s = spec(at("*.bin"), 4);
     s.shuffle = 1;
@@ -266,14 +266,14 @@ static void position_save_restore(void) {
 
 static void holdout_tail(void) {
     dir_make();
-    shard("a.bin", RT_SHARD_LLMC, 0, 81);     /* 10 windows of T=8 */
-    shard("b.bin", RT_SHARD_LLMC, 1000, 41);  /* 5 */
+    shard("a.bin", RT_SHARD_LLMC, 0, 81);    /* 10 windows of T=8 */
+    shard("b.bin", RT_SHARD_LLMC, 1000, 41); /* 5 */
     RtDataSpec s = spec(at("*.bin"), 8);
     s.val_windows = 7; /* all 5 of b.bin and the last 2 of a.bin */
     RtData *tr = open_ok(&s, RT_SPLIT_TRAIN), *va = open_ok(&s, RT_SPLIT_VAL);
     if (tr && va) {
-        CHECK(rt_data_windows(tr) == 8 && rt_data_windows(va) == 7, "train %lld val %lld windows",
-              (long long)rt_data_windows(tr), (long long)rt_data_windows(va));
+        CHECK(rt_data_windows(tr) == 8 && rt_data_windows(va) == 7, "train %lld val %lld windows", (long long)rt_data_windows(tr),
+              (long long)rt_data_windows(va));
         int32_t t[8], v[9];
         starts(tr, 2, 8, t);
         starts(va, 3, 9, v);
@@ -308,8 +308,8 @@ static void val_glob(void) {
     s.val_windows = 3; /* ignored: there is a val glob */
     RtData *tr = open_ok(&s, RT_SPLIT_TRAIN), *va = open_ok(&s, RT_SPLIT_VAL);
     if (tr && va) {
-        CHECK(rt_data_windows(tr) == 10 && rt_data_windows(va) == 5, "train %lld val %lld",
-              (long long)rt_data_windows(tr), (long long)rt_data_windows(va));
+        CHECK(rt_data_windows(tr) == 10 && rt_data_windows(va) == 5, "train %lld val %lld", (long long)rt_data_windows(tr),
+              (long long)rt_data_windows(va));
         int32_t v[5];
         starts(va, 5, 5, v);
         CHECK(v[0] == 500 && v[4] == 532, "val windows %d..%d", v[0], v[4]);
@@ -402,7 +402,8 @@ static void bad_magic_and_version(void) {
     /* big-endian: the magic's bytes reversed */
     header(buf, __builtin_bswap32(RT_LLMC_MAGIC), 1, 100);
     bytes("swapped.bin", buf, sizeof buf);
-    snprintf(want, sizeof want, "data shard '%s/swapped.bin' starts with a byte-swapped llm.c magic number (written big-endian?)", dir);
+    snprintf(want, sizeof want, "data shard '%s/swapped.bin' starts with a byte-swapped llm.c magic number (written big-endian?)",
+             dir);
     s = spec(at("swapped.bin"), 8);
     open_err(&s, RT_SPLIT_TRAIN, RT_ERR_FORMAT, want);
     /* no magic and an odd size: not a raw uint16 file either */
@@ -454,7 +455,8 @@ static void bad_other(void) {
     s = spec(at("a.bin"), 9); /* 11 windows */
     s.val_windows = 11;
     snprintf(want, sizeof want,
-             "data: cannot hold out 11 windows for evaluation: the files matching '%s/a.bin' hold only 11 windows of 10 tokens", dir);
+             "data: cannot hold out 11 windows for evaluation: the files matching '%s/a.bin' hold only 11 windows of 10 tokens",
+             dir);
     open_err(&s, RT_SPLIT_TRAIN, RT_ERR_ARG, want);
     s = spec(at("a.bin"), 0);
     open_err(&s, RT_SPLIT_TRAIN, RT_ERR_ARG, "data: seq must be at least 1, not 0");

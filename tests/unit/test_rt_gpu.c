@@ -78,10 +78,8 @@ static const char ptx[] = FAKE_PTX NAMES;
 static const char bad_ptx[] = "// not PTX\n";
 
 static const RtGpuImage images[] = {
-    {"sm_80", 0, (const unsigned char *)cubin, sizeof cubin},
-    {"compute_70", 1, (const unsigned char *)ptx, sizeof ptx},
-    {"compute_75", 1, (const unsigned char *)ptx, sizeof ptx},
-    {"compute_100", 1, (const unsigned char *)ptx, sizeof ptx},
+    {"sm_80", 0, (const unsigned char *)cubin, sizeof cubin},  {"compute_70", 1, (const unsigned char *)ptx, sizeof ptx},
+    {"compute_75", 1, (const unsigned char *)ptx, sizeof ptx}, {"compute_100", 1, (const unsigned char *)ptx, sizeof ptx},
     {"sm_90a", 0, (const unsigned char *)cubin, sizeof cubin}, /* arch-specific: never chosen for sm_90 */
 };
 
@@ -390,7 +388,8 @@ static void fake_ptx_and_cache(void) {
     fake->major = 9;
     RtGpu *g = open_fake(&program);
     if (!g) return;
-    CHECK_STR(module_of(g), "PTX compute_75, JIT-compiled for sm_90, saved in the cache", "first run (sm_90a and compute_100 not taken)");
+    CHECK_STR(module_of(g), "PTX compute_75, JIT-compiled for sm_90, saved in the cache",
+              "first run (sm_90a and compute_100 not taken)");
     rt_gpu_close(g);
     char path[PATH_MAX];
     rt_gpu_cache_file(path, sizeof path, at("cache/sub"), HASH, 90, 12080);
@@ -429,7 +428,8 @@ static void fake_ptx_and_cache(void) {
     spit(at("file"), "x");
     setenv("MBT_CACHE_DIR", at("file/cache"), 1);
     g = open_fake(&program);
-    snprintf(want, sizeof want, "PTX compute_75, JIT-compiled for sm_90, not cached: cannot create the JIT cache directory '%s': Not a directory",
+    snprintf(want, sizeof want,
+             "PTX compute_75, JIT-compiled for sm_90, not cached: cannot create the JIT cache directory '%s': Not a directory",
              at("file/cache"));
     CHECK_STR(module_of(g), want, "unwritable cache");
     rt_gpu_close(g);
@@ -465,8 +465,8 @@ static void fake_open_errors(void) {
     char want[PATH_MAX + 256];
     fake->init_result = 100;
     CHECK(rt_gpu_open(&g, &program, RT_DEVICE_AUTO, &why, &e) == RT_OK && !g, "auto: %s", e.msg);
-    snprintf(want, sizeof want, "no CUDA device: cuInit (the CUDA driver %s): CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected",
-             fake_path);
+    snprintf(want, sizeof want,
+             "no CUDA device: cuInit (the CUDA driver %s): CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected", fake_path);
     CHECK_STR(why, want, "cuInit's error");
     fake->init_result = 0;
     fake->devices = 0;
@@ -481,29 +481,36 @@ static void fake_open_errors(void) {
     RtGpuProgram p = program;
     p.kernels = missing;
     CHECK(rt_gpu_open(&g, &p, RT_DEVICE_AUTO, &why, &e) == RT_ERR_IO && !g, "missing function accepted");
-    CHECK_STR(e.msg, "cuModuleGetFunction (the program's kernel 1, nosuch): CUDA_ERROR_NOT_FOUND: named symbol not found", "missing function");
+    CHECK_STR(e.msg, "cuModuleGetFunction (the program's kernel 1, nosuch): CUDA_ERROR_NOT_FOUND: named symbol not found",
+              "missing function");
     static const char no_scale[] = FAKE_CUBIN "fake_fill7\nfake_fail\nmbt_rt_axpy\nmbt_rt_sumsq_blocks\n";
     const RtGpuImage lacking[] = {{"sm_80", 0, (const unsigned char *)no_scale, sizeof no_scale}};
     p = program;
     p.images = lacking;
     p.nimages = 1;
     CHECK(rt_gpu_open(&g, &p, RT_DEVICE_CUDA, &why, &e) == RT_ERR_IO && !g, "missing runtime kernel accepted");
-    CHECK_STR(e.msg, "cuModuleGetFunction (the runtime's kernel mbt_rt_scale, which mbtc appends to every program's CUDA source): "
-                     "CUDA_ERROR_NOT_FOUND: named symbol not found", "missing runtime kernel");
+    CHECK_STR(e.msg,
+              "cuModuleGetFunction (the runtime's kernel mbt_rt_scale, which mbtc appends to every program's CUDA source): "
+              "CUDA_ERROR_NOT_FOUND: named symbol not found",
+              "missing runtime kernel");
     const RtGpuKernel huge[] = {{"fake_fill7", 2048, 0, 2, 1}};
     p = program;
     p.kernels = huge;
     p.nkernels = 1;
     CHECK(rt_gpu_open(&g, &p, RT_DEVICE_CUDA, &why, &e) == RT_ERR_ARG && !g, "a 2048-thread block accepted");
-    CHECK_STR(e.msg, "the program's kernel 0 (fake_fill7) cannot be launched: 2 blocks of 2048 threads, 1 buffers (at most "
-                     "2147483647 blocks of 1024 threads, 512 buffers)", "geometry");
+    CHECK_STR(e.msg,
+              "the program's kernel 0 (fake_fill7) cannot be launched: 2 blocks of 2048 threads, 1 buffers (at most "
+              "2147483647 blocks of 1024 threads, 512 buffers)",
+              "geometry");
     const RtGpuImage bad[] = {{"compute_80", 1, (const unsigned char *)bad_ptx, sizeof bad_ptx}};
     p = program;
     p.images = bad;
     p.nimages = 1;
     CHECK(rt_gpu_open(&g, &p, RT_DEVICE_CUDA, &why, &e) == RT_ERR_IO && !g, "bad PTX accepted");
-    CHECK_STR(e.msg, "cuLinkAddData (JIT-compiling the PTX for compute_80 to sm_80): CUDA_ERROR_INVALID_PTX: a PTX JIT "
-                     "compilation failed (log: fake ptxas: not fake PTX)", "bad PTX");
+    CHECK_STR(e.msg,
+              "cuLinkAddData (JIT-compiling the PTX for compute_80 to sm_80): CUDA_ERROR_INVALID_PTX: a PTX JIT "
+              "compilation failed (log: fake ptxas: not fake PTX)",
+              "bad PTX");
     CHECK(fake->live_allocs == 0, "%d device allocations left after failed opens", fake->live_allocs);
 }
 
@@ -527,8 +534,8 @@ static void fake_memory_and_kernels(void) {
               fake->last_block == 64,
           "launched %s with %u x %u blocks of %u", fake->last_kernel, fake->last_grid[0], fake->last_grid[1], fake->last_block);
     CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK, "download: %s", e.msg);
-    CHECK(back[0] == 7 && back[127] == 7 && back[128] == 0 && back[199] == 0, "fill7 or zeroing: %g %g %g %g", back[0],
-          back[127], back[128], back[199]);
+    CHECK(back[0] == 7 && back[127] == 7 && back[128] == 0 && back[199] == 0, "fill7 or zeroing: %g %g %g %g", back[0], back[127],
+          back[128], back[199]);
 
     CHECK(rt_gpu_axpy(g, y, x, 0.5f, 200, &e) == RT_OK, "axpy: %s", e.msg);
     CHECK(rt_gpu_scale(g, y, 2.0f, 200, &e) == RT_OK, "scale: %s", e.msg);
@@ -541,8 +548,8 @@ static void fake_memory_and_kernels(void) {
     for (int i = 0; i < N; i++) want[i / 300] += (double)host[i] * host[i];
     CHECK(rt_gpu_sumsq_blocks(g, x, N, 300, partial, &e) == RT_OK, "sumsq: %s", e.msg);
     CHECK(fake->last_block == 256, "sumsq launched with %u threads", fake->last_block);
-    CHECK(memcmp(partial, want, sizeof want) == 0, "partials %g %g %g %g, want %g %g %g %g", partial[0], partial[1],
-          partial[2], partial[3], want[0], want[1], want[2], want[3]);
+    CHECK(memcmp(partial, want, sizeof want) == 0, "partials %g %g %g %g, want %g %g %g %g", partial[0], partial[1], partial[2],
+          partial[3], want[0], want[1], want[2], want[3]);
 
     CHECK(rt_gpu_copy(g, y, x, 200 * sizeof(float), &e) == RT_OK, "copy: %s", e.msg);
     CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK && memcmp(back, host, 200 * sizeof(float)) == 0,
@@ -568,8 +575,8 @@ static void fake_memory_and_kernels(void) {
     CHECK(fine, "rt_gpu_sync did not hand over every loss");
 
     void *pinned = NULL;
-    CHECK(rt_gpu_host_alloc(g, &pinned, 4096, "staging", &e) == RT_OK && pinned && ((char *)pinned)[4095] == 0,
-          "host alloc: %s", e.msg);
+    CHECK(rt_gpu_host_alloc(g, &pinned, 4096, "staging", &e) == RT_OK && pinned && ((char *)pinned)[4095] == 0, "host alloc: %s",
+          e.msg);
     rt_gpu_host_free(g, pinned);
 
     /* errors */
@@ -578,8 +585,10 @@ static void fake_memory_and_kernels(void) {
     CHECK(rt_gpu_alloc(g, &big, 1288490189, "the activation arena", &e) == RT_ERR_NOMEM && !big, "oom accepted");
     CHECK_STR(e.msg, "cuMemAlloc (the activation arena, 1.2 GiB): CUDA_ERROR_OUT_OF_MEMORY: out of memory", "oom message");
     CHECK(rt_gpu_launch(g, 1, NULL, &e) == RT_ERR_IO, "failing launch accepted");
-    CHECK_STR(e.msg, "cuLaunchKernel (fake_fail, 96 blocks of 128 threads): CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many "
-                     "resources requested for launch", "launch message");
+    CHECK_STR(e.msg,
+              "cuLaunchKernel (fake_fail, 96 blocks of 128 threads): CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many "
+              "resources requested for launch",
+              "launch message");
     CHECK(rt_gpu_launch(g, 2, bufs, &e) == RT_ERR_ARG, "kernel 2 of 2 accepted");
     CHECK_STR(e.msg, "rt_gpu_launch: kernel 2 is not in the program's table of 2", "index message");
     CHECK(rt_gpu_alloc(g, &big, 0, "nothing", &e) == RT_OK && !big, "a zero-byte allocation");
@@ -599,9 +608,7 @@ typedef struct Gemm {
     int bias; /* 1: RT_GEMM_BIAS; 2: RT_GEMM_BGRAD_B */
 } Gemm;
 
-static int64_t extent(int64_t rows, int64_t ld, int64_t stride, int64_t batch) {
-    return (batch - 1) * stride + rows * ld;
-}
+static int64_t extent(int64_t rows, int64_t ld, int64_t stride, int64_t batch) { return (batch - 1) * stride + rows * ld; }
 
 /* Runs q on the CPU and on the fake from the same inputs (C starts as NaN where c_nan, else
  * values, with padding) and compares every element of C, padding included. */
@@ -619,8 +626,8 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     for (int64_t i = 0; i < nc; i++) c_cpu[i] = c_nan ? NAN : (float)(i % 3) + 0.25f;
     memcpy(c_gpu, c_cpu, (size_t)nc * sizeof *c_cpu);
     RtError e;
-    CHECK(rt_sgemm_batched(NULL, q->ta, q->tb, q->m, q->n, q->k, q->alpha, a, q->lda, q->sa, b, q->ldb, q->sb, q->beta,
-                           c_cpu, q->ldc, q->sc, q->batch, ep, q->bias ? v : NULL, &e) == RT_OK,
+    CHECK(rt_sgemm_batched(NULL, q->ta, q->tb, q->m, q->n, q->k, q->alpha, a, q->lda, q->sa, b, q->ldb, q->sb, q->beta, c_cpu,
+                           q->ldc, q->sc, q->batch, ep, q->bias ? v : NULL, &e) == RT_OK,
           "%s: cpu: %s", label, e.msg);
     void *da = NULL, *db = NULL, *dc = NULL, *dv = NULL;
     rt_gpu_alloc(g, &dv, q->n * (int64_t)sizeof *v, "bias", &e);
@@ -631,8 +638,8 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     rt_gpu_upload(g, da, a, (na + 1) * (int64_t)sizeof *a, &e);
     rt_gpu_upload(g, db, b, nb * (int64_t)sizeof *b, &e);
     rt_gpu_upload(g, dc, c_gpu, nc * (int64_t)sizeof *c_gpu, &e);
-    CHECK(rt_gpu_sgemm_batched(g, q->ta, q->tb, q->m, q->n, q->k, q->alpha, da, q->lda, q->sa, db, q->ldb, q->sb, q->beta,
-                               dc, q->ldc, q->sc, q->batch, ep, q->bias ? dv : NULL, &e) == RT_OK,
+    CHECK(rt_gpu_sgemm_batched(g, q->ta, q->tb, q->m, q->n, q->k, q->alpha, da, q->lda, q->sa, db, q->ldb, q->sb, q->beta, dc,
+                               q->ldc, q->sc, q->batch, ep, q->bias ? dv : NULL, &e) == RT_OK,
           "%s: gpu: %s", label, e.msg);
     rt_gpu_download(g, c_gpu, dc, nc * (int64_t)sizeof *c_gpu, &e);
     rt_gpu_download(g, v_gpu, dv, q->n * (int64_t)sizeof *v, &e);
@@ -726,19 +733,22 @@ static void fake_gemm_plans(void) {
     const float *fa = a, *fb = b;
     float *fc = c;
     for (int i = 0; i < 3; i++)
-        CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK, "gemm: %s", e.msg);
+        CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK,
+              "gemm: %s", e.msg);
     CHECK(fake->heuristics == 1 && fake->matmuls == 3, "3 equal GEMMs: %d heuristic queries, %d matmuls", fake->heuristics,
           fake->matmuls);
     CHECK(fake->last_align[0] == 256 && fake->last_align[1] == 256 && fake->last_align[2] == 256, "aligned: %u %u %u",
           fake->last_align[0], fake->last_align[1], fake->last_align[2]);
     /* A one float in: 4-byte aligned; a batch stride of 6 floats for B: 8 bytes (cuBLASLt's A is our B) */
-    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa + 1, 6, 24, fb, 6, 30, 0, fc, 5, 20, 2, RT_GEMM_PLAIN, NULL, &e) == RT_OK, "gemm: %s", e.msg);
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa + 1, 6, 24, fb, 6, 30, 0, fc, 5, 20, 2, RT_GEMM_PLAIN, NULL, &e) == RT_OK,
+          "gemm: %s", e.msg);
     CHECK(fake->heuristics == 2, "a new shape made no new plan");
     CHECK(fake->last_align[0] == 8 && fake->last_align[1] == 4 && fake->last_align[2] == 16 && fake->last_align[3] == 16,
           "alignments %u %u %u %u, want 8 4 16 16", fake->last_align[0], fake->last_align[1], fake->last_align[2],
           fake->last_align[3]);
     /* one matrix: the strides do not matter */
-    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 99, fb, 6, 77, 0, fc, 5, 55, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK, "gemm: %s", e.msg);
+    CHECK(rt_gpu_sgemm_batched(g, 0, 1, 4, 5, 6, 1, fa, 6, 99, fb, 6, 77, 0, fc, 5, 55, 1, RT_GEMM_PLAIN, NULL, &e) == RT_OK,
+          "gemm: %s", e.msg);
     CHECK(fake->heuristics == 2, "strides of a batch of one made a new plan");
     /* the bias epilogue is a plan of its own; its vector is set on each call, not kept from the first */
     float ones[5] = {1, 1, 1, 1, 1}, twos[5] = {2, 2, 2, 2, 2}, out1[20], out2[20], zeros[1024] = {0};
@@ -762,9 +772,12 @@ static void fake_gemm_plans(void) {
     rt_gpu_free(g, v1);
     rt_gpu_free(g, v2);
     fake->no_algo = 1;
-    CHECK(rt_gpu_sgemm_batched(g, 1, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_IO, "no algorithm accepted");
-    CHECK_STR(e.msg, "cublasLtMatmulAlgoGetHeuristic (sgemm TT 4x5x6): no algorithm for this shape and alignment", "no algorithm");
-    CHECK(rt_gpu_sgemm_batched(g, 0, 0, -1, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG, "negative m");
+    CHECK(rt_gpu_sgemm_batched(g, 1, 1, 4, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_IO,
+          "no algorithm accepted");
+    CHECK_STR(e.msg, "cublasLtMatmulAlgoGetHeuristic (sgemm TT 4x5x6): no algorithm for this shape and alignment",
+              "no algorithm");
+    CHECK(rt_gpu_sgemm_batched(g, 0, 0, -1, 5, 6, 1, fa, 6, 0, fb, 6, 0, 0, fc, 5, 0, 1, RT_GEMM_PLAIN, NULL, &e) == RT_ERR_ARG,
+          "negative m");
     CHECK_STR(e.msg, "sgemm: negative size (m -1, n 5, k 6, batch 1)", "the CPU's argument checks");
     rt_gpu_free(g, a);
     rt_gpu_free(g, b);

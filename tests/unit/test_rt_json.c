@@ -64,8 +64,9 @@ static void writing(void) {
     json_object_set_new(o, "c\x01\x1f\t\xc3\xa9", json_string("q\"\\/"));
     size_t len = 0;
     char *text = rt_json_text(o, JSON_COMPACT, &len);
-    CHECK_STR(text, "{\"u\":\"18446744073709551615\",\"s\":42,\"nan\":null,\"inf\":null,\"x\":0.10000000000000001,"
-                    "\"c\\u0001\\u001f\\t\xc3\xa9\":\"q\\\"\\\\/\"}",
+    CHECK_STR(text,
+              "{\"u\":\"18446744073709551615\",\"s\":42,\"nan\":null,\"inf\":null,\"x\":0.10000000000000001,"
+              "\"c\\u0001\\u001f\\t\xc3\xa9\":\"q\\\"\\\\/\"}",
               "compact text: insertion order, u64 past INT64_MAX as a string, null for NaN and inf, lower-case \\u escapes");
     CHECK(text && len == strlen(text), "the length");
     /* and it reads back to the same values */

@@ -17,7 +17,7 @@
 #define MAXCHUNK 128
 
 typedef struct Visit {
-    atomic_int *hits;     /* per index */
+    atomic_int *hits; /* per index */
     int64_t begin[MAXCHUNK], end[MAXCHUNK];
     int worker[MAXCHUNK];
     atomic_int nchunks;
@@ -123,8 +123,8 @@ static void thread_count_invariance(void) {
         if (threads == 1) ref_sum = sum;
         else {
             CHECK(memcmp(ref, out, NVAL * sizeof *out) == 0, "elementwise results differ with %d threads", threads);
-            CHECK(memcmp(&sum, &ref_sum, sizeof sum) == 0, "the block sum differs with %d threads: %.17g vs %.17g",
-                  threads, sum, ref_sum);
+            CHECK(memcmp(&sum, &ref_sum, sizeof sum) == 0, "the block sum differs with %d threads: %.17g vs %.17g", threads, sum,
+                  ref_sum);
         }
         rt_pool_destroy(p);
     }

@@ -21,7 +21,8 @@ static void touch(void *ctx, int64_t begin, int64_t end, int worker) {
 static void run_work(RtPool *pool, float *a, float *b, float *c, float *v) {
     RtError e;
     rt_error_clear(&e);
-    RtStatus st = rt_sgemm_batched(pool, 0, 1, 256, 512, 128, 1.0f, a, 128, 0, b, 128, 0, 0.0f, c, 512, 0, 1, RT_GEMM_PLAIN, NULL, &e);
+    RtStatus st =
+        rt_sgemm_batched(pool, 0, 1, 256, 512, 128, 1.0f, a, 128, 0, b, 128, 0, 0.0f, c, 512, 0, 1, RT_GEMM_PLAIN, NULL, &e);
     CHECK(st == RT_OK, "gemm failed: %s", e.msg);
     rt_parallel_for(pool, 1000, touch, v);
     rt_parallel_for(pool, 1000, touch, v);
@@ -42,16 +43,15 @@ static void counts_gemm_and_pool(void) {
     rt_profile_phase(p, RT_PROF_FB);
     CHECK(p->gemm_calls == 1, "gemm calls %lld, want 1", (long long)p->gemm_calls);
     CHECK(p->gemm_flop == 2.0 * 256 * 512 * 128, "gemm flop %g", p->gemm_flop);
-    CHECK(p->pool_calls == 2, "pool calls %lld, want 2 (the GEMM's tiles are not a pool call)",
-          (long long)p->pool_calls);
+    CHECK(p->pool_calls == 2, "pool calls %lld, want 2 (the GEMM's tiles are not a pool call)", (long long)p->pool_calls);
     CHECK(p->gemm_s > 0 && p->pool_s > 0, "times gemm %g pool %g", p->gemm_s, p->pool_s);
     CHECK(p->nshapes == 1 && p->shapes[0].m == 256 && p->shapes[0].n == 512 && p->shapes[0].k == 128 &&
               p->shapes[0].trans_b == 1 && p->shapes[0].calls == 1,
           "shape table: %d shapes", p->nshapes);
     CHECK(p->phase_gemm_s[RT_PROF_FB] == p->gemm_s && p->phase_pool_s[RT_PROF_FB] == p->pool_s,
           "the phase holds the GEMM and pool time");
-    CHECK(p->phase_s[RT_PROF_FB] >= p->gemm_s + p->pool_s, "phase %g < gemm %g + pool %g", p->phase_s[RT_PROF_FB],
-          p->gemm_s, p->pool_s);
+    CHECK(p->phase_s[RT_PROF_FB] >= p->gemm_s + p->pool_s, "phase %g < gemm %g + pool %g", p->phase_s[RT_PROF_FB], p->gemm_s,
+          p->pool_s);
     CHECK(p->depth == 0, "depth %d after the calls", p->depth);
     CHECK(v[0] == 2.0f && v[999] == 2.0f, "the loops ran");
 

@@ -26,14 +26,22 @@ static const struct {
     uint32_t ctr[4], key[2], out[4];
 } philox_kat[] = {
     {7, {0, 0, 0, 0}, {0, 0}, {0x5f6fb709, 0x0d893f64, 0x4f121f81, 0x4f730a48}},
-    {7, {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+    {7,
+     {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
      {0x5207ddc2, 0x45165e59, 0x4d8ee751, 0x8c52f662}},
-    {7, {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+    {7,
+     {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
      {0x4dfccaba, 0x190a87f0, 0xc47362ba, 0xb6b5242a}},
     {10, {0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-    {10, {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+    {10,
+     {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
      {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-    {10, {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+    {10,
+     {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
      {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
 };
 
@@ -194,7 +202,8 @@ static void perm_is_a_permutation(void) {
             fixed += v == i;
         }
         CHECK(ok, "n = %llu: not a permutation", (unsigned long long)n);
-        if (n >= 100) CHECK(fixed < n / 10, "n = %llu: %llu fixed points - not shuffled", (unsigned long long)n, (unsigned long long)fixed);
+        if (n >= 100)
+            CHECK(fixed < n / 10, "n = %llu: %llu fixed points - not shuffled", (unsigned long long)n, (unsigned long long)fixed);
         free(seen);
     }
 }
@@ -277,8 +286,8 @@ static void *fill_job(void *arg) {
     /* Each thread fills every 4th chunk of 97 elements: interleaved, out of order. */
     for (int64_t at = j->begin; at < j->p->n; at += 4 * 97) {
         int64_t end = at + 97 > j->p->n ? j->p->n : at + 97;
-        RtStatus st = rt_init_param_range(j->dst + at, at, end, 1337, rt_hash_name(j->p->name), j->p->kind, j->p->a,
-                                          j->p->b, NULL);
+        RtStatus st =
+            rt_init_param_range(j->dst + at, at, end, 1337, rt_hash_name(j->p->name), j->p->kind, j->p->a, j->p->b, NULL);
         if (st != RT_OK) j->st = st;
     }
     return NULL;
@@ -391,7 +400,8 @@ static void error_buffer(void) {
     memset(big, 'a', sizeof big - 1);
     big[sizeof big - 1] = 0;
     rt_fail(&e, RT_ERR_FORMAT, "%s", big);
-    CHECK(strlen(e.msg) == RT_ERROR_MAX - 1 && strcmp(e.msg + RT_ERROR_MAX - 4, "...") == 0, "a long message is not cut with ...");
+    CHECK(strlen(e.msg) == RT_ERROR_MAX - 1 && strcmp(e.msg + RT_ERROR_MAX - 4, "...") == 0,
+          "a long message is not cut with ...");
     CHECK(rt_fail(NULL, RT_ERR_ARG, "nobody listens") == RT_ERR_ARG, "a NULL buffer");
     CHECK_STR(rt_status_name(RT_ERR_FORMAT), "bad format", "status name");
 }

@@ -164,8 +164,9 @@ static void round_trip(void) {
     CHECK_STR(rt_st_meta_get(f, "note"), "\xc3\xbcnicode \"q\"\n", "metadata value");
     CHECK_STR(rt_st_meta_key(f, 0), "format", "metadata order");
     /* Layout: descending dtype (I64, F32..., I32, BF16, F16, U8), names ascending within one. */
-    const char *order[] = {"longs", "empty", "h.0.attn.c_attn.weight", "scalar", "unicode \xc3\xa9 \"quoted\" \\ tab\t",
-                           "ints", "brain", "half", "bytes"};
+    const char *order[] = {
+        "longs", "empty", "h.0.attn.c_attn.weight", "scalar", "unicode \xc3\xa9 \"quoted\" \\ tab\t", "ints", "brain",
+        "half",  "bytes"};
     for (int i = 0; i < nt; i++) {
         const RtStTensor *x = rt_st_tensor(f, i);
         CHECK(x && strcmp(x->name, order[i]) == 0, "tensor %d is '%s', expected '%s'", i, x ? x->name : "?", order[i]);
@@ -184,7 +185,8 @@ static void round_trip(void) {
     CHECK(x && x->rank == 3 && x->shape[1] == 1 && rt_st_read_f32(f, x, out, 6, &e) == RT_OK, "bf16 read");
     for (int i = 0; x && i < 6; i++)
         CHECK(out[i] == rt_bf16_to_f32(rt_f32_to_bf16(bf_src[i])), "bf16 element %d: %g", i, (double)out[i]);
-    CHECK(out[0] == 1.0f && out[5] == 2.5f && out[1] == 3.140625f, "bf16 values %g %g %g", (double)out[0], (double)out[1], (double)out[5]);
+    CHECK(out[0] == 1.0f && out[5] == 2.5f && out[1] == 3.140625f, "bf16 values %g %g %g", (double)out[0], (double)out[1],
+          (double)out[5]);
     int32_t oi[4];
     int64_t ol[4];
     x = rt_st_find(f, "ints");
@@ -207,7 +209,8 @@ static void round_trip(void) {
     CHECK(x && x->dtype == RT_U8 && x->data[2] == 255, "u8 raw bytes");
     CHECK(x && rt_st_read_f32(f, x, out, 3, &e) == RT_ERR_FORMAT, "u8 read as f32");
     snprintf(want, sizeof want,
-             "safetensors file '%s': tensor 'bytes' is U8, which cannot be read as f32 (F32, F16, BF16 or F64 expected)", at("m.st"));
+             "safetensors file '%s': tensor 'bytes' is U8, which cannot be read as f32 (F32, F16, BF16 or F64 expected)",
+             at("m.st"));
     CHECK_STR(e.msg, want, "message");
     x = rt_st_find(f, "ints");
     CHECK(x && rt_st_read_i32(f, x, oi, 3, &e) == RT_ERR_ARG, "wrong element count accepted");
@@ -258,39 +261,26 @@ static void conversions(void) {
 typedef struct Bad {
     const char *name;
     const char *header;
-    long long len;      /* the length field, or -1 for the header's length */
-    size_t data;        /* data bytes after the header */
-    const char *msg;    /* the message after "safetensors file 'PATH': ": a syntax error at its byte in the file (the
+    long long len;   /* the length field, or -1 for the header's length */
+    size_t data;     /* data bytes after the header */
+    const char *msg; /* the message after "safetensors file 'PATH': ": a syntax error at its byte in the file (the
                          * JSON reader's words), a schema error naming the tensor or key */
 } Bad;
 
 static const Bad bads[] = {
-    {"header_beyond_file", "{}", 1000, 20,
-     "header length 1000 is beyond the end of the file (30 bytes)"},
-    {"header_too_large", "{}", 1LL << 40, 0,
-     "header length 1099511627776 exceeds the limit of 100000000 bytes"},
-    {"not_an_object", "[]", -1, 0,
-     "malformed header at byte 8: the header must start with '{', found '['"},
-    {"leading_space", " {}", -1, 0,
-     "malformed header at byte 8: the header must start with '{', found ' '"},
-    {"empty_header", "", -1, 0,
-     "malformed header at byte 8: the header must start with '{', found the end of the header"},
-    {"unclosed_object", "{\"a\":" F32A, -1, 4,
-     "malformed header at byte 61: '}' expected near end of file"},
-    {"missing_colon", "{\"a\" " F32A "}", -1, 4,
-     "malformed header at byte 14: ':' expected near '{'"},
-    {"unterminated_string", "{\"abc", -1, 0,
-     "malformed header at byte 13: premature end of input near '\"abc'"},
-    {"bad_escape", "{\"a\\q\":" F32A "}", -1, 4,
-     "malformed header at byte 13: invalid escape near '\"a\\q'"},
-    {"bad_unicode_escape", "{\"a\\u12G4\":" F32A "}", -1, 4,
-     "malformed header at byte 16: invalid escape near '\"a\\u12G'"},
-    {"invalid_utf8", "{\"a\xff\":" F32A "}", -1, 4,
-     "malformed header at byte 11: unable to decode byte 0xff near '\"a'"},
-    {"overlong_utf8", "{\"a\xc0\xaf\":" F32A "}", -1, 4,
-     "malformed header at byte 11: unable to decode byte 0xc0 near '\"a'"},
-    {"control_char", "{\"a\x01\":" F32A "}", -1, 4,
-     "malformed header at byte 11: control character 0x1 near '\"a'"},
+    {"header_beyond_file", "{}", 1000, 20, "header length 1000 is beyond the end of the file (30 bytes)"},
+    {"header_too_large", "{}", 1LL << 40, 0, "header length 1099511627776 exceeds the limit of 100000000 bytes"},
+    {"not_an_object", "[]", -1, 0, "malformed header at byte 8: the header must start with '{', found '['"},
+    {"leading_space", " {}", -1, 0, "malformed header at byte 8: the header must start with '{', found ' '"},
+    {"empty_header", "", -1, 0, "malformed header at byte 8: the header must start with '{', found the end of the header"},
+    {"unclosed_object", "{\"a\":" F32A, -1, 4, "malformed header at byte 61: '}' expected near end of file"},
+    {"missing_colon", "{\"a\" " F32A "}", -1, 4, "malformed header at byte 14: ':' expected near '{'"},
+    {"unterminated_string", "{\"abc", -1, 0, "malformed header at byte 13: premature end of input near '\"abc'"},
+    {"bad_escape", "{\"a\\q\":" F32A "}", -1, 4, "malformed header at byte 13: invalid escape near '\"a\\q'"},
+    {"bad_unicode_escape", "{\"a\\u12G4\":" F32A "}", -1, 4, "malformed header at byte 16: invalid escape near '\"a\\u12G'"},
+    {"invalid_utf8", "{\"a\xff\":" F32A "}", -1, 4, "malformed header at byte 11: unable to decode byte 0xff near '\"a'"},
+    {"overlong_utf8", "{\"a\xc0\xaf\":" F32A "}", -1, 4, "malformed header at byte 11: unable to decode byte 0xc0 near '\"a'"},
+    {"control_char", "{\"a\x01\":" F32A "}", -1, 4, "malformed header at byte 11: control character 0x1 near '\"a'"},
     {"lone_surrogate", "{\"\\udc00\":" F32A "}", -1, 4,
      "malformed header at byte 17: invalid Unicode '\\uDC00' near '\"\\udc00\"'"},
     {"unpaired_high_surrogate", "{\"\\ud800x\":" F32A "}", -1, 4,
@@ -315,14 +305,12 @@ static const Bad bads[] = {
      "malformed header: data_offsets of tensor \"a\" must hold two numbers, not 3"},
     {"one_offset", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", -1, 4,
      "malformed header: data_offsets of tensor \"a\" must hold two numbers, not 1"},
-    {"missing_dtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4,
-     "malformed header: tensor \"a\" has no dtype"},
+    {"missing_dtype", "{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4, "malformed header: tensor \"a\" has no dtype"},
     {"unknown_key", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"foo\":1,\"data_offsets\":[0,4]}}", -1, 4,
      "malformed header: unknown key \"foo\" in tensor \"a\" (expected dtype, shape, data_offsets)"},
     {"duplicate_key", "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4,
      "malformed header at byte 35: duplicate object key near '\"dtype\"'"},
-    {"tensor_not_object", "{\"a\":\"b\"}", -1, 0,
-     "malformed header: tensor \"a\" must be an object, not a string"},
+    {"tensor_not_object", "{\"a\":\"b\"}", -1, 0, "malformed header: tensor \"a\" must be an object, not a string"},
     {"deep_nesting", "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}", -1, 0,
      "malformed header: tensor \"a\" must be an object, not a list"},
     {"metadata_not_string", "{\"__metadata__\":{\"k\":1}}", -1, 0,
@@ -331,9 +319,9 @@ static const Bad bads[] = {
      "malformed header: the value of __metadata__ key \"k\" must be a string, not an object"},
     {"duplicate_metadata", "{\"__metadata__\":{},\"__metadata__\":{}}", -1, 0,
      "malformed header at byte 41: duplicate object key near '\"__metadata__\"'"},
-    {"garbage_after", "{} x", -1, 0,
-     "malformed header at byte 12: end of file expected near 'x'"},
-    {"nul_padding", "{}\0\0", 4, 0, "malformed header at byte 11: end of file expected near end of file"}, /* jansson reads NUL as the end */
+    {"garbage_after", "{} x", -1, 0, "malformed header at byte 12: end of file expected near 'x'"},
+    {"nul_padding", "{}\0\0", 4, 0,
+     "malformed header at byte 11: end of file expected near end of file"}, /* jansson reads NUL as the end */
     {"too_many_dims", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", -1, 4,
      "malformed header: shape of tensor \"a\" has more than 16 dimensions"},
     {"unknown_dtype", "{\"a\":{\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]}}", -1, 4,
@@ -346,10 +334,12 @@ static const Bad bads[] = {
      "tensor 'a' has reversed data_offsets [8, 4]"},
     {"size_mismatch", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", -1, 20,
      "tensor 'a' is F32 [2, 3] (24 bytes) but its data_offsets [0, 20] span 20 bytes"},
-    {"overlap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}", -1, 24,
-     "tensors 'a' [0, 16] and 'b' [8, 24] overlap"},
-    {"gap", "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 24,
-     "data bytes [8, 16) before tensor 'b' belong to no tensor"},
+    {"overlap",
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+     -1, 24, "tensors 'a' [0, 16] and 'b' [8, 24] overlap"},
+    {"gap",
+     "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+     -1, 24, "data bytes [8, 16) before tensor 'b' belong to no tensor"},
     {"hole_at_start", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", -1, 16,
      "data bytes [0, 8) before tensor 'a' belong to no tensor"},
     {"trailing_data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 16,
@@ -358,8 +348,8 @@ static const Bad bads[] = {
      "malformed header at byte 65: duplicate object key near '\"a\"'"},
     {"duplicate_metadata_key", "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", -1, 0,
      "malformed header at byte 36: duplicate object key near '\"k\"'"},
-    {"too_many_elements", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1073741824,1073741824,1073741824],\"data_offsets\":[0,4]}}", -1, 4,
-     "tensor 'a' has too many elements"},
+    {"too_many_elements", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1073741824,1073741824,1073741824],\"data_offsets\":[0,4]}}", -1,
+     4, "tensor 'a' has too many elements"},
 };
 
 static void bad_files(void) {
@@ -401,13 +391,14 @@ static void bad_files(void) {
     spit(at("comma.st"), tp, 8 + tcn + 4);
     free(tp);
     CHECK(rt_st_open(&f, at("comma.st"), &e) == RT_ERR_FORMAT, "a trailing comma was accepted");
-    snprintf(want, sizeof want,
-             "safetensors file '%s': malformed header at byte %zu: string or '}' expected near '}'", at("comma.st"), 8 + tcn);
+    snprintf(want, sizeof want, "safetensors file '%s': malformed header at byte %zu: string or '}' expected near '}'",
+             at("comma.st"), 8 + tcn);
     CHECK_STR(e.msg, want, "message");
     /* Too short for the length field; missing; a directory. */
     spit(at("short.st"), "\x08\0\0", 3);
     CHECK(rt_st_open(&f, at("short.st"), &e) == RT_ERR_FORMAT, "a 3-byte file opened");
-    snprintf(want, sizeof want, "safetensors file '%s' is truncated: 3 bytes, too short for the 8-byte header length", at("short.st"));
+    snprintf(want, sizeof want, "safetensors file '%s' is truncated: 3 bytes, too short for the 8-byte header length",
+             at("short.st"));
     CHECK_STR(e.msg, want, "message");
     CHECK(rt_st_open(&f, at("nope.st"), &e) == RT_ERR_IO, "a missing file opened");
     snprintf(want, sizeof want, "cannot open safetensors file '%s': No such file or directory", at("nope.st"));
@@ -438,7 +429,8 @@ static void truncated_files(void) {
     cuts[0].len = 5;
     snprintf(cuts[0].msg, sizeof cuts[0].msg, "' is truncated: 5 bytes, too short for the 8-byte header length");
     cuts[1].len = 8 + hlen / 2;
-    snprintf(cuts[1].msg, sizeof cuts[1].msg, "': header length %zu is beyond the end of the file (%zu bytes)", hlen, 8 + hlen / 2);
+    snprintf(cuts[1].msg, sizeof cuts[1].msg, "': header length %zu is beyond the end of the file (%zu bytes)", hlen,
+             8 + hlen / 2);
     cuts[2].len = n - 3;
     snprintf(cuts[2].msg, sizeof cuts[2].msg, "': tensor 'a' has data_offsets [0, 16] outside the data (13 bytes)");
     for (int i = 0; i < 3; i++) {
@@ -469,8 +461,7 @@ static void names_in_messages(void) {
     CHECK(t != NULL, "the name with a newline was not found");
     int64_t out;
     CHECK(t && rt_st_read_i64(f, t, &out, 1, &e) == RT_ERR_FORMAT, "F32 read as i64");
-    CHECK_STR(e.msg, "safetensors file 'm': tensor 'a\\nb' is F32, which cannot be read as i64 (I32 or I64 expected)",
-              "message");
+    CHECK_STR(e.msg, "safetensors file 'm': tensor 'a\\nb' is F32, which cannot be read as i64 (I32 or I64 expected)", "message");
     rt_st_close(f);
     static const char hdr2[] = "{\"x\\t\\u0001\":{\"dtype\":\"F17\",\"shape\":[1],\"data_offsets\":[0,4]}}";
     unsigned char q[8 + sizeof hdr2 - 1 + 4] = {0};
@@ -525,7 +516,8 @@ static void no_crash_sweep(void) {
         parse_copy(good, k, &ok);
         CHECK(!ok, "the file cut to %zu bytes was accepted", k);
     }
-    static const unsigned char vals[] = {0x00, 0x20, '"', '{', '}', '[', ']', ',', ':', '0', '9', '-', '\\', 'e', 'u', 0x80, 0xFF};
+    static const unsigned char vals[] = {0x00, 0x20, '"', '{',  '}', '[', ']',  ',', ':',
+                                         '0',  '9',  '-', '\\', 'e', 'u', 0x80, 0xFF};
     unsigned char *bad = malloc(n);
     for (size_t k = 0; k < n; k++)
         for (size_t q = 0; q < sizeof vals; q++) {
@@ -580,8 +572,7 @@ static void write_errors(void) {
     CHECK_STR(e.msg, want, "message");
     CHECK(access(at("x.st"), F_OK) != 0 && leftovers() == 0, "a refused write left a file behind");
     CHECK(rt_st_write(at("no/such/dir/x.st"), NULL, 0, NULL, 0, &e) == RT_ERR_IO, "writing into a missing directory");
-    snprintf(want, sizeof want,
-             "cannot create safetensors file '%s' (temporary file '%s.tmp.%ld.0'): No such file or directory",
+    snprintf(want, sizeof want, "cannot create safetensors file '%s' (temporary file '%s.tmp.%ld.0'): No such file or directory",
              at("no/such/dir/x.st"), at("no/such/dir/x.st"), (long)getpid());
     CHECK_STR(e.msg, want, "message");
     dir_remove();

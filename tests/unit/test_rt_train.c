@@ -32,14 +32,14 @@
 
 /* ---- fixtures: paths, running a program, reading files ------------------------------------------ */
 
-#define DIRMAX 1024                /* directories; file paths below them get PATH_MAX */
-static char g_dir[DIRMAX];       /* the directory of this binary: build/tests */
-static char g_tmp[DIRMAX];       /* a temporary directory for data, weights and logs */
+#define DIRMAX 1024        /* directories; file paths below them get PATH_MAX */
+static char g_dir[DIRMAX]; /* the directory of this binary: build/tests */
+static char g_tmp[DIRMAX]; /* a temporary directory for data, weights and logs */
 static char g_bigram[PATH_MAX], g_micro16[PATH_MAX], g_gendata[PATH_MAX];
 static char g_train[PATH_MAX], g_val[PATH_MAX];
-static double g_h1 = NAN;        /* H(x_t | x_t-1) printed by gendata */
-static double g_h0 = NAN;        /* H(x_t) */
-static int g_ready;              /* setup worked */
+static double g_h1 = NAN; /* H(x_t | x_t-1) printed by gendata */
+static double g_h0 = NAN; /* H(x_t) */
+static int g_ready;       /* setup worked */
 
 /* path = g_tmp/name */
 static const char *tmp_path(char *buf, const char *name) {
@@ -71,9 +71,9 @@ static char *slurp(const char *path, size_t *n) {
 }
 
 typedef struct Run {
-    int status;  /* exit status, or 128 + signal */
-    char *out;   /* stdout */
-    char *err;   /* stderr */
+    int status; /* exit status, or 128 + signal */
+    char *out;  /* stdout */
+    char *err;  /* stderr */
 } Run;
 
 static void run_free(Run *r) {
@@ -122,10 +122,10 @@ static Run run(const char *prog, ...) {
 }
 
 /* Checks a run ended with status 0, showing its stderr if not. */
-#define CHECK_OK(r, what)                                                                    \
-    do {                                                                                     \
-        CHECK((r).status == 0, "%s: exit status %d", (what), (r).status);                    \
-        if ((r).status != 0) unit_detail("stderr", (r).err);                                 \
+#define CHECK_OK(r, what)                                                                                                        \
+    do {                                                                                                                         \
+        CHECK((r).status == 0, "%s: exit status %d", (what), (r).status);                                                        \
+        if ((r).status != 0) unit_detail("stderr", (r).err);                                                                     \
     } while (0)
 
 static int same_file(const char *a, const char *b) {
@@ -276,8 +276,8 @@ static void reaches_bigram_loss(void) {
     int n = read_log(tmp_path(path, "a.jsonl"), rec, 400);
     CHECK(n == 300, "the log has %d step records, expected 300", n);
     if (n != 300) return;
-    CHECK(fabs(rec[0].loss - log(64.0)) < 0.01, "step 1 loss %.6f, expected about ln 64 = %.6f (init std 0.02)",
-          rec[0].loss, log(64.0));
+    CHECK(fabs(rec[0].loss - log(64.0)) < 0.01, "step 1 loss %.6f, expected about ln 64 = %.6f (init std 0.02)", rec[0].loss,
+          log(64.0));
     double tail = 0;
     for (int i = 280; i < 300; i++) tail += rec[i].loss / 20;
     CHECK(tail < g_h1 + 0.03, "mean training loss of the last 20 steps %.6f, not below H1 + 0.03 = %.6f", tail, g_h1 + 0.03);
@@ -321,11 +321,10 @@ static void log_records(void) {
               i + 1);
         /* lr = 0.05 x cosine(step - 1, warmup 10, total 300, min 0.1) */
         int64_t s = i;
-        double mult = s < 10 ? (double)(s + 1) / 10
-                             : 0.1 + 0.9 * 0.5 * (1 + cos(3.14159265358979323846 * (double)(s - 10) / 290.0));
+        double mult =
+            s < 10 ? (double)(s + 1) / 10 : 0.1 + 0.9 * 0.5 * (1 + cos(3.14159265358979323846 * (double)(s - 10) / 290.0));
         if (i < 3 || i == 10 || i == 150 || i == 299)
-            CHECK(fabs(rec[i].lr - 0.05 * mult) <= 1e-8 * 0.05, "step %d: lr %.9g, expected %.9g", i + 1, rec[i].lr,
-                  0.05 * mult);
+            CHECK(fabs(rec[i].lr - 0.05 * mult) <= 1e-8 * 0.05, "step %d: lr %.9g, expected %.9g", i + 1, rec[i].lr, 0.05 * mult);
     }
     /* clip = 0.05: the log shows the norm before clipping, above 0.05 on some steps */
     int above = 0;
@@ -388,8 +387,7 @@ static void accumulation_equals_one_batch(void) {
     }
     CHECK(worst_loss <= 1e-6, "the losses differ by up to %.3g relative (limit 1e-6)", worst_loss);
     CHECK(worst_norm <= 1e-6, "the gradient norms differ by up to %.3g relative (limit 1e-6)", worst_norm);
-    CHECK(na == 300 && fabs(a[299].loss - b[299].loss) <= 1e-6 * b[299].loss, "step 300: %.9g vs %.9g", a[299].loss,
-          b[299].loss);
+    CHECK(na == 300 && fabs(a[299].loss - b[299].loss) <= 1e-6 * b[299].loss, "step 300: %.9g vs %.9g", a[299].loss, b[299].loss);
     printf("    (step 300 loss %.9g vs %.9g; worst relative differences: loss %.2g, gradient norm %.2g)\n", a[299].loss,
            b[299].loss, worst_loss, worst_norm);
 }
@@ -403,8 +401,8 @@ static void weights_round_trip(void) {
     CHECK_OK(r, "train 50 steps");
     run_free(&r);
     /* --init-weights then --steps 0 --save-weights writes the same bytes */
-    r = run(g_bigram, "train", "--data", g_train, "--steps", "0", "--init-weights", a, "--save-weights", tmp_path(b, "rt_b.safetensors"),
-            NULL);
+    r = run(g_bigram, "train", "--data", g_train, "--steps", "0", "--init-weights", a, "--save-weights",
+            tmp_path(b, "rt_b.safetensors"), NULL);
     CHECK_OK(r, "train --steps 0");
     run_free(&r);
     CHECK(same_file(a, b), "--init-weights then --save-weights changed the file");
@@ -421,12 +419,13 @@ static void weights_round_trip(void) {
         rt_st_close(f);
     }
     /* continuing from the weights trains on (a different file), and eval reads them */
-    r = run(g_bigram, "train", "--data", g_train, "--steps", "5", "--init-weights", a, "--save-weights", tmp_path(c, "rt_c.safetensors"),
-            NULL);
+    r = run(g_bigram, "train", "--data", g_train, "--steps", "5", "--init-weights", a, "--save-weights",
+            tmp_path(c, "rt_c.safetensors"), NULL);
     CHECK_OK(r, "train on from the weights");
     run_free(&r);
     CHECK(!same_file(a, c), "5 more steps did not change the weights");
-    Run e1 = run(g_bigram, "eval", "--weights", a, "--data", g_val, NULL), e2 = run(g_bigram, "eval", "--weights", b, "--data", g_val, NULL);
+    Run e1 = run(g_bigram, "eval", "--weights", a, "--data", g_val, NULL),
+        e2 = run(g_bigram, "eval", "--weights", b, "--data", g_val, NULL);
     CHECK_OK(e1, "eval a");
     CHECK(strcmp(e1.out, e2.out) == 0, "eval of identical weights differs: '%s' vs '%s'", e1.out, e2.out);
     run_free(&e1);
@@ -436,8 +435,8 @@ static void weights_round_trip(void) {
 /* --steps 0 saves the initialisation: rt_init_param of (seed, dotted name). */
 static void initialisation_is_seed_and_name(void) {
     char a[PATH_MAX];
-    Run r = run(g_bigram, "train", "--data", g_train, "--steps", "0", "--seed", "99", "--save-weights", tmp_path(a, "init.safetensors"),
-                NULL);
+    Run r = run(g_bigram, "train", "--data", g_train, "--steps", "0", "--seed", "99", "--save-weights",
+                tmp_path(a, "init.safetensors"), NULL);
     CHECK_OK(r, "train --steps 0");
     run_free(&r);
     float want[64 * 64], got[64 * 64];
@@ -626,8 +625,7 @@ static void help_lists_every_flag(void) {
         "--ckpt-every N                 write a checkpoint every N steps, and at the end (default 0: only on SIGTERM or SIGINT)",
         "--resume latest|DIR            go on from a checkpoint of this program, bit-exactly (default none)",
     };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        CHECK(strstr(r.out, want[i]), "--help lacks '%s'", want[i]);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECK(strstr(r.out, want[i]), "--help lacks '%s'", want[i]);
     /* every flag line carries its default */
     int lines = 0, with_default = 0;
     for (const char *p = r.out; (p = strstr(p, "\n  --")) != NULL; p++) {
@@ -637,7 +635,8 @@ static void help_lists_every_flag(void) {
         const char *d = strstr(p + 1, "(default ");
         with_default += d && (!nl || d < nl);
     }
-    CHECK(lines == 30 && with_default == lines, "%d flag lines, %d with a default (expected 30: train 15, eval 6, generate 9)", lines, with_default);
+    CHECK(lines == 30 && with_default == lines, "%d flag lines, %d with a default (expected 30: train 15, eval 6, generate 9)",
+          lines, with_default);
     Run r2 = run(g_bigram, "train", "--help", NULL);
     CHECK(r2.status == 0 && strcmp(r.out, r2.out) == 0, "'train --help' differs from '--help'");
     run_free(&r);
@@ -673,8 +672,8 @@ static void cli_errors(void) {
     snprintf(missing_glob, sizeof missing_glob, "%s/*.nothing", g_tmp);
     snprintf(missing_log, sizeof missing_log, "%s/no/such/dir/x.jsonl", g_tmp);
     snprintf(msg[0], sizeof msg[0], "bigram: no data files match '%s'\n", missing_glob);
-    snprintf(msg[1], sizeof msg[1], "bigram: weights file '%s' does not fit the program (1 problem): missing 'wte.weight' [64, 64]\n",
-             bad_name);
+    snprintf(msg[1], sizeof msg[1],
+             "bigram: weights file '%s' does not fit the program (1 problem): missing 'wte.weight' [64, 64]\n", bad_name);
     snprintf(msg[2], sizeof msg[2],
              "bigram: weights file '%s' does not fit the program (1 problem): 'wte.weight' is [64, 32] but the parameter "
              "is [64, 64]\n",
@@ -716,13 +715,15 @@ static void cli_errors(void) {
         {{"generate"}, "bigram: generate needs --weights F.safetensors (the program names no weights file)\n"},
         {{"generate", "--weights", "/nonexistent/w.safetensors"},
          "bigram: cannot open safetensors file '/nonexistent/w.safetensors': No such file or directory\n"},
-        {{"train", "--data", "/nonexistent/x.bin"}, "bigram: cannot open data shard '/nonexistent/x.bin': No such file or directory\n"},
+        {{"train", "--data", "/nonexistent/x.bin"},
+         "bigram: cannot open data shard '/nonexistent/x.bin': No such file or directory\n"},
         {{"train", "--data", missing_glob}, msg[0]},
         {{"train", "--data", g_train, "--init-weights", bad_name}, msg[1]},
         {{"eval", "--data", g_val, "--weights", bad_shape}, msg[2]},
         {{"train", "--data", g_train, "--log", missing_log}, msg[3]},
         {{"train", "--data", g_train, "--init-weights", inf_w}, "bigram: step 1, micro-batch 1: the loss is nan; stopping\n"},
-        {{"train", "--data", g_train, "--log", "/dev/full"}, "bigram: cannot write the log file '/dev/full': No space left on device\n"},
+        {{"train", "--data", g_train, "--log", "/dev/full"},
+         "bigram: cannot write the log file '/dev/full': No space left on device\n"},
         {{"train", "--data", g_train, "--save-weights", "/nonexistent/dir/w.safetensors"},
          "bigram: cannot write the weights file '/nonexistent/dir/w.safetensors': directory '/nonexistent/dir': No such file or directory\n"},
         {{"eval"}, "bigram: cannot open data shard 'data/tiny_val.bin': No such file or directory\n"},

@@ -46,8 +46,10 @@ static void loads_every_dtype(void) {
     float wte[32], ln[4], attn[48], head[32], mask[4] = {1, 0, 1, 1};
     values(wte, 32, -4), values(ln, 4, 1), values(attn, 48, -6), values(head, 32, 2);
     int64_t s84[2] = {8, 4}, s4[1] = {4}, s412[2] = {4, 12}, s1122[4] = {1, 1, 2, 2};
-    RtStEntry e[5] = {{"wte.weight", RT_F32, 2, s84, wte, 1},          {"h.0.ln_1.weight", RT_F16, 1, s4, ln, 1},
-                      {"h.0.attn.c_attn.weight", RT_BF16, 2, s412, attn, 1}, {"lm_head.weight", RT_F16, 2, s84, head, 1},
+    RtStEntry e[5] = {{"wte.weight", RT_F32, 2, s84, wte, 1},
+                      {"h.0.ln_1.weight", RT_F16, 1, s4, ln, 1},
+                      {"h.0.attn.c_attn.weight", RT_BF16, 2, s412, attn, 1},
+                      {"lm_head.weight", RT_F16, 2, s84, head, 1},
                       {"h.0.attn.bias", RT_F32, 4, s1122, mask, 1}};
     RtError err;
     CHECK(rt_st_write(tmp("ok.safetensors"), e, 5, NULL, 0, &err) == RT_OK, "%s", err.msg);
@@ -56,8 +58,8 @@ static void loads_every_dtype(void) {
     int64_t unused = -1;
     CHECK(rt_weights_load(&p, got, tmp("ok.safetensors"), &unused, &err) == RT_OK, "%s", err.msg);
     CHECK(unused == 1, "%lld unused tensors, expected 1 (h.0.attn.bias)", (long long)unused);
-    CHECK(memcmp(got, wte, sizeof wte) == 0 && memcmp(got + 32, ln, sizeof ln) == 0 &&
-              memcmp(got + 36, attn, sizeof attn) == 0 && memcmp(got + 84, head, sizeof head) == 0,
+    CHECK(memcmp(got, wte, sizeof wte) == 0 && memcmp(got + 32, ln, sizeof ln) == 0 && memcmp(got + 36, attn, sizeof attn) == 0 &&
+              memcmp(got + 84, head, sizeof head) == 0,
           "values differ after the exact conversions");
 }
 
@@ -66,8 +68,10 @@ static void every_problem_at_once(void) {
     float wte[32] = {0}, attn[48] = {0};
     int32_t head[40] = {0};
     int64_t s84[2] = {8, 4}, s124[2] = {12, 4}, s85[2] = {8, 5}, s2[1] = {2};
-    RtStEntry e[4] = {{"wte.weight", RT_F32, 2, s84, wte, 1}, {"h.0.attn.c_attn.weight", RT_F32, 2, s124, attn, 1},
-                      {"lm_head.weight", RT_I32, 2, s85, head, 0}, {"extra", RT_F32, 1, s2, wte, 1}};
+    RtStEntry e[4] = {{"wte.weight", RT_F32, 2, s84, wte, 1},
+                      {"h.0.attn.c_attn.weight", RT_F32, 2, s124, attn, 1},
+                      {"lm_head.weight", RT_I32, 2, s85, head, 0},
+                      {"extra", RT_F32, 1, s2, wte, 1}};
     RtError err;
     const char *path = tmp("bad.safetensors");
     CHECK(rt_st_write(path, e, 4, NULL, 0, &err) == RT_OK, "%s", err.msg);

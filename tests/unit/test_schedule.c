@@ -23,30 +23,30 @@
 #include "sema.h"
 #include "unit.h"
 
-#define MODEL \
-    "model P(n = 5) {\n" \
-    "  b = param f32[n, 3] ~ normal(0, 1)\n" \
-    "  fn forward(idx: i32[B, T]) -> f32[B, T, 3] {\n" \
-    "    return one_hot(idx, n) @ b\n" \
-    "  }\n" \
+#define MODEL                                                                                                                    \
+    "model P(n = 5) {\n"                                                                                                         \
+    "  b = param f32[n, 3] ~ normal(0, 1)\n"                                                                                     \
+    "  fn forward(idx: i32[B, T]) -> f32[B, T, 3] {\n"                                                                           \
+    "    return one_hot(idx, n) @ b\n"                                                                                           \
+    "  }\n"                                                                                                                      \
     "}\n"
 
-#define HAND \
-    "fn hand(step, base = 2.0, k = 3) -> f32 {\n" \
-    "  x = float(step) * 0.01\n" \
-    "  if step < 10 and not (step == 3) {\n" \
-    "    y = x + 1.0\n" \
-    "  } else {\n" \
-    "    if step % 7 == 0 or step > 1000 {\n" \
-    "      return min(sqrt(x), 5.0) / base\n" \
-    "    }\n" \
-    "    y = exp(-x) + abs(sin(x)) ^ 2.0\n" \
-    "  }\n" \
-    "  if y > 1.5 {\n" \
-    "    return log(y) * int(k * 1.5)\n" \
-    "  }\n" \
-    "  y = max(y, pi / 10.0)\n" \
-    "  return y\n" \
+#define HAND                                                                                                                     \
+    "fn hand(step, base = 2.0, k = 3) -> f32 {\n"                                                                                \
+    "  x = float(step) * 0.01\n"                                                                                                 \
+    "  if step < 10 and not (step == 3) {\n"                                                                                     \
+    "    y = x + 1.0\n"                                                                                                          \
+    "  } else {\n"                                                                                                               \
+    "    if step % 7 == 0 or step > 1000 {\n"                                                                                    \
+    "      return min(sqrt(x), 5.0) / base\n"                                                                                    \
+    "    }\n"                                                                                                                    \
+    "    y = exp(-x) + abs(sin(x)) ^ 2.0\n"                                                                                      \
+    "  }\n"                                                                                                                      \
+    "  if y > 1.5 {\n"                                                                                                           \
+    "    return log(y) * int(k * 1.5)\n"                                                                                         \
+    "  }\n"                                                                                                                      \
+    "  y = max(y, pi / 10.0)\n"                                                                                                  \
+    "  return y\n"                                                                                                               \
     "}\n"
 
 /* The train block with `lr = <lr>` (none when lr is NULL), its functions `extra`. */
@@ -114,8 +114,8 @@ static LrFn jit_schedule(Jit *j, const ScalarProg *p) {
     }
     if (!jit_ok(LLVMOrcCreateLLJIT(&j->jit, NULL), "creating the LLJIT")) return NULL;
     LLVMOrcDefinitionGeneratorRef gen = NULL;
-    if (!jit_ok(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL,
-                                                                     NULL), "process symbols"))
+    if (!jit_ok(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL),
+                "process symbols"))
         return NULL;
     LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(j->jit), gen);
     LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(m, j->tsc);
@@ -219,8 +219,7 @@ static void loop_refused(void) {
                                                "  for i in [1, 2, 3] {\n    x = x * 0.5\n  }\n  return x\n}\n"));
     const char *out = capture_end();
     CHECK(p == NULL, "the program does not build");
-    CHECK(strstr(out, "schedule_test.mbt:11:3: error: the learning-rate schedule uses a 'for' statement"), "the error: %s",
-          out);
+    CHECK(strstr(out, "schedule_test.mbt:11:3: error: the learning-rate schedule uses a 'for' statement"), "the error: %s", out);
     arena_free(&ar);
 }
 

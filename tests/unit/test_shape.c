@@ -88,13 +88,13 @@ static void expect_ok(const char *name, Value *v, int errs, const char *want) {
     check(name, strcmp(got, want) == 0, "got '%s', want '%s'", got, want);
 }
 
-#define OK(name, expr, want)                                                                                           \
-    do {                                                                                                               \
-        int e_ = diag_error_count();                                                                                   \
-        capture_begin();                                                                                               \
-        Value *v_ = (expr);                                                                                            \
-        capture_end();                                                                                                 \
-        expect_ok(name, v_, e_, want);                                                                                 \
+#define OK(name, expr, want)                                                                                                     \
+    do {                                                                                                                         \
+        int e_ = diag_error_count();                                                                                             \
+        capture_begin();                                                                                                         \
+        Value *v_ = (expr);                                                                                                      \
+        capture_end();                                                                                                           \
+        expect_ok(name, v_, e_, want);                                                                                           \
     } while (0)
 
 /* Error cases run in a child process: diag prints at most DIAG_MAX_ERRORS errors per process,
@@ -135,31 +135,31 @@ static void parent_check(const char *name, int fd, pid_t pid, int col, const cha
     else check(name, strstr(out, want) != NULL, "want '%.*s' in:\n%s", (int)strlen(want) - 1, want, out);
 }
 
-#define ERR(name, expr, col, msg)                                                                                      \
-    do {                                                                                                               \
-        int fd_[2];                                                                                                    \
-        fflush(stdout);                                                                                                \
-        fflush(stderr);                                                                                                \
-        if (pipe(fd_) != 0) {                                                                                          \
-            check(name, 0, "pipe failed");                                                                             \
-            break;                                                                                                     \
-        }                                                                                                              \
-        pid_t p_ = fork();                                                                                             \
-        if (p_ == 0) {                                                                                                 \
-            close(fd_[0]);                                                                                             \
-            int e_ = diag_error_count();                                                                               \
-            capture_begin();                                                                                           \
-            Value *v_ = (expr);                                                                                        \
-            capture_end();                                                                                             \
-            child_send(fd_[1], v_, e_);                                                                                \
-        }                                                                                                              \
-        close(fd_[1]);                                                                                                 \
-        if (p_ < 0) {                                                                                                  \
-            close(fd_[0]);                                                                                             \
-            check(name, 0, "fork failed");                                                                             \
-            break;                                                                                                     \
-        }                                                                                                              \
-        parent_check(name, fd_[0], p_, col, msg);                                                                      \
+#define ERR(name, expr, col, msg)                                                                                                \
+    do {                                                                                                                         \
+        int fd_[2];                                                                                                              \
+        fflush(stdout);                                                                                                          \
+        fflush(stderr);                                                                                                          \
+        if (pipe(fd_) != 0) {                                                                                                    \
+            check(name, 0, "pipe failed");                                                                                       \
+            break;                                                                                                               \
+        }                                                                                                                        \
+        pid_t p_ = fork();                                                                                                       \
+        if (p_ == 0) {                                                                                                           \
+            close(fd_[0]);                                                                                                       \
+            int e_ = diag_error_count();                                                                                         \
+            capture_begin();                                                                                                     \
+            Value *v_ = (expr);                                                                                                  \
+            capture_end();                                                                                                       \
+            child_send(fd_[1], v_, e_);                                                                                          \
+        }                                                                                                                        \
+        close(fd_[1]);                                                                                                           \
+        if (p_ < 0) {                                                                                                            \
+            close(fd_[0]);                                                                                                       \
+            check(name, 0, "fork failed");                                                                                       \
+            break;                                                                                                               \
+        }                                                                                                                        \
+        parent_check(name, fd_[0], p_, col, msg);                                                                                \
     } while (0)
 
 /* Checks that the last captured output holds text (a note or a hint). */
@@ -381,10 +381,8 @@ static void test_printing(void) {
     check("tensor_type_eq", tensor_type_eq(&a, &b), "f32[B, d*4] != f32[B, 4*d]");
     check("tensor_type_ne_dtype", !tensor_type_eq(&a, &c), "dtype ignored");
     DType dt;
-    check("dtype_parse", dtype_parse(str_from("bf16"), &dt) && dt == DT_BF16 && !dtype_parse(str_from("f8"), &dt),
-          "dtype_parse");
-    check("dtype_is_float", dtype_is_float(DT_F16) && !dtype_is_float(DT_I64) && !dtype_is_float(DT_BOOL),
-          "dtype_is_float");
+    check("dtype_parse", dtype_parse(str_from("bf16"), &dt) && dt == DT_BF16 && !dtype_parse(str_from("f8"), &dt), "dtype_parse");
+    check("dtype_is_float", dtype_is_float(DT_F16) && !dtype_is_float(DT_I64) && !dtype_is_float(DT_BOOL), "dtype_is_float");
     check("kind_name", strcmp(value_kind_name(V_TENSOR), "tensor") == 0 && strcmp(value_kind_name(V_INT), "integer") == 0,
           "kind names");
     int known;
@@ -503,7 +501,8 @@ static void test_tensors(void) {
        "f32[B, T, vocab]");
     ERR("matmul_inner", bin(OP_MATMUL, Tn("f32[B, T, 768]"), Tn("f32[512, 10]")), 1,
         "'@': inner dimensions differ: f32[B, T, 768] @ f32[512, 10] (768 vs 512)");
-    has("matmul_inner_hint", "hint: the last dimension of the left operand must equal the second-to-last dimension of the right operand");
+    has("matmul_inner_hint",
+        "hint: the last dimension of the left operand must equal the second-to-last dimension of the right operand");
     ERR("matmul_batch", bin(OP_MATMUL, Tn("f32[2, n, k]"), Tn("f32[3, k, m]")), 1,
         "'@': batch dimensions do not broadcast: f32[2, n, k] @ f32[3, k, m]");
     ERR("matmul_int", bin(OP_MATMUL, Tn("i32[n, k]"), Tn("f32[k, m]")), 1, "'@' needs float tensors: i32[n, k] @ f32[k, m]");
@@ -598,8 +597,7 @@ static void test_builtin_binding(void) {
     Value *x = Tn("f32[B, T, 768]"), *w = Tn("f32[768]");
     ERR("missing_arg", CALL("layernorm", A(x), A(w)), 1, "layernorm: missing argument 'b'");
     has("missing_arg_hint", "hint: usage: layernorm(x, w, b, eps = 1e-5)");
-    ERR("unknown_kw", CALL("layernorm", A(x), A(w), A(w), K("esp", F(1e-5))), 41,
-        "layernorm: unknown keyword argument 'esp'");
+    ERR("unknown_kw", CALL("layernorm", A(x), A(w), A(w), K("esp", F(1e-5))), 41, "layernorm: unknown keyword argument 'esp'");
     has("unknown_kw_hint", "hint: did you mean 'eps'?");
     ERR("unknown_kw_far", CALL("softmax", A(x), K("dimension", I("1"))), 21, "softmax: unknown keyword argument 'dimension'");
     has("unknown_kw_far_hint", "hint: usage: softmax(x, axis = -1)");
@@ -614,8 +612,8 @@ static void test_builtin_binding(void) {
 }
 
 static void test_builtin_math(void) {
-    static const char *const names[] = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
-                                        "gelu", "silu", "abs", "sign", "sin", "cos"};
+    static const char *const names[] = {"exp",  "log",  "sqrt", "rsqrt", "tanh", "sigmoid", "relu",
+                                        "gelu", "silu", "abs",  "sign",  "sin",  "cos"};
     char name[64];
     for (int i = 0; i < 13; i++) {
         snprintf(name, sizeof name, "%s_tensor", names[i]);
@@ -677,14 +675,11 @@ static void test_builtin_shapes(void) {
     ERR("transpose_axis_sym", CALL("transpose", A(x), A(I("k")), A(I("0"))), 21,
         "transpose: axis must be a known integer, got integer k");
 
-    OK("reshape_heads", CALL("reshape", A(x), A(I("B")), A(I("T")), A(I("heads")), A(I("d/heads"))),
-       "f32[B, T, heads, d/heads]");
-    OK("reshape_infer_sym", CALL("reshape", A(x), A(I("B")), A(I("T")), A(I("heads")), A(I("-1"))),
-       "f32[B, T, heads, d/heads]");
+    OK("reshape_heads", CALL("reshape", A(x), A(I("B")), A(I("T")), A(I("heads")), A(I("d/heads"))), "f32[B, T, heads, d/heads]");
+    OK("reshape_infer_sym", CALL("reshape", A(x), A(I("B")), A(I("T")), A(I("heads")), A(I("-1"))), "f32[B, T, heads, d/heads]");
     OK("reshape_infer_known", CALL("reshape", A(Tn("f32[B, T, 768]")), A(I("B")), A(I("T")), A(I("12")), A(I("-1"))),
        "f32[B, T, 12, 64]");
-    OK("reshape_merge", CALL("reshape", A(Tn("f32[B, T, heads, d/heads]")), A(I("B")), A(I("T")), A(I("d"))),
-       "f32[B, T, d]");
+    OK("reshape_merge", CALL("reshape", A(Tn("f32[B, T, heads, d/heads]")), A(I("B")), A(I("T")), A(I("d"))), "f32[B, T, d]");
     OK("reshape_tuple", CALL("reshape", A(x), A(seq(V_TUPLE, 2, I("B"), I("T*d")))), "f32[B, T*d]");
     OK("reshape_flatten", CALL("reshape", A(x), A(I("-1"))), "f32[B*T*d]");
     ERR("reshape_count", CALL("reshape", A(Tn("f32[B, T, 768]")), A(I("B")), A(I("T")), A(I("12")), A(I("32"))), 1,
@@ -717,8 +712,7 @@ static void test_builtin_shapes(void) {
         "split: axis 3 is out of range for f32[B, T, d] (rank 3)");
 
     OK("concat", CALL("concat", A(seq(V_LIST, 2, Tn("f32[B, T, 64]"), Tn("f32[B, T, 32]")))), "f32[B, T, 96]");
-    OK("concat_axis0", CALL("concat", A(seq(V_TUPLE, 2, Tn("f32[T, d]"), Tn("f32[1, d]"))), K("axis", I("0"))),
-       "f32[T+1, d]");
+    OK("concat_axis0", CALL("concat", A(seq(V_TUPLE, 2, Tn("f32[T, d]"), Tn("f32[1, d]"))), K("axis", I("0"))), "f32[T+1, d]");
     Value *heads = seq(V_LIST, 1, Tn("f32[B, T, hd]"));
     heads->len = D("heads");
     OK("concat_symbolic_list", CALL("concat", A(heads)), "f32[B, T, hd*heads]");
@@ -727,8 +721,7 @@ static void test_builtin_shapes(void) {
     has("concat_mismatch_hint", "hint: dimension 1 differs; only the concatenation axis (2) may");
     ERR("concat_not_list", CALL("concat", A(Tn("f32[3]"))), 11, "concat: 'xs' must be a list of tensors, got f32[3]");
     ERR("concat_empty", CALL("concat", A(seq(V_LIST, 0))), 11, "concat: the list is empty");
-    ERR("concat_item", CALL("concat", A(seq(V_LIST, 2, Tn("f32[3]"), I("1")))), 11,
-        "concat: item 1 is integer 1, not a tensor");
+    ERR("concat_item", CALL("concat", A(seq(V_LIST, 2, Tn("f32[3]"), I("1")))), 11, "concat: item 1 is integer 1, not a tensor");
 
     OK("sum_all", CALL("sum", A(x)), "f32[]");
     OK("sum_axis", CALL("sum", A(x), K("axis", I("1"))), "f32[B, d]");
@@ -781,24 +774,24 @@ static void test_builtin_layers(void) {
     ERR("rmsnorm_weight", CALL("rmsnorm", A(Tn("f32[B, T, d]")), A(Tn("f32[d*4]"))), 21,
         "rmsnorm: weight has shape f32[d*4] but x's last dimension is d");
     has("rmsnorm_weight_hint", "hint: rmsnorm's weight has shape [n], where n is x's last dimension");
-    ERR("rmsnorm_int_weight", CALL("rmsnorm", A(x), A(Tn("i32[768]"))), 21,
-        "rmsnorm: 'w' must be a float tensor, got i32[768]");
+    ERR("rmsnorm_int_weight", CALL("rmsnorm", A(x), A(Tn("i32[768]"))), 21, "rmsnorm: 'w' must be a float tensor, got i32[768]");
 
     OK("rope", CALL("rope", A(Tn("f32[B, H, T, 64]"))), "f32[B, H, T, 64]");
     OK("rope_symbolic", CALL("rope", A(Tn("f32[B, H, T, d/heads]")), K("theta", F(500000))), "f32[B, H, T, d/heads]");
-    ERR("rope_odd", CALL("rope", A(Tn("f32[B, H, T, 63]"))), 11, "rope: the last dimension of f32[B, H, T, 63] must be even, got 63");
+    ERR("rope_odd", CALL("rope", A(Tn("f32[B, H, T, 63]"))), 11,
+        "rope: the last dimension of f32[B, H, T, 63] must be even, got 63");
     ERR("rope_rank", CALL("rope", A(Tn("f32[64]"))), 11, "rope: 'x' must have rank 2 or more ([..., T, hd]), got f32[64]");
     ERR("rope_theta", CALL("rope", A(Tn("f32[T, 64]")), K("theta", F(-1))), 21, "rope: 'theta' must be positive, got -1.0");
 
     Value *q = Tn("f32[B, H, T, hd]");
     OK("attention", CALL("attention", A(q), A(q), A(q)), "f32[B, H, T, hd]");
-    OK("attention_gqa", CALL("attention", A(Tn("f32[B, 12, T, 64]")), A(Tn("f32[B, 4, S, 64]")), A(Tn("f32[B, 4, S, 32]")),
-                             K("causal", Bo(0))),
+    OK("attention_gqa",
+       CALL("attention", A(Tn("f32[B, 12, T, 64]")), A(Tn("f32[B, 4, S, 64]")), A(Tn("f32[B, 4, S, 32]")), K("causal", Bo(0))),
        "f32[B, 12, T, 32]");
     ERR("attention_heads", CALL("attention", A(Tn("f32[B, 12, T, 64]")), A(Tn("f32[B, 5, T, 64]")), A(Tn("f32[B, 5, T, 64]"))),
         21, "attention: 'q' has 12 heads, not a multiple of the 5 heads of 'k'");
-    ERR("attention_hd", CALL("attention", A(Tn("f32[B, H, T, 64]")), A(Tn("f32[B, H, T, 32]")), A(Tn("f32[B, H, T, 32]"))),
-        21, "attention: the head dimension of 'k' is 32 but that of 'q' is 64");
+    ERR("attention_hd", CALL("attention", A(Tn("f32[B, H, T, 64]")), A(Tn("f32[B, H, T, 32]")), A(Tn("f32[B, H, T, 32]"))), 21,
+        "attention: the head dimension of 'k' is 32 but that of 'q' is 64");
     ERR("attention_batch", CALL("attention", A(q), A(Tn("f32[2, H, T, hd]")), A(q)), 21,
         "attention: the batch dimension of 'k' is 2 but that of 'q' is B");
     ERR("attention_v", CALL("attention", A(q), A(q), A(Tn("f32[B, H, S, hd]"))), 31,
@@ -828,7 +821,8 @@ static void test_builtin_layers(void) {
     OK("topk_indices", tk->kind == V_TUPLE ? tk->items[1] : U(), "i32[B, 5]");
     Value *tk0 = CALL("topk", A(Tn("f32[E, T]")), A(I("k")), K("axis", I("0")));
     OK("topk_axis", tk0->kind == V_TUPLE ? tk0->items[1] : U(), "i32[k, T]");
-    ERR("topk_too_big", CALL("topk", A(Tn("f32[B, 4]")), A(I("5"))), 21, "topk: k = 5 is larger than dimension 1 of f32[B, 4] (size 4)");
+    ERR("topk_too_big", CALL("topk", A(Tn("f32[B, 4]")), A(I("5"))), 21,
+        "topk: k = 5 is larger than dimension 1 of f32[B, 4] (size 4)");
     ERR("topk_zero", CALL("topk", A(Tn("f32[B, 4]")), A(I("0"))), 21, "topk: 'k' must be positive, got 0");
 
     OK("where", CALL("where", A(Tn("bool[T, T]")), A(Tn("f32[B, H, T, T]")), A(F(-1e9))), "f32[B, H, T, T]");
@@ -842,7 +836,8 @@ static void test_builtin_layers(void) {
         "where: dtype mismatch: f32[3] and f16[3]");
 
     OK("one_hot", CALL("one_hot", A(Tn("i32[B, T]")), A(I("V"))), "f32[B, T, V]");
-    ERR("one_hot_float", CALL("one_hot", A(Tn("f32[B]")), A(I("10"))), 11, "one_hot: 'idx' must be an integer tensor, got f32[B]");
+    ERR("one_hot_float", CALL("one_hot", A(Tn("f32[B]")), A(I("10"))), 11,
+        "one_hot: 'idx' must be an integer tensor, got f32[B]");
     ERR("one_hot_zero", CALL("one_hot", A(Tn("i32[B]")), A(I("0"))), 21, "one_hot: 'n' must be positive, got 0");
     OK("arange", CALL("arange", A(I("T"))), "i32[T]");
     ERR("arange_float", CALL("arange", A(F(0.5))), 11, "arange: 'n' must be an integer, got float 0.5");

@@ -64,18 +64,20 @@ UNIT_FN void unit_detail(const char *label, const char *text) {
     if (*p) printf("      | ...\n");
 }
 
-#define CHECK(cond, ...) \
-    do { if (!(cond)) unit_fail_at(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define CHECK(cond, ...)                                                                                                         \
+    do {                                                                                                                         \
+        if (!(cond)) unit_fail_at(__FILE__, __LINE__, __VA_ARGS__);                                                              \
+    } while (0)
 
 /* String equality, showing both sides when they differ. */
-#define CHECK_STR(got, want, what) \
-    do { \
-        const char *g_ = (got), *w_ = (want); \
-        if (!g_ || strcmp(g_, w_) != 0) { \
-            unit_fail_at(__FILE__, __LINE__, "%s differs", (what)); \
-            unit_detail("expected", w_); \
-            unit_detail("got", g_); \
-        } \
+#define CHECK_STR(got, want, what)                                                                                               \
+    do {                                                                                                                         \
+        const char *g_ = (got), *w_ = (want);                                                                                    \
+        if (!g_ || strcmp(g_, w_) != 0) {                                                                                        \
+            unit_fail_at(__FILE__, __LINE__, "%s differs", (what));                                                              \
+            unit_detail("expected", w_);                                                                                         \
+            unit_detail("got", g_);                                                                                              \
+        }                                                                                                                        \
     } while (0)
 
 #define RUN(fn) unit_run(#fn, fn)

@@ -117,19 +117,19 @@ typedef struct CpuFrame {
 typedef struct CpuLower {
     LLVMContextRef ctx;
     LLVMModuleRef m;
-    LLVMBuilderRef b;       /* the body */
+    LLVMBuilderRef b;        /* the body */
     LLVMBuilderRef at_entry; /* allocas, before the entry block's branch */
     LLVMValueRef fn;
     const Kernel *k;
-    LLVMValueRef *val;      /* per KIR id: its value; for a K_ACC, its alloca */
-    LLVMValueRef *narrow;   /* per KIR id: an f16/bf16 value's 16-bit form when one was built */
-    LLVMValueRef *base;     /* per buffer: its base pointer */
-    LLVMValueRef *scope;    /* per buffer, when disjoint: its !alias.scope and !noalias lists */
+    LLVMValueRef *val;    /* per KIR id: its value; for a K_ACC, its alloca */
+    LLVMValueRef *narrow; /* per KIR id: an f16/bf16 value's 16-bit form when one was built */
+    LLVMValueRef *base;   /* per buffer: its base pointer */
+    LLVMValueRef *scope;  /* per buffer, when disjoint: its !alias.scope and !noalias lists */
     LLVMValueRef *noalias;
-    CpuFrame *stack;        /* open loops and ifs */
+    CpuFrame *stack; /* open loops and ifs */
     int sp;
     LLVMTypeRef t_void, t_i1, t_i8, t_i16, t_i32, t_i64, t_half, t_f32, t_f64, t_ptr;
-    Arena *scratch;         /* value names, the arrays above; dropped when the kernel is done */
+    Arena *scratch; /* value names, the arrays above; dropped when the kernel is done */
 } CpuLower;
 
 /* The LLVM type a KIR value is computed in: f16 and bf16 in f32, bool as i1, u64 as i64. */
@@ -174,8 +174,8 @@ static const char *cpu_name(CpuLower *L, const char *what, int id, const char *s
 
 /* A call of an overloaded intrinsic ("llvm.exp" at type ty; two overload types for the
  * saturating casts), built with its function type. */
-static LLVMValueRef cpu_intrinsic(CpuLower *L, const char *iname, LLVMTypeRef *over, int nover, LLVMValueRef *args,
-                                  int nargs, const char *vname) {
+static LLVMValueRef cpu_intrinsic(CpuLower *L, const char *iname, LLVMTypeRef *over, int nover, LLVMValueRef *args, int nargs,
+                                  const char *vname) {
     unsigned id = LLVMLookupIntrinsicID(iname, strlen(iname));
     if (!id) INTERNAL("cpu: LLVM 19 has no intrinsic %s", iname);
     LLVMValueRef f = LLVMGetIntrinsicDeclaration(L->m, id, over, (size_t)nover);
@@ -416,7 +416,8 @@ static LLVMValueRef cpu_udivmod(CpuLower *L, LLVMValueRef x, LLVMValueRef y, int
     LLVMValueRef zero = LLVMConstInt(ty, 0, 0);
     LLVMValueRef y0 = LLVMBuildICmp(b, LLVMIntEQ, y, zero, cpu_name(L, what, id, "by0"));
     LLVMValueRef ys = LLVMBuildSelect(b, y0, LLVMConstInt(ty, 1, 0), y, cpu_name(L, what, id, "divisor"));
-    LLVMValueRef r = want_mod ? LLVMBuildURem(b, x, ys, cpu_name(L, what, id, "r")) : LLVMBuildUDiv(b, x, ys, cpu_name(L, what, id, "q"));
+    LLVMValueRef r =
+        want_mod ? LLVMBuildURem(b, x, ys, cpu_name(L, what, id, "r")) : LLVMBuildUDiv(b, x, ys, cpu_name(L, what, id, "q"));
     return LLVMBuildSelect(b, y0, zero, r, cpu_name(L, what, id, NULL));
 }
 
@@ -429,11 +430,13 @@ static LLVMValueRef cpu_index_divmod(CpuLower *L, const KInst *in, LLVMValueRef 
     int is_mod = in->op == K_IMOD;
     const char *what = kir_op_name(in->op);
     if (d->op == K_CONST && d->i > 0)
-        return is_mod ? LLVMBuildURem(L->b, x, y, cpu_name(L, what, id, NULL)) : LLVMBuildUDiv(L->b, x, y, cpu_name(L, what, id, NULL));
+        return is_mod ? LLVMBuildURem(L->b, x, y, cpu_name(L, what, id, NULL))
+                      : LLVMBuildUDiv(L->b, x, y, cpu_name(L, what, id, NULL));
     LLVMValueRef zero = LLVMConstInt(L->t_i64, 0, 0);
     LLVMValueRef y0 = LLVMBuildICmp(L->b, LLVMIntSLE, y, zero, cpu_name(L, what, id, "bad"));
     LLVMValueRef ys = LLVMBuildSelect(L->b, y0, LLVMConstInt(L->t_i64, 1, 0), y, cpu_name(L, what, id, "divisor"));
-    LLVMValueRef r = is_mod ? LLVMBuildURem(L->b, x, ys, cpu_name(L, what, id, "r")) : LLVMBuildUDiv(L->b, x, ys, cpu_name(L, what, id, "q"));
+    LLVMValueRef r =
+        is_mod ? LLVMBuildURem(L->b, x, ys, cpu_name(L, what, id, "r")) : LLVMBuildUDiv(L->b, x, ys, cpu_name(L, what, id, "q"));
     return LLVMBuildSelect(L->b, y0, zero, r, cpu_name(L, what, id, NULL));
 }
 
@@ -560,7 +563,7 @@ static LLVMValueRef cpu_cast(CpuLower *L, const KInst *in, int id) {
         return narrow ? cpu_round_to(L, v, to, id, cpu_name(L, "cast", id, NULL)) : v;
     }
     if (to == KT_BOOL) return LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstInt(ft, 0, 0), nm);
-    if (ft == tt) return x; /* i64 <-> u64 */
+    if (ft == tt) return x;                                         /* i64 <-> u64 */
     return LLVMBuildIntCast2(b, x, tt, !cpu_is_unsigned(from), nm); /* sext i32, zext bool, trunc to i32 */
 }
 
@@ -587,7 +590,8 @@ static void cpu_push(CpuLower *L, CpuFrame f) {
 }
 
 static CpuFrame cpu_pop(CpuLower *L, KOp op, int id) {
-    if (!L->sp || L->stack[L->sp - 1].op != op) INTERNAL("cpu: %s: %%%d: %s without its opening", L->k->name, id, kir_op_name(op));
+    if (!L->sp || L->stack[L->sp - 1].op != op)
+        INTERNAL("cpu: %s: %%%d: %s without its opening", L->k->name, id, kir_op_name(op));
     return L->stack[--L->sp];
 }
 
@@ -794,7 +798,8 @@ int cpu_optimize(LLVMModuleRef m, const CpuTarget *t, Arena *ar, const char **er
     LLVMErrorRef e = LLVMRunPasses(m, "default<O2>", t->tm, opts);
     LLVMDisposePassBuilderOptions(opts);
     if (e) {
-        *err = arena_printf(ar, "cannot optimise the kernels' LLVM module (default<O2> for %s): %s", t->cpu, cpu_take_error(ar, e));
+        *err =
+            arena_printf(ar, "cannot optimise the kernels' LLVM module (default<O2> for %s): %s", t->cpu, cpu_take_error(ar, e));
         return 1;
     }
     if (cpu_verify(m, ar, &why)) {

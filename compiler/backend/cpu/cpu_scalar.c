@@ -20,10 +20,10 @@ static LLVMValueRef inst(LLVMModuleRef m, LLVMBuilderRef b, const ScalarInst *in
     LLVMTypeRef f64 = LLVMDoubleTypeInContext(ctx), i1 = LLVMInt1TypeInContext(ctx);
     LLVMValueRef a = in->a >= 0 ? v[in->a] : NULL, c = in->b >= 0 ? v[in->b] : NULL;
     LLVMValueRef two[2] = {a, c};
-    static const char *const math[] = {[SC_TRUNC] = "llvm.trunc", [SC_COS] = "llvm.cos",   [SC_SIN] = "llvm.sin",
-                                       [SC_EXP] = "llvm.exp",     [SC_LOG] = "llvm.log",   [SC_SQRT] = "llvm.sqrt",
-                                       [SC_ABS] = "llvm.fabs",    [SC_POW] = "llvm.pow",   [SC_MIN] = "llvm.minimum",
-                                       [SC_MAX] = "llvm.maximum"};
+    static const char *const math[] = {
+        [SC_TRUNC] = "llvm.trunc", [SC_COS] = "llvm.cos",    [SC_SIN] = "llvm.sin",  [SC_EXP] = "llvm.exp",
+        [SC_LOG] = "llvm.log",     [SC_SQRT] = "llvm.sqrt",  [SC_ABS] = "llvm.fabs", [SC_POW] = "llvm.pow",
+        [SC_MIN] = "llvm.minimum", [SC_MAX] = "llvm.maximum"};
     static const LLVMRealPredicate cmp[] = {[SC_EQ] = LLVMRealOEQ, [SC_NE] = LLVMRealUNE, [SC_LT] = LLVMRealOLT,
                                             [SC_LE] = LLVMRealOLE, [SC_GT] = LLVMRealOGT, [SC_GE] = LLVMRealOGE};
     switch (in->op) {
@@ -34,15 +34,27 @@ static LLVMValueRef inst(LLVMModuleRef m, LLVMBuilderRef b, const ScalarInst *in
     case SC_NOT: return LLVMBuildNot(b, a, "");
     case SC_TO_F64: return LLVMBuildUIToFP(b, a, f64, "");
     case SC_NONZERO: return LLVMBuildFCmp(b, LLVMRealUNE, a, LLVMConstReal(f64, 0), "");
-    case SC_TRUNC: case SC_COS: case SC_SIN: case SC_EXP: case SC_LOG: case SC_SQRT: case SC_ABS:
-        return intrinsic(m, b, math[in->op], two, 1);
-    case SC_POW: case SC_MIN: case SC_MAX: return intrinsic(m, b, math[in->op], two, 2);
+    case SC_TRUNC:
+    case SC_COS:
+    case SC_SIN:
+    case SC_EXP:
+    case SC_LOG:
+    case SC_SQRT:
+    case SC_ABS: return intrinsic(m, b, math[in->op], two, 1);
+    case SC_POW:
+    case SC_MIN:
+    case SC_MAX: return intrinsic(m, b, math[in->op], two, 2);
     case SC_ADD: return LLVMBuildFAdd(b, a, c, "");
     case SC_SUB: return LLVMBuildFSub(b, a, c, "");
     case SC_MUL: return LLVMBuildFMul(b, a, c, "");
     case SC_DIV: return LLVMBuildFDiv(b, a, c, "");
     case SC_MOD: return LLVMBuildFRem(b, a, c, "");
-    case SC_EQ: case SC_NE: case SC_LT: case SC_LE: case SC_GT: case SC_GE: return LLVMBuildFCmp(b, cmp[in->op], a, c, "");
+    case SC_EQ:
+    case SC_NE:
+    case SC_LT:
+    case SC_LE:
+    case SC_GT:
+    case SC_GE: return LLVMBuildFCmp(b, cmp[in->op], a, c, "");
     case SC_AND: return LLVMBuildAnd(b, a, c, "");
     case SC_OR: return LLVMBuildOr(b, a, c, "");
     case SC_SELECT: return LLVMBuildSelect(b, a, c, v[in->c], "");

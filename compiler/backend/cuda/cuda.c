@@ -35,15 +35,15 @@
 #include <string.h>
 
 #include "diag.h"
-#include "rt_attention_cuh.h" /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
+#include "rt_attention_cuh.h"    /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
 #include "rt_attention_tc_cuh.h" /* mbt_rt_attention_tc_cuh: rt_attention_tc.cuh, likewise */
 #include "value.h"
 
-#define CUDA_THREAD_BLOCK 256 /* threads per block in thread mode */
-#define CUDA_WARP_BLOCK 128   /* warp mode: 4 work items per block */
-#define CUDA_BLOCK_BLOCK 256  /* block mode: 8 warps per work item */
-#define CUDA_MAX_BLOCKS 65536 /* grid cap: beyond it threads take more items (grid stride) */
-#define CUDA_REGISTER_BUDGET 128 /* registers a thread that __launch_bounds__ allows */
+#define CUDA_THREAD_BLOCK 256     /* threads per block in thread mode */
+#define CUDA_WARP_BLOCK 128       /* warp mode: 4 work items per block */
+#define CUDA_BLOCK_BLOCK 256      /* block mode: 8 warps per work item */
+#define CUDA_MAX_BLOCKS 65536     /* grid cap: beyond it threads take more items (grid stride) */
+#define CUDA_REGISTER_BUDGET 128  /* registers a thread that __launch_bounds__ allows */
 #define CUDA_WARP_MAX_EXTENT 1024 /* split loops up to this long: a warp; longer: a block */
 
 const char *cuda_mode_name(CudaMode m) {
@@ -171,11 +171,11 @@ int cuda_kernel_uses_half(const Kernel *k) {
 
 typedef struct CudaPlan {
     CudaLaunch launch;
-    int *split;       /* per KIR id: 1 for a top-level K_LOOP that runs split across the threads */
-    int *end;         /* per K_LOOP / K_IF id: its K_ENDLOOP / K_ENDIF */
-    int needs_sync;   /* the kernel loads a buffer it stores to */
-    int *vec;         /* vectorised: per buffer, how its accesses go (CUDA_VEC_*) */
-    int *vec_n;       /* per buffer: the divisor of CUDA_VEC_MOD and CUDA_VEC_DIV */
+    int *split;     /* per KIR id: 1 for a top-level K_LOOP that runs split across the threads */
+    int *end;       /* per K_LOOP / K_IF id: its K_ENDLOOP / K_ENDIF */
+    int needs_sync; /* the kernel loads a buffer it stores to */
+    int *vec;       /* vectorised: per buffer, how its accesses go (CUDA_VEC_*) */
+    int *vec_n;     /* per buffer: the divisor of CUDA_VEC_MOD and CUDA_VEC_DIV */
 } CudaPlan;
 
 /* How a vectorised kernel reaches a buffer for its 4 work items gid0 .. gid0 + 3 (all accesses to
@@ -213,8 +213,7 @@ static int cuda_attention_shared(const Kernel *k) {
         int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
         switch (a->op) {
         case KA_FORWARD:
-            return (int)(2 * (64 * qp + 32 * qp + 32 * vp + 4 * 16 * pp) +
-                         4 * (4 * 16 * ((a->E > 32 ? a->E : 32) + 4) + 4 * 16));
+            return (int)(2 * (64 * qp + 32 * qp + 32 * vp + 4 * 16 * pp) + 4 * (4 * 16 * ((a->E > 32 ? a->E : 32) + 4) + 4 * 16));
         case KA_BWD_Q: return (int)(2 * (64 * qp + 64 * vp + 32 * qp + 32 * vp + 4 * 16 * pp) + scratch);
         default: /* k rows, v rows (for dk), q, dout, P^T (for dv), dS^T (for dk), stats */
             return (int)(2 * (64 * qp + (want_k ? 64 : 16) * vp + 32 * qp + 32 * vp + (want_v ? 4 : 1) * 16 * pp +
@@ -361,8 +360,8 @@ typedef struct CudaEmit {
     const Kernel *k;
     CudaPlan P;
     Arena *ar;
-    int lane;          /* vectorised: the lane (0..3) being written; -1 otherwise */
-    int in_split;      /* the K_LOOP id of the split loop being written, -1 outside */
+    int lane;     /* vectorised: the lane (0..3) being written; -1 otherwise */
+    int in_split; /* the K_LOOP id of the split loop being written, -1 outside */
     int indent;
 } CudaEmit;
 
@@ -595,7 +594,7 @@ static int cuda_at_gid(const CudaEmit *E, const KInst *in) { return E->lane >= 0
 
 static void cuda_load(CudaEmit *E, const KInst *in, int id) {
     DType dt = E->k->bufs[in->buf].dt;
-    const char *elem = !cuda_at_gid(E, in) ? arena_printf(E->ar, "p%d[%s]", in->buf, cuda_operand(E, in->a[0]))
+    const char *elem = !cuda_at_gid(E, in)                 ? arena_printf(E->ar, "p%d[%s]", in->buf, cuda_operand(E, in->a[0]))
                        : E->P.vec[in->buf] == CUDA_VEC_DIV ? arena_printf(E->ar, "p%ds", in->buf)
                                                            : arena_printf(E->ar, "p%dv.%s", in->buf, cuda_vec_lane(E->lane));
     switch (dt) {
@@ -724,8 +723,9 @@ static void cuda_endloop(CudaEmit *E, int id) {
         const KInst *acc = &E->k->inst[accs[q]];
         const char *nm = cuda_name(E, accs[q]);
         const char *op = acc->aop == K_ADD ? "MbtAdd()" : acc->aop == K_MAX ? "MbtMax()" : "MbtMin()";
-        const char *tree = warp ? arena_printf(E->ar, "mbt_warp_reduce(%s_part, %s)", nm, op)
-                                : arena_printf(E->ar, "mbt_block_reduce<%d>(%s_part, %s, mbt_scratch)", E->P.launch.block / 32, nm, op);
+        const char *tree =
+            warp ? arena_printf(E->ar, "mbt_warp_reduce(%s_part, %s)", nm, op)
+                 : arena_printf(E->ar, "mbt_block_reduce<%d>(%s_part, %s, mbt_scratch)", E->P.launch.block / 32, nm, op);
         cuda_line(E, "%s = %s;", nm, cuda_combine(E, acc->aop, nm, tree));
     }
     if (E->P.needs_sync) {
@@ -752,15 +752,14 @@ static void cuda_inst(CudaEmit *E, int id) {
         E->indent--;
         cuda_line(E, "}");
         return;
-    case K_ACC:
-        cuda_line(E, "%s %s = %s;", cuda_value_type(E, in->type), cuda_name(E, id), cuda_const(E, in));
-        return;
+    case K_ACC: cuda_line(E, "%s %s = %s;", cuda_value_type(E, in->type), cuda_name(E, id), cuda_const(E, in)); return;
     case K_ACCUM: cuda_accum(E, in, id); return;
     case K_LOAD: cuda_load(E, in, id); return;
     case K_STORE: cuda_store(E, in); return;
     case K_SELECT:
-        cuda_define(E, id, arena_printf(E->ar, "%s ? %s : %s", cuda_operand(E, in->a[0]), cuda_operand(E, in->a[1]),
-                                        cuda_operand(E, in->a[2])));
+        cuda_define(
+            E, id,
+            arena_printf(E->ar, "%s ? %s : %s", cuda_operand(E, in->a[0]), cuda_operand(E, in->a[1]), cuda_operand(E, in->a[2])));
         return;
     case K_CAST: cuda_define(E, id, cuda_cast(E, in)); return;
     case K_AND: cuda_define(E, id, arena_printf(E->ar, "%s && %s", cuda_operand(E, in->a[0]), cuda_operand(E, in->a[1]))); return;
@@ -772,7 +771,8 @@ static void cuda_inst(CudaEmit *E, int id) {
     else if (in->op >= K_NEG && in->op <= K_FLOOR) cuda_define(E, id, cuda_unary(E, in, id));
     else if (in->op >= K_EQ && in->op <= K_GE) {
         static const char *const cmp[] = {"==", "!=", "<", "<=", ">", ">="}; /* C's: ordered, != unordered */
-        cuda_define(E, id, arena_printf(E->ar, "%s %s %s", cuda_operand(E, in->a[0]), cmp[in->op - K_EQ], cuda_operand(E, in->a[1])));
+        cuda_define(E, id,
+                    arena_printf(E->ar, "%s %s %s", cuda_operand(E, in->a[0]), cmp[in->op - K_EQ], cuda_operand(E, in->a[1])));
     } else INTERNAL("cuda: %s: %%%d: unknown op %d", E->k->name, id, (int)in->op);
 }
 
@@ -869,8 +869,9 @@ static void cuda_attention_call(CudaEmit *E) {
     const char *t = cuda_memory_type(E, a->dt);
     const char *causal = a->causal ? "true" : "false";
     static const char *what[] = {"forward", "backward of q", "backward of k", "backward of v", "backward of k and v"};
-    cuda_line(E, "/* attention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64
-                 ", D %" PRId64 ", E %" PRId64 "; views {offset, z, h, r, c} */",
+    cuda_line(E,
+              "/* attention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64 ", D %" PRId64
+              ", E %" PRId64 "; views {offset, z, h, r, c} */",
               what[a->op], a->Z, a->H, a->Hk, a->T, a->S, a->D, a->E);
     cuda_line(E, "const MbtAttn a = {%" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %s,", a->Z, a->H,
               a->Hk, a->T, a->S, cuda_float_literal(E, KT_F32, a->scale));
@@ -904,16 +905,18 @@ static void cuda_attention_call(CudaEmit *E) {
                   a->nout, q, k, v);
         break;
     case KA_BWD_Q:
-        cuda_line(E, "mbt_attn_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", tc, t,
-                  a->D, a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout,
-                  a->stats_computed ? "nullptr" : st, a->stats_computed ? st : "nullptr");
+        cuda_line(E, "mbt_attn_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", tc, t, a->D,
+                  a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout, a->stats_computed ? "nullptr" : st,
+                  a->stats_computed ? st : "nullptr");
         break;
     default: { /* dk and dv, or either: dk's places in out, dv's in out_v (in out when alone) */
         int wk = a->op != KA_BWD_V, wv = a->op != KA_BWD_K;
-        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", tc,
-                  t, a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
+        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", tc, t,
+                  a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
                   wv ? (wk ? a->nout_v : a->nout) : 0, q, k, v, dout, st, wk ? "out" : "nullptr",
-                  !wv ? "nullptr" : wk ? "out_v" : "out");
+                  !wv  ? "nullptr"
+                  : wk ? "out_v"
+                       : "out");
         break;
     }
     }
@@ -944,7 +947,8 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
         return;
     }
     if (L->mode == CUDA_THREAD && L->vector > 1) {
-        cuda_line(&E, "for (long long chunk = blockIdx.x * %dLL + threadIdx.x; chunk < %" PRId64 "LL; chunk += gridDim.x * %dLL) {",
+        cuda_line(&E,
+                  "for (long long chunk = blockIdx.x * %dLL + threadIdx.x; chunk < %" PRId64 "LL; chunk += gridDim.x * %dLL) {",
                   L->block, k->grid / L->vector, L->block);
         E.indent++;
         cuda_line(&E, "const long long gid0 = chunk * 4;");
@@ -963,7 +967,8 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
             if (loaded && E.P.vec[p] == CUDA_VEC_GID)
                 cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + gid0);", vt, p, vt, p);
             if (loaded && E.P.vec[p] == CUDA_VEC_MOD) /* gid0 mod N: a multiple of 4, as gid0 is */
-                cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + (long long)((unsigned long long)gid0 %% %dULL));",
+                cuda_line(&E,
+                          "const %s p%dv = *reinterpret_cast<const %s *>(p%d + (long long)((unsigned long long)gid0 %% %dULL));",
                           vt, p, vt, p, n);
             if (loaded && E.P.vec[p] == CUDA_VEC_DIV) /* the same element for the four */
                 cuda_line(&E, "const %s p%ds = p%d[(long long)((unsigned long long)gid0 / %dULL)];",
@@ -998,7 +1003,8 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
     } else if (L->mode == CUDA_WARP) {
         int wpb = L->block / 32;
         cuda_line(&E, "const int lane = threadIdx.x & 31;");
-        cuda_line(&E, "for (long long gid = blockIdx.x * %dLL + (threadIdx.x >> 5); gid < %" PRId64 "LL; gid += gridDim.x * %dLL) {",
+        cuda_line(&E,
+                  "for (long long gid = blockIdx.x * %dLL + (threadIdx.x >> 5); gid < %" PRId64 "LL; gid += gridDim.x * %dLL) {",
                   wpb, k->grid, wpb);
         E.indent++;
         cuda_body(&E);

@@ -35,9 +35,9 @@
 
 /* How a kernel's work items map onto threads. */
 typedef enum CudaMode {
-    CUDA_THREAD, /* one thread per work item (or per 4 consecutive items when vectorised) */
-    CUDA_WARP,   /* one warp per work item: its reduction loops split across the 32 lanes */
-    CUDA_BLOCK,  /* one block per work item: split across its threads, combined through shared memory */
+    CUDA_THREAD,    /* one thread per work item (or per 4 consecutive items when vectorised) */
+    CUDA_WARP,      /* one warp per work item: its reduction loops split across the 32 lanes */
+    CUDA_BLOCK,     /* one block per work item: split across its threads, combined through shared memory */
     CUDA_ATTENTION, /* an attention kernel whose layout fusion resolved (Kernel.attn): a call of a
                        template of runtime/kernels/rt_attention.cuh, 4 warps a block, a block per
                        tile of query (key) rows */
@@ -46,11 +46,11 @@ typedef enum CudaMode {
 /* The launch geometry chosen for a kernel: what the host side passes to cuLaunchKernel. */
 typedef struct CudaLaunch {
     CudaMode mode;
-    int block;            /* threads per block (blockDim.x; the kernel assumes exactly this) */
-    int64_t blocks;       /* gridDim.x: enough blocks to give every thread or warp work, capped */
-    int shared;           /* bytes of static shared memory (none dynamic) */
-    int vector;           /* consecutive work items per thread step: 4 with vector accesses, else 1 */
-    int64_t per_block;    /* work items a block takes at a time (block, block / 32 or 1; x vector) */
+    int block;         /* threads per block (blockDim.x; the kernel assumes exactly this) */
+    int64_t blocks;    /* gridDim.x: enough blocks to give every thread or warp work, capped */
+    int shared;        /* bytes of static shared memory (none dynamic) */
+    int vector;        /* consecutive work items per thread step: 4 with vector accesses, else 1 */
+    int64_t per_block; /* work items a block takes at a time (block, block / 32 or 1; x vector) */
 } CudaLaunch;
 
 const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention" */

@@ -192,8 +192,8 @@ int cuda_program_compile(const CudaProgram *p, const char *const *archs, int nar
         cuda_print_numbered(stderr, p->source, err, name);
         diag_error_noloc("%s", err);
         if (file)
-            diag_note(span_none(), "the source is in %s; to reproduce: nvcc -arch=%s -cubin %s -I/usr/local/cuda/include %s", file,
-                      archs[a], nvrtc_options_line(), file);
+            diag_note(span_none(), "the source is in %s; to reproduce: nvcc -arch=%s -cubin %s -I/usr/local/cuda/include %s",
+                      file, archs[a], nvrtc_options_line(), file);
         diag_note(span_none(), "this is a bug in mbtc's CUDA back end (compiler/cuda.c): please report it with the files above");
         return 1;
     }

@@ -17,19 +17,19 @@
 /* One schedule of the program (its kernels already named with the schedule's prefix: step_k3_add). */
 typedef struct CudaSchedule {
     FuseResult *r;
-    const Graph *g;   /* for the fused ops' source lines */
-    int disjoint;     /* cuda_emit_kernel's flag */
+    const Graph *g; /* for the fused ops' source lines */
+    int disjoint;   /* cuda_emit_kernel's flag */
 } CudaSchedule;
 
 typedef struct CudaProgram {
-    const char *source;          /* the translation unit: prelude, then every kernel */
+    const char *source; /* the translation unit: prelude, then every kernel */
     int nkernels;
-    Kernel **kernels;            /* renamed with their schedule's prefix */
-    const char **notes;          /* the fused ops and their source lines, per kernel */
-    CudaLaunch *launch;          /* per kernel */
-    const char **kernel_source;  /* per kernel: the prelude and that kernel alone (--dump-dir) */
-    int *same_as;                /* per kernel: the earlier kernel whose function it shares, or -1 */
-    int nfunctions;              /* distinct functions in the translation unit */
+    Kernel **kernels;           /* renamed with their schedule's prefix */
+    const char **notes;         /* the fused ops and their source lines, per kernel */
+    CudaLaunch *launch;         /* per kernel */
+    const char **kernel_source; /* per kernel: the prelude and that kernel alone (--dump-dir) */
+    int *same_as;               /* per kernel: the earlier kernel whose function it shares, or -1 */
+    int nfunctions;             /* distinct functions in the translation unit */
 } CudaProgram;
 
 /* The function kernel k is launched as: its own, or that of the kernel with the same code. */

@@ -19,23 +19,23 @@
 
 typedef void *nvrtcProgram;
 
-#define NVRTC_FUNCTIONS(X)                                                                                              \
-    X(const char *, nvrtcGetErrorString, (int))                                                                         \
-    X(int, nvrtcVersion, (int *, int *))                                                                                \
-    X(int, nvrtcCreateProgram, (nvrtcProgram *, const char *, const char *, int, const char *const *, const char *const *)) \
-    X(int, nvrtcDestroyProgram, (nvrtcProgram *))                                                                       \
-    X(int, nvrtcCompileProgram, (nvrtcProgram, int, const char *const *))                                               \
-    X(int, nvrtcGetProgramLogSize, (nvrtcProgram, size_t *))                                                            \
-    X(int, nvrtcGetProgramLog, (nvrtcProgram, char *))                                                                  \
-    X(int, nvrtcGetPTXSize, (nvrtcProgram, size_t *))                                                                   \
-    X(int, nvrtcGetPTX, (nvrtcProgram, char *))                                                                         \
-    X(int, nvrtcGetCUBINSize, (nvrtcProgram, size_t *))                                                                 \
+#define NVRTC_FUNCTIONS(X)                                                                                                       \
+    X(const char *, nvrtcGetErrorString, (int))                                                                                  \
+    X(int, nvrtcVersion, (int *, int *))                                                                                         \
+    X(int, nvrtcCreateProgram, (nvrtcProgram *, const char *, const char *, int, const char *const *, const char *const *))      \
+    X(int, nvrtcDestroyProgram, (nvrtcProgram *))                                                                                \
+    X(int, nvrtcCompileProgram, (nvrtcProgram, int, const char *const *))                                                        \
+    X(int, nvrtcGetProgramLogSize, (nvrtcProgram, size_t *))                                                                     \
+    X(int, nvrtcGetProgramLog, (nvrtcProgram, char *))                                                                           \
+    X(int, nvrtcGetPTXSize, (nvrtcProgram, size_t *))                                                                            \
+    X(int, nvrtcGetPTX, (nvrtcProgram, char *))                                                                                  \
+    X(int, nvrtcGetCUBINSize, (nvrtcProgram, size_t *))                                                                          \
     X(int, nvrtcGetCUBIN, (nvrtcProgram, char *))
 
 struct Nvrtc {
     void *lib;
-    const char *libpath;  /* where it was found */
-    const char *include;  /* the CUDA include directory (cuda_fp16.h), or NULL */
+    const char *libpath; /* where it was found */
+    const char *include; /* the CUDA include directory (cuda_fp16.h), or NULL */
 #define NVRTC_FIELD(ret, name, args) ret(*name) args;
     NVRTC_FUNCTIONS(NVRTC_FIELD)
 #undef NVRTC_FIELD
@@ -85,20 +85,21 @@ Nvrtc *nvrtc_open(Arena *ar, const char **why) {
         else tried = arena_printf(ar, "%s%s%s", tried, *tried ? "; " : "", dlerror());
     }
     if (!lib) {
-        *why = arena_printf(ar, "cannot load NVRTC (libnvrtc.so from the library path, $CUDA_HOME/lib64 or "
-                                "/usr/local/cuda/lib64): %s",
+        *why = arena_printf(ar,
+                            "cannot load NVRTC (libnvrtc.so from the library path, $CUDA_HOME/lib64 or "
+                            "/usr/local/cuda/lib64): %s",
                             tried);
         return NULL;
     }
     Nvrtc *nv = arena_alloc(ar, sizeof *nv);
     nv->lib = lib;
     nv->libpath = found;
-#define NVRTC_LOAD(ret, name, args)                                                                                     \
-    *(void **)(&nv->name) = dlsym(lib, #name);                                                                          \
-    if (!nv->name) {                                                                                                    \
-        *why = arena_printf(ar, "NVRTC at %s has no function %s (too old?)", found, #name);                             \
-        dlclose(lib);                                                                                                   \
-        return NULL;                                                                                                    \
+#define NVRTC_LOAD(ret, name, args)                                                                                              \
+    *(void **)(&nv->name) = dlsym(lib, #name);                                                                                   \
+    if (!nv->name) {                                                                                                             \
+        *why = arena_printf(ar, "NVRTC at %s has no function %s (too old?)", found, #name);                                      \
+        dlclose(lib);                                                                                                            \
+        return NULL;                                                                                                             \
     }
     NVRTC_FUNCTIONS(NVRTC_LOAD)
 #undef NVRTC_LOAD
@@ -118,14 +119,12 @@ static double nvrtc_now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-const char *nvrtc_options_line(void) {
-    return "-std=c++17 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true -Xptxas -v";
-}
+const char *nvrtc_options_line(void) { return "-std=c++17 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true -Xptxas -v"; }
 
 /* One NVRTC compilation of source for `arch` (sm_XX or compute_XX). Returns the program (to be
  * destroyed by the caller) or NULL with *err. */
-static nvrtcProgram nvrtc_run(Nvrtc *nv, const char *source, const char *name, const char *arch, const char **log,
-                              Arena *ar, const char **err) {
+static nvrtcProgram nvrtc_run(Nvrtc *nv, const char *source, const char *name, const char *arch, const char **log, Arena *ar,
+                              const char **err) {
     nvrtcProgram prog = NULL;
     int rc = nv->nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL);
     if (rc != 0) {
@@ -168,7 +167,10 @@ static nvrtcProgram nvrtc_run(Nvrtc *nv, const char *source, const char *name, c
 
 static const char *nvrtc_cache_dir(Arena *ar) {
     const char *d = getenv("MBT_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    const char *base = d && *d ? d : x && *x ? arena_printf(ar, "%s/mbt", x) : h && *h ? arena_printf(ar, "%s/.cache/mbt", h) : NULL;
+    const char *base = d && *d   ? d
+                       : x && *x ? arena_printf(ar, "%s/mbt", x)
+                       : h && *h ? arena_printf(ar, "%s/.cache/mbt", h)
+                                 : NULL;
     if (!base || strcmp(base, "off") == 0) return NULL;
     const char *dir = arena_printf(ar, "%s/nvrtc", base);
     for (char *p = (char *)dir + 1; *p; p++) /* mkdir -p */
@@ -237,15 +239,15 @@ static int nvrtc_output(Nvrtc *nv, const char *source, const char *name, const c
         return 1;
     }
     if (ptx) *size = strlen(*data); /* NVRTC's size counts the NUL */
-    if (path) { /* the log last: an entry counts only when both are there */
+    if (path) {                     /* the log last: an entry counts only when both are there */
         nvrtc_write_file(arena_printf(ar, "%s.bin", path), *data, *size, ar);
         nvrtc_write_file(arena_printf(ar, "%s.log", path), *log, strlen(*log), ar);
     }
     return 0;
 }
 
-int nvrtc_compile(Nvrtc *nv, const char *source, const char *name, const char *arch, int want_ptx, NvrtcResult *out,
-                  Arena *ar, const char **err) {
+int nvrtc_compile(Nvrtc *nv, const char *source, const char *name, const char *arch, int want_ptx, NvrtcResult *out, Arena *ar,
+                  const char **err) {
     memset(out, 0, sizeof *out);
     out->arch = arch;
     if (strncmp(arch, "sm_", 3) != 0) {
@@ -261,7 +263,8 @@ int nvrtc_compile(Nvrtc *nv, const char *source, const char *name, const char *a
     out->cubin_size = size;
     out->log = log;
     out->nkernels = nvrtc_parse_ptxas(log, &out->info, ar);
-    if (want_ptx && nvrtc_output(nv, source, name, arena_printf(ar, "compute_%s", arch + 3), &ptx, &psize, &plog, ar, err)) return 1;
+    if (want_ptx && nvrtc_output(nv, source, name, arena_printf(ar, "compute_%s", arch + 3), &ptx, &psize, &plog, ar, err))
+        return 1;
     out->ptx = ptx;
     out->ms = nvrtc_now_ms() - t0;
     return 0;

@@ -30,14 +30,14 @@ typedef struct NvrtcKernelInfo {
 
 /* One translation unit compiled for one architecture. */
 typedef struct NvrtcResult {
-    const char *arch;   /* "sm_90" */
-    const char *ptx;    /* NUL-terminated (compute_XX), or NULL when not asked for */
-    const char *cubin;  /* sm_XX */
+    const char *arch;  /* "sm_90" */
+    const char *ptx;   /* NUL-terminated (compute_XX), or NULL when not asked for */
+    const char *cubin; /* sm_XX */
     size_t cubin_size;
-    const char *log;    /* NVRTC's log of the cubin compilation (ptxas info lines) */
+    const char *log; /* NVRTC's log of the cubin compilation (ptxas info lines) */
     int nkernels;
     NvrtcKernelInfo *info;
-    double ms;          /* wall time of the NVRTC calls */
+    double ms; /* wall time of the NVRTC calls */
 } NvrtcResult;
 
 /* Opens libnvrtc. Returns NULL with *why (what was tried, dlerror's words) when it is absent. */
@@ -48,8 +48,8 @@ const char *nvrtc_version(Nvrtc *nv, Arena *ar);
 
 /* Compiles source (named `name` in messages) for arch ("sm_80") to cubin with ptxas's figures,
  * and to PTX (compute_80) when want_ptx. Returns 0, or 1 with *err (NVRTC's words and its log). */
-int nvrtc_compile(Nvrtc *nv, const char *source, const char *name, const char *arch, int want_ptx, NvrtcResult *out,
-                  Arena *ar, const char **err);
+int nvrtc_compile(Nvrtc *nv, const char *source, const char *name, const char *arch, int want_ptx, NvrtcResult *out, Arena *ar,
+                  const char **err);
 
 /* The options nvrtc_compile passes for arch (without -I), as one line for an nvcc command. */
 const char *nvrtc_options_line(void);

@@ -30,9 +30,15 @@ inline float to_float(__half x) { return __half2float(x); }
 
 /* rows x cols of the tile a fragment holds */
 template <class Use, int M, int N, int K> struct shape_of;
-template <int M, int N, int K> struct shape_of<matrix_a, M, N, K> { static const int rows = M, cols = K; };
-template <int M, int N, int K> struct shape_of<matrix_b, M, N, K> { static const int rows = K, cols = N; };
-template <int M, int N, int K> struct shape_of<accumulator, M, N, K> { static const int rows = M, cols = N; };
+template <int M, int N, int K> struct shape_of<matrix_a, M, N, K> {
+    static const int rows = M, cols = K;
+};
+template <int M, int N, int K> struct shape_of<matrix_b, M, N, K> {
+    static const int rows = K, cols = N;
+};
+template <int M, int N, int K> struct shape_of<accumulator, M, N, K> {
+    static const int rows = M, cols = N;
+};
 
 template <class Use, int M, int N, int K, class T, class Layout = void> class fragment {
   public:
