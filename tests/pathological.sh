@@ -2,8 +2,10 @@
 # tests/pathological.sh MBTC OUTDIR [LIMIT_MS] [TIMEOUT_S] - hostile inputs for `mbtc --check`.
 #
 # Each case generates a file under OUTDIR and runs `MBTC --check` on it. It passes when mbtc
-#   - finishes within LIMIT_MS (default 1000; the sanitizer build is given more by tests/run.sh),
-#     and is killed after TIMEOUT_S (default 5) so a hang is a failure, not a stuck run;
+#   - finishes within LIMIT_MS (default 1000; the sanitizer build is given more by tests/run.sh)
+#     plus 40 times a baseline measured in the same run (the slowest of three `--check`s of
+#     stdlib/nn.mbt), so a loaded or slow machine moves the limit with it, and is killed after
+#     TIMEOUT_S (default 5, plus the same allowance) so a hang is a failure, not a stuck run;
 #   - exits with the status expected (1, or 0 for the files that are valid), never 2 (an
 #     internal error) nor by a signal;
 #   - reports a located `path:line:col: error: ...` (and the case's message, where it has one),
@@ -26,6 +28,18 @@ mkdir -p "$OUT" || exit 2
 export LC_ALL=C
 
 failures=0
+
+# The baseline: this machine's speed now, as the slowest of three checks of a small valid file.
+BASE_MS=0
+for _ in 1 2 3; do
+    t0=$(date +%s%N)
+    "$MBTC" --check "$ROOT/stdlib/nn.mbt" >/dev/null 2>&1
+    t1=$(date +%s%N)
+    ms=$(((t1 - t0) / 1000000))
+    [ "$ms" -gt "$BASE_MS" ] && BASE_MS=$ms
+done
+LIMIT_MS=$((LIMIT_MS + 40 * BASE_MS))
+TIMEOUT_S=$((TIMEOUT_S + (40 * BASE_MS + 999) / 1000))
 
 # repeat N TEXT: TEXT written N times, no separator.
 repeat() {
