@@ -22,6 +22,7 @@
 #include "graph.h"
 #include "parse.h"
 #include "pipeline.h"
+#include "scalar.h"
 
 /* One stage. */
 typedef struct Stage {
@@ -124,6 +125,24 @@ static void verify_update(Pipeline *p) {
 
 static int print_update(Pipeline *p, FILE *out) {
     graph_print(out, p->tb->update, 0);
+    return 0;
+}
+
+/* ---- the learning-rate schedule ---- */
+
+/* Sema lowered the schedule into the scalar IR (scalar.h) while it checked the train block;
+ * backend/cpu/cpu_scalar.c compiles it into the executable's lr_schedule. */
+static int run_schedule(Pipeline *p) {
+    if (!p->tb->config || !p->tb->config->lr) INTERNAL("pipeline: check lowered no learning-rate schedule");
+    return 0;
+}
+
+static void verify_schedule(Pipeline *p) {
+    if (scalar_verify(p->tb->config->lr, stderr)) INTERNAL("the learning-rate schedule fails scalar_verify (problems above)");
+}
+
+static int print_schedule(Pipeline *p, FILE *out) {
+    scalar_print(p->tb->config->lr, out);
     return 0;
 }
 
@@ -351,6 +370,8 @@ static const Stage stages[ST_COUNT] = {
                  NULL},
     [ST_UPDATE] = {"update", "the optimizer's update graph over every parameter", NEEDS1(ST_CHECK), run_update, verify_update,
                    print_update, NULL},
+    [ST_SCHEDULE] = {"schedule", "the learning-rate schedule lowered to the scalar IR", NEEDS1(ST_CHECK), run_schedule,
+                     verify_schedule, print_schedule, NULL},
     [ST_FUSED] = {"fused", "both graphs lowered to the fused IR: primitive, hash-consed nodes", NEEDS2(ST_GRAD, ST_UPDATE),
                   run_fused, verify_fused, print_fused, NULL},
     [ST_KERNELS] = {"kernels", "the launches: GEMMs and generated kernels, with their bodies", NEEDS1(ST_FUSED), run_kernels,

@@ -24,21 +24,22 @@
 
 /* The stages, in the table's order (pipeline.c's `stages` has one row each). */
 typedef enum StageId {
-    ST_TOKENS,  /* the lexer's tokens */
-    ST_AST,     /* the syntax tree of the main module and its imports */
-    ST_CHECK,   /* sema: names, types, shapes, settings */
-    ST_IR,      /* the training step's forward graph */
-    ST_GRAD,    /* the step differentiated (autodiff, in place) */
-    ST_UPDATE,  /* the optimizer's update graph */
-    ST_FUSED,   /* both graphs partitioned into launches */
-    ST_KERNELS, /* the launches' GEMMs and generated kernels */
-    ST_PLAN,    /* the step program and the memory plan */
-    ST_LLVM,    /* the kernels as LLVM IR for the host CPU */
-    ST_CUDA,    /* every schedule's kernels as one CUDA C translation unit */
-    ST_PTX,     /* that unit compiled by NVRTC for each --cuda-arch */
-    ST_SASS,    /* the cubins disassembled */
-    ST_PROGRAM, /* the whole program -o builds, as LLVM IR */
-    ST_OBJECT,  /* -o: the object file, linked into the executable */
+    ST_TOKENS,   /* the lexer's tokens */
+    ST_AST,      /* the syntax tree of the main module and its imports */
+    ST_CHECK,    /* sema: names, types, shapes, settings */
+    ST_IR,       /* the training step's forward graph */
+    ST_GRAD,     /* the step differentiated (autodiff, in place) */
+    ST_UPDATE,   /* the optimizer's update graph */
+    ST_SCHEDULE, /* the learning-rate schedule lowered to the scalar IR */
+    ST_FUSED,    /* both graphs lowered to the fused IR */
+    ST_KERNELS,  /* the launches' GEMMs and generated kernels */
+    ST_PLAN,     /* the step program and the memory plan */
+    ST_LLVM,     /* the kernels as LLVM IR for the host CPU */
+    ST_CUDA,     /* every schedule's kernels as one CUDA C translation unit */
+    ST_PTX,      /* that unit compiled by NVRTC for each --cuda-arch */
+    ST_SASS,     /* the cubins disassembled */
+    ST_PROGRAM,  /* the whole program -o builds, as LLVM IR */
+    ST_OBJECT,   /* -o: the object file, linked into the executable */
     ST_COUNT
 } StageId;
 

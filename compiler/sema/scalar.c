@@ -1,7 +1,8 @@
 /* scalar.c - the scalar program IR (scalar.h): building, checking and printing it. */
-#include "scalar.h"
-
 #include <string.h>
+
+#include "diag.h"
+#include "scalar.h"
 
 static const char *const op_names[SC_NOPS] = {"const", "bconst", "step", "neg", "not",  "to_f64", "nonzero", "trunc",
                                               "cos",   "sin",    "exp",  "log", "sqrt", "abs",    "add",     "sub",
@@ -102,11 +103,22 @@ void scalar_print(const ScalarProg *p, FILE *out) {
     fprintf(out, "scalar %s -> f64 {\n", p->name ? p->name : "(step)");
     for (int i = 0; i < p->n; i++) {
         const ScalarInst *in = &p->v[i];
-        fprintf(out, "  %%%d: %s = %s", i, in->is_bool ? "bool" : "f64", scalar_op_name(in->op));
-        if (in->op == SC_CONST) fprintf(out, " %.17g", in->k);
-        else if (in->op == SC_BCONST) fprintf(out, " %s", in->k != 0 ? "true" : "false");
+        char line[160];
+        int len = snprintf(line, sizeof line, "  %%%d: %s = %s", i, in->is_bool ? "bool" : "f64", scalar_op_name(in->op));
+        if (in->op == SC_CONST) len += snprintf(line + len, sizeof line - (size_t)len, " %.17g", in->k);
+        else if (in->op == SC_BCONST)
+            len += snprintf(line + len, sizeof line - (size_t)len, " %s", in->k != 0 ? "true" : "false");
         int ops[3] = {in->a, in->b, in->c}, arity = op_arity(in->op);
-        for (int k = 0; k < arity; k++) fprintf(out, "%s%%%d", k ? ", " : " ", ops[k]);
+        for (int k = 0; k < arity; k++) len += snprintf(line + len, sizeof line - (size_t)len, "%s%%%d", k ? ", " : " ", ops[k]);
+        fputs(line, out);
+        if (in->src.file) { /* the source line it comes from, as graph_print writes it */
+            const char *path = diag_source_path(in->src.file), *slash = path ? strrchr(path, '/') : NULL;
+            fprintf(out, "%*s# %s:%u:%u", len < 40 ? 40 - len : 1, "",
+                    slash  ? slash + 1
+                    : path ? path
+                           : "?",
+                    in->src.line, in->src.col);
+        }
         fputc('\n', out);
     }
     fprintf(out, "  return %%%d\n}\n", p->result);

@@ -8,7 +8,7 @@
 # spelling of NAME.ir.err. Prints them, space-separated.
 golden_stages() {
     local st out=""
-    for st in tokens ast ir grad update plan fused kernels cuda list; do
+    for st in tokens ast ir grad update schedule plan fused kernels cuda list; do
         if [ -f "tests/golden/$1.$st" ] || [ -f "tests/golden/$1.$st.err" ] || { [ "$st" = ir ] && [ -f "tests/golden/$1.err" ]; }; then
             out="$out $st"
         fi
