@@ -5,9 +5,8 @@
  * consumes and prints it, -o runs them up to `object`, --check up to `check`, --verify-step up to
  * `update` (verify_step.c), --dump-dir every printable stage. A stage runs at most once a run; its
  * result stays in the Pipeline for the stages after it, so nothing is computed twice: the program
- * is parsed by `ast` and checked by `check` once. (The batch-1 forward that host_schedules builds
- * for generation still comes from a second parse, since sema checks a module once.) `mbtc
- * --emit=list` prints the table. */
+ * is parsed by `ast` and checked by `check` once (sema builds the step, update and batch-1
+ * forward graphs in that one walk). `mbtc --emit=list` prints the table. */
 #ifndef MBT_PIPELINE_H
 #define MBT_PIPELINE_H
 #include <stdint.h>

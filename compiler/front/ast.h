@@ -1,6 +1,6 @@
-/* ast.h - the abstract syntax tree built by the lemon parser (grammar/mbt.y).
+/* ast.h - the abstract syntax tree built by the lemon parser (compiler/front/mbt.y).
  *
- * Pipeline position: grammar/lexer.re -> grammar/mbt.y -> [AST] -> sema.
+ * Pipeline position: compiler/front/lexer.re -> compiler/front/mbt.y -> [AST] -> sema.
  * Every node carries the Span of the source it came from. One struct serves every kind; the
  * table below says which fields each kind uses (unused fields are zero). Names are slices into
  * the source text (no copies); string literals are unescaped into the arena. */

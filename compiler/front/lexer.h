@@ -1,4 +1,4 @@
-/* lexer.h - the re2c lexer's interface (grammar/lexer.re).
+/* lexer.h - the re2c lexer's interface (compiler/front/lexer.re).
  *
  * Tokens carry the lemon grammar's own codes (TK_* from build/mbt.h) and a Span into the source:
  * no copying. Newlines become TK_SEMI where a statement can end (see docs/language.md, "Lexical

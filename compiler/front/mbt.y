@@ -1,4 +1,4 @@
-/* mbt.y - the lemon grammar of the .mbt language: tokens (from grammar/lexer.re) -> AST.
+/* mbt.y - the lemon grammar of the .mbt language: tokens (from compiler/front/lexer.re) -> AST.
  *
  * Pipeline position: lexer -> [parser] -> sema. docs/language.md is the reference this grammar
  * implements. Statements end with TK_SEMI, which the lexer inserts at line ends and before '}'.

@@ -1,5 +1,5 @@
-/* parse.h - the front end's entry points: source text -> tokens (grammar/lexer.re) -> AST
- * (grammar/mbt.y). Syntax errors are reported through diag; the parser recovers at the next
+/* parse.h - the front end's entry points: source text -> tokens (compiler/front/lexer.re) -> AST
+ * (compiler/front/mbt.y). Syntax errors are reported through diag; the parser recovers at the next
  * declaration so one run reports the errors of several declarations. */
 #ifndef MBT_PARSE_H
 #define MBT_PARSE_H

@@ -8,7 +8,7 @@
 #include "lexer.h"
 
 #define PARSE_MAX_DEPTH 1000   /* deepest expression tree accepted */
-#define PARSE_STACK_DEPTH 2000 /* the parser's stack (grammar/mbt.y %stack_size) */
+#define PARSE_STACK_DEPTH 2000 /* the parser's stack (compiler/front/mbt.y %stack_size) */
 
 typedef struct ParseCtx {
     Arena *ar;

@@ -1,7 +1,7 @@
 /* fuse.c - fusion's result: the launches of the partition (fuse_partition.c) with their buffers
  * and lives and their kernels (fuse_codegen.c), checked and printed as `mbtc --emit=kernels`.
  *
- * Pipeline position: graph -> autodiff -> plan -> [fuse: fuse_lower.c -> fuse_partition.c ->
+ * Pipeline position: graph -> autodiff -> [fuse: fuse_lower.c -> fuse_partition.c ->
  * this file, fuse_codegen.c] -> kernel IR (kir.h) -> back ends (cpu, cuda). The memory planner
  * takes the buffers' (bytes, first launch, last launch). The rules of the partition are in
  * fuse_partition.c's first comment and docs/architecture.md. */

@@ -1,7 +1,7 @@
 /* fuse.h - fusion: a graph lowered to the fused IR, then partitioned into launches (library GEMMs
  * and generated kernels) with the buffers the launches read and write.
  *
- * Pipeline position: graph -> autodiff -> plan -> [fuse: fused IR -> launches] -> kernel IR
+ * Pipeline position: graph -> autodiff -> [fuse: fused IR -> launches] -> kernel IR
  * (kir.h) -> back ends. Two stages: fuse_lower_graph makes the fused IR (FusedGraph: primitive,
  * hash-consed nodes, `mbtc --emit=fused`), fuse_codegen partitions it into launches and writes
  * their kernels (FuseResult, `mbtc --emit=kernels`); fuse_graph is the two in one.

@@ -1,7 +1,7 @@
 /* fuse_lower.c - the first step of fusion: the graph IR rewritten into primitive, hash-consed
  * nodes (FNode, see fuse_internal.h) that the partition (fuse_partition.c) groups into kernels.
  *
- * Pipeline position: graph -> autodiff -> plan -> fuse: [fuse_lower: the fused IR] -> partition ->
+ * Pipeline position: graph -> autodiff -> fuse: [fuse_lower: the fused IR] -> partition ->
  * fuse_codegen -> kernel IR. Every composite op becomes maps and reductions in the order of
  * operations of the reference evaluator (ref.c, ref_bwd.c), so that a fused kernel computes the
  * same numbers up to the order of its sums: softmax is max, exp(x - max), sum, divide;

@@ -2,7 +2,7 @@
  * into launches, merged and put in order. fuse.c then gives the launches their buffers and
  * kernels (fuse_codegen.c).
  *
- * Pipeline position: graph -> autodiff -> plan -> fuse: fuse_lower -> [partition] ->
+ * Pipeline position: graph -> autodiff -> fuse: fuse_lower -> [partition] ->
  * fuse_codegen -> kernel IR (kir.h) -> back ends (cpu, cuda).
  *
  * The fused graph holds primitive, hash-consed nodes: maps, views, reductions, GEMMs, dedicated

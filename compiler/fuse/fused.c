@@ -1,7 +1,7 @@
 /* fused.c - the fused IR as a stage of its own: its printer (`mbtc --emit=fused`) and its
  * verifier.
  *
- * Pipeline position: graph -> autodiff -> plan -> fuse: fuse_lower.c -> [the fused IR] ->
+ * Pipeline position: graph -> autodiff -> fuse: fuse_lower.c -> [the fused IR] ->
  * partition (fuse_partition.c) -> kernels (fuse.c, fuse_codegen.c) -> kernel IR. The nodes are
  * described in fuse_internal.h; a line of the listing reads
  *   f12 = map mul f7, f11 : f32[4, 16]          # %21 layernorm  tiny.mbt:12:5

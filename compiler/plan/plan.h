@@ -7,9 +7,9 @@
  * The step program (one per distinct accumulation count: a batch-size ramp has one per stage):
  *     for k in 0 .. accumulation-1:         each micro-batch
  *         load     data.x, data.y <- micro-batch k, into the input region
- *         run      the step graph: forward, then backward seeded with d loss = loss_scale
- *                  = 1 / (accumulation x data); every micro-batch adds its gradients into the
- *                  gradient region (the runtime zeroes it after each update)
+ *         run      the step graph: forward, then backward seeded with d loss = 1; every
+ *                  micro-batch adds loss_scale = 1 / (accumulation x data) times its gradients
+ *                  into the gradient region (the runtime zeroes it after each update)
  *         loss     the reported loss += loss_scale x this micro-batch's loss
  *     allreduce    (data > 1) sum the gradient region and the loss over the data ranks
  *     clip         (clip > 0) scale = min(1, clip / (||gradients||_2 + 1e-6)); gradients *= scale
@@ -17,8 +17,8 @@
  *     update       the update graph over the parameter, gradient and state regions
  * Each micro-batch's loss is its own mean (cross_entropy is a mean over its tokens); scaling it by
  * 1 / (accumulation x data) makes the summed gradient the gradient of the mean over the global
- * batch. The scale enters as the seed of the backward (the G_CONST 1.0 autodiff puts at the loss),
- * so the graph stays the same for every program; only the seed and the loop count differ.
+ * batch. The scale enters where forward_backward adds the gradient buffers into the gradient
+ * region, so the graph stays the same for every program; only the scale and the loop count differ.
  *
  * The memory plan, made after fusion from the fused schedules' buffers, assigns every address the
  * executable uses. Parameters, gradients and optimizer state each live in one contiguous region
@@ -184,7 +184,7 @@ typedef struct PlanMemory {
 
 typedef enum PlanOpKind {
     PO_LOAD,      /* per micro-batch: its data.x, data.y into the input region */
-    PO_RUN,       /* per micro-batch: the step graph, backward seeded with d loss = loss_scale */
+    PO_RUN,       /* per micro-batch: the step graph, backward seeded with d loss = 1 */
     PO_LOSS,      /* per micro-batch: reported loss += loss_scale x the micro-batch's loss */
     PO_ALLREDUCE, /* sum the gradient region and the loss over the data ranks */
     PO_CLIP,      /* global-norm clipping of the gradient region */

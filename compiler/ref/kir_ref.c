@@ -1,7 +1,7 @@
 /* kir_ref.c - the kernel IR interpreter (kir_ref.h): kernels instruction by instruction, GEMMs by a
  * naive triple loop, in double precision.
  *
- * Pipeline position: beside the back ends, not in the build path. The tests run a fused schedule
+ * Pipeline position: beside the back ends: an oracle, not a stage of what -o builds (mbtc links ref.c only for --verify-step). The tests run a fused schedule
  * here and compare it with the reference evaluator (ref.c) on the unfused graph; a future CPU
  * back end is compared with this. Semantics are kir.h's: floats in double (no rounding to f32),
  * integer arithmetic in 64 bits (i32 results wrapped to 32), u64 wrapping, NumPy's remainder,

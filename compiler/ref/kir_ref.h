@@ -1,6 +1,6 @@
 /* kir_ref.h - the kernel IR interpreter: runs kernels and whole schedules in double precision.
  *
- * Pipeline position: beside the back ends, not in the build path (like ref.h). It is how the tests
+ * Pipeline position: beside the back ends: an oracle, not a stage of what -o builds (like ref.h). It is how the tests
  * hold every fused kernel to the unfused graph: run the schedule fuse_graph made (GEMMs by a naive
  * triple loop, kernels instruction by instruction) and compare each buffer with what ref_run
  * computes for the node it holds. Plain C, no tricks: every float is a double, integers and bools

@@ -1,6 +1,6 @@
 /* ref.c - the reference evaluator: every forward op of the graph IR in double precision.
  *
- * Pipeline position: beside the back ends, never in the build path (see ref.h). Everything the
+ * Pipeline position: beside the back ends: the oracle, not a stage of what -o builds (see ref.h). Everything the
  * compiler produces later - gradients (against finite differences), fused kernels, the CPU and
  * CUDA back ends - is tested against the numbers this file computes, so it is written for
  * obvious correctness: one straight loop nest per op, the semantics of graph.h taken literally,

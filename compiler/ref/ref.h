@@ -1,6 +1,6 @@
 /* ref.h - the reference evaluator: runs a graph op by op in double precision on the CPU.
  *
- * Pipeline position: beside the back ends, not in the build path. It is the oracle the tests
+ * Pipeline position: beside the back ends: an oracle, not a stage of what -o builds (mbtc links ref.c only for --verify-step). It is the oracle the tests
  * hold everything against: gradients against finite differences, fused kernels against the
  * unfused graph, the CPU and CUDA back ends against it. Plain loops, no tricks: correctness and
  * readability over speed. Integer tensors (token ids, indices) are held as doubles (exact below

@@ -1,5 +1,5 @@
 /* cuda.c - the CUDA back end's code generator (cuda.h): one Kernel -> one readable `extern "C"
- * __global__` CUDA C function, in one pass over the KIR like compiler/cpu.c (after a scan that
+ * __global__` CUDA C function, in one pass over the KIR like compiler/backend/cpu/cpu.c (after a scan that
  * decides the launch geometry).
  *
  * Pipeline position: fuse -> kir -> [cuda] -> nvrtc (PTX, cubin) -> the executable.
