@@ -345,8 +345,22 @@ static int print_program(Pipeline *p, FILE *out) {
     return 0;
 }
 
+/* A serve block is checked but not compiled: say so where -o would otherwise drop it silently. */
+static void warn_serve_blocks(Pipeline *p) {
+    const Node *prog = p->main_mod ? p->main_mod->ast : NULL;
+    for (int i = 0; prog && i < prog->list.n; i++) {
+        const Node *d = prog->list.v[i];
+        if (d && d->kind == N_SERVE)
+            diag_warning(d->span,
+                         "serve block '%.*s' is not compiled into the executable: serving is not implemented yet, "
+                         "so its batch, kv, sampling and port settings are not carried out",
+                         STR_ARG(d->name));
+    }
+}
+
 static int run_object(Pipeline *p) {
     if (host_refuses(p->tb) || need_schedules(p)) return 1;
+    warn_serve_blocks(p);
     HostCuda hc = {p->o.archs, p->o.narch};
     return host_compile(p->tb, p->plan, &p->hs, p->o.input, p->o.output, NULL, &hc, p->ar);
 }

@@ -257,7 +257,50 @@ static void print_program(Host *h, FILE *out, const Sched *const *scheds, const 
 
 /* ---- the driver ---------------------------------------------------------------------------------- */
 
+/* The settings that executables do not carry out yet (the plan's notes say the same): each is an
+ * error at its value, until the issue that implements it lands. Returns the number refused. */
+static int refuse_settings(const TrainConfig *ts) {
+    static const char *const par[4] = {"tensor", "pipeline", "sequence", "expert"};
+    static const char *const storage[] = {"none", "host", "nvme"};
+    const int64_t deg[4] = {ts->tensor_par, ts->pipeline_par, ts->sequence_par, ts->expert_par};
+    int n = 0;
+    for (int i = 0; i < 4; i++)
+        if (deg[i] > 1) {
+            diag_error(ts->par_at[i],
+                       "parallel.%s = %lld is not carried out by executables yet: each rank would hold the whole model", par[i],
+                       (long long)deg[i]);
+            n++;
+        }
+    if (ts->zero > 0) {
+        diag_error(ts->zero_at,
+                   "parallel.zero = %lld is not carried out by executables yet: every rank would hold all of the "
+                   "optimizer state and gradients",
+                   (long long)ts->zero);
+        n++;
+    }
+    if (ts->recompute) {
+        diag_error(ts->recompute_at,
+                   "recompute is not carried out by executables yet: the step keeps every activation for the backward");
+        n++;
+    }
+    const Storage off[2] = {ts->offload_activations, ts->offload_optimizer};
+    static const char *const what[2] = {"activations", "optimizer"};
+    for (int i = 0; i < 2; i++)
+        if (off[i] != STORE_NONE && (int)off[i] < 3) {
+            diag_error(ts->offload_at[i],
+                       "offload.%s = %s is not carried out by executables yet: it stays in the device's memory", what[i],
+                       storage[off[i]]);
+            n++;
+        }
+    if (n)
+        diag_hint("executables carry out parallel { data = N } and no other parallelism, recompute or offload; remove %s to "
+                  "build (--check and --emit=plan accept %s)",
+                  n == 1 ? "it" : "them", n == 1 ? "it" : "them");
+    return n;
+}
+
 int host_refuses(const TrainBuild *tb) {
+    if (refuse_settings(tb->config)) return 1;
     /* Dropout's mask is keyed by its stream number alone (graph_build.c), so a compiled step would
      * draw the same mask every step and micro-batch: refused until the key carries the seed, step
      * and micro-batch. */

@@ -88,8 +88,9 @@ void sema_gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at) {
 
 /* ---- the build ---- */
 
-/* The train block of main named train_name (the first when NULL); NULL after reporting why not. */
-static const Node *find_train(Module *main, const char *train_name, Arena *ar) {
+/* The train block of main named train_name (the first when NULL); NULL after reporting why not:
+ * the program's own errors first (a missing import, ...), then the missing block. */
+static const Node *find_train(Loader *ld, Module *main, const char *train_name, Arena *ar) {
     const Node *want = NULL;
     const char *names = "";
     int ntrain = 0;
@@ -100,9 +101,16 @@ static const Node *find_train(Module *main, const char *train_name, Arena *ar) {
         if (!want && (!train_name || str_eqc(d->name, train_name))) want = d;
     }
     if (want) return want;
+    if (sema_check(ld, main) != 0) return NULL;
     if (!ntrain) {
         diag_error_noloc("'%s' has no train block: there is no training step to build", main->path);
         diag_hint("add one: train NAME { model = ..., data = ..., loss = ..., optimizer = ..., steps = ... }");
+        for (int i = 0; i < main->ast->list.n; i++) {
+            const Node *d = main->ast->list.v[i];
+            if (d && d->kind == N_SERVE)
+                diag_note(sema_span_of(d, d->name),
+                          "serve block '%.*s' is checked but not compiled: serving is not implemented yet", STR_ARG(d->name));
+        }
     } else {
         diag_error_noloc("'%s' has no train block named '%s'", main->path, train_name);
         diag_hint("its train block%s: %s", ntrain == 1 ? " is" : "s are", names);
@@ -114,7 +122,7 @@ static const Node *find_train(Module *main, const char *train_name, Arena *ar) {
  * the batch-1 forward too). */
 static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
     if (!main || !main->ast) return NULL;
-    const Node *want = find_train(main, train_name, ar);
+    const Node *want = find_train(ld, main, train_name, ar);
     if (!want) return NULL;
     if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
     GraphBuilder *gb = gb_new(ar, arena_printf(ar, "train %.*s", STR_ARG(want->name)));

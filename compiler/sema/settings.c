@@ -146,7 +146,10 @@ static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int6
             *out = k;
             return 1;
         }
-        sema_error(s, value_span(item), "'%s' must be %s, but it is %lld", key, allowed, (long long)k);
+        if (k > hi && hi == INT32_MAX) /* the implicit limit: say it, `allowed` does not */
+            sema_error(s, value_span(item), "'%s' must be at most %lld (2^31 - 1), but it is %lld", key, (long long)hi,
+                       (long long)k);
+        else sema_error(s, value_span(item), "'%s' must be %s, but it is %lld", key, allowed, (long long)k);
         return 0;
     }
     sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
@@ -525,10 +528,15 @@ static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
         int64_t *deg[5] = {&ts->cfg.data_par, &ts->cfg.tensor_par, &ts->cfg.pipeline_par, &ts->cfg.sequence_par,
                            &ts->cfg.expert_par};
         for (int i = 0; i < 5; i++)
-            if (p[i])
+            if (p[i]) {
                 (void)get_int(f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
                               "a positive integer", deg[i]);
-        if (p[P_ZERO]) (void)get_int(f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->cfg.zero);
+                if (i > 0) ts->cfg.par_at[i - 1] = value_span(p[i]);
+            }
+        if (p[P_ZERO]) {
+            (void)get_int(f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->cfg.zero);
+            ts->cfg.zero_at = value_span(p[P_ZERO]);
+        }
         int sched;
         static const char *const scheds[] = {"1f1b", "gpipe"};
         if (p[P_SCHEDULE] && get_choice_string(f, p[P_SCHEDULE], "parallel.schedule", scheds, 2, &sched))
@@ -604,15 +612,22 @@ static void check_train_rest(Frame *f, const Node *const *k, TrainSettings *ts) 
     Sema *s = f->s;
     unsigned sub_present = 0;
     int which;
-    if (k[T_RECOMPUTE]) check_recompute(f, k[T_RECOMPUTE], ts);
+    if (k[T_RECOMPUTE]) {
+        check_recompute(f, k[T_RECOMPUTE], ts);
+        ts->cfg.recompute_at = value_span(k[T_RECOMPUTE]);
+    }
 
     if (k[T_OFFLOAD]) {
         const Node *o[O_NKEYS] = {0};
         gather(s, &k[T_OFFLOAD]->list, offload_keys, O_NKEYS, "'offload'", o, &sub_present);
-        if (o[O_ACTIVATIONS] && get_ident(f, o[O_ACTIVATIONS], "offload.activations", storage_names, 3, &which))
+        if (o[O_ACTIVATIONS] && get_ident(f, o[O_ACTIVATIONS], "offload.activations", storage_names, 3, &which)) {
             ts->cfg.offload_activations = (Storage)which;
-        if (o[O_OPTIMIZER] && get_ident(f, o[O_OPTIMIZER], "offload.optimizer", storage_names, 3, &which))
+            ts->cfg.offload_at[0] = value_span(o[O_ACTIVATIONS]);
+        }
+        if (o[O_OPTIMIZER] && get_ident(f, o[O_OPTIMIZER], "offload.optimizer", storage_names, 3, &which)) {
             ts->cfg.offload_optimizer = (Storage)which;
+            ts->cfg.offload_at[1] = value_span(o[O_OPTIMIZER]);
+        }
     }
 
     if (k[T_CHECKPOINT]) {

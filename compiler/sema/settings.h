@@ -43,6 +43,10 @@ typedef struct TrainConfig {
     RampStep *ramp;
     int nramp;
     int64_t data_par, tensor_par, pipeline_par, sequence_par, expert_par, zero;
+    /* the values of the settings that executables do not carry out yet (host_refuses points at
+     * them): parallel.tensor, pipeline, sequence, expert and zero, recompute, offload.activations
+     * and offload.optimizer; len 0 where the setting is not given */
+    Span par_at[4], zero_at, recompute_at, offload_at[2];
     PipeSchedule schedule;
     int64_t blocks; /* length of the model's longest list of sub-models */
     Precision precision;
