@@ -119,6 +119,15 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             return 0;
+        } else if (i + 1 == argc && (strcmp(a, "-o") == 0 || strcmp(a, "--verify-step") == 0 || strcmp(a, "--cuda-arch") == 0 ||
+                                     strcmp(a, "--dump-dir") == 0 || strcmp(a, "-I") == 0)) {
+            static const char *const what[][2] = {
+                {"-o", "FILE"}, {"--verify-step", "DUMP"}, {"--cuda-arch", "LIST"}, {"--dump-dir", "DIR"}, {"-I", "DIR"}};
+            for (size_t w = 0; w < sizeof what / sizeof *what; w++)
+                if (strcmp(a, what[w][0]) == 0) diag_error_noloc("%s needs a %s after it", a, what[w][1]);
+            if (strcmp(a, "-o") == 0) diag_hint("for example: mbtc prog.mbt -o prog (builds the executable 'prog')");
+            else diag_hint("run 'mbtc --help' for the options");
+            return 1;
         } else if (a[0] == '-' && a[1]) {
             diag_error_noloc("unknown option '%s'", a);
             diag_hint("run 'mbtc --help' for the options");

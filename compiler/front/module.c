@@ -105,6 +105,22 @@ static const char *dir_of(Arena *ar, const char *path) {
     return slash ? arena_strndup(ar, path, (size_t)(slash - path)) : ".";
 }
 
+const char *loader_find(Loader *ld, const char *from_path, Str name) {
+    char *cname = arena_strndup(ld->ar, name.p, name.len);
+    for (int i = 0; i < ld->modules.n; i++) {
+        Module *m = ld->modules.v[i];
+        if (strcmp(m->name, cname) == 0 && strcmp(m->path, from_path) != 0) return m->path;
+    }
+    for (int i = 0; i < ld->ndirs + 1; i++) {
+        const char *dir = i == 0 ? dir_of(ld->ar, from_path) : ld->dirs[i - 1];
+        char *path =
+            strcmp(dir, ".") == 0 ? arena_printf(ld->ar, "%s.mbt", cname) : arena_printf(ld->ar, "%s/%s.mbt", dir, cname);
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && strcmp(path, from_path) != 0) return path;
+    }
+    return NULL;
+}
+
 Module *loader_import(Loader *ld, Module *from, Str name, Span at) {
     char *cname = arena_strndup(ld->ar, name.p, name.len);
     /* Already loaded under this name? */

@@ -34,6 +34,9 @@ void loader_init(Loader *ld, Arena *ar, const char **incdirs, int nincdirs, cons
 Module *loader_main(Loader *ld, const char *path);
 /* Resolves `import name` written in `from` at `at`; NULL (with an error) if not found. */
 Module *loader_import(Loader *ld, Module *from, Str name, Span at);
+/* The file `import name` written in the file from_path would load, without loading it (NULL:
+ * none): for the checker's "add `import nn`" hint. */
+const char *loader_find(Loader *ld, const char *from_path, Str name);
 /* Reads a whole file into memory, refusing directories and files over 256 MiB. Returns NULL and
  * sets *why to a message when it cannot. */
 char *loader_read_file(Arena *ar, const char *path, uint32_t *len, const char **why);

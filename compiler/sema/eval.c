@@ -178,8 +178,23 @@ const char *type_text(Sema *s, const Node *ty) {
     return arena_printf(s->ar, "%s]", out);
 }
 
+/* The path of the module `import name` would load in the file of span at, or NULL. */
+static const char *importable(Sema *s, Span at, Str name) {
+    if (!s->ld || at.file == 0 || !name.len) return NULL;
+    for (int i = 0; i < s->ld->modules.n; i++) {
+        const Module *m = s->ld->modules.v[i];
+        if (m->file == at.file) return loader_find(s->ld, m->path, name);
+    }
+    return NULL;
+}
+
 static void unknown_name(Sema *s, Scope *sc, const Node *n) {
     if (sema_error(s, n->span, "unknown name '%.*s'", STR_ARG(n->name))) {
+        const char *path = importable(s, n->span, n->name);
+        if (path) {
+            sema_hint(s, "'%.*s' is a module: add `import %.*s` at the top of the file", STR_ARG(n->name), STR_ARG(n->name));
+            return;
+        }
         Suggest g;
         suggest_init(&g, n->name);
         suggest_scope(&g, sc, 1);
@@ -393,6 +408,24 @@ static int all_digits(Str x) {
     return 1;
 }
 
+/* hint: "'nn' has 9 members: Linear, Embedding, ..." (the first 24, in declaration order). */
+static void member_list_hint(Sema *s, const char *what, Scope *members, const char *const *extra, int nextra) {
+    enum { SHOWN = 24 };
+    const char *list = "";
+    int n = 0;
+    for (int i = 0; i < nextra; i++, n++) list = arena_printf(s->ar, "%s%s%s", list, n ? ", " : "", extra[i]);
+    for (int i = 0; members && i < members->n; i++) {
+        const Entry *e = &members->e[i];
+        if (e->kind == ENT_BLOCK || e->kind == ENT_IMPORT || !e->name.len) continue;
+        if (n < SHOWN) list = arena_printf(s->ar, "%s%s%.*s", list, n ? ", " : "", STR_ARG(e->name));
+        n++;
+    }
+    if (n == 0) sema_hint(s, "'%s' has no members", what);
+    else
+        sema_hint(s, "'%s' has %d member%s: %s%s", what, n, n == 1 ? "" : "s", list,
+                  n > SHOWN ? arena_printf(s->ar, ", ... (%d more)", n - SHOWN) : "");
+}
+
 static Value *no_member(Sema *s, const Node *n, Scope *members, const char *const *extra, int nextra) {
     if (sema_error(s, sema_span_of(n, n->name), "'%s' has no member '%.*s'", diag_span_text(s->ar, n->a->span),
                    STR_ARG(n->name))) {
@@ -400,7 +433,8 @@ static Value *no_member(Sema *s, const Node *n, Scope *members, const char *cons
         suggest_init(&g, n->name);
         if (members) suggest_scope(&g, members, 0);
         for (int i = 0; i < nextra; i++) suggest_try(&g, extra[i], (uint32_t)strlen(extra[i]));
-        sema_hint_suggest(s, &g);
+        if (g.pick) sema_hint_suggest(s, &g);
+        else if (members || nextra) member_list_hint(s, diag_span_text(s->ar, n->a->span), members, extra, nextra);
     }
     return unknown_at(s, n->span);
 }

@@ -4,6 +4,7 @@
  *
  * Pipeline position: AST -> [sema: eval.c evaluates expressions and statements, this file the
  * calls they make] -> graph IR (the hooks marked "graph builder hook"). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -158,8 +159,45 @@ static int hyper_ok(const Value *v, int depth) {
     return 0;
 }
 
-static Value *check_hyper(Sema *s, const Node *p, Value *v, Span at, const char *opt) {
-    if (hyper_ok(v, 0)) return v;
+/* The range of a hyper-parameter, by its name: `lr` in every optimizer (the train block's schedule
+ * scales it: the learning rate), the others in the stdlib's (optim.mbt, as in PyTorch). */
+typedef struct HyperRange {
+    const char *name;
+    double lo, hi; /* lo <= x < hi, or lo < x when lo_open */
+    int lo_open, std_only;
+    const char *allowed;
+} HyperRange;
+
+static const HyperRange hyper_ranges[] = {
+    {"lr", 0, INFINITY, 1, 0, "a positive number (the learning rate)"},
+    {"betas", 0, 1, 0, 1, "a pair of numbers in [0, 1)"},
+    {"momentum", 0, 1, 0, 1, "a number in [0, 1)"},
+    {"eps", 0, INFINITY, 1, 1, "a positive number"},
+    {"weight_decay", 0, INFINITY, 0, 1, "zero or a positive number"},
+};
+
+static int hyper_in(const HyperRange *r, double x) { return x == x && (r->lo_open ? x > r->lo : x >= r->lo) && x < r->hi; }
+
+/* 0 after reporting a known value out of its range. */
+static int hyper_range_ok(Sema *s, const Node *p, const Value *v, Span at, const char *opt, int std) {
+    for (size_t i = 0; i < sizeof hyper_ranges / sizeof *hyper_ranges; i++) {
+        const HyperRange *r = &hyper_ranges[i];
+        if (!str_eqc(p->name, r->name) || (r->std_only && !std)) continue;
+        const Value *const *items = v->kind == V_TUPLE ? (const Value *const *)v->items : &v;
+        int n = v->kind == V_TUPLE ? v->n : 1;
+        for (int j = 0; j < n; j++) {
+            double x;
+            if (!items[j] || !value_number(items[j], &x) || hyper_in(r, x)) continue;
+            sema_error(s, at, "hyper-parameter '%s' of '%s' must be %s, but it is %s", r->name, opt, r->allowed,
+                       diag_span_text(s->ar, at));
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static Value *check_hyper(Sema *s, const Node *p, Value *v, Span at, const char *opt, int std) {
+    if (hyper_ok(v, 0)) return hyper_range_ok(s, p, v, at, opt, std) ? v : unknown_at(s, at);
     sema_error(s, at, "hyper-parameter '%.*s' of '%s' must be a number or a tuple of numbers, but it is %s", STR_ARG(p->name),
                opt, value_describe(s->ar, v));
     return unknown_at(s, at);
@@ -396,14 +434,15 @@ static Value *bind_optimizer(Sema *s, Value *defv, Call *c) {
     Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
     Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
     int ok = bind_args(s, c, &o->list, 0, oname, o, vals, at);
+    int std = defv->scope && defv->scope->module && strcmp(defv->scope->module->name, "optim") == 0;
     Scope *os = scope_new(s, defv->scope, SC_OPTIMIZER, oname, NULL);
     Frame df = frame_make(s, FR_EXPR, os, 0);
     for (int i = 0; i < np; i++) {
         const Node *p = o->list.v[i];
         if (!p) continue;
         Value *v = vals[i];
-        if (v) v = check_hyper(s, p, v, at[i], oname);
-        else if (p->a) v = check_hyper(s, p, eval_expr(&df, p->a), p->a->span, oname);
+        if (v) v = check_hyper(s, p, v, at[i], oname, std);
+        else if (p->a) v = check_hyper(s, p, eval_expr(&df, p->a), p->a->span, oname, std);
         else {
             missing_arg(s, c->a.at, p, oname);
             v = unknown_at(s, c->a.at);
@@ -566,11 +605,12 @@ void eval_check_optimizer(Sema *s, const Node *o) {
     const char *oname = sema_cstr(s, o->name);
     check_param_list(s, &o->list);
     Scope *os = scope_new(s, inf->defscope, SC_OPTIMIZER, oname, inf->module);
+    int std = inf->module && strcmp(inf->module->name, "optim") == 0;
     Frame df = frame_make(s, FR_EXPR, os, 1);
     for (int i = 0; i < o->list.n; i++) {
         const Node *p = o->list.v[i];
         if (!p) continue;
-        if (p->a) (void)check_hyper(s, p, eval_expr(&df, p->a), p->a->span, oname);
+        if (p->a) (void)check_hyper(s, p, eval_expr(&df, p->a), p->a->span, oname, std);
         scope_define(s, os, p->name, generic_const(s, &df, p, os, 1), ENT_CONST, p->span);
     }
     define_member_fns(s, o, os);
