@@ -59,6 +59,13 @@ int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, 
     return c[k - 1].id; /* u * total rounded up to the sum */
 }
 
+/* The index of the first NaN or infinite logit, or -1. */
+static int64_t rt_first_nonfinite(const float *logits, int64_t vocab) {
+    for (int64_t i = 0; i < vocab; i++)
+        if (!isfinite(logits[i])) return i;
+    return -1;
+}
+
 /* ---- the command -------------------------------------------------------------------------------- */
 
 /* forward_logits on the last T tokens of ctx[0, len), left-aligned, zeros after them. */
@@ -126,6 +133,14 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
         st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
         if (st != RT_OK) {
             rt_error_context(&e, "generating token %lld", (long long)(i + 1));
+            goto done;
+        }
+        int64_t bad = rt_first_nonfinite(logits, V);
+        if (bad >= 0) { /* NaN or Inf weights: no token is a choice, and token 0 would be printed for ever */
+            st = rt_fail(&e, RT_ERR_ARG,
+                         "generating token %lld: logit %lld is %g (not finite): the weights '%s' hold NaN or Inf values, "
+                         "or the model overflows on this prompt",
+                         (long long)(i + 1), (long long)bad, (double)logits[bad], weights);
             goto done;
         }
         double u = rt_rng_f64(&rng); /* drawn for every token, so greedy and sampled runs stay aligned */
