@@ -17,7 +17,9 @@
  * is copied); what attention and topk read, past pure views (a slice/reshape/transpose of the
  * qkv projection is index arithmetic in the attention kernel); a map read by more than one
  * kernel, unless it is one element (a scalar is recomputed where needed) or cheap to recompute
- * (FZ_REMAT_OPS); a reduction or dedicated result read by another launch.
+ * (FZ_REMAT_OPS); a reduction or dedicated result read by another launch; every FZ_MAX_INLINE_DEPTH-th
+ * op of a long chain of inline ops (fz_bound_inline_depth: the code generator recurses over a
+ * kernel's inline chain).
  * A GEMM's bias gradient (F_GEMM_BGRAD: its B's column sums, fuse_lower.c) is pinned to the GEMM:
  * one launch, the library's epilogue.
  * Each anchored and each materialised inline node starts as a launch of its own; launches then
