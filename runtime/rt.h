@@ -66,6 +66,11 @@ const char *rt_status_name(RtStatus s); /* "ok", "i/o error", "bad format", ... 
 
 /* ==== files (rt_file.c) ======================================================================= */
 
+/* Opens a regular file to read: a FIFO, a device or a directory is refused with a message before
+ * anything reads it (opened with O_NONBLOCK, so that a FIFO with no writer cannot block the open;
+ * the flag is cleared again). *fd and *size (its size now) on success; `what` names it in messages. */
+RtStatus rt_open_regular(const char *path, const char *what, int *fd, int64_t *size, RtError *err);
+
 /* A whole file mapped read-only (PROT_READ, MAP_PRIVATE); an empty file has data NULL, size 0. */
 typedef struct RtMap {
     const unsigned char *data;

@@ -27,6 +27,7 @@ typedef struct CG {
     Kernel *k;
     KBuilder *b;
     const char *why;          /* the first failure (trial mode) */
+    int depth;                /* cg_value's recursion depth */
     int red;                  /* a reduction kernel */
     int *acc;                 /* [n] a reduce member's accumulator */
     unsigned char *done;      /* [n] its loop has ended */

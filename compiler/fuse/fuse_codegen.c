@@ -374,6 +374,11 @@ static int cg_compute(CG *g, const FNode *n, KIdx *ix) {
     }
 }
 
+/* cg_value's recursion: 1024 levels are about half a megabyte of stack. fuse_partition.c keeps
+ * every kernel's own inline chains within FZ_MAX_INLINE_DEPTH (256); a merge trial that would nest
+ * deeper is refused, and the kernels stay apart. */
+#define CG_MAX_DEPTH 1024
+
 int cg_value(CG *g, int f, KIdx *ix) {
     const FNode *n = cg_n(g, f);
     if (g->why) return cg_refused_value(g, n);
@@ -386,7 +391,13 @@ int cg_value(CG *g, int f, KIdx *ix) {
     int key = ix_flat(g, ix);
     int m = kb_memo_get(g->b, f, key);
     if (m >= 0) return m;
+    if (computed && g->depth >= CG_MAX_DEPTH) { /* a merge trial refused; the partition bounds a kernel's own */
+        cg_fail(g, "the values computed inline nest too deeply");
+        return cg_refused_value(g, n);
+    }
+    g->depth++;
     int v = computed ? cg_compute(g, n, ix) : cg_load(g, f, ix);
+    g->depth--;
     kb_memo_put(g->b, f, key, v);
     return v;
 }

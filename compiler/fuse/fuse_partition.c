@@ -17,7 +17,9 @@
  * is copied); what attention and topk read, past pure views (a slice/reshape/transpose of the
  * qkv projection is index arithmetic in the attention kernel); a map read by more than one
  * kernel, unless it is one element (a scalar is recomputed where needed) or cheap to recompute
- * (FZ_REMAT_OPS); a reduction or dedicated result read by another launch.
+ * (FZ_REMAT_OPS); a reduction or dedicated result read by another launch; every FZ_MAX_INLINE_DEPTH-th
+ * op of a long chain of inline ops (fz_bound_inline_depth: the code generator recurses over a
+ * kernel's inline chain).
  * A GEMM's bias gradient (F_GEMM_BGRAD: its B's column sums, fuse_lower.c) is pinned to the GEMM:
  * one launch, the library's epilogue.
  * Each anchored and each materialised inline node starts as a launch of its own; launches then
@@ -515,6 +517,7 @@ static int fz_ancestor(FuseCtx *c, int x, int y) {
  * backward, recomputed from x and the row statistics; a bias add before gelu, from the GEMM's
  * result). Reading two large buffers to save one (a residual sum) is not cheaper: stored. */
 #define FZ_REMAT_OPS 3
+#define FZ_MAX_INLINE_DEPTH 256 /* inline nodes above the nearest buffer (fz_bound_inline_depth) */
 
 /* The arithmetic nodes (maps, dropout, rope) a kernel evaluates to compute f from buffers, or
  * INT32_MAX when that reads more than one buffer of f's size or more. */
@@ -653,6 +656,29 @@ static void fz_force_base(FuseCtx *c, int f, int through_views, int even_const) 
     if (c->cat[f] == FC_INLINE) c->mat[f] = 1;
 }
 
+/* Bounds the chains of inline nodes: a node more than FZ_MAX_INLINE_DEPTH inline nodes above the
+ * nearest buffer (a leaf, an anchored or materialised node) gets a buffer of its own, so that the
+ * code generator's recursion over what a kernel computes inline (fuse_codegen.c's cg_value) stays
+ * shallow however long the program's elementwise chain (x = x + 1 twenty thousand times). Node ids
+ * are topological: every input precedes its user. */
+static void fz_bound_inline_depth(FuseCtx *c) {
+    int *depth = arena_alloc(c->tmp, sizeof(int) * (size_t)c->n);
+    for (int f = 0; f < c->n; f++) {
+        const FNode *x = fz_n(c, f);
+        if (!c->live[f] || c->cat[f] != FC_INLINE || c->mat[f]) continue;
+        int d = 0;
+        for (int i = 0; i < x->nin; i++) {
+            if (x->in[i] >= f) INTERNAL("fuse: node %d reads node %d, which does not precede it", f, x->in[i]);
+            if (depth[x->in[i]] > d) d = depth[x->in[i]];
+        }
+        if (d + 1 > FZ_MAX_INLINE_DEPTH && x->op != F_CONST && x->op != F_IOTA) {
+            c->forced[f] = c->mat[f] = 1; /* forced: never sent back inline when only its own kernel reads it */
+            d = -1;
+        }
+        depth[f] = d + 1;
+    }
+}
+
 static void fz_partition(FuseCtx *c) {
     int n = c->n;
     for (int f = 0; f < n; f++) {
@@ -668,6 +694,7 @@ static void fz_partition(FuseCtx *c) {
             fz_force_base(c, x->in[1], 1, 0);
         }
     }
+    fz_bound_inline_depth(c);
     int *cnt = arena_alloc(c->tmp, sizeof(int) * (size_t)n);
     unsigned char *keep_inline = arena_alloc(c->tmp, (size_t)n); /* shared, but no kernel can own it */
     for (int round = 0;; round++) {

@@ -24,6 +24,7 @@
  * generation, memory-plan or runtime bug shows here; a wrong derivative in autodiff would be in
  * both, and is what the finite-difference tests (tests/unit/test_grad.c) are for. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,12 @@ int verify_step(Pipeline *p, const char *path) {
         diag_error_noloc("step dump '%s' holds micro-batches of %lld x %lld tokens, but this train block's are %lld x %lld", path,
                          (long long)micro, (long long)seq, (long long)g->node[xin]->shape[0],
                          (long long)(g->node[xin]->rank > 1 ? g->node[xin]->shape[1] : 0));
+    int64_t rows = 0, cells = 0, window = micro * seq; /* micro and seq are the graph's here (checked above) */
+    if (!diag_error_count() && (__builtin_mul_overflow(micro, accum, &rows) || __builtin_mul_overflow(rows, seq, &cells) ||
+                                cells > (int64_t)(SIZE_MAX / 2 / sizeof(int32_t))))
+        diag_error_noloc("step dump '%s': mbt.accum = %lld micro-batches of %lld x %lld tokens is more tokens than any dump can "
+                         "hold",
+                         path, (long long)accum, (long long)micro, (long long)seq);
     if ((isnan(loss) || isnan(lr) || isnan(clip)) && accum > 0)
         diag_error_noloc("step dump '%s' lacks mbt.loss, mbt.lr or mbt.clip in its metadata", path);
     if (diag_error_count()) {
@@ -208,13 +215,12 @@ int verify_step(Pipeline *p, const char *path) {
         t = t ? dump_tensor(f, path, arena_printf(ar, "next:%s", p->name), p, 0, 0) : NULL;
         if (t) next[i] = read_doubles(f, t, graph_numel(p), path, ar);
     }
-    int64_t rows = micro * accum, window = micro * seq;
-    int32_t *bx = malloc((size_t)(rows * seq) * sizeof *bx), *by = malloc((size_t)(rows * seq) * sizeof *by);
+    int32_t *bx = malloc((size_t)cells * sizeof *bx), *by = malloc((size_t)cells * sizeof *by);
     if (!diag_error_count()) {
         const RtStTensor *tx = dump_tensor(f, path, "batch:x", NULL, rows, seq);
         const RtStTensor *ty = tx ? dump_tensor(f, path, "batch:y", NULL, rows, seq) : NULL;
-        if (ty && (!bx || !by || rt_st_read_i32(f, tx, bx, rows * seq, &err) != RT_OK ||
-                   rt_st_read_i32(f, ty, by, rows * seq, &err) != RT_OK))
+        if (ty &&
+            (!bx || !by || rt_st_read_i32(f, tx, bx, cells, &err) != RT_OK || rt_st_read_i32(f, ty, by, cells, &err) != RT_OK))
             diag_error_noloc("step dump '%s': %s", path, bx && by ? err.msg : "out of memory");
     }
     rt_st_close(f);

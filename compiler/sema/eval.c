@@ -680,7 +680,16 @@ static Value *eval_expr_inner(Frame *f, const Node *n) {
     Sema *s = f->s;
     switch (n->kind) {
     case N_NAME: return eval_name(f, n);
-    case N_INT: return value_int(s->ar, dim_int(s->ar, n->ival), n->span);
+    case N_INT: {
+        /* integers are exact in 62 bits (dim.c); a larger literal would be an integer not known at
+           compile time, which the graph builder cannot make a constant of */
+        const Dim *d = dim_int(s->ar, n->ival);
+        if (d) return value_int(s->ar, d, n->span);
+        if (sema_error(s, n->span, "integer literal %lld does not fit in 62 bits", (long long)n->ival))
+            sema_hint(s, "integers are below 2^62 = 4611686018427387904 in magnitude; write a larger constant as a float (%.3g)",
+                      (double)n->ival);
+        return value_unknown(s->ar, n->span);
+    }
     case N_FLOAT: return value_float(s->ar, n->fval, 1, n->span);
     case N_STRING: {
         Value *v = value_new(s->ar, V_STRING, n->span);

@@ -196,6 +196,21 @@ static int get_string(Frame *f, const Node *item, const char *key, const char *a
     return 0;
 }
 
+/* A path: a string that is not empty (an empty path names no file; the executable would fail on it, or
+   silently fall back to a default). names: what the path names ("a directory"). */
+static int get_path(Frame *f, const Node *item, const char *key, const char *names, const char **out) {
+    char allowed[96];
+    snprintf(allowed, sizeof allowed, "a string (the path of %s)", names);
+    const char *str;
+    if (!get_string(f, item, key, allowed, &str)) return 0;
+    if (!*str) {
+        sema_error(f->s, value_span(item), "'%s' must not be empty: it is the path of %s", key, names);
+        return 0;
+    }
+    *out = str;
+    return 1;
+}
+
 /* The key as written inside its block: "schedule" for "parallel.schedule". */
 static const char *key_leaf(const char *key) {
     const char *dot = strrchr(key, '.');
@@ -358,7 +373,11 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         ok = 0;
     } else {
         Value *p = eval_expr(f, given[0]);
-        if (p->kind == V_STRING && p->s) ts->cfg.data_glob = p->s;
+        if (p->kind == V_STRING && p->s && !*p->s) {
+            if (sema_error(s, given[0]->span, "the path of 'tokens' must not be empty"))
+                sema_hint(s, "name the token shards: tokens(\"data/train_*.bin\", seq = 1024)");
+            ok = 0;
+        } else if (p->kind == V_STRING && p->s) ts->cfg.data_glob = p->s;
         else if (p->kind != V_UNKNOWN) {
             sema_error(s, given[0]->span, "the path of 'tokens' must be a string, but it is %s", value_describe(s->ar, p));
             ok = 0;
@@ -381,7 +400,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         }
     }
     if (given[2] && !get_bool(f, given[2], "shuffle", &ts->cfg.shuffle)) ok = 0;
-    if (given[3] && !get_string(f, given[3], "val", "a string (the path of the validation shards)", &ts->cfg.val_glob)) ok = 0;
+    if (given[3] && !get_path(f, given[3], "val", "the validation shards", &ts->cfg.val_glob)) ok = 0;
     return ok;
 }
 
@@ -637,7 +656,7 @@ static void check_train_rest(Frame *f, const Node *const *k, TrainSettings *ts) 
         if (!(sub_present & (1u << C_EVERY))) missing_key(s, key_span(k[T_CHECKPOINT]), "'checkpoint'", "every", "every = 1000");
         else if (c[C_EVERY])
             (void)get_int(f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->cfg.ckpt_every);
-        if (c[C_DIR]) (void)get_string(f, c[C_DIR], "checkpoint.dir", "a string (a directory)", &ts->cfg.ckpt_dir);
+        if (c[C_DIR]) (void)get_path(f, c[C_DIR], "checkpoint.dir", "a directory", &ts->cfg.ckpt_dir);
         if (c[C_KEEP]) (void)get_int(f, c[C_KEEP], "checkpoint.keep", 1, INT32_MAX, "a positive integer", &ts->cfg.ckpt_keep);
         static const char *const on_error[] = {"stop", "continue"};
         if (c[C_ON_ERROR] && get_choice_string(f, c[C_ON_ERROR], "checkpoint.on_error", on_error, 2, &which))
@@ -844,8 +863,7 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
             sema_error(s, value_span(k[S_MODEL]), "model '%s' has no 'forward' function, so it cannot be served", mname);
         }
     }
-    if (k[S_WEIGHTS])
-        (void)get_string(&f, k[S_WEIGHTS], "weights", "a string (the path of a safetensors file)", &ss->cfg.weights);
+    if (k[S_WEIGHTS]) (void)get_path(&f, k[S_WEIGHTS], "weights", "a safetensors file", &ss->cfg.weights);
 
     if (k[S_BATCH]) {
         const Node *b[SB_NKEYS] = {0};

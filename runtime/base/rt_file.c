@@ -21,26 +21,55 @@
 
 /* ---- mapping ----------------------------------------------------------------------------------- */
 
-RtStatus rt_map_file(RtMap *m, const char *path, const char *what, RtError *err) {
-    m->data = NULL;
-    m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return rt_fail_errno(err, errno, "cannot open %s '%s'", what, path);
+static const char *rt_file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    return "not a regular file";
+}
+
+RtStatus rt_open_regular(const char *path, const char *what, int *fd, int64_t *size, RtError *err) {
+    *fd = -1;
+    *size = 0;
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) return rt_fail_errno(err, errno, "cannot open %s '%s'", what, path);
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(f, &st) != 0) {
         int e = errno;
-        close(fd);
+        close(f);
         return rt_fail_errno(err, e, "cannot stat %s '%s'", what, path);
     }
     if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return rt_fail(err, RT_ERR_FORMAT, "%s '%s' is not a regular file", what, path);
+        close(f);
+        const char *kind = rt_file_kind(st.st_mode);
+        return rt_fail(err, RT_ERR_FORMAT, "%s '%s' is %s%s", what, path, kind,
+                       strcmp(kind, "not a regular file") ? ", not a regular file" : "");
     }
-    if ((uint64_t)st.st_size > (uint64_t)SIZE_MAX) {
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(f);
+        return rt_fail_errno(err, e, "cannot open %s '%s'", what, path);
+    }
+    *fd = f;
+    *size = (int64_t)st.st_size;
+    return RT_OK;
+}
+
+RtStatus rt_map_file(RtMap *m, const char *path, const char *what, RtError *err) {
+    m->data = NULL;
+    m->size = 0;
+    int fd;
+    int64_t fsize;
+    RtStatus rs = rt_open_regular(path, what, &fd, &fsize, err);
+    if (rs != RT_OK) return rs;
+    if ((uint64_t)fsize > (uint64_t)SIZE_MAX) {
         close(fd);
         return rt_fail(err, RT_ERR_FORMAT, "%s '%s' is too large to map", what, path);
     }
-    size_t size = (size_t)st.st_size;
+    size_t size = (size_t)fsize;
     if (size > 0) {
         void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {

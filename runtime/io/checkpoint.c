@@ -476,7 +476,13 @@ RtStatus rt_ckpt_resolve(const char *arg, const char *dir, char **path, RtError 
     const char *root = strcmp(arg, "latest") == 0 ? dir : arg;
     char *latest = rt_path_join(root, "latest");
     if (!latest) return rt_fail_errno(err, ENOMEM, "cannot find the checkpoint");
-    int fd = open(latest, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (stat(latest, &sb) == 0 && !S_ISREG(sb.st_mode)) { /* a FIFO would block the open below */
+        RtStatus st = rt_fail(err, RT_ERR_FORMAT, "cannot resume: '%s' is not a regular file", latest);
+        free(latest);
+        return st;
+    }
+    int fd = open(latest, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         free(latest);

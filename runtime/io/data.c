@@ -4,7 +4,10 @@
  * Pipeline position: the train loop's input. `data = tokens(GLOB, seq = T, shuffle, val = GLOB)`
  * in a program becomes an RtDataSpec; every micro-batch calls rt_data_next for data.x and data.y.
  *
- * Model of the data: each file (a "shard") is a sequence of tokens, memory-mapped. Shard s is cut
+ * Model of the data: each file (a "shard") is a sequence of tokens, read with pread window by window
+ * (never mapped: a shard truncated while a run reads it is then a message, not a SIGBUS; one shard
+ * is open at a time, checked on each opening to be the file, of the size, that was validated at
+ * the start). Shard s is cut
  * into windows of T+1 tokens starting at multiples of T (window k covers tokens [kT, kT+T]), so
  * consecutive windows share one token, as llm.c's loader does: x is a window's first T tokens
  * and y its last T. An epoch visits every window once: in file order, or - shuffled - with the
@@ -18,6 +21,8 @@
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "rt.h"
 
@@ -25,8 +30,10 @@
 
 typedef struct RtShard {
     char *path;
-    RtMap map;
-    const unsigned char *tok; /* the first token's bytes */
+    int64_t size; /* bytes, when validated */
+    dev_t dev;    /* the file validated, which every later opening must find again */
+    ino_t ino;
+    int64_t off; /* the first token's byte offset */
     int64_t ntok;
     int width; /* bytes per token: 2 or 4 */
 } RtShard;
@@ -49,6 +56,9 @@ struct RtData {
     int64_t windows; /* per epoch */
     uint64_t fingerprint;
     RtDataPos pos;
+    int fd;             /* the open shard's descriptor, -1 */
+    int64_t fd_shard;   /* which shard it is, -1 */
+    unsigned char *buf; /* one window's bytes: (T + 1) x 4 */
 };
 
 #define RT_SHARD_ORDER_TWEAK UINT32_C(0xFFFFFFFF) /* the permutation of shards, not of one shard's windows */
@@ -59,23 +69,52 @@ static uint32_t rt_le32(const unsigned char *p) {
 
 static uint32_t rt_bswap32(uint32_t x) { return (x >> 24) | ((x >> 8) & 0xFF00) | ((x << 8) & 0xFF0000) | (x << 24); }
 
-static uint32_t rt_token(const RtShard *s, int64_t i) {
-    const unsigned char *p = s->tok + i * s->width;
-    return s->width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : rt_le32(p);
+static uint32_t rt_token(const unsigned char *buf, int width, int64_t i) {
+    const unsigned char *p = buf + i * width;
+    return width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : rt_le32(p);
+}
+
+/* Reads up to n bytes at offset off; the count read (short at the end of the file), or -1. */
+static int64_t rt_pread_all(int fd, unsigned char *buf, int64_t n, int64_t off) {
+    int64_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += k;
+    }
+    return got;
 }
 
 /* ---- validating one file ------------------------------------------------------------------------ */
 
-/* Maps path and works out its format and token count; every inconsistency is an error here, so
- * that a bad file stops the run when it starts, not hours in. */
+/* Reads path's header and works out its format and token count; every inconsistency is an error
+ * here, so that a bad file stops the run when it starts, not hours in. */
+static RtStatus rt_shard_check(RtShard *s, const char *path, RtError *err);
+
 static RtStatus rt_shard_open(RtShard *s, const char *path, RtError *err) {
     memset(s, 0, sizeof *s);
     s->path = strdup(path);
     if (!s->path) return rt_fail_errno(err, ENOMEM, "cannot open data shard '%s'", path);
-    RtStatus st = rt_map_file(&s->map, path, "data shard", err);
+    return rt_shard_check(s, path, err);
+}
+
+static RtStatus rt_shard_check(RtShard *s, const char *path, RtError *err) {
+    int fd;
+    RtStatus st = rt_open_regular(path, "data shard", &fd, &s->size, err);
     if (st != RT_OK) return st;
-    const unsigned char *b = s->map.data;
-    size_t size = s->map.size;
+    struct stat sb;
+    unsigned char b[RT_LLMC_HEADER_BYTES];
+    size_t size = (size_t)s->size;
+    int64_t want = s->size < RT_LLMC_HEADER_BYTES ? s->size : RT_LLMC_HEADER_BYTES;
+    int64_t got = fstat(fd, &sb) == 0 ? rt_pread_all(fd, b, want, 0) : -1;
+    int e = errno;
+    close(fd);
+    if (got < 0) return rt_fail_errno(err, e, "cannot read data shard '%s'", path);
+    if (got < want) return rt_fail(err, RT_ERR_IO, "data shard '%s' shrank while its header was read", path);
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
     if (size == 0) return rt_fail(err, RT_ERR_FORMAT, "data shard '%s' is empty", path);
     uint32_t magic = size >= 4 ? rt_le32(b) : 0;
     if (magic == RT_LLMC_MAGIC || magic == RT_LLMC_MAGIC_U32) {
@@ -102,7 +141,7 @@ static RtStatus rt_shard_open(RtShard *s, const char *path, RtError *err) {
         if (body < have)
             return rt_fail(err, RT_ERR_FORMAT, "data shard '%s' has %llu bytes more than the %d tokens its header declares", path,
                            (unsigned long long)(have - body), (int)count);
-        s->tok = b + RT_LLMC_HEADER_BYTES;
+        s->off = RT_LLMC_HEADER_BYTES;
         s->ntok = count;
         return RT_OK;
     }
@@ -126,13 +165,12 @@ static RtStatus rt_shard_open(RtShard *s, const char *path, RtError *err) {
                        "data shard '%s' has an odd number of bytes (%zu): a file without an llm.c header holds uint16 tokens",
                        path, size);
     s->width = 2;
-    s->tok = b;
+    s->off = 0;
     s->ntok = (int64_t)(size / 2);
     return RT_OK;
 }
 
 static void rt_shard_close(RtShard *s) {
-    rt_unmap(&s->map);
     free(s->path);
     s->path = NULL;
 }
@@ -207,6 +245,8 @@ static int64_t rt_shard_windows(const RtShard *s, int64_t T) { return s->ntok >=
 void rt_data_close(RtData *d) {
     if (!d) return;
     for (int64_t i = 0; i < d->nshards; i++) rt_shard_close(&d->shards[i]);
+    if (d->fd >= 0) close(d->fd);
+    free(d->buf);
     free(d->shards);
     free(d->segs);
     free(d);
@@ -234,6 +274,8 @@ RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtErr
     d->vocab = spec->vocab;
     d->shuffle = split == RT_SPLIT_TRAIN && spec->shuffle;
     d->seed = spec->seed;
+    d->fd = -1;
+    d->fd_shard = -1;
 
     char **paths = NULL;
     int64_t npaths = 0;
@@ -247,7 +289,7 @@ RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtErr
     if (!d->shards || !d->segs) st = rt_fail_errno(err, ENOMEM, "cannot open data '%s'", pattern);
     for (int64_t i = 0; st == RT_OK && i < npaths; i++) {
         st = rt_shard_open(&d->shards[i], paths[i], err);
-        d->nshards = i + 1; /* the failed one too: its mapping is released by rt_data_close */
+        d->nshards = i + 1; /* the failed one too: its path is freed by rt_data_close */
     }
     for (int64_t i = 0; i < npaths; i++) free(paths[i]);
     free(paths);
@@ -261,6 +303,12 @@ RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtErr
     if (total == 0) {
         st = rt_fail(err, RT_ERR_FORMAT, "data: no file matching '%s' holds a window of %lld tokens (seq %lld + 1)", pattern,
                      (long long)(d->T + 1), (long long)d->T);
+        rt_data_close(d);
+        return st;
+    }
+    d->buf = malloc((size_t)(d->T + 1) * 4); /* no larger than the file with the window */
+    if (!d->buf) {
+        st = rt_fail_errno(err, ENOMEM, "cannot open data '%s'", pattern);
         rt_data_close(d);
         return st;
     }
@@ -341,6 +389,54 @@ static void rt_advance(const RtData *d, RtDataPos *p) {
     }
 }
 
+/* Opens shard i for reading (the one open before is closed): it must still be the file validated at
+ * the start, with the size it had then. */
+static RtStatus rt_shard_reopen(RtData *d, int64_t i, RtError *err) {
+    const RtShard *s = &d->shards[i];
+    if (d->fd >= 0) close(d->fd);
+    d->fd = -1;
+    d->fd_shard = -1;
+    int fd;
+    int64_t size;
+    RtStatus st = rt_open_regular(s->path, "data shard", &fd, &size, err);
+    if (st != RT_OK) return st;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return rt_fail_errno(err, e, "cannot stat data shard '%s'", s->path);
+    }
+    if (sb.st_dev != s->dev || sb.st_ino != s->ino || size != s->size) {
+        close(fd);
+        if (sb.st_dev != s->dev || sb.st_ino != s->ino)
+            return rt_fail(err, RT_ERR_IO, "data shard '%s' was replaced by another file while training read it", s->path);
+        return rt_fail(err, RT_ERR_IO,
+                       "data shard '%s' changed size while training read it: %lld bytes, not the %lld it had at the start",
+                       s->path, (long long)size, (long long)s->size);
+    }
+    d->fd = fd;
+    d->fd_shard = i;
+    return RT_OK;
+}
+
+/* Window `window` of shard i: its T + 1 tokens' bytes into d->buf. */
+static RtStatus rt_read_window(RtData *d, int64_t i, int64_t window, RtError *err) {
+    if (d->fd_shard != i) {
+        RtStatus st = rt_shard_reopen(d, i, err);
+        if (st != RT_OK) return st;
+    }
+    const RtShard *s = &d->shards[i];
+    int64_t n = (d->T + 1) * s->width, off = s->off + window * d->T * s->width;
+    int64_t got = rt_pread_all(d->fd, d->buf, n, off);
+    if (got < 0) return rt_fail_errno(err, errno, "cannot read data shard '%s'", s->path);
+    if (got < n)
+        return rt_fail(err, RT_ERR_IO,
+                       "data shard '%s' was truncated while training read it: it had %lld bytes at the start, and "
+                       "now ends before the %lld bytes of the window at byte %lld",
+                       s->path, (long long)s->size, (long long)n, (long long)off);
+    return RT_OK;
+}
+
 RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err) {
     if (B < 1) return rt_fail(err, RT_ERR_ARG, "data: a batch needs at least one sequence, not %lld", (long long)B);
     if (!x || !y) return rt_fail(err, RT_ERR_ARG, "data: no buffers for the batch");
@@ -352,11 +448,13 @@ RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err
         const RtShard *s = &d->shards[seg->shard];
         int64_t start = window * T;
         int32_t *xr = x + b * T, *yr = y + b * T;
+        RtStatus st = rt_read_window(d, seg->shard, window, err);
+        if (st != RT_OK) return st;
         for (int64_t i = 0; i <= T; i++) {
-            uint32_t t = rt_token(s, start + i);
+            uint32_t t = rt_token(d->buf, s->width, i);
             if ((d->vocab > 0 && (int64_t)t >= d->vocab) || t > (uint32_t)INT32_MAX) {
                 int64_t at = start + i;
-                int64_t byte = (int64_t)(s->tok - s->map.data) + at * s->width;
+                int64_t byte = s->off + at * s->width;
                 if (d->vocab > 0)
                     return rt_fail(err, RT_ERR_FORMAT,
                                    "data shard '%s': token id %u at token %lld (byte offset %lld) is not below the "

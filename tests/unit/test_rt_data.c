@@ -446,7 +446,7 @@ static void bad_other(void) {
     mkdir(at("sub.bin"), 0755);
     shard("a.bin", RT_SHARD_LLMC, 0, 100);
     char want[600];
-    snprintf(want, sizeof want, "data shard '%s/sub.bin' is not a regular file", dir);
+    snprintf(want, sizeof want, "data shard '%s/sub.bin' is a directory, not a regular file", dir);
     RtDataSpec s = spec(at("*.bin"), 8);
     open_err(&s, RT_SPLIT_TRAIN, RT_ERR_FORMAT, want);
     s = spec(at("a.bin"), 100); /* 100 tokens cannot hold a window of 101 */
@@ -479,6 +479,55 @@ static void bad_other(void) {
     dir_remove();
 }
 
+/* issue 19: a shard truncated while training reads it was a SIGBUS (shards were mapped); now the
+ * read that finds it short is an error, and so is reopening a shard whose size has changed. */
+static void shard_truncated_while_reading(void) {
+    dir_make();
+    shard("a.bin", RT_SHARD_LLMC, 0, 101); /* 10 windows of T=10 */
+    shard("b.bin", RT_SHARD_LLMC, 1000, 101);
+    RtDataSpec s = spec(at("*.bin"), 10);
+    RtData *d = open_ok(&s, RT_SPLIT_TRAIN);
+    if (d) {
+        int32_t x[20], y[20], got[2];
+        starts(d, 2, 2, got); /* windows 0 and 1 of a.bin: a.bin is open */
+        CHECK(truncate(at("a.bin"), RT_LLMC_HEADER_BYTES + 2 * 30) == 0, "truncate");
+        RtError e;
+        CHECK(rt_data_next(d, 1, x, y, &e) == RT_ERR_IO, "a truncated shard read");
+        char want[600];
+        snprintf(want, sizeof want,
+                 "data shard '%s/a.bin' was truncated while training read it: it had 1226 bytes at the start, and now ends "
+                 "before the 22 bytes of the window at byte 1064",
+                 dir);
+        CHECK_STR(e.msg, want, "message");
+        RtDataPos at_b = {0, 1, 0, rt_data_tell(d).fingerprint}; /* b.bin, then a.bin again (epoch 1) */
+        CHECK(rt_data_seek(d, &at_b, &e) == RT_OK, "seek: %s", e.msg);
+        int32_t xb[100], yb[100];
+        CHECK(rt_data_next(d, 10, xb, yb, &e) == RT_OK, "b.bin: %s", e.msg);
+        CHECK(rt_data_next(d, 1, x, y, &e) == RT_ERR_IO, "a shrunk shard reopened");
+        snprintf(want, sizeof want,
+                 "data shard '%s/a.bin' changed size while training read it: 1084 bytes, not the 1226 it had at the start", dir);
+        CHECK_STR(e.msg, want, "message");
+    }
+    rt_data_close(d);
+    dir_remove();
+}
+
+/* issue 19: --data, eval --data or generate --weights naming a FIFO blocked forever in open(). */
+static void fifo_refused(void) {
+    dir_make();
+    CHECK(mkfifo(at("f.bin"), 0644) == 0, "mkfifo");
+    char want[600];
+    snprintf(want, sizeof want, "data shard '%s/f.bin' is a FIFO (named pipe), not a regular file", dir);
+    RtDataSpec s = spec(at("f.bin"), 8);
+    open_err(&s, RT_SPLIT_TRAIN, RT_ERR_FORMAT, want);
+    RtStFile *f = NULL;
+    RtError e;
+    CHECK(rt_st_open(&f, at("f.bin"), &e) == RT_ERR_FORMAT, "a FIFO opened as safetensors");
+    snprintf(want, sizeof want, "safetensors file '%s/f.bin' is a FIFO (named pipe), not a regular file", dir);
+    CHECK_STR(e.msg, want, "message");
+    dir_remove();
+}
+
 int main(void) {
     RUN(sequential_batches);
     RUN(formats_agree);
@@ -493,5 +542,7 @@ int main(void) {
     RUN(bad_magic_and_version);
     RUN(bad_token);
     RUN(bad_other);
+    RUN(shard_truncated_while_reading);
+    RUN(fifo_refused);
     return unit_finish();
 }

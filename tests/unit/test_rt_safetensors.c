@@ -404,7 +404,7 @@ static void bad_files(void) {
     snprintf(want, sizeof want, "cannot open safetensors file '%s': No such file or directory", at("nope.st"));
     CHECK_STR(e.msg, want, "message");
     CHECK(rt_st_open(&f, dir, &e) == RT_ERR_FORMAT, "a directory opened");
-    snprintf(want, sizeof want, "safetensors file '%s' is not a regular file", dir);
+    snprintf(want, sizeof want, "safetensors file '%s' is a directory, not a regular file", dir);
     CHECK_STR(e.msg, want, "message");
     dir_remove();
 }
