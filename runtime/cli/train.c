@@ -386,7 +386,8 @@ static RtStatus rt_check_output(const RtTrainRun *r, const char *path, const cha
     const char *outs[3] = {o->save_weights, o->log_path, o->dump_step}, *flags[3] = {"--save-weights", "--log", "--dump-step"};
     struct stat so;
     char buf[4096];
-    if (stat(path, &so) == 0) {
+    int exists = stat(path, &so) == 0;
+    if (exists) {
         if (S_ISDIR(so.st_mode))
             return rt_fail(err, RT_ERR_ARG, "%s '%s' is a directory: give the path of the file to write", flag, path);
         const char *clash = rt_output_clash(r, &so, buf, sizeof buf);
@@ -395,7 +396,7 @@ static RtStatus rt_check_output(const RtTrainRun *r, const char *path, const cha
         if (access(path, W_OK) != 0) return rt_fail_errno(err, errno, "cannot write %s '%s'", flag, path);
     }
     for (int i = 0; i < 3; i++)
-        if (outs[i] && outs[i] != path && (strcmp(outs[i], path) == 0 || rt_same_file(&so, outs[i])))
+        if (outs[i] && outs[i] != path && (strcmp(outs[i], path) == 0 || (exists && rt_same_file(&so, outs[i]))))
             return rt_fail(err, RT_ERR_ARG, "%s and %s name the same file '%s'", flag, flags[i], path);
     const char *slash = strrchr(path, '/');
     if (!slash) snprintf(buf, sizeof buf, ".");

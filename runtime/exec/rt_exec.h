@@ -234,7 +234,7 @@ typedef struct RtCkptDone {
 typedef struct RtCkptWriter RtCkptWriter;
 
 /* At the start of a run, before any step: DIR must be a directory or creatable (a regular file is
- * refused; with required, so is a location that cannot be created), and when it exists its lock
+ * refused; with required, so is a location that cannot be created or locked), and when it exists its lock
  * (DIR/.lock, flock) is taken now and held in *lock_fd (-1 when DIR does not exist yet), so that a
  * directory another live run writes is refused at once, naming it. */
 RtStatus rt_ckpt_dir_claim(const char *dir, int required, int *lock_fd, RtError *err);

@@ -446,7 +446,12 @@ RtStatus rt_ckpt_dir_claim(const char *dir, int required, int *lock_fd, RtError 
                            "the checkpoint directory '%s' is a file, not a directory (--ckpt-dir names a directory "
                            "that holds the checkpoints)",
                            dir);
-        return rt_ckpt_lock(dir, lock_fd, err);
+        RtStatus st = rt_ckpt_lock(dir, lock_fd, err);
+        if (st != RT_OK && st != RT_ERR_ARG && !required) { /* cannot lock, not held: checkpoints were not asked for */
+            rt_error_clear(err);
+            return RT_OK;
+        }
+        return st;
     }
     if (errno != ENOENT) return rt_fail_errno(err, errno, "cannot use the checkpoint directory '%s'", dir);
     /* to be created at the first checkpoint: its nearest existing ancestor must be a writable directory */
