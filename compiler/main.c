@@ -1,6 +1,7 @@
 /* main.c - the mbtc command line: reads the options and hands them to the stage table
  * (pipeline.h), which runs what --emit, --dump-dir, -o, --check or --verify-step need.
  * Exit status: 0 success, 1 user errors, 2 internal error. */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +141,31 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
     return -1;
 }
 
+/* -o's path, before anything runs: not a directory, not the source, in a directory mbtc can write
+ * (the modules the source imports are checked once they are known: pipeline.c, run_object).
+ * Returns 0, or 1 after reporting. */
+static int check_output(const char *out, const char *in, Arena *ar) {
+    struct stat so, si;
+    if (stat(out, &so) == 0) {
+        if (S_ISDIR(so.st_mode)) {
+            diag_error_noloc("-o '%s' is a directory: give the path of the executable to write", out);
+            return 1;
+        }
+        if (stat(in, &si) == 0 && so.st_dev == si.st_dev && so.st_ino == si.st_ino) {
+            diag_error_noloc("-o '%s' is the source file '%s': it would be overwritten", out, in);
+            diag_hint("give the executable another name, e.g. -o prog");
+            return 1;
+        }
+    }
+    const char *slash = strrchr(out, '/');
+    const char *dir = !slash ? "." : slash == out ? "/" : arena_printf(ar, "%.*s", (int)(slash - out), out);
+    if (access(dir, W_OK | X_OK) != 0) {
+        diag_error_noloc("cannot write the executable '%s': directory '%s': %s", out, dir, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 /* The options that go together, each refusal with its reason. Returns 0, or 1 after reporting. */
 static int check_args(Cli *c, Arena *ar) {
     PipelineOptions *o = &c->o;
@@ -192,6 +218,7 @@ static int check_args(Cli *c, Arena *ar) {
                          "--emit=cuda");
         return 1;
     }
+    if (o->output && !c->check && !c->emit && !c->verify && check_output(o->output, o->input, ar)) return 1;
     return 0;
 }
 

@@ -358,8 +358,25 @@ static void warn_serve_blocks(Pipeline *p) {
     }
 }
 
+/* -o must not name a module of the program (main.c checked the main file before the run; the
+ * imports are known now): linking would replace it. */
+static int output_is_module(Pipeline *p) {
+    struct stat so, sm;
+    if (stat(p->o.output, &so) != 0) return 0;
+    for (int i = 0; i < p->ld->modules.n; i++) {
+        const Module *m = p->ld->modules.v[i];
+        if (stat(m->path, &sm) == 0 && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) {
+            diag_error_noloc("-o '%s' is the module '%s' (%s) of this program: it would be overwritten", p->o.output, m->name,
+                             m->path);
+            diag_hint("give the executable another name");
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int run_object(Pipeline *p) {
-    if (host_refuses(p->tb) || need_schedules(p)) return 1;
+    if (output_is_module(p) || host_refuses(p->tb) || need_schedules(p)) return 1;
     warn_serve_blocks(p);
     HostCuda hc = {p->o.archs, p->o.narch};
     return host_compile(p->tb, p->plan, &p->hs, p->o.input, p->o.output, NULL, &hc, p->ar);

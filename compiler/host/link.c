@@ -2,7 +2,9 @@
  * file, linked with the runtime library (libmbtrt) by the system's C compiler driver. The Makefile
  * defines where this build's libmbtrt.a is and the libraries it needs (MBT_RT_LIB, MBT_RT_LDLIBS),
  * the same as the tests link with. */
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "diag.h"
@@ -23,9 +25,20 @@ static const char *shell_quote(Arena *ar, const char *s) {
 
 void host_link(LLVMModuleRef m, const CpuTarget *target, const char *output, Arena *ar) {
     const char *err = NULL;
-    const char *obj = arena_printf(ar, "%s.o", output);
+    /* the object file is a temporary of mbtc's own (mkstemps: a new name, never a user's file such
+     * as OUT.o), removed whatever happens */
+    const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char *obj = arena_printf(ar, "%s/mbtc-XXXXXX.o", tmpdir);
+    int fd = mkstemps(obj, 2);
+    if (fd < 0) {
+        diag_error_noloc("cannot create a temporary object file in '%s': %s (set TMPDIR to a writable directory)", tmpdir,
+                         strerror(errno));
+        return;
+    }
+    close(fd);
     if (cpu_optimize(m, target, ar, &err) || cpu_emit_object(m, target, obj, ar, &err)) {
         diag_error_noloc("%s", err);
+        unlink(obj);
         return;
     }
     const char *cmd = arena_printf(ar, "cc %s %s %s -o %s", shell_quote(ar, obj), shell_quote(ar, MBT_RT_LIB), MBT_RT_LDLIBS,

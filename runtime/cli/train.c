@@ -16,11 +16,13 @@
  * blocks in block order. So a run is a function of its program, flags and data, never of the
  * thread count (tests/unit/test_rt_train.c compares weights files byte for byte). */
 #include <errno.h>
+#include <glob.h>
 #include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "rt_exec.h"
@@ -228,19 +230,6 @@ static int rt_report(const RtOptions *o, const RtError *e) {
     return 1;
 }
 
-/* A file the run will write at its end must have a writable directory now: a typo in
- * --save-weights should cost a second, not the whole run. */
-static RtStatus rt_check_output_dir(const char *path, const char *what, RtError *err) {
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    if (access(dir, W_OK | X_OK) != 0)
-        return rt_fail_errno(err, errno, "cannot write the %s '%s': directory '%s'", what, path, dir);
-    return RT_OK;
-}
-
 static RtDataSpec rt_data_spec(const RtProgram *p, const RtOptions *o, const char *train_glob, const char *val_glob) {
     RtDataSpec d = {0};
     d.pattern = train_glob;
@@ -345,7 +334,91 @@ typedef struct RtTrainRun {
     float *dump_p, *dump_g;
     int64_t window; /* tokens of one micro-batch */
     double waited;  /* training's wait for the last checkpoint snapshot */
+    int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
 } RtTrainRun;
+
+/* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
+
+static int rt_same_file(const struct stat *a, const char *path) {
+    struct stat b;
+    return path && stat(path, &b) == 0 && a->st_dev == b.st_dev && a->st_ino == b.st_ino;
+}
+
+/* Which input of the run the existing file `so` is (into buf), or NULL: the program itself, the
+ * training and held-out data, --init-weights, the checkpoint resumed from. */
+static const char *rt_output_clash(const RtTrainRun *r, const struct stat *so, char *buf, size_t n) {
+    if (rt_same_file(so, "/proc/self/exe")) return "this program's executable";
+    for (int k = 0; k < 2; k++) {
+        const RtData *d = k ? r->val : r->train;
+        for (int64_t i = 0; d && i < rt_data_nfiles(d); i++)
+            if (rt_same_file(so, rt_data_file(d, i))) {
+                snprintf(buf, n, "the %s data file '%.3000s'", k ? "held-out" : "training", rt_data_file(d, i));
+                return buf;
+            }
+    }
+    const char *val = r->p->train.val_data;
+    glob_t g;
+    if (!r->val && val && *val && glob(val, 0, NULL, &g) == 0) { /* the held-out files, when this run does not read them */
+        const char *hit = NULL;
+        for (size_t i = 0; !hit && i < g.gl_pathc; i++)
+            if (rt_same_file(so, g.gl_pathv[i])) hit = buf, snprintf(buf, n, "the held-out data file '%.3000s'", g.gl_pathv[i]);
+        globfree(&g);
+        if (hit) return hit;
+    }
+    if (rt_same_file(so, r->o.init_weights)) return "the --init-weights file";
+    static const char *const ckpt_files[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+    for (int i = 0; r->resume_path && i < 3; i++) {
+        snprintf(buf, n, "%.3000s/%s", r->resume_path, ckpt_files[i]);
+        if (rt_same_file(so, buf)) {
+            snprintf(buf, n, "a file of the checkpoint '%.3000s'", r->resume_path);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* A file the run writes (--save-weights at its end, --log, --dump-step) is checked now, so that a
+ * mistake costs a second, not the whole run or an input: not a directory, not an input of the
+ * run, not another output, writable, and (what: the file's name in the message; NULL when the
+ * caller opens it before the first step anyway) in a writable directory. */
+static RtStatus rt_check_output(const RtTrainRun *r, const char *path, const char *flag, const char *what, RtError *err) {
+    const RtOptions *o = &r->o;
+    const char *outs[3] = {o->save_weights, o->log_path, o->dump_step}, *flags[3] = {"--save-weights", "--log", "--dump-step"};
+    struct stat so;
+    char buf[4096];
+    int exists = stat(path, &so) == 0;
+    if (exists) {
+        if (S_ISDIR(so.st_mode))
+            return rt_fail(err, RT_ERR_ARG, "%s '%s' is a directory: give the path of the file to write", flag, path);
+        const char *clash = rt_output_clash(r, &so, buf, sizeof buf);
+        if (clash)
+            return rt_fail(err, RT_ERR_ARG, "%s '%s' is %s, which the run reads: writing it would destroy it", flag, path, clash);
+        if (access(path, W_OK) != 0) return rt_fail_errno(err, errno, "cannot write %s '%s'", flag, path);
+    }
+    for (int i = 0; i < 3; i++)
+        if (outs[i] && outs[i] != path && (strcmp(outs[i], path) == 0 || (exists && rt_same_file(&so, outs[i]))))
+            return rt_fail(err, RT_ERR_ARG, "%s and %s name the same file '%s'", flag, flags[i], path);
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(buf, sizeof buf, ".");
+    else if (slash == path) snprintf(buf, sizeof buf, "/");
+    else snprintf(buf, sizeof buf, "%.*s", (int)(slash - path), path);
+    if (what && access(buf, W_OK | X_OK) != 0)
+        return rt_fail_errno(err, errno, "cannot write the %s '%s': directory '%s'", what, path, buf);
+    return RT_OK;
+}
+
+/* Every output of the run, and the checkpoint directory (a file, or one another run holds, is
+ * refused now; its lock is held from here to the end of the run). */
+static RtStatus rt_check_outputs(RtTrainRun *r) {
+    const RtOptions *o = &r->o;
+    RtStatus st = o->save_weights ? rt_check_output(r, o->save_weights, "--save-weights", "weights file", &r->e) : RT_OK;
+    /* the log's directory: rt_log_open, below, opens it before the first step */
+    if (st == RT_OK && o->log_path) st = rt_check_output(r, o->log_path, "--log", NULL, &r->e);
+    if (st == RT_OK && o->dump_step) st = rt_check_output(r, o->dump_step, "--dump-step", "step dump", &r->e);
+    int required = o->ckpt_every > 0 || strcmp(o->ckpt_dir, o->ckpt_dir_default) != 0;
+    if (st == RT_OK) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
+    return st;
+}
 
 /* Resumes from --resume or --resume-weights-only: the parameters (and the optimizer state and the
  * seed with --resume) from the checkpoint. */
@@ -383,7 +456,7 @@ static RtStatus rt_train_data(RtTrainRun *r) {
 static RtStatus rt_train_dump_alloc(RtTrainRun *r) {
     const RtProgram *p = r->p;
     const RtTrainSettings *t = &p->train;
-    RtStatus st = rt_check_output_dir(r->o.dump_step, "step dump", &r->e);
+    RtStatus st = RT_OK;
     r->dump_x = calloc((size_t)(t->accum * t->data_ranks * r->window), sizeof *r->dump_x); /* step 1's micro-batches */
     r->dump_y = calloc((size_t)(t->accum * t->data_ranks * r->window), sizeof *r->dump_y);
     r->dump_p = calloc((size_t)p->param_floats + 1, sizeof *r->dump_p);
@@ -400,10 +473,10 @@ static RtStatus rt_train_open(RtTrainRun *r) {
     const RtProgram *p = r->p;
     const RtOptions *o = &r->o;
     const char *resume_arg = o->resume ? o->resume : o->resume_weights_only;
-    RtStatus st = o->save_weights ? rt_check_output_dir(o->save_weights, "weights file", &r->e) : RT_OK;
-    if (st == RT_OK) st = rt_exec_open(&r->x, p, o->threads, rt_device_want(o), &r->e);
+    RtStatus st = rt_exec_open(&r->x, p, o->threads, rt_device_want(o), &r->e);
     if (st == RT_OK && resume_arg) st = rt_train_resume(r, resume_arg);
     if (st == RT_OK) st = rt_train_data(r);
+    if (st == RT_OK) st = rt_check_outputs(r);
     if (st == RT_OK && rt_profile_requested()) {
         r->prof = calloc(1, sizeof *r->prof);
         if (!r->prof) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the profile");
@@ -422,8 +495,10 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         if (!r->partial) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient-norm blocks");
     }
     if (st == RT_OK && o->dump_step) st = rt_train_dump_alloc(r);
-    if (st == RT_OK && o->ckpt_every > 0)
-        st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, &r->e);
+    if (st == RT_OK && o->ckpt_every > 0) {
+        st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
+        r->ckpt_lock = -1; /* the writer's now */
+    }
     if (st == RT_OK) st = rt_log_open(&r->log, stdout, isatty(fileno(stdout)), o->log_path, o->resume != NULL, o->steps, &r->e);
     if (st == RT_OK) r->log_open = 1;
     return st;
@@ -567,7 +642,10 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     *stop = rt_stop_signal != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
-    if (!r->ckpt) st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, &r->e);
+    if (!r->ckpt) {
+        st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
+        r->ckpt_lock = -1; /* the writer's now */
+    }
     RtRampStage next = rt_train_stage(t, step + 1);
     RtCkptInfo info = {.step = step + 1,
                        .seed = o->seed,
@@ -659,6 +737,7 @@ static RtStatus rt_train_loop(RtTrainRun *r, int64_t first_step) {
 static void rt_train_close(RtTrainRun *r) {
     if (r->handlers) rt_stop_handlers(0, r->old_handlers);
     rt_ckpt_writer_close(r->ckpt); /* waits for a write still under way */
+    if (r->ckpt_lock >= 0) close(r->ckpt_lock);
     rt_ckpt_info_free(&r->resumed);
     free(r->resume_path);
     if (r->log_open) {
@@ -677,7 +756,7 @@ static void rt_train_close(RtTrainRun *r) {
 }
 
 int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
-    RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq};
+    RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq, .ckpt_lock = -1};
     rt_error_clear(&r.e);
     RtStatus st = rt_train_open(&r);
     if (st == RT_OK) {

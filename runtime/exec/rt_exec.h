@@ -233,10 +233,16 @@ typedef struct RtCkptDone {
 
 typedef struct RtCkptWriter RtCkptWriter;
 
-/* Creates DIR if need be, takes its lock (one run writes a directory at a time) and removes the
- * leftovers of interrupted writes. keep: the newest N checkpoints are kept (0: all). */
+/* At the start of a run, before any step: DIR must be a directory or creatable (a regular file is
+ * refused; with required, so is a location that cannot be created or locked), and when it exists its lock
+ * (DIR/.lock, flock) is taken now and held in *lock_fd (-1 when DIR does not exist yet), so that a
+ * directory another live run writes is refused at once, naming it. */
+RtStatus rt_ckpt_dir_claim(const char *dir, int required, int *lock_fd, RtError *err);
+/* Creates DIR if need be, takes its lock (one run writes a directory at a time; lock_fd: the lock
+ * rt_ckpt_dir_claim took, which the writer now owns and closes, or -1) and removes the leftovers of
+ * interrupted writes. keep: the newest N checkpoints are kept (0: all). */
 RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char *dir, int64_t keep, int async,
-                             const RtData *train, RtError *err); /* train: the files the checkpoints record */
+                             const RtData *train, int lock_fd, RtError *err); /* train: the files the checkpoints record */
 /* Copies the regions into the writer's snapshot (waiting first for a write still under way) and
  * writes the checkpoint: in a background thread when async, else before returning. *waited_s:
  * how long the caller was held. A write's outcome is reported by rt_ckpt_poll, never here. */

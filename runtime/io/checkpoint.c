@@ -8,7 +8,7 @@
  * Writing. rt_ckpt_save copies the parameter and optimizer-state regions into a snapshot (the
  * only time training waits, besides waiting for the previous write) and a background thread
  * writes DIR/step-N.tmp.<pid>/: model.safetensors, optimizer.safetensors, then state.json with
- * the files' checksums; each file is written to a temporary name, fsynced and renamed
+ * the files' checksums and its own (every byte of a checkpoint is checksummed); each file is written to a temporary name, fsynced and renamed
  * (rt_st_write, rt_atomic_*), the directory is fsynced, renamed to DIR/step-N, and DIR fsynced.
  * Only then is DIR/latest replaced (atomically) and are checkpoints beyond `keep` removed. A
  * failure at any point removes the temporary directory and leaves every earlier checkpoint and
@@ -39,10 +39,15 @@
 #include "rt_exec.h"
 
 #define RT_CKPT_FORMAT "mbt-checkpoint"
-#define RT_CKPT_VERSION 1
+#define RT_CKPT_VERSION 2 /* 2: state.json carries its own checksum (RT_CKPT_SELF) */
 #define RT_CKPT_MODEL "model.safetensors"
 #define RT_CKPT_OPTIM "optimizer.safetensors"
 #define RT_CKPT_STATE "state.json"
+/* state.json's last key: the XXH3-128 of state.json's bytes with this value's 32 digits read as
+ * zeros, so that every byte of a checkpoint is under a checksum (the two region files under theirs,
+ * which state.json records) */
+#define RT_CKPT_SELF "\"state_xxh3_128\": \""
+#define RT_CKPT_SELF_ZERO "00000000000000000000000000000000"
 
 struct RtCkptWriter {
     const RtProgram *p;
@@ -150,6 +155,7 @@ static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, json_t
                   rt_json_new_u64(in->data.shard), "window", rt_json_new_u64(in->data.window), "fingerprint", fingerprint,
                   "files", data_files, "schedule", "next_step", (json_int_t)in->step, "global", (json_int_t)in->global, "accum",
                   (json_int_t)in->accum, "lr", rt_json_new_f64(in->lr), "loss", rt_json_new_f64(in->loss), "files", sums);
+    if (doc) json_object_set_new(doc, "state_xxh3_128", json_string(RT_CKPT_SELF_ZERO));
     char *text = rt_json_text(doc, JSON_INDENT(2), len);
     json_decref(doc);
     char *line = text ? realloc(text, *len + 2) : NULL;
@@ -159,7 +165,46 @@ static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, json_t
     }
     line[(*len)++] = '\n';
     line[*len] = 0;
+    char *self = strstr(line, RT_CKPT_SELF RT_CKPT_SELF_ZERO "\"");
+    if (!self) {
+        free(line);
+        return NULL;
+    }
+    char sum[RT_CHECKSUM_CHARS];
+    rt_checksum(line, *len, sum);
+    memcpy(self + strlen(RT_CKPT_SELF), sum, RT_CHECKSUM_CHARS - 1);
     return line;
+}
+
+/* state.json's own checksum (RT_CKPT_SELF): present once, and equal to that of its bytes with
+ * the checksum's digits read as zeros. */
+static RtStatus rt_ckpt_check_self(const char *spath, const json_t *root, const RtMap *m, RtError *err) {
+    const char *text = (const char *)m->data, *want = rt_json_str(rt_json_get(root, "state_xxh3_128"));
+    size_t klen = strlen(RT_CKPT_SELF), dlen = RT_CHECKSUM_CHARS - 1;
+    const char *at = memmem(text, m->size, RT_CKPT_SELF, klen);
+    if (!want || !at)
+        return rt_fail(err, RT_ERR_FORMAT,
+                       "checkpoint state '%s' has no checksum of itself (state_xxh3_128): it was not "
+                       "written by this runtime, or was changed",
+                       spath);
+    size_t off = (size_t)(at - text) + klen;
+    if (off + dlen > m->size || strlen(want) != dlen || memcmp(text + off, want, dlen) != 0 ||
+        memmem(at + 1, m->size - (size_t)(at + 1 - text), RT_CKPT_SELF, klen))
+        return rt_fail(err, RT_ERR_FORMAT, "checkpoint state '%s': its checksum (state_xxh3_128) is malformed or given twice",
+                       spath);
+    char *copy = malloc(m->size);
+    if (!copy) return rt_fail_errno(err, ENOMEM, "cannot check checkpoint state '%s'", spath);
+    memcpy(copy, text, m->size);
+    memcpy(copy + off, RT_CKPT_SELF_ZERO, dlen);
+    char sum[RT_CHECKSUM_CHARS];
+    rt_checksum(copy, m->size, sum);
+    free(copy);
+    if (strcmp(sum, want) != 0)
+        return rt_fail(err, RT_ERR_FORMAT,
+                       "checkpoint state '%s' fails its checksum (xxh3-128 %s, it says %s): it was changed or damaged; "
+                       "resume from another checkpoint",
+                       spath, sum, want);
+    return RT_OK;
 }
 
 /* ---- writing ----------------------------------------------------------------------------------- */
@@ -359,31 +404,97 @@ static RtStatus rt_ckpt_data_files(const RtData *train, json_t **out, RtError *e
     return st;
 }
 
+/* Takes DIR/.lock (flock, held until the descriptor is closed) and writes this process's id into
+ * it, so that another run's refusal can name the holder. */
+static RtStatus rt_ckpt_lock(const char *dir, int *fd_out, RtError *err) {
+    char *lock = rt_path_join(dir, ".lock");
+    if (!lock) return rt_fail_errno(err, ENOMEM, "cannot lock the checkpoint directory '%s'", dir);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fd = open(lock, O_RDONLY | O_CLOEXEC); /* a read-only directory can still be locked */
+    RtStatus st = RT_OK;
+    if (fd < 0) st = rt_fail_errno(err, errno, "cannot create the lock file '%s'", lock);
+    else if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) {
+            char pid[24] = "";
+            ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+            pid[n > 0 ? n : 0] = 0;
+            pid[strspn(pid, "0123456789")] = 0;
+            st = rt_fail(err, RT_ERR_ARG,
+                         "another run is writing checkpoints to '%s' (it holds '%s'%s%s); give another --ckpt-dir", dir, lock,
+                         *pid ? ", process " : "", pid);
+        } else {
+            st = rt_fail_errno(err, errno, "cannot lock '%s'", lock);
+        }
+    } else {
+        char pid[24];
+        int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid is a courtesy: no error */
+        }
+    }
+    free(lock);
+    if (st != RT_OK && fd >= 0) close(fd);
+    *fd_out = st == RT_OK ? fd : -1;
+    return st;
+}
+
+RtStatus rt_ckpt_dir_claim(const char *dir, int required, int *lock_fd, RtError *err) {
+    *lock_fd = -1;
+    struct stat sb;
+    if (stat(dir, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return rt_fail(err, RT_ERR_ARG,
+                           "the checkpoint directory '%s' is a file, not a directory (--ckpt-dir names a directory "
+                           "that holds the checkpoints)",
+                           dir);
+        RtStatus st = rt_ckpt_lock(dir, lock_fd, err);
+        if (st != RT_OK && st != RT_ERR_ARG && !required) { /* cannot lock, not held: checkpoints were not asked for */
+            rt_error_clear(err);
+            return RT_OK;
+        }
+        return st;
+    }
+    if (errno != ENOENT) return rt_fail_errno(err, errno, "cannot use the checkpoint directory '%s'", dir);
+    /* to be created at the first checkpoint: its nearest existing ancestor must be a writable directory */
+    char *anc = strdup(dir);
+    if (!anc) return rt_fail_errno(err, ENOMEM, "cannot use the checkpoint directory '%s'", dir);
+    RtStatus st = RT_OK;
+    for (;;) {
+        char *slash = strrchr(anc, '/');
+        while (slash && slash > anc && slash[1] == 0) *slash = 0, slash = strrchr(anc, '/'); /* trailing slashes */
+        if (!slash) snprintf(anc, strlen(anc) + 1, ".");
+        else if (slash == anc) anc[1] = 0;
+        else *slash = 0;
+        if (stat(anc, &sb) == 0) break;
+        if (errno != ENOENT || strcmp(anc, ".") == 0 || strcmp(anc, "/") == 0) {
+            sb.st_mode = 0;
+            break;
+        }
+    }
+    if (required && (!S_ISDIR(sb.st_mode) || access(anc, W_OK | X_OK) != 0))
+        st = rt_fail(err, RT_ERR_ARG, "cannot create the checkpoint directory '%s': '%s' is %s", dir, anc,
+                     S_ISDIR(sb.st_mode) ? "not writable" : "not a directory");
+    free(anc);
+    return st;
+}
+
 RtStatus rt_ckpt_writer_open(RtCkptWriter **out, const RtProgram *p, const char *dir, int64_t keep, int async,
-                             const RtData *train, RtError *err) {
+                             const RtData *train, int lock_fd, RtError *err) {
     *out = NULL;
     RtStatus st = rt_mkdirs(dir, err);
-    if (st != RT_OK) return st;
-    RtCkptWriter *w = calloc(1, sizeof *w);
-    if (!w || !(w->dir = strdup(dir))) {
+    RtCkptWriter *w = st == RT_OK ? calloc(1, sizeof *w) : NULL;
+    if (st != RT_OK || !w || !(w->dir = strdup(dir))) {
         free(w);
-        return rt_fail_errno(err, ENOMEM, "cannot set up checkpoints");
+        if (lock_fd >= 0) close(lock_fd);
+        return st != RT_OK ? st : rt_fail_errno(err, ENOMEM, "cannot set up checkpoints");
     }
-    w->p = p, w->keep = keep, w->async = async;
+    w->p = p, w->keep = keep, w->async = async, w->lock_fd = lock_fd;
     st = rt_ckpt_data_files(train, &w->data_files, err);
     if (st == RT_OK) st = rt_ckpt_snapshot_alloc(w, err);
     if (st != RT_OK) {
         rt_ckpt_writer_close(w);
         return st;
     }
-    char *lock = rt_path_join(dir, ".lock");
-    w->lock_fd = lock ? open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
-    if (w->lock_fd < 0) st = rt_fail_errno(err, lock ? errno : ENOMEM, "cannot create the lock file '%s'", lock ? lock : dir);
-    else if (flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0)
-        st = errno == EWOULDBLOCK
-                 ? rt_fail(err, RT_ERR_IO, "another run is writing checkpoints to '%s' (it holds '%s')", dir, lock)
-                 : rt_fail_errno(err, errno, "cannot lock '%s'", lock);
-    free(lock);
+    if (w->lock_fd < 0) st = rt_ckpt_lock(dir, &w->lock_fd, err); /* not claimed at the start of the run */
     /* with the lock held, every temporary directory in DIR is a leftover of a run that died */
     DIR *d = st == RT_OK ? opendir(dir) : NULL;
     if (st == RT_OK && !d) st = rt_fail_errno(err, errno, "cannot list the checkpoint directory '%s'", dir);
@@ -646,6 +757,7 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
             }
         }
     }
+    if (st == RT_OK) st = rt_ckpt_check_self(spath, root, &m, err);
     const json_t *files = rt_json_get(root, "files");
     if (st == RT_OK) st = rt_ckpt_check_file(ckpt, files, RT_CKPT_MODEL, err);
     if (st == RT_OK && !weights_only) st = rt_ckpt_check_file(ckpt, files, RT_CKPT_OPTIM, err);

@@ -216,12 +216,29 @@ damage && printf '\x7f' | dd of=bad/optimizer.safetensors bs=1 seek=5000 conv=no
 expect_refusal damaged-flipped-byte "optimizer.safetensors' fails its checksum \(xxh3-128 [0-9a-f]{32}, state.json says [0-9a-f]{32}\)" train --resume bad --steps 410
 damage && sed -i 's/"step": 400,/"step": 400,,/' bad/state.json
 expect_refusal damaged-json "checkpoint state 'bad/state.json' at byte [0-9]+: string or '}' expected near ','" train --resume bad --steps 410
-damage && sed -i 's/"version": 1/"version": 7/' bad/state.json
-expect_refusal damaged-version "version 7, but this runtime reads version 1" train --resume bad --steps 410
+damage && sed -i 's/"version": 2/"version": 7/' bad/state.json
+expect_refusal damaged-version "version 7, but this runtime reads version 2" train --resume bad --steps 410
 damage && sed -i 's/"fingerprint": "[0-9a-f]*"/"fingerprint": "zz"/' bad/state.json
 expect_refusal damaged-position "the step, the seed or the data position is missing or malformed" train --resume bad --steps 410
 damage && : >bad/state.json
 expect_refusal damaged-empty-state "checkpoint state 'bad/state.json' at byte 0: unexpected token near end of file" train --resume bad --steps 410
+# state.json is under its own checksum: a digit of the step or of the data position changed is
+# refused (it would resume to other weights), and so is a state.json without its checksum; the
+# same checkpoint untouched resumes to the reference's weights, byte for byte
+damage && sed -i 's/^  "step": 400,/  "step": 390,/' bad/state.json
+expect_refusal state-json-step-digit "checkpoint state 'bad/state.json' fails its checksum \(xxh3-128 [0-9a-f]{32}, it says [0-9a-f]{32}\): it was changed or damaged" \
+    train --resume bad --steps 410
+damage && sed -i 's/"window": \([0-9]*\)/"window": 1\1/' bad/state.json
+expect_refusal state-json-window-digit "checkpoint state 'bad/state.json' fails its checksum" train --resume bad --steps 410
+damage && sed -i -z 's/,\n  "state_xxh3_128": "[0-9a-f]*"//' bad/state.json
+expect_refusal state-json-no-checksum "checkpoint state 'bad/state.json' has no checksum of itself \(state_xxh3_128\)" train --resume bad --steps 410
+rm -rf good390 && cp -r kill1.ckpt/step-00000390 good390
+: >"$OUT"
+if train --resume good390 --ckpt-dir good.ckpt --ckpt-every 10 --save-weights good.st >"$OUT" 2>&1 && cmp -s good.st ref.st; then
+    pass "state-json-untouched (step 390 resumed to step 400: the reference's weights, byte for byte)"
+else
+    fail state-json-untouched "resuming the untouched step 390 did not give the reference's weights" "$OUT"
+fi
 mkdir -p badroot && echo "../../etc" >badroot/latest
 expect_refusal damaged-latest "'badroot/latest' does not name a checkpoint" train --resume badroot --steps 410
 "$BUILD/mbt-gendata" --out-dir d2 --name t --tokens 200000 --val-tokens 0 --seed 9 >/dev/null 2>&1
@@ -233,8 +250,16 @@ if command -v flock >/dev/null; then
     mkdir -p locked.ckpt
     expect_refusal lock "another run is writing checkpoints to 'locked.ckpt'" \
         flock locked.ckpt/.lock "$PROG" train --data "$DATA" --steps 1 --ckpt-dir locked.ckpt --ckpt-every 1
+    # refused at the start even when only a SIGTERM would write a checkpoint (--ckpt-every 0)
+    expect_refusal lock-at-start "another run is writing checkpoints to 'locked.ckpt' \(it holds 'locked.ckpt/.lock'\)" \
+        flock locked.ckpt/.lock "$PROG" train --data "$DATA" --steps 20 --ckpt-dir locked.ckpt --ckpt-every 0
 else
     echo "SKIP ckpt/lock: no flock(1)"
 fi
+
+# a regular file as the checkpoint directory: refused at the start, not at the first checkpoint
+: >afile
+expect_refusal ckpt-dir-file "the checkpoint directory 'afile' is a file, not a directory" \
+    train --steps 20 --ckpt-dir afile --ckpt-every 0
 
 exit $failed
