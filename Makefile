@@ -113,8 +113,10 @@ $(LLVM_OBJS): OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC)
 # code's driver links executables with libmbtrt and RT_LDLIBS (the same as the tests').
 $(BUILD)/obj/compiler/main.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"'
 $(BUILD)/obj/compiler/host/link.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) \
-    -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"'
-# link.o bakes in RT_LDLIBS: a change of the libraries executables link must rebuild it.
+    -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"' -DMBT_LINK_CC='"$(CC)"'
+# link.o bakes in RT_LDLIBS and the C compiler driver that links (CC, the one libmbtrt.a was built
+# with: a sanitized libmbtrt needs that compiler's sanitizer runtime): a change of either must
+# rebuild it.
 $(BUILD)/obj/compiler/host/link.o: Makefile
 
 # Generated code: same warnings, minus the unused-parameter noise lemon's template produces.
@@ -166,7 +168,9 @@ JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(M
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
 # (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
-RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) -lpthread -ldl -lm
+# Under SAN=1 (make asan) it ends with the sanitizer flags, so that build/asan/mbtc -o links its
+# executables (an object and a libmbtrt.a both instrumented) with the sanitizers' runtime.
+RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) -lpthread -ldl -lm $(SANFLAGS)
 
 RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(RT_INC) $(BLAS_CFLAGS) $(CFLAGS)
 
@@ -263,8 +267,10 @@ unit: $(UNIT_BINS) $(BUILD)/tests/st_compare
 deps-test:
 	@tools/deps.sh test
 
+# The sanitizer build: mbtc, the unit tests and libmbtrt.a (what its mbtc -o links executables
+# with), all instrumented.
 asan:
-	@$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 OPT="-O1 -g" $(BUILD)/asan/mbtc unit
+	@$(MAKE) --no-print-directory BUILD=$(BUILD)/asan SAN=1 OPT="-O1 -g" $(BUILD)/asan/mbtc $(BUILD)/asan/libmbtrt.a unit
 
 # The fuzz target links the whole front end and checker with libFuzzer, ASan and UBSan.
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)

@@ -1,7 +1,8 @@
 /* link.c - the last step of `mbtc prog.mbt -o prog`: the host module, optimised, as an object
  * file, linked with the runtime library (libmbtrt) by the system's C compiler driver. The Makefile
- * defines where this build's libmbtrt.a is and the libraries it needs (MBT_RT_LIB, MBT_RT_LDLIBS),
- * the same as the tests link with. */
+ * defines where this build's libmbtrt.a is, the libraries it needs and the compiler driver that
+ * links (MBT_RT_LIB, MBT_RT_LDLIBS, MBT_LINK_CC), the same as the tests link with; in the sanitizer
+ * build (make asan) the libraries end with the sanitizer flags. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,9 @@
 
 #ifndef MBT_RT_LIB
 #define MBT_RT_LIB "build/libmbtrt.a"
+#endif
+#ifndef MBT_LINK_CC
+#define MBT_LINK_CC "cc"
 #endif
 #ifndef MBT_RT_LDLIBS
 #define MBT_RT_LDLIBS "-lopenblas -lpthread -lm"
@@ -41,8 +45,8 @@ void host_link(LLVMModuleRef m, const CpuTarget *target, const char *output, Are
         unlink(obj);
         return;
     }
-    const char *cmd = arena_printf(ar, "cc %s %s %s -o %s", shell_quote(ar, obj), shell_quote(ar, MBT_RT_LIB), MBT_RT_LDLIBS,
-                                   shell_quote(ar, output));
+    const char *cmd = arena_printf(ar, "%s %s %s %s -o %s", MBT_LINK_CC, shell_quote(ar, obj), shell_quote(ar, MBT_RT_LIB),
+                                   MBT_RT_LDLIBS, shell_quote(ar, output));
     int st = system(cmd);
     if (st != 0) diag_error_noloc("linking the executable failed (status %d): %s", st, cmd);
     unlink(obj);
