@@ -18,7 +18,11 @@ fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=$(cd "$1" && pwd) || exit 2
 cd "$ROOT" || exit 2
+# MBT_CKPT_MBTC: the compiler that builds the programs (the asan layer's BUILD/asan/mbtc, whose
+# executables run under ASan + UBSan; its files then go to BUILD/tmp/asan-ckpt)
+MBTC=${MBT_CKPT_MBTC:-$BUILD/mbtc}
 DIR="$BUILD/tmp/ckpt"
+[ -z "${MBT_CKPT_MBTC:-}" ] || DIR="$BUILD/tmp/asan-ckpt"
 rm -rf "$DIR"
 mkdir -p "$DIR" || exit 2
 failed=0
@@ -33,7 +37,7 @@ STEPS=400 # 2N
 OUT="$DIR/out.txt"
 "$BUILD/mbt-gendata" --out-dir "$DIR/d" --name t --tokens 200000 --val-tokens 0 >"$OUT" 2>&1 || { fail setup "mbt-gendata failed" "$OUT"; exit 1; }
 DATA="$DIR/d/t_train.bin"
-"$BUILD/mbtc" tests/ckpt/ckpt.mbt -o "$DIR/ck" >"$OUT" 2>&1 || { fail setup "mbtc -o failed" "$OUT"; exit 1; }
+"$MBTC" tests/ckpt/ckpt.mbt -o "$DIR/ck" >"$OUT" 2>&1 || { fail setup "mbtc -o failed" "$OUT"; exit 1; }
 PROG="$DIR/ck"
 cd "$DIR" || exit 2
 
@@ -165,7 +169,7 @@ else
     fail disk-full-continue "expected a warning at step 30, exit 0, latest still step 20 and unchanged (status $rc)" "$OUT"
 fi
 sed 's/on_error = "continue"/on_error = "stop"/' "$ROOT/tests/ckpt/ckpt.mbt" >stop.mbt
-if "$BUILD/mbtc" -I "$ROOT/examples" stop.mbt -o stop >"$OUT" 2>&1; then
+if "$MBTC" -I "$ROOT/examples" stop.mbt -o stop >"$OUT" 2>&1; then
     (ulimit -f 64; ./stop train --data "$DATA" --threads 1 --steps 40 --resume latest >"$OUT" 2>&1)
     rc=$?
     if [ "$rc" = 1 ] && grep -q "checkpoint at step 30 failed: .*File too large; earlier checkpoints are untouched; stopping" "$OUT" \
@@ -193,7 +197,7 @@ expect_refusal() {
 CK=kill1.ckpt/step-00000400
 sed 's/lr = 1e-2/lr = 3e-2/' "$ROOT/tests/ckpt/ckpt.mbt" >other_lr.mbt
 sed 's/hidden = 128/hidden = 96/; s/d = 32,/d = 24,/' "$ROOT/tests/ckpt/ckpt.mbt" >other_shape.mbt
-for v in other_lr other_shape; do "$BUILD/mbtc" -I "$ROOT/examples" "$v.mbt" -o "$v" >"$OUT" 2>&1 || fail "$v" "mbtc -o failed" "$OUT"; done
+for v in other_lr other_shape; do "$MBTC" -I "$ROOT/examples" "$v.mbt" -o "$v" >"$OUT" 2>&1 || fail "$v" "mbtc -o failed" "$OUT"; done
 expect_refusal refuse-other-hash "is not of this program: the compiled step differs \(program hash xxh3-128:[0-9a-f]{32}, here xxh3-128:[0-9a-f]{32}\)" \
     ./other_lr train --data "$DATA" --steps 410 --resume "$CK"
 expect_refusal refuse-other-shapes "is not of this program: 'emb.weight' has another shape; 'fc1.weight' has another shape; .*--resume-weights-only" \

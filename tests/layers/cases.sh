@@ -13,7 +13,7 @@
 #   # expect-count: N REGEX   exactly N lines match
 #   # tests: HELPER ARGS      a helper of tests/layers/*.sh that prints its own PASS/FAIL lines
 # COMMAND is words split at blanks ('' is an empty word, `> FILE` at the end sends stdout to FILE):
-# mbtc, mbt-gendata, st_compare and python name BUILD's programs and /usr/bin/python3; a helper
+# mbtc (CASE_MBTC when set: the asan layer's BUILD/asan/mbtc), mbt-gendata, st_compare and python name BUILD's programs and /usr/bin/python3; a helper
 # function of tests/layers/*.sh; or any program. $W (the case's folder under BUILD/tmp), $CASE
 # (the case file), $DATA, $VAL and $CUDA_ARCHS are replaced in commands and expectations.
 
@@ -53,7 +53,7 @@ case_exec() {
         unset 'words[n-1]' 'words[n-2]'
     fi
     case "${words[0]}" in
-    mbtc) words[0]=$BUILD/mbtc ;;
+    mbtc) words[0]=${CASE_MBTC:-$BUILD/mbtc} ;;
     mbt-gendata) words[0]=$BUILD/mbt-gendata ;;
     st_compare) words[0]=$BUILD/tests/st_compare ;;
     python) words[0]=/usr/bin/python3 ;;
