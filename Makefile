@@ -44,7 +44,7 @@ SANFLAGS = $(if $(SAN),-fsanitize=$(SAN_KINDS) -fno-omit-frame-pointer -fno-sani
 DEPFLAGS = -MMD -MP
 
 # ---- the compiler's folders, in pipeline order (docs/architecture.md) -------------------------
-#   support/  arena, diagnostics                 front/   lexer, grammar, AST, modules
+#   support/  arena, diagnostics, install paths  front/   lexer, grammar, AST, modules
 #   sema/     names, types, shapes, settings     ir/      graph IR, its builder, autodiff
 #   fuse/     fusion into launches               kir/     the kernel IR
 #   plan/     the step program, the memory plan  backend/cpu, backend/cuda   LLVM, CUDA C + NVRTC
