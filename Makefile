@@ -17,7 +17,11 @@
 #                     make test's format layer checks them)
 #   make clean
 #
-# Variables: LLVM_CONFIG (default llvm-config-19), CUDA_HOME (default /usr/local/cuda),
+#   make install      PREFIX=DIR (default /usr/local): mbtc, its runtime library and the stdlib;
+#                     the tree can be moved (docs/install.md)
+#   make dist         the same as a relocatable tarball, build/mbt-VERSION-ARCH.tar.gz
+#
+# Variables: LLVM_CONFIG (default llvm-config-19), LLVM_STATIC=1 (link LLVM into mbtc), CUDA_HOME (default /usr/local/cuda),
 # BUILD (output directory, default build), SAN=1 (sanitizers), OPENBLAS_DIR / OPENBLAS_INC /
 # BLAS_LIBS (where OpenBLAS is and how executables link it; see the runtime section).
 
@@ -40,7 +44,7 @@ SANFLAGS = $(if $(SAN),-fsanitize=$(SAN_KINDS) -fno-omit-frame-pointer -fno-sani
 DEPFLAGS = -MMD -MP
 
 # ---- the compiler's folders, in pipeline order (docs/architecture.md) -------------------------
-#   support/  arena, diagnostics                 front/   lexer, grammar, AST, modules
+#   support/  arena, diagnostics, install paths  front/   lexer, grammar, AST, modules
 #   sema/     names, types, shapes, settings     ir/      graph IR, its builder, autodiff
 #   fuse/     fusion into launches               kir/     the kernel IR
 #   plan/     the step program, the memory plan  backend/cpu, backend/cuda   LLVM, CUDA C + NVRTC
@@ -63,7 +67,21 @@ ALL_COMPILER_SRCS = $(filter-out compiler/main.c,$(wildcard $(addsuffix /*.c,$(C
 # into libmbtc.a, and what calls them (mbtc, test_cpu) links LLVM_LIBS and libmbtrt.a.
 LLVM_CONFIG ?= llvm-config-19
 LLVM_CFLAGS  = $(patsubst -I%,-isystem %,$(shell $(LLVM_CONFIG) --cflags))
-LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs core analysis passes target x86 orcjit executionengine mcjit native --system-libs)
+LLVM_COMPONENTS = core analysis passes target x86 orcjit executionengine mcjit native
+# LLVM_STATIC=1 links LLVM's static archives (Debian's llvm-19-dev ships them) into mbtc and the
+# tests that JIT, so that mbtc runs where LLVM's shared libraries are not installed (a GPU node).
+# libstdc++, libgcc and zlib go in statically too. `--link-static --system-libs` also names
+# libz3 and libxml2, which these components do not use, and -lzstd, which LLVM's compression
+# does: its static archive where libzstd-dev is installed, else the runtime library libzstd.so.1
+# (on every Debian and Ubuntu system: apt depends on it). `ldd build/mbtc` then lists libc, libm
+# and at most libzstd.
+ifeq ($(LLVM_STATIC),1)
+ZSTD_LIB     = $(firstword $(wildcard /usr/lib/$(MULTIARCH)/libzstd.a /usr/lib/$(MULTIARCH)/libzstd.so.1) -lzstd)
+LLVM_LIBS    = $(shell $(LLVM_CONFIG) --link-static --ldflags --libs $(LLVM_COMPONENTS)) $(ZSTD_LIB) \
+               -static-libgcc -Wl,-Bstatic -lz -lstdc++ -Wl,-Bdynamic -lrt -ldl -lm
+else
+LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs $(LLVM_COMPONENTS) --system-libs)
+endif
 LLVM_SRCS    = $(wildcard compiler/backend/cpu/*.c compiler/host/*.c) compiler/ref/verify_step.c compiler/pipeline.c
 LIB_SRCS     = $(filter-out $(LLVM_SRCS),$(ALL_COMPILER_SRCS))
 GEN_SRCS     = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
@@ -74,7 +92,7 @@ LLVM_OBJS = $(patsubst %.c,$(BUILD)/obj/%.o,$(LLVM_SRCS)) $(BUILD)/obj/compiler/
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
-.PHONY: all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu clean deps deps-test format
+.PHONY: install dist all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu clean deps deps-test format
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/mbtc
@@ -109,14 +127,21 @@ $(BUILD)/obj/compiler/%.o: compiler/%.c | $(GEN_HDRS) $(BUILD)/.deps-ok
 	$(CC) $(CFLAGS_ALL) $(OBJ_EXTRA) $(DEPFLAGS) -c $< -o $@
 
 $(LLVM_OBJS): OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC)
-# mbtc finds the stdlib beside itself (<bindir>/../stdlib), else in this source tree; the host
-# code's driver links executables with libmbtrt and RT_LDLIBS (the same as the tests').
-$(BUILD)/obj/compiler/main.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"'
-$(BUILD)/obj/compiler/host/link.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) \
-    -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"' -DMBT_LINK_CC='"$(CC)"'
-# link.o bakes in RT_LDLIBS and the C compiler driver that links (CC, the one libmbtrt.a was built
-# with: a sanitized libmbtrt needs that compiler's sanitizer runtime): a change of either must
-# rebuild it.
+# mbtc finds its runtime library, the static libraries executables link and the stdlib relative to
+# itself (compiler/support/install.c: an installed tree's <bindir>/../lib/mbt and
+# <bindir>/../share/mbt/stdlib, else a build directory's); the build tree's paths are compiled in
+# only as the last fallback of an uninstalled build (build/asan/mbtc). RT_LDLIBS_INSTALLED is
+# RT_LDLIBS with each archive path made its bare name, which `make install` copies into lib/mbt.
+RT_ARCHIVES = $(filter %.a,$(RT_LDLIBS))
+RT_LDLIBS_INSTALLED = $(foreach w,$(RT_LDLIBS),$(if $(filter %.a,$(w)),$(notdir $(w)),$(w)))
+$(BUILD)/obj/compiler/support/install.o: OBJ_EXTRA = -DMBT_SOURCE_STDLIB='"$(CURDIR)/stdlib"' \
+    -DMBT_RT_LIB='"$(CURDIR)/$(BUILD)/libmbtrt.a"' -DMBT_RT_LDLIBS='"$(RT_LDLIBS)"' \
+    -DMBT_RT_LDLIBS_INSTALLED='"$(RT_LDLIBS_INSTALLED)"'
+# install.o bakes in RT_LDLIBS: a change of the libraries executables link must rebuild it.
+$(BUILD)/obj/compiler/support/install.o: Makefile
+# link.o bakes in the C compiler driver that links executables (CC, the one libmbtrt.a was built
+# with: a sanitized libmbtrt needs that compiler's sanitizer runtime): a change must rebuild it.
+$(BUILD)/obj/compiler/host/link.o: OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC) -DMBT_LINK_CC='"$(CC)"'
 $(BUILD)/obj/compiler/host/link.o: Makefile
 
 # Generated code: same warnings, minus the unused-parameter noise lemon's template produces.
@@ -132,8 +157,16 @@ $(BUILD)/libmbtc.a: $(LIB_OBJS)
 	rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mbtc: $(BUILD)/obj/compiler/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(LLVM_LIBS) $(JANSSON_LIBS) -lm
+# A stamp names how mbtc links LLVM (llvm-link.static or .shared), so that a change of LLVM_STATIC
+# relinks it.
+LLVM_LINK = $(BUILD)/llvm-link.$(if $(filter 1,$(LLVM_STATIC)),static,shared)
+$(LLVM_LINK):
+	@mkdir -p $(BUILD)
+	@rm -f $(BUILD)/llvm-link.*
+	@touch $@
+
+$(BUILD)/mbtc: $(BUILD)/obj/compiler/main.o $(BUILD)/libmbtc.a $(BUILD)/libmbtrt.a $(LLVM_LINK)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(filter-out $(LLVM_LINK),$^) $(LLVM_LIBS) $(JANSSON_LIBS) -lm
 
 # ---- runtime (libmbtrt) -------------------------------------------------------------------------
 # The library linked into every executable mbtc builds (runtime/rt.h is its whole surface; the
@@ -326,6 +359,30 @@ bench: all
 BENCH_GPU_ARGS ?=
 bench-gpu: all
 	@/usr/bin/python3 bench/gpu.py --build $(BUILD) --seq 1024 --batch max $(BENCH_GPU_ARGS)
+
+# ---- install and carry (docs/install.md) -------------------------------------------------------
+# make install PREFIX=P: P/bin/mbtc and mbt-gendata, P/lib/mbt/libmbtrt.a with the static archives
+# executables link (RT_ARCHIVES: OpenBLAS's and jansson's where they are linked statically),
+# P/share/mbt/stdlib. mbtc finds them relative to itself, so P can be moved. DESTDIR stages.
+# make dist: that tree as build/mbt-VERSION-ARCH.tar.gz (one folder, mbt-VERSION-ARCH).
+PREFIX  ?= /usr/local
+VERSION  = $(shell sed -n 's/^#define MBT_VERSION "\(.*\)"/\1/p' compiler/main.c)
+ARCH    := $(shell uname -m)
+DIST     = mbt-$(VERSION)-$(ARCH)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/mbt $(DESTDIR)$(PREFIX)/share/mbt
+	install -m 755 $(BUILD)/mbtc $(BUILD)/mbt-gendata $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(BUILD)/libmbtrt.a $(RT_ARCHIVES) $(DESTDIR)$(PREFIX)/lib/mbt/
+	rm -rf $(DESTDIR)$(PREFIX)/share/mbt/stdlib
+	install -d $(DESTDIR)$(PREFIX)/share/mbt/stdlib
+	install -m 644 stdlib/*.mbt $(DESTDIR)$(PREFIX)/share/mbt/stdlib/
+
+dist: all
+	rm -rf $(BUILD)/dist $(BUILD)/$(DIST).tar.gz
+	@$(MAKE) --no-print-directory install PREFIX=$(abspath $(BUILD))/dist/$(DIST) DESTDIR=
+	tar -C $(BUILD)/dist -czf $(BUILD)/$(DIST).tar.gz $(DIST)
+	@echo "built $(BUILD)/$(DIST).tar.gz"
 
 format:
 	@tools/format.sh

@@ -11,6 +11,7 @@
 
 #include "arena.h"
 #include "diag.h"
+#include "install.h"
 #include "module.h"
 #include "cuda_program.h"
 #include "pipeline.h"
@@ -51,7 +52,7 @@ static void usage(FILE *out) {
                  "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
                  "  --color            colour diagnostics (default: when stderr is a terminal)\n"
                  "  --no-color         never colour diagnostics\n"
-                 "  --version          print the version\n"
+                 "  --version          print the version, and the runtime library and stdlib this mbtc uses\n"
                  "  -h, --help         print this help\n"
                  "\n"
                  "environment:\n"
@@ -62,23 +63,15 @@ static void usage(FILE *out) {
                  "exit status: 0 success, 1 errors in the program, 2 internal compiler error\n");
 }
 
-/* The stdlib shipped beside the compiler: <dir of mbtc>/../stdlib, else the source tree's. */
-static const char *default_stdlib(Arena *ar) {
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return NULL;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash) return NULL;
-    *slash = 0;
-    const char *beside = arena_printf(ar, "%s/../stdlib", exe);
-    struct stat st;
-    if (stat(beside, &st) == 0 && S_ISDIR(st.st_mode)) return beside;
-#ifdef MBT_SOURCE_STDLIB
-    return MBT_SOURCE_STDLIB; /* a build directory elsewhere (build/asan): the source tree's stdlib */
-#else
-    return beside;
-#endif
+/* --version: the version, then where this mbtc finds its runtime library and its stdlib (an
+ * installed tree's, relative to mbtc itself, or the build tree's: docs/install.md). */
+static void print_version(Arena *ar) {
+    const char *lib = NULL, *ldlibs = NULL, *err = NULL;
+    const char *stdlib = install_stdlib(ar);
+    printf("mbtc %s\n", MBT_VERSION);
+    if (install_runtime(ar, &lib, &ldlibs, &err)) printf("runtime: not found (%s)\n", err);
+    else printf("runtime: %s\n", lib);
+    printf("stdlib: %s\n", stdlib ? stdlib : "not found");
 }
 
 /* The command line, parsed. */
@@ -115,7 +108,7 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
         else if (strcmp(a, "--color") == 0) diag_set_color(1);
         else if (strcmp(a, "--no-color") == 0) diag_set_color(0);
         else if (strcmp(a, "--version") == 0) {
-            printf("mbtc %s\n", MBT_VERSION);
+            print_version(ar);
             return 0;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
@@ -265,7 +258,7 @@ int main(int argc, char **argv) {
     if (rc < 0 && check_args(&c, &ar)) rc = 1;
     if (rc < 0) {
         Loader ld;
-        loader_init(&ld, &ar, (const char **)c.incdirs.v, c.incdirs.n, default_stdlib(&ar));
+        loader_init(&ld, &ar, (const char **)c.incdirs.v, c.incdirs.n, install_stdlib(&ar));
         Pipeline p;
         pipeline_init(&p, &ld, &ar, &c.o, goal_of(&c));
         rc = run(&p, &c);

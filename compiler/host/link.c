@@ -1,8 +1,8 @@
 /* link.c - the last step of `mbtc prog.mbt -o prog`: the host module, optimised, as an object
- * file, linked with the runtime library (libmbtrt) by the system's C compiler driver. The Makefile
- * defines where this build's libmbtrt.a is, the libraries it needs and the compiler driver that
- * links (MBT_RT_LIB, MBT_RT_LDLIBS, MBT_LINK_CC), the same as the tests link with; in the sanitizer
- * build (make asan) the libraries end with the sanitizer flags. */
+ * file, linked with the runtime library (libmbtrt) by the C compiler driver this build used
+ * (MBT_LINK_CC: a sanitized libmbtrt needs that compiler's sanitizer runtime). Where libmbtrt.a
+ * and the libraries it needs are is install_runtime's answer (compiler/support/install.h): an
+ * installed tree's lib/mbt relative to mbtc itself, else the build directory's. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,25 +10,18 @@
 
 #include "diag.h"
 #include "host_internal.h"
+#include "install.h"
 
-#ifndef MBT_RT_LIB
-#define MBT_RT_LIB "build/libmbtrt.a"
-#endif
 #ifndef MBT_LINK_CC
 #define MBT_LINK_CC "cc"
 #endif
-#ifndef MBT_RT_LDLIBS
-#define MBT_RT_LDLIBS "-lopenblas -lpthread -lm"
-#endif
-
-static const char *shell_quote(Arena *ar, const char *s) {
-    const char *out = "'";
-    for (const char *p = s; *p; p++) out = *p == '\'' ? arena_printf(ar, "%s'\\''", out) : arena_printf(ar, "%s%c", out, *p);
-    return arena_printf(ar, "%s'", out);
-}
 
 void host_link(LLVMModuleRef m, const CpuTarget *target, const char *output, Arena *ar) {
-    const char *err = NULL;
+    const char *err = NULL, *rtlib = NULL, *ldlibs = NULL;
+    if (install_runtime(ar, &rtlib, &ldlibs, &err)) {
+        diag_error_noloc("%s", err);
+        return;
+    }
     /* the object file is a temporary of mbtc's own (mkstemps: a new name, never a user's file such
      * as OUT.o), removed whatever happens */
     const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -45,8 +38,8 @@ void host_link(LLVMModuleRef m, const CpuTarget *target, const char *output, Are
         unlink(obj);
         return;
     }
-    const char *cmd = arena_printf(ar, "%s %s %s %s -o %s", MBT_LINK_CC, shell_quote(ar, obj), shell_quote(ar, MBT_RT_LIB),
-                                   MBT_RT_LDLIBS, shell_quote(ar, output));
+    const char *cmd = arena_printf(ar, "%s %s %s %s -o %s", MBT_LINK_CC, install_shell_quote(ar, obj),
+                                   install_shell_quote(ar, rtlib), ldlibs, install_shell_quote(ar, output));
     int st = system(cmd);
     if (st != 0) diag_error_noloc("linking the executable failed (status %d): %s", st, cmd);
     unlink(obj);
