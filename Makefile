@@ -5,7 +5,8 @@
 #                     print its loss against the known optimum and generated samples
 #   make test         everything below `make test` in docs/testing.md (ends with "N passed, N failed")
 #   make fuzz         run the front-end fuzzer until stopped (FUZZ_SECONDS=N to bound it;
-#                     FUZZ_TARGET=safetensors fuzzes the safetensors reader instead)
+#                     FUZZ_TARGET=safetensors fuzzes the safetensors reader instead, and data,
+#                     state, cli or verify_step the executable's inputs: docs/testing.md)
 #   make bench        CPU training step time against PyTorch (docs/bench.md; not part of make test;
 #                     BENCH_ARGS="--rounds 5 --threads 4 --cases tiny" passes options to bench/run.py)
 #   make test-gpu     the training step with --device cuda against the CPU's, reruns, MBT_DEBUG and
@@ -83,7 +84,10 @@ else
 LLVM_LIBS    = $(shell $(LLVM_CONFIG) --ldflags --libs $(LLVM_COMPONENTS) --system-libs)
 endif
 LLVM_SRCS    = $(wildcard compiler/backend/cpu/*.c compiler/host/*.c) compiler/ref/verify_step.c compiler/pipeline.c
-LIB_SRCS     = $(filter-out $(LLVM_SRCS),$(ALL_COMPILER_SRCS))
+# step_dump.c (the step-dump reader of verify_step.c) needs the runtime's headers, not LLVM's: it
+# stays out of LIB_SRCS too, and its fuzzer (fuzz_verify_step) links it with the safetensors reader.
+RT_COMPILER_SRCS = compiler/ref/step_dump.c
+LIB_SRCS     = $(filter-out $(LLVM_SRCS) $(RT_COMPILER_SRCS),$(ALL_COMPILER_SRCS))
 GEN_SRCS     = $(BUILD)/gen/mbt.c $(BUILD)/gen/lexer.c
 
 LIB_OBJS  = $(patsubst %.c,$(BUILD)/obj/%.o,$(ALL_COMPILER_SRCS)) $(BUILD)/obj/gen/mbt.o $(BUILD)/obj/gen/lexer.o
@@ -127,6 +131,7 @@ $(BUILD)/obj/compiler/%.o: compiler/%.c | $(GEN_HDRS) $(BUILD)/.deps-ok
 	$(CC) $(CFLAGS_ALL) $(OBJ_EXTRA) $(DEPFLAGS) -c $< -o $@
 
 $(LLVM_OBJS): OBJ_EXTRA = $(LLVM_CFLAGS) $(RT_INC)
+$(patsubst %.c,$(BUILD)/obj/%.o,$(RT_COMPILER_SRCS)): OBJ_EXTRA = $(RT_INC)
 # mbtc finds its runtime library, the static libraries executables link and the stdlib relative to
 # itself (compiler/support/install.c: an installed tree's <bindir>/../lib/mbt and
 # <bindir>/../share/mbt/stdlib, else a build directory's); the build tree's paths are compiled in
@@ -307,7 +312,9 @@ asan:
 
 # The fuzz target links the whole front end and checker with libFuzzer, ASan and UBSan.
 FUZZ_FLAGS = $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INC)
-fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors
+FUZZ_RT_TARGETS = data cli state
+fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/fuzz_verify_step \
+	$(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ_RT_TARGETS))
 
 $(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(GEN_HDRS) $(wildcard $(addsuffix /*.h,$(COMPILER_DIRS)))
 	@mkdir -p $(BUILD)/fuzz
@@ -320,6 +327,27 @@ $(BUILD)/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(
 	@mkdir -p $(BUILD)/fuzz
 	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $(RT_INC) \
 		-o $@ tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(JANSSON_LIBS) -lm
+
+# --verify-step's step-dump reader (compiler/ref/step_dump.c) against a step graph the front end
+# builds: the front end and checker as fuzz_frontend links them, and the safetensors reader.
+$(BUILD)/fuzz/fuzz_verify_step: tests/fuzz/fuzz_verify_step.c $(LIB_SRCS) $(GEN_SRCS) $(RT_COMPILER_SRCS) $(FUZZ_ST_SRCS) \
+		$(GEN_HDRS) $(wildcard $(addsuffix /*.h,$(COMPILER_DIRS) $(RUNTIME_DIRS)))
+	@mkdir -p $(BUILD)/fuzz
+	$(CLANG_FUZZ) $(FUZZ_FLAGS) $(RT_INC) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_verify_step.c $(LIB_SRCS) $(GEN_SRCS) \
+		$(RT_COMPILER_SRCS) $(FUZZ_ST_SRCS) $(JANSSON_LIBS) -lm
+
+# The executable's inputs (token shards, state.json, the command line) are fuzzed against the whole
+# runtime built with the fuzzer's instrumentation and the sanitizers (its own objects, in
+# BUILD/fuzz/obj; main.c left out) and a fixed program descriptor, tests/runtime/bigram_program.c.
+FUZZ_RT_SRCS = $(filter-out runtime/cli/main.c,$(RT_SRCS)) tests/runtime/bigram_program.c
+FUZZ_RT_OBJS = $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(FUZZ_RT_SRCS))
+$(BUILD)/fuzz/obj/%.o: %.c $(wildcard $(addsuffix /*.h,$(RUNTIME_DIRS)))
+	@mkdir -p $(dir $@)
+	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all $(WARN) $(RT_INC) \
+		-I$(OPENBLAS_INC) -c -o $@ $<
+$(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ_RT_TARGETS)): $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_RT_OBJS)
+	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $(RT_INC) \
+		-o $@ $< $(FUZZ_RT_OBJS) $(RT_LDLIBS)
 
 fuzz: $(BUILD)/fuzz/fuzz_$(FUZZ_TARGET)
 	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGET)

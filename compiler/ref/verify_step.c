@@ -35,6 +35,7 @@
 #include "rt.h"
 #include "rt_program.h"
 #include "sema.h"
+#include "step_dump.h"
 #include "verify_step.h"
 
 /* Tolerances: the loss relative; a gradient or an update relative to the tensor's largest entry.
@@ -52,67 +53,6 @@ static int graph_reads_bf16(const Graph *g) {
     for (int i = 0; i < g->n; i++)
         if (g->node[i]->op == G_CAST && g->node[i]->dt == DT_BF16 && g->node[g->node[i]->in[0]]->op == G_PARAM) return 1;
     return 0;
-}
-
-/* The dump's metadata entry `key` as a positive whole number, or -1 after reporting. */
-static int64_t meta_int(const RtStFile *f, const char *path, const char *key) {
-    const char *v = rt_st_meta_get(f, key);
-    char *end = NULL;
-    long long n = v ? strtoll(v, &end, 10) : -1;
-    if (!v || end == v || *end || n < 1) {
-        diag_error_noloc("'%s' is not a step dump: its metadata have no %s (write one with `PROG train --dump-step`)", path, key);
-        return -1;
-    }
-    return n;
-}
-
-/* The dump's metadata entry `key` as a number (NaN when missing; the caller reports). */
-static double meta_num(const RtStFile *f, const char *key) {
-    const char *v = rt_st_meta_get(f, key);
-    char *end = NULL;
-    double x = v ? strtod(v, &end) : NAN;
-    return v && end != v && !*end ? x : NAN;
-}
-
-/* The G_INPUT node named `name` in g, or -1. */
-static int find_input(const Graph *g, const char *name) {
-    for (int id = 0; id < g->n; id++)
-        if (g->node[id]->op == G_INPUT && g->node[id]->name && strcmp(g->node[id]->name, name) == 0) return id;
-    return -1;
-}
-
-/* A tensor of the dump by name, with the shape of node n (or of [rows, cols] when n is NULL). */
-static const RtStTensor *dump_tensor(const RtStFile *f, const char *path, const char *name, const GNode *n, int64_t rows,
-                                     int64_t cols) {
-    const RtStTensor *t = rt_st_find(f, name);
-    if (!t) {
-        diag_error_noloc("step dump '%s' has no tensor '%s': was it written by a program compiled from this train block?", path,
-                         name);
-        return NULL;
-    }
-    int rank = n ? n->rank : 2;
-    int same = t->rank == rank;
-    for (int d = 0; same && d < rank; d++) same = t->shape[d] == (n ? n->shape[d] : d == 0 ? rows : cols);
-    if (!same) {
-        diag_error_noloc("step dump '%s': tensor '%s' does not have the shape this train block gives it", path, name);
-        return NULL;
-    }
-    return t;
-}
-
-static double *read_doubles(const RtStFile *f, const RtStTensor *t, int64_t n, const char *path, Arena *ar) {
-    float *tmp = malloc((size_t)(n > 0 ? n : 1) * sizeof *tmp);
-    double *out = arena_alloc(ar, (size_t)(n > 0 ? n : 1) * sizeof *out);
-    RtError err;
-    rt_error_clear(&err);
-    if (!tmp || rt_st_read_f32(f, t, tmp, n, &err) != RT_OK) {
-        diag_error_noloc("step dump '%s': %s", path, tmp ? err.msg : "out of memory");
-        free(tmp);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++) out[i] = tmp[i];
-    free(tmp);
-    return out;
 }
 
 /* The spacing of f32 numbers at x (one unit in the last place). */
@@ -178,52 +118,17 @@ int verify_step(Pipeline *p, const char *path) {
         diag_error_noloc("%s", err.msg);
         return diag_finish();
     }
-    int xin = find_input(g, "data.x"), yin = find_input(g, "data.y");
-    int64_t micro = meta_int(f, path, "mbt.micro"), accum = meta_int(f, path, "mbt.accum");
-    int64_t seq = meta_int(f, path, "mbt.seq");
-    double loss = meta_num(f, "mbt.loss"), lr = meta_num(f, "mbt.lr"), clip = meta_num(f, "mbt.clip");
-    if (xin < 0 || yin < 0) diag_error_noloc("the train block's step reads no data.x and data.y");
-    else if (micro > 0 && seq > 0 &&
-             (g->node[xin]->rank != 2 || g->node[xin]->shape[0] != micro || g->node[xin]->shape[1] != seq))
-        diag_error_noloc("step dump '%s' holds micro-batches of %lld x %lld tokens, but this train block's are %lld x %lld", path,
-                         (long long)micro, (long long)seq, (long long)g->node[xin]->shape[0],
-                         (long long)(g->node[xin]->rank > 1 ? g->node[xin]->shape[1] : 0));
-    int64_t rows = 0, cells = 0, window = micro * seq; /* micro and seq are the graph's here (checked above) */
-    if (!diag_error_count() && (__builtin_mul_overflow(micro, accum, &rows) || __builtin_mul_overflow(rows, seq, &cells) ||
-                                cells > (int64_t)(SIZE_MAX / 2 / sizeof(int32_t))))
-        diag_error_noloc("step dump '%s': mbt.accum = %lld micro-batches of %lld x %lld tokens is more tokens than any dump can "
-                         "hold",
-                         path, (long long)accum, (long long)micro, (long long)seq);
-    if ((isnan(loss) || isnan(lr) || isnan(clip)) && accum > 0)
-        diag_error_noloc("step dump '%s' lacks mbt.loss, mbt.lr or mbt.clip in its metadata", path);
-    if (diag_error_count()) {
-        rt_st_close(f);
+    StepDump d;
+    int bad_dump = step_dump_read(g, f, path, &d, ar);
+    rt_st_close(f);
+    if (bad_dump) {
+        step_dump_free(&d);
         return diag_finish();
     }
-
-    /* the leaves: every parameter, then each micro-batch's rows of x and y */
-    double **leaves = arena_alloc(ar, (size_t)g->n * sizeof *leaves);
-    double **grad = arena_alloc(ar, (size_t)g->nparams * sizeof *grad);
-    double **next = arena_alloc(ar, (size_t)g->nparams * sizeof *next);
-    for (int i = 0; i < g->nparams && !diag_error_count(); i++) {
-        const GNode *p = g->node[g->params[i]];
-        const RtStTensor *t = dump_tensor(f, path, p->name, p, 0, 0);
-        if (t) leaves[p->id] = read_doubles(f, t, graph_numel(p), path, ar);
-        const char *gname = arena_printf(ar, "grad:%s", p->name);
-        t = t ? dump_tensor(f, path, gname, p, 0, 0) : NULL;
-        if (t) grad[i] = read_doubles(f, t, graph_numel(p), path, ar);
-        t = t ? dump_tensor(f, path, arena_printf(ar, "next:%s", p->name), p, 0, 0) : NULL;
-        if (t) next[i] = read_doubles(f, t, graph_numel(p), path, ar);
-    }
-    int32_t *bx = malloc((size_t)cells * sizeof *bx), *by = malloc((size_t)cells * sizeof *by);
-    if (!diag_error_count()) {
-        const RtStTensor *tx = dump_tensor(f, path, "batch:x", NULL, rows, seq);
-        const RtStTensor *ty = tx ? dump_tensor(f, path, "batch:y", NULL, rows, seq) : NULL;
-        if (ty &&
-            (!bx || !by || rt_st_read_i32(f, tx, bx, cells, &err) != RT_OK || rt_st_read_i32(f, ty, by, cells, &err) != RT_OK))
-            diag_error_noloc("step dump '%s': %s", path, bx && by ? err.msg : "out of memory");
-    }
-    rt_st_close(f);
+    int xin = d.xin, yin = d.yin;
+    int64_t micro = d.micro, accum = d.accum, seq = d.seq, window = micro * seq;
+    double loss = d.loss, lr = d.lr, clip = d.clip, **leaves = d.leaves, **grad = d.grad, **next = d.next;
+    int32_t *bx = d.bx, *by = d.by;
 
     /* the reference step: the mean over the micro-batches, as the runtime's loss_scale makes it */
     double ref_loss = 0;
@@ -249,8 +154,7 @@ int verify_step(Pipeline *p, const char *path) {
         }
         arena_free(&scratch);
     }
-    free(bx);
-    free(by);
+    step_dump_free(&d);
     if (diag_error_count()) return diag_finish();
 
     double **ref_next = reference_update(tb->update, g, leaves, grad, lr, clip, ar);

@@ -17,11 +17,20 @@ static void rt_mark_cut(RtError *e, int wanted) {
     if (wanted >= (int)sizeof e->msg) memcpy(e->msg + sizeof e->msg - 4, "...", 4);
 }
 
+/* Keeps a message one line whatever it quotes: a newline, a carriage return or any other control
+ * character (an argument, a file name, a JSON string may hold one) becomes '?', so that a message
+ * is never split over lines nor writes a terminal's escape sequences. */
+static void rt_one_line(RtError *e) {
+    for (char *c = e->msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+}
+
 static void rt_vset(RtError *e, RtStatus code, const char *fmt, va_list ap) {
     e->code = code;
     int n = vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     if (n < 0) snprintf(e->msg, sizeof e->msg, "(unprintable error message)");
     else rt_mark_cut(e, n);
+    rt_one_line(e);
 }
 
 void rt_error_clear(RtError *e) {
@@ -54,6 +63,7 @@ RtStatus rt_fail_errno(RtError *e, int errnum, const char *fmt, ...) {
         int n = snprintf(e->msg + len, sizeof e->msg - len, ": %s", why);
         if (n >= 0) rt_mark_cut(e, (int)len + n);
     }
+    rt_one_line(e);
     return code;
 }
 
@@ -69,6 +79,7 @@ RtStatus rt_error_context(RtError *e, const char *fmt, ...) {
     memcpy(old, e->msg, sizeof old);
     int m = snprintf(e->msg, sizeof e->msg, "%s: %s", prefix, old);
     if (m >= 0) rt_mark_cut(e, m);
+    rt_one_line(e);
     return e->code;
 }
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # tests/fuzz/run.sh BUILD SECONDS [TARGET] - runs a fuzzer (BUILD/fuzz/fuzz_TARGET, built by
 # `make fuzz-build`) from the repository root. TARGET is `frontend` (the default: the front end and
-# checker) or `safetensors` (the runtime's safetensors reader). Two steps:
+# checker), `safetensors` (the runtime's safetensors reader), or one of the executable's inputs:
+# `data` (the token-shard reader), `state` (a checkpoint's state.json), `cli` (the command line)
+# and `verify_step` (mbtc --verify-step's step-dump reader). Two steps:
 #   1. replay: every file of the corpus once (frontend: tests/fuzz/corpus, examples, stdlib,
-#      tests/diag, tests/golden; safetensors: tests/fuzz/corpus_st);
+#      tests/diag, tests/golden; safetensors: tests/fuzz/corpus_st; the others:
+#      tests/fuzz/corpus_TARGET);
 #   2. fuzz for SECONDS (0 = until stopped with Ctrl-C) on a temporary copy of that corpus, so the
 #      stored corpus is never changed by a run.
 # Prints `PASS fuzz/<step>` or `FAIL fuzz/<step>: ...` for each step (step names are prefixed
-# `st-` for the safetensors target) (what tests/run.sh counts),
+# `st-` for the safetensors target, `TARGET-` for the others) (what tests/run.sh counts),
 # with the path of the input that crashed or hung (kept in BUILD/fuzz/artifacts/) and the end of
 # libFuzzer's log. Exit status 1 when a step failed.
 #
@@ -16,7 +19,7 @@
 set -u
 
 if [ $# -lt 2 ]; then
-    echo "usage: tests/fuzz/run.sh BUILD SECONDS [frontend|safetensors]" >&2
+    echo "usage: tests/fuzz/run.sh BUILD SECONDS [frontend|safetensors|data|state|cli|verify_step]" >&2
     exit 2
 fi
 TARGET=${3:-frontend}
@@ -32,7 +35,10 @@ cd "$ROOT" || exit 2
 case "$TARGET" in
 frontend) P="" MAX_LEN=4096 ;;
 safetensors) P="st-" MAX_LEN=2048 ;;
-*) echo "tests/fuzz/run.sh: TARGET must be frontend or safetensors, not '$TARGET'" >&2; exit 2 ;;
+data | verify_step) P="$TARGET-" MAX_LEN=2048 ;;
+state) P="state-" MAX_LEN=4096 ;;
+cli) P="cli-" MAX_LEN=512 ;;
+*) echo "tests/fuzz/run.sh: TARGET must be frontend, safetensors, data, state, cli or verify_step, not '$TARGET'" >&2; exit 2 ;;
 esac
 FUZZER="$BUILD/fuzz/fuzz_$TARGET"
 if [ ! -x "$FUZZER" ]; then
@@ -41,9 +47,17 @@ if [ ! -x "$FUZZER" ]; then
 fi
 ART="$BUILD/fuzz/artifacts"
 mkdir -p "$ART" "$BUILD/tmp" || exit 2
+# The targets that write files (data: the shard; state: a checkpoint) make them under TMPDIR: a
+# directory of this run's, removed at the end even when a finding killed the fuzzer.
+SCRATCH=$(mktemp -d "$BUILD/tmp/fuzz-scratch.XXXXXX") || exit 2
+export TMPDIR="$SCRATCH"
+trap 'rm -rf "$SCRATCH"' EXIT
 CORPUS_DIRS=()
-if [ "$TARGET" = safetensors ]; then SOURCES=(tests/fuzz/corpus_st)
-else SOURCES=(tests/fuzz/corpus examples stdlib tests/diag tests/golden); fi
+case "$TARGET" in
+frontend) SOURCES=(tests/fuzz/corpus examples stdlib tests/diag tests/golden) ;;
+safetensors) SOURCES=(tests/fuzz/corpus_st) ;;
+*) SOURCES=("tests/fuzz/corpus_$TARGET") ;;
+esac
 for d in "${SOURCES[@]}"; do
     [ -d "$d" ] && CORPUS_DIRS+=("$d")
 done
@@ -96,7 +110,7 @@ report "${P}replay" $? "$LOG" "$BEFORE"
 
 # ---- 2. fuzz -----------------------------------------------------------------------------------
 WORK=$(mktemp -d "$BUILD/tmp/fuzz-corpus.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
+trap 'rm -rf "$WORK" "$SCRATCH"' EXIT
 for d in "${CORPUS_DIRS[@]}"; do
     for f in "$d"/*; do
         [ -f "$f" ] && cp "$f" "$WORK/$(echo "$d" | tr '/' '_')__$(basename "$f")"

@@ -1,11 +1,12 @@
 # shellcheck shell=bash
-# tests/layers/fuzz.sh - the fuzz layer: replay the corpus, then fuzz the front end 60 s and the
-# safetensors reader 30 s (tests/fuzz/run.sh) (sourced by tests/run.sh; BUILD, TMP and report.sh's
+# tests/layers/fuzz.sh - the fuzz layer: replay the corpora, then fuzz the front end 60 s, the
+# safetensors reader 30 s, and the executable's inputs 15 s each: the token-shard reader, a
+# checkpoint's state.json, the command line and --verify-step's dump reader (tests/fuzz/run.sh) (sourced by tests/run.sh; BUILD, TMP and report.sh's
 # pass/fail/skip are set).
 
 run_fuzz() {
     local out="$TMP/fuzz.out" rc target secs
-    for target in frontend:60 safetensors:30; do
+    for target in frontend:60 safetensors:30 data:15 state:15 cli:15 verify_step:15; do
         secs=${target#*:}
         target=${target%:*}
         if [ ! -x "$BUILD/fuzz/fuzz_$target" ]; then

@@ -406,6 +406,18 @@ static void error_buffer(void) {
     CHECK_STR(rt_status_name(RT_ERR_FORMAT), "bad format", "status name");
 }
 
+/* error-message-newline-in-argument: an argument (or a file name) holding a newline or another
+ * control character is quoted on one line (found by fuzz_cli: `prog $'a\nb'`). */
+static void error_message_newline_in_argument(void) {
+    RtError e;
+    rt_fail(&e, RT_ERR_ARG, "unknown command '%s'", "tr\nain\r\x1b[2J\x7f");
+    CHECK_STR(e.msg, "unknown command 'tr?ain??[2J?'", "a control character kept in a message");
+    rt_fail_errno(&e, ENOENT, "cannot open '%s'", "a\nb");
+    CHECK_STR(e.msg, "cannot open 'a?b': No such file or directory", "errno message");
+    rt_error_context(&e, "file '%s'", "c\td");
+    CHECK_STR(e.msg, "file 'c?d': cannot open 'a?b': No such file or directory", "context");
+}
+
 int main(void) {
     RUN(philox_known_answers);
     RUN(uniform_f32_is_24_bit);
@@ -422,5 +434,6 @@ int main(void) {
     RUN(init_layout);
     RUN(init_errors);
     RUN(error_buffer);
+    RUN(error_message_newline_in_argument);
     return unit_finish();
 }
