@@ -529,6 +529,12 @@ static void rt_train_banner(const RtTrainRun *r) {
     rt_print_device(o, &r->x);
     printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(r->train),
            (long long)rt_data_nfiles(r->train), rt_data_nfiles(r->train) == 1 ? "" : "s", r->spec.pattern);
+    const char *left_out = NULL;
+    int64_t nleft_out = rt_data_left_out(r->train, &left_out);
+    if (nleft_out > 0)
+        printf("data: left out %lld held-out file%s the glob also matches ('%s'%s): not trained on; a glob of its own "
+               "trains on it\n",
+               (long long)nleft_out, nleft_out == 1 ? "" : "s", left_out, nleft_out > 1 ? ", ..." : "");
     if (r->resume_path && o->resume)
         printf("resumed from '%s': step %lld done (loss %.6f); training goes on to step %lld\n", r->resume_path,
                (long long)r->resumed.step, r->resumed.loss, (long long)o->steps);
