@@ -499,7 +499,8 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
     }
-    if (st == RT_OK) st = rt_log_open(&r->log, stdout, isatty(fileno(stdout)), o->log_path, o->resume != NULL, o->steps, &r->e);
+    if (st == RT_OK)
+        st = rt_log_open(&r->log, stdout, isatty(fileno(stdout)), o->log_path, o->resume ? r->resumed.step : -1, o->steps, &r->e);
     if (st == RT_OK) r->log_open = 1;
     return st;
 }
