@@ -47,6 +47,8 @@ static void usage(FILE *out) {
                  "                     .ARCH.cubin, .ARCH.ptx, .ARCH.ptxas.log (needs NVRTC)\n"
                  "  --train NAME       the train block -o and --emit=ir and after build (default: the first)\n"
                  "  -o FILE            build the executable FILE for a train block (train, eval; see docs/cli.md)\n"
+                 "  -v, --verbose      print each stage's time on stderr as it finishes (the default for -o\n"
+                 "                     when stderr is a terminal)\n"
                  "  --verify-step F    check a step the executable computed (`PROG train --steps 1 --dump-step F`)\n"
                  "                     against the reference evaluator in double precision: loss and gradients\n"
                  "  -I DIR             add DIR to the module search path (before $MBT_PATH and the stdlib)\n"
@@ -81,6 +83,7 @@ typedef struct Cli {
     const char *verify;    /* --verify-step's dump */
     const char *arch_list; /* --cuda-arch, else $MBT_CUDA_ARCH, else sm_80,sm_90 */
     int check;
+    int verbose; /* -v, --verbose: the stages' times on stderr */
     PtrVec incdirs;
     const char *archs[8]; /* --cuda-arch, split */
 } Cli;
@@ -91,6 +94,7 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--check") == 0) c->check = 1;
+        else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) c->verbose = 1;
         else if (strncmp(a, "--emit=", 7) == 0) c->emit = a + 7;
         else if (strcmp(a, "--opt") == 0) o->opt = 1;
         else if (strncmp(a, "--cuda-arch=", 12) == 0) c->arch_list = a + 12;
@@ -236,7 +240,9 @@ static int run(Pipeline *p, const Cli *c) {
         return diag_finish();
     }
     if (o->output && !c->check) {
-        pipeline_run(p, ST_OBJECT);
+        double t0 = pipeline_seconds();
+        if (pipeline_run(p, ST_OBJECT) == 0 && o->progress)
+            fprintf(stderr, "mbtc: wrote %s in %.2f s\n", o->output, pipeline_seconds() - t0);
         return diag_finish();
     }
     if (pipeline_run(p, ST_CHECK) || c->check) return diag_finish();
@@ -256,6 +262,8 @@ int main(int argc, char **argv) {
         rc = 0;
     }
     if (rc < 0 && check_args(&c, &ar)) rc = 1;
+    /* progress: asked for, or a build (-o alone) whose stderr a person watches */
+    c.o.progress = c.verbose || (c.o.output && !c.check && c.o.emit < 0 && !c.o.dump_dir && !c.verify && isatty(2));
     if (rc < 0) {
         Loader ld;
         loader_init(&ld, &ar, (const char **)c.incdirs.v, c.incdirs.n, install_stdlib(&ar));

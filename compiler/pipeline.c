@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "ast.h"
 #include "autodiff.h"
@@ -441,6 +442,12 @@ void pipeline_free(Pipeline *p) {
     p->llvm_ctx = NULL;
 }
 
+double pipeline_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 int pipeline_run(Pipeline *p, StageId s) {
     if (s > p->goal) INTERNAL("pipeline: stage %s runs past this run's goal %s", stages[s].name, stages[p->goal].name);
     if (p->state[s]) return p->state[s] == 2;
@@ -448,10 +455,15 @@ int pipeline_run(Pipeline *p, StageId s) {
     p->state[s] = 2; /* failed, unless it finishes */
     for (int i = 0; i < st->nneeds; i++)
         if (pipeline_run(p, st->needs[i])) return 1;
+    double t0 = pipeline_seconds();
     int errors = diag_error_count();
     if (st->run && (st->run(p) || diag_error_count() > errors)) return 1;
     if (st->verify) st->verify(p);
     p->state[s] = 1;
+    if (p->o.progress && st->run) {
+        fprintf(stderr, "mbtc: %-8s %7.2f s  %s\n", st->name, pipeline_seconds() - t0, st->what);
+        fflush(stderr);
+    }
     return 0;
 }
 

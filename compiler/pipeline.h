@@ -53,6 +53,7 @@ typedef struct PipelineOptions {
     int cuda_info;            /* --cuda-info: ptxas's figures after --emit=kernels */
     const char *const *archs; /* --cuda-arch */
     int narch;
+    int progress; /* -v, or -o with stderr a terminal: each stage's time, one line on stderr */
 } PipelineOptions;
 
 /* The context: the options, and each stage's result once it has run. */
@@ -87,8 +88,11 @@ void pipeline_init(Pipeline *p, Loader *ld, Arena *ar, const PipelineOptions *o,
 /* Frees what the stages hold outside the arena (LLVM modules, the target machine). */
 void pipeline_free(Pipeline *p);
 /* Runs stage s and the stages it consumes, each once, each checked by its verifier (a failure is
- * an internal error). Returns 0, or 1 after errors were reported. */
+ * an internal error). With o.progress, each stage that ran prints `mbtc: NAME  1.23 s  WHAT` on
+ * stderr when it is done (its own time, not its inputs'). Returns 0, or 1 after errors were reported. */
 int pipeline_run(Pipeline *p, StageId s);
+/* A monotonic clock, in seconds (the stage times of o.progress). */
+double pipeline_seconds(void);
 /* Runs stage s and prints it to stdout; a stage without a printer is an error. Returns 0 or 1. */
 int pipeline_emit(Pipeline *p, StageId s);
 /* --dump-dir: runs every stage with a printer, in order, writing each printout to

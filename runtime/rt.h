@@ -230,6 +230,8 @@ int64_t rt_data_seq(const RtData *d);                    /* T */
 int64_t rt_data_nfiles(const RtData *d);                 /* files opened */
 const char *rt_data_file(const RtData *d, int64_t i);    /* the i-th file's path (sorted order) */
 int64_t rt_data_file_tokens(const RtData *d, int64_t i); /* tokens in the i-th file */
+int64_t rt_data_left_out(const RtData *d,
+                         const char **first); /* held-out files (by name: *_val*) the training glob matched and were left out */
 
 /* Shard writing (tests, tools/gendata.c), atomically. */
 typedef enum RtShardFormat {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # tools/demo.sh BUILD - what `make demo` shows: a training set from a synthetic process whose
 # entropy is known (mbt-gendata), examples/tiny.mbt compiled to an executable, trained on 2 CPU
-# cores (about two minutes), its held-out loss next to the known optimum, and a few generated
-# samples scored under the true process. Then the examples checked, and the message for a program
-# with a shape mistake. Exit status 0 when everything ran.
+# cores (about two and a half minutes; longer when the cores are busy), its held-out loss next to
+# the known optimum, and a few generated samples scored under the true process. Then the examples
+# checked, and the message for a program with a shape mistake. Exit status 0 when everything ran.
 #
 # MBT_DEMO_STEPS=N trains N steps instead of the program's 400 (the learning-rate schedule still
 # spans 400); MBT_DEMO_THREADS=N uses N threads instead of 2.

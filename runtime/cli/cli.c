@@ -471,10 +471,23 @@ RtDeviceWant rt_device_want(const RtOptions *o) {
     return strcmp(o->device, "cuda") == 0 ? RT_DEVICE_CUDA : strcmp(o->device, "cpu") == 0 ? RT_DEVICE_CPU : RT_DEVICE_AUTO;
 }
 
+/* Why --device auto chose the CPU, in the words of the `device:` line. A machine without a CUDA
+ * driver and a program built for the CPU alone are the ordinary cases of a CPU run: they read as
+ * a note, not as an error (`--device cuda` gives the loader's text); anything else - a driver
+ * that fails, a GPU the program has no image for - keeps rt_gpu_open's detail. */
+static const char *rt_cpu_note(const char *why, char *buf, size_t cap) {
+    if (!why) return "auto";
+    if (strncmp(why, "no CUDA driver (libcuda.so.1 on the loader's path:", 50) == 0)
+        return "auto: no CUDA driver on this machine";
+    if (strcmp(why, "the program was built without CUDA") == 0) return "auto: the program was built for the CPU";
+    snprintf(buf, cap, "auto: the GPU is not used: %s", why);
+    return buf;
+}
+
 /* The `device:` line: the GPU, or the CPU's threads (and, under auto, why not a GPU). */
 void rt_print_device(const RtOptions *o, const RtExec *x) {
+    char buf[RT_ERROR_MAX + 64];
     if (x->gpu) printf("device: cuda, %s\n", rt_exec_device(x));
-    else
-        printf("device: cpu%s, %d threads%s%s\n", strcmp(o->device, "auto") == 0 ? " (auto)" : "", rt_pool_threads(x->pool),
-               x->cpu_reason ? "; no GPU: " : "", x->cpu_reason ? x->cpu_reason : "");
+    else if (strcmp(o->device, "auto") != 0) printf("device: cpu, %d threads\n", rt_pool_threads(x->pool));
+    else printf("device: cpu (%s), %d threads\n", rt_cpu_note(x->cpu_reason, buf, sizeof buf), rt_pool_threads(x->pool));
 }

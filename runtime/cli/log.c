@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rt_exec.h"
 
@@ -50,7 +51,43 @@ static RtStatus rt_log_put(RtLog *l, json_t *obj, RtError *err) {
     return RT_OK;
 }
 
-RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int append, int64_t total_steps, RtError *err) {
+/* A resumed run's log: the file's lines for steps after `step` - logged by a run that was killed
+ * after them, and about to be done again by this one - and a last line cut short by the kill are
+ * dropped, so the file holds each step once, as one history. The rest is rewritten in place
+ * through a temporary file renamed over it. A missing file is fine (nothing to keep). */
+static RtStatus rt_log_trim(const char *path, int64_t step, RtError *err) {
+    FILE *in = fopen(path, "r");
+    if (!in) return errno == ENOENT ? RT_OK : rt_fail_errno(err, errno, "cannot open the log file '%s'", path);
+    size_t plen = strlen(path) + 16;
+    char *tmp = malloc(plen);
+    if (!tmp) {
+        fclose(in);
+        return rt_fail_errno(err, ENOMEM, "cannot open the log file '%s'", path);
+    }
+    snprintf(tmp, plen, "%s.tmp-%ld", path, (long)getpid());
+    FILE *out = fopen(tmp, "w");
+    RtStatus st = out ? RT_OK : rt_fail_errno(err, errno, "cannot rewrite the log file '%s' (through '%s')", path, tmp);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while (st == RT_OK && (n = getline(&line, &cap, in)) > 0) {
+        if (line[n - 1] != '\n') break; /* cut short */
+        if (strncmp(line, "{\"step\": ", 9) == 0 && strtoll(line + 9, NULL, 10) > step) continue;
+        if (fwrite(line, 1, (size_t)n, out) != (size_t)n)
+            st = rt_fail_errno(err, errno, "cannot rewrite the log file '%s'", path);
+    }
+    if (st == RT_OK && ferror(in)) st = rt_fail_errno(err, errno ? errno : EIO, "cannot read the log file '%s'", path);
+    free(line);
+    fclose(in);
+    if (out && fclose(out) != 0 && st == RT_OK) st = rt_fail_errno(err, errno, "cannot rewrite the log file '%s'", path);
+    if (st == RT_OK && rename(tmp, path) != 0) st = rt_fail_errno(err, errno, "cannot rewrite the log file '%s'", path);
+    if (st != RT_OK && out) remove(tmp);
+    free(tmp);
+    return st;
+}
+
+RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int64_t resumed_step, int64_t total_steps,
+                     RtError *err) {
     memset(l, 0, sizeof *l);
     l->out = out;
     l->tty = tty;
@@ -58,7 +95,11 @@ RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int a
     l->t_start = rt_now();
     l->last_draw = -1e30;
     if (jsonl_path) {
-        l->jsonl = fopen(jsonl_path, append ? "a" : "w");
+        if (resumed_step >= 0) {
+            RtStatus st = rt_log_trim(jsonl_path, resumed_step, err);
+            if (st != RT_OK) return st;
+        }
+        l->jsonl = fopen(jsonl_path, resumed_step >= 0 ? "a" : "w");
         if (!l->jsonl) return rt_fail_errno(err, errno, "cannot open the log file '%s'", jsonl_path);
         l->jsonl_path = jsonl_path;
     }

@@ -499,7 +499,8 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
     }
-    if (st == RT_OK) st = rt_log_open(&r->log, stdout, isatty(fileno(stdout)), o->log_path, o->resume != NULL, o->steps, &r->e);
+    if (st == RT_OK)
+        st = rt_log_open(&r->log, stdout, isatty(fileno(stdout)), o->log_path, o->resume ? r->resumed.step : -1, o->steps, &r->e);
     if (st == RT_OK) r->log_open = 1;
     return st;
 }
@@ -529,6 +530,12 @@ static void rt_train_banner(const RtTrainRun *r) {
     rt_print_device(o, &r->x);
     printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(r->train),
            (long long)rt_data_nfiles(r->train), rt_data_nfiles(r->train) == 1 ? "" : "s", r->spec.pattern);
+    const char *left_out = NULL;
+    int64_t nleft_out = rt_data_left_out(r->train, &left_out);
+    if (nleft_out > 0)
+        printf("data: left out %lld held-out file%s the glob also matches ('%s'%s): not trained on; a glob of its own "
+               "trains on it\n",
+               (long long)nleft_out, nleft_out == 1 ? "" : "s", left_out, nleft_out > 1 ? ", ..." : "");
     if (r->resume_path && o->resume)
         printf("resumed from '%s': step %lld done (loss %.6f); training goes on to step %lld\n", r->resume_path,
                (long long)r->resumed.step, r->resumed.loss, (long long)o->steps);

@@ -156,9 +156,9 @@ typedef struct RtLog {
     int line_open; /* a terminal line is showing without its newline */
 } RtLog;
 
-RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int append, int64_t total_steps,
-                     RtError *err);                               /* append: a resumed run adds to the file */
-RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err); /* a step: the line, the JSON object */
+RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int64_t resumed_step, int64_t total_steps,
+                     RtError *err); /* resumed_step >= 0: a resumed run keeps the file's lines up to that step and adds to it */
+RtStatus rt_log_step(RtLog *l, const RtStepLog *s, RtError *err);                         /* a step: the line, the JSON object */
 RtStatus rt_log_eval(RtLog *l, int64_t step, double loss, int64_t batches, RtError *err); /* a val loss, on its own line */
 struct RtCkptDone;
 RtStatus rt_log_checkpoint(RtLog *l, const struct RtCkptDone *d, double waited_s,

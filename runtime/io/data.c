@@ -59,6 +59,8 @@ struct RtData {
     int fd;             /* the open shard's descriptor, -1 */
     int64_t fd_shard;   /* which shard it is, -1 */
     unsigned char *buf; /* one window's bytes: (T + 1) x 4 */
+    int64_t nleft_out;  /* held-out files the training glob matched and this source left out */
+    char *left_out;     /* the first of them (its path), or NULL */
 };
 
 #define RT_SHARD_ORDER_TWEAK UINT32_C(0xFFFFFFFF) /* the permutation of shards, not of one shard's windows */
@@ -230,6 +232,46 @@ static RtStatus rt_find_files(const char *pattern, char ***out, int64_t *n, RtEr
     return RT_OK;
 }
 
+/* Whether a file's name marks it as a held-out split: a word of its base name (words split at
+ * '_', '.' and '-') is val, valid or validation - tiny_val.bin, fineweb_val_000000.bin, val.bin;
+ * not interval.bin. */
+static int rt_is_val_name(const char *path) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    for (const char *w = base; *w;) {
+        size_t n = strcspn(w, "_.-");
+        if ((n == 3 && strncmp(w, "val", 3) == 0) || (n == 5 && strncmp(w, "valid", 5) == 0) ||
+            (n == 10 && strncmp(w, "validation", 10) == 0))
+            return 1;
+        w += n + (w[n] ? 1 : 0);
+    }
+    return 0;
+}
+
+/* A training glob that matches held-out files (by name, rt_is_val_name) as well as others - the
+ * natural --data glob of every shard in data/, next to data/tiny_val.bin - would train on the validation split
+ * without a word. The held-out files are left out of paths (freed), counted in d and named by
+ * the first, for the run's `data:` line; a glob that matches held-out files alone is taken as
+ * meant, and so is a path without wildcards. */
+static void rt_leave_out_val(RtData *d, char **paths, int64_t *npaths) {
+    int64_t nval = 0;
+    for (int64_t i = 0; i < *npaths; i++) nval += rt_is_val_name(paths[i]);
+    if (nval == 0 || nval == *npaths) return;
+    int64_t k = 0;
+    for (int64_t i = 0; i < *npaths; i++) {
+        if (!rt_is_val_name(paths[i])) paths[k++] = paths[i];
+        else if (!d->left_out) d->left_out = paths[i];
+        else free(paths[i]);
+    }
+    d->nleft_out = nval;
+    *npaths = k;
+}
+
+int64_t rt_data_left_out(const RtData *d, const char **first) {
+    if (first) *first = d ? d->left_out : NULL;
+    return d ? d->nleft_out : 0;
+}
+
 /* ---- opening a source --------------------------------------------------------------------------- */
 
 static uint64_t rt_fnv_u64(uint64_t h, uint64_t v) {
@@ -249,6 +291,7 @@ void rt_data_close(RtData *d) {
     free(d->buf);
     free(d->shards);
     free(d->segs);
+    free(d->left_out);
     free(d);
 }
 
@@ -284,6 +327,7 @@ RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtErr
         rt_data_close(d);
         return st;
     }
+    if (pattern == spec->pattern && rt_has_glob_chars(pattern)) rt_leave_out_val(d, paths, &npaths);
     d->shards = calloc((size_t)npaths, sizeof *d->shards);
     d->segs = calloc((size_t)npaths, sizeof *d->segs);
     if (!d->shards || !d->segs) st = rt_fail_errno(err, ENOMEM, "cannot open data '%s'", pattern);

@@ -117,6 +117,20 @@ else
     fi
 fi
 
+# resume-log-no-duplicate: the killed run above logged steps 21-30 before dying, and the run that
+# resumed from step 20 did them again: its --log keeps the file's lines up to step 20 and adds its
+# own, so each step is in the log once (steps 21-30 were there twice), each checkpoint line too
+dups=$(sed -n 's/^{"step": \([0-9]*\), "loss".*/\1/p' "$run.jsonl" | sort -n | uniq -d | head -n 5 | tr '\n' ' ')
+ckdups=$(sed -n 's/^{"step": \([0-9]*\), "checkpoint".*/\1/p' "$run.jsonl" | sort -n | uniq -d | head -n 5 | tr '\n' ' ')
+nlogged=$(grep -c '^{"step": [0-9]*, "loss"' "$run.jsonl")
+if [ -n "$dups$ckdups" ]; then
+    fail resume-log-no-duplicate "the resumed run's log has steps ${dups}${ckdups:+and checkpoints $ckdups}twice"
+elif [ "$nlogged" != "$STEPS" ]; then
+    fail resume-log-no-duplicate "the resumed run's log has $nlogged step lines, not $STEPS"
+else
+    pass "resume-log-no-duplicate (killed after step 30, resumed from 20: $nlogged step lines, each step once)"
+fi
+
 # ---- SIGTERM: finish the step, checkpoint, exit 0 -----------------------------------------------
 run=sigterm
 : >"$OUT"
