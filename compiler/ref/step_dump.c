@@ -4,6 +4,7 @@
  * gradient (grad:NAME) and updated value (next:NAME) shaped like the parameter, and the token
  * batches batch:x and batch:y of [micro x accum, seq]. Every tensor is read with the runtime's
  * safetensors reader, which bounds each read by the tensor's own size. */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,24 +13,40 @@
 #include "diag.h"
 #include "step_dump.h"
 
-/* The dump's metadata entry `key` as a positive whole number, or -1 after reporting. */
+/* The dump's metadata entry `key` as a positive whole number, or -1 after reporting: a missing key
+ * and one whose value is not such a number are told apart. */
 static int64_t meta_int(const RtStFile *f, const char *path, const char *key) {
     const char *v = rt_st_meta_get(f, key);
-    char *end = NULL;
-    long long n = v ? strtoll(v, &end, 10) : -1;
-    if (!v || end == v || *end || n < 1) {
+    if (!v) {
         diag_error_noloc("'%s' is not a step dump: its metadata have no %s (write one with `PROG train --dump-step`)", path, key);
+        return -1;
+    }
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (end == v || *end || n < 1 || errno == ERANGE) {
+        diag_error_noloc("step dump '%s': its metadata's %s is \"%s\", not a positive whole number", path, key, v);
         return -1;
     }
     return n;
 }
 
-/* The dump's metadata entry `key` as a number (NaN when missing; the caller reports). */
-static double meta_num(const RtStFile *f, const char *key) {
+/* The dump's metadata entry `key` as a finite number; NaN after reporting a missing key, one that is
+ * not a number, or one that is not finite (a step whose loss or learning rate is not finite cannot be
+ * verified). */
+static double meta_num(const RtStFile *f, const char *path, const char *key) {
     const char *v = rt_st_meta_get(f, key);
+    if (!v) {
+        diag_error_noloc("step dump '%s' lacks %s in its metadata (write one with `PROG train --dump-step`)", path, key);
+        return NAN;
+    }
     char *end = NULL;
-    double x = v ? strtod(v, &end) : NAN;
-    return v && end != v && !*end ? x : NAN;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x)) {
+        diag_error_noloc("step dump '%s': its metadata's %s is \"%s\", not a finite number", path, key, v);
+        return NAN;
+    }
+    return x;
 }
 
 /* The G_INPUT node named `name` in g, or -1. */
@@ -79,7 +96,7 @@ static int read_meta(const Graph *g, const RtStFile *f, const char *path, StepDu
     d->xin = find_input(g, "data.x"), d->yin = find_input(g, "data.y");
     d->micro = meta_int(f, path, "mbt.micro"), d->accum = meta_int(f, path, "mbt.accum");
     d->seq = meta_int(f, path, "mbt.seq");
-    d->loss = meta_num(f, "mbt.loss"), d->lr = meta_num(f, "mbt.lr"), d->clip = meta_num(f, "mbt.clip");
+    d->loss = meta_num(f, path, "mbt.loss"), d->lr = meta_num(f, path, "mbt.lr"), d->clip = meta_num(f, path, "mbt.clip");
     const GNode *x = d->xin >= 0 ? g->node[d->xin] : NULL;
     if (d->xin < 0 || d->yin < 0) diag_error_noloc("the train block's step reads no data.x and data.y");
     else if (d->micro > 0 && d->seq > 0 && (x->rank != 2 || x->shape[0] != d->micro || x->shape[1] != d->seq))
@@ -93,8 +110,6 @@ static int read_meta(const Graph *g, const RtStFile *f, const char *path, StepDu
         diag_error_noloc("step dump '%s': mbt.accum = %lld micro-batches of %lld x %lld tokens is more tokens than any dump can "
                          "hold",
                          path, (long long)d->accum, (long long)d->micro, (long long)d->seq);
-    if ((isnan(d->loss) || isnan(d->lr) || isnan(d->clip)) && d->accum > 0)
-        diag_error_noloc("step dump '%s' lacks mbt.loss, mbt.lr or mbt.clip in its metadata", path);
     return diag_error_count() != before;
 }
 
