@@ -134,9 +134,11 @@ int step_dump_read(const Graph *g, const RtStFile *f, const char *path, StepDump
     if (diag_error_count() != before) return 1;
     RtError err;
     rt_error_clear(&err);
-    d->bx = malloc((size_t)d->cells * sizeof *d->bx), d->by = malloc((size_t)d->cells * sizeof *d->by);
+    /* the batches' tensors first: their shapes, held to [rows, seq], bound the memory by the file's
+     * own size (mbt.accum alone could ask for any amount) */
     const RtStTensor *tx = dump_tensor(f, path, "batch:x", NULL, d->rows, d->seq);
     const RtStTensor *ty = tx ? dump_tensor(f, path, "batch:y", NULL, d->rows, d->seq) : NULL;
+    if (ty) d->bx = malloc((size_t)d->cells * sizeof *d->bx), d->by = malloc((size_t)d->cells * sizeof *d->by);
     if (ty && (!d->bx || !d->by || rt_st_read_i32(f, tx, d->bx, d->cells, &err) != RT_OK ||
                rt_st_read_i32(f, ty, d->by, d->cells, &err) != RT_OK))
         diag_error_noloc("step dump '%s': %s", path, d->bx && d->by ? err.msg : "out of memory");
