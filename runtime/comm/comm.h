@@ -1,0 +1,76 @@
+/* comm.h - collectives among the ranks of one run (data parallelism, docs/parallel.md).
+ *
+ * Pipeline position: a runtime part beside exec/ and io/. train.c opens the world once at start
+ * (rt_comm_open), asks it for its rank and size, and calls the collectives below from the step
+ * loop: the gradient's shards exchanged and gathered, the step's loss and norm partials gathered,
+ * a checkpoint's agreement broadcast. Nothing else in the runtime talks to other processes.
+ *
+ * One interface, chosen backends (comm.c picks one from the environment):
+ *   self  no launcher: one rank, every collective a copy. The same executable runs alone.
+ *   mpi   Open MPI's mpirun (OMPI_COMM_WORLD_SIZE set) or srun through PMI/PMIx: libmpi is opened
+ *         with dlopen at run time, so executables neither link nor need MPI to run alone.
+ *   tcp   torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a TCP
+ *         rendezvous at MASTER_ADDR:MASTER_PORT and a socket to every other rank; no MPI needed.
+ * On a GPU the same calls take device buffers (NCCL, bootstrapped through the backend above, or
+ * staged through host memory where NCCL is not available): see rt_comm_set_gpu.
+ *
+ * Determinism. No collective here adds floating-point numbers: the reduce-scatter is split into
+ * an exchange (rt_comm_exchange_shards: every rank receives every rank's copy of its own shard,
+ * in rank order) and the caller sums those copies in an order it fixes itself (train.c: one
+ * binary tree over micro-batch indices, so the gradient's bits do not depend on the number of
+ * ranks). The bytes moved are a ring all-reduce's.
+ *
+ * Failure. Every call is bounded by the timeout given to rt_comm_open (a peer that died or never
+ * came is an error naming it, never a hang). A failing call fills err; the caller then calls
+ * rt_comm_abort so that the other ranks stop too.
+ *
+ * Timing. Every collective is timed; with MBT_DEBUG set rt_comm_print_timing prints a table
+ * (calls, bytes, total and longest time per collective), and with MBT_TRACE set the calls are
+ * events of the Chrome trace (one process per rank). */
+#ifndef MBT_COMM_H
+#define MBT_COMM_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../rt.h"
+
+typedef struct RtComm RtComm;
+
+/* Opens the world from the environment (see above). timeout_s > 0 bounds the rendezvous and
+ * every later call. *out is a world of size 1 when no launcher set the environment. */
+RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err);
+void rt_comm_close(RtComm *c); /* NULL is fine; a clean shutdown (MPI_Finalize) */
+/* Stops every rank of the world now (MPI_Abort; tcp: the sockets closed, so peers' calls fail
+ * at once), after this rank's caller has printed why. Does not return. */
+_Noreturn void rt_comm_abort(RtComm *c, int status);
+
+int rt_comm_rank(const RtComm *c);           /* 0 .. size-1 */
+int rt_comm_size(const RtComm *c);           /* 1 for the self backend */
+int rt_comm_local_rank(const RtComm *c);     /* rank among this machine's ranks: which GPU to use */
+const char *rt_comm_backend(const RtComm *c); /* "self", "mpi (Open MPI 4.1.4)", "tcp" */
+
+/* The gradient's shards: shard j is elements [off[j], off[j+1]) of an n-element vector, with
+ * off[0] = 0 and off[size] = n (the caller picks the boundaries; rt_comm_shards below gives
+ * equal ones). Every rank passes its whole vector `mine` (n floats); rank r receives into `got`
+ * the size copies of shard r, rank 0's first: got[i * len + k] = rank i's mine[off[r] + k] with
+ * len = off[r+1] - off[r]. */
+RtStatus rt_comm_exchange_shards(RtComm *c, const float *mine, const int64_t *off, float *got, RtError *err);
+/* The inverse gather: every rank's shard r of `v` (its own, already final) is copied into every
+ * other rank's v, so that all ranks end with the same n floats. */
+RtStatus rt_comm_gather_shards(RtComm *c, float *v, const int64_t *off, RtError *err);
+/* Every rank's n doubles, rank 0's first, into all (size x n); the caller adds them in rank order
+ * (the step's loss, the gradient norm's partial sums). */
+RtStatus rt_comm_gather_f64(RtComm *c, const double *mine, int64_t n, double *all, RtError *err);
+/* Rank root's `bytes` bytes at buf copied to every rank's buf. */
+RtStatus rt_comm_broadcast(RtComm *c, void *buf, int64_t bytes, int root, RtError *err);
+RtStatus rt_comm_barrier(RtComm *c, RtError *err);
+
+/* Equal shard boundaries for n elements over size ranks, each a multiple of `align` elements
+ * except the last: off has size + 1 entries. */
+void rt_comm_shards(int64_t n, int size, int64_t align, int64_t *off);
+
+/* MBT_DEBUG: the collectives' table (nothing when no call was made or MBT_DEBUG is unset). */
+void rt_comm_print_timing(FILE *f, const RtComm *c);
+
+#endif
