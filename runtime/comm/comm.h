@@ -45,9 +45,9 @@ void rt_comm_close(RtComm *c); /* NULL is fine; a clean shutdown (MPI_Finalize) 
  * at once), after this rank's caller has printed why. Does not return. */
 _Noreturn void rt_comm_abort(RtComm *c, int status);
 
-int rt_comm_rank(const RtComm *c);           /* 0 .. size-1 */
-int rt_comm_size(const RtComm *c);           /* 1 for the self backend */
-int rt_comm_local_rank(const RtComm *c);     /* rank among this machine's ranks: which GPU to use */
+int rt_comm_rank(const RtComm *c);            /* 0 .. size-1 */
+int rt_comm_size(const RtComm *c);            /* 1 for the self backend */
+int rt_comm_local_rank(const RtComm *c);      /* rank among this machine's ranks: which GPU to use */
 const char *rt_comm_backend(const RtComm *c); /* "self", "mpi (Open MPI 4.1.4)", "tcp" */
 
 /* The gradient's shards: shard j is elements [off[j], off[j+1]) of an n-element vector, with
