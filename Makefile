@@ -290,6 +290,12 @@ $(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
+# comm_check: the collectives across processes (tests/comm/run.sh runs it under mpirun and as tcp
+# ranks; docs/parallel.md).
+$(BUILD)/tests/comm_check: tests/comm/comm_check.c $(BUILD)/libmbtrt.a
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a
 	@mkdir -p $(BUILD)/tests
@@ -300,7 +306,7 @@ $(BUILD)/tests/test_cpu $(BUILD)/tests/test_schedule: $(BUILD)/tests/%: tests/un
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
-unit: $(UNIT_BINS) $(BUILD)/tests/st_compare
+unit: $(UNIT_BINS) $(BUILD)/tests/st_compare $(BUILD)/tests/comm_check
 
 deps-test:
 	@tools/deps.sh test

@@ -35,7 +35,7 @@ static RtStatus rt_self_exchange(RtComm *c, const float *mine, const int64_t *of
     (void)c;
     (void)err;
     int64_t len = off[1] - off[0];
-    if (len > 0 && got != mine + off[0]) memmove(got, mine + off[0], (size_t)len * sizeof *got);
+    if (len > 0) memcpy(got, mine + off[0], (size_t)len * sizeof *got);
     return RT_OK;
 }
 
@@ -158,6 +158,9 @@ RtStatus rt_comm_exchange_shards(RtComm *c, const float *mine, const int64_t *of
     if (st != RT_OK) return st;
     int64_t n = off[c->size], len = off[c->rank + 1] - off[c->rank];
     if ((n > 0 && !mine) || (len > 0 && !got)) return rt_fail(err, RT_ERR_ARG, "%s: a NULL buffer", what);
+    /* refused on every backend (MPI forbids it), so that a caller that works alone works on many */
+    if (len > 0 && n > 0 && (const float *)got < mine + n && mine < (const float *)got + len * c->size)
+        return rt_fail(err, RT_ERR_ARG, "%s: the buffer receiving the shards overlaps this rank's vector", what);
     double t0 = rt_comm_now();
     st = c->ops->exchange(c, mine, off, got, err);
     if (st == RT_OK) rt_comm_count(c, RT_COMM_EXCHANGE, t0, (int64_t)sizeof(float) * (n - len));
@@ -203,6 +206,18 @@ RtStatus rt_comm_barrier(RtComm *c, RtError *err) {
     RtStatus st = c->ops->barrier(c, err);
     if (st == RT_OK) rt_comm_count(c, RT_COMM_BARRIER, t0, 0);
     return st;
+}
+
+RtStatus rt_comm_timeout_env(double *timeout_s, RtError *err) {
+    const char *v = getenv("MBT_COMM_TIMEOUT");
+    *timeout_s = RT_COMM_TIMEOUT_DEFAULT;
+    if (!v || !*v) return RT_OK;
+    char *end;
+    double t = strtod(v, &end);
+    if (end == v || *end || !(t > 0) || t > 1e9)
+        return rt_fail(err, RT_ERR_ARG, "MBT_COMM_TIMEOUT is '%.40s': it must be a number of seconds above 0", v);
+    *timeout_s = t;
+    return RT_OK;
 }
 
 void rt_comm_shards(int64_t n, int size, int64_t align, int64_t *off) {
