@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "rt_exec.h"
 #include "rt_profile.h"
 
@@ -335,6 +336,7 @@ typedef struct RtTrainRun {
     int64_t window; /* tokens of one micro-batch */
     double waited;  /* training's wait for the last checkpoint snapshot */
     int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
+    RtComm *comm;   /* the world of ranks (runtime/comm/comm.h): one rank unless a launcher started several */
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -512,18 +514,26 @@ static void rt_train_banner(const RtTrainRun *r) {
     const RtOptions *o = &r->o;
     char nparam[32];
     rt_fmt_int(nparam, sizeof nparam, p->param_floats);
-    char data_ranks[48] = "";
+    char data_ranks[48] = "", world[160] = "";
     if (t->data_ranks > 1) snprintf(data_ranks, sizeof data_ranks, " x %lld data ranks", (long long)t->data_ranks);
+    int nranks = rt_comm_size(r->comm);
+    if (nranks > 1)
+        snprintf(world, sizeof world, "; %d processes (%s, started by %s)", nranks, rt_comm_backend(r->comm),
+                 rt_comm_launcher(r->comm));
     printf("train %s: %s parameters in %lld tensors; %lld steps of %lld sequences x %lld tokens (micro-batch %lld, "
-           "accumulation %lld%s%s); seed %llu\n",
+           "accumulation %lld%s%s); seed %llu%s\n",
            t->name, nparam, (long long)p->nparams, (long long)o->steps, (long long)t->global, (long long)t->seq,
-           (long long)t->micro, (long long)t->accum, data_ranks, t->nramp > 0 ? ", then ramped" : "",
-           (unsigned long long)o->seed);
+           (long long)t->micro, (long long)t->accum, data_ranks, t->nramp > 0 ? ", then ramped" : "", (unsigned long long)o->seed,
+           world);
     for (int64_t i = 0; i < t->nramp; i++)
         printf("batch ramp: from step %lld, %lld sequences a step (accumulation %lld)%s\n", (long long)(t->ramp[i].step + 1),
                (long long)t->ramp[i].global, (long long)t->ramp[i].accum,
                t->ramp[i].step >= o->steps ? "; not reached in this run" : "");
-    if (t->data_ranks > 1)
+    if (nranks > 1)
+        printf("data-parallel: %d processes; each still runs all %lld micro-batches of a step (splitting them across "
+               "the processes is not built yet)\n",
+               nranks, (long long)(t->accum * t->data_ranks));
+    else if (t->data_ranks > 1)
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
@@ -762,16 +772,53 @@ static void rt_train_close(RtTrainRun *r) {
     rt_data_close(r->train);
 }
 
+/* The world of ranks (docs/parallel.md): opened before anything else, so that every rank agrees on
+ * it before any work. Its size must be the program's parallel.data, or 1 (then the data ranks run
+ * in this one process, in turn). Only rank 0 prints the run's lines and writes --log: the others'
+ * standard output goes to /dev/null and their errors name their rank. *agreed is set for a failure
+ * every rank sees alike (the world's size): rank 0 alone says why, and no rank aborts the others. */
+static RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed) {
+    double timeout;
+    RtStatus st = rt_comm_timeout_env(&timeout, &r->e);
+    if (st == RT_OK) st = rt_comm_open(&r->comm, timeout, &r->e);
+    if (st != RT_OK) return st;
+    int size = rt_comm_size(r->comm), rank = rt_comm_rank(r->comm);
+    long long dr = (long long)r->p->train.data_ranks;
+    if (rank > 0) {
+        snprintf(prog, nprog, "%s (rank %d)", r->o.prog, rank);
+        r->o.prog = prog;
+        r->o.log_path = NULL;
+        fflush(stdout);
+        if (!freopen("/dev/null", "w", stdout)) return rt_fail_errno(&r->e, errno, "rank %d: cannot quiet standard output", rank);
+    }
+    if (size > 1 && size != dr) {
+        *agreed = 1;
+        return rt_fail(&r->e, RT_ERR_ARG, "this program trains with parallel.data = %lld rank%s; %s started %d (%s)", dr,
+                       dr == 1 ? "" : "s", rt_comm_launcher(r->comm), size,
+                       dr == 1 ? "run it alone, without a launcher" : "start as many processes as parallel.data");
+    }
+    return RT_OK;
+}
+
 int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq, .ckpt_lock = -1};
     rt_error_clear(&r.e);
-    RtStatus st = rt_train_open(&r);
+    char prog[256];
+    int agreed = 0;
+    RtStatus st = rt_train_world(&r, prog, sizeof prog, &agreed);
+    if (st == RT_OK) st = rt_train_open(&r);
     if (st == RT_OK) {
         rt_train_banner(&r);
         st = rt_train_loop(&r, r.o.resume ? r.resumed.step : 0);
     }
+    if (r.comm) rt_comm_print_timing(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.comm); /* MBT_DEBUG */
     rt_train_close(&r);
-    if (st != RT_OK) rt_report(&r.o, &r.e);
+    int rank = r.comm ? rt_comm_rank(r.comm) : 0;
+    if (st != RT_OK && !(agreed && rank > 0)) rt_report(&r.o, &r.e);
+    /* a rank that failed stops the others (they would wait for it until the timeout); a failure
+     * every rank saw alike ends each of them cleanly */
+    if (st != RT_OK && !agreed && r.comm && rt_comm_size(r.comm) > 1) rt_comm_abort(r.comm, 1);
+    rt_comm_close(r.comm);
     return st == RT_OK ? 0 : 1;
 }
 

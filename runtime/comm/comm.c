@@ -95,6 +95,11 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
     c->timeout = timeout_s;
     const char *debug = getenv("MBT_DEBUG");
     c->debug = debug && atoi(debug) >= 1;
+    if (force && *force) snprintf(c->launcher, sizeof c->launcher, "MBT_COMM=%s", kind);
+    else if (strcmp(kind, "mpi") == 0)
+        snprintf(c->launcher, sizeof c->launcher, "%s", rt_env_set("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "srun");
+    else if (strcmp(kind, "tcp") == 0) snprintf(c->launcher, sizeof c->launcher, "torchrun (WORLD_SIZE)");
+    else snprintf(c->launcher, sizeof c->launcher, "nothing");
     RtStatus st = RT_OK;
     if (strcmp(kind, "mpi") == 0) {
         st = rt_comm_open_mpi(c, err);
@@ -129,6 +134,7 @@ int rt_comm_rank(const RtComm *c) { return c->rank; }
 int rt_comm_size(const RtComm *c) { return c->size; }
 int rt_comm_local_rank(const RtComm *c) { return c->local_rank; }
 const char *rt_comm_backend(const RtComm *c) { return c->backend; }
+const char *rt_comm_launcher(const RtComm *c) { return c->launcher; }
 
 /* ---- the collectives: checked, timed, handed to the backend ----------------------------------- */
 

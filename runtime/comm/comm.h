@@ -49,6 +49,9 @@ int rt_comm_rank(const RtComm *c);            /* 0 .. size-1 */
 int rt_comm_size(const RtComm *c);            /* 1 for the self backend */
 int rt_comm_local_rank(const RtComm *c);      /* rank among this machine's ranks: which GPU to use */
 const char *rt_comm_backend(const RtComm *c); /* "self", "mpi (Open MPI 4.1.4)", "tcp" */
+/* Who started the ranks, for messages ("this program trains with parallel.data = 2 ranks; mpirun
+ * started 3"): "mpirun", "srun", "torchrun (WORLD_SIZE)", "MBT_COMM=..." or "nothing". */
+const char *rt_comm_launcher(const RtComm *c);
 
 /* The gradient's shards: shard j is elements [off[j], off[j+1]) of an n-element vector, with
  * off[0] = 0 and off[size] = n (the caller picks the boundaries; rt_comm_shards below gives

@@ -42,7 +42,8 @@ struct RtComm {
     int rank, size, local_rank;
     double timeout; /* seconds, > 0 */
     char backend[96];
-    int debug; /* MBT_DEBUG >= 1 at open */
+    char launcher[32]; /* rt_comm_launcher */
+    int debug;         /* MBT_DEBUG >= 1 at open */
     RtCommStat stat[RT_COMM_NOPS];
 };
 

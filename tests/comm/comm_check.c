@@ -5,7 +5,7 @@
  *                              shard among them) and a large exchange; each result checked exactly
  *   comm_check --die R         rank R exits right after the world opened (exit 0, no goodbye)
  *   comm_check --kill R        rank R kills itself with SIGKILL after the world opened
- *   comm_check --hang R        rank R sleeps (3 x the timeout) instead of calling the collectives
+ *   comm_check --hang R        rank R sleeps (2 x the timeout + 1 s) instead of calling the collectives
  *   comm_check --mismatch R    rank R calls broadcast where the others call exchange_shards
  *
  * Each rank prints `rank R of P (BACKEND): ok, N values checked` and exits 0, or prints
@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
     if (r == who && !strcmp(mode, "--die")) _exit(0);
     if (r == who && !strcmp(mode, "--kill")) raise(SIGKILL);
     if (r == who && !strcmp(mode, "--hang")) {
-        sleep((unsigned)(3 * timeout));
+        sleep((unsigned)(2 * timeout + 1));
         return 0;
     }
     if (r == who && !strcmp(mode, "--mismatch")) {
