@@ -8,7 +8,8 @@
  *   comm_check --hang R        rank R sleeps (2 x the timeout + 1 s) instead of calling the collectives
  *   comm_check --mismatch R    rank R calls broadcast where the others call exchange_shards
  *
- * Each rank prints `rank R of P (BACKEND): ok, N values checked` and exits 0, or prints
+ * Each rank prints `rank R of P (BACKEND): ok, N values checked` (and with MBT_DEBUG=1 its table of
+ * the collectives' timing) and exits 0, or prints
  * `comm_check: rank R: MESSAGE` on stderr and stops the world with rt_comm_abort(1). The timeout
  * is MBT_COMM_TIMEOUT's (rt_comm_timeout_env). */
 #include <signal.h>
@@ -120,6 +121,7 @@ int main(int argc, char **argv) {
     for (int t = 0; t < 3; t++) round_trip(t, 1);
     round_trip(5, 4001); /* ~1.4 M floats a rank at 4 ranks: many partial sends and receives */
     printf("rank %d of %d (%s): ok, %lld values checked\n", r, rt_comm_size(world), rt_comm_backend(world), (long long)checked);
+    rt_comm_print_timing(stdout, world); /* MBT_DEBUG */
     fflush(stdout);
     rt_comm_close(world);
     return 0;

@@ -60,11 +60,15 @@ tcp_run() {
 rc_of() { cat "$DIR/$1.$2.rc"; }
 
 # ---- tcp: every collective exact ----------------------------------------------------------------
+# (with MBT_DEBUG=1: each rank's table of the collectives, 4 calls of exchange_shards)
 for P in 2 4; do
-    tcp_run tcp-$P $P "$CHECK"
+    MBT_DEBUG=1 tcp_run tcp-$P $P "$CHECK"
     bad=""
     for ((r = 0; r < P; r++)); do
-        [ "$(rc_of tcp-$P $r)" = 0 ] && grep -q "^rank $r of $P (tcp): ok, [0-9]* values checked" "$DIR/tcp-$P.$r" || bad="$bad $r"
+        [ "$(rc_of tcp-$P $r)" = 0 ] && grep -q "^rank $r of $P (tcp): ok, [0-9]* values checked" "$DIR/tcp-$P.$r" \
+            && grep -q "^\[rank $r\] collectives: rank $r of $P, tcp, timeout 3 s$" "$DIR/tcp-$P.$r" \
+            && grep -qE "^\[rank $r\]   exchange_shards +4 " "$DIR/tcp-$P.$r" \
+            && grep -qE "^\[rank $r\]   broadcast +8 " "$DIR/tcp-$P.$r" || bad="$bad $r"
     done
     if [ -z "$bad" ]; then pass "tcp-$P ($(grep -h -o '[0-9]* values' "$DIR"/tcp-$P.[0-9] | awk '{s += $1} END {print s}') values checked)"
     else fail tcp-$P "ranks$bad failed" "$DIR"/tcp-$P.[0-9]; fi

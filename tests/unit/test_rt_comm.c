@@ -32,6 +32,7 @@ static void self_world(void) {
     CHECK(rt_comm_rank(c) == 0 && rt_comm_size(c) == 1 && rt_comm_local_rank(c) == 0, "rank %d size %d local %d", rt_comm_rank(c),
           rt_comm_size(c), rt_comm_local_rank(c));
     CHECK_STR(rt_comm_backend(c), "self", "backend");
+    CHECK_STR(rt_comm_launcher(c), "nothing", "launcher");
     rt_comm_close(c);
     rt_comm_close(NULL); /* allowed */
     /* forced by MBT_COMM even where a launcher's variables are set */
@@ -40,6 +41,7 @@ static void self_world(void) {
     setenv("MBT_COMM", "self", 1);
     RtError e;
     CHECK(rt_comm_open(&c, 5, &e) == RT_OK && rt_comm_size(c) == 1, "MBT_COMM=self: %s", e.msg);
+    CHECK_STR(rt_comm_launcher(c), "MBT_COMM=self", "launcher");
     rt_comm_close(c);
 }
 
