@@ -45,6 +45,9 @@ struct RtComm {
     char launcher[32]; /* rt_comm_launcher */
     int debug;         /* MBT_DEBUG >= 1 at open */
     RtCommStat stat[RT_COMM_NOPS];
+    RtGpu *gpu;         /* rt_comm_set_gpu: the float vectors are its device memory */
+    float *stage[2];    /* host copies of them (grown as needed) */
+    int64_t stage_n[2]; /* their sizes in floats */
 };
 
 double rt_comm_now(void); /* monotonic seconds */
