@@ -115,6 +115,17 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
         free(c);
         return st;
     }
+    c->t_open = rt_comm_now();
+    const char *trace = getenv("MBT_TRACE");
+    if (trace && *trace) { /* FILE.json -> FILE.comm-rankR.json */
+        size_t n = strlen(trace), stem = n > 5 && strcmp(trace + n - 5, ".json") == 0 ? n - 5 : n;
+        c->trace_path = malloc(stem + 40);
+        if (!c->trace_path) {
+            rt_comm_close(c);
+            return rt_fail(err, RT_ERR_NOMEM, "collectives: out of memory");
+        }
+        snprintf(c->trace_path, stem + 40, "%.*s.comm-rank%d.json", (int)stem, trace, c->rank);
+    }
     *out = c;
     return RT_OK;
 }
@@ -124,6 +135,8 @@ void rt_comm_close(RtComm *c) {
     c->ops->close(c);
     free(c->stage[0]);
     free(c->stage[1]);
+    free(c->trace_path);
+    free(c->events);
     free(c);
 }
 
@@ -148,6 +161,24 @@ static void rt_comm_count(RtComm *c, RtCommOp op, double t0, int64_t bytes) {
     s->bytes += bytes;
     s->total += dt;
     if (dt > s->max) s->max = dt;
+    if (!c->trace_path || c->nevents >= RT_COMM_TRACE_MAX) return;
+    if (c->nevents == c->cap_events) {
+        int64_t cap = c->cap_events ? 2 * c->cap_events : 256;
+        RtGpuEvent *ev = realloc(c->events, (size_t)cap * sizeof *ev);
+        if (!ev) return; /* the trace then ends early; the calls go on */
+        c->events = ev;
+        c->cap_events = cap;
+    }
+    c->events[c->nevents++] = (RtGpuEvent){rt_comm_op_names[op], 1e6 * (t0 - c->t_open), 1e6 * dt};
+}
+
+RtStatus rt_comm_trace_write(RtComm *c, const char **path, RtError *err) {
+    *path = NULL;
+    if (!c || !c->trace_path || c->nevents == 0) return RT_OK;
+    RtStatus st = rt_gpu_trace_write(c->trace_path, c->events, c->nevents, err);
+    if (st != RT_OK) return rt_error_context(err, "the collectives' trace (MBT_TRACE)");
+    *path = c->trace_path;
+    return RT_OK;
 }
 
 /* Host staging buffer i with room for n floats. */

@@ -89,5 +89,9 @@ void rt_comm_shards(int64_t n, int size, int64_t align, int64_t *off);
 
 /* MBT_DEBUG: the collectives' table (nothing when no call was made or MBT_DEBUG is unset). */
 void rt_comm_print_timing(FILE *f, const RtComm *c);
+/* MBT_TRACE=FILE.json: every call (up to 2^20) as an event of a Chrome trace of this rank's own,
+ * FILE.comm-rankR.json (the GPU's trace keeps FILE.json); its origin is rt_comm_open. Writes
+ * nothing (and *path NULL) when MBT_TRACE is unset or no call was made; else *path is the file. */
+RtStatus rt_comm_trace_write(RtComm *c, const char **path, RtError *err);
 
 #endif

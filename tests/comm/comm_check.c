@@ -8,8 +8,8 @@
  *   comm_check --hang R        rank R sleeps (2 x the timeout + 1 s) instead of calling the collectives
  *   comm_check --mismatch R    rank R calls broadcast where the others call exchange_shards
  *
- * Each rank prints `rank R of P (BACKEND): ok, N values checked` (and with MBT_DEBUG=1 its table of
- * the collectives' timing) and exits 0, or prints
+ * Each rank prints `rank R of P (BACKEND): ok, N values checked` (with MBT_DEBUG=1 its table of the
+ * collectives' timing; with MBT_TRACE=F.json `trace: F.comm-rankR.json`, the file it wrote) and exits 0, or prints
  * `comm_check: rank R: MESSAGE` on stderr and stops the world with rt_comm_abort(1). The timeout
  * is MBT_COMM_TIMEOUT's (rt_comm_timeout_env). */
 #include <signal.h>
@@ -122,6 +122,9 @@ int main(int argc, char **argv) {
     round_trip(5, 4001); /* ~1.4 M floats a rank at 4 ranks: many partial sends and receives */
     printf("rank %d of %d (%s): ok, %lld values checked\n", r, rt_comm_size(world), rt_comm_backend(world), (long long)checked);
     rt_comm_print_timing(stdout, world); /* MBT_DEBUG */
+    const char *trace;
+    if (rt_comm_trace_write(world, &trace, &e) != RT_OK) die("MBT_TRACE", &e);
+    if (trace) printf("trace: %s\n", trace);
     fflush(stdout);
     rt_comm_close(world);
     return 0;
