@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "autodiff.h"
 #include "ref.h"
@@ -498,19 +499,28 @@ static void grad_cast(void) {
     tg_end(t);
 }
 
-/* The backward is dropout of dy with the same p and stream: the forward's mask. */
+/* The backward is dropout of dy with the same p, stream and key (graph.h): the forward's mask,
+ * recomputed, so dx = dy * mask / (1 - p), which the finite differences measure. */
 static void grad_dropout(void) {
     TG *t = tg_begin(__LINE__);
     int p = tg_param(t, S(4, 6));
-    int d = tg_same(t, G_DROPOUT, p, 11, 0.3);
+    int rng = tg_leaf(t, G_INPUT, DT_I64, S(GRAPH_RNG_WORDS), 0.0, 1.0);
+    tg_n(t, rng)->name = GRAPH_RNG_NAME;
+    const double key[GRAPH_RNG_WORDS] = {1337, 0, 2, 1, 1}; /* seed 1337, step 2, micro-batch 1, on */
+    memcpy(t->leaf[rng], key, sizeof key);
+    int in[2] = {p, rng};
+    int d = tg_node(t, G_DROPOUT, DT_F32, tg_shape(t, p), 2, in);
+    tg_n(t, d)->iattr[0] = 11;
+    tg_n(t, d)->fattr[0] = 0.3;
     tg_check(t, tg_un(t, G_TANH, d));
     int found = 0;
     for (int id = 0; id < t->g->n; id++) {
         GNode *n = tg_n(t, id);
         if (id != d && n->op == G_DROPOUT) {
             found++;
-            CHECK(n->iattr[0] == 11 && n->fattr[0] == 0.3, "the backward dropout has stream %lld and p %g",
-                  (long long)n->iattr[0], n->fattr[0]);
+            CHECK(n->iattr[0] == 11 && n->fattr[0] == 0.3 && n->nin == 2 && n->in[1] == rng,
+                  "the backward dropout has stream %lld, p %g and key %%%d", (long long)n->iattr[0], n->fattr[0],
+                  n->nin == 2 ? n->in[1] : -1);
         }
     }
     CHECK(found == 1, "%d backward dropout nodes, expected 1", found);
