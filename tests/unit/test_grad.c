@@ -864,6 +864,21 @@ static void grad_mlp(void) {
     tg_end(t);
 }
 
+/* nn.WSLinear (Weight Standardization): x @ w_hat + b with w_hat's columns the raw weight's,
+ * centred over the fan-in (axis 0) and divided by sqrt(their variance + eps), as stdlib/nn.mbt
+ * writes it. The raw weight's gradient flows through the mean and the variance; the weight is
+ * drawn in [-1, 1] so that every column's variance is far above eps. */
+static void grad_ws_linear(void) {
+    TG *t = tg_begin(__LINE__);
+    int x = tg_param(t, S(2, 3, 4));
+    int w = tg_param(t, S(4, 5));
+    int c = tg_bin(t, G_SUB, w, tg_reduce(t, G_MEAN, w, 0, 1));
+    int var = tg_reduce(t, G_MEAN, tg_bin(t, G_MUL, c, c), 0, 1);
+    int what = tg_bin(t, G_MUL, c, tg_un(t, G_RSQRT, tg_bin(t, G_ADD, var, tg_const(t, 1e-5, DT_F32))));
+    tg_check(t, tg_bin(t, G_ADD, tg_matmul(t, x, what), tg_param(t, S(5))));
+    tg_end(t);
+}
+
 /* nn.LayerNorm after a linear map. */
 static void grad_layernorm_layer(void) {
     TG *t = tg_begin(__LINE__);
@@ -1188,6 +1203,7 @@ int main(void) {
 
     RUN(grad_linear_bias);
     RUN(grad_mlp);
+    RUN(grad_ws_linear);
     RUN(grad_layernorm_layer);
     RUN(grad_rmsnorm_layer);
     RUN(grad_embedding);
