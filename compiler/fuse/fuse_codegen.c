@@ -227,22 +227,37 @@ static int cg_reduce_read(CG *g, int f, KIdx *ix) {
     return g->acc[f];
 }
 
-static uint64_t cg_mix64(uint64_t z) {
-    z ^= z >> 30;
-    z *= 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 27;
-    z *= 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return z;
+/* ---- dropout's mask: Philox4x32-10 on u64 values holding 32-bit words (graph.h, GRAPH_RNG_WORDS) */
+
+static int cg_u64(CG *g, uint64_t v) { return kb_const_i(g->b, KT_U64, (int64_t)v); }
+
+/* v mod 2^32 of a u64 value (the kernel IR has no bitwise and on u64). */
+static int cg_lo32(CG *g, int v) {
+    int hi = cg_op2(g, K_SHR, KT_U64, v, cg_u64(g, 32));
+    return cg_op2(g, K_SUB, KT_U64, v, cg_op2(g, K_MUL, KT_U64, hi, cg_u64(g, (uint64_t)1 << 32)));
 }
 
-/* The same mix on a u64 value of the kernel. */
-static int cg_mix64_ir(CG *g, int z) {
-    z = cg_op2(g, K_XOR, KT_U64, z, cg_op2(g, K_SHR, KT_U64, z, kb_const_i(g->b, KT_U64, 30)));
-    z = cg_op2(g, K_MUL, KT_U64, z, kb_const_i(g->b, KT_U64, (int64_t)0xBF58476D1CE4E5B9ull));
-    z = cg_op2(g, K_XOR, KT_U64, z, cg_op2(g, K_SHR, KT_U64, z, kb_const_i(g->b, KT_U64, 27)));
-    z = cg_op2(g, K_MUL, KT_U64, z, kb_const_i(g->b, KT_U64, (int64_t)0x94D049BB133111EBull));
-    return cg_op2(g, K_XOR, KT_U64, z, cg_op2(g, K_SHR, KT_U64, z, kb_const_i(g->b, KT_U64, 31)));
+/* The first output word of Philox4x32-10 (ref.c's ref_philox4x32, runtime/base/rng.c's
+ * rt_philox4x32) of counter c and key k, each word a u64 value below 2^32. The products of two
+ * 32-bit words are exact in u64, so each round is two multiplications, their high and low
+ * halves, and xors. */
+static int cg_philox_word0(CG *g, int c[4], int k[2]) {
+    for (int r = 0; r < 10; r++) {
+        if (r > 0) {
+            k[0] = cg_lo32(g, cg_op2(g, K_ADD, KT_U64, k[0], cg_u64(g, 0x9E3779B9u)));
+            k[1] = cg_lo32(g, cg_op2(g, K_ADD, KT_U64, k[1], cg_u64(g, 0xBB67AE85u)));
+        }
+        int p0 = cg_op2(g, K_MUL, KT_U64, c[0], cg_u64(g, 0xD2511F53u));
+        int p1 = cg_op2(g, K_MUL, KT_U64, c[2], cg_u64(g, 0xCD9E8D57u));
+        int hi0 = cg_op2(g, K_SHR, KT_U64, p0, cg_u64(g, 32)), hi1 = cg_op2(g, K_SHR, KT_U64, p1, cg_u64(g, 32));
+        int n0 = cg_op2(g, K_XOR, KT_U64, cg_op2(g, K_XOR, KT_U64, hi1, c[1]), k[0]);
+        int n2 = cg_op2(g, K_XOR, KT_U64, cg_op2(g, K_XOR, KT_U64, hi0, c[3]), k[1]);
+        c[1] = cg_lo32(g, p1);
+        c[3] = cg_lo32(g, p0);
+        c[0] = n0;
+        c[2] = n2;
+    }
+    return c[0];
 }
 
 /* An i32 index tensor's element as a row number clamped into [0, n). The reference evaluator
@@ -335,19 +350,23 @@ static int cg_compute(CG *g, const FNode *n, KIdx *ix) {
         }
         return kb_op(g->b, n->kop, t, n->nin, v[0], v[1], v[2]);
     }
-    case F_DROPOUT: { /* ref.c's ref_eval_dropout, on the flat index of the node's shape */
-        const FNode *x = cg_n(g, n->in[0]);
+    case F_DROPOUT: { /* ref.c's ref_eval_dropout: graph.h's mask of the "rng" key, at the flat index */
+        const FNode *x = cg_n(g, n->in[0]), *key = cg_n(g, n->in[1]);
         int xv = cg_value(g, x->id, ix);
         double p = n->fa[0];
-        uint64_t threshold = (uint64_t)ceil(p * 16777216.0), key = cg_mix64((uint64_t)n->ia[0]);
-        int i = cg_op1(g, K_CAST, KT_U64, ix_flat(g, ix));
-        int step = cg_op2(g, K_MUL, KT_U64, cg_op2(g, K_ADD, KT_U64, i, kb_const_i(g->b, KT_U64, 1)),
-                          kb_const_i(g->b, KT_U64, (int64_t)0x9E3779B97F4A7C15ull));
-        int h = cg_mix64_ir(g, cg_op2(g, K_ADD, KT_U64, kb_const_i(g->b, KT_U64, (int64_t)key), step));
-        int r = cg_op2(g, K_SHR, KT_U64, h, kb_const_i(g->b, KT_U64, 40));
-        int keep = cg_op2(g, K_GE, KT_BOOL, r, kb_const_i(g->b, KT_U64, (int64_t)threshold));
+        int w[GRAPH_RNG_WORDS];
+        for (int i = 0; i < GRAPH_RNG_WORDS; i++) {
+            int dim = cg_i(g, i);
+            KIdx wi = ix_of(1, key->shape, &dim);
+            w[i] = cg_op1(g, K_CAST, KT_U64, cg_value(g, key->id, &wi));
+        }
+        int k[2] = {w[0], cg_op2(g, K_XOR, KT_U64, w[1], cg_u64(g, GRAPH_RNG_DOMAIN))};
+        int c[4] = {cg_op1(g, K_CAST, KT_U64, ix_flat(g, ix)), cg_u64(g, (uint64_t)n->ia[0]), w[2], w[3]};
+        int r = cg_op2(g, K_SHR, KT_U64, cg_philox_word0(g, c, k), cg_u64(g, 8));
+        int on = cg_op2(g, K_NE, KT_BOOL, w[4], cg_u64(g, 0));
+        int keep = cg_op2(g, K_GE, KT_BOOL, r, cg_u64(g, (uint64_t)ceil(p * 16777216.0)));
         int scaled = cg_op2(g, K_MUL, t, xv, cg_f(g, t, 1.0 / (1.0 - p)));
-        return cg_op3(g, K_SELECT, t, keep, scaled, cg_f(g, t, 0.0));
+        return cg_op3(g, K_SELECT, t, on, cg_op3(g, K_SELECT, t, keep, scaled, cg_f(g, t, 0.0)), xv);
     }
     case F_ROPE: { /* ref.c's ref_eval_rope (ia[0] = 0) and ref_bwd.c's ref_rope_bwd (ia[0] = 1) */
         const FNode *x = cg_n(g, n->in[0]);

@@ -35,7 +35,7 @@ typedef enum FOp {
     F_GATHER,     /* rows of in0 [R, ...] at the i32 indices in1 [...] -> [..., ...]          */
     F_TAKE,       /* in0 [..., V] at the i32 column in1 [...] of each row -> [...]            */
     F_MAP,        /* kop applied to in0..in2 broadcast to the shape                            */
-    F_DROPOUT,    /* fa[0] = p, ia[0] = stream: the counter-based mask of ref.c                */
+    F_DROPOUT,    /* in[1] the "rng" key; fa[0] = p, ia[0] = stream: graph.h's Philox mask   */
     F_ROPE,       /* fa[0] = theta, ia[0] = 1 for the backward (the transposed rotation)      */
     F_REDUCE,     /* kop over the axes in the bit mask ia[0] of in0; those axes become 1       */
     F_GEMM,       /* in0 = A's buffer node, in1 = B's, in2 = the bias's (FE_BIAS); gemm holds the rest */

@@ -611,8 +611,9 @@ static int fl_lower_pointwise(FL *L, const GNode *n, const int *in) {
         if (!(p > 0)) return x;
         if (p >= 1) return fl_const_shaped(L, 0.0, dt, n->rank, n->shape);
         FNode q = fl_proto(F_DROPOUT, dt, n->rank, n->shape);
-        q.nin = 1;
+        q.nin = 2;
         q.in[0] = x;
+        q.in[1] = y; /* the "rng" key (graph.h) */
         q.ia[0] = n->iattr[0];
         q.fa[0] = p;
         return fl_add(L, &q);

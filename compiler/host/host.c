@@ -107,6 +107,22 @@ static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
     return addr;
 }
 
+/* Dropout's key (graph.h, GRAPH_RNG_WORDS) into the plan's arena slot: the run's seed in two
+ * 32-bit words, the step and micro-batch (mod 2^32), and on = grad: forward_backward draws masks,
+ * forward_loss (evaluation) does no dropout. Written by the host, staged and uploaded on the GPU. */
+static void emit_rng_key(Host *h, const HostFn *f, const Sched *S, int grad) {
+    LLVMValueRef arena = step_field(h, f->s, RT_STEP_arena, h->ptr, "arena");
+    LLVMValueRef slot = byte_gep(h, arena, S->mem->rng_offset, "rng_slot");
+    LLVMValueRef staged = h->target->staging(h, slot, GRAPH_RNG_WORDS * 2, "rng_host"); /* counted in f32 */
+    LLVMValueRef seed = step_field(h, f->s, RT_STEP_seed, h->i64, "seed"), mask = ci64(h, 0xffffffff);
+    LLVMValueRef w[GRAPH_RNG_WORDS] = {
+        LLVMBuildAnd(h->b, seed, mask, "seed_lo"), LLVMBuildLShr(h->b, seed, ci64(h, 32), "seed_hi"),
+        LLVMBuildAnd(h->b, step_field(h, f->s, RT_STEP_step, h->i64, "step"), mask, ""),
+        LLVMBuildAnd(h->b, step_field(h, f->s, RT_STEP_micro, h->i64, "micro"), mask, ""), ci64(h, grad ? 1 : 0)};
+    for (int i = 0; i < GRAPH_RNG_WORDS; i++) LLVMBuildStore(h->b, w[i], byte_gep(h, staged, 8 * i, ""));
+    h->target->upload(h, f, slot, staged, GRAPH_RNG_WORDS * 2);
+}
+
 /* forward_backward (grad) or forward_loss: the step schedule's launches (all of them, or up to the
  * loss), the loss into s->loss, and with grad loss_scale x each gradient added into s->grads. */
 LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
@@ -114,6 +130,7 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     const Graph *g = r->g;
     HostFn f = host_fn_begin(h, grad ? "forward_backward" : "forward_loss");
     LLVMValueRef s = f.s;
+    if (S->mem->rng_offset >= 0) emit_rng_key(h, &f, S, grad);
     LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
@@ -299,21 +316,7 @@ static int refuse_settings(const TrainConfig *ts) {
     return n;
 }
 
-int host_refuses(const TrainBuild *tb) {
-    if (refuse_settings(tb->config)) return 1;
-    /* Dropout's mask is keyed by its stream number alone (graph_build.c), so a compiled step would
-     * draw the same mask every step and micro-batch: refused until the key carries the seed, step
-     * and micro-batch. */
-    for (int id = 0; id < tb->step->n; id++) {
-        const GNode *n = tb->step->node[id];
-        if (n->op == G_DROPOUT && n->fattr[0] > 0) {
-            diag_error(n->src, "dropout is not compiled into executables yet");
-            diag_hint("its mask would be the same at every step and micro-batch; --check and --emit accept it");
-            return 1;
-        }
-    }
-    return 0;
-}
+int host_refuses(const TrainBuild *tb) { return refuse_settings(tb->config) ? 1 : 0; }
 
 int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
                  FILE *emit, const HostCuda *cuda, Arena *ar) {

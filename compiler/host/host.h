@@ -33,7 +33,7 @@ typedef struct HostCuda {
     int narch;
 } HostCuda;
 
-/* Refuses a step -o cannot compile yet (dropout, whose mask would repeat every step): returns 1
+/* Refuses a step -o cannot compile yet (settings executables do not carry out): returns 1
  * after reporting the error, else 0. Called before the schedules are built. */
 int host_refuses(const TrainBuild *tb);
 /* The schedules -o builds (plan.h, PlanSchedules: the fused step, update and batch-1 logits the

@@ -20,10 +20,11 @@
  *     is also what a central difference measures at a tie of two;
  *   - relu passes dy where x > 0, abs multiplies by sign(x) (0 at 0); clamp passes dy where
  *     lo <= x <= hi (both ends included, as PyTorch);
- *   - dropout's backward is dropout again, on dy, with the same p and the same RNG stream id
- *     (iattr[0]): the mask is a function of the stream id and the flat element index only (ref.c's
- *     ref_eval_dropout states the exact draw), so it is the forward's mask, and
- *     dx = dy * mask / (1 - p). A pass that renumbers stream ids must keep the pair equal;
+ *   - dropout's backward is dropout again, on dy, with the same p, the same RNG stream id
+ *     (iattr[0]) and the same "rng" key input: the mask is a function of the key (seed, step,
+ *     micro-batch), the stream id and the flat element index only (graph.h, GRAPH_RNG_WORDS), so
+ *     it is the forward's mask, recomputed, and dx = dy * mask / (1 - p). A pass that renumbers
+ *     stream ids must keep the pair equal; the key gets no gradient;
  *   - sign, floor, comparisons, logic, one_hot, topk indices, arange and every integer or bool
  *     result contribute no gradient; a parameter reached only through them gets zeros;
  *   - of the backward ops only scatter_add has a rule (its gradient is a gather): there are no
@@ -294,8 +295,10 @@ static int ad_rule_unary(AdCtx *c, const GNode *n, int dy) {
     case G_CAST:
         if (!ad_is_float(ad_node(c, x)->dt)) return -1;
         return ad_cast(c, dy, ad_node(c, x)->dt);
-    case G_DROPOUT: { /* the same mask: same p, same stream id (see the file comment) */
-        int id = ad_unary(c, G_DROPOUT, dy);
+    case G_DROPOUT: { /* the same mask: same p, stream id and key (see the file comment) */
+        const GNode *yn = ad_node(c, dy);
+        int in[2] = {dy, n->in[1]};
+        int id = ad_emit(c, G_DROPOUT, yn->dt, yn->rank, yn->shape, 2, in);
         GNode *d = ad_node(c, id);
         d->fattr[0] = n->fattr[0];
         d->iattr[0] = n->iattr[0];

@@ -113,6 +113,7 @@ static int graph_is_reduce(GOp op) { return op >= G_SUM && op <= G_LOGSUMEXP; }
 static void graph_arity(GOp op, int *lo, int *hi) {
     int n = 1;
     if (op <= G_ARANGE) n = 0;
+    else if (op == G_DROPOUT) n = 2; /* x and the "rng" key */
     else if (graph_is_unary(op) || graph_is_reduce(op)) n = 1;
     else if (graph_is_binary(op)) n = 2;
     else switch (op) {
@@ -445,6 +446,15 @@ static void graph_v_unary(GraphVerify *v, const GNode *x) {
     }
     if (x->dt != n->dt) graph_v_fail(v, "the input is %s but the result is %s", dtype_name(x->dt), dtype_name(n->dt));
     if (n->op == G_DROPOUT && !(n->fattr[0] >= 0 && n->fattr[0] < 1)) graph_v_fail(v, "p = %g is not in [0, 1)", n->fattr[0]);
+    if (n->op == G_DROPOUT) {
+        const GNode *k = v->g->node[n->in[1]];
+        if (k->op != G_INPUT || !k->name || strcmp(k->name, GRAPH_RNG_NAME) != 0 || k->dt != DT_I64 || k->rank != 1 ||
+            k->shape[0] != GRAPH_RNG_WORDS)
+            graph_v_fail(v, "input 1 is not the graph's \"rng\" key i64[%d]", GRAPH_RNG_WORDS);
+        if (graph_numel(n) > ((int64_t)1 << 32)) graph_v_fail(v, "more than 2^32 elements (the mask's counter is 32 bits)");
+        if (n->iattr[0] < 0 || n->iattr[0] > (int64_t)UINT32_MAX)
+            graph_v_fail(v, "stream %" PRId64 " is not 32 bits", n->iattr[0]);
+    }
     if (n->op == G_CLAMP && !(n->fattr[0] <= n->fattr[1]))
         graph_v_fail(v, "lo = %g is greater than hi = %g", n->fattr[0], n->fattr[1]);
 }

@@ -22,6 +22,25 @@
 #define GRAPH_MAX_RANK 8
 #define GRAPH_MAX_IN 4
 
+/* Dropout's key. Every G_DROPOUT of a graph takes as its second input the graph's one G_INPUT
+ * named "rng": i64[GRAPH_RNG_WORDS], each word in [0, 2^32), filled per call by the executable
+ * (host.c) and by --verify-step (verify_step.c):
+ *     [0] seed & 0xffffffff   [1] seed >> 32   [2] the 0-based optimizer step (mod 2^32)
+ *     [3] the micro-batch within the step, all data ranks' counted in turn   [4] on: 1 in a
+ *     training step's forward and backward, 0 in forward_loss (evaluation): dropout is the identity
+ * The mask element i of a dropout with stream s (iattr[0]) keeps x[i] when the top 24 bits of the
+ * first word of Philox4x32-10 (runtime/base/rng.c) with
+ *     key     = {seed_lo, seed_hi ^ GRAPH_RNG_DOMAIN}
+ *     counter = {i, s, step, micro}
+ * are >= ceil(p * 2^24); kept values are scaled by 1 / (1 - p). So the mask is a function of
+ * (seed, step, micro-batch, op, element), recomputed (not stored) by the backward, and a resumed
+ * run draws what an uninterrupted one draws. ref.c (ref_dropout_keep) states it once for the
+ * reference, fuse_codegen.c writes the same arithmetic as kernel IR. A dropout's element count
+ * must be below 2^32 (graph_build.c refuses more, graph_verify checks it). */
+#define GRAPH_RNG_WORDS 5
+#define GRAPH_RNG_NAME "rng"
+#define GRAPH_RNG_DOMAIN UINT32_C(0x64726f70) /* "drop", as rt.h's RT_RNG_DOMAIN_* name theirs */
+
 typedef enum GOp {
     /* ---- leaves ------------------------------------------------------------------------ */
     G_PARAM,  /* trainable parameter; name = dotted path; init in iattr/fattr (below)    */
@@ -46,7 +65,7 @@ typedef enum GOp {
     G_FLOOR,
     G_NOT,
     G_CAST,    /* to the node's dtype                                                     */
-    G_DROPOUT, /* fattr[0] = p; iattr[0] = per-node RNG stream id                          */
+    G_DROPOUT, /* in1: the step's "rng" key (below); fattr[0] = p; iattr[0] = RNG stream id */
     G_CLAMP,   /* fattr[0] = lo, fattr[1] = hi                                            */
     /* ---- elementwise binary, NumPy broadcasting of in0 and in1 to the node's shape ------ */
     /* dtypes: arithmetic, max2/min2, reductions and unary ops but cast take inputs of the node's

@@ -34,6 +34,7 @@ struct GraphBuilder {
     int failed;        /* an error stopped the build: hooks add nothing more */
     int done;          /* the loss is recorded */
     int64_t streams;   /* dropout RNG streams handed out */
+    int rng;           /* the "rng" input's node + 1 (graph.h, GRAPH_RNG_WORDS); 0: not made yet */
     /* the update graph, for sema_build_train */
     int64_t align;   /* parameters at multiples of this many elements; 0: no update graph wanted */
     Graph *step;     /* the step graph, once the update graph is being built (g is then the update) */
@@ -116,6 +117,17 @@ static int gb_add(GraphBuilder *gb, GOp op, DType dt, int rank, const int64_t *s
     for (int i = 0; i < nin; i++)
         if (in[i] < 0) return -1;
     return graph_add(gb->g, op, dt, rank, shape, nin, in, at);
+}
+
+/* The graph's "rng" input (graph.h: dropout's key), made at its first dropout. Its id or -1. */
+static int gb_rng(GraphBuilder *gb, Span at) {
+    if (gb->rng > 0) return gb->rng - 1;
+    int64_t words = GRAPH_RNG_WORDS;
+    int id = gb_add(gb, G_INPUT, DT_I64, 1, &words, 0, NULL, at);
+    if (id < 0) return -1;
+    gb_node(gb, id)->name = GRAPH_RNG_NAME;
+    gb->rng = id + 1;
+    return id;
 }
 
 /* Appends the node that makes tensor r and records it in r. Returns its id or -1. */
@@ -645,10 +657,23 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         if (id >= 0) gb_node(gb, id)->fattr[0] = name[0] == 'o' ? 1.0 : 0.0;
     } else if (strcmp(name, "dropout") == 0) {
         double p;
+        if (gb->updating) {
+            gb_fail(gb, at, "dropout in an optimizer's update is not supported (it draws a mask per training step)");
+            return;
+        }
         in[0] = gb_operand(gb, v0, -1, s0);
         if (!gb_number(gb, v1, 0, &p, s1, "dropout's p")) return;
-        id = gb_result(gb, r, G_DROPOUT, 1, in, at);
+        if (p == 0) { /* the identity: no node, and no key for a program without dropout */
+            gb_alias(r, in[0]);
+            return;
+        }
+        in[1] = gb_rng(gb, at);
+        id = gb_result(gb, r, G_DROPOUT, 2, in, at);
         if (id < 0) return;
+        if (graph_numel(gb_node(gb, id)) > ((int64_t)1 << 32)) {
+            gb_fail(gb, at, "dropout of more than 2^32 elements is not supported (its mask's counter is 32 bits)");
+            return;
+        }
         gb_node(gb, id)->fattr[0] = p;
         gb_node(gb, id)->iattr[0] = gb->streams++;
     } else if (strcmp(name, "norm") == 0) {

@@ -27,7 +27,7 @@
  * f32 by a back end; kir_ref computes every float in double. Integer K_IDIV/K_IMOD are index
  * arithmetic (both operands >= 0); K_MOD is NumPy's remainder (sign of the divisor) for floats
  * and integers; K_MAX/K_MIN propagate NaN. u64 values (K_XOR, K_SHR, wrapping K_ADD/K_MUL)
- * exist for the counter-based dropout hash.
+ * exist for dropout's counter-based Philox (fuse_codegen.c: products of 32-bit words).
  *
  * Printed by `mbtc --emit=kernels` (kir_print), checked by kir_verify. */
 #ifndef MBT_KIR_H

@@ -147,7 +147,11 @@ typedef struct PlanPhaseMem {
     PlanSlot *slots;     /* [r->nbuffers] */
     int nwrites;
     PlanWrite *writes;
-    int64_t reserve;     /* arena bytes before the first buffer: the update's lr and t slots */
+    int64_t reserve;     /* arena bytes before the first buffer: the update's lr and t slots, the
+                                 step's dropout key */
+    int64_t rng_offset;  /* the step's "rng" key (graph.h: dropout's i64[GRAPH_RNG_WORDS]) at this
+                                 arena offset, which forward_backward and forward_loss fill; -1: no
+                                 launch reads one */
     int64_t peak, naive; /* the arena during the phase: planned (reserve included), and without reuse */
     int kernels, gemms;  /* launches per call */
 } PlanPhaseMem;

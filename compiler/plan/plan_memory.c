@@ -18,6 +18,7 @@
 
 #define PLAN_LR_OFFSET 0 /* the update's lr slot, then t, in the arena's first PLAN_ALIGN bytes */
 #define PLAN_T_OFFSET 4
+#define PLAN_RNG_OFFSET 0 /* a step's dropout key (graph.h), in its phase's first PLAN_ALIGN bytes */
 
 /* ---- the regions ------------------------------------------------------------------------------ */
 
@@ -54,6 +55,7 @@ static int plan_inputs(PlanCtx *c) {
     for (int id = 0; id < g->n; id++) {
         const GNode *n = g->node[id];
         if (n->op != G_INPUT || !n->name) continue;
+        if (strcmp(n->name, GRAPH_RNG_NAME) == 0) continue; /* dropout's key: an arena slot (plan_phase) */
         PlanHome home = strcmp(n->name, "data.x") == 0 ? PH_X : strcmp(n->name, "data.y") == 0 ? PH_Y : PH_NONE;
         if (home == PH_NONE || m->ninputs == 2) INTERNAL("plan: step input %%%d '%s'", id, n->name);
         int64_t bytes = plan_mul_bytes(graph_numel(n), dtype_size(n->dt));
@@ -77,6 +79,11 @@ static int plan_param_index(const Graph *g, int node) {
 
 /* The home of a leaf buffer (a parameter or an input) of the step or logits schedule. */
 static void plan_leaf_forward(const PlanMemory *m, const Graph *g, const GNode *n, PlanSlot *s) {
+    if (n->op == G_INPUT && n->name && strcmp(n->name, GRAPH_RNG_NAME) == 0) { /* in the reserved bytes */
+        s->home = PH_ARENA;
+        s->offset = PLAN_RNG_OFFSET;
+        return;
+    }
     if (n->op == G_PARAM) {
         int pi = plan_param_index(g, n->id);
         if (pi < 0) INTERNAL("plan: parameter %%%d is not in the graph's list", n->id);
@@ -153,6 +160,16 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
     ph->kernels = r->nkernels;
     ph->gemms = r->ngemms;
     ph->reserve = which == PLAN_UPDATE ? PLAN_ALIGN : 0;
+    ph->rng_offset = -1;
+    for (int i = 0; i < r->nbuffers; i++) {
+        const FuseBuffer *fb = &r->buffers[i];
+        const GNode *gn = fb->kind == FB_INPUT && fb->first >= 0 ? graph_node(g, fb->node) : NULL;
+        if (gn && gn->name && strcmp(gn->name, GRAPH_RNG_NAME) == 0) {
+            if (which == PLAN_UPDATE || fb->bytes != GRAPH_RNG_WORDS * 8) INTERNAL("plan: the %s phase's rng key", ph->name);
+            ph->reserve = PLAN_ALIGN;
+            ph->rng_offset = PLAN_RNG_OFFSET;
+        }
+    }
     ph->slots = arena_alloc(c->ar, sizeof(PlanSlot) * (size_t)(r->nbuffers + 1));
     Arena scratch = {0};
     PlanBuffer *pb = arena_alloc(&scratch, sizeof(PlanBuffer) * (size_t)(r->nbuffers + 1));
@@ -405,6 +422,12 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
         fprintf(out,
                 "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",
                 p->mem.lr_offset, p->mem.t_offset, ph->reserve);
+    if (ph->rng_offset >= 0)
+        fprintf(out,
+                "dropout's key: i64[%d] at arena %" PRId64 " (seed, step, micro-batch, on), written by %s; buffers from %" PRId64
+                "\n",
+                GRAPH_RNG_WORDS, ph->rng_offset, which == PLAN_STEP ? "forward_backward and forward_loss" : "forward_logits",
+                ph->reserve);
     int w = 6;
     const char **label = arena_alloc(ar, sizeof(char *) * (size_t)(r->nbuffers + 1));
     for (int i = 0; i < r->nbuffers; i++) {

@@ -213,50 +213,50 @@ static void ref_eval_unary(const Graph *g, const GNode *n, double **vals) {
     for (int64_t i = 0; i < ref_numel(n); i++) out[i] = ref_unary(n, xv[i]);
 }
 
-/* The SplitMix64 finaliser (Stafford's mix 13): a bijection on 64 bits with full avalanche. */
-static uint64_t ref_mix64(uint64_t z) {
-    z ^= z >> 30;
-    z *= 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 27;
-    z *= 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return z;
+/* Philox4x32-10 as runtime/base/rng.c computes it (rt_philox4x32; Salmon et al., SC'11): the
+ * compiler does not link the runtime, so it is written again here, and tests/unit/test_ref.c
+ * holds it to the Random123 known answers that test_rt_rng.c holds the runtime's to. */
+void ref_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]}, k0 = key[0], k1 = key[1];
+    for (int r = 0; r < 10; r++) {
+        if (r > 0) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+        uint64_t p0 = (uint64_t)0xD2511F53u * c[0], p1 = (uint64_t)0xCD9E8D57u * c[2];
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c[1] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c[3] ^ k1;
+        c[0] = n0, c[1] = (uint32_t)p1, c[2] = n2, c[3] = (uint32_t)p0;
+    }
+    memcpy(out, c, sizeof c);
 }
 
-/* Dropout, deterministic and counter-based, so every back end can reproduce the mask exactly
- * without sharing RNG state. For the node's stream s = (uint64_t)iattr[0] and the flat
- * (row-major) element index i of the output:
- *     key  = mix64(s)
- *     h    = mix64(key + (i + 1) * 0x9E3779B97F4A7C15)      (all arithmetic mod 2^64)
- *     r    = h >> 40                                       (the top 24 bits: 0 .. 2^24 - 1)
- *     keep = r >= ceil(p * 2^24)                            (that is, r * 2^-24 >= p)
- *     out  = keep ? x * (1 / (1 - p)) : 0
- * where mix64 is ref_mix64 above. 24 bits make r * 2^-24 exact in f32, so a float back end
- * draws the same mask. The keep probability is 1 - p (to 2^-24); p <= 0 keeps everything with
- * scale 1 (the identity), p >= 1 drops everything. The mask depends only on (s, i): a new mask
- * per step needs a new stream id. */
+int ref_dropout_keep(const uint32_t rng[GRAPH_RNG_WORDS], int64_t stream, int64_t i, double p) {
+    if (!(p > 0) || !rng[4]) return 1;
+    uint32_t key[2] = {rng[0], rng[1] ^ GRAPH_RNG_DOMAIN};
+    uint32_t ctr[4] = {(uint32_t)i, (uint32_t)stream, rng[2], rng[3]}, out[4];
+    ref_philox4x32(ctr, key, out);
+    return (uint64_t)(out[0] >> 8) >= (uint64_t)ceil(p * 16777216.0); /* p * 2^24 is exact in double */
+}
+
+/* Dropout, deterministic and counter-based, so every back end reproduces the mask exactly
+ * without sharing RNG state (graph.h, GRAPH_RNG_WORDS, states the draw): for the flat
+ * (row-major) element index i, out = keep(i) ? x * (1 / (1 - p)) : 0. 24 bits make the
+ * comparison exact in f32, so a float back end draws the same mask; the keep probability is
+ * 1 - p to 2^-24. p = 0, or the key's word "on" = 0 (evaluation), is the identity. The key's
+ * words are i64 values in [0, 2^32), exact as doubles. */
 static void ref_eval_dropout(const Graph *g, const GNode *n, double **vals) {
-    const GNode *x = ref_in(g, n, 0);
+    const GNode *x = ref_in(g, n, 0), *k = ref_in(g, n, 1);
     REF_REQUIRE(n, ref_numel(x) == ref_numel(n), "dropout input has another element count");
-    const double *xv = ref_val(n, vals, 0);
+    REF_REQUIRE(n, ref_numel(k) == GRAPH_RNG_WORDS, "dropout's key is not GRAPH_RNG_WORDS words");
+    const double *xv = ref_val(n, vals, 0), *kv = ref_val(n, vals, 1);
+    uint32_t rng[GRAPH_RNG_WORDS];
+    for (int w = 0; w < GRAPH_RNG_WORDS; w++) {
+        REF_REQUIRE(n, kv[w] >= 0 && kv[w] < 4294967296.0 && kv[w] == floor(kv[w]), "a word of the rng key is not 32 bits");
+        rng[w] = (uint32_t)kv[w];
+    }
     double *out = vals[n->id];
     double p = n->fattr[0];
+    REF_REQUIRE(n, p >= 0 && p < 1, "dropout's p is not in [0, 1)");
+    double scale = p > 0 && rng[4] ? 1.0 / (1.0 - p) : 1.0;
     int64_t total = ref_numel(n);
-    if (!(p > 0)) { /* p <= 0 (or NaN): the identity */
-        for (int64_t i = 0; i < total; i++) out[i] = xv[i];
-        return;
-    }
-    if (p >= 1) {
-        for (int64_t i = 0; i < total; i++) out[i] = 0.0;
-        return;
-    }
-    uint64_t threshold = (uint64_t)ceil(p * 16777216.0); /* p * 2^24 is exact */
-    double scale = 1.0 / (1.0 - p);
-    uint64_t key = ref_mix64((uint64_t)n->iattr[0]);
-    for (int64_t i = 0; i < total; i++) {
-        uint64_t h = ref_mix64(key + ((uint64_t)i + 1) * 0x9E3779B97F4A7C15ull);
-        out[i] = (h >> 40) >= threshold ? xv[i] * scale : 0.0;
-    }
+    for (int64_t i = 0; i < total; i++) out[i] = ref_dropout_keep(rng, n->iattr[0], i, p) ? xv[i] * scale : 0.0;
 }
 
 static void ref_eval_binary(const Graph *g, const GNode *n, double **vals) {

@@ -26,6 +26,12 @@ int ref_eval_bwd(const Graph *g, const GNode *n, double **vals);
 /* The segmented ops of update graphs (G_SEG_NORM), in ref_seg.c; same contract. */
 int ref_eval_seg(const Graph *g, const GNode *n, double **vals);
 
+/* Philox4x32-10, the runtime's (runtime/base/rng.c, rt_philox4x32), written again for the
+ * compiler; and whether dropout with probability p keeps element i of stream `stream` under the
+ * key words rng (graph.h, GRAPH_RNG_WORDS, states the draw): 1 when p <= 0 or rng[4] (on) is 0. */
+void ref_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+int ref_dropout_keep(const uint32_t rng[GRAPH_RNG_WORDS], int64_t stream, int64_t i, double p);
+
 /* NumPy's remainder on doubles: the result has the sign of the divisor (x % 0 is NaN). Shared by
  * every interpreter of G_MOD / K_MOD so they cannot disagree. */
 double ref_mod(double a, double b);

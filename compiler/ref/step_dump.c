@@ -1,6 +1,7 @@
 /* step_dump.c - reads a step dump for `mbtc --verify-step` (see step_dump.h): the metadata
  * (mbt.micro, mbt.accum, mbt.seq: positive whole numbers agreeing with the graph's data.x, and
- * their product overflow-checked; mbt.loss, mbt.lr, mbt.clip: numbers), each parameter's weights,
+ * their product overflow-checked; mbt.loss, mbt.lr, mbt.clip: numbers; mbt.seed, a whole number
+ * below 2^64, where the step has dropout), each parameter's weights,
  * gradient (grad:NAME) and updated value (next:NAME) shaped like the parameter, and the token
  * batches batch:x and batch:y of [micro x accum, seq]. Every tensor is read with the runtime's
  * safetensors reader, which bounds each read by the tensor's own size. */
@@ -97,6 +98,20 @@ static int read_meta(const Graph *g, const RtStFile *f, const char *path, StepDu
     d->micro = meta_int(f, path, "mbt.micro"), d->accum = meta_int(f, path, "mbt.accum");
     d->seq = meta_int(f, path, "mbt.seq");
     d->loss = meta_num(f, path, "mbt.loss"), d->lr = meta_num(f, path, "mbt.lr"), d->clip = meta_num(f, path, "mbt.clip");
+    d->rngin = find_input(g, GRAPH_RNG_NAME);
+    if (d->rngin >= 0) { /* dropout: its masks are keyed by the run's seed */
+        const char *v = rt_st_meta_get(f, "mbt.seed");
+        char *end = NULL;
+        errno = 0;
+        unsigned long long s = v ? strtoull(v, &end, 10) : 0;
+        if (!v)
+            diag_error_noloc("step dump '%s' lacks mbt.seed in its metadata, which this train block's dropout needs (write one "
+                             "with `PROG train --dump-step`)",
+                             path);
+        else if (end == v || *end || *v == '-' || errno == ERANGE)
+            diag_error_noloc("step dump '%s': its metadata's mbt.seed is \"%s\", not a whole number below 2^64", path, v);
+        d->seed = s;
+    }
     const GNode *x = d->xin >= 0 ? g->node[d->xin] : NULL;
     if (d->xin < 0 || d->yin < 0) diag_error_noloc("the train block's step reads no data.x and data.y");
     else if (d->micro > 0 && d->seq > 0 && (x->rank != 2 || x->shape[0] != d->micro || x->shape[1] != d->seq))

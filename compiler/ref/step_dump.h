@@ -16,6 +16,8 @@ typedef struct StepDump {
     int64_t rows, cells;       /* micro x accum rows of seq tokens: the batches' sizes */
     double loss, lr, clip;     /* mbt.loss, mbt.lr, mbt.clip */
     int xin, yin;              /* the step graph's data.x and data.y inputs */
+    int rngin;                 /* its dropout key "rng" (graph.h), or -1: no dropout */
+    uint64_t seed;             /* mbt.seed: the run's seed (read when rngin >= 0) */
     double **leaves;           /* [g->n]: at each parameter's node id, its dumped weights */
     double **grad, **next;     /* [g->nparams]: the dumped gradients and updated parameters */
     int32_t *bx, *by;          /* [cells]: the step's token batches (malloc'd; step_dump_free) */

@@ -138,7 +138,14 @@ int verify_step(Pipeline *p, const char *path) {
     double *lx = arena_alloc(ar, (size_t)window * sizeof *lx), *ly = arena_alloc(ar, (size_t)window * sizeof *ly);
     leaves[xin] = lx;
     leaves[yin] = ly;
+    double *key = NULL; /* dropout's (graph.h): the seed, step 0 (the dump's), micro-batch m, on */
+    if (d.rngin >= 0) {
+        key = arena_alloc(ar, GRAPH_RNG_WORDS * sizeof *key);
+        key[0] = (double)(d.seed & 0xffffffffu), key[1] = (double)(d.seed >> 32), key[2] = 0, key[4] = 1;
+        leaves[d.rngin] = key;
+    }
     for (int64_t m = 0; m < accum && !diag_error_count(); m++) {
+        if (key) key[3] = (double)(uint32_t)m;
         for (int64_t k = 0; k < window; k++) {
             lx[k] = bx[m * window + k];
             ly[k] = by[m * window + k];

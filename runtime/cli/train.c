@@ -633,7 +633,7 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     if (r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
         if (st != RT_OK) return st;
-        RtStepDump d = {r->dump_p, r->dump_g, x->params, r->dump_x, r->dump_y, nmicro, loss, lr, t->clip};
+        RtStepDump d = {r->dump_p, r->dump_g, x->params, r->dump_x, r->dump_y, nmicro, loss, lr, t->clip, r->o.seed};
         st = rt_step_dump(p, &d, r->o.dump_step, &r->e);
         if (st != RT_OK) return st;
         printf("wrote step 1 (loss %.9g, %lld micro-batch%s) to '%s'\n", loss, (long long)nmicro, nmicro == 1 ? "" : "es",

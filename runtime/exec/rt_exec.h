@@ -192,6 +192,7 @@ typedef struct RtStepDump {
     const int32_t *x, *y;               /* [accum x micro, seq] */
     int64_t accum;
     double loss, lr, clip;
+    uint64_t seed; /* the run's: with step 0 and each micro-batch's index, dropout's key */
 } RtStepDump;
 RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err);
 

@@ -141,16 +141,17 @@ RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path,
     int64_t bshape[2] = {d->accum * p->train.micro, p->train.seq};
     e[n - 2] = (RtStEntry){"batch:x", RT_I32, 2, bshape, d->x, 0};
     e[n - 1] = (RtStEntry){"batch:y", RT_I32, 2, bshape, d->y, 0};
-    char v[6][40];
+    char v[7][40];
     snprintf(v[0], sizeof v[0], "%.17g", d->loss);
     snprintf(v[1], sizeof v[1], "%.17g", d->lr);
     snprintf(v[2], sizeof v[2], "%.17g", d->clip);
     snprintf(v[3], sizeof v[3], "%lld", (long long)p->train.micro);
     snprintf(v[4], sizeof v[4], "%lld", (long long)d->accum);
     snprintf(v[5], sizeof v[5], "%lld", (long long)p->train.seq);
-    RtStMeta meta[7] = {{"format", "pt"},    {"mbt.loss", v[0]},  {"mbt.lr", v[1]}, {"mbt.clip", v[2]},
-                        {"mbt.micro", v[3]}, {"mbt.accum", v[4]}, {"mbt.seq", v[5]}};
-    if (st == RT_OK) st = rt_st_write(path, e, n, meta, 7, err);
+    snprintf(v[6], sizeof v[6], "%llu", (unsigned long long)d->seed);
+    RtStMeta meta[8] = {{"format", "pt"},    {"mbt.loss", v[0]},  {"mbt.lr", v[1]},  {"mbt.clip", v[2]},
+                        {"mbt.micro", v[3]}, {"mbt.accum", v[4]}, {"mbt.seq", v[5]}, {"mbt.seed", v[6]}};
+    if (st == RT_OK) st = rt_st_write(path, e, n, meta, 8, err);
     for (int64_t i = 0; names && i < 2 * p->nparams; i++) free(names[i]);
     free(names);
     free(e);

@@ -8,8 +8,10 @@
 # full-size ones - GPT-2 124M at 16 x 1024, llama_small - have no CPU step to compare with in
 # reasonable time), tests/gpu/attn_shapes.mbt (attention in the shapes the examples lack: grouped
 # heads, D != E, T not a multiple of a tile, fewer keys than queries, not causal), its bf16
-# counterpart tests/gpu/attn_shapes_bf16.mbt (whose forwards run on the tensor cores) and
-# tests/verify/tiny_bf16.mbt (tiny with precision = bf16). For each, on mbt-gendata's corpus:
+# counterpart tests/gpu/attn_shapes_bf16.mbt (whose forwards run on the tensor cores),
+# tests/verify/tiny_bf16.mbt (tiny with precision = bf16) and tests/exec/dropout.mbt (dropout with
+# p > 0: the device's masks, forward and backward, must be the CPU's for the step to compare). For
+# each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
 #                          starting weights, batches and learning rate identical, loss 1e-5 relative,
@@ -76,7 +78,7 @@ MBTC="$BUILD/mbtc"
 DIR="$BUILD/tmp/gpu"
 OUT="$DIR/out.txt"
 LOSS_TOL=1e-5 # step 2's logged loss, relative (step 1's is cmpdump's)
-VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny "
+VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop "
 EMU_LEFT_OUT=" gpt2-gpt2_cpu "
 FAKE="$BUILD/tests/libmbt_fake_cuda.so"
 
@@ -104,7 +106,7 @@ cuda)
 emu)
     DUT=(--device cuda)
     export MBT_CUDA_ARCH=sm_80 # the stand-in driver is an 8.0 device; its cubin is all it loads
-    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny " # the rest: cmpdump against the CPU, whose step the verify layer checks
+    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny dropout-drop " # the rest: cmpdump against the CPU, whose step the verify layer checks
     echo "# MBT_GPU_TEST_DEVICE=emu: the GPU path on the CPU (tests/cudaemu/fake_cuda.c, tests/cudaemu/cudaemu.h)"
     ;;
 cpu)
@@ -270,7 +272,7 @@ if [ "$DEVICE" = emu ]; then
 fi
 names=()
 running=0
-for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt; do
+for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue

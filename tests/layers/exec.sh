@@ -30,6 +30,42 @@ held_out_below() {
     [ -n "$loss" ] && awk -v l="$loss" "BEGIN { bigram = $bigram; exit !(l < $limit) }"
 }
 
+# distinct_losses LOG N: LOG has N steps and no two log the same loss (dropout's masks change
+# every step: tests/exec/dropout.mbt).
+distinct_losses() {
+    local l
+    l=$(log_losses "$1")
+    echo "losses" $l
+    [ "$(echo "$l" | grep -c .)" = "$2" ] && [ "$(echo "$l" | sort -u | grep -c .)" = "$2" ]
+}
+
+# equal_losses LOG N: LOG has N steps, all with the same loss.
+equal_losses() {
+    local l
+    l=$(log_losses "$1")
+    echo "losses" $l
+    [ "$(echo "$l" | grep -c .)" = "$2" ] && [ "$(echo "$l" | sort -u | grep -c .)" = 1 ]
+}
+
+# differ_log_fields LOG_A:N LOG_B:M KEY: line N of LOG_A and line M of LOG_B both log KEY, with
+# different values.
+differ_log_fields() {
+    local va vb
+    va=$(jfield "${1%:*}" "${1##*:}" "$3")
+    vb=$(jfield "${2%:*}" "${2##*:}" "$3")
+    echo "$3: $va in $(basename "${1%:*}") step ${1##*:}, $vb in $(basename "${2%:*}") step ${2##*:}"
+    [ -n "$va" ] && [ -n "$vb" ] && [ "$va" != "$vb" ]
+}
+
+# same_eval PROG_A PROG_B WEIGHTS: both programs' `eval` of WEIGHTS on $VAL print the same loss.
+same_eval() {
+    local a b
+    a=$("$1" eval --weights "$3" --data "$VAL" | sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p')
+    b=$("$2" eval --weights "$3" --data "$VAL" | sed -n 's/^eval [^:]*: loss \([0-9.]*\) .*/\1/p')
+    echo "eval loss $a and $b"
+    [ -n "$a" ] && [ "$a" = "$b" ]
+}
+
 # log_field LOG KEY: KEY's value in each line of a --log file, on one line.
 log_field() {
     local k n

@@ -9,7 +9,8 @@
  * What is covered:
  *   - hand-built kernels (kb_* builder) for every KOp and value type: float binary and unary ops
  *     (f32, f64), integer arithmetic with NumPy's // and % (negative and zero divisors), index
- *     arithmetic, comparisons and logic, every cast, the u64 dropout hash (also against C),
+ *     arithmetic, comparisons and logic, every cast, a u64 hash (also against C: the wrapping
+ *     u64 arithmetic dropout's Philox rounds are made of),
  *     f16/bf16 loads and stores (also bit-exact against an independent rounding in C), counted
  *     loops (static, dynamic, empty, nested), accumulators (add/max/min, re-initialised in a
  *     loop), nested ifs, NaN/inf/-0 through max/min/mod;
@@ -567,7 +568,7 @@ static void test_casts(void) {
     }
 }
 
-/* ---- the dropout hash: u64 xor, shr, mul, add, wrapping ------------------------------------------------- */
+/* ---- a u64 hash: u64 xor, shr, mul, add, wrapping ------------------------------------------------- */
 
 static uint64_t c_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -880,6 +880,8 @@ static double **random_leaves(const Graph *g, uint64_t seed, Arena *ar) {
             double v = tf_uniform(&rng, lo, hi);
             if (n->dt == DT_I32) v = floor(tf_uniform(&rng, 0, (double)lim));
             if (g->update && strcmp(name, "t") == 0) v = floor(v);
+            if (strcmp(name, GRAPH_RNG_NAME) == 0) /* dropout's key (graph.h): 32-bit words, on */
+                v = i == GRAPH_RNG_WORDS - 1 ? 1 : floor(tf_uniform(&rng, 0, 4294967296.0));
             leaves[id][i] = v;
         }
     }

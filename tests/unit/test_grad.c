@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "autodiff.h"
 #include "ref.h"
@@ -498,19 +499,28 @@ static void grad_cast(void) {
     tg_end(t);
 }
 
-/* The backward is dropout of dy with the same p and stream: the forward's mask. */
+/* The backward is dropout of dy with the same p, stream and key (graph.h): the forward's mask,
+ * recomputed, so dx = dy * mask / (1 - p), which the finite differences measure. */
 static void grad_dropout(void) {
     TG *t = tg_begin(__LINE__);
     int p = tg_param(t, S(4, 6));
-    int d = tg_same(t, G_DROPOUT, p, 11, 0.3);
+    int rng = tg_leaf(t, G_INPUT, DT_I64, S(GRAPH_RNG_WORDS), 0.0, 1.0);
+    tg_n(t, rng)->name = GRAPH_RNG_NAME;
+    const double key[GRAPH_RNG_WORDS] = {1337, 0, 2, 1, 1}; /* seed 1337, step 2, micro-batch 1, on */
+    memcpy(t->leaf[rng], key, sizeof key);
+    int in[2] = {p, rng};
+    int d = tg_node(t, G_DROPOUT, DT_F32, tg_shape(t, p), 2, in);
+    tg_n(t, d)->iattr[0] = 11;
+    tg_n(t, d)->fattr[0] = 0.3;
     tg_check(t, tg_un(t, G_TANH, d));
     int found = 0;
     for (int id = 0; id < t->g->n; id++) {
         GNode *n = tg_n(t, id);
         if (id != d && n->op == G_DROPOUT) {
             found++;
-            CHECK(n->iattr[0] == 11 && n->fattr[0] == 0.3, "the backward dropout has stream %lld and p %g",
-                  (long long)n->iattr[0], n->fattr[0]);
+            CHECK(n->iattr[0] == 11 && n->fattr[0] == 0.3 && n->nin == 2 && n->in[1] == rng,
+                  "the backward dropout has stream %lld, p %g and key %%%d", (long long)n->iattr[0], n->fattr[0],
+                  n->nin == 2 ? n->in[1] : -1);
         }
     }
     CHECK(found == 1, "%d backward dropout nodes, expected 1", found);
@@ -854,6 +864,21 @@ static void grad_mlp(void) {
     tg_end(t);
 }
 
+/* nn.WSLinear (Weight Standardization): x @ w_hat + b with w_hat's columns the raw weight's,
+ * centred over the fan-in (axis 0) and divided by sqrt(their variance + eps), as stdlib/nn.mbt
+ * writes it. The raw weight's gradient flows through the mean and the variance; the weight is
+ * drawn in [-1, 1] so that every column's variance is far above eps. */
+static void grad_ws_linear(void) {
+    TG *t = tg_begin(__LINE__);
+    int x = tg_param(t, S(2, 3, 4));
+    int w = tg_param(t, S(4, 5));
+    int c = tg_bin(t, G_SUB, w, tg_reduce(t, G_MEAN, w, 0, 1));
+    int var = tg_reduce(t, G_MEAN, tg_bin(t, G_MUL, c, c), 0, 1);
+    int what = tg_bin(t, G_MUL, c, tg_un(t, G_RSQRT, tg_bin(t, G_ADD, var, tg_const(t, 1e-5, DT_F32))));
+    tg_check(t, tg_bin(t, G_ADD, tg_matmul(t, x, what), tg_param(t, S(5))));
+    tg_end(t);
+}
+
 /* nn.LayerNorm after a linear map. */
 static void grad_layernorm_layer(void) {
     TG *t = tg_begin(__LINE__);
@@ -1178,6 +1203,7 @@ int main(void) {
 
     RUN(grad_linear_bias);
     RUN(grad_mlp);
+    RUN(grad_ws_linear);
     RUN(grad_layernorm_layer);
     RUN(grad_rmsnorm_layer);
     RUN(grad_embedding);

@@ -10,6 +10,7 @@
  * a -inf mask, and so on. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "unit.h"
 #include "ref.h"
@@ -328,56 +329,100 @@ static void test_clamp(void) {
     CHECK_ARR(v ? v[y] : NULL, ((double[]){-1, 0.5, 1, -1, 1, NAN}), 6, 0, "clamp");
 }
 
-/* The documented dropout hash, written out again. */
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+/* Philox4x32-10 against the Random123 distribution's known answers (the vectors test_rt_rng.c
+ * holds the runtime's rt_philox4x32 to): ref.c's copy computes what the runtime computes. */
+static void test_philox(void) {
+    static const struct {
+        uint32_t ctr[4], key[2], out[4];
+    } kat[3] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+         {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+         {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (int k = 0; k < 3; k++) {
+        uint32_t out[4];
+        ref_philox4x32(kat[k].ctr, kat[k].key, out);
+        for (int w = 0; w < 4; w++)
+            CHECK(out[w] == kat[k].out[w], "vector %d word %d: %08x, want %08x", k, w, out[w], kat[k].out[w]);
+    }
+}
+
+/* The documented draw (graph.h, GRAPH_RNG_WORDS), written out again: keep when the top 24 bits of
+ * word 0 of Philox(counter {i, stream, step, micro}, key {seed_lo, seed_hi ^ "drop"}) reach p 2^24. */
+static int documented_keep(uint64_t seed, uint32_t step, uint32_t micro, uint32_t stream, uint32_t i, double p) {
+    uint32_t ctr[4] = {i, stream, step, micro}, key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ 0x64726f70u}, out[4];
+    ref_philox4x32(ctr, key, out);
+    return (out[0] >> 8) >= (uint32_t)ceil(p * 16777216.0);
+}
+
+/* dropout(x) over M ones under key k, with stream and p. */
+static double *dropout_of(double *ones, int M, const double k[GRAPH_RNG_WORDS], int64_t stream, double p, Arena *a) {
+    reset();
+    int x = input(DT_F32, SHAPE(M), ones);
+    static double key[GRAPH_RNG_WORDS];
+    memcpy(key, k, sizeof key);
+    int r = add(G_INPUT, DT_I64, SHAPE(GRAPH_RNG_WORDS), 0, NULL);
+    N(r)->name = GRAPH_RNG_NAME;
+    leaf[r] = key;
+    int d = add(G_DROPOUT, DT_F32, SHAPE(M), INS(x, r));
+    N(d)->fattr[0] = p;
+    N(d)->iattr[0] = stream;
+    double **v = run();
+    if (!v) return NULL;
+    double *out = arena_alloc(a, sizeof(double) * (size_t)M);
+    memcpy(out, v[d], sizeof(double) * (size_t)M);
+    return out;
 }
 
 static void test_dropout(void) {
     enum { M = 20000 };
     static double ones[M];
     for (int i = 0; i < M; i++) ones[i] = 1;
-    reset();
-    int x = input(DT_F32, SHAPE(M), ones);
-    int d0 = add(G_DROPOUT, DT_F32, SHAPE(M), INS(x)); /* p = 0 */
-    N(d0)->iattr[0] = 5;
-    int d1 = add(G_DROPOUT, DT_F32, SHAPE(M), INS(x));
-    N(d1)->fattr[0] = 0.25;
-    N(d1)->iattr[0] = 7;
-    int d2 = add(G_DROPOUT, DT_F32, SHAPE(M), INS(x)); /* same stream: same mask */
-    N(d2)->fattr[0] = 0.25;
-    N(d2)->iattr[0] = 7;
-    int d3 = add(G_DROPOUT, DT_F32, SHAPE(M), INS(x)); /* another stream */
-    N(d3)->fattr[0] = 0.25;
-    N(d3)->iattr[0] = 8;
-    int d4 = add(G_DROPOUT, DT_F32, SHAPE(M), INS(x));
-    N(d4)->fattr[0] = 1;
-    double **v = run();
-    REQUIRE_RUN(v);
-    CHECK_ARR(v[d0], ones, M, 0, "p = 0 is the identity");
-    int64_t kept = 0, differ = 0;
+    Arena a = {0};
+    const uint64_t seed = 0x123456789abcdefull;
+    const double base[GRAPH_RNG_WORDS] = {(double)(uint32_t)seed, (double)(uint32_t)(seed >> 32), 3, 1, 1};
+    double k[GRAPH_RNG_WORDS];
+    double *d1 = dropout_of(ones, M, base, 7, 0.25, &a), *d2 = dropout_of(ones, M, base, 7, 0.25, &a);
+    double *d0 = dropout_of(ones, M, base, 5, 0, &a), *d3 = dropout_of(ones, M, base, 8, 0.25, &a);
+    memcpy(k, base, sizeof k), k[2] = 4;
+    double *step = dropout_of(ones, M, k, 7, 0.25, &a);
+    memcpy(k, base, sizeof k), k[3] = 0;
+    double *micro = dropout_of(ones, M, k, 7, 0.25, &a);
+    memcpy(k, base, sizeof k), k[0] += 1;
+    double *seed2 = dropout_of(ones, M, k, 7, 0.25, &a);
+    memcpy(k, base, sizeof k), k[4] = 0;
+    double *off = dropout_of(ones, M, k, 7, 0.25, &a);
+    REQUIRE_RUN(d1 && d2 && d0 && d3 && step && micro && seed2 && off);
+    CHECK_ARR(d0, ones, M, 0, "p = 0 is the identity");
+    CHECK_ARR(off, ones, M, 0, "the key's word on = 0 (evaluation) is the identity");
+    int64_t kept = 0;
     double sum = 0;
-    uint64_t key = mix64(7);
     for (int i = 0; i < M; i++) {
-        double y = v[d1][i];
+        double y = d1[i];
         CHECK(y == 0 || y == 1 / 0.75, "element %d is %g, neither 0 nor 1/(1-p)", i, y);
         kept += y != 0;
         sum += y;
-        differ += (v[d1][i] != 0) != (v[d3][i] != 0);
-        int keep = (mix64(key + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull) >> 40) >= (uint64_t)ceil(0.25 * 16777216.0);
-        if (i < 4096) CHECK((y != 0) == keep, "element %d disagrees with the documented hash", i);
+        if (i < 4096)
+            CHECK((y != 0) == documented_keep(seed, 3, 1, 7, (uint32_t)i, 0.25), "element %d disagrees with the documented draw",
+                  i);
     }
     CHECK(fabs((double)kept / M - 0.75) < 0.02, "kept fraction %g, want about 0.75", (double)kept / M);
     CHECK(fabs(sum / M - 1) < 0.03, "mean %g, want about 1 (expectation preserved)", sum / M);
-    CHECK_ARR(v[d2], v[d1], M, 0, "same stream, same mask");
-    CHECK(differ > M / 10, "another stream should give another mask (%lld differ)", (long long)differ);
-    for (int i = 0; i < M; i++)
-        if (v[d4][i] != 0) {
-            CHECK(0, "p = 1 drops everything");
-            return;
-        }
+    CHECK_ARR(d2, d1, M, 0, "same key and stream, same mask");
+    const double *other[4] = {d3, step, micro, seed2};
+    static const char *const what[4] = {"another stream", "another step", "another micro-batch", "another seed"};
+    for (int o = 0; o < 4; o++) {
+        int64_t differ = 0;
+        for (int i = 0; i < M; i++) differ += (d1[i] != 0) != (other[o][i] != 0);
+        /* independent masks of keep rate 0.75 differ at 2 x 0.75 x 0.25 = 37.5% of the elements */
+        CHECK(differ > M / 4 && differ < M / 2, "%s should give an independent mask (%lld of %d differ)", what[o],
+              (long long)differ, M);
+    }
+    arena_free(&a);
 }
 
 /* ---- binary ops and broadcasting ------------------------------------------------------------ */
@@ -1150,6 +1195,7 @@ int main(void) {
     RUN(test_cast);
     RUN(test_cast_half);
     RUN(test_clamp);
+    RUN(test_philox);
     RUN(test_dropout);
     RUN(test_binary_broadcast);
     RUN(test_mod_sign);

@@ -275,7 +275,8 @@ static void t_stdlib_doc_drift_caught(void) {
             "lr.cosine: stdlib/lr.mbt has `fn cosine(step, warmup, total, min_ratio = 0.2) -> f32`");
     drifted(-1, "eps = 1e-8,", "eps = 1e-7,", "optim.adamw: stdlib/optim.mbt has");
     /* a parameter renamed, or a forward's shape changed */
-    drifted(0, "model MLP(d, hidden)", "model MLP(d, inner)", "nn.MLP: stdlib/nn.mbt has `model MLP(d, inner)`");
+    drifted(0, "model MLP(d, hidden, pdrop = 0.0)", "model MLP(d, inner, pdrop = 0.0)",
+            "nn.MLP: stdlib/nn.mbt has `model MLP(d, inner, pdrop = 0.0)`");
     drifted(0, "fn forward(idx: i32[B, T]) -> f32[B, T, d]", "fn forward(idx: i32[B, T]) -> f32[B, T, n]",
             "nn.Embedding: stdlib/nn.mbt has `fn forward(idx: i32[B, T]) -> f32[B, T, n]`");
     /* a weight's shape changed, a weight added */

@@ -31,7 +31,7 @@
  *   - mod is NumPy's remainder: the sign of the divisor; float x mod 0 is NaN, integer 0.
  *     Integer div is NumPy's floor division, x // 0 = 0; idiv/imod (index arithmetic) are C's.
  *   - float -> integer casts truncate and saturate (NaN -> 0); float -> bool is x != 0.
- *   - u64 add/mul/sub wrap; shr by 64 or more is 0 (the dropout hash).
+ *   - u64 add/mul/sub wrap; shr by 64 or more is 0 (dropout's Philox rounds).
  *
  * Errors: a malformed kernel, or LLVM rejecting the IR built here, is an internal error (a compiler
  * bug). What can fail for other reasons (no target for the host, an unwritable output file)

@@ -962,6 +962,7 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
                 loaded |= in->op == K_LOAD;
                 stored |= in->op == K_STORE;
             }
+            if (!loaded && !stored) continue; /* read at constant offsets only (dropout's i64 key), or not at all */
             const char *vt = cuda_vec_type(k->bufs[p].dt);
             int n = E.P.vec_n[p];
             if (loaded && E.P.vec[p] == CUDA_VEC_GID)
@@ -988,8 +989,7 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
             int stored = 0;
             for (int i = 0; i < k->n; i++)
                 stored |= k->inst[i].op == K_STORE && k->inst[i].buf == p && cuda_vec_access(&E.P, k, &k->inst[i]);
-            const char *vt = cuda_vec_type(k->bufs[p].dt);
-            if (stored) cuda_line(&E, "*reinterpret_cast<%s *>(p%d + gid0) = p%dv;", vt, p, p);
+            if (stored) cuda_line(&E, "*reinterpret_cast<%s *>(p%d + gid0) = p%dv;", cuda_vec_type(k->bufs[p].dt), p, p);
         }
         E.indent--;
         cuda_line(&E, "}");
