@@ -163,9 +163,14 @@ typedef struct RefAttn {
     int64_t B, H, Hk, T, S, D, E;
     int causal;
     double scale;
+    const double *pos; /* the document mask [B, T] (ref.c's ref_attn_first), NULL: none */
+    int64_t b;         /* the batch row ref_visible is asked about */
 } RefAttn;
 
-static int ref_visible(const RefAttn *a, int64_t i, int64_t j) { return !a->causal || j <= i + (a->S - a->T); }
+static int ref_visible(const RefAttn *a, int64_t i, int64_t j) {
+    if (a->pos && j < ref_attn_first(i, a->pos[a->b * a->T + i])) return 0;
+    return !a->causal || j <= i + (a->S - a->T);
+}
 
 /* The score of query row qi against key row kj (both D long). */
 static double ref_score(const RefAttn *a, const double *qi, const double *kj) {
@@ -238,15 +243,18 @@ static void ref_attention_bwd(const Graph *g, const GNode *n, double **vals) {
         .E = v->shape[r - 1],
         .causal = n->iattr[0] != 0,
         .scale = n->fattr[0],
+        .pos = n->nin > 4 ? vals[n->in[4]] : NULL,
     };
     double *out = vals[n->id];
     int64_t numel = ref_numel(n);
     for (int64_t i = 0; i < numel; i++) out[i] = 0.0;
     if (a.Hk <= 0 || a.H % a.Hk != 0)
         INTERNAL("ref: attention with %lld query heads and %lld key heads", (long long)a.H, (long long)a.Hk);
-    for (int64_t b = 0; b < a.B; b++)
+    for (int64_t b = 0; b < a.B; b++) {
+        a.b = b;
         for (int64_t h = 0; h < a.H; h++)
             for (int64_t i = 0; i < a.T; i++) ref_attn_row(&a, n->op, b, h, i, out);
+    }
 }
 
 /* ---- cross-entropy ---- */
