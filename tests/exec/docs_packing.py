@@ -119,5 +119,16 @@ def check(out):
     sys.exit(1 if bad else 0)
 
 
+def same_row(a, i, b, j):
+    """Line i of file a (1-based) and line j of file b are the same logits, to the last digit."""
+    ra = open(a).read().splitlines()[int(i) - 1]
+    rb = open(b).read().splitlines()[int(j) - 1]
+    print("same row" if ra == rb else f"rows differ:\n{ra[:200]}\n{rb[:200]}")
+    sys.exit(0 if ra == rb else 1)
+
+
 if __name__ == "__main__":
-    {"write": write, "check": check}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "same-row":
+        same_row(*sys.argv[2:6])
+    else:
+        {"write": write, "check": check}[sys.argv[1]](sys.argv[2])
