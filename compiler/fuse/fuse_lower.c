@@ -755,10 +755,12 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
     case G_ROPE:
     case G_ROPE_BWD: {
         FNode p = fl_proto(F_ROPE, dt, n->rank, n->shape);
-        p.nin = 1;
+        p.nin = n->nin; /* x, and pos [B, T] when positions restart per document (ia[1]) */
         p.in[0] = x;
+        p.in[1] = n->nin > 1 ? y : -1;
         p.fa[0] = n->fattr[0];
         p.ia[0] = n->op == G_ROPE_BWD;
+        p.ia[1] = n->nin > 1;
         return fl_add(L, &p);
     }
     case G_ATTENTION: return fl_op(L, F_ATTN, dt, n->rank, n->shape, n->nin, in); /* pos last (ia[1]) */

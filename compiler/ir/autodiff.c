@@ -548,7 +548,11 @@ static void ad_rule_composite(AdCtx *c, const GNode *n, int dy) {
         if (ln && n->nin > 2 && c->need[n->in[2]]) ad_accum_bcast(c, n->in[2], dy); /* bias: optional */
         return;
     }
-    case G_ROPE: ad_accum(c, x, ad_bwd_op(c, G_ROPE_BWD, nx, n, 1, &dy)); return;
+    case G_ROPE: {
+        int in[2] = {dy, n->nin > 1 ? n->in[1] : -1}; /* pos: no gradient (i32) */
+        ad_accum(c, x, ad_bwd_op(c, G_ROPE_BWD, nx, n, n->nin, in));
+        return;
+    }
     case G_ATTENTION: {
         static const GOp ops[3] = {G_ATTENTION_BWD_Q, G_ATTENTION_BWD_K, G_ATTENTION_BWD_V};
         int in[5] = {dy, n->in[0], n->in[1], n->in[2], n->nin > 3 ? n->in[3] : -1}; /* pos: no gradient (i32) */

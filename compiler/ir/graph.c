@@ -116,6 +116,11 @@ static void graph_arity(GOp op, int *lo, int *hi) {
     else if (graph_is_unary(op) || graph_is_reduce(op)) n = 1;
     else if (graph_is_binary(op)) n = 2;
     else switch (op) {
+        case G_ROPE:
+        case G_ROPE_BWD:
+            *lo = 1; /* x (or dy), and pos (i32 [B, T]) when positions restart per document */
+            *hi = 2;
+            return;
         case G_ATTENTION:
             *lo = 3; /* q, k, v, and pos (i32 [B, T]) when documents mask the attention */
             *hi = 4;
@@ -276,7 +281,7 @@ static void graph_line_attrs(GraphLine *l, Arena *ar, const GNode *n) {
     case G_RMSNORM_BWD_X:
     case G_RMSNORM_BWD_W: graph_line_printf(l, " eps=%s", value_float_str(ar, fa[0])); break;
     case G_ROPE:
-    case G_ROPE_BWD: graph_line_printf(l, " theta=%s", value_float_str(ar, fa[0])); break;
+    case G_ROPE_BWD: graph_line_printf(l, " theta=%s%s", value_float_str(ar, fa[0]), ia[1] ? " docs" : ""); break;
     case G_ATTENTION:
     case G_ATTENTION_BWD_Q:
     case G_ATTENTION_BWD_K:
@@ -712,6 +717,10 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         graph_v_shape_of(v, x, "x");
         graph_v_dtype(v, n, x->dt, "the result");
         if (!(n->fattr[0] > 0)) graph_v_fail(v, "theta %g is not positive", n->fattr[0]);
+        if (n->nin > 1 && (in[1]->dt != DT_I32 || in[1]->rank != 2 || x->rank != 4 || in[1]->shape[0] != x->shape[0] ||
+                           in[1]->shape[1] != x->shape[2]))
+            graph_v_fail(v, "pos %s is not i32 [B, T] of x %s", graph_v_ntype(in[1]).s, graph_v_ntype(x).s);
+        if ((n->nin > 1) != (n->iattr[1] != 0)) graph_v_fail(v, "pos and iattr[1] disagree");
         break;
     case G_ATTENTION:
         if (graph_v_attention_shape(v, x, in[1], in[2], s)) graph_v_shape(v, 4, s, "attention of q, k, v");

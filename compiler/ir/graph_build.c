@@ -616,8 +616,13 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         double theta;
         in[0] = gb_operand(gb, v0, -1, s0);
         if (!gb_number(gb, v1, 10000.0, &theta, s1, "rope's theta")) return;
-        id = gb_result(gb, r, G_ROPE, 1, in, at);
-        if (id >= 0) gb_node(gb, id)->fattr[0] = theta;
+        int npos = v2 != NULL; /* pos: the rows' positions, [B, T] (sema checked) */
+        if (npos) in[1] = gb_operand(gb, v2, DT_I32, s2);
+        id = gb_result(gb, r, G_ROPE, 1 + npos, in, at);
+        if (id >= 0) {
+            gb_node(gb, id)->fattr[0] = theta;
+            gb_node(gb, id)->iattr[1] = npos;
+        }
     } else if (strcmp(name, "attention") == 0) {
         int causal;
         in[0] = gb_operand(gb, v0, -1, s0);

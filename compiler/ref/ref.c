@@ -466,9 +466,11 @@ static void ref_eval_rope(const Graph *g, const GNode *n, double **vals) {
     int64_t half = hd / 2, rows = hd ? ref_numel(x) / hd : 0;
     double theta = n->fattr[0];
     const double *xv = ref_val(n, vals, 0);
+    const double *pos = n->nin > 1 ? ref_val(n, vals, 1) : NULL; /* [B, T] for x [B, H, T, hd] */
+    int64_t per_b = x->rank >= 3 ? ref_numel(x) / hd / x->shape[0] : rows;
     double *out = vals[n->id];
     for (int64_t r = 0; r < rows; r++) {
-        double t = (double)(r % T);
+        double t = pos ? pos[(r / per_b) * T + r % T] : (double)(r % T);
         const double *row = xv + r * hd;
         double *y = out + r * hd;
         for (int64_t i = 0; i < half; i++) {

@@ -139,8 +139,10 @@ static void ref_rope_bwd(const GNode *n, double **vals) {
     int64_t hd = n->shape[n->rank - 1], T = n->rank >= 2 ? n->shape[n->rank - 2] : 1, half = hd / 2;
     int64_t rows = hd ? ref_numel(n) / hd : 0;
     double theta = n->fattr[0];
+    const double *pos = n->nin > 1 ? vals[n->in[1]] : NULL; /* [B, T] for [B, H, T, hd] */
+    int64_t per_b = n->rank >= 3 ? ref_numel(n) / hd / n->shape[0] : rows;
     for (int64_t r = 0; r < rows; r++) {
-        double t = (double)(r % T);
+        double t = pos ? pos[(r / per_b) * T + r % T] : (double)(r % T);
         const double *a = dy + r * hd;
         double *o = dx + r * hd;
         for (int64_t i = 0; i < half; i++) {

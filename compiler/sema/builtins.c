@@ -668,6 +668,17 @@ static Value *b_rope(BCall *c) {
         diag_hint("rope rotates pairs of features");
         return bstop(c);
     }
+    if (c->v[2]) { /* pos: each row's position in its document, restarting the rotation there */
+        const Value *pos = btensor(c, 2, 0);
+        if (c->failed || c->unknown || !pos) return bstop(c);
+        if (x->t.rank != 4 || pos->t.dt != DT_I32 || pos->t.rank != 2 || !dim_eq(pos->t.dims[0], x->t.dims[0]) ||
+            !dim_eq(pos->t.dims[1], x->t.dims[2])) {
+            diag_error(c->at[2], "rope: 'pos' must be i32[B, T] for 'x' [B, H, T, hd] (%s), got %s", xs,
+                       tensor_type_str(c->ar, &pos->t));
+            diag_hint("pass data.pos, the positions that restart at each document of tokens(..., docs = EOT)");
+            return bstop(c);
+        }
+    }
     if (c->failed || c->unknown) return bstop(c);
     return value_tensor(c->ar, x->t.dt, x->t.rank, x->t.dims, c->args->at);
 }
@@ -955,7 +966,7 @@ static const Builtin builtin_table[] = {
     {"logsumexp", P("x", "axis", "keepdim"), 1, 0, b_softmax, S_LOGSUMEXP, "logsumexp(x, axis = -1, keepdim = false)"},
     {"layernorm", P("x", "w", "b", "eps"), 3, 0, b_norm_layer, 1, "layernorm(x, w, b, eps = 1e-5)"},
     {"rmsnorm", P("x", "w", "eps"), 2, 0, b_norm_layer, 0, "rmsnorm(x, w, eps = 1e-6)"},
-    {"rope", P("x", "theta"), 1, 0, b_rope, 0, "rope(x, theta = 10000.0)"},
+    {"rope", P("x", "theta", "pos"), 1, 0, b_rope, 0, "rope(x, theta = 10000.0, pos = none)"},
     {"attention", P("q", "k", "v", "causal", "pos"), 3, 0, b_attention, 0, "attention(q, k, v, causal = true, pos = none)"},
     {"cross_entropy", P("logits", "targets"), 2, 0, b_cross_entropy, 0, "cross_entropy(logits, targets)"},
     {"mse", P("a", "b"), 2, 0, b_mse, 0, "mse(a, b)"},

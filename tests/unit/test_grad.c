@@ -712,6 +712,20 @@ static void grad_attention_docs(void) {
     tg_end(t);
 }
 
+/* rope with positions restarting per document (issue 20): x [B, H, T, hd], pos [B, T]. */
+static void grad_rope_docs(void) {
+    TG *t = tg_begin(__LINE__);
+    static const double pos[8] = {0, 1, 0, 1, 0, 1, 2, 3};
+    int x = tg_param(t, S(2, 2, 4, 6));
+    int p = tg_index_of(t, S(2, 4), pos);
+    int id = tg_same(t, G_ROPE, x, 0, 10000.0);
+    GNode *n = tg_n(t, id);
+    n->in[n->nin++] = p;
+    n->iattr[1] = 1;
+    tg_check(t, id);
+    tg_end(t);
+}
+
 static void grad_attention(void) { tg_attention_case(2, 2, 4, 4, 3, 3, 0, __LINE__); }
 static void grad_attention_causal(void) { tg_attention_case(2, 2, 4, 4, 3, 3, 1, __LINE__); }
 static void grad_attention_gqa(void) { tg_attention_case(4, 2, 4, 4, 3, 5, 1, __LINE__); }
@@ -1170,6 +1184,7 @@ int main(void) {
     RUN(grad_attention_causal);
     RUN(grad_attention_gqa);
     RUN(grad_attention_docs);
+    RUN(grad_rope_docs);
     RUN(grad_attention_cross_causal);
     RUN(grad_cross_entropy);
     RUN(grad_mse);
