@@ -406,7 +406,10 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
     if (given[4]) { /* docs = EOT: the id that ends a document; a token id, so below 2^31 */
         if (get_int(f, given[4], "docs", 0, INT32_MAX, "a token id (the end-of-text id, e.g. 50256 for GPT-2)", &ts->cfg.docs))
             ts->cfg.docs_at = value_span(given[4]);
-        else ok = 0;
+        else {
+            ts->cfg.docs = -2; /* given but wrong: data.pos still exists, so no second error about it */
+            ok = 0;
+        }
     }
     return ok;
 }
@@ -814,7 +817,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     if (ts->cfg.seq > 0) { /* other mistakes in tokens(...) do not change the shapes */
         const Dim *dims[2] = {dim_int(s->ar, ts->cfg.micro), dim_int(s->ar, ts->cfg.seq)};
         Value *d = value_new(s->ar, V_DATA, value_span(k[T_DATA]));
-        d->n = ts->cfg.docs >= 0 ? 3 : 2; /* data.pos with documents */
+        d->n = ts->cfg.docs != -1 ? 3 : 2; /* data.pos with documents */
         d->items = arena_alloc(s->ar, sizeof(Value *) * 3);
         for (int i = 0; i < d->n; i++) d->items[i] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         ts->data = d;

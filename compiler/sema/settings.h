@@ -42,7 +42,7 @@ typedef struct TrainConfig {
     /* tokens(..., docs = EOT): the token id that ends each document (-1: no documents). The
      * runtime then packs documents into the micro-batch's rows and data.pos holds each token's
      * position in its document (docs/runtime.md, "Documents and packing"). */
-    int64_t docs;
+    int64_t docs; /* -2 after an error in docs = ... (the block then builds nothing) */
     Span docs_at;
     int64_t *buckets; /* batch { buckets = [...] }: sequence-length buckets (refused by mbtc -o) */
     int nbuckets;
