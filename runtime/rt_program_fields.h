@@ -34,31 +34,30 @@
 
 /* RtTrainSettings: a train block's settings. */
 #define RT_TRAIN_FIELDS(X)                                                                                                       \
-    X(const char *, name, ptr)        /* the train block's name (`./prog train NAME`) */                                         \
-    X(int64_t, micro, i64)            /* B: sequences per micro-batch */                                                         \
-    X(int64_t, seq, i64)              /* T: tokens per sequence */                                                               \
-    X(int64_t, global, i64)           /* sequences per optimizer step from step 0: micro x accum x data_ranks */                 \
-    X(int64_t, accum, i64)            /* micro-batches per optimizer step and data-parallel rank, from step 0 */                 \
-    X(int64_t, steps, i64)            /* optimizer steps */                                                                      \
-    X(uint64_t, seed, i64)            /* initialisation, data order, dropout */                                                  \
-    X(double, clip, f64)              /* global gradient-norm clip; 0: none */                                                   \
-    X(int64_t, vocab, i64)            /* token ids are below this */                                                             \
-    X(int64_t, ctx, i64)              /* the model's longest context (positions) */                                              \
-    X(double, lr, f64)                /* the optimizer's base learning rate */                                                   \
-    X(const char *, data, ptr)        /* glob of the training shards */                                                          \
-    X(const char *, val_data, ptr)    /* glob of the held-out shards; NULL: hold out the tail of `data` */                       \
-    X(int, shuffle, i32)              /* 1: seeded shuffle of the training windows each epoch */                                 \
-    X(int64_t, eval_every, i64)       /* evaluate every N steps during training; 0: never */                                     \
-    X(int64_t, eval_steps, i64)       /* micro-batches per evaluation (also what is held out without val_data) */                \
-    X(int64_t, data_ranks, i64)       /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */             \
-    X(int64_t, nramp, i64)            /* stages of a batch-size ramp after the first; 0: the batch never changes */              \
-    X(const RtRampStage *, ramp, ptr) /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */                       \
-    X(int64_t, ckpt_every, i64)       /* `checkpoint { every }`: every N steps; 0: none (--ckpt-every overrides) */              \
-    X(const char *, ckpt_dir, ptr)    /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */                \
-    X(int64_t, ckpt_keep, i64)        /* `checkpoint { keep }`: the newest N are kept; 0: all */                                 \
-    X(int32_t, ckpt_continue_on_error,                                                                                           \
-      i32)                /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */                 \
-    X(int64_t, docs, i64) /* tokens(docs = EOT): the id ending each document, packed into rows (data.c); -1: plain windows */
+    X(const char *, name, ptr)              /* the train block's name (`./prog train NAME`) */                                   \
+    X(int64_t, micro, i64)                  /* B: sequences per micro-batch */                                                   \
+    X(int64_t, seq, i64)                    /* T: tokens per sequence */                                                         \
+    X(int64_t, global, i64)                 /* sequences per optimizer step from step 0: micro x accum x data_ranks */           \
+    X(int64_t, accum, i64)                  /* micro-batches per optimizer step and data-parallel rank, from step 0 */           \
+    X(int64_t, steps, i64)                  /* optimizer steps */                                                                \
+    X(uint64_t, seed, i64)                  /* initialisation, data order, dropout */                                            \
+    X(double, clip, f64)                    /* global gradient-norm clip; 0: none */                                             \
+    X(int64_t, vocab, i64)                  /* token ids are below this */                                                       \
+    X(int64_t, ctx, i64)                    /* the model's longest context (positions) */                                        \
+    X(double, lr, f64)                      /* the optimizer's base learning rate */                                             \
+    X(const char *, data, ptr)              /* glob of the training shards */                                                    \
+    X(const char *, val_data, ptr)          /* glob of the held-out shards; NULL: hold out the tail of `data` */                 \
+    X(int, shuffle, i32)                    /* 1: seeded shuffle of the training windows each epoch */                           \
+    X(int64_t, eval_every, i64)             /* evaluate every N steps during training; 0: never */                               \
+    X(int64_t, eval_steps, i64)             /* micro-batches per evaluation (also what is held out without val_data) */          \
+    X(int64_t, data_ranks, i64)             /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */       \
+    X(int64_t, nramp, i64)                  /* stages of a batch-size ramp after the first; 0: the batch never changes */        \
+    X(const RtRampStage *, ramp, ptr)       /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */                 \
+    X(int64_t, ckpt_every, i64)             /* `checkpoint { every }`: every N steps; 0: none (--ckpt-every overrides) */        \
+    X(const char *, ckpt_dir, ptr)          /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */          \
+    X(int64_t, ckpt_keep, i64)              /* `checkpoint { keep }`: the newest N are kept; 0: all */                           \
+    X(int64_t, docs, i64)                   /* tokens(docs = EOT): the id ending each document (data.pos); -1: none */           \
+    X(int32_t, ckpt_continue_on_error, i32) /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */
 
 /* RtGenerateSettings: the defaults of `./prog generate`. */
 #define RT_GEN_FIELDS(X)                                                                                                         \
@@ -78,8 +77,8 @@
     X(unsigned char *, arena, ptr) /* forward_*: activation scratch, arena_bytes, RT_ALIGN-aligned */                            \
     X(const int32_t *, x, ptr)     /* forward_*: input token ids, [B, T] row-major, each below vocab */                          \
     X(const int32_t *, y, ptr)     /* forward_backward, forward_loss: target ids, [B, T] */                                      \
-    X(const int32_t *, pos, ptr) /* forward_*: each token's position in its document, [B, T] (tokens(docs = ...)); else NULL */  \
-    X(int64_t, B, i64)           /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                       \
+    X(const int32_t *, pos, ptr)   /* forward_*: with tokens(docs = ...), each token's position in its document, [B, T] */       \
+    X(int64_t, B, i64)             /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                     \
     X(int64_t, T, i64)                                                                                                           \
     X(int64_t, len, i64)       /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */                    \
     X(float *, logits, ptr)    /* forward_logits: out, [vocab] logits of position len - 1 */                                     \
