@@ -56,6 +56,7 @@
     X(int64_t, ckpt_every, i64)             /* `checkpoint { every }`: every N steps; 0: none (--ckpt-every overrides) */        \
     X(const char *, ckpt_dir, ptr)          /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */          \
     X(int64_t, ckpt_keep, i64)              /* `checkpoint { keep }`: the newest N are kept; 0: all */                           \
+    X(int64_t, docs, i64)                   /* tokens(docs = EOT): the id ending each document (data.pos); -1: none */           \
     X(int32_t, ckpt_continue_on_error, i32) /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */
 
 /* RtGenerateSettings: the defaults of `./prog generate`. */
@@ -76,6 +77,7 @@
     X(unsigned char *, arena, ptr) /* forward_*: activation scratch, arena_bytes, RT_ALIGN-aligned */                            \
     X(const int32_t *, x, ptr)     /* forward_*: input token ids, [B, T] row-major, each below vocab */                          \
     X(const int32_t *, y, ptr)     /* forward_backward, forward_loss: target ids, [B, T] */                                      \
+    X(const int32_t *, pos, ptr)   /* forward_*: with tokens(docs = ...), each token's position in its document, [B, T] */       \
     X(int64_t, B, i64)             /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                     \
     X(int64_t, T, i64)                                                                                                           \
     X(int64_t, len, i64)       /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */                    \

@@ -373,6 +373,12 @@ static int cg_compute(CG *g, const FNode *n, KIdx *ix) {
         int last = n->rank - 1;
         int64_t hd = n->shape[last], half = hd / 2;
         int pos = n->rank >= 2 ? ix_dim(g, ix, n->rank - 2) : cg_i(g, 0);
+        if (n->ia[1]) { /* the position in its document: pos [B, T] at (batch, row) */
+            const FNode *pn = cg_n(g, n->in[1]);
+            int pd[GRAPH_MAX_RANK] = {ix_dim(g, ix, 0), pos};
+            KIdx pix = ix_of(pn->rank, pn->shape, pd);
+            pos = cg_as(g, cg_value(g, pn->id, &pix), KT_I64);
+        }
         int i = ix_dim(g, ix, last);
         int lo = cg_op2(g, K_LT, KT_BOOL, i, cg_i(g, half));
         int ip = cg_op3(g, K_SELECT, KT_I64, lo, i, cg_isub(g, i, cg_i(g, half)));

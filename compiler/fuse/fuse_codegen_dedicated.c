@@ -14,6 +14,7 @@
 
 typedef struct CGAttn {
     int dout, q, k, v, stats;
+    int pos; /* the document mask, i32 [B, T] (the last input when ia[1]); -1: none */
     int r;
     int64_t H, T, D, Hk, S, E, G;
     int causal;
@@ -28,7 +29,8 @@ static void cg_attn_init(CG *g, const FNode *n, int qpos, CGAttn *a) {
     a->q = n->in[qpos];
     a->k = n->in[qpos + 1];
     a->v = n->in[qpos + 2];
-    a->stats = n->nin > 4 ? n->in[4] : -1;
+    a->stats = n->op >= F_ATTN_BWD_Q ? n->in[4] : -1;
+    a->pos = n->ia[1] ? n->in[n->nin - 1] : -1;
     const FNode *q = cg_n(g, a->q), *k = cg_n(g, a->k), *v = cg_n(g, a->v);
     a->r = q->rank;
     if (a->r < 3 || k->rank != a->r || v->rank != a->r) INTERNAL("fuse: attention of rank %d", a->r);
@@ -81,6 +83,19 @@ static int cg_attn_visible(CG *g, const CGAttn *a, int i) {
     if (!a->causal) return cg_i(g, a->S);
     int last = cg_op2(g, K_MIN, KT_I64, cg_iadd(g, i, cg_i(g, a->S - a->T)), cg_i(g, a->S - 1));
     return cg_op2(g, K_MAX, KT_I64, cg_iadd(g, last, cg_i(g, 1)), cg_i(g, 0));
+}
+
+/* The first key query row i sees: 0, or with the document mask the first token of its document,
+ * i - pos[b, i] clamped to [0, i + 1] (ref.c's ref_attn_first). */
+static int cg_attn_first(CG *g, const CGAttn *a, int i) {
+    if (a->pos < 0) return cg_i(g, 0);
+    const FNode *pn = cg_n(g, a->pos);
+    int dims[GRAPH_MAX_RANK] = {a->bd[0], i};
+    KIdx ix = ix_of(pn->rank, pn->shape, dims);
+    int p = cg_as(g, cg_value(g, a->pos, &ix), KT_I64);
+    int first = cg_isub(g, i, p);
+    first = cg_op2(g, K_MAX, KT_I64, first, cg_i(g, 0));
+    return cg_op2(g, K_MIN, KT_I64, first, cg_iadd(g, i, cg_i(g, 1)));
 }
 
 /* Decomposes gid over shape[0 .. r-2): the batch coordinates into a->bd, then head and row. */
@@ -312,6 +327,7 @@ static int cg_out_views(CG *g, int o, KView *out, int *nout) {
  * stays NULL and the body is the kernel. */
 static void cg_attn_describe(CG *g, const FNode *n, const FNode *dv, const CGAttn *a, KAttnOp op) {
     const FuseCtx *c = g->c;
+    if (a->pos >= 0) return; /* the document mask: the back ends' dedicated attention has none, the body is the kernel */
     KAttn *d = arena_alloc(g->ar, sizeof *d);
     memset(d, 0, sizeof *d);
     d->op = op;
@@ -357,17 +373,18 @@ void cg_attention(CG *g, const FNode *n) {
     int h, t;
     cg_attn_row(g, &a, n, &h, &t);
     int kh = cg_op2(g, K_IDIV, KT_I64, h, cg_i(g, a.G));
-    int cnt = cg_attn_visible(g, &a, t);
+    int first = cg_attn_first(g, &a, t);
+    int cnt = cg_isub(g, cg_attn_visible(g, &a, t), first); /* keys first .. first + cnt - 1 */
     int c = kb_loop(g->b, a.E);
     cg_out_put(g, &a, n->id, h, t, c, cg_f(g, a.t, 0.0), K_NONE);
     kb_endloop(g->b);
     int m = kb_acc(g->b, a.t, K_MAX, -INFINITY);
-    int j = kb_loop_dyn(g->b, cnt);
+    int j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
     int s = cg_attn_dot(g, &a, a.q, h, t, a.k, kh, j, a.D);
     kb_accum(g->b, m, cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), s));
     kb_endloop(g->b);
     int sum = kb_acc(g->b, a.t, K_ADD, 0.0);
-    j = kb_loop_dyn(g->b, cnt);
+    j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
     s = cg_attn_dot(g, &a, a.q, h, t, a.k, kh, j, a.D);
     int p = cg_op1(g, K_EXP, a.t, cg_op2(g, K_SUB, a.t, cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), s), m));
     kb_accum(g->b, sum, p);
@@ -392,18 +409,19 @@ static int cg_attn_p(CG *g, const CGAttn *a, int h, int i, int kh, int j, int m,
 /* The statistics of query row (h, i): m = max_j s_ij, sum = sum_j exp(s_ij - m),
  * pdp = sum_j P_ij dP_ij with dP_ij = dout_i . v_j (ref_bwd.c's ref_attn_row). */
 static void cg_attn_stats_compute(CG *g, const CGAttn *a, int h, int i, int kh, int out[3]) {
-    int cnt = cg_attn_visible(g, a, i);
+    int first = cg_attn_first(g, a, i);
+    int cnt = cg_isub(g, cg_attn_visible(g, a, i), first);
     int m = kb_acc(g->b, a->t, K_MAX, -INFINITY);
-    int j = kb_loop_dyn(g->b, cnt);
+    int j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
     kb_accum(g->b, m, cg_op2(g, K_MUL, a->t, cg_attn_dot(g, a, a->q, h, i, a->k, kh, j, a->D), cg_f(g, a->t, a->scale)));
     kb_endloop(g->b);
     int sum = kb_acc(g->b, a->t, K_ADD, 0.0);
-    j = kb_loop_dyn(g->b, cnt);
+    j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
     int s = cg_op2(g, K_MUL, a->t, cg_attn_dot(g, a, a->q, h, i, a->k, kh, j, a->D), cg_f(g, a->t, a->scale));
     kb_accum(g->b, sum, cg_op1(g, K_EXP, a->t, cg_op2(g, K_SUB, a->t, s, m)));
     kb_endloop(g->b);
     int pdp = kb_acc(g->b, a->t, K_ADD, 0.0);
-    j = kb_loop_dyn(g->b, cnt);
+    j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
     int p = cg_attn_p(g, a, h, i, kh, j, m, sum);
     int dp = cg_attn_dot(g, a, a->dout, h, i, a->v, kh, j, a->E);
     kb_accum(g->b, pdp, cg_op2(g, K_MUL, a->t, p, dp));
@@ -462,7 +480,8 @@ void cg_attention_bwd_q(CG *g, const FNode *n) {
     int d = kb_loop(g->b, a.D);
     cg_out_put(g, &a, n->id, h, i, d, cg_f(g, a.t, 0.0), K_NONE);
     kb_endloop(g->b);
-    int j = kb_loop_dyn(g->b, cg_attn_visible(g, &a, i));
+    int first = cg_attn_first(g, &a, i);
+    int j = cg_iadd(g, first, kb_loop_dyn(g->b, cg_isub(g, cg_attn_visible(g, &a, i), first)));
     int p = cg_attn_p(g, &a, h, i, kh, j, st[0], st[1]);
     int dp = cg_attn_dot(g, &a, a.dout, h, i, a.v, kh, j, a.E);
     int ds = cg_op2(g, K_MUL, a.t, p, cg_op2(g, K_SUB, a.t, dp, st[2]));
@@ -502,6 +521,7 @@ void cg_attention_bwd_kv(CG *g, const FNode *n) {
     if (a.causal) first = cg_op2(g, K_MAX, KT_I64, cg_isub(g, j, cg_i(g, a.S - a.T)), cg_i(g, 0));
     int ii = kb_loop_dyn(g->b, cg_isub(g, cg_i(g, a.T), first));
     int i = cg_iadd(g, first, ii);
+    if (a.pos >= 0) kb_if(g->b, cg_op2(g, K_LE, KT_BOOL, cg_attn_first(g, &a, i), j)); /* i is in j's document */
     int st[3];
     cg_attn_stats_load(g, &a, h, i, st);
     int p = cg_attn_p(g, &a, h, i, kh, j, st[0], st[1]);
@@ -517,6 +537,7 @@ void cg_attention_bwd_kv(CG *g, const FNode *n) {
         cg_out_put(g, &a, nv->id, kh, j, e, cg_op2(g, K_MUL, a.t, p, cg_attn_at(g, &a, a.dout, h, i, e)), K_ADD);
         kb_endloop(g->b);
     }
+    if (a.pos >= 0) kb_endif(g->b);
     kb_endloop(g->b);
     kb_endloop(g->b);
     if (nk && nv) cg_attn_describe(g, nk, nv, &a, KA_BWD_KV);

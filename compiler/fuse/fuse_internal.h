@@ -53,7 +53,7 @@ typedef enum FOp {
     F_OP_COUNT
 } FOp;
 
-#define FUSE_MAX_IN 5
+#define FUSE_MAX_IN 6 /* attention_bwd_*: dout, q, k, v, stats, pos */
 
 typedef struct FNode {
     int id;

@@ -756,13 +756,15 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
     case G_ROPE:
     case G_ROPE_BWD: {
         FNode p = fl_proto(F_ROPE, dt, n->rank, n->shape);
-        p.nin = 1;
+        p.nin = n->nin; /* x, and pos [B, T] when positions restart per document (ia[1]) */
         p.in[0] = x;
+        p.in[1] = n->nin > 1 ? y : -1;
         p.fa[0] = n->fattr[0];
         p.ia[0] = n->op == G_ROPE_BWD;
+        p.ia[1] = n->nin > 1;
         return fl_add(L, &p);
     }
-    case G_ATTENTION: return fl_op(L, F_ATTN, dt, n->rank, n->shape, 3, in);
+    case G_ATTENTION: return fl_op(L, F_ATTN, dt, n->rank, n->shape, n->nin, in); /* pos last (ia[1]) */
     case G_ATTENTION_BWD_Q:
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V: {
@@ -772,10 +774,10 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
         shape[q->rank - 1] = 3;
         /* the statistics in f32 at least: a row maximum in bf16 would be off by up to 2^-9 of itself,
          * and every P computed from it by that much (relatively) times |max| */
-        int stats = fl_op(L, F_ATTN_STATS, q->dt == DT_F64 ? DT_F64 : DT_F32, q->rank, shape, 4, in);
-        int all[5] = {in[0], in[1], in[2], in[3], stats};
+        int stats = fl_op(L, F_ATTN_STATS, q->dt == DT_F64 ? DT_F64 : DT_F32, q->rank, shape, n->nin, in);
+        int all[6] = {in[0], in[1], in[2], in[3], stats, in[4]}; /* the document mask pos last, when given */
         FOp op = n->op == G_ATTENTION_BWD_Q ? F_ATTN_BWD_Q : n->op == G_ATTENTION_BWD_K ? F_ATTN_BWD_K : F_ATTN_BWD_V;
-        return fl_op(L, op, dt, n->rank, n->shape, 5, all);
+        return fl_op(L, op, dt, n->rank, n->shape, n->nin + 1, all);
     }
     case G_CROSS_ENTROPY: {
         int m, s, e;
@@ -864,7 +866,7 @@ static int fl_lower_layout(FL *L, const GNode *n, const int *in) {
 
 static int fl_lower_node(FL *L, const GNode *n) {
     const int *g2f = L->fg->g2f;
-    int in[GRAPH_MAX_IN] = {-1, -1, -1, -1};
+    int in[GRAPH_MAX_IN] = {-1, -1, -1, -1, -1};
     for (int i = 0; i < n->nin; i++) {
         in[i] = g2f[n->in[i]];
         if (in[i] < 0 && !(n->op == G_SUM_TO && L->fg->absorbed[n->in[i]] >= 0))

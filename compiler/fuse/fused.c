@@ -65,14 +65,18 @@ static void fd_attrs(FILE *l, Arena *ar, const FNode *n) {
     case F_SLICE: fprintf(l, " axis=%" PRId64 " start=%" PRId64, ia[0], ia[1]); break;
     case F_CONCAT: fprintf(l, " axis=%" PRId64, ia[0]); break;
     case F_DROPOUT: fprintf(l, " p=%s stream=%" PRId64, value_float_str(ar, n->fa[0]), ia[0]); break;
-    case F_ROPE: fprintf(l, " theta=%s%s", value_float_str(ar, n->fa[0]), ia[0] ? " backward" : ""); break;
+    case F_ROPE:
+        fprintf(l, " theta=%s%s%s", value_float_str(ar, n->fa[0]), ia[0] ? " backward" : "", ia[1] ? " docs" : "");
+        break;
     case F_REDUCE: fd_axes(l, (uint32_t)ia[0]); break;
     case F_GEMM: fd_gemm(l, &n->gemm); break;
     case F_ATTN:
     case F_ATTN_STATS:
     case F_ATTN_BWD_Q:
     case F_ATTN_BWD_K:
-    case F_ATTN_BWD_V: fprintf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, n->fa[0])); break;
+    case F_ATTN_BWD_V:
+        fprintf(l, " causal=%s scale=%s%s", ia[0] ? "true" : "false", value_float_str(ar, n->fa[0]), ia[1] ? " docs" : "");
+        break;
     case F_TOPK: fprintf(l, " k=%" PRId64 " axis=%" PRId64 "%s", ia[0], ia[1], ia[2] ? " indices" : ""); break;
     default: break;
     }
@@ -183,9 +187,9 @@ static void fd_arity(FOp op, int *lo, int *hi) {
         [F_LEAF] = {0, 0},       [F_CONST] = {0, 0},      [F_IOTA] = {0, 0},        [F_RESHAPE] = {1, 1},
         [F_PERMUTE] = {1, 1},    [F_EXPAND] = {1, 1},     [F_SLICE] = {1, 1},       [F_CONCAT] = {1, FUSE_MAX_IN},
         [F_GATHER] = {2, 2},     [F_TAKE] = {2, 2},       [F_MAP] = {1, 3},         [F_DROPOUT] = {2, 2},
-        [F_ROPE] = {1, 1},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},        [F_GEMM_BGRAD] = {1, 1},
-        [F_ATTN] = {3, 3},       [F_ATTN_STATS] = {4, 4}, [F_ATTN_BWD_Q] = {5, 5},  [F_ATTN_BWD_K] = {5, 5},
-        [F_ATTN_BWD_V] = {5, 5}, [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},
+        [F_ROPE] = {1, 2},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},        [F_GEMM_BGRAD] = {1, 1},
+        [F_ATTN] = {3, 4},       [F_ATTN_STATS] = {4, 5}, [F_ATTN_BWD_Q] = {5, 6},  [F_ATTN_BWD_K] = {5, 6},
+        [F_ATTN_BWD_V] = {5, 6}, [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},
     };
     *lo = a[op][0];
     *hi = a[op][1];

@@ -127,6 +127,7 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_ckpt_dir] = str_const(h, ts->ckpt_dir);
     f[RT_TRAIN_ckpt_keep] = ci64(h, ts->ckpt_keep);
     f[RT_TRAIN_ckpt_continue_on_error] = ci32(h, ts->ckpt_continue_on_error);
+    f[RT_TRAIN_docs] = ci64(h, ts->docs);
     return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
 }
 

@@ -99,6 +99,7 @@ static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
     base[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
     base[PH_ARENA] = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
     base[PH_X] = step_field(h, s, RT_STEP_x, h->ptr, "x"), base[PH_Y] = step_field(h, s, RT_STEP_y, h->ptr, "y");
+    base[PH_POS] = step_field(h, s, RT_STEP_pos, h->ptr, "pos");
     LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(S->r->nbuffers + 1));
     for (int i = 0; i < S->r->nbuffers; i++) {
         const PlanSlot *sl = &pm->slots[i];
@@ -316,7 +317,17 @@ static int refuse_settings(const TrainConfig *ts) {
     return n;
 }
 
-int host_refuses(const TrainBuild *tb) { return refuse_settings(tb->config) ? 1 : 0; }
+int host_refuses(const TrainBuild *tb) {
+    if (refuse_settings(tb->config)) return 1;
+    if (tb->config->nbuckets) { /* the step is compiled for one window length (docs/runtime.md, "Documents and packing") */
+        diag_error(tb->config->buckets_at,
+                   "batch.buckets is not carried out by executables yet: the step is compiled for one window length, seq");
+        diag_hint("pack documents into windows of seq tokens instead: tokens(..., docs = EOT) with batch { tokens = N }; "
+                  "--check and --emit accept buckets");
+        return 1;
+    }
+    return 0;
+}
 
 int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
                  FILE *emit, const HostCuda *cuda, Arena *ar) {

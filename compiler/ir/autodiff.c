@@ -194,7 +194,7 @@ static int ad_slice(AdCtx *c, int x, int axis, int64_t lo, int64_t hi) {
     return id;
 }
 
-/* Concatenation of nin (<= GRAPH_MAX_IN) pieces along axis. */
+/* Concatenation of nin (<= GRAPH_MAX_CONCAT) pieces along axis. */
 static int ad_concat(AdCtx *c, int nin, const int *in, int axis) {
     if (nin == 1) return in[0];
     const GNode *n0 = ad_node(c, in[0]);
@@ -551,12 +551,16 @@ static void ad_rule_composite(AdCtx *c, const GNode *n, int dy) {
         if (ln && n->nin > 2 && c->need[n->in[2]]) ad_accum_bcast(c, n->in[2], dy); /* bias: optional */
         return;
     }
-    case G_ROPE: ad_accum(c, x, ad_bwd_op(c, G_ROPE_BWD, nx, n, 1, &dy)); return;
+    case G_ROPE: {
+        int in[2] = {dy, n->nin > 1 ? n->in[1] : -1}; /* pos: no gradient (i32) */
+        ad_accum(c, x, ad_bwd_op(c, G_ROPE_BWD, nx, n, n->nin, in));
+        return;
+    }
     case G_ATTENTION: {
         static const GOp ops[3] = {G_ATTENTION_BWD_Q, G_ATTENTION_BWD_K, G_ATTENTION_BWD_V};
-        int in[4] = {dy, n->in[0], n->in[1], n->in[2]};
+        int in[5] = {dy, n->in[0], n->in[1], n->in[2], n->nin > 3 ? n->in[3] : -1}; /* pos: no gradient (i32) */
         for (int i = 0; i < 3; i++)
-            if (c->need[n->in[i]]) ad_accum(c, n->in[i], ad_bwd_op(c, ops[i], ad_node(c, n->in[i]), n, 4, in));
+            if (c->need[n->in[i]]) ad_accum(c, n->in[i], ad_bwd_op(c, ops[i], ad_node(c, n->in[i]), n, n->nin > 3 ? 5 : 4, in));
         return;
     }
     case G_CROSS_ENTROPY: {

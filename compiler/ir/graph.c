@@ -109,7 +109,7 @@ static int graph_is_binary(GOp op) { return op >= G_ADD && op <= G_OR; }
 static int graph_is_compare(GOp op) { return op >= G_EQ && op <= G_GE; }
 static int graph_is_reduce(GOp op) { return op >= G_SUM && op <= G_LOGSUMEXP; }
 
-/* The number of inputs each op takes: min and max (concat takes 1 to GRAPH_MAX_IN). */
+/* The number of inputs each op takes: min and max (concat takes 1 to GRAPH_MAX_CONCAT). */
 static void graph_arity(GOp op, int *lo, int *hi) {
     int n = 1;
     if (op <= G_ARANGE) n = 0;
@@ -117,9 +117,17 @@ static void graph_arity(GOp op, int *lo, int *hi) {
     else if (graph_is_unary(op) || graph_is_reduce(op)) n = 1;
     else if (graph_is_binary(op)) n = 2;
     else switch (op) {
+        case G_ROPE:
+        case G_ROPE_BWD:
+            *lo = 1; /* x (or dy), and pos (i32 [B, T]) when positions restart per document */
+            *hi = 2;
+            return;
+        case G_ATTENTION:
+            *lo = 3; /* q, k, v, and pos (i32 [B, T]) when documents mask the attention */
+            *hi = 4;
+            return;
         case G_WHERE:
         case G_LAYERNORM:
-        case G_ATTENTION:
         case G_LAYERNORM_BWD_X:
         case G_RMSNORM_BWD_X:
         case G_CROSS_ENTROPY_BWD: n = 3; break;
@@ -134,10 +142,13 @@ static void graph_arity(GOp op, int *lo, int *hi) {
         case G_RMSNORM_BWD_W: n = 2; break;
         case G_ATTENTION_BWD_Q:
         case G_ATTENTION_BWD_K:
-        case G_ATTENTION_BWD_V: n = 4; break;
+        case G_ATTENTION_BWD_V:
+            *lo = 4; /* and pos, the document mask, as the attention had it */
+            *hi = 5;
+            return;
         case G_CONCAT:
             *lo = 1;
-            *hi = GRAPH_MAX_IN;
+            *hi = GRAPH_MAX_CONCAT;
             return;
         default: n = 1; break;
         }
@@ -271,12 +282,12 @@ static void graph_line_attrs(GraphLine *l, Arena *ar, const GNode *n) {
     case G_RMSNORM_BWD_X:
     case G_RMSNORM_BWD_W: graph_line_printf(l, " eps=%s", value_float_str(ar, fa[0])); break;
     case G_ROPE:
-    case G_ROPE_BWD: graph_line_printf(l, " theta=%s", value_float_str(ar, fa[0])); break;
+    case G_ROPE_BWD: graph_line_printf(l, " theta=%s%s", value_float_str(ar, fa[0]), ia[1] ? " docs" : ""); break;
     case G_ATTENTION:
     case G_ATTENTION_BWD_Q:
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V:
-        graph_line_printf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, fa[0]));
+        graph_line_printf(l, " causal=%s scale=%s%s", ia[0] ? "true" : "false", value_float_str(ar, fa[0]), ia[1] ? " docs" : "");
         break;
     case G_ONE_HOT: graph_line_printf(l, " n=%" PRId64, ia[0]); break;
     case G_TOPK_VALUES:
@@ -530,6 +541,16 @@ static void graph_v_norm_vector(GraphVerify *v, const GNode *x, const GNode *w, 
 }
 
 /* q [B, H, T, hd], k [B, Hk, S, hd], v [B, Hk, S, hv] -> [B, H, T, hv] into out. */
+/* pos, the document mask: i32 [B, T] for q [B, H, T, hd], causal, as many keys as queries. */
+static void graph_v_attention_pos(GraphVerify *v, const GNode *n, const GNode *q, const GNode *k, const GNode *pos) {
+    if (pos->dt != DT_I32 || pos->rank != 2 || q->rank != 4 || pos->shape[0] != q->shape[0] || pos->shape[1] != q->shape[2])
+        graph_v_fail(v, "pos %s is not i32 [B, T] of q %s", graph_v_ntype(pos).s, graph_v_ntype(q).s);
+    if (k->rank == 4 && q->rank == 4 && k->shape[2] != q->shape[2])
+        graph_v_fail(v, "pos needs as many keys as queries, got %" PRId64 " and %" PRId64, k->shape[2], q->shape[2]);
+    if (!n->iattr[0]) graph_v_fail(v, "pos on an attention that is not causal");
+    if (!n->iattr[1]) graph_v_fail(v, "pos given but iattr[1] (docs) is 0");
+}
+
 static int graph_v_attention_shape(GraphVerify *v, const GNode *q, const GNode *k, const GNode *vv, int64_t *out) {
     if (q->rank != 4 || k->rank != 4 || vv->rank != 4) {
         graph_v_fail(v, "q, k and v must have rank 4, got %s, %s and %s", graph_v_ntype(q).s, graph_v_ntype(k).s,
@@ -706,9 +727,14 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         graph_v_shape_of(v, x, "x");
         graph_v_dtype(v, n, x->dt, "the result");
         if (!(n->fattr[0] > 0)) graph_v_fail(v, "theta %g is not positive", n->fattr[0]);
+        if (n->nin > 1 && (in[1]->dt != DT_I32 || in[1]->rank != 2 || x->rank != 4 || in[1]->shape[0] != x->shape[0] ||
+                           in[1]->shape[1] != x->shape[2]))
+            graph_v_fail(v, "pos %s is not i32 [B, T] of x %s", graph_v_ntype(in[1]).s, graph_v_ntype(x).s);
+        if ((n->nin > 1) != (n->iattr[1] != 0)) graph_v_fail(v, "pos and iattr[1] disagree");
         break;
     case G_ATTENTION:
         if (graph_v_attention_shape(v, x, in[1], in[2], s)) graph_v_shape(v, 4, s, "attention of q, k, v");
+        if (n->nin > 3) graph_v_attention_pos(v, n, x, in[1], in[3]);
         graph_v_dtype(v, n, x->dt, "the result");
         break;
     case G_CROSS_ENTROPY:
@@ -887,6 +913,7 @@ static int graph_v_backward(GraphVerify *v, const GNode *n, const GNode *const *
         if (!graph_v_same_shape(x->rank, x->shape, 4, s))
             graph_v_fail(v, "dout %s does not match the attention output %s", graph_v_ntype(x).s,
                          graph_v_type(in[1]->dt, 4, s).s);
+        if (n->nin > 4) graph_v_attention_pos(v, n, in[1], in[2], in[4]);
         const GNode *wrt = in[n->op == G_ATTENTION_BWD_Q ? 1 : n->op == G_ATTENTION_BWD_K ? 2 : 3];
         graph_v_shape_of(v, wrt, n->op == G_ATTENTION_BWD_Q ? "q" : n->op == G_ATTENTION_BWD_K ? "k" : "v");
         graph_v_dtype(v, n, wrt->dt, "the result");

@@ -20,7 +20,8 @@
 #include "value.h"
 
 #define GRAPH_MAX_RANK 8
-#define GRAPH_MAX_IN 4
+#define GRAPH_MAX_IN 5     /* attention_bwd with its document mask */
+#define GRAPH_MAX_CONCAT 4 /* longer concatenations are chains */
 
 /* Dropout's key. Every G_DROPOUT of a graph takes as its second input the graph's one G_INPUT
  * named "rng": i64[GRAPH_RNG_WORDS], each word in [0, 2^32), filled per call by the executable
@@ -119,7 +120,7 @@ typedef enum GOp {
     G_TRANSPOSE, /* swap axes iattr[0] and iattr[1] (normalised)                            */
     G_SLICE,     /* along axis iattr[0]: [iattr[1], iattr[2]) (normalised, in range)        */
     G_GATHER,    /* rows of in0 [n, ...] picked by i32 in1 [...] -> [..., ...]             */
-    G_CONCAT,    /* along axis iattr[0]; in0..in(nin-1) (up to GRAPH_MAX_IN; longer lists
+    G_CONCAT,    /* along axis iattr[0]; in0..in(nin-1) (up to GRAPH_MAX_CONCAT; longer lists
                        are a chain of concats)                                                 */
     G_BROADCAST, /* in0 broadcast to the node's shape                                       */
     /* ---- backward ops: what autodiff emits for the composite ops ------------------------- */

@@ -12,7 +12,7 @@
  *     mean of integers), so every elementwise op sees inputs of one dtype (graph.h);
  *   - axes are normalised to >= 0; a reduction over everything has axis -1;
  *   - integer selection x[:, 0] is a slice and a reshape dropping the axis; split is one slice
- *     per part; topk two nodes; concat of more than GRAPH_MAX_IN items a chain;
+ *     per part; topk two nodes; concat of more than GRAPH_MAX_CONCAT items a chain;
  *   - parameters are named after instantiation by their path from the model (sema walks its
  *     members, sub-models and lists of them by index): `h.3.attn.c_attn.weight`.
  * Then, for sema_build_train, the update graph (graph_build.h): the optimizer's update run
@@ -486,9 +486,9 @@ static void gb_concat(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Val
     int acc = -1, i = 0;
     int64_t total = 0;
     while (i < xs->n) {
-        int in[GRAPH_MAX_IN], k = 0;
+        int in[GRAPH_MAX_CONCAT], k = 0;
         if (acc >= 0) in[k++] = acc;
-        for (; k < GRAPH_MAX_IN && i < xs->n; i++) {
+        for (; k < GRAPH_MAX_CONCAT && i < xs->n; i++) {
             in[k] = gb_operand(gb, xs->items[i], -1, xsat);
             if (in[k] < 0) return;
             total += gb_node(gb, in[k])->shape[axis];
@@ -497,7 +497,7 @@ static void gb_concat(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Val
         int id;
         if (i == xs->n) {
             id = gb_result(gb, r, G_CONCAT, k, in, a->at);
-        } else { /* more than GRAPH_MAX_IN items: a chain of concats */
+        } else { /* more than GRAPH_MAX_CONCAT items: a chain of concats */
             shape[axis] = total;
             id = gb_add(gb, G_CONCAT, r->t.dt, r->t.rank, shape, k, in, a->at);
         }
@@ -561,7 +561,7 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
     Value *v0 = gb_arg(b, a, 0, &s0), *v1 = gb_arg(b, a, 1, &s1);
     Value *v2 = gb_arg(b, a, 2, &s2), *v3 = gb_arg(b, a, 3, &s3);
     int dt = (int)r->t.dt;
-    int id = -1, in[3];
+    int id = -1, in[4];
     GOp op = gb_builtin_op(name);
     int x_tensor = v0 && v0->kind == V_TENSOR;
     if ((op == G_MAX || op == G_MIN) && a->npos == 2) { /* max(a, b): elementwise */
@@ -628,18 +628,31 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         double theta;
         in[0] = gb_operand(gb, v0, -1, s0);
         if (!gb_number(gb, v1, 10000.0, &theta, s1, "rope's theta")) return;
-        id = gb_result(gb, r, G_ROPE, 1, in, at);
-        if (id >= 0) gb_node(gb, id)->fattr[0] = theta;
+        int npos = v2 != NULL; /* pos: the rows' positions, [B, T] (sema checked) */
+        if (npos) in[1] = gb_operand(gb, v2, DT_I32, s2);
+        id = gb_result(gb, r, G_ROPE, 1 + npos, in, at);
+        if (id >= 0) {
+            gb_node(gb, id)->fattr[0] = theta;
+            gb_node(gb, id)->iattr[1] = npos;
+        }
     } else if (strcmp(name, "attention") == 0) {
         int causal;
         in[0] = gb_operand(gb, v0, -1, s0);
         in[1] = gb_operand(gb, v1, -1, s1);
         in[2] = gb_operand(gb, v2, -1, s2);
         if (!gb_flag(gb, v3, 1, &causal, s3, "attention's causal flag")) return;
-        id = gb_result(gb, r, G_ATTENTION, 3, in, at);
+        Span s4;
+        Value *v4 = gb_arg(b, a, 4, &s4); /* pos: the document mask (sema checked it is i32[B, T]) */
+        int npos = 0;
+        if (v4) {
+            in[3] = gb_operand(gb, v4, DT_I32, s4);
+            npos = 1;
+        }
+        id = gb_result(gb, r, G_ATTENTION, 3 + npos, in, at);
         if (id < 0) return;
         GNode *n = gb_node(gb, id);
         n->iattr[0] = causal;
+        n->iattr[1] = npos; /* 1: in3 is pos, the document mask */
         n->fattr[0] = 1.0 / sqrt((double)gb_node(gb, in[0])->shape[3]);
     } else if (strcmp(name, "where") == 0) {
         in[0] = gb_operand(gb, v0, DT_BOOL, s0);
@@ -742,8 +755,8 @@ void gb_name_param(GraphBuilder *gb, const Value *v, const char *path) {
 
 void gb_data(GraphBuilder *gb, Value *data) {
     if (!gb || gb->failed || !data || data->kind != V_DATA) return;
-    static const char *const names[2] = {"data.x", "data.y"};
-    for (int i = 0; i < 2 && i < data->n; i++) {
+    static const char *const names[3] = {"data.x", "data.y", "data.pos"};
+    for (int i = 0; i < 3 && i < data->n; i++) {
         Value *v = data->items[i];
         if (!gb_wants(gb, v)) continue;
         int id = gb_result(gb, v, G_INPUT, 0, NULL, v->origin);
@@ -786,10 +799,10 @@ GraphBuilder *gb_forward_of(GraphBuilder *gb) {
     return fwd;
 }
 
-void gb_forward_input(GraphBuilder *gb, Value *x) {
+void gb_forward_input(GraphBuilder *gb, Value *x, const char *name) {
     if (!gb || gb->failed || !gb_wants(gb, x)) return;
     int id = gb_result(gb, x, G_INPUT, 0, NULL, x->origin);
-    if (id >= 0) gb_node(gb, id)->name = "data.x";
+    if (id >= 0) gb_node(gb, id)->name = name;
 }
 
 void gb_forward_output(GraphBuilder *gb, Value *out) {

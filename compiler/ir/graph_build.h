@@ -77,8 +77,8 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at); /* the loss -> g->loss; th
  * and the model's result. gb_forward_of is NULL when no forward is wanted or the step's build
  * failed. */
 GraphBuilder *gb_forward_of(GraphBuilder *gb);
-void gb_forward_input(GraphBuilder *gb, Value *x);    /* x (i32[1, seq]) -> G_INPUT data.x */
-void gb_forward_output(GraphBuilder *gb, Value *out); /* the model's result; the graph is complete */
+void gb_forward_input(GraphBuilder *gb, Value *x, const char *name); /* x (i32[1, seq]) -> G_INPUT name (data.x, data.pos) */
+void gb_forward_output(GraphBuilder *gb, Value *out);                /* the model's result; the graph is complete */
 
 /* ---- hooks for expressions (eval.c, eval_call.c; each gets the operands and the result sema computed) ---- */
 

@@ -378,6 +378,9 @@ static void plan_print_program(FILE *out, Arena *ar, const Plan *p, int k) {
         case PO_LOAD:
             fprintf(out, "%sload      data.x, data.y <- micro-batch k of %s, into the batch buffers\n", ind,
                     pr->data > 1 ? "this rank's share of the global batch" : "the global batch");
+            for (int j = 0; j < p->mem.ninputs; j++)
+                if (p->mem.inputs[j].home == PH_POS)
+                    fprintf(out, "%s          data.pos <- each token's position in its document, from data.x\n", ind);
             break;
         case PO_RUN:
             fprintf(out, "%srun       %s: forward %%0..%%%d, backward %%%d..%%%d", ind, g->name ? g->name : "step",

@@ -117,6 +117,7 @@ typedef enum PlanHome {
     PH_STATE,  /* the optimizer-state region */
     PH_X,      /* data.x: the runtime's input batch (RtStep.x) */
     PH_Y,      /* data.y: the runtime's target batch (RtStep.y) */
+    PH_POS,    /* data.pos: each token's position in its document (RtStep.pos), with tokens(docs = ...) */
     PH_ARENA,  /* the activation arena */
 } PlanHome;
 
@@ -177,7 +178,7 @@ typedef struct PlanMemory {
     int nstate;
     int64_t state_bytes; /* nstate x param_bytes */
     int ninputs;
-    PlanInput inputs[2];
+    PlanInput inputs[3]; /* data.x, data.y and data.pos, those the step reads */
     int64_t input_bytes; /* data.x and data.y together */
     PlanPhaseMem phase[PLAN_NPHASES];
     int64_t lr_offset, t_offset; /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */

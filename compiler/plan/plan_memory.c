@@ -56,8 +56,11 @@ static int plan_inputs(PlanCtx *c) {
         const GNode *n = g->node[id];
         if (n->op != G_INPUT || !n->name) continue;
         if (strcmp(n->name, GRAPH_RNG_NAME) == 0) continue; /* dropout's key: an arena slot (plan_phase) */
-        PlanHome home = strcmp(n->name, "data.x") == 0 ? PH_X : strcmp(n->name, "data.y") == 0 ? PH_Y : PH_NONE;
-        if (home == PH_NONE || m->ninputs == 2) INTERNAL("plan: step input %%%d '%s'", id, n->name);
+        PlanHome home = strcmp(n->name, "data.x") == 0     ? PH_X
+                        : strcmp(n->name, "data.y") == 0   ? PH_Y
+                        : strcmp(n->name, "data.pos") == 0 ? PH_POS
+                                                           : PH_NONE;
+        if (home == PH_NONE || m->ninputs == 3) INTERNAL("plan: step input %%%d '%s'", id, n->name);
         int64_t bytes = plan_mul_bytes(graph_numel(n), dtype_size(n->dt));
         if (bytes < 0) {
             diag_error(c->at, "the memory plan: the inputs need more than 2^60 bytes, which is not supported");
@@ -225,8 +228,12 @@ static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
     case PH_PARAMS:
     case PH_GRADS: return m->param_bytes;
     case PH_STATE: return m->state_bytes;
-    case PH_X: return m->inputs[0].bytes;
-    case PH_Y: return m->ninputs > 1 ? m->inputs[1].bytes : 0;
+    case PH_X:
+    case PH_Y:
+    case PH_POS:
+        for (int i = 0; i < m->ninputs; i++)
+            if (m->inputs[i].home == h) return m->inputs[i].bytes;
+        return 0;
     case PH_ARENA: return m->arena_bytes;
     case PH_NONE: return 0;
     }
@@ -354,6 +361,7 @@ static const char *plan_home_name(PlanHome h) {
     case PH_STATE: return "state";
     case PH_X: return "data.x";
     case PH_Y: return "data.y";
+    case PH_POS: return "data.pos";
     case PH_ARENA: return "arena";
     }
     return "?";
@@ -398,7 +406,10 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
     for (int i = 0; i < m->ninputs; i++) {
         const GNode *n = graph_node(g, m->inputs[i].node);
         fprintf(out, "%-*s  %-16s  %12" PRId64 "  (the runtime's %s batch buffer)\n", w, m->inputs[i].name,
-                plan_type(ar, n->dt, n->rank, n->shape), m->inputs[i].bytes, m->inputs[i].home == PH_X ? "input" : "target");
+                plan_type(ar, n->dt, n->rank, n->shape), m->inputs[i].bytes,
+                m->inputs[i].home == PH_X   ? "input"
+                : m->inputs[i].home == PH_Y ? "target"
+                                            : "position");
     }
 }
 

@@ -466,9 +466,11 @@ static void ref_eval_rope(const Graph *g, const GNode *n, double **vals) {
     int64_t half = hd / 2, rows = hd ? ref_numel(x) / hd : 0;
     double theta = n->fattr[0];
     const double *xv = ref_val(n, vals, 0);
+    const double *pos = n->nin > 1 ? ref_val(n, vals, 1) : NULL; /* [B, T] for x [B, H, T, hd] */
+    int64_t per_b = x->rank >= 3 ? ref_numel(x) / hd / x->shape[0] : rows;
     double *out = vals[n->id];
     for (int64_t r = 0; r < rows; r++) {
-        double t = (double)(r % T);
+        double t = pos ? pos[(r / per_b) * T + r % T] : (double)(r % T);
         const double *row = xv + r * hd;
         double *y = out + r * hd;
         for (int64_t i = 0; i < half; i++) {
@@ -481,12 +483,23 @@ static void ref_eval_rope(const Graph *g, const GNode *n, double **vals) {
     }
 }
 
+/* With pos (the document mask, i32 [B, T]), query t sees only the keys of its own document: j from
+ * t - pos[b, t] (its document's first token) to t. A pos outside [0, t] is clamped there (pos < 0:
+ * no key, the row is zeros), as the kernels do. */
+int64_t ref_attn_first(int64_t t, double pos) {
+    int64_t first = t - (int64_t)pos;
+    if (pos > (double)t) first = 0;
+    if (pos < 0) first = t + 1;
+    return first;
+}
+
 /* Scaled dot-product attention, q [..., H, T, hd], k [..., Hk, S, hd], v [..., Hk, S, hv]
  * -> [..., H, T, hv]: out[t] = sum_j softmax_j(scale * q[t].k[j]) v[j] over the keys j that
  * query t sees. Grouped-query: q head h reads kv head h / (H / Hk). causal = iattr[0]: query t
  * sees keys j <= t + (S - T) (bottom-right aligned; j <= t when S == T); a query that sees no
  * key gives zeros. The softmax subtracts the row maximum; scores are recomputed in a second
- * pass instead of being stored, so no scratch memory is needed. */
+ * pass instead of being stored, so no scratch memory is needed. With pos (in3), query t sees
+ * keys j >= ref_attn_first(t, pos[b, t]) as well. */
 static void ref_eval_attention(const Graph *g, const GNode *n, double **vals) {
     const GNode *q = ref_in(g, n, 0), *k = ref_in(g, n, 1), *v = ref_in(g, n, 2);
     int r = q->rank;
@@ -502,6 +515,8 @@ static void ref_eval_attention(const Graph *g, const GNode *n, double **vals) {
     int causal = n->iattr[0] != 0;
     double scale = n->fattr[0];
     const double *qv = ref_val(n, vals, 0), *kv = ref_val(n, vals, 1), *vv = ref_val(n, vals, 2);
+    const double *pos = n->nin > 3 ? ref_val(n, vals, 3) : NULL; /* the document mask, [batch, T] */
+    REF_REQUIRE(n, !pos || (causal && S == T), "attention's pos needs causal attention with S == T");
     double *out = vals[n->id];
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t h = 0; h < H; h++) {
@@ -513,16 +528,17 @@ static void ref_eval_attention(const Graph *g, const GNode *n, double **vals) {
                 double *O = out + ((b * H + h) * T + t) * hv;
                 int64_t last = causal ? t + (S - T) : S - 1; /* the last key this query sees */
                 if (last > S - 1) last = S - 1;
+                int64_t first = pos ? ref_attn_first(t, pos[b * T + t]) : 0; /* the first key: its document's start */
                 for (int64_t c = 0; c < hv; c++) O[c] = 0;
-                if (last < 0) continue;
+                if (last < first) continue;
                 double m = -INFINITY;
-                for (int64_t j = 0; j <= last; j++) {
+                for (int64_t j = first; j <= last; j++) {
                     double s = 0;
                     for (int64_t c = 0; c < hd; c++) s += Q[c] * K[j * hd + c];
                     m = ref_max2(m, scale * s);
                 }
                 double sum = 0;
-                for (int64_t j = 0; j <= last; j++) {
+                for (int64_t j = first; j <= last; j++) {
                     double s = 0;
                     for (int64_t c = 0; c < hd; c++) s += Q[c] * K[j * hd + c];
                     double p = exp(scale * s - m);

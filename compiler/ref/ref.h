@@ -36,6 +36,10 @@ int ref_dropout_keep(const uint32_t rng[GRAPH_RNG_WORDS], int64_t stream, int64_
  * every interpreter of G_MOD / K_MOD so they cannot disagree. */
 double ref_mod(double a, double b);
 
+/* The first key query t of a document-masked attention sees, from its position pos in its
+ * document (ref.c): t - pos, clamped to [0, t + 1]. */
+int64_t ref_attn_first(int64_t t, double pos);
+
 /* Broadcasting helper shared by both files: the flat index into an input of shape (rank, shape)
  * aligned at the right with the output shape, for output flat index i. */
 int64_t ref_bcast_index(int out_rank, const int64_t *out_shape, int64_t i, int in_rank, const int64_t *in_shape);

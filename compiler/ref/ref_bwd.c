@@ -139,8 +139,10 @@ static void ref_rope_bwd(const GNode *n, double **vals) {
     int64_t hd = n->shape[n->rank - 1], T = n->rank >= 2 ? n->shape[n->rank - 2] : 1, half = hd / 2;
     int64_t rows = hd ? ref_numel(n) / hd : 0;
     double theta = n->fattr[0];
+    const double *pos = n->nin > 1 ? vals[n->in[1]] : NULL; /* [B, T] for [B, H, T, hd] */
+    int64_t per_b = n->rank >= 3 ? ref_numel(n) / hd / n->shape[0] : rows;
     for (int64_t r = 0; r < rows; r++) {
-        double t = (double)(r % T);
+        double t = pos ? pos[(r / per_b) * T + r % T] : (double)(r % T);
         const double *a = dy + r * hd;
         double *o = dx + r * hd;
         for (int64_t i = 0; i < half; i++) {
@@ -163,9 +165,14 @@ typedef struct RefAttn {
     int64_t B, H, Hk, T, S, D, E;
     int causal;
     double scale;
+    const double *pos; /* the document mask [B, T] (ref.c's ref_attn_first), NULL: none */
+    int64_t b;         /* the batch row ref_visible is asked about */
 } RefAttn;
 
-static int ref_visible(const RefAttn *a, int64_t i, int64_t j) { return !a->causal || j <= i + (a->S - a->T); }
+static int ref_visible(const RefAttn *a, int64_t i, int64_t j) {
+    if (a->pos && j < ref_attn_first(i, a->pos[a->b * a->T + i])) return 0;
+    return !a->causal || j <= i + (a->S - a->T);
+}
 
 /* The score of query row qi against key row kj (both D long). */
 static double ref_score(const RefAttn *a, const double *qi, const double *kj) {
@@ -238,15 +245,18 @@ static void ref_attention_bwd(const Graph *g, const GNode *n, double **vals) {
         .E = v->shape[r - 1],
         .causal = n->iattr[0] != 0,
         .scale = n->fattr[0],
+        .pos = n->nin > 4 ? vals[n->in[4]] : NULL,
     };
     double *out = vals[n->id];
     int64_t numel = ref_numel(n);
     for (int64_t i = 0; i < numel; i++) out[i] = 0.0;
     if (a.Hk <= 0 || a.H % a.Hk != 0)
         INTERNAL("ref: attention with %lld query heads and %lld key heads", (long long)a.H, (long long)a.Hk);
-    for (int64_t b = 0; b < a.B; b++)
+    for (int64_t b = 0; b < a.B; b++) {
+        a.b = b;
         for (int64_t h = 0; h < a.H; h++)
             for (int64_t i = 0; i < a.T; i++) ref_attn_row(&a, n->op, b, h, i, out);
+    }
 }
 
 /* ---- cross-entropy ---- */

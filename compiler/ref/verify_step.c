@@ -144,11 +144,19 @@ int verify_step(Pipeline *p, const char *path) {
         key[0] = (double)(d.seed & 0xffffffffu), key[1] = (double)(d.seed >> 32), key[2] = 0, key[4] = 1;
         leaves[d.rngin] = key;
     }
+    /* data.pos, with documents: recomputed from data.x as the runtime computes it (rt_doc_positions:
+     * 0 at a row's start and after each end-of-text token) - the dump holds x, and pos is x's function */
+    int posin = -1;
+    for (int id = 0; id < g->n; id++)
+        if (g->node[id]->op == G_INPUT && g->node[id]->name && strcmp(g->node[id]->name, "data.pos") == 0) posin = id;
+    double *lp = posin >= 0 ? arena_alloc(ar, (size_t)window * sizeof *lp) : NULL;
+    if (posin >= 0) leaves[posin] = lp;
     for (int64_t m = 0; m < accum && !diag_error_count(); m++) {
         if (key) key[3] = (double)(uint32_t)m;
         for (int64_t k = 0; k < window; k++) {
             lx[k] = bx[m * window + k];
             ly[k] = by[m * window + k];
+            if (lp) lp[k] = k % seq == 0 || bx[m * window + k - 1] == tb->config->docs ? 0 : lp[k - 1] + 1;
         }
         Arena scratch = {0};
         double **vals = ref_run(g, leaves, &scratch);

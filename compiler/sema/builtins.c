@@ -668,6 +668,17 @@ static Value *b_rope(BCall *c) {
         diag_hint("rope rotates pairs of features");
         return bstop(c);
     }
+    if (c->v[2]) { /* pos: each row's position in its document, restarting the rotation there */
+        const Value *pos = btensor(c, 2, 0);
+        if (c->failed || c->unknown || !pos) return bstop(c);
+        if (x->t.rank != 4 || pos->t.dt != DT_I32 || pos->t.rank != 2 || !dim_eq(pos->t.dims[0], x->t.dims[0]) ||
+            !dim_eq(pos->t.dims[1], x->t.dims[2])) {
+            diag_error(c->at[2], "rope: 'pos' must be i32[B, T] for 'x' [B, H, T, hd] (%s), got %s", xs,
+                       tensor_type_str(c->ar, &pos->t));
+            diag_hint("pass data.pos, the positions that restart at each document of tokens(..., docs = EOT)");
+            return bstop(c);
+        }
+    }
     if (c->failed || c->unknown) return bstop(c);
     return value_tensor(c->ar, x->t.dt, x->t.rank, x->t.dims, c->args->at);
 }
@@ -719,6 +730,26 @@ static Value *b_attention(BCall *c) {
                    (long long)hk);
         diag_hint("grouped-query attention shares each key/value head among H / Hk query heads");
         return bstop(c);
+    }
+    if (c->v[4]) { /* pos: each query's position in its document, which masks keys of earlier documents */
+        const Value *pos = btensor(c, 4, 0);
+        if (c->failed || c->unknown || !pos) return bstop(c);
+        if (pos->t.dt != DT_I32 || pos->t.rank != 2 || !dim_eq(pos->t.dims[0], q->t.dims[0]) ||
+            !dim_eq(pos->t.dims[1], q->t.dims[2])) {
+            diag_error(c->at[4], "attention: 'pos' must be i32[B, T] (the batch and query length of 'q', %s), got %s", qs,
+                       tensor_type_str(c->ar, &pos->t));
+            diag_hint("pass data.pos, the positions that restart at each document of tokens(..., docs = EOT)");
+            return bstop(c);
+        }
+        if (!dim_eq(k->t.dims[2], q->t.dims[2])) {
+            diag_error(c->at[4], "attention: 'pos' needs as many keys as queries, but 'k' has %s and 'q' %s",
+                       dim_str(c->ar, k->t.dims[2]), dim_str(c->ar, q->t.dims[2]));
+            return bstop(c);
+        }
+        if (!bflag(c, 3, 1)) {
+            diag_error(c->at[4], "attention: 'pos' masks documents within causal attention; it needs causal = true");
+            return bstop(c);
+        }
     }
     const Dim *dims[4] = {q->t.dims[0], q->t.dims[1], q->t.dims[2], v->t.dims[3]};
     return value_tensor(c->ar, q->t.dt, 4, dims, c->args->at);
@@ -935,8 +966,8 @@ static const Builtin builtin_table[] = {
     {"logsumexp", P("x", "axis", "keepdim"), 1, 0, b_softmax, S_LOGSUMEXP, "logsumexp(x, axis = -1, keepdim = false)"},
     {"layernorm", P("x", "w", "b", "eps"), 3, 0, b_norm_layer, 1, "layernorm(x, w, b, eps = 1e-5)"},
     {"rmsnorm", P("x", "w", "eps"), 2, 0, b_norm_layer, 0, "rmsnorm(x, w, eps = 1e-6)"},
-    {"rope", P("x", "theta"), 1, 0, b_rope, 0, "rope(x, theta = 10000.0)"},
-    {"attention", P("q", "k", "v", "causal"), 3, 0, b_attention, 0, "attention(q, k, v, causal = true)"},
+    {"rope", P("x", "theta", "pos"), 1, 0, b_rope, 0, "rope(x, theta = 10000.0, pos = none)"},
+    {"attention", P("q", "k", "v", "causal", "pos"), 3, 0, b_attention, 0, "attention(q, k, v, causal = true, pos = none)"},
     {"cross_entropy", P("logits", "targets"), 2, 0, b_cross_entropy, 0, "cross_entropy(logits, targets)"},
     {"mse", P("a", "b"), 2, 0, b_mse, 0, "mse(a, b)"},
     {"topk", P("x", "k", "axis"), 2, 0, b_topk, 0, "topk(x, k, axis = -1)"},

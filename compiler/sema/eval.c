@@ -454,10 +454,15 @@ static Value *eval_attr(Frame *f, const Node *n) {
         return e->v ? e->v : unknown_at(s, n->span);
     }
     case V_DATA: {
-        static const char *const items[] = {"x", "y"};
-        for (int i = 0; i < 2; i++)
+        static const char *const items[] = {"x", "y", "pos"};
+        if (str_eqc(n->name, "pos") && base->n < 3) {
+            if (sema_error(s, sema_span_of(n, n->name), "'data.pos' needs documents: the token source has no 'docs'"))
+                sema_hint(s, "split the tokens into documents at their end-of-text id: tokens(PATH, seq = T, docs = 50256)");
+            return unknown_at(s, n->span);
+        }
+        for (int i = 0; i < 3; i++)
             if (str_eqc(n->name, items[i])) return i < base->n && base->items[i] ? base->items[i] : unknown_at(s, n->span);
-        return no_member(s, n, NULL, items, 2);
+        return no_member(s, n, NULL, items, 3);
     }
     case V_TENSOR: {
         Value *r = value_tensor_attr(s->ar, base, n->name, n->span);

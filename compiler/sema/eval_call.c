@@ -491,16 +491,25 @@ Value *eval_apply(Sema *s, Value *callee, Call *c) {
 
 /* `model(x)` for a model value and an argument value, as if written at `at` (checked with
  * the block's concrete constants, so the graph builder listens). */
-Value *eval_call_model(Sema *s, Value *model, Value *x, Span at) {
+Value *eval_call_model(Sema *s, Value *model, Value *x, Value *pos, Span at) {
     Call c;
     memset(&c, 0, sizeof c);
-    c.a.pos = arena_alloc(s->ar, sizeof(Value *));
-    c.a.pos_at = arena_alloc(s->ar, sizeof(Span));
+    c.a.pos = arena_alloc(s->ar, sizeof(Value *) * 2);
+    c.a.pos_at = arena_alloc(s->ar, sizeof(Span) * 2);
     c.a.pos[0] = x;
     c.a.pos_at[0] = at;
-    c.a.npos = 1;
+    c.a.pos[1] = pos;
+    c.a.pos_at[1] = at;
+    c.a.npos = pos ? 2 : 1;
     c.a.callee_at = c.a.at = at;
     return eval_apply(s, model, &c);
+}
+
+int model_forward_arity(Value *model) {
+    if (!model || model->kind != V_MODEL || !model->scope) return -1;
+    Entry *e = find_member(model->scope, "forward");
+    if (!e || e->kind != ENT_FN || !e->v || e->v->kind != V_FN || !e->v->node) return -1;
+    return e->v->node->list.n;
 }
 
 /* ---- checking declarations on their own ---- */

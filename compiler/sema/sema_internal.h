@@ -254,7 +254,8 @@ void eval_check_update(Sema *s, Value *opt, Span at);
 
 /* `model(x)` for a model value and an argument value, as if written at `at` in the train
  * block (generation's batch-1 forward; graph_build.h). */
-Value *eval_call_model(Sema *s, Value *model, Value *x, Span at);
+Value *eval_call_model(Sema *s, Value *model, Value *x, Value *pos, Span at); /* pos: NULL, or forward's 2nd argument */
+int model_forward_arity(Value *model); /* the parameters of a model instance's forward; -1: none */
 
 /* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`
  * (or a function all of whose other parameters have defaults). key names the setting. Returns

@@ -47,8 +47,9 @@ static const KeySpec train_keys[T_NKEYS] = {
     {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},    {"eval", SK_BLOCK},      {"seed", SK_VALUE},      {"clip", SK_VALUE},
 };
 
-enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_NKEYS };
-static const KeySpec batch_keys[B_NKEYS] = {{"global", SK_VALUE}, {"micro", SK_VALUE}, {"tokens", SK_VALUE}, {"ramp", SK_VALUE}};
+enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_BUCKETS, B_NKEYS };
+static const KeySpec batch_keys[B_NKEYS] = {
+    {"global", SK_VALUE}, {"micro", SK_VALUE}, {"tokens", SK_VALUE}, {"ramp", SK_VALUE}, {"buckets", SK_VALUE}};
 
 enum { P_DATA, P_TENSOR, P_PIPELINE, P_SEQUENCE, P_EXPERT, P_ZERO, P_SCHEDULE, P_NKEYS };
 static const KeySpec parallel_keys[P_NKEYS] = {{"data", SK_VALUE},     {"tensor", SK_VALUE}, {"pipeline", SK_VALUE},
@@ -333,8 +334,9 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
             sema_hint(s, "write data = tokens(\"data/train_*.bin\", seq = 1024)");
         return 0;
     }
-    static const char *const names[] = {"path", "seq", "shuffle", "val"};
-    const Node *given[4] = {0};
+    static const char *const names[] = {"path", "seq", "shuffle", "val", "docs"};
+    enum { NNAMES = 5 };
+    const Node *given[NNAMES] = {0};
     int ok = 1, npos = 0;
     for (int i = 0; i < v->list.n; i++) {
         const Node *a = v->list.v[i];
@@ -349,13 +351,13 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
             continue;
         }
         int j = -1;
-        for (int k = 1; k < 4; k++)
+        for (int k = 1; k < NNAMES; k++)
             if (str_eqc(a->name, names[k])) j = k;
         if (j < 0) {
             if (sema_error(s, sema_span_of(a, a->name), "'tokens' has no parameter '%.*s'", STR_ARG(a->name))) {
                 Suggest g;
                 suggest_init(&g, a->name);
-                for (int k = 1; k < 4; k++) suggest_try(&g, names[k], (uint32_t)strlen(names[k]));
+                for (int k = 1; k < NNAMES; k++) suggest_try(&g, names[k], (uint32_t)strlen(names[k]));
                 sema_hint_suggest(s, &g);
             }
             ok = 0;
@@ -401,6 +403,14 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
     }
     if (given[2] && !get_bool(f, given[2], "shuffle", &ts->cfg.shuffle)) ok = 0;
     if (given[3] && !get_path(f, given[3], "val", "the validation shards", &ts->cfg.val_glob)) ok = 0;
+    if (given[4]) { /* docs = EOT: the id that ends a document; a token id, so below 2^31 */
+        if (get_int(f, given[4], "docs", 0, INT32_MAX, "a token id (the end-of-text id, e.g. 50256 for GPT-2)", &ts->cfg.docs))
+            ts->cfg.docs_at = value_span(given[4]);
+        else {
+            ts->cfg.docs = -2; /* given but wrong: data.pos still exists, so no second error about it */
+            ok = 0;
+        }
+    }
     return ok;
 }
 
@@ -589,6 +599,46 @@ static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
     }
 }
 
+/* batch { buckets = [T1, T2, ...] }: sequence-length buckets (Dataset Decomposition), each a
+ * positive length up to seq, increasing. Checked here; mbtc -o refuses it (host.c), as the step is
+ * compiled for one window length. */
+static void check_buckets(Frame *f, const Node *item, TrainSettings *ts) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_UNKNOWN) return;
+    if ((v->kind != V_LIST && v->kind != V_TUPLE) || v->n == 0) {
+        if (sema_error(s, value_span(item), "'batch.buckets' must be a list of sequence lengths, but it is %s",
+                       value_describe(s->ar, v)))
+            sema_hint(s, "write buckets = [256, 512, 1024]");
+        return;
+    }
+    int64_t *lens = arena_alloc(s->ar, sizeof(int64_t) * (size_t)v->n);
+    for (int i = 0; i < v->n; i++) {
+        const Value *e = v->items[i];
+        int64_t k;
+        if (!e || e->kind != V_INT || !e->dim || !dim_const(e->dim, &k) || k <= 0) {
+            sema_error(s, value_span(item), "'batch.buckets' item %d must be a positive integer, but it is %s", i,
+                       e ? value_describe(s->ar, e) : "unknown");
+            return;
+        }
+        if (ts->cfg.seq > 0 && k > ts->cfg.seq) {
+            if (sema_error(s, value_span(item), "'batch.buckets' item %d is %lld, longer than seq = %lld", i, (long long)k,
+                           (long long)ts->cfg.seq))
+                sema_hint(s, "every bucket is a window length up to the sequence length seq of tokens(...)");
+            return;
+        }
+        if (i > 0 && k <= lens[i - 1]) {
+            sema_error(s, value_span(item), "'batch.buckets' must increase, but item %d (%lld) follows %lld", i, (long long)k,
+                       (long long)lens[i - 1]);
+            return;
+        }
+        lens[i] = k;
+    }
+    ts->cfg.buckets = lens;
+    ts->cfg.nbuckets = v->n;
+    ts->cfg.buckets_at = value_span(item);
+}
+
 /* batch { ... }: the global batch, the micro-batch (or tokens), their accumulation, the ramp. */
 static void check_batch(Frame *f, const Node *item, TrainSettings *ts) {
     Sema *s = f->s;
@@ -624,6 +674,7 @@ static void check_batch(Frame *f, const Node *item, TrainSettings *ts) {
     }
     if (ts->cfg.global) ts->cfg.accumulation = ts->cfg.global / (ts->cfg.micro * ts->cfg.data_par);
     if (b[B_RAMP]) check_ramp(f, b[B_RAMP], ts, ts->cfg.data_par);
+    if (b[B_BUCKETS]) check_buckets(f, b[B_BUCKETS], ts);
 }
 
 /* The settings after the optimizer: recompute, offload, checkpoint, steps, eval, seed, clip. */
@@ -693,9 +744,14 @@ static void build_forward(Frame *f, const Node *model_item, TrainSettings *ts, G
     sema_gb_name_params(s, fwd, model);
     const Dim *dims[2] = {dim_int(s->ar, 1), dim_int(s->ar, ts->cfg.seq)};
     Value *x = value_tensor(s->ar, DT_I32, 2, dims, data_at);
-    gb_forward_input(fwd, x);
+    gb_forward_input(fwd, x, "data.x");
+    Value *pos = NULL; /* with documents, a model whose forward takes a second argument gets data.pos */
+    if (ts->cfg.docs >= 0 && model->kind == V_MODEL && model_forward_arity(model) >= 2) {
+        pos = value_tensor(s->ar, DT_I32, 2, dims, data_at);
+        gb_forward_input(fwd, pos, "data.pos");
+    }
     s->gb = fwd;
-    Value *out = model->kind == V_MODEL ? eval_call_model(s, model, x, at) : model;
+    Value *out = model->kind == V_MODEL ? eval_call_model(s, model, x, pos, at) : model;
     s->gb = NULL;
     gb_forward_output(fwd, out);
     if (diag_error_count() > before)
@@ -713,6 +769,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     ts->cfg.precision = PREC_F32;
     ts->cfg.seed = 1337;
     ts->cfg.shuffle = 1;
+    ts->cfg.docs = -1;
     ts->cfg.ckpt_keep = 0;
     ts->cfg.ckpt_dir = "checkpoints";
     const char *block = arena_printf(s->ar, "train block '%s'", ts->cfg.name);
@@ -760,12 +817,11 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     if (ts->cfg.seq > 0) { /* other mistakes in tokens(...) do not change the shapes */
         const Dim *dims[2] = {dim_int(s->ar, ts->cfg.micro), dim_int(s->ar, ts->cfg.seq)};
         Value *d = value_new(s->ar, V_DATA, value_span(k[T_DATA]));
-        d->n = 2;
-        d->items = arena_alloc(s->ar, sizeof(Value *) * 2);
-        d->items[0] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
-        d->items[1] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
+        d->n = ts->cfg.docs != -1 ? 3 : 2; /* data.pos with documents */
+        d->items = arena_alloc(s->ar, sizeof(Value *) * 3);
+        for (int i = 0; i < d->n; i++) d->items[i] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
         ts->data = d;
-        if (gb) gb_data(gb, d); /* graph builder hook: data.x, data.y */
+        if (gb) gb_data(gb, d); /* graph builder hook: data.x, data.y, data.pos */
     } else {
         ts->data = value_unknown(s->ar, name_at);
     }

@@ -39,6 +39,14 @@ typedef struct TrainConfig {
     const char *data_glob, *val_glob;
     int shuffle;
     int64_t seq;
+    /* tokens(..., docs = EOT): the token id that ends each document (-1: no documents). The
+     * runtime then packs documents into the micro-batch's rows and data.pos holds each token's
+     * position in its document (docs/runtime.md, "Documents and packing"). */
+    int64_t docs; /* -2 after an error in docs = ... (the block then builds nothing) */
+    Span docs_at;
+    int64_t *buckets; /* batch { buckets = [...] }: sequence-length buckets (refused by mbtc -o) */
+    int nbuckets;
+    Span buckets_at;
     int64_t global, micro, tokens, accumulation; /* tokens = 0 when micro is fixed */
     RampStep *ramp;
     int nramp;

@@ -50,6 +50,8 @@ static RtStatus rt_exec_open_gpu(RtExec *e, int64_t tokens, RtError *err) {
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_arena, p->arena_bytes, "the activation arena", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_x, tokens * 4, "the input batch", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_y, tokens * 4, "the target batch", err);
+    if (st == RT_OK && p->train.docs >= 0)
+        st = rt_gpu_alloc(e->gpu, (void **)&e->d_pos, tokens * 4, "the document positions", err);
     return st;
 }
 
@@ -72,6 +74,7 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->y, tokens * 4, "target batch", err);
     if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->x_next, tokens * 4, "next input batch", err);
     if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->y_next, tokens * 4, "next target batch", err);
+    if (st == RT_OK && p->train.docs >= 0) st = rt_alloc_region((void **)&e->pos, tokens * 4, "document positions", err);
     if (st == RT_OK && e->gpu) st = rt_exec_open_gpu(e, tokens, err);
     if (st != RT_OK) rt_exec_close(e);
     return st;
@@ -85,6 +88,7 @@ void rt_exec_close(RtExec *e) {
         rt_gpu_free(e->gpu, e->d_arena);
         rt_gpu_free(e->gpu, e->d_x);
         rt_gpu_free(e->gpu, e->d_y);
+        rt_gpu_free(e->gpu, e->d_pos);
         rt_gpu_host_free(e->gpu, e->x);
         rt_gpu_host_free(e->gpu, e->y);
         rt_gpu_host_free(e->gpu, e->x_next);
@@ -94,6 +98,7 @@ void rt_exec_close(RtExec *e) {
         free(e->x);
         free(e->y);
     }
+    free(e->pos);
     rt_pool_destroy(e->pool);
     free(e->params);
     free(e->grads);
@@ -124,9 +129,18 @@ RtStatus rt_exec_pull(RtExec *e, int what, RtError *err) {
     return st;
 }
 
+void rt_doc_positions(const int32_t *x, int64_t tokens, int64_t row, int64_t eot, int32_t *pos) {
+    if (row <= 0) row = tokens;
+    for (int64_t i = 0; i < tokens; i++) pos[i] = i % row == 0 || x[i - 1] == eot ? 0 : pos[i - 1] + 1;
+}
+
 RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err) {
+    const RtTrainSettings *t = &e->prog->train;
+    if (e->pos) /* rows of seq tokens (a training or evaluation batch), else one row (generation's context) */
+        rt_doc_positions(e->x, tokens, t->seq > 0 && tokens % t->seq == 0 ? t->seq : tokens, t->docs, e->pos);
     if (!e->gpu) return RT_OK;
     RtStatus st = rt_gpu_upload(e->gpu, e->d_x, e->x, tokens * 4, err);
+    if (st == RT_OK && e->d_pos) st = rt_gpu_upload(e->gpu, e->d_pos, e->pos, tokens * 4, err);
     return st == RT_OK ? rt_gpu_upload(e->gpu, e->d_y, e->y, tokens * 4, err) : st;
 }
 
@@ -137,10 +151,10 @@ RtStep rt_exec_step(const RtExec *e, RtError *err) {
     if (e->gpu) {
         s.gpu = e->gpu;
         s.params = e->d_params, s.grads = e->d_grads, s.state = e->d_state, s.arena = e->d_arena;
-        s.x = e->d_x, s.y = e->d_y;
+        s.x = e->d_x, s.y = e->d_y, s.pos = e->d_pos;
     } else {
         s.params = e->params, s.grads = e->grads, s.state = e->state, s.arena = e->arena;
-        s.x = e->x, s.y = e->y;
+        s.x = e->x, s.y = e->y, s.pos = e->pos;
     }
     return s;
 }

@@ -93,6 +93,7 @@ typedef struct RtExec {
     float *d_params, *d_grads, *d_state; /* the GPU's regions (device addresses) */
     unsigned char *d_arena;
     int32_t *d_x, *d_y;
+    int32_t *pos, *d_pos; /* with documents (train.docs >= 0): data.pos, computed from x by rt_exec_batch; else NULL */
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool
@@ -102,8 +103,13 @@ void rt_exec_close(RtExec *e);
 const char *rt_exec_device(const RtExec *e);    /* "cpu", or rt_gpu_describe's line */
 RtStatus rt_exec_push(RtExec *e, RtError *err); /* the host's parameters and state to the GPU (CPU: nothing) */
 enum { RT_PULL_PARAMS = 1, RT_PULL_GRADS = 2, RT_PULL_STATE = 4 };
-RtStatus rt_exec_pull(RtExec *e, int what, RtError *err);        /* the GPU's regions to the host copies (CPU: nothing) */
-RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err); /* x and y, `tokens` each, to the GPU (CPU: nothing) */
+RtStatus rt_exec_pull(RtExec *e, int what, RtError *err); /* the GPU's regions to the host copies (CPU: nothing) */
+/* x and y, `tokens` each, to the GPU (CPU: nothing); with documents, first data.pos from x (rt_doc_positions) */
+RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err);
+/* data.pos of rows of `row` tokens: 0 at a row's start and after each `eot` token, else one more
+ * than the token before (a document's tokens are numbered from 0; one cut by a row's end goes on
+ * in the next row as a new document). */
+void rt_doc_positions(const int32_t *x, int64_t tokens, int64_t row, int64_t eot, int32_t *pos);
 /* An RtStep with the running device's regions, pool or GPU, and err; the caller sets the rest. */
 RtStep rt_exec_step(const RtExec *e, RtError *err);
 typedef enum RtExecFn { RT_EXEC_FORWARD_BACKWARD, RT_EXEC_FORWARD_LOSS, RT_EXEC_FORWARD_LOGITS, RT_EXEC_UPDATE } RtExecFn;

@@ -704,6 +704,38 @@ static void tg_attention_case(int64_t H, int64_t Hk, int64_t T, int64_t Sk, int6
     tg_end(t);
 }
 
+/* Attention masked at document boundaries (issue 20): pos [B, T] the positions within documents,
+ * here row 0 holding documents of 2, 3 and 1 tokens and row 1 one document of 6 (and a pos of 9
+ * past the row's start, which clamps to it, and a negative one, whose row sees nothing). */
+static void grad_attention_docs(void) {
+    TG *t = tg_begin((uint64_t)__LINE__);
+    int q = tg_param_in(t, S(2, 2, 6, 3), -1.5, 1.5);
+    int k = tg_param_in(t, S(2, 1, 6, 3), -1.5, 1.5);
+    int v = tg_param(t, S(2, 1, 6, 4));
+    static const double pos[12] = {0, 1, 0, 1, 2, 0, 0, 1, 9, 3, -1, 5};
+    int p = tg_index_of(t, S(2, 6), pos);
+    int id = tg_attention(t, q, k, v, 1);
+    GNode *n = tg_n(t, id);
+    n->in[n->nin++] = p;
+    n->iattr[1] = 1;
+    tg_check(t, id);
+    tg_end(t);
+}
+
+/* rope with positions restarting per document (issue 20): x [B, H, T, hd], pos [B, T]. */
+static void grad_rope_docs(void) {
+    TG *t = tg_begin(__LINE__);
+    static const double pos[8] = {0, 1, 0, 1, 0, 1, 2, 3};
+    int x = tg_param(t, S(2, 2, 4, 6));
+    int p = tg_index_of(t, S(2, 4), pos);
+    int id = tg_same(t, G_ROPE, x, 0, 10000.0);
+    GNode *n = tg_n(t, id);
+    n->in[n->nin++] = p;
+    n->iattr[1] = 1;
+    tg_check(t, id);
+    tg_end(t);
+}
+
 static void grad_attention(void) { tg_attention_case(2, 2, 4, 4, 3, 3, 0, __LINE__); }
 static void grad_attention_causal(void) { tg_attention_case(2, 2, 4, 4, 3, 3, 1, __LINE__); }
 static void grad_attention_gqa(void) { tg_attention_case(4, 2, 4, 4, 3, 5, 1, __LINE__); }
@@ -1176,6 +1208,8 @@ int main(void) {
     RUN(grad_attention);
     RUN(grad_attention_causal);
     RUN(grad_attention_gqa);
+    RUN(grad_attention_docs);
+    RUN(grad_rope_docs);
     RUN(grad_attention_cross_causal);
     RUN(grad_cross_entropy);
     RUN(grad_mse);

@@ -126,7 +126,23 @@ static void bad_batches(void) {
     CHECK_STR(check(&p), "batch: ramp stage 1 (step 5) has accumulation 0", "a stage with accumulation 0");
 }
 
+/* data.pos of packed documents (issue 20): 0 at each row's start and after each EOT token. */
+static void doc_positions(void) {
+    const int32_t x[12] = {5, 7, 3, 9, 3, 3, /* row 2: */ 8, 3, 1, 2, 4, 6};
+    const int32_t want[12] = {0, 1, 2, 0, 1, 0, /* a new row restarts */ 0, 1, 0, 1, 2, 3};
+    int32_t pos[12];
+    rt_doc_positions(x, 12, 6, 3, pos);
+    for (int i = 0; i < 12; i++) CHECK(pos[i] == want[i], "pos[%d] = %d, want %d", i, (int)pos[i], (int)want[i]);
+    int32_t one_row[12]; /* row 0: the whole context is one row (generation) */
+    rt_doc_positions(x, 12, 0, 3, one_row);
+    CHECK(one_row[6] == 0 && one_row[7] == 1 && one_row[8] == 0, "one row: %d %d %d", (int)one_row[6], (int)one_row[7],
+          (int)one_row[8]);
+    rt_doc_positions(x, 6, 6, -1, pos); /* no EOT id matches: positions 0..5 */
+    for (int i = 0; i < 6; i++) CHECK(pos[i] == i, "no documents: pos[%d] = %d", i, (int)pos[i]);
+}
+
 int main(void) {
+    RUN(doc_positions);
     RUN(stages);
     RUN(valid_programs);
     RUN(bad_batches);
