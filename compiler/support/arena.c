@@ -14,6 +14,11 @@ struct ArenaBlock {
     _Alignas(16) unsigned char data[];
 };
 
+/* Bytes of every live arena's blocks together: what the checker's memory limit is held to. */
+static size_t g_arena_live;
+
+size_t arena_live_bytes(void) { return g_arena_live; }
+
 void *arena_alloc(Arena *a, size_t n) {
     n = (n + 15) & ~(size_t)15;
     if (!a->head || a->head->cap - a->head->used < n) {
@@ -24,6 +29,7 @@ void *arena_alloc(Arena *a, size_t n) {
         b->used = 0;
         b->cap = cap;
         a->head = b;
+        g_arena_live += sizeof(ArenaBlock) + cap;
     }
     void *p = a->head->data + a->head->used;
     a->head->used += n;
@@ -59,6 +65,7 @@ char *arena_printf(Arena *a, const char *fmt, ...) {
 void arena_free(Arena *a) {
     while (a->head) {
         ArenaBlock *n = a->head->next;
+        g_arena_live -= sizeof(ArenaBlock) + a->head->cap;
         free(a->head);
         a->head = n;
     }
