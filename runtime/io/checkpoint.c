@@ -43,6 +43,7 @@
 #define RT_CKPT_MODEL "model.safetensors"
 #define RT_CKPT_OPTIM "optimizer.safetensors"
 #define RT_CKPT_STATE "state.json"
+#define RT_CKPT_STATE_MAX ((int64_t)64 << 20) /* state.json is a few KB: a larger one is not ours */
 /* state.json's last key: the XXH3-128 of state.json's bytes with this value's 32 digits read as
  * zeros, so that every byte of a checkpoint is under a checksum (the two region files under theirs,
  * which state.json records) */
@@ -176,9 +177,15 @@ static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, json_t
     return line;
 }
 
+/* A file read whole (rt_read_file). */
+typedef struct RtText {
+    unsigned char *data;
+    size_t size;
+} RtText;
+
 /* state.json's own checksum (RT_CKPT_SELF): present once, and equal to that of its bytes with
  * the checksum's digits read as zeros. */
-static RtStatus rt_ckpt_check_self(const char *spath, const json_t *root, const RtMap *m, RtError *err) {
+static RtStatus rt_ckpt_check_self(const char *spath, const json_t *root, const RtText *m, RtError *err) {
     const char *text = (const char *)m->data, *want = rt_json_str(rt_json_get(root, "state_xxh3_128"));
     size_t klen = strlen(RT_CKPT_SELF), dlen = RT_CHECKSUM_CHARS - 1;
     const char *at = memmem(text, m->size, RT_CKPT_SELF, klen);
@@ -713,11 +720,11 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     memset(info, 0, sizeof *info);
     char *spath = rt_path_join(ckpt, RT_CKPT_STATE), *mpath = rt_path_join(ckpt, RT_CKPT_MODEL),
          *opath = rt_path_join(ckpt, RT_CKPT_OPTIM);
-    RtMap m = {0};
+    RtText m = {0};
     json_t *root = NULL;
     RtStFile *model = NULL, *optim = NULL;
     RtStatus st = spath && mpath && opath ? RT_OK : rt_fail_errno(err, ENOMEM, "cannot read checkpoint '%s'", ckpt);
-    if (st == RT_OK) st = rt_map_file(&m, spath, "checkpoint state", err);
+    if (st == RT_OK) st = rt_read_file(spath, "checkpoint state", RT_CKPT_STATE_MAX, &m.data, &m.size, err);
     if (st == RT_OK) {
         char what[4200];
         snprintf(what, sizeof what, "checkpoint state '%s'", spath);
@@ -797,7 +804,7 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     rt_st_close(model);
     rt_st_close(optim);
     json_decref(root);
-    rt_unmap(&m);
+    free(m.data);
     free(spath);
     free(mpath);
     free(opath);
