@@ -70,6 +70,9 @@ const char *rt_status_name(RtStatus s); /* "ok", "i/o error", "bad format", ... 
  * anything reads it (opened with O_NONBLOCK, so that a FIFO with no writer cannot block the open;
  * the flag is cleared again). *fd and *size (its size now) on success; `what` names it in messages. */
 RtStatus rt_open_regular(const char *path, const char *what, int *fd, int64_t *size, RtError *err);
+/* What a file that is not regular is, for messages: "a directory", "a FIFO (named pipe)", "a
+ * socket", "a character device", "a block device", else "not a regular file" (st_mode). */
+const char *rt_file_kind(unsigned mode);
 
 /* Reads up to n bytes at offset off into buf, retrying after EINTR and partial reads: the count
  * read (less than n only where the file ends), or -1 with errno set. */

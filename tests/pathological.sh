@@ -210,6 +210,12 @@ check nested-blocks "$F/nested-blocks.mbt" 1 ""
 { printf 'fn f() {\n  x = 1'; repeat 99999 '+1'; printf '\n  return x\n}\n'; } >"$F/sum-100k.mbt"
 check sum-100k "$F/sum-100k.mbt" 1 "nested"
 
+# A list nested 262,144 deep (`x = [x]` in a loop) described in a message: the description looks
+# 4 levels in (it recursed all the way down and overflowed the C stack).
+printf '%s\n' 'fn f() -> i64 {' '  x = [1]' '  for i in 0..4096 {' '    for j in 0..64 {' '      x = [x]' '    }' '  }' \
+    '  y = not x' '  return 1' '}' 'model M(d = f()) {' '  w = param f32[d, 4]' '}' >"$F/deep-list.mbt"
+check deep-list "$F/deep-list.mbt" 1 "'not' needs a bool, got list of 1 list of 1 list of 1 list of 1 list of 1 items"
+
 # ---- literals --------------------------------------------------------------------------------
 printf 'model M(n = 99999999999999999999999, d = 8) {\n  w = param f32[n, d]\n}\n' >"$F/int-too-large.mbt"
 check int-too-large "$F/int-too-large.mbt" 1 "integer literal too large"

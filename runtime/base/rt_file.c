@@ -23,7 +23,7 @@
 
 /* ---- reading ----------------------------------------------------------------------------------- */
 
-static const char *rt_file_kind(mode_t m) {
+const char *rt_file_kind(unsigned m) {
     if (S_ISDIR(m)) return "a directory";
     if (S_ISFIFO(m)) return "a FIFO (named pipe)";
     if (S_ISSOCK(m)) return "a socket";
