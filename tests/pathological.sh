@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# tests/pathological.sh MBTC OUTDIR [LIMIT_MS] [TIMEOUT_S] - hostile inputs for `mbtc --check`.
+# tests/pathological.sh MBTC OUTDIR [LIMIT_MS] [TIMEOUT_S] [LOOPS_MB] - hostile inputs for
+# `mbtc --check`. LOOPS_MB (default 16) sizes the valid-NNmb-loops case: 16 MB takes the checker
+# past its old step budget; the sanitizer build, ten times slower at evaluating, is given 2 (the
+# same paths under the sanitizers, not the budget, which the plain build's run holds).
 #
 # Each case generates a file under OUTDIR and runs `MBTC --check` on it. It passes when mbtc
 #   - finishes within LIMIT_MS (default 1000; the sanitizer build is given more by tests/run.sh)
@@ -23,6 +26,7 @@ MBTC=$1
 OUT=$2
 LIMIT_MS=${3:-1000}
 TIMEOUT_S=${4:-5}
+LOOPS_MB=${5:-16}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$OUT" || exit 2
 export LC_ALL=C
@@ -162,10 +166,10 @@ fi
 valid10_ms=$(cat "$OUT/valid-10mb.ms" 2>/dev/null || echo 1000)
 printf '%s\n' 'fn widths_@N@(d) -> i64 {' '  t = 0' '  for i in 0..16 {' '    t = t + d * i' '  }' '  return t' '}' \
     'model Stack_@N@(d = 8) {' '  k = widths_@N@(d)' '  w = param f32[d, d]' '}' >"$F/loops-template.mbt"
-awk -v target=16777216 'BEGIN { RS = "\001" } { t = t $0 }
+awk -v target=$((LOOPS_MB << 20)) 'BEGIN { RS = "\001" } { t = t $0 }
     END { n = 0; k = 0; while (n < target) { s = t; gsub(/@N@/, k, s); printf "%s", s; n += length(s); k++ } }' \
-    "$F/loops-template.mbt" >"$F/valid-16mb-loops.mbt"
-check valid-16mb-loops "$F/valid-16mb-loops.mbt" 0 "" $((10 * valid10_ms))
+    "$F/loops-template.mbt" >"$F/valid-${LOOPS_MB}mb-loops.mbt"
+check "valid-${LOOPS_MB}mb-loops" "$F/valid-${LOOPS_MB}mb-loops.mbt" 0 "" $((10 * valid10_ms))
 
 # A loop of loops in a few lines is refused where the checker's memory for it passes 1 GiB, with
 # a located message, in time bounded by that memory (it used to run 20 million steps in 7.5 GB).
