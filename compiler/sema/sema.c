@@ -324,8 +324,9 @@ Span sema_span_of(const Node *n, Str piece) {
  * memory (docs/cli.md, Limits). */
 static long step_budget(const Sema *s) { return SEMA_STEP_BUDGET + SEMA_STEPS_PER_BYTE * (long)s->ld->bytes; }
 
-static size_t mem_budget(const Sema *s) {
-    return s->mem0 + ((size_t)SEMA_MAX_EVAL_MIB << 20) + (size_t)SEMA_EVAL_BYTES_PER_BYTE * (size_t)(s->ld->bytes - s->bytes0);
+/* Bytes evaluation may hold beyond the sources and syntax trees there were at the start. */
+static size_t eval_budget(const Sema *s) {
+    return ((size_t)SEMA_MAX_EVAL_MIB << 20) + (size_t)SEMA_EVAL_BYTES_PER_BYTE * s->ld->bytes;
 }
 
 int sema_enter(Sema *s, Span at) {
@@ -338,12 +339,12 @@ int sema_enter(Sema *s, Span at) {
                   SEMA_STEP_BUDGET, SEMA_STEPS_PER_BYTE);
         return 0;
     }
-    if (arena_live_bytes() > mem_budget(s)) {
+    if (arena_live_bytes() > s->mem0 + eval_budget(s)) {
         s->over_budget = 1;
-        sema_error(s, at, "this program is too large to check: evaluating it needs more than %ld MiB", SEMA_MAX_EVAL_MIB);
+        sema_error(s, at, "this program is too large to check: evaluating it needs more than %zu MiB", eval_budget(s) >> 20);
         diag_hint("the checker evaluates every loop and call: a loop of loops or calls that multiply hold values for "
-                  "each (the limit is %ld MiB beyond the sources' syntax trees)",
-                  SEMA_MAX_EVAL_MIB);
+                  "each (the limit is %ld MiB plus %ld bytes a source byte, beyond the sources' syntax trees)",
+                  SEMA_MAX_EVAL_MIB, SEMA_EVAL_BYTES_PER_BYTE);
         return 0;
     }
     if (s->nest >= SEMA_MAX_NEST) {
@@ -504,7 +505,6 @@ int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb, 
     s.ar = ld->ar;
     s.keep = ld->ar;
     s.ld = ld;
-    s.bytes0 = ld->bytes;
     s.mem0 = arena_live_bytes();
     s.out = out;
     s.gb_want = gb;

@@ -43,11 +43,11 @@
 #define SEMA_MAX_LIST 65536        /* longest list with a known length */
 #define SEMA_STEP_BUDGET 20000000L /* evaluation steps for one whole program, plus: */
 #define SEMA_STEPS_PER_BYTE 4L     /* steps a source byte (ordinary code takes 0.1 to 1.5) */
-#define SEMA_MAX_EVAL_MIB                                                                                                        \
-    1024L /* memory evaluation may hold beyond what the sources and syntax
-                                    * trees hold when checking starts (a source read later, an
-                                    * import, adds SEMA_EVAL_BYTES_PER_BYTE a byte) */
-#define SEMA_EVAL_BYTES_PER_BYTE 32L
+/* Memory evaluation may hold beyond what the sources and syntax trees held when checking started:
+ * SEMA_MAX_EVAL_MIB, plus SEMA_EVAL_BYTES_PER_BYTE for each source byte (one function of a
+ * million plain statements holds about 74 bytes of values a source byte). */
+#define SEMA_MAX_EVAL_MIB 1024L
+#define SEMA_EVAL_BYTES_PER_BYTE 64L
 #define SEMA_MAX_MODULE_DEPTH 64 /* nested imports being checked */
 
 typedef struct Sema Sema;
@@ -179,7 +179,6 @@ struct Sema {
     int nest; /* nested eval_expr/eval_stmt, across calls */
     int nest_reported;
     long steps;                                 /* evaluation steps so far */
-    uint64_t bytes0;                            /* ld->bytes when checking started */
     size_t mem0;                                /* arena_live_bytes() when checking started */
     int over_budget;                            /* the step budget ran out: everything evaluates to V_UNKNOWN */
     Module *modules[SEMA_MAX_MODULE_DEPTH + 1]; /* the import chain being checked */
