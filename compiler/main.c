@@ -148,6 +148,17 @@ static int check_output(const char *out, const char *in, Arena *ar) {
             diag_error_noloc("-o '%s' is a directory: give the path of the executable to write", out);
             return 1;
         }
+        /* The linker writes the path itself: a FIFO or a device node there would make it fail
+         * (or block) after the whole compilation, or replace /dev/null. */
+        if (!S_ISREG(so.st_mode)) {
+            diag_error_noloc("-o '%s' is %s, not a regular file: give the path of the executable to write", out,
+                             S_ISFIFO(so.st_mode)   ? "a FIFO (named pipe)"
+                             : S_ISCHR(so.st_mode)  ? "a character device"
+                             : S_ISBLK(so.st_mode)  ? "a block device"
+                             : S_ISSOCK(so.st_mode) ? "a socket"
+                                                    : "not a regular file");
+            return 1;
+        }
         if (stat(in, &si) == 0 && so.st_dev == si.st_dev && so.st_ino == si.st_ino) {
             diag_error_noloc("-o '%s' is the source file '%s': it would be overwritten", out, in);
             diag_hint("give the executable another name, e.g. -o prog");

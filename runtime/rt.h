@@ -9,7 +9,7 @@
  *   files        rt_file.c      read-only mappings, atomic (temporary + rename) writes
  *   random       rng.c          Philox4x32-10, uniforms, normals, parameter initialisation
  *   token data   data.c         llm.c / nanoGPT token shards, batches, shuffling, resume position
- *   safetensors  safetensors.c  reading (mmap) and atomic writing of safetensors files
+ *   safetensors  safetensors.c  reading (pread) and atomic writing of safetensors files
  *   json         json.c         JSON reading and writing (jansson): headers, state.json, logs
  *
  * The ABI with generated code (the RtProgram descriptor, the thread pool, batched SGEMM) is
@@ -70,16 +70,19 @@ const char *rt_status_name(RtStatus s); /* "ok", "i/o error", "bad format", ... 
  * anything reads it (opened with O_NONBLOCK, so that a FIFO with no writer cannot block the open;
  * the flag is cleared again). *fd and *size (its size now) on success; `what` names it in messages. */
 RtStatus rt_open_regular(const char *path, const char *what, int *fd, int64_t *size, RtError *err);
+/* What a file that is not regular is, for messages: "a directory", "a FIFO (named pipe)", "a
+ * socket", "a character device", "a block device", else "not a regular file" (st_mode). */
+const char *rt_file_kind(unsigned mode);
 
-/* A whole file mapped read-only (PROT_READ, MAP_PRIVATE); an empty file has data NULL, size 0. */
-typedef struct RtMap {
-    const unsigned char *data;
-    size_t size;
-} RtMap;
+/* Reads up to n bytes at offset off into buf, retrying after EINTR and partial reads: the count
+ * read (less than n only where the file ends), or -1 with errno set. */
+int64_t rt_pread_all(int fd, void *buf, int64_t n, int64_t off);
 
-RtStatus rt_map_file(RtMap *m, const char *path, const char *what,
-                     RtError *err); /* maps a regular file; `what` names it in messages ("data shard") */
-void rt_unmap(RtMap *m);            /* unmaps (no-op on a zeroed map) */
+/* A whole regular file read into memory with pread (nothing in the runtime maps a file: a file
+ * that shrinks while it is read is then an error with a message, never a SIGBUS). Refused: a
+ * file that is not regular (rt_open_regular), one over max_bytes, one that shrank between its
+ * fstat and the last read. *data is malloc'd (NUL-terminated, for text), *size its length. */
+RtStatus rt_read_file(const char *path, const char *what, int64_t max_bytes, unsigned char **data, size_t *size, RtError *err);
 
 /* A file written atomically: bytes go to a temporary file beside `path`; commit fsyncs it,
  * renames it over `path` and fsyncs the directory; abort removes it. Until commit succeeds,
@@ -216,9 +219,8 @@ typedef struct RtDataPos {
 
 typedef struct RtData RtData;
 
-RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split,
-                      RtError *err); /* finds, validates and maps the files */
-void rt_data_close(RtData *d);       /* unmaps and frees (NULL is fine) */
+RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtError *err); /* finds and validates the files */
+void rt_data_close(RtData *d);                                                            /* unmaps and frees (NULL is fine) */
 RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y,
                       RtError *err);     /* the next B windows: x, y are [B, T]; on error the position does not move */
 RtDataPos rt_data_tell(const RtData *d); /* the position of the next window */
@@ -286,12 +288,13 @@ typedef struct RtStTensor {
     int64_t shape[RT_ST_MAX_RANK];
     int64_t numel;             /* product of shape (1 for a scalar, 0 for an empty tensor) */
     uint64_t begin, end;       /* data_offsets: relative to the byte after the header */
-    const unsigned char *data; /* begin's address in the mapping; not aligned in general */
+    const unsigned char *data; /* begin's address when the file was opened from memory (not aligned in
+                                * general); NULL when opened from a path: read with rt_st_read_* */
 } RtStTensor;
 
 typedef struct RtStFile RtStFile;
 
-RtStatus rt_st_open(RtStFile **out, const char *path, RtError *err); /* maps and validates the whole file */
+RtStatus rt_st_open(RtStFile **out, const char *path, RtError *err); /* reads and validates the header (pread) */
 RtStatus rt_st_open_memory(RtStFile **out, const void *bytes, size_t n, const char *label,
                            RtError *err);                          /* the same over caller-owned bytes (kept alive until close) */
 void rt_st_close(RtStFile *f);                                     /* NULL is fine */
@@ -307,6 +310,8 @@ RtStatus rt_st_read_f32(const RtStFile *f, const RtStTensor *t, float *dst, int6
 RtStatus rt_st_read_i64(const RtStFile *f, const RtStTensor *t, int64_t *dst, int64_t n, RtError *err); /* I32/I64 -> i64 */
 RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, int64_t n,
                         RtError *err); /* I32, or I64 within int32's range -> i32 */
+RtStatus rt_st_read_raw(const RtStFile *f, const RtStTensor *t, void *dst, int64_t n,
+                        RtError *err); /* any dtype: n elements' little-endian bytes as stored */
 
 /* A tensor to write. `data` holds numel elements of dtype, little-endian, or - when from_f32 is
  * set (dtype F32, F16 or BF16) - numel floats converted with round-to-nearest-even on the way. */

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# tests/pathological.sh MBTC OUTDIR [LIMIT_MS] [TIMEOUT_S] - hostile inputs for `mbtc --check`.
+# tests/pathological.sh MBTC OUTDIR [LIMIT_MS] [TIMEOUT_S] [LOOPS_MB] - hostile inputs for
+# `mbtc --check`. LOOPS_MB (default 16) sizes the valid-NNmb-loops case: 16 MB takes the checker
+# past its old step budget; the sanitizer build, ten times slower at evaluating, is given 2 (the
+# same paths under the sanitizers, not the budget, which the plain build's run holds).
 #
 # Each case generates a file under OUTDIR and runs `MBTC --check` on it. It passes when mbtc
 #   - finishes within LIMIT_MS (default 1000; the sanitizer build is given more by tests/run.sh)
@@ -23,6 +26,7 @@ MBTC=$1
 OUT=$2
 LIMIT_MS=${3:-1000}
 TIMEOUT_S=${4:-5}
+LOOPS_MB=${5:-16}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$OUT" || exit 2
 export LC_ALL=C
@@ -50,18 +54,22 @@ repeat() {
     fi
 }
 
-# check NAME FILE WANT_RC MESSAGE
+# check NAME FILE WANT_RC MESSAGE [EXTRA_MS]
 #   WANT_RC 0: exit 0 and print nothing. WANT_RC 1: exit 1 with a located error about FILE whose
 #   text contains MESSAGE (any error when MESSAGE is empty). MESSAGE starting with "mbtc: " is a
-#   message without location (for files that cannot be read) and must begin a line.
+#   message without location (for files that cannot be read) and must begin a line. EXTRA_MS is
+#   added to the limit and the timeout for a case that is meant to take long (from a baseline).
+#   The time taken is left in OUT/NAME.ms.
 check() {
-    local name=$1 file=$2 want=$3 msg=$4
+    local name=$1 file=$2 want=$3 msg=$4 extra=${5:-0}
     local log="$OUT/$name.log" rc t0 t1 ms why="" size
+    local LIMIT_MS=$((LIMIT_MS + extra)) TIMEOUT_S=$((TIMEOUT_S + (extra + 999) / 1000))
     t0=$(date +%s%N)
     { timeout "$TIMEOUT_S" "$MBTC" --check "$file" >"$log" 2>&1; } 2>>"$log"
     rc=$?
     t1=$(date +%s%N)
     ms=$(((t1 - t0) / 1000000))
+    echo "$ms" >"$OUT/$name.ms"
     size=$(wc -c <"$log")
     if [ "$rc" = 124 ]; then
         why="hung: killed after ${TIMEOUT_S} s"
@@ -151,6 +159,24 @@ else
     failures=$((failures + 1))
 fi
 
+# The checker's evaluation budget grows with the source (docs/cli.md, Limits): 16 MB of small
+# models, each calling a function with a 16-step loop, take about 22 million evaluation steps,
+# beyond the 20 million a whole program was allowed before (a valid 200 MB source was refused
+# late by that limit). The time allowed grows by ten times valid-10mb's, measured in this run.
+valid10_ms=$(cat "$OUT/valid-10mb.ms" 2>/dev/null || echo 1000)
+printf '%s\n' 'fn widths_@N@(d) -> i64 {' '  t = 0' '  for i in 0..16 {' '    t = t + d * i' '  }' '  return t' '}' \
+    'model Stack_@N@(d = 8) {' '  k = widths_@N@(d)' '  w = param f32[d, d]' '}' >"$F/loops-template.mbt"
+awk -v target=$((LOOPS_MB << 20)) 'BEGIN { RS = "\001" } { t = t $0 }
+    END { n = 0; k = 0; while (n < target) { s = t; gsub(/@N@/, k, s); printf "%s", s; n += length(s); k++ } }' \
+    "$F/loops-template.mbt" >"$F/valid-${LOOPS_MB}mb-loops.mbt"
+check "valid-${LOOPS_MB}mb-loops" "$F/valid-${LOOPS_MB}mb-loops.mbt" 0 "" $((10 * valid10_ms))
+
+# A loop of loops in a few lines is refused where the checker's memory for it passes 1 GiB, with
+# a located message, in time bounded by that memory (it used to run 20 million steps in 7.5 GB).
+printf '%s\n' 'fn f() -> i64 {' '  x = 0' '  for i in 0..4096 {' '    for j in 0..4096 {' '      x = x + 1' '    }' '  }' \
+    '  return x' '}' 'model M(d = f()) {' '  w = param f32[d, 4]' '}' >"$F/loop-of-loops.mbt"
+check loop-of-loops "$F/loop-of-loops.mbt" 1 "evaluating it needs more than 1024 MiB" $((10 * valid10_ms))
+
 # 10 MB of garbage: 64 KiB of pseudo-random bytes (fixed seed), repeated.
 awk 'BEGIN { srand(20240607); for (i = 0; i < 65536; i++) printf "%c", int(rand() * 256) }' >"$F/garbage-64k.bin"
 for _ in $(seq 160); do cat "$F/garbage-64k.bin"; done >"$F/garbage-10mb.mbt"
@@ -187,6 +213,12 @@ check nested-blocks "$F/nested-blocks.mbt" 1 ""
 
 { printf 'fn f() {\n  x = 1'; repeat 99999 '+1'; printf '\n  return x\n}\n'; } >"$F/sum-100k.mbt"
 check sum-100k "$F/sum-100k.mbt" 1 "nested"
+
+# A list nested 262,144 deep (`x = [x]` in a loop) described in a message: the description looks
+# 4 levels in (it recursed all the way down and overflowed the C stack).
+printf '%s\n' 'fn f() -> i64 {' '  x = [1]' '  for i in 0..4096 {' '    for j in 0..64 {' '      x = [x]' '    }' '  }' \
+    '  y = not x' '  return 1' '}' 'model M(d = f()) {' '  w = param f32[d, 4]' '}' >"$F/deep-list.mbt"
+check deep-list "$F/deep-list.mbt" 1 "'not' needs a bool, got list of 1 list of 1 list of 1 list of 1 list of 1 items"
 
 # ---- literals --------------------------------------------------------------------------------
 printf 'model M(n = 99999999999999999999999, d = 8) {\n  w = param f32[n, d]\n}\n' >"$F/int-too-large.mbt"

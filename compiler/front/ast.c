@@ -13,6 +13,8 @@ Node *ast_new(Arena *ar, NodeKind k, Span sp) {
 void ast_push(Arena *ar, NodeList *l, Node *n) {
     /* Lists double in place when their size reaches a power of two (the arena never frees). */
     if ((l->n & (l->n - 1)) == 0) {
+        /* a list of 2^30 nodes needs more than the 256 MiB a source may have (module.c) */
+        if (l->n >= (1 << 30)) diag_internal(__FILE__, __LINE__, "a syntax list of more than 2^30 items");
         int cap = l->n ? l->n * 2 : 2;
         Node **v = arena_alloc(ar, sizeof(Node *) * (size_t)cap);
         if (l->n) memcpy(v, l->v, sizeof(Node *) * (size_t)l->n);

@@ -75,6 +75,7 @@ static Module *load(Loader *ld, const char *name, const char *path, char *text, 
     m->name = name;
     m->path = path;
     m->file = diag_add_source(path, text, len);
+    ld->bytes += len;
     int errors = diag_error_count();
     m->ast = parse_source(ld->ar, m->file);
     m->broken = diag_error_count() > errors;

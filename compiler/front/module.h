@@ -26,6 +26,7 @@ typedef struct Loader {
     const char **dirs; /* -I dirs, then $MBT_PATH dirs, then the stdlib dir */
     int ndirs;
     PtrVec modules; /* Module*, in load order */
+    uint64_t bytes; /* bytes of every source read: sema's limits grow with them */
 } Loader;
 
 /* Sets up the search path: -I dirs given, $MBT_PATH, then stdlib_dir (may be NULL). */

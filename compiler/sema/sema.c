@@ -317,11 +317,34 @@ Span sema_span_of(const Node *n, Str piece) {
 
 /* ---- evaluation limits ---- */
 
+/* Both limits grow with the source, so that checking stays linear in its size: a large program
+ * of ordinary declarations is never refused (the step budget allows 8 times what such code takes,
+ * and each declaration's values are dropped once it is checked), while a loop of loops or a
+ * chain of calls that multiplies the work is refused where it runs out, in bounded time and
+ * memory (docs/cli.md, Limits). */
+static long step_budget(const Sema *s) { return SEMA_STEP_BUDGET + SEMA_STEPS_PER_BYTE * (long)s->ld->bytes; }
+
+/* Bytes evaluation may hold beyond the sources and syntax trees there were at the start. */
+static size_t eval_budget(const Sema *s) {
+    return ((size_t)SEMA_MAX_EVAL_MIB << 20) + (size_t)SEMA_EVAL_BYTES_PER_BYTE * s->ld->bytes;
+}
+
 int sema_enter(Sema *s, Span at) {
     if (s->over_budget) return 0;
-    if (++s->steps > SEMA_STEP_BUDGET) {
+    if (++s->steps > step_budget(s)) {
         s->over_budget = 1;
-        sema_error(s, at, "this program is too large to check: more than %ld evaluation steps", SEMA_STEP_BUDGET);
+        sema_error(s, at, "this program is too large to check: more than %ld evaluation steps", step_budget(s));
+        diag_hint("the checker evaluates every loop and call: a loop of loops or calls that multiply take a step each "
+                  "(the limit is %ld steps plus %ld a source byte)",
+                  SEMA_STEP_BUDGET, SEMA_STEPS_PER_BYTE);
+        return 0;
+    }
+    if (arena_live_bytes() > s->mem0 + eval_budget(s)) {
+        s->over_budget = 1;
+        sema_error(s, at, "this program is too large to check: evaluating it needs more than %zu MiB", eval_budget(s) >> 20);
+        diag_hint("the checker evaluates every loop and call: a loop of loops or calls that multiply hold values for "
+                  "each (the limit is %ld MiB plus %ld bytes a source byte, beyond the sources' syntax trees)",
+                  SEMA_MAX_EVAL_MIB, SEMA_EVAL_BYTES_PER_BYTE);
         return 0;
     }
     if (s->nest >= SEMA_MAX_NEST) {
@@ -482,6 +505,7 @@ int sema_run_build(Loader *ld, Module *main, SemaResult *out, GraphBuilder *gb, 
     s.ar = ld->ar;
     s.keep = ld->ar;
     s.ld = ld;
+    s.mem0 = arena_live_bytes();
     s.out = out;
     s.gb_want = gb;
     s.gb_train = train;

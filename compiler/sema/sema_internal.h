@@ -41,8 +41,14 @@
                                      * 1.2 MB of C stack (3.4 MB with sanitizers) at the limit */
 #define SEMA_MAX_UNROLL 4096       /* longest loop or comprehension unrolled item by item */
 #define SEMA_MAX_LIST 65536        /* longest list with a known length */
-#define SEMA_STEP_BUDGET 20000000L /* evaluation steps for one whole program */
-#define SEMA_MAX_MODULE_DEPTH 64   /* nested imports being checked */
+#define SEMA_STEP_BUDGET 20000000L /* evaluation steps for one whole program, plus: */
+#define SEMA_STEPS_PER_BYTE 4L     /* steps a source byte (ordinary code takes 0.1 to 1.5) */
+/* Memory evaluation may hold beyond what the sources and syntax trees held when checking started:
+ * SEMA_MAX_EVAL_MIB, plus SEMA_EVAL_BYTES_PER_BYTE for each source byte (one function of a
+ * million plain statements holds about 74 bytes of values a source byte). */
+#define SEMA_MAX_EVAL_MIB 1024L
+#define SEMA_EVAL_BYTES_PER_BYTE 64L
+#define SEMA_MAX_MODULE_DEPTH 64 /* nested imports being checked */
 
 typedef struct Sema Sema;
 typedef struct Frame Frame;
@@ -173,6 +179,7 @@ struct Sema {
     int nest; /* nested eval_expr/eval_stmt, across calls */
     int nest_reported;
     long steps;                                 /* evaluation steps so far */
+    size_t mem0;                                /* arena_live_bytes() when checking started */
     int over_budget;                            /* the step budget ran out: everything evaluates to V_UNKNOWN */
     Module *modules[SEMA_MAX_MODULE_DEPTH + 1]; /* the import chain being checked */
     int module_depth;

@@ -163,7 +163,16 @@ static const char *value_decl_name(Arena *ar, const Value *v) {
     return arena_printf(ar, " %.*s", (int)v->node->name.len, v->node->name.p);
 }
 
-char *value_type_str(Arena *ar, const Value *v) {
+/* Lists nest as deep as a program makes them (`x = [x]` in a loop: a million levels within the
+ * checker's memory limit), so the description looks 4 levels in and no further: bounded C stack
+ * and message length. */
+#define VALUE_TYPE_DEPTH 4
+
+static char *value_type_str_at(Arena *ar, const Value *v, int depth);
+
+char *value_type_str(Arena *ar, const Value *v) { return value_type_str_at(ar, v, 0); }
+
+static char *value_type_str_at(Arena *ar, const Value *v, int depth) {
     if (!v) return arena_printf(ar, "unknown");
     switch (v->kind) {
     case V_INT: return v->dim ? arena_printf(ar, "integer %s", dim_str(ar, v->dim)) : arena_printf(ar, "integer");
@@ -174,10 +183,12 @@ char *value_type_str(Arena *ar, const Value *v) {
     case V_LIST: {
         const char *len = v->len ? dim_str(ar, v->len) : arena_printf(ar, "%d", v->n);
         if (v->n == 0 || !v->items) return arena_printf(ar, "empty list");
+        if (depth >= VALUE_TYPE_DEPTH) return arena_printf(ar, "list of %s items", len);
         /* Name the items when they all look alike (the usual list of blocks). */
-        const char *first = value_type_str(ar, v->items[0]);
+        const char *first = value_type_str_at(ar, v->items[0], depth + 1);
         for (int i = 1; i < v->n; i++)
-            if (strcmp(first, value_type_str(ar, v->items[i])) != 0) return arena_printf(ar, "list of %s items", len);
+            if (strcmp(first, value_type_str_at(ar, v->items[i], depth + 1)) != 0)
+                return arena_printf(ar, "list of %s items", len);
         return arena_printf(ar, "list of %s %s", len, first);
     }
     case V_RANGE: return arena_printf(ar, "range %s..%s", dim_str(ar, v->dim), dim_str(ar, v->len));

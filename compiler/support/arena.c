@@ -14,7 +14,15 @@ struct ArenaBlock {
     _Alignas(16) unsigned char data[];
 };
 
+/* Bytes of every live arena's blocks together: what the checker's memory limit is held to. */
+static size_t g_arena_live;
+
+size_t arena_live_bytes(void) { return g_arena_live; }
+
 void *arena_alloc(Arena *a, size_t n) {
+    /* Sizes come from computations on the input (counts times element sizes): one that wrapped,
+     * or is beyond any memory, would round to a small block here and be overrun. */
+    if (n > ((size_t)1 << 48)) diag_internal(__FILE__, __LINE__, "arena: a request of %zu bytes (a size overflowed)", n);
     n = (n + 15) & ~(size_t)15;
     if (!a->head || a->head->cap - a->head->used < n) {
         size_t cap = n > (1u << 20) ? n : (1u << 20);
@@ -24,6 +32,7 @@ void *arena_alloc(Arena *a, size_t n) {
         b->used = 0;
         b->cap = cap;
         a->head = b;
+        g_arena_live += sizeof(ArenaBlock) + cap;
     }
     void *p = a->head->data + a->head->used;
     a->head->used += n;
@@ -59,6 +68,7 @@ char *arena_printf(Arena *a, const char *fmt, ...) {
 void arena_free(Arena *a) {
     while (a->head) {
         ArenaBlock *n = a->head->next;
+        g_arena_live -= sizeof(ArenaBlock) + a->head->cap;
         free(a->head);
         a->head = n;
     }
@@ -66,6 +76,8 @@ void arena_free(Arena *a) {
 
 void ptrvec_push(Arena *a, PtrVec *pv, void *p) {
     if (pv->n == pv->cap) {
+        /* 2^30 items would take more than the 256 MiB a source may have (module.c): unreachable */
+        if (pv->cap >= (1 << 30)) diag_internal(__FILE__, __LINE__, "arena: a vector of more than 2^30 items");
         int cap = pv->cap ? pv->cap * 2 : 4;
         void **v = arena_alloc(a, sizeof(void *) * (size_t)cap);
         if (pv->n) memcpy(v, pv->v, sizeof(void *) * (size_t)pv->n);

@@ -25,7 +25,8 @@ void *arena_dup(Arena *a, const void *p, size_t n);     /* copy of n bytes */
 char *arena_strndup(Arena *a, const char *s, size_t n); /* NUL-terminated copy */
 char *arena_printf(Arena *a, const char *fmt, ...)      /* formatted NUL-terminated string */
     __attribute__((format(printf, 2, 3)));
-void arena_free(Arena *a); /* release every block */
+void arena_free(Arena *a);     /* release every block */
+size_t arena_live_bytes(void); /* bytes held by all arenas not yet freed (the process's compiler memory) */
 
 /* Growable array of pointers, arena-backed (old storage is simply abandoned on growth). */
 typedef struct PtrVec {

@@ -1,7 +1,10 @@
-/* rt_file.c - files for the runtime: whole files mapped read-only, and atomic writes (see rt.h).
+/* rt_file.c - files for the runtime: regular files opened and read with pread, and atomic writes
+ * (see rt.h).
  *
- * Pipeline position: under data.c (token shards are mapped, never read whole) and
- * safetensors.c (checkpoints are mapped to read, and written atomically). An atomic write goes to
+ * Pipeline position: under data.c (token shards are read window by window), safetensors.c
+ * (tensors are read chunk by chunk; checkpoints are written atomically), checkpoint.c (state.json
+ * read whole) and the checksums of checkpoint files. Nothing is memory-mapped: a mapped file that
+ * another process truncates raises SIGBUS on the next access, where a short pread is a message. An atomic write goes to
  * a temporary file in the destination's directory; commit fsyncs it, renames it over the
  * destination and fsyncs the directory, so a crash or a failed write leaves either the old file
  * or the new one, never a mixture. */
@@ -10,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,9 +21,9 @@
 
 #include "rt.h"
 
-/* ---- mapping ----------------------------------------------------------------------------------- */
+/* ---- reading ----------------------------------------------------------------------------------- */
 
-static const char *rt_file_kind(mode_t m) {
+const char *rt_file_kind(unsigned m) {
     if (S_ISDIR(m)) return "a directory";
     if (S_ISFIFO(m)) return "a FIFO (named pipe)";
     if (S_ISSOCK(m)) return "a socket";
@@ -58,41 +60,51 @@ RtStatus rt_open_regular(const char *path, const char *what, int *fd, int64_t *s
     return RT_OK;
 }
 
-RtStatus rt_map_file(RtMap *m, const char *path, const char *what, RtError *err) {
-    m->data = NULL;
-    m->size = 0;
+int64_t rt_pread_all(int fd, void *buf, int64_t n, int64_t off) {
+    int64_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(fd, (unsigned char *)buf + got, (size_t)(n - got), (off_t)(off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += k;
+    }
+    return got;
+}
+
+RtStatus rt_read_file(const char *path, const char *what, int64_t max_bytes, unsigned char **data, size_t *size, RtError *err) {
+    *data = NULL;
+    *size = 0;
     int fd;
     int64_t fsize;
     RtStatus rs = rt_open_regular(path, what, &fd, &fsize, err);
     if (rs != RT_OK) return rs;
-    if ((uint64_t)fsize > (uint64_t)SIZE_MAX) {
+    if (fsize > max_bytes || (uint64_t)fsize >= (uint64_t)SIZE_MAX) {
         close(fd);
-        return rt_fail(err, RT_ERR_FORMAT, "%s '%s' is too large to map", what, path);
+        return rt_fail(err, RT_ERR_FORMAT, "%s '%s' is %lld bytes, over the limit of %lld", what, path, (long long)fsize,
+                       (long long)max_bytes);
     }
-    size_t size = (size_t)fsize;
-    if (size > 0) {
-        void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            return rt_fail_errno(err, e, "cannot map %s '%s' into memory", what, path);
-        }
-        m->data = p;
-        m->size = size;
+    unsigned char *buf = malloc((size_t)fsize + 1);
+    if (!buf) {
+        close(fd);
+        return rt_fail_errno(err, ENOMEM, "cannot read %s '%s' (%lld bytes)", what, path, (long long)fsize);
     }
-    /* The mapping outlives the descriptor. */
-    if (close(fd) != 0) {
-        int e = errno;
-        rt_unmap(m);
-        return rt_fail_errno(err, e, "cannot close %s '%s'", what, path);
+    int64_t got = rt_pread_all(fd, buf, fsize, 0);
+    int e = errno;
+    close(fd);
+    if (got < 0) {
+        free(buf);
+        return rt_fail_errno(err, e, "cannot read %s '%s'", what, path);
     }
+    if (got < fsize) {
+        free(buf);
+        return rt_fail(err, RT_ERR_IO, "%s '%s' shrank while it was read: %lld bytes were there, %lld could be read", what, path,
+                       (long long)fsize, (long long)got);
+    }
+    buf[fsize] = 0;
+    *data = buf;
+    *size = (size_t)fsize;
     return RT_OK;
-}
-
-void rt_unmap(RtMap *m) {
-    if (m->data && m->size) munmap((void *)m->data, m->size);
-    m->data = NULL;
-    m->size = 0;
 }
 
 /* ---- writing ----------------------------------------------------------------------------------- */
@@ -243,33 +255,62 @@ static void rt_checksum_hex(XXH128_hash_t h, char out[RT_CHECKSUM_CHARS]) {
 
 void rt_checksum(const void *data, size_t n, char out[RT_CHECKSUM_CHARS]) { rt_checksum_hex(XXH3_128bits(data, n), out); }
 
-RtStatus rt_checksum_file(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err) {
-    RtMap m;
-    RtStatus st = rt_map_file(&m, path, what, err);
-    if (st != RT_OK) return st;
-    rt_checksum(m.data, m.size, out);
-    if (bytes) *bytes = (int64_t)m.size;
-    rt_unmap(&m);
+/* Feeds len bytes of fd from off to the hash, 1 MiB at a time; a file that ends early (it shrank
+ * since its size was taken) is an error. */
+static RtStatus rt_hash_range(XXH3_state_t *h, int fd, int64_t off, int64_t len, unsigned char *buf, const char *what,
+                              const char *path, RtError *err) {
+    const int64_t chunk = (int64_t)1 << 20;
+    for (int64_t done = 0; done < len;) {
+        int64_t want = len - done < chunk ? len - done : chunk;
+        int64_t got = rt_pread_all(fd, buf, want, off + done);
+        if (got < 0) return rt_fail_errno(err, errno, "cannot read %s '%s'", what, path);
+        if (got < want)
+            return rt_fail(err, RT_ERR_IO, "%s '%s' shrank while it was read: it ends at byte %lld", what, path,
+                           (long long)(off + done + got));
+        XXH3_128bits_update(h, buf, (size_t)got);
+        done += got;
+    }
     return RT_OK;
 }
 
-RtStatus rt_checksum_sample(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err) {
-    RtMap m;
-    RtStatus st = rt_map_file(&m, path, what, err);
+/* The whole file (sample 0) or its size, first and last MiB (sample 1), hashed with XXH3-128;
+ * the streamed hash equals the one-shot XXH3_128bits of the same bytes. */
+static RtStatus rt_checksum_fd(const char *path, const char *what, int sample, char out[RT_CHECKSUM_CHARS], int64_t *bytes,
+                               RtError *err) {
+    int fd;
+    int64_t size;
+    RtStatus st = rt_open_regular(path, what, &fd, &size, err);
     if (st != RT_OK) return st;
-    const size_t part = (size_t)1 << 20;
+    const int64_t part = (int64_t)1 << 20;
+    unsigned char *buf = malloc((size_t)part);
+    if (!buf) {
+        close(fd);
+        return rt_fail_errno(err, ENOMEM, "cannot read %s '%s'", what, path);
+    }
     XXH3_state_t s;
     XXH3_128bits_reset(&s);
-    uint64_t size = m.size;
-    XXH3_128bits_update(&s, &size, sizeof size);
-    if (m.size <= 2 * part) {
-        XXH3_128bits_update(&s, m.data, m.size);
-    } else {
-        XXH3_128bits_update(&s, m.data, part);
-        XXH3_128bits_update(&s, m.data + m.size - part, part);
+    if (sample) {
+        uint64_t u = (uint64_t)size;
+        XXH3_128bits_update(&s, &u, sizeof u);
     }
+    if (!sample || size <= 2 * part) {
+        st = rt_hash_range(&s, fd, 0, size, buf, what, path, err);
+    } else {
+        st = rt_hash_range(&s, fd, 0, part, buf, what, path, err);
+        if (st == RT_OK) st = rt_hash_range(&s, fd, size - part, part, buf, what, path, err);
+    }
+    free(buf);
+    close(fd);
+    if (st != RT_OK) return st;
     rt_checksum_hex(XXH3_128bits_digest(&s), out);
-    if (bytes) *bytes = (int64_t)m.size;
-    rt_unmap(&m);
+    if (bytes) *bytes = size;
     return RT_OK;
+}
+
+RtStatus rt_checksum_file(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err) {
+    return rt_checksum_fd(path, what, 0, out, bytes, err);
+}
+
+RtStatus rt_checksum_sample(const char *path, const char *what, char out[RT_CHECKSUM_CHARS], int64_t *bytes, RtError *err) {
+    return rt_checksum_fd(path, what, 1, out, bytes, err);
 }

@@ -7,6 +7,8 @@
  * The JSONL file is flushed after every line, so it can be followed while the run goes on and a
  * killed run leaves only whole lines. */
 #include <errno.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,12 +97,30 @@ RtStatus rt_log_open(RtLog *l, FILE *out, int tty, const char *jsonl_path, int64
     l->t_start = rt_now();
     l->last_draw = -1e30;
     if (jsonl_path) {
-        if (resumed_step >= 0) {
+        /* A pipe or a device (--log /dev/stdout, a FIFO a reader follows) is a stream: nothing
+         * to trim on a resume. A FIFO nobody reads would block open() for good: opened without
+         * blocking, that is ENXIO, reported. */
+        struct stat sb;
+        int regular = stat(jsonl_path, &sb) != 0 || S_ISREG(sb.st_mode);
+        if (resumed_step >= 0 && regular) {
             RtStatus st = rt_log_trim(jsonl_path, resumed_step, err);
             if (st != RT_OK) return st;
         }
-        l->jsonl = fopen(jsonl_path, resumed_step >= 0 ? "a" : "w");
-        if (!l->jsonl) return rt_fail_errno(err, errno, "cannot open the log file '%s'", jsonl_path);
+        int fd = open(jsonl_path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (resumed_step >= 0 ? O_APPEND : O_TRUNC), 0644);
+        if (fd < 0 && errno == ENXIO)
+            return rt_fail(err, RT_ERR_IO, "cannot open the log file '%s': it is a FIFO (named pipe) that no process reads",
+                           jsonl_path);
+        int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
+        if (fd >= 0 && (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)) {
+            close(fd);
+            fd = -1;
+        }
+        l->jsonl = fd >= 0 ? fdopen(fd, resumed_step >= 0 ? "a" : "w") : NULL;
+        if (!l->jsonl) {
+            int e = errno;
+            if (fd >= 0) close(fd);
+            return rt_fail_errno(err, e, "cannot open the log file '%s'", jsonl_path);
+        }
         l->jsonl_path = jsonl_path;
     }
     return RT_OK;

@@ -392,6 +392,14 @@ static RtStatus rt_check_output(const RtTrainRun *r, const char *path, const cha
     if (exists) {
         if (S_ISDIR(so.st_mode))
             return rt_fail(err, RT_ERR_ARG, "%s '%s' is a directory: give the path of the file to write", flag, path);
+        /* --save-weights and --dump-step are written to a temporary file renamed over the path,
+         * which would replace a FIFO or a device node (/dev/null) with a regular file; --log
+         * (what == NULL) is a stream, and may go to a pipe or a device (rt_log_open). */
+        if (what && !S_ISREG(so.st_mode))
+            return rt_fail(err, RT_ERR_ARG,
+                           "%s '%s' is %s, not a regular file: the %s is written to a temporary file renamed over the path, "
+                           "which would replace it",
+                           flag, path, rt_file_kind(so.st_mode), what);
         const char *clash = rt_output_clash(r, &so, buf, sizeof buf);
         if (clash)
             return rt_fail(err, RT_ERR_ARG, "%s '%s' is %s, which the run reads: writing it would destroy it", flag, path, clash);

@@ -209,7 +209,7 @@ RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path,
  *   optimizer.safetensors  every optimizer state variable, F32, as "<param>.<var>" ("h.0.attn.c_attn.weight.m")
  *   state.json             the step, the seed, the data and schedule positions, the program's hash and
  *                          layout, and each file's size and XXH3-128 checksum
- * and DIR/latest holds the name of the newest complete one. See docs/runtime.md, "Checkpoints". */
+ * and DIR/latest holds the name of the newest complete one and the checksum of its state.json. See docs/runtime.md, "Checkpoints". */
 
 /* What a checkpoint holds besides the regions. */
 typedef struct RtCkptInfo {
@@ -262,7 +262,8 @@ int rt_ckpt_poll(RtCkptWriter *w, int wait, RtCkptDone *d);
 void rt_ckpt_writer_close(RtCkptWriter *w); /* waits for the write under way, releases the lock; NULL is fine */
 
 /* The checkpoint `arg` names: "latest" (DIR/latest), a checkpoint root holding a `latest` file, or
- * a step directory. *path is malloc'd. */
+ * a step directory. A `latest` is followed only when the state.json it names has the checksum it
+ * records. *path is malloc'd. */
 RtStatus rt_ckpt_resolve(const char *arg, const char *dir, char **path, RtError *err);
 /* Reads state.json and checks every file's checksum; then, unless weights_only, checks that the
  * checkpoint is of this program (hash, batch layout, parameters, optimizer state) - a mismatch is

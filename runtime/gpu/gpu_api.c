@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "gpu_internal.h"
 
@@ -40,11 +41,23 @@ static int rt_candidates(char cand[][RT_GPU_PATH_MAX], const char *const *names,
     return n;
 }
 
+/* A library path that names something other than a regular file (a FIFO would block dlopen's
+ * open for good, a directory fails obscurely): 1, with why it is refused in why. A bare name
+ * (no '/') is the loader's to search, and a missing file is dlopen's to report. */
+static int rt_dl_not_regular(const char *path, char *why, size_t cap) {
+    struct stat sb;
+    if (!strchr(path, '/') || stat(path, &sb) != 0 || S_ISREG(sb.st_mode)) return 0;
+    snprintf(why, cap, "%s is %s, not a library", path, rt_file_kind(sb.st_mode));
+    return 1;
+}
+
 /* dlopens the first candidate that loads, recording its name in path; else NULL and the first
  * failure's dlerror text (the most telling: the loader's own search) in first_error. */
 static void *rt_open_first(char cand[][RT_GPU_PATH_MAX], int n, char *path, char *first_error, size_t cap) {
     first_error[0] = 0;
     for (int i = 0; i < n; i++) {
+        char why[64];
+        if (rt_dl_not_regular(cand[i], i == 0 ? first_error : why, i == 0 ? cap : sizeof why)) continue;
         void *lib = dlopen(cand[i], RTLD_NOW | RTLD_LOCAL);
         if (lib) {
             snprintf(path, RT_GPU_PATH_MAX, "%s", cand[i]);
@@ -66,9 +79,11 @@ static int rt_missing(char *why, size_t cap, const char *lib, const char *path, 
 static int rt_open_driver(RtGpuApi *api, char *why, size_t cap) {
     const char *env = getenv("MBT_LIBCUDA");
     const char *name = env && *env ? env : "libcuda.so.1";
-    api->cuda_lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    char kind[RT_GPU_PATH_MAX + 64];
+    int bad = rt_dl_not_regular(name, kind, sizeof kind);
+    api->cuda_lib = bad ? NULL : dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!api->cuda_lib) {
-        const char *e = dlerror();
+        const char *e = bad ? kind : dlerror();
         snprintf(why, cap, "no CUDA driver (%s%s: %s)", env && *env ? "MBT_LIBCUDA=" : "",
                  env && *env ? name : "libcuda.so.1 on the loader's path", e ? e : "unknown error");
         return 0;

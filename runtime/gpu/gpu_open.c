@@ -197,11 +197,12 @@ static RtStatus rt_gpu_load_image(RtGpu *g, const void *image, const char *what,
 /* The cached cubin for this module, architecture and driver: 1 when it loaded. A file that is
  * there but does not load is noted (and replaced by the caller). */
 static int rt_gpu_load_cached(RtGpu *g, const char *path) {
-    RtMap m;
+    unsigned char *data;
+    size_t size;
     RtError e;
-    if (rt_map_file(&m, path, "JIT cache file", &e) != RT_OK) return 0; /* not cached yet */
-    RtStatus st = m.size ? rt_gpu_load_image(g, m.data, path, &e) : rt_fail(&e, RT_ERR_FORMAT, "'%s' is empty", path);
-    rt_unmap(&m);
+    if (rt_read_file(path, "JIT cache file", (int64_t)1 << 30, &data, &size, &e) != RT_OK) return 0; /* not cached yet */
+    RtStatus st = size ? rt_gpu_load_image(g, data, path, &e) : rt_fail(&e, RT_ERR_FORMAT, "'%s' is empty", path);
+    free(data);
     if (st == RT_OK) return 1;
     rt_gpu_text(g->module_note, sizeof g->module_note, ", the cached cubin did not load (%s)", e.msg);
     return 0;

@@ -43,6 +43,12 @@
 #define RT_CKPT_MODEL "model.safetensors"
 #define RT_CKPT_OPTIM "optimizer.safetensors"
 #define RT_CKPT_STATE "state.json"
+/* DIR/latest: the newest checkpoint's name on its first line, and on its second the XXH3-128 of
+ * that checkpoint's state.json (which covers every other byte of it), so that a pointer damaged
+ * into naming another checkpoint, or damaged at all, is refused rather than followed. */
+#define RT_CKPT_LATEST_SUM "state.json xxh3-128 "
+#define RT_CKPT_LATEST_MAX 128
+#define RT_CKPT_STATE_MAX ((int64_t)64 << 20) /* state.json is a few KB: a larger one is not ours */
 /* state.json's last key: the XXH3-128 of state.json's bytes with this value's 32 digits read as
  * zeros, so that every byte of a checkpoint is under a checksum (the two region files under theirs,
  * which state.json records) */
@@ -176,9 +182,15 @@ static char *rt_ckpt_state_json(const RtProgram *p, const RtCkptInfo *in, json_t
     return line;
 }
 
+/* A file read whole (rt_read_file). */
+typedef struct RtText {
+    unsigned char *data;
+    size_t size;
+} RtText;
+
 /* state.json's own checksum (RT_CKPT_SELF): present once, and equal to that of its bytes with
  * the checksum's digits read as zeros. */
-static RtStatus rt_ckpt_check_self(const char *spath, const json_t *root, const RtMap *m, RtError *err) {
+static RtStatus rt_ckpt_check_self(const char *spath, const json_t *root, const RtText *m, RtError *err) {
     const char *text = (const char *)m->data, *want = rt_json_str(rt_json_get(root, "state_xxh3_128"));
     size_t klen = strlen(RT_CKPT_SELF), dlen = RT_CHECKSUM_CHARS - 1;
     const char *at = memmem(text, m->size, RT_CKPT_SELF, klen);
@@ -311,11 +323,13 @@ static RtStatus rt_ckpt_write(RtCkptWriter *w, RtCkptDone *d, RtError *err) {
     RtCkptFile files[2];
     memset(files, 0, sizeof files);
     if (st == RT_OK) st = rt_ckpt_write_regions(w, tmp, files, err);
+    char state_sum[RT_CHECKSUM_CHARS] = "";
     if (st == RT_OK) {
         size_t len = 0;
         char *json = rt_ckpt_state_json(w->p, &w->info, w->data_files, files, 2, &len);
         if (!json) st = rt_fail_errno(err, ENOMEM, "cannot write '%s'", state);
         else st = rt_atomic_write_file(state, "checkpoint state", json, len, err); /* also fsyncs tmp */
+        if (json) rt_checksum(json, len, state_sum);
         free(json);
         d->bytes = files[0].bytes + files[1].bytes + (int64_t)len;
     }
@@ -335,8 +349,8 @@ static RtStatus rt_ckpt_write(RtCkptWriter *w, RtCkptDone *d, RtError *err) {
     if (st == RT_OK) st = rt_fsync_dir(w->dir, err);
     if (had_old) rt_rm_tree(old);
     if (st == RT_OK) {
-        char text[64];
-        int n = snprintf(text, sizeof text, "%s\n", name);
+        char text[RT_CKPT_LATEST_MAX];
+        int n = snprintf(text, sizeof text, "%s\n" RT_CKPT_LATEST_SUM "%s\n", name, state_sum);
         st = rt_atomic_write_file(latest, "checkpoint pointer", text, (size_t)n, err);
     }
     if (st == RT_OK) st = rt_ckpt_prune(w->dir, w->keep, w->info.step, err);
@@ -601,16 +615,43 @@ RtStatus rt_ckpt_resolve(const char *arg, const char *dir, char **path, RtError 
         *path = strdup(arg); /* a step directory */
         return *path ? RT_OK : rt_fail_errno(err, ENOMEM, "cannot find the checkpoint");
     }
-    char name[64];
-    ssize_t n = read(fd, name, sizeof name - 1);
+    char text[RT_CKPT_LATEST_MAX + 1];
+    int64_t n = rt_pread_all(fd, text, RT_CKPT_LATEST_MAX, 0);
     close(fd);
-    if (n > 0 && name[n - 1] == '\n') n--;
     if (n < 0) n = 0;
-    name[n] = 0;
+    text[n] = 0;
+    /* "NAME\n" RT_CKPT_LATEST_SUM "HEX\n", nothing else */
+    char *nl = memchr(text, '\n', (size_t)n), *sum = nl ? nl + 1 : NULL;
+    if (nl) *nl = 0;
+    size_t klen = strlen(RT_CKPT_LATEST_SUM), dlen = RT_CHECKSUM_CHARS - 1;
     RtStatus st = RT_OK;
-    if (rt_ckpt_step_of(name) < 0)
-        st = rt_fail(err, RT_ERR_FORMAT, "'%s' does not name a checkpoint (it holds '%.40s')", latest, name);
-    else if (!(*path = rt_path_join(root, name))) st = rt_fail_errno(err, ENOMEM, "cannot find the checkpoint");
+    char *state = NULL;
+    if (rt_ckpt_step_of(text) < 0) {
+        st = rt_fail(err, RT_ERR_FORMAT, "'%s' does not name a checkpoint (it holds '%.40s')", latest, text);
+    } else if (!sum || strncmp(sum, RT_CKPT_LATEST_SUM, klen) != 0 || strspn(sum + klen, "0123456789abcdef") != dlen ||
+               strcmp(sum + klen + dlen, "\n") != 0) {
+        st = rt_fail(err, RT_ERR_FORMAT,
+                     "'%s' names '%s' but does not hold its checksum (a second line '" RT_CKPT_LATEST_SUM
+                     "<32 hex digits>'): it was damaged, or written by an older runtime; give the checkpoint itself to "
+                     "--resume if it is the one wanted",
+                     latest, text);
+    } else if (!(*path = rt_path_join(root, text)) || !(state = rt_path_join(*path, RT_CKPT_STATE))) {
+        st = rt_fail_errno(err, ENOMEM, "cannot find the checkpoint");
+    } else {
+        char have[RT_CHECKSUM_CHARS];
+        st = rt_checksum_file(state, "checkpoint state", have, NULL, err);
+        if (st != RT_OK) rt_error_context(err, "'%s' names '%s'", latest, text);
+        else if (memcmp(have, sum + klen, dlen) != 0)
+            st = rt_fail(err, RT_ERR_FORMAT,
+                         "'%s' names '%s', but its state.json has xxh3-128 %s where the pointer records %.32s: the pointer "
+                         "or the checkpoint was damaged or changed",
+                         latest, text, have, sum + klen);
+    }
+    if (st != RT_OK) {
+        free(*path);
+        *path = NULL;
+    }
+    free(state);
     free(latest);
     return st;
 }
@@ -713,11 +754,11 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     memset(info, 0, sizeof *info);
     char *spath = rt_path_join(ckpt, RT_CKPT_STATE), *mpath = rt_path_join(ckpt, RT_CKPT_MODEL),
          *opath = rt_path_join(ckpt, RT_CKPT_OPTIM);
-    RtMap m = {0};
+    RtText m = {0};
     json_t *root = NULL;
     RtStFile *model = NULL, *optim = NULL;
     RtStatus st = spath && mpath && opath ? RT_OK : rt_fail_errno(err, ENOMEM, "cannot read checkpoint '%s'", ckpt);
-    if (st == RT_OK) st = rt_map_file(&m, spath, "checkpoint state", err);
+    if (st == RT_OK) st = rt_read_file(spath, "checkpoint state", RT_CKPT_STATE_MAX, &m.data, &m.size, err);
     if (st == RT_OK) {
         char what[4200];
         snprintf(what, sizeof what, "checkpoint state '%s'", spath);
@@ -797,7 +838,7 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
     rt_st_close(model);
     rt_st_close(optim);
     json_decref(root);
-    rt_unmap(&m);
+    free(m.data);
     free(spath);
     free(mpath);
     free(opath);

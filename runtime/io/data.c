@@ -76,19 +76,6 @@ static uint32_t rt_token(const unsigned char *buf, int width, int64_t i) {
     return width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : rt_le32(p);
 }
 
-/* Reads up to n bytes at offset off; the count read (short at the end of the file), or -1. */
-static int64_t rt_pread_all(int fd, unsigned char *buf, int64_t n, int64_t off) {
-    int64_t got = 0;
-    while (got < n) {
-        ssize_t k = pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) break;
-        got += k;
-    }
-    return got;
-}
-
 /* ---- validating one file ------------------------------------------------------------------------ */
 
 /* Reads path's header and works out its format and token count; every inconsistency is an error

@@ -9,7 +9,10 @@
  * "__metadata__" object of strings; then the data, to which the offsets are relative. The data
  * must be covered exactly by the tensors, without holes or overlaps.
  *
- * Reading maps the file and trusts nothing: the header, capped at 100 MB as in the reference
+ * Reading never maps the file (a mapped file that another process truncates raises SIGBUS):
+ * the header is read with pread when the file is opened, and each tensor's bytes when it is read,
+ * a MiB at a time, so a file that shrank since it was opened is an error naming the tensor. It
+ * trusts nothing: the header, capped at 100 MB as in the reference
  * implementation, is parsed by the runtime's JSON reader (json.c over jansson: strict, a key
  * repeated in one object refused, nesting bounded) and then checked against the schema here;
  * every offset, size and product is checked before use. Any malformed input is an RT_ERR_FORMAT
@@ -29,6 +32,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "rt.h"
 
@@ -146,10 +151,12 @@ uint16_t rt_f32_to_f16(float f) {
 
 struct RtStFile {
     char *label;                /* the path, for messages */
-    RtMap map;                  /* when opened from a path */
-    const unsigned char *bytes; /* the whole file */
-    size_t size;
-    RtStTensor *t; /* in data-offset order once validated */
+    int fd;                     /* when opened from a path: -1 otherwise */
+    unsigned char *head;        /* when opened from a path: the 8-byte length and the header */
+    const unsigned char *bytes; /* the whole file (from memory), or head (from a path) */
+    size_t size;                /* the file's size when it was opened */
+    uint64_t data_at;           /* where the data starts: 8 + the header's length */
+    RtStTensor *t;              /* in data-offset order once validated */
     int64_t nt;
     RtStTensor **by_name; /* sorted by name */
     char **mkey, **mval;  /* __metadata__, header order */
@@ -167,7 +174,8 @@ void rt_st_close(RtStFile *f) {
     free(f->by_name);
     free(f->mkey);
     free(f->mval);
-    rt_unmap(&f->map);
+    if (f->fd >= 0) close(f->fd);
+    free(f->head);
     free(f->label);
     free(f);
 }
@@ -433,21 +441,50 @@ static RtStatus rt_st_parse(RtStFile *f, RtError *err) {
                           (unsigned long long)n, f->size);
     RtStatus st = rt_st_header(f, f->bytes + 8, (size_t)n, err);
     if (st != RT_OK) return st;
-    const unsigned char *data = f->bytes + 8 + n;
     st = rt_st_validate(f, (uint64_t)(f->size - 8 - n), err);
     if (st != RT_OK) return st;
-    for (int64_t i = 0; i < f->nt; i++) f->t[i].data = data + f->t[i].begin;
+    f->data_at = 8 + n;
+    /* From memory, a tensor's bytes have an address; from a path they are read when asked for. */
+    for (int64_t i = 0; i < f->nt; i++) f->t[i].data = f->fd < 0 ? f->bytes + f->data_at + f->t[i].begin : NULL;
     return RT_OK;
 }
 
 static RtStatus rt_st_new(RtStFile **out, const char *label, RtError *err) {
     *out = calloc(1, sizeof **out);
+    if (*out) (*out)->fd = -1;
     if (*out) (*out)->label = strdup(label);
     if (!*out || !(*out)->label) {
         free(*out);
         *out = NULL;
         return rt_fail_errno(err, ENOMEM, "cannot read safetensors file '%s'", label);
     }
+    return RT_OK;
+}
+
+/* Opens path and reads what rt_st_parse looks at: the 8-byte length, and the header when that
+ * length is within the limit and the file (otherwise the parse reports it from the length). */
+static RtStatus rt_st_read_head(RtStFile *f, const char *path, RtError *err) {
+    int64_t size;
+    RtStatus st = rt_open_regular(path, "safetensors file", &f->fd, &size, err);
+    if (st != RT_OK) return st;
+    f->size = (size_t)size;
+    unsigned char len8[8];
+    int64_t want = size < 8 ? size : 8;
+    int64_t got = rt_pread_all(f->fd, len8, want, 0);
+    if (got < 0) return rt_fail_errno(err, errno, "cannot read safetensors file '%s'", path);
+    uint64_t n = 0;
+    if (got == 8)
+        for (int k = 7; k >= 0; k--) n = n << 8 | len8[k];
+    if (got < 8 || n > RT_ST_MAX_HEADER || n > (uint64_t)size - 8) n = 0;
+    f->head = malloc((size_t)(8 + n));
+    if (!f->head) return rt_fail_errno(err, ENOMEM, "cannot read safetensors file '%s'", path);
+    want = size < 8 ? size : (int64_t)(8 + n);
+    got = rt_pread_all(f->fd, f->head, want, 0);
+    if (got < 0) return rt_fail_errno(err, errno, "cannot read safetensors file '%s'", path);
+    if (got < want)
+        return rt_st_fail(err, RT_ERR_IO, "safetensors file '%s' shrank while its header was read (%lld of %lld bytes)", path,
+                          (long long)got, (long long)want);
+    f->bytes = f->head;
     return RT_OK;
 }
 
@@ -458,12 +495,8 @@ RtStatus rt_st_open(RtStFile **out, const char *path, RtError *err) {
         *out = NULL;
         return st;
     }
-    st = rt_map_file(&f->map, path, "safetensors file", err);
-    if (st == RT_OK) {
-        f->bytes = f->map.data;
-        f->size = f->map.size;
-        st = rt_st_parse(f, err);
-    }
+    st = rt_st_read_head(f, path, err);
+    if (st == RT_OK) st = rt_st_parse(f, err);
     if (st != RT_OK) {
         rt_st_close(f);
         f = NULL;
@@ -537,75 +570,125 @@ static uint32_t rt_le32(const unsigned char *p) {
 }
 static uint64_t rt_le64(const unsigned char *p) { return (uint64_t)rt_le32(p) | (uint64_t)rt_le32(p + 4) << 32; }
 
+#define RT_ST_CHUNK ((int64_t)1 << 20) /* bytes read with one pread: a multiple of every element size */
+
+/* The bytes [off, off + len) of t's data: their address from memory, or read with pread into
+ * *buf (allocated on first use, RT_ST_CHUNK bytes; len is at most that). A file that ends before
+ * them shrank since it was opened (its header was checked against its size then). */
+static RtStatus rt_st_bytes(const RtStFile *f, const RtStTensor *t, int64_t off, int64_t len, unsigned char **buf,
+                            const unsigned char **p, RtError *err) {
+    if (f->fd < 0) {
+        *p = t->data + off;
+        return RT_OK;
+    }
+    if (!*buf && !(*buf = malloc((size_t)RT_ST_CHUNK)))
+        return rt_fail_errno(err, ENOMEM, "cannot read tensor '%s' of safetensors file '%s'", t->name, f->label);
+    int64_t at = (int64_t)(f->data_at + t->begin) + off;
+    int64_t got = rt_pread_all(f->fd, *buf, len, at);
+    if (got < 0) return rt_fail_errno(err, errno, "cannot read tensor '%s' of safetensors file '%s'", t->name, f->label);
+    if (got < len) {
+        struct stat sb;
+        long long now = fstat(f->fd, &sb) == 0 ? (long long)sb.st_size : at + got;
+        return rt_st_fail(err, RT_ERR_IO,
+                          "safetensors file '%s' shrank while it was read: it was %zu bytes when opened and is %lld now, "
+                          "so tensor '%s' (bytes %lld to %lld) cannot be read",
+                          f->label, f->size, now, t->name, (long long)(f->data_at + t->begin), (long long)(f->data_at + t->end));
+    }
+    *p = *buf;
+    return RT_OK;
+}
+
+typedef enum { RT_AS_F32, RT_AS_I64, RT_AS_I32, RT_AS_RAW } RtStAs;
+
+/* Converts element i of p (t's dtype) into dst (as `as`); 0, or -1 for an I64 beyond int32. */
+static int rt_st_convert(const RtStTensor *t, const unsigned char *p, int64_t i, void *dst, int64_t at, RtStAs as) {
+    if (as == RT_AS_F32) {
+        float *d = (float *)dst + at;
+        switch (t->dtype) {
+        case RT_F32: *d = rt_bits_f32(rt_le32(p + 4 * i)); break;
+        case RT_F16: *d = rt_f16_to_f32(rt_le16(p + 2 * i)); break;
+        case RT_BF16: *d = rt_bf16_to_f32(rt_le16(p + 2 * i)); break;
+        default: {
+            uint64_t u = rt_le64(p + 8 * i);
+            double x;
+            memcpy(&x, &u, 8);
+            *d = (float)x;
+        }
+        }
+        return 0;
+    }
+    int64_t v = t->dtype == RT_I64 ? (int64_t)rt_le64(p + 8 * i) : (int32_t)rt_le32(p + 4 * i);
+    if (as == RT_AS_I64) {
+        ((int64_t *)dst)[at] = v;
+        return 0;
+    }
+    if (v < INT32_MIN || v > INT32_MAX) return -1;
+    ((int32_t *)dst)[at] = (int32_t)v;
+    return 0;
+}
+
+/* Reads t's n elements into dst as `as`, a chunk at a time (the dtype was checked by the caller). */
+static RtStatus rt_st_read_as(const RtStFile *f, const RtStTensor *t, void *dst, int64_t n, RtStAs as, RtError *err) {
+    int64_t esize = rt_dtype_size(t->dtype);
+    int64_t per = RT_ST_CHUNK / esize;
+    unsigned char *buf = NULL;
+    RtStatus st = RT_OK;
+    for (int64_t i0 = 0; i0 < n && st == RT_OK; i0 += per) {
+        int64_t k = n - i0 < per ? n - i0 : per;
+        const unsigned char *p = NULL;
+        st = rt_st_bytes(f, t, i0 * esize, k * esize, &buf, &p, err);
+        if (st != RT_OK) break;
+        if (as == RT_AS_RAW) {
+            memcpy((unsigned char *)dst + i0 * esize, p, (size_t)(k * esize));
+            continue;
+        }
+        for (int64_t i = 0; i < k; i++)
+            if (rt_st_convert(t, p, i, dst, i0 + i, as) != 0) {
+                st = rt_st_fail(err, RT_ERR_FORMAT,
+                                "safetensors file '%s': element %lld of I64 tensor '%s' (%lld) does not fit int32", f->label,
+                                (long long)(i0 + i), t->name, (long long)(int64_t)rt_le64(p + 8 * i));
+                break;
+            }
+    }
+    free(buf);
+    return st;
+}
+
 RtStatus rt_st_read_f32(const RtStFile *f, const RtStTensor *t, float *dst, int64_t n, RtError *err) {
     RtStatus st = rt_st_read_check(f, t, dst, n, err);
     if (st != RT_OK) return st;
-    const unsigned char *p = t->data;
-    switch (t->dtype) {
-    case RT_F32:
-        for (int64_t i = 0; i < n; i++) dst[i] = rt_bits_f32(rt_le32(p + 4 * i));
-        return RT_OK;
-    case RT_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = rt_f16_to_f32(rt_le16(p + 2 * i));
-        return RT_OK;
-    case RT_BF16:
-        for (int64_t i = 0; i < n; i++) dst[i] = rt_bf16_to_f32(rt_le16(p + 2 * i));
-        return RT_OK;
-    case RT_F64:
-        for (int64_t i = 0; i < n; i++) {
-            uint64_t u = rt_le64(p + 8 * i);
-            double d;
-            memcpy(&d, &u, 8);
-            dst[i] = (float)d;
-        }
-        return RT_OK;
-    default:
+    if (t->dtype != RT_F32 && t->dtype != RT_F16 && t->dtype != RT_BF16 && t->dtype != RT_F64)
         return rt_st_fail(err, RT_ERR_FORMAT,
                           "safetensors file '%s': tensor '%s' is %s, which cannot be read as f32 (F32, F16, "
                           "BF16 or F64 expected)",
                           f->label, t->name, rt_dtype_name(t->dtype));
-    }
+    return rt_st_read_as(f, t, dst, n, RT_AS_F32, err);
 }
 
 RtStatus rt_st_read_i64(const RtStFile *f, const RtStTensor *t, int64_t *dst, int64_t n, RtError *err) {
     RtStatus st = rt_st_read_check(f, t, dst, n, err);
     if (st != RT_OK) return st;
-    const unsigned char *p = t->data;
-    if (t->dtype == RT_I64) {
-        for (int64_t i = 0; i < n; i++) dst[i] = (int64_t)rt_le64(p + 8 * i);
-        return RT_OK;
-    }
-    if (t->dtype == RT_I32) {
-        for (int64_t i = 0; i < n; i++) dst[i] = (int32_t)rt_le32(p + 4 * i);
-        return RT_OK;
-    }
-    return rt_st_fail(err, RT_ERR_FORMAT,
-                      "safetensors file '%s': tensor '%s' is %s, which cannot be read as i64 (I32 or I64 expected)", f->label,
-                      t->name, rt_dtype_name(t->dtype));
+    if (t->dtype != RT_I64 && t->dtype != RT_I32)
+        return rt_st_fail(err, RT_ERR_FORMAT,
+                          "safetensors file '%s': tensor '%s' is %s, which cannot be read as i64 (I32 or I64 expected)", f->label,
+                          t->name, rt_dtype_name(t->dtype));
+    return rt_st_read_as(f, t, dst, n, RT_AS_I64, err);
 }
 
 RtStatus rt_st_read_i32(const RtStFile *f, const RtStTensor *t, int32_t *dst, int64_t n, RtError *err) {
     RtStatus st = rt_st_read_check(f, t, dst, n, err);
     if (st != RT_OK) return st;
-    const unsigned char *p = t->data;
-    if (t->dtype == RT_I32) {
-        for (int64_t i = 0; i < n; i++) dst[i] = (int32_t)rt_le32(p + 4 * i);
-        return RT_OK;
-    }
-    if (t->dtype == RT_I64) {
-        for (int64_t i = 0; i < n; i++) {
-            int64_t v = (int64_t)rt_le64(p + 8 * i);
-            if (v < INT32_MIN || v > INT32_MAX)
-                return rt_st_fail(err, RT_ERR_FORMAT,
-                                  "safetensors file '%s': element %lld of I64 tensor '%s' (%lld) does not fit int32", f->label,
-                                  (long long)i, t->name, (long long)v);
-            dst[i] = (int32_t)v;
-        }
-        return RT_OK;
-    }
-    return rt_st_fail(err, RT_ERR_FORMAT,
-                      "safetensors file '%s': tensor '%s' is %s, which cannot be read as i32 (I32 or I64 expected)", f->label,
-                      t->name, rt_dtype_name(t->dtype));
+    if (t->dtype != RT_I64 && t->dtype != RT_I32)
+        return rt_st_fail(err, RT_ERR_FORMAT,
+                          "safetensors file '%s': tensor '%s' is %s, which cannot be read as i32 (I32 or I64 expected)", f->label,
+                          t->name, rt_dtype_name(t->dtype));
+    return rt_st_read_as(f, t, dst, n, RT_AS_I32, err);
+}
+
+RtStatus rt_st_read_raw(const RtStFile *f, const RtStTensor *t, void *dst, int64_t n, RtError *err) {
+    RtStatus st = rt_st_read_check(f, t, dst, n, err);
+    if (st != RT_OK) return st;
+    return rt_st_read_as(f, t, dst, n, RT_AS_RAW, err);
 }
 
 /* ---- writing ------------------------------------------------------------------------------------ */

@@ -107,7 +107,7 @@ run=killwrite
 MBT_TEST_KILL_IN_CHECKPOINT=3 train --ckpt-dir "$run.ckpt" --ckpt-every 10 --ckpt-sync --log "$run.jsonl" >"$OUT" 2>&1
 rc=$?
 leftover=$(ls -d "$run.ckpt"/step-00000030.tmp.* 2>/dev/null | head -n 1)
-if [ "$rc" != 137 ] || [ -z "$leftover" ] || [ "$(cat "$run.ckpt/latest" 2>/dev/null)" != step-00000020 ]; then
+if [ "$rc" != 137 ] || [ -z "$leftover" ] || [ "$(head -n 1 "$run.ckpt/latest" 2>/dev/null)" != step-00000020 ]; then
     fail kill-9-during-write "expected death by SIGKILL (status 137, got $rc) with a half-written step 30 and latest at step 20" "$OUT"
 else
     if resume_to_end "$run" && [ ! -e "$leftover" ]; then
@@ -147,7 +147,7 @@ kill -TERM "$pid"
 wait "$pid"
 rc=$?
 stopped=$(sed -n 's/^stopped by SIGTERM after step \([0-9]*\);.*/\1/p' "$OUT")
-if [ "$rc" != 0 ] || [ -z "$stopped" ] || [ "$(cat "$run.ckpt/latest" 2>/dev/null)" != "$(printf 'step-%08d' "$stopped")" ]; then
+if [ "$rc" != 0 ] || [ -z "$stopped" ] || [ "$(head -n 1 "$run.ckpt/latest" 2>/dev/null)" != "$(printf 'step-%08d' "$stopped")" ]; then
     fail sigterm "expected exit 0 with 'stopped by SIGTERM after step N' and a checkpoint of step N (status $rc)" "$OUT"
 elif resume_to_end "$run"; then
     same_as_reference "sigterm (stopped after step $stopped, exit 0, resumed)" "$run"
@@ -167,7 +167,7 @@ fi
 # The block says every = 10, dir = "ckpt", on_error = "continue"; the optimizer file is ~100 KB,
 # so a 64 KB file-size limit makes every write fail with EFBIG.
 : >"$OUT"
-if train --steps 20 >"$OUT" 2>&1 && [ "$(cat ckpt/latest 2>/dev/null)" = step-00000020 ]; then
+if train --steps 20 >"$OUT" 2>&1 && [ "$(head -n 1 ckpt/latest 2>/dev/null)" = step-00000020 ]; then
     pass "program-block (every = 10 and dir = \"ckpt\" from the program)"
 else
     fail program-block "no checkpoint in ckpt/ after 20 steps with the program's own settings" "$OUT"
@@ -176,7 +176,7 @@ cp -r ckpt ckpt.before
 (ulimit -f 64; train --steps 40 --resume latest >"$OUT" 2>&1)
 rc=$?
 if [ "$rc" = 0 ] && grep -q "warning: checkpoint at step 30 failed: .*File too large; earlier checkpoints are untouched; training goes on" "$OUT" \
-    && [ "$(cat ckpt/latest)" = step-00000020 ] && diff -r ckpt/step-00000020 ckpt.before/step-00000020 >/dev/null \
+    && [ "$(head -n 1 ckpt/latest)" = step-00000020 ] && diff -r ckpt/step-00000020 ckpt.before/step-00000020 >/dev/null \
     && [ -z "$(ls -d ckpt/*.tmp.* 2>/dev/null)" ]; then
     pass "disk-full-continue (on_error = \"continue\": a warning, training goes on, step 20 untouched)"
 else
@@ -187,7 +187,7 @@ if "$MBTC" -I "$ROOT/examples" stop.mbt -o stop >"$OUT" 2>&1; then
     (ulimit -f 64; ./stop train --data "$DATA" --threads 1 --steps 40 --resume latest >"$OUT" 2>&1)
     rc=$?
     if [ "$rc" = 1 ] && grep -q "checkpoint at step 30 failed: .*File too large; earlier checkpoints are untouched; stopping" "$OUT" \
-        && [ "$(cat ckpt/latest)" = step-00000020 ] && diff -r ckpt/step-00000020 ckpt.before/step-00000020 >/dev/null \
+        && [ "$(head -n 1 ckpt/latest)" = step-00000020 ] && diff -r ckpt/step-00000020 ckpt.before/step-00000020 >/dev/null \
         && train --steps 40 --resume latest >"$OUT.resume" 2>&1; then
         pass "disk-full-stop (the default: exit 1 with the reason; step 20 untouched and resumable)"
     else
@@ -259,6 +259,30 @@ else
 fi
 mkdir -p badroot && echo "../../etc" >badroot/latest
 expect_refusal damaged-latest "'badroot/latest' does not name a checkpoint" train --resume badroot --steps 410
+# `latest` carries the XXH3-128 of the state.json it names: a pointer changed to name another
+# (complete) checkpoint, a changed digit of its checksum, or a pointer without one is refused;
+# the same pointer untouched resumes
+ptr() { rm -rf ptr && mkdir ptr && cp -r kill1.ckpt/step-00000390 kill1.ckpt/step-00000400 kill1.ckpt/latest ptr/; }
+ptr
+: >"$OUT"
+if [ "$(wc -l <ptr/latest)" = 2 ] && grep -qE '^state\.json xxh3-128 [0-9a-f]{32}$' ptr/latest \
+    && train --resume ptr --steps 410 --ckpt-dir ptr.out >"$OUT" 2>&1 && grep -q "^step 410/410" "$OUT"; then
+    pass "latest-untouched (its second line is the checksum; the pointer is followed)"
+else
+    fail latest-untouched "expected latest to hold a name and a checksum, and to resume" "$OUT"
+fi
+ptr && sed -i '1s/step-00000400/step-00000390/' ptr/latest
+expect_refusal latest-names-other "'ptr/latest' names 'step-00000390', but its state.json has xxh3-128 [0-9a-f]{32} where the pointer records [0-9a-f]{32}: the pointer or the checkpoint was damaged or changed" \
+    train --resume ptr --steps 410
+ptr && awk 'NR == 2 { c = substr($0, length($0)); $0 = substr($0, 1, length($0) - 1) (c == "0" ? "1" : "0") } { print }' kill1.ckpt/latest >ptr/latest
+expect_refusal latest-checksum-digit "'ptr/latest' names 'step-00000400', but its state.json has xxh3-128" \
+    train --resume ptr --steps 410
+ptr && head -n 1 kill1.ckpt/latest >ptr/latest
+expect_refusal latest-no-checksum "'ptr/latest' names 'step-00000400' but does not hold its checksum" \
+    train --resume latest --ckpt-dir ptr --steps 410
+ptr && rm ptr/step-00000400/state.json
+expect_refusal latest-state-missing "'ptr/latest' names 'step-00000400': cannot open checkpoint state 'ptr/step-00000400/state.json'" \
+    train --resume ptr --steps 410
 "$BUILD/mbt-gendata" --out-dir d2 --name t --tokens 200000 --val-tokens 0 --seed 9 >/dev/null 2>&1
 expect_refusal other-data "the training data are not those it was trained on: file 1, 'd2/t_train.bin' \([0-9]+ bytes\), is not '.*t_train.bin'" \
     "$PROG" train --data d2/t_train.bin --threads 1 --steps 410 --resume "$CK"

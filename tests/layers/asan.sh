@@ -11,7 +11,7 @@ layer_asan() {
     run_diag asan/diag "$BUILD/asan/mbtc"
     run_check asan/check "$BUILD/asan/mbtc"
     run_golden asan/golden "$BUILD/asan/mbtc" 10000
-    run_pathological asan/pathological "$BUILD/asan/mbtc" 10000 20
+    run_pathological asan/pathological "$BUILD/asan/mbtc" 10000 20 2 # 2 MB of loops: tests/pathological.sh
     run_asan_exec
     unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
 }

@@ -107,6 +107,17 @@ run_cuda_embed() {
     else
         fail cuda/embed/cache "the NVRTC cache is empty, or its cubin or PTX differs from a compilation without it"
     fi
+    # a cache entry that is not a regular file is a miss (a FIFO there blocked fopen for good):
+    # every entry of a private cache replaced by a FIFO, the same program compiles, in bounded time
+    local cache="$dir/fifo-cache" f
+    MBT_CACHE_DIR=$cache "$mbtc" --emit=ptx --cuda-arch=sm_80 examples/mlp.mbt >/dev/null 2>"$out"
+    for f in "$cache"/nvrtc/*; do rm -f "$f" && mkfifo "$f"; done
+    if [ -n "$(ls "$cache/nvrtc" 2>/dev/null)" ] \
+        && MBT_CACHE_DIR=$cache timeout 120 "$mbtc" --emit=ptx --cuda-arch=sm_80 examples/mlp.mbt >/dev/null 2>"$out"; then
+        pass cuda/embed/cache-fifo
+    else
+        fail cuda/embed/cache-fifo "with FIFOs for the cache's entries, mbtc --emit=ptx failed or hung (status $?)" "$out"
+    fi
     "$dir/mlp" --help >"$out" 2>&1
     if grep -q '^For the GPU: [0-9]* kernels; cubins sm_80, sm_90; PTX compute_90 (compiled for other GPUs on first use)$' "$out"; then
         pass cuda/embed/help

@@ -306,7 +306,7 @@ def ckpt(args):
         print(("ok     " if cond else "FAILED ") + line)
         ok &= bool(cond)
 
-    step = open(os.path.join(args.ckpt, "latest")).read().strip()
+    step = open(os.path.join(args.ckpt, "latest")).read().splitlines()[0]  # then its state.json's checksum
     d = os.path.join(args.ckpt, step)
     state = json.load(open(os.path.join(d, "state.json")))
     sd = load_safetensors(os.path.join(d, "model.safetensors"))

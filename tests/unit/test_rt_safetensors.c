@@ -206,7 +206,9 @@ static void round_trip(void) {
     x = rt_st_find(f, "unicode \xc3\xa9 \"quoted\" \\ tab\t");
     CHECK(x != NULL, "a name with escapes and UTF-8 was not found");
     x = rt_st_find(f, "bytes");
-    CHECK(x && x->dtype == RT_U8 && x->data[2] == 255, "u8 raw bytes");
+    unsigned char raw[3] = {0};
+    CHECK(x && x->dtype == RT_U8 && x->data == NULL && rt_st_read_raw(f, x, raw, 3, &e) == RT_OK && raw[2] == 255,
+          "u8 raw bytes");
     CHECK(x && rt_st_read_f32(f, x, out, 3, &e) == RT_ERR_FORMAT, "u8 read as f32");
     snprintf(want, sizeof want,
              "safetensors file '%s': tensor 'bytes' is U8, which cannot be read as f32 (F32, F16, BF16 or F64 expected)",
@@ -645,12 +647,60 @@ static void atomic_readonly_dir(void) {
     dir_remove();
 }
 
+/* A file truncated after it was opened (its header checked against its size then), as another
+ * process may do while a run loads its weights: reading a tensor past the new end is an error
+ * naming the file and the tensor, not a SIGBUS (the reader used to map the file). Two tensors of
+ * 3 MiB, so that the reads go over several 1 MiB chunks; the cut falls inside the second. */
+static void shrunk_while_reading(void) {
+    dir_make();
+    int64_t count = (int64_t)3 << 18; /* 3 MiB of f32 */
+    float *a = malloc((size_t)count * sizeof *a), *b = malloc((size_t)count * sizeof *b);
+    float *out = malloc((size_t)count * sizeof *out);
+    for (int64_t i = 0; i < count; i++) {
+        a[i] = (float)i;
+        b[i] = (float)-i;
+    }
+    int64_t shape[1] = {count};
+    RtStEntry t[2] = {{"a", RT_F32, 1, shape, a, 0}, {"b", RT_F32, 1, shape, b, 0}};
+    RtError e;
+    CHECK(rt_st_write(at("big.st"), t, 2, NULL, 0, &e) == RT_OK, "%s", e.msg);
+    RtStFile *f = NULL;
+    CHECK(rt_st_open(&f, at("big.st"), &e) == RT_OK, "open: %s", e.msg);
+    if (f) {
+        const RtStTensor *ta = rt_st_find(f, "a"), *tb = rt_st_find(f, "b");
+        CHECK(ta && ta->data == NULL && rt_st_read_f32(f, ta, out, count, &e) == RT_OK && memcmp(out, a, (size_t)count * 4) == 0,
+              "tensor a before the cut: %s", e.msg);
+        struct stat sb;
+        CHECK(stat(at("big.st"), &sb) == 0, "stat");
+        long long cut = (long long)sb.st_size - (long long)count * 4 / 2; /* half of the second tensor */
+        CHECK(truncate(at("big.st"), (off_t)cut) == 0, "truncate");
+        CHECK(rt_st_read_f32(f, ta, out, count, &e) == RT_OK && memcmp(out, a, (size_t)count * 4) == 0,
+              "tensor a, still whole after the cut: %s", e.msg);
+        CHECK(tb && rt_st_read_f32(f, tb, out, count, &e) == RT_ERR_IO, "tensor b read past the cut");
+        char want[700];
+        snprintf(want, sizeof want,
+                 "safetensors file '%s' shrank while it was read: it was %lld bytes when opened and is %lld now, so tensor "
+                 "'b' (bytes %lld to %lld) cannot be read",
+                 at("big.st"), (long long)sb.st_size, cut, (long long)sb.st_size - count * 4, (long long)sb.st_size);
+        CHECK_STR(e.msg, want, "message");
+        int32_t i32[1];
+        CHECK(rt_st_read_raw(f, tb, out, count, &e) == RT_ERR_IO && rt_st_read_i32(f, tb, i32, 1, &e) == RT_ERR_ARG,
+              "raw read past the cut, and a wrong count");
+        rt_st_close(f);
+    }
+    free(a);
+    free(b);
+    free(out);
+    dir_remove();
+}
+
 int main(void) {
     RUN(reference_bytes);
     RUN(round_trip);
     RUN(conversions);
     RUN(bad_files);
     RUN(truncated_files);
+    RUN(shrunk_while_reading);
     RUN(names_in_messages);
     RUN(no_crash_sweep);
     RUN(write_errors);

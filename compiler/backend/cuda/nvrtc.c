@@ -80,6 +80,12 @@ Nvrtc *nvrtc_open(Arena *ar, const char **why) {
     void *lib = NULL;
     const char *found = NULL;
     for (int i = 0; i < n && !lib; i++) {
+        /* a path (not a bare name) that is not a regular file: a FIFO would block dlopen for good */
+        struct stat sb;
+        if (strchr(names[i], '/') && stat(names[i], &sb) == 0 && !S_ISREG(sb.st_mode)) {
+            tried = arena_printf(ar, "%s%s%s: not a regular file", tried, *tried ? "; " : "", names[i]);
+            continue;
+        }
         lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
         if (lib) found = names[i];
         else tried = arena_printf(ar, "%s%s%s", tried, *tried ? "; " : "", dlerror());
@@ -183,6 +189,9 @@ static const char *nvrtc_cache_dir(Arena *ar) {
 }
 
 static char *nvrtc_read_file(const char *path, size_t *size, Arena *ar) {
+    /* A cache entry that is not a regular file (a FIFO would block fopen for good) is a miss. */
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     char *data = NULL;
