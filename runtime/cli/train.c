@@ -335,6 +335,10 @@ typedef struct RtTrainRun {
     int64_t window; /* tokens of one micro-batch */
     double waited;  /* training's wait for the last checkpoint snapshot */
     int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
+    /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` */
+    int rank, nranks;
+    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp */
+    double *all_loss;   /* every rank's, in rank order: accum x nranks */
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -467,6 +471,22 @@ static RtStatus rt_train_dump_alloc(RtTrainRun *r) {
     return st;
 }
 
+/* The step's tree of partial sums and the micro-batches' losses, for the largest accumulation of
+ * the batch ramp. */
+static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
+    const RtTrainSettings *t = &r->p->train;
+    int64_t accum = t->accum;
+    for (int64_t i = 0; i < t->nramp; i++)
+        if (t->ramp[i].accum > accum) accum = t->ramp[i].accum;
+    accum = accum * t->data_ranks / r->nranks; /* this process's micro-batches a step, at most */
+    RtStatus st = rt_exec_tree_open(&r->x, accum, &r->e);
+    if (st != RT_OK) return st;
+    r->micro_loss = calloc((size_t)accum, sizeof *r->micro_loss);
+    r->all_loss = calloc((size_t)(accum * r->nranks), sizeof *r->all_loss);
+    if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
+    return RT_OK;
+}
+
 /* Everything before the first step: the device, a resumed checkpoint, the data, the parameters
  * and the optimizer state on the device, the checkpoint writer and the log. */
 static RtStatus rt_train_open(RtTrainRun *r) {
@@ -495,6 +515,7 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         if (!r->partial) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient-norm blocks");
     }
     if (st == RT_OK && o->dump_step) st = rt_train_dump_alloc(r);
+    if (st == RT_OK) st = rt_train_tree_alloc(r);
     if (st == RT_OK && o->ckpt_every > 0) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
@@ -547,44 +568,115 @@ static void rt_train_banner(const RtTrainRun *r) {
     fflush(stdout);
 }
 
-/* One step's micro-batches: forward and backward of each, adding into the gradients; *loss is
- * the step's (the mean of theirs). Each next batch is read while the GPU runs the one before
- * (exec.c: the GPU has two pairs of batch buffers). */
-static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t nmicro, double *loss) {
+/* v[0, n) summed in place by the step's tree (rt_exec.h, RtTree): a binary counter over the
+ * indices, the older sum on the left, and what is left folded from the right. The sum is in v[0].
+ * The gradient's regions (rt_exec_tree_*), the ranks' shards (rt_train_reduce) and the step's loss
+ * are all summed by this one shape, so each is a function of the number of micro-batches alone. */
+static double rt_tree_sum_f64(double *v, int64_t n) {
+    int64_t at[RT_TREE_MAX + 1], size[RT_TREE_MAX + 1];
+    int d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        at[d] = i, size[d++] = 1;
+        while (d >= 2 && size[d - 1] == size[d - 2]) v[at[d - 2]] += v[at[d - 1]], size[d - 2] *= 2, d--;
+    }
+    while (d >= 2) v[at[d - 2]] += v[at[d - 1]], size[d - 2] += size[d - 1], d--;
+    return n > 0 ? v[0] : 0;
+}
+
+/* This process's `accum` micro-batches of one step: forward and backward of each into the step's
+ * tree of partial sums (rt_exec_tree_*), so that afterwards the gradient region holds their sum;
+ * each one's loss goes to r->micro_loss. The global batch is M = accum x nranks micro-batches,
+ * numbered in the order of the data; rank r computes [r x accum, (r + 1) x accum) and skips the windows of
+ * the others, so every rank leaves the data where the whole step ends (docs/parallel.md). Each
+ * next batch is read while the GPU runs the one before (exec.c: the GPU has two pairs of batch
+ * buffers). */
+static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accum) {
     const RtTrainSettings *t = &r->p->train;
     RtExec *x = &r->x;
+    int64_t M = accum * r->nranks, first = r->rank * accum;
     RtError enext;
+    rt_data_skip(r->train, first * t->micro);
     RtStatus next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
-    *loss = 0;
-    for (int64_t m = 0; m < nmicro; m++) {
+    RtTree tree = {0};
+    for (int64_t m = 0; m < accum; m++) {
         RtStatus st = next;
         if (st != RT_OK) r->e = enext;
         if (st == RT_OK) st = rt_exec_batch(x, r->window, &r->e);
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld", (long long)(step + 1));
-        if (r->dump_x && step == 0) {
-            memcpy(r->dump_x + m * r->window, x->x, (size_t)r->window * sizeof *r->dump_x);
-            memcpy(r->dump_y + m * r->window, x->y, (size_t)r->window * sizeof *r->dump_y);
-        }
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_DATA);
         RtStep s = rt_exec_step(x, &r->e);
-        s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)nmicro, s.step = step, s.micro = m, s.seed = r->o.seed;
-        st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
-        if (st == RT_OK && m + 1 < nmicro) {
+        float *leaf = NULL;
+        st = rt_exec_tree_leaf(x, &tree, &leaf, &r->e);
+        s.grads = leaf;
+        /* micro: the micro-batch's index in the global batch, so that a random draw keyed by it is
+         * the same at any number of ranks */
+        s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
+        if (st == RT_OK && m + 1 < accum) {
             rt_exec_flip(x);
             next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
-        if (st != RT_OK) return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
+        if (st != RT_OK)
+            return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(first + m + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
         if (!isfinite(s.loss))
             return rt_fail(&r->e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
-                           (long long)(m + 1),
+                           (long long)(first + m + 1),
                            isnan(s.loss) ? "nan"
                            : s.loss > 0  ? "inf"
                                          : "-inf");
-        *loss += s.loss * s.loss_scale;
+        r->micro_loss[m] = s.loss;
+        st = rt_exec_tree_push(x, &tree, &r->e);
+        if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient's partial sums", (long long)(step + 1));
     }
+    RtStatus st = rt_exec_tree_finish(x, &tree, &r->e);
+    if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient's partial sums", (long long)(step + 1));
+    rt_data_skip(r->train, (M - first - accum) * t->micro);
     return RT_OK;
+}
+
+/* Every rank's micro-batch losses, rank 0's first, into *all (this rank's alone when it is the
+ * only one). */
+static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
+    if (r->nranks == 1) {
+        *all = r->micro_loss;
+        return RT_OK;
+    }
+    (void)accum;
+    return rt_fail(&r->e, RT_ERR_ARG, "no collectives in this build");
+}
+
+/* The step's gradient summed over the ranks (nothing to do with one rank). */
+static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
+    (void)step;
+    if (r->nranks == 1) return RT_OK;
+    return rt_fail(&r->e, RT_ERR_ARG, "no collectives in this build");
+}
+
+/* The step's loss: the mean of its M micro-batches' losses, summed by the step's tree over all of
+ * them (every rank's, gathered in rank order, i.e. in micro-batch order), so that it does not
+ * depend on the number of ranks. */
+static RtStatus rt_train_step_loss(RtTrainRun *r, int64_t accum, double *loss) {
+    int64_t M = accum * r->nranks;
+    double *all = r->micro_loss;
+    RtStatus st = rt_train_gather_losses(r, accum, &all);
+    if (st != RT_OK) return st;
+    for (int64_t m = 0; m < M; m++) all[m] *= 1.0 / (double)M;
+    *loss = rt_tree_sum_f64(all, M);
+    return RT_OK;
+}
+
+/* --dump-step: the whole global batch of step 1 (every rank's micro-batches, in order), read again
+ * from where the step starts, so that the dump is the same file at any number of ranks. */
+static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
+    const RtTrainSettings *t = &r->p->train;
+    RtDataPos at = rt_data_tell(r->train);
+    RtStatus st = RT_OK;
+    for (int64_t m = 0; st == RT_OK && m < nmicro; m++)
+        st = rt_data_next(r->train, t->micro, r->dump_x + m * r->window, r->dump_y + m * r->window, &r->e);
+    if (st == RT_OK) st = rt_data_seek(r->train, &at, &r->e);
+    return st == RT_OK ? st : rt_error_context(&r->e, "step 1: reading the batch to dump");
 }
 
 /* One optimizer step: its micro-batches, the gradient norm and clipping, the update, and with
@@ -594,13 +686,18 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     const RtTrainSettings *t = &p->train;
     RtExec *x = &r->x;
     double t0 = rt_now();
-    /* this step's batch: its ramp stage; all data ranks' micro-batches run here, in turn */
+    /* this step's batch: its ramp stage; accum micro-batches on each of the ranks */
     RtRampStage stage = rt_train_stage(t, step);
     int64_t nmicro = stage.accum * t->data_ranks;
     double mult = p->lr_schedule(step), lr = t->lr * mult, loss = 0, norm = 0;
     if (!isfinite(lr))
         return rt_fail(&r->e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
-    RtStatus st = rt_train_micro_batches(r, step, nmicro, &loss);
+    RtStatus st = r->dump_x && step == 0 ? rt_train_dump_batches(r, nmicro) : RT_OK;
+    /* a process runs nmicro / nranks of them: all of them alone, accum with one process a rank */
+    int64_t local = nmicro / r->nranks;
+    if (st == RT_OK) st = rt_train_micro_batches(r, step, local);
+    if (st == RT_OK) st = rt_train_reduce(r, step);
+    if (st == RT_OK) st = rt_train_step_loss(r, local, &loss);
     if (st == RT_OK && r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS | RT_PULL_GRADS, &r->e);
         if (st != RT_OK) return st;
@@ -752,6 +849,8 @@ static void rt_train_close(RtTrainRun *r) {
         rt_log_close(&r->log, &e2);
     }
     free(r->partial);
+    free(r->micro_loss);
+    free(r->all_loss);
     free(r->dump_x);
     free(r->dump_y);
     free(r->dump_p);
@@ -763,7 +862,7 @@ static void rt_train_close(RtTrainRun *r) {
 }
 
 int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
-    RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq, .ckpt_lock = -1};
+    RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq, .ckpt_lock = -1, .nranks = 1};
     rt_error_clear(&r.e);
     RtStatus st = rt_train_open(&r);
     if (st == RT_OK) {
