@@ -53,7 +53,7 @@ DEPFLAGS = -MMD -MP
 # main.c is the command line, pipeline.c the stage table.
 COMPILER_DIRS = compiler compiler/support compiler/front compiler/sema compiler/ir compiler/fuse compiler/kir \
                 compiler/plan compiler/backend/cpu compiler/backend/cuda compiler/host compiler/ref
-RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli
+RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli runtime/comm
 INC      = $(addprefix -I,$(COMPILER_DIRS)) -I$(BUILD)/gen
 RT_INC   = $(addprefix -I,$(RUNTIME_DIRS))
 CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(INC) $(CFLAGS)
@@ -290,6 +290,12 @@ $(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
+# comm_check: the collectives across processes (tests/comm/run.sh runs it under mpirun and as tcp
+# ranks; docs/parallel.md).
+$(BUILD)/tests/comm_check: tests/comm/comm_check.c $(BUILD)/libmbtrt.a
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a
 	@mkdir -p $(BUILD)/tests
@@ -300,7 +306,7 @@ $(BUILD)/tests/test_cpu $(BUILD)/tests/test_schedule: $(BUILD)/tests/%: tests/un
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
-unit: $(UNIT_BINS) $(BUILD)/tests/st_compare
+unit: $(UNIT_BINS) $(BUILD)/tests/st_compare $(BUILD)/tests/comm_check
 
 deps-test:
 	@tools/deps.sh test

@@ -31,6 +31,7 @@ exec            run_cases           -           quick
 verify          run_cases           -           quick
 accum           run_cases           -           quick
 ckpt            layer_script        -           quick
+comm            layer_script        -           quick
 install         layer_script        -           quick
 info            layer_script        script      quick
 gpu-selftest    layer_gpu_selftest  -           quick

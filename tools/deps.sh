@@ -3,7 +3,8 @@
 # when running as root, and say what was found. Called by `make` (and `make test`) before
 # anything is compiled.
 #
-#   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19, OpenBLAS, xxHash, jansson (and, optionally, CUDA)
+#   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19, OpenBLAS, xxHash, jansson, Open MPI's mpirun and
+#                         libmpi (and, optionally, CUDA)
 #   tools/deps.sh test    the above plus what the tests use (clang 19 with libFuzzer, python3-torch)
 #   tools/deps.sh bench   the build's plus what `make bench` compares against (Debian's
 #                         python3-torch, imported by /usr/bin/python3)
@@ -33,6 +34,12 @@ openblas_dir=/usr/lib/$multiarch/openblas-pthread
 [ -f /usr/include/xxhash.h ] || need_pkgs+=(libxxhash-dev)
 # jansson, the runtime's JSON reader and writer (executables link its static libjansson.a)
 [ -f /usr/include/jansson.h ] || need_pkgs+=(libjansson-dev)
+
+# Open MPI, for running data-parallel ranks with mpirun (docs/parallel.md). Executables open
+# libmpi.so.40 with dlopen only when mpirun or srun started them, so nothing links it and a run
+# without MPI needs none; the comm layer of the tests runs ranks under mpirun. openmpi-bin brings
+# mpirun and depends on libopenmpi3 (Debian 12's name for the library package).
+if ! have mpirun || ! ls /usr/lib/"$multiarch"/libmpi.so.40 >/dev/null 2>&1; then need_pkgs+=(openmpi-bin libopenmpi3); fi
 
 # --- test tools -------------------------------------------------------------------------
 if [ "$what" = test ]; then
@@ -78,6 +85,7 @@ else
     say "found OpenBLAS headers in $openblas_inc but no static libopenblas.a; executables link -lopenblas"
 fi
 if [ "$what" = test ]; then say "found $(clang-19 --version | head -n 1) with libFuzzer"; fi
+say "found $(mpirun --version 2>/dev/null | head -n 1) (data-parallel ranks; docs/parallel.md)"
 if [ "$what" = bench ]; then say "found PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) for /usr/bin/python3"; fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if [ -f "$CUDA_HOME/include/nvrtc.h" ]; then

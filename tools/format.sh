@@ -11,7 +11,7 @@ if ! command -v "$CLANG_FORMAT" >/dev/null 2>&1; then
     echo "tools/format.sh: $CLANG_FORMAT is not installed (tools/deps.sh test installs clang-format-19)" >&2
     exit 2
 fi
-mapfile -t files < <(find compiler runtime tests/unit tests/tools tests/fuzz tests/runtime tests/cudaemu tools \
+mapfile -t files < <(find compiler runtime tests/unit tests/comm tests/tools tests/fuzz tests/runtime tests/cudaemu tools \
     -path runtime/kernels -prune -o -type f \( -name '*.c' -o -name '*.h' \) -print | LC_ALL=C sort)
 if [ "${1:-}" = --check ]; then
     bad=()

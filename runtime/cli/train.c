@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "rt_exec.h"
 #include "rt_profile.h"
 
@@ -308,6 +309,10 @@ static RtStatus rt_ckpt_report(const RtProgram *p, const RtOptions *o, RtCkptWri
     return RT_OK;
 }
 
+/* Shard boundaries fall on multiples of the gradient norm's blocks (RT_GRAD_BLOCK), so that each
+ * block's sum of squares is one rank's, whatever the number of ranks. */
+#define RT_SHARD_ALIGN RT_GRAD_BLOCK
+
 /* ---- the train command ------------------------------------------------------------------------- */
 
 /* Everything one training run holds, from rt_train_open to rt_train_close. */
@@ -335,10 +340,13 @@ typedef struct RtTrainRun {
     int64_t window; /* tokens of one micro-batch */
     double waited;  /* training's wait for the last checkpoint snapshot */
     int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
-    /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` */
+    RtComm *comm;   /* the world of ranks (runtime/comm/comm.h): one rank unless a launcher started several */
+    /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` (the world's) */
     int rank, nranks;
     double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp */
     double *all_loss;   /* every rank's, in rank order: accum x nranks */
+    int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
+    float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -420,7 +428,8 @@ static RtStatus rt_check_outputs(RtTrainRun *r) {
     if (st == RT_OK && o->log_path) st = rt_check_output(r, o->log_path, "--log", NULL, &r->e);
     if (st == RT_OK && o->dump_step) st = rt_check_output(r, o->dump_step, "--dump-step", "step dump", &r->e);
     int required = o->ckpt_every > 0 || strcmp(o->ckpt_dir, o->ckpt_dir_default) != 0;
-    if (st == RT_OK) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
+    /* rank 0 writes the checkpoints (docs/parallel.md): the others neither claim nor write them */
+    if (st == RT_OK && r->rank == 0) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
     return st;
 }
 
@@ -484,6 +493,13 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     r->micro_loss = calloc((size_t)accum, sizeof *r->micro_loss);
     r->all_loss = calloc((size_t)(accum * r->nranks), sizeof *r->all_loss);
     if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
+    if (r->nranks == 1) return RT_OK;
+    r->shard_off = calloc((size_t)r->nranks + 1, sizeof *r->shard_off);
+    if (!r->shard_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
+    rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
+    int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
+    r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
+    if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     return RT_OK;
 }
 
@@ -516,7 +532,7 @@ static RtStatus rt_train_open(RtTrainRun *r) {
     }
     if (st == RT_OK && o->dump_step) st = rt_train_dump_alloc(r);
     if (st == RT_OK) st = rt_train_tree_alloc(r);
-    if (st == RT_OK && o->ckpt_every > 0) {
+    if (st == RT_OK && o->ckpt_every > 0 && r->rank == 0) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
     }
@@ -533,18 +549,26 @@ static void rt_train_banner(const RtTrainRun *r) {
     const RtOptions *o = &r->o;
     char nparam[32];
     rt_fmt_int(nparam, sizeof nparam, p->param_floats);
-    char data_ranks[48] = "";
+    char data_ranks[48] = "", world[160] = "";
     if (t->data_ranks > 1) snprintf(data_ranks, sizeof data_ranks, " x %lld data ranks", (long long)t->data_ranks);
+    int nranks = rt_comm_size(r->comm);
+    if (nranks > 1)
+        snprintf(world, sizeof world, "; %d processes (%s, started by %s)", nranks, rt_comm_backend(r->comm),
+                 rt_comm_launcher(r->comm));
     printf("train %s: %s parameters in %lld tensors; %lld steps of %lld sequences x %lld tokens (micro-batch %lld, "
-           "accumulation %lld%s%s); seed %llu\n",
+           "accumulation %lld%s%s); seed %llu%s\n",
            t->name, nparam, (long long)p->nparams, (long long)o->steps, (long long)t->global, (long long)t->seq,
-           (long long)t->micro, (long long)t->accum, data_ranks, t->nramp > 0 ? ", then ramped" : "",
-           (unsigned long long)o->seed);
+           (long long)t->micro, (long long)t->accum, data_ranks, t->nramp > 0 ? ", then ramped" : "", (unsigned long long)o->seed,
+           world);
     for (int64_t i = 0; i < t->nramp; i++)
         printf("batch ramp: from step %lld, %lld sequences a step (accumulation %lld)%s\n", (long long)(t->ramp[i].step + 1),
                (long long)t->ramp[i].global, (long long)t->ramp[i].accum,
                t->ramp[i].step >= o->steps ? "; not reached in this run" : "");
-    if (t->data_ranks > 1)
+    if (nranks > 1)
+        printf("data-parallel: %d processes, each %lld micro-batches of %lld a step (its share of the global batch); "
+               "the gradient summed by one tree over the %lld micro-batches\n",
+               nranks, (long long)t->accum, (long long)t->micro, (long long)(t->accum * t->data_ranks));
+    else if (t->data_ranks > 1)
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
@@ -643,15 +667,50 @@ static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **al
         *all = r->micro_loss;
         return RT_OK;
     }
-    (void)accum;
-    return rt_fail(&r->e, RT_ERR_ARG, "no collectives in this build");
+    *all = r->all_loss;
+    RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum, r->all_loss, &r->e);
+    return st == RT_OK ? st : rt_error_context(&r->e, "gathering the step's losses");
 }
 
-/* The step's gradient summed over the ranks (nothing to do with one rank). */
+/* The n pieces of len floats at v (piece i at v + i x len) summed in place by the step's tree
+ * over the pieces (as rt_tree_sum_f64); the sum is the first piece. */
+static void rt_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
+    int at[RT_TREE_MAX + 1];
+    int64_t size[RT_TREE_MAX + 1];
+    int d = 0;
+    for (int i = 0; i < n; i++) {
+        at[d] = i, size[d++] = 1;
+        while (d >= 2 && size[d - 1] == size[d - 2]) {
+            rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+            size[d - 2] *= 2, d--;
+        }
+    }
+    while (d >= 2) {
+        rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+        size[d - 2] += size[d - 1], d--;
+    }
+}
+
+/* The step's gradient summed over the ranks (nothing to do with one rank): each rank receives
+ * every rank's partial sum of its shard (rt_comm_exchange_shards, rank order = micro-batch order),
+ * sums them by the step's tree over the ranks, and the summed shards are gathered back so that
+ * every rank holds the whole gradient. With accum a power of two each rank's partial sum is a
+ * node of the one tree over the step's M micro-batches, and the tree over the ranks is the rest
+ * of that tree: the gradient is the bits one process gets (docs/parallel.md). On the GPU the
+ * gradient goes through host memory. */
 static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
-    (void)step;
     if (r->nranks == 1) return RT_OK;
-    return rt_fail(&r->e, RT_ERR_ARG, "no collectives in this build");
+    RtExec *x = &r->x;
+    int64_t n = r->p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
+    if (st == RT_OK) st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
+    if (st == RT_OK) {
+        rt_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
+        if (len > 0) memcpy(x->grads + lo, r->shard_got, (size_t)len * sizeof *x->grads);
+        st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
+    }
+    if (st == RT_OK && x->gpu) st = rt_gpu_upload(x->gpu, x->d_grads, x->grads, n * 4, &r->e);
+    return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks", (long long)(step + 1));
 }
 
 /* The step's loss: the mean of its M micro-batches' losses, summed by the step's tree over all of
@@ -746,6 +805,7 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     *stop = rt_stop_signal != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
+    if (r->rank > 0) return st; /* rank 0 writes the checkpoint */
     if (!r->ckpt) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
@@ -851,6 +911,8 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->partial);
     free(r->micro_loss);
     free(r->all_loss);
+    free(r->shard_off);
+    free(r->shard_got);
     free(r->dump_x);
     free(r->dump_y);
     free(r->dump_p);
@@ -861,16 +923,56 @@ static void rt_train_close(RtTrainRun *r) {
     rt_data_close(r->train);
 }
 
+/* The world of ranks (docs/parallel.md): opened before anything else, so that every rank agrees on
+ * it before any work. Its size must be the program's parallel.data, or 1 (then the data ranks run
+ * in this one process, in turn). Only rank 0 prints the run's lines and writes --log: the others'
+ * standard output goes to /dev/null and their errors name their rank. *agreed is set for a failure
+ * every rank sees alike (the world's size): rank 0 alone says why, and no rank aborts the others. */
+static RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed) {
+    double timeout;
+    RtStatus st = rt_comm_timeout_env(&timeout, &r->e);
+    if (st == RT_OK) st = rt_comm_open(&r->comm, timeout, &r->e);
+    if (st != RT_OK) return st;
+    int size = rt_comm_size(r->comm), rank = rt_comm_rank(r->comm);
+    long long dr = (long long)r->p->train.data_ranks;
+    if (rank > 0) {
+        snprintf(prog, nprog, "%s (rank %d)", r->o.prog, rank);
+        r->o.prog = prog;
+        r->o.log_path = NULL; /* rank 0 writes the run's files: the ranks hold the same weights */
+        r->o.save_weights = NULL;
+        r->o.dump_step = NULL;
+        fflush(stdout);
+        if (!freopen("/dev/null", "w", stdout)) return rt_fail_errno(&r->e, errno, "rank %d: cannot quiet standard output", rank);
+    }
+    if (size > 1 && size != dr) {
+        *agreed = 1;
+        return rt_fail(&r->e, RT_ERR_ARG, "this program trains with parallel.data = %lld rank%s; %s started %d (%s)", dr,
+                       dr == 1 ? "" : "s", rt_comm_launcher(r->comm), size,
+                       dr == 1 ? "run it alone, without a launcher" : "start as many processes as parallel.data");
+    }
+    r->rank = rank, r->nranks = size;
+    return RT_OK;
+}
+
 int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq, .ckpt_lock = -1, .nranks = 1};
     rt_error_clear(&r.e);
-    RtStatus st = rt_train_open(&r);
+    char prog[256];
+    int agreed = 0;
+    RtStatus st = rt_train_world(&r, prog, sizeof prog, &agreed);
+    if (st == RT_OK) st = rt_train_open(&r);
     if (st == RT_OK) {
         rt_train_banner(&r);
         st = rt_train_loop(&r, r.o.resume ? r.resumed.step : 0);
     }
+    if (r.comm) rt_comm_print_timing(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.comm); /* MBT_DEBUG */
     rt_train_close(&r);
-    if (st != RT_OK) rt_report(&r.o, &r.e);
+    int rank = r.comm ? rt_comm_rank(r.comm) : 0;
+    if (st != RT_OK && !(agreed && rank > 0)) rt_report(&r.o, &r.e);
+    /* a rank that failed stops the others (they would wait for it until the timeout); a failure
+     * every rank saw alike ends each of them cleanly */
+    if (st != RT_OK && !agreed && r.comm && rt_comm_size(r.comm) > 1) rt_comm_abort(r.comm, 1);
+    rt_comm_close(r.comm);
     return st == RT_OK ? 0 : 1;
 }
 

@@ -45,16 +45,19 @@ void rt_comm_close(RtComm *c); /* NULL is fine; a clean shutdown (MPI_Finalize) 
  * at once), after this rank's caller has printed why. Does not return. */
 _Noreturn void rt_comm_abort(RtComm *c, int status);
 
-int rt_comm_rank(const RtComm *c);           /* 0 .. size-1 */
-int rt_comm_size(const RtComm *c);           /* 1 for the self backend */
-int rt_comm_local_rank(const RtComm *c);     /* rank among this machine's ranks: which GPU to use */
+int rt_comm_rank(const RtComm *c);            /* 0 .. size-1 */
+int rt_comm_size(const RtComm *c);            /* 1 for the self backend */
+int rt_comm_local_rank(const RtComm *c);      /* rank among this machine's ranks: which GPU to use */
 const char *rt_comm_backend(const RtComm *c); /* "self", "mpi (Open MPI 4.1.4)", "tcp" */
+/* Who started the ranks, for messages ("this program trains with parallel.data = 2 ranks; mpirun
+ * started 3"): "mpirun", "srun", "torchrun (WORLD_SIZE)", "MBT_COMM=..." or "nothing". */
+const char *rt_comm_launcher(const RtComm *c);
 
 /* The gradient's shards: shard j is elements [off[j], off[j+1]) of an n-element vector, with
  * off[0] = 0 and off[size] = n (the caller picks the boundaries; rt_comm_shards below gives
  * equal ones). Every rank passes its whole vector `mine` (n floats); rank r receives into `got`
  * the size copies of shard r, rank 0's first: got[i * len + k] = rank i's mine[off[r] + k] with
- * len = off[r+1] - off[r]. */
+ * len = off[r+1] - off[r]. got (size x len floats) must not overlap mine. */
 RtStatus rt_comm_exchange_shards(RtComm *c, const float *mine, const int64_t *off, float *got, RtError *err);
 /* The inverse gather: every rank's shard r of `v` (its own, already final) is copied into every
  * other rank's v, so that all ranks end with the same n floats. */
@@ -65,6 +68,11 @@ RtStatus rt_comm_gather_f64(RtComm *c, const double *mine, int64_t n, double *al
 /* Rank root's `bytes` bytes at buf copied to every rank's buf. */
 RtStatus rt_comm_broadcast(RtComm *c, void *buf, int64_t bytes, int root, RtError *err);
 RtStatus rt_comm_barrier(RtComm *c, RtError *err);
+
+/* The timeout rt_comm_open is given by the executable: MBT_COMM_TIMEOUT (seconds, > 0) where it
+ * is set, else RT_COMM_TIMEOUT_DEFAULT; a malformed value is an error naming it. */
+#define RT_COMM_TIMEOUT_DEFAULT 600.0
+RtStatus rt_comm_timeout_env(double *timeout_s, RtError *err);
 
 /* Equal shard boundaries for n elements over size ranks, each a multiple of `align` elements
  * except the last: off has size + 1 entries. */

@@ -63,6 +63,13 @@ relay() {
                 printf 'FAIL %s\n' "$name"
             fi
             ;;
+        "SKIP "*": "*) # a part the script could not run: `SKIP layer/part: why`
+            infail=0
+            name=${line:5}
+            name=${name%%: *}
+            case "$name" in "$layer"/*) ;; *) name="$layer/$name" ;; esac
+            skip "$name" "${line#*: }"
+            ;;
         " "* | $'\t'*)
             if [ $infail = 1 ]; then printf '%s\n' "$line"; fi
             ;;

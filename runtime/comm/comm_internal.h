@@ -1,0 +1,57 @@
+/* comm_internal.h - what comm.c shares with its backends (comm_mpi.c, comm_tcp.c).
+ *
+ * comm.c owns the public calls of comm.h: it checks their arguments, times them and hands the
+ * work to the world's backend through RtCommOps. A backend sees checked arguments only (shard
+ * boundaries that start at 0 and never decrease, a root inside the world, sizes >= 0) and never
+ * a world of size 1 unless it chose to be one. */
+#ifndef MBT_COMM_INTERNAL_H
+#define MBT_COMM_INTERNAL_H
+
+#include "comm.h"
+
+/* The collectives, in the order of the MBT_DEBUG table. */
+typedef enum RtCommOp {
+    RT_COMM_EXCHANGE,
+    RT_COMM_GATHER_SHARDS,
+    RT_COMM_GATHER_F64,
+    RT_COMM_BROADCAST,
+    RT_COMM_BARRIER,
+    RT_COMM_NOPS
+} RtCommOp;
+
+const char *rt_comm_op_name(RtCommOp op); /* "exchange_shards", ... (messages, the table) */
+
+typedef struct RtCommOps {
+    RtStatus (*exchange)(RtComm *c, const float *mine, const int64_t *off, float *got, RtError *err);
+    RtStatus (*gather_shards)(RtComm *c, float *v, const int64_t *off, RtError *err);
+    RtStatus (*gather_f64)(RtComm *c, const double *mine, int64_t n, double *all, RtError *err);
+    RtStatus (*broadcast)(RtComm *c, void *buf, int64_t bytes, int root, RtError *err);
+    RtStatus (*barrier)(RtComm *c, RtError *err);
+    void (*close)(RtComm *c);             /* frees the backend's state (c->impl) after a clean shutdown */
+    void (*abort)(RtComm *c, int status); /* stops the world; may return, comm.c then exits */
+} RtCommOps;
+
+typedef struct RtCommStat {
+    int64_t calls, bytes; /* bytes: what this rank sent to other ranks */
+    double total, max;    /* seconds */
+} RtCommStat;
+
+struct RtComm {
+    const RtCommOps *ops;
+    void *impl; /* the backend's state */
+    int rank, size, local_rank;
+    double timeout; /* seconds, > 0 */
+    char backend[96];
+    char launcher[32]; /* rt_comm_launcher */
+    int debug;         /* MBT_DEBUG >= 1 at open */
+    RtCommStat stat[RT_COMM_NOPS];
+};
+
+double rt_comm_now(void); /* monotonic seconds */
+
+/* The backends' openers: each fills c (rank, size, local_rank, backend, ops, impl) or fails with
+ * a message; c->timeout is set before the call. */
+RtStatus rt_comm_open_mpi(RtComm *c, RtError *err);
+RtStatus rt_comm_open_tcp(RtComm *c, RtError *err);
+
+#endif

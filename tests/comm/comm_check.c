@@ -1,0 +1,128 @@
+/* comm_check.c - the collectives of runtime/comm across processes (tests/comm/run.sh starts it
+ * under mpirun and as tcp ranks from a shell loop).
+ *
+ *   comm_check                 every collective, several rounds, with uneven shard sizes (an empty
+ *                              shard among them) and a large exchange; each result checked exactly
+ *   comm_check --die R         rank R exits right after the world opened (exit 0, no goodbye)
+ *   comm_check --kill R        rank R kills itself with SIGKILL after the world opened
+ *   comm_check --hang R        rank R sleeps (2 x the timeout + 1 s) instead of calling the collectives
+ *   comm_check --mismatch R    rank R calls broadcast where the others call exchange_shards
+ *
+ * Each rank prints `rank R of P (BACKEND): ok, N values checked` (and with MBT_DEBUG=1 its table of
+ * the collectives' timing) and exits 0, or prints
+ * `comm_check: rank R: MESSAGE` on stderr and stops the world with rt_comm_abort(1). The timeout
+ * is MBT_COMM_TIMEOUT's (rt_comm_timeout_env). */
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm.h"
+
+static RtComm *world;
+static int64_t checked;
+
+static _Noreturn void die(const char *what, const RtError *e) {
+    fprintf(stderr, "comm_check: rank %d: %s%s%s\n", world ? rt_comm_rank(world) : -1, what, e ? ": " : "", e ? e->msg : "");
+    rt_comm_abort(world, 1);
+}
+
+static void check(int ok, const char *what, long long i, double got, double want) {
+    checked++;
+    if (ok) return;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s: element %lld is %.17g, expected %.17g", what, i, got, want);
+    die(msg, NULL);
+}
+
+/* Rank i's value for element k of round t: exact in float for the sizes used here. */
+static float val(int i, int64_t k, int t) { return (float)(i * 4096 + t) + (float)(k % 1000003) * 0.25f; }
+
+/* Uneven boundaries: shard j has (j * 37 + 5) * scale elements, except shard 1 (empty when size > 2). */
+static void uneven(int P, int64_t scale, int64_t *off) {
+    off[0] = 0;
+    for (int j = 0; j < P; j++) off[j + 1] = off[j] + (j == 1 && P > 2 ? 0 : (int64_t)(j * 37 + 5) * scale);
+}
+
+static void round_trip(int t, int64_t scale) {
+    RtError e;
+    int P = rt_comm_size(world), r = rt_comm_rank(world);
+    int64_t *off = malloc((size_t)(P + 1) * sizeof *off);
+    uneven(P, scale, off);
+    int64_t n = off[P], len = off[r + 1] - off[r];
+    float *mine = malloc((size_t)(n ? n : 1) * sizeof *mine), *got = malloc((size_t)(len * P + 1) * sizeof *got);
+    for (int64_t k = 0; k < n; k++) mine[k] = val(r, k, t);
+    for (int64_t k = 0; k < len * P; k++) got[k] = -1;
+    if (rt_comm_exchange_shards(world, mine, off, got, &e) != RT_OK) die("exchange_shards", &e);
+    for (int i = 0; i < P; i++)
+        for (int64_t k = 0; k < len; k++)
+            check(got[i * len + k] == val(i, off[r] + k, t), "exchange_shards", (long long)(i * len + k), got[i * len + k],
+                  val(i, off[r] + k, t));
+    /* gather_shards: this rank's shard final (the owner's values), the rest garbage to be replaced */
+    for (int64_t k = 0; k < n; k++) mine[k] = k >= off[r] && k < off[r + 1] ? val(r, k, t + 1) : -7.0f;
+    if (rt_comm_gather_shards(world, mine, off, &e) != RT_OK) die("gather_shards", &e);
+    for (int j = 0; j < P; j++)
+        for (int64_t k = off[j]; k < off[j + 1]; k++)
+            check(mine[k] == val(j, k, t + 1), "gather_shards", (long long)k, mine[k], val(j, k, t + 1));
+    /* gather_f64: 3 doubles a rank, not representable in float */
+    double d[3] = {r + 0.1 * t, -1e300 / (r + 1), 1.0 / 3.0 + r}, all[3 * 64];
+    if (P > 64) die("more than 64 ranks", NULL);
+    if (rt_comm_gather_f64(world, d, 3, all, &e) != RT_OK) die("gather_f64", &e);
+    for (int i = 0; i < P; i++) {
+        double w[3] = {i + 0.1 * t, -1e300 / (i + 1), 1.0 / 3.0 + i};
+        for (int k = 0; k < 3; k++) check(all[3 * i + k] == w[k], "gather_f64", 3 * i + k, all[3 * i + k], w[k]);
+    }
+    /* broadcast from the last rank and from rank 0, an odd number of bytes */
+    for (int root = P - 1;; root = 0) {
+        unsigned char b[1237];
+        for (size_t k = 0; k < sizeof b; k++) b[k] = r == root ? (unsigned char)(k * 7 + root + t) : 0xee;
+        if (rt_comm_broadcast(world, b, (int64_t)sizeof b, root, &e) != RT_OK) die("broadcast", &e);
+        for (size_t k = 0; k < sizeof b; k++)
+            check(b[k] == (unsigned char)(k * 7 + root + t), "broadcast", (long long)k, b[k], (unsigned char)(k * 7 + root + t));
+        if (root == 0) break;
+    }
+    if (rt_comm_barrier(world, &e) != RT_OK) die("barrier", &e);
+    free(off);
+    free(mine);
+    free(got);
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc >= 3 ? argv[1] : "";
+    int who = argc >= 3 ? atoi(argv[2]) : -1;
+    if (argc != 1 && (argc != 3 || (strcmp(mode, "--die") && strcmp(mode, "--kill") && strcmp(mode, "--hang") &&
+                                    strcmp(mode, "--mismatch")))) {
+        fprintf(stderr, "usage: comm_check [--die R | --kill R | --hang R | --mismatch R]\n");
+        return 2;
+    }
+    RtError e;
+    double timeout;
+    if (rt_comm_timeout_env(&timeout, &e) != RT_OK) {
+        fprintf(stderr, "comm_check: %s\n", e.msg);
+        return 2;
+    }
+    if (rt_comm_open(&world, timeout, &e) != RT_OK) {
+        fprintf(stderr, "comm_check: %s\n", e.msg);
+        return 1;
+    }
+    int r = rt_comm_rank(world);
+    if (r == who && !strcmp(mode, "--die")) _exit(0);
+    if (r == who && !strcmp(mode, "--kill")) raise(SIGKILL);
+    if (r == who && !strcmp(mode, "--hang")) {
+        sleep((unsigned)(2 * timeout + 1));
+        return 0;
+    }
+    if (r == who && !strcmp(mode, "--mismatch")) {
+        char b[8] = {0};
+        if (rt_comm_broadcast(world, b, sizeof b, 0, &e) != RT_OK) die("broadcast", &e);
+    }
+    for (int t = 0; t < 3; t++) round_trip(t, 1);
+    round_trip(5, 4001); /* ~1.4 M floats a rank at 4 ranks: many partial sends and receives */
+    printf("rank %d of %d (%s): ok, %lld values checked\n", r, rt_comm_size(world), rt_comm_backend(world), (long long)checked);
+    rt_comm_print_timing(stdout, world); /* MBT_DEBUG */
+    fflush(stdout);
+    rt_comm_close(world);
+    return 0;
+}

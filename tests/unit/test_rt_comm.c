@@ -1,0 +1,193 @@
+/* test_rt_comm.c - unit tests of runtime/comm/comm.c on the self backend (a world of one rank):
+ * the backend chosen from the environment, every collective's result, the argument checks and
+ * their messages, equal shard boundaries, and the MBT_DEBUG table. The mpi and tcp backends are
+ * tested with several processes by tests/comm/run.sh.
+ *
+ * Build: make build/tests/test_rt_comm (links build/libmbtrt.a). */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "comm.h"
+#include "unit.h"
+
+/* No launcher's variables: the self backend. */
+static void clear_env(void) {
+    static const char *const vars[] = {"MBT_COMM", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                                       "RANK",     "WORLD_SIZE",           "MBT_DEBUG"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+static RtComm *open_self(void) {
+    clear_env();
+    RtComm *c = NULL;
+    RtError e;
+    RtStatus st = rt_comm_open(&c, 5, &e);
+    CHECK(st == RT_OK && c, "rt_comm_open: %s", st == RT_OK ? "no world" : e.msg);
+    return c;
+}
+
+static void self_world(void) {
+    RtComm *c = open_self();
+    if (!c) return;
+    CHECK(rt_comm_rank(c) == 0 && rt_comm_size(c) == 1 && rt_comm_local_rank(c) == 0, "rank %d size %d local %d", rt_comm_rank(c),
+          rt_comm_size(c), rt_comm_local_rank(c));
+    CHECK_STR(rt_comm_backend(c), "self", "backend");
+    CHECK_STR(rt_comm_launcher(c), "nothing", "launcher");
+    rt_comm_close(c);
+    rt_comm_close(NULL); /* allowed */
+    /* forced by MBT_COMM even where a launcher's variables are set */
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MBT_COMM", "self", 1);
+    RtError e;
+    CHECK(rt_comm_open(&c, 5, &e) == RT_OK && rt_comm_size(c) == 1, "MBT_COMM=self: %s", e.msg);
+    CHECK_STR(rt_comm_launcher(c), "MBT_COMM=self", "launcher");
+    rt_comm_close(c);
+}
+
+static void self_collectives(void) {
+    RtComm *c = open_self();
+    if (!c) return;
+    RtError e;
+    float mine[7], got[7], v[7];
+    for (int i = 0; i < 7; i++) mine[i] = (float)(i * i) + 0.25f, got[i] = -1, v[i] = (float)i;
+    int64_t off[2] = {0, 7};
+    CHECK(rt_comm_exchange_shards(c, mine, off, got, &e) == RT_OK, "exchange_shards: %s", e.msg);
+    int bad = 0;
+    for (int i = 0; i < 7; i++) bad += got[i] != mine[i];
+    CHECK(bad == 0, "exchange_shards: %d of 7 values differ from this rank's own", bad);
+    /* got overlapping mine is refused on every backend (MPI forbids it) */
+    CHECK(rt_comm_exchange_shards(c, mine, off, mine + 3, &e) == RT_ERR_ARG && strstr(e.msg, "overlaps"),
+          "exchange_shards in place: %s", e.msg);
+    CHECK(rt_comm_gather_shards(c, v, off, &e) == RT_OK, "gather_shards: %s", e.msg);
+    bad = 0;
+    for (int i = 0; i < 7; i++) bad += v[i] != (float)i;
+    CHECK(bad == 0, "gather_shards changed %d values of a world of one", bad);
+    double d[3] = {1.5, -2.0, 1e300}, all[3] = {0, 0, 0};
+    CHECK(rt_comm_gather_f64(c, d, 3, all, &e) == RT_OK && all[0] == 1.5 && all[1] == -2.0 && all[2] == 1e300,
+          "gather_f64: %s (%g %g %g)", e.msg, all[0], all[1], all[2]);
+    char buf[5] = "abcd";
+    CHECK(rt_comm_broadcast(c, buf, 5, 0, &e) == RT_OK && strcmp(buf, "abcd") == 0, "broadcast: %s", e.msg);
+    CHECK(rt_comm_barrier(c, &e) == RT_OK, "barrier: %s", e.msg);
+    /* empty calls */
+    int64_t none[2] = {0, 0};
+    CHECK(rt_comm_exchange_shards(c, NULL, none, NULL, &e) == RT_OK, "empty exchange_shards: %s", e.msg);
+    CHECK(rt_comm_gather_f64(c, NULL, 0, NULL, &e) == RT_OK, "empty gather_f64: %s", e.msg);
+    CHECK(rt_comm_broadcast(c, NULL, 0, 0, &e) == RT_OK, "empty broadcast: %s", e.msg);
+    rt_comm_close(c);
+}
+
+#define CHECK_FAILS(call, want)                                                                                                  \
+    do {                                                                                                                         \
+        rt_error_clear(&e);                                                                                                      \
+        RtStatus st_ = (call);                                                                                                   \
+        CHECK(st_ == RT_ERR_ARG, "%s: status %d, expected an argument error", #call, (int)st_);                                  \
+        CHECK(strstr(e.msg, want) != NULL, "%s: message '%s' lacks '%s'", #call, e.msg, want);                                   \
+    } while (0)
+
+static void refusals(void) {
+    RtComm *c = open_self();
+    if (!c) return;
+    RtError e;
+    float x[4] = {0};
+    int64_t late[2] = {1, 4}, back[2] = {0, -1};
+    CHECK_FAILS(rt_comm_exchange_shards(c, x, late, x, &e), "the first shard starts at 1, not 0");
+    CHECK_FAILS(rt_comm_gather_shards(c, x, back, &e), "shard 0 ends at -1, before it starts (0)");
+    CHECK_FAILS(rt_comm_gather_shards(c, x, NULL, &e), "no shard boundaries");
+    CHECK_FAILS(rt_comm_broadcast(c, x, 4, 1, &e), "root 1 is not a rank of this world (size 1)");
+    CHECK_FAILS(rt_comm_broadcast(c, x, -4, 0, &e), "-4 bytes");
+    CHECK_FAILS(rt_comm_gather_f64(c, NULL, 2, NULL, &e), "a NULL buffer");
+    rt_comm_close(c);
+    RtComm *w = (RtComm *)&e;
+    CHECK_FAILS(rt_comm_open(&w, 0, &e), "the timeout must be a number of seconds above 0 (it is 0)");
+    CHECK(w == NULL, "a failed open left *out set");
+    setenv("MBT_COMM", "nccl", 1);
+    CHECK_FAILS(rt_comm_open(&w, 5, &e), "MBT_COMM is 'nccl': it must be self, mpi or tcp");
+    clear_env();
+}
+
+/* The shard boundaries: off[0] = 0, off[size] = n, aligned inner boundaries, every element once. */
+static void shards(void) {
+    int64_t off[9];
+    rt_comm_shards(10, 4, 1, off);
+    CHECK(off[0] == 0 && off[1] == 3 && off[2] == 6 && off[3] == 9 && off[4] == 10, "10 over 4: %lld %lld %lld %lld %lld",
+          (long long)off[0], (long long)off[1], (long long)off[2], (long long)off[3], (long long)off[4]);
+    rt_comm_shards(10, 4, 4, off);
+    CHECK(off[1] == 4 && off[2] == 8 && off[3] == 10 && off[4] == 10, "10 over 4 aligned 4: %lld %lld %lld %lld",
+          (long long)off[1], (long long)off[2], (long long)off[3], (long long)off[4]);
+    rt_comm_shards(3, 8, 1, off);
+    CHECK(off[3] == 3 && off[8] == 3 && off[2] == 2, "3 over 8: off[2] %lld off[3] %lld off[8] %lld", (long long)off[2],
+          (long long)off[3], (long long)off[8]);
+    for (int size = 1; size <= 8; size++)
+        for (int64_t n = 0; n < 200; n += 7)
+            for (int64_t align = 1; align <= 16; align *= 2) {
+                rt_comm_shards(n, size, align, off);
+                int ok = off[0] == 0 && off[size] == n;
+                for (int j = 0; j < size; j++) {
+                    ok = ok && off[j + 1] >= off[j];
+                    if (j > 0 && off[j] != n) ok = ok && off[j] % align == 0;
+                }
+                CHECK(ok, "n %lld size %d align %lld: bad boundaries", (long long)n, size, (long long)align);
+            }
+}
+
+/* MBT_DEBUG: a table with one row per collective that was called; nothing without MBT_DEBUG. */
+static void timing_table(void) {
+    RtComm *c = open_self();
+    if (!c) return;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    RtError e;
+    CHECK(rt_comm_barrier(c, &e) == RT_OK, "barrier: %s", e.msg);
+    rt_comm_print_timing(m, c);
+    fflush(m);
+    CHECK(len == 0, "a table without MBT_DEBUG: %s", text);
+    rt_comm_close(c);
+    setenv("MBT_DEBUG", "1", 1);
+    RtComm *d = NULL;
+    CHECK(rt_comm_open(&d, 5, &e) == RT_OK, "open: %s", e.msg);
+    rt_comm_print_timing(m, d);
+    fflush(m);
+    CHECK(len == 0, "a table before any call: %s", text);
+    double x[2] = {1, 2}, y[2];
+    for (int i = 0; i < 3; i++) CHECK(rt_comm_gather_f64(d, x, 2, y, &e) == RT_OK, "gather_f64: %s", e.msg);
+    CHECK(rt_comm_barrier(d, &e) == RT_OK, "barrier: %s", e.msg);
+    rt_comm_print_timing(m, d);
+    fclose(m);
+    CHECK(text && strstr(text, "collectives: rank 0 of 1, self, timeout 5 s\n"), "table header missing: %s", text);
+    CHECK(text && strstr(text, "  gather_f64              3 "), "gather_f64 row (3 calls) missing: %s", text);
+    CHECK(text && strstr(text, "  barrier                 1 "), "barrier row missing: %s", text);
+    CHECK(text && !strstr(text, "broadcast"), "a row for a collective never called: %s", text);
+    free(text);
+    rt_comm_close(d);
+    clear_env();
+}
+
+/* MBT_COMM_TIMEOUT: the default, a value, refusals naming the variable. */
+static void timeout_env(void) {
+    RtError e;
+    double t = 0;
+    unsetenv("MBT_COMM_TIMEOUT");
+    CHECK(rt_comm_timeout_env(&t, &e) == RT_OK && t == RT_COMM_TIMEOUT_DEFAULT, "default: %g %s", t, e.msg);
+    setenv("MBT_COMM_TIMEOUT", "2.5", 1);
+    CHECK(rt_comm_timeout_env(&t, &e) == RT_OK && t == 2.5, "2.5: %g %s", t, e.msg);
+    static const char *const bad[] = {"0", "-1", "5s", "nan", "inf", "x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("MBT_COMM_TIMEOUT", bad[i], 1);
+        rt_error_clear(&e);
+        CHECK(rt_comm_timeout_env(&t, &e) == RT_ERR_ARG && strstr(e.msg, "MBT_COMM_TIMEOUT is '"), "'%s' accepted (%s)", bad[i],
+              e.msg);
+    }
+    unsetenv("MBT_COMM_TIMEOUT");
+}
+
+int main(void) {
+    RUN(self_world);
+    RUN(self_collectives);
+    RUN(refusals);
+    RUN(shards);
+    RUN(timing_table);
+    RUN(timeout_env);
+    return unit_finish();
+}
