@@ -124,6 +124,7 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_eval_every] = ci64(h, ts->eval_every);
     f[RT_TRAIN_eval_steps] = ci64(h, ts->eval_steps ? ts->eval_steps : 20);
     f[RT_TRAIN_data_ranks] = ci64(h, pg->data);
+    f[RT_TRAIN_zero] = ci64(h, ts->zero);
     f[RT_TRAIN_nramp] = ci64(h, p->nprograms - 1);
     f[RT_TRAIN_ramp] = ramp;
     f[RT_TRAIN_ckpt_every] = ci64(h, ts->ckpt_every);

@@ -6,14 +6,19 @@
  * command. Training, per optimizer step:
  *
  *     lr = base lr x lr_schedule(step); (global, accum) = the step's batch-ramp stage
- *     for each of the accum x data_ranks micro-batches: read B windows, forward_backward (adds
- *         grad(loss) / (accum x data_ranks) into the gradient region; the step's loss is the mean of theirs)
+ *     for each of this process's micro-batches (accum a rank; alone, accum x data_ranks): read B
+ *         windows, forward_backward (adds grad(loss) / (accum x data_ranks) into a zeroed region),
+ *         and the regions summed by one binary tree over the micro-batch indices (rt_exec_tree_*)
+ *     with several ranks: the partial sums exchanged by shard, summed by the tree over the ranks,
+ *         gathered (rt_train_reduce); the loss: every micro-batch's, by the tree over all of them
  *     norm = the global L2 norm of the gradient region; if clip > 0 and norm > clip, scale it
- *     optimizer_update(lr, t = step + 1); zero the gradients; log
+ *     optimizer_update(lr, t = step + 1) (ZeRO: on this rank's shard, then the shards gathered);
+ *     zero the gradients; log
  *
  * Determinism: initialisation is a function of (seed, name, element); the data order of (seed,
  * epoch); every parallel loop gives each element to one thread; the gradient norm sums fixed
- * blocks in block order. So a run is a function of its program, flags and data, never of the
+ * blocks in block order; the step's gradient and loss are sums in one tree over the micro-batch
+ * indices (docs/parallel.md: the same bits at 1, 2 or 4 ranks where accum is a power of two). So a run is a function of its program, flags and data, never of the
  * thread count (tests/unit/test_rt_train.c compares weights files byte for byte). */
 #include <errno.h>
 #include <glob.h>
@@ -347,6 +352,12 @@ typedef struct RtTrainRun {
     double *all_loss;   /* every rank's, in rank order: accum x nranks */
     int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
     float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
+    /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
+     * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
+    int zero;
+    float *zero_scratch; /* one vector of param_floats: a state variable gathered for a checkpoint */
+    float *state_full;   /* rank 0: the whole optimizer state, gathered for a checkpoint */
+    double *norm_all;    /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -480,6 +491,8 @@ static RtStatus rt_train_dump_alloc(RtTrainRun *r) {
     return st;
 }
 
+static RtStatus rt_train_shard_state(RtTrainRun *r);
+
 /* The step's tree of partial sums and the micro-batches' losses, for the largest accumulation of
  * the batch ramp. */
 static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
@@ -500,7 +513,17 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
     r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
     if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
-    return RT_OK;
+    r->zero = (int)t->zero;
+    if (r->zero && r->x.gpu)
+        return rt_fail(&r->e, RT_ERR_ARG,
+                       "parallel.zero = %d runs on the CPU: the GPU's optimizer_update does not take a shard yet (--device cpu, "
+                       "or zero = 0)",
+                       r->zero);
+    if (r->zero == 2) {
+        r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);
+        if (!r->norm_all) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient norm's blocks");
+    }
+    return r->zero ? rt_train_shard_state(r) : RT_OK;
 }
 
 /* Everything before the first step: the device, a resumed checkpoint, the data, the parameters
@@ -572,6 +595,12 @@ static void rt_train_banner(const RtTrainRun *r) {
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
+    if (r->zero)
+        printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
+               "parameters are gathered\n",
+               r->zero, (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1],
+               r->zero == 2 ? " and keeps that shard alone of the summed gradient" : "");
+    else if (t->zero) printf("ZeRO-%lld: one process holds every shard\n", (long long)t->zero);
     rt_print_device(o, &r->x);
     printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(r->train),
            (long long)rt_data_nfiles(r->train), rt_data_nfiles(r->train) == 1 ? "" : "s", r->spec.pattern);
@@ -707,7 +736,9 @@ static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (st == RT_OK) {
         rt_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
         if (len > 0) memcpy(x->grads + lo, r->shard_got, (size_t)len * sizeof *x->grads);
-        st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
+        /* ZeRO-2 keeps its shard of the summed gradient alone (but for --dump-step's step 1, which
+         * writes all of it; r->given is the same on every rank) */
+        if (r->zero < 2 || (r->given->dump_step && step == 0)) st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
     }
     if (st == RT_OK && x->gpu) st = rt_gpu_upload(x->gpu, x->d_grads, x->grads, n * 4, &r->e);
     return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks", (long long)(step + 1));
@@ -738,6 +769,64 @@ static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
     return st == RT_OK ? st : rt_error_context(&r->e, "step 1: reading the batch to dump");
 }
 
+/* ZeRO-2's gradient norm: this rank's blocks of RT_GRAD_BLOCK elements (its shard is whole blocks,
+ * RT_SHARD_ALIGN), every rank's gathered, and block b taken from the rank that holds it, summed in
+ * block order: the sum rt_exec_grad_norm makes of the whole gradient. */
+static RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm) {
+    int64_t nblocks = rt_exec_grad_blocks(r->p), lo = r->shard_off[r->rank], hi = r->shard_off[r->rank + 1];
+    memset(r->partial, 0, (size_t)nblocks * sizeof *r->partial);
+    rt_exec_grad_norm_blocks(&r->x, r->partial, lo / RT_GRAD_BLOCK, (hi + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK);
+    RtStatus st = rt_comm_gather_f64(r->comm, r->partial, nblocks, r->norm_all, &r->e);
+    if (st != RT_OK) return st;
+    double sumsq = 0;
+    int owner = 0;
+    for (int64_t b = 0; b < nblocks; b++) {
+        while (owner + 1 < r->nranks && r->shard_off[owner + 1] <= b * RT_GRAD_BLOCK) owner++;
+        sumsq += r->norm_all[owner * nblocks + b];
+    }
+    *norm = sqrt(sumsq);
+    return RT_OK;
+}
+
+/* ZeRO: the optimizer state becomes this rank's shard of each variable (after it was read whole
+ * from a checkpoint or initialised), the layout optimizer_update takes with RtStep.lo/hi. */
+static RtStatus rt_train_shard_state(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    if (p->state_floats != p->nstate * n)
+        return rt_fail(&r->e, RT_ERR_ARG, "parallel.zero: the optimizer state is %lld floats, not %lld variables of %lld",
+                       (long long)p->state_floats, (long long)p->nstate, (long long)n);
+    float *shard = malloc((size_t)(p->nstate * len + 1) * sizeof *shard);
+    r->zero_scratch = malloc((size_t)(n + 1) * sizeof *r->zero_scratch);
+    if (!shard || !r->zero_scratch) {
+        free(shard);
+        return rt_fail_errno(&r->e, ENOMEM, "parallel.zero: cannot allocate the optimizer state's shard");
+    }
+    for (int64_t j = 0; j < p->nstate; j++)
+        if (len > 0) memcpy(shard + j * len, r->x.state + j * n + lo, (size_t)len * sizeof *shard);
+    free(r->x.state);
+    r->x.state = shard;
+    return RT_OK;
+}
+
+/* ZeRO, before a checkpoint: every rank's shard of each state variable gathered, so that rank 0
+ * holds the whole state in r->state_full (the checkpoint is written once, whole, by rank 0). */
+static RtStatus rt_train_gather_state(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    if (r->rank == 0 && !r->state_full) {
+        r->state_full = malloc((size_t)(p->state_floats + 1) * sizeof *r->state_full);
+        if (!r->state_full) return rt_fail_errno(&r->e, ENOMEM, "cannot gather the optimizer state for a checkpoint");
+    }
+    for (int64_t j = 0; j < p->nstate; j++) {
+        if (len > 0) memcpy(r->zero_scratch + lo, r->x.state + j * len, (size_t)len * sizeof *r->zero_scratch);
+        RtStatus st = rt_comm_gather_shards(r->comm, r->zero_scratch, r->shard_off, &r->e);
+        if (st != RT_OK) return rt_error_context(&r->e, "gathering the optimizer state for a checkpoint");
+        if (r->rank == 0) memcpy(r->state_full + j * n, r->zero_scratch, (size_t)n * sizeof *r->state_full);
+    }
+    return RT_OK;
+}
+
 /* One optimizer step: its micro-batches, the gradient norm and clipping, the update, and with
  * --dump-step the dump of step 1. The step's log record comes back in *sl. */
 static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
@@ -764,14 +853,16 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
         memcpy(r->dump_g, x->grads, (size_t)p->param_floats * sizeof *r->dump_g);
     }
     if (st != RT_OK) return st;
-    st = rt_exec_grad_norm(x, r->partial, &norm, &r->e);
+    st = r->zero == 2 ? rt_train_shard_norm(r, &norm) : rt_exec_grad_norm(x, r->partial, &norm, &r->e);
     if (st == RT_OK && t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1)
         st = rt_exec_grad_scale(x, (float)(t->clip / (norm + RT_CLIP_EPS)), &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient norm", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_NORM);
     RtStep s = rt_exec_step(x, &r->e);
     s.lr = lr, s.t = step + 1, s.step = step, s.seed = r->o.seed;
+    if (r->zero) s.lo = r->shard_off[r->rank], s.hi = r->shard_off[r->rank + 1]; /* this rank's shard */
     st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
+    if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_UPDATE);
@@ -805,7 +896,8 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     *stop = rt_stop_signal != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
-    if (r->rank > 0) return st; /* rank 0 writes the checkpoint */
+    if (r->zero) st = rt_train_gather_state(r); /* every rank takes part */
+    if (st != RT_OK || r->rank > 0) return st;  /* rank 0 writes the checkpoint */
     if (!r->ckpt) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
@@ -820,7 +912,8 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
                        .accum = next.accum,
                        .device = r->x.gpu ? "cuda" : "cpu"};
     if (st == RT_OK) st = rt_exec_pull(&r->x, RT_PULL_PARAMS | RT_PULL_STATE, &r->e);
-    if (st == RT_OK) st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->x.state, &info, &r->waited, &r->e);
+    if (st == RT_OK)
+        st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->zero ? r->state_full : r->x.state, &info, &r->waited, &r->e);
     if (st == RT_OK && (*stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e);
     return st;
 }
@@ -913,6 +1006,9 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->all_loss);
     free(r->shard_off);
     free(r->shard_got);
+    free(r->zero_scratch);
+    free(r->state_full);
+    free(r->norm_all);
     free(r->dump_x);
     free(r->dump_y);
     free(r->dump_p);

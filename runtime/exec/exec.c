@@ -231,6 +231,11 @@ RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *er
     return RT_OK;
 }
 
+void rt_exec_grad_norm_blocks(RtExec *e, double *partial, int64_t b0, int64_t b1) {
+    RtGradJob j = {e->grads, e->prog->param_floats, partial, 1.0f};
+    for (int64_t b = b0; b < b1; b++) rt_grad_sumsq(&j, b, b + 1, 0);
+}
+
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err) {
     if (e->gpu) return rt_gpu_scale(e->gpu, e->d_grads, scale, e->prog->param_floats, err);
     RtGradJob j = {e->grads, e->prog->param_floats, NULL, scale};

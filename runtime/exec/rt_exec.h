@@ -130,6 +130,8 @@ void rt_exec_flip(RtExec *e);
 int64_t rt_exec_grad_blocks(const RtProgram *p);
 RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *err);
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err);
+/* The CPU's sums of squares of blocks [b0, b1) alone into partial[b0, b1) (ZeRO-2: a rank's shard). */
+void rt_exec_grad_norm_blocks(RtExec *e, double *partial, int64_t b0, int64_t b1);
 RtStatus rt_exec_grad_zero(RtExec *e, RtError *err);
 /* The step's gradient as one fixed binary tree over its micro-batches (docs/parallel.md, "The
  * step"): each micro-batch's forward_backward adds into a zeroed region, and a binary-counter
