@@ -1061,7 +1061,12 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
         rt_train_banner(&r);
         st = rt_train_loop(&r, r.o.resume ? r.resumed.step : 0);
     }
-    if (r.comm) rt_comm_print_timing(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.comm); /* MBT_DEBUG */
+    if (r.comm) { /* MBT_DEBUG, MBT_TRACE */
+        rt_comm_print_timing(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.comm);
+        const char *trace;
+        RtError te;
+        if (rt_comm_trace_write(r.comm, &trace, &te) != RT_OK) fprintf(stderr, "%s: warning: %s\n", r.o.prog, te.msg);
+    }
     rt_train_close(&r);
     int rank = r.comm ? rt_comm_rank(r.comm) : 0;
     if (st != RT_OK && !(agreed && rank > 0)) rt_report(&r.o, &r.e);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "comm_internal.h"
+#include "rt_program.h"
 
 static const char *const rt_comm_op_names[RT_COMM_NOPS] = {"exchange_shards", "gather_shards", "gather_f64", "broadcast",
                                                            "barrier"};
@@ -114,6 +115,17 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
         free(c);
         return st;
     }
+    c->t_open = rt_comm_now();
+    const char *trace = getenv("MBT_TRACE");
+    if (trace && *trace) { /* FILE.json -> FILE.comm-rankR.json */
+        size_t n = strlen(trace), stem = n > 5 && strcmp(trace + n - 5, ".json") == 0 ? n - 5 : n;
+        c->trace_path = malloc(stem + 40);
+        if (!c->trace_path) {
+            rt_comm_close(c);
+            return rt_fail(err, RT_ERR_NOMEM, "collectives: out of memory");
+        }
+        snprintf(c->trace_path, stem + 40, "%.*s.comm-rank%d.json", (int)stem, trace, c->rank);
+    }
     *out = c;
     return RT_OK;
 }
@@ -121,6 +133,10 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
 void rt_comm_close(RtComm *c) {
     if (!c) return;
     c->ops->close(c);
+    free(c->stage[0]);
+    free(c->stage[1]);
+    free(c->trace_path);
+    free(c->events);
     free(c);
 }
 
@@ -145,7 +161,39 @@ static void rt_comm_count(RtComm *c, RtCommOp op, double t0, int64_t bytes) {
     s->bytes += bytes;
     s->total += dt;
     if (dt > s->max) s->max = dt;
+    if (!c->trace_path || c->nevents >= RT_COMM_TRACE_MAX) return;
+    if (c->nevents == c->cap_events) {
+        int64_t cap = c->cap_events ? 2 * c->cap_events : 256;
+        RtGpuEvent *ev = realloc(c->events, (size_t)cap * sizeof *ev);
+        if (!ev) return; /* the trace then ends early; the calls go on */
+        c->events = ev;
+        c->cap_events = cap;
+    }
+    c->events[c->nevents++] = (RtGpuEvent){rt_comm_op_names[op], 1e6 * (t0 - c->t_open), 1e6 * dt};
 }
+
+RtStatus rt_comm_trace_write(RtComm *c, const char **path, RtError *err) {
+    *path = NULL;
+    if (!c || !c->trace_path || c->nevents == 0) return RT_OK;
+    RtStatus st = rt_gpu_trace_write(c->trace_path, c->events, c->nevents, err);
+    if (st != RT_OK) return rt_error_context(err, "the collectives' trace (MBT_TRACE)");
+    *path = c->trace_path;
+    return RT_OK;
+}
+
+/* Host staging buffer i with room for n floats. */
+static RtStatus rt_comm_stage(RtComm *c, int i, int64_t n, float **out, RtError *err) {
+    if (n > c->stage_n[i]) {
+        float *p = realloc(c->stage[i], (size_t)n * sizeof *p);
+        if (!p) return rt_fail(err, RT_ERR_NOMEM, "collectives: out of memory for %lld floats of GPU staging", (long long)n);
+        c->stage[i] = p;
+        c->stage_n[i] = n;
+    }
+    *out = c->stage[i];
+    return RT_OK;
+}
+
+void rt_comm_set_gpu(RtComm *c, RtGpu *g) { c->gpu = g; }
 
 /* off[0] = 0, never decreasing. */
 static RtStatus rt_check_off(const RtComm *c, const int64_t *off, const char *what, RtError *err) {
@@ -168,7 +216,17 @@ RtStatus rt_comm_exchange_shards(RtComm *c, const float *mine, const int64_t *of
     if (len > 0 && n > 0 && (const float *)got < mine + n && mine < (const float *)got + len * c->size)
         return rt_fail(err, RT_ERR_ARG, "%s: the buffer receiving the shards overlaps this rank's vector", what);
     double t0 = rt_comm_now();
-    st = c->ops->exchange(c, mine, off, got, err);
+    if (c->gpu) { /* device buffers: through host copies */
+        float *hm = NULL, *hg = NULL;
+        st = rt_comm_stage(c, 0, n, &hm, err);
+        if (st == RT_OK) st = rt_comm_stage(c, 1, len * c->size, &hg, err);
+        if (st == RT_OK && n > 0) st = rt_gpu_download(c->gpu, hm, mine, n * (int64_t)sizeof *hm, err);
+        if (st == RT_OK) st = c->ops->exchange(c, hm, off, hg, err);
+        if (st == RT_OK && len > 0) st = rt_gpu_upload(c->gpu, got, hg, len * c->size * (int64_t)sizeof *hg, err);
+        if (st != RT_OK) rt_error_context(err, "%s (GPU buffers staged through host memory)", what);
+    } else {
+        st = c->ops->exchange(c, mine, off, got, err);
+    }
     if (st == RT_OK) rt_comm_count(c, RT_COMM_EXCHANGE, t0, (int64_t)sizeof(float) * (n - len));
     return st;
 }
@@ -180,7 +238,18 @@ RtStatus rt_comm_gather_shards(RtComm *c, float *v, const int64_t *off, RtError 
     int64_t n = off[c->size], len = off[c->rank + 1] - off[c->rank];
     if (n > 0 && !v) return rt_fail(err, RT_ERR_ARG, "%s: a NULL buffer", what);
     double t0 = rt_comm_now();
-    st = c->ops->gather_shards(c, v, off, err);
+    if (c->gpu) { /* device buffers: this rank's shard down, the others' up */
+        float *h = NULL;
+        int64_t r0 = off[c->rank], r1 = off[c->rank + 1];
+        st = rt_comm_stage(c, 0, n, &h, err);
+        if (st == RT_OK && len > 0) st = rt_gpu_download(c->gpu, h + r0, v + r0, len * (int64_t)sizeof *h, err);
+        if (st == RT_OK) st = c->ops->gather_shards(c, h, off, err);
+        if (st == RT_OK && r0 > 0) st = rt_gpu_upload(c->gpu, v, h, r0 * (int64_t)sizeof *h, err);
+        if (st == RT_OK && n > r1) st = rt_gpu_upload(c->gpu, v + r1, h + r1, (n - r1) * (int64_t)sizeof *h, err);
+        if (st != RT_OK) rt_error_context(err, "%s (GPU buffers staged through host memory)", what);
+    } else {
+        st = c->ops->gather_shards(c, v, off, err);
+    }
     if (st == RT_OK) rt_comm_count(c, RT_COMM_GATHER_SHARDS, t0, (int64_t)sizeof(float) * len * (c->size - 1));
     return st;
 }

@@ -11,8 +11,9 @@
  *         with dlopen at run time, so executables neither link nor need MPI to run alone.
  *   tcp   torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a TCP
  *         rendezvous at MASTER_ADDR:MASTER_PORT and a socket to every other rank; no MPI needed.
- * On a GPU the same calls take device buffers (NCCL, bootstrapped through the backend above, or
- * staged through host memory where NCCL is not available): see rt_comm_set_gpu.
+ * On a GPU, exchange_shards and gather_shards take device buffers once rt_comm_set_gpu has named
+ * the GPU: staged through host memory for now (NCCL, bootstrapped through the backend above, is
+ * not used yet; docs/parallel.md).
  *
  * Determinism. No collective here adds floating-point numbers: the reduce-scatter is split into
  * an exchange (rt_comm_exchange_shards: every rank receives every rank's copy of its own shard,
@@ -74,11 +75,23 @@ RtStatus rt_comm_barrier(RtComm *c, RtError *err);
 #define RT_COMM_TIMEOUT_DEFAULT 600.0
 RtStatus rt_comm_timeout_env(double *timeout_s, RtError *err);
 
+/* GPU buffers: after rt_comm_set_gpu(c, g), the float vectors of rt_comm_exchange_shards (mine,
+ * got) and rt_comm_gather_shards (v) are device memory of g: each call downloads what this rank
+ * sends, runs the collective on host copies and uploads what it received (rt_gpu_download waits
+ * for g's stream first; the upload is queued on it). gather_f64 and broadcast keep taking host
+ * memory. g NULL: host buffers again. The staging copies are part of each call's time. */
+typedef struct RtGpu RtGpu;
+void rt_comm_set_gpu(RtComm *c, RtGpu *g);
+
 /* Equal shard boundaries for n elements over size ranks, each a multiple of `align` elements
  * except the last: off has size + 1 entries. */
 void rt_comm_shards(int64_t n, int size, int64_t align, int64_t *off);
 
 /* MBT_DEBUG: the collectives' table (nothing when no call was made or MBT_DEBUG is unset). */
 void rt_comm_print_timing(FILE *f, const RtComm *c);
+/* MBT_TRACE=FILE.json: every call (up to 2^20) as an event of a Chrome trace of this rank's own,
+ * FILE.comm-rankR.json (the GPU's trace keeps FILE.json); its origin is rt_comm_open. Writes
+ * nothing (and *path NULL) when MBT_TRACE is unset or no call was made; else *path is the file. */
+RtStatus rt_comm_trace_write(RtComm *c, const char **path, RtError *err);
 
 #endif

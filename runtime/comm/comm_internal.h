@@ -8,6 +8,7 @@
 #define MBT_COMM_INTERNAL_H
 
 #include "comm.h"
+#include "rt_gpu.h"
 
 /* The collectives, in the order of the MBT_DEBUG table. */
 typedef enum RtCommOp {
@@ -45,7 +46,16 @@ struct RtComm {
     char launcher[32]; /* rt_comm_launcher */
     int debug;         /* MBT_DEBUG >= 1 at open */
     RtCommStat stat[RT_COMM_NOPS];
+    RtGpu *gpu;         /* rt_comm_set_gpu: the float vectors are its device memory */
+    float *stage[2];    /* host copies of them (grown as needed) */
+    int64_t stage_n[2]; /* their sizes in floats */
+    double t_open;      /* rt_comm_now() at open: the trace's origin */
+    char *trace_path;   /* MBT_TRACE: this rank's file of collectives, or NULL */
+    RtGpuEvent *events; /* the calls, for the trace (at most RT_COMM_TRACE_MAX) */
+    int64_t nevents, cap_events;
 };
+
+#define RT_COMM_TRACE_MAX (INT64_C(1) << 20)
 
 double rt_comm_now(void); /* monotonic seconds */
 

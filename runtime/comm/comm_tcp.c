@@ -308,7 +308,7 @@ static RtStatus rt_tcp_io(int fd, void *buf, size_t n, int writing, double deadl
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
             return rt_fail_errno(err, errno, "collectives (tcp): %s", what);
         }
-        if (m == 0) return rt_fail(err, RT_ERR_IO, "collectives (tcp): the connection closed %s", what);
+        if (m == 0) return rt_fail(err, RT_ERR_IO, "collectives (tcp): the peer closed the connection %s", what);
         done += (size_t)m;
     }
     return RT_OK;
@@ -533,8 +533,14 @@ RtStatus rt_comm_open_tcp(RtComm *c, RtError *err) {
     }
     for (long p = 0; p < size; p++) t->fd[p] = -1;
     if (size > 1) st = rt_tcp_rendezvous(c, host, (int)mport, err);
+    if (st != RT_OK && err) {
+        /* "collectives (tcp): rank 1 of 2, rendezvous at HOST:PORT: <what failed>" */
+        static const char pre[] = "collectives (tcp): ";
+        char why[RT_ERROR_MAX];
+        snprintf(why, sizeof why, "%s", strncmp(err->msg, pre, sizeof pre - 1) ? err->msg : err->msg + sizeof pre - 1);
+        rt_fail(err, st, "%srank %d of %d, rendezvous at %s:%ld: %s", pre, c->rank, c->size, host, mport, why);
+    }
     if (st != RT_OK) {
-        rt_error_context(err, "rank %d of %d, rendezvous at %s:%ld", c->rank, c->size, host, mport);
         rt_tcp_free(c);
         return st;
     }

@@ -7,9 +7,12 @@
  *   comm_check --kill R        rank R kills itself with SIGKILL after the world opened
  *   comm_check --hang R        rank R sleeps (2 x the timeout + 1 s) instead of calling the collectives
  *   comm_check --mismatch R    rank R calls broadcast where the others call exchange_shards
+ *   comm_check --bench N       no checks: times 10 exchange_shards + gather_shards pairs of an
+ *                              N-float vector (after 2 untimed), the all-reduce's traffic; rank 0
+ *                              prints the mean time a pair and the bytes a rank sent per second
  *
- * Each rank prints `rank R of P (BACKEND): ok, N values checked` (and with MBT_DEBUG=1 its table of
- * the collectives' timing) and exits 0, or prints
+ * Each rank prints `rank R of P (BACKEND): ok, N values checked` (with MBT_DEBUG=1 its table of the
+ * collectives' timing; with MBT_TRACE=F.json `trace: F.comm-rankR.json`, the file it wrote) and exits 0, or prints
  * `comm_check: rank R: MESSAGE` on stderr and stops the world with rt_comm_abort(1). The timeout
  * is MBT_COMM_TIMEOUT's (rt_comm_timeout_env). */
 #include <signal.h>
@@ -17,9 +20,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm.h"
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static RtComm *world;
 static int64_t checked;
@@ -89,12 +99,39 @@ static void round_trip(int t, int64_t scale) {
     free(got);
 }
 
+static void bench(int64_t n) {
+    RtError e;
+    int P = rt_comm_size(world);
+    int64_t *off = malloc((size_t)(P + 1) * sizeof *off);
+    rt_comm_shards(n, P, 16, off);
+    int64_t len = off[rt_comm_rank(world) + 1] - off[rt_comm_rank(world)];
+    float *v = calloc((size_t)n + 1, sizeof *v), *got = calloc((size_t)(len * P) + 1, sizeof *got);
+    if (!off || !v || !got) die("out of memory", NULL);
+    double t0 = 0;
+    for (int i = 0; i < 12; i++) {
+        if (i == 2) {
+            if (rt_comm_barrier(world, &e) != RT_OK) die("barrier", &e);
+            t0 = now_seconds();
+        }
+        if (rt_comm_exchange_shards(world, v, off, got, &e) != RT_OK) die("exchange_shards", &e);
+        if (rt_comm_gather_shards(world, v, off, &e) != RT_OK) die("gather_shards", &e);
+    }
+    double dt = (now_seconds() - t0) / 10;
+    double sent = 4.0 * (double)(n - len) + 4.0 * (double)len * (P - 1);
+    if (rt_comm_rank(world) == 0)
+        printf("bench: %d ranks (%s), %lld floats: %.3f ms a pair, %.1f MB sent a pair, %.2f GB/s sent a rank\n", P,
+               rt_comm_backend(world), (long long)n, 1e3 * dt, sent / 1e6, sent / dt / 1e9);
+    free(off);
+    free(v);
+    free(got);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc >= 3 ? argv[1] : "";
     int who = argc >= 3 ? atoi(argv[2]) : -1;
     if (argc != 1 && (argc != 3 || (strcmp(mode, "--die") && strcmp(mode, "--kill") && strcmp(mode, "--hang") &&
-                                    strcmp(mode, "--mismatch")))) {
-        fprintf(stderr, "usage: comm_check [--die R | --kill R | --hang R | --mismatch R]\n");
+                                    strcmp(mode, "--mismatch") && strcmp(mode, "--bench")))) {
+        fprintf(stderr, "usage: comm_check [--die R | --kill R | --hang R | --mismatch R | --bench N]\n");
         return 2;
     }
     RtError e;
@@ -108,6 +145,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     int r = rt_comm_rank(world);
+    if (!strcmp(mode, "--bench")) {
+        bench(atoll(argv[2]));
+        rt_comm_close(world);
+        return 0;
+    }
     if (r == who && !strcmp(mode, "--die")) _exit(0);
     if (r == who && !strcmp(mode, "--kill")) raise(SIGKILL);
     if (r == who && !strcmp(mode, "--hang")) {
@@ -122,6 +164,9 @@ int main(int argc, char **argv) {
     round_trip(5, 4001); /* ~1.4 M floats a rank at 4 ranks: many partial sends and receives */
     printf("rank %d of %d (%s): ok, %lld values checked\n", r, rt_comm_size(world), rt_comm_backend(world), (long long)checked);
     rt_comm_print_timing(stdout, world); /* MBT_DEBUG */
+    const char *trace;
+    if (rt_comm_trace_write(world, &trace, &e) != RT_OK) die("MBT_TRACE", &e);
+    if (trace) printf("trace: %s\n", trace);
     fflush(stdout);
     rt_comm_close(world);
     return 0;

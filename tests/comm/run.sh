@@ -51,7 +51,7 @@ tcp_run() {
             RANK=$r WORLD_SIZE=$P LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT \
                 timeout -s KILL $((3 * TIMEOUT + 5)) "$@" >"$DIR/$name.$r" 2>&1
             echo $? >"$DIR/$name.$r.rc"
-        ) &
+        ) 2>/dev/null & # (bash's own "Killed" notes: the kill tests mean them)
         pids+=($!)
     done
     wait "${pids[@]}" 2>/dev/null
@@ -60,15 +60,19 @@ tcp_run() {
 rc_of() { cat "$DIR/$1.$2.rc"; }
 
 # ---- tcp: every collective exact ----------------------------------------------------------------
-# (with MBT_DEBUG=1: each rank's table of the collectives, 4 calls of exchange_shards)
+# (with MBT_DEBUG=1: each rank's table of the collectives, 4 calls of exchange_shards; with
+# MBT_TRACE: each rank's Chrome trace, 24 events)
 for P in 2 4; do
-    MBT_DEBUG=1 tcp_run tcp-$P $P "$CHECK"
+    MBT_DEBUG=1 MBT_TRACE="$DIR/trace-$P.json" tcp_run tcp-$P $P "$CHECK"
     bad=""
     for ((r = 0; r < P; r++)); do
         [ "$(rc_of tcp-$P $r)" = 0 ] && grep -q "^rank $r of $P (tcp): ok, [0-9]* values checked" "$DIR/tcp-$P.$r" \
             && grep -q "^\[rank $r\] collectives: rank $r of $P, tcp, timeout 3 s$" "$DIR/tcp-$P.$r" \
             && grep -qE "^\[rank $r\]   exchange_shards +4 " "$DIR/tcp-$P.$r" \
-            && grep -qE "^\[rank $r\]   broadcast +8 " "$DIR/tcp-$P.$r" || bad="$bad $r"
+            && grep -qE "^\[rank $r\]   broadcast +8 " "$DIR/tcp-$P.$r" \
+            && grep -qxF "trace: $DIR/trace-$P.comm-rank$r.json" "$DIR/tcp-$P.$r" \
+            && [ "$(grep -c '"name":"exchange_shards","ph":"X"' "$DIR/trace-$P.comm-rank$r.json")" = 4 ] \
+            && [ "$(grep -c '"ph":"X"' "$DIR/trace-$P.comm-rank$r.json")" = 24 ] || bad="$bad $r"
     done
     if [ -z "$bad" ]; then pass "tcp-$P ($(grep -h -o '[0-9]* values' "$DIR"/tcp-$P.[0-9] | awk '{s += $1} END {print s}') values checked)"
     else fail tcp-$P "ranks$bad failed" "$DIR"/tcp-$P.[0-9]; fi

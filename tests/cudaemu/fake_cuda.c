@@ -196,12 +196,14 @@ CUresult cuMemFreeHost(void *p) {
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     (void)s;
+    fake.htod_bytes += (long long)n;
     memcpy((void *)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
     (void)s;
+    fake.dtoh_bytes += (long long)n;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }

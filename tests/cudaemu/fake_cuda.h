@@ -24,7 +24,8 @@ typedef struct FakeControl {
     uint32_t last_align[4]; /* the last heuristic's minimum alignments of A, B, C, D */
     char last_kernel[64];
     unsigned last_grid[2], last_block;
-    double clock_ms; /* a launch takes 0.5 ms, a matmul 2 ms; events read this clock */
+    double clock_ms;                  /* a launch takes 0.5 ms, a matmul 2 ms; events read this clock */
+    long long htod_bytes, dtoh_bytes; /* bytes copied host to device, device to host */
 } FakeControl;
 
 #endif

@@ -13,7 +13,7 @@
 /* No launcher's variables: the self backend. */
 static void clear_env(void) {
     static const char *const vars[] = {"MBT_COMM", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                                       "RANK",     "WORLD_SIZE",           "MBT_DEBUG"};
+                                       "RANK",     "WORLD_SIZE",           "MBT_DEBUG", "MBT_TRACE"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -182,6 +182,47 @@ static void timeout_env(void) {
     unsetenv("MBT_COMM_TIMEOUT");
 }
 
+/* MBT_TRACE=F.json: F.comm-rank0.json with one event per call; nothing without calls; an
+ * unwritable place is an error naming the trace. */
+static void trace_file(void) {
+    clear_env();
+    char dir[] = "/tmp/mbt_comm_traceXXXXXX", want[256], file[300];
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp failed");
+        return;
+    }
+    snprintf(file, sizeof file, "%s/t.json", dir);
+    snprintf(want, sizeof want, "%s/t.comm-rank0.json", dir);
+    setenv("MBT_TRACE", file, 1);
+    RtComm *c = NULL;
+    RtError e;
+    const char *path = "x";
+    CHECK(rt_comm_open(&c, 5, &e) == RT_OK, "open: %s", e.msg);
+    if (!c) return;
+    CHECK(rt_comm_trace_write(c, &path, &e) == RT_OK && path == NULL, "a trace without calls: %s", path ? path : e.msg);
+    double x = 1, y;
+    CHECK(rt_comm_barrier(c, &e) == RT_OK && rt_comm_gather_f64(c, &x, 1, &y, &e) == RT_OK, "calls: %s", e.msg);
+    CHECK(rt_comm_trace_write(c, &path, &e) == RT_OK && path && strcmp(path, want) == 0, "trace: %s", path ? path : e.msg);
+    FILE *f = fopen(want, "r");
+    char text[4096] = "";
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK(strstr(text, "{\"name\":\"barrier\",\"ph\":\"X\"") && strstr(text, "{\"name\":\"gather_f64\",\"ph\":\"X\""),
+          "the trace lacks the calls: %s", text);
+    rt_comm_close(c);
+    remove(want);
+    rmdir(dir);
+    setenv("MBT_TRACE", "/nonexistent/dir/t.json", 1);
+    CHECK(rt_comm_open(&c, 5, &e) == RT_OK && rt_comm_barrier(c, &e) == RT_OK, "open: %s", e.msg);
+    rt_error_clear(&e);
+    CHECK(rt_comm_trace_write(c, &path, &e) != RT_OK && strstr(e.msg, "the collectives' trace (MBT_TRACE)") &&
+              strstr(e.msg, "/nonexistent/dir/t.comm-rank0.json"),
+          "an unwritable trace: '%s'", e.msg);
+    rt_comm_close(c);
+    clear_env();
+}
+
 int main(void) {
     RUN(self_world);
     RUN(self_collectives);
@@ -189,5 +230,6 @@ int main(void) {
     RUN(shards);
     RUN(timing_table);
     RUN(timeout_env);
+    RUN(trace_file);
     return unit_finish();
 }

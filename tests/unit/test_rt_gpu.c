@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "comm.h"
 #include "fake_cuda.h"
 #include "rt_gpu.h"
 #include "unit.h"
@@ -866,6 +867,87 @@ static void fake_timing_off(void) {
 
 /* ==== main ========================================================================================== */
 
+/* ==== the collectives on GPU buffers (runtime/comm, rt_comm_set_gpu) ================================ */
+
+/* Two tcp ranks: this process (rank 0, its vectors in the fake GPU's memory) and a forked one
+ * (rank 1, host memory). exchange_shards and gather_shards must give rank 0's device buffers
+ * exactly what host buffers get; rank 1 checks its own side. Shards are uneven: [0, 3), [3, 10). */
+static void fake_comm_staging(void) {
+    FakeControl *fake = use_fake();
+    enum { N = 10 };
+    const int64_t off[3] = {0, 3, N};
+    char port[16];
+    snprintf(port, sizeof port, "%d", 30000 + (int)(getpid() % 20000));
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port, 1);
+    unsetenv("MBT_COMM");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("PMIX_RANK");
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) { /* rank 1, host buffers; exit status 0 when its results are right */
+        setenv("RANK", "1", 1);
+        RtComm *c = NULL;
+        RtError e;
+        if (rt_comm_open(&c, 10, &e) != RT_OK) _exit(2);
+        float mine[N], got[2 * 7], v[N];
+        for (int k = 0; k < N; k++) mine[k] = 100.0f + (float)k, v[k] = k >= 3 ? 200.0f + (float)k : -1.0f;
+        int bad = rt_comm_exchange_shards(c, mine, off, got, &e) != RT_OK || rt_comm_gather_shards(c, v, off, &e) != RT_OK;
+        for (int k = 0; k < 7 && !bad; k++) bad = got[k] != (float)(3 + k) || got[7 + k] != 100.0f + (float)(3 + k);
+        for (int k = 0; k < N && !bad; k++) bad = v[k] != (k < 3 ? 300.0f + (float)k : 200.0f + (float)k);
+        rt_comm_close(c);
+        _exit(bad ? 3 : 0);
+    }
+    setenv("RANK", "0", 1);
+    RtComm *c = NULL;
+    RtError e;
+    CHECK(rt_comm_open(&c, 10, &e) == RT_OK, "open rank 0: %s", e.msg);
+    RtGpu *g = open_fake(&program);
+    if (!c || !g) {
+        if (child > 0) waitpid(child, NULL, 0);
+        return;
+    }
+    rt_comm_set_gpu(c, g);
+    float host[N], got[2 * 3], v[N];
+    for (int k = 0; k < N; k++) host[k] = (float)k;
+    void *dmine = NULL, *dgot = NULL, *dv = NULL;
+    CHECK(rt_gpu_alloc(g, &dmine, sizeof host, "mine", &e) == RT_OK && rt_gpu_alloc(g, &dgot, sizeof got, "got", &e) == RT_OK &&
+              rt_gpu_alloc(g, &dv, sizeof v, "v", &e) == RT_OK,
+          "alloc: %s", e.msg);
+    CHECK(rt_gpu_upload(g, dmine, host, sizeof host, &e) == RT_OK, "upload: %s", e.msg);
+    for (int k = 0; k < N; k++) v[k] = k < 3 ? 300.0f + (float)k : -5.0f; /* rank 1's part to be replaced */
+    CHECK(rt_gpu_upload(g, dv, v, sizeof v, &e) == RT_OK, "upload: %s", e.msg);
+    /* the fake's device memory is host memory: the copies counted show that the calls staged */
+    long long down = fake->dtoh_bytes, up = fake->htod_bytes;
+    CHECK(rt_comm_exchange_shards(c, dmine, off, dgot, &e) == RT_OK, "exchange_shards on GPU buffers: %s", e.msg);
+    CHECK(fake->dtoh_bytes - down == N * 4 && fake->htod_bytes - up == 6 * 4,
+          "exchange_shards copied %lld bytes down, %lld up; expected %d and %d", fake->dtoh_bytes - down, fake->htod_bytes - up,
+          N * 4, 6 * 4);
+    down = fake->dtoh_bytes, up = fake->htod_bytes;
+    CHECK(rt_comm_gather_shards(c, dv, off, &e) == RT_OK, "gather_shards on GPU buffers: %s", e.msg);
+    CHECK(fake->dtoh_bytes - down == 3 * 4 && fake->htod_bytes - up == 7 * 4,
+          "gather_shards copied %lld bytes down, %lld up; expected %d (its shard) and %d (the others')", fake->dtoh_bytes - down,
+          fake->htod_bytes - up, 3 * 4, 7 * 4);
+    CHECK(rt_gpu_download(g, got, dgot, sizeof got, &e) == RT_OK && rt_gpu_download(g, v, dv, sizeof v, &e) == RT_OK,
+          "download: %s", e.msg);
+    for (int k = 0; k < 3; k++)
+        CHECK(got[k] == (float)k && got[3 + k] == 100.0f + (float)k, "exchange_shards: got[%d] %g, got[%d] %g", k, got[k], 3 + k,
+              got[3 + k]);
+    for (int k = 0; k < N; k++)
+        CHECK(v[k] == (k < 3 ? 300.0f + (float)k : 200.0f + (float)k), "gather_shards: v[%d] is %g", k, v[k]);
+    int st = -1;
+    waitpid(child, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 (host buffers) failed: status %d", st);
+    rt_gpu_free(g, dmine);
+    rt_gpu_free(g, dgot);
+    rt_gpu_free(g, dv);
+    rt_comm_close(c);
+    rt_gpu_close(g);
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[PATH_MAX];
@@ -899,5 +981,6 @@ int main(int argc, char **argv) {
     RUN(fake_gemm_plans);
     RUN(fake_timing_and_trace);
     RUN(fake_timing_off);
+    RUN(fake_comm_staging);
     return unit_finish();
 }
