@@ -224,6 +224,7 @@ void rt_data_close(RtData *d);                                                  
 RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y,
                       RtError *err);     /* the next B windows: x, y are [B, T]; on error the position does not move */
 RtDataPos rt_data_tell(const RtData *d); /* the position of the next window */
+void rt_data_skip(RtData *d, int64_t n); /* passes n windows without reading them (other ranks read them) */
 RtStatus rt_data_seek(RtData *d, const RtDataPos *pos,
                       RtError *err);                     /* restores a position from rt_data_tell of an identical source */
 void rt_data_rewind(RtData *d);                          /* back to the first window of epoch 0 */

@@ -38,10 +38,11 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    7 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    8 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
-                          * 7: documents (RtStep.pos, RtTrainSettings.docs) */
+                          * 7: documents (RtStep.pos, RtTrainSettings.docs);
+                          * 8: RtTrainSettings.zero, RtStep.lo and hi (ZeRO's ranged optimizer_update) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -187,10 +188,10 @@ typedef struct RtRampStage {
  *
  * The batch. Optimizer step s takes the global batch of the stage in force at s: (global, accum)
  * below before ramp[0].step, then ramp[i] from ramp[i].step on. data_ranks > 1 is the program's
- * `parallel { data = N }`; one process (every executable today: there are no collectives yet)
- * runs all N ranks' micro-batches in turn, accum x N a step, each seeded with
- * loss_scale = 1 / (accum x N), so it trains on the program's whole global batch exactly as
- * the N ranks together would (up to which windows each rank would read). */
+ * `parallel { data = N }`: N processes (a launcher's) run accum micro-batches each, or one
+ * process alone runs all N ranks' in turn, accum x N a step; each is seeded with
+ * loss_scale = 1 / (accum x N), and their gradients are summed by one tree over the global
+ * batch's micro-batch indices (docs/parallel.md). */
 typedef struct RtTrainSettings {
     RT_TRAIN_FIELDS(RT_DECLARE_FIELD)
 } RtTrainSettings;
@@ -257,8 +258,13 @@ typedef struct RtPlanInfo {
  * causal model ignores x[len, T)). NULL: the program cannot generate.
  * optimizer_init: sets the optimizer state's initial values (`state m = 0`); NULL: the runtime
  * zeroes it.
- * optimizer_update: one optimizer step over every parameter: reads grads (already clipped),
- * updates params and state with lr and t. The runtime zeroes grads afterwards.
+ * optimizer_update: one optimizer step over the elements [lo, hi) of the parameter region (hi =
+ * 0, or 0 and param_floats: every parameter): reads grads (already clipped), updates params and state with lr
+ * and t. The runtime zeroes grads afterwards. A range other than the whole region is ZeRO's
+ * (parallel { zero }, docs/parallel.md): the state region then holds only the range, variable j's
+ * element lo + k at state[j x (hi - lo) + k] (the whole region's layout when lo = 0, hi =
+ * param_floats). Only the CPU's update takes a range other than the whole region; mbtc refuses
+ * zero > 0 where the update is not elementwise (so that a range of it is the same arithmetic).
  * lr_schedule: the learning-rate multiplier at 0-based step `step` (lr.cosine(...) compiled).
  *
  * What a checkpoint records of the program, so that resuming checks it continues the same

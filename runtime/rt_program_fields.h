@@ -34,30 +34,32 @@
 
 /* RtTrainSettings: a train block's settings. */
 #define RT_TRAIN_FIELDS(X)                                                                                                       \
-    X(const char *, name, ptr)              /* the train block's name (`./prog train NAME`) */                                   \
-    X(int64_t, micro, i64)                  /* B: sequences per micro-batch */                                                   \
-    X(int64_t, seq, i64)                    /* T: tokens per sequence */                                                         \
-    X(int64_t, global, i64)                 /* sequences per optimizer step from step 0: micro x accum x data_ranks */           \
-    X(int64_t, accum, i64)                  /* micro-batches per optimizer step and data-parallel rank, from step 0 */           \
-    X(int64_t, steps, i64)                  /* optimizer steps */                                                                \
-    X(uint64_t, seed, i64)                  /* initialisation, data order, dropout */                                            \
-    X(double, clip, f64)                    /* global gradient-norm clip; 0: none */                                             \
-    X(int64_t, vocab, i64)                  /* token ids are below this */                                                       \
-    X(int64_t, ctx, i64)                    /* the model's longest context (positions) */                                        \
-    X(double, lr, f64)                      /* the optimizer's base learning rate */                                             \
-    X(const char *, data, ptr)              /* glob of the training shards */                                                    \
-    X(const char *, val_data, ptr)          /* glob of the held-out shards; NULL: hold out the tail of `data` */                 \
-    X(int, shuffle, i32)                    /* 1: seeded shuffle of the training windows each epoch */                           \
-    X(int64_t, eval_every, i64)             /* evaluate every N steps during training; 0: never */                               \
-    X(int64_t, eval_steps, i64)             /* micro-batches per evaluation (also what is held out without val_data) */          \
-    X(int64_t, data_ranks, i64)             /* data-parallel ranks (parallel { data }), >= 1; one process runs them all */       \
-    X(int64_t, nramp, i64)                  /* stages of a batch-size ramp after the first; 0: the batch never changes */        \
-    X(const RtRampStage *, ramp, ptr)       /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */                 \
-    X(int64_t, ckpt_every, i64)             /* `checkpoint { every }`: every N steps; 0: none (--ckpt-every overrides) */        \
-    X(const char *, ckpt_dir, ptr)          /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */          \
-    X(int64_t, ckpt_keep, i64)              /* `checkpoint { keep }`: the newest N are kept; 0: all */                           \
-    X(int64_t, docs, i64)                   /* tokens(docs = EOT): the id ending each document (data.pos); -1: none */           \
-    X(int32_t, ckpt_continue_on_error, i32) /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */
+    X(const char *, name, ptr)        /* the train block's name (`./prog train NAME`) */                                         \
+    X(int64_t, micro, i64)            /* B: sequences per micro-batch */                                                         \
+    X(int64_t, seq, i64)              /* T: tokens per sequence */                                                               \
+    X(int64_t, global, i64)           /* sequences per optimizer step from step 0: micro x accum x data_ranks */                 \
+    X(int64_t, accum, i64)            /* micro-batches per optimizer step and data-parallel rank, from step 0 */                 \
+    X(int64_t, steps, i64)            /* optimizer steps */                                                                      \
+    X(uint64_t, seed, i64)            /* initialisation, data order, dropout */                                                  \
+    X(double, clip, f64)              /* global gradient-norm clip; 0: none */                                                   \
+    X(int64_t, vocab, i64)            /* token ids are below this */                                                             \
+    X(int64_t, ctx, i64)              /* the model's longest context (positions) */                                              \
+    X(double, lr, f64)                /* the optimizer's base learning rate */                                                   \
+    X(const char *, data, ptr)        /* glob of the training shards */                                                          \
+    X(const char *, val_data, ptr)    /* glob of the held-out shards; NULL: hold out the tail of `data` */                       \
+    X(int, shuffle, i32)              /* 1: seeded shuffle of the training windows each epoch */                                 \
+    X(int64_t, eval_every, i64)       /* evaluate every N steps during training; 0: never */                                     \
+    X(int64_t, eval_steps, i64)       /* micro-batches per evaluation (also what is held out without val_data) */                \
+    X(int64_t, data_ranks, i64)       /* data-parallel ranks (parallel { data }), >= 1: processes, or one runs them all */       \
+    X(int64_t, nramp, i64)            /* stages of a batch-size ramp after the first; 0: the batch never changes */              \
+    X(const RtRampStage *, ramp, ptr) /* [nramp]: steps increasing, the first > 0; NULL when nramp is 0 */                       \
+    X(int64_t, ckpt_every, i64)       /* `checkpoint { every }`: every N steps; 0: none (--ckpt-every overrides) */              \
+    X(const char *, ckpt_dir, ptr)    /* `checkpoint { dir }` ("checkpoints" by default; --ckpt-dir overrides) */                \
+    X(int64_t, ckpt_keep, i64)        /* `checkpoint { keep }`: the newest N are kept; 0: all */                                 \
+    X(int64_t, docs, i64)             /* tokens(docs = EOT): the id ending each document (data.pos); -1: none */                 \
+    X(int32_t, ckpt_continue_on_error,                                                                                           \
+      i32)                /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */                 \
+    X(int64_t, zero, i64) /* parallel { zero }: 0; 1 optimizer state sharded over the data ranks, 2 also the reduced gradient */
 
 /* RtGenerateSettings: the defaults of `./prog generate`. */
 #define RT_GEN_FIELDS(X)                                                                                                         \
@@ -90,7 +92,9 @@
     X(int64_t, micro, i64)     /* forward_backward: 0-based micro-batch within the step */                                       \
     X(uint64_t, seed, i64)     /* the run's seed */                                                                              \
     X(RtError *, err, ptr)     /* a function that fails fills it and returns its status */                                       \
-    X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */
+    X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */                               \
+    X(int64_t, lo, i64)        /* optimizer_update: the elements [lo, hi) of the parameter region it updates (ZeRO's shard; */   \
+    X(int64_t, hi, i64)        /* hi = 0: all); the state region then holds each variable's [lo, hi) in turn */
 
 /* RtGpuImage: one image of the program's CUDA module, embedded by mbtc (--cuda-arch). */
 #define RT_GPU_IMAGE_FIELDS(X)                                                                                                   \

@@ -52,15 +52,18 @@ const char *program_hash(Host *h) {
     char *ir = LLVMPrintModuleToString(h->m);
     LLVMSetModuleIdentifier(h->m, id, idlen);
     LLVMSetSourceFileName(h->m, src, srclen);
-    const char *text = arena_printf(h->ar,
-                                    "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " data=%" PRId64 " clip=%.17g lr=%.17g "
-                                    "shuffle=%d vocab=%" PRId64,
-                                    ir, p->programs[0].micro, p->seq, p->programs[0].data, p->clip, p->has_lr ? p->lr_base : 1.0,
-                                    ts->shuffle, p->sched.vocab);
+    /* Not the data-parallel degree, nor the accumulation it implies (global / micro / data): the
+     * step's computation is one tree over the global batch's micro-batches at any degree
+     * (docs/parallel.md), so a checkpoint of N ranks resumes with M. */
+    const char *text =
+        arena_printf(h->ar,
+                     "%s\nbatch micro=%" PRId64 " seq=%" PRId64 " clip=%.17g lr=%.17g "
+                     "shuffle=%d vocab=%" PRId64,
+                     ir, p->programs[0].micro, p->seq, p->clip, p->has_lr ? p->lr_base : 1.0, ts->shuffle, p->sched.vocab);
     LLVMDisposeMessage(ir);
     for (int i = 0; i < p->nprograms; i++)
-        text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64 " accum=%" PRId64, text,
-                            p->programs[i].first_step, p->programs[i].global, p->programs[i].accumulation);
+        text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64, text, p->programs[i].first_step,
+                            p->programs[i].global);
     char hex[HOST_ABI_CHECKSUM_CHARS + 1];
     host_abi_checksum(text, strlen(text), hex);
     return arena_printf(h->ar, "xxh3-128:%s", hex);
@@ -121,6 +124,7 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_eval_every] = ci64(h, ts->eval_every);
     f[RT_TRAIN_eval_steps] = ci64(h, ts->eval_steps ? ts->eval_steps : 20);
     f[RT_TRAIN_data_ranks] = ci64(h, pg->data);
+    f[RT_TRAIN_zero] = ci64(h, ts->zero);
     f[RT_TRAIN_nramp] = ci64(h, p->nprograms - 1);
     f[RT_TRAIN_ramp] = ramp;
     f[RT_TRAIN_ckpt_every] = ci64(h, ts->ckpt_every);

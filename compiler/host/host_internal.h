@@ -127,6 +127,8 @@ void emit_f32_loop(Host *h, LLVMValueRef fn, LLVMValueRef dst, LLVMValueRef src,
 LLVMValueRef begin_fn(Host *h, const char *name, LLVMTypeRef ret);
 HostFn host_fn_begin(Host *h, const char *name);
 void emit_check(Host *h, LLVMValueRef fn, LLVMValueRef st);
+/* NULL when the update schedule can run on a range of the parameter region (ZeRO), else why not */
+const char *update_range_refusal(const Host *h, const Sched *S);
 LLVMValueRef ptr_array(Host *h, LLVMValueRef const *v, int n, const char *name);
 /* the constant struct t of v[0..n), every field set (an emitter fills v by field index from
  * zeroed arrays: a field it forgot is an internal error, not a garbage pointer) */

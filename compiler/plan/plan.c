@@ -206,11 +206,14 @@ static void plan_notes(PlanCtx *c) {
         if (par[i].v > 1)
             plan_note(c, arena_printf(c->ar, "parallel.%s = %" PRId64 " is not planned yet: each rank holds the whole model",
                                       par[i].key, par[i].v));
-    if (ts->zero > 0)
-        plan_note(c, arena_printf(c->ar,
-                                  "parallel.zero = %" PRId64 " is not planned yet: every rank holds all of the "
-                                  "optimizer state and gradients",
+    if (ts->zero > 2)
+        plan_note(c, arena_printf(c->ar, "parallel.zero = %" PRId64 " is not planned yet: every rank holds all of the parameters",
                                   ts->zero));
+    else if (ts->zero > 0) /* carried out by the runtime (docs/parallel.md, ZeRO) */
+        plan_note(c, arena_printf(c->ar,
+                                  "parallel.zero = %" PRId64 ": the runtime holds 1/%" PRId64 " of the optimizer state a rank%s; "
+                                  "the regions above are the whole program's",
+                                  ts->zero, ts->data_par, ts->zero == 2 ? " and keeps that share of the summed gradient" : ""));
     if (ts->recompute) plan_note(c, "recompute is not planned yet: the arena keeps every activation for the backward");
     if (ts->offload_activations != STORE_NONE && (int)ts->offload_activations < 3)
         plan_note(c, arena_printf(c->ar, "offload.activations = %s is not planned yet", storage[ts->offload_activations]));

@@ -6,14 +6,19 @@
  * command. Training, per optimizer step:
  *
  *     lr = base lr x lr_schedule(step); (global, accum) = the step's batch-ramp stage
- *     for each of the accum x data_ranks micro-batches: read B windows, forward_backward (adds
- *         grad(loss) / (accum x data_ranks) into the gradient region; the step's loss is the mean of theirs)
+ *     for each of this process's micro-batches (accum a rank; alone, accum x data_ranks): read B
+ *         windows, forward_backward (adds grad(loss) / (accum x data_ranks) into a zeroed region),
+ *         and the regions summed by one binary tree over the micro-batch indices (rt_exec_tree_*)
+ *     with several ranks: the partial sums exchanged by shard, summed by the tree over the ranks,
+ *         gathered (rt_train_reduce); the loss: every micro-batch's, by the tree over all of them
  *     norm = the global L2 norm of the gradient region; if clip > 0 and norm > clip, scale it
- *     optimizer_update(lr, t = step + 1); zero the gradients; log
+ *     optimizer_update(lr, t = step + 1) (ZeRO: on this rank's shard, then the shards gathered);
+ *     zero the gradients; log
  *
  * Determinism: initialisation is a function of (seed, name, element); the data order of (seed,
  * epoch); every parallel loop gives each element to one thread; the gradient norm sums fixed
- * blocks in block order. So a run is a function of its program, flags and data, never of the
+ * blocks in block order; the step's gradient and loss are sums in one tree over the micro-batch
+ * indices (docs/parallel.md: the same bits at 1, 2 or 4 ranks where accum is a power of two). So a run is a function of its program, flags and data, never of the
  * thread count (tests/unit/test_rt_train.c compares weights files byte for byte). */
 #include <errno.h>
 #include <glob.h>
@@ -309,6 +314,10 @@ static RtStatus rt_ckpt_report(const RtProgram *p, const RtOptions *o, RtCkptWri
     return RT_OK;
 }
 
+/* Shard boundaries fall on multiples of the gradient norm's blocks (RT_GRAD_BLOCK), so that each
+ * block's sum of squares is one rank's, whatever the number of ranks. */
+#define RT_SHARD_ALIGN RT_GRAD_BLOCK
+
 /* ---- the train command ------------------------------------------------------------------------- */
 
 /* Everything one training run holds, from rt_train_open to rt_train_close. */
@@ -337,6 +346,18 @@ typedef struct RtTrainRun {
     double waited;  /* training's wait for the last checkpoint snapshot */
     int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
     RtComm *comm;   /* the world of ranks (runtime/comm/comm.h): one rank unless a launcher started several */
+    /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` (the world's) */
+    int rank, nranks;
+    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp */
+    double *all_loss;   /* every rank's, in rank order: accum x nranks */
+    int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
+    float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
+    /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
+     * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
+    int zero;
+    float *zero_scratch; /* one vector of param_floats: a state variable gathered for a checkpoint */
+    float *state_full;   /* rank 0: the whole optimizer state, gathered for a checkpoint */
+    double *norm_all;    /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -426,7 +447,8 @@ static RtStatus rt_check_outputs(RtTrainRun *r) {
     if (st == RT_OK && o->log_path) st = rt_check_output(r, o->log_path, "--log", NULL, &r->e);
     if (st == RT_OK && o->dump_step) st = rt_check_output(r, o->dump_step, "--dump-step", "step dump", &r->e);
     int required = o->ckpt_every > 0 || strcmp(o->ckpt_dir, o->ckpt_dir_default) != 0;
-    if (st == RT_OK) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
+    /* rank 0 writes the checkpoints (docs/parallel.md): the others neither claim nor write them */
+    if (st == RT_OK && r->rank == 0) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
     return st;
 }
 
@@ -477,6 +499,41 @@ static RtStatus rt_train_dump_alloc(RtTrainRun *r) {
     return st;
 }
 
+static RtStatus rt_train_shard_state(RtTrainRun *r);
+
+/* The step's tree of partial sums and the micro-batches' losses, for the largest accumulation of
+ * the batch ramp. */
+static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
+    const RtTrainSettings *t = &r->p->train;
+    int64_t accum = t->accum;
+    for (int64_t i = 0; i < t->nramp; i++)
+        if (t->ramp[i].accum > accum) accum = t->ramp[i].accum;
+    accum = accum * t->data_ranks / r->nranks; /* this process's micro-batches a step, at most */
+    RtStatus st = rt_exec_tree_open(&r->x, accum, &r->e);
+    if (st != RT_OK) return st;
+    r->micro_loss = calloc((size_t)accum, sizeof *r->micro_loss);
+    r->all_loss = calloc((size_t)(accum * r->nranks), sizeof *r->all_loss);
+    if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
+    if (r->nranks == 1) return RT_OK;
+    r->shard_off = calloc((size_t)r->nranks + 1, sizeof *r->shard_off);
+    if (!r->shard_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
+    rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
+    int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
+    r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
+    if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
+    r->zero = (int)t->zero;
+    if (r->zero && r->x.gpu)
+        return rt_fail(&r->e, RT_ERR_ARG,
+                       "parallel.zero = %d runs on the CPU: the GPU's optimizer_update does not take a shard yet (--device cpu, "
+                       "or zero = 0)",
+                       r->zero);
+    if (r->zero == 2) {
+        r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);
+        if (!r->norm_all) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient norm's blocks");
+    }
+    return r->zero ? rt_train_shard_state(r) : RT_OK;
+}
+
 /* Everything before the first step: the device, a resumed checkpoint, the data, the parameters
  * and the optimizer state on the device, the checkpoint writer and the log. */
 static RtStatus rt_train_open(RtTrainRun *r) {
@@ -505,7 +562,8 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         if (!r->partial) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient-norm blocks");
     }
     if (st == RT_OK && o->dump_step) st = rt_train_dump_alloc(r);
-    if (st == RT_OK && o->ckpt_every > 0) {
+    if (st == RT_OK) st = rt_train_tree_alloc(r);
+    if (st == RT_OK && o->ckpt_every > 0 && r->rank == 0) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
     }
@@ -538,13 +596,19 @@ static void rt_train_banner(const RtTrainRun *r) {
                (long long)t->ramp[i].global, (long long)t->ramp[i].accum,
                t->ramp[i].step >= o->steps ? "; not reached in this run" : "");
     if (nranks > 1)
-        printf("data-parallel: %d processes; each still runs all %lld micro-batches of a step (splitting them across "
-               "the processes is not built yet)\n",
-               nranks, (long long)(t->accum * t->data_ranks));
+        printf("data-parallel: %d processes, each %lld micro-batches of %lld a step (its share of the global batch); "
+               "the gradient summed by one tree over the %lld micro-batches\n",
+               nranks, (long long)t->accum, (long long)t->micro, (long long)(t->accum * t->data_ranks));
     else if (t->data_ranks > 1)
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
+    if (r->zero)
+        printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
+               "parameters are gathered\n",
+               r->zero, (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1],
+               r->zero == 2 ? " and keeps that shard alone of the summed gradient" : "");
+    else if (t->zero) printf("ZeRO-%lld: one process holds every shard\n", (long long)t->zero);
     rt_print_device(o, &r->x);
     printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(r->train),
            (long long)rt_data_nfiles(r->train), rt_data_nfiles(r->train) == 1 ? "" : "s", r->spec.pattern);
@@ -565,42 +629,208 @@ static void rt_train_banner(const RtTrainRun *r) {
     fflush(stdout);
 }
 
-/* One step's micro-batches: forward and backward of each, adding into the gradients; *loss is
- * the step's (the mean of theirs). Each next batch is read while the GPU runs the one before
- * (exec.c: the GPU has two pairs of batch buffers). */
-static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t nmicro, double *loss) {
+/* v[0, n) summed in place by the step's tree (rt_exec.h, RtTree): a binary counter over the
+ * indices, the older sum on the left, and what is left folded from the right. The sum is in v[0].
+ * The gradient's regions (rt_exec_tree_*), the ranks' shards (rt_train_reduce) and the step's loss
+ * are all summed by this one shape, so each is a function of the number of micro-batches alone. */
+static double rt_tree_sum_f64(double *v, int64_t n) {
+    int64_t at[RT_TREE_MAX + 1], size[RT_TREE_MAX + 1];
+    int d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        at[d] = i, size[d++] = 1;
+        while (d >= 2 && size[d - 1] == size[d - 2]) v[at[d - 2]] += v[at[d - 1]], size[d - 2] *= 2, d--;
+    }
+    while (d >= 2) v[at[d - 2]] += v[at[d - 1]], size[d - 2] += size[d - 1], d--;
+    return n > 0 ? v[0] : 0;
+}
+
+/* This process's `accum` micro-batches of one step: forward and backward of each into the step's
+ * tree of partial sums (rt_exec_tree_*), so that afterwards the gradient region holds their sum;
+ * each one's loss goes to r->micro_loss. The global batch is M = accum x nranks micro-batches,
+ * numbered in the order of the data; rank r computes [r x accum, (r + 1) x accum) and skips the windows of
+ * the others, so every rank leaves the data where the whole step ends (docs/parallel.md). Each
+ * next batch is read while the GPU runs the one before (exec.c: the GPU has two pairs of batch
+ * buffers). */
+static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accum) {
     const RtTrainSettings *t = &r->p->train;
     RtExec *x = &r->x;
+    int64_t M = accum * r->nranks, first = r->rank * accum;
     RtError enext;
+    rt_data_skip(r->train, first * t->micro);
     RtStatus next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
-    *loss = 0;
-    for (int64_t m = 0; m < nmicro; m++) {
+    RtTree tree = {0};
+    for (int64_t m = 0; m < accum; m++) {
         RtStatus st = next;
         if (st != RT_OK) r->e = enext;
         if (st == RT_OK) st = rt_exec_batch(x, r->window, &r->e);
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld", (long long)(step + 1));
-        if (r->dump_x && step == 0) {
-            memcpy(r->dump_x + m * r->window, x->x, (size_t)r->window * sizeof *r->dump_x);
-            memcpy(r->dump_y + m * r->window, x->y, (size_t)r->window * sizeof *r->dump_y);
-        }
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_DATA);
         RtStep s = rt_exec_step(x, &r->e);
-        s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)nmicro, s.step = step, s.micro = m, s.seed = r->o.seed;
-        st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
-        if (st == RT_OK && m + 1 < nmicro) {
+        float *leaf = NULL;
+        st = rt_exec_tree_leaf(x, &tree, &leaf, &r->e);
+        s.grads = leaf;
+        /* micro: the micro-batch's index in the global batch, so that a random draw keyed by it is
+         * the same at any number of ranks */
+        s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
+        if (st == RT_OK && m + 1 < accum) {
             rt_exec_flip(x);
             next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
-        if (st != RT_OK) return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
+        if (st != RT_OK)
+            return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(first + m + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
         if (!isfinite(s.loss))
             return rt_fail(&r->e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
-                           (long long)(m + 1),
+                           (long long)(first + m + 1),
                            isnan(s.loss) ? "nan"
                            : s.loss > 0  ? "inf"
                                          : "-inf");
-        *loss += s.loss * s.loss_scale;
+        r->micro_loss[m] = s.loss;
+        st = rt_exec_tree_push(x, &tree, &r->e);
+        if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient's partial sums", (long long)(step + 1));
+    }
+    RtStatus st = rt_exec_tree_finish(x, &tree, &r->e);
+    if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient's partial sums", (long long)(step + 1));
+    rt_data_skip(r->train, (M - first - accum) * t->micro);
+    return RT_OK;
+}
+
+/* Every rank's micro-batch losses, rank 0's first, into *all (this rank's alone when it is the
+ * only one). */
+static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
+    if (r->nranks == 1) {
+        *all = r->micro_loss;
+        return RT_OK;
+    }
+    *all = r->all_loss;
+    RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum, r->all_loss, &r->e);
+    return st == RT_OK ? st : rt_error_context(&r->e, "gathering the step's losses");
+}
+
+/* The n pieces of len floats at v (piece i at v + i x len) summed in place by the step's tree
+ * over the pieces (as rt_tree_sum_f64); the sum is the first piece. */
+static void rt_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
+    int at[RT_TREE_MAX + 1];
+    int64_t size[RT_TREE_MAX + 1];
+    int d = 0;
+    for (int i = 0; i < n; i++) {
+        at[d] = i, size[d++] = 1;
+        while (d >= 2 && size[d - 1] == size[d - 2]) {
+            rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+            size[d - 2] *= 2, d--;
+        }
+    }
+    while (d >= 2) {
+        rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+        size[d - 2] += size[d - 1], d--;
+    }
+}
+
+/* The step's gradient summed over the ranks (nothing to do with one rank): each rank receives
+ * every rank's partial sum of its shard (rt_comm_exchange_shards, rank order = micro-batch order),
+ * sums them by the step's tree over the ranks, and the summed shards are gathered back so that
+ * every rank holds the whole gradient. With accum a power of two each rank's partial sum is a
+ * node of the one tree over the step's M micro-batches, and the tree over the ranks is the rest
+ * of that tree: the gradient is the bits one process gets (docs/parallel.md). On the GPU the
+ * gradient goes through host memory. */
+static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
+    if (r->nranks == 1) return RT_OK;
+    RtExec *x = &r->x;
+    int64_t n = r->p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
+    if (st == RT_OK) st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
+    if (st == RT_OK) {
+        rt_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
+        if (len > 0) memcpy(x->grads + lo, r->shard_got, (size_t)len * sizeof *x->grads);
+        /* ZeRO-2 keeps its shard of the summed gradient alone (but for --dump-step's step 1, which
+         * writes all of it; r->given is the same on every rank) */
+        if (r->zero < 2 || (r->given->dump_step && step == 0)) st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
+    }
+    if (st == RT_OK && x->gpu) st = rt_gpu_upload(x->gpu, x->d_grads, x->grads, n * 4, &r->e);
+    return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks", (long long)(step + 1));
+}
+
+/* The step's loss: the mean of its M micro-batches' losses, summed by the step's tree over all of
+ * them (every rank's, gathered in rank order, i.e. in micro-batch order), so that it does not
+ * depend on the number of ranks. */
+static RtStatus rt_train_step_loss(RtTrainRun *r, int64_t accum, double *loss) {
+    int64_t M = accum * r->nranks;
+    double *all = r->micro_loss;
+    RtStatus st = rt_train_gather_losses(r, accum, &all);
+    if (st != RT_OK) return st;
+    for (int64_t m = 0; m < M; m++) all[m] *= 1.0 / (double)M;
+    *loss = rt_tree_sum_f64(all, M);
+    return RT_OK;
+}
+
+/* --dump-step: the whole global batch of step 1 (every rank's micro-batches, in order), read again
+ * from where the step starts, so that the dump is the same file at any number of ranks. */
+static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
+    const RtTrainSettings *t = &r->p->train;
+    RtDataPos at = rt_data_tell(r->train);
+    RtStatus st = RT_OK;
+    for (int64_t m = 0; st == RT_OK && m < nmicro; m++)
+        st = rt_data_next(r->train, t->micro, r->dump_x + m * r->window, r->dump_y + m * r->window, &r->e);
+    if (st == RT_OK) st = rt_data_seek(r->train, &at, &r->e);
+    return st == RT_OK ? st : rt_error_context(&r->e, "step 1: reading the batch to dump");
+}
+
+/* ZeRO-2's gradient norm: this rank's blocks of RT_GRAD_BLOCK elements (its shard is whole blocks,
+ * RT_SHARD_ALIGN), every rank's gathered, and block b taken from the rank that holds it, summed in
+ * block order: the sum rt_exec_grad_norm makes of the whole gradient. */
+static RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm) {
+    int64_t nblocks = rt_exec_grad_blocks(r->p), lo = r->shard_off[r->rank], hi = r->shard_off[r->rank + 1];
+    memset(r->partial, 0, (size_t)nblocks * sizeof *r->partial);
+    rt_exec_grad_norm_blocks(&r->x, r->partial, lo / RT_GRAD_BLOCK, (hi + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK);
+    RtStatus st = rt_comm_gather_f64(r->comm, r->partial, nblocks, r->norm_all, &r->e);
+    if (st != RT_OK) return st;
+    double sumsq = 0;
+    int owner = 0;
+    for (int64_t b = 0; b < nblocks; b++) {
+        while (owner + 1 < r->nranks && r->shard_off[owner + 1] <= b * RT_GRAD_BLOCK) owner++;
+        sumsq += r->norm_all[owner * nblocks + b];
+    }
+    *norm = sqrt(sumsq);
+    return RT_OK;
+}
+
+/* ZeRO: the optimizer state becomes this rank's shard of each variable (after it was read whole
+ * from a checkpoint or initialised), the layout optimizer_update takes with RtStep.lo/hi. */
+static RtStatus rt_train_shard_state(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    if (p->state_floats != p->nstate * n)
+        return rt_fail(&r->e, RT_ERR_ARG, "parallel.zero: the optimizer state is %lld floats, not %lld variables of %lld",
+                       (long long)p->state_floats, (long long)p->nstate, (long long)n);
+    float *shard = malloc((size_t)(p->nstate * len + 1) * sizeof *shard);
+    r->zero_scratch = malloc((size_t)(n + 1) * sizeof *r->zero_scratch);
+    if (!shard || !r->zero_scratch) {
+        free(shard);
+        return rt_fail_errno(&r->e, ENOMEM, "parallel.zero: cannot allocate the optimizer state's shard");
+    }
+    for (int64_t j = 0; j < p->nstate; j++)
+        if (len > 0) memcpy(shard + j * len, r->x.state + j * n + lo, (size_t)len * sizeof *shard);
+    free(r->x.state);
+    r->x.state = shard;
+    return RT_OK;
+}
+
+/* ZeRO, before a checkpoint: every rank's shard of each state variable gathered, so that rank 0
+ * holds the whole state in r->state_full (the checkpoint is written once, whole, by rank 0). */
+static RtStatus rt_train_gather_state(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    if (r->rank == 0 && !r->state_full) {
+        r->state_full = malloc((size_t)(p->state_floats + 1) * sizeof *r->state_full);
+        if (!r->state_full) return rt_fail_errno(&r->e, ENOMEM, "cannot gather the optimizer state for a checkpoint");
+    }
+    for (int64_t j = 0; j < p->nstate; j++) {
+        if (len > 0) memcpy(r->zero_scratch + lo, r->x.state + j * len, (size_t)len * sizeof *r->zero_scratch);
+        RtStatus st = rt_comm_gather_shards(r->comm, r->zero_scratch, r->shard_off, &r->e);
+        if (st != RT_OK) return rt_error_context(&r->e, "gathering the optimizer state for a checkpoint");
+        if (r->rank == 0) memcpy(r->state_full + j * n, r->zero_scratch, (size_t)n * sizeof *r->state_full);
     }
     return RT_OK;
 }
@@ -612,13 +842,18 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     const RtTrainSettings *t = &p->train;
     RtExec *x = &r->x;
     double t0 = rt_now();
-    /* this step's batch: its ramp stage; all data ranks' micro-batches run here, in turn */
+    /* this step's batch: its ramp stage; accum micro-batches on each of the ranks */
     RtRampStage stage = rt_train_stage(t, step);
     int64_t nmicro = stage.accum * t->data_ranks;
     double mult = p->lr_schedule(step), lr = t->lr * mult, loss = 0, norm = 0;
     if (!isfinite(lr))
         return rt_fail(&r->e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
-    RtStatus st = rt_train_micro_batches(r, step, nmicro, &loss);
+    RtStatus st = r->dump_x && step == 0 ? rt_train_dump_batches(r, nmicro) : RT_OK;
+    /* a process runs nmicro / nranks of them: all of them alone, accum with one process a rank */
+    int64_t local = nmicro / r->nranks;
+    if (st == RT_OK) st = rt_train_micro_batches(r, step, local);
+    if (st == RT_OK) st = rt_train_reduce(r, step);
+    if (st == RT_OK) st = rt_train_step_loss(r, local, &loss);
     if (st == RT_OK && r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS | RT_PULL_GRADS, &r->e);
         if (st != RT_OK) return st;
@@ -626,14 +861,16 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
         memcpy(r->dump_g, x->grads, (size_t)p->param_floats * sizeof *r->dump_g);
     }
     if (st != RT_OK) return st;
-    st = rt_exec_grad_norm(x, r->partial, &norm, &r->e);
+    st = r->zero == 2 ? rt_train_shard_norm(r, &norm) : rt_exec_grad_norm(x, r->partial, &norm, &r->e);
     if (st == RT_OK && t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1)
         st = rt_exec_grad_scale(x, (float)(t->clip / (norm + RT_CLIP_EPS)), &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient norm", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_NORM);
     RtStep s = rt_exec_step(x, &r->e);
     s.lr = lr, s.t = step + 1, s.step = step, s.seed = r->o.seed;
+    if (r->zero) s.lo = r->shard_off[r->rank], s.hi = r->shard_off[r->rank + 1]; /* this rank's shard */
     st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
+    if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_UPDATE);
@@ -667,6 +904,8 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     *stop = rt_stop_signal != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
+    if (r->zero) st = rt_train_gather_state(r); /* every rank takes part */
+    if (st != RT_OK || r->rank > 0) return st;  /* rank 0 writes the checkpoint */
     if (!r->ckpt) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
@@ -681,7 +920,8 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
                        .accum = next.accum,
                        .device = r->x.gpu ? "cuda" : "cpu"};
     if (st == RT_OK) st = rt_exec_pull(&r->x, RT_PULL_PARAMS | RT_PULL_STATE, &r->e);
-    if (st == RT_OK) st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->x.state, &info, &r->waited, &r->e);
+    if (st == RT_OK)
+        st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->zero ? r->state_full : r->x.state, &info, &r->waited, &r->e);
     if (st == RT_OK && (*stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e);
     return st;
 }
@@ -770,6 +1010,13 @@ static void rt_train_close(RtTrainRun *r) {
         rt_log_close(&r->log, &e2);
     }
     free(r->partial);
+    free(r->micro_loss);
+    free(r->all_loss);
+    free(r->shard_off);
+    free(r->shard_got);
+    free(r->zero_scratch);
+    free(r->state_full);
+    free(r->norm_all);
     free(r->dump_x);
     free(r->dump_y);
     free(r->dump_p);
@@ -795,7 +1042,9 @@ static RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agr
     if (rank > 0) {
         snprintf(prog, nprog, "%s (rank %d)", r->o.prog, rank);
         r->o.prog = prog;
-        r->o.log_path = NULL;
+        r->o.log_path = NULL; /* rank 0 writes the run's files: the ranks hold the same weights */
+        r->o.save_weights = NULL;
+        r->o.dump_step = NULL;
         fflush(stdout);
         if (!freopen("/dev/null", "w", stdout)) return rt_fail_errno(&r->e, errno, "rank %d: cannot quiet standard output", rank);
     }
@@ -805,11 +1054,12 @@ static RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agr
                        dr == 1 ? "" : "s", rt_comm_launcher(r->comm), size,
                        dr == 1 ? "run it alone, without a launcher" : "start as many processes as parallel.data");
     }
+    r->rank = rank, r->nranks = size;
     return RT_OK;
 }
 
 int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
-    RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq, .ckpt_lock = -1};
+    RtTrainRun r = {.p = p, .given = o, .o = *o, .window = p->train.micro * p->train.seq, .ckpt_lock = -1, .nranks = 1};
     rt_error_clear(&r.e);
     char prog[256];
     int agreed = 0;

@@ -81,6 +81,10 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
 }
 
 void rt_exec_close(RtExec *e) {
+    for (int i = 1; i < e->ntree; i++) {
+        if (e->gpu) rt_gpu_free(e->gpu, e->tree[i]);
+        else free(e->tree[i]);
+    }
     if (e->gpu) {
         rt_gpu_free(e->gpu, e->d_params);
         rt_gpu_free(e->gpu, e->d_grads);
@@ -241,6 +245,11 @@ RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *er
     return RT_OK;
 }
 
+void rt_exec_grad_norm_blocks(RtExec *e, double *partial, int64_t b0, int64_t b1) {
+    RtGradJob j = {e->grads, e->prog->param_floats, partial, 1.0f};
+    for (int64_t b = b0; b < b1; b++) rt_grad_sumsq(&j, b, b + 1, 0);
+}
+
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err) {
     if (e->gpu) return rt_gpu_scale(e->gpu, e->d_grads, scale, e->prog->param_floats, err);
     RtGradJob j = {e->grads, e->prog->param_floats, NULL, scale};
@@ -252,5 +261,89 @@ RtStatus rt_exec_grad_zero(RtExec *e, RtError *err) {
     if (e->gpu) return rt_gpu_zero(e->gpu, e->d_grads, e->prog->param_floats * 4, err);
     RtGradJob j = {e->grads, e->prog->param_floats, NULL, 0};
     rt_parallel_for(e->pool, rt_exec_grad_blocks(e->prog), rt_grad_zero, &j);
+    return RT_OK;
+}
+
+/* ---- the step's tree of partial sums ------------------------------------------------------------- */
+
+typedef struct RtAddJob {
+    float *dst;
+    const float *src;
+    int64_t n;
+} RtAddJob;
+
+static void rt_add_blocks(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    RtAddJob *j = ctx;
+    int64_t b = begin * RT_GRAD_BLOCK, e = end * RT_GRAD_BLOCK < j->n ? end * RT_GRAD_BLOCK : j->n;
+    for (int64_t i = b; i < e; i++) j->dst[i] += j->src[i];
+}
+
+void rt_host_add(RtPool *pool, float *dst, const float *src, int64_t n) {
+    RtAddJob j = {dst, src, n};
+    rt_parallel_for(pool, (n + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK, rt_add_blocks, &j);
+}
+
+RtStatus rt_exec_tree_open(RtExec *e, int64_t leaves, RtError *err) {
+    int need = 1; /* floor(log2 leaves) + 1 regions: the stack holds popcount(i) sums before leaf i */
+    while (need <= RT_TREE_MAX && ((int64_t)1 << need) <= leaves) need++;
+    if (need > RT_TREE_MAX)
+        return rt_fail(err, RT_ERR_ARG, "%lld micro-batches a step are more than the gradient tree holds", (long long)leaves);
+    e->tree[0] = e->gpu ? e->d_grads : e->grads;
+    if (e->ntree < 1) e->ntree = 1;
+    int64_t n = e->prog->param_floats;
+    while (e->ntree < need) {
+        RtStatus st = e->gpu ? rt_gpu_alloc(e->gpu, (void **)&e->tree[e->ntree], n * 4, "a partial sum of the gradient", err)
+                             : rt_alloc_region((void **)&e->tree[e->ntree], n * 4, "partial sum of the gradient", err);
+        if (st != RT_OK) return st;
+        e->ntree++;
+    }
+    return RT_OK;
+}
+
+static RtStatus rt_exec_region_zero(RtExec *e, float *r, RtError *err) {
+    int64_t n = e->prog->param_floats;
+    if (e->gpu) return rt_gpu_zero(e->gpu, r, n * 4, err);
+    RtGradJob j = {r, n, NULL, 0};
+    rt_parallel_for(e->pool, rt_exec_grad_blocks(e->prog), rt_grad_zero, &j);
+    return RT_OK;
+}
+
+static RtStatus rt_exec_region_add(RtExec *e, float *dst, const float *src, RtError *err) {
+    int64_t n = e->prog->param_floats;
+    if (e->gpu) return rt_gpu_axpy(e->gpu, dst, src, 1.0f, n, err); /* 1 x src is exact: dst + src rounded once */
+    rt_host_add(e->pool, dst, src, n);
+    return RT_OK;
+}
+
+RtStatus rt_exec_tree_leaf(RtExec *e, RtTree *t, float **region, RtError *err) {
+    if (t->depth >= e->ntree)
+        return rt_fail(err, RT_ERR_ARG, "the gradient tree is full (%d partial sums): more micro-batches than it was opened for",
+                       e->ntree);
+    *region = e->tree[t->depth];
+    /* the gradient region is zero after the previous step's update (and at the start) */
+    return t->depth == 0 ? RT_OK : rt_exec_region_zero(e, e->tree[t->depth], err);
+}
+
+RtStatus rt_exec_tree_push(RtExec *e, RtTree *t, RtError *err) {
+    t->size[t->depth++] = 1;
+    /* a binary counter: two sums of equal size become one, the older on the left */
+    while (t->depth >= 2 && t->size[t->depth - 1] == t->size[t->depth - 2]) {
+        RtStatus st = rt_exec_region_add(e, e->tree[t->depth - 2], e->tree[t->depth - 1], err);
+        if (st != RT_OK) return st;
+        t->size[t->depth - 2] *= 2;
+        t->depth--;
+    }
+    return RT_OK;
+}
+
+RtStatus rt_exec_tree_finish(RtExec *e, RtTree *t, RtError *err) {
+    /* the unequal sums left (leaves not a power of two) fold from the right: a + (b + c) */
+    while (t->depth >= 2) {
+        RtStatus st = rt_exec_region_add(e, e->tree[t->depth - 2], e->tree[t->depth - 1], err);
+        if (st != RT_OK) return st;
+        t->size[t->depth - 2] += t->size[t->depth - 1];
+        t->depth--;
+    }
     return RT_OK;
 }

@@ -78,6 +78,10 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err);      /* the descrip
  * starts; the base stage is {0, global, accum}). The step runs accum x data micro-batches. */
 RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step);
 
+/* The deepest stack of partial sums the step's gradient tree may need: 2^(RT_TREE_MAX-1) local
+ * micro-batches. */
+#define RT_TREE_MAX 40
+
 /* The memory of a run (exec.c): the pool and the regions, RT_ALIGN-aligned, on the device that
  * runs the program. On the CPU the host regions are the regions. On the GPU (gpu != NULL) the
  * d_* regions are, and params / grads / state are host copies moved by rt_exec_push / pull. */
@@ -94,6 +98,10 @@ typedef struct RtExec {
     unsigned char *d_arena;
     int32_t *d_x, *d_y;
     int32_t *pos, *d_pos; /* with documents (train.docs >= 0): data.pos, computed from x by rt_exec_batch; else NULL */
+    /* The step's partial sums (rt_exec_tree_*): tree[0] is the gradient region (d_grads on the
+     * GPU), tree[1..ntree-1] extra regions of param_floats on the running device. */
+    float *tree[RT_TREE_MAX];
+    int ntree;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool
@@ -128,7 +136,27 @@ void rt_exec_flip(RtExec *e);
 int64_t rt_exec_grad_blocks(const RtProgram *p);
 RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *err);
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err);
+/* The CPU's sums of squares of blocks [b0, b1) alone into partial[b0, b1) (ZeRO-2: a rank's shard). */
+void rt_exec_grad_norm_blocks(RtExec *e, double *partial, int64_t b0, int64_t b1);
 RtStatus rt_exec_grad_zero(RtExec *e, RtError *err);
+/* The step's gradient as one fixed binary tree over its micro-batches (docs/parallel.md, "The
+ * step"): each micro-batch's forward_backward adds into a zeroed region, and a binary-counter
+ * stack of partial sums combines them, ((g0 + g1) + (g2 + g3)) + ..., so that the sum's bits depend
+ * only on the number of micro-batches, never on who computed them. rt_exec_tree_open makes room
+ * for up to `leaves` micro-batches (floor(log2 leaves) regions besides the gradient region).
+ * rt_exec_tree_leaf returns the region the next micro-batch adds into (zeroed: the gradient
+ * region for the first); rt_exec_tree_push then folds it into the stack; rt_exec_tree_finish
+ * folds what is left, from the right, so that the gradient region holds the step's sum. */
+typedef struct RtTree {
+    int depth;                 /* partial sums on the stack: tree[0 .. depth-1] */
+    int64_t size[RT_TREE_MAX]; /* leaves under each */
+} RtTree;
+RtStatus rt_exec_tree_open(RtExec *e, int64_t leaves, RtError *err);
+RtStatus rt_exec_tree_leaf(RtExec *e, RtTree *t, float **region, RtError *err);
+RtStatus rt_exec_tree_push(RtExec *e, RtTree *t, RtError *err);
+RtStatus rt_exec_tree_finish(RtExec *e, RtTree *t, RtError *err);
+/* dst[i] += src[i] for i < n on the host, split over the pool (each element by one thread). */
+void rt_host_add(RtPool *pool, float *dst, const float *src, int64_t n);
 RtStatus rt_exec_init_params(RtExec *e, uint64_t seed, RtError *err); /* every parameter from its initialiser */
 RtDeviceWant rt_device_want(const RtOptions *o);                      /* --device as rt_exec_open takes it */
 void rt_print_device(const RtOptions *o, const RtExec *x);            /* the `device:` line of a command's header */

@@ -687,9 +687,11 @@ static void rt_ckpt_compare(const RtProgram *p, const json_t *root, const RtStFi
     const RtTrainSettings *t = &p->train;
     const char *hash = rt_json_str(rt_jpath(root, "program", "hash")), *train = rt_json_str(rt_jpath(root, "program", "train"));
     if (train && strcmp(train, t->name) != 0) rt_diff_add(buf, cap, n, "train block '%s', here '%s'", train, t->name);
-    static const char *const keys[] = {"micro", "seq", "global", "accum", "data_ranks"};
-    const int64_t have[] = {t->micro, t->seq, t->global, t->accum, t->data_ranks};
-    for (int k = 0; k < 5; k++) {
+    /* not accum nor data_ranks: a checkpoint of N data-parallel ranks resumes with M at the same
+     * global batch (docs/parallel.md, "Checkpoints across degrees") */
+    static const char *const keys[] = {"micro", "seq", "global"};
+    const int64_t have[] = {t->micro, t->seq, t->global};
+    for (int k = 0; k < 3; k++) {
         int64_t v;
         if (rt_json_i64(rt_jpath(root, "layout", keys[k]), &v) && v != have[k])
             rt_diff_add(buf, cap, n, "%s %lld, here %lld", keys[k], (long long)v, (long long)have[k]);

@@ -504,6 +504,12 @@ RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err
     return RT_OK;
 }
 
+/* Data parallelism: every rank walks the same order of windows and skips the ones other ranks
+ * read, so a global batch is the same windows at any number of ranks (docs/parallel.md). */
+void rt_data_skip(RtData *d, int64_t n) {
+    for (int64_t i = 0; i < n; i++) rt_advance(d, &d->pos);
+}
+
 RtDataPos rt_data_tell(const RtData *d) { return d->pos; }
 
 RtStatus rt_data_seek(RtData *d, const RtDataPos *pos, RtError *err) {

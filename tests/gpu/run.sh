@@ -37,6 +37,9 @@
 #                          (the `__global__` functions of `mbtc --emit=cuda`)
 #   gpu/trace              MBT_TRACE=F.json writes JSON whose traceEvents is a non-empty list of
 #                          events, some named after the program's kernel functions
+# and, on tests/exec/dp.mbt:
+#   gpu/dp                 dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
+#                          same logs and byte-identical weights (the step's tree, docs/parallel.md)
 # A first run (gpu/probe) must train one step on the device at all; when it cannot, the rest is not run.
 #
 # MBT_GPU_TEST_DEVICE selects the device under test:
@@ -307,6 +310,41 @@ on_device_cmd() {
         timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
     fi
 }
+# ---- data parallelism on the device: the step's tree, one process against 2 ranks -----------------
+# gpu/dp: tests/exec/dp.mbt's dp1 alone (4 micro-batches summed on the device) and dp2 as 2 ranks of
+# the tcp backend sharing the device (2 each, the ranks' partial sums exchanged and added on the host),
+# 3 steps: the same logs to every digit and byte-identical weights (docs/parallel.md, the tree).
+d="$DIR/dp"
+mkdir -p "$d/1" "$d/2"
+if ! build "$d/1" tests/exec/dp.mbt --train dp1 -I examples || ! build "$d/2" tests/exec/dp.mbt --train dp2 -I examples; then
+    fail gpu/dp "mbtc tests/exec/dp.mbt -o or --emit=cuda failed" "$OUT"
+elif [ "$DEVICE" = emu ] && ! { [ -f "$d/2/prog.cu.so" ] || tests/cudaemu/build.sh "$d/2/prog.cu" "$d/2/prog.cu.so" >"$OUT" 2>&1; }; then
+    fail gpu/dp "tests/cudaemu/build.sh failed" "$OUT"
+else
+    on_device_cmd "$d/1/prog.cu" "$d/1/prog" "$d/1.out" train --steps 3 --data "$DATA" --save-weights "$d/1.st" --log "$d/1.jsonl"
+    rc1=$?
+    port=$((30000 + ($$ + RANDOM) % 20000))
+    pids=()
+    for r in 0 1; do
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
+            on_device_cmd "$d/2/prog.cu" "$d/2/prog" "$d/2.$r.out" train --steps 3 --data "$DATA" \
+            --save-weights "$d/2.st" --log "$d/2.jsonl" &
+        pids+=($!)
+    done
+    rc2=0
+    for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+    strip() { sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$1"; }
+    if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
+        fail gpu/dp "a run failed (alone: status $rc1; 2 ranks: $rc2)" "$d/1.out" "$d/2.0.out" "$d/2.1.out"
+    elif ! grep -q "^data-parallel: 2 processes" "$d/2.0.out"; then
+        fail gpu/dp "rank 0 does not say it is one of 2 processes" "$d/2.0.out"
+    elif ! cmp -s "$d/1.st" "$d/2.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/2.jsonl")" ]; then
+        fail gpu/dp "2 ranks on the device did not log and save what one process did" "$d/1.jsonl" "$d/2.jsonl"
+    else
+        pass "gpu/dp (2 ranks on the device: the logs and the weights of one process, byte for byte, 3 steps)"
+    fi
+fi
+
 d="$DIR/infer"
 T="$DIR/tiny-tiny"
 mkdir -p "$d"

@@ -238,3 +238,28 @@ every_example() {
 # copy of the tokens from there), must log exactly - every printed digit of loss and gradient
 # norm - what its step k + 1 logged, and that must be flat8's (k = 1) / flat16's (k = 2) first
 # step from the same weights and window; ramp's base stage alone from there (`--steps 1`, i.e.
+
+# ranks NP PROG ARGS...: PROG ARGS as NP data-parallel ranks (docs/parallel.md), one thread each:
+# under `mpirun --oversubscribe` (the mpi backend) where Open MPI is installed, else as NP
+# processes with torchrun's variables (the tcp backend); MBT_COMM_TIMEOUT=60 bounds a stuck
+# collective. Prints rank 0's output (the others' go to /dev/null) and which launcher ran; fails
+# when any rank does.
+ranks() {
+    local np=$1 r rc=0 pids=() port
+    shift
+    if command -v mpirun >/dev/null 2>&1; then
+        [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+        MBT_COMM_TIMEOUT=60 timeout -s KILL 300 mpirun --oversubscribe -np "$np" "$@" --threads 1 || rc=1
+        echo "$np ranks under mpirun"
+        return $rc
+    fi
+    port=$((30000 + ($$ + RANDOM) % 20000))
+    for ((r = 0; r < np; r++)); do
+        RANK=$r WORLD_SIZE=$np LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=60 \
+            timeout -s KILL 300 "$@" --threads 1 &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || rc=1; done
+    echo "$np ranks of the tcp backend (no mpirun here)"
+    return $rc
+}
