@@ -100,6 +100,21 @@ static double **reference_update(const Graph *ug, const Graph *g, double *const 
     return out;
 }
 
+/* Micro-batch m of the dump into the step graph's data.x and data.y leaves (a RefMicroFn). */
+typedef struct VerifyBatches {
+    const StepDump *d;
+    int xin, yin;
+} VerifyBatches;
+
+static void verify_load_micro(void *ctx, int64_t m, double **leaves) {
+    const VerifyBatches *vb = ctx;
+    int64_t window = vb->d->micro * vb->d->seq;
+    for (int64_t k = 0; k < window; k++) {
+        leaves[vb->xin][k] = vb->d->bx[m * window + k];
+        leaves[vb->yin][k] = vb->d->by[m * window + k];
+    }
+}
+
 int verify_step(Pipeline *p, const char *path) {
     if (pipeline_run(p, ST_IR)) return diag_finish();
     const TrainBuild *tb = p->tb;
@@ -128,7 +143,6 @@ int verify_step(Pipeline *p, const char *path) {
     int xin = d.xin, yin = d.yin;
     int64_t micro = d.micro, accum = d.accum, seq = d.seq, window = micro * seq;
     double loss = d.loss, lr = d.lr, clip = d.clip, **leaves = d.leaves, **grad = d.grad, **next = d.next;
-    int32_t *bx = d.bx, *by = d.by;
 
     /* the reference step: the mean over the micro-batches, as the runtime's loss_scale makes it */
     double ref_loss = 0;
@@ -138,11 +152,15 @@ int verify_step(Pipeline *p, const char *path) {
     double *lx = arena_alloc(ar, (size_t)window * sizeof *lx), *ly = arena_alloc(ar, (size_t)window * sizeof *ly);
     leaves[xin] = lx;
     leaves[yin] = ly;
+    /* global_mean: the statistics over all the step's micro-batches first (ref_global_stats), then
+     * every micro-batch's forward and backward reads them */
+    VerifyBatches vb = {&d, xin, yin};
+    if (ref_global_stats(g, accum, verify_load_micro, &vb, leaves, ar)) {
+        step_dump_free(&d);
+        return diag_finish();
+    }
     for (int64_t m = 0; m < accum && !diag_error_count(); m++) {
-        for (int64_t k = 0; k < window; k++) {
-            lx[k] = bx[m * window + k];
-            ly[k] = by[m * window + k];
-        }
+        verify_load_micro(&vb, m, leaves);
         Arena scratch = {0};
         double **vals = ref_run(g, leaves, &scratch);
         if (vals) {
