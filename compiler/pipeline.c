@@ -152,33 +152,23 @@ static int print_schedule(Pipeline *p, FILE *out) {
 /* The statistics over the global batch (global_mean, Graph.stat_in) in what fusion lowers. With
  * one micro-batch a step (accumulation x data = 1 in every stage of the batch schedule), the mean
  * over the global batch is the micro-batch's own value: each statistic's input is replaced by its
- * expression (graph_inline_stats; the backward already treats it as a constant). With more, the
- * runtime would have to run a statistics pass over the step's micro-batches before the first
- * one's loss, which executables do not do yet: a located error, never a per-micro-batch mean in
- * disguise. (--verify-step and the reference evaluator, which run ir and grad, do the two passes.)
- * 1 after an error. */
-static int stats_inline(const TrainBuild *tb) {
+ * expression (graph_inline_stats; the backward already treats it as a constant), and the step
+ * needs no statistics pass. With more, the statistics stay inputs: the executable's forward_stats
+ * computes them per micro-batch and the runtime averages them before the step's micro-batches
+ * (docs/runtime.md, "Statistics over the global batch"). */
+static void stats_inline(const TrainBuild *tb) {
     Graph *g = tb->step;
-    if (g->nstats == 0) return 0;
+    if (g->nstats == 0) return;
     const TrainConfig *c = tb->config;
     int64_t most = c->accumulation;
     for (int i = 0; i < c->nramp; i++)
         if (c->ramp[i].accumulation > most) most = c->ramp[i].accumulation;
-    int64_t dp = c->data_par > 1 ? c->data_par : 1;
-    if (most * dp > 1) {
-        diag_error(g->node[g->stat_in[0]]->src, "global_mean over %lld micro-batches a step is not compiled into executables yet",
-                   (long long)(most * dp));
-        diag_hint("executables run it at one micro-batch a step (batch { global = micro }, data = 1), where the mean over "
-                  "the global batch is the micro-batch's own; --check and --emit=ir and grad accept it");
-        return 1;
-    }
-    graph_inline_stats(g);
-    return 0;
+    if (most * (c->data_par > 1 ? c->data_par : 1) == 1) graph_inline_stats(g);
 }
 
 /* The fused IR: each graph lowered to primitive, hash-consed nodes (fuse_lower_graph). */
 static int run_fused(Pipeline *p) {
-    if (stats_inline(p->tb)) return 1;
+    stats_inline(p->tb);
     const Graph *graphs[2] = {p->tb->step, p->tb->update};
     for (int i = 0; i < 2; i++) p->fgraph[i] = fuse_lower_graph(graphs[i], NULL, 0, p->ar);
     return 0;

@@ -99,6 +99,7 @@ static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
     base[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
     base[PH_ARENA] = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
     base[PH_X] = step_field(h, s, RT_STEP_x, h->ptr, "x"), base[PH_Y] = step_field(h, s, RT_STEP_y, h->ptr, "y");
+    base[PH_STATS] = step_field(h, s, RT_STEP_stats, h->ptr, "stats");
     LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(S->r->nbuffers + 1));
     for (int i = 0; i < S->r->nbuffers; i++) {
         const PlanSlot *sl = &pm->slots[i];
@@ -127,6 +128,29 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
             if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
             h->target->accumulate(h, &f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
         }
+    }
+    LLVMBuildRet(h->b, ci32(h, 0));
+    return f.fn;
+}
+
+/* forward_stats(s), the statistics pass of global_mean (plan.h, PlanMemory.stats_last): the step
+ * schedule's launches up to the last that writes a statistic's expression, then each expression's
+ * buffer copied to s->stats_out (host memory) at its offset. The launches before it that read
+ * s->stats (a loss term using an earlier statistic) compute nothing this function returns. NULL
+ * without statistics. */
+LLVMValueRef emit_stats(Host *h, Sched *S) {
+    const PlanMemory *m = &h->plan->mem;
+    if (m->nstats == 0) return NULL;
+    const FuseResult *r = S->r;
+    HostFn f = host_fn_begin(h, "forward_stats");
+    LLVMValueRef s = f.s;
+    LLVMValueRef *addr = sched_addrs(h, S, s);
+    emit_launches(h, &f, S, addr, m->stats_last);
+    LLVMValueRef out = step_field(h, s, RT_STEP_stats_out, h->ptr, "stats_out");
+    for (int k = 0; k < m->nstats; k++) {
+        int b = r->node_buffer[r->g->stat_expr[k]];
+        if (b < 0 || r->buffers[b].dt != DT_F32) INTERNAL("host: statistic %d has no f32 buffer", k);
+        h->target->copy(h, &f, byte_gep(h, out, m->stat_offset[k], ""), addr[b], graph_numel(r->g->node[r->g->stat_in[k]]), 1);
     }
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;
@@ -337,7 +361,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[PLAN_LOGITS] : NULL, .mem = &pm[PLAN_LOGITS]};
     sched_kernels(h, &step, 1);
     sched_kernels(h, &upd, 0);
-    LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0);
+    LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0), fst = emit_stats(h, &step);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */
@@ -351,7 +375,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     const char *hash = diag_error_count() ? NULL : program_hash(h);
     Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
-    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, hash, tb->update->update, gpu);
+    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, fst, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);

@@ -117,6 +117,7 @@ typedef enum PlanHome {
     PH_STATE,  /* the optimizer-state region */
     PH_X,      /* data.x: the runtime's input batch (RtStep.x) */
     PH_Y,      /* data.y: the runtime's target batch (RtStep.y) */
+    PH_STATS,  /* the statistics over the global batch, global_mean's inputs (RtStep.stats) */
     PH_ARENA,  /* the activation arena */
 } PlanHome;
 
@@ -175,6 +176,14 @@ typedef struct PlanMemory {
     int ninputs;
     PlanInput inputs[2];
     int64_t input_bytes; /* data.x and data.y together */
+    /* global_mean (Graph.stat_in): statistic k, f32, at stat_offset[k] bytes of the stats region
+     * (RtStep.stats), stat_bytes in all (0: none); forward_stats runs the step's launches up to
+     * stats_last (the last that writes a statistic's expression) and copies each expression's
+     * buffer to RtStep.stats_out at the same offset. */
+    int nstats;
+    int64_t *stat_offset;
+    int64_t stat_bytes;
+    int stats_last;
     PlanPhaseMem phase[PLAN_NPHASES];
     int64_t lr_offset, t_offset; /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
     int64_t arena_bytes;         /* the largest peak: what the executable allocates */

@@ -213,6 +213,12 @@ static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t se
         if (st != RT_OK) return st;
         RtStep s = rt_exec_step(e, err);
         s.B = B, s.T = T, s.seed = seed;
+        if (p->stat_floats > 0) { /* global_mean: each held-out micro-batch is its own global batch */
+            st = rt_exec_call(e, RT_EXEC_FORWARD_STATS, &s);
+            if (st == RT_OK) memcpy(e->stats, e->stats_out, (size_t)p->stat_floats * sizeof *e->stats);
+            if (st == RT_OK) st = rt_exec_stats(e, err);
+            if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
+        }
         st = rt_exec_call(e, RT_EXEC_FORWARD_LOSS, &s);
         if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
         sum += s.loss;
@@ -333,8 +339,12 @@ typedef struct RtTrainRun {
     int32_t *dump_x, *dump_y;
     float *dump_p, *dump_g;
     int64_t window; /* tokens of one micro-batch */
-    double waited;  /* training's wait for the last checkpoint snapshot */
-    int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
+    /* global_mean: the step's micro-batches, read once for the statistics pass and kept for the
+     * step's own pass (rt_train_stats); stat_cap micro-batches */
+    int32_t *stat_x, *stat_y;
+    int64_t stat_cap;
+    double waited; /* training's wait for the last checkpoint snapshot */
+    int ckpt_lock; /* the checkpoint directory's lock, until the writer takes it; -1: none */
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -547,6 +557,59 @@ static void rt_train_banner(const RtTrainRun *r) {
     fflush(stdout);
 }
 
+/* ---- global_mean: the statistics pass (docs/runtime.md, "Statistics over the global batch") ---- */
+
+/* Reads the step's nmicro micro-batches (every data rank's, in order) into stat_x/stat_y, runs
+ * forward_stats on each, and sets the statistics to their mean: summed in double in micro-batch
+ * order, divided by nmicro, stored as f32 (and uploaded to the GPU). The step's forward and
+ * backward then read the same micro-batches back (rt_train_read). Nothing without statistics.
+ * (With several processes the sums would go through rt_comm before the division: every
+ * executable today runs all data ranks in one process, so the sum over nmicro is the global one.) */
+static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t nmicro) {
+    const RtProgram *p = r->p;
+    if (p->stat_floats <= 0) return RT_OK;
+    RtExec *x = &r->x;
+    if (nmicro > r->stat_cap) {
+        free(r->stat_x);
+        free(r->stat_y);
+        r->stat_x = malloc((size_t)(nmicro * r->window) * sizeof *r->stat_x);
+        r->stat_y = malloc((size_t)(nmicro * r->window) * sizeof *r->stat_y);
+        r->stat_cap = r->stat_x && r->stat_y ? nmicro : 0;
+        if (!r->stat_cap) return rt_fail(&r->e, RT_ERR_NOMEM, "cannot allocate the step's %lld micro-batches", (long long)nmicro);
+    }
+    double *sum = calloc((size_t)p->stat_floats, sizeof *sum);
+    if (!sum) return rt_fail(&r->e, RT_ERR_NOMEM, "cannot allocate the statistics' sums");
+    RtStatus st = RT_OK;
+    for (int64_t m = 0; m < nmicro && st == RT_OK; m++) {
+        int32_t *bx = r->stat_x + m * r->window, *by = r->stat_y + m * r->window;
+        st = rt_data_next(r->train, p->train.micro, bx, by, &r->e);
+        if (st != RT_OK) break;
+        memcpy(x->x, bx, (size_t)r->window * sizeof *bx);
+        memcpy(x->y, by, (size_t)r->window * sizeof *by);
+        st = rt_exec_batch(x, r->window, &r->e);
+        RtStep s = rt_exec_step(x, &r->e);
+        s.B = p->train.micro, s.T = p->train.seq, s.step = step, s.micro = m, s.seed = r->o.seed;
+        if (st == RT_OK) st = rt_exec_call(x, RT_EXEC_FORWARD_STATS, &s);
+        if (st != RT_OK) {
+            rt_error_context(&r->e, "step %lld, statistics of micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
+            break;
+        }
+        for (int64_t i = 0; i < p->stat_floats; i++) sum[i] += (double)x->stats_out[i];
+    }
+    for (int64_t i = 0; st == RT_OK && i < p->stat_floats; i++) x->stats[i] = (float)(sum[i] / (double)nmicro);
+    free(sum);
+    if (st == RT_OK) st = rt_exec_stats(x, &r->e);
+    return st;
+}
+
+/* Micro-batch m of the step: from the statistics pass's copy when there is one, else the data. */
+static RtStatus rt_train_read(RtTrainRun *r, int64_t m, int32_t *x, int32_t *y, RtError *err) {
+    if (r->p->stat_floats <= 0) return rt_data_next(r->train, r->p->train.micro, x, y, err);
+    memcpy(x, r->stat_x + m * r->window, (size_t)r->window * sizeof *x);
+    memcpy(y, r->stat_y + m * r->window, (size_t)r->window * sizeof *y);
+    return RT_OK;
+}
+
 /* One step's micro-batches: forward and backward of each, adding into the gradients; *loss is
  * the step's (the mean of theirs). Each next batch is read while the GPU runs the one before
  * (exec.c: the GPU has two pairs of batch buffers). */
@@ -554,7 +617,9 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t nmic
     const RtTrainSettings *t = &r->p->train;
     RtExec *x = &r->x;
     RtError enext;
-    RtStatus next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
+    RtStatus next = rt_train_stats(r, step, nmicro);
+    if (next != RT_OK) return next;
+    next = rt_train_read(r, 0, x->x, x->y, &enext);
     *loss = 0;
     for (int64_t m = 0; m < nmicro; m++) {
         RtStatus st = next;
@@ -571,7 +636,7 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t nmic
         st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
         if (st == RT_OK && m + 1 < nmicro) {
             rt_exec_flip(x);
-            next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
+            next = rt_train_read(r, m + 1, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(m + 1));
@@ -753,6 +818,8 @@ static void rt_train_close(RtTrainRun *r) {
     }
     free(r->partial);
     free(r->dump_x);
+    free(r->stat_x);
+    free(r->stat_y);
     free(r->dump_y);
     free(r->dump_p);
     free(r->dump_g);

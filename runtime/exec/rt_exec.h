@@ -93,6 +93,9 @@ typedef struct RtExec {
     float *d_params, *d_grads, *d_state; /* the GPU's regions (device addresses) */
     unsigned char *d_arena;
     int32_t *d_x, *d_y;
+    /* global_mean (RtProgram.stat_floats > 0): the step's statistics (read by forward_backward and
+     * forward_loss; the GPU's copy d_stats) and one micro-batch's, which forward_stats writes */
+    float *stats, *stats_out, *d_stats;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool
@@ -106,7 +109,15 @@ RtStatus rt_exec_pull(RtExec *e, int what, RtError *err);        /* the GPU's re
 RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err); /* x and y, `tokens` each, to the GPU (CPU: nothing) */
 /* An RtStep with the running device's regions, pool or GPU, and err; the caller sets the rest. */
 RtStep rt_exec_step(const RtExec *e, RtError *err);
-typedef enum RtExecFn { RT_EXEC_FORWARD_BACKWARD, RT_EXEC_FORWARD_LOSS, RT_EXEC_FORWARD_LOGITS, RT_EXEC_UPDATE } RtExecFn;
+typedef enum RtExecFn {
+    RT_EXEC_FORWARD_BACKWARD,
+    RT_EXEC_FORWARD_LOSS,
+    RT_EXEC_FORWARD_LOGITS,
+    RT_EXEC_UPDATE,
+    RT_EXEC_FORWARD_STATS /* returns with stats_out filled (its copy to the host waits) */
+} RtExecFn;
+/* stats (the host's) to the GPU's d_stats (CPU: nothing). */
+RtStatus rt_exec_stats(RtExec *e, RtError *err);
 /* The running device's version of the function. rt_exec_call returns when it is done (s->loss
  * set); rt_exec_queue may return with it queued on the GPU: s->loss is NaN until rt_exec_wait,
  * and s must live until then. rt_exec_flip makes the other pair of batch buffers x and y (GPU;
