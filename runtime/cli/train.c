@@ -562,9 +562,7 @@ static void rt_train_banner(const RtTrainRun *r) {
 /* Reads the step's nmicro micro-batches (every data rank's, in order) into stat_x/stat_y, runs
  * forward_stats on each, and sets the statistics to their mean: summed in double in micro-batch
  * order, divided by nmicro, stored as f32 (and uploaded to the GPU). The step's forward and
- * backward then read the same micro-batches back (rt_train_read). Nothing without statistics.
- * (With several processes the sums would go through rt_comm before the division: every
- * executable today runs all data ranks in one process, so the sum over nmicro is the global one.) */
+ * backward then read the same micro-batches back (rt_train_read). Nothing without statistics. */
 static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t nmicro) {
     const RtProgram *p = r->p;
     if (p->stat_floats <= 0) return RT_OK;
@@ -596,6 +594,10 @@ static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t nmicro) {
         }
         for (int64_t i = 0; i < p->stat_floats; i++) sum[i] += (double)x->stats_out[i];
     }
+    /* SINGLE-PROCESS PATH (issue 16): every data rank's micro-batches ran above, so sum is the global
+     * batch's. With one process a rank, sum is this rank's: the ranks' sums go through
+     * rt_comm_gather_f64 here (runtime/comm/comm.h), added in rank order, and nmicro becomes
+     * accum x data_ranks of them all, before the division. */
     for (int64_t i = 0; st == RT_OK && i < p->stat_floats; i++) x->stats[i] = (float)(sum[i] / (double)nmicro);
     free(sum);
     if (st == RT_OK) st = rt_exec_stats(x, &r->e);
