@@ -45,11 +45,13 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
     }
 }
 
-/* Launches [0, upto] of S in f on h->target; addr[i] is buffer i's address. A GEMM's status (and
- * on the GPU a launch's) is checked inline: a failure returns it. */
-static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto) {
+/* Launches [0, upto] of S in f on h->target (only those keep marks, when keep is not NULL);
+ * addr[i] is buffer i's address. A GEMM's status (and on the GPU a launch's) is checked inline: a
+ * failure returns it. */
+static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep) {
     FuseResult *r = S->r;
     for (int li = 0; li <= upto && li < r->nlaunches; li++) {
+        if (keep && !keep[li]) continue;
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
@@ -87,6 +89,10 @@ static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr
         for (int i = 0; i < k->nbufs; i++) bufs[i] = addr[k->bufs[i].buffer];
         h->target->launch(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"));
     }
+}
+
+static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto) {
+    emit_launches_kept(h, f, S, addr, upto, NULL);
 }
 
 /* The address of every buffer of S in the current function: the RtStep field of its plan home
@@ -133,11 +139,9 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     return f.fn;
 }
 
-/* forward_stats(s), the statistics pass of global_mean (plan.h, PlanMemory.stats_last): the step
- * schedule's launches up to the last that writes a statistic's expression, then each expression's
- * buffer copied to s->stats_out (host memory) at its offset. The launches before it that read
- * s->stats (a loss term using an earlier statistic) compute nothing this function returns. NULL
- * without statistics. */
+/* forward_stats(s), the statistics pass of global_mean (plan.h, PlanMemory.stats_keep): the step
+ * schedule's launches that the statistics' expressions need, then each expression's buffer copied
+ * to s->stats_out (host memory) at its offset. NULL without statistics. */
 LLVMValueRef emit_stats(Host *h, Sched *S) {
     const PlanMemory *m = &h->plan->mem;
     if (m->nstats == 0) return NULL;
@@ -145,7 +149,7 @@ LLVMValueRef emit_stats(Host *h, Sched *S) {
     HostFn f = host_fn_begin(h, "forward_stats");
     LLVMValueRef s = f.s;
     LLVMValueRef *addr = sched_addrs(h, S, s);
-    emit_launches(h, &f, S, addr, m->stats_last);
+    emit_launches_kept(h, &f, S, addr, m->stats_last, m->stats_keep);
     LLVMValueRef out = step_field(h, s, RT_STEP_stats_out, h->ptr, "stats_out");
     for (int k = 0; k < m->nstats; k++) {
         int b = r->node_buffer[r->g->stat_expr[k]];

@@ -81,6 +81,35 @@ static void plan_stats(PlanCtx *c) {
     m->stats_last = -1;
 }
 
+/* forward_stats' launches: walking back from stats_last, a launch is kept when it writes a buffer
+ * the statistics need, and then everything it reads is needed (a GEMM's C too when beta is not 0;
+ * a kernel's every buffer, written ones included, as a kernel may load what it stores). */
+static void plan_stats_keep(Arena *ar, const FuseResult *r, PlanMemory *m) {
+    unsigned char *need = arena_alloc(ar, (size_t)r->nbuffers + 1);
+    m->stats_keep = arena_alloc(ar, (size_t)r->nlaunches + 1);
+    m->stats_launches = 0;
+    for (int k = 0; k < m->nstats; k++) need[r->node_buffer[r->g->stat_expr[k]]] = 1;
+    for (int l = m->stats_last; l >= 0; l--) {
+        const FuseLaunch *L = &r->launches[l];
+        int keep = 0;
+        if (L->kind == FL_GEMM) {
+            const FuseGemm *gm = &L->gemm;
+            keep = need[gm->c] || (gm->epilogue == FE_BGRAD_B && gm->bias >= 0 && need[gm->bias]);
+            if (keep) {
+                need[gm->a] = need[gm->b] = 1;
+                if (gm->bias >= 0) need[gm->bias] = 1;
+                if (gm->beta != 0) need[gm->c] = 1;
+            }
+        } else {
+            const Kernel *K = r->kernels[L->kernel];
+            for (int i = 0; i < K->nbufs && !keep; i++) keep = K->bufs[i].written && need[K->bufs[i].buffer];
+            for (int i = 0; keep && i < K->nbufs; i++) need[K->bufs[i].buffer] = 1;
+        }
+        m->stats_keep[l] = (unsigned char)keep;
+        m->stats_launches += keep;
+    }
+}
+
 /* ---- one phase -------------------------------------------------------------------------------- */
 
 static int plan_param_index(const Graph *g, int node) {
@@ -223,6 +252,7 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s) {
         if (b < 0 || r->buffers[b].first < 0) INTERNAL("plan: statistic %d's expression has no buffer", k);
         if (r->buffers[b].first > m->stats_last) m->stats_last = r->buffers[b].first;
     }
+    if (m->nstats > 0) plan_stats_keep(c->ar, s->r[PLAN_STEP], m);
     return 1;
 }
 
@@ -431,9 +461,9 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
     fprintf(out, "\n");
     if (which == PLAN_STEP && p->mem.nstats > 0)
         fprintf(out,
-                "stats: %d global_mean statistic%s, %" PRId64 " bytes (RtStep.stats); forward_stats runs launches 0..%d "
-                "and copies them to RtStep.stats_out\n",
-                p->mem.nstats, p->mem.nstats == 1 ? "" : "s", p->mem.stat_bytes, p->mem.stats_last);
+                "stats: %d global_mean statistic%s, %" PRId64 " bytes (RtStep.stats); forward_stats runs %d of launches "
+                "0..%d (what they need) and copies them to RtStep.stats_out\n",
+                p->mem.nstats, p->mem.nstats == 1 ? "" : "s", p->mem.stat_bytes, p->mem.stats_launches, p->mem.stats_last);
     if (which == PLAN_UPDATE)
         fprintf(out,
                 "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",
