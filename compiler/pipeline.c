@@ -149,8 +149,26 @@ static int print_schedule(Pipeline *p, FILE *out) {
 
 /* ---- fusion: fused, kernels ---- */
 
+/* The statistics over the global batch (global_mean, Graph.stat_in) in what fusion lowers. With
+ * one micro-batch a step (accumulation x data = 1 in every stage of the batch schedule), the mean
+ * over the global batch is the micro-batch's own value: each statistic's input is replaced by its
+ * expression (graph_inline_stats; the backward already treats it as a constant), and the step
+ * needs no statistics pass. With more, the statistics stay inputs: the executable's forward_stats
+ * computes them per micro-batch and the runtime averages them before the step's micro-batches
+ * (docs/runtime.md, "Statistics over the global batch"). */
+static void stats_inline(const TrainBuild *tb) {
+    Graph *g = tb->step;
+    if (g->nstats == 0) return;
+    const TrainConfig *c = tb->config;
+    int64_t most = c->accumulation;
+    for (int i = 0; i < c->nramp; i++)
+        if (c->ramp[i].accumulation > most) most = c->ramp[i].accumulation;
+    if (most * (c->data_par > 1 ? c->data_par : 1) == 1) graph_inline_stats(g);
+}
+
 /* The fused IR: each graph lowered to primitive, hash-consed nodes (fuse_lower_graph). */
 static int run_fused(Pipeline *p) {
+    stats_inline(p->tb);
     const Graph *graphs[2] = {p->tb->step, p->tb->update};
     for (int i = 0; i < 2; i++) p->fgraph[i] = fuse_lower_graph(graphs[i], NULL, 0, p->ar);
     return 0;

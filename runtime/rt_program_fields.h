@@ -82,19 +82,21 @@
     X(const int32_t *, pos, ptr)   /* forward_*: with tokens(docs = ...), each token's position in its document, [B, T] */       \
     X(int64_t, B, i64)             /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                     \
     X(int64_t, T, i64)                                                                                                           \
-    X(int64_t, len, i64)       /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */                    \
-    X(float *, logits, ptr)    /* forward_logits: out, [vocab] logits of position len - 1 */                                     \
-    X(double, loss_scale, f64) /* forward_backward: the gradient seed, d(step objective) / d(this loss) */                       \
-    X(double, loss, f64)       /* forward_backward, forward_loss: out, this micro-batch's loss */                                \
-    X(double, lr, f64)         /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */                    \
-    X(int64_t, t, i64)         /* optimizer_update: 1-based optimizer step (bias corrections) */                                 \
-    X(int64_t, step, i64)      /* 0-based optimizer step (an RNG key, with micro and seed) */                                    \
-    X(int64_t, micro, i64)     /* forward_backward: 0-based micro-batch within the step */                                       \
-    X(uint64_t, seed, i64)     /* the run's seed */                                                                              \
-    X(RtError *, err, ptr)     /* a function that fails fills it and returns its status */                                       \
-    X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */                               \
-    X(int64_t, lo, i64)        /* optimizer_update: the elements [lo, hi) of the parameter region it updates (ZeRO's shard; */   \
-    X(int64_t, hi, i64)        /* hi = 0: all); the state region then holds each variable's [lo, hi) in turn */
+    X(int64_t, len, i64)         /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */                  \
+    X(float *, logits, ptr)      /* forward_logits: out, [vocab] logits of position len - 1 */                                   \
+    X(double, loss_scale, f64)   /* forward_backward: the gradient seed, d(step objective) / d(this loss) */                     \
+    X(double, loss, f64)         /* forward_backward, forward_loss: out, this micro-batch's loss */                              \
+    X(double, lr, f64)           /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */                  \
+    X(int64_t, t, i64)           /* optimizer_update: 1-based optimizer step (bias corrections) */                               \
+    X(int64_t, step, i64)        /* 0-based optimizer step (an RNG key, with micro and seed) */                                  \
+    X(int64_t, micro, i64)       /* forward_backward: 0-based micro-batch within the step */                                     \
+    X(uint64_t, seed, i64)       /* the run's seed */                                                                            \
+    X(RtError *, err, ptr)       /* a function that fails fills it and returns its status */                                     \
+    X(RtGpu *, gpu, ptr)         /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */                             \
+    X(int64_t, lo, i64)          /* optimizer_update: the elements [lo, hi) of the parameter region it updates (ZeRO's shard; */ \
+    X(int64_t, hi, i64)          /* hi = 0: all); the state region then holds each variable's [lo, hi) in turn */                \
+    X(const float *, stats, ptr) /* forward_backward, forward_loss: global_mean's statistics, stat_floats (read) */              \
+    X(float *, stats_out, ptr)   /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */
 
 /* RtGpuImage: one image of the program's CUDA module, embedded by mbtc (--cuda-arch). */
 #define RT_GPU_IMAGE_FIELDS(X)                                                                                                   \
@@ -122,7 +124,8 @@
     X(RtStepFn, forward_backward, ptr)                                                                                           \
     X(RtStepFn, forward_loss, ptr)                                                                                               \
     X(RtStepFn, forward_logits, ptr)                                                                                             \
-    X(RtStepFn, optimizer_update, ptr)
+    X(RtStepFn, optimizer_update, ptr)                                                                                           \
+    X(RtStepFn, forward_stats, ptr)
 
 /* RtProgram: a compiled program, the descriptor plus its functions (rt_program.h describes each
  * function's contract and the hash). All pointers are to constant data with static storage. */
@@ -148,7 +151,9 @@
     X(const char *const *, state_names,                                                                                          \
       ptr)                            /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */     \
     X(const RtGpuProgram *, gpu, ptr) /* the CUDA side, or NULL (built without CUDA) */                                          \
-    X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */
+    X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */                                              \
+    X(int64_t, stat_floats, i64)      /* global_mean's statistics in f32 elements; 0: none (forward_stats NULL) */               \
+    X(RtStepFn, forward_stats, ptr)   /* one micro-batch's statistics into stats_out (the step's statistics pass) */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \

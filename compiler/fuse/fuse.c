@@ -18,7 +18,7 @@ static const FNode *fz_n(const FuseCtx *c, int f) { return c->fg->node[f]; }
 int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar) {
     int n = 0;
     const GraphUpdate *u = g->update;
-    int *o = arena_alloc(ar, sizeof(int) * (size_t)(g->n + g->nparams + (u ? u->nstate : 0) + 2));
+    int *o = arena_alloc(ar, sizeof(int) * (size_t)(g->n + g->nparams + g->nstats + (u ? u->nstate : 0) + 2));
     if (u) { /* the new parameters and optimizer state (a result equal to its input needs nothing) */
         if (u->p_out != u->p_in) o[n++] = u->p_out;
         for (int i = 0; i < u->nstate; i++)
@@ -26,6 +26,7 @@ int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar) {
     } else if (g->loss >= 0 || g->grads) {
         if (g->loss >= 0) o[n++] = g->loss;
         for (int i = 0; g->grads && i < g->nparams; i++) o[n++] = g->grads[i];
+        for (int k = 0; k < g->nstats; k++) o[n++] = g->stat_expr[k]; /* forward_stats reads them (plan.h) */
     } else {
         unsigned char *used = arena_alloc(ar, (size_t)g->n + 1);
         for (int id = 0; id < g->n; id++)

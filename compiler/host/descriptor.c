@@ -151,8 +151,9 @@ static LLVMValueRef emit_plan_info(Host *h) {
     return named_struct(h->plan_t, f, RT_PLAN_INFO_NFIELDS);
 }
 
-void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
-                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u, LLVMValueRef gpu) {
+void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef fst,
+                     LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
+                     LLVMValueRef gpu) {
     const Plan *p = h->plan;
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
     LLVMValueRef table = emit_param_table(h), train = train_settings(h);
@@ -187,6 +188,8 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     f[RT_PROG_state_names] = state_names;
     f[RT_PROG_gpu] = gpu ? gpu : null;
     f[RT_PROG_plan] = emit_plan_info(h);
+    f[RT_PROG_stat_floats] = ci64(h, p->mem.stat_bytes / 4);
+    f[RT_PROG_forward_stats] = fst ? fst : null;
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");

@@ -45,11 +45,13 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
     }
 }
 
-/* Launches [0, upto] of S in f on h->target; addr[i] is buffer i's address. A GEMM's status (and
- * on the GPU a launch's) is checked inline: a failure returns it. */
-static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto) {
+/* Launches [0, upto] of S in f on h->target (only those keep marks, when keep is not NULL);
+ * addr[i] is buffer i's address. A GEMM's status (and on the GPU a launch's) is checked inline: a
+ * failure returns it. */
+static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep) {
     FuseResult *r = S->r;
     for (int li = 0; li <= upto && li < r->nlaunches; li++) {
+        if (keep && !keep[li]) continue;
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
@@ -89,6 +91,10 @@ static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr
     }
 }
 
+static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto) {
+    emit_launches_kept(h, f, S, addr, upto, NULL);
+}
+
 /* The address of every buffer of S in the current function: the RtStep field of its plan home
  * plus its offset (null for a buffer no launch touches). */
 static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
@@ -100,6 +106,7 @@ static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
     base[PH_ARENA] = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
     base[PH_X] = step_field(h, s, RT_STEP_x, h->ptr, "x"), base[PH_Y] = step_field(h, s, RT_STEP_y, h->ptr, "y");
     base[PH_POS] = step_field(h, s, RT_STEP_pos, h->ptr, "pos");
+    base[PH_STATS] = step_field(h, s, RT_STEP_stats, h->ptr, "stats");
     LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(S->r->nbuffers + 1));
     for (int i = 0; i < S->r->nbuffers; i++) {
         const PlanSlot *sl = &pm->slots[i];
@@ -145,6 +152,27 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
             if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
             h->target->accumulate(h, &f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
         }
+    }
+    LLVMBuildRet(h->b, ci32(h, 0));
+    return f.fn;
+}
+
+/* forward_stats(s), the statistics pass of global_mean (plan.h, PlanMemory.stats_keep): the step
+ * schedule's launches that the statistics' expressions need, then each expression's buffer copied
+ * to s->stats_out (host memory) at its offset. NULL without statistics. */
+LLVMValueRef emit_stats(Host *h, Sched *S) {
+    const PlanMemory *m = &h->plan->mem;
+    if (m->nstats == 0) return NULL;
+    const FuseResult *r = S->r;
+    HostFn f = host_fn_begin(h, "forward_stats");
+    LLVMValueRef s = f.s;
+    LLVMValueRef *addr = sched_addrs(h, S, s);
+    emit_launches_kept(h, &f, S, addr, m->stats_last, m->stats_keep);
+    LLVMValueRef out = step_field(h, s, RT_STEP_stats_out, h->ptr, "stats_out");
+    for (int k = 0; k < m->nstats; k++) {
+        int b = r->node_buffer[r->g->stat_expr[k]];
+        if (b < 0 || r->buffers[b].dt != DT_F32) INTERNAL("host: statistic %d has no f32 buffer", k);
+        h->target->copy(h, &f, byte_gep(h, out, m->stat_offset[k], ""), addr[b], graph_numel(r->g->node[r->g->stat_in[k]]), 1);
     }
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;
@@ -472,7 +500,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[PLAN_LOGITS] : NULL, .mem = &pm[PLAN_LOGITS]};
     sched_kernels(h, &step, 1);
     sched_kernels(h, &upd, 0);
-    LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0);
+    LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0), fst = emit_stats(h, &step);
     const char *no_range = h->ts->zero > 0 ? update_range_refusal(h, &upd) : NULL;
     if (no_range) {
         diag_error(h->ts->zero_at, "parallel.zero = %lld needs an optimizer whose update is elementwise, but %s",
@@ -492,7 +520,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     const char *hash = diag_error_count() ? NULL : program_hash(h);
     Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
-    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, oi, ou, lrs, hash, tb->update->update, gpu);
+    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, fst, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);

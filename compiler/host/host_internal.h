@@ -139,6 +139,7 @@ LLVMValueRef table_global(Host *h, LLVMTypeRef t, LLVMValueRef *rows, int64_t n,
 
 LLVMValueRef emit_forward(Host *h, Sched *S, int grad);
 LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab);
+LLVMValueRef emit_stats(Host *h, Sched *S); /* forward_stats; NULL without global_mean */
 LLVMValueRef emit_update(Host *h, Sched *S);
 
 /* ---- the other files ------------------------------------------------------------------------------ */
@@ -151,8 +152,9 @@ LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const 
 
 /* descriptor.c */
 const char *program_hash(Host *h); /* RtProgram.hash of the module as it stands */
-void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
-                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u, LLVMValueRef gpu);
+void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef fst,
+                     LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
+                     LLVMValueRef gpu);
 
 /* link.c: writes m (verified) as `output`.o, links it with libmbtrt into the executable `output`
  * and removes the object; failures are reported through diag. */

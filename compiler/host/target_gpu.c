@@ -119,6 +119,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     h->target = &host_target_gpu;
     LLVMValueRef fb = emit_forward(h, S[0], 1), fl = emit_forward(h, S[0], 0), ou = emit_update(h, S[1]);
     LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, h->plan->sched.vocab) : LLVMConstPointerNull(h->ptr);
+    LLVMValueRef fst = emit_stats(h, S[0]);
     h->target = &host_target_cpu;
     LLVMValueRef fn0 = begin_fn(h, "mbt.gpu_strings", h->vd); /* a builder position for global strings */
     LLVMValueRef *krows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(cp->nkernels + 1));
@@ -160,6 +161,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     f[RT_GPU_PROG_forward_loss] = fl;
     f[RT_GPU_PROG_forward_logits] = flog;
     f[RT_GPU_PROG_optimizer_update] = ou;
+    f[RT_GPU_PROG_forward_stats] = fst ? fst : LLVMConstPointerNull(h->ptr);
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef g = LLVMAddGlobal(h->m, h->gpu_prog_t, "mbt.gpu");

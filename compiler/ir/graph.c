@@ -164,6 +164,32 @@ Graph *graph_new(Arena *ar) {
     return g;
 }
 
+void graph_add_stat(Graph *g, int in, int expr) {
+    if (in < 0 || in >= g->n || expr < 0 || expr >= g->n) INTERNAL("graph_add_stat: %%%d, %%%d", in, expr);
+    if (g->nstats == g->statcap) {
+        int cap = g->statcap ? g->statcap * 2 : 4;
+        int *a = arena_alloc(g->ar, sizeof(int) * (size_t)cap), *b = arena_alloc(g->ar, sizeof(int) * (size_t)cap);
+        for (int i = 0; i < g->nstats; i++) a[i] = g->stat_in[i], b[i] = g->stat_expr[i];
+        g->stat_in = a, g->stat_expr = b, g->statcap = cap;
+    }
+    g->stat_in[g->nstats] = in;
+    g->stat_expr[g->nstats++] = expr;
+}
+
+void graph_inline_stats(Graph *g) {
+    for (int k = 0; k < g->nstats; k++) {
+        int in = g->stat_in[k], e = g->stat_expr[k];
+        for (int id = in + 1; id < g->n; id++)
+            for (int j = 0; j < g->node[id]->nin; j++)
+                if (g->node[id]->in[j] == in) g->node[id]->in[j] = e; /* e < in: the order stays topological */
+        GNode *n = g->node[in];
+        n->op = G_CONST;
+        n->name = NULL;
+        n->fattr[0] = 0;
+    }
+    g->nstats = 0;
+}
+
 int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int nin, const int *in, Span src) {
     if (op < 0 || op >= G_OP_COUNT) INTERNAL("graph_add: op %d", (int)op);
     if (rank < 0 || rank > GRAPH_MAX_RANK) INTERNAL("graph_add: rank %d", rank);
@@ -345,6 +371,7 @@ void graph_print(FILE *out, const Graph *g, int first) {
             const GNode *p = g->params[i] >= 0 && g->params[i] < g->n ? g->node[g->params[i]] : NULL;
             fprintf(out, "# grad %s = %%%d\n", p && p->name ? p->name : "?", g->grads[i]);
         }
+    for (int k = 0; k < g->nstats; k++) fprintf(out, "# stat %%%d = global_mean(%%%d)\n", g->stat_in[k], g->stat_expr[k]);
     if (g->update) { /* the results of an update graph */
         const GraphUpdate *u = g->update;
         fprintf(out, "# out p = %%%d\n", u->p_out);
@@ -996,6 +1023,16 @@ int graph_verify(const Graph *g, FILE *out) {
         if (g->loss < 0 || g->loss >= g->n) graph_v_fail(&v, "the loss %%%d is not a node", g->loss);
         else if (g->node[g->loss]->rank != 0 || !dtype_is_float(g->node[g->loss]->dt))
             graph_v_fail(&v, "the loss %%%d is %s, not a float scalar", g->loss, graph_v_ntype(g->node[g->loss]).s);
+    }
+    for (int k = 0; k < g->nstats; k++) {
+        int in = g->stat_in[k], e = g->stat_expr[k];
+        if (in < 0 || in >= g->n || e < 0 || e >= in || !g->node[in] || !g->node[e]) {
+            graph_v_fail(&v, "statistic %d: %%%d = global_mean(%%%d) is not an input after its expression", k, in, e);
+            continue;
+        }
+        const GNode *ni = g->node[in], *ne = g->node[e];
+        if (ni->op != G_INPUT || ni->dt != DT_F32 || ni->rank != ne->rank || graph_numel(ni) != graph_numel(ne))
+            graph_v_fail(&v, "statistic %d: %%%d is not an f32 input shaped like %%%d", k, in, e);
     }
     int nparam = 0;
     for (int id = 0; id < g->n; id++) nparam += g->node[id] && g->node[id]->op == G_PARAM;

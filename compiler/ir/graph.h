@@ -192,13 +192,28 @@ typedef struct Graph {
     int *grads;          /* after autodiff: grads[i] is the id of d loss / d params[i] */
     const char *name;    /* what the graph is ("train tiny"), for graph_print's header; may be NULL */
     GraphUpdate *update; /* set for an update graph (its layout and roles), else NULL */
+    /* Statistics over the global batch (`global_mean(e)`, docs/language.md): statistic k is the
+     * G_INPUT stat_in[k] ("stat.K", f32), whose value is the mean of node stat_expr[k] (the same
+     * shape) over every micro-batch of the step (and every data rank). A leaf, so autodiff gives it
+     * no gradient: it is a constant of the backward. No stat_expr depends on a stat_in (the
+     * builder refuses a statistic of a statistic), so one statistics pass computes them all. */
+    int nstats, statcap;
+    int *stat_in;   /* [nstats] */
+    int *stat_expr; /* [nstats] */
 } Graph;
 
 Graph *graph_new(Arena *ar); /* an empty graph */
 /* Appends a node; shape copied; inputs must exist. Returns its id. */
 /* iattr/fattr/name start zeroed; a G_PARAM's id is appended to params by graph_add itself. */
 int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int nin, const int *in, Span src);
-GNode *graph_node(const Graph *g, int id);              /* node[id] */
+GNode *graph_node(const Graph *g, int id); /* node[id] */
+/* Records statistic (in, expr) of a step graph (Graph.stat_in, stat_expr). */
+void graph_add_stat(Graph *g, int in, int expr);
+/* Rewrites every use of each statistic's input to the statistic's own expression and turns the
+ * inputs into unused zero constants: the step at one micro-batch, where the mean over the global
+ * batch is the micro-batch's own value. Only after autodiff (the backward keeps treating the
+ * statistics as constants); nstats becomes 0. */
+void graph_inline_stats(Graph *g);
 int64_t graph_numel(const GNode *n);                    /* product of the shape */
 const char *graph_op_name(GOp op);                      /* "matmul", "layernorm_bwd_x" ... */
 void graph_print(FILE *out, const Graph *g, int first); /* --emit=ir from node `first` on */

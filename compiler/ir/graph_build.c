@@ -47,6 +47,7 @@ struct GraphBuilder {
     /* generation's forward, for sema_build_train */
     GraphBuilder *forward; /* the batch-1 builder riding along with the step's (NULL: none wanted) */
     int output;            /* a forward builder's node of model(data.x); -1 when it is not one tensor */
+    int is_forward;        /* this is such a forward builder (global_mean is then its operand itself) */
 };
 
 /* ---- errors ---- */
@@ -524,6 +525,45 @@ static void gb_topk(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value
     }
 }
 
+/* 1 when node id depends on one of the graph's statistics (a global_mean). */
+static int gb_uses_stat(GraphBuilder *gb, int id) {
+    Graph *g = gb->g;
+    if (g->nstats == 0) return 0;
+    char *seen = arena_alloc(gb->ar, (size_t)id + 1);
+    seen[id] = 1;
+    for (int i = id; i >= 0; i--) {
+        if (!seen[i]) continue;
+        const GNode *n = g->node[i];
+        for (int k = 0; k < g->nstats; k++)
+            if (g->stat_in[k] == i) return 1;
+        for (int j = 0; j < n->nin; j++) seen[n->in[j]] = 1;
+    }
+    return 0;
+}
+
+/* global_mean(x) (docs/language.md): in the step graph a new f32 input "stat.K", recorded with x's
+ * node as its statistic (Graph.stat_in, stat_expr); the runtime and the reference evaluator feed
+ * it the mean of x over the step's micro-batches. Generation's batch-1 forward has no step: there
+ * the batch is all there is, and the mean over it is x itself. */
+static void gb_global_mean(GraphBuilder *gb, Value *x, Span xat, Value *r, Span at) {
+    int e = gb_operand(gb, x, DT_F32, xat);
+    if (e < 0) return;
+    if (gb->is_forward) {
+        gb_alias(r, e);
+        return;
+    }
+    if (gb_uses_stat(gb, e)) {
+        if (gb_fail(gb, xat, "global_mean of a value computed from another global_mean is not supported"))
+            diag_hint("one statistics pass over the step's micro-batches computes every global_mean before the loss: a "
+                      "statistic cannot wait for another");
+        return;
+    }
+    int id = gb_result(gb, r, G_INPUT, 0, NULL, at);
+    if (id < 0) return;
+    gb_node(gb, id)->name = arena_printf(gb->g->ar, "stat.%d", gb->g->nstats);
+    graph_add_stat(gb->g, id, e);
+}
+
 /* The builtins an optimizer's update may use on tensors: elementwise ones, and norm (per parameter). */
 static int gb_update_builtin(const char *name, const CallArgs *a) {
     static const char *const ok[] = {"exp",  "log", "sqrt", "rsqrt", "tanh",  "sigmoid", "relu", "gelu",  "silu", "abs",
@@ -689,6 +729,8 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         }
         gb_node(gb, id)->fattr[0] = p;
         gb_node(gb, id)->iattr[0] = gb->streams++;
+    } else if (strcmp(name, "global_mean") == 0) {
+        gb_global_mean(gb, v0, s0, r, at);
     } else if (strcmp(name, "norm") == 0) {
         in[0] = gb_operand(gb, v0, dt, s0);
         if (gb->updating && in[0] >= 0 && gb_node(gb, in[0])->rank == 1)                   /* per parameter (graph_build.h) */
@@ -787,6 +829,13 @@ void gb_loss(GraphBuilder *gb, Value *loss, Span at) {
     }
     int id = gb_operand(gb, loss, loss->kind == V_TENSOR ? -1 : DT_F32, at);
     if (id < 0) return;
+    for (int k = 0; k < gb->g->nstats; k++)
+        if (gb->g->stat_in[k] == id) {
+            if (gb_fail(gb, at, "the loss is a global_mean, which is a constant of the backward: it has no gradient"))
+                diag_hint("global_mean is for statistics the loss uses (expert frequencies); the loss is already the mean "
+                          "over the global batch");
+            return;
+        }
     gb->g->loss = id;
     if (gb_params_named(gb)) gb->done = 1;
 }
@@ -996,6 +1045,7 @@ void gb_want_update(GraphBuilder *gb, int64_t align, GraphBuilder *fwd) {
     if (align <= 0 || (align & (align - 1)) != 0) INTERNAL("graph builder: alignment %lld", (long long)align);
     gb->align = align;
     gb->forward = fwd;
+    if (fwd) fwd->is_forward = 1;
 }
 
 void gb_start(GraphBuilder *gb, Arena *values) { gb->ar = values; }

@@ -118,6 +118,7 @@ typedef enum PlanHome {
     PH_X,      /* data.x: the runtime's input batch (RtStep.x) */
     PH_Y,      /* data.y: the runtime's target batch (RtStep.y) */
     PH_POS,    /* data.pos: each token's position in its document (RtStep.pos), with tokens(docs = ...) */
+    PH_STATS,  /* the statistics over the global batch, global_mean's inputs (RtStep.stats) */
     PH_ARENA,  /* the activation arena */
 } PlanHome;
 
@@ -180,6 +181,17 @@ typedef struct PlanMemory {
     int ninputs;
     PlanInput inputs[3]; /* data.x, data.y and data.pos, those the step reads */
     int64_t input_bytes; /* data.x and data.y together */
+    /* global_mean (Graph.stat_in): statistic k, f32, at stat_offset[k] bytes of the stats region
+     * (RtStep.stats), stat_bytes in all (0: none); forward_stats runs the step's launches that
+     * write what the statistics' expressions need (stats_keep, none past stats_last, the last that
+     * writes an expression: dead launches pruned, walking back from the expressions' buffers) and
+     * copies each expression's buffer to RtStep.stats_out at the same offset. */
+    int nstats;
+    int64_t *stat_offset;
+    int64_t stat_bytes;
+    int stats_last;
+    unsigned char *stats_keep; /* [step launches]: 1 for those forward_stats runs (what the expressions need) */
+    int stats_launches;        /* how many */
     PlanPhaseMem phase[PLAN_NPHASES];
     int64_t lr_offset, t_offset; /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
     int64_t arena_bytes;         /* the largest peak: what the executable allocates */

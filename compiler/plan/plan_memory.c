@@ -56,6 +56,7 @@ static int plan_inputs(PlanCtx *c) {
         const GNode *n = g->node[id];
         if (n->op != G_INPUT || !n->name) continue;
         if (strcmp(n->name, GRAPH_RNG_NAME) == 0) continue; /* dropout's key: an arena slot (plan_phase) */
+        if (strncmp(n->name, "stat.", 5) == 0) continue;    /* plan_stats */
         PlanHome home = strcmp(n->name, "data.x") == 0     ? PH_X
                         : strcmp(n->name, "data.y") == 0   ? PH_Y
                         : strcmp(n->name, "data.pos") == 0 ? PH_POS
@@ -70,6 +71,48 @@ static int plan_inputs(PlanCtx *c) {
         m->input_bytes += bytes;
     }
     return 1;
+}
+
+/* global_mean's statistics: their offsets in the stats region (f32 each, one after another). */
+static void plan_stats(PlanCtx *c) {
+    PlanMemory *m = &c->p->mem;
+    const Graph *g = c->p->step;
+    m->nstats = g->nstats;
+    m->stat_offset = arena_alloc(c->ar, sizeof(int64_t) * (size_t)(g->nstats + 1));
+    for (int k = 0; k < g->nstats; k++) {
+        m->stat_offset[k] = m->stat_bytes;
+        m->stat_bytes += graph_numel(g->node[g->stat_in[k]]) * 4;
+    }
+    m->stats_last = -1;
+}
+
+/* forward_stats' launches: walking back from stats_last, a launch is kept when it writes a buffer
+ * the statistics need, and then everything it reads is needed (a GEMM's C too when beta is not 0;
+ * a kernel's every buffer, written ones included, as a kernel may load what it stores). */
+static void plan_stats_keep(Arena *ar, const FuseResult *r, PlanMemory *m) {
+    unsigned char *need = arena_alloc(ar, (size_t)r->nbuffers + 1);
+    m->stats_keep = arena_alloc(ar, (size_t)r->nlaunches + 1);
+    m->stats_launches = 0;
+    for (int k = 0; k < m->nstats; k++) need[r->node_buffer[r->g->stat_expr[k]]] = 1;
+    for (int l = m->stats_last; l >= 0; l--) {
+        const FuseLaunch *L = &r->launches[l];
+        int keep = 0;
+        if (L->kind == FL_GEMM) {
+            const FuseGemm *gm = &L->gemm;
+            keep = need[gm->c] || (gm->epilogue == FE_BGRAD_B && gm->bias >= 0 && need[gm->bias]);
+            if (keep) {
+                need[gm->a] = need[gm->b] = 1;
+                if (gm->bias >= 0) need[gm->bias] = 1;
+                if (gm->beta != 0) need[gm->c] = 1;
+            }
+        } else {
+            const Kernel *K = r->kernels[L->kernel];
+            for (int i = 0; i < K->nbufs && !keep; i++) keep = K->bufs[i].written && need[K->bufs[i].buffer];
+            for (int i = 0; keep && i < K->nbufs; i++) need[K->bufs[i].buffer] = 1;
+        }
+        m->stats_keep[l] = (unsigned char)keep;
+        m->stats_launches += keep;
+    }
 }
 
 /* ---- one phase -------------------------------------------------------------------------------- */
@@ -96,6 +139,11 @@ static void plan_leaf_forward(const PlanMemory *m, const Graph *g, const GNode *
     }
     for (int i = 0; i < m->ninputs; i++)
         if (n->op == G_INPUT && n->name && strcmp(n->name, m->inputs[i].name) == 0) s->home = m->inputs[i].home;
+    for (int k = 0; k < g->nstats; k++)
+        if (g->stat_in[k] == n->id) {
+            s->home = PH_STATS;
+            s->offset = m->stat_offset[k];
+        }
     if (s->home == PH_NONE) INTERNAL("plan: leaf %%%d has no home", n->id);
 }
 
@@ -202,6 +250,7 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
 int plan_memory(PlanCtx *c, const PlanSchedules *s) {
     PlanMemory *m = &c->p->mem;
     if (!plan_regions(c) || !plan_inputs(c)) return 0;
+    plan_stats(c);
     m->lr_offset = PLAN_LR_OFFSET;
     m->t_offset = PLAN_T_OFFSET;
     int64_t total = 0;
@@ -217,6 +266,13 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s) {
         plan_phase(c, s, (PlanPhase)i);
         if (m->phase[i].peak > m->arena_bytes) m->arena_bytes = m->phase[i].peak;
     }
+    for (int k = 0; k < m->nstats; k++) { /* outputs of the step schedule (fuse_default_outputs): live to its end */
+        const FuseResult *r = s->r[PLAN_STEP];
+        int b = r->node_buffer[r->g->stat_expr[k]];
+        if (b < 0 || r->buffers[b].first < 0) INTERNAL("plan: statistic %d's expression has no buffer", k);
+        if (r->buffers[b].first > m->stats_last) m->stats_last = r->buffers[b].first;
+    }
+    if (m->nstats > 0) plan_stats_keep(c->ar, s->r[PLAN_STEP], m);
     return 1;
 }
 
@@ -234,6 +290,7 @@ static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
         for (int i = 0; i < m->ninputs; i++)
             if (m->inputs[i].home == h) return m->inputs[i].bytes;
         return 0;
+    case PH_STATS: return m->stat_bytes;
     case PH_ARENA: return m->arena_bytes;
     case PH_NONE: return 0;
     }
@@ -362,6 +419,7 @@ static const char *plan_home_name(PlanHome h) {
     case PH_X: return "data.x";
     case PH_Y: return "data.y";
     case PH_POS: return "data.pos";
+    case PH_STATS: return "stats";
     case PH_ARENA: return "arena";
     }
     return "?";
@@ -429,6 +487,11 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
             plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, ph->naive));
     if (ph->naive > 0) fprintf(out, " (saves %.1f%%)", 100.0 * (double)(ph->naive - ph->peak) / (double)ph->naive);
     fprintf(out, "\n");
+    if (which == PLAN_STEP && p->mem.nstats > 0)
+        fprintf(out,
+                "stats: %d global_mean statistic%s, %" PRId64 " bytes (RtStep.stats); forward_stats runs %d of launches "
+                "0..%d (what they need) and copies them to RtStep.stats_out\n",
+                p->mem.nstats, p->mem.nstats == 1 ? "" : "s", p->mem.stat_bytes, p->mem.stats_launches, p->mem.stats_last);
     if (which == PLAN_UPDATE)
         fprintf(out,
                 "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",

@@ -879,9 +879,10 @@ static int ref_fill_leaf(const GNode *n, double *const *leaves, double *out) {
     return -1;
 }
 
-double **ref_run(const Graph *g, double *const *leaves, Arena *ar) {
+/* Nodes 0 .. n-1 of g (ref_run's contract). */
+static double **ref_run_prefix(const Graph *g, double *const *leaves, int n, Arena *ar) {
     double **vals = arena_alloc(ar, (size_t)(g->n ? g->n : 1) * sizeof(double *));
-    for (int id = 0; id < g->n; id++) {
+    for (int id = 0; id < n; id++) {
         const GNode *n = g->node[id];
         if (n->id != id) INTERNAL("reference evaluator: node[%d] has id %d", id, n->id);
         int64_t total = ref_numel(n);
@@ -890,4 +891,38 @@ double **ref_run(const Graph *g, double *const *leaves, Arena *ar) {
         if (rc) return NULL;
     }
     return vals;
+}
+
+double **ref_run(const Graph *g, double *const *leaves, Arena *ar) { return ref_run_prefix(g, leaves, g->n, ar); }
+
+int ref_global_stats(const Graph *g, int64_t nmicro, RefMicroFn set_leaves, void *ctx, double **leaves, Arena *ar) {
+    if (g->nstats == 0) return 0;
+    int last = 0;
+    for (int k = 0; k < g->nstats; k++) {
+        int64_t n = ref_numel(g->node[g->stat_in[k]]);
+        leaves[g->stat_in[k]] = arena_alloc(ar, (size_t)(n ? n : 1) * sizeof(double)); /* zeros while pass 1 runs */
+        if (g->stat_expr[k] + 1 > last) last = g->stat_expr[k] + 1;
+    }
+    double **sum = arena_alloc(ar, (size_t)g->nstats * sizeof *sum);
+    for (int k = 0; k < g->nstats; k++)
+        sum[k] = arena_alloc(ar, (size_t)(ref_numel(g->node[g->stat_in[k]]) + 1) * sizeof(double));
+    for (int64_t m = 0; m < nmicro; m++) {
+        set_leaves(ctx, m, leaves);
+        Arena scratch = {0};
+        double **vals = ref_run_prefix(g, leaves, last, &scratch); /* a statistic needs nothing past its expression */
+        if (!vals) {
+            arena_free(&scratch);
+            return -1;
+        }
+        for (int k = 0; k < g->nstats; k++) {
+            const double *v = vals[g->stat_expr[k]];
+            for (int64_t i = 0; i < ref_numel(g->node[g->stat_in[k]]); i++) sum[k][i] += v[i];
+        }
+        arena_free(&scratch);
+    }
+    for (int k = 0; k < g->nstats; k++) {
+        int64_t n = ref_numel(g->node[g->stat_in[k]]);
+        for (int64_t i = 0; i < n; i++) leaves[g->stat_in[k]][i] = sum[k][i] / (double)nmicro;
+    }
+    return 0;
 }

@@ -16,6 +16,15 @@
  * error (diag_error_noloc) and returns NULL. */
 double **ref_run(const Graph *g, double *const *leaves, Arena *ar);
 
+/* Statistics over the global batch (Graph.stat_in, global_mean): the first of the step's two
+ * passes. For each micro-batch m in order, set_leaves(ctx, m, leaves) puts its data into leaves and
+ * the graph runs up to the statistics' expressions; each statistic is the sum of its values over
+ * the micro-batches, in micro-batch order, divided by nmicro. Its input's leaf (allocated in ar) is
+ * then that mean, for ref_run's second pass, in which every micro-batch reads the same statistics.
+ * Returns 0 (nothing to do without statistics), or -1 after ref_run reported an error. */
+typedef void (*RefMicroFn)(void *ctx, int64_t m, double **leaves);
+int ref_global_stats(const Graph *g, int64_t nmicro, RefMicroFn set_leaves, void *ctx, double **leaves, Arena *ar);
+
 /* Evaluates one node whose inputs are already in vals; writes vals[n->id] (caller-allocated,
  * graph_numel(n) doubles). Returns 0, or -1 after reporting a bad index. */
 int ref_eval_node(const Graph *g, const GNode *n, double **vals);

@@ -100,6 +100,30 @@ static double **reference_update(const Graph *ug, const Graph *g, double *const 
     return out;
 }
 
+/* Micro-batch m of the dump into the step graph's leaves (a RefMicroFn): data.x and data.y; with
+ * documents data.pos, recomputed from data.x as the runtime computes it (rt_doc_positions: 0 at a
+ * row's start and after each end-of-text token - the dump holds x, and pos is x's function); with
+ * dropout its key's micro-batch word. */
+typedef struct VerifyBatches {
+    const StepDump *d;
+    int xin, yin, posin; /* posin -1: no data.pos */
+    int64_t docs;        /* the end-of-text id */
+    double *key;         /* dropout's key (graph.h), or NULL */
+} VerifyBatches;
+
+static void verify_load_micro(void *ctx, int64_t m, double **leaves) {
+    const VerifyBatches *vb = ctx;
+    int64_t seq = vb->d->seq, window = vb->d->micro * seq;
+    const int32_t *bx = vb->d->bx + m * window;
+    double *lp = vb->posin >= 0 ? leaves[vb->posin] : NULL;
+    if (vb->key) vb->key[3] = (double)(uint32_t)m;
+    for (int64_t k = 0; k < window; k++) {
+        leaves[vb->xin][k] = bx[k];
+        leaves[vb->yin][k] = vb->d->by[m * window + k];
+        if (lp) lp[k] = k % seq == 0 || bx[k - 1] == vb->docs ? 0 : lp[k - 1] + 1;
+    }
+}
+
 int verify_step(Pipeline *p, const char *path) {
     if (pipeline_run(p, ST_IR)) return diag_finish();
     const TrainBuild *tb = p->tb;
@@ -128,7 +152,6 @@ int verify_step(Pipeline *p, const char *path) {
     int xin = d.xin, yin = d.yin;
     int64_t micro = d.micro, accum = d.accum, seq = d.seq, window = micro * seq;
     double loss = d.loss, lr = d.lr, clip = d.clip, **leaves = d.leaves, **grad = d.grad, **next = d.next;
-    int32_t *bx = d.bx, *by = d.by;
 
     /* the reference step: the mean over the micro-batches, as the runtime's loss_scale makes it */
     double ref_loss = 0;
@@ -144,20 +167,19 @@ int verify_step(Pipeline *p, const char *path) {
         key[0] = (double)(d.seed & 0xffffffffu), key[1] = (double)(d.seed >> 32), key[2] = 0, key[4] = 1;
         leaves[d.rngin] = key;
     }
-    /* data.pos, with documents: recomputed from data.x as the runtime computes it (rt_doc_positions:
-     * 0 at a row's start and after each end-of-text token) - the dump holds x, and pos is x's function */
     int posin = -1;
     for (int id = 0; id < g->n; id++)
         if (g->node[id]->op == G_INPUT && g->node[id]->name && strcmp(g->node[id]->name, "data.pos") == 0) posin = id;
-    double *lp = posin >= 0 ? arena_alloc(ar, (size_t)window * sizeof *lp) : NULL;
-    if (posin >= 0) leaves[posin] = lp;
+    if (posin >= 0) leaves[posin] = arena_alloc(ar, (size_t)window * sizeof(double));
+    /* global_mean: the statistics over all the step's micro-batches first (ref_global_stats), then
+     * every micro-batch's forward and backward reads them */
+    VerifyBatches vb = {&d, xin, yin, posin, tb->config->docs, key};
+    if (ref_global_stats(g, accum, verify_load_micro, &vb, leaves, ar)) {
+        step_dump_free(&d);
+        return diag_finish();
+    }
     for (int64_t m = 0; m < accum && !diag_error_count(); m++) {
-        if (key) key[3] = (double)(uint32_t)m;
-        for (int64_t k = 0; k < window; k++) {
-            lx[k] = bx[m * window + k];
-            ly[k] = by[m * window + k];
-            if (lp) lp[k] = k % seq == 0 || bx[m * window + k - 1] == tb->config->docs ? 0 : lp[k - 1] + 1;
-        }
+        verify_load_micro(&vb, m, leaves);
         Arena scratch = {0};
         double **vals = ref_run(g, leaves, &scratch);
         if (vals) {

@@ -892,6 +892,13 @@ static Value *b_dropout(BCall *c) {
     return value_tensor(c->ar, x->t.dt, x->t.rank, x->t.dims, c->args->at);
 }
 
+/* global_mean(x): the mean of x over every micro-batch of the step (docs/language.md); f32, shaped
+ * like x, a constant of the backward. */
+static Value *b_global_mean(BCall *c) {
+    const Value *x = btensor(c, 0, 1);
+    return bresult(c, x ? value_tensor(c->ar, DT_F32, x->t.rank, x->t.dims, c->args->at) : NULL);
+}
+
 static Value *b_norm(BCall *c) {
     const Value *x = btensor(c, 0, 1);
     return bresult(c, x ? value_tensor(c->ar, DT_F32, 0, NULL, c->args->at) : NULL);
@@ -978,6 +985,7 @@ static const Builtin builtin_table[] = {
     {"ones", {NULL}, 0, 1, b_fill, 0, "ones(d1, ..., dn)"},
     {"dropout", P("x", "p"), 2, 0, b_dropout, 0, "dropout(x, p)"},
     {"norm", P("x"), 1, 0, b_norm, 0, "norm(x)"},
+    {"global_mean", P("x"), 1, 0, b_global_mean, 0, "global_mean(x)"},
     {"clamp", P("x", "lo", "hi"), 3, 0, b_clamp, 0, "clamp(x, lo, hi)"},
     {"float", P("x"), 1, 0, b_convert, CONV_FLOAT, "float(x)"},
     {"int", P("x"), 1, 0, b_convert, CONV_INT, "int(x)"},

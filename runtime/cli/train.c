@@ -219,6 +219,12 @@ static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t se
         if (st != RT_OK) return st;
         RtStep s = rt_exec_step(e, err);
         s.B = B, s.T = T, s.seed = seed;
+        if (p->stat_floats > 0) { /* global_mean: each held-out micro-batch is its own global batch */
+            st = rt_exec_call(e, RT_EXEC_FORWARD_STATS, &s);
+            if (st == RT_OK) memcpy(e->stats, e->stats_out, (size_t)p->stat_floats * sizeof *e->stats);
+            if (st == RT_OK) st = rt_exec_stats(e, err);
+            if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
+        }
         st = rt_exec_call(e, RT_EXEC_FORWARD_LOSS, &s);
         if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
         sum += s.loss;
@@ -358,6 +364,12 @@ typedef struct RtTrainRun {
     float *zero_scratch; /* one vector of param_floats: a state variable gathered for a checkpoint */
     float *state_full;   /* rank 0: the whole optimizer state, gathered for a checkpoint */
     double *norm_all;    /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
+    /* global_mean: the step's micro-batches of this rank, read once for the statistics pass and kept
+     * for the step's own pass (rt_train_stats); stat_cap micro-batches; stat_mine their statistics
+     * (accum x stat_floats), stat_all every rank's (rank order, which is micro-batch order) */
+    int32_t *stat_x, *stat_y;
+    int64_t stat_cap;
+    double *stat_mine, *stat_all;
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -644,6 +656,73 @@ static double rt_tree_sum_f64(double *v, int64_t n) {
     return n > 0 ? v[0] : 0;
 }
 
+/* ---- global_mean: the statistics pass (docs/runtime.md, "Statistics over the global batch") ---- */
+
+/* Reads this rank's accum micro-batches of the step (the global batch's [first, first + accum);
+ * the data stand at the first) into stat_x/stat_y, runs forward_stats on each, and sets the
+ * statistics to the mean over all M = accum x ranks micro-batches of the step: every micro-batch's
+ * statistics are gathered from the ranks (rt_comm_gather_f64, rank order, which is micro-batch
+ * order), summed in double in micro-batch order, divided by M, stored as f32 (and uploaded to the
+ * GPU) - the same numbers at any number of ranks. The step's forward and backward then read the
+ * same micro-batches back (rt_train_read). Nothing without statistics. */
+static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64_t first, int64_t M) {
+    const RtProgram *p = r->p;
+    int64_t sf = p->stat_floats;
+    if (sf <= 0) return RT_OK;
+    RtExec *x = &r->x;
+    if (accum > r->stat_cap) {
+        free(r->stat_x);
+        free(r->stat_y);
+        free(r->stat_mine);
+        free(r->stat_all);
+        r->stat_x = malloc((size_t)(accum * r->window) * sizeof *r->stat_x);
+        r->stat_y = malloc((size_t)(accum * r->window) * sizeof *r->stat_y);
+        r->stat_mine = malloc((size_t)(accum * sf) * sizeof *r->stat_mine);
+        r->stat_all = malloc((size_t)(accum * r->nranks * sf) * sizeof *r->stat_all);
+        r->stat_cap = r->stat_x && r->stat_y && r->stat_mine && r->stat_all ? accum : 0;
+        if (!r->stat_cap) return rt_fail(&r->e, RT_ERR_NOMEM, "cannot allocate the step's %lld micro-batches", (long long)accum);
+    }
+    RtStatus st = RT_OK;
+    for (int64_t m = 0; m < accum && st == RT_OK; m++) {
+        int32_t *bx = r->stat_x + m * r->window, *by = r->stat_y + m * r->window;
+        st = rt_data_next(r->train, p->train.micro, bx, by, &r->e);
+        if (st != RT_OK) break;
+        memcpy(x->x, bx, (size_t)r->window * sizeof *bx);
+        memcpy(x->y, by, (size_t)r->window * sizeof *by);
+        st = rt_exec_batch(x, r->window, &r->e);
+        RtStep s = rt_exec_step(x, &r->e);
+        s.B = p->train.micro, s.T = p->train.seq, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        if (st == RT_OK) st = rt_exec_call(x, RT_EXEC_FORWARD_STATS, &s);
+        if (st != RT_OK) {
+            rt_error_context(&r->e, "step %lld, statistics of micro-batch %lld", (long long)(step + 1),
+                             (long long)(first + m + 1));
+            break;
+        }
+        for (int64_t i = 0; i < sf; i++) r->stat_mine[m * sf + i] = (double)x->stats_out[i];
+    }
+    double *all = r->stat_mine;
+    if (st == RT_OK && r->nranks > 1) {
+        all = r->stat_all;
+        st = rt_comm_gather_f64(r->comm, r->stat_mine, accum * sf, all, &r->e);
+        if (st != RT_OK) rt_error_context(&r->e, "step %lld: gathering the statistics", (long long)(step + 1));
+    }
+    for (int64_t i = 0; st == RT_OK && i < sf; i++) {
+        double sum = 0;
+        for (int64_t m = 0; m < M; m++) sum += all[m * sf + i];
+        x->stats[i] = (float)(sum / (double)M);
+    }
+    if (st == RT_OK) st = rt_exec_stats(x, &r->e);
+    return st;
+}
+
+/* Micro-batch m of this rank's step: from the statistics pass's copy when there is one, else the data. */
+static RtStatus rt_train_read(RtTrainRun *r, int64_t m, int32_t *x, int32_t *y, RtError *err) {
+    if (r->p->stat_floats <= 0) return rt_data_next(r->train, r->p->train.micro, x, y, err);
+    memcpy(x, r->stat_x + m * r->window, (size_t)r->window * sizeof *x);
+    memcpy(y, r->stat_y + m * r->window, (size_t)r->window * sizeof *y);
+    return RT_OK;
+}
+
 /* This process's `accum` micro-batches of one step: forward and backward of each into the step's
  * tree of partial sums (rt_exec_tree_*), so that afterwards the gradient region holds their sum;
  * each one's loss goes to r->micro_loss. The global batch is M = accum x nranks micro-batches,
@@ -657,7 +736,9 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
     int64_t M = accum * r->nranks, first = r->rank * accum;
     RtError enext;
     rt_data_skip(r->train, first * t->micro);
-    RtStatus next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
+    RtStatus next = rt_train_stats(r, step, accum, first, M);
+    if (next != RT_OK) return next;
+    next = rt_train_read(r, 0, x->x, x->y, &enext);
     RtTree tree = {0};
     for (int64_t m = 0; m < accum; m++) {
         RtStatus st = next;
@@ -675,7 +756,7 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
         if (st == RT_OK && m + 1 < accum) {
             rt_exec_flip(x);
-            next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
+            next = rt_train_read(r, m + 1, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
         if (st != RT_OK)
@@ -1018,6 +1099,10 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->state_full);
     free(r->norm_all);
     free(r->dump_x);
+    free(r->stat_x);
+    free(r->stat_y);
+    free(r->stat_mine);
+    free(r->stat_all);
     free(r->dump_y);
     free(r->dump_p);
     free(r->dump_g);

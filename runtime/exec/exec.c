@@ -52,6 +52,8 @@ static RtStatus rt_exec_open_gpu(RtExec *e, int64_t tokens, RtError *err) {
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_y, tokens * 4, "the target batch", err);
     if (st == RT_OK && p->train.docs >= 0)
         st = rt_gpu_alloc(e->gpu, (void **)&e->d_pos, tokens * 4, "the document positions", err);
+    if (st == RT_OK && p->stat_floats > 0)
+        st = rt_gpu_alloc(e->gpu, (void **)&e->d_stats, p->stat_floats * 4, "the global_mean statistics", err);
     return st;
 }
 
@@ -75,6 +77,9 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
     if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->x_next, tokens * 4, "next input batch", err);
     if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->y_next, tokens * 4, "next target batch", err);
     if (st == RT_OK && p->train.docs >= 0) st = rt_alloc_region((void **)&e->pos, tokens * 4, "document positions", err);
+    if (st == RT_OK && p->stat_floats > 0) st = rt_alloc_region((void **)&e->stats, p->stat_floats * 4, "statistics", err);
+    if (st == RT_OK && p->stat_floats > 0)
+        st = rt_alloc_region((void **)&e->stats_out, p->stat_floats * 4, "micro-batch statistics", err);
     if (st == RT_OK && e->gpu) st = rt_exec_open_gpu(e, tokens, err);
     if (st != RT_OK) rt_exec_close(e);
     return st;
@@ -93,6 +98,7 @@ void rt_exec_close(RtExec *e) {
         rt_gpu_free(e->gpu, e->d_x);
         rt_gpu_free(e->gpu, e->d_y);
         rt_gpu_free(e->gpu, e->d_pos);
+        rt_gpu_free(e->gpu, e->d_stats);
         rt_gpu_host_free(e->gpu, e->x);
         rt_gpu_host_free(e->gpu, e->y);
         rt_gpu_host_free(e->gpu, e->x_next);
@@ -108,6 +114,8 @@ void rt_exec_close(RtExec *e) {
     free(e->grads);
     free(e->state);
     free(e->arena);
+    free(e->stats);
+    free(e->stats_out);
     memset(e, 0, sizeof *e);
 }
 
@@ -148,10 +156,15 @@ RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err) {
     return st == RT_OK ? rt_gpu_upload(e->gpu, e->d_y, e->y, tokens * 4, err) : st;
 }
 
+RtStatus rt_exec_stats(RtExec *e, RtError *err) {
+    if (!e->gpu || !e->d_stats) return RT_OK;
+    return rt_gpu_upload(e->gpu, e->d_stats, e->stats, e->prog->stat_floats * 4, err); /* pageable: staged on return */
+}
+
 /* ---- calls -------------------------------------------------------------------------------------- */
 
 RtStep rt_exec_step(const RtExec *e, RtError *err) {
-    RtStep s = {.pool = e->pool, .err = err};
+    RtStep s = {.pool = e->pool, .err = err, .stats = e->gpu ? e->d_stats : e->stats, .stats_out = e->stats_out};
     if (e->gpu) {
         s.gpu = e->gpu;
         s.params = e->d_params, s.grads = e->d_grads, s.state = e->d_state, s.arena = e->d_arena;
@@ -183,12 +196,14 @@ RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
     const RtProgram *p = e->prog;
     const RtGpuProgram *g = e->gpu ? p->gpu : NULL;
     RtStatus (*f)(RtStep *) = NULL;
-    static const char *const names[] = {"forward_backward", "forward_loss", "forward_logits", "optimizer_update"};
+    static const char *const names[] = {"forward_backward", "forward_loss", "forward_logits", "optimizer_update",
+                                        "forward_stats"};
     switch (fn) {
     case RT_EXEC_FORWARD_BACKWARD: f = g ? g->forward_backward : p->forward_backward; break;
     case RT_EXEC_FORWARD_LOSS: f = g ? g->forward_loss : p->forward_loss; break;
     case RT_EXEC_FORWARD_LOGITS: f = g ? g->forward_logits : p->forward_logits; break;
     case RT_EXEC_UPDATE: f = g ? g->optimizer_update : p->optimizer_update; break;
+    case RT_EXEC_FORWARD_STATS: f = g ? g->forward_stats : p->forward_stats; break;
     }
     if (!f) return rt_fail(s->err, RT_ERR_ARG, "the program has no %s for the %s", names[fn], g ? "GPU" : "CPU");
     return f(s);

@@ -102,6 +102,9 @@ typedef struct RtExec {
      * GPU), tree[1..ntree-1] extra regions of param_floats on the running device. */
     float *tree[RT_TREE_MAX];
     int ntree;
+    /* global_mean (RtProgram.stat_floats > 0): the step's statistics (read by forward_backward and
+     * forward_loss; the GPU's copy d_stats) and one micro-batch's, which forward_stats writes */
+    float *stats, *stats_out, *d_stats;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool
@@ -120,7 +123,15 @@ RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err);
 void rt_doc_positions(const int32_t *x, int64_t tokens, int64_t row, int64_t eot, int32_t *pos);
 /* An RtStep with the running device's regions, pool or GPU, and err; the caller sets the rest. */
 RtStep rt_exec_step(const RtExec *e, RtError *err);
-typedef enum RtExecFn { RT_EXEC_FORWARD_BACKWARD, RT_EXEC_FORWARD_LOSS, RT_EXEC_FORWARD_LOGITS, RT_EXEC_UPDATE } RtExecFn;
+typedef enum RtExecFn {
+    RT_EXEC_FORWARD_BACKWARD,
+    RT_EXEC_FORWARD_LOSS,
+    RT_EXEC_FORWARD_LOGITS,
+    RT_EXEC_UPDATE,
+    RT_EXEC_FORWARD_STATS /* returns with stats_out filled (its copy to the host waits) */
+} RtExecFn;
+/* stats (the host's) to the GPU's d_stats (CPU: nothing). */
+RtStatus rt_exec_stats(RtExec *e, RtError *err);
 /* The running device's version of the function. rt_exec_call returns when it is done (s->loss
  * set); rt_exec_queue may return with it queued on the GPU: s->loss is NaN until rt_exec_wait,
  * and s must live until then. rt_exec_flip makes the other pair of batch buffers x and y (GPU;

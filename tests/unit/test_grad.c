@@ -1028,6 +1028,126 @@ static void grad_moe(void) {
     tg_end(t);
 }
 
+/* nn.MoE.forward_aux's router loss on x [B, T, d] with router weight w [E, d], top K:
+ * E x sum(f * P) + z, P the mean softmax over tokens, f the mean over tokens of the top-K mask
+ * divided by K (a comparison: no gradient), z the mean of logsumexp(logits)^2. With `global`, f is
+ * read through a statistic (global_mean): an f32 input recorded with f's node (Graph.stat_in). */
+static int tg_router_aux(TG *t, int x, int w, int64_t E, int64_t K, int global) {
+    int logits = tg_matmul(t, x, tg_T(t, w)); /* [B, T, E] */
+    int kth = tg_reduce(t, G_MIN, tg_topk(t, G_TOPK_VALUES, logits, K, 2), 2, 1);
+    int chosen = tg_cast(t, tg_bin(t, G_GE, logits, kth), DT_F32);
+    int p = tg_reduce(t, G_MEAN, tg_reduce(t, G_MEAN, tg_same(t, G_SOFTMAX, logits, 2, 0), 0, 0), 0, 0); /* [E] */
+    int f = tg_bin(t, G_DIV, tg_reduce(t, G_MEAN, tg_reduce(t, G_MEAN, chosen, 0, 0), 0, 0), tg_const(t, (double)K, DT_F32));
+    if (global) {
+        int in = tg_input_in(t, tg_shape(t, f), 0.0, 0.5); /* pass 1 overwrites it (ref_global_stats) */
+        graph_add_stat(t->g, in, f);
+        f = in;
+    }
+    int lb = tg_bin(t, G_MUL, tg_sum_all(t, tg_bin(t, G_MUL, f, p)), tg_const(t, (double)E, DT_F32));
+    int lse = tg_reduce(t, G_LOGSUMEXP, logits, 2, 0);
+    int z = tg_reduce(t, G_MEAN, tg_bin(t, G_MUL, lse, lse), -1, 0);
+    return tg_bin(t, G_ADD, tg_bin(t, G_MUL, lb, tg_const(t, 0.01, DT_F32)), tg_bin(t, G_MUL, z, tg_const(t, 0.001, DT_F32)));
+}
+
+/* The router loss with each micro-batch's own f: P and z carry the gradient, f none. */
+static void grad_moe_aux_micro(void) {
+    TG *t = tg_begin(__LINE__);
+    tg_check(t, tg_router_aux(t, tg_input(t, S(2, 3, 4)), tg_param(t, S(4, 4)), 4, 2, 0));
+    tg_end(t);
+}
+
+/* The same with f a statistic: a constant of the backward (its input's value as given). */
+static void grad_moe_aux_global(void) {
+    TG *t = tg_begin(__LINE__);
+    tg_check(t, tg_router_aux(t, tg_input(t, S(2, 3, 4)), tg_param(t, S(4, 4)), 4, 2, 1));
+    tg_end(t);
+}
+
+/* ---- global_mean over several micro-batches ---- */
+
+typedef struct TgMicro {
+    TG *t;
+    int xin;
+    double *const *xs; /* [M] each micro-batch's x */
+} TgMicro;
+
+static void tg_load_micro(void *ctx, int64_t m, double **leaves) {
+    TgMicro *c = ctx;
+    memcpy(leaves[c->xin], c->xs[m], (size_t)tg_numel(c->t, c->xin) * sizeof(double));
+}
+
+/* The step's objective over M micro-batches, (1/M) sum_m L_m, with the statistics over all M
+ * (global) or over each micro-batch alone (per micro-batch: the statistics pass over that one).
+ * With grad (the graph differentiated), each parameter's accumulated gradient into grad[i]. */
+static double tg_step_objective(TG *t, TgMicro *c, int64_t M, int global, int nfwd, double **grad) {
+    Graph *g = t->g;
+    int n = g->n;
+    if (!grad) g->n = nfwd;
+    Arena ar = {0};
+    double J = 0;
+    if (global && ref_global_stats(g, M, tg_load_micro, c, t->leaf, &ar)) J = NAN;
+    for (int64_t m = 0; m < M && !isnan(J); m++) {
+        TgMicro one = {t, c->xin, c->xs + m};
+        if (!global && ref_global_stats(g, 1, tg_load_micro, &one, t->leaf, &ar)) J = NAN;
+        tg_load_micro(c, m, t->leaf);
+        Arena run = {0};
+        double **vals = ref_run(g, t->leaf, &run);
+        if (!vals) J = NAN;
+        else J += vals[g->loss][0] / (double)M;
+        for (int i = 0; vals && grad && i < g->nparams; i++)
+            for (int64_t e = 0; e < tg_numel(t, g->params[i]); e++) grad[i][e] += vals[g->grads[i]][e] / (double)M;
+        arena_free(&run);
+    }
+    arena_free(&ar);
+    g->n = n;
+    return J;
+}
+
+/* The global-batch router loss over 4 micro-batches: the gradient the two passes accumulate
+ * (statistics first, then each micro-batch's backward reading them) against central differences
+ * of the whole step objective, statistics recomputed (no routing decision flips within h); the
+ * objective differs from the per-micro-batch one at 4 micro-batches and is bit-identical to it at
+ * 1, where the global batch is the micro-batch. */
+static void moe_global_micro_batches(void) {
+    TG *t = tg_begin(__LINE__);
+    enum { M = 4 };
+    int x = tg_input(t, S(2, 3, 4));
+    int w = tg_param(t, S(4, 4));
+    t->g->loss = tg_router_aux(t, x, w, 4, 2, 1);
+    int nfwd = t->g->n;
+    double *xs[M];
+    for (int m = 0; m < M; m++) {
+        xs[m] = arena_alloc(&t->ar, sizeof(double) * (size_t)tg_numel(t, x));
+        for (int64_t e = 0; e < tg_numel(t, x); e++) xs[m][e] = tg_uniform(t, -1.0, 1.0);
+    }
+    TgMicro c = {t, x, xs};
+    double j1g = tg_step_objective(t, &c, 1, 1, nfwd, NULL), j1m = tg_step_objective(t, &c, 1, 0, nfwd, NULL);
+    CHECK(j1g == j1m, "one micro-batch: global %.17g, per micro-batch %.17g (must be the same bits)", j1g, j1m);
+    double jg = tg_step_objective(t, &c, M, 1, nfwd, NULL), jm = tg_step_objective(t, &c, M, 0, nfwd, NULL);
+    CHECK(fabs(jg - jm) > 1e-6 * fabs(jm), "4 micro-batches: global %.17g and per micro-batch %.17g do not differ", jg, jm);
+    printf("# %s: 1 micro-batch %.17g both; 4: global %.12g, per micro-batch %.12g\n", unit_case, j1g, jg, jm);
+    tg_autodiff(t);
+    double *grad = arena_alloc(&t->ar, sizeof(double) * (size_t)tg_numel(t, w));
+    double *gp[1] = {grad};
+    tg_step_objective(t, &c, M, 1, nfwd, gp);
+    double *v = t->leaf[w], maxdiff = 0, maxnum = 0;
+    for (int64_t e = 0; e < tg_numel(t, w); e++) {
+        double v0 = v[e];
+        v[e] = v0 + TG_H;
+        double lp = tg_step_objective(t, &c, M, 1, nfwd, NULL);
+        v[e] = v0 - TG_H;
+        double lm = tg_step_objective(t, &c, M, 1, nfwd, NULL);
+        v[e] = v0;
+        double num = (lp - lm) / (2.0 * TG_H);
+        if (!(fabs(num - grad[e]) <= maxdiff)) maxdiff = fabs(num - grad[e]);
+        if (fabs(num) > maxnum) maxnum = fabs(num);
+    }
+    double err = maxnum > 0 ? maxdiff / maxnum : maxdiff;
+    CHECK(err < TG_TOL, "the two-pass gradient over 4 micro-batches: relative error %.3g", err);
+    printf("# %s: max relative error %.2e of the accumulated gradient\n", unit_case, err);
+    tg_end(t);
+}
+
 /* topk's own backward inside a layer: the mean of each row's 2 best scores. */
 static void grad_topk_layer(void) {
     TG *t = tg_begin(__LINE__);
@@ -1246,6 +1366,9 @@ int main(void) {
     RUN(grad_llama_block);
     RUN(grad_cross_entropy_lm);
     RUN(grad_moe);
+    RUN(grad_moe_aux_micro);
+    RUN(grad_moe_aux_global);
+    RUN(moe_global_micro_batches);
     RUN(grad_topk_layer);
 
     RUN(struct_param_free_subgraph);
