@@ -53,7 +53,7 @@ DEPFLAGS = -MMD -MP
 # main.c is the command line, pipeline.c the stage table.
 COMPILER_DIRS = compiler compiler/support compiler/front compiler/sema compiler/ir compiler/fuse compiler/kir \
                 compiler/plan compiler/backend/cpu compiler/backend/cuda compiler/host compiler/ref
-RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli
+RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli runtime/serve
 INC      = $(addprefix -I,$(COMPILER_DIRS)) -I$(BUILD)/gen
 RT_INC   = $(addprefix -I,$(RUNTIME_DIRS))
 CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(INC) $(CFLAGS)
