@@ -1137,69 +1137,72 @@ static void kvt_reference(int s, int i, int h, double scale, int bf16, float *ou
     for (int c = 0; c < KVT_D; c++) outf[c] = outf[c] / sum, outd[c] /= sumd;
 }
 
-/* Runs every sequence through launches of `chunk` positions per sequence; out[s][p][h][c]. */
+/* Runs every sequence through launches of `chunk` positions per sequence; out[s][p][h][c]. The
+ * kernel is layer 1 of 2, its pool starting 3 elements into its parameter, so the layer and
+ * offset arithmetic is exercised; layer 0's part of each slot must stay untouched. */
 static int kvt_run(int chunk, DType kv_dt, float (*out)[KVT_MAXLEN][KVT_H][KVT_D]) {
-    int64_t N = (int64_t)chunk * KVT_SEQS, slots = (int64_t)KVT_SEQS * KVT_MAXB * KVT_BLOCK;
-    double scale = 1.0 / sqrt((double)KVT_D);
+    int64_t N = (int64_t)chunk * KVT_SEQS, slots = (int64_t)KVT_SEQS * KVT_MAXB * KVT_BLOCK, L = 2, off = 3;
+    int64_t per_slot = L * 2 * KVT_HK * KVT_D, pool_numel = off + slots * per_slot;
     KvAttnShape sh = {.N = N,
                       .H = KVT_H,
                       .Hk = KVT_HK,
                       .D = KVT_D,
                       .block = KVT_BLOCK,
-                      .seqs = KVT_SEQS,
                       .max_blocks = KVT_MAXB,
-                      .slots = slots,
+                      .layer = 1,
+                      .L = L,
                       .dt = DT_F32,
                       .kv_dt = kv_dt,
-                      .scale = scale,
-                      .nsrc = 1};
-    sh.src_numel[0] = N * KVT_W * KVT_D;
+                      .scale = 1.0 / sqrt((double)KVT_D),
+                      .pool_off = off};
+    int64_t src_numel = N * KVT_W * KVT_D, out_numel = N * KVT_H * KVT_D, meta_numel = kv_meta_numel(N, KVT_MAXB);
     sh.q = (KView){0, 0, {0, KVT_D, KVT_W * KVT_D, 1}};
     sh.k = (KView){0, KVT_H * KVT_D, {0, KVT_D, KVT_W * KVT_D, 1}};
     sh.v = (KView){0, (KVT_H + KVT_HK) * KVT_D, {0, KVT_D, KVT_W * KVT_D, 1}};
     sh.out = (KView){0, 0, {0, KVT_D, KVT_H * KVT_D, 1}};
-    sh.out_numel = N * KVT_H * KVT_D;
     CHECK(kv_shape_problem(&sh) == NULL, "the shape is valid");
     Arena ar = {0};
-    Kernel *ks[2] = {kv_write_kernel(&ar, "kv_write", &sh), kv_attn_kernel(&ar, "kv_attn", &sh)};
+    Kernel *k = kv_attn_kernel(&ar, "kv_attn", &sh, 1, &src_numel, pool_numel, out_numel);
     int ok = 1;
-    for (int i = 0; i < 2; i++)
-        if (kir_verify(ks[i], stderr) != 0) {
-            CHECK(0, "%s verifies", ks[i]->name);
-            ok = 0;
-        }
-    KernelFn fn[2];
+    if (kir_verify(k, stderr) != 0) {
+        CHECK(0, "%s verifies", k->name);
+        ok = 0;
+    }
+    KernelFn fn;
     Jit j;
-    if (!ok || !jit_open(&j, ks, 2, fn, 1)) {
+    if (!ok || !jit_open(&j, &k, 1, &fn, 1)) {
         arena_free(&ar);
         return 0;
     }
     size_t esz = kv_dt == DT_BF16 ? 2 : 4;
-    float *src = calloc((size_t)sh.src_numel[0], sizeof(float)), *o = calloc((size_t)sh.out_numel, sizeof(float));
-    void *kpool = calloc((size_t)(slots * KVT_HK * KVT_D), esz), *vpool = calloc((size_t)(slots * KVT_HK * KVT_D), esz);
-    int32_t *slot = calloc((size_t)N, 4), *pos = calloc((size_t)N, 4), *seq = calloc((size_t)N, 4);
-    int32_t table[KVT_SEQS * KVT_MAXB];
-    for (int b = 0; b < KVT_SEQS * KVT_MAXB; b++) table[b] = (int32_t)((b * 7 + 5) % (KVT_SEQS * KVT_MAXB)); /* scattered */
-    void *wb[4] = {src, slot, kpool, vpool};
-    void *ab[7] = {src, kpool, vpool, pos, seq, table, o};
+    float *src = calloc((size_t)src_numel, sizeof(float)), *o = calloc((size_t)out_numel, sizeof(float));
+    unsigned char *pool = calloc((size_t)pool_numel, esz);
+    int32_t *meta = calloc((size_t)meta_numel, 4);
+    int32_t table[KVT_SEQS][KVT_MAXB];
+    for (int b = 0; b < KVT_SEQS * KVT_MAXB; b++)
+        table[b / KVT_MAXB][b % KVT_MAXB] = (int32_t)((b * 7 + 5) % (KVT_SEQS * KVT_MAXB));
+    for (int s = 0; s < KVT_SEQS; s++) memcpy(meta + KV_META_TABLE * N + s * KVT_MAXB, table[s], sizeof table[s]);
+    void *bufs[4] = {src, meta, pool, o};
     for (int start = 0; start < KVT_MAXLEN; start += chunk) {
         int64_t rows = 0;
         int who[64][2];
         for (int s = 0; s < KVT_SEQS; s++)
             for (int p = start; p < start + chunk && p < kvt_len[s]; p++) {
                 memcpy(src + rows * KVT_W * KVT_D, kvt_qkv[s][p], sizeof kvt_qkv[s][p]);
-                slot[rows] = table[s * KVT_MAXB + p / KVT_BLOCK] * KVT_BLOCK + p % KVT_BLOCK;
-                pos[rows] = p, seq[rows] = s;
+                meta[KV_META_POS * N + rows] = p;
+                meta[KV_META_SEQ * N + rows] = s;
+                meta[KV_META_START * N + rows] = start;
+                meta[KV_META_SLOT * N + rows] = table[s][p / KVT_BLOCK] * KVT_BLOCK + p % KVT_BLOCK;
                 who[rows][0] = s, who[rows][1] = p;
                 rows++;
             }
         if (!rows) break;
         for (int64_t r = rows; r < N; r++) { /* padding: garbage sources, no sequence */
             for (int c = 0; c < KVT_W * KVT_D; c++) src[r * KVT_W * KVT_D + c] = 1e30f;
-            slot[r] = -1, pos[r] = 0, seq[r] = -1;
+            meta[KV_META_POS * N + r] = 0, meta[KV_META_SEQ * N + r] = -1;
+            meta[KV_META_START * N + r] = 0, meta[KV_META_SLOT * N + r] = -1;
         }
-        fn[0](wb, 0, N * KVT_HK);
-        fn[1](ab, 0, N * KVT_H);
+        fn(bufs, 0, N * KVT_H);
         for (int64_t r = 0; r < N; r++)
             for (int h = 0; h < KVT_H; h++)
                 for (int c = 0; c < KVT_D; c++) {
@@ -1211,7 +1214,13 @@ static int kvt_run(int chunk, DType kv_dt, float (*out)[KVT_MAXLEN][KVT_H][KVT_D
                     }
                 }
     }
-    free(src), free(o), free(kpool), free(vpool), free(slot), free(pos), free(seq);
+    int64_t touched = 0; /* layer 0's halves of every slot, and the offset, are never written */
+    for (int64_t i = 0; i < off * (int64_t)esz; i++) touched += pool[i] != 0;
+    for (int64_t sl = 0; sl < slots; sl++)
+        for (int64_t i = 0; i < 2 * KVT_HK * KVT_D * (int64_t)esz; i++)
+            touched += pool[(off + sl * per_slot) * (int64_t)esz + i] != 0;
+    CHECK(touched == 0, "%lld bytes outside layer 1's part of the pool were written", (long long)touched);
+    free(src), free(o), free(pool), free(meta);
     jit_close(&j);
     arena_free(&ar);
     return ok;
@@ -1259,35 +1268,34 @@ static void test_kv_paged_bf16(void) {
     kv_paged(DT_BF16);
 }
 
-/* The kernels print (--emit=kernels shows them as any other kernel). */
+/* The kernel prints (--emit=kernels shows it as any other kernel). */
 static void test_kv_print(void) {
     KvAttnShape sh = {.N = 2,
                       .H = 2,
                       .Hk = 1,
                       .D = 4,
                       .block = 2,
-                      .seqs = 1,
                       .max_blocks = 2,
-                      .slots = 4,
+                      .layer = 0,
+                      .L = 1,
                       .dt = DT_F32,
                       .kv_dt = DT_BF16,
-                      .scale = 0.5,
-                      .nsrc = 3};
-    for (int i = 0; i < 3; i++) sh.src_numel[i] = 16;
+                      .scale = 0.5};
+    int64_t numel[3] = {16, 8, 8};
     sh.q = (KView){0, 0, {0, 4, 8, 1}};
     sh.k = (KView){1, 0, {0, 4, 4, 1}};
     sh.v = (KView){2, 0, {0, 4, 4, 1}};
     sh.out = (KView){0, 0, {0, 4, 8, 1}};
-    sh.out_numel = 16;
     Arena ar = {0};
-    Kernel *a = kv_attn_kernel(&ar, "kv_attn", &sh);
+    Kernel *a = kv_attn_kernel(&ar, "kv_attn", &sh, 3, numel, 64, 16);
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     kir_print_body(f, a, 2);
     fclose(f);
+    CHECK(kir_verify(a, stderr) == 0, "the kernel verifies");
     CHECK(strstr(text, "loop") && strstr(text, "exp"), "the attention body prints with its loops and exp:\n%s", text);
-    CHECK(a->bufs[3 + KV_A_KPOOL].dt == DT_BF16 && a->bufs[3 + KV_A_OUT].written, "pool in bf16, the output written");
+    CHECK(a->bufs[4].dt == DT_BF16 && a->bufs[4].written && a->bufs[5].written, "pool in bf16, pool and output written");
     free(text);
     arena_free(&ar);
 }
