@@ -270,8 +270,9 @@ static int need_schedules(Pipeline *p) {
 static int run_cuda(Pipeline *p) {
     if (need_schedules(p)) return 1;
     CudaSchedule cs[3];
-    for (int i = 0; i < p->hs.n; i++) cs[i] = (CudaSchedule){p->hs.r[i], p->hs.g[i], p->hs.disjoint[i]};
-    p->cuda = cuda_program_build(cs, p->hs.n, p->ar);
+    int n = p->hs.n < 3 ? p->hs.n : 3; /* the chunk phase (KV cache) runs on the CPU alone (docs/serve.md) */
+    for (int i = 0; i < n; i++) cs[i] = (CudaSchedule){p->hs.r[i], p->hs.g[i], p->hs.disjoint[i]};
+    p->cuda = cuda_program_build(cs, n, p->ar);
     return 0;
 }
 

@@ -1,8 +1,8 @@
 /* rt_program_fields.h - the field lists of the program ABI's structs (rt_program.h), one X-macro
  * per struct, in declaration order. Each entry is X(C type, name, machine type); the machine type
  * is how the compiler's host code lays the field out in LLVM: ptr, i32, i64, f64, dims (an int64
- * array of RT_ST_MAX_RANK), phases (an int64 array of RT_NPHASES), or train / generate / plan (the
- * nested structs).
+ * array of RT_ST_MAX_RANK), phases (an int64 array of RT_NPHASES), or train / generate / plan /
+ * kvinfo (the nested structs).
  *
  * Three readers share each list, so they cannot drift apart: rt_program.h declares the structs
  * from it; compiler/host/host_abi.c takes offsetof and sizeof of every field from it; the host code
@@ -88,7 +88,26 @@
     X(int64_t, micro, i64)     /* forward_backward: 0-based micro-batch within the step */                                       \
     X(uint64_t, seed, i64)     /* the run's seed */                                                                              \
     X(RtError *, err, ptr)     /* a function that fails fills it and returns its status */                                       \
-    X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */
+    X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */                               \
+    X(int32_t *, kv, ptr)      /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                             \
+    X(void *, kv_pool, ptr)    /* forward_chunk: the KV pool, which it reads and writes */
+
+/* RtKvInfo: forward_chunk's geometry (compiler/plan/kv.h). A call reads x[0, rows) (the new
+ * tokens, padding rows 0) and the metadata at kv (rows x (4 + max_blocks) i32: each row's position,
+ * sequence (-1: padding), its sequence's first position in this call, its slot, then rows block
+ * tables of max_blocks), writes each row's key and value into the pool at kv_pool (slot s of
+ * `bytes_per_token` bytes at s x bytes_per_token; slot = block id x block + position % block)
+ * and the logits of every row into logits[rows x vocab]. rows 0: no forward_chunk. */
+#define RT_KV_INFO_FIELDS(X)                                                                                                     \
+    X(int64_t, rows, i64)            /* new tokens a call */                                                                     \
+    X(int64_t, block, i64)           /* tokens a block */                                                                        \
+    X(int64_t, max_blocks, i64)      /* block table entries a sequence: ceil(logits_seq / block) */                              \
+    X(int64_t, layers, i64)          /* attention layers */                                                                      \
+    X(int64_t, heads, i64)           /* key/value heads a layer */                                                               \
+    X(int64_t, head_dim, i64)        /* their width */                                                                           \
+    X(int64_t, dtype_bytes, i64)     /* 4: f32, 2: bf16 */                                                                       \
+    X(int64_t, bytes_per_token, i64) /* layers x 2 x heads x head_dim x dtype_bytes */                                           \
+    X(int64_t, meta_bytes, i64)      /* the metadata's bytes at kv */
 
 /* RtGpuImage: one image of the program's CUDA module, embedded by mbtc (--cuda-arch). */
 #define RT_GPU_IMAGE_FIELDS(X)                                                                                                   \
@@ -142,7 +161,9 @@
     X(const char *const *, state_names,                                                                                          \
       ptr)                            /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */     \
     X(const RtGpuProgram *, gpu, ptr) /* the CUDA side, or NULL (built without CUDA) */                                          \
-    X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */
+    X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */                                              \
+    X(RtStepFn, forward_chunk, ptr)   /* new tokens with the paged KV cache (RtKvInfo); NULL: cannot */                          \
+    X(RtKvInfo, kv, kvinfo)           /* its geometry */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \

@@ -609,6 +609,7 @@ Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why) {
         case F_ATTN_BWD_Q: cg_attention_bwd_q(&g, main); break;
         case F_ATTN_BWD_K:
         case F_ATTN_BWD_V: cg_attention_bwd_kv(&g, main); break;
+        case F_KV_ATTN: cg_kv_attention(&g, main); break;
         case F_TOPK: cg_topk(&g, main); break;
         case F_SCATTER_ADD: cg_scatter_add(&g, main); break;
         case F_SEG_NORM: cg_seg_norm(&g, main); break;

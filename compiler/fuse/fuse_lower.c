@@ -53,6 +53,7 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_ATTN_BWD_Q] = "attention_bwd_q",
     [F_ATTN_BWD_K] = "attention_bwd_k",
     [F_ATTN_BWD_V] = "attention_bwd_v",
+    [F_KV_ATTN] = "kv_attention",
     [F_TOPK] = "topk",
     [F_SCATTER_ADD] = "scatter_add",
     [F_SEG_NORM] = "seg_norm",
@@ -762,6 +763,14 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
         return fl_add(L, &p);
     }
     case G_ATTENTION: return fl_op(L, F_ATTN, dt, n->rank, n->shape, 3, in);
+    case G_KV_ATTENTION: {
+        FNode p = fl_proto(F_KV_ATTN, dt, n->rank, n->shape);
+        p.nin = 4;
+        for (int i = 0; i < 4; i++) p.in[i] = in[i], p.ia[i] = n->iattr[i];
+        p.fa[0] = n->fattr[0];
+        p.fa[1] = n->fattr[1];
+        return fl_add(L, &p);
+    }
     case G_ATTENTION_BWD_Q:
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V: {

@@ -146,8 +146,9 @@ static LLVMValueRef emit_plan_info(Host *h) {
     return named_struct(h->plan_t, f, RT_PLAN_INFO_NFIELDS);
 }
 
-void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef oinit,
-                     LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u, LLVMValueRef gpu) {
+void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef fchunk,
+                     LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
+                     LLVMValueRef gpu) {
     const Plan *p = h->plan;
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
     LLVMValueRef table = emit_param_table(h), train = train_settings(h);
@@ -182,6 +183,20 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     f[RT_PROG_state_names] = state_names;
     f[RT_PROG_gpu] = gpu ? gpu : null;
     f[RT_PROG_plan] = emit_plan_info(h);
+    f[RT_PROG_forward_chunk] = fchunk ? fchunk : null;
+    const PlanSchedules *s = &p->sched;
+    LLVMValueRef kv[RT_KV_INFO_NFIELDS] = {0};
+    int have = fchunk != NULL;
+    kv[RT_KV_INFO_rows] = ci64(h, have ? s->kv.rows : 0);
+    kv[RT_KV_INFO_block] = ci64(h, have ? s->kv.block : 0);
+    kv[RT_KV_INFO_max_blocks] = ci64(h, have ? s->kv.max_blocks : 0);
+    kv[RT_KV_INFO_layers] = ci64(h, have ? s->chunk.layers : 0);
+    kv[RT_KV_INFO_heads] = ci64(h, have ? s->chunk.heads_kv : 0);
+    kv[RT_KV_INFO_head_dim] = ci64(h, have ? s->chunk.head_dim : 0);
+    kv[RT_KV_INFO_dtype_bytes] = ci64(h, have ? dtype_size(s->kv.kv_dt) : 0);
+    kv[RT_KV_INFO_bytes_per_token] = ci64(h, have ? s->chunk.bytes_per_token : 0);
+    kv[RT_KV_INFO_meta_bytes] = ci64(h, have ? s->chunk.meta_bytes : 0);
+    f[RT_PROG_kv] = named_struct(h->kv_t, kv, RT_KV_INFO_NFIELDS);
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");

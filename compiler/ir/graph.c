@@ -100,6 +100,7 @@ static const char *const graph_op_names[G_OP_COUNT] = {
     [G_ATTENTION_BWD_K] = "attention_bwd_k",
     [G_ATTENTION_BWD_V] = "attention_bwd_v",
     [G_CROSS_ENTROPY_BWD] = "cross_entropy_bwd",
+    [G_KV_ATTENTION] = "kv_attention",
 };
 
 const char *graph_op_name(GOp op) { return op >= 0 && op < G_OP_COUNT && graph_op_names[op] ? graph_op_names[op] : "?"; }
@@ -133,7 +134,8 @@ static void graph_arity(GOp op, int *lo, int *hi) {
         case G_RMSNORM_BWD_W: n = 2; break;
         case G_ATTENTION_BWD_Q:
         case G_ATTENTION_BWD_K:
-        case G_ATTENTION_BWD_V: n = 4; break;
+        case G_ATTENTION_BWD_V:
+        case G_KV_ATTENTION: n = 4; break;
         case G_CONCAT:
             *lo = 1;
             *hi = GRAPH_MAX_IN;
@@ -276,6 +278,10 @@ static void graph_line_attrs(GraphLine *l, Arena *ar, const GNode *n) {
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V:
         graph_line_printf(l, " causal=%s scale=%s", ia[0] ? "true" : "false", value_float_str(ar, fa[0]));
+        break;
+    case G_KV_ATTENTION:
+        graph_line_printf(l, " layer=%" PRId64 "/%" PRId64 " block=%" PRId64 " max_blocks=%" PRId64 " kv=%s scale=%s", ia[0],
+                          ia[1], ia[2], ia[3], dtype_name((DType)fa[1]), value_float_str(ar, fa[0]));
         break;
     case G_ONE_HOT: graph_line_printf(l, " n=%" PRId64, ia[0]); break;
     case G_TOPK_VALUES:
@@ -700,6 +706,17 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
     case G_ATTENTION:
         if (graph_v_attention_shape(v, x, in[1], in[2], s)) graph_v_shape(v, 4, s, "attention of q, k, v");
         graph_v_dtype(v, n, x->dt, "the result");
+        break;
+    case G_KV_ATTENTION:
+        if (graph_v_attention_shape(v, x, in[1], in[2], s)) graph_v_shape(v, 4, s, "attention of q, k, v");
+        graph_v_dtype(v, n, x->dt, "the result");
+        graph_v_dtype(v, in[3], DT_I32, "the kv input");
+        if (x->rank != 4 || x->shape[0] != 1 || x->shape[2] != in[1]->shape[2])
+            graph_v_fail(v, "q must be [1, H, N, hd] with k's N, got %s", graph_v_ntype(x).s);
+        if (ia[1] < 1 || ia[0] < 0 || ia[0] >= ia[1] || ia[2] < 1 || ia[3] < 1)
+            graph_v_fail(v, "layer %" PRId64 " of %" PRId64 ", block %" PRId64 ", %" PRId64 " blocks", ia[0], ia[1], ia[2],
+                         ia[3]);
+        if (n->fattr[1] != DT_F32 && n->fattr[1] != DT_BF16) graph_v_fail(v, "the pool's dtype is neither f32 nor bf16");
         break;
     case G_CROSS_ENTROPY:
         graph_v_logits_targets(v, x, in[1]);

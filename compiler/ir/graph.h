@@ -116,6 +116,11 @@ typedef enum GOp {
     G_ATTENTION_BWD_V,
     /* in0 = dout, in1 = q, in2 = k, in3 = v; iattr/fattr as the forward      */
     G_CROSS_ENTROPY_BWD, /* in0 = dloss (rank 0), in1 = logits, in2 = targets -> dlogits       */
+    /* ---- inference only: the forward over new tokens with a paged KV cache (plan/kv.c) ---- */
+    G_KV_ATTENTION, /* in0..2 = q [1,H,N,hd], k, v [1,Hk,N,hd] of N new tokens; in3 = the i32 input
+                       "kv" (fuse_kv.h: the metadata; the pool is RtStep.kv_pool); causal over each token's
+                       sequence; iattr[0] = layer, iattr[1] = layers, iattr[2] = block,
+                       iattr[3] = max_blocks; fattr[0] = scale, fattr[1] = the pool's DType */
     G_OP_COUNT
 } GOp;
 

@@ -86,6 +86,7 @@ static void plan_leaf_forward(const PlanMemory *m, const Graph *g, const GNode *
     }
     for (int i = 0; i < m->ninputs; i++)
         if (n->op == G_INPUT && n->name && strcmp(n->name, m->inputs[i].name) == 0) s->home = m->inputs[i].home;
+    if (n->op == G_INPUT && n->name && strcmp(n->name, "kv") == 0) s->home = PH_KV; /* the chunk phase's */
     if (s->home == PH_NONE) INTERNAL("plan: leaf %%%d has no home", n->id);
 }
 
@@ -145,7 +146,7 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
 static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
     PlanMemory *m = &c->p->mem;
     PlanPhaseMem *ph = &m->phase[which];
-    static const char *const names[PLAN_NPHASES] = {"step", "update", "logits"};
+    static const char *const names[PLAN_NPHASES] = {"step", "update", "logits", "chunk"};
     ph->name = names[which];
     if ((int)which >= s->n) return;
     const FuseResult *r = ph->r = s->r[which];
@@ -211,6 +212,7 @@ static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
     case PH_X: return m->inputs[0].bytes;
     case PH_Y: return m->ninputs > 1 ? m->inputs[1].bytes : 0;
     case PH_ARENA: return m->arena_bytes;
+    case PH_KV: return p->sched.n > PLAN_CHUNK ? p->sched.chunk.meta_bytes : 0;
     case PH_NONE: return 0;
     }
     return 0;
@@ -338,6 +340,7 @@ static const char *plan_home_name(PlanHome h) {
     case PH_X: return "data.x";
     case PH_Y: return "data.y";
     case PH_ARENA: return "arena";
+    case PH_KV: return "kv";
     }
     return "?";
 }
@@ -387,10 +390,11 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
 
 static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase which) {
     static const char *const fns[PLAN_NPHASES] = {"forward_backward, and forward_loss up to the loss", "optimizer_update",
-                                                  "forward_logits, batch 1"};
+                                                  "forward_logits, batch 1", "forward_chunk, new tokens with the KV cache"};
     const PlanPhaseMem *ph = &p->mem.phase[which];
     if (!ph->r) {
-        fprintf(out, "\n## phase %s: none (%s)\n", ph->name, p->sched.why_no_logits ? p->sched.why_no_logits : "?");
+        const char *why = which == PLAN_CHUNK ? p->sched.why_no_chunk : p->sched.why_no_logits;
+        fprintf(out, "\n## phase %s: none (%s)\n", ph->name, why ? why : "?");
         return;
     }
     const FuseResult *r = ph->r;
@@ -401,6 +405,16 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
             plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, ph->naive));
     if (ph->naive > 0) fprintf(out, " (saves %.1f%%)", 100.0 * (double)(ph->naive - ph->peak) / (double)ph->naive);
     fprintf(out, "\n");
+    if (which == PLAN_CHUNK) {
+        const PlanSchedules *s = &p->sched;
+        fprintf(out,
+                "kv cache: %" PRId64 " new tokens a call; blocks of %" PRId64 " tokens, %" PRId64
+                " a sequence; %s; %d layer%s of %" PRId64 " key/value heads of %" PRId64 "; %" PRId64
+                " bytes a position in the pool (RtStep.kv_pool); the kv input holds %" PRId64 " bytes of metadata\n",
+                s->kv.rows, s->kv.block, s->kv.max_blocks, dtype_name(s->kv.kv_dt), s->chunk.layers,
+                s->chunk.layers == 1 ? "" : "s", s->chunk.heads_kv, s->chunk.head_dim, s->chunk.bytes_per_token,
+                s->chunk.meta_bytes);
+    }
     if (which == PLAN_UPDATE)
         fprintf(out,
                 "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",
@@ -439,7 +453,7 @@ void plan_print_memory(FILE *out, Arena *ar, const Plan *p) {
 /* The summary. runtime/cli/info.c prints the same lines from the descriptor: keep the two alike. */
 void plan_print_summary(FILE *out, const Plan *p) {
     const PlanMemory *m = &p->mem;
-    static const char *const call[PLAN_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call"};
+    static const char *const call[PLAN_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call", "chunk call"};
     for (int i = 0; i < PLAN_NPHASES; i++) fprintf(out, "plan: arena %s %" PRId64 " bytes\n", m->phase[i].name, m->phase[i].peak);
     fprintf(out, "plan: arena %" PRId64 " bytes, the largest\n", m->arena_bytes);
     fprintf(out,

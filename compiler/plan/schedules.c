@@ -75,11 +75,24 @@ static Graph *logits_graph(const TrainBuild *tb, PlanSchedules *out, Arena *ar) 
     return g;
 }
 
+/* The chunk phase's geometry: KV_ROWS new tokens a call (at most seq), blocks of KV_BLOCK tokens,
+ * enough of them for seq positions (the longest context forward_logits takes), an f32 pool. A
+ * serve block's kv { block, dtype } are not read yet (docs/serve.md says so). */
+enum { KV_ROWS = 16, KV_BLOCK = 16 };
+
+void plan_kv_config(const TrainConfig *ts, KvConfig *kv) {
+    kv->rows = ts->seq < KV_ROWS ? ts->seq : KV_ROWS;
+    kv->block = KV_BLOCK;
+    kv->max_blocks = (ts->seq + KV_BLOCK - 1) / KV_BLOCK;
+    kv->kv_dt = DT_F32;
+}
+
 int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedules *out, Arena *ar) {
-    static const char *const prefix[PLAN_NPHASES] = {"step_", "update_", "logits_"};
+    static const char *const prefix[PLAN_NPHASES] = {"step_", "update_", "logits_", "chunk_"};
     int errors = diag_error_count();
     memset(out, 0, sizeof *out);
-    out->logits_node = -1;
+    out->logits_node = out->chunk_node = -1;
+    out->no_chunk_at = span_none();
     out->vocab = plan_find_vocab(tb->step);
     out->no_logits_at = span_none();
     const Graph *graphs[2] = {tb->step, tb->update};
@@ -97,6 +110,17 @@ int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedul
         out->disjoint[PLAN_LOGITS] = 1;
         out->n = 3;
         out->why_no_logits = NULL;
+        plan_kv_config(tb->config, &out->kv);
+        out->why_no_chunk = kv_chunk_graph(lg, out->logits_node, tb->config->seq, &out->kv, &out->chunk, &out->no_chunk_at, ar);
+        if (!out->why_no_chunk) {
+            out->g[PLAN_CHUNK] = out->chunk.g;
+            out->chunk_node = out->chunk.out;
+            out->r[PLAN_CHUNK] = fuse_graph(out->chunk.g, &out->chunk_node, 1, ar);
+            out->disjoint[PLAN_CHUNK] = 1;
+            out->n = 4;
+        }
+    } else {
+        out->why_no_chunk = "the program cannot generate (no logits forward)";
     }
     for (int i = 0; i < out->n; i++) {
         out->prefix[i] = prefix[i];

@@ -840,6 +840,10 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals) {
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V:
     case G_CROSS_ENTROPY_BWD: return ref_eval_bwd(g, n, vals);
+    case G_KV_ATTENTION: /* its keys live in the KV cache, outside the graph's values */
+        diag_error_noloc("reference evaluator: kv_attention (node %%%d) reads the KV cache, which the reference does not model",
+                         n->id);
+        return -1;
     case G_OP_COUNT: break;
     }
     INTERNAL("reference evaluator: node %%%d has unknown op %d", n->id, (int)n->op);

@@ -5,7 +5,8 @@
  *              [--init-weights F.safetensors] [--save-weights F.safetensors] [--threads N]
  *   PROG eval [NAME] [--weights F] [--data GLOB] [--steps N] [--seed S] [--device D] [--threads N]
  *   PROG generate [--weights F] [--prompt-tokens 1,2,3] [--max-tokens N] [--temperature T]
- *                 [--top-k K] [--seed S] [--device D] [--threads N] [--print-logits]
+ *                 [--top-k K] [--seed S] [--device D] [--threads N] [--print-logits] [--no-cache]
+ *                 [--prefill-chunk N]
  *   PROG info                      (the memory plan: info.c; rt_main dispatches it)
  *   PROG --help
  *
@@ -42,6 +43,8 @@ typedef enum RtFlagId {
     RT_F_TEMPERATURE,
     RT_F_TOP_K,
     RT_F_PRINT_LOGITS,
+    RT_F_NO_CACHE,
+    RT_F_PREFILL_CHUNK,
     RT_F_CKPT_DIR,
     RT_F_CKPT_EVERY,
     RT_F_CKPT_KEEP,
@@ -73,6 +76,8 @@ static const RtFlag rt_flags[] = {
     {"--temperature", "T", RT_IN_GENERATE, RT_F_TEMPERATURE},
     {"--top-k", "K", RT_IN_GENERATE, RT_F_TOP_K},
     {"--print-logits", NULL, RT_IN_GENERATE, RT_F_PRINT_LOGITS},
+    {"--no-cache", NULL, RT_IN_GENERATE, RT_F_NO_CACHE},
+    {"--prefill-chunk", "N", RT_IN_GENERATE, RT_F_PREFILL_CHUNK},
     {"--ckpt-dir", "DIR", RT_IN_TRAIN, RT_F_CKPT_DIR},
     {"--ckpt-every", "N", RT_IN_TRAIN, RT_F_CKPT_EVERY},
     {"--ckpt-keep", "N", RT_IN_TRAIN, RT_F_CKPT_KEEP},
@@ -244,6 +249,8 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
     case RT_F_TEMPERATURE: return rt_parse_f64(f->name, v, 0.0, &o->temperature, err);
     case RT_F_TOP_K: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->top_k, err);
     case RT_F_PRINT_LOGITS: o->print_logits = 1; return RT_OK;
+    case RT_F_NO_CACHE: o->no_cache = 1; return RT_OK;
+    case RT_F_PREFILL_CHUNK: return rt_parse_i64(f->name, v, 1, INT32_MAX, &o->prefill_chunk, err);
     case RT_F_CKPT_DIR: o->ckpt_dir = v; return RT_OK;
     case RT_F_CKPT_EVERY: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_every, err);
     case RT_F_CKPT_KEEP: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_keep, err);
@@ -459,6 +466,9 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--top-k", "K", "sample among the K likeliest tokens", buf);
     rt_help_line(f, "--seed", "S", "seeds the sampling", seed);
     rt_help_line(f, "--print-logits", "", "instead of generating, print the logits after each prefix of the prompt", "off");
+    rt_help_line(f, "--no-cache", "", "recompute the whole context for every token instead of using the KV cache", "off");
+    snprintf(buf, sizeof buf, "%lld", (long long)p->kv.rows);
+    rt_help_line(f, "--prefill-chunk", "N", "prompt tokens a cached step (the program runs that many at once)", buf);
     rt_help_line(f, "--device", "auto|cpu|cuda", "where to run", "auto");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     fprintf(f, "\nExit status: 0 success, 1 a mistake in the command line, the data or a weights file, 2 an\n"

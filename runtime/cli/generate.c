@@ -1,16 +1,21 @@
 /* generate.c - `PROG generate`: continue a prompt one token at a time, greedily or by temperature
  * and top-k sampling (see rt_exec.h; docs/runtime.md, "generate").
  *
- * Pipeline position: a command of the executable, on the program's forward_logits (B = 1,
- * T = logits_seq). Each new token calls it on the last T tokens of the context (the prompt plus
- * what was generated), left-aligned with zeros after them; a causal model's logits at position
- * len - 1 depend only on x[0, len). There is no KV cache here: that is the serving loop's job;
- * this is the reference path, O(T) work per token.
+ * Pipeline position: a command of the executable. With the KV cache (the program's forward_chunk,
+ * on the CPU, unless --no-cache) the prompt runs through the cached engine
+ * (runtime/serve/engine_cached.c) in chunks of --prefill-chunk tokens, then each new token alone
+ * against the cached keys and values: O(context) attention and O(1) everything else per token.
+ * Otherwise, and for the tokens past the cache's context (logits_seq), each new token calls
+ * forward_logits (B = 1, T = logits_seq) on the last T tokens of the context (the prompt plus what
+ * was generated), left-aligned with zeros after them; a causal model's logits at position len - 1
+ * depend only on x[0, len). That is the reference path, O(T) work per token. On the CPU both give
+ * the same logits bit for bit (tests/exec: generate-cache-*).
  *
- * --print-logits is the check of that forward: instead of generating, it prints the logits after
+ * --print-logits is the check of those forwards: instead of generating, it prints the logits after
  * each prefix of the prompt (len = 1, 2, ..., one line of vocab numbers each, %.9g so that a
  * float round-trips), which tests/run.sh compares with the loss the training forward computes
- * on the same tokens.
+ * on the same tokens. With the cache and --prefill-chunk C it prints the prefixes that end a
+ * chunk (C, 2C, ..., and the whole prompt), each computed by that chunk's call.
  *
  * Sampling draws one 53-bit uniform per generated token from the Philox stream 0 of the `samp`
  * domain keyed by --seed, so the same seed gives the same tokens on any machine and thread
@@ -22,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "rt_exec.h"
 
 /* ---- sampling ----------------------------------------------------------------------------------- */
@@ -81,6 +87,44 @@ static RtStatus rt_logits_at(const RtProgram *p, RtExec *x, const int32_t *ctx, 
     return rt_exec_call(x, RT_EXEC_FORWARD_LOGITS, &s);
 }
 
+static void rt_print_logits(const float *logits, int64_t V) {
+    for (int64_t j = 0; j < V; j++) printf("%s%.9g", j ? " " : "", (double)logits[j]);
+    printf("\n");
+}
+
+/* One sequence in the cached engine: its blocks are 0, 1, ... of a pool of its own. */
+typedef struct RtGenCache {
+    RtEngine eng;
+    int32_t *table;
+    int on;
+} RtGenCache;
+
+static RtStatus rt_cache_open(RtGenCache *c, const RtProgram *p, RtExec *x, const RtOptions *o, RtError *e) {
+    memset(c, 0, sizeof *c);
+    if (o->no_cache || !p->forward_chunk || x->gpu) return RT_OK; /* the recompute path */
+    RtStatus st = rt_engine_open_cached(&c->eng, x, p->kv.block, e);
+    if (st == RT_OK) st = rt_engine_pool(&c->eng, p->kv.max_blocks, e);
+    if (st == RT_OK) {
+        c->table = malloc((size_t)p->kv.max_blocks * sizeof *c->table);
+        if (!c->table) st = rt_fail(e, RT_ERR_NOMEM, "cannot allocate a block table");
+        for (int64_t b = 0; c->table && b < p->kv.max_blocks; b++) c->table[b] = (int32_t)b;
+    }
+    c->on = st == RT_OK;
+    return st;
+}
+
+/* Positions [start, start + n) of ctx into the cache; logits (may be NULL) of the last. */
+static RtStatus rt_cache_step(RtGenCache *c, const int32_t *ctx, int64_t start, int64_t n, float *logits, RtError *e) {
+    RtEngineSeq q = {.id = 0,
+                     .tokens = ctx,
+                     .start = start,
+                     .n = n,
+                     .block_table = c->table,
+                     .nblocks = c->eng.x->prog->kv.max_blocks,
+                     .logits = logits};
+    return rt_engine_step(&c->eng, &q, 1, e);
+}
+
 int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     RtError e;
     rt_error_clear(&e);
@@ -88,6 +132,7 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     float *logits = NULL;
     RtCand *scratch = NULL;
     int32_t *ctx = NULL;
+    RtGenCache cache = {0};
     int code = 1;
     RtStatus st = RT_OK;
     const char *weights = o->weights ? o->weights : p->generate.weights;
@@ -111,8 +156,23 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
         if (!logits || !scratch || !ctx)
             st = rt_fail_errno(&e, ENOMEM, "cannot allocate for generating %lld tokens", (long long)o->max_tokens);
     }
+    if (st == RT_OK) st = rt_cache_open(&cache, p, &x, o, &e);
     if (st != RT_OK) goto done;
     memcpy(ctx, o->prompt, (size_t)o->nprompt * sizeof *ctx);
+    int64_t C = o->prefill_chunk > 0 ? o->prefill_chunk : p->kv.rows; /* tokens of the prompt a cached step */
+    if (o->print_logits && cache.on && o->nprompt <= cache.eng.context) {
+        for (int64_t start = 0; start < o->nprompt; start += C) {
+            int64_t n = o->nprompt - start < C ? o->nprompt - start : C;
+            st = rt_cache_step(&cache, ctx, start, n, logits, &e);
+            if (st != RT_OK) {
+                rt_error_context(&e, "the logits after prompt token %lld", (long long)(start + n));
+                goto done;
+            }
+            rt_print_logits(logits, V);
+        }
+        code = 0;
+        goto done;
+    }
     if (o->print_logits) {
         for (int64_t len = 1; len <= o->nprompt; len++) {
             st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
@@ -120,8 +180,7 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
                 rt_error_context(&e, "the logits after prompt token %lld", (long long)len);
                 goto done;
             }
-            for (int64_t j = 0; j < V; j++) printf("%s%.9g", j ? " " : "", (double)logits[j]);
-            printf("\n");
+            rt_print_logits(logits, V);
         }
         code = 0;
         goto done;
@@ -129,8 +188,17 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     int64_t len = o->nprompt;
     RtRng rng;
     rt_rng_init(&rng, o->seed, RT_RNG_DOMAIN_SAMPLE, 0);
+    int64_t cached = 0; /* positions in the cache */
     for (int64_t i = 0; i < o->max_tokens; i++) {
-        st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
+        if (cache.on && len <= cache.eng.context) { /* the new positions [cached, len) through the cache */
+            while (st == RT_OK && cached < len) {
+                int64_t n = len - cached < C ? len - cached : C;
+                st = rt_cache_step(&cache, ctx, cached, n, cached + n == len ? logits : NULL, &e);
+                cached += n;
+            }
+        } else {
+            st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
+        }
         if (st != RT_OK) {
             rt_error_context(&e, "generating token %lld", (long long)(i + 1));
             goto done;
@@ -158,6 +226,8 @@ done:
     free(logits);
     free(scratch);
     free(ctx);
+    rt_engine_close(&cache.eng);
+    free(cache.table);
     rt_exec_close(&x);
     return code;
 }

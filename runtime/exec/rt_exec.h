@@ -48,12 +48,14 @@ typedef struct RtOptions {
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
     int64_t nprompt;
-    int64_t max_tokens;   /* generate */
-    double temperature;   /* generate: 0 is greedy */
-    int64_t top_k;        /* generate: 0 is all tokens */
-    int print_logits;     /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
-    int seed_given;       /* --seed was on the command line */
-    const char *ckpt_dir; /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
+    int64_t max_tokens;    /* generate */
+    double temperature;    /* generate: 0 is greedy */
+    int64_t top_k;         /* generate: 0 is all tokens */
+    int print_logits;      /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
+    int no_cache;          /* generate --no-cache: forward_logits over the whole context per token, not forward_chunk */
+    int64_t prefill_chunk; /* generate --prefill-chunk N: prompt tokens a cached step; 0: RtKvInfo.rows */
+    int seed_given;        /* --seed was on the command line */
+    const char *ckpt_dir;  /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
     const char *ckpt_dir_default;    /* the program's checkpoint { dir }, or "checkpoints" */
     int64_t ckpt_every;              /* train: --ckpt-every N; 0: none (the program's checkpoint { every } by default) */
     int64_t ckpt_keep;               /* train: --ckpt-keep N; 0: all (the program's checkpoint { keep } by default) */
@@ -106,7 +108,13 @@ RtStatus rt_exec_pull(RtExec *e, int what, RtError *err);        /* the GPU's re
 RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err); /* x and y, `tokens` each, to the GPU (CPU: nothing) */
 /* An RtStep with the running device's regions, pool or GPU, and err; the caller sets the rest. */
 RtStep rt_exec_step(const RtExec *e, RtError *err);
-typedef enum RtExecFn { RT_EXEC_FORWARD_BACKWARD, RT_EXEC_FORWARD_LOSS, RT_EXEC_FORWARD_LOGITS, RT_EXEC_UPDATE } RtExecFn;
+typedef enum RtExecFn {
+    RT_EXEC_FORWARD_BACKWARD,
+    RT_EXEC_FORWARD_LOSS,
+    RT_EXEC_FORWARD_LOGITS,
+    RT_EXEC_UPDATE,
+    RT_EXEC_FORWARD_CHUNK /* the CPU's alone: the GPU has no forward_chunk yet */
+} RtExecFn;
 /* The running device's version of the function. rt_exec_call returns when it is done (s->loss
  * set); rt_exec_queue may return with it queued on the GPU: s->loss is NaN until rt_exec_wait,
  * and s must live until then. rt_exec_flip makes the other pair of batch buffers x and y (GPU;

@@ -73,6 +73,9 @@ struct RtEngine {
 
 /* The recompute engine (engine_recompute.c) on an opened RtExec. */
 RtStatus rt_engine_open_recompute(RtEngine *e, RtExec *x, int64_t block, RtError *err);
+/* The cached engine (engine_cached.c): the program's forward_chunk over the paged pool (the CPU
+ * alone); block must be the program's RtKvInfo.block. */
+RtStatus rt_engine_open_cached(RtEngine *e, RtExec *x, int64_t block, RtError *err);
 /* Runs one step (e->ops->step). */
 RtStatus rt_engine_step(RtEngine *e, RtEngineSeq *seqs, int64_t nseqs, RtError *err);
 /* Allocates the pool: nblocks x block x kv_bytes_per_token bytes (nothing without a cache). */
