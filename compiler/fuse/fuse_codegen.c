@@ -354,6 +354,12 @@ static int cg_compute(CG *g, const FNode *n, KIdx *ix) {
         int last = n->rank - 1;
         int64_t hd = n->shape[last], half = hd / 2;
         int pos = n->rank >= 2 ? ix_dim(g, ix, n->rank - 2) : cg_i(g, 0);
+        if (n->nin > 1) { /* the row's position, given (plan/kv.c) */
+            const FNode *pn = cg_n(g, n->in[1]);
+            int d0[GRAPH_MAX_RANK] = {pos};
+            KIdx pix0 = ix_of(1, pn->shape, d0);
+            pos = cg_value(g, n->in[1], &pix0);
+        }
         int i = ix_dim(g, ix, last);
         int lo = cg_op2(g, K_LT, KT_BOOL, i, cg_i(g, half));
         int ip = cg_op3(g, K_SELECT, KT_I64, lo, i, cg_isub(g, i, cg_i(g, half)));

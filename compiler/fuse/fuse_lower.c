@@ -756,8 +756,9 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
     case G_ROPE:
     case G_ROPE_BWD: {
         FNode p = fl_proto(F_ROPE, dt, n->rank, n->shape);
-        p.nin = 1;
+        p.nin = n->nin; /* in1: explicit positions (the forward over new tokens) */
         p.in[0] = x;
+        p.in[1] = n->nin > 1 ? y : 0;
         p.fa[0] = n->fattr[0];
         p.ia[0] = n->op == G_ROPE_BWD;
         return fl_add(L, &p);

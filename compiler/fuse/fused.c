@@ -187,7 +187,7 @@ static void fd_arity(FOp op, int *lo, int *hi) {
         [F_LEAF] = {0, 0},       [F_CONST] = {0, 0},      [F_IOTA] = {0, 0},       [F_RESHAPE] = {1, 1},
         [F_PERMUTE] = {1, 1},    [F_EXPAND] = {1, 1},     [F_SLICE] = {1, 1},      [F_CONCAT] = {1, FUSE_MAX_IN},
         [F_GATHER] = {2, 2},     [F_TAKE] = {2, 2},       [F_MAP] = {1, 3},        [F_DROPOUT] = {1, 1},
-        [F_ROPE] = {1, 1},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
+        [F_ROPE] = {1, 2},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
         [F_ATTN] = {3, 3},       [F_ATTN_STATS] = {4, 4}, [F_ATTN_BWD_Q] = {5, 5}, [F_ATTN_BWD_K] = {5, 5},
         [F_ATTN_BWD_V] = {5, 5}, [F_KV_ATTN] = {4, 4},    [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2},
         [F_SEG_NORM] = {1, 1},

@@ -140,6 +140,10 @@ static void graph_arity(GOp op, int *lo, int *hi) {
             *lo = 1;
             *hi = GRAPH_MAX_IN;
             return;
+        case G_ROPE: /* in1: the positions, in the forward over new tokens (plan/kv.c) */
+            *lo = 1;
+            *hi = 2;
+            return;
         default: n = 1; break;
         }
     *lo = *hi = n;
@@ -698,6 +702,8 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
     case G_ROPE_BWD:
         if (x->rank < 2 || x->shape[x->rank - 1] % 2 != 0)
             graph_v_fail(v, "x must be [..., T, hd] with hd even, got %s", graph_v_ntype(x).s);
+        else if (n->nin == 2 && (in[1]->dt != DT_I32 || in[1]->rank != 1 || in[1]->shape[0] != x->shape[x->rank - 2]))
+            graph_v_fail(v, "the positions must be i32[%" PRId64 "], got %s", x->shape[x->rank - 2], graph_v_ntype(in[1]).s);
         graph_v_float(v, x, "x");
         graph_v_shape_of(v, x, "x");
         graph_v_dtype(v, n, x->dt, "the result");

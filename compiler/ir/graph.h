@@ -85,7 +85,8 @@ typedef enum GOp {
     G_LOG_SOFTMAX,   /* iattr[0] = axis                                                         */
     G_LAYERNORM,     /* in0 = x, in1 = weight, in2 = bias; fattr[0] = eps; over the last axis  */
     G_RMSNORM,       /* in0 = x, in1 = weight; fattr[0] = eps                                   */
-    G_ROPE,          /* in0 = x [..., T, hd]; fattr[0] = theta; halves rotated (NeoX layout)    */
+    G_ROPE,          /* in0 = x [..., T, hd]; fattr[0] = theta; halves rotated (NeoX layout);
+                        row t at position t, or in1[t] when given (i32 [T]: plan/kv.c)       */
     G_ATTENTION,     /* in0..2 = q [B,H,T,hd], k, v [B,Hk,S,hd]; iattr[0] = causal;
                        fattr[0] = scale (1/sqrt(hd))                                           */
     G_CROSS_ENTROPY, /* in0 = logits [..., V], in1 = targets i32 [...] -> rank 0, the mean       */

@@ -21,8 +21,9 @@
  * axis, a slice or concat along it, or a constant of T rows combined row by row with the tokens,
  * would make row i depend on other rows, which the cached forward does not have. Such a program
  * cannot use the cache: kv_chunk_graph says why and where, and the program keeps the recompute
- * path (forward_logits). rope is refused the same way for now: its angle is the row's index, and
- * the rewrite does not yet give it each token's position. */
+ * path (forward_logits). rope gets each row's position as a second input (its angle is otherwise
+ * the row's index). A constant of T rows met row by row with the tokens (wpe itself, when wpe[0:T]
+ * is the whole table) is a position table too; a G_CONST of that shape is one number everywhere. */
 #include <string.h>
 
 #include "diag.h"
@@ -252,10 +253,17 @@ static int kv_node(KvCtx *c, const GNode *n) {
         c->st[n->id] = (KvState){KS_TOK, (signed char)out};
         return kv_copy(c, n, out);
     }
-    case G_ROPE:
-        return kv_refuse(c, n,
-                         "rope's angle is the row's index, and the cached forward does not give it each token's "
-                         "position yet");
+    case G_ROPE: { /* the angle of each row's position, not of its index */
+        if (s0.axis != x->rank - 2) return kv_refuse(c, n, "it rotates along an axis other than the tokens'");
+        int64_t shape[GRAPH_MAX_RANK];
+        memcpy(shape, n->shape, sizeof shape);
+        shape[s0.axis] = c->N;
+        int in[2] = {c->map[n->in[0]], kv_positions(c)};
+        int id = graph_add(c->ng, G_ROPE, n->dt, n->rank, shape, 2, in, n->src);
+        graph_node(c->ng, id)->fattr[0] = n->fattr[0];
+        c->st[n->id] = s0;
+        return id;
+    }
     case G_ATTENTION: {
         for (int i = 0; i < 3; i++)
             if (c->st[n->in[i]].kind != KS_TOK || c->st[n->in[i]].axis != 2)

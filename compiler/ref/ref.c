@@ -467,8 +467,9 @@ static void ref_eval_rope(const Graph *g, const GNode *n, double **vals) {
     double theta = n->fattr[0];
     const double *xv = ref_val(n, vals, 0);
     double *out = vals[n->id];
+    const double *pos = n->nin > 1 ? ref_val(n, vals, 1) : NULL; /* explicit positions (plan/kv.c) */
     for (int64_t r = 0; r < rows; r++) {
-        double t = (double)(r % T);
+        double t = pos ? pos[r % T] : (double)(r % T);
         const double *row = xv + r * hd;
         double *y = out + r * hd;
         for (int64_t i = 0; i < half; i++) {

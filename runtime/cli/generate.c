@@ -14,8 +14,9 @@
  * --print-logits is the check of those forwards: instead of generating, it prints the logits after
  * each prefix of the prompt (len = 1, 2, ..., one line of vocab numbers each, %.9g so that a
  * float round-trips), which tests/run.sh compares with the loss the training forward computes
- * on the same tokens. With the cache and --prefill-chunk C it prints the prefixes that end a
- * chunk (C, 2C, ..., and the whole prompt), each computed by that chunk's call.
+ * on the same tokens (forward_logits, so without --prefill-chunk it checks the recompute path).
+ * With --prefill-chunk C it checks the cache instead: the prompt goes through the cache C tokens a
+ * step, and it prints the prefixes that end a step (C, 2C, ..., and the whole prompt).
  *
  * Sampling draws one 53-bit uniform per generated token from the Philox stream 0 of the `samp`
  * domain keyed by --seed, so the same seed gives the same tokens on any machine and thread
@@ -160,7 +161,7 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     if (st != RT_OK) goto done;
     memcpy(ctx, o->prompt, (size_t)o->nprompt * sizeof *ctx);
     int64_t C = o->prefill_chunk > 0 ? o->prefill_chunk : p->kv.rows; /* tokens of the prompt a cached step */
-    if (o->print_logits && cache.on && o->nprompt <= cache.eng.context) {
+    if (o->print_logits && cache.on && o->prefill_chunk > 0 && o->nprompt <= cache.eng.context) {
         for (int64_t start = 0; start < o->nprompt; start += C) {
             int64_t n = o->nprompt - start < C ? o->nprompt - start : C;
             st = rt_cache_step(&cache, ctx, start, n, logits, &e);
