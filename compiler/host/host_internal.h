@@ -61,6 +61,7 @@ typedef struct Host {
     LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
     const Plan *plan;
     const TrainConfig *ts;
+    const ServeConfig *serve; /* the serve block whose settings the descriptor carries (TrainBuild.serve), or NULL */
     /* the target the emitters write for: the CPU, or the GPU while host_cuda emits the GPU
      * functions (launches and copies through the runtime's rt_gpu_* calls, every region address a
      * device address) */
