@@ -203,12 +203,19 @@ BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/l
 # jansson installed (it adds ~50 KB); without the archive they link -ljansson. Override with
 # JANSSON_LIBS=.
 JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(MULTIARCH)/libjansson.a,-ljansson)
+# libmicrohttpd, from Debian's libmicrohttpd-dev (tools/deps.sh installs it): the HTTP server of
+# `PROG serve` (runtime/serve/server.c; docs/serve.md says why this library). The package ships
+# the static libmicrohttpd.a, linked as jansson's is; Debian builds it with HTTPS, so it needs
+# GnuTLS, which is linked dynamically: libgnutls30 is on every Debian system (apt itself links
+# it), while a static GnuTLS would drag in nettle, gmp, p11-kit and more. Without the archive,
+# -lmicrohttpd. Override with MHD_LIBS=.
+MHD_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libmicrohttpd.a),/usr/lib/$(MULTIARCH)/libmicrohttpd.a -lgnutls,-lmicrohttpd)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
 # (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
 # Under SAN=1 (make asan) it ends with the sanitizer flags, so that build/asan/mbtc -o links its
 # executables (an object and a libmbtrt.a both instrumented) with the sanitizers' runtime.
-RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) -lpthread -ldl -lm $(SANFLAGS)
+RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) $(MHD_LIBS) -lpthread -ldl -lm $(SANFLAGS)
 
 RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(RT_INC) $(BLAS_CFLAGS) $(CFLAGS)
 
@@ -290,6 +297,12 @@ $(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
+# sv_tokenize: the serving tokenizer (runtime/serve/tokenizer.c) from the command line, which the
+# serve layer compares with Hugging Face's tokenizers.
+$(BUILD)/tests/sv_tokenize: tests/tools/sv_tokenize.c $(BUILD)/libmbtrt.a
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
 # ---- tests -------------------------------------------------------------------------------------
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmbtc.a
 	@mkdir -p $(BUILD)/tests
@@ -300,7 +313,7 @@ $(BUILD)/tests/test_cpu $(BUILD)/tests/test_schedule: $(BUILD)/tests/%: tests/un
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
-unit: $(UNIT_BINS) $(BUILD)/tests/st_compare
+unit: $(UNIT_BINS) $(BUILD)/tests/st_compare $(BUILD)/tests/sv_tokenize
 
 deps-test:
 	@tools/deps.sh test

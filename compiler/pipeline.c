@@ -347,16 +347,20 @@ static int print_program(Pipeline *p, FILE *out) {
     return 0;
 }
 
-/* A serve block is checked but not compiled: say so where -o would otherwise drop it silently. */
+/* The executable serves the train block's model: the first serve block of that model lends it
+ * its settings (TrainBuild.serve); any other serve block is checked but not compiled, and -o says
+ * so rather than drop it silently. */
 static void warn_serve_blocks(Pipeline *p) {
     const Node *prog = p->main_mod ? p->main_mod->ast : NULL;
+    const char *used = p->tb && p->tb->serve ? p->tb->serve->name : NULL;
     for (int i = 0; prog && i < prog->list.n; i++) {
         const Node *d = prog->list.v[i];
-        if (d && d->kind == N_SERVE)
-            diag_warning(d->span,
-                         "serve block '%.*s' is not compiled into the executable: serving is not implemented yet, "
-                         "so its batch, kv, sampling and port settings are not carried out",
-                         STR_ARG(d->name));
+        if (!d || d->kind != N_SERVE) continue;
+        if (used && str_eqc(d->name, used)) continue;
+        diag_warning(d->span,
+                     "serve block '%.*s' is not compiled into the executable: `PROG serve` serves the train block's model "
+                     "with the first serve block of that model, and this one is %s",
+                     STR_ARG(d->name), used ? "not the first" : "of another model");
     }
 }
 

@@ -41,7 +41,8 @@
     7 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
-                          * 7: the KV cache (RtStep.kv, RtProgram.forward_chunk and kv, the chunk phase) */
+                          * 7: RtGenerateSettings carries the serve block (top_p, batch, kv, port, tokenizer, chat);
+                          *    the KV cache (RtStep.kv and kv_pool, RtProgram.forward_chunk and kv, the chunk phase) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -195,7 +196,7 @@ typedef struct RtTrainSettings {
     RT_TRAIN_FIELDS(RT_DECLARE_FIELD)
 } RtTrainSettings;
 
-/* Defaults of `./prog generate` (from the serve block's sampling settings when there is one). */
+/* Defaults of `./prog generate` and `./prog serve` (from the serve block when there is one). */
 typedef struct RtGenerateSettings {
     RT_GEN_FIELDS(RT_DECLARE_FIELD)
 } RtGenerateSettings;

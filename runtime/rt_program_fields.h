@@ -58,12 +58,25 @@
     X(int64_t, ckpt_keep, i64)              /* `checkpoint { keep }`: the newest N are kept; 0: all */                           \
     X(int32_t, ckpt_continue_on_error, i32) /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */
 
-/* RtGenerateSettings: the defaults of `./prog generate`. */
+/* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
+ * of the train block's model when the program has one (name non-NULL), else the built-in defaults
+ * (docs/serve.md). */
 #define RT_GEN_FIELDS(X)                                                                                                         \
     X(const char *, weights, ptr) /* default --weights; NULL: none (the flag is then required) */                                \
     X(double, temperature, f64)   /* 0: greedy */                                                                                \
     X(int64_t, top_k, i64)        /* 0: all tokens */                                                                            \
-    X(int64_t, max_tokens, i64)
+    X(int64_t, max_tokens, i64)                                                                                                  \
+    X(double, top_p, f64)           /* nucleus sampling's mass; 1: all tokens */                                                 \
+    X(const char *, name, ptr)      /* the serve block's name; NULL: the program has none */                                     \
+    X(int64_t, batch_tokens, i64)   /* batch.tokens: new tokens an iteration (decodes + prefill chunks) */                       \
+    X(int64_t, prefill_chunk, i64)  /* batch.prefill_chunk */                                                                    \
+    X(int64_t, batch_seqs, i64)     /* batch.seqs: sequences an iteration */                                                     \
+    X(int64_t, kv_block, i64)       /* kv.block: tokens a KV block */                                                            \
+    X(double, kv_memory, f64)       /* kv.memory: the fraction of the memory budget the KV pool takes */                         \
+    X(const char *, kv_dtype, ptr)  /* kv.dtype: "f32", "bf16", "f16" or "fp8" */                                                \
+    X(int64_t, port, i64)           /* the HTTP port */                                                                          \
+    X(const char *, tokenizer, ptr) /* tokenizer.json or vocab.json path; NULL: prompts are token ids */                         \
+    X(const char *, chat, ptr)      /* chat template ("chatml", "llama3"); NULL: no /v1/chat/completions */
 
 /* RtStep: everything one call of a generated function reads and writes. Fields not listed for a
  * function are unspecified during that call. With `gpu` set (RtGpuProgram's functions) every

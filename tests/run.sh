@@ -33,6 +33,7 @@ accum           run_cases           -           quick
 ckpt            layer_script        -           quick
 install         layer_script        -           quick
 info            layer_script        script      quick
+serve           layer_script        -           quick
 gpu-selftest    layer_gpu_selftest  -           quick
 gpu-emu         layer_gpu_emu       nvrtc       quick
 torch           run_cases           torch       quick

@@ -153,10 +153,25 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
     LLVMValueRef table = emit_param_table(h), train = train_settings(h);
     LLVMValueRef ge[RT_GEN_NFIELDS] = {0};
-    ge[RT_GEN_weights] = LLVMConstPointerNull(h->ptr);
-    ge[RT_GEN_temperature] = LLVMConstReal(h->f64, 1.0);
-    ge[RT_GEN_top_k] = ci64(h, 0);
-    ge[RT_GEN_max_tokens] = ci64(h, 64);
+    /* The serve block of the train block's model (TrainBuild.serve), else sema's defaults for a
+     * serve block (settings.c) with 64 tokens for generate. */
+    static const char *const kv_dtypes[] = {"f32", "bf16", "f16", "fp8"};
+    const ServeConfig *sv = h->serve;
+    ge[RT_GEN_weights] = sv && sv->weights ? str_const(h, sv->weights) : LLVMConstPointerNull(h->ptr);
+    ge[RT_GEN_temperature] = LLVMConstReal(h->f64, sv ? sv->temperature : 1.0);
+    ge[RT_GEN_top_k] = ci64(h, sv ? sv->top_k : 0);
+    ge[RT_GEN_max_tokens] = ci64(h, sv ? sv->max_tokens : 64);
+    ge[RT_GEN_top_p] = LLVMConstReal(h->f64, sv ? sv->top_p : 1.0);
+    ge[RT_GEN_name] = sv ? str_const(h, sv->name) : LLVMConstPointerNull(h->ptr);
+    ge[RT_GEN_batch_tokens] = ci64(h, sv ? sv->tokens : 2048);
+    ge[RT_GEN_prefill_chunk] = ci64(h, sv ? sv->prefill_chunk : 512);
+    ge[RT_GEN_batch_seqs] = ci64(h, sv ? sv->seqs : 128);
+    ge[RT_GEN_kv_block] = ci64(h, sv ? sv->kv_block : 16);
+    ge[RT_GEN_kv_memory] = LLVMConstReal(h->f64, sv ? sv->kv_memory : 0.9);
+    ge[RT_GEN_kv_dtype] = str_const(h, kv_dtypes[sv ? (int)sv->kv_dtype : (int)KV_BF16]);
+    ge[RT_GEN_port] = ci64(h, sv ? sv->port : 8000);
+    ge[RT_GEN_tokenizer] = sv && sv->tokenizer ? str_const(h, sv->tokenizer) : LLVMConstPointerNull(h->ptr);
+    ge[RT_GEN_chat] = sv && sv->chat ? str_const(h, sv->chat) : LLVMConstPointerNull(h->ptr);
     LLVMValueRef null = LLVMConstPointerNull(h->ptr);
     LLVMValueRef *names = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(u->nstate + 1));
     for (int j = 0; j < u->nstate; j++) names[j] = str_const(h, u->state_name[j]);

@@ -346,7 +346,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         diag_error_noloc("%s", err);
         return diag_finish();
     }
-    Host H = {.ar = ar, .plan = plan, .ts = tb->config, .target = &host_target_cpu};
+    Host H = {.ar = ar, .plan = plan, .ts = tb->config, .serve = tb->serve, .target = &host_target_cpu};
     Host *h = &H;
     h->ctx = LLVMContextCreate();
     h->m = cpu_module_new(h->ctx, &target, input);

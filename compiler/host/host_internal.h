@@ -64,6 +64,7 @@ typedef struct Host {
     const Plan *plan;
     LLVMValueRef kv_pool; /* while emit_chunk emits its launches: RtStep.kv_pool (else NULL) */
     const TrainConfig *ts;
+    const ServeConfig *serve; /* the serve block whose settings the descriptor carries (TrainBuild.serve), or NULL */
     /* the target the emitters write for: the CPU, or the GPU while host_cuda emits the GPU
      * functions (launches and copies through the runtime's rt_gpu_* calls, every region address a
      * device address) */

@@ -18,10 +18,11 @@
  * With --prefill-chunk C it checks the cache instead: the prompt goes through the cache C tokens a
  * step, and it prints the prefixes that end a step (C, 2C, ..., and the whole prompt).
  *
- * Sampling draws one 53-bit uniform per generated token from the Philox stream 0 of the `samp`
- * domain keyed by --seed, so the same seed gives the same tokens on any machine and thread
- * count. Candidates are ordered by logit, ties by lower id, and the
- * probabilities are computed in double. */
+ * Sampling draws the token at position pos with rt_sample_u(seed, pos): the first 53-bit uniform
+ * of Philox stream pos of the `samp` domain keyed by --seed, so the same seed gives the same tokens
+ * on any machine and thread count, and `serve` (which samples the same way) gives the same tokens
+ * as generate for the same prompt and seed, whatever else is in its batch. Candidates are ordered
+ * by logit, ties by lower id, and the probabilities are computed in double. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -44,7 +45,16 @@ static int rt_cmp_cand(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, double u, void *scratch) {
+_Static_assert(sizeof(RtCand) == RT_SAMPLE_SCRATCH, "rt_exec.h's RT_SAMPLE_SCRATCH is a candidate's size");
+
+double rt_sample_u(uint64_t seed, int64_t pos) {
+    RtRng rng;
+    rt_rng_init(&rng, seed, RT_RNG_DOMAIN_SAMPLE, (uint64_t)pos);
+    return rt_rng_f64(&rng);
+}
+
+int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, double top_p, double u,
+                        void *scratch) {
     if (temperature <= 0 || top_k == 1) {
         int64_t best = 0;
         for (int64_t i = 1; i < vocab; i++)
@@ -58,6 +68,16 @@ int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, 
     /* softmax(logit / temperature) over the k candidates, in double, largest first */
     double top = (double)c[0].logit, total = 0;
     for (int64_t i = 0; i < k; i++) total += exp(((double)c[i].logit - top) / temperature);
+    if (top_p < 1) { /* the nucleus: the fewest likeliest candidates whose mass reaches top_p (at least one) */
+        double mass = 0, keep = 0;
+        int64_t n = 0;
+        while (n < k) {
+            double w = exp(((double)c[n].logit - top) / temperature);
+            mass += w / total, keep += w, n++;
+            if (mass >= top_p) break;
+        }
+        k = n, total = keep;
+    }
     double target = u * total, acc = 0;
     for (int64_t i = 0; i < k; i++) {
         acc += exp(((double)c[i].logit - top) / temperature);
@@ -161,7 +181,7 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     if (st != RT_OK) goto done;
     memcpy(ctx, o->prompt, (size_t)o->nprompt * sizeof *ctx);
     int64_t C = o->prefill_chunk > 0 ? o->prefill_chunk : p->kv.rows; /* tokens of the prompt a cached step */
-    if (o->print_logits && cache.on && o->prefill_chunk > 0 && o->nprompt <= cache.eng.context) {
+    if (o->print_logits && cache.on && o->prefill_chunk_given && o->nprompt <= cache.eng.context) {
         for (int64_t start = 0; start < o->nprompt; start += C) {
             int64_t n = o->nprompt - start < C ? o->nprompt - start : C;
             st = rt_cache_step(&cache, ctx, start, n, logits, &e);
@@ -187,8 +207,6 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
         goto done;
     }
     int64_t len = o->nprompt;
-    RtRng rng;
-    rt_rng_init(&rng, o->seed, RT_RNG_DOMAIN_SAMPLE, 0);
     int64_t cached = 0; /* positions in the cache */
     for (int64_t i = 0; i < o->max_tokens; i++) {
         if (cache.on && len <= cache.eng.context) { /* the new positions [cached, len) through the cache */
@@ -212,8 +230,8 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
                          (long long)(i + 1), (long long)bad, (double)logits[bad], weights);
             goto done;
         }
-        double u = rt_rng_f64(&rng); /* drawn for every token, so greedy and sampled runs stay aligned */
-        int32_t tok = rt_sample_token(logits, V, o->temperature, o->top_k, u, scratch);
+        double u = rt_sample_u(o->seed, len); /* keyed by the new token's position */
+        int32_t tok = rt_sample_token(logits, V, o->temperature, o->top_k, o->top_p, u, scratch);
         ctx[len++] = tok;
         printf("%s%d", i ? " " : "", (int)tok);
     }

@@ -39,7 +39,7 @@ describe_status() {
     esac
 }
 
-# relay LAYER FILE: re-emits the PASS/FAIL lines of a sub-runner's output (a unit binary,
+# relay LAYER FILE: re-emits the PASS/FAIL (and SKIP) lines of a sub-runner's output (a unit binary,
 # tests/pathological.sh, tests/fuzz/run.sh) as LAYER/NAME (NAME alone when it already starts with
 # LAYER/), with the indented lines that follow a FAIL (its details); counts them into the totals
 # and into RELAY_P / RELAY_F.
@@ -62,6 +62,13 @@ relay() {
                 FAILED=$((FAILED + 1))
                 printf 'FAIL %s\n' "$name"
             fi
+            ;;
+        "SKIP "*) # a check the script could not run here (a missing package): counted as skipped
+            name=${line:5}
+            name=${name%%: *}
+            case "$name" in "$layer"/*) ;; *) name="$layer/$name" ;; esac
+            infail=0
+            skip "$name" "${line#*: }"
             ;;
         " "* | $'\t'*)
             if [ $infail = 1 ]; then printf '%s\n' "$line"; fi
