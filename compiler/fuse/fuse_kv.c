@@ -124,7 +124,7 @@ const char *kv_shape_problem(const KvAttnShape *s) {
         return "a size is not positive";
     if (s->layer < 0 || s->layer >= s->L) return "the layer is out of range";
     if (s->H % s->Hk) return "the query heads are not a multiple of the key/value heads";
-    if (s->kv_dt != DT_F32 && s->kv_dt != DT_BF16) return "the pool's dtype is neither f32 nor bf16";
+    if (s->kv_dt != DT_F32 && s->kv_dt != DT_BF16 && s->kv_dt != DT_F16) return "the pool's dtype is not f32, bf16 or f16";
     if (s->dt != DT_F32 && s->dt != DT_F64 && s->dt != DT_BF16 && s->dt != DT_F16) return "q, k and v are not floats";
     return NULL;
 }

@@ -47,7 +47,7 @@ typedef struct KvAttnShape {
     int64_t max_blocks; /* columns of the block table */
     int64_t layer, L;   /* this attention's layer, of L */
     DType dt;           /* of q, k, v and the output (f32; bf16/f16 computed in f32) */
-    DType kv_dt;        /* of the pool: DT_F32 or DT_BF16 */
+    DType kv_dt;        /* of the pool: DT_F32, DT_BF16 or DT_F16 */
     double scale;       /* of the scores: scale * (q . k) */
     KView q, k, v;      /* [1, heads, N, D] (stride[0] unused) views of kernel parameters */
     KView out;          /* the result [1, H, N, D] */

@@ -722,7 +722,8 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         if (ia[1] < 1 || ia[0] < 0 || ia[0] >= ia[1] || ia[2] < 1 || ia[3] < 1)
             graph_v_fail(v, "layer %" PRId64 " of %" PRId64 ", block %" PRId64 ", %" PRId64 " blocks", ia[0], ia[1], ia[2],
                          ia[3]);
-        if (n->fattr[1] != DT_F32 && n->fattr[1] != DT_BF16) graph_v_fail(v, "the pool's dtype is neither f32 nor bf16");
+        if (n->fattr[1] != DT_F32 && n->fattr[1] != DT_BF16 && n->fattr[1] != DT_F16)
+            graph_v_fail(v, "the pool's dtype is not f32, bf16 or f16");
         break;
     case G_CROSS_ENTROPY:
         graph_v_logits_targets(v, x, in[1]);

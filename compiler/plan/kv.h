@@ -11,7 +11,7 @@ typedef struct KvConfig {
     int64_t rows;       /* N: new tokens per call of forward_chunk */
     int64_t block;      /* tokens per KV block */
     int64_t max_blocks; /* blocks of one sequence: ceil(context / block) */
-    DType kv_dt;        /* the pool's: DT_F32 or DT_BF16 */
+    DType kv_dt;        /* the pool's: DT_F32, DT_BF16 or DT_F16 */
 } KvConfig;
 
 typedef struct KvChunk {

@@ -116,7 +116,7 @@ int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedul
  * generation. Nothing when it has them. */
 void plan_warn_no_logits(const PlanSchedules *s, const char *train);
 /* The chunk phase's settings for a train block (schedules.c). */
-void plan_kv_config(const TrainConfig *ts, KvConfig *kv);
+const char *plan_kv_config(const TrainBuild *tb, KvConfig *kv);
 
 /* ---- the memory plan: every address the executable uses ---- */
 

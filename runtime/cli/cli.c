@@ -93,7 +93,7 @@ static const RtFlag rt_flags[] = {
     {"--prefill-chunk", "N", RT_IN_GENERATE | RT_IN_SERVE, RT_F_PREFILL_CHUNK},
     {"--batch-seqs", "N", RT_IN_SERVE, RT_F_BATCH_SEQS},
     {"--print-logits", NULL, RT_IN_GENERATE, RT_F_PRINT_LOGITS},
-    {"--no-cache", NULL, RT_IN_GENERATE, RT_F_NO_CACHE},
+    {"--no-cache", NULL, RT_IN_GENERATE | RT_IN_SERVE, RT_F_NO_CACHE},
     {"--ckpt-dir", "DIR", RT_IN_TRAIN, RT_F_CKPT_DIR},
     {"--ckpt-every", "N", RT_IN_TRAIN, RT_F_CKPT_EVERY},
     {"--ckpt-keep", "N", RT_IN_TRAIN, RT_F_CKPT_KEEP},
@@ -511,7 +511,8 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--top-p", "P", "sample among the likeliest tokens whose probabilities sum to P", buf);
     rt_help_line(f, "--seed", "S", "seeds the sampling", seed);
     rt_help_line(f, "--print-logits", "", "instead of generating, print the logits after each prefix of the prompt", "off");
-    rt_help_line(f, "--no-cache", "", "recompute the whole context for every token instead of using the KV cache", "off");
+    rt_help_line(f, "--no-cache", "", "recompute the whole context for every token instead of using the KV cache (serve too)",
+                 "off");
     rt_help_line(f, "--device", "auto|cpu|cuda", "where to run", "auto");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     fprintf(f, "\nserve options (also --weights, --max-tokens, --temperature, --top-k, --top-p, --seed, --device,\n"

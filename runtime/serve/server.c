@@ -877,7 +877,11 @@ int rt_cmd_serve(const RtProgram *p, const RtOptions *o) {
         st = rt_weights_load(p, x.params, weights, &unused, &e);
     }
     if (st == RT_OK) st = rt_exec_push(&x, &e);
-    if (st == RT_OK) st = rt_engine_open_recompute(&eng, &x, p->generate.kv_block, &e);
+    /* the KV cache when the program has one on this device (engine_cached.c: the compiled
+     * forward_chunk, with the serve block's kv.block), else the recompute engine (and --no-cache) */
+    if (st == RT_OK && !o->no_cache && p->forward_chunk && !x.gpu && p->kv.block == p->generate.kv_block)
+        st = rt_engine_open_cached(&eng, &x, p->generate.kv_block, &e);
+    else if (st == RT_OK) st = rt_engine_open_recompute(&eng, &x, p->generate.kv_block, &e);
     if (st != RT_OK) goto done;
     sv->context = eng.context;
     SvConfig cfg = {o->batch_tokens, o->prefill_chunk, o->batch_seqs, pool_blocks(p, &eng, o)};
