@@ -381,8 +381,23 @@ static int output_is_module(Pipeline *p) {
     return 0;
 }
 
+/* A serve block's kv settings are carried out by the chunk phase (plan/kv.c): a model that cannot
+ * run over new tokens alone (or an unsupported kv.dtype) cannot have them, which is an error at the
+ * reason's place, with a note at the serve block. */
+static int refuse_serve_without_cache(Pipeline *p) {
+    const ServeConfig *sv = p->tb ? p->tb->serve : NULL;
+    const PlanSchedules *s = &p->plan->sched;
+    if (!sv || !s->why_no_chunk) return 0;
+    Span at = s->no_chunk_at.file ? s->no_chunk_at : sv->at;
+    diag_error(at, "serve block '%s' needs the KV cache, which this model cannot use: %s", sv->name, s->why_no_chunk);
+    if (s->no_chunk_at.file) diag_note(sv->at, "the serve block is here");
+    diag_hint("only attention may mix positions (docs/serve.md, \"The KV cache in the generated code\"); without the serve "
+              "block, generate recomputes the context for every token");
+    return 1;
+}
+
 static int run_object(Pipeline *p) {
-    if (output_is_module(p) || host_refuses(p->tb) || need_schedules(p)) return 1;
+    if (output_is_module(p) || host_refuses(p->tb) || need_schedules(p) || refuse_serve_without_cache(p)) return 1;
     warn_serve_blocks(p);
     HostCuda hc = {p->o.archs, p->o.narch};
     return host_compile(p->tb, p->plan, &p->hs, p->o.input, p->o.output, NULL, &hc, p->ar);
