@@ -118,7 +118,7 @@
     X(int64_t, layers, i64)          /* attention layers */                                                                      \
     X(int64_t, heads, i64)           /* key/value heads a layer */                                                               \
     X(int64_t, head_dim, i64)        /* their width */                                                                           \
-    X(int64_t, dtype_bytes, i64)     /* 4: f32, 2: bf16 or f16 */                                                                      \
+    X(int64_t, dtype_bytes, i64)     /* 4: f32, 2: bf16 or f16 */                                                                \
     X(int64_t, bytes_per_token, i64) /* layers x 2 x heads x head_dim x dtype_bytes */                                           \
     X(int64_t, meta_bytes, i64)      /* the metadata's bytes at kv */
 
