@@ -441,6 +441,10 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
                 wr->accumulate ? "+= loss_scale x" : "= (copied from)", wr->buffer, plan_home_name(wr->to), wr->offset,
                 wr->bytes);
     }
+    if (which == PLAN_CHUNK) { /* its launches and kernels: --emit=kernels and --emit=llvm come before the plan */
+        fprintf(out, "\n### the chunk phase's launches and kernels (chunk_ in --emit=program)\n");
+        fuse_print(out, r);
+    }
 }
 
 void plan_print_memory(FILE *out, Arena *ar, const Plan *p) {
