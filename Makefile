@@ -209,7 +209,10 @@ JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(M
 # GnuTLS, which is linked dynamically: libgnutls30 is on every Debian system (apt itself links
 # it), while a static GnuTLS would drag in nettle, gmp, p11-kit and more. Without the archive,
 # -lmicrohttpd. Override with MHD_LIBS=.
-MHD_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libmicrohttpd.a),/usr/lib/$(MULTIARCH)/libmicrohttpd.a -lgnutls,-lmicrohttpd)
+# GnuTLS is named by its soname (-l:libgnutls.so.30) where that is there, so that linking a program
+# needs the runtime package alone, not libgnutls28-dev's libgnutls.so link.
+MHD_GNUTLS = $(if $(wildcard /usr/lib/$(MULTIARCH)/libgnutls.so.30),-l:libgnutls.so.30,-lgnutls)
+MHD_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libmicrohttpd.a),/usr/lib/$(MULTIARCH)/libmicrohttpd.a $(MHD_GNUTLS),-lmicrohttpd)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
 # (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.

@@ -284,8 +284,9 @@ static int parse_request(SvServer *sv, SvParsed *p, const char *body, size_t n, 
     }
     r->nprompt = r->ntok;
     if (r->nprompt >= sv->context) {
-        bad(p, chat ? "messages" : "prompt", "This model's maximum context length is %lld tokens, the prompt has %lld",
-            (long long)sv->context, (long long)r->nprompt);
+        bad(p, chat ? "messages" : "prompt", "This model's maximum context length is %lld tokens, the prompt has %lld%s",
+            (long long)sv->context, (long long)r->nprompt,
+            r->nprompt == sv->context ? ", which leaves no room for a generated token" : "");
         goto done;
     }
     int64_t n1 = 1, seed = -1, topk = r->top_k;
