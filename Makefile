@@ -96,7 +96,7 @@ LLVM_OBJS = $(patsubst %.c,$(BUILD)/obj/%.o,$(LLVM_SRCS)) $(BUILD)/obj/compiler/
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
-.PHONY: install dist all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu clean deps deps-test format
+.PHONY: install dist all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu bench-serve clean deps deps-test format
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/mbtc
@@ -209,7 +209,10 @@ JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(M
 # GnuTLS, which is linked dynamically: libgnutls30 is on every Debian system (apt itself links
 # it), while a static GnuTLS would drag in nettle, gmp, p11-kit and more. Without the archive,
 # -lmicrohttpd. Override with MHD_LIBS=.
-MHD_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libmicrohttpd.a),/usr/lib/$(MULTIARCH)/libmicrohttpd.a -lgnutls,-lmicrohttpd)
+# GnuTLS is named by its soname (-l:libgnutls.so.30) where that is there, so that linking a program
+# needs the runtime package alone, not libgnutls28-dev's libgnutls.so link.
+MHD_GNUTLS = $(if $(wildcard /usr/lib/$(MULTIARCH)/libgnutls.so.30),-l:libgnutls.so.30,-lgnutls)
+MHD_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libmicrohttpd.a),/usr/lib/$(MULTIARCH)/libmicrohttpd.a $(MHD_GNUTLS),-lmicrohttpd)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
 # (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
@@ -400,6 +403,22 @@ bench: all
 BENCH_GPU_ARGS ?=
 bench-gpu: all
 	@/usr/bin/python3 bench/gpu.py --build $(BUILD) --seq 1024 --batch max $(BENCH_GPU_ARGS)
+
+# Serving (docs/serve.md, "Benchmark"): bench/serve.py's table for three arms - no chunking, a
+# budget of 512 tokens, a budget of 2048 - on the serve layer's small GPT (tests/serve/gpt.mbt),
+# 200 requests at BENCH_SERVE_RATE requests/s (Poisson). GPT-2 124M is not run on the CPU: the
+# recompute engine makes every token a full forward over its context (docs/serve.md, "Not done").
+BENCH_SERVE_RATE ?= 50
+BENCH_SERVE_DIR = $(BUILD)/tmp/bench-serve
+bench-serve: all
+	@mkdir -p $(BENCH_SERVE_DIR)
+	@$(BUILD)/mbt-gendata --out-dir $(BENCH_SERVE_DIR)/d --name t --vocab 320 --tokens 100000 --val-tokens 0 >/dev/null
+	@$(BUILD)/mbtc tests/serve/gpt.mbt -o $(BENCH_SERVE_DIR)/gpt
+	@$(BENCH_SERVE_DIR)/gpt train --data $(BENCH_SERVE_DIR)/d/t_train.bin --steps 200 \
+		--save-weights $(BENCH_SERVE_DIR)/gpt.safetensors >/dev/null
+	@/usr/bin/python3 bench/serve.py --prog $(BENCH_SERVE_DIR)/gpt --weights $(BENCH_SERVE_DIR)/gpt.safetensors \
+		--vocab 320 --num-prompts 200 --request-rate $(BENCH_SERVE_RATE) --input-len uniform:4:24 --output-len uniform:4:8 \
+		--arms "no-chunking:--batch-tokens 4096 --prefill-chunk 4096;budget-512:--batch-tokens 512 --prefill-chunk 512;budget-2048:--batch-tokens 2048 --prefill-chunk 512"
 
 # ---- install and carry (docs/install.md) -------------------------------------------------------
 # make install PREFIX=P: P/bin/mbtc and mbt-gendata, P/lib/mbt/libmbtrt.a with the static archives

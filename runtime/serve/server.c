@@ -284,8 +284,9 @@ static int parse_request(SvServer *sv, SvParsed *p, const char *body, size_t n, 
     }
     r->nprompt = r->ntok;
     if (r->nprompt >= sv->context) {
-        bad(p, chat ? "messages" : "prompt", "This model's maximum context length is %lld tokens, the prompt has %lld",
-            (long long)sv->context, (long long)r->nprompt);
+        bad(p, chat ? "messages" : "prompt", "This model's maximum context length is %lld tokens, the prompt has %lld%s",
+            (long long)sv->context, (long long)r->nprompt,
+            r->nprompt == sv->context ? ", which leaves no room for a generated token" : "");
         goto done;
     }
     int64_t n1 = 1, seed = -1, topk = r->top_k;
@@ -951,9 +952,10 @@ int rt_cmd_serve(const RtProgram *p, const RtOptions *o) {
     grace.tv_sec += 30;
     while (sv->inflight > 0 && !sv->sched.failed && pthread_cond_timedwait(&sv->sched.progress, &sv->sched.mu, &grace) == 0) {}
     sv->sched.draining = 1;
+    int64_t nrun = sv->sched.m.running, nwait = sv->sched.m.waiting;
     pthread_mutex_unlock(&sv->sched.mu);
     fprintf(stderr, "serve: %s: finishing %lld running and %lld waiting requests\n", sv_signal ? strsignal(sv_signal) : "failed",
-            (long long)sv->sched.m.running, (long long)sv->sched.m.waiting);
+            (long long)nrun, (long long)nwait);
     sv_sched_close(&sv->sched); /* joins the scheduler after the queue is empty */
     sched_open = 0;
     /* the last responses go out before the daemon closes the connections (at most 10 s more: a

@@ -23,7 +23,9 @@ sleeps to wait for it. Each check says what it compares:
   - the `openai` client streams a completion (SKIP without the package);
   - the tokenizer agrees with Hugging Face's `tokenizers` on a large text, for a GPT-2-style and a
     Llama-3-style byte-level BPE trained here, and text prompts and chat completions work through
-    the server (SKIP without the package)."""
+    the server (SKIP without the package);
+  - every server stopped by SIGTERM exited 0 with nothing on stderr but its shutdown line (under
+    `tests/serve/run.sh build/asan`, no sanitizer report)."""
 import http.client
 import json
 import os
@@ -54,6 +56,9 @@ def report(name, ok, why=""):
         print(f"FAIL serve/{name}: {why}", flush=True)
 
 
+STOPS = []  # (command, exit status, stderr) of every server stopped with SIGTERM
+
+
 class Server:
     def __init__(self, *args, prog=PROG):
         self.p = subprocess.Popen([prog, "serve", "--weights", WEIGHTS, "--port", "0", "--threads", "1", *args],
@@ -80,7 +85,9 @@ class Server:
         except subprocess.TimeoutExpired:
             self.p.kill()
             rc = "timeout"
-        return rc, self.p.stderr.read()
+        err = self.p.stderr.read()
+        STOPS.append((self.p.args, rc, err))
+        return rc, err
 
 
 def request(port, method, path, body=None, timeout=60):
@@ -524,4 +531,7 @@ for name, fn in [("greedy-equals-generate", greedy_equals_generate), ("batched-e
                  ("sigterm-finishes-and-exits-0", sigterm_finishes), ("openai-client-streams", openai_client),
                  ("tokenizer-matches-hf", tokenizer_checks)]:
     check(name, fn)
+bad = [(cmd, rc, err) for cmd, rc, err in STOPS if rc != 0 or "ERROR" in err or "runtime error" in err]
+report("servers-exit-0", not bad, f"{len(STOPS)} servers stopped by SIGTERM, each exit 0 with a clean stderr" if not bad else
+       f"{' '.join(bad[0][0][1:])}: exit {bad[0][1]}: {bad[0][2][-1500:]}")
 sys.exit(1 if failed else 0)
