@@ -7,8 +7,10 @@
  * into calls of RtKvInfo.rows rows, in order: every sequence's tokens are consecutive rows, a
  * sequence longer than what is left of a call continues in the next (its later rows then see the
  * earlier ones through the pool), and the last call is padded with rows of no sequence. Each row
- * is computed from its own token and position and its sequence's keys and values alone, so a
- * sequence's logits do not depend on what else is in the batch or on how its prompt was split.
+ * is computed from its own token and position and its sequence's keys and values alone; but
+ * where it sits among the rows of a call changes the last bits of its GEMMs (OpenBLAS rounds a
+ * row by its index in the matrix), so a sequence's logits agree with a run alone, and with
+ * forward_logits, to about 1e-6 relative rather than bit for bit (docs/serve.md, "Numerics").
  * The CPU alone: the GPU build has no forward_chunk yet (docs/serve.md). */
 #include <stdlib.h>
 #include <string.h>
