@@ -53,7 +53,7 @@ DEPFLAGS = -MMD -MP
 # main.c is the command line, pipeline.c the stage table.
 COMPILER_DIRS = compiler compiler/support compiler/front compiler/sema compiler/ir compiler/fuse compiler/kir \
                 compiler/plan compiler/backend/cpu compiler/backend/cuda compiler/host compiler/ref
-RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli runtime/comm
+RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli runtime/comm runtime/serve
 INC      = $(addprefix -I,$(COMPILER_DIRS)) -I$(BUILD)/gen
 RT_INC   = $(addprefix -I,$(RUNTIME_DIRS))
 CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(INC) $(CFLAGS)
@@ -96,7 +96,7 @@ LLVM_OBJS = $(patsubst %.c,$(BUILD)/obj/%.o,$(LLVM_SRCS)) $(BUILD)/obj/compiler/
 UNIT_SRCS = $(wildcard tests/unit/test_*.c)
 UNIT_BINS = $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 
-.PHONY: install dist all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu clean deps deps-test format
+.PHONY: install dist all demo test test-quick test-gpu unit asan fuzz fuzz-build bench bench-gpu bench-serve clean deps deps-test format
 .DELETE_ON_ERROR:
 
 all: $(BUILD)/mbtc
@@ -203,12 +203,22 @@ BLAS_LIBS    ?= $(if $(wildcard $(OPENBLAS_DIR)/libopenblas.a),$(OPENBLAS_DIR)/l
 # jansson installed (it adds ~50 KB); without the archive they link -ljansson. Override with
 # JANSSON_LIBS=.
 JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(MULTIARCH)/libjansson.a,-ljansson)
+# libmicrohttpd, from Debian's libmicrohttpd-dev (tools/deps.sh installs it): the HTTP server of
+# `PROG serve` (runtime/serve/server.c; docs/serve.md says why this library). The package ships
+# the static libmicrohttpd.a, linked as jansson's is; Debian builds it with HTTPS, so it needs
+# GnuTLS, which is linked dynamically: libgnutls30 is on every Debian system (apt itself links
+# it), while a static GnuTLS would drag in nettle, gmp, p11-kit and more. Without the archive,
+# -lmicrohttpd. Override with MHD_LIBS=.
+# GnuTLS is named by its soname (-l:libgnutls.so.30) where that is there, so that linking a program
+# needs the runtime package alone, not libgnutls28-dev's libgnutls.so link.
+MHD_GNUTLS = $(if $(wildcard /usr/lib/$(MULTIARCH)/libgnutls.so.30),-l:libgnutls.so.30,-lgnutls)
+MHD_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libmicrohttpd.a),/usr/lib/$(MULTIARCH)/libmicrohttpd.a $(MHD_GNUTLS),-lmicrohttpd)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
 # (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
 # Under SAN=1 (make asan) it ends with the sanitizer flags, so that build/asan/mbtc -o links its
 # executables (an object and a libmbtrt.a both instrumented) with the sanitizers' runtime.
-RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) -lpthread -ldl -lm $(SANFLAGS)
+RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) $(MHD_LIBS) -lpthread -ldl -lm $(SANFLAGS)
 
 RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(RT_INC) $(BLAS_CFLAGS) $(CFLAGS)
 
@@ -293,6 +303,9 @@ $(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a
 # comm_check: the collectives across processes (tests/comm/run.sh runs it under mpirun and as tcp
 # ranks; docs/parallel.md).
 $(BUILD)/tests/comm_check: tests/comm/comm_check.c $(BUILD)/libmbtrt.a
+# sv_tokenize: the serving tokenizer (runtime/serve/tokenizer.c) from the command line, which the
+# serve layer compares with Hugging Face's tokenizers.
+$(BUILD)/tests/sv_tokenize: tests/tools/sv_tokenize.c $(BUILD)/libmbtrt.a
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
 
@@ -306,7 +319,7 @@ $(BUILD)/tests/test_cpu $(BUILD)/tests/test_schedule: $(BUILD)/tests/%: tests/un
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS_ALL) $(DEPFLAGS) $(LLVM_CFLAGS) -Itests/unit $< $(BUILD)/libmbtc.a $(LLVM_LIBS) -lm -o $@ $(LDFLAGS_ALL)
 
-unit: $(UNIT_BINS) $(BUILD)/tests/st_compare $(BUILD)/tests/comm_check
+unit: $(UNIT_BINS) $(BUILD)/tests/st_compare $(BUILD)/tests/comm_check $(BUILD)/tests/sv_tokenize
 
 deps-test:
 	@tools/deps.sh test
@@ -394,6 +407,22 @@ bench: all
 BENCH_GPU_ARGS ?=
 bench-gpu: all
 	@/usr/bin/python3 bench/gpu.py --build $(BUILD) --seq 1024 --batch max $(BENCH_GPU_ARGS)
+
+# Serving (docs/serve.md, "Benchmark"): bench/serve.py's table for three arms - no chunking, a
+# budget of 512 tokens, a budget of 2048 - on the serve layer's small GPT (tests/serve/gpt.mbt),
+# 200 requests at BENCH_SERVE_RATE requests/s (Poisson). GPT-2 124M is not run on the CPU: the
+# recompute engine makes every token a full forward over its context (docs/serve.md, "Not done").
+BENCH_SERVE_RATE ?= 50
+BENCH_SERVE_DIR = $(BUILD)/tmp/bench-serve
+bench-serve: all
+	@mkdir -p $(BENCH_SERVE_DIR)
+	@$(BUILD)/mbt-gendata --out-dir $(BENCH_SERVE_DIR)/d --name t --vocab 320 --tokens 100000 --val-tokens 0 >/dev/null
+	@$(BUILD)/mbtc tests/serve/gpt.mbt -o $(BENCH_SERVE_DIR)/gpt
+	@$(BENCH_SERVE_DIR)/gpt train --data $(BENCH_SERVE_DIR)/d/t_train.bin --steps 200 \
+		--save-weights $(BENCH_SERVE_DIR)/gpt.safetensors >/dev/null
+	@/usr/bin/python3 bench/serve.py --prog $(BENCH_SERVE_DIR)/gpt --weights $(BENCH_SERVE_DIR)/gpt.safetensors \
+		--vocab 320 --num-prompts 200 --request-rate $(BENCH_SERVE_RATE) --input-len uniform:4:24 --output-len uniform:4:8 \
+		--arms "no-chunking:--batch-tokens 4096 --prefill-chunk 4096;budget-512:--batch-tokens 512 --prefill-chunk 512;budget-2048:--batch-tokens 2048 --prefill-chunk 512"
 
 # ---- install and carry (docs/install.md) -------------------------------------------------------
 # make install PREFIX=P: P/bin/mbtc and mbt-gendata, P/lib/mbt/libmbtrt.a with the static archives

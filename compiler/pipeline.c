@@ -288,8 +288,9 @@ static int need_schedules(Pipeline *p) {
 static int run_cuda(Pipeline *p) {
     if (need_schedules(p)) return 1;
     CudaSchedule cs[3];
-    for (int i = 0; i < p->hs.n; i++) cs[i] = (CudaSchedule){p->hs.r[i], p->hs.g[i], p->hs.disjoint[i]};
-    p->cuda = cuda_program_build(cs, p->hs.n, p->ar);
+    int n = p->hs.n < 3 ? p->hs.n : 3; /* the chunk phase (KV cache) runs on the CPU alone (docs/serve.md) */
+    for (int i = 0; i < n; i++) cs[i] = (CudaSchedule){p->hs.r[i], p->hs.g[i], p->hs.disjoint[i]};
+    p->cuda = cuda_program_build(cs, n, p->ar);
     return 0;
 }
 
@@ -364,16 +365,20 @@ static int print_program(Pipeline *p, FILE *out) {
     return 0;
 }
 
-/* A serve block is checked but not compiled: say so where -o would otherwise drop it silently. */
+/* The executable serves the train block's model: the first serve block of that model lends it
+ * its settings (TrainBuild.serve); any other serve block is checked but not compiled, and -o says
+ * so rather than drop it silently. */
 static void warn_serve_blocks(Pipeline *p) {
     const Node *prog = p->main_mod ? p->main_mod->ast : NULL;
+    const char *used = p->tb && p->tb->serve ? p->tb->serve->name : NULL;
     for (int i = 0; prog && i < prog->list.n; i++) {
         const Node *d = prog->list.v[i];
-        if (d && d->kind == N_SERVE)
-            diag_warning(d->span,
-                         "serve block '%.*s' is not compiled into the executable: serving is not implemented yet, "
-                         "so its batch, kv, sampling and port settings are not carried out",
-                         STR_ARG(d->name));
+        if (!d || d->kind != N_SERVE) continue;
+        if (used && str_eqc(d->name, used)) continue;
+        diag_warning(d->span,
+                     "serve block '%.*s' is not compiled into the executable: `PROG serve` serves the train block's model "
+                     "with the first serve block of that model, and this one is %s",
+                     STR_ARG(d->name), used ? "not the first" : "of another model");
     }
 }
 
@@ -394,8 +399,23 @@ static int output_is_module(Pipeline *p) {
     return 0;
 }
 
+/* A serve block's kv settings are carried out by the chunk phase (plan/kv.c): a model that cannot
+ * run over new tokens alone (or an unsupported kv.dtype) cannot have them, which is an error at the
+ * reason's place, with a note at the serve block. */
+static int refuse_serve_without_cache(Pipeline *p) {
+    const ServeConfig *sv = p->tb ? p->tb->serve : NULL;
+    const PlanSchedules *s = &p->plan->sched;
+    if (!sv || !s->why_no_chunk) return 0;
+    Span at = s->no_chunk_at.file ? s->no_chunk_at : sv->at;
+    diag_error(at, "serve block '%s' needs the KV cache, which this model cannot use: %s", sv->name, s->why_no_chunk);
+    if (s->no_chunk_at.file) diag_note(sv->at, "the serve block is here");
+    diag_hint("only attention may mix positions (docs/serve.md, \"The KV cache in the generated code\"); without the serve "
+              "block, generate recomputes the context for every token");
+    return 1;
+}
+
 static int run_object(Pipeline *p) {
-    if (output_is_module(p) || host_refuses(p->tb) || need_schedules(p)) return 1;
+    if (output_is_module(p) || host_refuses(p->tb) || need_schedules(p) || refuse_serve_without_cache(p)) return 1;
     warn_serve_blocks(p);
     HostCuda hc = {p->o.archs, p->o.narch};
     return host_compile(p->tb, p->plan, &p->hs, p->o.input, p->o.output, NULL, &hc, p->ar);

@@ -38,13 +38,15 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    9 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    10 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
                           * 8: RtTrainSettings.zero, RtStep.lo and hi (ZeRO's ranged optimizer_update);
                           * 9: global_mean (RtStep.stats, stats_out; RtProgram.stat_floats,
-                          * forward_stats; RtGpuProgram.forward_stats) */
+                          * forward_stats; RtGpuProgram.forward_stats);
+                          * 10: RtGenerateSettings carries the serve block (top_p, batch, kv, port, tokenizer, chat);
+                          *    the KV cache (RtStep.kv and kv_pool, RtProgram.forward_chunk and kv, the chunk phase) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -198,7 +200,7 @@ typedef struct RtTrainSettings {
     RT_TRAIN_FIELDS(RT_DECLARE_FIELD)
 } RtTrainSettings;
 
-/* Defaults of `./prog generate` (from the serve block's sampling settings when there is one). */
+/* Defaults of `./prog generate` and `./prog serve` (from the serve block when there is one). */
 typedef struct RtGenerateSettings {
     RT_GEN_FIELDS(RT_DECLARE_FIELD)
 } RtGenerateSettings;
@@ -236,7 +238,7 @@ typedef struct RtGpuProgram {
 
 /* The phases of a step, each one generated function; no two run at once, so they share the arena
  * (compiler/plan/plan.h: PlanPhase, in the same order). */
-enum { RT_PHASE_STEP, RT_PHASE_UPDATE, RT_PHASE_LOGITS, RT_NPHASES };
+enum { RT_PHASE_STEP, RT_PHASE_UPDATE, RT_PHASE_LOGITS, RT_PHASE_CHUNK, RT_NPHASES };
 typedef int64_t RtPhases[RT_NPHASES]; /* one number a phase */
 
 /* The compiler's memory plan in numbers, which `./prog info` prints back in the words of
@@ -245,6 +247,11 @@ typedef int64_t RtPhases[RT_NPHASES]; /* one number a phase */
 typedef struct RtPlanInfo {
     RT_PLAN_INFO_FIELDS(RT_DECLARE_FIELD)
 } RtPlanInfo;
+
+/* forward_chunk's geometry (rt_program_fields.h says what each field is). */
+typedef struct RtKvInfo {
+    RT_KV_INFO_FIELDS(RT_DECLARE_FIELD)
+} RtKvInfo;
 
 /* A compiled program: the descriptor plus its functions. The generated object exports one as
  * `const RtProgram mbt_program`; runtime/main.c passes it to rt_main. All pointers are to

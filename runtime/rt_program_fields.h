@@ -1,8 +1,8 @@
 /* rt_program_fields.h - the field lists of the program ABI's structs (rt_program.h), one X-macro
  * per struct, in declaration order. Each entry is X(C type, name, machine type); the machine type
  * is how the compiler's host code lays the field out in LLVM: ptr, i32, i64, f64, dims (an int64
- * array of RT_ST_MAX_RANK), phases (an int64 array of RT_NPHASES), or train / generate / plan (the
- * nested structs).
+ * array of RT_ST_MAX_RANK), phases (an int64 array of RT_NPHASES), or train / generate / plan /
+ * kvinfo (the nested structs).
  *
  * Three readers share each list, so they cannot drift apart: rt_program.h declares the structs
  * from it; compiler/host/host_abi.c takes offsetof and sizeof of every field from it; the host code
@@ -61,12 +61,25 @@
       i32)                /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */                 \
     X(int64_t, zero, i64) /* parallel { zero }: 0; 1 optimizer state sharded over the data ranks, 2 also the reduced gradient */
 
-/* RtGenerateSettings: the defaults of `./prog generate`. */
+/* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
+ * of the train block's model when the program has one (name non-NULL), else the built-in defaults
+ * (docs/serve.md). */
 #define RT_GEN_FIELDS(X)                                                                                                         \
     X(const char *, weights, ptr) /* default --weights; NULL: none (the flag is then required) */                                \
     X(double, temperature, f64)   /* 0: greedy */                                                                                \
     X(int64_t, top_k, i64)        /* 0: all tokens */                                                                            \
-    X(int64_t, max_tokens, i64)
+    X(int64_t, max_tokens, i64)                                                                                                  \
+    X(double, top_p, f64)           /* nucleus sampling's mass; 1: all tokens */                                                 \
+    X(const char *, name, ptr)      /* the serve block's name; NULL: the program has none */                                     \
+    X(int64_t, batch_tokens, i64)   /* batch.tokens: new tokens an iteration (decodes + prefill chunks) */                       \
+    X(int64_t, prefill_chunk, i64)  /* batch.prefill_chunk */                                                                    \
+    X(int64_t, batch_seqs, i64)     /* batch.seqs: sequences an iteration */                                                     \
+    X(int64_t, kv_block, i64)       /* kv.block: tokens a KV block */                                                            \
+    X(double, kv_memory, f64)       /* kv.memory: the fraction of the memory budget the KV pool takes */                         \
+    X(const char *, kv_dtype, ptr)  /* kv.dtype: "f32", "bf16", "f16" or "fp8" */                                                \
+    X(int64_t, port, i64)           /* the HTTP port */                                                                          \
+    X(const char *, tokenizer, ptr) /* tokenizer.json or vocab.json path; NULL: prompts are token ids */                         \
+    X(const char *, chat, ptr)      /* chat template ("chatml", "llama3"); NULL: no /v1/chat/completions */
 
 /* RtStep: everything one call of a generated function reads and writes. Fields not listed for a
  * function are unspecified during that call. With `gpu` set (RtGpuProgram's functions) every
@@ -96,7 +109,26 @@
     X(int64_t, lo, i64)          /* optimizer_update: the elements [lo, hi) of the parameter region it updates (ZeRO's shard; */ \
     X(int64_t, hi, i64)          /* hi = 0: all); the state region then holds each variable's [lo, hi) in turn */                \
     X(const float *, stats, ptr) /* forward_backward, forward_loss: global_mean's statistics, stat_floats (read) */              \
-    X(float *, stats_out, ptr)   /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */
+    X(float *, stats_out, ptr)   /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */            \
+    X(int32_t *, kv, ptr)        /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                           \
+    X(void *, kv_pool, ptr)      /* forward_chunk: the KV pool, which it reads and writes */
+
+/* RtKvInfo: forward_chunk's geometry (compiler/plan/kv.h). A call reads x[0, rows) (the new
+ * tokens, padding rows 0) and the metadata at kv (rows x (4 + max_blocks) i32: each row's position,
+ * sequence (-1: padding), its sequence's first position in this call, its slot, then rows block
+ * tables of max_blocks), writes each row's key and value into the pool at kv_pool (slot s of
+ * `bytes_per_token` bytes at s x bytes_per_token; slot = block id x block + position % block)
+ * and the logits of every row into logits[rows x vocab]. rows 0: no forward_chunk. */
+#define RT_KV_INFO_FIELDS(X)                                                                                                     \
+    X(int64_t, rows, i64)            /* new tokens a call */                                                                     \
+    X(int64_t, block, i64)           /* tokens a block */                                                                        \
+    X(int64_t, max_blocks, i64)      /* block table entries a sequence: ceil(logits_seq / block) */                              \
+    X(int64_t, layers, i64)          /* attention layers */                                                                      \
+    X(int64_t, heads, i64)           /* key/value heads a layer */                                                               \
+    X(int64_t, head_dim, i64)        /* their width */                                                                           \
+    X(int64_t, dtype_bytes, i64)     /* 4: f32, 2: bf16 or f16 */                                                                \
+    X(int64_t, bytes_per_token, i64) /* layers x 2 x heads x head_dim x dtype_bytes */                                           \
+    X(int64_t, meta_bytes, i64)      /* the metadata's bytes at kv */
 
 /* RtGpuImage: one image of the program's CUDA module, embedded by mbtc (--cuda-arch). */
 #define RT_GPU_IMAGE_FIELDS(X)                                                                                                   \
@@ -153,7 +185,9 @@
     X(const RtGpuProgram *, gpu, ptr) /* the CUDA side, or NULL (built without CUDA) */                                          \
     X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */                                              \
     X(int64_t, stat_floats, i64)      /* global_mean's statistics in f32 elements; 0: none (forward_stats NULL) */               \
-    X(RtStepFn, forward_stats, ptr)   /* one micro-batch's statistics into stats_out (the step's statistics pass) */
+    X(RtStepFn, forward_stats, ptr)   /* one micro-batch's statistics into stats_out (the step's statistics pass) */             \
+    X(RtStepFn, forward_chunk, ptr)   /* new tokens with the paged KV cache (RtKvInfo); NULL: cannot */                          \
+    X(RtKvInfo, kv, kvinfo)           /* its geometry */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \

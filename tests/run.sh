@@ -34,6 +34,7 @@ ckpt            layer_script        -           quick
 comm            layer_script        -           quick
 install         layer_script        -           quick
 info            layer_script        script      quick
+serve           layer_script        -           quick
 gpu-selftest    layer_gpu_selftest  -           quick
 gpu-emu         layer_gpu_emu       nvrtc       quick
 torch           run_cases           torch       quick

@@ -373,7 +373,12 @@ static int cg_compute(CG *g, const FNode *n, KIdx *ix) {
         int last = n->rank - 1;
         int64_t hd = n->shape[last], half = hd / 2;
         int pos = n->rank >= 2 ? ix_dim(g, ix, n->rank - 2) : cg_i(g, 0);
-        if (n->ia[1]) { /* the position in its document: pos [B, T] at (batch, row) */
+        if (n->ia[1] && cg_n(g, n->in[1])->rank == 1) { /* the row's position, given (plan/kv.c) */
+            const FNode *pn = cg_n(g, n->in[1]);
+            int d0[GRAPH_MAX_RANK] = {pos};
+            KIdx pix0 = ix_of(1, pn->shape, d0);
+            pos = cg_value(g, n->in[1], &pix0);
+        } else if (n->ia[1]) { /* the position in its document: pos [B, T] at (batch, row) */
             const FNode *pn = cg_n(g, n->in[1]);
             int pd[GRAPH_MAX_RANK] = {ix_dim(g, ix, 0), pos};
             KIdx pix = ix_of(pn->rank, pn->shape, pd);
@@ -634,6 +639,7 @@ Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why) {
         case F_ATTN_BWD_Q: cg_attention_bwd_q(&g, main); break;
         case F_ATTN_BWD_K:
         case F_ATTN_BWD_V: cg_attention_bwd_kv(&g, main); break;
+        case F_KV_ATTN: cg_kv_attention(&g, main); break;
         case F_TOPK: cg_topk(&g, main); break;
         case F_SCATTER_ADD: cg_scatter_add(&g, main); break;
         case F_SEG_NORM: cg_seg_norm(&g, main); break;

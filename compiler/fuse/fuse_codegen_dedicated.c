@@ -6,6 +6,7 @@
  * (kir.h) -> back ends. fuse_codegen.c picks the op (fuse_gen_kernel) and provides indices and
  * values (fuse_cg.h). */
 #include "fuse_cg.h"
+#include "fuse_kv.h"
 
 #include <math.h>
 #include <string.h>
@@ -646,4 +647,49 @@ void cg_seg_norm(CG *g, const FNode *n) {
         }
         kb_endif(g->b);
     }
+}
+
+/* ---- attention over the paged KV cache (fuse_kv.h) ----------------------------------------------- */
+
+/* G_KV_ATTENTION: q, k and v as strided views of the buffers they are read from (as Kernel.attn
+ * resolves them), the result in its own buffer, the "kv" input as the i32 metadata, and the pool as
+ * a parameter of its own (kv_dt, written) on the kv input's buffer: the host binds a parameter of
+ * that buffer that is not i32 to RtStep.kv_pool instead (host.c, emit_launches). */
+void cg_kv_attention(CG *g, const FNode *n) {
+    const FNode *q = cg_n(g, n->in[0]), *k = cg_n(g, n->in[1]);
+    KvAttnShape s = {.N = q->shape[2],
+                     .H = q->shape[1],
+                     .Hk = k->shape[1],
+                     .D = q->shape[3],
+                     .block = n->ia[2],
+                     .max_blocks = n->ia[3],
+                     .layer = n->ia[0],
+                     .L = n->ia[1],
+                     .dt = n->dt,
+                     .kv_dt = (DType)n->fa[1],
+                     .scale = n->fa[0]};
+    KView *views[3] = {&s.q, &s.k, &s.v};
+    for (int i = 0; i < 3; i++)
+        if (!cg_kview_of(g, n->in[i], views[i])) {
+            cg_fail(g, "kv attention: an operand is not a strided view of a buffer");
+            return;
+        }
+    if (!g->c->mat[n->id]) {
+        cg_fail(g, "kv attention: the result has no buffer of its own");
+        return;
+    }
+    CGLayout L;
+    lay_rowmajor(&L, n->rank, n->shape);
+    if (!cg_kview(&L, cg_buf(g, n->id, 1), &s.out)) INTERNAL("kv attention: a row-major result is not a view");
+    int meta = cg_buf(g, n->in[3], 0);
+    const KBuf *mb = &g->k->bufs[meta];
+    int64_t one = 1;
+    int pool = kb_buf(g->b, n->in[3] + g->c->n, mb->buffer, mb->node, s.kv_dt, 1, &one, 1);
+    s.pool_off = 0;
+    const char *why = kv_shape_problem(&s);
+    if (why) {
+        cg_fail(g, why);
+        return;
+    }
+    kv_emit_attn(g->b, g->k, &s, meta, pool);
 }

@@ -46,6 +46,7 @@ typedef enum FOp {
     F_ATTN_BWD_Q, /* dout, q, k, v, stats                                                      */
     F_ATTN_BWD_K,
     F_ATTN_BWD_V,
+    F_KV_ATTN,     /* q, k, v, the "kv" input; ia[0..3], fa[0..1] as G_KV_ATTENTION (fuse_kv.h)   */
     F_TOPK,        /* ia[0] = k, ia[1] = axis, ia[2] = 1 for the indices                        */
     F_SCATTER_ADD, /* in0 = rows, in1 = i32 indices; zeros of the shape, rows added            */
     F_SEG_NORM,    /* in0 f32[n] of an update graph: each element the L2 norm of its parameter's

@@ -53,6 +53,7 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_ATTN_BWD_Q] = "attention_bwd_q",
     [F_ATTN_BWD_K] = "attention_bwd_k",
     [F_ATTN_BWD_V] = "attention_bwd_v",
+    [F_KV_ATTN] = "kv_attention",
     [F_TOPK] = "topk",
     [F_SCATTER_ADD] = "scatter_add",
     [F_SEG_NORM] = "seg_norm",
@@ -756,7 +757,8 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
     case G_ROPE:
     case G_ROPE_BWD: {
         FNode p = fl_proto(F_ROPE, dt, n->rank, n->shape);
-        p.nin = n->nin; /* x, and pos [B, T] when positions restart per document (ia[1]) */
+        p.nin = n->nin; /* x, and the positions: pos [B, T] when positions restart per document, or
+                         * [rows] in the forward over new tokens (plan/kv.c) */
         p.in[0] = x;
         p.in[1] = n->nin > 1 ? y : -1;
         p.fa[0] = n->fattr[0];
@@ -765,6 +767,14 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
         return fl_add(L, &p);
     }
     case G_ATTENTION: return fl_op(L, F_ATTN, dt, n->rank, n->shape, n->nin, in); /* pos last (ia[1]) */
+    case G_KV_ATTENTION: {
+        FNode p = fl_proto(F_KV_ATTN, dt, n->rank, n->shape);
+        p.nin = 4;
+        for (int i = 0; i < 4; i++) p.in[i] = in[i], p.ia[i] = n->iattr[i];
+        p.fa[0] = n->fattr[0];
+        p.fa[1] = n->fattr[1];
+        return fl_add(L, &p);
+    }
     case G_ATTENTION_BWD_Q:
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V: {

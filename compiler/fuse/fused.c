@@ -77,6 +77,10 @@ static void fd_attrs(FILE *l, Arena *ar, const FNode *n) {
     case F_ATTN_BWD_V:
         fprintf(l, " causal=%s scale=%s%s", ia[0] ? "true" : "false", value_float_str(ar, n->fa[0]), ia[1] ? " docs" : "");
         break;
+    case F_KV_ATTN:
+        fprintf(l, " layer=%" PRId64 "/%" PRId64 " block=%" PRId64 " max_blocks=%" PRId64 " kv=%s scale=%s", ia[0], ia[1], ia[2],
+                ia[3], dtype_name((DType)n->fa[1]), value_float_str(ar, n->fa[0]));
+        break;
     case F_TOPK: fprintf(l, " k=%" PRId64 " axis=%" PRId64 "%s", ia[0], ia[1], ia[2] ? " indices" : ""); break;
     default: break;
     }
@@ -184,12 +188,13 @@ static void fd_same_type(FusedVerify *v, const FNode *x, int shape_too) {
 /* How many inputs op takes: [*lo, *hi]. */
 static void fd_arity(FOp op, int *lo, int *hi) {
     static const signed char a[F_OP_COUNT][2] = {
-        [F_LEAF] = {0, 0},       [F_CONST] = {0, 0},      [F_IOTA] = {0, 0},        [F_RESHAPE] = {1, 1},
-        [F_PERMUTE] = {1, 1},    [F_EXPAND] = {1, 1},     [F_SLICE] = {1, 1},       [F_CONCAT] = {1, FUSE_MAX_IN},
-        [F_GATHER] = {2, 2},     [F_TAKE] = {2, 2},       [F_MAP] = {1, 3},         [F_DROPOUT] = {2, 2},
-        [F_ROPE] = {1, 2},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},        [F_GEMM_BGRAD] = {1, 1},
-        [F_ATTN] = {3, 4},       [F_ATTN_STATS] = {4, 5}, [F_ATTN_BWD_Q] = {5, 6},  [F_ATTN_BWD_K] = {5, 6},
-        [F_ATTN_BWD_V] = {5, 6}, [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},
+        [F_LEAF] = {0, 0},       [F_CONST] = {0, 0},      [F_IOTA] = {0, 0},       [F_RESHAPE] = {1, 1},
+        [F_PERMUTE] = {1, 1},    [F_EXPAND] = {1, 1},     [F_SLICE] = {1, 1},      [F_CONCAT] = {1, FUSE_MAX_IN},
+        [F_GATHER] = {2, 2},     [F_TAKE] = {2, 2},       [F_MAP] = {1, 3},        [F_DROPOUT] = {2, 2},
+        [F_ROPE] = {1, 2},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
+        [F_ATTN] = {3, 4},       [F_ATTN_STATS] = {4, 5}, [F_ATTN_BWD_Q] = {5, 6}, [F_ATTN_BWD_K] = {5, 6},
+        [F_ATTN_BWD_V] = {5, 6}, [F_KV_ATTN] = {4, 4},    [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2},
+        [F_SEG_NORM] = {1, 1},
     };
     *lo = a[op][0];
     *hi = a[op][1];

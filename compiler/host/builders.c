@@ -36,6 +36,7 @@ static LLVMTypeRef host_struct(Host *h, HostAbiStruct which, const char *name, L
 #define HOST_KIND_generate(h) (h)->gen_t
 #define HOST_KIND_phases(h) LLVMArrayType2((h)->i64, (uint64_t)host_abi_phases())
 #define HOST_KIND_plan(h) (h)->plan_t
+#define HOST_KIND_kvinfo(h) (h)->kv_t
 #define HOST_FIELD_TYPE(ctype, f, kind) HOST_KIND_##kind(h),
 /* h->member = the named struct `name` of the fields in LIST, checked against the C layout */
 #define HOST_STRUCT(member, which, name, LIST, n)                                                                                \
@@ -55,6 +56,7 @@ void host_types(Host *h) {
     HOST_STRUCT(ramp_t, HA_RAMP, "RtRampStage", RT_RAMP_FIELDS, RT_RAMP_NFIELDS);
     HOST_STRUCT(gen_t, HA_GENERATE, "RtGenerateSettings", RT_GEN_FIELDS, RT_GEN_NFIELDS);
     HOST_STRUCT(plan_t, HA_PLAN_INFO, "RtPlanInfo", RT_PLAN_INFO_FIELDS, RT_PLAN_INFO_NFIELDS);
+    HOST_STRUCT(kv_t, HA_KV_INFO, "RtKvInfo", RT_KV_INFO_FIELDS, RT_KV_INFO_NFIELDS);
     HOST_STRUCT(prog_t, HA_PROGRAM, "RtProgram", RT_PROG_FIELDS, RT_PROG_NFIELDS);
     LLVMTypeRef rargs[] = {P, I, I, W};
     h->range_fn_t = LLVMFunctionType(h->vd, rargs, 4, 0);

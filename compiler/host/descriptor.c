@@ -152,16 +152,31 @@ static LLVMValueRef emit_plan_info(Host *h) {
 }
 
 void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef fst,
-                     LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
-                     LLVMValueRef gpu) {
+                     LLVMValueRef fchunk, LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash,
+                     const GraphUpdate *u, LLVMValueRef gpu) {
     const Plan *p = h->plan;
     LLVMValueRef fn0 = begin_fn(h, "mbt.strings", h->vd); /* a builder position for global strings */
     LLVMValueRef table = emit_param_table(h), train = train_settings(h);
     LLVMValueRef ge[RT_GEN_NFIELDS] = {0};
-    ge[RT_GEN_weights] = LLVMConstPointerNull(h->ptr);
-    ge[RT_GEN_temperature] = LLVMConstReal(h->f64, 1.0);
-    ge[RT_GEN_top_k] = ci64(h, 0);
-    ge[RT_GEN_max_tokens] = ci64(h, 64);
+    /* The serve block of the train block's model (TrainBuild.serve), else sema's defaults for a
+     * serve block (settings.c) with 64 tokens for generate. */
+    static const char *const kv_dtypes[] = {"f32", "bf16", "f16", "fp8"};
+    const ServeConfig *sv = h->serve;
+    ge[RT_GEN_weights] = sv && sv->weights ? str_const(h, sv->weights) : LLVMConstPointerNull(h->ptr);
+    ge[RT_GEN_temperature] = LLVMConstReal(h->f64, sv ? sv->temperature : 1.0);
+    ge[RT_GEN_top_k] = ci64(h, sv ? sv->top_k : 0);
+    ge[RT_GEN_max_tokens] = ci64(h, sv ? sv->max_tokens : 64);
+    ge[RT_GEN_top_p] = LLVMConstReal(h->f64, sv ? sv->top_p : 1.0);
+    ge[RT_GEN_name] = sv ? str_const(h, sv->name) : LLVMConstPointerNull(h->ptr);
+    ge[RT_GEN_batch_tokens] = ci64(h, sv ? sv->tokens : 2048);
+    ge[RT_GEN_prefill_chunk] = ci64(h, sv ? sv->prefill_chunk : 512);
+    ge[RT_GEN_batch_seqs] = ci64(h, sv ? sv->seqs : 128);
+    ge[RT_GEN_kv_block] = ci64(h, sv ? sv->kv_block : 16);
+    ge[RT_GEN_kv_memory] = LLVMConstReal(h->f64, sv ? sv->kv_memory : 0.9);
+    ge[RT_GEN_kv_dtype] = str_const(h, kv_dtypes[sv ? (int)sv->kv_dtype : (int)KV_BF16]);
+    ge[RT_GEN_port] = ci64(h, sv ? sv->port : 8000);
+    ge[RT_GEN_tokenizer] = sv && sv->tokenizer ? str_const(h, sv->tokenizer) : LLVMConstPointerNull(h->ptr);
+    ge[RT_GEN_chat] = sv && sv->chat ? str_const(h, sv->chat) : LLVMConstPointerNull(h->ptr);
     LLVMValueRef null = LLVMConstPointerNull(h->ptr);
     LLVMValueRef *names = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(u->nstate + 1));
     for (int j = 0; j < u->nstate; j++) names[j] = str_const(h, u->state_name[j]);
@@ -190,6 +205,20 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     f[RT_PROG_plan] = emit_plan_info(h);
     f[RT_PROG_stat_floats] = ci64(h, p->mem.stat_bytes / 4);
     f[RT_PROG_forward_stats] = fst ? fst : null;
+    f[RT_PROG_forward_chunk] = fchunk ? fchunk : null;
+    const PlanSchedules *s = &p->sched;
+    LLVMValueRef kv[RT_KV_INFO_NFIELDS] = {0};
+    int have = fchunk != NULL;
+    kv[RT_KV_INFO_rows] = ci64(h, have ? s->kv.rows : 0);
+    kv[RT_KV_INFO_block] = ci64(h, have ? s->kv.block : 0);
+    kv[RT_KV_INFO_max_blocks] = ci64(h, have ? s->kv.max_blocks : 0);
+    kv[RT_KV_INFO_layers] = ci64(h, have ? s->chunk.layers : 0);
+    kv[RT_KV_INFO_heads] = ci64(h, have ? s->chunk.heads_kv : 0);
+    kv[RT_KV_INFO_head_dim] = ci64(h, have ? s->chunk.head_dim : 0);
+    kv[RT_KV_INFO_dtype_bytes] = ci64(h, have ? dtype_size(s->kv.kv_dt) : 0);
+    kv[RT_KV_INFO_bytes_per_token] = ci64(h, have ? s->chunk.bytes_per_token : 0);
+    kv[RT_KV_INFO_meta_bytes] = ci64(h, have ? s->chunk.meta_bytes : 0);
+    f[RT_PROG_kv] = named_struct(h->kv_t, kv, RT_KV_INFO_NFIELDS);
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef desc = LLVMAddGlobal(h->m, h->prog_t, "mbt_program");

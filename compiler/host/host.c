@@ -86,7 +86,11 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
         }
         const Kernel *k = r->kernels[L->kernel];
         LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 1));
-        for (int i = 0; i < k->nbufs; i++) bufs[i] = addr[k->bufs[i].buffer];
+        for (int i = 0; i < k->nbufs; i++) {
+            bufs[i] = addr[k->bufs[i].buffer];
+            /* the KV pool: a parameter of the kv input's buffer that is not its i32 metadata (cg_kv_attention) */
+            if (h->kv_pool && S->mem->slots[k->bufs[i].buffer].home == PH_KV && k->bufs[i].dt != DT_I32) bufs[i] = h->kv_pool;
+        }
         h->target->launch(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"));
     }
 }
@@ -99,7 +103,7 @@ static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr
  * plus its offset (null for a buffer no launch touches). */
 static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
     const PlanPhaseMem *pm = S->mem;
-    LLVMValueRef base[PH_ARENA + 1] = {NULL};
+    LLVMValueRef base[PH_KV + 1] = {NULL};
     base[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
     base[PH_GRADS] = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
     base[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
@@ -107,6 +111,7 @@ static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
     base[PH_X] = step_field(h, s, RT_STEP_x, h->ptr, "x"), base[PH_Y] = step_field(h, s, RT_STEP_y, h->ptr, "y");
     base[PH_POS] = step_field(h, s, RT_STEP_pos, h->ptr, "pos");
     base[PH_STATS] = step_field(h, s, RT_STEP_stats, h->ptr, "stats");
+    if (S->mem == &h->plan->mem.phase[PLAN_CHUNK]) base[PH_KV] = step_field(h, s, RT_STEP_kv, h->ptr, "kv");
     LLVMValueRef *addr = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(S->r->nbuffers + 1));
     for (int i = 0; i < S->r->nbuffers; i++) {
         const PlanSlot *sl = &pm->slots[i];
@@ -307,6 +312,24 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
     }
 }
 
+/* forward_chunk(s): the chunk schedule on s->x (kv.rows new tokens), s->kv (the metadata) and
+ * s->kv_pool (which its attention kernels read and write), then the logits of every row into
+ * s->logits. */
+LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab) {
+    FuseResult *r = S->r;
+    HostFn f = host_fn_begin(h, "forward_chunk");
+    LLVMValueRef s = f.s;
+    LLVMValueRef *addr = sched_addrs(h, S, s);
+    int lb = r->node_buffer[node];
+    if (lb < 0) INTERNAL("host: the chunk's logits %%%d have no buffer", node);
+    h->kv_pool = step_field(h, s, RT_STEP_kv_pool, h->ptr, "kv_pool");
+    emit_launches(h, &f, S, addr, r->nlaunches - 1);
+    h->kv_pool = NULL;
+    h->target->copy(h, &f, step_field(h, s, RT_STEP_logits, h->ptr, "logits"), addr[lb], rows * vocab, 1);
+    LLVMBuildRet(h->b, ci32(h, 0));
+    return f.fn;
+}
+
 /* optimizer_update: lr and t into the plan's arena slots, the update schedule's launches over the
  * parameter, gradient and state regions, then the plan's moves: the new parameters and state
  * copied into their regions. On the CPU, when the update allows it (update_range_refusal), over
@@ -334,7 +357,7 @@ LLVMValueRef emit_update(Host *h, Sched *S) {
         return f.fn;
     }
     emit_launches(h, &f, S, addr, S->r->nlaunches - 1);
-    LLVMValueRef region[PH_ARENA + 1] = {NULL};
+    LLVMValueRef region[PH_KV + 1] = {NULL};
     region[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
     region[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
     for (int i = 0; i < S->mem->nwrites; i++) {
@@ -486,7 +509,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         diag_error_noloc("%s", err);
         return diag_finish();
     }
-    Host H = {.ar = ar, .plan = plan, .ts = tb->config, .target = &host_target_cpu};
+    Host H = {.ar = ar, .plan = plan, .ts = tb->config, .serve = tb->serve, .target = &host_target_cpu};
     Host *h = &H;
     h->ctx = LLVMContextCreate();
     h->m = cpu_module_new(h->ctx, &target, input);
@@ -498,6 +521,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     Sched step = {.prefix = "step_", .r = hs.r[PLAN_STEP], .mem = &pm[PLAN_STEP]};
     Sched upd = {.prefix = "update_", .r = hs.r[PLAN_UPDATE], .mem = &pm[PLAN_UPDATE]};
     Sched lsch = {.prefix = "logits_", .r = hs.n > 2 ? hs.r[PLAN_LOGITS] : NULL, .mem = &pm[PLAN_LOGITS]};
+    Sched csch = {.prefix = "chunk_", .r = hs.n > 3 ? hs.r[PLAN_CHUNK] : NULL, .mem = &pm[PLAN_CHUNK]};
     sched_kernels(h, &step, 1);
     sched_kernels(h, &upd, 0);
     LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0), fst = emit_stats(h, &step);
@@ -515,17 +539,24 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         sched_kernels(h, &lsch, 1);
         flog = emit_logits(h, &lsch, hs.logits_node, plan->sched.vocab);
     }
+    /* the forward over new tokens with the KV cache (NULL when the model cannot use it: kv.c) */
+    LLVMValueRef fchunk = NULL;
+    if (csch.r) {
+        sched_kernels(h, &csch, 1);
+        fchunk = emit_chunk(h, &csch, hs.chunk_node, plan->sched.kv.rows, plan->sched.vocab);
+    }
     /* the hash covers the CPU functions alone: the GPU ones compute the same step, and a checkpoint
      * resumes on either device */
     const char *hash = diag_error_count() ? NULL : program_hash(h);
     Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
-    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, fst, oi, ou, lrs, hash, tb->update->update, gpu);
+    if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, fst, fchunk, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc;
     if (!diag_error_count() && !output) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
-        const Graph *graphs[3] = {tb->step, tb->update, hs.n > 2 ? hs.g[2] : NULL};
-        print_program(h, emit, (const Sched *const *)scheds, graphs, 3);
+        const Graph *graphs[4] = {tb->step, tb->update, hs.n > 2 ? hs.g[2] : NULL, hs.n > 3 ? hs.g[3] : NULL};
+        const Sched *all[4] = {scheds[0], scheds[1], scheds[2], csch.r ? &csch : NULL};
+        print_program(h, emit, all, graphs, 4);
     } else if (!diag_error_count()) {
         if (cpu_verify(h->m, ar, &err)) INTERNAL("the program's LLVM module fails LLVMVerifyModule: %s", err);
         host_link(h->m, &target, output, ar);

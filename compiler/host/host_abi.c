@@ -23,6 +23,7 @@ _Static_assert(PLAN_ALIGN == RT_ALIGN, "compiler/plan/plan.h and runtime/rt_prog
 #define RtGpuKernel_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuKernel, f),
 #define RtGpuProgram_OFFSET(ctype, f, kind) (int64_t)offsetof(RtGpuProgram, f),
 #define RtPlanInfo_OFFSET(ctype, f, kind) (int64_t)offsetof(RtPlanInfo, f),
+#define RtKvInfo_OFFSET(ctype, f, kind) (int64_t)offsetof(RtKvInfo, f),
 
 static const int64_t step_off[] = {OFFSETS(RtStep, RT_STEP_FIELDS)};
 static const int64_t param_off[] = {OFFSETS(RtParam, RT_PARAM_FIELDS)};
@@ -34,6 +35,7 @@ static const int64_t gpu_image_off[] = {OFFSETS(RtGpuImage, RT_GPU_IMAGE_FIELDS)
 static const int64_t gpu_kernel_off[] = {OFFSETS(RtGpuKernel, RT_GPU_KERNEL_FIELDS)};
 static const int64_t gpu_prog_off[] = {OFFSETS(RtGpuProgram, RT_GPU_PROG_FIELDS)};
 static const int64_t plan_info_off[] = {OFFSETS(RtPlanInfo, RT_PLAN_INFO_FIELDS)};
+static const int64_t kv_info_off[] = {OFFSETS(RtKvInfo, RT_KV_INFO_FIELDS)};
 
 #define N(a) (int)(sizeof a / sizeof *a)
 
@@ -48,13 +50,15 @@ const int64_t *host_abi_layout(HostAbiStruct s, int *nfields, int64_t *size) {
     case HA_GPU_KERNEL: *nfields = N(gpu_kernel_off), *size = sizeof(RtGpuKernel); return gpu_kernel_off;
     case HA_GPU_PROGRAM: *nfields = N(gpu_prog_off), *size = sizeof(RtGpuProgram); return gpu_prog_off;
     case HA_PLAN_INFO: *nfields = N(plan_info_off), *size = sizeof(RtPlanInfo); return plan_info_off;
+    case HA_KV_INFO: *nfields = N(kv_info_off), *size = sizeof(RtKvInfo); return kv_info_off;
     default: *nfields = N(prog_off), *size = sizeof(RtProgram); return prog_off;
     }
 }
 
 const char *host_abi_name(HostAbiStruct s) {
-    static const char *const names[] = {"RtStep",      "RtParam",    "RtTrainSettings", "RtGenerateSettings", "RtProgram",
-                                        "RtRampStage", "RtGpuImage", "RtGpuKernel",     "RtGpuProgram",       "RtPlanInfo"};
+    static const char *const names[] = {"RtStep",       "RtParam",     "RtTrainSettings", "RtGenerateSettings",
+                                        "RtProgram",    "RtRampStage", "RtGpuImage",      "RtGpuKernel",
+                                        "RtGpuProgram", "RtPlanInfo",  "RtKvInfo"};
     return s < HA_COUNT ? names[s] : "?";
 }
 

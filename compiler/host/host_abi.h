@@ -20,6 +20,7 @@ typedef enum HostAbiStruct {
     HA_GPU_KERNEL,
     HA_GPU_PROGRAM,
     HA_PLAN_INFO,
+    HA_KV_INFO,
     HA_COUNT
 } HostAbiStruct;
 

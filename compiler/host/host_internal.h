@@ -35,6 +35,7 @@
 #define HOST_GPU_KERNEL_INDEX(ctype, f, kind) RT_GPU_KERNEL_##f,
 #define HOST_GPU_PROG_INDEX(ctype, f, kind) RT_GPU_PROG_##f,
 #define HOST_PLAN_INFO_INDEX(ctype, f, kind) RT_PLAN_INFO_##f,
+#define HOST_KV_INFO_INDEX(ctype, f, kind) RT_KV_INFO_##f,
 enum { RT_STEP_FIELDS(HOST_STEP_INDEX) RT_STEP_NFIELDS };
 enum { RT_PARAM_FIELDS(HOST_PARAM_INDEX) RT_PARAM_NFIELDS };
 enum { RT_TRAIN_FIELDS(HOST_TRAIN_INDEX) RT_TRAIN_NFIELDS };
@@ -45,6 +46,7 @@ enum { RT_GPU_IMAGE_FIELDS(HOST_GPU_IMAGE_INDEX) RT_GPU_IMAGE_NFIELDS };
 enum { RT_GPU_KERNEL_FIELDS(HOST_GPU_KERNEL_INDEX) RT_GPU_KERNEL_NFIELDS };
 enum { RT_GPU_PROG_FIELDS(HOST_GPU_PROG_INDEX) RT_GPU_PROG_NFIELDS };
 enum { RT_PLAN_INFO_FIELDS(HOST_PLAN_INFO_INDEX) RT_PLAN_INFO_NFIELDS };
+enum { RT_KV_INFO_FIELDS(HOST_KV_INFO_INDEX) RT_KV_INFO_NFIELDS };
 
 /* ---- the emitter's state ------------------------------------------------------------------------ */
 
@@ -56,11 +58,13 @@ typedef struct Host {
     LLVMModuleRef m;
     LLVMBuilderRef b;
     LLVMTypeRef i8, i32, i64, f32, f64, ptr, vd;
-    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t, plan_t;
+    LLVMTypeRef step_t, param_t, train_t, gen_t, prog_t, ramp_t, plan_t, kv_t;
     LLVMTypeRef range_fn_t, pfor_t, gemm_t;
     LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
     const Plan *plan;
+    LLVMValueRef kv_pool; /* while emit_chunk emits its launches: RtStep.kv_pool (else NULL) */
     const TrainConfig *ts;
+    const ServeConfig *serve; /* the serve block whose settings the descriptor carries (TrainBuild.serve), or NULL */
     /* the target the emitters write for: the CPU, or the GPU while host_cuda emits the GPU
      * functions (launches and copies through the runtime's rt_gpu_* calls, every region address a
      * device address) */
@@ -140,6 +144,7 @@ LLVMValueRef table_global(Host *h, LLVMTypeRef t, LLVMValueRef *rows, int64_t n,
 LLVMValueRef emit_forward(Host *h, Sched *S, int grad);
 LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab);
 LLVMValueRef emit_stats(Host *h, Sched *S); /* forward_stats; NULL without global_mean */
+LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab);
 LLVMValueRef emit_update(Host *h, Sched *S);
 
 /* ---- the other files ------------------------------------------------------------------------------ */
@@ -153,8 +158,8 @@ LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const 
 /* descriptor.c */
 const char *program_hash(Host *h); /* RtProgram.hash of the module as it stands */
 void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef fl, LLVMValueRef flog, LLVMValueRef fst,
-                     LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash, const GraphUpdate *u,
-                     LLVMValueRef gpu);
+                     LLVMValueRef fchunk, LLVMValueRef oinit, LLVMValueRef oupd, LLVMValueRef lrs, const char *hash,
+                     const GraphUpdate *u, LLVMValueRef gpu);
 
 /* link.c: writes m (verified) as `output`.o, links it with libmbtrt into the executable `output`
  * and removes the object; failures are reported through diag. */

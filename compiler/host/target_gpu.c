@@ -175,8 +175,9 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
 LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const HostCuda *cuda, int emit_only) {
     if (!cuda || cuda->narch == 0) return NULL;
     CudaSchedule cs[3];
-    for (int i = 0; i < hs->n; i++) cs[i] = (CudaSchedule){hs->r[i], hs->g[i], hs->disjoint[i]};
-    CudaProgram *cp = cuda_program_build(cs, hs->n, h->ar);
+    int n = hs->n < 3 ? hs->n : 3; /* the chunk phase (KV cache) runs on the CPU alone (docs/serve.md) */
+    for (int i = 0; i < n; i++) cs[i] = (CudaSchedule){hs->r[i], hs->g[i], hs->disjoint[i]};
+    CudaProgram *cp = cuda_program_build(cs, n, h->ar);
     NvrtcResult *res = arena_alloc(h->ar, sizeof *res * (size_t)cuda->narch);
     if (!emit_only) {
         const char *why = NULL;

@@ -100,6 +100,7 @@ static const char *const graph_op_names[G_OP_COUNT] = {
     [G_ATTENTION_BWD_K] = "attention_bwd_k",
     [G_ATTENTION_BWD_V] = "attention_bwd_v",
     [G_CROSS_ENTROPY_BWD] = "cross_entropy_bwd",
+    [G_KV_ATTENTION] = "kv_attention",
 };
 
 const char *graph_op_name(GOp op) { return op >= 0 && op < G_OP_COUNT && graph_op_names[op] ? graph_op_names[op] : "?"; }
@@ -119,7 +120,8 @@ static void graph_arity(GOp op, int *lo, int *hi) {
     else switch (op) {
         case G_ROPE:
         case G_ROPE_BWD:
-            *lo = 1; /* x (or dy), and pos (i32 [B, T]) when positions restart per document */
+            *lo = 1; /* x (or dy), and the positions: pos (i32 [B, T]) when they restart per document,
+                      * or one a row in the forward over new tokens (plan/kv.c) */
             *hi = 2;
             return;
         case G_ATTENTION:
@@ -146,6 +148,7 @@ static void graph_arity(GOp op, int *lo, int *hi) {
             *lo = 4; /* and pos, the document mask, as the attention had it */
             *hi = 5;
             return;
+        case G_KV_ATTENTION: n = 4; break;
         case G_CONCAT:
             *lo = 1;
             *hi = GRAPH_MAX_CONCAT;
@@ -314,6 +317,10 @@ static void graph_line_attrs(GraphLine *l, Arena *ar, const GNode *n) {
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V:
         graph_line_printf(l, " causal=%s scale=%s%s", ia[0] ? "true" : "false", value_float_str(ar, fa[0]), ia[1] ? " docs" : "");
+        break;
+    case G_KV_ATTENTION:
+        graph_line_printf(l, " layer=%" PRId64 "/%" PRId64 " block=%" PRId64 " max_blocks=%" PRId64 " kv=%s scale=%s", ia[0],
+                          ia[1], ia[2], ia[3], dtype_name((DType)fa[1]), value_float_str(ar, fa[0]));
         break;
     case G_ONE_HOT: graph_line_printf(l, " n=%" PRId64, ia[0]); break;
     case G_TOPK_VALUES:
@@ -747,22 +754,41 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         if (!(n->fattr[0] > 0)) graph_v_fail(v, "eps %g is not positive", n->fattr[0]);
         break;
     case G_ROPE:
-    case G_ROPE_BWD:
+    case G_ROPE_BWD: {
         if (x->rank < 2 || x->shape[x->rank - 1] % 2 != 0)
             graph_v_fail(v, "x must be [..., T, hd] with hd even, got %s", graph_v_ntype(x).s);
         graph_v_float(v, x, "x");
         graph_v_shape_of(v, x, "x");
         graph_v_dtype(v, n, x->dt, "the result");
         if (!(n->fattr[0] > 0)) graph_v_fail(v, "theta %g is not positive", n->fattr[0]);
-        if (n->nin > 1 && (in[1]->dt != DT_I32 || in[1]->rank != 2 || x->rank != 4 || in[1]->shape[0] != x->shape[0] ||
-                           in[1]->shape[1] != x->shape[2]))
-            graph_v_fail(v, "pos %s is not i32 [B, T] of x %s", graph_v_ntype(in[1]).s, graph_v_ntype(x).s);
-        if ((n->nin > 1) != (n->iattr[1] != 0)) graph_v_fail(v, "pos and iattr[1] disagree");
+        /* the positions, when given: one a row, i32 [T] (the forward over new tokens, plan/kv.c), or
+         * each token's position in its document, i32 [B, T] of x [B, H, T, hd] (iattr[1] set) */
+        int rows =
+            n->nin > 1 && x->rank >= 2 && in[1]->dt == DT_I32 && in[1]->rank == 1 && in[1]->shape[0] == x->shape[x->rank - 2];
+        int docs = n->nin > 1 && in[1]->dt == DT_I32 && in[1]->rank == 2 && x->rank == 4 && in[1]->shape[0] == x->shape[0] &&
+                   in[1]->shape[1] == x->shape[2];
+        if (n->nin > 1 && !rows && !docs)
+            graph_v_fail(v, "the positions %s are neither i32 [T] nor i32 [B, T] of x %s", graph_v_ntype(in[1]).s,
+                         graph_v_ntype(x).s);
+        if (docs != (n->iattr[1] != 0)) graph_v_fail(v, "document positions and iattr[1] disagree");
         break;
+    }
     case G_ATTENTION:
         if (graph_v_attention_shape(v, x, in[1], in[2], s)) graph_v_shape(v, 4, s, "attention of q, k, v");
         if (n->nin > 3) graph_v_attention_pos(v, n, x, in[1], in[3]);
         graph_v_dtype(v, n, x->dt, "the result");
+        break;
+    case G_KV_ATTENTION:
+        if (graph_v_attention_shape(v, x, in[1], in[2], s)) graph_v_shape(v, 4, s, "attention of q, k, v");
+        graph_v_dtype(v, n, x->dt, "the result");
+        graph_v_dtype(v, in[3], DT_I32, "the kv input");
+        if (x->rank != 4 || x->shape[0] != 1 || x->shape[2] != in[1]->shape[2])
+            graph_v_fail(v, "q must be [1, H, N, hd] with k's N, got %s", graph_v_ntype(x).s);
+        if (ia[1] < 1 || ia[0] < 0 || ia[0] >= ia[1] || ia[2] < 1 || ia[3] < 1)
+            graph_v_fail(v, "layer %" PRId64 " of %" PRId64 ", block %" PRId64 ", %" PRId64 " blocks", ia[0], ia[1], ia[2],
+                         ia[3]);
+        if (n->fattr[1] != DT_F32 && n->fattr[1] != DT_BF16 && n->fattr[1] != DT_F16)
+            graph_v_fail(v, "the pool's dtype is not f32, bf16 or f16");
         break;
     case G_CROSS_ENTROPY:
         graph_v_logits_targets(v, x, in[1]);

@@ -105,7 +105,8 @@ typedef enum GOp {
     G_LOG_SOFTMAX,   /* iattr[0] = axis                                                         */
     G_LAYERNORM,     /* in0 = x, in1 = weight, in2 = bias; fattr[0] = eps; over the last axis  */
     G_RMSNORM,       /* in0 = x, in1 = weight; fattr[0] = eps                                   */
-    G_ROPE,          /* in0 = x [..., T, hd]; fattr[0] = theta; halves rotated (NeoX layout)    */
+    G_ROPE,          /* in0 = x [..., T, hd]; fattr[0] = theta; halves rotated (NeoX layout);
+                        row t at position t, or in1[t] when given (i32 [T]: plan/kv.c)       */
     G_ATTENTION,     /* in0..2 = q [B,H,T,hd], k, v [B,Hk,S,hd]; iattr[0] = causal;
                        fattr[0] = scale (1/sqrt(hd))                                           */
     G_CROSS_ENTROPY, /* in0 = logits [..., V], in1 = targets i32 [...] -> rank 0, the mean       */
@@ -136,6 +137,11 @@ typedef enum GOp {
     G_ATTENTION_BWD_V,
     /* in0 = dout, in1 = q, in2 = k, in3 = v; iattr/fattr as the forward      */
     G_CROSS_ENTROPY_BWD, /* in0 = dloss (rank 0), in1 = logits, in2 = targets -> dlogits       */
+    /* ---- inference only: the forward over new tokens with a paged KV cache (plan/kv.c) ---- */
+    G_KV_ATTENTION, /* in0..2 = q [1,H,N,hd], k, v [1,Hk,N,hd] of N new tokens; in3 = the i32 input
+                       "kv" (fuse_kv.h: the metadata; the pool is RtStep.kv_pool); causal over each token's
+                       sequence; iattr[0] = layer, iattr[1] = layers, iattr[2] = block,
+                       iattr[3] = max_blocks; fattr[0] = scale, fattr[1] = the pool's DType */
     G_OP_COUNT
 } GOp;
 

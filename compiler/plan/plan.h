@@ -40,6 +40,7 @@
 #include "arena.h"
 #include "fuse.h"
 #include "graph.h"
+#include "kv.h"
 #include "sema.h"
 
 #define PLAN_ALIGN                                                                                                               \
@@ -81,6 +82,7 @@ typedef enum PlanPhase {
     PLAN_STEP,   /* forward_backward: one micro-batch's forward and backward (forward_loss: its prefix) */
     PLAN_UPDATE, /* optimizer_update */
     PLAN_LOGITS, /* forward_logits: generation's forward at batch 1 */
+    PLAN_CHUNK,  /* forward_chunk: the forward over new tokens with the paged KV cache (kv.h) */
     PLAN_NPHASES
 } PlanPhase;
 
@@ -88,8 +90,8 @@ typedef enum PlanPhase {
  * logits (absent when the program cannot generate: why_no_logits says why, at no_logits_at). Each
  * kernel is named with its schedule's prefix (step_k3_add). */
 typedef struct PlanSchedules {
-    int n;                            /* 2, or 3 with the logits */
-    const char *prefix[PLAN_NPHASES]; /* "step_", "update_", "logits_" */
+    int n;                            /* 2, 3 with the logits, 4 with the chunk phase too */
+    const char *prefix[PLAN_NPHASES]; /* "step_", "update_", "logits_", "chunk_" */
     FuseResult *r[PLAN_NPHASES];
     const Graph *g[PLAN_NPHASES];
     int disjoint[PLAN_NPHASES]; /* buffers of the schedule never overlap (cpu_lower_kernel's flag) */
@@ -97,6 +99,12 @@ typedef struct PlanSchedules {
     int64_t vocab;              /* the last dimension of what the loss's cross_entropy reads; 0: none */
     const char *why_no_logits;  /* NULL with the logits */
     Span no_logits_at;
+    /* the chunk phase (present only with the logits): the forward over kv.rows new tokens */
+    KvConfig kv;
+    KvChunk chunk;            /* chunk.g, chunk.out: its graph and logits node */
+    int chunk_node;           /* the logits' node in g[PLAN_CHUNK] (-1 without) */
+    const char *why_no_chunk; /* NULL with the chunk phase */
+    Span no_chunk_at;
 } PlanSchedules;
 
 /* The schedules of tb (its step differentiated): fused[0] and fused[1] are the step's and the
@@ -107,6 +115,8 @@ int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedul
 /* The warning -o and the CUDA source give for a program without the logits: it builds without
  * generation. Nothing when it has them. */
 void plan_warn_no_logits(const PlanSchedules *s, const char *train);
+/* The chunk phase's settings for a train block (schedules.c). */
+const char *plan_kv_config(const TrainBuild *tb, KvConfig *kv);
 
 /* ---- the memory plan: every address the executable uses ---- */
 
@@ -120,6 +130,7 @@ typedef enum PlanHome {
     PH_POS,    /* data.pos: each token's position in its document (RtStep.pos), with tokens(docs = ...) */
     PH_STATS,  /* the statistics over the global batch, global_mean's inputs (RtStep.stats) */
     PH_ARENA,  /* the activation arena */
+    PH_KV,     /* the chunk phase's "kv" input: the metadata, then the pool (RtStep.kv) */
 } PlanHome;
 
 /* Where one fused buffer (FuseResult.buffers) lives. */

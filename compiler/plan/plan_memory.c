@@ -144,6 +144,7 @@ static void plan_leaf_forward(const PlanMemory *m, const Graph *g, const GNode *
             s->home = PH_STATS;
             s->offset = m->stat_offset[k];
         }
+    if (n->op == G_INPUT && n->name && strcmp(n->name, "kv") == 0) s->home = PH_KV; /* the chunk phase's */
     if (s->home == PH_NONE) INTERNAL("plan: leaf %%%d has no home", n->id);
 }
 
@@ -203,7 +204,7 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
 static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
     PlanMemory *m = &c->p->mem;
     PlanPhaseMem *ph = &m->phase[which];
-    static const char *const names[PLAN_NPHASES] = {"step", "update", "logits"};
+    static const char *const names[PLAN_NPHASES] = {"step", "update", "logits", "chunk"};
     ph->name = names[which];
     if ((int)which >= s->n) return;
     const FuseResult *r = ph->r = s->r[which];
@@ -292,6 +293,7 @@ static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
         return 0;
     case PH_STATS: return m->stat_bytes;
     case PH_ARENA: return m->arena_bytes;
+    case PH_KV: return p->sched.n > PLAN_CHUNK ? p->sched.chunk.meta_bytes : 0;
     case PH_NONE: return 0;
     }
     return 0;
@@ -421,6 +423,7 @@ static const char *plan_home_name(PlanHome h) {
     case PH_POS: return "data.pos";
     case PH_STATS: return "stats";
     case PH_ARENA: return "arena";
+    case PH_KV: return "kv";
     }
     return "?";
 }
@@ -473,10 +476,11 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
 
 static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase which) {
     static const char *const fns[PLAN_NPHASES] = {"forward_backward, and forward_loss up to the loss", "optimizer_update",
-                                                  "forward_logits, batch 1"};
+                                                  "forward_logits, batch 1", "forward_chunk, new tokens with the KV cache"};
     const PlanPhaseMem *ph = &p->mem.phase[which];
     if (!ph->r) {
-        fprintf(out, "\n## phase %s: none (%s)\n", ph->name, p->sched.why_no_logits ? p->sched.why_no_logits : "?");
+        const char *why = which == PLAN_CHUNK ? p->sched.why_no_chunk : p->sched.why_no_logits;
+        fprintf(out, "\n## phase %s: none (%s)\n", ph->name, why ? why : "?");
         return;
     }
     const FuseResult *r = ph->r;
@@ -492,6 +496,16 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
                 "stats: %d global_mean statistic%s, %" PRId64 " bytes (RtStep.stats); forward_stats runs %d of launches "
                 "0..%d (what they need) and copies them to RtStep.stats_out\n",
                 p->mem.nstats, p->mem.nstats == 1 ? "" : "s", p->mem.stat_bytes, p->mem.stats_launches, p->mem.stats_last);
+    if (which == PLAN_CHUNK) {
+        const PlanSchedules *s = &p->sched;
+        fprintf(out,
+                "kv cache: %" PRId64 " new tokens a call; blocks of %" PRId64 " tokens, %" PRId64
+                " a sequence; %s; %d layer%s of %" PRId64 " key/value heads of %" PRId64 "; %" PRId64
+                " bytes a position in the pool (RtStep.kv_pool); the kv input holds %" PRId64 " bytes of metadata\n",
+                s->kv.rows, s->kv.block, s->kv.max_blocks, dtype_name(s->kv.kv_dt), s->chunk.layers,
+                s->chunk.layers == 1 ? "" : "s", s->chunk.heads_kv, s->chunk.head_dim, s->chunk.bytes_per_token,
+                s->chunk.meta_bytes);
+    }
     if (which == PLAN_UPDATE)
         fprintf(out,
                 "lr and t: f32 at arena %" PRId64 " and %" PRId64 ", written by optimizer_update; buffers from %" PRId64 "\n",
@@ -524,6 +538,10 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
                 wr->accumulate ? "+= loss_scale x" : "= (copied from)", wr->buffer, plan_home_name(wr->to), wr->offset,
                 wr->bytes);
     }
+    if (which == PLAN_CHUNK) { /* its launches and kernels: --emit=kernels and --emit=llvm come before the plan */
+        fprintf(out, "\n### the chunk phase's launches and kernels (chunk_ in --emit=program)\n");
+        fuse_print(out, r);
+    }
 }
 
 void plan_print_memory(FILE *out, Arena *ar, const Plan *p) {
@@ -536,7 +554,7 @@ void plan_print_memory(FILE *out, Arena *ar, const Plan *p) {
 /* The summary. runtime/cli/info.c prints the same lines from the descriptor: keep the two alike. */
 void plan_print_summary(FILE *out, const Plan *p) {
     const PlanMemory *m = &p->mem;
-    static const char *const call[PLAN_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call"};
+    static const char *const call[PLAN_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call", "chunk call"};
     for (int i = 0; i < PLAN_NPHASES; i++) fprintf(out, "plan: arena %s %" PRId64 " bytes\n", m->phase[i].name, m->phase[i].peak);
     fprintf(out, "plan: arena %" PRId64 " bytes, the largest\n", m->arena_bytes);
     fprintf(out,

@@ -75,11 +75,35 @@ static Graph *logits_graph(const TrainBuild *tb, PlanSchedules *out, Arena *ar) 
     return g;
 }
 
+/* The chunk phase's geometry: KV_ROWS new tokens a call (at most seq); the serve block's
+ * kv { block, dtype } (TrainBuild.serve), else blocks of KV_BLOCK tokens and an f32 pool (generate
+ * alone: the recompute path's precision); enough blocks for seq positions (the longest context
+ * forward_logits takes). NULL, or why the pool's dtype cannot be carried out (fp8). */
+enum { KV_ROWS = 16, KV_BLOCK = 16 };
+
+const char *plan_kv_config(const TrainBuild *tb, KvConfig *kv) {
+    const TrainConfig *ts = tb->config;
+    const ServeConfig *sv = tb->serve;
+    kv->rows = ts->seq < KV_ROWS ? ts->seq : KV_ROWS;
+    kv->block = sv ? sv->kv_block : KV_BLOCK;
+    kv->max_blocks = (ts->seq + kv->block - 1) / kv->block;
+    kv->kv_dt = DT_F32;
+    if (!sv) return NULL;
+    switch (sv->kv_dtype) {
+    case KV_F32: kv->kv_dt = DT_F32; return NULL;
+    case KV_BF16: kv->kv_dt = DT_BF16; return NULL;
+    case KV_F16: kv->kv_dt = DT_F16; return NULL;
+    case KV_FP8: break;
+    }
+    return "its serve block's kv.dtype fp8 is not supported by the cache's kernels (f32, bf16 and f16 are)";
+}
+
 int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedules *out, Arena *ar) {
-    static const char *const prefix[PLAN_NPHASES] = {"step_", "update_", "logits_"};
+    static const char *const prefix[PLAN_NPHASES] = {"step_", "update_", "logits_", "chunk_"};
     int errors = diag_error_count();
     memset(out, 0, sizeof *out);
-    out->logits_node = -1;
+    out->logits_node = out->chunk_node = -1;
+    out->no_chunk_at = span_none();
     out->vocab = plan_find_vocab(tb->step);
     out->no_logits_at = span_none();
     const Graph *graphs[2] = {tb->step, tb->update};
@@ -97,6 +121,19 @@ int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedul
         out->disjoint[PLAN_LOGITS] = 1;
         out->n = 3;
         out->why_no_logits = NULL;
+        out->why_no_chunk = plan_kv_config(tb, &out->kv);
+        if (!out->why_no_chunk)
+            out->why_no_chunk =
+                kv_chunk_graph(lg, out->logits_node, tb->config->seq, &out->kv, &out->chunk, &out->no_chunk_at, ar);
+        if (!out->why_no_chunk) {
+            out->g[PLAN_CHUNK] = out->chunk.g;
+            out->chunk_node = out->chunk.out;
+            out->r[PLAN_CHUNK] = fuse_graph(out->chunk.g, &out->chunk_node, 1, ar);
+            out->disjoint[PLAN_CHUNK] = 1;
+            out->n = 4;
+        }
+    } else {
+        out->why_no_chunk = "the program cannot generate (no logits forward)";
     }
     for (int i = 0; i < out->n; i++) {
         out->prefix[i] = prefix[i];

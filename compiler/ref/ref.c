@@ -466,11 +466,14 @@ static void ref_eval_rope(const Graph *g, const GNode *n, double **vals) {
     int64_t half = hd / 2, rows = hd ? ref_numel(x) / hd : 0;
     double theta = n->fattr[0];
     const double *xv = ref_val(n, vals, 0);
-    const double *pos = n->nin > 1 ? ref_val(n, vals, 1) : NULL; /* [B, T] for x [B, H, T, hd] */
+    /* explicit positions: [B, T] for x [B, H, T, hd] with documents, or [T] in the forward over new
+     * tokens (plan/kv.c) */
+    const double *pos = n->nin > 1 ? ref_val(n, vals, 1) : NULL;
+    int pos_rows = n->nin > 1 && ref_in(g, n, 1)->rank == 1; /* one position a row, whatever the batch */
     int64_t per_b = x->rank >= 3 ? ref_numel(x) / hd / x->shape[0] : rows;
     double *out = vals[n->id];
     for (int64_t r = 0; r < rows; r++) {
-        double t = pos ? pos[(r / per_b) * T + r % T] : (double)(r % T);
+        double t = !pos ? (double)(r % T) : pos_rows ? pos[r % T] : pos[(r / per_b) * T + r % T];
         const double *row = xv + r * hd;
         double *y = out + r * hd;
         for (int64_t i = 0; i < half; i++) {
@@ -856,6 +859,10 @@ int ref_eval_node(const Graph *g, const GNode *n, double **vals) {
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V:
     case G_CROSS_ENTROPY_BWD: return ref_eval_bwd(g, n, vals);
+    case G_KV_ATTENTION: /* its keys live in the KV cache, outside the graph's values */
+        diag_error_noloc("reference evaluator: kv_attention (node %%%d) reads the KV cache, which the reference does not model",
+                         n->id);
+        return -1;
     case G_OP_COUNT: break;
     }
     INTERNAL("reference evaluator: node %%%d has unknown op %d", n->id, (int)n->op);

@@ -109,7 +109,9 @@ static const Node *find_train(Loader *ld, Module *main, const char *train_name, 
             const Node *d = main->ast->list.v[i];
             if (d && d->kind == N_SERVE)
                 diag_note(sema_span_of(d, d->name),
-                          "serve block '%.*s' is checked but not compiled: serving is not implemented yet", STR_ARG(d->name));
+                          "serve block '%.*s' is not compiled on its own: `PROG serve` serves the model of a train block, "
+                          "with the settings of a serve block of that model",
+                          STR_ARG(d->name));
         }
     } else {
         diag_error_noloc("'%s' has no train block named '%s'", main->path, train_name);
@@ -151,6 +153,22 @@ static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name,
         if (ts && ts->node == want) tb->config = &ts->cfg;
     }
     if (!tb->config) INTERNAL("graph builder: train block '%.*s' has no settings", STR_ARG(want->name));
+    /* The executable serves the train block's model (its batch-1 forward); a serve block of the
+     * same model declaration lends it its settings. */
+    const Value *tmodel = NULL;
+    for (int i = 0; i < res.trains.n; i++) {
+        const TrainSettings *ts = res.trains.v[i];
+        if (ts && ts->node == want) tmodel = ts->model;
+    }
+    for (int i = 0; i < res.serves.n; i++) {
+        const ServeSettings *ss = res.serves.v[i];
+        if (!ss || ss->module != main) continue;
+        if (tmodel && ss->model && ss->model->kind == V_MODEL && tmodel->kind == V_MODEL && ss->model->node == tmodel->node) {
+            if (!tb->serve) tb->serve = &ss->cfg;
+        } else if (!tb->serve_other) {
+            tb->serve_other = ss->cfg.name;
+        }
+    }
     return tb;
 }
 

@@ -30,6 +30,9 @@ typedef struct TrainBuild {
                                  * (T = seq), its parameters the step graph's, in the same order */
     int forward_output;        /* the node of forward's result; -1 when that is not one tensor */
     const TrainConfig *config; /* the block's checked settings (settings.h): batch, schedule, clip, layout */
+    const ServeConfig *serve;  /* the main module's first serve block of the same model (its settings are the
+                                * executable's `serve` and `generate` defaults), or NULL */
+    const char *serve_other;   /* the name of a serve block whose model is another one (not compiled), or NULL */
 } TrainBuild;
 
 /* sema_build_train_graph, and in the same walk the update graph - the train block's optimizer

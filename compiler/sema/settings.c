@@ -66,9 +66,10 @@ static const KeySpec checkpoint_keys[C_NKEYS] = {
 enum { E_EVERY, E_STEPS, E_NKEYS };
 static const KeySpec eval_keys[E_NKEYS] = {{"every", SK_VALUE}, {"steps", SK_VALUE}};
 
-enum { S_MODEL, S_WEIGHTS, S_BATCH, S_KV, S_SAMPLING, S_PORT, S_NKEYS };
-static const KeySpec serve_keys[S_NKEYS] = {{"model", SK_VALUE}, {"weights", SK_VALUE},  {"batch", SK_BLOCK},
-                                            {"kv", SK_BLOCK},    {"sampling", SK_BLOCK}, {"port", SK_VALUE}};
+enum { S_MODEL, S_WEIGHTS, S_BATCH, S_KV, S_SAMPLING, S_PORT, S_TOKENIZER, S_CHAT, S_NKEYS };
+static const KeySpec serve_keys[S_NKEYS] = {{"model", SK_VALUE},     {"weights", SK_VALUE},  {"batch", SK_BLOCK},
+                                            {"kv", SK_BLOCK},        {"sampling", SK_BLOCK}, {"port", SK_VALUE},
+                                            {"tokenizer", SK_VALUE}, {"chat", SK_VALUE}};
 
 enum { SB_TOKENS, SB_PREFILL_CHUNK, SB_SEQS, SB_NKEYS };
 static const KeySpec serve_batch_keys[SB_NKEYS] = {{"tokens", SK_VALUE}, {"prefill_chunk", SK_VALUE}, {"seqs", SK_VALUE}};
@@ -971,6 +972,13 @@ void settings_check_serve(Sema *s, Module *m, const Node *t) {
     }
 
     if (k[S_PORT]) (void)get_int(&f, k[S_PORT], "port", 1, 65535, "an integer from 1 to 65535", &ss->cfg.port);
+    if (k[S_TOKENIZER])
+        (void)get_path(&f, k[S_TOKENIZER], "tokenizer", "a tokenizer.json, or a GPT-2 vocab.json beside its merges.txt",
+                       &ss->cfg.tokenizer);
+    /* the chat templates the server knows (runtime/serve/chat.c; docs/serve.md) */
+    static const char *const chat_formats[] = {"chatml", "llama3"};
+    int chat;
+    if (k[S_CHAT] && get_ident(&f, k[S_CHAT], "chat", chat_formats, 2, &chat)) ss->cfg.chat = chat_formats[chat];
 
     if (s->out) ptrvec_push(s->ar, &s->out->serves, ss);
 }

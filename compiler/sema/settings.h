@@ -79,6 +79,8 @@ typedef struct ServeConfig {
     double temperature, top_p;
     int64_t top_k, max_tokens;
     int64_t port;
+    const char *tokenizer; /* path, or NULL: prompts are token ids */
+    const char *chat;      /* "chatml" or "llama3", or NULL: no /v1/chat/completions */
 } ServeConfig;
 
 #endif

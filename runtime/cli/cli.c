@@ -5,7 +5,10 @@
  *              [--init-weights F.safetensors] [--save-weights F.safetensors] [--threads N]
  *   PROG eval [NAME] [--weights F] [--data GLOB] [--steps N] [--seed S] [--device D] [--threads N]
  *   PROG generate [--weights F] [--prompt-tokens 1,2,3] [--max-tokens N] [--temperature T]
- *                 [--top-k K] [--seed S] [--device D] [--threads N] [--print-logits]
+ *                 [--top-k K] [--top-p P] [--seed S] [--device D] [--threads N] [--print-logits]
+ *                 [--no-cache] [--prefill-chunk N]
+ *   PROG serve [--weights F] [--host H] [--port P] [--kv-blocks N] [--tokenizer F] [--batch-tokens N]
+ *              [--prefill-chunk N] [--batch-seqs N] [sampling flags] (runtime/serve/; docs/serve.md)
  *   PROG info                      (the memory plan: info.c; rt_main dispatches it)
  *   PROG --help
  *
@@ -24,7 +27,7 @@
 
 /* ---- the flags ---------------------------------------------------------------------------------- */
 
-enum { RT_IN_TRAIN = 1, RT_IN_EVAL = 2, RT_IN_GENERATE = 4, RT_IN_ALL = 7 };
+enum { RT_IN_TRAIN = 1, RT_IN_EVAL = 2, RT_IN_GENERATE = 4, RT_IN_SERVE = 8, RT_IN_ALL = 15 };
 
 typedef enum RtFlagId {
     RT_F_STEPS,
@@ -42,12 +45,21 @@ typedef enum RtFlagId {
     RT_F_TEMPERATURE,
     RT_F_TOP_K,
     RT_F_PRINT_LOGITS,
+    RT_F_NO_CACHE,
     RT_F_CKPT_DIR,
     RT_F_CKPT_EVERY,
     RT_F_CKPT_KEEP,
     RT_F_CKPT_SYNC,
     RT_F_RESUME,
     RT_F_RESUME_WEIGHTS_ONLY,
+    RT_F_TOP_P,
+    RT_F_HOST,
+    RT_F_PORT,
+    RT_F_KV_BLOCKS,
+    RT_F_TOKENIZER,
+    RT_F_BATCH_TOKENS,
+    RT_F_PREFILL_CHUNK,
+    RT_F_BATCH_SEQS,
 } RtFlagId;
 
 typedef struct RtFlag {
@@ -67,12 +79,21 @@ static const RtFlag rt_flags[] = {
     {"--save-weights", "F.safetensors", RT_IN_TRAIN, RT_F_SAVE_WEIGHTS},
     {"--threads", "N", RT_IN_ALL, RT_F_THREADS},
     {"--dump-step", "F.safetensors", RT_IN_TRAIN, RT_F_DUMP_STEP},
-    {"--weights", "F.safetensors", RT_IN_EVAL | RT_IN_GENERATE, RT_F_WEIGHTS},
+    {"--weights", "F.safetensors", RT_IN_EVAL | RT_IN_GENERATE | RT_IN_SERVE, RT_F_WEIGHTS},
     {"--prompt-tokens", "1,2,3", RT_IN_GENERATE, RT_F_PROMPT},
-    {"--max-tokens", "N", RT_IN_GENERATE, RT_F_MAX_TOKENS},
-    {"--temperature", "T", RT_IN_GENERATE, RT_F_TEMPERATURE},
-    {"--top-k", "K", RT_IN_GENERATE, RT_F_TOP_K},
+    {"--max-tokens", "N", RT_IN_GENERATE | RT_IN_SERVE, RT_F_MAX_TOKENS},
+    {"--temperature", "T", RT_IN_GENERATE | RT_IN_SERVE, RT_F_TEMPERATURE},
+    {"--top-k", "K", RT_IN_GENERATE | RT_IN_SERVE, RT_F_TOP_K},
+    {"--top-p", "P", RT_IN_GENERATE | RT_IN_SERVE, RT_F_TOP_P},
+    {"--host", "ADDR", RT_IN_SERVE, RT_F_HOST},
+    {"--port", "P", RT_IN_SERVE, RT_F_PORT},
+    {"--kv-blocks", "N", RT_IN_SERVE, RT_F_KV_BLOCKS},
+    {"--tokenizer", "F.json", RT_IN_SERVE, RT_F_TOKENIZER},
+    {"--batch-tokens", "N", RT_IN_SERVE, RT_F_BATCH_TOKENS},
+    {"--prefill-chunk", "N", RT_IN_GENERATE | RT_IN_SERVE, RT_F_PREFILL_CHUNK},
+    {"--batch-seqs", "N", RT_IN_SERVE, RT_F_BATCH_SEQS},
     {"--print-logits", NULL, RT_IN_GENERATE, RT_F_PRINT_LOGITS},
+    {"--no-cache", NULL, RT_IN_GENERATE | RT_IN_SERVE, RT_F_NO_CACHE},
     {"--ckpt-dir", "DIR", RT_IN_TRAIN, RT_F_CKPT_DIR},
     {"--ckpt-every", "N", RT_IN_TRAIN, RT_F_CKPT_EVERY},
     {"--ckpt-keep", "N", RT_IN_TRAIN, RT_F_CKPT_KEEP},
@@ -82,7 +103,7 @@ static const RtFlag rt_flags[] = {
 };
 #define RT_NFLAGS (sizeof rt_flags / sizeof rt_flags[0])
 
-static const char *const rt_commands[] = {"train", "eval", "generate"};
+static const char *const rt_commands[] = {"train", "eval", "generate", "serve"};
 
 /* ---- suggestions -------------------------------------------------------------------------------- */
 
@@ -187,22 +208,31 @@ static RtStatus rt_parse_prompt(RtOptions *o, const char *s, int64_t vocab, RtEr
 /* ---- parsing ------------------------------------------------------------------------------------ */
 
 static const char *rt_cmd_name(RtCommand c) {
-    return c == RT_CMD_TRAIN ? "train" : c == RT_CMD_EVAL ? "eval" : c == RT_CMD_GENERATE ? "generate" : "help";
+    return c == RT_CMD_TRAIN      ? "train"
+           : c == RT_CMD_EVAL     ? "eval"
+           : c == RT_CMD_GENERATE ? "generate"
+           : c == RT_CMD_SERVE    ? "serve"
+                                  : "help";
 }
 
 static unsigned rt_cmd_bit(RtCommand c) {
-    return c == RT_CMD_TRAIN ? RT_IN_TRAIN : c == RT_CMD_EVAL ? RT_IN_EVAL : c == RT_CMD_GENERATE ? RT_IN_GENERATE : 0;
+    return c == RT_CMD_TRAIN      ? RT_IN_TRAIN
+           : c == RT_CMD_EVAL     ? RT_IN_EVAL
+           : c == RT_CMD_GENERATE ? RT_IN_GENERATE
+           : c == RT_CMD_SERVE    ? RT_IN_SERVE
+                                  : 0;
 }
 
 /* "train", "train and eval", "eval and generate", ... */
 static void rt_cmds_text(unsigned cmds, char *buf, size_t n) {
-    const char *names[3] = {"", "", ""};
+    const char *names[4] = {"", "", "", ""};
     int k = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (cmds & (1u << i)) names[k++] = rt_commands[i];
     if (k == 1) snprintf(buf, n, "%s", names[0]);
     else if (k == 2) snprintf(buf, n, "%s and %s", names[0], names[1]);
-    else snprintf(buf, n, "%s, %s and %s", names[0], names[1], names[2]);
+    else if (k == 3) snprintf(buf, n, "%s, %s and %s", names[0], names[1], names[2]);
+    else snprintf(buf, n, "%s, %s, %s and %s", names[0], names[1], names[2], names[3]);
 }
 
 static RtStatus rt_unknown_flag(const char *flag, RtCommand cmd, RtError *err) {
@@ -244,12 +274,24 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
     case RT_F_TEMPERATURE: return rt_parse_f64(f->name, v, 0.0, &o->temperature, err);
     case RT_F_TOP_K: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->top_k, err);
     case RT_F_PRINT_LOGITS: o->print_logits = 1; return RT_OK;
+    case RT_F_NO_CACHE: o->no_cache = 1; return RT_OK;
     case RT_F_CKPT_DIR: o->ckpt_dir = v; return RT_OK;
     case RT_F_CKPT_EVERY: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_every, err);
     case RT_F_CKPT_KEEP: return rt_parse_i64(f->name, v, 0, INT64_MAX, &o->ckpt_keep, err);
     case RT_F_CKPT_SYNC: o->ckpt_sync = 1; return RT_OK;
     case RT_F_RESUME: o->resume = v; return RT_OK;
     case RT_F_RESUME_WEIGHTS_ONLY: o->resume_weights_only = v; return RT_OK;
+    case RT_F_TOP_P:
+        if (rt_parse_f64(f->name, v, 0.0, &o->top_p, err)) return RT_ERR_ARG;
+        if (o->top_p <= 0 || o->top_p > 1) return rt_fail(err, RT_ERR_ARG, "--top-p needs a fraction in (0, 1], not '%s'", v);
+        return RT_OK;
+    case RT_F_HOST: o->host = v; return RT_OK;
+    case RT_F_PORT: return rt_parse_i64(f->name, v, 0, 65535, &o->port, err);
+    case RT_F_KV_BLOCKS: return rt_parse_i64(f->name, v, 1, INT32_MAX, &o->kv_blocks, err);
+    case RT_F_TOKENIZER: o->tokenizer = v; return RT_OK;
+    case RT_F_BATCH_TOKENS: return rt_parse_i64(f->name, v, 1, INT32_MAX, &o->batch_tokens, err);
+    case RT_F_PREFILL_CHUNK: o->prefill_chunk_given = 1; return rt_parse_i64(f->name, v, 1, INT32_MAX, &o->prefill_chunk, err);
+    case RT_F_BATCH_SEQS: return rt_parse_i64(f->name, v, 1, INT32_MAX, &o->batch_seqs, err);
     }
     return rt_fail(err, RT_ERR_ARG, "internal error: flag %s has no parser", f->name);
 }
@@ -274,6 +316,13 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
     o->max_tokens = p->generate.max_tokens;
     o->temperature = p->generate.temperature;
     o->top_k = p->generate.top_k;
+    o->top_p = p->generate.top_p;
+    o->host = "127.0.0.1";
+    o->port = p->generate.port;
+    o->tokenizer = p->generate.tokenizer;
+    o->batch_tokens = p->generate.batch_tokens;
+    o->prefill_chunk = p->generate.prefill_chunk;
+    o->batch_seqs = p->generate.batch_seqs;
     o->weights = NULL;
     o->ckpt_dir = o->ckpt_dir_default = p->train.ckpt_dir && *p->train.ckpt_dir ? p->train.ckpt_dir : "checkpoints";
     o->ckpt_every = p->train.ckpt_every;
@@ -287,14 +336,14 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
     if (strcmp(c, "train") == 0) o->cmd = RT_CMD_TRAIN;
     else if (strcmp(c, "eval") == 0) o->cmd = RT_CMD_EVAL;
     else if (strcmp(c, "generate") == 0) o->cmd = RT_CMD_GENERATE;
-    else if (strcmp(c, "serve") == 0)
-        return rt_fail(err, RT_ERR_ARG, "the serve command is not available yet; the commands are train, eval and generate");
+    else if (strcmp(c, "serve") == 0) o->cmd = RT_CMD_SERVE;
     else if (c[0] == '-')
-        return rt_fail(err, RT_ERR_ARG, "'%s' before a command; the commands are train, eval and generate (see --help)", c);
+        return rt_fail(err, RT_ERR_ARG, "'%s' before a command; the commands are train, eval, generate and serve (see --help)",
+                       c);
     else {
-        const char *s = rt_suggest(c, rt_commands, 3);
+        const char *s = rt_suggest(c, rt_commands, 4);
         if (s) return rt_fail(err, RT_ERR_ARG, "unknown command '%s' (did you mean '%s'?)", c, s);
-        return rt_fail(err, RT_ERR_ARG, "unknown command '%s'; the commands are train, eval and generate", c);
+        return rt_fail(err, RT_ERR_ARG, "unknown command '%s'; the commands are train, eval, generate and serve", c);
     }
     o->steps = o->cmd == RT_CMD_EVAL ? p->train.eval_steps : p->train.steps;
     o->prompt = malloc(sizeof *o->prompt);
@@ -310,7 +359,7 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
             return RT_OK;
         }
         if (strncmp(a, "--", 2) != 0 || strcmp(a, "--") == 0) {
-            if (o->cmd != RT_CMD_GENERATE && !have_name && a[0] != '-') {
+            if (o->cmd != RT_CMD_GENERATE && o->cmd != RT_CMD_SERVE && !have_name && a[0] != '-') {
                 if (strcmp(a, p->train.name) != 0) {
                     rt_options_free(o);
                     return rt_fail(err, RT_ERR_ARG, "no train block '%s' in this program (it has '%s')", a, p->train.name);
@@ -401,6 +450,7 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     snprintf(left, sizeof left, "eval [%s]", t->name);
     fprintf(f, "  %-30s the loss on held-out data\n", left);
     fprintf(f, "  generate                       continue a prompt, one token id at a time\n");
+    fprintf(f, "  serve                          an OpenAI-compatible HTTP server (docs/serve.md)\n");
     fprintf(f, "  info                           the memory plan: arena, regions, kernels and GEMMs per step\n");
     fprintf(f, "  --help                         this text\n");
 
@@ -457,10 +507,28 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--temperature", "T", "sampling temperature; 0 is greedy (the likeliest token)", buf);
     snprintf(buf, sizeof buf, "%lld%s", (long long)p->generate.top_k, p->generate.top_k == 0 ? ": all" : "");
     rt_help_line(f, "--top-k", "K", "sample among the K likeliest tokens", buf);
+    snprintf(buf, sizeof buf, "%g", p->generate.top_p);
+    rt_help_line(f, "--top-p", "P", "sample among the likeliest tokens whose probabilities sum to P", buf);
     rt_help_line(f, "--seed", "S", "seeds the sampling", seed);
     rt_help_line(f, "--print-logits", "", "instead of generating, print the logits after each prefix of the prompt", "off");
+    rt_help_line(f, "--no-cache", "", "recompute the whole context for every token instead of using the KV cache (serve too)",
+                 "off");
     rt_help_line(f, "--device", "auto|cpu|cuda", "where to run", "auto");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
+    fprintf(f, "\nserve options (also --weights, --max-tokens, --temperature, --top-k, --top-p, --seed, --device,\n"
+               "--threads as for generate; a request's fields override the sampling ones; docs/serve.md):\n");
+    rt_help_line(f, "--host", "ADDR", "the address to listen on", "127.0.0.1");
+    snprintf(buf, sizeof buf, "%lld", (long long)p->generate.port);
+    rt_help_line(f, "--port", "P", "the HTTP port (0: any free port, printed)", buf);
+    snprintf(buf, sizeof buf, "%s", p->generate.tokenizer ? p->generate.tokenizer : "none: prompts are token ids");
+    rt_help_line(f, "--tokenizer", "F.json", "a Hugging Face tokenizer.json, or GPT-2's vocab.json (merges.txt beside it)", buf);
+    snprintf(buf, sizeof buf, "%lld", (long long)p->generate.batch_tokens);
+    rt_help_line(f, "--batch-tokens", "N", "new tokens an iteration: decodes first, then prefill chunks", buf);
+    snprintf(buf, sizeof buf, "%lld", (long long)p->generate.prefill_chunk);
+    rt_help_line(f, "--prefill-chunk", "N", "the longest piece of a prompt one iteration (generate: one cached step) takes", buf);
+    snprintf(buf, sizeof buf, "%lld", (long long)p->generate.batch_seqs);
+    rt_help_line(f, "--batch-seqs", "N", "sequences an iteration", buf);
+    rt_help_line(f, "--kv-blocks", "N", "KV blocks in the pool", "from kv.memory (docs/serve.md)");
     fprintf(f, "\nExit status: 0 success, 1 a mistake in the command line, the data or a weights file, 2 an\n"
                "internal error. docs/runtime.md describes the logs, the data formats and determinism.\n");
 }

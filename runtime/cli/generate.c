@@ -1,27 +1,35 @@
 /* generate.c - `PROG generate`: continue a prompt one token at a time, greedily or by temperature
  * and top-k sampling (see rt_exec.h; docs/runtime.md, "generate").
  *
- * Pipeline position: a command of the executable, on the program's forward_logits (B = 1,
- * T = logits_seq). Each new token calls it on the last T tokens of the context (the prompt plus
- * what was generated), left-aligned with zeros after them; a causal model's logits at position
- * len - 1 depend only on x[0, len). There is no KV cache here: that is the serving loop's job;
- * this is the reference path, O(T) work per token.
+ * Pipeline position: a command of the executable. With the KV cache (the program's forward_chunk,
+ * on the CPU, unless --no-cache) the prompt runs through the cached engine
+ * (runtime/serve/engine_cached.c) in chunks of --prefill-chunk tokens, then each new token alone
+ * against the cached keys and values: O(context) attention and O(1) everything else per token.
+ * Otherwise, and for the tokens past the cache's context (logits_seq), each new token calls
+ * forward_logits (B = 1, T = logits_seq) on the last T tokens of the context (the prompt plus what
+ * was generated), left-aligned with zeros after them; a causal model's logits at position len - 1
+ * depend only on x[0, len). That is the reference path, O(T) work per token. On the CPU both give
+ * the same logits bit for bit (tests/exec: generate-cache-*).
  *
- * --print-logits is the check of that forward: instead of generating, it prints the logits after
+ * --print-logits is the check of those forwards: instead of generating, it prints the logits after
  * each prefix of the prompt (len = 1, 2, ..., one line of vocab numbers each, %.9g so that a
  * float round-trips), which tests/run.sh compares with the loss the training forward computes
- * on the same tokens.
+ * on the same tokens (forward_logits, so without --prefill-chunk it checks the recompute path).
+ * With --prefill-chunk C it checks the cache instead: the prompt goes through the cache C tokens a
+ * step, and it prints the prefixes that end a step (C, 2C, ..., and the whole prompt).
  *
- * Sampling draws one 53-bit uniform per generated token from the Philox stream 0 of the `samp`
- * domain keyed by --seed, so the same seed gives the same tokens on any machine and thread
- * count. Candidates are ordered by logit, ties by lower id, and the
- * probabilities are computed in double. */
+ * Sampling draws the token at position pos with rt_sample_u(seed, pos): the first 53-bit uniform
+ * of Philox stream pos of the `samp` domain keyed by --seed, so the same seed gives the same tokens
+ * on any machine and thread count, and `serve` (which samples the same way) gives the same tokens
+ * as generate for the same prompt and seed, whatever else is in its batch. Candidates are ordered
+ * by logit, ties by lower id, and the probabilities are computed in double. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "rt_exec.h"
 
 /* ---- sampling ----------------------------------------------------------------------------------- */
@@ -37,7 +45,16 @@ static int rt_cmp_cand(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, double u, void *scratch) {
+_Static_assert(sizeof(RtCand) == RT_SAMPLE_SCRATCH, "rt_exec.h's RT_SAMPLE_SCRATCH is a candidate's size");
+
+double rt_sample_u(uint64_t seed, int64_t pos) {
+    RtRng rng;
+    rt_rng_init(&rng, seed, RT_RNG_DOMAIN_SAMPLE, (uint64_t)pos);
+    return rt_rng_f64(&rng);
+}
+
+int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, double top_p, double u,
+                        void *scratch) {
     if (temperature <= 0 || top_k == 1) {
         int64_t best = 0;
         for (int64_t i = 1; i < vocab; i++)
@@ -51,6 +68,16 @@ int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, 
     /* softmax(logit / temperature) over the k candidates, in double, largest first */
     double top = (double)c[0].logit, total = 0;
     for (int64_t i = 0; i < k; i++) total += exp(((double)c[i].logit - top) / temperature);
+    if (top_p < 1) { /* the nucleus: the fewest likeliest candidates whose mass reaches top_p (at least one) */
+        double mass = 0, keep = 0;
+        int64_t n = 0;
+        while (n < k) {
+            double w = exp(((double)c[n].logit - top) / temperature);
+            mass += w / total, keep += w, n++;
+            if (mass >= top_p) break;
+        }
+        k = n, total = keep;
+    }
     double target = u * total, acc = 0;
     for (int64_t i = 0; i < k; i++) {
         acc += exp(((double)c[i].logit - top) / temperature);
@@ -81,6 +108,46 @@ static RtStatus rt_logits_at(const RtProgram *p, RtExec *x, const int32_t *ctx, 
     return rt_exec_call(x, RT_EXEC_FORWARD_LOGITS, &s);
 }
 
+static void rt_print_logits(const float *logits, int64_t V) {
+    for (int64_t j = 0; j < V; j++) printf("%s%.9g", j ? " " : "", (double)logits[j]);
+    printf("\n");
+}
+
+/* One sequence in the cached engine: its blocks are 0, 1, ... of a pool of its own. */
+typedef struct RtGenCache {
+    RtEngine eng;
+    int32_t *table;
+    int on;
+} RtGenCache;
+
+static RtStatus rt_cache_open(RtGenCache *c, const RtProgram *p, RtExec *x, const RtOptions *o, RtError *e) {
+    memset(c, 0, sizeof *c);
+    if (!o->no_cache && p->forward_chunk && x->gpu && !o->print_logits)
+        fprintf(stderr, "%s: note: the KV cache runs on the CPU only; on the GPU every token recomputes its context\n", o->prog);
+    if (o->no_cache || !p->forward_chunk || x->gpu) return RT_OK; /* the recompute path */
+    RtStatus st = rt_engine_open_cached(&c->eng, x, p->kv.block, e);
+    if (st == RT_OK) st = rt_engine_pool(&c->eng, p->kv.max_blocks, e);
+    if (st == RT_OK) {
+        c->table = malloc((size_t)p->kv.max_blocks * sizeof *c->table);
+        if (!c->table) st = rt_fail(e, RT_ERR_NOMEM, "cannot allocate a block table");
+        for (int64_t b = 0; c->table && b < p->kv.max_blocks; b++) c->table[b] = (int32_t)b;
+    }
+    c->on = st == RT_OK;
+    return st;
+}
+
+/* Positions [start, start + n) of ctx into the cache; logits (may be NULL) of the last. */
+static RtStatus rt_cache_step(RtGenCache *c, const int32_t *ctx, int64_t start, int64_t n, float *logits, RtError *e) {
+    RtEngineSeq q = {.id = 0,
+                     .tokens = ctx,
+                     .start = start,
+                     .n = n,
+                     .block_table = c->table,
+                     .nblocks = c->eng.x->prog->kv.max_blocks,
+                     .logits = logits};
+    return rt_engine_step(&c->eng, &q, 1, e);
+}
+
 int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     RtError e;
     rt_error_clear(&e);
@@ -88,6 +155,7 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
     float *logits = NULL;
     RtCand *scratch = NULL;
     int32_t *ctx = NULL;
+    RtGenCache cache = {0};
     int code = 1;
     RtStatus st = RT_OK;
     const char *weights = o->weights ? o->weights : p->generate.weights;
@@ -111,8 +179,23 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
         if (!logits || !scratch || !ctx)
             st = rt_fail_errno(&e, ENOMEM, "cannot allocate for generating %lld tokens", (long long)o->max_tokens);
     }
+    if (st == RT_OK) st = rt_cache_open(&cache, p, &x, o, &e);
     if (st != RT_OK) goto done;
     memcpy(ctx, o->prompt, (size_t)o->nprompt * sizeof *ctx);
+    int64_t C = o->prefill_chunk > 0 ? o->prefill_chunk : p->kv.rows; /* tokens of the prompt a cached step */
+    if (o->print_logits && cache.on && o->prefill_chunk_given && o->nprompt <= cache.eng.context) {
+        for (int64_t start = 0; start < o->nprompt; start += C) {
+            int64_t n = o->nprompt - start < C ? o->nprompt - start : C;
+            st = rt_cache_step(&cache, ctx, start, n, logits, &e);
+            if (st != RT_OK) {
+                rt_error_context(&e, "the logits after prompt token %lld", (long long)(start + n));
+                goto done;
+            }
+            rt_print_logits(logits, V);
+        }
+        code = 0;
+        goto done;
+    }
     if (o->print_logits) {
         for (int64_t len = 1; len <= o->nprompt; len++) {
             st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
@@ -120,17 +203,23 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
                 rt_error_context(&e, "the logits after prompt token %lld", (long long)len);
                 goto done;
             }
-            for (int64_t j = 0; j < V; j++) printf("%s%.9g", j ? " " : "", (double)logits[j]);
-            printf("\n");
+            rt_print_logits(logits, V);
         }
         code = 0;
         goto done;
     }
     int64_t len = o->nprompt;
-    RtRng rng;
-    rt_rng_init(&rng, o->seed, RT_RNG_DOMAIN_SAMPLE, 0);
+    int64_t cached = 0; /* positions in the cache */
     for (int64_t i = 0; i < o->max_tokens; i++) {
-        st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
+        if (cache.on && len <= cache.eng.context) { /* the new positions [cached, len) through the cache */
+            while (st == RT_OK && cached < len) {
+                int64_t n = len - cached < C ? len - cached : C;
+                st = rt_cache_step(&cache, ctx, cached, n, cached + n == len ? logits : NULL, &e);
+                cached += n;
+            }
+        } else {
+            st = rt_logits_at(p, &x, ctx, len, o->seed, logits, &e);
+        }
         if (st != RT_OK) {
             rt_error_context(&e, "generating token %lld", (long long)(i + 1));
             goto done;
@@ -143,8 +232,8 @@ int rt_cmd_generate(const RtProgram *p, const RtOptions *o) {
                          (long long)(i + 1), (long long)bad, (double)logits[bad], weights);
             goto done;
         }
-        double u = rt_rng_f64(&rng); /* drawn for every token, so greedy and sampled runs stay aligned */
-        int32_t tok = rt_sample_token(logits, V, o->temperature, o->top_k, u, scratch);
+        double u = rt_sample_u(o->seed, len); /* keyed by the new token's position */
+        int32_t tok = rt_sample_token(logits, V, o->temperature, o->top_k, o->top_p, u, scratch);
         ctx[len++] = tok;
         printf("%s%d", i ? " " : "", (int)tok);
     }
@@ -158,6 +247,8 @@ done:
     free(logits);
     free(scratch);
     free(ctx);
+    rt_engine_close(&cache.eng);
+    free(cache.table);
     rt_exec_close(&x);
     return code;
 }

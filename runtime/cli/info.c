@@ -9,8 +9,8 @@
 
 /* The plan's summary lines. Keep them as plan_print_summary writes them. */
 static void rt_info_plan(FILE *f, const RtProgram *p) {
-    static const char *const phase[RT_NPHASES] = {"step", "update", "logits"};
-    static const char *const call[RT_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call"};
+    static const char *const phase[RT_NPHASES] = {"step", "update", "logits", "chunk"};
+    static const char *const call[RT_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call", "chunk call"};
     const RtPlanInfo *pl = &p->plan;
     const RtTrainSettings *t = &p->train;
     for (int i = 0; i < RT_NPHASES; i++) fprintf(f, "plan: arena %s %lld bytes\n", phase[i], (long long)pl->arena[i]);

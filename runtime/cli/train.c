@@ -1225,6 +1225,7 @@ int rt_main(int argc, char **argv, const RtProgram *p) {
     case RT_CMD_TRAIN: code = rt_cmd_train(p, &o); break;
     case RT_CMD_EVAL: code = rt_cmd_eval(p, &o); break;
     case RT_CMD_GENERATE: code = rt_cmd_generate(p, &o); break;
+    case RT_CMD_SERVE: code = rt_cmd_serve(p, &o); break;
     }
     rt_options_free(&o);
     if (fflush(stdout) != 0 || ferror(stdout)) {

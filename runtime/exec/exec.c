@@ -196,14 +196,15 @@ RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
     const RtProgram *p = e->prog;
     const RtGpuProgram *g = e->gpu ? p->gpu : NULL;
     RtStatus (*f)(RtStep *) = NULL;
-    static const char *const names[] = {"forward_backward", "forward_loss", "forward_logits", "optimizer_update",
-                                        "forward_stats"};
+    static const char *const names[] = {"forward_backward", "forward_loss",  "forward_logits",
+                                        "optimizer_update", "forward_stats", "forward_chunk"};
     switch (fn) {
     case RT_EXEC_FORWARD_BACKWARD: f = g ? g->forward_backward : p->forward_backward; break;
     case RT_EXEC_FORWARD_LOSS: f = g ? g->forward_loss : p->forward_loss; break;
     case RT_EXEC_FORWARD_LOGITS: f = g ? g->forward_logits : p->forward_logits; break;
     case RT_EXEC_UPDATE: f = g ? g->optimizer_update : p->optimizer_update; break;
     case RT_EXEC_FORWARD_STATS: f = g ? g->forward_stats : p->forward_stats; break;
+    case RT_EXEC_FORWARD_CHUNK: f = g ? NULL : p->forward_chunk; break;
     }
     if (!f) return rt_fail(s->err, RT_ERR_ARG, "the program has no %s for the %s", names[fn], g ? "GPU" : "CPU");
     return f(s);

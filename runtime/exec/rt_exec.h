@@ -29,6 +29,7 @@ typedef enum RtCommand {
     RT_CMD_TRAIN,    /* train [NAME] ... */
     RT_CMD_EVAL,     /* eval [NAME] ... */
     RT_CMD_GENERATE, /* generate ... */
+    RT_CMD_SERVE,    /* serve ... (runtime/serve/) */
 } RtCommand;
 
 /* What the command line asked for, with the program's settings filled in where no flag was
@@ -48,18 +49,26 @@ typedef struct RtOptions {
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
     int64_t nprompt;
-    int64_t max_tokens;   /* generate */
-    double temperature;   /* generate: 0 is greedy */
-    int64_t top_k;        /* generate: 0 is all tokens */
-    int print_logits;     /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
-    int seed_given;       /* --seed was on the command line */
-    const char *ckpt_dir; /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
+    int64_t max_tokens;      /* generate */
+    double temperature;      /* generate: 0 is greedy */
+    int64_t top_k;           /* generate: 0 is all tokens */
+    int print_logits;        /* generate --print-logits: print the logits after each prefix of the prompt, generate nothing */
+    int no_cache;            /* generate --no-cache: forward_logits over the whole context per token, not forward_chunk */
+    int prefill_chunk_given; /* --prefill-chunk was on the command line (generate: prompt tokens a cached step) */
+    int seed_given;          /* --seed was on the command line */
+    const char *ckpt_dir;    /* train: --ckpt-dir (the program's checkpoint { dir } by default) */
     const char *ckpt_dir_default;    /* the program's checkpoint { dir }, or "checkpoints" */
     int64_t ckpt_every;              /* train: --ckpt-every N; 0: none (the program's checkpoint { every } by default) */
     int64_t ckpt_keep;               /* train: --ckpt-keep N; 0: all (the program's checkpoint { keep } by default) */
     int ckpt_sync;                   /* train: --ckpt-sync: training waits for every write (for comparison) */
     const char *resume;              /* train: --resume latest|DIR, or NULL */
     const char *resume_weights_only; /* train: --resume-weights-only latest|DIR, or NULL */
+    double top_p;                    /* generate/serve: nucleus mass, (0, 1] */
+    const char *host;                /* serve: --host (127.0.0.1) */
+    int64_t port;                    /* serve: --port (the serve block's port; 0: any free port) */
+    int64_t kv_blocks;               /* serve: --kv-blocks; 0: from kv.memory */
+    const char *tokenizer;           /* serve: --tokenizer, or the serve block's, or NULL */
+    int64_t batch_tokens, prefill_chunk, batch_seqs; /* serve: the batch settings */
 } RtOptions;
 
 /* Parses argv against the program's settings. A bad command line fills err with the message
@@ -128,7 +137,8 @@ typedef enum RtExecFn {
     RT_EXEC_FORWARD_LOSS,
     RT_EXEC_FORWARD_LOGITS,
     RT_EXEC_UPDATE,
-    RT_EXEC_FORWARD_STATS /* returns with stats_out filled (its copy to the host waits) */
+    RT_EXEC_FORWARD_STATS, /* returns with stats_out filled (its copy to the host waits) */
+    RT_EXEC_FORWARD_CHUNK  /* the CPU's alone: the GPU has no forward_chunk yet */
 } RtExecFn;
 /* stats (the host's) to the GPU's d_stats (CPU: nothing). */
 RtStatus rt_exec_stats(RtExec *e, RtError *err);
@@ -319,6 +329,17 @@ void rt_ckpt_info_free(RtCkptInfo *info); /* the data file list */
 /* The next token from logits[0, vocab): the largest (lowest id on ties) when temperature is 0 or
  * top_k is 1; otherwise softmax(logits / temperature) over the top_k largest (0: all; ties by
  * lower id), sampled by inverting its CDF at u in [0, 1). scratch holds 8 x vocab bytes. */
-int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, double u, void *scratch);
+/* One token from logits: greedy when temperature is 0 or top_k is 1; else softmax(logits / T)
+ * over the top_k likeliest (0: all), then the smallest set of the likeliest whose probability
+ * reaches top_p (1: all), drawn by inverse CDF at u in [0, 1). scratch holds vocab candidates
+ * (RT_SAMPLE_SCRATCH bytes each). */
+#define RT_SAMPLE_SCRATCH 8
+int32_t rt_sample_token(const float *logits, int64_t vocab, double temperature, int64_t top_k, double top_p, double u,
+                        void *scratch);
+/* The uniform that samples the token at 0-based position pos of a sequence under seed: the first
+ * 53-bit draw of Philox stream pos of the `samp` domain, so a token depends on (seed, position)
+ * alone - not on the batch, the thread count or what was sampled before (generate and serve). */
+double rt_sample_u(uint64_t seed, int64_t pos);
+int rt_cmd_serve(const RtProgram *p, const RtOptions *o); /* `PROG serve` (runtime/serve/server.c): exit status */
 
 #endif

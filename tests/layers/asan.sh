@@ -19,7 +19,7 @@ layer_asan() {
 # run_asan_exec: the executables' tests under the sanitizers (docs/testing.md says which and why):
 # tests/asan/*.case (mlp and tiny trained a few steps and rerun identical, eval, generate),
 # tests/accum/accum_4x4.mbt, the exec layer's gen_gpt.mbt and outputs.case, each `mbtc` of theirs
-# BUILD/asan/mbtc, and tests/ckpt/run.sh with BUILD/asan/mbtc. A sanitizer report fails the step or
+# BUILD/asan/mbtc, and tests/ckpt/run.sh and tests/serve/run.sh with BUILD/asan/mbtc. A sanitizer report fails the step or
 # test it comes from (exit status SAN_EXIT, or the report in its output).
 run_asan_exec() {
     local f
@@ -34,4 +34,6 @@ run_asan_exec() {
     # the ckpt layer's script whole: kill -9 and SIGTERM resumes, full disks, damaged checkpoints
     # (each step's exit status is checked: a sanitizer's, SAN_EXIT, is never the one expected)
     MBT_CKPT_MBTC=$BUILD/asan/mbtc run_relayed asan tests/ckpt/run.sh
+    # the serve layer's script whole: its servers' exits are checked (exit 0, a clean stderr)
+    MBT_SERVE_MBTC=$BUILD/asan/mbtc run_relayed asan tests/serve/run.sh
 }

@@ -39,7 +39,7 @@ describe_status() {
     esac
 }
 
-# relay LAYER FILE: re-emits the PASS/FAIL lines of a sub-runner's output (a unit binary,
+# relay LAYER FILE: re-emits the PASS/FAIL (and SKIP) lines of a sub-runner's output (a unit binary,
 # tests/pathological.sh, tests/fuzz/run.sh) as LAYER/NAME (NAME alone when it already starts with
 # LAYER/), with the indented lines that follow a FAIL (its details); counts them into the totals
 # and into RELAY_P / RELAY_F.
@@ -63,7 +63,7 @@ relay() {
                 printf 'FAIL %s\n' "$name"
             fi
             ;;
-        "SKIP "*": "*) # a part the script could not run: `SKIP layer/part: why`
+        "SKIP "*) # a part the script could not run: `SKIP layer/part: why` (a missing package)
             infail=0
             name=${line:5}
             name=${name%%: *}

@@ -263,3 +263,39 @@ ranks() {
     echo "$np ranks of the tcp backend (no mpirun here)"
     return $rc
 }
+
+# kv_matches_recompute PROG WEIGHTS CTX (issue 17): the KV cache (forward_chunk, generate's default)
+# against the recompute path (forward_logits, --no-cache) on the first CTX - 2 tokens of $VAL:
+#   - the prompt through the cache in steps of 1, 3, 7 and 16 tokens (16: a whole call of
+#     forward_chunk) gives, after each step, the logits of that prefix to 1e-5 relative
+#     (max |a - b| / max(1, |b|) over the logits; measured 1.1e-6). Not bit for bit: a position's
+#     row sits at another index of the GEMMs than in forward_logits, and OpenBLAS's sgemm rounds a
+#     row differently depending on its index and the matrix's rows (docs/serve.md, "Numerics");
+#   - 40 greedy tokens after a 3-token prompt are the same with and without the cache (the last 11
+#     past the context, where generate recomputes), and so are 40 sampled ones (temperature 1,
+#     seed 5: a logit off by 1e-6 moves a draw only when it falls that close to a boundary).
+kv_matches_recompute() {
+    local prog=$1 w=$2 c=$3 toks prompt n=$(($3 - 2)) chunk worst g1 g2
+    toks=($(val_tokens "$n"))
+    prompt=$(IFS=,; echo "${toks[*]:0:n}")
+    "$prog" generate --weights "$w" --prompt-tokens "$prompt" --print-logits --no-cache >"$W/kv_r.txt" || return 1
+    for chunk in 1 3 7 16; do
+        "$prog" generate --weights "$w" --prompt-tokens "$prompt" --print-logits --prefill-chunk "$chunk" >"$W/kv_$chunk.txt" || return 1
+        worst=$(awk -v c="$chunk" -v n="$n" 'NR == FNR { if (FNR % c == 0 || FNR == n) r[++k] = $0; next }
+                  { split(r[FNR], a, " "); if (NF != length(a)) { print "rows differ"; exit }
+                    for (i = 1; i <= NF; i++) { d = $i - a[i]; if (d < 0) d = -d; m = a[i] < 0 ? -a[i] : a[i]; if (m < 1) m = 1
+                      if (d / m > w) w = d / m } lines++ }
+                  END { printf "%d %.3g", lines, w }' "$W/kv_r.txt" "$W/kv_$chunk.txt")
+        echo "steps of $chunk: ${worst% *} prefixes, max relative difference ${worst#* }"
+        [ "${worst% *}" = $(((n + chunk - 1) / chunk)) ] || return 1
+        awk -v x="${worst#* }" 'BEGIN { exit !(x <= 1e-5) }' || return 1
+    done
+    g1=$("$prog" generate --weights "$w" --prompt-tokens 1,2,3 --max-tokens 40 --temperature 0)
+    g2=$("$prog" generate --weights "$w" --prompt-tokens 1,2,3 --max-tokens 40 --temperature 0 --no-cache)
+    echo "greedy with the cache '$g1', without '$g2'"
+    [ -n "$g1" ] && [ "$g1" = "$g2" ] || return 1
+    g1=$("$prog" generate --weights "$w" --prompt-tokens 1,2,3 --max-tokens 40 --temperature 1 --seed 5)
+    g2=$("$prog" generate --weights "$w" --prompt-tokens 1,2,3 --max-tokens 40 --temperature 1 --seed 5 --no-cache)
+    echo "sampled (seed 5) with the cache '$g1', without '$g2'"
+    [ -n "$g1" ] && [ "$g1" = "$g2" ]
+}

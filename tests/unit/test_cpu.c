@@ -57,6 +57,7 @@
 #include "cpu.h"
 #include "diag.h"
 #include "fuse.h"
+#include "fuse_kv.h"
 #include "kir.h"
 #include "kir_ref.h"
 #include "module.h"
@@ -1070,6 +1071,236 @@ static void find_programs(const char *dir) {
 
 /* ---- main -------------------------------------------------------------------------------------------------------- */
 
+/* ---- the paged KV cache's kernels (fuse_kv.h) --------------------------------------------------
+ * Three sequences of different lengths, their blocks scattered through the pool by a permutation,
+ * run as launches that mix sequences: every launch takes the next `chunk` positions of each
+ * sequence that has any left (a decode when chunk = 1), padded with rows of no sequence. Each
+ * output row is held
+ *   - bit for bit to a C float reference that computes it in the unpaged kernel's order
+ *     (cg_attention: the max pass, then exp and the output accumulated in f32, then the division;
+ *     no contraction in either), so every chunk size gives the same bits: chunked prefill ==
+ *     unchunked, and a sequence batched with others == alone;
+ *   - to a double reference, 1e-5 relative (f32 rounding over at most 22 keys of width 8).
+ * With a bf16 pool both references read keys and values rounded to bf16 (nearest even, this
+ * file's bf16_from_float), so the rounding on the write is checked too; and the bf16 results
+ * stay within 2e-2 of the f32 pool's (bf16 keeps 8 bits: 2^-8 relative per key and value). */
+
+enum { KVT_H = 4, KVT_HK = 2, KVT_D = 8, KVT_BLOCK = 4, KVT_SEQS = 3, KVT_MAXB = 6, KVT_MAXLEN = KVT_BLOCK * KVT_MAXB };
+enum { KVT_W = KVT_H + 2 * KVT_HK }; /* a row of the sources: q heads, k heads, v heads */
+
+static const int kvt_len[KVT_SEQS] = {13, 1, 22};
+static float kvt_qkv[KVT_SEQS][KVT_MAXLEN][KVT_W][KVT_D];
+
+static void kvt_fill(void) {
+    for (int s = 0; s < KVT_SEQS; s++)
+        for (int p = 0; p < KVT_MAXLEN; p++)
+            for (int w = 0; w < KVT_W; w++)
+                for (int c = 0; c < KVT_D; c++) kvt_qkv[s][p][w][c] = (float)rng_uniform(-2.0, 2.0);
+}
+
+static float kvt_kv(int s, int p, int w, int c, int bf16) {
+    float x = kvt_qkv[s][p][w][c];
+    return bf16 ? (float)bf16_to_double(bf16_from_float(x)) : x;
+}
+
+/* Row (s, i), head h: out[c] as cg_attention computes it (float), and in double. */
+static void kvt_reference(int s, int i, int h, double scale, int bf16, float *outf, double *outd) {
+    int kh = h / (KVT_H / KVT_HK), kw = KVT_H + kh, vw = KVT_H + KVT_HK + kh;
+    float sc[KVT_MAXLEN];
+    double sd[KVT_MAXLEN];
+    float m = -INFINITY;
+    double md = -INFINITY;
+    for (int j = 0; j <= i; j++) {
+        float acc = 0;
+        double accd = 0;
+        for (int c = 0; c < KVT_D; c++) {
+            acc += kvt_qkv[s][i][h][c] * kvt_kv(s, j, kw, c, bf16);
+            accd += (double)kvt_qkv[s][i][h][c] * kvt_kv(s, j, kw, c, bf16);
+        }
+        sc[j] = (float)scale * acc;
+        sd[j] = scale * accd;
+        m = fmaxf(m, sc[j]);
+        md = fmax(md, sd[j]);
+    }
+    float sum = 0;
+    double sumd = 0;
+    for (int c = 0; c < KVT_D; c++) outf[c] = 0, outd[c] = 0;
+    for (int j = 0; j <= i; j++) {
+        float p = expf(sc[j] - m);
+        double pd = exp(sd[j] - md);
+        sum += p;
+        sumd += pd;
+        for (int c = 0; c < KVT_D; c++) {
+            outf[c] = outf[c] + p * kvt_kv(s, j, vw, c, bf16);
+            outd[c] += pd * kvt_kv(s, j, vw, c, bf16);
+        }
+    }
+    for (int c = 0; c < KVT_D; c++) outf[c] = outf[c] / sum, outd[c] /= sumd;
+}
+
+/* Runs every sequence through launches of `chunk` positions per sequence; out[s][p][h][c]. The
+ * kernel is layer 1 of 2, its pool starting 3 elements into its parameter, so the layer and
+ * offset arithmetic is exercised; layer 0's part of each slot must stay untouched. */
+static int kvt_run(int chunk, DType kv_dt, float (*out)[KVT_MAXLEN][KVT_H][KVT_D]) {
+    int64_t N = (int64_t)chunk * KVT_SEQS, slots = (int64_t)KVT_SEQS * KVT_MAXB * KVT_BLOCK, L = 2, off = 3;
+    int64_t per_slot = L * 2 * KVT_HK * KVT_D, pool_numel = off + slots * per_slot;
+    KvAttnShape sh = {.N = N,
+                      .H = KVT_H,
+                      .Hk = KVT_HK,
+                      .D = KVT_D,
+                      .block = KVT_BLOCK,
+                      .max_blocks = KVT_MAXB,
+                      .layer = 1,
+                      .L = L,
+                      .dt = DT_F32,
+                      .kv_dt = kv_dt,
+                      .scale = 1.0 / sqrt((double)KVT_D),
+                      .pool_off = off};
+    int64_t src_numel = N * KVT_W * KVT_D, out_numel = N * KVT_H * KVT_D, meta_numel = kv_meta_numel(N, KVT_MAXB);
+    sh.q = (KView){0, 0, {0, KVT_D, KVT_W * KVT_D, 1}};
+    sh.k = (KView){0, KVT_H * KVT_D, {0, KVT_D, KVT_W * KVT_D, 1}};
+    sh.v = (KView){0, (KVT_H + KVT_HK) * KVT_D, {0, KVT_D, KVT_W * KVT_D, 1}};
+    sh.out = (KView){0, 0, {0, KVT_D, KVT_H * KVT_D, 1}};
+    CHECK(kv_shape_problem(&sh) == NULL, "the shape is valid");
+    Arena ar = {0};
+    Kernel *k = kv_attn_kernel(&ar, "kv_attn", &sh, 1, &src_numel, pool_numel, out_numel);
+    int ok = 1;
+    if (kir_verify(k, stderr) != 0) {
+        CHECK(0, "%s verifies", k->name);
+        ok = 0;
+    }
+    KernelFn fn;
+    Jit j;
+    if (!ok || !jit_open(&j, &k, 1, &fn, 1)) {
+        arena_free(&ar);
+        return 0;
+    }
+    size_t esz = kv_dt == DT_BF16 ? 2 : 4;
+    float *src = calloc((size_t)src_numel, sizeof(float)), *o = calloc((size_t)out_numel, sizeof(float));
+    unsigned char *pool = calloc((size_t)pool_numel, esz);
+    int32_t *meta = calloc((size_t)meta_numel, 4);
+    int32_t table[KVT_SEQS][KVT_MAXB];
+    for (int b = 0; b < KVT_SEQS * KVT_MAXB; b++)
+        table[b / KVT_MAXB][b % KVT_MAXB] = (int32_t)((b * 7 + 5) % (KVT_SEQS * KVT_MAXB));
+    for (int s = 0; s < KVT_SEQS; s++) memcpy(meta + KV_META_TABLE * N + s * KVT_MAXB, table[s], sizeof table[s]);
+    void *bufs[4] = {src, meta, pool, o};
+    for (int start = 0; start < KVT_MAXLEN; start += chunk) {
+        int64_t rows = 0;
+        int who[64][2];
+        for (int s = 0; s < KVT_SEQS; s++)
+            for (int p = start; p < start + chunk && p < kvt_len[s]; p++) {
+                memcpy(src + rows * KVT_W * KVT_D, kvt_qkv[s][p], sizeof kvt_qkv[s][p]);
+                meta[KV_META_POS * N + rows] = p;
+                meta[KV_META_SEQ * N + rows] = s;
+                meta[KV_META_START * N + rows] = start;
+                meta[KV_META_SLOT * N + rows] = table[s][p / KVT_BLOCK] * KVT_BLOCK + p % KVT_BLOCK;
+                who[rows][0] = s, who[rows][1] = p;
+                rows++;
+            }
+        if (!rows) break;
+        for (int64_t r = rows; r < N; r++) { /* padding: garbage sources, no sequence */
+            for (int c = 0; c < KVT_W * KVT_D; c++) src[r * KVT_W * KVT_D + c] = 1e30f;
+            meta[KV_META_POS * N + r] = 0, meta[KV_META_SEQ * N + r] = -1;
+            meta[KV_META_START * N + r] = 0, meta[KV_META_SLOT * N + r] = -1;
+        }
+        fn(bufs, 0, N * KVT_H);
+        for (int64_t r = 0; r < N; r++)
+            for (int h = 0; h < KVT_H; h++)
+                for (int c = 0; c < KVT_D; c++) {
+                    float v = o[(r * KVT_H + h) * KVT_D + c];
+                    if (r < rows) out[who[r][0]][who[r][1]][h][c] = v;
+                    else if (v != 0) {
+                        CHECK(0, "padding row %lld is zero, not %g", (long long)r, (double)v);
+                        ok = 0;
+                    }
+                }
+    }
+    int64_t touched = 0; /* layer 0's halves of every slot, and the offset, are never written */
+    for (int64_t i = 0; i < off * (int64_t)esz; i++) touched += pool[i] != 0;
+    for (int64_t sl = 0; sl < slots; sl++)
+        for (int64_t i = 0; i < 2 * KVT_HK * KVT_D * (int64_t)esz; i++)
+            touched += pool[(off + sl * per_slot) * (int64_t)esz + i] != 0;
+    CHECK(touched == 0, "%lld bytes outside layer 1's part of the pool were written", (long long)touched);
+    free(src), free(o), free(pool), free(meta);
+    jit_close(&j);
+    arena_free(&ar);
+    return ok;
+}
+
+static float kvt_out[2][KVT_SEQS][KVT_MAXLEN][KVT_H][KVT_D]; /* the last run, and the f32 pool's whole-sequence run */
+
+static void kv_paged(DType kv_dt) {
+    int bf16 = kv_dt == DT_BF16;
+    double scale = 1.0 / sqrt((double)KVT_D);
+    static const int chunks[] = {KVT_MAXLEN, 1, 3, 5};
+    for (size_t ci = 0; ci < sizeof chunks / sizeof *chunks; ci++) {
+        if (!kvt_run(chunks[ci], kv_dt, kvt_out[0])) return;
+        int64_t bad = 0;
+        double worst = 0, vs32 = 0;
+        for (int s = 0; s < KVT_SEQS; s++)
+            for (int i = 0; i < kvt_len[s]; i++)
+                for (int h = 0; h < KVT_H; h++) {
+                    float rf[KVT_D];
+                    double rd[KVT_D];
+                    kvt_reference(s, i, h, scale, bf16, rf, rd);
+                    for (int c = 0; c < KVT_D; c++) {
+                        float got = kvt_out[0][s][i][h][c];
+                        bad += memcmp(&got, &rf[c], sizeof got) != 0;
+                        worst = fmax(worst, fabs(got - rd[c]) / fmax(1.0, fabs(rd[c])));
+                        if (bf16) vs32 = fmax(vs32, fabs((double)got - kvt_out[1][s][i][h][c]));
+                    }
+                }
+        CHECK(bad == 0, "chunk %d, %s pool: %lld values differ from the float reference's bits", chunks[ci], dtype_name(kv_dt),
+              (long long)bad);
+        CHECK(worst < 1e-5, "chunk %d, %s pool: error %.3g against the double reference", chunks[ci], dtype_name(kv_dt), worst);
+        if (bf16) CHECK(vs32 < 2e-2, "chunk %d: the bf16 pool's results are within %.3g of the f32 pool's", chunks[ci], vs32);
+        if (!bf16 && ci == 0) memcpy(kvt_out[1], kvt_out[0], sizeof kvt_out[0]);
+    }
+}
+
+static void test_kv_paged_f32(void) {
+    kvt_fill();
+    kv_paged(DT_F32);
+}
+
+static void test_kv_paged_bf16(void) {
+    kvt_fill();
+    kv_paged(DT_F32); /* the f32 pool's results first, for the comparison */
+    kv_paged(DT_BF16);
+}
+
+/* The kernel prints (--emit=kernels shows it as any other kernel). */
+static void test_kv_print(void) {
+    KvAttnShape sh = {.N = 2,
+                      .H = 2,
+                      .Hk = 1,
+                      .D = 4,
+                      .block = 2,
+                      .max_blocks = 2,
+                      .layer = 0,
+                      .L = 1,
+                      .dt = DT_F32,
+                      .kv_dt = DT_BF16,
+                      .scale = 0.5};
+    int64_t numel[3] = {16, 8, 8};
+    sh.q = (KView){0, 0, {0, 4, 8, 1}};
+    sh.k = (KView){1, 0, {0, 4, 4, 1}};
+    sh.v = (KView){2, 0, {0, 4, 4, 1}};
+    sh.out = (KView){0, 0, {0, 4, 8, 1}};
+    Arena ar = {0};
+    Kernel *a = kv_attn_kernel(&ar, "kv_attn", &sh, 3, numel, 64, 16);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    kir_print_body(f, a, 2);
+    fclose(f);
+    CHECK(kir_verify(a, stderr) == 0, "the kernel verifies");
+    CHECK(strstr(text, "loop") && strstr(text, "exp"), "the attention body prints with its loops and exp:\n%s", text);
+    CHECK(a->bufs[4].dt == DT_BF16 && a->bufs[4].written && a->bufs[5].written, "pool in bf16, pool and output written");
+    free(text);
+    arena_free(&ar);
+}
+
 int main(void) {
     rng_state = 20240611;
     RUN(test_float_binary_f32);
@@ -1087,6 +1318,9 @@ int main(void) {
     RUN(test_loops_accumulators_ifs);
     RUN(test_empty_loop);
     RUN(test_print_optimize_object);
+    RUN(test_kv_paged_f32);
+    RUN(test_kv_paged_bf16);
+    RUN(test_kv_print);
     find_programs("tests/golden");
     find_programs("tests/fuse");
     RUN(test_fused_programs_found);

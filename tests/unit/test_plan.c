@@ -315,9 +315,12 @@ static void regions_contiguous(void) {
     CHECK(m->ninputs == 2 && m->inputs[0].home == PH_X && m->inputs[1].home == PH_Y && m->inputs[0].bytes == 8 * 4 * 4 &&
               m->inputs[1].bytes == 8 * 4 * 4 && m->input_bytes == 2 * 8 * 4 * 4,
           "%d inputs, %lld bytes", m->ninputs, (long long)m->input_bytes);
-    /* three phases (the model's output is logits), the arena the largest of their peaks */
+    /* three phases (the model's output is logits; it has no attention, so no chunk phase, and the
+     * plan says why), the arena the largest of their peaks */
     int64_t largest = 0;
-    for (int i = 0; i < PLAN_NPHASES; i++) {
+    const char *why = b->plan->sched.why_no_chunk;
+    CHECK(!m->phase[PLAN_CHUNK].r && why && strstr(why, "no attention"), "no chunk phase: %s", why ? why : "(none)");
+    for (int i = 0; i < PLAN_CHUNK; i++) {
         const PlanPhaseMem *ph = &m->phase[i];
         CHECK(ph->r && ph->peak <= ph->naive && ph->kernels == ph->r->nkernels && ph->gemms == ph->r->ngemms,
               "phase %s: peak %lld, naive %lld", ph->name, (long long)ph->peak, (long long)ph->naive);

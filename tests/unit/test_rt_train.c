@@ -575,22 +575,30 @@ static void sampler_distribution(void) {
     float logits[4] = {logf(0.2f), logf(0.5f), logf(0.3f), -INFINITY}; /* p = .2 .5 .3 0 */
     float scratch[16];
     /* sorted by probability: 1 (.5), 2 (.3), 0 (.2): u < .5 -> 1, u < .8 -> 2, else 0 */
-    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.0, scratch) == 1, "u 0");
-    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.49, scratch) == 1, "u 0.49");
-    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.51, scratch) == 2, "u 0.51");
-    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.79, scratch) == 2, "u 0.79");
-    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.81, scratch) == 0, "u 0.81");
-    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.999999, scratch) == 0, "u near 1");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 1.0, 0.0, scratch) == 1, "u 0");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 1.0, 0.49, scratch) == 1, "u 0.49");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 1.0, 0.51, scratch) == 2, "u 0.51");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 1.0, 0.79, scratch) == 2, "u 0.79");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 1.0, 0.81, scratch) == 0, "u 0.81");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 1.0, 0.999999, scratch) == 0, "u near 1");
     /* top-2 renormalises .5/.8 and .3/.8 */
-    CHECK(rt_sample_token(logits, 4, 1.0, 2, 0.62, scratch) == 1, "top-2, u 0.62");
-    CHECK(rt_sample_token(logits, 4, 1.0, 2, 0.63, scratch) == 2, "top-2, u 0.63");
-    CHECK(rt_sample_token(logits, 4, 1.0, 2, 0.999999, scratch) == 2, "top-2 never picks the third");
+    CHECK(rt_sample_token(logits, 4, 1.0, 2, 1.0, 0.62, scratch) == 1, "top-2, u 0.62");
+    CHECK(rt_sample_token(logits, 4, 1.0, 2, 1.0, 0.63, scratch) == 2, "top-2, u 0.63");
+    CHECK(rt_sample_token(logits, 4, 1.0, 2, 1.0, 0.999999, scratch) == 2, "top-2 never picks the third");
     /* temperature 0 and top-k 1: the argmax; ties go to the lower id */
     float tie[3] = {1.0f, 2.0f, 2.0f};
-    CHECK(rt_sample_token(tie, 3, 0.0, 0, 0.9, scratch) == 1, "greedy tie");
-    CHECK(rt_sample_token(tie, 3, 1.0, 1, 0.9, scratch) == 1, "top-1 tie");
+    CHECK(rt_sample_token(tie, 3, 0.0, 0, 1.0, 0.9, scratch) == 1, "greedy tie");
+    CHECK(rt_sample_token(tie, 3, 1.0, 1, 1.0, 0.9, scratch) == 1, "top-1 tie");
     /* a low temperature sharpens: with T = 0.1, p(1) = .5^10 / (.2^10 + .5^10 + .3^10) > .99 */
-    CHECK(rt_sample_token(logits, 4, 0.1, 0, 0.99, scratch) == 1, "temperature 0.1");
+    CHECK(rt_sample_token(logits, 4, 0.1, 0, 1.0, 0.99, scratch) == 1, "temperature 0.1");
+    /* top-p 0.6: 1 (.5) then 2 (.3) reach it, so the nucleus is top-2's; top-p 0.5: 1 alone */
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.6, 0.62, scratch) == 1, "top-p .6, u 0.62");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.6, 0.63, scratch) == 2, "top-p .6, u 0.63");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.6, 0.999999, scratch) == 2, "top-p .6 never picks the third");
+    CHECK(rt_sample_token(logits, 4, 1.0, 0, 0.5, 0.999999, scratch) == 1, "top-p .5 is the likeliest alone");
+    /* the uniform is keyed by (seed, position) alone */
+    CHECK(rt_sample_u(7, 3) == rt_sample_u(7, 3), "same seed and position, same u");
+    CHECK(rt_sample_u(7, 3) != rt_sample_u(7, 4) && rt_sample_u(7, 3) != rt_sample_u(8, 3), "another position or seed");
 }
 
 /* ---- the command line --------------------------------------------------------------------------- */
@@ -635,8 +643,8 @@ static void help_lists_every_flag(void) {
         const char *d = strstr(p + 1, "(default ");
         with_default += d && (!nl || d < nl);
     }
-    CHECK(lines == 30 && with_default == lines, "%d flag lines, %d with a default (expected 30: train 15, eval 6, generate 9)",
-          lines, with_default);
+    CHECK(lines == 39 && with_default == lines,
+          "%d flag lines, %d with a default (expected 39: train 15, eval 6, generate 11, serve 7)", lines, with_default);
     Run r2 = run(g_bigram, "train", "--help", NULL);
     CHECK(r2.status == 0 && strcmp(r.out, r2.out) == 0, "'train --help' differs from '--help'");
     run_free(&r);
@@ -682,9 +690,11 @@ static void cli_errors(void) {
     ErrCase cases[] = {
         {{NULL}, "bigram: no command given; 'bigram --help' lists the commands\n"},
         {{"trian"}, "bigram: unknown command 'trian' (did you mean 'train'?)\n"},
-        {{"fit"}, "bigram: unknown command 'fit'; the commands are train, eval and generate\n"},
-        {{"serve"}, "bigram: the serve command is not available yet; the commands are train, eval and generate\n"},
-        {{"--steps", "3"}, "bigram: '--steps' before a command; the commands are train, eval and generate (see --help)\n"},
+        {{"fit"}, "bigram: unknown command 'fit'; the commands are train, eval, generate and serve\n"},
+        {{"serve"}, "bigram: serve needs --weights F.safetensors (the program names no weights file)\n"},
+        {{"serve", "--port", "70000"}, "bigram: --port needs a whole number from 0 to 65535, not '70000'\n"},
+        {{"serve", "--top-p", "0"}, "bigram: --top-p needs a fraction in (0, 1], not '0'\n"},
+        {{"--steps", "3"}, "bigram: '--steps' before a command; the commands are train, eval, generate and serve (see --help)\n"},
         {{"train", "--stpes", "5"}, "bigram: unknown option '--stpes' for train (did you mean '--steps'?)\n"},
         {{"train", "--bogus"}, "bigram: unknown option '--bogus' for train (see --help)\n"},
         {{"train", "--prompt-tokens", "1"}, "bigram: option '--prompt-tokens' is not for train (it is for generate)\n"},

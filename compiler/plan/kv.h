@@ -1,0 +1,32 @@
+/* kv.h - the forward over new tokens with a paged KV cache (kv.c): the batch-1 forward graph
+ * rewritten for N rows of new tokens whose attention reads and writes the pool (fuse_kv.h).
+ *
+ * Pipeline position: plan (schedules.c, the chunk phase) -> fuse -> host (forward_chunk). */
+#ifndef MBT_PLAN_KV_H
+#define MBT_PLAN_KV_H
+
+#include "graph.h"
+
+typedef struct KvConfig {
+    int64_t rows;       /* N: new tokens per call of forward_chunk */
+    int64_t block;      /* tokens per KV block */
+    int64_t max_blocks; /* blocks of one sequence: ceil(context / block) */
+    DType kv_dt;        /* the pool's: DT_F32, DT_BF16 or DT_F16 */
+} KvConfig;
+
+typedef struct KvChunk {
+    Graph *g;                /* inputs data.x i32[1, N] and kv i32[meta] (the pool after it) */
+    int out;                 /* the logits [1, N, vocab] */
+    int layers;              /* attention ops: the pool's layers */
+    int64_t heads_kv;        /* key/value heads of every layer */
+    int64_t head_dim;        /* their width */
+    int64_t meta_bytes;      /* the metadata's bytes: the kv input */
+    int64_t bytes_per_token; /* the pool's bytes for one position over all layers */
+} KvChunk;
+
+/* The forward graph g (batch 1, T positions, logits at node out) over cfg->rows new tokens with
+ * the cache, into res; NULL, or why the model cannot use the cache (with *at where, span_none
+ * when nowhere). g is not changed. */
+const char *kv_chunk_graph(const Graph *g, int out, int64_t T, const KvConfig *cfg, KvChunk *res, Span *at, Arena *ar);
+
+#endif
