@@ -88,6 +88,23 @@ else
 fi
 if [ "$what" = test ]; then say "found $(clang-19 --version | head -n 1) with libFuzzer"; fi
 say "found $(mpirun --version 2>/dev/null | head -n 1) (data-parallel ranks; docs/parallel.md)"
+# The serve layer's peers from PyPI (tests only, never the product): the official `openai` client
+# and Hugging Face's `tokenizers`, in a virtual environment of /usr/bin/python3 that also sees
+# Debian's packages (tests/serve/run.sh uses it when it is there). No network: the serve layer
+# prints SKIP for the checks that need them.
+if [ "$what" = test ]; then
+    venv=${MBT_TEST_VENV:-build/pyenv}
+    if ! "$venv/bin/python3" -c 'import openai, tokenizers' >/dev/null 2>&1; then
+        if /usr/bin/python3 -m venv --system-site-packages "$venv" >/tmp/mbt-pip.log 2>&1 &&
+            timeout 300 "$venv/bin/pip" install -q openai tokenizers >>/tmp/mbt-pip.log 2>&1; then
+            say "installed openai and tokenizers from PyPI into $venv (the serve layer's peers)"
+        else
+            say "could not install openai and tokenizers from PyPI (log: /tmp/mbt-pip.log); their serve checks will SKIP"
+        fi
+    else
+        say "found openai and tokenizers in $venv (the serve layer's peers)"
+    fi
+fi
 if [ "$what" = bench ]; then say "found PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) for /usr/bin/python3"; fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if [ -f "$CUDA_HOME/include/nvrtc.h" ]; then

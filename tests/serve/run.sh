@@ -34,4 +34,8 @@ grep -q 'chat     = chatml' "$DIR/gptchat.mbt" || fail_setup "the chat copy of g
 "$DIR/gpt" train --data "$DIR/d/t_train.bin" --steps 200 --save-weights "$DIR/gpt.safetensors" >"$OUT" 2>&1 ||
     fail_setup "training failed"
 [ -x "$BUILD/tests/sv_tokenize" ] || fail_setup "$BUILD/tests/sv_tokenize is not built (make unit)"
-/usr/bin/python3 tests/serve/serve_test.py "$BUILD" "$DIR"
+# the PyPI peers (openai, tokenizers) live in the virtual environment tools/deps.sh test makes
+py=/usr/bin/python3
+venv=${MBT_TEST_VENV:-build/pyenv}
+[ -x "$venv/bin/python3" ] && py=$venv/bin/python3
+"$py" tests/serve/serve_test.py "$BUILD" "$DIR"
