@@ -201,8 +201,12 @@ static RtStatus rt_exec_start_params(RtExec *x, const RtOptions *o, const char *
 
 /* The mean loss over up to `batches` micro-batches of the held-out split, read from its start
  * (the callers ask for eval_steps global batches of the first ramp stage: eval_steps x global / micro
- * micro-batches). */
-static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, double *loss, int64_t *used, RtError *err) {
+ * micro-batches). With a world of several ranks (comm, else NULL) rank r evaluates batches
+ * [batches x r / N, batches x (r + 1) / N) alone, and the losses are gathered (rank order is batch
+ * order) and added one after another in batch order, as one process adds them: the same number
+ * at any number of ranks (docs/parallel.md). */
+static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, RtComm *comm, double *loss, int64_t *used,
+                            RtError *err) {
     const RtProgram *p = e->prog;
     if (!p->forward_loss) return rt_fail(err, RT_ERR_ARG, "this program cannot evaluate: it has no loss-only forward");
     int64_t B = p->train.micro, T = p->train.seq;
@@ -211,18 +215,39 @@ static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t se
         return rt_fail(err, RT_ERR_ARG, "the held-out data have %lld windows of %lld tokens, fewer than one batch of %lld",
                        (long long)rt_data_windows(val), (long long)(T + 1), (long long)B);
     if (batches > have) batches = have;
+    int n = comm ? rt_comm_size(comm) : 1, r = comm ? rt_comm_rank(comm) : 0;
+    int64_t lo = batches * r / n, hi = batches * (r + 1) / n, most = (batches + n - 1) / n;
+    /* this rank's losses (most slots, the unused ones NaN), then every rank's */
+    double *mine = malloc((size_t)(most + 1) * sizeof *mine), *all = malloc((size_t)(most * n + 1) * sizeof *all);
+    if (!mine || !all) {
+        free(mine), free(all);
+        return rt_fail_errno(err, ENOMEM, "cannot allocate the evaluation's losses");
+    }
     rt_data_rewind(val);
-    double sum = 0;
-    for (int64_t b = 0; b < batches; b++) {
-        RtStatus st = rt_data_next(val, B, e->x, e->y, err);
+    rt_data_skip(val, lo * B);
+    RtStatus st = RT_OK;
+    for (int64_t b = lo; st == RT_OK && b < hi; b++) {
+        st = rt_data_next(val, B, e->x, e->y, err);
         if (st == RT_OK) st = rt_exec_batch(e, B * T, err);
-        if (st != RT_OK) return st;
+        if (st != RT_OK) break;
         RtStep s = rt_exec_step(e, err);
         s.B = B, s.T = T, s.seed = seed;
         st = rt_exec_call(e, RT_EXEC_FORWARD_LOSS, &s);
-        if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
-        sum += s.loss;
+        if (st != RT_OK) rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
+        mine[b - lo] = s.loss;
     }
+    for (int64_t k = hi - lo; k < most; k++) mine[k] = NAN;
+    if (st == RT_OK && n > 1) {
+        st = rt_comm_gather_f64(comm, mine, most, all, err);
+        if (st != RT_OK) rt_error_context(err, "evaluation: gathering the ranks' losses");
+    } else if (st == RT_OK) {
+        memcpy(all, mine, (size_t)most * sizeof *all);
+    }
+    double sum = 0;
+    for (int k = 0; st == RT_OK && k < n; k++) /* batch order: rank k's [batches x k / n, batches x (k + 1) / n) */
+        for (int64_t b = batches * k / n; b < batches * (k + 1) / n; b++) sum += all[k * most + b - batches * k / n];
+    free(mine), free(all);
+    if (st != RT_OK) return st;
     *loss = sum / (double)batches;
     *used = batches;
     return RT_OK;
@@ -348,8 +373,12 @@ typedef struct RtTrainRun {
     RtComm *comm;   /* the world of ranks (runtime/comm/comm.h): one rank unless a launcher started several */
     /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` (the world's) */
     int rank, nranks;
-    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp */
-    double *all_loss;   /* every rank's, in rank order: accum x nranks */
+    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp, + 1 */
+    double *all_loss;   /* every rank's, in rank order: (accum + 1) x nranks, then accum x nranks */
+    /* the signal that stops the run after this step (0: none), and the rank it came to: with
+     * several ranks every rank's pending signal travels with the losses' gather, so that all of
+     * them stop after the same step (rt_train_gather_losses) */
+    int stop_sig, stop_rank;
     int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
     float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
     /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
@@ -511,8 +540,8 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     accum = accum * t->data_ranks / r->nranks; /* this process's micro-batches a step, at most */
     RtStatus st = rt_exec_tree_open(&r->x, accum, &r->e);
     if (st != RT_OK) return st;
-    r->micro_loss = calloc((size_t)accum, sizeof *r->micro_loss);
-    r->all_loss = calloc((size_t)(accum * r->nranks), sizeof *r->all_loss);
+    r->micro_loss = calloc((size_t)accum + 1, sizeof *r->micro_loss);
+    r->all_loss = calloc((size_t)((accum + 1) * r->nranks), sizeof *r->all_loss);
     if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
     if (r->nranks == 1) return RT_OK;
     r->shard_off = calloc((size_t)r->nranks + 1, sizeof *r->shard_off);
@@ -698,15 +727,30 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
 }
 
 /* Every rank's micro-batch losses, rank 0's first, into *all (this rank's alone when it is the
- * only one). */
+ * only one). The stop signal rides along: each rank appends the signal it has seen (0: none) to
+ * its losses, and every rank takes the first nonzero one in rank order, so that all of them agree
+ * to stop after this step (a signal that comes to one rank, or to each at a slightly different
+ * time, stops them all after the same step; docs/parallel.md). One double a rank a step: no
+ * collective of its own. */
 static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
+    int sig = rt_stop_signal;
     if (r->nranks == 1) {
         *all = r->micro_loss;
+        r->stop_sig = sig, r->stop_rank = 0;
         return RT_OK;
     }
     *all = r->all_loss;
-    RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum, r->all_loss, &r->e);
-    return st == RT_OK ? st : rt_error_context(&r->e, "gathering the step's losses");
+    r->micro_loss[accum] = (double)sig;
+    RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum + 1, r->all_loss, &r->e);
+    if (st != RT_OK) return rt_error_context(&r->e, "gathering the step's losses");
+    r->stop_sig = 0;
+    for (int k = 0; k < r->nranks; k++) {
+        int ks = (int)r->all_loss[k * (accum + 1) + accum];
+        if (ks && !r->stop_sig) r->stop_sig = ks, r->stop_rank = k;
+        /* the losses alone, rank after rank (the destination never passes the source) */
+        memmove(r->all_loss + k * accum, r->all_loss + k * (accum + 1), (size_t)accum * sizeof *r->all_loss);
+    }
+    return RT_OK;
 }
 
 /* The n pieces of len floats at v (piece i at v + i x len) summed in place by the step's tree
@@ -898,10 +942,11 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     if (st == RT_OK && r->val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
         double vl;
         int64_t used;
-        st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, &vl, &used, &r->e);
+        st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, r->nranks > 1 ? r->comm : NULL, &vl,
+                         &used, &r->e);
         if (st == RT_OK) st = rt_log_eval(&r->log, step + 1, vl, used, &r->e);
     }
-    *stop = rt_stop_signal != 0;
+    *stop = r->stop_sig != 0; /* the ranks' agreement (rt_train_gather_losses) */
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
     if (r->zero) st = rt_train_gather_state(r); /* every rank takes part */
@@ -990,9 +1035,11 @@ static RtStatus rt_train_loop(RtTrainRun *r, int64_t first_step) {
             rt_log_close(&r->log, &r->e);
             r->log_open = 0;
             int own_dir = strcmp(o->ckpt_dir, r->given->ckpt_dir_default) == 0; /* the program's: no flag needed */
-            printf("stopped by %s after step %lld; resume with: %s train --resume latest%s%s\n",
-                   rt_stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1), o->prog, own_dir ? "" : " --ckpt-dir ",
-                   own_dir ? "" : o->ckpt_dir);
+            char whose[48] = "";
+            if (r->nranks > 1) snprintf(whose, sizeof whose, " (to rank %d; every rank stops here)", r->stop_rank);
+            printf("stopped by %s%s after step %lld; resume with: %s train --resume latest%s%s\n",
+                   r->stop_sig == SIGINT ? "SIGINT" : "SIGTERM", whose, (long long)(step + 1), o->prog,
+                   own_dir ? "" : " --ckpt-dir ", own_dir ? "" : o->ckpt_dir);
             return RT_OK;
         }
     }
@@ -1101,7 +1148,7 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     if (st == RT_OK) st = rt_exec_push(&x, &e);
     double loss = 0;
     int64_t used = 0;
-    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, &loss, &used, &e);
+    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, NULL, &loss, &used, &e);
     if (st == RT_OK) {
         printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss, exp(loss),
                (long long)used, (long long)t->micro, (long long)t->seq,
