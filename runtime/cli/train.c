@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "dp_reduce.h"
 #include "rt_exec.h"
 #include "rt_profile.h"
 
@@ -387,6 +388,7 @@ typedef struct RtTrainRun {
     float *zero_scratch; /* one vector of param_floats: a state variable gathered for a checkpoint */
     float *state_full;   /* rank 0: the whole optimizer state, gathered for a checkpoint */
     double *norm_all;    /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
+    RtDpReduce *buckets; /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -556,6 +558,15 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
                        "parallel.zero = %d runs on the CPU: the GPU's optimizer_update does not take a shard yet (--device cpu, "
                        "or zero = 0)",
                        r->zero);
+    /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
+     * whole vector alone; nor for one bucket, where the thread would only add a hand-over) */
+    int64_t bucket_floats = 0;
+    RtStatus bst = rt_dp_bucket_env(&bucket_floats, &r->e);
+    if (bst != RT_OK) return bst;
+    if (r->zero < 2 && r->p->param_floats > bucket_floats) {
+        bst = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, bucket_floats, &r->e);
+        if (bst != RT_OK) return bst;
+    }
     if (r->zero == 2) {
         r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);
         if (!r->norm_all) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient norm's blocks");
@@ -632,6 +643,10 @@ static void rt_train_banner(const RtTrainRun *r) {
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
+    if (r->buckets)
+        printf("data-parallel: the ranks' sum in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the last parameters "
+               "first, by a communication thread: bucket b + 1's exchange overlaps bucket b's sum (not the backward)\n",
+               rt_dp_reduce_buckets(r->buckets), (long long)rt_dp_reduce_bucket_floats(r->buckets));
     if (r->zero)
         printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
                "parameters are gathered\n",
@@ -753,25 +768,6 @@ static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **al
     return RT_OK;
 }
 
-/* The n pieces of len floats at v (piece i at v + i x len) summed in place by the step's tree
- * over the pieces (as rt_tree_sum_f64); the sum is the first piece. */
-static void rt_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
-    int at[RT_TREE_MAX + 1];
-    int64_t size[RT_TREE_MAX + 1];
-    int d = 0;
-    for (int i = 0; i < n; i++) {
-        at[d] = i, size[d++] = 1;
-        while (d >= 2 && size[d - 1] == size[d - 2]) {
-            rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
-            size[d - 2] *= 2, d--;
-        }
-    }
-    while (d >= 2) {
-        rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
-        size[d - 2] += size[d - 1], d--;
-    }
-}
-
 /* The step's gradient summed over the ranks (nothing to do with one rank): each rank receives
  * every rank's partial sum of its shard (rt_comm_exchange_shards, rank order = micro-batch order),
  * sums them by the step's tree over the ranks, and the summed shards are gathered back so that
@@ -784,9 +780,13 @@ static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     RtExec *x = &r->x;
     int64_t n = r->p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
     RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
-    if (st == RT_OK) st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
-    if (st == RT_OK) {
-        rt_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
+    if (st == RT_OK && r->buckets) { /* zero < 2: the whole sum on every rank, bucket by bucket */
+        st = rt_dp_reduce_run(r->buckets, x->grads, &r->e);
+    } else if (st == RT_OK) {
+        st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
+    }
+    if (st == RT_OK && !r->buckets) {
+        rt_dp_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
         if (len > 0) memcpy(x->grads + lo, r->shard_got, (size_t)len * sizeof *x->grads);
         /* ZeRO-2 keeps its shard of the summed gradient alone (but for --dump-step's step 1, which
          * writes all of it; r->given is the same on every rank) */
@@ -1064,6 +1064,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->zero_scratch);
     free(r->state_full);
     free(r->norm_all);
+    rt_dp_reduce_close(r->buckets);
     free(r->dump_x);
     free(r->dump_y);
     free(r->dump_p);
@@ -1118,6 +1119,12 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     }
     if (r.comm) { /* MBT_DEBUG, MBT_TRACE */
         rt_comm_print_timing(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.comm);
+        const char *dbg = getenv("MBT_DEBUG"); /* as the table's: a number, 1 or more */
+        if (dbg && atoi(dbg) >= 1) {
+            char pre[32];
+            snprintf(pre, sizeof pre, "[rank %d] ", rt_comm_rank(r.comm));
+            rt_dp_reduce_print(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.buckets, pre);
+        }
         const char *trace;
         RtError te;
         if (rt_comm_trace_write(r.comm, &trace, &te) != RT_OK) fprintf(stderr, "%s: warning: %s\n", r.o.prog, te.msg);
