@@ -385,10 +385,14 @@ typedef struct RtTrainRun {
     /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
      * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
     int zero;
-    float *zero_scratch; /* one vector of param_floats: a state variable gathered for a checkpoint */
-    float *state_full;   /* rank 0: the whole optimizer state, gathered for a checkpoint */
-    double *norm_all;    /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
-    RtDpReduce *buckets; /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
+    float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
+    float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
+    double *norm_all;      /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
+    RtDpReduce *buckets;   /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
+    int64_t bucket_floats; /* MBT_DP_BUCKET_MB's */
+    double model_gbps;     /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
+    double fb_s;           /* the micro-batches' forward_backward time (for the model) */
+    int64_t fb_n;
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -545,7 +549,9 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     r->micro_loss = calloc((size_t)accum + 1, sizeof *r->micro_loss);
     r->all_loss = calloc((size_t)((accum + 1) * r->nranks), sizeof *r->all_loss);
     if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
-    if (r->nranks == 1) return RT_OK;
+    st = rt_dp_bucket_env(&r->bucket_floats, &r->e);
+    if (st == RT_OK) st = rt_dp_model_env(&r->model_gbps, &r->e);
+    if (st != RT_OK || r->nranks == 1) return st;
     r->shard_off = calloc((size_t)r->nranks + 1, sizeof *r->shard_off);
     if (!r->shard_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
@@ -560,12 +566,9 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
                        r->zero);
     /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
      * whole vector alone; nor for one bucket, where the thread would only add a hand-over) */
-    int64_t bucket_floats = 0;
-    RtStatus bst = rt_dp_bucket_env(&bucket_floats, &r->e);
-    if (bst != RT_OK) return bst;
-    if (r->zero < 2 && r->p->param_floats > bucket_floats) {
-        bst = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, bucket_floats, &r->e);
-        if (bst != RT_OK) return bst;
+    if (r->zero < 2 && r->p->param_floats > r->bucket_floats) {
+        st = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, r->bucket_floats, &r->e);
+        if (st != RT_OK) return st;
     }
     if (r->zero == 2) {
         r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);
@@ -716,12 +719,14 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* micro: the micro-batch's index in the global batch, so that a random draw keyed by it is
          * the same at any number of ranks */
         s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        double fb0 = rt_now();
         if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
         if (st == RT_OK && m + 1 < accum) {
             rt_exec_flip(x);
             next = rt_data_next(r->train, t->micro, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
+        r->fb_s += rt_now() - fb0, r->fb_n++;         /* (the next batch's read included, when there is one) */
         if (st != RT_OK)
             return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(first + m + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
@@ -748,14 +753,12 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
  * time, stops them all after the same step; docs/parallel.md). One double a rank a step: no
  * collective of its own. */
 static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
-    int sig = rt_stop_signal;
-    if (r->nranks == 1) {
+    if (r->nranks == 1) { /* (alone the signal is read after the step: rt_train_after_step) */
         *all = r->micro_loss;
-        r->stop_sig = sig, r->stop_rank = 0;
         return RT_OK;
     }
     *all = r->all_loss;
-    r->micro_loss[accum] = (double)sig;
+    r->micro_loss[accum] = (double)rt_stop_signal;
     RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum + 1, r->all_loss, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "gathering the step's losses");
     r->stop_sig = 0;
@@ -946,7 +949,9 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
                          &used, &r->e);
         if (st == RT_OK) st = rt_log_eval(&r->log, step + 1, vl, used, &r->e);
     }
-    *stop = r->stop_sig != 0; /* the ranks' agreement (rt_train_gather_losses) */
+    /* several ranks: their agreement (rt_train_gather_losses); alone, a signal up to now */
+    if (r->nranks == 1) r->stop_sig = rt_stop_signal, r->stop_rank = 0;
+    *stop = r->stop_sig != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
     if (r->zero) st = rt_train_gather_state(r); /* every rank takes part */
@@ -969,6 +974,23 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
         st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->zero ? r->state_full : r->x.state, &info, &r->waited, &r->e);
     if (st == RT_OK && (*stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e);
     return st;
+}
+
+/* MBT_DP_MODEL_GBPS: the bucketed reduction at the program's degree modelled against the backward
+ * of a step's last micro-batch (dp_reduce.h, rt_dp_model; docs/parallel.md, "The overlap model"). */
+static void rt_train_print_model(RtTrainRun *r) {
+    const RtTrainSettings *t = &r->p->train;
+    int ranks = (int)t->data_ranks;
+    double fb = r->fb_s / (double)r->fb_n, bwd = fb * 2.0 / 3.0;
+    RtDpModel m;
+    rt_dp_model(r->p->param_floats, r->bucket_floats, ranks, r->model_gbps, bwd, &m, NULL, "");
+    printf("overlap model (MBT_DP_MODEL_GBPS=%g): %d rank%s, %d bucket%s of at most %lld floats; the backward of a step's "
+           "last micro-batch taken as 2/3 of its forward and backward measured here (%.3f of %.3f ms, the mean of %lld; an "
+           "assumption, as is an even rate over the parameters, last first); the buckets reduce in %.3f ms, %.3f ms after "
+           "the backward: %.1f%% hidden\n",
+           r->model_gbps, ranks, ranks == 1 ? "" : "s", m.nbuckets, m.nbuckets == 1 ? "" : "s", (long long)r->bucket_floats,
+           1e3 * bwd, 1e3 * fb, (long long)r->fb_n, 1e3 * m.comm_s, 1e3 * m.exposed_s, 100 * m.hidden);
+    rt_dp_model(r->p->param_floats, r->bucket_floats, ranks, r->model_gbps, bwd, &m, stdout, "");
 }
 
 /* After the last step: the last checkpoint's report, the summary, the GPU timing and profile,
@@ -995,6 +1017,7 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         rt_pool_set_profile(r->x.pool, NULL);
         rt_profile_print(stdout, r->prof, rt_pool_threads(r->x.pool));
     }
+    if (r->model_gbps > 0 && r->fb_n > 0) rt_train_print_model(r);
     if (o->save_weights) {
         st = rt_exec_pull(&r->x, RT_PULL_PARAMS, &r->e);
         if (st == RT_OK) st = rt_weights_save(p, r->x.params, o->save_weights, &r->e);

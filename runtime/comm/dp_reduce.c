@@ -233,3 +233,36 @@ void rt_dp_reduce_close(RtDpReduce *d) {
     free(d->got[1]);
     free(d);
 }
+
+RtStatus rt_dp_model_env(double *gbps, RtError *err) {
+    const char *s = getenv("MBT_DP_MODEL_GBPS");
+    *gbps = 0;
+    if (!s || !*s) return RT_OK;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v > 0) || v > 1e6)
+        return rt_fail(err, RT_ERR_ARG, "MBT_DP_MODEL_GBPS is '%s': it must be a link bandwidth in GB/s above 0, at most 1e6", s);
+    *gbps = v;
+    return RT_OK;
+}
+
+void rt_dp_model(int64_t n, int64_t bucket_floats, int ranks, double gbps, double bwd_s, RtDpModel *m, FILE *f,
+                 const char *prefix) {
+    memset(m, 0, sizeof *m);
+    if (n <= 0 || bucket_floats <= 0 || ranks < 1 || !(gbps > 0)) return;
+    m->nbuckets = (int)((n + bucket_floats - 1) / bucket_floats);
+    double end = 0, per_float = 2.0 * (ranks - 1) / ranks * sizeof(float) / (gbps * 1e9);
+    for (int b = 0; b < m->nbuckets; b++) {
+        int64_t hi = n - (int64_t)b * bucket_floats, lo = hi - bucket_floats < 0 ? 0 : hi - bucket_floats;
+        double ready = bwd_s * (double)(n - lo) / (double)n, c = per_float * (double)(hi - lo);
+        double start = ready > end ? ready : end;
+        end = start + c;
+        m->comm_s += c;
+        if (f)
+            fprintf(f, "%s  bucket %d: elements [%lld, %lld), %.3f MB: final at %.3f ms, reduces %.3f .. %.3f ms\n", prefix, b,
+                    (long long)lo, (long long)hi, 4e-6 * (double)(hi - lo), 1e3 * ready, 1e3 * start, 1e3 * end);
+    }
+    m->exposed_s = end > bwd_s ? end - bwd_s : 0;
+    m->hidden = m->comm_s > 0 ? 1 - m->exposed_s / m->comm_s : 1;
+}

@@ -41,6 +41,26 @@ void rt_dp_reduce_print(FILE *f, const RtDpReduce *d, const char *prefix);
 void rt_dp_reduce_stats(const RtDpReduce *d, double *comm_s, double *wait_s, int64_t *runs);
 void rt_dp_reduce_close(RtDpReduce *d); /* NULL is fine; stops the thread */
 
+/* A model of the bucketed reduction overlapped with the backward, for a degree and an assumed
+ * link bandwidth (MBT_DP_MODEL_GBPS; docs/parallel.md, "The overlap model"): n floats of gradient
+ * in buckets of bucket_floats (bucket 0 the last elements), each reducing over `ranks` ranks as
+ * built (exchange and gather: 2 x (ranks - 1) / ranks x 4 bytes an element sent by each rank, at
+ * gbps x 1e9 bytes a second, one bucket at a time). The ASSUMPTION: the backward, bwd_s seconds,
+ * produces the gradient at an even rate over the elements, last first, so bucket b is final when
+ * the backward has produced it and everything after it. Then bucket b reduces from
+ * max(ready, the previous bucket's end); exposed is how far the last one ends after the backward,
+ * hidden = 1 - exposed / the buckets' total time. Rows for each bucket go to f (when not NULL),
+ * each line prefixed. */
+typedef struct {
+    int nbuckets;
+    double comm_s, exposed_s, hidden;
+} RtDpModel;
+void rt_dp_model(int64_t n, int64_t bucket_floats, int ranks, double gbps, double bwd_s, RtDpModel *m, FILE *f,
+                 const char *prefix);
+/* MBT_DP_MODEL_GBPS: *gbps (0 when it is not set); a value that is not a number above 0, at
+ * most 1e6, is an error. */
+RtStatus rt_dp_model_env(double *gbps, RtError *err);
+
 /* The n pieces of len floats at v (piece i at v + i x len) summed in place by the step's tree
  * over the pieces (a binary counter, the older sum on the left, the rest folded from the right;
  * rt_exec.h's RtTree); the sum is the first piece. */
