@@ -167,7 +167,7 @@ bg_start() {
     PORT=$((PORT + 1))
     BGPID=()
     for ((r = 0; r < P; r++)); do
-        (RANK=$r WORLD_SIZE=$P LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT exec "$@" >"$DIR/$name.$r" 2>&1) &
+        (RANK=$r WORLD_SIZE=$P LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT exec "$@" >"$DIR/$name.$r" 2>&1) 2>/dev/null &
         BGPID+=($!)
     done
 }
@@ -191,7 +191,7 @@ bg_wait() {
     wait "$1" 2>/dev/null
 }
 # the step of a checkpoint directory's `latest` (step-000000K0 -> K0)
-latest_step() { sed -n 's/.*step-0*\([0-9][0-9]*\).*/\1/p' "$1/latest" | head -n 1; }
+latest_step() { sed -n 's/.*step-0*\([0-9][0-9]*\).*/\1/p' "$1/latest" 2>/dev/null | head -n 1; }
 # resumed_ok NAME CKDIR LAUNCH...: resume CKDIR's latest to 5 steps past it, as LAUNCH says (alone or
 # tcp ranks), and compare the weights with an uninterrupted run of one process to that step (dp2
 # has one micro-batch a rank: the ranks' tree is one process's, so the bytes must be equal)
