@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "dp_reduce.h"
 #include "rt_exec.h"
 #include "rt_profile.h"
 
@@ -201,8 +202,12 @@ static RtStatus rt_exec_start_params(RtExec *x, const RtOptions *o, const char *
 
 /* The mean loss over up to `batches` micro-batches of the held-out split, read from its start
  * (the callers ask for eval_steps global batches of the first ramp stage: eval_steps x global / micro
- * micro-batches). */
-static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, double *loss, int64_t *used, RtError *err) {
+ * micro-batches). With a world of several ranks (comm, else NULL) rank r evaluates batches
+ * [batches x r / N, batches x (r + 1) / N) alone, and the losses are gathered (rank order is batch
+ * order) and added one after another in batch order, as one process adds them: the same number
+ * at any number of ranks (docs/parallel.md). */
+static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t seed, RtComm *comm, double *loss, int64_t *used,
+                            RtError *err) {
     const RtProgram *p = e->prog;
     if (!p->forward_loss) return rt_fail(err, RT_ERR_ARG, "this program cannot evaluate: it has no loss-only forward");
     int64_t B = p->train.micro, T = p->train.seq;
@@ -211,12 +216,21 @@ static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t se
         return rt_fail(err, RT_ERR_ARG, "the held-out data have %lld windows of %lld tokens, fewer than one batch of %lld",
                        (long long)rt_data_windows(val), (long long)(T + 1), (long long)B);
     if (batches > have) batches = have;
+    int n = comm ? rt_comm_size(comm) : 1, r = comm ? rt_comm_rank(comm) : 0;
+    int64_t lo = batches * r / n, hi = batches * (r + 1) / n, most = (batches + n - 1) / n;
+    /* this rank's losses (most slots, the unused ones NaN), then every rank's */
+    double *mine = malloc((size_t)(most + 1) * sizeof *mine), *all = malloc((size_t)(most * n + 1) * sizeof *all);
+    if (!mine || !all) {
+        free(mine), free(all);
+        return rt_fail_errno(err, ENOMEM, "cannot allocate the evaluation's losses");
+    }
     rt_data_rewind(val);
-    double sum = 0;
-    for (int64_t b = 0; b < batches; b++) {
-        RtStatus st = rt_data_next(val, B, e->x, e->y, err);
+    rt_data_skip(val, lo * B);
+    RtStatus st = RT_OK;
+    for (int64_t b = lo; st == RT_OK && b < hi; b++) {
+        st = rt_data_next(val, B, e->x, e->y, err);
         if (st == RT_OK) st = rt_exec_batch(e, B * T, err);
-        if (st != RT_OK) return st;
+        if (st != RT_OK) break;
         RtStep s = rt_exec_step(e, err);
         s.B = B, s.T = T, s.seed = seed;
         if (p->stat_floats > 0) { /* global_mean: each held-out micro-batch is its own global batch */
@@ -226,9 +240,21 @@ static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t se
             if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
         }
         st = rt_exec_call(e, RT_EXEC_FORWARD_LOSS, &s);
-        if (st != RT_OK) return rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
-        sum += s.loss;
+        if (st != RT_OK) rt_error_context(err, "evaluation, batch %lld", (long long)(b + 1));
+        mine[b - lo] = s.loss;
     }
+    for (int64_t k = hi - lo; k < most; k++) mine[k] = NAN;
+    if (st == RT_OK && n > 1) {
+        st = rt_comm_gather_f64(comm, mine, most, all, err);
+        if (st != RT_OK) rt_error_context(err, "evaluation: gathering the ranks' losses");
+    } else if (st == RT_OK) {
+        memcpy(all, mine, (size_t)most * sizeof *all);
+    }
+    double sum = 0;
+    for (int k = 0; st == RT_OK && k < n; k++) /* batch order: rank k's [batches x k / n, batches x (k + 1) / n) */
+        for (int64_t b = batches * k / n; b < batches * (k + 1) / n; b++) sum += all[k * most + b - batches * k / n];
+    free(mine), free(all);
+    if (st != RT_OK) return st;
     *loss = sum / (double)batches;
     *used = batches;
     return RT_OK;
@@ -354,16 +380,25 @@ typedef struct RtTrainRun {
     RtComm *comm;   /* the world of ranks (runtime/comm/comm.h): one rank unless a launcher started several */
     /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` (the world's) */
     int rank, nranks;
-    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp */
-    double *all_loss;   /* every rank's, in rank order: accum x nranks */
+    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp, + 1 */
+    double *all_loss;   /* every rank's, in rank order: (accum + 1) x nranks, then accum x nranks */
+    /* the signal that stops the run after this step (0: none), and the rank it came to: with
+     * several ranks every rank's pending signal travels with the losses' gather, so that all of
+     * them stop after the same step (rt_train_gather_losses) */
+    int stop_sig, stop_rank;
     int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
     float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
     /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
      * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
     int zero;
-    float *zero_scratch; /* one vector of param_floats: a state variable gathered for a checkpoint */
-    float *state_full;   /* rank 0: the whole optimizer state, gathered for a checkpoint */
-    double *norm_all;    /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
+    float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
+    float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
+    double *norm_all;      /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
+    RtDpReduce *buckets;   /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
+    int64_t bucket_floats; /* MBT_DP_BUCKET_MB's */
+    double model_gbps;     /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
+    double fb_s;           /* the micro-batches' forward_backward time (for the model) */
+    int64_t fb_n;
     /* global_mean: the step's micro-batches of this rank, read once for the statistics pass and kept
      * for the step's own pass (rt_train_stats); stat_cap micro-batches; stat_mine their statistics
      * (accum x stat_floats), stat_all every rank's (rank order, which is micro-batch order) */
@@ -523,10 +558,12 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     accum = accum * t->data_ranks / r->nranks; /* this process's micro-batches a step, at most */
     RtStatus st = rt_exec_tree_open(&r->x, accum, &r->e);
     if (st != RT_OK) return st;
-    r->micro_loss = calloc((size_t)accum, sizeof *r->micro_loss);
-    r->all_loss = calloc((size_t)(accum * r->nranks), sizeof *r->all_loss);
+    r->micro_loss = calloc((size_t)accum + 1, sizeof *r->micro_loss);
+    r->all_loss = calloc((size_t)((accum + 1) * r->nranks), sizeof *r->all_loss);
     if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
-    if (r->nranks == 1) return RT_OK;
+    st = rt_dp_bucket_env(&r->bucket_floats, &r->e);
+    if (st == RT_OK) st = rt_dp_model_env(&r->model_gbps, &r->e);
+    if (st != RT_OK || r->nranks == 1) return st;
     r->shard_off = calloc((size_t)r->nranks + 1, sizeof *r->shard_off);
     if (!r->shard_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
@@ -539,6 +576,12 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
                        "parallel.zero = %d runs on the CPU: the GPU's optimizer_update does not take a shard yet (--device cpu, "
                        "or zero = 0)",
                        r->zero);
+    /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
+     * whole vector alone; nor for one bucket, where the thread would only add a hand-over) */
+    if (r->zero < 2 && r->p->param_floats > r->bucket_floats) {
+        st = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, r->bucket_floats, &r->e);
+        if (st != RT_OK) return st;
+    }
     if (r->zero == 2) {
         r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);
         if (!r->norm_all) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient norm's blocks");
@@ -615,6 +658,10 @@ static void rt_train_banner(const RtTrainRun *r) {
         printf("data-parallel: the program's %lld data ranks run in this one process, one after another: "
                "%lld micro-batches of %lld a step, the whole global batch\n",
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
+    if (r->buckets)
+        printf("data-parallel: the ranks' sum in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the last parameters "
+               "first, by a communication thread: bucket b + 1's exchange overlaps bucket b's sum (not the backward)\n",
+               rt_dp_reduce_buckets(r->buckets), (long long)rt_dp_reduce_bucket_floats(r->buckets));
     if (r->zero)
         printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
                "parameters are gathered\n",
@@ -753,12 +800,14 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* micro: the micro-batch's index in the global batch, so that a random draw keyed by it is
          * the same at any number of ranks */
         s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        double fb0 = rt_now();
         if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
         if (st == RT_OK && m + 1 < accum) {
             rt_exec_flip(x);
             next = rt_train_read(r, m + 1, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
+        r->fb_s += rt_now() - fb0, r->fb_n++;         /* (the next batch's read included, when there is one) */
         if (st != RT_OK)
             return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(first + m + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
@@ -779,34 +828,28 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
 }
 
 /* Every rank's micro-batch losses, rank 0's first, into *all (this rank's alone when it is the
- * only one). */
+ * only one). The stop signal rides along: each rank appends the signal it has seen (0: none) to
+ * its losses, and every rank takes the first nonzero one in rank order, so that all of them agree
+ * to stop after this step (a signal that comes to one rank, or to each at a slightly different
+ * time, stops them all after the same step; docs/parallel.md). One double a rank a step: no
+ * collective of its own. */
 static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
-    if (r->nranks == 1) {
+    if (r->nranks == 1) { /* (alone the signal is read after the step: rt_train_after_step) */
         *all = r->micro_loss;
         return RT_OK;
     }
     *all = r->all_loss;
-    RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum, r->all_loss, &r->e);
-    return st == RT_OK ? st : rt_error_context(&r->e, "gathering the step's losses");
-}
-
-/* The n pieces of len floats at v (piece i at v + i x len) summed in place by the step's tree
- * over the pieces (as rt_tree_sum_f64); the sum is the first piece. */
-static void rt_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
-    int at[RT_TREE_MAX + 1];
-    int64_t size[RT_TREE_MAX + 1];
-    int d = 0;
-    for (int i = 0; i < n; i++) {
-        at[d] = i, size[d++] = 1;
-        while (d >= 2 && size[d - 1] == size[d - 2]) {
-            rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
-            size[d - 2] *= 2, d--;
-        }
+    r->micro_loss[accum] = (double)rt_stop_signal;
+    RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum + 1, r->all_loss, &r->e);
+    if (st != RT_OK) return rt_error_context(&r->e, "gathering the step's losses");
+    r->stop_sig = 0;
+    for (int k = 0; k < r->nranks; k++) {
+        int ks = (int)r->all_loss[k * (accum + 1) + accum];
+        if (ks && !r->stop_sig) r->stop_sig = ks, r->stop_rank = k;
+        /* the losses alone, rank after rank (the destination never passes the source) */
+        memmove(r->all_loss + k * accum, r->all_loss + k * (accum + 1), (size_t)accum * sizeof *r->all_loss);
     }
-    while (d >= 2) {
-        rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
-        size[d - 2] += size[d - 1], d--;
-    }
+    return RT_OK;
 }
 
 /* The step's gradient summed over the ranks (nothing to do with one rank): each rank receives
@@ -821,9 +864,13 @@ static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     RtExec *x = &r->x;
     int64_t n = r->p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
     RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
-    if (st == RT_OK) st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
-    if (st == RT_OK) {
-        rt_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
+    if (st == RT_OK && r->buckets) { /* zero < 2: the whole sum on every rank, bucket by bucket */
+        st = rt_dp_reduce_run(r->buckets, x->grads, &r->e);
+    } else if (st == RT_OK) {
+        st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
+    }
+    if (st == RT_OK && !r->buckets) {
+        rt_dp_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
         if (len > 0) memcpy(x->grads + lo, r->shard_got, (size_t)len * sizeof *x->grads);
         /* ZeRO-2 keeps its shard of the summed gradient alone (but for --dump-step's step 1, which
          * writes all of it; r->given is the same on every rank) */
@@ -979,10 +1026,13 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     if (st == RT_OK && r->val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
         double vl;
         int64_t used;
-        st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, &vl, &used, &r->e);
+        st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, r->nranks > 1 ? r->comm : NULL, &vl,
+                         &used, &r->e);
         if (st == RT_OK) st = rt_log_eval(&r->log, step + 1, vl, used, &r->e);
     }
-    *stop = rt_stop_signal != 0;
+    /* several ranks: their agreement (rt_train_gather_losses); alone, a signal up to now */
+    if (r->nranks == 1) r->stop_sig = rt_stop_signal, r->stop_rank = 0;
+    *stop = r->stop_sig != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
     if (r->zero) st = rt_train_gather_state(r); /* every rank takes part */
@@ -1005,6 +1055,23 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
         st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->zero ? r->state_full : r->x.state, &info, &r->waited, &r->e);
     if (st == RT_OK && (*stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e);
     return st;
+}
+
+/* MBT_DP_MODEL_GBPS: the bucketed reduction at the program's degree modelled against the backward
+ * of a step's last micro-batch (dp_reduce.h, rt_dp_model; docs/parallel.md, "The overlap model"). */
+static void rt_train_print_model(RtTrainRun *r) {
+    const RtTrainSettings *t = &r->p->train;
+    int ranks = (int)t->data_ranks;
+    double fb = r->fb_s / (double)r->fb_n, bwd = fb * 2.0 / 3.0;
+    RtDpModel m;
+    rt_dp_model(r->p->param_floats, r->bucket_floats, ranks, r->model_gbps, bwd, &m, NULL, "");
+    printf("overlap model (MBT_DP_MODEL_GBPS=%g): %d rank%s, %d bucket%s of at most %lld floats; the backward of a step's "
+           "last micro-batch taken as 2/3 of its forward and backward measured here (%.3f of %.3f ms, the mean of %lld; an "
+           "assumption, as is an even rate over the parameters, last first); the buckets reduce in %.3f ms, %.3f ms after "
+           "the backward: %.1f%% hidden\n",
+           r->model_gbps, ranks, ranks == 1 ? "" : "s", m.nbuckets, m.nbuckets == 1 ? "" : "s", (long long)r->bucket_floats,
+           1e3 * bwd, 1e3 * fb, (long long)r->fb_n, 1e3 * m.comm_s, 1e3 * m.exposed_s, 100 * m.hidden);
+    rt_dp_model(r->p->param_floats, r->bucket_floats, ranks, r->model_gbps, bwd, &m, stdout, "");
 }
 
 /* After the last step: the last checkpoint's report, the summary, the GPU timing and profile,
@@ -1031,6 +1098,7 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         rt_pool_set_profile(r->x.pool, NULL);
         rt_profile_print(stdout, r->prof, rt_pool_threads(r->x.pool));
     }
+    if (r->model_gbps > 0 && r->fb_n > 0) rt_train_print_model(r);
     if (o->save_weights) {
         st = rt_exec_pull(&r->x, RT_PULL_PARAMS, &r->e);
         if (st == RT_OK) st = rt_weights_save(p, r->x.params, o->save_weights, &r->e);
@@ -1071,9 +1139,11 @@ static RtStatus rt_train_loop(RtTrainRun *r, int64_t first_step) {
             rt_log_close(&r->log, &r->e);
             r->log_open = 0;
             int own_dir = strcmp(o->ckpt_dir, r->given->ckpt_dir_default) == 0; /* the program's: no flag needed */
-            printf("stopped by %s after step %lld; resume with: %s train --resume latest%s%s\n",
-                   rt_stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1), o->prog, own_dir ? "" : " --ckpt-dir ",
-                   own_dir ? "" : o->ckpt_dir);
+            char whose[48] = "";
+            if (r->nranks > 1) snprintf(whose, sizeof whose, " (to rank %d; every rank stops here)", r->stop_rank);
+            printf("stopped by %s%s after step %lld; resume with: %s train --resume latest%s%s\n",
+                   r->stop_sig == SIGINT ? "SIGINT" : "SIGTERM", whose, (long long)(step + 1), o->prog,
+                   own_dir ? "" : " --ckpt-dir ", own_dir ? "" : o->ckpt_dir);
             return RT_OK;
         }
     }
@@ -1098,6 +1168,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->zero_scratch);
     free(r->state_full);
     free(r->norm_all);
+    rt_dp_reduce_close(r->buckets);
     free(r->dump_x);
     free(r->stat_x);
     free(r->stat_y);
@@ -1156,6 +1227,12 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
     }
     if (r.comm) { /* MBT_DEBUG, MBT_TRACE */
         rt_comm_print_timing(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.comm);
+        const char *dbg = getenv("MBT_DEBUG"); /* as the table's: a number, 1 or more */
+        if (dbg && atoi(dbg) >= 1) {
+            char pre[32];
+            snprintf(pre, sizeof pre, "[rank %d] ", rt_comm_rank(r.comm));
+            rt_dp_reduce_print(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.buckets, pre);
+        }
         const char *trace;
         RtError te;
         if (rt_comm_trace_write(r.comm, &trace, &te) != RT_OK) fprintf(stderr, "%s: warning: %s\n", r.o.prog, te.msg);
@@ -1186,7 +1263,7 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     if (st == RT_OK) st = rt_exec_push(&x, &e);
     double loss = 0;
     int64_t used = 0;
-    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, &loss, &used, &e);
+    if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, NULL, &loss, &used, &e);
     if (st == RT_OK) {
         printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss, exp(loss),
                (long long)used, (long long)t->micro, (long long)t->seq,

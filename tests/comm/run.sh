@@ -98,8 +98,9 @@ fails_fast tcp-die 4 2 "lost its connection to rank 2|rank 2 closed its connecti
 tcp_run tcp-kill 4 "$CHECK" --kill 1
 if [ "$(rc_of tcp-kill 1)" != 137 ]; then fail tcp-kill "rank 1 was not killed (status $(rc_of tcp-kill 1))" "$DIR/tcp-kill.1"
 else fails_fast tcp-kill 4 1 "lost its connection to rank 1|rank 1 closed its connection"; fi
+# (an EOF or a reset, whichever the kernel delivers first: both name rank 0, as tcp-die and tcp-kill accept)
 tcp_run tcp-kill0 3 "$CHECK" --kill 0
-fails_fast tcp-kill0 3 0 "rank 0 closed its connection while rank [12] of 3 waited in exchange_shards"
+fails_fast tcp-kill0 3 0 "lost its connection to rank 0 in exchange_shards|rank 0 closed its connection while rank [12] of 3 waited in exchange_shards"
 tcp_run tcp-mismatch 4 "$CHECK" --mismatch 2
 fails_fast tcp-mismatch 4 -1 "rank [013] is in exchange_shards \(call 1, [0-9]+ bytes\) while rank 2 is in broadcast \(call 1, 8 bytes\): the ranks called different collectives"
 
@@ -158,6 +159,104 @@ elif ! grep -q "^train dp2: .*; seed 1337; 2 processes (tcp, started by torchrun
 elif [ -s "$DIR/$name.1" ]; then fail $name "rank 1 printed something" "$DIR/$name.1"
 else pass "$name"; fi
 
+# ---- a training run that loses a rank, or is asked to stop ----------------------------------------
+# bg_start NAME P ARGS...: P ranks of ARGS with torchrun's variables in the background, rank r's pid
+# in BGPID[r] (the process itself: kill -9 reaches it), its output in DIR/NAME.r
+bg_start() {
+    local name=$1 P=$2 r
+    shift 2
+    PORT=$((PORT + 1))
+    BGPID=()
+    for ((r = 0; r < P; r++)); do
+        (RANK=$r WORLD_SIZE=$P LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT exec "$@" >"$DIR/$name.$r" 2>&1) 2>/dev/null &
+        BGPID+=($!)
+    done
+}
+# wait_for FILE SECONDS: until FILE exists (status 1 when it did not in time)
+wait_for() {
+    local i
+    for ((i = 0; i < $2 * 20; i++)); do
+        [ -e "$1" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+# bg_wait PID SECONDS: PID's exit status, or 124 after killing it when it runs longer
+bg_wait() {
+    local i
+    for ((i = 0; i < $2 * 20; i++)); do
+        kill -0 "$1" 2>/dev/null || break
+        sleep 0.05
+    done
+    kill -0 "$1" 2>/dev/null && { kill -9 "$1" 2>/dev/null; wait "$1" 2>/dev/null; return 124; }
+    wait "$1" 2>/dev/null
+}
+# the step of a checkpoint directory's `latest` (step-000000K0 -> K0)
+latest_step() { sed -n 's/.*step-0*\([0-9][0-9]*\).*/\1/p' "$1/latest" 2>/dev/null | head -n 1; }
+# resumed_ok NAME CKDIR LAUNCH...: resume CKDIR's latest to 5 steps past it, as LAUNCH says (alone or
+# tcp ranks), and compare the weights with an uninterrupted run of one process to that step (dp2
+# has one micro-batch a rank: the ranks' tree is one process's, so the bytes must be equal)
+resumed_ok() {
+    local name=$1 ck=$2 k end
+    shift 2
+    k=$(latest_step "$ck")
+    [ -n "$k" ] || { fail $name "no checkpoint in $ck" "$ck/latest"; return; }
+    end=$((k + 5))
+    [ -e "$DIR/ref-$end.st" ] || MBT_COMM=self "$DIR/dp2" train --steps $end --data "$DATA" --ckpt-dir "$DIR/ref-$end.ck" \
+        --save-weights "$DIR/ref-$end.st" >"$DIR/ref-$end.out" 2>&1
+    if [ "$1" = alone ]; then
+        MBT_COMM=self "$DIR/dp2" train --steps $end --data "$DATA" --resume "$ck/step-$(printf %08d "$k")" \
+            --ckpt-dir "$DIR/$name.ck" --save-weights "$DIR/$name.st" >"$DIR/$name.0" 2>&1
+    else
+        "$@" $name 2 "$DIR/dp2" train --steps $end --data "$DATA" --resume "$ck/step-$(printf %08d "$k")" \
+            --ckpt-dir "$DIR/$name.ck" --save-weights "$DIR/$name.st"
+    fi
+    if ! grep -q "^resumed from '.*step-$(printf %08d "$k")': step $k done" "$DIR/$name.0"; then fail $name "did not resume step $k" "$DIR/$name.0"
+    elif ! cmp -s "$DIR/ref-$end.st" "$DIR/$name.st"; then fail $name "weights at step $end differ from an uninterrupted run's" "$DIR/$name.0" "$DIR/ref-$end.out"
+    else pass "$name (step $k to $end)"; fi
+}
+# kill -9 of rank 1 during training (after its first checkpoint): rank 0 stops at once, naming it
+name=tcp-train-kill
+bg_start $name 2 "$DIR/dp2" train --steps 1000000 --data "$DATA" --ckpt-every 20 --ckpt-dir "$DIR/$name.ck"
+if ! wait_for "$DIR/$name.ck/latest" 60; then fail $name "no checkpoint after 60 s" "$DIR/$name.0"; kill -9 "${BGPID[@]}" 2>/dev/null
+else
+    sleep 0.2
+    start=$(now_ms)
+    kill -9 "${BGPID[1]}"
+    bg_wait "${BGPID[1]}" 5
+    bg_wait "${BGPID[0]}" $((TIMEOUT + 5))
+    rc=$?
+    ms=$(($(now_ms) - start))
+    if [ $rc = 0 ] || [ $rc = 124 ]; then fail $name "rank 0's status is $rc" "$DIR/$name.0"
+    elif ! grep -qE "dp2: .*rank 0 of 2 lost its connection to rank 1 .*(exited, crashed or was killed)|rank 1 closed its connection while rank 0 of 2 waited" "$DIR/$name.0"; then
+        fail $name "rank 0 did not say it lost rank 1" "$DIR/$name.0"
+    elif [ $ms -ge $((TIMEOUT * 1000 + 2000)) ]; then fail $name "rank 0 took $ms ms to stop" "$DIR/$name.0"
+    else pass "$name ($ms ms: $(grep -oE 'rank 1 closed its connection|lost its connection to rank 1' "$DIR/$name.0" | head -n 1))"; fi
+    resumed_ok tcp-train-kill-resume-alone "$DIR/$name.ck" alone
+    resumed_ok tcp-train-kill-resume-2 "$DIR/$name.ck" tcp_run
+fi
+# SIGTERM to rank 1 alone: its signal travels with the step's loss gather, so both ranks stop after
+# the same step; rank 0 writes one checkpoint of it and both exit 0
+name=tcp-train-term
+bg_start $name 2 "$DIR/dp2" train --steps 1000000 --data "$DATA" --ckpt-every 1000000 --ckpt-dir "$DIR/$name.ck" --log "$DIR/$name.jsonl"
+if ! wait_for "$DIR/$name.jsonl" 60; then fail $name "no log after 60 s" "$DIR/$name.0"; kill -9 "${BGPID[@]}" 2>/dev/null
+else
+    sleep 0.5
+    kill -TERM "${BGPID[1]}"
+    bg_wait "${BGPID[1]}" 30
+    rc1=$?
+    bg_wait "${BGPID[0]}" 30
+    rc0=$?
+    k=$(sed -n 's/^stopped by SIGTERM (to rank 1; every rank stops here) after step \([0-9]*\);.*/\1/p' "$DIR/$name.0")
+    if [ "$rc0$rc1" != 00 ]; then fail $name "statuses $rc0 $rc1, expected 0 0" "$DIR/$name.0" "$DIR/$name.1"
+    elif [ -z "$k" ]; then fail $name "rank 0 did not say it stopped by rank 1's SIGTERM" "$DIR/$name.0"
+    elif [ "$(latest_step "$DIR/$name.ck")" != "$k" ] || [ "$(ls "$DIR/$name.ck" | grep -c '^step-')" != 1 ]; then
+        fail $name "expected the one checkpoint step-$k" "$DIR/$name.0"
+    elif [ "$(grep -c '"loss"' "$DIR/$name.jsonl")" != "$k" ]; then fail $name "the log has not $k steps" "$DIR/$name.jsonl"
+    else pass "$name (both after step $k)"; fi
+    resumed_ok tcp-train-term-resume-alone "$DIR/$name.ck" alone
+fi
+
 # ---- mpi ------------------------------------------------------------------------------------------
 if ! command -v mpirun >/dev/null 2>&1; then
     echo "SKIP comm/mpi: mpirun is not installed (tools/deps.sh installs openmpi-bin as root)"
@@ -208,4 +307,55 @@ if [ "$(cat "$DIR/$name.rc")" != 0 ]; then fail $name "status $(cat "$DIR/$name.
 elif [ "$(grep -c "^train dp2: .*; seed 1337; 2 processes (mpi (Open MPI [0-9.]*), started by mpirun)$" "$DIR/$name")" != 1 ]; then
     fail $name "the start-up line is not there exactly once" "$DIR/$name"
 else pass "$name"; fi
+# the training run under mpirun: rank 1 killed with SIGKILL after the first checkpoint (mpirun stops
+# the job, naming it), then asked to stop with SIGTERM to rank 1 alone (both ranks stop after the
+# same step, mpirun's status 0); each checkpoint resumed
+# mpi_rank_pid MPIRUN_PID R: the pid of rank R among mpirun's children (its OMPI_COMM_WORLD_RANK)
+mpi_rank_pid() {
+    local p i
+    for ((i = 0; i < 200; i++)); do
+        for p in $(pgrep -P "$1"); do
+            if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+                echo "$p"
+                return 0
+            fi
+        done
+        sleep 0.05
+    done
+    return 1
+}
+name=mpi-train-kill
+mpirun --oversubscribe -np 2 "$DIR/dp2" train --steps 1000000 --data "$DATA" --ckpt-every 20 --ckpt-dir "$DIR/$name.ck" >"$DIR/$name.0" 2>&1 &
+mpid=$!
+if ! r1=$(mpi_rank_pid $mpid 1) || ! wait_for "$DIR/$name.ck/latest" 60; then fail $name "no rank 1 or no checkpoint after 60 s" "$DIR/$name.0"; kill -9 $mpid 2>/dev/null
+else
+    sleep 0.2
+    start=$(now_ms)
+    kill -9 "$r1"
+    bg_wait $mpid $((TIMEOUT + 10))
+    rc=$?
+    ms=$(($(now_ms) - start))
+    if [ $rc = 0 ] || [ $rc = 124 ]; then fail $name "mpirun's status is $rc" "$DIR/$name.0"
+    elif ! grep -q "process rank 1 with PID" "$DIR/$name.0"; then fail $name "mpirun did not name rank 1" "$DIR/$name.0"
+    elif [ $ms -ge $((TIMEOUT * 1000 + 2000)) ]; then fail $name "took $ms ms" "$DIR/$name.0"
+    else pass "$name ($ms ms)"; fi
+    resumed_ok mpi-train-kill-resume-alone "$DIR/$name.ck" alone
+fi
+name=mpi-train-term
+mpirun --oversubscribe -np 2 "$DIR/dp2" train --steps 1000000 --data "$DATA" --ckpt-every 1000000 --ckpt-dir "$DIR/$name.ck" --log "$DIR/$name.jsonl" >"$DIR/$name.0" 2>&1 &
+mpid=$!
+if ! r1=$(mpi_rank_pid $mpid 1) || ! wait_for "$DIR/$name.jsonl" 60; then fail $name "no rank 1 or no log after 60 s" "$DIR/$name.0"; kill -9 $mpid 2>/dev/null
+else
+    sleep 0.5
+    kill -TERM "$r1"
+    bg_wait $mpid 30
+    rc=$?
+    k=$(sed -n 's/^stopped by SIGTERM (to rank 1; every rank stops here) after step \([0-9]*\);.*/\1/p' "$DIR/$name.0")
+    if [ "$rc" != 0 ]; then fail $name "mpirun's status is $rc" "$DIR/$name.0"
+    elif [ -z "$k" ]; then fail $name "rank 0 did not say it stopped by rank 1's SIGTERM" "$DIR/$name.0"
+    elif [ "$(latest_step "$DIR/$name.ck")" != "$k" ] || [ "$(ls "$DIR/$name.ck" | grep -c '^step-')" != 1 ]; then
+        fail $name "expected the one checkpoint step-$k" "$DIR/$name.0"
+    else pass "$name (both after step $k)"; fi
+    resumed_ok mpi-train-term-resume-alone "$DIR/$name.ck" alone
+fi
 exit $failed

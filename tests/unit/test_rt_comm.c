@@ -4,10 +4,13 @@
  * tested with several processes by tests/comm/run.sh.
  *
  * Build: make build/tests/test_rt_comm (links build/libmbtrt.a). */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm.h"
+#include "dp_reduce.h"
 #include "unit.h"
 
 /* No launcher's variables: the self backend. */
@@ -131,6 +134,43 @@ static void shards(void) {
             }
 }
 
+/* The overlap model (dp_reduce.h): 4 buckets of 1000 floats on 2 ranks at 0.004 GB/s reduce in
+ * 1 ms each (2 x 1/2 x 4 bytes x 1000 / 4e6 B/s). With an 8 ms backward they are final at 2, 4, 6
+ * and 8 ms, end at 3, 5, 7, 9: 1 ms exposed of 4, 75% hidden. With a 2 ms backward (final at 0.5,
+ * 1, 1.5, 2) they queue: 0.5-1.5, 1.5-2.5, 2.5-3.5, 3.5-4.5: 2.5 ms exposed, 37.5% hidden. A short
+ * last bucket, and one rank (nothing to send: all hidden). */
+static void overlap_model(void) {
+    RtDpModel m;
+    rt_dp_model(4000, 1000, 2, 0.004, 8e-3, &m, NULL, "");
+    CHECK(m.nbuckets == 4 && fabs(m.comm_s - 4e-3) < 1e-12 && fabs(m.exposed_s - 1e-3) < 1e-12 && fabs(m.hidden - 0.75) < 1e-9,
+          "8 ms backward: %d buckets, %g s, exposed %g s, hidden %g", m.nbuckets, m.comm_s, m.exposed_s, m.hidden);
+    rt_dp_model(4000, 1000, 2, 0.004, 2e-3, &m, NULL, "");
+    CHECK(fabs(m.exposed_s - 2.5e-3) < 1e-12 && fabs(m.hidden - 0.375) < 1e-9, "2 ms backward: exposed %g s, hidden %g",
+          m.exposed_s, m.hidden);
+    /* 3500 floats: buckets [2500, 3500), [1500, 2500), [500, 1500), [0, 500); 4 ranks send 1.5 x 4 bytes an element */
+    rt_dp_model(3500, 1000, 4, 0.006, 7e-3, &m, NULL, "");
+    CHECK(m.nbuckets == 4 && fabs(m.comm_s - 3.5e-3) < 1e-12 && fabs(m.exposed_s - 0.5e-3) < 1e-12,
+          "3500 floats on 4 ranks: %d buckets, %g s, exposed %g s", m.nbuckets, m.comm_s, m.exposed_s);
+    rt_dp_model(4000, 1000, 1, 1, 1e-3, &m, NULL, "");
+    CHECK(m.comm_s == 0 && m.hidden == 1, "one rank: %g s, hidden %g", m.comm_s, m.hidden);
+    setenv("MBT_DP_MODEL_GBPS", "-1", 1);
+    double g;
+    RtError e;
+    CHECK(rt_dp_model_env(&g, &e) != RT_OK && strstr(e.msg, "MBT_DP_MODEL_GBPS is '-1'"), "MBT_DP_MODEL_GBPS=-1 accepted");
+    setenv("MBT_DP_MODEL_GBPS", "12.5", 1);
+    CHECK(rt_dp_model_env(&g, &e) == RT_OK && g == 12.5, "MBT_DP_MODEL_GBPS=12.5: %g", g);
+    unsetenv("MBT_DP_MODEL_GBPS");
+    CHECK(rt_dp_model_env(&g, &e) == RT_OK && g == 0, "MBT_DP_MODEL_GBPS unset: %g", g);
+    setenv("MBT_DP_BUCKET_MB", "0.1", 1);
+    int64_t f = 0;
+    CHECK(rt_dp_bucket_env(&f, &e) == RT_OK && f == 16384, "MBT_DP_BUCKET_MB=0.1: %lld floats", (long long)f);
+    setenv("MBT_DP_BUCKET_MB", "1e7", 1);
+    CHECK(rt_dp_bucket_env(&f, &e) != RT_OK, "MBT_DP_BUCKET_MB=1e7 accepted");
+    unsetenv("MBT_DP_BUCKET_MB");
+    CHECK(rt_dp_bucket_env(&f, &e) == RT_OK && f == 6242304, "default: %lld floats (25 MB: 6.25 M floats, whole blocks)",
+          (long long)f);
+}
+
 /* MBT_DEBUG: a table with one row per collective that was called; nothing without MBT_DEBUG. */
 static void timing_table(void) {
     RtComm *c = open_self();
@@ -228,6 +268,7 @@ int main(void) {
     RUN(self_collectives);
     RUN(refusals);
     RUN(shards);
+    RUN(overlap_model);
     RUN(timing_table);
     RUN(timeout_env);
     RUN(trace_file);

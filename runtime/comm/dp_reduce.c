@@ -1,0 +1,268 @@
+/* dp_reduce.c - the gradient summed over the ranks in buckets by a communication thread
+ * (dp_reduce.h; docs/parallel.md). */
+#include "dp_reduce.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { RT_DP_EXCHANGE, RT_DP_GATHER };
+
+typedef struct {
+    int kind, bucket;
+} RtDpJob;
+
+struct RtDpReduce {
+    RtComm *comm;
+    RtPool *pool;
+    int rank, size, nbuckets;
+    int64_t n, bucket_floats, most; /* most: the largest shard of any bucket on this rank */
+    int64_t *off;                   /* bucket b's shard boundaries: off[b x (size + 1) + j], absolute */
+    int64_t *rel;                   /* the thread's: one bucket's, from its start */
+    float *got[2];                  /* every rank's copy of this rank's shard: buckets b, b + 1 alternate */
+    float *v;                       /* the vector of the run under way */
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    RtDpJob *jobs; /* this run's collectives, in the order every rank runs them */
+    int posted, done, quit;
+    RtStatus status; /* the first failure of the run, with its message in e */
+    RtError e;
+    double comm_s, wait_s; /* over every run: the thread in collectives; the caller waiting */
+    int64_t runs;
+};
+
+RtStatus rt_dp_bucket_env(int64_t *floats, RtError *err) {
+    const char *s = getenv("MBT_DP_BUCKET_MB");
+    double mb = 25;
+    if (s && *s) {
+        char *end;
+        errno = 0;
+        mb = strtod(s, &end);
+        if (errno || *end || !(mb > 0) || mb > 1e6)
+            return rt_fail(err, RT_ERR_ARG, "MBT_DP_BUCKET_MB is '%s': it must be a number of megabytes above 0, at most 1e6", s);
+    }
+    int64_t f = (int64_t)(mb * 1e6 / sizeof(float)) / RT_GRAD_BLOCK * RT_GRAD_BLOCK;
+    *floats = f < RT_GRAD_BLOCK ? RT_GRAD_BLOCK : f;
+    return RT_OK;
+}
+
+void rt_dp_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
+    int at[RT_TREE_MAX + 1];
+    int64_t size[RT_TREE_MAX + 1];
+    int d = 0;
+    for (int i = 0; i < n; i++) {
+        at[d] = i, size[d++] = 1;
+        while (d >= 2 && size[d - 1] == size[d - 2]) {
+            rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+            size[d - 2] *= 2, d--;
+        }
+    }
+    while (d >= 2) {
+        rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+        size[d - 2] += size[d - 1], d--;
+    }
+}
+
+static const int64_t *bucket_off(const RtDpReduce *d, int b) { return d->off + (int64_t)b * (d->size + 1); }
+
+/* One collective of the run, on the thread. The offsets passed are relative to the bucket's
+ * start: the collectives see the bucket as a vector of its own. */
+static RtStatus run_job(RtDpReduce *d, RtDpJob j, RtError *err) {
+    const int64_t *abs = bucket_off(d, j.bucket);
+    int64_t lo = abs[0];
+    for (int k = 0; k <= d->size; k++) d->rel[k] = abs[k] - lo;
+    if (j.kind == RT_DP_EXCHANGE) return rt_comm_exchange_shards(d->comm, d->v + lo, d->rel, d->got[j.bucket & 1], err);
+    return rt_comm_gather_shards(d->comm, d->v + lo, d->rel, err);
+}
+
+static void *comm_thread(void *arg) {
+    RtDpReduce *d = arg;
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        while (!d->quit && d->done == d->posted) pthread_cond_wait(&d->cv, &d->mu);
+        if (d->quit) break;
+        RtDpJob j = d->jobs[d->done];
+        int failed = d->status != RT_OK;
+        pthread_mutex_unlock(&d->mu);
+        RtStatus st = RT_OK;
+        RtError e;
+        double t0 = rt_now();
+        if (!failed) st = run_job(d, j, &e); /* after a failure the rest are skipped: the caller stops */
+        double dt = rt_now() - t0;
+        pthread_mutex_lock(&d->mu);
+        d->comm_s += dt;
+        if (st != RT_OK && d->status == RT_OK) d->status = st, d->e = e;
+        d->done++;
+        pthread_cond_broadcast(&d->cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats, RtError *err) {
+    *out = NULL;
+    int size = rt_comm_size(c);
+    if (size < 2) return rt_fail(err, RT_ERR_ARG, "the bucketed reduction needs 2 ranks or more, not %d", size);
+    RtDpReduce *d = calloc(1, sizeof *d);
+    if (!d) return rt_fail_errno(err, ENOMEM, "cannot allocate the gradient's buckets");
+    d->comm = c, d->pool = pool, d->rank = rt_comm_rank(c), d->size = size, d->n = n, d->bucket_floats = bucket_floats;
+    d->nbuckets = n > 0 ? (int)((n + bucket_floats - 1) / bucket_floats) : 0;
+    d->off = calloc((size_t)d->nbuckets * (size + 1) + 1, sizeof *d->off);
+    d->jobs = calloc((size_t)d->nbuckets * 2 + 1, sizeof *d->jobs);
+    d->rel = calloc((size_t)size + 1, sizeof *d->rel);
+    if (!d->off || !d->jobs || !d->rel) {
+        rt_dp_reduce_close(d);
+        return rt_fail_errno(err, ENOMEM, "cannot allocate the gradient's buckets");
+    }
+    for (int b = 0; b < d->nbuckets; b++) { /* bucket 0 holds the last elements */
+        int64_t hi = n - (int64_t)b * bucket_floats, lo = hi - bucket_floats < 0 ? 0 : hi - bucket_floats;
+        int64_t *o = d->off + (int64_t)b * (size + 1);
+        rt_comm_shards(hi - lo, size, 16, o); /* 64-byte pieces: no ZeRO shard to keep aligned */
+        for (int k = 0; k <= size; k++) o[k] += lo;
+        if (o[d->rank + 1] - o[d->rank] > d->most) d->most = o[d->rank + 1] - o[d->rank];
+    }
+    for (int i = 0; i < 2; i++) {
+        d->got[i] = malloc((size_t)(d->most * size + 1) * sizeof(float));
+        if (!d->got[i]) {
+            rt_dp_reduce_close(d);
+            return rt_fail_errno(err, ENOMEM, "cannot allocate the gradient's buckets");
+        }
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    int e = pthread_create(&d->thread, NULL, comm_thread, d);
+    if (e) {
+        pthread_mutex_destroy(&d->mu);
+        pthread_cond_destroy(&d->cv);
+        rt_dp_reduce_close(d);
+        return rt_fail_errno(err, e, "cannot start the communication thread");
+    }
+    d->started = 1;
+    *out = d;
+    return RT_OK;
+}
+
+int rt_dp_reduce_buckets(const RtDpReduce *d) { return d->nbuckets; }
+int64_t rt_dp_reduce_bucket_floats(const RtDpReduce *d) { return d->bucket_floats; }
+
+static void post(RtDpReduce *d, int kind, int bucket) {
+    pthread_mutex_lock(&d->mu);
+    d->jobs[d->posted++] = (RtDpJob){kind, bucket};
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Waits until the thread has run `count` of the run's jobs; the run's status so far. */
+static RtStatus wait_done(RtDpReduce *d, int count) {
+    double t0 = rt_now();
+    pthread_mutex_lock(&d->mu);
+    while (d->done < count) pthread_cond_wait(&d->cv, &d->mu);
+    RtStatus st = d->status;
+    d->wait_s += rt_now() - t0;
+    pthread_mutex_unlock(&d->mu);
+    return st;
+}
+
+RtStatus rt_dp_reduce_run(RtDpReduce *d, float *v, RtError *err) {
+    pthread_mutex_lock(&d->mu);
+    d->v = v, d->posted = d->done = 0, d->status = RT_OK;
+    pthread_mutex_unlock(&d->mu);
+    /* the jobs' order: exchange 0, then for each b: exchange b + 1, gather b; exchange b + 1 is
+     * posted before the sum of b starts, so the thread runs it meanwhile; job index of exchange b
+     * is 0 for b = 0 and 2b - 1 after */
+    RtStatus st = RT_OK;
+    if (d->nbuckets > 0) post(d, RT_DP_EXCHANGE, 0);
+    for (int b = 0; b < d->nbuckets && st == RT_OK; b++) {
+        if (b + 1 < d->nbuckets) post(d, RT_DP_EXCHANGE, b + 1);
+        /* exchange b done: its index, plus one for exchange b + 1 posted after it when b > 0 */
+        st = wait_done(d, b == 0 ? 1 : 2 * b);
+        if (st != RT_OK) break;
+        const int64_t *o = bucket_off(d, b);
+        int64_t lo = o[d->rank], len = o[d->rank + 1] - lo;
+        rt_dp_tree_sum_f32(d->pool, d->got[b & 1], d->size, len);
+        if (len > 0) memcpy(v + lo, d->got[b & 1], (size_t)len * sizeof *v);
+        post(d, RT_DP_GATHER, b);
+    }
+    int posted;
+    pthread_mutex_lock(&d->mu);
+    posted = d->posted;
+    pthread_mutex_unlock(&d->mu);
+    RtStatus wst = wait_done(d, posted); /* the thread is idle before the caller's next collective */
+    if (st == RT_OK) st = wst;
+    d->runs++;
+    if (st != RT_OK) {
+        *err = d->e;
+        return st;
+    }
+    return RT_OK;
+}
+
+void rt_dp_reduce_stats(const RtDpReduce *d, double *comm_s, double *wait_s, int64_t *runs) {
+    *comm_s = d->comm_s, *wait_s = d->wait_s, *runs = d->runs;
+}
+
+void rt_dp_reduce_print(FILE *f, const RtDpReduce *d, const char *prefix) {
+    if (!d || d->runs == 0) return;
+    double hidden = d->comm_s > 0 ? 1 - d->wait_s / d->comm_s : 0;
+    if (hidden < 0) hidden = 0;
+    fprintf(f,
+            "%sbuckets: %d of at most %lld floats, %lld reductions: the communication thread %.3f ms in collectives, the "
+            "step waited %.3f ms for it: %.1f%% hidden behind the ranks' sums of other buckets\n",
+            prefix, d->nbuckets, (long long)d->bucket_floats, (long long)d->runs, 1e3 * d->comm_s, 1e3 * d->wait_s, 100 * hidden);
+}
+
+void rt_dp_reduce_close(RtDpReduce *d) {
+    if (!d) return;
+    if (d->started) {
+        pthread_mutex_lock(&d->mu);
+        d->quit = 1;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        pthread_join(d->thread, NULL);
+        pthread_mutex_destroy(&d->mu);
+        pthread_cond_destroy(&d->cv);
+    }
+    free(d->off);
+    free(d->rel);
+    free(d->jobs);
+    free(d->got[0]);
+    free(d->got[1]);
+    free(d);
+}
+
+RtStatus rt_dp_model_env(double *gbps, RtError *err) {
+    const char *s = getenv("MBT_DP_MODEL_GBPS");
+    *gbps = 0;
+    if (!s || !*s) return RT_OK;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !(v > 0) || v > 1e6)
+        return rt_fail(err, RT_ERR_ARG, "MBT_DP_MODEL_GBPS is '%s': it must be a link bandwidth in GB/s above 0, at most 1e6", s);
+    *gbps = v;
+    return RT_OK;
+}
+
+void rt_dp_model(int64_t n, int64_t bucket_floats, int ranks, double gbps, double bwd_s, RtDpModel *m, FILE *f,
+                 const char *prefix) {
+    memset(m, 0, sizeof *m);
+    if (n <= 0 || bucket_floats <= 0 || ranks < 1 || !(gbps > 0)) return;
+    m->nbuckets = (int)((n + bucket_floats - 1) / bucket_floats);
+    double end = 0, per_float = 2.0 * (ranks - 1) / ranks * sizeof(float) / (gbps * 1e9);
+    for (int b = 0; b < m->nbuckets; b++) {
+        int64_t hi = n - (int64_t)b * bucket_floats, lo = hi - bucket_floats < 0 ? 0 : hi - bucket_floats;
+        double ready = bwd_s * (double)(n - lo) / (double)n, c = per_float * (double)(hi - lo);
+        double start = ready > end ? ready : end;
+        end = start + c;
+        m->comm_s += c;
+        if (f)
+            fprintf(f, "%s  bucket %d: elements [%lld, %lld), %.3f MB: final at %.3f ms, reduces %.3f .. %.3f ms\n", prefix, b,
+                    (long long)lo, (long long)hi, 4e-6 * (double)(hi - lo), 1e3 * ready, 1e3 * start, 1e3 * end);
+    }
+    m->exposed_s = end > bwd_s ? end - bwd_s : 0;
+    m->hidden = m->comm_s > 0 ? 1 - m->exposed_s / m->comm_s : 1;
+}

@@ -1,0 +1,69 @@
+/* dp_reduce.h - the data-parallel step's gradient summed over the ranks in buckets, by a
+ * communication thread (docs/parallel.md, "Buckets and the communication thread").
+ *
+ * The gradient (n floats, the same layout on every rank) is cut into buckets of at most
+ * `bucket_floats` elements, the last elements first (bucket 0 ends at n). Each bucket is reduced
+ * like the whole vector without buckets: its shards exchanged (every rank receives every rank's
+ * copy of its shard of the bucket, rank 0's first), summed by the step's tree over the ranks,
+ * then gathered back. A thread of this module runs the collectives in a fixed order - exchange 0,
+ * exchange 1, gather 0, exchange 2, gather 1, ... - while the calling thread sums bucket b's shard
+ * (the tree over the ranks): the exchange of bucket b + 1 and the gather of bucket b - 1 overlap
+ * that sum. Nothing overlaps the backward: the buckets start after the step's last micro-batch
+ * (the generated code does not yet say when a parameter range's gradient is final).
+ *
+ * Each element's sum is the same additions in the same order at any bucket size, so the result
+ * is bit for bit that of the unbucketed reduction. One thread at a time calls the collectives:
+ * the caller must not call any while rt_dp_reduce_run is under way. */
+#ifndef MBT_DP_REDUCE_H
+#define MBT_DP_REDUCE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "comm.h"
+#include "rt_exec.h"
+
+typedef struct RtDpReduce RtDpReduce;
+
+/* The buckets' size from MBT_DP_BUCKET_MB (megabytes of floats, default 25, as PyTorch's DDP;
+ * a positive number up to 1e6): *floats, rounded down to whole RT_GRAD_BLOCKs, at least one. */
+RtStatus rt_dp_bucket_env(int64_t *floats, RtError *err);
+/* A reducer of n-float vectors over the world c (size > 1), its thread started. */
+RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats, RtError *err);
+int rt_dp_reduce_buckets(const RtDpReduce *d);
+int64_t rt_dp_reduce_bucket_floats(const RtDpReduce *d);
+/* v (n floats, host memory) summed over the ranks in place, every rank ending with the sum. */
+RtStatus rt_dp_reduce_run(RtDpReduce *d, float *v, RtError *err);
+/* MBT_DEBUG: the buckets' line - how long the thread ran collectives and how long the caller
+ * waited for it, over every rt_dp_reduce_run (the rest of the collectives' time was hidden
+ * behind the caller's sums). */
+void rt_dp_reduce_print(FILE *f, const RtDpReduce *d, const char *prefix);
+void rt_dp_reduce_stats(const RtDpReduce *d, double *comm_s, double *wait_s, int64_t *runs);
+void rt_dp_reduce_close(RtDpReduce *d); /* NULL is fine; stops the thread */
+
+/* A model of the bucketed reduction overlapped with the backward, for a degree and an assumed
+ * link bandwidth (MBT_DP_MODEL_GBPS; docs/parallel.md, "The overlap model"): n floats of gradient
+ * in buckets of bucket_floats (bucket 0 the last elements), each reducing over `ranks` ranks as
+ * built (exchange and gather: 2 x (ranks - 1) / ranks x 4 bytes an element sent by each rank, at
+ * gbps x 1e9 bytes a second, one bucket at a time). The ASSUMPTION: the backward, bwd_s seconds,
+ * produces the gradient at an even rate over the elements, last first, so bucket b is final when
+ * the backward has produced it and everything after it. Then bucket b reduces from
+ * max(ready, the previous bucket's end); exposed is how far the last one ends after the backward,
+ * hidden = 1 - exposed / the buckets' total time. Rows for each bucket go to f (when not NULL),
+ * each line prefixed. */
+typedef struct {
+    int nbuckets;
+    double comm_s, exposed_s, hidden;
+} RtDpModel;
+void rt_dp_model(int64_t n, int64_t bucket_floats, int ranks, double gbps, double bwd_s, RtDpModel *m, FILE *f,
+                 const char *prefix);
+/* MBT_DP_MODEL_GBPS: *gbps (0 when it is not set); a value that is not a number above 0, at
+ * most 1e6, is an error. */
+RtStatus rt_dp_model_env(double *gbps, RtError *err);
+
+/* The n pieces of len floats at v (piece i at v + i x len) summed in place by the step's tree
+ * over the pieces (a binary counter, the older sum on the left, the rest folded from the right;
+ * rt_exec.h's RtTree); the sum is the first piece. */
+void rt_dp_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len);
+
+#endif
