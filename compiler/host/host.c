@@ -54,7 +54,9 @@ static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
-            LLVMValueRef callee = h->target->gemm(h, g->dt);
+            /* the chunk phase's products keep a row's bits whatever its index (host_rows_gemm) */
+            LLVMValueRef callee =
+                S->mem == &h->plan->mem.phase[PLAN_CHUNK] ? host_rows_gemm(h, g->dt) : h->target->gemm(h, g->dt);
             int vec = g->epilogue != FE_NONE;
             LLVMValueRef a[21] = {f->exec,
                                   ci32(h, g->trans_a),

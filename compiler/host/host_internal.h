@@ -118,6 +118,8 @@ struct HostTarget {
 };
 
 extern const HostTarget host_target_cpu, host_target_gpu;
+/* the chunk phase's GEMM (target_cpu.c): rt_sgemm_rows_batched / rt_bgemm_rows_batched */
+LLVMValueRef host_rows_gemm(Host *h, DType dt);
 
 /* ---- builders.c: the ABI's types and small builders ----------------------------------------------- */
 
