@@ -91,7 +91,7 @@
     X(const int32_t *, y, ptr)     /* forward_backward, forward_loss: target ids, [B, T] */                                      \
     X(int64_t, B, i64)             /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                     \
     X(int64_t, T, i64)                                                                                                           \
-    X(int64_t, len, i64)       /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */                    \
+    X(int64_t, len, i64)       /* forward_logits: the context x[0, len), 1 <= len <= T, x[len, T) 0; forward_chunk: rows used */ \
     X(float *, logits, ptr)    /* forward_logits: out, [vocab] logits of position len - 1 */                                     \
     X(double, loss_scale, f64) /* forward_backward: the gradient seed, d(step objective) / d(this loss) */                       \
     X(double, loss, f64)       /* forward_backward, forward_loss: out, this micro-batch's loss */                                \
