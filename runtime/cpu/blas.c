@@ -212,9 +212,10 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
  * rounded, then added in that order) then + beta x C[i][j], then + bias[j] - a function of row i of
  * A and column j of B alone. Vectors run across columns (8 at a time), never across the sum, and
  * no multiply is fused with its add (ISO C's FP_CONTRACT off, no FMA target), so the AVX2 path and
- * the generic one give the same bits too. A tile is RT_ROWS_CB columns of every row of one matrix
- * of the batch; its columns of op(B) are first packed (zero-padded) so both layouts of B read the
- * same way, and rows go RT_ROWS_RB at a time (the last group repeats its last row). */
+ * the generic one give the same bits too, and so do the four-row and the one-row micro-kernels. A
+ * tile is RT_ROWS_CB columns of every row of one matrix of the batch: B's rows are read in place
+ * (x @ w), or its columns packed, zero-padded (x @ w^T, and a last tile narrower than 16); rows
+ * go RT_ROWS_RB at a time, the rest one at a time. */
 #define RT_ROWS_RB 4
 #define RT_ROWS_CB 16
 
@@ -232,16 +233,18 @@ typedef struct RtRowsJob {
     int avx2;
 } RtRowsJob;
 
-/* out[r][x] = sum over p of arow[r][p * as] x panel[p * CB + x], in order of p. */
-static inline __attribute__((always_inline)) void rt_rows_micro_body(const float *const *arow, int64_t as, const float *panel,
-                                                                     int64_t k, float out[RT_ROWS_RB][RT_ROWS_CB]) {
+/* out[r][x] = sum over p of arow[r][p * as] x panel[p * ps + x], in order of p, for r < nr (a
+ * constant where it is inlined): one row or four, the same operations on each element either way. */
+static inline __attribute__((always_inline)) void rt_rows_micro_body(int nr, const float *const *arow, int64_t as,
+                                                                     const float *panel, int64_t ps, int64_t k,
+                                                                     float out[RT_ROWS_RB][RT_ROWS_CB]) {
     RtV8 acc[RT_ROWS_RB][2];
     memset(acc, 0, sizeof acc);
     for (int64_t p = 0; p < k; p++) {
         RtV8 b0, b1;
-        memcpy(&b0, panel + p * RT_ROWS_CB, sizeof b0);
-        memcpy(&b1, panel + p * RT_ROWS_CB + 8, sizeof b1);
-        for (int r = 0; r < RT_ROWS_RB; r++) {
+        memcpy(&b0, panel + p * ps, sizeof b0);
+        memcpy(&b1, panel + p * ps + 8, sizeof b1);
+        for (int r = 0; r < nr; r++) {
             float av = arow[r][p * as];
             acc[r][0] += av * b0;
             acc[r][1] += av * b1;
@@ -250,39 +253,56 @@ static inline __attribute__((always_inline)) void rt_rows_micro_body(const float
     memcpy(out, acc, sizeof acc);
 }
 
-__attribute__((target("avx2"))) static void rt_rows_micro_avx2(const float *const *arow, int64_t as, const float *panel,
-                                                               int64_t k, float out[RT_ROWS_RB][RT_ROWS_CB]) {
-    rt_rows_micro_body(arow, as, panel, k, out);
-}
+typedef void (*RtRowsMicro)(const float *const *, int64_t, const float *, int64_t, int64_t, float[RT_ROWS_RB][RT_ROWS_CB]);
 
-static void rt_rows_micro_generic(const float *const *arow, int64_t as, const float *panel, int64_t k,
-                                  float out[RT_ROWS_RB][RT_ROWS_CB]) {
-    rt_rows_micro_body(arow, as, panel, k, out);
+__attribute__((target("avx2"))) static void rt_rows_micro4_avx2(const float *const *arow, int64_t as, const float *panel,
+                                                                int64_t ps, int64_t k, float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(RT_ROWS_RB, arow, as, panel, ps, k, out);
+}
+__attribute__((target("avx2"))) static void rt_rows_micro1_avx2(const float *const *arow, int64_t as, const float *panel,
+                                                                int64_t ps, int64_t k, float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(1, arow, as, panel, ps, k, out);
+}
+static void rt_rows_micro4_generic(const float *const *arow, int64_t as, const float *panel, int64_t ps, int64_t k,
+                                   float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(RT_ROWS_RB, arow, as, panel, ps, k, out);
+}
+static void rt_rows_micro1_generic(const float *const *arow, int64_t as, const float *panel, int64_t ps, int64_t k,
+                                   float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(1, arow, as, panel, ps, k, out);
 }
 
 static void rt_rows_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
     (void)worker;
     const RtRowsJob *j = ctx;
-    float *panel = malloc(sizeof(float) * (size_t)(j->k > 0 ? j->k : 1) * RT_ROWS_CB);
-    if (!panel) abort(); /* a few KiB; the caller checked the product's own sizes */
+    RtRowsMicro micro4 = j->avx2 ? rt_rows_micro4_avx2 : rt_rows_micro4_generic;
+    RtRowsMicro micro1 = j->avx2 ? rt_rows_micro1_avx2 : rt_rows_micro1_generic;
+    float *pack = NULL;
     for (int64_t t = begin; t < end; t++) {
         int64_t bi = t / j->tn, c0 = (t % j->tn) * RT_ROWS_CB;
         int64_t cols = j->n - c0 < RT_ROWS_CB ? j->n - c0 : RT_ROWS_CB;
         const float *a = j->a + bi * j->sa, *b = j->b + bi * j->sb;
         float *c = j->c + bi * j->sc;
-        for (int64_t p = 0; p < j->k; p++)
-            for (int64_t x = 0; x < RT_ROWS_CB; x++)
-                panel[p * RT_ROWS_CB + x] = x >= cols ? 0.0f : j->tb ? b[(c0 + x) * j->ldb + p] : b[p * j->ldb + c0 + x];
-        for (int64_t i0 = 0; i0 < j->m; i0 += RT_ROWS_RB) {
+        const float *panel = b + c0; /* B's rows as they are when they hold the tile's 16 columns */
+        int64_t ps = j->ldb;
+        if (j->tb || cols < RT_ROWS_CB) { /* else packed: op(B)'s columns, zero-padded */
+            if (!pack) pack = malloc(sizeof(float) * (size_t)(j->k > 0 ? j->k : 1) * RT_ROWS_CB);
+            if (!pack) abort(); /* k x 16 floats; the caller checked the product's own sizes */
+            for (int64_t p = 0; p < j->k; p++)
+                for (int64_t x = 0; x < RT_ROWS_CB; x++)
+                    pack[p * RT_ROWS_CB + x] = x >= cols ? 0.0f : j->tb ? b[(c0 + x) * j->ldb + p] : b[p * j->ldb + c0 + x];
+            panel = pack, ps = RT_ROWS_CB;
+        }
+        for (int64_t i0 = 0; i0 < j->m;) {
+            int nr = j->m - i0 >= RT_ROWS_RB ? RT_ROWS_RB : 1;
             const float *arow[RT_ROWS_RB];
             for (int r = 0; r < RT_ROWS_RB; r++) {
-                int64_t i = i0 + r < j->m ? i0 + r : j->m - 1;
+                int64_t i = i0 + (r < nr ? r : 0);
                 arow[r] = j->ta ? a + i : a + i * j->lda;
             }
             float out[RT_ROWS_RB][RT_ROWS_CB];
-            if (j->avx2) rt_rows_micro_avx2(arow, j->ta ? j->lda : 1, panel, j->k, out);
-            else rt_rows_micro_generic(arow, j->ta ? j->lda : 1, panel, j->k, out);
-            for (int r = 0; r < RT_ROWS_RB && i0 + r < j->m; r++) {
+            (nr == RT_ROWS_RB ? micro4 : micro1)(arow, j->ta ? j->lda : 1, panel, ps, j->k, out);
+            for (int r = 0; r < nr; r++) {
                 float *cr = c + (i0 + r) * j->ldc + c0;
                 for (int64_t x = 0; x < cols; x++) {
                     float v = j->alpha * out[r][x];
@@ -291,9 +311,10 @@ static void rt_rows_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
                     cr[x] = v;
                 }
             }
+            i0 += nr;
         }
     }
-    free(panel);
+    free(pack);
 }
 
 RtStatus rt_sgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
