@@ -305,6 +305,10 @@ static int parse_request(SvServer *sv, SvParsed *p, const char *body, size_t n, 
     /* logprobs: 0 gives each generated token's own log-probability (OpenAI's `logprobs` object);
      * the alternatives (1 to 5) are not done */
     const json_t *lpj = json_object_get(j, "logprobs");
+    if (chat && json_is_true(lpj)) {
+        bad(p, "logprobs", "'logprobs' is not supported for chat completions (it is for /v1/completions)");
+        goto done;
+    }
     if (!chat && lpj && !json_is_null(lpj)) {
         int64_t nlp = 0;
         if (get_int(p, j, "logprobs", 0, 5, &nlp)) goto done;

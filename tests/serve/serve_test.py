@@ -536,7 +536,9 @@ def tokenizer_checks():
         ok2 = st2 == 200 and c["object"] == "chat.completion" and c["choices"][0]["message"]["role"] == "assistant" and \
             c["usage"]["prompt_tokens"] == len(chat_ids)
         st3, e = request(s.port, "POST", "/v1/chat/completions", {"messages": "hi"})
-        ok3 = st3 == 400 and e["error"]["param"] == "messages"
+        st4, e4 = request(s.port, "POST", "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": "hi"}], "logprobs": True})
+        ok3 = st3 == 400 and e["error"]["param"] == "messages" and st4 == 400 and e4["error"]["param"] == "logprobs"
         report("text-and-chat-through-server", ok and ok2 and ok3, f"completion '{j['choices'][0]['text']}' "
                f"chat '{c['choices'][0]['message']['content']}'" if ok and ok2 else f"{st} {j} {st2} {c} {st3} {e}")
     finally:
