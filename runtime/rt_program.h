@@ -121,6 +121,18 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
 RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
                           int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
                           uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err);
+/* The same contract, with every row of C a function of its row of op(A) alone: the same bits
+ * whatever the row's index, the row count or the other rows (OpenBLAS's sgemm rounds a row by its
+ * index). The chunk phase's products (the KV cache: a token's logits must not depend on where it
+ * sits in a call, nor on the batch) use these; slower than OpenBLAS on large products (blas.c). */
+RtStatus rt_sgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                               const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                               float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                               RtError *err);
+RtStatus rt_bgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                               const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b,
+                               float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                               RtError *err);
 const char *rt_blas_config(void); /* OpenBLAS's build and the core it chose ("OpenBLAS 0.3.21 ... Zen") */
 
 /* ==== the GPU (gpu.c): what generated GPU code calls ========================================== */

@@ -95,19 +95,19 @@
     X(const int32_t *, pos, ptr)   /* forward_*: with tokens(docs = ...), each token's position in its document, [B, T] */       \
     X(int64_t, B, i64)             /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                     \
     X(int64_t, T, i64)                                                                                                           \
-    X(int64_t, len, i64)         /* forward_logits: the context is x[0, len), 1 <= len <= T; x[len, T) are 0 */                  \
-    X(float *, logits, ptr)      /* forward_logits: out, [vocab] logits of position len - 1 */                                   \
-    X(double, loss_scale, f64)   /* forward_backward: the gradient seed, d(step objective) / d(this loss) */                     \
-    X(double, loss, f64)         /* forward_backward, forward_loss: out, this micro-batch's loss */                              \
-    X(double, lr, f64)           /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */                  \
-    X(int64_t, t, i64)           /* optimizer_update: 1-based optimizer step (bias corrections) */                               \
-    X(int64_t, step, i64)        /* 0-based optimizer step (an RNG key, with micro and seed) */                                  \
-    X(int64_t, micro, i64)       /* forward_backward: 0-based micro-batch within the step */                                     \
-    X(uint64_t, seed, i64)       /* the run's seed */                                                                            \
-    X(RtError *, err, ptr)       /* a function that fails fills it and returns its status */                                     \
-    X(RtGpu *, gpu, ptr)         /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */                             \
-    X(int64_t, lo, i64)          /* optimizer_update: the elements [lo, hi) of the parameter region it updates (ZeRO's shard; */ \
-    X(int64_t, hi, i64)          /* hi = 0: all); the state region then holds each variable's [lo, hi) in turn */                \
+    X(int64_t, len, i64)       /* forward_logits: the context x[0, len), 1 <= len <= T, x[len, T) 0; forward_chunk: rows used */ \
+    X(float *, logits, ptr)    /* forward_logits: out, [vocab] logits of position len - 1 */                                     \
+    X(double, loss_scale, f64) /* forward_backward: the gradient seed, d(step objective) / d(this loss) */                       \
+    X(double, loss, f64)       /* forward_backward, forward_loss: out, this micro-batch's loss */                                \
+    X(double, lr, f64)         /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */                    \
+    X(int64_t, t, i64)         /* optimizer_update: 1-based optimizer step (bias corrections) */                                 \
+    X(int64_t, step, i64)      /* 0-based optimizer step (an RNG key, with micro and seed) */                                    \
+    X(int64_t, micro, i64)     /* forward_backward: 0-based micro-batch within the step */                                       \
+    X(uint64_t, seed, i64)     /* the run's seed */                                                                              \
+    X(RtError *, err, ptr)     /* a function that fails fills it and returns its status */                                       \
+    X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */                               \
+    X(int64_t, lo, i64)        /* optimizer_update: the elements [lo, hi) of the parameter region it updates (ZeRO's shard; */   \
+    X(int64_t, hi, i64)        /* hi = 0: all); the state region then holds each variable's [lo, hi) in turn */                  \
     X(const float *, stats, ptr) /* forward_backward, forward_loss: global_mean's statistics, stat_floats (read) */              \
     X(float *, stats_out, ptr)   /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */            \
     X(int32_t *, kv, ptr)        /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                           \

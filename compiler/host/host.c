@@ -45,6 +45,26 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
     }
 }
 
+/* Whether a GEMM of the chunk phase computes only the rows the call uses (h->chunk_len): its A
+ * holds the tokens' rows: a token-dependent value [1, ..., 1, rows, ...] read as rows x k, packed,
+ * no transpose, one matrix (its first axis above 1 is the token axis: were the token axis further
+ * in, a row of A would hold several tokens and the product would contract the token axis, which
+ * kv.c refuses).
+ * Its other rows then hold what the arena held: they are padding rows, whose results no one reads
+ * (a row never reads another: kv.c). */
+static int chunk_gemm_rows(Host *h, const Sched *S, const FuseGemm *g) {
+    if (!h->chunk_len || S->mem != &h->plan->mem.phase[PLAN_CHUNK] || h->chunk_rows < 2) return 0;
+    if (g->trans_a || g->batch != 1 || g->m != h->chunk_rows) return 0;
+    const FuseBuffer *a = &S->r->buffers[g->a];
+    if (a->node < 0 || a->node >= S->r->g->n || !h->chunk_dep[a->node] || g->lda != g->k) return 0;
+    int d = 0;
+    while (d < a->rank && a->shape[d] == 1) d++;
+    if (d == a->rank || a->shape[d] != h->chunk_rows) return 0;
+    int64_t rest = 1;
+    for (int i = d + 1; i < a->rank; i++) rest *= a->shape[i];
+    return rest == g->k;
+}
+
 /* Launches [0, upto] of S in f on h->target (only those keep marks, when keep is not NULL);
  * addr[i] is buffer i's address. A GEMM's status (and on the GPU a launch's) is checked inline: a
  * failure returns it. */
@@ -56,12 +76,14 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
-            LLVMValueRef callee = h->target->gemm(h, g->dt);
+            /* the chunk phase's products keep a row's bits whatever its index (host_rows_gemm) */
+            LLVMValueRef callee =
+                S->mem == &h->plan->mem.phase[PLAN_CHUNK] ? host_rows_gemm(h, g->dt) : h->target->gemm(h, g->dt);
             int vec = g->epilogue != FE_NONE;
             LLVMValueRef a[21] = {f->exec,
                                   ci32(h, g->trans_a),
                                   ci32(h, g->trans_b),
-                                  ci64(h, g->m),
+                                  chunk_gemm_rows(h, S, g) ? h->chunk_len : ci64(h, g->m),
                                   ci64(h, g->n),
                                   ci64(h, g->k),
                                   LLVMConstReal(h->f32, g->alpha),
@@ -323,8 +345,24 @@ LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab
     int lb = r->node_buffer[node];
     if (lb < 0) INTERNAL("host: the chunk's logits %%%d have no buffer", node);
     h->kv_pool = step_field(h, s, RT_STEP_kv_pool, h->ptr, "kv_pool");
+    /* the rows used: RtStep.len, or all of them when it is outside [1, rows] */
+    LLVMValueRef len = step_field(h, s, RT_STEP_len, h->i64, "len");
+    LLVMValueRef ok = LLVMBuildAnd(h->b, LLVMBuildICmp(h->b, LLVMIntSGE, len, ci64(h, 1), ""),
+                                   LLVMBuildICmp(h->b, LLVMIntSLE, len, ci64(h, rows), ""), "");
+    h->chunk_len = LLVMBuildSelect(h->b, ok, len, ci64(h, rows), "rows");
+    h->chunk_rows = rows;
+    const Graph *g = r->g;
+    unsigned char *dep = arena_alloc(h->ar, (size_t)g->n + 1);
+    for (int i = 0; i < g->n; i++) { /* inputs come before their users */
+        const GNode *n = graph_node(g, i);
+        dep[i] = n->op == G_INPUT;
+        for (int k = 0; k < n->nin && !dep[i]; k++) dep[i] = dep[n->in[k]];
+    }
+    h->chunk_dep = dep;
     emit_launches(h, &f, S, addr, r->nlaunches - 1);
     h->kv_pool = NULL;
+    h->chunk_len = NULL;
+    h->chunk_dep = NULL;
     h->target->copy(h, &f, step_field(h, s, RT_STEP_logits, h->ptr, "logits"), addr[lb], rows * vocab, 1);
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;

@@ -63,6 +63,12 @@ typedef struct Host {
     LLVMValueRef pfor, gemm, bgemm; /* rt_sgemm_batched, rt_bgemm_batched (one type: pointers are opaque) */
     const Plan *plan;
     LLVMValueRef kv_pool; /* while emit_chunk emits its launches: RtStep.kv_pool (else NULL) */
+    /* while emit_chunk emits its launches: the rows the call uses (RtStep.len, within [1, rows]),
+     * the compiled rows, and which nodes of the chunk graph depend on the tokens; a GEMM whose A
+     * is [1.., rows, k] of the tokens computes the used rows only (emit_launches) */
+    LLVMValueRef chunk_len;
+    int64_t chunk_rows;
+    const unsigned char *chunk_dep;
     const TrainConfig *ts;
     const ServeConfig *serve; /* the serve block whose settings the descriptor carries (TrainBuild.serve), or NULL */
     /* the target the emitters write for: the CPU, or the GPU while host_cuda emits the GPU
@@ -118,6 +124,8 @@ struct HostTarget {
 };
 
 extern const HostTarget host_target_cpu, host_target_gpu;
+/* the chunk phase's GEMM (target_cpu.c): rt_sgemm_rows_batched / rt_bgemm_rows_batched */
+LLVMValueRef host_rows_gemm(Host *h, DType dt);
 
 /* ---- builders.c: the ABI's types and small builders ----------------------------------------------- */
 

@@ -31,6 +31,15 @@ static LLVMValueRef cpu_gemm(Host *h, DType dt) {
     return h->bgemm;
 }
 
+/* rt_sgemm_rows_batched / rt_bgemm_rows_batched: the chunk phase (KV cache) runs on the CPU alone,
+ * and a token's row of every product must come out the same bits wherever it sits in a call
+ * (docs/serve.md, "Numerics"), which OpenBLAS's sgemm does not give. */
+LLVMValueRef host_rows_gemm(Host *h, DType dt) {
+    const char *name = dt == DT_F32 ? "rt_sgemm_rows_batched" : "rt_bgemm_rows_batched";
+    LLVMValueRef f = LLVMGetNamedFunction(h->m, name);
+    return f ? f : LLVMAddFunction(h->m, name, h->gemm_t);
+}
+
 static void cpu_accumulate(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef scale, int64_t n) {
     emit_f32_loop(h, f->fn, dst, src, scale, n, 1);
 }

@@ -202,6 +202,168 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     return RT_OK;
 }
 
+/* ---- row-independent products (rt_sgemm_rows_batched) ------------------------------------------ */
+
+/* OpenBLAS rounds a row of C differently depending on its index in the matrix and on the matrix's
+ * row count (its micro-kernels block rows, and a row's sum is split differently in a full block and
+ * in an edge block). The chunk phase (the KV cache) needs a token's row to come out the same bits
+ * wherever it sits in a call and whoever shares the call, so its products run here instead: every
+ * element C[i][j] is alpha x (the sum over p = 0, 1, ..., k-1 of A[i][p] x B[p][j], each product
+ * rounded, then added in that order) then + beta x C[i][j], then + bias[j] - a function of row i of
+ * A and column j of B alone. Vectors run across columns (8 at a time), never across the sum, and
+ * no multiply is fused with its add (ISO C's FP_CONTRACT off, no FMA target), so the AVX2 path and
+ * the generic one give the same bits too, and so do the four-row and the one-row micro-kernels. A
+ * tile is RT_ROWS_CB columns of every row of one matrix of the batch: B's rows are read in place
+ * (x @ w), or its columns packed, zero-padded (x @ w^T, and a last tile narrower than 16); rows
+ * go RT_ROWS_RB at a time, the rest one at a time. */
+#define RT_ROWS_RB 4
+#define RT_ROWS_CB 16
+
+typedef float RtV8 __attribute__((vector_size(32)));
+
+typedef struct RtRowsJob {
+    int ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    const float *bias;
+    int64_t lda, ldb, ldc, sa, sb, sc;
+    int64_t tn; /* column tiles a matrix */
+    int avx2;
+} RtRowsJob;
+
+/* out[r][x] = sum over p of arow[r][p * as] x panel[p * ps + x], in order of p, for r < nr (a
+ * constant where it is inlined): one row or four, the same operations on each element either way. */
+static inline __attribute__((always_inline)) void rt_rows_micro_body(int nr, const float *const *arow, int64_t as,
+                                                                     const float *panel, int64_t ps, int64_t k,
+                                                                     float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    RtV8 acc[RT_ROWS_RB][2];
+    memset(acc, 0, sizeof acc);
+    for (int64_t p = 0; p < k; p++) {
+        RtV8 b0, b1;
+        memcpy(&b0, panel + p * ps, sizeof b0);
+        memcpy(&b1, panel + p * ps + 8, sizeof b1);
+        for (int r = 0; r < nr; r++) {
+            float av = arow[r][p * as];
+            acc[r][0] += av * b0;
+            acc[r][1] += av * b1;
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
+typedef void (*RtRowsMicro)(const float *const *, int64_t, const float *, int64_t, int64_t, float[RT_ROWS_RB][RT_ROWS_CB]);
+
+__attribute__((target("avx2"))) static void rt_rows_micro4_avx2(const float *const *arow, int64_t as, const float *panel,
+                                                                int64_t ps, int64_t k, float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(RT_ROWS_RB, arow, as, panel, ps, k, out);
+}
+__attribute__((target("avx2"))) static void rt_rows_micro1_avx2(const float *const *arow, int64_t as, const float *panel,
+                                                                int64_t ps, int64_t k, float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(1, arow, as, panel, ps, k, out);
+}
+static void rt_rows_micro4_generic(const float *const *arow, int64_t as, const float *panel, int64_t ps, int64_t k,
+                                   float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(RT_ROWS_RB, arow, as, panel, ps, k, out);
+}
+static void rt_rows_micro1_generic(const float *const *arow, int64_t as, const float *panel, int64_t ps, int64_t k,
+                                   float out[RT_ROWS_RB][RT_ROWS_CB]) {
+    rt_rows_micro_body(1, arow, as, panel, ps, k, out);
+}
+
+static void rt_rows_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const RtRowsJob *j = ctx;
+    RtRowsMicro micro4 = j->avx2 ? rt_rows_micro4_avx2 : rt_rows_micro4_generic;
+    RtRowsMicro micro1 = j->avx2 ? rt_rows_micro1_avx2 : rt_rows_micro1_generic;
+    float *pack = NULL;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t bi = t / j->tn, c0 = (t % j->tn) * RT_ROWS_CB;
+        int64_t cols = j->n - c0 < RT_ROWS_CB ? j->n - c0 : RT_ROWS_CB;
+        const float *a = j->a + bi * j->sa, *b = j->b + bi * j->sb;
+        float *c = j->c + bi * j->sc;
+        const float *panel = b + c0; /* B's rows as they are when they hold the tile's 16 columns */
+        int64_t ps = j->ldb;
+        if (j->tb || cols < RT_ROWS_CB) { /* else packed: op(B)'s columns, zero-padded */
+            if (!pack) pack = malloc(sizeof(float) * (size_t)(j->k > 0 ? j->k : 1) * RT_ROWS_CB);
+            if (!pack) abort(); /* k x 16 floats; the caller checked the product's own sizes */
+            for (int64_t p = 0; p < j->k; p++)
+                for (int64_t x = 0; x < RT_ROWS_CB; x++)
+                    pack[p * RT_ROWS_CB + x] = x >= cols ? 0.0f : j->tb ? b[(c0 + x) * j->ldb + p] : b[p * j->ldb + c0 + x];
+            panel = pack, ps = RT_ROWS_CB;
+        }
+        for (int64_t i0 = 0; i0 < j->m;) {
+            int nr = j->m - i0 >= RT_ROWS_RB ? RT_ROWS_RB : 1;
+            const float *arow[RT_ROWS_RB];
+            for (int r = 0; r < RT_ROWS_RB; r++) {
+                int64_t i = i0 + (r < nr ? r : 0);
+                arow[r] = j->ta ? a + i : a + i * j->lda;
+            }
+            float out[RT_ROWS_RB][RT_ROWS_CB];
+            (nr == RT_ROWS_RB ? micro4 : micro1)(arow, j->ta ? j->lda : 1, panel, ps, j->k, out);
+            for (int r = 0; r < nr; r++) {
+                float *cr = c + (i0 + r) * j->ldc + c0;
+                for (int64_t x = 0; x < cols; x++) {
+                    float v = j->alpha * out[r][x];
+                    if (j->beta != 0.0f) v += j->beta * cr[x];
+                    if (j->bias) v += j->bias[c0 + x];
+                    cr[x] = v;
+                }
+            }
+            i0 += nr;
+        }
+    }
+    free(pack);
+}
+
+RtStatus rt_sgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                               const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
+                               float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                               RtError *err) {
+    /* The bias gradient is a training product (a sum over rows): never in the chunk phase; OpenBLAS. */
+    if (epilogue == RT_GEMM_BGRAD_B)
+        return rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                                stride_c, batch, epilogue, vec, err);
+    int nothing = 0;
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
+                                 vec, &nothing, err);
+    if (st != RT_OK || nothing) return st;
+    int avx2 = __builtin_cpu_supports("avx2") ? 1 : 0; /* either path gives the same bits (above) */
+    RtRowsJob j = {trans_a != 0,
+                   trans_b != 0,
+                   m,
+                   n,
+                   k,
+                   alpha,
+                   beta,
+                   a,
+                   b,
+                   c,
+                   epilogue == RT_GEMM_BIAS ? vec : NULL,
+                   lda,
+                   ldb,
+                   ldc,
+                   stride_a,
+                   stride_b,
+                   stride_c,
+                   (n + RT_ROWS_CB - 1) / RT_ROWS_CB,
+                   avx2};
+    RtProfile *prof = rt_pool_profile(pool);
+    int timed = prof && prof->depth == 0;
+    double t0 = 0;
+    if (timed) {
+        prof->depth = 1;
+        t0 = rt_profile_now();
+    }
+    rt_parallel_for(pool, batch * j.tn, rt_rows_tiles, &j);
+    if (timed) {
+        rt_profile_gemm(prof, trans_a != 0, trans_b != 0, m, n, k, batch, rt_profile_now() - t0);
+        prof->depth = 0;
+    }
+    return RT_OK;
+}
+
 /* ---- bf16 ---------------------------------------------------------------------------------------- */
 
 /* The elements a strided batch of matrices spans: rows x cols at pitch ld, batch of them at stride
@@ -240,9 +402,15 @@ static void rt_convert(RtPool *pool, const uint16_t *from16, const float *from32
     }
 }
 
-RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
-                          int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
-                          uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err) {
+typedef RtStatus (*RtSgemmFn)(RtPool *, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, int64_t,
+                              const float *, int64_t, int64_t, float, float *, int64_t, int64_t, int64_t, int32_t, void *,
+                              RtError *);
+
+/* bf16 through the f32 product `f` (rt_sgemm_batched, or rt_sgemm_rows_batched) on widened copies. */
+static RtStatus rt_bgemm_via(RtSgemmFn f, RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                             const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b,
+                             float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                             RtError *err) {
     /* The argument rules are sgemm's, on the same element counts (the pointers are only compared). */
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
@@ -262,8 +430,8 @@ RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     rt_convert(pool, b, NULL, fb, NULL, nb);
     if (epilogue == RT_GEMM_BIAS) rt_convert(pool, vec, NULL, fv, NULL, nv);
     if (beta != 0) rt_convert(pool, c, NULL, fc, NULL, nc);
-    st = rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, fa, lda, stride_a, fb, ldb, stride_b, beta, fc, ldc, stride_c,
-                          batch, epilogue, fv, err);
+    st = f(pool, trans_a, trans_b, m, n, k, alpha, fa, lda, stride_a, fb, ldb, stride_b, beta, fc, ldc, stride_c, batch, epilogue,
+           fv, err);
     if (st == RT_OK && epilogue == RT_GEMM_BGRAD_B) rt_convert(pool, NULL, fv, NULL, (uint16_t *)vec, nv);
     if (st == RT_OK && ldc == n && (batch == 1 || stride_c == m * n)) {
         rt_convert(pool, NULL, fc, NULL, c, nc);
@@ -276,6 +444,21 @@ RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     }
     free(fa);
     return st;
+}
+
+RtStatus rt_bgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a,
+                          int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
+                          uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err) {
+    return rt_bgemm_via(rt_sgemm_batched, pool, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c,
+                        ldc, stride_c, batch, epilogue, vec, err);
+}
+
+RtStatus rt_bgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                               const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b, int64_t ldb, int64_t stride_b,
+                               float beta, uint16_t *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
+                               RtError *err) {
+    return rt_bgemm_via(rt_sgemm_rows_batched, pool, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
+                        c, ldc, stride_c, batch, epilogue, vec, err);
 }
 
 const char *rt_blas_config(void) { return openblas_get_config(); }

@@ -7,10 +7,11 @@
  * into calls of RtKvInfo.rows rows, in order: every sequence's tokens are consecutive rows, a
  * sequence longer than what is left of a call continues in the next (its later rows then see the
  * earlier ones through the pool), and the last call is padded with rows of no sequence. Each row
- * is computed from its own token and position and its sequence's keys and values alone; but
- * where it sits among the rows of a call changes the last bits of its GEMMs (OpenBLAS rounds a
- * row by its index in the matrix), so a sequence's logits agree with a run alone, and with
- * forward_logits, to about 1e-6 relative rather than bit for bit (docs/serve.md, "Numerics").
+ * is computed from its own token and position and its sequence's keys and values alone, and the
+ * chunk phase's GEMMs (rt_sgemm_rows_batched) round a row the same wherever it sits in a call,
+ * so a sequence's logits are bit for bit a run alone's whatever the batch and the chunking; they
+ * agree with forward_logits (OpenBLAS) to about 1e-6 relative (docs/serve.md, "Numerics").
+ * RtStep.len tells forward_chunk how many rows a call uses (its GEMMs compute those only).
  * The CPU alone: the GPU build has no forward_chunk yet (docs/serve.md). */
 #include <stdlib.h>
 #include <string.h>

@@ -43,6 +43,7 @@ void sv_hist_add(SvHist *h, const double *bounds, double v) {
 
 static void request_free(SvRequest *r) {
     free(r->tokens);
+    free(r->logprob);
     free(r->stop_ids);
     for (int64_t i = 0; i < r->nstop_strs; i++) free(r->stop_strs[i]);
     free(r->stop_strs);
@@ -240,6 +241,18 @@ static void advance(SvSched *s, SvSlot *batch, int64_t nb, double now) {
                 continue;
             }
             r->tokens = t, r->cap = cap;
+        }
+        if (r->want_logprobs) { /* log-softmax of the logits at tok, in double: as exact as the logits */
+            double *lp = realloc(r->logprob, (size_t)r->cap * sizeof *lp);
+            if (!lp) {
+                finish(s, r, "cancelled");
+                continue;
+            }
+            r->logprob = lp;
+            double mx = lg[0], sum = 0;
+            for (int64_t v = 1; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+            for (int64_t v = 0; v < V; v++) sum += exp((double)lg[v] - mx);
+            lp[r->ntok] = (double)lg[tok] - mx - log(sum);
         }
         r->tokens[r->ntok++] = tok;
         s->m.generation_tokens++;

@@ -48,6 +48,10 @@ typedef struct SvRequest {
     /* the sequence: the prompt, then what was generated (the scheduler's; read under the lock) */
     int32_t *tokens;
     int64_t ntok, cap;
+    /* with `logprobs` asked: logprob[i], the natural log of the probability the model gave token i
+     * (i >= nprompt; the logits' log-softmax in double), sized like tokens; else NULL */
+    int want_logprobs;
+    double *logprob;
     int64_t computed; /* positions whose keys and values are in the cache */
     RtKvSeq kv;
     SvState state;

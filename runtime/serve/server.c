@@ -302,6 +302,22 @@ static int parse_request(SvServer *sv, SvParsed *p, const char *body, size_t n, 
         bad(p, "echo", "'echo' is not supported");
         goto done;
     }
+    /* logprobs: 0 gives each generated token's own log-probability (OpenAI's `logprobs` object);
+     * the alternatives (1 to 5) are not done */
+    const json_t *lpj = json_object_get(j, "logprobs");
+    if (chat && json_is_true(lpj)) {
+        bad(p, "logprobs", "'logprobs' is not supported for chat completions (it is for /v1/completions)");
+        goto done;
+    }
+    if (!chat && lpj && !json_is_null(lpj)) {
+        int64_t nlp = 0;
+        if (get_int(p, j, "logprobs", 0, 5, &nlp)) goto done;
+        if (nlp > 0) {
+            bad(p, "logprobs", "'logprobs' above 0 (the most likely alternatives) is not supported; 0 gives each token's own");
+            goto done;
+        }
+        r->want_logprobs = 1;
+    }
     r->top_k = topk < 0 ? 0 : topk;
     /* without a seed, each request draws from its own stream of the server's --seed */
     /* without a seed, the scheduler gives each request its own stream of the server's --seed */
@@ -434,6 +450,35 @@ static json_t *ids_json(const SvRequest *r, int64_t from, int64_t to) {
     return a;
 }
 
+/* OpenAI's completion logprobs for tokens [from, to): their text (the decimal id without a
+ * tokenizer), their log-probabilities, no alternatives; null where none was asked. */
+static json_t *logprobs_json(SvServer *sv, const SvRequest *r, int64_t from, int64_t to) {
+    if (!r->want_logprobs || !r->logprob) return json_null();
+    json_t *o = json_object(), *toks = json_array(), *lps = json_array();
+    for (int64_t i = from; i < to; i++) {
+        char *buf = NULL, num[24];
+        size_t len = 0, cap = 0;
+        json_t *t = NULL;
+        if (sv->tok && sv_tokenizer_piece(sv->tok, r->tokens[i], &buf, &len, &cap) == 0) {
+            size_t vl;
+            char *valid = utf8_lossy(buf, len, &vl);
+            t = valid ? json_stringn(valid, vl) : NULL;
+            free(valid);
+        }
+        free(buf);
+        if (!t) {
+            snprintf(num, sizeof num, "%d", (int)r->tokens[i]);
+            t = json_string(num);
+        }
+        json_array_append_new(toks, t);
+        json_array_append_new(lps, json_real(r->logprob[i]));
+    }
+    json_object_set_new(o, "tokens", toks);
+    json_object_set_new(o, "token_logprobs", lps);
+    json_object_set_new(o, "top_logprobs", json_null());
+    return o;
+}
+
 static json_t *choice_json(SvServer *sv, const SvRequest *r, int chat, int delta, const char *text, size_t len, int64_t from,
                            int64_t to, const char *finish) {
     json_t *c = json_object();
@@ -450,7 +495,7 @@ static json_t *choice_json(SvServer *sv, const SvRequest *r, int chat, int delta
         json_object_set_new(c, delta ? "delta" : "message", m);
     } else {
         json_object_set_new(c, "text", t);
-        json_object_set_new(c, "logprobs", json_null());
+        json_object_set_new(c, "logprobs", logprobs_json(sv, r, from, to));
     }
     json_object_set_new(c, "token_ids", ids_json(r, from, to));
     json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());

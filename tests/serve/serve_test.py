@@ -8,9 +8,13 @@ sleeps to wait for it. Each check says what it compares:
   - greedy tokens through the server equal `generate`'s (both the model's full recompute);
   - 16 different prompts sent at once (sampled, each with its own seed) give exactly the tokens
     each gives alone, and those `generate --seed` gives: the batch does not change a sequence;
-  - chunked (8-token chunks) and unchunked prefill give the same tokens;
+    and bit for bit the same log-probabilities (`logprobs: 0`, printed to 17 digits: a function
+    of the whole logits row, so a last-bit change in any logit shows);
+  - chunked (4-token chunks) and unchunked prefill give the same tokens and log-probabilities,
+    bit for bit;
   - a pool of one context (8 blocks) under 16 concurrent requests preempts (the metric says so)
-    and still returns every request's tokens, the same as alone;
+    and still returns every request's tokens and log-probabilities, the same as alone (a
+    preempted sequence's recomputation included);
   - a repeated prompt hits the prefix cache (the metric counts the blocks) with the same tokens
     as the miss;
   - 50 concurrent streaming clients, every fifth disconnecting after two events: the others get
@@ -110,6 +114,18 @@ def complete(port, **req):
     return j["choices"][0]["token_ids"]
 
 
+def complete_lp(port, **req):
+    """(token ids, their log-probabilities as the server printed them): logprobs 0 asked."""
+    st, j = request(port, "POST", "/v1/completions", dict(req, logprobs=0))
+    if st != 200:
+        raise RuntimeError(f"status {st}: {j}")
+    c = j["choices"][0]
+    lp = c["logprobs"]
+    if lp is None or len(lp["token_logprobs"]) != len(c["token_ids"]):
+        raise RuntimeError(f"logprobs missing or of the wrong length: {c}")
+    return (c["token_ids"], lp["token_logprobs"])
+
+
 def stream(port, req, disconnect_after=None):
     """The SSE events of a streamed completion (their JSON), and whether [DONE] came."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -205,18 +221,19 @@ def batched_equals_alone():
     s = Server()
     try:
         reqs = [dict(prompt=p, max_tokens=10, temperature=1.0, seed=100 + i) for i, p in enumerate(PROMPTS)]
-        alone = [complete(s.port, **r) for r in reqs]
-        together = parallel(lambda r: complete(s.port, **r), [(r,) for r in reqs])
+        alone = [complete_lp(s.port, **r) for r in reqs]
+        together = parallel(lambda r: complete_lp(s.port, **r), [(r,) for r in reqs])
         gen = [generate(r["prompt"], 10, 1.0, r["seed"]) for r in reqs[:4]]
         bad = [i for i in range(16) if alone[i] != together[i]]
         ALONE.update({i: alone[i] for i in range(16)})
         if bad:
-            return report("batched-equals-alone", False, f"{len(bad)} of 16 differ, first {bad[0]}: "
-                          f"alone {alone[bad[0]]}, batched {together[bad[0]]}")
-        if gen != alone[:4]:
+            return report("batched-equals-alone", False, f"{len(bad)} of 16 differ (tokens and log-probabilities bit for "
+                          f"bit), first {bad[0]}: alone {alone[bad[0]]}, batched {together[bad[0]]}")
+        if gen != [a[0] for a in alone[:4]]:
             return report("batched-equals-alone", False, f"generate --seed differs: {gen[0]} vs {alone[0]}")
         m = metrics(s.port)
-        report("batched-equals-alone", True, f"16 sampled prompts, equal to alone and to generate; "
+        report("batched-equals-alone", True, f"16 sampled prompts, tokens and log-probabilities bit for bit as alone, "
+               "tokens as generate; "
                f"{int(m['mbt_serve_iterations_total'])} iterations")
     finally:
         s.stop()
@@ -227,7 +244,7 @@ def chunked_equals_unchunked():
     for args in (["--prefill-chunk", "4", "--batch-tokens", "8"], ["--prefill-chunk", "64", "--batch-tokens", "64"]):
         s = Server(*args)
         try:
-            outs.append([complete(s.port, prompt=p, max_tokens=6, temperature=0) for p in PROMPTS[:6]])
+            outs.append([complete_lp(s.port, prompt=p, max_tokens=6, temperature=0) for p in PROMPTS[:6]])
         finally:
             s.stop()
     report("chunked-equals-unchunked", outs[0] == outs[1], "" if outs[0] == outs[1] else f"{outs[0]} vs {outs[1]}")
@@ -237,7 +254,7 @@ def preemption_loses_nothing():
     s = Server("--kv-blocks", "8")
     try:
         reqs = [dict(prompt=p, max_tokens=10, temperature=1.0, seed=100 + i) for i, p in enumerate(PROMPTS)]
-        together = parallel(lambda r: complete(s.port, **r), [(r,) for r in reqs])
+        together = parallel(lambda r: complete_lp(s.port, **r), [(r,) for r in reqs])
         m = metrics(s.port)
         pre = int(m["mbt_serve_preemptions_total"])
         bad = [i for i in range(16) if together[i] != ALONE.get(i)]
@@ -247,7 +264,8 @@ def preemption_loses_nothing():
             return report("preemption-loses-nothing", False, "no preemption happened with a pool of one context")
         if m["mbt_serve_kv_blocks_used"] != 0:
             return report("preemption-loses-nothing", False, f"{m['mbt_serve_kv_blocks_used']} blocks still used")
-        report("preemption-loses-nothing", True, f"8 blocks, 16 requests, {pre} preemptions, every token as alone")
+        report("preemption-loses-nothing", True, f"8 blocks, 16 requests, {pre} preemptions, every token and "
+               "log-probability as alone")
     finally:
         s.stop()
 
@@ -310,6 +328,8 @@ def malformed_requests():
             ("n-not-1", {"prompt": [1], "n": 2}, "n"),
             ("stop-type", {"prompt": [1], "stop": 5}, "stop"),
             ("seed-type", {"prompt": [1], "seed": 1.5}, "seed"),
+            ("logprobs-alternatives", {"prompt": [1], "logprobs": 2}, "logprobs"),
+            ("logprobs-type", {"prompt": [1], "logprobs": "yes"}, "logprobs"),
             ("text-without-tokenizer", {"prompt": "hello"}, "prompt"),
         ]
         for name, body, param in cases:
@@ -516,7 +536,9 @@ def tokenizer_checks():
         ok2 = st2 == 200 and c["object"] == "chat.completion" and c["choices"][0]["message"]["role"] == "assistant" and \
             c["usage"]["prompt_tokens"] == len(chat_ids)
         st3, e = request(s.port, "POST", "/v1/chat/completions", {"messages": "hi"})
-        ok3 = st3 == 400 and e["error"]["param"] == "messages"
+        st4, e4 = request(s.port, "POST", "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": "hi"}], "logprobs": True})
+        ok3 = st3 == 400 and e["error"]["param"] == "messages" and st4 == 400 and e4["error"]["param"] == "logprobs"
         report("text-and-chat-through-server", ok and ok2 and ok3, f"completion '{j['choices'][0]['text']}' "
                f"chat '{c['choices'][0]['message']['content']}'" if ok and ok2 else f"{st} {j} {st2} {c} {st3} {e}")
     finally:

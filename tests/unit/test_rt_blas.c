@@ -34,6 +34,8 @@ typedef struct Case {
     int bias; /* 1: RT_GEMM_BIAS (a vector of n added to every row); 2: RT_GEMM_BGRAD_B (B's column sums) */
 } Case;
 
+static int use_rows; /* run_case calls rt_sgemm_rows_batched / rt_bgemm_rows_batched (row-independent) instead */
+
 static uint16_t *to_bf16(float *v, int64_t n) { /* v rounded in place; its bf16 bits returned */
     uint16_t *h = malloc((size_t)(n + 1) * sizeof *h);
     for (int64_t i = 0; i < n; i++) {
@@ -72,10 +74,15 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
     memcpy(cc, c0, (size_t)nc * sizeof *cc);
     RtError e;
     int32_t ep = c->bias == 1 ? RT_GEMM_BIAS : c->bias == 2 ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN;
-    RtStatus st = c->bf16 ? rt_bgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a16, lda, sa, b16, ldb, sb, c->beta,
-                                             c16, ldc, sc, c->batch, ep, c->bias ? v16 : NULL, &e)
-                          : rt_sgemm_batched(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b, ldb, sb, c->beta, cc,
-                                             ldc, sc, c->batch, ep, c->bias ? v : NULL, &e);
+    RtStatus st;
+    if (c->bf16)
+        st = (use_rows ? rt_bgemm_rows_batched : rt_bgemm_batched)(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a16, lda, sa,
+                                                                   b16, ldb, sb, c->beta, c16, ldc, sc, c->batch, ep,
+                                                                   c->bias ? v16 : NULL, &e);
+    else
+        st = (use_rows ? rt_sgemm_rows_batched : rt_sgemm_batched)(pool, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, sa, b,
+                                                                   ldb, sb, c->beta, cc, ldc, sc, c->batch, ep,
+                                                                   c->bias ? v : NULL, &e);
     for (int64_t i = 0; c->bf16 && i < nc; i++) cc[i] = rt_bf16_to_f32(c16[i]);
     CHECK(st == RT_OK, "ta %d tb %d m %lld n %lld k %lld: %s", c->ta, c->tb, (long long)c->m, (long long)c->n, (long long)c->k,
           e.msg);
@@ -111,8 +118,8 @@ static float *run_case(const Case *c, RtPool *pool, int check) {
                 }
         }
         CHECK(bad == 0,
-              "%s%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
-              c->bf16 ? "bf16 " : "",
+              "%s%s%sta %d tb %d m %lld n %lld k %lld batch %lld pad %lld alpha %g beta %g: %lld elements off (worst %.2g x tol)",
+              use_rows ? "rows " : "", c->bf16 ? "bf16 " : "",
               c->bias == 1   ? "bias "
               : c->bias == 2 ? "bias gradient "
                              : "",
@@ -313,6 +320,77 @@ static void argument_errors(void) {
     CHECK(cfg && strstr(cfg, "OpenBLAS"), "rt_blas_config() = '%s'", cfg ? cfg : "(null)");
 }
 
+/* ---- row-independent products (rt_sgemm_rows_batched) -------------------------------------------- */
+
+/* The same contract as rt_sgemm_batched: every transpose, pitches, batches, alpha/beta, bias,
+ * bf16, against the double loop. */
+static void rows_products(void) {
+    RtPool *p;
+    RtError e;
+    CHECK(rt_pool_create(&p, 2, &e) == RT_OK, "pool: %s", e.msg);
+    use_rows = 1;
+    static const int64_t shapes[][3] = {{1, 1, 1}, {1, 7, 3},   {5, 1, 4}, {17, 33, 5},
+                                        {8, 8, 8}, {31, 2, 65}, {3, 4, 0}, {37, 70, 96}};
+    for (int t = 0; t < 4; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int pad = 0; pad <= 3; pad += 3) {
+                Case c = {t & 1, t >> 1, shapes[s][0], shapes[s][1], shapes[s][2], 1, pad, 0, 1.0f, 0.0f, 0, 0};
+                free(run_case(&c, p, 1));
+                c.alpha = -2.0f;
+                c.beta = 0.25f;
+                c.batch = 3;
+                c.broadcast_a = 1;
+                free(run_case(&c, p, 1));
+                if (c.k == 0) continue;
+                c.bias = 1;
+                free(run_case(&c, p, 1));
+                c.bf16 = 1;
+                free(run_case(&c, p, 1));
+            }
+    use_rows = 0;
+    rt_pool_destroy(p);
+}
+
+/* What the chunk phase needs: a row of C is the same bits whatever its index, the row count and
+ * the other rows. Row i of a 16-row product (x @ w, and x @ w^T as a tied head reads it) against
+ * the same row computed alone (m = 1) and at index 22 of a 37-row product whose other rows differ;
+ * and over 1 and 3 threads. */
+static void rows_independent(void) {
+    RtPool *p;
+    RtError e;
+    CHECK(rt_pool_create(&p, 3, &e) == RT_OK, "pool: %s", e.msg);
+    enum { M = 16, BIG = 37, AT = 22, N = 96, K = 67 };
+    for (int tb = 0; tb <= 1; tb++) {
+        float *a = malloc(sizeof(float) * BIG * K), *big = malloc(sizeof(float) * BIG * K), *w = malloc(sizeof(float) * N * K);
+        float *bias = malloc(sizeof(float) * N), *c = malloc(sizeof(float) * M * N), *one = malloc(sizeof(float) * N);
+        float *cbig = malloc(sizeof(float) * BIG * N);
+        fill(a, M * K, 11);
+        fill(big, BIG * K, 12);
+        fill(w, N * K, 13);
+        fill(bias, N, 14);
+        int64_t ldb = tb ? K : N;
+        CHECK(rt_sgemm_rows_batched(p, 0, tb, M, N, K, 1.0f, a, K, 0, w, ldb, 0, 0.0f, c, N, 0, 1, RT_GEMM_BIAS, bias, &e) ==
+                  RT_OK,
+              "%s", e.msg);
+        int64_t bad_alone = 0, bad_big = 0;
+        for (int i = 0; i < M; i++) {
+            CHECK(rt_sgemm_rows_batched(NULL, 0, tb, 1, N, K, 1.0f, a + i * K, K, 0, w, ldb, 0, 0.0f, one, N, 0, 1, RT_GEMM_BIAS,
+                                        bias, &e) == RT_OK,
+                  "%s", e.msg);
+            bad_alone += memcmp(one, c + i * N, sizeof(float) * N) != 0;
+            memcpy(big + AT * K, a + i * K, sizeof(float) * K);
+            CHECK(rt_sgemm_rows_batched(p, 0, tb, BIG, N, K, 1.0f, big, K, 0, w, ldb, 0, 0.0f, cbig, N, 0, 1, RT_GEMM_BIAS, bias,
+                                        &e) == RT_OK,
+                  "%s", e.msg);
+            bad_big += memcmp(cbig + AT * N, c + i * N, sizeof(float) * N) != 0;
+        }
+        CHECK(bad_alone == 0, "tb %d: %lld of %d rows differ from the same row computed alone", tb, (long long)bad_alone, M);
+        CHECK(bad_big == 0, "tb %d: %lld of %d rows differ at row %d of a %d-row product", tb, (long long)bad_big, M, AT, BIG);
+        free(a), free(big), free(w), free(bias), free(c), free(one), free(cbig);
+    }
+    rt_pool_destroy(p);
+}
+
 int main(void) {
     RUN(all_transposes_small);
     RUN(batches_and_strides);
@@ -320,5 +398,7 @@ int main(void) {
     RUN(thread_count_invariance);
     RUN(argument_errors);
     RUN(bf16_products);
+    RUN(rows_products);
+    RUN(rows_independent);
     return unit_finish();
 }
