@@ -55,6 +55,12 @@ __global__ void k_bwd_q(MbtAttn a, const T *q, const T *k, const T *v, const T *
     if constexpr (TC) mbt_attn_bwd_q_tc<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
     else mbt_attn_bwd_q<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
 }
+/* the flash-attention-2 forward (rt_attention_fa2.cuh), storing m and l into stats */
+template <typename T, int D, int E, bool C>
+__global__ void k_forward_fa2(MbtAttn a, const T *q, const T *k, const T *v, T *o, float *stats) {
+    T *const out[1] = {o};
+    mbt_attn_fa2_forward<T, D, E, C, 1>(a, q, k, v, out, stats);
+}
 /* dq again from the stored statistics (the kernel fusion makes when dq's kernel does not compute them) */
 template <typename T, int D, int E, bool C, bool TC>
 __global__ void k_bwd_q_loaded(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dq) {
@@ -94,7 +100,47 @@ void expect(const char *name, const char *what, const std::vector<double> &want,
     }
 }
 
-template <typename T, int D, int E, bool C, bool TC>
+/* The FA2 forward of case `name` (its operands, contiguous; its reference out o, maxima sm and sums
+ * sl): with k and v as they are (16-byte rows: cp.async) and again from a copy whose rows are one
+ * element longer and start one element in (the element-by-element staging); both against the
+ * reference, the row statistics too, and the two runs bit for bit the same. */
+template <typename T, int D, int E, bool C>
+void fa2_forward(const char *name, MbtAttn a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                 const std::vector<double> &o, const std::vector<double> &sm, const std::vector<double> &sl, double tol) {
+    a.out[0] = view(a.H, a.T, E);
+    a.stats = view(a.H, a.T, 3);
+    const long long blocks = a.Z * a.H * ((a.T + 63) / 64);
+    std::vector<T> go(o.size()), go2(o.size());
+    std::vector<float> st(sm.size() * 3, 0.0f), st2(st.size(), 0.0f);
+    if (!launch<&k_forward_fa2<T, D, E, C>>(name, blocks, a, q.data(), k.data(), v.data(), go.data(), st.data())) return;
+    /* the odd layout: [Z, Hk, S, W + 1] from element 1 */
+    auto odd = [&](const std::vector<T> &x, int W, MbtView &w) {
+        std::vector<T> y(x.size() / W * (W + 1) + 1, from_f<T>(0.0f));
+        for (size_t r = 0; r < x.size() / W; r++)
+            for (int c = 0; c < W; c++) y[1 + r * (W + 1) + c] = x[r * W + c];
+        w = MbtView{1, a.Hk * a.S * (W + 1), a.S * (W + 1), W + 1, 1};
+        return y;
+    };
+    MbtAttn b = a;
+    std::vector<T> k2 = odd(k, D, b.k), v2 = odd(v, E, b.v);
+    if (!launch<&k_forward_fa2<T, D, E, C>>(name, blocks, b, q.data(), k2.data(), v2.data(), go2.data(), st2.data())) return;
+    std::vector<float> f(go.size());
+    for (size_t i = 0; i < go.size(); i++) f[i] = to_f(go[i]);
+    expect(name, "forward (flash-attention-2)", o, f, tol);
+    std::vector<float> m1, l1;
+    std::vector<double> mw, lw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue; /* a row that sees no key */
+        mw.push_back(sm[r]), lw.push_back(sl[r]), m1.push_back(st[r * 3]), l1.push_back(st[r * 3 + 1]);
+    }
+    expect(name, "flash-attention-2 statistics: row max", mw, m1, tol);
+    expect(name, "flash-attention-2 statistics: row sum", lw, l1, tol);
+    const bool eq = memcmp(go.data(), go2.data(), go.size() * sizeof(T)) == 0 && memcmp(st.data(), st2.data(), st.size() * 4) == 0;
+    printf("%s %s/flash-attention-2 with element-by-element staging, as with cp.async\n", eq ? "PASS" : "FAIL", name);
+    eq ? passed++ : failed++;
+}
+
+template <typename T, int D, int E, bool C, bool TC, bool FA2 = TC>
 void run_case(const char *name, long long Z, long long H, long long Hk, long long Tq, long long S, double tol, unsigned seed) {
     const long long G = H / Hk, shift = S - Tq;
     const float scale = 1.0f / sqrtf((float)D);
@@ -212,6 +258,7 @@ void run_case(const char *name, long long Z, long long H, long long Hk, long lon
     same("dq from the stored statistics, as computed", gdq, gdq2);
     same("dk alone, as with dv", gdk, gdk1);
     same("dv alone, as with dk", gdv, gdv1);
+    if constexpr (FA2) fa2_forward<T, D, E, C>(name, a, q, k, v, o, sm, sl, tol);
 }
 
 } /* namespace check */
@@ -228,6 +275,11 @@ int main() {
     run_case<__nv_bfloat16, 64, 64, true, true>("bf16-fewer-keys", 1, 2, 2, 45, 40, 1e-2, 5);
     run_case<__nv_bfloat16, 16, 32, false, true>("bf16-more-keys", 2, 2, 1, 20, 70, 1e-2, 6);
     run_case<__nv_bfloat16, 32, 32, true, false>("bf16-cuda-cores", 1, 2, 2, 70, 70, 1e-2, 7);
+    /* the flash-attention-2 forward's wider heads (tiles of 32 keys when D + E > 128), checked
+     * with the other kernels of the same case (the backward on the CUDA cores past 64) */
+    run_case<__nv_bfloat16, 128, 128, true, false, true>("bf16-fa2-d128-causal", 1, 4, 1, 150, 150, 1e-2, 8);
+    run_case<__nv_bfloat16, 96, 64, false, false, true>("bf16-fa2-d96-e64", 2, 2, 2, 70, 45, 1e-2, 9);
+    run_case<__nv_bfloat16, 64, 128, true, false, true>("bf16-fa2-fewer-keys", 1, 2, 1, 90, 60, 1e-2, 10);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

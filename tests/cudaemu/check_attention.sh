@@ -22,6 +22,7 @@ setup_failed() {
 "$1/mbtc" --emit=cuda tests/gpu/attn_shapes_bf16.mbt >"$dir/prog.cu" 2>"$dir/out" || setup_failed "mbtc --emit=cuda failed"
 sed '/^\/\* kernel /,$d' "$dir/prog.cu" >"$dir/check.cu" # the prelude and templates: all before the first kernel
 grep -q 'mbt_attn_forward_tc' "$dir/check.cu" || setup_failed "the prelude has no tensor-core template"
+grep -q 'mbt_attn_fa2_forward' "$dir/check.cu" || setup_failed "the prelude has no flash-attention-2 template"
 cat tests/cudaemu/attention_check.cc >>"$dir/check.cu"
 tests/cudaemu/build.sh --exe "$dir/check.cu" "$dir/check" >"$dir/out" 2>&1 || setup_failed "building attention_check.cc failed"
 "$dir/check"

@@ -35,8 +35,9 @@
 #include <string.h>
 
 #include "diag.h"
-#include "rt_attention_cuh.h"    /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
-#include "rt_attention_tc_cuh.h" /* mbt_rt_attention_tc_cuh: rt_attention_tc.cuh, likewise */
+#include "rt_attention_cuh.h"     /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
+#include "rt_attention_tc_cuh.h"  /* mbt_rt_attention_tc_cuh: rt_attention_tc.cuh, likewise */
+#include "rt_attention_fa2_cuh.h" /* mbt_rt_attention_fa2_cuh: rt_attention_fa2.cuh, likewise */
 #include "value.h"
 
 #define CUDA_THREAD_BLOCK 256     /* threads per block in thread mode */
@@ -148,13 +149,15 @@ void cuda_emit_prelude(FILE *out, int half, int attn) {
                      "struct __align__(8) MbtHalf4 { __half x, y, z, w; };\n"
                      "struct __align__(8) MbtBf16x4 { __nv_bfloat16 x, y, z, w; };\n");
     if (attn) fprintf(out, "\n#define MBT_HALF %d\n%s", half, mbt_rt_attention_cuh);
-    if (attn == CUDA_ATTN_TENSOR_CORES) fprintf(out, "\n%s", mbt_rt_attention_tc_cuh);
+    if (attn >= CUDA_ATTN_TENSOR_CORES) fprintf(out, "\n%s", mbt_rt_attention_tc_cuh);
+    if (attn == CUDA_ATTN_FA2) fprintf(out, "\n%s", mbt_rt_attention_fa2_cuh);
 }
 
 int cuda_kernel_uses_attention(const Kernel *k) {
     const KAttn *a = k->attn;
     if (!a || a->D > 128 || a->E > 128 || a->D < 1 || a->E < 1 || (a->dt != DT_F32 && a->dt != DT_F16 && a->dt != DT_BF16))
         return CUDA_ATTN_NONE;
+    if (a->dt != DT_F32 && a->op == KA_FORWARD && a->D % 16 == 0 && a->E % 16 == 0) return CUDA_ATTN_FA2;
     if (a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0 && a->D <= 64 && a->E <= 64) return CUDA_ATTN_TENSOR_CORES;
     return CUDA_ATTN_CUDA_CORES;
 }
@@ -202,12 +205,16 @@ static int cuda_loads_what_it_stores(const Kernel *k, int from, int to) {
  * rt_attention_tc.cuh's (16 rows a warp; its tiles in the element type, f32 scores). */
 static int cuda_attention_rows(const Kernel *k) {
     const KAttn *a = k->attn;
-    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) return 16 * 4;
+    if (cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES) return 16 * 4;
     return (a->D + a->E > 192 ? 2 : 4) * 4;
 }
 
 static int cuda_attention_shared(const Kernel *k) {
     const KAttn *a = k->attn;
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2) { /* two buffers of BK keys and values, pitches D + 8, E + 8 */
+        int64_t bk = a->D + a->E > 128 ? 32 : 64;
+        return (int)(2 * 2 * bk * (a->D + 8 + a->E + 8));
+    }
     if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) { /* 2-byte tiles, f32 scratch (pitches as there) */
         int64_t qp = a->D + 8, vp = a->E + 8, pp = 32 + 8, scratch = 4 * 4 * 16 * (32 + 4);
         int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
@@ -819,8 +826,9 @@ static void cuda_header(CudaEmit *E, const char *note) {
     if (L->mode == CUDA_BLOCK) fprintf(out, " (a block per work item)");
     if (L->mode == CUDA_ATTENTION)
         fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/%s)", L->per_block,
-                cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
-                                                                        : "rt_attention.cuh");
+                cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 ? "rt_attention_fa2.cuh, flash-attention-2 on the tensor cores"
+                : cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
+                                                                          : "rt_attention.cuh");
     if (L->vector > 1) fprintf(out, " (%d work items a thread: vector loads and stores)", L->vector);
     fprintf(out, "\n");
     if (note && *note) {
@@ -901,6 +909,11 @@ static void cuda_attention_call(CudaEmit *E) {
     const char *tc = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "";
     switch (a->op) {
     case KA_FORWARD:
+        if (cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2) { /* the statistics: not stored (no backward loads m, l yet) */
+            cuda_line(E, "mbt_attn_fa2_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out, nullptr);", t, a->D,
+                      a->E, causal, a->nout, q, k, v);
+            break;
+        }
         cuda_line(E, "mbt_attn_forward%s<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);", tc, t, a->D, a->E, causal,
                   a->nout, q, k, v);
         break;
@@ -935,7 +948,7 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
      * The tensor-core attention kernels keep 16 rows' statistics (and the forward their outputs) a
      * lane: 2 blocks an SM (255 registers), which their 41-47 KB of shared memory allows anyway
      * (the forward spills at 128 on sm_80). */
-    int min_blocks = cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
+    int min_blocks = cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
     fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, min_blocks, k->name);
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");

@@ -1,0 +1,247 @@
+/* rt_attention_fa2.cuh - the attention forward in the flash-attention-2 design, for bf16 and f16
+ * programs on sm_80 and later (issue 14): the same computation as rt_attention.cuh's
+ * mbt_attn_forward (whose helpers it uses), organised as FA2 does it.
+ *
+ *   - A block of 4 warps owns 64 query rows, 16 a warp. Each warp keeps its rows of Q as mma
+ *     A-fragments in registers (read once from the strided view), and its scores, the online
+ *     softmax's running maximum and sums, and its 16 x E output all in registers: no score or
+ *     probability goes through shared memory.
+ *   - Keys and values come in tiles of BK rows (64, or 32 when D + E > 128 so that the tiles fit
+ *     48 KB of static shared memory), staged in shared memory with cp.async (16-byte copies, when
+ *     the views allow them: unit column stride, rows and bases 16-byte aligned; otherwise
+ *     element by element) and double-buffered: tile i + 1 is in flight while tile i is used.
+ *   - Q K^T and P V are mma.sync.m16n8k16 (bf16 or f16 inputs, f32 accumulators) through
+ *     mbt_mma_16816, whose fragment layout is documented (PTX ISA, "Matrix Fragments for
+ *     mma.m16n8k16"): the accumulator of two neighbouring 8-key score tiles is, element for
+ *     element, the A-fragment of P for the next product, so P goes from the softmax to the
+ *     tensor cores without leaving the registers (rounded to the element type, as flash
+ *     attention does; the row sums keep P unrounded, as rt_attention_tc.cuh).
+ *   - A row's scores live in the 4 lanes of a quad (lanes 4g .. 4g + 3 hold rows g and g + 8):
+ *     its maximum and, at the end, its sum are combined with two shuffles, in a fixed order.
+ *   - Causal: the block stops at the last key its last row sees (whole tiles above the diagonal
+ *     are never loaded); only tiles that cross the diagonal or the end of the keys are masked.
+ *   - The log-sum-exp: with `stats` non-null the kernel stores each row's maximum m and sum l
+ *     (slots 0 and 1 of the statistics view, rt_attention.cuh's layout) for a backward to load.
+ *
+ * Under tests/cudaemu/cudaemu.h (MBT_CUDAEMU) mbt_mma_16816 and the cp.async functions are the
+ * emulator's (a warp collective that implements the documented lane layout; a plain copy); here
+ * they are inline PTX. The order of every sum depends only on the shapes: runs are bit-identical.
+ *
+ * Not here yet (docs/cuda.md): the backward in the FA2 design (the programs' backward still uses
+ * rt_attention_tc.cuh), ldmatrix for the fragments' shared-memory loads, wgmma/TMA on sm_90. */
+
+#ifndef MBT_CUDAEMU
+template <typename T> static __device__ __forceinline__ void mbt_mma_16816(float *d, const unsigned *a, const unsigned *b,
+                                                                          const float *c);
+template <>
+__device__ __forceinline__ void mbt_mma_16816<__nv_bfloat16>(float *d, const unsigned *a, const unsigned *b, const float *c) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
+}
+template <>
+__device__ __forceinline__ void mbt_mma_16816<__half>(float *d, const unsigned *a, const unsigned *b, const float *c) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
+}
+static __device__ __forceinline__ void mbt_cp_async16(void *shared, const void *global) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global));
+}
+static __device__ __forceinline__ void mbt_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void mbt_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+#endif
+
+/* An element's 16 bits, and two elements into one .b32 register (the first in the low half). */
+static __device__ __forceinline__ unsigned mbt_bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+static __device__ __forceinline__ unsigned mbt_bits16(__half x) { return __half_as_ushort(x); }
+template <typename T> static __device__ __forceinline__ unsigned mbt_pack2(float lo, float hi) {
+    T x[2];
+    mbt_st(&x[0], lo);
+    mbt_st(&x[1], hi);
+    return mbt_bits16(x[0]) | mbt_bits16(x[1]) << 16;
+}
+/* Two neighbouring elements of a shared tile (4-byte aligned: an even column, an even pitch). */
+template <typename T> static __device__ __forceinline__ unsigned mbt_ld2(const T *p) {
+#ifdef MBT_CUDAEMU
+    unsigned r;
+    memcpy(&r, p, 4);
+    return r;
+#else
+    return *(const unsigned *)p;
+#endif
+}
+
+/* Rows [j0, j0 + BK) of a key-side operand (W wide) into a shared tile, by the whole block: 16-byte
+ * cp.async copies when `fast` (the view's rows contiguous and 16-byte aligned), else element by
+ * element; zeros past the S rows (a P of 0 times a stale value could be NaN). */
+template <typename T, int BK, int W, int PITCH>
+static __device__ __forceinline__ void mbt_fa2_stage(T (*sh)[PITCH], const T *x, const MbtView &w, long long z, long long h,
+                                                     long long j0, long long S, bool fast) {
+    const int CH = W / 8; /* 16-byte chunks a row */
+    for (int i = threadIdx.x; i < BK * CH; i += MBT_ATTN_WARPS * 32) {
+        const int rr = i / CH, c = i % CH * 8;
+        if (j0 + rr < S) {
+            const T *src = x + mbt_at(w, z, h, j0 + rr, c);
+            if (fast) mbt_cp_async16(&sh[rr][c], src);
+            else
+#pragma unroll
+                for (int e = 0; e < 8; e++) sh[rr][c + e] = src[e * w.c];
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) mbt_st(&sh[rr][c + e], 0.0f);
+        }
+    }
+}
+
+/* Whether view w's rows of head (z, h) can be copied 16 bytes at a time from base x. */
+template <typename T>
+static __device__ __forceinline__ bool mbt_fa2_fast(const T *x, const MbtView &w, long long z, long long h) {
+    return w.c == 1 && w.r % 8 == 0 && (w.off + z * w.z + h * w.h) % 8 == 0 && (unsigned long long)x % 16 == 0;
+}
+
+template <typename T, int D, int E, bool CAUSAL, int NOUT>
+static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out,
+                                            float *stats) {
+    static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
+    const int BQ = 16 * MBT_ATTN_WARPS, BK = D + E > 128 ? 32 : 64, KP = D + 8, VP = E + 8; /* pitches: rows of a
+        multiple of 16 bytes (cp.async), 16 more than the data so that a quad's 8 rows fall on distinct banks */
+    __shared__ __align__(16) T ks[2][BK][KP];
+    __shared__ __align__(16) T vs[2][BK][VP];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
+        const long long tw = t0 + warp * 16; /* the warp's first row */
+        /* the warp's Q as A-fragments: qa[kc] covers columns [16 kc, 16 kc + 16) */
+        unsigned qa[D / 16][4];
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const long long row = tw + g + (r & 1) * 8;
+                const int col = kc * 16 + 2 * t + (r >> 1) * 8;
+                unsigned x = 0;
+                if (row < a.T) {
+                    const T *p = q + mbt_at(a.q, z, h, row, col);
+                    x = mbt_bits16(p[0]) | mbt_bits16(p[a.q.c]) << 16;
+                }
+                qa[kc][r] = x;
+            }
+        float o[E / 8][4], m[2] = {-MBT_INF_F, -MBT_INF_F}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < E / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ), ntiles = (kend + BK - 1) / BK;
+        const bool kfast = mbt_fa2_fast(k, a.k, z, kh), vfast = mbt_fa2_fast(v, a.v, z, kh);
+        __syncthreads(); /* the previous tile of rows is done with the buffers */
+        if (ntiles > 0) {
+            mbt_fa2_stage<T, BK, D, KP>(ks[0], k, a.k, z, kh, 0, a.S, kfast);
+            mbt_fa2_stage<T, BK, E, VP>(vs[0], v, a.v, z, kh, 0, a.S, vfast);
+            mbt_cp_async_commit();
+        }
+        for (long long it = 0; it < ntiles; it++) {
+            const int buf = (int)(it & 1);
+            const long long j0 = it * BK;
+            if (it + 1 < ntiles) { /* the next tile into the other buffer, while this one is used */
+                mbt_fa2_stage<T, BK, D, KP>(ks[buf ^ 1], k, a.k, z, kh, j0 + BK, a.S, kfast);
+                mbt_fa2_stage<T, BK, E, VP>(vs[buf ^ 1], v, a.v, z, kh, j0 + BK, a.S, vfast);
+                mbt_cp_async_commit();
+                mbt_cp_async_wait<1>();
+            } else {
+                mbt_cp_async_wait<0>();
+            }
+            __syncthreads(); /* this thread's copies are done: everyone's are, after the barrier */
+            /* S = Q K^T: 16 x BK, BK / 8 accumulators; s[n] holds keys [8n, 8n + 8) */
+            float s[BK / 8][4];
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+                for (int n = 0; n < BK / 8; n++) {
+                    const unsigned b[2] = {mbt_ld2(&ks[buf][n * 8 + g][kc * 16 + 2 * t]),
+                                           mbt_ld2(&ks[buf][n * 8 + g][kc * 16 + 2 * t + 8])};
+                    mbt_mma_16816<T>(s[n], qa[kc], b, s[n]);
+                }
+            /* scaled, masked where the tile crosses the diagonal or the end of the keys */
+            const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T);
+            float mt[2] = {-MBT_INF_F, -MBT_INF_F};
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float x = a.scale * s[n][i];
+                    if (mask && !mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1))) x = -MBT_INF_F;
+                    s[n][i] = x;
+                    mt[i >> 1] = mt[i >> 1] > x ? mt[i >> 1] : x;
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) { /* the row's maximum over its quad; then exp(s - m) */
+                float x = __shfl_xor_sync(0xffffffffu, mt[r], 1);
+                mt[r] = mt[r] > x ? mt[r] : x;
+                x = __shfl_xor_sync(0xffffffffu, mt[r], 2);
+                mt[r] = mt[r] > x ? mt[r] : x;
+                const float mn = m[r] > mt[r] ? m[r] : mt[r];
+                alpha[r] = mn == -MBT_INF_F ? 1.0f : expf(m[r] - mn);
+                m[r] = mn;
+            }
+            float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float p = s[n][i] == -MBT_INF_F ? 0.0f : expf(s[n][i] - m[i >> 1]);
+                    s[n][i] = p;
+                    ls[i >> 1] = ls[i >> 1] + p;
+                }
+            l[0] = l[0] * alpha[0] + ls[0];
+            l[1] = l[1] * alpha[1] + ls[1];
+#pragma unroll
+            for (int n = 0; n < E / 8; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+            /* O += P V: P's A-fragment for keys [16 kc, 16 kc + 16) is score tiles 2 kc and 2 kc + 1 */
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; kc++) {
+                const unsigned pa[4] = {mbt_pack2<T>(s[2 * kc][0], s[2 * kc][1]), mbt_pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                                        mbt_pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                        mbt_pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                const T(*vk)[VP] = vs[buf] + kc * 16;
+#pragma unroll
+                for (int n = 0; n < E / 8; n++) { /* B[k][c] = V[key 16 kc + k][8 n + c] */
+                    const int c = n * 8 + g;
+                    const unsigned b[2] = {mbt_bits16(vk[2 * t][c]) | mbt_bits16(vk[2 * t + 1][c]) << 16,
+                                           mbt_bits16(vk[2 * t + 8][c]) | mbt_bits16(vk[2 * t + 9][c]) << 16};
+                    mbt_mma_16816<T>(o[n], pa, b, o[n]);
+                }
+            }
+            __syncthreads(); /* everyone is done with this buffer before the next tile refills it */
+        }
+        /* the row sums over the quad, then out = O / l (a row that saw no key: 0) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const long long row = tw + g + r * 8;
+            if (row >= a.T) continue;
+#pragma unroll
+            for (int n = 0; n < E / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const float x = l[r] > 0.0f ? o[n][2 * r + i] / l[r] : 0.0f;
+#pragma unroll
+                    for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(a.out[u], z, h, row, n * 8 + 2 * t + i), x);
+                }
+            if (stats && t < 2) mbt_st(stats + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] : l[r]);
+        }
+    }
+}
