@@ -947,8 +947,12 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
      * block size alone ptxas aims at full occupancy (32 registers on sm_90) and spills row kernels.
      * The tensor-core attention kernels keep 16 rows' statistics (and the forward their outputs) a
      * lane: 2 blocks an SM (255 registers), which their 41-47 KB of shared memory allows anyway
-     * (the forward spills at 128 on sm_80). */
+     * (the forward spills at 128 on sm_80). The flash-attention-2 forward with D + E <= 128 asks
+     * for 4 (128 registers): without the bound ptxas gives GPT-2's (D 64, causal) 147 (sm_80) and
+     * 160 (sm_90), 3 blocks; with it 127 and 128 without spills, 4 blocks (the cuda layer checks
+     * that nothing spills; whether it is faster is not measured: docs/cuda.md). */
     int min_blocks = cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 && k->attn->D + k->attn->E <= 128) min_blocks = 4;
     fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, min_blocks, k->name);
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");
