@@ -245,3 +245,282 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
         }
     }
 }
+
+/* ---- the backward in the FA2 design ------------------------------------------------------------
+ * Two kernels, no atomics (runs stay bit-identical): dq per tile of 64 query rows (a warp's 16),
+ * walking the keys; dk and dv per tile of 64 key rows (a warp's 16), walking the query rows of
+ * every query head of the key head's group. The operand a warp owns rows of is held as
+ * A-fragments in registers (Q and dO for dq; K and V for dk and dv); the other side streams
+ * through double-buffered shared tiles. Every product is mbt_mma_16816; P and dS go from the
+ * accumulators of one product to the A-fragments of the next without leaving the registers
+ * (rounded to the element type, as flash attention and rt_attention_tc.cuh do). The statistics
+ * (m, l, sum P dP, rt_attention.cuh's [Z, H, T, 3]) are computed by the dq kernel in a first walk
+ * (COMPUTE) or loaded, as the programs' kernel graph asks. */
+
+/* 16 rows [r0, r0 + 16) of a view (W wide) as A-fragments (zeros past `rows`). */
+template <typename T, int W>
+static __device__ __forceinline__ void mbt_fa2_rows_a(unsigned (*fa)[4], const T *x, const MbtView &w, long long z,
+                                                      long long h, long long r0, long long rows) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < W / 16; kc++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const long long row = r0 + g + (r & 1) * 8;
+            const int col = kc * 16 + 2 * t + (r >> 1) * 8;
+            unsigned u = 0;
+            if (row < rows) {
+                const T *p = x + mbt_at(w, z, h, row, col);
+                u = mbt_bits16(p[0]) | mbt_bits16(p[w.c]) << 16;
+            }
+            fa[kc][r] = u;
+        }
+}
+
+/* acc[N / 8] (16 x N) = A B^T: A the warp's 16 x W (fragments fa), B's N rows in shared memory
+ * (pitch P): B's row pairs are adjacent elements. */
+template <typename T, int W, int N, int P>
+static __device__ __forceinline__ void mbt_fa2_abt(float (*acc)[4], const unsigned (*fa)[4], const T (*b)[P]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < W / 16; kc++)
+#pragma unroll
+        for (int n = 0; n < N / 8; n++) {
+            const unsigned bb[2] = {mbt_ld2(&b[n * 8 + g][kc * 16 + 2 * t]), mbt_ld2(&b[n * 8 + g][kc * 16 + 2 * t + 8])};
+            mbt_mma_16816<T>(acc[n], fa[kc], bb, acc[n]);
+        }
+}
+
+/* out[W / 8] (16 x W) += X B: X the warp's 16 x K as accumulators x[K / 8] (rounded to the element
+ * type into A-fragments), B K x W in shared memory (pitch P). */
+template <typename T, int K, int W, int P>
+static __device__ __forceinline__ void mbt_fa2_xb(float (*out)[4], const float (*x)[4], const T (*b)[P]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < K / 16; kc++) {
+        const unsigned pa[4] = {mbt_pack2<T>(x[2 * kc][0], x[2 * kc][1]), mbt_pack2<T>(x[2 * kc][2], x[2 * kc][3]),
+                                mbt_pack2<T>(x[2 * kc + 1][0], x[2 * kc + 1][1]),
+                                mbt_pack2<T>(x[2 * kc + 1][2], x[2 * kc + 1][3])};
+        const T(*bk)[P] = b + kc * 16;
+#pragma unroll
+        for (int n = 0; n < W / 8; n++) {
+            const int c = n * 8 + g;
+            const unsigned bb[2] = {mbt_bits16(bk[2 * t][c]) | mbt_bits16(bk[2 * t + 1][c]) << 16,
+                                    mbt_bits16(bk[2 * t + 8][c]) | mbt_bits16(bk[2 * t + 9][c]) << 16};
+            mbt_mma_16816<T>(out[n], pa, bb, out[n]);
+        }
+    }
+}
+
+/* A warp's 16 x W accumulators to every place of a result (NOUT views), rows r0 + ... < rows. */
+template <typename T, int W, int NOUT>
+static __device__ __forceinline__ void mbt_fa2_put(const float (*acc)[4], const MbtView *views, T *const *out, long long z,
+                                                   long long h, long long r0, long long rows) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long row = r0 + g + r * 8;
+        if (row >= rows) continue;
+#pragma unroll
+        for (int n = 0; n < W / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(views[u], z, h, row, n * 8 + 2 * t + i), acc[n][2 * r + i]);
+    }
+}
+
+/* The double-buffered walk over `count` tiles of rows of two operands x (W1 wide) and y (W2): tile
+ * i is rows row0(i) .. + BR of head head(i); fn(buf, i) runs on it while tile i + 1 is in flight.
+ * extra(buf, i), run by the whole block right after a tile's copies are issued, stages anything
+ * else the tile needs (plain loads). */
+template <typename T, int BR, int W1, int W2, int P1, int P2, typename Row, typename Head, typename Extra, typename Fn>
+static __device__ __forceinline__ void mbt_fa2_walk(T (*xs)[BR][P1], T (*ys)[BR][P2], const T *x, const MbtView &wx,
+                                                    const T *y, const MbtView &wy, long long z, long long rows,
+                                                    long long count, Row row0, Head head, Extra extra, Fn fn) {
+    __syncthreads(); /* the previous user of the buffers is done */
+    if (count <= 0) return;
+    long long h = head(0);
+    bool xf = mbt_fa2_fast(x, wx, z, h), yf = mbt_fa2_fast(y, wy, z, h);
+    mbt_fa2_stage<T, BR, W1, P1>(xs[0], x, wx, z, h, row0(0), rows, xf);
+    mbt_fa2_stage<T, BR, W2, P2>(ys[0], y, wy, z, h, row0(0), rows, yf);
+    mbt_cp_async_commit();
+    extra(0, 0LL);
+    for (long long it = 0; it < count; it++) {
+        const int buf = (int)(it & 1);
+        if (it + 1 < count) {
+            h = head(it + 1);
+            xf = mbt_fa2_fast(x, wx, z, h), yf = mbt_fa2_fast(y, wy, z, h);
+            mbt_fa2_stage<T, BR, W1, P1>(xs[buf ^ 1], x, wx, z, h, row0(it + 1), rows, xf);
+            mbt_fa2_stage<T, BR, W2, P2>(ys[buf ^ 1], y, wy, z, h, row0(it + 1), rows, yf);
+            mbt_cp_async_commit();
+            extra(buf ^ 1, it + 1);
+            mbt_cp_async_wait<1>();
+        } else {
+            mbt_cp_async_wait<0>();
+        }
+        __syncthreads();
+        fn(buf, it);
+        __syncthreads();
+    }
+}
+
+/* The backward of q: dq [Z, H, T, D], and the statistics (COMPUTE) or loading them. */
+template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT>
+static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                          const float *stats_in, float *stats_out, T *const *out) {
+    static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
+    const int BQ = 16 * MBT_ATTN_WARPS, BK = D + E > 128 ? 32 : 64, KP = D + 8, VP = E + 8;
+    __shared__ __align__(16) T ks[2][BK][KP];
+    __shared__ __align__(16) T vs[2][BK][VP];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
+        const long long tw = t0 + warp * 16;
+        unsigned qa[D / 16][4], da[E / 16][4];
+        mbt_fa2_rows_a<T, D>(qa, q, a.q, z, h, tw, a.T);
+        mbt_fa2_rows_a<T, E>(da, dout, a.dout, z, h, tw, a.T);
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ), ntiles = (kend + BK - 1) / BK;
+        auto row0 = [&](long long i) { return i * BK; };
+        auto head = [&](long long) { return kh; };
+        auto none = [&](int, long long) {};
+        float m[2] = {-MBT_INF_F, -MBT_INF_F}, l[2] = {0.0f, 0.0f}, pdp[2] = {0.0f, 0.0f};
+        /* a tile's scaled, masked scores and dP = dO V^T */
+        auto scores = [&](int buf, long long j0, float (*s)[4], float (*dp)[4]) {
+            mbt_fa2_abt<T, D, BK, KP>(s, qa, ks[buf]);
+            mbt_fa2_abt<T, E, BK, VP>(dp, da, vs[buf]);
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    s[n][i] = mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1)) ? a.scale * s[n][i]
+                                                                                                           : -MBT_INF_F;
+        };
+        if (COMPUTE) {
+            mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, ntiles, row0, head, none, [&](int buf, long long it) {
+                float s[BK / 8][4], dp[BK / 8][4], mt[2] = {-MBT_INF_F, -MBT_INF_F};
+                scores(buf, it * BK, s, dp);
+#pragma unroll
+                for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) mt[i >> 1] = mt[i >> 1] > s[n][i] ? mt[i >> 1] : s[n][i];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float x = __shfl_xor_sync(0xffffffffu, mt[r], 1);
+                    mt[r] = mt[r] > x ? mt[r] : x;
+                    x = __shfl_xor_sync(0xffffffffu, mt[r], 2);
+                    mt[r] = mt[r] > x ? mt[r] : x;
+                    const float mn = m[r] > mt[r] ? m[r] : mt[r];
+                    const float alpha = mn == -MBT_INF_F ? 1.0f : expf(m[r] - mn);
+                    m[r] = mn;
+                    l[r] *= alpha;
+                    pdp[r] *= alpha;
+                }
+#pragma unroll
+                for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float p = s[n][i] == -MBT_INF_F ? 0.0f : expf(s[n][i] - m[i >> 1]);
+                        l[i >> 1] = l[i >> 1] + p;
+                        pdp[i >> 1] = pdp[i >> 1] + p * dp[n][i];
+                    }
+            });
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+                l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 2);
+                pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 1);
+                pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 2);
+                pdp[r] = l[r] > 0.0f ? pdp[r] / l[r] : 0.0f;
+                const long long row = tw + g + r * 8;
+                if (stats_out && row < a.T && t < 3)
+                    mbt_st(stats_out + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] : t == 1 ? l[r] : pdp[r]);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const long long row = tw + g + r * 8;
+                if (row >= a.T) continue;
+                m[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 0));
+                l[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 1));
+                pdp[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 2));
+            }
+        }
+        float dq[D / 8][4];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+        mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, ntiles, row0, head, none, [&](int buf, long long it) {
+            float s[BK / 8][4], dp[BK / 8][4];
+            scores(buf, it * BK, s, dp);
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) { /* dS = scale P (dP - sum P dP), in place of the scores */
+                    const int r = i >> 1;
+                    float w = 0.0f;
+                    if (l[r] > 0.0f && s[n][i] != -MBT_INF_F) w = a.scale * ((expf(s[n][i] - m[r]) / l[r]) * (dp[n][i] - pdp[r]));
+                    s[n][i] = w;
+                }
+            mbt_fa2_xb<T, BK, D, KP>(dq, s, ks[buf]);
+        });
+        mbt_fa2_put<T, D, NOUT>(dq, a.out, out, z, h, tw, a.T);
+    }
+}
+
+/* The backward of k and v: dk [Z, Hk, S, D], dv [Z, Hk, S, E] (either or both). */
+template <typename T, int D, int E, bool CAUSAL, bool WANT_K, bool WANT_V, int NOUT_K, int NOUT_V>
+static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                           const float *stats, T *const *out_k, T *const *out_v) {
+    static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
+    const int BKR = 16 * MBT_ATTN_WARPS, BQ = D + E > 128 ? 32 : 64, QP = D + 8, EP = E + 8;
+    __shared__ __align__(16) T qs[2][BQ][QP];
+    __shared__ __align__(16) T dos[2][BQ][EP];
+    __shared__ float st[2][BQ][3];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long G = a.H / a.Hk, tiles = (a.S + BKR - 1) / BKR, shift = a.S - a.T;
+    for (long long tile = blockIdx.x; tile < a.Z * a.Hk * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.Hk * tiles), kh = tile / tiles % a.Hk, j0 = tile % tiles * BKR;
+        const long long jw = j0 + warp * 16;
+        unsigned ka[D / 16][4], va[WANT_K ? E / 16 : 1][4];
+        mbt_fa2_rows_a<T, D>(ka, k, a.k, z, kh, jw, a.S);
+        if constexpr (WANT_K) mbt_fa2_rows_a<T, E>(va, v, a.v, z, kh, jw, a.S);
+        float dk[WANT_K ? D / 8 : 1][4], dv[WANT_V ? E / 8 : 1][4];
+#pragma unroll
+        for (int n = 0; n < (WANT_K ? D / 8 : 0); n++) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < (WANT_V ? E / 8 : 0); n++) dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+        long long ifirst = CAUSAL ? j0 - shift : 0; /* the first query row that sees the tile's first key */
+        if (ifirst < 0) ifirst = 0;
+        const long long per = ifirst < a.T ? (a.T - ifirst + BQ - 1) / BQ : 0; /* query tiles a head */
+        auto row0 = [&](long long i) { return ifirst + i % per * BQ; };
+        auto head = [&](long long i) { return kh * G + i / per; };
+        auto stage_stats = [&](int buf, long long i) {
+            mbt_attn_tile<float, BQ, 3, 3>(st[buf], stats, a.stats, z, head(i), row0(i), a.T);
+        };
+        mbt_fa2_walk<T, BQ, D, E, QP, EP>(qs, dos, q, a.q, dout, a.dout, z, a.T, G * per, row0, head, stage_stats,
+                                          [&](int buf, long long it) {
+            const long long i0 = row0(it);
+            float p[BQ / 8][4], ds[WANT_K ? BQ / 8 : 1][4];
+            mbt_fa2_abt<T, D, BQ, QP>(p, ka, qs[buf]); /* S^T: the warp's 16 keys against the tile's queries */
+            if constexpr (WANT_K) mbt_fa2_abt<T, E, BQ, EP>(ds, va, dos[buf]); /* dP^T = V dO^T */
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int c = n * 8 + 2 * t + (i & 1); /* the query, in the tile */
+                    float x = 0.0f;
+                    if (mbt_attn_sees<CAUSAL>(a, i0 + c, jw + g + (i >> 1) * 8))
+                        x = expf(a.scale * p[n][i] - st[buf][c][0]) / st[buf][c][1];
+                    p[n][i] = x;
+                    if constexpr (WANT_K) ds[n][i] = a.scale * (x * (ds[n][i] - st[buf][c][2]));
+                }
+            if constexpr (WANT_K) mbt_fa2_xb<T, BQ, D, QP>(dk, ds, qs[buf]);
+            if constexpr (WANT_V) mbt_fa2_xb<T, BQ, E, EP>(dv, p, dos[buf]);
+        });
+        if constexpr (WANT_K) mbt_fa2_put<T, D, NOUT_K>(dk, a.out, out_k, z, kh, jw, a.S);
+        if constexpr (WANT_V) mbt_fa2_put<T, E, NOUT_V>(dv, WANT_K ? a.out_v : a.out, out_v, z, kh, jw, a.S);
+    }
+}

@@ -153,11 +153,17 @@ void cuda_emit_prelude(FILE *out, int half, int attn) {
     if (attn == CUDA_ATTN_FA2) fprintf(out, "\n%s", mbt_rt_attention_fa2_cuh);
 }
 
+/* The widest D + E the FA2 backward takes (wider: rt_attention.cuh's CUDA-core kernels): dk and
+ * dv keep K's and V's fragments and both gradients' accumulators in registers, 3 (D + E) / 2 a
+ * thread and more, which at D = E = 128 is past what 255 registers hold. */
+#define CUDA_FA2_BWD_MAX 128
+
 int cuda_kernel_uses_attention(const Kernel *k) {
     const KAttn *a = k->attn;
     if (!a || a->D > 128 || a->E > 128 || a->D < 1 || a->E < 1 || (a->dt != DT_F32 && a->dt != DT_F16 && a->dt != DT_BF16))
         return CUDA_ATTN_NONE;
-    if (a->dt != DT_F32 && a->op == KA_FORWARD && a->D % 16 == 0 && a->E % 16 == 0) return CUDA_ATTN_FA2;
+    if (a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0 && (a->op == KA_FORWARD || a->D + a->E <= CUDA_FA2_BWD_MAX))
+        return CUDA_ATTN_FA2;
     if (a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0 && a->D <= 64 && a->E <= 64) return CUDA_ATTN_TENSOR_CORES;
     return CUDA_ATTN_CUDA_CORES;
 }
@@ -211,9 +217,10 @@ static int cuda_attention_rows(const Kernel *k) {
 
 static int cuda_attention_shared(const Kernel *k) {
     const KAttn *a = k->attn;
-    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2) { /* two buffers of BK keys and values, pitches D + 8, E + 8 */
-        int64_t bk = a->D + a->E > 128 ? 32 : 64;
-        return (int)(2 * 2 * bk * (a->D + 8 + a->E + 8));
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2) { /* two buffers of BK rows of two operands, pitches D + 8,
+                                                              E + 8; dk and dv add two of BK rows' statistics */
+        int64_t bk = a->D + a->E > 128 ? 32 : 64, by_key = a->op != KA_FORWARD && a->op != KA_BWD_Q;
+        return (int)(2 * 2 * bk * (a->D + 8 + a->E + 8) + (by_key ? 2 * bk * 3 * 4 : 0));
     }
     if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) { /* 2-byte tiles, f32 scratch (pitches as there) */
         int64_t qp = a->D + 8, vp = a->E + 8, pp = 32 + 8, scratch = 4 * 4 * 16 * (32 + 4);
@@ -907,6 +914,7 @@ static void cuda_attention_call(CudaEmit *E) {
     const char *v = cuda_param_or_null(E, a->v.param), *dout = cuda_param_or_null(E, a->dout.param);
     const char *st = cuda_param_or_null(E, a->stats.param);
     const char *tc = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "";
+    const char *fa2 = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2 ? "_fa2" : ""; /* rt_attention_fa2.cuh */
     switch (a->op) {
     case KA_FORWARD:
         if (cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2) { /* the statistics: not stored (no backward loads m, l yet) */
@@ -918,14 +926,14 @@ static void cuda_attention_call(CudaEmit *E) {
                   a->nout, q, k, v);
         break;
     case KA_BWD_Q:
-        cuda_line(E, "mbt_attn_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", tc, t, a->D,
-                  a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout, a->stats_computed ? "nullptr" : st,
-                  a->stats_computed ? st : "nullptr");
+        cuda_line(E, "mbt_attn%s_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", fa2, tc, t,
+                  a->D, a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout,
+                  a->stats_computed ? "nullptr" : st, a->stats_computed ? st : "nullptr");
         break;
     default: { /* dk and dv, or either: dk's places in out, dv's in out_v (in out when alone) */
         int wk = a->op != KA_BWD_V, wv = a->op != KA_BWD_K;
-        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", tc, t,
-                  a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
+        cuda_line(E, "mbt_attn%s_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", fa2,
+                  tc, t, a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
                   wv ? (wk ? a->nout_v : a->nout) : 0, q, k, v, dout, st, wk ? "out" : "nullptr",
                   !wv  ? "nullptr"
                   : wk ? "out_v"
@@ -952,7 +960,8 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
      * 160 (sm_90), 3 blocks; with it 127 and 128 without spills, 4 blocks (the cuda layer checks
      * that nothing spills; whether it is faster is not measured: docs/cuda.md). */
     int min_blocks = cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
-    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 && k->attn->D + k->attn->E <= 128) min_blocks = 4;
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 && k->attn->op == KA_FORWARD && k->attn->D + k->attn->E <= 128)
+        min_blocks = 4;
     fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, min_blocks, k->name);
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");
