@@ -67,10 +67,11 @@ void cuda_emit_prelude(FILE *out, int half, int attn);
 int cuda_kernel_uses_half(const Kernel *k);
 
 /* Whether kernel k is written as a call of an attention template (CUDA_ATTENTION mode): it has a
- * resolved layout (Kernel.attn) with heads at most 128 wide, in f32, f16 or bf16. The backward
- * kernels in f16 or bf16 with heads of 16 to 64, multiples of 16, use the tensor cores
- * (rt_attention_tc.cuh); the forward in f16 or bf16 with heads of 16 to 128,
- * multiples of 16, is rt_attention_fa2.cuh's flash-attention-2 kernel (CUDA_ATTN_FA2). */
+ * resolved layout (Kernel.attn) with heads at most 128 wide, in f32, f16 or bf16. In f16 or bf16
+ * with heads multiples of 16, the forward (up to 128 wide) and the backward (D + E <= 128) are
+ * rt_attention_fa2.cuh's flash-attention-2 kernels (CUDA_ATTN_FA2); the rest run on the CUDA
+ * cores. CUDA_ATTN_TENSOR_CORES (rt_attention_tc.cuh's wmma kernels) is no longer returned: the
+ * FA2 kernels cover every shape it did (docs/cuda.md). */
 enum { CUDA_ATTN_NONE, CUDA_ATTN_CUDA_CORES, CUDA_ATTN_TENSOR_CORES, CUDA_ATTN_FA2 };
 int cuda_kernel_uses_attention(const Kernel *k);
 
