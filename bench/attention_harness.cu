@@ -136,6 +136,7 @@ extern "C" int mbt_bench_attention_bwd(int kind, int D, int causal, long long B,
         return causal ? bench_launch_bwd<KIND, DD, true>(a, qq, kk, vv, dd, stats, a1, a2, a3)                             \
                       : bench_launch_bwd<KIND, DD, false>(a, qq, kk, vv, dd, stats, a1, a2, a3);
     BENCH_CASE(0, 64)
+    BENCH_CASE(0, 128)
     BENCH_CASE(1, 64)
     BENCH_CASE(2, 64)
     BENCH_CASE(2, 128)

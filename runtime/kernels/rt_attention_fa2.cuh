@@ -1,4 +1,4 @@
-/* rt_attention_fa2.cuh - the attention forward in the flash-attention-2 design, for bf16 and f16
+/* rt_attention_fa2.cuh - attention in the flash-attention-2 design, for bf16 and f16
  * programs on sm_80 and later (issue 14): the same computation as rt_attention.cuh's
  * mbt_attn_forward (whose helpers it uses), organised as FA2 does it.
  *
@@ -27,8 +27,8 @@
  * emulator's (a warp collective that implements the documented lane layout; a plain copy); here
  * they are inline PTX. The order of every sum depends only on the shapes: runs are bit-identical.
  *
- * Not here yet (docs/cuda.md): the backward in the FA2 design (the programs' backward still uses
- * rt_attention_tc.cuh), ldmatrix for the fragments' shared-memory loads, wgmma/TMA on sm_90. */
+ * The backward follows below. Not here yet (docs/cuda.md): the forward's statistics handed to the
+ * backward by the programs, ldmatrix for the fragments' shared-memory loads, wgmma/TMA on sm_90. */
 
 #ifndef MBT_CUDAEMU
 template <typename T> static __device__ __forceinline__ void mbt_mma_16816(float *d, const unsigned *a, const unsigned *b,

@@ -68,8 +68,8 @@ int cuda_kernel_uses_half(const Kernel *k);
 
 /* Whether kernel k is written as a call of an attention template (CUDA_ATTENTION mode): it has a
  * resolved layout (Kernel.attn) with heads at most 128 wide, in f32, f16 or bf16. In f16 or bf16
- * with heads multiples of 16, the forward (up to 128 wide) and the backward (D + E <= 128) are
- * rt_attention_fa2.cuh's flash-attention-2 kernels (CUDA_ATTN_FA2); the rest run on the CUDA
+ * with heads multiples of 16, the forward and the backward are rt_attention_fa2.cuh's
+ * flash-attention-2 kernels (CUDA_ATTN_FA2); the rest run on the CUDA
  * cores. CUDA_ATTN_TENSOR_CORES (rt_attention_tc.cuh's wmma kernels) is no longer returned: the
  * FA2 kernels cover every shape it did (docs/cuda.md). */
 enum { CUDA_ATTN_NONE, CUDA_ATTN_CUDA_CORES, CUDA_ATTN_TENSOR_CORES, CUDA_ATTN_FA2 };
