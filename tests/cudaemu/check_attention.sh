@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/cudaemu/check_attention.sh BUILD - the attention templates against a float64 reference on
 # the emulated GPU (tests/cudaemu/attention_check.cc says what and how): the prelude and templates
-# that mbtc puts before a program's kernels (those of tests/gpu/attn_shapes_bf16.mbt, which uses
-# both template files), with attention_check.cc after them, built by tests/cudaemu/build.sh --exe
+# that mbtc puts before a program's kernels (those of tests/gpu/attn_shapes_bf16.mbt, whose prelude
+# has all three template files), with attention_check.cc after them, built by tests/cudaemu/build.sh --exe
 # and run. Prints its PASS/FAIL lines and `N passed, M failed` (tests/run.sh's gpu-emu layer
 # relays them).
 set -u
