@@ -41,7 +41,7 @@ static void usage(FILE *out) {
                  "                     newer GPUs compile on first use), and those of ptx, sass, --cuda-info and\n"
                  "                     --dump-dir (default sm_80,sm_90; none: -o builds for the CPU alone)\n"
                  "  --cuda-info        with --emit=kernels: a '# ptxas' line a kernel (registers, spills, shared\n"
-                 "                     memory per architecture; needs NVRTC)\n"
+                 "                     memory and the occupancy they allow, per architecture; needs NVRTC)\n"
                  "  --dump-dir DIR     write every stage --emit prints to DIR/NN-STAGE.txt, and every kernel's\n"
                  "                     CUDA stages: .kir, .cu, .ARCH.ptx, .ARCH.sass, and the program's .cu,\n"
                  "                     .ARCH.cubin, .ARCH.ptx, .ARCH.ptxas.log (needs NVRTC)\n"

@@ -55,6 +55,24 @@ __global__ void k_bwd_q(MbtAttn a, const T *q, const T *k, const T *v, const T *
     if constexpr (TC) mbt_attn_bwd_q_tc<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
     else mbt_attn_bwd_q<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
 }
+/* the flash-attention-2 forward (rt_attention_fa2.cuh), storing m and l into stats */
+template <typename T, int D, int E, bool C>
+__global__ void k_forward_fa2(MbtAttn a, const T *q, const T *k, const T *v, T *o, float *stats) {
+    T *const out[1] = {o};
+    mbt_attn_fa2_forward<T, D, E, C, 1>(a, q, k, v, out, stats);
+}
+/* the flash-attention-2 backward: dq computing the statistics or loading them, dk and dv */
+template <typename T, int D, int E, bool C, bool COMPUTE>
+__global__ void k_bwd_q_fa2(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
+    T *const out[1] = {dq};
+    mbt_attn_fa2_bwd_q<T, D, E, C, COMPUTE, 1>(a, q, k, v, dout, COMPUTE ? nullptr : stats, COMPUTE ? stats : nullptr, out);
+}
+template <typename T, int D, int E, bool C, bool WK, bool WV>
+__global__ void k_bwd_kv_fa2(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dk, T *dv) {
+    T *const outk[1] = {dk}, *const outv[1] = {dv};
+    T *const *first = WK ? outk : nullptr, *const *second = WK ? outv : outk;
+    mbt_attn_fa2_bwd_kv<T, D, E, C, WK, WV, WK ? 1 : 0, WV ? 1 : 0>(a, q, k, v, dout, stats, first, WV ? second : nullptr);
+}
 /* dq again from the stored statistics (the kernel fusion makes when dq's kernel does not compute them) */
 template <typename T, int D, int E, bool C, bool TC>
 __global__ void k_bwd_q_loaded(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dq) {
@@ -94,7 +112,124 @@ void expect(const char *name, const char *what, const std::vector<double> &want,
     }
 }
 
-template <typename T, int D, int E, bool C, bool TC>
+/* The FA2 forward of case `name` (its operands, contiguous; its reference out o, maxima sm and sums
+ * sl): with k and v as they are (16-byte rows: cp.async) and again from a copy whose rows are one
+ * element longer and start one element in (the element-by-element staging); both against the
+ * reference, the row statistics too, and the two runs bit for bit the same. */
+template <typename T, int D, int E, bool C>
+void fa2_forward(const char *name, MbtAttn a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                 const std::vector<double> &o, const std::vector<double> &sm, const std::vector<double> &sl, double tol) {
+    a.out[0] = view(a.H, a.T, E);
+    a.stats = view(a.H, a.T, 3);
+    const long long blocks = a.Z * a.H * ((a.T + 63) / 64);
+    std::vector<T> go(o.size()), go2(o.size());
+    std::vector<float> st(sm.size() * 3, 0.0f), st2(st.size(), 0.0f);
+    if (!launch<&k_forward_fa2<T, D, E, C>>(name, blocks, a, q.data(), k.data(), v.data(), go.data(), st.data())) return;
+    /* the odd layout: [Z, Hk, S, W + 1] from element 1 */
+    auto odd = [&](const std::vector<T> &x, int W, MbtView &w) {
+        std::vector<T> y(x.size() / W * (W + 1) + 1, from_f<T>(0.0f));
+        for (size_t r = 0; r < x.size() / W; r++)
+            for (int c = 0; c < W; c++) y[1 + r * (W + 1) + c] = x[r * W + c];
+        w = MbtView{1, a.Hk * a.S * (W + 1), a.S * (W + 1), W + 1, 1};
+        return y;
+    };
+    MbtAttn b = a;
+    std::vector<T> k2 = odd(k, D, b.k), v2 = odd(v, E, b.v);
+    if (!launch<&k_forward_fa2<T, D, E, C>>(name, blocks, b, q.data(), k2.data(), v2.data(), go2.data(), st2.data())) return;
+    std::vector<float> f(go.size());
+    for (size_t i = 0; i < go.size(); i++) f[i] = to_f(go[i]);
+    expect(name, "forward (flash-attention-2)", o, f, tol);
+    std::vector<float> m1, l1;
+    std::vector<double> mw, lw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue; /* a row that sees no key */
+        mw.push_back(sm[r]), lw.push_back(sl[r]), m1.push_back(st[r * 3]), l1.push_back(st[r * 3 + 1]);
+    }
+    expect(name, "flash-attention-2 statistics: row max", mw, m1, tol);
+    expect(name, "flash-attention-2 statistics: row sum", lw, l1, tol);
+    const bool eq = memcmp(go.data(), go2.data(), go.size() * sizeof(T)) == 0 && memcmp(st.data(), st2.data(), st.size() * 4) == 0;
+    printf("%s %s/flash-attention-2 with element-by-element staging, as with cp.async\n", eq ? "PASS" : "FAIL", name);
+    eq ? passed++ : failed++;
+}
+
+/* The FA2 backward of case `name` against the reference (dq, dk, dv and the statistics): dq
+ * computing the statistics, then again loading them (bit for bit the same); dk and dv together
+ * from those statistics, and each alone (bit for bit the same); and all of it again with k, v, q
+ * and dout from the odd layout (element-by-element staging), bit for bit the same. */
+template <typename T, int D, int E, bool C>
+void fa2_backward(const char *name, MbtAttn a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                  const std::vector<T> &dout, const std::vector<double> &dq, const std::vector<double> &dk,
+                  const std::vector<double> &dv, const std::vector<double> &sm, const std::vector<double> &sl,
+                  const std::vector<double> &sp, double tol) {
+    auto odd = [&](const std::vector<T> &x, int W, long long heads, long long rows, MbtView &w) {
+        std::vector<T> y(x.size() / W * (W + 1) + 1, from_f<T>(0.0f));
+        for (size_t r = 0; r < x.size() / W; r++)
+            for (int c = 0; c < W; c++) y[1 + r * (W + 1) + c] = x[r * W + c];
+        w = MbtView{1, heads * rows * (W + 1), rows * (W + 1), W + 1, 1};
+        return y;
+    };
+    struct Out {
+        std::vector<T> dq, dq2, dk, dv, dk1, dv1;
+        std::vector<float> st;
+    } res[2];
+    for (int pass = 0; pass < 2; pass++) {
+        MbtAttn b = a;
+        std::vector<T> q2 = q, k2 = k, v2 = v, d2 = dout;
+        if (pass) {
+            q2 = odd(q, D, a.H, a.T, b.q), k2 = odd(k, D, a.Hk, a.S, b.k), v2 = odd(v, E, a.Hk, a.S, b.v);
+            d2 = odd(dout, E, a.H, a.T, b.dout);
+        }
+        Out &r = res[pass];
+        r.dq.resize(dq.size()), r.dq2.resize(dq.size()), r.dk.resize(dk.size()), r.dv.resize(dv.size());
+        r.dk1.resize(dk.size()), r.dv1.resize(dv.size()), r.st.assign(sm.size() * 3, 0.0f);
+        b.stats = view(a.H, a.T, 3);
+        b.nout = 1, b.out[0] = view(a.H, a.T, D), b.nout_v = 0;
+        const long long qblocks = a.Z * a.H * ((a.T + 63) / 64), kblocks = a.Z * a.Hk * ((a.S + 63) / 64);
+        const T *qd = q2.data(), *kd = k2.data(), *vd = v2.data(), *dd = d2.data();
+        if (!launch<&k_bwd_q_fa2<T, D, E, C, true>>(name, qblocks, b, qd, kd, vd, dd, r.st.data(), r.dq.data()) ||
+            !launch<&k_bwd_q_fa2<T, D, E, C, false>>(name, qblocks, b, qd, kd, vd, dd, r.st.data(), r.dq2.data()))
+            return;
+        b.out[0] = view(a.Hk, a.S, D), b.nout_v = 1, b.out_v[0] = view(a.Hk, a.S, E);
+        const float *sd = r.st.data();
+        if (!launch<&k_bwd_kv_fa2<T, D, E, C, true, true>>(name, kblocks, b, qd, kd, vd, dd, sd, r.dk.data(), r.dv.data()) ||
+            !launch<&k_bwd_kv_fa2<T, D, E, C, true, false>>(name, kblocks, b, qd, kd, vd, dd, sd, r.dk1.data(), (T *)nullptr))
+            return;
+        b.out[0] = view(a.Hk, a.S, E);
+        if (!launch<&k_bwd_kv_fa2<T, D, E, C, false, true>>(name, kblocks, b, qd, kd, vd, dd, sd, r.dv1.data(), (T *)nullptr))
+            return;
+    }
+    auto floats = [](const std::vector<T> &x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); i++) f[i] = to_f(x[i]);
+        return f;
+    };
+    std::vector<float> m1, l1, p1;
+    std::vector<double> mw, lw, pw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue;
+        mw.push_back(sm[r]), lw.push_back(sl[r]), pw.push_back(sp[r]);
+        m1.push_back(res[0].st[r * 3]), l1.push_back(res[0].st[r * 3 + 1]), p1.push_back(res[0].st[r * 3 + 2]);
+    }
+    expect(name, "flash-attention-2 backward statistics: row max", mw, m1, tol);
+    expect(name, "flash-attention-2 backward statistics: row sum", lw, l1, tol);
+    expect(name, "flash-attention-2 backward statistics: sum P dP", pw, p1, tol);
+    expect(name, "dq (flash-attention-2)", dq, floats(res[0].dq), tol);
+    expect(name, "dk (flash-attention-2)", dk, floats(res[0].dk), tol);
+    expect(name, "dv (flash-attention-2)", dv, floats(res[0].dv), tol);
+    auto same = [&](const char *what, const std::vector<T> &x, const std::vector<T> &y) {
+        bool eq = memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+        printf("%s %s/%s\n", eq ? "PASS" : "FAIL", name, what);
+        eq ? passed++ : failed++;
+    };
+    same("flash-attention-2 dq from the stored statistics, as computed", res[0].dq, res[0].dq2);
+    same("flash-attention-2 dk alone, as with dv", res[0].dk, res[0].dk1);
+    same("flash-attention-2 dv alone, as with dk", res[0].dv, res[0].dv1);
+    same("flash-attention-2 dq, element-by-element staging as cp.async", res[0].dq, res[1].dq);
+    same("flash-attention-2 dk, element-by-element staging as cp.async", res[0].dk, res[1].dk);
+    same("flash-attention-2 dv, element-by-element staging as cp.async", res[0].dv, res[1].dv);
+}
+
+template <typename T, int D, int E, bool C, bool TC, bool FA2 = TC>
 void run_case(const char *name, long long Z, long long H, long long Hk, long long Tq, long long S, double tol, unsigned seed) {
     const long long G = H / Hk, shift = S - Tq;
     const float scale = 1.0f / sqrtf((float)D);
@@ -212,6 +347,8 @@ void run_case(const char *name, long long Z, long long H, long long Hk, long lon
     same("dq from the stored statistics, as computed", gdq, gdq2);
     same("dk alone, as with dv", gdk, gdk1);
     same("dv alone, as with dk", gdv, gdv1);
+    if constexpr (FA2) fa2_forward<T, D, E, C>(name, a, q, k, v, o, sm, sl, tol);
+    if constexpr (FA2) fa2_backward<T, D, E, C>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, sp, tol);
 }
 
 } /* namespace check */
@@ -228,6 +365,11 @@ int main() {
     run_case<__nv_bfloat16, 64, 64, true, true>("bf16-fewer-keys", 1, 2, 2, 45, 40, 1e-2, 5);
     run_case<__nv_bfloat16, 16, 32, false, true>("bf16-more-keys", 2, 2, 1, 20, 70, 1e-2, 6);
     run_case<__nv_bfloat16, 32, 32, true, false>("bf16-cuda-cores", 1, 2, 2, 70, 70, 1e-2, 7);
+    /* the flash-attention-2 forward's wider heads (tiles of 32 keys when D + E > 128), checked
+     * with the other kernels of the same case (the backward on the CUDA cores past 64) */
+    run_case<__nv_bfloat16, 128, 128, true, false, true>("bf16-fa2-d128-causal", 1, 4, 1, 150, 150, 1e-2, 8);
+    run_case<__nv_bfloat16, 96, 64, false, false, true>("bf16-fa2-d96-e64", 2, 2, 2, 70, 45, 1e-2, 9);
+    run_case<__nv_bfloat16, 64, 128, true, false, true>("bf16-fa2-fewer-keys", 1, 2, 1, 90, 60, 1e-2, 10);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -484,6 +484,65 @@ inline __half __float2half_rn(float f) {
     return __half{(unsigned short)(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu))};
 }
 
+/* ---- mma.sync m16n8k16, cp.async (runtime/kernels/rt_attention_fa2.cuh) -------------------- */
+
+/* Defined here so that rt_attention_fa2.cuh takes these emulations instead of its inline PTX. */
+#define MBT_CUDAEMU 1
+
+namespace cudaemu {
+inline unsigned char mma_slots[MAX_THREADS][40]; /* each lane's a[4], b[2] (.b32) and c[4] (f32) */
+inline float mma_half(unsigned reg, int hi, bool bf16) {
+    unsigned short h = (unsigned short)(hi ? reg >> 16 : reg & 0xffffu);
+    return bf16 ? __bfloat162float(__ushort_as_bfloat16(h)) : __half2float(__ushort_as_half(h));
+}
+/* PTX's mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 as a warp collective, with
+ * the per-lane fragment layout of the PTX ISA ("Matrix Fragments for mma.m16n8k16", g = lane / 4,
+ * t = lane % 4; each .b32 register holds two elements, the lower-numbered in its low 16 bits):
+ *   A 16 x 16: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]
+ *   B 16 x 8:  b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]
+ *   C, D 16 x 8 (f32): c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1]
+ * Every lane publishes its fragments, the warp meets, each lane computes its four results from
+ * everyone's (products exact in f32, sums in order of k after c), and the warp meets again before
+ * the slots can be rewritten. The hardware's order of the sums is unspecified: results agree to
+ * f32 rounding, not bit for bit. */
+inline void mma_16816(float *d, const unsigned *a, const unsigned *b, const float *c, bool bf16) {
+    State &s = st();
+    const int tid = s.cur->tid, w0 = tid & ~31, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    memcpy(mma_slots[tid], a, 16);
+    memcpy(mma_slots[tid] + 16, b, 8);
+    memcpy(mma_slots[tid] + 24, c, 16);
+    wait_warp();
+    float r[4];
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >> 1) * 8, col = 2 * t + (i & 1);
+        float acc = 0;
+        memcpy(&acc, mma_slots[w0 + lane] + 24 + 4 * i, 4);
+        for (int k = 0; k < 16; k++) {
+            unsigned ra, rb;
+            memcpy(&ra, mma_slots[w0 + (row % 8) * 4 + (k % 8) / 2] + 4 * ((row >= 8) + 2 * (k >= 8)), 4);
+            memcpy(&rb, mma_slots[w0 + col * 4 + (k % 8) / 2] + 16 + 4 * (k >= 8), 4);
+            acc = acc + mma_half(ra, k & 1, bf16) * mma_half(rb, k & 1, bf16);
+        }
+        r[i] = acc;
+    }
+    wait_warp();
+    memcpy(d, r, sizeof r);
+}
+} /* namespace cudaemu */
+
+template <typename T> inline void mbt_mma_16816(float *d, const unsigned *a, const unsigned *b, const float *c) {
+    static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "mma of bf16 or f16");
+    cudaemu::mma_16816(d, a, b, c, std::is_same<T, __nv_bfloat16>::value);
+}
+/* cp.async of 16 bytes: a plain copy (the emulator has no memory latency to hide); committing and
+ * waiting for groups are then nothing to do. */
+inline void mbt_cp_async16(void *shared, const void *global) {
+    if ((uintptr_t)shared % 16 || (uintptr_t)global % 16) cudaemu::fail("cp.async: an address not aligned to 16 bytes");
+    memcpy(shared, global, 16);
+}
+inline void mbt_cp_async_commit() {}
+template <int N> inline void mbt_cp_async_wait() {}
+
 /* ---- the exports -------------------------------------------------------------------------- */
 
 /* build.sh ends the translation unit with

@@ -21,6 +21,7 @@
 #include "arena.h"
 #include "cuda.h"
 #include "kir.h"
+#include "cuda_program.h"
 #include "nvrtc.h"
 
 /* ---- building kernels ------------------------------------------------------------------------ */
@@ -284,8 +285,27 @@ static void nvrtc_error_has_log(void) {
     arena_free(&ar);
 }
 
+/* cuda_occupancy against what the CUDA occupancy calculator gives, and one case measured: Nsight
+ * Compute's 12.5% (2 blocks of 128 threads) for the wmma attention forward's 175 registers and
+ * 41216 B of shared memory on an H100 (../shared/perf/h100-2026-11-25.md). */
+static void occupancy(void) {
+    int w = 0;
+    CHECK(cuda_occupancy("sm_90", 128, 175, 41216, &w) == 2 && w == 64, "the measured H100 case: %d blocks",
+          cuda_occupancy("sm_90", 128, 175, 41216, &w));
+    CHECK(cuda_occupancy("sm_80", 256, 32, 0, &w) == 8, "32 registers, 256 threads: the warps' limit, 8 blocks");
+    CHECK(cuda_occupancy("sm_80", 128, 20, 0, &w) == 16, "few registers, 128 threads: 16 blocks (64 warps)");
+    CHECK(cuda_occupancy("sm_80", 1024, 16, 0, &w) == 2, "1024 threads: 2 blocks");
+    CHECK(cuda_occupancy("sm_80", 128, 98, 36864, &w) == 4, "98 registers (104 allocated): 19 warps, 4 blocks");
+    CHECK(cuda_occupancy("sm_80", 128, 32, 48 * 1024, &w) == 3, "48 KB + 1 KB reserved of 164 KB: 3 blocks");
+    CHECK(cuda_occupancy("sm_90", 128, 32, 48 * 1024, &w) == 4, "48 KB + 1 KB reserved of 228 KB: 4 blocks");
+    CHECK(cuda_occupancy("sm_75", 128, 32, 0, &w) == 8 && w == 32, "sm_75: 32 warps an SM, 8 blocks");
+    CHECK(cuda_occupancy("sm_86", 128, 255, 0, &w) == 2 && w == 48, "255 registers (256): 8 warps, 2 blocks");
+    CHECK(cuda_occupancy("sm_100", 128, 32, 0, &w) == -1, "an architecture not in the table");
+}
+
 int main(void) {
     RUN(parse_ptxas);
+    RUN(occupancy);
     RUN(thread_mode_vectorised);
     RUN(thread_mode_broadcasts);
     RUN(warp_and_block_modes);

@@ -35,8 +35,9 @@
 #include <string.h>
 
 #include "diag.h"
-#include "rt_attention_cuh.h"    /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
-#include "rt_attention_tc_cuh.h" /* mbt_rt_attention_tc_cuh: rt_attention_tc.cuh, likewise */
+#include "rt_attention_cuh.h"     /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
+#include "rt_attention_tc_cuh.h"  /* mbt_rt_attention_tc_cuh: rt_attention_tc.cuh, likewise */
+#include "rt_attention_fa2_cuh.h" /* mbt_rt_attention_fa2_cuh: rt_attention_fa2.cuh, likewise */
 #include "value.h"
 
 #define CUDA_THREAD_BLOCK 256     /* threads per block in thread mode */
@@ -148,14 +149,17 @@ void cuda_emit_prelude(FILE *out, int half, int attn) {
                      "struct __align__(8) MbtHalf4 { __half x, y, z, w; };\n"
                      "struct __align__(8) MbtBf16x4 { __nv_bfloat16 x, y, z, w; };\n");
     if (attn) fprintf(out, "\n#define MBT_HALF %d\n%s", half, mbt_rt_attention_cuh);
-    if (attn == CUDA_ATTN_TENSOR_CORES) fprintf(out, "\n%s", mbt_rt_attention_tc_cuh);
+    if (attn >= CUDA_ATTN_TENSOR_CORES) fprintf(out, "\n%s", mbt_rt_attention_tc_cuh);
+    if (attn == CUDA_ATTN_FA2) fprintf(out, "\n%s", mbt_rt_attention_fa2_cuh);
 }
 
 int cuda_kernel_uses_attention(const Kernel *k) {
     const KAttn *a = k->attn;
     if (!a || a->D > 128 || a->E > 128 || a->D < 1 || a->E < 1 || (a->dt != DT_F32 && a->dt != DT_F16 && a->dt != DT_BF16))
         return CUDA_ATTN_NONE;
-    if (a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0 && a->D <= 64 && a->E <= 64) return CUDA_ATTN_TENSOR_CORES;
+    /* the FA2 kernels, forward and backward, for every head width up to 128: at D = E = 128 the dk-dv
+     * kernel is at 255 registers (Llama-like, 8 on 2 heads, causal: no spill on sm_80 or sm_90) */
+    if (a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0) return CUDA_ATTN_FA2;
     return CUDA_ATTN_CUDA_CORES;
 }
 
@@ -202,12 +206,17 @@ static int cuda_loads_what_it_stores(const Kernel *k, int from, int to) {
  * rt_attention_tc.cuh's (16 rows a warp; its tiles in the element type, f32 scores). */
 static int cuda_attention_rows(const Kernel *k) {
     const KAttn *a = k->attn;
-    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) return 16 * 4;
+    if (cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES) return 16 * 4;
     return (a->D + a->E > 192 ? 2 : 4) * 4;
 }
 
 static int cuda_attention_shared(const Kernel *k) {
     const KAttn *a = k->attn;
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2) { /* two buffers of BK rows of two operands, pitches D + 8,
+                                                              E + 8; dk and dv add two of BK rows' statistics */
+        int64_t bk = a->D + a->E > 128 ? 32 : 64, by_key = a->op != KA_FORWARD && a->op != KA_BWD_Q;
+        return (int)(2 * 2 * bk * (a->D + 8 + a->E + 8) + (by_key ? 2 * bk * 3 * 4 : 0));
+    }
     if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) { /* 2-byte tiles, f32 scratch (pitches as there) */
         int64_t qp = a->D + 8, vp = a->E + 8, pp = 32 + 8, scratch = 4 * 4 * 16 * (32 + 4);
         int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
@@ -819,8 +828,9 @@ static void cuda_header(CudaEmit *E, const char *note) {
     if (L->mode == CUDA_BLOCK) fprintf(out, " (a block per work item)");
     if (L->mode == CUDA_ATTENTION)
         fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/%s)", L->per_block,
-                cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
-                                                                        : "rt_attention.cuh");
+                cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 ? "rt_attention_fa2.cuh, flash-attention-2 on the tensor cores"
+                : cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
+                                                                          : "rt_attention.cuh");
     if (L->vector > 1) fprintf(out, " (%d work items a thread: vector loads and stores)", L->vector);
     fprintf(out, "\n");
     if (note && *note) {
@@ -899,20 +909,26 @@ static void cuda_attention_call(CudaEmit *E) {
     const char *v = cuda_param_or_null(E, a->v.param), *dout = cuda_param_or_null(E, a->dout.param);
     const char *st = cuda_param_or_null(E, a->stats.param);
     const char *tc = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "";
+    const char *fa2 = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2 ? "_fa2" : ""; /* rt_attention_fa2.cuh */
     switch (a->op) {
     case KA_FORWARD:
+        if (cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2) { /* the statistics: not stored (no backward loads m, l yet) */
+            cuda_line(E, "mbt_attn_fa2_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out, nullptr);", t, a->D,
+                      a->E, causal, a->nout, q, k, v);
+            break;
+        }
         cuda_line(E, "mbt_attn_forward%s<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);", tc, t, a->D, a->E, causal,
                   a->nout, q, k, v);
         break;
     case KA_BWD_Q:
-        cuda_line(E, "mbt_attn_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", tc, t, a->D,
-                  a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout, a->stats_computed ? "nullptr" : st,
-                  a->stats_computed ? st : "nullptr");
+        cuda_line(E, "mbt_attn%s_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", fa2, tc, t,
+                  a->D, a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout,
+                  a->stats_computed ? "nullptr" : st, a->stats_computed ? st : "nullptr");
         break;
     default: { /* dk and dv, or either: dk's places in out, dv's in out_v (in out when alone) */
         int wk = a->op != KA_BWD_V, wv = a->op != KA_BWD_K;
-        cuda_line(E, "mbt_attn_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", tc, t,
-                  a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
+        cuda_line(E, "mbt_attn%s_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", fa2,
+                  tc, t, a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
                   wv ? (wk ? a->nout_v : a->nout) : 0, q, k, v, dout, st, wk ? "out" : "nullptr",
                   !wv  ? "nullptr"
                   : wk ? "out_v"
@@ -934,8 +950,13 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
      * block size alone ptxas aims at full occupancy (32 registers on sm_90) and spills row kernels.
      * The tensor-core attention kernels keep 16 rows' statistics (and the forward their outputs) a
      * lane: 2 blocks an SM (255 registers), which their 41-47 KB of shared memory allows anyway
-     * (the forward spills at 128 on sm_80). */
-    int min_blocks = cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
+     * (the forward spills at 128 on sm_80). The flash-attention-2 forward with D + E <= 128 asks
+     * for 4 (128 registers): without the bound ptxas gives GPT-2's (D 64, causal) 147 (sm_80) and
+     * 160 (sm_90), 3 blocks; with it 127 and 128 without spills, 4 blocks (the cuda layer checks
+     * that nothing spills; whether it is faster is not measured: docs/cuda.md). */
+    int min_blocks = cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
+    if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 && k->attn->op == KA_FORWARD && k->attn->D + k->attn->E <= 128)
+        min_blocks = 4;
     fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, min_blocks, k->name);
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");

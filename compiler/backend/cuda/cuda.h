@@ -58,7 +58,8 @@ const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention
 /* The translation unit's head: includes (cuda_fp16.h / cuda_bf16.h only when half = 1), the
  * device helpers every kernel uses (NaN-propagating max/min, NumPy mod, bf16 rounding, the fixed
  * reduction trees) and the attention templates its kernels need (attn: the largest of their
- * cuda_kernel_uses_attention; CUDA_ATTN_TENSOR_CORES adds rt_attention_tc.cuh to rt_attention.cuh).
+ * cuda_kernel_uses_attention; CUDA_ATTN_TENSOR_CORES adds rt_attention_tc.cuh to rt_attention.cuh,
+ * CUDA_ATTN_FA2 both and rt_attention_fa2.cuh).
  * Printed once, before the kernels. */
 void cuda_emit_prelude(FILE *out, int half, int attn);
 
@@ -66,10 +67,12 @@ void cuda_emit_prelude(FILE *out, int half, int attn);
 int cuda_kernel_uses_half(const Kernel *k);
 
 /* Whether kernel k is written as a call of an attention template (CUDA_ATTENTION mode): it has a
- * resolved layout (Kernel.attn) with heads at most 128 wide, in f32, f16 or bf16. Those in f16 or
- * bf16 with heads of 16 to 64, multiples of 16 - the forward and the backward kernels alike - use
- * the tensor cores (rt_attention_tc.cuh). */
-enum { CUDA_ATTN_NONE, CUDA_ATTN_CUDA_CORES, CUDA_ATTN_TENSOR_CORES };
+ * resolved layout (Kernel.attn) with heads at most 128 wide, in f32, f16 or bf16. In f16 or bf16
+ * with heads multiples of 16, the forward and the backward are rt_attention_fa2.cuh's
+ * flash-attention-2 kernels (CUDA_ATTN_FA2); the rest run on the CUDA
+ * cores. CUDA_ATTN_TENSOR_CORES (rt_attention_tc.cuh's wmma kernels) is no longer returned: the
+ * FA2 kernels cover every shape it did (docs/cuda.md). */
+enum { CUDA_ATTN_NONE, CUDA_ATTN_CUDA_CORES, CUDA_ATTN_TENSOR_CORES, CUDA_ATTN_FA2 };
 int cuda_kernel_uses_attention(const Kernel *k);
 
 /* Writes kernel k as CUDA C to out: a comment naming it, its launch geometry, its buffers and

@@ -269,6 +269,34 @@ const char *cuda_sass(const NvrtcResult *r, Arena *ar, const char **err) {
 
 /* ---- listings and the dump directory ------------------------------------------------------------ */
 
+/* The blocks of `threads` threads an SM of architecture `arch` can hold with a kernel's registers
+ * (a thread) and static shared memory (a block), as the CUDA occupancy calculator counts them:
+ * registers are allocated per warp in units of 256, shared memory per block in units of 128 bytes
+ * plus the 1 KB the driver reserves per block from sm_80 on, with the largest carveout of shared
+ * memory; the limits per SM are those of the CUDA C++ Programming Guide's table of compute
+ * capabilities. Sets *max_warps; -1 for an architecture not in the table. */
+int cuda_occupancy(const char *arch, int threads, int registers, int shared, int *max_warps) {
+    static const struct {
+        const char *arch;
+        int warps, blocks, shared, reserved;
+    } lim[] = {
+        {"sm_70", 64, 32, 96 * 1024, 0},     {"sm_75", 32, 16, 64 * 1024, 0},     {"sm_80", 64, 32, 164 * 1024, 1024},
+        {"sm_86", 48, 16, 100 * 1024, 1024}, {"sm_87", 48, 16, 164 * 1024, 1024}, {"sm_89", 48, 24, 100 * 1024, 1024},
+        {"sm_90", 64, 32, 228 * 1024, 1024},
+    };
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++) {
+        if (strcmp(arch, lim[i].arch) != 0) continue;
+        int warps = (threads + 31) / 32, warp_regs = (registers * 32 + 255) / 256 * 256;
+        int blocks = lim[i].blocks < lim[i].warps / warps ? lim[i].blocks : lim[i].warps / warps;
+        if (warp_regs > 0 && 65536 / warp_regs / warps < blocks) blocks = 65536 / warp_regs / warps;
+        int per_block = (shared + lim[i].reserved + 127) / 128 * 128;
+        if (per_block > 0 && lim[i].shared / per_block < blocks) blocks = lim[i].shared / per_block;
+        *max_warps = lim[i].warps;
+        return blocks;
+    }
+    return -1;
+}
+
 void cuda_print_info(FILE *out, const CudaProgram *p, const NvrtcResult *res, int narch) {
     for (int k = 0; k < p->nkernels; k++) {
         fprintf(out, "# ptxas %s:", p->kernels[k]->name);
@@ -277,6 +305,11 @@ void cuda_print_info(FILE *out, const CudaProgram *p, const NvrtcResult *res, in
             if (!ki) INTERNAL("cuda: ptxas reported nothing for kernel %s (%s)", p->kernels[k]->name, res[a].arch);
             fprintf(out, "%s %s %d registers, %d B spill stores, %d B spill loads, %d B stack, %d B smem", a ? ";" : "",
                     res[a].arch, ki->registers, ki->spill_stores, ki->spill_loads, ki->stack, ki->shared);
+            int max_warps, threads = p->launch[k].block,
+                           blocks = cuda_occupancy(res[a].arch, threads, ki->registers, ki->shared, &max_warps);
+            if (blocks >= 0)
+                fprintf(out, ", occupancy %d blocks of %d threads (%d%% of %d warps)", blocks, threads,
+                        blocks * ((threads + 31) / 32) * 100 / max_warps, max_warps);
         }
         fprintf(out, "\n");
     }

@@ -59,7 +59,10 @@ int cuda_program_compile(const CudaProgram *p, const char *const *archs, int nar
 const char *cuda_sass(const NvrtcResult *r, Arena *ar, const char **err);
 
 /* One line a kernel: `# ptxas NAME: sm_80 24 registers, 0 B spill stores, 0 B spill loads,
- * 0 B stack, 0 B smem; sm_90 ...` (the lines --cuda-info appends to --emit=kernels). */
+ * 0 B stack, 0 B smem, occupancy 8 blocks of 256 threads (100% of 64 warps); sm_90 ...` (the
+ * lines --cuda-info appends to --emit=kernels; the occupancy is cuda_occupancy's, left out for an
+ * architecture it does not know). */
+int cuda_occupancy(const char *arch, int threads, int registers, int shared, int *max_warps);
 void cuda_print_info(FILE *out, const CudaProgram *p, const NvrtcResult *res, int narch);
 
 /* --dump-dir: writes DIR/program.cu, and per kernel NAME.kir, NAME.cu, and per arch

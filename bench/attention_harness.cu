@@ -1,0 +1,145 @@
+/* attention_harness.cu - bench/attention's driver of mbt's attention kernels: the prelude and
+ * templates a program's CUDA C starts with (mbtc --emit=cuda, up to the first kernel: the file
+ * bench/attention passes as -include), then a few kernels that call the templates on contiguous
+ * [B, heads, rows, width] bf16 tensors, and one C entry point that launches one of them.
+ *
+ * Built two ways by bench/attention:
+ *   on a GPU machine: nvcc -shared (sm_80 or later), launched with <<<>>> on the current stream;
+ *   --dry, on any machine: g++ with tests/cudaemu/cudaemu.h forced in (MBT_CUDAEMU), launched on
+ *   the emulated GPU (host pointers, synchronous).
+ * Nothing here is product code (tests and benchmarks only). */
+
+#include <stdio.h>
+
+typedef __nv_bfloat16 bf16;
+
+/* kind: 0 the flash-attention-2 forward (rt_attention_fa2.cuh), 1 rt_attention_tc.cuh's wmma
+ * forward (heads of at most 64), 2 rt_attention.cuh's CUDA-core forward */
+template <int KIND, int D, bool C>
+__global__ void __launch_bounds__(128, 2) bench_fwd(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *stats) {
+    bf16 *const out[1] = {o};
+    if constexpr (KIND == 0) mbt_attn_fa2_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
+    else if constexpr (KIND == 1) {
+        if constexpr (D <= 64) mbt_attn_forward_tc<bf16, D, D, C, 1>(a, q, k, v, out);
+    } else mbt_attn_forward<bf16, D, D, C, 1>(a, q, k, v, out);
+}
+
+static MbtView bench_view(long long heads, long long rows, long long cols) {
+    return MbtView{0, heads * rows * cols, rows * cols, cols, 1};
+}
+
+#ifdef MBT_CUDAEMU
+template <auto K> static void bench_thunk(void **p) { cudaemu::call(K, p); }
+#endif
+
+template <int KIND, int D, bool C>
+static int bench_launch(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *stats) {
+    const long long rows = KIND == 2 ? MbtAttnRows<D, D>::per_block : 64, tiles = a.Z * a.H * ((a.T + rows - 1) / rows);
+    const unsigned blocks = (unsigned)(tiles < 1 ? 1 : tiles > 2147483647LL ? 2147483647LL : tiles);
+#ifdef MBT_CUDAEMU
+    void *params[] = {&a, &q, &k, &v, &o, &stats};
+    unsigned grid[3] = {blocks, 1, 1}, block[3] = {128, 1, 1};
+    char err[600];
+    if (cudaemu::launch(bench_thunk<&bench_fwd<KIND, D, C>>, "bench_fwd", grid, block, params, err, sizeof err)) {
+        fprintf(stderr, "attention_harness: %s\n", err);
+        return 1;
+    }
+    return 0;
+#else
+    bench_fwd<KIND, D, C><<<blocks, 128>>>(a, q, k, v, o, stats);
+    return cudaGetLastError() != cudaSuccess;
+#endif
+}
+
+/* Launches kernel `kind` on q [B, H, T, D], k and v [B, Hk, S, D] (bf16, contiguous) into o
+ * [B, H, T, D] and, for the FA2 kernel when stats is not null, the rows' max and sum into
+ * stats [B, H, T, 3]. Returns 0, 1 on a failed launch, 2 for a combination not built here. */
+extern "C" int mbt_bench_attention(int kind, int D, int causal, long long B, long long H, long long Hk, long long T,
+                                   long long S, const void *q, const void *k, const void *v, void *o, float *stats) {
+    MbtAttn a = {B, H, Hk, T, S, 1.0f / sqrtf((float)D), bench_view(H, T, D), bench_view(Hk, S, D), bench_view(Hk, S, D),
+                 bench_view(H, T, D), bench_view(H, T, 3), 1, {bench_view(H, T, D)}, 0, {}};
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    bf16 *oo = (bf16 *)o;
+#define BENCH_CASE(KIND, DD)                                                                                                \
+    if (kind == KIND && D == DD)                                                                                           \
+        return causal ? bench_launch<KIND, DD, true>(a, qq, kk, vv, oo, stats)                                             \
+                      : bench_launch<KIND, DD, false>(a, qq, kk, vv, oo, stats);
+    BENCH_CASE(0, 64)
+    BENCH_CASE(0, 128)
+    BENCH_CASE(1, 64)
+    BENCH_CASE(2, 64)
+    BENCH_CASE(2, 128)
+#undef BENCH_CASE
+    return 2;
+}
+
+/* The backward: dq (computing the statistics into stats [B, H, T, 3]), then dk and dv together
+ * from them; kind as above (0 FA2, 1 wmma for heads of at most 64, 2 CUDA cores). */
+template <int KIND, int D, bool C>
+__global__ void __launch_bounds__(128, 2) bench_bwd_q(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                                                      float *stats, bf16 *dq) {
+    bf16 *const out[1] = {dq};
+    if constexpr (KIND == 0) mbt_attn_fa2_bwd_q<bf16, D, D, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
+    else if constexpr (KIND == 1) {
+        if constexpr (D <= 64) mbt_attn_bwd_q_tc<bf16, D, D, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
+    } else mbt_attn_bwd_q<bf16, D, D, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
+}
+template <int KIND, int D, bool C>
+__global__ void __launch_bounds__(128, 2) bench_bwd_kv(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                                                       const float *stats, bf16 *dk, bf16 *dv) {
+    bf16 *const outk[1] = {dk}, *const outv[1] = {dv};
+    if constexpr (KIND == 0) mbt_attn_fa2_bwd_kv<bf16, D, D, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
+    else if constexpr (KIND == 1) {
+        if constexpr (D <= 64) mbt_attn_bwd_kv_tc<bf16, D, D, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
+    } else mbt_attn_bwd_kv<bf16, D, D, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
+}
+
+template <int KIND, int D, bool C>
+static int bench_launch_bwd(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, float *stats, bf16 *dq,
+                            bf16 *dk, bf16 *dv) {
+    const long long rows = KIND == 2 ? MbtAttnRows<D, D>::per_block : 64;
+    const long long qt = a.Z * a.H * ((a.T + rows - 1) / rows), kt = a.Z * a.Hk * ((a.S + rows - 1) / rows);
+    const unsigned qb = (unsigned)(qt < 1 ? 1 : qt), kb = (unsigned)(kt < 1 ? 1 : kt);
+    MbtAttn b = a; /* dk's places in out, dv's in out_v */
+    b.out[0] = bench_view(a.Hk, a.S, D);
+    b.nout_v = 1;
+    b.out_v[0] = bench_view(a.Hk, a.S, D);
+    const float *cst = stats;
+#ifdef MBT_CUDAEMU
+    void *p1[] = {&a, &q, &k, &v, &dout, &stats, &dq}, *p2[] = {&b, &q, &k, &v, &dout, &cst, &dk, &dv};
+    unsigned g1[3] = {qb, 1, 1}, g2[3] = {kb, 1, 1}, block[3] = {128, 1, 1};
+    char err[600];
+    if (cudaemu::launch(bench_thunk<&bench_bwd_q<KIND, D, C>>, "bench_bwd_q", g1, block, p1, err, sizeof err) ||
+        cudaemu::launch(bench_thunk<&bench_bwd_kv<KIND, D, C>>, "bench_bwd_kv", g2, block, p2, err, sizeof err)) {
+        fprintf(stderr, "attention_harness: %s\n", err);
+        return 1;
+    }
+    return 0;
+#else
+    bench_bwd_q<KIND, D, C><<<qb, 128>>>(a, q, k, v, dout, stats, dq);
+    bench_bwd_kv<KIND, D, C><<<kb, 128>>>(b, q, k, v, dout, cst, dk, dv);
+    return cudaGetLastError() != cudaSuccess;
+#endif
+}
+
+/* The backward of the forward above: dout [B, H, T, D] in; stats [B, H, T, 3] (f32) scratch;
+ * dq [B, H, T, D], dk and dv [B, Hk, S, D] out. Returns as mbt_bench_attention. */
+extern "C" int mbt_bench_attention_bwd(int kind, int D, int causal, long long B, long long H, long long Hk, long long T,
+                                       long long S, const void *q, const void *k, const void *v, const void *dout,
+                                       float *stats, void *dq, void *dk, void *dv) {
+    MbtAttn a = {B, H, Hk, T, S, 1.0f / sqrtf((float)D), bench_view(H, T, D), bench_view(Hk, S, D), bench_view(Hk, S, D),
+                 bench_view(H, T, D), bench_view(H, T, 3), 1, {bench_view(H, T, D)}, 0, {}};
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v, *dd = (const bf16 *)dout;
+    bf16 *a1 = (bf16 *)dq, *a2 = (bf16 *)dk, *a3 = (bf16 *)dv;
+#define BENCH_CASE(KIND, DD)                                                                                                \
+    if (kind == KIND && D == DD)                                                                                           \
+        return causal ? bench_launch_bwd<KIND, DD, true>(a, qq, kk, vv, dd, stats, a1, a2, a3)                             \
+                      : bench_launch_bwd<KIND, DD, false>(a, qq, kk, vv, dd, stats, a1, a2, a3);
+    BENCH_CASE(0, 64)
+    BENCH_CASE(0, 128)
+    BENCH_CASE(1, 64)
+    BENCH_CASE(2, 64)
+    BENCH_CASE(2, 128)
+#undef BENCH_CASE
+    return 2;
+}

@@ -1,0 +1,526 @@
+/* rt_attention_fa2.cuh - attention in the flash-attention-2 design, for bf16 and f16
+ * programs on sm_80 and later (issue 14): the same computation as rt_attention.cuh's
+ * mbt_attn_forward (whose helpers it uses), organised as FA2 does it.
+ *
+ *   - A block of 4 warps owns 64 query rows, 16 a warp. Each warp keeps its rows of Q as mma
+ *     A-fragments in registers (read once from the strided view), and its scores, the online
+ *     softmax's running maximum and sums, and its 16 x E output all in registers: no score or
+ *     probability goes through shared memory.
+ *   - Keys and values come in tiles of BK rows (64, or 32 when D + E > 128 so that the tiles fit
+ *     48 KB of static shared memory), staged in shared memory with cp.async (16-byte copies, when
+ *     the views allow them: unit column stride, rows and bases 16-byte aligned; otherwise
+ *     element by element) and double-buffered: tile i + 1 is in flight while tile i is used.
+ *   - Q K^T and P V are mma.sync.m16n8k16 (bf16 or f16 inputs, f32 accumulators) through
+ *     mbt_mma_16816, whose fragment layout is documented (PTX ISA, "Matrix Fragments for
+ *     mma.m16n8k16"): the accumulator of two neighbouring 8-key score tiles is, element for
+ *     element, the A-fragment of P for the next product, so P goes from the softmax to the
+ *     tensor cores without leaving the registers (rounded to the element type, as flash
+ *     attention does; the row sums keep P unrounded, as rt_attention_tc.cuh).
+ *   - A row's scores live in the 4 lanes of a quad (lanes 4g .. 4g + 3 hold rows g and g + 8):
+ *     its maximum and, at the end, its sum are combined with two shuffles, in a fixed order.
+ *   - Causal: the block stops at the last key its last row sees (whole tiles above the diagonal
+ *     are never loaded); only tiles that cross the diagonal or the end of the keys are masked.
+ *   - The log-sum-exp: with `stats` non-null the kernel stores each row's maximum m and sum l
+ *     (slots 0 and 1 of the statistics view, rt_attention.cuh's layout) for a backward to load.
+ *
+ * Under tests/cudaemu/cudaemu.h (MBT_CUDAEMU) mbt_mma_16816 and the cp.async functions are the
+ * emulator's (a warp collective that implements the documented lane layout; a plain copy); here
+ * they are inline PTX. The order of every sum depends only on the shapes: runs are bit-identical.
+ *
+ * The backward follows below. Not here yet (docs/cuda.md): the forward's statistics handed to the
+ * backward by the programs, ldmatrix for the fragments' shared-memory loads, wgmma/TMA on sm_90. */
+
+#ifndef MBT_CUDAEMU
+template <typename T> static __device__ __forceinline__ void mbt_mma_16816(float *d, const unsigned *a, const unsigned *b,
+                                                                          const float *c);
+template <>
+__device__ __forceinline__ void mbt_mma_16816<__nv_bfloat16>(float *d, const unsigned *a, const unsigned *b, const float *c) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
+}
+template <>
+__device__ __forceinline__ void mbt_mma_16816<__half>(float *d, const unsigned *a, const unsigned *b, const float *c) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
+}
+static __device__ __forceinline__ void mbt_cp_async16(void *shared, const void *global) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global));
+}
+static __device__ __forceinline__ void mbt_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void mbt_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+#endif
+
+/* An element's 16 bits, and two elements into one .b32 register (the first in the low half). */
+static __device__ __forceinline__ unsigned mbt_bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+static __device__ __forceinline__ unsigned mbt_bits16(__half x) { return __half_as_ushort(x); }
+template <typename T> static __device__ __forceinline__ unsigned mbt_pack2(float lo, float hi) {
+    T x[2];
+    mbt_st(&x[0], lo);
+    mbt_st(&x[1], hi);
+    return mbt_bits16(x[0]) | mbt_bits16(x[1]) << 16;
+}
+/* Two neighbouring elements of a shared tile (4-byte aligned: an even column, an even pitch). */
+template <typename T> static __device__ __forceinline__ unsigned mbt_ld2(const T *p) {
+#ifdef MBT_CUDAEMU
+    unsigned r;
+    memcpy(&r, p, 4);
+    return r;
+#else
+    return *(const unsigned *)p;
+#endif
+}
+
+/* Rows [j0, j0 + BK) of a key-side operand (W wide) into a shared tile, by the whole block: 16-byte
+ * cp.async copies when `fast` (the view's rows contiguous and 16-byte aligned), else element by
+ * element; zeros past the S rows (a P of 0 times a stale value could be NaN). */
+template <typename T, int BK, int W, int PITCH>
+static __device__ __forceinline__ void mbt_fa2_stage(T (*sh)[PITCH], const T *x, const MbtView &w, long long z, long long h,
+                                                     long long j0, long long S, bool fast) {
+    const int CH = W / 8; /* 16-byte chunks a row */
+    for (int i = threadIdx.x; i < BK * CH; i += MBT_ATTN_WARPS * 32) {
+        const int rr = i / CH, c = i % CH * 8;
+        if (j0 + rr < S) {
+            const T *src = x + mbt_at(w, z, h, j0 + rr, c);
+            if (fast) mbt_cp_async16(&sh[rr][c], src);
+            else
+#pragma unroll
+                for (int e = 0; e < 8; e++) sh[rr][c + e] = src[e * w.c];
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) mbt_st(&sh[rr][c + e], 0.0f);
+        }
+    }
+}
+
+/* Whether view w's rows of head (z, h) can be copied 16 bytes at a time from base x. */
+template <typename T>
+static __device__ __forceinline__ bool mbt_fa2_fast(const T *x, const MbtView &w, long long z, long long h) {
+    return w.c == 1 && w.r % 8 == 0 && (w.off + z * w.z + h * w.h) % 8 == 0 && (unsigned long long)x % 16 == 0;
+}
+
+template <typename T, int D, int E, bool CAUSAL, int NOUT>
+static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out,
+                                            float *stats) {
+    static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
+    const int BQ = 16 * MBT_ATTN_WARPS, BK = D + E > 128 ? 32 : 64, KP = D + 8, VP = E + 8; /* pitches: rows of a
+        multiple of 16 bytes (cp.async), 16 more than the data so that a quad's 8 rows fall on distinct banks */
+    __shared__ __align__(16) T ks[2][BK][KP];
+    __shared__ __align__(16) T vs[2][BK][VP];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
+        const long long tw = t0 + warp * 16; /* the warp's first row */
+        /* the warp's Q as A-fragments: qa[kc] covers columns [16 kc, 16 kc + 16) */
+        unsigned qa[D / 16][4];
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const long long row = tw + g + (r & 1) * 8;
+                const int col = kc * 16 + 2 * t + (r >> 1) * 8;
+                unsigned x = 0;
+                if (row < a.T) {
+                    const T *p = q + mbt_at(a.q, z, h, row, col);
+                    x = mbt_bits16(p[0]) | mbt_bits16(p[a.q.c]) << 16;
+                }
+                qa[kc][r] = x;
+            }
+        float o[E / 8][4], m[2] = {-MBT_INF_F, -MBT_INF_F}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < E / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ), ntiles = (kend + BK - 1) / BK;
+        const bool kfast = mbt_fa2_fast(k, a.k, z, kh), vfast = mbt_fa2_fast(v, a.v, z, kh);
+        __syncthreads(); /* the previous tile of rows is done with the buffers */
+        if (ntiles > 0) {
+            mbt_fa2_stage<T, BK, D, KP>(ks[0], k, a.k, z, kh, 0, a.S, kfast);
+            mbt_fa2_stage<T, BK, E, VP>(vs[0], v, a.v, z, kh, 0, a.S, vfast);
+            mbt_cp_async_commit();
+        }
+        for (long long it = 0; it < ntiles; it++) {
+            const int buf = (int)(it & 1);
+            const long long j0 = it * BK;
+            if (it + 1 < ntiles) { /* the next tile into the other buffer, while this one is used */
+                mbt_fa2_stage<T, BK, D, KP>(ks[buf ^ 1], k, a.k, z, kh, j0 + BK, a.S, kfast);
+                mbt_fa2_stage<T, BK, E, VP>(vs[buf ^ 1], v, a.v, z, kh, j0 + BK, a.S, vfast);
+                mbt_cp_async_commit();
+                mbt_cp_async_wait<1>();
+            } else {
+                mbt_cp_async_wait<0>();
+            }
+            __syncthreads(); /* this thread's copies are done: everyone's are, after the barrier */
+            /* S = Q K^T: 16 x BK, BK / 8 accumulators; s[n] holds keys [8n, 8n + 8) */
+            float s[BK / 8][4];
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+                for (int n = 0; n < BK / 8; n++) {
+                    const unsigned b[2] = {mbt_ld2(&ks[buf][n * 8 + g][kc * 16 + 2 * t]),
+                                           mbt_ld2(&ks[buf][n * 8 + g][kc * 16 + 2 * t + 8])};
+                    mbt_mma_16816<T>(s[n], qa[kc], b, s[n]);
+                }
+            /* scaled, masked where the tile crosses the diagonal or the end of the keys */
+            const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T);
+            float mt[2] = {-MBT_INF_F, -MBT_INF_F};
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float x = a.scale * s[n][i];
+                    if (mask && !mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1))) x = -MBT_INF_F;
+                    s[n][i] = x;
+                    mt[i >> 1] = mt[i >> 1] > x ? mt[i >> 1] : x;
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) { /* the row's maximum over its quad; then exp(s - m) */
+                float x = __shfl_xor_sync(0xffffffffu, mt[r], 1);
+                mt[r] = mt[r] > x ? mt[r] : x;
+                x = __shfl_xor_sync(0xffffffffu, mt[r], 2);
+                mt[r] = mt[r] > x ? mt[r] : x;
+                const float mn = m[r] > mt[r] ? m[r] : mt[r];
+                alpha[r] = mn == -MBT_INF_F ? 1.0f : expf(m[r] - mn);
+                m[r] = mn;
+            }
+            float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float p = s[n][i] == -MBT_INF_F ? 0.0f : expf(s[n][i] - m[i >> 1]);
+                    s[n][i] = p;
+                    ls[i >> 1] = ls[i >> 1] + p;
+                }
+            l[0] = l[0] * alpha[0] + ls[0];
+            l[1] = l[1] * alpha[1] + ls[1];
+#pragma unroll
+            for (int n = 0; n < E / 8; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+            /* O += P V: P's A-fragment for keys [16 kc, 16 kc + 16) is score tiles 2 kc and 2 kc + 1 */
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; kc++) {
+                const unsigned pa[4] = {mbt_pack2<T>(s[2 * kc][0], s[2 * kc][1]), mbt_pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                                        mbt_pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                        mbt_pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                const T(*vk)[VP] = vs[buf] + kc * 16;
+#pragma unroll
+                for (int n = 0; n < E / 8; n++) { /* B[k][c] = V[key 16 kc + k][8 n + c] */
+                    const int c = n * 8 + g;
+                    const unsigned b[2] = {mbt_bits16(vk[2 * t][c]) | mbt_bits16(vk[2 * t + 1][c]) << 16,
+                                           mbt_bits16(vk[2 * t + 8][c]) | mbt_bits16(vk[2 * t + 9][c]) << 16};
+                    mbt_mma_16816<T>(o[n], pa, b, o[n]);
+                }
+            }
+            __syncthreads(); /* everyone is done with this buffer before the next tile refills it */
+        }
+        /* the row sums over the quad, then out = O / l (a row that saw no key: 0) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const long long row = tw + g + r * 8;
+            if (row >= a.T) continue;
+#pragma unroll
+            for (int n = 0; n < E / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const float x = l[r] > 0.0f ? o[n][2 * r + i] / l[r] : 0.0f;
+#pragma unroll
+                    for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(a.out[u], z, h, row, n * 8 + 2 * t + i), x);
+                }
+            if (stats && t < 2) mbt_st(stats + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] : l[r]);
+        }
+    }
+}
+
+/* ---- the backward in the FA2 design ------------------------------------------------------------
+ * Two kernels, no atomics (runs stay bit-identical): dq per tile of 64 query rows (a warp's 16),
+ * walking the keys; dk and dv per tile of 64 key rows (a warp's 16), walking the query rows of
+ * every query head of the key head's group. The operand a warp owns rows of is held as
+ * A-fragments in registers (Q and dO for dq; K and V for dk and dv); the other side streams
+ * through double-buffered shared tiles. Every product is mbt_mma_16816; P and dS go from the
+ * accumulators of one product to the A-fragments of the next without leaving the registers
+ * (rounded to the element type, as flash attention and rt_attention_tc.cuh do). The statistics
+ * (m, l, sum P dP, rt_attention.cuh's [Z, H, T, 3]) are computed by the dq kernel in a first walk
+ * (COMPUTE) or loaded, as the programs' kernel graph asks. */
+
+/* 16 rows [r0, r0 + 16) of a view (W wide) as A-fragments (zeros past `rows`). */
+template <typename T, int W>
+static __device__ __forceinline__ void mbt_fa2_rows_a(unsigned (*fa)[4], const T *x, const MbtView &w, long long z,
+                                                      long long h, long long r0, long long rows) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < W / 16; kc++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const long long row = r0 + g + (r & 1) * 8;
+            const int col = kc * 16 + 2 * t + (r >> 1) * 8;
+            unsigned u = 0;
+            if (row < rows) {
+                const T *p = x + mbt_at(w, z, h, row, col);
+                u = mbt_bits16(p[0]) | mbt_bits16(p[w.c]) << 16;
+            }
+            fa[kc][r] = u;
+        }
+}
+
+/* acc[N / 8] (16 x N) = A B^T: A the warp's 16 x W (fragments fa), B's N rows in shared memory
+ * (pitch P): B's row pairs are adjacent elements. */
+template <typename T, int W, int N, int P>
+static __device__ __forceinline__ void mbt_fa2_abt(float (*acc)[4], const unsigned (*fa)[4], const T (*b)[P]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < W / 16; kc++)
+#pragma unroll
+        for (int n = 0; n < N / 8; n++) {
+            const unsigned bb[2] = {mbt_ld2(&b[n * 8 + g][kc * 16 + 2 * t]), mbt_ld2(&b[n * 8 + g][kc * 16 + 2 * t + 8])};
+            mbt_mma_16816<T>(acc[n], fa[kc], bb, acc[n]);
+        }
+}
+
+/* out[W / 8] (16 x W) += X B: X the warp's 16 x K as accumulators x[K / 8] (rounded to the element
+ * type into A-fragments), B K x W in shared memory (pitch P). */
+template <typename T, int K, int W, int P>
+static __device__ __forceinline__ void mbt_fa2_xb(float (*out)[4], const float (*x)[4], const T (*b)[P]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < K / 16; kc++) {
+        const unsigned pa[4] = {mbt_pack2<T>(x[2 * kc][0], x[2 * kc][1]), mbt_pack2<T>(x[2 * kc][2], x[2 * kc][3]),
+                                mbt_pack2<T>(x[2 * kc + 1][0], x[2 * kc + 1][1]),
+                                mbt_pack2<T>(x[2 * kc + 1][2], x[2 * kc + 1][3])};
+        const T(*bk)[P] = b + kc * 16;
+#pragma unroll
+        for (int n = 0; n < W / 8; n++) {
+            const int c = n * 8 + g;
+            const unsigned bb[2] = {mbt_bits16(bk[2 * t][c]) | mbt_bits16(bk[2 * t + 1][c]) << 16,
+                                    mbt_bits16(bk[2 * t + 8][c]) | mbt_bits16(bk[2 * t + 9][c]) << 16};
+            mbt_mma_16816<T>(out[n], pa, bb, out[n]);
+        }
+    }
+}
+
+/* A warp's 16 x W accumulators to every place of a result (NOUT views), rows r0 + ... < rows. */
+template <typename T, int W, int NOUT>
+static __device__ __forceinline__ void mbt_fa2_put(const float (*acc)[4], const MbtView *views, T *const *out, long long z,
+                                                   long long h, long long r0, long long rows) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long row = r0 + g + r * 8;
+        if (row >= rows) continue;
+#pragma unroll
+        for (int n = 0; n < W / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(views[u], z, h, row, n * 8 + 2 * t + i), acc[n][2 * r + i]);
+    }
+}
+
+/* The double-buffered walk over `count` tiles of rows of two operands x (W1 wide) and y (W2): tile
+ * i is rows row0(i) .. + BR of head head(i); fn(buf, i) runs on it while tile i + 1 is in flight.
+ * extra(buf, i), run by the whole block right after a tile's copies are issued, stages anything
+ * else the tile needs (plain loads). */
+template <typename T, int BR, int W1, int W2, int P1, int P2, typename Row, typename Head, typename Extra, typename Fn>
+static __device__ __forceinline__ void mbt_fa2_walk(T (*xs)[BR][P1], T (*ys)[BR][P2], const T *x, const MbtView &wx,
+                                                    const T *y, const MbtView &wy, long long z, long long rows,
+                                                    long long count, Row row0, Head head, Extra extra, Fn fn) {
+    __syncthreads(); /* the previous user of the buffers is done */
+    if (count <= 0) return;
+    long long h = head(0);
+    bool xf = mbt_fa2_fast(x, wx, z, h), yf = mbt_fa2_fast(y, wy, z, h);
+    mbt_fa2_stage<T, BR, W1, P1>(xs[0], x, wx, z, h, row0(0), rows, xf);
+    mbt_fa2_stage<T, BR, W2, P2>(ys[0], y, wy, z, h, row0(0), rows, yf);
+    mbt_cp_async_commit();
+    extra(0, 0LL);
+    for (long long it = 0; it < count; it++) {
+        const int buf = (int)(it & 1);
+        if (it + 1 < count) {
+            h = head(it + 1);
+            xf = mbt_fa2_fast(x, wx, z, h), yf = mbt_fa2_fast(y, wy, z, h);
+            mbt_fa2_stage<T, BR, W1, P1>(xs[buf ^ 1], x, wx, z, h, row0(it + 1), rows, xf);
+            mbt_fa2_stage<T, BR, W2, P2>(ys[buf ^ 1], y, wy, z, h, row0(it + 1), rows, yf);
+            mbt_cp_async_commit();
+            extra(buf ^ 1, it + 1);
+            mbt_cp_async_wait<1>();
+        } else {
+            mbt_cp_async_wait<0>();
+        }
+        __syncthreads();
+        fn(buf, it);
+        __syncthreads();
+    }
+}
+
+/* The backward of q: dq [Z, H, T, D], and the statistics (COMPUTE) or loading them. */
+template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT>
+static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                          const float *stats_in, float *stats_out, T *const *out) {
+    static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
+    const int BQ = 16 * MBT_ATTN_WARPS, BK = D + E > 128 ? 32 : 64, KP = D + 8, VP = E + 8;
+    __shared__ __align__(16) T ks[2][BK][KP];
+    __shared__ __align__(16) T vs[2][BK][VP];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
+        const long long tw = t0 + warp * 16;
+        unsigned qa[D / 16][4], da[E / 16][4];
+        mbt_fa2_rows_a<T, D>(qa, q, a.q, z, h, tw, a.T);
+        mbt_fa2_rows_a<T, E>(da, dout, a.dout, z, h, tw, a.T);
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ), ntiles = (kend + BK - 1) / BK;
+        auto row0 = [&](long long i) { return i * BK; };
+        auto head = [&](long long) { return kh; };
+        auto none = [&](int, long long) {};
+        float m[2] = {-MBT_INF_F, -MBT_INF_F}, l[2] = {0.0f, 0.0f}, pdp[2] = {0.0f, 0.0f};
+        /* a tile's scaled, masked scores and dP = dO V^T */
+        auto scores = [&](int buf, long long j0, float (*s)[4], float (*dp)[4]) {
+            mbt_fa2_abt<T, D, BK, KP>(s, qa, ks[buf]);
+            mbt_fa2_abt<T, E, BK, VP>(dp, da, vs[buf]);
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    s[n][i] = mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1)) ? a.scale * s[n][i]
+                                                                                                           : -MBT_INF_F;
+        };
+        if (COMPUTE) {
+            mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, ntiles, row0, head, none, [&](int buf, long long it) {
+                float s[BK / 8][4], dp[BK / 8][4], mt[2] = {-MBT_INF_F, -MBT_INF_F};
+                scores(buf, it * BK, s, dp);
+#pragma unroll
+                for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) mt[i >> 1] = mt[i >> 1] > s[n][i] ? mt[i >> 1] : s[n][i];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float x = __shfl_xor_sync(0xffffffffu, mt[r], 1);
+                    mt[r] = mt[r] > x ? mt[r] : x;
+                    x = __shfl_xor_sync(0xffffffffu, mt[r], 2);
+                    mt[r] = mt[r] > x ? mt[r] : x;
+                    const float mn = m[r] > mt[r] ? m[r] : mt[r];
+                    const float alpha = mn == -MBT_INF_F ? 1.0f : expf(m[r] - mn);
+                    m[r] = mn;
+                    l[r] *= alpha;
+                    pdp[r] *= alpha;
+                }
+#pragma unroll
+                for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float p = s[n][i] == -MBT_INF_F ? 0.0f : expf(s[n][i] - m[i >> 1]);
+                        l[i >> 1] = l[i >> 1] + p;
+                        pdp[i >> 1] = pdp[i >> 1] + p * dp[n][i];
+                    }
+            });
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+                l[r] = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 2);
+                pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 1);
+                pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 2);
+                pdp[r] = l[r] > 0.0f ? pdp[r] / l[r] : 0.0f;
+                const long long row = tw + g + r * 8;
+                if (stats_out && row < a.T && t < 3)
+                    mbt_st(stats_out + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] : t == 1 ? l[r] : pdp[r]);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const long long row = tw + g + r * 8;
+                if (row >= a.T) continue;
+                m[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 0));
+                l[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 1));
+                pdp[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 2));
+            }
+        }
+        float dq[D / 8][4];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+        mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, ntiles, row0, head, none, [&](int buf, long long it) {
+            float s[BK / 8][4], dp[BK / 8][4];
+            scores(buf, it * BK, s, dp);
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) { /* dS = scale P (dP - sum P dP), in place of the scores */
+                    const int r = i >> 1;
+                    float w = 0.0f;
+                    if (l[r] > 0.0f && s[n][i] != -MBT_INF_F) w = a.scale * ((expf(s[n][i] - m[r]) / l[r]) * (dp[n][i] - pdp[r]));
+                    s[n][i] = w;
+                }
+            mbt_fa2_xb<T, BK, D, KP>(dq, s, ks[buf]);
+        });
+        mbt_fa2_put<T, D, NOUT>(dq, a.out, out, z, h, tw, a.T);
+    }
+}
+
+/* The backward of k and v: dk [Z, Hk, S, D], dv [Z, Hk, S, E] (either or both). */
+template <typename T, int D, int E, bool CAUSAL, bool WANT_K, bool WANT_V, int NOUT_K, int NOUT_V>
+static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                           const float *stats, T *const *out_k, T *const *out_v) {
+    static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
+    const int BKR = 16 * MBT_ATTN_WARPS, BQ = D + E > 128 ? 32 : 64, QP = D + 8, EP = E + 8;
+    __shared__ __align__(16) T qs[2][BQ][QP];
+    __shared__ __align__(16) T dos[2][BQ][EP];
+    __shared__ float st[2][BQ][3];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long G = a.H / a.Hk, tiles = (a.S + BKR - 1) / BKR, shift = a.S - a.T;
+    for (long long tile = blockIdx.x; tile < a.Z * a.Hk * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.Hk * tiles), kh = tile / tiles % a.Hk, j0 = tile % tiles * BKR;
+        const long long jw = j0 + warp * 16;
+        unsigned ka[D / 16][4], va[WANT_K ? E / 16 : 1][4];
+        mbt_fa2_rows_a<T, D>(ka, k, a.k, z, kh, jw, a.S);
+        if constexpr (WANT_K) mbt_fa2_rows_a<T, E>(va, v, a.v, z, kh, jw, a.S);
+        float dk[WANT_K ? D / 8 : 1][4], dv[WANT_V ? E / 8 : 1][4];
+#pragma unroll
+        for (int n = 0; n < (WANT_K ? D / 8 : 0); n++) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < (WANT_V ? E / 8 : 0); n++) dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+        long long ifirst = CAUSAL ? j0 - shift : 0; /* the first query row that sees the tile's first key */
+        if (ifirst < 0) ifirst = 0;
+        const long long per = ifirst < a.T ? (a.T - ifirst + BQ - 1) / BQ : 0; /* query tiles a head */
+        auto row0 = [&](long long i) { return ifirst + i % per * BQ; };
+        auto head = [&](long long i) { return kh * G + i / per; };
+        auto stage_stats = [&](int buf, long long i) {
+            mbt_attn_tile<float, BQ, 3, 3>(st[buf], stats, a.stats, z, head(i), row0(i), a.T);
+        };
+        mbt_fa2_walk<T, BQ, D, E, QP, EP>(qs, dos, q, a.q, dout, a.dout, z, a.T, G * per, row0, head, stage_stats,
+                                          [&](int buf, long long it) {
+            const long long i0 = row0(it);
+            float p[BQ / 8][4], ds[WANT_K ? BQ / 8 : 1][4];
+            mbt_fa2_abt<T, D, BQ, QP>(p, ka, qs[buf]); /* S^T: the warp's 16 keys against the tile's queries */
+            if constexpr (WANT_K) mbt_fa2_abt<T, E, BQ, EP>(ds, va, dos[buf]); /* dP^T = V dO^T */
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int c = n * 8 + 2 * t + (i & 1); /* the query, in the tile */
+                    float x = 0.0f;
+                    if (mbt_attn_sees<CAUSAL>(a, i0 + c, jw + g + (i >> 1) * 8))
+                        x = expf(a.scale * p[n][i] - st[buf][c][0]) / st[buf][c][1];
+                    p[n][i] = x;
+                    if constexpr (WANT_K) ds[n][i] = a.scale * (x * (ds[n][i] - st[buf][c][2]));
+                }
+            if constexpr (WANT_K) mbt_fa2_xb<T, BQ, D, QP>(dk, ds, qs[buf]);
+            if constexpr (WANT_V) mbt_fa2_xb<T, BQ, E, EP>(dv, p, dos[buf]);
+        });
+        if constexpr (WANT_K) mbt_fa2_put<T, D, NOUT_K>(dk, a.out, out_k, z, kh, jw, a.S);
+        if constexpr (WANT_V) mbt_fa2_put<T, E, NOUT_V>(dv, WANT_K ? a.out_v : a.out, out_v, z, kh, jw, a.S);
+    }
+}
