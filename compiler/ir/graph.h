@@ -122,6 +122,11 @@ typedef enum GOp {
 /* Parameter initialisers (G_PARAM's iattr[0]; fattr[0], fattr[1] their numbers). */
 typedef enum GInit { GI_ZEROS, GI_ONES, GI_CONSTANT, GI_NORMAL, GI_UNIFORM } GInit;
 
+/* A parameter's group (G_PARAM's iattr[1], bits): frozen (the train block's `freeze`, or a sub-model
+ * made with trainable = false): autodiff computes no gradient for it and the update leaves it and its
+ * state as they are; no_decay (the optimizer's `no_decay`): its `weight_decay` is 0 in update. */
+enum { GP_FROZEN = 1, GP_NO_DECAY = 2 };
+
 typedef struct GNode {
     int id;
     GOp op;
@@ -160,6 +165,11 @@ typedef struct GraphUpdate {
     int *state_in;           /* [nstate] G_INPUT "state.m": f32[n] */
     int *state_out;          /* [nstate] the node of its new value (state_in[i] when unchanged) */
     int p_out;               /* the node of the new parameters (p_in when unchanged) */
+    /* Parameter groups: the parameters are laid out decayed first, then those with GP_NO_DECAY,
+     * then the frozen ones (each group in declaration order; the step graph's params list follows
+     * the layout), so a group is one range of elements: weight_decay applies to [0, decay_end),
+     * the update changes p and its state in [0, train_end) only. Both are n without groups. */
+    int64_t decay_end, train_end;
 } GraphUpdate;
 
 typedef struct Graph {

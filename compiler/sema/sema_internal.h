@@ -277,8 +277,23 @@ int sema_gb_update_begin(GraphBuilder *gb, Value *opt, Span at);
  * sema_gb_lr_restore gives it back). */
 Entry *sema_gb_lr_swap(GraphBuilder *gb, Scope *opt_scope, Value **saved);
 void sema_gb_lr_restore(Entry *lr, Value *saved);
+/* The same for weight_decay when the parameters have groups (no_decay): an f32[n] that is 0 on the
+ * parameters not decayed (gb_update_decay); sema_gb_lr_restore gives it back. */
+Entry *sema_gb_decay_swap(GraphBuilder *gb, Scope *opt_scope, Value **saved);
 /* After update ran in loc: p (named p_name) and the state variables are the update graph's results. */
 void sema_gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at);
+
+/* ---- parameter groups (groups.c) ---- */
+
+/* 1 when list (a setting named what) is a list of well-formed name patterns and kinds; else reported. */
+int groups_check_list(Sema *s, const Value *list, const char *what);
+/* The train block's frozen parameters: those matched by list (freeze = [...], NULL when not given)
+ * and those under an instance made with trainable = false, marked GP_FROZEN through gb (NULL when
+ * not building). Patterns that match nothing, and a model left with nothing to train, are errors. */
+void groups_freeze(Sema *s, Value *model, const Value *list, Span at, GraphBuilder *gb);
+/* The optimizer's no_decay list (kept on opt by eval_call.c) matched against model's parameters,
+ * marked GP_NO_DECAY through gb; patterns that match nothing are errors. */
+void groups_no_decay(Sema *s, Value *model, Value *opt, GraphBuilder *gb);
 
 /* ---- settings (settings.c) ---- */
 

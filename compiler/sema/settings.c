@@ -39,12 +39,14 @@ enum {
     T_EVAL,
     T_SEED,
     T_CLIP,
+    T_FREEZE,
     T_NKEYS
 };
 static const KeySpec train_keys[T_NKEYS] = {
-    {"model", SK_VALUE},      {"data", SK_VALUE},     {"loss", SK_VALUE},      {"optimizer", SK_VALUE}, {"lr", SK_VALUE},
-    {"batch", SK_BLOCK},      {"parallel", SK_BLOCK}, {"precision", SK_VALUE}, {"recompute", SK_VALUE}, {"offload", SK_BLOCK},
-    {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},    {"eval", SK_BLOCK},      {"seed", SK_VALUE},      {"clip", SK_VALUE},
+    {"model", SK_VALUE},     {"data", SK_VALUE},    {"loss", SK_VALUE},       {"optimizer", SK_VALUE},
+    {"lr", SK_VALUE},        {"batch", SK_BLOCK},   {"parallel", SK_BLOCK},   {"precision", SK_VALUE},
+    {"recompute", SK_VALUE}, {"offload", SK_BLOCK}, {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},
+    {"eval", SK_BLOCK},      {"seed", SK_VALUE},    {"clip", SK_VALUE},       {"freeze", SK_VALUE},
 };
 
 enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_NKEYS };
@@ -747,6 +749,9 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     s->gb = NULL;
     if (gb) sema_gb_name_params(s, gb, ts->model); /* graph builder hook: names the parameters */
     scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? key_span(k[T_MODEL]) : name_at);
+    /* freeze = [...] and trainable = false: the frozen parameters (groups.c) */
+    groups_freeze(s, ts->model, k[T_FREEZE] ? eval_expr(&f, k[T_FREEZE]->a) : NULL, k[T_MODEL] ? value_span(k[T_MODEL]) : name_at,
+                  gb);
 
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
 
@@ -797,6 +802,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
         Span at = value_span(k[T_OPTIMIZER]);
         if (o->kind == V_OPTIMIZER) {
+            groups_no_decay(s, ts->model, o, gb);           /* no_decay = [...] (groups.c) */
             int building = sema_gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
             s->gb = building ? gb : NULL;
             eval_check_update(s, o, at);
