@@ -40,6 +40,7 @@
 #include "arena.h"
 #include "fuse.h"
 #include "graph.h"
+#include "scalar.h"
 #include "sema.h"
 
 #define PLAN_ALIGN                                                                                                               \
@@ -217,7 +218,9 @@ typedef struct Plan {
     double clip; /* 0: none */
     int has_lr;  /* the optimizer has the hyper-parameter lr (the update's input "lr") */
     double lr_base;
-    const char *schedule; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
+    const char *schedule;      /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
+    const ScalarProg *lr_prog; /* the schedule's program when it depends on the global batch (a
+                                  factor lr.batch_scale): the listing gives its rate per stage */
     int nprograms;
     PlanProgram *programs;
     PlanSchedules sched; /* the fused schedules the memory plan is of */

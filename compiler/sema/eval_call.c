@@ -789,17 +789,45 @@ Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args
     NodeInfo *inf = sema_info(s, fn);
     if (!inf->generic) eval_check_fn(s, fn);
     int np = fn->list.n;
+    /* A second parameter named `batch` is supplied too: the global batch at the step (schedule.c
+     * computes it from the batch ramp). */
+    int loop = np > 1 && fn->list.v[1] && str_eqc(fn->list.v[1]->name, "batch") ? 2 : 1;
     Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
     Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
-    int ok = value->kind == N_CALL ? bind_args(s, &c, &fn->list, 1, fname, fn, vals, at) : 1;
-    /* The training loop passes the step: a runtime integer. */
+    int ok = value->kind == N_CALL ? bind_args(s, &c, &fn->list, loop, fname, fn, vals, at) : 1;
+    /* The training loop passes the step (and the batch): runtime integers. */
     vals[0] = value_int(s->ar, dim_sym(s->ar, "step"), value->span);
     at[0] = value->span;
+    if (loop == 2) {
+        vals[1] = value_int(s->ar, dim_sym(s->ar, "batch"), value->span);
+        at[1] = value->span;
+    }
+    /* The stdlib's lr.batch_scale: its rule is one of two names and its base a batch size. */
+    int std_lr = fnv->scope && fnv->scope->module && fnv->scope->module->name && strcmp(fnv->scope->module->name, "lr") == 0;
+    for (int i = loop; std_lr && i < np; i++) {
+        const Node *p = fn->list.v[i];
+        Value *v = vals[i];
+        if (!p || !v || v->kind == V_UNKNOWN) continue;
+        int64_t k;
+        if (str_eqc(p->name, "rule") &&
+            (v->kind != V_STRING || !v->s || (strcmp(v->s, "sqrt") != 0 && strcmp(v->s, "linear") != 0))) {
+            if (sema_error(s, at[i], "'rule' of '%s' must be \"sqrt\" or \"linear\", but it is %s", fname,
+                           value_describe(s->ar, v)))
+                sema_hint(s, "\"sqrt\" for Adam-type optimizers, \"linear\" for SGD");
+            ok = 0;
+        } else if (str_eqc(p->name, "base") && fn->list.v[1] && str_eqc(fn->list.v[1]->name, "batch") &&
+                   (v->kind != V_INT || !dim_const(v->dim, &k) || k < 1)) {
+            if (sema_error(s, at[i], "'base' of '%s' must be a positive whole number of sequences, but it is %s", fname,
+                           value_describe(s->ar, v)))
+                sema_hint(s, "the global batch the base learning rate was tuned at, e.g. base = 64");
+            ok = 0;
+        }
+    }
     Scope *loc = scope_new(s, fnv->scope, SC_LOCAL, fname, NULL);
     ok &= setup_params(s, fn, fname, vals, at, loc, value->span, 0);
     if (!ok) return NULL;
-    *args = vals + 1;
-    *nargs = np - 1;
+    *args = vals + loop;
+    *nargs = np - loop;
     if (inf->broken) return fnv;
     Value *r = run_fn(s, fnv, loc, value->span, FR_FN, 0, NULL);
     if (!is_number(r)) {

@@ -111,6 +111,16 @@ typedef struct NodeInfo {
 
 /* ---- resolved settings: the public numbers (settings.h) and what sema keeps beside them ---- */
 
+/* One factor of a train block's schedule: a function whose first parameter is `step` (and whose
+ * second may be `batch`, the global batch the ramp gives that step), with the rest bound. */
+typedef struct LrFactor {
+    Value *fn;    /* V_FN */
+    Value **args; /* its parameters after those the loop supplies, bound (nargs of them) */
+    int nargs;
+    int loop; /* how many the training loop supplies: 1 (step) or 2 (step, batch) */
+    Span at;  /* the call in the train block */
+} LrFactor;
+
 typedef struct TrainSettings {
     const Node *node; /* the N_TRAIN */
     Module *module;
@@ -118,9 +128,8 @@ typedef struct TrainSettings {
     Value *data;      /* V_DATA: x, y = i32[micro, seq] */
     Value *loss;      /* f32[] */
     Value *optimizer; /* V_OPTIMIZER with its hyper-parameters bound */
-    Value *lr_fn;     /* the schedule (V_FN) or NULL for the constant default */
-    Value **lr_args;  /* its parameters after `step`, bound (lr_nargs of them) */
-    int lr_nargs;
+    LrFactor *lr;     /* the schedule: the product of these factors (lr = A * B), none for the constant 1 */
+    int nlr;
     TrainConfig cfg; /* the numbers the stages after sema read */
 } TrainSettings;
 
@@ -256,8 +265,9 @@ void eval_check_update(Sema *s, Value *opt, Span at);
  * block (generation's batch-1 forward; graph_build.h). */
 Value *eval_call_model(Sema *s, Value *model, Value *x, Span at);
 
-/* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`
- * (or a function all of whose other parameters have defaults). key names the setting. Returns
+/* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`, and
+ * a second named `batch` (or a function all of whose other parameters have defaults); the stdlib
+ * lr module's `rule` and `base` are checked (lr.batch_scale). key names the setting. Returns
  * the function (V_FN) with its bound values in *args and their count in *nargs, or NULL after an error. */
 Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args, int *nargs);
 
@@ -299,7 +309,7 @@ void groups_no_decay(Sema *s, Value *model, Value *opt, GraphBuilder *gb);
 
 void settings_check_train(Sema *s, Module *m, const Node *train);
 void settings_check_serve(Sema *s, Module *m, const Node *serve);
-/* The train block's schedule (ts->lr_fn with its bound arguments, or none: the constant 1.0)
+/* The train block's schedule (the product of ts->lr's factors, or none: the constant 1.0)
  * lowered into ts->cfg.lr, and its text into ts->cfg.schedule_text (schedule.c). Constructs a
  * schedule cannot use are errors at their source. */
 void schedule_lower(Sema *s, TrainSettings *ts);

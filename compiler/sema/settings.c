@@ -704,6 +704,24 @@ static void build_forward(Frame *f, const Node *model_item, TrainSettings *ts, G
         diag_note(span_none(), "the errors above come from the model at batch 1, which generation (forward_logits) runs");
 }
 
+/* lr = A * B * ...: each factor a schedule (eval_schedule), appended to ts->lr. */
+static void lr_factors(Frame *f, const Node *e, TrainSettings *ts, int depth) {
+    if (!e) return;
+    if (e->kind == N_BINARY && e->op == OP_MUL && depth < 16) {
+        lr_factors(f, e->a, ts, depth + 1);
+        lr_factors(f, e->b, ts, depth + 1);
+        return;
+    }
+    LrFactor x = {.at = e->span};
+    x.fn = eval_schedule(f, e, "lr", &x.args, &x.nargs);
+    if (!x.fn) return;
+    x.loop = x.fn->node->list.n > 1 && x.fn->node->list.v[1] && str_eqc(x.fn->node->list.v[1]->name, "batch") ? 2 : 1;
+    LrFactor *n = arena_alloc(f->s->ar, sizeof(LrFactor) * (size_t)(ts->nlr + 1));
+    if (ts->nlr) memcpy(n, ts->lr, sizeof(LrFactor) * (size_t)ts->nlr);
+    n[ts->nlr++] = x;
+    ts->lr = n;
+}
+
 void settings_check_train(Sema *s, Module *m, const Node *t) {
     TrainSettings *ts = arena_alloc(s->ar, sizeof(TrainSettings));
     ts->node = t;
@@ -823,7 +841,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 
     if (k[T_LR]) {
         ts->cfg.lr_at = value_span(k[T_LR]);
-        ts->lr_fn = eval_schedule(&f, k[T_LR]->a, "lr", &ts->lr_args, &ts->lr_nargs);
+        lr_factors(&f, k[T_LR]->a, ts, 0);
     }
     schedule_lower(s, ts); /* the schedule as a scalar program (schedule.c) */
 

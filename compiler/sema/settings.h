@@ -36,6 +36,7 @@ typedef struct TrainConfig {
     Span lr_at;                /* the `lr` setting's value (at when there is none) */
     const char *schedule_text; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: none */
     const ScalarProg *lr;      /* the schedule lowered (scalar.h); the constant 1.0 without `lr` */
+    int lr_batch;              /* a factor of the schedule reads the global batch (lr.batch_scale) */
     const char *data_glob, *val_glob;
     int shuffle;
     int64_t seq;
