@@ -8,8 +8,10 @@
 # full-size ones - GPT-2 124M at 16 x 1024, llama_small - have no CPU step to compare with in
 # reasonable time), tests/gpu/attn_shapes.mbt (attention in the shapes the examples lack: grouped
 # heads, D != E, T not a multiple of a tile, fewer keys than queries, not causal), its bf16
-# counterpart tests/gpu/attn_shapes_bf16.mbt (whose forwards run on the tensor cores) and
-# tests/verify/tiny_bf16.mbt (tiny with precision = bf16). For each, on mbt-gendata's corpus:
+# counterpart tests/gpu/attn_shapes_bf16.mbt (whose forwards run on the tensor cores),
+# tests/verify/tiny_bf16.mbt (tiny with precision = bf16), and tests/exec/groups.mbt and lora.mbt
+# (frozen parameters, no_decay and a LoRA adapter: the grouped update's index masks on the device).
+# For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
 #                          starting weights, batches and learning rate identical, loss 1e-5 relative,
@@ -270,7 +272,8 @@ if [ "$DEVICE" = emu ]; then
 fi
 names=()
 running=0
-for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt; do
+for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/groups.mbt \
+    tests/exec/lora.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue
