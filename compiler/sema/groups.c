@@ -152,7 +152,9 @@ int groups_check_list(Sema *s, const Value *list, const char *what) {
     if (list->kind != V_LIST) {
         if (sema_error(s, list->origin, "'%s' must be a list of name patterns or kinds, but it is %s", what,
                        value_describe(s->ar, list)))
-            sema_hint(s, "for example: %s = [\"@1d\", \"wte\"]", what);
+            sema_hint(s, "for example: %s",
+                      strcmp(what, "freeze") == 0 ? "freeze = [\"h.0.*\", \"wte.weight\"]"
+                                                  : "no_decay = [\"@1d\", \"wte.weight\"]");
         return 0;
     }
     int ok = 1;
