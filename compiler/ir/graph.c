@@ -309,8 +309,10 @@ void graph_print(FILE *out, const Graph *g, int first) {
     if (g->update) /* an update graph: its layout instead of parameters */
         fprintf(out, "# graph%s%s: %d nodes, %d segment%s over %" PRId64 " values", g->name ? " " : "", g->name ? g->name : "",
                 g->n, g->update->nsegs, g->update->nsegs == 1 ? "" : "s", g->update->n);
-    if (g->update && (g->update->decay_end < g->update->n || g->update->train_end < g->update->n))
-        fprintf(out, " (weight decay on [0, %" PRId64 "), updated [0, %" PRId64 "))", g->update->decay_end, g->update->train_end);
+    if (g->update && g->update->decay_end < g->update->n)
+        fprintf(out, " (weight decay on [0, %" PRId64 "))", g->update->decay_end);
+    if (g->update && g->update->n_params > g->update->n)
+        fprintf(out, " (frozen: [%" PRId64 ", %" PRId64 "), not updated)", g->update->n, g->update->n_params);
     if (!g->update)
         fprintf(out, "# graph%s%s: %d nodes, %d parameter%s (%" PRId64 " values)", g->name ? " " : "", g->name ? g->name : "",
                 g->n, g->nparams, g->nparams == 1 ? "" : "s", values);
@@ -927,14 +929,15 @@ static void graph_v_role(GraphVerify *v, int id, int input, int scalar, const ch
 static void graph_v_update(GraphVerify *v) {
     const GraphUpdate *u = v->g->update;
     if (u->n < 1) graph_v_fail(v, "update: length %" PRId64 " is not positive", u->n);
-    if (u->decay_end < 0 || u->decay_end > u->train_end || u->train_end > u->n)
-        graph_v_fail(v, "update: the groups' ends %" PRId64 " <= %" PRId64 " <= %" PRId64 " do not hold", u->decay_end,
-                     u->train_end, u->n);
+    if (u->decay_end < 0 || u->decay_end > u->n || u->n > u->n_params)
+        graph_v_fail(v, "update: the groups' ends %" PRId64 " <= %" PRId64 " <= %" PRId64 " do not hold", u->decay_end, u->n,
+                     u->n_params);
     int64_t end = 0;
     for (int i = 0; i < u->nsegs; i++) {
-        if (u->seg_off[i] < end || u->seg_len[i] < 1 || u->seg_off[i] + u->seg_len[i] > u->n)
+        int64_t lim = u->seg_off[i] < u->n ? u->n : u->n_params; /* a frozen one lies past n */
+        if (u->seg_off[i] < end || u->seg_len[i] < 1 || u->seg_off[i] + u->seg_len[i] > lim)
             graph_v_fail(v, "update: segment %d [%" PRId64 ", +%" PRId64 ") overlaps the previous one or leaves [0, %" PRId64 ")",
-                         i, u->seg_off[i], u->seg_len[i], u->n);
+                         i, u->seg_off[i], u->seg_len[i], lim);
         end = u->seg_off[i] + u->seg_len[i];
     }
     graph_v_role(v, u->p_in, 1, 0, "p");

@@ -149,7 +149,10 @@ typedef struct GNode {
  * and optimizer-state regions of the memory plan, so the update runs over each region as it lies. */
 typedef struct GraphUpdate {
     const char *optimizer;       /* its name ("adamw") */
-    int64_t n;                   /* length of the flat vectors (elements, padding included) */
+    int64_t n;                   /* length of the flat vectors (elements, padding included): the
+                                    parameters the optimizer updates, every one but the frozen */
+    int64_t n_params;            /* the whole parameter region: n, then the frozen parameters (laid
+                                    out last: no gradient, no update, no state); n without them */
     int nsegs;                   /* one segment per parameter, in the step graph's parameter order */
     const int64_t *seg_off;      /* [nsegs] first element of each */
     const int64_t *seg_len;      /* [nsegs] its element count */
@@ -168,8 +171,9 @@ typedef struct GraphUpdate {
     /* Parameter groups: the parameters are laid out decayed first, then those with GP_NO_DECAY,
      * then the frozen ones (each group in declaration order; the step graph's params list follows
      * the layout), so a group is one range of elements: weight_decay applies to [0, decay_end),
-     * the update changes p and its state in [0, train_end) only. Both are n without groups. */
-    int64_t decay_end, train_end;
+     * the update runs over [0, n) and the frozen parameters lie in [n, n_params), segments the
+     * update's vectors do not reach. decay_end is n without no_decay. */
+    int64_t decay_end;
 } GraphUpdate;
 
 typedef struct Graph {

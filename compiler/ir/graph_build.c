@@ -866,14 +866,14 @@ int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
         for (int k = gb_group_of(p); k < 3; k++) group_end[k] = (end + a - 1) / a * a;
     }
     u->optimizer = arena_printf(ar, "%.*s", STR_ARG(optimizer));
-    u->n = (end + a - 1) / a * a;
+    u->n_params = (end + a - 1) / a * a;
+    u->n = group_end[1]; /* the frozen parameters, laid out last, are not the update's */
     u->decay_end = group_end[0];
-    u->train_end = group_end[1];
-    if (u->train_end == 0) {
+    if (u->n == 0) {
         gb_fail(gb, at, "every parameter is frozen, so the optimizer has nothing to update");
         return 0;
     }
-    if ((u->decay_end < u->n || u->train_end < u->n) && u->n > INT32_MAX) {
+    if (u->decay_end < u->n && u->n > INT32_MAX) {
         gb_fail(gb, at, "parameter groups (freeze, no_decay) over more than 2^31 values are not supported yet");
         return 0;
     }
@@ -964,7 +964,7 @@ Value *gb_update_lr(GraphBuilder *gb, const Value *lr, Span decl) {
 Value *gb_update_decay(GraphBuilder *gb, const Value *wd, Span decl) {
     if (!gb || gb->failed || !gb->updating || gb->update_done || !wd) return NULL;
     GraphUpdate *u = gb->g->update;
-    if (u->decay_end >= u->train_end) return NULL; /* no parameter is trained undecayed: nothing to swap */
+    if (u->decay_end >= u->n) return NULL; /* no parameter is trained undecayed: nothing to swap */
     double x;
     if (!value_number(wd, &x)) {
         if (wd->kind != V_UNKNOWN)
@@ -977,14 +977,6 @@ Value *gb_update_decay(GraphBuilder *gb, const Value *wd, Span decl) {
     Value *v = value_tensor(gb->ar, DT_F32, 1, dims, decl);
     int in[3] = {gb_index_below(gb, u->decay_end, decl), gb_const(gb, DT_F32, x, decl), gb_const(gb, DT_F32, 0.0, decl)};
     return gb_result(gb, v, G_WHERE, 3, in, decl) >= 0 ? v : NULL;
-}
-
-/* A result of update kept at its input where the parameters are frozen: [train_end, n). */
-static int gb_update_keep_frozen(GraphBuilder *gb, int mask, int out, int in, Span at) {
-    if (mask < 0 || out == in) return out;
-    int64_t n = gb->g->update->n;
-    int args[3] = {mask, out, in};
-    return gb_add(gb, G_WHERE, DT_F32, 1, &n, 3, args, at);
 }
 
 /* The node of the value a result ended with; -1 after a failure. */
@@ -1019,12 +1011,6 @@ void gb_update_results(GraphBuilder *gb, GbLookup lookup, void *ctx, Str p_name,
     }
     u->p_out = p;
     if (u->p_in < 0 || u->g_in < 0 || u->t_in < 0) INTERNAL("graph builder: the update graph lacks p, g or t");
-    if (u->train_end < u->n) { /* frozen parameters and their state stay as they are */
-        int mask = gb_index_below(gb, u->train_end, at);
-        u->p_out = gb_update_keep_frozen(gb, mask, u->p_out, u->p_in, at);
-        for (int k = 0; k < u->nstate; k++) outs[k] = gb_update_keep_frozen(gb, mask, outs[k], u->state_in[k], at);
-        if (gb->failed) return;
-    }
     gb->update_done = 1;
 }
 

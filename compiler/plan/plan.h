@@ -168,11 +168,13 @@ typedef struct PlanInput {
 } PlanInput;
 
 typedef struct PlanMemory {
-    int64_t param_bytes; /* the parameter region; the gradient region and each state part alike */
+    int64_t param_bytes; /* the parameter region; the gradient region alike */
+    int64_t state_part;  /* each state variable's part of the state region: the update's length n
+                            (param_bytes but for the frozen parameters, laid out last, which have none) */
     int nparams;
     PlanParam *params;
     int nstate;
-    int64_t state_bytes; /* nstate x param_bytes */
+    int64_t state_bytes; /* nstate x state_part */
     int ninputs;
     PlanInput inputs[2];
     int64_t input_bytes; /* data.x and data.y together */

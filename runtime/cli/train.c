@@ -81,6 +81,11 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
     if (p->nparams < 0 || (p->nparams > 0 && !p->params) || p->param_floats < 0 || p->state_floats < 0 || p->arena_bytes < 0 ||
         (p->forward_logits && p->logits_seq < 1))
         return rt_fail(err, RT_ERR_ARG, "a region size or the parameter count is negative");
+    /* the state region: nstate parts of at most the parameter region each (rt_state_part); with no
+     * named state variable it is the program's own (nothing of it is checkpointed) */
+    if (p->nstate < 0 || (p->nstate > 0 && (p->state_floats % p->nstate != 0 || rt_state_part(p) > p->param_floats)))
+        return rt_fail(err, RT_ERR_ARG, "the optimizer-state region (%lld floats) is not %lld parts of the parameter region",
+                       (long long)p->state_floats, (long long)p->nstate);
     const RtParam **byoff = calloc(p->nparams > 0 ? (size_t)p->nparams : 1, sizeof *byoff);
     if (!byoff) return rt_fail_errno(err, ENOMEM, "cannot check the parameter table");
     RtStatus st = RT_OK;

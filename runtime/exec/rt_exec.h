@@ -120,6 +120,13 @@ void rt_exec_flip(RtExec *e);
  * rt_exec_grad_blocks of them. */
 #define RT_GRAD_BLOCK 16384
 int64_t rt_exec_grad_blocks(const RtProgram *p);
+
+/* The optimizer state region is nstate parts, each laid out as the parameter region's first part
+ * floats: every parameter the optimizer updates; the frozen ones (issue 20's parameter groups),
+ * laid out after them, have no state. part = param_floats when nothing is frozen. */
+static inline int64_t rt_state_part(const RtProgram *p) { return p->nstate > 0 ? p->state_floats / p->nstate : 0; }
+/* Whether parameter q has optimizer state (is not frozen). */
+static inline int rt_has_state(const RtProgram *p, const RtParam *q) { return q->offset + q->numel <= rt_state_part(p); }
 RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *err);
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err);
 RtStatus rt_exec_grad_zero(RtExec *e, RtError *err);
