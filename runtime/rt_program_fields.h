@@ -127,21 +127,22 @@
     X(RtGenerateSettings, generate, generate)                                                                                    \
     X(const RtParam *, params, ptr) /* the parameter table, in declaration order */                                              \
     X(int64_t, nparams, i64)                                                                                                     \
-    X(int64_t, param_floats, i64)            /* the parameter region, in f32 elements (also the gradient region's size) */       \
-    X(int64_t, state_floats, i64)            /* the optimizer-state region, in f32 elements */                                   \
-    X(int64_t, arena_bytes, i64)             /* the activation arena (the largest any function needs) */                         \
-    X(int64_t, logits_seq, i64)              /* T of forward_logits: the longest context generation passes */                    \
-    X(RtStepFn, forward_backward, ptr)       /* one micro-batch's loss and loss_scale x its gradients (+=) */                    \
-    X(RtStepFn, forward_loss, ptr)           /* the same loss without gradients (evaluation); NULL: cannot evaluate */           \
-    X(RtStepFn, forward_logits, ptr)         /* generation's logits at batch 1; NULL: cannot generate */                         \
-    X(RtStepFn, optimizer_init, ptr)         /* the optimizer state's initial values; NULL: the runtime zeroes it */             \
-    X(RtStepFn, optimizer_update, ptr)       /* one optimizer step over every parameter */                                       \
-    X(RtLrScheduleFn, lr_schedule, ptr)      /* the learning-rate multiplier at 0-based step `step` */                           \
-    X(const char *, hash, ptr)               /* "xxh3-128:" and 32 hex digits over the compiled step */                          \
-    X(int64_t, nstate, i64)                  /* optimizer state variables; the state region is nstate parts (rt_state_part) */   \
-    X(const char *const *, state_names, ptr) /* [nstate]: "m", "v" (variable k holds parameter i at k x part + offset_i) */      \
-    X(const RtGpuProgram *, gpu, ptr)        /* the CUDA side, or NULL (built without CUDA) */                                   \
-    X(RtPlanInfo, plan, plan)                /* the memory plan's summary (./prog info) */
+    X(int64_t, param_floats, i64)       /* the parameter region, in f32 elements (also the gradient region's size) */            \
+    X(int64_t, state_floats, i64)       /* the optimizer-state region, in f32 elements */                                        \
+    X(int64_t, arena_bytes, i64)        /* the activation arena (the largest any function needs) */                              \
+    X(int64_t, logits_seq, i64)         /* T of forward_logits: the longest context generation passes */                         \
+    X(RtStepFn, forward_backward, ptr)  /* one micro-batch's loss and loss_scale x its gradients (+=) */                         \
+    X(RtStepFn, forward_loss, ptr)      /* the same loss without gradients (evaluation); NULL: cannot evaluate */                \
+    X(RtStepFn, forward_logits, ptr)    /* generation's logits at batch 1; NULL: cannot generate */                              \
+    X(RtStepFn, optimizer_init, ptr)    /* the optimizer state's initial values; NULL: the runtime zeroes it */                  \
+    X(RtStepFn, optimizer_update, ptr)  /* one optimizer step over every parameter */                                            \
+    X(RtLrScheduleFn, lr_schedule, ptr) /* the learning-rate multiplier at 0-based step `step` */                                \
+    X(const char *, hash, ptr)          /* "xxh3-128:" and 32 hex digits over the compiled step */                               \
+    X(int64_t, nstate, i64)             /* optimizer state variables; the state region is nstate parts (rt_exec.h) */            \
+    X(const char *const *, state_names,                                                                                          \
+      ptr)                            /* [nstate]: "m", "v" (variable k holds parameter i at k x rt_state_part + offset_i) */    \
+    X(const RtGpuProgram *, gpu, ptr) /* the CUDA side, or NULL (built without CUDA) */                                          \
+    X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \
