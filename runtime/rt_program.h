@@ -38,9 +38,10 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    6 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    7 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
-                          * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan */
+                          * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
+                          * 7: RtTrainSettings.adapter_config, adapter_modules */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

@@ -237,3 +237,111 @@ void groups_no_decay(Sema *s, Value *model, Value *opt, GraphBuilder *gb) {
     if (wd && wd->v && value_number(wd->v, &x) && x == 0)
         diag_warning(list->origin, "'no_decay' has no effect: the optimizer's weight_decay is 0");
 }
+
+/* ---- LoRA adapters, for `./prog train --save-adapter DIR` ---- */
+
+typedef struct Adapter {
+    const char *path; /* the LoRALinear's dotted path: "h.0.attn.q" */
+    int64_t rank;
+    double alpha;
+} Adapter;
+
+typedef struct AList {
+    Adapter *a;
+    int n, cap;
+} AList;
+
+/* An instance of the stdlib's nn.LoRALinear: PEFT's LoraLayer. Recognised by its model and module
+ * name, so that the adapter written is exactly what that model computes (base + lora_B(lora_A(x)) *
+ * alpha / rank, docs/stdlib.md); a model of one's own with the same shape is not guessed at. */
+static int is_lora_linear(const Value *v) {
+    const Scope *sc = v->scope;
+    return sc && sc->name && strcmp(sc->name, "LoRALinear") == 0 && sc->parent && sc->parent->module &&
+           sc->parent->module->name && strcmp(sc->parent->module->name, "nn") == 0;
+}
+
+static void adapters_walk(Sema *s, PtrMap *seen, Value *v, const char *prefix, int depth, AList *out) {
+    if (!v || depth > SEMA_MAX_CALL_DEPTH + 8) return;
+    if (v->kind == V_MODEL) {
+        int fresh;
+        if (!v->scope) return;
+        ptrmap_slot(s->ar, seen, v->scope, &fresh);
+        if (!fresh) return;
+        Scope *sc = v->scope;
+        if (is_lora_linear(v)) {
+            Entry *r = scope_find(sc, str_from("rank")), *a = scope_find(sc, str_from("alpha"));
+            int64_t rank;
+            double alpha;
+            if (!r || !r->v || r->v->kind != V_INT || !dim_const(r->v->dim, &rank) || !a || !a->v || !value_number(a->v, &alpha))
+                return; /* not known here: the model is reported elsewhere */
+            size_t len = strlen(prefix);
+            if (len == 0) return; /* the whole model is one LoRALinear: PEFT needs a module name */
+            if (out->n == out->cap) {
+                int cap = out->cap ? out->cap * 2 : 8;
+                Adapter *na = arena_alloc(s->ar, sizeof(Adapter) * (size_t)cap);
+                if (out->n) memcpy(na, out->a, sizeof(Adapter) * (size_t)out->n);
+                out->a = na;
+                out->cap = cap;
+            }
+            out->a[out->n++] = (Adapter){arena_printf(s->ar, "%.*s", (int)(len - 1), prefix), rank, alpha};
+            return;
+        }
+        for (int i = 0; i < sc->n; i++) {
+            Entry *e = &sc->e[i];
+            if (e->v && e->kind == ENT_SUB)
+                adapters_walk(s, seen, e->v, arena_printf(s->ar, "%s%.*s.", prefix, STR_ARG(e->name)), depth + 1, out);
+        }
+    } else if (v->kind == V_LIST || v->kind == V_TUPLE) {
+        for (int i = 0; i < v->n; i++)
+            adapters_walk(s, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), depth + 1, out);
+    }
+}
+
+/* Appends s to the arena-grown buffer *buf (length *len). */
+static void cat(Arena *ar, char **buf, size_t *len, const char *s) {
+    size_t n = strlen(s);
+    char *nb = arena_alloc(ar, *len + n + 1);
+    if (*len) memcpy(nb, *buf, *len);
+    memcpy(nb + *len, s, n + 1);
+    *buf = nb;
+    *len += n;
+}
+
+/* PEFT's adapter_config.json for the LoRALinear instances of the model, and their paths one a
+ * line; both NULL when it has none. The first adapter's rank and alpha are `r` and `lora_alpha`;
+ * an adapter with another rank or alpha is listed in rank_pattern / alpha_pattern under its full
+ * path, which PEFT matches as `(.*\.)?PATH$` (dots in a path match themselves too). target_modules
+ * are the full paths: PEFT adapts a module whose name is one of them or ends in "." and one. */
+void groups_adapters(Sema *s, Value *model, const char **config, const char **modules) {
+    *config = *modules = NULL;
+    if (!model || model->kind != V_MODEL) return;
+    AList l = {0};
+    PtrMap seen;
+    memset(&seen, 0, sizeof seen);
+    adapters_walk(s, &seen, model, "", 0, &l);
+    if (l.n == 0) return;
+    char *c = NULL, *m = NULL;
+    size_t cl = 0, ml = 0;
+    cat(s->ar, &c, &cl,
+        arena_printf(s->ar,
+                     "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": null,\n  \"base_model_name_or_path\": null,\n"
+                     "  \"r\": %lld,\n  \"lora_alpha\": %.17g,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n"
+                     "  \"fan_in_fan_out\": false,\n  \"use_rslora\": false,\n  \"init_lora_weights\": true,\n"
+                     "  \"inference_mode\": true,\n  \"modules_to_save\": null,\n  \"target_modules\": [",
+                     (long long)l.a[0].rank, l.a[0].alpha));
+    for (int i = 0; i < l.n; i++) {
+        cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\"", i ? ", " : "", l.a[i].path));
+        cat(s->ar, &m, &ml, arena_printf(s->ar, "%s\n", l.a[i].path));
+    }
+    cat(s->ar, &c, &cl, "],\n  \"rank_pattern\": {");
+    for (int i = 0, k = 0; i < l.n; i++)
+        if (l.a[i].rank != l.a[0].rank)
+            cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\": %lld", k++ ? ", " : "", l.a[i].path, (long long)l.a[i].rank));
+    cat(s->ar, &c, &cl, "},\n  \"alpha_pattern\": {");
+    for (int i = 0, k = 0; i < l.n; i++)
+        if (l.a[i].alpha != l.a[0].alpha)
+            cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\": %.17g", k++ ? ", " : "", l.a[i].path, l.a[i].alpha));
+    cat(s->ar, &c, &cl, "}\n}\n");
+    *config = c;
+    *modules = m;
+}

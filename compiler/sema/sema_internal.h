@@ -301,6 +301,9 @@ int groups_check_list(Sema *s, const Value *list, const char *what);
  * and those under an instance made with trainable = false, marked GP_FROZEN through gb (NULL when
  * not building). Patterns that match nothing, and a model left with nothing to train, are errors. */
 void groups_freeze(Sema *s, Value *model, const Value *list, Span at, GraphBuilder *gb);
+/* PEFT's adapter_config.json for the model's nn.LoRALinear instances and their paths one a line
+ * (TrainConfig.adapter_config, adapter_modules); NULL, NULL when it has none. */
+void groups_adapters(Sema *s, Value *model, const char **config, const char **modules);
 /* The optimizer's no_decay list (kept on opt by eval_call.c) matched against model's parameters,
  * marked GP_NO_DECAY through gb; patterns that match nothing are errors. */
 void groups_no_decay(Sema *s, Value *model, Value *opt, GraphBuilder *gb);

@@ -770,6 +770,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     /* freeze = [...] and trainable = false: the frozen parameters (groups.c) */
     groups_freeze(s, ts->model, k[T_FREEZE] ? eval_expr(&f, k[T_FREEZE]->a) : NULL, k[T_MODEL] ? value_span(k[T_MODEL]) : name_at,
                   gb);
+    groups_adapters(s, ts->model, &ts->cfg.adapter_config, &ts->cfg.adapter_modules);
 
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
 

@@ -420,6 +420,22 @@ static RtStatus rt_check_outputs(RtTrainRun *r) {
     /* the log's directory: rt_log_open, below, opens it before the first step */
     if (st == RT_OK && o->log_path) st = rt_check_output(r, o->log_path, "--log", NULL, &r->e);
     if (st == RT_OK && o->dump_step) st = rt_check_output(r, o->dump_step, "--dump-step", "step dump", &r->e);
+    if (st == RT_OK && o->save_adapter) { /* a directory, made at the end if missing: its parent must be writable now */
+        struct stat sd;
+        char parent[4096];
+        const char *slash = strrchr(o->save_adapter, '/');
+        if (stat(o->save_adapter, &sd) == 0) {
+            if (!S_ISDIR(sd.st_mode)) st = rt_fail(&r->e, RT_ERR_ARG, "--save-adapter '%s' is not a directory", o->save_adapter);
+            else if (access(o->save_adapter, W_OK | X_OK) != 0)
+                st = rt_fail_errno(&r->e, errno, "cannot write in --save-adapter '%s'", o->save_adapter);
+        } else {
+            if (!slash) snprintf(parent, sizeof parent, ".");
+            else if (slash == o->save_adapter) snprintf(parent, sizeof parent, "/");
+            else snprintf(parent, sizeof parent, "%.*s", (int)(slash - o->save_adapter), o->save_adapter);
+            if (access(parent, W_OK | X_OK) != 0)
+                st = rt_fail_errno(&r->e, errno, "cannot create --save-adapter '%s' in directory '%s'", o->save_adapter, parent);
+        }
+    }
     int required = o->ckpt_every > 0 || strcmp(o->ckpt_dir, o->ckpt_dir_default) != 0;
     if (st == RT_OK) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
     return st;
@@ -674,7 +690,7 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
 }
 
 /* After the last step: the last checkpoint's report, the summary, the GPU timing and profile,
- * --save-weights. */
+ * --save-weights, --save-adapter. */
 static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_steps, int64_t total_tokens, double t_run,
                                 double last_loss) {
     const RtProgram *p = r->p;
@@ -702,6 +718,13 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         if (st == RT_OK) st = rt_weights_save(p, r->x.params, o->save_weights, &r->e);
         if (st != RT_OK) return st;
         printf("saved %lld tensors to '%s'\n", (long long)p->nparams, o->save_weights);
+    }
+    if (o->save_adapter) {
+        int64_t n = 0;
+        st = rt_exec_pull(&r->x, RT_PULL_PARAMS, &r->e);
+        if (st == RT_OK) st = rt_adapter_save(p, r->x.params, o->save_adapter, &n, &r->e);
+        if (st != RT_OK) return st;
+        printf("saved the LoRA adapter (%lld tensors) to '%s'\n", (long long)n, o->save_adapter);
     }
     return RT_OK;
 }

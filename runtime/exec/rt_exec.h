@@ -44,6 +44,7 @@ typedef struct RtOptions {
     const char *log_path;     /* train: --log FILE.jsonl, or NULL */
     const char *init_weights; /* train: --init-weights, or NULL */
     const char *save_weights; /* train: --save-weights, or NULL */
+    const char *save_adapter; /* train: --save-adapter DIR, or NULL (rt_adapter_save) */
     const char *dump_step;    /* train: --dump-step, or NULL (rt_step_dump) */
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
@@ -181,6 +182,11 @@ double rt_now(void);                           /* monotonic seconds */
 RtStatus rt_weights_load(const RtProgram *p, float *params, const char *path, int64_t *unused, RtError *err);
 /* Writes every parameter as F32 under its dotted name, metadata {"format": "pt"}, atomically. */
 RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *path, RtError *err);
+/* The nn.LoRALinear adapters alone, as PEFT saves them: DIR/adapter_model.safetensors holds each
+ * layer's lora_A.weight and lora_B.weight under "base_model.model." and the layer's path, and
+ * DIR/adapter_config.json is the program's (RtTrainSettings.adapter_config). DIR is created when
+ * missing (its parent must exist); *ntensors is how many tensors were written. */
+RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *dir, int64_t *ntensors, RtError *err);
 
 /* `train --dump-step F`: step 1 as the compiled program computed it, for checking it against
  * another implementation (mbtc --verify-step evaluates the same step in double precision;

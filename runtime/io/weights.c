@@ -1,7 +1,7 @@
 /* weights.c - a program's parameters to and from safetensors files, by their dotted names (see
  * rt_exec.h).
  *
- * Pipeline position: `train --init-weights F` and `--save-weights F`, `eval --weights F`,
+ * Pipeline position: `train --init-weights F`, `--save-weights F` and `--save-adapter DIR`, `eval --weights F`,
  * `generate --weights F`. Names and shapes come from the program's parameter table, so a model
  * written with Hugging Face's names reads Hugging Face's files as they are; values are converted
  * to f32 from F32, F16, BF16 or F64 (rt_st_read_f32). A file that does not fit the program is one
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "rt_exec.h"
 
@@ -114,6 +115,60 @@ RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *pa
     RtStMeta meta = {"format", "pt"};
     RtStatus st = rt_st_write(path, e, p->nparams, &meta, 1, err);
     free(e);
+    return st;
+}
+
+/* PEFT's names: a LoraLayer's weights are saved under the PeftModel's path to them
+ * ("base_model.model." and the layer's), without the adapter's name ("default"), as
+ * peft.get_peft_model_state_dict writes them. */
+#define RT_PEFT_PREFIX "base_model.model."
+
+RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *dir, int64_t *ntensors, RtError *err) {
+    const char *mods = p->train.adapter_modules;
+    if (!mods) return rt_fail(err, RT_ERR_ARG, "--save-adapter: the model has no LoRA adapters (no nn.LoRALinear layer)");
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return rt_fail_errno(err, errno, "cannot create the adapter directory '%s'", dir);
+    int64_t nmods = 0;
+    for (const char *c = mods; *c; c++) nmods += *c == '\n';
+    RtStEntry *e = calloc((size_t)(2 * nmods + 1), sizeof *e);
+    char **names = calloc((size_t)(2 * nmods + 1), sizeof *names);
+    RtStatus st = RT_OK;
+    int64_t n = 0;
+    if (!e || !names) st = rt_fail_errno(err, ENOMEM, "cannot write the adapter to '%s'", dir);
+    for (const char *m = mods; st == RT_OK && *m;) {
+        const char *end = strchr(m, '\n');
+        int len = (int)(end - m);
+        for (int k = 0; k < 2 && st == RT_OK; k++) {
+            char want[1024];
+            snprintf(want, sizeof want, "%.*s.%s.weight", len, m, k ? "lora_B" : "lora_A");
+            const RtParam *q = NULL;
+            for (int64_t i = 0; i < p->nparams && !q; i++)
+                if (strcmp(p->params[i].name, want) == 0) q = &p->params[i];
+            /* the compiler lists only layers whose parameters it laid out: a stale program */
+            if (!q) st = rt_fail(err, RT_ERR_FORMAT, "--save-adapter: the program has no parameter '%s'", want);
+            else if (!(names[n] = malloc(strlen(RT_PEFT_PREFIX) + strlen(want) + 1)))
+                st = rt_fail_errno(err, ENOMEM, "cannot write the adapter to '%s'", dir);
+            else {
+                sprintf(names[n], "%s%s", RT_PEFT_PREFIX, want);
+                e[n] = (RtStEntry){names[n], RT_F32, q->rank, q->shape, params + q->offset, 1};
+                n++;
+            }
+        }
+        m = end + 1;
+    }
+    char path[4096];
+    if (st == RT_OK && snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir) >= (int)sizeof path)
+        st = rt_fail(err, RT_ERR_ARG, "--save-adapter: the directory name is too long");
+    RtStMeta meta = {"format", "pt"};
+    if (st == RT_OK) st = rt_st_write(path, e, n, &meta, 1, err);
+    if (st == RT_OK) {
+        snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+        st = rt_atomic_write_file(path, "adapter config", p->train.adapter_config, strlen(p->train.adapter_config), err);
+    }
+    for (int64_t i = 0; names && i < n; i++) free(names[i]);
+    free(names);
+    free(e);
+    if (st == RT_OK && ntensors) *ntensors = n;
     return st;
 }
 
