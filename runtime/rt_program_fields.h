@@ -58,7 +58,7 @@
     X(int64_t, ckpt_keep, i64)              /* `checkpoint { keep }`: the newest N are kept; 0: all */                           \
     X(int32_t, ckpt_continue_on_error, i32) /* `checkpoint { on_error = "continue" }`: 1, go on after a failed write */          \
     X(const char *, adapter_config, ptr)    /* PEFT's adapter_config.json for the nn.LoRALinear layers; NULL: none */            \
-    X(const char *, adapter_modules, ptr)   /* those layers' dotted paths, each ended by '\n' (--save-adapter) */
+    X(const char *, adapter_modules, ptr)   /* "PATH N\n" a layer: N adapters stacked, 0 for one; "": no PEFT form */
 
 /* RtGenerateSettings: the defaults of `./prog generate`. */
 #define RT_GEN_FIELDS(X)                                                                                                         \

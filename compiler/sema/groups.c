@@ -244,6 +244,7 @@ typedef struct Adapter {
     const char *path; /* the LoRALinear's dotted path: "h.0.attn.q" */
     int64_t rank;
     double alpha;
+    int64_t adapters; /* a MultiLoRALinear's adapters; 0 for a LoRALinear */
 } Adapter;
 
 typedef struct AList {
@@ -254,10 +255,10 @@ typedef struct AList {
 /* An instance of the stdlib's nn.LoRALinear: PEFT's LoraLayer. Recognised by its model and module
  * name, so that the adapter written is exactly what that model computes (base + lora_B(lora_A(x)) *
  * alpha / rank, docs/stdlib.md); a model of one's own with the same shape is not guessed at. */
-static int is_lora_linear(const Value *v) {
+static int is_nn_model(const Value *v, const char *name) {
     const Scope *sc = v->scope;
-    return sc && sc->name && strcmp(sc->name, "LoRALinear") == 0 && sc->parent && sc->parent->module &&
-           sc->parent->module->name && strcmp(sc->parent->module->name, "nn") == 0;
+    return sc && sc->name && strcmp(sc->name, name) == 0 && sc->parent && sc->parent->module && sc->parent->module->name &&
+           strcmp(sc->parent->module->name, "nn") == 0;
 }
 
 static void adapters_walk(Sema *s, PtrMap *seen, Value *v, const char *prefix, int depth, AList *out) {
@@ -268,12 +269,15 @@ static void adapters_walk(Sema *s, PtrMap *seen, Value *v, const char *prefix, i
         ptrmap_slot(s->ar, seen, v->scope, &fresh);
         if (!fresh) return;
         Scope *sc = v->scope;
-        if (is_lora_linear(v)) {
+        int multi = is_nn_model(v, "MultiLoRALinear");
+        if (multi || is_nn_model(v, "LoRALinear")) {
             Entry *r = scope_find(sc, str_from("rank")), *a = scope_find(sc, str_from("alpha"));
-            int64_t rank;
+            Entry *na = multi ? scope_find(sc, str_from("adapters")) : NULL;
+            int64_t rank, adapters = 0;
             double alpha;
             if (!r || !r->v || r->v->kind != V_INT || !dim_const(r->v->dim, &rank) || !a || !a->v || !value_number(a->v, &alpha))
                 return; /* not known here: the model is reported elsewhere */
+            if (multi && (!na || !na->v || na->v->kind != V_INT || !dim_const(na->v->dim, &adapters) || adapters < 1)) return;
             size_t len = strlen(prefix);
             if (len == 0) return; /* the whole model is one LoRALinear: PEFT needs a module name */
             if (out->n == out->cap) {
@@ -283,7 +287,7 @@ static void adapters_walk(Sema *s, PtrMap *seen, Value *v, const char *prefix, i
                 out->a = na;
                 out->cap = cap;
             }
-            out->a[out->n++] = (Adapter){arena_printf(s->ar, "%.*s", (int)(len - 1), prefix), rank, alpha};
+            out->a[out->n++] = (Adapter){arena_printf(s->ar, "%.*s", (int)(len - 1), prefix), rank, alpha, adapters};
             return;
         }
         for (int i = 0; i < sc->n; i++) {
@@ -307,8 +311,11 @@ static void cat(Arena *ar, char **buf, size_t *len, const char *s) {
     *len += n;
 }
 
-/* PEFT's adapter_config.json for the LoRALinear instances of the model, and their paths one a
- * line; both NULL when it has none. The first adapter's rank and alpha are `r` and `lora_alpha`;
+/* PEFT's adapter_config.json for the LoRALinear (or MultiLoRALinear) instances of the model, and
+ * their paths one a line, each followed by a blank and its adapters (0 for a LoRALinear: the
+ * runtime then writes one PEFT directory; N: one for each of the N adapters, the same config);
+ * both NULL when it has none. A model that mixes the two, or MultiLoRALinear layers of different
+ * adapter counts, has no PEFT form: config NULL, modules "" (the runtime says why). The first adapter's rank and alpha are `r` and `lora_alpha`;
  * an adapter with another rank or alpha is listed in rank_pattern / alpha_pattern under its full
  * path, which PEFT matches as `(.*\.)?PATH$` (dots in a path match themselves too). target_modules
  * are the full paths: PEFT adapts a module whose name is one of them or ends in "." and one. */
@@ -320,6 +327,11 @@ void groups_adapters(Sema *s, Value *model, const char **config, const char **mo
     memset(&seen, 0, sizeof seen);
     adapters_walk(s, &seen, model, "", 0, &l);
     if (l.n == 0) return;
+    for (int i = 1; i < l.n; i++)
+        if (l.a[i].adapters != l.a[0].adapters) {
+            *modules = "";
+            return;
+        }
     char *c = NULL, *m = NULL;
     size_t cl = 0, ml = 0;
     cat(s->ar, &c, &cl,
@@ -331,7 +343,7 @@ void groups_adapters(Sema *s, Value *model, const char **config, const char **mo
                      (long long)l.a[0].rank, l.a[0].alpha));
     for (int i = 0; i < l.n; i++) {
         cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\"", i ? ", " : "", l.a[i].path));
-        cat(s->ar, &m, &ml, arena_printf(s->ar, "%s\n", l.a[i].path));
+        cat(s->ar, &m, &ml, arena_printf(s->ar, "%s %lld\n", l.a[i].path, (long long)l.a[i].adapters));
     }
     cat(s->ar, &c, &cl, "],\n  \"rank_pattern\": {");
     for (int i = 0, k = 0; i < l.n; i++)

@@ -56,8 +56,9 @@ typedef struct TrainConfig {
     int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
     const char *ckpt_dir;
     int ckpt_continue_on_error;
-    /* the model's nn.LoRALinear adapters (groups.c): PEFT's adapter_config.json and the layers'
-     * dotted paths one a line, for --save-adapter; NULL when the model has none */
+    /* the model's nn.LoRALinear / MultiLoRALinear adapters (groups.c): PEFT's adapter_config.json
+     * and the layers' dotted paths one a line with their adapter counts, for --save-adapter; NULL
+     * when the model has none (config NULL and modules "": they have no PEFT form) */
     const char *adapter_config, *adapter_modules;
     int64_t eval_every, eval_steps; /* eval_every = 0: no evaluation */
     int64_t steps, seed;

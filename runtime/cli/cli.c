@@ -237,8 +237,7 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
     case RT_F_INIT_WEIGHTS: o->init_weights = v; return RT_OK;
     case RT_F_SAVE_WEIGHTS: o->save_weights = v; return RT_OK;
     case RT_F_SAVE_ADAPTER:
-        if (!p->train.adapter_modules)
-            return rt_fail(err, RT_ERR_ARG, "--save-adapter: the model has no LoRA adapters (no nn.LoRALinear layer)");
+        if (!p->train.adapter_config) return rt_adapter_refusal(p, err); /* before the run, not after it */
         o->save_adapter = v;
         return RT_OK;
     case RT_F_DUMP_STEP: o->dump_step = v; return RT_OK;

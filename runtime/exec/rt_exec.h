@@ -184,9 +184,13 @@ RtStatus rt_weights_load(const RtProgram *p, float *params, const char *path, in
 RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *path, RtError *err);
 /* The nn.LoRALinear adapters alone, as PEFT saves them: DIR/adapter_model.safetensors holds each
  * layer's lora_A.weight and lora_B.weight under "base_model.model." and the layer's path, and
- * DIR/adapter_config.json is the program's (RtTrainSettings.adapter_config). DIR is created when
- * missing (its parent must exist); *ntensors is how many tensors were written. */
+ * DIR/adapter_config.json is the program's (RtTrainSettings.adapter_config). With
+ * nn.MultiLoRALinear layers of N adapters, DIR/adapter_K (K < N) is adapter K's such directory
+ * (its slices of the stacked weights). DIR is created when missing (its parent must exist);
+ * *ntensors is how many tensors were written in all. */
 RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *dir, int64_t *ntensors, RtError *err);
+/* Why --save-adapter cannot be carried out when RtTrainSettings.adapter_config is NULL. */
+RtStatus rt_adapter_refusal(const RtProgram *p, RtError *err);
 
 /* `train --dump-step F`: step 1 as the compiled program computed it, for checking it against
  * another implementation (mbtc --verify-step evaluates the same step in double precision;

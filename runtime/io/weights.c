@@ -123,9 +123,10 @@ RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *pa
  * peft.get_peft_model_state_dict writes them. */
 #define RT_PEFT_PREFIX "base_model.model."
 
-RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *dir, int64_t *ntensors, RtError *err) {
+/* One PEFT directory: adapter k (of stacked layers; k = -1 for nn.LoRALinear's unstacked ones). */
+static RtStatus rt_adapter_dir(const RtProgram *p, const float *params, const char *dir, int64_t k, int64_t *ntensors,
+                               RtError *err) {
     const char *mods = p->train.adapter_modules;
-    if (!mods) return rt_fail(err, RT_ERR_ARG, "--save-adapter: the model has no LoRA adapters (no nn.LoRALinear layer)");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return rt_fail_errno(err, errno, "cannot create the adapter directory '%s'", dir);
     int64_t nmods = 0;
@@ -136,21 +137,26 @@ RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *di
     int64_t n = 0;
     if (!e || !names) st = rt_fail_errno(err, ENOMEM, "cannot write the adapter to '%s'", dir);
     for (const char *m = mods; st == RT_OK && *m;) {
-        const char *end = strchr(m, '\n');
-        int len = (int)(end - m);
-        for (int k = 0; k < 2 && st == RT_OK; k++) {
+        const char *end = strchr(m, '\n'), *blank = memchr(m, ' ', (size_t)(end - m));
+        int len = (int)((blank ? blank : end) - m);
+        for (int ab = 0; ab < 2 && st == RT_OK; ab++) {
             char want[1024];
-            snprintf(want, sizeof want, "%.*s.%s.weight", len, m, k ? "lora_B" : "lora_A");
+            snprintf(want, sizeof want, "%.*s.%s.weight", len, m, ab ? "lora_B" : "lora_A");
             const RtParam *q = NULL;
             for (int64_t i = 0; i < p->nparams && !q; i++)
                 if (strcmp(p->params[i].name, want) == 0) q = &p->params[i];
             /* the compiler lists only layers whose parameters it laid out: a stale program */
-            if (!q) st = rt_fail(err, RT_ERR_FORMAT, "--save-adapter: the program has no parameter '%s'", want);
+            if (!q || (k >= 0 && (q->rank != 3 || k >= q->shape[0])))
+                st = rt_fail(err, RT_ERR_FORMAT, "--save-adapter: the program has no parameter '%s' of adapter %lld", want,
+                             (long long)k);
             else if (!(names[n] = malloc(strlen(RT_PEFT_PREFIX) + strlen(want) + 1)))
                 st = rt_fail_errno(err, ENOMEM, "cannot write the adapter to '%s'", dir);
             else {
                 sprintf(names[n], "%s%s", RT_PEFT_PREFIX, want);
-                e[n] = (RtStEntry){names[n], RT_F32, q->rank, q->shape, params + q->offset, 1};
+                /* adapter k of a stacked [adapters, ...] parameter: its slice, one dimension fewer */
+                int64_t per = k >= 0 ? q->numel / q->shape[0] : 0;
+                e[n] = k >= 0 ? (RtStEntry){names[n], RT_F32, q->rank - 1, q->shape + 1, params + q->offset + k * per, 1}
+                              : (RtStEntry){names[n], RT_F32, q->rank, q->shape, params + q->offset, 1};
                 n++;
             }
         }
@@ -168,8 +174,42 @@ RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *di
     for (int64_t i = 0; names && i < n; i++) free(names[i]);
     free(names);
     free(e);
-    if (st == RT_OK && ntensors) *ntensors = n;
+    if (st == RT_OK) *ntensors += n;
     return st;
+}
+
+RtStatus rt_adapter_refusal(const RtProgram *p, RtError *err) {
+    if (!p->train.adapter_modules)
+        return rt_fail(err, RT_ERR_ARG,
+                       "--save-adapter: the model has no LoRA adapters (no nn.LoRALinear or nn.MultiLoRALinear layer)");
+    return rt_fail(err, RT_ERR_ARG,
+                   "--save-adapter: the model mixes nn.LoRALinear and nn.MultiLoRALinear layers, or MultiLoRALinear layers of "
+                   "different adapter counts, which no PEFT adapter describes");
+}
+
+RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *dir, int64_t *ntensors, RtError *err) {
+    const char *mods = p->train.adapter_modules;
+    if (!mods || !p->train.adapter_config) return rt_adapter_refusal(p, err);
+    const char *blank = strchr(mods, ' ');
+    int64_t adapters = blank ? strtoll(blank + 1, NULL, 10) : 0; /* every line has the same count (groups.c) */
+    int64_t n = 0;
+    if (adapters == 0) {
+        RtStatus st = rt_adapter_dir(p, params, dir, -1, &n, err);
+        if (st == RT_OK && ntensors) *ntensors = n;
+        return st;
+    }
+    /* several adapters (nn.MultiLoRALinear): DIR/adapter_K, one PEFT directory each */
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return rt_fail_errno(err, errno, "cannot create the adapter directory '%s'", dir);
+    for (int64_t k = 0; k < adapters; k++) {
+        char sub[4096];
+        if (snprintf(sub, sizeof sub, "%s/adapter_%lld", dir, (long long)k) >= (int)sizeof sub)
+            return rt_fail(err, RT_ERR_ARG, "--save-adapter: the directory name is too long");
+        RtStatus st = rt_adapter_dir(p, params, sub, k, &n, err);
+        if (st != RT_OK) return st;
+    }
+    if (ntensors) *ntensors = n;
+    return RT_OK;
 }
 
 RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err) {
