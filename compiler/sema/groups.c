@@ -317,7 +317,8 @@ static void cat(Arena *ar, char **buf, size_t *len, const char *s) {
  * both NULL when it has none. A model that mixes the two, or MultiLoRALinear layers of different
  * adapter counts, has no PEFT form: config NULL, modules "" (the runtime says why). The first adapter's rank and alpha are `r` and `lora_alpha`;
  * an adapter with another rank or alpha is listed in rank_pattern / alpha_pattern under its full
- * path, which PEFT matches as `(.*\.)?PATH$` (dots in a path match themselves too). target_modules
+ * path, which PEFT (get_pattern_key) matches as `(.*\.)?PATH$` (dots in a path match themselves
+ * too). target_modules
  * are the full paths: PEFT adapts a module whose name is one of them or ends in "." and one. */
 void groups_adapters(Sema *s, Value *model, const char **config, const char **modules) {
     *config = *modules = NULL;
@@ -345,14 +346,26 @@ void groups_adapters(Sema *s, Value *model, const char **config, const char **mo
         cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\"", i ? ", " : "", l.a[i].path));
         cat(s->ar, &m, &ml, arena_printf(s->ar, "%s %lld\n", l.a[i].path, (long long)l.a[i].adapters));
     }
+    /* A pattern key P also matches every path that ends in ".P" (`(.*\.)?P$`): where another
+     * adapted layer's path does, the key is "^P", which the optional group cannot skip past. */
+    const char **key = arena_alloc(s->ar, sizeof(char *) * (size_t)l.n);
+    for (int i = 0; i < l.n; i++) {
+        key[i] = l.a[i].path;
+        size_t pl = strlen(l.a[i].path);
+        for (int j = 0; j < l.n; j++) {
+            size_t ql = strlen(l.a[j].path);
+            if (j != i && ql > pl && l.a[j].path[ql - pl - 1] == '.' && strcmp(l.a[j].path + ql - pl, l.a[i].path) == 0)
+                key[i] = arena_printf(s->ar, "^%s", l.a[i].path);
+        }
+    }
     cat(s->ar, &c, &cl, "],\n  \"rank_pattern\": {");
     for (int i = 0, k = 0; i < l.n; i++)
         if (l.a[i].rank != l.a[0].rank)
-            cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\": %lld", k++ ? ", " : "", l.a[i].path, (long long)l.a[i].rank));
+            cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\": %lld", k++ ? ", " : "", key[i], (long long)l.a[i].rank));
     cat(s->ar, &c, &cl, "},\n  \"alpha_pattern\": {");
     for (int i = 0, k = 0; i < l.n; i++)
         if (l.a[i].alpha != l.a[0].alpha)
-            cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\": %.17g", k++ ? ", " : "", l.a[i].path, l.a[i].alpha));
+            cat(s->ar, &c, &cl, arena_printf(s->ar, "%s\"%s\": %.17g", k++ ? ", " : "", key[i], l.a[i].alpha));
     cat(s->ar, &c, &cl, "}\n}\n");
     *config = c;
     *modules = m;

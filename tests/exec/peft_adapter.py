@@ -19,6 +19,11 @@ position's logits depend on its own token only, so the compiled program's `gener
         The same with PyTorch and peft themselves: a torch model with nn.Linear `proj`, the base
         weights loaded, then peft.PeftModel.from_pretrained(model, DIR).
 
+    peft_adapter.py config DIR
+        Only the loading by PEFT's rules: every tensor's module targeted, its rank (rank_pattern
+        or r) the shapes' rank; prints each module's rank and scaling (alpha_pattern or
+        lora_alpha over the rank).
+
 Prints "peft adapter: ok ..." and exits 0, or "peft adapter: FAILED ..." and exits 1.
 """
 import json
@@ -111,6 +116,10 @@ def compare(got, want, what):
 
 def main():
     args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "config":
+        _, layers = load_rules(args[1], None)
+        print("peft adapter: ok (" + ", ".join(f"{m} r {l['lora_A'][0][0]} scaling {l['scaling']:g}" for m, l in sorted(layers.items())) + ")")
+        return
     if len(args) < 5 or args[0] not in ("rules", "peft"):
         raise SystemExit(__doc__)
     mode, adir, wpath, lpath, prompt = args[:5]
