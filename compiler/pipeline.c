@@ -143,7 +143,15 @@ static void verify_schedule(Pipeline *p) {
 }
 
 static int print_schedule(Pipeline *p, FILE *out) {
-    scalar_print(p->tb->config->lr, out);
+    const TrainConfig *c = p->tb->config;
+    scalar_print(c->lr, out);
+    /* A schedule that reads the global batch (lr.batch_scale): its value at the first step of each
+     * stage of the batch ramp, as the compiled program computes it. */
+    for (int i = 0; c->lr_batch && i <= c->nramp; i++) {
+        int64_t step = i == 0 ? 0 : c->ramp[i - 1].step, global = i == 0 ? c->global : c->ramp[i - 1].global;
+        if (step >= c->steps || (i < c->nramp && c->ramp[i].step == step)) continue; /* never reached, or replaced */
+        fprintf(out, "# at step %lld (global batch %lld): %.17g\n", (long long)step, (long long)global, scalar_eval(c->lr, step));
+    }
     return 0;
 }
 

@@ -59,7 +59,9 @@
     X(int64_t, docs, i64)             /* tokens(docs = EOT): the id ending each document (data.pos); -1: none */                 \
     X(int32_t, ckpt_continue_on_error,                                                                                           \
       i32)                /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */                 \
-    X(int64_t, zero, i64) /* parallel { zero }: 0; 1 optimizer state sharded over the data ranks, 2 also the reduced gradient */
+    X(int64_t, zero, i64) /* parallel { zero }: 0; 1 optimizer state sharded over the data ranks, 2 also the reduced gradient */ \
+    X(const char *, adapter_config, ptr)  /* PEFT's adapter_config.json for the nn.LoRALinear layers; NULL: none */              \
+    X(const char *, adapter_modules, ptr) /* "PATH N\n" a layer: N adapters stacked, 0 for one; "": no PEFT form */
 
 /* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
  * of the train block's model when the program has one (name non-NULL), else the built-in defaults
@@ -179,9 +181,9 @@
     X(RtStepFn, optimizer_update, ptr)  /* one optimizer step over every parameter */                                            \
     X(RtLrScheduleFn, lr_schedule, ptr) /* the learning-rate multiplier at 0-based step `step` */                                \
     X(const char *, hash, ptr)          /* "xxh3-128:" and 32 hex digits over the compiled step */                               \
-    X(int64_t, nstate, i64)             /* optimizer state variables; the state region is nstate x param_floats */               \
+    X(int64_t, nstate, i64)             /* optimizer state variables; the state region is nstate parts (rt_exec.h) */            \
     X(const char *const *, state_names,                                                                                          \
-      ptr)                            /* [nstate]: "m", "v" (variable k holds parameter i at k x param_floats + offset_i) */     \
+      ptr)                            /* [nstate]: "m", "v" (variable k holds parameter i at k x rt_state_part + offset_i) */    \
     X(const RtGpuProgram *, gpu, ptr) /* the CUDA side, or NULL (built without CUDA) */                                          \
     X(RtPlanInfo, plan, plan)         /* the memory plan's summary (./prog info) */                                              \
     X(int64_t, stat_floats, i64)      /* global_mean's statistics in f32 elements; 0: none (forward_stats NULL) */               \

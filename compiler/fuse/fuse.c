@@ -25,7 +25,8 @@ int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar) {
             if (u->state_out[i] != u->state_in[i]) o[n++] = u->state_out[i];
     } else if (g->loss >= 0 || g->grads) {
         if (g->loss >= 0) o[n++] = g->loss;
-        for (int i = 0; g->grads && i < g->nparams; i++) o[n++] = g->grads[i];
+        for (int i = 0; g->grads && i < g->nparams; i++) /* a frozen parameter's zero gradient: nothing to add */
+            if (!(graph_node(g, g->params[i])->iattr[1] & GP_FROZEN)) o[n++] = g->grads[i];
         for (int k = 0; k < g->nstats; k++) o[n++] = g->stat_expr[k]; /* forward_stats reads them (plan.h) */
     } else {
         unsigned char *used = arena_alloc(ar, (size_t)g->n + 1);

@@ -623,7 +623,9 @@ void cg_seg_norm(CG *g, const FNode *n) {
     g->k->grid = u->nsegs > 0 ? u->nsegs : 1;
     g->k->nsegments = g->k->grid;
     for (int s = 0; s < u->nsegs; s++) {
-        int64_t off = u->seg_off[s], len = u->seg_len[s], end = s + 1 < u->nsegs ? u->seg_off[s + 1] : u->n;
+        if (u->seg_off[s] >= u->n) continue; /* a frozen parameter, past the update's vectors: no work item */
+        int64_t off = u->seg_off[s], len = u->seg_len[s];
+        int64_t end = s + 1 < u->nsegs && u->seg_off[s + 1] < u->n ? u->seg_off[s + 1] : u->n;
         kb_if(g->b, cg_op2(g, K_EQ, KT_BOOL, gid, cg_i(g, s)));
         int acc = kb_acc(g->b, t, K_ADD, 0.0);
         int j = kb_loop(g->b, len);

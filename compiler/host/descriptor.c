@@ -132,6 +132,8 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_ckpt_keep] = ci64(h, ts->ckpt_keep);
     f[RT_TRAIN_ckpt_continue_on_error] = ci32(h, ts->ckpt_continue_on_error);
     f[RT_TRAIN_docs] = ci64(h, ts->docs);
+    f[RT_TRAIN_adapter_config] = str_const(h, ts->adapter_config);
+    f[RT_TRAIN_adapter_modules] = str_const(h, ts->adapter_modules);
     return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
 }
 

@@ -407,8 +407,9 @@ LLVMValueRef emit_update(Host *h, Sched *S) {
     return f.fn;
 }
 
-/* optimizer_init: each state variable's initial value over every segment (padding stays 0);
- * NULL when every one starts at 0 (the runtime zeroes the region). */
+/* optimizer_init: each state variable's initial value over every segment the update holds (the
+ * frozen parameters have no state; padding stays 0); NULL when every one starts at 0 (the runtime
+ * zeroes the region). The state region is nstate parts of the update's length n. */
 static LLVMValueRef emit_optimizer_init(Host *h, const GraphUpdate *u) {
     int any = 0;
     for (int j = 0; j < u->nstate; j++) any |= u->state_init[j] != 0;
@@ -417,8 +418,9 @@ static LLVMValueRef emit_optimizer_init(Host *h, const GraphUpdate *u) {
     LLVMValueRef state = step_field(h, LLVMGetParam(fn, 0), RT_STEP_state, h->ptr, "state");
     for (int j = 0; j < u->nstate; j++)
         for (int i = 0; i < u->nsegs && u->state_init[j] != 0; i++)
-            emit_f32_loop(h, fn, byte_gep(h, state, (j * u->n + u->seg_off[i]) * 4, ""), NULL,
-                          LLVMConstReal(h->f32, u->state_init[j]), u->seg_len[i], 2);
+            if (u->seg_off[i] < u->n)
+                emit_f32_loop(h, fn, byte_gep(h, state, (j * u->n + u->seg_off[i]) * 4, ""), NULL,
+                              LLVMConstReal(h->f32, u->state_init[j]), u->seg_len[i], 2);
     LLVMBuildRet(h->b, ci32(h, 0));
     return fn;
 }

@@ -27,6 +27,9 @@
  *     stream ids must keep the pair equal; the key gets no gradient;
  *   - sign, floor, comparisons, logic, one_hot, topk indices, arange and every integer or bool
  *     result contribute no gradient; a parameter reached only through them gets zeros;
+ *   - a frozen parameter (G_PARAM's GP_FROZEN) is differentiated as a constant: nothing that only
+ *     it depends on gets a backward node, no GEMM computes its gradient, and its gradient is a
+ *     zero constant (the update leaves it as it is);
  *   - of the backward ops only scatter_add has a rule (its gradient is a gather): there are no
  *     second derivatives, and a graph that needs one is an internal error.
  * Every node added keeps the source span of the forward node it differentiates. */
@@ -688,7 +691,7 @@ static void ad_mark(AdCtx *c) {
     for (int id = 0; id < c->nfwd; id++) {
         const GNode *n = ad_node(c, id);
         if (n->op == G_PARAM) {
-            dep[id] = 1;
+            dep[id] = !(n->iattr[1] & GP_FROZEN); /* a frozen parameter is a constant here: no gradient */
             continue;
         }
         if (!ad_is_float(n->dt)) continue;

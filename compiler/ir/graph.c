@@ -287,6 +287,8 @@ static void graph_line_attrs(GraphLine *l, Arena *ar, const GNode *n) {
         else if (k == GI_UNIFORM) graph_line_printf(l, " init=uniform(lo=%s, hi=%s)", x0, x1);
         else if (k == GI_CONSTANT) graph_line_printf(l, " init=constant(%s)", x0);
         else graph_line_printf(l, " init=%s", in);
+        if (ia[1] & GP_FROZEN) graph_line_printf(l, " frozen");
+        if (ia[1] & GP_NO_DECAY) graph_line_printf(l, " no_decay");
         break;
     }
     case G_DROPOUT: graph_line_printf(l, " p=%s stream=%" PRId64, value_float_str(ar, fa[0]), ia[0]); break;
@@ -352,7 +354,11 @@ void graph_print(FILE *out, const Graph *g, int first) {
     if (g->update) /* an update graph: its layout instead of parameters */
         fprintf(out, "# graph%s%s: %d nodes, %d segment%s over %" PRId64 " values", g->name ? " " : "", g->name ? g->name : "",
                 g->n, g->update->nsegs, g->update->nsegs == 1 ? "" : "s", g->update->n);
-    else
+    if (g->update && g->update->decay_end < g->update->n)
+        fprintf(out, " (weight decay on [0, %" PRId64 "))", g->update->decay_end);
+    if (g->update && g->update->n_params > g->update->n)
+        fprintf(out, " (frozen: [%" PRId64 ", %" PRId64 "), not updated)", g->update->n, g->update->n_params);
+    if (!g->update)
         fprintf(out, "# graph%s%s: %d nodes, %d parameter%s (%" PRId64 " values)", g->name ? " " : "", g->name ? g->name : "",
                 g->n, g->nparams, g->nparams == 1 ? "" : "s", values);
     if (g->loss >= 0) fprintf(out, ", loss %%%d", g->loss);
@@ -376,7 +382,8 @@ void graph_print(FILE *out, const Graph *g, int first) {
     if (g->grads)
         for (int i = 0; i < g->nparams; i++) {
             const GNode *p = g->params[i] >= 0 && g->params[i] < g->n ? g->node[g->params[i]] : NULL;
-            fprintf(out, "# grad %s = %%%d\n", p && p->name ? p->name : "?", g->grads[i]);
+            fprintf(out, "# grad %s = %%%d%s\n", p && p->name ? p->name : "?", g->grads[i],
+                    p && (p->iattr[1] & GP_FROZEN) ? " (frozen: zero, none computed)" : "");
         }
     for (int k = 0; k < g->nstats; k++) fprintf(out, "# stat %%%d = global_mean(%%%d)\n", g->stat_in[k], g->stat_expr[k]);
     if (g->update) { /* the results of an update graph */
@@ -703,6 +710,7 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         if (!n->name || !*n->name) graph_v_fail(v, "a parameter without a name");
         if (!dtype_is_float(n->dt)) graph_v_fail(v, "a parameter must be a float tensor, got %s", graph_v_ntype(n).s);
         if (ia[0] < GI_ZEROS || ia[0] > GI_UNIFORM) graph_v_fail(v, "unknown initialiser %" PRId64, ia[0]);
+        if (ia[1] & ~(int64_t)(GP_FROZEN | GP_NO_DECAY)) graph_v_fail(v, "unknown group bits %" PRId64, ia[1]);
         if (ia[0] == GI_NORMAL && !(n->fattr[1] >= 0)) graph_v_fail(v, "normal's std %g is negative", n->fattr[1]);
         if (ia[0] == GI_UNIFORM && !(n->fattr[0] < n->fattr[1]))
             graph_v_fail(v, "uniform's lo %g is not below hi %g", n->fattr[0], n->fattr[1]);
@@ -1011,11 +1019,15 @@ static void graph_v_role(GraphVerify *v, int id, int input, int scalar, const ch
 static void graph_v_update(GraphVerify *v) {
     const GraphUpdate *u = v->g->update;
     if (u->n < 1) graph_v_fail(v, "update: length %" PRId64 " is not positive", u->n);
+    if (u->decay_end < 0 || u->decay_end > u->n || u->n > u->n_params)
+        graph_v_fail(v, "update: the groups' ends %" PRId64 " <= %" PRId64 " <= %" PRId64 " do not hold", u->decay_end, u->n,
+                     u->n_params);
     int64_t end = 0;
     for (int i = 0; i < u->nsegs; i++) {
-        if (u->seg_off[i] < end || u->seg_len[i] < 1 || u->seg_off[i] + u->seg_len[i] > u->n)
+        int64_t lim = u->seg_off[i] < u->n ? u->n : u->n_params; /* a frozen one lies past n */
+        if (u->seg_off[i] < end || u->seg_len[i] < 1 || u->seg_off[i] + u->seg_len[i] > lim)
             graph_v_fail(v, "update: segment %d [%" PRId64 ", +%" PRId64 ") overlaps the previous one or leaves [0, %" PRId64 ")",
-                         i, u->seg_off[i], u->seg_len[i], u->n);
+                         i, u->seg_off[i], u->seg_len[i], lim);
         end = u->seg_off[i] + u->seg_len[i];
     }
     graph_v_role(v, u->p_in, 1, 0, "p");

@@ -148,6 +148,11 @@ typedef enum GOp {
 /* Parameter initialisers (G_PARAM's iattr[0]; fattr[0], fattr[1] their numbers). */
 typedef enum GInit { GI_ZEROS, GI_ONES, GI_CONSTANT, GI_NORMAL, GI_UNIFORM } GInit;
 
+/* A parameter's group (G_PARAM's iattr[1], bits): frozen (the train block's `freeze`, or a sub-model
+ * made with trainable = false): autodiff computes no gradient for it and the update leaves it and its
+ * state as they are; no_decay (the optimizer's `no_decay`): its `weight_decay` is 0 in update. */
+enum { GP_FROZEN = 1, GP_NO_DECAY = 2 };
+
 typedef struct GNode {
     int id;
     GOp op;
@@ -170,7 +175,10 @@ typedef struct GNode {
  * and optimizer-state regions of the memory plan, so the update runs over each region as it lies. */
 typedef struct GraphUpdate {
     const char *optimizer;       /* its name ("adamw") */
-    int64_t n;                   /* length of the flat vectors (elements, padding included) */
+    int64_t n;                   /* length of the flat vectors (elements, padding included): the
+                                    parameters the optimizer updates, every one but the frozen */
+    int64_t n_params;            /* the whole parameter region: n, then the frozen parameters (laid
+                                    out last: no gradient, no update, no state); n without them */
     int nsegs;                   /* one segment per parameter, in the step graph's parameter order */
     const int64_t *seg_off;      /* [nsegs] first element of each */
     const int64_t *seg_len;      /* [nsegs] its element count */
@@ -186,6 +194,12 @@ typedef struct GraphUpdate {
     int *state_in;           /* [nstate] G_INPUT "state.m": f32[n] */
     int *state_out;          /* [nstate] the node of its new value (state_in[i] when unchanged) */
     int p_out;               /* the node of the new parameters (p_in when unchanged) */
+    /* Parameter groups: the parameters are laid out decayed first, then those with GP_NO_DECAY,
+     * then the frozen ones (each group in declaration order; the step graph's params list follows
+     * the layout), so a group is one range of elements: weight_decay applies to [0, decay_end),
+     * the update runs over [0, n) and the frozen parameters lie in [n, n_params), segments the
+     * update's vectors do not reach. decay_end is n without no_decay. */
+    int64_t decay_end;
 } GraphUpdate;
 
 typedef struct Graph {

@@ -793,6 +793,13 @@ void gb_name_param(GraphBuilder *gb, const Value *v, const char *path) {
     if (n->op == G_PARAM && !n->name) n->name = arena_strndup(gb->g->ar, path, strlen(path));
 }
 
+void gb_param_group(GraphBuilder *gb, const Value *v, int bits) {
+    if (!gb || gb->failed || !v || v->kind != V_TENSOR || v->graph_id <= 0 || v->graph_id > gb->g->n) return;
+    GNode *n = gb_node(gb, v->graph_id - 1);
+    if (n->op == G_CAST && gb_node(gb, n->in[0])->op == G_PARAM) n = gb_node(gb, n->in[0]); /* bf16 */
+    if (n->op == G_PARAM) n->iattr[1] |= bits;
+}
+
 /* ---- the train block ---- */
 
 void gb_data(GraphBuilder *gb, Value *data) {
@@ -870,6 +877,45 @@ void gb_forward_output(GraphBuilder *gb, Value *out) {
 
 int gb_updating(const GraphBuilder *gb) { return gb && gb->updating; }
 
+/* A parameter's group, the order of the layout: 0 decayed, 1 not decayed, 2 frozen. */
+static int gb_group_of(const GNode *p) { return p->iattr[1] & GP_FROZEN ? 2 : p->iattr[1] & GP_NO_DECAY ? 1 : 0; }
+
+/* Orders the step graph's parameters by group (stable: declaration order within a group), and
+ * the batch-1 forward's alike, since the plan gives both the same parameter slots by position. */
+static void gb_group_params(GraphBuilder *gb, Graph *step) {
+    int n = step->nparams, k = 0;
+    int *order = arena_alloc(step->ar, sizeof(int) * (size_t)(n + 1));
+    for (int grp = 0; grp < 3; grp++)
+        for (int i = 0; i < n; i++)
+            if (gb_group_of(gb_node(gb, step->params[i])) == grp) order[k++] = step->params[i];
+    step->params = order;
+    Graph *fwd = gb->forward ? gb->forward->g : NULL;
+    if (!fwd || fwd->nparams != n) return; /* plan_schedules reports a mismatch */
+    int *forder = arena_alloc(fwd->ar, sizeof(int) * (size_t)(n + 1));
+    unsigned char *used = arena_alloc(fwd->ar, (size_t)(n + 1));
+    for (int i = 0; i < n; i++) {
+        const char *name = gb_node(gb, order[i])->name;
+        forder[i] = -1;
+        for (int j = 0; j < n && forder[i] < 0; j++) {
+            const GNode *q = graph_node(fwd, fwd->params[j]);
+            if (!used[j] && name && q->name && strcmp(q->name, name) == 0) {
+                forder[i] = fwd->params[j];
+                used[j] = 1;
+            }
+        }
+        if (forder[i] < 0) return; /* names differ: plan_schedules reports it */
+    }
+    fwd->params = forder;
+}
+
+/* bool[n] of the update graph: the element's index is below end (a group's range). */
+static int gb_index_below(GraphBuilder *gb, int64_t end, Span at) {
+    int64_t n = gb->g->update->n;
+    int iota = gb_add(gb, G_ARANGE, DT_I32, 1, &n, 0, NULL, at);
+    int in[2] = {iota, gb_const(gb, DT_I32, (double)end, at)};
+    return gb_add(gb, G_LT, DT_BOOL, 1, &n, 2, in, at);
+}
+
 int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
     if (!gb || gb->failed || !gb->done || gb->align <= 0 || gb->upd) return 0;
     Graph *step = gb->g;
@@ -884,6 +930,8 @@ int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
     int64_t *len = arena_alloc(ar, sizeof(int64_t) * (size_t)step->nparams);
     const char **names = arena_alloc(ar, sizeof(char *) * (size_t)step->nparams);
     int64_t end = 0, a = gb->align;
+    int64_t group_end[3] = {0, 0, 0};
+    gb_group_params(gb, step);
     for (int i = 0; i < step->nparams; i++) {
         const GNode *p = gb_node(gb, step->params[i]);
         if (p->dt != DT_F32) {
@@ -902,9 +950,20 @@ int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
         len[i] = graph_numel(p);
         names[i] = p->name;
         end = start + len[i];
+        for (int k = gb_group_of(p); k < 3; k++) group_end[k] = (end + a - 1) / a * a;
     }
     u->optimizer = arena_printf(ar, "%.*s", STR_ARG(optimizer));
-    u->n = (end + a - 1) / a * a;
+    u->n_params = (end + a - 1) / a * a;
+    u->n = group_end[1]; /* the frozen parameters, laid out last, are not the update's */
+    u->decay_end = group_end[0];
+    if (u->n == 0) {
+        gb_fail(gb, at, "every parameter is frozen, so the optimizer has nothing to update");
+        return 0;
+    }
+    if (u->decay_end < u->n && u->n > INT32_MAX) {
+        gb_fail(gb, at, "parameter groups (freeze, no_decay) over more than 2^31 values are not supported yet");
+        return 0;
+    }
     u->nsegs = step->nparams;
     u->seg_off = off;
     u->seg_len = len;
@@ -987,6 +1046,24 @@ Value *gb_update_lr(GraphBuilder *gb, const Value *lr, Span decl) {
         gb->g->update->lr_base = x;
     }
     return gb->lr_value;
+}
+
+Value *gb_update_decay(GraphBuilder *gb, const Value *wd, Span decl) {
+    if (!gb || gb->failed || !gb->updating || gb->update_done || !wd) return NULL;
+    GraphUpdate *u = gb->g->update;
+    if (u->decay_end >= u->n) return NULL; /* no parameter is trained undecayed: nothing to swap */
+    double x;
+    if (!value_number(wd, &x)) {
+        if (wd->kind != V_UNKNOWN)
+            gb_fail(gb, decl, "the hyper-parameter 'weight_decay' is %s, but no_decay needs a number",
+                    value_describe(gb->ar, wd));
+        else gb->failed = 1;
+        return NULL;
+    }
+    const Dim *dims[1] = {dim_int(gb->ar, u->n)};
+    Value *v = value_tensor(gb->ar, DT_F32, 1, dims, decl);
+    int in[3] = {gb_index_below(gb, u->decay_end, decl), gb_const(gb, DT_F32, x, decl), gb_const(gb, DT_F32, 0.0, decl)};
+    return gb_result(gb, v, G_WHERE, 3, in, decl) >= 0 ? v : NULL;
 }
 
 /* The node of the value a result ended with; -1 after a failure. */

@@ -68,6 +68,8 @@ GbOutcome gb_finish(GraphBuilder *gb, GraphBuilt *out);
 /* Names the parameter v (a tensor made by gb_param, read as it is or through its cast) path,
  * unless it has a name already: the first path that reaches a parameter names it. */
 void gb_name_param(GraphBuilder *gb, const Value *v, const char *path);
+/* Adds the group bits (graph.h: GP_FROZEN, GP_NO_DECAY) to the parameter whose value is v. */
+void gb_param_group(GraphBuilder *gb, const Value *v, int bits);
 void gb_data(GraphBuilder *gb, Value *data);          /* data.x, data.y -> G_INPUT */
 void gb_loss(GraphBuilder *gb, Value *loss, Span at); /* the loss -> g->loss; the graph is complete */
 
@@ -107,6 +109,10 @@ Value *gb_update_leaf(GraphBuilder *gb, const char *role, Str name, const Value 
 /* The f32[] input "lr" that stands for the optimizer's hyper-parameter lr (its number lr, defined
  * at decl) while update runs; NULL when it cannot (a failure). */
 Value *gb_update_lr(GraphBuilder *gb, const Value *lr, Span decl);
+/* While update runs with parameter groups: the hyper-parameter weight_decay (its bound number wd)
+ * as an f32[n] that is wd on the decayed parameters and 0 on the others (GP_NO_DECAY); NULL when
+ * no trained parameter is undecayed (nothing to swap) or after a failure. */
+Value *gb_update_decay(GraphBuilder *gb, const Value *wd, Span decl);
 /* After update ran: the values of p (named p_name) and of the state variables, as lookup(ctx, name)
  * finds them where update ended, are the update graph's results. */
 typedef Value *(*GbLookup)(void *ctx, Str name);

@@ -299,6 +299,7 @@ Plan *plan_build(const TrainBuild *tb, int first_bwd, const PlanSchedules *s, Ar
     p->has_lr = u->lr_in >= 0;
     p->lr_base = u->lr_base;
     p->schedule = ts->schedule_text;
+    p->lr_prog = ts->lr_batch ? ts->lr : NULL;
     if (p->schedule && !p->has_lr) {
         diag_error(ts->lr_at, "the schedule '%s' scales the optimizer's hyper-parameter 'lr', but optimizer '%s' has none",
                    p->schedule, u->optimizer);
@@ -406,10 +407,15 @@ static void plan_print_program(FILE *out, Arena *ar, const Plan *p, int k) {
             break;
         case PO_SCHEDULE:
             if (!p->has_lr) fprintf(out, "%sschedule  t = step + 1  # the optimizer has no lr\n", ind);
-            else if (p->schedule)
+            else if (p->schedule) {
                 fprintf(out, "%sschedule  lr = %s x %s; t = step + 1  # host, into the update's arena slots\n", ind,
                         value_float_str(ar, p->lr_base), p->schedule);
-            else
+                if (p->lr_prog && pr->first_step < p->steps) /* the rate this stage's batch gives */
+                    fprintf(out, "%s          at step %" PRId64 " (global batch %" PRId64 "): lr = %s x %s = %s\n", ind,
+                            pr->first_step, pr->global, value_float_str(ar, p->lr_base),
+                            value_float_str(ar, scalar_eval(p->lr_prog, pr->first_step)),
+                            value_float_str(ar, p->lr_base * scalar_eval(p->lr_prog, pr->first_step)));
+            } else
                 fprintf(out, "%sschedule  lr = %s; t = step + 1  # host, into the update's arena slots\n", ind,
                         value_float_str(ar, p->lr_base));
             break;

@@ -41,6 +41,7 @@
 #include "fuse.h"
 #include "graph.h"
 #include "kv.h"
+#include "scalar.h"
 #include "sema.h"
 
 #define PLAN_ALIGN                                                                                                               \
@@ -184,11 +185,13 @@ typedef struct PlanInput {
 } PlanInput;
 
 typedef struct PlanMemory {
-    int64_t param_bytes; /* the parameter region; the gradient region and each state part alike */
+    int64_t param_bytes; /* the parameter region; the gradient region alike */
+    int64_t state_part;  /* each state variable's part of the state region: the update's length n
+                            (param_bytes but for the frozen parameters, laid out last, which have none) */
     int nparams;
     PlanParam *params;
     int nstate;
-    int64_t state_bytes; /* nstate x param_bytes */
+    int64_t state_bytes; /* nstate x state_part */
     int ninputs;
     PlanInput inputs[3]; /* data.x, data.y and data.pos, those the step reads */
     int64_t input_bytes; /* data.x and data.y together */
@@ -245,7 +248,9 @@ typedef struct Plan {
     double clip; /* 0: none */
     int has_lr;  /* the optimizer has the hyper-parameter lr (the update's input "lr") */
     double lr_base;
-    const char *schedule; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
+    const char *schedule;      /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
+    const ScalarProg *lr_prog; /* the schedule's program when it depends on the global batch (a
+                                  factor lr.batch_scale): the listing gives its rate per stage */
     int nprograms;
     PlanProgram *programs;
     PlanSchedules sched; /* the fused schedules the memory plan is of */

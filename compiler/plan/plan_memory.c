@@ -29,9 +29,10 @@ static int plan_regions(PlanCtx *c) {
     const Graph *g = p->step;
     const GraphUpdate *u = p->update->update;
     if (u->nsegs != g->nparams) INTERNAL("plan: %d segments for %d parameters", u->nsegs, g->nparams);
-    m->param_bytes = plan_mul_bytes(u->n, 4);
+    m->param_bytes = plan_mul_bytes(u->n_params, 4);
+    m->state_part = plan_mul_bytes(u->n, 4); /* the frozen parameters, past n, have no state */
     m->nstate = u->nstate;
-    m->state_bytes = plan_mul_bytes(m->param_bytes, u->nstate);
+    m->state_bytes = m->state_part < 0 ? -1 : plan_mul_bytes(m->state_part, u->nstate);
     if (m->param_bytes < 0 || m->state_bytes < 0) {
         diag_error(c->at, "the memory plan: the parameters or the optimizer state need more than 2^60 bytes, which is "
                           "not supported");
@@ -117,9 +118,12 @@ static void plan_stats_keep(Arena *ar, const FuseResult *r, PlanMemory *m) {
 
 /* ---- one phase -------------------------------------------------------------------------------- */
 
-static int plan_param_index(const Graph *g, int node) {
-    for (int i = 0; i < g->nparams; i++)
-        if (g->params[i] == node) return i;
+/* The plan's entry of parameter n of graph g (the step, logits or chunk graph): by its name, since
+ * the graphs list their parameters in orders of their own (the step's follows the parameter groups'
+ * layout, the chunk phase's its rewrite of the forward); -1 when none. */
+static int plan_param_index(const PlanMemory *m, const GNode *n) {
+    for (int i = 0; i < m->nparams; i++)
+        if (m->params[i].name && n->name && strcmp(m->params[i].name, n->name) == 0) return i;
     return -1;
 }
 
@@ -131,7 +135,7 @@ static void plan_leaf_forward(const PlanMemory *m, const Graph *g, const GNode *
         return;
     }
     if (n->op == G_PARAM) {
-        int pi = plan_param_index(g, n->id);
+        int pi = plan_param_index(m, n);
         if (pi < 0) INTERNAL("plan: parameter %%%d is not in the graph's list", n->id);
         s->home = PH_PARAMS;
         s->offset = m->params[pi].offset;
@@ -159,7 +163,7 @@ static void plan_leaf_update(const PlanMemory *m, const GraphUpdate *u, int node
         for (int j = 0; j < u->nstate; j++)
             if (node == u->state_in[j]) {
                 s->home = PH_STATE;
-                s->offset = (int64_t)j * m->param_bytes;
+                s->offset = (int64_t)j * m->state_part;
             }
         if (s->home == PH_NONE) INTERNAL("plan: update input %%%d has no role", node);
     }
@@ -193,8 +197,8 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
             if (out == in || r->node_buffer[out] < 0) continue; /* unchanged */
             plan_add_write(c->ar, ph,
                            (PlanWrite){k == 0 ? "p" : arena_printf(c->ar, "state.%s", u->state_name[k - 1]), r->node_buffer[out],
-                                       k == 0 ? PH_PARAMS : PH_STATE, k == 0 ? 0 : (int64_t)(k - 1) * m->param_bytes,
-                                       m->param_bytes, 0});
+                                       k == 0 ? PH_PARAMS : PH_STATE, k == 0 ? 0 : (int64_t)(k - 1) * m->state_part,
+                                       m->state_part, 0});
         }
     }
 }
@@ -385,9 +389,11 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
 void plan_verify_memory(PlanVerify *v, const Plan *p) {
     const PlanMemory *m = &p->mem;
     const GraphUpdate *u = p->update->update;
-    if (m->param_bytes % PLAN_ALIGN != 0 || m->param_bytes != u->n * 4)
+    if (m->param_bytes % PLAN_ALIGN != 0 || m->param_bytes != u->n_params * 4)
         plan_v_fail(v, "the parameter region (%" PRId64 " bytes) is not the update graph's %" PRId64 " values", m->param_bytes,
-                    u->n);
+                    u->n_params);
+    if (m->state_part % PLAN_ALIGN != 0 || m->state_part != u->n * 4 || m->state_part > m->param_bytes)
+        plan_v_fail(v, "a state part (%" PRId64 " bytes) is not the update's %" PRId64 " values", m->state_part, u->n);
     int64_t end = 0;
     for (int i = 0; i < m->nparams; i++) {
         const PlanParam *q = &m->params[i];
@@ -397,7 +403,7 @@ void plan_verify_memory(PlanVerify *v, const Plan *p) {
     }
     if (end > m->param_bytes || m->param_bytes - end >= PLAN_ALIGN)
         plan_v_fail(v, "the parameter region is %" PRId64 " bytes for parameters ending at %" PRId64, m->param_bytes, end);
-    if (m->state_bytes != m->param_bytes * m->nstate) plan_v_fail(v, "the state region is not one part per state variable");
+    if (m->state_bytes != m->state_part * m->nstate) plan_v_fail(v, "the state region is not one part per state variable");
     if (m->t_offset + 4 > PLAN_ALIGN || m->lr_offset + 4 > m->t_offset)
         plan_v_fail(v, "the update's lr and t slots are not in its reserved bytes");
     int64_t largest = 0;
@@ -443,7 +449,7 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
     fprintf(out,
             "parameters %" PRId64 ", gradients %" PRId64 ", optimizer state %" PRId64 " (%d x %" PRId64 "), inputs %" PRId64
             ", arena %" PRId64 "\n",
-            m->param_bytes, m->param_bytes, m->state_bytes, m->nstate, m->param_bytes, m->input_bytes, m->arena_bytes);
+            m->param_bytes, m->param_bytes, m->state_bytes, m->nstate, m->state_part, m->input_bytes, m->arena_bytes);
     int w = 9;
     for (int i = 0; i < m->nparams; i++) {
         int len = (int)strlen(m->params[i].name ? m->params[i].name : "?");
@@ -453,7 +459,8 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
     for (int i = 0; i < m->nparams; i++) {
         const PlanParam *q = &m->params[i];
         const GNode *n = graph_node(g, q->node);
-        const char *how = "zero (no buffer holds it)";
+        const char *how =
+            graph_node(g, q->node)->iattr[1] & GP_FROZEN ? "none (frozen: no gradient, no state)" : "zero (no buffer holds it)";
         for (int k = 0; k < st->nwrites; k++)
             if (st->writes[k].offset == q->offset && st->writes[k].to == PH_GRADS)
                 how = arena_printf(ar, "added from step buffer %d", st->writes[k].buffer);
@@ -461,8 +468,8 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
                 plan_type(ar, n->dt, n->rank, n->shape), q->numel * 4, q->offset, how);
     }
     for (int i = 0; i < m->nstate; i++)
-        fprintf(out, "state.%s: the state region from %" PRId64 ", each parameter at its offset above\n",
-                p->update->update->state_name[i], (int64_t)i * m->param_bytes);
+        fprintf(out, "state.%s: the state region from %" PRId64 ", each %sparameter at its offset above\n",
+                p->update->update->state_name[i], (int64_t)i * m->state_part, m->state_part < m->param_bytes ? "trained " : "");
     fprintf(out, "%-*s  %-16s  %12s\n", w, "input", "type", "bytes");
     for (int i = 0; i < m->ninputs; i++) {
         const GNode *n = graph_node(g, m->inputs[i].node);

@@ -44,6 +44,7 @@ static void ref_eval_seg_norm(const Graph *g, const GNode *n, double **vals) {
     for (int64_t i = 0; i < u->n; i++) out[i] = 0.0; /* padding */
     for (int s = 0; s < u->nsegs; s++) {
         int64_t off = u->seg_off[s], len = u->seg_len[s];
+        if (off >= u->n) continue; /* a frozen parameter: not in the update's vectors */
         if (off < 0 || len < 0 || off + len > u->n) INTERNAL("reference evaluator: segment %d out of range", s);
         double norm = ref_seg_l2(xv + off, len);
         for (int64_t i = 0; i < len; i++) out[off + i] = norm;

@@ -78,7 +78,7 @@ static double **reference_update(const Graph *ug, const Graph *g, double *const 
         const GNode *p = g->node[g->params[i]];
         if (strcmp(u->seg_name[i], p->name) != 0 || u->seg_len[i] != graph_numel(p))
             INTERNAL("the update graph's segment %d is '%s', the step graph's parameter %d '%s'", i, u->seg_name[i], i, p->name);
-        for (int64_t k = 0; k < u->seg_len[i]; k++) {
+        for (int64_t k = 0; u->seg_off[i] < u->n && k < u->seg_len[i]; k++) { /* frozen ones lie past n */
             in[u->p_in][u->seg_off[i] + k] = leaves[p->id][k];
             in[u->g_in][u->seg_off[i] + k] = (double)(float)(grad[i][k] * scale); /* the runtime scales in f32 */
         }
@@ -96,7 +96,8 @@ static double **reference_update(const Graph *ug, const Graph *g, double *const 
     double **vals = ref_run(ug, in, ar);
     if (!vals) return NULL;
     double **out = arena_alloc(ar, (size_t)g->nparams * sizeof *out);
-    for (int i = 0; i < u->nsegs; i++) out[i] = vals[u->p_out] + u->seg_off[i];
+    for (int i = 0; i < u->nsegs; i++) /* a frozen parameter keeps its value */
+        out[i] = u->seg_off[i] < u->n ? vals[u->p_out] + u->seg_off[i] : leaves[g->params[i]];
     return out;
 }
 

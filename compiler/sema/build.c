@@ -77,6 +77,16 @@ void sema_gb_lr_restore(Entry *lr, Value *saved) {
     if (lr) lr->v = saved;
 }
 
+Entry *sema_gb_decay_swap(GraphBuilder *gb, Scope *opt_scope, Value **saved) {
+    Entry *e = gb && opt_scope ? scope_find(opt_scope, str_from("weight_decay")) : NULL;
+    if (!e || e->kind != ENT_CONST || !e->v) return NULL;
+    Value *in = gb_update_decay(gb, e->v, e->decl);
+    if (!in) return NULL;
+    *saved = e->v;
+    e->v = in;
+    return e;
+}
+
 static Value *scope_value(void *scope, Str name) {
     Entry *e = scope_find(scope, name);
     return e ? e->v : NULL;

@@ -378,12 +378,41 @@ static Value *instantiate_body(Sema *s, const Node *m, Scope *inst, Span call_at
     return v;
 }
 
+/* Takes the keyword argument `name` out of c unless params declare it: the keywords every model
+ * (trainable) and every optimizer (no_decay) accepts (groups.c). Its value, or NULL when absent. */
+static Value *take_keyword(Call *c, const NodeList *params, const char *name) {
+    for (int i = 0; i < params->n; i++)
+        if (params->v[i] && str_eqc(params->v[i]->name, name)) return NULL; /* declared: an ordinary argument */
+    for (int k = 0; k < c->a.nkw; k++) {
+        if (!str_eqc(c->a.kw_name[k], name)) continue;
+        Value *v = c->a.kw[k];
+        for (int j = k + 1; j < c->a.nkw; j++) {
+            c->a.kw_name[j - 1] = c->a.kw_name[j];
+            c->a.kw[j - 1] = c->a.kw[j];
+            c->a.kw_at[j - 1] = c->a.kw_at[j];
+            if (c->kw_name_at) c->kw_name_at[j - 1] = c->kw_name_at[j];
+        }
+        c->a.nkw--;
+        return v;
+    }
+    return NULL;
+}
+
 static Value *instantiate(Sema *s, Value *defv, Call *c) {
     const Node *m = defv->node;
     if (!m) return unknown_at(s, c->a.at);
     const char *mname = sema_cstr(s, m->name);
     NodeInfo *inf = sema_info(s, m);
     if (!inf->generic) eval_check_model(s, m);
+    Value *trainable = take_keyword(c, &m->list, "trainable");
+    int frozen = 0;
+    if (trainable && trainable->kind != V_UNKNOWN) {
+        if (trainable->kind != V_BOOL) {
+            if (sema_error(s, trainable->origin, "'trainable' must be true or false, but it is %s",
+                           value_describe(s->ar, trainable)))
+                sema_hint(s, "trainable = false freezes every parameter of the instance");
+        } else frozen = trainable->bknown && !trainable->b; /* unknown while a model is checked on its own */
+    }
     int np = m->list.n;
     Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
     Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
@@ -404,7 +433,9 @@ static Value *instantiate(Sema *s, Value *defv, Call *c) {
         scope_define(s, inst, p->name, v, ENT_CONST, p->span);
     }
     if (!ok || inf->broken) return unknown_at(s, c->a.at);
-    return instantiate_body(s, m, inst, c->a.at, 0);
+    Value *r = instantiate_body(s, m, inst, c->a.at, 0);
+    if (r && r->kind == V_MODEL) r->frozen = frozen;
+    return r;
 }
 
 static void define_member_fns(Sema *s, const Node *owner, Scope *sc) {
@@ -430,10 +461,21 @@ static Value *bind_optimizer(Sema *s, Value *defv, Call *c) {
     const char *oname = sema_cstr(s, o->name);
     NodeInfo *inf = sema_info(s, o);
     if (!inf->generic) eval_check_optimizer(s, o);
+    Value *no_decay = take_keyword(c, &o->list, "no_decay");
     int np = o->list.n;
     Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
     Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
     int ok = bind_args(s, c, &o->list, 0, oname, o, vals, at);
+    if (no_decay) {
+        int has_wd = 0;
+        for (int i = 0; i < np; i++) has_wd |= o->list.v[i] && str_eqc(o->list.v[i]->name, "weight_decay");
+        if (!has_wd) {
+            if (sema_error(s, no_decay->origin, "'no_decay' needs a hyper-parameter 'weight_decay', which '%s' does not have",
+                           oname))
+                sema_note(s, decl_name_span(o), "'%s' is declared here", oname);
+            ok = 0;
+        } else ok &= groups_check_list(s, no_decay, "no_decay");
+    }
     int std = defv->scope && defv->scope->module && strcmp(defv->scope->module->name, "optim") == 0;
     Scope *os = scope_new(s, defv->scope, SC_OPTIMIZER, oname, NULL);
     Frame df = frame_make(s, FR_EXPR, os, 0);
@@ -455,6 +497,11 @@ static Value *bind_optimizer(Sema *s, Value *defv, Call *c) {
     Value *v = value_new(s->ar, V_OPTIMIZER, c->a.at);
     v->node = o;
     v->scope = os;
+    if (no_decay) { /* matched against the model's parameters by the train block (groups.c) */
+        v->items = arena_alloc(s->ar, sizeof(Value *));
+        v->items[0] = no_decay;
+        v->n = 1;
+    }
     return v;
 }
 
@@ -716,8 +763,11 @@ void eval_check_update(Sema *s, Value *ov, Span at) {
     fnv->scope = ov->scope;
     Value *lr_number = NULL; /* graph builder hook: lr is the input "lr" while update runs */
     Entry *lr = gb ? sema_gb_lr_swap(gb, ov->scope, &lr_number) : NULL;
+    Value *wd_number = NULL; /* graph builder hook: weight_decay is 0 on the no_decay group */
+    Entry *wd = gb ? sema_gb_decay_swap(gb, ov->scope, &wd_number) : NULL;
     (void)run_fn(s, fnv, loc, at, FR_UPDATE, at.file == 0, &pt->t);
     if (gb) {
+        sema_gb_lr_restore(wd, wd_number);
         sema_gb_lr_restore(lr, lr_number);
         sema_gb_update_results(gb, loc, pp->name, at); /* graph builder hook: p and the states are the results */
     }
@@ -748,17 +798,45 @@ Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args
     NodeInfo *inf = sema_info(s, fn);
     if (!inf->generic) eval_check_fn(s, fn);
     int np = fn->list.n;
+    /* A second parameter named `batch` is supplied too: the global batch at the step (schedule.c
+     * computes it from the batch ramp). */
+    int loop = np > 1 && fn->list.v[1] && str_eqc(fn->list.v[1]->name, "batch") ? 2 : 1;
     Value **vals = arena_alloc(s->ar, sizeof(Value *) * (size_t)(np + 1));
     Span *at = arena_alloc(s->ar, sizeof(Span) * (size_t)(np + 1));
-    int ok = value->kind == N_CALL ? bind_args(s, &c, &fn->list, 1, fname, fn, vals, at) : 1;
-    /* The training loop passes the step: a runtime integer. */
+    int ok = value->kind == N_CALL ? bind_args(s, &c, &fn->list, loop, fname, fn, vals, at) : 1;
+    /* The training loop passes the step (and the batch): runtime integers. */
     vals[0] = value_int(s->ar, dim_sym(s->ar, "step"), value->span);
     at[0] = value->span;
+    if (loop == 2) {
+        vals[1] = value_int(s->ar, dim_sym(s->ar, "batch"), value->span);
+        at[1] = value->span;
+    }
+    /* The stdlib's lr.batch_scale: its rule is one of two names and its base a batch size. */
+    int std_lr = fnv->scope && fnv->scope->module && fnv->scope->module->name && strcmp(fnv->scope->module->name, "lr") == 0;
+    for (int i = loop; std_lr && i < np; i++) {
+        const Node *p = fn->list.v[i];
+        Value *v = vals[i];
+        if (!p || !v || v->kind == V_UNKNOWN) continue;
+        int64_t k;
+        if (str_eqc(p->name, "rule") &&
+            (v->kind != V_STRING || !v->s || (strcmp(v->s, "sqrt") != 0 && strcmp(v->s, "linear") != 0))) {
+            if (sema_error(s, at[i], "'rule' of '%s' must be \"sqrt\" or \"linear\", but it is %s", fname,
+                           value_describe(s->ar, v)))
+                sema_hint(s, "\"sqrt\" for Adam-type optimizers, \"linear\" for SGD");
+            ok = 0;
+        } else if (str_eqc(p->name, "base") && fn->list.v[1] && str_eqc(fn->list.v[1]->name, "batch") &&
+                   (v->kind != V_INT || !dim_const(v->dim, &k) || k < 1)) {
+            if (sema_error(s, at[i], "'base' of '%s' must be a positive whole number of sequences, but it is %s", fname,
+                           value_describe(s->ar, v)))
+                sema_hint(s, "the global batch the base learning rate was tuned at, e.g. base = 64");
+            ok = 0;
+        }
+    }
     Scope *loc = scope_new(s, fnv->scope, SC_LOCAL, fname, NULL);
     ok &= setup_params(s, fn, fname, vals, at, loc, value->span, 0);
     if (!ok) return NULL;
-    *args = vals + 1;
-    *nargs = np - 1;
+    *args = vals + loop;
+    *nargs = np - loop;
     if (inf->broken) return fnv;
     Value *r = run_fn(s, fnv, loc, value->span, FR_FN, 0, NULL);
     if (!is_number(r)) {

@@ -1,4 +1,6 @@
 /* scalar.c - the scalar program IR (scalar.h): building, checking and printing it. */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "diag.h"
@@ -122,4 +124,59 @@ void scalar_print(const ScalarProg *p, FILE *out) {
         fputc('\n', out);
     }
     fprintf(out, "  return %%%d\n}\n", p->result);
+}
+
+/* llvm.minimum / llvm.maximum: NaN if either is, -0 below +0 (what cpu_scalar.c emits). */
+static double sc_minmax(double a, double b, int max) {
+    if (isnan(a) || isnan(b)) return NAN;
+    if (a == b) return max ? (signbit(a) ? b : a) : (signbit(a) ? a : b);
+    return max ? (a > b ? a : b) : (a < b ? a : b);
+}
+
+double scalar_eval(const ScalarProg *p, int64_t step) {
+    double *v = calloc((size_t)p->n + 1, sizeof(double));
+    if (!v) INTERNAL("scalar_eval: out of memory");
+    for (int i = 0; i < p->n; i++) {
+        const ScalarInst *in = &p->v[i];
+        double a = in->a >= 0 ? v[in->a] : 0, b = in->b >= 0 ? v[in->b] : 0;
+        double r;
+        switch (in->op) {
+        case SC_CONST: r = in->k; break;
+        case SC_BCONST: r = in->k != 0; break;
+        case SC_STEP: r = (double)step; break;
+        case SC_NEG: r = -a; break;
+        case SC_NOT: r = a == 0; break;
+        case SC_TO_F64: r = a; break;
+        case SC_NONZERO: r = a != 0; break; /* NaN is nonzero, as UNE */
+        case SC_TRUNC: r = trunc(a); break;
+        case SC_COS: r = cos(a); break;
+        case SC_SIN: r = sin(a); break;
+        case SC_EXP: r = exp(a); break;
+        case SC_LOG: r = log(a); break;
+        case SC_SQRT: r = sqrt(a); break;
+        case SC_ABS: r = fabs(a); break;
+        case SC_ADD: r = a + b; break;
+        case SC_SUB: r = a - b; break;
+        case SC_MUL: r = a * b; break;
+        case SC_DIV: r = a / b; break;
+        case SC_MOD: r = fmod(a, b); break;
+        case SC_POW: r = pow(a, b); break;
+        case SC_MIN: r = sc_minmax(a, b, 0); break;
+        case SC_MAX: r = sc_minmax(a, b, 1); break;
+        case SC_EQ: r = a == b; break;
+        case SC_NE: r = !(a == b); break; /* unordered: NaN != anything */
+        case SC_LT: r = a < b; break;
+        case SC_LE: r = a <= b; break;
+        case SC_GT: r = a > b; break;
+        case SC_GE: r = a >= b; break;
+        case SC_AND: r = a != 0 && b != 0; break;
+        case SC_OR: r = a != 0 || b != 0; break;
+        case SC_SELECT: r = a != 0 ? b : v[in->c]; break; /* a ? b : c, as scalar_add(SC_SELECT, cond, then, else) */
+        default: INTERNAL("scalar_eval: op %d", (int)in->op);
+        }
+        v[i] = r;
+    }
+    double r = p->result >= 0 && p->result < p->n ? v[p->result] : NAN;
+    free(v);
+    return r;
 }

@@ -11,6 +11,7 @@
 #ifndef MBT_SCALAR_H
 #define MBT_SCALAR_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "arena.h"
@@ -81,6 +82,9 @@ const char *scalar_op_name(ScalarOp op); /* "add", "select", ... */
 /* Checks SSA order, operand counts and types; 0 when well formed, else the problems (to out, if
  * not NULL). */
 int scalar_verify(const ScalarProg *p, FILE *out);
+/* The program's value at step, computed here in double precision, operation for operation as
+ * cpu_scalar.c's lr_schedule computes it (for listings: the plan's rate per ramp stage). */
+double scalar_eval(const ScalarProg *p, int64_t step);
 /* The listing: `scalar NAME(step) -> f64 { %0 = step ... return %k }`. */
 void scalar_print(const ScalarProg *p, FILE *out);
 

@@ -8,8 +8,11 @@
  * them; an `if` lowers both branches and selects each local, and a `return` under a condition
  * selects between the value returned before and this one (`done` holds "returned already").
  * Builtins: float, int (truncation), min, max, abs, cos, sin, exp, log, sqrt, and `pi`. A body
- * that runs off its end returns 1.0. Any other construct is an error at its source, reported
- * when the program is checked. */
+ * that runs off its end returns 1.0. A parameter bound to a string is a name, compared (== and
+ * !=) with other names at compile time (lr.batch_scale's rule). A second parameter named `batch`
+ * is the global batch at the step: the ramp's piecewise constant, selected by comparing the step
+ * with each ramp entry's. The schedule `lr = A * B` is the product of its factors, each walked
+ * in turn. Any other construct is an error at its source, reported when the program is checked. */
 #include <inttypes.h>
 #include <string.h>
 
@@ -29,12 +32,43 @@ typedef struct Env {
     int n, cap;
 } Env;
 
+/* The parameters bound to strings (lr.batch_scale's rule): names, compared at compile time. */
+typedef struct SEnv {
+    Str *name;
+    const char **val;
+    int n, cap;
+} SEnv;
+
 typedef struct Lower {
     Sema *s;
     ScalarProg *p;
     Env env;
+    SEnv senv;
     int bad; /* an error was reported */
 } Lower;
+
+static void senv_set(Lower *L, Str name, const char *val) {
+    SEnv *e = &L->senv;
+    if (e->n == e->cap) {
+        int cap = e->cap ? e->cap * 2 : 4;
+        Str *nn = arena_alloc(L->s->ar, sizeof(Str) * (size_t)cap);
+        const char **nv = arena_alloc(L->s->ar, sizeof(char *) * (size_t)cap);
+        if (e->n) memcpy(nn, e->name, sizeof(Str) * (size_t)e->n), memcpy(nv, e->val, sizeof(char *) * (size_t)e->n);
+        e->name = nn, e->val = nv, e->cap = cap;
+    }
+    e->name[e->n] = name;
+    e->val[e->n++] = val;
+}
+
+/* The string e stands for: a literal, or a parameter bound to a string; NULL when it is not one. */
+static const char *string_of(const Lower *L, const Node *e) {
+    if (!e) return NULL;
+    if (e->kind == N_STRING) return e->sval;
+    if (e->kind == N_NAME)
+        for (int i = L->senv.n - 1; i >= 0; i--)
+            if (str_eq(L->senv.name[i], e->name)) return L->senv.val[i];
+    return NULL;
+}
 
 static int env_find(const Env *e, Str name) {
     for (int i = e->n - 1; i >= 0; i--)
@@ -107,6 +141,12 @@ static int lower_call(Lower *L, const Node *e) {
 }
 
 static int lower_binary(Lower *L, const Node *e) {
+    const char *sa = string_of(L, e->a), *sb = string_of(L, e->b);
+    if ((e->op == OP_EQ || e->op == OP_NE) && sa && sb) { /* names compare at compile time */
+        int i = scalar_add(L->p, SC_BCONST, -1, -1, -1, e->span);
+        L->p->v[i].k = (strcmp(sa, sb) == 0) == (e->op == OP_EQ);
+        return i;
+    }
     int x = lower_expr(L, e->a), y = lower_expr(L, e->b);
     if (e->op == OP_AND || e->op == OP_OR)
         return op2(L, e->op == OP_AND ? SC_AND : SC_OR, as_bool(L, x, e->span), as_bool(L, y, e->span), e->span);
@@ -240,50 +280,86 @@ static const char *value_text(Arena *ar, const Value *v, int depth) {
     }
 }
 
-/* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)": the schedule as bound. */
-static const char *schedule_text(Sema *s, const TrainSettings *ts) {
-    const Node *fn = ts->lr_fn->node;
-    const Scope *sc = ts->lr_fn->scope;
+/* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)": one factor as bound. */
+static const char *factor_text(Sema *s, const TrainSettings *ts, const LrFactor *x) {
+    const Node *fn = x->fn->node;
+    const Scope *sc = x->fn->scope;
     const char *out = "";
     if (sc && sc->kind == SC_MODULE && sc->module && sc->module != ts->module && sc->module->name)
         out = arena_printf(s->keep, "%s.", sc->module->name);
-    out = arena_printf(s->keep, "%s%.*s(step", out, STR_ARG(fn->name));
-    for (int i = 1; i < fn->list.n && i - 1 < ts->lr_nargs; i++) {
+    out = arena_printf(s->keep, "%s%.*s(step%s", out, STR_ARG(fn->name), x->loop == 2 ? ", batch" : "");
+    for (int i = x->loop; i < fn->list.n && i - x->loop < x->nargs; i++) {
         const Node *p = fn->list.v[i];
-        if (p) out = arena_printf(s->keep, "%s, %.*s = %s", out, STR_ARG(p->name), value_text(s->keep, ts->lr_args[i - 1], 0));
+        if (p) out = arena_printf(s->keep, "%s, %.*s = %s", out, STR_ARG(p->name), value_text(s->keep, x->args[i - x->loop], 0));
     }
     return arena_printf(s->keep, "%s)", out);
 }
 
+/* The global batch at the step: the base batch, then each ramp entry from its step on (a
+ * piecewise constant the ramp fixes at compile time). */
+static int lower_batch(Lower *L, const TrainSettings *ts, int step, Span at) {
+    const TrainConfig *c = &ts->cfg;
+    int v = scalar_const(L->p, (double)c->global, at);
+    for (int i = 0; i < c->nramp; i++) {
+        int from = op2(L, SC_GE, step, scalar_const(L->p, (double)c->ramp[i].step, at), at);
+        v = sel(L, from, scalar_const(L->p, (double)c->ramp[i].global, at), v, at);
+    }
+    return v;
+}
+
+/* One factor's value: its body walked with its parameters bound. */
+static int lower_factor(Lower *L, const TrainSettings *ts, const LrFactor *x, int step) {
+    const Node *fn = x->fn->node;
+    L->env = (Env){0};
+    L->senv = (SEnv){0};
+    for (int i = 0; i < fn->list.n; i++) {
+        const Node *prm = fn->list.v[i];
+        const Value *bound = i >= x->loop && i - x->loop < x->nargs ? x->args[i - x->loop] : NULL;
+        double num = 0;
+        int v;
+        if (!prm) continue;
+        if (i == 0) v = step;
+        else if (i == 1 && x->loop == 2) v = lower_batch(L, ts, step, prm->span);
+        else if (bound && bound->kind == V_STRING && bound->s) { /* a name, compared at compile time */
+            senv_set(L, prm->name, bound->s);
+            continue;
+        } else if (bound && value_number(bound, &num)) v = scalar_const(L->p, num, prm->span);
+        else if (!bound && prm->a && prm->a->kind == N_STRING) {
+            senv_set(L, prm->name, prm->a->sval);
+            continue;
+        } else if (prm->a) v = as_f64(L, lower_expr(L, prm->a), prm->span);
+        else {
+            sema_error(L->s, prm->span, "the schedule's parameter '%.*s' has no number bound", STR_ARG(prm->name));
+            L->bad = 1;
+            continue;
+        }
+        env_set(L, prm->name, v);
+    }
+    Outcome o = lower_stmts(L, &fn->list2);
+    int one = o.done == DONE_ALWAYS ? -1 : scalar_const(L->p, 1.0, fn->span);
+    return o.done == DONE_ALWAYS ? o.rv : o.done == DONE_NEVER ? one : sel(L, o.done, o.rv, one, fn->span);
+}
+
 void schedule_lower(Sema *s, TrainSettings *ts) {
     TrainConfig *c = &ts->cfg;
-    const Node *fn = ts->lr_fn && ts->lr_fn->node ? ts->lr_fn->node : NULL;
-    c->schedule_text = fn ? schedule_text(s, ts) : NULL;
-    ScalarProg *p = scalar_new(s->keep, c->schedule_text ? c->schedule_text : "1.0");
+    const char *text = NULL;
+    for (int i = 0; i < ts->nlr; i++)
+        text = arena_printf(s->keep, "%s%s%s", text ? text : "", text ? " * " : "", factor_text(s, ts, &ts->lr[i]));
+    c->schedule_text = text;
+    ScalarProg *p = scalar_new(s->keep, text ? text : "1.0");
     c->lr = p;
-    if (!fn) {
+    if (ts->nlr == 0) {
         p->result = scalar_const(p, 1.0, span_none());
         return;
     }
     Lower L = {.s = s, .p = p};
-    for (int i = 0; i < fn->list.n; i++) {
-        const Node *prm = fn->list.v[i];
-        double num = 0;
-        int v;
-        if (!prm) continue;
-        if (i == 0) v = scalar_add(p, SC_STEP, -1, -1, -1, prm->span);
-        else if (i - 1 < ts->lr_nargs && ts->lr_args[i - 1] && value_number(ts->lr_args[i - 1], &num))
-            v = scalar_const(p, num, prm->span);
-        else if (prm->a) v = as_f64(&L, lower_expr(&L, prm->a), prm->span);
-        else {
-            sema_error(s, prm->span, "the schedule's parameter '%.*s' has no number bound", STR_ARG(prm->name));
-            L.bad = 1;
-            continue;
-        }
-        env_set(&L, prm->name, v);
+    int step = scalar_add(p, SC_STEP, -1, -1, -1, ts->lr[0].fn->node->list.v[0] ? ts->lr[0].fn->node->list.v[0]->span : c->lr_at);
+    int r = -1;
+    for (int i = 0; i < ts->nlr; i++) {
+        int v = lower_factor(&L, ts, &ts->lr[i], step);
+        c->lr_batch |= ts->lr[i].loop == 2;
+        r = r < 0 ? v : op2(&L, SC_MUL, r, v, ts->lr[i].at);
     }
-    Outcome o = lower_stmts(&L, &fn->list2);
-    int one = o.done == DONE_ALWAYS ? -1 : scalar_const(p, 1.0, fn->span);
-    p->result = o.done == DONE_ALWAYS ? o.rv : o.done == DONE_NEVER ? one : sel(&L, o.done, o.rv, one, fn->span);
+    p->result = r;
     if (!L.bad && scalar_verify(p, stderr)) INTERNAL("the schedule's scalar program fails scalar_verify (problems above)");
 }

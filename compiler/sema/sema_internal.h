@@ -117,6 +117,16 @@ typedef struct NodeInfo {
 
 /* ---- resolved settings: the public numbers (settings.h) and what sema keeps beside them ---- */
 
+/* One factor of a train block's schedule: a function whose first parameter is `step` (and whose
+ * second may be `batch`, the global batch the ramp gives that step), with the rest bound. */
+typedef struct LrFactor {
+    Value *fn;    /* V_FN */
+    Value **args; /* its parameters after those the loop supplies, bound (nargs of them) */
+    int nargs;
+    int loop; /* how many the training loop supplies: 1 (step) or 2 (step, batch) */
+    Span at;  /* the call in the train block */
+} LrFactor;
+
 typedef struct TrainSettings {
     const Node *node; /* the N_TRAIN */
     Module *module;
@@ -124,9 +134,8 @@ typedef struct TrainSettings {
     Value *data;      /* V_DATA: x, y = i32[micro, seq] */
     Value *loss;      /* f32[] */
     Value *optimizer; /* V_OPTIMIZER with its hyper-parameters bound */
-    Value *lr_fn;     /* the schedule (V_FN) or NULL for the constant default */
-    Value **lr_args;  /* its parameters after `step`, bound (lr_nargs of them) */
-    int lr_nargs;
+    LrFactor *lr;     /* the schedule: the product of these factors (lr = A * B), none for the constant 1 */
+    int nlr;
     TrainConfig cfg; /* the numbers the stages after sema read */
 } TrainSettings;
 
@@ -264,8 +273,9 @@ void eval_check_update(Sema *s, Value *opt, Span at);
 Value *eval_call_model(Sema *s, Value *model, Value *x, Value *pos, Span at); /* pos: NULL, or forward's 2nd argument */
 int model_forward_arity(Value *model); /* the parameters of a model instance's forward; -1: none */
 
-/* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`
- * (or a function all of whose other parameters have defaults). key names the setting. Returns
+/* A learning-rate schedule: `value` is a call binding every parameter but the first, `step`, and
+ * a second named `batch` (or a function all of whose other parameters have defaults); the stdlib
+ * lr module's `rule` and `base` are checked (lr.batch_scale). key names the setting. Returns
  * the function (V_FN) with its bound values in *args and their count in *nargs, or NULL after an error. */
 Value *eval_schedule(Frame *f, const Node *value, const char *key, Value ***args, int *nargs);
 
@@ -285,14 +295,32 @@ int sema_gb_update_begin(GraphBuilder *gb, Value *opt, Span at);
  * sema_gb_lr_restore gives it back). */
 Entry *sema_gb_lr_swap(GraphBuilder *gb, Scope *opt_scope, Value **saved);
 void sema_gb_lr_restore(Entry *lr, Value *saved);
+/* The same for weight_decay when the parameters have groups (no_decay): an f32[n] that is 0 on the
+ * parameters not decayed (gb_update_decay); sema_gb_lr_restore gives it back. */
+Entry *sema_gb_decay_swap(GraphBuilder *gb, Scope *opt_scope, Value **saved);
 /* After update ran in loc: p (named p_name) and the state variables are the update graph's results. */
 void sema_gb_update_results(GraphBuilder *gb, Scope *loc, Str p_name, Span at);
+
+/* ---- parameter groups (groups.c) ---- */
+
+/* 1 when list (a setting named what) is a list of well-formed name patterns and kinds; else reported. */
+int groups_check_list(Sema *s, const Value *list, const char *what);
+/* The train block's frozen parameters: those matched by list (freeze = [...], NULL when not given)
+ * and those under an instance made with trainable = false, marked GP_FROZEN through gb (NULL when
+ * not building). Patterns that match nothing, and a model left with nothing to train, are errors. */
+void groups_freeze(Sema *s, Value *model, const Value *list, Span at, GraphBuilder *gb);
+/* PEFT's adapter_config.json for the model's nn.LoRALinear instances and their paths one a line
+ * (TrainConfig.adapter_config, adapter_modules); NULL, NULL when it has none. */
+void groups_adapters(Sema *s, Value *model, const char **config, const char **modules);
+/* The optimizer's no_decay list (kept on opt by eval_call.c) matched against model's parameters,
+ * marked GP_NO_DECAY through gb; patterns that match nothing are errors. */
+void groups_no_decay(Sema *s, Value *model, Value *opt, GraphBuilder *gb);
 
 /* ---- settings (settings.c) ---- */
 
 void settings_check_train(Sema *s, Module *m, const Node *train);
 void settings_check_serve(Sema *s, Module *m, const Node *serve);
-/* The train block's schedule (ts->lr_fn with its bound arguments, or none: the constant 1.0)
+/* The train block's schedule (the product of ts->lr's factors, or none: the constant 1.0)
  * lowered into ts->cfg.lr, and its text into ts->cfg.schedule_text (schedule.c). Constructs a
  * schedule cannot use are errors at their source. */
 void schedule_lower(Sema *s, TrainSettings *ts);

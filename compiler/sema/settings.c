@@ -39,12 +39,14 @@ enum {
     T_EVAL,
     T_SEED,
     T_CLIP,
+    T_FREEZE,
     T_NKEYS
 };
 static const KeySpec train_keys[T_NKEYS] = {
-    {"model", SK_VALUE},      {"data", SK_VALUE},     {"loss", SK_VALUE},      {"optimizer", SK_VALUE}, {"lr", SK_VALUE},
-    {"batch", SK_BLOCK},      {"parallel", SK_BLOCK}, {"precision", SK_VALUE}, {"recompute", SK_VALUE}, {"offload", SK_BLOCK},
-    {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},    {"eval", SK_BLOCK},      {"seed", SK_VALUE},      {"clip", SK_VALUE},
+    {"model", SK_VALUE},     {"data", SK_VALUE},    {"loss", SK_VALUE},       {"optimizer", SK_VALUE},
+    {"lr", SK_VALUE},        {"batch", SK_BLOCK},   {"parallel", SK_BLOCK},   {"precision", SK_VALUE},
+    {"recompute", SK_VALUE}, {"offload", SK_BLOCK}, {"checkpoint", SK_BLOCK}, {"steps", SK_VALUE},
+    {"eval", SK_BLOCK},      {"seed", SK_VALUE},    {"clip", SK_VALUE},       {"freeze", SK_VALUE},
 };
 
 enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_BUCKETS, B_NKEYS };
@@ -759,6 +761,24 @@ static void build_forward(Frame *f, const Node *model_item, TrainSettings *ts, G
         diag_note(span_none(), "the errors above come from the model at batch 1, which generation (forward_logits) runs");
 }
 
+/* lr = A * B * ...: each factor a schedule (eval_schedule), appended to ts->lr. */
+static void lr_factors(Frame *f, const Node *e, TrainSettings *ts, int depth) {
+    if (!e) return;
+    if (e->kind == N_BINARY && e->op == OP_MUL && depth < 16) {
+        lr_factors(f, e->a, ts, depth + 1);
+        lr_factors(f, e->b, ts, depth + 1);
+        return;
+    }
+    LrFactor x = {.at = e->span};
+    x.fn = eval_schedule(f, e, "lr", &x.args, &x.nargs);
+    if (!x.fn) return;
+    x.loop = x.fn->node->list.n > 1 && x.fn->node->list.v[1] && str_eqc(x.fn->node->list.v[1]->name, "batch") ? 2 : 1;
+    LrFactor *n = arena_alloc(f->s->ar, sizeof(LrFactor) * (size_t)(ts->nlr + 1));
+    if (ts->nlr) memcpy(n, ts->lr, sizeof(LrFactor) * (size_t)ts->nlr);
+    n[ts->nlr++] = x;
+    ts->lr = n;
+}
+
 void settings_check_train(Sema *s, Module *m, const Node *t) {
     TrainSettings *ts = arena_alloc(s->ar, sizeof(TrainSettings));
     ts->node = t;
@@ -805,6 +825,10 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     s->gb = NULL;
     if (gb) sema_gb_name_params(s, gb, ts->model); /* graph builder hook: names the parameters */
     scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? key_span(k[T_MODEL]) : name_at);
+    /* freeze = [...] and trainable = false: the frozen parameters (groups.c) */
+    groups_freeze(s, ts->model, k[T_FREEZE] ? eval_expr(&f, k[T_FREEZE]->a) : NULL, k[T_MODEL] ? value_span(k[T_MODEL]) : name_at,
+                  gb);
+    groups_adapters(s, ts->model, &ts->cfg.adapter_config, &ts->cfg.adapter_modules);
 
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
 
@@ -854,6 +878,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
         Span at = value_span(k[T_OPTIMIZER]);
         if (o->kind == V_OPTIMIZER) {
+            groups_no_decay(s, ts->model, o, gb);           /* no_decay = [...] (groups.c) */
             int building = sema_gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
             s->gb = building ? gb : NULL;
             eval_check_update(s, o, at);
@@ -874,7 +899,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 
     if (k[T_LR]) {
         ts->cfg.lr_at = value_span(k[T_LR]);
-        ts->lr_fn = eval_schedule(&f, k[T_LR]->a, "lr", &ts->lr_args, &ts->lr_nargs);
+        lr_factors(&f, k[T_LR]->a, ts, 0);
     }
     schedule_lower(s, ts); /* the schedule as a scalar program (schedule.c) */
 

@@ -36,6 +36,7 @@ typedef struct TrainConfig {
     Span lr_at;                /* the `lr` setting's value (at when there is none) */
     const char *schedule_text; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: none */
     const ScalarProg *lr;      /* the schedule lowered (scalar.h); the constant 1.0 without `lr` */
+    int lr_batch;              /* a factor of the schedule reads the global batch (lr.batch_scale) */
     const char *data_glob, *val_glob;
     int shuffle;
     int64_t seq;
@@ -63,6 +64,10 @@ typedef struct TrainConfig {
     int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
     const char *ckpt_dir;
     int ckpt_continue_on_error;
+    /* the model's nn.LoRALinear / MultiLoRALinear adapters (groups.c): PEFT's adapter_config.json
+     * and the layers' dotted paths one a line with their adapter counts, for --save-adapter; NULL
+     * when the model has none (config NULL and modules "": they have no PEFT form) */
+    const char *adapter_config, *adapter_modules;
     int64_t eval_every, eval_steps; /* eval_every = 0: no evaluation */
     int64_t steps, seed;
     double clip;

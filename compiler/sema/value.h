@@ -67,8 +67,9 @@ typedef struct Value {
     int b, bknown;        /* V_BOOL */
     const char *s;        /* V_STRING (NUL-terminated) */
     TensorType t;         /* V_TENSOR */
-    struct Value **items; /* V_TUPLE, V_LIST, V_DATA */
+    struct Value **items; /* V_TUPLE, V_LIST, V_DATA; V_OPTIMIZER: items[0] its no_decay list (n = 1) */
     int n;
+    int frozen;             /* V_MODEL: instantiated with trainable = false (groups.c) */
     const Node *node;       /* V_MODEL_DEF, V_MODEL, V_FN, V_OPTIMIZER_DEF, V_OPTIMIZER */
     Scope *scope;           /* see the kinds above */
     const Builtin *builtin; /* V_BUILTIN */

@@ -2,7 +2,8 @@
  * "The executable's command line"):
  *
  *   PROG train [NAME] [--steps N] [--device auto|cpu|cuda] [--seed S] [--data GLOB] [--log FILE.jsonl]
- *              [--init-weights F.safetensors] [--save-weights F.safetensors] [--threads N]
+ *              [--init-weights F.safetensors] [--save-weights F.safetensors] [--save-adapter DIR]
+ *              [--threads N]
  *   PROG eval [NAME] [--weights F] [--data GLOB] [--steps N] [--seed S] [--device D] [--threads N]
  *   PROG generate [--weights F] [--prompt-tokens 1,2,3] [--max-tokens N] [--temperature T]
  *                 [--top-k K] [--top-p P] [--seed S] [--device D] [--threads N] [--print-logits]
@@ -37,6 +38,7 @@ typedef enum RtFlagId {
     RT_F_LOG,
     RT_F_INIT_WEIGHTS,
     RT_F_SAVE_WEIGHTS,
+    RT_F_SAVE_ADAPTER,
     RT_F_THREADS,
     RT_F_DUMP_STEP,
     RT_F_WEIGHTS,
@@ -77,6 +79,7 @@ static const RtFlag rt_flags[] = {
     {"--log", "FILE.jsonl", RT_IN_TRAIN, RT_F_LOG},
     {"--init-weights", "F.safetensors", RT_IN_TRAIN, RT_F_INIT_WEIGHTS},
     {"--save-weights", "F.safetensors", RT_IN_TRAIN, RT_F_SAVE_WEIGHTS},
+    {"--save-adapter", "DIR", RT_IN_TRAIN, RT_F_SAVE_ADAPTER},
     {"--threads", "N", RT_IN_ALL, RT_F_THREADS},
     {"--dump-step", "F.safetensors", RT_IN_TRAIN, RT_F_DUMP_STEP},
     {"--weights", "F.safetensors", RT_IN_EVAL | RT_IN_GENERATE | RT_IN_SERVE, RT_F_WEIGHTS},
@@ -263,6 +266,10 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
     case RT_F_LOG: o->log_path = v; return RT_OK;
     case RT_F_INIT_WEIGHTS: o->init_weights = v; return RT_OK;
     case RT_F_SAVE_WEIGHTS: o->save_weights = v; return RT_OK;
+    case RT_F_SAVE_ADAPTER:
+        if (!p->train.adapter_config) return rt_adapter_refusal(p, err); /* before the run, not after it */
+        o->save_adapter = v;
+        return RT_OK;
     case RT_F_DUMP_STEP: o->dump_step = v; return RT_OK;
     case RT_F_WEIGHTS: o->weights = v; return RT_OK;
     case RT_F_THREADS:
@@ -469,6 +476,9 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--log", "FILE.jsonl", "also write one JSON object per step to FILE", "none");
     rt_help_line(f, "--init-weights", "F.safetensors", "start from these weights instead of the initialisers", "none");
     rt_help_line(f, "--save-weights", "F.safetensors", "write the trained weights (f32) at the end", "none");
+    if (t->adapter_modules)
+        rt_help_line(f, "--save-adapter", "DIR", "write the LoRA adapters at the end for PEFT (adapter_model.safetensors)",
+                     "none");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     rt_help_line(f, "--dump-step", "F.safetensors",
                  "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");

@@ -88,6 +88,11 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
     if (p->nparams < 0 || (p->nparams > 0 && !p->params) || p->param_floats < 0 || p->state_floats < 0 || p->arena_bytes < 0 ||
         (p->forward_logits && p->logits_seq < 1))
         return rt_fail(err, RT_ERR_ARG, "a region size or the parameter count is negative");
+    /* the state region: nstate parts of at most the parameter region each (rt_state_part); with no
+     * named state variable it is the program's own (nothing of it is checkpointed) */
+    if (p->nstate < 0 || (p->nstate > 0 && (p->state_floats % p->nstate != 0 || rt_state_part(p) > p->param_floats)))
+        return rt_fail(err, RT_ERR_ARG, "the optimizer-state region (%lld floats) is not %lld parts of the parameter region",
+                       (long long)p->state_floats, (long long)p->nstate);
     const RtParam **byoff = calloc(p->nparams > 0 ? (size_t)p->nparams : 1, sizeof *byoff);
     if (!byoff) return rt_fail_errno(err, ENOMEM, "cannot check the parameter table");
     RtStatus st = RT_OK;
@@ -493,6 +498,22 @@ static RtStatus rt_check_outputs(RtTrainRun *r) {
     /* the log's directory: rt_log_open, below, opens it before the first step */
     if (st == RT_OK && o->log_path) st = rt_check_output(r, o->log_path, "--log", NULL, &r->e);
     if (st == RT_OK && o->dump_step) st = rt_check_output(r, o->dump_step, "--dump-step", "step dump", &r->e);
+    if (st == RT_OK && o->save_adapter) { /* a directory, made at the end if missing: its parent must be writable now */
+        struct stat sd;
+        char parent[4096];
+        const char *slash = strrchr(o->save_adapter, '/');
+        if (stat(o->save_adapter, &sd) == 0) {
+            if (!S_ISDIR(sd.st_mode)) st = rt_fail(&r->e, RT_ERR_ARG, "--save-adapter '%s' is not a directory", o->save_adapter);
+            else if (access(o->save_adapter, W_OK | X_OK) != 0)
+                st = rt_fail_errno(&r->e, errno, "cannot write in --save-adapter '%s'", o->save_adapter);
+        } else {
+            if (!slash) snprintf(parent, sizeof parent, ".");
+            else if (slash == o->save_adapter) snprintf(parent, sizeof parent, "/");
+            else snprintf(parent, sizeof parent, "%.*s", (int)(slash - o->save_adapter), o->save_adapter);
+            if (access(parent, W_OK | X_OK) != 0)
+                st = rt_fail_errno(&r->e, errno, "cannot create --save-adapter '%s' in directory '%s'", o->save_adapter, parent);
+        }
+    }
     int required = o->ckpt_every > 0 || strcmp(o->ckpt_dir, o->ckpt_dir_default) != 0;
     /* rank 0 writes the checkpoints (docs/parallel.md): the others neither claim nor write them */
     if (st == RT_OK && r->rank == 0) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
@@ -1075,7 +1096,7 @@ static void rt_train_print_model(RtTrainRun *r) {
 }
 
 /* After the last step: the last checkpoint's report, the summary, the GPU timing and profile,
- * --save-weights. */
+ * --save-weights, --save-adapter. */
 static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_steps, int64_t total_tokens, double t_run,
                                 double last_loss) {
     const RtProgram *p = r->p;
@@ -1104,6 +1125,13 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         if (st == RT_OK) st = rt_weights_save(p, r->x.params, o->save_weights, &r->e);
         if (st != RT_OK) return st;
         printf("saved %lld tensors to '%s'\n", (long long)p->nparams, o->save_weights);
+    }
+    if (o->save_adapter) {
+        int64_t n = 0;
+        st = rt_exec_pull(&r->x, RT_PULL_PARAMS, &r->e);
+        if (st == RT_OK) st = rt_adapter_save(p, r->x.params, o->save_adapter, &n, &r->e);
+        if (st != RT_OK) return st;
+        printf("saved the LoRA adapter (%lld tensors) to '%s'\n", (long long)n, o->save_adapter);
     }
     return RT_OK;
 }

@@ -45,6 +45,7 @@ typedef struct RtOptions {
     const char *log_path;     /* train: --log FILE.jsonl, or NULL */
     const char *init_weights; /* train: --init-weights, or NULL */
     const char *save_weights; /* train: --save-weights, or NULL */
+    const char *save_adapter; /* train: --save-adapter DIR, or NULL (rt_adapter_save) */
     const char *dump_step;    /* train: --dump-step, or NULL (rt_step_dump) */
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
@@ -155,6 +156,13 @@ void rt_exec_flip(RtExec *e);
  * rt_exec_grad_blocks of them. */
 #define RT_GRAD_BLOCK 16384
 int64_t rt_exec_grad_blocks(const RtProgram *p);
+
+/* The optimizer state region is nstate parts, each laid out as the parameter region's first part
+ * floats: every parameter the optimizer updates; the frozen ones (issue 20's parameter groups),
+ * laid out after them, have no state. part = param_floats when nothing is frozen. */
+static inline int64_t rt_state_part(const RtProgram *p) { return p->nstate > 0 ? p->state_floats / p->nstate : 0; }
+/* Whether parameter q has optimizer state (is not frozen). */
+static inline int rt_has_state(const RtProgram *p, const RtParam *q) { return q->offset + q->numel <= rt_state_part(p); }
 RtStatus rt_exec_grad_norm(RtExec *e, double *partial, double *norm, RtError *err);
 RtStatus rt_exec_grad_scale(RtExec *e, float scale, RtError *err);
 /* The CPU's sums of squares of blocks [b0, b1) alone into partial[b0, b1) (ZeRO-2: a rank's shard). */
@@ -229,6 +237,15 @@ double rt_now(void);                           /* monotonic seconds */
 RtStatus rt_weights_load(const RtProgram *p, float *params, const char *path, int64_t *unused, RtError *err);
 /* Writes every parameter as F32 under its dotted name, metadata {"format": "pt"}, atomically. */
 RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *path, RtError *err);
+/* The nn.LoRALinear adapters alone, as PEFT saves them: DIR/adapter_model.safetensors holds each
+ * layer's lora_A.weight and lora_B.weight under "base_model.model." and the layer's path, and
+ * DIR/adapter_config.json is the program's (RtTrainSettings.adapter_config). With
+ * nn.MultiLoRALinear layers of N adapters, DIR/adapter_K (K < N) is adapter K's such directory
+ * (its slices of the stacked weights). DIR is created when missing (its parent must exist);
+ * *ntensors is how many tensors were written in all. */
+RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *dir, int64_t *ntensors, RtError *err);
+/* Why --save-adapter cannot be carried out when RtTrainSettings.adapter_config is NULL. */
+RtStatus rt_adapter_refusal(const RtProgram *p, RtError *err);
 
 /* `train --dump-step F`: step 1 as the compiled program computed it, for checking it against
  * another implementation (mbtc --verify-step evaluates the same step in double precision;

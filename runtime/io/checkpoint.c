@@ -241,19 +241,21 @@ static RtStatus rt_ckpt_write_regions(const RtCkptWriter *w, const char *tmp, Rt
     /* a test can stop the process here, with the model written and the rest not (docs/runtime.md) */
     const char *kill_at = getenv("MBT_TEST_KILL_IN_CHECKPOINT");
     if (st == RT_OK && kill_at && atoll(kill_at) == w->nwritten) raise(SIGKILL);
+    int64_t part = rt_state_part(p), ne = 0;
     for (int64_t k = 0; st == RT_OK && k < ns; k++)
         for (int64_t i = 0; i < np; i++) {
             const RtParam *q = &p->params[i];
+            if (!rt_has_state(p, q)) continue; /* frozen: no optimizer state */
             size_t len = strlen(q->name) + strlen(p->state_names[k]) + 2;
-            char *nm = names[k * np + i] = malloc(len);
+            char *nm = names[ne] = malloc(len);
             if (!nm) {
                 st = rt_fail_errno(err, ENOMEM, "cannot list the tensors to write");
                 break;
             }
             snprintf(nm, len, "%s.%s", q->name, p->state_names[k]);
-            e[k * np + i] = (RtStEntry){nm, RT_F32, q->rank, q->shape, w->snap_state + k * p->param_floats + q->offset, 0};
+            e[ne++] = (RtStEntry){nm, RT_F32, q->rank, q->shape, w->snap_state + k * part + q->offset, 0};
         }
-    if (st == RT_OK) st = rt_st_write(optim, e, np * ns, meta, 2, err);
+    if (st == RT_OK) st = rt_st_write(optim, e, ne, meta, 2, err);
     files[0].name = RT_CKPT_MODEL, files[1].name = RT_CKPT_OPTIM;
     if (st == RT_OK) st = rt_checksum_file(model, "checkpoint file", files[0].sum, &files[0].bytes, err);
     if (st == RT_OK) st = rt_checksum_file(optim, "checkpoint file", files[1].sum, &files[1].bytes, err);
@@ -824,13 +826,14 @@ RtStatus rt_ckpt_load(const RtProgram *p, const char *ckpt, int weights_only, fl
         for (int64_t k = 0; st == RT_OK && k < p->nstate; k++)
             for (int64_t i = 0; st == RT_OK && i < p->nparams; i++) {
                 const RtParam *q = &p->params[i];
+                if (!rt_has_state(p, q)) continue; /* frozen: no optimizer state */
                 char name[1024];
                 snprintf(name, sizeof name, "%s.%s", q->name, p->state_names[k]);
                 const RtStTensor *x = rt_st_find(optim, name);
                 if (!x || !rt_same_shape(x, q))
                     st = rt_fail(err, RT_ERR_FORMAT, "checkpoint file '%s' has no tensor '%s' shaped like the parameter", opath,
                                  name);
-                else st = rt_st_read_f32(optim, x, state + k * p->param_floats + q->offset, q->numel, err);
+                else st = rt_st_read_f32(optim, x, state + k * rt_state_part(p) + q->offset, q->numel, err);
             }
     }
     if (weights_only || st != RT_OK) {

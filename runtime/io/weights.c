@@ -1,7 +1,7 @@
 /* weights.c - a program's parameters to and from safetensors files, by their dotted names (see
  * rt_exec.h).
  *
- * Pipeline position: `train --init-weights F` and `--save-weights F`, `eval --weights F`,
+ * Pipeline position: `train --init-weights F`, `--save-weights F` and `--save-adapter DIR`, `eval --weights F`,
  * `generate --weights F`. Names and shapes come from the program's parameter table, so a model
  * written with Hugging Face's names reads Hugging Face's files as they are; values are converted
  * to f32 from F32, F16, BF16 or F64 (rt_st_read_f32). A file that does not fit the program is one
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "rt_exec.h"
 
@@ -115,6 +116,100 @@ RtStatus rt_weights_save(const RtProgram *p, const float *params, const char *pa
     RtStatus st = rt_st_write(path, e, p->nparams, &meta, 1, err);
     free(e);
     return st;
+}
+
+/* PEFT's names: a LoraLayer's weights are saved under the PeftModel's path to them
+ * ("base_model.model." and the layer's), without the adapter's name ("default"), as
+ * peft.get_peft_model_state_dict writes them. */
+#define RT_PEFT_PREFIX "base_model.model."
+
+/* One PEFT directory: adapter k (of stacked layers; k = -1 for nn.LoRALinear's unstacked ones). */
+static RtStatus rt_adapter_dir(const RtProgram *p, const float *params, const char *dir, int64_t k, int64_t *ntensors,
+                               RtError *err) {
+    const char *mods = p->train.adapter_modules;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return rt_fail_errno(err, errno, "cannot create the adapter directory '%s'", dir);
+    int64_t nmods = 0;
+    for (const char *c = mods; *c; c++) nmods += *c == '\n';
+    RtStEntry *e = calloc((size_t)(2 * nmods + 1), sizeof *e);
+    char **names = calloc((size_t)(2 * nmods + 1), sizeof *names);
+    RtStatus st = RT_OK;
+    int64_t n = 0;
+    if (!e || !names) st = rt_fail_errno(err, ENOMEM, "cannot write the adapter to '%s'", dir);
+    for (const char *m = mods; st == RT_OK && *m;) {
+        const char *end = strchr(m, '\n'), *blank = memchr(m, ' ', (size_t)(end - m));
+        int len = (int)((blank ? blank : end) - m);
+        for (int ab = 0; ab < 2 && st == RT_OK; ab++) {
+            char want[1024];
+            snprintf(want, sizeof want, "%.*s.%s.weight", len, m, ab ? "lora_B" : "lora_A");
+            const RtParam *q = NULL;
+            for (int64_t i = 0; i < p->nparams && !q; i++)
+                if (strcmp(p->params[i].name, want) == 0) q = &p->params[i];
+            /* the compiler lists only layers whose parameters it laid out: a stale program */
+            if (!q || (k >= 0 && (q->rank != 3 || k >= q->shape[0])))
+                st = rt_fail(err, RT_ERR_FORMAT, "--save-adapter: the program has no parameter '%s' of adapter %lld", want,
+                             (long long)k);
+            else if (!(names[n] = malloc(strlen(RT_PEFT_PREFIX) + strlen(want) + 1)))
+                st = rt_fail_errno(err, ENOMEM, "cannot write the adapter to '%s'", dir);
+            else {
+                sprintf(names[n], "%s%s", RT_PEFT_PREFIX, want);
+                /* adapter k of a stacked [adapters, ...] parameter: its slice, one dimension fewer */
+                int64_t per = k >= 0 ? q->numel / q->shape[0] : 0;
+                e[n] = k >= 0 ? (RtStEntry){names[n], RT_F32, q->rank - 1, q->shape + 1, params + q->offset + k * per, 1}
+                              : (RtStEntry){names[n], RT_F32, q->rank, q->shape, params + q->offset, 1};
+                n++;
+            }
+        }
+        m = end + 1;
+    }
+    char path[4096];
+    if (st == RT_OK && snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir) >= (int)sizeof path)
+        st = rt_fail(err, RT_ERR_ARG, "--save-adapter: the directory name is too long");
+    RtStMeta meta = {"format", "pt"};
+    if (st == RT_OK) st = rt_st_write(path, e, n, &meta, 1, err);
+    if (st == RT_OK) {
+        snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+        st = rt_atomic_write_file(path, "adapter config", p->train.adapter_config, strlen(p->train.adapter_config), err);
+    }
+    for (int64_t i = 0; names && i < n; i++) free(names[i]);
+    free(names);
+    free(e);
+    if (st == RT_OK) *ntensors += n;
+    return st;
+}
+
+RtStatus rt_adapter_refusal(const RtProgram *p, RtError *err) {
+    if (!p->train.adapter_modules)
+        return rt_fail(err, RT_ERR_ARG,
+                       "--save-adapter: the model has no LoRA adapters (no nn.LoRALinear or nn.MultiLoRALinear layer)");
+    return rt_fail(err, RT_ERR_ARG,
+                   "--save-adapter: the model mixes nn.LoRALinear and nn.MultiLoRALinear layers, or MultiLoRALinear layers of "
+                   "different adapter counts, which no PEFT adapter describes");
+}
+
+RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *dir, int64_t *ntensors, RtError *err) {
+    const char *mods = p->train.adapter_modules;
+    if (!mods || !p->train.adapter_config) return rt_adapter_refusal(p, err);
+    const char *blank = strchr(mods, ' ');
+    int64_t adapters = blank ? strtoll(blank + 1, NULL, 10) : 0; /* every line has the same count (groups.c) */
+    int64_t n = 0;
+    if (adapters == 0) {
+        RtStatus st = rt_adapter_dir(p, params, dir, -1, &n, err);
+        if (st == RT_OK && ntensors) *ntensors = n;
+        return st;
+    }
+    /* several adapters (nn.MultiLoRALinear): DIR/adapter_K, one PEFT directory each */
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return rt_fail_errno(err, errno, "cannot create the adapter directory '%s'", dir);
+    for (int64_t k = 0; k < adapters; k++) {
+        char sub[4096];
+        if (snprintf(sub, sizeof sub, "%s/adapter_%lld", dir, (long long)k) >= (int)sizeof sub)
+            return rt_fail(err, RT_ERR_ARG, "--save-adapter: the directory name is too long");
+        RtStatus st = rt_adapter_dir(p, params, sub, k, &n, err);
+        if (st != RT_OK) return st;
+    }
+    if (ntensors) *ntensors = n;
+    return RT_OK;
 }
 
 RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err) {

@@ -10,9 +10,10 @@
 # heads, D != E, T not a multiple of a tile, fewer keys than queries, not causal), its bf16
 # counterpart tests/gpu/attn_shapes_bf16.mbt (whose forwards run on the tensor cores),
 # tests/verify/tiny_bf16.mbt (tiny with precision = bf16), tests/exec/dropout.mbt (dropout with
-# p > 0: the device's masks, forward and backward, must be the CPU's for the step to compare) and
-# tests/verify/docs.mbt (attention masked at document boundaries, issue 20). For each, on
-# mbt-gendata's corpus:
+# p > 0: the device's masks, forward and backward, must be the CPU's for the step to compare),
+# tests/verify/docs.mbt (attention masked at document boundaries, issue 20) and tests/exec/groups.mbt
+# and lora.mbt (frozen parameters, no_decay and a LoRA adapter: the grouped update's index masks on
+# the device). For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
 #                          starting weights, batches and learning rate identical, loss 1e-5 relative,
@@ -276,7 +277,8 @@ if [ "$DEVICE" = emu ]; then
 fi
 names=()
 running=0
-for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt tests/verify/docs.mbt; do
+for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
+    tests/verify/docs.mbt tests/exec/groups.mbt tests/exec/lora.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue

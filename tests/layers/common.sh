@@ -91,3 +91,18 @@ run_relayed() {
 
 # jfield FILE N KEY: the value of KEY in the Nth line (a JSON object) of a --log file.
 jfield() { sed -n "${2}p" "$1" | sed -n 's/.*"'"$3"'": \([^,}]*\).*/\1/p'; }
+
+# peft_check NAME ok|FAILED ARGS: tests/exec/peft_adapter.py peft ARGS (PyTorch and peft load an
+# adapter written by --save-adapter), held to print "peft adapter: ok" or "peft adapter: FAILED"
+# (a control) as NAME; one SKIP line when peft is not installed for /usr/bin/python3 (it is not a
+# Debian package: `pip install peft` where it may be installed).
+peft_check() {
+    local name=$1 want=$2 out
+    shift 2
+    if ! /usr/bin/python3 -c 'import peft' >/dev/null 2>&1; then
+        skip "$name" "peft is not installed for /usr/bin/python3 (pip install peft)"
+        return
+    fi
+    out=$(/usr/bin/python3 tests/exec/peft_adapter.py peft "$@" 2>&1)
+    if [[ $out == *"peft adapter: $want"* ]]; then pass "$name ($(tail -n 1 <<<"$out"))"; else fail "$name" "expected 'peft adapter: $want': $out"; fi
+}

@@ -49,15 +49,18 @@
     "  return y\n"                                                                                                               \
     "}\n"
 
-/* The train block with `lr = <lr>` (none when lr is NULL), its functions `extra`. */
-static const char *program(Arena *ar, const char *lr, const char *extra) {
+/* The train block with `lr = <lr>` (none when lr is NULL), its functions `extra`, and the batch
+ * setting `batch` (none when NULL). */
+static const char *program_batch(Arena *ar, const char *lr, const char *extra, const char *batch) {
     return arena_printf(ar,
                         "import optim\nimport lr\n" MODEL "%s"
                         "train t {\n  model = P()\n  data = tokens(\"x.bin\", seq = 4)\n"
                         "  loss = cross_entropy(model(data.x), data.y)\n  optimizer = optim.sgd(lr = 0.1)\n"
-                        "  steps = 100\n%s%s%s}\n",
-                        extra, lr ? "  lr = " : "", lr ? lr : "", lr ? "\n" : "");
+                        "  steps = 100\n%s%s%s%s%s}\n",
+                        extra, lr ? "  lr = " : "", lr ? lr : "", lr ? "\n" : "", batch ? batch : "", batch ? "\n" : "");
 }
+
+static const char *program(Arena *ar, const char *lr, const char *extra) { return program_batch(ar, lr, extra, NULL); }
 
 /* The train block's schedule as sema lowered it; NULL after errors. */
 static const ScalarProg *lowered(Arena *ar, const char *src) {
@@ -167,24 +170,50 @@ static double c_hand(int64_t s) { /* hand(base = 2.0), k from its default */
     return y;
 }
 
-/* The lowered schedule of `lr` equals want at steps 0 .. 3000 and some far ones, bit for bit. */
-static void check_schedule(const char *lr, const char *extra, double (*want)(int64_t)) {
+/* The lowered schedule of `lr` (with the batch setting `batch`, NULL for none) equals want at
+ * steps 0 .. 3000 and some far ones, bit for bit, compiled and in scalar_eval (the plan's listing). */
+static void check_schedule_batch(const char *lr, const char *extra, const char *batch, double (*want)(int64_t)) {
     Arena ar = {0};
-    const ScalarProg *p = lowered(&ar, program(&ar, lr, extra));
+    const ScalarProg *p = lowered(&ar, program_batch(&ar, lr, extra, batch));
     CHECK(p != NULL, "%s: the program builds", lr ? lr : "(no lr)");
     Jit j;
     LrFn fn = p ? jit_schedule(&j, p) : NULL;
     int bad = 0;
     for (int64_t i = 0; fn && i < 3100 && bad < 5; i++) {
         int64_t step = i < 3000 ? i : ((int64_t)1 << 20) * (i - 2999) + i;
-        double got = fn(step), w = want(step);
+        double got = fn(step), w = want(step), e = scalar_eval(p, step);
         if (memcmp(&got, &w, sizeof got) != 0) {
             CHECK(0, "%s at step %lld: %.17g, the C evaluation %.17g", lr ? lr : "(no lr)", (long long)step, got, w);
+            bad++;
+        }
+        if (memcmp(&e, &w, sizeof e) != 0) {
+            CHECK(0, "%s at step %lld: scalar_eval %.17g, the C evaluation %.17g", lr ? lr : "(no lr)", (long long)step, e, w);
             bad++;
         }
     }
     if (p) jit_close(&j);
     arena_free(&ar);
+}
+
+static void check_schedule(const char *lr, const char *extra, double (*want)(int64_t)) {
+    check_schedule_batch(lr, extra, NULL, want);
+}
+
+/* The global batch of RAMP: 4, then 8 from step 10, then 16 from step 20. */
+#define RAMP "  batch { global = 4, micro = 2, ramp = [(10, 8), (20, 16)] }"
+static double c_batch(int64_t s) { return s >= 20 ? 16 : s >= 10 ? 8 : 4; }
+static double c_cosine_sqrt(int64_t s) { return c_cosine(s) * sqrt(c_batch(s) / 4.0); } /* x batch_scale(base = 4) */
+static double c_linear_scaled(int64_t s) { return c_batch(s) / 8.0; } /* batch_scale(base = 8, rule = "linear") */
+static void batch_sqrt_exact(void) {
+    check_schedule_batch("lr.cosine(warmup = 20, total = 400, min_ratio = 0.1) * lr.batch_scale(base = 4)", "", RAMP,
+                         c_cosine_sqrt);
+}
+static void batch_linear_exact(void) {
+    check_schedule_batch("lr.batch_scale(base = 8, rule = \"linear\")", "", RAMP, c_linear_scaled);
+}
+static double c_batch_flat(int64_t s) { return (void)s, sqrt(4.0 / 2.0); } /* no ramp: the global batch throughout */
+static void batch_flat_exact(void) {
+    check_schedule_batch("lr.batch_scale(base = 2)", "", "  batch { global = 4, micro = 2 }", c_batch_flat);
 }
 
 static void cosine_exact(void) { check_schedule("lr.cosine(warmup = 20, total = 400, min_ratio = 0.1)", "", c_cosine); }
@@ -230,6 +259,9 @@ int main(void) {
     RUN(constant_exact);
     RUN(none_exact);
     RUN(hand_exact);
+    RUN(batch_sqrt_exact);
+    RUN(batch_linear_exact);
+    RUN(batch_flat_exact);
     RUN(printed);
     RUN(loop_refused);
     return unit_finish();
