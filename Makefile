@@ -303,6 +303,9 @@ $(BUILD)/tests/st_compare: tests/tools/st_compare.c $(BUILD)/libmbtrt.a
 # comm_check: the collectives across processes (tests/comm/run.sh runs it under mpirun and as tcp
 # ranks; docs/parallel.md).
 $(BUILD)/tests/comm_check: tests/comm/comm_check.c $(BUILD)/libmbtrt.a
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
 # sv_tokenize: the serving tokenizer (runtime/serve/tokenizer.c) from the command line, which the
 # serve layer compares with Hugging Face's tokenizers.
 $(BUILD)/tests/sv_tokenize: tests/tools/sv_tokenize.c $(BUILD)/libmbtrt.a
