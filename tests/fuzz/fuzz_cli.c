@@ -34,7 +34,7 @@ static void check_ok(const RtOptions *o, const RtProgram *p, char **argv, int ar
         if (o->prompt) abort();
         return;
     }
-    if (o->cmd != RT_CMD_TRAIN && o->cmd != RT_CMD_EVAL && o->cmd != RT_CMD_GENERATE) abort();
+    if (o->cmd != RT_CMD_TRAIN && o->cmd != RT_CMD_EVAL && o->cmd != RT_CMD_GENERATE && o->cmd != RT_CMD_SERVE) abort();
     if (!o->prompt || o->nprompt < 1) abort();
     for (int64_t i = 0; i < o->nprompt; i++)
         if (o->prompt[i] < 0 || o->prompt[i] >= p->train.vocab) abort();
