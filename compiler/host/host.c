@@ -531,12 +531,19 @@ static int refuse_settings(const TrainConfig *ts) {
 
 int host_refuses(const TrainBuild *tb) {
     if (refuse_settings(tb->config)) return 1;
-    if (tb->config->nbuckets) { /* the step is compiled for one window length (docs/runtime.md, "Documents and packing") */
-        diag_error(tb->config->buckets_at,
-                   "batch.buckets is not carried out by executables yet: the step is compiled for one window length, seq");
-        diag_hint("pack documents into windows of seq tokens instead: tokens(..., docs = EOT) with batch { tokens = N }; "
-                  "--check and --emit accept buckets");
-        return 1;
+    if (tb->config->nbuckets && tb->step) {
+        /* a bucket's windows share the step's rows of seq tokens; only attention's pos mask keeps
+         * each window to its own keys (docs/runtime.md, "Sequence-length buckets") */
+        const Graph *g = tb->step;
+        for (int i = 0; i < g->n; i++) {
+            const GNode *n = graph_node(g, i);
+            if (n->op != G_ATTENTION || n->nin > 3) continue;
+            diag_error(n->src.file ? n->src : tb->config->buckets_at,
+                       "batch.buckets needs every attention of the step to be masked by document: this one has no pos");
+            if (n->src.file) diag_note(tb->config->buckets_at, "the buckets are here");
+            diag_hint("write attention(q, k, v, causal = true, pos = data.pos), so that a window sees only its own tokens");
+            return 1;
+        }
     }
     return 0;
 }

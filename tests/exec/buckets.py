@@ -1,0 +1,60 @@
+"""The sequence-length buckets' test helper (tests/exec/buckets.case, issue 20).
+
+  buckets.py variants SRC DIR    writes SRC's variants into DIR:
+      b8.mbt      buckets = [8, 16] with curriculum = [(0, 8)]: every step at 8
+      s8.mbt      no buckets, seq = 8 and global = 8: the program compiled for windows of 8
+      s16.mbt     no buckets: windows of seq = 16
+      r16.mbt     curriculum = [(0, 16), (2, 8)]: steps 1-2 at 16, then 8
+      r8.mbt      curriculum = [(0, 8), (2, 16)]: steps 1-2 at 8, then 16
+  buckets.py losses A.out B.out FIRST LAST
+      the per-step losses of two runs' stdout are equal (as printed, 6 decimals) at steps
+      FIRST..LAST; prints "losses: same" or "losses: differ at step N" (exit 1)
+"""
+import re
+import sys
+
+
+def variants(src, out):
+    text = open(src).read()
+    batch = ", buckets = [8, 16]"
+    assert batch in text
+    subs = {
+        "b8": text.replace(batch, batch + ", curriculum = [(0, 8)]"),
+        "s8": text.replace(batch, "").replace("seq = 16", "seq = 8").replace("global = 4", "global = 8"),
+        "s16": text.replace(batch, ""),
+        "r16": text.replace(batch, batch + ", curriculum = [(0, 16), (2, 8)]"),
+        "r8": text.replace(batch, batch + ", curriculum = [(0, 8), (2, 16)]"),
+    }
+    for name, t in subs.items():
+        assert t != text or name == "", name
+        open(f"{out}/{name}.mbt", "w").write(t)
+    print("variants: written")
+
+
+def losses(path):
+    got = {}
+    for line in open(path):
+        m = re.match(r"step (\d+)/\d+: loss ([0-9.]+)", line)
+        if m:
+            got[int(m.group(1))] = m.group(2)
+    return got
+
+
+def main():
+    if sys.argv[1] == "variants":
+        variants(sys.argv[2], sys.argv[3])
+        return 0
+    a, b = losses(sys.argv[2]), losses(sys.argv[3])
+    first, last = int(sys.argv[4]), int(sys.argv[5])
+    for s in range(first, last + 1):
+        if s not in a or s not in b:
+            print(f"losses: step {s} missing")
+            return 1
+        if a[s] != b[s]:
+            print(f"losses: differ at step {s} ({a[s]} and {b[s]})")
+            return 1
+    print(f"losses: same at steps {first}..{last}")
+    return 0
+
+
+sys.exit(main())
