@@ -6,6 +6,7 @@
       s16.mbt     no buckets: windows of seq = 16
       r16.mbt     curriculum = [(0, 16), (2, 8)]: steps 1-2 at 16, then 8
       r8.mbt      curriculum = [(0, 8), (2, 16)]: steps 1-2 at 8, then 16
+      d2.mbt      the default cycle [8, 16] with parallel { data = 2 }: the same global batch
   buckets.py losses A.out B.out FIRST LAST
       the per-step losses of two runs' stdout are equal (as printed, 6 decimals) at steps
       FIRST..LAST; prints "losses: same" or "losses: differ at step N" (exit 1)
@@ -24,6 +25,7 @@ def variants(src, out):
         "s16": text.replace(batch, ""),
         "r16": text.replace(batch, batch + ", curriculum = [(0, 16), (2, 8)]"),
         "r8": text.replace(batch, batch + ", curriculum = [(0, 8), (2, 16)]"),
+        "d2": text.replace("  steps     = 20\n", "  steps     = 20\n  parallel  { data = 2 }\n"),
     }
     for name, t in subs.items():
         assert t != text or name == "", name
