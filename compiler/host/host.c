@@ -544,6 +544,21 @@ int host_refuses(const TrainBuild *tb) {
             diag_hint("write attention(q, k, v, causal = true, pos = data.pos), so that a window sees only its own tokens");
             return 1;
         }
+        /* every other way a row's positions could meet (plan/kv.c's walk of the batch-1 forward) */
+        if (tb->forward) {
+            Arena ar = {0};
+            Span at;
+            const char *why = kv_window_local(tb->forward, tb->config->seq, &at, &ar);
+            if (why) {
+                diag_error(at.file ? at : tb->config->buckets_at,
+                           "batch.buckets needs each window of a row kept apart from the others, but here %s", why);
+                if (at.file) diag_note(tb->config->buckets_at, "the buckets are here");
+                diag_hint("only attention(..., pos = data.pos) may mix positions, and positions come from data.pos "
+                          "(docs/runtime.md, \"Sequence-length buckets\")");
+            }
+            arena_free(&ar);
+            if (why) return 1;
+        }
     }
     return 0;
 }

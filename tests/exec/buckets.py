@@ -7,6 +7,9 @@
       r16.mbt     curriculum = [(0, 16), (2, 8)]: steps 1-2 at 16, then 8
       r8.mbt      curriculum = [(0, 8), (2, 16)]: steps 1-2 at 8, then 16
       d2.mbt      the default cycle [8, 16] with parallel { data = 2 }: the same global batch
+  buckets.py mixing SRC DIR      writes variants of SRC that let a row's windows meet, which
+      mbtc -o must refuse: table.mbt (wpe[0:T], positions by the row's index), mean.mbt (a mean
+      over the token axis), rope.mbt (rope without pos)
   buckets.py losses A.out B.out FIRST LAST
       the per-step losses of two runs' stdout are equal (as printed, 6 decimals) at steps
       FIRST..LAST; prints "losses: same" or "losses: differ at step N" (exit 1)
@@ -33,6 +36,20 @@ def variants(src, out):
     print("variants: written")
 
 
+def mixing(src, out):
+    text = open(src).read()
+    subs = {
+        "table": ("    x = wte[idx] + wpe[pos]", "    x = wte[idx] + wpe[0:T]"),
+        "mean": ("    for blk in h { x = blk(x, pos) }",
+                 "    x = x + mean(x, axis = 1, keepdim = true)\n    for blk in h { x = blk(x, pos) }"),
+        "rope": ("    q = rope(q, pos = pos)", "    q = rope(q)"),
+    }
+    for name, (a, b) in subs.items():
+        assert a in text, name
+        open(f"{out}/{name}.mbt", "w").write(text.replace(a, b))
+    print("mixing: written")
+
+
 def losses(path):
     got = {}
     for line in open(path):
@@ -45,6 +62,9 @@ def losses(path):
 def main():
     if sys.argv[1] == "variants":
         variants(sys.argv[2], sys.argv[3])
+        return 0
+    if sys.argv[1] == "mixing":
+        mixing(sys.argv[2], sys.argv[3])
         return 0
     a, b = losses(sys.argv[2]), losses(sys.argv[3])
     first, last = int(sys.argv[4]), int(sys.argv[5])
