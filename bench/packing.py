@@ -10,7 +10,9 @@ padding (EOT tokens). Both are trained by the one executable of bench/packing.mb
 costs the same either way; what differs is how many of its tokens are document tokens. Each round
 runs both (alternating, fresh processes, the same steps and threads); a run's time per step is
 the mean of its --log `ms` after the warm-up steps; document tokens/s is the document tokens its
-steps read over that time. The case's figure is the median over rounds.
+steps read over that time. The case's figure is the median over rounds. A third row, `buckets`,
+trains the packed shard with bench/packing.mbt's block packing_buckets: sequence-length buckets
+[32, 64, 128] in turn, one a step (the same 1024 tokens a step; issue 20).
 
 The padded baseline is a throughput baseline only: mbt's cross_entropy has no ignored targets,
 so its padding is trained on as ordinary tokens (a real padded run would mask their loss, which
@@ -95,7 +97,9 @@ def main(argv):
     work = a.work or tempfile.mkdtemp(prefix="mbt-bench-packing-")
     os.makedirs(work, exist_ok=True)
     prog = os.path.join(work, "packing")
-    run([os.path.join(a.build, "mbtc"), "bench/packing.mbt", "-o", prog])
+    run([os.path.join(a.build, "mbtc"), "bench/packing.mbt", "--train", "packing", "-o", prog])
+    progb = os.path.join(work, "packing_buckets")
+    run([os.path.join(a.build, "mbtc"), "bench/packing.mbt", "--train", "packing_buckets", "-o", progb])
     docs, useful = write(work, a.steps)
     lens = [len(d) for d in docs]
     # document tokens per step: packed rows are all document tokens; padded rows hold useful[r]
@@ -103,12 +107,13 @@ def main(argv):
     per_step_padded = [sum(useful[s * ROWS:(s + 1) * ROWS]) for s in range(a.steps)]
     print(f"packed vs padded (bench/packing.mbt: 4 layers, d 128, {ROWS} x {T} tokens a step), {len(docs)} documents "
           f"of {min(lens)}..{max(lens)} tokens (mean {statistics.mean(lens):.0f}), {a.steps} steps, {a.warmup} warm-up")
-    res = {"packed": [], "padded": []}
+    res = {"packed": [], "padded": [], "buckets": []}
     for r in range(a.rounds):
-        for name in ("packed", "padded"):
-            ms = train(prog, os.path.join(work, name + ".bin"), work, name, a.steps, a.threads)
+        for name in ("packed", "padded", "buckets"):
+            data = os.path.join(work, ("padded" if name == "padded" else "packed") + ".bin")
+            ms = train(progb if name == "buckets" else prog, data, work, name, a.steps, a.threads)
             timed = ms[a.warmup:]
-            doc_tokens = per_step_packed * len(timed) if name == "packed" else sum(per_step_padded[a.warmup:])
+            doc_tokens = sum(per_step_padded[a.warmup:]) if name == "padded" else per_step_packed * len(timed)
             tps = doc_tokens / (sum(timed) / 1000.0)
             res[name].append((statistics.mean(timed), tps))
             print(f"  round {r + 1} {name:6}: {statistics.mean(timed):8.2f} ms/step, {tps:10.0f} document tokens/s")
@@ -116,7 +121,10 @@ def main(argv):
     fill = sum(per_step_padded[a.warmup:]) / (per_step_packed * (a.steps - a.warmup))
     print(f"packed: {med['packed'][0]:.2f} ms/step, {med['packed'][1]:.0f} document tokens/s (rows 100% documents)")
     print(f"padded: {med['padded'][0]:.2f} ms/step, {med['padded'][1]:.0f} document tokens/s (rows {100 * fill:.0f}% documents)")
+    print(f"buckets: {med['buckets'][0]:.2f} ms/step, {med['buckets'][1]:.0f} document tokens/s (the packed data as "
+          f"windows of 32, 64, 128 tokens in turn; one step compiled for 128)")
     print(f"packed / padded: {med['packed'][1] / med['padded'][1]:.2f}x document tokens/s")
+    print(f"buckets / packed: {med['buckets'][1] / med['packed'][1]:.2f}x document tokens/s")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,10 @@
       i32)                /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */                 \
     X(int64_t, zero, i64) /* parallel { zero }: 0; 1 optimizer state sharded over the data ranks, 2 also the reduced gradient */ \
     X(const char *, adapter_config, ptr)  /* PEFT's adapter_config.json for the nn.LoRALinear layers; NULL: none */              \
-    X(const char *, adapter_modules, ptr) /* "PATH N\n" a layer: N adapters stacked, 0 for one; "": no PEFT form */
+    X(const char *, adapter_modules, ptr) /* "PATH N\n" a layer: N adapters stacked, 0 for one; "": no PEFT form */              \
+    X(int64_t, ncurriculum, i64)          /* stages of the sequence-length curriculum (batch.buckets); 0: steps are seq long */  \
+    X(const int64_t *, curriculum, ptr)   /* [3 x ncurriculum]: first step, first index in curriculum_lens, count */             \
+    X(const int64_t *, curriculum_lens, ptr) /* the stages' lengths, each dividing seq */
 
 /* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
  * of the train block's model when the program has one (name non-NULL), else the built-in defaults

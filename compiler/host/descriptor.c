@@ -35,6 +35,46 @@ static LLVMValueRef emit_ramp_table(Host *h) {
     return table_global(h, h->ramp_t, rows, n, "mbt.ramp");
 }
 
+/* An i64 array as a private constant global (NULL pointer when empty). */
+static LLVMValueRef i64_table(Host *h, const int64_t *v, int n, const char *name) {
+    if (n < 1) return LLVMConstPointerNull(h->ptr);
+    LLVMValueRef *c = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)n);
+    for (int i = 0; i < n; i++) c[i] = ci64(h, v[i]);
+    return table_global(h, h->i64, c, n, name);
+}
+
+/* The sequence-length curriculum (batch { buckets, curriculum }): per stage its first step, the
+ * index of its first length in the lengths' table and their count; the runtime picks step s's
+ * length as rt_train_seq_len does (train.c), and the compiler's train_seq_at the same way. */
+static void emit_curriculum(Host *h, LLVMValueRef *stages, LLVMValueRef *lens) {
+    const TrainConfig *ts = h->ts;
+    int nl = 0;
+    for (int i = 0; i < ts->ncurriculum; i++) nl += ts->curriculum[i].n;
+    int64_t *st = arena_alloc(h->ar, sizeof(int64_t) * (size_t)(3 * ts->ncurriculum + 1));
+    int64_t *l = arena_alloc(h->ar, sizeof(int64_t) * (size_t)(nl + 1));
+    nl = 0;
+    for (int i = 0; i < ts->ncurriculum; i++) {
+        const CurriculumStage *c = &ts->curriculum[i];
+        st[3 * i] = c->step, st[3 * i + 1] = nl, st[3 * i + 2] = c->n;
+        for (int j = 0; j < c->n; j++) l[nl++] = c->lens[j];
+    }
+    *stages = i64_table(h, st, 3 * ts->ncurriculum, "mbt.curriculum");
+    *lens = i64_table(h, l, nl, "mbt.curriculum_lens");
+}
+
+/* The curriculum as the hash's text: a checkpoint resumes only under the curriculum it was
+ * trained with (the step's windows depend on it). */
+static const char *curriculum_text(Host *h) {
+    const TrainConfig *ts = h->ts;
+    const char *t = "";
+    for (int i = 0; i < ts->ncurriculum; i++) {
+        t = arena_printf(h->ar, "%s\ncurriculum from=%" PRId64 " lens=", t, ts->curriculum[i].step);
+        for (int j = 0; j < ts->curriculum[i].n; j++)
+            t = arena_printf(h->ar, "%s%s%" PRId64, t, j ? "," : "", ts->curriculum[i].lens[j]);
+    }
+    return t;
+}
+
 /* The program's hash (RtProgram.hash): the LLVM module as it stands before the descriptor (every
  * kernel and host function, without the source file's name) followed by the batch settings the
  * runtime applies around them. Two compilations of one program hash alike wherever its file lies
@@ -64,6 +104,7 @@ const char *program_hash(Host *h) {
     for (int i = 0; i < p->nprograms; i++)
         text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64, text, p->programs[i].first_step,
                             p->programs[i].global);
+    text = arena_printf(h->ar, "%s%s", text, curriculum_text(h));
     char hex[HOST_ABI_CHECKSUM_CHARS + 1];
     host_abi_checksum(text, strlen(text), hex);
     return arena_printf(h->ar, "xxh3-128:%s", hex);
@@ -105,7 +146,8 @@ static LLVMValueRef train_settings(Host *h) {
     const Plan *p = h->plan;
     const TrainConfig *ts = h->ts;
     const PlanProgram *pg = &p->programs[0];
-    LLVMValueRef ramp = emit_ramp_table(h);
+    LLVMValueRef ramp = emit_ramp_table(h), curr, curr_lens;
+    emit_curriculum(h, &curr, &curr_lens);
     LLVMValueRef f[RT_TRAIN_NFIELDS] = {0};
     f[RT_TRAIN_name] = str_const(h, ts->name);
     f[RT_TRAIN_micro] = ci64(h, pg->micro);
@@ -134,6 +176,9 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_docs] = ci64(h, ts->docs);
     f[RT_TRAIN_adapter_config] = str_const(h, ts->adapter_config);
     f[RT_TRAIN_adapter_modules] = str_const(h, ts->adapter_modules);
+    f[RT_TRAIN_ncurriculum] = ci64(h, ts->ncurriculum);
+    f[RT_TRAIN_curriculum] = curr;
+    f[RT_TRAIN_curriculum_lens] = curr_lens;
     return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
 }
 

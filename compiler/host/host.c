@@ -531,12 +531,34 @@ static int refuse_settings(const TrainConfig *ts) {
 
 int host_refuses(const TrainBuild *tb) {
     if (refuse_settings(tb->config)) return 1;
-    if (tb->config->nbuckets) { /* the step is compiled for one window length (docs/runtime.md, "Documents and packing") */
-        diag_error(tb->config->buckets_at,
-                   "batch.buckets is not carried out by executables yet: the step is compiled for one window length, seq");
-        diag_hint("pack documents into windows of seq tokens instead: tokens(..., docs = EOT) with batch { tokens = N }; "
-                  "--check and --emit accept buckets");
-        return 1;
+    if (tb->config->nbuckets && tb->step) {
+        /* a bucket's windows share the step's rows of seq tokens; only attention's pos mask keeps
+         * each window to its own keys (docs/runtime.md, "Sequence-length buckets") */
+        const Graph *g = tb->step;
+        for (int i = 0; i < g->n; i++) {
+            const GNode *n = graph_node(g, i);
+            if (n->op != G_ATTENTION || n->nin > 3) continue;
+            diag_error(n->src.file ? n->src : tb->config->buckets_at,
+                       "batch.buckets needs every attention of the step to be masked by document: this one has no pos");
+            if (n->src.file) diag_note(tb->config->buckets_at, "the buckets are here");
+            diag_hint("write attention(q, k, v, causal = true, pos = data.pos), so that a window sees only its own tokens");
+            return 1;
+        }
+        /* every other way a row's positions could meet (plan/kv.c's walk of the batch-1 forward) */
+        if (tb->forward) {
+            Arena ar = {0};
+            Span at;
+            const char *why = kv_window_local(tb->forward, tb->config->seq, &at, &ar);
+            if (why) {
+                diag_error(at.file ? at : tb->config->buckets_at,
+                           "batch.buckets needs each window of a row kept apart from the others, but here %s", why);
+                if (at.file) diag_note(tb->config->buckets_at, "the buckets are here");
+                diag_hint("only attention(..., pos = data.pos) may mix positions, and positions come from data.pos "
+                          "(docs/runtime.md, \"Sequence-length buckets\")");
+            }
+            arena_free(&ar);
+            if (why) return 1;
+        }
     }
     return 0;
 }

@@ -52,6 +52,11 @@ typedef struct KvCtx {
     Span at;
     Arena *ar;
     int64_t heads_kv, head_dim; /* of the first attention (every layer must agree) */
+    /* kv_window_local: only whether a row's positions stay apart, for sequence-length buckets
+     * (docs/runtime.md, "Sequence-length buckets"): data.pos is an input of the tokens, attention
+     * must take pos, and positions by the row's index (arange, a table sliced [0, T)) are refused,
+     * since they do not restart at each window */
+    int windows;
 } KvCtx;
 
 static int kv_refuse(KvCtx *c, const GNode *n, const char *why) {
@@ -122,6 +127,10 @@ static int kv_pointwise(KvCtx *c, const GNode *n) {
             }
             /* a constant of T rows met row by row: row t is position t's (wpe itself when its slice
              * [0, T) is the whole table), so the cached forward gathers the rows at the positions */
+            if (c->windows)
+                return kv_refuse(c, n,
+                                 "it combines the tokens row by row with a table indexed by the row's position, which "
+                                 "does not restart at each window; index it by data.pos");
             if (d != 0)
                 return kv_refuse(c, n,
                                  "it combines the tokens row by row with a constant indexed by position along an axis "
@@ -159,12 +168,18 @@ static int kv_node(KvCtx *c, const GNode *n) {
     for (int i = 0; i < n->nin; i++) any |= c->st[n->in[i]].kind != KS_CONST;
     switch (n->op) {
     case G_INPUT:
+        if (c->windows && n->name && strcmp(n->name, "data.pos") == 0 && n->rank == 2 && n->shape[1] == c->T) {
+            c->st[n->id] = (KvState){KS_TOK, 1};
+            return kv_copy(c, n, 1);
+        }
         if (!n->name || strcmp(n->name, "data.x") != 0 || n->rank != 2 || n->shape[1] != c->T || n->dt != DT_I32)
             return kv_refuse(c, n, "the forward reads an input other than the token ids data.x");
         c->st[n->id] = (KvState){KS_TOK, 1};
         return kv_copy(c, n, 1);
     case G_ARANGE:
         if (n->shape[0] != c->T) break;
+        if (c->windows)
+            return kv_refuse(c, n, "it numbers the row's positions by index, which do not restart at each window; use data.pos");
         c->st[n->id] = (KvState){KS_POS, 0};
         return kv_positions(c);
     default: break;
@@ -255,6 +270,13 @@ static int kv_node(KvCtx *c, const GNode *n) {
     }
     case G_ROPE: { /* the angle of each row's position, not of its index */
         if (s0.axis != x->rank - 2) return kv_refuse(c, n, "it rotates along an axis other than the tokens'");
+        if (c->windows) {
+            if (n->nin < 2)
+                return kv_refuse(c, n,
+                                 "it rotates by the row's index, which does not restart at each window; pass pos = data.pos");
+            c->st[n->id] = s0;
+            return kv_copy(c, n, s0.axis);
+        }
         int64_t shape[GRAPH_MAX_RANK];
         memcpy(shape, n->shape, sizeof shape);
         shape[s0.axis] = c->N;
@@ -269,6 +291,11 @@ static int kv_node(KvCtx *c, const GNode *n) {
             if (c->st[n->in[i]].kind != KS_TOK || c->st[n->in[i]].axis != 2)
                 return kv_refuse(c, n, "its q, k and v are not [1, heads, tokens, head size] of the tokens");
         if (!n->iattr[0]) return kv_refuse(c, n, "it is not causal");
+        if (c->windows) {
+            if (n->nin < 4) return kv_refuse(c, n, "it has no pos, so a window would see the one before it");
+            c->st[n->id] = (KvState){KS_TOK, 2};
+            return kv_copy(c, n, 2);
+        }
         const GNode *k = graph_node(c->g, n->in[1]), *v = graph_node(c->g, n->in[2]);
         if (v->shape[3] != x->shape[3]) return kv_refuse(c, n, "its values' head size differs from its keys'");
         if (c->layer == 0) c->heads_kv = k->shape[1], c->head_dim = k->shape[3];
@@ -292,6 +319,7 @@ static int kv_node(KvCtx *c, const GNode *n) {
 
 /* A slice [0, T) of a constant's first axis: a position table (wpe[0:T]). */
 static int kv_position_table(KvCtx *c, const GNode *n) {
+    if (c->windows) return -1; /* a constant: refused where the tokens meet it row by row (kv_pointwise) */
     if (n->op != G_SLICE || c->st[n->in[0]].kind != KS_CONST || n->iattr[0] != 0 || n->iattr[1] != 0 || n->iattr[2] != c->T)
         return -1;
     c->st[n->id] = (KvState){KS_POS, 0};
@@ -333,4 +361,27 @@ const char *kv_chunk_graph(const Graph *g, int out, int64_t T, const KvConfig *c
     res->bytes_per_token = (int64_t)c.nlayers * 2 * c.heads_kv * c.head_dim * dtype_size(cfg->kv_dt);
     if (graph_verify(c.ng, stderr)) INTERNAL("the forward over new tokens fails graph_verify (problems above)");
     return NULL;
+}
+
+/* Sequence-length buckets (docs/runtime.md, "Sequence-length buckets"): whether each row of the
+ * batch-1 forward g (T positions) keeps a window of its tokens apart from the others, given that
+ * data.pos restarts at each window - the walk above, with data.pos an input of the tokens, every
+ * attention masked by pos, rope rotated by pos, and no position by the row's index. NULL, or why
+ * not (*at where). It sees one row: an op that mixes the rows of a micro-batch (a statistic over
+ * the batch axis) is not seen. */
+const char *kv_window_local(const Graph *g, int64_t T, Span *at, Arena *ar) {
+    *at = span_none();
+    KvConfig cfg = {.rows = T, .block = T, .max_blocks = 1, .kv_dt = DT_F32};
+    KvCtx c = {.g = g, .cfg = &cfg, .T = T, .N = T, .pos = -1, .ar = ar, .windows = 1};
+    c.ng = graph_new(ar);
+    c.map = arena_alloc(ar, sizeof(int) * (size_t)(g->n + 1));
+    c.st = arena_alloc(ar, sizeof(KvState) * (size_t)(g->n + 1));
+    int64_t meta = kv_meta_numel(T, 1);
+    c.kv_in = graph_add(c.ng, G_INPUT, DT_I32, 1, &meta, 0, NULL, span_none());
+    for (int i = 0; i < g->n && !c.why; i++) {
+        c.st[i] = (KvState){KS_CONST, -1};
+        c.map[i] = kv_node(&c, graph_node(g, i));
+    }
+    *at = c.why ? c.at : span_none();
+    return c.why;
 }

@@ -29,4 +29,8 @@ typedef struct KvChunk {
  * when nowhere). g is not changed. */
 const char *kv_chunk_graph(const Graph *g, int out, int64_t T, const KvConfig *cfg, KvChunk *res, Span *at, Arena *ar);
 
+/* Whether the batch-1 forward g (T positions) keeps each window of a row apart when data.pos
+ * restarts at every window (sequence-length buckets): NULL, or why not, with *at where. */
+const char *kv_window_local(const Graph *g, int64_t T, Span *at, Arena *ar);
+
 #endif

@@ -282,6 +282,7 @@ Plan *plan_build(const TrainBuild *tb, int first_bwd, const PlanSchedules *s, Ar
     p->first_bwd = first_bwd;
     p->steps = ts->steps;
     p->seq = ts->seq;
+    p->config = ts;
     p->micro = ts->micro;
     p->data = ts->data_par;
     p->clip = ts->clip;
@@ -427,6 +428,42 @@ static void plan_print_program(FILE *out, Arena *ar, const Plan *p, int k) {
     }
 }
 
+/* The sequence-length curriculum (batch { buckets, curriculum }): each stage, and step by step
+ * one turn of its lengths - the length of step s is that of step s - n (n lengths a turn). */
+static void plan_print_curriculum(FILE *out, const Plan *p) {
+    const TrainConfig *c = p->config;
+    if (!c || !c->ncurriculum) return;
+    int64_t tokens = p->micro * p->seq;
+    fprintf(out, "sequence lengths: buckets [");
+    for (int i = 0; i < c->nbuckets; i++) fprintf(out, "%s%" PRId64, i ? ", " : "", c->buckets[i]);
+    fprintf(out, "]; each micro-batch's %" PRId64 " tokens read as windows of the step's length, data.pos restarting at each\n",
+            tokens);
+    if (c->curriculum[0].step > 0)
+        fprintf(out, "  steps 0..%" PRId64 ": %" PRId64 " windows of %" PRId64 " tokens\n", c->curriculum[0].step - 1, p->micro,
+                p->seq);
+    for (int i = 0; i < c->ncurriculum; i++) {
+        const CurriculumStage *st = &c->curriculum[i];
+        int64_t last = i + 1 < c->ncurriculum ? c->curriculum[i + 1].step - 1 : p->steps - 1;
+        if (st->step >= p->steps) {
+            fprintf(out, "  from step %" PRId64 ", never reached (the run has %" PRId64 " steps)\n", st->step, p->steps);
+            continue;
+        }
+        if (last >= p->steps) last = p->steps - 1;
+        if (st->n == 1) {
+            fprintf(out, "  steps %" PRId64 "..%" PRId64 ": %" PRId64 " windows of %" PRId64 " tokens\n", st->step, last,
+                    tokens / st->lens[0], st->lens[0]);
+            continue;
+        }
+        fprintf(out, "  steps %" PRId64 "..%" PRId64 ": the lengths in turn, one a step\n", st->step, last);
+        for (int64_t s = st->step; s <= last && s < st->step + st->n; s++) {
+            int64_t len = train_seq_at(c, s);
+            fprintf(out, "    step%s %" PRId64, s + st->n <= last ? "s" : "", s);
+            if (s + st->n <= last) fprintf(out, ", %" PRId64 ", ...", s + st->n);
+            fprintf(out, ": %" PRId64 " windows of %" PRId64 " tokens\n", tokens / len, len);
+        }
+    }
+}
+
 void plan_print(FILE *out, const Plan *p) {
     Arena ar = {0};
     const PlanMemory *m = &p->mem;
@@ -446,6 +483,7 @@ void plan_print(FILE *out, const Plan *p) {
         fprintf(out, "%s%s = %s", i ? ", " : " (", up->state_name[i], value_float_str(&ar, up->state_init[i]));
     fprintf(out, "%s\n", up->nstate ? " at the start)" : "");
     for (int i = 0; i < p->nnotes; i++) fprintf(out, "note: %s\n", p->notes[i]);
+    plan_print_curriculum(out, p);
     for (int k = 0; k < p->nprograms; k++) plan_print_program(out, &ar, p, k);
 
     fprintf(out, "\n## update graph\n");

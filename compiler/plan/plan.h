@@ -245,8 +245,9 @@ typedef struct Plan {
     int seed;            /* the backward's seed (d loss / d loss, a G_CONST 1.0), or -1: no parameter
                                  reaches the loss, and every gradient is zero */
     int64_t steps, seq, micro, data;
-    double clip; /* 0: none */
-    int has_lr;  /* the optimizer has the hyper-parameter lr (the update's input "lr") */
+    const TrainConfig *config; /* the settings: the sequence-length curriculum's stages (printed) */
+    double clip;               /* 0: none */
+    int has_lr;                /* the optimizer has the hyper-parameter lr (the update's input "lr") */
     double lr_base;
     const char *schedule;      /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: constant */
     const ScalarProg *lr_prog; /* the schedule's program when it depends on the global batch (a

@@ -110,6 +110,7 @@ typedef struct VerifyBatches {
     int xin, yin, posin; /* posin -1: no data.pos */
     int64_t docs;        /* the end-of-text id */
     double *key;         /* dropout's key (graph.h), or NULL */
+    int64_t row;         /* positions restart every row tokens: step 1's curriculum length (train_seq_at), else seq */
 } VerifyBatches;
 
 static void verify_load_micro(void *ctx, int64_t m, double **leaves) {
@@ -121,7 +122,7 @@ static void verify_load_micro(void *ctx, int64_t m, double **leaves) {
     for (int64_t k = 0; k < window; k++) {
         leaves[vb->xin][k] = bx[k];
         leaves[vb->yin][k] = vb->d->by[m * window + k];
-        if (lp) lp[k] = k % seq == 0 || bx[k - 1] == vb->docs ? 0 : lp[k - 1] + 1;
+        if (lp) lp[k] = k % vb->row == 0 || bx[k - 1] == vb->docs ? 0 : lp[k - 1] + 1;
     }
 }
 
@@ -174,7 +175,7 @@ int verify_step(Pipeline *p, const char *path) {
     if (posin >= 0) leaves[posin] = arena_alloc(ar, (size_t)window * sizeof(double));
     /* global_mean: the statistics over all the step's micro-batches first (ref_global_stats), then
      * every micro-batch's forward and backward reads them */
-    VerifyBatches vb = {&d, xin, yin, posin, tb->config->docs, key};
+    VerifyBatches vb = {&d, xin, yin, posin, tb->config->docs, key, train_seq_at(tb->config, 0)};
     if (ref_global_stats(g, accum, verify_load_micro, &vb, leaves, ar)) {
         step_dump_free(&d);
         return diag_finish();

@@ -49,9 +49,9 @@ static const KeySpec train_keys[T_NKEYS] = {
     {"eval", SK_BLOCK},      {"seed", SK_VALUE},    {"clip", SK_VALUE},       {"freeze", SK_VALUE},
 };
 
-enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_BUCKETS, B_NKEYS };
-static const KeySpec batch_keys[B_NKEYS] = {
-    {"global", SK_VALUE}, {"micro", SK_VALUE}, {"tokens", SK_VALUE}, {"ramp", SK_VALUE}, {"buckets", SK_VALUE}};
+enum { B_GLOBAL, B_MICRO, B_TOKENS, B_RAMP, B_BUCKETS, B_CURRICULUM, B_NKEYS };
+static const KeySpec batch_keys[B_NKEYS] = {{"global", SK_VALUE}, {"micro", SK_VALUE},   {"tokens", SK_VALUE},
+                                            {"ramp", SK_VALUE},   {"buckets", SK_VALUE}, {"curriculum", SK_VALUE}};
 
 enum { P_DATA, P_TENSOR, P_PIPELINE, P_SEQUENCE, P_EXPERT, P_ZERO, P_SCHEDULE, P_NKEYS };
 static const KeySpec parallel_keys[P_NKEYS] = {{"data", SK_VALUE},     {"tensor", SK_VALUE}, {"pipeline", SK_VALUE},
@@ -603,8 +603,11 @@ static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
 }
 
 /* batch { buckets = [T1, T2, ...] }: sequence-length buckets (Dataset Decomposition), each a
- * positive length up to seq, increasing. Checked here; mbtc -o refuses it (host.c), as the step is
- * compiled for one window length. */
+ * positive length that divides seq, increasing. Each step's micro-batch keeps its micro x seq
+ * tokens; at length T they are read as micro x seq / T windows of T tokens, each its own row of
+ * documents (data.pos restarts every T tokens, and attention's pos mask keeps a window to itself),
+ * so the step compiled for [micro, seq] computes exactly the shorter windows (docs/runtime.md,
+ * "Sequence-length buckets"). That needs data.pos: the data must have documents. */
 static void check_buckets(Frame *f, const Node *item, TrainSettings *ts) {
     Sema *s = f->s;
     Value *v = eval_expr(f, item->a);
@@ -630,6 +633,13 @@ static void check_buckets(Frame *f, const Node *item, TrainSettings *ts) {
                 sema_hint(s, "every bucket is a window length up to the sequence length seq of tokens(...)");
             return;
         }
+        if (ts->cfg.seq > 0 && ts->cfg.seq % k != 0) {
+            if (sema_error(s, value_span(item), "'batch.buckets' item %d is %lld, which does not divide seq = %lld", i,
+                           (long long)k, (long long)ts->cfg.seq))
+                sema_hint(s, "a bucket's windows are cut from the step's rows of seq tokens: use divisors of %lld",
+                          (long long)ts->cfg.seq);
+            return;
+        }
         if (i > 0 && k <= lens[i - 1]) {
             sema_error(s, value_span(item), "'batch.buckets' must increase, but item %d (%lld) follows %lld", i, (long long)k,
                        (long long)lens[i - 1]);
@@ -637,9 +647,103 @@ static void check_buckets(Frame *f, const Node *item, TrainSettings *ts) {
         }
         lens[i] = k;
     }
+    if (ts->cfg.docs == -1) {
+        if (sema_error(s, value_span(item), "'batch.buckets' needs documents: tokens(..., docs = EOT)"))
+            sema_hint(s, "a bucket's windows are told apart by data.pos, which exists with documents; pass it to "
+                         "attention(..., pos = data.pos) and the position embedding");
+        return;
+    }
     ts->cfg.buckets = lens;
     ts->cfg.nbuckets = v->n;
     ts->cfg.buckets_at = value_span(item);
+}
+
+/* A length of the curriculum: one of the buckets. */
+static int curriculum_len(Frame *f, const Value *e, Span at, const TrainSettings *ts, int64_t *out) {
+    Sema *s = f->s;
+    int64_t k;
+    if (!e || e->kind != V_INT || !e->dim || !dim_const(e->dim, &k)) {
+        sema_error(s, at, "a 'batch.curriculum' length must be an integer, but it is %s",
+                   e ? value_describe(s->ar, e) : "unknown");
+        return 0;
+    }
+    for (int i = 0; i < ts->cfg.nbuckets; i++)
+        if (ts->cfg.buckets[i] == k) {
+            *out = k;
+            return 1;
+        }
+    if (sema_error(s, at, "'batch.curriculum' length %lld is not one of the buckets", (long long)k)) {
+        const char *list = "";
+        for (int i = 0; i < ts->cfg.nbuckets; i++)
+            list = arena_printf(s->ar, "%s%s%lld", list, i ? ", " : "", (long long)ts->cfg.buckets[i]);
+        sema_hint(s, "the buckets are [%s]", list);
+    }
+    return 0;
+}
+
+/* batch { curriculum = [(step, T), (step, [T1, T2]), ...] }: from each entry's step on, the
+ * length T, or the lengths T1, T2, ... in turn one a step (Dataset Decomposition's cyclic
+ * curriculum); steps increase from 0 or later (before the first, steps are seq long). Without
+ * `curriculum`, one stage from step 0 cycles over every bucket. Needs buckets. */
+static void check_curriculum(Frame *f, const Node *item, TrainSettings *ts) {
+    Sema *s = f->s;
+    Value *v = eval_expr(f, item->a);
+    if (v->kind == V_UNKNOWN) return;
+    if (!ts->cfg.nbuckets) {
+        if (sema_error(s, key_span(item), "'batch.curriculum' needs 'batch.buckets'"))
+            sema_hint(s, "list the lengths first: buckets = [256, 512, 1024]");
+        return;
+    }
+    int64_t len;
+    if (v->kind != V_LIST || !v->len || !dim_const(v->len, &len) || len != v->n || v->n == 0) {
+        if (sema_error(s, value_span(item), "'batch.curriculum' must be a list of (step, length) pairs, but it is %s",
+                       value_describe(s->ar, v)))
+            sema_hint(s, "for example: curriculum = [(0, 256), (1000, [256, 512, 1024])]");
+        return;
+    }
+    const Node *ln = item->a && item->a->kind == N_LIST && item->a->list.n == v->n ? item->a : NULL;
+    CurriculumStage *cs = arena_alloc(s->ar, sizeof *cs * (size_t)v->n);
+    int n = 0;
+    int64_t prev = -1;
+    for (int i = 0; i < v->n; i++) {
+        Value *e = v->items[i];
+        Span at = ln && ln->list.v[i] ? ln->list.v[i]->span : value_span(item);
+        int64_t st;
+        if (!e || e->kind == V_UNKNOWN) return;
+        if (e->kind != V_TUPLE || e->n != 2 || !e->items[0] || !e->items[1] || e->items[0]->kind != V_INT || !e->items[0]->dim ||
+            !dim_const(e->items[0]->dim, &st)) {
+            sema_error(s, at,
+                       "each 'batch.curriculum' entry must be a pair (step, length) or (step, [lengths]), but this one is %s",
+                       value_describe(s->ar, e));
+            return;
+        }
+        if (st < 0 || st <= prev) {
+            if (st < 0) sema_error(s, at, "batch: a curriculum step must not be negative, but it is %lld", (long long)st);
+            else
+                sema_error(s, at, "batch: curriculum steps must increase, but %lld comes after %lld", (long long)st,
+                           (long long)prev);
+            return;
+        }
+        prev = st;
+        const Value *l = e->items[1];
+        CurriculumStage c = {st, NULL, 0};
+        if (l->kind == V_LIST || l->kind == V_TUPLE) {
+            if (l->n == 0) {
+                sema_error(s, at, "a 'batch.curriculum' entry's list of lengths is empty");
+                return;
+            }
+            c.lens = arena_alloc(s->ar, sizeof(int64_t) * (size_t)l->n);
+            for (int j = 0; j < l->n; j++)
+                if (!curriculum_len(f, l->items[j], at, ts, &c.lens[c.n++])) return;
+        } else {
+            c.lens = arena_alloc(s->ar, sizeof(int64_t));
+            if (!curriculum_len(f, l, at, ts, &c.lens[0])) return;
+            c.n = 1;
+        }
+        cs[n++] = c;
+    }
+    ts->cfg.curriculum = cs;
+    ts->cfg.ncurriculum = n;
 }
 
 /* batch { ... }: the global batch, the micro-batch (or tokens), their accumulation, the ramp. */
@@ -678,6 +782,12 @@ static void check_batch(Frame *f, const Node *item, TrainSettings *ts) {
     if (ts->cfg.global) ts->cfg.accumulation = ts->cfg.global / (ts->cfg.micro * ts->cfg.data_par);
     if (b[B_RAMP]) check_ramp(f, b[B_RAMP], ts, ts->cfg.data_par);
     if (b[B_BUCKETS]) check_buckets(f, b[B_BUCKETS], ts);
+    if (b[B_CURRICULUM]) check_curriculum(f, b[B_CURRICULUM], ts);
+    else if (ts->cfg.nbuckets) { /* the default curriculum: every bucket in turn from step 0 */
+        ts->cfg.curriculum = arena_alloc(s->ar, sizeof *ts->cfg.curriculum);
+        ts->cfg.curriculum[0] = (CurriculumStage){0, ts->cfg.buckets, ts->cfg.nbuckets};
+        ts->cfg.ncurriculum = 1;
+    }
 }
 
 /* The settings after the optimizer: recompute, offload, checkpoint, steps, eval, seed, clip. */

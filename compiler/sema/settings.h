@@ -30,6 +30,14 @@ typedef struct RampStep {
     int64_t step, global, accumulation; /* from `step` on, the global batch and its accumulation */
 } RampStep;
 
+/* One stage of a sequence-length curriculum: from `step` on, the lengths lens[0..n) in turn, one a
+ * step (n = 1: a single length). */
+typedef struct CurriculumStage {
+    int64_t step;
+    int64_t *lens;
+    int n;
+} CurriculumStage;
+
 typedef struct TrainConfig {
     const char *name;
     Span at;                   /* the block's name: where messages about the whole block point */
@@ -45,9 +53,15 @@ typedef struct TrainConfig {
      * position in its document (docs/runtime.md, "Documents and packing"). */
     int64_t docs; /* -2 after an error in docs = ... (the block then builds nothing) */
     Span docs_at;
-    int64_t *buckets; /* batch { buckets = [...] }: sequence-length buckets (refused by mbtc -o) */
+    /* batch { buckets = [...], curriculum = [...] }: sequence-length buckets and the curriculum
+     * that picks one per step (docs/runtime.md, "Sequence-length buckets"). Stage i runs from
+     * step curriculum[i].step on, cycling over its lengths one a step; without `curriculum` one
+     * stage from step 0 cycles over every bucket. nbuckets 0: none (every step is seq long). */
+    int64_t *buckets;
     int nbuckets;
     Span buckets_at;
+    CurriculumStage *curriculum;
+    int ncurriculum;
     int64_t global, micro, tokens, accumulation; /* tokens = 0 when micro is fixed */
     RampStep *ramp;
     int nramp;
@@ -72,6 +86,15 @@ typedef struct TrainConfig {
     int64_t steps, seed;
     double clip;
 } TrainConfig;
+
+/* The window length of 0-based step `step`: its curriculum stage's lengths in turn, counted from
+ * the stage's first step; seq before the first stage and without buckets. The runtime's
+ * rt_train_seq_len computes the same from the program's table. */
+static inline int64_t train_seq_at(const TrainConfig *c, int64_t step) {
+    const CurriculumStage *st = NULL;
+    for (int i = 0; i < c->ncurriculum && c->curriculum[i].step <= step; i++) st = &c->curriculum[i];
+    return st && st->n > 0 ? st->lens[(step - st->step) % st->n] : c->seq;
+}
 
 typedef struct ServeConfig {
     const char *name;

@@ -72,6 +72,19 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err) {
                            (long long)(i + 1), (long long)r->step, (long long)r->global, (long long)t->micro, (long long)r->accum,
                            (long long)t->data_ranks);
     }
+    if (t->ncurriculum < 0 || (t->ncurriculum > 0 && (!t->curriculum || !t->curriculum_lens || t->docs < 0)))
+        return rt_fail(err, RT_ERR_ARG, "batch: ncurriculum is %lld (0 or more, with its tables and documents when above 0)",
+                       (long long)t->ncurriculum);
+    for (int64_t i = 0, nl = 0; i < t->ncurriculum; i++) {
+        const int64_t *c = t->curriculum + 3 * i;
+        if (c[0] < 0 || (i > 0 && c[0] <= c[-3]) || c[1] != nl || c[2] < 1)
+            return rt_fail(err, RT_ERR_ARG, "batch: curriculum stage %lld (step %lld, lengths %lld..+%lld) is out of order",
+                           (long long)(i + 1), (long long)c[0], (long long)c[1], (long long)c[2]);
+        for (int64_t j = 0; j < c[2]; j++, nl++)
+            if (t->curriculum_lens[nl] < 1 || t->seq % t->curriculum_lens[nl] != 0)
+                return rt_fail(err, RT_ERR_ARG, "batch: curriculum length %lld does not divide seq %lld",
+                               (long long)t->curriculum_lens[nl], (long long)t->seq);
+    }
     if (t->steps < 0 || t->vocab < 1 || t->vocab > INT32_MAX || t->ctx < 0)
         return rt_fail(err, RT_ERR_ARG, "steps %lld, vocab %lld or ctx %lld out of range", (long long)t->steps,
                        (long long)t->vocab, (long long)t->ctx);
@@ -189,6 +202,14 @@ RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step) {
     RtRampStage s = {0, t->global, t->accum};
     for (int64_t i = 0; i < t->nramp && t->ramp[i].step <= step; i++) s = t->ramp[i];
     return s;
+}
+
+/* A pure function of the step, so a resumed run (which restores the step) is where the curriculum
+ * was; the same rule as the compiler's train_seq_at (settings.h). */
+int64_t rt_train_seq_len(const RtTrainSettings *t, int64_t step) {
+    const int64_t *st = NULL;
+    for (int64_t i = 0; i < t->ncurriculum && t->curriculum[3 * i] <= step; i++) st = t->curriculum + 3 * i;
+    return st ? t->curriculum_lens[st[1] + (step - st[0]) % st[2]] : t->seq;
 }
 
 /* The parameters a command starts from: the weights file, when one is given (a note on stderr
@@ -671,6 +692,16 @@ static void rt_train_banner(const RtTrainRun *r) {
         printf("batch ramp: from step %lld, %lld sequences a step (accumulation %lld)%s\n", (long long)(t->ramp[i].step + 1),
                (long long)t->ramp[i].global, (long long)t->ramp[i].accum,
                t->ramp[i].step >= o->steps ? "; not reached in this run" : "");
+    for (int64_t i = 0; i < t->ncurriculum; i++) {
+        const int64_t *c = t->curriculum + 3 * i;
+        printf("sequence lengths: from step %lld, a micro-batch is", (long long)(c[0] + 1));
+        for (int64_t j = 0; j < c[2]; j++) {
+            int64_t len = t->curriculum_lens[c[1] + j];
+            printf("%s %lld x %lld tokens", j ? (j + 1 == c[2] ? " and" : ",") : "", (long long)(t->micro * t->seq / len),
+                   (long long)len);
+        }
+        printf("%s%s\n", c[2] > 1 ? " in turn, one a step" : "", c[0] >= o->steps ? "; not reached in this run" : "");
+    }
     if (nranks > 1)
         printf("data-parallel: %d processes, each %lld micro-batches of %lld a step (its share of the global batch); "
                "the gradient summed by one tree over the %lld micro-batches\n",
@@ -1000,7 +1031,11 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     RtStatus st = r->dump_x && step == 0 ? rt_train_dump_batches(r, nmicro) : RT_OK;
     /* a process runs nmicro / nranks of them: all of them alone, accum with one process a rank */
     int64_t local = nmicro / r->nranks;
+    /* the curriculum's length for this step: the same micro x seq tokens read as windows of that
+     * length (data.pos restarts every x->row tokens); evaluation and generation keep seq */
+    x->row = rt_train_seq_len(t, step);
     if (st == RT_OK) st = rt_train_micro_batches(r, step, local);
+    x->row = 0;
     if (st == RT_OK) st = rt_train_reduce(r, step);
     if (st == RT_OK) st = rt_train_step_loss(r, local, &loss);
     if (st == RT_OK && r->dump_x && step == 0) {

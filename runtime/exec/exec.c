@@ -148,8 +148,10 @@ void rt_doc_positions(const int32_t *x, int64_t tokens, int64_t row, int64_t eot
 
 RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err) {
     const RtTrainSettings *t = &e->prog->train;
-    if (e->pos) /* rows of seq tokens (a training or evaluation batch), else one row (generation's context) */
-        rt_doc_positions(e->x, tokens, t->seq > 0 && tokens % t->seq == 0 ? t->seq : tokens, t->docs, e->pos);
+    /* rows of seq tokens (a training or evaluation batch; a curriculum step's windows of e->row),
+     * else one row (generation's context) */
+    int64_t row = e->row > 0 ? e->row : t->seq;
+    if (e->pos) rt_doc_positions(e->x, tokens, row > 0 && tokens % row == 0 ? row : tokens, t->docs, e->pos);
     if (!e->gpu) return RT_OK;
     RtStatus st = rt_gpu_upload(e->gpu, e->d_x, e->x, tokens * 4, err);
     if (st == RT_OK && e->d_pos) st = rt_gpu_upload(e->gpu, e->d_pos, e->pos, tokens * 4, err);

@@ -87,6 +87,8 @@ RtStatus rt_program_check(const RtProgram *p, RtError *err);      /* the descrip
 /* The batch of 0-based optimizer step `step`: the ramp stage in force then (.step is where it
  * starts; the base stage is {0, global, accum}). The step runs accum x data micro-batches. */
 RtRampStage rt_train_stage(const RtTrainSettings *t, int64_t step);
+/* The window length of 0-based step `step` under the sequence-length curriculum (seq without one) */
+int64_t rt_train_seq_len(const RtTrainSettings *t, int64_t step);
 
 /* The deepest stack of partial sums the step's gradient tree may need: 2^(RT_TREE_MAX-1) local
  * micro-batches. */
@@ -108,6 +110,9 @@ typedef struct RtExec {
     unsigned char *d_arena;
     int32_t *d_x, *d_y;
     int32_t *pos, *d_pos; /* with documents (train.docs >= 0): data.pos, computed from x by rt_exec_batch; else NULL */
+    /* the window length rt_exec_batch numbers data.pos by: a training step's curriculum length
+     * (rt_train_seq_len; positions restart every `row` tokens); 0: seq */
+    int64_t row;
     /* The step's partial sums (rt_exec_tree_*): tree[0] is the gradient region (d_grads on the
      * GPU), tree[1..ntree-1] extra regions of param_floats on the running device. */
     float *tree[RT_TREE_MAX];

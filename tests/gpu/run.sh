@@ -11,7 +11,8 @@
 # counterpart tests/gpu/attn_shapes_bf16.mbt (whose forwards run on the tensor cores),
 # tests/verify/tiny_bf16.mbt (tiny with precision = bf16), tests/exec/dropout.mbt (dropout with
 # p > 0: the device's masks, forward and backward, must be the CPU's for the step to compare),
-# tests/verify/docs.mbt (attention masked at document boundaries, issue 20) and tests/exec/groups.mbt
+# tests/verify/docs.mbt (attention masked at document boundaries, issue 20), tests/exec/buckets.mbt
+# (sequence-length buckets: step 1 at length 8, step 2 at 16, issue 20) and tests/exec/groups.mbt
 # and lora.mbt (frozen parameters, no_decay and a LoRA adapter: the grouped update's index masks on
 # the device). For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
@@ -278,7 +279,7 @@ fi
 names=()
 running=0
 for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
-    tests/verify/docs.mbt tests/exec/groups.mbt tests/exec/lora.mbt; do
+    tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue
