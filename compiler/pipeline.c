@@ -80,7 +80,8 @@ static int run_check(Pipeline *p) {
         p->tb->step = g;
         return 0;
     }
-    p->tb = sema_build_train(p->ld, p->main_mod, p->o.train, PLAN_ALIGN / 4, p->ar);
+    p->tb = sema_build_train_padded(p->ld, p->main_mod, p->o.train, PLAN_ALIGN / 4, p->o.pad_gemm > 1 ? p->o.pad_gemm : 1,
+                                    p->o.pad_min, p->ar);
     return !p->tb;
 }
 
