@@ -1145,6 +1145,8 @@ GbOutcome gb_finish(GraphBuilder *gb, GraphBuilt *out) {
     if (!gb->done) return GB_NO_LOSS;
     if (gb->align > 0 && (!gb->update_done || !gb->forward || !gb->forward->done)) return GB_NO_UPDATE;
     out->step = gb->step ? gb->step : gb->g;
+    if (gb->align == 0 && gb->pad_mult > 1) /* the step alone (ir, grad): padded as with the update */
+        graph_pad_params(out->step, gb->pad_mult, gb->pad_min, NULL, NULL);
     if (gb->forward && gb->pad_mult > 1) /* its parameters share the step's storage: padded alike */
         graph_pad_params(gb->forward->g, gb->pad_mult, gb->pad_min, out->step, &gb->forward->output);
     out->update = gb->upd;

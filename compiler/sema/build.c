@@ -140,7 +140,7 @@ static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name,
     if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
     GraphBuilder *gb = gb_new(ar, arena_printf(ar, "train %.*s", STR_ARG(want->name)));
     if (align > 0) gb_want_update(gb, align, gb_new(ar, arena_printf(ar, "forward %.*s at batch 1", STR_ARG(want->name))));
-    if (align > 0 && pad_mult > 1) gb_want_pad(gb, pad_mult, pad_min);
+    if (pad_mult > 1) gb_want_pad(gb, pad_mult, pad_min);
     SemaResult res;
     memset(&res, 0, sizeof res);
     if (main->state != 0) INTERNAL("sema_build_train_graph: module '%s' was checked already", main->name);
@@ -185,7 +185,12 @@ static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name,
 }
 
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
-    TrainBuild *tb = build_train(ld, main, train_name, 0, 1, 0, ar);
+    return sema_build_train_graph_padded(ld, main, train_name, 1, 0, ar);
+}
+
+Graph *sema_build_train_graph_padded(Loader *ld, Module *main, const char *train_name, int64_t pad_mult, int64_t pad_min,
+                                     Arena *ar) {
+    TrainBuild *tb = build_train(ld, main, train_name, 0, pad_mult, pad_min, ar);
     return tb ? tb->step : NULL;
 }
 
