@@ -74,13 +74,15 @@ static int print_ast(Pipeline *p, FILE *out) {
 static int run_check(Pipeline *p) {
     if (p->goal <= ST_CHECK) return sema_check(p->ld, p->main_mod) != 0;
     if (p->goal <= ST_GRAD) {
-        Graph *g = sema_build_train_graph(p->ld, p->main_mod, p->o.train, p->ar);
+        Graph *g = sema_build_train_graph_padded(p->ld, p->main_mod, p->o.train, p->o.pad_gemm > 1 ? p->o.pad_gemm : 1,
+                                                 p->o.pad_min, p->ar);
         if (!g) return 1;
         p->tb = arena_alloc(p->ar, sizeof *p->tb);
         p->tb->step = g;
         return 0;
     }
-    p->tb = sema_build_train(p->ld, p->main_mod, p->o.train, PLAN_ALIGN / 4, p->ar);
+    p->tb = sema_build_train_padded(p->ld, p->main_mod, p->o.train, PLAN_ALIGN / 4, p->o.pad_gemm > 1 ? p->o.pad_gemm : 1,
+                                    p->o.pad_min, p->ar);
     return !p->tb;
 }
 

@@ -53,6 +53,9 @@ typedef struct PipelineOptions {
     int cuda_info;            /* --cuda-info: ptxas's figures after --emit=kernels */
     const char *const *archs; /* --cuda-arch */
     int narch;
+    int64_t pad_gemm; /* --pad-gemm: parameters' leading dimensions reaching a GEMM padded to a multiple
+                         of this (1: none; graph_pad.h) when they have at least pad_min rows */
+    int64_t pad_min;
     int progress; /* -v, or -o with stderr a terminal: each stage's time, one line on stderr */
 } PipelineOptions;
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "diag.h"
+#include "graph_pad.h"
 #include "host_internal.h"
 
 /* The batch-size ramp: the plan's step programs after the first, one RtRampStage each (the
@@ -121,13 +122,14 @@ static LLVMValueRef emit_param_table(Host *h) {
         const GNode *n = graph_node(g, pp->node);
         if (n->rank > maxr) INTERNAL("host: parameter %s has rank %d", pp->name, n->rank);
         LLVMValueRef dims[64];
-        for (int d = 0; d < maxr; d++) dims[d] = ci64(h, d < n->rank ? n->shape[d] : 0);
+        /* The program's shape: a padded parameter (graph_pad.h) is its first pp->valid elements. */
+        for (int d = 0; d < maxr; d++) dims[d] = ci64(h, d == 0 && n->rank ? graph_param_rows(n) : d < n->rank ? n->shape[d] : 0);
         int init = (int)n->iattr[0]; /* GInit and RtInitKind list the same initialisers in the same order */
         LLVMValueRef f[RT_PARAM_NFIELDS] = {0};
         f[RT_PARAM_name] = str_const(h, pp->name);
         f[RT_PARAM_rank] = ci32(h, n->rank);
         f[RT_PARAM_shape] = LLVMConstArray2(h->i64, dims, (uint64_t)maxr);
-        f[RT_PARAM_numel] = ci64(h, pp->numel);
+        f[RT_PARAM_numel] = ci64(h, pp->valid);
         f[RT_PARAM_offset] = ci64(h, pp->offset / 4);
         f[RT_PARAM_init] = ci32(h, init);
         f[RT_PARAM_init_a] = LLVMConstReal(h->f64, n->fattr[0]);

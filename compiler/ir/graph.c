@@ -289,6 +289,7 @@ static void graph_line_attrs(GraphLine *l, Arena *ar, const GNode *n) {
         else graph_line_printf(l, " init=%s", in);
         if (ia[1] & GP_FROZEN) graph_line_printf(l, " frozen");
         if (ia[1] & GP_NO_DECAY) graph_line_printf(l, " no_decay");
+        if (ia[2] > 0) graph_line_printf(l, " rows=%" PRId64, ia[2]); /* stored padded: graph_pad.h */
         break;
     }
     case G_DROPOUT: graph_line_printf(l, " p=%s stream=%" PRId64, value_float_str(ar, fa[0]), ia[0]); break;
@@ -348,7 +349,9 @@ void graph_print(FILE *out, const Graph *g, int first) {
     int64_t values = 0;
     for (int i = 0; i < g->nparams; i++)
         if (g->params[i] >= 0 && g->params[i] < g->n) {
-            int64_t k = graph_numel(g->node[g->params[i]]);
+            const GNode *pn = g->node[g->params[i]];
+            int64_t k = graph_numel(pn);
+            if (pn->iattr[2] > 0 && pn->shape[0] > 0) k = k / pn->shape[0] * pn->iattr[2]; /* the program's, not the padded */
             values = values > INT64_MAX - k ? INT64_MAX : values + k;
         }
     if (g->update) /* an update graph: its layout instead of parameters */
@@ -711,6 +714,9 @@ static int graph_v_leaf(GraphVerify *v, const GNode *n, const GNode *const *in) 
         if (!dtype_is_float(n->dt)) graph_v_fail(v, "a parameter must be a float tensor, got %s", graph_v_ntype(n).s);
         if (ia[0] < GI_ZEROS || ia[0] > GI_UNIFORM) graph_v_fail(v, "unknown initialiser %" PRId64, ia[0]);
         if (ia[1] & ~(int64_t)(GP_FROZEN | GP_NO_DECAY)) graph_v_fail(v, "unknown group bits %" PRId64, ia[1]);
+        if (ia[2] < 0 || (ia[2] > 0 && (n->rank < 1 || ia[2] >= n->shape[0])))
+            graph_v_fail(v, "padded from %" PRId64 " rows, which is not fewer than its %" PRId64, ia[2],
+                         n->rank ? n->shape[0] : 0);
         if (ia[0] == GI_NORMAL && !(n->fattr[1] >= 0)) graph_v_fail(v, "normal's std %g is negative", n->fattr[1]);
         if (ia[0] == GI_UNIFORM && !(n->fattr[0] < n->fattr[1]))
             graph_v_fail(v, "uniform's lo %g is not below hi %g", n->fattr[0], n->fattr[1]);

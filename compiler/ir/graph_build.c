@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "graph_build.h"
+#include "graph_pad.h"
 
 struct GraphBuilder {
     Arena *ar; /* the checker's: values the hooks make, text of messages (gb_start) */
@@ -48,6 +49,8 @@ struct GraphBuilder {
     GraphBuilder *forward; /* the batch-1 builder riding along with the step's (NULL: none wanted) */
     int output;            /* a forward builder's node of model(data.x); -1 when it is not one tensor */
     int is_forward;        /* this is such a forward builder (global_mean is then its operand itself) */
+    /* aligned GEMM shapes (graph_pad.h): parameters' leading dimensions padded to pad_mult */
+    int64_t pad_mult, pad_min; /* 0 or 1: none */
 };
 
 /* ---- errors ---- */
@@ -919,6 +922,9 @@ static int gb_index_below(GraphBuilder *gb, int64_t end, Span at) {
 int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
     if (!gb || gb->failed || !gb->done || gb->align <= 0 || gb->upd) return 0;
     Graph *step = gb->g;
+    /* The step is complete and nothing refers to its node ids any more: pad before the layout, which
+     * gives each parameter its padded length (the runtime's RtParam keeps the program's). */
+    graph_pad_params(step, gb->pad_mult, gb->pad_min, NULL, NULL);
     gb->updating = 1; /* from here on errors say "building the optimizer graph" */
     if (step->nparams == 0) {
         gb_fail(gb, at, "the model has no parameters, so the optimizer has nothing to update");
@@ -1125,6 +1131,11 @@ void gb_want_update(GraphBuilder *gb, int64_t align, GraphBuilder *fwd) {
     if (fwd) fwd->is_forward = 1;
 }
 
+void gb_want_pad(GraphBuilder *gb, int64_t mult, int64_t min_rows) {
+    gb->pad_mult = mult;
+    gb->pad_min = min_rows;
+}
+
 void gb_start(GraphBuilder *gb, Arena *values) { gb->ar = values; }
 
 GbOutcome gb_finish(GraphBuilder *gb, GraphBuilt *out) {
@@ -1134,6 +1145,10 @@ GbOutcome gb_finish(GraphBuilder *gb, GraphBuilt *out) {
     if (!gb->done) return GB_NO_LOSS;
     if (gb->align > 0 && (!gb->update_done || !gb->forward || !gb->forward->done)) return GB_NO_UPDATE;
     out->step = gb->step ? gb->step : gb->g;
+    if (gb->align == 0 && gb->pad_mult > 1) /* the step alone (ir, grad): padded as with the update */
+        graph_pad_params(out->step, gb->pad_mult, gb->pad_min, NULL, NULL);
+    if (gb->forward && gb->pad_mult > 1) /* its parameters share the step's storage: padded alike */
+        graph_pad_params(gb->forward->g, gb->pad_mult, gb->pad_min, out->step, &gb->forward->output);
     out->update = gb->upd;
     out->forward = gb->forward ? gb->forward->g : NULL;
     out->forward_output = gb->forward ? gb->forward->output : -1;

@@ -43,6 +43,9 @@ GraphBuilder *gb_new(Arena *ar, const char *name);
 /* Asks for the update graph too, each parameter at a multiple of align elements (a power of two),
  * and for generation's forward, built by fwd (another gb_new) after the loss. */
 void gb_want_update(GraphBuilder *gb, int64_t align, GraphBuilder *fwd);
+/* Aligned GEMM shapes (graph_pad.h): with the update, the parameters' leading dimensions that reach
+ * a GEMM are padded to a multiple of mult (> 1) when at least min_rows. */
+void gb_want_pad(GraphBuilder *gb, int64_t mult, int64_t min_rows);
 /* The checker reached the block being built: the values the hooks make, and the text of their
  * messages, live in values. */
 void gb_start(GraphBuilder *gb, Arena *values);

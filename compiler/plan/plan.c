@@ -470,7 +470,7 @@ void plan_print(FILE *out, const Plan *p) {
     const Graph *u = p->update;
     const GraphUpdate *up = u->update;
     int64_t values = 0;
-    for (int i = 0; i < m->nparams; i++) values += m->params[i].numel;
+    for (int i = 0; i < m->nparams; i++) values += m->params[i].valid;
     fprintf(out, "# plan train %s: %d parameter%s (%" PRId64 " values), %d step program%s, arena %s\n", p->name, m->nparams,
             m->nparams == 1 ? "" : "s", values, p->nprograms, p->nprograms == 1 ? "" : "s", plan_bytes_text(&ar, m->arena_bytes));
     fprintf(out,

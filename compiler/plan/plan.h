@@ -172,8 +172,9 @@ typedef struct PlanPhaseMem {
 
 typedef struct PlanParam {
     const char *name;
-    int node; /* its G_PARAM in the step graph */
-    int64_t numel;
+    int node;       /* its G_PARAM in the step graph */
+    int64_t numel;  /* its storage: the segment's length (with a padded leading dimension, graph_pad.h) */
+    int64_t valid;  /* the program's element count (RtParam's numel): numel unless padded */
     int64_t offset; /* bytes; the same in the parameter and gradient regions and in each state part */
 } PlanParam;
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "diag.h"
+#include "graph_pad.h"
 #include "plan_internal.h"
 
 #define PLAN_LR_OFFSET 0 /* the update's lr slot, then t, in the arena's first PLAN_ALIGN bytes */
@@ -44,7 +45,7 @@ static int plan_regions(PlanCtx *c) {
         const GNode *pn = graph_node(g, g->params[i]);
         if (u->seg_len[i] != graph_numel(pn) || pn->dt != DT_F32)
             INTERNAL("plan: segment %d does not hold parameter '%s'", i, pn->name ? pn->name : "?");
-        m->params[i] = (PlanParam){pn->name, pn->id, graph_numel(pn), u->seg_off[i] * 4};
+        m->params[i] = (PlanParam){pn->name, pn->id, graph_numel(pn), graph_param_numel(pn), u->seg_off[i] * 4};
     }
     return 1;
 }
@@ -464,8 +465,11 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
         for (int k = 0; k < st->nwrites; k++)
             if (st->writes[k].offset == q->offset && st->writes[k].to == PH_GRADS)
                 how = arena_printf(ar, "added from step buffer %d", st->writes[k].buffer);
-        fprintf(out, "%-*s  %-16s  %12" PRId64 "  %12" PRId64 "  %s\n", w, q->name ? q->name : "?",
+        fprintf(out, "%-*s  %-16s  %12" PRId64 "  %12" PRId64 "  %s", w, q->name ? q->name : "?",
                 plan_type(ar, n->dt, n->rank, n->shape), q->numel * 4, q->offset, how);
+        if (q->valid != q->numel) /* graph_pad.h: the program's rows first, then zero rows */
+            fprintf(out, "; padded from %" PRId64 " rows", graph_param_rows(n));
+        fprintf(out, "\n");
     }
     for (int i = 0; i < m->nstate; i++)
         fprintf(out, "state.%s: the state region from %" PRId64 ", each %sparameter at its offset above\n",

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "diag.h"
+#include "graph_pad.h"
 #include "step_dump.h"
 
 /* The dump's metadata entry `key` as a positive whole number, or -1 after reporting: a missing key
@@ -68,7 +69,9 @@ static const RtStTensor *dump_tensor(const RtStFile *f, const char *path, const 
     }
     int rank = n ? n->rank : 2;
     int same = t->rank == rank;
-    for (int d = 0; same && d < rank; d++) same = t->shape[d] == (n ? n->shape[d] : d == 0 ? rows : cols);
+    /* a padded parameter (graph_pad.h) is dumped with the program's rows */
+    for (int d = 0; same && d < rank; d++)
+        same = t->shape[d] == (n ? (d == 0 && n->op == G_PARAM ? graph_param_rows(n) : n->shape[d]) : d == 0 ? rows : cols);
     if (!same) {
         diag_error_noloc("step dump '%s': tensor '%s' does not have the shape this train block gives it", path, name);
         return NULL;
@@ -76,9 +79,11 @@ static const RtStTensor *dump_tensor(const RtStFile *f, const char *path, const 
     return t;
 }
 
-static double *read_doubles(const RtStFile *f, const RtStTensor *t, int64_t n, const char *path, Arena *ar) {
+/* n values of t, then zeros up to len (a padded parameter's rows past the program's: graph_pad.h). */
+static double *read_doubles(const RtStFile *f, const RtStTensor *t, int64_t n, int64_t len, const char *path, Arena *ar) {
     float *tmp = malloc((size_t)(n > 0 ? n : 1) * sizeof *tmp);
-    double *out = arena_alloc(ar, (size_t)(n > 0 ? n : 1) * sizeof *out);
+    double *out = arena_alloc(ar, (size_t)(len > 0 ? len : 1) * sizeof *out);
+    memset(out, 0, (size_t)(len > 0 ? len : 1) * sizeof *out);
     RtError err;
     rt_error_clear(&err);
     if (!tmp || rt_st_read_f32(f, t, tmp, n, &err) != RT_OK) {
@@ -139,12 +144,12 @@ int step_dump_read(const Graph *g, const RtStFile *f, const char *path, StepDump
     for (int i = 0; i < g->nparams && diag_error_count() == before; i++) {
         const GNode *p = g->node[g->params[i]];
         const RtStTensor *t = dump_tensor(f, path, p->name, p, 0, 0);
-        if (t) d->leaves[p->id] = read_doubles(f, t, graph_numel(p), path, ar);
+        if (t) d->leaves[p->id] = read_doubles(f, t, graph_param_numel(p), graph_numel(p), path, ar);
         const char *gname = arena_printf(ar, "grad:%s", p->name);
         t = t ? dump_tensor(f, path, gname, p, 0, 0) : NULL;
-        if (t) d->grad[i] = read_doubles(f, t, graph_numel(p), path, ar);
+        if (t) d->grad[i] = read_doubles(f, t, graph_param_numel(p), graph_numel(p), path, ar);
         t = t ? dump_tensor(f, path, arena_printf(ar, "next:%s", p->name), p, 0, 0) : NULL;
-        if (t) d->next[i] = read_doubles(f, t, graph_numel(p), path, ar);
+        if (t) d->next[i] = read_doubles(f, t, graph_param_numel(p), graph_numel(p), path, ar);
     }
     if (diag_error_count() != before) return 1;
     RtError err;

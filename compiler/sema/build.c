@@ -132,13 +132,15 @@ static const Node *find_train(Loader *ld, Module *main, const char *train_name, 
 
 /* Runs the checker with a builder waiting for the train block (align > 0: the update graph and
  * the batch-1 forward too). */
-static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
+static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name, int64_t align, int64_t pad_mult, int64_t pad_min,
+                               Arena *ar) {
     if (!main || !main->ast) return NULL;
     const Node *want = find_train(ld, main, train_name, ar);
     if (!want) return NULL;
     if (align < 0 || (align & (align - 1)) != 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
     GraphBuilder *gb = gb_new(ar, arena_printf(ar, "train %.*s", STR_ARG(want->name)));
     if (align > 0) gb_want_update(gb, align, gb_new(ar, arena_printf(ar, "forward %.*s at batch 1", STR_ARG(want->name))));
+    if (pad_mult > 1) gb_want_pad(gb, pad_mult, pad_min);
     SemaResult res;
     memset(&res, 0, sizeof res);
     if (main->state != 0) INTERNAL("sema_build_train_graph: module '%s' was checked already", main->name);
@@ -183,11 +185,23 @@ static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name,
 }
 
 Graph *sema_build_train_graph(Loader *ld, Module *main, const char *train_name, Arena *ar) {
-    TrainBuild *tb = build_train(ld, main, train_name, 0, ar);
+    return sema_build_train_graph_padded(ld, main, train_name, 1, 0, ar);
+}
+
+Graph *sema_build_train_graph_padded(Loader *ld, Module *main, const char *train_name, int64_t pad_mult, int64_t pad_min,
+                                     Arena *ar) {
+    TrainBuild *tb = build_train(ld, main, train_name, 0, pad_mult, pad_min, ar);
     return tb ? tb->step : NULL;
 }
 
 TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar) {
     if (align <= 0) INTERNAL("sema_build_train: alignment %lld", (long long)align);
-    return build_train(ld, main, train_name, align, ar);
+    return build_train(ld, main, train_name, align, 1, 0, ar);
+}
+
+TrainBuild *sema_build_train_padded(Loader *ld, Module *main, const char *train_name, int64_t align, int64_t pad_mult,
+                                    int64_t pad_min, Arena *ar) {
+    if (align <= 0 || pad_mult < 1)
+        INTERNAL("sema_build_train: alignment %lld, padding %lld", (long long)align, (long long)pad_mult);
+    return build_train(ld, main, train_name, align, pad_mult, pad_min, ar);
 }

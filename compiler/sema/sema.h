@@ -41,5 +41,11 @@ typedef struct TrainBuild {
  * errors, as above, or a construct the builder does not support yet (in the model, the loss or
  * update; the errors of the model at batch 1 say so in a note). */
 TrainBuild *sema_build_train(Loader *ld, Module *main, const char *train_name, int64_t align, Arena *ar);
+/* The same with aligned GEMM shapes (graph_pad.h, docs/cuda.md): the parameters' leading dimensions
+ * that reach a GEMM padded to a multiple of pad_mult (1: none) when at least pad_min rows. */
+Graph *sema_build_train_graph_padded(Loader *ld, Module *main, const char *train_name, int64_t pad_mult, int64_t pad_min,
+                                     Arena *ar);
+TrainBuild *sema_build_train_padded(Loader *ld, Module *main, const char *train_name, int64_t align, int64_t pad_mult,
+                                    int64_t pad_min, Arena *ar);
 
 #endif

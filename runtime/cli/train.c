@@ -676,7 +676,9 @@ static void rt_train_banner(const RtTrainRun *r) {
     const RtTrainSettings *t = &p->train;
     const RtOptions *o = &r->o;
     char nparam[32];
-    rt_fmt_int(nparam, sizeof nparam, p->param_floats);
+    int64_t values = 0; /* the program's: not the region's alignment, nor a padded vocabulary's rows (docs/cuda.md) */
+    for (int64_t i = 0; i < p->nparams; i++) values += p->params[i].numel;
+    rt_fmt_int(nparam, sizeof nparam, values);
     char data_ranks[48] = "", world[160] = "";
     if (t->data_ranks > 1) snprintf(data_ranks, sizeof data_ranks, " x %lld data ranks", (long long)t->data_ranks);
     int nranks = rt_comm_size(r->comm);

@@ -212,12 +212,36 @@ RtStatus rt_adapter_save(const RtProgram *p, const float *params, const char *di
     return RT_OK;
 }
 
+/* The regions' padding is zero: every element of params, grads and next that no parameter's
+ * [offset, offset + numel) holds - the alignment between parameters, and the rows a padded
+ * parameter (aligned GEMM shapes, docs/cuda.md) stores past the program's - which the step and the
+ * optimizer must keep zero. --dump-step checks it, so that the tests see the padding itself. */
+static RtStatus rt_dump_padding_zero(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err) {
+    unsigned char *held = calloc((size_t)p->param_floats + 1, 1);
+    if (!held) return rt_fail_errno(err, ENOMEM, "cannot write step dump '%s'", path);
+    for (int64_t i = 0; i < p->nparams; i++) memset(held + p->params[i].offset, 1, (size_t)p->params[i].numel);
+    const float *v[3] = {d->params, d->grads, d->next};
+    static const char *const what[3] = {"parameters", "gradients", "updated parameters"};
+    for (int k = 0; k < 3; k++)
+        for (int64_t j = 0; j < p->param_floats; j++)
+            if (!held[j] && v[k][j] != 0.0f) {
+                free(held);
+                return rt_fail(err, RT_ERR_FORMAT,
+                               "step dump '%s': element %lld of the %s region lies in no parameter (padding) and is %g, "
+                               "not zero (the step or the optimizer wrote it: a bug)",
+                               path, (long long)j, what[k], (double)v[k][j]);
+            }
+    free(held);
+    return RT_OK;
+}
+
 RtStatus rt_step_dump(const RtProgram *p, const RtStepDump *d, const char *path, RtError *err) {
     static const char *const prefix[2] = {"grad:", "next:"};
     int64_t n = 3 * p->nparams + 2;
+    RtStatus st = rt_dump_padding_zero(p, d, path, err);
+    if (st != RT_OK) return st;
     RtStEntry *e = calloc((size_t)n, sizeof *e);
     char **names = calloc(2 * (size_t)p->nparams + 1, sizeof *names);
-    RtStatus st = RT_OK;
     if (!e || !names) st = rt_fail_errno(err, ENOMEM, "cannot write step dump '%s'", path);
     for (int64_t i = 0; st == RT_OK && i < p->nparams; i++) {
         const RtParam *q = &p->params[i];

@@ -42,6 +42,10 @@
 # and, on tests/exec/dp.mbt:
 #   gpu/dp                 dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md)
+# and, on tests/exec/pad_gemm.mbt (aligned GEMM shapes, docs/cuda.md):
+#   gpu/pad/step, step2    built with --pad-gemm=64, step 1 on the device against the same source built
+#                          with --pad-gemm=1 on the CPU (cmpdump's tolerances), step 2's loss 1e-5; the
+#                          device's dump holds zeros in every padded row (rt_step_dump checks)
 # A first run (gpu/probe) must train one step on the device at all; when it cannot, the rest is not run.
 #
 # MBT_GPU_TEST_DEVICE selects the device under test:
@@ -300,6 +304,36 @@ for name in "${names[@]}"; do
     PASSED=$((PASSED + $(grep -c '^PASS ' "$DIR/$name/report.txt")))
     FAILED=$((FAILED + $(grep -c '^FAIL ' "$DIR/$name/report.txt")))
 done
+
+# ---- aligned GEMM shapes: a padded program on the device against the unpadded one on the CPU ---------
+# gpu/pad: tests/exec/pad_gemm.mbt (a vocabulary of 50, tied and untied output layers) built with
+# --pad-gemm=64 runs step 1 on the device; the same source built with --pad-gemm=1 runs it on the CPU.
+# cmpdump holds the two dumps (the program's shapes in both) to the tolerances of gpu/EX/step, step
+# 2's loss within 1e-5, and the device's dump was written at all only if every element of its
+# parameter, gradient and updated regions outside the parameters - the padded rows among them - is
+# zero (rt_step_dump refuses it otherwise: docs/cuda.md, "Aligned GEMM shapes").
+d="$DIR/pad"
+mkdir -p "$d/p" "$d/u"
+if ! "$BUILD/mbt-gendata" --out-dir "$d/d" --name t --vocab 50 --tokens 50000 --val-tokens 5000 >"$OUT" 2>&1; then
+    fail gpu/pad "mbt-gendata --vocab 50 failed" "$OUT"
+elif ! build "$d/p" tests/exec/pad_gemm.mbt --pad-gemm=64 -I examples || ! build "$d/u" tests/exec/pad_gemm.mbt --pad-gemm=1 -I examples; then
+    fail gpu/pad "mbtc tests/exec/pad_gemm.mbt -o or --emit=cuda failed" "$OUT"
+elif ! grep -q 'gemm.* n=64 ' <("$MBTC" tests/exec/pad_gemm.mbt --pad-gemm=64 --emit=kernels 2>&1); then
+    fail gpu/pad "mbtc --pad-gemm=64 --emit=kernels shows no GEMM with n = 64"
+elif ! DATA="$d/d/t_train.bin" train "$d/u/prog" "$d/cpu" --device cpu --threads 1; then
+    fail gpu/pad "the unpadded program's CPU run failed" "$d/cpu.out"
+elif ! DATA="$d/d/t_train.bin" on_device "$d/p/prog.cu" "$d/p/prog" "$d/dev"; then
+    fail gpu/pad "the padded program's ${DUT[*]} run failed" "$d/dev.out"
+else
+    if "$PY" tests/gpu/cmpdump.py "$d/cpu.st" "$d/dev.st" >"$d/cmp.txt" 2>&1; then
+        pass "gpu/pad/step (padded on the device against unpadded on the CPU: $(sed -n 's/^cmpdump: ok (\(.*\); tolerances.*/\1/p' "$d/cmp.txt"))"
+    else fail gpu/pad/step "the padded program's step 1 on the device differs from the unpadded one's on the CPU" "$d/cmp.txt"; fi
+    a=$(jfield "$d/cpu.jsonl" 2 loss)
+    b=$(jfield "$d/dev.jsonl" 2 loss)
+    if [ -n "$a" ] && [ -n "$b" ] && within "$a" "$b" "$LOSS_TOL"; then
+        pass "gpu/pad/step2 (loss: unpadded CPU $a, padded device $b)"
+    else fail gpu/pad/step2 "step 2's loss: unpadded CPU '$a', padded device '$b' (tolerance $LOSS_TOL relative)"; fi
+fi
 
 # ---- eval and generate on the device: the GPU's forward_loss and forward_logits -----------------------
 # on_device_cmd KERNELS PROG OUT ARGS...: PROG ARGS... on the device under test, output in OUT

@@ -276,6 +276,19 @@ ranks() {
 #   - 40 greedy tokens after a 3-token prompt are the same with and without the cache (the last 11
 #     past the context, where generate recomputes), and so are 40 sampled ones (temperature 1,
 #     seed 5: a logit off by 1e-6 moves a draw only when it falls that close to a boundary).
+# logits_agree A B TOL: two `generate --print-logits` outputs with the same rows of the same width
+# (the program's vocabulary), every logit within TOL relative (at least 1 in the denominator).
+logits_agree() {
+    local r
+    r=$(awk 'NR == FNR { a[FNR] = $0; next }
+             { n = split(a[FNR], x, " "); if (n != NF || n == 0) { print "rows differ at line " FNR; bad = 1; exit }
+               for (i = 1; i <= NF; i++) { d = $i - x[i]; if (d < 0) d = -d; m = x[i] < 0 ? -x[i] : x[i]; if (m < 1) m = 1
+                 if (d / m > w) w = d / m } rows++; cols = NF }
+             END { if (!bad) printf "%d rows of %d logits, max relative difference %.3g\n", rows, cols, w }' "$1" "$2")
+    echo "$r"
+    [ "$(wc -l <"$1")" = "$(wc -l <"$2")" ] && case $r in *"max relative"*) awk -v x="${r##* }" -v t="$3" 'BEGIN { exit !(x <= t) }' ;; *) false ;; esac
+}
+
 kv_matches_recompute() {
     local prog=$1 w=$2 c=$3 toks prompt n=$(($3 - 2)) chunk worst g1 g2
     toks=($(val_tokens "$n"))

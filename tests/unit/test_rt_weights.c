@@ -135,6 +135,34 @@ static void the_list_is_capped(void) {
     }
 }
 
+/* rt_step_dump checks that the regions' padding is zero (a padded vocabulary's rows past the
+ * program's, docs/cuda.md): a parameter of [3, 2] stored as [4, 2] at 0 and one of [2] at 16, so
+ * elements 6..15 and 18..19 are padding; one of them not zero in any region refuses the dump. */
+static void dump_padding_is_checked(void) {
+    static const RtParam params[] = {{"wte", 2, {3, 2}, 6, 0, RT_INIT_ZEROS, 0, 0}, {"b", 1, {2}, 2, 16, RT_INIT_ZEROS, 0, 0}};
+    RtProgram p = program(params, 2);
+    p.param_floats = 20;
+    p.train.micro = 1, p.train.seq = 2;
+    float pv[20] = {0}, gv[20] = {0}, nv[20] = {0};
+    values(pv, 6, 1), values(gv, 6, 2), values(nv, 6, 3);
+    pv[16] = gv[16] = nv[17] = 5;
+    int32_t x[2] = {1, 2}, y[2] = {2, 0};
+    RtStepDump d = {pv, gv, nv, x, y, 1, 1.5, 0.1, 0, 1};
+    RtError err;
+    CHECK(rt_step_dump(&p, &d, tmp("dump.safetensors"), &err) == RT_OK, "%s", err.msg);
+    float *regions[3] = {pv, gv, nv};
+    const int64_t at[3] = {6, 15, 19};
+    for (int k = 0; k < 3; k++) {
+        regions[k][at[k]] = -0.5f;
+        CHECK(rt_step_dump(&p, &d, tmp("dump.safetensors"), &err) != RT_OK, "region %d: padding %lld not zero was dumped", k,
+              (long long)at[k]);
+        char want[64];
+        snprintf(want, sizeof want, "element %lld of the", (long long)at[k]);
+        CHECK(strstr(err.msg, want) && strstr(err.msg, "(padding) and is -0.5"), "region %d: %s", k, err.msg);
+        regions[k][at[k]] = 0;
+    }
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/mbt-weights-XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -144,8 +172,9 @@ int main(void) {
     RUN(loads_every_dtype);
     RUN(every_problem_at_once);
     RUN(the_list_is_capped);
-    const char *files[] = {"ok.safetensors", "bad.safetensors", "few.safetensors"};
-    for (int i = 0; i < 3; i++) remove(tmp(files[i]));
+    RUN(dump_padding_is_checked);
+    const char *files[] = {"ok.safetensors", "bad.safetensors", "few.safetensors", "dump.safetensors"};
+    for (int i = 0; i < 4; i++) remove(tmp(files[i]));
     rmdir(g_dir);
     return unit_finish();
 }
