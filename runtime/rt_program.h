@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    12 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    13 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -48,7 +48,8 @@
                           * 10: RtGenerateSettings carries the serve block (top_p, batch, kv, port, tokenizer, chat);
                           *    the KV cache (RtStep.kv and kv_pool, RtProgram.forward_chunk and kv, the chunk phase);
                           * 11: RtTrainSettings.adapter_config, adapter_modules (PEFT adapters);
-                          * 12: RtTrainSettings.ncurriculum, curriculum, curriculum_lens (sequence-length buckets) */
+                          * 12: RtTrainSettings.ncurriculum, curriculum, curriculum_lens (sequence-length buckets);
+                          * 13: RT_GEMM_ADD (the GEMMs' add epilogue: fused LoRA) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -112,8 +113,12 @@ void rt_parallel_for(RtPool *p, int64_t n, RtRangeFn fn, void *ctx);
  * row of every C_b, in f32 before C is rounded to its type - a linear layer's bias, which the
  * compiler folds into the GEMM of `x @ w + b` (docs/architecture.md, fusion); RT_GEMM_BGRAD_B
  * (one matrix) also writes vec[j] = sum over k of op(B)[k, j], in f32 rounded to C's type - the
- * bias gradient beside a weight gradient x^T dy, whose B is dy. An epilogue needs k > 0. */
-typedef enum RtGemmEpilogue { RT_GEMM_PLAIN = 0, RT_GEMM_BIAS = 1, RT_GEMM_BGRAD_B = 2 } RtGemmEpilogue;
+ * bias gradient beside a weight gradient x^T dy, whose B is dy; RT_GEMM_ADD (f32 only, beta 0)
+ * adds vec, a matrix of C's layout (ldc, stride_c), to C: C = alpha op(A) op(B) + vec, vec
+ * joining the sum unrounded (C starts as vec, then beta 1; vec may be C itself) - LoRA's scaled
+ * up product added to its base layer's (compiler/fuse/fuse_lower.c, fl_gemm_add). An epilogue
+ * needs k > 0. */
+typedef enum RtGemmEpilogue { RT_GEMM_PLAIN = 0, RT_GEMM_BIAS = 1, RT_GEMM_BGRAD_B = 2, RT_GEMM_ADD = 3 } RtGemmEpilogue;
 RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
                           int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err);

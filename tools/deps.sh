@@ -104,6 +104,27 @@ if [ "$what" = test ]; then
     else
         say "found openai and tokenizers in $venv (the serve layer's peers)"
     fi
+    # PEFT (tests/torch/peft.case loads what --save-adapter writes), in a venv of its own that
+    # also sees Debian's torch: the transformers that peft imports must run on Debian's torch
+    # 1.13.0a0, and the last such releases pin tokenizers < 0.20 and huggingface_hub < 1.0, older
+    # than the serve layer's peers above (one venv would downgrade them). Debian's torch is a
+    # pre-release, which peft's `torch>=1.13.0` does not accept, so pip would fetch a second
+    # torch from PyPI (about 1 GB): peft, transformers and accelerate are installed --no-deps,
+    # their other requirements first. Versions pinned so that the check is reproducible.
+    pvenv=${MBT_PEFT_VENV:-build/pyenv-peft}
+    if ! "$pvenv/bin/python3" -c 'import peft' >/dev/null 2>&1; then
+        if /usr/bin/python3 -m venv --system-site-packages "$pvenv" >/tmp/mbt-pip-peft.log 2>&1 &&
+            timeout 300 "$pvenv/bin/pip" install -q 'huggingface_hub>=0.23,<0.24' 'tokenizers>=0.19,<0.20' \
+                'safetensors>=0.4.3,<0.5' regex tqdm filelock requests pyyaml psutil packaging numpy >>/tmp/mbt-pip-peft.log 2>&1 &&
+            timeout 300 "$pvenv/bin/pip" install -q --no-deps peft==0.11.1 transformers==4.40.2 accelerate==0.30.1 >>/tmp/mbt-pip-peft.log 2>&1 &&
+            "$pvenv/bin/python3" -c 'import peft' >>/tmp/mbt-pip-peft.log 2>&1; then
+            say "installed peft 0.11.1 from PyPI into $pvenv (tests/torch/peft.case)"
+        else
+            say "could not install peft from PyPI (log: /tmp/mbt-pip-peft.log); tests/torch/peft.case will SKIP"
+        fi
+    else
+        say "found peft $("$pvenv/bin/python3" -c 'import peft; print(peft.__version__)' 2>/dev/null) in $pvenv (tests/torch/peft.case)"
+    fi
 fi
 if [ "$what" = bench ]; then say "found PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) for /usr/bin/python3"; fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

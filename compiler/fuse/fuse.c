@@ -264,7 +264,8 @@ int fuse_verify(const FuseResult *r, FILE *out) {
         int bufs[4] = {m->a, m->b, m->c, m->bias};
         int64_t need[4] = {(m->batch - 1) * m->stride_a + (m->trans_a ? m->k : m->m) * m->lda,
                            (m->batch - 1) * m->stride_b + (m->trans_b ? m->n : m->k) * m->ldb,
-                           (m->batch - 1) * m->stride_c + m->m * m->ldc, m->n};
+                           (m->batch - 1) * m->stride_c + m->m * m->ldc,
+                           m->epilogue == FE_ADD ? (m->batch - 1) * m->stride_c + m->m * m->ldc : m->n};
         for (int j = 0; j < (m->epilogue != FE_NONE ? 4 : 3); j++) {
             if (bufs[j] < 0 || bufs[j] >= r->nbuffers) {
                 problems++;
@@ -335,6 +336,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
             if (m->batch > 1) fprintf(out, " batch=%" PRId64, m->batch);
             if (m->epilogue == FE_BIAS) fprintf(out, " +bias b%d", m->bias);
             if (m->epilogue == FE_BGRAD_B) fprintf(out, " b%d = colsum b%d", m->bias, m->b);
+            if (m->epilogue == FE_ADD) fprintf(out, " +add b%d", m->bias);
         } else {
             const Kernel *k = r->kernels[L->kernel];
             fprintf(out, "%3d  kernel %s  %s grid=%" PRId64, i, k->name, kir_kind_name(k->kind), k->grid);
@@ -366,7 +368,9 @@ void fuse_print(FILE *out, const FuseResult *r) {
         if (L->kind == FL_GEMM) {
             const FuseGemm *m = &L->gemm;
             fprintf(out, "gemm (launch %d): C[m, n] = alpha * opA[m, k] opB[k, n] + beta * C%s\n", i,
-                    m->epilogue == FE_BIAS ? " + bias[n]" : "");
+                    m->epilogue == FE_BIAS  ? " + bias[n]"
+                    : m->epilogue == FE_ADD ? " + D[m, n]"
+                                            : "");
             fprintf(out, "  ops:\n");
             fz_print_nodes(out, g, L->nodes, L->nnodes, &scratch);
             fprintf(out, "  a=b%d trans_a=%d lda=%" PRId64 "  b=b%d trans_b=%d ldb=%" PRId64 "  c=b%d ldc=%" PRId64 "\n", m->a,
@@ -378,6 +382,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
                     value_float_str(&scratch, m->beta), dtype_name(m->dt));
             if (m->epilogue == FE_BIAS) fprintf(out, "  epilogue: bias b%d added to every row of C\n", m->bias);
             if (m->epilogue == FE_BGRAD_B) fprintf(out, "  epilogue: b%d[n] = sum_k opB[k, n] (a bias gradient)\n", m->bias);
+            if (m->epilogue == FE_ADD) fprintf(out, "  epilogue: D = b%d (laid out as C) added to C\n", m->bias);
             continue;
         }
         const Kernel *k = r->kernels[L->kernel];

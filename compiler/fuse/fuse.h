@@ -20,6 +20,7 @@
 
 /* A GEMM as a library call, row-major: for each batch index t < batch,
  *   C_t[m, n] = alpha * sum_k opA_t[m, k] * opB_t[k, n] + beta * C_t[m, n] (+ bias[n], FE_BIAS)
+ *                                                                          (+ D_t[m, n], FE_ADD)
  * and with FE_BGRAD_B (batch 1) also bias[n] = sum_k opB[k, n].
  * where opA_t[m, k] is A[t*stride_a + m*lda + k] (trans_a = 0) or A[t*stride_a + k*lda + m]
  * (trans_a = 1), opB likewise with ldb, and C_t[m, n] is C[t*stride_c + m*ldc + n]. A stride of
@@ -30,12 +31,16 @@ typedef enum FuseEpilogue {
     FE_BIAS,    /* C_t[m, n] += bias[n]: `x @ w + b` as one GEMM (the library's epilogue) */
     FE_BGRAD_B, /* bias[n] = sum_k opB[k, n], written: a linear layer's bias gradient, summed
                                 from the output gradient that its weight gradient's GEMM reads as B */
+    FE_ADD,     /* C_t[m, n] += D_t[m, n] (D laid out as C, a contiguous f32 C): LoRA's scaled up product
+                                added to the base layer's (fuse_lower.c's fl_gemm_add; the library starts C as D,
+                                beta 1) */
 } FuseEpilogue;
 
 typedef struct FuseGemm {
     int a, b, c; /* buffers (FuseResult.buffers indices) */
     FuseEpilogue epilogue;
-    int bias; /* the epilogue's n-vector: FE_BIAS's bias (read), FE_BGRAD_B's sums (written); else -1 */
+    int bias; /* the epilogue's buffer: FE_BIAS's bias (read), FE_BGRAD_B's sums (written), FE_ADD's D
+                 (read, C's shape); else -1 */
     int trans_a, trans_b;
     int64_t m, n, k, batch;
     int64_t lda, ldb, ldc;

@@ -526,6 +526,82 @@ static int fl_gemm_bias(FL *L, const GNode *n) {
     return -1;
 }
 
+/* A graph node read by its user alone and not an output: a value a fusion may fold away. */
+static int fl_private(const FL *L, int id) { return L->guses[id] == 1 && L->glive[id] != 2; }
+
+/* LoRA's `base(x) + lora_B(lora_A(x)) * scaling` (nn.LoRALinear, MultiLoRALinear): the up
+ * product, scaled, added to the base product - one GEMM that starts C as the base's product and
+ * adds alpha = scaling times its own (FE_ADD, beta 1 in the library's call; LoRAFusion's fusion
+ * of the adapter's output into the base's), so the [rows, dout] delta is never stored and read
+ * back. The add's one side is a plain f32 product multiplied by a scalar constant (through
+ * reshapes; each read by the next alone), with a contiguous C of the add's size; the other side
+ * is a GEMM's result too (the base layer's) that only the add reads - so a residual stream, which
+ * others read, never takes this path. The same fusion would apply to any sum of two such GEMM
+ * results (the input gradient of two branches: llama's q/k/v and SwiGLU's gate/up in the
+ * backward), but the multiply keeps it to LoRA: those schedules, and their cuBLASLt calls, stay as
+ * they were (no GPU could check a change to them). Returns the GEMM node, or -1 when the add
+ * stays an add. */
+static int fl_gemm_add(FL *L, const GNode *n) {
+    const Graph *g = L->g;
+    if (n->dt != DT_F32) return -1;
+    for (int side = 0; side < 2; side++) {
+        int d = n->in[side], base = n->in[1 - side];
+        double alpha = 1.0;
+        int chain[GRAPH_MAX_RANK + 8], nchain = 0;
+        if (!fl_private(L, d)) continue;
+        const GNode *dn = graph_node(g, d);
+        if (dn->op != G_MUL) continue; /* the scaling marks LoRA's up product (see above) */
+        {
+            int c = -1;
+            for (int i = 0; i < 2 && c < 0; i++) {
+                const GNode *k = graph_node(g, dn->in[i]);
+                if (k->op == G_CONST && k->rank == 0) {
+                    c = i;
+                    alpha = k->fattr[0];
+                }
+            }
+            if (c < 0) continue;
+            chain[nchain++] = d;
+            d = dn->in[1 - c];
+            if (!fl_private(L, d)) continue;
+            dn = graph_node(g, d);
+        }
+        while (dn->op == G_RESHAPE && nchain < (int)(sizeof chain / sizeof *chain) && fl_private(L, dn->in[0])) {
+            chain[nchain++] = d;
+            d = dn->in[0];
+            dn = graph_node(g, d);
+        }
+        int f = L->fg->g2f[d];
+        if (dn->op != G_MATMUL || f < 0 || !fl_private(L, d)) continue;
+        const FNode *G = fl_n(L, f);
+        const FuseGemm *m = &G->gemm;
+        if (G->op != F_GEMM || G->nin != 2 || m->epilogue != FE_NONE || m->beta != 0 || m->alpha != 1.0 || m->k == 0 ||
+            G->dt != DT_F32 || m->ldc != m->n || (m->batch > 1 && m->stride_c != m->m * m->n) || fuse_numel(G) != graph_numel(n))
+            continue;
+        /* the base: a GEMM's result (through reshapes) that nothing but the add reads */
+        int b = L->fg->g2f[base];
+        if (b < 0 || !fl_private(L, base) || graph_node(g, base)->dt != DT_F32) continue;
+        while (fl_n(L, b)->op == F_RESHAPE) b = fl_n(L, b)->in[0];
+        if (fl_n(L, b)->op != F_GEMM || fuse_numel(fl_n(L, b)) != graph_numel(n)) continue;
+        FNode p = *G;
+        p.rank = n->rank;
+        memcpy(p.shape, n->shape, sizeof(int64_t) * (size_t)n->rank);
+        p.nin = 3;
+        p.in[2] = b;
+        p.gemm.epilogue = FE_ADD;
+        p.gemm.alpha = alpha;
+        int r = fl_add(L, &p);
+        L->fg->g2f[d] = -1;
+        L->fg->absorbed[d] = r;
+        for (int i = 0; i < nchain; i++) {
+            L->fg->g2f[chain[i]] = -1;
+            L->fg->absorbed[chain[i]] = r;
+        }
+        return r;
+    }
+    return -1;
+}
+
 /* A bias gradient, graph node sum_to `id` of dy [..., n] down to n values, when a GEMM reads the
  * same dy as its B operand (not transposed, one matrix, k = the rows of dy: the weight gradient
  * x^T dy of the same linear layer): that GEMM sums B's columns as well (FE_BGRAD_B), so dy is
@@ -625,6 +701,7 @@ static int fl_lower_pointwise(FL *L, const GNode *n, const int *in) {
     }
     case G_ADD: {
         int f = fl_gemm_bias(L, n);
+        if (f < 0) f = fl_gemm_add(L, n);
         return f >= 0 ? f : fl_bin(L, K_ADD, x, y);
     }
     case G_SUB: return fl_bin(L, K_SUB, x, y);

@@ -44,6 +44,7 @@ static void fd_gemm(FILE *l, const FuseGemm *m) {
     fprintf(l, " ld=%" PRId64 ",%" PRId64 ",%" PRId64, m->lda, m->ldb, m->ldc);
     if (m->alpha != 1.0 || m->beta != 0.0) fprintf(l, " alpha=%g beta=%g", m->alpha, m->beta);
     if (m->epilogue == FE_BIAS) fprintf(l, " +bias");
+    if (m->epilogue == FE_ADD) fprintf(l, " +add");
 }
 
 /* The op and its attributes: "map mul", "reduce max", "leaf param wte", "const 0.5". */
@@ -257,12 +258,16 @@ static void fd_gemm_check(FusedVerify *v) {
     const FuseGemm *m = &n->gemm;
     if (m->m * m->n * (m->batch > 0 ? m->batch : 0) != fuse_numel(n)) fd_fail(v, "m * n * batch is not the node's size");
     int64_t need[3] = {(m->batch - 1) * m->stride_a + (m->trans_a ? m->k : m->m) * m->lda,
-                       (m->batch - 1) * m->stride_b + (m->trans_b ? m->n : m->k) * m->ldb, m->n};
+                       (m->batch - 1) * m->stride_b + (m->trans_b ? m->n : m->k) * m->ldb,
+                       m->epilogue == FE_ADD ? fuse_numel(n) : m->n};
     for (int i = 0; i < n->nin; i++)
         if (fuse_numel(fd_in(v, i)) < need[i])
             fd_fail(v, "operand %c (f%d) has %" PRId64 " elements, %" PRId64 " needed", "abv"[i], n -> in[i],
                     fuse_numel(fd_in(v, i)), need[i]);
-    if ((n->nin == 3) != (m->epilogue == FE_BIAS)) fd_fail(v, "a bias operand without the bias epilogue, or the reverse");
+    if ((n->nin == 3) != (m->epilogue == FE_BIAS || m->epilogue == FE_ADD))
+        fd_fail(v, "a bias or addend operand without its epilogue, or the reverse");
+    if (m->epilogue == FE_ADD && (n->dt != DT_F32 || m->ldc != m->n || (m->batch > 1 && m->stride_c != m->m * m->n)))
+        fd_fail(v, "the add epilogue on a C that is not one contiguous f32 array");
 }
 
 static void fd_node(FusedVerify *v) {

@@ -459,10 +459,12 @@ static void print_program(Host *h, FILE *out, const Sched *const *scheds, const 
                     L->gemm.trans_a || L->gemm.trans_b
                         ? (L->gemm.trans_a ? (L->gemm.trans_b ? ", A^T B^T" : ", A^T B") : ", A B^T")
                         : "",
-                    L->gemm.epilogue == FE_NONE
-                        ? ""
-                        : arena_printf(h->ar, L->gemm.epilogue == FE_BIAS ? " + bias %s" : ", B's column sums into %s",
-                                       S->r->buffers[L->gemm.bias].what),
+                    L->gemm.epilogue == FE_NONE ? ""
+                                                : arena_printf(h->ar,
+                                                               L->gemm.epilogue == FE_BIAS  ? " + bias %s"
+                                                               : L->gemm.epilogue == FE_ADD ? " + %s"
+                                                                                            : ", B's column sums into %s",
+                                                               S->r->buffers[L->gemm.bias].what),
                     c->what, base ? arena_printf(h->ar, " %s:%u:%u", base, gn->src.line, gn->src.col) : "");
             } else {
                 const Kernel *kn = S->r->kernels[L->kernel];

@@ -63,7 +63,9 @@ const char *host_abi_name(HostAbiStruct s) {
 }
 
 int host_abi_version(void) { return RT_ABI_VERSION; }
-int host_abi_gemm_epilogue(int fe) { return fe == FE_BIAS ? RT_GEMM_BIAS : fe == FE_BGRAD_B ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN; }
+int host_abi_gemm_epilogue(int fe) {
+    return fe == FE_BIAS ? RT_GEMM_BIAS : fe == FE_BGRAD_B ? RT_GEMM_BGRAD_B : fe == FE_ADD ? RT_GEMM_ADD : RT_GEMM_PLAIN;
+}
 int host_abi_max_rank(void) { return RT_ST_MAX_RANK; }
 int host_abi_phases(void) { return RT_NPHASES; }
 

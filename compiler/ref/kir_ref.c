@@ -319,7 +319,9 @@ void kir_ref_gemm(const FuseGemm *m, double *const *bufs) {
                 }
                 double *out = &C[t * m->stride_c + i * m->ldc + j];
                 *out = (m->beta == 0 ? m->alpha * s : m->alpha * s + m->beta * *out) +
-                       (m->epilogue == FE_BIAS ? bufs[m->bias][j] : 0.0);
+                       (m->epilogue == FE_BIAS  ? bufs[m->bias][j]
+                        : m->epilogue == FE_ADD ? bufs[m->bias][t * m->stride_c + i * m->ldc + j]
+                                                : 0.0);
             }
 }
 

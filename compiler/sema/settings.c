@@ -10,6 +10,7 @@
  * builder listens while the model is instantiated and the data and loss are evaluated, and for
  * sema_build_train also while the optimizer's update runs (the hooks marked "graph builder hook"). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "sema_internal.h"
@@ -326,6 +327,52 @@ static void required(Sema *s, unsigned present, int idx, const KeySpec *spec, Sp
 
 /* ---- the data source ---- */
 
+/* tokens([PATH_A, PATH_B, ...]): a list of at least 2 non-empty strings without newlines,
+ * joined one a line into *out (the runtime opens one source a line: runtime/io/data.c). */
+static int tokens_list(Frame *f, const Node *expr, const char *what, const char **out, int64_t *n) {
+    Sema *s = f->s;
+    Value *l = eval_expr(f, expr);
+    if (l->kind == V_UNKNOWN) return 0;
+    int64_t len;
+    if (l->kind != V_LIST || !l->len || !dim_const(l->len, &len) || len != l->n) {
+        sema_error(s, expr->span, "'%s' of 'tokens' must be a string or a list of strings, but it is %s", what,
+                   value_describe(s->ar, l));
+        return 0;
+    }
+    if (len < 2) {
+        if (sema_error(s, expr->span, "a list of %lld data set%s in '%s' of 'tokens'", (long long)len, len == 1 ? "" : "s", what))
+            sema_hint(s, "one data set is a plain string: tokens(\"data/train_*.bin\", ...); a list names two or more");
+        return 0;
+    }
+    size_t total = 0;
+    for (int i = 0; i < l->n; i++) {
+        const Value *it = l->items[i];
+        if (it->kind == V_UNKNOWN) return 0;
+        if (it->kind != V_STRING || !it->s) {
+            sema_error(s, expr->span, "item %d of '%s' in 'tokens' must be a string (a glob of token shards), but it is %s",
+                       i + 1, what, value_describe(s->ar, it));
+            return 0;
+        }
+        if (!*it->s || strchr(it->s, '\n')) {
+            sema_error(s, expr->span, "item %d of '%s' in 'tokens' %s", i + 1, what,
+                       *it->s ? "holds a newline, which no glob of files may" : "is empty: it names no file");
+            return 0;
+        }
+        total += strlen(it->s) + 1;
+    }
+    char *joined = arena_alloc(s->ar, total);
+    size_t k = 0;
+    for (int i = 0; i < l->n; i++) {
+        size_t m = strlen(l->items[i]->s);
+        memcpy(joined + k, l->items[i]->s, m);
+        k += m;
+        joined[k++] = i + 1 < l->n ? '\n' : 0;
+    }
+    *out = joined;
+    *n = len;
+    return 1;
+}
+
 /* data = tokens(PATH, seq = T, shuffle = true, val = PATH). Fills the paths and seq. */
 static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
     Sema *s = f->s;
@@ -376,6 +423,9 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         if (sema_error(s, v->span, "missing argument 'path' in the call to 'tokens'"))
             sema_hint(s, "the path of the token shards comes first: tokens(\"data/train_*.bin\", seq = 1024)");
         ok = 0;
+    } else if (given[0]->kind == N_LIST || eval_expr(f, given[0])->kind == V_LIST) {
+        ok &= tokens_list(f, given[0], "path", &ts->cfg.data_glob, &ts->cfg.data_sets);
+        ts->cfg.data_sets_at = given[0]->span;
     } else {
         Value *p = eval_expr(f, given[0]);
         if (p->kind == V_STRING && p->s && !*p->s) {
@@ -405,7 +455,22 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         }
     }
     if (given[2] && !get_bool(f, given[2], "shuffle", &ts->cfg.shuffle)) ok = 0;
-    if (given[3] && !get_path(f, given[3], "val", "the validation shards", &ts->cfg.val_glob)) ok = 0;
+    if (given[3] && (given[3]->a->kind == N_LIST || eval_expr(f, given[3]->a)->kind == V_LIST)) {
+        int64_t n = 0;
+        if (!tokens_list(f, given[3]->a, "val", &ts->cfg.val_glob, &n)) ok = 0;
+        else if (n != ts->cfg.data_sets) {
+            if (sema_error(s, value_span(given[3]), "'val' names %lld data sets but the path names %lld", (long long)n,
+                           (long long)ts->cfg.data_sets))
+                sema_hint(s, "give one held-out glob per training data set, in the same order");
+            ok = 0;
+        }
+    } else if (given[3] && !get_path(f, given[3], "val", "the validation shards", &ts->cfg.val_glob)) ok = 0;
+    else if (given[3] && ts->cfg.data_sets > 1) {
+        if (sema_error(s, value_span(given[3]), "'val' is one glob but the path names %lld data sets",
+                       (long long)ts->cfg.data_sets))
+            sema_hint(s, "give a list of held-out globs, one per training data set");
+        ok = 0;
+    }
     if (given[4]) { /* docs = EOT: the id that ends a document; a token id, so below 2^31 */
         if (get_int(f, given[4], "docs", 0, INT32_MAX, "a token id (the end-of-text id, e.g. 50256 for GPT-2)", &ts->cfg.docs))
             ts->cfg.docs_at = value_span(given[4]);
@@ -415,6 +480,35 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         }
     }
     return ok;
+}
+
+/* Several data sets: each micro-batch is dealt out between them in equal blocks, so micro must
+ * be a multiple of their number; and a model whose nn.MultiLoRALinear layers stack N adapters
+ * trains adapter n on block n, so N must be their number (an adapter without data, or data
+ * without an adapter, would be a silent mistake). */
+static void check_data_sets(Sema *s, TrainSettings *ts) {
+    int64_t n = ts->cfg.data_sets;
+    if (n <= 1) return;
+    if (ts->cfg.micro > 0 && ts->cfg.micro % n != 0) {
+        if (sema_error(s, ts->cfg.data_sets_at,
+                       "%lld data sets cannot share a micro-batch of %lld sequences evenly (each micro-batch holds the same "
+                       "number of rows from each)",
+                       (long long)n, (long long)ts->cfg.micro))
+            sema_hint(s, "make batch.micro a multiple of %lld", (long long)n);
+        return;
+    }
+    for (const char *m = ts->cfg.adapter_modules; m && *m;) { /* "PATH N\n" a layer */
+        const char *sp = strchr(m, ' '), *nl = strchr(m, '\n');
+        if (!sp || !nl) break;
+        long long a = strtoll(sp + 1, NULL, 10);
+        if (a > 0 && a != n) {
+            if (sema_error(s, ts->cfg.data_sets_at, "%lld data sets, but the model's nn.MultiLoRALinear '%.*s' has %lld adapters",
+                           (long long)n, (int)(sp - m), m, a))
+                sema_hint(s, "give one data set per adapter: data set n trains adapter n");
+            return;
+        }
+        m = nl + 1;
+    }
 }
 
 /* ---- the model's blocks (for pipeline stages) ---- */
@@ -900,6 +994,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     ts->cfg.precision = PREC_F32;
     ts->cfg.seed = 1337;
     ts->cfg.shuffle = 1;
+    ts->cfg.data_sets = 1;
     ts->cfg.docs = -1;
     ts->cfg.ckpt_keep = 0;
     ts->cfg.ckpt_dir = "checkpoints";
@@ -947,6 +1042,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
 
     /* batch { ... } */
     check_batch(&f, k[T_BATCH], ts);
+    check_data_sets(s, ts);
 
     /* data: x, y = i32[micro, seq] */
     if (ts->cfg.seq > 0) { /* other mistakes in tokens(...) do not change the shapes */

@@ -45,7 +45,12 @@ typedef struct TrainConfig {
     const char *schedule_text; /* "lr.cosine(step, warmup = 20, total = 400, min_ratio = 0.1)", NULL: none */
     const ScalarProg *lr;      /* the schedule lowered (scalar.h); the constant 1.0 without `lr` */
     int lr_batch;              /* a factor of the schedule reads the global batch (lr.batch_scale) */
+    /* tokens(PATH) or tokens([PATH_A, PATH_B, ...]): several data sets (one per adapter of
+     * nn.MultiLoRALinear), the globs one a line, each micro-batch's rows dealt out in equal
+     * contiguous blocks, block n from data set n (docs/runtime.md, "Several data sets") */
     const char *data_glob, *val_glob;
+    int64_t data_sets; /* 1, or the length of the list */
+    Span data_sets_at;
     int shuffle;
     int64_t seq;
     /* tokens(..., docs = EOT): the token id that ends each document (-1: no documents). The

@@ -262,7 +262,17 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
         }
         return rt_fail(err, RT_ERR_ARG, "--device must be auto, cpu or cuda, not '%s'", v);
     case RT_F_SEED: o->seed_given = 1; return rt_parse_u64(f->name, v, &o->seed, err);
-    case RT_F_DATA: o->data = v; return RT_OK;
+    case RT_F_DATA: /* given again: another data set (tokens([GLOB_A, GLOB_B]) reads one a line) */
+        if (strchr(v, '\n')) return rt_fail(err, RT_ERR_ARG, "--data: a glob cannot hold a newline");
+        if (o->data) {
+            size_t n = strlen(o->data) + strlen(v) + 2;
+            char *joined = malloc(n);
+            if (!joined) return rt_fail(err, RT_ERR_NOMEM, "--data: out of memory");
+            snprintf(joined, n, "%s\n%s", o->data, v);
+            free(o->data_owned);
+            o->data = o->data_owned = joined;
+        } else o->data = v;
+        return RT_OK;
     case RT_F_LOG: o->log_path = v; return RT_OK;
     case RT_F_INIT_WEIGHTS: o->init_weights = v; return RT_OK;
     case RT_F_SAVE_WEIGHTS: o->save_weights = v; return RT_OK;
@@ -310,9 +320,30 @@ const char *rt_prog_name(const char *argv0) {
 }
 
 void rt_options_free(RtOptions *o) {
+    free(o->data_owned);
+    o->data_owned = NULL;
     free(o->prompt);
     o->prompt = NULL;
     o->nprompt = 0;
+}
+
+/* 'A' or 'A', 'B': the globs of a `data` setting (one a line), quoted for a message. */
+void rt_sources_text(char *buf, size_t n, const char *globs) {
+    size_t k = 0;
+    const char *s = globs ? globs : "";
+    k += (size_t)snprintf(buf, n, "'");
+    for (; *s && k + 5 < n; s++) {
+        if (*s == '\n') k += (size_t)snprintf(buf + k, n - k, "', '");
+        else buf[k++] = *s;
+    }
+    snprintf(buf + k, n - k, "'");
+}
+
+/* The data sets a `data` setting names: one glob a line. */
+static int64_t rt_count_lines(const char *s) {
+    int64_t n = 1;
+    for (; s && *s; s++) n += *s == '\n';
+    return n;
 }
 
 RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, RtError *err) {
@@ -404,6 +435,14 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
             return st;
         }
     }
+    if (o->data && (o->cmd == RT_CMD_TRAIN || o->cmd == RT_CMD_EVAL) &&
+        rt_count_lines(o->data) != rt_count_lines(p->train.data)) {
+        int64_t want = rt_count_lines(p->train.data), got = rt_count_lines(o->data);
+        rt_options_free(o);
+        return rt_fail(err, RT_ERR_ARG,
+                       "--data given %lld time%s, but this program reads %lld data set%s (tokens(...)): give one glob each",
+                       (long long)got, got == 1 ? "" : "s", (long long)want, want == 1 ? "" : "s");
+    }
     const char *clash = o->resume && o->resume_weights_only         ? "--resume-weights-only"
                         : o->resume && o->init_weights              ? "--init-weights"
                         : o->resume && o->dump_step                 ? "--dump-step"
@@ -471,8 +510,8 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--steps", "N", "optimizer steps", buf);
     rt_help_line(f, "--device", "auto|cpu|cuda", "where to run; auto is the GPU when there is one", "auto");
     rt_help_line(f, "--seed", "S", "seeds initialisation and the data order", seed);
-    snprintf(buf, sizeof buf, "'%s'", t->data ? t->data : "");
-    rt_help_line(f, "--data", "GLOB", "training token shards (llm.c or nanoGPT format)", buf);
+    rt_sources_text(buf, sizeof buf, t->data);
+    rt_help_line(f, "--data", "GLOB", "training token shards (llm.c or nanoGPT format); once a data set", buf);
     rt_help_line(f, "--log", "FILE.jsonl", "also write one JSON object per step to FILE", "none");
     rt_help_line(f, "--init-weights", "F.safetensors", "start from these weights instead of the initialisers", "none");
     rt_help_line(f, "--save-weights", "F.safetensors", "write the trained weights (f32) at the end", "none");
@@ -494,10 +533,12 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
 
     fprintf(f, "\neval options:\n");
     rt_help_line(f, "--weights", "F.safetensors", "the weights to evaluate", "none: the initialised model");
-    if (t->val_data && *t->val_data) snprintf(buf, sizeof buf, "'%s'", t->val_data);
-    else
-        snprintf(buf, sizeof buf, "the last %lld windows of '%s', which training does not visit",
-                 (long long)(t->eval_steps * t->global), t->data ? t->data : "");
+    if (t->val_data && *t->val_data) rt_sources_text(buf, sizeof buf, t->val_data);
+    else {
+        rt_sources_text(buf2, sizeof buf2, t->data);
+        snprintf(buf, sizeof buf, "the last %lld windows of %.440s, which training does not visit",
+                 (long long)(t->eval_steps * t->global), buf2);
+    }
     rt_help_line(f, "--data", "GLOB", "held-out token shards", buf);
     snprintf(buf2, sizeof buf2, "%lld", (long long)t->eval_steps);
     snprintf(buf, sizeof buf, "batches of %lld sequences (fewer if the data hold fewer)", (long long)t->global);

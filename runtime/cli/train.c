@@ -723,8 +723,10 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->zero == 2 ? " and keeps that shard alone of the summed gradient" : "");
     else if (t->zero) printf("ZeRO-%lld: one process holds every shard\n", (long long)t->zero);
     rt_print_device(o, &r->x);
-    printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(r->train),
-           (long long)rt_data_nfiles(r->train), rt_data_nfiles(r->train) == 1 ? "" : "s", r->spec.pattern);
+    char sources[8192];
+    rt_sources_text(sources, sizeof sources, r->spec.pattern);
+    printf("data: %lld windows in %lld file%s (%s)\n", (long long)rt_data_windows(r->train), (long long)rt_data_nfiles(r->train),
+           rt_data_nfiles(r->train) == 1 ? "" : "s", sources);
     const char *left_out = NULL;
     int64_t nleft_out = rt_data_left_out(r->train, &left_out);
     if (nleft_out > 0)
@@ -1330,9 +1332,10 @@ int rt_cmd_eval(const RtProgram *p, const RtOptions *o) {
     int64_t used = 0;
     if (st == RT_OK) st = rt_evaluate(&x, val, o->steps * (t->global / t->micro), o->seed, NULL, &loss, &used, &e);
     if (st == RT_OK) {
-        printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from '%s'\n", t->name, loss, exp(loss),
-               (long long)used, (long long)t->micro, (long long)t->seq,
-               spec.val_pattern && *spec.val_pattern ? spec.val_pattern : spec.pattern);
+        char sources[8192];
+        rt_sources_text(sources, sizeof sources, spec.val_pattern && *spec.val_pattern ? spec.val_pattern : spec.pattern);
+        printf("eval %s: loss %.6f (perplexity %.4g) on %lld batches of %lld x %lld tokens from %s\n", t->name, loss, exp(loss),
+               (long long)used, (long long)t->micro, (long long)t->seq, sources);
         code = 0;
     } else {
         rt_report(o, &e);

@@ -100,11 +100,14 @@ RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
                         const void *b, int64_t ldb, int64_t stride_b, const void *c, int64_t ldc, int64_t stride_c, int64_t batch,
                         int32_t epilogue, const void *vec, int *nothing, RtError *err) {
     *nothing = 0;
-    if (epilogue != RT_GEMM_PLAIN && epilogue != RT_GEMM_BIAS && epilogue != RT_GEMM_BGRAD_B)
+    if (epilogue != RT_GEMM_PLAIN && epilogue != RT_GEMM_BIAS && epilogue != RT_GEMM_BGRAD_B && epilogue != RT_GEMM_ADD)
         return rt_fail(err, RT_ERR_ARG, "sgemm: unknown epilogue %d", (int)epilogue);
     if (epilogue != RT_GEMM_PLAIN && !vec)
-        return rt_fail(err, RT_ERR_ARG, "sgemm: the %s epilogue without its vector",
-                       epilogue == RT_GEMM_BIAS ? "bias" : "bias-gradient");
+        return rt_fail(err, RT_ERR_ARG, "sgemm: the %s epilogue without its %s",
+                       epilogue == RT_GEMM_BIAS  ? "bias"
+                       : epilogue == RT_GEMM_ADD ? "add"
+                                                 : "bias-gradient",
+                       epilogue == RT_GEMM_ADD ? "matrix" : "vector");
     if (epilogue != RT_GEMM_PLAIN && k == 0)
         return rt_fail(err, RT_ERR_ARG, "sgemm: an epilogue on a product over nothing (k = 0)");
     if (epilogue == RT_GEMM_BGRAD_B && batch != 1)
@@ -134,9 +137,37 @@ RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
     return RT_OK;
 }
 
+/* RT_GEMM_ADD: C starts as the matrix vec (unless vec is C), then the product adds itself with
+ * beta 1 - the sum is the one the bias epilogue forms, alpha AB + D rounded once. Returns with
+ * *done set when there is nothing more to do (an error, or nothing to compute). */
+static RtStatus rt_gemm_add_start(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
+                                  int64_t ldc, int64_t stride_c, int64_t batch, const float *vec, int *done, RtError *err) {
+    int nothing = 0;
+    *done = 1;
+    RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch,
+                                 RT_GEMM_ADD, vec, &nothing, err);
+    if (st != RT_OK || nothing) return st;
+    if (beta != 0.0f) return rt_fail(err, RT_ERR_ARG, "sgemm: the add epilogue with beta %g (it needs 0)", (double)beta);
+    if (vec != c)
+        for (int64_t t = 0; t < batch; t++)
+            for (int64_t i = 0; i < m; i++)
+                memmove(c + t * stride_c + i * ldc, vec + t * stride_c + i * ldc, sizeof(float) * (size_t)n);
+    *done = 0;
+    return RT_OK;
+}
+
 RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
                           int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err) {
+    if (epilogue == RT_GEMM_ADD) {
+        int done;
+        RtStatus st = rt_gemm_add_start(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                        batch, vec, &done, err);
+        if (st != RT_OK || done) return st;
+        return rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, 1.0f, c, ldc,
+                                stride_c, batch, RT_GEMM_PLAIN, NULL, err);
+    }
     int nothing = 0;
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
                                  vec, &nothing, err);
@@ -321,6 +352,14 @@ RtStatus rt_sgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m
                                const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b,
                                float beta, float *c, int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec,
                                RtError *err) {
+    if (epilogue == RT_GEMM_ADD) { /* C = vec, then beta 1: each row still a function of its own rows alone */
+        int done;
+        RtStatus st = rt_gemm_add_start(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                        batch, vec, &done, err);
+        if (st != RT_OK || done) return st;
+        return rt_sgemm_rows_batched(pool, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, 1.0f, c, ldc,
+                                     stride_c, batch, RT_GEMM_PLAIN, NULL, err);
+    }
     /* The bias gradient is a training product (a sum over rows): never in the chunk phase; OpenBLAS. */
     if (epilogue == RT_GEMM_BGRAD_B)
         return rt_sgemm_batched(pool, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
@@ -416,6 +455,8 @@ static RtStatus rt_bgemm_via(RtSgemmFn f, RtPool *pool, int trans_a, int trans_b
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
                                  vec, &nothing, err);
     if (st != RT_OK || nothing) return st;
+    if (epilogue == RT_GEMM_ADD) /* the compiler folds only f32 products into their addend (fl_gemm_add) */
+        return rt_fail(err, RT_ERR_ARG, "bgemm: the add epilogue is for f32 products only");
     int64_t na = k ? rt_gemm_span(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch) : 0;
     int64_t nb = k ? rt_gemm_span(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch) : 0;
     int64_t nc = rt_gemm_span(m, n, ldc, stride_c, batch);

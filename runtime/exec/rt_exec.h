@@ -41,7 +41,9 @@ typedef struct RtOptions {
     uint64_t seed;            /* train/eval: initialisation and data order; generate: sampling */
     int threads;              /* 0: rt_cpu_count() */
     const char *device;       /* "auto", "cpu" or "cuda" */
-    const char *data;         /* train: training glob; eval: the held-out glob (NULL: the program's) */
+    const char *data;         /* train: training glob; eval: the held-out glob (NULL: the program's); --data given
+                                 N times: the N globs one a line (data_owned), one data set each */
+    char *data_owned;         /* rt_options_free */
     const char *log_path;     /* train: --log FILE.jsonl, or NULL */
     const char *init_weights; /* train: --init-weights, or NULL */
     const char *save_weights; /* train: --save-weights, or NULL */
@@ -75,6 +77,7 @@ typedef struct RtOptions {
 /* Parses argv against the program's settings. A bad command line fills err with the message
  * (without the "PROG: " prefix) and returns RT_ERR_ARG. */
 RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, RtError *err);
+void rt_sources_text(char *buf, size_t n, const char *globs);    /* 'A', 'B': a data setting's globs (one a line), quoted */
 void rt_options_free(RtOptions *o);                              /* frees the prompt */
 const char *rt_prog_name(const char *argv0);                     /* argv0's last path component ("prog" when empty) */
 void rt_cli_help(FILE *f, const RtProgram *p, const char *prog); /* the --help text, every flag with its default */

@@ -34,6 +34,10 @@
  * one), the plan is the plain product and the sums a second one, ones[1, k] op(B): B read twice,
  * the same numbers (f32 sums, rounded to C's type).
  *
+ * RT_GEMM_ADD is no cuBLASLt epilogue: cuBLASLt's C input is the matrix vec, its D output our C,
+ * with beta 1 (out of place: C and D share the layout, as cuBLASLt requires), so D = alpha AB + vec
+ * in one call, unrounded in between (f32 only, as on the CPU).
+ *
  * Beta. With beta == 0 cuBLASLt does not read C (NaNs in it do not propagate), as in BLAS. K == 0
  * (a sum of nothing) gives C = beta C without cuBLASLt: a 2D memset for beta == 0, the runtime's
  * mbt_rt_scale kernel for other betas (the contract allows no epilogue there). */
@@ -111,7 +115,7 @@ static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
     if (st == RT_OK)
         st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), err,
                          "cublasLtMatmulDescSetAttribute", "%s, transb", p->name);
-    if (st != RT_OK || p->key.epilogue == RT_GEMM_PLAIN || p->colsum_gemm) return st;
+    if (st != RT_OK || p->key.epilogue == RT_GEMM_PLAIN || p->key.epilogue == RT_GEMM_ADD || p->colsum_gemm) return st;
     uint32_t epilogue = p->key.epilogue == RT_GEMM_BIAS ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADA;
     int32_t type = p->key.type;
     st = rt_lt_check(api, api->cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
@@ -125,7 +129,7 @@ static RtStatus rt_gemm_desc(RtGpu *g, RtGemmPlan *p, RtError *err) {
 
 /* The epilogue's vector for the next call (and for the heuristic, which reads its alignment). */
 static RtStatus rt_gemm_set_vec(RtGpu *g, RtGemmPlan *p, const void *vec, RtError *err) {
-    if (p->key.epilogue == RT_GEMM_PLAIN || p->colsum_gemm) return RT_OK;
+    if (p->key.epilogue == RT_GEMM_PLAIN || p->key.epilogue == RT_GEMM_ADD || p->colsum_gemm) return RT_OK;
     return rt_lt_check(&g->api,
                        g->api.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec), err,
                        "cublasLtMatmulDescSetAttribute", "%s, bias pointer", p->name);
@@ -186,7 +190,10 @@ static RtStatus rt_gemm_plan_make(RtGpu *g, const RtGemmKey *k, const void *vec,
     if (k->batch > 1 && n > 0 && (size_t)n < sizeof p->name)
         n += snprintf(p->name + n, sizeof p->name - (size_t)n, " x%lld", (long long)k->batch);
     if (k->epilogue != RT_GEMM_PLAIN && n > 0 && (size_t)n < sizeof p->name)
-        snprintf(p->name + n, sizeof p->name - (size_t)n, k->epilogue == RT_GEMM_BIAS ? " +bias" : " +bgrad");
+        snprintf(p->name + n, sizeof p->name - (size_t)n,
+                 k->epilogue == RT_GEMM_BIAS  ? " +bias"
+                 : k->epilogue == RT_GEMM_ADD ? " +add"
+                                              : " +bgrad");
     /* Column-major views (see the top): a row-major R x C matrix of pitch ld is the column-major
      * C x R matrix of leading dimension ld. Our B, K x N (N x K when trans_b), is cuBLASLt's A,
      * N x K (K x N); our A, M x K (K x M), its B, K x M (M x K); C, M x N, its N x M. */
@@ -321,9 +328,16 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
     if (st != RT_OK || nothing) return st;
     if (batch > INT32_MAX)
         return rt_fail(err, RT_ERR_ARG, "sgemm: batch %lld exceeds cuBLASLt's 32-bit batch count", (long long)batch);
+    if (epilogue == RT_GEMM_ADD && (type != CUDA_R_32F || beta != 0.0f))
+        return rt_fail(err, RT_ERR_ARG, "sgemm: the add epilogue is for f32 products with beta 0 only");
     st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     if (k == 0) return rt_gemm_scale_c(g, beta, c, type, m, n, ldc, stride_c, batch, err);
+    const void *cin = c; /* cuBLASLt's C: ours, or the add epilogue's matrix */
+    if (epilogue == RT_GEMM_ADD) {
+        cin = vec;
+        beta = 1.0f;
+    }
 
     size_t size = type == CUDA_R_16BF ? 2 : 4;
     RtGemmKey key;
@@ -345,7 +359,12 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
     key.align_b = rt_align(b, stride_b, batch, size);
     key.align_c = rt_align(c, stride_c, batch, size);
     key.epilogue = epilogue;
-    key.align_vec = epilogue == RT_GEMM_PLAIN ? 0 : rt_align(vec, 0, 1, size);
+    key.align_vec = epilogue == RT_GEMM_PLAIN ? 0
+                    : epilogue == RT_GEMM_ADD ? rt_align(vec, stride_c, batch, size)
+                                              : rt_align(vec, 0, 1, size);
+    /* the add epilogue's matrix is cuBLASLt's C, which the heuristic is told the alignment of
+     * with D's (one value for both) */
+    if (epilogue == RT_GEMM_ADD && key.align_vec < key.align_c) key.align_c = key.align_vec;
     RtGemmPlan *p = NULL;
     st = rt_plan_get(g, &key, vec, &p, err);
     if (st == RT_OK) st = rt_gemm_set_vec(g, p, vec, err);
@@ -353,7 +372,7 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
     if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin(g, &slot, err);
     if (st != RT_OK) return st;
     st = rt_lt_check(&g->api,
-                     g->api.cublasLtMatmul(g->lt, p->desc, &alpha, b, p->lt_a, a, p->lt_b, &beta, c, p->lt_c, c, p->lt_c,
+                     g->api.cublasLtMatmul(g->lt, p->desc, &alpha, b, p->lt_a, a, p->lt_b, &beta, cin, p->lt_c, c, p->lt_c,
                                            &p->algo, (void *)(uintptr_t)g->workspace, g->workspace_size, g->stream),
                      err, "cublasLtMatmul", "%s", p->name);
     if (slot >= 0) st = rt_gpu_time_end(g, slot, p->name, st, err);

@@ -16,7 +16,15 @@
  * position is just three counters (epoch, shard, window) and restoring it is exact.
  *
  * A held-out split is either its own glob or, without one, the last N windows of the training
- * files (taken from the last file backwards), which the training split then never visits. */
+ * files (taken from the last file backwards), which the training split then never visits.
+ *
+ * Several data sets (`tokens([GLOB_A, GLOB_B], ...)`, one per adapter of nn.MultiLoRALinear):
+ * a pattern of several lines is one source a line, each a source as above with the spec's seed
+ * (so that source n visits its windows in the order it would alone) and 1/N of the held-out
+ * windows. A batch of B rows is B/N rows from each source in turn: rows n*B/N .. (n+1)*B/N - 1
+ * are source n's. Skipping n rows skips n/N windows of each. The position of a composite is the
+ * windows each source has given (`window`, the others zero), restored by replaying that many
+ * advances of each source (rt_advance: no file is read). */
 #include <errno.h>
 #include <glob.h>
 #include <stdlib.h>
@@ -61,6 +69,9 @@ struct RtData {
     unsigned char *buf; /* one window's bytes: (T + 1) x 4 */
     int64_t nleft_out;  /* held-out files the training glob matched and this source left out */
     char *left_out;     /* the first of them (its path), or NULL */
+    RtData **parts;     /* a composite of several sources (a pattern of several lines); else NULL */
+    int64_t nparts;
+    uint64_t taken; /* a composite's position: windows each part has given */
 };
 
 #define RT_SHARD_ORDER_TWEAK UINT32_C(0xFFFFFFFF) /* the permutation of shards, not of one shard's windows */
@@ -256,6 +267,7 @@ static void rt_leave_out_val(RtData *d, char **paths, int64_t *npaths) {
 
 int64_t rt_data_left_out(const RtData *d, const char **first) {
     if (first) *first = d ? d->left_out : NULL;
+    for (int64_t i = 0; d && first && !*first && i < d->nparts; i++) *first = d->parts[i]->left_out;
     return d ? d->nleft_out : 0;
 }
 
@@ -273,7 +285,9 @@ static int64_t rt_shard_windows(const RtShard *s, int64_t T) { return s->ntok >=
 
 void rt_data_close(RtData *d) {
     if (!d) return;
-    for (int64_t i = 0; i < d->nshards; i++) rt_shard_close(&d->shards[i]);
+    for (int64_t i = 0; i < d->nparts; i++) rt_data_close(d->parts[i]);
+    free(d->parts);
+    for (int64_t i = 0; d->shards && i < d->nshards; i++) rt_shard_close(&d->shards[i]); /* a composite has none */
     if (d->fd >= 0) close(d->fd);
     free(d->buf);
     free(d->shards);
@@ -282,9 +296,84 @@ void rt_data_close(RtData *d) {
     free(d);
 }
 
+/* Line i of a pattern of several lines (malloc'd), or NULL. */
+static char *rt_line(const char *text, int64_t i) {
+    for (; i > 0 && text; i--) {
+        text = strchr(text, '\n');
+        if (text) text++;
+    }
+    if (!text) return NULL;
+    size_t n = strcspn(text, "\n");
+    char *line = malloc(n + 1);
+    if (line) {
+        memcpy(line, text, n);
+        line[n] = 0;
+    }
+    return line;
+}
+
+static int64_t rt_nlines(const char *text) {
+    int64_t n = 1;
+    for (const char *c = text; *c; c++) n += *c == '\n';
+    return n;
+}
+
+/* A composite source: one part a line of spec->pattern (see the top of the file). */
+static RtStatus rt_data_open_parts(RtData **out, const RtDataSpec *spec, RtSplit split, int64_t n, RtError *err) {
+    int own_val = spec->val_pattern && *spec->val_pattern;
+    if (own_val && rt_nlines(spec->val_pattern) != n)
+        return rt_fail(err, RT_ERR_ARG, "data: %lld training data sets but %lld held-out ones: give one held-out glob each",
+                       (long long)n, (long long)rt_nlines(spec->val_pattern));
+    if (spec->val_windows % n != 0)
+        return rt_fail(err, RT_ERR_ARG, "data: %lld held-out windows cannot be split evenly between %lld data sets",
+                       (long long)spec->val_windows, (long long)n);
+    RtData *d = calloc(1, sizeof *d);
+    if (d) d->parts = calloc((size_t)n, sizeof *d->parts);
+    if (!d || !d->parts) {
+        free(d);
+        return rt_fail_errno(err, ENOMEM, "cannot open %lld data sets", (long long)n);
+    }
+    d->T = spec->seq;
+    d->fd = -1;
+    d->fd_shard = -1;
+    RtStatus st = RT_OK;
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    h = rt_fnv_u64(h, (uint64_t)n);
+    for (int64_t i = 0; st == RT_OK && i < n; i++) {
+        char *pat = rt_line(spec->pattern, i), *val = own_val ? rt_line(spec->val_pattern, i) : NULL;
+        if (!pat || (own_val && !val)) st = rt_fail_errno(err, ENOMEM, "cannot open %lld data sets", (long long)n);
+        else if (!*pat)
+            st = rt_fail(err, RT_ERR_ARG, "data: data set %lld of %lld has no file pattern", (long long)i + 1, (long long)n);
+        RtDataSpec one = *spec;
+        one.pattern = pat;
+        one.val_pattern = val;
+        one.val_windows = spec->val_windows / n;
+        if (st == RT_OK) st = rt_data_open(&d->parts[i], &one, split, err);
+        free(pat);
+        free(val);
+        if (st != RT_OK) break;
+        d->nparts = i + 1;
+        RtData *q = d->parts[i];
+        d->windows = i == 0 || q->windows < d->windows ? q->windows : d->windows;
+        d->nshards += q->nshards;
+        d->nleft_out += q->nleft_out;
+        h = rt_fnv_u64(h, q->fingerprint);
+    }
+    if (st != RT_OK) {
+        rt_data_close(d);
+        return st;
+    }
+    d->windows *= n; /* rows: as many from each source before the smallest one wraps around */
+    d->fingerprint = h;
+    rt_data_rewind(d);
+    *out = d;
+    return RT_OK;
+}
+
 RtStatus rt_data_open(RtData **out, const RtDataSpec *spec, RtSplit split, RtError *err) {
     *out = NULL;
     if (!spec || !spec->pattern || !*spec->pattern) return rt_fail(err, RT_ERR_ARG, "data: no file pattern given");
+    if (strchr(spec->pattern, '\n')) return rt_data_open_parts(out, spec, split, rt_nlines(spec->pattern), err);
     if (spec->seq < 1) return rt_fail(err, RT_ERR_ARG, "data: seq must be at least 1, not %lld", (long long)spec->seq);
     if (spec->vocab < 0 || spec->vocab > (int64_t)INT32_MAX + 1)
         return rt_fail(err, RT_ERR_ARG, "data: vocab %lld is out of range", (long long)spec->vocab);
@@ -471,6 +560,27 @@ static RtStatus rt_read_window(RtData *d, int64_t i, int64_t window, RtError *er
 RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err) {
     if (B < 1) return rt_fail(err, RT_ERR_ARG, "data: a batch needs at least one sequence, not %lld", (long long)B);
     if (!x || !y) return rt_fail(err, RT_ERR_ARG, "data: no buffers for the batch");
+    if (d->nparts > 0) { /* B/N rows from each source, in turn; all or none move */
+        if (B % d->nparts != 0)
+            return rt_fail(err, RT_ERR_ARG, "data: a batch of %lld rows cannot be split evenly between %lld data sets",
+                           (long long)B, (long long)d->nparts);
+        int64_t b = B / d->nparts;
+        for (int64_t i = 0; i < d->nparts; i++) {
+            RtDataPos was = d->parts[i]->pos;
+            RtStatus st = rt_data_next(d->parts[i], b, x + i * b * d->T, y + i * b * d->T, err);
+            if (st != RT_OK) {
+                d->parts[i]->pos = was;
+                for (int64_t j = 0; j < i; j++) { /* back to where they were */
+                    rt_data_rewind(d->parts[j]);
+                    rt_data_skip(d->parts[j], (int64_t)d->taken);
+                }
+                return st;
+            }
+        }
+        d->taken += (uint64_t)b;
+        d->pos.window = d->taken;
+        return RT_OK;
+    }
     RtDataPos p = d->pos; /* committed only when the whole batch is read */
     int64_t T = d->T;
     for (int64_t b = 0; b < B; b++) {
@@ -507,6 +617,12 @@ RtStatus rt_data_next(RtData *d, int64_t B, int32_t *x, int32_t *y, RtError *err
 /* Data parallelism: every rank walks the same order of windows and skips the ones other ranks
  * read, so a global batch is the same windows at any number of ranks (docs/parallel.md). */
 void rt_data_skip(RtData *d, int64_t n) {
+    if (d->nparts > 0) { /* n rows: n/N of each source's (the train loop skips whole micro-batches) */
+        for (int64_t i = 0; i < d->nparts; i++) rt_data_skip(d->parts[i], n / d->nparts);
+        d->taken += (uint64_t)(n / d->nparts);
+        d->pos.window = d->taken;
+        return;
+    }
     for (int64_t i = 0; i < n; i++) rt_advance(d, &d->pos);
 }
 
@@ -518,6 +634,15 @@ RtStatus rt_data_seek(RtData *d, const RtDataPos *pos, RtError *err) {
                        "cannot restore the data position: it was saved from other data or settings (fingerprint "
                        "%016llx, these data have %016llx)",
                        (unsigned long long)pos->fingerprint, (unsigned long long)d->fingerprint);
+    if (d->nparts > 0) {
+        if (pos->epoch != 0 || pos->shard != 0 || pos->window > (uint64_t)INT64_MAX)
+            return rt_fail(err, RT_ERR_ARG,
+                           "cannot restore the data position: epoch %llu, shard %llu is not a position of %lld data sets",
+                           (unsigned long long)pos->epoch, (unsigned long long)pos->shard, (long long)d->nparts);
+        rt_data_rewind(d);
+        rt_data_skip(d, (int64_t)pos->window * d->nparts);
+        return RT_OK;
+    }
     if (pos->epoch > UINT32_MAX || pos->shard >= (uint64_t)d->nsegs || pos->window >= rt_seg_count_at(d, pos))
         return rt_fail(err, RT_ERR_ARG,
                        "cannot restore the data position: epoch %llu, shard %llu, window %llu is outside the data",
@@ -526,13 +651,33 @@ RtStatus rt_data_seek(RtData *d, const RtDataPos *pos, RtError *err) {
     return RT_OK;
 }
 
-void rt_data_rewind(RtData *d) { d->pos = (RtDataPos){0, 0, 0, d->fingerprint}; }
+void rt_data_rewind(RtData *d) {
+    for (int64_t i = 0; i < d->nparts; i++) rt_data_rewind(d->parts[i]);
+    d->taken = 0;
+    d->pos = (RtDataPos){0, 0, 0, d->fingerprint};
+}
 
 int64_t rt_data_windows(const RtData *d) { return d->windows; }
 int64_t rt_data_seq(const RtData *d) { return d->T; }
 int64_t rt_data_nfiles(const RtData *d) { return d->nshards; }
-const char *rt_data_file(const RtData *d, int64_t i) { return i >= 0 && i < d->nshards ? d->shards[i].path : NULL; }
-int64_t rt_data_file_tokens(const RtData *d, int64_t i) { return i >= 0 && i < d->nshards ? d->shards[i].ntok : -1; }
+/* A composite's files are its parts', in order. */
+static const RtData *rt_file_owner(const RtData *d, int64_t *i) {
+    for (int64_t k = 0; k < d->nparts; k++) {
+        if (*i < d->parts[k]->nshards) return d->parts[k];
+        *i -= d->parts[k]->nshards;
+    }
+    return d;
+}
+const char *rt_data_file(const RtData *d, int64_t i) {
+    if (i < 0 || i >= d->nshards) return NULL;
+    d = rt_file_owner(d, &i);
+    return d->shards[i].path;
+}
+int64_t rt_data_file_tokens(const RtData *d, int64_t i) {
+    if (i < 0 || i >= d->nshards) return -1;
+    d = rt_file_owner(d, &i);
+    return d->shards[i].ntok;
+}
 
 /* ---- writing shards ----------------------------------------------------------------------------- */
 

@@ -655,7 +655,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     int64_t b_k = (int64_t)(desc->op_b == CUBLAS_OP_T ? lb->cols : lb->rows);
     int64_t b_n = (int64_t)(desc->op_b == CUBLAS_OP_T ? lb->rows : lb->cols);
     if (!algo || algo->data[0] != FAKE_ALGO || a_m != m || b_k != k || b_n != n || lc->rows != ld->rows || lc->cols != ld->cols ||
-        c != dst || la->batch != ld->batch || lb->batch != ld->batch || lc->batch != ld->batch)
+        lc->ld != ld->ld || lc->stride != ld->stride || la->batch != ld->batch || lb->batch != ld->batch ||
+        lc->batch != ld->batch)
         return FAKE_LT_INVALID_VALUE;
     if ((la->type != CUDA_R_32F && la->type != CUDA_R_16BF) || lb->type != la->type || lc->type != la->type ||
         ld->type != la->type)

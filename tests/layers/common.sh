@@ -94,15 +94,17 @@ jfield() { sed -n "${2}p" "$1" | sed -n 's/.*"'"$3"'": \([^,}]*\).*/\1/p'; }
 
 # peft_check NAME ok|FAILED ARGS: tests/exec/peft_adapter.py peft ARGS (PyTorch and peft load an
 # adapter written by --save-adapter), held to print "peft adapter: ok" or "peft adapter: FAILED"
-# (a control) as NAME; one SKIP line when peft is not installed for /usr/bin/python3 (it is not a
-# Debian package: `pip install peft` where it may be installed).
+# (a control) as NAME. peft is not a Debian package: `tools/deps.sh test` pip-installs it into
+# the venv MBT_PEFT_VENV (build/pyenv-peft), which sees Debian's torch; that venv's python runs
+# the check, else /usr/bin/python3 when it has peft, else one SKIP line.
 peft_check() {
-    local name=$1 want=$2 out
+    local name=$1 want=$2 out py=${MBT_PEFT_VENV:-build/pyenv-peft}/bin/python3
     shift 2
-    if ! /usr/bin/python3 -c 'import peft' >/dev/null 2>&1; then
-        skip "$name" "peft is not installed for /usr/bin/python3 (pip install peft)"
+    if ! "$py" -c 'import peft' >/dev/null 2>&1; then py=/usr/bin/python3; fi
+    if ! "$py" -c 'import peft' >/dev/null 2>&1; then
+        skip "$name" "peft is not installed in ${MBT_PEFT_VENV:-build/pyenv-peft} nor for /usr/bin/python3 (tools/deps.sh test installs it from PyPI)"
         return
     fi
-    out=$(/usr/bin/python3 tests/exec/peft_adapter.py peft "$@" 2>&1)
+    out=$("$py" tests/exec/peft_adapter.py peft "$@" 2>&1)
     if [[ $out == *"peft adapter: $want"* ]]; then pass "$name ($(tail -n 1 <<<"$out"))"; else fail "$name" "expected 'peft adapter: $want': $out"; fi
 }

@@ -925,7 +925,8 @@ static void test_programs_golden(void) {
 }
 
 static void test_programs_fuse(void) {
-    const char *files[] = {"tests/fuse/by_hand.mbt", "tests/fuse/llama_block.mbt", "tests/fuse/moe_small.mbt"};
+    const char *files[] = {"tests/fuse/by_hand.mbt", "tests/fuse/llama_block.mbt", "tests/fuse/moe_small.mbt",
+                           "tests/fuse/lora_small.mbt"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) CHECK(check_program(files[i]) == 2, "%s: 2 graphs", files[i]);
 }
 

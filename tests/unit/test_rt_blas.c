@@ -391,7 +391,67 @@ static void rows_independent(void) {
     rt_pool_destroy(p);
 }
 
+/* RT_GEMM_ADD (fused LoRA: the scaled up product added to the base's): C = alpha AB + D is the
+ * same bits as C = D then beta 1, for D apart from C and D being C (in place), for one matrix and
+ * a batch, in rt_sgemm_batched (tiled: 300 x 200) and rt_sgemm_rows_batched; within the
+ * tolerance of the double sum; refused with beta != 0, without its matrix, and in bf16. */
+static void add_epilogue(void) {
+    enum { M = 300, N = 200, K = 40, BATCH = 2 };
+    RtPool *p = NULL;
+    RtError e = {0};
+    CHECK(rt_pool_create(&p, 3, &e) == RT_OK, "pool: %s", e.msg);
+    float *a = malloc(sizeof(float) * BATCH * M * K), *b = malloc(sizeof(float) * BATCH * K * N);
+    float *d = malloc(sizeof(float) * BATCH * M * N), *c = malloc(sizeof(float) * BATCH * M * N);
+    float *want = malloc(sizeof(float) * BATCH * M * N);
+    fill(a, BATCH * M * K, 1);
+    fill(b, BATCH * K * N, 2);
+    fill(d, BATCH * M * N, 3);
+    for (int rows = 0; rows < 2; rows++)
+        for (int64_t batch = 1; batch <= BATCH; batch++) {
+            __typeof__(rt_sgemm_batched) *f = rows ? rt_sgemm_rows_batched : rt_sgemm_batched;
+            int64_t sc = batch > 1 ? M * N : 0;
+            memcpy(want, d, sizeof(float) * BATCH * M * N);
+            CHECK(f(p, 0, 1, M, N, K, 2.0f, a, K, M * K, b, K, K * N, 1.0f, want, N, sc, batch, RT_GEMM_PLAIN, NULL, &e) == RT_OK,
+                  "beta 1: %s", e.msg);
+            memset(c, 0, sizeof(float) * BATCH * M * N);
+            CHECK(f(p, 0, 1, M, N, K, 2.0f, a, K, M * K, b, K, K * N, 0.0f, c, N, sc, batch, RT_GEMM_ADD, d, &e) == RT_OK,
+                  "add: %s", e.msg);
+            CHECK(memcmp(c, want, sizeof(float) * (size_t)(batch * M * N)) == 0,
+                  "%s batch %lld: the add epilogue is C = D, beta 1", rows ? "rows" : "tiled", (long long)batch);
+            double worst = 0;
+            for (int64_t t = 0; t < batch; t++)
+                for (int64_t i = 0; i < M; i += 37)
+                    for (int64_t j = 0; j < N; j++) {
+                        double s = 0, mag = 0;
+                        for (int64_t q = 0; q < K; q++) {
+                            double x = (double)a[t * M * K + i * K + q] * b[t * K * N + j * K + q];
+                            s += x;
+                            mag += fabs(x);
+                        }
+                        double err = fabs(c[t * M * N + i * N + j] - (2.0 * s + d[t * M * N + i * N + j])) / (2.0 * mag + 1.0);
+                        if (err > worst) worst = err;
+                    }
+            CHECK(worst < 1e-5, "%s batch %lld: against the double sum, %g", rows ? "rows" : "tiled", (long long)batch, worst);
+            memcpy(c, d, sizeof(float) * BATCH * M * N); /* in place: D is C */
+            CHECK(f(p, 0, 1, M, N, K, 2.0f, a, K, M * K, b, K, K * N, 0.0f, c, N, sc, batch, RT_GEMM_ADD, c, &e) == RT_OK &&
+                      memcmp(c, want, sizeof(float) * (size_t)(batch * M * N)) == 0,
+                  "%s batch %lld: in place", rows ? "rows" : "tiled", (long long)batch);
+        }
+    CHECK(rt_sgemm_batched(p, 0, 1, M, N, K, 1.0f, a, K, 0, b, K, 0, 1.0f, c, N, 0, 1, RT_GEMM_ADD, d, &e) == RT_ERR_ARG,
+          "beta 1");
+    CHECK_STR(e.msg, "sgemm: the add epilogue with beta 1 (it needs 0)", "message");
+    CHECK(rt_sgemm_batched(p, 0, 1, M, N, K, 1.0f, a, K, 0, b, K, 0, 0.0f, c, N, 0, 1, RT_GEMM_ADD, NULL, &e) == RT_ERR_ARG,
+          "no matrix");
+    CHECK_STR(e.msg, "sgemm: the add epilogue without its matrix", "message");
+    uint16_t h[4] = {0};
+    CHECK(rt_bgemm_batched(p, 0, 0, 2, 2, 1, 1.0f, h, 1, 0, h, 2, 0, 0.0f, h, 2, 0, 1, RT_GEMM_ADD, h, &e) == RT_ERR_ARG, "bf16");
+    CHECK_STR(e.msg, "bgemm: the add epilogue is for f32 products only", "message");
+    free(a), free(b), free(c), free(d), free(want);
+    rt_pool_destroy(p);
+}
+
 int main(void) {
+    RUN(add_epilogue);
     RUN(all_transposes_small);
     RUN(batches_and_strides);
     RUN(large_tiled);

@@ -606,7 +606,7 @@ typedef struct Gemm {
     int ta, tb;
     int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
     float alpha, beta;
-    int bias; /* 1: RT_GEMM_BIAS; 2: RT_GEMM_BGRAD_B */
+    int bias; /* 1: RT_GEMM_BIAS; 2: RT_GEMM_BGRAD_B; 3: RT_GEMM_ADD (a matrix D laid out as C) */
 } Gemm;
 
 static int64_t extent(int64_t rows, int64_t ld, int64_t stride, int64_t batch) { return (batch - 1) * stride + rows * ld; }
@@ -621,16 +621,24 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     float *c_cpu = malloc((size_t)nc * sizeof *c_cpu), *c_gpu = malloc((size_t)nc * sizeof *c_gpu);
     float *v = malloc((size_t)q->n * sizeof *v), *v_gpu = malloc((size_t)q->n * sizeof *v);
     for (int64_t i = 0; i < q->n; i++) v[i] = (float)i / 2 - 1;
-    int32_t ep = q->bias == 1 ? RT_GEMM_BIAS : q->bias == 2 ? RT_GEMM_BGRAD_B : RT_GEMM_PLAIN;
+    int32_t ep = q->bias == 1 ? RT_GEMM_BIAS : q->bias == 2 ? RT_GEMM_BGRAD_B : q->bias == 3 ? RT_GEMM_ADD : RT_GEMM_PLAIN;
+    float *dm = malloc((size_t)nc * sizeof *dm); /* RT_GEMM_ADD's matrix */
+    for (int64_t i = 0; i < nc; i++) dm[i] = (float)((i * 3) % 7) / 2 - 1.5f;
     for (int64_t i = 0; i < na + 1; i++) a[i] = (float)((i * 7) % 11) / 4 - 1;
     for (int64_t i = 0; i < nb; i++) b[i] = (float)((i * 5) % 13) / 8 - 0.5f;
     for (int64_t i = 0; i < nc; i++) c_cpu[i] = c_nan ? NAN : (float)(i % 3) + 0.25f;
     memcpy(c_gpu, c_cpu, (size_t)nc * sizeof *c_cpu);
     RtError e;
     CHECK(rt_sgemm_batched(NULL, q->ta, q->tb, q->m, q->n, q->k, q->alpha, a, q->lda, q->sa, b, q->ldb, q->sb, q->beta, c_cpu,
-                           q->ldc, q->sc, q->batch, ep, q->bias ? v : NULL, &e) == RT_OK,
+                           q->ldc, q->sc, q->batch, ep,
+                           q->bias == 3 ? dm
+                           : q->bias    ? v
+                                        : NULL,
+                           &e) == RT_OK,
           "%s: cpu: %s", label, e.msg);
-    void *da = NULL, *db = NULL, *dc = NULL, *dv = NULL;
+    void *da = NULL, *db = NULL, *dc = NULL, *dv = NULL, *ddm = NULL;
+    rt_gpu_alloc(g, &ddm, nc * (int64_t)sizeof *dm, "add", &e);
+    rt_gpu_upload(g, ddm, dm, nc * (int64_t)sizeof *dm, &e);
     rt_gpu_alloc(g, &dv, q->n * (int64_t)sizeof *v, "bias", &e);
     rt_gpu_upload(g, dv, v, q->n * (int64_t)sizeof *v, &e);
     rt_gpu_alloc(g, &da, (na + 1) * (int64_t)sizeof *a, "a", &e);
@@ -640,7 +648,11 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     rt_gpu_upload(g, db, b, nb * (int64_t)sizeof *b, &e);
     rt_gpu_upload(g, dc, c_gpu, nc * (int64_t)sizeof *c_gpu, &e);
     CHECK(rt_gpu_sgemm_batched(g, q->ta, q->tb, q->m, q->n, q->k, q->alpha, da, q->lda, q->sa, db, q->ldb, q->sb, q->beta, dc,
-                               q->ldc, q->sc, q->batch, ep, q->bias ? dv : NULL, &e) == RT_OK,
+                               q->ldc, q->sc, q->batch, ep,
+                               q->bias == 3 ? ddm
+                               : q->bias    ? dv
+                                            : NULL,
+                               &e) == RT_OK,
           "%s: gpu: %s", label, e.msg);
     rt_gpu_download(g, c_gpu, dc, nc * (int64_t)sizeof *c_gpu, &e);
     rt_gpu_download(g, v_gpu, dv, q->n * (int64_t)sizeof *v, &e);
@@ -664,7 +676,8 @@ static void gemm_compare(RtGpu *g, const Gemm *q, int c_nan, const char *label) 
     rt_gpu_free(g, db);
     rt_gpu_free(g, dc);
     rt_gpu_free(g, dv);
-    free(a), free(b), free(c_cpu), free(c_gpu), free(v), free(v_gpu);
+    rt_gpu_free(g, ddm);
+    free(a), free(b), free(c_cpu), free(c_gpu), free(v), free(v_gpu), free(dm);
 }
 
 static void fake_gemm_matches_cpu(void) {
@@ -693,6 +706,14 @@ static void fake_gemm_matches_cpu(void) {
             gemm_compare(g, &one, 0, label);
             snprintf(label, sizeof label, "%c%c batched, bias, beta 0 over NaN", ta ? 'T' : 'N', tb ? 'T' : 'N');
             gemm_compare(g, &batched, 1, label);
+            /* the add epilogue (fused LoRA): cuBLASLt's C input is the matrix, its D our C, beta 1 */
+            Gemm add1 = one, addb = batched;
+            add1.beta = addb.beta = 0.0f;
+            add1.bias = addb.bias = 3;
+            snprintf(label, sizeof label, "%c%c one, add", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &add1, 1, label);
+            snprintf(label, sizeof label, "%c%c batched, add over NaN", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            gemm_compare(g, &addb, 1, label);
             /* the bias gradient: with cuBLASLt's epilogue, and as a second product where it has none */
             one.bias = 2;
             snprintf(label, sizeof label, "%c%c one, bias gradient", ta ? 'T' : 'N', tb ? 'T' : 'N');

@@ -614,7 +614,7 @@ static void help_lists_every_flag(void) {
         "--steps N                      optimizer steps (default 300)",
         "--device auto|cpu|cuda",
         "--seed S                       seeds initialisation and the data order (default 1337)",
-        "--data GLOB                    training token shards (llm.c or nanoGPT format) (default 'data/tiny_train.bin')",
+        "--data GLOB                    training token shards (llm.c or nanoGPT format); once a data set (default 'data/tiny_train.bin')",
         "--log FILE.jsonl",
         "--init-weights F.safetensors",
         "--save-weights F.safetensors",
