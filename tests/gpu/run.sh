@@ -14,8 +14,10 @@
 # tests/verify/docs.mbt (attention masked at document boundaries, issue 20), tests/exec/buckets.mbt
 # (sequence-length buckets: step 1 at length 8, step 2 at 16, issue 20) and tests/exec/groups.mbt
 # and lora.mbt (frozen parameters, no_decay and a LoRA adapter: the grouped update's index masks on
-# the device), and multi_lora.mbt (two adapters batched over their rows; both LoRA programs' up
-# products are added to the base's by the GEMM's add epilogue, cuBLASLt's C input). For each, on mbt-gendata's corpus:
+# the device), multi_lora.mbt (two adapters batched over their rows; both LoRA programs' up
+# products are added to the base's by the GEMM's add epilogue, cuBLASLt's C input) and
+# tests/verify/ghost_bn.mbt (nn.GhostBatchNorm and nn.BatchChannelNorm: reductions over ghost
+# batches of samples and positions, issue 20). For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
 #                          starting weights, batches and learning rate identical, loss 1e-5 relative,
@@ -284,7 +286,8 @@ fi
 names=()
 running=0
 for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
-    tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt tests/exec/multi_lora.mbt; do
+    tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt tests/exec/multi_lora.mbt \
+    tests/verify/ghost_bn.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue

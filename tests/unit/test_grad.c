@@ -911,6 +911,40 @@ static void grad_ws_linear(void) {
     tg_end(t);
 }
 
+/* x normalised over axis `axis` of its (already reshaped) view: (x - mean) * rsqrt(var + eps),
+ * the biased variance, as stdlib/nn.mbt writes GhostBatchNorm's and BatchChannelNorm's steps. */
+static int tg_standardize(TG *t, int x, int axis, double eps) {
+    int c = tg_bin(t, G_SUB, x, tg_reduce(t, G_MEAN, x, axis, 1));
+    int var = tg_reduce(t, G_MEAN, tg_bin(t, G_MUL, c, c), axis, 1);
+    return tg_bin(t, G_MUL, c, tg_un(t, G_RSQRT, tg_bin(t, G_ADD, var, tg_const(t, eps, DT_F32))));
+}
+
+/* nn.GhostBatchNorm(5, ghost = 2) on [4, 3, 5]: the 4 samples as 2 ghost batches of 2, each
+ * channel normalised over its ghost batch's (samples, positions), then weight and bias. The
+ * gradient reaches x through both statistics. */
+static void grad_ghost_batch_norm(void) {
+    TG *t = tg_begin(__LINE__);
+    int x = tg_param(t, S(4, 3, 5));
+    int g = tg_standardize(t, tg_to_shape(t, G_RESHAPE, x, S(2, 6, 5)), 1, 1e-5);
+    int y = tg_bin(t, G_MUL, tg_to_shape(t, G_RESHAPE, g, S(4, 3, 5)), tg_param_in(t, S(5), 0.5, 1.5));
+    tg_check(t, tg_bin(t, G_ADD, y, tg_param(t, S(5))));
+    tg_end(t);
+}
+
+/* nn.BatchChannelNorm(8, groups = 2) on [2, 3, 8]: each channel normalised over the micro-batch's
+ * (samples, positions) with batch_weight, batch_bias, then each token's 2 groups of 4 channels
+ * normalised with weight, bias. */
+static void grad_batch_channel_norm(void) {
+    TG *t = tg_begin(__LINE__);
+    int x = tg_param(t, S(2, 3, 8));
+    int b = tg_standardize(t, tg_to_shape(t, G_RESHAPE, x, S(6, 8)), 0, 1e-5);
+    b = tg_bin(t, G_ADD, tg_bin(t, G_MUL, b, tg_param_in(t, S(8), 0.5, 1.5)), tg_param(t, S(8)));
+    int n = tg_standardize(t, tg_to_shape(t, G_RESHAPE, b, S(2, 3, 2, 4)), 3, 1e-5);
+    int y = tg_bin(t, G_MUL, tg_to_shape(t, G_RESHAPE, n, S(2, 3, 8)), tg_param_in(t, S(8), 0.5, 1.5));
+    tg_check(t, tg_bin(t, G_ADD, y, tg_param(t, S(8))));
+    tg_end(t);
+}
+
 /* nn.LayerNorm after a linear map. */
 static void grad_layernorm_layer(void) {
     TG *t = tg_begin(__LINE__);
@@ -1358,6 +1392,8 @@ int main(void) {
     RUN(grad_linear_bias);
     RUN(grad_mlp);
     RUN(grad_ws_linear);
+    RUN(grad_ghost_batch_norm);
+    RUN(grad_batch_channel_norm);
     RUN(grad_layernorm_layer);
     RUN(grad_rmsnorm_layer);
     RUN(grad_embedding);
