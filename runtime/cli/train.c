@@ -628,7 +628,7 @@ static RtStatus rt_train_offload_open(RtTrainRun *r) {
     for (char *c = name; *c; c++)
         if (*c == '/') *c = '_';
     /* the state is all zeros unless it was resumed or an optimizer_init ran: the new file reads as zeros */
-    const float *from = r->o.resume || p->optimizer_init ? r->x.state : NULL;
+    const float *from = r->x.state && (r->o.resume || p->optimizer_init) ? r->x.state : NULL;
     RtStatus st = rt_opt_offload_open(&r->offload, p, r->o.offload_dir, name, from, &r->e);
     if (st != RT_OK) return st;
     free(r->x.state);
@@ -643,6 +643,14 @@ static RtStatus rt_train_open(RtTrainRun *r) {
     const RtOptions *o = &r->o;
     const char *resume_arg = o->resume ? o->resume : o->resume_weights_only;
     RtStatus st = rt_exec_open(&r->x, p, o->threads, rt_device_want(o), &r->e);
+    /* offload { optimizer = nvme }: no state region (exec.c), but for a state to read from a
+     * checkpoint or to initialise, which then fills the store (rt_train_offload_open) */
+    if (st == RT_OK && p->train.offload_optimizer == 2 && (resume_arg || p->optimizer_init)) {
+        size_t bytes = ((size_t)p->state_floats * 4 + RT_ALIGN - 1) / RT_ALIGN * RT_ALIGN + RT_ALIGN;
+        int rc = posix_memalign((void **)&r->x.state, RT_ALIGN, bytes);
+        if (rc) r->x.state = NULL, st = rt_fail_errno(&r->e, rc, "cannot allocate the optimizer state to fill its store");
+        else memset(r->x.state, 0, bytes);
+    }
     if (st == RT_OK && resume_arg) st = rt_train_resume(r, resume_arg);
     if (st == RT_OK) st = rt_train_data(r);
     if (st == RT_OK) st = rt_check_outputs(r);

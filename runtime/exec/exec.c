@@ -69,7 +69,10 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
     if (st == RT_OK) st = rt_pool_create(&e->pool, threads, err);
     if (st == RT_OK) st = rt_alloc_region((void **)&e->params, p->param_floats * 4, "parameter region", err);
     if (st == RT_OK) st = rt_alloc_region((void **)&e->grads, p->param_floats * 4, "gradient region", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
+    /* offload { optimizer = nvme }: the state lives in a store file (the train loop's; docs/memory.md),
+     * so no region is allocated for it: a resumed run allocates one while it fills the store */
+    if (st == RT_OK && p->train.offload_optimizer != 2)
+        st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
     /* the host arena only where the host runs the program */
     if (st == RT_OK && !e->gpu) st = rt_alloc_region((void **)&e->arena, p->arena_bytes, "activation arena", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->x, tokens * 4, "input batch", err);

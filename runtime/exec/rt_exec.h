@@ -101,7 +101,7 @@ typedef struct RtExec {
     RtPool *pool;
     RtGpu *gpu;                          /* NULL: the CPU runs the program */
     const char *cpu_reason;              /* --device auto on the CPU: why not the GPU (static storage), or NULL */
-    float *params, *grads, *state;       /* param_floats, param_floats, state_floats */
+    float *params, *grads, *state;       /* param_floats, param_floats, state_floats (NULL with offload { optimizer = nvme }) */
     unsigned char *arena;                /* arena_bytes (the CPU's; NULL on the GPU) */
     int32_t *x, *y;                      /* one micro-batch: [micro, seq] each (or [1, logits_seq]); page-locked on the GPU */
     int32_t *x_next, *y_next;            /* the GPU's other pair, filled while the GPU runs the micro-batch before */
