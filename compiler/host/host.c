@@ -513,14 +513,21 @@ static int refuse_settings(const TrainConfig *ts) {
                    "recompute is not carried out by executables yet: the step keeps every activation for the backward");
         n++;
     }
-    /* offload.optimizer = nvme is carried out (on the CPU: host_compile checks the rest) */
+    /* offload.optimizer = nvme is carried out (on the CPU: host_compile checks the rest); = host is
+     * refused with a message of its own (on the CPU the state is in host memory already) */
     const Storage off[2] = {ts->offload_activations, ts->offload_optimizer == STORE_NVME ? STORE_NONE : ts->offload_optimizer};
     static const char *const what[2] = {"activations", "optimizer"};
     for (int i = 0; i < 2; i++)
         if (off[i] != STORE_NONE && (int)off[i] < 3) {
-            diag_error(ts->offload_at[i],
-                       "offload.%s = %s is not carried out by executables yet: it stays in the device's memory", what[i],
-                       storage[off[i]]);
+            if (i == 1)
+                diag_error(ts->offload_at[i],
+                           "offload.optimizer = host is not carried out by executables yet: on the CPU the optimizer state "
+                           "is in host memory already, and a GPU build's update on the host is not built (optimizer = "
+                           "nvme is, on the CPU)");
+            else
+                diag_error(ts->offload_at[i],
+                           "offload.%s = %s is not carried out by executables yet: it stays in the device's memory", what[i],
+                           storage[off[i]]);
             n++;
         }
     if (n)
