@@ -513,21 +513,14 @@ static int refuse_settings(const TrainConfig *ts) {
                    "recompute is not carried out by executables yet: the step keeps every activation for the backward");
         n++;
     }
-    /* offload.optimizer = nvme is carried out (on the CPU: host_compile checks the rest); = host is
-     * refused with a message of its own (on the CPU the state is in host memory already) */
-    const Storage off[2] = {ts->offload_activations, ts->offload_optimizer == STORE_NVME ? STORE_NONE : ts->offload_optimizer};
+    /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
+    const Storage off[2] = {ts->offload_activations, STORE_NONE};
     static const char *const what[2] = {"activations", "optimizer"};
     for (int i = 0; i < 2; i++)
         if (off[i] != STORE_NONE && (int)off[i] < 3) {
-            if (i == 1)
-                diag_error(ts->offload_at[i],
-                           "offload.optimizer = host is not carried out by executables yet: on the CPU the optimizer state "
-                           "is in host memory already, and a GPU build's update on the host is not built (optimizer = "
-                           "nvme is, on the CPU)");
-            else
-                diag_error(ts->offload_at[i],
-                           "offload.%s = %s is not carried out by executables yet: it stays in the device's memory", what[i],
-                           storage[off[i]]);
+            diag_error(ts->offload_at[i],
+                       "offload.%s = %s is not carried out by executables yet: it stays in the device's memory", what[i],
+                       storage[off[i]]);
             n++;
         }
     if (n)
@@ -554,6 +547,23 @@ int host_refuses(const TrainBuild *tb) {
  * ZeRO uses; the GPU's update does not take a range, nor ZeRO's shards a store yet. */
 static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
     const TrainConfig *ts = h->ts;
+    if (ts->offload_optimizer == STORE_HOST) {
+        /* the state off the GPU: a CPU build has it in host memory already, so the setting would do nothing */
+        if (!cuda || cuda->narch == 0) {
+            diag_error(ts->offload_at[1], "offload.optimizer = host keeps the optimizer state off the GPU, but this build "
+                                          "is for the CPU alone, where the state is in host memory already");
+            diag_hint("build for a GPU with --cuda-arch (the state then stays in host memory and the CPU updates it), or "
+                      "remove the setting");
+        }
+        if (ts->zero > 0) {
+            diag_error(ts->offload_at[1],
+                       "offload.optimizer = host with parallel.zero = %lld is not carried out yet: each rank would update "
+                       "its shard on the host",
+                       (long long)ts->zero);
+            diag_hint("use zero = 0 with offload.optimizer = host");
+        }
+        return;
+    }
     if (ts->offload_optimizer != STORE_NVME) return;
     const char *no_range = h->plan->mem.offload_chunk ? update_range_refusal(h, upd) : NULL;
     if (no_range) {

@@ -196,6 +196,13 @@ static void plan_note(PlanCtx *c, const char *text) {
 /* offload.optimizer = nvme, after the memory plan has chunked the state (plan_memory.c). */
 static void plan_note_offload(PlanCtx *c) {
     const PlanMemory *m = &c->p->mem;
+    if (c->ts->offload_optimizer == STORE_HOST)
+        plan_note(c, m->offload_host ? arena_printf(c->ar,
+                                                    "offload.optimizer = host: the optimizer state, %s, stays in host memory "
+                                                    "and the CPU updates it; on a GPU the gradients are copied down and the "
+                                                    "parameters up each step",
+                                                    plan_bytes_text(c->ar, m->state_bytes))
+                                     : "offload.optimizer = host: the optimizer keeps no state, so there is nothing to offload");
     if (c->ts->offload_optimizer != STORE_NVME) return;
     if (m->offload_chunk)
         plan_note(c, arena_printf(c->ar,
@@ -230,9 +237,6 @@ static void plan_notes(PlanCtx *c) {
     if (ts->recompute) plan_note(c, "recompute is not planned yet: the arena keeps every activation for the backward");
     if (ts->offload_activations != STORE_NONE && (int)ts->offload_activations < 3)
         plan_note(c, arena_printf(c->ar, "offload.activations = %s is not planned yet", storage[ts->offload_activations]));
-    if (ts->offload_optimizer == STORE_HOST)
-        plan_note(c, "offload.optimizer = host is not planned yet: on the CPU the state is in host memory already, and the "
-                     "GPU's update on the host is not built");
 
     if (ts->steps > ((int64_t)1 << 24)) plan_note(c, "t is an f32: past step 16777216 it is no longer exact");
 }

@@ -32,6 +32,7 @@
 static void plan_offload_optimizer(PlanCtx *c) {
     PlanMemory *m = &c->p->mem;
     int64_t n = m->state_part / 4;
+    m->offload_host = c->ts->offload_optimizer == STORE_HOST && m->nstate > 0 && n > 0;
     if (c->ts->offload_optimizer != STORE_NVME || m->nstate == 0 || n == 0) return;
     int64_t chunk = (n + 7) / 8;
     chunk = (chunk + 1023) / 1024 * 1024;
@@ -590,7 +591,16 @@ void plan_print_summary(FILE *out, const Plan *p) {
     fprintf(out,
             "plan: parameters %" PRId64 " bytes, gradients %" PRId64 " bytes, optimizer state %" PRId64 " bytes, inputs %" PRId64
             " bytes\n",
-            m->param_bytes, m->param_bytes, m->offload_chunk ? m->staging_bytes : m->state_bytes, m->input_bytes);
+            m->param_bytes, m->param_bytes,
+            m->offload_chunk  ? m->staging_bytes
+            : m->offload_host ? 0
+                              : m->state_bytes,
+            m->input_bytes);
+    if (m->offload_host)
+        fprintf(out,
+                "plan: optimizer state offloaded to host: %" PRId64 " bytes in host memory, updated there by the CPU (the "
+                "gradients copied down, the parameters up, each step)\n",
+                m->state_bytes);
     if (m->offload_chunk)
         fprintf(out,
                 "plan: optimizer state offloaded to nvme: %" PRId64 " bytes in a store file, %" PRId64 " chunks of %" PRId64

@@ -18,8 +18,14 @@ static int64_t rt_info_nchunks(const RtProgram *p) {
     return p->train.offload_chunk > 0 ? (rt_state_part(p) + p->train.offload_chunk - 1) / p->train.offload_chunk : 0;
 }
 
-/* The optimizer state in memory: the three staging buffers when it lives in a store file. */
-static int64_t rt_info_state_bytes(const RtProgram *p) { return rt_info_slot(p) ? 3 * rt_info_slot(p) : p->state_floats * 4; }
+/* offload { optimizer = host } (with state): the state in host memory, none on the device. */
+static int rt_info_host(const RtProgram *p) { return p->train.offload_optimizer == 1 && p->state_floats > 0; }
+
+/* The optimizer state in the plan's memory: the three staging buffers when it lives in a store
+ * file, none when it lives in host memory (off the device). */
+static int64_t rt_info_state_bytes(const RtProgram *p) {
+    return rt_info_slot(p) ? 3 * rt_info_slot(p) : rt_info_host(p) ? 0 : p->state_floats * 4;
+}
 
 /* The plan's summary lines. Keep them as plan_print_summary writes them. */
 static void rt_info_plan(FILE *f, const RtProgram *p) {
@@ -32,6 +38,11 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
     fprintf(f, "plan: parameters %lld bytes, gradients %lld bytes, optimizer state %lld bytes, inputs %lld bytes\n",
             (long long)(p->param_floats * 4), (long long)(p->param_floats * 4), (long long)rt_info_state_bytes(p),
             (long long)pl->input_bytes);
+    if (rt_info_host(p))
+        fprintf(f,
+                "plan: optimizer state offloaded to host: %lld bytes in host memory, updated there by the CPU (the gradients "
+                "copied down, the parameters up, each step)\n",
+                (long long)(p->state_floats * 4));
     if (rt_info_slot(p))
         fprintf(f,
                 "plan: optimizer state offloaded to nvme: %lld bytes in a store file, %lld chunks of %lld parameters streamed "
@@ -64,7 +75,9 @@ int rt_cmd_info(const RtProgram *p, const char *prog, int nargs) {
     fprintf(stdout, "allocated: arena %lld bytes, parameters %lld, gradients %lld, optimizer state %lld%s\n",
             (long long)p->arena_bytes, (long long)(p->param_floats * 4), (long long)(p->param_floats * 4),
             (long long)rt_info_state_bytes(p),
-            rt_info_slot(p) ? " (staging; the state is in a store file in --offload-dir while training)" : "");
+            rt_info_slot(p)   ? " (staging; the state is in a store file in --offload-dir while training)"
+            : rt_info_host(p) ? " on the device (the state's bytes are in host memory)"
+                              : "");
     if (largest != p->arena_bytes) {
         fprintf(stderr, "%s: the arena allocated (%lld bytes) is not the plan's largest phase (%lld bytes)\n", prog,
                 (long long)p->arena_bytes, (long long)largest);

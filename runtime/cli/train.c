@@ -725,6 +725,10 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->zero == 2 ? " and keeps that shard alone of the summed gradient" : "");
     else if (t->zero) printf("ZeRO-%lld: one process holds every shard\n", (long long)t->zero);
     rt_print_device(o, &r->x);
+    if (t->offload_optimizer == 1)
+        printf("optimizer state: in host memory (offload { optimizer = host }: %lld bytes)%s\n", (long long)(p->state_floats * 4),
+               r->x.gpu ? "; the CPU updates it: the gradients are copied down and the parameters up each step"
+                        : "; on the CPU, where it is anyway");
     if (r->offload) {
         printf("optimizer state: offloaded to '%s' (%lld bytes; %s): %lld chunks of %lld parameters streamed through %lld "
                "bytes of staging buffers\n",
@@ -1027,6 +1031,27 @@ static RtStatus rt_train_gather_state(RtTrainRun *r) {
     return RT_OK;
 }
 
+/* offload { optimizer = host } on the GPU: the clipped gradient copied down, the CPU's
+ * optimizer_update over the host's parameters (the f32 master copy) and state on the thread pool,
+ * the parameters copied up. *s carries lr, t, step and seed (docs/memory.md). */
+static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
+    RtExec *x = &r->x;
+    RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
+    if (st != RT_OK) return st;
+    RtStep h = {.pool = x->pool,
+                .params = x->params,
+                .grads = x->grads,
+                .state = x->state,
+                .arena = x->arena,
+                .lr = s->lr,
+                .t = s->t,
+                .step = s->step,
+                .seed = s->seed,
+                .err = &r->e};
+    st = r->p->optimizer_update(&h);
+    return st == RT_OK ? rt_exec_push(x, &r->e) : st; /* the parameters (no state on the device) */
+}
+
 /* One optimizer step: its micro-batches, the gradient norm and clipping, the update, and with
  * --dump-step the dump of step 1. The step's log record comes back in *sl. */
 static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
@@ -1061,7 +1086,9 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     RtStep s = rt_exec_step(x, &r->e);
     s.lr = lr, s.t = step + 1, s.step = step, s.seed = r->o.seed;
     if (r->zero) s.lo = r->shard_off[r->rank], s.hi = r->shard_off[r->rank + 1]; /* this rank's shard */
-    st = r->offload ? rt_opt_offload_update(r->offload, x, &s, &r->e) : rt_exec_call(x, RT_EXEC_UPDATE, &s);
+    if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
+    else if (x->gpu && p->train.offload_optimizer == 1) st = rt_train_host_update(r, &s);
+    else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
     if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
