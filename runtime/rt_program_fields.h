@@ -64,7 +64,9 @@
     X(const char *, adapter_modules, ptr) /* "PATH N\n" a layer: N adapters stacked, 0 for one; "": no PEFT form */              \
     X(int64_t, ncurriculum, i64)          /* stages of the sequence-length curriculum (batch.buckets); 0: steps are seq long */  \
     X(const int64_t *, curriculum, ptr)   /* [3 x ncurriculum]: first step, first index in curriculum_lens, count */             \
-    X(const int64_t *, curriculum_lens, ptr) /* the stages' lengths, each dividing seq */
+    X(const int64_t *, curriculum_lens, ptr) /* the stages' lengths, each dividing seq */                                        \
+    X(int32_t, offload_optimizer, i32) /* offload { optimizer }: 0 none (in memory); 2 nvme: in a store file (docs/memory.md) */ \
+    X(int64_t, offload_chunk, i64)     /* nvme: parameters a chunk of the streamed update (the plan's); 0 without offload */
 
 /* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
  * of the train block's model when the program has one (name non-NULL), else the built-in defaults

@@ -181,6 +181,8 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_ncurriculum] = ci64(h, ts->ncurriculum);
     f[RT_TRAIN_curriculum] = curr;
     f[RT_TRAIN_curriculum_lens] = curr_lens;
+    f[RT_TRAIN_offload_optimizer] = ci32(h, p->mem.offload_chunk ? STORE_NVME : p->mem.offload_host ? STORE_HOST : 0);
+    f[RT_TRAIN_offload_chunk] = ci64(h, p->mem.offload_chunk);
     return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
 }
 

@@ -46,7 +46,9 @@ static RtStatus rt_exec_open_gpu(RtExec *e, int64_t tokens, RtError *err) {
     const RtProgram *p = e->prog;
     RtStatus st = rt_gpu_alloc(e->gpu, (void **)&e->d_params, p->param_floats * 4, "the parameter region", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_grads, p->param_floats * 4, "the gradient region", err);
-    if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_state, p->state_floats * 4, "the optimizer-state region", err);
+    /* offload { optimizer = host }: the state stays in host memory, where the CPU updates it */
+    if (st == RT_OK && p->train.offload_optimizer != 1)
+        st = rt_gpu_alloc(e->gpu, (void **)&e->d_state, p->state_floats * 4, "the optimizer-state region", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_arena, p->arena_bytes, "the activation arena", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_x, tokens * 4, "the input batch", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_y, tokens * 4, "the target batch", err);
@@ -69,9 +71,15 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
     if (st == RT_OK) st = rt_pool_create(&e->pool, threads, err);
     if (st == RT_OK) st = rt_alloc_region((void **)&e->params, p->param_floats * 4, "parameter region", err);
     if (st == RT_OK) st = rt_alloc_region((void **)&e->grads, p->param_floats * 4, "gradient region", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
-    /* the host arena only where the host runs the program */
+    /* offload { optimizer = nvme }: the state lives in a store file (the train loop's; docs/memory.md),
+     * so no region is allocated for it: a resumed run allocates one while it fills the store */
+    if (st == RT_OK && p->train.offload_optimizer != 2)
+        st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
+    /* the host arena only where the host runs the program; with offload { optimizer = host } on the
+     * GPU, the update's arena, for the CPU's optimizer_update */
     if (st == RT_OK && !e->gpu) st = rt_alloc_region((void **)&e->arena, p->arena_bytes, "activation arena", err);
+    if (st == RT_OK && e->gpu && p->train.offload_optimizer == 1)
+        st = rt_alloc_region((void **)&e->arena, p->plan.arena[RT_PHASE_UPDATE], "the host update's arena", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->x, tokens * 4, "input batch", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->y, tokens * 4, "target batch", err);
     if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->x_next, tokens * 4, "next input batch", err);
@@ -127,7 +135,7 @@ RtStatus rt_exec_push(RtExec *e, RtError *err) {
     if (!e->gpu) return RT_OK;
     const RtProgram *p = e->prog;
     RtStatus st = rt_gpu_upload(e->gpu, e->d_params, e->params, p->param_floats * 4, err);
-    if (st == RT_OK) st = rt_gpu_upload(e->gpu, e->d_state, e->state, p->state_floats * 4, err);
+    if (st == RT_OK && e->d_state) st = rt_gpu_upload(e->gpu, e->d_state, e->state, p->state_floats * 4, err);
     return st == RT_OK ? rt_gpu_sync(e->gpu, "uploading the parameters and optimizer state", err) : st;
 }
 
@@ -137,7 +145,9 @@ RtStatus rt_exec_pull(RtExec *e, int what, RtError *err) {
     RtStatus st = RT_OK;
     if (what & RT_PULL_PARAMS) st = rt_gpu_download(e->gpu, e->params, e->d_params, p->param_floats * 4, err);
     if (st == RT_OK && (what & RT_PULL_GRADS)) st = rt_gpu_download(e->gpu, e->grads, e->d_grads, p->param_floats * 4, err);
-    if (st == RT_OK && (what & RT_PULL_STATE)) st = rt_gpu_download(e->gpu, e->state, e->d_state, p->state_floats * 4, err);
+    /* (offload { optimizer = host }: no d_state, the host's state is the state) */
+    if (st == RT_OK && (what & RT_PULL_STATE) && e->d_state)
+        st = rt_gpu_download(e->gpu, e->state, e->d_state, p->state_floats * 4, err);
     return st;
 }
 

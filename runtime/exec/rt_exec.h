@@ -49,6 +49,7 @@ typedef struct RtOptions {
     const char *save_weights; /* train: --save-weights, or NULL */
     const char *save_adapter; /* train: --save-adapter DIR, or NULL (rt_adapter_save) */
     const char *dump_step;    /* train: --dump-step, or NULL (rt_step_dump) */
+    const char *offload_dir;  /* train: --offload-dir, the store file's directory with offload { optimizer = nvme } (".") */
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
     int64_t nprompt;
@@ -105,7 +106,7 @@ typedef struct RtExec {
     RtPool *pool;
     RtGpu *gpu;                          /* NULL: the CPU runs the program */
     const char *cpu_reason;              /* --device auto on the CPU: why not the GPU (static storage), or NULL */
-    float *params, *grads, *state;       /* param_floats, param_floats, state_floats */
+    float *params, *grads, *state;       /* param_floats, param_floats, state_floats (NULL with offload { optimizer = nvme }) */
     unsigned char *arena;                /* arena_bytes (the CPU's; NULL on the GPU) */
     int32_t *x, *y;                      /* one micro-batch: [micro, seq] each (or [1, logits_seq]); page-locked on the GPU */
     int32_t *x_next, *y_next;            /* the GPU's other pair, filled while the GPU runs the micro-batch before */

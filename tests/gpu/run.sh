@@ -417,6 +417,56 @@ else
     fi
 fi
 
+# ---- offload { optimizer = host }: the state in host memory, the CPU's update --------------------
+# gpu/offload-host: tests/exec/offload_optimizer.mbt's program with optimizer = host and without
+# offload, 10 steps each on the device with a checkpoint at step 5 (docs/memory.md). With host the
+# device holds no optimizer state (./prog info), the gradients come down and the parameters go up
+# each step, and the CPU's optimizer_update (the CPU build's kernels) updates them: the losses within
+# 1e-5 of the device's own update's and the weights within 1e-5 norm-wise (on the emulated GPU, whose
+# kernels keep the host's arithmetic, byte for byte: the update is the same elementwise formula);
+# a resume from step 5 ends with the same weights, byte for byte.
+d="$DIR/offload"
+mkdir -p "$d/host" "$d/none"
+sed 's/optimizer = nvme/optimizer = host/' tests/exec/offload_optimizer.mbt >"$d/host.mbt"
+sed '/^[[:space:]]*offload[[:space:]]/d' tests/exec/offload_optimizer.mbt >"$d/none.mbt"
+if ! build "$d/host" "$d/host.mbt" -I examples || ! build "$d/none" "$d/none.mbt" -I examples; then
+    fail gpu/offload-host "mbtc -o or --emit=cuda of the offload program failed" "$OUT"
+else
+    on_device_cmd "$d/host/prog.cu" "$d/host/prog" "$d/host.out" train --steps 10 --data "$DATA" --save-weights "$d/host.st" \
+        --log "$d/host.jsonl" --ckpt-every 5 --ckpt-dir "$d/ckh"
+    rc1=$?
+    on_device_cmd "$d/none/prog.cu" "$d/none/prog" "$d/none.out" train --steps 10 --data "$DATA" --save-weights "$d/none.st" \
+        --log "$d/none.jsonl" --ckpt-dir "$d/ckn"
+    rc2=$?
+    on_device_cmd "$d/host/prog.cu" "$d/host/prog" "$d/resume.out" train --steps 10 --data "$DATA" \
+        --resume "$d/ckh/step-00000005" --ckpt-dir "$d/ckh2" --save-weights "$d/resumed.st"
+    rc3=$?
+    "$d/host/prog" info >"$d/info.out" 2>&1
+    far=""
+    grep '"loss"' "$d/none.jsonl" >"$d/none.steps" # (the step records alone: not the checkpoint's)
+    grep '"loss"' "$d/host.jsonl" >"$d/host.steps"
+    for k in $(seq 1 10); do
+        within "$(jfield "$d/none.steps" "$k" loss)" "$(jfield "$d/host.steps" "$k" loss)" 1e-5 || far="$far $k"
+    done
+    if [ $rc1 != 0 ] || [ $rc2 != 0 ] || [ $rc3 != 0 ]; then
+        fail gpu/offload-host "a run failed (host: status $rc1; none: $rc2; resumed: $rc3)" "$d/host.out" "$d/none.out" "$d/resume.out"
+    elif ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/host.out" \
+        || ! grep -q "^device: cuda" "$d/host.out"; then
+        fail gpu/offload-host "the run on the device does not say the CPU updates the state in host memory" "$d/host.out"
+    elif ! grep -q "optimizer state 0 on the device" "$d/info.out"; then
+        fail gpu/offload-host "./prog info does not say the device holds no optimizer state" "$d/info.out"
+    elif [ -n "$far" ]; then
+        fail gpu/offload-host "the losses of steps$far differ by more than 1e-5 from the device's own update's" "$d/none.jsonl" "$d/host.jsonl"
+    elif ! "$BUILD/tests/st_compare" "$d/none.st" "$d/host.st" "" 1e-5 norm >"$d/cmp.out" 2>&1; then
+        fail gpu/offload-host "the weights differ from the device's own update's by more than 1e-5" "$d/cmp.out"
+    elif ! cmp -s "$d/host.st" "$d/resumed.st"; then
+        fail gpu/offload-host "resumed from step 5, the run does not end with the same weights" "$d/resume.out"
+    else
+        same=$(cmp -s "$d/none.st" "$d/host.st" && echo "byte for byte" || echo "within 1e-5")
+        pass "gpu/offload-host (10 steps with the state in host memory: the device's own update's losses and weights, $same; resumed bit-exactly)"
+    fi
+fi
+
 # ---- MBT_DEBUG's timing table and MBT_TRACE's Chrome trace ----------------------------------------
 if [ "$DEVICE" = cpu ]; then
     skip gpu/debug-timing "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU prints no GPU timing table"
