@@ -68,10 +68,9 @@ static int chunk_gemm_rows(Host *h, const Sched *S, const FuseGemm *g) {
 /* Launches [0, upto] of S in f on h->target (only those keep marks, when keep is not NULL);
  * addr[i] is buffer i's address. A GEMM's status (and on the GPU a launch's) is checked inline: a
  * failure returns it. */
-static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep) {
+static void emit_launch(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int li, const char *tag) {
     FuseResult *r = S->r;
-    for (int li = 0; li <= upto && li < r->nlaunches; li++) {
-        if (keep && !keep[li]) continue;
+    {
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
@@ -102,9 +101,10 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
                                   vec ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
                                   f->err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
-            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21, arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
+            LLVMValueRef st =
+                LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21, arena_printf(h->ar, "%sgemm%d%s.", S->prefix, li, tag));
             emit_check(h, f->fn, st);
-            continue;
+            return;
         }
         const Kernel *k = r->kernels[L->kernel];
         LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 1));
@@ -114,6 +114,33 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
             if (h->kv_pool && S->mem->slots[k->bufs[i].buffer].home == PH_KV && k->bufs[i].dt != DT_I32) bufs[i] = h->kv_pool;
         }
         h->target->launch(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"));
+    }
+}
+
+static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep) {
+    for (int li = 0; li <= upto && li < S->r->nlaunches; li++)
+        if (!keep || keep[li]) emit_launch(h, f, S, addr, li, "");
+}
+
+/* The step program with recompute's re-runs (plan.h, PlanRecompute): the launches in the plan's
+ * order; a re-run writes the second copies of its buffers (rc->again), which every later launch
+ * reads. */
+static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef s) {
+    const PlanRecompute *rc = &h->plan->mem.rc;
+    LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
+    for (int q = 0; q < rc->norder; q++) {
+        int o = rc->order[q];
+        if (o >= 0) {
+            emit_launch(h, f, S, addr, o, "");
+            continue;
+        }
+        int j = -1 - o;
+        for (int b = 0; b < S->r->nbuffers; b++)
+            if (rc->rerun[b] == j) {
+                if (rc->again[b].home != PH_ARENA) INTERNAL("host: re-run %d's buffer %d has no second copy", j, b);
+                addr[b] = byte_gep(h, arena, rc->again[b].offset, "again");
+            }
+        emit_launch(h, f, S, addr, rc->reruns[j].launch, arena_printf(h->ar, ".rerun%d", j));
     }
 }
 
@@ -169,7 +196,8 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
-    emit_launches(h, &f, S, addr, grad ? r->nlaunches - 1 : r->buffers[lb].first);
+    if (grad && S->mem == &h->plan->mem.phase[PLAN_STEP] && h->plan->mem.rc.mask) emit_step_program(h, &f, S, addr, s);
+    else emit_launches(h, &f, S, addr, grad ? r->nlaunches - 1 : r->buffers[lb].first);
     h->target->read_loss(h, &f, LLVMBuildStructGEP2(h->b, h->step_t, s, RT_STEP_loss, ""), addr[lb]);
     if (grad) {
         LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
@@ -508,11 +536,6 @@ static int refuse_settings(const TrainConfig *ts) {
                    (long long)ts->zero);
         n++;
     }
-    if (ts->recompute) {
-        diag_error(ts->recompute_at,
-                   "recompute is not carried out by executables yet: the step keeps every activation for the backward");
-        n++;
-    }
     const Storage off[2] = {ts->offload_activations, ts->offload_optimizer};
     static const char *const what[2] = {"activations", "optimizer"};
     for (int i = 0; i < 2; i++)
@@ -523,7 +546,7 @@ static int refuse_settings(const TrainConfig *ts) {
             n++;
         }
     if (n)
-        diag_hint("executables carry out parallel { data = N } and no other parallelism, recompute or offload; remove %s to "
+        diag_hint("executables carry out parallel { data = N } and no other parallelism, and no offload; remove %s to "
                   "build (--check and --emit=plan accept %s)",
                   n == 1 ? "it" : "them", n == 1 ? "it" : "them");
     return n;

@@ -203,6 +203,8 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
     }
 }
 
+static int64_t fb_bytes(const FuseResult *r, int i) { return r->buffers[i].bytes; }
+
 /* Every buffer of the phase's schedule: leaves in their regions, the rest in the arena by
  * liveness over the launches (after the reserved bytes). */
 static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
@@ -243,6 +245,35 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
     }
     ph->naive = plan_naive_bytes(pb, r->nbuffers, PLAN_ALIGN) + ph->reserve;
     ph->peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, &scratch) + ph->reserve;
+    PlanRecompute *rc = &m->rc;
+    if (which == PLAN_STEP && c->ts->recompute) { /* the step with its re-runs: the lives again, over their order */
+        const Graph *sg = r->g;
+        int lb = sg->loss >= 0 ? r->node_buffer[sg->loss] : -1;
+        rc->mask = c->ts->recompute;
+        rc->peak_without = ph->peak;
+        plan_recompute(c, r, lb >= 0 ? r->buffers[lb].first : -1, m->stats_last, rc);
+        plan_recompute_lives(r, rc, ph->slots);
+        int n2 = r->nbuffers;
+        PlanBuffer *pb2 = arena_alloc(&scratch, sizeof(PlanBuffer) * (size_t)(2 * n2 + 1));
+        for (int i = 0; i < n2; i++) {
+            const PlanSlot *sl = &ph->slots[i];
+            pb2[i] = (PlanBuffer){pb[i].size, sl->first >= 0 ? sl->first : 0, sl->last >= 0 ? sl->last : 0, 0};
+            const PlanSlot *a = &rc->again[i];
+            pb2[n2 + i] =
+                (PlanBuffer){rc->rerun[i] >= 0 ? fb_bytes(r, i) : 0, a->first >= 0 ? a->first : 0, a->last >= 0 ? a->last : 0, 0};
+            if (rc->fate[i] == PF_KEPT) rc->held_kept += fb_bytes(r, i);
+            if (rc->fate[i] == PF_RECOMP) rc->held_recomputed += fb_bytes(r, i);
+        }
+        ph->naive = plan_naive_bytes(pb2, 2 * n2, PLAN_ALIGN) + ph->reserve;
+        ph->peak = plan_assign_offsets(pb2, 2 * n2, PLAN_ALIGN, &scratch) + ph->reserve;
+        for (int i = 0; i < n2; i++) {
+            pb[i].offset = pb2[i].offset;
+            if (pb2[n2 + i].size) {
+                rc->again[i].home = PH_ARENA;
+                rc->again[i].offset = pb2[n2 + i].offset + ph->reserve;
+            }
+        }
+    }
     for (int i = 0; i < r->nbuffers; i++)
         if (pb[i].size) {
             ph->slots[i].home = PH_ARENA;
@@ -259,6 +290,12 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s) {
     m->lr_offset = PLAN_LR_OFFSET;
     m->t_offset = PLAN_T_OFFSET;
     int64_t total = 0;
+    for (int k = 0; k < m->nstats; k++) { /* outputs of the step schedule (fuse_default_outputs): live to its end */
+        const FuseResult *r = s->r[PLAN_STEP];
+        int b = r->node_buffer[r->g->stat_expr[k]];
+        if (b < 0 || r->buffers[b].first < 0) INTERNAL("plan: statistic %d's expression has no buffer", k);
+        if (r->buffers[b].first > m->stats_last) m->stats_last = r->buffers[b].first;
+    }
     for (int i = 0; i < PLAN_NPHASES; i++) {
         const FuseResult *r = i < s->n ? s->r[i] : NULL;
         for (int b = 0; r && b < r->nbuffers; b++) {
@@ -270,12 +307,6 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s) {
         }
         plan_phase(c, s, (PlanPhase)i);
         if (m->phase[i].peak > m->arena_bytes) m->arena_bytes = m->phase[i].peak;
-    }
-    for (int k = 0; k < m->nstats; k++) { /* outputs of the step schedule (fuse_default_outputs): live to its end */
-        const FuseResult *r = s->r[PLAN_STEP];
-        int b = r->node_buffer[r->g->stat_expr[k]];
-        if (b < 0 || r->buffers[b].first < 0) INTERNAL("plan: statistic %d's expression has no buffer", k);
-        if (r->buffers[b].first > m->stats_last) m->stats_last = r->buffers[b].first;
     }
     if (m->nstats > 0) plan_stats_keep(c->ar, s->r[PLAN_STEP], m);
     return 1;
@@ -375,7 +406,26 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
         if (s->home == PH_ARENA && s->offset + s->bytes > ph->peak)
             plan_v_fail(v, "%s buffer %d ends past the peak %" PRId64, ph->name, i, ph->peak);
     }
-    plan_v_arena(v, ph->slots, r->nbuffers, ph->name);
+    const PlanRecompute *rc = &p->mem.rc;
+    if (ph == &p->mem.phase[PLAN_STEP] && rc->mask) { /* the second copies of the re-runs' buffers too */
+        int nb = r->nbuffers;
+        PlanSlot *all = calloc((size_t)(2 * nb + 1), sizeof(PlanSlot));
+        if (!all) INTERNAL("plan_verify: out of memory");
+        memcpy(all, ph->slots, sizeof(PlanSlot) * (size_t)nb);
+        for (int i = 0; i < nb; i++) {
+            all[nb + i] = rc->again[i];
+            const PlanSlot *a = &rc->again[i];
+            if ((rc->rerun[i] >= 0) != (a->home == PH_ARENA && a->bytes > 0))
+                plan_v_fail(v, "step buffer %d: a second copy without its re-run, or a re-run without one", i);
+            if (a->home == PH_ARENA &&
+                (a->offset < ph->reserve || a->offset % PLAN_ALIGN != 0 || a->offset + a->bytes > ph->peak))
+                plan_v_fail(v, "step buffer %d's second copy at arena %" PRId64 " is misplaced", i, a->offset);
+            if (a->home == PH_ARENA && a->first <= ph->slots[i].last && ph->slots[i].home == PH_ARENA)
+                plan_v_fail(v, "step buffer %d's second copy lives before its first copy dies", i);
+        }
+        plan_v_arena(v, all, 2 * nb, ph->name);
+        free(all);
+    } else plan_v_arena(v, ph->slots, r->nbuffers, ph->name);
     for (int i = 0; i < ph->nwrites; i++) {
         const PlanWrite *w = &ph->writes[i];
         if (w->buffer < 0 || w->buffer >= r->nbuffers || ph->slots[w->buffer].bytes != w->bytes)
@@ -481,6 +531,56 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
     }
 }
 
+/* The step's re-runs (recompute = [...]): what each held buffer became, the second copies, and
+ * each re-run with where it goes. */
+static void plan_print_recompute(FILE *out, Arena *ar, const Plan *p, const char *const *label, int w) {
+    const PlanPhaseMem *ph = &p->mem.phase[PLAN_STEP];
+    const PlanRecompute *rc = &p->mem.rc;
+    const FuseResult *r = ph->r;
+    static const char *const kw[] = {"gelu", "layernorm", "attention", "mlp", "all"};
+    const char *list = "";
+    for (int k = 0; k < 5; k++)
+        if (rc->mask & (1u << k)) list = arena_printf(ar, "%s%s%s", list, *list ? ", " : "", kw[k]);
+    int kept = 0, recomp = 0;
+    for (int i = 0; i < r->nbuffers; i++) kept += rc->fate[i] == PF_KEPT, recomp += rc->fate[i] == PF_RECOMP;
+    fprintf(out,
+            "\n### recompute [%s]: %d re-run%s; held buffers (forward values the backward reads): %d kept (%s), %d recomputed "
+            "(%s)\n",
+            list, rc->nreruns, rc->nreruns == 1 ? "" : "s", kept, plan_bytes_text(ar, rc->held_kept), recomp,
+            plan_bytes_text(ar, rc->held_recomputed));
+    fprintf(out, "step peak %s, without recompute %s", plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, rc->peak_without));
+    if (rc->peak_without > 0)
+        fprintf(out, " (%s%.1f%%)", ph->peak <= rc->peak_without ? "saves " : "costs ",
+                100.0 * (double)(ph->peak <= rc->peak_without ? rc->peak_without - ph->peak : ph->peak - rc->peak_without) /
+                    (double)rc->peak_without);
+    fprintf(out,
+            "\nthe step program: launches 0..%d, then each re-run just before the launch named; the launches column above "
+            "counts positions in it (%d in all)\n",
+            r->nlaunches - 1, rc->norder);
+    for (int j = 0; j < rc->nreruns; j++) {
+        const PlanRerun *re = &rc->reruns[j];
+        const FuseLaunch *L = &r->launches[re->launch];
+        int pos = 0;
+        while (pos < rc->norder && rc->order[pos] != -1 - j) pos++;
+        fprintf(out, "re-run %d: launch %d (%s) again at position %d, before launch %d: %s\n", j, re->launch,
+                L->kind == FL_GEMM ? "GEMM" : r->kernels[L->kernel]->name, pos, re->before, re->why);
+    }
+    static const char *const fate[] = {"", "kept", "recomputed", "re-made for a re-run", "kept for a re-run"};
+    fprintf(out, "%-*s  %12s  %-10s  %12s  launches  fate\n", w, "buffer", "bytes", "home", "offset");
+    for (int i = 0; i < r->nbuffers; i++) {
+        if (rc->fate[i] == PF_NONE) continue;
+        const PlanSlot *s = &ph->slots[i];
+        fprintf(out, "%-*s  %12" PRId64 "  %-10s  %12" PRId64 "  %d..%d  %s", w, label[i], s->bytes, "arena", s->offset, s->first,
+                s->last, fate[rc->fate[i]]);
+        if (rc->rerun[i] >= 0) {
+            const PlanSlot *a = &rc->again[i];
+            fprintf(out, " by re-run %d (launch %d): again at arena %" PRId64 ", %d..%d", rc->rerun[i],
+                    rc->reruns[rc->rerun[i]].launch, a->offset, a->first, a->last);
+        }
+        fprintf(out, "\n");
+    }
+}
+
 static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase which) {
     static const char *const fns[PLAN_NPHASES] = {"forward_backward, and forward_loss up to the loss", "optimizer_update",
                                                   "forward_logits, batch 1", "forward_chunk, new tokens with the KV cache"};
@@ -539,6 +639,7 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
             fprintf(out, "%-*s  %12" PRId64 "  %-10s  %12" PRId64 "  %d..%d\n", w, label[i], s->bytes, plan_home_name(s->home),
                     s->offset, s->first, s->last);
     }
+    if (which == PLAN_STEP && p->mem.rc.mask) plan_print_recompute(out, ar, p, label, w);
     for (int i = 0; i < ph->nwrites; i++) {
         const PlanWrite *wr = &ph->writes[i];
         fprintf(out, "after the launches: %s %s buffer %d into the %s region at %" PRId64 " (%" PRId64 " bytes)\n", wr->what,
