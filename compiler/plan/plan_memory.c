@@ -266,6 +266,11 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
         }
         ph->naive = plan_naive_bytes(pb2, 2 * n2, PLAN_ALIGN) + ph->reserve;
         ph->peak = plan_assign_offsets(pb2, 2 * n2, PLAN_ALIGN, &scratch) + ph->reserve;
+        if (ph->peak > rc->peak_without) /* carried out as asked, and said */
+            plan_note(c, arena_printf(c->ar,
+                                      "recompute raises the step's peak from %" PRId64 " to %" PRId64
+                                      " bytes: what its re-runs read is kept until they run (docs/memory.md)",
+                                      rc->peak_without, ph->peak));
         for (int i = 0; i < n2; i++) {
             pb[i].offset = pb2[i].offset;
             if (pb2[n2 + i].size) {
