@@ -53,7 +53,7 @@ DEPFLAGS = -MMD -MP
 # main.c is the command line, pipeline.c the stage table.
 COMPILER_DIRS = compiler compiler/support compiler/front compiler/sema compiler/ir compiler/fuse compiler/kir \
                 compiler/plan compiler/backend/cpu compiler/backend/cuda compiler/host compiler/ref
-RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli runtime/comm runtime/serve
+RUNTIME_DIRS  = runtime runtime/base runtime/cpu runtime/gpu runtime/io runtime/exec runtime/cli runtime/comm runtime/serve runtime/offload
 INC      = $(addprefix -I,$(COMPILER_DIRS)) -I$(BUILD)/gen
 RT_INC   = $(addprefix -I,$(RUNTIME_DIRS))
 CFLAGS_ALL = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(INC) $(CFLAGS)
@@ -213,12 +213,17 @@ JANSSON_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libjansson.a),/usr/lib/$(M
 # needs the runtime package alone, not libgnutls28-dev's libgnutls.so link.
 MHD_GNUTLS = $(if $(wildcard /usr/lib/$(MULTIARCH)/libgnutls.so.30),-l:libgnutls.so.30,-lgnutls)
 MHD_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/libmicrohttpd.a),/usr/lib/$(MULTIARCH)/libmicrohttpd.a $(MHD_GNUTLS),-lmicrohttpd)
+# liburing, from Debian's liburing-dev (tools/deps.sh installs it): the NVMe store's asynchronous
+# reads and writes (runtime/offload/store.c; docs/memory.md). The package ships the static
+# liburing.a, linked as jansson's is (it adds ~20 KB and no dependency); without the archive,
+# -luring. Override with URING_LIBS=.
+URING_LIBS ?= $(if $(wildcard /usr/lib/$(MULTIARCH)/liburing.a),/usr/lib/$(MULTIARCH)/liburing.a,-luring)
 # What an executable links after its own objects and build/libmbtrt.a. The compiler driver
 # (mbtc -o) links generated programs with exactly this; tools and tests here use it too. -ldl is
 # for dlopen (the GPU's libraries): part of libc since glibc 2.34, where -ldl links an empty stub.
 # Under SAN=1 (make asan) it ends with the sanitizer flags, so that build/asan/mbtc -o links its
 # executables (an object and a libmbtrt.a both instrumented) with the sanitizers' runtime.
-RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) $(MHD_LIBS) -lpthread -ldl -lm $(SANFLAGS)
+RT_LDLIBS = $(BLAS_LIBS) $(JANSSON_LIBS) $(MHD_LIBS) $(URING_LIBS) -lpthread -ldl -lm $(SANFLAGS)
 
 RT_CFLAGS = $(CSTD) $(OPT) $(WARN) $(SANFLAGS) $(RT_INC) $(BLAS_CFLAGS) $(CFLAGS)
 

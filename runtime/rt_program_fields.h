@@ -61,7 +61,9 @@
       i32)                /* `checkpoint { on_error = "continue" }`: 1, training goes on after a failed write */                 \
     X(int64_t, zero, i64) /* parallel { zero }: 0; 1 optimizer state sharded over the data ranks, 2 also the reduced gradient */ \
     X(const char *, adapter_config, ptr)  /* PEFT's adapter_config.json for the nn.LoRALinear layers; NULL: none */              \
-    X(const char *, adapter_modules, ptr) /* "PATH N\n" a layer: N adapters stacked, 0 for one; "": no PEFT form */
+    X(const char *, adapter_modules, ptr) /* "PATH N\n" a layer: N adapters stacked, 0 for one; "": no PEFT form */              \
+    X(int32_t, offload_optimizer, i32) /* offload { optimizer }: 0 none (in memory); 2 nvme: in a store file (docs/memory.md) */ \
+    X(int64_t, offload_chunk, i64)     /* nvme: parameters a chunk of the streamed update (the plan's); 0 without offload */
 
 /* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
  * of the train block's model when the program has one (name non-NULL), else the built-in defaults

@@ -3,7 +3,7 @@
 # when running as root, and say what was found. Called by `make` (and `make test`) before
 # anything is compiled.
 #
-#   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19, OpenBLAS, xxHash, jansson, libmicrohttpd, Open
+#   tools/deps.sh build   re2c, lemon, a C compiler, LLVM 19, OpenBLAS, xxHash, jansson, libmicrohttpd, liburing, Open
 #                         MPI's mpirun and libmpi (and, optionally, CUDA)
 #   tools/deps.sh test    the above plus what the tests use (clang 19 with libFuzzer, python3-torch)
 #   tools/deps.sh bench   the build's plus what `make bench` compares against (Debian's
@@ -36,6 +36,9 @@ openblas_dir=/usr/lib/$multiarch/openblas-pthread
 [ -f /usr/include/jansson.h ] || need_pkgs+=(libjansson-dev)
 # libmicrohttpd, the HTTP server of `PROG serve` (executables link its static libmicrohttpd.a)
 [ -f /usr/include/microhttpd.h ] || need_pkgs+=(libmicrohttpd-dev)
+
+# liburing, the NVMe store's asynchronous I/O (executables link its static liburing.a)
+[ -f /usr/include/liburing.h ] || need_pkgs+=(liburing-dev)
 
 # Open MPI, for running data-parallel ranks with mpirun (docs/parallel.md). Executables open
 # libmpi.so.40 with dlopen only when mpirun or srun started them, so nothing links it and a run

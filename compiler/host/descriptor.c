@@ -134,6 +134,8 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_docs] = ci64(h, ts->docs);
     f[RT_TRAIN_adapter_config] = str_const(h, ts->adapter_config);
     f[RT_TRAIN_adapter_modules] = str_const(h, ts->adapter_modules);
+    f[RT_TRAIN_offload_optimizer] = ci32(h, p->mem.offload_chunk ? STORE_NVME : 0);
+    f[RT_TRAIN_offload_chunk] = ci64(h, p->mem.offload_chunk);
     return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
 }
 

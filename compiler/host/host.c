@@ -536,7 +536,8 @@ static int refuse_settings(const TrainConfig *ts) {
                    (long long)ts->zero);
         n++;
     }
-    const Storage off[2] = {ts->offload_activations, ts->offload_optimizer};
+    /* offload.optimizer = nvme is carried out (on the CPU: host_compile checks the rest) */
+    const Storage off[2] = {ts->offload_activations, ts->offload_optimizer == STORE_NVME ? STORE_NONE : ts->offload_optimizer};
     static const char *const what[2] = {"activations", "optimizer"};
     for (int i = 0; i < 2; i++)
         if (off[i] != STORE_NONE && (int)off[i] < 3) {
@@ -546,7 +547,8 @@ static int refuse_settings(const TrainConfig *ts) {
             n++;
         }
     if (n)
-        diag_hint("executables carry out parallel { data = N } and no other parallelism, and no offload; remove %s to "
+        diag_hint("executables carry out parallel { data = N } and no other parallelism, and of offload optimizer = nvme alone; "
+                  "remove %s to "
                   "build (--check and --emit=plan accept %s)",
                   n == 1 ? "it" : "them", n == 1 ? "it" : "them");
     return n;
@@ -562,6 +564,33 @@ int host_refuses(const TrainBuild *tb) {
         return 1;
     }
     return 0;
+}
+
+/* offload.optimizer = nvme: what executables cannot carry out with it, each an error at its value.
+ * The update streams the state chunk by chunk (docs/memory.md), which needs the ranged update
+ * ZeRO uses; the GPU's update does not take a range, nor ZeRO's shards a store yet. */
+static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
+    const TrainConfig *ts = h->ts;
+    if (ts->offload_optimizer != STORE_NVME) return;
+    const char *no_range = h->plan->mem.offload_chunk ? update_range_refusal(h, upd) : NULL;
+    if (no_range) {
+        diag_error(ts->offload_at[1], "offload.optimizer = nvme needs an optimizer whose update is elementwise, but %s",
+                   no_range);
+        diag_hint("the update streams the state through memory a chunk of parameters at a time; remove the setting with "
+                  "this optimizer");
+    }
+    if (ts->zero > 0) {
+        diag_error(ts->offload_at[1],
+                   "offload.optimizer = nvme with parallel.zero = %lld is not carried out yet: each rank "
+                   "would stream its shard of the state",
+                   (long long)ts->zero);
+        diag_hint("use zero = 0 with offload.optimizer = nvme, or keep the state in memory");
+    }
+    if (cuda && cuda->narch > 0) {
+        diag_error(ts->offload_at[1], "offload.optimizer = nvme is carried out on the CPU alone: the GPU's update does not "
+                                      "stream its state from a store file yet");
+        diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none)");
+    }
 }
 
 int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
@@ -594,6 +623,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
                    (long long)h->ts->zero, no_range);
         diag_hint("each rank updates its shard of the parameters alone; use zero = 0 with this optimizer");
     }
+    offload_refusals(h, &upd, cuda);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */

@@ -193,6 +193,19 @@ void plan_note(PlanCtx *c, const char *text) {
     p->notes = nv;
 }
 
+/* offload.optimizer = nvme, after the memory plan has chunked the state (plan_memory.c). */
+static void plan_note_offload(PlanCtx *c) {
+    const PlanMemory *m = &c->p->mem;
+    if (c->ts->offload_optimizer != STORE_NVME) return;
+    if (m->offload_chunk)
+        plan_note(c, arena_printf(c->ar,
+                                  "offload.optimizer = nvme: the optimizer state lives in a store file of %s; optimizer_update "
+                                  "runs over %" PRId64 " chunks of %" PRId64 " parameters, reading chunk i + 1 and writing "
+                                  "chunk i - 1 back while chunk i is updated",
+                                  plan_bytes_text(c->ar, m->store_bytes), m->offload_nchunks, m->offload_chunk));
+    else plan_note(c, "offload.optimizer = nvme: the optimizer keeps no state, so there is nothing to offload");
+}
+
 /* Settings this plan does not carry out yet: said in the plan rather than silently dropped. */
 static void plan_notes(PlanCtx *c) {
     const TrainConfig *ts = c->ts;
@@ -216,8 +229,10 @@ static void plan_notes(PlanCtx *c) {
                                   ts->zero, ts->data_par, ts->zero == 2 ? " and keeps that share of the summed gradient" : ""));
     if (ts->offload_activations != STORE_NONE && (int)ts->offload_activations < 3)
         plan_note(c, arena_printf(c->ar, "offload.activations = %s is not planned yet", storage[ts->offload_activations]));
-    if (ts->offload_optimizer != STORE_NONE && (int)ts->offload_optimizer < 3)
-        plan_note(c, arena_printf(c->ar, "offload.optimizer = %s is not planned yet", storage[ts->offload_optimizer]));
+    if (ts->offload_optimizer == STORE_HOST)
+        plan_note(c, "offload.optimizer = host is not planned yet: on the CPU the state is in host memory already, and the "
+                     "GPU's update on the host is not built");
+
     if (ts->steps > ((int64_t)1 << 24)) plan_note(c, "t is an f32: past step 16777216 it is no longer exact");
 }
 
@@ -310,6 +325,7 @@ Plan *plan_build(const TrainBuild *tb, int first_bwd, const PlanSchedules *s, Ar
     plan_programs(c);
     p->sched = *s;
     if (!plan_memory(c, s)) return NULL;
+    plan_note_offload(c);
     return p;
 }
 

@@ -228,6 +228,12 @@ typedef struct PlanMemory {
     PlanParam *params;
     int nstate;
     int64_t state_bytes; /* nstate x state_part */
+    /* offload.optimizer = nvme (docs/memory.md): the state lives in a store file of store_bytes,
+     * offload_nchunks chunks of offload_chunk parameters (the last may be shorter), each chunk's
+     * nstate parts together in one 4096-aligned slot; the update streams it through 3 staging
+     * buffers of staging_bytes / 3 (chunk i+1 read, chunk i updated, chunk i-1 written back).
+     * offload_chunk 0: the state is in memory. */
+    int64_t offload_chunk, offload_nchunks, store_bytes, staging_bytes;
     int ninputs;
     PlanInput inputs[3]; /* data.x, data.y and data.pos, those the step reads */
     int64_t input_bytes; /* data.x and data.y together */

@@ -22,6 +22,27 @@
 
 /* ---- the regions ------------------------------------------------------------------------------ */
 
+/* offload.optimizer = nvme: the chunks the update streams the state in (PlanMemory.offload_*).
+ * At least 8 chunks where the model allows, so that reading the next chunk and writing the last
+ * back overlap the update of this one, and at most 2^20 parameters a chunk (8 MiB of AdamW's
+ * state), which bounds the staging memory whatever the model; a multiple of 1024 parameters, so
+ * that every part of a chunk's slot starts 4096-aligned when it is one variable (f32). */
+#define PLAN_OFFLOAD_MAX_CHUNK ((int64_t)1 << 20)
+#define PLAN_STORE_ALIGN 4096
+static void plan_offload_optimizer(PlanCtx *c) {
+    PlanMemory *m = &c->p->mem;
+    int64_t n = m->state_part / 4;
+    if (c->ts->offload_optimizer != STORE_NVME || m->nstate == 0 || n == 0) return;
+    int64_t chunk = (n + 7) / 8;
+    chunk = (chunk + 1023) / 1024 * 1024;
+    if (chunk > PLAN_OFFLOAD_MAX_CHUNK) chunk = PLAN_OFFLOAD_MAX_CHUNK;
+    int64_t slot = ((int64_t)m->nstate * chunk * 4 + PLAN_STORE_ALIGN - 1) / PLAN_STORE_ALIGN * PLAN_STORE_ALIGN;
+    m->offload_chunk = chunk;
+    m->offload_nchunks = (n + chunk - 1) / chunk;
+    m->store_bytes = m->offload_nchunks * slot;
+    m->staging_bytes = 3 * slot;
+}
+
 /* Parameters, gradients and state: the update graph's layout, in bytes. */
 static int plan_regions(PlanCtx *c) {
     Plan *p = c->p;
@@ -46,6 +67,7 @@ static int plan_regions(PlanCtx *c) {
             INTERNAL("plan: segment %d does not hold parameter '%s'", i, pn->name ? pn->name : "?");
         m->params[i] = (PlanParam){pn->name, pn->id, graph_numel(pn), u->seg_off[i] * 4};
     }
+    plan_offload_optimizer(c);
     return 1;
 }
 
@@ -670,10 +692,16 @@ void plan_print_summary(FILE *out, const Plan *p) {
     static const char *const call[PLAN_NPHASES] = {"micro-batch (forward and backward)", "update", "logits call", "chunk call"};
     for (int i = 0; i < PLAN_NPHASES; i++) fprintf(out, "plan: arena %s %" PRId64 " bytes\n", m->phase[i].name, m->phase[i].peak);
     fprintf(out, "plan: arena %" PRId64 " bytes, the largest\n", m->arena_bytes);
+    /* the optimizer state in memory: the staging buffers when it lives in a store file */
     fprintf(out,
             "plan: parameters %" PRId64 " bytes, gradients %" PRId64 " bytes, optimizer state %" PRId64 " bytes, inputs %" PRId64
             " bytes\n",
-            m->param_bytes, m->param_bytes, m->state_bytes, m->input_bytes);
+            m->param_bytes, m->param_bytes, m->offload_chunk ? m->staging_bytes : m->state_bytes, m->input_bytes);
+    if (m->offload_chunk)
+        fprintf(out,
+                "plan: optimizer state offloaded to nvme: %" PRId64 " bytes in a store file, %" PRId64 " chunks of %" PRId64
+                " parameters streamed through 3 staging buffers (%" PRId64 " bytes in memory)\n",
+                m->store_bytes, m->offload_nchunks, m->offload_chunk, m->staging_bytes);
     for (int i = 0; i < PLAN_NPHASES; i++)
         fprintf(out, "plan: per %s %d kernels, %d GEMMs\n", call[i], m->phase[i].kernels, m->phase[i].gemms);
     for (int k = 0; k < p->nprograms; k++) {

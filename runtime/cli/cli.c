@@ -39,6 +39,7 @@ typedef enum RtFlagId {
     RT_F_INIT_WEIGHTS,
     RT_F_SAVE_WEIGHTS,
     RT_F_SAVE_ADAPTER,
+    RT_F_OFFLOAD_DIR,
     RT_F_THREADS,
     RT_F_DUMP_STEP,
     RT_F_ARENA_HIGH_WATER,
@@ -81,6 +82,7 @@ static const RtFlag rt_flags[] = {
     {"--init-weights", "F.safetensors", RT_IN_TRAIN, RT_F_INIT_WEIGHTS},
     {"--save-weights", "F.safetensors", RT_IN_TRAIN, RT_F_SAVE_WEIGHTS},
     {"--save-adapter", "DIR", RT_IN_TRAIN, RT_F_SAVE_ADAPTER},
+    {"--offload-dir", "DIR", RT_IN_TRAIN, RT_F_OFFLOAD_DIR},
     {"--threads", "N", RT_IN_ALL, RT_F_THREADS},
     {"--dump-step", "F.safetensors", RT_IN_TRAIN, RT_F_DUMP_STEP},
     {"--arena-high-water", NULL, RT_IN_TRAIN, RT_F_ARENA_HIGH_WATER},
@@ -272,6 +274,13 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
         if (!p->train.adapter_config) return rt_adapter_refusal(p, err); /* before the run, not after it */
         o->save_adapter = v;
         return RT_OK;
+    case RT_F_OFFLOAD_DIR:
+        if (p->train.offload_optimizer != 2) /* before the run: a flag that would do nothing is refused */
+            return rt_fail(err, RT_ERR_ARG,
+                           "--offload-dir: this program keeps its optimizer state in memory (it has no offload { optimizer = "
+                           "nvme })");
+        o->offload_dir = v;
+        return RT_OK;
     case RT_F_DUMP_STEP: o->dump_step = v; return RT_OK;
     case RT_F_ARENA_HIGH_WATER: o->arena_high_water = 1; return RT_OK;
     case RT_F_WEIGHTS: o->weights = v; return RT_OK;
@@ -336,6 +345,7 @@ RtStatus rt_cli_parse(RtOptions *o, const RtProgram *p, int argc, char **argv, R
     o->weights = NULL;
     o->ckpt_dir = o->ckpt_dir_default = p->train.ckpt_dir && *p->train.ckpt_dir ? p->train.ckpt_dir : "checkpoints";
     o->ckpt_every = p->train.ckpt_every;
+    o->offload_dir = ".";
     o->ckpt_keep = p->train.ckpt_keep;
     if (argc < 2) return rt_fail(err, RT_ERR_ARG, "no command given; '%s --help' lists the commands", o->prog);
     const char *c = argv[1];
@@ -482,6 +492,9 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     if (t->adapter_modules)
         rt_help_line(f, "--save-adapter", "DIR", "write the LoRA adapters at the end for PEFT (adapter_model.safetensors)",
                      "none");
+    if (t->offload_optimizer == 2)
+        rt_help_line(f, "--offload-dir", "DIR", "where offload { optimizer = nvme } keeps the optimizer state's store file",
+                     "'.'");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     rt_help_line(f, "--dump-step", "F.safetensors",
                  "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");

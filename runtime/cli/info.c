@@ -7,6 +7,20 @@
 
 #include "rt_exec.h"
 
+/* offload { optimizer = nvme }: the store file's bytes and the staging buffers' (as the plan
+ * chunks the state: compiler/plan/plan_memory.c, plan_offload_optimizer); 0 without offload. */
+static int64_t rt_info_slot(const RtProgram *p) {
+    if (p->train.offload_optimizer != 2 || p->train.offload_chunk < 1) return 0;
+    return (p->nstate * p->train.offload_chunk * 4 + 4095) / 4096 * 4096;
+}
+
+static int64_t rt_info_nchunks(const RtProgram *p) {
+    return p->train.offload_chunk > 0 ? (rt_state_part(p) + p->train.offload_chunk - 1) / p->train.offload_chunk : 0;
+}
+
+/* The optimizer state in memory: the three staging buffers when it lives in a store file. */
+static int64_t rt_info_state_bytes(const RtProgram *p) { return rt_info_slot(p) ? 3 * rt_info_slot(p) : p->state_floats * 4; }
+
 /* The plan's summary lines. Keep them as plan_print_summary writes them. */
 static void rt_info_plan(FILE *f, const RtProgram *p) {
     static const char *const phase[RT_NPHASES] = {"step", "update", "logits", "chunk"};
@@ -16,8 +30,14 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
     for (int i = 0; i < RT_NPHASES; i++) fprintf(f, "plan: arena %s %lld bytes\n", phase[i], (long long)pl->arena[i]);
     fprintf(f, "plan: arena %lld bytes, the largest\n", (long long)p->arena_bytes);
     fprintf(f, "plan: parameters %lld bytes, gradients %lld bytes, optimizer state %lld bytes, inputs %lld bytes\n",
-            (long long)(p->param_floats * 4), (long long)(p->param_floats * 4), (long long)(p->state_floats * 4),
+            (long long)(p->param_floats * 4), (long long)(p->param_floats * 4), (long long)rt_info_state_bytes(p),
             (long long)pl->input_bytes);
+    if (rt_info_slot(p))
+        fprintf(f,
+                "plan: optimizer state offloaded to nvme: %lld bytes in a store file, %lld chunks of %lld parameters streamed "
+                "through 3 staging buffers (%lld bytes in memory)\n",
+                (long long)(rt_info_nchunks(p) * rt_info_slot(p)), (long long)rt_info_nchunks(p),
+                (long long)p->train.offload_chunk, (long long)rt_info_state_bytes(p));
     for (int i = 0; i < RT_NPHASES; i++)
         fprintf(f, "plan: per %s %lld kernels, %lld GEMMs\n", call[i], (long long)pl->kernels[i], (long long)pl->gemms[i]);
     for (int64_t s = 0; s <= t->nramp; s++) {
@@ -41,9 +61,10 @@ int rt_cmd_info(const RtProgram *p, const char *prog, int nargs) {
     int64_t largest = 0;
     for (int i = 0; i < RT_NPHASES; i++)
         if (p->plan.arena[i] > largest) largest = p->plan.arena[i];
-    fprintf(stdout, "allocated: arena %lld bytes, parameters %lld, gradients %lld, optimizer state %lld\n",
+    fprintf(stdout, "allocated: arena %lld bytes, parameters %lld, gradients %lld, optimizer state %lld%s\n",
             (long long)p->arena_bytes, (long long)(p->param_floats * 4), (long long)(p->param_floats * 4),
-            (long long)(p->state_floats * 4));
+            (long long)rt_info_state_bytes(p),
+            rt_info_slot(p) ? " (staging; the state is in a store file in --offload-dir while training)" : "");
     if (largest != p->arena_bytes) {
         fprintf(stderr, "%s: the arena allocated (%lld bytes) is not the plan's largest phase (%lld bytes)\n", prog,
                 (long long)p->arena_bytes, (long long)largest);

@@ -33,6 +33,7 @@
 #include "comm.h"
 #include "dp_reduce.h"
 #include "rt_exec.h"
+#include "rt_offload.h"
 #include "rt_profile.h"
 
 /* ---- the descriptor ----------------------------------------------------------------------------- */
@@ -411,6 +412,9 @@ typedef struct RtTrainRun {
     int32_t *stat_x, *stat_y;
     int64_t stat_cap;
     double *stat_mine, *stat_all;
+    /* offload { optimizer = nvme } (docs/memory.md): the optimizer state in a store file; x.state
+     * is then NULL, and a checkpoint reads the state back into a buffer of its own */
+    RtOptOffload *offload;
 } RtTrainRun;
 
 /* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
@@ -611,6 +615,28 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     return r->zero ? rt_train_shard_state(r) : RT_OK;
 }
 
+/* offload { optimizer = nvme }: the state (initialised, resumed, or zero) moved into a store file
+ * in --offload-dir, and its memory freed. One file a process, named for the program's train block,
+ * the process and the rank, so that runs and ranks sharing a directory never share a file. */
+static RtStatus rt_train_offload_open(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    if (r->x.gpu)
+        return rt_fail(&r->e, RT_ERR_ARG,
+                       "offload { optimizer = nvme } runs on the CPU alone: the GPU's update does not stream its state "
+                       "(--device cpu)");
+    char name[256];
+    snprintf(name, sizeof name, "mbt-%s-%ld-rank%d.optimizer", p->train.name, (long)getpid(), r->rank);
+    for (char *c = name; *c; c++)
+        if (*c == '/') *c = '_';
+    /* the state is all zeros unless it was resumed or an optimizer_init ran: the new file reads as zeros */
+    const float *from = r->o.resume || p->optimizer_init ? r->x.state : NULL;
+    RtStatus st = rt_opt_offload_open(&r->offload, p, r->o.offload_dir, name, from, &r->e);
+    if (st != RT_OK) return st;
+    free(r->x.state);
+    r->x.state = NULL;
+    return RT_OK;
+}
+
 /* Everything before the first step: the device, a resumed checkpoint, the data, the parameters
  * and the optimizer state on the device, the checkpoint writer and the log. */
 static RtStatus rt_train_open(RtTrainRun *r) {
@@ -632,6 +658,7 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         st = p->optimizer_init(&s);
         if (st != RT_OK) rt_error_context(&r->e, "initialising the optimizer state");
     }
+    if (st == RT_OK && p->train.offload_optimizer == 2) st = rt_train_offload_open(r);
     if (st == RT_OK) st = rt_exec_push(&r->x, &r->e);
     int64_t nblocks = rt_exec_grad_blocks(p);
     if (st == RT_OK) {
@@ -691,6 +718,14 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->zero == 2 ? " and keeps that shard alone of the summed gradient" : "");
     else if (t->zero) printf("ZeRO-%lld: one process holds every shard\n", (long long)t->zero);
     rt_print_device(o, &r->x);
+    if (r->offload) {
+        printf("optimizer state: offloaded to '%s' (%lld bytes; %s): %lld chunks of %lld parameters streamed through %lld "
+               "bytes of staging buffers\n",
+               rt_opt_offload_path(r->offload), (long long)rt_opt_offload_file_bytes(r->offload),
+               rt_opt_offload_engine(r->offload), (long long)rt_opt_offload_nchunks(r->offload), (long long)t->offload_chunk,
+               (long long)rt_opt_offload_staging_bytes(r->offload));
+        if (*rt_opt_offload_note(r->offload)) printf("optimizer state: %s\n", rt_opt_offload_note(r->offload));
+    }
     printf("data: %lld windows in %lld file%s ('%s')\n", (long long)rt_data_windows(r->train),
            (long long)rt_data_nfiles(r->train), rt_data_nfiles(r->train) == 1 ? "" : "s", r->spec.pattern);
     const char *left_out = NULL;
@@ -1030,7 +1065,7 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     RtStep s = rt_exec_step(x, &r->e);
     s.lr = lr, s.t = step + 1, s.step = step, s.seed = r->o.seed;
     if (r->zero) s.lo = r->shard_off[r->rank], s.hi = r->shard_off[r->rank + 1]; /* this rank's shard */
-    st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
+    st = r->offload ? rt_opt_offload_update(r->offload, x, &s, &r->e) : rt_exec_call(x, RT_EXEC_UPDATE, &s);
     if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
@@ -1084,8 +1119,20 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
                        .accum = next.accum,
                        .device = r->x.gpu ? "cuda" : "cpu"};
     if (st == RT_OK) st = rt_exec_pull(&r->x, RT_PULL_PARAMS | RT_PULL_STATE, &r->e);
+    /* offloaded: the state read back from the store for the checkpoint's snapshot, then freed */
+    float *offloaded = NULL;
+    if (st == RT_OK && r->offload) {
+        offloaded = malloc((size_t)(p->state_floats + 1) * sizeof *offloaded);
+        if (!offloaded) st = rt_fail_errno(&r->e, ENOMEM, "cannot read the offloaded optimizer state for a checkpoint");
+        if (st == RT_OK) st = rt_opt_offload_read(r->offload, offloaded, &r->e);
+    }
     if (st == RT_OK)
-        st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params, r->zero ? r->state_full : r->x.state, &info, &r->waited, &r->e);
+        st = rt_ckpt_save(r->ckpt, r->x.pool, r->x.params,
+                          r->zero      ? r->state_full
+                          : r->offload ? offloaded
+                                       : r->x.state,
+                          &info, &r->waited, &r->e);
+    free(offloaded);
     if (st == RT_OK && (*stop || o->ckpt_sync)) st = rt_ckpt_report(p, o, r->ckpt, 1, r->waited, &r->log, &r->e);
     return st;
 }
@@ -1126,6 +1173,9 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         printf("nothing to train: the checkpoint is at step %lld and --steps is %lld\n", (long long)first_step,
                (long long)o->steps);
     }
+    if (r->offload && done_steps > 0)
+        printf("optimizer state: the updates waited %.3f s for the store in all (%.3f ms/step)\n",
+               rt_opt_offload_wait_s(r->offload), rt_opt_offload_wait_s(r->offload) * 1e3 / (double)done_steps);
     if (r->x.gpu) rt_gpu_print_timing(stdout, r->x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */
     if (r->prof) {
         rt_pool_set_profile(r->x.pool, NULL);
@@ -1217,6 +1267,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->dump_y);
     free(r->dump_p);
     free(r->dump_g);
+    rt_opt_offload_close(r->offload); /* removes the store file */
     rt_exec_close(&r->x);
     free(r->prof);
     rt_data_close(r->val);

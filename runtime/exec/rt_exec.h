@@ -48,6 +48,7 @@ typedef struct RtOptions {
     const char *save_adapter; /* train: --save-adapter DIR, or NULL (rt_adapter_save) */
     const char *dump_step;    /* train: --dump-step, or NULL (rt_step_dump) */
     int arena_high_water;     /* train --arena-high-water: measure the arena's high-water mark of step 1's micro-batches */
+    const char *offload_dir;  /* train: --offload-dir, the store file's directory with offload { optimizer = nvme } (".") */
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
     int64_t nprompt;

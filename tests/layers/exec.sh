@@ -328,3 +328,61 @@ recompute_peak() {
         [ "${measured#* }" = "$planned" ] && [ "$planned" -lt "$without" ] &&
         [ "${measured% *}" -le "$planned" ] && [ "${measured% *}" -gt $((planned - 64)) ]
 }
+
+# offload_vanishes PROG: PROG (offload { optimizer = nvme }) trains with its store file in $W/st,
+# a checkpoint every 5 steps; once step 5's is written, $W/st is removed. The run must stop with
+# an error naming the vanished store file (not run on to its 2000 steps), and its last checkpoint
+# must resume.
+offload_vanishes() {
+    local prog=$1 pid rc i last
+    rm -rf "$W/st" "$W/ckv"
+    mkdir -p "$W/st"
+    "$prog" train --data "$DATA" --steps 2000 --ckpt-every 5 --ckpt-sync --ckpt-dir "$W/ckv" --offload-dir "$W/st" \
+        >"$W/vanish.out" 2>&1 &
+    pid=$!
+    for ((i = 0; i < 6000; i++)); do
+        [ -e "$W/ckv/step-00000005/state.json" ] && break
+        sleep 0.01
+    done
+    rm -rf "$W/st"
+    wait $pid
+    rc=$?
+    grep -v '^step ' "$W/vanish.out" | tail -n 3
+    [ $rc = 1 ] && grep -qE "^[^ ]*: step [0-9]+: optimizer: the optimizer state: store file '$W/st/mbt-[^']*' has vanished .*No such file or directory" "$W/vanish.out" || return 1
+    last=$(sed -n 's/^checkpoint: step \([0-9]*\) written.*/\1/p' "$W/vanish.out" | tail -n 1)
+    "$prog" train --data "$DATA" --resume latest --ckpt-dir "$W/ckv" --offload-dir "$W" --steps $((last + 1)) >"$W/vanish-resume.out" 2>&1 || return 1
+    echo "stopped at step $(sed -n 's/.*: step \([0-9]*\): optimizer: .*/\1/p' "$W/vanish.out"); resumed from step $last's checkpoint"
+}
+
+# offload_fsize PROG: with a file-size limit (ulimit -f, in KiB) below the store file's size, the
+# store cannot be allocated: a clear error before the first step, naming the file and its size.
+offload_fsize() {
+    local prog=$1 rc
+    (
+        trap '' XFSZ
+        ulimit -f 100
+        exec "$prog" train --data "$DATA" --offload-dir "$W" --ckpt-dir "$W/ckf"
+    ) >"$W/fsize.out" 2>&1
+    rc=$?
+    cat "$W/fsize.out" | tail -n 1
+    [ $rc = 1 ] && grep -qE "cannot allocate the store file '$W/mbt-[^']*' \([0-9]+ bytes\): File too large" "$W/fsize.out" &&
+        ! grep -q '^step 1/' "$W/fsize.out" && ! ls "$W"/mbt-*.optimizer >/dev/null 2>&1
+}
+
+# no_store_files DIR: no store file (mbt-*.optimizer) is left in DIR.
+no_store_files() {
+    local left
+    left=$(ls "$1" | grep -c '^mbt-.*\.optimizer$')
+    echo "$left store files left in $(basename "$1")"
+    [ "$left" = 0 ]
+}
+
+# same_step_log A B N: two --log files whose N step records agree but for the time taken (their
+# checkpoint records, written in the background, are left out).
+same_step_log() {
+    local a b
+    a=$(grep '"loss"' "$1" | sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//')
+    b=$(grep '"loss"' "$2" | sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//')
+    echo "$(echo "$a" | grep -c .) and $(echo "$b" | grep -c .) steps; the last: $(echo "$b" | tail -n 1)"
+    [ "$a" = "$b" ] && [ "$(echo "$a" | grep -c .)" = "$3" ]
+}
