@@ -87,7 +87,7 @@ def main(argv):
         state = int(re.search(r"optimizer state (\d+) bytes", info).group(1))
         log = os.path.join(work, f"mem-{block}.jsonl")
         cmd = [prog, "train", "--steps", str(a.steps), "--threads", str(threads), "--data", data, "--init-weights", init,
-               "--log", log, "--arena-high-water", "--offload-dir", work]
+               "--log", log, "--arena-high-water"] + (["--offload-dir", work] if "nvme" in label else [])
         st, out, wall, rss = run_child(cmd)
         if st != 0:
             say(out[-2000:])
