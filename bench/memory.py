@@ -5,7 +5,8 @@ nvme and the optimizer state to nvme (docs/bench.md, "Memory"; docs/memory.md).
 
     /usr/bin/python3 bench/memory.py [--build build] [--threads N] [--steps S] [--warmup W]
 
-For each train block of bench/gpt2_124m.mbt: build it with mbtc (a block `mbtc -o` refuses is a
+For each train block of bench/gpt2_124m.mbt: build it with mbtc for the CPU alone (--cuda-arch=none:
+the optimizer's store offload is a CPU build's; a block `mbtc -o` refuses is a
 row saying so, with mbtc's message); `./prog info` gives the plan's step arena and the optimizer
 state it keeps in memory; one run of S steps from the same initial weights with
 --arena-high-water and --log gives the measured arena bytes step 1 wrote, the time per step (mean
@@ -72,7 +73,7 @@ def main(argv):
     results = []
     for label, block in ROWS:
         prog = os.path.join(work, f"mem-{block}")
-        st, out, compile_s, _ = run_child([mbtc, "-I", "examples", os.path.join(ROOT, SOURCE), "--train", block, "-o", prog],
+        st, out, compile_s, _ = run_child([mbtc, "-I", "examples", "--cuda-arch=none", os.path.join(ROOT, SOURCE), "--train", block, "-o", prog],
                                           cwd=ROOT)
         if st != 0:
             why = next((l.split("error: ", 1)[1] for l in out.splitlines() if "error: " in l), out.strip()[-200:])
