@@ -142,9 +142,9 @@ typedef struct PlanSlot {
     int first, last; /* PH_ARENA: its live range, in launches of its schedule */
 } PlanSlot;
 
-/* A move after a schedule's last launch: a parameter's gradient added into the gradient region
- * (step: dst += loss_scale x src, so micro-batch k > 0 adds to k = 0's), or an update result copied
- * into its region (update). Nothing is computed in place: every kernel writes arena buffers, and
+/* A move: a parameter's gradient added into the gradient region right after the last launch that
+ * touches its buffer (step: dst += loss_scale x src, so micro-batch k > 0 adds to k = 0's), or an
+ * update result copied into its region after the schedule's last launch (update). Nothing is computed in place: every kernel writes arena buffers, and
  * these moves put the results where the runtime reads them. */
 typedef struct PlanWrite {
     const char *what; /* "grad h.0.attn.weight", "p", "state.m" */
@@ -152,6 +152,9 @@ typedef struct PlanWrite {
     PlanHome to;
     int64_t offset, bytes;
     int accumulate; /* 1: added, scaled by the micro-batch's loss_scale; 0: copied */
+    int after;      /* step: the move runs right after this position of the step program (the last
+                       launch that touches the buffer), so the buffer's life ends there; update: 0,
+                       after the last launch */
 } PlanWrite;
 
 /* The memory of one phase: a slot for every buffer of its schedule, and its moves. */

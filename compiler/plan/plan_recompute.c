@@ -313,7 +313,22 @@ int plan_recompute(PlanCtx *pc, const FuseResult *r, int loss_launch, int stats_
 
 /* The lives of the step's buffers over rc's order: slot i's first and last (its first copy),
  * rc->again[i]'s (its second). An output lives to the end. */
-void plan_recompute_lives(const FuseResult *r, PlanRecompute *rc, PlanSlot *slots) {
+void plan_last_touch(const FuseResult *r, int *last) {
+    int bufs[64];
+    unsigned char wr[64];
+    for (int b = 0; b < r->nbuffers; b++) last[b] = -1;
+    for (int li = 0; li < r->nlaunches; li++) {
+        int cap = r->launches[li].kind == FL_KERNEL ? r->kernels[r->launches[li].kernel]->nbufs : 4;
+        int *bv = cap > 64 ? malloc(sizeof(int) * (size_t)cap) : bufs;
+        unsigned char *wv = cap > 64 ? malloc((size_t)cap) : wr;
+        if (!bv || !wv) INTERNAL("plan: out of memory");
+        int n = launch_bufs(r, li, bv, wv, cap);
+        for (int i = 0; i < n; i++) last[bv[i]] = li;
+        if (bv != bufs) free(bv), free(wv);
+    }
+}
+
+void plan_recompute_lives(const FuseResult *r, PlanRecompute *rc, PlanSlot *slots, const unsigned char *early) {
     int nb = r->nbuffers;
     unsigned char *second = calloc((size_t)nb + 1, 1);
     int bufs[64];
@@ -341,7 +356,7 @@ void plan_recompute_lives(const FuseResult *r, PlanRecompute *rc, PlanSlot *slot
         if (bv != bufs) free(bv), free(wv);
     }
     for (int b = 0; b < nb; b++) {
-        if (r->buffers[b].kind == FB_OUTPUT && slots[b].first >= 0) slots[b].last = rc->norder - 1;
+        if (r->buffers[b].kind == FB_OUTPUT && slots[b].first >= 0 && !early[b]) slots[b].last = rc->norder - 1;
         if (rc->rerun[b] >= 0 && rc->again[b].first < 0) INTERNAL("plan: buffer %d's second copy is never touched", b);
     }
     free(second);
