@@ -409,6 +409,7 @@ bench: all
 	@/usr/bin/python3 bench/packing.py --build $(BUILD)
 	@/usr/bin/python3 bench/dp.py --build $(BUILD)
 	@/usr/bin/python3 bench/offload.py --build $(BUILD)
+	@/usr/bin/python3 bench/memory.py --build $(BUILD)
 
 # On a GPU (docs/bench.md, "On a GPU"): GPT-2 124M at 1024 tokens a sequence and the largest
 # micro-batch mbt trains (bf16); PyTorch with CUDA is the --python bench/gpu.py is given

@@ -6,8 +6,8 @@
  *
  * Memory. Every buffer of a schedule (fuse.h) gets its address from the memory plan (plan.h): the
  * RtStep field of its home (params, grads, state, x, y, arena) plus the plan's offset. The moves
- * after the launches are the plan's too: forward_backward adds loss_scale x each gradient buffer
- * into the gradient region (the ABI's +=), optimizer_update copies the new parameters and state
+ * are the plan's too: forward_backward adds loss_scale x each gradient buffer into the gradient
+ * region (the ABI's +=) right after the launch the plan names (the buffer's last), optimizer_update copies the new parameters and state
  * into their regions, after filling the plan's lr and t slots.
  *
  * Generation. forward_logits runs a third schedule (plan.h, PLAN_LOGITS): the train block's
@@ -68,10 +68,9 @@ static int chunk_gemm_rows(Host *h, const Sched *S, const FuseGemm *g) {
 /* Launches [0, upto] of S in f on h->target (only those keep marks, when keep is not NULL);
  * addr[i] is buffer i's address. A GEMM's status (and on the GPU a launch's) is checked inline: a
  * failure returns it. */
-static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep) {
+static void emit_launch(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int li, const char *tag) {
     FuseResult *r = S->r;
-    for (int li = 0; li <= upto && li < r->nlaunches; li++) {
-        if (keep && !keep[li]) continue;
+    {
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) {
             const FuseGemm *g = &L->gemm;
@@ -102,9 +101,10 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
                                   vec ? addr[g->bias] : LLVMConstPointerNull(h->ptr),
                                   f->err};
             /* named after the launch, so --emit=program can annotate it (print_program) */
-            LLVMValueRef st = LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21, arena_printf(h->ar, "%sgemm%d.", S->prefix, li));
+            LLVMValueRef st =
+                LLVMBuildCall2(h->b, h->gemm_t, callee, a, 21, arena_printf(h->ar, "%sgemm%d%s.", S->prefix, li, tag));
             emit_check(h, f->fn, st);
-            continue;
+            return;
         }
         const Kernel *k = r->kernels[L->kernel];
         LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 1));
@@ -115,6 +115,45 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
         }
         h->target->launch(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"));
     }
+}
+
+static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep) {
+    for (int li = 0; li <= upto && li < S->r->nlaunches; li++)
+        if (!keep || keep[li]) emit_launch(h, f, S, addr, li, "");
+}
+
+/* forward_backward's launches: the step program (the schedule's launches, with recompute's
+ * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
+ * after the position the plan gives its move (the last launch that touches its buffer, whose
+ * memory the plan then reuses). A re-run writes the second copies of its buffers (rc->again),
+ * which every later launch reads. */
+static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef s) {
+    const PlanRecompute *rc = &h->plan->mem.rc;
+    LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
+    LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
+    LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
+    int n = rc->mask ? rc->norder : S->r->nlaunches, moved = 0;
+    for (int q = 0; q < n; q++) {
+        int o = rc->mask ? rc->order[q] : q;
+        if (o >= 0) emit_launch(h, f, S, addr, o, "");
+        else {
+            int j = -1 - o;
+            for (int b = 0; b < S->r->nbuffers; b++)
+                if (rc->rerun[b] == j) {
+                    if (rc->again[b].home != PH_ARENA) INTERNAL("host: re-run %d's buffer %d has no second copy", j, b);
+                    addr[b] = byte_gep(h, arena, rc->again[b].offset, "again");
+                }
+            emit_launch(h, f, S, addr, rc->reruns[j].launch, arena_printf(h->ar, ".rerun%d", j));
+        }
+        for (int i = 0; i < S->mem->nwrites; i++) {
+            const PlanWrite *w = &S->mem->writes[i];
+            if (w->after != q) continue;
+            if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
+            h->target->accumulate(h, f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
+            moved++;
+        }
+    }
+    if (moved != S->mem->nwrites) INTERNAL("host: %d of the step's %d moves placed", moved, S->mem->nwrites);
 }
 
 static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto) {
@@ -169,17 +208,11 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
-    emit_launches(h, &f, S, addr, grad ? r->nlaunches - 1 : r->buffers[lb].first);
-    h->target->read_loss(h, &f, LLVMBuildStructGEP2(h->b, h->step_t, s, RT_STEP_loss, ""), addr[lb]);
     if (grad) {
-        LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
-        LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
-        for (int i = 0; i < S->mem->nwrites; i++) {
-            const PlanWrite *w = &S->mem->writes[i];
-            if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
-            h->target->accumulate(h, &f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
-        }
-    }
+        if (S->mem != &h->plan->mem.phase[PLAN_STEP]) INTERNAL("host: forward_backward of another phase");
+        emit_step_program(h, &f, S, addr, s);
+    } else emit_launches(h, &f, S, addr, r->buffers[lb].first);
+    h->target->read_loss(h, &f, LLVMBuildStructGEP2(h->b, h->step_t, s, RT_STEP_loss, ""), addr[lb]);
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;
 }
@@ -510,11 +543,6 @@ static int refuse_settings(const TrainConfig *ts) {
                    (long long)ts->zero);
         n++;
     }
-    if (ts->recompute) {
-        diag_error(ts->recompute_at,
-                   "recompute is not carried out by executables yet: the step keeps every activation for the backward");
-        n++;
-    }
     /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
     const Storage off[2] = {ts->offload_activations, STORE_NONE};
     static const char *const what[2] = {"activations", "optimizer"};
@@ -526,9 +554,10 @@ static int refuse_settings(const TrainConfig *ts) {
             n++;
         }
     if (n)
-        diag_hint("executables carry out parallel { data = N } and no other parallelism, recompute or offload; remove %s to "
-                  "build (--check and --emit=plan accept %s)",
-                  n == 1 ? "it" : "them", n == 1 ? "it" : "them");
+        diag_hint(
+            "executables carry out parallel { data = N } and no other parallelism, recompute, and offload.optimizer but not "
+            "offload.activations; remove %s to build (--check and --emit=plan accept %s)",
+            n == 1 ? "it" : "them", n == 1 ? "it" : "them");
     return n;
 }
 

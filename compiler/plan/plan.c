@@ -185,7 +185,7 @@ int64_t plan_mul_bytes(int64_t a, int64_t b) {
 
 /* ---- the step programs ----------------------------------------------------------------------- */
 
-static void plan_note(PlanCtx *c, const char *text) {
+void plan_note(PlanCtx *c, const char *text) {
     Plan *p = c->p;
     const char **nv = arena_alloc(c->ar, sizeof(char *) * (size_t)(p->nnotes + 1));
     if (p->nnotes) memcpy(nv, p->notes, sizeof(char *) * (size_t)p->nnotes);
@@ -234,7 +234,6 @@ static void plan_notes(PlanCtx *c) {
                                   "parallel.zero = %" PRId64 ": the runtime holds 1/%" PRId64 " of the optimizer state a rank%s; "
                                   "the regions above are the whole program's",
                                   ts->zero, ts->data_par, ts->zero == 2 ? " and keeps that share of the summed gradient" : ""));
-    if (ts->recompute) plan_note(c, "recompute is not planned yet: the arena keeps every activation for the backward");
     if (ts->offload_activations != STORE_NONE && (int)ts->offload_activations < 3)
         plan_note(c, arena_printf(c->ar, "offload.activations = %s is not planned yet", storage[ts->offload_activations]));
 

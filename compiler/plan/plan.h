@@ -142,9 +142,9 @@ typedef struct PlanSlot {
     int first, last; /* PH_ARENA: its live range, in launches of its schedule */
 } PlanSlot;
 
-/* A move after a schedule's last launch: a parameter's gradient added into the gradient region
- * (step: dst += loss_scale x src, so micro-batch k > 0 adds to k = 0's), or an update result copied
- * into its region (update). Nothing is computed in place: every kernel writes arena buffers, and
+/* A move: a parameter's gradient added into the gradient region right after the last launch that
+ * touches its buffer (step: dst += loss_scale x src, so micro-batch k > 0 adds to k = 0's), or an
+ * update result copied into its region after the schedule's last launch (update). Nothing is computed in place: every kernel writes arena buffers, and
  * these moves put the results where the runtime reads them. */
 typedef struct PlanWrite {
     const char *what; /* "grad h.0.attn.weight", "p", "state.m" */
@@ -152,6 +152,9 @@ typedef struct PlanWrite {
     PlanHome to;
     int64_t offset, bytes;
     int accumulate; /* 1: added, scaled by the micro-batch's loss_scale; 0: copied */
+    int after;      /* step: the move runs right after this position of the step program (the last
+                       launch that touches the buffer), so the buffer's life ends there; update: 0,
+                       after the last launch */
 } PlanWrite;
 
 /* The memory of one phase: a slot for every buffer of its schedule, and its moves. */
@@ -169,6 +172,42 @@ typedef struct PlanPhaseMem {
     int64_t peak, naive; /* the arena during the phase: planned (reserve included), and without reuse */
     int kernels, gemms;  /* launches per call */
 } PlanPhaseMem;
+
+/* ---- recompute (plan_recompute.c; docs/memory.md) ----
+ * With `recompute = [...]` the step phase's forward launches that write the chosen held buffers
+ * (forward values the backward reads) are run a second time, just before the first backward launch
+ * that reads what they write, with the same kernels on the same inputs: their outputs are dropped
+ * after their last forward use and their memory is free in between. The step program is then the
+ * schedule's launches with the re-runs inserted (order); every step slot's first and last are
+ * positions in that order, and a buffer a re-run writes has a second slot (again) from the re-run
+ * to its last use. */
+typedef enum PlanFate {
+    PF_NONE,     /* not a forward value the backward reads, and no re-run needs it */
+    PF_KEPT,     /* held: kept from the forward to the backward */
+    PF_RECOMP,   /* held: dropped after the forward, recomputed by a re-run */
+    PF_REMADE,   /* a forward value only a re-run reads: made again by an earlier re-run */
+    PF_KEPT_FOR, /* a forward value only a re-run reads, kept until that re-run (its launch cannot run again) */
+} PlanFate;
+
+typedef struct PlanRerun {
+    int launch;      /* the forward launch run again */
+    int before;      /* just before this launch of the schedule (its first backward reader) */
+    const char *why; /* the keyword that chose it, or "needed by a re-run" */
+} PlanRerun;
+
+typedef struct PlanRecompute {
+    unsigned mask; /* TrainConfig.recompute (0: none, and nothing below is set) */
+    int boundary;  /* the first backward launch: re-runs come at or after it */
+    int nreruns;
+    PlanRerun *reruns; /* in the order they run */
+    int norder;
+    int *order;                         /* the step program: i >= 0 launch i of the schedule, -1 - j re-run j */
+    unsigned char *fate;                /* [nbuffers] PlanFate */
+    int *rerun;                         /* [nbuffers] the re-run that writes its second copy, -1 */
+    PlanSlot *again;                    /* [nbuffers] that copy's slot (home PH_NONE: none) */
+    int64_t peak_without;               /* the step phase's peak without recompute */
+    int64_t held_kept, held_recomputed; /* bytes of held buffers, by fate */
+} PlanRecompute;
 
 typedef struct PlanParam {
     const char *name;
@@ -217,6 +256,7 @@ typedef struct PlanMemory {
     unsigned char *stats_keep; /* [step launches]: 1 for those forward_stats runs (what the expressions need) */
     int stats_launches;        /* how many */
     PlanPhaseMem phase[PLAN_NPHASES];
+    PlanRecompute rc;            /* the step phase's re-runs (recompute = [...]) */
     int64_t lr_offset, t_offset; /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
     int64_t arena_bytes;         /* the largest peak: what the executable allocates */
 } PlanMemory;

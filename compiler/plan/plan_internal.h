@@ -41,4 +41,16 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s);
 void plan_verify_memory(PlanVerify *v, const Plan *p);
 void plan_print_memory(FILE *out, Arena *ar, const Plan *p);
 
+/* A note in the plan's listing (`note: ...`): a setting carried out only in part, or not yet. */
+void plan_note(PlanCtx *c, const char *text);
+
+/* plan_recompute.c: the step's re-runs (rc->mask set by the caller) over its fused schedule r,
+ * placed after loss_launch and stats_last; then the lives of its buffers' first copies (slots)
+ * and second copies (rc->again) over the resulting order (an output lives to the end, unless early
+ * marks it: a gradient, moved right after its last toucher). */
+int plan_recompute(PlanCtx *c, const FuseResult *r, int loss_launch, int stats_last, PlanRecompute *rc);
+void plan_recompute_lives(const FuseResult *r, PlanRecompute *rc, PlanSlot *slots, const unsigned char *early);
+/* last[b]: the last launch of r that reads or writes buffer b (-1: none) */
+void plan_last_touch(const FuseResult *r, int *last);
+
 #endif

@@ -4,9 +4,11 @@
  * that `./prog info` prints back from the executable's descriptor.
  *
  * Nothing is computed in place. The step's kernels write each gradient to an arena buffer, and
- * forward_backward adds loss_scale x it into the gradient region after the last launch: the seed
- * of the backward is 1.0 and the micro-batches accumulate, so a kernel writing the region itself
- * would have to scale and add, which the generated kernels do not. The update's new parameters and
+ * forward_backward adds loss_scale x it into the gradient region right after the last launch that
+ * touches that buffer (PlanWrite.after), whose life ends there: the seed of the backward is 1.0 and
+ * the micro-batches accumulate, so a kernel writing the region itself would have to scale and add,
+ * which the generated kernels do not. (Moved to the step's end, every gradient buffer would be live
+ * at once there: with GPT-2 124M at 4 x 64 tokens that is the step's peak.) The update's new parameters and
  * state are arena buffers copied into their regions after the last launch, since a fused update
  * kernel may still read the old values of other segments. */
 #include <inttypes.h>
@@ -200,7 +202,7 @@ static void plan_add_write(Arena *ar, PlanPhaseMem *ph, PlanWrite w) {
     ph->writes = nw;
 }
 
-/* The moves after the launches: each gradient added into its place (step), each changed update
+/* The moves: each gradient added into its place (step: after the position plan_phase sets), each changed update
  * result copied into its region (update). */
 static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
     const PlanMemory *m = &c->p->mem;
@@ -212,7 +214,7 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
             if (gb < 0) continue; /* no buffer: a zero gradient, nothing to add */
             plan_add_write(c->ar, ph,
                            (PlanWrite){arena_printf(c->ar, "grad %s", m->params[i].name), gb, PH_GRADS, m->params[i].offset,
-                                       m->params[i].numel * 4, 1});
+                                       m->params[i].numel * 4, 1, -1});
         }
     } else if (which == PLAN_UPDATE) {
         const GraphUpdate *u = g->update;
@@ -222,10 +224,12 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
             plan_add_write(c->ar, ph,
                            (PlanWrite){k == 0 ? "p" : arena_printf(c->ar, "state.%s", u->state_name[k - 1]), r->node_buffer[out],
                                        k == 0 ? PH_PARAMS : PH_STATE, k == 0 ? 0 : (int64_t)(k - 1) * m->state_part,
-                                       m->state_part, 0});
+                                       m->state_part, 0, 0});
         }
     }
 }
+
+static int64_t fb_bytes(const FuseResult *r, int i) { return r->buffers[i].bytes; }
 
 /* Every buffer of the phase's schedule: leaves in their regions, the rest in the arena by
  * liveness over the launches (after the reserved bytes). */
@@ -253,13 +257,27 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
     ph->slots = arena_alloc(c->ar, sizeof(PlanSlot) * (size_t)(r->nbuffers + 1));
     Arena scratch = {0};
     PlanBuffer *pb = arena_alloc(&scratch, sizeof(PlanBuffer) * (size_t)(r->nbuffers + 1));
+    /* the step's gradients are added into the gradient region right after the last launch that
+     * touches each (early): their buffers' lives end there, not at the step's end (the loss and
+     * the statistics' expressions, outputs read after the launches, live to the end) */
+    unsigned char *early = arena_alloc(&scratch, (size_t)r->nbuffers + 1);
+    int *last_touch = arena_alloc(&scratch, sizeof(int) * (size_t)(r->nbuffers + 1));
+    if (which == PLAN_STEP) {
+        plan_writes(c, which, ph);
+        plan_last_touch(r, last_touch);
+        for (int k = 0; k < ph->nwrites; k++) early[ph->writes[k].buffer] = 1;
+        int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
+        if (lb >= 0) early[lb] = 0;
+        for (int k = 0; k < g->nstats; k++)
+            if (r->node_buffer[g->stat_expr[k]] >= 0) early[r->node_buffer[g->stat_expr[k]]] = 0;
+    }
     for (int i = 0; i < r->nbuffers; i++) {
         const FuseBuffer *fb = &r->buffers[i];
         PlanSlot *sl = &ph->slots[i];
-        *sl = (PlanSlot){PH_NONE, 0, fb->bytes, fb->first, fb->last};
+        *sl = (PlanSlot){PH_NONE, 0, fb->bytes, fb->first, early[i] && fb->first >= 0 ? last_touch[i] : fb->last};
         int leaf = fb->kind == FB_PARAM || fb->kind == FB_INPUT;
         pb[i] = (PlanBuffer){0, fb->first >= 0 ? fb->first : 0, 0, 0};
-        pb[i].last = fb->last >= pb[i].first ? fb->last : pb[i].first;
+        pb[i].last = sl->last >= pb[i].first ? sl->last : pb[i].first;
         if (fb->first < 0) continue; /* no launch touches it */
         if (leaf && which == PLAN_UPDATE) plan_leaf_update(m, g->update, fb->node, sl);
         else if (leaf) plan_leaf_forward(m, g, graph_node(g, fb->node), sl);
@@ -267,13 +285,49 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
     }
     ph->naive = plan_naive_bytes(pb, r->nbuffers, PLAN_ALIGN) + ph->reserve;
     ph->peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, &scratch) + ph->reserve;
+    PlanRecompute *rc = &m->rc;
+    if (which == PLAN_STEP && c->ts->recompute) { /* the step with its re-runs: the lives again, over their order */
+        const Graph *sg = r->g;
+        int lb = sg->loss >= 0 ? r->node_buffer[sg->loss] : -1;
+        rc->mask = c->ts->recompute;
+        rc->peak_without = ph->peak;
+        plan_recompute(c, r, lb >= 0 ? r->buffers[lb].first : -1, m->stats_last, rc);
+        plan_recompute_lives(r, rc, ph->slots, early);
+        int n2 = r->nbuffers;
+        PlanBuffer *pb2 = arena_alloc(&scratch, sizeof(PlanBuffer) * (size_t)(2 * n2 + 1));
+        for (int i = 0; i < n2; i++) {
+            const PlanSlot *sl = &ph->slots[i];
+            pb2[i] = (PlanBuffer){pb[i].size, sl->first >= 0 ? sl->first : 0, sl->last >= 0 ? sl->last : 0, 0};
+            const PlanSlot *a = &rc->again[i];
+            pb2[n2 + i] =
+                (PlanBuffer){rc->rerun[i] >= 0 ? fb_bytes(r, i) : 0, a->first >= 0 ? a->first : 0, a->last >= 0 ? a->last : 0, 0};
+            if (rc->fate[i] == PF_KEPT) rc->held_kept += fb_bytes(r, i);
+            if (rc->fate[i] == PF_RECOMP) rc->held_recomputed += fb_bytes(r, i);
+        }
+        ph->naive = plan_naive_bytes(pb2, 2 * n2, PLAN_ALIGN) + ph->reserve;
+        ph->peak = plan_assign_offsets(pb2, 2 * n2, PLAN_ALIGN, &scratch) + ph->reserve;
+        if (ph->peak > rc->peak_without) /* carried out as asked, and said */
+            plan_note(c, arena_printf(c->ar,
+                                      "recompute raises the step's peak from %" PRId64 " to %" PRId64
+                                      " bytes: what its re-runs read is kept until they run (docs/memory.md)",
+                                      rc->peak_without, ph->peak));
+        for (int i = 0; i < n2; i++) {
+            pb[i].offset = pb2[i].offset;
+            if (pb2[n2 + i].size) {
+                rc->again[i].home = PH_ARENA;
+                rc->again[i].offset = pb2[n2 + i].offset + ph->reserve;
+            }
+        }
+    }
     for (int i = 0; i < r->nbuffers; i++)
         if (pb[i].size) {
             ph->slots[i].home = PH_ARENA;
             ph->slots[i].offset = pb[i].offset + ph->reserve;
         }
     arena_free(&scratch);
-    plan_writes(c, which, ph);
+    if (which == PLAN_STEP)
+        for (int k = 0; k < ph->nwrites; k++) ph->writes[k].after = ph->slots[ph->writes[k].buffer].last;
+    else plan_writes(c, which, ph);
 }
 
 int plan_memory(PlanCtx *c, const PlanSchedules *s) {
@@ -283,6 +337,12 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s) {
     m->lr_offset = PLAN_LR_OFFSET;
     m->t_offset = PLAN_T_OFFSET;
     int64_t total = 0;
+    for (int k = 0; k < m->nstats; k++) { /* outputs of the step schedule (fuse_default_outputs): live to its end */
+        const FuseResult *r = s->r[PLAN_STEP];
+        int b = r->node_buffer[r->g->stat_expr[k]];
+        if (b < 0 || r->buffers[b].first < 0) INTERNAL("plan: statistic %d's expression has no buffer", k);
+        if (r->buffers[b].first > m->stats_last) m->stats_last = r->buffers[b].first;
+    }
     for (int i = 0; i < PLAN_NPHASES; i++) {
         const FuseResult *r = i < s->n ? s->r[i] : NULL;
         for (int b = 0; r && b < r->nbuffers; b++) {
@@ -294,12 +354,6 @@ int plan_memory(PlanCtx *c, const PlanSchedules *s) {
         }
         plan_phase(c, s, (PlanPhase)i);
         if (m->phase[i].peak > m->arena_bytes) m->arena_bytes = m->phase[i].peak;
-    }
-    for (int k = 0; k < m->nstats; k++) { /* outputs of the step schedule (fuse_default_outputs): live to its end */
-        const FuseResult *r = s->r[PLAN_STEP];
-        int b = r->node_buffer[r->g->stat_expr[k]];
-        if (b < 0 || r->buffers[b].first < 0) INTERNAL("plan: statistic %d's expression has no buffer", k);
-        if (r->buffers[b].first > m->stats_last) m->stats_last = r->buffers[b].first;
     }
     if (m->nstats > 0) plan_stats_keep(c->ar, s->r[PLAN_STEP], m);
     return 1;
@@ -399,9 +453,31 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
         if (s->home == PH_ARENA && s->offset + s->bytes > ph->peak)
             plan_v_fail(v, "%s buffer %d ends past the peak %" PRId64, ph->name, i, ph->peak);
     }
-    plan_v_arena(v, ph->slots, r->nbuffers, ph->name);
+    const PlanRecompute *rc = &p->mem.rc;
+    if (ph == &p->mem.phase[PLAN_STEP] && rc->mask) { /* the second copies of the re-runs' buffers too */
+        int nb = r->nbuffers;
+        PlanSlot *all = calloc((size_t)(2 * nb + 1), sizeof(PlanSlot));
+        if (!all) INTERNAL("plan_verify: out of memory");
+        memcpy(all, ph->slots, sizeof(PlanSlot) * (size_t)nb);
+        for (int i = 0; i < nb; i++) {
+            all[nb + i] = rc->again[i];
+            const PlanSlot *a = &rc->again[i];
+            if ((rc->rerun[i] >= 0) != (a->home == PH_ARENA && a->bytes > 0))
+                plan_v_fail(v, "step buffer %d: a second copy without its re-run, or a re-run without one", i);
+            if (a->home == PH_ARENA &&
+                (a->offset < ph->reserve || a->offset % PLAN_ALIGN != 0 || a->offset + a->bytes > ph->peak))
+                plan_v_fail(v, "step buffer %d's second copy at arena %" PRId64 " is misplaced", i, a->offset);
+            if (a->home == PH_ARENA && a->first <= ph->slots[i].last && ph->slots[i].home == PH_ARENA)
+                plan_v_fail(v, "step buffer %d's second copy lives before its first copy dies", i);
+        }
+        plan_v_arena(v, all, 2 * nb, ph->name);
+        free(all);
+    } else plan_v_arena(v, ph->slots, r->nbuffers, ph->name);
     for (int i = 0; i < ph->nwrites; i++) {
         const PlanWrite *w = &ph->writes[i];
+        if (ph == &p->mem.phase[PLAN_STEP] && w->buffer >= 0 && w->buffer < r->nbuffers && w->after < ph->slots[w->buffer].last)
+            plan_v_fail(v, "step: %s moves buffer %d at position %d, before its last use at %d", w->what, w->buffer, w->after,
+                        ph->slots[w->buffer].last);
         if (w->buffer < 0 || w->buffer >= r->nbuffers || ph->slots[w->buffer].bytes != w->bytes)
             plan_v_fail(v, "%s: %s moves a buffer of another size", ph->name, w->what);
         if (w->offset < 0 || w->offset % PLAN_ALIGN != 0 || w->offset + w->bytes > plan_region_bytes(p, w->to))
@@ -508,6 +584,56 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
     }
 }
 
+/* The step's re-runs (recompute = [...]): what each held buffer became, the second copies, and
+ * each re-run with where it goes. */
+static void plan_print_recompute(FILE *out, Arena *ar, const Plan *p, const char *const *label, int w) {
+    const PlanPhaseMem *ph = &p->mem.phase[PLAN_STEP];
+    const PlanRecompute *rc = &p->mem.rc;
+    const FuseResult *r = ph->r;
+    static const char *const kw[] = {"gelu", "layernorm", "attention", "mlp", "all"};
+    const char *list = "";
+    for (int k = 0; k < 5; k++)
+        if (rc->mask & (1u << k)) list = arena_printf(ar, "%s%s%s", list, *list ? ", " : "", kw[k]);
+    int kept = 0, recomp = 0;
+    for (int i = 0; i < r->nbuffers; i++) kept += rc->fate[i] == PF_KEPT, recomp += rc->fate[i] == PF_RECOMP;
+    fprintf(out,
+            "\n### recompute [%s]: %d re-run%s; held buffers (forward values the backward reads): %d kept (%s), %d recomputed "
+            "(%s)\n",
+            list, rc->nreruns, rc->nreruns == 1 ? "" : "s", kept, plan_bytes_text(ar, rc->held_kept), recomp,
+            plan_bytes_text(ar, rc->held_recomputed));
+    fprintf(out, "step peak %s, without recompute %s", plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, rc->peak_without));
+    if (rc->peak_without > 0)
+        fprintf(out, " (%s%.1f%%)", ph->peak <= rc->peak_without ? "saves " : "costs ",
+                100.0 * (double)(ph->peak <= rc->peak_without ? rc->peak_without - ph->peak : ph->peak - rc->peak_without) /
+                    (double)rc->peak_without);
+    fprintf(out,
+            "\nthe step program: launches 0..%d, then each re-run just before the launch named; the launches column above "
+            "counts positions in it (%d in all)\n",
+            r->nlaunches - 1, rc->norder);
+    for (int j = 0; j < rc->nreruns; j++) {
+        const PlanRerun *re = &rc->reruns[j];
+        const FuseLaunch *L = &r->launches[re->launch];
+        int pos = 0;
+        while (pos < rc->norder && rc->order[pos] != -1 - j) pos++;
+        fprintf(out, "re-run %d: launch %d (%s) again at position %d, before launch %d: %s\n", j, re->launch,
+                L->kind == FL_GEMM ? "GEMM" : r->kernels[L->kernel]->name, pos, re->before, re->why);
+    }
+    static const char *const fate[] = {"", "kept", "recomputed", "re-made for a re-run", "kept for a re-run"};
+    fprintf(out, "%-*s  %12s  %-10s  %12s  launches  fate\n", w, "buffer", "bytes", "home", "offset");
+    for (int i = 0; i < r->nbuffers; i++) {
+        if (rc->fate[i] == PF_NONE) continue;
+        const PlanSlot *s = &ph->slots[i];
+        fprintf(out, "%-*s  %12" PRId64 "  %-10s  %12" PRId64 "  %d..%d  %s", w, label[i], s->bytes, "arena", s->offset, s->first,
+                s->last, fate[rc->fate[i]]);
+        if (rc->rerun[i] >= 0) {
+            const PlanSlot *a = &rc->again[i];
+            fprintf(out, " by re-run %d (launch %d): again at arena %" PRId64 ", %d..%d", rc->rerun[i],
+                    rc->reruns[rc->rerun[i]].launch, a->offset, a->first, a->last);
+        }
+        fprintf(out, "\n");
+    }
+}
+
 static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase which) {
     static const char *const fns[PLAN_NPHASES] = {"forward_backward, and forward_loss up to the loss", "optimizer_update",
                                                   "forward_logits, batch 1", "forward_chunk, new tokens with the KV cache"};
@@ -566,9 +692,12 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
             fprintf(out, "%-*s  %12" PRId64 "  %-10s  %12" PRId64 "  %d..%d\n", w, label[i], s->bytes, plan_home_name(s->home),
                     s->offset, s->first, s->last);
     }
+    if (which == PLAN_STEP && p->mem.rc.mask) plan_print_recompute(out, ar, p, label, w);
     for (int i = 0; i < ph->nwrites; i++) {
         const PlanWrite *wr = &ph->writes[i];
-        fprintf(out, "after the launches: %s %s buffer %d into the %s region at %" PRId64 " (%" PRId64 " bytes)\n", wr->what,
+        const char *when = which == PLAN_STEP ? arena_printf(ar, "after %s %d", p->mem.rc.mask ? "position" : "launch", wr->after)
+                                              : "after the launches";
+        fprintf(out, "%s: %s %s buffer %d into the %s region at %" PRId64 " (%" PRId64 " bytes)\n", when, wr->what,
                 wr->accumulate ? "+= loss_scale x" : "= (copied from)", wr->buffer, plan_home_name(wr->to), wr->offset,
                 wr->bytes);
     }

@@ -42,6 +42,7 @@ typedef enum RtFlagId {
     RT_F_OFFLOAD_DIR,
     RT_F_THREADS,
     RT_F_DUMP_STEP,
+    RT_F_ARENA_HIGH_WATER,
     RT_F_WEIGHTS,
     RT_F_PROMPT,
     RT_F_MAX_TOKENS,
@@ -84,6 +85,7 @@ static const RtFlag rt_flags[] = {
     {"--offload-dir", "DIR", RT_IN_TRAIN, RT_F_OFFLOAD_DIR},
     {"--threads", "N", RT_IN_ALL, RT_F_THREADS},
     {"--dump-step", "F.safetensors", RT_IN_TRAIN, RT_F_DUMP_STEP},
+    {"--arena-high-water", NULL, RT_IN_TRAIN, RT_F_ARENA_HIGH_WATER},
     {"--weights", "F.safetensors", RT_IN_EVAL | RT_IN_GENERATE | RT_IN_SERVE, RT_F_WEIGHTS},
     {"--prompt-tokens", "1,2,3", RT_IN_GENERATE, RT_F_PROMPT},
     {"--max-tokens", "N", RT_IN_GENERATE | RT_IN_SERVE, RT_F_MAX_TOKENS},
@@ -290,6 +292,7 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
         o->offload_dir = v;
         return RT_OK;
     case RT_F_DUMP_STEP: o->dump_step = v; return RT_OK;
+    case RT_F_ARENA_HIGH_WATER: o->arena_high_water = 1; return RT_OK;
     case RT_F_WEIGHTS: o->weights = v; return RT_OK;
     case RT_F_THREADS:
         if (rt_parse_i64(f->name, v, 1, RT_POOL_MAX_THREADS, &i, err)) return RT_ERR_ARG;
@@ -534,6 +537,8 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     rt_help_line(f, "--dump-step", "F.safetensors",
                  "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");
+    rt_help_line(f, "--arena-high-water", "",
+                 "measure the arena bytes step 1's micro-batches write and print them beside the plan's step peak", "off");
     snprintf(buf, sizeof buf, "'%s'", t->ckpt_dir && *t->ckpt_dir ? t->ckpt_dir : "checkpoints"); /* as rt_cli_parse's default */
     rt_help_line(f, "--ckpt-dir", "DIR", "where checkpoints go (DIR/step-N, DIR/latest)", buf);
     snprintf(buf, sizeof buf, "%lld%s", (long long)t->ckpt_every, t->ckpt_every ? "" : ": only on SIGTERM or SIGINT");

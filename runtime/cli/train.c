@@ -425,6 +425,7 @@ typedef struct RtTrainRun {
     int64_t bucket_floats; /* MBT_DP_BUCKET_MB's */
     double model_gbps;     /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
     double fb_s;           /* the micro-batches' forward_backward time (for the model) */
+    int high_water_done;   /* --arena-high-water: measured (the first step this process runs) */
     int64_t fb_n;
     /* global_mean: the step's micro-batches of this rank, read once for the statistics pass and kept
      * for the step's own pass (rt_train_stats); stat_cap micro-batches; stat_mine their statistics
@@ -1106,7 +1107,18 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     /* the curriculum's length for this step: the same micro x seq tokens read as windows of that
      * length (data.pos restarts every x->row tokens); evaluation and generation keep seq */
     x->row = rt_train_seq_len(t, step);
+    int measure = r->o.arena_high_water && !r->high_water_done;
+    if (st == RT_OK && measure) st = rt_exec_arena_mark(x, &r->e);
     if (st == RT_OK) st = rt_train_micro_batches(r, step, local);
+    if (st == RT_OK && measure) { /* the micro-batches alone: the update's phase has its own peak */
+        int64_t hw = 0;
+        st = rt_exec_arena_high(x, &hw, &r->e);
+        r->high_water_done = 1;
+        if (st == RT_OK)
+            fprintf(stdout,
+                    "arena high-water: step %lld's micro-batches wrote %lld bytes of the arena; the plan's step peak is %lld\n",
+                    (long long)(step + 1), (long long)hw, (long long)p->plan.arena[RT_PHASE_STEP]);
+    }
     x->row = 0;
     if (st == RT_OK) st = rt_train_reduce(r, step);
     if (st == RT_OK) st = rt_train_step_loss(r, local, &loss);

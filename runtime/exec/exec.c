@@ -127,6 +127,47 @@ void rt_exec_close(RtExec *e) {
     memset(e, 0, sizeof *e);
 }
 
+RtStatus rt_exec_arena_mark(RtExec *e, RtError *err) {
+    int64_t n = e->prog->arena_bytes;
+    if (n <= 0) return RT_OK;
+    if (!e->gpu) {
+        memset(e->arena, RT_ARENA_PATTERN, (size_t)n);
+        return RT_OK;
+    }
+    unsigned char *h = malloc((size_t)n);
+    if (!h) return rt_fail(err, RT_ERR_NOMEM, "out of memory for the arena's pattern (%lld bytes)", (long long)n);
+    memset(h, RT_ARENA_PATTERN, (size_t)n);
+    RtStatus st = rt_gpu_upload(e->gpu, e->d_arena, h, n, err);
+    if (st == RT_OK) st = rt_gpu_sync(e->gpu, "marking the arena", err);
+    free(h);
+    return st;
+}
+
+RtStatus rt_exec_arena_high(RtExec *e, int64_t *bytes, RtError *err) {
+    int64_t n = e->prog->arena_bytes;
+    *bytes = 0;
+    if (n <= 0) return RT_OK;
+    const unsigned char *a = e->arena;
+    unsigned char *h = NULL;
+    if (e->gpu) {
+        h = malloc((size_t)n);
+        if (!h) return rt_fail(err, RT_ERR_NOMEM, "out of memory for the arena's copy (%lld bytes)", (long long)n);
+        RtStatus st = rt_gpu_sync(e->gpu, "measuring the arena", err);
+        if (st == RT_OK) st = rt_gpu_download(e->gpu, h, e->d_arena, n, err);
+        if (st == RT_OK) st = rt_gpu_sync(e->gpu, "measuring the arena", err);
+        if (st != RT_OK) {
+            free(h);
+            return st;
+        }
+        a = h;
+    }
+    int64_t i = n;
+    while (i > 0 && a[i - 1] == RT_ARENA_PATTERN) i--;
+    *bytes = i;
+    free(h);
+    return RT_OK;
+}
+
 const char *rt_exec_device(const RtExec *e) { return e->gpu ? rt_gpu_describe(e->gpu) : "cpu"; }
 
 /* ---- host copies -------------------------------------------------------------------------------- */

@@ -49,6 +49,7 @@ typedef struct RtOptions {
     const char *save_weights; /* train: --save-weights, or NULL */
     const char *save_adapter; /* train: --save-adapter DIR, or NULL (rt_adapter_save) */
     const char *dump_step;    /* train: --dump-step, or NULL (rt_step_dump) */
+    int arena_high_water;     /* train --arena-high-water: measure the arena's high-water mark of step 1's micro-batches */
     const char *offload_dir;  /* train: --offload-dir, the store file's directory with offload { optimizer = nvme } (".") */
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
@@ -130,6 +131,14 @@ typedef struct RtExec {
  * and zeroed regions. */
 RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant want, RtError *err);
 void rt_exec_close(RtExec *e);
+/* The arena's high-water mark, measured (train --arena-high-water; docs/memory.md): mark fills
+ * the arena (the GPU's through the host) with RT_ARENA_PATTERN; high then finds the last byte that
+ * no longer holds it, so *bytes is one past the highest byte any call since the mark wrote (0:
+ * none). A value written that happens to end in pattern bytes counts as unwritten, so the mark can
+ * only fall short of the truth, by fewer bytes than that value has. */
+#define RT_ARENA_PATTERN 0xA5
+RtStatus rt_exec_arena_mark(RtExec *e, RtError *err);
+RtStatus rt_exec_arena_high(RtExec *e, int64_t *bytes, RtError *err);
 const char *rt_exec_device(const RtExec *e);    /* "cpu", or rt_gpu_describe's line */
 RtStatus rt_exec_push(RtExec *e, RtError *err); /* the host's parameters and state to the GPU (CPU: nothing) */
 enum { RT_PULL_PARAMS = 1, RT_PULL_GRADS = 2, RT_PULL_STATE = 4 };

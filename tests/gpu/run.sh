@@ -386,6 +386,36 @@ else
     fi
 fi
 
+# ---- recompute on the device: the re-runs leave every bit as it was ----------------------------------
+# gpu/recompute: tests/exec/recompute.mbt's base (no recompute), rc_gelu and rc_all (every block's
+# forward run again before its backward), 3 steps each on the device: the same logs to every digit
+# and byte-identical weights as base on the device (the re-runs launch the same kernels on the same
+# inputs), and --arena-high-water's measured bytes of the device's arena within the step peak the
+# plan claims (less than its 64-byte alignment short of it).
+d="$DIR/recompute"
+mkdir -p "$d/base" "$d/rc_gelu" "$d/rc_all"
+rc_fail=""
+rc_hw=""
+for t in base rc_gelu rc_all; do
+    if ! build "$d/$t" tests/exec/recompute.mbt --train "$t" -I examples; then rc_fail="mbtc tests/exec/recompute.mbt --train $t failed"; break; fi
+    on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/$t.out" train --steps 3 --data "$DATA" --save-weights "$d/$t.st" \
+        --log "$d/$t.jsonl" --arena-high-water || { rc_fail="the $t run on the device failed"; break; }
+    hw=$(sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p' "$d/$t.out")
+    if [ -z "$hw" ] || [ "${hw% *}" -gt "${hw#* }" ] || [ "${hw% *}" -le $((${hw#* } - 64)) ]; then
+        rc_fail="$t: the device's arena high-water '${hw% *}' is not within 64 bytes below the plan's step peak '${hw#* }'"
+        break
+    fi
+    rc_hw="$rc_hw $t ${hw% *}/${hw#* }"
+done
+if [ -n "$rc_fail" ]; then
+    fail gpu/recompute "$rc_fail" "$OUT" "$d/base.out" "$d/rc_gelu.out" "$d/rc_all.out"
+elif ! cmp -s "$d/base.st" "$d/rc_gelu.st" || ! cmp -s "$d/base.st" "$d/rc_all.st" ||
+    [ "$(untimed "$d/base.jsonl")" != "$(untimed "$d/rc_gelu.jsonl")" ] || [ "$(untimed "$d/base.jsonl")" != "$(untimed "$d/rc_all.jsonl")" ]; then
+    fail gpu/recompute "recompute on the device changed the weights or the logs" "$d/base.jsonl" "$d/rc_gelu.jsonl" "$d/rc_all.jsonl"
+else
+    pass "gpu/recompute (rc_gelu and rc_all: base's weights and logs on the device, 3 steps; arena written/planned:$rc_hw)"
+fi
+
 d="$DIR/infer"
 T="$DIR/tiny-tiny"
 mkdir -p "$d"

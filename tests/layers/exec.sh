@@ -323,6 +323,25 @@ kv_matches_recompute() {
     [ -n "$g1" ] && [ "$g1" = "$g2" ]
 }
 
+# recompute_peak PROG BASE PLAN: recompute's memory (tests/exec/recompute.case, docs/memory.md).
+# PROG's `info` step arena is the step peak PLAN (its --emit=plan) claims, lower than BASE's (the
+# same model without recompute), which PLAN names as the peak without; and one step of PROG run
+# with --arena-high-water writes the arena up to that peak, less than its alignment (64 bytes:
+# the highest buffer ends inside its last 64), never beyond.
+recompute_peak() {
+    local prog=$1 base=$2 plan=$3 planned without measured info_p info_b
+    info_p=$("$prog" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
+    info_b=$("$base" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
+    planned=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without recompute \([0-9]*\) bytes.*/\1/p' "$plan")
+    without=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without recompute \([0-9]*\) bytes.*/\2/p' "$plan")
+    measured=$("$prog" train --steps 1 --data "$DATA" --arena-high-water |
+        sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p')
+    echo "planned $planned (info $info_p), without recompute $without (base's info $info_b), measured ${measured% *} (of ${measured#* })"
+    [ -n "$planned" ] && [ -n "$measured" ] && [ "$info_p" = "$planned" ] && [ "$without" = "$info_b" ] &&
+        [ "${measured#* }" = "$planned" ] && [ "$planned" -lt "$without" ] &&
+        [ "${measured% *}" -le "$planned" ] && [ "${measured% *}" -gt $((planned - 64)) ]
+}
+
 # offload_vanishes PROG: PROG (offload { optimizer = nvme }) trains with its store file in $W/st,
 # a checkpoint every 5 steps; once step 5's is written, $W/st is removed. The run must stop with
 # an error naming the vanished store file (not run on to its 2000 steps), and its last checkpoint

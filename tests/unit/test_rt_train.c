@@ -620,6 +620,8 @@ static void help_lists_every_flag(void) {
         "--save-weights F.safetensors",
         "--threads N                    CPU threads (default ",
         "--dump-step F.safetensors      write step 1's weights, batches, loss and gradients (for mbtc --verify-step) (default none)",
+        "--arena-high-water             measure the arena bytes step 1's micro-batches write and print them beside the plan's step "
+        "peak (default off)",
         "--weights F.safetensors        the weights to evaluate (default none: the initialised model)",
         "--data GLOB                    held-out token shards (default 'data/tiny_val.bin')",
         "--steps N                      batches of 16 sequences (fewer if the data hold fewer) (default 20)",
@@ -643,8 +645,8 @@ static void help_lists_every_flag(void) {
         const char *d = strstr(p + 1, "(default ");
         with_default += d && (!nl || d < nl);
     }
-    CHECK(lines == 39 && with_default == lines,
-          "%d flag lines, %d with a default (expected 39: train 15, eval 6, generate 11, serve 7)", lines, with_default);
+    CHECK(lines == 40 && with_default == lines,
+          "%d flag lines, %d with a default (expected 40: train 16, eval 6, generate 11, serve 7)", lines, with_default);
     Run r2 = run(g_bigram, "train", "--help", NULL);
     CHECK(r2.status == 0 && strcmp(r.out, r2.out) == 0, "'train --help' differs from '--help'");
     run_free(&r);

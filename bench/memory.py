@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""memory.py - `make bench`'s memory rows: peak memory and step time of GPT-2 124M on the CPU
+(bench/gpt2_124m.mbt, micro 4 x 64) with none, recompute [gelu], recompute [all], activations to
+nvme and the optimizer state to nvme (docs/bench.md, "Memory"; docs/memory.md).
+
+    /usr/bin/python3 bench/memory.py [--build build] [--threads N] [--steps S] [--warmup W]
+
+For each train block of bench/gpt2_124m.mbt: build it with mbtc for the CPU alone (--cuda-arch=none:
+the optimizer's store offload is a CPU build's; a block `mbtc -o` refuses is a
+row saying so, with mbtc's message); `./prog info` gives the plan's step arena and the optimizer
+state it keeps in memory; one run of S steps from the same initial weights with
+--arena-high-water and --log gives the measured arena bytes step 1 wrote, the time per step (mean
+after W warm-up steps) and the process's peak resident memory (getrusage of the child). Nothing is
+asserted: a table and JSON under bench/results/. The last losses are printed so a reader sees that
+the settings train alike (they are bit-identical where the arithmetic is, docs/memory.md).
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE = "bench/gpt2_124m.mbt"
+ROWS = [
+    ("none", "gpt2_124m_cpu"),
+    ("recompute [gelu]", "gpt2_124m_cpu_rc_gelu"),
+    ("recompute [all]", "gpt2_124m_cpu_rc_all"),
+    ("activations to nvme", "gpt2_124m_cpu_act_nvme"),
+    ("optimizer to nvme", "gpt2_124m_cpu_opt_nvme"),
+]
+
+
+def say(msg=""):
+    print(msg, flush=True)
+
+
+def run_child(cmd, cwd=None):
+    """Runs cmd; returns (status, output, wall seconds, peak resident KiB of that child)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, out, time.monotonic() - t0, ru.ru_maxrss
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description="GPT-2 124M peak memory and step time per memory setting")
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--threads", type=int, default=0, help="0: all the CPUs available")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", help="JSON results (default bench/results/memory-<host>-<time>.json)")
+    a = ap.parse_args(argv)
+    build = os.path.abspath(os.path.join(ROOT, a.build))
+    mbtc, gendata = os.path.join(build, "mbtc"), os.path.join(build, "mbt-gendata")
+    work = os.path.join(build, "bench")
+    os.makedirs(os.path.join(work, "data"), exist_ok=True)
+    threads = a.threads if a.threads > 0 else len(os.sched_getaffinity(0))
+    data = os.path.join(work, "data", "gpt2-124m_train.bin")  # run.py's GPT-2 data (same arguments)
+    if not os.path.exists(data):
+        subprocess.run([gendata, "--vocab", "1024", "--tokens", "300000", "--val-tokens", "0", "--out-dir",
+                        os.path.join(work, "data"), "--name", "gpt2-124m"], check=True, stdout=subprocess.DEVNULL)
+    load = os.getloadavg()[0]
+    say(f"== memory: GPT-2 124M on the CPU ({SOURCE}, micro 4 x 64), {threads} threads, {a.steps} steps a run, "
+        f"{a.warmup} warm-up; load average {load:.2f} on {os.cpu_count()} CPUs")
+    init = os.path.join(work, "memory-init.safetensors")
+    results = []
+    for label, block in ROWS:
+        prog = os.path.join(work, f"mem-{block}")
+        st, out, compile_s, _ = run_child([mbtc, "-I", "examples", "--cuda-arch=none", os.path.join(ROOT, SOURCE), "--train", block, "-o", prog],
+                                          cwd=ROOT)
+        if st != 0:
+            why = next((l.split("error: ", 1)[1] for l in out.splitlines() if "error: " in l), out.strip()[-200:])
+            say(f"  {label}: not built - mbtc -o refuses it: {why}")
+            results.append(dict(setting=label, block=block, refused=why))
+            continue
+        if not os.path.exists(init):
+            run_child([prog, "train", "--steps", "0", "--data", data, "--save-weights", init])
+        _, info, _, _ = run_child([prog, "info"])
+        planned = int(re.search(r"^plan: arena step (\d+) bytes$", info, re.M).group(1))
+        arena = int(re.search(r"^plan: arena (\d+) bytes, the largest$", info, re.M).group(1))
+        state = int(re.search(r"optimizer state (\d+) bytes", info).group(1))
+        log = os.path.join(work, f"mem-{block}.jsonl")
+        cmd = [prog, "train", "--steps", str(a.steps), "--threads", str(threads), "--data", data, "--init-weights", init,
+               "--log", log, "--arena-high-water"] + (["--offload-dir", work] if "nvme" in label else [])
+        st, out, wall, rss = run_child(cmd)
+        if st != 0:
+            say(out[-2000:])
+            raise SystemExit(f"bench: {block} failed")
+        m = re.search(r"wrote (\d+) bytes of the arena", out)
+        with open(log) as f:
+            recs = [json.loads(l) for l in f if l.strip()]
+        timed = [r["ms"] for r in recs[a.warmup:]]
+        ms = sum(timed) / len(timed) if timed else float("nan")
+        r = dict(setting=label, block=block, compile_s=compile_s, step_arena_planned=planned, arena=arena,
+                 step_arena_measured=int(m.group(1)) if m else None, optimizer_state_in_memory=state,
+                 peak_rss_kib=rss, ms_per_step=ms, steps_ms=timed, last_loss=recs[-1]["loss"] if recs else None)
+        results.append(r)
+        say(f"  {label}: step arena {planned / 2**20:.1f} MiB planned, {r['step_arena_measured'] / 2**20:.1f} MiB "
+            f"measured; {ms:.0f} ms/step; peak RSS {rss / 1024:.0f} MiB; last loss {r['last_loss']}")
+    base = results[0]
+    hdr = f"{'setting':<22} {'step arena MiB':>15} {'measured MiB':>13} {'vs none':>8} {'opt. state MiB':>15} " \
+          f"{'peak RSS MiB':>13} {'ms/step':>9} {'vs none':>8}"
+    say()
+    say(hdr)
+    say("-" * len(hdr))
+    for r in results:
+        if "refused" in r:
+            say(f"{r['setting']:<22} not built: mbtc -o refuses it (docs/memory.md, 'Not done yet')")
+            continue
+        say(f"{r['setting']:<22} {r['step_arena_planned'] / 2**20:15.1f} {r['step_arena_measured'] / 2**20:13.1f} "
+            f"{100 * (r['step_arena_planned'] / base['step_arena_planned'] - 1):+7.1f}% "
+            f"{r['optimizer_state_in_memory'] / 2**20:15.1f} {r['peak_rss_kib'] / 1024:13.0f} {r['ms_per_step']:9.0f} "
+            f"{100 * (r['ms_per_step'] / base['ms_per_step'] - 1):+7.1f}%")
+    say(f"(one run a setting; the machine's load average was {load:.2f} at the start: with other work on it the "
+        f"step times are contended)")
+    out = a.out or os.path.join(ROOT, "bench", "results",
+                                f"memory-{socket.gethostname()}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(dict(threads=threads, steps=a.steps, warmup=a.warmup, load=load, results=results), f, indent=1)
+    say(f"results: {os.path.relpath(out, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
