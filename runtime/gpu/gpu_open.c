@@ -332,6 +332,7 @@ static RtStatus rt_gpu_start(RtGpu *g, RtError *err) {
     if (st == RT_OK) st = rt_gpu_functions(g, err);
     if (st == RT_OK) st = rt_gpu_blas_open(g, err);
     if (st == RT_OK) st = rt_gpu_timer_open(g, err);
+    if (st == RT_OK) st = rt_gpu_graph_open(g, err);
     if (st == RT_OK) rt_gpu_fill_describe(g);
     return st;
 }
@@ -379,14 +380,17 @@ void rt_gpu_close(RtGpu *g) {
         api->cuCtxSetCurrent(g->ctx);
         if (g->stream) api->cuStreamSynchronize(g->stream);
         rt_gpu_timer_close(g);
+        rt_gpu_graph_close(g);
         rt_gpu_blas_close(g);
-        if (g->partial) api->cuMemFree(rt_dptr(g->partial));
+        if (g->partial) rt_gpu_mem_free(g, rt_dptr(g->partial));
         if (g->losses) api->cuMemFreeHost(g->losses);
         if (g->module) api->cuModuleUnload(g->module);
         if (g->stream) api->cuStreamDestroy(g->stream);
         api->cuDevicePrimaryCtxRelease(g->dev);
     }
     free(g->fns);
+    free(g->mem.ptr);
+    free(g->mem.bytes);
     rt_gpu_api_close(&g->api);
     free(g);
 }
