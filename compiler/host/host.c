@@ -174,10 +174,35 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     if (grad) {
         LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
         LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
-        for (int i = 0; i < S->mem->nwrites; i++) {
+        int nw = S->mem->nwrites;
+        LLVMValueRef *dst = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(nw + 1));
+        LLVMValueRef *src = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(nw + 1));
+        int64_t *len = arena_alloc(h->ar, sizeof(int64_t) * (size_t)(nw + 1));
+        for (int i = 0; i < nw; i++) {
             const PlanWrite *w = &S->mem->writes[i];
             if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
-            h->target->accumulate(h, &f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
+            dst[i] = byte_gep(h, grads, w->offset, "");
+            src[i] = addr[w->buffer];
+            len[i] = w->bytes / 4;
+        }
+        if (!h->target->accumulate_all)
+            for (int i = 0; i < nw; i++) h->target->accumulate(h, &f, dst[i], src[i], ls, len[i]);
+        /* in one launch the additions run side by side: a write into a range an earlier write of
+         * the group touches (two uses of one parameter) starts the next group, so additions into the
+         * same elements stay in the plan's order (and the sums bit for bit the one-at-a-time ones) */
+        for (int lo = 0; h->target->accumulate_all && lo < nw;) {
+            int hi = lo + 1;
+            for (; hi < nw; hi++) {
+                const PlanWrite *w = &S->mem->writes[hi];
+                int clash = 0;
+                for (int j = lo; j < hi && !clash; j++) {
+                    const PlanWrite *o = &S->mem->writes[j];
+                    clash = w->offset < o->offset + o->bytes && o->offset < w->offset + w->bytes;
+                }
+                if (clash) break;
+            }
+            h->target->accumulate_all(h, &f, dst + lo, src + lo, len + lo, hi - lo, ls);
+            lo = hi;
         }
     }
     LLVMBuildRet(h->b, ci32(h, 0));

@@ -100,6 +100,83 @@ RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_
     return rt_gpu_run(g, g->fn_axpy, "mbt_rt_axpy", rt_gpu_grid(g, n, RT_GPU_THREADS), 1, RT_GPU_THREADS, params, err);
 }
 
+/* The device copy of a table (rt_gpu_axpy_table), uploaded the first time it is seen. Never
+ * during a capture: a graph is captured only after its calls ran eagerly once. */
+static RtStatus rt_gpu_table(RtGpu *g, const int64_t *table, int64_t count, CUdeviceptr *dev, RtError *err) {
+    size_t bytes = (size_t)count * 3 * sizeof *table;
+    for (int i = 0; i < g->tables.n; i++)
+        if (g->tables.count[i] == count && memcmp(g->tables.host[i], table, bytes) == 0) {
+            *dev = g->tables.dev[i];
+            return RT_OK;
+        }
+    if (g->graphs.mode == RT_GRAPH_CAPTURE)
+        return rt_fail(err, RT_ERR_ARG, "rt_gpu_axpy_table: a table first seen inside a CUDA graph capture");
+    RtStatus st = RT_OK;
+    if (g->tables.n == (int)(sizeof g->tables.dev / sizeof g->tables.dev[0])) { /* full: the oldest goes */
+        st = rt_cu_check(&g->api, g->api.cuStreamSynchronize(g->stream), err, "cuStreamSynchronize", "freeing an axpy table");
+        if (st != RT_OK) return st;
+        rt_gpu_mem_free(g, g->tables.dev[0]);
+        free(g->tables.host[0]);
+        g->tables.n--;
+        memmove(g->tables.host, g->tables.host + 1, (size_t)g->tables.n * sizeof g->tables.host[0]);
+        memmove(g->tables.count, g->tables.count + 1, (size_t)g->tables.n * sizeof g->tables.count[0]);
+        memmove(g->tables.dev, g->tables.dev + 1, (size_t)g->tables.n * sizeof g->tables.dev[0]);
+    }
+    int64_t *copy = malloc(bytes);
+    if (!copy) return rt_fail(err, RT_ERR_NOMEM, "rt_gpu_axpy_table: out of memory");
+    memcpy(copy, table, bytes);
+    CUdeviceptr p = 0;
+    st = rt_cu_check(&g->api, rt_gpu_mem_alloc(g, &p, bytes), err, "cuMemAlloc", "the gradients' axpy table, %lld entries",
+                     (long long)count);
+    /* from pageable memory: the driver has the bytes when this returns */
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuMemcpyHtoDAsync(p, table, bytes, g->stream), err, "cuMemcpyHtoDAsync",
+                         "the gradients' axpy table");
+    if (st != RT_OK) {
+        if (p) rt_gpu_mem_free(g, p);
+        free(copy);
+        return st;
+    }
+    int i = g->tables.n++;
+    g->tables.host[i] = copy;
+    g->tables.count[i] = count;
+    g->tables.dev[i] = p;
+    *dev = p;
+    return RT_OK;
+}
+
+RtStatus rt_gpu_axpy_table(RtGpu *g, const int64_t *table, int64_t count, float scale, RtError *err) {
+    if (count < 0) return rt_fail(err, RT_ERR_ARG, "rt_gpu_axpy_table: negative count %lld", (long long)count);
+    int64_t most = 0;
+    for (int64_t e = 0; e < count; e++) {
+        if (table[3 * e + 2] < 0)
+            return rt_fail(err, RT_ERR_ARG, "rt_gpu_axpy_table: entry %lld has negative length %lld", (long long)e,
+                           (long long)table[3 * e + 2]);
+        if (table[3 * e + 2] > most) most = table[3 * e + 2];
+    }
+    if (count == 0 || most == 0) return RT_OK;
+    if (g->graphs.mode == RT_GRAPH_PROBE) {
+        uint32_t bits;
+        memcpy(&bits, &scale, sizeof bits);
+        uint64_t head[2] = {(uint64_t)count, bits};
+        rt_gpu_graph_probe(g, 'T', head, sizeof head, 0);
+        rt_gpu_graph_probe(g, 't', table, (size_t)count * 3 * sizeof *table, 0);
+        return RT_OK;
+    }
+    RtStatus st = rt_gpu_use(g, err);
+    CUdeviceptr dev = 0;
+    if (st == RT_OK) st = rt_gpu_table(g, table, count, &dev, err);
+    if (st != RT_OK) return st;
+    long long n = count;
+    void *params[] = {&dev, &n, &scale};
+    /* every entry its row of blocks; the x blocks cover the largest entry (at most 8 a multiprocessor:
+     * the rows of small entries are mostly idle blocks, which cost little) */
+    unsigned gx = rt_gpu_grid(g, most, RT_GPU_THREADS), cap = (unsigned)(g->sms > 0 ? g->sms * 8 : 8);
+    if (gx > cap) gx = cap;
+    unsigned gy = count < RT_GPU_MAX_ROWS ? (unsigned)count : RT_GPU_MAX_ROWS;
+    return rt_gpu_run(g, g->fn_axpy_table, "mbt_rt_axpy_table", gx, gy, RT_GPU_THREADS, params, err);
+}
+
 RtStatus rt_gpu_scale_rows(RtGpu *g, float *x, float scale, int64_t rows, int64_t cols, int64_t pitch, RtError *err) {
     if (rows <= 0 || cols <= 0) return RT_OK;
     long long r = rows, c = cols, p = pitch;

@@ -317,13 +317,20 @@ struct RtGpu {
     CUmodule module;
     CUfunction *fns;                        /* [prog->nkernels] */
     CUfunction fn_axpy, fn_scale, fn_sumsq; /* the runtime's kernels (runtime/kernels/rt_kernels.cu) */
-    const RtGpuImage *image;                /* the module image loaded */
-    char module_kind[96];                   /* "cubin sm_90", "PTX compute_80, JIT-compiled for sm_90" */
-    char module_note[640];                  /* ", from the cache", ", saved in the cache", ", not cached: why" */
-    int arch;                               /* compute capability x 10 + minor: 90 */
-    int sms;                                /* multiprocessors */
-    int driver;                             /* cuDriverGetVersion: 12080 */
-    double *partial;                        /* device scratch of rt_gpu_sumsq_blocks */
+    CUfunction fn_axpy_table;
+    struct {                 /* rt_gpu_axpy_table's tables on the device, one a distinct table */
+        int64_t *host[64];   /* each table's entries (3 a row), as given */
+        int64_t count[64];   /* its rows */
+        CUdeviceptr dev[64]; /* its copy on the device */
+        int n;
+    } tables;
+    const RtGpuImage *image; /* the module image loaded */
+    char module_kind[96];    /* "cubin sm_90", "PTX compute_80, JIT-compiled for sm_90" */
+    char module_note[640];   /* ", from the cache", ", saved in the cache", ", not cached: why" */
+    int arch;                /* compute capability x 10 + minor: 90 */
+    int sms;                 /* multiprocessors */
+    int driver;              /* cuDriverGetVersion: 12080 */
+    double *partial;         /* device scratch of rt_gpu_sumsq_blocks */
     int64_t partial_cap;
     float *losses;                   /* page-locked: the losses rt_gpu_loss queued since the last wait */
     double *loss_dst[RT_GPU_LOSSES]; /* where each goes when the wait is over */

@@ -296,7 +296,10 @@ static RtStatus rt_gpu_functions(RtGpu *g, RtError *err) {
     const struct {
         CUfunction *fn;
         const char *name;
-    } own[] = {{&g->fn_axpy, "mbt_rt_axpy"}, {&g->fn_scale, "mbt_rt_scale"}, {&g->fn_sumsq, "mbt_rt_sumsq_blocks"}};
+    } own[] = {{&g->fn_axpy, "mbt_rt_axpy"},
+               {&g->fn_axpy_table, "mbt_rt_axpy_table"},
+               {&g->fn_scale, "mbt_rt_scale"},
+               {&g->fn_sumsq, "mbt_rt_sumsq_blocks"}};
     for (size_t i = 0; i < sizeof own / sizeof own[0] && st == RT_OK; i++)
         st = rt_cu_check(&g->api, g->api.cuModuleGetFunction(own[i].fn, g->module, own[i].name), err, "cuModuleGetFunction",
                          "the runtime's kernel %s, which mbtc appends to every program's CUDA source", own[i].name);
@@ -383,6 +386,10 @@ void rt_gpu_close(RtGpu *g) {
         rt_gpu_graph_close(g);
         rt_gpu_blas_close(g);
         if (g->partial) rt_gpu_mem_free(g, rt_dptr(g->partial));
+        for (int i = 0; i < g->tables.n; i++) {
+            rt_gpu_mem_free(g, g->tables.dev[i]);
+            free(g->tables.host[i]);
+        }
         if (g->losses) api->cuMemFreeHost(g->losses);
         if (g->module) api->cuModuleUnload(g->module);
         if (g->stream) api->cuStreamDestroy(g->stream);

@@ -464,6 +464,17 @@ static void fake_axpy(void **p) {
     for (long long i = 0; i < n; i++) dst[i] = dst[i] + scale * src[i];
 }
 
+static void fake_axpy_table(void **p) {
+    const long long *t = *(const long long **)p[0];
+    long long count = *(long long *)p[1];
+    float scale = *(float *)p[2];
+    for (long long e = 0; e < count; e++) {
+        float *dst = (float *)(uintptr_t)t[3 * e];
+        const float *src = (const float *)(uintptr_t)t[3 * e + 1];
+        for (long long i = 0; i < t[3 * e + 2]; i++) dst[i] = dst[i] + scale * src[i];
+    }
+}
+
 static void fake_scale(void **p) {
     float *x = *(float **)p[0];
     float scale = *(float *)p[1];
@@ -505,6 +516,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
     }
     if (strcmp(fn->name, "fake_fail") == 0) return FAKE_OUT_OF_RESOURCES;
     if (strcmp(fn->name, "mbt_rt_axpy") == 0) fake_axpy(params);
+    else if (strcmp(fn->name, "mbt_rt_axpy_table") == 0) fake_axpy_table(params);
     else if (strcmp(fn->name, "mbt_rt_scale") == 0) fake_scale(params);
     else if (strcmp(fn->name, "mbt_rt_sumsq_blocks") == 0) {
         if (bx != 256) return FAKE_INVALID_VALUE; /* the kernel's reduction tree is for exactly 256 threads */
@@ -819,9 +831,11 @@ static CUresult fake_rec_memset(int bits, CUdeviceptr p, size_t pitch, unsigned 
 /* The parameter sizes of fn: the runtime's own kernels and the test kernels here, the emulated
  * ones from the emulator. -1: unknown (the capture then fails). */
 static int fake_param_sizes(const FakeFunction *fn, const size_t **sizes) {
-    static const size_t axpy[] = {8, 8, 4, 8}, scale[] = {8, 4, 8, 8, 8}, sumsq[] = {8, 8, 8, 8}, one[] = {8};
+    static const size_t axpy[] = {8, 8, 4, 8}, table[] = {8, 8, 4}, scale[] = {8, 4, 8, 8, 8}, sumsq[] = {8, 8, 8, 8},
+                        one[] = {8};
     if (fn->emu >= 0) return emu.params ? emu.params(fn->emu, sizes) : -1;
     if (strcmp(fn->name, "mbt_rt_axpy") == 0) return *sizes = axpy, 4;
+    if (strcmp(fn->name, "mbt_rt_axpy_table") == 0) return *sizes = table, 3;
     if (strcmp(fn->name, "mbt_rt_scale") == 0) return *sizes = scale, 5;
     if (strcmp(fn->name, "mbt_rt_sumsq_blocks") == 0) return *sizes = sumsq, 4;
     if (strcmp(fn->name, "fake_fill7") == 0 || strcmp(fn->name, "fake_fail") == 0) return *sizes = one, 1;
