@@ -1115,7 +1115,7 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
                (long long)o->steps);
     }
     if (r->x.gpu) { /* the runtime's own high-water mark of device memory (bench/gpu.py reads it), CUDA graphs */
-        char peak[32], graphs[160];
+        char peak[32], graphs[512];
         printf("GPU: peak %s of device allocations (%lld bytes); %s\n", rt_gpu_format_bytes(rt_gpu_peak_bytes(r->x.gpu), peak),
                (long long)rt_gpu_peak_bytes(r->x.gpu), rt_gpu_graph_report(r->x.gpu, graphs, sizeof graphs));
     }

@@ -115,6 +115,7 @@ static RtStatus rt_gpu_table(RtGpu *g, const int64_t *table, int64_t count, CUde
     if (g->tables.n == (int)(sizeof g->tables.dev / sizeof g->tables.dev[0])) { /* full: the oldest goes */
         st = rt_cu_check(&g->api, g->api.cuStreamSynchronize(g->stream), err, "cuStreamSynchronize", "freeing an axpy table");
         if (st != RT_OK) return st;
+        rt_gpu_graph_forget(g); /* a graph may hold the table's address */
         rt_gpu_mem_free(g, g->tables.dev[0]);
         free(g->tables.host[0]);
         g->tables.n--;

@@ -45,6 +45,7 @@ static int rt_grow(void **p, int64_t *cap, int64_t need, size_t size) {
 
 /* Appends n bytes to the signature; 0 when out of memory (the probe then refuses the function). */
 static int rt_sig_put(RtGpuGraphs *gr, const void *b, size_t n) {
+    if (n == 0) return 1;
     int64_t cap = (int64_t)gr->cap_sig;
     if (!rt_grow((void **)&gr->sig, &cap, (int64_t)(gr->nsig + n), 1)) return 0;
     gr->cap_sig = (size_t)cap;
@@ -156,6 +157,13 @@ static RtStatus rt_graph_slot(RtGpu *g, int fn, int *slot, RtError *err) {
 
 /* ---- capture and launch ------------------------------------------------------------------------- */
 
+/* fn's name: RtExecFn's order (rt_exec.h) */
+static const char *rt_graph_fn_name(int fn) {
+    static const char *const names[] = {"forward_backward", "forward_loss",  "forward_logits",
+                                        "optimizer_update", "forward_stats", "forward_chunk"};
+    return fn >= 0 && fn < (int)(sizeof names / sizeof names[0]) ? names[fn] : "a step function";
+}
+
 static RtStatus rt_graph_capture(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtStep *s, RtGpuGraph **out) {
     RtGpuGraphs *gr = &g->graphs;
     RtError *err = s->err;
@@ -179,7 +187,7 @@ static RtStatus rt_graph_capture(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtSt
                          "a CUDA graph's losses");
     if (st == RT_OK)
         st = rt_cu_check(&g->api, g->api.cuStreamBeginCapture(g->stream, CU_STREAM_CAPTURE_MODE_RELAXED), err,
-                         "cuStreamBeginCapture", "the step's function %d", fn);
+                         "cuStreamBeginCapture", "%s", rt_graph_fn_name(fn));
     if (st != RT_OK) {
         rt_graph_free(g, c);
         return st;
@@ -191,12 +199,14 @@ static RtStatus rt_graph_capture(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtSt
     gr->mode = RT_GRAPH_EAGER;
     gr->cur = NULL;
     /* the capture ends whatever happened inside it, so the stream is usable again */
-    RtStatus end = rt_cu_check(&g->api, g->api.cuStreamEndCapture(g->stream, &c->graph), err, "cuStreamEndCapture", "the step");
+    RtStatus end = rt_cu_check(&g->api, g->api.cuStreamEndCapture(g->stream, &c->graph), err, "cuStreamEndCapture", "%s",
+                               rt_graph_fn_name(fn));
     if (st == RT_OK) st = end;
     if (st == RT_OK && (gr->next_up != gr->nup || gr->next_loss != gr->nloss))
         st = rt_fail(err, RT_ERR_ARG, "CUDA graph capture: the function made other calls than its probe");
     if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuGraphInstantiate(&c->exec, c->graph, 0), err, "cuGraphInstantiate", "the step");
+        st = rt_cu_check(&g->api, g->api.cuGraphInstantiate(&c->exec, c->graph, 0), err, "cuGraphInstantiate", "%s",
+                         rt_graph_fn_name(fn));
     if (st != RT_OK) {
         rt_graph_free(g, c);
         return st;
@@ -227,7 +237,11 @@ static RtStatus rt_graph_launch(RtGpu *g, RtGpuGraph *c, RtError *err) {
 
 RtStatus rt_gpu_call(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtStep *s) {
     RtGpuGraphs *gr = &g->graphs;
-    if (!gr->on || fn < 0 || fn >= RT_GPU_GRAPH_FNS || gr->refused[fn] || gr->mode != RT_GRAPH_EAGER) return f(s);
+    if (!gr->on || fn < 0 || fn >= RT_GPU_GRAPH_FNS || gr->mode != RT_GRAPH_EAGER) return f(s);
+    if (gr->refused[fn]) {
+        gr->eager++;
+        return f(s);
+    }
     RtStatus st = rt_gpu_use(g, s->err);
     if (st != RT_OK) return st;
     gr->mode = RT_GRAPH_PROBE;
@@ -249,7 +263,14 @@ RtStatus rt_gpu_call(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtStep *s) {
             seen = gr->seen[fn][i] && gr->nseen[fn][i] == gr->nsig && memcmp(gr->seen[fn][i], gr->sig, gr->nsig) == 0;
         if (seen) {
             st = rt_graph_capture(g, fn, f, s, &c);
-            if (st != RT_OK) return st;
+            if (st != RT_OK) {
+                /* a graph is only a faster way to the same launches: a capture the driver refuses
+                 * (nothing ran) turns graphs off for this function, said in the report */
+                if (!gr->refused_why[0]) snprintf(gr->refused_why, sizeof gr->refused_why, "%.200s", s->err->msg);
+                gr->refused[fn] = 1;
+                gr->eager++;
+                return f(s);
+            }
         } else {
             int i = gr->next_seen[fn];
             unsigned char *copy = realloc(gr->seen[fn][i], gr->nsig ? gr->nsig : 1);
@@ -281,6 +302,15 @@ RtStatus rt_gpu_graph_open(RtGpu *g, RtError *err) {
     return RT_OK;
 }
 
+void rt_gpu_graph_forget(RtGpu *g) {
+    RtGpuGraphs *gr = &g->graphs;
+    for (int f = 0; f < RT_GPU_GRAPH_FNS; f++)
+        for (int i = 0; i < RT_GPU_GRAPH_CACHE; i++) {
+            rt_graph_free(g, gr->cache[f][i]);
+            gr->cache[f][i] = NULL;
+        }
+}
+
 void rt_gpu_graph_close(RtGpu *g) {
     RtGpuGraphs *gr = &g->graphs;
     for (int f = 0; f < RT_GPU_GRAPH_FNS; f++) {
@@ -303,7 +333,9 @@ const char *rt_gpu_graph_report(const RtGpu *g, char *buf, size_t cap) {
         snprintf(buf, cap, "CUDA graphs: off while MBT_DEBUG or MBT_TRACE times each launch (the step runs uncaptured)");
     else if (!g->graphs.on) snprintf(buf, cap, "CUDA graphs: off (MBT_CUDA_GRAPH=%s)", v ? v : "0");
     else
-        snprintf(buf, cap, "CUDA graphs: %lld captured, %lld launched; %lld calls ran uncaptured", (long long)g->graphs.captured,
-                 (long long)g->graphs.launched, (long long)g->graphs.eager);
+        snprintf(buf, cap, "CUDA graphs: %lld captured, %lld launched; %lld calls ran uncaptured%s%s",
+                 (long long)g->graphs.captured, (long long)g->graphs.launched, (long long)g->graphs.eager,
+                 g->graphs.refused_why[0] ? "; a capture failed, that function ran uncaptured from then on: " : "",
+                 g->graphs.refused_why);
     return buf;
 }

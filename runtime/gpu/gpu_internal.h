@@ -297,6 +297,7 @@ typedef struct RtGpuGraphs {
     size_t nseen[RT_GPU_GRAPH_FNS][RT_GPU_GRAPH_CACHE];
     int next_seen[RT_GPU_GRAPH_FNS]; /* the ring's next slot */
     int refused[RT_GPU_GRAPH_FNS];   /* the function cannot be a graph: it always runs eagerly */
+    char refused_why[256];           /* the first failed capture's error (the report says it) */
     uint64_t tick;
     int64_t captured, launched, eager; /* counts for rt_gpu_graph_report */
 } RtGpuGraphs;
@@ -394,6 +395,7 @@ int rt_gpu_graph_probe(RtGpu *g, int tag, const void *args, size_t n, int bad);
 int rt_gpu_graph_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtStatus *st, RtError *err);
 int rt_gpu_graph_loss(RtGpu *g, double *dst, const float *dev, RtStatus *st, RtError *err);
 RtStatus rt_gpu_graph_open(RtGpu *g, RtError *err); /* MBT_CUDA_GRAPH */
+void rt_gpu_graph_forget(RtGpu *g);                 /* frees every graph kept (the stream waited for first) */
 void rt_gpu_graph_close(RtGpu *g);
 
 #endif /* RT_GPU_CHECK_DECLS */

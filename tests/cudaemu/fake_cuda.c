@@ -885,6 +885,8 @@ static void fake_graph_free(FakeGraph *g) {
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     if (s != (CUstream)(void *)&fake_stream || fake_capture) return FAKE_INVALID_VALUE;
     if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) return FAKE_INVALID_VALUE; /* the runtime allocates lazily: relaxed */
+    const char *no = getenv("MBT_FAKE_CUDA_NO_CAPTURE"); /* a driver that refuses every capture (tests/gpu/run.sh) */
+    if (no && *no == '1') return FAKE_CAPTURE_UNSUPPORTED;
     fake_capture = calloc(1, sizeof *fake_capture);
     fake_capture_rc = CUDA_SUCCESS;
     return fake_capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;

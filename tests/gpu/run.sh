@@ -415,6 +415,22 @@ else
         else
             pass "gpu/graph ($launched graph launches; the weights and logs of MBT_CUDA_GRAPH=0, byte for byte, 5 steps)"
         fi
+        # a driver that refuses every capture (the stand-in's MBT_FAKE_CUDA_NO_CAPTURE): the step runs
+        # uncaptured, with the same numbers, and the GPU line says why
+        if [ "$DEVICE" = emu ]; then
+            MBT_FAKE_CUDA_NO_CAPTURE=1 on_device_cmd "$d/prog.cu" "$d/prog" "$d/refused.out" train --steps 5 --data "$DATA" \
+                --save-weights "$d/refused.st" --log "$d/refused.jsonl"
+            rc=$?
+            if [ $rc != 0 ]; then
+                fail gpu/graph-refused "the run whose captures the driver refuses failed (status $rc)" "$d/refused.out"
+            elif ! grep -q "^GPU: .*CUDA graphs: 0 captured, 0 launched; .*a capture failed.*cuStreamBeginCapture" "$d/refused.out"; then
+                fail gpu/graph-refused "the GPU line does not say that the captures failed" "$d/refused.out"
+            elif ! cmp -s "$d/off.st" "$d/refused.st" || [ "$(untimed "$d/off.jsonl")" != "$(untimed "$d/refused.jsonl")" ]; then
+                fail gpu/graph-refused "refused captures changed the numbers" "$d/off.jsonl" "$d/refused.jsonl"
+            else
+                pass "gpu/graph-refused (captures refused by the driver: the step runs uncaptured, the same weights and logs)"
+            fi
+        fi
     fi
 fi
 
