@@ -325,14 +325,52 @@ def torch_info(python, device):
     return json.loads(p.stdout.strip().splitlines()[-1]), None
 
 
+# The benchmark's programs hold out one global batch for evaluation (`eval { steps = 1 }`), not the
+# default 20: the runtime holds out eval.steps global batches at the end of the data, which at
+# micro-batch 64 x 1024 is 1,280 windows (1.3M tokens), so --batch max's probe was refused for
+# data, not memory. Evaluation is never run during the timed steps (every = EVAL_EVERY).
+EVAL_STEPS = 1
+EVAL_EVERY = 1_000_000_000
+
+
+def set_eval(text):
+    r"""The .mbt text with its train block's eval.steps set to EVAL_STEPS (an eval block added
+    after the batch line when there is none).
+
+    >>> print(set_eval("  batch     { global = 4, micro = 4 }\n  steps = 10"))
+      batch     { global = 4, micro = 4 }
+      eval      { every = 1000000000, steps = 1 }
+      steps = 10
+    >>> set_eval("  eval { every = 250, steps = 20 }\n")
+    '  eval { every = 250, steps = 1 }\n'
+    >>> set_eval("  eval { every = 250 }\n")
+    '  eval { every = 250, steps = 1 }\n'
+    """
+    if re.search(r"\beval\s*\{", text):
+        text, n = re.subn(r"(\beval\s*\{[^}]*?\bsteps\s*=\s*)\d+", lambda m: f"{m.group(1)}{EVAL_STEPS}", text)
+        if n == 0:
+            text = re.sub(r"(\beval\s*\{[^}]*?)(\s*\})", lambda m: f"{m.group(1)}, steps = {EVAL_STEPS}{m.group(2)}", text)
+        return text
+    return re.sub(r"(\n?)([ \t]*)(batch\s*\{[^}]*\}[^\n]*)",
+                  lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}\n{m.group(2)}eval      {{ every = {EVAL_EVERY}, "
+                            f"steps = {EVAL_STEPS} }}", text, count=1)
+
+
+def corpus_windows(steps, g, extra=2):
+    """Windows of T + 1 tokens the data must hold for `steps` global batches of g sequences: the
+    steps (and `extra` more), plus the EVAL_STEPS global batches the runtime holds out at the end.
+
+    >>> corpus_windows(25, 64)   # 27 batches trained from, 1 held out
+    1792
+    """
+    return (steps + extra + EVAL_STEPS) * g
+
+
 def variant_source(case, batch, seq, work, precision="f32"):
-    """The case's .mbt file, or when --batch / --seq differ from it or precision is bf16, a copy
-    with `seq = T`, `batch { global = B x accumulation, micro = B }` and `precision = bf16` after the
-    batch written under `work`. Returns (path relative to the repository or absolute, extra -I
-    options, global batch)."""
+    """A copy of the case's .mbt file with `seq = T`, `batch { global = B x accumulation, micro =
+    B }`, `precision = bf16` after the batch when asked, and eval.steps = EVAL_STEPS (set_eval),
+    written under `work`. Returns (its path, extra -I options, global batch)."""
     accum = case["global_batch"] // case["micro"]
-    if (batch, seq, precision) == (case["micro"], case["seq"], "f32"):
-        return case["source"], [], case["global_batch"]
     with open(os.path.join(ROOT, case["source"])) as f:
         text = f.read()
     text, n1 = re.subn(r"\bseq\s*=\s*\d+", f"seq = {seq}", text)
@@ -342,6 +380,7 @@ def variant_source(case, batch, seq, work, precision="f32"):
     if (n1, n2) != (1, 1):
         raise SystemExit(f"bench: cannot set the batch of {case['source']}: expected one `seq =` and one "
                          f"`batch {{ global = G, micro = M }}` (found {n1} and {n2})")
+    text = set_eval(text)
     path = os.path.join(work, f"{os.path.basename(case['source'])[:-4]}_b{batch}_t{seq}_{precision}.mbt")
     with open(path, "w") as f:
         f.write(f"# written by bench/gpu.py from {case['source']}: micro-batch {batch}, seq {seq}, {precision}\n" + text)
@@ -403,7 +442,85 @@ def run_mode(cmd, env=None):
     return p.stdout, wall, other
 
 
+def gpu_peak(text):
+    r"""The runtime's own high-water mark of device allocations in bytes, from the `GPU:` line an
+    mbt executable prints after training on a GPU (runtime/cli/train.c), or None.
+
+    >>> gpu_peak("done: 2 steps\nGPU: peak 1.5 GiB of device allocations (1610612736 bytes); CUDA graphs: 2 captured")
+    1610612736
+    >>> gpu_peak("done: 2 steps") is None
+    True
+    """
+    m = re.search(r"^GPU: peak .* of device allocations \((\d+) bytes\)", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def batch_list(text):
+    """--batch: [] for the program's, ["max"], or the micro-batches of a comma-separated list.
+
+    >>> batch_list("0"), batch_list("max"), batch_list("12"), batch_list("12,32, 64")
+    ([], ['max'], [12], [12, 32, 64])
+    """
+    if text in ("", "0"):
+        return []
+    if text == "max":
+        return ["max"]
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"bench: --batch must be a micro-batch, a comma-separated list of them, or max, not '{text}'")
+    if not out or any(b <= 0 for b in out):
+        raise SystemExit(f"bench: --batch must name positive micro-batches, not '{text}'")
+    return out
+
+
 def bench(a):
+    """One benchmark, or with --batch LIST one a micro-batch (each its own JSON file) and a table of
+    them all at the end."""
+    batches = batch_list(a.batch)
+    if len(batches) <= 1:
+        return bench_one(a)[0]
+    rc, sweep = 0, []
+    for b in batches:
+        sub = argparse.Namespace(**vars(a))
+        sub.batch = str(b)
+        if a.out:
+            sub.out = (a.out[:-5] if a.out.endswith(".json") else a.out) + f"-b{b}.json"
+        say(f"==== --batch {a.batch}: micro-batch {b}")
+        r, res = bench_one(sub)
+        rc |= r
+        if res is None:
+            return r
+        sweep.append(res)
+    say()
+    say(f"GPT-2 training step, the sweep over micro-batches {a.batch} (median ms/step of each run as above)")
+    hdr = f"{'micro':>5} {'run':<19} {'arithmetic':<14} {'ms/step':>10} {'tokens/s':>11} {'MFU':>7} {'peak memory':>12}"
+    say(hdr)
+    say("-" * len(hdr))
+    for res in sweep:
+        for r in res["results"]:
+            if "not_run" in r:
+                say(f"{res['micro']:>5} {r['label']:<19} {ARITH[r['mode']]:<14} {'-':>10} {'-':>11} {'-':>7} {'-':>12}  "
+                    f"not run: {r['not_run']}")
+                continue
+            mf = f"{100 * r['mfu']:.2f}%" if "mfu" in r else "-"
+            say(f"{res['micro']:>5} {r['label']:<19} {ARITH[r['mode']]:<14} {r['ms']:10.3f} {r['tokens_per_s']:11.0f} "
+                f"{mf:>7} {fmt_mem(r.get('peak_mem_bytes')):>12}")
+    return rc
+
+
+def fmt_mem(b):
+    """Bytes as MiB for the tables, '-' when not measured.
+
+    >>> fmt_mem(18301 * 2**20), fmt_mem(None)
+    ('18301 MiB', '-')
+    """
+    return f"{b / 2**20:.0f} MiB" if b else "-"
+
+
+def bench_one(a):
+    """The benchmark at one --batch (a micro-batch, max, or the program's): (status, dict(micro,
+    seq, results)), the dict None when nothing ran (no GPU)."""
     build = os.path.abspath(os.path.join(ROOT, a.build))
     mbtc, gendata = os.path.join(build, "mbtc"), os.path.join(build, "mbt-gendata")
     for tool in (mbtc, gendata):
@@ -411,7 +528,8 @@ def bench(a):
             raise SystemExit(f"bench: {tool} is missing: run `make all` first")
     case = dict(cpu_bench.CASES[a.case])
     T = a.seq or case["seq"]
-    B = case["micro"] if a.batch in ("", "0") else 0 if a.batch == "max" else int(a.batch)
+    bl = batch_list(a.batch)
+    B = case["micro"] if not bl else 0 if bl == ["max"] else bl[0]
     modes = [m for m in a.modes.split(",") if m]
     for m in modes:
         if m not in MODES:
@@ -428,7 +546,7 @@ def bench(a):
         ok, gpu = gpu_present()
         if not ok:
             say(f"SKIP: no GPU ({gpu})")
-            return 0
+            return 0, None
         a.device = "cuda"
     tinfo, terr = torch_info(a.python, a.device) if any(m.startswith("torch") for m in modes) else (None, "not asked for")
     peak = None
@@ -462,7 +580,7 @@ def bench(a):
     compile_s = cpu_bench.build_program(mbtc, source, case["include"] + include, prog)
     if "mbt-bf16" in progs:
         cpu_bench.build_program(mbtc, progs["mbt-bf16"][1], case["include"] + progs["mbt-bf16"][2], prog + "-bf16")
-    data = corpus(a, case, gendata, work, (a.steps + 2) * g * T + 1)
+    data = corpus(a, case, gendata, work, corpus_windows(a.steps, g) * (T + 1))
     init = os.path.join(work, f"{name}-init.safetensors")
     cpu_bench.save_initial_weights(prog, data, init, case, ["--device", "cpu"])
     n_params, layers, d = model_shape(init)
@@ -529,7 +647,9 @@ def bench(a):
                 continue
             recs = cpu_bench.read_log(log)
             mean, timed, loss = cpu_bench.step_stats(recs, a.warmup)
-            mem = max((x.get("max_mem_bytes", 0) for x in recs), default=0)
+            # peak device memory: mbt's own high-water mark of its device allocations (its `GPU:`
+            # line), PyTorch's torch.cuda.max_memory_allocated (its log); on the CPU neither
+            mem = gpu_peak(out) if m.startswith("mbt") else max((x.get("max_mem_bytes", 0) for x in recs), default=0)
             runs[m].append(dict(ms=mean, steps_ms=timed, loss=loss, wall_s=wall, other_cores=other,
                                 max_mem_bytes=mem or None))
             say(f"  round {r + 1}: {m:<19} {mean:9.3f} ms/step (median step {statistics.median(timed):.3f}), "
@@ -547,7 +667,8 @@ def bench(a):
             res["not_run"] = "every round failed: " + runs[m][0]["failed"]
         else:
             ms = statistics.median(x["ms"] for x in ok)
-            res.update(ms=ms, tokens_per_s=tokens / ms * 1e3, last_loss=ok[-1]["loss"])
+            res.update(ms=ms, tokens_per_s=tokens / ms * 1e3, last_loss=ok[-1]["loss"],
+                       peak_mem_bytes=max((x["max_mem_bytes"] or 0 for x in ok), default=0) or None)
             if peak:
                 pk = peak[1] if PRECISION[m] == "f32" else peak[2]
                 res.update(peak_tflops=pk, mfu=mfu(n_params, layers, d, T, res["tokens_per_s"], pk))
@@ -572,18 +693,21 @@ def bench(a):
     say()
     say(f"GPT-2 training step on {gpu}: micro-batch {B} x {T} tokens (global {g}), AdamW; median over "
         f"{a.rounds} rounds of {a.steps - a.warmup} timed steps")
-    hdr = f"{'run':<19} {'arithmetic':<14} {'ms/step':>10} {'tokens/s':>11} {'MFU':>7}  peak used"
+    hdr = f"{'run':<19} {'arithmetic':<14} {'ms/step':>10} {'tokens/s':>11} {'MFU':>7} {'peak memory':>12}  peak used"
     say(hdr)
     say("-" * len(hdr))
     for res in results:
         if res["mode"].startswith("mbt"):
             res["label"] = f"mbt --device {a.device}"
         if "not_run" in res:
-            say(f"{res['label']:<19} {ARITH[res['mode']]:<14} {'-':>10} {'-':>11} {'-':>7}  not run: {res['not_run']}")
+            say(f"{res['label']:<19} {ARITH[res['mode']]:<14} {'-':>10} {'-':>11} {'-':>7} {'-':>12}  not run: {res['not_run']}")
             continue
         mf = f"{100 * res['mfu']:.2f}%" if "mfu" in res else "-"
         pk = f"{res['peak_tflops']} TFLOPS ({'FP32' if res['precision'] == 'f32' else 'BF16 dense'})" if "mfu" in res else "-"
-        say(f"{res['label']:<19} {ARITH[res['mode']]:<14} {res['ms']:10.3f} {res['tokens_per_s']:11.0f} {mf:>7}  {pk}")
+        say(f"{res['label']:<19} {ARITH[res['mode']]:<14} {res['ms']:10.3f} {res['tokens_per_s']:11.0f} {mf:>7} "
+            f"{fmt_mem(res.get('peak_mem_bytes')):>12}  {pk}")
+    say("(peak memory: mbt's own high-water mark of its device allocations, printed by the executable; PyTorch's "
+        "torch.cuda.max_memory_allocated; neither counts the CUDA context or cuBLAS's own workspace)")
     say(f"(MFU = (6N + 12LdT) x tokens/s / peak, N = {n_params:,}, L = {layers}, d = {d}, T = {T}: "
         f"{flops_per_token(n_params, layers, d, T):,} FLOPs per token)")
     if copy:
@@ -603,10 +727,11 @@ def bench(a):
                        results=results, copy=copy, kernels=kernels_report), f, indent=1)
     say(f"results: {os.path.relpath(out, ROOT)}")
     broken = [r["mode"] for r in results if r["mode"] not in unavailable and "not_run" in r]
+    summary = dict(micro=B, seq=T, results=results)
     if broken:
         say(f"bench: every round of {', '.join(broken)} failed")
-        return 1
-    return 0
+        return 1, summary
+    return 0, summary
 
 
 def corpus(a, case, gendata, work, tokens_needed):
@@ -626,7 +751,7 @@ def largest_batch(a, case, T, work, mbtc, gendata, precision):
     (an out-of-memory at a large batch is expected; other failures are shown as they are)."""
     accum = case["global_batch"] // case["micro"]
     cands = sorted({int(x) for x in a.batch_candidates.split(",") if x.strip()}, reverse=True)
-    data = corpus(a, case, gendata, work, (max(cands, default=1) * accum + 1) * T + 1)
+    data = corpus(a, case, gendata, work, corpus_windows(1, max(cands, default=1) * accum) * (T + 1))
     for b in cands:
         src, inc, _ = variant_source(case, b, T, work, precision)
         prog = os.path.join(work, f"{a.case}-probe-b{b}-t{T}-{precision}")
@@ -752,7 +877,8 @@ def main(argv):
     ap.add_argument("--case", default="gpt2-124m", choices=sorted(cpu_bench.CASES),
                     help="bench/run.py's case (default gpt2-124m)")
     ap.add_argument("--batch", default="0",
-                    help="micro-batch, sequences, or `max`: the largest of --batch-candidates with which mbt trains "
+                    help="micro-batch, sequences; a comma-separated list of them (a sweep: the benchmark at each, "
+                         "then one table); or `max`: the largest of --batch-candidates with which mbt trains "
                          "a step on the device (default: the program's)")
     ap.add_argument("--batch-candidates", default="64,48,32,24,16,12,8,4",
                     help="the micro-batches --batch max tries, largest first (default 64,48,32,24,16,12,8,4)")

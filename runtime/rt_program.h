@@ -169,6 +169,12 @@ RtStatus rt_gpu_bgemm_batched(RtGpu *g, int trans_a, int trans_b, int64_t m, int
                               RtError *err);
 /* dst[i] += scale * src[i] for i < n, on the device (forward_backward's gradient accumulation). */
 RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_t n, RtError *err);
+/* For each entry e < count: dst += scale * src over n elements, as rt_gpu_axpy, in one launch;
+ * table[3e], table[3e + 1] are dst's and src's device addresses, table[3e + 2] is n (host memory,
+ * read before the call returns). forward_backward's gradient accumulation: every gradient of the
+ * micro-batch added into the gradient region at once. The runtime keeps a device copy of each
+ * distinct table it is given (they are few: one a gradient region). */
+RtStatus rt_gpu_axpy_table(RtGpu *g, const int64_t *table, int64_t count, float scale, RtError *err);
 /* Device to device copy of `bytes` (optimizer_update's new parameters and state). */
 RtStatus rt_gpu_copy(RtGpu *g, void *dst, const void *src, int64_t bytes, RtError *err);
 /* Host memory to the device, queued. From pageable memory it returns once `host` may be reused

@@ -127,12 +127,43 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
  * after the position the plan gives its move (the last launch that touches its buffer, whose
  * memory the plan then reuses). A re-run writes the second copies of its buffers (rc->again),
  * which every later launch reads. */
+/* loss_scale x each gradient buffer of w[0..n) added into its range of the gradient region. A
+ * target with accumulate_all adds them in as few launches as it can: in one launch the additions
+ * run side by side, so a write into a range an earlier write of the group touches (two uses of one
+ * parameter) starts the next group, and additions into the same elements stay in the plan's order
+ * (the sums bit for bit the one-at-a-time ones). */
+static void emit_grad_adds(Host *h, const HostFn *f, const PlanWrite **w, int n, LLVMValueRef grads, LLVMValueRef *addr,
+                           LLVMValueRef ls) {
+    LLVMValueRef *dst = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(n + 1));
+    LLVMValueRef *src = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(n + 1));
+    int64_t *len = arena_alloc(h->ar, sizeof(int64_t) * (size_t)(n + 1));
+    for (int i = 0; i < n; i++) {
+        if (!w[i]->accumulate || w[i]->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w[i]->what);
+        dst[i] = byte_gep(h, grads, w[i]->offset, "");
+        src[i] = addr[w[i]->buffer];
+        len[i] = w[i]->bytes / 4;
+    }
+    if (!h->target->accumulate_all) {
+        for (int i = 0; i < n; i++) h->target->accumulate(h, f, dst[i], src[i], ls, len[i]);
+        return;
+    }
+    for (int lo = 0; lo < n;) {
+        int hi = lo + 1, clash = 0;
+        for (; hi < n && !clash; hi += !clash)
+            for (int j = lo; j < hi && !clash; j++)
+                clash = w[hi]->offset < w[j]->offset + w[j]->bytes && w[j]->offset < w[hi]->offset + w[hi]->bytes;
+        h->target->accumulate_all(h, f, dst + lo, src + lo, len + lo, hi - lo, ls);
+        lo = hi;
+    }
+}
+
 static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef s) {
     const PlanRecompute *rc = &h->plan->mem.rc;
     LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
     LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
     LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
     int n = rc->mask ? rc->norder : S->r->nlaunches, moved = 0;
+    const PlanWrite **now = arena_alloc(h->ar, sizeof *now * (size_t)(S->mem->nwrites + 1));
     for (int q = 0; q < n; q++) {
         int o = rc->mask ? rc->order[q] : q;
         if (o >= 0) emit_launch(h, f, S, addr, o, "");
@@ -145,13 +176,11 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
                 }
             emit_launch(h, f, S, addr, rc->reruns[j].launch, arena_printf(h->ar, ".rerun%d", j));
         }
-        for (int i = 0; i < S->mem->nwrites; i++) {
-            const PlanWrite *w = &S->mem->writes[i];
-            if (w->after != q) continue;
-            if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
-            h->target->accumulate(h, f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
-            moved++;
-        }
+        int k = 0;
+        for (int i = 0; i < S->mem->nwrites; i++)
+            if (S->mem->writes[i].after == q) now[k++] = &S->mem->writes[i];
+        emit_grad_adds(h, f, now, k, grads, addr, ls);
+        moved += k;
     }
     if (moved != S->mem->nwrites) INTERNAL("host: %d of the step's %d moves placed", moved, S->mem->nwrites);
 }

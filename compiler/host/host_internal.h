@@ -75,8 +75,8 @@ typedef struct Host {
      * functions (launches and copies through the runtime's rt_gpu_* calls, every region address a
      * device address) */
     const HostTarget *target;
-    LLVMTypeRef gpu_image_t, gpu_kernel_t, gpu_prog_t, gpu_launch_t, gpu_axpy_t, gpu_copy_t, gpu_loss_t;
-    LLVMValueRef gpu_launch, gpu_gemm, gpu_bgemm, gpu_axpy, gpu_copy, gpu_upload, gpu_download, gpu_loss;
+    LLVMTypeRef gpu_image_t, gpu_kernel_t, gpu_prog_t, gpu_launch_t, gpu_axpy_t, gpu_axpy_table_t, gpu_copy_t, gpu_loss_t;
+    LLVMValueRef gpu_launch, gpu_gemm, gpu_bgemm, gpu_axpy, gpu_axpy_table, gpu_copy, gpu_upload, gpu_download, gpu_loss;
 } Host;
 
 /* one schedule's buffers: the arena offset of each buffer the arena holds (-1 otherwise) */
@@ -113,6 +113,10 @@ struct HostTarget {
     LLVMValueRef (*gemm)(Host *h, DType dt);
     /* dst += scale x src over n f32: the gradient accumulation into the gradient region */
     void (*accumulate)(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef scale, int64_t n);
+    /* the same for count (dst[i], src[i], n[i]) at once; NULL: accumulate each (the GPU's is one
+     * launch, rt_gpu_axpy_table) */
+    void (*accumulate_all)(Host *h, const HostFn *f, const LLVMValueRef *dst, const LLVMValueRef *src, const int64_t *n,
+                           int count, LLVMValueRef scale);
     /* dst = src over n f32; to_host: dst is host memory (the logits), else the target's */
     void (*copy)(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, int64_t n, int to_host);
     /* the f32 loss at src into the double RtStep.loss at dst (the GPU queues it for the host) */

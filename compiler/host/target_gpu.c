@@ -20,6 +20,9 @@ static void gpu_declare(Host *h) {
     LLVMTypeRef axpy[] = {P, P, P, h->f32, I, P};
     h->gpu_axpy_t = LLVMFunctionType(W, axpy, 6, 0);
     h->gpu_axpy = LLVMAddFunction(h->m, "rt_gpu_axpy", h->gpu_axpy_t);
+    LLVMTypeRef axpy_table[] = {P, P, I, h->f32, P}; /* (gpu, table, count, scale, err) */
+    h->gpu_axpy_table_t = LLVMFunctionType(W, axpy_table, 5, 0);
+    h->gpu_axpy_table = LLVMAddFunction(h->m, "rt_gpu_axpy_table", h->gpu_axpy_table_t);
     LLVMTypeRef copy[] = {P, P, P, I, P}; /* (gpu, dst, src, bytes, err): copy, upload, download */
     h->gpu_copy_t = LLVMFunctionType(W, copy, 5, 0);
     h->gpu_copy = LLVMAddFunction(h->m, "rt_gpu_copy", h->gpu_copy_t);
@@ -47,6 +50,25 @@ static LLVMValueRef gpu_gemm(Host *h, DType dt) {
 static void gpu_accumulate(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef scale, int64_t n) {
     LLVMValueRef a[6] = {f->exec, dst, src, scale, ci64(h, n), f->err};
     emit_check(h, f->fn, LLVMBuildCall2(h->b, h->gpu_axpy_t, h->gpu_axpy, a, 6, ""));
+}
+
+/* Every gradient of the micro-batch added in one launch: a stack table of (dst, src, n) rows for
+ * rt_gpu_axpy_table (the runtime uploads each distinct table once; under a CUDA graph the
+ * table's contents are part of the captured calls' key). */
+static void gpu_accumulate_all(Host *h, const HostFn *f, const LLVMValueRef *dst, const LLVMValueRef *src, const int64_t *n,
+                               int count, LLVMValueRef scale) {
+    LLVMTypeRef arr_t = LLVMArrayType2(h->i64, (uint64_t)(3 * count));
+    LLVMValueRef table = LLVMBuildAlloca(h->b, arr_t, "axpy_table");
+    for (int i = 0; i < count; i++) {
+        LLVMValueRef v[3] = {LLVMBuildPtrToInt(h->b, dst[i], h->i64, ""), LLVMBuildPtrToInt(h->b, src[i], h->i64, ""),
+                             ci64(h, n[i])};
+        for (int j = 0; j < 3; j++) {
+            LLVMValueRef idx[2] = {ci64(h, 0), ci64(h, 3 * i + j)};
+            LLVMBuildStore(h->b, v[j], LLVMBuildInBoundsGEP2(h->b, arr_t, table, idx, 2, ""));
+        }
+    }
+    LLVMValueRef a[5] = {f->exec, table, ci64(h, count), scale, f->err};
+    emit_check(h, f->fn, LLVMBuildCall2(h->b, h->gpu_axpy_table_t, h->gpu_axpy_table, a, 5, ""));
 }
 
 /* rt_gpu_download into host memory, else rt_gpu_copy */
@@ -78,6 +100,7 @@ const HostTarget host_target_gpu = {.name = "gpu",
                                     .launch = gpu_launch,
                                     .gemm = gpu_gemm,
                                     .accumulate = gpu_accumulate,
+                                    .accumulate_all = gpu_accumulate_all,
                                     .copy = gpu_copy,
                                     .read_loss = gpu_read_loss,
                                     .staging = gpu_staging,

@@ -1250,6 +1250,11 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
     if (r->offload && done_steps > 0)
         printf("optimizer state: the updates waited %.3f s for the store in all (%.3f ms/step)\n",
                rt_opt_offload_wait_s(r->offload), rt_opt_offload_wait_s(r->offload) * 1e3 / (double)done_steps);
+    if (r->x.gpu) { /* the runtime's own high-water mark of device memory (bench/gpu.py reads it), CUDA graphs */
+        char peak[32], graphs[512];
+        printf("GPU: peak %s of device allocations (%lld bytes); %s\n", rt_gpu_format_bytes(rt_gpu_peak_bytes(r->x.gpu), peak),
+               (long long)rt_gpu_peak_bytes(r->x.gpu), rt_gpu_graph_report(r->x.gpu, graphs, sizeof graphs));
+    }
     if (r->x.gpu) rt_gpu_print_timing(stdout, r->x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */
     if (r->prof) {
         rt_pool_set_profile(r->x.pool, NULL);

@@ -260,6 +260,9 @@ RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
     case RT_EXEC_FORWARD_CHUNK: f = g ? NULL : p->forward_chunk; break;
     }
     if (!f) return rt_fail(s->err, RT_ERR_ARG, "the program has no %s for the %s", names[fn], g ? "GPU" : "CPU");
+    /* the step's functions on the GPU as CUDA graphs, when they can be (gpu_graph.c) */
+    if (g && (fn == RT_EXEC_FORWARD_BACKWARD || fn == RT_EXEC_FORWARD_LOSS || fn == RT_EXEC_UPDATE))
+        return rt_gpu_call(e->gpu, (int)fn, f, s);
     return f(s);
 }
 

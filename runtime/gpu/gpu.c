@@ -70,6 +70,11 @@ RtStatus rt_gpu_launch(RtGpu *g, int32_t kernel, void *const *bufs, RtError *err
         return rt_fail(err, RT_ERR_ARG, "rt_gpu_launch: kernel %d is not in the program's table of %lld", (int)kernel,
                        (long long)p->nkernels);
     const RtGpuKernel *k = &p->kernels[kernel];
+    if (g->graphs.mode == RT_GRAPH_PROBE) {
+        rt_gpu_graph_probe(g, 'K', &kernel, sizeof kernel, 0);
+        rt_gpu_graph_probe(g, 'B', bufs, sizeof *bufs * (size_t)k->nbufs, 0);
+        return RT_OK;
+    }
     void *params[RT_GPU_MAX_PARAMS];
     for (int32_t i = 0; i < k->nbufs; i++) params[i] = (void *)&bufs[i]; /* the driver reads each pointer */
     return rt_gpu_run(g, g->fns[kernel], k->function, (unsigned)k->blocks, 1, (unsigned)k->block, params, err);
@@ -87,8 +92,90 @@ RtStatus rt_gpu_axpy(RtGpu *g, float *dst, const float *src, float scale, int64_
     if (n < 0) return rt_fail(err, RT_ERR_ARG, "rt_gpu_axpy: negative length %lld", (long long)n);
     if (n == 0) return RT_OK;
     long long len = n;
+    uint32_t bits;
+    memcpy(&bits, &scale, sizeof bits);
+    uint64_t rec[4] = {(uintptr_t)dst, (uintptr_t)src, bits, (uint64_t)n};
+    if (rt_gpu_graph_probe(g, 'A', rec, sizeof rec, 0)) return RT_OK;
     void *params[] = {&dst, &src, &scale, &len};
     return rt_gpu_run(g, g->fn_axpy, "mbt_rt_axpy", rt_gpu_grid(g, n, RT_GPU_THREADS), 1, RT_GPU_THREADS, params, err);
+}
+
+/* The device copy of a table (rt_gpu_axpy_table), uploaded the first time it is seen. Never
+ * during a capture: a graph is captured only after its calls ran eagerly once. */
+static RtStatus rt_gpu_table(RtGpu *g, const int64_t *table, int64_t count, CUdeviceptr *dev, RtError *err) {
+    size_t bytes = (size_t)count * 3 * sizeof *table;
+    for (int i = 0; i < g->tables.n; i++)
+        if (g->tables.count[i] == count && memcmp(g->tables.host[i], table, bytes) == 0) {
+            *dev = g->tables.dev[i];
+            return RT_OK;
+        }
+    if (g->graphs.mode == RT_GRAPH_CAPTURE)
+        return rt_fail(err, RT_ERR_ARG, "rt_gpu_axpy_table: a table first seen inside a CUDA graph capture");
+    RtStatus st = RT_OK;
+    if (g->tables.n == (int)(sizeof g->tables.dev / sizeof g->tables.dev[0])) { /* full: the oldest goes */
+        st = rt_cu_check(&g->api, g->api.cuStreamSynchronize(g->stream), err, "cuStreamSynchronize", "freeing an axpy table");
+        if (st != RT_OK) return st;
+        rt_gpu_graph_forget(g); /* a graph may hold the table's address */
+        rt_gpu_mem_free(g, g->tables.dev[0]);
+        free(g->tables.host[0]);
+        g->tables.n--;
+        memmove(g->tables.host, g->tables.host + 1, (size_t)g->tables.n * sizeof g->tables.host[0]);
+        memmove(g->tables.count, g->tables.count + 1, (size_t)g->tables.n * sizeof g->tables.count[0]);
+        memmove(g->tables.dev, g->tables.dev + 1, (size_t)g->tables.n * sizeof g->tables.dev[0]);
+    }
+    int64_t *copy = malloc(bytes);
+    if (!copy) return rt_fail(err, RT_ERR_NOMEM, "rt_gpu_axpy_table: out of memory");
+    memcpy(copy, table, bytes);
+    CUdeviceptr p = 0;
+    st = rt_cu_check(&g->api, rt_gpu_mem_alloc(g, &p, bytes), err, "cuMemAlloc", "the gradients' axpy table, %lld entries",
+                     (long long)count);
+    /* from pageable memory: the driver has the bytes when this returns */
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuMemcpyHtoDAsync(p, table, bytes, g->stream), err, "cuMemcpyHtoDAsync",
+                         "the gradients' axpy table");
+    if (st != RT_OK) {
+        if (p) rt_gpu_mem_free(g, p);
+        free(copy);
+        return st;
+    }
+    int i = g->tables.n++;
+    g->tables.host[i] = copy;
+    g->tables.count[i] = count;
+    g->tables.dev[i] = p;
+    *dev = p;
+    return RT_OK;
+}
+
+RtStatus rt_gpu_axpy_table(RtGpu *g, const int64_t *table, int64_t count, float scale, RtError *err) {
+    if (count < 0) return rt_fail(err, RT_ERR_ARG, "rt_gpu_axpy_table: negative count %lld", (long long)count);
+    int64_t most = 0;
+    for (int64_t e = 0; e < count; e++) {
+        if (table[3 * e + 2] < 0)
+            return rt_fail(err, RT_ERR_ARG, "rt_gpu_axpy_table: entry %lld has negative length %lld", (long long)e,
+                           (long long)table[3 * e + 2]);
+        if (table[3 * e + 2] > most) most = table[3 * e + 2];
+    }
+    if (count == 0 || most == 0) return RT_OK;
+    if (g->graphs.mode == RT_GRAPH_PROBE) {
+        uint32_t bits;
+        memcpy(&bits, &scale, sizeof bits);
+        uint64_t head[2] = {(uint64_t)count, bits};
+        rt_gpu_graph_probe(g, 'T', head, sizeof head, 0);
+        rt_gpu_graph_probe(g, 't', table, (size_t)count * 3 * sizeof *table, 0);
+        return RT_OK;
+    }
+    RtStatus st = rt_gpu_use(g, err);
+    CUdeviceptr dev = 0;
+    if (st == RT_OK) st = rt_gpu_table(g, table, count, &dev, err);
+    if (st != RT_OK) return st;
+    long long n = count;
+    void *params[] = {&dev, &n, &scale};
+    /* every entry its row of blocks; the x blocks cover the largest entry (at most 8 a multiprocessor:
+     * the rows of small entries are mostly idle blocks, which cost little) */
+    unsigned gx = rt_gpu_grid(g, most, RT_GPU_THREADS), cap = (unsigned)(g->sms > 0 ? g->sms * 8 : 8);
+    if (gx > cap) gx = cap;
+    unsigned gy = count < RT_GPU_MAX_ROWS ? (unsigned)count : RT_GPU_MAX_ROWS;
+    return rt_gpu_run(g, g->fn_axpy_table, "mbt_rt_axpy_table", gx, gy, RT_GPU_THREADS, params, err);
 }
 
 RtStatus rt_gpu_scale_rows(RtGpu *g, float *x, float scale, int64_t rows, int64_t cols, int64_t pitch, RtError *err) {
@@ -106,6 +193,39 @@ RtStatus rt_gpu_scale(RtGpu *g, float *dev, float scale, int64_t n, RtError *err
 
 /* ---- memory and copies ---------------------------------------------------------------------- */
 
+CUresult rt_gpu_mem_alloc(RtGpu *g, CUdeviceptr *p, size_t bytes) {
+    if (g->mem.n == g->mem.cap) {
+        int64_t cap = g->mem.cap ? 2 * g->mem.cap : 64;
+        CUdeviceptr *ptr = realloc(g->mem.ptr, (size_t)cap * sizeof *ptr);
+        if (ptr) g->mem.ptr = ptr;
+        int64_t *b = ptr ? realloc(g->mem.bytes, (size_t)cap * sizeof *b) : NULL;
+        if (b) g->mem.bytes = b;
+        if (!ptr || !b) return CUDA_ERROR_OUT_OF_MEMORY;
+        g->mem.cap = cap;
+    }
+    CUresult rc = g->api.cuMemAlloc(p, bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    g->mem.ptr[g->mem.n] = *p;
+    g->mem.bytes[g->mem.n++] = (int64_t)bytes;
+    g->mem.now += (int64_t)bytes;
+    if (g->mem.now > g->mem.peak) g->mem.peak = g->mem.now;
+    return rc;
+}
+
+void rt_gpu_mem_free(RtGpu *g, CUdeviceptr p) {
+    if (!p) return;
+    for (int64_t i = g->mem.n - 1; i >= 0; i--)
+        if (g->mem.ptr[i] == p) {
+            g->mem.now -= g->mem.bytes[i];
+            g->mem.ptr[i] = g->mem.ptr[--g->mem.n];
+            g->mem.bytes[i] = g->mem.bytes[g->mem.n];
+            break;
+        }
+    g->api.cuMemFree(p);
+}
+
+int64_t rt_gpu_peak_bytes(const RtGpu *g) { return g ? g->mem.peak : 0; }
+
 RtStatus rt_gpu_alloc(RtGpu *g, void **dev, int64_t bytes, const char *what, RtError *err) {
     *dev = NULL;
     if (bytes < 0) return rt_fail(err, RT_ERR_ARG, "cannot allocate %s on the GPU: negative size %lld", what, (long long)bytes);
@@ -114,13 +234,13 @@ RtStatus rt_gpu_alloc(RtGpu *g, void **dev, int64_t bytes, const char *what, RtE
     if (st != RT_OK) return st;
     char size[32];
     CUdeviceptr p = 0;
-    st = rt_cu_check(&g->api, g->api.cuMemAlloc(&p, (size_t)bytes), err, "cuMemAlloc", "%s, %s", what,
+    st = rt_cu_check(&g->api, rt_gpu_mem_alloc(g, &p, (size_t)bytes), err, "cuMemAlloc", "%s, %s", what,
                      rt_gpu_format_bytes(bytes, size));
     if (st != RT_OK) return st;
     st = rt_cu_check(&g->api, g->api.cuMemsetD8Async(p, 0, (size_t)bytes, g->stream), err, "cuMemsetD8Async", "zeroing %s, %s",
                      what, size);
     if (st != RT_OK) {
-        g->api.cuMemFree(p);
+        rt_gpu_mem_free(g, p);
         return st;
     }
     *dev = (void *)(uintptr_t)p;
@@ -131,7 +251,7 @@ RtStatus rt_gpu_alloc(RtGpu *g, void **dev, int64_t bytes, const char *what, RtE
 void rt_gpu_free(RtGpu *g, void *dev) {
     if (!g || !dev) return;
     g->api.cuCtxSetCurrent(g->ctx);
-    g->api.cuMemFree(rt_dptr(dev));
+    rt_gpu_mem_free(g, rt_dptr(dev));
 }
 
 RtStatus rt_gpu_host_alloc(RtGpu *g, void **host, int64_t bytes, const char *what, RtError *err) {
@@ -168,6 +288,8 @@ RtStatus rt_gpu_zero(RtGpu *g, void *dev, int64_t bytes, RtError *err) {
 
 RtStatus rt_gpu_copy(RtGpu *g, void *dst, const void *src, int64_t bytes, RtError *err) {
     if (bytes <= 0) return bytes < 0 ? rt_fail(err, RT_ERR_ARG, "rt_gpu_copy: negative size %lld", (long long)bytes) : RT_OK;
+    const void *rec[3] = {dst, src, (const void *)(intptr_t)bytes};
+    if (rt_gpu_graph_probe(g, 'C', rec, sizeof rec, 0)) return RT_OK;
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     char size[32];
@@ -181,7 +303,9 @@ RtStatus rt_gpu_copy(RtGpu *g, void *dst, const void *src, int64_t bytes, RtErro
  * must not rewrite it before a later call that waits (rt_gpu_sync, rt_gpu_download). */
 RtStatus rt_gpu_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtError *err) {
     if (bytes <= 0) return bytes < 0 ? rt_fail(err, RT_ERR_ARG, "rt_gpu_upload: negative size %lld", (long long)bytes) : RT_OK;
-    RtStatus st = rt_gpu_use(g, err);
+    RtStatus st;
+    if (rt_gpu_graph_upload(g, dev, host, bytes, &st, err)) return st; /* probed, or a copy inside a graph */
+    st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     char size[32];
     return rt_cu_check(&g->api, g->api.cuMemcpyHtoDAsync(rt_dptr(dev), host, (size_t)bytes, g->stream), err, "cuMemcpyHtoDAsync",
@@ -200,7 +324,9 @@ static RtStatus rt_gpu_wait(RtGpu *g, const char *what, RtError *err) {
 
 RtStatus rt_gpu_loss(RtGpu *g, double *dst, const float *dev, RtError *err) {
     *dst = NAN;
-    RtStatus st = rt_gpu_use(g, err);
+    RtStatus st;
+    if (rt_gpu_graph_loss(g, dst, dev, &st, err)) return st; /* probed, or a copy inside a graph */
+    st = rt_gpu_use(g, err);
     if (st == RT_OK && !g->losses)
         st = rt_gpu_host_alloc(g, (void **)&g->losses, RT_GPU_LOSSES * (int64_t)sizeof(float), "the losses' slots", err);
     if (st == RT_OK && g->nlosses == RT_GPU_LOSSES) st = rt_gpu_wait(g, "collecting the queued losses", err);
@@ -213,6 +339,8 @@ RtStatus rt_gpu_loss(RtGpu *g, double *dst, const float *dev, RtError *err) {
 
 RtStatus rt_gpu_download(RtGpu *g, void *host, const void *dev, int64_t bytes, RtError *err) {
     if (bytes < 0) return rt_fail(err, RT_ERR_ARG, "rt_gpu_download: negative size %lld", (long long)bytes);
+    const void *rec[3] = {host, dev, (const void *)(intptr_t)bytes};
+    if (rt_gpu_graph_probe(g, 'D', rec, sizeof rec, 1)) return RT_OK; /* it waits: no graph */
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     char size[32], what[64];
@@ -224,6 +352,7 @@ RtStatus rt_gpu_download(RtGpu *g, void *host, const void *dev, int64_t bytes, R
 }
 
 RtStatus rt_gpu_sync(RtGpu *g, const char *what, RtError *err) {
+    if (rt_gpu_graph_probe(g, 'S', "", 0, 1)) return RT_OK; /* it waits: no graph */
     RtStatus st = rt_gpu_use(g, err);
     return st == RT_OK ? rt_gpu_wait(g, what ? what : "waiting for the GPU", err) : st;
 }
@@ -238,11 +367,11 @@ RtStatus rt_gpu_sumsq_blocks(RtGpu *g, const float *dev, int64_t n, int64_t bloc
     if (st != RT_OK) return st;
     int64_t nblocks = (n + block - 1) / block;
     if (nblocks > g->partial_cap) {
-        if (g->partial) g->api.cuMemFree(rt_dptr(g->partial));
+        if (g->partial) rt_gpu_mem_free(g, rt_dptr(g->partial));
         g->partial = NULL;
         g->partial_cap = 0;
         CUdeviceptr p = 0;
-        st = rt_cu_check(&g->api, g->api.cuMemAlloc(&p, (size_t)nblocks * sizeof(double)), err, "cuMemAlloc",
+        st = rt_cu_check(&g->api, rt_gpu_mem_alloc(g, &p, (size_t)nblocks * sizeof(double)), err, "cuMemAlloc",
                          "the gradient norm's %lld partial sums", (long long)nblocks);
         if (st != RT_OK) return st;
         g->partial = (double *)(uintptr_t)p;

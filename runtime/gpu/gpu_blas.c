@@ -300,11 +300,11 @@ static RtStatus rt_gpu_ones(RtGpu *g, int type, int64_t k, const void **out, RtE
         }
         if (g->ones[t]) { /* a larger k (rare: a program's are fixed): the queued products are done with it */
             g->api.cuStreamSynchronize(g->stream);
-            g->api.cuMemFree(g->ones[t]);
+            rt_gpu_mem_free(g, g->ones[t]);
         }
         g->ones[t] = 0;
         g->ones_cap[t] = 0;
-        RtStatus st = rt_cu_check(&g->api, g->api.cuMemAlloc(&g->ones[t], (size_t)k * size), err, "cuMemAlloc",
+        RtStatus st = rt_cu_check(&g->api, rt_gpu_mem_alloc(g, &g->ones[t], (size_t)k * size), err, "cuMemAlloc",
                                   "%lld ones for a column sum", (long long)k);
         if (st == RT_OK) /* from pageable memory: staged before it returns */
             st = rt_cu_check(&g->api, g->api.cuMemcpyHtoDAsync(g->ones[t], host, (size_t)k * size, g->stream), err,
@@ -326,6 +326,17 @@ static RtStatus rt_gpu_gemm(RtGpu *g, int type, int trans_a, int trans_b, int64_
     RtStatus st = rt_sgemm_check(trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, epilogue,
                                  vec, &nothing, err);
     if (st != RT_OK || nothing) return st;
+    if (g->graphs.mode == RT_GRAPH_PROBE) {
+        uint32_t ab, bb;
+        memcpy(&ab, &alpha, 4);
+        memcpy(&bb, &beta, 4);
+        uint64_t rec[] = {
+            (uint64_t)type, (uint64_t)trans_a, (uint64_t)trans_b,  (uint64_t)m,     (uint64_t)n,        (uint64_t)k,        ab,
+            (uintptr_t)a,   (uint64_t)lda,     (uint64_t)stride_a, (uintptr_t)b,    (uint64_t)ldb,      (uint64_t)stride_b, bb,
+            (uintptr_t)c,   (uint64_t)ldc,     (uint64_t)stride_c, (uint64_t)batch, (uint64_t)epilogue, (uintptr_t)vec};
+        rt_gpu_graph_probe(g, 'G', rec, sizeof rec, 0);
+        return RT_OK;
+    }
     if (batch > INT32_MAX)
         return rt_fail(err, RT_ERR_ARG, "sgemm: batch %lld exceeds cuBLASLt's 32-bit batch count", (long long)batch);
     if (epilogue == RT_GEMM_ADD && (type != CUDA_R_32F || beta != 0.0f))
@@ -411,7 +422,7 @@ RtStatus rt_gpu_blas_open(RtGpu *g, RtError *err) {
         return st;
     }
     char size[32];
-    st = rt_cu_check(api, api->cuMemAlloc(&g->workspace, RT_GPU_WORKSPACE), err, "cuMemAlloc", "cuBLASLt's workspace, %s",
+    st = rt_cu_check(api, rt_gpu_mem_alloc(g, &g->workspace, RT_GPU_WORKSPACE), err, "cuMemAlloc", "cuBLASLt's workspace, %s",
                      rt_gpu_format_bytes((int64_t)RT_GPU_WORKSPACE, size));
     if (st != RT_OK) {
         g->workspace = 0;
@@ -423,12 +434,12 @@ RtStatus rt_gpu_blas_open(RtGpu *g, RtError *err) {
 
 void rt_gpu_blas_close(RtGpu *g) {
     for (int t = 0; t < 2; t++)
-        if (g->ones[t]) g->api.cuMemFree(g->ones[t]);
+        if (g->ones[t]) rt_gpu_mem_free(g, g->ones[t]);
     for (int64_t i = 0; i < g->cap_plans; i++) rt_gemm_plan_free(g, g->plans[i]);
     free(g->plans);
     g->plans = NULL;
     g->nplans = g->cap_plans = 0;
-    if (g->workspace) g->api.cuMemFree(g->workspace);
+    if (g->workspace) rt_gpu_mem_free(g, g->workspace);
     g->workspace = 0;
     if (g->lt) g->api.cublasLtDestroy(g->lt);
     g->lt = NULL;

@@ -28,6 +28,9 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUlinkState_st *CUlinkState;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef int CUstreamCaptureMode;
 typedef int CUdevice_attribute;
 typedef int CUjit_option;
 typedef int CUjitInputType;
@@ -79,6 +82,7 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's 
     X(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, 6)                                                                                     \
     X(CU_JIT_INPUT_PTX, 1)                                                                                                       \
     X(CU_STREAM_NON_BLOCKING, 1)                                                                                                 \
+    X(CU_STREAM_CAPTURE_MODE_RELAXED, 2)                                                                                         \
     X(CU_EVENT_DEFAULT, 0)                                                                                                       \
     X(CU_MEMHOSTALLOC_PORTABLE, 1)                                                                                               \
     X(CUBLAS_STATUS_SUCCESS, 0)                                                                                                  \
@@ -156,7 +160,13 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
     X(CUresult, cuEventElapsedTime, "cuEventElapsedTime", (float *, CUevent, CUevent))                                           \
     X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                                                \
       (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, CUstream,   \
-       void **, void **))
+       void **, void **))                                                                                                        \
+    X(CUresult, cuStreamBeginCapture, "cuStreamBeginCapture_v2", (CUstream, CUstreamCaptureMode))                                \
+    X(CUresult, cuStreamEndCapture, "cuStreamEndCapture", (CUstream, CUgraph *))                                                 \
+    X(CUresult, cuGraphInstantiate, "cuGraphInstantiateWithFlags", (CUgraphExec *, CUgraph, unsigned long long))                 \
+    X(CUresult, cuGraphLaunch, "cuGraphLaunch", (CUgraphExec, CUstream))                                                         \
+    X(CUresult, cuGraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec))                                                         \
+    X(CUresult, cuGraphDestroy, "cuGraphDestroy", (CUgraph))
 
 #define RT_CUBLASLT_FUNCTIONS(X)                                                                                                 \
     X(cublasStatus_t, cublasLtCreate, "cublasLtCreate", (cublasLtHandle_t *))                                                    \
@@ -248,6 +258,52 @@ typedef struct RtGpuTimer {
     RtGpuStats stats;                              /* per name */
 } RtGpuTimer;
 
+/* The step's functions as CUDA graphs (gpu_graph.c). */
+#define RT_GPU_GRAPH_FNS 8   /* RtExecFn values a graph may stand for (rt_gpu_call's fn) */
+#define RT_GPU_GRAPH_CACHE 8 /* graphs kept a function: one a distinct call (the gradient tree's regions, loss scales) */
+
+typedef struct RtGpuGraph {
+    unsigned char *sig; /* the calls it holds, as the probe recorded them */
+    size_t nsig;
+    CUgraph graph;
+    CUgraphExec exec;
+    CUdeviceptr stage; /* the uploads' bytes, written before each launch and copied inside the graph */
+    CUdeviceptr loss;  /* the losses, copied there inside the graph and to the host after it */
+    int64_t nup, nloss;
+    uint64_t used; /* when last launched (for eviction) */
+} RtGpuGraph;
+
+typedef struct RtGpuUpload {
+    void *dev;
+    int64_t bytes, off; /* off: in the probe's host copy and in the graph's stage */
+} RtGpuUpload;
+
+typedef struct RtGpuGraphs {
+    int on;          /* MBT_CUDA_GRAPH is not 0 and timing is off */
+    int mode;        /* RT_GRAPH_EAGER, _PROBE, _CAPTURE */
+    const char *bad; /* the probe met a call a graph cannot hold (a wait, a download): which */
+    unsigned char *sig;
+    size_t nsig, cap_sig;
+    RtGpuUpload *up; /* the probe's uploads, their bytes in data */
+    int64_t nup, cap_up;
+    unsigned char *data;
+    int64_t ndata, cap_data;
+    double **loss_dst; /* the probe's losses, where each goes */
+    int64_t nloss, cap_loss;
+    RtGpuGraph *cur; /* the graph being captured, and its next upload and loss */
+    int64_t next_up, next_loss;
+    RtGpuGraph *cache[RT_GPU_GRAPH_FNS][RT_GPU_GRAPH_CACHE];
+    unsigned char *seen[RT_GPU_GRAPH_FNS][RT_GPU_GRAPH_CACHE]; /* calls run eagerly lately: seen again, they are captured */
+    size_t nseen[RT_GPU_GRAPH_FNS][RT_GPU_GRAPH_CACHE];
+    int next_seen[RT_GPU_GRAPH_FNS]; /* the ring's next slot */
+    int refused[RT_GPU_GRAPH_FNS];   /* the function cannot be a graph: it always runs eagerly */
+    char refused_why[256];           /* the first failed capture's error (the report says it) */
+    uint64_t tick;
+    int64_t captured, launched, eager; /* counts for rt_gpu_graph_report */
+} RtGpuGraphs;
+
+enum { RT_GRAPH_EAGER, RT_GRAPH_PROBE, RT_GRAPH_CAPTURE };
+
 typedef struct RtGemmPlan RtGemmPlan; /* x[r * pitch + c] *= scale for r < rows, c < cols (mbt_rt_scale), queued. */
 RtStatus rt_gpu_scale_rows(RtGpu *g, float *x, float scale, int64_t rows, int64_t cols, int64_t pitch, RtError *err);
 
@@ -262,13 +318,20 @@ struct RtGpu {
     CUmodule module;
     CUfunction *fns;                        /* [prog->nkernels] */
     CUfunction fn_axpy, fn_scale, fn_sumsq; /* the runtime's kernels (runtime/kernels/rt_kernels.cu) */
-    const RtGpuImage *image;                /* the module image loaded */
-    char module_kind[96];                   /* "cubin sm_90", "PTX compute_80, JIT-compiled for sm_90" */
-    char module_note[640];                  /* ", from the cache", ", saved in the cache", ", not cached: why" */
-    int arch;                               /* compute capability x 10 + minor: 90 */
-    int sms;                                /* multiprocessors */
-    int driver;                             /* cuDriverGetVersion: 12080 */
-    double *partial;                        /* device scratch of rt_gpu_sumsq_blocks */
+    CUfunction fn_axpy_table;
+    struct {                 /* rt_gpu_axpy_table's tables on the device, one a distinct table */
+        int64_t *host[64];   /* each table's entries (3 a row), as given */
+        int64_t count[64];   /* its rows */
+        CUdeviceptr dev[64]; /* its copy on the device */
+        int n;
+    } tables;
+    const RtGpuImage *image; /* the module image loaded */
+    char module_kind[96];    /* "cubin sm_90", "PTX compute_80, JIT-compiled for sm_90" */
+    char module_note[640];   /* ", from the cache", ", saved in the cache", ", not cached: why" */
+    int arch;                /* compute capability x 10 + minor: 90 */
+    int sms;                 /* multiprocessors */
+    int driver;              /* cuDriverGetVersion: 12080 */
+    double *partial;         /* device scratch of rt_gpu_sumsq_blocks */
     int64_t partial_cap;
     float *losses;                   /* page-locked: the losses rt_gpu_loss queued since the last wait */
     double *loss_dst[RT_GPU_LOSSES]; /* where each goes when the wait is over */
@@ -282,6 +345,12 @@ struct RtGpu {
     CUdeviceptr ones[2]; /* k ones (f32, bf16): the column sums' product when cuBLASLt has no epilogue for them */
     int64_t ones_cap[2];
     RtGpuTimer timer;
+    RtGpuGraphs graphs;
+    struct {
+        CUdeviceptr *ptr; /* the live device allocations (rt_gpu_mem_alloc), their sizes in bytes */
+        int64_t *bytes, n, cap;
+        int64_t now, peak; /* bytes live, the high-water mark */
+    } mem;
     char describe[1536];
 };
 
@@ -289,6 +358,11 @@ struct RtGpu {
 
 /* A device pointer as the driver API takes it. */
 static inline CUdeviceptr rt_dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+/* gpu.c. Every device allocation of the runtime goes through these two, which keep the bytes
+ * live and their high-water mark (rt_gpu_peak_bytes). */
+CUresult rt_gpu_mem_alloc(RtGpu *g, CUdeviceptr *p, size_t bytes);
+void rt_gpu_mem_free(RtGpu *g, CUdeviceptr p);
 
 /* gpu.c. The calling thread's current context becomes the GPU's (a context is current per thread). */
 RtStatus rt_gpu_use(RtGpu *g, RtError *err);
@@ -310,6 +384,19 @@ RtStatus rt_gpu_time_end(RtGpu *g, int64_t slot, const char *name, RtStatus laun
 RtStatus rt_gpu_timer_resolve(RtGpu *g, RtError *err);
 RtStatus rt_gpu_trace_flush(RtGpu *g, RtError *err); /* writes MBT_TRACE's file when it has new events */
 void rt_gpu_timer_close(RtGpu *g);
+
+/* gpu_graph.c. The entry points generated code calls (rt_gpu_launch, the GEMMs, rt_gpu_axpy,
+ * rt_gpu_copy, rt_gpu_upload, rt_gpu_download, rt_gpu_loss) first call rt_gpu_graph_probe with
+ * their arguments: while a function is probed (graphs.mode == RT_GRAPH_PROBE) it records them and
+ * returns 1 (the call then does nothing on the GPU); else 0. tag names the entry point; bad: the
+ * call cannot be in a graph (a wait). */
+int rt_gpu_graph_probe(RtGpu *g, int tag, const void *args, size_t n, int bad);
+/* rt_gpu_upload and rt_gpu_loss in a probe or a capture: 1 when handled (status in *st), else 0. */
+int rt_gpu_graph_upload(RtGpu *g, void *dev, const void *host, int64_t bytes, RtStatus *st, RtError *err);
+int rt_gpu_graph_loss(RtGpu *g, double *dst, const float *dev, RtStatus *st, RtError *err);
+RtStatus rt_gpu_graph_open(RtGpu *g, RtError *err); /* MBT_CUDA_GRAPH */
+void rt_gpu_graph_forget(RtGpu *g);                 /* frees every graph kept (the stream waited for first) */
+void rt_gpu_graph_close(RtGpu *g);
 
 #endif /* RT_GPU_CHECK_DECLS */
 

@@ -296,7 +296,10 @@ static RtStatus rt_gpu_functions(RtGpu *g, RtError *err) {
     const struct {
         CUfunction *fn;
         const char *name;
-    } own[] = {{&g->fn_axpy, "mbt_rt_axpy"}, {&g->fn_scale, "mbt_rt_scale"}, {&g->fn_sumsq, "mbt_rt_sumsq_blocks"}};
+    } own[] = {{&g->fn_axpy, "mbt_rt_axpy"},
+               {&g->fn_axpy_table, "mbt_rt_axpy_table"},
+               {&g->fn_scale, "mbt_rt_scale"},
+               {&g->fn_sumsq, "mbt_rt_sumsq_blocks"}};
     for (size_t i = 0; i < sizeof own / sizeof own[0] && st == RT_OK; i++)
         st = rt_cu_check(&g->api, g->api.cuModuleGetFunction(own[i].fn, g->module, own[i].name), err, "cuModuleGetFunction",
                          "the runtime's kernel %s, which mbtc appends to every program's CUDA source", own[i].name);
@@ -332,6 +335,7 @@ static RtStatus rt_gpu_start(RtGpu *g, RtError *err) {
     if (st == RT_OK) st = rt_gpu_functions(g, err);
     if (st == RT_OK) st = rt_gpu_blas_open(g, err);
     if (st == RT_OK) st = rt_gpu_timer_open(g, err);
+    if (st == RT_OK) st = rt_gpu_graph_open(g, err);
     if (st == RT_OK) rt_gpu_fill_describe(g);
     return st;
 }
@@ -379,14 +383,21 @@ void rt_gpu_close(RtGpu *g) {
         api->cuCtxSetCurrent(g->ctx);
         if (g->stream) api->cuStreamSynchronize(g->stream);
         rt_gpu_timer_close(g);
+        rt_gpu_graph_close(g);
         rt_gpu_blas_close(g);
-        if (g->partial) api->cuMemFree(rt_dptr(g->partial));
+        if (g->partial) rt_gpu_mem_free(g, rt_dptr(g->partial));
+        for (int i = 0; i < g->tables.n; i++) {
+            rt_gpu_mem_free(g, g->tables.dev[i]);
+            free(g->tables.host[i]);
+        }
         if (g->losses) api->cuMemFreeHost(g->losses);
         if (g->module) api->cuModuleUnload(g->module);
         if (g->stream) api->cuStreamDestroy(g->stream);
         api->cuDevicePrimaryCtxRelease(g->dev);
     }
     free(g->fns);
+    free(g->mem.ptr);
+    free(g->mem.bytes);
     rt_gpu_api_close(&g->api);
     free(g);
 }

@@ -59,6 +59,25 @@ RtStatus rt_gpu_sync(RtGpu *g, const char *what, RtError *err);         /* waits
 RtStatus rt_gpu_sumsq_blocks(RtGpu *g, const float *dev, int64_t n, int64_t block, double *partial, RtError *err);
 RtStatus rt_gpu_scale(RtGpu *g, float *dev, float scale, int64_t n, RtError *err); /* dev[i] *= scale */
 
+/* The high-water mark of the runtime's device allocations in bytes (regions, arena, scratch,
+ * cuBLASLt's workspace, graphs' buffers; not the context's own or cuBLASLt's internal memory). */
+int64_t rt_gpu_peak_bytes(const RtGpu *g);
+
+/* ---- the step's functions as CUDA graphs (gpu_graph.c, docs/cuda.md "CUDA graphs") ---- */
+/* Runs f(s), a generated function of the step (forward_backward, forward_loss, optimizer_update;
+ * fn its RtExecFn, below RT_GPU_GRAPH_FNS), as a CUDA graph when it can: the calls f makes are
+ * recorded without running (a probe, host work only); the first time a sequence of calls is seen
+ * f runs as it is, the second time it is captured into a graph, and from then on the graph is
+ * launched. What changes between calls without changing the calls (the dropout key, lr and t,
+ * which f uploads, and the loss it reads back) goes through device buffers the graph reads and
+ * writes; anything else that differs (an address, a loss scale) is a different sequence and a
+ * different graph. Off (f runs as it is, every time) with MBT_CUDA_GRAPH=0 and while MBT_DEBUG or
+ * MBT_TRACE times each launch. The results are the same bit for bit: the same kernels in the same
+ * order on the same addresses. */
+RtStatus rt_gpu_call(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtStep *s);
+/* "CUDA graphs: N captured, M launches, K calls run eagerly" or why they are off; into buf. */
+const char *rt_gpu_graph_report(const RtGpu *g, char *buf, size_t cap);
+
 /* ---- timing (MBT_DEBUG) ---- */
 /* MBT_DEBUG=1 (or more) in the environment: every launch and GEMM is timed with a pair of events
  * (this serialises nothing but adds two event records a launch); rt_gpu_print_timing prints, per

@@ -1,4 +1,4 @@
-/* rt_kernels.cu - the runtime's own kernels: the GPU side of rt_gpu_axpy, rt_gpu_scale,
+/* rt_kernels.cu - the runtime's own kernels: the GPU side of rt_gpu_axpy, rt_gpu_axpy_table, rt_gpu_scale,
  * rt_gpu_sumsq_blocks and the K == 0 case of rt_gpu_sgemm_batched (runtime/gpu.c).
  *
  * They are not compiled with the runtime: the Makefile turns this file into a C string
@@ -10,6 +10,11 @@
  *
  *   mbt_rt_axpy(float *dst, const float *src, float scale, long long n)
  *       dst[i] = dst[i] + scale * src[i] for i < n (the product rounded, then the sum)
+ *   mbt_rt_axpy_table(const long long *table, long long count, float scale)
+ *       for each entry e < count of the table (3 long longs each: dst and src as addresses, n):
+ *       mbt_rt_axpy(dst, src, scale, n)'s arithmetic (forward_backward's gradient accumulation,
+ *       every gradient in one launch; grid: blockIdx.y strides over the entries, blockIdx.x over
+ *       each one's elements)
  *   mbt_rt_scale(float *x, float scale, long long rows, long long cols, long long pitch)
  *       x[r * pitch + c] = x[r * pitch + c] * scale for r < rows, c < cols
  *       (grid: blockIdx.x strides over columns, blockIdx.y over rows)
@@ -28,6 +33,17 @@ extern "C" __global__ void mbt_rt_axpy(float *dst, const float *src, float scale
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dst[i] = __fadd_rn(dst[i], __fmul_rn(scale, src[i]));
+}
+
+extern "C" __global__ void mbt_rt_axpy_table(const long long *table, long long count, float scale) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.y; e < count; e += gridDim.y) {
+        float *dst = (float *)table[3 * e];
+        const float *src = (const float *)table[3 * e + 1];
+        long long n = table[3 * e + 2];
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            dst[i] = __fadd_rn(dst[i], __fmul_rn(scale, src[i]));
+    }
 }
 
 extern "C" __global__ void mbt_rt_scale(float *x, float scale, long long rows, long long cols, long long pitch) {

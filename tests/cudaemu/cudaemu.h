@@ -36,7 +36,10 @@
  *   int mbt_emu_launch(int kernel, const unsigned grid[3], const unsigned block[3],
  *                      void **params, char *err, size_t errlen)
  *        runs the kernel to completion with cuLaunchKernel's parameter convention (params[i]
- *        points at argument i); 0, or 1 with a message in err. */
+ *        points at argument i); 0, or 1 with a message in err.
+ *   int mbt_emu_params(int kernel, const size_t **sizes)
+ *        the kernel's parameter count, and in *sizes each one's size (fake_cuda.c's stream
+ *        capture copies the values, as CUDA's does). */
 #ifndef MBT_CUDAEMU_H
 #define MBT_CUDAEMU_H
 
@@ -301,9 +304,17 @@ template <class... A, size_t... I> inline void call_with(void (*k)(A...), void *
 }
 template <class... A> inline void call(void (*k)(A...), void **p) { call_with(k, p, std::index_sequence_for<A...>{}); }
 
+/* The kernel's parameter count and sizes (a stream capture copies the values, as CUDA does). */
+template <class... A> inline int param_sizes(void (*)(A...), const size_t **sizes) {
+    static const size_t s[] = {sizeof(typename std::remove_reference<A>::type)..., 0};
+    *sizes = s;
+    return (int)sizeof...(A);
+}
+
 struct Entry {
     const char *name;
     void (*thunk)(void **);
+    int (*params)(const size_t **);
 };
 
 } /* namespace cudaemu */
@@ -548,7 +559,8 @@ template <int N> inline void mbt_cp_async_wait() {}
 /* build.sh ends the translation unit with
  *     static const cudaemu::Entry cudaemu_kernels[] = { MBT_EMU_KERNEL(name) ... };
  *     MBT_EMU_EXPORTS */
-#define MBT_EMU_KERNEL(k) {#k, [](void **p) { cudaemu::call(k, p); }},
+#define MBT_EMU_KERNEL(k)                                                                                                        \
+    {#k, [](void **p) { cudaemu::call(k, p); }, [](const size_t **s) { return cudaemu::param_sizes(k, s); }},
 #define MBT_EMU_EXPORTS                                                                                                          \
     extern "C" int mbt_emu_find(const char *name) {                                                                              \
         for (size_t i = 0; i < sizeof cudaemu_kernels / sizeof cudaemu_kernels[0]; i++)                                          \
@@ -558,6 +570,7 @@ template <int N> inline void mbt_cp_async_wait() {}
     extern "C" int mbt_emu_launch(int k, const unsigned grid[3], const unsigned block[3], void **params, char *err,              \
                                   size_t errlen) {                                                                               \
         return cudaemu::launch(cudaemu_kernels[k].thunk, cudaemu_kernels[k].name, grid, block, params, err, errlen);             \
-    }
+    }                                                                                                                            \
+    extern "C" int mbt_emu_params(int k, const size_t **sizes) { return cudaemu_kernels[k].params(sizes); }
 
 #endif

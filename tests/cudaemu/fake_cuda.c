@@ -40,6 +40,7 @@ static struct {
     int tried;
     int (*find)(const char *name);
     int (*launch)(int k, const unsigned grid[3], const unsigned block[3], void **params, char *err, size_t errlen);
+    int (*params)(int k, const size_t **sizes); /* the kernel's parameter count and sizes (a capture copies them) */
 } emu;
 
 static int fake_emu(void) {
@@ -54,6 +55,7 @@ static int fake_emu(void) {
             }
             *(void **)&emu.find = dlsym(h, "mbt_emu_find");
             *(void **)&emu.launch = dlsym(h, "mbt_emu_launch");
+            *(void **)&emu.params = dlsym(h, "mbt_emu_params");
             if (!emu.find || !emu.launch) {
                 fprintf(stderr, "fake_cuda: MBT_FAKE_CUDA_EMU: %s is not built by tests/cudaemu/build.sh\n", path);
                 exit(2);
@@ -72,6 +74,8 @@ enum {
     FAKE_NOT_FOUND = 500,
     FAKE_OUT_OF_RESOURCES = 701,
     FAKE_LAUNCH_FAILED = 719,
+    FAKE_CAPTURE_UNSUPPORTED = 900,
+    FAKE_CAPTURE_INVALIDATED = 901,
     FAKE_LT_INVALID_VALUE = 7,
     FAKE_LT_NOT_SUPPORTED = 15,
 };
@@ -91,6 +95,9 @@ static const struct {
     {FAKE_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {FAKE_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {FAKE_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {FAKE_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {FAKE_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
 };
 
 static CUresult fake_error(CUresult rc, const char **out, int text) {
@@ -164,6 +171,36 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
 
 CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx == (CUcontext)(void *)&fake_context ? CUDA_SUCCESS : FAKE_INVALID_VALUE; }
 
+/* ---- stream capture (CUDA graphs) ------------------------------------------------------------
+ * Between cuStreamBeginCapture and cuStreamEndCapture the stream's operations are recorded, not
+ * run: kernel launches (their parameters copied by value: the runtime's kernels' sizes are known
+ * here, the emulated kernels' come from mbt_emu_params), device-to-device copies, memsets and
+ * matmuls (descriptors and layouts copied). cuGraphLaunch runs the record in order, as the stream
+ * would have. What a real capture refuses, this one refuses too, as the runtime must never need
+ * it: a wait (cuStreamSynchronize) and copies from or to host memory (the runtime's graphs move
+ * host bytes outside the graph); the first refusal fails the capture at cuStreamEndCapture. */
+typedef struct FakeOp FakeOp;
+typedef struct FakeGraph {
+    FakeOp *ops;
+    int n, cap;
+} FakeGraph;
+static FakeGraph *fake_capture;  /* the graph being captured, or NULL */
+static CUresult fake_capture_rc; /* the first refused operation's error during the capture */
+static struct {
+    int captured, launches, ops;
+} fake_graphs;
+
+static CUresult fake_rec_copy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+static CUresult fake_rec_memset(int kind, CUdeviceptr p, size_t pitch, unsigned v, size_t width, size_t height);
+
+/* MBT_FAKE_CUDA_REPORT=1: the graph counts on stderr at exit (tests/gpu/run.sh's graph test). */
+__attribute__((destructor)) static void fake_report(void) {
+    const char *r = getenv("MBT_FAKE_CUDA_REPORT");
+    if (r && *r == '1')
+        fprintf(stderr, "fake_cuda: %d graphs captured (%d operations), %d graph launches, %d kernel launches\n",
+                fake_graphs.captured, fake_graphs.ops, fake_graphs.launches, fake.launches);
+}
+
 /* ---- memory ---------------------------------------------------------------------------------- */
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
@@ -196,6 +233,7 @@ CUresult cuMemFreeHost(void *p) {
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     (void)s;
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
     fake.htod_bytes += (long long)n;
     memcpy((void *)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
@@ -203,6 +241,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
     (void)s;
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
     fake.dtoh_bytes += (long long)n;
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
@@ -210,12 +249,14 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     (void)s;
+    if (fake_capture) return fake_rec_copy(dst, src, n);
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
     (void)s;
+    if (fake_capture) return fake_rec_memset(8, p, 0, v, n, 1);
     memset((void *)(uintptr_t)p, v, n);
     return CUDA_SUCCESS;
 }
@@ -223,6 +264,7 @@ CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
 CUresult cuMemsetD2D32Async(CUdeviceptr p, size_t pitch, unsigned int v, size_t width, size_t height, CUstream s) {
     (void)s;
     if (pitch % 4 || (height > 1 && pitch < width * 4)) return FAKE_INVALID_VALUE;
+    if (fake_capture) return fake_rec_memset(32, p, pitch, v, width, height);
     for (size_t r = 0; r < height; r++) {
         uint32_t *row = (uint32_t *)(uintptr_t)(p + r * pitch);
         for (size_t c = 0; c < width; c++) row[c] = v;
@@ -370,7 +412,10 @@ CUresult cuStreamDestroy_v2(CUstream s) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuStreamSynchronize(CUstream s) { return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE; }
+CUresult cuStreamSynchronize(CUstream s) {
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+}
 
 typedef struct FakeEvent {
     double ms;
@@ -390,6 +435,8 @@ CUresult cuEventDestroy_v2(CUevent e) {
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
     (void)s;
+    if (fake_capture)
+        return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED; /* real CUDA records a node; the runtime never needs one */
     FakeEvent *ev = (FakeEvent *)(void *)e;
     ev->ms = fake.clock_ms;
     ev->recorded = 1;
@@ -407,12 +454,25 @@ CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
 
 /* ---- kernels --------------------------------------------------------------------------------- */
 
+static CUresult fake_rec_launch(const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params);
+
 static void fake_axpy(void **p) {
     float *dst = *(float **)p[0];
     const float *src = *(const float **)p[1];
     float scale = *(float *)p[2];
     long long n = *(long long *)p[3];
     for (long long i = 0; i < n; i++) dst[i] = dst[i] + scale * src[i];
+}
+
+static void fake_axpy_table(void **p) {
+    const long long *t = *(const long long **)p[0];
+    long long count = *(long long *)p[1];
+    float scale = *(float *)p[2];
+    for (long long e = 0; e < count; e++) {
+        float *dst = (float *)(uintptr_t)t[3 * e];
+        const float *src = (const float *)(uintptr_t)t[3 * e + 1];
+        for (long long i = 0; i < t[3 * e + 2]; i++) dst[i] = dst[i] + scale * src[i];
+    }
 }
 
 static void fake_scale(void **p) {
@@ -438,6 +498,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
                         unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) {
     const FakeFunction *fn = (const FakeFunction *)(void *)f;
     if (gz != 1 || by != 1 || bz != 1 || shared != 0 || extra || s != (CUstream)(void *)&fake_stream) return FAKE_INVALID_VALUE;
+    if (fake_capture) return fake_rec_launch(fn, gx, gy, bx, params);
     snprintf(fake.last_kernel, sizeof fake.last_kernel, "%s", fn->name);
     fake.last_grid[0] = gx;
     fake.last_grid[1] = gy;
@@ -455,6 +516,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned
     }
     if (strcmp(fn->name, "fake_fail") == 0) return FAKE_OUT_OF_RESOURCES;
     if (strcmp(fn->name, "mbt_rt_axpy") == 0) fake_axpy(params);
+    else if (strcmp(fn->name, "mbt_rt_axpy_table") == 0) fake_axpy_table(params);
     else if (strcmp(fn->name, "mbt_rt_scale") == 0) fake_scale(params);
     else if (strcmp(fn->name, "mbt_rt_sumsq_blocks") == 0) {
         if (bx != 256) return FAKE_INVALID_VALUE; /* the kernel's reduction tree is for exactly 256 threads */
@@ -641,11 +703,17 @@ static void fake_put(void *x, const FakeLayout *l, int64_t i, int64_t j, float v
     }
 }
 
+static cublasStatus_t fake_rec_matmul(cublasLtMatmulDesc_t d, const void *alpha, const void *a, cublasLtMatrixLayout_t al,
+                                      const void *b, cublasLtMatrixLayout_t bl, const void *beta, const void *c,
+                                      cublasLtMatrixLayout_t cl, void *dst, cublasLtMatrixLayout_t dl,
+                                      const cublasLtMatmulAlgo_t *algo);
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *a,
                               cublasLtMatrixLayout_t al, const void *b, cublasLtMatrixLayout_t bl, const void *beta,
                               const void *c, cublasLtMatrixLayout_t cl, void *dst, cublasLtMatrixLayout_t dl,
                               const cublasLtMatmulAlgo_t *algo, void *ws, size_t wss, cudaStream_t s) {
     (void)h, (void)ws, (void)wss, (void)s;
+    if (fake_capture) return fake_rec_matmul(d, alpha, a, al, b, bl, beta, c, cl, dst, dl, algo);
     const FakeDesc *desc = (const FakeDesc *)(void *)d;
     const FakeLayout *la = (const FakeLayout *)(void *)al, *lb = (const FakeLayout *)(void *)bl;
     const FakeLayout *lc = (const FakeLayout *)(void *)cl, *ld = (const FakeLayout *)(void *)dl;
@@ -709,3 +777,184 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 }
 
 /* NCCL is looked up in its own library, never here. */
+
+/* ---- stream capture: the record and its replay ------------------------------------------------ */
+
+#define FAKE_MAX_PARAMS 512
+
+struct FakeOp {
+    char kind; /* 'K' launch, 'C' device copy, 'M' memset (8 or 32 bits), 'G' matmul */
+    const FakeFunction *fn;
+    unsigned gx, gy, bx;
+    int nparams;
+    unsigned char *blob; /* the parameters' values, each at a 16-byte-aligned offset */
+    size_t off[FAKE_MAX_PARAMS];
+    CUdeviceptr dst, src;
+    size_t n, pitch, width, height;
+    unsigned v;
+    int bits;
+    FakeDesc desc;
+    FakeLayout la, lb, lc, ld;
+    const void *a, *b, *c;
+    void *d;
+    float alpha, beta;
+    cublasLtMatmulAlgo_t algo;
+};
+
+static FakeOp *fake_op(void) {
+    FakeGraph *g = fake_capture;
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 256;
+        FakeOp *ops = realloc(g->ops, (size_t)cap * sizeof *ops);
+        if (!ops) return NULL;
+        g->ops = ops;
+        g->cap = cap;
+    }
+    FakeOp *op = &g->ops[g->n++];
+    memset(op, 0, sizeof *op);
+    return op;
+}
+
+static CUresult fake_rec_copy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = 'C', op->dst = dst, op->src = src, op->n = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_rec_memset(int bits, CUdeviceptr p, size_t pitch, unsigned v, size_t width, size_t height) {
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = 'M', op->bits = bits, op->dst = p, op->pitch = pitch, op->v = v, op->width = width, op->height = height;
+    return CUDA_SUCCESS;
+}
+
+/* The parameter sizes of fn: the runtime's own kernels and the test kernels here, the emulated
+ * ones from the emulator. -1: unknown (the capture then fails). */
+static int fake_param_sizes(const FakeFunction *fn, const size_t **sizes) {
+    static const size_t axpy[] = {8, 8, 4, 8}, table[] = {8, 8, 4}, scale[] = {8, 4, 8, 8, 8}, sumsq[] = {8, 8, 8, 8},
+                        one[] = {8};
+    if (fn->emu >= 0) return emu.params ? emu.params(fn->emu, sizes) : -1;
+    if (strcmp(fn->name, "mbt_rt_axpy") == 0) return *sizes = axpy, 4;
+    if (strcmp(fn->name, "mbt_rt_axpy_table") == 0) return *sizes = table, 3;
+    if (strcmp(fn->name, "mbt_rt_scale") == 0) return *sizes = scale, 5;
+    if (strcmp(fn->name, "mbt_rt_sumsq_blocks") == 0) return *sizes = sumsq, 4;
+    if (strcmp(fn->name, "fake_fill7") == 0 || strcmp(fn->name, "fake_fail") == 0) return *sizes = one, 1;
+    return -1;
+}
+
+static CUresult fake_rec_launch(const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params) {
+    const size_t *sizes = NULL;
+    int np = fake_param_sizes(fn, &sizes);
+    if (np < 0 || np > FAKE_MAX_PARAMS) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t total = 0;
+    for (int i = 0; i < np; i++) {
+        op->off[i] = total;
+        total += (sizes[i] + 15) / 16 * 16;
+    }
+    op->blob = malloc(total ? total : 1);
+    if (!op->blob) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < np; i++) memcpy(op->blob + op->off[i], params[i], sizes[i]);
+    op->kind = 'K', op->fn = fn, op->gx = gx, op->gy = gy, op->bx = bx, op->nparams = np;
+    return CUDA_SUCCESS;
+}
+
+static cublasStatus_t fake_rec_matmul(cublasLtMatmulDesc_t d, const void *alpha, const void *a, cublasLtMatrixLayout_t al,
+                                      const void *b, cublasLtMatrixLayout_t bl, const void *beta, const void *c,
+                                      cublasLtMatrixLayout_t cl, void *dst, cublasLtMatrixLayout_t dl,
+                                      const cublasLtMatmulAlgo_t *algo) {
+    FakeOp *op = fake_op();
+    if (!op || !algo) return FAKE_LT_INVALID_VALUE;
+    op->kind = 'G';
+    op->desc = *(const FakeDesc *)(void *)d;
+    op->la = *(const FakeLayout *)(void *)al, op->lb = *(const FakeLayout *)(void *)bl;
+    op->lc = *(const FakeLayout *)(void *)cl, op->ld = *(const FakeLayout *)(void *)dl;
+    op->alpha = *(const float *)alpha, op->beta = *(const float *)beta;
+    op->a = a, op->b = b, op->c = c, op->d = dst, op->algo = *algo;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void fake_graph_free(FakeGraph *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) free(g->ops[i].blob);
+    free(g->ops);
+    free(g);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    if (s != (CUstream)(void *)&fake_stream || fake_capture) return FAKE_INVALID_VALUE;
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) return FAKE_INVALID_VALUE; /* the runtime allocates lazily: relaxed */
+    const char *no = getenv("MBT_FAKE_CUDA_NO_CAPTURE"); /* a driver that refuses every capture (tests/gpu/run.sh) */
+    if (no && *no == '1') return FAKE_CAPTURE_UNSUPPORTED;
+    fake_capture = calloc(1, sizeof *fake_capture);
+    fake_capture_rc = CUDA_SUCCESS;
+    return fake_capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
+    if (s != (CUstream)(void *)&fake_stream || !fake_capture) return FAKE_INVALID_VALUE;
+    FakeGraph *g = fake_capture;
+    fake_capture = NULL;
+    *graph = NULL;
+    if (fake_capture_rc != CUDA_SUCCESS) {
+        fake_graph_free(g);
+        return FAKE_CAPTURE_INVALIDATED;
+    }
+    *graph = (CUgraph)(void *)g;
+    return CUDA_SUCCESS;
+}
+
+/* The executable graph is the record itself (instantiating checks nothing more here). */
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    if (!graph || flags) return FAKE_INVALID_VALUE;
+    *exec = (CUgraphExec)(void *)graph;
+    FakeGraph *g = (FakeGraph *)(void *)graph;
+    fake_graphs.captured++;
+    fake_graphs.ops += g->n;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
+    if (!exec || s != (CUstream)(void *)&fake_stream || fake_capture) return FAKE_INVALID_VALUE;
+    const FakeGraph *g = (const FakeGraph *)(void *)exec;
+    for (int i = 0; i < g->n; i++) {
+        const FakeOp *op = &g->ops[i];
+        CUresult rc = CUDA_SUCCESS;
+        switch (op->kind) {
+        case 'C': rc = cuMemcpyDtoDAsync_v2(op->dst, op->src, op->n, s); break;
+        case 'M':
+            rc = op->bits == 8 ? cuMemsetD8Async(op->dst, (unsigned char)op->v, op->width, s)
+                               : cuMemsetD2D32Async(op->dst, op->pitch, op->v, op->width, op->height, s);
+            break;
+        case 'K': {
+            void *params[FAKE_MAX_PARAMS];
+            for (int p = 0; p < op->nparams; p++) params[p] = op->blob + op->off[p];
+            rc = cuLaunchKernel((CUfunction)(void *)op->fn, op->gx, op->gy, 1, op->bx, 1, 1, 0, s, params, NULL);
+            break;
+        }
+        case 'G':
+            rc = cublasLtMatmul((cublasLtHandle_t)(void *)&fake_handle, (cublasLtMatmulDesc_t)(void *)&op->desc, &op->alpha,
+                                op->a, (cublasLtMatrixLayout_t)(void *)&op->la, op->b, (cublasLtMatrixLayout_t)(void *)&op->lb,
+                                &op->beta, op->c, (cublasLtMatrixLayout_t)(void *)&op->lc, op->d,
+                                (cublasLtMatrixLayout_t)(void *)&op->ld, &op->algo, NULL, 0, s) == CUBLAS_STATUS_SUCCESS
+                     ? CUDA_SUCCESS
+                     : FAKE_LAUNCH_FAILED;
+            break;
+        }
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    fake_graphs.launches++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    (void)exec; /* the record is freed with its graph */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph graph) {
+    fake_graph_free((FakeGraph *)(void *)graph);
+    return CUDA_SUCCESS;
+}

@@ -42,6 +42,8 @@
 #                          (the `__global__` functions of `mbtc --emit=cuda`)
 #   gpu/trace              MBT_TRACE=F.json writes JSON whose traceEvents is a non-empty list of
 #                          events, some named after the program's kernel functions
+#   gpu/graph              tests/exec/dropout.mbt's drop, 5 steps, with CUDA graphs (the default) and
+#                          with MBT_CUDA_GRAPH=0: byte-identical weights and logs, graphs launched
 # and, on tests/exec/dp.mbt:
 #   gpu/dp                 dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md)
@@ -494,6 +496,60 @@ else
     else
         same=$(cmp -s "$d/none.st" "$d/host.st" && echo "byte for byte" || echo "within 1e-5")
         pass "gpu/offload-host (10 steps with the state in host memory: the device's own update's losses and weights, $same; resumed bit-exactly)"
+    fi
+fi
+
+# ---- CUDA graphs: the step captured and replayed, bit for bit the step launched kernel by kernel ----
+# gpu/graph: tests/exec/dropout.mbt's drop (dropout keyed by step and micro-batch, uploaded each
+# micro-batch; 2 micro-batches a step, so two gradient regions; lr and t uploaded each update),
+# 5 steps with MBT_CUDA_GRAPH=0 and with graphs (the default): byte-identical weights, the same
+# logs to every digit, and the graphs run said so (the runtime's "GPU:" line; on the emulated GPU
+# also fake_cuda's own count of graph launches).
+if [ "$DEVICE" = cpu ]; then
+    skip gpu/graph "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU has no CUDA graphs"
+else
+    d="$DIR/graph"
+    mkdir -p "$d"
+    if ! build "$d" tests/exec/dropout.mbt --train drop -I examples; then
+        fail gpu/graph "mbtc tests/exec/dropout.mbt --train drop -o or --emit=cuda failed" "$OUT"
+    else
+        MBT_CUDA_GRAPH=0 on_device_cmd "$d/prog.cu" "$d/prog" "$d/off.out" train --steps 5 --data "$DATA" \
+            --save-weights "$d/off.st" --log "$d/off.jsonl"
+        rc0=$?
+        MBT_FAKE_CUDA_REPORT=1 on_device_cmd "$d/prog.cu" "$d/prog" "$d/on.out" train --steps 5 --data "$DATA" \
+            --save-weights "$d/on.st" --log "$d/on.jsonl"
+        rc1=$?
+        launched=$(sed -n 's/^GPU: .*CUDA graphs: \([0-9]*\) captured, \([0-9]*\) launched.*/\2/p' "$d/on.out")
+        fake=$(sed -n 's/^fake_cuda: .* \([0-9]*\) graph launches.*/\1/p' "$d/on.out")
+        if [ $rc0 != 0 ] || [ $rc1 != 0 ]; then
+            fail gpu/graph "a run failed (MBT_CUDA_GRAPH=0: status $rc0; graphs: $rc1)" "$d/off.out" "$d/on.out"
+        elif ! grep -q "^GPU: .*CUDA graphs: off (MBT_CUDA_GRAPH=0)" "$d/off.out"; then
+            fail gpu/graph "MBT_CUDA_GRAPH=0 did not turn the graphs off" "$d/off.out"
+        elif [ -z "$launched" ] || [ "$launched" -lt 5 ]; then
+            fail gpu/graph "the graphs' run launched '${launched}' graphs (at least 5 expected)" "$d/on.out"
+        elif [ "$DEVICE" = emu ] && [ "$fake" != "$launched" ]; then
+            fail gpu/graph "the runtime says $launched graphs were launched, the stand-in driver '$fake'" "$d/on.out"
+        elif ! cmp -s "$d/off.st" "$d/on.st" || [ "$(untimed "$d/off.jsonl")" != "$(untimed "$d/on.jsonl")" ]; then
+            fail gpu/graph "the step as graphs saved or logged other numbers than launched kernel by kernel" "$d/off.jsonl" "$d/on.jsonl"
+        else
+            pass "gpu/graph ($launched graph launches; the weights and logs of MBT_CUDA_GRAPH=0, byte for byte, 5 steps)"
+        fi
+        # a driver that refuses every capture (the stand-in's MBT_FAKE_CUDA_NO_CAPTURE): the step runs
+        # uncaptured, with the same numbers, and the GPU line says why
+        if [ "$DEVICE" = emu ]; then
+            MBT_FAKE_CUDA_NO_CAPTURE=1 on_device_cmd "$d/prog.cu" "$d/prog" "$d/refused.out" train --steps 5 --data "$DATA" \
+                --save-weights "$d/refused.st" --log "$d/refused.jsonl"
+            rc=$?
+            if [ $rc != 0 ]; then
+                fail gpu/graph-refused "the run whose captures the driver refuses failed (status $rc)" "$d/refused.out"
+            elif ! grep -q "^GPU: .*CUDA graphs: 0 captured, 0 launched; .*a capture failed.*cuStreamBeginCapture" "$d/refused.out"; then
+                fail gpu/graph-refused "the GPU line does not say that the captures failed" "$d/refused.out"
+            elif ! cmp -s "$d/off.st" "$d/refused.st" || [ "$(untimed "$d/off.jsonl")" != "$(untimed "$d/refused.jsonl")" ]; then
+                fail gpu/graph-refused "refused captures changed the numbers" "$d/off.jsonl" "$d/refused.jsonl"
+            else
+                pass "gpu/graph-refused (captures refused by the driver: the step runs uncaptured, the same weights and logs)"
+            fi
+        fi
     fi
 fi
 

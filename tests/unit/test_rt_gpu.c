@@ -73,7 +73,7 @@ static int file_exists(const char *path) {
 
 /* ---- a program for the fake -------------------------------------------------------------------- */
 
-#define NAMES "fake_fill7\nfake_fail\nmbt_rt_axpy\nmbt_rt_scale\nmbt_rt_sumsq_blocks\n"
+#define NAMES "fake_fill7\nfake_fail\nmbt_rt_axpy\nmbt_rt_axpy_table\nmbt_rt_scale\nmbt_rt_sumsq_blocks\n"
 static const char cubin[] = FAKE_CUBIN NAMES;
 static const char ptx[] = FAKE_PTX NAMES;
 static const char bad_ptx[] = "// not PTX\n";
@@ -484,7 +484,7 @@ static void fake_open_errors(void) {
     CHECK(rt_gpu_open(&g, &p, RT_DEVICE_AUTO, &why, &e) == RT_ERR_IO && !g, "missing function accepted");
     CHECK_STR(e.msg, "cuModuleGetFunction (the program's kernel 1, nosuch): CUDA_ERROR_NOT_FOUND: named symbol not found",
               "missing function");
-    static const char no_scale[] = FAKE_CUBIN "fake_fill7\nfake_fail\nmbt_rt_axpy\nmbt_rt_sumsq_blocks\n";
+    static const char no_scale[] = FAKE_CUBIN "fake_fill7\nfake_fail\nmbt_rt_axpy\nmbt_rt_axpy_table\nmbt_rt_sumsq_blocks\n";
     const RtGpuImage lacking[] = {{"sm_80", 0, (const unsigned char *)no_scale, sizeof no_scale}};
     p = program;
     p.images = lacking;
@@ -544,6 +544,35 @@ static void fake_memory_and_kernels(void) {
     int ok = 1;
     for (int i = 0; i < 200; i++) ok = ok && back[i] == ((i < 128 ? 7.0f : 0.0f) + 0.5f * host[i]) * 2.0f;
     CHECK(ok, "axpy then scale gave wrong values");
+
+    /* the batched axpy: two entries into y (disjoint), each as rt_gpu_axpy computes it; a length 0
+     * entry does nothing; the same table again is not uploaded again */
+    CHECK(rt_gpu_zero(g, y, 200 * sizeof(float), &e) == RT_OK, "zero: %s", e.msg);
+    int64_t table[9] = {(int64_t)(uintptr_t)y,
+                        (int64_t)(uintptr_t)x,
+                        150,
+                        (int64_t)(uintptr_t)((float *)y + 150),
+                        (int64_t)(uintptr_t)((float *)x + 7),
+                        50,
+                        (int64_t)(uintptr_t)y,
+                        (int64_t)(uintptr_t)x,
+                        0};
+    long long up0 = fake->htod_bytes;
+    CHECK(rt_gpu_axpy_table(g, table, 3, 0.25f, &e) == RT_OK, "axpy table: %s", e.msg);
+    CHECK(fake->htod_bytes - up0 == (long long)sizeof table, "the table's upload: %lld bytes", fake->htod_bytes - up0);
+    CHECK(strcmp(fake->last_kernel, "mbt_rt_axpy_table") == 0 && fake->last_grid[1] == 3, "launched %s, %u rows",
+          fake->last_kernel, fake->last_grid[1]);
+    CHECK(rt_gpu_axpy_table(g, table, 3, 0.25f, &e) == RT_OK, "axpy table again: %s", e.msg);
+    CHECK(fake->htod_bytes - up0 == (long long)sizeof table, "the same table uploaded twice");
+    CHECK(rt_gpu_download(g, back, y, 200 * sizeof(float), &e) == RT_OK, "download: %s", e.msg);
+    ok = 1;
+    for (int i = 0; i < 200; i++) {
+        float v = 0.25f * host[i < 150 ? i : i - 150 + 7];
+        ok = ok && back[i] == v + v;
+    }
+    CHECK(ok, "axpy table gave wrong values");
+    table[5] = -1;
+    CHECK(rt_gpu_axpy_table(g, table, 2, 1.0f, &e) == RT_ERR_ARG && strstr(e.msg, "entry 1 has negative length"), "%s", e.msg);
 
     double partial[4] = {0}, want[4] = {0};
     for (int i = 0; i < N; i++) want[i / 300] += (double)host[i] * host[i];
