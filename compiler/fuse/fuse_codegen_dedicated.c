@@ -586,6 +586,48 @@ void cg_topk(CG *g, const FNode *n) {
     kb_endloop(g->b);
 }
 
+/* Whether layout L is its shape's row-major layout from L->off on (size-1 axes aside). */
+static int lay_contiguous(const CGLayout *L) {
+    int64_t s = 1;
+    for (int d = L->rank - 1; d >= 0; d--) {
+        if (L->shape[d] == 1) continue;
+        if (L->stride[d] != s) return 0;
+        s *= L->shape[d];
+    }
+    return 1;
+}
+
+/* Kernel.scatter for scatter_add n, when the kernel computes n alone into its own buffer and reads
+ * the indices and the rows as contiguous views of buffers; otherwise it stays NULL and the body
+ * is the kernel (the CUDA back end's segmented kernel needs plain row-major operands). */
+static void cg_scatter_describe(CG *g, const FNode *n) {
+    const FNode *upd = cg_n(g, n->in[0]), *idx = cg_n(g, n->in[1]);
+    if (g->K->members.n != 1 || g->K->members.v[0] != n->id || !g->c->mat[n->id] || n->shape[0] < 1) return;
+    if (upd->dt != n->dt || (idx->dt != DT_I32 && idx->dt != DT_I64)) return;
+    /* a mixed-precision program's rows arrive in bf16 and are widened inline: read them as such */
+    const FNode *src = upd;
+    if (upd->op == F_MAP && upd->kop == K_CAST && cg_computes(g, upd->id) && fuse_numel(cg_n(g, upd->in[0])) == fuse_numel(upd))
+        src = cg_n(g, upd->in[0]);
+    if (src != upd && !(dtype_is_float(src->dt) && dtype_size(src->dt) <= dtype_size(n->dt))) return; /* widening only */
+    CGLayout lu, li;
+    int pu = -1, pi = -1;
+    if (!cg_layout_in(g, src->id, &lu, &pu) || !lay_contiguous(&lu)) return;
+    if (!cg_layout_in(g, idx->id, &li, &pi) || !lay_contiguous(&li)) return;
+    KScatter *d = arena_alloc(g->ar, sizeof *d);
+    d->dt = n->dt;
+    d->upd_dt = src->dt;
+    d->idx_dt = idx->dt;
+    d->R = n->shape[0];
+    d->W = fuse_numel(n) / d->R;
+    d->P = fuse_numel(idx);
+    d->out = cg_buf(g, n->id, 1);
+    d->idx = pi;
+    d->upd = pu;
+    d->idx_off = li.off;
+    d->upd_off = lu.off;
+    g->k->scatter = d;
+}
+
 /* out [R, ...] = zeros, then row idx[p] += updates[p] for every p in order; one column of the
  * rows a work item (ref_bwd.c's ref_scatter_add, the same order of additions). */
 void cg_scatter_add(CG *g, const FNode *n) {
@@ -610,6 +652,7 @@ void cg_scatter_add(CG *g, const FNode *n) {
     int off = cg_iadd(g, cg_imul(g, row, cg_i(g, width)), col);
     kb_store(g->b, buf, off, cg_op2(g, K_ADD, t, kb_load(g->b, buf, off), v));
     kb_endloop(g->b);
+    cg_scatter_describe(g, n);
 }
 
 /* The per-parameter L2 norm of an update graph's flat vector, broadcast over the parameter: one

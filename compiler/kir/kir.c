@@ -788,3 +788,13 @@ void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
         else fprintf(out, "%s  stats  computed here, not stored\n", prefix);
     }
 }
+
+/* ---- scatter_add's operands -------------------------------------------------------------------- */
+
+void kir_print_scatter(FILE *out, const KScatter *s, const char *prefix) {
+    fprintf(out,
+            "%sscatter_add: R %" PRId64 ", W %" PRId64 ", P %" PRId64 ", %s; out p%d, idx p%d + %" PRId64
+            " (%s), upd p%d + %" PRId64 " (%s)\n",
+            prefix, s->R, s->W, s->P, dtype_name(s->dt), s->out, s->idx, s->idx_off, dtype_name(s->idx_dt), s->upd, s->upd_off,
+            dtype_name(s->upd_dt));
+}

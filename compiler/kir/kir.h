@@ -178,6 +178,21 @@ typedef struct KAttn {
                                  at stats when param >= 0); otherwise they are loaded from stats */
 } KAttn;
 
+/* What a KK_SCATTER kernel computes when its operands are plain row-major buffers (graph.h's
+ * G_SCATTER_ADD, ref_bwd.c's ref_scatter_add): out [R, W] = zeros, then for p = 0 .. P-1 in order,
+ * row clamp(idx[p], 0, R - 1) += row p of upd [P, W] (converted to dt). A back end may run a kernel of its own from
+ * this instead of the body (compiler/backend/cuda/cuda.c: the deterministic embedding backward,
+ * docs/cuda.md), adding in the same order for every element; the body computes the same. Set by
+ * fusion when every operand is contiguous and the kernel computes nothing else, else NULL. */
+typedef struct KScatter {
+    DType dt;                 /* of out (and of the rows added: upd's elements, widened from upd_dt) */
+    DType upd_dt;             /* of upd's buffer: dt, or a narrower float type read and widened exactly */
+    DType idx_dt;             /* of the indices (an integer type) */
+    int64_t R, W, P;          /* rows of out, elements a row, positions (rows of upd) */
+    int out, idx, upd;        /* buffer parameters */
+    int64_t idx_off, upd_off; /* element offsets of the views into their buffers (out's is 0) */
+} KScatter;
+
 typedef struct Kernel {
     const char *name; /* "k3_add_layernorm": unique in a schedule, a C identifier */
     KKind kind;
@@ -188,8 +203,9 @@ typedef struct Kernel {
     int n, cap;
     KInst *inst;
     int nnodes;
-    int *nodes;        /* the graph nodes it computes, ascending (for the listing and tests) */
-    const KAttn *attn; /* KK_ATTENTION: its layout when strided, else NULL */
+    int *nodes;              /* the graph nodes it computes, ascending (for the listing and tests) */
+    const KAttn *attn;       /* KK_ATTENTION: its layout when strided, else NULL */
+    const KScatter *scatter; /* KK_SCATTER: its operands when contiguous, else NULL */
 } Kernel;
 
 /* ---- building (used by fuse.c) ---------------------------------------------------------------- */
@@ -242,5 +258,8 @@ void kir_print_body(FILE *out, const Kernel *k, int indent);
 /* Kernel.attn, a few lines each starting with `prefix`: the op and sizes, then each view as
  * `q  p0 + 128  strides [z, h, r, c]`. */
 void kir_print_attn(FILE *out, const KAttn *a, const char *prefix);
+
+/* Kernel.scatter, one line starting with `prefix`: the sizes and the operands. */
+void kir_print_scatter(FILE *out, const KScatter *s, const char *prefix);
 
 #endif
