@@ -516,6 +516,11 @@ static void cg_reduction(CG *g) {
     kept_ix.flat = gid;
     for (int a = 0; a < rank; a++) g->kept[a] = mask & (1u << a) ? -1 : ix_dim(g, &kept_ix, a);
     g->k->grid = keptn;
+    for (int a = rank - 1; a >= 0; a--) /* the innermost axis longer than 1: kept, a column reduction */
+        if (K->shape[a] != 1) {
+            if (!(mask & (1u << a)) && !suffix) g->k->columns = K->shape[a];
+            break;
+        }
 
     /* levels: reductions, full-shaped members (stored in the loop of their level), per-row ones */
     int nl = 0;

@@ -234,23 +234,73 @@ static int fl_sub2(FL *L, int a, int b) { return fl_bin(L, K_SUB, a, b); }
 static int fl_mul2(FL *L, int a, int b) { return fl_bin(L, K_MUL, a, b); }
 static int fl_div2(FL *L, int a, int b) { return fl_bin(L, K_DIV, a, b); }
 
-/* x reduced with kop over the axes in mask (kept as size 1). Axes of size 1 need no reduction:
- * a mask left empty returns x. */
-static int fl_reduce(FL *L, KOp kop, int x, uint32_t mask) {
-    const FNode *n = fl_n(L, x);
-    int64_t shape[GRAPH_MAX_RANK] = {0};
-    for (int d = 0; d < n->rank; d++) {
-        if (n->shape[d] == 1) mask &= ~(1u << d);
-        shape[d] = mask & (1u << d) ? 1 : n->shape[d];
-    }
-    mask &= (n->rank >= 32 ? ~0u : (1u << n->rank) - 1);
-    if (!mask) return x;
-    FNode p = fl_proto(F_REDUCE, n->dt, n->rank, shape);
+static int fl_reshape(FL *L, int x, int rank, const int64_t *shape);
+
+/* One F_REDUCE node: x [rank, shape of x] reduced with kop over the axes in mask, to shape. */
+static int fl_reduce1(FL *L, KOp kop, int x, uint32_t mask, int rank, const int64_t *shape) {
+    FNode p = fl_proto(F_REDUCE, fl_n(L, x)->dt, rank, shape);
     p.kop = kop;
     p.nin = 1;
     p.in[0] = x;
     p.ia[0] = mask;
     return fl_add(L, &p);
+}
+
+/* x reduced with kop over the axes in mask (kept as size 1). Axes of size 1 need no reduction:
+ * a mask left empty returns x.
+ *
+ * A sum over the leading axes of at least FL_SPLIT_ROWS rows (a bias or LayerNorm weight gradient
+ * over every token of the batch: M rows of N) is made in two levels: the rows viewed as [S, R, N]
+ * with R the largest divisor of M in [32, FL_SPLIT_SLICE], R rows summed into each of S partial rows
+ * (kept in a buffer), then the S partials summed. Each level is a reduction kernel of its own with
+ * many more work items than N alone (S x N, then N), so it fills a GPU, and the order of additions
+ * is fixed by M alone: deterministic, whatever the device or its thread count. The first level fuses
+ * what produces the rows, the second what consumes the sum (the cast, the accumulation). Fewer rows
+ * (every CPU-size example) or an M with no such divisor keep the one reduction. The sum's order of
+ * additions is not the CPU reference's (ref.c adds the rows in order): the verify layer's
+ * tolerances hold it. */
+#define FL_SPLIT_ROWS 4096
+#define FL_SPLIT_SLICE 128
+
+static int fl_reduce(FL *L, KOp kop, int x, uint32_t mask) {
+    const FNode *n = fl_n(L, x);
+    int rank = n->rank;
+    int64_t shape[GRAPH_MAX_RANK] = {0}, in_shape[GRAPH_MAX_RANK] = {0};
+    for (int d = 0; d < rank; d++) {
+        in_shape[d] = n->shape[d];
+        if (n->shape[d] == 1) mask &= ~(1u << d);
+        shape[d] = mask & (1u << d) ? 1 : n->shape[d];
+    }
+    mask &= (rank >= 32 ? ~0u : (1u << rank) - 1);
+    if (!mask) return x;
+    int64_t M = 1, N = 1;
+    int leading = 1; /* no reduced axis after a kept one longer than 1: the rows are [M, N] row-major */
+    for (int d = 0, kept_seen = 0; d < rank; d++) {
+        if (mask & (1u << d)) {
+            M *= in_shape[d];
+            if (kept_seen) leading = 0;
+        } else {
+            N *= in_shape[d];
+            kept_seen |= in_shape[d] != 1;
+        }
+    }
+    DType dt = fl_n(L, x)->dt;
+    if (kop == K_ADD && dtype_is_float(dt) && leading && N > 1 && M >= FL_SPLIT_ROWS) {
+        int64_t R = 0;
+        for (int64_t r = FL_SPLIT_SLICE; r >= 32 && !R; r--)
+            if (M % r == 0) R = r;
+        if (R) {
+            /* f16 and bf16 rows are summed in f32 (their partials would otherwise be rounded to
+             * 8 or 11 bits in the buffer), the total rounded once to the sum's type */
+            int wide = dt == DT_F32 || dt == DT_F64;
+            int64_t s3[3] = {M / R, R, N}, p3[3] = {M / R, 1, N}, t3[3] = {1, 1, N};
+            int part = fl_reduce1(L, kop, fl_reshape(L, wide ? x : fl_cast(L, x, DT_F32), 3, s3), 2u, 3, p3);
+            L->fg->node[part]->keep = 1; /* a buffer of partials: the second level reads S x N values */
+            int total = fl_reduce1(L, kop, part, 1u, 3, t3);
+            return fl_reshape(L, wide ? total : fl_cast(L, total, dt), rank, shape);
+        }
+    }
+    return fl_reduce1(L, kop, x, mask, rank, shape);
 }
 
 static int fl_same_shape(const FNode *n, int rank, const int64_t *shape) {

@@ -206,6 +206,9 @@ typedef struct Kernel {
     int *nodes;              /* the graph nodes it computes, ascending (for the listing and tests) */
     const KAttn *attn;       /* KK_ATTENTION: its layout when strided, else NULL */
     const KScatter *scatter; /* KK_SCATTER: its operands when contiguous, else NULL */
+    int64_t columns;         /* KK_REDUCE over leading axes with the innermost axis kept: its extent
+                                (consecutive work items read consecutive elements of each row they
+                                sum), else 0 */
 } Kernel;
 
 /* ---- building (used by fuse.c) ---------------------------------------------------------------- */

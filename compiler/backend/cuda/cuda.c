@@ -46,6 +46,8 @@
 #define CUDA_MAX_BLOCKS 65536     /* grid cap: beyond it threads take more items (grid stride) */
 #define CUDA_REGISTER_BUDGET 128  /* registers a thread that __launch_bounds__ allows */
 #define CUDA_WARP_MAX_EXTENT 1024 /* split loops up to this long: a warp; longer: a block */
+#define CUDA_COLUMN_THREADS 16384 /* a column reduction with this many work items: a thread each */
+#define CUDA_COLUMN_SHORT 128     /* ... or with loops this short (the second level of a two-level sum) */
 
 const char *cuda_mode_name(CudaMode m) {
     switch (m) {
@@ -331,6 +333,11 @@ static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
         if (in->op == K_LOOP || in->op == K_IF) depth++;
         else if (in->op == K_ENDLOOP || in->op == K_ENDIF) depth--;
     }
+    /* A column reduction (Kernel.columns: work item n sums rows of column n, as the levels of
+     * fuse_lower.c's two-level sums do) with many work items, or short loops, runs a work item a
+     * thread: a warp's 32 threads then read 32 consecutive elements of a row at each step (one
+     * transaction), where a warp per item would read 32 rows of one column (32). */
+    if (reduces && k->columns >= 32 && (k->grid >= CUDA_COLUMN_THREADS || longest <= CUDA_COLUMN_SHORT)) reduces = 0;
     CudaLaunch *L = &P->launch;
     if (!reduces) {
         memset(P->split, 0, sizeof(int) * (size_t)(k->n + 1));
