@@ -57,6 +57,7 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_TOPK] = "topk",
     [F_SCATTER_ADD] = "scatter_add",
     [F_SEG_NORM] = "seg_norm",
+    [F_CE_STATS] = "ce_stats",
 };
 
 const char *fuse_fop_name(FOp op) { return op >= 0 && op < F_OP_COUNT ? fuse_fop_names[op] : "?"; }
@@ -421,12 +422,30 @@ static int fl_rms_stats(FL *L, int x, double eps) {
 }
 
 /* Cross-entropy's row max m and sum of exp(x - m) over the last axis, and exp(x - m). */
+/* Cross-entropy's row statistics of logits x [..., V]: the max m and the sum s of exp(x - m), each
+ * [..., 1] in x's type, and e = exp(x - m). One dedicated node computes both (F_CE_STATS, in f32 at
+ * least: a bf16 program's logits are summed in f32 and m, s rounded to its type once), so that a GPU
+ * reads the logits once for them (an online max and sum, docs/cuda.md) and once more for the
+ * gradient; the CPU's kernel adds as the two reductions did. */
 static void fl_ce_stats(FL *L, int x, int *m, int *s, int *e) {
     const FNode *n = fl_n(L, x);
-    uint32_t last = 1u << (n->rank - 1);
-    *m = fl_reduce(L, K_MAX, x, last);
+    int rank = n->rank;
+    DType dt = n->dt, sdt = dt == DT_F64 ? DT_F64 : DT_F32;
+    int64_t shape[GRAPH_MAX_RANK] = {0}, one[GRAPH_MAX_RANK] = {0};
+    for (int d = 0; d < rank; d++) shape[d] = one[d] = n->shape[d];
+    shape[rank - 1] = 2;
+    one[rank - 1] = 1;
+    int st = fl_op(L, F_CE_STATS, sdt, rank, shape, 1, &x);
+    for (int k = 0; k < 2; k++) {
+        FNode p = fl_proto(F_SLICE, sdt, rank, one);
+        p.nin = 1;
+        p.in[0] = st;
+        p.ia[0] = rank - 1;
+        p.ia[1] = k;
+        int v = fl_add(L, &p);
+        *(k ? s : m) = sdt == dt ? v : fl_cast(L, v, dt);
+    }
     *e = fl_un(L, K_EXP, fl_sub2(L, x, *m));
-    *s = fl_reduce(L, K_ADD, *e, last);
 }
 
 /* The bits of the axes a reduction with attribute axis (-1: all) reduces. */
@@ -843,8 +862,9 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
         int m, s, e;
         fl_ce_stats(L, x, &m, &s, &e);
         int xt = fl_keep_last1(L, fl_op(L, F_TAKE, nx->dt, fl_n(L, y)->rank, fl_n(L, y)->shape, 2, in));
+        /* no buffer of its own: the mean's kernel computes each row's loss from the statistics'
+         * buffer and the target's logit, reading N x 3 values (the logits are read by ce_stats) */
         int rowloss = fl_sub2(L, fl_un(L, K_LOG, s), fl_sub2(L, xt, m));
-        L->fg->node[rowloss]->keep = 1;
         int total = fl_reduce(L, K_ADD, rowloss, fl_all_axes(nx->rank));
         int mean = fl_div2(L, total, fl_c(L, (double)fuse_numel(fl_n(L, y)), nx->dt));
         return fl_cast(L, fl_reshape(L, mean, n->rank, n->shape), dt);

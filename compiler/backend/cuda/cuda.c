@@ -56,6 +56,7 @@ const char *cuda_mode_name(CudaMode m) {
     case CUDA_BLOCK: return "block";
     case CUDA_ATTENTION: return "attention";
     case CUDA_SCATTER: return "scatter";
+    case CUDA_CE_STATS: return "ce_stats";
     }
     return "?";
 }
@@ -175,6 +176,12 @@ int cuda_kernel_uses_scatter(const Kernel *k) {
            ((s->dt == DT_F32 || s->dt == DT_F64) && (s->upd_dt == DT_F16 || s->upd_dt == DT_BF16 || s->upd_dt == DT_F32));
 }
 
+int cuda_kernel_uses_ce(const Kernel *k) {
+    const KCeStats *c = k->ce;
+    return c && c->dt == DT_F32 && (c->in_dt == DT_F32 || c->in_dt == DT_F16 || c->in_dt == DT_BF16) && c->V >= 1 &&
+           c->stride >= c->V;
+}
+
 int cuda_kernel_uses_half(const Kernel *k) {
     for (int p = 0; p < k->nbufs; p++)
         if (k->bufs[p].dt == DT_F16 || k->bufs[p].dt == DT_BF16) return 1;
@@ -263,6 +270,16 @@ static int64_t cuda_scatter_rows(const KScatter *s) { return (s->R + CUDA_SCATTE
 
 static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
     memset(P, 0, sizeof *P);
+    if (cuda_kernel_uses_ce(k)) { /* a block per row; the body is not written */
+        CudaLaunch *L = &P->launch;
+        L->mode = CUDA_CE_STATS;
+        L->block = CUDA_BLOCK_BLOCK;
+        L->vector = 1;
+        L->per_block = 1;
+        L->shared = 2 * 4 * (CUDA_BLOCK_BLOCK / 32);
+        L->blocks = k->ce->rows < 1 ? 1 : k->ce->rows > CUDA_MAX_BLOCKS ? CUDA_MAX_BLOCKS : k->ce->rows;
+        return;
+    }
     if (cuda_kernel_uses_scatter(k)) { /* the segmented kernel's geometry; the body is not written */
         const KScatter *s = k->scatter;
         CudaLaunch *L = &P->launch;
@@ -862,6 +879,7 @@ static void cuda_header(CudaEmit *E, const char *note) {
             L->shared);
     if (L->mode == CUDA_WARP) fprintf(out, " (a warp per work item, %d per block)", L->block / 32);
     if (L->mode == CUDA_BLOCK) fprintf(out, " (a block per work item)");
+    if (L->mode == CUDA_CE_STATS) fprintf(out, " (a block per row: cross-entropy's statistics in one online pass, docs/cuda.md)");
     if (L->mode == CUDA_SCATTER)
         fprintf(out, " (%" PRId64 " output rows a block: the segmented scatter_add, docs/cuda.md)", L->per_block);
     if (L->mode == CUDA_ATTENTION)
@@ -1067,6 +1085,74 @@ static void cuda_scatter_body(CudaEmit *E) {
     cuda_line(E, "}");
 }
 
+/* ---- cross-entropy's statistics: one online pass ------------------------------------------------ */
+
+/* Kernel.ce: per row, the max m and the sum s of exp(x - m) in one read of the logits. Each thread
+ * keeps a running (m, s) over the columns threadIdx.x, + 256, ...: a larger x rescales s by
+ * exp(m - x) (the online softmax of Milakov and Gimelshein, as llm.c's classifier); the 32 lanes'
+ * pairs are merged in a __shfl_xor_sync butterfly (the merge is commutative, so every lane ends
+ * with the same pair) and the 8 warps' in warp order by thread 0: a fixed tree, deterministic run
+ * to run and GPU to GPU. NaN propagates as the body's max does, +inf gives a NaN sum as the body's
+ * exp(inf - inf) does, and -inf logits add nothing (a row of -inf alone: s = 0 where the body has
+ * NaN; the loss and the gradient are NaN either way). The sum's
+ * rounding differs from the body's (which adds exp(x - max) with the row's final max, in column
+ * order) by a few ulps: within tests/gpu/run.sh's tolerances. */
+static void cuda_ce_body(CudaEmit *E) {
+    const KCeStats *c = E->k->ce;
+    const char *x = cuda_elem_in(
+        E, c->in_dt, arena_printf(E->ar, "p%d[%" PRId64 "LL + row * %" PRId64 "LL + j]", c->in, c->in_off, c->stride));
+    cuda_line(E, "/* cross-entropy statistics: %" PRId64 " rows of V %" PRId64 " (stride %" PRId64 ", %s), one online pass */",
+              c->rows, c->V, c->stride, cuda_memory_type(E, c->in_dt));
+    cuda_line(E, "__shared__ float mbt_wm[%d], mbt_ws[%d];", CUDA_BLOCK_BLOCK / 32, CUDA_BLOCK_BLOCK / 32);
+    cuda_line(E, "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
+    cuda_line(E, "for (long long row = blockIdx.x; row < %" PRId64 "LL; row += gridDim.x) {", c->rows);
+    E->indent++;
+    cuda_line(E, "float m = -MBT_INF_F, s = 0.0f;");
+    cuda_line(E, "for (long long j = threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", c->V, CUDA_BLOCK_BLOCK);
+    E->indent++;
+    cuda_line(E, "const float v = %s;", x);
+    cuda_line(E, "if (v != v || m != m) m = s = v + m; /* NaN: both NaN from here on */");
+    cuda_line(E, "else if (v > m) {");
+    cuda_line(E, "    s = s * expf(m - v) + expf(v - v); /* 1, or NaN for +inf as the body's exp(inf - inf) */");
+    cuda_line(E, "    m = v;");
+    cuda_line(E, "} else if (v != -MBT_INF_F) s += expf(v - m);");
+    E->indent--;
+    cuda_line(E, "}");
+    cuda_line(E, "for (int o = 16; o > 0; o >>= 1) { /* the lanes' pairs, merged: every lane gets the same pair */");
+    E->indent++;
+    cuda_line(E, "const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);");
+    cuda_line(E, "if (m2 != m2 || m != m) m = s = m + m2;");
+    cuda_line(E, "else if (m2 > m) {");
+    cuda_line(E, "    s = s * expf(m - m2) + s2;");
+    cuda_line(E, "    m = m2;");
+    cuda_line(E, "} else if (m2 != -MBT_INF_F) s = s + s2 * expf(m2 - m);");
+    E->indent--;
+    cuda_line(E, "}");
+    cuda_line(E, "if (lane == 0) {");
+    cuda_line(E, "    mbt_wm[warp] = m;");
+    cuda_line(E, "    mbt_ws[warp] = s;");
+    cuda_line(E, "}");
+    cuda_line(E, "__syncthreads();");
+    cuda_line(E, "if (threadIdx.x == 0) { /* the warps' pairs in warp order */");
+    E->indent++;
+    cuda_line(E, "float M = mbt_wm[0], S = mbt_ws[0];");
+    cuda_line(E, "for (int w = 1; w < %d; w++) {", CUDA_BLOCK_BLOCK / 32);
+    cuda_line(E, "    const float m2 = mbt_wm[w], s2 = mbt_ws[w];");
+    cuda_line(E, "    if (m2 != m2 || M != M) M = S = M + m2;");
+    cuda_line(E, "    else if (m2 > M) {");
+    cuda_line(E, "        S = S * expf(M - m2) + s2;");
+    cuda_line(E, "        M = m2;");
+    cuda_line(E, "    } else if (m2 != -MBT_INF_F) S = S + s2 * expf(m2 - M);");
+    cuda_line(E, "}");
+    cuda_line(E, "p%d[row * 2LL] = M;", c->out);
+    cuda_line(E, "p%d[row * 2LL + 1LL] = S;", c->out);
+    E->indent--;
+    cuda_line(E, "}");
+    cuda_line(E, "__syncthreads(); /* mbt_wm and mbt_ws are rewritten for the next row */");
+    E->indent--;
+    cuda_line(E, "}");
+}
+
 void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint, CudaLaunch *launch) {
     if (kir_verify(k, stderr)) INTERNAL("cuda: kernel %s fails kir_verify (problems above)", k->name);
     Arena scratch = {0};
@@ -1090,6 +1176,12 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");
     E.indent = 1;
+    if (L->mode == CUDA_CE_STATS) {
+        cuda_ce_body(&E);
+        fprintf(out, "}\n");
+        arena_free(&scratch);
+        return;
+    }
     if (L->mode == CUDA_SCATTER) {
         cuda_scatter_body(&E);
         fprintf(out, "}\n");
