@@ -688,7 +688,9 @@ void cg_ce_stats(CG *g, const FNode *n) {
     if (g->K->members.n != 1 || g->K->members.v[0] != n->id || !g->c->mat[n->id]) return;
     const FNode *src = x;
     if (x->op == F_MAP && x->kop == K_CAST && cg_computes(g, x->id)) src = cg_n(g, x->in[0]);
-    if (!dtype_is_float(src->dt) || dtype_size(src->dt) > dtype_size(n->dt) || src->rank != rank) return;
+    if (!dtype_is_float(src->dt) || dtype_size(src->dt) > dtype_size(n->dt) || src->rank != rank ||
+        fuse_numel(src) != fuse_numel(x)) /* a cast that broadcasts is not rows of a buffer */
+        return;
     CGLayout L;
     int param = -1;
     if (!cg_layout_in(g, src->id, &L, &param) || !lay_contiguous(&L)) return;
