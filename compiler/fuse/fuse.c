@@ -399,6 +399,8 @@ void fuse_print(FILE *out, const FuseResult *r) {
             fprintf(out, "\n");
         }
         if (k->attn) kir_print_attn(out, k->attn, "  ");
+        if (k->scatter) kir_print_scatter(out, k->scatter, "  ");
+        if (k->ce) kir_print_ce(out, k->ce, "  ");
         fprintf(out, "  body:\n");
         kir_print_body(out, k, 4);
     }

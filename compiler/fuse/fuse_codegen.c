@@ -18,7 +18,7 @@
  *                reduced coordinates, each holding the reductions of its level (a reduction's
  *                level is one more than the deepest reduction it reads) and the stores of the
  *                full-shaped members of that level; per-row members are stored between loops;
- *   dedicated    attention (forward, row statistics, backward of q, k, v), topk, scatter_add:
+ *   dedicated    attention (forward, row statistics, backward of q, k, v), topk, scatter_add, ce_stats:
  *                written out in fuse_codegen_dedicated.c, as ref.c and ref_bwd.c compute them. */
 #include "fuse_cg.h"
 
@@ -516,6 +516,11 @@ static void cg_reduction(CG *g) {
     kept_ix.flat = gid;
     for (int a = 0; a < rank; a++) g->kept[a] = mask & (1u << a) ? -1 : ix_dim(g, &kept_ix, a);
     g->k->grid = keptn;
+    for (int a = rank - 1; a >= 0; a--) /* the innermost axis longer than 1: kept, a column reduction */
+        if (K->shape[a] != 1) {
+            if (!(mask & (1u << a)) && !suffix) g->k->columns = K->shape[a];
+            break;
+        }
 
     /* levels: reductions, full-shaped members (stored in the loop of their level), per-row ones */
     int nl = 0;
@@ -612,6 +617,7 @@ static KKind cg_kind(const FuseCtx *c, const FKern *K, const FNode **main) {
     case F_TOPK: return KK_TOPK;
     case F_SCATTER_ADD: return KK_SCATTER;
     case F_SEG_NORM: return KK_REDUCE;
+    case F_CE_STATS: return KK_ROW;
     default: return KK_ATTENTION;
     }
 }
@@ -643,6 +649,7 @@ Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why) {
         case F_TOPK: cg_topk(&g, main); break;
         case F_SCATTER_ADD: cg_scatter_add(&g, main); break;
         case F_SEG_NORM: cg_seg_norm(&g, main); break;
+        case F_CE_STATS: cg_ce_stats(&g, main); break;
         default: INTERNAL("fuse: no kernel for %s", fuse_fop_name(main->op));
         }
     }

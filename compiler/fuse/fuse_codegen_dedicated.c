@@ -1,5 +1,5 @@
 /* fuse_codegen_dedicated.c - the kernels of fusion's dedicated ops written as kernel IR:
- * attention (forward, row statistics, backward of q, k and v), topk, scatter_add and an update
+ * attention (forward, row statistics, backward of q, k and v), topk, scatter_add, cross-entropy's statistics and an update
  * graph's per-parameter norm, as ref.c and ref_bwd.c compute them.
  *
  * Pipeline position: fuse: fuse_lower -> partition -> fuse_codegen.c, [this file] -> kernel IR
@@ -586,6 +586,48 @@ void cg_topk(CG *g, const FNode *n) {
     kb_endloop(g->b);
 }
 
+/* Whether layout L is its shape's row-major layout from L->off on (size-1 axes aside). */
+static int lay_contiguous(const CGLayout *L) {
+    int64_t s = 1;
+    for (int d = L->rank - 1; d >= 0; d--) {
+        if (L->shape[d] == 1) continue;
+        if (L->stride[d] != s) return 0;
+        s *= L->shape[d];
+    }
+    return 1;
+}
+
+/* Kernel.scatter for scatter_add n, when the kernel computes n alone into its own buffer and reads
+ * the indices and the rows as contiguous views of buffers; otherwise it stays NULL and the body
+ * is the kernel (the CUDA back end's segmented kernel needs plain row-major operands). */
+static void cg_scatter_describe(CG *g, const FNode *n) {
+    const FNode *upd = cg_n(g, n->in[0]), *idx = cg_n(g, n->in[1]);
+    if (g->K->members.n != 1 || g->K->members.v[0] != n->id || !g->c->mat[n->id] || n->shape[0] < 1) return;
+    if (upd->dt != n->dt || (idx->dt != DT_I32 && idx->dt != DT_I64)) return;
+    /* a mixed-precision program's rows arrive in bf16 and are widened inline: read them as such */
+    const FNode *src = upd;
+    if (upd->op == F_MAP && upd->kop == K_CAST && cg_computes(g, upd->id) && fuse_numel(cg_n(g, upd->in[0])) == fuse_numel(upd))
+        src = cg_n(g, upd->in[0]);
+    if (src != upd && !(dtype_is_float(src->dt) && dtype_size(src->dt) <= dtype_size(n->dt))) return; /* widening only */
+    CGLayout lu, li;
+    int pu = -1, pi = -1;
+    if (!cg_layout_in(g, src->id, &lu, &pu) || !lay_contiguous(&lu)) return;
+    if (!cg_layout_in(g, idx->id, &li, &pi) || !lay_contiguous(&li)) return;
+    KScatter *d = arena_alloc(g->ar, sizeof *d);
+    d->dt = n->dt;
+    d->upd_dt = src->dt;
+    d->idx_dt = idx->dt;
+    d->R = n->shape[0];
+    d->W = fuse_numel(n) / d->R;
+    d->P = fuse_numel(idx);
+    d->out = cg_buf(g, n->id, 1);
+    d->idx = pi;
+    d->upd = pu;
+    d->idx_off = li.off;
+    d->upd_off = lu.off;
+    g->k->scatter = d;
+}
+
 /* out [R, ...] = zeros, then row idx[p] += updates[p] for every p in order; one column of the
  * rows a work item (ref_bwd.c's ref_scatter_add, the same order of additions). */
 void cg_scatter_add(CG *g, const FNode *n) {
@@ -610,6 +652,58 @@ void cg_scatter_add(CG *g, const FNode *n) {
     int off = cg_iadd(g, cg_imul(g, row, cg_i(g, width)), col);
     kb_store(g->b, buf, off, cg_op2(g, K_ADD, t, kb_load(g->b, buf, off), v));
     kb_endloop(g->b);
+    cg_scatter_describe(g, n);
+}
+
+/* ---- cross-entropy's statistics ------------------------------------------------------------------ */
+
+/* F_CE_STATS: a row of logits a work item; the max m of the row, then the sum of exp(x - m), each in
+ * the statistics' type, as the two reductions it replaces (fuse_lower.c's fl_ce_stats) added them.
+ * Kernel.ce when the logits are rows of a buffer (a widening cast read through). */
+void cg_ce_stats(CG *g, const FNode *n) {
+    const FNode *x = cg_n(g, n->in[0]);
+    int rank = x->rank;
+    int64_t V = x->shape[rank - 1], rows = fuse_numel(x) / V;
+    KType t = cg_t(n);
+    int gid = kb_gid(g->b);
+    g->k->grid = rows;
+    int row0 = cg_imul(g, gid, cg_i(g, V));
+    int m = kb_acc(g->b, t, K_MAX, -INFINITY);
+    int j = kb_loop(g->b, V);
+    KIdx ix;
+    ix_init(&ix, rank, x->shape);
+    ix.flat = cg_iadd(g, row0, j);
+    kb_accum(g->b, m, cg_as(g, cg_value(g, x->id, &ix), t));
+    kb_endloop(g->b);
+    int s = kb_acc(g->b, t, K_ADD, 0.0);
+    j = kb_loop(g->b, V);
+    ix_init(&ix, rank, x->shape);
+    ix.flat = cg_iadd(g, row0, j);
+    kb_accum(g->b, s, cg_op1(g, K_EXP, t, cg_op2(g, K_SUB, t, cg_as(g, cg_value(g, x->id, &ix), t), m)));
+    kb_endloop(g->b);
+    int buf = cg_buf(g, n->id, 1), at = cg_imul(g, gid, cg_i(g, 2));
+    kb_store(g->b, buf, at, m);
+    kb_store(g->b, buf, cg_iadd(g, at, cg_i(g, 1)), s);
+
+    if (g->K->members.n != 1 || g->K->members.v[0] != n->id || !g->c->mat[n->id]) return;
+    const FNode *src = x;
+    if (x->op == F_MAP && x->kop == K_CAST && cg_computes(g, x->id)) src = cg_n(g, x->in[0]);
+    if (!dtype_is_float(src->dt) || dtype_size(src->dt) > dtype_size(n->dt) || src->rank != rank ||
+        fuse_numel(src) != fuse_numel(x)) /* a cast that broadcasts is not rows of a buffer */
+        return;
+    CGLayout L;
+    int param = -1;
+    if (!cg_layout_in(g, src->id, &L, &param) || !lay_contiguous(&L)) return;
+    KCeStats *d = arena_alloc(g->ar, sizeof *d);
+    d->dt = n->dt;
+    d->in_dt = src->dt;
+    d->rows = rows;
+    d->V = V;
+    d->stride = V;
+    d->in_off = L.off;
+    d->in = param;
+    d->out = buf;
+    g->k->ce = d;
 }
 
 /* The per-parameter L2 norm of an update graph's flat vector, broadcast over the parameter: one

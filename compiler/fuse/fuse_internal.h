@@ -19,7 +19,7 @@
  *   - reductions (F_REDUCE): add, max or min over a set of axes, keeping them as size 1;
  *   - GEMMs (F_GEMM): operands already resolved to buffers with transposes folded in;
  *   - dedicated kernels: attention (forward, row statistics for the backward, the backward of
- *     q, k and v), topk, scatter_add, and the per-parameter norm of an update graph.
+ *     q, k and v), topk, scatter_add, cross-entropy's row statistics, and the per-parameter norm of an update graph.
  * Composite ops (softmax, layernorm, cross-entropy and their backward ops, logsumexp, mse, ...)
  * become maps and reductions, written in the reference evaluator's order of operations. */
 
@@ -49,6 +49,8 @@ typedef enum FOp {
     F_KV_ATTN,     /* q, k, v, the "kv" input; ia[0..3], fa[0..1] as G_KV_ATTENTION (fuse_kv.h)   */
     F_TOPK,        /* ia[0] = k, ia[1] = axis, ia[2] = 1 for the indices                        */
     F_SCATTER_ADD, /* in0 = rows, in1 = i32 indices; zeros of the shape, rows added            */
+    F_CE_STATS,    /* in0 = logits [..., V] -> [..., 2] (f32, f64 for f64): each row's max m and
+                      sum of exp(x - m), cross-entropy's statistics (one online pass on the GPU)  */
     F_SEG_NORM,    /* in0 f32[n] of an update graph: each element the L2 norm of its parameter's
                       segment (graph.h, GraphUpdate), 0 between segments                        */
     F_OP_COUNT

@@ -57,6 +57,7 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_TOPK] = "topk",
     [F_SCATTER_ADD] = "scatter_add",
     [F_SEG_NORM] = "seg_norm",
+    [F_CE_STATS] = "ce_stats",
 };
 
 const char *fuse_fop_name(FOp op) { return op >= 0 && op < F_OP_COUNT ? fuse_fop_names[op] : "?"; }
@@ -234,23 +235,73 @@ static int fl_sub2(FL *L, int a, int b) { return fl_bin(L, K_SUB, a, b); }
 static int fl_mul2(FL *L, int a, int b) { return fl_bin(L, K_MUL, a, b); }
 static int fl_div2(FL *L, int a, int b) { return fl_bin(L, K_DIV, a, b); }
 
-/* x reduced with kop over the axes in mask (kept as size 1). Axes of size 1 need no reduction:
- * a mask left empty returns x. */
-static int fl_reduce(FL *L, KOp kop, int x, uint32_t mask) {
-    const FNode *n = fl_n(L, x);
-    int64_t shape[GRAPH_MAX_RANK] = {0};
-    for (int d = 0; d < n->rank; d++) {
-        if (n->shape[d] == 1) mask &= ~(1u << d);
-        shape[d] = mask & (1u << d) ? 1 : n->shape[d];
-    }
-    mask &= (n->rank >= 32 ? ~0u : (1u << n->rank) - 1);
-    if (!mask) return x;
-    FNode p = fl_proto(F_REDUCE, n->dt, n->rank, shape);
+static int fl_reshape(FL *L, int x, int rank, const int64_t *shape);
+
+/* One F_REDUCE node: x [rank, shape of x] reduced with kop over the axes in mask, to shape. */
+static int fl_reduce1(FL *L, KOp kop, int x, uint32_t mask, int rank, const int64_t *shape) {
+    FNode p = fl_proto(F_REDUCE, fl_n(L, x)->dt, rank, shape);
     p.kop = kop;
     p.nin = 1;
     p.in[0] = x;
     p.ia[0] = mask;
     return fl_add(L, &p);
+}
+
+/* x reduced with kop over the axes in mask (kept as size 1). Axes of size 1 need no reduction:
+ * a mask left empty returns x.
+ *
+ * A sum over the leading axes of at least FL_SPLIT_ROWS rows (a bias or LayerNorm weight gradient
+ * over every token of the batch: M rows of N) is made in two levels: the rows viewed as [S, R, N]
+ * with R the largest divisor of M in [32, FL_SPLIT_SLICE], R rows summed into each of S partial rows
+ * (kept in a buffer), then the S partials summed. Each level is a reduction kernel of its own with
+ * many more work items than N alone (S x N, then N), so it fills a GPU, and the order of additions
+ * is fixed by M alone: deterministic, whatever the device or its thread count. The first level fuses
+ * what produces the rows, the second what consumes the sum (the cast, the accumulation). Fewer rows
+ * (every CPU-size example) or an M with no such divisor keep the one reduction. The sum's order of
+ * additions is not the CPU reference's (ref.c adds the rows in order): the verify layer's
+ * tolerances hold it. */
+#define FL_SPLIT_ROWS 4096
+#define FL_SPLIT_SLICE 128
+
+static int fl_reduce(FL *L, KOp kop, int x, uint32_t mask) {
+    const FNode *n = fl_n(L, x);
+    int rank = n->rank;
+    int64_t shape[GRAPH_MAX_RANK] = {0}, in_shape[GRAPH_MAX_RANK] = {0};
+    for (int d = 0; d < rank; d++) {
+        in_shape[d] = n->shape[d];
+        if (n->shape[d] == 1) mask &= ~(1u << d);
+        shape[d] = mask & (1u << d) ? 1 : n->shape[d];
+    }
+    mask &= (rank >= 32 ? ~0u : (1u << rank) - 1);
+    if (!mask) return x;
+    int64_t M = 1, N = 1;
+    int leading = 1; /* no reduced axis after a kept one longer than 1: the rows are [M, N] row-major */
+    for (int d = 0, kept_seen = 0; d < rank; d++) {
+        if (mask & (1u << d)) {
+            M *= in_shape[d];
+            if (kept_seen) leading = 0;
+        } else {
+            N *= in_shape[d];
+            kept_seen |= in_shape[d] != 1;
+        }
+    }
+    DType dt = fl_n(L, x)->dt;
+    if (kop == K_ADD && dtype_is_float(dt) && leading && N > 1 && M >= FL_SPLIT_ROWS) {
+        int64_t R = 0;
+        for (int64_t r = FL_SPLIT_SLICE; r >= 32 && !R; r--)
+            if (M % r == 0) R = r;
+        if (R) {
+            /* f16 and bf16 rows are summed in f32 (their partials would otherwise be rounded to
+             * 8 or 11 bits in the buffer), the total rounded once to the sum's type */
+            int wide = dt == DT_F32 || dt == DT_F64;
+            int64_t s3[3] = {M / R, R, N}, p3[3] = {M / R, 1, N}, t3[3] = {1, 1, N};
+            int part = fl_reduce1(L, kop, fl_reshape(L, wide ? x : fl_cast(L, x, DT_F32), 3, s3), 2u, 3, p3);
+            L->fg->node[part]->keep = 1; /* a buffer of partials: the second level reads S x N values */
+            int total = fl_reduce1(L, kop, part, 1u, 3, t3);
+            return fl_reshape(L, wide ? total : fl_cast(L, total, dt), rank, shape);
+        }
+    }
+    return fl_reduce1(L, kop, x, mask, rank, shape);
 }
 
 static int fl_same_shape(const FNode *n, int rank, const int64_t *shape) {
@@ -371,12 +422,30 @@ static int fl_rms_stats(FL *L, int x, double eps) {
 }
 
 /* Cross-entropy's row max m and sum of exp(x - m) over the last axis, and exp(x - m). */
+/* Cross-entropy's row statistics of logits x [..., V]: the max m and the sum s of exp(x - m), each
+ * [..., 1] in x's type, and e = exp(x - m). One dedicated node computes both (F_CE_STATS, in f32 at
+ * least: a bf16 program's logits are summed in f32 and m, s rounded to its type once), so that a GPU
+ * reads the logits once for them (an online max and sum, docs/cuda.md) and once more for the
+ * gradient; the CPU's kernel adds as the two reductions did. */
 static void fl_ce_stats(FL *L, int x, int *m, int *s, int *e) {
     const FNode *n = fl_n(L, x);
-    uint32_t last = 1u << (n->rank - 1);
-    *m = fl_reduce(L, K_MAX, x, last);
+    int rank = n->rank;
+    DType dt = n->dt, sdt = dt == DT_F64 ? DT_F64 : DT_F32;
+    int64_t shape[GRAPH_MAX_RANK] = {0}, one[GRAPH_MAX_RANK] = {0};
+    for (int d = 0; d < rank; d++) shape[d] = one[d] = n->shape[d];
+    shape[rank - 1] = 2;
+    one[rank - 1] = 1;
+    int st = fl_op(L, F_CE_STATS, sdt, rank, shape, 1, &x);
+    for (int k = 0; k < 2; k++) {
+        FNode p = fl_proto(F_SLICE, sdt, rank, one);
+        p.nin = 1;
+        p.in[0] = st;
+        p.ia[0] = rank - 1;
+        p.ia[1] = k;
+        int v = fl_add(L, &p);
+        *(k ? s : m) = sdt == dt ? v : fl_cast(L, v, dt);
+    }
     *e = fl_un(L, K_EXP, fl_sub2(L, x, *m));
-    *s = fl_reduce(L, K_ADD, *e, last);
 }
 
 /* The bits of the axes a reduction with attribute axis (-1: all) reduces. */
@@ -870,8 +939,9 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
         int m, s, e;
         fl_ce_stats(L, x, &m, &s, &e);
         int xt = fl_keep_last1(L, fl_op(L, F_TAKE, nx->dt, fl_n(L, y)->rank, fl_n(L, y)->shape, 2, in));
+        /* no buffer of its own: the mean's kernel computes each row's loss from the statistics'
+         * buffer and the target's logit, reading N x 3 values (the logits are read by ce_stats) */
         int rowloss = fl_sub2(L, fl_un(L, K_LOG, s), fl_sub2(L, xt, m));
-        L->fg->node[rowloss]->keep = 1;
         int total = fl_reduce(L, K_ADD, rowloss, fl_all_axes(nx->rank));
         int mean = fl_div2(L, total, fl_c(L, (double)fuse_numel(fl_n(L, y)), nx->dt));
         return fl_cast(L, fl_reshape(L, mean, n->rank, n->shape), dt);

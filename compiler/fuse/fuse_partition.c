@@ -692,6 +692,9 @@ static void fz_partition(FuseCtx *c) {
             for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 1, 0);
         } else if (x->op == F_SCATTER_ADD) {
             fz_force_base(c, x->in[1], 1, 0);
+        } else if (x->op == F_CE_STATS) { /* the logits from a buffer, a widening cast read through */
+            const FNode *in = fz_n(c, x->in[0]);
+            fz_force_base(c, in->op == F_MAP && in->kop == K_CAST ? in->in[0] : in->id, 1, 0);
         }
     }
     fz_bound_inline_depth(c);

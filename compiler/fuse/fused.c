@@ -195,7 +195,7 @@ static void fd_arity(FOp op, int *lo, int *hi) {
         [F_ROPE] = {1, 2},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
         [F_ATTN] = {3, 4},       [F_ATTN_STATS] = {4, 5}, [F_ATTN_BWD_Q] = {5, 6}, [F_ATTN_BWD_K] = {5, 6},
         [F_ATTN_BWD_V] = {5, 6}, [F_KV_ATTN] = {4, 4},    [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2},
-        [F_SEG_NORM] = {1, 1},
+        [F_SEG_NORM] = {1, 1},   [F_CE_STATS] = {1, 1},
     };
     *lo = a[op][0];
     *hi = a[op][1];
@@ -294,6 +294,14 @@ static void fd_node(FusedVerify *v) {
         if (fd_in(v, 0)->op != F_GEMM) fd_fail(v, "f%d is not a GEMM", n->in[0]);
         else if (fuse_numel(n) != fd_in(v, 0)->gemm.n) fd_fail(v, "not n elements of GEMM f%d", n->in[0]);
         break;
+    case F_CE_STATS: {
+        const FNode *x = fd_in(v, 0);
+        int ok = x->rank == n->rank && n->shape[n->rank - 1] == 2 && dtype_is_float(x->dt) &&
+                 n->dt == (x->dt == DT_F64 ? DT_F64 : DT_F32);
+        for (int d = 0; ok && d + 1 < n->rank; d++) ok = x->shape[d] == n->shape[d];
+        if (!ok) fd_fail(v, "not [..., 2] statistics of f%d's rows", n->in[0]);
+        break;
+    }
     case F_CONCAT: {
         int64_t sum = 0, a = n->ia[0];
         if (a < 0 || a >= n->rank) {

@@ -788,3 +788,20 @@ void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
         else fprintf(out, "%s  stats  computed here, not stored\n", prefix);
     }
 }
+
+/* ---- scatter_add's operands -------------------------------------------------------------------- */
+
+void kir_print_scatter(FILE *out, const KScatter *s, const char *prefix) {
+    fprintf(out,
+            "%sscatter_add: R %" PRId64 ", W %" PRId64 ", P %" PRId64 ", %s; out p%d, idx p%d + %" PRId64
+            " (%s), upd p%d + %" PRId64 " (%s)\n",
+            prefix, s->R, s->W, s->P, dtype_name(s->dt), s->out, s->idx, s->idx_off, dtype_name(s->idx_dt), s->upd, s->upd_off,
+            dtype_name(s->upd_dt));
+}
+
+/* ---- cross-entropy's statistics ------------------------------------------------------------------ */
+
+void kir_print_ce(FILE *out, const KCeStats *s, const char *prefix) {
+    fprintf(out, "%sce_stats: rows %" PRId64 ", V %" PRId64 ", stride %" PRId64 ", %s; logits p%d + %" PRId64 " (%s), out p%d\n",
+            prefix, s->rows, s->V, s->stride, dtype_name(s->dt), s->in, s->in_off, dtype_name(s->in_dt), s->out);
+}

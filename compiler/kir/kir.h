@@ -178,6 +178,33 @@ typedef struct KAttn {
                                  at stats when param >= 0); otherwise they are loaded from stats */
 } KAttn;
 
+/* What a KK_SCATTER kernel computes when its operands are plain row-major buffers (graph.h's
+ * G_SCATTER_ADD, ref_bwd.c's ref_scatter_add): out [R, W] = zeros, then for p = 0 .. P-1 in order,
+ * row clamp(idx[p], 0, R - 1) += row p of upd [P, W] (converted to dt). A back end may run a kernel of its own from
+ * this instead of the body (compiler/backend/cuda/cuda.c: the deterministic embedding backward,
+ * docs/cuda.md), adding in the same order for every element; the body computes the same. Set by
+ * fusion when every operand is contiguous and the kernel computes nothing else, else NULL. */
+typedef struct KScatter {
+    DType dt;                 /* of out (and of the rows added: upd's elements, widened from upd_dt) */
+    DType upd_dt;             /* of upd's buffer: dt, or a narrower float type read and widened exactly */
+    DType idx_dt;             /* of the indices (an integer type) */
+    int64_t R, W, P;          /* rows of out, elements a row, positions (rows of upd) */
+    int out, idx, upd;        /* buffer parameters */
+    int64_t idx_off, upd_off; /* element offsets of the views into their buffers (out's is 0) */
+} KScatter;
+
+/* What a cross-entropy statistics kernel computes (fuse_internal.h's F_CE_STATS) when it reads
+ * the logits as rows of a buffer: for each of `rows` rows of V logits (element j of row r at
+ * in_off + r * stride + j, widened from in_dt to dt), out[2r] = the max m, out[2r + 1] = the sum of
+ * exp(x - m). stride >= V: a padded vocabulary's columns past V are not read. A back end may run a
+ * kernel of its own from this (compiler/backend/cuda/cuda.c: one online pass, docs/cuda.md); the
+ * body computes the same in two passes. Set by fusion when the kernel computes nothing else. */
+typedef struct KCeStats {
+    DType dt, in_dt;
+    int64_t rows, V, stride, in_off;
+    int in, out; /* buffer parameters */
+} KCeStats;
+
 typedef struct Kernel {
     const char *name; /* "k3_add_layernorm": unique in a schedule, a C identifier */
     KKind kind;
@@ -188,8 +215,13 @@ typedef struct Kernel {
     int n, cap;
     KInst *inst;
     int nnodes;
-    int *nodes;        /* the graph nodes it computes, ascending (for the listing and tests) */
-    const KAttn *attn; /* KK_ATTENTION: its layout when strided, else NULL */
+    int *nodes;              /* the graph nodes it computes, ascending (for the listing and tests) */
+    const KAttn *attn;       /* KK_ATTENTION: its layout when strided, else NULL */
+    const KScatter *scatter; /* KK_SCATTER: its operands when contiguous, else NULL */
+    const KCeStats *ce;      /* F_CE_STATS's kernel: its logits as rows of a buffer, else NULL */
+    int64_t columns;         /* KK_REDUCE over leading axes with the innermost axis kept: its extent
+                                (consecutive work items read consecutive elements of each row they
+                                sum), else 0 */
 } Kernel;
 
 /* ---- building (used by fuse.c) ---------------------------------------------------------------- */
@@ -242,5 +274,11 @@ void kir_print_body(FILE *out, const Kernel *k, int indent);
 /* Kernel.attn, a few lines each starting with `prefix`: the op and sizes, then each view as
  * `q  p0 + 128  strides [z, h, r, c]`. */
 void kir_print_attn(FILE *out, const KAttn *a, const char *prefix);
+
+/* Kernel.ce, one line starting with `prefix`: the sizes and the operands. */
+void kir_print_ce(FILE *out, const KCeStats *s, const char *prefix);
+
+/* Kernel.scatter, one line starting with `prefix`: the sizes and the operands. */
+void kir_print_scatter(FILE *out, const KScatter *s, const char *prefix);
 
 #endif

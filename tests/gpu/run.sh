@@ -15,9 +15,11 @@
 # (sequence-length buckets: step 1 at length 8, step 2 at 16, issue 20) and tests/exec/groups.mbt
 # and lora.mbt (frozen parameters, no_decay and a LoRA adapter: the grouped update's index masks on
 # the device), multi_lora.mbt (two adapters batched over their rows; both LoRA programs' up
-# products are added to the base's by the GEMM's add epilogue, cuBLASLt's C input) and
+# products are added to the base's by the GEMM's add epilogue, cuBLASLt's C input),
 # tests/verify/ghost_bn.mbt (nn.GhostBatchNorm and nn.BatchChannelNorm: reductions over ghost
-# batches of samples and positions, issue 20). For each, on mbt-gendata's corpus:
+# batches of samples and positions, issue 20) and tests/gpu/rows.mbt (4096 rows a micro-batch: the
+# two-level sums of the LayerNorm and bias gradients, fuse_lower.c, and their column kernels, f32
+# and bf16). For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
 #                          starting weights, batches and learning rate identical, loss 1e-5 relative,
@@ -29,7 +31,7 @@
 #                          (bf16: 1e-4)
 #   gpu/EX-BLOCK/rerun     the device run again: a byte-identical dump and the same logged losses and
 #                          gradient norms (every printed digit)
-#   gpu/EX-BLOCK/verify    (mlp, tiny, moe, tiny_bf16: the verify layer's, whose float64 reference
+#   gpu/EX-BLOCK/verify    (mlp, tiny, moe, tiny_bf16, rows: the verify layer's, whose float64 reference
 #                          takes seconds) `mbtc --verify-step` on the device's dump: its gradients and
 #                          its update (fed its own gradients) against the reference evaluator, 1e-4
 #                          (bf16: 5e-2)
@@ -65,7 +67,7 @@
 #                   compiler, driver or cuBLASLt, nor CUDA's math library. Reruns are not compared
 #                   (the emulation is deterministic by construction), gpt2-gpt2_cpu is left out
 #                   (GPT-2 124M's GEMMs take ~50 s on the emulator; on a GPU it runs), and
-#                   --verify-step (~10 s of float64 a program) runs for mlp and tiny_bf16 alone: the
+#                   --verify-step (~10 s of float64 a program) runs for mlp, tiny_bf16 and rows alone: the
 #                   others' steps are held to the CPU's, which the verify layer holds to the reference.
 #   cpu             a dry run of this script: the device under test is the CPU with --threads 1 (the
 #                   reference uses the default thread count), which must agree bit for bit; the
@@ -93,7 +95,7 @@ MBTC="$BUILD/mbtc"
 DIR="$BUILD/tmp/gpu"
 OUT="$DIR/out.txt"
 LOSS_TOL=1e-5 # step 2's logged loss, relative (step 1's is cmpdump's)
-VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop "
+VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop rows-rows rows-rows_bf16 "
 EMU_LEFT_OUT=" gpt2-gpt2_cpu "
 FAKE="$BUILD/tests/libmbt_fake_cuda.so"
 
@@ -121,7 +123,7 @@ cuda)
 emu)
     DUT=(--device cuda)
     export MBT_CUDA_ARCH=sm_80 # the stand-in driver is an 8.0 device; its cubin is all it loads
-    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny dropout-drop " # the rest: cmpdump against the CPU, whose step the verify layer checks
+    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny dropout-drop rows-rows rows-rows_bf16 " # the rest: cmpdump against the CPU, whose step the verify layer checks
     echo "# MBT_GPU_TEST_DEVICE=emu: the GPU path on the CPU (tests/cudaemu/fake_cuda.c, tests/cudaemu/cudaemu.h)"
     ;;
 cpu)
@@ -289,7 +291,7 @@ names=()
 running=0
 for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
     tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt tests/exec/multi_lora.mbt \
-    tests/verify/ghost_bn.mbt; do
+    tests/verify/ghost_bn.mbt tests/gpu/rows.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue

@@ -628,20 +628,25 @@ static void test_count_softmax(void) {
     tf_end(t);
 }
 
-/* Cross-entropy with its backward: one classifier kernel (row max, row sum, each row's loss and
- * the logits' gradient, reading the logits once), plus the mean of the row losses (one work item:
- * the sum over rows in a fixed order, no atomics). */
+/* Cross-entropy with its backward: the row statistics (max and sum of exp, one dedicated row
+ * kernel whose logits a GPU reads once: Kernel.ce), the mean of the row losses (one work item: the
+ * sum over rows in a fixed order, no atomics, each row's loss from the statistics and the target's
+ * logit), and the logits' gradient (elementwise: the second read of the logits). */
 static void test_count_cross_entropy(void) {
     TF *t = tf_begin(4);
     int logits = tf_param(t, S(2, 4, 10)), y = tf_index(t, S(2, 4), 10);
     t->g->loss = tf_cross_entropy(t, logits, y);
     autodiff(t->g);
     Fused f = fuse_check("cross_entropy_fwd_bwd", t->g, t->leaf, NULL, 0, &t->ar);
-    CHECK(f.gemms == 0 && f.kernels == 2, "cross-entropy forward + backward: 2 kernels, got %d + %d", f.gemms, f.kernels);
+    CHECK(f.gemms == 0 && f.kernels == 3, "cross-entropy forward + backward: 3 kernels, got %d + %d", f.gemms, f.kernels);
     int b = f.r->node_buffer[logits];
-    CHECK(readers_of(f.r, b) == 1, "one kernel (the classifier) reads the logits, %d do", readers_of(f.r, b));
-    CHECK(f.kernels == 2 && f.r->kernels[0]->kind == KK_ROW && f.r->kernels[1]->grid == 1,
-          "the classifier (a row kernel), then the mean (one work item)");
+    CHECK(readers_of(f.r, b) == 3, "the statistics, the mean (the targets' logits) and the gradient read the logits, %d do",
+          readers_of(f.r, b));
+    CHECK(f.kernels == 3 && f.r->kernels[0]->kind == KK_ROW && f.r->kernels[0]->ce && f.r->kernels[0]->ce->V == 10 &&
+              f.r->kernels[0]->ce->rows == 8,
+          "the statistics first: a row kernel with its logits resolved (8 rows of 10)");
+    CHECK(f.kernels == 3 && f.r->kernels[1]->grid == 1 && f.r->kernels[2]->kind == KK_ELEMENTWISE && f.r->kernels[2]->grid == 80,
+          "then the mean (one work item) and the gradient (elementwise, 80 items)");
     tf_end(t);
 }
 

@@ -46,6 +46,8 @@
 #define CUDA_MAX_BLOCKS 65536     /* grid cap: beyond it threads take more items (grid stride) */
 #define CUDA_REGISTER_BUDGET 128  /* registers a thread that __launch_bounds__ allows */
 #define CUDA_WARP_MAX_EXTENT 1024 /* split loops up to this long: a warp; longer: a block */
+#define CUDA_COLUMN_THREADS 16384 /* a column reduction with this many work items: a thread each */
+#define CUDA_COLUMN_SHORT 128     /* ... or with loops this short (the second level of a two-level sum) */
 
 const char *cuda_mode_name(CudaMode m) {
     switch (m) {
@@ -53,6 +55,8 @@ const char *cuda_mode_name(CudaMode m) {
     case CUDA_WARP: return "warp";
     case CUDA_BLOCK: return "block";
     case CUDA_ATTENTION: return "attention";
+    case CUDA_SCATTER: return "scatter";
+    case CUDA_CE_STATS: return "ce_stats";
     }
     return "?";
 }
@@ -163,6 +167,21 @@ int cuda_kernel_uses_attention(const Kernel *k) {
     return CUDA_ATTN_CUDA_CORES;
 }
 
+int cuda_kernel_uses_scatter(const Kernel *k) {
+    const KScatter *s = k->scatter;
+    if (!s || s->R > INT32_MAX || s->P > INT32_MAX || s->W < 1) return 0;
+    if (s->dt != DT_F32 && s->dt != DT_F64 && s->dt != DT_F16 && s->dt != DT_BF16) return 0;
+    /* rows of another type only widened to f32 or f64: exact, no rounding to write */
+    return s->upd_dt == s->dt ||
+           ((s->dt == DT_F32 || s->dt == DT_F64) && (s->upd_dt == DT_F16 || s->upd_dt == DT_BF16 || s->upd_dt == DT_F32));
+}
+
+int cuda_kernel_uses_ce(const Kernel *k) {
+    const KCeStats *c = k->ce;
+    return c && c->dt == DT_F32 && (c->in_dt == DT_F32 || c->in_dt == DT_F16 || c->in_dt == DT_BF16) && c->V >= 1 &&
+           c->stride >= c->V;
+}
+
 int cuda_kernel_uses_half(const Kernel *k) {
     for (int p = 0; p < k->nbufs; p++)
         if (k->bufs[p].dt == DT_F16 || k->bufs[p].dt == DT_BF16) return 1;
@@ -242,8 +261,37 @@ static int cuda_attention_shared(const Kernel *k) {
     }
 }
 
+/* The segmented scatter_add's geometry: a block per group of CUDA_SCATTER_ROWS(R) consecutive
+ * output rows, at most CUDA_SCATTER_GROUPS groups (every block reads all P indices, from L2: the
+ * groups trade that against filling the GPU). */
+#define CUDA_SCATTER_GROUPS 1024
+#define CUDA_SCATTER_BLOCK 256
+static int64_t cuda_scatter_rows(const KScatter *s) { return (s->R + CUDA_SCATTER_GROUPS - 1) / CUDA_SCATTER_GROUPS; }
+
 static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
     memset(P, 0, sizeof *P);
+    if (cuda_kernel_uses_ce(k)) { /* a block per row; the body is not written */
+        CudaLaunch *L = &P->launch;
+        L->mode = CUDA_CE_STATS;
+        L->block = CUDA_BLOCK_BLOCK;
+        L->vector = 1;
+        L->per_block = 1;
+        L->shared = 2 * 4 * (CUDA_BLOCK_BLOCK / 32);
+        L->blocks = k->ce->rows < 1 ? 1 : k->ce->rows > CUDA_MAX_BLOCKS ? CUDA_MAX_BLOCKS : k->ce->rows;
+        return;
+    }
+    if (cuda_kernel_uses_scatter(k)) { /* the segmented kernel's geometry; the body is not written */
+        const KScatter *s = k->scatter;
+        CudaLaunch *L = &P->launch;
+        int64_t rows = cuda_scatter_rows(s);
+        L->mode = CUDA_SCATTER;
+        L->block = CUDA_SCATTER_BLOCK;
+        L->vector = 1;
+        L->per_block = rows;
+        L->shared = 4 * (2 * CUDA_SCATTER_BLOCK + CUDA_SCATTER_BLOCK / 32);
+        L->blocks = (s->R + rows - 1) / rows;
+        return;
+    }
     if (cuda_kernel_uses_attention(k)) { /* the template's geometry; the body is not written */
         const KAttn *a = k->attn;
         CudaLaunch *L = &P->launch;
@@ -302,6 +350,11 @@ static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
         if (in->op == K_LOOP || in->op == K_IF) depth++;
         else if (in->op == K_ENDLOOP || in->op == K_ENDIF) depth--;
     }
+    /* A column reduction (Kernel.columns: work item n sums rows of column n, as the levels of
+     * fuse_lower.c's two-level sums do) with many work items, or short loops, runs a work item a
+     * thread: a warp's 32 threads then read 32 consecutive elements of a row at each step (one
+     * transaction), where a warp per item would read 32 rows of one column (32). */
+    if (reduces && k->columns >= 32 && (k->grid >= CUDA_COLUMN_THREADS || longest <= CUDA_COLUMN_SHORT)) reduces = 0;
     CudaLaunch *L = &P->launch;
     if (!reduces) {
         memset(P->split, 0, sizeof(int) * (size_t)(k->n + 1));
@@ -826,6 +879,9 @@ static void cuda_header(CudaEmit *E, const char *note) {
             L->shared);
     if (L->mode == CUDA_WARP) fprintf(out, " (a warp per work item, %d per block)", L->block / 32);
     if (L->mode == CUDA_BLOCK) fprintf(out, " (a block per work item)");
+    if (L->mode == CUDA_CE_STATS) fprintf(out, " (a block per row: cross-entropy's statistics in one online pass, docs/cuda.md)");
+    if (L->mode == CUDA_SCATTER)
+        fprintf(out, " (%" PRId64 " output rows a block: the segmented scatter_add, docs/cuda.md)", L->per_block);
     if (L->mode == CUDA_ATTENTION)
         fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/%s)", L->per_block,
                 cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 ? "rt_attention_fa2.cuh, flash-attention-2 on the tensor cores"
@@ -938,6 +994,165 @@ static void cuda_attention_call(CudaEmit *E) {
     }
 }
 
+/* ---- scatter_add: the deterministic embedding backward ---------------------------------------- */
+
+/* Element `x` of a buffer of dt as a computing value (f16 and bf16 in float), and value `v` as an
+ * element to store: the conversions cuda_load and cuda_store write. */
+static const char *cuda_elem_in(CudaEmit *E, DType dt, const char *x) {
+    if (dt == DT_F16) return arena_printf(E->ar, "__half2float(%s)", x);
+    if (dt == DT_BF16) return arena_printf(E->ar, "__bfloat162float(%s)", x);
+    return x;
+}
+
+static const char *cuda_elem_out(CudaEmit *E, DType dt, const char *v) {
+    if (dt == DT_F16) return arena_printf(E->ar, "__float2half_rn(%s)", v);
+    if (dt == DT_BF16) return arena_printf(E->ar, "__ushort_as_bfloat16(mbt_bf16_bits(%s))", v);
+    return v;
+}
+
+/* out [R, W] = 0, then row clamp(idx[p]) += row p of upd for p = 0 .. P-1: ref_bwd.c's
+ * ref_scatter_add and the body's order of additions for every element, without atomics. Block g
+ * owns the output rows [g * ROWS, g * ROWS + ROWS) and all their columns; thread t owns the columns
+ * t, t + 256, ... of them, zeroes them and is the only one to add to them. The block reads the
+ * indices 256 positions at a time, compacts the positions whose row it owns into shared memory in
+ * position order (a scan of the flags: warp shuffles, then the 8 warps' counts in warp order), and
+ * every thread adds those rows of upd, in that order, to its columns. So each element's additions
+ * happen in position order in one thread: bit-identical to the body and across runs, whatever the
+ * GPU. (Sorting the positions by row first would let each block skip the indices it does not own;
+ * here every block reads all P indices, from L2: P x 4 bytes a block.) */
+static void cuda_scatter_body(CudaEmit *E) {
+    const KScatter *s = E->k->scatter;
+    const char *t = cuda_memory_type(E, s->dt), *vt = s->dt == DT_F64 ? "double" : "float";
+    int64_t rows = cuda_scatter_rows(s), groups = (s->R + rows - 1) / rows;
+    const char *zero = cuda_elem_out(E, s->dt, s->dt == DT_F64 ? "0.0" : "0.0f");
+    cuda_line(E, "/* scatter_add: R %" PRId64 ", W %" PRId64 ", P %" PRId64 ", %s (rows read as %s); %" PRId64 " rows a block */",
+              s->R, s->W, s->P, t, cuda_memory_type(E, s->upd_dt), rows);
+    cuda_line(E, "__shared__ int mbt_pos[%d];", CUDA_SCATTER_BLOCK);
+    cuda_line(E, "__shared__ int mbt_row[%d];", CUDA_SCATTER_BLOCK);
+    cuda_line(E, "__shared__ int mbt_warp[%d];", CUDA_SCATTER_BLOCK / 32);
+    cuda_line(E, "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
+    cuda_line(E, "for (long long g = blockIdx.x; g < %" PRId64 "LL; g += gridDim.x) {", groups);
+    E->indent++;
+    cuda_line(E,
+              "const long long r0 = g * %" PRId64 "LL, r1 = r0 + %" PRId64 "LL < %" PRId64 "LL ? r0 + %" PRId64 "LL : %" PRId64
+              "LL;",
+              rows, rows, s->R, rows, s->R);
+    cuda_line(E, "for (long long r = r0; r < r1; r++) /* this thread's columns of the block's rows */");
+    cuda_line(E, "    for (long long c = threadIdx.x; c < %" PRId64 "LL; c += %dLL) p%d[r * %" PRId64 "LL + c] = %s;", s->W,
+              CUDA_SCATTER_BLOCK, s->out, s->W, zero);
+    cuda_line(E, "for (long long base = 0; base < %" PRId64 "LL; base += %dLL) {", s->P, CUDA_SCATTER_BLOCK);
+    E->indent++;
+    cuda_line(E, "const long long p = base + threadIdx.x;");
+    cuda_line(E,
+              "const long long r = p < %" PRId64 "LL ? mbt_min(mbt_max((long long)p%d[%" PRId64 "LL + p], 0LL), %" PRId64
+              "LL) : -1LL;",
+              s->P, s->idx, s->idx_off, s->R - 1);
+    cuda_line(E, "const int mine = r >= r0 && r < r1;");
+    cuda_line(E, "int incl = mine; /* the flags' inclusive scan: in the warp, then the warps before */");
+    cuda_line(E, "for (int d = 1; d < 32; d <<= 1) {");
+    cuda_line(E, "    const int o = __shfl_up_sync(0xffffffffu, incl, d);");
+    cuda_line(E, "    if (lane >= d) incl += o;");
+    cuda_line(E, "}");
+    cuda_line(E, "if (lane == 31) mbt_warp[warp] = incl;");
+    cuda_line(E, "__syncthreads();");
+    cuda_line(E, "int before = 0, total = 0;");
+    cuda_line(E, "for (int w = 0; w < %d; w++) {", CUDA_SCATTER_BLOCK / 32);
+    cuda_line(E, "    before += w < warp ? mbt_warp[w] : 0;");
+    cuda_line(E, "    total += mbt_warp[w];");
+    cuda_line(E, "}");
+    cuda_line(E, "if (mine) {");
+    cuda_line(E, "    mbt_pos[before + incl - 1] = (int)p;");
+    cuda_line(E, "    mbt_row[before + incl - 1] = (int)r;");
+    cuda_line(E, "}");
+    cuda_line(E, "__syncthreads();");
+    cuda_line(E, "for (int j = 0; j < total; j++) { /* the owned positions in order */");
+    E->indent++;
+    cuda_line(E, "const long long q = mbt_pos[j], o = (long long)mbt_row[j] * %" PRId64 "LL;", s->W);
+    cuda_line(E, "for (long long c = threadIdx.x; c < %" PRId64 "LL; c += %dLL) {", s->W, CUDA_SCATTER_BLOCK);
+    E->indent++;
+    cuda_line(
+        E, "const %s sum = %s + %s;", vt, cuda_elem_in(E, s->dt, arena_printf(E->ar, "p%d[o + c]", s->out)),
+        cuda_elem_in(E, s->upd_dt, arena_printf(E->ar, "p%d[%" PRId64 "LL + q * %" PRId64 "LL + c]", s->upd, s->upd_off, s->W)));
+    cuda_line(E, "p%d[o + c] = %s;", s->out, cuda_elem_out(E, s->dt, "sum"));
+    E->indent--;
+    cuda_line(E, "}");
+    E->indent--;
+    cuda_line(E, "}");
+    cuda_line(E, "__syncthreads(); /* the next positions reuse mbt_pos, mbt_row and mbt_warp */");
+    E->indent--;
+    cuda_line(E, "}");
+    E->indent--;
+    cuda_line(E, "}");
+}
+
+/* ---- cross-entropy's statistics: one online pass ------------------------------------------------ */
+
+/* Kernel.ce: per row, the max m and the sum s of exp(x - m) in one read of the logits. Each thread
+ * keeps a running (m, s) over the columns threadIdx.x, + 256, ...: a larger x rescales s by
+ * exp(m - x) (the online softmax of Milakov and Gimelshein, as llm.c's classifier); the 32 lanes'
+ * pairs are merged in a __shfl_xor_sync butterfly (the merge is commutative, so every lane ends
+ * with the same pair) and the 8 warps' in warp order by thread 0: a fixed tree, deterministic run
+ * to run and GPU to GPU. NaN propagates as the body's max does, +inf gives a NaN sum as the body's
+ * exp(inf - inf) does, and -inf logits add nothing (a row of -inf alone: s = 0 where the body has
+ * NaN; the loss and the gradient are NaN either way). The sum's
+ * rounding differs from the body's (which adds exp(x - max) with the row's final max, in column
+ * order) by a few ulps: within tests/gpu/run.sh's tolerances. */
+static void cuda_ce_body(CudaEmit *E) {
+    const KCeStats *c = E->k->ce;
+    const char *x = cuda_elem_in(
+        E, c->in_dt, arena_printf(E->ar, "p%d[%" PRId64 "LL + row * %" PRId64 "LL + j]", c->in, c->in_off, c->stride));
+    cuda_line(E, "/* cross-entropy statistics: %" PRId64 " rows of V %" PRId64 " (stride %" PRId64 ", %s), one online pass */",
+              c->rows, c->V, c->stride, cuda_memory_type(E, c->in_dt));
+    cuda_line(E, "__shared__ float mbt_wm[%d], mbt_ws[%d];", CUDA_BLOCK_BLOCK / 32, CUDA_BLOCK_BLOCK / 32);
+    cuda_line(E, "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
+    cuda_line(E, "for (long long row = blockIdx.x; row < %" PRId64 "LL; row += gridDim.x) {", c->rows);
+    E->indent++;
+    cuda_line(E, "float m = -MBT_INF_F, s = 0.0f;");
+    cuda_line(E, "for (long long j = threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", c->V, CUDA_BLOCK_BLOCK);
+    E->indent++;
+    cuda_line(E, "const float v = %s;", x);
+    cuda_line(E, "if (v != v || m != m) m = s = v + m; /* NaN: both NaN from here on */");
+    cuda_line(E, "else if (v > m) {");
+    cuda_line(E, "    s = s * expf(m - v) + expf(v - v); /* 1, or NaN for +inf as the body's exp(inf - inf) */");
+    cuda_line(E, "    m = v;");
+    cuda_line(E, "} else if (v != -MBT_INF_F) s += expf(v - m);");
+    E->indent--;
+    cuda_line(E, "}");
+    cuda_line(E, "for (int o = 16; o > 0; o >>= 1) { /* the lanes' pairs, merged: every lane gets the same pair */");
+    E->indent++;
+    cuda_line(E, "const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);");
+    cuda_line(E, "if (m2 != m2 || m != m) m = s = m + m2;");
+    cuda_line(E, "else if (m2 > m) {");
+    cuda_line(E, "    s = s * expf(m - m2) + s2;");
+    cuda_line(E, "    m = m2;");
+    cuda_line(E, "} else if (m2 != -MBT_INF_F) s = s + s2 * expf(m2 - m);");
+    E->indent--;
+    cuda_line(E, "}");
+    cuda_line(E, "if (lane == 0) {");
+    cuda_line(E, "    mbt_wm[warp] = m;");
+    cuda_line(E, "    mbt_ws[warp] = s;");
+    cuda_line(E, "}");
+    cuda_line(E, "__syncthreads();");
+    cuda_line(E, "if (threadIdx.x == 0) { /* the warps' pairs in warp order */");
+    E->indent++;
+    cuda_line(E, "float M = mbt_wm[0], S = mbt_ws[0];");
+    cuda_line(E, "for (int w = 1; w < %d; w++) {", CUDA_BLOCK_BLOCK / 32);
+    cuda_line(E, "    const float m2 = mbt_wm[w], s2 = mbt_ws[w];");
+    cuda_line(E, "    if (m2 != m2 || M != M) M = S = M + m2;");
+    cuda_line(E, "    else if (m2 > M) {");
+    cuda_line(E, "        S = S * expf(M - m2) + s2;");
+    cuda_line(E, "        M = m2;");
+    cuda_line(E, "    } else if (m2 != -MBT_INF_F) S = S + s2 * expf(m2 - M);");
+    cuda_line(E, "}");
+    cuda_line(E, "p%d[row * 2LL] = M;", c->out);
+    cuda_line(E, "p%d[row * 2LL + 1LL] = S;", c->out);
+    E->indent--;
+    cuda_line(E, "}");
+    cuda_line(E, "__syncthreads(); /* mbt_wm and mbt_ws are rewritten for the next row */");
+    E->indent--;
+    cuda_line(E, "}");
+}
+
 void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint, CudaLaunch *launch) {
     if (kir_verify(k, stderr)) INTERNAL("cuda: kernel %s fails kir_verify (problems above)", k->name);
     Arena scratch = {0};
@@ -961,6 +1176,18 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");
     E.indent = 1;
+    if (L->mode == CUDA_CE_STATS) {
+        cuda_ce_body(&E);
+        fprintf(out, "}\n");
+        arena_free(&scratch);
+        return;
+    }
+    if (L->mode == CUDA_SCATTER) {
+        cuda_scatter_body(&E);
+        fprintf(out, "}\n");
+        arena_free(&scratch);
+        return;
+    }
     if (L->mode == CUDA_ATTENTION) {
         cuda_attention_call(&E);
         fprintf(out, "}\n");

@@ -41,6 +41,10 @@ typedef enum CudaMode {
     CUDA_ATTENTION, /* an attention kernel whose layout fusion resolved (Kernel.attn): a call of a
                        template of runtime/kernels/rt_attention.cuh, 4 warps a block, a block per
                        tile of query (key) rows */
+    CUDA_SCATTER,   /* scatter_add with plain row-major operands (Kernel.scatter): the deterministic
+                       embedding backward, a block per group of output rows (docs/cuda.md) */
+    CUDA_CE_STATS,  /* cross-entropy's row statistics from rows of a buffer (Kernel.ce): a block per
+                       row, one online pass (docs/cuda.md) */
 } CudaMode;
 
 /* The launch geometry chosen for a kernel: what the host side passes to cuLaunchKernel. */
@@ -53,7 +57,7 @@ typedef struct CudaLaunch {
     int64_t per_block; /* work items a block takes at a time (block, block / 32 or 1; x vector) */
 } CudaLaunch;
 
-const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention" */
+const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention", "scatter", "ce_stats" */
 
 /* The translation unit's head: includes (cuda_fp16.h / cuda_bf16.h only when half = 1), the
  * device helpers every kernel uses (NaN-propagating max/min, NumPy mod, bf16 rounding, the fixed
@@ -74,6 +78,14 @@ int cuda_kernel_uses_half(const Kernel *k);
  * FA2 kernels cover every shape it did (docs/cuda.md). */
 enum { CUDA_ATTN_NONE, CUDA_ATTN_CUDA_CORES, CUDA_ATTN_TENSOR_CORES, CUDA_ATTN_FA2 };
 int cuda_kernel_uses_attention(const Kernel *k);
+
+/* Whether kernel k is written as the segmented scatter_add (CUDA_SCATTER mode): it has resolved
+ * operands (Kernel.scatter) of at most 2^31 - 1 rows and positions. */
+int cuda_kernel_uses_scatter(const Kernel *k);
+
+/* Whether kernel k is written as the online cross-entropy statistics (CUDA_CE_STATS mode): it has
+ * resolved logits (Kernel.ce) in f32, f16 or bf16 (f64 keeps the body). */
+int cuda_kernel_uses_ce(const Kernel *k);
 
 /* Writes kernel k as CUDA C to out: a comment naming it, its launch geometry, its buffers and
  * `note` (the fused ops and their source lines, one a line; may be NULL), then the function.
