@@ -125,7 +125,7 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
 /* forward_backward's launches: the step program (the schedule's launches, with recompute's
  * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
  * after the position the plan gives its move (the last launch that touches its buffer, whose
- * memory the plan then reuses). A re-run writes the second copies of its buffers (rc->again),
+ * memory the plan then reuses), and on the CPU followed by rt_grad_ready(s, lo, hi). A re-run writes the second copies of its buffers (rc->again),
  * which every later launch reads. */
 static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef s) {
     const PlanRecompute *rc = &h->plan->mem.rc;
@@ -151,6 +151,17 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
             if (!w->accumulate || w->to != PH_GRADS) INTERNAL("host: the step's move '%s' is not a gradient's", w->what);
             h->target->accumulate(h, f, byte_gep(h, grads, w->offset, ""), addr[w->buffer], ls, w->bytes / 4);
             moved++;
+            /* the CPU's: this gradient is final for the micro-batch, so the runtime may start its
+             * reduction across data ranks (rt_grad_ready; the GPU's adds are queued on a stream, and
+             * its runtime reduces after the backward) */
+            if (h->target == &host_target_cpu) {
+                LLVMTypeRef pt[3] = {h->ptr, h->i64, h->i64};
+                LLVMTypeRef ft = LLVMFunctionType(h->vd, pt, 3, 0);
+                LLVMValueRef fn = LLVMGetNamedFunction(h->m, "rt_grad_ready");
+                if (!fn) fn = LLVMAddFunction(h->m, "rt_grad_ready", ft);
+                LLVMValueRef a[3] = {s, ci64(h, w->offset / 4), ci64(h, (w->offset + w->bytes) / 4)};
+                LLVMBuildCall2(h->b, ft, fn, a, 3, "");
+            }
         }
     }
     if (moved != S->mem->nwrites) INTERNAL("host: %d of the step's %d moves placed", moved, S->mem->nwrites);
