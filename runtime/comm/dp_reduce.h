@@ -12,7 +12,7 @@
  *
  * Each element's sum is the same additions in the same order at any bucket size, so the result
  * is bit for bit that of the unbucketed reduction. One thread at a time calls the collectives:
- * the caller must not call any while rt_dp_reduce_run is under way. */
+ * the caller must not call any while rt_dp_reduce_run, or begin .. finish, is under way. */
 #ifndef MBT_DP_REDUCE_H
 #define MBT_DP_REDUCE_H
 
@@ -50,8 +50,10 @@ void rt_dp_reduce_begin(RtDpReduce *d, float *v, RtDpFold fold, void *fold_ctx);
 void rt_dp_reduce_ready(RtDpReduce *d, int64_t lo, int64_t hi); /* any thread */
 RtStatus rt_dp_reduce_finish(RtDpReduce *d, RtError *err);
 /* MBT_DEBUG: the buckets' line - how long the thread ran collectives and how long the caller
- * waited for it, over every rt_dp_reduce_run (the rest of the collectives' time was hidden
- * behind the caller's sums). */
+ * waited for it, over every run (the rest of the collectives' time was hidden behind the
+ * caller's sums, or with the overlap behind the backward); after overlapped runs a second line:
+ * how many buckets became ready, and how many the thread took, before rt_dp_reduce_finish (the
+ * backward's end), and the largest such lead. */
 void rt_dp_reduce_print(FILE *f, const RtDpReduce *d, const char *prefix);
 void rt_dp_reduce_stats(const RtDpReduce *d, double *comm_s, double *wait_s, int64_t *runs);
 void rt_dp_reduce_close(RtDpReduce *d); /* NULL is fine; stops the thread */
