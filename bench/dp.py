@@ -6,13 +6,15 @@ Builds examples/tiny.mbt's train block as it stands (global 32 = 4 micro-batches
   alone  - the data = 1 program, one process, --threads T (default: the CPUs available);
   2 ranks - the data = 2 program under `mpirun -np 2` (tcp ranks where mpirun is missing),
             --threads T/2 each (at least 1), MBT_DEBUG=1 and MBT_DP_BUCKET_MB (default 1: the
-            0.8M-parameter gradient in 4 buckets, so that the communication thread has work).
+            0.8M-parameter gradient in 4 buckets, so that the communication thread has work),
+            twice: with the buckets overlapped with the backward of the last micro-batch
+            (MBT_DP_OVERLAP=1, the default) and after it (MBT_DP_OVERLAP=0).
 A run's time per step is the mean of its --log `ms` after the warm-up steps; a case's is the
 median over rounds. From rank 0's MBT_DEBUG output it reads the collectives' table (the time in
 exchange_shards and gather_shards: the reduction) and the buckets line (how long the
 communication thread ran collectives, and how long the step waited for it); the fraction hidden
-is 1 - waited / collectives. What it hides behind is the ranks' sums of other buckets, not the
-backward (docs/parallel.md, "Buckets"). Asserts nothing; prints a table and writes
+is 1 - waited / collectives: behind the backward (and the sums) with the overlap, behind the
+ranks' sums of other buckets without (docs/parallel.md, "Buckets"). Asserts nothing; prints a table and writes
 bench/results/dp-<host>-<time>.json.
 Usage: bench/dp.py [--build build] [--rounds 3] [--steps 13] [--warmup 3] [--threads N] [--bucket-mb 1]
 """
@@ -96,42 +98,53 @@ def main(argv):
     for r in range(a.rounds):
         log1 = os.path.join(work, f"alone-{r}.jsonl")
         run([p1, "train", "--data", data, "--steps", str(a.steps), "--threads", str(threads), "--log", log1])
-        log2 = os.path.join(work, f"ranks-{r}.jsonl")
-        args = [p2, "train", "--data", data, "--steps", str(a.steps), "--threads", str(rank_threads), "--log", log2]
-        if mpirun:
-            out = run([mpirun, "--oversubscribe", "--bind-to", "none", "-np", "2", "-x", "MBT_DEBUG", "-x",
-                       "MBT_DP_BUCKET_MB", "-x", "MBT_COMM_TIMEOUT"] + args, env=env)
-        else:
-            port = str(29000 + os.getpid() % 1000 + r)
-            procs = []
-            for k in range(2):
-                e = dict(env, RANK=str(k), WORLD_SIZE="2", LOCAL_RANK=str(k), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-                procs.append(subprocess.Popen(args, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-            outs = [p.communicate(timeout=1800)[0] for p in procs]
-            if any(p.returncode for p in procs):
-                sys.exit(f"bench/dp.py: the tcp ranks failed:\n{outs[0][-2000:]}\n{outs[1][-2000:]}")
-            out = outs[0]
-        coll, buckets = parse_debug(out)
-        red_ms = sum(coll.get(k, {}).get("total_ms", 0.0) for k in ("exchange_shards", "gather_shards"))
-        row = {"alone_ms": step_ms(log1, a.warmup), "ranks_ms": step_ms(log2, a.warmup), "collectives": coll,
-               "buckets": buckets, "reduction_ms_per_step": red_ms / a.steps}
-        if buckets and buckets["comm_ms"] > 0:
-            row["hidden"] = max(0.0, 1 - buckets["waited_ms"] / buckets["comm_ms"])
+        row = {"alone_ms": step_ms(log1, a.warmup)}
+        for tag, ov in (("", "1"), ("after_", "0")):  # the overlap (the default), then the reduction after the backward
+            log2 = os.path.join(work, f"ranks-{tag}{r}.jsonl")
+            args = [p2, "train", "--data", data, "--steps", str(a.steps), "--threads", str(rank_threads), "--log", log2]
+            e2 = dict(env, MBT_DP_OVERLAP=ov)
+            if mpirun:
+                out = run([mpirun, "--oversubscribe", "--bind-to", "none", "-np", "2", "-x", "MBT_DEBUG", "-x",
+                           "MBT_DP_BUCKET_MB", "-x", "MBT_COMM_TIMEOUT", "-x", "MBT_DP_OVERLAP"] + args, env=e2)
+            else:
+                port = str(29000 + os.getpid() % 1000 + 2 * r + int(ov))
+                procs = []
+                for k in range(2):
+                    e = dict(e2, RANK=str(k), WORLD_SIZE="2", LOCAL_RANK=str(k), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                    procs.append(subprocess.Popen(args, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                outs = [p.communicate(timeout=1800)[0] for p in procs]
+                if any(p.returncode for p in procs):
+                    sys.exit(f"bench/dp.py: the tcp ranks failed:\n{outs[0][-2000:]}\n{outs[1][-2000:]}")
+                out = outs[0]
+            coll, buckets = parse_debug(out)
+            red_ms = sum(coll.get(k, {}).get("total_ms", 0.0) for k in ("exchange_shards", "gather_shards"))
+            row.update({tag + "ranks_ms": step_ms(log2, a.warmup), tag + "collectives": coll, tag + "buckets": buckets,
+                        tag + "reduction_ms_per_step": red_ms / a.steps})
+            if buckets and buckets["comm_ms"] > 0:
+                row[tag + "hidden"] = max(0.0, 1 - buckets["waited_ms"] / buckets["comm_ms"])
+            if buckets:
+                row[tag + "waited_ms_per_step"] = buckets["waited_ms"] / a.steps
         rounds.append(row)
-        print(f"  round {r + 1}: alone {row['alone_ms']:.1f} ms/step, 2 ranks {row['ranks_ms']:.1f} ms/step, "
-              f"reduction {row['reduction_ms_per_step']:.2f} ms/step (rank 0's exchange + gather), hidden "
-              f"{100 * row.get('hidden', 0):.1f}%")
+        print(f"  round {r + 1}: alone {row['alone_ms']:.1f} ms/step; 2 ranks overlapped {row['ranks_ms']:.1f} ms/step "
+              f"(reduction {row['reduction_ms_per_step']:.2f} ms/step, hidden {100 * row.get('hidden', 0):.1f}%), after the "
+              f"backward {row['after_ranks_ms']:.1f} ms/step (reduction {row['after_reduction_ms_per_step']:.2f} ms/step, "
+              f"hidden {100 * row.get('after_hidden', 0):.1f}%)")
     med = lambda k: statistics.median(x[k] for x in rounds if k in x) if any(k in x for x in rounds) else float("nan")
-    alone, ranks, red, hid = med("alone_ms"), med("ranks_ms"), med("reduction_ms_per_step"), med("hidden")
-    print(f"| case | alone ms/step | 2 ranks ms/step | speed-up | reduction ms/step (rank 0) | hidden |")
-    print(f"|---|---|---|---|---|---|")
-    print(f"| tiny | {alone:.1f} | {ranks:.1f} | {alone / ranks:.2f}x | {red:.2f} | {100 * hid:.1f}% |")
+    alone = med("alone_ms")
+    print(f"| case | alone ms/step | 2 ranks ms/step | speed-up | reduction ms/step (rank 0) | step waited ms/step | hidden |")
+    print(f"|---|---|---|---|---|---|---|")
+    for tag, name in (("", "tiny, overlapped with the backward"), ("after_", "tiny, after the backward")):
+        ranks, red, wt, hid = med(tag + "ranks_ms"), med(tag + "reduction_ms_per_step"), med(tag + "waited_ms_per_step"), \
+            med(tag + "hidden")
+        print(f"| {name} | {alone:.1f} | {ranks:.1f} | {alone / ranks:.2f}x | {red:.2f} | {wt:.2f} | {100 * hid:.1f}% |")
     os.makedirs("bench/results", exist_ok=True)
     path = os.path.join("bench/results", f"dp-{platform.node()}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     json.dump({"machine": platform.node(), "cpus": len(os.sched_getaffinity(0)), "threads": threads,
                "rank_threads": rank_threads, "launcher": launcher, "bucket_mb": a.bucket_mb, "steps": a.steps,
                "warmup": a.warmup, "rounds": rounds,
-               "median": {"alone_ms": alone, "ranks_ms": ranks, "reduction_ms_per_step": red, "hidden": hid}},
+               "median": {k: med(k) for k in ("alone_ms", "ranks_ms", "reduction_ms_per_step", "waited_ms_per_step", "hidden",
+                                              "after_ranks_ms", "after_reduction_ms_per_step", "after_waited_ms_per_step",
+                                              "after_hidden")}},
               open(path, "w"), indent=1)
     print(f"wrote {path}")
 

@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    14 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    15 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -50,7 +50,8 @@
                           * 11: RtTrainSettings.adapter_config, adapter_modules (PEFT adapters);
                           * 12: RtTrainSettings.ncurriculum, curriculum, curriculum_lens (sequence-length buckets);
                           * 13: RT_GEMM_ADD (the GEMMs' add epilogue: fused LoRA);
-                          * 14: RtTrainSettings.offload_optimizer, offload_chunk (optimizer state in a store file) */
+                          * 14: RtTrainSettings.offload_optimizer, offload_chunk (optimizer state in a store file);
+                          * 15: RtStep.grad_hook and rt_grad_ready (the gradient reduction overlapped with the backward) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -240,6 +241,16 @@ typedef struct RtStep {
 /* A generated function of the step (RtProgram's and RtGpuProgram's forward_backward ...), and
  * the learning-rate schedule's multiplier at 0-based step `step`. */
 typedef RtStatus (*RtStepFn)(RtStep *s);
+/* Called by the CPU's forward_backward right after it has added a parameter's gradient into
+ * s->grads[lo, hi) (the plan's PlanWrite.after: no later launch touches it), so that the runtime
+ * can start reducing it across data ranks while the backward goes on (docs/parallel.md, "The
+ * reduction overlapped with the backward"). Nothing when s->grad_hook is NULL. The hook is an
+ * RtGradHook (defined by the runtime): fn(ctx, lo, hi) on the calling thread. */
+typedef struct RtGradHook {
+    void (*fn)(void *ctx, int64_t lo, int64_t hi);
+    void *ctx;
+} RtGradHook;
+void rt_grad_ready(RtStep *s, int64_t lo, int64_t hi);
 typedef double (*RtLrScheduleFn)(int64_t step);
 
 /* One image of the program's CUDA module, embedded by mbtc (--cuda-arch): the cubin for one

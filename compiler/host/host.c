@@ -122,11 +122,6 @@ static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef 
         if (!keep || keep[li]) emit_launch(h, f, S, addr, li, "");
 }
 
-/* forward_backward's launches: the step program (the schedule's launches, with recompute's
- * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
- * after the position the plan gives its move (the last launch that touches its buffer, whose
- * memory the plan then reuses). A re-run writes the second copies of its buffers (rc->again),
- * which every later launch reads. */
 /* loss_scale x each gradient buffer of w[0..n) added into its range of the gradient region. A
  * target with accumulate_all adds them in as few launches as it can: in one launch the additions
  * run side by side, so a write into a range an earlier write of the group touches (two uses of one
@@ -157,6 +152,11 @@ static void emit_grad_adds(Host *h, const HostFn *f, const PlanWrite **w, int n,
     }
 }
 
+/* forward_backward's launches: the step program (the schedule's launches, with recompute's
+ * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
+ * after the position the plan gives its move (the last launch that touches its buffer, whose
+ * memory the plan then reuses), and on the CPU followed by rt_grad_ready(s, lo, hi). A re-run
+ * writes the second copies of its buffers (rc->again), which every later launch reads. */
 static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef s) {
     const PlanRecompute *rc = &h->plan->mem.rc;
     LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
@@ -181,6 +181,19 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
             if (S->mem->writes[i].after == q) now[k++] = &S->mem->writes[i];
         emit_grad_adds(h, f, now, k, grads, addr, ls);
         moved += k;
+        /* the CPU's: these gradients are final for the micro-batch, so the runtime may start their
+         * reduction across data ranks (rt_grad_ready; the GPU's adds are queued on a stream, and
+         * its runtime reduces after the backward) */
+        if (h->target == &host_target_cpu && k) {
+            LLVMTypeRef pt[3] = {h->ptr, h->i64, h->i64};
+            LLVMTypeRef ft = LLVMFunctionType(h->vd, pt, 3, 0);
+            LLVMValueRef fn = LLVMGetNamedFunction(h->m, "rt_grad_ready");
+            if (!fn) fn = LLVMAddFunction(h->m, "rt_grad_ready", ft);
+            for (int i = 0; i < k; i++) {
+                LLVMValueRef a[3] = {s, ci64(h, now[i]->offset / 4), ci64(h, (now[i]->offset + now[i]->bytes) / 4)};
+                LLVMBuildCall2(h->b, ft, fn, a, 3, "");
+            }
+        }
     }
     if (moved != S->mem->nwrites) INTERNAL("host: %d of the step's %d moves placed", moved, S->mem->nwrites);
 }

@@ -423,9 +423,15 @@ typedef struct RtTrainRun {
     double *norm_all;      /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
     RtDpReduce *buckets;   /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
     int64_t bucket_floats; /* MBT_DP_BUCKET_MB's */
-    double model_gbps;     /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
-    double fb_s;           /* the micro-batches' forward_backward time (for the model) */
-    int high_water_done;   /* --arena-high-water: measured (the first step this process runs) */
+    /* the buckets overlapped with the backward of the step's last micro-batch (MBT_DP_OVERLAP,
+     * default on; the CPU alone): the generated code's rt_grad_ready calls hook, which marks the
+     * range ready in buckets; fold_tree is the local tree the thread folds each bucket of */
+    int overlap;
+    RtGradHook hook;
+    RtTree fold_tree;
+    double model_gbps;   /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
+    double fb_s;         /* the micro-batches' forward_backward time (for the model) */
+    int high_water_done; /* --arena-high-water: measured (the first step this process runs) */
     int64_t fb_n;
     /* global_mean: the step's micro-batches of this rank, read once for the statistics pass and kept
      * for the step's own pass (rt_train_stats); stat_cap micro-batches; stat_mine their statistics
@@ -597,6 +603,45 @@ static RtStatus rt_train_shard_state(RtTrainRun *r);
 
 /* The step's tree of partial sums and the micro-batches' losses, for the largest accumulation of
  * the batch ramp. */
+/* rt_grad_ready's hook (RtGradHook): elements [lo, hi) of the gradient have their last addition
+ * of the step's last micro-batch. */
+static void rt_train_grad_ready(void *ctx, int64_t lo, int64_t hi) { rt_dp_reduce_ready(((RtTrainRun *)ctx)->buckets, lo, hi); }
+
+/* The bucket's elements made this rank's final sum, on the communication thread: the local
+ * tree's additions after the last micro-batch, over [lo, hi). */
+static void rt_train_fold(void *ctx, int64_t lo, int64_t hi) {
+    RtTrainRun *r = ctx;
+    rt_exec_tree_fold_range(&r->x, &r->fold_tree, lo, hi);
+}
+
+/* MBT_DP_OVERLAP (1, the default, or 0): whether the buckets start during the backward of the
+ * step's last micro-batch. The GPU keeps the reduction after the backward: its gradient adds are
+ * queued on a stream and the reduction stages the whole gradient through the host. A bucket is
+ * ready once every parameter's range in it was announced (a parameter whose gradient the program
+ * never writes, a zero gradient, holds its bucket until the backward ends). */
+static RtStatus rt_train_overlap_open(RtTrainRun *r) {
+    const char *s = getenv("MBT_DP_OVERLAP");
+    r->overlap = 1;
+    if (s && *s) {
+        if (strcmp(s, "0") && strcmp(s, "1"))
+            return rt_fail(&r->e, RT_ERR_ARG, "MBT_DP_OVERLAP is '%s': it must be 1 (the default) or 0", s);
+        r->overlap = s[0] == '1';
+    }
+    if (r->x.gpu) r->overlap = 0;
+    if (!r->overlap) return RT_OK;
+    const RtProgram *p = r->p;
+    int64_t *lo = malloc((size_t)(p->nparams + 1) * sizeof *lo), *hi = malloc((size_t)(p->nparams + 1) * sizeof *hi);
+    if (!lo || !hi) {
+        free(lo), free(hi);
+        return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the parameters' ranges");
+    }
+    for (int64_t i = 0; i < p->nparams; i++) lo[i] = p->params[i].offset, hi[i] = p->params[i].offset + p->params[i].numel;
+    rt_dp_reduce_expect(r->buckets, lo, hi, (int)p->nparams);
+    free(lo), free(hi);
+    r->hook = (RtGradHook){rt_train_grad_ready, r};
+    return RT_OK;
+}
+
 static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     const RtTrainSettings *t = &r->p->train;
     int64_t accum = t->accum;
@@ -627,6 +672,8 @@ static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
      * whole vector alone; nor for one bucket, where the thread would only add a hand-over) */
     if (r->zero < 2 && r->p->param_floats > r->bucket_floats) {
         st = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, r->bucket_floats, &r->e);
+        if (st != RT_OK) return st;
+        st = rt_train_overlap_open(r);
         if (st != RT_OK) return st;
     }
     if (r->zero == 2) {
@@ -750,8 +797,11 @@ static void rt_train_banner(const RtTrainRun *r) {
                (long long)t->data_ranks, (long long)(t->accum * t->data_ranks), (long long)t->micro);
     if (r->buckets)
         printf("data-parallel: the ranks' sum in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the last parameters "
-               "first, by a communication thread: bucket b + 1's exchange overlaps bucket b's sum (not the backward)\n",
-               rt_dp_reduce_buckets(r->buckets), (long long)rt_dp_reduce_bucket_floats(r->buckets));
+               "first, by a communication thread: %s\n",
+               rt_dp_reduce_buckets(r->buckets), (long long)rt_dp_reduce_bucket_floats(r->buckets),
+               r->overlap ? "each starts during the last micro-batch's backward once its gradients are final"
+               : r->x.gpu ? "after the backward (the GPU's), bucket b + 1's exchange overlapping bucket b's sum"
+                          : "after the backward (MBT_DP_OVERLAP=0), bucket b + 1's exchange overlapping bucket b's sum");
     if (r->zero)
         printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
                "parameters are gathered\n",
@@ -904,6 +954,14 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* micro: the micro-batch's index in the global batch, so that a random draw keyed by it is
          * the same at any number of ranks */
         s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        /* the step's last micro-batch: its backward starts the buckets' reduction (the tree as it
+         * stands before this leaf is what the thread folds each bucket by) */
+        int overlapped = st == RT_OK && r->overlap && m + 1 == accum;
+        if (overlapped) {
+            r->fold_tree = tree;
+            s.grad_hook = &r->hook;
+            rt_dp_reduce_begin(r->buckets, x->grads, rt_train_fold, r);
+        }
         double fb0 = rt_now();
         if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
         if (st == RT_OK && m + 1 < accum) {
@@ -922,6 +980,10 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
                            : s.loss > 0  ? "inf"
                                          : "-inf");
         r->micro_loss[m] = s.loss;
+        if (overlapped) { /* the thread folds the tree bucket by bucket: it is finished */
+            tree.depth = 1, tree.size[0] = accum;
+            continue;
+        }
         st = rt_exec_tree_push(x, &tree, &r->e);
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient's partial sums", (long long)(step + 1));
     }
@@ -968,7 +1030,9 @@ static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     RtExec *x = &r->x;
     int64_t n = r->p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
     RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
-    if (st == RT_OK && r->buckets) { /* zero < 2: the whole sum on every rank, bucket by bucket */
+    if (st == RT_OK && r->buckets && r->overlap) { /* started during the last backward: its end */
+        st = rt_dp_reduce_finish(r->buckets, &r->e);
+    } else if (st == RT_OK && r->buckets) { /* zero < 2: the whole sum on every rank, bucket by bucket */
         st = rt_dp_reduce_run(r->buckets, x->grads, &r->e);
     } else if (st == RT_OK) {
         st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);

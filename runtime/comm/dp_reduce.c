@@ -33,6 +33,17 @@ struct RtDpReduce {
     RtError e;
     double comm_s, wait_s; /* over every run: the thread in collectives; the caller waiting */
     int64_t runs;
+    /* the overlapped run (rt_dp_reduce_begin .. finish): the thread takes bucket next once its
+     * elements are all ready (ready[b] >= need[b], or all of them after the backward), folds it
+     * (fold), exchanges, sums and gathers it */
+    int ovl, next, ovl_done, all_ready;
+    int64_t *ready, *need;
+    double *t_ready, *t_start; /* this run's: when bucket b became ready, when the thread took it (0: not yet) */
+    RtDpFold fold;
+    void *fold_ctx;
+    double t_end; /* rt_dp_reduce_finish's call: the end of the backward */
+    int64_t ovl_runs, ready_before, started_before, buckets_seen;
+    double lead_s; /* over every overlapped run: the largest start before the backward's end */
 };
 
 RtStatus rt_dp_bucket_env(int64_t *floats, RtError *err) {
@@ -79,12 +90,52 @@ static RtStatus run_job(RtDpReduce *d, RtDpJob j, RtError *err) {
     return rt_comm_gather_shards(d->comm, d->v + lo, d->rel, err);
 }
 
+/* Whether the overlapped run's bucket b may start (the mutex held). */
+static int bucket_ready(const RtDpReduce *d, int b) { return d->all_ready || d->ready[b] >= d->need[b]; }
+
+/* The overlapped run's bucket b, all on the thread: made final (the caller's fold: the local
+ * tree's remaining additions over its elements), its shards exchanged, this rank's shard summed
+ * by the tree over the ranks (serially: the pool is the backward's), gathered back. The same
+ * additions in the same order per element as rt_dp_reduce_run. *comm_s: the collectives' time. */
+static RtStatus run_bucket(RtDpReduce *d, int b, RtError *err, double *comm_s) {
+    const int64_t *o = bucket_off(d, b);
+    if (d->fold) d->fold(d->fold_ctx, o[0], o[d->size]);
+    double t0 = rt_now();
+    RtStatus st = run_job(d, (RtDpJob){RT_DP_EXCHANGE, b}, err);
+    *comm_s += rt_now() - t0;
+    if (st != RT_OK) return st;
+    int64_t lo = o[d->rank], len = o[d->rank + 1] - lo;
+    rt_dp_tree_sum_f32(NULL, d->got[b & 1], d->size, len);
+    if (len > 0) memcpy(d->v + lo, d->got[b & 1], (size_t)len * sizeof *d->v);
+    t0 = rt_now();
+    st = run_job(d, (RtDpJob){RT_DP_GATHER, b}, err);
+    *comm_s += rt_now() - t0;
+    return st;
+}
+
 static void *comm_thread(void *arg) {
     RtDpReduce *d = arg;
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->quit && d->done == d->posted) pthread_cond_wait(&d->cv, &d->mu);
+        while (!d->quit && d->done == d->posted && !(d->ovl && d->next < d->nbuckets && bucket_ready(d, d->next)))
+            pthread_cond_wait(&d->cv, &d->mu);
         if (d->quit) break;
+        if (d->ovl && d->next < d->nbuckets && bucket_ready(d, d->next)) {
+            int b = d->next++;
+            int failed = d->status != RT_OK;
+            d->t_start[b] = rt_now();
+            pthread_mutex_unlock(&d->mu);
+            RtStatus st = RT_OK;
+            RtError e;
+            double dt = 0;
+            if (!failed) st = run_bucket(d, b, &e, &dt);
+            pthread_mutex_lock(&d->mu);
+            d->comm_s += dt;
+            if (st != RT_OK && d->status == RT_OK) d->status = st, d->e = e;
+            d->ovl_done++;
+            pthread_cond_broadcast(&d->cv);
+            continue;
+        }
         RtDpJob j = d->jobs[d->done];
         int failed = d->status != RT_OK;
         pthread_mutex_unlock(&d->mu);
@@ -114,7 +165,11 @@ RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n,
     d->off = calloc((size_t)d->nbuckets * (size + 1) + 1, sizeof *d->off);
     d->jobs = calloc((size_t)d->nbuckets * 2 + 1, sizeof *d->jobs);
     d->rel = calloc((size_t)size + 1, sizeof *d->rel);
-    if (!d->off || !d->jobs || !d->rel) {
+    d->ready = calloc((size_t)d->nbuckets + 1, sizeof *d->ready);
+    d->need = calloc((size_t)d->nbuckets + 1, sizeof *d->need);
+    d->t_ready = calloc((size_t)d->nbuckets + 1, sizeof *d->t_ready);
+    d->t_start = calloc((size_t)d->nbuckets + 1, sizeof *d->t_start);
+    if (!d->off || !d->jobs || !d->rel || !d->ready || !d->need || !d->t_ready || !d->t_start) {
         rt_dp_reduce_close(d);
         return rt_fail_errno(err, ENOMEM, "cannot allocate the gradient's buckets");
     }
@@ -124,6 +179,7 @@ RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n,
         rt_comm_shards(hi - lo, size, 16, o); /* 64-byte pieces: no ZeRO shard to keep aligned */
         for (int k = 0; k <= size; k++) o[k] += lo;
         if (o[d->rank + 1] - o[d->rank] > d->most) d->most = o[d->rank + 1] - o[d->rank];
+        d->need[b] = hi - lo;
     }
     for (int i = 0; i < 2; i++) {
         d->got[i] = malloc((size_t)(d->most * size + 1) * sizeof(float));
@@ -201,6 +257,67 @@ RtStatus rt_dp_reduce_run(RtDpReduce *d, float *v, RtError *err) {
     return RT_OK;
 }
 
+void rt_dp_reduce_expect(RtDpReduce *d, const int64_t *lo, const int64_t *hi, int n) {
+    for (int b = 0; b < d->nbuckets; b++) {
+        const int64_t *o = bucket_off(d, b);
+        int64_t need = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t a = lo[i] > o[0] ? lo[i] : o[0], z = hi[i] < o[d->size] ? hi[i] : o[d->size];
+            if (z > a) need += z - a;
+        }
+        d->need[b] = need;
+    }
+}
+
+void rt_dp_reduce_begin(RtDpReduce *d, float *v, RtDpFold fold, void *fold_ctx) {
+    pthread_mutex_lock(&d->mu);
+    d->v = v, d->posted = d->done = 0, d->status = RT_OK;
+    d->fold = fold, d->fold_ctx = fold_ctx, d->next = d->ovl_done = 0, d->all_ready = 0;
+    for (int b = 0; b < d->nbuckets; b++) d->ready[b] = 0, d->t_ready[b] = d->t_start[b] = 0;
+    d->ovl = 1; /* last: the thread may now take buckets */
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+void rt_dp_reduce_ready(RtDpReduce *d, int64_t lo, int64_t hi) {
+    pthread_mutex_lock(&d->mu);
+    int wake = 0;
+    double now = rt_now();
+    for (int b = 0; b < d->nbuckets; b++) { /* few buckets: a scan */
+        const int64_t *o = bucket_off(d, b);
+        int64_t a = lo > o[0] ? lo : o[0], z = hi < o[d->size] ? hi : o[d->size];
+        if (z <= a) continue;
+        int was = d->ready[b] >= d->need[b];
+        d->ready[b] += z - a;
+        if (!was && d->ready[b] >= d->need[b]) d->t_ready[b] = now, wake = 1;
+    }
+    if (wake) pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+RtStatus rt_dp_reduce_finish(RtDpReduce *d, RtError *err) {
+    double t0 = rt_now();
+    pthread_mutex_lock(&d->mu);
+    d->t_end = t0, d->all_ready = 1;
+    pthread_cond_broadcast(&d->cv);
+    while (d->ovl_done < d->nbuckets) pthread_cond_wait(&d->cv, &d->mu);
+    d->ovl = 0;
+    RtStatus st = d->status;
+    d->wait_s += rt_now() - t0;
+    for (int b = 0; b < d->nbuckets; b++) {
+        if (d->t_ready[b] > 0 && d->t_ready[b] < d->t_end) d->ready_before++;
+        if (d->t_start[b] < d->t_end) {
+            d->started_before++;
+            if (d->t_end - d->t_start[b] > d->lead_s) d->lead_s = d->t_end - d->t_start[b];
+        }
+    }
+    d->buckets_seen += d->nbuckets;
+    d->ovl_runs++, d->runs++;
+    pthread_mutex_unlock(&d->mu);
+    if (st != RT_OK) *err = d->e;
+    return st;
+}
+
 void rt_dp_reduce_stats(const RtDpReduce *d, double *comm_s, double *wait_s, int64_t *runs) {
     *comm_s = d->comm_s, *wait_s = d->wait_s, *runs = d->runs;
 }
@@ -211,8 +328,15 @@ void rt_dp_reduce_print(FILE *f, const RtDpReduce *d, const char *prefix) {
     if (hidden < 0) hidden = 0;
     fprintf(f,
             "%sbuckets: %d of at most %lld floats, %lld reductions: the communication thread %.3f ms in collectives, the "
-            "step waited %.3f ms for it: %.1f%% hidden behind the ranks' sums of other buckets\n",
-            prefix, d->nbuckets, (long long)d->bucket_floats, (long long)d->runs, 1e3 * d->comm_s, 1e3 * d->wait_s, 100 * hidden);
+            "step waited %.3f ms for it: %.1f%% hidden behind %s\n",
+            prefix, d->nbuckets, (long long)d->bucket_floats, (long long)d->runs, 1e3 * d->comm_s, 1e3 * d->wait_s, 100 * hidden,
+            d->ovl_runs ? "the backward" : "the ranks' sums of other buckets");
+    if (d->ovl_runs > 0)
+        fprintf(f,
+                "%sbuckets overlapped with the backward in %lld reductions: %lld of %lld buckets ready before the backward "
+                "ended, %lld started before it (the earliest %.3f ms before)\n",
+                prefix, (long long)d->ovl_runs, (long long)d->ready_before, (long long)d->buckets_seen,
+                (long long)d->started_before, 1e3 * d->lead_s);
 }
 
 void rt_dp_reduce_close(RtDpReduce *d) {
@@ -227,6 +351,10 @@ void rt_dp_reduce_close(RtDpReduce *d) {
         pthread_cond_destroy(&d->cv);
     }
     free(d->off);
+    free(d->ready);
+    free(d->need);
+    free(d->t_ready);
+    free(d->t_start);
     free(d->rel);
     free(d->jobs);
     free(d->got[0]);

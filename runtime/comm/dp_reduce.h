@@ -8,12 +8,11 @@
  * then gathered back. A thread of this module runs the collectives in a fixed order - exchange 0,
  * exchange 1, gather 0, exchange 2, gather 1, ... - while the calling thread sums bucket b's shard
  * (the tree over the ranks): the exchange of bucket b + 1 and the gather of bucket b - 1 overlap
- * that sum. Nothing overlaps the backward: the buckets start after the step's last micro-batch
- * (the generated code does not yet say when a parameter range's gradient is final).
+ * that sum. rt_dp_reduce_begin .. finish instead overlaps the buckets with the backward.
  *
  * Each element's sum is the same additions in the same order at any bucket size, so the result
  * is bit for bit that of the unbucketed reduction. One thread at a time calls the collectives:
- * the caller must not call any while rt_dp_reduce_run is under way. */
+ * the caller must not call any while rt_dp_reduce_run, or begin .. finish, is under way. */
 #ifndef MBT_DP_REDUCE_H
 #define MBT_DP_REDUCE_H
 
@@ -34,9 +33,27 @@ int rt_dp_reduce_buckets(const RtDpReduce *d);
 int64_t rt_dp_reduce_bucket_floats(const RtDpReduce *d);
 /* v (n floats, host memory) summed over the ranks in place, every rank ending with the sum. */
 RtStatus rt_dp_reduce_run(RtDpReduce *d, float *v, RtError *err);
+/* The reduction overlapped with the backward (docs/parallel.md, "The reduction overlapped with
+ * the backward"): rt_dp_reduce_begin before the step's last micro-batch; rt_dp_reduce_ready(lo,
+ * hi) from the backward (rt_grad_ready) each time elements [lo, hi) of the local gradient have
+ * had their last addition of that micro-batch; rt_dp_reduce_finish after it. The thread takes the
+ * buckets in order (bucket 0 first, the same order on every rank), each once all its elements
+ * that the backward writes are ready (rt_dp_reduce_expect: the ranges it writes, the whole
+ * vector by default) or the backward has ended: fold(ctx, lo, hi) makes v[lo, hi) the rank's
+ * final sum (the local tree's remaining additions there; NULL: nothing), then exchange, the
+ * tree over the ranks (serial, on the thread) and gather. The same additions in the same order
+ * per element as rt_dp_reduce_run: the same bits. No other collective may run between begin
+ * and finish. */
+typedef void (*RtDpFold)(void *ctx, int64_t lo, int64_t hi);
+void rt_dp_reduce_expect(RtDpReduce *d, const int64_t *lo, const int64_t *hi, int n);
+void rt_dp_reduce_begin(RtDpReduce *d, float *v, RtDpFold fold, void *fold_ctx);
+void rt_dp_reduce_ready(RtDpReduce *d, int64_t lo, int64_t hi); /* any thread */
+RtStatus rt_dp_reduce_finish(RtDpReduce *d, RtError *err);
 /* MBT_DEBUG: the buckets' line - how long the thread ran collectives and how long the caller
- * waited for it, over every rt_dp_reduce_run (the rest of the collectives' time was hidden
- * behind the caller's sums). */
+ * waited for it, over every run (the rest of the collectives' time was hidden behind the
+ * caller's sums, or with the overlap behind the backward); after overlapped runs a second line:
+ * how many buckets became ready, and how many the thread took, before rt_dp_reduce_finish (the
+ * backward's end), and the largest such lead. */
 void rt_dp_reduce_print(FILE *f, const RtDpReduce *d, const char *prefix);
 void rt_dp_reduce_stats(const RtDpReduce *d, double *comm_s, double *wait_s, int64_t *runs);
 void rt_dp_reduce_close(RtDpReduce *d); /* NULL is fine; stops the thread */

@@ -216,6 +216,11 @@ RtStatus rt_exec_stats(RtExec *e, RtError *err) {
 
 /* ---- calls -------------------------------------------------------------------------------------- */
 
+void rt_grad_ready(RtStep *s, int64_t lo, int64_t hi) {
+    const RtGradHook *h = s->grad_hook;
+    if (h && h->fn) h->fn(h->ctx, lo, hi);
+}
+
 RtStep rt_exec_step(const RtExec *e, RtError *err) {
     RtStep s = {.pool = e->pool, .err = err, .stats = e->gpu ? e->d_stats : e->stats, .stats_out = e->stats_out};
     if (e->gpu) {
@@ -407,6 +412,21 @@ RtStatus rt_exec_tree_push(RtExec *e, RtTree *t, RtError *err) {
         t->depth--;
     }
     return RT_OK;
+}
+
+void rt_exec_tree_fold_range(RtExec *e, const RtTree *t0, int64_t lo, int64_t hi) {
+    RtTree t = *t0; /* a copy: rt_exec_tree_push then _finish's additions, over [lo, hi) alone */
+    int64_t n = hi - lo;
+    if (n <= 0) return;
+    t.size[t.depth++] = 1;
+    while (t.depth >= 2 && t.size[t.depth - 1] == t.size[t.depth - 2]) {
+        rt_host_add(NULL, e->tree[t.depth - 2] + lo, e->tree[t.depth - 1] + lo, n);
+        t.size[t.depth - 2] *= 2, t.depth--;
+    }
+    while (t.depth >= 2) {
+        rt_host_add(NULL, e->tree[t.depth - 2] + lo, e->tree[t.depth - 1] + lo, n);
+        t.size[t.depth - 2] += t.size[t.depth - 1], t.depth--;
+    }
 }
 
 RtStatus rt_exec_tree_finish(RtExec *e, RtTree *t, RtError *err) {

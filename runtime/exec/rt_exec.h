@@ -202,6 +202,11 @@ RtStatus rt_exec_tree_open(RtExec *e, int64_t leaves, RtError *err);
 RtStatus rt_exec_tree_leaf(RtExec *e, RtTree *t, float **region, RtError *err);
 RtStatus rt_exec_tree_push(RtExec *e, RtTree *t, RtError *err);
 RtStatus rt_exec_tree_finish(RtExec *e, RtTree *t, RtError *err);
+/* The CPU's: the additions rt_exec_tree_push and then rt_exec_tree_finish would make after the
+ * leaf at tree[t->depth], over elements [lo, hi) alone, serially, t unchanged (the same additions
+ * per element: the same bits). The reduction overlapped with the backward folds each bucket so
+ * (docs/parallel.md); the caller then takes the tree as finished. */
+void rt_exec_tree_fold_range(RtExec *e, const RtTree *t, int64_t lo, int64_t hi);
 /* dst[i] += src[i] for i < n on the host, split over the pool (each element by one thread). */
 void rt_host_add(RtPool *pool, float *dst, const float *src, int64_t n);
 RtStatus rt_exec_init_params(RtExec *e, uint64_t seed, RtError *err); /* every parameter from its initialiser */

@@ -357,7 +357,8 @@ on_device_cmd() {
 }
 # ---- data parallelism on the device: the step's tree, one process against 2 ranks -----------------
 # gpu/dp: tests/exec/dp.mbt's dp1 alone (4 micro-batches summed on the device) and dp2 as 2 ranks of
-# the tcp backend sharing the device (2 each, the ranks' partial sums exchanged and added on the host),
+# the tcp backend sharing the device (2 each, the ranks' partial sums exchanged and added on the host,
+# in 7 buckets of MBT_DP_BUCKET_MB=0.1 after the backward: the GPU does not overlap them with it),
 # 3 steps: the same logs to every digit and byte-identical weights (docs/parallel.md, the tree).
 d="$DIR/dp"
 mkdir -p "$d/1" "$d/2"
@@ -371,7 +372,7 @@ else
     port=$((30000 + ($$ + RANDOM) % 20000))
     pids=()
     for r in 0 1; do
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_DP_BUCKET_MB=0.1 \
             on_device_cmd "$d/2/prog.cu" "$d/2/prog" "$d/2.$r.out" train --steps 3 --data "$DATA" \
             --save-weights "$d/2.st" --log "$d/2.jsonl" &
         pids+=($!)
@@ -383,6 +384,8 @@ else
         fail gpu/dp "a run failed (alone: status $rc1; 2 ranks: $rc2)" "$d/1.out" "$d/2.0.out" "$d/2.1.out"
     elif ! grep -q "^data-parallel: 2 processes" "$d/2.0.out"; then
         fail gpu/dp "rank 0 does not say it is one of 2 processes" "$d/2.0.out"
+    elif ! grep -q "^data-parallel: the ranks' sum in 7 buckets .* after the backward (the GPU's)" "$d/2.0.out"; then
+        fail gpu/dp "rank 0 does not say the GPU reduces its 7 buckets after the backward" "$d/2.0.out"
     elif ! cmp -s "$d/1.st" "$d/2.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/2.jsonl")" ]; then
         fail gpu/dp "2 ranks on the device did not log and save what one process did" "$d/1.jsonl" "$d/2.jsonl"
     else
