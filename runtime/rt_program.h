@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    12 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    13 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -48,7 +48,8 @@
                           * 10: RtGenerateSettings carries the serve block (top_p, batch, kv, port, tokenizer, chat);
                           *    the KV cache (RtStep.kv and kv_pool, RtProgram.forward_chunk and kv, the chunk phase);
                           * 11: RtTrainSettings.adapter_config, adapter_modules (PEFT adapters);
-                          * 12: RtTrainSettings.ncurriculum, curriculum, curriculum_lens (sequence-length buckets) */
+                          * 12: RtTrainSettings.ncurriculum, curriculum, curriculum_lens (sequence-length buckets);
+                          * 13: RtProgram.nrunning, running, running_momentum (running statistics) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

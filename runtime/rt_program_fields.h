@@ -192,7 +192,10 @@
     X(int64_t, stat_floats, i64)      /* global_mean's statistics in f32 elements; 0: none (forward_stats NULL) */               \
     X(RtStepFn, forward_stats, ptr)   /* one micro-batch's statistics into stats_out (the step's statistics pass) */             \
     X(RtStepFn, forward_chunk, ptr)   /* new tokens with the paged KV cache (RtKvInfo); NULL: cannot */                          \
-    X(RtKvInfo, kv, kvinfo)           /* its geometry */
+    X(RtKvInfo, kv, kvinfo)           /* its geometry */                                                                         \
+    X(int64_t, nrunning, i64)         /* running statistics (`running`): after each optimizer step, for each i */                \
+    X(const int64_t *, running, ptr)  /* [3 nrunning]: params[o + j] = (1 - m) params[o + j] + m stats[s + j], j < n: o, s, n */ \
+    X(const double *, running_momentum, ptr) /* [nrunning]: m (o, s in f32 elements; docs/runtime.md) */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \

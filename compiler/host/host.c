@@ -193,6 +193,9 @@ LLVMValueRef emit_stats(Host *h, Sched *S) {
     const FuseResult *r = S->r;
     HostFn f = host_fn_begin(h, "forward_stats");
     LLVMValueRef s = f.s;
+    /* The statistics are the training step's: its dropout masks and training() = 1 (the same key
+     * as the micro-batch's forward_backward, so a statistic after dropout is the one it uses). */
+    if (S->mem->rng_offset >= 0) emit_rng_key(h, &f, S, 1);
     LLVMValueRef *addr = sched_addrs(h, S, s);
     emit_launches_kept(h, &f, S, addr, m->stats_last, m->stats_keep);
     LLVMValueRef out = step_field(h, s, RT_STEP_stats_out, h->ptr, "stats_out");

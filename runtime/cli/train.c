@@ -1056,6 +1056,8 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
     if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
+    /* running statistics: from this step's statistics pass (x->stats), the same on every rank */
+    if (st == RT_OK) st = rt_exec_running(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_UPDATE);
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_ZERO);
