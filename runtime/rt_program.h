@@ -49,7 +49,8 @@
                           *    the KV cache (RtStep.kv and kv_pool, RtProgram.forward_chunk and kv, the chunk phase);
                           * 11: RtTrainSettings.adapter_config, adapter_modules (PEFT adapters);
                           * 12: RtTrainSettings.ncurriculum, curriculum, curriculum_lens (sequence-length buckets);
-                          * 13: RtProgram.nrunning, running, running_momentum (running statistics) */
+                          * 13: RtProgram.nrunning, running, running_momentum (running statistics),
+                          *    RtStep.training */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

@@ -116,7 +116,8 @@
     X(const float *, stats, ptr) /* forward_backward, forward_loss: global_mean's statistics, stat_floats (read) */              \
     X(float *, stats_out, ptr)   /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */            \
     X(int32_t *, kv, ptr)        /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                           \
-    X(void *, kv_pool, ptr)      /* forward_chunk: the KV pool, which it reads and writes */
+    X(void *, kv_pool, ptr)      /* forward_chunk: the KV pool, which it reads and writes */                                     \
+    X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */
 
 /* RtKvInfo: forward_chunk's geometry (compiler/plan/kv.h). A call reads x[0, rows) (the new
  * tokens, padding rows 0) and the metadata at kv (rows x (4 + max_blocks) i32: each row's position,

@@ -15,7 +15,9 @@
 # (sequence-length buckets: step 1 at length 8, step 2 at 16, issue 20) and tests/exec/groups.mbt
 # and lora.mbt (frozen parameters, no_decay and a LoRA adapter: the grouped update's index masks on
 # the device) and tests/verify/ghost_bn.mbt (nn.GhostBatchNorm and nn.BatchChannelNorm: reductions
-# over ghost batches of samples and positions, issue 20). For each, on mbt-gendata's corpus:
+# over ghost batches of samples and positions, issue 20), tests/verify/ghost_bn_running.mbt (their
+# running statistics: training() from the key on the device, the buffers' update after the step
+# through a download and upload, issue 20). For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
 #                          starting weights, batches and learning rate identical, loss 1e-5 relative,
@@ -28,7 +30,9 @@
 #   gpu/EX-BLOCK/rerun     the device run again: a byte-identical dump and the same logged losses and
 #                          gradient norms (every printed digit)
 #   gpu/EX-BLOCK/verify    (mlp, tiny, moe, tiny_bf16: the verify layer's, whose float64 reference
-#                          takes seconds) `mbtc --verify-step` on the device's dump: its gradients and
+#                          takes seconds; ghost_bn_running, whose running buffers' update the step
+#                          compare above allows for as a zero-gradient entry's) `mbtc --verify-step`
+#                          on the device's dump: its gradients and
 #                          its update (fed its own gradients) against the reference evaluator, 1e-4
 #                          (bf16: 5e-2)
 # then, on examples/tiny.mbt (weights trained 3 steps on the CPU):
@@ -85,7 +89,7 @@ MBTC="$BUILD/mbtc"
 DIR="$BUILD/tmp/gpu"
 OUT="$DIR/out.txt"
 LOSS_TOL=1e-5 # step 2's logged loss, relative (step 1's is cmpdump's)
-VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop "
+VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop ghost_bn_running-running_bn "
 EMU_LEFT_OUT=" gpt2-gpt2_cpu "
 FAKE="$BUILD/tests/libmbt_fake_cuda.so"
 
@@ -113,7 +117,7 @@ cuda)
 emu)
     DUT=(--device cuda)
     export MBT_CUDA_ARCH=sm_80 # the stand-in driver is an 8.0 device; its cubin is all it loads
-    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny dropout-drop " # the rest: cmpdump against the CPU, whose step the verify layer checks
+    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny dropout-drop ghost_bn_running-running_bn " # the rest: cmpdump against the CPU, whose step the verify layer checks
     echo "# MBT_GPU_TEST_DEVICE=emu: the GPU path on the CPU (tests/cudaemu/fake_cuda.c, tests/cudaemu/cudaemu.h)"
     ;;
 cpu)
@@ -281,7 +285,7 @@ names=()
 running=0
 for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
     tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt \
-    tests/verify/ghost_bn.mbt; do
+    tests/verify/ghost_bn.mbt tests/verify/ghost_bn_running.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue
