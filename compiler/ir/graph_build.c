@@ -576,6 +576,7 @@ static void gb_running(GraphBuilder *gb, Value *buf, Span bat, Value *x, Span xa
     int b = gb_operand(gb, buf, -1, bat);
     if (b < 0) return;
     GNode *p = gb_node(gb, b);
+    if (p->op == G_CAST && gb_node(gb, p->in[0])->op == G_PARAM) p = gb_node(gb, p->in[0]); /* bf16: its f32 master */
     if (p->op != G_PARAM || p->dt != DT_F32) {
         if (gb_fail(gb, bat, "running: the buffer must be an f32 parameter of the model (a `param` member)"))
             diag_hint("declare it as `running_mean = param f32[d] ~ zeros` and pass it by name");
@@ -586,7 +587,7 @@ static void gb_running(GraphBuilder *gb, Value *buf, Span bat, Value *x, Span xa
     gb_alias(r, b);
     if (gb->is_forward) return;
     for (int i = 0; i < gb->g->nrunning; i++)
-        if (gb->g->run_param[i] == b) {
+        if (gb->g->run_param[i] == p->id) {
             gb_fail(gb, bat, "running: this buffer already has a running update (a layer with running statistics called twice?)");
             return;
         }
@@ -602,7 +603,7 @@ static void gb_running(GraphBuilder *gb, Value *buf, Span bat, Value *x, Span xa
     if (in < 0) return;
     gb_node(gb, in)->name = arena_printf(gb->g->ar, "stat.%d", gb->g->nstats);
     graph_add_stat(gb->g, in, e);
-    graph_add_running(gb->g, b, gb->g->nstats - 1, m);
+    graph_add_running(gb->g, p->id, gb->g->nstats - 1, m);
     p->iattr[1] |= GP_FROZEN;
 }
 

@@ -904,8 +904,9 @@ static Value *b_global_mean(BCall *c) {
  * (docs/language.md). A layer selects batch or running statistics with it. */
 static Value *b_training(BCall *c) { return bresult(c, value_tensor(c->ar, DT_F32, 0, NULL, c->args->at)); }
 
-/* running(buf, x, momentum = 0.1): buf (a parameter, frozen by this), which after every optimizer
- * step becomes (1 - momentum) buf + momentum global_mean(x) (docs/language.md); x has buf's shape. */
+/* running(buf, x, momentum = 0.1): buf's value (a parameter, frozen by this; the builder checks
+ * that), which after every optimizer step becomes (1 - momentum) buf + momentum global_mean(x)
+ * (docs/language.md); x has buf's shape. */
 static Value *b_running(BCall *c) {
     const Value *buf = btensor(c, 0, 1), *x = btensor(c, 1, 1);
     double m;
@@ -915,17 +916,13 @@ static Value *b_running(BCall *c) {
         return bstop(c);
     }
     if (c->failed || c->unknown || !buf || !x) return bstop(c);
-    if (buf->t.dt != DT_F32) {
-        diag_error(c->at[0], "running: the buffer must be an f32 parameter");
-        return bstop(c);
-    }
     int same = x->t.rank == buf->t.rank;
     for (int i = 0; same && i < x->t.rank; i++) same = dim_eq(x->t.dims[i], buf->t.dims[i]);
     if (!same) {
         diag_error(c->at[1], "running: the statistic's shape differs from the buffer's");
         return bstop(c);
     }
-    return value_tensor(c->ar, DT_F32, buf->t.rank, buf->t.dims, c->args->at);
+    return value_tensor(c->ar, buf->t.dt, buf->t.rank, buf->t.dims, c->args->at); /* bf16 under precision = bf16 */
 }
 
 static Value *b_norm(BCall *c) {
