@@ -44,6 +44,9 @@
 #                          (the `__global__` functions of `mbtc --emit=cuda`)
 #   gpu/trace              MBT_TRACE=F.json writes JSON whose traceEvents is a non-empty list of
 #                          events, some named after the program's kernel functions
+# and, on tests/verify/ghost_bn_running.mbt:
+#   gpu/running            5 steps on the device, then its running buffers, eval's loss and
+#                          generation's logits against tests/verify/ghost_bn_running_oracle.py
 # and, on tests/exec/dp.mbt:
 #   gpu/dp                 dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md)
@@ -351,6 +354,30 @@ else
         fail gpu/dp "2 ranks on the device did not log and save what one process did" "$d/1.jsonl" "$d/2.jsonl"
     else
         pass "gpu/dp (2 ranks on the device: the logs and the weights of one process, byte for byte, 3 steps)"
+    fi
+fi
+
+# ---- running statistics on the device (issue 20) -------------------------------------------------
+# gpu/running: tests/verify/ghost_bn_running.mbt trained 5 steps on the device - training() read from
+# the key on the device, the buffers updated after each step through their download and upload - then
+# tests/verify/ghost_bn_running_oracle.py's checks on the device's results: the running buffers
+# against the plain-Python recomputation, eval's loss (forward_loss on the device, training() 0)
+# against the one with the running statistics, and generation's logits for a one-token prompt.
+d="$DIR/running"
+R="$DIR/ghost_bn_running-running_bn"
+mkdir -p "$d" "$R"
+if ! build "$R" tests/verify/ghost_bn_running.mbt --train running_bn -I examples; then
+    fail gpu/running "mbtc tests/verify/ghost_bn_running.mbt -o or --emit=cuda failed" "$OUT"
+else
+    O=tests/verify/ghost_bn_running_oracle.py
+    on_device_cmd "$R/prog.cu" "$R/prog" "$d/train.out" train --steps 5 --data "$DATA" --save-weights "$d/w.st"
+    on_device_cmd "$R/prog.cu" "$R/prog" "$d/eval.out" eval --weights "$d/w.st" --data "$DATA" --steps 1
+    on_device_cmd "$R/prog.cu" "$R/prog" "$d/logits.out" generate --weights "$d/w.st" --prompt-tokens 5 --print-logits
+    if r1=$($PY $O running "$d/w.st" "$DATA" 5 2 step 2>&1) && r2=$($PY $O eval "$d/w.st" "$DATA" "$d/eval.out" running 2>&1) \
+        && r3=$($PY $O generate "$d/w.st" 5 "$d/logits.out" 2>&1); then
+        pass "gpu/running (5 steps on the device; $r1; $r2; $r3)"
+    else
+        fail gpu/running "the device's running statistics: ${r1:-} ${r2:-} ${r3:-}" "$d/train.out"
     fi
 fi
 
