@@ -163,12 +163,14 @@ static int print_schedule(Pipeline *p, FILE *out) {
  * one micro-batch a step (accumulation x data = 1 in every stage of the batch schedule), the mean
  * over the global batch is the micro-batch's own value: each statistic's input is replaced by its
  * expression (graph_inline_stats; the backward already treats it as a constant), and the step
- * needs no statistics pass. With more, the statistics stay inputs: the executable's forward_stats
+ * needs no statistics pass - unless the step has running statistics (`running`), whose update the
+ * runtime applies from the statistics pass's values. With more, the statistics stay inputs: the executable's forward_stats
  * computes them per micro-batch and the runtime averages them before the step's micro-batches
  * (docs/runtime.md, "Statistics over the global batch"). */
 static void stats_inline(const TrainBuild *tb) {
     Graph *g = tb->step;
     if (g->nstats == 0) return;
+    if (g->nrunning > 0) return; /* running(...): the runtime reads the statistics after the step */
     const TrainConfig *c = tb->config;
     int64_t most = c->accumulation;
     for (int i = 0; i < c->nramp; i++)

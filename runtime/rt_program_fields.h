@@ -120,7 +120,8 @@
     X(int32_t *, kv, ptr)        /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                           \
     X(void *, kv_pool, ptr)      /* forward_chunk: the KV pool, which it reads and writes */                                     \
     X(void *, grad_hook, ptr)    /* forward_backward (CPU): NULL, or the runtime's; each gradient's add is followed by */        \
-                                 /* rt_grad_ready(s, lo, hi) (rt_program.h) */
+                                 /* rt_grad_ready(s, lo, hi) (rt_program.h) */                                                   \
+    X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */
 
 /* RtKvInfo: forward_chunk's geometry (compiler/plan/kv.h). A call reads x[0, rows) (the new
  * tokens, padding rows 0) and the metadata at kv (rows x (4 + max_blocks) i32: each row's position,
@@ -196,7 +197,10 @@
     X(int64_t, stat_floats, i64)      /* global_mean's statistics in f32 elements; 0: none (forward_stats NULL) */               \
     X(RtStepFn, forward_stats, ptr)   /* one micro-batch's statistics into stats_out (the step's statistics pass) */             \
     X(RtStepFn, forward_chunk, ptr)   /* new tokens with the paged KV cache (RtKvInfo); NULL: cannot */                          \
-    X(RtKvInfo, kv, kvinfo)           /* its geometry */
+    X(RtKvInfo, kv, kvinfo)           /* its geometry */                                                                         \
+    X(int64_t, nrunning, i64)         /* running statistics (`running`): after each optimizer step, for each i */                \
+    X(const int64_t *, running, ptr)  /* [3 nrunning]: params[o + j] = (1 - m) params[o + j] + m stats[s + j], j < n: o, s, n */ \
+    X(const double *, running_momentum, ptr) /* [nrunning]: m (o, s in f32 elements; docs/runtime.md) */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \

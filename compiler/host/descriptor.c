@@ -106,6 +106,9 @@ const char *program_hash(Host *h) {
         text = arena_printf(h->ar, "%s\nstage from=%" PRId64 " global=%" PRId64, text, p->programs[i].first_step,
                             p->programs[i].global);
     text = arena_printf(h->ar, "%s%s", text, curriculum_text(h));
+    for (int i = 0; i < p->step->nrunning; i++) /* what the runtime does after each step */
+        text = arena_printf(h->ar, "%s\nrunning %s stat=%d momentum=%.17g", text,
+                            graph_node(p->step, p->step->run_param[i])->name, p->step->run_stat[i], p->step->run_momentum[i]);
     char hex[HOST_ABI_CHECKSUM_CHARS + 1];
     host_abi_checksum(text, strlen(text), hex);
     return arena_printf(h->ar, "xxh3-128:%s", hex);
@@ -141,6 +144,30 @@ static LLVMValueRef emit_param_table(Host *h) {
     LLVMSetGlobalConstant(table, 1);
     LLVMSetLinkage(table, LLVMPrivateLinkage);
     return table;
+}
+
+/* The running statistics' table (RtProgram.running, running_momentum): for each running(buf, x, m)
+ * the buffer's offset in the parameter region, its statistic's in the statistics region and its
+ * element count (all in f32 elements), and m. */
+static void emit_running_table(Host *h, LLVMValueRef *n, LLVMValueRef *table, LLVMValueRef *momentum) {
+    const Plan *p = h->plan;
+    const Graph *g = p->step;
+    int nr = g->nrunning;
+    LLVMValueRef *rows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(3 * nr + 1));
+    LLVMValueRef *ms = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(nr + 1));
+    for (int i = 0; i < nr; i++) {
+        int pi = -1, k = g->run_stat[i];
+        for (int j = 0; j < p->mem.nparams; j++)
+            if (p->mem.params[j].node == g->run_param[i]) pi = j;
+        if (pi < 0 || k < 0 || k >= p->mem.nstats) INTERNAL("host: running statistic %d has no parameter or statistic", i);
+        rows[3 * i] = ci64(h, p->mem.params[pi].offset / 4);
+        rows[3 * i + 1] = ci64(h, p->mem.stat_offset[k] / 4);
+        rows[3 * i + 2] = ci64(h, p->mem.params[pi].numel);
+        ms[i] = LLVMConstReal(h->f64, g->run_momentum[i]);
+    }
+    *n = ci64(h, nr);
+    *table = nr ? table_global(h, h->i64, rows, 3 * nr, "mbt.running") : LLVMConstPointerNull(h->ptr);
+    *momentum = nr ? table_global(h, h->f64, ms, nr, "mbt.running_momentum") : LLVMConstPointerNull(h->ptr);
 }
 
 /* The train block's settings (RtTrainSettings), with the batch-size ramp's table. */
@@ -257,6 +284,7 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     f[RT_PROG_stat_floats] = ci64(h, p->mem.stat_bytes / 4);
     f[RT_PROG_forward_stats] = fst ? fst : null;
     f[RT_PROG_forward_chunk] = fchunk ? fchunk : null;
+    emit_running_table(h, &f[RT_PROG_nrunning], &f[RT_PROG_running], &f[RT_PROG_running_momentum]);
     const PlanSchedules *s = &p->sched;
     LLVMValueRef kv[RT_KV_INFO_NFIELDS] = {0};
     int have = fchunk != NULL;

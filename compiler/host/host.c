@@ -226,15 +226,15 @@ static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
 /* Dropout's key (graph.h, GRAPH_RNG_WORDS) into the plan's arena slot: the run's seed in two
  * 32-bit words, the step and micro-batch (mod 2^32), and on = grad: forward_backward draws masks,
  * forward_loss (evaluation) does no dropout. Written by the host, staged and uploaded on the GPU. */
-static void emit_rng_key(Host *h, const HostFn *f, const Sched *S, int grad) {
+static void emit_rng_key(Host *h, const HostFn *f, const Sched *S, LLVMValueRef on) {
     LLVMValueRef arena = step_field(h, f->s, RT_STEP_arena, h->ptr, "arena");
     LLVMValueRef slot = byte_gep(h, arena, S->mem->rng_offset, "rng_slot");
     LLVMValueRef staged = h->target->staging(h, slot, GRAPH_RNG_WORDS * 2, "rng_host"); /* counted in f32 */
     LLVMValueRef seed = step_field(h, f->s, RT_STEP_seed, h->i64, "seed"), mask = ci64(h, 0xffffffff);
-    LLVMValueRef w[GRAPH_RNG_WORDS] = {
-        LLVMBuildAnd(h->b, seed, mask, "seed_lo"), LLVMBuildLShr(h->b, seed, ci64(h, 32), "seed_hi"),
-        LLVMBuildAnd(h->b, step_field(h, f->s, RT_STEP_step, h->i64, "step"), mask, ""),
-        LLVMBuildAnd(h->b, step_field(h, f->s, RT_STEP_micro, h->i64, "micro"), mask, ""), ci64(h, grad ? 1 : 0)};
+    LLVMValueRef w[GRAPH_RNG_WORDS] = {LLVMBuildAnd(h->b, seed, mask, "seed_lo"),
+                                       LLVMBuildLShr(h->b, seed, ci64(h, 32), "seed_hi"),
+                                       LLVMBuildAnd(h->b, step_field(h, f->s, RT_STEP_step, h->i64, "step"), mask, ""),
+                                       LLVMBuildAnd(h->b, step_field(h, f->s, RT_STEP_micro, h->i64, "micro"), mask, ""), on};
     for (int i = 0; i < GRAPH_RNG_WORDS; i++) LLVMBuildStore(h->b, w[i], byte_gep(h, staged, 8 * i, ""));
     h->target->upload(h, f, slot, staged, GRAPH_RNG_WORDS * 2);
 }
@@ -246,7 +246,7 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     const Graph *g = r->g;
     HostFn f = host_fn_begin(h, grad ? "forward_backward" : "forward_loss");
     LLVMValueRef s = f.s;
-    if (S->mem->rng_offset >= 0) emit_rng_key(h, &f, S, grad);
+    if (S->mem->rng_offset >= 0) emit_rng_key(h, &f, S, ci64(h, grad ? 1 : 0));
     LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1;
     if (lb < 0) INTERNAL("host: the loss has no buffer");
@@ -268,6 +268,15 @@ LLVMValueRef emit_stats(Host *h, Sched *S) {
     const FuseResult *r = S->r;
     HostFn f = host_fn_begin(h, "forward_stats");
     LLVMValueRef s = f.s;
+    /* The key of the forward it precedes: in the step's pass (s->training 1) forward_backward's,
+     * so a statistic after dropout or training() is the one the step uses; in evaluation's (0)
+     * forward_loss's. */
+    if (S->mem->rng_offset >= 0)
+        emit_rng_key(
+            h, &f, S,
+            LLVMBuildZExt(h->b,
+                          LLVMBuildICmp(h->b, LLVMIntNE, step_field(h, s, RT_STEP_training, h->i64, "training"), ci64(h, 0), ""),
+                          h->i64, "on"));
     LLVMValueRef *addr = sched_addrs(h, S, s);
     emit_launches_kept(h, &f, S, addr, m->stats_last, m->stats_keep);
     LLVMValueRef out = step_field(h, s, RT_STEP_stats_out, h->ptr, "stats_out");

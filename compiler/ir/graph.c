@@ -179,6 +179,20 @@ void graph_add_stat(Graph *g, int in, int expr) {
     g->stat_expr[g->nstats++] = expr;
 }
 
+void graph_add_running(Graph *g, int param, int stat, double momentum) {
+    if (param < 0 || param >= g->n || stat < 0 || stat >= g->nstats) INTERNAL("graph_add_running: %%%d, %d", param, stat);
+    if (g->nrunning == g->runcap) {
+        int cap = g->runcap ? g->runcap * 2 : 4;
+        int *a = arena_alloc(g->ar, sizeof(int) * (size_t)cap), *b = arena_alloc(g->ar, sizeof(int) * (size_t)cap);
+        double *m = arena_alloc(g->ar, sizeof(double) * (size_t)cap);
+        for (int i = 0; i < g->nrunning; i++) a[i] = g->run_param[i], b[i] = g->run_stat[i], m[i] = g->run_momentum[i];
+        g->run_param = a, g->run_stat = b, g->run_momentum = m, g->runcap = cap;
+    }
+    g->run_param[g->nrunning] = param;
+    g->run_stat[g->nrunning] = stat;
+    g->run_momentum[g->nrunning++] = momentum;
+}
+
 void graph_inline_stats(Graph *g) {
     for (int k = 0; k < g->nstats; k++) {
         int in = g->stat_in[k], e = g->stat_expr[k];
@@ -389,6 +403,9 @@ void graph_print(FILE *out, const Graph *g, int first) {
                     p && (p->iattr[1] & GP_FROZEN) ? " (frozen: zero, none computed)" : "");
         }
     for (int k = 0; k < g->nstats; k++) fprintf(out, "# stat %%%d = global_mean(%%%d)\n", g->stat_in[k], g->stat_expr[k]);
+    for (int i = 0; i < g->nrunning; i++)
+        fprintf(out, "# running %%%d = (1 - %.9g) * itself + %.9g * stat %%%d, after each step\n", g->run_param[i],
+                g->run_momentum[i], g->run_momentum[i], g->stat_in[g->run_stat[i]]);
     if (g->update) { /* the results of an update graph */
         const GraphUpdate *u = g->update;
         fprintf(out, "# out p = %%%d\n", u->p_out);

@@ -220,6 +220,15 @@ typedef struct Graph {
     int nstats, statcap;
     int *stat_in;   /* [nstats] */
     int *stat_expr; /* [nstats] */
+    /* Running statistics (`running(buf, x, momentum)`, docs/language.md): after every optimizer
+     * step the frozen parameter run_param[i] (a G_PARAM node) becomes (1 - run_momentum[i]) x
+     * itself + run_momentum[i] x statistic run_stat[i] (an index into stat_in / stat_expr: x's
+     * mean over the global batch). The runtime applies it (runtime/cli/train.c), and so does
+     * --verify-step's reference. */
+    int nrunning, runcap;
+    int *run_param;
+    int *run_stat;
+    double *run_momentum;
 } Graph;
 
 Graph *graph_new(Arena *ar); /* an empty graph */
@@ -229,6 +238,8 @@ int graph_add(Graph *g, GOp op, DType dt, int rank, const int64_t *shape, int ni
 GNode *graph_node(const Graph *g, int id); /* node[id] */
 /* Records statistic (in, expr) of a step graph (Graph.stat_in, stat_expr). */
 void graph_add_stat(Graph *g, int in, int expr);
+/* Records running statistic (param, stat, momentum) of a step graph (Graph.run_param ...). */
+void graph_add_running(Graph *g, int param, int stat, double momentum);
 /* Rewrites every use of each statistic's input to the statistic's own expression and turns the
  * inputs into unused zero constants: the step at one micro-batch, where the mean over the global
  * batch is the micro-batch's own value. Only after autodiff (the backward keeps treating the

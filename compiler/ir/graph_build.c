@@ -567,6 +567,49 @@ static void gb_global_mean(GraphBuilder *gb, Value *x, Span xat, Value *r, Span 
     graph_add_stat(gb->g, id, e);
 }
 
+/* running(buf, x, momentum) (docs/language.md): buf's own value, here and in generation's forward;
+ * in the step graph x also becomes a statistic (as global_mean's, though nothing in the step reads
+ * its input) and (buf, that statistic, momentum) a running update the runtime applies after each
+ * optimizer step. buf must be a parameter; it becomes frozen (no gradient, no optimizer state). */
+static void gb_running(GraphBuilder *gb, Value *buf, Span bat, Value *x, Span xat, Value *mv, Span mat, Value *r, Span at) {
+    if (gb->updating) {
+        gb_fail(gb, at, "running in an optimizer's update is not supported");
+        return;
+    }
+    int b = gb_operand(gb, buf, -1, bat);
+    if (b < 0) return;
+    GNode *p = gb_node(gb, b);
+    if (p->op == G_CAST && gb_node(gb, p->in[0])->op == G_PARAM) p = gb_node(gb, p->in[0]); /* bf16: its f32 master */
+    if (p->op != G_PARAM || p->dt != DT_F32) {
+        if (gb_fail(gb, bat, "running: the buffer must be an f32 parameter of the model (a `param` member)"))
+            diag_hint("declare it as `running_mean = param f32[d] ~ zeros` and pass it by name");
+        return;
+    }
+    double m;
+    if (!gb_number(gb, mv, 0.1, &m, mat, "running's momentum")) return;
+    gb_alias(r, b);
+    if (gb->is_forward) return;
+    for (int i = 0; i < gb->g->nrunning; i++)
+        if (gb->g->run_param[i] == p->id) {
+            gb_fail(gb, bat, "running: this buffer already has a running update (a layer with running statistics called twice?)");
+            return;
+        }
+    int e = gb_operand(gb, x, DT_F32, xat);
+    if (e < 0) return;
+    if (gb_uses_stat(gb, e)) {
+        gb_fail(gb, xat, "running of a value computed from a global_mean is not supported");
+        return;
+    }
+    int64_t shape[GRAPH_MAX_RANK];
+    memcpy(shape, p->shape, sizeof(int64_t) * (size_t)p->rank);
+    int in = gb_add(gb, G_INPUT, DT_F32, p->rank, shape, 0, NULL, xat);
+    if (in < 0) return;
+    gb_node(gb, in)->name = arena_printf(gb->g->ar, "stat.%d", gb->g->nstats);
+    graph_add_stat(gb->g, in, e);
+    graph_add_running(gb->g, p->id, gb->g->nstats - 1, m);
+    p->iattr[1] |= GP_FROZEN;
+}
+
 /* The builtins an optimizer's update may use on tensors: elementwise ones, and norm (per parameter). */
 static int gb_update_builtin(const char *name, const CallArgs *a) {
     static const char *const ok[] = {"exp",  "log", "sqrt", "rsqrt", "tanh",  "sigmoid", "relu", "gelu",  "silu", "abs",
@@ -734,6 +777,20 @@ void gb_builtin(GraphBuilder *gb, const Builtin *b, const CallArgs *a, Value *r)
         gb_node(gb, id)->iattr[0] = gb->streams++;
     } else if (strcmp(name, "global_mean") == 0) {
         gb_global_mean(gb, v0, s0, r, at);
+    } else if (strcmp(name, "running") == 0) {
+        Span s2;
+        Value *v2 = gb_arg(b, a, 2, &s2);
+        gb_running(gb, v0, s0, v1, s1, v2, s2, r, at);
+    } else if (strcmp(name, "training") == 0) {
+        /* The dropout key's training word (graph.h) as f32: 1 in forward_backward and the
+         * statistics pass, 0 in forward_loss. Generation's forward never trains: a constant 0. */
+        if (gb->is_forward) {
+            gb_alias(r, gb_const(gb, DT_F32, 0, at));
+            return;
+        }
+        int w = gb_slice(gb, gb_rng(gb, at), 0, 4, 5, at);
+        in[0] = w < 0 ? -1 : gb_add(gb, G_RESHAPE, DT_I64, 0, NULL, 1, &w, at);
+        if (in[0] >= 0) gb_result(gb, r, G_CAST, 1, in, at);
     } else if (strcmp(name, "norm") == 0) {
         in[0] = gb_operand(gb, v0, dt, s0);
         if (gb->updating && in[0] >= 0 && gb_node(gb, in[0])->rank == 1)                   /* per parameter (graph_build.h) */

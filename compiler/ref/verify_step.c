@@ -198,6 +198,17 @@ int verify_step(Pipeline *p, const char *path) {
 
     double **ref_next = reference_update(tb->update, g, leaves, grad, lr, clip, ar);
     if (!ref_next) return diag_finish();
+    /* running statistics (Graph.run_param): after the update, as the runtime's rt_exec_running,
+     * from the statistics ref_global_stats left in their inputs */
+    for (int r = 0; r < g->nrunning; r++)
+        for (int i = 0; i < g->nparams; i++) {
+            if (g->params[i] != g->run_param[r]) continue;
+            int64_t n = graph_numel(g->node[g->params[i]]);
+            const double *p0 = leaves[g->params[i]], *st = leaves[g->stat_in[g->run_stat[r]]];
+            double m = g->run_momentum[r], *nx = arena_alloc(ar, (size_t)(n ? n : 1) * sizeof *nx);
+            for (int64_t k = 0; k < n; k++) nx[k] = (1.0 - m) * p0[k] + m * st[k];
+            ref_next[i] = nx;
+        }
 
     /* the comparison, parameter by parameter */
     const VerifyTol *tol = graph_reads_bf16(g) ? &verify_bf16 : &verify_f32;

@@ -899,6 +899,32 @@ static Value *b_global_mean(BCall *c) {
     return bresult(c, x ? value_tensor(c->ar, DT_F32, x->t.rank, x->t.dims, c->args->at) : NULL);
 }
 
+/* training(): 1 in the training step (forward_backward and its statistics pass), 0 in evaluation
+ * (forward_loss) and generation (forward_logits): f32[], the dropout key's training word
+ * (docs/language.md). A layer selects batch or running statistics with it. */
+static Value *b_training(BCall *c) { return bresult(c, value_tensor(c->ar, DT_F32, 0, NULL, c->args->at)); }
+
+/* running(buf, x, momentum = 0.1): buf's value (a parameter, frozen by this; the builder checks
+ * that), which after every optimizer step becomes (1 - momentum) buf + momentum global_mean(x)
+ * (docs/language.md); x has buf's shape. */
+static Value *b_running(BCall *c) {
+    const Value *buf = btensor(c, 0, 1), *x = btensor(c, 1, 1);
+    double m;
+    int known;
+    if (bnumber(c, 2, 0.1, &m, &known) && known && !(m > 0 && m <= 1)) {
+        diag_error(c->at[2], "running: 'momentum' must be in (0, 1], got %s", value_float_str(c->ar, m));
+        return bstop(c);
+    }
+    if (c->failed || c->unknown || !buf || !x) return bstop(c);
+    int same = x->t.rank == buf->t.rank;
+    for (int i = 0; same && i < x->t.rank; i++) same = dim_eq(x->t.dims[i], buf->t.dims[i]);
+    if (!same) {
+        diag_error(c->at[1], "running: the statistic's shape differs from the buffer's");
+        return bstop(c);
+    }
+    return value_tensor(c->ar, buf->t.dt, buf->t.rank, buf->t.dims, c->args->at); /* bf16 under precision = bf16 */
+}
+
 static Value *b_norm(BCall *c) {
     const Value *x = btensor(c, 0, 1);
     return bresult(c, x ? value_tensor(c->ar, DT_F32, 0, NULL, c->args->at) : NULL);
@@ -986,6 +1012,8 @@ static const Builtin builtin_table[] = {
     {"dropout", P("x", "p"), 2, 0, b_dropout, 0, "dropout(x, p)"},
     {"norm", P("x"), 1, 0, b_norm, 0, "norm(x)"},
     {"global_mean", P("x"), 1, 0, b_global_mean, 0, "global_mean(x)"},
+    {"training", {NULL}, 0, 0, b_training, 0, "training()"},
+    {"running", P("buf", "x", "momentum"), 2, 0, b_running, 0, "running(buf, x, momentum = 0.1)"},
     {"clamp", P("x", "lo", "hi"), 3, 0, b_clamp, 0, "clamp(x, lo, hi)"},
     {"float", P("x"), 1, 0, b_convert, CONV_FLOAT, "float(x)"},
     {"int", P("x"), 1, 0, b_convert, CONV_INT, "int(x)"},

@@ -259,8 +259,8 @@ static RtStatus rt_evaluate(RtExec *e, RtData *val, int64_t batches, uint64_t se
         if (st == RT_OK) st = rt_exec_batch(e, B * T, err);
         if (st != RT_OK) break;
         RtStep s = rt_exec_step(e, err);
-        s.B = B, s.T = T, s.seed = seed;
-        if (p->stat_floats > 0) { /* global_mean: each held-out micro-batch is its own global batch */
+        s.B = B, s.T = T, s.seed = seed; /* s.training 0: forward_loss's key */
+        if (p->stat_floats > 0) {        /* global_mean: each held-out micro-batch is its own global batch */
             st = rt_exec_call(e, RT_EXEC_FORWARD_STATS, &s);
             if (st == RT_OK) memcpy(e->stats, e->stats_out, (size_t)p->stat_floats * sizeof *e->stats);
             if (st == RT_OK) st = rt_exec_stats(e, err);
@@ -893,6 +893,7 @@ static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64
         st = rt_exec_batch(x, r->window, &r->e);
         RtStep s = rt_exec_step(x, &r->e);
         s.B = p->train.micro, s.T = p->train.seq, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        s.training = 1; /* forward_backward's key: its dropout masks, training() = 1 */
         if (st == RT_OK) st = rt_exec_call(x, RT_EXEC_FORWARD_STATS, &s);
         if (st != RT_OK) {
             rt_error_context(&r->e, "step %lld, statistics of micro-batch %lld", (long long)(step + 1),
@@ -1206,6 +1207,8 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
     if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
+    /* running statistics: from this step's statistics pass (x->stats), the same on every rank */
+    if (st == RT_OK) st = rt_exec_running(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_UPDATE);
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_ZERO);

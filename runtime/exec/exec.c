@@ -209,6 +209,23 @@ RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err) {
     return st == RT_OK ? rt_gpu_upload(e->gpu, e->d_y, e->y, tokens * 4, err) : st;
 }
 
+RtStatus rt_exec_running(RtExec *e, RtError *err) {
+    const RtProgram *p = e->prog;
+    RtStatus st = RT_OK;
+    for (int64_t i = 0; i < p->nrunning && st == RT_OK; i++) {
+        int64_t o = p->running[3 * i], so = p->running[3 * i + 1], n = p->running[3 * i + 2];
+        double m = p->running_momentum[i];
+        if (o < 0 || n < 0 || o + n > p->param_floats || so < 0 || so + n > p->stat_floats)
+            return rt_fail(err, RT_ERR_ARG, "running statistic %lld lies outside its region", (long long)i);
+        float *r = e->params + o;
+        if (e->gpu) st = rt_gpu_download(e->gpu, r, e->d_params + o, n * 4, err);
+        /* in double, rounded once to f32: --verify-step's reference and the tests compute the same */
+        for (int64_t j = 0; st == RT_OK && j < n; j++) r[j] = (float)((1.0 - m) * (double)r[j] + m * (double)e->stats[so + j]);
+        if (st == RT_OK && e->gpu) st = rt_gpu_upload(e->gpu, e->d_params + o, r, n * 4, err);
+    }
+    return st == RT_OK && e->gpu && p->nrunning ? rt_gpu_sync(e->gpu, "the running statistics", err) : st;
+}
+
 RtStatus rt_exec_stats(RtExec *e, RtError *err) {
     if (!e->gpu || !e->d_stats) return RT_OK;
     return rt_gpu_upload(e->gpu, e->d_stats, e->stats, e->prog->stat_floats * 4, err); /* pageable: staged on return */

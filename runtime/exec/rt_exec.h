@@ -161,6 +161,10 @@ typedef enum RtExecFn {
 } RtExecFn;
 /* stats (the host's) to the GPU's d_stats (CPU: nothing). */
 RtStatus rt_exec_stats(RtExec *e, RtError *err);
+/* The running statistics' update after an optimizer step (RtProgram.running): each buffer
+ * becomes (1 - m) itself + m its statistic over the step (stats, the host's; on the GPU the
+ * buffer's slice is downloaded, updated on the host and uploaded). */
+RtStatus rt_exec_running(RtExec *e, RtError *err);
 /* The running device's version of the function. rt_exec_call returns when it is done (s->loss
  * set); rt_exec_queue may return with it queued on the GPU: s->loss is NaN until rt_exec_wait,
  * and s must live until then. rt_exec_flip makes the other pair of batch buffers x and y (GPU;

@@ -17,9 +17,11 @@
 # the device), multi_lora.mbt (two adapters batched over their rows; both LoRA programs' up
 # products are added to the base's by the GEMM's add epilogue, cuBLASLt's C input),
 # tests/verify/ghost_bn.mbt (nn.GhostBatchNorm and nn.BatchChannelNorm: reductions over ghost
-# batches of samples and positions, issue 20) and tests/gpu/rows.mbt (4096 rows a micro-batch: the
+# batches of samples and positions, issue 20), tests/gpu/rows.mbt (4096 rows a micro-batch: the
 # two-level sums of the LayerNorm and bias gradients, fuse_lower.c, and their column kernels, f32
-# and bf16). For each, on mbt-gendata's corpus:
+# and bf16) and tests/verify/ghost_bn_running.mbt (their running statistics: training() from the
+# key on the device, the buffers' update after the step through a download and upload, issue 20).
+# For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
 #                          starting weights, batches and learning rate identical, loss 1e-5 relative,
@@ -32,7 +34,9 @@
 #   gpu/EX-BLOCK/rerun     the device run again: a byte-identical dump and the same logged losses and
 #                          gradient norms (every printed digit)
 #   gpu/EX-BLOCK/verify    (mlp, tiny, moe, tiny_bf16, rows: the verify layer's, whose float64 reference
-#                          takes seconds) `mbtc --verify-step` on the device's dump: its gradients and
+#                          takes seconds; ghost_bn_running, whose running buffers' update the step
+#                          compare above allows for as a zero-gradient entry's) `mbtc --verify-step`
+#                          on the device's dump: its gradients and
 #                          its update (fed its own gradients) against the reference evaluator, 1e-4
 #                          (bf16: 5e-2)
 # then, on examples/tiny.mbt (weights trained 3 steps on the CPU):
@@ -46,6 +50,9 @@
 #                          events, some named after the program's kernel functions
 #   gpu/graph              tests/exec/dropout.mbt's drop, 5 steps, with CUDA graphs (the default) and
 #                          with MBT_CUDA_GRAPH=0: byte-identical weights and logs, graphs launched
+# and, on tests/verify/ghost_bn_running.mbt:
+#   gpu/running            5 steps on the device, then its running buffers, eval's loss and
+#                          generation's logits against tests/verify/ghost_bn_running_oracle.py
 # and, on tests/exec/dp.mbt:
 #   gpu/dp                 dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md)
@@ -95,7 +102,7 @@ MBTC="$BUILD/mbtc"
 DIR="$BUILD/tmp/gpu"
 OUT="$DIR/out.txt"
 LOSS_TOL=1e-5 # step 2's logged loss, relative (step 1's is cmpdump's)
-VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop rows-rows rows-rows_bf16 "
+VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop rows-rows rows-rows_bf16 ghost_bn_running-running_bn "
 EMU_LEFT_OUT=" gpt2-gpt2_cpu "
 FAKE="$BUILD/tests/libmbt_fake_cuda.so"
 
@@ -123,7 +130,7 @@ cuda)
 emu)
     DUT=(--device cuda)
     export MBT_CUDA_ARCH=sm_80 # the stand-in driver is an 8.0 device; its cubin is all it loads
-    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny dropout-drop rows-rows rows-rows_bf16 " # the rest: cmpdump against the CPU, whose step the verify layer checks
+    VERIFY_BLOCKS=" mlp-bigram tiny_bf16-tiny dropout-drop rows-rows rows-rows_bf16 ghost_bn_running-running_bn " # the rest: cmpdump against the CPU, whose step the verify layer checks
     echo "# MBT_GPU_TEST_DEVICE=emu: the GPU path on the CPU (tests/cudaemu/fake_cuda.c, tests/cudaemu/cudaemu.h)"
     ;;
 cpu)
@@ -291,7 +298,7 @@ names=()
 running=0
 for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
     tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt tests/exec/multi_lora.mbt \
-    tests/verify/ghost_bn.mbt tests/gpu/rows.mbt; do
+    tests/verify/ghost_bn.mbt tests/gpu/rows.mbt tests/verify/ghost_bn_running.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue
@@ -421,6 +428,30 @@ elif ! cmp -s "$d/base.st" "$d/rc_gelu.st" || ! cmp -s "$d/base.st" "$d/rc_all.s
     fail gpu/recompute "recompute on the device changed the weights or the logs" "$d/base.jsonl" "$d/rc_gelu.jsonl" "$d/rc_all.jsonl"
 else
     pass "gpu/recompute (rc_gelu and rc_all: base's weights and logs on the device, 3 steps; arena written/planned:$rc_hw)"
+fi
+
+# ---- running statistics on the device (issue 20) -------------------------------------------------
+# gpu/running: tests/verify/ghost_bn_running.mbt trained 5 steps on the device - training() read from
+# the key on the device, the buffers updated after each step through their download and upload - then
+# tests/verify/ghost_bn_running_oracle.py's checks on the device's results: the running buffers
+# against the plain-Python recomputation, eval's loss (forward_loss on the device, training() 0)
+# against the one with the running statistics, and generation's logits for a one-token prompt.
+d="$DIR/running"
+R="$DIR/ghost_bn_running-running_bn"
+mkdir -p "$d" "$R"
+if ! build "$R" tests/verify/ghost_bn_running.mbt --train running_bn -I examples; then
+    fail gpu/running "mbtc tests/verify/ghost_bn_running.mbt -o or --emit=cuda failed" "$OUT"
+else
+    O=tests/verify/ghost_bn_running_oracle.py
+    on_device_cmd "$R/prog.cu" "$R/prog" "$d/train.out" train --steps 5 --data "$DATA" --save-weights "$d/w.st"
+    on_device_cmd "$R/prog.cu" "$R/prog" "$d/eval.out" eval --weights "$d/w.st" --data "$DATA" --steps 1
+    on_device_cmd "$R/prog.cu" "$R/prog" "$d/logits.out" generate --weights "$d/w.st" --prompt-tokens 5 --print-logits
+    if r1=$($PY $O running "$d/w.st" "$DATA" 5 2 step 2>&1) && r2=$($PY $O eval "$d/w.st" "$DATA" "$d/eval.out" running 2>&1) \
+        && r3=$($PY $O generate "$d/w.st" 5 "$d/logits.out" 2>&1); then
+        pass "gpu/running (5 steps on the device; $r1; $r2; $r3)"
+    else
+        fail gpu/running "the device's running statistics: ${r1:-} ${r2:-} ${r3:-}" "$d/train.out"
+    fi
 fi
 
 d="$DIR/infer"
