@@ -132,9 +132,9 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
     LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
     LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
     LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
-    int n = rc->mask ? rc->norder : S->r->nlaunches, moved = 0;
+    int n = rc->on ? rc->norder : S->r->nlaunches, moved = 0;
     for (int q = 0; q < n; q++) {
-        int o = rc->mask ? rc->order[q] : q;
+        int o = rc->on ? rc->order[q] : q;
         if (o >= 0) emit_launch(h, f, S, addr, o, "");
         else {
             int j = -1 - o;
@@ -549,8 +549,9 @@ static int refuse_settings(const TrainConfig *ts) {
     for (int i = 0; i < 2; i++)
         if (off[i] != STORE_NONE && (int)off[i] < 3) {
             diag_error(ts->offload_at[i],
-                       "offload.%s = %s is not carried out by executables yet: it stays in the device's memory", what[i],
-                       storage[off[i]]);
+                       "offload.%s = %s is not carried out by executables yet: --emit=plan shows which activations it "
+                       "would copy and when, but the step's copies are not built (docs/memory.md)",
+                       what[i], storage[off[i]]);
             n++;
         }
     if (n)
