@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    14 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    15 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -50,7 +50,8 @@
                           * 11: RtTrainSettings.adapter_config, adapter_modules (PEFT adapters);
                           * 12: RtTrainSettings.ncurriculum, curriculum, curriculum_lens (sequence-length buckets);
                           * 13: RT_GEMM_ADD (the GEMMs' add epilogue: fused LoRA);
-                          * 14: RtTrainSettings.offload_optimizer, offload_chunk (optimizer state in a store file) */
+                          * 14: RtTrainSettings.offload_optimizer, offload_chunk (optimizer state in a store file);
+                          * 15: RtTrainSettings.offload_act_bytes, RtStep.act, rt_act_copy (activations in a store file) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

@@ -202,6 +202,7 @@ typedef struct PlanRerun {
  * its second copy (again) lives from the read to its last use. Positions are of the step program
  * (PlanRecompute.order). The runtime waits for everything queued at a wait, so a wait before
  * position q covers every request issued before it. */
+#define PLAN_OFFLOAD_PAGE 4096 /* runtime/offload/rt_store.h, RT_STORE_ALIGN; the arena starts a page */
 typedef struct PlanOffload {
     int buffer;
     int64_t bytes;     /* the buffer's */

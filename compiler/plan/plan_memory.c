@@ -306,9 +306,12 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
                 const PlanSlot *sl = &ph->slots[i];
                 pb2[i] = (PlanBuffer){pb[i].size, sl->first >= 0 ? sl->first : 0, sl->last >= 0 ? sl->last : 0, 0};
                 const PlanSlot *a = &rc->again[i];
-                int second = rc->rerun[i] >= 0 || (rc->off && rc->off[i] >= 0);
-                pb2[n2 + i] =
-                    (PlanBuffer){second ? fb_bytes(r, i) : 0, a->first >= 0 ? a->first : 0, a->last >= 0 ? a->last : 0, 0};
+                int offl = rc->off && rc->off[i] >= 0, second = rc->rerun[i] >= 0 || offl;
+                /* an offloaded buffer's copies are read and written with O_DIRECT: each slot is a
+                 * page longer than its whole pages, and starts its buffer at a page (below) */
+                int64_t sz = offl ? plan_align_up(fb_bytes(r, i), PLAN_OFFLOAD_PAGE) + PLAN_OFFLOAD_PAGE : fb_bytes(r, i);
+                if (offl) pb2[i].size = sz;
+                pb2[n2 + i] = (PlanBuffer){second ? sz : 0, a->first >= 0 ? a->first : 0, a->last >= 0 ? a->last : 0, 0};
                 if (rc->fate[i] == PF_KEPT) rc->held_kept += fb_bytes(r, i);
                 if (rc->fate[i] == PF_RECOMP) rc->held_recomputed += fb_bytes(r, i);
             }
@@ -328,10 +331,11 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
                                       " bytes: the offsets by liveness place the copies worse (docs/memory.md)",
                                       rc->peak_no_offload, ph->peak));
         for (int i = 0; i < n2; i++) {
-            pb[i].offset = pb2[i].offset;
+            int64_t page = rc->off && rc->off[i] >= 0 ? PLAN_OFFLOAD_PAGE : 1; /* the arena starts a page */
+            pb[i].offset = plan_align_up(pb2[i].offset + ph->reserve, page) - ph->reserve;
             if (pb2[n2 + i].size) {
                 rc->again[i].home = PH_ARENA;
-                rc->again[i].offset = pb2[n2 + i].offset + ph->reserve;
+                rc->again[i].offset = plan_align_up(pb2[n2 + i].offset + ph->reserve, page);
             }
         }
     }

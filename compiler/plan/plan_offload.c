@@ -24,7 +24,6 @@
 #define PLAN_OFFLOAD_MIN (64 * 1024)  /* smaller buffers are not worth a request */
 #define PLAN_OFFLOAD_STORE_BW 1.0e9   /* bytes/s: an assumed NVMe read or write rate */
 #define PLAN_OFFLOAD_LAUNCH_BW 10.0e9 /* bytes/s: an assumed rate at which a launch touches its buffers */
-#define PLAN_OFFLOAD_ALIGN 4096       /* runtime/offload/rt_store.h, RT_STORE_ALIGN */
 
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -110,11 +109,10 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
         PlanOffload *o = &rc->offloads[j];
         *o = cand[i];
         int b = o->buffer;
-        /* the store slot holds the buffer's 4096-aligned pages: one page more than its size, as
-         * the arena address need not start a page (the runtime keeps the partial first and last
-         * pages' bytes in memory) */
+        /* the store slot: the buffer's bytes rounded up to whole pages (both its copies start a
+         * page of the arena and have room for the rounding: plan_memory pads them) */
         o->store_off = rc->store_bytes;
-        rc->store_bytes += align_up(o->bytes, PLAN_OFFLOAD_ALIGN) + PLAN_OFFLOAD_ALIGN;
+        rc->store_bytes += align_up(o->bytes, PLAN_OFFLOAD_PAGE);
         rc->held_offloaded += o->bytes;
         rc->fate[b] = PF_OFFLOAD;
         rc->off[b] = j++;
