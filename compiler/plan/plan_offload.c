@@ -87,6 +87,7 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
     unsigned char *taken = calloc((size_t)ncand + 1, 1);
     if (!taken) INTERNAL("plan: out of memory");
     int ntaken = 0;
+    int qfirst = -1; /* the highest position at the start */
     for (;;) {
         int qmax = 0;
         for (int q = 1; q < n; q++)
@@ -96,6 +97,7 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
             if (!taken[i] && cand[i].write_wait <= qmax && qmax < cand[i].read_at &&
                 (best < 0 || cand[i].bytes > cand[best].bytes))
                 best = i;
+        if (qfirst < 0) qfirst = qmax;
         if (best < 0) break;
         taken[best] = 1, ntaken++;
         for (int q = cand[best].write_wait; q < cand[best].read_at; q++) live[q] -= align_up(cand[best].bytes, PLAN_ALIGN);
@@ -120,7 +122,10 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
         slots[b].last = o->write_wait - 1;
     }
     if (ntaken == 0)
-        plan_note(c, "offload.activations: no held buffer of at least 64 KiB is free long enough to lower the step's peak: "
-                     "nothing is offloaded (docs/memory.md)");
+        plan_note(c, arena_printf(ar,
+                                  "offload.activations: the step's live bytes peak at position %d of %d (the backward starts "
+                                  "at %d), where no held buffer of at least 64 KiB could be away: nothing is offloaded "
+                                  "(docs/memory.md)",
+                                  qfirst, n, turn));
     free(taken), free(cand), free(live), free(t), free(usef), free(lastf);
 }
