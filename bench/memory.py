@@ -6,7 +6,7 @@ nvme and the optimizer state to nvme (docs/bench.md, "Memory"; docs/memory.md).
     /usr/bin/python3 bench/memory.py [--build build] [--threads N] [--steps S] [--warmup W]
 
 For each train block of bench/gpt2_124m.mbt: build it with mbtc for the CPU alone (--cuda-arch=none:
-the optimizer's store offload is a CPU build's; a block `mbtc -o` refuses is a
+the stores' offloads are a CPU build's; a block `mbtc -o` refuses is a
 row saying so, with mbtc's message); `./prog info` gives the plan's step arena and the optimizer
 state it keeps in memory; one run of S steps from the same initial weights with
 --arena-high-water and --log gives the measured arena bytes step 1 wrote, the time per step (mean
@@ -88,7 +88,10 @@ def main(argv):
         state = int(re.search(r"optimizer state (\d+) bytes", info).group(1))
         log = os.path.join(work, f"mem-{block}.jsonl")
         cmd = [prog, "train", "--steps", str(a.steps), "--threads", str(threads), "--data", data, "--init-weights", init,
-               "--log", log, "--arena-high-water"] + (["--offload-dir", work] if "nvme" in label else [])
+               "--log", log, "--arena-high-water"]
+        # a store directory where the program keeps a store (the plan may offload no activation)
+        if "optimizer to nvme" in label or "plan: activations offloaded to nvme" in info:
+            cmd += ["--offload-dir", work]
         st, out, wall, rss = run_child(cmd)
         if st != 0:
             say(out[-2000:])

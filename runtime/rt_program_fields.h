@@ -66,7 +66,8 @@
     X(const int64_t *, curriculum, ptr)   /* [3 x ncurriculum]: first step, first index in curriculum_lens, count */             \
     X(const int64_t *, curriculum_lens, ptr) /* the stages' lengths, each dividing seq */                                        \
     X(int32_t, offload_optimizer, i32) /* offload { optimizer }: 0 none (in memory); 2 nvme: in a store file (docs/memory.md) */ \
-    X(int64_t, offload_chunk, i64)     /* nvme: parameters a chunk of the streamed update (the plan's); 0 without offload */
+    X(int64_t, offload_chunk, i64)     /* nvme: parameters a chunk of the streamed update (the plan's); 0 without offload */     \
+    X(int64_t, offload_act_bytes, i64) /* offload { activations = nvme }: the store file forward_backward copies to; 0 none */
 
 /* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
  * of the train block's model when the program has one (name non-NULL), else the built-in defaults
@@ -121,7 +122,8 @@
     X(void *, kv_pool, ptr)      /* forward_chunk: the KV pool, which it reads and writes */                                     \
     X(void *, grad_hook, ptr)    /* forward_backward (CPU): NULL, or the runtime's; each gradient's add is followed by */        \
                                  /* rt_grad_ready(s, lo, hi) (rt_program.h) */                                                   \
-    X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */
+    X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */ \
+    X(void *, act, ptr)       /* forward_backward with offload { activations = nvme }: the RtExec rt_act_copy takes */
 
 /* RtKvInfo: forward_chunk's geometry (compiler/plan/kv.h). A call reads x[0, rows) (the new
  * tokens, padding rows 0) and the metadata at kv (rows x (4 + max_blocks) i32: each row's position,

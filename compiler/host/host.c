@@ -152,6 +152,51 @@ static void emit_grad_adds(Host *h, const HostFn *f, const PlanWrite **w, int n,
     }
 }
 
+/* offload.activations = nvme: rt_act_copy(exec, op, store offset, buffer, bytes, err), checked;
+ * op 0 write, 1 read, 2 wait (runtime/exec/rt_exec.h) */
+static void emit_act_copy(Host *h, const HostFn *f, int op, int64_t off, LLVMValueRef buf, int64_t len) {
+    LLVMTypeRef args[] = {h->ptr, h->i32, h->i64, h->ptr, h->i64, h->ptr};
+    LLVMTypeRef t = LLVMFunctionType(h->i32, args, 6, 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(h->m, "rt_act_copy");
+    if (!fn) fn = LLVMAddFunction(h->m, "rt_act_copy", t);
+    LLVMValueRef a[] = {step_field(h, f->s, RT_STEP_act, h->ptr, "act"), ci32(h, op),  ci64(h, off),
+                        buf ? buf : LLVMConstPointerNull(h->ptr),        ci64(h, len), f->err};
+    static const char *const name[] = {"act_write", "act_read", "act_wait"};
+    emit_check(h, f->fn, LLVMBuildCall2(h->b, t, fn, a, 6, name[op]));
+}
+
+/* The copies of offload.activations = nvme before position q of the step program: a wait when a
+ * write's slot is reused at q or a read's data is used at q (the store waits for all it has
+ * queued), then the reads issued at q, into their second copies, which every later launch reads. */
+static void emit_act_before(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef arena, int q) {
+    const PlanRecompute *rc = &h->plan->mem.rc;
+    if (rc->offload != STORE_NVME) return;
+    int wait = 0;
+    for (int j = 0; j < rc->noffloads; j++) wait |= rc->offloads[j].write_wait == q || rc->offloads[j].use == q;
+    if (wait) emit_act_copy(h, f, 2, 0, NULL, 0);
+    for (int j = 0; j < rc->noffloads; j++) {
+        const PlanOffload *o = &rc->offloads[j];
+        if (o->read_at != q) continue;
+        if (rc->again[o->buffer].home != PH_ARENA) INTERNAL("host: offloaded buffer %d has no second copy", o->buffer);
+        addr[o->buffer] = byte_gep(h, arena, rc->again[o->buffer].offset, "read_back");
+        emit_act_copy(h, f, 1, o->store_off, addr[o->buffer],
+                      (o->bytes + PLAN_OFFLOAD_PAGE - 1) / PLAN_OFFLOAD_PAGE * PLAN_OFFLOAD_PAGE);
+    }
+    (void)S;
+}
+
+/* ... and the writes issued right after position q (the buffers' last forward use). */
+static void emit_act_after(Host *h, const HostFn *f, LLVMValueRef *addr, int q) {
+    const PlanRecompute *rc = &h->plan->mem.rc;
+    if (rc->offload != STORE_NVME) return;
+    for (int j = 0; j < rc->noffloads; j++) {
+        const PlanOffload *o = &rc->offloads[j];
+        if (o->write_after == q)
+            emit_act_copy(h, f, 0, o->store_off, addr[o->buffer],
+                          (o->bytes + PLAN_OFFLOAD_PAGE - 1) / PLAN_OFFLOAD_PAGE * PLAN_OFFLOAD_PAGE);
+    }
+}
+
 /* forward_backward's launches: the step program (the schedule's launches, with recompute's
  * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
  * after the position the plan gives its move (the last launch that touches its buffer, whose
@@ -162,10 +207,11 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
     LLVMValueRef arena = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
     LLVMValueRef grads = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
     LLVMValueRef ls = LLVMBuildFPTrunc(h->b, step_field(h, s, RT_STEP_loss_scale, h->f64, "loss_scale"), h->f32, "");
-    int n = rc->mask ? rc->norder : S->r->nlaunches, moved = 0;
+    int n = rc->on ? rc->norder : S->r->nlaunches, moved = 0;
     const PlanWrite **now = arena_alloc(h->ar, sizeof *now * (size_t)(S->mem->nwrites + 1));
     for (int q = 0; q < n; q++) {
-        int o = rc->mask ? rc->order[q] : q;
+        int o = rc->on ? rc->order[q] : q;
+        emit_act_before(h, f, S, addr, arena, q);
         if (o >= 0) emit_launch(h, f, S, addr, o, "");
         else {
             int j = -1 - o;
@@ -176,6 +222,7 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
                 }
             emit_launch(h, f, S, addr, rc->reruns[j].launch, arena_printf(h->ar, ".rerun%d", j));
         }
+        emit_act_after(h, f, addr, q);
         int k = 0;
         for (int i = 0; i < S->mem->nwrites; i++)
             if (S->mem->writes[i].after == q) now[k++] = &S->mem->writes[i];
@@ -595,19 +642,21 @@ static int refuse_settings(const TrainConfig *ts) {
         n++;
     }
     /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
-    const Storage off[2] = {ts->offload_activations, STORE_NONE};
+    /* offload.activations = nvme is carried out on the CPU (offload_refusals refuses it for a GPU build) */
+    const Storage off[2] = {ts->offload_activations == STORE_HOST ? STORE_HOST : STORE_NONE, STORE_NONE};
     static const char *const what[2] = {"activations", "optimizer"};
     for (int i = 0; i < 2; i++)
         if (off[i] != STORE_NONE && (int)off[i] < 3) {
             diag_error(ts->offload_at[i],
-                       "offload.%s = %s is not carried out by executables yet: it stays in the device's memory", what[i],
-                       storage[off[i]]);
+                       "offload.%s = %s is not carried out by executables yet: on the CPU the activations are in host "
+                       "memory already, and a GPU build's copies to pinned host memory are not built (docs/memory.md)",
+                       what[i], storage[off[i]]);
             n++;
         }
     if (n)
         diag_hint(
             "executables carry out parallel { data = N } and no other parallelism, recompute, and offload.optimizer but not "
-            "offload.activations; remove %s to build (--check and --emit=plan accept %s)",
+            "offload.activations = host (= nvme is, on the CPU); remove %s to build (--check and --emit=plan accept %s)",
             n == 1 ? "it" : "them", n == 1 ? "it" : "them");
     return n;
 }
@@ -651,6 +700,11 @@ int host_refuses(const TrainBuild *tb) {
  * ZeRO uses; the GPU's update does not take a range, nor ZeRO's shards a store yet. */
 static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
     const TrainConfig *ts = h->ts;
+    if (ts->offload_activations == STORE_NVME && cuda && cuda->narch > 0) {
+        diag_error(ts->offload_at[0], "offload.activations = nvme is carried out on the CPU alone: a GPU build's step "
+                                      "does not copy its activations to the store yet");
+        diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none)");
+    }
     if (ts->offload_optimizer == STORE_HOST) {
         /* the state off the GPU: a CPU build has it in host memory already, so the setting would do nothing */
         if (!cuda || cuda->narch == 0) {

@@ -216,7 +216,6 @@ static void plan_note_offload(PlanCtx *c) {
 /* Settings this plan does not carry out yet: said in the plan rather than silently dropped. */
 static void plan_notes(PlanCtx *c) {
     const TrainConfig *ts = c->ts;
-    static const char *const storage[] = {"none", "host", "nvme"};
     struct {
         const char *key;
         int64_t v;
@@ -234,8 +233,6 @@ static void plan_notes(PlanCtx *c) {
                                   "parallel.zero = %" PRId64 ": the runtime holds 1/%" PRId64 " of the optimizer state a rank%s; "
                                   "the regions above are the whole program's",
                                   ts->zero, ts->data_par, ts->zero == 2 ? " and keeps that share of the summed gradient" : ""));
-    if (ts->offload_activations != STORE_NONE && (int)ts->offload_activations < 3)
-        plan_note(c, arena_printf(c->ar, "offload.activations = %s is not planned yet", storage[ts->offload_activations]));
 
     if (ts->steps > ((int64_t)1 << 24)) plan_note(c, "t is an f32: past step 16777216 it is no longer exact");
 }

@@ -187,6 +187,7 @@ typedef enum PlanFate {
     PF_RECOMP,   /* held: dropped after the forward, recomputed by a re-run */
     PF_REMADE,   /* a forward value only a re-run reads: made again by an earlier re-run */
     PF_KEPT_FOR, /* a forward value only a re-run reads, kept until that re-run (its launch cannot run again) */
+    PF_OFFLOAD,  /* held: copied to the store after its last forward use, read back before its first backward use */
 } PlanFate;
 
 typedef struct PlanRerun {
@@ -195,8 +196,27 @@ typedef struct PlanRerun {
     const char *why; /* the keyword that chose it, or "needed by a re-run" */
 } PlanRerun;
 
+/* offload.activations (plan_offload.c; docs/memory.md, "Activation offload"): a held buffer kept
+ * from the forward to the backward is copied to the store after its last forward use and read back
+ * before its first backward use; its first copy (slots) dies when the write has been waited for,
+ * its second copy (again) lives from the read to its last use. Positions are of the step program
+ * (PlanRecompute.order). The runtime waits for everything queued at a wait, so a wait before
+ * position q covers every request issued before it. */
+#define PLAN_OFFLOAD_PAGE 4096 /* runtime/offload/rt_store.h, RT_STORE_ALIGN; the arena starts a page */
+typedef struct PlanOffload {
+    int buffer;
+    int64_t bytes;     /* the buffer's */
+    int64_t store_off; /* its slot in the store file (4096-aligned, store_bytes of the file in all) */
+    int write_after;   /* the write is issued right after this position (its last forward use) */
+    int write_wait;    /* and waited for just before this one: the first copy lives to write_wait - 1 */
+    int read_at;       /* the read is issued just before this position: the second copy lives from it */
+    int use;           /* waited for just before this one (its first backward use): read_at + k_read */
+} PlanOffload;
+
 typedef struct PlanRecompute {
-    unsigned mask; /* TrainConfig.recompute (0: none, and nothing below is set) */
+    unsigned mask; /* TrainConfig.recompute (0: none) */
+    int on;        /* mask or offload set: the step program below is planned (else nothing below is set) */
+    int offload;   /* TrainConfig.offload_activations (Storage): 0 none */
     int boundary;  /* the first backward launch: re-runs come at or after it */
     int nreruns;
     PlanRerun *reruns; /* in the order they run */
@@ -207,6 +227,14 @@ typedef struct PlanRecompute {
     PlanSlot *again;                    /* [nbuffers] that copy's slot (home PH_NONE: none) */
     int64_t peak_without;               /* the step phase's peak without recompute */
     int64_t held_kept, held_recomputed; /* bytes of held buffers, by fate */
+    /* offload.activations: the chosen buffers (PF_OFFLOAD) in store order */
+    int noffloads;
+    PlanOffload *offloads;
+    int *off;                   /* [nbuffers] index into offloads, -1 */
+    int64_t store_bytes;        /* the store file */
+    int64_t held_offloaded;     /* their bytes */
+    int64_t peak_no_offload;    /* the step phase's peak with the re-runs but without offload */
+    double store_bw, launch_bw; /* the assumed bandwidths the plan timed the copies with (bytes/s) */
 } PlanRecompute;
 
 typedef struct PlanParam {

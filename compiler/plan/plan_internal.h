@@ -50,6 +50,12 @@ void plan_note(PlanCtx *c, const char *text);
  * marks it: a gradient, moved right after its last toucher). */
 int plan_recompute(PlanCtx *c, const FuseResult *r, int loss_launch, int stats_last, PlanRecompute *rc);
 void plan_recompute_lives(const FuseResult *r, PlanRecompute *rc, PlanSlot *slots, const unsigned char *early);
+/* plan_offload.c: offload.activations over the step program (rc->order, slots and rc->again set
+ * by plan_recompute_lives): chooses the buffers, times their copies, shortens their first copies
+ * and gives them second ones (rc->again). */
+void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *slots);
+/* The buffers launch li reads and writes (out, wr: 1 when written; cap entries at most). */
+int plan_launch_bufs(const FuseResult *r, int li, int *out, unsigned char *wr, int cap);
 /* last[b]: the last launch of r that reads or writes buffer b (-1: none) */
 void plan_last_touch(const FuseResult *r, int *last);
 

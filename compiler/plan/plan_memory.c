@@ -286,36 +286,56 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
     ph->naive = plan_naive_bytes(pb, r->nbuffers, PLAN_ALIGN) + ph->reserve;
     ph->peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, &scratch) + ph->reserve;
     PlanRecompute *rc = &m->rc;
-    if (which == PLAN_STEP && c->ts->recompute) { /* the step with its re-runs: the lives again, over their order */
+    if (which == PLAN_STEP && (c->ts->recompute || c->ts->offload_activations)) {
+        /* the step with its re-runs and its activations' copies: the lives again, over its order */
         const Graph *sg = r->g;
         int lb = sg->loss >= 0 ? r->node_buffer[sg->loss] : -1;
         rc->mask = c->ts->recompute;
+        rc->on = 1;
+        rc->offload = (int)c->ts->offload_activations;
         rc->peak_without = ph->peak;
         plan_recompute(c, r, lb >= 0 ? r->buffers[lb].first : -1, m->stats_last, rc);
         plan_recompute_lives(r, rc, ph->slots, early);
         int n2 = r->nbuffers;
         PlanBuffer *pb2 = arena_alloc(&scratch, sizeof(PlanBuffer) * (size_t)(2 * n2 + 1));
-        for (int i = 0; i < n2; i++) {
-            const PlanSlot *sl = &ph->slots[i];
-            pb2[i] = (PlanBuffer){pb[i].size, sl->first >= 0 ? sl->first : 0, sl->last >= 0 ? sl->last : 0, 0};
-            const PlanSlot *a = &rc->again[i];
-            pb2[n2 + i] =
-                (PlanBuffer){rc->rerun[i] >= 0 ? fb_bytes(r, i) : 0, a->first >= 0 ? a->first : 0, a->last >= 0 ? a->last : 0, 0};
-            if (rc->fate[i] == PF_KEPT) rc->held_kept += fb_bytes(r, i);
-            if (rc->fate[i] == PF_RECOMP) rc->held_recomputed += fb_bytes(r, i);
+        for (int pass = rc->offload ? 0 : 1; pass < 2; pass++) {
+            /* pass 0 (offload): the peak with the re-runs alone; then the chosen buffers' copies */
+            if (pass == 1 && rc->offload) plan_offload(c, r, rc, ph->slots);
+            rc->held_kept = rc->held_recomputed = 0;
+            for (int i = 0; i < n2; i++) {
+                const PlanSlot *sl = &ph->slots[i];
+                pb2[i] = (PlanBuffer){pb[i].size, sl->first >= 0 ? sl->first : 0, sl->last >= 0 ? sl->last : 0, 0};
+                const PlanSlot *a = &rc->again[i];
+                int offl = rc->off && rc->off[i] >= 0, second = rc->rerun[i] >= 0 || offl;
+                /* an offloaded buffer's copies are read and written with O_DIRECT: each slot is a
+                 * page longer than its whole pages, and starts its buffer at a page (below) */
+                int64_t sz = offl ? plan_align_up(fb_bytes(r, i), PLAN_OFFLOAD_PAGE) + PLAN_OFFLOAD_PAGE : fb_bytes(r, i);
+                if (offl) pb2[i].size = sz;
+                pb2[n2 + i] = (PlanBuffer){second ? sz : 0, a->first >= 0 ? a->first : 0, a->last >= 0 ? a->last : 0, 0};
+                if (rc->fate[i] == PF_KEPT) rc->held_kept += fb_bytes(r, i);
+                if (rc->fate[i] == PF_RECOMP) rc->held_recomputed += fb_bytes(r, i);
+            }
+            ph->naive = plan_naive_bytes(pb2, 2 * n2, PLAN_ALIGN) + ph->reserve;
+            ph->peak = plan_assign_offsets(pb2, 2 * n2, PLAN_ALIGN, &scratch) + ph->reserve;
+            if (pass == 0) rc->peak_no_offload = ph->peak;
         }
-        ph->naive = plan_naive_bytes(pb2, 2 * n2, PLAN_ALIGN) + ph->reserve;
-        ph->peak = plan_assign_offsets(pb2, 2 * n2, PLAN_ALIGN, &scratch) + ph->reserve;
-        if (ph->peak > rc->peak_without) /* carried out as asked, and said */
+        int64_t with_rc = rc->offload ? rc->peak_no_offload : ph->peak;
+        if (rc->mask && with_rc > rc->peak_without) /* carried out as asked, and said */
             plan_note(c, arena_printf(c->ar,
                                       "recompute raises the step's peak from %" PRId64 " to %" PRId64
                                       " bytes: what its re-runs read is kept until they run (docs/memory.md)",
-                                      rc->peak_without, ph->peak));
+                                      rc->peak_without, with_rc));
+        if (rc->offload && ph->peak > rc->peak_no_offload)
+            plan_note(c, arena_printf(c->ar,
+                                      "offload.activations raises the step's peak from %" PRId64 " to %" PRId64
+                                      " bytes: the offsets by liveness place the copies worse (docs/memory.md)",
+                                      rc->peak_no_offload, ph->peak));
         for (int i = 0; i < n2; i++) {
-            pb[i].offset = pb2[i].offset;
+            int64_t page = rc->off && rc->off[i] >= 0 ? PLAN_OFFLOAD_PAGE : 1; /* the arena starts a page */
+            pb[i].offset = plan_align_up(pb2[i].offset + ph->reserve, page) - ph->reserve;
             if (pb2[n2 + i].size) {
                 rc->again[i].home = PH_ARENA;
-                rc->again[i].offset = pb2[n2 + i].offset + ph->reserve;
+                rc->again[i].offset = plan_align_up(pb2[n2 + i].offset + ph->reserve, page);
             }
         }
     }
@@ -454,7 +474,7 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
             plan_v_fail(v, "%s buffer %d ends past the peak %" PRId64, ph->name, i, ph->peak);
     }
     const PlanRecompute *rc = &p->mem.rc;
-    if (ph == &p->mem.phase[PLAN_STEP] && rc->mask) { /* the second copies of the re-runs' buffers too */
+    if (ph == &p->mem.phase[PLAN_STEP] && rc->on) { /* the second copies of the re-runs' buffers too */
         int nb = r->nbuffers;
         PlanSlot *all = calloc((size_t)(2 * nb + 1), sizeof(PlanSlot));
         if (!all) INTERNAL("plan_verify: out of memory");
@@ -462,8 +482,8 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
         for (int i = 0; i < nb; i++) {
             all[nb + i] = rc->again[i];
             const PlanSlot *a = &rc->again[i];
-            if ((rc->rerun[i] >= 0) != (a->home == PH_ARENA && a->bytes > 0))
-                plan_v_fail(v, "step buffer %d: a second copy without its re-run, or a re-run without one", i);
+            if ((rc->rerun[i] >= 0 || (rc->off && rc->off[i] >= 0)) != (a->home == PH_ARENA && a->bytes > 0))
+                plan_v_fail(v, "step buffer %d: a second copy without its re-run or read, or one of those without it", i);
             if (a->home == PH_ARENA &&
                 (a->offset < ph->reserve || a->offset % PLAN_ALIGN != 0 || a->offset + a->bytes > ph->peak))
                 plan_v_fail(v, "step buffer %d's second copy at arena %" PRId64 " is misplaced", i, a->offset);
@@ -596,12 +616,41 @@ static void plan_print_recompute(FILE *out, Arena *ar, const Plan *p, const char
         if (rc->mask & (1u << k)) list = arena_printf(ar, "%s%s%s", list, *list ? ", " : "", kw[k]);
     int kept = 0, recomp = 0;
     for (int i = 0; i < r->nbuffers; i++) kept += rc->fate[i] == PF_KEPT, recomp += rc->fate[i] == PF_RECOMP;
+    if (rc->offload) {
+        static const char *const where[] = {"", "host", "nvme"};
+        int64_t without = rc->mask ? rc->peak_no_offload : rc->peak_without;
+        fprintf(out,
+                "\n### offload activations = %s: %d held buffer%s offloaded (%s) to a store file of %s; %d kept (%s), %d "
+                "recomputed (%s)\n",
+                where[rc->offload], rc->noffloads, rc->noffloads == 1 ? "" : "s", plan_bytes_text(ar, rc->held_offloaded),
+                plan_bytes_text(ar, rc->store_bytes), kept, plan_bytes_text(ar, rc->held_kept), recomp,
+                plan_bytes_text(ar, rc->held_recomputed));
+        fprintf(out, "step peak %s, without offload %s", plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, without));
+        if (without > 0)
+            fprintf(out, " (%s%.1f%%)", ph->peak <= without ? "saves " : "costs ",
+                    100.0 * (double)(ph->peak <= without ? without - ph->peak : ph->peak - without) / (double)without);
+        fprintf(out,
+                "\nthe copies' times assume a store of %.1f GB/s and launches that touch their buffers at %.1f GB/s: a write "
+                "is waited for k launches after its last forward use, a read issued k launches before its first backward "
+                "use, k the fewest launches whose time covers the copy\n",
+                rc->store_bw / 1e9, rc->launch_bw / 1e9);
+        for (int j = 0; j < rc->noffloads; j++) {
+            const PlanOffload *o = &rc->offloads[j];
+            fprintf(out,
+                    "offload %d: buffer %d (%" PRId64 " bytes) at store %" PRId64 ": written after position %d, waited before "
+                    "%d (k = %d); read before position %d, waited before %d (k = %d)\n",
+                    j, o->buffer, o->bytes, o->store_off, o->write_after, o->write_wait, o->write_wait - o->write_after - 1,
+                    o->read_at, o->use, o->use - o->read_at);
+        }
+        if (!rc->mask) goto table;
+    }
     fprintf(out,
             "\n### recompute [%s]: %d re-run%s; held buffers (forward values the backward reads): %d kept (%s), %d recomputed "
             "(%s)\n",
             list, rc->nreruns, rc->nreruns == 1 ? "" : "s", kept, plan_bytes_text(ar, rc->held_kept), recomp,
             plan_bytes_text(ar, rc->held_recomputed));
-    fprintf(out, "step peak %s, without recompute %s", plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, rc->peak_without));
+    fprintf(out, "step peak %s, without recompute%s %s", plan_bytes_text(ar, ph->peak), rc->offload ? " and offload" : "",
+            plan_bytes_text(ar, rc->peak_without));
     if (rc->peak_without > 0)
         fprintf(out, " (%s%.1f%%)", ph->peak <= rc->peak_without ? "saves " : "costs ",
                 100.0 * (double)(ph->peak <= rc->peak_without ? rc->peak_without - ph->peak : ph->peak - rc->peak_without) /
@@ -618,7 +667,8 @@ static void plan_print_recompute(FILE *out, Arena *ar, const Plan *p, const char
         fprintf(out, "re-run %d: launch %d (%s) again at position %d, before launch %d: %s\n", j, re->launch,
                 L->kind == FL_GEMM ? "GEMM" : r->kernels[L->kernel]->name, pos, re->before, re->why);
     }
-    static const char *const fate[] = {"", "kept", "recomputed", "re-made for a re-run", "kept for a re-run"};
+table:;
+    static const char *const fate[] = {"", "kept", "recomputed", "re-made for a re-run", "kept for a re-run", "offloaded"};
     fprintf(out, "%-*s  %12s  %-10s  %12s  launches  fate\n", w, "buffer", "bytes", "home", "offset");
     for (int i = 0; i < r->nbuffers; i++) {
         if (rc->fate[i] == PF_NONE) continue;
@@ -629,6 +679,10 @@ static void plan_print_recompute(FILE *out, Arena *ar, const Plan *p, const char
             const PlanSlot *a = &rc->again[i];
             fprintf(out, " by re-run %d (launch %d): again at arena %" PRId64 ", %d..%d", rc->rerun[i],
                     rc->reruns[rc->rerun[i]].launch, a->offset, a->first, a->last);
+        }
+        if (rc->off && rc->off[i] >= 0) {
+            const PlanSlot *a = &rc->again[i];
+            fprintf(out, " as offload %d: read back at arena %" PRId64 ", %d..%d", rc->off[i], a->offset, a->first, a->last);
         }
         fprintf(out, "\n");
     }
@@ -692,10 +746,10 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
             fprintf(out, "%-*s  %12" PRId64 "  %-10s  %12" PRId64 "  %d..%d\n", w, label[i], s->bytes, plan_home_name(s->home),
                     s->offset, s->first, s->last);
     }
-    if (which == PLAN_STEP && p->mem.rc.mask) plan_print_recompute(out, ar, p, label, w);
+    if (which == PLAN_STEP && p->mem.rc.on) plan_print_recompute(out, ar, p, label, w);
     for (int i = 0; i < ph->nwrites; i++) {
         const PlanWrite *wr = &ph->writes[i];
-        const char *when = which == PLAN_STEP ? arena_printf(ar, "after %s %d", p->mem.rc.mask ? "position" : "launch", wr->after)
+        const char *when = which == PLAN_STEP ? arena_printf(ar, "after %s %d", p->mem.rc.on ? "position" : "launch", wr->after)
                                               : "after the launches";
         fprintf(out, "%s: %s %s buffer %d into the %s region at %" PRId64 " (%" PRId64 " bytes)\n", when, wr->what,
                 wr->accumulate ? "+= loss_scale x" : "= (copied from)", wr->buffer, plan_home_name(wr->to), wr->offset,

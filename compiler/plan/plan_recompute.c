@@ -22,7 +22,7 @@
 #include "plan_internal.h"
 
 /* The buffers launch li reads and writes: out[i] = buffer, wr[i] = 1 when written. */
-static int launch_bufs(const FuseResult *r, int li, int *out, unsigned char *wr, int cap) {
+int plan_launch_bufs(const FuseResult *r, int li, int *out, unsigned char *wr, int cap) {
     const FuseLaunch *L = &r->launches[li];
     int n = 0;
     if (L->kind == FL_GEMM) {
@@ -137,7 +137,7 @@ int plan_recompute(PlanCtx *pc, const FuseResult *r, int loss_launch, int stats_
         if (r->launches[li].kind == FL_KERNEL) cap = r->kernels[r->launches[li].kernel]->nbufs;
         c->bufs[li] = arena_alloc(ar, sizeof(int) * (size_t)(cap + 1));
         c->wr[li] = arena_alloc(ar, (size_t)cap + 1);
-        c->nbufs[li] = launch_bufs(r, li, c->bufs[li], c->wr[li], cap);
+        c->nbufs[li] = plan_launch_bufs(r, li, c->bufs[li], c->wr[li], cap);
         for (int i = 0; i < c->nbufs[li]; i++)
             if (c->wr[li][i]) {
                 int b = c->bufs[li][i];
@@ -322,7 +322,7 @@ void plan_last_touch(const FuseResult *r, int *last) {
         int *bv = cap > 64 ? malloc(sizeof(int) * (size_t)cap) : bufs;
         unsigned char *wv = cap > 64 ? malloc((size_t)cap) : wr;
         if (!bv || !wv) INTERNAL("plan: out of memory");
-        int n = launch_bufs(r, li, bv, wv, cap);
+        int n = plan_launch_bufs(r, li, bv, wv, cap);
         for (int i = 0; i < n; i++) last[bv[i]] = li;
         if (bv != bufs) free(bv), free(wv);
     }
@@ -343,7 +343,7 @@ void plan_recompute_lives(const FuseResult *r, PlanRecompute *rc, PlanSlot *slot
             bv = malloc(sizeof(int) * (size_t)cap);
             wv = malloc((size_t)cap);
         }
-        int n = launch_bufs(r, li, bv, wv, cap);
+        int n = plan_launch_bufs(r, li, bv, wv, cap);
         if (o < 0)
             for (int i = 0; i < n; i++)
                 if (wv[i] && rc->rerun[bv[i]] == -1 - o) second[bv[i]] = 1;

@@ -285,10 +285,10 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
         o->save_adapter = v;
         return RT_OK;
     case RT_F_OFFLOAD_DIR:
-        if (p->train.offload_optimizer != 2) /* before the run: a flag that would do nothing is refused */
+        if (p->train.offload_optimizer != 2 && p->train.offload_act_bytes <= 0) /* a flag that would do nothing is refused */
             return rt_fail(err, RT_ERR_ARG,
-                           "--offload-dir: this program keeps its optimizer state in memory (it has no offload { optimizer = "
-                           "nvme })");
+                           "--offload-dir: this program keeps its optimizer state and its activations in memory (it has no "
+                           "offload { optimizer = nvme } and offloads no activations)");
         o->offload_dir = v;
         return RT_OK;
     case RT_F_DUMP_STEP: o->dump_step = v; return RT_OK;
@@ -532,8 +532,8 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
         rt_help_line(f, "--save-adapter", "DIR", "write the LoRA adapters at the end for PEFT (adapter_model.safetensors)",
                      "none");
     if (t->offload_optimizer == 2)
-        rt_help_line(f, "--offload-dir", "DIR", "where offload { optimizer = nvme } keeps the optimizer state's store file",
-                     "'.'");
+        rt_help_line(f, "--offload-dir", "DIR",
+                     "where offload { optimizer = nvme } and { activations = nvme } keep their store files", "'.'");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     rt_help_line(f, "--dump-step", "F.safetensors",
                  "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");

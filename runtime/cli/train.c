@@ -34,6 +34,7 @@
 #include "dp_reduce.h"
 #include "rt_exec.h"
 #include "rt_offload.h"
+#include "rt_store.h"
 #include "rt_profile.h"
 
 /* ---- the descriptor ----------------------------------------------------------------------------- */
@@ -735,6 +736,13 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         if (st != RT_OK) rt_error_context(&r->e, "initialising the optimizer state");
     }
     if (st == RT_OK && p->train.offload_optimizer == 2) st = rt_train_offload_open(r);
+    if (st == RT_OK && p->train.offload_act_bytes > 0) { /* offload { activations = nvme }: its store, like the optimizer's */
+        char name[256];
+        snprintf(name, sizeof name, "mbt-%s-%ld-rank%d.activations", p->train.name, (long)getpid(), r->rank);
+        for (char *c = name; *c; c++)
+            if (*c == '/') *c = '_';
+        st = rt_exec_act_open(&r->x, o->offload_dir, name, &r->e);
+    }
     if (st == RT_OK) st = rt_exec_push(&r->x, &r->e);
     int64_t nblocks = rt_exec_grad_blocks(p);
     if (st == RT_OK) {
@@ -820,6 +828,13 @@ static void rt_train_banner(const RtTrainRun *r) {
                rt_opt_offload_engine(r->offload), (long long)rt_opt_offload_nchunks(r->offload), (long long)t->offload_chunk,
                (long long)rt_opt_offload_staging_bytes(r->offload));
         if (*rt_opt_offload_note(r->offload)) printf("optimizer state: %s\n", rt_opt_offload_note(r->offload));
+    }
+    if (r->x.act_store) {
+        printf("activations: offloaded to '%s' (%lld bytes; %s, %s) during each micro-batch's step\n",
+               rt_store_path(r->x.act_store), (long long)rt_store_size(r->x.act_store),
+               rt_store_uring(r->x.act_store) ? "io_uring" : "a worker thread",
+               rt_store_direct(r->x.act_store) ? "O_DIRECT" : "buffered");
+        if (*rt_store_note(r->x.act_store)) printf("activations: %s\n", rt_store_note(r->x.act_store));
     }
     char sources[8192];
     rt_sources_text(sources, sizeof sources, r->spec.pattern);
@@ -1322,6 +1337,9 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         printf("GPU: peak %s of device allocations (%lld bytes); %s\n", rt_gpu_format_bytes(rt_gpu_peak_bytes(r->x.gpu), peak),
                (long long)rt_gpu_peak_bytes(r->x.gpu), rt_gpu_graph_report(r->x.gpu, graphs, sizeof graphs));
     }
+    if (r->x.act_store && done_steps > 0)
+        printf("activations: the steps waited %.3f s for the store in all (%.3f ms/step)\n", r->x.act_wait_s,
+               r->x.act_wait_s * 1e3 / (double)done_steps);
     if (r->x.gpu) rt_gpu_print_timing(stdout, r->x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */
     if (r->prof) {
         rt_pool_set_profile(r->x.pool, NULL);

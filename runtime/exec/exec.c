@@ -20,20 +20,25 @@
 
 #include "rt_exec.h"
 #include "rt_gpu.h"
+#include "rt_store.h"
 
 /* ---- regions ------------------------------------------------------------------------------------ */
 
-static RtStatus rt_alloc_region(void **out, int64_t bytes, const char *what, RtError *err) {
+static RtStatus rt_alloc_aligned(void **out, int64_t bytes, size_t align, const char *what, RtError *err) {
     *out = NULL;
-    size_t n = bytes > 0 ? (size_t)bytes : RT_ALIGN;
-    n = (n + RT_ALIGN - 1) / RT_ALIGN * RT_ALIGN;
-    int rc = posix_memalign(out, RT_ALIGN, n);
+    size_t n = bytes > 0 ? (size_t)bytes : align;
+    n = (n + align - 1) / align * align;
+    int rc = posix_memalign(out, align, n);
     if (rc != 0) {
         *out = NULL;
         return rt_fail_errno(err, rc, "cannot allocate the %s (%lld bytes)", what, (long long)bytes);
     }
     memset(*out, 0, n);
     return RT_OK;
+}
+
+static RtStatus rt_alloc_region(void **out, int64_t bytes, const char *what, RtError *err) {
+    return rt_alloc_aligned(out, bytes, RT_ALIGN, what, err);
 }
 
 /* The batch buffers: page-locked on the GPU (uploads from them do not stage through a copy). */
@@ -77,7 +82,9 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
         st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
     /* the host arena only where the host runs the program; with offload { optimizer = host } on the
      * GPU, the update's arena, for the CPU's optimizer_update */
-    if (st == RT_OK && !e->gpu) st = rt_alloc_region((void **)&e->arena, p->arena_bytes, "activation arena", err);
+    /* the arena starts a page: offload { activations = nvme } reads and writes its slots with
+     * O_DIRECT, and the plan places them at whole pages of it (docs/memory.md) */
+    if (st == RT_OK && !e->gpu) st = rt_alloc_aligned((void **)&e->arena, p->arena_bytes, 4096, "activation arena", err);
     if (st == RT_OK && e->gpu && p->train.offload_optimizer == 1)
         st = rt_alloc_region((void **)&e->arena, p->plan.arena[RT_PHASE_UPDATE], "the host update's arena", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->x, tokens * 4, "input batch", err);
@@ -122,6 +129,7 @@ void rt_exec_close(RtExec *e) {
     free(e->grads);
     free(e->state);
     free(e->arena);
+    rt_store_close(e->act_store);
     free(e->stats);
     free(e->stats_out);
     memset(e, 0, sizeof *e);
@@ -239,7 +247,8 @@ void rt_grad_ready(RtStep *s, int64_t lo, int64_t hi) {
 }
 
 RtStep rt_exec_step(const RtExec *e, RtError *err) {
-    RtStep s = {.pool = e->pool, .err = err, .stats = e->gpu ? e->d_stats : e->stats, .stats_out = e->stats_out};
+    RtStep s = {
+        .pool = e->pool, .err = err, .stats = e->gpu ? e->d_stats : e->stats, .stats_out = e->stats_out, .act = (void *)e};
     if (e->gpu) {
         s.gpu = e->gpu;
         s.params = e->d_params, s.grads = e->d_grads, s.state = e->d_state, s.arena = e->d_arena;

@@ -125,12 +125,24 @@ typedef struct RtExec {
     /* global_mean (RtProgram.stat_floats > 0): the step's statistics (read by forward_backward and
      * forward_loss; the GPU's copy d_stats) and one micro-batch's, which forward_stats writes */
     float *stats, *stats_out, *d_stats;
+    /* offload { activations = nvme } (docs/memory.md): the store forward_backward copies held
+     * activations to (rt_act_copy), opened by rt_exec_act_open or at the first copy in act_dir
+     * (NULL: the current directory); act_wait_s: the seconds its waits took */
+    struct RtStore *act_store;
+    const char *act_dir;
+    double act_wait_s;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool
  * and zeroed regions. */
 RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant want, RtError *err);
 void rt_exec_close(RtExec *e);
+/* offload { activations = nvme }: opens the store DIR/NAME of RtTrainSettings.offload_act_bytes
+ * (nothing when 0). forward_backward calls rt_act_copy at the plan's points: op 0 queues a write of
+ * buf[0, len) at byte off of the store, 1 a read into it, 2 waits for everything queued (off, buf
+ * and len unused); a failure (the store's message) fails the call. */
+RtStatus rt_exec_act_open(RtExec *e, const char *dir, const char *name, RtError *err);
+int32_t rt_act_copy(RtExec *e, int32_t op, int64_t off, void *buf, int64_t len, RtError *err);
 /* The arena's high-water mark, measured (train --arena-high-water; docs/memory.md): mark fills
  * the arena (the GPU's through the host) with RT_ARENA_PATTERN; high then finds the last byte that
  * no longer holds it, so *bytes is one past the highest byte any call since the mark wrote (0:

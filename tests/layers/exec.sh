@@ -342,12 +342,32 @@ recompute_peak() {
         [ "${measured% *}" -le "$planned" ] && [ "${measured% *}" -gt $((planned - 64)) ]
 }
 
-# offload_vanishes PROG: PROG (offload { optimizer = nvme }) trains with its store file in $W/st,
+# offload_peak PROG BASE PLAN: activation offload's memory (tests/exec/offload_activations.case,
+# docs/memory.md), as recompute_peak: PROG's `info` step arena is the peak PLAN claims, lower than
+# BASE's (the same program without offload), which PLAN names as the peak without offload; one step
+# with --arena-high-water (its store in $W) writes the arena up to that peak and never beyond.
+offload_peak() {
+    local prog=$1 base=$2 plan=$3 planned without measured info_p info_b
+    info_p=$("$prog" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
+    info_b=$("$base" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
+    planned=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\1/p' "$plan")
+    without=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\2/p' "$plan")
+    measured=$("$prog" train --steps 1 --data "$DATA" --arena-high-water --offload-dir "$W" |
+        sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p')
+    echo "planned $planned (info $info_p), without offload $without (base's info $info_b), measured ${measured% *} (of ${measured#* })"
+    [ -n "$planned" ] && [ -n "$measured" ] && [ "$info_p" = "$planned" ] && [ "$without" = "$info_b" ] &&
+        [ "${measured#* }" = "$planned" ] && [ "$planned" -lt "$without" ] &&
+        [ "${measured% *}" -le "$planned" ] && [ "${measured% *}" -gt $((planned - 64)) ]
+}
+
+# offload_vanishes PROG [WHAT]: PROG (offload { optimizer = nvme }, or WHAT = activations: offload
+# { activations = nvme }) trains with its store file in $W/st,
 # a checkpoint every 5 steps; once step 5's is written, $W/st is removed. The run must stop with
 # an error naming the vanished store file (not run on to its 2000 steps), and its last checkpoint
 # must resume.
 offload_vanishes() {
-    local prog=$1 pid rc i last
+    local prog=$1 what=${2:-optimizer} pid rc i last msg=": optimizer: the optimizer state"
+    [ "$what" = activations ] && msg=", micro-batch [0-9]+: activations"
     rm -rf "$W/st" "$W/ckv"
     mkdir -p "$W/st"
     "$prog" train --data "$DATA" --steps 2000 --ckpt-every 5 --ckpt-sync --ckpt-dir "$W/ckv" --offload-dir "$W/st" \
@@ -361,10 +381,10 @@ offload_vanishes() {
     wait $pid
     rc=$?
     grep -v '^step ' "$W/vanish.out" | tail -n 3
-    [ $rc = 1 ] && grep -qE "^[^ ]*: step [0-9]+: optimizer: the optimizer state: store file '$W/st/mbt-[^']*' has vanished .*No such file or directory" "$W/vanish.out" || return 1
+    [ $rc = 1 ] && grep -qE "^[^ ]*: step [0-9]+$msg: store file '$W/st/mbt-[^']*' has vanished .*No such file or directory" "$W/vanish.out" || return 1
     last=$(sed -n 's/^checkpoint: step \([0-9]*\) written.*/\1/p' "$W/vanish.out" | tail -n 1)
     "$prog" train --data "$DATA" --resume latest --ckpt-dir "$W/ckv" --offload-dir "$W" --steps $((last + 1)) >"$W/vanish-resume.out" 2>&1 || return 1
-    echo "stopped at step $(sed -n 's/.*: step \([0-9]*\): optimizer: .*/\1/p' "$W/vanish.out"); resumed from step $last's checkpoint"
+    echo "stopped at step $(sed -n 's/.*: step \([0-9]*\)[:,] .*/\1/p' "$W/vanish.out"); resumed from step $last's checkpoint"
 }
 
 # offload_fsize PROG: with a file-size limit (ulimit -f, in KiB) below the store file's size, the
@@ -379,13 +399,13 @@ offload_fsize() {
     rc=$?
     cat "$W/fsize.out" | tail -n 1
     [ $rc = 1 ] && grep -qE "cannot allocate the store file '$W/mbt-[^']*' \([0-9]+ bytes\): File too large" "$W/fsize.out" &&
-        ! grep -q '^step 1/' "$W/fsize.out" && ! ls "$W"/mbt-*.optimizer >/dev/null 2>&1
+        ! grep -q '^step 1/' "$W/fsize.out" && ! ls "$W"/mbt-*.optimizer "$W"/mbt-*.activations >/dev/null 2>&1
 }
 
-# no_store_files DIR: no store file (mbt-*.optimizer) is left in DIR.
+# no_store_files DIR: no store file (mbt-*.optimizer, mbt-*.activations) is left in DIR.
 no_store_files() {
     local left
-    left=$(ls "$1" | grep -c '^mbt-.*\.optimizer$')
+    left=$(ls "$1" | grep -cE '^mbt-.*\.(optimizer|activations)$')
     echo "$left store files left in $(basename "$1")"
     [ "$left" = 0 ]
 }

@@ -1,0 +1,131 @@
+/* plan_offload.c - offload.activations: which held buffers go to the store and when (plan.h,
+ * PlanOffload; docs/memory.md, "Activation offload").
+ *
+ * Works on the step program of plan_recompute (the schedule's launches with any re-runs), after
+ * the lives of its buffers are known. A candidate is a held buffer kept from the forward to the
+ * backward (not recomputed) of at least PLAN_OFFLOAD_MIN bytes. Its write is issued right after
+ * its last forward use and waited for k_w launches later; its read is issued k_r launches before
+ * its first backward use and waited for just before that use. k_w and k_r come from its size and
+ * assumed bandwidths: a copy of B bytes takes B / store_bw seconds, a launch takes the bytes it
+ * touches / launch_bw seconds, and k is the fewest launches whose time covers the copy (never
+ * reaching into the other side of the forward/backward turn). Between the write's wait and the
+ * read its arena memory is free.
+ *
+ * What: walking the live bytes of the step program (every slot's size over its positions, the
+ * lower bound of the arena), take the position where the most is live; of the candidates whose
+ * free interval covers it, offload the largest, and repeat, until no candidate covers the highest
+ * position: the largest buffers with the gaps that matter, and no more than what lowers the peak. */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "diag.h"
+#include "plan_internal.h"
+
+#define PLAN_OFFLOAD_MIN (64 * 1024)  /* smaller buffers are not worth a request */
+#define PLAN_OFFLOAD_STORE_BW 1.0e9   /* bytes/s: an assumed NVMe read or write rate */
+#define PLAN_OFFLOAD_LAUNCH_BW 10.0e9 /* bytes/s: an assumed rate at which a launch touches its buffers */
+
+static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *slots) {
+    Arena *ar = c->ar;
+    int nb = r->nbuffers, n = rc->norder;
+    rc->store_bw = PLAN_OFFLOAD_STORE_BW;
+    rc->launch_bw = PLAN_OFFLOAD_LAUNCH_BW;
+    rc->off = arena_alloc(ar, sizeof(int) * (size_t)(nb + 1));
+    for (int b = 0; b < nb; b++) rc->off[b] = -1;
+    /* the turn: the first position of a backward launch or a re-run */
+    int turn = 0;
+    while (turn < n && rc->order[turn] >= 0 && rc->order[turn] < rc->boundary) turn++;
+    /* each buffer's last forward and first backward position; each position's time */
+    int *lastf = malloc(sizeof(int) * (size_t)(nb + 1)), *usef = malloc(sizeof(int) * (size_t)(nb + 1));
+    double *t = malloc(sizeof(double) * (size_t)(n + 1));
+    int64_t *live = calloc((size_t)n + 1, sizeof(int64_t));
+    if (!lastf || !usef || !t || !live) INTERNAL("plan: out of memory");
+    for (int b = 0; b < nb; b++) lastf[b] = -1, usef[b] = n;
+    for (int q = 0; q < n; q++) {
+        int o = rc->order[q], li = o >= 0 ? o : rc->reruns[-1 - o].launch;
+        int cap = r->launches[li].kind == FL_KERNEL ? r->kernels[r->launches[li].kernel]->nbufs : 4;
+        int *bv = malloc(sizeof(int) * (size_t)(cap + 1));
+        unsigned char *wv = malloc((size_t)cap + 1);
+        if (!bv || !wv) INTERNAL("plan: out of memory");
+        int m = plan_launch_bufs(r, li, bv, wv, cap);
+        int64_t touched = 0;
+        for (int i = 0; i < m; i++) {
+            int b = bv[i];
+            touched += r->buffers[b].bytes;
+            if (q < turn) lastf[b] = q;
+            else if (usef[b] == n) usef[b] = q;
+        }
+        t[q] = (double)touched / rc->launch_bw;
+        free(bv), free(wv);
+    }
+    /* the live bytes at each position: first copies and re-runs' second copies */
+    for (int b = 0; b < nb; b++) {
+        const PlanSlot *s[2] = {&slots[b], rc->rerun[b] >= 0 ? &rc->again[b] : NULL};
+        for (int k = 0; k < 2; k++)
+            if (s[k] && s[k]->first >= 0 && r->buffers[b].kind != FB_PARAM && r->buffers[b].kind != FB_INPUT)
+                for (int q = s[k]->first; q <= s[k]->last && q < n; q++) live[q] += align_up(r->buffers[b].bytes, PLAN_ALIGN);
+    }
+    /* the candidates and their times */
+    PlanOffload *cand = malloc(sizeof(PlanOffload) * (size_t)(nb + 1));
+    if (!cand) INTERNAL("plan: out of memory");
+    int ncand = 0;
+    for (int b = 0; b < nb; b++) {
+        if (rc->fate[b] != PF_KEPT || r->buffers[b].bytes < PLAN_OFFLOAD_MIN) continue;
+        if (lastf[b] < 0 || usef[b] >= n) continue;
+        double copy = (double)r->buffers[b].bytes / rc->store_bw, acc = 0;
+        int ww = lastf[b] + 1;
+        while (ww < turn && acc < copy) acc += t[ww++];
+        int rr = usef[b];
+        acc = 0;
+        while (rr > turn && acc < copy) acc += t[--rr];
+        if (rr <= ww) continue; /* no launch runs without it */
+        cand[ncand++] = (PlanOffload){b, r->buffers[b].bytes, 0, lastf[b], ww, rr, usef[b]};
+    }
+    /* the choice: the largest candidate covering the highest live position, until none does */
+    unsigned char *taken = calloc((size_t)ncand + 1, 1);
+    if (!taken) INTERNAL("plan: out of memory");
+    int ntaken = 0;
+    int qfirst = -1; /* the highest position at the start */
+    for (;;) {
+        int qmax = 0;
+        for (int q = 1; q < n; q++)
+            if (live[q] > live[qmax]) qmax = q;
+        int best = -1;
+        for (int i = 0; i < ncand; i++)
+            if (!taken[i] && cand[i].write_wait <= qmax && qmax < cand[i].read_at &&
+                (best < 0 || cand[i].bytes > cand[best].bytes))
+                best = i;
+        if (qfirst < 0) qfirst = qmax;
+        if (best < 0) break;
+        taken[best] = 1, ntaken++;
+        for (int q = cand[best].write_wait; q < cand[best].read_at; q++) live[q] -= align_up(cand[best].bytes, PLAN_ALIGN);
+    }
+    /* in buffer order: the store slots, the fates and the two copies */
+    rc->noffloads = ntaken;
+    rc->offloads = arena_alloc(ar, sizeof(PlanOffload) * (size_t)(ntaken + 1));
+    int j = 0;
+    for (int i = 0; i < ncand; i++) {
+        if (!taken[i]) continue;
+        PlanOffload *o = &rc->offloads[j];
+        *o = cand[i];
+        int b = o->buffer;
+        /* the store slot: the buffer's bytes rounded up to whole pages (both its copies start a
+         * page of the arena and have room for the rounding: plan_memory pads them) */
+        o->store_off = rc->store_bytes;
+        rc->store_bytes += align_up(o->bytes, PLAN_OFFLOAD_PAGE);
+        rc->held_offloaded += o->bytes;
+        rc->fate[b] = PF_OFFLOAD;
+        rc->off[b] = j++;
+        rc->again[b] = (PlanSlot){PH_NONE, 0, r->buffers[b].bytes, o->read_at, slots[b].last};
+        slots[b].last = o->write_wait - 1;
+    }
+    if (ntaken == 0)
+        plan_note(c, arena_printf(ar,
+                                  "offload.activations: the step's live bytes peak at position %d of %d (the backward starts "
+                                  "at %d), where no held buffer of at least 64 KiB could be away: nothing is offloaded "
+                                  "(docs/memory.md)",
+                                  qfirst, n, turn));
+    free(taken), free(cand), free(live), free(t), free(usef), free(lastf);
+}

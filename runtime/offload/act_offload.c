@@ -1,0 +1,59 @@
+/* act_offload.c - offload { activations = nvme } (rt_exec.h, rt_act_copy; docs/memory.md,
+ * "Activation offload").
+ *
+ * Pipeline position: called by the generated forward_backward at the points of the compiler's plan
+ * (plan_offload.c): a write right after a held activation's last forward use, a wait some launches
+ * later (after which its arena slot is reused), a read some launches before its first backward use
+ * into its second slot, and a wait just before that use. The plan places both slots at whole pages
+ * of the arena (which starts a page: exec.c) and gives each buffer a slot of whole pages in the
+ * store, so every request is aligned as O_DIRECT wants it. The store waits for everything queued,
+ * so a wait covers every copy issued before it. */
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rt_exec.h"
+#include "rt_store.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+RtStatus rt_exec_act_open(RtExec *e, const char *dir, const char *name, RtError *err) {
+    int64_t bytes = e->prog->train.offload_act_bytes;
+    if (bytes <= 0 || e->act_store) return RT_OK;
+    if (e->gpu)
+        return rt_fail(err, RT_ERR_ARG,
+                       "offload { activations = nvme } runs on the CPU alone: the GPU's step does not copy its "
+                       "activations (--device cpu)");
+    char msg[512];
+    e->act_store = rt_store_open(dir && *dir ? dir : ".", name, (size_t)bytes, msg, sizeof msg);
+    if (!e->act_store) return rt_fail(err, RT_ERR_IO, "activations: %s", msg);
+    return RT_OK;
+}
+
+int32_t rt_act_copy(RtExec *e, int32_t op, int64_t off, void *buf, int64_t len, RtError *err) {
+    if (!e) /* an RtStep not made by rt_exec_step */
+        return rt_fail(err, RT_ERR_ARG, "activations: forward_backward copies activations to a store, but RtStep.act is NULL");
+    if (!e->act_store) { /* a caller other than the train loop (which opens it first): here */
+        char name[256];
+        snprintf(name, sizeof name, "mbt-%s-%ld.activations", e->prog->train.name ? e->prog->train.name : "step", (long)getpid());
+        for (char *c = name; *c; c++)
+            if (*c == '/') *c = '_';
+        RtStatus st = rt_exec_act_open(e, e->act_dir, name, err);
+        if (st != RT_OK) return st;
+        if (!e->act_store) return rt_fail(err, RT_ERR_ARG, "activations: the program has no activation store");
+    }
+    int rc;
+    if (op == 0) rc = rt_store_write(e->act_store, (size_t)off, buf, (size_t)len);
+    else if (op == 1) rc = rt_store_read(e->act_store, (size_t)off, buf, (size_t)len);
+    else {
+        double t0 = now_s();
+        rc = rt_store_wait(e->act_store);
+        e->act_wait_s += now_s() - t0;
+    }
+    if (rc != 0) return rt_fail(err, RT_ERR_IO, "activations: %s", rt_store_error(e->act_store));
+    return RT_OK;
+}
