@@ -19,23 +19,21 @@
  * epoch); every parallel loop gives each element to one thread; the gradient norm sums fixed
  * blocks in block order; the step's gradient and loss are sums in one tree over the micro-batch
  * indices (docs/parallel.md: the same bits at 1, 2 or 4 ranks where accum is a power of two). So a run is a function of its program, flags and data, never of the
- * thread count (tests/unit/test_rt_train.c compares weights files byte for byte). */
+ * thread count (tests/unit/test_rt_train.c compares weights files byte for byte).
+ *
+ * The ranks' side of a step (the world, the reduction, ZeRO's shards) is train_dp.c's, and the
+ * check of the run's outputs before it starts train_outputs.c's; train_internal.h holds the run's
+ * state they share. */
 #include <errno.h>
-#include <glob.h>
-#include <signal.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "dp_reduce.h"
-#include "rt_exec.h"
-#include "rt_offload.h"
 #include "rt_store.h"
-#include "rt_profile.h"
+#include "train_internal.h"
 
 /* ---- the descriptor ----------------------------------------------------------------------------- */
 
@@ -327,7 +325,7 @@ static void rt_fmt_int(char *buf, size_t n, int64_t v) {
 
 /* SIGTERM or SIGINT asks the run to stop: the step under way finishes, a checkpoint is written,
  * and the run exits 0. A second signal stops the process at once (the default action). */
-static volatile sig_atomic_t rt_stop_signal;
+volatile sig_atomic_t rt_stop_signal; /* train_internal.h */
 
 static void rt_on_stop_signal(int sig) {
     rt_stop_signal = sig;
@@ -374,184 +372,7 @@ static RtStatus rt_ckpt_report(const RtProgram *p, const RtOptions *o, RtCkptWri
     return RT_OK;
 }
 
-/* Shard boundaries fall on multiples of the gradient norm's blocks (RT_GRAD_BLOCK), so that each
- * block's sum of squares is one rank's, whatever the number of ranks. */
-#define RT_SHARD_ALIGN RT_GRAD_BLOCK
-
-/* ---- the train command ------------------------------------------------------------------------- */
-
-/* Everything one training run holds, from rt_train_open to rt_train_close. */
-typedef struct RtTrainRun {
-    const RtProgram *p;
-    const RtOptions *given; /* the options as parsed */
-    RtOptions o;            /* the run's: a resumed run takes the checkpoint's seed */
-    RtError e;
-    RtExec x;
-    RtData *train, *val;
-    RtDataSpec spec;
-    RtLog log;
-    int log_open;
-    double *partial; /* the gradient norm's blocks */
-    RtProfile *prof; /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
-    RtCkptWriter *ckpt;
-    RtCkptInfo resumed;
-    char *resume_path;
-    struct sigaction old_handlers[2];
-    int handlers;
-    /* --dump-step keeps step 1's batches (micro-batch after micro-batch), and its parameters and
-     * gradients as they were before clipping and the update */
-    int32_t *dump_x, *dump_y;
-    float *dump_p, *dump_g;
-    int64_t window; /* tokens of one micro-batch */
-    double waited;  /* training's wait for the last checkpoint snapshot */
-    int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
-    RtComm *comm;   /* the world of ranks (runtime/comm/comm.h): one rank unless a launcher started several */
-    /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` (the world's) */
-    int rank, nranks;
-    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp, + 1 */
-    double *all_loss;   /* every rank's, in rank order: (accum + 1) x nranks, then accum x nranks */
-    /* the signal that stops the run after this step (0: none), and the rank it came to: with
-     * several ranks every rank's pending signal travels with the losses' gather, so that all of
-     * them stop after the same step (rt_train_gather_losses) */
-    int stop_sig, stop_rank;
-    int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
-    float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
-    /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
-     * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
-    int zero;
-    float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
-    float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
-    double *norm_all;      /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
-    RtDpReduce *buckets;   /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
-    int64_t bucket_floats; /* MBT_DP_BUCKET_MB's */
-    /* the buckets overlapped with the backward of the step's last micro-batch (MBT_DP_OVERLAP,
-     * default on; the CPU alone): the generated code's rt_grad_ready calls hook, which marks the
-     * range ready in buckets; fold_tree is the local tree the thread folds each bucket of */
-    int overlap;
-    RtGradHook hook;
-    RtTree fold_tree;
-    double model_gbps;   /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
-    double fb_s;         /* the micro-batches' forward_backward time (for the model) */
-    int high_water_done; /* --arena-high-water: measured (the first step this process runs) */
-    int64_t fb_n;
-    /* global_mean: the step's micro-batches of this rank, read once for the statistics pass and kept
-     * for the step's own pass (rt_train_stats); stat_cap micro-batches; stat_mine their statistics
-     * (accum x stat_floats), stat_all every rank's (rank order, which is micro-batch order) */
-    int32_t *stat_x, *stat_y;
-    int64_t stat_cap;
-    double *stat_mine, *stat_all;
-    /* offload { optimizer = nvme } (docs/memory.md): the optimizer state in a store file; x.state
-     * is then NULL, and a checkpoint reads the state back into a buffer of its own */
-    RtOptOffload *offload;
-} RtTrainRun;
-
-/* ---- the run's outputs, checked before anything runs ---------------------------------------------- */
-
-static int rt_same_file(const struct stat *a, const char *path) {
-    struct stat b;
-    return path && stat(path, &b) == 0 && a->st_dev == b.st_dev && a->st_ino == b.st_ino;
-}
-
-/* Which input of the run the existing file `so` is (into buf), or NULL: the program itself, the
- * training and held-out data, --init-weights, the checkpoint resumed from. */
-static const char *rt_output_clash(const RtTrainRun *r, const struct stat *so, char *buf, size_t n) {
-    if (rt_same_file(so, "/proc/self/exe")) return "this program's executable";
-    for (int k = 0; k < 2; k++) {
-        const RtData *d = k ? r->val : r->train;
-        for (int64_t i = 0; d && i < rt_data_nfiles(d); i++)
-            if (rt_same_file(so, rt_data_file(d, i))) {
-                snprintf(buf, n, "the %s data file '%.3000s'", k ? "held-out" : "training", rt_data_file(d, i));
-                return buf;
-            }
-    }
-    const char *val = r->p->train.val_data;
-    glob_t g;
-    if (!r->val && val && *val && glob(val, 0, NULL, &g) == 0) { /* the held-out files, when this run does not read them */
-        const char *hit = NULL;
-        for (size_t i = 0; !hit && i < g.gl_pathc; i++)
-            if (rt_same_file(so, g.gl_pathv[i])) hit = buf, snprintf(buf, n, "the held-out data file '%.3000s'", g.gl_pathv[i]);
-        globfree(&g);
-        if (hit) return hit;
-    }
-    if (rt_same_file(so, r->o.init_weights)) return "the --init-weights file";
-    static const char *const ckpt_files[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
-    for (int i = 0; r->resume_path && i < 3; i++) {
-        snprintf(buf, n, "%.3000s/%s", r->resume_path, ckpt_files[i]);
-        if (rt_same_file(so, buf)) {
-            snprintf(buf, n, "a file of the checkpoint '%.3000s'", r->resume_path);
-            return buf;
-        }
-    }
-    return NULL;
-}
-
-/* A file the run writes (--save-weights at its end, --log, --dump-step) is checked now, so that a
- * mistake costs a second, not the whole run or an input: not a directory, not an input of the
- * run, not another output, writable, and (what: the file's name in the message; NULL when the
- * caller opens it before the first step anyway) in a writable directory. */
-static RtStatus rt_check_output(const RtTrainRun *r, const char *path, const char *flag, const char *what, RtError *err) {
-    const RtOptions *o = &r->o;
-    const char *outs[3] = {o->save_weights, o->log_path, o->dump_step}, *flags[3] = {"--save-weights", "--log", "--dump-step"};
-    struct stat so;
-    char buf[4096];
-    int exists = stat(path, &so) == 0;
-    if (exists) {
-        if (S_ISDIR(so.st_mode))
-            return rt_fail(err, RT_ERR_ARG, "%s '%s' is a directory: give the path of the file to write", flag, path);
-        /* --save-weights and --dump-step are written to a temporary file renamed over the path,
-         * which would replace a FIFO or a device node (/dev/null) with a regular file; --log
-         * (what == NULL) is a stream, and may go to a pipe or a device (rt_log_open). */
-        if (what && !S_ISREG(so.st_mode))
-            return rt_fail(err, RT_ERR_ARG,
-                           "%s '%s' is %s, not a regular file: the %s is written to a temporary file renamed over the path, "
-                           "which would replace it",
-                           flag, path, rt_file_kind(so.st_mode), what);
-        const char *clash = rt_output_clash(r, &so, buf, sizeof buf);
-        if (clash)
-            return rt_fail(err, RT_ERR_ARG, "%s '%s' is %s, which the run reads: writing it would destroy it", flag, path, clash);
-        if (access(path, W_OK) != 0) return rt_fail_errno(err, errno, "cannot write %s '%s'", flag, path);
-    }
-    for (int i = 0; i < 3; i++)
-        if (outs[i] && outs[i] != path && (strcmp(outs[i], path) == 0 || (exists && rt_same_file(&so, outs[i]))))
-            return rt_fail(err, RT_ERR_ARG, "%s and %s name the same file '%s'", flag, flags[i], path);
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(buf, sizeof buf, ".");
-    else if (slash == path) snprintf(buf, sizeof buf, "/");
-    else snprintf(buf, sizeof buf, "%.*s", (int)(slash - path), path);
-    if (what && access(buf, W_OK | X_OK) != 0)
-        return rt_fail_errno(err, errno, "cannot write the %s '%s': directory '%s'", what, path, buf);
-    return RT_OK;
-}
-
-/* Every output of the run, and the checkpoint directory (a file, or one another run holds, is
- * refused now; its lock is held from here to the end of the run). */
-static RtStatus rt_check_outputs(RtTrainRun *r) {
-    const RtOptions *o = &r->o;
-    RtStatus st = o->save_weights ? rt_check_output(r, o->save_weights, "--save-weights", "weights file", &r->e) : RT_OK;
-    /* the log's directory: rt_log_open, below, opens it before the first step */
-    if (st == RT_OK && o->log_path) st = rt_check_output(r, o->log_path, "--log", NULL, &r->e);
-    if (st == RT_OK && o->dump_step) st = rt_check_output(r, o->dump_step, "--dump-step", "step dump", &r->e);
-    if (st == RT_OK && o->save_adapter) { /* a directory, made at the end if missing: its parent must be writable now */
-        struct stat sd;
-        char parent[4096];
-        const char *slash = strrchr(o->save_adapter, '/');
-        if (stat(o->save_adapter, &sd) == 0) {
-            if (!S_ISDIR(sd.st_mode)) st = rt_fail(&r->e, RT_ERR_ARG, "--save-adapter '%s' is not a directory", o->save_adapter);
-            else if (access(o->save_adapter, W_OK | X_OK) != 0)
-                st = rt_fail_errno(&r->e, errno, "cannot write in --save-adapter '%s'", o->save_adapter);
-        } else {
-            if (!slash) snprintf(parent, sizeof parent, ".");
-            else if (slash == o->save_adapter) snprintf(parent, sizeof parent, "/");
-            else snprintf(parent, sizeof parent, "%.*s", (int)(slash - o->save_adapter), o->save_adapter);
-            if (access(parent, W_OK | X_OK) != 0)
-                st = rt_fail_errno(&r->e, errno, "cannot create --save-adapter '%s' in directory '%s'", o->save_adapter, parent);
-        }
-    }
-    int required = o->ckpt_every > 0 || strcmp(o->ckpt_dir, o->ckpt_dir_default) != 0;
-    /* rank 0 writes the checkpoints (docs/parallel.md): the others neither claim nor write them */
-    if (st == RT_OK && r->rank == 0) st = rt_ckpt_dir_claim(o->ckpt_dir, required, &r->ckpt_lock, &r->e);
-    return st;
-}
+/* ---- opening the run --------------------------------------------------------------------------- */
 
 /* Resumes from --resume or --resume-weights-only: the parameters (and the optimizer state and the
  * seed with --resume) from the checkpoint. */
@@ -600,90 +421,6 @@ static RtStatus rt_train_dump_alloc(RtTrainRun *r) {
     return st;
 }
 
-static RtStatus rt_train_shard_state(RtTrainRun *r);
-
-/* The step's tree of partial sums and the micro-batches' losses, for the largest accumulation of
- * the batch ramp. */
-/* rt_grad_ready's hook (RtGradHook): elements [lo, hi) of the gradient have their last addition
- * of the step's last micro-batch. */
-static void rt_train_grad_ready(void *ctx, int64_t lo, int64_t hi) { rt_dp_reduce_ready(((RtTrainRun *)ctx)->buckets, lo, hi); }
-
-/* The bucket's elements made this rank's final sum, on the communication thread: the local
- * tree's additions after the last micro-batch, over [lo, hi). */
-static void rt_train_fold(void *ctx, int64_t lo, int64_t hi) {
-    RtTrainRun *r = ctx;
-    rt_exec_tree_fold_range(&r->x, &r->fold_tree, lo, hi);
-}
-
-/* MBT_DP_OVERLAP (1, the default, or 0): whether the buckets start during the backward of the
- * step's last micro-batch. The GPU keeps the reduction after the backward: its gradient adds are
- * queued on a stream and the reduction stages the whole gradient through the host. A bucket is
- * ready once every parameter's range in it was announced (a parameter whose gradient the program
- * never writes, a zero gradient, holds its bucket until the backward ends). */
-static RtStatus rt_train_overlap_open(RtTrainRun *r) {
-    const char *s = getenv("MBT_DP_OVERLAP");
-    r->overlap = 1;
-    if (s && *s) {
-        if (strcmp(s, "0") && strcmp(s, "1"))
-            return rt_fail(&r->e, RT_ERR_ARG, "MBT_DP_OVERLAP is '%s': it must be 1 (the default) or 0", s);
-        r->overlap = s[0] == '1';
-    }
-    if (r->x.gpu) r->overlap = 0;
-    if (!r->overlap) return RT_OK;
-    const RtProgram *p = r->p;
-    int64_t *lo = malloc((size_t)(p->nparams + 1) * sizeof *lo), *hi = malloc((size_t)(p->nparams + 1) * sizeof *hi);
-    if (!lo || !hi) {
-        free(lo), free(hi);
-        return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the parameters' ranges");
-    }
-    for (int64_t i = 0; i < p->nparams; i++) lo[i] = p->params[i].offset, hi[i] = p->params[i].offset + p->params[i].numel;
-    rt_dp_reduce_expect(r->buckets, lo, hi, (int)p->nparams);
-    free(lo), free(hi);
-    r->hook = (RtGradHook){rt_train_grad_ready, r};
-    return RT_OK;
-}
-
-static RtStatus rt_train_tree_alloc(RtTrainRun *r) {
-    const RtTrainSettings *t = &r->p->train;
-    int64_t accum = t->accum;
-    for (int64_t i = 0; i < t->nramp; i++)
-        if (t->ramp[i].accum > accum) accum = t->ramp[i].accum;
-    accum = accum * t->data_ranks / r->nranks; /* this process's micro-batches a step, at most */
-    RtStatus st = rt_exec_tree_open(&r->x, accum, &r->e);
-    if (st != RT_OK) return st;
-    r->micro_loss = calloc((size_t)accum + 1, sizeof *r->micro_loss);
-    r->all_loss = calloc((size_t)((accum + 1) * r->nranks), sizeof *r->all_loss);
-    if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
-    st = rt_dp_bucket_env(&r->bucket_floats, &r->e);
-    if (st == RT_OK) st = rt_dp_model_env(&r->model_gbps, &r->e);
-    if (st != RT_OK || r->nranks == 1) return st;
-    r->shard_off = calloc((size_t)r->nranks + 1, sizeof *r->shard_off);
-    if (!r->shard_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
-    rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
-    int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
-    r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
-    if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
-    r->zero = (int)t->zero;
-    if (r->zero && r->x.gpu)
-        return rt_fail(&r->e, RT_ERR_ARG,
-                       "parallel.zero = %d runs on the CPU: the GPU's optimizer_update does not take a shard yet (--device cpu, "
-                       "or zero = 0)",
-                       r->zero);
-    /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
-     * whole vector alone; nor for one bucket, where the thread would only add a hand-over) */
-    if (r->zero < 2 && r->p->param_floats > r->bucket_floats) {
-        st = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, r->bucket_floats, &r->e);
-        if (st != RT_OK) return st;
-        st = rt_train_overlap_open(r);
-        if (st != RT_OK) return st;
-    }
-    if (r->zero == 2) {
-        r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);
-        if (!r->norm_all) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient norm's blocks");
-    }
-    return r->zero ? rt_train_shard_state(r) : RT_OK;
-}
-
 /* offload { optimizer = nvme }: the state (initialised, resumed, or zero) moved into a store file
  * in --offload-dir, and its memory freed. One file a process, named for the program's train block,
  * the process and the rank, so that runs and ranks sharing a directory never share a file. */
@@ -723,7 +460,7 @@ static RtStatus rt_train_open(RtTrainRun *r) {
     }
     if (st == RT_OK && resume_arg) st = rt_train_resume(r, resume_arg);
     if (st == RT_OK) st = rt_train_data(r);
-    if (st == RT_OK) st = rt_check_outputs(r);
+    if (st == RT_OK) st = rt_train_check_outputs(r);
     if (st == RT_OK && rt_profile_requested()) {
         r->prof = calloc(1, sizeof *r->prof);
         if (!r->prof) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the profile");
@@ -1009,61 +746,6 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
     return RT_OK;
 }
 
-/* Every rank's micro-batch losses, rank 0's first, into *all (this rank's alone when it is the
- * only one). The stop signal rides along: each rank appends the signal it has seen (0: none) to
- * its losses, and every rank takes the first nonzero one in rank order, so that all of them agree
- * to stop after this step (a signal that comes to one rank, or to each at a slightly different
- * time, stops them all after the same step; docs/parallel.md). One double a rank a step: no
- * collective of its own. */
-static RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
-    if (r->nranks == 1) { /* (alone the signal is read after the step: rt_train_after_step) */
-        *all = r->micro_loss;
-        return RT_OK;
-    }
-    *all = r->all_loss;
-    r->micro_loss[accum] = (double)rt_stop_signal;
-    RtStatus st = rt_comm_gather_f64(r->comm, r->micro_loss, accum + 1, r->all_loss, &r->e);
-    if (st != RT_OK) return rt_error_context(&r->e, "gathering the step's losses");
-    r->stop_sig = 0;
-    for (int k = 0; k < r->nranks; k++) {
-        int ks = (int)r->all_loss[k * (accum + 1) + accum];
-        if (ks && !r->stop_sig) r->stop_sig = ks, r->stop_rank = k;
-        /* the losses alone, rank after rank (the destination never passes the source) */
-        memmove(r->all_loss + k * accum, r->all_loss + k * (accum + 1), (size_t)accum * sizeof *r->all_loss);
-    }
-    return RT_OK;
-}
-
-/* The step's gradient summed over the ranks (nothing to do with one rank): each rank receives
- * every rank's partial sum of its shard (rt_comm_exchange_shards, rank order = micro-batch order),
- * sums them by the step's tree over the ranks, and the summed shards are gathered back so that
- * every rank holds the whole gradient. With accum a power of two each rank's partial sum is a
- * node of the one tree over the step's M micro-batches, and the tree over the ranks is the rest
- * of that tree: the gradient is the bits one process gets (docs/parallel.md). On the GPU the
- * gradient goes through host memory. */
-static RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
-    if (r->nranks == 1) return RT_OK;
-    RtExec *x = &r->x;
-    int64_t n = r->p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
-    RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
-    if (st == RT_OK && r->buckets && r->overlap) { /* started during the last backward: its end */
-        st = rt_dp_reduce_finish(r->buckets, &r->e);
-    } else if (st == RT_OK && r->buckets) { /* zero < 2: the whole sum on every rank, bucket by bucket */
-        st = rt_dp_reduce_run(r->buckets, x->grads, &r->e);
-    } else if (st == RT_OK) {
-        st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
-    }
-    if (st == RT_OK && !r->buckets) {
-        rt_dp_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
-        if (len > 0) memcpy(x->grads + lo, r->shard_got, (size_t)len * sizeof *x->grads);
-        /* ZeRO-2 keeps its shard of the summed gradient alone (but for --dump-step's step 1, which
-         * writes all of it; r->given is the same on every rank) */
-        if (r->zero < 2 || (r->given->dump_step && step == 0)) st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
-    }
-    if (st == RT_OK && x->gpu) st = rt_gpu_upload(x->gpu, x->d_grads, x->grads, n * 4, &r->e);
-    return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks", (long long)(step + 1));
-}
-
 /* The step's loss: the mean of its M micro-batches' losses, summed by the step's tree over all of
  * them (every rank's, gathered in rank order, i.e. in micro-batch order), so that it does not
  * depend on the number of ranks. */
@@ -1087,64 +769,6 @@ static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
         st = rt_data_next(r->train, t->micro, r->dump_x + m * r->window, r->dump_y + m * r->window, &r->e);
     if (st == RT_OK) st = rt_data_seek(r->train, &at, &r->e);
     return st == RT_OK ? st : rt_error_context(&r->e, "step 1: reading the batch to dump");
-}
-
-/* ZeRO-2's gradient norm: this rank's blocks of RT_GRAD_BLOCK elements (its shard is whole blocks,
- * RT_SHARD_ALIGN), every rank's gathered, and block b taken from the rank that holds it, summed in
- * block order: the sum rt_exec_grad_norm makes of the whole gradient. */
-static RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm) {
-    int64_t nblocks = rt_exec_grad_blocks(r->p), lo = r->shard_off[r->rank], hi = r->shard_off[r->rank + 1];
-    memset(r->partial, 0, (size_t)nblocks * sizeof *r->partial);
-    rt_exec_grad_norm_blocks(&r->x, r->partial, lo / RT_GRAD_BLOCK, (hi + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK);
-    RtStatus st = rt_comm_gather_f64(r->comm, r->partial, nblocks, r->norm_all, &r->e);
-    if (st != RT_OK) return st;
-    double sumsq = 0;
-    int owner = 0;
-    for (int64_t b = 0; b < nblocks; b++) {
-        while (owner + 1 < r->nranks && r->shard_off[owner + 1] <= b * RT_GRAD_BLOCK) owner++;
-        sumsq += r->norm_all[owner * nblocks + b];
-    }
-    *norm = sqrt(sumsq);
-    return RT_OK;
-}
-
-/* ZeRO: the optimizer state becomes this rank's shard of each variable (after it was read whole
- * from a checkpoint or initialised), the layout optimizer_update takes with RtStep.lo/hi. */
-static RtStatus rt_train_shard_state(RtTrainRun *r) {
-    const RtProgram *p = r->p;
-    int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
-    if (p->state_floats != p->nstate * n)
-        return rt_fail(&r->e, RT_ERR_ARG, "parallel.zero: the optimizer state is %lld floats, not %lld variables of %lld",
-                       (long long)p->state_floats, (long long)p->nstate, (long long)n);
-    float *shard = malloc((size_t)(p->nstate * len + 1) * sizeof *shard);
-    r->zero_scratch = malloc((size_t)(n + 1) * sizeof *r->zero_scratch);
-    if (!shard || !r->zero_scratch) {
-        free(shard);
-        return rt_fail_errno(&r->e, ENOMEM, "parallel.zero: cannot allocate the optimizer state's shard");
-    }
-    for (int64_t j = 0; j < p->nstate; j++)
-        if (len > 0) memcpy(shard + j * len, r->x.state + j * n + lo, (size_t)len * sizeof *shard);
-    free(r->x.state);
-    r->x.state = shard;
-    return RT_OK;
-}
-
-/* ZeRO, before a checkpoint: every rank's shard of each state variable gathered, so that rank 0
- * holds the whole state in r->state_full (the checkpoint is written once, whole, by rank 0). */
-static RtStatus rt_train_gather_state(RtTrainRun *r) {
-    const RtProgram *p = r->p;
-    int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
-    if (r->rank == 0 && !r->state_full) {
-        r->state_full = malloc((size_t)(p->state_floats + 1) * sizeof *r->state_full);
-        if (!r->state_full) return rt_fail_errno(&r->e, ENOMEM, "cannot gather the optimizer state for a checkpoint");
-    }
-    for (int64_t j = 0; j < p->nstate; j++) {
-        if (len > 0) memcpy(r->zero_scratch + lo, r->x.state + j * len, (size_t)len * sizeof *r->zero_scratch);
-        RtStatus st = rt_comm_gather_shards(r->comm, r->zero_scratch, r->shard_off, &r->e);
-        if (st != RT_OK) return rt_error_context(&r->e, "gathering the optimizer state for a checkpoint");
-        if (r->rank == 0) memcpy(r->state_full + j * n, r->zero_scratch, (size_t)n * sizeof *r->state_full);
-    }
-    return RT_OK;
 }
 
 /* offload { optimizer = host } on the GPU: the clipped gradient copied down, the CPU's
@@ -1436,37 +1060,6 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->prof);
     rt_data_close(r->val);
     rt_data_close(r->train);
-}
-
-/* The world of ranks (docs/parallel.md): opened before anything else, so that every rank agrees on
- * it before any work. Its size must be the program's parallel.data, or 1 (then the data ranks run
- * in this one process, in turn). Only rank 0 prints the run's lines and writes --log: the others'
- * standard output goes to /dev/null and their errors name their rank. *agreed is set for a failure
- * every rank sees alike (the world's size): rank 0 alone says why, and no rank aborts the others. */
-static RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed) {
-    double timeout;
-    RtStatus st = rt_comm_timeout_env(&timeout, &r->e);
-    if (st == RT_OK) st = rt_comm_open(&r->comm, timeout, &r->e);
-    if (st != RT_OK) return st;
-    int size = rt_comm_size(r->comm), rank = rt_comm_rank(r->comm);
-    long long dr = (long long)r->p->train.data_ranks;
-    if (rank > 0) {
-        snprintf(prog, nprog, "%s (rank %d)", r->o.prog, rank);
-        r->o.prog = prog;
-        r->o.log_path = NULL; /* rank 0 writes the run's files: the ranks hold the same weights */
-        r->o.save_weights = NULL;
-        r->o.dump_step = NULL;
-        fflush(stdout);
-        if (!freopen("/dev/null", "w", stdout)) return rt_fail_errno(&r->e, errno, "rank %d: cannot quiet standard output", rank);
-    }
-    if (size > 1 && size != dr) {
-        *agreed = 1;
-        return rt_fail(&r->e, RT_ERR_ARG, "this program trains with parallel.data = %lld rank%s; %s started %d (%s)", dr,
-                       dr == 1 ? "" : "s", rt_comm_launcher(r->comm), size,
-                       dr == 1 ? "run it alone, without a launcher" : "start as many processes as parallel.data");
-    }
-    r->rank = rank, r->nranks = size;
-    return RT_OK;
 }
 
 int rt_cmd_train(const RtProgram *p, const RtOptions *o) {

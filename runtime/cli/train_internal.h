@@ -1,0 +1,103 @@
+/* train_internal.h - what the train command's files share (runtime/cli/: train.c, the run and its
+ * loop; train_dp.c, its data-parallel ranks; train_outputs.c, its outputs checked before it starts):
+ * the run's state, RtTrainRun, and the functions one file calls in another. Not part of the
+ * library's surface (rt.h). */
+#ifndef MBT_TRAIN_INTERNAL_H
+#define MBT_TRAIN_INTERNAL_H
+
+#include <signal.h>
+
+#include "comm.h"
+#include "dp_reduce.h"
+#include "rt_exec.h"
+#include "rt_offload.h"
+#include "rt_profile.h"
+
+/* Shard boundaries fall on multiples of the gradient norm's blocks (RT_GRAD_BLOCK), so that each
+ * block's sum of squares is one rank's, whatever the number of ranks. */
+#define RT_SHARD_ALIGN RT_GRAD_BLOCK
+
+/* Everything one training run holds, from rt_train_open to rt_train_close. */
+typedef struct RtTrainRun {
+    const RtProgram *p;
+    const RtOptions *given; /* the options as parsed */
+    RtOptions o;            /* the run's: a resumed run takes the checkpoint's seed */
+    RtError e;
+    RtExec x;
+    RtData *train, *val;
+    RtDataSpec spec;
+    RtLog log;
+    int log_open;
+    double *partial; /* the gradient norm's blocks */
+    RtProfile *prof; /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
+    RtCkptWriter *ckpt;
+    RtCkptInfo resumed;
+    char *resume_path;
+    struct sigaction old_handlers[2];
+    int handlers;
+    /* --dump-step keeps step 1's batches (micro-batch after micro-batch), and its parameters and
+     * gradients as they were before clipping and the update */
+    int32_t *dump_x, *dump_y;
+    float *dump_p, *dump_g;
+    int64_t window; /* tokens of one micro-batch */
+    double waited;  /* training's wait for the last checkpoint snapshot */
+    int ckpt_lock;  /* the checkpoint directory's lock, until the writer takes it; -1: none */
+    RtComm *comm;   /* the world of ranks (runtime/comm/comm.h): one rank unless a launcher started several */
+    /* data parallelism (docs/parallel.md): this process is rank `rank` of `nranks` (the world's) */
+    int rank, nranks;
+    double *micro_loss; /* this rank's micro-batches' losses, the largest accum of the ramp, + 1 */
+    double *all_loss;   /* every rank's, in rank order: (accum + 1) x nranks, then accum x nranks */
+    /* the signal that stops the run after this step (0: none), and the rank it came to: with
+     * several ranks every rank's pending signal travels with the losses' gather, so that all of
+     * them stop after the same step (rt_train_gather_losses) */
+    int stop_sig, stop_rank;
+    int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
+    float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
+    /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
+     * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
+    int zero;
+    float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
+    float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
+    double *norm_all;      /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
+    RtDpReduce *buckets;   /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
+    int64_t bucket_floats; /* MBT_DP_BUCKET_MB's */
+    /* the buckets overlapped with the backward of the step's last micro-batch (MBT_DP_OVERLAP,
+     * default on; the CPU alone): the generated code's rt_grad_ready calls hook, which marks the
+     * range ready in buckets; fold_tree is the local tree the thread folds each bucket of */
+    int overlap;
+    RtGradHook hook;
+    RtTree fold_tree;
+    double model_gbps;   /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
+    double fb_s;         /* the micro-batches' forward_backward time (for the model) */
+    int high_water_done; /* --arena-high-water: measured (the first step this process runs) */
+    int64_t fb_n;
+    /* global_mean: the step's micro-batches of this rank, read once for the statistics pass and kept
+     * for the step's own pass (rt_train_stats); stat_cap micro-batches; stat_mine their statistics
+     * (accum x stat_floats), stat_all every rank's (rank order, which is micro-batch order) */
+    int32_t *stat_x, *stat_y;
+    int64_t stat_cap;
+    double *stat_mine, *stat_all;
+    /* offload { optimizer = nvme } (docs/memory.md): the optimizer state in a store file; x.state
+     * is then NULL, and a checkpoint reads the state back into a buffer of its own */
+    RtOptOffload *offload;
+} RtTrainRun;
+
+/* train.c: the signal (SIGTERM, SIGINT) that asks the run to stop after this step, 0 for none;
+ * with several ranks it travels with the losses' gather (rt_train_gather_losses) */
+extern volatile sig_atomic_t rt_stop_signal;
+
+/* train_dp.c: data parallelism (docs/parallel.md) */
+RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed);
+RtStatus rt_train_tree_alloc(RtTrainRun *r);
+/* the communication thread's fold of a bucket (rt_dp_reduce_begin's callback; ctx is the run) */
+void rt_train_fold(void *ctx, int64_t lo, int64_t hi);
+RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all);
+RtStatus rt_train_reduce(RtTrainRun *r, int64_t step);
+RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm);
+RtStatus rt_train_shard_state(RtTrainRun *r);
+RtStatus rt_train_gather_state(RtTrainRun *r);
+
+/* train_outputs.c: every file the run writes checked before it starts */
+RtStatus rt_train_check_outputs(RtTrainRun *r);
+
+#endif
