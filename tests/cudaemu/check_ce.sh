@@ -11,32 +11,12 @@ if [ $# -ne 1 ]; then
     echo "usage: tests/cudaemu/check_ce.sh BUILD" >&2
     exit 2
 fi
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-dir="$1/tmp/cudaemu-ce"
-mkdir -p "$dir"
-pass=0
-failn=0
-fail() {
-    echo "FAIL cudaemu/ce/$1: $2"
-    [ -f "$dir/out" ] && sed 's/^/    /' "$dir/out" | head -n 40
-    failn=$((failn + 1))
-}
-if ! ${CXX:-g++} -std=c++17 -O2 -o "$dir/ce_check" tests/cudaemu/ce_check.cc -ldl >"$dir/out" 2>&1; then
-    fail setup "building ce_check.cc failed"
-    echo "$pass passed, $failn failed"
-    exit 1
-fi
+# shellcheck source=tests/cudaemu/check_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
+check_begin ce "$1"
 for block in ce_f32 ce_bf16; do
     src=tests/cudaemu/ce_shapes.mbt
-    if ! "$1/mbtc" --emit=cuda "$src" --train "$block" >"$dir/$block.cu" 2>"$dir/out" ||
-        ! "$1/mbtc" --emit=kernels "$src" --train "$block" >"$dir/$block.kernels" 2>"$dir/out"; then
-        fail "$block" "mbtc --emit=cuda / --emit=kernels failed"
-        continue
-    fi
-    if ! tests/cudaemu/build.sh "$dir/$block.cu" "$dir/$block.so" >"$dir/out" 2>&1; then
-        fail "$block" "tests/cudaemu/build.sh failed"
-        continue
-    fi
+    check_block "$1" "$src" "$block" || continue
     rm -f "$dir/out"
     # kernel kN_NAME (launch ..), then `  ce_stats: rows R, V v, stride s, f32; logits pA + o (dt), out pB`
     line=$(awk '/^kernel k[0-9]+_/{k=$2} /^  ce_stats: /{print k "|" $0}' "$dir/$block.kernels")
@@ -55,11 +35,8 @@ for block in ce_f32 ce_bf16; do
     read -r ROWS V STRIDE IN IOFF IDT OUT < <(sed -E 's/[;,()+]/ /g' <<<"${line#*|}" |
         awk '{print $3, $5, $7, substr($10, 2), $11, $12, substr($14, 2)}')
     "$dir/ce_check" "$dir/$block.so" "$fn" "$IN" "$OUT" "$ROWS" "$V" "$STRIDE" "$IOFF" "$IDT" "$blocks" >"$dir/check.out" 2>&1
-    grep -E '^(PASS|FAIL) ' "$dir/check.out"
-    pass=$((pass + $(grep -c '^PASS ' "$dir/check.out")))
-    failn=$((failn + $(grep -c '^FAIL ' "$dir/check.out")))
+    check_count "$dir/check.out"
     grep -q '^[0-9]* passed, 0 failed$' "$dir/check.out" || grep -q '^FAIL ' "$dir/check.out" ||
         fail "$block/$k" "ce_check failed: $(tail -n 3 "$dir/check.out")"
 done
-echo "$pass passed, $failn failed"
-[ "$failn" -eq 0 ]
+check_done

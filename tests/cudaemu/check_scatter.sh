@@ -12,32 +12,12 @@ if [ $# -ne 1 ]; then
     echo "usage: tests/cudaemu/check_scatter.sh BUILD" >&2
     exit 2
 fi
-cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-dir="$1/tmp/cudaemu-scatter"
-mkdir -p "$dir"
-pass=0
-failn=0
-fail() {
-    echo "FAIL cudaemu/scatter/$1: $2"
-    [ -f "$dir/out" ] && sed 's/^/    /' "$dir/out" | head -n 40
-    failn=$((failn + 1))
-}
-if ! ${CXX:-g++} -std=c++17 -O2 -o "$dir/scatter_check" tests/cudaemu/scatter_check.cc -ldl >"$dir/out" 2>&1; then
-    fail setup "building scatter_check.cc failed"
-    echo "$pass passed, $failn failed"
-    exit 1
-fi
+# shellcheck source=tests/cudaemu/check_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
+check_begin scatter "$1"
 for block in scatter_f32 scatter_bf16; do
     src=tests/cudaemu/scatter_shapes.mbt
-    if ! "$1/mbtc" --emit=cuda "$src" --train "$block" >"$dir/$block.cu" 2>"$dir/out" ||
-        ! "$1/mbtc" --emit=kernels "$src" --train "$block" >"$dir/$block.kernels" 2>"$dir/out"; then
-        fail "$block" "mbtc --emit=cuda / --emit=kernels failed"
-        continue
-    fi
-    if ! tests/cudaemu/build.sh "$dir/$block.cu" "$dir/$block.so" >"$dir/out" 2>&1; then
-        fail "$block" "tests/cudaemu/build.sh failed"
-        continue
-    fi
+    check_block "$1" "$src" "$block" || continue
     # kernel NAME (launch N) ... then its `scatter_add: R r, W w, P p, dt; out pA, idx pB + o (i32), upd pC + o (dt)`
     kernels=$(awk '/^kernel k[0-9]+_scatter_add /{k=$2} /^  scatter_add: /{print k "|" $0}' "$dir/$block.kernels")
     total=$(grep -c '^kernel k[0-9]*_scatter_add ' "$dir/$block.kernels")
@@ -64,14 +44,11 @@ for block in scatter_f32 scatter_bf16; do
             awk '{print $3, $5, $7, $8, substr($10, 2), substr($12, 2), $13, substr($16, 2), $17, $18}')
         "$dir/scatter_check" "$dir/$block.so" "$fn" 3 "$OUT" "$IDX" "$UPD" "$R" "$W" "$P" "$DT" "$UDT" "$IOFF" "$UOFF" \
             "$blocks" >"$dir/check.out" 2>&1
-        grep -E '^(PASS|FAIL) ' "$dir/check.out"
-        pass=$((pass + $(grep -c '^PASS ' "$dir/check.out")))
-        failn=$((failn + $(grep -c '^FAIL ' "$dir/check.out")))
+        check_count "$dir/check.out"
         if ! grep -q '^[0-9]* passed, 0 failed$' "$dir/check.out"; then
             rm -f "$dir/out"
             grep -q '^FAIL ' "$dir/check.out" || fail "$block/$k" "scatter_check failed: $(tail -n 3 "$dir/check.out")"
         fi
     done <<<"$kernels"
 done
-echo "$pass passed, $failn failed"
-[ "$failn" -eq 0 ]
+check_done

@@ -1,0 +1,52 @@
+# shellcheck shell=bash
+# tests/cudaemu/check_lib.sh - what the emulated GPU's kernel checks share (sourced by check_ce.sh
+# and check_scatter.sh, each run as `SCRIPT BUILD`): the usage check, the work folder BUILD/tmp/cudaemu-NAME,
+# the pass and fail counts with fail(), the host build of the check program NAME_check.cc, and a
+# train block's kernels written by mbtc (--emit=cuda and --emit=kernels) and built by build.sh.
+# Each script ends with check_done.
+
+# check_begin NAME BUILD: sets dir, pass, failn; builds $dir/NAME_check; exits when it cannot
+check_begin() {
+    check_name=$1
+    cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+    dir="$2/tmp/cudaemu-$check_name"
+    mkdir -p "$dir"
+    pass=0
+    failn=0
+    if ! ${CXX:-g++} -std=c++17 -O2 -o "$dir/${check_name}_check" "tests/cudaemu/${check_name}_check.cc" -ldl >"$dir/out" 2>&1; then
+        fail setup "building ${check_name}_check.cc failed"
+        check_done
+    fi
+}
+
+fail() {
+    echo "FAIL cudaemu/$check_name/$1: $2"
+    [ -f "$dir/out" ] && sed 's/^/    /' "$dir/out" | head -n 40
+    failn=$((failn + 1))
+}
+
+# check_block BUILD SRC BLOCK: $dir/BLOCK.cu, .kernels and .so; returns 1 (after fail) when it cannot
+check_block() {
+    if ! "$1/mbtc" --emit=cuda "$2" --train "$3" >"$dir/$3.cu" 2>"$dir/out" ||
+        ! "$1/mbtc" --emit=kernels "$2" --train "$3" >"$dir/$3.kernels" 2>"$dir/out"; then
+        fail "$3" "mbtc --emit=cuda / --emit=kernels failed"
+        return 1
+    fi
+    if ! tests/cudaemu/build.sh "$dir/$3.cu" "$dir/$3.so" >"$dir/out" 2>&1; then
+        fail "$3" "tests/cudaemu/build.sh failed"
+        return 1
+    fi
+}
+
+# check_count FILE: adds the PASS and FAIL lines the check program printed to FILE
+check_count() {
+    grep -E '^(PASS|FAIL) ' "$1"
+    pass=$((pass + $(grep -c '^PASS ' "$1")))
+    failn=$((failn + $(grep -c '^FAIL ' "$1")))
+}
+
+check_done() {
+    echo "$pass passed, $failn failed"
+    [ "$failn" -eq 0 ]
+    exit
+}
