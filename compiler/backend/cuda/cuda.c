@@ -34,20 +34,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_internal.h"
 #include "diag.h"
 #include "rt_attention_cuh.h"     /* mbt_rt_attention_cuh: runtime/kernels/rt_attention.cuh as a string (the Makefile makes it) */
 #include "rt_attention_tc_cuh.h"  /* mbt_rt_attention_tc_cuh: rt_attention_tc.cuh, likewise */
 #include "rt_attention_fa2_cuh.h" /* mbt_rt_attention_fa2_cuh: rt_attention_fa2.cuh, likewise */
 #include "value.h"
-
-#define CUDA_THREAD_BLOCK 256     /* threads per block in thread mode */
-#define CUDA_WARP_BLOCK 128       /* warp mode: 4 work items per block */
-#define CUDA_BLOCK_BLOCK 256      /* block mode: 8 warps per work item */
-#define CUDA_MAX_BLOCKS 65536     /* grid cap: beyond it threads take more items (grid stride) */
-#define CUDA_REGISTER_BUDGET 128  /* registers a thread that __launch_bounds__ allows */
-#define CUDA_WARP_MAX_EXTENT 1024 /* split loops up to this long: a warp; longer: a block */
-#define CUDA_COLUMN_THREADS 16384 /* a column reduction with this many work items: a thread each */
-#define CUDA_COLUMN_SHORT 128     /* ... or with loops this short (the second level of a two-level sum) */
 
 const char *cuda_mode_name(CudaMode m) {
     switch (m) {
@@ -192,15 +184,6 @@ int cuda_kernel_uses_half(const Kernel *k) {
 
 /* ---- the scan: which loops split, the geometry, vectorisation ------------------------------- */
 
-typedef struct CudaPlan {
-    CudaLaunch launch;
-    int *split;     /* per KIR id: 1 for a top-level K_LOOP that runs split across the threads */
-    int *end;       /* per K_LOOP / K_IF id: its K_ENDLOOP / K_ENDIF */
-    int needs_sync; /* the kernel loads a buffer it stores to */
-    int *vec;       /* vectorised: per buffer, how its accesses go (CUDA_VEC_*) */
-    int *vec_n;     /* per buffer: the divisor of CUDA_VEC_MOD and CUDA_VEC_DIV */
-} CudaPlan;
-
 /* How a vectorised kernel reaches a buffer for its 4 work items gid0 .. gid0 + 3 (all accesses to
  * one buffer alike): at gid (4 consecutive elements, one vector), at gid mod N with 4 | N (a
  * broadcast row such as a bias: 4 consecutive elements starting at gid0 mod N, one vector), or at
@@ -264,9 +247,7 @@ static int cuda_attention_shared(const Kernel *k) {
 /* The segmented scatter_add's geometry: a block per group of CUDA_SCATTER_ROWS(R) consecutive
  * output rows, at most CUDA_SCATTER_GROUPS groups (every block reads all P indices, from L2: the
  * groups trade that against filling the GPU). */
-#define CUDA_SCATTER_GROUPS 1024
-#define CUDA_SCATTER_BLOCK 256
-static int64_t cuda_scatter_rows(const KScatter *s) { return (s->R + CUDA_SCATTER_GROUPS - 1) / CUDA_SCATTER_GROUPS; }
+int64_t cuda_scatter_rows(const KScatter *s) { return (s->R + CUDA_SCATTER_GROUPS - 1) / CUDA_SCATTER_GROUPS; }
 
 static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
     memset(P, 0, sizeof *P);
@@ -417,16 +398,6 @@ CudaLaunch cuda_launch_for(const Kernel *k) {
 
 /* ---- emission: types, names, constants ------------------------------------------------------ */
 
-typedef struct CudaEmit {
-    FILE *out;
-    const Kernel *k;
-    CudaPlan P;
-    Arena *ar;
-    int lane;     /* vectorised: the lane (0..3) being written; -1 otherwise */
-    int in_split; /* the K_LOOP id of the split loop being written, -1 outside */
-    int indent;
-} CudaEmit;
-
 /* The C type a KIR value is computed in: f16 and bf16 in float. */
 static const char *cuda_value_type(const CudaEmit *E, KType t) {
     switch (t) {
@@ -443,7 +414,7 @@ static const char *cuda_value_type(const CudaEmit *E, KType t) {
 }
 
 /* The C type a buffer element is stored as. */
-static const char *cuda_memory_type(const CudaEmit *E, DType dt) {
+const char *cuda_memory_type(const CudaEmit *E, DType dt) {
     switch (dt) {
     case DT_F32: return "float";
     case DT_F64: return "double";
@@ -469,7 +440,7 @@ static const char *cuda_name(CudaEmit *E, int id) {
 }
 
 /* A float literal of type t (f16/bf16/f32 as float, exactly the f32 the CPU's LLVMConstReal makes). */
-static const char *cuda_float_literal(CudaEmit *E, KType t, double v) {
+const char *cuda_float_literal(CudaEmit *E, KType t, double v) {
     int dbl = t == KT_F64;
     if (isnan(v)) return dbl ? "MBT_NAN_D" : "MBT_NAN_F";
     if (isinf(v)) return v < 0 ? (dbl ? "(-MBT_INF_D)" : "(-MBT_INF_F)") : (dbl ? "MBT_INF_D" : "MBT_INF_F");
@@ -499,8 +470,7 @@ static const char *cuda_operand(CudaEmit *E, int a) {
     return cuda_name(E, a);
 }
 
-static void cuda_line(CudaEmit *E, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void cuda_line(CudaEmit *E, const char *fmt, ...) {
+void cuda_line(CudaEmit *E, const char *fmt, ...) {
     fprintf(E->out, "%*s", E->indent * 4, "");
     va_list ap;
     va_start(ap, fmt);
@@ -915,242 +885,6 @@ static void cuda_params(CudaEmit *E, int disjoint) {
         fprintf(E->out, "%s    %s%s *%sp%d", p ? ",\n" : "\n", bf->written ? "" : "const ", cuda_memory_type(E, bf->dt),
                 disjoint && !shared ? "__restrict__ " : "", p);
     }
-}
-
-/* ---- attention: a template call ---------------------------------------------------------------- */
-
-static const char *cuda_view(CudaEmit *E, const KView *v) {
-    if (v->param < 0) return "{0, 0, 0, 0, 0}";
-    return arena_printf(E->ar, "{%" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL}", v->offset,
-                        v->stride[0], v->stride[1], v->stride[2], v->stride[3]);
-}
-
-static const char *cuda_param_or_null(CudaEmit *E, int param) {
-    return param < 0 ? "nullptr" : arena_printf(E->ar, "p%d", param);
-}
-
-/* The body of an attention kernel (CUDA_ATTENTION): its layout as constants and one template call. */
-static void cuda_attention_call(CudaEmit *E) {
-    const KAttn *a = E->k->attn;
-    const char *t = cuda_memory_type(E, a->dt);
-    const char *causal = a->causal ? "true" : "false";
-    static const char *what[] = {"forward", "backward of q", "backward of k", "backward of v", "backward of k and v"};
-    cuda_line(E,
-              "/* attention %s: Z %" PRId64 ", heads %" PRId64 " (kv %" PRId64 "), T %" PRId64 ", S %" PRId64 ", D %" PRId64
-              ", E %" PRId64 "; views {offset, z, h, r, c} */",
-              what[a->op], a->Z, a->H, a->Hk, a->T, a->S, a->D, a->E);
-    cuda_line(E, "const MbtAttn a = {%" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %s,", a->Z, a->H,
-              a->Hk, a->T, a->S, cuda_float_literal(E, KT_F32, a->scale));
-    cuda_line(E, "    %s, /* q */", cuda_view(E, &a->q));
-    cuda_line(E, "    %s, /* k */", cuda_view(E, &a->k));
-    cuda_line(E, "    %s, /* v */", cuda_view(E, &a->v));
-    cuda_line(E, "    %s, /* dout */", cuda_view(E, &a->dout));
-    cuda_line(E, "    %s, /* statistics */", cuda_view(E, &a->stats));
-    cuda_line(E, "    %d, { /* %s */", a->nout, a->op == KA_BWD_KV ? "dk" : "the result");
-    for (int i = 0; i < a->nout; i++) cuda_line(E, "        %s,", cuda_view(E, &a->out[i]));
-    if (a->op != KA_BWD_KV) {
-        cuda_line(E, "    }, 0, {}};");
-    } else {
-        cuda_line(E, "    },");
-        cuda_line(E, "    %d, { /* dv */", a->nout_v);
-        for (int i = 0; i < a->nout_v; i++) cuda_line(E, "        %s,", cuda_view(E, &a->out_v[i]));
-        cuda_line(E, "    }};");
-    }
-    const char *outs = "", *outs_v = "";
-    for (int i = 0; i < a->nout; i++) outs = arena_printf(E->ar, "%s%sp%d", outs, i ? ", " : "", a->out[i].param);
-    for (int i = 0; i < a->nout_v; i++) outs_v = arena_printf(E->ar, "%s%sp%d", outs_v, i ? ", " : "", a->out_v[i].param);
-    cuda_line(E, "%s *const out[%d] = {%s};", t, a->nout, outs);
-    if (a->op == KA_BWD_KV) cuda_line(E, "%s *const out_v[%d] = {%s};", t, a->nout_v, outs_v);
-    const char *q = cuda_param_or_null(E, a->q.param), *k = cuda_param_or_null(E, a->k.param);
-    const char *v = cuda_param_or_null(E, a->v.param), *dout = cuda_param_or_null(E, a->dout.param);
-    const char *st = cuda_param_or_null(E, a->stats.param);
-    const char *tc = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "";
-    const char *fa2 = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2 ? "_fa2" : ""; /* rt_attention_fa2.cuh */
-    switch (a->op) {
-    case KA_FORWARD:
-        if (cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2) { /* the statistics: not stored (no backward loads m, l yet) */
-            cuda_line(E, "mbt_attn_fa2_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out, nullptr);", t, a->D,
-                      a->E, causal, a->nout, q, k, v);
-            break;
-        }
-        cuda_line(E, "mbt_attn_forward%s<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);", tc, t, a->D, a->E, causal,
-                  a->nout, q, k, v);
-        break;
-    case KA_BWD_Q:
-        cuda_line(E, "mbt_attn%s_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", fa2, tc, t,
-                  a->D, a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout,
-                  a->stats_computed ? "nullptr" : st, a->stats_computed ? st : "nullptr");
-        break;
-    default: { /* dk and dv, or either: dk's places in out, dv's in out_v (in out when alone) */
-        int wk = a->op != KA_BWD_V, wv = a->op != KA_BWD_K;
-        cuda_line(E, "mbt_attn%s_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", fa2,
-                  tc, t, a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
-                  wv ? (wk ? a->nout_v : a->nout) : 0, q, k, v, dout, st, wk ? "out" : "nullptr",
-                  !wv  ? "nullptr"
-                  : wk ? "out_v"
-                       : "out");
-        break;
-    }
-    }
-}
-
-/* ---- scatter_add: the deterministic embedding backward ---------------------------------------- */
-
-/* Element `x` of a buffer of dt as a computing value (f16 and bf16 in float), and value `v` as an
- * element to store: the conversions cuda_load and cuda_store write. */
-static const char *cuda_elem_in(CudaEmit *E, DType dt, const char *x) {
-    if (dt == DT_F16) return arena_printf(E->ar, "__half2float(%s)", x);
-    if (dt == DT_BF16) return arena_printf(E->ar, "__bfloat162float(%s)", x);
-    return x;
-}
-
-static const char *cuda_elem_out(CudaEmit *E, DType dt, const char *v) {
-    if (dt == DT_F16) return arena_printf(E->ar, "__float2half_rn(%s)", v);
-    if (dt == DT_BF16) return arena_printf(E->ar, "__ushort_as_bfloat16(mbt_bf16_bits(%s))", v);
-    return v;
-}
-
-/* out [R, W] = 0, then row clamp(idx[p]) += row p of upd for p = 0 .. P-1: ref_bwd.c's
- * ref_scatter_add and the body's order of additions for every element, without atomics. Block g
- * owns the output rows [g * ROWS, g * ROWS + ROWS) and all their columns; thread t owns the columns
- * t, t + 256, ... of them, zeroes them and is the only one to add to them. The block reads the
- * indices 256 positions at a time, compacts the positions whose row it owns into shared memory in
- * position order (a scan of the flags: warp shuffles, then the 8 warps' counts in warp order), and
- * every thread adds those rows of upd, in that order, to its columns. So each element's additions
- * happen in position order in one thread: bit-identical to the body and across runs, whatever the
- * GPU. (Sorting the positions by row first would let each block skip the indices it does not own;
- * here every block reads all P indices, from L2: P x 4 bytes a block.) */
-static void cuda_scatter_body(CudaEmit *E) {
-    const KScatter *s = E->k->scatter;
-    const char *t = cuda_memory_type(E, s->dt), *vt = s->dt == DT_F64 ? "double" : "float";
-    int64_t rows = cuda_scatter_rows(s), groups = (s->R + rows - 1) / rows;
-    const char *zero = cuda_elem_out(E, s->dt, s->dt == DT_F64 ? "0.0" : "0.0f");
-    cuda_line(E, "/* scatter_add: R %" PRId64 ", W %" PRId64 ", P %" PRId64 ", %s (rows read as %s); %" PRId64 " rows a block */",
-              s->R, s->W, s->P, t, cuda_memory_type(E, s->upd_dt), rows);
-    cuda_line(E, "__shared__ int mbt_pos[%d];", CUDA_SCATTER_BLOCK);
-    cuda_line(E, "__shared__ int mbt_row[%d];", CUDA_SCATTER_BLOCK);
-    cuda_line(E, "__shared__ int mbt_warp[%d];", CUDA_SCATTER_BLOCK / 32);
-    cuda_line(E, "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
-    cuda_line(E, "for (long long g = blockIdx.x; g < %" PRId64 "LL; g += gridDim.x) {", groups);
-    E->indent++;
-    cuda_line(E,
-              "const long long r0 = g * %" PRId64 "LL, r1 = r0 + %" PRId64 "LL < %" PRId64 "LL ? r0 + %" PRId64 "LL : %" PRId64
-              "LL;",
-              rows, rows, s->R, rows, s->R);
-    cuda_line(E, "for (long long r = r0; r < r1; r++) /* this thread's columns of the block's rows */");
-    cuda_line(E, "    for (long long c = threadIdx.x; c < %" PRId64 "LL; c += %dLL) p%d[r * %" PRId64 "LL + c] = %s;", s->W,
-              CUDA_SCATTER_BLOCK, s->out, s->W, zero);
-    cuda_line(E, "for (long long base = 0; base < %" PRId64 "LL; base += %dLL) {", s->P, CUDA_SCATTER_BLOCK);
-    E->indent++;
-    cuda_line(E, "const long long p = base + threadIdx.x;");
-    cuda_line(E,
-              "const long long r = p < %" PRId64 "LL ? mbt_min(mbt_max((long long)p%d[%" PRId64 "LL + p], 0LL), %" PRId64
-              "LL) : -1LL;",
-              s->P, s->idx, s->idx_off, s->R - 1);
-    cuda_line(E, "const int mine = r >= r0 && r < r1;");
-    cuda_line(E, "int incl = mine; /* the flags' inclusive scan: in the warp, then the warps before */");
-    cuda_line(E, "for (int d = 1; d < 32; d <<= 1) {");
-    cuda_line(E, "    const int o = __shfl_up_sync(0xffffffffu, incl, d);");
-    cuda_line(E, "    if (lane >= d) incl += o;");
-    cuda_line(E, "}");
-    cuda_line(E, "if (lane == 31) mbt_warp[warp] = incl;");
-    cuda_line(E, "__syncthreads();");
-    cuda_line(E, "int before = 0, total = 0;");
-    cuda_line(E, "for (int w = 0; w < %d; w++) {", CUDA_SCATTER_BLOCK / 32);
-    cuda_line(E, "    before += w < warp ? mbt_warp[w] : 0;");
-    cuda_line(E, "    total += mbt_warp[w];");
-    cuda_line(E, "}");
-    cuda_line(E, "if (mine) {");
-    cuda_line(E, "    mbt_pos[before + incl - 1] = (int)p;");
-    cuda_line(E, "    mbt_row[before + incl - 1] = (int)r;");
-    cuda_line(E, "}");
-    cuda_line(E, "__syncthreads();");
-    cuda_line(E, "for (int j = 0; j < total; j++) { /* the owned positions in order */");
-    E->indent++;
-    cuda_line(E, "const long long q = mbt_pos[j], o = (long long)mbt_row[j] * %" PRId64 "LL;", s->W);
-    cuda_line(E, "for (long long c = threadIdx.x; c < %" PRId64 "LL; c += %dLL) {", s->W, CUDA_SCATTER_BLOCK);
-    E->indent++;
-    cuda_line(
-        E, "const %s sum = %s + %s;", vt, cuda_elem_in(E, s->dt, arena_printf(E->ar, "p%d[o + c]", s->out)),
-        cuda_elem_in(E, s->upd_dt, arena_printf(E->ar, "p%d[%" PRId64 "LL + q * %" PRId64 "LL + c]", s->upd, s->upd_off, s->W)));
-    cuda_line(E, "p%d[o + c] = %s;", s->out, cuda_elem_out(E, s->dt, "sum"));
-    E->indent--;
-    cuda_line(E, "}");
-    E->indent--;
-    cuda_line(E, "}");
-    cuda_line(E, "__syncthreads(); /* the next positions reuse mbt_pos, mbt_row and mbt_warp */");
-    E->indent--;
-    cuda_line(E, "}");
-    E->indent--;
-    cuda_line(E, "}");
-}
-
-/* ---- cross-entropy's statistics: one online pass ------------------------------------------------ */
-
-/* Kernel.ce: per row, the max m and the sum s of exp(x - m) in one read of the logits. Each thread
- * keeps a running (m, s) over the columns threadIdx.x, + 256, ...: a larger x rescales s by
- * exp(m - x) (the online softmax of Milakov and Gimelshein, as llm.c's classifier); the 32 lanes'
- * pairs are merged in a __shfl_xor_sync butterfly (the merge is commutative, so every lane ends
- * with the same pair) and the 8 warps' in warp order by thread 0: a fixed tree, deterministic run
- * to run and GPU to GPU. NaN propagates as the body's max does, +inf gives a NaN sum as the body's
- * exp(inf - inf) does, and -inf logits add nothing (a row of -inf alone: s = 0 where the body has
- * NaN; the loss and the gradient are NaN either way). The sum's
- * rounding differs from the body's (which adds exp(x - max) with the row's final max, in column
- * order) by a few ulps: within tests/gpu/run.sh's tolerances. */
-static void cuda_ce_body(CudaEmit *E) {
-    const KCeStats *c = E->k->ce;
-    const char *x = cuda_elem_in(
-        E, c->in_dt, arena_printf(E->ar, "p%d[%" PRId64 "LL + row * %" PRId64 "LL + j]", c->in, c->in_off, c->stride));
-    cuda_line(E, "/* cross-entropy statistics: %" PRId64 " rows of V %" PRId64 " (stride %" PRId64 ", %s), one online pass */",
-              c->rows, c->V, c->stride, cuda_memory_type(E, c->in_dt));
-    cuda_line(E, "__shared__ float mbt_wm[%d], mbt_ws[%d];", CUDA_BLOCK_BLOCK / 32, CUDA_BLOCK_BLOCK / 32);
-    cuda_line(E, "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
-    cuda_line(E, "for (long long row = blockIdx.x; row < %" PRId64 "LL; row += gridDim.x) {", c->rows);
-    E->indent++;
-    cuda_line(E, "float m = -MBT_INF_F, s = 0.0f;");
-    cuda_line(E, "for (long long j = threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", c->V, CUDA_BLOCK_BLOCK);
-    E->indent++;
-    cuda_line(E, "const float v = %s;", x);
-    cuda_line(E, "if (v != v || m != m) m = s = v + m; /* NaN: both NaN from here on */");
-    cuda_line(E, "else if (v > m) {");
-    cuda_line(E, "    s = s * expf(m - v) + expf(v - v); /* 1, or NaN for +inf as the body's exp(inf - inf) */");
-    cuda_line(E, "    m = v;");
-    cuda_line(E, "} else if (v != -MBT_INF_F) s += expf(v - m);");
-    E->indent--;
-    cuda_line(E, "}");
-    cuda_line(E, "for (int o = 16; o > 0; o >>= 1) { /* the lanes' pairs, merged: every lane gets the same pair */");
-    E->indent++;
-    cuda_line(E, "const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);");
-    cuda_line(E, "if (m2 != m2 || m != m) m = s = m + m2;");
-    cuda_line(E, "else if (m2 > m) {");
-    cuda_line(E, "    s = s * expf(m - m2) + s2;");
-    cuda_line(E, "    m = m2;");
-    cuda_line(E, "} else if (m2 != -MBT_INF_F) s = s + s2 * expf(m2 - m);");
-    E->indent--;
-    cuda_line(E, "}");
-    cuda_line(E, "if (lane == 0) {");
-    cuda_line(E, "    mbt_wm[warp] = m;");
-    cuda_line(E, "    mbt_ws[warp] = s;");
-    cuda_line(E, "}");
-    cuda_line(E, "__syncthreads();");
-    cuda_line(E, "if (threadIdx.x == 0) { /* the warps' pairs in warp order */");
-    E->indent++;
-    cuda_line(E, "float M = mbt_wm[0], S = mbt_ws[0];");
-    cuda_line(E, "for (int w = 1; w < %d; w++) {", CUDA_BLOCK_BLOCK / 32);
-    cuda_line(E, "    const float m2 = mbt_wm[w], s2 = mbt_ws[w];");
-    cuda_line(E, "    if (m2 != m2 || M != M) M = S = M + m2;");
-    cuda_line(E, "    else if (m2 > M) {");
-    cuda_line(E, "        S = S * expf(M - m2) + s2;");
-    cuda_line(E, "        M = m2;");
-    cuda_line(E, "    } else if (m2 != -MBT_INF_F) S = S + s2 * expf(m2 - M);");
-    cuda_line(E, "}");
-    cuda_line(E, "p%d[row * 2LL] = M;", c->out);
-    cuda_line(E, "p%d[row * 2LL + 1LL] = S;", c->out);
-    E->indent--;
-    cuda_line(E, "}");
-    cuda_line(E, "__syncthreads(); /* mbt_wm and mbt_ws are rewritten for the next row */");
-    E->indent--;
-    cuda_line(E, "}");
 }
 
 void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint, CudaLaunch *launch) {

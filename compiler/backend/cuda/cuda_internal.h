@@ -1,0 +1,54 @@
+/* cuda_internal.h - what the CUDA back end's two code generators share: cuda.c (the generic
+ * kernels: the scan that decides a launch's geometry, and the emission of the KIR as CUDA C) and
+ * cuda_dedicated.c (the kernels with a body of their own: attention's template calls, the
+ * segmented scatter_add, cross-entropy's online row statistics). Not for other stages: cuda.h is
+ * the back end's surface. */
+#ifndef MBT_CUDA_INTERNAL_H
+#define MBT_CUDA_INTERNAL_H
+
+#include <stdio.h>
+
+#include "cuda.h"
+
+#define CUDA_THREAD_BLOCK 256     /* threads per block in thread mode */
+#define CUDA_WARP_BLOCK 128       /* warp mode: 4 work items per block */
+#define CUDA_BLOCK_BLOCK 256      /* block mode: 8 warps per work item */
+#define CUDA_MAX_BLOCKS 65536     /* grid cap: beyond it threads take more items (grid stride) */
+#define CUDA_REGISTER_BUDGET 128  /* registers a thread that __launch_bounds__ allows */
+#define CUDA_WARP_MAX_EXTENT 1024 /* split loops up to this long: a warp; longer: a block */
+#define CUDA_COLUMN_THREADS 16384 /* a column reduction with this many work items: a thread each */
+#define CUDA_COLUMN_SHORT 128     /* ... or with loops this short (the second level of a two-level sum) */
+#define CUDA_SCATTER_GROUPS 1024
+#define CUDA_SCATTER_BLOCK 256
+
+typedef struct CudaPlan {
+    CudaLaunch launch;
+    int *split;     /* per KIR id: 1 for a top-level K_LOOP that runs split across the threads */
+    int *end;       /* per K_LOOP / K_IF id: its K_ENDLOOP / K_ENDIF */
+    int needs_sync; /* the kernel loads a buffer it stores to */
+    int *vec;       /* vectorised: per buffer, how its accesses go (CUDA_VEC_*) */
+    int *vec_n;     /* per buffer: the divisor of CUDA_VEC_MOD and CUDA_VEC_DIV */
+} CudaPlan;
+
+typedef struct CudaEmit {
+    FILE *out;
+    const Kernel *k;
+    CudaPlan P;
+    Arena *ar;
+    int lane;     /* vectorised: the lane (0..3) being written; -1 otherwise */
+    int in_split; /* the K_LOOP id of the split loop being written, -1 outside */
+    int indent;
+} CudaEmit;
+
+/* cuda.c's emission helpers */
+void cuda_line(CudaEmit *E, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *cuda_memory_type(const CudaEmit *E, DType dt);
+const char *cuda_float_literal(CudaEmit *E, KType t, double v);
+int64_t cuda_scatter_rows(const KScatter *s);
+
+/* cuda_dedicated.c: the bodies of the launch modes CUDA_ATTENTION, CUDA_SCATTER and CUDA_CE_STATS */
+void cuda_attention_call(CudaEmit *E);
+void cuda_scatter_body(CudaEmit *E);
+void cuda_ce_body(CudaEmit *E);
+
+#endif
