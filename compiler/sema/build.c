@@ -23,34 +23,50 @@ GraphBuilder *sema_gb_for_train(Sema *s, const Node *train) {
     return s->gb_want;
 }
 
-/* Names the parameters under v (a model instance, or a list or tuple of them) prefix + member
- * path; seen holds the model instances walked already (a sub-model reachable twice is named by
- * the first path). */
-static void name_walk(Sema *s, GraphBuilder *gb, PtrMap *seen, const Value *v, const char *prefix, int depth) {
+/* The walk over a model's instances that names their parameters (docs/language.md's paths: prefix
+ * + member path, list items by index): from v (a model instance, or a list or tuple of them), each
+ * instance met for the first time is handed to w->model (a sub-model reachable twice is named by
+ * its first path), then its parameter entries to w->param and its sub-models walked, unless
+ * w->model returned 1. frozen is inherited from an instance made with trainable = false. */
+static void walk(SemaWalk *w, PtrMap *seen, Value *v, const char *prefix, int frozen, int depth) {
+    Sema *s = w->s;
     if (!v || depth > SEMA_MAX_CALL_DEPTH + 8) return;
     if (v->kind == V_MODEL) {
         int fresh;
         if (!v->scope) return;
         ptrmap_slot(s->ar, seen, v->scope, &fresh);
         if (!fresh) return;
+        frozen |= v->frozen;
+        if (w->model && w->model(w, v, prefix, frozen)) return;
         Scope *sc = v->scope;
         for (int i = 0; i < sc->n; i++) {
             Entry *e = &sc->e[i];
             if (!e->v) continue;
-            if (e->kind == ENT_PARAM) gb_name_param(gb, e->v, arena_printf(s->ar, "%s%.*s", prefix, STR_ARG(e->name)));
-            else if (e->kind == ENT_SUB)
-                name_walk(s, gb, seen, e->v, arena_printf(s->ar, "%s%.*s.", prefix, STR_ARG(e->name)), depth + 1);
+            if (e->kind == ENT_PARAM) {
+                if (w->param) w->param(w, e, arena_printf(s->ar, "%s%.*s", prefix, STR_ARG(e->name)), frozen);
+            } else if (e->kind == ENT_SUB)
+                walk(w, seen, e->v, arena_printf(s->ar, "%s%.*s.", prefix, STR_ARG(e->name)), frozen, depth + 1);
         }
     } else if (v->kind == V_LIST || v->kind == V_TUPLE) {
-        for (int i = 0; i < v->n; i++) name_walk(s, gb, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), depth + 1);
+        for (int i = 0; i < v->n; i++) walk(w, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), frozen, depth + 1);
     }
+}
+
+void sema_walk_models(SemaWalk *w, Value *model) {
+    PtrMap seen;
+    memset(&seen, 0, sizeof seen);
+    walk(w, &seen, model, "", 0, 0);
+}
+
+static void name_param(SemaWalk *w, Entry *e, const char *name, int frozen) {
+    (void)frozen;
+    gb_name_param(w->ctx, e->v, name);
 }
 
 void sema_gb_name_params(Sema *s, GraphBuilder *gb, Value *model) {
     if (!gb || !model || model->kind != V_MODEL) return;
-    PtrMap seen;
-    memset(&seen, 0, sizeof seen);
-    name_walk(s, gb, &seen, model, "", 0);
+    SemaWalk w = {.s = s, .ctx = gb, .param = name_param};
+    sema_walk_models(&w, model);
 }
 
 int sema_gb_update_begin(GraphBuilder *gb, Value *opt, Span at) {

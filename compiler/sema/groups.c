@@ -45,37 +45,16 @@ static void glist_push(Arena *ar, GList *l, GParam p) {
     l->p[l->n++] = p;
 }
 
-/* The parameters under v, named as build.c's name_walk names them (a sub-model reachable twice by
- * its first path); frozen is inherited from an instance made with trainable = false. */
-static void collect(Sema *s, PtrMap *seen, Value *v, const char *prefix, int frozen, int depth, GList *out) {
-    if (!v || depth > SEMA_MAX_CALL_DEPTH + 8) return;
-    if (v->kind == V_MODEL) {
-        int fresh;
-        if (!v->scope) return;
-        ptrmap_slot(s->ar, seen, v->scope, &fresh);
-        if (!fresh) return;
-        frozen |= v->frozen;
-        Scope *sc = v->scope;
-        for (int i = 0; i < sc->n; i++) {
-            Entry *e = &sc->e[i];
-            if (!e->v) continue;
-            if (e->kind == ENT_PARAM && e->v->kind == V_TENSOR)
-                glist_push(s->ar, out,
-                           (GParam){arena_printf(s->ar, "%s%.*s", prefix, STR_ARG(e->name)), e->v->t.rank, e->v, frozen});
-            else if (e->kind == ENT_SUB)
-                collect(s, seen, e->v, arena_printf(s->ar, "%s%.*s.", prefix, STR_ARG(e->name)), frozen, depth + 1, out);
-        }
-    } else if (v->kind == V_LIST || v->kind == V_TUPLE) {
-        for (int i = 0; i < v->n; i++)
-            collect(s, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), frozen, depth + 1, out);
-    }
+/* A parameter of the walk (sema_walk_models: the paths build.c names them by), with the frozen
+ * inherited from an instance made with trainable = false. */
+static void collect(SemaWalk *w, Entry *e, const char *name, int frozen) {
+    if (e->v->kind == V_TENSOR) glist_push(w->s->ar, w->ctx, (GParam){name, e->v->t.rank, e->v, frozen});
 }
 
 static GList params_of(Sema *s, Value *model) {
     GList l = {0};
-    PtrMap seen;
-    memset(&seen, 0, sizeof seen);
-    collect(s, &seen, model, "", 0, 0, &l);
+    SemaWalk w = {.s = s, .ctx = &l, .param = collect};
+    sema_walk_models(&w, model);
     return l;
 }
 
@@ -261,44 +240,35 @@ static int is_nn_model(const Value *v, const char *name) {
            strcmp(sc->parent->module->name, "nn") == 0;
 }
 
-static void adapters_walk(Sema *s, PtrMap *seen, Value *v, const char *prefix, int depth, AList *out) {
-    if (!v || depth > SEMA_MAX_CALL_DEPTH + 8) return;
-    if (v->kind == V_MODEL) {
-        int fresh;
-        if (!v->scope) return;
-        ptrmap_slot(s->ar, seen, v->scope, &fresh);
-        if (!fresh) return;
-        Scope *sc = v->scope;
-        int multi = is_nn_model(v, "MultiLoRALinear");
-        if (multi || is_nn_model(v, "LoRALinear")) {
-            Entry *r = scope_find(sc, str_from("rank")), *a = scope_find(sc, str_from("alpha"));
-            Entry *na = multi ? scope_find(sc, str_from("adapters")) : NULL;
-            int64_t rank, adapters = 0;
-            double alpha;
-            if (!r || !r->v || r->v->kind != V_INT || !dim_const(r->v->dim, &rank) || !a || !a->v || !value_number(a->v, &alpha))
-                return; /* not known here: the model is reported elsewhere */
-            if (multi && (!na || !na->v || na->v->kind != V_INT || !dim_const(na->v->dim, &adapters) || adapters < 1)) return;
-            size_t len = strlen(prefix);
-            if (len == 0) return; /* the whole model is one LoRALinear: PEFT needs a module name */
-            if (out->n == out->cap) {
-                int cap = out->cap ? out->cap * 2 : 8;
-                Adapter *na = arena_alloc(s->ar, sizeof(Adapter) * (size_t)cap);
-                if (out->n) memcpy(na, out->a, sizeof(Adapter) * (size_t)out->n);
-                out->a = na;
-                out->cap = cap;
-            }
-            out->a[out->n++] = (Adapter){arena_printf(s->ar, "%.*s", (int)(len - 1), prefix), rank, alpha, adapters};
-            return;
+/* A model instance of the walk (sema_walk_models): an nn.LoRALinear or nn.MultiLoRALinear is
+ * listed under its path, and its members are not walked. */
+static int adapter_at(SemaWalk *w, Value *v, const char *prefix, int frozen) {
+    (void)frozen;
+    Sema *s = w->s;
+    AList *out = w->ctx;
+    Scope *sc = v->scope;
+    int multi = is_nn_model(v, "MultiLoRALinear");
+    if (multi || is_nn_model(v, "LoRALinear")) {
+        Entry *r = scope_find(sc, str_from("rank")), *a = scope_find(sc, str_from("alpha"));
+        Entry *na = multi ? scope_find(sc, str_from("adapters")) : NULL;
+        int64_t rank, adapters = 0;
+        double alpha;
+        if (!r || !r->v || r->v->kind != V_INT || !dim_const(r->v->dim, &rank) || !a || !a->v || !value_number(a->v, &alpha))
+            return 1; /* not known here: the model is reported elsewhere */
+        if (multi && (!na || !na->v || na->v->kind != V_INT || !dim_const(na->v->dim, &adapters) || adapters < 1)) return 1;
+        size_t len = strlen(prefix);
+        if (len == 0) return 1; /* the whole model is one LoRALinear: PEFT needs a module name */
+        if (out->n == out->cap) {
+            int cap = out->cap ? out->cap * 2 : 8;
+            Adapter *na = arena_alloc(s->ar, sizeof(Adapter) * (size_t)cap);
+            if (out->n) memcpy(na, out->a, sizeof(Adapter) * (size_t)out->n);
+            out->a = na;
+            out->cap = cap;
         }
-        for (int i = 0; i < sc->n; i++) {
-            Entry *e = &sc->e[i];
-            if (e->v && e->kind == ENT_SUB)
-                adapters_walk(s, seen, e->v, arena_printf(s->ar, "%s%.*s.", prefix, STR_ARG(e->name)), depth + 1, out);
-        }
-    } else if (v->kind == V_LIST || v->kind == V_TUPLE) {
-        for (int i = 0; i < v->n; i++)
-            adapters_walk(s, seen, v->items[i], arena_printf(s->ar, "%s%d.", prefix, i), depth + 1, out);
+        out->a[out->n++] = (Adapter){arena_printf(s->ar, "%.*s", (int)(len - 1), prefix), rank, alpha, adapters};
+        return 1;
     }
+    return 0;
 }
 
 /* Appends s to the arena-grown buffer *buf (length *len). */
@@ -324,9 +294,8 @@ void groups_adapters(Sema *s, Value *model, const char **config, const char **mo
     *config = *modules = NULL;
     if (!model || model->kind != V_MODEL) return;
     AList l = {0};
-    PtrMap seen;
-    memset(&seen, 0, sizeof seen);
-    adapters_walk(s, &seen, model, "", 0, &l);
+    SemaWalk w = {.s = s, .ctx = &l, .model = adapter_at};
+    sema_walk_models(&w, model);
     if (l.n == 0) return;
     for (int i = 1; i < l.n; i++)
         if (l.a[i].adapters != l.a[0].adapters) {

@@ -288,6 +288,18 @@ static inline int gb_listening(const Sema *s, int generic) { return s->gb != NUL
 GraphBuilder *sema_gb_for_train(Sema *s, const Node *train);
 /* After instantiation: names the parameters of model by their path, walking its members. */
 void sema_gb_name_params(Sema *s, GraphBuilder *gb, Value *model);
+/* The walk over a model's instances that gives parameters their paths (build.c): each instance
+ * met first at prefix ("a.b.") to model (frozen: inside an instance made with trainable = false;
+ * 1 back: not its members), each parameter entry to param as name. The naming, the parameter
+ * groups and the LoRA adapters' list (groups.c) all see the same paths. */
+typedef struct SemaWalk SemaWalk;
+struct SemaWalk {
+    Sema *s;
+    void *ctx;
+    int (*model)(SemaWalk *w, Value *v, const char *prefix, int frozen);
+    void (*param)(SemaWalk *w, Entry *e, const char *name, int frozen);
+};
+void sema_walk_models(SemaWalk *w, Value *model);
 /* Before the train block's optimizer opt runs update: gb_update_begin with its name and state count. */
 int sema_gb_update_begin(GraphBuilder *gb, Value *opt, Span at);
 /* While update runs the optimizer's hyper-parameter lr (in opt_scope) is the update graph's input
