@@ -62,6 +62,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -366,13 +367,24 @@ def corpus_windows(steps, g, extra=2):
     return (steps + extra + EVAL_STEPS) * g
 
 
+def first_train_block(text):
+    r"""The .mbt text up to its second train block: the case's block is the first (bench/gpt2_124m.mbt
+    adds bench/memory.py's blocks after it, which the variant leaves out).
+
+    >>> first_train_block("import a\ntrain x {\n  seq = 1\n}\n\n# the next\ntrain y {\n}\n")
+    'import a\ntrain x {\n  seq = 1\n}\n\n# the next\n'
+    """
+    starts = [m.start() for m in re.finditer(r"^train\s+\w+\s*\{", text, re.M)]
+    return text[:starts[1]] if len(starts) > 1 else text
+
+
 def variant_source(case, batch, seq, work, precision="f32"):
     """A copy of the case's .mbt file with `seq = T`, `batch { global = B x accumulation, micro =
     B }`, `precision = bf16` after the batch when asked, and eval.steps = EVAL_STEPS (set_eval),
     written under `work`. Returns (its path, extra -I options, global batch)."""
     accum = case["global_batch"] // case["micro"]
     with open(os.path.join(ROOT, case["source"])) as f:
-        text = f.read()
+        text = first_train_block(f.read())
     text, n1 = re.subn(r"\bseq\s*=\s*\d+", f"seq = {seq}", text)
     text, n2 = re.subn(r"(batch\s*\{\s*)global\s*=\s*\d+\s*,\s*micro\s*=\s*\d+(\s*\})",
                        lambda m: f"{m.group(1)}global = {batch * accum}, micro = {batch}{m.group(2)}"
@@ -855,6 +867,15 @@ def self_test(a):
             good = len(rep["elementwise"]) == 2 and abs(rep["elementwise"][0]["gbps"] - want / 100.0 / 1e3) < 1e-6
             say(f"made-up table parsed: {'ok' if good else 'WRONG'}")
             bad |= not good
+        # the variant a GPU run builds (micro 12 x 1024, bf16) is a program mbtc accepts
+        with tempfile.TemporaryDirectory() as work:
+            src, inc, g = variant_source(case, 12, 1024, work, "bf16")
+            r = subprocess.run([mbtc, *case["include"], *inc, src, "--check"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, cwd=ROOT)
+        ok = r.returncode == 0 and g == 12
+        bad |= not ok
+        say(f"the GPU run's variant of {case['source']} (micro 12 x 1024, bf16): "
+            f"{'mbtc accepts it' if ok else 'REFUSED: ' + r.stderr.strip()}")
     else:
         say(f"--emit=cuda parser: not run ({mbtc} missing)")
     p = subprocess.run([PYTHON, os.path.abspath(__file__), "copy", "--device", "cpu", "--bytes", str(1 << 24)],

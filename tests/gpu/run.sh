@@ -97,7 +97,7 @@ if ! BUILD=$(cd "$1" 2>/dev/null && pwd); then
     exit
 fi
 unset MBT_PATH MBT_DEBUG MBT_TRACE
-PY=/usr/bin/python3
+PY=${MBT_PYTHON:-/usr/bin/python3} # MBT_PYTHON: a python with numpy (a GPU machine's venv)
 MBTC="$BUILD/mbtc"
 DIR="$BUILD/tmp/gpu"
 OUT="$DIR/out.txt"
