@@ -15,8 +15,16 @@ typedef __nv_bfloat16 bf16;
 
 /* kind: 0 the flash-attention-2 forward (rt_attention_fa2.cuh), 1 rt_attention_tc.cuh's wmma
  * forward (heads of at most 64), 2 rt_attention.cuh's CUDA-core forward */
+/* The forward's launch bounds: compiler/backend/cuda/cuda.c's, 3 blocks an SM for the FA2 forward
+ * with D + E <= 128, else 2; -DMBT_BENCH_FWD_BLOCKS=N (bench/attention --define) tries another. */
+#ifdef MBT_BENCH_FWD_BLOCKS
+template <int KIND, int D> constexpr int bench_fwd_blocks = MBT_BENCH_FWD_BLOCKS;
+#else
+template <int KIND, int D> constexpr int bench_fwd_blocks = KIND == 0 && 2 * D <= 128 ? 3 : 2;
+#endif
+
 template <int KIND, int D, bool C>
-__global__ void __launch_bounds__(128, 2) bench_fwd(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *stats) {
+__global__ void __launch_bounds__(128, (bench_fwd_blocks<KIND, D>)) bench_fwd(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *stats) {
     bf16 *const out[1] = {o};
     if constexpr (KIND == 0) mbt_attn_fa2_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
     else if constexpr (KIND == 1) {

@@ -12,7 +12,9 @@
 #   bench       bench/gpu.py: GPT-2 124M at micro-batch $MBT_GPU_BATCH (default 12) x 1024, mbt bf16
 #               against torch.compile bf16 in the same run, and mbt's MBT_DEBUG kernel table
 #   test        tests/gpu/run.sh (make test-gpu): the device's step against the CPU's
-# MBT_GPU_PARTS=attention,bench,test chooses parts; MBT_GPU_BENCH_MODES the benchmark's modes.
+#   ncu         (only when named) Nsight Compute's speed of light, occupancy and warp stalls of the
+#               FA2 forward and backward kernels at GPT-2's shape (after the attention part)
+# MBT_GPU_PARTS=attention,bench,test chooses parts; MBT_GPU_ATTN_ARGS adds bench/attention options; MBT_GPU_BENCH_MODES the benchmark's modes.
 # Each part's output goes to RESULTS/PART.txt as it runs, so a part cut off by the deadline leaves
 # what it printed. The last lines are a table: part, status, seconds.
 set -u
@@ -63,7 +65,12 @@ part() { # NAME CAP COMMAND...: run COMMAND under min(CAP, time left), output to
 PARTS=",${MBT_GPU_PARTS:-attention,bench,test},"
 if [[ $PARTS == *,attention,* ]]; then
     part attention 180 bash -c "'$PY' bench/attention --build '$BUILD' --prepare >/dev/null && \
-        '$PY' bench/attention --build '$BUILD' --repeat 20"
+        '$PY' bench/attention --build '$BUILD' --repeat 20 ${MBT_GPU_ATTN_ARGS:-}"
+fi
+if [[ $PARTS == *,ncu,* ]]; then # needs the attention part's prelude
+    part ncu 120 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --kernel-name-base mangled --kernel-id "::regex:bench_(fwd|bwd_q|bwd_kv)ILi0E:2" \
+        "$PY" bench/attention --build "$BUILD" --shapes gpt2 --fa2-only --repeat 1
 fi
 if [[ $PARTS == *,bench,* ]]; then
     part bench 240 "$PY" bench/gpu.py --build "$BUILD" --seq 1024 --batch "${MBT_GPU_BATCH:-12}" --rounds 1 \

@@ -49,6 +49,28 @@ __device__ __forceinline__ void mbt_mma_16816<__half>(float *d, const unsigned *
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
                    "f"(c[3]));
 }
+/* ldmatrix.x4: four 8 x 8 matrices of 16-bit elements from shared memory, lane l naming row l % 8 of
+ * matrix l / 8 (16-byte aligned rows); lane l receives in r[i] matrix i's (row l / 4, columns
+ * 2 (l % 4), 2 (l % 4) + 1) - with .trans (rows 2 (l % 4), 2 (l % 4) + 1, column l / 4): an
+ * mma B-fragment from a tile stored with B's columns as rows (trans: B's rows as rows). */
+static __device__ __forceinline__ void mbt_ldsm4(unsigned *r, const void *row) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+static __device__ __forceinline__ void mbt_ldsm4_trans(unsigned *r, const void *row) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+/* 2^x on the special-function unit (ex2.approx: relative error within 2^-22; 2^-inf = 0). */
+static __device__ __forceinline__ float mbt_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 static __device__ __forceinline__ void mbt_cp_async16(void *shared, const void *global) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(shared);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global));
@@ -57,7 +79,18 @@ static __device__ __forceinline__ void mbt_cp_async_commit() { asm volatile("cp.
 template <int N> static __device__ __forceinline__ void mbt_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+#else
+static inline float mbt_exp2(float x) { return exp2f(x); }
 #endif
+
+/* The softmax works in base 2 on the raw scores s = q . k: a row's maximum m is taken over them
+ * (the scale is 1 / sqrt(D) > 0, so it is the scaled scores' maximum too), and a probability is
+ * 2^(s scale log2(e) - m scale log2(e)): one fused multiply-add and one ex2 a score (explicit fmaf:
+ * programs are compiled with --fmad=false). The statistics these kernels store and load are
+ * rt_attention.cuh's [Z, H, T, 3] with slot 0 in that base-2 unit: m scale log2(e), the exponent's
+ * own offset, so that the backward's P from stored statistics is bit for bit the P from statistics
+ * it computes (l and sum P dP as rt_attention.cuh's). */
+#define MBT_LOG2E 1.4426950408889634f
 
 /* An element's 16 bits, and two elements into one .b32 register (the first in the low half). */
 static __device__ __forceinline__ unsigned mbt_bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
@@ -68,17 +101,6 @@ template <typename T> static __device__ __forceinline__ unsigned mbt_pack2(float
     mbt_st(&x[1], hi);
     return mbt_bits16(x[0]) | mbt_bits16(x[1]) << 16;
 }
-/* Two neighbouring elements of a shared tile (4-byte aligned: an even column, an even pitch). */
-template <typename T> static __device__ __forceinline__ unsigned mbt_ld2(const T *p) {
-#ifdef MBT_CUDAEMU
-    unsigned r;
-    memcpy(&r, p, 4);
-    return r;
-#else
-    return *(const unsigned *)p;
-#endif
-}
-
 /* Rows [j0, j0 + BK) of a key-side operand (W wide) into a shared tile, by the whole block: 16-byte
  * cp.async copies when `fast` (the view's rows contiguous and 16-byte aligned), else element by
  * element; zeros past the S rows (a P of 0 times a stale value could be NaN). */
@@ -107,6 +129,88 @@ static __device__ __forceinline__ bool mbt_fa2_fast(const T *x, const MbtView &w
     return w.c == 1 && w.r % 8 == 0 && (w.off + z * w.z + h * w.h) % 8 == 0 && (unsigned long long)x % 16 == 0;
 }
 
+/* 16 rows [r0, r0 + 16) of a view (W wide) as A-fragments (zeros past `rows`). */
+template <typename T, int W>
+static __device__ __forceinline__ void mbt_fa2_rows_a(unsigned (*fa)[4], const T *x, const MbtView &w, long long z,
+                                                      long long h, long long r0, long long rows) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < W / 16; kc++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const long long row = r0 + g + (r & 1) * 8;
+            const int col = kc * 16 + 2 * t + (r >> 1) * 8;
+            unsigned u = 0;
+            if (row < rows) {
+                const T *p = x + mbt_at(w, z, h, row, col);
+                u = mbt_bits16(p[0]) | mbt_bits16(p[w.c]) << 16;
+            }
+            fa[kc][r] = u;
+        }
+}
+
+/* acc[N / 8] (16 x N) = A B^T: A the warp's 16 x W (fragments fa), B's N rows in shared memory
+ * (pitch P). One ldmatrix gives the B-fragments of two 8-row tiles: matrices (rows n8, columns
+ * 16 kc), (n8, 16 kc + 8), (n8 + 8, 16 kc), (n8 + 8, 16 kc + 8). */
+template <typename T, int W, int N, int P>
+static __device__ __forceinline__ void mbt_fa2_abt(float (*acc)[4], const unsigned (*fa)[4], const T (*b)[P]) {
+    static_assert(N % 16 == 0, "B's rows in pairs of 8-row tiles");
+    const int lane = threadIdx.x & 31, lr = lane & 7, lm = lane >> 3;
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < W / 16; kc++)
+#pragma unroll
+        for (int n = 0; n < N / 8; n += 2) {
+            unsigned bb[4];
+            mbt_ldsm4(bb, &b[n * 8 + (lm >> 1) * 8 + lr][kc * 16 + (lm & 1) * 8]);
+            mbt_mma_16816<T>(acc[n], fa[kc], bb, acc[n]);
+            mbt_mma_16816<T>(acc[n + 1], fa[kc], bb + 2, acc[n + 1]);
+        }
+}
+
+/* out[W / 8] (16 x W) += X B: X the warp's 16 x K as accumulators x[K / 8] (rounded to the element
+ * type into A-fragments: the accumulators of two neighbouring 8-column tiles are, element for
+ * element, an A-fragment), B K x W in shared memory (pitch P). One ldmatrix.trans gives the
+ * B-fragments of two 8-column tiles: matrices (rows 16 kc, columns n8), (16 kc + 8, n8),
+ * (16 kc, n8 + 8), (16 kc + 8, n8 + 8). */
+template <typename T, int K, int W, int P>
+static __device__ __forceinline__ void mbt_fa2_xb(float (*out)[4], const float (*x)[4], const T (*b)[P]) {
+    static_assert(W % 16 == 0, "B's columns in pairs of 8-column tiles");
+    const int lane = threadIdx.x & 31, lr = lane & 7, lm = lane >> 3;
+#pragma unroll
+    for (int kc = 0; kc < K / 16; kc++) {
+        const unsigned pa[4] = {mbt_pack2<T>(x[2 * kc][0], x[2 * kc][1]), mbt_pack2<T>(x[2 * kc][2], x[2 * kc][3]),
+                                mbt_pack2<T>(x[2 * kc + 1][0], x[2 * kc + 1][1]),
+                                mbt_pack2<T>(x[2 * kc + 1][2], x[2 * kc + 1][3])};
+#pragma unroll
+        for (int n = 0; n < W / 8; n += 2) {
+            unsigned bb[4];
+            mbt_ldsm4_trans(bb, &b[kc * 16 + (lm & 1) * 8 + lr][n * 8 + (lm >> 1) * 8]);
+            mbt_mma_16816<T>(out[n], pa, bb, out[n]);
+            mbt_mma_16816<T>(out[n + 1], pa, bb + 2, out[n + 1]);
+        }
+    }
+}
+
+/* A warp's 16 x W accumulators to every place of a result (NOUT views), rows r0 + ... < rows. */
+template <typename T, int W, int NOUT>
+static __device__ __forceinline__ void mbt_fa2_put(const float (*acc)[4], const MbtView *views, T *const *out, long long z,
+                                                   long long h, long long r0, long long rows) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long row = r0 + g + r * 8;
+        if (row >= rows) continue;
+#pragma unroll
+        for (int n = 0; n < W / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(views[u], z, h, row, n * 8 + 2 * t + i), acc[n][2 * r + i]);
+    }
+}
+
 template <typename T, int D, int E, bool CAUSAL, int NOUT>
 static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out,
                                             float *stats) {
@@ -117,24 +221,15 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
     __shared__ __align__(16) T vs[2][BK][VP];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    const float scale2 = a.scale * MBT_LOG2E;
     for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
-        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
+        /* a head's last rows first: under a causal mask they see the most keys, and the blocks
+           started last then get the shortest tiles */
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = (tiles - 1 - tile % tiles) * BQ, kh = h / G;
         const long long tw = t0 + warp * 16; /* the warp's first row */
         /* the warp's Q as A-fragments: qa[kc] covers columns [16 kc, 16 kc + 16) */
         unsigned qa[D / 16][4];
-#pragma unroll
-        for (int kc = 0; kc < D / 16; kc++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const long long row = tw + g + (r & 1) * 8;
-                const int col = kc * 16 + 2 * t + (r >> 1) * 8;
-                unsigned x = 0;
-                if (row < a.T) {
-                    const T *p = q + mbt_at(a.q, z, h, row, col);
-                    x = mbt_bits16(p[0]) | mbt_bits16(p[a.q.c]) << 16;
-                }
-                qa[kc][r] = x;
-            }
+        mbt_fa2_rows_a<T, D>(qa, q, a.q, z, h, tw, a.T);
         float o[E / 8][4], m[2] = {-MBT_INF_F, -MBT_INF_F}, l[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int n = 0; n < E / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -160,37 +255,27 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
             __syncthreads(); /* this thread's copies are done: everyone's are, after the barrier */
             /* S = Q K^T: 16 x BK, BK / 8 accumulators; s[n] holds keys [8n, 8n + 8) */
             float s[BK / 8][4];
-#pragma unroll
-            for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < D / 16; kc++)
-#pragma unroll
-                for (int n = 0; n < BK / 8; n++) {
-                    const unsigned b[2] = {mbt_ld2(&ks[buf][n * 8 + g][kc * 16 + 2 * t]),
-                                           mbt_ld2(&ks[buf][n * 8 + g][kc * 16 + 2 * t + 8])};
-                    mbt_mma_16816<T>(s[n], qa[kc], b, s[n]);
-                }
-            /* scaled, masked where the tile crosses the diagonal or the end of the keys */
+            mbt_fa2_abt<T, D, BK, KP>(s, qa, ks[buf]);
+            /* masked where the tile crosses the diagonal or the end of the keys */
             const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T);
             float mt[2] = {-MBT_INF_F, -MBT_INF_F};
 #pragma unroll
             for (int n = 0; n < BK / 8; n++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    float x = a.scale * s[n][i];
-                    if (mask && !mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1))) x = -MBT_INF_F;
-                    s[n][i] = x;
-                    mt[i >> 1] = mt[i >> 1] > x ? mt[i >> 1] : x;
+                    if (mask && !mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1))) s[n][i] = -MBT_INF_F;
+                    mt[i >> 1] = mt[i >> 1] > s[n][i] ? mt[i >> 1] : s[n][i];
                 }
-            float alpha[2];
+            float alpha[2], ms[2];
 #pragma unroll
-            for (int r = 0; r < 2; r++) { /* the row's maximum over its quad; then exp(s - m) */
+            for (int r = 0; r < 2; r++) { /* the row's maximum over its quad */
                 float x = __shfl_xor_sync(0xffffffffu, mt[r], 1);
                 mt[r] = mt[r] > x ? mt[r] : x;
                 x = __shfl_xor_sync(0xffffffffu, mt[r], 2);
                 mt[r] = mt[r] > x ? mt[r] : x;
                 const float mn = m[r] > mt[r] ? m[r] : mt[r];
-                alpha[r] = mn == -MBT_INF_F ? 1.0f : expf(m[r] - mn);
+                alpha[r] = mn == -MBT_INF_F ? 1.0f : mbt_exp2((m[r] - mn) * scale2);
+                ms[r] = mn == -MBT_INF_F ? 0.0f : mn * scale2; /* a row that has seen no key yet: its P is 0 */
                 m[r] = mn;
             }
             float ls[2] = {0.0f, 0.0f};
@@ -198,7 +283,7 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
             for (int n = 0; n < BK / 8; n++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const float p = s[n][i] == -MBT_INF_F ? 0.0f : expf(s[n][i] - m[i >> 1]);
+                    const float p = mbt_exp2(fmaf(s[n][i], scale2, -ms[i >> 1]));
                     s[n][i] = p;
                     ls[i >> 1] = ls[i >> 1] + p;
                 }
@@ -207,20 +292,7 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
 #pragma unroll
             for (int n = 0; n < E / 8; n++) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
             /* O += P V: P's A-fragment for keys [16 kc, 16 kc + 16) is score tiles 2 kc and 2 kc + 1 */
-#pragma unroll
-            for (int kc = 0; kc < BK / 16; kc++) {
-                const unsigned pa[4] = {mbt_pack2<T>(s[2 * kc][0], s[2 * kc][1]), mbt_pack2<T>(s[2 * kc][2], s[2 * kc][3]),
-                                        mbt_pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                        mbt_pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                const T(*vk)[VP] = vs[buf] + kc * 16;
-#pragma unroll
-                for (int n = 0; n < E / 8; n++) { /* B[k][c] = V[key 16 kc + k][8 n + c] */
-                    const int c = n * 8 + g;
-                    const unsigned b[2] = {mbt_bits16(vk[2 * t][c]) | mbt_bits16(vk[2 * t + 1][c]) << 16,
-                                           mbt_bits16(vk[2 * t + 8][c]) | mbt_bits16(vk[2 * t + 9][c]) << 16};
-                    mbt_mma_16816<T>(o[n], pa, b, o[n]);
-                }
-            }
+            mbt_fa2_xb<T, BK, E, VP>(o, s, vs[buf]);
             __syncthreads(); /* everyone is done with this buffer before the next tile refills it */
         }
         /* the row sums over the quad, then out = O / l (a row that saw no key: 0) */
@@ -241,7 +313,7 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
 #pragma unroll
                     for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(a.out[u], z, h, row, n * 8 + 2 * t + i), x);
                 }
-            if (stats && t < 2) mbt_st(stats + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] : l[r]);
+            if (stats && t < 2) mbt_st(stats + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] * scale2 : l[r]);
         }
     }
 }
@@ -256,81 +328,6 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
  * (rounded to the element type, as flash attention and rt_attention_tc.cuh do). The statistics
  * (m, l, sum P dP, rt_attention.cuh's [Z, H, T, 3]) are computed by the dq kernel in a first walk
  * (COMPUTE) or loaded, as the programs' kernel graph asks. */
-
-/* 16 rows [r0, r0 + 16) of a view (W wide) as A-fragments (zeros past `rows`). */
-template <typename T, int W>
-static __device__ __forceinline__ void mbt_fa2_rows_a(unsigned (*fa)[4], const T *x, const MbtView &w, long long z,
-                                                      long long h, long long r0, long long rows) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int kc = 0; kc < W / 16; kc++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const long long row = r0 + g + (r & 1) * 8;
-            const int col = kc * 16 + 2 * t + (r >> 1) * 8;
-            unsigned u = 0;
-            if (row < rows) {
-                const T *p = x + mbt_at(w, z, h, row, col);
-                u = mbt_bits16(p[0]) | mbt_bits16(p[w.c]) << 16;
-            }
-            fa[kc][r] = u;
-        }
-}
-
-/* acc[N / 8] (16 x N) = A B^T: A the warp's 16 x W (fragments fa), B's N rows in shared memory
- * (pitch P): B's row pairs are adjacent elements. */
-template <typename T, int W, int N, int P>
-static __device__ __forceinline__ void mbt_fa2_abt(float (*acc)[4], const unsigned (*fa)[4], const T (*b)[P]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int n = 0; n < N / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < W / 16; kc++)
-#pragma unroll
-        for (int n = 0; n < N / 8; n++) {
-            const unsigned bb[2] = {mbt_ld2(&b[n * 8 + g][kc * 16 + 2 * t]), mbt_ld2(&b[n * 8 + g][kc * 16 + 2 * t + 8])};
-            mbt_mma_16816<T>(acc[n], fa[kc], bb, acc[n]);
-        }
-}
-
-/* out[W / 8] (16 x W) += X B: X the warp's 16 x K as accumulators x[K / 8] (rounded to the element
- * type into A-fragments), B K x W in shared memory (pitch P). */
-template <typename T, int K, int W, int P>
-static __device__ __forceinline__ void mbt_fa2_xb(float (*out)[4], const float (*x)[4], const T (*b)[P]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int kc = 0; kc < K / 16; kc++) {
-        const unsigned pa[4] = {mbt_pack2<T>(x[2 * kc][0], x[2 * kc][1]), mbt_pack2<T>(x[2 * kc][2], x[2 * kc][3]),
-                                mbt_pack2<T>(x[2 * kc + 1][0], x[2 * kc + 1][1]),
-                                mbt_pack2<T>(x[2 * kc + 1][2], x[2 * kc + 1][3])};
-        const T(*bk)[P] = b + kc * 16;
-#pragma unroll
-        for (int n = 0; n < W / 8; n++) {
-            const int c = n * 8 + g;
-            const unsigned bb[2] = {mbt_bits16(bk[2 * t][c]) | mbt_bits16(bk[2 * t + 1][c]) << 16,
-                                    mbt_bits16(bk[2 * t + 8][c]) | mbt_bits16(bk[2 * t + 9][c]) << 16};
-            mbt_mma_16816<T>(out[n], pa, bb, out[n]);
-        }
-    }
-}
-
-/* A warp's 16 x W accumulators to every place of a result (NOUT views), rows r0 + ... < rows. */
-template <typename T, int W, int NOUT>
-static __device__ __forceinline__ void mbt_fa2_put(const float (*acc)[4], const MbtView *views, T *const *out, long long z,
-                                                   long long h, long long r0, long long rows) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const long long row = r0 + g + r * 8;
-        if (row >= rows) continue;
-#pragma unroll
-        for (int n = 0; n < W / 8; n++)
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(views[u], z, h, row, n * 8 + 2 * t + i), acc[n][2 * r + i]);
-    }
-}
 
 /* The double-buffered walk over `count` tiles of rows of two operands x (W1 wide) and y (W2): tile
  * i is rows row0(i) .. + BR of head head(i); fn(buf, i) runs on it while tile i + 1 is in flight.
@@ -377,9 +374,10 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
     __shared__ __align__(16) T vs[2][BK][VP];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    const float scale2 = a.scale * MBT_LOG2E;
     for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
-        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = tile % tiles * BQ, kh = h / G;
-        const long long tw = t0 + warp * 16;
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = (tiles - 1 - tile % tiles) * BQ, kh = h / G;
+        const long long tw = t0 + warp * 16; /* (the longest tiles first, as the forward) */
         unsigned qa[D / 16][4], da[E / 16][4];
         mbt_fa2_rows_a<T, D>(qa, q, a.q, z, h, tw, a.T);
         mbt_fa2_rows_a<T, E>(da, dout, a.dout, z, h, tw, a.T);
@@ -387,21 +385,25 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
         auto row0 = [&](long long i) { return i * BK; };
         auto head = [&](long long) { return kh; };
         auto none = [&](int, long long) {};
-        float m[2] = {-MBT_INF_F, -MBT_INF_F}, l[2] = {0.0f, 0.0f}, pdp[2] = {0.0f, 0.0f};
-        /* a tile's scaled, masked scores and dP = dO V^T */
+        /* each row's maximum (raw scores when computed here), sum and sum P dP; msr: its maximum as
+           the exponent wants it (scaled to base 2; 0 for a row that sees nothing, whose P is 0) */
+        float m[2] = {-MBT_INF_F, -MBT_INF_F}, l[2] = {0.0f, 0.0f}, pdp[2] = {0.0f, 0.0f}, msr[2] = {0.0f, 0.0f};
+        /* a tile's raw, masked scores and dP = dO V^T; the mask only where the tile crosses the
+           diagonal or the end of the keys (rows past T are never stored) */
         auto scores = [&](int buf, long long j0, float (*s)[4], float (*dp)[4]) {
             mbt_fa2_abt<T, D, BK, KP>(s, qa, ks[buf]);
             mbt_fa2_abt<T, E, BK, VP>(dp, da, vs[buf]);
+            const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T);
 #pragma unroll
             for (int n = 0; n < BK / 8; n++)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    s[n][i] = mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1)) ? a.scale * s[n][i]
-                                                                                                           : -MBT_INF_F;
+                    if (mask && !mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1)))
+                        s[n][i] = -MBT_INF_F;
         };
         if (COMPUTE) {
             mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, ntiles, row0, head, none, [&](int buf, long long it) {
-                float s[BK / 8][4], dp[BK / 8][4], mt[2] = {-MBT_INF_F, -MBT_INF_F};
+                float s[BK / 8][4], dp[BK / 8][4], mt[2] = {-MBT_INF_F, -MBT_INF_F}, ms[2];
                 scores(buf, it * BK, s, dp);
 #pragma unroll
                 for (int n = 0; n < BK / 8; n++)
@@ -414,7 +416,8 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
                     x = __shfl_xor_sync(0xffffffffu, mt[r], 2);
                     mt[r] = mt[r] > x ? mt[r] : x;
                     const float mn = m[r] > mt[r] ? m[r] : mt[r];
-                    const float alpha = mn == -MBT_INF_F ? 1.0f : expf(m[r] - mn);
+                    const float alpha = mn == -MBT_INF_F ? 1.0f : mbt_exp2((m[r] - mn) * scale2);
+                    ms[r] = mn == -MBT_INF_F ? 0.0f : mn * scale2;
                     m[r] = mn;
                     l[r] *= alpha;
                     pdp[r] *= alpha;
@@ -423,7 +426,7 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
                 for (int n = 0; n < BK / 8; n++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        const float p = s[n][i] == -MBT_INF_F ? 0.0f : expf(s[n][i] - m[i >> 1]);
+                        const float p = mbt_exp2(fmaf(s[n][i], scale2, -ms[i >> 1]));
                         l[i >> 1] = l[i >> 1] + p;
                         pdp[i >> 1] = pdp[i >> 1] + p * dp[n][i];
                     }
@@ -435,20 +438,23 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
                 pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 1);
                 pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 2);
                 pdp[r] = l[r] > 0.0f ? pdp[r] / l[r] : 0.0f;
+                msr[r] = m[r] == -MBT_INF_F ? 0.0f : m[r] * scale2;
                 const long long row = tw + g + r * 8;
                 if (stats_out && row < a.T && t < 3)
-                    mbt_st(stats_out + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] : t == 1 ? l[r] : pdp[r]);
+                    mbt_st(stats_out + mbt_at(a.stats, z, h, row, t), t == 0 ? msr[r] : t == 1 ? l[r] : pdp[r]);
             }
         } else {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const long long row = tw + g + r * 8;
                 if (row >= a.T) continue;
-                m[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 0));
+                const float mb = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 0)); /* m scale log2(e) */
                 l[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 1));
                 pdp[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 2));
+                msr[r] = mb == -MBT_INF_F ? 0.0f : mb;
             }
         }
+        const float linv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
         float dq[D / 8][4];
 #pragma unroll
         for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -460,9 +466,7 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
 #pragma unroll
                 for (int i = 0; i < 4; i++) { /* dS = scale P (dP - sum P dP), in place of the scores */
                     const int r = i >> 1;
-                    float w = 0.0f;
-                    if (l[r] > 0.0f && s[n][i] != -MBT_INF_F) w = a.scale * ((expf(s[n][i] - m[r]) / l[r]) * (dp[n][i] - pdp[r]));
-                    s[n][i] = w;
+                    s[n][i] = a.scale * ((mbt_exp2(fmaf(s[n][i], scale2, -msr[r])) * linv[r]) * (dp[n][i] - pdp[r]));
                 }
             mbt_fa2_xb<T, BK, D, KP>(dq, s, ks[buf]);
         });
@@ -481,6 +485,7 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
     __shared__ float st[2][BQ][3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const long long G = a.H / a.Hk, tiles = (a.S + BKR - 1) / BKR, shift = a.S - a.T;
+    const float scale2 = a.scale * MBT_LOG2E;
     for (long long tile = blockIdx.x; tile < a.Z * a.Hk * tiles; tile += gridDim.x) {
         const long long z = tile / (a.Hk * tiles), kh = tile / tiles % a.Hk, j0 = tile % tiles * BKR;
         const long long jw = j0 + warp * 16;
@@ -497,8 +502,18 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
         const long long per = ifirst < a.T ? (a.T - ifirst + BQ - 1) / BQ : 0; /* query tiles a head */
         auto row0 = [&](long long i) { return ifirst + i % per * BQ; };
         auto head = [&](long long i) { return kh * G + i / per; };
+        /* a tile's statistics as the loop wants them: m in base 2 (as stored), 1 / l, sum P dP (rows
+           past T: 0) */
         auto stage_stats = [&](int buf, long long i) {
-            mbt_attn_tile<float, BQ, 3, 3>(st[buf], stats, a.stats, z, head(i), row0(i), a.T);
+            for (int c = threadIdx.x; c < BQ; c += MBT_ATTN_WARPS * 32) {
+                const long long row = row0(i) + c;
+                float x[3] = {0.0f, 0.0f, 0.0f};
+                if (row < a.T) {
+                    const float *p = stats + mbt_at(a.stats, z, head(i), row, 0);
+                    x[0] = p[0] == -MBT_INF_F ? 0.0f : p[0], x[1] = p[a.stats.c] > 0.0f ? 1.0f / p[a.stats.c] : 0.0f, x[2] = p[2 * a.stats.c];
+                }
+                st[buf][c][0] = x[0], st[buf][c][1] = x[1], st[buf][c][2] = x[2];
+            }
         };
         mbt_fa2_walk<T, BQ, D, E, QP, EP>(qs, dos, q, a.q, dout, a.dout, z, a.T, G * per, row0, head, stage_stats,
                                           [&](int buf, long long it) {
@@ -506,14 +521,16 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
             float p[BQ / 8][4], ds[WANT_K ? BQ / 8 : 1][4];
             mbt_fa2_abt<T, D, BQ, QP>(p, ka, qs[buf]); /* S^T: the warp's 16 keys against the tile's queries */
             if constexpr (WANT_K) mbt_fa2_abt<T, E, BQ, EP>(ds, va, dos[buf]); /* dP^T = V dO^T */
+            /* the mask only where the tile reaches past the queries or the keys, or crosses the diagonal */
+            const bool mask = i0 + BQ > a.T || jw + 16 > a.S || (CAUSAL && jw + 15 > i0 + shift);
 #pragma unroll
             for (int n = 0; n < BQ / 8; n++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int c = n * 8 + 2 * t + (i & 1); /* the query, in the tile */
                     float x = 0.0f;
-                    if (mbt_attn_sees<CAUSAL>(a, i0 + c, jw + g + (i >> 1) * 8))
-                        x = expf(a.scale * p[n][i] - st[buf][c][0]) / st[buf][c][1];
+                    if (!mask || mbt_attn_sees<CAUSAL>(a, i0 + c, jw + g + (i >> 1) * 8))
+                        x = mbt_exp2(fmaf(p[n][i], scale2, -st[buf][c][0])) * st[buf][c][1];
                     p[n][i] = x;
                     if constexpr (WANT_K) ds[n][i] = a.scale * (x * (ds[n][i] - st[buf][c][2]));
                 }

@@ -545,6 +545,38 @@ template <typename T> inline void mbt_mma_16816(float *d, const unsigned *a, con
     static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "mma of bf16 or f16");
     cudaemu::mma_16816(d, a, b, c, std::is_same<T, __nv_bfloat16>::value);
 }
+/* PTX's ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 as a warp collective: lane l names row l % 8
+ * of matrix l / 8 (8 rows of 8 16-bit elements, each row 16 bytes, 16-byte aligned); lane l then
+ * holds in r[i], from matrix i, the elements (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1) - or,
+ * with .trans, (rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4) - the lower-numbered in the low 16
+ * bits. Every lane publishes its row's address, the warp meets, each lane reads its elements, and
+ * the warp meets again (as mma_16816). */
+namespace cudaemu {
+inline const unsigned char *ldsm_slots[MAX_THREADS];
+template <bool TRANS> inline void ldmatrix_x4(unsigned *r, const void *row) {
+    if ((uintptr_t)row % 16) fail("ldmatrix: a row address not aligned to 16 bytes");
+    State &s = st();
+    const int tid = s.cur->tid, w0 = tid & ~31, lane = tid & 31;
+    ldsm_slots[tid] = (const unsigned char *)row;
+    wait_warp();
+    const unsigned char *const *rows = ldsm_slots + w0;
+    for (int i = 0; i < 4; i++) {
+        unsigned short lo, hi;
+        if (TRANS) {
+            memcpy(&lo, rows[8 * i + 2 * (lane & 3)] + 2 * (lane >> 2), 2);
+            memcpy(&hi, rows[8 * i + 2 * (lane & 3) + 1] + 2 * (lane >> 2), 2);
+        } else {
+            memcpy(&lo, rows[8 * i + (lane >> 2)] + 4 * (lane & 3), 2);
+            memcpy(&hi, rows[8 * i + (lane >> 2)] + 4 * (lane & 3) + 2, 2);
+        }
+        r[i] = lo | (unsigned)hi << 16;
+    }
+    wait_warp(); /* everyone has read the slots before they can be rewritten */
+}
+} /* namespace cudaemu */
+inline void mbt_ldsm4(unsigned *r, const void *row) { cudaemu::ldmatrix_x4<false>(r, row); }
+inline void mbt_ldsm4_trans(unsigned *r, const void *row) { cudaemu::ldmatrix_x4<true>(r, row); }
+
 /* cp.async of 16 bytes: a plain copy (the emulator has no memory latency to hide); committing and
  * waiting for groups are then nothing to do. */
 inline void mbt_cp_async16(void *shared, const void *global) {

@@ -898,14 +898,14 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
     /* at least 65536 / (block x 128) blocks an SM: a budget of 128 registers a thread. With the
      * block size alone ptxas aims at full occupancy (32 registers on sm_90) and spills row kernels.
      * The tensor-core attention kernels keep 16 rows' statistics (and the forward their outputs) a
-     * lane: 2 blocks an SM (255 registers), which their 41-47 KB of shared memory allows anyway
-     * (the forward spills at 128 on sm_80). The flash-attention-2 forward with D + E <= 128 asks
-     * for 4 (128 registers): without the bound ptxas gives GPT-2's (D 64, causal) 147 (sm_80) and
-     * 160 (sm_90), 3 blocks; with it 127 and 128 without spills, 4 blocks (the cuda layer checks
-     * that nothing spills; whether it is faster is not measured: docs/cuda.md). */
+     * lane: 2 blocks an SM (255 registers), which their 37-47 KB of shared memory allows anyway.
+     * The flash-attention-2 forward with D + E <= 128 asks for 3 (170 registers): GPT-2's (D 64,
+     * causal) takes 168 without spills on sm_90. Measured on an H200 (bench/attention, GPT-2's
+     * shape; docs/cuda.md): 0.2247 ms at 3 blocks, 0.2209 ms at 4 (128 registers, 32 bytes
+     * spilled: the cuda layer refuses spills), 0.2594 ms with two tiles of 16 rows a warp at 2. */
     int min_blocks = cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES ? 2 : 65536 / (L->block * CUDA_REGISTER_BUDGET);
     if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 && k->attn->op == KA_FORWARD && k->attn->D + k->attn->E <= 128)
-        min_blocks = 4;
+        min_blocks = 3;
     fprintf(out, "extern \"C\" __global__ void __launch_bounds__(%d, %d) %s(", L->block, min_blocks, k->name);
     cuda_params(&E, disjoint);
     fprintf(out, ") {\n");
