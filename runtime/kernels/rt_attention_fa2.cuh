@@ -86,10 +86,10 @@ static inline float mbt_exp2(float x) { return exp2f(x); }
 /* The softmax works in base 2 on the raw scores s = q . k: a row's maximum m is taken over them
  * (the scale is 1 / sqrt(D) > 0, so it is the scaled scores' maximum too), and a probability is
  * 2^(s scale log2(e) - m scale log2(e)): one fused multiply-add and one ex2 a score (explicit fmaf:
- * programs are compiled with --fmad=false). The statistics these kernels store and load are
- * rt_attention.cuh's [Z, H, T, 3] with slot 0 in that base-2 unit: m scale log2(e), the exponent's
- * own offset, so that the backward's P from stored statistics is bit for bit the P from statistics
- * it computes (l and sum P dP as rt_attention.cuh's). */
+ * programs are compiled with --fmad=false). The statistics they store and load are every
+ * attention kernel's (rt_attention.cuh's layout, natural units: slot 0 the maximum of the scaled
+ * scores, m scale); the backward turns a stored maximum into its exponent's offset as
+ * (m scale) log2(e), and one it computes the same way, so that P is bit for bit the same either way. */
 #define MBT_LOG2E 1.4426950408889634f
 
 /* An element's 16 bits, and two elements into one .b32 register (the first in the low half). */
@@ -313,7 +313,7 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
 #pragma unroll
                     for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(a.out[u], z, h, row, n * 8 + 2 * t + i), x);
                 }
-            if (stats && t < 2) mbt_st(stats + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] * scale2 : l[r]);
+            if (stats && t < 2) mbt_st(stats + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] * a.scale : l[r]);
         }
     }
 }
@@ -438,20 +438,21 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
                 pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 1);
                 pdp[r] = pdp[r] + __shfl_xor_sync(0xffffffffu, pdp[r], 2);
                 pdp[r] = l[r] > 0.0f ? pdp[r] / l[r] : 0.0f;
-                msr[r] = m[r] == -MBT_INF_F ? 0.0f : m[r] * scale2;
+                m[r] = m[r] * a.scale; /* of the scaled scores, as stored */
+                msr[r] = m[r] == -MBT_INF_F ? 0.0f : m[r] * MBT_LOG2E;
                 const long long row = tw + g + r * 8;
                 if (stats_out && row < a.T && t < 3)
-                    mbt_st(stats_out + mbt_at(a.stats, z, h, row, t), t == 0 ? msr[r] : t == 1 ? l[r] : pdp[r]);
+                    mbt_st(stats_out + mbt_at(a.stats, z, h, row, t), t == 0 ? m[r] : t == 1 ? l[r] : pdp[r]);
             }
         } else {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const long long row = tw + g + r * 8;
                 if (row >= a.T) continue;
-                const float mb = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 0)); /* m scale log2(e) */
+                m[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 0)); /* of the scaled scores */
                 l[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 1));
                 pdp[r] = mbt_ld(stats_in + mbt_at(a.stats, z, h, row, 2));
-                msr[r] = mb == -MBT_INF_F ? 0.0f : mb;
+                msr[r] = m[r] == -MBT_INF_F ? 0.0f : m[r] * MBT_LOG2E;
             }
         }
         const float linv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
@@ -502,15 +503,15 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
         const long long per = ifirst < a.T ? (a.T - ifirst + BQ - 1) / BQ : 0; /* query tiles a head */
         auto row0 = [&](long long i) { return ifirst + i % per * BQ; };
         auto head = [&](long long i) { return kh * G + i / per; };
-        /* a tile's statistics as the loop wants them: m in base 2 (as stored), 1 / l, sum P dP (rows
-           past T: 0) */
+        /* a tile's statistics as the loop wants them: the exponent's offset (m log2(e), as dq's), 1 / l,
+           sum P dP (rows past T: 0) */
         auto stage_stats = [&](int buf, long long i) {
             for (int c = threadIdx.x; c < BQ; c += MBT_ATTN_WARPS * 32) {
                 const long long row = row0(i) + c;
                 float x[3] = {0.0f, 0.0f, 0.0f};
                 if (row < a.T) {
                     const float *p = stats + mbt_at(a.stats, z, head(i), row, 0);
-                    x[0] = p[0] == -MBT_INF_F ? 0.0f : p[0], x[1] = p[a.stats.c] > 0.0f ? 1.0f / p[a.stats.c] : 0.0f, x[2] = p[2 * a.stats.c];
+                    x[0] = p[0] == -MBT_INF_F ? 0.0f : p[0] * MBT_LOG2E, x[1] = p[a.stats.c] > 0.0f ? 1.0f / p[a.stats.c] : 0.0f, x[2] = p[2 * a.stats.c];
                 }
                 st[buf][c][0] = x[0], st[buf][c][1] = x[1], st[buf][c][2] = x[2];
             }
