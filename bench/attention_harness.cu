@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(128, 2) bench_fwd(MbtAttn a, const bf16 *q, co
     if constexpr (KIND == 0) mbt_attn_fa2_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
     else if constexpr (KIND == 1) {
         if constexpr (D <= 64) mbt_attn_forward_tc<bf16, D, D, C, 1>(a, q, k, v, out);
-    } else mbt_attn_forward<bf16, D, D, C, 1>(a, q, k, v, out);
+    } else mbt_attn_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
 }
 
 static MbtView bench_view(long long heads, long long rows, long long cols) {
@@ -52,7 +52,7 @@ static int bench_launch(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, 
 }
 
 /* Launches kernel `kind` on q [B, H, T, D], k and v [B, Hk, S, D] (bf16, contiguous) into o
- * [B, H, T, D] and, for the FA2 kernel when stats is not null, the rows' max and sum into
+ * [B, H, T, D] and, for the FA2 and CUDA-core kernels when stats is not null, the rows' max and sum into
  * stats [B, H, T, 3]. Returns 0, 1 on a failed launch, 2 for a combination not built here. */
 extern "C" int mbt_bench_attention(int kind, int D, int causal, long long B, long long H, long long Hk, long long T,
                                    long long S, const void *q, const void *k, const void *v, void *o, float *stats) {

@@ -47,7 +47,7 @@ template <typename T, int D, int E, bool C, bool TC>
 __global__ void k_forward(MbtAttn a, const T *q, const T *k, const T *v, T *o) {
     T *const out[1] = {o};
     if constexpr (TC) mbt_attn_forward_tc<T, D, E, C, 1>(a, q, k, v, out);
-    else mbt_attn_forward<T, D, E, C, 1>(a, q, k, v, out);
+    else mbt_attn_forward<T, D, E, C, 1>(a, q, k, v, out, nullptr);
 }
 template <typename T, int D, int E, bool C, bool TC>
 __global__ void k_bwd_q(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
