@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(128, (bench_fwd_blocks<KIND, D>)) bench_fwd(Mb
     if constexpr (KIND == 0) mbt_attn_fa2_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
     else if constexpr (KIND == 1) {
         if constexpr (D <= 64) mbt_attn_forward_tc<bf16, D, D, C, 1>(a, q, k, v, out);
-    } else mbt_attn_forward<bf16, D, D, C, 1>(a, q, k, v, out);
+    } else mbt_attn_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
 }
 
 static MbtView bench_view(long long heads, long long rows, long long cols) {
@@ -60,7 +60,7 @@ static int bench_launch(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, 
 }
 
 /* Launches kernel `kind` on q [B, H, T, D], k and v [B, Hk, S, D] (bf16, contiguous) into o
- * [B, H, T, D] and, for the FA2 kernel when stats is not null, the rows' max and sum into
+ * [B, H, T, D] and, for the FA2 and CUDA-core kernels when stats is not null, the rows' max and sum into
  * stats [B, H, T, 3]. Returns 0, 1 on a failed launch, 2 for a combination not built here. */
 extern "C" int mbt_bench_attention(int kind, int D, int causal, long long B, long long H, long long Hk, long long T,
                                    long long S, const void *q, const void *k, const void *v, void *o, float *stats) {
@@ -149,5 +149,80 @@ extern "C" int mbt_bench_attention_bwd(int kind, int D, int causal, long long B,
     BENCH_CASE(2, 64)
     BENCH_CASE(2, 128)
 #undef BENCH_CASE
+    return 2;
+}
+
+/* ---- the backward as programs run it since the forward hands its statistics over (issue 14) ----
+ * docs/cuda.md, "The statistics from the forward": the forward (kind 0, with stats) has stored each
+ * row's m and l in slots 0 and 1 of stats [B, H, T, 3]; sum P dP = rowsum(dout * o) goes into slot
+ * 2, a warp a row as fusion's attention_stats kernel (which also copies m and l from the forward's
+ * [.., 2] buffer: 16 more bytes a row than here), then dq loading the three (COMPUTE = false) and dk
+ * and dv from them. */
+__global__ void __launch_bounds__(128) bench_rowsum(long long rows, int D, const bf16 *o, const bf16 *dout, float *stats) {
+    const int lane = threadIdx.x & 31;
+    for (long long r = blockIdx.x * 4LL + (threadIdx.x >> 5); r < rows; r += gridDim.x * 4LL) {
+        float acc = 0.0f;
+        for (int c = lane; c < D; c += 32) acc = acc + __bfloat162float(o[r * D + c]) * __bfloat162float(dout[r * D + c]);
+        acc = mbt_warp_reduce(acc, MbtAdd());
+        if (lane == 0) stats[r * 3 + 2] = acc;
+    }
+}
+template <int D, bool C>
+__global__ void __launch_bounds__(128, 2) bench_bwd_q_loaded(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                             const bf16 *dout, const float *stats, bf16 *dq) {
+    bf16 *const out[1] = {dq};
+    mbt_attn_fa2_bwd_q<bf16, D, D, C, false, 1>(a, q, k, v, dout, stats, nullptr, out);
+}
+
+template <int D, bool C>
+static int bench_launch_handed(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
+                               float *stats, bf16 *dq, bf16 *dk, bf16 *dv) {
+    long long rows = a.Z * a.H * a.T; /* not const: a launch parameter's address */
+    const long long rb = (rows + 3) / 4;
+    const long long qt = a.Z * a.H * ((a.T + 63) / 64), kt = a.Z * a.Hk * ((a.S + 63) / 64);
+    const unsigned sb = (unsigned)(rb < 1 ? 1 : rb > 65535 ? 65535 : rb), qb = (unsigned)(qt < 1 ? 1 : qt),
+                   kb = (unsigned)(kt < 1 ? 1 : kt);
+    MbtAttn b = a; /* dk's places in out, dv's in out_v */
+    b.out[0] = bench_view(a.Hk, a.S, D);
+    b.nout_v = 1;
+    b.out_v[0] = bench_view(a.Hk, a.S, D);
+    const float *cst = stats;
+    int width = D;
+#ifdef MBT_CUDAEMU
+    void *p0[] = {&rows, &width, &o, &dout, &stats}, *p1[] = {&a, &q, &k, &v, &dout, &cst, &dq},
+         *p2[] = {&b, &q, &k, &v, &dout, &cst, &dk, &dv};
+    unsigned g0[3] = {sb, 1, 1}, g1[3] = {qb, 1, 1}, g2[3] = {kb, 1, 1}, block[3] = {128, 1, 1};
+    char err[600];
+    if (cudaemu::launch(bench_thunk<&bench_rowsum>, "bench_rowsum", g0, block, p0, err, sizeof err) ||
+        cudaemu::launch(bench_thunk<&bench_bwd_q_loaded<D, C>>, "bench_bwd_q_loaded", g1, block, p1, err, sizeof err) ||
+        cudaemu::launch(bench_thunk<&bench_bwd_kv<0, D, C>>, "bench_bwd_kv", g2, block, p2, err, sizeof err)) {
+        fprintf(stderr, "attention_harness: %s\n", err);
+        return 1;
+    }
+    return 0;
+#else
+    bench_rowsum<<<sb, 128>>>(rows, width, o, dout, stats);
+    bench_bwd_q_loaded<D, C><<<qb, 128>>>(a, q, k, v, dout, cst, dq);
+    bench_bwd_kv<0, D, C><<<kb, 128>>>(b, q, k, v, dout, cst, dk, dv);
+    return cudaGetLastError() != cudaSuccess;
+#endif
+}
+
+/* The backward after a kind-0 forward that stored m and l into stats [B, H, T, 3]: o [B, H, T, D]
+ * the forward's result, dout likewise; dq, dk and dv out (FA2). Returns as mbt_bench_attention. */
+extern "C" int mbt_bench_attention_bwd_handed(int D, int causal, long long B, long long H, long long Hk, long long T,
+                                              long long S, const void *q, const void *k, const void *v, const void *o,
+                                              const void *dout, float *stats, void *dq, void *dk, void *dv) {
+    MbtAttn a = {B, H, Hk, T, S, 1.0f / sqrtf((float)D), bench_view(H, T, D), bench_view(Hk, S, D), bench_view(Hk, S, D),
+                 bench_view(H, T, D), bench_view(H, T, 3), 1, {bench_view(H, T, D)}, 0, {}};
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v, *oo = (const bf16 *)o;
+    const bf16 *dd = (const bf16 *)dout;
+    bf16 *a1 = (bf16 *)dq, *a2 = (bf16 *)dk, *a3 = (bf16 *)dv;
+    if (D == 64)
+        return causal ? bench_launch_handed<64, true>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3)
+                      : bench_launch_handed<64, false>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3);
+    if (D == 128)
+        return causal ? bench_launch_handed<128, true>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3)
+                      : bench_launch_handed<128, false>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3);
     return 2;
 }

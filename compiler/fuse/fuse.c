@@ -54,6 +54,8 @@ static int fz_name_rank(GOp op) {
 static const char *fz_kernel_name(FuseCtx *c, int kid, int index) {
     const FKern *K = &c->k[kid];
     int best = 0;
+    for (int i = 0; i < K->members.n; i++) /* made for dq's graph node, but not dq: named apart in profiles */
+        if (fz_n(c, K->members.v[i])->op == F_ATTN_STATS) return arena_printf(c->ar, "k%d_attention_stats", index);
     for (int i = 0; i < K->members.n; i++) {
         int gid = fz_n(c, K->members.v[i])->gid;
         if (gid >= 0 && gid < c->g->n && fz_name_rank(graph_node(c->g, gid)->op) > best)

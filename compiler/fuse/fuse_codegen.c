@@ -608,9 +608,9 @@ static KKind cg_kind(const FuseCtx *c, const FKern *K, const FNode **main) {
         }
         return suffix && keptn > 1 ? KK_ROW : KK_REDUCE;
     }
-    for (int i = 0; i < K->members.n; i++) { /* the dedicated op (the statistics only if alone) */
+    for (int i = 0; i < K->members.n; i++) { /* the dedicated op (the forward's statistics only if alone) */
         const FNode *n = c->fg->node[K->members.v[i]];
-        if (n->op >= F_ATTN && n->op <= F_SEG_NORM && (!*main || (*main)->op == F_ATTN_STATS)) *main = n;
+        if (n->op >= F_ATTN && n->op <= F_SEG_NORM && (!*main || (*main)->op == F_ATTN_LSE)) *main = n;
     }
     if (!*main) INTERNAL("fuse: a dedicated kernel without its op");
     switch ((*main)->op) {
@@ -640,7 +640,8 @@ Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why) {
         cg_reduction(&g);
     } else {
         switch (main->op) {
-        case F_ATTN: cg_attention(&g, main); break;
+        case F_ATTN:
+        case F_ATTN_LSE: cg_attention(&g, main); break;
         case F_ATTN_STATS: cg_attention_stats(&g, main); break;
         case F_ATTN_BWD_Q: cg_attention_bwd_q(&g, main); break;
         case F_ATTN_BWD_K:

@@ -356,29 +356,38 @@ static void cg_attn_describe(CG *g, const FNode *n, const FNode *dv, const CGAtt
         others += (x->op != F_PERMUTE && x->op != F_RESHAPE) || !c->mat[f];
     }
     if (others) return;
-    if (a->stats >= 0) {
+    if (a->stats >= 0 && c->mat[a->stats]) { /* the forward's m and l, stored; or the backward's three, loaded */
         const FNode *st = cg_n(g, a->stats);
         CGLayout L;
         lay_rowmajor(&L, st->rank, st->shape);
-        d->stats_computed = op == KA_BWD_Q && c->owner[a->stats] == g->kid;
-        if (!d->stats_computed || c->mat[a->stats])
-            if (st->dt != DT_F32 || !cg_kview(&L, cg_buf(g, a->stats, d->stats_computed), &d->stats)) return;
+        if (st->dt != DT_F32 || !cg_kview(&L, cg_buf(g, a->stats, op == KA_FORWARD), &d->stats)) return;
+    } else if (op != KA_FORWARD) {
+        return;
     }
     g->k->attn = d;
 }
 
-/* Forward: ref.c's ref_eval_attention, one query row per work item. */
+static void cg_attn_stats_store(CG *g, const CGAttn *a, int h, int i, const int *st, int n);
+
+/* Forward: ref.c's ref_eval_attention, one query row per work item; with the kernel's member
+ * F_ATTN_LSE (rule 6), each row's max m and sum l stored for the backward (n the F_ATTN_LSE
+ * alone: those only). */
 void cg_attention(CG *g, const FNode *n) {
     CGAttn a;
     cg_attn_init(g, n, 0, &a);
+    for (int i = 0; i < g->K->members.n; i++)
+        if (cg_n(g, g->K->members.v[i])->op == F_ATTN_LSE) a.stats = g->K->members.v[i];
+    int res = n->op == F_ATTN ? n->id : -1; /* the result, when this kernel computes it */
     int h, t;
     cg_attn_row(g, &a, n, &h, &t);
     int kh = cg_op2(g, K_IDIV, KT_I64, h, cg_i(g, a.G));
     int first = cg_attn_first(g, &a, t);
     int cnt = cg_isub(g, cg_attn_visible(g, &a, t), first); /* keys first .. first + cnt - 1 */
-    int c = kb_loop(g->b, a.E);
-    cg_out_put(g, &a, n->id, h, t, c, cg_f(g, a.t, 0.0), K_NONE);
-    kb_endloop(g->b);
+    if (res >= 0) {
+        int c = kb_loop(g->b, a.E);
+        cg_out_put(g, &a, res, h, t, c, cg_f(g, a.t, 0.0), K_NONE);
+        kb_endloop(g->b);
+    }
     int m = kb_acc(g->b, a.t, K_MAX, -INFINITY);
     int j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
     int s = cg_attn_dot(g, &a, a.q, h, t, a.k, kh, j, a.D);
@@ -389,13 +398,20 @@ void cg_attention(CG *g, const FNode *n) {
     s = cg_attn_dot(g, &a, a.q, h, t, a.k, kh, j, a.D);
     int p = cg_op1(g, K_EXP, a.t, cg_op2(g, K_SUB, a.t, cg_op2(g, K_MUL, a.t, cg_f(g, a.t, a.scale), s), m));
     kb_accum(g->b, sum, p);
-    c = kb_loop(g->b, a.E);
-    cg_out_put(g, &a, n->id, h, t, c, cg_op2(g, K_MUL, a.t, p, cg_attn_at(g, &a, a.v, kh, j, c)), K_ADD);
+    if (res >= 0) {
+        int c = kb_loop(g->b, a.E);
+        cg_out_put(g, &a, res, h, t, c, cg_op2(g, K_MUL, a.t, p, cg_attn_at(g, &a, a.v, kh, j, c)), K_ADD);
+        kb_endloop(g->b);
+    }
     kb_endloop(g->b);
-    kb_endloop(g->b);
+    if (a.stats >= 0) { /* m = -inf and l = 0 for a row that sees no key: the backward skips it */
+        int st[2] = {m, sum};
+        cg_attn_stats_store(g, &a, h, t, st, 2);
+    }
+    if (res < 0) return;
     if (a.causal) kb_if(g->b, cg_op2(g, K_GT, KT_BOOL, cnt, cg_i(g, 0))); /* a row that sees no key stays zero */
-    c = kb_loop(g->b, a.E);
-    cg_out_put(g, &a, n->id, h, t, c, sum, K_DIV);
+    int c = kb_loop(g->b, a.E);
+    cg_out_put(g, &a, res, h, t, c, sum, K_DIV);
     kb_endloop(g->b);
     if (a.causal) kb_endif(g->b);
     cg_attn_describe(g, n, NULL, &a, KA_FORWARD);
@@ -407,40 +423,16 @@ static int cg_attn_p(CG *g, const CGAttn *a, int h, int i, int kh, int j, int m,
     return cg_op2(g, K_DIV, a->t, cg_op1(g, K_EXP, a->t, cg_op2(g, K_SUB, a->t, s, m)), sum);
 }
 
-/* The statistics of query row (h, i): m = max_j s_ij, sum = sum_j exp(s_ij - m),
- * pdp = sum_j P_ij dP_ij with dP_ij = dout_i . v_j (ref_bwd.c's ref_attn_row). */
-static void cg_attn_stats_compute(CG *g, const CGAttn *a, int h, int i, int kh, int out[3]) {
-    int first = cg_attn_first(g, a, i);
-    int cnt = cg_isub(g, cg_attn_visible(g, a, i), first);
-    int m = kb_acc(g->b, a->t, K_MAX, -INFINITY);
-    int j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
-    kb_accum(g->b, m, cg_op2(g, K_MUL, a->t, cg_attn_dot(g, a, a->q, h, i, a->k, kh, j, a->D), cg_f(g, a->t, a->scale)));
-    kb_endloop(g->b);
-    int sum = kb_acc(g->b, a->t, K_ADD, 0.0);
-    j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
-    int s = cg_op2(g, K_MUL, a->t, cg_attn_dot(g, a, a->q, h, i, a->k, kh, j, a->D), cg_f(g, a->t, a->scale));
-    kb_accum(g->b, sum, cg_op1(g, K_EXP, a->t, cg_op2(g, K_SUB, a->t, s, m)));
-    kb_endloop(g->b);
-    int pdp = kb_acc(g->b, a->t, K_ADD, 0.0);
-    j = cg_iadd(g, first, kb_loop_dyn(g->b, cnt));
-    int p = cg_attn_p(g, a, h, i, kh, j, m, sum);
-    int dp = cg_attn_dot(g, a, a->dout, h, i, a->v, kh, j, a->E);
-    kb_accum(g->b, pdp, cg_op2(g, K_MUL, a->t, p, dp));
-    kb_endloop(g->b);
-    out[0] = m;
-    out[1] = sum;
-    out[2] = pdp;
-}
-
 /* The statistics of query row (h, i) read from their buffer. */
 static void cg_attn_stats_load(CG *g, const CGAttn *a, int h, int i, int out[3]) {
     for (int s = 0; s < 3; s++) out[s] = cg_attn_at(g, a, a->stats, h, i, cg_i(g, s));
 }
 
-static void cg_attn_stats_store(CG *g, const CGAttn *a, int h, int i, const int st[3]) {
+/* st[0 .. n) into columns 0 .. n of a->stats's row (h, i), when it has a buffer. */
+static void cg_attn_stats_store(CG *g, const CGAttn *a, int h, int i, const int *st, int n_st) {
     if (!g->c->mat[a->stats]) return;
     const FNode *n = cg_n(g, a->stats);
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < n_st; s++) {
         int dims[GRAPH_MAX_RANK] = {0};
         for (int d = 0; d < a->r - 3; d++) dims[d] = a->bd[d];
         dims[a->r - 3] = h;
@@ -451,17 +443,24 @@ static void cg_attn_stats_store(CG *g, const CGAttn *a, int h, int i, const int 
     }
 }
 
-/* The statistics alone (when no backward of q computes them). */
+/* The backward's statistics [..., H, T, 3] of query row (h, i) a work item: m and l copied from
+ * the forward's F_ATTN_LSE, and sum_j P_ij dP_ij as sum_c dout_ic o_ic (fuse_lower.c's
+ * fl_attn_stats), in f32 (f64 for f64) from the elements as stored, in column order. */
 void cg_attention_stats(CG *g, const FNode *n) {
     CGAttn a;
-    cg_attn_init(g, n, 1, &a);
+    memset(&a, 0, sizeof a);
+    a.r = n->rank;
+    a.t = cg_t(n);
     a.stats = n->id;
+    a.pos = -1;
     int h, i;
-    cg_attn_row(g, &a, cg_n(g, a.q), &h, &i);
-    int kh = cg_op2(g, K_IDIV, KT_I64, h, cg_i(g, a.G));
+    cg_attn_row(g, &a, n, &h, &i);
+    const FNode *o = cg_n(g, n->in[1]);
     int st[3];
-    cg_attn_stats_compute(g, &a, h, i, kh, st);
-    cg_attn_stats_store(g, &a, h, i, st);
+    st[0] = cg_attn_at(g, &a, n->in[2], h, i, cg_i(g, 0));
+    st[1] = cg_attn_at(g, &a, n->in[2], h, i, cg_i(g, 1));
+    st[2] = cg_attn_dot(g, &a, n->in[0], h, i, n->in[1], h, i, o->shape[o->rank - 1]);
+    cg_attn_stats_store(g, &a, h, i, st, 3);
 }
 
 /* dq_i = scale * sum_j dS_ij k_j with dS_ij = P_ij (dP_ij - pdp_i); one query row a work item. */
@@ -472,12 +471,7 @@ void cg_attention_bwd_q(CG *g, const FNode *n) {
     cg_attn_row(g, &a, n, &h, &i);
     int kh = cg_op2(g, K_IDIV, KT_I64, h, cg_i(g, a.G));
     int st[3];
-    if (g->c->owner[a.stats] == g->kid) {
-        cg_attn_stats_compute(g, &a, h, i, kh, st);
-        cg_attn_stats_store(g, &a, h, i, st);
-    } else {
-        cg_attn_stats_load(g, &a, h, i, st);
-    }
+    cg_attn_stats_load(g, &a, h, i, st);
     int d = kb_loop(g->b, a.D);
     cg_out_put(g, &a, n->id, h, i, d, cg_f(g, a.t, 0.0), K_NONE);
     kb_endloop(g->b);

@@ -42,7 +42,11 @@ typedef enum FOp {
     F_GEMM_BGRAD, /* in0 = a GEMM whose B is [k, n] (not transposed): B's column sums, computed by
                       that GEMM's launch (FE_BGRAD_B: a bias gradient beside its weight gradient)    */
     F_ATTN,       /* q, k, v; ia[0] = causal; fa[0] = scale                                    */
-    F_ATTN_STATS, /* dout, q, k, v -> [..., H, T, 3]: row max, row sum, sum_j P dP per query  */
+    F_ATTN_LSE,   /* q, k, v (attrs as F_ATTN) -> [..., H, T, 2] (f32, f64 for f64): each query
+                      row's max m of the scaled scores and sum l of exp(s - m), stored by the
+                      forward's kernel (a member of F_ATTN's) for the backward                  */
+    F_ATTN_STATS, /* dout, o, lse -> [..., H, T, 3]: m and l (lse's), and sum_j P dP = rowsum(dout * o)
+                      per query row (o the forward's result, read where its kernel stored it)  */
     F_ATTN_BWD_Q, /* dout, q, k, v, stats                                                      */
     F_ATTN_BWD_K,
     F_ATTN_BWD_V,

@@ -49,6 +49,7 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_GEMM] = "gemm",
     [F_GEMM_BGRAD] = "gemm_bgrad",
     [F_ATTN] = "attention",
+    [F_ATTN_LSE] = "attention_lse",
     [F_ATTN_STATS] = "attention_stats",
     [F_ATTN_BWD_Q] = "attention_bwd_q",
     [F_ATTN_BWD_K] = "attention_bwd_k",
@@ -893,6 +894,74 @@ static int fl_lower_reduction(FL *L, const GNode *n, const int *in) {
     }
 }
 
+/* The forward's result o of the attention whose backward op n is (in = dout, q, k, v[, pos]), as a node
+ * that reads it where the forward's kernel stores it: the forward's F_ATTN (hash-consing finds it),
+ * or, when its one reader is a chain of permutes and reshapes (the heads merged back: [B, T, H * E],
+ * which the projection's GEMM reads and its weight gradient keeps), the chain's end seen back
+ * through the inverse views. The partition gives F_ATTN no buffer of its own then (rule 5: the
+ * forward kernel stores straight into the chain's end), so reading F_ATTN itself would make one:
+ * a second copy of every layer's attention output, held until the backward. The inverse views are
+ * added raw (fl_reshape and fl_permute would fold them back into F_ATTN). */
+static int fl_attn_output(FL *L, const GNode *n, const int *in) {
+    const FNode *v = fl_n(L, in[3]), *q = fl_n(L, in[1]);
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    memcpy(shape, q->shape, sizeof shape);
+    shape[q->rank - 1] = v->shape[v->rank - 1];
+    int o = fl_op(L, F_ATTN, n->dt, q->rank, shape, n->nin - 1, in + 1);
+    const FusedGraph *fg = L->fg;
+    int chain[64], nc = 0, x = o;
+    while (nc < 64) { /* x's one reader, when x has one and it is a view */
+        int user = -1, users = 0;
+        for (int f = x + 1; f < fg->n; f++)
+            for (int i = 0; i < fg->node[f]->nin; i++)
+                if (fg->node[f]->in[i] == x) users++, user = f;
+        for (int i = 0; i < fg->noutputs; i++) users += fg->g2f[fg->outputs[i]] == x;
+        if (users != 1 || (fg->node[user]->op != F_PERMUTE && fg->node[user]->op != F_RESHAPE)) break;
+        chain[nc++] = x = user;
+    }
+    for (int i = nc - 1; i >= 0; i--) { /* from the end back to o: each link undone */
+        const FNode *link = fl_n(L, chain[i]), *below = fl_n(L, link->in[0]);
+        FNode p = fl_proto(link->op, below->dt, below->rank, below->shape);
+        p.nin = 1;
+        p.in[0] = x;
+        if (link->op == F_PERMUTE) p.ia[0] = link->ia[0], p.ia[1] = link->ia[1];
+        x = fl_add(L, &p);
+    }
+    return x;
+}
+
+/* The statistics the backward ops of an attention read, [..., H, T, 3]: the max m and sum l of
+ * every query row, stored by the forward's kernel (F_ATTN_LSE, a member of F_ATTN's kernel: kept
+ * from the forward to the backward like any activation), and sum_j P_ij dP_ij, which equals
+ * rowsum(dout * o) (sum_j P_ij (dout_i . v_j) = dout_i . sum_j P_ij v_j = dout_i . o_i): one read
+ * of two rows a query row instead of a second walk over the keys (F_ATTN_STATS, a small kernel
+ * of its own before the backward of q). */
+static int fl_attn_stats(FL *L, const GNode *n, const int *in) {
+    const FNode *q = fl_n(L, in[1]);
+    /* the statistics in f32 at least: a row maximum in bf16 would be off by up to 2^-9 of itself,
+     * and every P computed from it by that much (relatively) times |max| */
+    DType sdt = q->dt == DT_F64 ? DT_F64 : DT_F32;
+    int64_t shape[GRAPH_MAX_RANK] = {0};
+    memcpy(shape, q->shape, sizeof shape);
+    shape[q->rank - 1] = 2;
+    int o = fl_attn_output(L, n, in), attn = o;
+    while (fl_n(L, attn)->op != F_ATTN) attn = fl_n(L, attn)->in[0];
+    FNode lp = fl_proto(F_ATTN_LSE, sdt, q->rank, shape); /* named after the forward's attention */
+    lp.nin = n->nin - 1;
+    for (int i = 0; i < lp.nin; i++) lp.in[i] = in[i + 1];
+    memcpy(lp.ia, fl_n(L, attn)->ia, sizeof lp.ia);
+    memcpy(lp.fa, fl_n(L, attn)->fa, sizeof lp.fa);
+    int lse = fl_add(L, &lp);
+    L->fg->node[lse]->gid = fl_n(L, attn)->gid;
+    shape[q->rank - 1] = 3;
+    FNode p = fl_proto(F_ATTN_STATS, sdt, q->rank, shape);
+    p.nin = 3;
+    p.in[0] = in[0];
+    p.in[1] = o;
+    p.in[2] = lse;
+    return fl_add(L, &p);
+}
+
 /* The ops with kernels of their own (rope, attention and its backward, topk, scatter_add) and the
  * losses (cross-entropy and its backward, mse, one_hot). */
 static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
@@ -924,13 +993,7 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
     case G_ATTENTION_BWD_Q:
     case G_ATTENTION_BWD_K:
     case G_ATTENTION_BWD_V: {
-        const FNode *q = fl_n(L, y);
-        int64_t shape[GRAPH_MAX_RANK] = {0};
-        memcpy(shape, q->shape, sizeof shape);
-        shape[q->rank - 1] = 3;
-        /* the statistics in f32 at least: a row maximum in bf16 would be off by up to 2^-9 of itself,
-         * and every P computed from it by that much (relatively) times |max| */
-        int stats = fl_op(L, F_ATTN_STATS, q->dt == DT_F64 ? DT_F64 : DT_F32, q->rank, shape, n->nin, in);
+        int stats = fl_attn_stats(L, n, in);
         int all[6] = {in[0], in[1], in[2], in[3], stats, in[4]}; /* the document mask pos last, when given */
         FOp op = n->op == G_ATTENTION_BWD_Q ? F_ATTN_BWD_Q : n->op == G_ATTENTION_BWD_K ? F_ATTN_BWD_K : F_ATTN_BWD_V;
         return fl_op(L, op, dt, n->rank, n->shape, n->nin + 1, all);

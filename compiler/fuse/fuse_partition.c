@@ -400,7 +400,8 @@ static int fz_view_of_attention(const FuseCtx *c, int o, const FKern *E) {
         x = n->in[0];
     }
     const FNode *a = fz_n(c, x);
-    return a->op >= F_ATTN && a->op <= F_ATTN_BWD_V && a->op != F_ATTN_STATS && c->users[x].n == 1 && !c->isout[x];
+    return a->op >= F_ATTN && a->op <= F_ATTN_BWD_V && a->op != F_ATTN_LSE && a->op != F_ATTN_STATS && c->users[x].n == 1 &&
+           !c->isout[x];
 }
 
 /* Rules 1-6 for producer p and consumer k. */
@@ -412,11 +413,22 @@ static int fz_try_pair(FuseCtx *c, FzFail *fail, int p, int k) {
     if (fz_elem_single(P) && fz_elem_single(K) && fz_same_shape(P->rank, P->shape, K->rank, K->shape))
         return fz_try_merge(c, fail, p, k, 0);
     if (P->kind == FK_OPAQUE && K->kind == FK_ELEM && fz_view_of_attention(c, p, K)) return fz_try_merge(c, fail, p, k, 0);
-    if (P->kind == FK_OPAQUE && K->kind == FK_OPAQUE && P->members.n == 1 && fz_n(c, P->members.v[0])->op == F_ATTN_STATS) {
-        for (int i = 0; i < K->members.n; i++) {
-            const FNode *n = fz_n(c, K->members.v[i]);
-            if (n->op == F_ATTN_BWD_Q && n->in[4] == P->members.v[0]) return fz_try_merge(c, fail, k, p, 0);
-        }
+    return 0;
+}
+
+/* Rule 6: the forward's statistics (F_ATTN_LSE, alone in kernel k) go into the kernel of the
+ * attention with the same inputs and attributes, which computes them anyway. */
+static int fz_attention_lse(FuseCtx *c, FzFail *fail, int a, int k) {
+    const FKern *A = &c->k[a], *K = &c->k[k];
+    if (A->kind != FK_OPAQUE || K->kind != FK_OPAQUE || K->members.n != 1) return 0;
+    const FNode *l = fz_n(c, K->members.v[0]);
+    if (l->op != F_ATTN_LSE) return 0;
+    for (int i = 0; i < A->members.n; i++) {
+        const FNode *n = fz_n(c, A->members.v[i]);
+        if (n->op != F_ATTN || n->nin != l->nin || n->ia[0] != l->ia[0] || n->ia[1] != l->ia[1] || n->fa[0] != l->fa[0]) continue;
+        int same = 1;
+        for (int j = 0; j < n->nin; j++) same &= n->in[j] == l->in[j];
+        if (same) return fz_try_merge(c, fail, a, k, 0);
     }
     return 0;
 }
@@ -451,6 +463,7 @@ static int fz_attention_kv(const FuseCtx *c, const FKern *A, const FKern *B) {
 static int fz_try_siblings(FuseCtx *c, FzFail *fail, int a, int b, int r) {
     const FKern *A = &c->k[a], *B = &c->k[b];
     if (fz_attention_kv(c, A, B)) return fz_try_merge(c, fail, a, b, 0); /* always writable */
+    if (fz_attention_lse(c, fail, a, b) || fz_attention_lse(c, fail, b, a)) return 1;
     int64_t n = 1;
     for (int d = 0; d < A->rank; d++) n *= A->shape[d];
     if (fz_n(c, r)->op == F_LEAF || fuse_numel(fz_n(c, r)) != n) return 0; /* a buffer of this step, of full size */
@@ -688,6 +701,10 @@ static void fz_partition(FuseCtx *c) {
         if (x->keep && c->cat[f] == FC_INLINE) c->mat[f] = 1;
         if (x->op == F_GEMM) {
             for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 0, 1);
+        } else if (x->op == F_ATTN_STATS) {
+            /* a kernel body of its own, reading its inputs as any kernel does: forcing the base of
+             * o (fuse_lower.c's fl_attn_output: inverse views of where the forward stored it) would
+             * give the attention's result a second buffer */
         } else if (x->op >= F_ATTN && x->op <= F_TOPK) {
             for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 1, 0);
         } else if (x->op == F_SCATTER_ADD) {

@@ -72,7 +72,7 @@ static void fd_attrs(FILE *l, Arena *ar, const FNode *n) {
     case F_REDUCE: fd_axes(l, (uint32_t)ia[0]); break;
     case F_GEMM: fd_gemm(l, &n->gemm); break;
     case F_ATTN:
-    case F_ATTN_STATS:
+    case F_ATTN_LSE:
     case F_ATTN_BWD_Q:
     case F_ATTN_BWD_K:
     case F_ATTN_BWD_V:
@@ -189,13 +189,13 @@ static void fd_same_type(FusedVerify *v, const FNode *x, int shape_too) {
 /* How many inputs op takes: [*lo, *hi]. */
 static void fd_arity(FOp op, int *lo, int *hi) {
     static const signed char a[F_OP_COUNT][2] = {
-        [F_LEAF] = {0, 0},       [F_CONST] = {0, 0},      [F_IOTA] = {0, 0},       [F_RESHAPE] = {1, 1},
-        [F_PERMUTE] = {1, 1},    [F_EXPAND] = {1, 1},     [F_SLICE] = {1, 1},      [F_CONCAT] = {1, FUSE_MAX_IN},
-        [F_GATHER] = {2, 2},     [F_TAKE] = {2, 2},       [F_MAP] = {1, 3},        [F_DROPOUT] = {2, 2},
-        [F_ROPE] = {1, 2},       [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
-        [F_ATTN] = {3, 4},       [F_ATTN_STATS] = {4, 5}, [F_ATTN_BWD_Q] = {5, 6}, [F_ATTN_BWD_K] = {5, 6},
-        [F_ATTN_BWD_V] = {5, 6}, [F_KV_ATTN] = {4, 4},    [F_TOPK] = {1, 1},       [F_SCATTER_ADD] = {2, 2},
-        [F_SEG_NORM] = {1, 1},   [F_CE_STATS] = {1, 1},
+        [F_LEAF] = {0, 0},        [F_CONST] = {0, 0},      [F_IOTA] = {0, 0},       [F_RESHAPE] = {1, 1},
+        [F_PERMUTE] = {1, 1},     [F_EXPAND] = {1, 1},     [F_SLICE] = {1, 1},      [F_CONCAT] = {1, FUSE_MAX_IN},
+        [F_GATHER] = {2, 2},      [F_TAKE] = {2, 2},       [F_MAP] = {1, 3},        [F_DROPOUT] = {2, 2},
+        [F_ROPE] = {1, 2},        [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
+        [F_ATTN] = {3, 4},        [F_ATTN_LSE] = {3, 4},   [F_ATTN_STATS] = {3, 3}, [F_ATTN_BWD_Q] = {5, 6},
+        [F_ATTN_BWD_K] = {5, 6},  [F_ATTN_BWD_V] = {5, 6}, [F_KV_ATTN] = {4, 4},    [F_TOPK] = {1, 1},
+        [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},   [F_CE_STATS] = {1, 1},
     };
     *lo = a[op][0];
     *hi = a[op][1];
@@ -300,6 +300,15 @@ static void fd_node(FusedVerify *v) {
                  n->dt == (x->dt == DT_F64 ? DT_F64 : DT_F32);
         for (int d = 0; ok && d + 1 < n->rank; d++) ok = x->shape[d] == n->shape[d];
         if (!ok) fd_fail(v, "not [..., 2] statistics of f%d's rows", n->in[0]);
+        break;
+    }
+    case F_ATTN_STATS: { /* dout and o [..., T, E], lse [..., T, 2] -> [..., T, 3] */
+        const FNode *d = fd_in(v, 0), *o = fd_in(v, 1), *l = fd_in(v, 2);
+        int r = n->rank, ok = d->rank == r && o->rank == r && l->rank == r && n->shape[r - 1] == 3 && l->shape[r - 1] == 2 &&
+                              d->dt == o->dt && l->dt == n->dt && d->shape[r - 1] == o->shape[r - 1];
+        for (int i = 0; ok && i + 1 < r; i++)
+            ok = d->shape[i] == n->shape[i] && o->shape[i] == n->shape[i] && l->shape[i] == n->shape[i];
+        if (!ok) fd_fail(v, "not [..., 3] statistics of dout f%d, output f%d and f%d's [..., 2]", n->in[0], n->in[1], n->in[2]);
         break;
     }
     case F_CONCAT: {

@@ -783,10 +783,7 @@ void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
     if (a->dout.param >= 0) kir_print_view(out, prefix, "dout", &a->dout, "");
     for (int i = 0; i < a->nout; i++) kir_print_view(out, prefix, a->op == KA_BWD_KV ? "dk" : "out", &a->out[i], "");
     for (int i = 0; i < a->nout_v; i++) kir_print_view(out, prefix, "dv", &a->out_v[i], "");
-    if (a->op != KA_FORWARD) {
-        if (a->stats.param >= 0) kir_print_view(out, prefix, "stats", &a->stats, a->stats_computed ? " (computed here)" : "");
-        else fprintf(out, "%s  stats  computed here, not stored\n", prefix);
-    }
+    if (a->stats.param >= 0) kir_print_view(out, prefix, "stats", &a->stats, a->op == KA_FORWARD ? " (m and l stored here)" : "");
 }
 
 /* ---- scatter_add's operands -------------------------------------------------------------------- */

@@ -171,11 +171,11 @@ typedef struct KAttn {
     KView out[4]; /* the result [Z, H, T, E] (forward), dq [Z, H, T, D], dk [Z, Hk, S, D]
                                  (KA_BWD_K, KA_BWD_KV) or dv [Z, Hk, S, E]; each place gets every element */
     int nout_v;
-    KView out_v[4];     /* KA_BWD_KV: dv [Z, Hk, S, E], likewise */
-    KView stats;        /* backward: [Z, H, T, 3] in f32, per query row: max of the scaled scores,
-                                 sum of exp(s - max), sum over keys of P dP; param -1 when not stored */
-    int stats_computed; /* KA_BWD_Q: 1 when the kernel computes the statistics (storing them
-                                 at stats when param >= 0); otherwise they are loaded from stats */
+    KView out_v[4]; /* KA_BWD_KV: dv [Z, Hk, S, E], likewise */
+    KView stats;    /* f32 per query row: the max m of the scaled scores and the sum l of exp(s - m)
+                          in columns 0 and 1, which the forward stores ([Z, H, T, 2]; param -1 when
+                          no backward reads them), and sum over keys of P dP in column 2, which the
+                          backward ops load ([Z, H, T, 3], computed before them as rowsum(dout * o)) */
 } KAttn;
 
 /* What a KK_SCATTER kernel computes when its operands are plain row-major buffers (graph.h's

@@ -194,7 +194,8 @@ static __device__ __forceinline__ void mbt_attn_put(const MbtView *views, T *con
 /* ---- the forward: out [Z, H, T, E] --------------------------------------------------------------- */
 
 template <typename T, int D, int E, bool CAUSAL, int NOUT>
-static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out) {
+static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out,
+                                        float *stats) {
     const int RPW = MbtAttnRows<D, E>::per_warp, BQ = MbtAttnRows<D, E>::per_block, BK = MBT_ATTN_TILE;
     const int EC = (E + 31) / 32;
     __shared__ float qs[BQ][D], ks[BK][D + 1], vs[BK][E + 1], ps[BQ][BK];
@@ -235,6 +236,8 @@ static __device__ void mbt_attn_forward(const MbtAttn &a, const T *q, const T *k
             if (t >= a.T) break;
             const float sum = mbt_warp_reduce(l[rr], MbtAdd());
             mbt_attn_put<T, E, EC, NOUT>(a.out, out, z, h, t, o[rr], sum);
+            /* the row's max (the same in every lane) and sum, for the backward (a.stats [Z, H, T, 2]) */
+            if (stats && lane < 2) mbt_st(stats + mbt_at(a.stats, z, h, t, lane), lane == 0 ? m[rr] : sum);
         }
     }
 }

@@ -15,7 +15,8 @@
  *     mma.m16n8k16"): the accumulator of two neighbouring 8-key score tiles is, element for
  *     element, the A-fragment of P for the next product, so P goes from the softmax to the
  *     tensor cores without leaving the registers (rounded to the element type, as flash
- *     attention does; the row sums keep P unrounded, as rt_attention_tc.cuh).
+ *     attention does; the row sums keep P unrounded, as rt_attention_tc.cuh). The B-fragments
+ *     come from the shared tiles by ldmatrix (.trans for V), two 8-wide tiles a load.
  *   - A row's scores live in the 4 lanes of a quad (lanes 4g .. 4g + 3 hold rows g and g + 8):
  *     its maximum and, at the end, its sum are combined with two shuffles, in a fixed order.
  *   - Causal: the block stops at the last key its last row sees (whole tiles above the diagonal
@@ -27,8 +28,7 @@
  * emulator's (a warp collective that implements the documented lane layout; a plain copy); here
  * they are inline PTX. The order of every sum depends only on the shapes: runs are bit-identical.
  *
- * The backward follows below. Not here yet (docs/cuda.md): the forward's statistics handed to the
- * backward by the programs, ldmatrix for the fragments' shared-memory loads, wgmma/TMA on sm_90. */
+ * The backward follows below. Not here yet (docs/cuda.md): wgmma and TMA on sm_90. */
 
 #ifndef MBT_CUDAEMU
 template <typename T> static __device__ __forceinline__ void mbt_mma_16816(float *d, const unsigned *a, const unsigned *b,

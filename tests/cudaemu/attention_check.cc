@@ -47,13 +47,19 @@ template <typename T, int D, int E, bool C, bool TC>
 __global__ void k_forward(MbtAttn a, const T *q, const T *k, const T *v, T *o) {
     T *const out[1] = {o};
     if constexpr (TC) mbt_attn_forward_tc<T, D, E, C, 1>(a, q, k, v, out);
-    else mbt_attn_forward<T, D, E, C, 1>(a, q, k, v, out);
+    else mbt_attn_forward<T, D, E, C, 1>(a, q, k, v, out, nullptr);
 }
 template <typename T, int D, int E, bool C, bool TC>
 __global__ void k_bwd_q(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
     T *const out[1] = {dq};
     if constexpr (TC) mbt_attn_bwd_q_tc<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
     else mbt_attn_bwd_q<T, D, E, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
+}
+/* the CUDA-core forward storing each row's m and l into stats (what programs run since issue 14) */
+template <typename T, int D, int E, bool C>
+__global__ void k_forward_st(MbtAttn a, const T *q, const T *k, const T *v, T *o, float *stats) {
+    T *const out[1] = {o};
+    mbt_attn_forward<T, D, E, C, 1>(a, q, k, v, out, stats);
 }
 /* the flash-attention-2 forward (rt_attention_fa2.cuh), storing m and l into stats */
 template <typename T, int D, int E, bool C>
@@ -229,6 +235,64 @@ void fa2_backward(const char *name, MbtAttn a, const std::vector<T> &q, const st
     same("flash-attention-2 dv, element-by-element staging as cp.async", res[0].dv, res[1].dv);
 }
 
+/* What a program runs since the forward hands its statistics to the backward (docs/cuda.md, "The
+ * statistics from the forward"): the forward (the CUDA-core kernel, or FA2's) storing m and l into
+ * a [Z, H, T, 2] buffer, sum P dP as rowsum(dout * o) from the stored (rounded) output in f32, in
+ * column order (fusion's attention_stats kernel), dq loading the three (COMPUTE = false), dk and
+ * dv from them; the statistics, dq, dk and dv against the reference. */
+template <typename T, int D, int E, bool C, bool FA2>
+void handed(const char *name, MbtAttn a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+            const std::vector<T> &dout, const std::vector<double> &dq, const std::vector<double> &dk,
+            const std::vector<double> &dv, const std::vector<double> &sm, const std::vector<double> &sl, double tol) {
+    const long long rows = FA2 ? 64 : MbtAttnRows<D, E>::per_block;
+    const long long qblocks = a.Z * a.H * ((a.T + rows - 1) / rows), kblocks = a.Z * a.Hk * ((a.S + rows - 1) / rows);
+    std::vector<T> go((size_t)(a.Z * a.H * a.T * E)), gdq(dq.size()), gdk(dk.size()), gdv(dv.size());
+    std::vector<float> lse(sm.size() * 2, -1.0f), st(sm.size() * 3);
+    a.out[0] = view(a.H, a.T, E), a.nout_v = 0;
+    a.stats = view(a.H, a.T, 2);
+    const T *qd = q.data(), *kd = k.data(), *vd = v.data(), *dd = dout.data();
+    bool ok;
+    if constexpr (FA2) ok = launch<&k_forward_fa2<T, D, E, C>>(name, qblocks, a, qd, kd, vd, go.data(), lse.data());
+    else ok = launch<&k_forward_st<T, D, E, C>>(name, qblocks, a, qd, kd, vd, go.data(), lse.data());
+    if (!ok) return;
+    for (size_t r = 0; r < sm.size(); r++) {
+        float pdp = 0.0f;
+        for (int c = 0; c < E; c++) pdp = pdp + to_f(dout[r * E + c]) * to_f(go[r * E + c]);
+        st[r * 3] = lse[r * 2], st[r * 3 + 1] = lse[r * 2 + 1], st[r * 3 + 2] = pdp;
+    }
+    a.stats = view(a.H, a.T, 3);
+    a.out[0] = view(a.H, a.T, D);
+    const float *sd = st.data();
+    if constexpr (FA2) ok = launch<&k_bwd_q_fa2<T, D, E, C, false>>(name, qblocks, a, qd, kd, vd, dd, st.data(), gdq.data());
+    else ok = launch<&k_bwd_q_loaded<T, D, E, C, false>>(name, qblocks, a, qd, kd, vd, dd, sd, gdq.data());
+    if (!ok) return;
+    a.out[0] = view(a.Hk, a.S, D), a.nout_v = 1, a.out_v[0] = view(a.Hk, a.S, E);
+    if constexpr (FA2) ok = launch<&k_bwd_kv_fa2<T, D, E, C, true, true>>(name, kblocks, a, qd, kd, vd, dd, sd, gdk.data(), gdv.data());
+    else ok = launch<&k_bwd_kv<T, D, E, C, false, true, true>>(name, kblocks, a, qd, kd, vd, dd, sd, gdk.data(), gdv.data());
+    if (!ok) return;
+    std::vector<float> m1, l1, f;
+    std::vector<double> mw, lw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue; /* a row that sees no key */
+        mw.push_back(sm[r]), lw.push_back(sl[r]), m1.push_back(lse[r * 2]), l1.push_back(lse[r * 2 + 1]);
+    }
+    const char *who = FA2 ? "flash-attention-2" : "CUDA cores";
+    char what[160];
+    auto check = [&](const char *x, const std::vector<double> &want, const std::vector<T> &got) {
+        f.resize(got.size());
+        for (size_t i = 0; i < got.size(); i++) f[i] = to_f(got[i]);
+        snprintf(what, sizeof what, "%s from the forward's statistics (%s)", x, who);
+        expect(name, what, want, f, tol);
+    };
+    snprintf(what, sizeof what, "the forward's row max, [.., 2] (%s)", who);
+    expect(name, what, mw, m1, tol);
+    snprintf(what, sizeof what, "the forward's row sum, [.., 2] (%s)", who);
+    expect(name, what, lw, l1, tol);
+    check("dq", dq, gdq);
+    check("dk", dk, gdk);
+    check("dv", dv, gdv);
+}
+
 template <typename T, int D, int E, bool C, bool TC, bool FA2 = TC>
 void run_case(const char *name, long long Z, long long H, long long Hk, long long Tq, long long S, double tol, unsigned seed) {
     const long long G = H / Hk, shift = S - Tq;
@@ -347,6 +411,8 @@ void run_case(const char *name, long long Z, long long H, long long Hk, long lon
     same("dq from the stored statistics, as computed", gdq, gdq2);
     same("dk alone, as with dv", gdk, gdk1);
     same("dv alone, as with dk", gdv, gdv1);
+    if constexpr (!TC) handed<T, D, E, C, false>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, tol);
+    if constexpr (FA2) handed<T, D, E, C, true>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, tol);
     if constexpr (FA2) fa2_forward<T, D, E, C>(name, a, q, k, v, o, sm, sl, tol);
     if constexpr (FA2) fa2_backward<T, D, E, C>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, sp, tol);
 }

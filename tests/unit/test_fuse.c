@@ -688,15 +688,18 @@ static void test_count_adamw_by_hand(void) {
  * kernel storing the residual stream and the norm); gelu; the last residual add.
  * Forward + backward, loss = sum(out * R): 12 GEMMs (the 4, and for each weight the gradient of
  * its input and of itself, the latter one GEMM with K folded over the batch that also sums its
- * output gradient's columns into the bias's gradient: the bias-gradient epilogue) and 12 kernels:
- *   ln_1, attention, residual + ln_2, as forward (3);
+ * output gradient's columns into the bias's gradient: the bias-gradient epilogue) and 13 kernels:
+ *   ln_1, attention (storing each row's max and sum for the backward), residual + ln_2, as
+ *   forward (3);
  *   the loss: the last residual add computed inside the sum (one work item) (1);
  *   d out = R * 1 (a GEMM operand) (1);
  *   gelu together with gelu's backward (about 20 nodes: its input x is read by both,
  *   and d out does not depend on the forward here, so the two can share a kernel) (1);
  *   ln_2's backward: the input gradient with the residual's gradient added (a row kernel) (1),
  *   its weight and bias gradients (a column reduction) (1);
- *   attention's backward: dq with the row statistics, dk and dv together (rule 8) (2); the heads'
+ *   attention's backward: the row statistics (the forward's max and sum, and rowsum(dout * o) read
+ *   from the forward's result where c_proj's GEMM reads it), dq loading them, dk and dv together
+ *   (rule 8) (3); the heads'
  *   gradients concatenated into c_attn's output gradient (1);
  *   ln_1's weight and bias gradients (x is an input, so ln_1's input gradient is not needed) (1).
  * MBT_SHOW=1 prints both schedules. */
@@ -710,8 +713,18 @@ static void test_count_gpt2_block(void) {
     tf_weighted_loss(t, y);
     autodiff(t->g);
     Fused b = fuse_check("gpt2_block_fwd_bwd", t->g, t->leaf, NULL, 0, &t->ar);
-    CHECK(b.gemms == 12 && b.kernels == 12, "GPT-2 block forward + backward: 12 GEMMs + 12 kernels, got %d + %d", b.gemms,
+    CHECK(b.gemms == 12 && b.kernels == 13, "GPT-2 block forward + backward: 12 GEMMs + 13 kernels, got %d + %d", b.gemms,
           b.kernels);
+    /* the forward stores m and l ([.., 2]), the backward's kernels load the three statistics: no
+     * kernel walks the keys for them again, and the attention's result has no buffer of its own */
+    int fwd = 0, bwd = 0;
+    for (int i = 0; i < b.r->nkernels; i++) {
+        const KAttn *a = b.r->kernels[i]->attn;
+        if (!a) continue;
+        if (a->op == KA_FORWARD) fwd += a->stats.param >= 0 && a->stats.stride[2] == 2 && a->nout == 1;
+        else bwd += a->stats.param >= 0 && a->stats.stride[2] == 3;
+    }
+    CHECK(fwd == 1 && bwd == 2, "the forward storing its statistics (1), dq and dk-dv loading them (2): got %d and %d", fwd, bwd);
     if (getenv("MBT_SHOW")) fuse_print(stdout, b.r);
     tf_end(t);
 }

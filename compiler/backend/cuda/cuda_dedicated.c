@@ -60,19 +60,14 @@ void cuda_attention_call(CudaEmit *E) {
     const char *tc = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "";
     const char *fa2 = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2 ? "_fa2" : ""; /* rt_attention_fa2.cuh */
     switch (a->op) {
-    case KA_FORWARD:
-        if (cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2) { /* the statistics: not stored (no backward loads m, l yet) */
-            cuda_line(E, "mbt_attn_fa2_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out, nullptr);", t, a->D,
-                      a->E, causal, a->nout, q, k, v);
-            break;
-        }
-        cuda_line(E, "mbt_attn_forward%s<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out);", tc, t, a->D, a->E, causal,
-                  a->nout, q, k, v);
+    case KA_FORWARD: /* each row's m and l stored at stats when a backward reads them (nullptr: not stored) */
+        if (*tc) INTERNAL("cuda: the tensor-core forward stores no statistics");
+        cuda_line(E, "mbt_attn%s_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out, %s);", fa2, t, a->D, a->E,
+                  causal, a->nout, q, k, v, st);
         break;
-    case KA_BWD_Q:
-        cuda_line(E, "mbt_attn%s_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %d>(a, %s, %s, %s, %s, %s, %s, out);", fa2, tc, t,
-                  a->D, a->E, causal, a->stats_computed ? "true" : "false", a->nout, q, k, v, dout,
-                  a->stats_computed ? "nullptr" : st, a->stats_computed ? st : "nullptr");
+    case KA_BWD_Q: /* COMPUTE = false: the statistics loaded (the forward's m and l, and rowsum(dout * o)) */
+        cuda_line(E, "mbt_attn%s_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, false, %d>(a, %s, %s, %s, %s, %s, nullptr, out);", fa2,
+                  tc, t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
         break;
     default: { /* dk and dv, or either: dk's places in out, dv's in out_v (in out when alone) */
         int wk = a->op != KA_BWD_V, wv = a->op != KA_BWD_K;
