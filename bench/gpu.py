@@ -639,7 +639,8 @@ def bench_one(a):
         if check["diff"] > 1e-5:
             raise SystemExit("bench: the PyTorch model does not compute what the mbt program computes")
     elif not a.no_check:
-        say("  self-check: not run (it needs both mbt and PyTorch running on the device)")
+        say("  self-check: not run (it holds the f32 program, mode mbt, to PyTorch f32 on the device: "
+            "it needs mode mbt among the modes and PyTorch seeing the device)")
 
     # the rounds
     runs = {m: [] for m in modes if m not in unavailable}
