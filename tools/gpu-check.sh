@@ -11,7 +11,8 @@
 #               torch's scaled_dot_product_attention (issue 14)
 #   bench       bench/gpu.py: GPT-2 124M at micro-batch $MBT_GPU_BATCH (default 12) x 1024, mbt bf16
 #               against torch.compile bf16 in the same run, and mbt's MBT_DEBUG kernel table
-#   test        tests/gpu/run.sh (make test-gpu): the device's step against the CPU's
+#   test        tests/gpu/run.sh (make test-gpu): the device's step against the CPU's, 4 blocks at a
+#               time (MBT_GPU_TEST_JOBS)
 #   ncu         (only when named) Nsight Compute's speed of light, occupancy and warp stalls of the
 #               FA2 forward and backward kernels at GPT-2's shape (after the attention part)
 # MBT_GPU_PARTS=attention,bench,test chooses parts; MBT_GPU_ATTN_ARGS adds bench/attention options; MBT_GPU_BENCH_MODES the benchmark's modes.
@@ -78,7 +79,7 @@ if [[ $PARTS == *,bench,* ]]; then
         --out "$RES/bench.json"
 fi
 if [[ $PARTS == *,test,* ]]; then
-    part test 600 env MBT_PYTHON="$PY" tests/gpu/run.sh "$BUILD"
+    part test 600 env MBT_PYTHON="$PY" MBT_GPU_TEST_JOBS="${MBT_GPU_TEST_JOBS:-4}" tests/gpu/run.sh "$BUILD"
 fi
 echo "==== summary (part, status, seconds; $(($(date +%s) - START))s in all)"
 printf "%s\n" "${SUMMARY[@]}"

@@ -286,15 +286,27 @@ blocks() {
                   t != "" && /^}/ { print t, (run ? "run" : "build"), bf; t = "" }' "$1"
 }
 
-# The emulated GPU runs JOBS blocks at a time (one core each); each block's lines are kept in its
-# report and relayed, and counted, in the blocks' order.
-JOBS=1
+# Blocks run MBT_GPU_TEST_JOBS at a time (the emulated GPU: 2 by default, one core each; a GPU: 1
+# by default - its programs are small, so a machine with cores to spare can run several, which
+# changes no result: each run's bits depend on its own inputs alone). Each block's lines are kept
+# in its report and relayed, and counted, in the blocks' order as soon as it and every block
+# before it are done, so that a run cut short still shows what finished.
+JOBS=${MBT_GPU_TEST_JOBS:-1}
 CPU_THREADS=() # the reference's thread count changes none of its bits (the exec layer's threads test)
 if [ "$DEVICE" = emu ]; then
     JOBS=${MBT_GPU_TEST_JOBS:-2}
     CPU_THREADS=(--threads 1)
 fi
 names=()
+relayed=0
+relay_done() { # the reports of the finished blocks at the head of the order
+    while [ "$relayed" -lt "${#names[@]}" ] && [ -e "$DIR/${names[$relayed]}/done" ]; do
+        cat "$DIR/${names[$relayed]}/report.txt"
+        PASSED=$((PASSED + $(grep -c '^PASS ' "$DIR/${names[$relayed]}/report.txt")))
+        FAILED=$((FAILED + $(grep -c '^FAIL ' "$DIR/${names[$relayed]}/report.txt")))
+        relayed=$((relayed + 1))
+    done
+}
 running=0
 for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
     tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt tests/exec/multi_lora.mbt \
@@ -305,20 +317,17 @@ for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt
         if [ "$DEVICE" = emu ] && [[ "$EMU_LEFT_OUT" == *" $ex-$t "* ]]; then continue; fi
         names+=("$ex-$t")
         mkdir -p "$DIR/$ex-$t"
-        check_block "$f" "$t" "$ex-$t" "$bf16" -I examples >"$DIR/$ex-$t/report.txt" 2>&1 &
+        { check_block "$f" "$t" "$ex-$t" "$bf16" -I examples >"$DIR/$ex-$t/report.txt" 2>&1; touch "$DIR/$ex-$t/done"; } &
         running=$((running + 1))
         if [ "$running" -ge "$JOBS" ]; then
             wait -n
             running=$((running - 1))
         fi
+        relay_done
     done < <(blocks "$f")
 done
 wait
-for name in "${names[@]}"; do
-    cat "$DIR/$name/report.txt"
-    PASSED=$((PASSED + $(grep -c '^PASS ' "$DIR/$name/report.txt")))
-    FAILED=$((FAILED + $(grep -c '^FAIL ' "$DIR/$name/report.txt")))
-done
+relay_done
 
 # ---- aligned GEMM shapes: a padded program on the device against the unpadded one on the CPU ---------
 # gpu/pad: tests/exec/pad_gemm.mbt (a vocabulary of 50, tied and untied output layers) built with
