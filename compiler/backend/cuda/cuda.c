@@ -429,6 +429,17 @@ const char *cuda_memory_type(const CudaEmit *E, DType dt) {
 
 static int cuda_is_float(KType t) { return kir_type_is_float(t); }
 
+/* x / c or x % c in index arithmetic (x >= 0, c > 0 a constant), exact either way: in 32 bits when
+ * x is the work item (gid, or a vector's first gid0: below the grid, which is at most 2^32) and c
+ * fits, where the GPU divides in a multiply-high and a shift - a 64-bit division by a constant is
+ * several times as many instructions, and elementwise kernels over a padded vocabulary (GPT-2's
+ * classifier gradient: a division and a remainder by 50,304 an element) were bound by them. */
+static const char *cuda_index_divmod(Arena *ar, const Kernel *k, const char *x, int is_gid, int mod, int64_t c) {
+    if (is_gid && k->grid <= (int64_t)UINT32_MAX && c <= (int64_t)UINT32_MAX)
+        return arena_printf(ar, "(long long)((unsigned)%s %c %" PRId64 "U)", x, mod ? '%' : '/', c);
+    return arena_printf(ar, "(long long)((unsigned long long)%s %c %" PRId64 "ULL)", x, mod ? '%' : '/', c);
+}
+
 /* A value's name: `add12`, `load7`, `i4` (a loop counter), `acc3`, `gid`. */
 static const char *cuda_name(CudaEmit *E, int id) {
     const KInst *in = &E->k->inst[id];
@@ -525,7 +536,7 @@ static const char *cuda_binary(CudaEmit *E, const KInst *in, int id) {
             const KInst *d = &E->k->inst[in->a[1]];
             int mod = in->op == K_IMOD;
             if (d->op == K_CONST && d->i > 0) /* unsigned: a power of two is a shift or a mask */
-                return arena_printf(ar, "(long long)((unsigned long long)%s %c %" PRId64 "ULL)", x, mod ? '%' : '/', d->i);
+                return cuda_index_divmod(ar, E->k, x, E->k->inst[in->a[0]].op == K_GID, mod, d->i);
             return arena_printf(ar, "%s(%s, %s)", mod ? "mbt_imod" : "mbt_idiv", x, y);
         }
         case K_XOR: return arena_printf(ar, "%s ^ %s", x, y);
@@ -950,12 +961,11 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
             if (loaded && E.P.vec[p] == CUDA_VEC_GID)
                 cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + gid0);", vt, p, vt, p);
             if (loaded && E.P.vec[p] == CUDA_VEC_MOD) /* gid0 mod N: a multiple of 4, as gid0 is */
-                cuda_line(&E,
-                          "const %s p%dv = *reinterpret_cast<const %s *>(p%d + (long long)((unsigned long long)gid0 %% %dULL));",
-                          vt, p, vt, p, n);
+                cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + %s);", vt, p, vt, p,
+                          cuda_index_divmod(E.ar, k, "gid0", 1, 1, n));
             if (loaded && E.P.vec[p] == CUDA_VEC_DIV) /* the same element for the four */
-                cuda_line(&E, "const %s p%ds = p%d[(long long)((unsigned long long)gid0 / %dULL)];",
-                          cuda_memory_type(&E, k->bufs[p].dt), p, p, n);
+                cuda_line(&E, "const %s p%ds = p%d[%s];", cuda_memory_type(&E, k->bufs[p].dt), p, p,
+                          cuda_index_divmod(E.ar, k, "gid0", 1, 0, n));
             if (stored) cuda_line(&E, "%s p%dv;", vt, p);
         }
         for (int lane = 0; lane < L->vector; lane++) {
