@@ -46,6 +46,7 @@ run_cases() {
         jobs=${CASE_JOBS#* "$layer":}
         jobs=${jobs%% *}
     fi
+    case "$jobs" in '' | *[!0-9]*) jobs=1 ;; esac
     if [ "$jobs" -le 1 ]; then
         for f in "${files[@]}"; do run_case "$layer" "$f"; done
     else
