@@ -343,9 +343,18 @@ FUZZ_RT_TARGETS = data cli state
 fuzz-build: $(BUILD)/fuzz/fuzz_frontend $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/fuzz_verify_step \
 	$(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ_RT_TARGETS))
 
-$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) $(GEN_HDRS) $(wildcard $(addsuffix /*.h,$(COMPILER_DIRS)))
+# The front end and checker's objects, instrumented as -fsanitize=fuzzer instruments (fuzzer-no-link:
+# the same coverage, without libFuzzer's main), compiled once for both targets that link them
+# (fuzz_frontend, fuzz_verify_step) and one file at a time, so that make -j spreads them.
+FUZZ_LIB_OBJS = $(patsubst %.c,$(BUILD)/fuzz/libobj/%.o,$(LIB_SRCS) $(GEN_SRCS))
+$(BUILD)/fuzz/libobj/%.o: %.c $(GEN_HDRS) $(wildcard $(addsuffix /*.h,$(COMPILER_DIRS)))
+	@mkdir -p $(dir $@)
+	$(CLANG_FUZZ) $(CSTD) -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all $(INC) \
+		-Wno-unused-parameter -c -o $@ $<
+
+$(BUILD)/fuzz/fuzz_frontend: tests/fuzz/fuzz_frontend.c $(FUZZ_LIB_OBJS) $(GEN_HDRS) $(wildcard $(addsuffix /*.h,$(COMPILER_DIRS)))
 	@mkdir -p $(BUILD)/fuzz
-	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(LIB_SRCS) $(GEN_SRCS) -lm
+	$(CLANG_FUZZ) $(FUZZ_FLAGS) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_frontend.c $(FUZZ_LIB_OBJS) -lm
 
 # The safetensors reader's fuzz target links only the runtime files the reader needs, and jansson
 # (Debian's build, not instrumented: libFuzzer's coverage sees the schema checks, not the parser).
@@ -357,10 +366,10 @@ $(BUILD)/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(FUZZ_ST_SRCS) $(
 
 # --verify-step's step-dump reader (compiler/ref/step_dump.c) against a step graph the front end
 # builds: the front end and checker as fuzz_frontend links them, and the safetensors reader.
-$(BUILD)/fuzz/fuzz_verify_step: tests/fuzz/fuzz_verify_step.c $(LIB_SRCS) $(GEN_SRCS) $(RT_COMPILER_SRCS) $(FUZZ_ST_SRCS) \
+$(BUILD)/fuzz/fuzz_verify_step: tests/fuzz/fuzz_verify_step.c $(FUZZ_LIB_OBJS) $(RT_COMPILER_SRCS) $(FUZZ_ST_SRCS) \
 		$(GEN_HDRS) $(wildcard $(addsuffix /*.h,$(COMPILER_DIRS) $(RUNTIME_DIRS)))
 	@mkdir -p $(BUILD)/fuzz
-	$(CLANG_FUZZ) $(FUZZ_FLAGS) $(RT_INC) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_verify_step.c $(LIB_SRCS) $(GEN_SRCS) \
+	$(CLANG_FUZZ) $(FUZZ_FLAGS) $(RT_INC) -Wno-unused-parameter -o $@ tests/fuzz/fuzz_verify_step.c $(FUZZ_LIB_OBJS) \
 		$(RT_COMPILER_SRCS) $(FUZZ_ST_SRCS) $(JANSSON_LIBS) -lm
 
 # The executable's inputs (token shards, state.json, the command line) are fuzzed against the whole
@@ -379,10 +388,12 @@ $(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ_RT_TARGETS)): $(BUILD)/fuzz/fuzz_%: tests
 fuzz: $(BUILD)/fuzz/fuzz_$(FUZZ_TARGET)
 	tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGET)
 
+# make test's builds (the compiler and unit tests, the sanitizer build, the fuzz targets) are one
+# make, a job a core (CI's `make test` has no -j; 2 cores build them in about half the time), or
+# the jobs make was given (-jN, or a parent make's jobserver).
+TEST_JOBS = $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
 test: deps-test
-	@$(MAKE) --no-print-directory all unit
-	@$(MAKE) --no-print-directory asan
-	@$(MAKE) --no-print-directory fuzz-build
+	@$(MAKE) --no-print-directory $(TEST_JOBS) all unit asan fuzz-build
 	@tests/run.sh $(BUILD)
 
 # The same without the sanitizer build and the fuzzer: for a quick loop while editing.

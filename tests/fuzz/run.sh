@@ -68,8 +68,17 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 
 failed=0
 
-# The artifacts there are now, one per line (to tell which ones a step wrote).
-list_artifacts() { find "$ART" -maxdepth 1 -type f 2>/dev/null | sort; }
+# The target's artifacts there are now, one per line (to tell which ones a step wrote). Each
+# target's start with its step prefix (-artifact_prefix="$ART/$P": st-crash-..., cli-leak-...; the
+# front end's have none), so that targets fuzzed at the same time (tests/layers/fuzz.sh runs two)
+# never count each other's findings.
+list_artifacts() {
+    if [ -n "$P" ]; then
+        find "$ART" -maxdepth 1 -type f -name "$P*" 2>/dev/null | sort
+    else
+        find "$ART" -maxdepth 1 -type f 2>/dev/null | grep -vE '/(st|data|state|cli|verify_step)-[^/]*$' | sort
+    fi
+}
 
 # report STEP RC LOG BEFORE: BEFORE is list_artifacts' output from before the step.
 report() {
@@ -105,7 +114,7 @@ report() {
 # ---- 1. replay ---------------------------------------------------------------------------------
 BEFORE=$(list_artifacts)
 LOG="$BUILD/fuzz/${P}replay.log"
-"$FUZZER" -runs=0 -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/" "${CORPUS_DIRS[@]}" >"$LOG" 2>&1
+"$FUZZER" -runs=0 -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/$P" "${CORPUS_DIRS[@]}" >"$LOG" 2>&1
 report "${P}replay" $? "$LOG" "$BEFORE"
 
 # ---- 2. fuzz -----------------------------------------------------------------------------------
@@ -118,7 +127,7 @@ for d in "${CORPUS_DIRS[@]}"; do
 done
 BEFORE=$(list_artifacts)
 LOG="$BUILD/fuzz/${P}fuzz.log"
-ARGS=(-max_len="$MAX_LEN" -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/" -print_final_stats=1)
+ARGS=(-max_len="$MAX_LEN" -timeout=5 -rss_limit_mb=2048 -artifact_prefix="$ART/$P" -print_final_stats=1)
 if [ "$SECONDS_TO_RUN" = 0 ]; then
     echo "fuzzing until stopped (Ctrl-C); new inputs go to $WORK, findings to $ART/"
     "$FUZZER" "${ARGS[@]}" "$WORK" 2>&1 | tee "$LOG"

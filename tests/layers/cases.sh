@@ -17,19 +17,81 @@
 # function of tests/layers/*.sh; or any program. $W (the case's folder under BUILD/tmp), $CASE
 # (the case file), $DATA, $VAL and $CUDA_ARCHS are replaced in commands and expectations.
 
-# run_cases LAYER: every case of tests/LAYER/, in name order: each .case file, and each .mbt file
-# with a `# test` or `# tests` line (the other .mbt files there are programs the cases use).
+# How many cases of a layer run at once (MBT_CASE_JOBS overrides it for every layer), and the
+# cases started first (the longest, so that the two lanes end together). The exec and verify
+# layers' time is mostly mbtc -o (LLVM's optimiser and code generation, one thread) and
+# --verify-step (the float64 reference, one thread): on CI's 2 cores two cases at a time take about
+# half the time (exec: 265 s for 432 s, measured on a loaded machine), and their checks are the
+# same: each case has its own folder ($W) and data, a data-parallel case its own random port, and
+# no check of theirs measures time. The torch layer's PyTorch uses every core itself; the other
+# layers have a case or two.
+CASE_JOBS=' exec:2 verify:2 '
+CASES_FIRST=' exec/examples exec/tiny exec/dp verify/moe verify/tiny_bf16 '
+
+# run_cases LAYER: every case of tests/LAYER/: each .case file, and each .mbt file with a `# test` or
+# `# tests` line (the other .mbt files there are programs the cases use), reported in name order.
 run_cases() {
-    local layer=$1 f found=0
+    local layer=$1 f found=0 files=() jobs
     stdlib_env "$BUILD/mbtc"
     for f in "tests/$layer"/*.mbt "tests/$layer"/*.case; do
         [ -f "$f" ] || continue
         if [ "${f##*.}" = case ] || LC_ALL=C grep -aqE '^# tests?( [^:]*)?: ' "$f"; then
             found=1
-            run_case "$layer" "$f"
+            files+=("$f")
         fi
     done
-    [ $found = 1 ] || fail "$layer" "no case files in tests/$layer"
+    [ $found = 1 ] || { fail "$layer" "no case files in tests/$layer"; return; }
+    jobs=${MBT_CASE_JOBS:-1}
+    if [ -z "${MBT_CASE_JOBS:-}" ] && [[ $CASE_JOBS == *" $layer:"* ]]; then
+        jobs=${CASE_JOBS#* "$layer":}
+        jobs=${jobs%% *}
+    fi
+    case "$jobs" in '' | *[!0-9]*) jobs=1 ;; esac
+    if [ "$jobs" -le 1 ]; then
+        for f in "${files[@]}"; do run_case "$layer" "$f"; done
+    else
+        run_cases_jobs "$layer" "$jobs" "${files[@]}"
+    fi
+}
+
+# case_out LAYER FILE: where run_cases_jobs keeps a case's lines.
+case_out() { local n=${2##*/}; printf '%s' "$TMP/cases-$1/${n%.*}.out"; }
+
+# run_cases_jobs LAYER JOBS FILE...: the cases, JOBS at a time (CASES_FIRST first, then name
+# order), each in a subshell whose lines go to a file of its own; then each file printed in name
+# order as it was written, its PASS, FAIL and SKIP lines counted as if run here.
+run_cases_jobs() {
+    local layer=$1 jobs=$2 f n running=0 order=() out
+    shift 2
+    mkdir -p "$TMP/cases-$layer" || return
+    for f in "$@"; do
+        n=${f##*/}
+        [[ $CASES_FIRST == *" $layer/${n%.*} "* ]] && order+=("$f")
+    done
+    for f in "$@"; do
+        n=${f##*/}
+        [[ $CASES_FIRST == *" $layer/${n%.*} "* ]] || order+=("$f")
+    done
+    for f in "${order[@]}"; do
+        if [ "$running" -ge "$jobs" ]; then
+            wait -n
+            running=$((running - 1))
+        fi
+        (run_case "$layer" "$f") </dev/null >"$(case_out "$layer" "$f")" 2>&1 &
+        running=$((running + 1))
+    done
+    wait
+    for f in "$@"; do
+        out=$(case_out "$layer" "$f")
+        if [ ! -s "$out" ]; then
+            fail "$layer/$(basename "${f%.*}")" "the case printed nothing (it did not run?)"
+            continue
+        fi
+        cat "$out"
+        PASSED=$((PASSED + $(grep -c '^PASS ' "$out")))
+        FAILED=$((FAILED + $(grep -c '^FAIL ' "$out")))
+        SKIPPED=$((SKIPPED + $(grep -c '^SKIP ' "$out")))
+    done
 }
 
 # case_subst TEXT: TEXT with the case's variables replaced (run_case's locals).

@@ -264,7 +264,7 @@ ranks() {
         echo "$np ranks under mpirun"
         return $rc
     fi
-    port=$((30000 + ($$ + RANDOM) % 20000))
+    port=$((30000 + (BASHPID + RANDOM) % 20000)) # (BASHPID: cases run two at a time, in subshells)
     for ((r = 0; r < np; r++)); do
         RANK=$r WORLD_SIZE=$np LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=60 \
             timeout -s KILL 300 "$@" --threads 1 &
