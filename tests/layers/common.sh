@@ -89,6 +89,20 @@ run_relayed() {
     fi
 }
 
+# run_lanes SPEC FUNCTION: SPEC's lanes ('|' between lanes, words within one) at the same time, each
+# as `FUNCTION WORD...` in the background with no stdin; returns when every lane is done. Each
+# lane's function keeps its own outputs (the fuzz and gpu-emu layers relay them in order after).
+run_lanes() {
+    local lane lanes pids=()
+    IFS='|' read -r -a lanes <<<"$1"
+    for lane in "${lanes[@]}"; do
+        # shellcheck disable=SC2086
+        "$2" $lane </dev/null &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+}
+
 # jfield FILE N KEY: the value of KEY in the Nth line (a JSON object) of a --log file.
 jfield() { sed -n "${2}p" "$1" | sed -n 's/.*"'"$3"'": \([^,}]*\).*/\1/p'; }
 

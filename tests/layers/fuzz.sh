@@ -26,14 +26,8 @@ fuzz_lane() {
 }
 
 run_fuzz() {
-    local lane lanes pids=() target out rc
-    IFS='|' read -r -a lanes <<<"$FUZZ_LANES"
-    for lane in "${lanes[@]}"; do
-        # shellcheck disable=SC2086
-        fuzz_lane $lane </dev/null &
-        pids+=($!)
-    done
-    wait "${pids[@]}"
+    local target out rc
+    run_lanes "$FUZZ_LANES" fuzz_lane
     for target in ${FUZZ_LANES//|/ }; do
         target=${target%:*}
         if [ ! -x "$BUILD/fuzz/fuzz_$target" ]; then

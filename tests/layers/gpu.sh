@@ -25,14 +25,8 @@ gpu_emu_lane() {
 # the GPU tests (tests/gpu/run.sh) on the emulated GPU (the table's `nvrtc`: the executables'
 # CUDA side is compiled by NVRTC)
 layer_gpu_emu() {
-    local lane lanes pids=() s n rc
-    IFS='|' read -r -a lanes <<<"$GPU_EMU_LANES"
-    for lane in "${lanes[@]}"; do
-        # shellcheck disable=SC2086
-        gpu_emu_lane $lane </dev/null &
-        pids+=($!)
-    done
-    wait "${pids[@]}"
+    local s n rc
+    run_lanes "$GPU_EMU_LANES" gpu_emu_lane
     for s in ${GPU_EMU_LANES//|/ }; do
         n=$(basename "$s" .sh)
         rc=$(cat "$TMP/gpu-emu-$n.rc" 2>/dev/null || echo "none (it did not finish)")

@@ -130,20 +130,37 @@ static char *emit_broadcast(KOp op, int64_t n, int also_at_gid, DType dt, CudaLa
     return s;
 }
 
+/* Index division and remainder of gid by a constant: in 32 bits while the grid is at most 2^32
+ * (gid below it), in 64 past that. */
+static void index_divmod_width(void) {
+    for (int big = 0; big < 2; big++) {
+        const int64_t grid = big ? ((int64_t)1 << 32) + 8 : 1024;
+        KB *t = kb_start("k_divmod", KK_ELEMENTWISE, grid);
+        int x = B1(t, DT_F32, 6, 0), o = B1(t, DT_F32, grid, 1);
+        int off = kb_op(t->b, K_IMOD, KT_I64, 2, t->g, kb_const_i(t->b, KT_I64, 6), -1);
+        kb_store(t->b, o, t->g, kb_load(t->b, x, off));
+        kir_finish(t->k);
+        CudaLaunch L;
+        char *s = emit(t->k, &L);
+        const char *want = big ? "(long long)((unsigned long long)gid % 6ULL)" : "(long long)((unsigned)gid % 6U)";
+        CHECK(strstr(s, want) != NULL, "grid %lld: no `%s`", (long long)grid, want);
+        free(s);
+        kb_done(t);
+    }
+}
+
 /* A broadcast row (gid mod n, 4 | n) is one vector at gid0 mod n; gid / n (4 | n) one scalar for
  * the four work items; other divisors, or one buffer read two ways, are not vectorised; 2-byte
  * elements come in 8-byte vectors. */
 static void thread_mode_broadcasts(void) {
     CudaLaunch L;
     char *s = emit_broadcast(K_IMOD, 8, 0, DT_F32, &L);
-    CHECK(
-        L.vector == 4 &&
-            strstr(s, "const float4 p0v = *reinterpret_cast<const float4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));"),
-        "gid %% 8: vector %d", L.vector);
+    CHECK(L.vector == 4 &&
+              strstr(s, "const float4 p0v = *reinterpret_cast<const float4 *>(p0 + (long long)((unsigned)gid0 % 8U));"),
+          "gid %% 8: vector %d", L.vector);
     free(s);
     s = emit_broadcast(K_IDIV, 8, 0, DT_F32, &L);
-    CHECK(L.vector == 4 && strstr(s, "const float p0s = p0[(long long)((unsigned long long)gid0 / 8ULL)];") &&
-              strstr(s, "= p0s;"),
+    CHECK(L.vector == 4 && strstr(s, "const float p0s = p0[(long long)((unsigned)gid0 / 8U)];") && strstr(s, "= p0s;"),
           "gid / 8: vector %d", L.vector);
     free(s);
     s = emit_broadcast(K_IMOD, 6, 0, DT_F32, &L);
@@ -153,13 +170,10 @@ static void thread_mode_broadcasts(void) {
     CHECK(L.vector == 1, "a buffer read at gid and at gid %% 8 vectorised");
     free(s);
     s = emit_broadcast(K_IMOD, 8, 0, DT_BF16, &L);
-    CHECK(
-        L.vector == 4 &&
-            strstr(
-                s,
-                "const MbtBf16x4 p0v = *reinterpret_cast<const MbtBf16x4 *>(p0 + (long long)((unsigned long long)gid0 % 8ULL));") &&
-            strstr(s, "__bfloat162float(p0v.w)") && strstr(s, "float4 p1v;"),
-        "bf16 gid %% 8: vector %d", L.vector);
+    CHECK(L.vector == 4 &&
+              strstr(s, "const MbtBf16x4 p0v = *reinterpret_cast<const MbtBf16x4 *>(p0 + (long long)((unsigned)gid0 % 8U));") &&
+              strstr(s, "__bfloat162float(p0v.w)") && strstr(s, "float4 p1v;"),
+          "bf16 gid %% 8: vector %d", L.vector);
     free(s);
 }
 
@@ -308,6 +322,7 @@ int main(void) {
     RUN(occupancy);
     RUN(thread_mode_vectorised);
     RUN(thread_mode_broadcasts);
+    RUN(index_divmod_width);
     RUN(warp_and_block_modes);
     RUN(never_split);
     Arena ar = {0};
