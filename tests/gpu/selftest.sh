@@ -80,9 +80,9 @@ expect_fail() {
         fail "$T/$name" "cmpdump exited with status $rc, expected 1 and 'cmpdump: FAILED'" "$OUT"
     elif [ "${all:0:1}" = = ] && [ "$subjects" != "${all:1}" ]; then
         fail "$T/$name" "expected one FAIL line, for '${all:1}'; got $n: $list" "$OUT"
-    elif [ "${all:0:1}" != = ] && printf '%s\n' "$subjects" | grep -vqE "$all"; then
+    elif [ "${all:0:1}" != = ] && grep -vqE "$all" <<<"$subjects"; then
         fail "$T/$name" "FAIL lines for other things than /$all/: $list" "$OUT"
-    elif ! printf '%s\n' "$subjects" | grep -qE "$need"; then
+    elif ! grep -qE "$need" <<<"$subjects"; then # (not a pipe: grep -q's early exit, pipefail)
         fail "$T/$name" "no FAIL line for /$need/: $list" "$OUT"
     else
         pass "$T/$name (FAILED on $n: $(echo "$list" | cut -d' ' -f1-3)$([ "$n" -gt 3 ] && echo ' ...'))"

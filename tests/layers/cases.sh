@@ -181,7 +181,9 @@ run_case() {
     start=$(now_ns)
     mapfile -t lines < <(LC_ALL=C grep -aE '^# (data|run|tests?|test [^ :]+|expect(-[a-z]+)?):( |$)' "$CASE")
     n=${#lines[@]}
-    if ! printf '%s\n' "${lines[@]}" | grep -qE '^# tests?( [^ :]+)?:'; then
+    # (grep reads a process substitution, not a pipe: under pipefail grep -q's early exit could
+    # kill printf with SIGPIPE and fail a case that has tests - seen on the fresh clone's CI)
+    if ! grep -qE '^# tests?( [^ :]+)?:' < <(printf '%s\n' "${lines[@]}"); then
         fail "$layer/$name" "$CASE has no '# test' or '# tests' line"
         return
     fi

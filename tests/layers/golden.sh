@@ -113,7 +113,7 @@ run_golden() {
                     fail "$test" "sanitizer report" "$err"
                 elif [ "$rc" != 0 ] || [ -s "$err" ]; then
                     fail "$test" "mbtc --emit=$stage exited with status $rc" "$err"
-                elif ! LC_ALL=C head -n 1 "$out" | grep -q "^# $head train $t: "; then
+                elif ! LC_ALL=C grep -q "^# $head train $t: " < <(head -n 1 "$out"); then
                     fail "$test" "no '# $head train $t: ...' header" "$out"
                 elif [ "$ms" -gt "$limit_ms" ]; then
                     fail "$test" "took $ms ms (limit $limit_ms ms)"
