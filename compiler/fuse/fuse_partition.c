@@ -709,9 +709,14 @@ static void fz_partition(FuseCtx *c) {
             for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 1, 0);
         } else if (x->op == F_SCATTER_ADD) {
             fz_force_base(c, x->in[1], 1, 0);
-        } else if (x->op == F_CE_STATS) { /* the logits from a buffer, a widening cast read through */
-            const FNode *in = fz_n(c, x->in[0]);
-            fz_force_base(c, in->op == F_MAP && in->kop == K_CAST ? in->in[0] : in->id, 1, 0);
+        } else if (x->op == F_CE_STATS) {
+            /* the logits from a buffer, read through views (the padded vocabulary's slice) and a
+             * widening cast: bf16 logits are not copied to f32 for the classifier's kernels, each
+             * widens what it reads (the cast is cheap to recompute: FZ_REMAT_OPS) */
+            int in = x->in[0];
+            while (fz_pure_view(fz_n(c, in)->op)) in = fz_n(c, in)->in[0];
+            const FNode *y = fz_n(c, in);
+            fz_force_base(c, y->op == F_MAP && y->kop == K_CAST ? y->in[0] : in, 1, 0);
         }
     }
     fz_bound_inline_depth(c);
