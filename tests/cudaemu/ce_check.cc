@@ -15,7 +15,6 @@
  *       and expf's 1-2 ulps
  * and the launch at the header's block count and at 7 blocks byte-identical (a fixed tree per row).
  * Prints `PASS name` / `FAIL name: why` lines and `N passed, M failed`; exit status 1 on a failure. */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,22 +23,7 @@
 
 #include <vector>
 
-typedef int (*FindFn)(const char *);
-typedef int (*LaunchFn)(int, const unsigned *, const unsigned *, void **, char *, size_t);
-
-static uint16_t bf16_bits(float x) { /* the generated code's mbt_bf16_bits */
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    uint32_t hi = b >> 16;
-    if (x != x) return (uint16_t)(hi | 0x40u);
-    return (uint16_t)((b + (hi & 1u) + 0x7fffu) >> 16);
-}
-static float bf16_float(uint16_t h) {
-    uint32_t b = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &b, 4);
-    return x;
-}
+#include "check_harness.h"
 
 static unsigned long long rng = 0x2545f4914f6cdd1dULL;
 static double uniform() {
@@ -54,15 +38,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: ce_check KERNELS.so NAME IN OUT ROWS V STRIDE IN_OFF IN_DT BLOCKS\n");
         return 2;
     }
-    void *so = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-    FindFn find = so ? (FindFn)dlsym(so, "mbt_emu_find") : NULL;
-    LaunchFn launch = so ? (LaunchFn)dlsym(so, "mbt_emu_launch") : NULL;
+    LaunchFn launch;
     const char *name = argv[2];
-    int kid = find ? find(name) : -1;
-    if (!launch || kid < 0) {
-        printf("FAIL ce/setup: kernel %s not found in %s\n0 passed, 1 failed\n", name, argv[1]);
-        return 1;
-    }
+    int kid = emu_kernel(argv[1], name, "ce", &launch);
+    if (kid < 0) return 1;
     int pin = atoi(argv[3]), pout = atoi(argv[4]), bf16 = strcmp(argv[9], "bf16") == 0;
     long long rows = atoll(argv[5]), V = atoll(argv[6]), stride = atoll(argv[7]), off = atoll(argv[8]), blocks = atoll(argv[10]);
     if (pin < 0 || pin > 1 || pout != 1 - pin || rows < 5 || V < 2 || stride < V) {

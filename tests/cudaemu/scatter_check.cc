@@ -15,7 +15,6 @@
  * results must equal the definition byte for byte. The definition in reverse order must differ
  * from it for the repeated-rows pattern, or the check could not see a wrong order.
  * Prints `PASS name` / `FAIL name: why` lines and `N passed, M failed`; exit status 1 on a failure. */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,25 +23,9 @@
 
 #include <vector>
 
-typedef int (*FindFn)(const char *);
-typedef int (*LaunchFn)(int, const unsigned *, const unsigned *, void **, char *, size_t);
+#include "check_harness.h"
 
 static int passed, failed;
-
-/* bf16 <-> f32: the generated code's mbt_bf16_bits (round to nearest even, NaN kept quiet) */
-static uint16_t bf16_bits(float x) {
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    uint32_t hi = b >> 16;
-    if (x != x) return (uint16_t)(hi | 0x40u);
-    return (uint16_t)((b + (hi & 1u) + 0x7fffu) >> 16);
-}
-static float bf16_float(uint16_t h) {
-    uint32_t b = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &b, 4);
-    return x;
-}
 
 struct Shape {
     long long R, W, P, idx_off, upd_off;
@@ -94,19 +77,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: scatter_check KERNELS.so NAME NPARAMS OUT IDX UPD R W P DT UPD_DT IDX_OFF UPD_OFF BLOCKS\n");
         return 2;
     }
-    void *so = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-    if (!so) {
-        printf("FAIL scatter/setup: %s\n0 passed, 1 failed\n", dlerror());
-        return 1;
-    }
-    FindFn find = (FindFn)dlsym(so, "mbt_emu_find");
-    LaunchFn launch = (LaunchFn)dlsym(so, "mbt_emu_launch");
+    LaunchFn launch;
     const char *name = argv[2];
-    int kid = find ? find(name) : -1;
-    if (!launch || kid < 0) {
-        printf("FAIL scatter/setup: kernel %s not found in %s\n0 passed, 1 failed\n", name, argv[1]);
-        return 1;
-    }
+    int kid = emu_kernel(argv[1], name, "scatter", &launch);
+    if (kid < 0) return 1;
     int nparams = atoi(argv[3]), pout = atoi(argv[4]), pidx = atoi(argv[5]), pupd = atoi(argv[6]);
     Shape s = {atoll(argv[7]), atoll(argv[8]), atoll(argv[9]), atoll(argv[12]), atoll(argv[13]), strcmp(argv[10], "bf16") == 0,
                strcmp(argv[11], "bf16") == 0};

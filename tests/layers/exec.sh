@@ -334,42 +334,30 @@ kv_matches_recompute() {
     [ -n "$g1" ] && [ "$g1" = "$g2" ]
 }
 
-# recompute_peak PROG BASE PLAN: recompute's memory (tests/exec/recompute.case, docs/memory.md).
-# PROG's `info` step arena is the step peak PLAN (its --emit=plan) claims, lower than BASE's (the
-# same model without recompute), which PLAN names as the peak without; and one step of PROG run
-# with --arena-high-water writes the arena up to that peak, less than its alignment (64 bytes:
-# the highest buffer ends inside its last 64), never beyond.
-recompute_peak() {
-    local prog=$1 base=$2 plan=$3 planned without measured info_p info_b
+# memory_peak WHAT PROG BASE PLAN [TRAIN ARGS...]: a memory setting's peak (WHAT recompute or
+# offload; docs/memory.md). PROG's `info` step arena is the step peak PLAN (its --emit=plan) claims,
+# lower than BASE's (the same model without the setting), which PLAN names as the peak "without
+# WHAT"; and one step of PROG run with --arena-high-water (and TRAIN ARGS) writes the arena up to
+# that peak, less than its alignment (64 bytes: the highest buffer ends inside its last 64), never
+# beyond.
+memory_peak() {
+    local what=$1 prog=$2 base=$3 plan=$4 planned without measured info_p info_b
+    shift 4
     info_p=$("$prog" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
     info_b=$("$base" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
-    planned=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without recompute \([0-9]*\) bytes.*/\1/p' "$plan")
-    without=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without recompute \([0-9]*\) bytes.*/\2/p' "$plan")
-    measured=$("$prog" train --steps 1 --data "$DATA" --arena-high-water |
+    planned=$(sed -n "s/^step peak \([0-9]*\) bytes.*, without $what \([0-9]*\) bytes.*/\1/p" "$plan")
+    without=$(sed -n "s/^step peak \([0-9]*\) bytes.*, without $what \([0-9]*\) bytes.*/\2/p" "$plan")
+    measured=$("$prog" train --steps 1 --data "$DATA" --arena-high-water "$@" |
         sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p')
-    echo "planned $planned (info $info_p), without recompute $without (base's info $info_b), measured ${measured% *} (of ${measured#* })"
+    echo "planned $planned (info $info_p), without $what $without (base's info $info_b), measured ${measured% *} (of ${measured#* })"
     [ -n "$planned" ] && [ -n "$measured" ] && [ "$info_p" = "$planned" ] && [ "$without" = "$info_b" ] &&
         [ "${measured#* }" = "$planned" ] && [ "$planned" -lt "$without" ] &&
         [ "${measured% *}" -le "$planned" ] && [ "${measured% *}" -gt $((planned - 64)) ]
 }
-
-# offload_peak PROG BASE PLAN: activation offload's memory (tests/exec/offload_activations.case,
-# docs/memory.md), as recompute_peak: PROG's `info` step arena is the peak PLAN claims, lower than
-# BASE's (the same program without offload), which PLAN names as the peak without offload; one step
-# with --arena-high-water (its store in $W) writes the arena up to that peak and never beyond.
-offload_peak() {
-    local prog=$1 base=$2 plan=$3 planned without measured info_p info_b
-    info_p=$("$prog" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
-    info_b=$("$base" info | sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p')
-    planned=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\1/p' "$plan")
-    without=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\2/p' "$plan")
-    measured=$("$prog" train --steps 1 --data "$DATA" --arena-high-water --offload-dir "$W" |
-        sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p')
-    echo "planned $planned (info $info_p), without offload $without (base's info $info_b), measured ${measured% *} (of ${measured#* })"
-    [ -n "$planned" ] && [ -n "$measured" ] && [ "$info_p" = "$planned" ] && [ "$without" = "$info_b" ] &&
-        [ "${measured#* }" = "$planned" ] && [ "$planned" -lt "$without" ] &&
-        [ "${measured% *}" -le "$planned" ] && [ "${measured% *}" -gt $((planned - 64)) ]
-}
+# recompute_peak PROG BASE PLAN (tests/exec/recompute.case); offload_peak PROG BASE PLAN
+# (tests/exec/offload_activations.case: the store in $W)
+recompute_peak() { memory_peak recompute "$@"; }
+offload_peak() { memory_peak offload "$@" --offload-dir "$W"; }
 
 # offload_vanishes PROG [WHAT]: PROG (offload { optimizer = nvme }, or WHAT = activations: offload
 # { activations = nvme }) trains with its store file in $W/st,
