@@ -297,7 +297,12 @@ $(BUILD)/tests/libmbt_fake_cuda.so: tests/cudaemu/fake_cuda.c | $(BUILD)/.deps-o
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -Itests/cudaemu -shared -fPIC $< -o $@ $(LDFLAGS_ALL) -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
 
-$(BUILD)/tests/test_rt_gpu: $(BUILD)/tests/libmbt_fake_cuda.so
+# ... and a stand-in for NCCL (tests/cudaemu/fake_nccl.c) for the emulated GPU's ranks (MBT_LIBNCCL).
+$(BUILD)/tests/libmbt_fake_nccl.so: tests/cudaemu/fake_nccl.c | $(BUILD)/.deps-ok
+	@mkdir -p $(BUILD)/tests
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -shared -fPIC $< -o $@ $(LDFLAGS_ALL) -lpthread
+
+$(BUILD)/tests/test_rt_gpu: $(BUILD)/tests/libmbt_fake_cuda.so $(BUILD)/tests/libmbt_fake_nccl.so
 
 # st_compare: the largest relative difference of the tensors two safetensors files share (the
 # exec and verify layers of tests/run.sh compare weights and gradients with it).

@@ -547,6 +547,9 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->overlap ? "each starts during the last micro-batch's backward once its gradients are final"
                : r->x.gpu ? "after the backward (the GPU's), bucket b + 1's exchange overlapping bucket b's sum"
                           : "after the backward (MBT_DP_OVERLAP=0), bucket b + 1's exchange overlapping bucket b's sum");
+    if (r->d_shard_got)
+        printf("data-parallel: the ranks' sum on the GPUs, after the backward: shards exchanged and gathered by NCCL, GPU to "
+               "GPU, each summed on its rank's GPU by the same tree\n");
     if (r->zero)
         printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
                "parameters are gathered\n",
@@ -1056,6 +1059,11 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->dump_p);
     free(r->dump_g);
     rt_opt_offload_close(r->offload); /* removes the store file */
+    if (r->d_shard_got) rt_gpu_free(r->x.gpu, r->d_shard_got);
+    if (r->comm) {
+        RtError e;
+        rt_comm_set_gpu(r->comm, NULL, &e); /* NCCL's communicator before the GPU it runs on */
+    }
     rt_exec_close(&r->x);
     free(r->prof);
     rt_data_close(r->val);

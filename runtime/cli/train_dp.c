@@ -78,6 +78,17 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
                        "parallel.zero = %d runs on the CPU: the GPU's optimizer_update does not take a shard yet (--device cpu, "
                        "or zero = 0)",
                        r->zero);
+    if (r->x.gpu) { /* NCCL between the GPUs when it is there: the sum then stays on the device */
+        st = rt_comm_set_gpu(r->comm, r->x.gpu, &r->e);
+        if (st != RT_OK) return st;
+        if (rt_comm_nccl(r->comm))
+            return rt_gpu_alloc(r->x.gpu, (void **)&r->d_shard_got, (len * r->nranks + 1) * (int64_t)sizeof(float),
+                                "every rank's copy of this rank's gradient shard", &r->e);
+        /* without NCCL the ranks' sum runs on host copies that rt_train_reduce makes itself (one
+         * download, the buckets, one upload): the collectives then take host buffers */
+        st = rt_comm_set_gpu(r->comm, NULL, &r->e);
+        if (st != RT_OK) return st;
+    }
     /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
      * whole vector alone; nor for one bucket, where the thread would only add a hand-over) */
     if (r->zero < 2 && r->p->param_floats > r->bucket_floats) {
@@ -124,10 +135,42 @@ RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
  * every rank holds the whole gradient. With accum a power of two each rank's partial sum is a
  * node of the one tree over the step's M micro-batches, and the tree over the ranks is the rest
  * of that tree: the gradient is the bits one process gets (docs/parallel.md). On the GPU the
- * gradient goes through host memory. */
+ * gradient stays on the device with NCCL (rt_train_reduce_nccl), else goes through host memory. */
+typedef struct {
+    RtTrainRun *r;
+    int64_t len;
+    RtStatus st;
+} RtGpuTree;
+
+static void rt_gpu_tree_add(void *ctx, int a, int b) {
+    RtGpuTree *t = ctx;
+    float *got = t->r->d_shard_got;
+    if (t->st == RT_OK && t->len > 0)
+        t->st = rt_gpu_axpy(t->r->x.gpu, got + a * t->len, got + b * t->len, 1.0f, t->len, &t->r->e);
+}
+
+/* The GPU's sum over NCCL: the shards exchanged GPU to GPU, summed on the device in the same tree
+ * (rt_dp_tree_walk; rt_gpu_axpy with scale 1 adds as the host does, bit for bit), gathered back. */
+static RtStatus rt_train_reduce_nccl(RtTrainRun *r) {
+    RtExec *x = &r->x;
+    int64_t lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    RtGpuTree t = {r, len, rt_comm_exchange_shards(r->comm, x->d_grads, r->shard_off, r->d_shard_got, &r->e)};
+    rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
+    RtStatus st = t.st;
+    if (st == RT_OK && len > 0) st = rt_gpu_copy(x->gpu, x->d_grads + lo, r->d_shard_got, len * (int64_t)sizeof(float), &r->e);
+    if (st == RT_OK) st = rt_comm_gather_shards(r->comm, x->d_grads, r->shard_off, &r->e);
+    return st;
+}
+
 RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (r->nranks == 1) return RT_OK;
     RtExec *x = &r->x;
+    if (r->d_shard_got) {
+        RtStatus st = rt_train_reduce_nccl(r);
+        return st == RT_OK
+                   ? st
+                   : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks (NCCL)", (long long)(step + 1));
+    }
     int64_t n = r->p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
     RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
     if (st == RT_OK && r->buckets && r->overlap) { /* started during the last backward: its end */
@@ -234,5 +277,6 @@ RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed) {
                        dr == 1 ? "run it alone, without a launcher" : "start as many processes as parallel.data");
     }
     r->rank = rank, r->nranks = size;
+    rt_gpu_bind_local_rank(rt_comm_local_rank(r->comm)); /* one GPU a rank on a machine */
     return RT_OK;
 }

@@ -132,6 +132,7 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
 
 void rt_comm_close(RtComm *c) {
     if (!c) return;
+    rt_comm_nccl_close(c, 0);
     c->ops->close(c);
     free(c->stage[0]);
     free(c->stage[1]);
@@ -142,6 +143,7 @@ void rt_comm_close(RtComm *c) {
 
 _Noreturn void rt_comm_abort(RtComm *c, int status) {
     fflush(NULL); /* the caller's message first: the backend may kill this process */
+    if (c) rt_comm_nccl_close(c, 1);
     if (c) c->ops->abort(c, status);
     _exit(status ? status : 1);
 }
@@ -193,7 +195,24 @@ static RtStatus rt_comm_stage(RtComm *c, int i, int64_t n, float **out, RtError 
     return RT_OK;
 }
 
-void rt_comm_set_gpu(RtComm *c, RtGpu *g) { c->gpu = g; }
+RtStatus rt_comm_set_gpu(RtComm *c, RtGpu *g, RtError *err) {
+    if (c->nccl) { /* the communicator belongs to the GPU it was opened on */
+        rt_comm_nccl_close(c, 0);
+        c->backend[c->backend_len] = 0;
+    }
+    c->gpu = g;
+    if (!g) return RT_OK;
+    RtStatus st = rt_comm_nccl_open(c, err);
+    c->backend_len = strlen(c->backend);
+    if (st == RT_OK && c->nccl) {
+        int v = rt_comm_nccl_version(c);
+        snprintf(c->backend + c->backend_len, sizeof c->backend - c->backend_len, "; GPU buffers over NCCL %d.%d.%d", v / 10000,
+                 v / 100 % 100, v % 100);
+    }
+    return st;
+}
+
+int rt_comm_nccl(const RtComm *c) { return c->nccl != NULL; }
 
 /* off[0] = 0, never decreasing. */
 static RtStatus rt_check_off(const RtComm *c, const int64_t *off, const char *what, RtError *err) {
@@ -216,7 +235,9 @@ RtStatus rt_comm_exchange_shards(RtComm *c, const float *mine, const int64_t *of
     if (len > 0 && n > 0 && (const float *)got < mine + n && mine < (const float *)got + len * c->size)
         return rt_fail(err, RT_ERR_ARG, "%s: the buffer receiving the shards overlaps this rank's vector", what);
     double t0 = rt_comm_now();
-    if (c->gpu) { /* device buffers: through host copies */
+    if (c->nccl) { /* device buffers, GPU to GPU */
+        st = rt_comm_nccl_exchange(c, mine, off, got, err);
+    } else if (c->gpu) { /* device buffers: through host copies */
         float *hm = NULL, *hg = NULL;
         st = rt_comm_stage(c, 0, n, &hm, err);
         if (st == RT_OK) st = rt_comm_stage(c, 1, len * c->size, &hg, err);
@@ -238,7 +259,9 @@ RtStatus rt_comm_gather_shards(RtComm *c, float *v, const int64_t *off, RtError 
     int64_t n = off[c->size], len = off[c->rank + 1] - off[c->rank];
     if (n > 0 && !v) return rt_fail(err, RT_ERR_ARG, "%s: a NULL buffer", what);
     double t0 = rt_comm_now();
-    if (c->gpu) { /* device buffers: this rank's shard down, the others' up */
+    if (c->nccl) { /* device buffers, GPU to GPU */
+        st = rt_comm_nccl_gather(c, v, off, err);
+    } else if (c->gpu) { /* device buffers: this rank's shard down, the others' up */
         float *h = NULL;
         int64_t r0 = off[c->rank], r1 = off[c->rank + 1];
         st = rt_comm_stage(c, 0, n, &h, err);

@@ -12,8 +12,8 @@
  *   tcp   torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a TCP
  *         rendezvous at MASTER_ADDR:MASTER_PORT and a socket to every other rank; no MPI needed.
  * On a GPU, exchange_shards and gather_shards take device buffers once rt_comm_set_gpu has named
- * the GPU: staged through host memory for now (NCCL, bootstrapped through the backend above, is
- * not used yet; docs/parallel.md).
+ * the GPU: moved by NCCL (bootstrapped through the backend above; comm_nccl.c) when it is there,
+ * else staged through host memory (docs/parallel.md, "On GPUs").
  *
  * Determinism. No collective here adds floating-point numbers: the reduce-scatter is split into
  * an exchange (rt_comm_exchange_shards: every rank receives every rank's copy of its own shard,
@@ -75,13 +75,19 @@ RtStatus rt_comm_barrier(RtComm *c, RtError *err);
 #define RT_COMM_TIMEOUT_DEFAULT 600.0
 RtStatus rt_comm_timeout_env(double *timeout_s, RtError *err);
 
-/* GPU buffers: after rt_comm_set_gpu(c, g), the float vectors of rt_comm_exchange_shards (mine,
- * got) and rt_comm_gather_shards (v) are device memory of g: each call downloads what this rank
- * sends, runs the collective on host copies and uploads what it received (rt_gpu_download waits
- * for g's stream first; the upload is queued on it). gather_f64 and broadcast keep taking host
- * memory. g NULL: host buffers again. The staging copies are part of each call's time. */
+/* GPU buffers: after rt_comm_set_gpu(c, g, err), the float vectors of rt_comm_exchange_shards
+ * (mine, got) and rt_comm_gather_shards (v) are device memory of g. With more than one rank and
+ * NCCL found by g's runtime (MBT_NCCL=0: never), the call opens an NCCL communicator among the
+ * ranks (rank 0's id broadcast through this world) and both collectives move device memory GPU to
+ * GPU on g's stream (comm_nccl.c; rt_comm_nccl says so, rt_comm_backend names NCCL's version).
+ * Otherwise each call downloads what this rank sends, runs the collective on host copies and
+ * uploads what it received (rt_gpu_download waits for g's stream first; the upload is queued on
+ * it). Either way the call returns when the received data is in place. gather_f64 and broadcast
+ * keep taking host memory. g NULL: host buffers again (and NCCL's communicator destroyed: call it
+ * before closing g). The copies are part of each call's time. */
 typedef struct RtGpu RtGpu;
-void rt_comm_set_gpu(RtComm *c, RtGpu *g);
+RtStatus rt_comm_set_gpu(RtComm *c, RtGpu *g, RtError *err);
+int rt_comm_nccl(const RtComm *c);
 
 /* Equal shard boundaries for n elements over size ranks, each a multiple of `align` elements
  * except the last: off has size + 1 entries. */

@@ -1,4 +1,5 @@
-/* comm_internal.h - what comm.c shares with its backends (comm_mpi.c, comm_tcp.c).
+/* comm_internal.h - what comm.c shares with its backends (comm_mpi.c, comm_tcp.c) and its GPU
+ * transport (comm_nccl.c).
  *
  * comm.c owns the public calls of comm.h: it checks their arguments, times them and hands the
  * work to the world's backend through RtCommOps. A backend sees checked arguments only (shard
@@ -42,16 +43,18 @@ struct RtComm {
     void *impl; /* the backend's state */
     int rank, size, local_rank;
     double timeout; /* seconds, > 0 */
-    char backend[96];
-    char launcher[32]; /* rt_comm_launcher */
-    int debug;         /* MBT_DEBUG >= 1 at open */
+    char backend[160];
+    size_t backend_len; /* the backend's own name's length (rt_comm_set_gpu appends NCCL's) */
+    char launcher[32];  /* rt_comm_launcher */
+    int debug;          /* MBT_DEBUG >= 1 at open */
     RtCommStat stat[RT_COMM_NOPS];
-    RtGpu *gpu;         /* rt_comm_set_gpu: the float vectors are its device memory */
-    float *stage[2];    /* host copies of them (grown as needed) */
-    int64_t stage_n[2]; /* their sizes in floats */
-    double t_open;      /* rt_comm_now() at open: the trace's origin */
-    char *trace_path;   /* MBT_TRACE: this rank's file of collectives, or NULL */
-    RtGpuEvent *events; /* the calls, for the trace (at most RT_COMM_TRACE_MAX) */
+    RtGpu *gpu;          /* rt_comm_set_gpu: the float vectors are its device memory */
+    struct RtNccl *nccl; /* comm_nccl.c: device buffers moved by NCCL; NULL: staged through host copies */
+    float *stage[2];     /* host copies of them (grown as needed) */
+    int64_t stage_n[2];  /* their sizes in floats */
+    double t_open;       /* rt_comm_now() at open: the trace's origin */
+    char *trace_path;    /* MBT_TRACE: this rank's file of collectives, or NULL */
+    RtGpuEvent *events;  /* the calls, for the trace (at most RT_COMM_TRACE_MAX) */
     int64_t nevents, cap_events;
 };
 
@@ -63,5 +66,14 @@ double rt_comm_now(void); /* monotonic seconds */
  * a message; c->timeout is set before the call. */
 RtStatus rt_comm_open_mpi(RtComm *c, RtError *err);
 RtStatus rt_comm_open_tcp(RtComm *c, RtError *err);
+
+/* comm_nccl.c, the GPU transport (c->gpu set): opens c->nccl when NCCL is there, the world has
+ * more than one rank and MBT_NCCL is not 0 (else RT_OK with c->nccl NULL); the collectives on
+ * device buffers; the communicator destroyed (or aborted) and c->nccl NULL again. */
+RtStatus rt_comm_nccl_open(RtComm *c, RtError *err);
+int rt_comm_nccl_version(const RtComm *c); /* ncclGetVersion's 22809, or 0 */
+RtStatus rt_comm_nccl_exchange(RtComm *c, const float *mine, const int64_t *off, float *got, RtError *err);
+RtStatus rt_comm_nccl_gather(RtComm *c, float *v, const int64_t *off, RtError *err);
+void rt_comm_nccl_close(RtComm *c, int abort);
 
 #endif

@@ -61,21 +61,37 @@ RtStatus rt_dp_bucket_env(int64_t *floats, RtError *err) {
     return RT_OK;
 }
 
-void rt_dp_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
+void rt_dp_tree_walk(int n, void (*add)(void *ctx, int a, int b), void *ctx) {
     int at[RT_TREE_MAX + 1];
     int64_t size[RT_TREE_MAX + 1];
     int d = 0;
     for (int i = 0; i < n; i++) {
         at[d] = i, size[d++] = 1;
         while (d >= 2 && size[d - 1] == size[d - 2]) {
-            rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+            add(ctx, at[d - 2], at[d - 1]);
             size[d - 2] *= 2, d--;
         }
     }
     while (d >= 2) {
-        rt_host_add(pool, v + at[d - 2] * len, v + at[d - 1] * len, len);
+        add(ctx, at[d - 2], at[d - 1]);
         size[d - 2] += size[d - 1], d--;
     }
+}
+
+typedef struct {
+    RtPool *pool;
+    float *v;
+    int64_t len;
+} RtHostTree;
+
+static void rt_host_tree_add(void *ctx, int a, int b) {
+    RtHostTree *t = ctx;
+    rt_host_add(t->pool, t->v + a * t->len, t->v + b * t->len, t->len);
+}
+
+void rt_dp_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
+    RtHostTree t = {pool, v, len};
+    rt_dp_tree_walk(n, rt_host_tree_add, &t);
 }
 
 static const int64_t *bucket_off(const RtDpReduce *d, int b) { return d->off + (int64_t)b * (d->size + 1); }

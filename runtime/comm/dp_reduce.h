@@ -82,5 +82,8 @@ RtStatus rt_dp_model_env(double *gbps, RtError *err);
  * over the pieces (a binary counter, the older sum on the left, the rest folded from the right;
  * rt_exec.h's RtTree); the sum is the first piece. */
 void rt_dp_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len);
+/* That tree's n - 1 additions in order, each add(ctx, a, b): piece a += piece b. The GPU's sum
+ * over NCCL (train_dp.c) makes the same ones. */
+void rt_dp_tree_walk(int n, void (*add)(void *ctx, int a, int b), void *ctx);
 
 #endif

@@ -10,8 +10,10 @@
  *                loader's path (the driver installs it there; it is never in the toolkit);
  *   cuBLASLt     $MBT_LIBCUBLASLT when set, else libcublasLt.so.13, .so.12, .so on the loader's
  *                path, then in $CUDA_HOME/lib64 and /usr/local/cuda/lib64;
- *   NCCL         libnccl.so.2 on the loader's path, then the same two directories; optional (no
- *                collectives use it yet): only whether it is there is recorded. */
+ *   NCCL         $MBT_LIBNCCL when set (the emulated GPU's tests/cudaemu/fake_nccl.c), else
+ *                libnccl.so.2 on the loader's path, then the same two directories; optional: the
+ *                data-parallel ranks' collectives use it on GPU buffers when it is there
+ *                (runtime/comm/comm_nccl.c). */
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -128,7 +130,10 @@ static int rt_open_cublaslt(RtGpuApi *api, char *why, size_t cap) {
 static void rt_open_nccl(RtGpuApi *api) {
     static const char *const names[] = {"libnccl.so.2"};
     char cand[RT_MAX_CANDIDATES][RT_GPU_PATH_MAX], first[RT_GPU_PATH_MAX];
-    int n = rt_candidates(cand, names, 1);
+    const char *env = getenv("MBT_LIBNCCL");
+    int n = 1;
+    if (env && *env) snprintf(cand[0], sizeof cand[0], "%s", env);
+    else n = rt_candidates(cand, names, 1);
     api->nccl_lib = rt_open_first(cand, n, api->nccl_path, first, sizeof first);
     if (!api->nccl_lib) return;
     int ok = 1;

@@ -59,7 +59,22 @@ typedef struct {
 } cublasLtMatmulHeuristicResult_t;
 
 typedef int ncclResult_t;
+typedef int ncclDataType_t;
+typedef struct ncclComm *ncclComm_t;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+/* ncclConfig_t as NCCL 2.14 laid it out (size, magic and version first): NCCL reads a config by
+ * its size and version, so this older layout is valid with every later library. */
+typedef struct {
+    size_t size;
+    unsigned int magic, version;
+    int blocking, cgaClusterSize, minCTAs, maxCTAs;
+    const char *netName;
+} ncclConfig_t;
 #endif
+#define RT_NCCL_CONFIG_MAGIC 0xcafebeefu
+#define RT_NCCL_CONFIG_VERSION 21400 /* NCCL_VERSION(2, 14, 0) */
 
 /* Layouts cuBLASLt fills or reads (checked against cublasLt.h too). */
 _Static_assert(sizeof(cublasLtMatmulAlgo_t) == 64, "cublasLtMatmulAlgo_t is 64 bytes");
@@ -73,6 +88,7 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's 
     X(CUDA_ERROR_OUT_OF_MEMORY, 2)                                                                                               \
     X(CUDA_ERROR_STUB_LIBRARY, 34)                                                                                               \
     X(CUDA_ERROR_NO_DEVICE, 100)                                                                                                 \
+    X(CUDA_ERROR_NOT_READY, 600)                                                                                                 \
     X(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 16)                                                                              \
     X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 75)                                                                          \
     X(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 76)                                                                          \
@@ -104,7 +120,10 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's 
     X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, 5)                                                                             \
     X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, 6)                                                                             \
     X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, 7)                                                                             \
-    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, 8)
+    X(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, 8)                                                                             \
+    X(ncclSuccess, 0)                                                                                                            \
+    X(ncclInProgress, 7)                                                                                                         \
+    X(ncclFloat32, 7)
 
 #ifndef RT_GPU_CHECK_DECLS
 #define RT_GPU_ENUM(name, value) name = value,
@@ -153,6 +172,7 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
     X(CUresult, cuStreamCreate, "cuStreamCreate", (CUstream *, unsigned int))                                                    \
     X(CUresult, cuStreamDestroy, "cuStreamDestroy_v2", (CUstream))                                                               \
     X(CUresult, cuStreamSynchronize, "cuStreamSynchronize", (CUstream))                                                          \
+    X(CUresult, cuStreamQuery, "cuStreamQuery", (CUstream))                                                                      \
     X(CUresult, cuEventCreate, "cuEventCreate", (CUevent *, unsigned int))                                                       \
     X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                                  \
     X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                             \
@@ -196,8 +216,20 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
       (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,           \
        cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *))
 
-/* NCCL is optional and not used yet (no collectives): only whether it is there, and its version. */
-#define RT_NCCL_FUNCTIONS(X) X(ncclResult_t, ncclGetVersion, "ncclGetVersion", (int *))
+/* NCCL is optional: the data-parallel ranks' collectives on GPU buffers (runtime/comm/comm_nccl.c).
+ * Send and receive (NCCL 2.7) and the non-blocking communicator (2.14) are all it uses. */
+#define RT_NCCL_FUNCTIONS(X)                                                                                                     \
+    X(ncclResult_t, ncclGetVersion, "ncclGetVersion", (int *))                                                                   \
+    X(const char *, ncclGetErrorString, "ncclGetErrorString", (ncclResult_t))                                                    \
+    X(ncclResult_t, ncclGetUniqueId, "ncclGetUniqueId", (ncclUniqueId *))                                                        \
+    X(ncclResult_t, ncclCommInitRankConfig, "ncclCommInitRankConfig", (ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *))    \
+    X(ncclResult_t, ncclCommGetAsyncError, "ncclCommGetAsyncError", (ncclComm_t, ncclResult_t *))                                \
+    X(ncclResult_t, ncclCommAbort, "ncclCommAbort", (ncclComm_t))                                                                \
+    X(ncclResult_t, ncclCommDestroy, "ncclCommDestroy", (ncclComm_t))                                                            \
+    X(ncclResult_t, ncclGroupStart, "ncclGroupStart", (void))                                                                    \
+    X(ncclResult_t, ncclGroupEnd, "ncclGroupEnd", (void))                                                                        \
+    X(ncclResult_t, ncclSend, "ncclSend", (const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))                 \
+    X(ncclResult_t, ncclRecv, "ncclRecv", (void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))
 
 #ifndef RT_GPU_CHECK_DECLS
 
@@ -330,6 +362,7 @@ struct RtGpu {
     char module_note[640];   /* ", from the cache", ", saved in the cache", ", not cached: why" */
     int arch;                /* compute capability x 10 + minor: 90 */
     int sms;                 /* multiprocessors */
+    int ordinal;             /* the device's index among the driver's (rt_gpu_bind_local_rank) */
     int driver;              /* cuDriverGetVersion: 12080 */
     double *partial;         /* device scratch of rt_gpu_sumsq_blocks */
     int64_t partial_cap;

@@ -81,6 +81,11 @@ static RtStatus rt_make_dirs(const char *dir, RtError *err) {
     }
 }
 
+/* rt_gpu_bind_local_rank's rank: which device a GPU opens (modulo the devices the driver sees). */
+static int rt_gpu_local_rank;
+
+void rt_gpu_bind_local_rank(int local_rank) { rt_gpu_local_rank = local_rank > 0 ? local_rank : 0; }
+
 /* ---- opening: the device --------------------------------------------------------------------- */
 
 /* "compute_90" with prefix "compute_": 1 and *v = 90; an architecture with a suffix (sm_90a, whose
@@ -152,7 +157,8 @@ static int rt_gpu_find_device(RtGpu *g, char *why, size_t cap) {
                  vis ? "'" : "");
         return 0;
     }
-    if (!rt_gpu_query(g, api->cuDeviceGet(&g->dev, 0), "cuDeviceGet", why, cap) ||
+    g->ordinal = rt_gpu_local_rank % count; /* one rank per GPU, by local rank (docs/parallel.md) */
+    if (!rt_gpu_query(g, api->cuDeviceGet(&g->dev, g->ordinal), "cuDeviceGet", why, cap) ||
         !rt_gpu_query(g, api->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, g->dev),
                       "cuDeviceGetAttribute", why, cap) ||
         !rt_gpu_query(g, api->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, g->dev),

@@ -36,6 +36,9 @@ typedef enum RtDeviceWant {
  * text it points to stays valid until the calling thread's next rt_gpu_open. */
 RtStatus rt_gpu_open(RtGpu **out, const RtGpuProgram *prog, RtDeviceWant want, const char **why, RtError *err);
 void rt_gpu_close(RtGpu *g); /* frees everything it allocated (NULL is fine) */
+/* A data-parallel rank's GPU: later opens use device local_rank modulo the devices the driver
+ * sees (CUDA_VISIBLE_DEVICES applies first); device 0 until this is called. */
+void rt_gpu_bind_local_rank(int local_rank);
 
 /* "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.2 GiB; driver 12.8; module: cubin sm_90" (or
  * "PTX compute_90, JIT-compiled" / "... from the cache"). */

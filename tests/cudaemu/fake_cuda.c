@@ -417,6 +417,12 @@ CUresult cuStreamSynchronize(CUstream s) {
     return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
 }
 
+/* Every call ran when it was made: the stream is always idle. */
+CUresult cuStreamQuery(CUstream s) {
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+}
+
 typedef struct FakeEvent {
     double ms;
     int recorded;
@@ -776,7 +782,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* NCCL is looked up in its own library, never here. */
+/* NCCL is looked up in its own library, never here (the emulated GPU's is fake_nccl.c). */
 
 /* ---- stream capture: the record and its replay ------------------------------------------------ */
 

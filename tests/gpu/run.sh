@@ -54,8 +54,9 @@
 #   gpu/running            5 steps on the device, then its running buffers, eval's loss and
 #                          generation's logits against tests/verify/ghost_bn_running_oracle.py
 # and, on tests/exec/dp.mbt:
-#   gpu/dp                 dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
-#                          same logs and byte-identical weights (the step's tree, docs/parallel.md)
+#   gpu/dp/nccl, /staged   dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
+#                          same logs and byte-identical weights (the step's tree, docs/parallel.md),
+#                          the ranks' sums moved by NCCL (GPU to GPU) and through host memory
 # and, on tests/exec/pad_gemm.mbt (aligned GEMM shapes, docs/cuda.md):
 #   gpu/pad/step, step2    built with --pad-gemm=64, step 1 on the device against the same source built
 #                          with --pad-gemm=1 on the CPU (cmpdump's tolerances), step 2's loss 1e-5; the
@@ -105,6 +106,7 @@ LOSS_TOL=1e-5 # step 2's logged loss, relative (step 1's is cmpdump's)
 VERIFY_BLOCKS=" mlp-bigram tiny-tiny moe-moe_tiny tiny_bf16-tiny dropout-drop rows-rows rows-rows_bf16 ghost_bn_running-running_bn "
 EMU_LEFT_OUT=" gpt2-gpt2_cpu "
 FAKE="$BUILD/tests/libmbt_fake_cuda.so"
+FAKE_NCCL="$BUILD/tests/libmbt_fake_nccl.so" # the emulated GPU's NCCL (tests/cudaemu/fake_nccl.c)
 
 DEVICE=${MBT_GPU_TEST_DEVICE:-cuda}
 case "$DEVICE" in
@@ -191,7 +193,7 @@ on_device() {
         echo "tests/cudaemu/build.sh $cu failed" >>"$2.out"
         return 1
     fi
-    MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_FAKE_CUDA_EMU="$cu.so" train "$@" "${DUT[@]}"
+    MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_LIBNCCL="$FAKE_NCCL" MBT_FAKE_CUDA_EMU="$cu.so" train "$@" "${DUT[@]}"
 }
 # within A B TOL: A and B are numbers within TOL of A, relatively
 within() {
@@ -366,18 +368,24 @@ on_device_cmd() {
     shift 3
     if [ "$DEVICE" = emu ]; then
         [ -f "$cu.so" ] || tests/cudaemu/build.sh "$cu" "$cu.so" >"$out" 2>&1 || return 1
-        MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_FAKE_CUDA_EMU="$cu.so" timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
+        MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_LIBNCCL="$FAKE_NCCL" MBT_FAKE_CUDA_EMU="$cu.so" timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
     else
         timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
     fi
 }
 # ---- data parallelism on the device: the step's tree, one process against 2 ranks -----------------
-# gpu/dp: tests/exec/dp.mbt's dp1 alone (4 micro-batches summed on the device) and dp2 as 2 ranks of
-# the tcp backend sharing the device (2 each, the ranks' partial sums exchanged and added on the host,
-# in 7 buckets of MBT_DP_BUCKET_MB=0.1 after the backward: the GPU does not overlap them with it),
-# 3 steps: the same logs to every digit and byte-identical weights (docs/parallel.md, the tree).
+# gpu/dp/TRANSPORT: tests/exec/dp.mbt's dp1 alone (4 micro-batches summed on the device) and dp2 as
+# 2 ranks of the tcp backend (2 each), 3 steps: the same logs to every digit and byte-identical
+# weights (docs/parallel.md, the tree). Two transports for the ranks' partial sums:
+#   nccl    exchanged and gathered GPU to GPU by NCCL, added on each rank's device by the same tree
+#           (the emulated GPU's NCCL is tests/cudaemu/fake_nccl.c; on a real machine it needs a GPU a
+#           rank: NCCL refuses two ranks on one device, so it runs where 2 GPUs are visible)
+#   staged  MBT_NCCL=0: through host memory, added on the host in 7 buckets of MBT_DP_BUCKET_MB=0.1
+#           after the backward (the GPU does not overlap them with it)
 d="$DIR/dp"
 mkdir -p "$d/1" "$d/2"
+ngpus=0
+[ "$DEVICE" = emu ] || ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 if ! build "$d/1" tests/exec/dp.mbt --train dp1 -I examples || ! build "$d/2" tests/exec/dp.mbt --train dp2 -I examples; then
     fail gpu/dp "mbtc tests/exec/dp.mbt -o or --emit=cuda failed" "$OUT"
 elif [ "$DEVICE" = emu ] && ! { [ -f "$d/2/prog.cu.so" ] || tests/cudaemu/build.sh "$d/2/prog.cu" "$d/2/prog.cu.so" >"$OUT" 2>&1; }; then
@@ -385,28 +393,43 @@ elif [ "$DEVICE" = emu ] && ! { [ -f "$d/2/prog.cu.so" ] || tests/cudaemu/build.
 else
     on_device_cmd "$d/1/prog.cu" "$d/1/prog" "$d/1.out" train --steps 3 --data "$DATA" --save-weights "$d/1.st" --log "$d/1.jsonl"
     rc1=$?
-    port=$((30000 + ($$ + RANDOM) % 20000))
-    pids=()
-    for r in 0 1; do
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_DP_BUCKET_MB=0.1 \
-            on_device_cmd "$d/2/prog.cu" "$d/2/prog" "$d/2.$r.out" train --steps 3 --data "$DATA" \
-            --save-weights "$d/2.st" --log "$d/2.jsonl" &
-        pids+=($!)
-    done
-    rc2=0
-    for p in "${pids[@]}"; do wait "$p" || rc2=1; done
     strip() { sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$1"; }
-    if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
-        fail gpu/dp "a run failed (alone: status $rc1; 2 ranks: $rc2)" "$d/1.out" "$d/2.0.out" "$d/2.1.out"
-    elif ! grep -q "^data-parallel: 2 processes" "$d/2.0.out"; then
-        fail gpu/dp "rank 0 does not say it is one of 2 processes" "$d/2.0.out"
-    elif ! grep -q "^data-parallel: the ranks' sum in 7 buckets .* after the backward (the GPU's)" "$d/2.0.out"; then
-        fail gpu/dp "rank 0 does not say the GPU reduces its 7 buckets after the backward" "$d/2.0.out"
-    elif ! cmp -s "$d/1.st" "$d/2.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/2.jsonl")" ]; then
-        fail gpu/dp "2 ranks on the device did not log and save what one process did" "$d/1.jsonl" "$d/2.jsonl"
-    else
-        pass "gpu/dp (2 ranks on the device: the logs and the weights of one process, byte for byte, 3 steps)"
-    fi
+    for tr in nccl staged; do
+        if [ $tr = nccl ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+            skip gpu/dp/nccl "NCCL needs a GPU a rank and this machine has $ngpus"
+            continue
+        fi
+        nccl=1
+        [ $tr = staged ] && nccl=0
+        port=$((30000 + ($$ + RANDOM) % 20000))
+        pids=()
+        for r in 0 1; do
+            RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_DP_BUCKET_MB=0.1 \
+                MBT_NCCL=$nccl on_device_cmd "$d/2/prog.cu" "$d/2/prog" "$d/2.$tr.$r.out" train --steps 3 --data "$DATA" \
+                --save-weights "$d/2.$tr.st" --log "$d/2.$tr.jsonl" &
+            pids+=($!)
+        done
+        rc2=0
+        for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+        if [ $tr = nccl ]; then
+            said="^data-parallel: the ranks' sum on the GPUs, after the backward: shards exchanged and gathered by NCCL"
+            what="the GPUs sum over NCCL"
+        else
+            said="^data-parallel: the ranks' sum in 7 buckets .* after the backward (the GPU's)"
+            what="the GPU reduces its 7 buckets after the backward"
+        fi
+        if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
+            fail gpu/dp/$tr "a run failed (alone: status $rc1; 2 ranks: $rc2)" "$d/1.out" "$d/2.$tr.0.out" "$d/2.$tr.1.out"
+        elif ! grep -q "^data-parallel: 2 processes" "$d/2.$tr.0.out"; then
+            fail gpu/dp/$tr "rank 0 does not say it is one of 2 processes" "$d/2.$tr.0.out"
+        elif ! grep -q "$said" "$d/2.$tr.0.out"; then
+            fail gpu/dp/$tr "rank 0 does not say $what" "$d/2.$tr.0.out"
+        elif ! cmp -s "$d/1.st" "$d/2.$tr.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/2.$tr.jsonl")" ]; then
+            fail gpu/dp/$tr "2 ranks on the device did not log and save what one process did" "$d/1.jsonl" "$d/2.$tr.jsonl"
+        else
+            pass "gpu/dp/$tr (2 ranks on the device: the logs and the weights of one process, byte for byte, 3 steps)"
+        fi
+    done
 fi
 
 # ---- recompute on the device: the re-runs leave every bit as it was ----------------------------------

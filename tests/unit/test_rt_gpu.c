@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "comm.h"
 #include "fake_cuda.h"
@@ -34,7 +35,8 @@
 #define STUB_DRIVER "/usr/local/cuda/lib64/stubs/libcuda.so"
 #define HASH "xxh3-128:0123456789abcdef0123456789abcdef"
 
-static char fake_path[PATH_MAX]; /* libmbt_fake_cuda.so beside this executable */
+static char fake_path[PATH_MAX];      /* libmbt_fake_cuda.so beside this executable */
+static char fake_nccl_path[PATH_MAX]; /* libmbt_fake_nccl.so beside it */
 static void dir_make(void) { dir_make_tagged("gpu"); }
 
 /* The whole file, NUL-terminated (NULL when it cannot be read); *n its size. */
@@ -96,6 +98,8 @@ static const RtGpuProgram program = {images, 5, kernels, 2, HASH, NULL, NULL, NU
 static FakeControl *use_fake(void) {
     setenv("MBT_LIBCUDA", fake_path, 1);
     setenv("MBT_LIBCUBLASLT", fake_path, 1);
+    setenv("MBT_LIBNCCL", fake_nccl_path, 1); /* never the machine's own NCCL on the fake driver */
+    unsetenv("MBT_NCCL");
     unsetenv("MBT_DEBUG");
     unsetenv("MBT_TRACE");
     unsetenv("MBT_CACHE_DIR");
@@ -924,6 +928,7 @@ static void fake_timing_off(void) {
  * exactly what host buffers get; rank 1 checks its own side. Shards are uneven: [0, 3), [3, 10). */
 static void fake_comm_staging(void) {
     FakeControl *fake = use_fake();
+    setenv("MBT_NCCL", "0", 1); /* the staged path, though the fake NCCL is there */
     enum { N = 10 };
     const int64_t off[3] = {0, 3, N};
     char port[16];
@@ -958,7 +963,7 @@ static void fake_comm_staging(void) {
         if (child > 0) waitpid(child, NULL, 0);
         return;
     }
-    rt_comm_set_gpu(c, g);
+    CHECK(rt_comm_set_gpu(c, g, &e) == RT_OK && !rt_comm_nccl(c), "set_gpu with MBT_NCCL=0: %s", e.msg);
     float host[N], got[2 * 3], v[N];
     for (int k = 0; k < N; k++) host[k] = (float)k;
     void *dmine = NULL, *dgot = NULL, *dv = NULL;
@@ -996,6 +1001,154 @@ static void fake_comm_staging(void) {
     rt_gpu_close(g);
     unsetenv("RANK");
     unsetenv("WORLD_SIZE");
+    unsetenv("MBT_NCCL");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The tcp world of two ranks (this process rank 0, a forked rank 1), each with its own fake GPU. */
+static void fake_world_env(void) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", 30000 + (int)((getpid() + 7) % 20000));
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port, 1);
+    unsetenv("MBT_COMM");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("PMIX_RANK");
+}
+
+/* One rank's side of fake_comm_nccl: rank r's vector is 100 r + k in its GPU's memory; it must
+ * receive every rank's copy of its shard and, after the gather, every rank's shard of v.
+ * Returns a description of the first wrong value, or NULL. The staging copies must not happen. */
+static const char *nccl_rank_side(int rank, FakeControl *fake, char *why, size_t cap) {
+    enum { N = 10 };
+    const int64_t off[3] = {0, 3, N};
+    RtComm *c = NULL;
+    RtError e;
+    rt_error_clear(&e);
+    if (rt_comm_open(&c, 10, &e) != RT_OK) return snprintf(why, cap, "open: %.400s", e.msg), why;
+    RtGpu *g = NULL;
+    if (rt_gpu_open(&g, &program, RT_DEVICE_CUDA, NULL, &e) != RT_OK) return snprintf(why, cap, "gpu: %.400s", e.msg), why;
+    if (rt_comm_set_gpu(c, g, &e) != RT_OK || !rt_comm_nccl(c))
+        return snprintf(why, cap, "set_gpu (NCCL expected): %.400s", e.msg), why;
+    if (!strstr(rt_comm_backend(c), "GPU buffers over NCCL 2.99.0"))
+        return snprintf(why, cap, "the backend does not name NCCL: %s", rt_comm_backend(c)), why;
+    int64_t len = off[rank + 1] - off[rank];
+    float mine[N], got[2 * 7], v[N];
+    for (int k = 0; k < N; k++) mine[k] = 100.0f * (float)rank + (float)k, v[k] = -1.0f;
+    for (int k = off[rank]; k < off[rank + 1]; k++) v[k] = 1000.0f * (float)(rank + 1) + (float)k;
+    void *dmine = NULL, *dgot = NULL, *dv = NULL;
+    if (rt_gpu_alloc(g, &dmine, sizeof mine, "mine", &e) || rt_gpu_alloc(g, &dgot, sizeof got, "got", &e) ||
+        rt_gpu_alloc(g, &dv, sizeof v, "v", &e) || rt_gpu_upload(g, dmine, mine, sizeof mine, &e) ||
+        rt_gpu_upload(g, dv, v, sizeof v, &e) || rt_gpu_sync(g, "uploads", &e))
+        return snprintf(why, cap, "device buffers: %.400s", e.msg), why;
+    long long down = fake->dtoh_bytes, up = fake->htod_bytes;
+    if (rt_comm_exchange_shards(c, dmine, off, dgot, &e) != RT_OK) return snprintf(why, cap, "exchange: %.400s", e.msg), why;
+    if (rt_comm_gather_shards(c, dv, off, &e) != RT_OK) return snprintf(why, cap, "gather: %.400s", e.msg), why;
+    if (fake->dtoh_bytes != down || fake->htod_bytes != up)
+        return snprintf(why, cap, "the collectives staged %lld bytes down and %lld up", fake->dtoh_bytes - down,
+                        fake->htod_bytes - up),
+               why;
+    if (rt_gpu_download(g, got, dgot, 2 * len * 4, &e) || rt_gpu_download(g, v, dv, sizeof v, &e))
+        return snprintf(why, cap, "download: %.400s", e.msg), why;
+    for (int i = 0; i < 2; i++)
+        for (int64_t k = 0; k < len; k++)
+            if (got[i * len + k] != 100.0f * (float)i + (float)(off[rank] + k))
+                return snprintf(why, cap, "rank %d: got[%lld] is %g", rank, (long long)(i * len + k), got[i * len + k]), why;
+    for (int k = 0; k < N; k++)
+        if (v[k] != 1000.0f * (float)(k < 3 ? 1 : 2) + (float)k)
+            return snprintf(why, cap, "rank %d: v[%d] is %g", rank, k, v[k]), why;
+    rt_gpu_free(g, dmine), rt_gpu_free(g, dgot), rt_gpu_free(g, dv);
+    if (rt_comm_set_gpu(c, NULL, &e) != RT_OK) return snprintf(why, cap, "set_gpu NULL: %.400s", e.msg), why;
+    rt_comm_close(c);
+    rt_gpu_close(g);
+    return NULL;
+}
+
+/* exchange_shards and gather_shards over (fake) NCCL: device buffers GPU to GPU, no staging, the
+ * same values as the host path; uneven shards [0, 3), [3, 10). */
+static void fake_comm_nccl(void) {
+    FakeControl *fake = use_fake();
+    fake_world_env();
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        setenv("RANK", "1", 1);
+        char why[1200];
+        const char *bad = nccl_rank_side(1, fake, why, sizeof why);
+        if (bad) fprintf(stderr, "rank 1: %s\n", bad);
+        _exit(bad ? 3 : 0);
+    }
+    setenv("RANK", "0", 1);
+    char why[1200];
+    const char *bad = nccl_rank_side(0, fake, why, sizeof why);
+    CHECK(!bad, "rank 0: %s", bad);
+    int st = -1;
+    waitpid(child, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 1 failed: status %d", st);
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+}
+
+/* A rank whose NCCL never finishes (MBT_FAKE_NCCL_HANG) fails after the timeout, naming it, and
+ * aborts its communicator; a group that fails (MBT_FAKE_NCCL_FAIL) is NCCL's error, named. */
+static void fake_comm_nccl_failures(void) {
+    use_fake();
+    for (int mode = 0; mode < 2; mode++) {
+        fake_world_env();
+        setenv(mode == 0 ? "MBT_FAKE_NCCL_HANG" : "MBT_FAKE_NCCL_FAIL", "0", 1);
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) { /* rank 1: runs its side until its peer gives up */
+            setenv("RANK", "1", 1);
+            RtComm *c = NULL;
+            RtGpu *g = NULL;
+            RtError e;
+            if (rt_comm_open(&c, 2, &e) == RT_OK && rt_gpu_open(&g, &program, RT_DEVICE_CUDA, NULL, &e) == RT_OK &&
+                rt_comm_set_gpu(c, g, &e) == RT_OK) {
+                float *d = NULL;
+                const int64_t off[3] = {0, 3, 10};
+                if (rt_gpu_alloc(g, (void **)&d, 40, "v", &e) == RT_OK) rt_comm_gather_shards(c, d, off, &e);
+            }
+            _exit(0);
+        }
+        setenv("RANK", "0", 1);
+        RtComm *c = NULL;
+        RtError e;
+        rt_error_clear(&e);
+        CHECK(rt_comm_open(&c, 1, &e) == RT_OK, "open: %s", e.msg);
+        RtGpu *g = c ? open_fake(&program) : NULL;
+        double t0 = now_s();
+        RtStatus st = RT_OK;
+        if (g) st = rt_comm_set_gpu(c, g, &e);
+        if (g && st == RT_OK) {
+            float *d = NULL;
+            const int64_t off[3] = {0, 3, 10};
+            st = rt_gpu_alloc(g, (void **)&d, 40, "v", &e);
+            if (st == RT_OK) st = rt_comm_gather_shards(c, d, off, &e);
+        }
+        double dt = now_s() - t0;
+        if (mode == 0) {
+            CHECK(st != RT_OK && strstr(e.msg, "no progress in 1 s") && strstr(e.msg, "opening NCCL"),
+                  "a hung NCCL: status %d, '%s'", st, e.msg);
+            CHECK(dt < 5, "a hung NCCL took %.1f s to fail with a 1 s timeout", dt);
+        } else {
+            CHECK(st != RT_OK && strstr(e.msg, "ncclGroupEnd") && strstr(e.msg, "NCCL error 2"),
+                  "a failing group: status %d, '%s'", st, e.msg);
+        }
+        rt_comm_close(c);
+        rt_gpu_close(g);
+        int ws = -1;
+        waitpid(child, &ws, 0);
+        unsetenv(mode == 0 ? "MBT_FAKE_NCCL_HANG" : "MBT_FAKE_NCCL_FAIL");
+        unsetenv("RANK");
+        unsetenv("WORLD_SIZE");
+    }
 }
 
 int main(int argc, char **argv) {
@@ -1005,6 +1158,8 @@ int main(int argc, char **argv) {
     self[n > 0 ? n : 0] = 0;
     char *slash = strrchr(self, '/');
     snprintf(fake_path, sizeof fake_path, "%.*s/libmbt_fake_cuda.so", slash ? (int)(slash - self) : 1, slash ? self : ".");
+    snprintf(fake_nccl_path, sizeof fake_nccl_path, "%.*s/libmbt_fake_nccl.so", slash ? (int)(slash - self) : 1,
+             slash ? self : ".");
     (void)argv;
 
     RUN(no_driver);
@@ -1032,5 +1187,7 @@ int main(int argc, char **argv) {
     RUN(fake_timing_and_trace);
     RUN(fake_timing_off);
     RUN(fake_comm_staging);
+    RUN(fake_comm_nccl);
+    RUN(fake_comm_nccl_failures);
     return unit_finish();
 }
