@@ -357,75 +357,39 @@ LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
  * RtStep.lo/hi): every launch an elementwise kernel over the n elements of the flat update vectors
  * (one work item per element, so a range of work items is the same arithmetic on those
  * elements), every state buffer one whole variable, every move a whole vector. Else why not. */
-const char *update_range_refusal(const Host *h, const Sched *S) {
-    const GraphUpdate *u = h->plan->update->update;
-    const FuseResult *r = S->r;
+const char *update_range_refusal(const Plan *plan, const FuseResult *r, const PlanPhaseMem *mem, Arena *ar) {
+    const GraphUpdate *u = plan->update->update;
     int64_t n = u->n;
     for (int li = 0; li < r->nlaunches; li++) {
         const FuseLaunch *L = &r->launches[li];
         if (L->kind == FL_GEMM) return "its update has a matrix product";
         const Kernel *k = r->kernels[L->kernel];
         if (k->kind != KK_ELEMENTWISE || k->grid != n)
-            return arena_printf(h->ar, "its update has a %s kernel over %lld work items, not one per element",
+            return arena_printf(ar, "its update has a %s kernel over %lld work items, not one per element",
                                 kir_kind_name(k->kind), (long long)k->grid);
     }
     for (int i = 0; i < r->nbuffers; i++) {
-        const PlanSlot *sl = &S->mem->slots[i];
+        const PlanSlot *sl = &mem->slots[i];
         if (sl->home == PH_STATE && (sl->bytes != n * 4 || sl->offset % (n * 4) != 0))
             return "its optimizer state is not one vector a variable";
         if (sl->home != PH_NONE && sl->bytes != n * 4 && sl->bytes != 4 && sl->home != PH_ARENA)
             return "its update reads a region that is not one vector";
     }
-    for (int i = 0; i < S->mem->nwrites; i++) {
-        const PlanWrite *w = &S->mem->writes[i];
-        if (w->bytes != n * 4 || w->offset % (n * 4) != 0 || S->mem->slots[w->buffer].home != PH_ARENA)
+    for (int i = 0; i < mem->nwrites; i++) {
+        const PlanWrite *w = &mem->writes[i];
+        if (w->bytes != n * 4 || w->offset % (n * 4) != 0 || mem->slots[w->buffer].home != PH_ARENA)
             return "its update's results are not whole vectors";
     }
-    if (h->plan->mem.param_bytes != n * 4 || h->plan->mem.state_bytes != (int64_t)u->nstate * n * 4)
+    if (plan->mem.param_bytes != n * 4 || plan->mem.state_bytes != (int64_t)u->nstate * n * 4)
         return "its optimizer state is not one vector a variable";
     return NULL;
 }
 
-/* dst[j] = src[j] for j < count (a run-time count; nothing when it is 0 or below). */
-static void emit_f32_copy_dyn(Host *h, LLVMValueRef fn, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef count) {
-    LLVMBasicBlockRef pre = LLVMGetInsertBlock(h->b);
-    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(h->ctx, fn, "copy");
-    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(h->ctx, fn, "copied");
-    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntSGT, count, ci64(h, 0), ""), body, done);
-    LLVMPositionBuilderAtEnd(h->b, body);
-    LLVMValueRef j = LLVMBuildPhi(h->b, h->i64, "j");
-    LLVMValueRef v = LLVMBuildLoad2(h->b, h->f32, LLVMBuildGEP2(h->b, h->f32, src, &j, 1, ""), "");
-    LLVMBuildStore(h->b, v, LLVMBuildGEP2(h->b, h->f32, dst, &j, 1, ""));
-    LLVMValueRef next = LLVMBuildAdd(h->b, j, ci64(h, 1), "");
-    LLVMValueRef in[2] = {ci64(h, 0), next};
-    LLVMBasicBlockRef from[2] = {pre, body};
-    LLVMAddIncoming(j, in, from, 2);
-    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntSLT, next, count, ""), body, done);
-    LLVMPositionBuilderAtEnd(h->b, done);
-}
-
-/* The wrapper of update kernel k that runs work items [begin + lo, end + lo): lo is the pointer
- * slot after the kernel's buffers (rt_parallel_for splits [0, hi - lo)). */
-static LLVMValueRef update_range_wrapper(Host *h, const Sched *S, int k) {
-    const Kernel *kn = S->r->kernels[k];
-    LLVMBasicBlockRef saved = LLVMGetInsertBlock(h->b);
-    LLVMValueRef w = LLVMAddFunction(h->m, arena_printf(h->ar, "%s.range_lo", kn->name), h->range_fn_t);
-    LLVMSetLinkage(w, LLVMInternalLinkage);
-    LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, w, "entry"));
-    LLVMValueRef bufs = LLVMGetParam(w, 0), at = ci64(h, kn->nbufs);
-    LLVMValueRef lo =
-        LLVMBuildPtrToInt(h->b, LLVMBuildLoad2(h->b, h->ptr, LLVMBuildGEP2(h->b, h->ptr, bufs, &at, 1, ""), ""), h->i64, "lo");
-    LLVMValueRef a[3] = {bufs, LLVMBuildAdd(h->b, LLVMGetParam(w, 1), lo, ""), LLVMBuildAdd(h->b, LLVMGetParam(w, 2), lo, "")};
-    LLVMBuildCall2(h->b, LLVMGlobalGetValueType(S->kfn[k]), S->kfn[k], a, 3, "");
-    LLVMBuildRetVoid(h->b);
-    LLVMPositionBuilderAtEnd(h->b, saved);
-    return w;
-}
-
-/* The CPU's optimizer_update on [lo, hi) (RtStep; hi = 0: the whole region): every kernel over
- * those work items, with the regions' addresses as they are (work item = element) except the
- * state's, whose variable j starts at state + j x (hi - lo) - lo so that element lo + k is at
- * j x (hi - lo) + k; then the moves of [lo, hi). */
+/* optimizer_update on [lo, hi) (RtStep; hi = 0: the whole region): every kernel over those work
+ * items (the target's launch_range: the CPU's pool, the GPU's kernels take lo and hi), with the
+ * regions' addresses as they are (work item = element) except the state's, whose variable j starts
+ * at state + j x (hi - lo) - lo so that element lo + k is at j x (hi - lo) + k; then the moves of
+ * [lo, hi). */
 static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr) {
     const GraphUpdate *u = h->plan->update->update;
     const FuseResult *r = S->r;
@@ -442,15 +406,11 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
         LLVMValueRef at = LLVMBuildSub(h->b, LLVMBuildMul(h->b, ci64(h, sl->offset / (u->n * 4)), len, ""), lo, "");
         addr[i] = LLVMBuildGEP2(h->b, h->f32, state, &at, 1, "state_var");
     }
-    LLVMValueRef lo_ptr = LLVMBuildIntToPtr(h->b, lo, h->ptr, "lo_slot");
     for (int li = 0; li < r->nlaunches; li++) {
         const Kernel *k = r->kernels[r->launches[li].kernel];
-        LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 2));
+        LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 1));
         for (int i = 0; i < k->nbufs; i++) bufs[i] = addr[k->bufs[i].buffer];
-        bufs[k->nbufs] = lo_ptr;
-        LLVMValueRef a[4] = {f->exec, len, update_range_wrapper(h, S, r->launches[li].kernel),
-                             ptr_array(h, bufs, k->nbufs + 1, "bufs")};
-        LLVMBuildCall2(h->b, h->pfor_t, h->pfor, a, 4, "");
+        h->target->launch_range(h, f, S, r->launches[li].kernel, bufs, lo, hi);
     }
     LLVMValueRef region[PH_ARENA + 1] = {NULL};
     region[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
@@ -461,7 +421,7 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
         LLVMValueRef src = LLVMBuildGEP2(h->b, h->f32, addr[w->buffer], &lo, 1, "");
         LLVMValueRef at = w->to == PH_STATE ? LLVMBuildMul(h->b, ci64(h, w->offset / (u->n * 4)), len, "")
                                             : LLVMBuildAdd(h->b, ci64(h, w->offset / 4), lo, "");
-        emit_f32_copy_dyn(h, f->fn, LLVMBuildGEP2(h->b, h->f32, region[w->to], &at, 1, ""), src, len);
+        h->target->copy_n(h, f, LLVMBuildGEP2(h->b, h->f32, region[w->to], &at, 1, ""), src, len);
     }
 }
 
@@ -501,9 +461,8 @@ LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab
 
 /* optimizer_update: lr and t into the plan's arena slots, the update schedule's launches over the
  * parameter, gradient and state regions, then the plan's moves: the new parameters and state
- * copied into their regions. On the CPU, when the update allows it (update_range_refusal), over
- * RtStep's [lo, hi) (emit_update_ranged); the GPU's runs over the whole region (the runtime
- * refuses ZeRO on the GPU). */
+ * copied into their regions. When the update allows it (update_range_refusal), over RtStep's
+ * [lo, hi) (emit_update_ranged), on the CPU and the GPU alike. */
 LLVMValueRef emit_update(Host *h, Sched *S) {
     const PlanMemory *m = &h->plan->mem;
     HostFn f = host_fn_begin(h, "optimizer_update");
@@ -519,8 +478,8 @@ LLVMValueRef emit_update(Host *h, Sched *S) {
     h->target->upload(h, &f, slots, host_slots, 2);
     LLVMValueRef *addr = sched_addrs(h, S, s);
     /* ranged whenever it can be, not only with zero > 0: the same code at any zero setting, so the
-     * program hash (and a checkpoint) does not change with it */
-    if (h->target == &host_target_cpu && !update_range_refusal(h, S)) {
+     * program hash (and a checkpoint) does not change with it (host_schedules marks the kernels) */
+    if (S->r->nkernels > 0 && S->r->kernels[0]->ranged) {
         emit_update_ranged(h, &f, S, addr);
         LLVMBuildRet(h->b, ci32(h, 0));
         return f.fn;
@@ -723,7 +682,7 @@ static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
         return;
     }
     if (ts->offload_optimizer != STORE_NVME) return;
-    const char *no_range = h->plan->mem.offload_chunk ? update_range_refusal(h, upd) : NULL;
+    const char *no_range = h->plan->mem.offload_chunk ? update_range_refusal(h->plan, upd->r, upd->mem, h->ar) : NULL;
     if (no_range) {
         diag_error(ts->offload_at[1], "offload.optimizer = nvme needs an optimizer whose update is elementwise, but %s",
                    no_range);
@@ -768,7 +727,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     sched_kernels(h, &step, 1);
     sched_kernels(h, &upd, 0);
     LLVMValueRef fb = emit_forward(h, &step, 1), fl = emit_forward(h, &step, 0), fst = emit_stats(h, &step);
-    const char *no_range = h->ts->zero > 0 ? update_range_refusal(h, &upd) : NULL;
+    const char *no_range = h->ts->zero > 0 ? update_range_refusal(h->plan, upd.r, upd.mem, h->ar) : NULL;
     if (no_range) {
         diag_error(h->ts->zero_at, "parallel.zero = %lld needs an optimizer whose update is elementwise, but %s",
                    (long long)h->ts->zero, no_range);
@@ -820,6 +779,11 @@ int host_schedules(const Plan *plan, HostSchedules *out, Arena *ar) {
     for (int i = 0; i < out->n; i++)
         for (int k = 0; k < out->r[i]->nkernels; k++)
             out->r[i]->kernels[k]->name = arena_printf(ar, "%s%s", out->prefix[i], out->r[i]->kernels[k]->name);
+    /* the update runs on a range of the parameter region whenever it can, at any parallel.zero (the
+     * same kernels, so the program hash does not change with it): the GPU's kernels take the range */
+    const FuseResult *u = out->r[PLAN_UPDATE];
+    if (!update_range_refusal(plan, u, &plan->mem.phase[PLAN_UPDATE], ar))
+        for (int k = 0; k < u->nkernels; k++) u->kernels[k]->ranged = 1;
     plan_warn_no_logits(out, plan->name);
     return diag_error_count() ? 1 : 0;
 }

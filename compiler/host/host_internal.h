@@ -108,6 +108,10 @@ struct HostTarget {
     LLVMValueRef (*executor)(Host *h, LLVMValueRef s);
     /* launches kernel `kernel` of S on its buffers' addresses, an array of pointers */
     void (*launch)(Host *h, const HostFn *f, const Sched *S, int kernel, LLVMValueRef bufs);
+    /* launches a ranged kernel (Kernel.ranged: the optimizer update) over work items [lo, hi) on its
+     * buffers' addresses bufs[0 .. nbufs) (bufs has room for one more) */
+    void (*launch_range)(Host *h, const HostFn *f, const Sched *S, int kernel, LLVMValueRef *bufs, LLVMValueRef lo,
+                         LLVMValueRef hi);
     /* the runtime's batched GEMM for matrices of dtype dt (f32 or bf16), rt_sgemm_batched's
      * arguments with the executor first */
     LLVMValueRef (*gemm)(Host *h, DType dt);
@@ -119,6 +123,8 @@ struct HostTarget {
                            int count, LLVMValueRef scale);
     /* dst = src over n f32; to_host: dst is host memory (the logits), else the target's */
     void (*copy)(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, int64_t n, int to_host);
+    /* dst = src over count f32 (a run-time count; nothing when it is 0 or below), the target's memory */
+    void (*copy_n)(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef count);
     /* the f32 loss at src into the double RtStep.loss at dst (the GPU queues it for the host) */
     void (*read_loss)(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src);
     /* where the host function writes n f32 values meant for the target's memory at dst (dst
@@ -144,7 +150,7 @@ LLVMValueRef begin_fn(Host *h, const char *name, LLVMTypeRef ret);
 HostFn host_fn_begin(Host *h, const char *name);
 void emit_check(Host *h, LLVMValueRef fn, LLVMValueRef st);
 /* NULL when the update schedule can run on a range of the parameter region (ZeRO), else why not */
-const char *update_range_refusal(const Host *h, const Sched *S);
+const char *update_range_refusal(const Plan *plan, const FuseResult *r, const PlanPhaseMem *mem, Arena *ar);
 LLVMValueRef ptr_array(Host *h, LLVMValueRef const *v, int n, const char *name);
 /* the constant struct t of v[0..n), every field set (an emitter fills v by field index from
  * zeroed arrays: a field it forgot is an internal error, not a garbage pointer) */

@@ -64,14 +64,64 @@ static void cpu_upload(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef 
     (void)h, (void)f, (void)dst, (void)staged, (void)n;
 }
 
+/* dst[j] = src[j] for j < count (a run-time count; nothing when it is 0 or below). */
+static void cpu_copy_n(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef count) {
+    LLVMValueRef fn = f->fn;
+    LLVMBasicBlockRef pre = LLVMGetInsertBlock(h->b);
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(h->ctx, fn, "copy");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(h->ctx, fn, "copied");
+    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntSGT, count, ci64(h, 0), ""), body, done);
+    LLVMPositionBuilderAtEnd(h->b, body);
+    LLVMValueRef j = LLVMBuildPhi(h->b, h->i64, "j");
+    LLVMValueRef v = LLVMBuildLoad2(h->b, h->f32, LLVMBuildGEP2(h->b, h->f32, src, &j, 1, ""), "");
+    LLVMBuildStore(h->b, v, LLVMBuildGEP2(h->b, h->f32, dst, &j, 1, ""));
+    LLVMValueRef next = LLVMBuildAdd(h->b, j, ci64(h, 1), "");
+    LLVMValueRef in[2] = {ci64(h, 0), next};
+    LLVMBasicBlockRef from[2] = {pre, body};
+    LLVMAddIncoming(j, in, from, 2);
+    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntSLT, next, count, ""), body, done);
+    LLVMPositionBuilderAtEnd(h->b, done);
+}
+
+/* The wrapper of update kernel k that runs work items [begin + lo, end + lo): lo is the pointer
+ * slot after the kernel's buffers (rt_parallel_for splits [0, hi - lo)). */
+static LLVMValueRef update_range_wrapper(Host *h, const Sched *S, int k) {
+    const Kernel *kn = S->r->kernels[k];
+    LLVMBasicBlockRef saved = LLVMGetInsertBlock(h->b);
+    LLVMValueRef w = LLVMAddFunction(h->m, arena_printf(h->ar, "%s.range_lo", kn->name), h->range_fn_t);
+    LLVMSetLinkage(w, LLVMInternalLinkage);
+    LLVMPositionBuilderAtEnd(h->b, LLVMAppendBasicBlockInContext(h->ctx, w, "entry"));
+    LLVMValueRef bufs = LLVMGetParam(w, 0), at = ci64(h, kn->nbufs);
+    LLVMValueRef lo =
+        LLVMBuildPtrToInt(h->b, LLVMBuildLoad2(h->b, h->ptr, LLVMBuildGEP2(h->b, h->ptr, bufs, &at, 1, ""), ""), h->i64, "lo");
+    LLVMValueRef a[3] = {bufs, LLVMBuildAdd(h->b, LLVMGetParam(w, 1), lo, ""), LLVMBuildAdd(h->b, LLVMGetParam(w, 2), lo, "")};
+    LLVMBuildCall2(h->b, LLVMGlobalGetValueType(S->kfn[k]), S->kfn[k], a, 3, "");
+    LLVMBuildRetVoid(h->b);
+    LLVMPositionBuilderAtEnd(h->b, saved);
+    return w;
+}
+
+/* kernel over [lo, hi): its range wrapper over [0, hi - lo) on the pool, lo in the pointer slot
+ * after its buffers */
+static void cpu_launch_range(Host *h, const HostFn *f, const Sched *S, int kernel, LLVMValueRef *bufs, LLVMValueRef lo,
+                             LLVMValueRef hi) {
+    const Kernel *k = S->r->kernels[kernel];
+    bufs[k->nbufs] = LLVMBuildIntToPtr(h->b, lo, h->ptr, "lo_slot");
+    LLVMValueRef a[4] = {f->exec, LLVMBuildSub(h->b, hi, lo, "len"), update_range_wrapper(h, S, kernel),
+                         ptr_array(h, bufs, k->nbufs + 1, "bufs")};
+    LLVMBuildCall2(h->b, h->pfor_t, h->pfor, a, 4, "");
+}
+
 const HostTarget host_target_cpu = {.name = "cpu",
                                     .fn_prefix = "",
                                     .declare = cpu_declare,
                                     .executor = cpu_executor,
                                     .launch = cpu_launch,
+                                    .launch_range = cpu_launch_range,
                                     .gemm = cpu_gemm,
                                     .accumulate = cpu_accumulate,
                                     .copy = cpu_copy,
+                                    .copy_n = cpu_copy_n,
                                     .read_loss = cpu_read_loss,
                                     .staging = cpu_staging,
                                     .upload = cpu_upload};

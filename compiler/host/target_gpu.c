@@ -71,6 +71,25 @@ static void gpu_accumulate_all(Host *h, const HostFn *f, const LLVMValueRef *dst
     emit_check(h, f->fn, LLVMBuildCall2(h->b, h->gpu_axpy_table_t, h->gpu_axpy_table, a, 5, ""));
 }
 
+/* the kernel's buffers, then lo and hi as 8-byte parameters (the CUDA function's long longs:
+ * rt_gpu_launch passes each slot's 8 bytes as they are; the table counts nbufs + 2) */
+static void gpu_launch_range(Host *h, const HostFn *f, const Sched *S, int kernel, LLVMValueRef *bufs, LLVMValueRef lo,
+                             LLVMValueRef hi) {
+    const Kernel *k = S->r->kernels[kernel];
+    LLVMValueRef *all = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 2));
+    for (int i = 0; i < k->nbufs; i++) all[i] = bufs[i];
+    all[k->nbufs] = LLVMBuildIntToPtr(h->b, lo, h->ptr, "lo_param");
+    all[k->nbufs + 1] = LLVMBuildIntToPtr(h->b, hi, h->ptr, "hi_param");
+    gpu_launch(h, f, S, kernel, ptr_array(h, all, k->nbufs + 2, "bufs"));
+}
+
+/* rt_gpu_copy of a run-time count (nothing when it is 0 or below: the runtime takes 0 bytes) */
+static void gpu_copy_n(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, LLVMValueRef count) {
+    LLVMValueRef pos = LLVMBuildSelect(h->b, LLVMBuildICmp(h->b, LLVMIntSGT, count, ci64(h, 0), ""), count, ci64(h, 0), "");
+    LLVMValueRef a[5] = {f->exec, dst, src, LLVMBuildMul(h->b, pos, ci64(h, 4), "bytes"), f->err};
+    emit_check(h, f->fn, LLVMBuildCall2(h->b, h->gpu_copy_t, h->gpu_copy, a, 5, ""));
+}
+
 /* rt_gpu_download into host memory, else rt_gpu_copy */
 static void gpu_copy(Host *h, const HostFn *f, LLVMValueRef dst, LLVMValueRef src, int64_t n, int to_host) {
     LLVMValueRef a[5] = {f->exec, dst, src, ci64(h, n * 4), f->err};
@@ -98,10 +117,12 @@ const HostTarget host_target_gpu = {.name = "gpu",
                                     .declare = gpu_declare,
                                     .executor = gpu_executor,
                                     .launch = gpu_launch,
+                                    .launch_range = gpu_launch_range,
                                     .gemm = gpu_gemm,
                                     .accumulate = gpu_accumulate,
                                     .accumulate_all = gpu_accumulate_all,
                                     .copy = gpu_copy,
+                                    .copy_n = gpu_copy_n,
                                     .read_loss = gpu_read_loss,
                                     .staging = gpu_staging,
                                     .upload = gpu_upload};
@@ -153,7 +174,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
         f[RT_GPU_KERNEL_block] = ci32(h, L->block);
         f[RT_GPU_KERNEL_shared] = ci32(h, L->shared);
         f[RT_GPU_KERNEL_blocks] = ci64(h, L->blocks);
-        f[RT_GPU_KERNEL_nbufs] = ci32(h, cp->kernels[k]->nbufs);
+        f[RT_GPU_KERNEL_nbufs] = ci32(h, cp->kernels[k]->nbufs + (cp->kernels[k]->ranged ? 2 : 0)); /* + lo, hi */
         krows[k] = named_struct(h->gpu_kernel_t, f, RT_GPU_KERNEL_NFIELDS);
     }
     LLVMValueRef *irows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(2 * narch + 1));

@@ -222,6 +222,9 @@ typedef struct Kernel {
     int64_t columns;         /* KK_REDUCE over leading axes with the innermost axis kept: its extent
                                 (consecutive work items read consecutive elements of each row they
                                 sum), else 0 */
+    int ranged;              /* the optimizer update's kernel, run over work items [lo, hi) alone (ZeRO's
+                                shard): the CUDA function takes lo and hi after its buffers
+                                (host.c's host_schedules sets it; the CPU passes them its own way) */
 } Kernel;
 
 /* ---- building (used by fuse.c) ---------------------------------------------------------------- */

@@ -480,14 +480,14 @@ static RtStatus rt_train_open(RtTrainRun *r) {
             if (*c == '/') *c = '_';
         st = rt_exec_act_open(&r->x, o->offload_dir, name, &r->e);
     }
-    if (st == RT_OK) st = rt_exec_push(&r->x, &r->e);
     int64_t nblocks = rt_exec_grad_blocks(p);
     if (st == RT_OK) {
         r->partial = calloc(nblocks > 0 ? (size_t)nblocks : 1, sizeof *r->partial);
         if (!r->partial) st = rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient-norm blocks");
     }
     if (st == RT_OK && o->dump_step) st = rt_train_dump_alloc(r);
-    if (st == RT_OK) st = rt_train_tree_alloc(r);
+    if (st == RT_OK) st = rt_train_tree_alloc(r);     /* ZeRO shards the state here ... */
+    if (st == RT_OK) st = rt_exec_push(&r->x, &r->e); /* ... before the GPU's is allocated */
     if (st == RT_OK && o->ckpt_every > 0 && r->rank == 0) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
@@ -847,7 +847,7 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
     else if (x->gpu && p->train.offload_optimizer == 1) st = rt_train_host_update(r, &s);
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
-    if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
+    if (st == RT_OK && r->zero) st = rt_train_gather_params(r); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     /* running statistics: from this step's statistics pass (x->stats), the same on every rank */
     if (st == RT_OK) st = rt_exec_running(x, &r->e);

@@ -73,25 +73,20 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
     if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     r->zero = (int)t->zero;
-    if (r->zero && r->x.gpu)
-        return rt_fail(&r->e, RT_ERR_ARG,
-                       "parallel.zero = %d runs on the CPU: the GPU's optimizer_update does not take a shard yet (--device cpu, "
-                       "or zero = 0)",
-                       r->zero);
     if (r->x.gpu) { /* NCCL between the GPUs when it is there: the sum then stays on the device */
         st = rt_comm_set_gpu(r->comm, r->x.gpu, &r->e);
-        if (st != RT_OK) return st;
-        if (rt_comm_nccl(r->comm))
-            return rt_gpu_alloc(r->x.gpu, (void **)&r->d_shard_got, (len * r->nranks + 1) * (int64_t)sizeof(float),
-                                "every rank's copy of this rank's gradient shard", &r->e);
+        if (st == RT_OK && rt_comm_nccl(r->comm))
+            st = rt_gpu_alloc(r->x.gpu, (void **)&r->d_shard_got, (len * r->nranks + 1) * (int64_t)sizeof(float),
+                              "every rank's copy of this rank's gradient shard", &r->e);
         /* without NCCL the ranks' sum runs on host copies that rt_train_reduce makes itself (one
          * download, the buckets, one upload): the collectives then take host buffers */
-        st = rt_comm_set_gpu(r->comm, NULL, &r->e);
+        else if (st == RT_OK) st = rt_comm_set_gpu(r->comm, NULL, &r->e);
         if (st != RT_OK) return st;
     }
     /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
-     * whole vector alone; nor for one bucket, where the thread would only add a hand-over) */
-    if (r->zero < 2 && r->p->param_floats > r->bucket_floats) {
+     * whole vector alone; nor for one bucket, where the thread would only add a hand-over; nor over
+     * NCCL, which sums on the device after the backward) */
+    if (r->zero < 2 && r->p->param_floats > r->bucket_floats && !r->d_shard_got) {
         st = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, r->bucket_floats, &r->e);
         if (st != RT_OK) return st;
         st = rt_train_overlap_open(r);
@@ -151,14 +146,16 @@ static void rt_gpu_tree_add(void *ctx, int a, int b) {
 
 /* The GPU's sum over NCCL: the shards exchanged GPU to GPU, summed on the device in the same tree
  * (rt_dp_tree_walk; rt_gpu_axpy with scale 1 adds as the host does, bit for bit), gathered back. */
-static RtStatus rt_train_reduce_nccl(RtTrainRun *r) {
+static RtStatus rt_train_reduce_nccl(RtTrainRun *r, int64_t step) {
     RtExec *x = &r->x;
     int64_t lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
     RtGpuTree t = {r, len, rt_comm_exchange_shards(r->comm, x->d_grads, r->shard_off, r->d_shard_got, &r->e)};
     rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
     RtStatus st = t.st;
     if (st == RT_OK && len > 0) st = rt_gpu_copy(x->gpu, x->d_grads + lo, r->d_shard_got, len * (int64_t)sizeof(float), &r->e);
-    if (st == RT_OK) st = rt_comm_gather_shards(r->comm, x->d_grads, r->shard_off, &r->e);
+    /* ZeRO-2 keeps its shard of the summed gradient alone (as rt_train_reduce's host path) */
+    if (st == RT_OK && (r->zero < 2 || (r->given->dump_step && step == 0)))
+        st = rt_comm_gather_shards(r->comm, x->d_grads, r->shard_off, &r->e);
     return st;
 }
 
@@ -166,7 +163,7 @@ RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (r->nranks == 1) return RT_OK;
     RtExec *x = &r->x;
     if (r->d_shard_got) {
-        RtStatus st = rt_train_reduce_nccl(r);
+        RtStatus st = rt_train_reduce_nccl(r, step);
         return st == RT_OK
                    ? st
                    : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks (NCCL)", (long long)(step + 1));
@@ -197,8 +194,11 @@ RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
 RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm) {
     int64_t nblocks = rt_exec_grad_blocks(r->p), lo = r->shard_off[r->rank], hi = r->shard_off[r->rank + 1];
     memset(r->partial, 0, (size_t)nblocks * sizeof *r->partial);
-    rt_exec_grad_norm_blocks(&r->x, r->partial, lo / RT_GRAD_BLOCK, (hi + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK);
-    RtStatus st = rt_comm_gather_f64(r->comm, r->partial, nblocks, r->norm_all, &r->e);
+    RtStatus st = RT_OK;
+    if (r->x.gpu && hi > lo) /* the blocks of the shard (lo is a block boundary), as the whole gradient's norm sums them */
+        st = rt_gpu_sumsq_blocks(r->x.gpu, r->x.d_grads + lo, hi - lo, RT_GRAD_BLOCK, r->partial + lo / RT_GRAD_BLOCK, &r->e);
+    else rt_exec_grad_norm_blocks(&r->x, r->partial, lo / RT_GRAD_BLOCK, (hi + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK);
+    if (st == RT_OK) st = rt_comm_gather_f64(r->comm, r->partial, nblocks, r->norm_all, &r->e);
     if (st != RT_OK) return st;
     double sumsq = 0;
     int owner = 0;
@@ -211,7 +211,8 @@ RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm) {
 }
 
 /* ZeRO: the optimizer state becomes this rank's shard of each variable (after it was read whole
- * from a checkpoint or initialised), the layout optimizer_update takes with RtStep.lo/hi. */
+ * from a checkpoint or initialised), the layout optimizer_update takes with RtStep.lo/hi, on the
+ * host and (the GPU's update kernels take the range too) on the device. */
 RtStatus rt_train_shard_state(RtTrainRun *r) {
     const RtProgram *p = r->p;
     int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
@@ -226,9 +227,20 @@ RtStatus rt_train_shard_state(RtTrainRun *r) {
     }
     for (int64_t j = 0; j < p->nstate; j++)
         if (len > 0) memcpy(shard + j * len, r->x.state + j * n + lo, (size_t)len * sizeof *shard);
-    free(r->x.state);
-    r->x.state = shard;
-    return RT_OK;
+    return rt_exec_shard_state(&r->x, shard, p->nstate * len, &r->e); /* on the GPU, the device's too */
+}
+
+/* ZeRO, after the update: every rank's updated shard of the parameters to every rank. On the GPU
+ * with NCCL device to device; without it through the host (the parameters down, gathered, up). */
+RtStatus rt_train_gather_params(RtTrainRun *r) {
+    RtExec *x = &r->x;
+    if (!x->gpu) return rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
+    if (r->d_shard_got) return rt_comm_gather_shards(r->comm, x->d_params, r->shard_off, &r->e);
+    int64_t n = r->p->param_floats;
+    RtStatus st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
+    if (st == RT_OK) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
+    if (st == RT_OK) st = rt_gpu_upload(x->gpu, x->d_params, x->params, n * 4, &r->e);
+    return st;
 }
 
 /* ZeRO, before a checkpoint: every rank's shard of each state variable gathered, so that rank 0
@@ -236,6 +248,8 @@ RtStatus rt_train_shard_state(RtTrainRun *r) {
 RtStatus rt_train_gather_state(RtTrainRun *r) {
     const RtProgram *p = r->p;
     int64_t n = p->param_floats, lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    RtStatus pst = rt_exec_pull(&r->x, RT_PULL_STATE, &r->e); /* the GPU's shard to the host (CPU: nothing) */
+    if (pst != RT_OK) return rt_error_context(&r->e, "gathering the optimizer state for a checkpoint");
     if (r->rank == 0 && !r->state_full) {
         r->state_full = malloc((size_t)(p->state_floats + 1) * sizeof *r->state_full);
         if (!r->state_full) return rt_fail_errno(&r->e, ENOMEM, "cannot gather the optimizer state for a checkpoint");

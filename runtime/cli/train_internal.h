@@ -97,6 +97,8 @@ RtStatus rt_train_reduce(RtTrainRun *r, int64_t step);
 RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm);
 RtStatus rt_train_shard_state(RtTrainRun *r);
 RtStatus rt_train_gather_state(RtTrainRun *r);
+/* ZeRO, after the update: every rank's updated shard of the parameters gathered on every rank. */
+RtStatus rt_train_gather_params(RtTrainRun *r);
 
 /* train_outputs.c: every file the run writes checked before it starts */
 RtStatus rt_train_check_outputs(RtTrainRun *r);

@@ -51,9 +51,7 @@ static RtStatus rt_exec_open_gpu(RtExec *e, int64_t tokens, RtError *err) {
     const RtProgram *p = e->prog;
     RtStatus st = rt_gpu_alloc(e->gpu, (void **)&e->d_params, p->param_floats * 4, "the parameter region", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_grads, p->param_floats * 4, "the gradient region", err);
-    /* offload { optimizer = host }: the state stays in host memory, where the CPU updates it */
-    if (st == RT_OK && p->train.offload_optimizer != 1)
-        st = rt_gpu_alloc(e->gpu, (void **)&e->d_state, p->state_floats * 4, "the optimizer-state region", err);
+    /* (the optimizer-state region at the first rt_exec_push, at its size then: ZeRO's shard) */
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_arena, p->arena_bytes, "the activation arena", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_x, tokens * 4, "the input batch", err);
     if (st == RT_OK) st = rt_gpu_alloc(e->gpu, (void **)&e->d_y, tokens * 4, "the target batch", err);
@@ -71,6 +69,7 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
         return rt_fail(err, RT_ERR_NOMEM, "cannot allocate %lld parameters", (long long)p->param_floats);
     int64_t tokens = p->train.micro * p->train.seq;
     if (p->logits_seq > tokens) tokens = p->logits_seq;
+    e->state_len = p->state_floats;
     RtStatus st = rt_gpu_open(&e->gpu, p->gpu, want, &e->cpu_reason, err);
     if (st != RT_OK && want == RT_DEVICE_CUDA) rt_error_context(err, "--device cuda");
     if (st == RT_OK) st = rt_pool_create(&e->pool, threads, err);
@@ -184,8 +183,21 @@ RtStatus rt_exec_push(RtExec *e, RtError *err) {
     if (!e->gpu) return RT_OK;
     const RtProgram *p = e->prog;
     RtStatus st = rt_gpu_upload(e->gpu, e->d_params, e->params, p->param_floats * 4, err);
-    if (st == RT_OK && e->d_state) st = rt_gpu_upload(e->gpu, e->d_state, e->state, p->state_floats * 4, err);
+    /* offload { optimizer = host }: the state stays in host memory, where the CPU updates it */
+    if (st == RT_OK && !e->d_state && p->train.offload_optimizer != 1 && e->state)
+        st = rt_gpu_alloc(
+            e->gpu, (void **)&e->d_state, e->state_len * 4,
+            e->state_len < p->state_floats ? "this rank's shard of the optimizer state" : "the optimizer-state region", err);
+    if (st == RT_OK && e->d_state) st = rt_gpu_upload(e->gpu, e->d_state, e->state, e->state_len * 4, err);
     return st == RT_OK ? rt_gpu_sync(e->gpu, "uploading the parameters and optimizer state", err) : st;
+}
+
+RtStatus rt_exec_shard_state(RtExec *e, float *shard, int64_t len, RtError *err) {
+    if (e->d_state) return rt_fail(err, RT_ERR_ARG, "the optimizer state is sharded after it went to the GPU");
+    free(e->state);
+    e->state = shard;
+    e->state_len = len;
+    return RT_OK;
 }
 
 RtStatus rt_exec_pull(RtExec *e, int what, RtError *err) {
@@ -196,7 +208,7 @@ RtStatus rt_exec_pull(RtExec *e, int what, RtError *err) {
     if (st == RT_OK && (what & RT_PULL_GRADS)) st = rt_gpu_download(e->gpu, e->grads, e->d_grads, p->param_floats * 4, err);
     /* (offload { optimizer = host }: no d_state, the host's state is the state) */
     if (st == RT_OK && (what & RT_PULL_STATE) && e->d_state)
-        st = rt_gpu_download(e->gpu, e->state, e->d_state, p->state_floats * 4, err);
+        st = rt_gpu_download(e->gpu, e->state, e->d_state, e->state_len * 4, err);
     return st;
 }
 

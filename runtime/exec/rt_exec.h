@@ -107,7 +107,8 @@ typedef struct RtExec {
     RtPool *pool;
     RtGpu *gpu;                          /* NULL: the CPU runs the program */
     const char *cpu_reason;              /* --device auto on the CPU: why not the GPU (static storage), or NULL */
-    float *params, *grads, *state;       /* param_floats, param_floats, state_floats (NULL with offload { optimizer = nvme }) */
+    float *params, *grads, *state;       /* param_floats, param_floats, state_len (NULL with offload { optimizer = nvme }) */
+    int64_t state_len;                   /* the state regions' floats: state_floats, or ZeRO's shard (rt_exec_shard_state) */
     unsigned char *arena;                /* arena_bytes (the CPU's; NULL on the GPU) */
     int32_t *x, *y;                      /* one micro-batch: [micro, seq] each (or [1, logits_seq]); page-locked on the GPU */
     int32_t *x_next, *y_next;            /* the GPU's other pair, filled while the GPU runs the micro-batch before */
@@ -151,8 +152,12 @@ int32_t rt_act_copy(RtExec *e, int32_t op, int64_t off, void *buf, int64_t len, 
 #define RT_ARENA_PATTERN 0xA5
 RtStatus rt_exec_arena_mark(RtExec *e, RtError *err);
 RtStatus rt_exec_arena_high(RtExec *e, int64_t *bytes, RtError *err);
-const char *rt_exec_device(const RtExec *e);    /* "cpu", or rt_gpu_describe's line */
-RtStatus rt_exec_push(RtExec *e, RtError *err); /* the host's parameters and state to the GPU (CPU: nothing) */
+const char *rt_exec_device(const RtExec *e); /* "cpu", or rt_gpu_describe's line */
+/* the host's parameters and state to the GPU (CPU: nothing); the first allocates the GPU's state region */
+RtStatus rt_exec_push(RtExec *e, RtError *err);
+/* ZeRO: the state region becomes `shard` (len floats, malloc'ed; the exec owns it from now), before
+ * the first rt_exec_push, which allocates the GPU's at that size (the whole state never is). */
+RtStatus rt_exec_shard_state(RtExec *e, float *shard, int64_t len, RtError *err);
 enum { RT_PULL_PARAMS = 1, RT_PULL_GRADS = 2, RT_PULL_STATE = 4 };
 RtStatus rt_exec_pull(RtExec *e, int what, RtError *err); /* the GPU's regions to the host copies (CPU: nothing) */
 /* x and y, `tokens` each, to the GPU (CPU: nothing); with documents, first data.pos from x (rt_doc_positions) */

@@ -57,6 +57,8 @@
 #   gpu/dp/nccl, /staged   dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md),
 #                          the ranks' sums moved by NCCL (GPU to GPU) and through host memory
+#   gpu/zero1, gpu/zero2   z1 as 2 ranks (NCCL), z2 as 4 (staged): ZeRO-1 and -2 on the device, 3
+#                          steps, dp1's logs and weights byte for byte
 # and, on tests/exec/pad_gemm.mbt (aligned GEMM shapes, docs/cuda.md):
 #   gpu/pad/step, step2    built with --pad-gemm=64, step 1 on the device against the same source built
 #                          with --pad-gemm=1 on the CPU (cmpdump's tolerances), step 2's loss 1e-5; the
@@ -428,6 +430,62 @@ else
             fail gpu/dp/$tr "2 ranks on the device did not log and save what one process did" "$d/1.jsonl" "$d/2.$tr.jsonl"
         else
             pass "gpu/dp/$tr (2 ranks on the device: the logs and the weights of one process, byte for byte, 3 steps)"
+        fi
+    done
+    # gpu/zero1 (2 ranks, NCCL) and gpu/zero2 (4 ranks, staged through the host): ZeRO on the
+    # device - each rank's update kernels run over its shard of the parameters, with its shard of
+    # the optimizer state alone on its GPU, the updated shards gathered - give dp1's logs and
+    # weights byte for byte, as on the CPU (tests/exec/dp.mbt's dp-zero1, dp-zero2)
+    # zero_saves PROG DP.OUT ZERO.OUT: rank 0's device high-water mark under ZeRO is the data-parallel
+    # run's (the same model, ranks and transport) less exactly the optimizer state outside its shard
+    # (the whole state is never allocated on its GPU)
+    zero_saves() {
+        local state param len pd pz
+        state=$("$1" info | sed -n 's/^plan: .*optimizer state \([0-9]*\) bytes.*/\1/p')
+        param=$("$1" info | sed -n 's/^plan: parameters \([0-9]*\) bytes.*/\1/p')
+        len=$(sed -n 's/^ZeRO-[12]: this rank holds and updates elements \[\([0-9]*\), \([0-9]*\)).*/\2 - \1/p' "$3")
+        pd=$(sed -n 's/^GPU: peak .*(\([0-9]*\) bytes).*/\1/p' "$2")
+        pz=$(sed -n 's/^GPU: peak .*(\([0-9]*\) bytes).*/\1/p' "$3")
+        [ -n "$state" ] && [ -n "$param" ] && [ -n "$len" ] && [ -n "$pd" ] && [ -n "$pz" ] || {
+            echo "missing: state '$state' param '$param' shard '$len' peaks '$pd' '$pz'"
+            return 1
+        }
+        local want=$((state - state / param * 4 * (len)))
+        echo "peak $pd bytes without ZeRO, $pz with: $((pd - pz)) less; the state outside the shard is $want"
+        [ $((pd - pz)) = "$want" ]
+    }
+    for spec in "z1 2 1" "z2 4 0"; do
+        read -r blk nr nccl <<<"$spec"
+        name=gpu/zero${blk#z}
+        if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
+            skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
+            continue
+        fi
+        mkdir -p "$d/$blk"
+        if ! build "$d/$blk" tests/exec/dp.mbt --train "$blk" -I examples; then
+            fail $name "mbtc tests/exec/dp.mbt --train $blk -o or --emit=cuda failed" "$OUT"
+            continue
+        fi
+        port=$((30000 + ($$ + RANDOM) % 20000))
+        pids=()
+        for ((r = 0; r < nr; r++)); do
+            RANK=$r WORLD_SIZE=$nr LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=$nccl \
+                on_device_cmd "$d/$blk/prog.cu" "$d/$blk/prog" "$d/$blk.$r.out" train --steps 3 --data "$DATA" \
+                --save-weights "$d/$blk.st" --log "$d/$blk.jsonl" &
+            pids+=($!)
+        done
+        rc2=0
+        for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+        if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
+            fail $name "a run failed (alone: status $rc1; $nr ranks: $rc2)" "$d/$blk.0.out"
+        elif ! grep -q "^ZeRO-${blk#z}: this rank holds and updates elements \[0, " "$d/$blk.0.out"; then
+            fail $name "rank 0 does not say it updates its shard" "$d/$blk.0.out"
+        elif ! cmp -s "$d/1.st" "$d/$blk.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/$blk.jsonl")" ]; then
+            fail $name "$nr ranks with ZeRO on the device did not log and save what one process did" "$d/1.jsonl" "$d/$blk.jsonl"
+        elif [ "$blk" = z1 ] && ! zero_saves "$d/$blk/prog" "$d/2.nccl.0.out" "$d/$blk.0.out" >"$OUT"; then
+            fail $name "rank 0's device memory does not fall by the optimizer state it no longer holds" "$OUT"
+        else
+            pass "$name ($nr ranks, MBT_NCCL=$nccl: the logs and the weights of one process, byte for byte, 3 steps$([ "$blk" = z1 ] && echo "; $(tail -n 1 "$OUT")"))"
         fi
     done
 fi

@@ -896,6 +896,7 @@ static void cuda_params(CudaEmit *E, int disjoint) {
         fprintf(E->out, "%s    %s%s *%sp%d", p ? ",\n" : "\n", bf->written ? "" : "const ", cuda_memory_type(E, bf->dt),
                 disjoint && !shared ? "__restrict__ " : "", p);
     }
+    if (k->ranged) fprintf(E->out, ",\n    long long mbt_lo, long long mbt_hi /* the work items run: [lo, hi) */");
 }
 
 void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint, CudaLaunch *launch) {
@@ -939,10 +940,20 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
         arena_free(&scratch);
         return;
     }
-    if (L->mode == CUDA_THREAD && L->vector > 1) {
+    if (k->ranged && L->mode != CUDA_THREAD) INTERNAL("cuda: %s: a ranged kernel that is not a thread a work item", k->name);
+    if (L->mode == CUDA_THREAD && L->vector > 1 && k->ranged) {
+        /* ZeRO's shard [lo, hi): lo is 0 or a shard boundary (a multiple of 16384), hi one or the
+         * grid, which is a multiple of 4 here: whole vectors */
+        cuda_line(&E,
+                  "for (long long chunk = (mbt_lo >> 2) + blockIdx.x * %dLL + threadIdx.x; chunk < (mbt_hi >> 2); chunk += "
+                  "gridDim.x * %dLL) {",
+                  L->block, L->block);
+    } else if (L->mode == CUDA_THREAD && L->vector > 1) {
         cuda_line(&E,
                   "for (long long chunk = blockIdx.x * %dLL + threadIdx.x; chunk < %" PRId64 "LL; chunk += gridDim.x * %dLL) {",
                   L->block, k->grid / L->vector, L->block);
+    }
+    if (L->mode == CUDA_THREAD && L->vector > 1) {
         E.indent++;
         cuda_line(&E, "const long long gid0 = chunk * 4;");
         /* one access per buffer at gid, 16 bytes (4-byte elements) or 8 (f16, bf16): the base is
@@ -983,6 +994,13 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
                 stored |= k->inst[i].op == K_STORE && k->inst[i].buf == p && cuda_vec_access(&E.P, k, &k->inst[i]);
             if (stored) cuda_line(&E, "*reinterpret_cast<%s *>(p%d + gid0) = p%dv;", cuda_vec_type(k->bufs[p].dt), p, p);
         }
+        E.indent--;
+        cuda_line(&E, "}");
+    } else if (L->mode == CUDA_THREAD && k->ranged) {
+        cuda_line(&E, "for (long long gid = mbt_lo + blockIdx.x * %dLL + threadIdx.x; gid < mbt_hi; gid += gridDim.x * %dLL) {",
+                  L->block, L->block);
+        E.indent++;
+        cuda_body(&E);
         E.indent--;
         cuda_line(&E, "}");
     } else if (L->mode == CUDA_THREAD) {
