@@ -672,13 +672,6 @@ static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
             diag_hint("build for a GPU with --cuda-arch (the state then stays in host memory and the CPU updates it), or "
                       "remove the setting");
         }
-        if (ts->zero > 0) {
-            diag_error(ts->offload_at[1],
-                       "offload.optimizer = host with parallel.zero = %lld is not carried out yet: each rank would update "
-                       "its shard on the host",
-                       (long long)ts->zero);
-            diag_hint("use zero = 0 with offload.optimizer = host");
-        }
         return;
     }
     if (ts->offload_optimizer != STORE_NVME) return;
@@ -695,11 +688,6 @@ static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
                    "would stream its shard of the state",
                    (long long)ts->zero);
         diag_hint("use zero = 0 with offload.optimizer = nvme, or keep the state in memory");
-    }
-    if (cuda && cuda->narch > 0) {
-        diag_error(ts->offload_at[1], "offload.optimizer = nvme is carried out on the CPU alone: the GPU's update does not "
-                                      "stream its state from a store file yet");
-        diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none)");
     }
 }
 

@@ -78,7 +78,9 @@ int rt_cmd_info(const RtProgram *p, const char *prog, int nargs) {
     fprintf(stdout, "allocated: arena %lld bytes, parameters %lld, gradients %lld, optimizer state %lld%s\n",
             (long long)p->arena_bytes, (long long)(p->param_floats * 4), (long long)(p->param_floats * 4),
             (long long)rt_info_state_bytes(p),
-            rt_info_slot(p)   ? " (staging; the state is in a store file in --offload-dir while training)"
+            rt_info_slot(p) ? (p->gpu ? " (staging in host memory; the state is in a store file in --offload-dir while training, "
+                                        "none on the device)"
+                                      : " (staging; the state is in a store file in --offload-dir while training)")
             : rt_info_host(p) ? " on the device (the state's bytes are in host memory)"
                               : "");
     if (largest != p->arena_bytes) {

@@ -426,10 +426,6 @@ static RtStatus rt_train_dump_alloc(RtTrainRun *r) {
  * the process and the rank, so that runs and ranks sharing a directory never share a file. */
 static RtStatus rt_train_offload_open(RtTrainRun *r) {
     const RtProgram *p = r->p;
-    if (r->x.gpu)
-        return rt_fail(&r->e, RT_ERR_ARG,
-                       "offload { optimizer = nvme } runs on the CPU alone: the GPU's update does not stream its state "
-                       "(--device cpu)");
     char name[256];
     snprintf(name, sizeof name, "mbt-%s-%ld-rank%d.optimizer", p->train.name, (long)getpid(), r->rank);
     for (char *c = name; *c; c++)
@@ -774,9 +770,10 @@ static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
     return st == RT_OK ? st : rt_error_context(&r->e, "step 1: reading the batch to dump");
 }
 
-/* offload { optimizer = host } on the GPU: the clipped gradient copied down, the CPU's
- * optimizer_update over the host's parameters (the f32 master copy) and state on the thread pool,
- * the parameters copied up. *s carries lr, t, step and seed (docs/memory.md). */
+/* offload { optimizer = host | nvme } on the GPU: the clipped gradient copied down, the CPU's
+ * optimizer_update over the host's parameters (the f32 master copy) and state on the thread pool
+ * (nvme: the state streamed from its store a chunk at a time, rt_opt_offload_update), the
+ * parameters copied up. *s carries lr, t, step, seed and ZeRO's shard [lo, hi) (docs/memory.md). */
 static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
     RtExec *x = &r->x;
     RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
@@ -790,8 +787,10 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
                 .t = s->t,
                 .step = s->step,
                 .seed = s->seed,
+                .lo = s->lo,
+                .hi = s->hi,
                 .err = &r->e};
-    st = r->p->optimizer_update(&h);
+    st = r->offload ? rt_opt_offload_update(r->offload, x, &h, &r->e) : r->p->optimizer_update(&h);
     return st == RT_OK ? rt_exec_push(x, &r->e) : st; /* the parameters (no state on the device) */
 }
 
@@ -844,8 +843,8 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     RtStep s = rt_exec_step(x, &r->e);
     s.lr = lr, s.t = step + 1, s.step = step, s.seed = r->o.seed;
     if (r->zero) s.lo = r->shard_off[r->rank], s.hi = r->shard_off[r->rank + 1]; /* this rank's shard */
-    if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
-    else if (x->gpu && p->train.offload_optimizer == 1) st = rt_train_host_update(r, &s);
+    if (x->gpu && p->train.offload_optimizer != 0) st = rt_train_host_update(r, &s);
+    else if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
     if (st == RT_OK && r->zero) st = rt_train_gather_params(r); /* the updated shards */
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);

@@ -79,12 +79,12 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
      * so no region is allocated for it: a resumed run allocates one while it fills the store */
     if (st == RT_OK && p->train.offload_optimizer != 2)
         st = rt_alloc_region((void **)&e->state, p->state_floats * 4, "optimizer-state region", err);
-    /* the host arena only where the host runs the program; with offload { optimizer = host } on the
-     * GPU, the update's arena, for the CPU's optimizer_update */
+    /* the host arena only where the host runs the program; with offload { optimizer = host | nvme }
+     * on the GPU, the update's arena, for the CPU's optimizer_update */
     /* the arena starts a page: offload { activations = nvme } reads and writes its slots with
      * O_DIRECT, and the plan places them at whole pages of it (docs/memory.md) */
     if (st == RT_OK && !e->gpu) st = rt_alloc_aligned((void **)&e->arena, p->arena_bytes, 4096, "activation arena", err);
-    if (st == RT_OK && e->gpu && p->train.offload_optimizer == 1)
+    if (st == RT_OK && e->gpu && p->train.offload_optimizer != 0)
         st = rt_alloc_region((void **)&e->arena, p->plan.arena[RT_PHASE_UPDATE], "the host update's arena", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->x, tokens * 4, "input batch", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->y, tokens * 4, "target batch", err);

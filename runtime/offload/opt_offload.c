@@ -123,7 +123,6 @@ RtStatus rt_opt_offload_open(RtOptOffload **out, const RtProgram *p, const char 
 }
 
 RtStatus rt_opt_offload_update(RtOptOffload *o, RtExec *x, RtStep *s, RtError *err) {
-    if (x->gpu) return rt_fail(err, RT_ERR_ARG, "offload { optimizer = nvme } runs on the CPU alone (--device cpu)");
     RtStatus st = RT_OK;
     if (rt_store_read(o->store, 0, o->buf[0], o->slot) != 0) return store_failed(o, err);
     if ((st = offload_wait(o, err)) != RT_OK) return st;
@@ -133,7 +132,9 @@ RtStatus rt_opt_offload_update(RtOptOffload *o, RtExec *x, RtStep *s, RtError *e
         s->state = o->buf[c % 3];
         s->lo = c * o->chunk;
         s->hi = s->lo + chunk_len(o, c);
-        st = rt_exec_call(x, RT_EXEC_UPDATE, s);
+        /* on a GPU build the CPU's optimizer_update, over the host's copies s holds (train.c's
+         * rt_train_host_update brings the gradient down and takes the parameters up) */
+        st = x->gpu ? x->prog->optimizer_update(s) : rt_exec_call(x, RT_EXEC_UPDATE, s);
         if (st != RT_OK) {
             rt_store_wait(o->store); /* nothing may still write into the buffers */
             return st;

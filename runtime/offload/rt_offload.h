@@ -22,7 +22,8 @@ typedef struct RtOptOffload RtOptOffload;
 RtStatus rt_opt_offload_open(RtOptOffload **out, const RtProgram *p, const char *dir, const char *name, const float *state,
                              RtError *err);
 /* One optimizer step over the whole state: *s as for optimizer_update (lr, t, step, seed, the
- * regions), its state, lo and hi set here chunk by chunk; runs on the CPU (x->gpu NULL). */
+ * regions), its state, lo and hi set here chunk by chunk; runs on the CPU: on a GPU build the CPU's
+ * optimizer_update over the host copies *s names (train.c brings the gradient down first). */
 RtStatus rt_opt_offload_update(RtOptOffload *o, RtExec *x, RtStep *s, RtError *err);
 /* The whole state read back into state (state_floats; for a checkpoint). */
 RtStatus rt_opt_offload_read(RtOptOffload *o, float *state, RtError *err);

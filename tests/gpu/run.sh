@@ -58,7 +58,9 @@
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md),
 #                          the ranks' sums moved by NCCL (GPU to GPU) and through host memory
 #   gpu/zero1, gpu/zero2   z1 as 2 ranks (NCCL), z2 as 4 (staged): ZeRO-1 and -2 on the device, 3
-#                          steps, dp1's logs and weights byte for byte
+#                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
+#                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
+#                          offload { optimizer = host }, each rank's CPU updating its shard
 # and, on tests/exec/pad_gemm.mbt (aligned GEMM shapes, docs/cuda.md):
 #   gpu/pad/step, step2    built with --pad-gemm=64, step 1 on the device against the same source built
 #                          with --pad-gemm=1 on the CPU (cmpdump's tolerances), step 2's loss 1e-5; the
@@ -454,16 +456,19 @@ else
         echo "peak $pd bytes without ZeRO, $pz with: $((pd - pz)) less; the state outside the shard is $want"
         [ $((pd - pz)) = "$want" ]
     }
-    for spec in "z1 2 1" "z2 4 0"; do
+    sed 's/^\(  parallel  { data = 2, zero = 1 }\)$/\1\n  offload   { optimizer = host }/' tests/exec/dp.mbt >"$d/dp_host.mbt"
+    for spec in "z1 2 1" "z2 4 0" "z1host 2 1"; do
         read -r blk nr nccl <<<"$spec"
         name=gpu/zero${blk#z}
+        src=tests/exec/dp.mbt
+        [ "$blk" = z1host ] && name=gpu/zero1-offload-host src="$d/dp_host.mbt"
         if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
             skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
             continue
         fi
         mkdir -p "$d/$blk"
-        if ! build "$d/$blk" tests/exec/dp.mbt --train "$blk" -I examples; then
-            fail $name "mbtc tests/exec/dp.mbt --train $blk -o or --emit=cuda failed" "$OUT"
+        if ! build "$d/$blk" "$src" --train "${blk%host}" -I examples; then
+            fail $name "mbtc $src --train ${blk%host} -o or --emit=cuda failed" "$OUT"
             continue
         fi
         port=$((30000 + ($$ + RANDOM) % 20000))
@@ -478,10 +483,16 @@ else
         for p in "${pids[@]}"; do wait "$p" || rc2=1; done
         if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
             fail $name "a run failed (alone: status $rc1; $nr ranks: $rc2)" "$d/$blk.0.out"
-        elif ! grep -q "^ZeRO-${blk#z}: this rank holds and updates elements \[0, " "$d/$blk.0.out"; then
+        elif ! grep -q "^ZeRO-${blk:1:1}: this rank holds and updates elements \[0, " "$d/$blk.0.out"; then
             fail $name "rank 0 does not say it updates its shard" "$d/$blk.0.out"
+        elif [ "$blk" = z1host ] && [ "$DEVICE" != emu ]; then # the host's update has no FMA: within 1e-5, as gpu/offload-host
+            if "$BUILD/tests/st_compare" "$d/1.st" "$d/$blk.st" "" 1e-5 norm >"$OUT" 2>&1; then
+                pass "$name ($nr ranks, the CPU updating each shard: one process's weights within 1e-5)"
+            else fail $name "the weights differ from one process's by more than 1e-5" "$OUT"; fi
         elif ! cmp -s "$d/1.st" "$d/$blk.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/$blk.jsonl")" ]; then
             fail $name "$nr ranks with ZeRO on the device did not log and save what one process did" "$d/1.jsonl" "$d/$blk.jsonl"
+        elif [ "$blk" = z1host ] && ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/$blk.0.out"; then
+            fail $name "rank 0 does not say the CPU updates the state in host memory" "$d/$blk.0.out"
         elif [ "$blk" = z1 ] && ! zero_saves "$d/$blk/prog" "$d/2.nccl.0.out" "$d/$blk.0.out" >"$OUT"; then
             fail $name "rank 0's device memory does not fall by the optimizer state it no longer holds" "$OUT"
         else
@@ -582,7 +593,8 @@ fi
 # each step, and the CPU's optimizer_update (the CPU build's kernels) updates them: the losses within
 # 1e-5 of the device's own update's and the weights within 1e-5 norm-wise (on the emulated GPU, whose
 # kernels keep the host's arithmetic, byte for byte: the update is the same elementwise formula);
-# a resume from step 5 ends with the same weights, byte for byte.
+# a resume from step 5 ends with the same weights, byte for byte. gpu/offload-nvme: the same with
+# optimizer = nvme (the state in a store file, streamed through the CPU's update).
 d="$DIR/offload"
 mkdir -p "$d/host" "$d/none"
 sed 's/optimizer = nvme/optimizer = host/' tests/exec/offload_optimizer.mbt >"$d/host.mbt"
@@ -622,6 +634,41 @@ else
     else
         same=$(cmp -s "$d/none.st" "$d/host.st" && echo "byte for byte" || echo "within 1e-5")
         pass "gpu/offload-host (10 steps with the state in host memory: the device's own update's losses and weights, $same; resumed bit-exactly)"
+    fi
+    # gpu/offload-nvme: the program as it is (optimizer = nvme) on the device: the state in a store
+    # file, streamed a chunk at a time through the CPU's update (the gradients down, the parameters
+    # up); the same checks against the device's own update, and a resume from step 5
+    mkdir -p "$d/nvme"
+    if ! build "$d/nvme" tests/exec/offload_optimizer.mbt -I examples; then
+        fail gpu/offload-nvme "mbtc -o or --emit=cuda of tests/exec/offload_optimizer.mbt failed" "$OUT"
+    else
+        on_device_cmd "$d/nvme/prog.cu" "$d/nvme/prog" "$d/nvme.out" train --steps 10 --data "$DATA" --save-weights "$d/nvme.st" \
+            --log "$d/nvme.jsonl" --ckpt-every 5 --ckpt-dir "$d/ckv" --offload-dir "$d"
+        rc1=$?
+        on_device_cmd "$d/nvme/prog.cu" "$d/nvme/prog" "$d/nvme-resume.out" train --steps 10 --data "$DATA" \
+            --resume "$d/ckv/step-00000005" --ckpt-dir "$d/ckv2" --save-weights "$d/nvme-resumed.st" --offload-dir "$d"
+        rc3=$?
+        far=""
+        grep '"loss"' "$d/nvme.jsonl" >"$d/nvme.steps"
+        for k in $(seq 1 10); do
+            within "$(jfield "$d/none.steps" "$k" loss)" "$(jfield "$d/nvme.steps" "$k" loss)" 1e-5 || far="$far $k"
+        done
+        if [ $rc1 != 0 ] || [ $rc3 != 0 ]; then
+            fail gpu/offload-nvme "a run failed (nvme: status $rc1; resumed: $rc3)" "$d/nvme.out" "$d/nvme-resume.out"
+        elif ! grep -q "^optimizer state: offloaded to '.*' (.*): [0-9]* chunks" "$d/nvme.out" || ! grep -q "^device: cuda" "$d/nvme.out"; then
+            fail gpu/offload-nvme "the run on the device does not say its state is in a store file" "$d/nvme.out"
+        elif [ -n "$far" ]; then
+            fail gpu/offload-nvme "the losses of steps$far differ by more than 1e-5 from the device's own update's" "$d/none.jsonl" "$d/nvme.jsonl"
+        elif ! "$BUILD/tests/st_compare" "$d/none.st" "$d/nvme.st" "" 1e-5 norm >"$d/cmpv.out" 2>&1; then
+            fail gpu/offload-nvme "the weights differ from the device's own update's by more than 1e-5" "$d/cmpv.out"
+        elif ! cmp -s "$d/nvme.st" "$d/nvme-resumed.st"; then
+            fail gpu/offload-nvme "resumed from step 5, the run does not end with the same weights" "$d/nvme-resume.out"
+        elif ls "$d"/mbt-*.optimizer >/dev/null 2>&1; then
+            fail gpu/offload-nvme "a store file was left behind in the offload directory: $(ls "$d"/mbt-*.optimizer)"
+        else
+            same=$(cmp -s "$d/none.st" "$d/nvme.st" && echo "byte for byte" || echo "within 1e-5")
+            pass "gpu/offload-nvme (10 steps with the state in a store file: the device's own update's losses and weights, $same; resumed bit-exactly)"
+        fi
     fi
 fi
 
