@@ -471,6 +471,11 @@ else
             fail $name "mbtc $src --train ${blk%host} -o or --emit=cuda failed" "$OUT"
             continue
         fi
+        # the emulated kernels built once, before the ranks (each would build them into one file)
+        if [ "$DEVICE" = emu ] && ! tests/cudaemu/build.sh "$d/$blk/prog.cu" "$d/$blk/prog.cu.so" >"$OUT" 2>&1; then
+            fail $name "tests/cudaemu/build.sh failed" "$OUT"
+            continue
+        fi
         port=$((30000 + ($$ + RANDOM) % 20000))
         pids=()
         for ((r = 0; r < nr; r++)); do
