@@ -510,11 +510,27 @@ void cg_attention_bwd_kv(CG *g, const FNode *n) {
         cg_out_put(g, &a, outs[o]->id, kh, j, d, cg_f(g, a.t, 0.0), K_NONE);
         kb_endloop(g->b);
     }
-    int gi = kb_loop(g->b, a.G);
-    int h = cg_iadd(g, cg_imul(g, kh, cg_i(g, a.G)), gi);
     int first = cg_i(g, 0); /* the first query row that sees key j */
     if (a.causal) first = cg_op2(g, K_MAX, KT_I64, cg_isub(g, j, cg_i(g, a.S - a.T)), cg_i(g, 0));
-    int ii = kb_loop_dyn(g->b, cg_isub(g, cg_i(g, a.T), first));
+    int count = cg_isub(g, cg_i(g, a.T), first); /* query rows first .. first + count - 1 */
+    if (a.pos >= 0) {
+        /* With the document mask only the rows of j's document see key j: the loop below ends
+         * after the last row that does, so that the backward's work, like the forward's, is
+         * proportional to the document's length rather than to the row's (a short bucket costs
+         * less than a long one). A scan of the rows' first keys finds it - integer work, a
+         * small share of the dot products it saves - and holds for any pos (rows after the last
+         * are skipped, rows before it that do not see j are still skipped by the `if`), so the
+         * rows added and their order, and so every result, are the same as before. */
+        int end = kb_acc(g->b, KT_I64, K_MAX, 0.0); /* 1 + the last row that sees j, or 0 */
+        int si = cg_iadd(g, first, kb_loop_dyn(g->b, count));
+        int sees = cg_op2(g, K_LE, KT_BOOL, cg_attn_first(g, &a, si), j);
+        kb_accum(g->b, end, cg_op3(g, K_SELECT, KT_I64, sees, cg_iadd(g, si, cg_i(g, 1)), cg_i(g, 0)));
+        kb_endloop(g->b);
+        count = cg_op2(g, K_MAX, KT_I64, cg_isub(g, end, first), cg_i(g, 0));
+    }
+    int gi = kb_loop(g->b, a.G);
+    int h = cg_iadd(g, cg_imul(g, kh, cg_i(g, a.G)), gi);
+    int ii = kb_loop_dyn(g->b, count);
     int i = cg_iadd(g, first, ii);
     if (a.pos >= 0) kb_if(g->b, cg_op2(g, K_LE, KT_BOOL, cg_attn_first(g, &a, i), j)); /* i is in j's document */
     int st[3];
