@@ -328,9 +328,20 @@ static int cg_out_views(CG *g, int o, KView *out, int *nout) {
  * stays NULL and the body is the kernel. */
 static void cg_attn_describe(CG *g, const FNode *n, const FNode *dv, const CGAttn *a, KAttnOp op) {
     const FuseCtx *c = g->c;
-    if (a->pos >= 0) return; /* the document mask: the back ends' dedicated attention has none, the body is the kernel */
     KAttn *d = arena_alloc(g->ar, sizeof *d);
     memset(d, 0, sizeof *d);
+    d->pos.param = -1;
+    if (a->pos >= 0) { /* the document mask: pos i32 [B, T] as a strided view, for q [B, H, T, D] */
+        const FNode *pn = cg_n(g, a->pos);
+        CGLayout L;
+        int param = -1;
+        if (a->r != 4 || !a->causal || a->S != a->T || pn->dt != DT_I32 || pn->rank != 2 || !cg_layout_in(g, a->pos, &L, &param))
+            return;
+        d->pos.param = param;
+        d->pos.offset = L.off;
+        d->pos.stride[0] = L.shape[0] == 1 ? 0 : L.stride[0];
+        d->pos.stride[2] = L.stride[1];
+    }
     d->op = op;
     d->dt = n->dt;
     const FNode *q = cg_n(g, a->q);
