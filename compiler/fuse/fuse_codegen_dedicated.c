@@ -526,12 +526,13 @@ void cg_attention_bwd_kv(CG *g, const FNode *n) {
     int count = cg_isub(g, cg_i(g, a.T), first); /* query rows first .. first + count - 1 */
     if (a.pos >= 0) {
         /* With the document mask only the rows of j's document see key j: the loop below ends
-         * after the last row that does, so that the backward's work, like the forward's, is
+         * after the last row that does, so that its iterations, like the forward's keys, are
          * proportional to the document's length rather than to the row's (a short bucket costs
-         * less than a long one). A scan of the rows' first keys finds it - integer work, a
-         * small share of the dot products it saves - and holds for any pos (rows after the last
-         * are skipped, rows before it that do not see j are still skipped by the `if`), so the
-         * rows added and their order, and so every result, are the same as before. */
+         * less than a long one; the rows past the document cost only their branch before, so on
+         * the CPU this saves little: docs/bench.md, bench/buckets.py). A scan of the rows' first
+         * keys finds the last - integer work, vectorisable - and holds for any pos (rows after
+         * the last are skipped, rows before it that do not see j are still skipped by the `if`),
+         * so the rows added and their order, and so every result, are the same as before. */
         int end = kb_acc(g->b, KT_I64, K_MAX, 0.0); /* 1 + the last row that sees j, or 0 */
         int si = cg_iadd(g, first, kb_loop_dyn(g->b, count));
         int sees = cg_op2(g, K_LE, KT_BOOL, cg_attn_first(g, &a, si), j);
