@@ -423,6 +423,7 @@ bench: all
 	@/usr/bin/python3 bench/run.py --build $(BUILD) $(BENCH_ARGS)
 	@/usr/bin/python3 bench/ckpt.py --build $(BUILD)
 	@/usr/bin/python3 bench/packing.py --build $(BUILD)
+	@/usr/bin/python3 bench/buckets.py --build $(BUILD)
 	@/usr/bin/python3 bench/dp.py --build $(BUILD)
 	@/usr/bin/python3 bench/offload.py --build $(BUILD)
 	@/usr/bin/python3 bench/memory.py --build $(BUILD)

@@ -23,10 +23,19 @@ template <int KIND, int D> constexpr int bench_fwd_blocks = MBT_BENCH_FWD_BLOCKS
 template <int KIND, int D> constexpr int bench_fwd_blocks = KIND == 0 && 2 * D <= 128 ? 3 : 2;
 #endif
 
-template <int KIND, int D, bool C>
+/* The document mask (issue 20): positions [B, T] (i32) that mbt_bench_set_pos sets for the calls
+ * after it (nullptr: none); the FA2 kernels then run with DOCS (query t sees keys t - pos .. t). */
+static const int *bench_pos = nullptr;
+extern "C" void mbt_bench_set_pos(const void *pos) { bench_pos = (const int *)pos; }
+static void bench_docs(MbtAttn &a) {
+    a.pos = bench_pos;
+    a.posv = MbtView{0, a.T, 0, 1, 0};
+}
+
+template <int KIND, int D, bool C, bool DOCS = false>
 __global__ void __launch_bounds__(128, (bench_fwd_blocks<KIND, D>)) bench_fwd(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *stats) {
     bf16 *const out[1] = {o};
-    if constexpr (KIND == 0) mbt_attn_fa2_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
+    if constexpr (KIND == 0) mbt_attn_fa2_forward<bf16, D, D, C, 1, DOCS>(a, q, k, v, out, stats);
     else if constexpr (KIND == 1) {
         if constexpr (D <= 64) mbt_attn_forward_tc<bf16, D, D, C, 1>(a, q, k, v, out);
     } else mbt_attn_forward<bf16, D, D, C, 1>(a, q, k, v, out, stats);
@@ -40,7 +49,7 @@ static MbtView bench_view(long long heads, long long rows, long long cols) {
 template <auto K> static void bench_thunk(void **p) { cudaemu::call(K, p); }
 #endif
 
-template <int KIND, int D, bool C>
+template <int KIND, int D, bool C, bool DOCS = false>
 static int bench_launch(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, bf16 *o, float *stats) {
     const long long rows = KIND == 2 ? MbtAttnRows<D, D>::per_block : 64, tiles = a.Z * a.H * ((a.T + rows - 1) / rows);
     const unsigned blocks = (unsigned)(tiles < 1 ? 1 : tiles > 2147483647LL ? 2147483647LL : tiles);
@@ -48,13 +57,13 @@ static int bench_launch(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, 
     void *params[] = {&a, &q, &k, &v, &o, &stats};
     unsigned grid[3] = {blocks, 1, 1}, block[3] = {128, 1, 1};
     char err[600];
-    if (cudaemu::launch(bench_thunk<&bench_fwd<KIND, D, C>>, "bench_fwd", grid, block, params, err, sizeof err)) {
+    if (cudaemu::launch(bench_thunk<&bench_fwd<KIND, D, C, DOCS>>, "bench_fwd", grid, block, params, err, sizeof err)) {
         fprintf(stderr, "attention_harness: %s\n", err);
         return 1;
     }
     return 0;
 #else
-    bench_fwd<KIND, D, C><<<blocks, 128>>>(a, q, k, v, o, stats);
+    bench_fwd<KIND, D, C, DOCS><<<blocks, 128>>>(a, q, k, v, o, stats);
     return cudaGetLastError() != cudaSuccess;
 #endif
 }
@@ -68,6 +77,13 @@ extern "C" int mbt_bench_attention(int kind, int D, int causal, long long B, lon
                  bench_view(H, T, D), bench_view(H, T, 3), 1, {bench_view(H, T, D)}, 0, {}};
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     bf16 *oo = (bf16 *)o;
+    if (bench_pos) { /* the document mask: the FA2 forward, causal, T = S */
+        bench_docs(a);
+        if (kind != 0 || !causal || T != S) return 2;
+        if (D == 64) return bench_launch<0, 64, true, true>(a, qq, kk, vv, oo, stats);
+        if (D == 128) return bench_launch<0, 128, true, true>(a, qq, kk, vv, oo, stats);
+        return 2;
+    }
 #define BENCH_CASE(KIND, DD)                                                                                                \
     if (kind == KIND && D == DD)                                                                                           \
         return causal ? bench_launch<KIND, DD, true>(a, qq, kk, vv, oo, stats)                                             \
@@ -92,11 +108,11 @@ __global__ void __launch_bounds__(128, 2) bench_bwd_q(MbtAttn a, const bf16 *q, 
         if constexpr (D <= 64) mbt_attn_bwd_q_tc<bf16, D, D, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
     } else mbt_attn_bwd_q<bf16, D, D, C, true, 1>(a, q, k, v, dout, nullptr, stats, out);
 }
-template <int KIND, int D, bool C>
+template <int KIND, int D, bool C, bool DOCS = false>
 __global__ void __launch_bounds__(128, 2) bench_bwd_kv(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
                                                        const float *stats, bf16 *dk, bf16 *dv) {
     bf16 *const outk[1] = {dk}, *const outv[1] = {dv};
-    if constexpr (KIND == 0) mbt_attn_fa2_bwd_kv<bf16, D, D, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
+    if constexpr (KIND == 0) mbt_attn_fa2_bwd_kv<bf16, D, D, C, true, true, 1, 1, DOCS>(a, q, k, v, dout, stats, outk, outv);
     else if constexpr (KIND == 1) {
         if constexpr (D <= 64) mbt_attn_bwd_kv_tc<bf16, D, D, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
     } else mbt_attn_bwd_kv<bf16, D, D, C, true, true, 1, 1>(a, q, k, v, dout, stats, outk, outv);
@@ -139,6 +155,7 @@ extern "C" int mbt_bench_attention_bwd(int kind, int D, int causal, long long B,
                  bench_view(H, T, D), bench_view(H, T, 3), 1, {bench_view(H, T, D)}, 0, {}};
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v, *dd = (const bf16 *)dout;
     bf16 *a1 = (bf16 *)dq, *a2 = (bf16 *)dk, *a3 = (bf16 *)dv;
+    if (bench_pos) return 2; /* the document mask: the handed backward only (below) */
 #define BENCH_CASE(KIND, DD)                                                                                                \
     if (kind == KIND && D == DD)                                                                                           \
         return causal ? bench_launch_bwd<KIND, DD, true>(a, qq, kk, vv, dd, stats, a1, a2, a3)                             \
@@ -167,14 +184,14 @@ __global__ void __launch_bounds__(128) bench_rowsum(long long rows, int D, const
         if (lane == 0) stats[r * 3 + 2] = acc;
     }
 }
-template <int D, bool C>
+template <int D, bool C, bool DOCS = false>
 __global__ void __launch_bounds__(128, 2) bench_bwd_q_loaded(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v,
                                                              const bf16 *dout, const float *stats, bf16 *dq) {
     bf16 *const out[1] = {dq};
-    mbt_attn_fa2_bwd_q<bf16, D, D, C, false, 1>(a, q, k, v, dout, stats, nullptr, out);
+    mbt_attn_fa2_bwd_q<bf16, D, D, C, false, 1, DOCS>(a, q, k, v, dout, stats, nullptr, out);
 }
 
-template <int D, bool C>
+template <int D, bool C, bool DOCS = false>
 static int bench_launch_handed(MbtAttn a, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o, const bf16 *dout,
                                float *stats, bf16 *dq, bf16 *dk, bf16 *dv) {
     long long rows = a.Z * a.H * a.T; /* not const: a launch parameter's address */
@@ -194,16 +211,16 @@ static int bench_launch_handed(MbtAttn a, const bf16 *q, const bf16 *k, const bf
     unsigned g0[3] = {sb, 1, 1}, g1[3] = {qb, 1, 1}, g2[3] = {kb, 1, 1}, block[3] = {128, 1, 1};
     char err[600];
     if (cudaemu::launch(bench_thunk<&bench_rowsum>, "bench_rowsum", g0, block, p0, err, sizeof err) ||
-        cudaemu::launch(bench_thunk<&bench_bwd_q_loaded<D, C>>, "bench_bwd_q_loaded", g1, block, p1, err, sizeof err) ||
-        cudaemu::launch(bench_thunk<&bench_bwd_kv<0, D, C>>, "bench_bwd_kv", g2, block, p2, err, sizeof err)) {
+        cudaemu::launch(bench_thunk<&bench_bwd_q_loaded<D, C, DOCS>>, "bench_bwd_q_loaded", g1, block, p1, err, sizeof err) ||
+        cudaemu::launch(bench_thunk<&bench_bwd_kv<0, D, C, DOCS>>, "bench_bwd_kv", g2, block, p2, err, sizeof err)) {
         fprintf(stderr, "attention_harness: %s\n", err);
         return 1;
     }
     return 0;
 #else
     bench_rowsum<<<sb, 128>>>(rows, width, o, dout, stats);
-    bench_bwd_q_loaded<D, C><<<qb, 128>>>(a, q, k, v, dout, cst, dq);
-    bench_bwd_kv<0, D, C><<<kb, 128>>>(b, q, k, v, dout, cst, dk, dv);
+    bench_bwd_q_loaded<D, C, DOCS><<<qb, 128>>>(a, q, k, v, dout, cst, dq);
+    bench_bwd_kv<0, D, C, DOCS><<<kb, 128>>>(b, q, k, v, dout, cst, dk, dv);
     return cudaGetLastError() != cudaSuccess;
 #endif
 }
@@ -218,6 +235,13 @@ extern "C" int mbt_bench_attention_bwd_handed(int D, int causal, long long B, lo
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v, *oo = (const bf16 *)o;
     const bf16 *dd = (const bf16 *)dout;
     bf16 *a1 = (bf16 *)dq, *a2 = (bf16 *)dk, *a3 = (bf16 *)dv;
+    if (bench_pos) { /* the document mask: causal, T = S */
+        bench_docs(a);
+        if (!causal || T != S) return 2;
+        if (D == 64) return bench_launch_handed<64, true, true>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3);
+        if (D == 128) return bench_launch_handed<128, true, true>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3);
+        return 2;
+    }
     if (D == 64)
         return causal ? bench_launch_handed<64, true>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3)
                       : bench_launch_handed<64, false>(a, qq, kk, vv, oo, dd, stats, a1, a2, a3);

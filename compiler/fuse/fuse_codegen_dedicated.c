@@ -328,9 +328,20 @@ static int cg_out_views(CG *g, int o, KView *out, int *nout) {
  * stays NULL and the body is the kernel. */
 static void cg_attn_describe(CG *g, const FNode *n, const FNode *dv, const CGAttn *a, KAttnOp op) {
     const FuseCtx *c = g->c;
-    if (a->pos >= 0) return; /* the document mask: the back ends' dedicated attention has none, the body is the kernel */
     KAttn *d = arena_alloc(g->ar, sizeof *d);
     memset(d, 0, sizeof *d);
+    d->pos.param = -1;
+    if (a->pos >= 0) { /* the document mask: pos i32 [B, T] as a strided view, for q [B, H, T, D] */
+        const FNode *pn = cg_n(g, a->pos);
+        CGLayout L;
+        int param = -1;
+        if (a->r != 4 || !a->causal || a->S != a->T || pn->dt != DT_I32 || pn->rank != 2 || !cg_layout_in(g, a->pos, &L, &param))
+            return;
+        d->pos.param = param;
+        d->pos.offset = L.off;
+        d->pos.stride[0] = L.shape[0] == 1 ? 0 : L.stride[0];
+        d->pos.stride[2] = L.stride[1];
+    }
     d->op = op;
     d->dt = n->dt;
     const FNode *q = cg_n(g, a->q);
@@ -510,11 +521,28 @@ void cg_attention_bwd_kv(CG *g, const FNode *n) {
         cg_out_put(g, &a, outs[o]->id, kh, j, d, cg_f(g, a.t, 0.0), K_NONE);
         kb_endloop(g->b);
     }
-    int gi = kb_loop(g->b, a.G);
-    int h = cg_iadd(g, cg_imul(g, kh, cg_i(g, a.G)), gi);
     int first = cg_i(g, 0); /* the first query row that sees key j */
     if (a.causal) first = cg_op2(g, K_MAX, KT_I64, cg_isub(g, j, cg_i(g, a.S - a.T)), cg_i(g, 0));
-    int ii = kb_loop_dyn(g->b, cg_isub(g, cg_i(g, a.T), first));
+    int count = cg_isub(g, cg_i(g, a.T), first); /* query rows first .. first + count - 1 */
+    if (a.pos >= 0) {
+        /* With the document mask only the rows of j's document see key j: the loop below ends
+         * after the last row that does, so that its iterations, like the forward's keys, are
+         * proportional to the document's length rather than to the row's (a short bucket costs
+         * less than a long one; the rows past the document cost only their branch before, so on
+         * the CPU this saves little: docs/bench.md, bench/buckets.py). A scan of the rows' first
+         * keys finds the last - integer work, vectorisable - and holds for any pos (rows after
+         * the last are skipped, rows before it that do not see j are still skipped by the `if`),
+         * so the rows added and their order, and so every result, are the same as before. */
+        int end = kb_acc(g->b, KT_I64, K_MAX, 0.0); /* 1 + the last row that sees j, or 0 */
+        int si = cg_iadd(g, first, kb_loop_dyn(g->b, count));
+        int sees = cg_op2(g, K_LE, KT_BOOL, cg_attn_first(g, &a, si), j);
+        kb_accum(g->b, end, cg_op3(g, K_SELECT, KT_I64, sees, cg_iadd(g, si, cg_i(g, 1)), cg_i(g, 0)));
+        kb_endloop(g->b);
+        count = cg_op2(g, K_MAX, KT_I64, cg_isub(g, end, first), cg_i(g, 0));
+    }
+    int gi = kb_loop(g->b, a.G);
+    int h = cg_iadd(g, cg_imul(g, kh, cg_i(g, a.G)), gi);
+    int ii = kb_loop_dyn(g->b, count);
     int i = cg_iadd(g, first, ii);
     if (a.pos >= 0) kb_if(g->b, cg_op2(g, K_LE, KT_BOOL, cg_attn_first(g, &a, i), j)); /* i is in j's document */
     int st[3];

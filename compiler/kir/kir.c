@@ -784,6 +784,7 @@ void kir_print_attn(FILE *out, const KAttn *a, const char *prefix) {
     for (int i = 0; i < a->nout; i++) kir_print_view(out, prefix, a->op == KA_BWD_KV ? "dk" : "out", &a->out[i], "");
     for (int i = 0; i < a->nout_v; i++) kir_print_view(out, prefix, "dv", &a->out_v[i], "");
     if (a->stats.param >= 0) kir_print_view(out, prefix, "stats", &a->stats, a->op == KA_FORWARD ? " (m and l stored here)" : "");
+    if (a->pos.param >= 0) kir_print_view(out, prefix, "pos", &a->pos, " (the document mask, i32 [Z, T])");
 }
 
 /* ---- scatter_add's operands -------------------------------------------------------------------- */

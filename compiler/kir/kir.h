@@ -176,6 +176,10 @@ typedef struct KAttn {
                           in columns 0 and 1, which the forward stores ([Z, H, T, 2]; param -1 when
                           no backward reads them), and sum over keys of P dP in column 2, which the
                           backward ops load ([Z, H, T, 3], computed before them as rowsum(dout * o)) */
+    KView pos;      /* the document mask (attention(..., pos = ...): causal, S = T), i32 [Z, T]: query row t
+                  of batch z sees keys t - pos[z, t] .. t only (ref.c's ref_attn_first), element
+                  (z, t) at offset + z*stride[0] + t*stride[2]; param -1: no mask. A back end that
+                  cannot carry it out runs the body, which does */
 } KAttn;
 
 /* What a KK_SCATTER kernel computes when its operands are plain row-major buffers (graph.h's

@@ -50,6 +50,12 @@ struct MbtAttn {
     MbtView out[4];   /* the places of the result (dk for the backward of k and v) */
     int nout_v;
     MbtView out_v[4]; /* the backward of k and v: dv's */
+    /* the document mask (attention(..., pos = ...), causal, S = T): query row t of batch z sees the
+       keys from mbt_attn_first on; pos (i32, element (z, t) at the view's off + z*z_ + t*r_) is
+       nullptr without it. Only the flash-attention-2 kernels (rt_attention_fa2.cuh) read it, with
+       their template argument DOCS: compiler/cuda.c gives the others no masked attention. */
+    const int *pos;
+    MbtView posv;
 };
 
 static __device__ __forceinline__ long long mbt_at(const MbtView &w, long long z, long long h, long long r, long long c) {
@@ -116,6 +122,14 @@ static __device__ __forceinline__ void mbt_attn_query_tile(S (*qs)[DP], S (*dos)
 template <bool CAUSAL>
 static __device__ __forceinline__ bool mbt_attn_sees(const MbtAttn &a, long long t, long long j) {
     return t < a.T && j < a.S && (!CAUSAL || j <= t + a.S - a.T);
+}
+
+/* The first key query row t of batch z sees under the document mask: t - pos[z, t] clamped to
+ * [0, t + 1] (ref.c's ref_attn_first; t + 1: none); 0 without the mask. */
+static __device__ __forceinline__ long long mbt_attn_first(const MbtAttn &a, long long z, long long t) {
+    if (!a.pos) return 0;
+    const long long p = a.pos[a.posv.off + z * a.posv.z + t * a.posv.r];
+    return p > t ? 0 : p < 0 ? t + 1 : t - p;
 }
 
 /* One tile of a row's online softmax, a key a lane: s is this lane's scaled score (-inf for a key

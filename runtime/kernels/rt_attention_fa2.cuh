@@ -211,7 +211,32 @@ static __device__ __forceinline__ void mbt_fa2_put(const float (*acc)[4], const 
     }
 }
 
-template <typename T, int D, int E, bool CAUSAL, int NOUT>
+/* The document mask's first key tile (of BK keys) for the block's rows [t0, t0 + rows): the tile
+ * of the smallest first key among them (0 without the mask, or for a row that sees key 0). Thread
+ * 0 finds it and hands it on through shared memory, between two barriers; every thread returns
+ * it. Without the mask (DOCS false) it is 0, with no barrier and no shared memory. */
+template <bool DOCS>
+static __device__ __forceinline__ long long mbt_fa2_first_tile(const MbtAttn &a, long long z, long long t0, int rows, int BK) {
+    if constexpr (!DOCS) {
+        return 0;
+    } else {
+        __shared__ long long sh;
+        if (threadIdx.x == 0) {
+            long long f = a.S;
+            for (long long t = t0; t < t0 + rows && t < a.T; t++) {
+                const long long x = mbt_attn_first(a, z, t);
+                f = x < f ? x : f;
+            }
+            sh = f;
+        }
+        __syncthreads();
+        const long long f = sh;
+        __syncthreads(); /* every thread has read it before thread 0 writes the next rows' */
+        return f / BK;
+    }
+}
+
+template <typename T, int D, int E, bool CAUSAL, int NOUT, bool DOCS = false>
 static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out,
                                             float *stats) {
     static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
@@ -236,13 +261,19 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ), ntiles = (kend + BK - 1) / BK;
         const bool kfast = mbt_fa2_fast(k, a.k, z, kh), vfast = mbt_fa2_fast(v, a.v, z, kh);
         __syncthreads(); /* the previous tile of rows is done with the buffers */
-        if (ntiles > 0) {
-            mbt_fa2_stage<T, BK, D, KP>(ks[0], k, a.k, z, kh, 0, a.S, kfast);
-            mbt_fa2_stage<T, BK, E, VP>(vs[0], v, a.v, z, kh, 0, a.S, vfast);
+        /* the document mask: the first keys of this lane's rows (fr), and the block's first key
+           tile it0 (whole tiles before every row's document are never loaded) */
+        long long fr[2] = {0, 0}, it0 = mbt_fa2_first_tile<DOCS>(a, z, t0, BQ, BK);
+        if (DOCS)
+            for (int r = 0; r < 2; r++) fr[r] = tw + g + r * 8 < a.T ? mbt_attn_first(a, z, tw + g + r * 8) : 0;
+        const long long fmax = fr[0] > fr[1] ? fr[0] : fr[1];
+        if (it0 < ntiles) {
+            mbt_fa2_stage<T, BK, D, KP>(ks[0], k, a.k, z, kh, it0 * BK, a.S, kfast);
+            mbt_fa2_stage<T, BK, E, VP>(vs[0], v, a.v, z, kh, it0 * BK, a.S, vfast);
             mbt_cp_async_commit();
         }
-        for (long long it = 0; it < ntiles; it++) {
-            const int buf = (int)(it & 1);
+        for (long long it = it0; it < ntiles; it++) {
+            const int buf = (int)((it - it0) & 1);
             const long long j0 = it * BK;
             if (it + 1 < ntiles) { /* the next tile into the other buffer, while this one is used */
                 mbt_fa2_stage<T, BK, D, KP>(ks[buf ^ 1], k, a.k, z, kh, j0 + BK, a.S, kfast);
@@ -256,14 +287,15 @@ static __device__ void mbt_attn_fa2_forward(const MbtAttn &a, const T *q, const 
             /* S = Q K^T: 16 x BK, BK / 8 accumulators; s[n] holds keys [8n, 8n + 8) */
             float s[BK / 8][4];
             mbt_fa2_abt<T, D, BK, KP>(s, qa, ks[buf]);
-            /* masked where the tile crosses the diagonal or the end of the keys */
-            const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T);
+            /* masked where the tile crosses the diagonal, the end of the keys or a document's start */
+            const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T) || j0 < fmax;
             float mt[2] = {-MBT_INF_F, -MBT_INF_F};
 #pragma unroll
             for (int n = 0; n < BK / 8; n++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    if (mask && !mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1))) s[n][i] = -MBT_INF_F;
+                    const long long j = j0 + n * 8 + 2 * t + (i & 1);
+                    if (mask && (!mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j) || j < fr[i >> 1])) s[n][i] = -MBT_INF_F;
                     mt[i >> 1] = mt[i >> 1] > s[n][i] ? mt[i >> 1] : s[n][i];
                 }
             float alpha[2], ms[2];
@@ -365,7 +397,7 @@ static __device__ __forceinline__ void mbt_fa2_walk(T (*xs)[BR][P1], T (*ys)[BR]
 }
 
 /* The backward of q: dq [Z, H, T, D], and the statistics (COMPUTE) or loading them. */
-template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT>
+template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT, bool DOCS = false>
 static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
                                           const float *stats_in, float *stats_out, T *const *out) {
     static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
@@ -382,7 +414,13 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
         mbt_fa2_rows_a<T, D>(qa, q, a.q, z, h, tw, a.T);
         mbt_fa2_rows_a<T, E>(da, dout, a.dout, z, h, tw, a.T);
         const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ), ntiles = (kend + BK - 1) / BK;
-        auto row0 = [&](long long i) { return i * BK; };
+        /* the document mask, as the forward: this lane's rows' first keys, the block's first tile */
+        long long fr[2] = {0, 0};
+        const long long it0 = mbt_fa2_first_tile<DOCS>(a, z, t0, BQ, BK), count = ntiles - it0;
+        if (DOCS)
+            for (int r = 0; r < 2; r++) fr[r] = tw + g + r * 8 < a.T ? mbt_attn_first(a, z, tw + g + r * 8) : 0;
+        const long long fmax = fr[0] > fr[1] ? fr[0] : fr[1];
+        auto row0 = [&](long long i) { return (i + it0) * BK; };
         auto head = [&](long long) { return kh; };
         auto none = [&](int, long long) {};
         /* each row's maximum (raw scores when computed here), sum and sum P dP; msr: its maximum as
@@ -393,18 +431,19 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
         auto scores = [&](int buf, long long j0, float (*s)[4], float (*dp)[4]) {
             mbt_fa2_abt<T, D, BK, KP>(s, qa, ks[buf]);
             mbt_fa2_abt<T, E, BK, VP>(dp, da, vs[buf]);
-            const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T);
+            const bool mask = j0 + BK > a.S || (CAUSAL && j0 + BK - 1 > tw + a.S - a.T) || j0 < fmax;
 #pragma unroll
             for (int n = 0; n < BK / 8; n++)
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    if (mask && !mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j0 + n * 8 + 2 * t + (i & 1)))
-                        s[n][i] = -MBT_INF_F;
+                for (int i = 0; i < 4; i++) {
+                    const long long j = j0 + n * 8 + 2 * t + (i & 1);
+                    if (mask && (!mbt_attn_sees<CAUSAL>(a, tw + g + (i >> 1) * 8, j) || j < fr[i >> 1])) s[n][i] = -MBT_INF_F;
+                }
         };
         if (COMPUTE) {
-            mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, ntiles, row0, head, none, [&](int buf, long long it) {
+            mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, count, row0, head, none, [&](int buf, long long it) {
                 float s[BK / 8][4], dp[BK / 8][4], mt[2] = {-MBT_INF_F, -MBT_INF_F}, ms[2];
-                scores(buf, it * BK, s, dp);
+                scores(buf, row0(it), s, dp);
 #pragma unroll
                 for (int n = 0; n < BK / 8; n++)
 #pragma unroll
@@ -459,9 +498,9 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
         float dq[D / 8][4];
 #pragma unroll
         for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-        mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, ntiles, row0, head, none, [&](int buf, long long it) {
+        mbt_fa2_walk<T, BK, D, E, KP, VP>(ks, vs, k, a.k, v, a.v, z, a.S, count, row0, head, none, [&](int buf, long long it) {
             float s[BK / 8][4], dp[BK / 8][4];
-            scores(buf, it * BK, s, dp);
+            scores(buf, row0(it), s, dp);
 #pragma unroll
             for (int n = 0; n < BK / 8; n++)
 #pragma unroll
@@ -476,7 +515,7 @@ static __device__ void mbt_attn_fa2_bwd_q(const MbtAttn &a, const T *q, const T 
 }
 
 /* The backward of k and v: dk [Z, Hk, S, D], dv [Z, Hk, S, E] (either or both). */
-template <typename T, int D, int E, bool CAUSAL, bool WANT_K, bool WANT_V, int NOUT_K, int NOUT_V>
+template <typename T, int D, int E, bool CAUSAL, bool WANT_K, bool WANT_V, int NOUT_K, int NOUT_V, bool DOCS = false>
 static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
                                            const float *stats, T *const *out_k, T *const *out_v) {
     static_assert(D % 16 == 0 && E % 16 == 0 && D <= 128 && E <= 128, "heads of 16 to 128, multiples of 16");
@@ -484,6 +523,14 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
     __shared__ __align__(16) T qs[2][BQ][QP];
     __shared__ __align__(16) T dos[2][BQ][EP];
     __shared__ float st[2][BQ][3];
+    /* the document mask: the first key of each query row of a tile (fq[buf * BQ + row]), and each
+       thread's part of the scan for the last query row that sees the key tile; no shared memory
+       without the mask */
+    long long *fq = nullptr, *qend_sh = nullptr;
+    if constexpr (DOCS) {
+        __shared__ long long fq_sh[2 * BQ], qe_sh[MBT_ATTN_WARPS * 32];
+        fq = fq_sh, qend_sh = qe_sh;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const long long G = a.H / a.Hk, tiles = (a.S + BKR - 1) / BKR, shift = a.S - a.T;
     const float scale2 = a.scale * MBT_LOG2E;
@@ -500,7 +547,21 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
         for (int n = 0; n < (WANT_V ? E / 8 : 0); n++) dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
         long long ifirst = CAUSAL ? j0 - shift : 0; /* the first query row that sees the tile's first key */
         if (ifirst < 0) ifirst = 0;
-        const long long per = ifirst < a.T ? (a.T - ifirst + BQ - 1) / BQ : 0; /* query tiles a head */
+        /* the document mask: only the rows up to the last one that sees a key of the tile (a row
+           whose document starts at or before the tile's last key) are walked; a scan of the rows'
+           first keys finds it, by the whole block */
+        long long qend = a.T;
+        if (DOCS) {
+            long long e = 0;
+            for (long long i = ifirst + threadIdx.x; i < a.T; i += MBT_ATTN_WARPS * 32)
+                if (mbt_attn_first(a, z, i) <= j0 + BKR - 1) e = i + 1;
+            qend_sh[threadIdx.x] = e;
+            __syncthreads();
+            qend = 0;
+            for (int u = 0; u < MBT_ATTN_WARPS * 32; u++) qend = qend_sh[u] > qend ? qend_sh[u] : qend;
+            __syncthreads(); /* every thread has read them before the next key tile's scan */
+        }
+        const long long per = ifirst < qend ? (qend - ifirst + BQ - 1) / BQ : 0; /* query tiles a head */
         auto row0 = [&](long long i) { return ifirst + i % per * BQ; };
         auto head = [&](long long i) { return kh * G + i / per; };
         /* a tile's statistics as the loop wants them: the exponent's offset (m log2(e), as dq's), 1 / l,
@@ -514,6 +575,7 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
                     x[0] = p[0] == -MBT_INF_F ? 0.0f : p[0] * MBT_LOG2E, x[1] = p[a.stats.c] > 0.0f ? 1.0f / p[a.stats.c] : 0.0f, x[2] = p[2 * a.stats.c];
                 }
                 st[buf][c][0] = x[0], st[buf][c][1] = x[1], st[buf][c][2] = x[2];
+                if (DOCS) fq[buf * BQ + c] = row < a.T ? mbt_attn_first(a, z, row) : a.S;
             }
         };
         mbt_fa2_walk<T, BQ, D, E, QP, EP>(qs, dos, q, a.q, dout, a.dout, z, a.T, G * per, row0, head, stage_stats,
@@ -522,15 +584,17 @@ static __device__ void mbt_attn_fa2_bwd_kv(const MbtAttn &a, const T *q, const T
             float p[BQ / 8][4], ds[WANT_K ? BQ / 8 : 1][4];
             mbt_fa2_abt<T, D, BQ, QP>(p, ka, qs[buf]); /* S^T: the warp's 16 keys against the tile's queries */
             if constexpr (WANT_K) mbt_fa2_abt<T, E, BQ, EP>(ds, va, dos[buf]); /* dP^T = V dO^T */
-            /* the mask only where the tile reaches past the queries or the keys, or crosses the diagonal */
-            const bool mask = i0 + BQ > a.T || jw + 16 > a.S || (CAUSAL && jw + 15 > i0 + shift);
+            /* the mask only where the tile reaches past the queries or the keys, or crosses the
+               diagonal; and everywhere under the document mask */
+            const bool mask = i0 + BQ > a.T || jw + 16 > a.S || (CAUSAL && jw + 15 > i0 + shift) || DOCS;
 #pragma unroll
             for (int n = 0; n < BQ / 8; n++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int c = n * 8 + 2 * t + (i & 1); /* the query, in the tile */
+                    const long long j = jw + g + (i >> 1) * 8;
                     float x = 0.0f;
-                    if (!mask || mbt_attn_sees<CAUSAL>(a, i0 + c, jw + g + (i >> 1) * 8))
+                    if (!mask || (mbt_attn_sees<CAUSAL>(a, i0 + c, j) && (!DOCS || fq[buf * BQ + c] <= j)))
                         x = mbt_exp2(fmaf(p[n][i], scale2, -st[buf][c][0])) * st[buf][c][1];
                     p[n][i] = x;
                     if constexpr (WANT_K) ds[n][i] = a.scale * (x * (ds[n][i] - st[buf][c][2]));

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
 #include <vector>
 
 namespace check {
@@ -78,6 +79,22 @@ __global__ void k_bwd_kv_fa2(MbtAttn a, const T *q, const T *k, const T *v, cons
     T *const outk[1] = {dk}, *const outv[1] = {dv};
     T *const *first = WK ? outk : nullptr, *const *second = WK ? outv : outk;
     mbt_attn_fa2_bwd_kv<T, D, E, C, WK, WV, WK ? 1 : 0, WV ? 1 : 0>(a, q, k, v, dout, stats, first, WV ? second : nullptr);
+}
+/* the flash-attention-2 kernels with the document mask (DOCS: a.pos read) or without it */
+template <typename T, int D, int E, bool DOCS>
+__global__ void k_forward_fa2_docs(MbtAttn a, const T *q, const T *k, const T *v, T *o, float *stats) {
+    T *const out[1] = {o};
+    mbt_attn_fa2_forward<T, D, E, true, 1, DOCS>(a, q, k, v, out, stats);
+}
+template <typename T, int D, int E, bool COMPUTE, bool DOCS>
+__global__ void k_bwd_q_fa2_docs(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
+    T *const out[1] = {dq};
+    mbt_attn_fa2_bwd_q<T, D, E, true, COMPUTE, 1, DOCS>(a, q, k, v, dout, COMPUTE ? nullptr : stats, COMPUTE ? stats : nullptr, out);
+}
+template <typename T, int D, int E, bool DOCS>
+__global__ void k_bwd_kv_fa2_docs(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dk, T *dv) {
+    T *const outk[1] = {dk}, *const outv[1] = {dv};
+    mbt_attn_fa2_bwd_kv<T, D, E, true, true, true, 1, 1, DOCS>(a, q, k, v, dout, stats, outk, outv);
 }
 /* dq again from the stored statistics (the kernel fusion makes when dq's kernel does not compute them) */
 template <typename T, int D, int E, bool C, bool TC>
@@ -417,6 +434,159 @@ void run_case(const char *name, long long Z, long long H, long long Hk, long lon
     if constexpr (FA2) fa2_backward<T, D, E, C>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, sp, tol);
 }
 
+/* The flash-attention-2 kernels under the document mask (attention(..., pos = ...), causal, S = T;
+ * rt_attention.cuh's mbt_attn_first): pos numbers each batch row's documents (lengths drawn from
+ * 1 to 90, so that documents start inside tiles and span several; one row with pos < 0, which
+ * sees no key, and one with pos > t, which sees every key up to t). The forward (storing m and l),
+ * dq computing the statistics and loading them, and dk and dv together, against a float64
+ * reference that lets query t see keys t - pos .. t only, at `tol`; the same kernels ignoring the
+ * mask (DOCS = false) must be off from that reference by more (the check can fail); and with pos
+ * a plain arange (one document a row) the masked kernels give the unmasked kernels' results bit
+ * for bit (no tile skipped, no element masked that the causal mask keeps). */
+template <typename T, int D, int E>
+void fa2_docs(const char *name, long long Z, long long H, long long Hk, long long Tq, double tol, unsigned seed) {
+    const long long G = H / Hk, S = Tq;
+    const float scale = 1.0f / sqrtf((float)D);
+    srand(seed);
+    auto draw = [](long long n, double sd) {
+        std::vector<float> x((size_t)n);
+        for (auto &v : x) {
+            double s = 0;
+            for (int i = 0; i < 12; i++) s += rand() / (RAND_MAX + 1.0);
+            v = (float)((s - 6) * sd);
+        }
+        return x;
+    };
+    std::vector<float> qf = draw(Z * H * Tq * D, 2), kf = draw(Z * Hk * S * D, 2), vf = draw(Z * Hk * S * E, 1),
+                       df = draw(Z * H * Tq * E, 1);
+    std::vector<T> q(qf.size()), k(kf.size()), v(vf.size()), dout(df.size());
+    for (size_t i = 0; i < q.size(); i++) q[i] = from_f<T>(qf[i]), qf[i] = to_f(q[i]);
+    for (size_t i = 0; i < k.size(); i++) k[i] = from_f<T>(kf[i]), kf[i] = to_f(k[i]);
+    for (size_t i = 0; i < v.size(); i++) v[i] = from_f<T>(vf[i]), vf[i] = to_f(v[i]);
+    for (size_t i = 0; i < dout.size(); i++) dout[i] = from_f<T>(df[i]), df[i] = to_f(dout[i]);
+    std::vector<int> pos((size_t)(Z * Tq)), arange(pos.size());
+    for (long long z = 0; z < Z; z++) {
+        long long left = 0;
+        for (long long t = 0, p = 0; t < Tq; t++, p++, left--) {
+            if (left <= 0) left = 1 + rand() % 90, p = 0; /* a new document */
+            pos[z * Tq + t] = (int)p;
+            arange[z * Tq + t] = (int)t;
+        }
+    }
+    pos[Tq / 3] = -1;                      /* batch 0, a row that sees no key */
+    pos[Tq / 2] = (int)(Tq / 2 + 5);       /* and one that sees all keys up to itself */
+    auto first = [&](long long z, long long t) {
+        const long long p = pos[z * Tq + t];
+        return p > t ? 0 : p < 0 ? t + 1 : t - p;
+    };
+    std::vector<double> o((size_t)(Z * H * Tq * E)), dq((size_t)(Z * H * Tq * D)), dk(k.size()), dv(v.size());
+    std::vector<double> sm((size_t)(Z * H * Tq)), sl(sm.size());
+    std::vector<double> sc((size_t)S), p((size_t)S), dp((size_t)S);
+    for (long long z = 0; z < Z; z++)
+        for (long long h = 0; h < H; h++)
+            for (long long t = 0; t < Tq; t++) {
+                const long long kh = h / G, row = (z * H + h) * Tq + t, j0 = first(z, t);
+                double m = -INFINITY, l = 0, pdp = 0;
+                for (long long j = j0; j <= t; j++) {
+                    double acc = 0;
+                    for (int c = 0; c < D; c++) acc += (double)qf[row * D + c] * kf[((z * Hk + kh) * S + j) * D + c];
+                    sc[j] = scale * acc;
+                    m = fmax(m, sc[j]);
+                }
+                for (long long j = j0; j <= t; j++) l += exp(sc[j] - m);
+                for (long long j = j0; j <= t; j++) {
+                    p[j] = exp(sc[j] - m) / l;
+                    double acc = 0;
+                    for (int c = 0; c < E; c++) acc += (double)df[row * E + c] * vf[((z * Hk + kh) * S + j) * E + c];
+                    dp[j] = acc;
+                    pdp += p[j] * dp[j];
+                }
+                sm[row] = j0 <= t ? m : -INFINITY, sl[row] = l;
+                for (long long j = j0; j <= t; j++) {
+                    const long long kr = (z * Hk + kh) * S + j;
+                    const double ds = scale * p[j] * (dp[j] - pdp);
+                    for (int c = 0; c < E; c++) o[row * E + c] += p[j] * vf[kr * E + c];
+                    for (int c = 0; c < D; c++) dq[row * D + c] += ds * kf[kr * D + c];
+                    for (int c = 0; c < D; c++) dk[kr * D + c] += ds * qf[row * D + c];
+                    for (int c = 0; c < E; c++) dv[kr * E + c] += p[j] * df[row * E + c];
+                }
+            }
+    struct Out {
+        std::vector<T> o, dq, dq2, dk, dv;
+        std::vector<float> lse, st;
+    };
+    const long long qblocks = Z * H * ((Tq + 63) / 64), kblocks = Z * Hk * ((S + 63) / 64);
+    const T *qd = q.data(), *kd = k.data(), *vd = v.data(), *dd = dout.data();
+    /* the forward, dq (computing, then loading the statistics) and dk, dv with the mask given by
+       positions ps (DOCS) or without it */
+    auto run = [&](auto docs, const std::vector<int> *ps, Out &r) {
+        constexpr bool DOCS = decltype(docs)::value;
+        MbtAttn a = {Z, H, Hk, Tq, S, scale, view(H, Tq, D), view(Hk, S, D), view(Hk, S, E), view(H, Tq, E),
+                     view(H, Tq, 2), 1, {view(H, Tq, E)}, 0, {}, ps ? ps->data() : nullptr, MbtView{0, Tq, 0, 1, 0}};
+        r.o.resize(o.size()), r.dq.resize(dq.size()), r.dq2.resize(dq.size()), r.dk.resize(dk.size()), r.dv.resize(dv.size());
+        r.lse.assign(sm.size() * 2, -1.0f), r.st.assign(sm.size() * 3, 0.0f);
+        if (!launch<&k_forward_fa2_docs<T, D, E, DOCS>>(name, qblocks, a, qd, kd, vd, r.o.data(), r.lse.data())) return false;
+        a.stats = view(H, Tq, 3), a.out[0] = view(H, Tq, D);
+        if (!launch<&k_bwd_q_fa2_docs<T, D, E, true, DOCS>>(name, qblocks, a, qd, kd, vd, dd, r.st.data(), r.dq.data()) ||
+            !launch<&k_bwd_q_fa2_docs<T, D, E, false, DOCS>>(name, qblocks, a, qd, kd, vd, dd, r.st.data(), r.dq2.data()))
+            return false;
+        a.out[0] = view(Hk, S, D), a.nout_v = 1, a.out_v[0] = view(Hk, S, E);
+        return launch<&k_bwd_kv_fa2_docs<T, D, E, DOCS>>(name, kblocks, a, qd, kd, vd, dd, (const float *)r.st.data(), r.dk.data(),
+                                                         r.dv.data());
+    };
+    Out masked, unmasked, ranged;
+    if (!run(std::true_type(), &pos, masked) || !run(std::false_type(), nullptr, unmasked) ||
+        !run(std::true_type(), &arange, ranged))
+        return;
+    auto floats = [](const std::vector<T> &x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); i++) f[i] = to_f(x[i]);
+        return f;
+    };
+    std::vector<float> m1, l1, m2, l2;
+    std::vector<double> mw, lw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue; /* a row that sees no key */
+        mw.push_back(sm[r]), lw.push_back(sl[r]);
+        m1.push_back(masked.lse[r * 2]), l1.push_back(masked.lse[r * 2 + 1]);
+        m2.push_back(masked.st[r * 3]), l2.push_back(masked.st[r * 3 + 1]);
+    }
+    expect(name, "documents: forward (flash-attention-2)", o, floats(masked.o), tol);
+    expect(name, "documents: the forward's row max", mw, m1, tol);
+    expect(name, "documents: the forward's row sum", lw, l1, tol);
+    expect(name, "documents: dq's statistics, row max", mw, m2, tol);
+    expect(name, "documents: dq's statistics, row sum", lw, l2, tol);
+    expect(name, "documents: dq (flash-attention-2)", dq, floats(masked.dq), tol);
+    expect(name, "documents: dk (flash-attention-2)", dk, floats(masked.dk), tol);
+    expect(name, "documents: dv (flash-attention-2)", dv, floats(masked.dv), tol);
+    /* the control: without the mask, the kernels are far from the masked reference */
+    auto off = [&](const char *what, const std::vector<double> &want, const std::vector<T> &got) {
+        double m = 0, e = 0;
+        for (size_t i = 0; i < want.size(); i++) m = fmax(m, fabs(want[i]));
+        for (size_t i = 0; i < want.size(); i++) e = fmax(e, fabs(want[i] - to_f(got[i])) / m);
+        const bool ok = e > 10 * tol;
+        printf("%s %s/documents: %s without the mask is off by %.3g of the largest (more than %g)\n", ok ? "PASS" : "FAIL",
+               name, what, e, 10 * tol);
+        ok ? passed++ : failed++;
+    };
+    off("forward", o, unmasked.o);
+    off("dq", dq, unmasked.dq);
+    off("dk", dk, unmasked.dk);
+    off("dv", dv, unmasked.dv);
+    auto same = [&](const char *what, const void *x, const void *y, size_t bytes) {
+        bool eq = memcmp(x, y, bytes) == 0;
+        printf("%s %s/%s\n", eq ? "PASS" : "FAIL", name, what);
+        eq ? passed++ : failed++;
+    };
+    same("documents: dq from the stored statistics, as computed", masked.dq.data(), masked.dq2.data(), dq.size() * sizeof(T));
+    same("documents: pos = arange gives the unmasked forward bit for bit", ranged.o.data(), unmasked.o.data(), o.size() * sizeof(T));
+    same("documents: pos = arange gives the unmasked m and l bit for bit", ranged.lse.data(), unmasked.lse.data(), sm.size() * 8);
+    same("documents: pos = arange gives the unmasked statistics bit for bit", ranged.st.data(), unmasked.st.data(), sm.size() * 12);
+    same("documents: pos = arange gives the unmasked dq bit for bit", ranged.dq.data(), unmasked.dq.data(), dq.size() * sizeof(T));
+    same("documents: pos = arange gives the unmasked dk bit for bit", ranged.dk.data(), unmasked.dk.data(), dk.size() * sizeof(T));
+    same("documents: pos = arange gives the unmasked dv bit for bit", ranged.dv.data(), unmasked.dv.data(), dv.size() * sizeof(T));
+}
+
 } /* namespace check */
 
 int main() {
@@ -436,6 +606,10 @@ int main() {
     run_case<__nv_bfloat16, 128, 128, true, false, true>("bf16-fa2-d128-causal", 1, 4, 1, 150, 150, 1e-2, 8);
     run_case<__nv_bfloat16, 96, 64, false, false, true>("bf16-fa2-d96-e64", 2, 2, 2, 70, 45, 1e-2, 9);
     run_case<__nv_bfloat16, 64, 128, true, false, true>("bf16-fa2-fewer-keys", 1, 2, 1, 90, 60, 1e-2, 10);
+    /* the flash-attention-2 kernels under the document mask: tiles of 64 keys, and of 32 (D + E > 128);
+     * grouped heads; rows not a multiple of the tiles */
+    fa2_docs<__nv_bfloat16, 32, 32>("bf16-fa2-docs", 2, 4, 2, 200, 1e-2, 11);
+    fa2_docs<__nv_bfloat16, 64, 128>("bf16-fa2-docs-wide", 1, 2, 1, 150, 1e-2, 12);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -729,6 +729,38 @@ static void test_count_gpt2_block(void) {
     tf_end(t);
 }
 
+/* The document mask (attention(..., pos = ...), issue 20) with positions that are not documents:
+ * batch 0 numbers documents of 3, 4 and 5 tokens, batch 1 anything (first keys that go back,
+ * pos > t: every key up to t, pos < 0: no key). Query t sees keys t - pos .. t (clamped), so key
+ * 0 of batch 1 is seen by rows 0, 2 and 7 but not 3..6: dk-dv's loop, which ends at the last row
+ * that sees the key (fuse_codegen_dedicated.c), must reach row 7 past rows that do not. Forward
+ * and backward fused == unfused (every buffer, dk and dv among them), and each of the three
+ * attention kernels (forward, dq, dk-dv) described with the positions as a view (KAttn.pos, what
+ * the CUDA back end's FA2 kernels read). */
+static void test_attention_docs_any_pos(void) {
+    TF *t = tf_begin(21);
+    const int64_t B = 2, H = 2, T = 12, hd = 4;
+    int q = tf_param(t, S(B, H, T, hd)), k = tf_param(t, S(B, H, T, hd)), v = tf_param(t, S(B, H, T, hd));
+    int pos = tf_index(t, S(B, T), 1);
+    static const double pv[24] = {0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 3, 0, 7, 1, -1, 2, 0, 9, 1, 5, 0, 2};
+    memcpy(t->leaf[pos], pv, sizeof pv);
+    int in[4] = {q, k, v, pos};
+    int att = tf_node(t, G_ATTENTION, DT_F32, S(B, H, T, hd), 4, in);
+    tf_n(t, att)->iattr[0] = 1;
+    tf_n(t, att)->iattr[1] = 1;
+    tf_n(t, att)->fattr[0] = 0.5;
+    tf_weighted_loss(t, att);
+    autodiff(t->g);
+    Fused f = fuse_check("attention_docs_any_pos", t->g, t->leaf, NULL, 0, &t->ar);
+    int masked = 0;
+    for (int i = 0; f.r && i < f.r->nkernels; i++) {
+        const KAttn *a = f.r->kernels[i]->attn;
+        masked += a && a->pos.param >= 0 && a->pos.stride[0] == T && a->pos.stride[2] == 1;
+    }
+    CHECK(masked == 3, "the forward, dq and dk-dv described with the positions [B, T]: got %d", masked);
+    tf_end(t);
+}
+
 /* ---- GEMM resolution ------------------------------------------------------------------------------ */
 
 static void test_gemm_transposes(void) {
@@ -982,6 +1014,7 @@ int main(void) {
     RUN(test_count_adamw_by_hand);
     RUN(test_count_adamw_update_graph);
     RUN(test_count_gpt2_block);
+    RUN(test_attention_docs_any_pos);
     RUN(test_gemm_transposes);
     RUN(test_gemm_bias_epilogue);
     RUN(test_gemm_bias_gradient);

@@ -156,6 +156,9 @@ int cuda_kernel_uses_attention(const Kernel *k) {
     /* the FA2 kernels, forward and backward, for every head width up to 128: at D = E = 128 the dk-dv
      * kernel is at 255 registers (Llama-like, 8 on 2 heads, causal: no spill on sm_80 or sm_90) */
     if (a->dt != DT_F32 && a->D % 16 == 0 && a->E % 16 == 0) return CUDA_ATTN_FA2;
+    /* the document mask is carried out by the FA2 kernels alone (their template argument DOCS): a
+       masked attention they do not take runs the body, which masks it */
+    if (a->pos.param >= 0) return CUDA_ATTN_NONE;
     return CUDA_ATTN_CUDA_CORES;
 }
 
@@ -217,7 +220,10 @@ static int cuda_attention_shared(const Kernel *k) {
     if (cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2) { /* two buffers of BK rows of two operands, pitches D + 8,
                                                               E + 8; dk and dv add two of BK rows' statistics */
         int64_t bk = a->D + a->E > 128 ? 32 : 64, by_key = a->op != KA_FORWARD && a->op != KA_BWD_Q;
-        return (int)(2 * 2 * bk * (a->D + 8 + a->E + 8) + (by_key ? 2 * bk * 3 * 4 : 0));
+        /* the document mask: the block's first key (8 B); dk and dv: each query row's first key in
+           two tiles and a long long a thread for the scan */
+        int64_t docs = a->pos.param < 0 ? 0 : by_key ? 8 * (2 * bk + 128) : 8;
+        return (int)(2 * 2 * bk * (a->D + 8 + a->E + 8) + (by_key ? 2 * bk * 3 * 4 : 0) + docs);
     }
     if (cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES) { /* 2-byte tiles, f32 scratch (pitches as there) */
         int64_t qp = a->D + 8, vp = a->E + 8, pp = 32 + 8, scratch = 4 * 4 * 16 * (32 + 4);

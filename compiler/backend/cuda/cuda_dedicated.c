@@ -41,14 +41,18 @@ void cuda_attention_call(CudaEmit *E) {
     cuda_line(E, "    %s, /* statistics */", cuda_view(E, &a->stats));
     cuda_line(E, "    %d, { /* %s */", a->nout, a->op == KA_BWD_KV ? "dk" : "the result");
     for (int i = 0; i < a->nout; i++) cuda_line(E, "        %s,", cuda_view(E, &a->out[i]));
+    /* the document mask's positions and their view (rt_attention.cuh's mbt_attn_first), when given */
+    const char *docs = a->pos.param < 0 ? "" : arena_printf(E->ar, ", p%d, %s", a->pos.param, cuda_view(E, &a->pos));
     if (a->op != KA_BWD_KV) {
-        cuda_line(E, "    }, 0, {}};");
+        cuda_line(E, "    }, 0, {}%s};", docs);
     } else {
         cuda_line(E, "    },");
         cuda_line(E, "    %d, { /* dv */", a->nout_v);
         for (int i = 0; i < a->nout_v; i++) cuda_line(E, "        %s,", cuda_view(E, &a->out_v[i]));
-        cuda_line(E, "    }};");
+        cuda_line(E, "    }%s};", docs);
     }
+    const char *dt = a->pos.param < 0 ? "" : ", true"; /* the templates' DOCS */
+    if (*dt && cuda_kernel_uses_attention(E->k) != CUDA_ATTN_FA2) INTERNAL("cuda: a document mask for a template without one");
     const char *outs = "", *outs_v = "";
     for (int i = 0; i < a->nout; i++) outs = arena_printf(E->ar, "%s%sp%d", outs, i ? ", " : "", a->out[i].param);
     for (int i = 0; i < a->nout_v; i++) outs_v = arena_printf(E->ar, "%s%sp%d", outs_v, i ? ", " : "", a->out_v[i].param);
@@ -62,18 +66,18 @@ void cuda_attention_call(CudaEmit *E) {
     switch (a->op) {
     case KA_FORWARD: /* each row's m and l stored at stats when a backward reads them (nullptr: not stored) */
         if (*tc) INTERNAL("cuda: the tensor-core forward stores no statistics");
-        cuda_line(E, "mbt_attn%s_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d>(a, %s, %s, %s, out, %s);", fa2, t, a->D, a->E,
-                  causal, a->nout, q, k, v, st);
+        cuda_line(E, "mbt_attn%s_forward<%s, %" PRId64 ", %" PRId64 ", %s, %d%s>(a, %s, %s, %s, out, %s);", fa2, t, a->D, a->E,
+                  causal, a->nout, dt, q, k, v, st);
         break;
     case KA_BWD_Q: /* COMPUTE = false: the statistics loaded (the forward's m and l, and rowsum(dout * o)) */
-        cuda_line(E, "mbt_attn%s_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, false, %d>(a, %s, %s, %s, %s, %s, nullptr, out);", fa2,
-                  tc, t, a->D, a->E, causal, a->nout, q, k, v, dout, st);
+        cuda_line(E, "mbt_attn%s_bwd_q%s<%s, %" PRId64 ", %" PRId64 ", %s, false, %d%s>(a, %s, %s, %s, %s, %s, nullptr, out);",
+                  fa2, tc, t, a->D, a->E, causal, a->nout, dt, q, k, v, dout, st);
         break;
     default: { /* dk and dv, or either: dk's places in out, dv's in out_v (in out when alone) */
         int wk = a->op != KA_BWD_V, wv = a->op != KA_BWD_K;
-        cuda_line(E, "mbt_attn%s_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d>(a, %s, %s, %s, %s, %s, %s, %s);", fa2,
-                  tc, t, a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
-                  wv ? (wk ? a->nout_v : a->nout) : 0, q, k, v, dout, st, wk ? "out" : "nullptr",
+        cuda_line(E, "mbt_attn%s_bwd_kv%s<%s, %" PRId64 ", %" PRId64 ", %s, %s, %s, %d, %d%s>(a, %s, %s, %s, %s, %s, %s, %s);",
+                  fa2, tc, t, a->D, a->E, causal, wk ? "true" : "false", wv ? "true" : "false", wk ? a->nout : 0,
+                  wv ? (wk ? a->nout_v : a->nout) : 0, dt, q, k, v, dout, st, wk ? "out" : "nullptr",
                   !wv  ? "nullptr"
                   : wk ? "out_v"
                        : "out");
