@@ -197,6 +197,30 @@ static void emit_act_after(Host *h, const HostFn *f, LLVMValueRef *addr, int q) 
     }
 }
 
+/* ZeRO-3's gathers (plan.h, PlanGather): on the CPU, rt_param_need(s, lo, hi, next_lo, next_hi)
+ * before position q for each gather first needed there (before = 1), rt_param_done(s, lo, hi)
+ * after it for each last used there (before = 0). Emitted whatever the zero setting (the runtime
+ * passes a NULL hook without ZeRO-3, and the calls do nothing), so that the code, and with it the
+ * program hash and a checkpoint, are the same at every zero setting. The GPU's step does not
+ * gather (host_compile refuses zero = 3 there). */
+static void emit_param_calls(Host *h, LLVMValueRef s, int q, int before) {
+    if (h->target != &host_target_cpu) return;
+    const PlanMemory *m = &h->plan->mem;
+    for (int j = 0; j < m->ngathers; j++) {
+        const PlanGather *g = &m->gathers[j];
+        if ((before ? g->need : g->done) != q) continue;
+        int np = before ? 5 : 3;
+        LLVMTypeRef pt[5] = {h->ptr, h->i64, h->i64, h->i64, h->i64};
+        LLVMTypeRef ft = LLVMFunctionType(h->vd, pt, (unsigned)np, 0);
+        const char *name = before ? "rt_param_need" : "rt_param_done";
+        LLVMValueRef fn = LLVMGetNamedFunction(h->m, name);
+        if (!fn) fn = LLVMAddFunction(h->m, name, ft);
+        const PlanGather *nx = j + 1 < m->ngathers ? &m->gathers[j + 1] : NULL;
+        LLVMValueRef a[5] = {s, ci64(h, g->lo), ci64(h, g->hi), ci64(h, nx ? nx->lo : 0), ci64(h, nx ? nx->hi : 0)};
+        LLVMBuildCall2(h->b, ft, fn, a, (unsigned)np, "");
+    }
+}
+
 /* forward_backward's launches: the step program (the schedule's launches, with recompute's
  * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
  * after the position the plan gives its move (the last launch that touches its buffer, whose
@@ -211,6 +235,7 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
     const PlanWrite **now = arena_alloc(h->ar, sizeof *now * (size_t)(S->mem->nwrites + 1));
     for (int q = 0; q < n; q++) {
         int o = rc->on ? rc->order[q] : q;
+        emit_param_calls(h, s, q, 1);
         emit_act_before(h, f, S, addr, arena, q);
         if (o >= 0) emit_launch(h, f, S, addr, o, "");
         else {
@@ -227,6 +252,7 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
         for (int i = 0; i < S->mem->nwrites; i++)
             if (S->mem->writes[i].after == q) now[k++] = &S->mem->writes[i];
         emit_grad_adds(h, f, now, k, grads, addr, ls);
+        emit_param_calls(h, s, q, 0);
         moved += k;
         /* the CPU's: these gradients are final for the micro-batch, so the runtime may start their
          * reduction across data ranks (rt_grad_ready; the GPU's adds are queued on a stream, and
@@ -634,13 +660,7 @@ static int refuse_settings(const TrainConfig *ts) {
                        (long long)deg[i]);
             n++;
         }
-    if (ts->zero > 2) { /* 1 and 2 are carried out (docs/parallel.md, ZeRO); 3 would shard the parameters */
-        diag_error(ts->zero_at,
-                   "parallel.zero = %lld is not carried out by executables yet: every rank would hold all of the "
-                   "parameters (zero = 1 and 2 are)",
-                   (long long)ts->zero);
-        n++;
-    }
+    /* zero = 1, 2 and 3 are carried out (docs/parallel.md, ZeRO); zero3_refusals refuses what 3 cannot do */
     /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
     /* offload.activations = nvme is carried out on the CPU (offload_refusals refuses it for a GPU build) */
     const Storage off[2] = {ts->offload_activations == STORE_HOST ? STORE_HOST : STORE_NONE, STORE_NONE};
@@ -744,6 +764,30 @@ static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
     }
 }
 
+/* parallel.zero = 3: what executables cannot carry out with it, each an error at its value. Only
+ * the CPU's forward_backward gathers the parameters around their uses (emit_param_calls); the
+ * rest of the program reads the region whole. */
+static void zero3_refusals(Host *h, const TrainBuild *tb, const HostCuda *cuda) {
+    const TrainConfig *ts = h->ts;
+    if (ts->zero != 3) return;
+    if (cuda && cuda->narch > 0) {
+        diag_error(ts->zero_at, "parallel.zero = 3 is carried out on the CPU alone: a GPU build's step does not gather "
+                                "its parameters around their uses (its kernels are queued on a stream that would have to "
+                                "wait for each gather, and the ranks' collectives go through host memory)");
+        diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none), or use zero = 2 on a GPU");
+    }
+    if (h->plan->mem.nstats > 0) {
+        diag_error(ts->zero_at, "parallel.zero = 3 cannot be carried out with global_mean: the statistics pass "
+                                "(forward_stats) reads the parameters without gathering them");
+        diag_hint("use zero = 2 with this model");
+    }
+    if (tb->step && tb->step->nrunning > 0) {
+        diag_error(ts->zero_at, "parallel.zero = 3 cannot be carried out with running statistics: their update after each "
+                                "step writes whole parameters, of which a rank holds its shard alone");
+        diag_hint("use zero = 2 with this model");
+    }
+}
+
 int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
                  FILE *emit, const HostCuda *cuda, Arena *ar) {
     CpuTarget target;
@@ -775,6 +819,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         diag_hint("each rank updates its shard of the parameters alone; use zero = 0 with this optimizer");
     }
     offload_refusals(h, &upd, cuda);
+    zero3_refusals(h, tb, cuda);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */

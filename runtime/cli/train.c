@@ -547,7 +547,12 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->overlap ? "each starts during the last micro-batch's backward once its gradients are final"
                : r->x.gpu ? "after the backward (the GPU's), bucket b + 1's exchange overlapping bucket b's sum"
                           : "after the backward (MBT_DP_OVERLAP=0), bucket b + 1's exchange overlapping bucket b's sum");
-    if (r->zero)
+    if (r->zero3)
+        printf("ZeRO-3: this rank holds elements [%lld, %lld) of the parameters, of the optimizer state and of the summed "
+               "gradient, and gathers the rest of each parameter range around its uses in the forward and the backward "
+               "(%lld floats at most at once besides its shard), the next gather prefetched\n",
+               (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1], (long long)p->plan.gather_window);
+    else if (r->zero)
         printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
                "parameters are gathered\n",
                r->zero, (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1],
@@ -710,6 +715,7 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* the step's last micro-batch: its backward starts the buckets' reduction (the tree as it
          * stands before this leaf is what the thread folds each bucket by) */
         int overlapped = st == RT_OK && r->overlap && m + 1 == accum;
+        if (r->zero3) s.param_hook = (void *)rt_zero3_hook(r->zero3); /* the gathers around the parameters' uses */
         if (overlapped) {
             r->fold_tree = tree;
             s.grad_hook = &r->hook;
@@ -722,7 +728,11 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
             next = rt_train_read(r, m + 1, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
-        r->fb_s += rt_now() - fb0, r->fb_n++;         /* (the next batch's read included, when there is one) */
+        if (r->zero3) {                               /* a gather's failure (the hook cannot return it) */
+            RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);
+            if (st == RT_OK) st = zs;
+        }
+        r->fb_s += rt_now() - fb0, r->fb_n++; /* (the next batch's read included, when there is one) */
         if (st != RT_OK)
             return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(first + m + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
@@ -806,6 +816,9 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     if (!isfinite(lr))
         return rt_fail(&r->e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
     RtStatus st = r->dump_x && step == 0 ? rt_train_dump_batches(r, nmicro) : RT_OK;
+    /* ZeRO-3: the step starts from this rank's shard alone (an evaluation, a checkpoint or the
+     * start gathered the whole region) */
+    if (r->zero3) rt_zero3_release_all(r->zero3);
     /* a process runs nmicro / nranks of them: all of them alone, accum with one process a rank */
     int64_t local = nmicro / r->nranks;
     /* the curriculum's length for this step: the same micro x seq tokens read as windows of that
@@ -826,6 +839,7 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     x->row = 0;
     if (st == RT_OK) st = rt_train_reduce(r, step);
     if (st == RT_OK) st = rt_train_step_loss(r, local, &loss);
+    if (st == RT_OK && r->given->dump_step && step == 0) st = rt_train_zero3_whole(r); /* every rank */
     if (st == RT_OK && r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS | RT_PULL_GRADS, &r->e);
         if (st != RT_OK) return st;
@@ -833,7 +847,7 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
         memcpy(r->dump_g, x->grads, (size_t)p->param_floats * sizeof *r->dump_g);
     }
     if (st != RT_OK) return st;
-    st = r->zero == 2 ? rt_train_shard_norm(r, &norm) : rt_exec_grad_norm(x, r->partial, &norm, &r->e);
+    st = r->zero >= 2 ? rt_train_shard_norm(r, &norm) : rt_exec_grad_norm(x, r->partial, &norm, &r->e);
     if (st == RT_OK && t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1)
         st = rt_exec_grad_scale(x, (float)(t->clip / (norm + RT_CLIP_EPS)), &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient norm", (long long)(step + 1));
@@ -844,13 +858,18 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
     else if (x->gpu && p->train.offload_optimizer == 1) st = rt_train_host_update(r, &s);
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
-    if (st == RT_OK && r->zero) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e); /* the updated shards */
+    /* the updated shards; ZeRO-3 keeps its own alone (the next forward gathers) */
+    if (st == RT_OK && r->zero && !r->zero3) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     /* running statistics: from this step's statistics pass (x->stats), the same on every rank */
     if (st == RT_OK) st = rt_exec_running(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_UPDATE);
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_ZERO);
+    if (r->given->dump_step && step == 0) {
+        st = rt_train_zero3_whole(r); /* every rank */
+        if (st != RT_OK) return st;
+    }
     if (r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
         if (st != RT_OK) return st;
@@ -874,8 +893,10 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     if (st == RT_OK && r->val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
         double vl;
         int64_t used;
-        st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, r->nranks > 1 ? r->comm : NULL, &vl,
-                         &used, &r->e);
+        st = rt_train_zero3_whole(r); /* forward_loss reads the parameters whole */
+        if (st == RT_OK)
+            st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, r->nranks > 1 ? r->comm : NULL, &vl,
+                             &used, &r->e);
         if (st == RT_OK) st = rt_log_eval(&r->log, step + 1, vl, used, &r->e);
     }
     /* several ranks: their agreement (rt_train_gather_losses); alone, a signal up to now */
@@ -883,8 +904,9 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     *stop = r->stop_sig != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
-    if (r->zero) st = rt_train_gather_state(r); /* every rank takes part */
-    if (st != RT_OK || r->rank > 0) return st;  /* rank 0 writes the checkpoint */
+    if (r->zero) st = rt_train_zero3_whole(r); /* every rank takes part */
+    if (r->zero && st == RT_OK) st = rt_train_gather_state(r);
+    if (st != RT_OK || r->rank > 0) return st; /* rank 0 writes the checkpoint */
     if (!r->ckpt) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
@@ -934,6 +956,41 @@ static void rt_train_print_model(RtTrainRun *r) {
     rt_dp_model(r->p->param_floats, r->bucket_floats, ranks, r->model_gbps, bwd, &m, stdout, "");
 }
 
+/* ZeRO-3 after the last step: every rank's measured high-water mark of resident parameter memory
+ * during its forward_backward calls (mincore, zero3.h), against the plan's bound - the rank's shard
+ * plus the gathers' window (RtPlanInfo.gather_window) - and the whole region; with MBT_DEBUG the
+ * gathers' counts and times. */
+static RtStatus rt_train_zero3_report(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    double mine[4], *all = calloc((size_t)r->nranks * 4, sizeof *all);
+    if (!all) return rt_fail_errno(&r->e, ENOMEM, "cannot gather the ranks' parameter memory");
+    int64_t gathers, floats;
+    double waited, gs;
+    rt_zero3_stats(r->zero3, &gathers, &floats, &waited, &gs);
+    mine[0] = (double)rt_zero3_high_water(r->zero3), mine[1] = (double)gathers, mine[2] = waited, mine[3] = gs;
+    RtStatus st = rt_comm_gather_f64(r->comm, mine, 4, all, &r->e);
+    if (st == RT_OK) {
+        int64_t whole = p->param_floats * 4, win = p->plan.gather_window * 4, units = p->plan.gather_units;
+        printf("ZeRO-3: parameter memory resident during forward_backward (measured, mincore), of the region's %lld bytes; the "
+               "plan's bound is a rank's shard + the gathers' window of %lld bytes (%lld gathers) + 2 pages a gather\n",
+               (long long)whole, (long long)win, (long long)units);
+        for (int k = 0; k < r->nranks; k++) {
+            int64_t shard = (r->shard_off[k + 1] - r->shard_off[k]) * 4;
+            int64_t bound = shard + win + 2 * 4096 * units;
+            double hw = all[k * 4];
+            printf("ZeRO-3: rank %d: high-water %.0f bytes (%.1f%% of the region), bound %lld (shard %lld + window %lld + "
+                   "pages %lld): %s\n",
+                   k, hw, whole > 0 ? 100.0 * hw / (double)whole : 0.0, (long long)(bound < whole ? bound : whole),
+                   (long long)shard, (long long)win, (long long)(2 * 4096 * units), hw <= (double)bound ? "within" : "ABOVE");
+            if (getenv("MBT_DEBUG"))
+                printf("ZeRO-3: rank %d: %.0f gathers by the hook, the step waited %.3f ms for them, %.3f ms in them\n", k,
+                       all[k * 4 + 1], all[k * 4 + 2] * 1e3, all[k * 4 + 3] * 1e3);
+        }
+    }
+    free(all);
+    return st;
+}
+
 /* After the last step: the last checkpoint's report, the summary, the GPU timing and profile,
  * --save-weights, --save-adapter. */
 static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_steps, int64_t total_tokens, double t_run,
@@ -970,6 +1027,14 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         rt_profile_print(stdout, r->prof, rt_pool_threads(r->x.pool));
     }
     if (r->model_gbps > 0 && r->fb_n > 0) rt_train_print_model(r);
+    if (r->zero3 && done_steps > 0) {
+        st = rt_train_zero3_report(r);
+        if (st != RT_OK) return st;
+    }
+    if (r->zero3 && (r->given->save_weights || r->given->save_adapter)) { /* every rank */
+        st = rt_train_zero3_whole(r);
+        if (st != RT_OK) return st;
+    }
     if (o->save_weights) {
         st = rt_exec_pull(&r->x, RT_PULL_PARAMS, &r->e);
         if (st == RT_OK) st = rt_weights_save(p, r->x.params, o->save_weights, &r->e);
@@ -1056,6 +1121,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->dump_p);
     free(r->dump_g);
     rt_opt_offload_close(r->offload); /* removes the store file */
+    rt_zero3_close(r->zero3, &r->x.params);
     rt_exec_close(&r->x);
     free(r->prof);
     rt_data_close(r->val);

@@ -1,0 +1,162 @@
+/* plan_gather.c - ZeRO-3's gather schedule over the step program (plan.h, PlanGather;
+ * docs/parallel.md, "ZeRO-3").
+ *
+ * With parallel { zero = 3 } a rank keeps its shard of the parameter region alone; the rest of a
+ * parameter is gathered from the other ranks before a launch reads it and released after. The
+ * schedule is the plan's, from the step program's reads: the parameter buffers' ranges of the
+ * region, merged where they overlap into disjoint units; a unit's uses split at the loss (the
+ * forward's and the backward's); each part one gather, needed at its first use and released after
+ * its last. The runtime starts gather k + 1 (on its communication thread) when gather k is needed,
+ * so one gather is in flight while the launches use the ones before it.
+ *
+ * A gather's prefetch must not overlap the release of the same unit (the release would drop pages
+ * the prefetch has filled): where gather k + 1 is the unit's backward part and its forward part is
+ * released at or after gather k's need, the two parts are one gather (kept from the forward's first
+ * use to the backward's last).
+ *
+ * The window is the most floats the gathers hold at once: gather k from its post (gather k - 1's
+ * need) to its release. A rank's parameter memory is then its shard plus at most the window (and
+ * the pages a unit shares with its neighbours or the shard, which the runtime cannot release). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "diag.h"
+#include "plan_internal.h"
+
+#define PLAN_SHARD_ALIGN 16384 /* runtime/cli/train_internal.h, RT_SHARD_ALIGN */
+
+typedef struct Unit {
+    int64_t lo, hi;
+} Unit;
+
+static int unit_cmp(const void *a, const void *b) {
+    const Unit *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : (x->hi > y->hi) - (x->hi < y->hi);
+}
+
+static int gather_cmp(const void *a, const void *b) {
+    const PlanGather *x = a, *y = b;
+    if (x->need != y->need) return x->need < y->need ? -1 : 1;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+void plan_gather(PlanCtx *c) {
+    PlanMemory *m = &c->p->mem;
+    const PlanPhaseMem *ph = &m->phase[PLAN_STEP];
+    const PlanRecompute *rc = &m->rc;
+    const FuseResult *r = ph->r;
+    m->ngathers = 0, m->gathers = NULL, m->gather_window = 0, m->gather_units = 0;
+    if (!r) return;
+    Arena scratch = {0};
+    /* the units: every parameter buffer's range, merged where ranges overlap */
+    int nb = r->nbuffers, nu = 0;
+    Unit *u = arena_alloc(&scratch, sizeof *u * (size_t)(nb + 1));
+    for (int b = 0; b < nb; b++)
+        if (ph->slots[b].home == PH_PARAMS && ph->slots[b].bytes > 0)
+            u[nu++] = (Unit){ph->slots[b].offset / 4, (ph->slots[b].offset + ph->slots[b].bytes + 3) / 4};
+    qsort(u, (size_t)nu, sizeof *u, unit_cmp);
+    int k = 0;
+    for (int i = 0; i < nu; i++) {
+        if (k > 0 && u[i].lo < u[k - 1].hi) {
+            if (u[i].hi > u[k - 1].hi) u[k - 1].hi = u[i].hi;
+        } else u[k++] = u[i];
+    }
+    nu = k;
+    int *unit_of = arena_alloc(&scratch, sizeof(int) * (size_t)(nb + 1));
+    for (int b = 0; b < nb; b++) {
+        unit_of[b] = -1;
+        if (ph->slots[b].home != PH_PARAMS || ph->slots[b].bytes <= 0) continue;
+        int64_t lo = ph->slots[b].offset / 4;
+        for (int i = 0; i < nu; i++)
+            if (lo >= u[i].lo && lo < u[i].hi) unit_of[b] = i;
+    }
+    /* the step program's positions, and the loss's: the forward's uses are those up to it */
+    int n = rc->on ? rc->norder : r->nlaunches;
+    const Graph *g = r->g;
+    int lb = g->loss >= 0 ? r->node_buffer[g->loss] : -1, loss_launch = lb >= 0 ? r->buffers[lb].first : n - 1, qloss = n - 1;
+    for (int q = 0; q < n; q++)
+        if ((rc->on ? rc->order[q] : q) == loss_launch) qloss = q;
+    /* per unit and part (0 forward, 1 backward): first and last use */
+    int *first = arena_alloc(&scratch, sizeof(int) * (size_t)(2 * nu + 1)),
+        *last = arena_alloc(&scratch, sizeof(int) * (size_t)(2 * nu + 1));
+    for (int i = 0; i < 2 * nu; i++) first[i] = last[i] = -1;
+    int *bufs = arena_alloc(&scratch, sizeof(int) * (size_t)(nb + 8));
+    unsigned char *wr = arena_alloc(&scratch, (size_t)(nb + 8));
+    for (int q = 0; q < n; q++) {
+        int o = rc->on ? rc->order[q] : q;
+        int li = o >= 0 ? o : rc->reruns[-1 - o].launch;
+        int nbuf = plan_launch_bufs(r, li, bufs, wr, nb + 8);
+        for (int j = 0; j < nbuf; j++) {
+            if (bufs[j] < 0 || bufs[j] >= nb || unit_of[bufs[j]] < 0) continue;
+            int e = 2 * unit_of[bufs[j]] + (q > qloss);
+            if (first[e] < 0) first[e] = q;
+            last[e] = q;
+        }
+    }
+    PlanGather *gs = arena_alloc(c->ar, sizeof *gs * (size_t)(2 * nu + 1));
+    int ng = 0;
+    for (int i = 0; i < 2 * nu; i++)
+        if (first[i] >= 0) gs[ng++] = (PlanGather){u[i / 2].lo, u[i / 2].hi, first[i], last[i], 0};
+    qsort(gs, (size_t)ng, sizeof *gs, gather_cmp);
+    /* a prefetch that would meet the release of its unit's earlier part: one gather instead */
+    for (int again = 1; again;) {
+        again = 0;
+        for (int j = 1; j + 1 <= ng && !again; j++) {
+            int nx = j; /* gather nx is posted at gather nx - 1's need */
+            for (int e = 0; e < nx; e++)
+                if (gs[e].lo == gs[nx].lo && gs[e].done >= gs[nx - 1].need) {
+                    if (gs[nx].done > gs[e].done) gs[e].done = gs[nx].done;
+                    memmove(&gs[nx], &gs[nx + 1], sizeof *gs * (size_t)(ng - nx - 1));
+                    ng--, again = 1;
+                    break;
+                }
+        }
+    }
+    for (int j = 0; j < ng; j++) gs[j].post = j > 0 ? gs[j - 1].need : gs[j].need;
+    /* the window: at each position the gathers posted and not yet released */
+    for (int q = 0; q < n; q++) {
+        int64_t held = 0;
+        int units = 0;
+        for (int j = 0; j < ng; j++)
+            if (gs[j].post <= q && q <= gs[j].done) held += gs[j].hi - gs[j].lo, units++;
+        if (held > m->gather_window) m->gather_window = held;
+        if (units > m->gather_units) m->gather_units = units;
+    }
+    m->ngathers = ng, m->gathers = gs;
+    arena_free(&scratch);
+}
+
+/* The largest shard of the parameter region a rank holds: the runtime's shards (rt_comm_shards),
+ * ceil(whole / data) rounded up to the gradient norm's blocks. */
+static int64_t plan_shard(const Plan *p) {
+    int64_t whole = p->mem.param_bytes / 4, shard = (whole + p->data - 1) / p->data;
+    shard = (shard + PLAN_SHARD_ALIGN - 1) / PLAN_SHARD_ALIGN * PLAN_SHARD_ALIGN;
+    return shard > whole ? whole : shard;
+}
+
+void plan_print_gather_summary(FILE *out, const Plan *p) {
+    const PlanMemory *m = &p->mem;
+    int64_t shard = plan_shard(p);
+    fprintf(out,
+            "plan: ZeRO-3: a rank holds its shard of at most %" PRId64 " bytes of the parameters and gathers at most %" PRId64
+            " bytes more at once (%d gathers): %" PRId64 " of the region's %" PRId64 " bytes\n",
+            shard * 4, m->gather_window * 4, m->gather_units, (shard + m->gather_window) * 4, m->param_bytes);
+}
+
+void plan_print_gather(FILE *out, const Plan *p) {
+    const PlanMemory *m = &p->mem;
+    int64_t whole = m->param_bytes / 4, shard = plan_shard(p);
+    fprintf(out,
+            "\n## ZeRO-3: parameters gathered per use (parallel.zero = 3, %" PRId64 " ranks)\n"
+            "%d gathers a micro-batch of disjoint ranges of the parameter region, each before its first use in the forward "
+            "and in the backward (positions of the step program), released after its last; the next one prefetched\n"
+            "window: at most %" PRId64 " floats (%d gathers) held besides a rank's shard of at most %" PRId64 " floats: %" PRId64
+            " of the region's %" PRId64 " floats a rank\n",
+            p->data, m->ngathers, m->gather_window, m->gather_units, shard, shard + m->gather_window, whole);
+    for (int j = 0; j < m->ngathers; j++) {
+        const PlanGather *g = &m->gathers[j];
+        fprintf(out, "gather %d: floats [%" PRId64 ", %" PRId64 ") started before %d, needed before %d, released after %d\n", j,
+                g->lo, g->hi, g->post, g->need, g->done);
+    }
+}
