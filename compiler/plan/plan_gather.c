@@ -25,6 +25,7 @@
 #include "plan_internal.h"
 
 #define PLAN_SHARD_ALIGN 16384 /* runtime/cli/train_internal.h, RT_SHARD_ALIGN */
+#define PLAN_GATHER_GROUP 4096 /* floats: the span up to which neighbouring units are one gather */
 
 typedef struct Unit {
     int64_t lo, hi;
@@ -61,6 +62,16 @@ void plan_gather(PlanCtx *c) {
         if (k > 0 && u[i].lo < u[k - 1].hi) {
             if (u[i].hi > u[k - 1].hi) u[k - 1].hi = u[i].hi;
         } else u[k++] = u[i];
+    }
+    nu = k;
+    /* small units grouped: neighbours in the region (declaration order, the forward's order) joined
+     * while the group spans at most PLAN_GATHER_GROUP floats, so that a layer's norms and biases
+     * are not each a collective of their own (each pays the link's latency); a larger unit is a
+     * group alone */
+    k = 0;
+    for (int i = 0; i < nu; i++) {
+        if (k > 0 && u[i].hi - u[k - 1].lo <= PLAN_GATHER_GROUP) u[k - 1].hi = u[i].hi;
+        else u[k++] = u[i];
     }
     nu = k;
     int *unit_of = arena_alloc(&scratch, sizeof(int) * (size_t)(nb + 1));
@@ -159,4 +170,60 @@ void plan_print_gather(FILE *out, const Plan *p) {
         fprintf(out, "gather %d: floats [%" PRId64 ", %" PRId64 ") started before %d, needed before %d, released after %d\n", j,
                 g->lo, g->hi, g->post, g->need, g->done);
     }
+}
+
+/* plan_verify's checks of the schedule, from the step program's reads again: every parameter
+ * buffer a launch reads is inside a gather held at that position (needed at or before it, released
+ * at or after it); gathers are ordered by need, each started at the previous one's need; two
+ * gathers of one range are not held at once (a prefetch never meets its range's release); ranges
+ * are inside the region and the window is what the gathers hold. */
+void plan_verify_gather(PlanVerify *v, const Plan *p) {
+    const PlanMemory *m = &p->mem;
+    const PlanPhaseMem *ph = &m->phase[PLAN_STEP];
+    const PlanRecompute *rc = &m->rc;
+    const FuseResult *r = ph->r;
+    if (!r) return;
+    int n = rc->on ? rc->norder : r->nlaunches, nb = r->nbuffers;
+    for (int k = 0; k < m->ngathers; k++) {
+        const PlanGather *g = &m->gathers[k];
+        if (g->lo < 0 || g->hi <= g->lo || g->hi * 4 > m->param_bytes + 3)
+            plan_v_fail(v, "gather %d: floats [%" PRId64 ", %" PRId64 ") are not a range of the parameter region", k, g->lo,
+                        g->hi);
+        if (!(g->post <= g->need && g->need <= g->done && g->done < n))
+            plan_v_fail(v, "gather %d: started before %d, needed before %d, released after %d: out of order", k, g->post, g->need,
+                        g->done);
+        if (g->post != (k > 0 ? m->gathers[k - 1].need : g->need) || (k > 0 && g->need < m->gathers[k - 1].need))
+            plan_v_fail(v, "gather %d is not started at the previous gather's need", k);
+        for (int e = 0; e < k; e++) {
+            const PlanGather *o = &m->gathers[e];
+            int same = o->lo == g->lo && o->hi == g->hi, apart = o->hi <= g->lo || g->hi <= o->lo;
+            if (!same && !apart) plan_v_fail(v, "gathers %d and %d overlap without being one range", e, k);
+            if (same && o->done >= g->post) plan_v_fail(v, "gather %d starts before gather %d of its range is released", k, e);
+        }
+    }
+    int *bufs = malloc(sizeof(int) * (size_t)(nb + 8));
+    unsigned char *wr = malloc((size_t)(nb + 8));
+    int64_t window = 0;
+    for (int q = 0; q < n && bufs && wr; q++) {
+        int o = rc->on ? rc->order[q] : q;
+        int li = o >= 0 ? o : rc->reruns[-1 - o].launch, nbuf = plan_launch_bufs(r, li, bufs, wr, nb + 8);
+        for (int j = 0; j < nbuf; j++) {
+            const PlanSlot *sl = bufs[j] >= 0 && bufs[j] < nb ? &ph->slots[bufs[j]] : NULL;
+            if (!sl || sl->home != PH_PARAMS || sl->bytes <= 0) continue;
+            int held = 0;
+            for (int k = 0; k < m->ngathers && !held; k++) {
+                const PlanGather *g = &m->gathers[k];
+                held = g->need <= q && q <= g->done && g->lo * 4 <= sl->offset && sl->offset + sl->bytes <= g->hi * 4;
+            }
+            if (!held) plan_v_fail(v, "position %d reads parameter buffer %d, which no gather holds there", q, bufs[j]);
+        }
+        int64_t h = 0;
+        for (int k = 0; k < m->ngathers; k++)
+            if (m->gathers[k].post <= q && q <= m->gathers[k].done) h += m->gathers[k].hi - m->gathers[k].lo;
+        if (h > window) window = h;
+    }
+    free(bufs);
+    free(wr);
+    if (window != m->gather_window)
+        plan_v_fail(v, "the gathers hold %" PRId64 " floats at most, the plan says %" PRId64, window, m->gather_window);
 }

@@ -59,6 +59,7 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
 void plan_gather(PlanCtx *c);
 void plan_print_gather(FILE *out, const Plan *p);
 void plan_print_gather_summary(FILE *out, const Plan *p); /* info.c prints the same line */
+void plan_verify_gather(PlanVerify *v, const Plan *p);
 /* The buffers launch li reads and writes (out, wr: 1 when written; cap entries at most). */
 int plan_launch_bufs(const FuseResult *r, int li, int *out, unsigned char *wr, int cap);
 /* last[b]: the last launch of r that reads or writes buffer b (-1: none) */

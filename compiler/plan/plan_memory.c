@@ -534,6 +534,7 @@ void plan_verify_memory(PlanVerify *v, const Plan *p) {
     }
     if (!m->phase[PLAN_STEP].r || !m->phase[PLAN_UPDATE].r) plan_v_fail(v, "a step or update phase is missing");
     if (m->arena_bytes != largest) plan_v_fail(v, "the arena (%" PRId64 ") is not the largest peak", m->arena_bytes);
+    plan_verify_gather(v, p);
 }
 
 /* ---- --emit=plan ------------------------------------------------------------------------------ */
