@@ -26,6 +26,7 @@ struct RtZero3 {
     int64_t page;
     unsigned char *vec; /* mincore's */
     int64_t *sub;       /* a gather's shard boundaries (one gather runs at a time) */
+    int32_t *held;      /* per page: the gathers holding a float of it (started, not released) */
     RtParamHook hook;
     pthread_t thread;
     int started;
@@ -90,14 +91,40 @@ static void sample(RtZero3 *z) {
     if (b > z->high) z->high = b;
 }
 
-/* The whole pages of [lo, hi) (floats), outside this rank's shard, given back to the system. */
-static void release(RtZero3 *z, int64_t lo, int64_t hi) {
-    int64_t part[2][2] = {{lo, hi < z->lo ? hi : z->lo}, {lo > z->hi ? lo : z->hi, hi}};
-    for (int i = 0; i < 2; i++) {
-        if (part[i][1] <= part[i][0]) continue;
-        int64_t a = (part[i][0] * 4 + z->page - 1) / z->page * z->page, b = part[i][1] * 4 / z->page * z->page;
-        if (b > a) (void)madvise((char *)z->base + a, (size_t)(b - a), MADV_DONTNEED);
+/* The pages [lo, hi) floats touch. */
+static void pages_of(const RtZero3 *z, int64_t lo, int64_t hi, int64_t *p0, int64_t *p1) {
+    *p0 = lo * 4 / z->page, *p1 = (hi * 4 + z->page - 1) / z->page;
+}
+
+/* A gather of [lo, hi) starts: its pages are held (the step's thread alone counts). */
+static void hold(RtZero3 *z, int64_t lo, int64_t hi) {
+    int64_t p0, p1;
+    pages_of(z, lo, hi, &p0, &p1);
+    for (int64_t p = p0; p < p1; p++) z->held[p]++;
+}
+
+/* Pages [p0, p1) that no gather holds and that hold nothing of this rank's shard, given back to
+ * the system (a page a neighbouring gather still holds stays, and goes when that one is released). */
+static void drop_pages(RtZero3 *z, int64_t p0, int64_t p1) {
+    int64_t run = -1;
+    for (int64_t p = p0; p <= p1; p++) {
+        int64_t f0 = p * z->page / 4, f1 = (p + 1) * z->page / 4; /* the floats of page p */
+        int free_page = p < p1 && z->held[p] == 0 && (f1 <= z->lo || f0 >= z->hi);
+        if (free_page && run < 0) run = p;
+        if (!free_page && run >= 0) {
+            (void)madvise((char *)z->base + run * z->page, (size_t)((p - run) * z->page), MADV_DONTNEED);
+            run = -1;
+        }
     }
+}
+
+/* A gather of [lo, hi) is released. */
+static void release(RtZero3 *z, int64_t lo, int64_t hi) {
+    int64_t p0, p1;
+    pages_of(z, lo, hi, &p0, &p1);
+    for (int64_t p = p0; p < p1; p++)
+        if (z->held[p] > 0) z->held[p]--;
+    drop_pages(z, p0, p1);
 }
 
 static void hook_need(void *ctx, int64_t lo, int64_t hi, int64_t next_lo, int64_t next_hi) {
@@ -117,6 +144,7 @@ static void hook_need(void *ctx, int64_t lo, int64_t hi, int64_t next_lo, int64_
     int failed = z->st != RT_OK;
     pthread_mutex_unlock(&z->mu);
     if (!mine && !failed) { /* the call's first gather: on this thread (the other is idle) */
+        hold(z, lo, hi);
         RtError e;
         double t0 = rt_now();
         RtStatus st = gather_range(z, lo, hi, &e);
@@ -127,6 +155,7 @@ static void hook_need(void *ctx, int64_t lo, int64_t hi, int64_t next_lo, int64_
         pthread_mutex_unlock(&z->mu);
     }
     if (next_hi > next_lo && !failed) {
+        hold(z, next_lo, next_hi);
         pthread_mutex_lock(&z->mu);
         z->plo = next_lo, z->phi = next_hi, z->posted = 1, z->finished = 0;
         pthread_cond_broadcast(&z->cv);
@@ -152,10 +181,11 @@ RtStatus rt_zero3_open(RtZero3 **out, RtComm *c, float **params, int64_t n, cons
     void *m = mmap(NULL, (size_t)z->map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     z->vec = malloc((size_t)(z->map / z->page) + 1);
     z->sub = malloc(sizeof *z->sub * (size_t)(size + 1));
-    if (m == MAP_FAILED || !z->vec || !z->sub) {
+    z->held = calloc((size_t)(z->map / z->page) + 1, sizeof *z->held);
+    if (m == MAP_FAILED || !z->vec || !z->sub || !z->held) {
         int e = m == MAP_FAILED ? errno : ENOMEM;
         if (m != MAP_FAILED) munmap(m, (size_t)z->map);
-        free(z->vec), free(z->sub), free(z);
+        free(z->vec), free(z->sub), free(z->held), free(z);
         return rt_fail_errno(err, e, "ZeRO-3: cannot map the parameter region (%lld bytes)", (long long)(n * 4));
     }
     /* 4 KiB pages: a huge page would be resident whole for any part of it a gather fills */
@@ -194,6 +224,7 @@ void rt_zero3_close(RtZero3 *z, float **params) {
     if (params && *params == z->base) *params = NULL;
     free(z->vec);
     free(z->sub);
+    free(z->held);
     free(z);
 }
 
@@ -215,7 +246,11 @@ RtStatus rt_zero3_whole(RtZero3 *z, RtError *err) {
     return st == RT_OK ? st : rt_error_context(err, "ZeRO-3: gathering the whole parameter region");
 }
 
-void rt_zero3_release_all(RtZero3 *z) { release(z, 0, z->n); }
+void rt_zero3_release_all(RtZero3 *z) {
+    int64_t np = z->map / z->page;
+    memset(z->held, 0, (size_t)np * sizeof *z->held); /* between calls no gather is held */
+    drop_pages(z, 0, np);
+}
 
 int64_t rt_zero3_high_water(const RtZero3 *z) { return z->high; }
 

@@ -5,10 +5,12 @@
  * gather runs on a thread of its own while the launches use the ones before it.
  *
  * The region is one anonymous mapping of the parameter region's size, at the addresses the
- * program uses: releasing a range is madvise(MADV_DONTNEED) of the whole pages it alone covers
- * outside the rank's shard (their memory goes back to the system; a page shared with a neighbour
- * or the shard stays), so the generated code reads the region exactly as without ZeRO. What is
- * resident is measured with mincore() around each gather and release (rt_zero3_high_water). */
+ * program uses, so the generated code reads it exactly as without ZeRO. Each page counts the
+ * gathers that hold a float of it (from the gather's start to its release); releasing a range
+ * gives back, by madvise(MADV_DONTNEED), its pages that no gather holds any more and that hold
+ * nothing of the rank's shard (a page shared with a neighbour still held stays until that one is
+ * released). What is resident is measured with mincore() around each gather and release
+ * (rt_zero3_high_water). */
 #ifndef MBT_ZERO3_H
 #define MBT_ZERO3_H
 
