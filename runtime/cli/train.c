@@ -652,6 +652,10 @@ static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64
         s.B = p->train.micro, s.T = p->train.seq, s.step = step, s.micro = first + m, s.seed = r->o.seed;
         s.training = 1; /* forward_backward's key: its dropout masks, training() = 1 */
         if (st == RT_OK) st = rt_exec_call(x, RT_EXEC_FORWARD_STATS, &s);
+        if (r->zero3) { /* its gathers (the hook cannot return a failure) */
+            RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);
+            if (st == RT_OK) st = zs;
+        }
         if (st != RT_OK) {
             rt_error_context(&r->e, "step %lld, statistics of micro-batch %lld", (long long)(step + 1),
                              (long long)(first + m + 1));
@@ -715,7 +719,6 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* the step's last micro-batch: its backward starts the buckets' reduction (the tree as it
          * stands before this leaf is what the thread folds each bucket by) */
         int overlapped = st == RT_OK && r->overlap && m + 1 == accum;
-        if (r->zero3) s.param_hook = (void *)rt_zero3_hook(r->zero3); /* the gathers around the parameters' uses */
         if (overlapped) {
             r->fold_tree = tree;
             s.grad_hook = &r->hook;
@@ -893,10 +896,18 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     if (st == RT_OK && r->val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
         double vl;
         int64_t used;
-        st = rt_train_zero3_whole(r); /* forward_loss reads the parameters whole */
-        if (st == RT_OK)
-            st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, r->nranks > 1 ? r->comm : NULL, &vl,
-                             &used, &r->e);
+        int64_t batches = t->eval_steps * (t->global / t->micro);
+        /* ZeRO-3: forward_loss gathers around its reads, a collective each, so every rank must
+         * make as many calls; batches = eval_steps x accum x data is a multiple of the ranks, but
+         * were it not, the whole region is gathered for the evaluation instead */
+        int whole = r->zero3 && batches % r->nranks != 0;
+        if (whole) st = rt_train_zero3_whole(r), r->x.param_hook = NULL;
+        if (st == RT_OK) st = rt_evaluate(&r->x, r->val, batches, o->seed, r->nranks > 1 ? r->comm : NULL, &vl, &used, &r->e);
+        if (whole) r->x.param_hook = rt_zero3_hook(r->zero3);
+        if (r->zero3) { /* forward_loss's gathers (the hook cannot return a failure) */
+            RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);
+            if (st == RT_OK) st = zs;
+        }
         if (st == RT_OK) st = rt_log_eval(&r->log, step + 1, vl, used, &r->e);
     }
     /* several ranks: their agreement (rt_train_gather_losses); alone, a signal up to now */

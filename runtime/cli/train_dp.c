@@ -89,6 +89,7 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     if (r->zero == 3) { /* the parameters' shard: the rest is released before the first step */
         st = rt_zero3_open(&r->zero3, r->comm, &r->x.params, r->p->param_floats, r->shard_off, &r->e);
         if (st != RT_OK) return st;
+        r->x.param_hook = rt_zero3_hook(r->zero3); /* every RtStep of the run carries it */
     }
     if (r->zero >= 2) {
         r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);

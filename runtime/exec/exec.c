@@ -266,6 +266,7 @@ RtStep rt_exec_step(const RtExec *e, RtError *err) {
     } else {
         s.params = e->params, s.grads = e->grads, s.state = e->state, s.arena = e->arena;
         s.x = e->x, s.y = e->y, s.pos = e->pos;
+        s.param_hook = (void *)e->param_hook;
     }
     return s;
 }
