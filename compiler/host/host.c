@@ -772,11 +772,10 @@ static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
     }
 }
 
-/* parallel.zero = 3: what executables cannot carry out with it, each an error at its value. The
- * CPU's forward_backward, forward_loss and forward_stats gather the parameters around their uses
- * (emit_param_calls); the GPU's functions do not, and the running statistics' update (the
- * runtime's, after each step) writes whole parameters. */
-static void zero3_refusals(Host *h, const TrainBuild *tb, const HostCuda *cuda) {
+/* parallel.zero = 3: what executables cannot carry out with it, an error at its value. The CPU's
+ * forward_backward, forward_loss and forward_stats gather the parameters around their uses
+ * (emit_param_calls); the GPU's functions do not. */
+static void zero3_refusals(Host *h, const HostCuda *cuda) {
     const TrainConfig *ts = h->ts;
     if (ts->zero != 3) return;
     if (cuda && cuda->narch > 0) {
@@ -784,11 +783,6 @@ static void zero3_refusals(Host *h, const TrainBuild *tb, const HostCuda *cuda) 
                                 "its parameters around their uses (its kernels are queued on a stream that would have to "
                                 "wait for each gather, and the ranks' collectives go through host memory)");
         diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none), or use zero = 2 on a GPU");
-    }
-    if (tb->step && tb->step->nrunning > 0) {
-        diag_error(ts->zero_at, "parallel.zero = 3 cannot be carried out with running statistics: their update after each "
-                                "step writes whole parameters, of which a rank holds its shard alone");
-        diag_hint("use zero = 2 with this model");
     }
 }
 
@@ -823,7 +817,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         diag_hint("each rank updates its shard of the parameters alone; use zero = 0 with this optimizer");
     }
     offload_refusals(h, &upd, cuda);
-    zero3_refusals(h, tb, cuda);
+    zero3_refusals(h, cuda);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */
