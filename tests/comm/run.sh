@@ -3,7 +3,8 @@
 # docs/parallel.md). BUILD/tests/comm_check (tests/comm/comm_check.c) checks every collective's
 # exact result with uneven shard sizes, run as 2 and 4 ranks of the tcp backend (started from a
 # shell loop with torchrun's variables) and under `mpirun --oversubscribe -np 2|4` (the mpi
-# backend). Then failures, with MBT_COMM_TIMEOUT=3: a rank that exits early, one killed with
+# backend); ZeRO-3's parameter region (comm_check --zero3) as 4 tcp and 2 mpi ranks. Then
+# failures, with MBT_COMM_TIMEOUT=3: a rank that exits early, one killed with
 # SIGKILL, one that hangs, ranks that call different collectives, a rendezvous nobody comes to,
 # ranks that disagree on WORLD_SIZE; and a training executable started with a world size that
 # is not its parallel.data. Prints `PASS comm/NAME`, `FAIL comm/NAME: why` (details indented) or,
