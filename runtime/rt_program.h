@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    17 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    18 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -54,7 +54,9 @@
                           * 15: RtStep.grad_hook and rt_grad_ready (the gradient reduction overlapped with the backward);
                           * 16: RtProgram.nrunning, running, running_momentum (running statistics),
                           *    RtStep.training;
-                          * 17: RtTrainSettings.offload_act_bytes, RtStep.act, rt_act_copy (activations in a store file) */
+                          * 17: RtTrainSettings.offload_act_bytes, RtStep.act, rt_act_copy (activations in a store file);
+                          * 18: RtStep.param_hook, rt_param_need and rt_param_done, RtPlanInfo.gather_window and
+                          *    gather_units (ZeRO-3's parameters gathered around their uses) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -254,6 +256,18 @@ typedef struct RtGradHook {
     void *ctx;
 } RtGradHook;
 void rt_grad_ready(RtStep *s, int64_t lo, int64_t hi);
+/* Called by the CPU's forward_backward around its launches' reads of the parameter region, by the
+ * plan's schedule (plan.h, PlanGather; docs/parallel.md, "ZeRO-3"): rt_param_need before the first
+ * launch of a gather that reads params[lo, hi) (next_lo, next_hi: the schedule's next gather, to
+ * start now; equal when none), rt_param_done after its last. Nothing when s->param_hook is NULL.
+ * The hook is an RtParamHook: need must return with params[lo, hi) in place. */
+typedef struct RtParamHook {
+    void (*need)(void *ctx, int64_t lo, int64_t hi, int64_t next_lo, int64_t next_hi);
+    void (*done)(void *ctx, int64_t lo, int64_t hi);
+    void *ctx;
+} RtParamHook;
+void rt_param_need(RtStep *s, int64_t lo, int64_t hi, int64_t next_lo, int64_t next_hi);
+void rt_param_done(RtStep *s, int64_t lo, int64_t hi);
 typedef double (*RtLrScheduleFn)(int64_t step);
 
 /* One image of the program's CUDA module, embedded by mbtc (--cuda-arch): the cubin for one

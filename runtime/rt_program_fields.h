@@ -123,7 +123,9 @@
     X(void *, grad_hook, ptr)    /* forward_backward (CPU): NULL, or the runtime's; each gradient's add is followed by */        \
                                  /* rt_grad_ready(s, lo, hi) (rt_program.h) */                                                   \
     X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */ \
-    X(void *, act, ptr)       /* forward_backward with offload { activations = nvme }: the RtExec rt_act_copy takes */
+    X(void *, act, ptr)       /* forward_backward with offload { activations = nvme }: the RtExec rt_act_copy takes */           \
+    X(void *, param_hook, ptr) /* forward_backward (CPU): NULL, or the runtime's (ZeRO-3); rt_param_need and */                  \
+                               /* rt_param_done (rt_program.h) around the parameters' uses */
 
 /* RtKvInfo: forward_chunk's geometry (compiler/plan/kv.h). A call reads x[0, rows) (the new
  * tokens, padding rows 0) and the metadata at kv (rows x (4 + max_blocks) i32: each row's position,
@@ -206,9 +208,11 @@
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \
-    X(RtPhases, arena, phases)   /* bytes from the arena's start; 0 for an absent function */                                    \
-    X(RtPhases, kernels, phases) /* generated kernels launched per call */                                                       \
-    X(RtPhases, gemms, phases)   /* GEMMs per call */                                                                            \
-    X(int64_t, input_bytes, i64) /* data.x and data.y of one micro-batch */
+    X(RtPhases, arena, phases)     /* bytes from the arena's start; 0 for an absent function */                                  \
+    X(RtPhases, kernels, phases)   /* generated kernels launched per call */                                                     \
+    X(RtPhases, gemms, phases)     /* GEMMs per call */                                                                          \
+    X(int64_t, input_bytes, i64)   /* data.x and data.y of one micro-batch */                                                    \
+    X(int64_t, gather_window, i64) /* ZeRO-3: the most floats forward_backward's gathers hold at once (plan.h, PlanGather) */    \
+    X(int64_t, gather_units, i64)  /* and how many gathers that is at most */
 
 #endif

@@ -227,6 +227,8 @@ static LLVMValueRef emit_plan_info(Host *h) {
     f[RT_PLAN_INFO_kernels] = LLVMConstArray2(h->i64, kernels, PLAN_NPHASES);
     f[RT_PLAN_INFO_gemms] = LLVMConstArray2(h->i64, gemms, PLAN_NPHASES);
     f[RT_PLAN_INFO_input_bytes] = ci64(h, m->input_bytes);
+    f[RT_PLAN_INFO_gather_window] = ci64(h, m->gather_window);
+    f[RT_PLAN_INFO_gather_units] = ci64(h, m->gather_units);
     return named_struct(h->plan_t, f, RT_PLAN_INFO_NFIELDS);
 }
 

@@ -117,9 +117,18 @@ static void emit_launch(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, 
     }
 }
 
-static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep) {
+static void emit_param_calls(Host *h, LLVMValueRef s, const PlanGatherSched *gs, int q, int before);
+
+/* Launches 0..upto of S (those keep marks, when given); gs: the step schedule's gathers for them
+ * (forward_loss's, forward_stats'), NULL for another phase. */
+static void emit_launches_kept(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const unsigned char *keep,
+                               const PlanGatherSched *gs) {
     for (int li = 0; li <= upto && li < S->r->nlaunches; li++)
-        if (!keep || keep[li]) emit_launch(h, f, S, addr, li, "");
+        if (!keep || keep[li]) {
+            if (gs) emit_param_calls(h, f->s, gs, li, 1);
+            emit_launch(h, f, S, addr, li, "");
+            if (gs) emit_param_calls(h, f->s, gs, li, 0);
+        }
 }
 
 /* loss_scale x each gradient buffer of w[0..n) added into its range of the gradient region. A
@@ -197,6 +206,29 @@ static void emit_act_after(Host *h, const HostFn *f, LLVMValueRef *addr, int q) 
     }
 }
 
+/* ZeRO-3's gathers (plan.h, PlanGather) of one schedule: on the CPU, rt_param_need(s, lo, hi,
+ * next_lo, next_hi) before position q for each gather first needed there (before = 1),
+ * rt_param_done(s, lo, hi) after it for each last used there (before = 0). Emitted whatever the
+ * zero setting (the runtime passes a NULL hook without ZeRO-3, and the calls do nothing), so that
+ * the code, and with it the program hash and a checkpoint, are the same at every zero setting.
+ * The GPU's functions do not gather (host_compile refuses zero = 3 there). */
+static void emit_param_calls(Host *h, LLVMValueRef s, const PlanGatherSched *gs, int q, int before) {
+    if (h->target != &host_target_cpu) return;
+    for (int j = 0; j < gs->n; j++) {
+        const PlanGather *g = &gs->g[j];
+        if ((before ? g->need : g->done) != q) continue;
+        int np = before ? 5 : 3;
+        LLVMTypeRef pt[5] = {h->ptr, h->i64, h->i64, h->i64, h->i64};
+        LLVMTypeRef ft = LLVMFunctionType(h->vd, pt, (unsigned)np, 0);
+        const char *name = before ? "rt_param_need" : "rt_param_done";
+        LLVMValueRef fn = LLVMGetNamedFunction(h->m, name);
+        if (!fn) fn = LLVMAddFunction(h->m, name, ft);
+        const PlanGather *nx = j + 1 < gs->n ? &gs->g[j + 1] : NULL;
+        LLVMValueRef a[5] = {s, ci64(h, g->lo), ci64(h, g->hi), ci64(h, nx ? nx->lo : 0), ci64(h, nx ? nx->hi : 0)};
+        LLVMBuildCall2(h->b, ft, fn, a, (unsigned)np, "");
+    }
+}
+
 /* forward_backward's launches: the step program (the schedule's launches, with recompute's
  * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
  * after the position the plan gives its move (the last launch that touches its buffer, whose
@@ -211,6 +243,7 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
     const PlanWrite **now = arena_alloc(h->ar, sizeof *now * (size_t)(S->mem->nwrites + 1));
     for (int q = 0; q < n; q++) {
         int o = rc->on ? rc->order[q] : q;
+        emit_param_calls(h, s, &h->plan->mem.gather[PLAN_GATHER_STEP], q, 1);
         emit_act_before(h, f, S, addr, arena, q);
         if (o >= 0) emit_launch(h, f, S, addr, o, "");
         else {
@@ -227,6 +260,7 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
         for (int i = 0; i < S->mem->nwrites; i++)
             if (S->mem->writes[i].after == q) now[k++] = &S->mem->writes[i];
         emit_grad_adds(h, f, now, k, grads, addr, ls);
+        emit_param_calls(h, s, &h->plan->mem.gather[PLAN_GATHER_STEP], q, 0);
         moved += k;
         /* the CPU's: these gradients are final for the micro-batch, so the runtime may start their
          * reduction across data ranks (rt_grad_ready; the GPU's adds are queued on a stream, and
@@ -245,8 +279,8 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
     if (moved != S->mem->nwrites) INTERNAL("host: %d of the step's %d moves placed", moved, S->mem->nwrites);
 }
 
-static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto) {
-    emit_launches_kept(h, f, S, addr, upto, NULL);
+static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, int upto, const PlanGatherSched *gs) {
+    emit_launches_kept(h, f, S, addr, upto, NULL, gs);
 }
 
 /* The address of every buffer of S in the current function: the RtStep field of its plan home
@@ -300,7 +334,7 @@ LLVMValueRef emit_forward(Host *h, Sched *S, int grad) {
     if (grad) {
         if (S->mem != &h->plan->mem.phase[PLAN_STEP]) INTERNAL("host: forward_backward of another phase");
         emit_step_program(h, &f, S, addr, s);
-    } else emit_launches(h, &f, S, addr, r->buffers[lb].first);
+    } else emit_launches(h, &f, S, addr, r->buffers[lb].first, &h->plan->mem.gather[PLAN_GATHER_LOSS]);
     h->target->read_loss(h, &f, LLVMBuildStructGEP2(h->b, h->step_t, s, RT_STEP_loss, ""), addr[lb]);
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;
@@ -325,7 +359,7 @@ LLVMValueRef emit_stats(Host *h, Sched *S) {
                           LLVMBuildICmp(h->b, LLVMIntNE, step_field(h, s, RT_STEP_training, h->i64, "training"), ci64(h, 0), ""),
                           h->i64, "on"));
     LLVMValueRef *addr = sched_addrs(h, S, s);
-    emit_launches_kept(h, &f, S, addr, m->stats_last, m->stats_keep);
+    emit_launches_kept(h, &f, S, addr, m->stats_last, m->stats_keep, &h->plan->mem.gather[PLAN_GATHER_STATS]);
     LLVMValueRef out = step_field(h, s, RT_STEP_stats_out, h->ptr, "stats_out");
     for (int k = 0; k < m->nstats; k++) {
         int b = r->node_buffer[r->g->stat_expr[k]];
@@ -344,7 +378,7 @@ LLVMValueRef emit_logits(Host *h, Sched *S, int node, int64_t vocab) {
     LLVMValueRef *addr = sched_addrs(h, S, s);
     int lb = r->node_buffer[node];
     if (lb < 0) INTERNAL("host: the logits %%%d have no buffer", node);
-    emit_launches(h, &f, S, addr, r->nlaunches - 1);
+    emit_launches(h, &f, S, addr, r->nlaunches - 1, NULL);
     LLVMValueRef len = step_field(h, s, RT_STEP_len, h->i64, "len");
     LLVMValueRef first = LLVMBuildMul(h->b, LLVMBuildSub(h->b, len, ci64(h, 1), ""), ci64(h, vocab), "last_row");
     LLVMValueRef src = LLVMBuildInBoundsGEP2(h->b, h->f32, addr[lb], &first, 1, "last_logits");
@@ -450,7 +484,7 @@ LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab
         for (int k = 0; k < n->nin && !dep[i]; k++) dep[i] = dep[n->in[k]];
     }
     h->chunk_dep = dep;
-    emit_launches(h, &f, S, addr, r->nlaunches - 1);
+    emit_launches(h, &f, S, addr, r->nlaunches - 1, NULL);
     h->kv_pool = NULL;
     h->chunk_len = NULL;
     h->chunk_dep = NULL;
@@ -484,7 +518,7 @@ LLVMValueRef emit_update(Host *h, Sched *S) {
         LLVMBuildRet(h->b, ci32(h, 0));
         return f.fn;
     }
-    emit_launches(h, &f, S, addr, S->r->nlaunches - 1);
+    emit_launches(h, &f, S, addr, S->r->nlaunches - 1, NULL);
     LLVMValueRef region[PH_KV + 1] = {NULL};
     region[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
     region[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
@@ -593,13 +627,7 @@ static int refuse_settings(const TrainConfig *ts) {
                        (long long)deg[i]);
             n++;
         }
-    if (ts->zero > 2) { /* 1 and 2 are carried out (docs/parallel.md, ZeRO); 3 would shard the parameters */
-        diag_error(ts->zero_at,
-                   "parallel.zero = %lld is not carried out by executables yet: every rank would hold all of the "
-                   "parameters (zero = 1 and 2 are)",
-                   (long long)ts->zero);
-        n++;
-    }
+    /* zero = 1, 2 and 3 are carried out (docs/parallel.md, ZeRO); zero3_refusals refuses what 3 cannot do */
     /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
     /* offload.activations = nvme is carried out on the CPU (offload_refusals refuses it for a GPU build) */
     const Storage off[2] = {ts->offload_activations == STORE_HOST ? STORE_HOST : STORE_NONE, STORE_NONE};
@@ -691,6 +719,20 @@ static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
     }
 }
 
+/* parallel.zero = 3: what executables cannot carry out with it, an error at its value. The CPU's
+ * forward_backward, forward_loss and forward_stats gather the parameters around their uses
+ * (emit_param_calls); the GPU's functions do not. */
+static void zero3_refusals(Host *h, const HostCuda *cuda) {
+    const TrainConfig *ts = h->ts;
+    if (ts->zero != 3) return;
+    if (cuda && cuda->narch > 0) {
+        diag_error(ts->zero_at, "parallel.zero = 3 is carried out on the CPU alone: a GPU build's step does not gather "
+                                "its parameters around their uses (its kernels are queued on a stream that would have to "
+                                "wait for each gather, and the ranks' collectives go through host memory)");
+        diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none), or use zero = 2 on a GPU");
+    }
+}
+
 int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
                  FILE *emit, const HostCuda *cuda, Arena *ar) {
     CpuTarget target;
@@ -722,6 +764,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
         diag_hint("each rank updates its shard of the parameters alone; use zero = 0 with this optimizer");
     }
     offload_refusals(h, &upd, cuda);
+    zero3_refusals(h, cuda);
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */

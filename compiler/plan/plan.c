@@ -225,9 +225,12 @@ static void plan_notes(PlanCtx *c) {
         if (par[i].v > 1)
             plan_note(c, arena_printf(c->ar, "parallel.%s = %" PRId64 " is not planned yet: each rank holds the whole model",
                                       par[i].key, par[i].v));
-    if (ts->zero > 2)
-        plan_note(c, arena_printf(c->ar, "parallel.zero = %" PRId64 " is not planned yet: every rank holds all of the parameters",
-                                  ts->zero));
+    if (ts->zero > 2) /* the schedule is listed after the phases (plan_print_gather) */
+        plan_note(c, arena_printf(c->ar,
+                                  "parallel.zero = %" PRId64 ": the runtime holds 1/%" PRId64 " of the parameters, the optimizer "
+                                  "state and the summed gradient a rank, and gathers the rest of each parameter around its "
+                                  "uses (\"ZeRO-3\" below); the regions above are the whole program's",
+                                  ts->zero, ts->data_par));
     else if (ts->zero > 0) /* carried out by the runtime (docs/parallel.md, ZeRO) */
         plan_note(c, arena_printf(c->ar,
                                   "parallel.zero = %" PRId64 ": the runtime holds 1/%" PRId64 " of the optimizer state a rank%s; "
@@ -327,6 +330,7 @@ Plan *plan_build(const TrainBuild *tb, int first_bwd, const PlanSchedules *s, Ar
     plan_programs(c);
     p->sched = *s;
     if (!plan_memory(c, s)) return NULL;
+    plan_gather(c);
     plan_note_offload(c);
     return p;
 }

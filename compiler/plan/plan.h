@@ -237,6 +237,31 @@ typedef struct PlanRecompute {
     double store_bw, launch_bw; /* the assumed bandwidths the plan timed the copies with (bytes/s) */
 } PlanRecompute;
 
+/* ZeRO-3's gather schedule (plan_gather.c; docs/parallel.md, "ZeRO-3"): the parameter ranges the
+ * step program reads, merged into disjoint units (floats of the parameter region), each gathered
+ * before its first use in the forward and again before its first use in the backward, and
+ * released after its last use in each; the next gather is prefetched while the current one is
+ * used. Computed for every program (the CPU's forward_backward, forward_loss and forward_stats
+ * signal it whatever the zero setting, so the code and the program hash do not depend on it). */
+typedef struct PlanGather {
+    int64_t lo, hi; /* floats of the parameter region */
+    int need;       /* gathered before this position of the step program (its first use here) */
+    int done;       /* released after this one (its last use here) */
+    int post;       /* the gather is started (prefetched) just before this position: the previous
+                       gather's need (its own need for the first) */
+} PlanGather;
+
+/* A schedule of gathers for one generated function: forward_backward's step program, forward_loss's
+ * launches up to the loss, forward_stats's launches (positions: of the step program, or launch
+ * indices of the step schedule). */
+enum { PLAN_GATHER_STEP, PLAN_GATHER_LOSS, PLAN_GATHER_STATS, PLAN_NGATHER };
+typedef struct PlanGatherSched {
+    int n;
+    PlanGather *g;  /* in the order of need (posts follow the same order) */
+    int64_t window; /* floats: the most the gathers hold at once (the prefetched one included) */
+    int units;      /* how many gathers that is at most */
+} PlanGatherSched;
+
 typedef struct PlanParam {
     const char *name;
     int node;       /* its G_PARAM in the step graph */
@@ -284,9 +309,12 @@ typedef struct PlanMemory {
     unsigned char *stats_keep; /* [step launches]: 1 for those forward_stats runs (what the expressions need) */
     int stats_launches;        /* how many */
     PlanPhaseMem phase[PLAN_NPHASES];
-    PlanRecompute rc;            /* the step phase's re-runs (recompute = [...]) */
-    int64_t lr_offset, t_offset; /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
-    int64_t arena_bytes;         /* the largest peak: what the executable allocates */
+    PlanRecompute rc;                     /* the step phase's re-runs (recompute = [...]) */
+    PlanGatherSched gather[PLAN_NGATHER]; /* ZeRO-3's schedules (plan_gather.c) */
+    int64_t gather_window;                /* floats: the largest of their windows */
+    int gather_units;                     /* the most gathers any holds at once */
+    int64_t lr_offset, t_offset;          /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
+    int64_t arena_bytes;                  /* the largest peak: what the executable allocates */
 } PlanMemory;
 
 /* ---- the step program ---- */

@@ -54,6 +54,12 @@ void plan_recompute_lives(const FuseResult *r, PlanRecompute *rc, PlanSlot *slot
  * by plan_recompute_lives): chooses the buffers, times their copies, shortens their first copies
  * and gives them second ones (rc->again). */
 void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *slots);
+/* plan_gather.c: ZeRO-3's gather schedule over the step program (PlanMemory.gathers), and its
+ * listing in --emit=plan (with parallel.zero = 3). */
+void plan_gather(PlanCtx *c);
+void plan_print_gather(FILE *out, const Plan *p);
+void plan_print_gather_summary(FILE *out, const Plan *p); /* info.c prints the same line */
+void plan_verify_gather(PlanVerify *v, const Plan *p);
 /* The buffers launch li reads and writes (out, wr: 1 when written; cap entries at most). */
 int plan_launch_bufs(const FuseResult *r, int li, int *out, unsigned char *wr, int cap);
 /* last[b]: the last launch of r that reads or writes buffer b (-1: none) */

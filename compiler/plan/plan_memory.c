@@ -534,6 +534,7 @@ void plan_verify_memory(PlanVerify *v, const Plan *p) {
     }
     if (!m->phase[PLAN_STEP].r || !m->phase[PLAN_UPDATE].r) plan_v_fail(v, "a step or update phase is missing");
     if (m->arena_bytes != largest) plan_v_fail(v, "the arena (%" PRId64 ") is not the largest peak", m->arena_bytes);
+    plan_verify_gather(v, p);
 }
 
 /* ---- --emit=plan ------------------------------------------------------------------------------ */
@@ -764,6 +765,7 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
 void plan_print_memory(FILE *out, Arena *ar, const Plan *p) {
     plan_print_regions(out, ar, p);
     for (int i = 0; i < PLAN_NPHASES; i++) plan_print_phase(out, ar, p, (PlanPhase)i);
+    if (p->config && p->config->zero == 3) plan_print_gather(out, p);
     fprintf(out, "\n## summary (`./prog info` prints the same lines from the executable)\n");
     plan_print_summary(out, p);
 }
@@ -793,6 +795,7 @@ void plan_print_summary(FILE *out, const Plan *p) {
                 "plan: optimizer state offloaded to nvme: %" PRId64 " bytes in a store file, %" PRId64 " chunks of %" PRId64
                 " parameters streamed through 3 staging buffers (%" PRId64 " bytes in memory)\n",
                 m->store_bytes, m->offload_nchunks, m->offload_chunk, m->staging_bytes);
+    if (p->config && p->config->zero == 3) plan_print_gather_summary(out, p);
     for (int i = 0; i < PLAN_NPHASES; i++)
         fprintf(out, "plan: per %s %d kernels, %d GEMMs\n", call[i], m->phase[i].kernels, m->phase[i].gemms);
     for (int k = 0; k < p->nprograms; k++) {

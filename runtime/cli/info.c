@@ -52,6 +52,16 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
     if (p->train.offload_act_bytes > 0)
         fprintf(f, "plan: activations offloaded to nvme: a store file of %lld bytes during each micro-batch's step\n",
                 (long long)p->train.offload_act_bytes);
+    if (t->zero == 3) { /* plan_gather.c's line: a rank's shard as rt_comm_shards cuts it (RT_SHARD_ALIGN) */
+        int64_t whole = p->param_floats, per = (whole + t->data_ranks - 1) / t->data_ranks;
+        per = (per + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK * RT_GRAD_BLOCK;
+        if (per > whole) per = whole;
+        fprintf(f,
+                "plan: ZeRO-3: a rank holds its shard of at most %lld bytes of the parameters and gathers at most %lld bytes "
+                "more at once (%lld gathers): %lld of the region's %lld bytes\n",
+                (long long)(per * 4), (long long)(pl->gather_window * 4), (long long)pl->gather_units,
+                (long long)((per + pl->gather_window) * 4), (long long)(whole * 4));
+    }
     for (int i = 0; i < RT_NPHASES; i++)
         fprintf(f, "plan: per %s %lld kernels, %lld GEMMs\n", call[i], (long long)pl->kernels[i], (long long)pl->gemms[i]);
     for (int64_t s = 0; s <= t->nramp; s++) {

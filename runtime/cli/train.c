@@ -546,7 +546,12 @@ static void rt_train_banner(const RtTrainRun *r) {
     if (r->d_shard_got)
         printf("data-parallel: the ranks' sum on the GPUs, after the backward: shards exchanged and gathered by NCCL, GPU to "
                "GPU, each summed on its rank's GPU by the same tree\n");
-    if (r->zero)
+    if (r->zero3)
+        printf("ZeRO-3: this rank holds elements [%lld, %lld) of the parameters, of the optimizer state and of the summed "
+               "gradient, and gathers the rest of each parameter range around its uses in the forward and the backward "
+               "(%lld floats at most at once besides its shard), the next gather prefetched\n",
+               (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1], (long long)p->plan.gather_window);
+    else if (r->zero)
         printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
                "parameters are gathered\n",
                r->zero, (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1],
@@ -646,6 +651,10 @@ static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64
         s.B = p->train.micro, s.T = p->train.seq, s.step = step, s.micro = first + m, s.seed = r->o.seed;
         s.training = 1; /* forward_backward's key: its dropout masks, training() = 1 */
         if (st == RT_OK) st = rt_exec_call(x, RT_EXEC_FORWARD_STATS, &s);
+        if (r->zero3) { /* its gathers (the hook cannot return a failure) */
+            RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);
+            if (st == RT_OK) st = zs;
+        }
         if (st != RT_OK) {
             rt_error_context(&r->e, "step %lld, statistics of micro-batch %lld", (long long)(step + 1),
                              (long long)(first + m + 1));
@@ -721,7 +730,11 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
             next = rt_train_read(r, m + 1, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
-        r->fb_s += rt_now() - fb0, r->fb_n++;         /* (the next batch's read included, when there is one) */
+        if (r->zero3) {                               /* a gather's failure (the hook cannot return it) */
+            RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);
+            if (st == RT_OK) st = zs;
+        }
+        r->fb_s += rt_now() - fb0, r->fb_n++; /* (the next batch's read included, when there is one) */
         if (st != RT_OK)
             return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(first + m + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
@@ -808,6 +821,9 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     if (!isfinite(lr))
         return rt_fail(&r->e, RT_ERR_ARG, "step %lld: the learning-rate schedule gave %g", (long long)(step + 1), mult);
     RtStatus st = r->dump_x && step == 0 ? rt_train_dump_batches(r, nmicro) : RT_OK;
+    /* ZeRO-3: the step starts from this rank's shard alone (an evaluation, a checkpoint or the
+     * start gathered the whole region) */
+    if (r->zero3) rt_zero3_release_all(r->zero3);
     /* a process runs nmicro / nranks of them: all of them alone, accum with one process a rank */
     int64_t local = nmicro / r->nranks;
     /* the curriculum's length for this step: the same micro x seq tokens read as windows of that
@@ -828,6 +844,7 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     x->row = 0;
     if (st == RT_OK) st = rt_train_reduce(r, step);
     if (st == RT_OK) st = rt_train_step_loss(r, local, &loss);
+    if (st == RT_OK && r->given->dump_step && step == 0) st = rt_train_zero3_whole(r); /* every rank */
     if (st == RT_OK && r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS | RT_PULL_GRADS, &r->e);
         if (st != RT_OK) return st;
@@ -835,7 +852,7 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
         memcpy(r->dump_g, x->grads, (size_t)p->param_floats * sizeof *r->dump_g);
     }
     if (st != RT_OK) return st;
-    st = r->zero == 2 ? rt_train_shard_norm(r, &norm) : rt_exec_grad_norm(x, r->partial, &norm, &r->e);
+    st = r->zero >= 2 ? rt_train_shard_norm(r, &norm) : rt_exec_grad_norm(x, r->partial, &norm, &r->e);
     if (st == RT_OK && t->clip > 0 && t->clip / (norm + RT_CLIP_EPS) < 1)
         st = rt_exec_grad_scale(x, (float)(t->clip / (norm + RT_CLIP_EPS)), &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient norm", (long long)(step + 1));
@@ -846,13 +863,18 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     if (x->gpu && p->train.offload_optimizer != 0) st = rt_train_host_update(r, &s);
     else if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
-    if (st == RT_OK && r->zero) st = rt_train_gather_params(r); /* the updated shards */
+    /* the updated shards; ZeRO-3 keeps its own alone (the next forward gathers) */
+    if (st == RT_OK && r->zero && !r->zero3) st = rt_train_gather_params(r);
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     /* running statistics: from this step's statistics pass (x->stats), the same on every rank */
     if (st == RT_OK) st = rt_exec_running(x, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: optimizer", (long long)(step + 1));
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_UPDATE);
     if (r->prof) rt_profile_phase(r->prof, RT_PROF_ZERO);
+    if (r->given->dump_step && step == 0) {
+        st = rt_train_zero3_whole(r); /* every rank */
+        if (st != RT_OK) return st;
+    }
     if (r->dump_x && step == 0) {
         st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
         if (st != RT_OK) return st;
@@ -876,8 +898,18 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     if (st == RT_OK && r->val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
         double vl;
         int64_t used;
-        st = rt_evaluate(&r->x, r->val, t->eval_steps * (t->global / t->micro), o->seed, r->nranks > 1 ? r->comm : NULL, &vl,
-                         &used, &r->e);
+        int64_t batches = t->eval_steps * (t->global / t->micro);
+        /* ZeRO-3: forward_loss gathers around its reads, a collective each, so every rank must
+         * make as many calls; batches = eval_steps x accum x data is a multiple of the ranks, but
+         * were it not, the whole region is gathered for the evaluation instead */
+        int whole = r->zero3 && batches % r->nranks != 0;
+        if (whole) st = rt_train_zero3_whole(r), r->x.param_hook = NULL;
+        if (st == RT_OK) st = rt_evaluate(&r->x, r->val, batches, o->seed, r->nranks > 1 ? r->comm : NULL, &vl, &used, &r->e);
+        if (whole) r->x.param_hook = rt_zero3_hook(r->zero3);
+        if (r->zero3) { /* forward_loss's gathers (the hook cannot return a failure) */
+            RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);
+            if (st == RT_OK) st = zs;
+        }
         if (st == RT_OK) st = rt_log_eval(&r->log, step + 1, vl, used, &r->e);
     }
     /* several ranks: their agreement (rt_train_gather_losses); alone, a signal up to now */
@@ -885,8 +917,9 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     *stop = r->stop_sig != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
-    if (r->zero) st = rt_train_gather_state(r); /* every rank takes part */
-    if (st != RT_OK || r->rank > 0) return st;  /* rank 0 writes the checkpoint */
+    if (r->zero) st = rt_train_zero3_whole(r); /* every rank takes part */
+    if (r->zero && st == RT_OK) st = rt_train_gather_state(r);
+    if (st != RT_OK || r->rank > 0) return st; /* rank 0 writes the checkpoint */
     if (!r->ckpt) {
         st = rt_ckpt_writer_open(&r->ckpt, p, o->ckpt_dir, o->ckpt_keep, !o->ckpt_sync, r->train, r->ckpt_lock, &r->e);
         r->ckpt_lock = -1; /* the writer's now */
@@ -936,6 +969,41 @@ static void rt_train_print_model(RtTrainRun *r) {
     rt_dp_model(r->p->param_floats, r->bucket_floats, ranks, r->model_gbps, bwd, &m, stdout, "");
 }
 
+/* ZeRO-3 after the last step: every rank's measured high-water mark of resident parameter memory
+ * during its forward_backward calls (mincore, zero3.h), against the plan's bound - the rank's shard
+ * plus the gathers' window (RtPlanInfo.gather_window) - and the whole region; with MBT_DEBUG the
+ * gathers' counts and times. */
+static RtStatus rt_train_zero3_report(RtTrainRun *r) {
+    const RtProgram *p = r->p;
+    double mine[4], *all = calloc((size_t)r->nranks * 4, sizeof *all);
+    if (!all) return rt_fail_errno(&r->e, ENOMEM, "cannot gather the ranks' parameter memory");
+    int64_t gathers, floats;
+    double waited, gs;
+    rt_zero3_stats(r->zero3, &gathers, &floats, &waited, &gs);
+    mine[0] = (double)rt_zero3_high_water(r->zero3), mine[1] = (double)gathers, mine[2] = waited, mine[3] = gs;
+    RtStatus st = rt_comm_gather_f64(r->comm, mine, 4, all, &r->e);
+    if (st == RT_OK) {
+        int64_t whole = p->param_floats * 4, win = p->plan.gather_window * 4, units = p->plan.gather_units;
+        printf("ZeRO-3: parameter memory resident during forward_backward (measured, mincore), of the region's %lld bytes; the "
+               "plan's bound is a rank's shard + the gathers' window of %lld bytes (%lld gathers) + 2 pages a gather\n",
+               (long long)whole, (long long)win, (long long)units);
+        for (int k = 0; k < r->nranks; k++) {
+            int64_t shard = (r->shard_off[k + 1] - r->shard_off[k]) * 4;
+            int64_t bound = shard + win + 2 * 4096 * units;
+            double hw = all[k * 4];
+            printf("ZeRO-3: rank %d: high-water %.0f bytes (%.1f%% of the region), bound %lld (shard %lld + window %lld + "
+                   "pages %lld): %s\n",
+                   k, hw, whole > 0 ? 100.0 * hw / (double)whole : 0.0, (long long)(bound < whole ? bound : whole),
+                   (long long)shard, (long long)win, (long long)(2 * 4096 * units), hw <= (double)bound ? "within" : "ABOVE");
+            if (getenv("MBT_DEBUG"))
+                printf("ZeRO-3: rank %d: %.0f gathers by the hook, the step waited %.3f ms for them, %.3f ms in them\n", k,
+                       all[k * 4 + 1], all[k * 4 + 2] * 1e3, all[k * 4 + 3] * 1e3);
+        }
+    }
+    free(all);
+    return st;
+}
+
 /* After the last step: the last checkpoint's report, the summary, the GPU timing and profile,
  * --save-weights, --save-adapter. */
 static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_steps, int64_t total_tokens, double t_run,
@@ -972,6 +1040,14 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         rt_profile_print(stdout, r->prof, rt_pool_threads(r->x.pool));
     }
     if (r->model_gbps > 0 && r->fb_n > 0) rt_train_print_model(r);
+    if (r->zero3 && done_steps > 0) {
+        st = rt_train_zero3_report(r);
+        if (st != RT_OK) return st;
+    }
+    if (r->zero3 && (r->given->save_weights || r->given->save_adapter)) { /* every rank */
+        st = rt_train_zero3_whole(r);
+        if (st != RT_OK) return st;
+    }
     if (o->save_weights) {
         st = rt_exec_pull(&r->x, RT_PULL_PARAMS, &r->e);
         if (st == RT_OK) st = rt_weights_save(p, r->x.params, o->save_weights, &r->e);
@@ -1063,6 +1139,7 @@ static void rt_train_close(RtTrainRun *r) {
         RtError e;
         rt_comm_set_gpu(r->comm, NULL, &e); /* NCCL's communicator before the GPU it runs on */
     }
+    rt_zero3_close(r->zero3, &r->x.params);
     rt_exec_close(&r->x);
     free(r->prof);
     rt_data_close(r->val);

@@ -92,7 +92,12 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
         st = rt_train_overlap_open(r);
         if (st != RT_OK) return st;
     }
-    if (r->zero == 2) {
+    if (r->zero == 3) { /* the parameters' shard: the rest is released before the first step */
+        st = rt_zero3_open(&r->zero3, r->comm, &r->x.params, r->p->param_floats, r->shard_off, &r->e);
+        if (st != RT_OK) return st;
+        r->x.param_hook = rt_zero3_hook(r->zero3); /* every RtStep of the run carries it */
+    }
+    if (r->zero >= 2) {
         r->norm_all = calloc((size_t)(rt_exec_grad_blocks(r->p) * r->nranks) + 1, sizeof *r->norm_all);
         if (!r->norm_all) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient norm's blocks");
     }
@@ -180,7 +185,7 @@ RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (st == RT_OK && !r->buckets) {
         rt_dp_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
         if (len > 0) memcpy(x->grads + lo, r->shard_got, (size_t)len * sizeof *x->grads);
-        /* ZeRO-2 keeps its shard of the summed gradient alone (but for --dump-step's step 1, which
+        /* ZeRO-2 and 3 keep their shard of the summed gradient alone (but for --dump-step's step 1, which
          * writes all of it; r->given is the same on every rank) */
         if (r->zero < 2 || (r->given->dump_step && step == 0)) st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
     }
@@ -188,7 +193,9 @@ RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks", (long long)(step + 1));
 }
 
-/* ZeRO-2's gradient norm: this rank's blocks of RT_GRAD_BLOCK elements (its shard is whole blocks,
+RtStatus rt_train_zero3_whole(RtTrainRun *r) { return r->zero3 ? rt_zero3_whole(r->zero3, &r->e) : RT_OK; }
+
+/* ZeRO-2's (and 3's) gradient norm: this rank's blocks of RT_GRAD_BLOCK elements (its shard is whole blocks,
  * RT_SHARD_ALIGN), every rank's gathered, and block b taken from the rank that holds it, summed in
  * block order: the sum rt_exec_grad_norm makes of the whole gradient. */
 RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm) {

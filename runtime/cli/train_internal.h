@@ -12,6 +12,7 @@
 #include "rt_exec.h"
 #include "rt_offload.h"
 #include "rt_profile.h"
+#include "zero3.h"
 
 /* Shard boundaries fall on multiples of the gradient norm's blocks (RT_GRAD_BLOCK), so that each
  * block's sum of squares is one rank's, whatever the number of ranks. */
@@ -54,12 +55,13 @@ typedef struct RtTrainRun {
     int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
     float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
     float *d_shard_got; /* the same on the GPU when NCCL moves the gradient (else NULL) */
-    /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1 or 2; this rank's
+    /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1, 2 or 3; this rank's
      * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
     int zero;
     float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
     float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
-    double *norm_all;      /* ZeRO-2: every rank's gradient-norm blocks, rank after rank */
+    double *norm_all;      /* ZeRO-2 and 3: every rank's gradient-norm blocks, rank after rank */
+    RtZero3 *zero3;        /* ZeRO-3: the parameter region, this rank's shard resident, the rest gathered around its uses */
     RtDpReduce *buckets;   /* the gradient reduced in buckets by a communication thread (dp_reduce.h), or NULL */
     int64_t bucket_floats; /* MBT_DP_BUCKET_MB's */
     /* the buckets overlapped with the backward of the step's last micro-batch (MBT_DP_OVERLAP,
@@ -99,6 +101,9 @@ RtStatus rt_train_shard_state(RtTrainRun *r);
 RtStatus rt_train_gather_state(RtTrainRun *r);
 /* ZeRO, after the update: every rank's updated shard of the parameters gathered on every rank. */
 RtStatus rt_train_gather_params(RtTrainRun *r);
+/* ZeRO-3: the whole parameter region gathered on every rank (every rank calls it alike), before
+ * what reads it whole; nothing without ZeRO-3 */
+RtStatus rt_train_zero3_whole(RtTrainRun *r);
 
 /* train_outputs.c: every file the run writes checked before it starts */
 RtStatus rt_train_check_outputs(RtTrainRun *r);

@@ -258,6 +258,16 @@ void rt_grad_ready(RtStep *s, int64_t lo, int64_t hi) {
     if (h && h->fn) h->fn(h->ctx, lo, hi);
 }
 
+void rt_param_need(RtStep *s, int64_t lo, int64_t hi, int64_t next_lo, int64_t next_hi) {
+    const RtParamHook *h = s->param_hook;
+    if (h && h->need) h->need(h->ctx, lo, hi, next_lo, next_hi);
+}
+
+void rt_param_done(RtStep *s, int64_t lo, int64_t hi) {
+    const RtParamHook *h = s->param_hook;
+    if (h && h->done) h->done(h->ctx, lo, hi);
+}
+
 RtStep rt_exec_step(const RtExec *e, RtError *err) {
     RtStep s = {
         .pool = e->pool, .err = err, .stats = e->gpu ? e->d_stats : e->stats, .stats_out = e->stats_out, .act = (void *)e};
@@ -268,6 +278,7 @@ RtStep rt_exec_step(const RtExec *e, RtError *err) {
     } else {
         s.params = e->params, s.grads = e->grads, s.state = e->state, s.arena = e->arena;
         s.x = e->x, s.y = e->y, s.pos = e->pos;
+        s.param_hook = (void *)e->param_hook;
     }
     return s;
 }

@@ -132,6 +132,10 @@ typedef struct RtExec {
     struct RtStore *act_store;
     const char *act_dir;
     double act_wait_s;
+    /* ZeRO-3 (docs/parallel.md): the RtParamHook every RtStep of rt_exec_step carries (the CPU's
+     * forward_backward, forward_loss and forward_stats call it around their parameter reads);
+     * NULL without */
+    const void *param_hook;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool

@@ -7,6 +7,11 @@
  *   comm_check --kill R        rank R kills itself with SIGKILL after the world opened
  *   comm_check --hang R        rank R sleeps (2 x the timeout + 1 s) instead of calling the collectives
  *   comm_check --mismatch R    rank R calls broadcast where the others call exchange_shards
+ *   comm_check --zero3 N       ZeRO-3's parameter region (runtime/comm/zero3.h) of N floats: ranges
+ *                              needed through the hook in turn (the next one prefetched), each
+ *                              checked to hold the owners' values, released; pages shared by
+ *                              neighbouring ranges; the resident bytes against the ranges held;
+ *                              the whole region gathered at the end
  *   comm_check --bench N       no checks: times 10 exchange_shards + gather_shards pairs of an
  *                              N-float vector (after 2 untimed), the all-reduce's traffic; rank 0
  *                              prints the mean time a pair and the bytes a rank sent per second
@@ -24,6 +29,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "zero3.h"
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -126,12 +132,71 @@ static void bench(int64_t n) {
     free(got);
 }
 
+/* ZeRO-3 over n floats: shards on page boundaries (1024 floats), every value a function of its
+ * index (the owner's), the other ranks' parts poisoned before the region is handed over. Ranges
+ * of uneven lengths (some inside one page, some across pages and shard boundaries) are needed in
+ * turn through the hook as forward_backward calls it: need(k) with range k + 1 as the next, done(k)
+ * after. A range's values are checked after its need (a page dropped while a neighbour was being
+ * gathered into it would read zeros); the resident bytes never exceed the shard plus the two
+ * ranges that can be held at once (the one in use and the prefetched one) plus two pages each. */
+static void zero3(int64_t n) {
+    RtError e;
+    int P = rt_comm_size(world), r = rt_comm_rank(world);
+    int64_t *off = malloc(sizeof *off * (size_t)(P + 1));
+    float *params = malloc(sizeof *params * (size_t)n);
+    if (!off || !params) die("out of memory", NULL);
+    rt_comm_shards(n, P, 1024, off);
+    for (int64_t k = 0; k < n; k++) params[k] = k >= off[r] && k < off[r + 1] ? (float)k * 0.5f + 1 : -7.0f;
+    RtZero3 *z;
+    if (rt_zero3_open(&z, world, &params, n, off, &e) != RT_OK) die("rt_zero3_open", &e);
+    rt_zero3_release_all(z);
+    int64_t page = sysconf(_SC_PAGESIZE), shard = (off[r + 1] - off[r]) * 4, at_start = rt_zero3_resident(z);
+    if (at_start > shard + page) die("more than the shard resident after release_all", NULL);
+    static const int64_t len[] = {100, 3000, 1, 5000, 1023, 1025, 7, 20000, 333, 4096};
+    int64_t lo[64], hi[64], nr = 0, biggest = 0;
+    for (int64_t a = 0; a < n && nr < 64; nr++) {
+        lo[nr] = a, hi[nr] = a + len[nr % 10] < n ? a + len[nr % 10] : n, a = hi[nr];
+        if (hi[nr] - lo[nr] > biggest) biggest = hi[nr] - lo[nr];
+    }
+    if (hi[nr - 1] != n) die("the ranges do not cover the region (make N smaller)", NULL);
+    const RtParamHook *h = rt_zero3_hook(z);
+    for (int round = 0; round < 2; round++) {
+        rt_zero3_release_all(z);
+        for (int64_t k = 0; k < nr; k++) {
+            h->need(h->ctx, lo[k], hi[k], k + 1 < nr ? lo[k + 1] : 0, k + 1 < nr ? hi[k + 1] : 0);
+            for (int64_t i = lo[k]; i < hi[k]; i++)
+                check(params[i] == (float)i * 0.5f + 1, "zero3 need", i, params[i], (float)i * 0.5f + 1);
+            h->done(h->ctx, lo[k], hi[k]);
+        }
+        if (rt_zero3_settle(z, &e) != RT_OK) die("the gathers", &e);
+    }
+    int64_t high = rt_zero3_high_water(z), bound = shard + 2 * biggest * 4 + 4 * page;
+    if (high < shard || high > bound) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "high-water %lld bytes, not between the shard (%lld) and %lld", (long long)high,
+                 (long long)shard, (long long)bound);
+        die(msg, NULL);
+    }
+    rt_zero3_release_all(z);
+    if (rt_zero3_resident(z) > shard + page) die("more than the shard resident after the ranges", NULL);
+    if (rt_zero3_whole(z, &e) != RT_OK) die("rt_zero3_whole", &e);
+    for (int64_t i = 0; i < n; i++) check(params[i] == (float)i * 0.5f + 1, "zero3 whole", i, params[i], (float)i * 0.5f + 1);
+    int64_t gathers, floats;
+    double waited, in;
+    rt_zero3_stats(z, &gathers, &floats, &waited, &in);
+    printf("rank %d of %d (%s): zero3 ok, %lld values checked, %lld gathers, high-water %lld bytes (shard %lld, bound %lld)\n", r,
+           P, rt_comm_backend(world), (long long)checked, (long long)gathers, (long long)high, (long long)shard,
+           (long long)bound);
+    rt_zero3_close(z, &params);
+    free(off);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc >= 3 ? argv[1] : "";
     int who = argc >= 3 ? atoi(argv[2]) : -1;
     if (argc != 1 && (argc != 3 || (strcmp(mode, "--die") && strcmp(mode, "--kill") && strcmp(mode, "--hang") &&
-                                    strcmp(mode, "--mismatch") && strcmp(mode, "--bench")))) {
-        fprintf(stderr, "usage: comm_check [--die R | --kill R | --hang R | --mismatch R | --bench N]\n");
+                                    strcmp(mode, "--mismatch") && strcmp(mode, "--bench") && strcmp(mode, "--zero3")))) {
+        fprintf(stderr, "usage: comm_check [--die R | --kill R | --hang R | --mismatch R | --bench N | --zero3 N]\n");
         return 2;
     }
     RtError e;
@@ -147,6 +212,12 @@ int main(int argc, char **argv) {
     int r = rt_comm_rank(world);
     if (!strcmp(mode, "--bench")) {
         bench(atoll(argv[2]));
+        rt_comm_close(world);
+        return 0;
+    }
+    if (!strcmp(mode, "--zero3")) {
+        zero3(atoll(argv[2]));
+        fflush(stdout);
         rt_comm_close(world);
         return 0;
     }

@@ -3,7 +3,8 @@
 # docs/parallel.md). BUILD/tests/comm_check (tests/comm/comm_check.c) checks every collective's
 # exact result with uneven shard sizes, run as 2 and 4 ranks of the tcp backend (started from a
 # shell loop with torchrun's variables) and under `mpirun --oversubscribe -np 2|4` (the mpi
-# backend). Then failures, with MBT_COMM_TIMEOUT=3: a rank that exits early, one killed with
+# backend); ZeRO-3's parameter region (comm_check --zero3) as 4 tcp and 2 mpi ranks. Then
+# failures, with MBT_COMM_TIMEOUT=3: a rank that exits early, one killed with
 # SIGKILL, one that hangs, ranks that call different collectives, a rendezvous nobody comes to,
 # ranks that disagree on WORLD_SIZE; and a training executable started with a world size that
 # is not its parallel.data. Prints `PASS comm/NAME`, `FAIL comm/NAME: why` (details indented) or,
@@ -77,6 +78,19 @@ for P in 2 4; do
     if [ -z "$bad" ]; then pass "tcp-$P ($(grep -h -o '[0-9]* values' "$DIR"/tcp-$P.[0-9] | awk '{s += $1} END {print s}') values checked)"
     else fail tcp-$P "ranks$bad failed" "$DIR"/tcp-$P.[0-9]; fi
 done
+
+# ---- tcp: ZeRO-3's parameter region (runtime/comm/zero3.h; comm_check --zero3) -------------------
+# 4 ranks, 100000 floats in 30 ranges of uneven lengths: each range holds the owners' values after
+# its need (a page given back while a neighbouring range was gathered into it reads zeros: the
+# check fails so when the per-page hold count is removed, measured), and each rank's resident
+# high-water mark lies between its shard and its shard plus two ranges and four pages.
+tcp_run tcp-zero3 4 "$CHECK" --zero3 100000
+bad=""
+for ((r = 0; r < 4; r++)); do
+    [ "$(rc_of tcp-zero3 $r)" = 0 ] && grep -q "^rank $r of 4 (tcp): zero3 ok, [0-9]* values checked" "$DIR/tcp-zero3.$r" || bad="$bad $r"
+done
+if [ -z "$bad" ]; then pass "tcp-zero3 ($(sed -n 's/^rank 0 of 4 (tcp): zero3 ok, //p' "$DIR/tcp-zero3.0"))"
+else fail tcp-zero3 "ranks$bad failed" "$DIR"/tcp-zero3.[0-9]; fi
 
 # ---- tcp: failures ------------------------------------------------------------------------------
 # fails_fast NAME P VICTIM REGEX: every rank but VICTIM exited 1, some rank's output matches
@@ -278,6 +292,10 @@ for P in 2 4; do
     if [ "$(cat "$DIR/mpi-$P.rc")" = 0 ] && [ "$n" = "$P" ]; then pass "mpi-$P ($(grep -o 'mpi (Open MPI [0-9.]*)' "$DIR/mpi-$P" | head -n 1))"
     else fail mpi-$P "status $(cat "$DIR/mpi-$P.rc"), $n of $P ranks ok" "$DIR/mpi-$P"; fi
 done
+mpi_run mpi-zero3 2 "$CHECK" --zero3 100000
+n=$(grep -c "^rank [0-9] of 2 (mpi (Open MPI [0-9.]*)): zero3 ok, [0-9]* values checked" "$DIR/mpi-zero3")
+if [ "$(cat "$DIR/mpi-zero3.rc")" = 0 ] && [ "$n" = 2 ]; then pass "mpi-zero3 ($(sed -n 's/^rank 0 of 2 ([^)]*)): zero3 ok, //p' "$DIR/mpi-zero3"))"
+else fail mpi-zero3 "status $(cat "$DIR/mpi-zero3.rc"), $n of 2 ranks ok" "$DIR/mpi-zero3"; fi
 # a rank killed or gone: mpirun itself notices and stops the job (its own message), well before
 # the timeout
 for how in kill die; do

@@ -359,6 +359,33 @@ memory_peak() {
 recompute_peak() { memory_peak recompute "$@"; }
 offload_peak() { memory_peak offload "$@" --offload-dir "$W"; }
 
+# zero3_memory PROG OUT N (tests/exec/zero3.mbt; docs/parallel.md, "ZeRO-3"): the parameter memory
+# N ranks of PROG (parallel.zero = 3) measured during their forward_backward calls (OUT: the run's
+# output, rank 0's lines for every rank) against what PROG's `info` claims (the same line as
+# --emit=plan's summary): each rank's high-water mark is at least its own shard, at most its shard
+# plus the gathers' window plus two pages a gather (the pages a range shares with its neighbours,
+# which cannot be released), and below the whole region.
+zero3_memory() {
+    local prog=$1 out=$2 n=$3 shard win units region k line hw rshard ok=1 seen=0 worst=0
+    line=$("$prog" info | sed -n 's/^plan: ZeRO-3: a rank holds its shard of at most \([0-9]*\) bytes of the parameters and gathers at most \([0-9]*\) bytes more at once (\([0-9]*\) gathers): [0-9]* of the region.s \([0-9]*\) bytes$/\1 \2 \3 \4/p')
+    read -r shard win units region <<<"$line"
+    [ -n "$region" ] || { echo "no ZeRO-3 line in $prog info"; return 1; }
+    for ((k = 0; k < n; k++)); do
+        line=$(sed -n "s/^ZeRO-3: rank $k: high-water \([0-9]*\) bytes .*(shard \([0-9]*\) + .*/\1 \2/p" "$out")
+        read -r hw rshard <<<"$line"
+        [ -n "$rshard" ] || { echo "no high-water line for rank $k in $out"; return 1; }
+        seen=$((seen + 1))
+        [ "$hw" -gt "$worst" ] && worst=$hw
+        if [ "$hw" -lt "$rshard" ] || [ "$rshard" -gt "$shard" ] || [ "$hw" -gt $((rshard + win + 2 * 4096 * units)) ] ||
+            [ "$hw" -ge "$region" ]; then
+            echo "rank $k: high-water $hw bytes, shard $rshard (the plan's at most $shard), window $win, region $region"
+            ok=0
+        fi
+    done
+    echo "$seen ranks: high-water at most $worst bytes of the region's $region; the plan: shard $shard + window $win ($units gathers)"
+    [ "$ok" = 1 ] && [ "$seen" = "$n" ]
+}
+
 # offload_vanishes PROG [WHAT]: PROG (offload { optimizer = nvme }, or WHAT = activations: offload
 # { activations = nvme }) trains with its store file in $W/st,
 # a checkpoint every 5 steps; once step 5's is written, $W/st is removed. The run must stop with

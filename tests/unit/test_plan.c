@@ -680,6 +680,24 @@ static void verify_catches(void) {
             CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a gradient added past its region");
             st->writes[0].offset = saved;
         }
+        /* ZeRO-3's schedule (plan_gather.c): a gather released before a launch that reads it, a
+         * window that is not what the gathers hold, a range past the region */
+        PlanGatherSched *gs = &m->gather[PLAN_GATHER_STEP];
+        CHECK(gs->n > 0 && m->gather[PLAN_GATHER_LOSS].n > 0, "the step and the loss have parameter gathers");
+        if (gs->n > 0) {
+            PlanGather *g = &gs->g[gs->n - 1];
+            int done = g->done;
+            g->done = g->need - 1;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a gather released before its use");
+            g->done = done;
+            gs->window--;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a window the gathers exceed");
+            gs->window++;
+            int64_t hi = g->hi;
+            g->hi = m->param_bytes / 4 + 16;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a gather past the region");
+            g->hi = hi;
+        }
         int64_t peak = st->peak;
         st->peak = 0;
         CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports buffers past the phase's peak");
