@@ -359,7 +359,7 @@ static int print_sass(Pipeline *p, FILE *out) {
  * program keeps its printout, and object builds the module again (-o runs object alone). */
 
 static int run_program(Pipeline *p) {
-    if (host_refuses(p->tb) || need_schedules(p)) return 1;
+    if (host_refuses(p->tb, p->o.narch) || need_schedules(p)) return 1;
     char *buf = NULL;
     size_t len = 0;
     FILE *mem = open_memstream(&buf, &len);
@@ -427,7 +427,7 @@ static int refuse_serve_without_cache(Pipeline *p) {
 }
 
 static int run_object(Pipeline *p) {
-    if (output_is_module(p) || host_refuses(p->tb) || need_schedules(p) || refuse_serve_without_cache(p)) return 1;
+    if (output_is_module(p) || host_refuses(p->tb, p->o.narch) || need_schedules(p) || refuse_serve_without_cache(p)) return 1;
     warn_serve_blocks(p);
     HostCuda hc = {p->o.archs, p->o.narch};
     return host_compile(p->tb, p->plan, &p->hs, p->o.input, p->o.output, NULL, &hc, p->ar);

@@ -24,14 +24,22 @@
 #define PLAN_OFFLOAD_MIN (64 * 1024)  /* smaller buffers are not worth a request */
 #define PLAN_OFFLOAD_STORE_BW 1.0e9   /* bytes/s: an assumed NVMe read or write rate */
 #define PLAN_OFFLOAD_LAUNCH_BW 10.0e9 /* bytes/s: an assumed rate at which a launch touches its buffers */
+/* offload.activations = host (a GPU build): copies to pinned host memory over PCIe, launches on
+ * the GPU. 20 GB/s is below what pinned copies reach on PCIe 4.0 x16 (~25 GB/s) and 5.0 (~50); a
+ * launch touching its buffers at 1 TB/s is below an A100's or H100's memory bandwidth (2-3.4 TB/s)
+ * and far below a GEMM's arithmetic time: both err towards more launches to cover a copy, i.e.
+ * waits that come later and reads issued earlier. Neither was measured (docs/memory.md). */
+#define PLAN_OFFLOAD_HOST_BW 20.0e9
+#define PLAN_OFFLOAD_GPU_LAUNCH_BW 1000.0e9
 
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *slots) {
     Arena *ar = c->ar;
     int nb = r->nbuffers, n = rc->norder;
-    rc->store_bw = PLAN_OFFLOAD_STORE_BW;
-    rc->launch_bw = PLAN_OFFLOAD_LAUNCH_BW;
+    int host = rc->offload == STORE_HOST;
+    rc->store_bw = host ? PLAN_OFFLOAD_HOST_BW : PLAN_OFFLOAD_STORE_BW;
+    rc->launch_bw = host ? PLAN_OFFLOAD_GPU_LAUNCH_BW : PLAN_OFFLOAD_LAUNCH_BW;
     rc->off = arena_alloc(ar, sizeof(int) * (size_t)(nb + 1));
     for (int b = 0; b < nb; b++) rc->off[b] = -1;
     /* the turn: the first position of a backward launch or a re-run */

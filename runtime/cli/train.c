@@ -473,7 +473,8 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         if (st != RT_OK) rt_error_context(&r->e, "initialising the optimizer state");
     }
     if (st == RT_OK && p->train.offload_optimizer == 2) st = rt_train_offload_open(r);
-    if (st == RT_OK && p->train.offload_act_bytes > 0) { /* offload { activations = nvme }: its store, like the optimizer's */
+    if (st == RT_OK &&
+        p->train.offload_act_bytes > 0) { /* offload { activations }: nvme's store, like the optimizer's; host's memory */
         char name[256];
         snprintf(name, sizeof name, "mbt-%s-%ld-rank%d.activations", p->train.name, (long)getpid(), r->rank);
         for (char *c = name; *c; c++)
@@ -572,6 +573,16 @@ static void rt_train_banner(const RtTrainRun *r) {
                rt_store_uring(r->x.act_store) ? "io_uring" : "a worker thread",
                rt_store_direct(r->x.act_store) ? "O_DIRECT" : "buffered");
         if (*rt_store_note(r->x.act_store)) printf("activations: %s\n", rt_store_note(r->x.act_store));
+    }
+    if (p->train.offload_act == 1) {
+        if (r->x.gpu)
+            printf("activations: offloaded to %lld bytes of pinned host memory, copied on a second stream during each "
+                   "micro-batch's step\n",
+                   (long long)rt_gpu_act_bytes(r->x.gpu));
+        else
+            printf("activations: offloaded to %lld bytes of host memory (on the CPU the copies are memcpy) during each "
+                   "micro-batch's step\n",
+                   (long long)p->train.offload_act_bytes);
     }
     char sources[8192];
     rt_sources_text(sources, sizeof sources, r->spec.pattern);

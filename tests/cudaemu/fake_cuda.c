@@ -191,6 +191,7 @@ static struct {
 } fake_graphs;
 
 static CUresult fake_rec_copy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, size_t n, CUresult *rc);
 static CUresult fake_rec_memset(int kind, CUdeviceptr p, size_t pitch, unsigned v, size_t width, size_t height);
 
 /* MBT_FAKE_CUDA_REPORT=1: the graph counts on stderr at exit (tests/gpu/run.sh's graph test). */
@@ -232,7 +233,8 @@ CUresult cuMemFreeHost(void *p) {
 }
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    (void)s;
+    CUresult rc;
+    if (fake_queue_copy(s, 1, (void *)(uintptr_t)dst, src, n, &rc)) return rc;
     if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
     fake.htod_bytes += (long long)n;
     memcpy((void *)(uintptr_t)dst, src, n);
@@ -240,7 +242,8 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
+    CUresult rc;
+    if (fake_queue_copy(s, 0, dst, (const void *)(uintptr_t)src, n, &rc)) return rc;
     if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
     fake.dtoh_bytes += (long long)n;
     memcpy(dst, (const void *)(uintptr_t)src, n);
@@ -248,7 +251,8 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
+    CUresult rc;
+    if (fake_queue_copy(s, 2, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, &rc)) return rc;
     if (fake_capture) return fake_rec_copy(dst, src, n);
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
@@ -399,27 +403,108 @@ CUresult cuLinkDestroy(CUlinkState state) {
 }
 
 /* ---- streams, events ------------------------------------------------------------------------- */
+/* The first stream created (the runtime's compute stream) runs every operation at once. Any other
+ * stream created while it lives (the copy stream of offload { activations = host }) is a FakeQueue:
+ * its copies are queued and run only when something must see them done - another stream waiting
+ * for an event recorded after them (cuStreamWaitEvent), a wait for the stream or the event, or its
+ * destruction. That is the latest moment a real GPU could run them, so a wait the runtime leaves
+ * out shows: a read back that is not waited for leaves the arena's old bytes where the step reads,
+ * and a write that is not waited for copies bytes the step has overwritten since. (The other order
+ * - a copy run before the compute stream reached what it waits for - cannot show: the compute
+ * stream has always run everything it was given.) MBT_FAKE_CUDA_DROP_WAIT=N ignores the Nth wait of
+ * the compute stream for a queue (from 1), so that a test can check a missing wait is caught. */
 
 static int fake_stream;
+static int fake_stream_live;
+
+typedef struct FakeQueued {
+    int kind; /* 0 device to host, 1 host to device, 2 device to device */
+    void *dst;
+    const void *src;
+    size_t n;
+} FakeQueued;
+
+typedef struct FakeQueue {
+    FakeQueued *ops;
+    long long n, cap, done; /* ops issued [0, n), of which [0, done) have run */
+} FakeQueue;
+
+static long long fake_waits; /* the compute stream's waits for a queue so far */
+
+/* Runs q's operations up to (not including) the upto-th. */
+static void fake_queue_run(FakeQueue *q, long long upto) {
+    for (; q->done < upto && q->done < q->n; q->done++) {
+        const FakeQueued *o = &q->ops[q->done];
+        if (o->kind == 0) fake.dtoh_bytes += (long long)o->n;
+        else if (o->kind == 1) fake.htod_bytes += (long long)o->n;
+        memmove(o->dst, o->src, o->n);
+    }
+}
+
+static int fake_is_queue(CUstream s) { return s && s != (CUstream)(void *)&fake_stream; }
+
+/* Queues a copy on a FakeQueue (1), or 0 when s is the compute stream. */
+static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, size_t n, CUresult *rc) {
+    if (!fake_is_queue(s)) return 0;
+    FakeQueue *q = (FakeQueue *)(void *)s;
+    if (fake_capture) {
+        *rc = fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+        return 1;
+    }
+    if (q->n == q->cap) {
+        long long c = q->cap ? 2 * q->cap : 64;
+        FakeQueued *o = realloc(q->ops, (size_t)c * sizeof *o);
+        if (!o) {
+            *rc = CUDA_ERROR_OUT_OF_MEMORY;
+            return 1;
+        }
+        q->ops = o, q->cap = c;
+    }
+    q->ops[q->n++] = (FakeQueued){kind, dst, src, n};
+    *rc = CUDA_SUCCESS;
+    return 1;
+}
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
-    *s = (CUstream)(void *)&fake_stream;
-    return flags == CU_STREAM_NON_BLOCKING ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+    if (flags != CU_STREAM_NON_BLOCKING) return FAKE_INVALID_VALUE;
+    if (!fake_stream_live) {
+        fake_stream_live = 1;
+        *s = (CUstream)(void *)&fake_stream;
+        return CUDA_SUCCESS;
+    }
+    FakeQueue *q = calloc(1, sizeof *q);
+    if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+    *s = (CUstream)(void *)q;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuStreamDestroy_v2(CUstream s) {
-    (void)s;
+    if (!fake_is_queue(s)) {
+        fake_stream_live = 0;
+        return CUDA_SUCCESS;
+    }
+    FakeQueue *q = (FakeQueue *)(void *)s;
+    fake_queue_run(q, q->n); /* as CUDA does: the work queued completes */
+    free(q->ops);
+    free(q);
     return CUDA_SUCCESS;
 }
 
 CUresult cuStreamSynchronize(CUstream s) {
     if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    if (fake_is_queue(s)) {
+        FakeQueue *q = (FakeQueue *)(void *)s;
+        fake_queue_run(q, q->n);
+        return CUDA_SUCCESS;
+    }
     return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
 }
 
 typedef struct FakeEvent {
     double ms;
     int recorded;
+    FakeQueue *q; /* recorded on a queue: after its first seq operations; NULL: on the compute stream */
+    long long seq;
 } FakeEvent;
 
 CUresult cuEventCreate(CUevent *e, unsigned int flags) {
@@ -434,16 +519,37 @@ CUresult cuEventDestroy_v2(CUevent e) {
 }
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
-    (void)s;
     if (fake_capture)
         return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED; /* real CUDA records a node; the runtime never needs one */
     FakeEvent *ev = (FakeEvent *)(void *)e;
     ev->ms = fake.clock_ms;
     ev->recorded = 1;
+    ev->q = fake_is_queue(s) ? (FakeQueue *)(void *)s : NULL;
+    ev->seq = ev->q ? ev->q->n : 0;
     return CUDA_SUCCESS;
 }
 
-CUresult cuEventSynchronize(CUevent e) { return ((FakeEvent *)(void *)e)->recorded ? CUDA_SUCCESS : FAKE_INVALID_VALUE; }
+/* s waits for e: the compute stream waiting for a queue runs the queue up to the event (unless
+ * MBT_FAKE_CUDA_DROP_WAIT drops this wait); a queue waiting for the compute stream has nothing to
+ * wait for (the compute stream has run everything it was given). */
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+    FakeEvent *ev = (FakeEvent *)(void *)e;
+    if (flags != 0 || !ev) return FAKE_INVALID_VALUE;
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    if (!ev->recorded || !ev->q || fake_is_queue(s)) return CUDA_SUCCESS;
+    fake_waits++;
+    const char *drop = getenv("MBT_FAKE_CUDA_DROP_WAIT");
+    if (drop && *drop && atoll(drop) == fake_waits) return CUDA_SUCCESS;
+    fake_queue_run(ev->q, ev->seq);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+    FakeEvent *ev = (FakeEvent *)(void *)e;
+    if (!ev->recorded) return FAKE_INVALID_VALUE;
+    if (ev->q) fake_queue_run(ev->q, ev->seq);
+    return CUDA_SUCCESS;
+}
 
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     const FakeEvent *x = (const FakeEvent *)(void *)a, *y = (const FakeEvent *)(void *)b;

@@ -544,6 +544,75 @@ else
     fi
 fi
 
+# ---- offload { activations = host }: held activations to pinned host memory and back ------------
+# gpu/offload-act: tests/exec/offload_activations.mbt's programs with activations = host (act; act_rc,
+# with recompute = [gelu] too) and without offload (base, rc), 10 steps each on the device
+# (docs/memory.md, "Activation offload"). The copies move bytes unchanged on a second stream, so the
+# logs are the same to every digit and the weights byte for byte; the step peak is lower than
+# without offload by what --emit=plan claims, `info` repeats it, and the arena bytes a step writes
+# on the device (--arena-high-water) reach it within its 64-byte alignment and never pass it; the
+# pinned memory allocated is the plan's. On the emulated GPU the copy stream's copies run as late as
+# a GPU could run them (tests/cudaemu/fake_cuda.c), and two controls drop one wait of the step for
+# them (MBT_FAKE_CUDA_DROP_WAIT): the first (the step waiting for the first writes before reusing
+# the first one's slot) and the sixth (before the first use of the first buffers read back; waits
+# 2 to 5 find those copies done already): each run must end with other weights.
+d="$DIR/offload-act"
+mkdir -p "$d/base" "$d/act" "$d/rc" "$d/act_rc"
+sed 's/activations = nvme/activations = host/' tests/exec/offload_activations.mbt >"$d/t.mbt"
+oa_fail=""
+oa_hw=""
+for t in base act rc act_rc; do
+    if ! build "$d/$t" "$d/t.mbt" --train "$t" -I examples; then oa_fail="mbtc $d/t.mbt --train $t -o or --emit=cuda failed"; break; fi
+    on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/$t.out" train --steps 10 --data "$DATA" --save-weights "$d/$t.st" \
+        --log "$d/$t.jsonl" --arena-high-water || { oa_fail="the $t run on the device failed"; break; }
+    "$d/$t/prog" info >"$d/$t.info" 2>&1
+done
+# oa_peak T BASE: T's planned peak (--emit=plan and info), its "without offload" (BASE's info), the
+# measured high-water mark; the pinned bytes of the plan, info and the run
+oa_peak() {
+    local t=$1 b=$2 plan planned without info_p info_b hw pin_plan pin_info pin_run
+    plan=$("$MBTC" "$d/t.mbt" --train "$t" -I examples --emit=plan 2>&1)
+    planned=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\1/p' <<<"$plan")
+    without=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\2/p' <<<"$plan")
+    pin_plan=$(sed -n 's/^### offload activations = host: .* to pinned host memory of \([0-9]*\) bytes.*/\1/p' <<<"$plan")
+    info_p=$(sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p' "$d/$t.info")
+    info_b=$(sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p' "$d/$b.info")
+    pin_info=$(sed -n 's/^plan: activations offloaded to host: \([0-9]*\) bytes of pinned host memory.*/\1/p' "$d/$t.info")
+    pin_run=$(sed -n 's/^activations: offloaded to \([0-9]*\) bytes of \(pinned \)\{0,1\}host memory.*/\1/p' "$d/$t.out")
+    hw=$(sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p' "$d/$t.out")
+    echo "$t: planned $planned (info $info_p), without offload $without ($b's info $info_b), measured ${hw% *} (of ${hw#* }); pinned $pin_plan (info $pin_info, run $pin_run)"
+    [ -n "$planned" ] && [ -n "$hw" ] && [ "$info_p" = "$planned" ] && [ "$without" = "$info_b" ] && [ "${hw#* }" = "$planned" ] &&
+        [ "$planned" -lt "$without" ] && [ "${hw% *}" -le "$planned" ] && [ "${hw% *}" -gt $((planned - 64)) ] &&
+        [ -n "$pin_plan" ] && [ "$pin_plan" = "$pin_info" ] && [ "$pin_plan" = "$pin_run" ]
+}
+if [ -n "$oa_fail" ]; then
+    fail gpu/offload-act "$oa_fail" "$OUT" "$d/base.out" "$d/act.out" "$d/rc.out" "$d/act_rc.out"
+elif ! cmp -s "$d/base.st" "$d/act.st" || ! cmp -s "$d/base.st" "$d/act_rc.st" || ! cmp -s "$d/base.st" "$d/rc.st" ||
+    [ "$(untimed "$d/base.jsonl")" != "$(untimed "$d/act.jsonl")" ] || [ "$(untimed "$d/base.jsonl")" != "$(untimed "$d/act_rc.jsonl")" ]; then
+    fail gpu/offload-act "offload { activations = host } on the device changed the weights or the logs" "$d/base.jsonl" "$d/act.jsonl" "$d/act_rc.jsonl"
+elif [ "$DEVICE" != cpu ] && ! grep -q "^activations: offloaded to [0-9]* bytes of pinned host memory, copied on a second stream" "$d/act.out"; then
+    fail gpu/offload-act "the run on the device does not say it copies to pinned host memory" "$d/act.out"
+elif ! oa_hw="$(oa_peak act base); $(oa_peak act_rc rc)"; then
+    fail gpu/offload-act "the step peak, info, the measured high-water mark or the pinned bytes disagree: $oa_hw"
+else
+    pass "gpu/offload-act (act and act_rc: base's weights and logs on the device, 10 steps; $oa_hw)"
+fi
+if [ "$DEVICE" != emu ]; then
+    skip gpu/offload-act-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
+elif [ -z "$oa_fail" ]; then
+    same=""
+    for n in 1 6; do
+        MBT_FAKE_CUDA_DROP_WAIT=$n on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/drop$n.out" train --steps 10 --data "$DATA" \
+            --save-weights "$d/drop$n.st"
+        if [ ! -s "$d/drop$n.st" ] || cmp -s "$d/base.st" "$d/drop$n.st"; then same="$same $n"; fi
+    done
+    if [ -n "$same" ]; then
+        fail gpu/offload-act-control "with wait$same of the step left out, the run did not end with other weights" "$d/drop1.out" "$d/drop6.out"
+    else
+        pass "gpu/offload-act-control (wait 1 or 6 of the step for the copy stream left out: other weights)"
+    fi
+fi
+
 # ---- CUDA graphs: the step captured and replayed, bit for bit the step launched kernel by kernel ----
 # gpu/graph: tests/exec/dropout.mbt's drop (dropout keyed by step and micro-batch, uploaded each
 # micro-batch; 2 micro-batches a step, so two gradient regions; lr and t uploaded each update),

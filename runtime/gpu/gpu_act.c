@@ -1,0 +1,91 @@
+/* gpu_act.c - offload { activations = host } on the GPU (rt_gpu.h, rt_gpu_act_*; docs/memory.md,
+ * "Activation offload").
+ *
+ * Pipeline position: beside gpu.c; the generated forward_backward calls rt_act_copy
+ * (runtime/offload/act_offload.c) at the compiler's points (compiler/plan/plan_offload.c), which
+ * on the GPU comes here. The held activations the plan chose are copied to page-locked host memory
+ * after their last forward use and back into their second arena slot before their first backward
+ * use, on a second stream, so that the copies overlap the launches around them:
+ *   - a copy (op 0 out, op 1 back) first makes the copy stream wait for an event recorded on the
+ *     compute stream, so it starts only once every launch queued before it is done (its source
+ *     written, or the arena bytes it overwrites no longer read);
+ *   - a wait (op 2) makes the compute stream wait for an event recorded on the copy stream, so the
+ *     launches after it start only once every copy queued before it is done: the plan puts one
+ *     before the launch that reuses a copied-out slot and one before the first use of a read-back.
+ * Nothing waits on the host: the host queues the whole step as before. CUDA's wait takes the
+ * event's state when it is queued, so one event each way, recorded again each time, serves.
+ *
+ * CUDA graphs: forward_backward with these copies runs eagerly (the probe marks it), since the
+ * emulated GPU the tests run on cannot capture a second stream; a real GPU could (a fork and a
+ * join of the capture through the same events) - docs/memory.md says what that leaves on the table. */
+#include "gpu_internal.h"
+
+RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err) {
+    if (g->act.stream || bytes <= 0) return RT_OK;
+    RtStatus st = rt_gpu_use(g, err);
+    if (st == RT_OK) st = rt_gpu_host_alloc(g, (void **)&g->act.host, bytes, "the offloaded activations", err);
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuStreamCreate(&g->act.stream, CU_STREAM_NON_BLOCKING), err, "cuStreamCreate",
+                         "the activations' copy stream");
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.issued, CU_EVENT_DEFAULT), err, "cuEventCreate",
+                         "the activations' copies");
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.copied, CU_EVENT_DEFAULT), err, "cuEventCreate",
+                         "the activations' copies");
+    if (st != RT_OK) {
+        rt_gpu_act_close(g);
+        return st;
+    }
+    g->act.bytes = bytes;
+    return RT_OK;
+}
+
+RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t len, RtError *err) {
+    struct {
+        int64_t op, off, len;
+        void *dev;
+    } rec = {op, off, len, dev};
+    if (g->graphs.mode == RT_GRAPH_PROBE && !g->graphs.bad) g->graphs.bad = "offload { activations = host }'s copy stream";
+    if (rt_gpu_graph_probe(g, 'A', &rec, sizeof rec, 1)) return RT_OK;
+    if (!g->act.stream) return rt_fail(err, RT_ERR_ARG, "activations: forward_backward copies to host memory, but none is open");
+    if (op < 0 || op > 2 || (op < 2 && (off < 0 || len < 0 || off > g->act.bytes || len > g->act.bytes - off || !dev)))
+        return rt_fail(err, RT_ERR_ARG,
+                       "activations: copy %d of bytes [%lld, +%lld) is outside the %lld bytes of host memory the program "
+                       "planned",
+                       (int)op, (long long)off, (long long)len, (long long)g->act.bytes);
+    RtStatus st = rt_gpu_use(g, err);
+    if (st != RT_OK) return st;
+    const RtGpuApi *api = &g->api;
+    if (op == 2) {
+        st = rt_cu_check(api, api->cuEventRecord(g->act.copied, g->act.stream), err, "cuEventRecord", "the activations' copies");
+        if (st == RT_OK)
+            st = rt_cu_check(api, api->cuStreamWaitEvent(g->stream, g->act.copied, 0), err, "cuStreamWaitEvent",
+                             "the step waiting for the activations' copies");
+        return st;
+    }
+    st = rt_cu_check(api, api->cuEventRecord(g->act.issued, g->stream), err, "cuEventRecord", "the step before a copy");
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuStreamWaitEvent(g->act.stream, g->act.issued, 0), err, "cuStreamWaitEvent",
+                         "the activations' copy stream waiting for the step");
+    if (st != RT_OK) return st;
+    if (op == 0)
+        return rt_cu_check(api, api->cuMemcpyDtoHAsync(g->act.host + off, rt_dptr(dev), (size_t)len, g->act.stream), err,
+                           "cuMemcpyDtoHAsync", "an activation to host memory, %lld bytes", (long long)len);
+    return rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), g->act.host + off, (size_t)len, g->act.stream), err,
+                       "cuMemcpyHtoDAsync", "an activation back from host memory, %lld bytes", (long long)len);
+}
+
+int64_t rt_gpu_act_bytes(const RtGpu *g) { return g ? g->act.bytes : 0; }
+
+void rt_gpu_act_close(RtGpu *g) {
+    const RtGpuApi *api = &g->api;
+    if (g->act.stream) {
+        api->cuStreamSynchronize(g->act.stream);
+        api->cuStreamDestroy(g->act.stream);
+    }
+    if (g->act.issued) api->cuEventDestroy(g->act.issued);
+    if (g->act.copied) api->cuEventDestroy(g->act.copied);
+    if (g->act.host) rt_gpu_host_free(g, g->act.host);
+    g->act.stream = NULL, g->act.issued = g->act.copied = NULL, g->act.host = NULL, g->act.bytes = 0;
+}
