@@ -83,6 +83,15 @@ static int run_check(Pipeline *p) {
     }
     p->tb = sema_build_train_padded(p->ld, p->main_mod, p->o.train, PLAN_ALIGN / 4, p->o.pad_gemm > 1 ? p->o.pad_gemm : 1,
                                     p->o.pad_min, p->ar);
+    if (p->tb && p->o.offload_gbps > 0) {
+        /* the plan's copy rate: a flag that would change nothing is refused */
+        if (p->tb->config->offload_activations == STORE_NONE) {
+            diag_error_noloc("--offload-gbps: the train block offloads no activations (it has no offload { activations = host "
+                             "or nvme }), so there are no copies to time");
+            return 1;
+        }
+        ((TrainConfig *)p->tb->config)->offload_gbps = p->o.offload_gbps; /* sema's, in the run's arena */
+    }
     return !p->tb;
 }
 

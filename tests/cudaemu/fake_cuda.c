@@ -539,6 +539,13 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
     if (!ev->recorded || !ev->q || fake_is_queue(s)) return CUDA_SUCCESS;
     fake_waits++;
     const char *drop = getenv("MBT_FAKE_CUDA_DROP_WAIT");
+    const char *trace = getenv("MBT_FAKE_CUDA_WAITS");
+    if (trace && *trace == '1') { /* what the wait runs: the copies to the host and back it was the first to need */
+        long long out = 0, back = 0;
+        for (long long i = ev->q->done; i < ev->seq && i < ev->q->n; i++)
+            out += ev->q->ops[i].kind == 0, back += ev->q->ops[i].kind == 1;
+        fprintf(stderr, "fake_cuda: wait %lld runs %lld copies to the host, %lld back\n", fake_waits, out, back);
+    }
     if (drop && *drop && atoll(drop) == fake_waits) return CUDA_SUCCESS;
     fake_queue_run(ev->q, ev->seq);
     return CUDA_SUCCESS;
