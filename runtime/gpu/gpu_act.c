@@ -15,9 +15,11 @@
  * Nothing waits on the host: the host queues the whole step as before. CUDA's wait takes the
  * event's state when it is queued, so one event each way, recorded again each time, serves.
  *
- * CUDA graphs: forward_backward with these copies runs eagerly (the probe marks it), since the
- * emulated GPU the tests run on cannot capture a second stream; a real GPU could (a fork and a
- * join of the capture through the same events) - docs/memory.md says what that leaves on the table. */
+ * CUDA graphs: forward_backward with these copies is captured like any other call (rt_gpu_call):
+ * under capture the copy stream's wait for an event of the capturing stream forks it into the
+ * capture, its copies become the graph's memcpy nodes (pinned host memory keeps its address), and
+ * the compute stream's wait for its event joins it back; every copy is followed by a wait (the
+ * plan's), so the capture ends joined. The probe records each copy's arguments like a launch's. */
 #include "gpu_internal.h"
 
 RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err) {
@@ -46,8 +48,7 @@ RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t l
         int64_t op, off, len;
         void *dev;
     } rec = {op, off, len, dev};
-    if (g->graphs.mode == RT_GRAPH_PROBE && !g->graphs.bad) g->graphs.bad = "offload { activations = host }'s copy stream";
-    if (rt_gpu_graph_probe(g, 'A', &rec, sizeof rec, 1)) return RT_OK;
+    if (rt_gpu_graph_probe(g, 'A', &rec, sizeof rec, 0)) return RT_OK;
     if (!g->act.stream) return rt_fail(err, RT_ERR_ARG, "activations: forward_backward copies to host memory, but none is open");
     if (op < 0 || op > 2 || (op < 2 && (off < 0 || len < 0 || off > g->act.bytes || len > g->act.bytes - off || !dev)))
         return rt_fail(err, RT_ERR_ARG,

@@ -76,6 +76,7 @@ enum {
     FAKE_LAUNCH_FAILED = 719,
     FAKE_CAPTURE_UNSUPPORTED = 900,
     FAKE_CAPTURE_INVALIDATED = 901,
+    FAKE_CAPTURE_UNJOINED = 904,
     FAKE_LT_INVALID_VALUE = 7,
     FAKE_LT_NOT_SUPPORTED = 15,
 };
@@ -98,6 +99,8 @@ static const struct {
     {FAKE_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
     {FAKE_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
      "operation failed due to a previous error during capture"},
+    {FAKE_CAPTURE_UNJOINED, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+     "capture was not joined: a stream forked from the capture had work after its last join"},
 };
 
 static CUresult fake_error(CUresult rc, const char **out, int text) {
@@ -192,6 +195,9 @@ static struct {
 
 static CUresult fake_rec_copy(CUdeviceptr dst, CUdeviceptr src, size_t n);
 static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, size_t n, CUresult *rc);
+typedef struct FakeQueue FakeQueue;
+static CUresult fake_rec_queued(FakeQueue *q, int kind, void *dst, const void *src, size_t n);
+static CUresult fake_rec_join(FakeQueue *q, long long seq);
 static CUresult fake_rec_memset(int kind, CUdeviceptr p, size_t pitch, unsigned v, size_t width, size_t height);
 
 /* MBT_FAKE_CUDA_REPORT=1: the graph counts on stderr at exit (tests/gpu/run.sh's graph test). */
@@ -424,10 +430,19 @@ typedef struct FakeQueued {
     size_t n;
 } FakeQueued;
 
-typedef struct FakeQueue {
+struct FakeQueue {
     FakeQueued *ops;
     long long n, cap, done; /* ops issued [0, n), of which [0, done) have run */
-} FakeQueue;
+    /* a capture of the compute stream that this queue joined (it waited for an event recorded in
+     * it): its copies are recorded in the graph ('Q'), cap_n of them, the compute stream's waits
+     * for it too ('J'), the last covering cap_joined; copies after the last join fail the capture,
+     * as CUDA's CUDA_ERROR_STREAM_CAPTURE_UNJOINED */
+    int capturing;
+    long long cap_n, cap_joined;
+};
+
+#define FAKE_MAX_QUEUES 8
+static FakeQueue *fake_queues[FAKE_MAX_QUEUES]; /* the live ones, for cuStreamEndCapture */
 
 static long long fake_waits; /* the compute stream's waits for a queue so far */
 
@@ -448,7 +463,7 @@ static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, siz
     if (!fake_is_queue(s)) return 0;
     FakeQueue *q = (FakeQueue *)(void *)s;
     if (fake_capture) {
-        *rc = fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+        *rc = q->capturing ? fake_rec_queued(q, kind, dst, src, n) : (fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED);
         return 1;
     }
     if (q->n == q->cap) {
@@ -472,8 +487,12 @@ CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
         *s = (CUstream)(void *)&fake_stream;
         return CUDA_SUCCESS;
     }
+    int slot = 0;
+    while (slot < FAKE_MAX_QUEUES && fake_queues[slot]) slot++;
+    if (slot == FAKE_MAX_QUEUES) return FAKE_OUT_OF_RESOURCES;
     FakeQueue *q = calloc(1, sizeof *q);
     if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+    fake_queues[slot] = q;
     *s = (CUstream)(void *)q;
     return CUDA_SUCCESS;
 }
@@ -485,6 +504,8 @@ CUresult cuStreamDestroy_v2(CUstream s) {
     }
     FakeQueue *q = (FakeQueue *)(void *)s;
     fake_queue_run(q, q->n); /* as CUDA does: the work queued completes */
+    for (int i = 0; i < FAKE_MAX_QUEUES; i++)
+        if (fake_queues[i] == q) fake_queues[i] = NULL;
     free(q->ops);
     free(q);
     return CUDA_SUCCESS;
@@ -503,6 +524,7 @@ CUresult cuStreamSynchronize(CUstream s) {
 typedef struct FakeEvent {
     double ms;
     int recorded;
+    int captured; /* recorded during a capture: seq counts the queue's recorded copies (cap_n) */
     FakeQueue *q; /* recorded on a queue: after its first seq operations; NULL: on the compute stream */
     long long seq;
 } FakeEvent;
@@ -519,13 +541,22 @@ CUresult cuEventDestroy_v2(CUevent e) {
 }
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
-    if (fake_capture)
-        return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED; /* real CUDA records a node; the runtime never needs one */
     FakeEvent *ev = (FakeEvent *)(void *)e;
+    FakeQueue *q = fake_is_queue(s) ? (FakeQueue *)(void *)s : NULL;
+    if (fake_capture) {
+        /* in a capture: an event of the compute stream (a fork point) or of a queue that joined it
+         * (a join point); the timing events on a queue that did not join, never */
+        if (q && !q->capturing) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+        ev->recorded = ev->captured = 1;
+        ev->q = q;
+        ev->seq = q ? q->cap_n : 0;
+        return CUDA_SUCCESS;
+    }
     ev->ms = fake.clock_ms;
     ev->recorded = 1;
-    ev->q = fake_is_queue(s) ? (FakeQueue *)(void *)s : NULL;
-    ev->seq = ev->q ? ev->q->n : 0;
+    ev->captured = 0;
+    ev->q = q;
+    ev->seq = q ? q->n : 0;
     return CUDA_SUCCESS;
 }
 
@@ -535,7 +566,15 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
     FakeEvent *ev = (FakeEvent *)(void *)e;
     if (flags != 0 || !ev) return FAKE_INVALID_VALUE;
-    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    if (fake_capture) {
+        if (!ev->recorded || !ev->captured) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED; /* not of this capture */
+        if (fake_is_queue(s)) { /* a queue waiting for the compute stream joins the capture */
+            if (ev->q) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+            ((FakeQueue *)(void *)s)->capturing = 1;
+            return CUDA_SUCCESS;
+        }
+        return ev->q ? fake_rec_join(ev->q, ev->seq) : CUDA_SUCCESS;
+    }
     if (!ev->recorded || !ev->q || fake_is_queue(s)) return CUDA_SUCCESS;
     fake_waits++;
     const char *drop = getenv("MBT_FAKE_CUDA_DROP_WAIT");
@@ -896,7 +935,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 #define FAKE_MAX_PARAMS 512
 
 struct FakeOp {
-    char kind; /* 'K' launch, 'C' device copy, 'M' memset (8 or 32 bits), 'G' matmul */
+    char kind; /* 'K' launch, 'C' device copy, 'M' memset (8 or 32 bits), 'G' matmul; a queue's copy 'Q', a join 'J' */
     const FakeFunction *fn;
     unsigned gx, gy, bx;
     int nparams;
@@ -939,6 +978,23 @@ static CUresult fake_rec_memset(int bits, CUdeviceptr p, size_t pitch, unsigned 
     FakeOp *op = fake_op();
     if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
     op->kind = 'M', op->bits = bits, op->dst = p, op->pitch = pitch, op->v = v, op->width = width, op->height = height;
+    return CUDA_SUCCESS;
+}
+
+/* A queue's copy in a capture ('Q': bits its kind, d and a its ends, b the queue, v its index among
+ * the queue's copies in the graph), and the compute stream's wait for the queue's first seq ('J'). */
+static CUresult fake_rec_queued(FakeQueue *q, int kind, void *dst, const void *src, size_t n) {
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = 'Q', op->bits = kind, op->d = dst, op->a = src, op->n = n, op->b = q, op->v = (unsigned)q->cap_n++;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_rec_join(FakeQueue *q, long long seq) {
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = 'J', op->b = q, op->n = (size_t)seq;
+    if (seq > q->cap_joined) q->cap_joined = seq;
     return CUDA_SUCCESS;
 }
 
@@ -1011,6 +1067,16 @@ CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
     FakeGraph *g = fake_capture;
     fake_capture = NULL;
     *graph = NULL;
+    for (int i = 0; i < FAKE_MAX_QUEUES; i++) { /* every queue that joined must have been joined back */
+        FakeQueue *q = fake_queues[i];
+        if (!q || !q->capturing) continue;
+        if (q->cap_n > q->cap_joined && fake_capture_rc == CUDA_SUCCESS) fake_capture_rc = FAKE_CAPTURE_UNJOINED;
+        q->capturing = 0, q->cap_n = q->cap_joined = 0;
+    }
+    if (fake_capture_rc == FAKE_CAPTURE_UNJOINED) {
+        fake_graph_free(g);
+        return FAKE_CAPTURE_UNJOINED;
+    }
     if (fake_capture_rc != CUDA_SUCCESS) {
         fake_graph_free(g);
         return FAKE_CAPTURE_INVALIDATED;
@@ -1032,10 +1098,22 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned 
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
     if (!exec || s != (CUstream)(void *)&fake_stream || fake_capture) return FAKE_INVALID_VALUE;
     const FakeGraph *g = (const FakeGraph *)(void *)exec;
+    /* the queues' copies ('Q') wait until a join ('J') or the graph's end needs them, as on the
+     * queue itself: run[i] marks the graph's op i done */
+    unsigned char *run = calloc((size_t)g->n + 1, 1);
+    if (!run) return CUDA_ERROR_OUT_OF_MEMORY;
     for (int i = 0; i < g->n; i++) {
         const FakeOp *op = &g->ops[i];
         CUresult rc = CUDA_SUCCESS;
         switch (op->kind) {
+        case 'Q': break; /* run at its join */
+        case 'J':
+            for (int j = 0; j < i; j++)
+                if (!run[j] && g->ops[j].kind == 'Q' && g->ops[j].b == op->b && g->ops[j].v < op->n) {
+                    memmove(g->ops[j].d, g->ops[j].a, g->ops[j].n);
+                    run[j] = 1;
+                }
+            break;
         case 'C': rc = cuMemcpyDtoDAsync_v2(op->dst, op->src, op->n, s); break;
         case 'M':
             rc = op->bits == 8 ? cuMemsetD8Async(op->dst, (unsigned char)op->v, op->width, s)
@@ -1056,8 +1134,14 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
                      : FAKE_LAUNCH_FAILED;
             break;
         }
-        if (rc != CUDA_SUCCESS) return rc;
+        if (rc != CUDA_SUCCESS) {
+            free(run);
+            return rc;
+        }
     }
+    for (int j = 0; j < g->n; j++) /* the graph is done when all of it is (a capture joins every queue back) */
+        if (!run[j] && g->ops[j].kind == 'Q') memmove(g->ops[j].d, g->ops[j].a, g->ops[j].n);
+    free(run);
     fake_graphs.launches++;
     return CUDA_SUCCESS;
 }
