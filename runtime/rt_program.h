@@ -55,7 +55,8 @@
                           * 16: RtProgram.nrunning, running, running_momentum (running statistics),
                           *    RtStep.training;
                           * 17: RtTrainSettings.offload_act_bytes, RtStep.act, rt_act_copy (activations in a store file);
-                          * 18: RtTrainSettings.offload_act (activations in pinned host memory on a GPU build) */
+                          * 18: RtTrainSettings.offload_act, offload_gbps (activations in pinned host memory
+                          *    on a GPU build; the copy rate the plan assumed) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

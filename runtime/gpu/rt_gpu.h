@@ -69,6 +69,10 @@ RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err);
  * so far (an event recorded on the copy stream). Nothing waits on the host. */
 RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t len, RtError *err);
 int64_t rt_gpu_act_bytes(const RtGpu *g); /* the pinned memory allocated for them (0: none) */
+/* Measures the copy stream's rate: dev[0, bytes) (bytes at most the pinned memory's) to the pinned
+ * memory and back, twice, timed by events on the copy stream; the second round's rates in GB/s
+ * (1e9 bytes/s). dev's bytes come back unchanged. Waits. */
+RtStatus rt_gpu_act_rate(RtGpu *g, void *dev, int64_t bytes, double *to_host, double *back, RtError *err);
 
 /* The high-water mark of the runtime's device allocations in bytes (regions, arena, scratch,
  * cuBLASLt's workspace, graphs' buffers; not the context's own or cuBLASLt's internal memory). */

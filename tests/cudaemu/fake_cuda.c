@@ -418,7 +418,10 @@ CUresult cuLinkDestroy(CUlinkState state) {
  * and a write that is not waited for copies bytes the step has overwritten since. (The other order
  * - a copy run before the compute stream reached what it waits for - cannot show: the compute
  * stream has always run everything it was given.) MBT_FAKE_CUDA_DROP_WAIT=N ignores the Nth wait of
- * the compute stream for a queue (from 1), so that a test can check a missing wait is caught. */
+ * the compute stream for a queue (from 1), so that a test can check a missing wait is caught;
+ * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr). On the fake's
+ * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them.
+ * In a capture, a queue that waits for an event of the capturing stream joins it (below). */
 
 static int fake_stream;
 static int fake_stream_live;
@@ -439,6 +442,7 @@ struct FakeQueue {
      * as CUDA's CUDA_ERROR_STREAM_CAPTURE_UNJOINED */
     int capturing;
     long long cap_n, cap_joined;
+    double clock; /* when its last copy would end on the fake's clock: copies take n / 25 GB/s */
 };
 
 #define FAKE_MAX_QUEUES 8
@@ -476,6 +480,7 @@ static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, siz
         q->ops = o, q->cap = c;
     }
     q->ops[q->n++] = (FakeQueued){kind, dst, src, n};
+    q->clock = (q->clock > fake.clock_ms ? q->clock : fake.clock_ms) + (double)n / 25e6;
     *rc = CUDA_SUCCESS;
     return 1;
 }
@@ -552,7 +557,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
         ev->seq = q ? q->cap_n : 0;
         return CUDA_SUCCESS;
     }
-    ev->ms = fake.clock_ms;
+    ev->ms = q && q->clock > fake.clock_ms ? q->clock : fake.clock_ms;
     ev->recorded = 1;
     ev->captured = 0;
     ev->q = q;

@@ -558,7 +558,9 @@ fi
 # --emit=plan claims, `info` repeats it, and the arena bytes a step writes on the device
 # (--arena-high-water) reach it within its 64-byte alignment and never pass it; the pinned memory
 # allocated is the plan's; the step with its copies is captured and launched as CUDA graphs as
-# base's is (the graphs' counts alike: the copy stream forked into the capture and joined back). On the emulated GPU the copy stream's copies run as late as a GPU could
+# base's is (the graphs' counts alike: the copy stream forked into the capture and joined back);
+# the run prints the copy stream's measured rate against the plan's (the emulated GPU's clock runs
+# queued copies at 25 GB/s, which the events must give back). On the emulated GPU the copy stream's copies run as late as a GPU could
 # run them (tests/cudaemu/fake_cuda.c), and the controls leave out one wait of the step for them at a
 # time (MBT_FAKE_CUDA_DROP_WAIT; which waits run which copies, MBT_FAKE_CUDA_WAITS): each wait of the
 # first micro-batch that the first use of a buffer read back needs, and the first that a reused
@@ -604,12 +606,16 @@ elif ! cmp -s "$d/base.st" "$d/act.st" || ! cmp -s "$d/base.st" "$d/act_rc.st" |
     fail gpu/offload-act "offload { activations = host } on the device changed the weights or the logs" "$d/base.jsonl" "$d/act.jsonl" "$d/act_rc.jsonl"
 elif [ "$DEVICE" != cpu ] && ! grep -q "^activations: offloaded to [0-9]* bytes of pinned host memory, copied on a second stream" "$d/act.out"; then
     fail gpu/offload-act "the run on the device does not say it copies to pinned host memory" "$d/act.out"
+elif [ "$DEVICE" != cpu ] && ! grep -qE "^activations: the copies measured at [0-9.]+ GB/s to the host and [0-9.]+ GB/s back \([0-9]+ bytes each way\); the plan assumed 1000\.0 GB/s" "$d/act.out"; then
+    fail gpu/offload-act "the run on the device does not say how fast its copies ran against the plan's rate" "$d/act.out"
+elif [ "$DEVICE" = emu ] && ! grep -q "measured at 25\.0 GB/s to the host and 25\.0 GB/s back" "$d/act.out"; then
+    fail gpu/offload-act "the copies' rate is not the emulated GPU's 25 GB/s (its clock's): the events time something else" "$d/act.out"
 elif [ "$DEVICE" != cpu ] && [ "$(grep -o 'CUDA graphs: .*' "$d/act.out")" != "$(grep -o 'CUDA graphs: .*' "$d/base.out")" ]; then
     fail gpu/offload-act "the step with copies was not captured and launched as CUDA graphs as base's was" "$d/act.out" "$d/base.out"
 elif ! oa_hw="$(oa_peak act base); $(oa_peak act_rc rc)"; then
     fail gpu/offload-act "the step peak, info, the measured high-water mark or the pinned bytes disagree: $oa_hw"
 else
-    pass "gpu/offload-act (act and act_rc: base's weights and logs on the device, 10 steps, $(grep -o 'CUDA graphs: [0-9]* captured, [0-9]* launched' "$d/act.out"); $oa_hw)"
+    pass "gpu/offload-act (act and act_rc: base's weights and logs on the device, 10 steps, $(grep -o 'CUDA graphs: [0-9]* captured, [0-9]* launched' "$d/act.out"), $(grep -o 'copies measured at [0-9.]* GB/s to the host' "$d/act.out"); $oa_hw)"
 fi
 if [ "$DEVICE" != emu ]; then
     skip gpu/offload-act-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
