@@ -419,7 +419,8 @@ CUresult cuLinkDestroy(CUlinkState state) {
  * - a copy run before the compute stream reached what it waits for - cannot show: the compute
  * stream has always run everything it was given.) MBT_FAKE_CUDA_DROP_WAIT=N ignores the Nth wait of
  * the compute stream for a queue (from 1), so that a test can check a missing wait is caught;
- * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr). On the fake's
+ * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr); a graph's
+ * joins count and print among them ("in a graph"). On the fake's
  * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them.
  * In a capture, a queue that waits for an event of the capturing stream joins it (below). */
 
@@ -448,7 +449,18 @@ struct FakeQueue {
 #define FAKE_MAX_QUEUES 8
 static FakeQueue *fake_queues[FAKE_MAX_QUEUES]; /* the live ones, for cuStreamEndCapture */
 
-static long long fake_waits; /* the compute stream's waits for a queue so far */
+static long long fake_waits; /* the compute stream's waits for a queue so far (a graph's joins too) */
+
+/* Counts a wait of the compute stream for a queue that would run `out` copies to the host and
+ * `back` back (`where`: "" or " in a graph"), prints it (MBT_FAKE_CUDA_WAITS=1), and says whether
+ * MBT_FAKE_CUDA_DROP_WAIT drops it. */
+static int fake_wait_dropped(long long out, long long back, const char *where) {
+    fake_waits++;
+    const char *trace = getenv("MBT_FAKE_CUDA_WAITS"), *drop = getenv("MBT_FAKE_CUDA_DROP_WAIT");
+    if (trace && *trace == '1')
+        fprintf(stderr, "fake_cuda: wait %lld runs %lld copies to the host, %lld back%s\n", fake_waits, out, back, where);
+    return drop && *drop && atoll(drop) == fake_waits;
+}
 
 /* Runs q's operations up to (not including) the upto-th. */
 static void fake_queue_run(FakeQueue *q, long long upto) {
@@ -581,16 +593,10 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
         return ev->q ? fake_rec_join(ev->q, ev->seq) : CUDA_SUCCESS;
     }
     if (!ev->recorded || !ev->q || fake_is_queue(s)) return CUDA_SUCCESS;
-    fake_waits++;
-    const char *drop = getenv("MBT_FAKE_CUDA_DROP_WAIT");
-    const char *trace = getenv("MBT_FAKE_CUDA_WAITS");
-    if (trace && *trace == '1') { /* what the wait runs: the copies to the host and back it was the first to need */
-        long long out = 0, back = 0;
-        for (long long i = ev->q->done; i < ev->seq && i < ev->q->n; i++)
-            out += ev->q->ops[i].kind == 0, back += ev->q->ops[i].kind == 1;
-        fprintf(stderr, "fake_cuda: wait %lld runs %lld copies to the host, %lld back\n", fake_waits, out, back);
-    }
-    if (drop && *drop && atoll(drop) == fake_waits) return CUDA_SUCCESS;
+    long long out = 0, back = 0;
+    for (long long i = ev->q->done; i < ev->seq && i < ev->q->n; i++)
+        out += ev->q->ops[i].kind == 0, back += ev->q->ops[i].kind == 1;
+    if (fake_wait_dropped(out, back, "")) return CUDA_SUCCESS;
     fake_queue_run(ev->q, ev->seq);
     return CUDA_SUCCESS;
 }
@@ -1112,13 +1118,19 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
         CUresult rc = CUDA_SUCCESS;
         switch (op->kind) {
         case 'Q': break; /* run at its join */
-        case 'J':
+        case 'J': {
+            long long out = 0, back = 0;
+            for (int j = 0; j < i; j++)
+                if (!run[j] && g->ops[j].kind == 'Q' && g->ops[j].b == op->b && g->ops[j].v < op->n)
+                    out += g->ops[j].bits == 0, back += g->ops[j].bits == 1;
+            if (fake_wait_dropped(out, back, " in a graph")) break;
             for (int j = 0; j < i; j++)
                 if (!run[j] && g->ops[j].kind == 'Q' && g->ops[j].b == op->b && g->ops[j].v < op->n) {
                     memmove(g->ops[j].d, g->ops[j].a, g->ops[j].n);
                     run[j] = 1;
                 }
             break;
+        }
         case 'C': rc = cuMemcpyDtoDAsync_v2(op->dst, op->src, op->n, s); break;
         case 'M':
             rc = op->bits == 8 ? cuMemsetD8Async(op->dst, (unsigned char)op->v, op->width, s)

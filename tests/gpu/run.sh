@@ -563,8 +563,9 @@ fi
 # queued copies at 25 GB/s, which the events must give back). On the emulated GPU the copy stream's copies run as late as a GPU could
 # run them (tests/cudaemu/fake_cuda.c), and the controls leave out one wait of the step for them at a
 # time (MBT_FAKE_CUDA_DROP_WAIT; which waits run which copies, MBT_FAKE_CUDA_WAITS): each wait of the
-# first micro-batch that the first use of a buffer read back needs, and the first that a reused
-# slot's write needs, must change the weights after 2 steps. (Other writes' waits may change nothing:
+# first micro-batch that the first use of a buffer read back needs, the first that a reused slot's
+# write needs, and the first join of each kind inside the graphs step 2 launches, must change the
+# weights after 2 steps. (Other writes' waits may change nothing:
 # the plan waits where a slot may be reused, and the next write into it can come after the next wait.)
 d="$DIR/offload-act"
 mkdir -p "$d/base" "$d/act" "$d/rc" "$d/act_rc"
@@ -622,9 +623,13 @@ if [ "$DEVICE" != emu ]; then
 elif [ -z "$oa_fail" ]; then
     MBT_FAKE_CUDA_WAITS=1 on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/waits.out" train --steps 2 --data "$DATA" --save-weights "$d/act2.st"
     # the first micro-batch's waits (up to the first that runs a write after one ran a read): the
-    # first that runs a write, and each that runs a read
+    # first that runs a write, and each that runs a read; and in the graphs launched in step 2, the
+    # first join that runs a write and the first that runs a read
     drops=$(awk '/^fake_cuda: wait [0-9]+ runs/ { w = $3; out = $5; back = $10
-                 if (out > 0 && seen) exit; if (back > 0) { seen = 1; print w } else if (out > 0 && !first) { first = 1; print w } }' "$d/waits.out")
+                 if (NF > 11) { if (back > 0 && !gb) { gb = 1; print w } else if (out > 0 && !go) { go = 1; print w }; next }
+                 if (done) next
+                 if (out > 0 && seen) { done = 1; next }
+                 if (back > 0) { seen = 1; print w } else if (out > 0 && !first) { first = 1; print w } }' "$d/waits.out")
     same=""
     for n in $drops; do
         MBT_FAKE_CUDA_DROP_WAIT=$n on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/drop.out" train --steps 2 --data "$DATA" \
@@ -632,7 +637,7 @@ elif [ -z "$oa_fail" ]; then
         if [ ! -s "$d/drop.st" ] || cmp -s "$d/act2.st" "$d/drop.st"; then same="$same $n"; fi
         rm -f "$d/drop.st"
     done
-    if [ ! -s "$d/act2.st" ] || [ "$(wc -w <<<"$drops")" -lt 2 ]; then
+    if [ ! -s "$d/act2.st" ] || [ "$(wc -w <<<"$drops")" -lt 4 ] || ! grep -q 'in a graph$' "$d/waits.out"; then
         fail gpu/offload-act-control "MBT_FAKE_CUDA_WAITS found no waits to leave out ('$drops')" "$d/waits.out"
     elif [ -n "$same" ]; then
         fail gpu/offload-act-control "with wait$same of the step left out, the run did not end with other weights" "$d/waits.out"
