@@ -40,6 +40,8 @@ static void usage(FILE *out) {
                  "  --cuda-arch=LIST   GPU architectures -o builds cubins for (with the PTX of the highest, which\n"
                  "                     newer GPUs compile on first use), and those of ptx, sass, --cuda-info and\n"
                  "                     --dump-dir (default sm_80,sm_90; none: -o builds for the CPU alone)\n"
+                 "  --offload-gbps=R   offload.activations: time the copies at R GB/s (measured; default 20 for host,\n"
+                 "                     1 for nvme: docs/memory.md)\n"
                  "  --pad-gemm=N       store each parameter's leading dimension that reaches a GEMM as its m or n\n"
                  "                     (the vocabulary) padded to a multiple of N, a power of two up to 1024;\n"
                  "                     1: never (default: 64 for dimensions of 1024 and more when built for a\n"
@@ -87,6 +89,7 @@ typedef struct Cli {
     const char *verify;    /* --verify-step's dump */
     const char *arch_list; /* --cuda-arch, else $MBT_CUDA_ARCH, else sm_80,sm_90 */
     const char *pad;       /* --pad-gemm, or NULL */
+    const char *gbps;      /* --offload-gbps, or NULL */
     int check;
     int verbose; /* -v, --verbose: the stages' times on stderr */
     PtrVec incdirs;
@@ -106,6 +109,8 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
         else if (strcmp(a, "--cuda-arch") == 0 && i + 1 < argc) c->arch_list = argv[++i];
         else if (strcmp(a, "--cuda-info") == 0) o->cuda_info = 1;
         else if (strncmp(a, "--pad-gemm=", 11) == 0) c->pad = a + 11;
+        else if (strncmp(a, "--offload-gbps=", 15) == 0) c->gbps = a + 15;
+        else if (strcmp(a, "--offload-gbps") == 0 && i + 1 < argc) c->gbps = argv[++i];
         else if (strcmp(a, "--pad-gemm") == 0 && i + 1 < argc) c->pad = argv[++i];
         else if (strcmp(a, "--dump-dir") == 0 && i + 1 < argc) o->dump_dir = argv[++i];
         else if (strncmp(a, "--dump-dir=", 11) == 0) o->dump_dir = a + 11;
@@ -125,10 +130,11 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
             usage(stdout);
             return 0;
         } else if (i + 1 == argc && (strcmp(a, "-o") == 0 || strcmp(a, "--verify-step") == 0 || strcmp(a, "--cuda-arch") == 0 ||
-                                     strcmp(a, "--dump-dir") == 0 || strcmp(a, "-I") == 0 || strcmp(a, "--pad-gemm") == 0)) {
-            static const char *const what[][2] = {{"-o", "FILE"},          {"--verify-step", "DUMP"},
-                                                  {"--cuda-arch", "LIST"}, {"--dump-dir", "DIR"},
-                                                  {"-I", "DIR"},           {"--pad-gemm", "N"}};
+                                     strcmp(a, "--dump-dir") == 0 || strcmp(a, "-I") == 0 || strcmp(a, "--pad-gemm") == 0 ||
+                                     strcmp(a, "--offload-gbps") == 0)) {
+            static const char *const what[][2] = {
+                {"-o", "FILE"}, {"--verify-step", "DUMP"}, {"--cuda-arch", "LIST"},   {"--dump-dir", "DIR"},
+                {"-I", "DIR"},  {"--pad-gemm", "N"},       {"--offload-gbps", "RATE"}};
             for (size_t w = 0; w < sizeof what / sizeof *what; w++)
                 if (strcmp(a, what[w][0]) == 0) diag_error_noloc("%s needs a %s after it", a, what[w][1]);
             if (strcmp(a, "-o") == 0) diag_hint("for example: mbtc prog.mbt -o prog (builds the executable 'prog')");
@@ -236,6 +242,16 @@ static int check_args(Cli *c, Arena *ar) {
         }
         o->pad_gemm = v;
         o->pad_min = 0;
+    }
+    if (c->gbps) {
+        char *end = NULL;
+        double v = strtod(c->gbps, &end);
+        if (!*c->gbps || *end || !(v >= 0.001 && v <= 10000)) {
+            diag_error_noloc("--offload-gbps=%s: the copies' rate is a number of GB/s from 0.001 to 10000", c->gbps);
+            diag_hint("for example --offload-gbps=50 (pinned copies over PCIe 5.0 x16), as measured on the machine");
+            return 1;
+        }
+        o->offload_gbps = v;
     }
     if (o->narch == 0 && (o->cuda_info || o->dump_dir || o->emit == ST_PTX || o->emit == ST_SASS)) {
         diag_error_noloc("--cuda-arch=none: --emit=ptx, sass, --cuda-info and --dump-dir need an architecture");

@@ -83,6 +83,15 @@ static int run_check(Pipeline *p) {
     }
     p->tb = sema_build_train_padded(p->ld, p->main_mod, p->o.train, PLAN_ALIGN / 4, p->o.pad_gemm > 1 ? p->o.pad_gemm : 1,
                                     p->o.pad_min, p->ar);
+    if (p->tb && p->o.offload_gbps > 0) {
+        /* the plan's copy rate: a flag that would change nothing is refused */
+        if (p->tb->config->offload_activations == STORE_NONE) {
+            diag_error_noloc("--offload-gbps: the train block offloads no activations (it has no offload { activations = host "
+                             "or nvme }), so there are no copies to time");
+            return 1;
+        }
+        ((TrainConfig *)p->tb->config)->offload_gbps = p->o.offload_gbps; /* sema's, in the run's arena */
+    }
     return !p->tb;
 }
 
@@ -359,7 +368,7 @@ static int print_sass(Pipeline *p, FILE *out) {
  * program keeps its printout, and object builds the module again (-o runs object alone). */
 
 static int run_program(Pipeline *p) {
-    if (host_refuses(p->tb) || need_schedules(p)) return 1;
+    if (host_refuses(p->tb, p->o.narch) || need_schedules(p)) return 1;
     char *buf = NULL;
     size_t len = 0;
     FILE *mem = open_memstream(&buf, &len);
@@ -427,7 +436,7 @@ static int refuse_serve_without_cache(Pipeline *p) {
 }
 
 static int run_object(Pipeline *p) {
-    if (output_is_module(p) || host_refuses(p->tb) || need_schedules(p) || refuse_serve_without_cache(p)) return 1;
+    if (output_is_module(p) || host_refuses(p->tb, p->o.narch) || need_schedules(p) || refuse_serve_without_cache(p)) return 1;
     warn_serve_blocks(p);
     HostCuda hc = {p->o.archs, p->o.narch};
     return host_compile(p->tb, p->plan, &p->hs, p->o.input, p->o.output, NULL, &hc, p->ar);

@@ -56,7 +56,8 @@ typedef struct PipelineOptions {
     int64_t pad_gemm; /* --pad-gemm: parameters' leading dimensions reaching a GEMM padded to a multiple
                          of this (1: none; graph_pad.h) when they have at least pad_min rows */
     int64_t pad_min;
-    int progress; /* -v, or -o with stderr a terminal: each stage's time, one line on stderr */
+    int progress;        /* -v, or -o with stderr a terminal: each stage's time, one line on stderr */
+    double offload_gbps; /* --offload-gbps: offload.activations' assumed copy rate (GB/s); 0: the plan's default */
 } PipelineOptions;
 
 /* The context: the options, and each stage's result once it has run. */

@@ -67,7 +67,9 @@
     X(const int64_t *, curriculum_lens, ptr) /* the stages' lengths, each dividing seq */                                        \
     X(int32_t, offload_optimizer, i32) /* offload { optimizer }: 0 none (in memory); 2 nvme: in a store file (docs/memory.md) */ \
     X(int64_t, offload_chunk, i64)     /* nvme: parameters a chunk of the streamed update (the plan's); 0 without offload */     \
-    X(int64_t, offload_act_bytes, i64) /* offload { activations = nvme }: the store file forward_backward copies to; 0 none */
+    X(int64_t, offload_act_bytes, i64) /* offload { activations }: the store file or pinned host memory copied to; 0 none */     \
+    X(int32_t, offload_act, i32)       /* offload { activations }: 0 none, 1 host (pinned host memory), 2 nvme (a store file) */ \
+    X(double, offload_gbps, f64)       /* offload { activations }: the copy rate the plan assumed (GB/s); 0 none */
 
 /* RtGenerateSettings: the defaults of `./prog generate` and `./prog serve`, from the serve block
  * of the train block's model when the program has one (name non-NULL), else the built-in defaults

@@ -210,7 +210,9 @@ static LLVMValueRef train_settings(Host *h) {
     f[RT_TRAIN_curriculum_lens] = curr_lens;
     f[RT_TRAIN_offload_optimizer] = ci32(h, p->mem.offload_chunk ? STORE_NVME : p->mem.offload_host ? STORE_HOST : 0);
     f[RT_TRAIN_offload_chunk] = ci64(h, p->mem.offload_chunk);
-    f[RT_TRAIN_offload_act_bytes] = ci64(h, p->mem.rc.offload == STORE_NVME ? p->mem.rc.store_bytes : 0);
+    f[RT_TRAIN_offload_act_bytes] = ci64(h, p->mem.rc.noffloads ? p->mem.rc.store_bytes : 0);
+    f[RT_TRAIN_offload_act] = ci32(h, p->mem.rc.noffloads ? p->mem.rc.offload : 0);
+    f[RT_TRAIN_offload_gbps] = LLVMConstReal(h->f64, p->mem.rc.noffloads ? p->mem.rc.store_bw / 1e9 : 0);
     return named_struct(h->train_t, f, RT_TRAIN_NFIELDS);
 }
 

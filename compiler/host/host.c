@@ -161,8 +161,9 @@ static void emit_grad_adds(Host *h, const HostFn *f, const PlanWrite **w, int n,
     }
 }
 
-/* offload.activations = nvme: rt_act_copy(exec, op, store offset, buffer, bytes, err), checked;
- * op 0 write, 1 read, 2 wait (runtime/exec/rt_exec.h) */
+/* offload.activations = nvme or host: rt_act_copy(exec, op, store offset, buffer, bytes, err),
+ * checked; op 0 write, 1 read, 2 wait (runtime/exec/rt_exec.h; on the GPU the buffer is a device
+ * address and the runtime queues the copy on its copy stream) */
 static void emit_act_copy(Host *h, const HostFn *f, int op, int64_t off, LLVMValueRef buf, int64_t len) {
     LLVMTypeRef args[] = {h->ptr, h->i32, h->i64, h->ptr, h->i64, h->ptr};
     LLVMTypeRef t = LLVMFunctionType(h->i32, args, 6, 0);
@@ -174,12 +175,13 @@ static void emit_act_copy(Host *h, const HostFn *f, int op, int64_t off, LLVMVal
     emit_check(h, f->fn, LLVMBuildCall2(h->b, t, fn, a, 6, name[op]));
 }
 
-/* The copies of offload.activations = nvme before position q of the step program: a wait when a
- * write's slot is reused at q or a read's data is used at q (the store waits for all it has
- * queued), then the reads issued at q, into their second copies, which every later launch reads. */
+/* The copies of offload.activations before position q of the step program: a wait when a write's
+ * slot is reused at q or a read's data is used at q (the store, or the GPU's copy stream, waits
+ * for all it has queued), then the reads issued at q, into their second copies, which every later
+ * launch reads. */
 static void emit_act_before(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef arena, int q) {
     const PlanRecompute *rc = &h->plan->mem.rc;
-    if (rc->offload != STORE_NVME) return;
+    if (rc->noffloads == 0) return;
     int wait = 0;
     for (int j = 0; j < rc->noffloads; j++) wait |= rc->offloads[j].write_wait == q || rc->offloads[j].use == q;
     if (wait) emit_act_copy(h, f, 2, 0, NULL, 0);
@@ -197,7 +199,7 @@ static void emit_act_before(Host *h, const HostFn *f, Sched *S, LLVMValueRef *ad
 /* ... and the writes issued right after position q (the buffers' last forward use). */
 static void emit_act_after(Host *h, const HostFn *f, LLVMValueRef *addr, int q) {
     const PlanRecompute *rc = &h->plan->mem.rc;
-    if (rc->offload != STORE_NVME) return;
+    if (rc->noffloads == 0) return;
     for (int j = 0; j < rc->noffloads; j++) {
         const PlanOffload *o = &rc->offloads[j];
         if (o->write_after == q)
@@ -615,9 +617,8 @@ static void print_program(Host *h, FILE *out, const Sched *const *scheds, const 
 
 /* The settings that executables do not carry out yet (the plan's notes say the same): each is an
  * error at its value, until the issue that implements it lands. Returns the number refused. */
-static int refuse_settings(const TrainConfig *ts) {
+static int refuse_settings(const TrainConfig *ts, int narch) {
     static const char *const par[4] = {"tensor", "pipeline", "sequence", "expert"};
-    static const char *const storage[] = {"none", "host", "nvme"};
     const int64_t deg[4] = {ts->tensor_par, ts->pipeline_par, ts->sequence_par, ts->expert_par};
     int n = 0;
     for (int i = 0; i < 4; i++)
@@ -629,27 +630,23 @@ static int refuse_settings(const TrainConfig *ts) {
         }
     /* zero = 1, 2 and 3 are carried out (docs/parallel.md, ZeRO); zero3_refusals refuses what 3 cannot do */
     /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
-    /* offload.activations = nvme is carried out on the CPU (offload_refusals refuses it for a GPU build) */
-    const Storage off[2] = {ts->offload_activations == STORE_HOST ? STORE_HOST : STORE_NONE, STORE_NONE};
-    static const char *const what[2] = {"activations", "optimizer"};
-    for (int i = 0; i < 2; i++)
-        if (off[i] != STORE_NONE && (int)off[i] < 3) {
-            diag_error(ts->offload_at[i],
-                       "offload.%s = %s is not carried out by executables yet: on the CPU the activations are in host "
-                       "memory already, and a GPU build's copies to pinned host memory are not built (docs/memory.md)",
-                       what[i], storage[off[i]]);
-            n++;
-        }
+    /* offload.activations = nvme is carried out on the CPU (offload_refusals refuses it for a GPU build);
+     * = host on a GPU build (copies to pinned host memory on a copy stream): on the CPU the
+     * activations are in host memory already, so there it would do nothing */
+    if (ts->offload_activations == STORE_HOST && narch == 0) {
+        diag_error(ts->offload_at[0], "offload.activations = host copies the activations off the GPU, but this build is for "
+                                      "the CPU alone, where they are in host memory already");
+        n++;
+    }
     if (n)
-        diag_hint(
-            "executables carry out parallel { data = N } and no other parallelism, recompute, and offload.optimizer but not "
-            "offload.activations = host (= nvme is, on the CPU); remove %s to build (--check and --emit=plan accept %s)",
-            n == 1 ? "it" : "them", n == 1 ? "it" : "them");
+        diag_hint("executables carry out parallel { data = N } and no other parallelism, recompute, and offload (activations "
+                  "= host on a GPU build: --cuda-arch); remove %s to build (--check and --emit=plan accept %s)",
+                  n == 1 ? "it" : "them", n == 1 ? "it" : "them");
     return n;
 }
 
-int host_refuses(const TrainBuild *tb) {
-    if (refuse_settings(tb->config)) return 1;
+int host_refuses(const TrainBuild *tb, int narch) {
+    if (refuse_settings(tb->config, narch)) return 1;
     if (tb->config->nbuckets && tb->step) {
         /* a bucket's windows share the step's rows of seq tokens; only attention's pos mask keeps
          * each window to its own keys (docs/runtime.md, "Sequence-length buckets") */

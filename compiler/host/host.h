@@ -35,7 +35,7 @@ typedef struct HostCuda {
 
 /* Refuses a step -o cannot compile yet (settings executables do not carry out): returns 1
  * after reporting the error, else 0. Called before the schedules are built. */
-int host_refuses(const TrainBuild *tb);
+int host_refuses(const TrainBuild *tb, int narch); /* narch: the build's CUDA archs (0: the CPU alone) */
 /* The schedules -o builds (plan.h, PlanSchedules: the fused step, update and batch-1 logits the
  * memory plan is of), for the host code and the CUDA program. */
 typedef PlanSchedules HostSchedules;

@@ -621,20 +621,21 @@ static void plan_print_recompute(FILE *out, Arena *ar, const Plan *p, const char
         static const char *const where[] = {"", "host", "nvme"};
         int64_t without = rc->mask ? rc->peak_no_offload : rc->peak_without;
         fprintf(out,
-                "\n### offload activations = %s: %d held buffer%s offloaded (%s) to a store file of %s; %d kept (%s), %d "
+                "\n### offload activations = %s: %d held buffer%s offloaded (%s) to %s of %s; %d kept (%s), %d "
                 "recomputed (%s)\n",
                 where[rc->offload], rc->noffloads, rc->noffloads == 1 ? "" : "s", plan_bytes_text(ar, rc->held_offloaded),
-                plan_bytes_text(ar, rc->store_bytes), kept, plan_bytes_text(ar, rc->held_kept), recomp,
-                plan_bytes_text(ar, rc->held_recomputed));
+                rc->offload == STORE_HOST ? "pinned host memory" : "a store file", plan_bytes_text(ar, rc->store_bytes), kept,
+                plan_bytes_text(ar, rc->held_kept), recomp, plan_bytes_text(ar, rc->held_recomputed));
         fprintf(out, "step peak %s, without offload %s", plan_bytes_text(ar, ph->peak), plan_bytes_text(ar, without));
         if (without > 0)
             fprintf(out, " (%s%.1f%%)", ph->peak <= without ? "saves " : "costs ",
                     100.0 * (double)(ph->peak <= without ? without - ph->peak : ph->peak - without) / (double)without);
         fprintf(out,
-                "\nthe copies' times assume a store of %.1f GB/s and launches that touch their buffers at %.1f GB/s: a write "
+                "\nthe copies' times assume %s of %.1f GB/s and launches that touch their buffers at %.1f GB/s: a write "
                 "is waited for k launches after its last forward use, a read issued k launches before its first backward "
                 "use, k the fewest launches whose time covers the copy\n",
-                rc->store_bw / 1e9, rc->launch_bw / 1e9);
+                rc->offload == STORE_HOST ? "copies to host memory (on a second stream)" : "a store", rc->store_bw / 1e9,
+                rc->launch_bw / 1e9);
         for (int j = 0; j < rc->noffloads; j++) {
             const PlanOffload *o = &rc->offloads[j];
             fprintf(out,

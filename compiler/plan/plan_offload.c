@@ -24,14 +24,80 @@
 #define PLAN_OFFLOAD_MIN (64 * 1024)  /* smaller buffers are not worth a request */
 #define PLAN_OFFLOAD_STORE_BW 1.0e9   /* bytes/s: an assumed NVMe read or write rate */
 #define PLAN_OFFLOAD_LAUNCH_BW 10.0e9 /* bytes/s: an assumed rate at which a launch touches its buffers */
+/* offload.activations = host (a GPU build): copies to pinned host memory over PCIe, launches on
+ * the GPU. 20 GB/s is below what pinned copies reach on PCIe 4.0 x16 (~25 GB/s) and 5.0 (~50); a
+ * launch touching its buffers at 1 TB/s is below an A100's or H100's memory bandwidth (2-3.4 TB/s)
+ * and far below a GEMM's arithmetic time: both err towards more launches to cover a copy, i.e.
+ * waits that come later and reads issued earlier. Neither was measured (docs/memory.md). */
+#define PLAN_OFFLOAD_HOST_BW 20.0e9
+#define PLAN_OFFLOAD_GPU_LAUNCH_BW 1000.0e9
 
 static int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+/* The copies of the chosen candidates c[set[0..m)], one after another at bw bytes/s over the
+ * positions' start times t0: writes in the order they are issued, each from the end of its
+ * buffer's last forward use or the end of the write before, whichever is later, waited for before
+ * the first position that starts after it ends (ww); reads backwards from the last, each ending by
+ * its use and by the start of the read after it, issued at the last position that starts before
+ * that (rr). 1 when every write ends by the start of the backward (turn), every read starts after
+ * it, and each buffer is away somewhere (ww < rr); ww and rr are in set's order. */
+static int offload_schedule(const PlanOffload *c, const int *set, int m, const double *t0, int turn, double bw, int *ww,
+                            int *rr) {
+    int *ord = malloc(sizeof(int) * (size_t)(m + 1));
+    if (!ord) INTERNAL("plan: out of memory");
+    int ok = 1;
+    /* writes: by issue (write_after, then the buffer, as host.c emits them) */
+    for (int i = 0; i < m; i++) {
+        int j = i;
+        for (; j > 0; j--) {
+            const PlanOffload *a = &c[set[ord[j - 1]]], *b = &c[set[i]];
+            if (a->write_after < b->write_after || (a->write_after == b->write_after && a->buffer < b->buffer)) break;
+            ord[j] = ord[j - 1];
+        }
+        ord[j] = i;
+    }
+    double end = 0;
+    for (int k = 0; k < m; k++) {
+        const PlanOffload *o = &c[set[ord[k]]];
+        double start = t0[o->write_after + 1] > end ? t0[o->write_after + 1] : end;
+        end = start + (double)o->bytes / bw;
+        int w = o->write_after + 1;
+        while (w < turn && t0[w] < end) w++;
+        if (t0[w] < end) ok = 0; /* not done when the backward starts */
+        ww[ord[k]] = w;
+    }
+    /* reads: by use, scheduled from the last */
+    for (int i = 0; i < m; i++) {
+        int j = i;
+        for (; j > 0; j--) {
+            const PlanOffload *a = &c[set[ord[j - 1]]], *b = &c[set[i]];
+            if (a->use < b->use || (a->use == b->use && a->buffer < b->buffer)) break;
+            ord[j] = ord[j - 1];
+        }
+        ord[j] = i;
+    }
+    double next = -1; /* when the read after this one starts (-1: none) */
+    for (int k = m - 1; k >= 0; k--) {
+        const PlanOffload *o = &c[set[ord[k]]];
+        double due = next >= 0 && next < t0[o->use] ? next : t0[o->use];
+        double start = due - (double)o->bytes / bw;
+        int q = o->use;
+        while (q > turn && t0[q] > start) q--;
+        if (t0[q] > start) ok = 0; /* would have to start before the backward */
+        rr[ord[k]] = q;
+        next = start;
+    }
+    for (int i = 0; i < m && ok; i++) ok = ww[i] < rr[i];
+    free(ord);
+    return ok;
+}
 
 void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *slots) {
     Arena *ar = c->ar;
     int nb = r->nbuffers, n = rc->norder;
-    rc->store_bw = PLAN_OFFLOAD_STORE_BW;
-    rc->launch_bw = PLAN_OFFLOAD_LAUNCH_BW;
+    int host = rc->offload == STORE_HOST;
+    rc->store_bw = c->ts->offload_gbps > 0 ? c->ts->offload_gbps * 1e9 : host ? PLAN_OFFLOAD_HOST_BW : PLAN_OFFLOAD_STORE_BW;
+    rc->launch_bw = host ? PLAN_OFFLOAD_GPU_LAUNCH_BW : PLAN_OFFLOAD_LAUNCH_BW;
     rc->off = arena_alloc(ar, sizeof(int) * (size_t)(nb + 1));
     for (int b = 0; b < nb; b++) rc->off[b] = -1;
     /* the turn: the first position of a backward launch or a re-run */
@@ -67,7 +133,12 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
             if (s[k] && s[k]->first >= 0 && r->buffers[b].kind != FB_PARAM && r->buffers[b].kind != FB_INPUT)
                 for (int q = s[k]->first; q <= s[k]->last && q < n; q++) live[q] += align_up(r->buffers[b].bytes, PLAN_ALIGN);
     }
-    /* the candidates and their times */
+    /* the candidates: a write can be waited for no earlier than the copy alone takes, a read
+     * must be issued no later than that before its use (the bounds the schedule below tightens) */
+    double *t0 = malloc(sizeof(double) * (size_t)(n + 2)); /* t0[q]: when position q starts */
+    if (!t0) INTERNAL("plan: out of memory");
+    t0[0] = 0;
+    for (int q = 0; q < n; q++) t0[q + 1] = t0[q] + t[q];
     PlanOffload *cand = malloc(sizeof(PlanOffload) * (size_t)(nb + 1));
     if (!cand) INTERNAL("plan: out of memory");
     int ncand = 0;
@@ -83,25 +154,53 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
         if (rr <= ww) continue; /* no launch runs without it */
         cand[ncand++] = (PlanOffload){b, r->buffers[b].bytes, 0, lastf[b], ww, rr, usef[b]};
     }
-    /* the choice: the largest candidate covering the highest live position, until none does */
+    /* the choice: the largest candidate covering the highest live position, until none does. The
+     * copies go one after another (one copy stream, one store), so each time a candidate is tried
+     * the chosen ones' copies are scheduled together (offload_schedule): a write starts when its
+     * buffer's last forward use and the write before it are done, a read ends before its use and
+     * before the read after it starts; a candidate is taken when every write then ends before the
+     * backward starts, every read starts after it, and its own buffer is still away where the most
+     * is live. */
     unsigned char *taken = calloc((size_t)ncand + 1, 1);
-    if (!taken) INTERNAL("plan: out of memory");
+    int *set = malloc(sizeof(int) * (size_t)(ncand + 1)), *sww = malloc(sizeof(int) * (size_t)(ncand + 1)),
+        *srr = malloc(sizeof(int) * (size_t)(ncand + 1)), *best_ww = malloc(sizeof(int) * (size_t)(ncand + 1)),
+        *best_rr = malloc(sizeof(int) * (size_t)(ncand + 1));
+    int64_t *live0 = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!taken || !set || !sww || !srr || !best_ww || !best_rr || !live0) INTERNAL("plan: out of memory");
+    for (int q = 0; q < n; q++) live0[q] = live[q];
     int ntaken = 0;
     int qfirst = -1; /* the highest position at the start */
     for (;;) {
         int qmax = 0;
         for (int q = 1; q < n; q++)
             if (live[q] > live[qmax]) qmax = q;
-        int best = -1;
-        for (int i = 0; i < ncand; i++)
-            if (!taken[i] && cand[i].write_wait <= qmax && qmax < cand[i].read_at &&
-                (best < 0 || cand[i].bytes > cand[best].bytes))
-                best = i;
         if (qfirst < 0) qfirst = qmax;
-        if (best < 0) break;
-        taken[best] = 1, ntaken++;
-        for (int q = cand[best].write_wait; q < cand[best].read_at; q++) live[q] -= align_up(cand[best].bytes, PLAN_ALIGN);
+        int got = -1;
+        for (;;) { /* the largest untried candidate whose bounds cover qmax; rejected ones stay out */
+            int best = -1;
+            for (int i = 0; i < ncand; i++)
+                if (!taken[i] && cand[i].write_wait <= qmax && qmax < cand[i].read_at &&
+                    (best < 0 || cand[i].bytes > cand[best].bytes))
+                    best = i;
+            if (best < 0) break;
+            set[ntaken] = best;
+            if (offload_schedule(cand, set, ntaken + 1, t0, turn, rc->store_bw, sww, srr) && sww[ntaken] <= qmax &&
+                qmax < srr[ntaken]) {
+                got = best;
+                break;
+            }
+            taken[best] = 2; /* does not fit beside the chosen ones: not tried again */
+        }
+        if (got < 0) break;
+        taken[got] = 1, ntaken++;
+        for (int i = 0; i < ntaken; i++) best_ww[i] = sww[i], best_rr[i] = srr[i];
+        for (int q = 0; q < n; q++) live[q] = live0[q];
+        for (int i = 0; i < ntaken; i++)
+            for (int q = best_ww[i]; q < best_rr[i]; q++) live[q] -= align_up(cand[set[i]].bytes, PLAN_ALIGN);
     }
+    for (int i = 0; i < ncand; i++) taken[i] = taken[i] == 1;
+    for (int i = 0; i < ntaken; i++) cand[set[i]].write_wait = best_ww[i], cand[set[i]].read_at = best_rr[i];
+    free(set), free(sww), free(srr), free(best_ww), free(best_rr), free(live0), free(t0);
     /* in buffer order: the store slots, the fates and the two copies */
     rc->noffloads = ntaken;
     rc->offloads = arena_alloc(ar, sizeof(PlanOffload) * (size_t)(ntaken + 1));

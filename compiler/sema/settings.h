@@ -80,6 +80,9 @@ typedef struct TrainConfig {
     Precision precision;
     unsigned recompute;
     Storage offload_activations, offload_optimizer;
+    /* offload.activations: the copies' assumed rate in GB/s (mbtc --offload-gbps, set by the
+     * pipeline after sema; 0: the plan's default for host or nvme, plan_offload.c) */
+    double offload_gbps;
     int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
     const char *ckpt_dir;
     int ckpt_continue_on_error;

@@ -285,7 +285,7 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
         o->save_adapter = v;
         return RT_OK;
     case RT_F_OFFLOAD_DIR:
-        if (p->train.offload_optimizer != 2 && p->train.offload_act_bytes <= 0) /* a flag that would do nothing is refused */
+        if (p->train.offload_optimizer != 2 && p->train.offload_act != 2) /* a flag that would do nothing is refused */
             return rt_fail(err, RT_ERR_ARG,
                            "--offload-dir: this program keeps its optimizer state and its activations in memory (it has no "
                            "offload { optimizer = nvme } and offloads no activations)");

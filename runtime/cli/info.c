@@ -49,7 +49,7 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
                 "through 3 staging buffers (%lld bytes in memory)\n",
                 (long long)(rt_info_nchunks(p) * rt_info_slot(p)), (long long)rt_info_nchunks(p),
                 (long long)p->train.offload_chunk, (long long)rt_info_state_bytes(p));
-    if (p->train.offload_act_bytes > 0)
+    if (p->train.offload_act == 2)
         fprintf(f, "plan: activations offloaded to nvme: a store file of %lld bytes during each micro-batch's step\n",
                 (long long)p->train.offload_act_bytes);
     if (t->zero == 3) { /* plan_gather.c's line: a rank's shard as rt_comm_shards cuts it (RT_SHARD_ALIGN) */
@@ -62,6 +62,11 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
                 (long long)(per * 4), (long long)(pl->gather_window * 4), (long long)pl->gather_units,
                 (long long)((per + pl->gather_window) * 4), (long long)(whole * 4));
     }
+    if (p->train.offload_act == 1)
+        fprintf(f,
+                "plan: activations offloaded to host: %lld bytes of pinned host memory, copied on a second stream during "
+                "each micro-batch's step\n",
+                (long long)p->train.offload_act_bytes);
     for (int i = 0; i < RT_NPHASES; i++)
         fprintf(f, "plan: per %s %lld kernels, %lld GEMMs\n", call[i], (long long)pl->kernels[i], (long long)pl->gemms[i]);
     for (int64_t s = 0; s <= t->nramp; s++) {

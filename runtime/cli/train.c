@@ -469,12 +469,21 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         if (st != RT_OK) rt_error_context(&r->e, "initialising the optimizer state");
     }
     if (st == RT_OK && p->train.offload_optimizer == 2) st = rt_train_offload_open(r);
-    if (st == RT_OK && p->train.offload_act_bytes > 0) { /* offload { activations = nvme }: its store, like the optimizer's */
+    /* offload { activations }: nvme's store, like the optimizer's; host's pinned memory */
+    if (st == RT_OK && p->train.offload_act_bytes > 0) {
         char name[256];
         snprintf(name, sizeof name, "mbt-%s-%ld-rank%d.activations", p->train.name, (long)getpid(), r->rank);
         for (char *c = name; *c; c++)
             if (*c == '/') *c = '_';
         st = rt_exec_act_open(&r->x, o->offload_dir, name, &r->e);
+    }
+    if (st == RT_OK && p->train.offload_act == 1 && r->x.gpu) {
+        /* the rate the copies run at here, against the plan's assumption (mbtc --offload-gbps):
+         * over the arena's first bytes, before anything is in it */
+        int64_t n = p->train.offload_act_bytes < p->arena_bytes ? p->train.offload_act_bytes : p->arena_bytes;
+        if (n > ((int64_t)64 << 20)) n = (int64_t)64 << 20;
+        r->act_rate_bytes = n;
+        st = rt_gpu_act_rate(r->x.gpu, r->x.d_arena, n, &r->act_gbps_out, &r->act_gbps_back, &r->e);
     }
     int64_t nblocks = rt_exec_grad_blocks(p);
     if (st == RT_OK) {
@@ -576,6 +585,19 @@ static void rt_train_banner(const RtTrainRun *r) {
                rt_store_uring(r->x.act_store) ? "io_uring" : "a worker thread",
                rt_store_direct(r->x.act_store) ? "O_DIRECT" : "buffered");
         if (*rt_store_note(r->x.act_store)) printf("activations: %s\n", rt_store_note(r->x.act_store));
+    }
+    if (p->train.offload_act == 1) {
+        if (r->x.gpu) {
+            printf("activations: offloaded to %lld bytes of pinned host memory, copied on a second stream during each "
+                   "micro-batch's step\n",
+                   (long long)rt_gpu_act_bytes(r->x.gpu));
+            printf("activations: the copies measured at %.1f GB/s to the host and %.1f GB/s back (%lld bytes each way); the "
+                   "plan assumed %.1f GB/s (mbtc --offload-gbps)\n",
+                   r->act_gbps_out, r->act_gbps_back, (long long)r->act_rate_bytes, p->train.offload_gbps);
+        } else
+            printf("activations: offloaded to %lld bytes of host memory (on the CPU the copies are memcpy) during each "
+                   "micro-batch's step\n",
+                   (long long)p->train.offload_act_bytes);
     }
     char sources[8192];
     rt_sources_text(sources, sizeof sources, r->spec.pattern);

@@ -31,6 +31,10 @@ typedef struct RtTrainRun {
     int log_open;
     double *partial; /* the gradient norm's blocks */
     RtProfile *prof; /* MBT_PROFILE=1: where the step time goes (rt_profile.h) */
+    /* offload { activations = host } on the GPU: the copy stream's measured rates (GB/s) and the
+     * bytes they were measured over (0: not measured) */
+    double act_gbps_out, act_gbps_back;
+    int64_t act_rate_bytes;
     RtCkptWriter *ckpt;
     RtCkptInfo resumed;
     char *resume_path;

@@ -129,6 +129,7 @@ void rt_exec_close(RtExec *e) {
     free(e->state);
     free(e->arena);
     rt_store_close(e->act_store);
+    free(e->act_host);
     free(e->stats);
     free(e->stats_out);
     memset(e, 0, sizeof *e);

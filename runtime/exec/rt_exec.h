@@ -130,6 +130,7 @@ typedef struct RtExec {
      * activations to (rt_act_copy), opened by rt_exec_act_open or at the first copy in act_dir
      * (NULL: the current directory); act_wait_s: the seconds its waits took */
     struct RtStore *act_store;
+    unsigned char *act_host; /* offload { activations = host } run on the CPU: the copies' memory */
     const char *act_dir;
     double act_wait_s;
     /* ZeRO-3 (docs/parallel.md): the RtParamHook every RtStep of rt_exec_step carries (the CPU's
@@ -143,9 +144,11 @@ typedef struct RtExec {
 RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant want, RtError *err);
 void rt_exec_close(RtExec *e);
 /* offload { activations = nvme }: opens the store DIR/NAME of RtTrainSettings.offload_act_bytes
- * (nothing when 0). forward_backward calls rt_act_copy at the plan's points: op 0 queues a write of
- * buf[0, len) at byte off of the store, 1 a read into it, 2 waits for everything queued (off, buf
- * and len unused); a failure (the store's message) fails the call. */
+ * (nothing when 0); = host (offload_act 1): that many bytes of pinned host memory and the copy
+ * stream on the GPU (rt_gpu_act_open; dir and name unused), plain memory on the CPU.
+ * forward_backward calls rt_act_copy at the plan's points: op 0 queues a write of buf[0, len) at
+ * byte off of the store, 1 a read into it, 2 waits for everything queued (off, buf and len
+ * unused); a failure (the store's message) fails the call. */
 RtStatus rt_exec_act_open(RtExec *e, const char *dir, const char *name, RtError *err);
 int32_t rt_act_copy(RtExec *e, int32_t op, int64_t off, void *buf, int64_t len, RtError *err);
 /* The arena's high-water mark, measured (train --arena-high-water; docs/memory.md): mark fills

@@ -173,6 +173,7 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
     X(CUresult, cuStreamDestroy, "cuStreamDestroy_v2", (CUstream))                                                               \
     X(CUresult, cuStreamSynchronize, "cuStreamSynchronize", (CUstream))                                                          \
     X(CUresult, cuStreamQuery, "cuStreamQuery", (CUstream))                                                                      \
+    X(CUresult, cuStreamWaitEvent, "cuStreamWaitEvent", (CUstream, CUevent, unsigned int))                                       \
     X(CUresult, cuEventCreate, "cuEventCreate", (CUevent *, unsigned int))                                                       \
     X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                                  \
     X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                             \
@@ -379,6 +380,12 @@ struct RtGpu {
     int64_t ones_cap[2];
     RtGpuTimer timer;
     RtGpuGraphs graphs;
+    struct { /* offload { activations = host } (gpu_act.c): the copy stream, its two events, the pinned memory */
+        CUstream stream;
+        CUevent issued, copied; /* recorded on the compute stream before a copy, on the copy stream before a wait */
+        unsigned char *host;
+        int64_t bytes;
+    } act;
     struct {
         CUdeviceptr *ptr; /* the live device allocations (rt_gpu_mem_alloc), their sizes in bytes */
         int64_t *bytes, n, cap;
@@ -396,6 +403,10 @@ static inline CUdeviceptr rt_dptr(const void *p) { return (CUdeviceptr)(uintptr_
  * live and their high-water mark (rt_gpu_peak_bytes). */
 CUresult rt_gpu_mem_alloc(RtGpu *g, CUdeviceptr *p, size_t bytes);
 void rt_gpu_mem_free(RtGpu *g, CUdeviceptr p);
+
+/* gpu_act.c: offload { activations = host }'s copy stream and pinned memory freed (the stream's work
+ * finished first); rt_gpu_close calls it. */
+void rt_gpu_act_close(RtGpu *g);
 
 /* gpu.c. The calling thread's current context becomes the GPU's (a context is current per thread). */
 RtStatus rt_gpu_use(RtGpu *g, RtError *err);

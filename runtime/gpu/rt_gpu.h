@@ -62,6 +62,21 @@ RtStatus rt_gpu_sync(RtGpu *g, const char *what, RtError *err);         /* waits
 RtStatus rt_gpu_sumsq_blocks(RtGpu *g, const float *dev, int64_t n, int64_t block, double *partial, RtError *err);
 RtStatus rt_gpu_scale(RtGpu *g, float *dev, float scale, int64_t n, RtError *err); /* dev[i] *= scale */
 
+/* ---- offload { activations = host } (gpu_act.c, docs/memory.md) ---- */
+/* Allocates `bytes` of page-locked host memory for the offloaded activations and a second stream
+ * (the copy stream) with its events; once (a second call does nothing). */
+RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err);
+/* The plan's copies, queued: op 0 copies dev[0, len) to host byte off on the copy stream, op 1
+ * host byte off back into dev[0, len), each after everything queued on the compute stream so far
+ * (an event the copy stream waits for); op 2 makes the compute stream wait for every copy queued
+ * so far (an event recorded on the copy stream). Nothing waits on the host. */
+RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t len, RtError *err);
+int64_t rt_gpu_act_bytes(const RtGpu *g); /* the pinned memory allocated for them (0: none) */
+/* Measures the copy stream's rate: dev[0, bytes) (bytes at most the pinned memory's) to the pinned
+ * memory and back, twice, timed by events on the copy stream; the second round's rates in GB/s
+ * (1e9 bytes/s). dev's bytes come back unchanged. Waits. */
+RtStatus rt_gpu_act_rate(RtGpu *g, void *dev, int64_t bytes, double *to_host, double *back, RtError *err);
+
 /* The high-water mark of the runtime's device allocations in bytes (regions, arena, scratch,
  * cuBLASLt's workspace, graphs' buffers; not the context's own or cuBLASLt's internal memory). */
 int64_t rt_gpu_peak_bytes(const RtGpu *g);

@@ -1,5 +1,11 @@
-/* act_offload.c - offload { activations = nvme } (rt_exec.h, rt_act_copy; docs/memory.md,
+/* act_offload.c - offload { activations = nvme | host } (rt_exec.h, rt_act_copy; docs/memory.md,
  * "Activation offload").
+ *
+ * host (RtTrainSettings.offload_act 1, a GPU build): on the GPU the copies go to page-locked host
+ * memory on a copy stream (runtime/gpu/gpu_act.c); a GPU build run on the CPU (--device cpu, or
+ * auto without a GPU) runs the same forward_backward, whose arena reuses the copied-out slots, so
+ * there the copies are memcpy to a host buffer and back (the bytes must be kept somewhere; on the
+ * CPU they are in host memory either way).
  *
  * Pipeline position: called by the generated forward_backward at the points of the compiler's plan
  * (plan_offload.c): a write right after a held activation's last forward use, a wait some launches
@@ -9,10 +15,13 @@
  * store, so every request is aligned as O_DIRECT wants it. The store waits for everything queued,
  * so a wait covers every copy issued before it. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "rt_exec.h"
+#include "rt_gpu.h"
 #include "rt_store.h"
 
 static double now_s(void) {
@@ -23,7 +32,15 @@ static double now_s(void) {
 
 RtStatus rt_exec_act_open(RtExec *e, const char *dir, const char *name, RtError *err) {
     int64_t bytes = e->prog->train.offload_act_bytes;
-    if (bytes <= 0 || e->act_store) return RT_OK;
+    if (bytes <= 0 || e->act_store || e->act_host) return RT_OK;
+    if (e->prog->train.offload_act == 1) { /* host: pinned memory on the GPU, plain memory on the CPU */
+        if (e->gpu) return rt_gpu_act_open(e->gpu, bytes, err);
+        e->act_host = calloc(1, (size_t)bytes);
+        if (!e->act_host)
+            return rt_fail(err, RT_ERR_NOMEM, "activations: cannot allocate %lld bytes of host memory for them",
+                           (long long)bytes);
+        return RT_OK;
+    }
     if (e->gpu)
         return rt_fail(err, RT_ERR_ARG,
                        "offload { activations = nvme } runs on the CPU alone: the GPU's step does not copy its "
@@ -37,6 +54,26 @@ RtStatus rt_exec_act_open(RtExec *e, const char *dir, const char *name, RtError 
 int32_t rt_act_copy(RtExec *e, int32_t op, int64_t off, void *buf, int64_t len, RtError *err) {
     if (!e) /* an RtStep not made by rt_exec_step */
         return rt_fail(err, RT_ERR_ARG, "activations: forward_backward copies activations to a store, but RtStep.act is NULL");
+    if (e->prog->train.offload_act == 1) { /* host */
+        if (e->gpu) {
+            if (!rt_gpu_act_bytes(e->gpu)) {
+                RtStatus st = rt_exec_act_open(e, NULL, NULL, err);
+                if (st != RT_OK) return st;
+            }
+            return rt_gpu_act_copy(e->gpu, op, off, buf, len, err);
+        }
+        if (!e->act_host) {
+            RtStatus st = rt_exec_act_open(e, NULL, NULL, err);
+            if (st != RT_OK) return st;
+        }
+        int64_t cap = e->prog->train.offload_act_bytes;
+        if (op < 2 && (off < 0 || len < 0 || off > cap || len > cap - off))
+            return rt_fail(err, RT_ERR_ARG, "activations: copy of bytes [%lld, +%lld) outside the %lld bytes planned",
+                           (long long)off, (long long)len, (long long)cap);
+        if (op == 0) memcpy(e->act_host + off, buf, (size_t)len);
+        else if (op == 1) memcpy(buf, e->act_host + off, (size_t)len);
+        return RT_OK;
+    }
     if (!e->act_store) { /* a caller other than the train loop (which opens it first): here */
         char name[256];
         snprintf(name, sizeof name, "mbt-%s-%ld.activations", e->prog->train.name ? e->prog->train.name : "step", (long)getpid());

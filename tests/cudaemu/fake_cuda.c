@@ -76,6 +76,7 @@ enum {
     FAKE_LAUNCH_FAILED = 719,
     FAKE_CAPTURE_UNSUPPORTED = 900,
     FAKE_CAPTURE_INVALIDATED = 901,
+    FAKE_CAPTURE_UNJOINED = 904,
     FAKE_LT_INVALID_VALUE = 7,
     FAKE_LT_NOT_SUPPORTED = 15,
 };
@@ -98,6 +99,8 @@ static const struct {
     {FAKE_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
     {FAKE_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
      "operation failed due to a previous error during capture"},
+    {FAKE_CAPTURE_UNJOINED, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+     "capture was not joined: a stream forked from the capture had work after its last join"},
 };
 
 static CUresult fake_error(CUresult rc, const char **out, int text) {
@@ -191,6 +194,10 @@ static struct {
 } fake_graphs;
 
 static CUresult fake_rec_copy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, size_t n, CUresult *rc);
+typedef struct FakeQueue FakeQueue;
+static CUresult fake_rec_queued(FakeQueue *q, int kind, void *dst, const void *src, size_t n);
+static CUresult fake_rec_join(FakeQueue *q, long long seq);
 static CUresult fake_rec_memset(int kind, CUdeviceptr p, size_t pitch, unsigned v, size_t width, size_t height);
 
 /* MBT_FAKE_CUDA_REPORT=1: the graph counts on stderr at exit (tests/gpu/run.sh's graph test). */
@@ -232,7 +239,8 @@ CUresult cuMemFreeHost(void *p) {
 }
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    (void)s;
+    CUresult rc;
+    if (fake_queue_copy(s, 1, (void *)(uintptr_t)dst, src, n, &rc)) return rc;
     if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
     fake.htod_bytes += (long long)n;
     memcpy((void *)(uintptr_t)dst, src, n);
@@ -240,7 +248,8 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstre
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
+    CUresult rc;
+    if (fake_queue_copy(s, 0, dst, (const void *)(uintptr_t)src, n, &rc)) return rc;
     if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
     fake.dtoh_bytes += (long long)n;
     memcpy(dst, (const void *)(uintptr_t)src, n);
@@ -248,7 +257,8 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) 
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
+    CUresult rc;
+    if (fake_queue_copy(s, 2, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, &rc)) return rc;
     if (fake_capture) return fake_rec_copy(dst, src, n);
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
@@ -399,21 +409,132 @@ CUresult cuLinkDestroy(CUlinkState state) {
 }
 
 /* ---- streams, events ------------------------------------------------------------------------- */
+/* The first stream created (the runtime's compute stream) runs every operation at once. Any other
+ * stream created while it lives (the copy stream of offload { activations = host }) is a FakeQueue:
+ * its copies are queued and run only when something must see them done - another stream waiting
+ * for an event recorded after them (cuStreamWaitEvent), a wait for the stream or the event, or its
+ * destruction. That is the latest moment a real GPU could run them, so a wait the runtime leaves
+ * out shows: a read back that is not waited for leaves the arena's old bytes where the step reads,
+ * and a write that is not waited for copies bytes the step has overwritten since. (The other order
+ * - a copy run before the compute stream reached what it waits for - cannot show: the compute
+ * stream has always run everything it was given.) MBT_FAKE_CUDA_DROP_WAIT=N ignores the Nth wait of
+ * the compute stream for a queue (from 1), so that a test can check a missing wait is caught;
+ * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr); a graph's
+ * joins count and print among them ("in a graph"). On the fake's
+ * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them.
+ * In a capture, a queue that waits for an event of the capturing stream joins it (below). */
 
 static int fake_stream;
+static int fake_stream_live;
+
+typedef struct FakeQueued {
+    int kind; /* 0 device to host, 1 host to device, 2 device to device */
+    void *dst;
+    const void *src;
+    size_t n;
+} FakeQueued;
+
+struct FakeQueue {
+    FakeQueued *ops;
+    long long n, cap, done; /* ops issued [0, n), of which [0, done) have run */
+    /* a capture of the compute stream that this queue joined (it waited for an event recorded in
+     * it): its copies are recorded in the graph ('Q'), cap_n of them, the compute stream's waits
+     * for it too ('J'), the last covering cap_joined; copies after the last join fail the capture,
+     * as CUDA's CUDA_ERROR_STREAM_CAPTURE_UNJOINED */
+    int capturing;
+    long long cap_n, cap_joined;
+    double clock; /* when its last copy would end on the fake's clock: copies take n / 25 GB/s */
+};
+
+#define FAKE_MAX_QUEUES 8
+static FakeQueue *fake_queues[FAKE_MAX_QUEUES]; /* the live ones, for cuStreamEndCapture */
+
+static long long fake_waits; /* the compute stream's waits for a queue so far (a graph's joins too) */
+
+/* Counts a wait of the compute stream for a queue that would run `out` copies to the host and
+ * `back` back (`where`: "" or " in a graph"), prints it (MBT_FAKE_CUDA_WAITS=1), and says whether
+ * MBT_FAKE_CUDA_DROP_WAIT drops it. */
+static int fake_wait_dropped(long long out, long long back, const char *where) {
+    fake_waits++;
+    const char *trace = getenv("MBT_FAKE_CUDA_WAITS"), *drop = getenv("MBT_FAKE_CUDA_DROP_WAIT");
+    if (trace && *trace == '1')
+        fprintf(stderr, "fake_cuda: wait %lld runs %lld copies to the host, %lld back%s\n", fake_waits, out, back, where);
+    return drop && *drop && atoll(drop) == fake_waits;
+}
+
+/* Runs q's operations up to (not including) the upto-th. */
+static void fake_queue_run(FakeQueue *q, long long upto) {
+    for (; q->done < upto && q->done < q->n; q->done++) {
+        const FakeQueued *o = &q->ops[q->done];
+        if (o->kind == 0) fake.dtoh_bytes += (long long)o->n;
+        else if (o->kind == 1) fake.htod_bytes += (long long)o->n;
+        memmove(o->dst, o->src, o->n);
+    }
+}
+
+static int fake_is_queue(CUstream s) { return s && s != (CUstream)(void *)&fake_stream; }
+
+/* Queues a copy on a FakeQueue (1), or 0 when s is the compute stream. */
+static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, size_t n, CUresult *rc) {
+    if (!fake_is_queue(s)) return 0;
+    FakeQueue *q = (FakeQueue *)(void *)s;
+    if (fake_capture) {
+        *rc = q->capturing ? fake_rec_queued(q, kind, dst, src, n) : (fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED);
+        return 1;
+    }
+    if (q->n == q->cap) {
+        long long c = q->cap ? 2 * q->cap : 64;
+        FakeQueued *o = realloc(q->ops, (size_t)c * sizeof *o);
+        if (!o) {
+            *rc = CUDA_ERROR_OUT_OF_MEMORY;
+            return 1;
+        }
+        q->ops = o, q->cap = c;
+    }
+    q->ops[q->n++] = (FakeQueued){kind, dst, src, n};
+    q->clock = (q->clock > fake.clock_ms ? q->clock : fake.clock_ms) + (double)n / 25e6;
+    *rc = CUDA_SUCCESS;
+    return 1;
+}
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
-    *s = (CUstream)(void *)&fake_stream;
-    return flags == CU_STREAM_NON_BLOCKING ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
+    if (flags != CU_STREAM_NON_BLOCKING) return FAKE_INVALID_VALUE;
+    if (!fake_stream_live) {
+        fake_stream_live = 1;
+        *s = (CUstream)(void *)&fake_stream;
+        return CUDA_SUCCESS;
+    }
+    int slot = 0;
+    while (slot < FAKE_MAX_QUEUES && fake_queues[slot]) slot++;
+    if (slot == FAKE_MAX_QUEUES) return FAKE_OUT_OF_RESOURCES;
+    FakeQueue *q = calloc(1, sizeof *q);
+    if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+    fake_queues[slot] = q;
+    *s = (CUstream)(void *)q;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuStreamDestroy_v2(CUstream s) {
-    (void)s;
+    if (!fake_is_queue(s)) {
+        fake_stream_live = 0;
+        return CUDA_SUCCESS;
+    }
+    FakeQueue *q = (FakeQueue *)(void *)s;
+    fake_queue_run(q, q->n); /* as CUDA does: the work queued completes */
+    for (int i = 0; i < FAKE_MAX_QUEUES; i++)
+        if (fake_queues[i] == q) fake_queues[i] = NULL;
+    free(q->ops);
+    free(q);
     return CUDA_SUCCESS;
 }
 
 CUresult cuStreamSynchronize(CUstream s) {
     if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    if (fake_is_queue(s)) {
+        FakeQueue *q = (FakeQueue *)(void *)s;
+        fake_queue_run(q, q->n);
+        return CUDA_SUCCESS;
+    }
     return s == (CUstream)(void *)&fake_stream ? CUDA_SUCCESS : FAKE_INVALID_VALUE;
 }
 
@@ -426,6 +547,9 @@ CUresult cuStreamQuery(CUstream s) {
 typedef struct FakeEvent {
     double ms;
     int recorded;
+    int captured; /* recorded during a capture: seq counts the queue's recorded copies (cap_n) */
+    FakeQueue *q; /* recorded on a queue: after its first seq operations; NULL: on the compute stream */
+    long long seq;
 } FakeEvent;
 
 CUresult cuEventCreate(CUevent *e, unsigned int flags) {
@@ -440,16 +564,55 @@ CUresult cuEventDestroy_v2(CUevent e) {
 }
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
-    (void)s;
-    if (fake_capture)
-        return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED; /* real CUDA records a node; the runtime never needs one */
     FakeEvent *ev = (FakeEvent *)(void *)e;
-    ev->ms = fake.clock_ms;
+    FakeQueue *q = fake_is_queue(s) ? (FakeQueue *)(void *)s : NULL;
+    if (fake_capture) {
+        /* in a capture: an event of the compute stream (a fork point) or of a queue that joined it
+         * (a join point); the timing events on a queue that did not join, never */
+        if (q && !q->capturing) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+        ev->recorded = ev->captured = 1;
+        ev->q = q;
+        ev->seq = q ? q->cap_n : 0;
+        return CUDA_SUCCESS;
+    }
+    ev->ms = q && q->clock > fake.clock_ms ? q->clock : fake.clock_ms;
     ev->recorded = 1;
+    ev->captured = 0;
+    ev->q = q;
+    ev->seq = q ? q->n : 0;
     return CUDA_SUCCESS;
 }
 
-CUresult cuEventSynchronize(CUevent e) { return ((FakeEvent *)(void *)e)->recorded ? CUDA_SUCCESS : FAKE_INVALID_VALUE; }
+/* s waits for e: the compute stream waiting for a queue runs the queue up to the event (unless
+ * MBT_FAKE_CUDA_DROP_WAIT drops this wait); a queue waiting for the compute stream has nothing to
+ * wait for (the compute stream has run everything it was given). */
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+    FakeEvent *ev = (FakeEvent *)(void *)e;
+    if (flags != 0 || !ev) return FAKE_INVALID_VALUE;
+    if (fake_capture) {
+        if (!ev->recorded || !ev->captured) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED; /* not of this capture */
+        if (fake_is_queue(s)) { /* a queue waiting for the compute stream joins the capture */
+            if (ev->q) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+            ((FakeQueue *)(void *)s)->capturing = 1;
+            return CUDA_SUCCESS;
+        }
+        return ev->q ? fake_rec_join(ev->q, ev->seq) : CUDA_SUCCESS;
+    }
+    if (!ev->recorded || !ev->q || fake_is_queue(s)) return CUDA_SUCCESS;
+    long long out = 0, back = 0;
+    for (long long i = ev->q->done; i < ev->seq && i < ev->q->n; i++)
+        out += ev->q->ops[i].kind == 0, back += ev->q->ops[i].kind == 1;
+    if (fake_wait_dropped(out, back, "")) return CUDA_SUCCESS;
+    fake_queue_run(ev->q, ev->seq);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventSynchronize(CUevent e) {
+    FakeEvent *ev = (FakeEvent *)(void *)e;
+    if (!ev->recorded) return FAKE_INVALID_VALUE;
+    if (ev->q) fake_queue_run(ev->q, ev->seq);
+    return CUDA_SUCCESS;
+}
 
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     const FakeEvent *x = (const FakeEvent *)(void *)a, *y = (const FakeEvent *)(void *)b;
@@ -789,7 +952,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 #define FAKE_MAX_PARAMS 512
 
 struct FakeOp {
-    char kind; /* 'K' launch, 'C' device copy, 'M' memset (8 or 32 bits), 'G' matmul */
+    char kind; /* 'K' launch, 'C' device copy, 'M' memset (8 or 32 bits), 'G' matmul; a queue's copy 'Q', a join 'J' */
     const FakeFunction *fn;
     unsigned gx, gy, bx;
     int nparams;
@@ -832,6 +995,23 @@ static CUresult fake_rec_memset(int bits, CUdeviceptr p, size_t pitch, unsigned 
     FakeOp *op = fake_op();
     if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
     op->kind = 'M', op->bits = bits, op->dst = p, op->pitch = pitch, op->v = v, op->width = width, op->height = height;
+    return CUDA_SUCCESS;
+}
+
+/* A queue's copy in a capture ('Q': bits its kind, d and a its ends, b the queue, v its index among
+ * the queue's copies in the graph), and the compute stream's wait for the queue's first seq ('J'). */
+static CUresult fake_rec_queued(FakeQueue *q, int kind, void *dst, const void *src, size_t n) {
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = 'Q', op->bits = kind, op->d = dst, op->a = src, op->n = n, op->b = q, op->v = (unsigned)q->cap_n++;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_rec_join(FakeQueue *q, long long seq) {
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    op->kind = 'J', op->b = q, op->n = (size_t)seq;
+    if (seq > q->cap_joined) q->cap_joined = seq;
     return CUDA_SUCCESS;
 }
 
@@ -904,6 +1084,16 @@ CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
     FakeGraph *g = fake_capture;
     fake_capture = NULL;
     *graph = NULL;
+    for (int i = 0; i < FAKE_MAX_QUEUES; i++) { /* every queue that joined must have been joined back */
+        FakeQueue *q = fake_queues[i];
+        if (!q || !q->capturing) continue;
+        if (q->cap_n > q->cap_joined && fake_capture_rc == CUDA_SUCCESS) fake_capture_rc = FAKE_CAPTURE_UNJOINED;
+        q->capturing = 0, q->cap_n = q->cap_joined = 0;
+    }
+    if (fake_capture_rc == FAKE_CAPTURE_UNJOINED) {
+        fake_graph_free(g);
+        return FAKE_CAPTURE_UNJOINED;
+    }
     if (fake_capture_rc != CUDA_SUCCESS) {
         fake_graph_free(g);
         return FAKE_CAPTURE_INVALIDATED;
@@ -925,10 +1115,28 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned 
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
     if (!exec || s != (CUstream)(void *)&fake_stream || fake_capture) return FAKE_INVALID_VALUE;
     const FakeGraph *g = (const FakeGraph *)(void *)exec;
+    /* the queues' copies ('Q') wait until a join ('J') or the graph's end needs them, as on the
+     * queue itself: run[i] marks the graph's op i done */
+    unsigned char *run = calloc((size_t)g->n + 1, 1);
+    if (!run) return CUDA_ERROR_OUT_OF_MEMORY;
     for (int i = 0; i < g->n; i++) {
         const FakeOp *op = &g->ops[i];
         CUresult rc = CUDA_SUCCESS;
         switch (op->kind) {
+        case 'Q': break; /* run at its join */
+        case 'J': {
+            long long out = 0, back = 0;
+            for (int j = 0; j < i; j++)
+                if (!run[j] && g->ops[j].kind == 'Q' && g->ops[j].b == op->b && g->ops[j].v < op->n)
+                    out += g->ops[j].bits == 0, back += g->ops[j].bits == 1;
+            if (fake_wait_dropped(out, back, " in a graph")) break;
+            for (int j = 0; j < i; j++)
+                if (!run[j] && g->ops[j].kind == 'Q' && g->ops[j].b == op->b && g->ops[j].v < op->n) {
+                    memmove(g->ops[j].d, g->ops[j].a, g->ops[j].n);
+                    run[j] = 1;
+                }
+            break;
+        }
         case 'C': rc = cuMemcpyDtoDAsync_v2(op->dst, op->src, op->n, s); break;
         case 'M':
             rc = op->bits == 8 ? cuMemsetD8Async(op->dst, (unsigned char)op->v, op->width, s)
@@ -949,8 +1157,14 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
                      : FAKE_LAUNCH_FAILED;
             break;
         }
-        if (rc != CUDA_SUCCESS) return rc;
+        if (rc != CUDA_SUCCESS) {
+            free(run);
+            return rc;
+        }
     }
+    for (int j = 0; j < g->n; j++) /* the graph is done when all of it is (a capture joins every queue back) */
+        if (!run[j] && g->ops[j].kind == 'Q') memmove(g->ops[j].d, g->ops[j].a, g->ops[j].n);
+    free(run);
     fake_graphs.launches++;
     return CUDA_SUCCESS;
 }

@@ -50,6 +50,10 @@
 #                          (the `__global__` functions of `mbtc --emit=cuda`)
 #   gpu/trace              MBT_TRACE=F.json writes JSON whose traceEvents is a non-empty list of
 #                          events, some named after the program's kernel functions
+#   gpu/offload-act        tests/exec/offload_activations.mbt with offload { activations = host }: 10
+#                          steps byte-identical to no offload, the step peak, info, the measured arena
+#                          high-water and the pinned bytes agree; gpu/offload-act-control (emulated
+#                          GPU): leaving out a wait for the copy stream changes the weights
 #   gpu/graph              tests/exec/dropout.mbt's drop, 5 steps, with CUDA graphs (the default) and
 #                          with MBT_CUDA_GRAPH=0: byte-identical weights and logs, graphs launched
 # and, on tests/verify/ghost_bn_running.mbt:
@@ -676,6 +680,104 @@ else
             same=$(cmp -s "$d/none.st" "$d/nvme.st" && echo "byte for byte" || echo "within 1e-5")
             pass "gpu/offload-nvme (10 steps with the state in a store file: the device's own update's losses and weights, $same; resumed bit-exactly)"
         fi
+    fi
+fi
+
+# ---- offload { activations = host }: held activations to pinned host memory and back ------------
+# gpu/offload-act: tests/exec/offload_activations.mbt's programs with activations = host (act, built
+# with --offload-gbps=1000 so that the plan offloads 14 buffers with copies overlapping, not the one
+# that the default 20 GB/s allows at this size; act_rc, with recompute = [gelu] too, at the default)
+# and without offload (base, rc), 10 steps each on the device (docs/memory.md, "Activation
+# offload"). The copies move bytes unchanged on a second stream, so the logs are the same to every
+# digit and the weights byte for byte; the step peak is lower than without offload by what
+# --emit=plan claims, `info` repeats it, and the arena bytes a step writes on the device
+# (--arena-high-water) reach it within its 64-byte alignment and never pass it; the pinned memory
+# allocated is the plan's; the step with its copies is captured and launched as CUDA graphs as
+# base's is (the graphs' counts alike: the copy stream forked into the capture and joined back);
+# the run prints the copy stream's measured rate against the plan's (the emulated GPU's clock runs
+# queued copies at 25 GB/s, which the events must give back). On the emulated GPU the copy stream's copies run as late as a GPU could
+# run them (tests/cudaemu/fake_cuda.c), and the controls leave out one wait of the step for them at a
+# time (MBT_FAKE_CUDA_DROP_WAIT; which waits run which copies, MBT_FAKE_CUDA_WAITS): each wait of the
+# first micro-batch that the first use of a buffer read back needs, the first that a reused slot's
+# write needs, and the first join of each kind inside the graphs step 2 launches, must change the
+# weights after 2 steps. (Other writes' waits may change nothing:
+# the plan waits where a slot may be reused, and the next write into it can come after the next wait.)
+d="$DIR/offload-act"
+mkdir -p "$d/base" "$d/act" "$d/rc" "$d/act_rc"
+sed 's/activations = nvme/activations = host/' tests/exec/offload_activations.mbt >"$d/t.mbt"
+declare -A oa_flags=([base]="" [act]="--offload-gbps=1000" [rc]="" [act_rc]="")
+oa_fail=""
+oa_hw=""
+for t in base act rc act_rc; do
+    # shellcheck disable=SC2086
+    if ! build "$d/$t" "$d/t.mbt" --train "$t" ${oa_flags[$t]} -I examples; then oa_fail="mbtc $d/t.mbt --train $t -o or --emit=cuda failed"; break; fi
+    on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/$t.out" train --steps 10 --data "$DATA" --save-weights "$d/$t.st" \
+        --log "$d/$t.jsonl" --arena-high-water || { oa_fail="the $t run on the device failed"; break; }
+    "$d/$t/prog" info >"$d/$t.info" 2>&1
+done
+# oa_peak T BASE: T's planned peak (--emit=plan and info), its "without offload" (BASE's info), the
+# measured high-water mark; the pinned bytes of the plan, info and the run
+oa_peak() {
+    local t=$1 b=$2 plan planned without info_p info_b hw pin_plan pin_info pin_run n
+    # shellcheck disable=SC2086
+    plan=$("$MBTC" "$d/t.mbt" --train "$t" ${oa_flags[$t]} -I examples --emit=plan 2>&1)
+    n=$(sed -n 's/^### offload activations = host: \([0-9]*\) held buffers\{0,1\} offloaded.*/\1/p' <<<"$plan")
+    planned=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\1/p' <<<"$plan")
+    without=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\2/p' <<<"$plan")
+    pin_plan=$(sed -n 's/^### offload activations = host: .* to pinned host memory of \([0-9]*\) bytes.*/\1/p' <<<"$plan")
+    info_p=$(sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p' "$d/$t.info")
+    info_b=$(sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p' "$d/$b.info")
+    pin_info=$(sed -n 's/^plan: activations offloaded to host: \([0-9]*\) bytes of pinned host memory.*/\1/p' "$d/$t.info")
+    pin_run=$(sed -n 's/^activations: offloaded to \([0-9]*\) bytes of \(pinned \)\{0,1\}host memory.*/\1/p' "$d/$t.out")
+    hw=$(sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p' "$d/$t.out")
+    echo "$t: $n buffers offloaded, planned $planned (info $info_p), without offload $without ($b's info $info_b), measured ${hw% *} (of ${hw#* }); pinned $pin_plan (info $pin_info, run $pin_run)"
+    [ -n "$planned" ] && [ -n "$hw" ] && [ "$info_p" = "$planned" ] && [ "$without" = "$info_b" ] && [ "${hw#* }" = "$planned" ] &&
+        [ "$planned" -lt "$without" ] && [ "${hw% *}" -le "$planned" ] && [ "${hw% *}" -gt $((planned - 64)) ] &&
+        [ -n "$pin_plan" ] && [ "$pin_plan" = "$pin_info" ] && [ "$pin_plan" = "$pin_run" ]
+}
+if [ -n "$oa_fail" ]; then
+    fail gpu/offload-act "$oa_fail" "$OUT" "$d/base.out" "$d/act.out" "$d/rc.out" "$d/act_rc.out"
+elif ! cmp -s "$d/base.st" "$d/act.st" || ! cmp -s "$d/base.st" "$d/act_rc.st" || ! cmp -s "$d/base.st" "$d/rc.st" ||
+    [ "$(untimed "$d/base.jsonl")" != "$(untimed "$d/act.jsonl")" ] || [ "$(untimed "$d/base.jsonl")" != "$(untimed "$d/act_rc.jsonl")" ]; then
+    fail gpu/offload-act "offload { activations = host } on the device changed the weights or the logs" "$d/base.jsonl" "$d/act.jsonl" "$d/act_rc.jsonl"
+elif [ "$DEVICE" != cpu ] && ! grep -q "^activations: offloaded to [0-9]* bytes of pinned host memory, copied on a second stream" "$d/act.out"; then
+    fail gpu/offload-act "the run on the device does not say it copies to pinned host memory" "$d/act.out"
+elif [ "$DEVICE" != cpu ] && ! grep -qE "^activations: the copies measured at [0-9.]+ GB/s to the host and [0-9.]+ GB/s back \([0-9]+ bytes each way\); the plan assumed 1000\.0 GB/s" "$d/act.out"; then
+    fail gpu/offload-act "the run on the device does not say how fast its copies ran against the plan's rate" "$d/act.out"
+elif [ "$DEVICE" = emu ] && ! grep -q "measured at 25\.0 GB/s to the host and 25\.0 GB/s back" "$d/act.out"; then
+    fail gpu/offload-act "the copies' rate is not the emulated GPU's 25 GB/s (its clock's): the events time something else" "$d/act.out"
+elif [ "$DEVICE" != cpu ] && [ "$(grep -o 'CUDA graphs: .*' "$d/act.out")" != "$(grep -o 'CUDA graphs: .*' "$d/base.out")" ]; then
+    fail gpu/offload-act "the step with copies was not captured and launched as CUDA graphs as base's was" "$d/act.out" "$d/base.out"
+elif ! oa_hw="$(oa_peak act base); $(oa_peak act_rc rc)"; then
+    fail gpu/offload-act "the step peak, info, the measured high-water mark or the pinned bytes disagree: $oa_hw"
+else
+    pass "gpu/offload-act (act and act_rc: base's weights and logs on the device, 10 steps, $(grep -o 'CUDA graphs: [0-9]* captured, [0-9]* launched' "$d/act.out"), $(grep -o 'copies measured at [0-9.]* GB/s to the host' "$d/act.out"); $oa_hw)"
+fi
+if [ "$DEVICE" != emu ]; then
+    skip gpu/offload-act-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
+elif [ -z "$oa_fail" ]; then
+    MBT_FAKE_CUDA_WAITS=1 on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/waits.out" train --steps 2 --data "$DATA" --save-weights "$d/act2.st"
+    # the first micro-batch's waits (up to the first that runs a write after one ran a read): the
+    # first that runs a write, and each that runs a read; and in the graphs launched in step 2, the
+    # first join that runs a write and the first that runs a read
+    drops=$(awk '/^fake_cuda: wait [0-9]+ runs/ { w = $3; out = $5; back = $10
+                 if (NF > 11) { if (back > 0 && !gb) { gb = 1; print w } else if (out > 0 && !go) { go = 1; print w }; next }
+                 if (done) next
+                 if (out > 0 && seen) { done = 1; next }
+                 if (back > 0) { seen = 1; print w } else if (out > 0 && !first) { first = 1; print w } }' "$d/waits.out")
+    same=""
+    for n in $drops; do
+        MBT_FAKE_CUDA_DROP_WAIT=$n on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/drop.out" train --steps 2 --data "$DATA" \
+            --save-weights "$d/drop.st"
+        if [ ! -s "$d/drop.st" ] || cmp -s "$d/act2.st" "$d/drop.st"; then same="$same $n"; fi
+        rm -f "$d/drop.st"
+    done
+    if [ ! -s "$d/act2.st" ] || [ "$(wc -w <<<"$drops")" -lt 4 ] || ! grep -q 'in a graph$' "$d/waits.out"; then
+        fail gpu/offload-act-control "MBT_FAKE_CUDA_WAITS found no waits to leave out ('$drops')" "$d/waits.out"
+    elif [ -n "$same" ]; then
+        fail gpu/offload-act-control "with wait$same of the step left out, the run did not end with other weights" "$d/waits.out"
+    else
+        pass "gpu/offload-act-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
     fi
 fi
 
