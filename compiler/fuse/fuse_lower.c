@@ -59,7 +59,11 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_SCATTER_ADD] = "scatter_add",
     [F_SEG_NORM] = "seg_norm",
     [F_CE_STATS] = "ce_stats",
+    [F_LORA_S] = "lora_down",
+    [F_LORA] = "lora",
 };
+
+int fuse_lora_chain = 1;
 
 const char *fuse_fop_name(FOp op) { return op >= 0 && op < F_OP_COUNT ? fuse_fop_names[op] : "?"; }
 
@@ -672,6 +676,40 @@ static int fl_gemm_add(FL *L, const GNode *n) {
     return -1;
 }
 
+/* LoRA's down and up products in one launch (LoRAFusion's FusedLoRA): an up product folded into
+ * its base's (FE_ADD, fl_gemm_add) whose A operand is the down product S = x @ op(A) - a plain f32
+ * GEMM of small width (the rank, at most FUSE_LORA_MAX_RANK), contiguous rows, the same rows and
+ * batch as the up product, read as they are - becomes F_LORA (the up product's node) and S becomes
+ * F_LORA_S (the down product's). Their kernel computes each row's S in registers and then C = D +
+ * alpha S @ op(B) from them, storing S only when another launch reads it (the backward: lora_B's
+ * gradient dy^T S), so the [rows, rank] result is not read back by a second launch. The nodes keep
+ * their ids (their users are unchanged); the hash table still names them by their GEMM keys, which
+ * no later node looks up (this runs after the lowering). */
+static void fl_lora_chain(FL *L) {
+    FusedGraph *fg = L->fg;
+    if (!fuse_lora_chain) return;
+    for (int f = 0; f < fg->n; f++) {
+        FNode *u = fg->node[f];
+        const FuseGemm *um = &u->gemm;
+        if (u->op != F_GEMM || u->nin != 3 || um->epilogue != FE_ADD || u->dt != DT_F32 || um->trans_a) continue;
+        FNode *d = fg->node[u->in[0]];
+        const FuseGemm *dm = &d->gemm;
+        if (d->op != F_GEMM || d->nin != 2 || dm->epilogue != FE_NONE || dm->alpha != 1.0 || dm->beta != 0 || d->dt != DT_F32 ||
+            dm->trans_a || dm->k < 1 || dm->n < 1 || dm->n > FUSE_LORA_MAX_RANK || dm->ldc != dm->n || dm->m != um->m ||
+            dm->batch != um->batch || um->k != dm->n || um->lda != dm->n || um->beta != 0)
+            continue;
+        if (dm->batch > 1 && (dm->stride_c != dm->m * dm->n || um->stride_a != dm->stride_c)) continue;
+        int ups = 0; /* S feeds one up product (each F_LORA_S is pinned to one kernel) */
+        for (int v = 0; v < fg->n; v++)
+            if (fg->node[v]->op == F_GEMM && fg->node[v]->nin == 3 && fg->node[v]->gemm.epilogue == FE_ADD &&
+                fg->node[v]->in[0] == d->id)
+                ups++;
+        if (ups != 1) continue;
+        d->op = F_LORA_S;
+        u->op = F_LORA;
+    }
+}
+
 /* A bias gradient, graph node sum_to `id` of dy [..., n] down to n values, when a GEMM reads the
  * same dy as its B operand (not transposed, one matrix, k = the rows of dy: the weight gradient
  * x^T dy of the same linear layer): that GEMM sums B's columns as well (FE_BGRAD_B), so dy is
@@ -1149,6 +1187,7 @@ FusedGraph *fuse_lower_graph(const Graph *g, const int *outputs, int noutputs, A
     }
     for (int id = 0; id < g->n; id++)
         if (glive[id] && graph_node(g, id)->op == G_SUM_TO) fl_gemm_bgrad(&L, id);
+    fl_lora_chain(&L);
     arena_free(&tmp);
     return fg;
 }
