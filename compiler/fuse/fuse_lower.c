@@ -603,6 +603,35 @@ static int fl_gemm_bias(FL *L, const GNode *n) {
 /* A graph node read by its user alone and not an output: a value a fusion may fold away. */
 static int fl_private(const FL *L, int id) { return L->guses[id] == 1 && L->glive[id] != 2; }
 
+/* Down product d and up product u (d's result u's A operand) of LoRA's shape: both weights parameters
+ * (B operands that are leaves), a bottleneck of at most FUSE_LORA_MAX_RANK columns narrower than
+ * both the down product's input and the up product's output (rank < din, rank < dout), so that
+ * only an adapter's pair of products - forward (x @ A^T, then @ B^T) or the input gradient's
+ * ((scaling dy) @ B, then @ A) - and not an ordinary chain of layers is taken for one. */
+static int fl_lora_pair(const FusedGraph *fg, const FNode *d, const FNode *u) {
+    int64_t r = d->gemm.n;
+    return fg->node[d->in[1]]->op == F_LEAF && fg->node[u->in[1]]->op == F_LEAF && r >= 1 && r <= FUSE_LORA_MAX_RANK &&
+           r < d->gemm.k && r < u->gemm.n && u->gemm.k == r;
+}
+
+/* The backward's counterpart of LoRA's scaled up product: graph node d a matmul (through reshapes)
+ * whose A operand is the result of a plain f32 GEMM of at most FUSE_LORA_MAX_RANK columns - the
+ * input gradient's LoRA part dS @ A, dS = (scaling dy) @ B of rank columns - which fl_gemm_add then
+ * adds to the base layer's input gradient dy @ W by the add epilogue (alpha 1), and fl_lora_chain
+ * makes one launch of with dS's product. Only with the LoRA fusion on: --no-lora-fusion keeps the
+ * schedules as they were. */
+static int fl_lora_delta(const FL *L, int d) {
+    if (!fuse_lora_chain) return 0;
+    const GNode *dn = graph_node(L->g, d);
+    while (dn->op == G_RESHAPE) dn = graph_node(L->g, dn->in[0]);
+    int f = dn->op == G_MATMUL ? L->fg->g2f[dn->id] : -1;
+    if (f < 0) return 0;
+    const FNode *G = fl_n(L, f);
+    if (G->op != F_GEMM || G->nin != 2 || G->gemm.trans_a) return 0;
+    const FNode *s = fl_n(L, G->in[0]);
+    return s->op == F_GEMM && s->nin == 2 && s->gemm.epilogue == FE_NONE && s->dt == DT_F32 && fl_lora_pair(L->fg, s, G);
+}
+
 /* LoRA's `base(x) + lora_B(lora_A(x)) * scaling` (nn.LoRALinear, MultiLoRALinear): the up
  * product, scaled, added to the base product - one GEMM that starts C as the base's product and
  * adds alpha = scaling times its own (FE_ADD, beta 1 in the library's call; LoRAFusion's fusion
@@ -624,8 +653,8 @@ static int fl_gemm_add(FL *L, const GNode *n) {
         int chain[GRAPH_MAX_RANK + 8], nchain = 0;
         if (!fl_private(L, d)) continue;
         const GNode *dn = graph_node(g, d);
-        if (dn->op != G_MUL) continue; /* the scaling marks LoRA's up product (see above) */
-        {
+        if (dn->op != G_MUL && !fl_lora_delta(L, d)) continue; /* the scaling marks LoRA's up product (see above) */
+        if (dn->op == G_MUL) {
             int c = -1;
             for (int i = 0; i < 2 && c < 0; i++) {
                 const GNode *k = graph_node(g, dn->in[i]);
@@ -676,6 +705,22 @@ static int fl_gemm_add(FL *L, const GNode *n) {
     return -1;
 }
 
+/* Whether node f depends on node t (reads it, directly or through others): a search over f's inputs
+ * that stops below t (ids are topological); seen[] marks with stamp, stack holds fg->n ids. */
+static int fl_depends(const FusedGraph *fg, int f, int t, int *seen, int *stack, int stamp) {
+    int sp = 0;
+    stack[sp++] = f;
+    while (sp) {
+        int x = stack[--sp];
+        if (x == t) return 1;
+        if (x < t || seen[x] == stamp) continue;
+        seen[x] = stamp;
+        for (int i = 0; i < fg->node[x]->nin; i++)
+            if (seen[fg->node[x]->in[i]] != stamp) stack[sp++] = fg->node[x]->in[i];
+    }
+    return 0;
+}
+
 /* LoRA's down and up products in one launch (LoRAFusion's FusedLoRA): an up product folded into
  * its base's (FE_ADD, fl_gemm_add) whose A operand is the down product S = x @ op(A) - a plain f32
  * GEMM of small width (the rank, at most FUSE_LORA_MAX_RANK), contiguous rows, the same rows and
@@ -688,6 +733,8 @@ static int fl_gemm_add(FL *L, const GNode *n) {
 static void fl_lora_chain(FL *L) {
     FusedGraph *fg = L->fg;
     if (!fuse_lora_chain) return;
+    int *seen = arena_alloc(fg->ar, sizeof(int) * (size_t)(fg->n + 1)), stamp = 0;
+    int *stack = arena_alloc(fg->ar, sizeof(int) * (size_t)(FUSE_MAX_IN * fg->n + 1));
     for (int f = 0; f < fg->n; f++) {
         FNode *u = fg->node[f];
         const FuseGemm *um = &u->gemm;
@@ -699,6 +746,7 @@ static void fl_lora_chain(FL *L) {
             dm->batch != um->batch || um->k != dm->n || um->lda != dm->n || um->beta != 0)
             continue;
         if (dm->batch > 1 && (dm->stride_c != dm->m * dm->n || um->stride_a != dm->stride_c)) continue;
+        if (!fl_lora_pair(fg, d, u) || fl_depends(fg, u->in[2], d->id, seen, stack, ++stamp)) continue; /* D computed before S */
         int ups = 0; /* S feeds one up product (each F_LORA_S is pinned to one kernel) */
         for (int v = 0; v < fg->n; v++)
             if (fg->node[v]->op == F_GEMM && fg->node[v]->nin == 3 && fg->node[v]->gemm.epilogue == FE_ADD &&

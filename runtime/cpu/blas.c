@@ -581,8 +581,8 @@ RtStatus rt_lora_f32(RtPool *pool, int64_t batch, int64_t m, int64_t k, int64_t 
         t0 = rt_profile_now();
     }
     rt_parallel_for(pool, batch * j.tiles, rt_lora_tiles, &j);
-    if (timed) { /* counted as the two GEMMs it replaces, as one call */
-        rt_profile_gemm(prof, 0, trans_b != 0, m, n, k + r, batch, rt_profile_now() - t0);
+    if (timed) { /* as one GEMM of the two products' work, 2 m r (k + n) flops: shape m x r x (k + n) */
+        rt_profile_gemm(prof, 0, trans_a != 0, m, r, k + n, batch, rt_profile_now() - t0);
         prof->depth = 0;
     }
     return RT_OK;
