@@ -11,14 +11,17 @@ processes, the same data, steps and threads); each run (with MBT_PROFILE=1) give
 time: the base products are the same in both arms, so the GEMM time's difference is the LoRA
 products'), averaged over the steps after the first. The figures are the median and the minimum
 over rounds of each arm (the minimum is the least disturbed by other work on a shared machine),
-and the ratios unfused / fused (above 1: the fused step is faster). The two arms' logged losses must
-agree (1e-5 relative, every step) or the benchmark stops.
+and the ratios unfused / fused (above 1: the fused step is faster); and the run's CPU time (user +
+system, all threads, from start to end) over its steps, which waiting for a core on a shared
+machine does not inflate. The two arms' logged losses must agree (1e-5 relative, every step) or the
+benchmark stops. Then build/bench/lora_products (bench/lora_products.c) times the products alone.
 Usage: bench/lora.py [--build build] [--rounds 5] [--steps 12] [--threads N]
 [--blocks lora,multi,small]
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,11 +41,14 @@ def train(prog, data, log, steps, threads):
     cmd = [prog, "train", "--data", data, "--steps", str(steps), "--log", log]
     if threads:
         cmd += ["--threads", str(threads)]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = run(cmd, dict(os.environ, MBT_PROFILE="1"))
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_ms = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e3 / steps
     line = [x for x in out.splitlines() if x.startswith("profile summary:")][0]
     prof = dict(kv.split("=") for kv in line.split()[2:])
     losses = [json.loads(x)["loss"] for x in open(log) if '"loss"' in x]
-    return float(prof["step_ms"]), float(prof["gemm_ms"]), losses
+    return float(prof["step_ms"]), float(prof["gemm_ms"]), cpu_ms, losses
 
 
 def main():
@@ -61,7 +67,7 @@ def main():
     data = os.path.join(work, "tiny_train.bin")
     print(f"bench/lora.py: {a.rounds} rounds of {a.steps} steps, threads {a.threads or 'all'}; ms per step "
           "(MBT_PROFILE: the steps after the first), median and min over rounds; gemm: the time in GEMMs and rt_lora_f32")
-    print(f"{'block':6} {'arm':8} {'step med':>9} {'step min':>9} {'gemm med':>9} {'gemm min':>9}")
+    print(f"{'block':6} {'arm':8} {'step med':>9} {'step min':>9} {'gemm med':>9} {'gemm min':>9} {'cpu med':>9}")
     for block in a.blocks.split(","):
         progs = {}
         for arm, extra in (("fused", []), ("unfused", ["--no-lora-fusion"])):
@@ -72,8 +78,9 @@ def main():
             order = ("fused", "unfused") if r % 2 == 0 else ("unfused", "fused")
             losses = {}
             for arm in order:
-                step, gemm, losses[arm] = train(progs[arm], data, os.path.join(work, f"{block}_{arm}.jsonl"), a.steps, a.threads)
-                res[arm].append((step, gemm))
+                step, gemm, cpu, losses[arm] = train(progs[arm], data, os.path.join(work, f"{block}_{arm}.jsonl"), a.steps,
+                                                     a.threads)
+                res[arm].append((step, gemm, cpu))
             for lf, lu in zip(losses["fused"], losses["unfused"]):
                 if abs(lf - lu) > 1e-5 * abs(lu):
                     sys.exit(f"bench/lora.py: {block}: the fused and unfused losses differ ({lf} against {lu})")
@@ -81,13 +88,18 @@ def main():
         for arm in ("fused", "unfused"):
             st = [x[0] for x in res[arm]]
             gm = [x[1] for x in res[arm]]
-            fig[arm] = (statistics.median(st), min(st), statistics.median(gm), min(gm))
-            print(f"{block:6} {arm:8} {fig[arm][0]:9.2f} {fig[arm][1]:9.2f} {fig[arm][2]:9.2f} {fig[arm][3]:9.2f}"
+            cp = [x[2] for x in res[arm]]
+            fig[arm] = (statistics.median(st), min(st), statistics.median(gm), min(gm), statistics.median(cp))
+            print(f"{block:6} {arm:8} {fig[arm][0]:9.2f} {fig[arm][1]:9.2f} {fig[arm][2]:9.2f} {fig[arm][3]:9.2f} {fig[arm][4]:9.2f}"
                   f"   (steps: {', '.join(f'{x:.1f}' for x in st)})")
         f, u = fig["fused"], fig["unfused"]
         print(f"{block:6} unfused/fused: step {u[0] / f[0]:.3f} (median), {u[1] / f[1]:.3f} (min); "
-              f"gemm {u[2] / f[2]:.3f} (median), {u[3] / f[3]:.3f} (min)")
+              f"gemm {u[2] / f[2]:.3f} (median), {u[3] / f[3]:.3f} (min); cpu {u[4] / f[4]:.3f} (median)")
         sys.stdout.flush()
+    prod = os.path.join(a.build, "bench", "lora_products")
+    if os.path.exists(prod):
+        print()
+        print(run([prod, "30"]), end="")
 
 
 if __name__ == "__main__":

@@ -133,9 +133,10 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
  *   C[t*m + i, :] = D[t*m + i, :] + alpha * S[t*m + i, :] @ op(B_t)   (r -> n; B_t [n, r] when trans_b)
  * with x_t = x + t*stride_x (row pitch ldx), A_t = a + t*stride_a (lda), B_t = b + t*stride_b
  * (ldb); S, D and C are contiguous [batch*m, r] / [batch*m, n]; s may be NULL (S not kept). The
- * rows go in tiles of 64 (a function of the shape alone: bit-identical for any --threads), each
- * tile's S made and used while it is in cache: two single-threaded cblas_sgemm calls a tile, the
- * pool spreading the tiles. 1 <= r <= 64. */
+ * rows go in tiles of 4096 / r (rounded down to 16: 64 rows at rank 64, 512 at rank 8; a function
+ * of the shape alone, so bit-identical for any --threads), each tile's S (16 KiB) made and used
+ * while it is in cache: two single-threaded cblas_sgemm calls a tile, the pool spreading the
+ * tiles. 1 <= r <= 64. */
 RtStatus rt_lora_f32(RtPool *pool, int64_t batch, int64_t m, int64_t k, int64_t r, int64_t n, int64_t ldx, int64_t stride_x,
                      int64_t lda, int64_t stride_a, int64_t ldb, int64_t stride_b, int32_t trans_a, int32_t trans_b, float alpha,
                      const float *x, const float *a, const float *b, const float *d, float *s, float *c, RtError *err);

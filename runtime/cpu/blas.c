@@ -506,9 +506,10 @@ const char *rt_blas_config(void) { return openblas_get_config(); }
 
 /* ---- fused LoRA: the down and up products by row tiles ------------------------------------------- */
 
-/* Rows a tile: the tile's S (at most 64 x 64 floats, 16 KiB) stays in L1/L2 between its two products,
- * and a tile of x (64 rows of k) is read once. Fixed, so the tiling is a function of the shape alone. */
-#define RT_LORA_ROWS 64
+/* A tile's S is RT_LORA_S_FLOATS floats (16 KiB: it stays in L1 between its two products), so a tile
+ * has 4096 / r rows (64 at rank 64, 512 at rank 8: fewer, larger calls when the products are small),
+ * in multiples of 16 - a function of the shape alone, never of the thread count. */
+#define RT_LORA_S_FLOATS 4096
 #define RT_LORA_MAX_RANK 64
 
 typedef struct RtLoraJob {
@@ -517,16 +518,17 @@ typedef struct RtLoraJob {
     float alpha;
     const float *x, *a, *b, *d;
     float *s, *c;
+    int64_t rows;  /* a tile's */
     int64_t tiles; /* per batch index */
 } RtLoraJob;
 
 static void rt_lora_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
     (void)worker;
     const RtLoraJob *j = ctx;
-    float local[RT_LORA_ROWS * RT_LORA_MAX_RANK];
+    float local[RT_LORA_S_FLOATS];
     for (int64_t t = begin; t < end; t++) {
-        int64_t bi = t / j->tiles, r0 = (t % j->tiles) * RT_LORA_ROWS;
-        int64_t rows = j->m - r0 < RT_LORA_ROWS ? j->m - r0 : RT_LORA_ROWS;
+        int64_t bi = t / j->tiles, r0 = (t % j->tiles) * j->rows;
+        int64_t rows = j->m - r0 < j->rows ? j->m - r0 : j->rows;
         int64_t row = bi * j->m + r0; /* S, D and C are contiguous [batch * m, .] */
         float *st = j->s ? j->s + row * j->r : local;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, j->ta, (int)rows, (int)j->r, (int)j->k, 1.0f, j->x + bi * j->sx + r0 * j->ldx,
@@ -572,7 +574,9 @@ RtStatus rt_lora_f32(RtPool *pool, int64_t batch, int64_t m, int64_t k, int64_t 
                    d,
                    s,
                    c,
-                   (m + RT_LORA_ROWS - 1) / RT_LORA_ROWS};
+                   RT_LORA_S_FLOATS / r / 16 * 16,
+                   0};
+    j.tiles = (m + j.rows - 1) / j.rows;
     RtProfile *prof = rt_pool_profile(pool);
     int timed = prof && prof->depth == 0;
     double t0 = 0;

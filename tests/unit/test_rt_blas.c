@@ -452,12 +452,12 @@ static void add_epilogue(void) {
 
 /* rt_lora_f32 (fused LoRA: S = x op(A), then C = D + alpha S op(B), by row tiles) against the double
  * sums, for one matrix and a batch of 2 (the adapters' strides), with A and B transposed (PEFT's
- * [r, k] and [n, r], the layout the compiler passes) and not, 130 rows (three tiles, the last
- * short): S as stored, C; with S not kept the same C bits; D being C (in place) the same bits;
+ * [r, k] and [n, r], the layout the compiler passes) and not, 1500 rows (rank 6: tiles of 672
+ * rows, three, the last short): S as stored, C; with S not kept the same C bits; D being C (in place) the same bits;
  * 1 and 3 threads the same bits; and refused with a rank above 64 or a NULL matrix. The control:
  * the check finds a C computed with the scaling 1.5 times too large. */
 static void lora_fused(void) {
-    enum { M = 130, K = 24, R = 6, N = 40, BATCH = 2 };
+    enum { M = 1500, K = 24, R = 6, N = 40, BATCH = 2 };
     RtPool *p1 = NULL, *p3 = NULL;
     RtError e = {0};
     CHECK(rt_pool_create(&p1, 1, &e) == RT_OK && rt_pool_create(&p3, 3, &e) == RT_OK, "pools: %s", e.msg);
@@ -523,7 +523,7 @@ static void lora_fused(void) {
                   "batch %lld, transposed %d: D being C, the same bits", (long long)batch, tr);
         }
     CHECK(rt_lora_f32(p1, 1, M, K, 65, N, K, 0, K, 0, 65, 0, 1, 1, 1.0f, x, a, b, d, NULL, c, &e) == RT_ERR_ARG, "rank 65");
-    CHECK_STR(e.msg, "lora: batch 1, rows 130, k 24, rank 65 (1 to 64), n 40", "message");
+    CHECK_STR(e.msg, "lora: batch 1, rows 1500, k 24, rank 65 (1 to 64), n 40", "message");
     CHECK(rt_lora_f32(p1, 1, M, K, R, N, K, 0, K, 0, R, 0, 1, 1, 1.0f, x, NULL, b, d, NULL, c, &e) == RT_ERR_ARG, "no A");
     CHECK_STR(e.msg, "lora: a matrix pointer is NULL", "message");
     free(x), free(a), free(b), free(d), free(s), free(c), free(c2), free(bad);
