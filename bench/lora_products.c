@@ -1,7 +1,8 @@
 /* lora_products.c - LoRA's down and up products timed alone on the CPU (bench/lora.py, docs/bench.md
- * "Fused LoRA"): rt_lora_f32 (one call, 64-row tiles whose S stays in cache) against the two calls
+ * "Fused LoRA"): rt_lora_f32 (one call, row tiles whose S stays in cache) against the two calls
  * the unfused program makes (rt_sgemm_batched S = x A^T, then C = D + alpha S B^T with the add
- * epilogue), at the shapes of bench/lora.mbt and larger ones. For each shape and thread count the two
+ * epilogue), at the shapes of bench/lora.mbt and larger ones, in the forward's layout (the weights
+ * read transposed, column AB = T) and the input gradient's (not transposed, N). For each shape and thread count the two
  * arms alternate, REPS calls each after a warm-up; it prints each arm's min and median wall time per
  * call and its median process CPU time (all threads' CPU, which waiting for a core on a shared
  * machine does not count), and the ratios unfused / fused of the wall minima and of the CPU
@@ -38,15 +39,21 @@ static void fill(float *p, int64_t n, unsigned seed) {
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 30;
     if (reps < 3) reps = 3;
-    static const int64_t shapes[][4] = {{2048, 128, 8, 128}, {2048, 768, 16, 768}, {4096, 2048, 16, 2048}, {4096, 2048, 64, 2048}};
+    /* rows, din, rank, dout, transposed: 1 the forward's layout (A [r, k], B [n, r], PEFT's), 0 the
+     * input gradient's (A = lora_B [k, r], B = lora_A [r, n]) */
+    static const int64_t shapes[][5] = {{2048, 128, 8, 128, 1},     {2048, 128, 8, 128, 0},     {2048, 768, 16, 768, 1},
+                                        {2048, 768, 16, 768, 0},     {4096, 2048, 16, 2048, 1}, {4096, 2048, 16, 2048, 0},
+                                        {4096, 2048, 64, 2048, 1}};
     printf("lora_products: %d calls an arm; wall ms a call (min, median) and process CPU ms a call (median); unfused = 2\n"
            "rt_sgemm_batched calls, fused = rt_lora_f32; ratios unfused / fused of the wall minima and the CPU medians\n",
            reps);
-    printf("%6s %6s %4s %6s %3s  %9s %9s  %9s %9s  %9s %9s  %6s %6s\n", "rows", "din", "rank", "dout", "thr", "fused min", "med",
+    printf("%6s %6s %4s %6s %2s %3s  %9s %9s  %9s %9s  %9s %9s  %6s %6s\n", "rows", "din", "rank", "dout", "AB", "thr", "fused min", "med",
            "unfus min", "med", "fused cpu", "unfus cpu", "wall", "cpu");
     int bad = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         int64_t M = shapes[si][0], K = shapes[si][1], R = shapes[si][2], N = shapes[si][3];
+        int tr = (int)shapes[si][4];
+        int64_t lda = tr ? K : R, ldb = tr ? R : N;
         float *x = malloc(sizeof(float) * M * K), *a = malloc(sizeof(float) * R * K), *b = malloc(sizeof(float) * N * R);
         float *d = malloc(sizeof(float) * M * N), *s = malloc(sizeof(float) * M * R);
         float *c1 = malloc(sizeof(float) * M * N), *c2 = malloc(sizeof(float) * M * N);
@@ -69,11 +76,11 @@ int main(int argc, char **argv) {
                     double t0 = clock_ms(CLOCK_MONOTONIC), c0 = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
                     RtStatus st;
                     if (fused)
-                        st = rt_lora_f32(pool, 1, M, K, R, N, K, 0, K, 0, R, 0, 1, 1, 2.0f, x, a, b, d, s, c1, &e);
+                        st = rt_lora_f32(pool, 1, M, K, R, N, K, 0, lda, 0, ldb, 0, tr, tr, 2.0f, x, a, b, d, s, c1, &e);
                     else {
-                        st = rt_sgemm_batched(pool, 0, 1, M, R, K, 1.0f, x, K, 0, a, K, 0, 0.0f, s, R, 0, 1, RT_GEMM_PLAIN, NULL, &e);
+                        st = rt_sgemm_batched(pool, 0, tr, M, R, K, 1.0f, x, K, 0, a, lda, 0, 0.0f, s, R, 0, 1, RT_GEMM_PLAIN, NULL, &e);
                         if (st == RT_OK)
-                            st = rt_sgemm_batched(pool, 0, 1, M, N, R, 2.0f, s, R, 0, b, R, 0, 0.0f, c2, N, 0, 1, RT_GEMM_ADD, d, &e);
+                            st = rt_sgemm_batched(pool, 0, tr, M, N, R, 2.0f, s, R, 0, b, ldb, 0, 0.0f, c2, N, 0, 1, RT_GEMM_ADD, d, &e);
                     }
                     double t = clock_ms(CLOCK_MONOTONIC) - t0, cpu = clock_ms(CLOCK_PROCESS_CPUTIME_ID) - c0;
                     if (st != RT_OK) {
@@ -99,8 +106,8 @@ int main(int argc, char **argv) {
             qsort(tu, reps, sizeof *tu, cmp_d);
             qsort(cf, reps, sizeof *cf, cmp_d);
             qsort(cu, reps, sizeof *cu, cmp_d);
-            printf("%6lld %6lld %4lld %6lld %3d  %9.3f %9.3f  %9.3f %9.3f  %9.3f %9.3f  %6.3f %6.3f\n", (long long)M, (long long)K,
-                   (long long)R, (long long)N, threads, tf[0], tf[reps / 2], tu[0], tu[reps / 2], cf[reps / 2], cu[reps / 2],
+            printf("%6lld %6lld %4lld %6lld %2s %3d  %9.3f %9.3f  %9.3f %9.3f  %9.3f %9.3f  %6.3f %6.3f\n", (long long)M, (long long)K,
+                   (long long)R, (long long)N, tr ? "T" : "N", threads, tf[0], tf[reps / 2], tu[0], tu[reps / 2], cf[reps / 2], cu[reps / 2],
                    tu[0] / tf[0], cu[reps / 2] / cf[reps / 2]);
             fflush(stdout);
             free(tf), free(tu), free(cf), free(cu);
