@@ -862,5 +862,6 @@ int host_schedules(const Plan *plan, HostSchedules *out, Arena *ar) {
         for (int k = 0; k < out->r[i]->nkernels; k++)
             out->r[i]->kernels[k]->name = arena_printf(ar, "%s%s", out->prefix[i], out->r[i]->kernels[k]->name);
     plan_warn_no_logits(out, plan->name);
+    plan_warn_lora_unfused(out, plan->name);
     return diag_error_count() ? 1 : 0;
 }
