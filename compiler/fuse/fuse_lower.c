@@ -642,8 +642,10 @@ static int fl_lora_delta(const FL *L, int d) {
  * others read, never takes this path. The same fusion would apply to any sum of two such GEMM
  * results (the input gradient of two branches: llama's q/k/v and SwiGLU's gate/up in the
  * backward), but the multiply keeps it to LoRA: those schedules, and their cuBLASLt calls, stay as
- * they were (no GPU could check a change to them). Returns the GEMM node, or -1 when the add
- * stays an add. */
+ * they were (no GPU could check a change to them). The one side taken without the multiply is
+ * LoRA's input gradient dS @ A (fl_lora_delta: its A operand a rank-wide down product of LoRA's
+ * shape, alpha 1), which fl_lora_chain then fuses with dS's product. Returns the GEMM node, or -1
+ * when the add stays an add. */
 static int fl_gemm_add(FL *L, const GNode *n) {
     const Graph *g = L->g;
     if (n->dt != DT_F32) return -1;
