@@ -266,6 +266,12 @@ $(BUILD)/obj/runtime/gpu_decls.ok: tests/unit/gpu_decls_check.c | $(BUILD)/.deps
 
 all: $(GPU_DECLS_CHECK)
 
+# bench/lora_products.c: fused LoRA's products timed alone (bench/lora.py, docs/bench.md).
+all: $(BUILD)/bench/lora_products
+$(BUILD)/bench/lora_products: bench/lora_products.c $(BUILD)/libmbtrt.a
+	@mkdir -p $(BUILD)/bench
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
+
 # mbt-gendata: a synthetic token corpus with a known entropy rate (docs/runtime.md).
 $(BUILD)/mbt-gendata: tools/gendata.c $(BUILD)/libmbtrt.a
 	$(CC) $(RT_CFLAGS) $(DEPFLAGS) $< $(BUILD)/libmbtrt.a $(RT_LDLIBS) -o $@ $(LDFLAGS_ALL)
@@ -424,6 +430,7 @@ bench: all
 	@/usr/bin/python3 bench/ckpt.py --build $(BUILD)
 	@/usr/bin/python3 bench/packing.py --build $(BUILD)
 	@/usr/bin/python3 bench/buckets.py --build $(BUILD)
+	@/usr/bin/python3 bench/lora.py --build $(BUILD)
 	@/usr/bin/python3 bench/dp.py --build $(BUILD)
 	@/usr/bin/python3 bench/offload.py --build $(BUILD)
 	@/usr/bin/python3 bench/memory.py --build $(BUILD)

@@ -131,6 +131,19 @@ typedef enum RtGemmEpilogue { RT_GEMM_PLAIN = 0, RT_GEMM_BIAS = 1, RT_GEMM_BGRAD
 RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                           int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, float beta, float *c,
                           int64_t ldc, int64_t stride_c, int64_t batch, int32_t epilogue, void *vec, RtError *err);
+/* Fused LoRA (compiler/kir/kir.h's KLora, docs/runtime.md "Fused LoRA"): LoRA's down and up
+ * products in one call, f32. For each batch index t and row i < m,
+ *   S[t*m + i, :] = x_t[i, :] @ op(A_t)          (k -> r; op(A_t) is A_t^T, A_t [r, k], when trans_a)
+ *   C[t*m + i, :] = D[t*m + i, :] + alpha * S[t*m + i, :] @ op(B_t)   (r -> n; B_t [n, r] when trans_b)
+ * with x_t = x + t*stride_x (row pitch ldx), A_t = a + t*stride_a (lda), B_t = b + t*stride_b
+ * (ldb); S, D and C are contiguous [batch*m, r] / [batch*m, n]; s may be NULL (S not kept). The
+ * rows go in tiles of 4096 / r (rounded down to 16: 64 rows at rank 64, 512 at rank 8; a function
+ * of the shape alone, so bit-identical for any --threads), each tile's S (16 KiB) made and used
+ * while it is in cache: two single-threaded cblas_sgemm calls a tile, the pool spreading the
+ * tiles. 1 <= r <= 64. */
+RtStatus rt_lora_f32(RtPool *pool, int64_t batch, int64_t m, int64_t k, int64_t r, int64_t n, int64_t ldx, int64_t stride_x,
+                     int64_t lda, int64_t stride_a, int64_t ldb, int64_t stride_b, int32_t trans_a, int32_t trans_b, float alpha,
+                     const float *x, const float *a, const float *b, const float *d, float *s, float *c, RtError *err);
 /* The same with A, B and C in bf16 (their 16 bits, uint16_t): A and B are widened to f32
  * exactly, the product is rt_sgemm_batched's (f32 accumulation, the same tiles, so bit-identical
  * for any --threads), and C is rounded to bf16, to nearest even. */

@@ -56,6 +56,8 @@ static const char *fz_kernel_name(FuseCtx *c, int kid, int index) {
     int best = 0;
     for (int i = 0; i < K->members.n; i++) /* made for dq's graph node, but not dq: named apart in profiles */
         if (fz_n(c, K->members.v[i])->op == F_ATTN_STATS) return arena_printf(c->ar, "k%d_attention_stats", index);
+    for (int i = 0; i < K->members.n; i++) /* two matmuls, a multiply and an add: LoRA's, named so in profiles */
+        if (fz_n(c, K->members.v[i])->op == F_LORA) return arena_printf(c->ar, "k%d_lora", index);
     for (int i = 0; i < K->members.n; i++) {
         int gid = fz_n(c, K->members.v[i])->gid;
         if (gid >= 0 && gid < c->g->n && fz_name_rank(graph_node(c->g, gid)->op) > best)
@@ -343,6 +345,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
             const Kernel *k = r->kernels[L->kernel];
             fprintf(out, "%3d  kernel %s  %s grid=%" PRId64, i, k->name, kir_kind_name(k->kind), k->grid);
             if (k->nsegments > 1) fprintf(out, " segments=%d", k->nsegments);
+            if (k->lora) fprintf(out, " lora=down+up rank=%" PRId64, k->lora->r);
         }
         fprintf(out, "  ops");
         for (int j = 0; j < L->nnodes; j++) fprintf(out, " %%%d", L->nodes[j]);
@@ -403,6 +406,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
         if (k->attn) kir_print_attn(out, k->attn, "  ");
         if (k->scatter) kir_print_scatter(out, k->scatter, "  ");
         if (k->ce) kir_print_ce(out, k->ce, "  ");
+        if (k->lora) kir_print_lora(out, k->lora, "  ");
         fprintf(out, "  body:\n");
         kir_print_body(out, k, 4);
     }

@@ -135,6 +135,11 @@ void fuse_print(FILE *out, const FuseResult *r);
  * number of problems, printed to out (may be NULL). */
 int fuse_verify(const FuseResult *r, FILE *out);
 
+/* LoRA's down and up products as one launch (fuse_lower.c's fl_lora_chain) when 1, the default; 0
+ * keeps them two GEMMs: `mbtc --no-lora-fusion`, the unfused arm of a benchmark and the tests'
+ * control. Read by every fuse_lower_graph. */
+extern int fuse_lora_chain;
+
 /* Launches of each kind: GEMMs and generated kernels. */
 void fuse_counts(const FuseResult *r, int *gemms, int *kernels);
 /* The graph ops kernel k fuses, one a line as --emit=kernels lists them (`%7 mul   tiny.mbt:13:9`),

@@ -610,7 +610,7 @@ static KKind cg_kind(const FuseCtx *c, const FKern *K, const FNode **main) {
     }
     for (int i = 0; i < K->members.n; i++) { /* the dedicated op (the forward's statistics only if alone) */
         const FNode *n = c->fg->node[K->members.v[i]];
-        if (n->op >= F_ATTN && n->op <= F_SEG_NORM && (!*main || (*main)->op == F_ATTN_LSE)) *main = n;
+        if (n->op >= F_ATTN && n->op <= F_SEG_NORM && (!*main || (*main)->op == F_ATTN_LSE || (*main)->op == F_LORA_S)) *main = n;
     }
     if (!*main) INTERNAL("fuse: a dedicated kernel without its op");
     switch ((*main)->op) {
@@ -618,6 +618,7 @@ static KKind cg_kind(const FuseCtx *c, const FKern *K, const FNode **main) {
     case F_SCATTER_ADD: return KK_SCATTER;
     case F_SEG_NORM: return KK_REDUCE;
     case F_CE_STATS: return KK_ROW;
+    case F_LORA: return KK_ROW;
     default: return KK_ATTENTION;
     }
 }
@@ -651,6 +652,7 @@ Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why) {
         case F_SCATTER_ADD: cg_scatter_add(&g, main); break;
         case F_SEG_NORM: cg_seg_norm(&g, main); break;
         case F_CE_STATS: cg_ce_stats(&g, main); break;
+        case F_LORA: cg_lora(&g, main); break;
         default: INTERNAL("fuse: no kernel for %s", fuse_fop_name(main->op));
         }
     }

@@ -728,6 +728,71 @@ void cg_ce_stats(CG *g, const FNode *n) {
     g->k->ce = d;
 }
 
+/* ---- fused LoRA ------------------------------------------------------------------------------------ */
+
+/* F_LORA with its F_LORA_S (a member, pinned): a row a work item; the row's rank values S[q] in
+ * accumulators over the input's row (the down product), stored when another launch reads S, then
+ * C = D + alpha S @ op(B) along the row (the up product and the add epilogue), as kir.h's KLora
+ * says. S never leaves registers on its way to the up product. */
+void cg_lora(CG *g, const FNode *n) {
+    const FNode *sn = cg_n(g, n->in[0]);
+    if (sn->op != F_LORA_S || g->c->owner[sn->id] != g->kid) INTERNAL("fuse: a fused LoRA kernel without its down product");
+    const FuseGemm *dm = &sn->gemm, *um = &n->gemm;
+    KLora *d = arena_alloc(g->ar, sizeof *d);
+    *d = (KLora){.batch = dm->batch,
+                 .m = dm->m,
+                 .k = dm->k,
+                 .r = dm->n,
+                 .n = um->n,
+                 .ldx = dm->lda,
+                 .stride_x = dm->batch > 1 ? dm->stride_a : 0,
+                 .lda = dm->ldb,
+                 .stride_a = dm->batch > 1 ? dm->stride_b : 0,
+                 .ldb = um->ldb,
+                 .stride_b = um->batch > 1 ? um->stride_b : 0,
+                 .trans_a = dm->trans_b,
+                 .trans_b = um->trans_b,
+                 .alpha = um->alpha};
+    d->x = cg_buf(g, sn->in[0], 0);
+    d->a = cg_buf(g, sn->in[1], 0);
+    d->b = cg_buf(g, n->in[1], 0);
+    d->d = cg_buf(g, n->in[2], 0);
+    d->s = g->c->mat[sn->id] ? cg_buf(g, sn->id, 1) : -1;
+    d->c = cg_buf(g, n->id, 1);
+    KType t = KT_F32;
+    int gid = kb_gid(g->b);
+    g->k->grid = d->batch * d->m;
+    int tb = d->batch > 1 ? cg_op2(g, K_IDIV, KT_I64, gid, cg_i(g, d->m)) : cg_i(g, 0);
+    int row = d->batch > 1 ? cg_op2(g, K_IMOD, KT_I64, gid, cg_i(g, d->m)) : gid;
+    int xrow = cg_iadd(g, cg_imul(g, tb, cg_i(g, d->stride_x)), cg_imul(g, row, cg_i(g, d->ldx)));
+    int a0 = cg_imul(g, tb, cg_i(g, d->stride_a)), b0 = cg_imul(g, tb, cg_i(g, d->stride_b));
+    int acc[FUSE_LORA_MAX_RANK];
+    for (int q = 0; q < d->r; q++) acc[q] = kb_acc(g->b, t, K_ADD, 0.0);
+    int p = kb_loop(g->b, d->k);
+    int xv = kb_load(g->b, d->x, cg_iadd(g, xrow, p));
+    for (int q = 0; q < d->r; q++) {
+        int off = d->trans_a ? cg_iadd(g, cg_i(g, q * d->lda), p) : cg_iadd(g, cg_imul(g, p, cg_i(g, d->lda)), cg_i(g, q));
+        kb_accum(g->b, acc[q], cg_op2(g, K_MUL, t, xv, kb_load(g->b, d->a, cg_iadd(g, a0, off))));
+    }
+    kb_endloop(g->b);
+    if (d->s >= 0) {
+        int s0 = cg_imul(g, gid, cg_i(g, d->r));
+        for (int q = 0; q < d->r; q++) kb_store(g->b, d->s, cg_iadd(g, s0, cg_i(g, q)), acc[q]);
+    }
+    int c0 = cg_imul(g, gid, cg_i(g, d->n));
+    int j = kb_loop(g->b, d->n);
+    int sum = -1;
+    for (int q = 0; q < d->r; q++) {
+        int off = d->trans_b ? cg_iadd(g, cg_imul(g, j, cg_i(g, d->ldb)), cg_i(g, q)) : cg_iadd(g, cg_i(g, q * d->ldb), j);
+        int term = cg_op2(g, K_MUL, t, acc[q], kb_load(g->b, d->b, cg_iadd(g, b0, off)));
+        sum = sum < 0 ? term : cg_op2(g, K_ADD, t, sum, term);
+    }
+    int at = cg_iadd(g, c0, j);
+    kb_store(g->b, d->c, at, cg_op2(g, K_ADD, t, kb_load(g->b, d->d, at), cg_op2(g, K_MUL, t, cg_f(g, t, d->alpha), sum)));
+    kb_endloop(g->b);
+    g->k->lora = d;
+}
+
 /* The per-parameter L2 norm of an update graph's flat vector, broadcast over the parameter: one
  * segment (and one work item) per parameter, which also zeroes the padding after it. */
 void cg_seg_norm(CG *g, const FNode *n) {

@@ -55,6 +55,12 @@ typedef enum FOp {
     F_SCATTER_ADD, /* in0 = rows, in1 = i32 indices; zeros of the shape, rows added            */
     F_CE_STATS,    /* in0 = logits [..., V] -> [..., 2] (f32, f64 for f64): each row's max m and
                       sum of exp(x - m), cross-entropy's statistics (one online pass on the GPU)  */
+    F_LORA_S,      /* LoRA's down product S = x @ A^T (in0 = x's buffer node, in1 = A's; gemm as the
+                      F_GEMM it replaced): computed by its F_LORA's kernel (pinned there), stored
+                      only when another launch reads it (the backward)                         */
+    F_LORA,        /* in0 = its F_LORA_S, in1 = the up weight's buffer node, in2 = D (the base
+                      product); gemm = the up product's: C = D + alpha S @ opB - the down and up
+                      products in one launch (fuse_lower.c's fl_lora_chain, LoRAFusion's FusedLoRA) */
     F_SEG_NORM,    /* in0 f32[n] of an update graph: each element the L2 norm of its parameter's
                       segment (graph.h, GraphUpdate), 0 between segments                        */
     F_OP_COUNT
@@ -76,7 +82,7 @@ typedef struct FNode {
     int gid;       /* the graph node it was made for (a composite's parts: the composite) */
     int keep;      /* lowering's hint: give it a buffer (cross-entropy's per-row loss, so that the
                        loss's mean reads N values rather than the logits); not part of its identity */
-    FuseGemm gemm; /* F_GEMM: a, b, c filled in by the partition */
+    FuseGemm gemm; /* F_GEMM: a, b, c filled in by the partition; F_LORA_S, F_LORA: the products' shapes */
 } FNode;
 
 struct FusedGraph {
@@ -92,7 +98,9 @@ struct FusedGraph {
     int *outputs; /* the graph nodes asked for */
 };
 
-const char *fuse_fop_name(FOp op);  /* "map", "reduce" ... */
+const char *fuse_fop_name(FOp op); /* "map", "reduce" ... */
+
+#define FUSE_LORA_MAX_RANK 64       /* the fused kernel keeps a row's rank values in registers */
 int64_t fuse_numel(const FNode *n); /* elements */
 
 /* ---- the partition --------------------------------------------------------------------------- */

@@ -59,7 +59,11 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_SCATTER_ADD] = "scatter_add",
     [F_SEG_NORM] = "seg_norm",
     [F_CE_STATS] = "ce_stats",
+    [F_LORA_S] = "lora_down",
+    [F_LORA] = "lora",
 };
+
+int fuse_lora_chain = 1;
 
 const char *fuse_fop_name(FOp op) { return op >= 0 && op < F_OP_COUNT ? fuse_fop_names[op] : "?"; }
 
@@ -599,6 +603,35 @@ static int fl_gemm_bias(FL *L, const GNode *n) {
 /* A graph node read by its user alone and not an output: a value a fusion may fold away. */
 static int fl_private(const FL *L, int id) { return L->guses[id] == 1 && L->glive[id] != 2; }
 
+/* Down product d and up product u (d's result u's A operand) of LoRA's shape: both weights parameters
+ * (B operands that are leaves), a bottleneck of at most FUSE_LORA_MAX_RANK columns narrower than
+ * both the down product's input and the up product's output (rank < din, rank < dout), so that
+ * only an adapter's pair of products - forward (x @ A^T, then @ B^T) or the input gradient's
+ * ((scaling dy) @ B, then @ A) - and not an ordinary chain of layers is taken for one. */
+static int fl_lora_pair(const FusedGraph *fg, const FNode *d, const FNode *u) {
+    int64_t r = d->gemm.n;
+    return fg->node[d->in[1]]->op == F_LEAF && fg->node[u->in[1]]->op == F_LEAF && r >= 1 && r <= FUSE_LORA_MAX_RANK &&
+           r < d->gemm.k && r < u->gemm.n && u->gemm.k == r;
+}
+
+/* The backward's counterpart of LoRA's scaled up product: graph node d a matmul (through reshapes)
+ * whose A operand is the result of a plain f32 GEMM of at most FUSE_LORA_MAX_RANK columns - the
+ * input gradient's LoRA part dS @ A, dS = (scaling dy) @ B of rank columns - which fl_gemm_add then
+ * adds to the base layer's input gradient dy @ W by the add epilogue (alpha 1), and fl_lora_chain
+ * makes one launch of with dS's product. Only with the LoRA fusion on: --no-lora-fusion keeps the
+ * schedules as they were. */
+static int fl_lora_delta(const FL *L, int d) {
+    if (!fuse_lora_chain) return 0;
+    const GNode *dn = graph_node(L->g, d);
+    while (dn->op == G_RESHAPE) dn = graph_node(L->g, dn->in[0]);
+    int f = dn->op == G_MATMUL ? L->fg->g2f[dn->id] : -1;
+    if (f < 0) return 0;
+    const FNode *G = fl_n(L, f);
+    if (G->op != F_GEMM || G->nin != 2 || G->gemm.trans_a) return 0;
+    const FNode *s = fl_n(L, G->in[0]);
+    return s->op == F_GEMM && s->nin == 2 && s->gemm.epilogue == FE_NONE && s->dt == DT_F32 && fl_lora_pair(L->fg, s, G);
+}
+
 /* LoRA's `base(x) + lora_B(lora_A(x)) * scaling` (nn.LoRALinear, MultiLoRALinear): the up
  * product, scaled, added to the base product - one GEMM that starts C as the base's product and
  * adds alpha = scaling times its own (FE_ADD, beta 1 in the library's call; LoRAFusion's fusion
@@ -609,8 +642,10 @@ static int fl_private(const FL *L, int id) { return L->guses[id] == 1 && L->gliv
  * others read, never takes this path. The same fusion would apply to any sum of two such GEMM
  * results (the input gradient of two branches: llama's q/k/v and SwiGLU's gate/up in the
  * backward), but the multiply keeps it to LoRA: those schedules, and their cuBLASLt calls, stay as
- * they were (no GPU could check a change to them). Returns the GEMM node, or -1 when the add
- * stays an add. */
+ * they were (no GPU could check a change to them). The one side taken without the multiply is
+ * LoRA's input gradient dS @ A (fl_lora_delta: its A operand a rank-wide down product of LoRA's
+ * shape, alpha 1), which fl_lora_chain then fuses with dS's product. Returns the GEMM node, or -1
+ * when the add stays an add. */
 static int fl_gemm_add(FL *L, const GNode *n) {
     const Graph *g = L->g;
     if (n->dt != DT_F32) return -1;
@@ -620,8 +655,8 @@ static int fl_gemm_add(FL *L, const GNode *n) {
         int chain[GRAPH_MAX_RANK + 8], nchain = 0;
         if (!fl_private(L, d)) continue;
         const GNode *dn = graph_node(g, d);
-        if (dn->op != G_MUL) continue; /* the scaling marks LoRA's up product (see above) */
-        {
+        if (dn->op != G_MUL && !fl_lora_delta(L, d)) continue; /* the scaling marks LoRA's up product (see above) */
+        if (dn->op == G_MUL) {
             int c = -1;
             for (int i = 0; i < 2 && c < 0; i++) {
                 const GNode *k = graph_node(g, dn->in[i]);
@@ -670,6 +705,59 @@ static int fl_gemm_add(FL *L, const GNode *n) {
         return r;
     }
     return -1;
+}
+
+/* Whether node f depends on node t (reads it, directly or through others): a search over f's inputs
+ * that stops below t (ids are topological); seen[] marks with stamp, stack holds fg->n ids. */
+static int fl_depends(const FusedGraph *fg, int f, int t, int *seen, int *stack, int stamp) {
+    int sp = 0;
+    stack[sp++] = f;
+    while (sp) {
+        int x = stack[--sp];
+        if (x == t) return 1;
+        if (x < t || seen[x] == stamp) continue;
+        seen[x] = stamp;
+        for (int i = 0; i < fg->node[x]->nin; i++)
+            if (seen[fg->node[x]->in[i]] != stamp) stack[sp++] = fg->node[x]->in[i];
+    }
+    return 0;
+}
+
+/* LoRA's down and up products in one launch (LoRAFusion's FusedLoRA): an up product folded into
+ * its base's (FE_ADD, fl_gemm_add) whose A operand is the down product S = x @ op(A) - a plain f32
+ * GEMM of small width (the rank, at most FUSE_LORA_MAX_RANK), contiguous rows, the same rows and
+ * batch as the up product, read as they are - becomes F_LORA (the up product's node) and S becomes
+ * F_LORA_S (the down product's). Their kernel computes each row's S in registers and then C = D +
+ * alpha S @ op(B) from them, storing S only when another launch reads it (the backward: lora_B's
+ * gradient dy^T S), so the [rows, rank] result is not read back by a second launch. The nodes keep
+ * their ids (their users are unchanged); the hash table still names them by their GEMM keys, which
+ * no later node looks up (this runs after the lowering). */
+static void fl_lora_chain(FL *L) {
+    FusedGraph *fg = L->fg;
+    if (!fuse_lora_chain) return;
+    int *seen = arena_alloc(fg->ar, sizeof(int) * (size_t)(fg->n + 1)), stamp = 0;
+    int *stack = arena_alloc(fg->ar, sizeof(int) * (size_t)(FUSE_MAX_IN * fg->n + 1));
+    for (int f = 0; f < fg->n; f++) {
+        FNode *u = fg->node[f];
+        const FuseGemm *um = &u->gemm;
+        if (u->op != F_GEMM || u->nin != 3 || um->epilogue != FE_ADD || u->dt != DT_F32 || um->trans_a) continue;
+        FNode *d = fg->node[u->in[0]];
+        const FuseGemm *dm = &d->gemm;
+        if (d->op != F_GEMM || d->nin != 2 || dm->epilogue != FE_NONE || dm->alpha != 1.0 || dm->beta != 0 || d->dt != DT_F32 ||
+            dm->trans_a || dm->k < 1 || dm->n < 1 || dm->n > FUSE_LORA_MAX_RANK || dm->ldc != dm->n || dm->m != um->m ||
+            dm->batch != um->batch || um->k != dm->n || um->lda != dm->n || um->beta != 0)
+            continue;
+        if (dm->batch > 1 && (dm->stride_c != dm->m * dm->n || um->stride_a != dm->stride_c)) continue;
+        if (!fl_lora_pair(fg, d, u) || fl_depends(fg, u->in[2], d->id, seen, stack, ++stamp)) continue; /* D computed before S */
+        int ups = 0; /* S feeds one up product (each F_LORA_S is pinned to one kernel) */
+        for (int v = 0; v < fg->n; v++)
+            if (fg->node[v]->op == F_GEMM && fg->node[v]->nin == 3 && fg->node[v]->gemm.epilogue == FE_ADD &&
+                fg->node[v]->in[0] == d->id)
+                ups++;
+        if (ups != 1) continue;
+        d->op = F_LORA_S;
+        u->op = F_LORA;
+    }
 }
 
 /* A bias gradient, graph node sum_to `id` of dy [..., n] down to n values, when a GEMM reads the
@@ -1149,6 +1237,7 @@ FusedGraph *fuse_lower_graph(const Graph *g, const int *outputs, int noutputs, A
     }
     for (int id = 0; id < g->n; id++)
         if (glive[id] && graph_node(g, id)->op == G_SUM_TO) fl_gemm_bgrad(&L, id);
+    fl_lora_chain(&L);
     arena_free(&tmp);
     return fg;
 }

@@ -21,7 +21,8 @@
  * op of a long chain of inline ops (fz_bound_inline_depth: the code generator recurses over a
  * kernel's inline chain).
  * A GEMM's bias gradient (F_GEMM_BGRAD: its B's column sums, fuse_lower.c) is pinned to the GEMM:
- * one launch, the library's epilogue.
+ * one launch, the library's epilogue. LoRA's down product (F_LORA_S) is pinned to its up product's
+ * kernel (F_LORA): one launch computing both (fuse_lower.c's fl_lora_chain).
  * Each anchored and each materialised inline node starts as a launch of its own; launches then
  * merge while the launch graph stays acyclic and the merged kernel can be written (a row
  * reduction may only be read at its own row; fuse_codegen refuses otherwise):
@@ -701,6 +702,10 @@ static void fz_partition(FuseCtx *c) {
         if (x->keep && c->cat[f] == FC_INLINE) c->mat[f] = 1;
         if (x->op == F_GEMM) {
             for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 0, 1);
+        } else if (x->op == F_LORA_S || x->op == F_LORA) {
+            /* read as the GEMMs they replace read them; F_LORA's S is its own kernel's member, stored
+             * only when another launch reads it */
+            for (int i = x->op == F_LORA; i < x->nin; i++) fz_force_base(c, x->in[i], 0, 1);
         } else if (x->op == F_ATTN_STATS) {
             /* a kernel body of its own, reading its inputs as any kernel does: forcing the base of
              * o (fuse_lower.c's fl_attn_output: inverse views of where the forward stored it) would
@@ -890,6 +895,7 @@ static void fz_setup(FuseCtx *c) {
         c->owner[f] = c->buf_of[f] = c->pin[f] = -1;
         c->cat[f] = (unsigned char)fz_cat(fz_n(c, f)->op);
         if (fz_n(c, f)->op == F_GEMM_BGRAD) c->pin[f] = fz_n(c, f)->in[0]; /* computed by its GEMM's launch */
+        if (fz_n(c, f)->op == F_LORA) c->pin[fz_n(c, f)->in[0]] = f;       /* the down product: computed by the up's kernel */
     }
     for (int i = 0; i < fg->noutputs; i++) {
         int f = fg->g2f[fg->outputs[i]];

@@ -70,7 +70,9 @@ static void fd_attrs(FILE *l, Arena *ar, const FNode *n) {
         fprintf(l, " theta=%s%s%s", value_float_str(ar, n->fa[0]), ia[0] ? " backward" : "", ia[1] ? " docs" : "");
         break;
     case F_REDUCE: fd_axes(l, (uint32_t)ia[0]); break;
-    case F_GEMM: fd_gemm(l, &n->gemm); break;
+    case F_GEMM:
+    case F_LORA_S:
+    case F_LORA: fd_gemm(l, &n->gemm); break;
     case F_ATTN:
     case F_ATTN_LSE:
     case F_ATTN_BWD_Q:
@@ -195,7 +197,8 @@ static void fd_arity(FOp op, int *lo, int *hi) {
         [F_ROPE] = {1, 2},        [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
         [F_ATTN] = {3, 4},        [F_ATTN_LSE] = {3, 4},   [F_ATTN_STATS] = {3, 3}, [F_ATTN_BWD_Q] = {5, 6},
         [F_ATTN_BWD_K] = {5, 6},  [F_ATTN_BWD_V] = {5, 6}, [F_KV_ATTN] = {4, 4},    [F_TOPK] = {1, 1},
-        [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},   [F_CE_STATS] = {1, 1},
+        [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},   [F_CE_STATS] = {1, 1},   [F_LORA_S] = {2, 2},
+        [F_LORA] = {3, 3},
     };
     *lo = a[op][0];
     *hi = a[op][1];
@@ -290,6 +293,21 @@ static void fd_node(FusedVerify *v) {
     case F_ROPE: fd_same_type(v, fd_in(v, 0), 1); break;
     case F_REDUCE: fd_reduce(v); break;
     case F_GEMM: fd_gemm_check(v); break;
+    case F_LORA_S: /* the down product: a plain GEMM of contiguous rows, rank columns */
+        fd_gemm_check(v);
+        if (n->gemm.epilogue != FE_NONE || n->gemm.trans_a || n->gemm.ldc != n->gemm.n || n->gemm.n > FUSE_LORA_MAX_RANK ||
+            n->dt != DT_F32)
+            fd_fail(v, "not a plain f32 down product of contiguous rows and at most %d columns", FUSE_LORA_MAX_RANK);
+        break;
+    case F_LORA: { /* the up product of its F_LORA_S's rows, added to D */
+        const FNode *d = fd_in(v, 0);
+        fd_gemm_check(v);
+        if (d->op != F_LORA_S) fd_fail(v, "f%d is not a down product (lora_down)", n->in[0]);
+        else if (n->gemm.epilogue != FE_ADD || n->gemm.trans_a || n->gemm.k != d->gemm.n || n->gemm.m != d->gemm.m ||
+                 n->gemm.batch != d->gemm.batch || n->gemm.lda != d->gemm.n)
+            fd_fail(v, "not the up product of f%d's rows with the add epilogue", n->in[0]);
+        break;
+    }
     case F_GEMM_BGRAD:
         if (fd_in(v, 0)->op != F_GEMM) fd_fail(v, "f%d is not a GEMM", n->in[0]);
         else if (fuse_numel(n) != fd_in(v, 0)->gemm.n) fd_fail(v, "not n elements of GEMM f%d", n->in[0]);
@@ -336,7 +354,8 @@ static void fd_graph_map(FusedVerify *v) {
         if (f >= fg->n || a >= fg->n) fd_fail(v, "%%%d maps to no node (f%d, f%d)", id, f, a);
         else if (f >= 0 && (fuse_numel(fg->node[f]) != graph_numel(gn) || fg->node[f]->dt != gn->dt))
             fd_fail(v, "%%%d (%s) is held by f%d, of another size or type", id, graph_op_name(gn->op), f);
-        else if (a >= 0 && fg->node[a]->op != F_GEMM) fd_fail(v, "%%%d is folded into f%d, not a GEMM", id, a);
+        else if (a >= 0 && fg->node[a]->op != F_GEMM && fg->node[a]->op != F_LORA)
+            fd_fail(v, "%%%d is folded into f%d, not a GEMM", id, a);
     }
     for (int i = 0; i < fg->noutputs; i++) {
         int id = fg->outputs[i];

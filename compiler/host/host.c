@@ -65,6 +65,43 @@ static int chunk_gemm_rows(Host *h, const Sched *S, const FuseGemm *g) {
     return rest == g->k;
 }
 
+/* A fused LoRA kernel on the CPU (kir.h's KLora): rt_lora_f32, OpenBLAS on row tiles whose S stays in
+ * cache, rather than the kernel's body (a row a work item, scalar loops); the chunk phase keeps the
+ * body, whose rows never depend on the call (docs/serve.md, "Numerics"). */
+static void emit_lora(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, const Kernel *k, int li, const char *tag) {
+    const KLora *l = k->lora;
+    LLVMTypeRef I = h->i64, W = h->i32;
+    LLVMTypeRef args[] = {h->ptr, I, I, I,      I,      I,      I,      I,      I,      I,      I,
+                          I,      W, W, h->f32, h->ptr, h->ptr, h->ptr, h->ptr, h->ptr, h->ptr, h->ptr};
+    LLVMTypeRef t = LLVMFunctionType(W, args, 22, 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(h->m, "rt_lora_f32");
+    if (!fn) fn = LLVMAddFunction(h->m, "rt_lora_f32", t);
+    LLVMValueRef a[22] = {f->exec,
+                          ci64(h, l->batch),
+                          ci64(h, l->m),
+                          ci64(h, l->k),
+                          ci64(h, l->r),
+                          ci64(h, l->n),
+                          ci64(h, l->ldx),
+                          ci64(h, l->stride_x),
+                          ci64(h, l->lda),
+                          ci64(h, l->stride_a),
+                          ci64(h, l->ldb),
+                          ci64(h, l->stride_b),
+                          ci32(h, l->trans_a),
+                          ci32(h, l->trans_b),
+                          LLVMConstReal(h->f32, l->alpha),
+                          addr[k->bufs[l->x].buffer],
+                          addr[k->bufs[l->a].buffer],
+                          addr[k->bufs[l->b].buffer],
+                          addr[k->bufs[l->d].buffer],
+                          l->s >= 0 ? addr[k->bufs[l->s].buffer] : LLVMConstPointerNull(h->ptr),
+                          addr[k->bufs[l->c].buffer],
+                          f->err};
+    LLVMValueRef st = LLVMBuildCall2(h->b, t, fn, a, 22, arena_printf(h->ar, "%slora%d%s.", S->prefix, li, tag));
+    emit_check(h, f->fn, st);
+}
+
 /* Launches [0, upto] of S in f on h->target (only those keep marks, when keep is not NULL);
  * addr[i] is buffer i's address. A GEMM's status (and on the GPU a launch's) is checked inline: a
  * failure returns it. */
@@ -107,6 +144,10 @@ static void emit_launch(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, 
             return;
         }
         const Kernel *k = r->kernels[L->kernel];
+        if (k->lora && h->target == &host_target_cpu && S->mem != &h->plan->mem.phase[PLAN_CHUNK]) {
+            emit_lora(h, f, S, addr, k, li, tag);
+            return;
+        }
         LLVMValueRef *bufs = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(k->nbufs + 1));
         for (int i = 0; i < k->nbufs; i++) {
             bufs[i] = addr[k->bufs[i].buffer];
@@ -813,5 +854,6 @@ int host_schedules(const Plan *plan, HostSchedules *out, Arena *ar) {
     if (!update_range_refusal(plan, u, &plan->mem.phase[PLAN_UPDATE], ar))
         for (int k = 0; k < u->nkernels; k++) u->kernels[k]->ranged = 1;
     plan_warn_no_logits(out, plan->name);
+    plan_warn_lora_unfused(out, plan->name);
     return diag_error_count() ? 1 : 0;
 }

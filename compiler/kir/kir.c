@@ -797,6 +797,20 @@ void kir_print_scatter(FILE *out, const KScatter *s, const char *prefix) {
             dtype_name(s->upd_dt));
 }
 
+/* ---- fused LoRA ------------------------------------------------------------------------------------ */
+
+void kir_print_lora(FILE *out, const KLora *l, const char *prefix) {
+    fprintf(out,
+            "%slora: S[rows, %" PRId64 "] = x p%d (ld %" PRId64 ") @ p%d%s (ld %" PRId64
+            "), then C p%d = D p%d + %g * S @ p%d%s (ld %" PRId64 "); rows %" PRId64 " x batch %" PRId64 ", k %" PRId64
+            ", n %" PRId64 "; S %s\n",
+            prefix, l->r, l->x, l->ldx, l->a, l->trans_a ? "^T" : "", l->lda, l->c, l->d, l->alpha, l->b, l->trans_b ? "^T" : "",
+            l->ldb, l->m, l->batch, l->k, l->n, l->s >= 0 ? "stored" : "in registers only");
+    if (l->batch > 1)
+        fprintf(out, "%s  batch strides: x %" PRId64 ", a %" PRId64 ", b %" PRId64 "\n", prefix, l->stride_x, l->stride_a,
+                l->stride_b);
+}
+
 /* ---- cross-entropy's statistics ------------------------------------------------------------------ */
 
 void kir_print_ce(FILE *out, const KCeStats *s, const char *prefix) {

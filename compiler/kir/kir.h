@@ -209,6 +209,25 @@ typedef struct KCeStats {
     int in, out; /* buffer parameters */
 } KCeStats;
 
+/* What a fused LoRA kernel computes (fuse_internal.h's F_LORA with its F_LORA_S: LoRA's down and up
+ * products in one launch), every operand a buffer parameter read at element offset 0: for each
+ * batch index t < batch and row i < m (work item t * m + i),
+ *   S[q] = sum over p < k of x[t*stride_x + i*ldx + p] * opA[p, q]      (q < r; f32, in p's order)
+ *   C[(t*m + i)*n + j] = D[(t*m + i)*n + j] + alpha * sum over q < r of S[q] * opB[q, j]
+ * with opA[p, q] = a[t*stride_a + (trans_a ? q*lda + p : p*lda + q)] (the down weight [r, k] is
+ * trans_a with lda = k) and opB[q, j] = b[t*stride_b + (trans_b ? j*ldb + q : q*ldb + j)]; S is
+ * also stored at s[(t*m + i)*r + q] when s >= 0 (the backward reads it). The body computes exactly
+ * this, a row a work item; the CPU back end's host code calls the runtime's tiled routine
+ * (rt_lora_f32: OpenBLAS on cache-sized row tiles) instead, except where a row's bits must not
+ * depend on the call (the KV cache's chunk phase). Set by fusion for every F_LORA kernel. */
+typedef struct KLora {
+    int64_t batch, m, k, r, n;
+    int64_t ldx, stride_x, lda, stride_a, ldb, stride_b;
+    int trans_a, trans_b;
+    double alpha;
+    int x, a, b, d, s, c; /* buffer parameters; s -1 when S is not stored */
+} KLora;
+
 typedef struct Kernel {
     const char *name; /* "k3_add_layernorm": unique in a schedule, a C identifier */
     KKind kind;
@@ -223,6 +242,7 @@ typedef struct Kernel {
     const KAttn *attn;       /* KK_ATTENTION: its layout when strided, else NULL */
     const KScatter *scatter; /* KK_SCATTER: its operands when contiguous, else NULL */
     const KCeStats *ce;      /* F_CE_STATS's kernel: its logits as rows of a buffer, else NULL */
+    const KLora *lora;       /* fused LoRA's kernel (KK_ROW): its products, else NULL */
     int64_t columns;         /* KK_REDUCE over leading axes with the innermost axis kept: its extent
                                 (consecutive work items read consecutive elements of each row they
                                 sum), else 0 */
@@ -284,6 +304,9 @@ void kir_print_attn(FILE *out, const KAttn *a, const char *prefix);
 
 /* Kernel.ce, one line starting with `prefix`: the sizes and the operands. */
 void kir_print_ce(FILE *out, const KCeStats *s, const char *prefix);
+
+/* Kernel.lora, a line or two starting with `prefix`: the products and their operands. */
+void kir_print_lora(FILE *out, const KLora *l, const char *prefix);
 
 /* Kernel.scatter, one line starting with `prefix`: the sizes and the operands. */
 void kir_print_scatter(FILE *out, const KScatter *s, const char *prefix);

@@ -106,6 +106,10 @@ typedef struct PlanSchedules {
     int chunk_node;           /* the logits' node in g[PLAN_CHUNK] (-1 without) */
     const char *why_no_chunk; /* NULL with the chunk phase */
     Span no_chunk_at;
+    /* a model with LoRA layers whose step has no fused LoRA launch (docs/architecture.md, "Fusion":
+     * f32 products only): why, and the train block's name to point at; NULL otherwise */
+    const char *why_no_lora_fusion;
+    Span no_lora_fusion_at;
 } PlanSchedules;
 
 /* The schedules of tb (its step differentiated): fused[0] and fused[1] are the step's and the
@@ -116,6 +120,9 @@ int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedul
 /* The warning -o and the CUDA source give for a program without the logits: it builds without
  * generation. Nothing when it has them. */
 void plan_warn_no_logits(const PlanSchedules *s, const char *train);
+/* The warning -o and the CUDA source give for a bf16 (or f16) program with LoRA layers: their down
+ * and up products stay GEMMs (fused LoRA is for f32 products). Nothing otherwise. */
+void plan_warn_lora_unfused(const PlanSchedules *s, const char *train);
 /* The chunk phase's settings for a train block (schedules.c). */
 const char *plan_kv_config(const TrainBuild *tb, KvConfig *kv);
 

@@ -135,6 +135,16 @@ int plan_schedules(const TrainBuild *tb, FuseResult *const fused[2], PlanSchedul
     } else {
         out->why_no_chunk = "the program cannot generate (no logits forward)";
     }
+    /* fused LoRA takes f32 products only (fuse_lower.c, fl_gemm_add and fl_lora_chain): say so for
+     * a bf16 or f16 program with LoRA layers rather than fall back in silence */
+    out->why_no_lora_fusion = NULL;
+    int lora = 0;
+    for (int k = 0; k < out->r[0]->nkernels; k++) lora += out->r[0]->kernels[k]->lora != NULL;
+    if (tb->config->adapter_modules && *tb->config->adapter_modules && tb->config->precision != PREC_F32 && !lora &&
+        fuse_lora_chain) {
+        out->why_no_lora_fusion = tb->config->precision == PREC_BF16 ? "bf16" : "f16";
+        out->no_lora_fusion_at = tb->config->at;
+    }
     for (int i = 0; i < out->n; i++) {
         out->prefix[i] = prefix[i];
         if (fuse_verify(out->r[i], stderr)) INTERNAL("the fused %s graph fails fuse_verify (problems above)", prefix[i]);
@@ -146,4 +156,15 @@ void plan_warn_no_logits(const PlanSchedules *s, const char *train) {
     if (!s->why_no_logits) return;
     diag_warning(s->no_logits_at, "train block '%s' compiles without generation: %s", train, s->why_no_logits);
     diag_hint("the executable is built without forward_logits: its generate command says that it cannot generate");
+}
+
+void plan_warn_lora_unfused(const PlanSchedules *s, const char *train) {
+    if (!s->why_no_lora_fusion) return;
+    diag_warning(s->no_lora_fusion_at,
+                 "train block '%s': precision = %s: the LoRA layers' down and up products stay two GEMMs each (fused LoRA "
+                 "takes f32 products)",
+                 train, s->why_no_lora_fusion);
+    diag_hint(
+        "precision = f32 fuses them into one launch a layer (docs/architecture.md, \"Fusion\"); the step is the same either "
+        "way");
 }

@@ -503,3 +503,91 @@ RtStatus rt_bgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m
 }
 
 const char *rt_blas_config(void) { return openblas_get_config(); }
+
+/* ---- fused LoRA: the down and up products by row tiles ------------------------------------------- */
+
+/* A tile's S is RT_LORA_S_FLOATS floats (16 KiB: it stays in L1 between its two products), so a tile
+ * has 4096 / r rows (64 at rank 64, 512 at rank 8: fewer, larger calls when the products are small),
+ * in multiples of 16 - a function of the shape alone, never of the thread count. */
+#define RT_LORA_S_FLOATS 4096
+#define RT_LORA_MAX_RANK 64
+
+typedef struct RtLoraJob {
+    int64_t batch, m, k, r, n, ldx, sx, lda, sa, ldb, sb;
+    CBLAS_TRANSPOSE ta, tb;
+    float alpha;
+    const float *x, *a, *b, *d;
+    float *s, *c;
+    int64_t rows;  /* a tile's */
+    int64_t tiles; /* per batch index */
+} RtLoraJob;
+
+static void rt_lora_tiles(void *ctx, int64_t begin, int64_t end, int worker) {
+    (void)worker;
+    const RtLoraJob *j = ctx;
+    float local[RT_LORA_S_FLOATS];
+    for (int64_t t = begin; t < end; t++) {
+        int64_t bi = t / j->tiles, r0 = (t % j->tiles) * j->rows;
+        int64_t rows = j->m - r0 < j->rows ? j->m - r0 : j->rows;
+        int64_t row = bi * j->m + r0; /* S, D and C are contiguous [batch * m, .] */
+        float *st = j->s ? j->s + row * j->r : local;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, j->ta, (int)rows, (int)j->r, (int)j->k, 1.0f, j->x + bi * j->sx + r0 * j->ldx,
+                    (int)j->ldx, j->a + bi * j->sa, (int)j->lda, 0.0f, st, (int)j->r);
+        float *ct = j->c + row * j->n;
+        if (j->d != j->c) memcpy(ct, j->d + row * j->n, sizeof(float) * (size_t)(rows * j->n));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, j->tb, (int)rows, (int)j->n, (int)j->r, j->alpha, st, (int)j->r,
+                    j->b + bi * j->sb, (int)j->ldb, 1.0f, ct, (int)j->n);
+    }
+}
+
+RtStatus rt_lora_f32(RtPool *pool, int64_t batch, int64_t m, int64_t k, int64_t r, int64_t n, int64_t ldx, int64_t stride_x,
+                     int64_t lda, int64_t stride_a, int64_t ldb, int64_t stride_b, int32_t trans_a, int32_t trans_b, float alpha,
+                     const float *x, const float *a, const float *b, const float *d, float *s, float *c, RtError *err) {
+    if (batch < 1 || m < 0 || k < 1 || r < 1 || r > RT_LORA_MAX_RANK || n < 1)
+        return rt_fail(err, RT_ERR_ARG, "lora: batch %lld, rows %lld, k %lld, rank %lld (1 to %d), n %lld", (long long)batch,
+                       (long long)m, (long long)k, (long long)r, RT_LORA_MAX_RANK, (long long)n);
+    if (ldx < k || lda < (trans_a ? k : r) || ldb < (trans_b ? r : n) || stride_x < 0 || stride_a < 0 || stride_b < 0)
+        return rt_fail(err, RT_ERR_ARG, "lora: a pitch below its row (ldx %lld, lda %lld, ldb %lld)", (long long)ldx,
+                       (long long)lda, (long long)ldb);
+    if (!x || !a || !b || !d || !c) return rt_fail(err, RT_ERR_ARG, "lora: a matrix pointer is NULL");
+    if (m > INT_MAX || k > INT_MAX || n > INT_MAX || ldx > INT_MAX || lda > INT_MAX || ldb > INT_MAX)
+        return rt_fail(err, RT_ERR_ARG, "lora: a size or pitch exceeds OpenBLAS's 32-bit limit");
+    if (m == 0) return RT_OK;
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    RtLoraJob j = {batch,
+                   m,
+                   k,
+                   r,
+                   n,
+                   ldx,
+                   stride_x,
+                   lda,
+                   stride_a,
+                   ldb,
+                   stride_b,
+                   trans_a ? CblasTrans : CblasNoTrans,
+                   trans_b ? CblasTrans : CblasNoTrans,
+                   alpha,
+                   x,
+                   a,
+                   b,
+                   d,
+                   s,
+                   c,
+                   RT_LORA_S_FLOATS / r / 16 * 16,
+                   0};
+    j.tiles = (m + j.rows - 1) / j.rows;
+    RtProfile *prof = rt_pool_profile(pool);
+    int timed = prof && prof->depth == 0;
+    double t0 = 0;
+    if (timed) {
+        prof->depth = 1;
+        t0 = rt_profile_now();
+    }
+    rt_parallel_for(pool, batch * j.tiles, rt_lora_tiles, &j);
+    if (timed) { /* as one GEMM of the two products' work, 2 m r (k + n) flops: shape m x r x (k + n) */
+        rt_profile_gemm(prof, 0, trans_a != 0, m, r, k + n, batch, rt_profile_now() - t0);
+        prof->depth = 0;
+    }
+    return RT_OK;
+}

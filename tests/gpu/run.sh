@@ -41,6 +41,10 @@
 #                          on the device's dump: its gradients and
 #                          its update (fed its own gradients) against the reference evaluator, 1e-4
 #                          (bf16: 5e-2)
+#   gpu/lora-lora-trained, gpu/multi_lora-multi-trained
+#                          tests/exec/lora.mbt's and multi_lora.mbt's step 1 from weights trained 3 steps on
+#                          the CPU (lora_B away from zero: the fused LoRA launches, docs/cuda.md), device
+#                          against CPU, cmpdump's tolerances
 # then, on examples/tiny.mbt (weights trained 3 steps on the CPU):
 #   gpu/eval               `eval --steps 2` on the device: the CPU's loss within 1e-5 relative
 #   gpu/generate-logits    `generate --print-logits` over a 16-token prompt on the device: each
@@ -234,6 +238,28 @@ if ! on_device "$P/prog.cu" "$P/prog" "$DIR/probe"; then
 fi
 pass "gpu/probe (mlp trains 2 steps with ${DUT[*]})"
 
+# lora_trained DIR NAME: fused LoRA with lora_B away from zero (gpu/NAME-trained). At the start
+# lora_B is zero, so step 1 barely exercises the fused LoRA launches (docs/cuda.md, "Fused LoRA":
+# the up product adds zeros, the input gradient's dS is zero): the block's executable trains 3 steps
+# on the CPU, then step 1 from those weights (--init-weights) runs on the device against the CPU,
+# cmpdump's tolerances - the forward's fused launch, lora.mbt's input-gradient launch (the
+# embedding's gradient) and the adapters' gradients from the stored S and dS.
+LORA_TRAINED_BLOCKS=" lora-lora multi_lora-multi "
+lora_trained() {
+    local d=$1 name=$2
+    if ! timeout 600 "$d/prog" train --steps 3 --data "$DATA" --device cpu --save-weights "$d/w3.st" </dev/null >"$d/w3.out" 2>&1; then
+        fail "gpu/$name-trained" "3 steps on the CPU failed" "$d/w3.out"
+    elif ! train "$d/prog" "$d/tcpu" --device cpu "${CPU_THREADS[@]}" --init-weights "$d/w3.st"; then
+        fail "gpu/$name-trained" "the CPU run from trained weights failed" "$d/tcpu.out"
+    elif ! on_device "$d/prog.cu" "$d/prog" "$d/tdev" --init-weights "$d/w3.st"; then
+        fail "gpu/$name-trained" "the ${DUT[*]} run from trained weights failed" "$d/tdev.out"
+    elif "$PY" tests/gpu/cmpdump.py "$d/tcpu.st" "$d/tdev.st" >"$d/tcmp.txt" 2>&1; then
+        pass "gpu/$name-trained/step ($(sed -n 's/^cmpdump: ok (\(.*\); tolerances.*/\1/p' "$d/tcmp.txt"))"
+    else
+        fail "gpu/$name-trained/step" "step 1 from trained weights differs on the device" "$d/tcmp.txt"
+    fi
+}
+
 # ---- one train block: the step against the CPU's, reruns, the reference ---------------------------
 # check_block FILE BLOCK NAME BF16 [MBTC ARGS...]
 check_block() {
@@ -285,6 +311,7 @@ check_block() {
             pass "gpu/$name/verify ($(sed -n 's/^verify-step: ok (\(.*\);.*/\1/p' "$OUT"))"
         else fail "gpu/$name/verify" "mbtc --verify-step on the device's dump: status $rc" "$OUT"; fi
     fi
+    [[ "$LORA_TRAINED_BLOCKS" != *" $name "* ]] || lora_trained "$d" "$name"
     rm -f "$d"/*.st
     [ "$name" = tiny-tiny ] || rm -f "$d/prog" "$d"/*.so
 }

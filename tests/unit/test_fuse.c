@@ -980,6 +980,86 @@ static void test_programs_fuse(void) {
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) CHECK(check_program(files[i]) == 2, "%s: 2 graphs", files[i]);
 }
 
+/* Fused LoRA (fuse_lower.c's fl_lora_chain) on tests/fuse/lora_small.mbt's step: nn.LoRALinear's and
+ * nn.MultiLoRALinear's down and up products are one launch each (a row kernel with Kernel.lora, S
+ * stored for the backward), and so are MultiLoRALinear's input gradient's dS = (scaling dy) @ B and
+ * dS @ A added to the base's dy @ W (LoRALinear's input gradient there is summed with the residual's
+ * first, so it stays unfused); four launches fewer than with the fusion off, every buffer equal to the
+ * unfused graph's (fuse_check); forward alone (the loss), S is not stored; and a fused kernel whose
+ * scaling is corrupted (the control) differs from the unfused graph. */
+static int lora_kernels(const FuseResult *r, int *stored) {
+    int n = 0;
+    *stored = 0;
+    for (int i = 0; i < r->nkernels; i++)
+        if (r->kernels[i]->lora) {
+            n++;
+            *stored += r->kernels[i]->lora->s >= 0;
+            CHECK(r->kernels[i]->kind == KK_ROW && strstr(r->kernels[i]->name, "_lora"),
+                  "a fused LoRA kernel is a row kernel named lora");
+        }
+    return n;
+}
+
+static void test_lora_fused(void) {
+    Arena ar = {0};
+    Loader ld;
+    loader_init(&ld, &ar, NULL, 0, "stdlib");
+    capture_begin();
+    Module *m = loader_main(&ld, "tests/fuse/lora_small.mbt");
+    TrainBuild *tb = m ? sema_build_train(&ld, m, NULL, PLAN_ALIGN / 4, &ar) : NULL;
+    const char *msg = capture_end();
+    CHECK(tb && tb->step, "lora_small.mbt builds");
+    if (!tb || !tb->step) {
+        unit_detail("stderr", msg);
+        arena_free(&ar);
+        return;
+    }
+    Graph *g = tb->step;
+    autodiff(g);
+    double **leaves = random_leaves(g, 41, &ar);
+    int stored = 0;
+    Fused f = fuse_check("lora fused", g, leaves, NULL, 0, &ar);
+    CHECK(lora_kernels(f.r, &stored) == 3 && stored == 3,
+          "three fused LoRA launches (the two layers' forward, MultiLoRALinear's input gradient), each storing S (or dS) for "
+          "the weight gradients (%d stored)",
+          stored);
+    fuse_lora_chain = 0;
+    Fused u = fuse_check("lora unfused", g, leaves, NULL, 0, &ar);
+    fuse_lora_chain = 1;
+    CHECK(lora_kernels(u.r, &stored) == 0, "--no-lora-fusion: no fused LoRA launch");
+    CHECK(u.r->nlaunches == f.r->nlaunches + 4 && u.gemms == f.gemms + 6,
+          "unfused: 4 launches more (6 GEMMs, the backward's add in a kernel): %d vs %d launches, %d vs %d GEMMs", u.r->nlaunches,
+          f.r->nlaunches, u.gemms, f.gemms);
+    Fused fw = fuse_check("lora forward", g, leaves, &g->loss, 1, &ar);
+    CHECK(lora_kernels(fw.r, &stored) == 2 && stored == 0, "forward alone: two fused launches, S in registers only (%d stored)",
+          stored);
+
+    /* the control: the up product's scaling corrupted in the fused IR, the schedule must differ */
+    FusedGraph *fg = fuse_lower_graph(g, NULL, 0, &ar);
+    int broken = 0;
+    for (int i = 0; i < fg->n; i++)
+        if (fg->node[i]->op == F_LORA) {
+            fg->node[i]->gemm.alpha *= 1.5;
+            broken++;
+        }
+    FuseResult *r = fuse_codegen(fg, &ar);
+    capture_begin();
+    double **ref = ref_run(g, leaves, &ar);
+    double **bad = ref ? kir_ref_schedule(r, leaves, &ar) : NULL;
+    capture_end();
+    double worst = 0;
+    for (int id = 0; bad && id < g->n; id++) {
+        int b = r->node_buffer[id];
+        if (b < 0 || g->node[id]->op == G_PARAM || g->node[id]->op == G_INPUT) continue;
+        double e = rel_error(bad[b], ref[id], graph_numel(g->node[id]));
+        if (e > worst || isnan(e)) worst = e;
+    }
+    CHECK(broken == 3 && worst > 1e-3, "control: a fused LoRA kernel with the wrong scaling differs (max relative error %.3g)",
+          worst);
+    printf("# lora control: scaling x1.5 in the fused kernels, max relative error %.3g\n", worst);
+    arena_free(&ar);
+}
+
 /* The update graph of a program's AdamW (flat vectors over every parameter): one kernel. */
 static void test_count_adamw_update_graph(void) {
     Arena ar = {0};
@@ -1023,5 +1103,6 @@ int main(void) {
     RUN(test_outputs_without_arithmetic);
     RUN(test_programs_golden);
     RUN(test_programs_fuse);
+    RUN(test_lora_fused);
     return unit_finish();
 }

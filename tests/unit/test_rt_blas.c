@@ -450,8 +450,90 @@ static void add_epilogue(void) {
     rt_pool_destroy(p);
 }
 
+/* rt_lora_f32 (fused LoRA: S = x op(A), then C = D + alpha S op(B), by row tiles) against the double
+ * sums, for one matrix and a batch of 2 (the adapters' strides), with A and B transposed (PEFT's
+ * [r, k] and [n, r], the layout the compiler passes) and not, 1500 rows (rank 6: tiles of 672
+ * rows, three, the last short): S as stored, C; with S not kept the same C bits; D being C (in place) the same bits;
+ * 1 and 3 threads the same bits; and refused with a rank above 64 or a NULL matrix. The control:
+ * the check finds a C computed with the scaling 1.5 times too large. */
+static void lora_fused(void) {
+    enum { M = 1500, K = 24, R = 6, N = 40, BATCH = 2 };
+    RtPool *p1 = NULL, *p3 = NULL;
+    RtError e = {0};
+    CHECK(rt_pool_create(&p1, 1, &e) == RT_OK && rt_pool_create(&p3, 3, &e) == RT_OK, "pools: %s", e.msg);
+    float *x = malloc(sizeof(float) * BATCH * M * K), *a = malloc(sizeof(float) * BATCH * R * K);
+    float *b = malloc(sizeof(float) * BATCH * N * R), *d = malloc(sizeof(float) * BATCH * M * N);
+    float *s = malloc(sizeof(float) * BATCH * M * R), *c = malloc(sizeof(float) * BATCH * M * N);
+    float *c2 = malloc(sizeof(float) * BATCH * M * N), *bad = malloc(sizeof(float) * BATCH * M * N);
+    fill(x, BATCH * M * K, 4);
+    fill(a, BATCH * R * K, 5);
+    fill(b, BATCH * N * R, 6);
+    fill(d, BATCH * M * N, 7);
+    const float alpha = 2.5f;
+    for (int64_t batch = 1; batch <= BATCH; batch++)
+        for (int tr = 0; tr < 2; tr++) {
+            /* tr: A [R, K] and B [N, R] read transposed (lda K, ldb R); else A [K, R], B [R, N] */
+            int64_t lda = tr ? K : R, ldb = tr ? R : N;
+            int64_t sx = batch > 1 ? M * K : 0, sa = batch > 1 ? R * K : 0, sb = batch > 1 ? N * R : 0;
+            CHECK(rt_lora_f32(p3, batch, M, K, R, N, K, sx, lda, sa, ldb, sb, tr, tr, alpha, x, a, b, d, s, c, &e) == RT_OK, "%s",
+                  e.msg);
+            CHECK(rt_lora_f32(p3, batch, M, K, R, N, K, sx, lda, sa, ldb, sb, tr, tr, 1.5f * alpha, x, a, b, d, NULL, bad, &e) ==
+                      RT_OK,
+                  "%s", e.msg);
+            double worst_s = 0, worst_c = 0, worst_bad = 0;
+            for (int64_t t = 0; t < batch; t++)
+                for (int64_t i = 0; i < M; i++) {
+                    double sq[R], smag[R];
+                    for (int q = 0; q < R; q++) {
+                        sq[q] = smag[q] = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            double v = (double)x[t * sx + i * K + k] * a[t * sa + (tr ? q * lda + k : k * lda + q)];
+                            sq[q] += v;
+                            smag[q] += fabs(v);
+                        }
+                        double err = fabs(s[(t * M + i) * R + q] - sq[q]) / (smag[q] + 1.0);
+                        if (err > worst_s) worst_s = err;
+                    }
+                    for (int64_t j = 0; j < N; j++) {
+                        double u = 0, mag = 0;
+                        for (int q = 0; q < R; q++) {
+                            double v = sq[q] * b[t * sb + (tr ? j * ldb + q : q * ldb + j)];
+                            u += v;
+                            mag += fabs(v);
+                        }
+                        double want = d[(t * M + i) * N + j] + alpha * u,
+                               scale = alpha * mag + fabs(d[(t * M + i) * N + j]) + 1.0;
+                        double err = fabs(c[(t * M + i) * N + j] - want) / scale;
+                        double errb = fabs(bad[(t * M + i) * N + j] - want) / scale;
+                        if (err > worst_c) worst_c = err;
+                        if (errb > worst_bad) worst_bad = errb;
+                    }
+                }
+            CHECK(worst_s < 1e-6 && worst_c < 1e-6, "batch %lld, transposed %d: S %.3g, C %.3g against the double sums",
+                  (long long)batch, tr, worst_s, worst_c);
+            CHECK(worst_bad > 1e-3, "batch %lld, transposed %d: the control (scaling x1.5) is caught: %.3g", (long long)batch, tr,
+                  worst_bad);
+            CHECK(rt_lora_f32(p1, batch, M, K, R, N, K, sx, lda, sa, ldb, sb, tr, tr, alpha, x, a, b, d, NULL, c2, &e) == RT_OK &&
+                      memcmp(c, c2, sizeof(float) * (size_t)(batch * M * N)) == 0,
+                  "batch %lld, transposed %d: 1 thread, S not kept: the same bits", (long long)batch, tr);
+            memcpy(c2, d, sizeof(float) * (size_t)(batch * M * N));
+            CHECK(rt_lora_f32(p3, batch, M, K, R, N, K, sx, lda, sa, ldb, sb, tr, tr, alpha, x, a, b, c2, NULL, c2, &e) ==
+                          RT_OK &&
+                      memcmp(c, c2, sizeof(float) * (size_t)(batch * M * N)) == 0,
+                  "batch %lld, transposed %d: D being C, the same bits", (long long)batch, tr);
+        }
+    CHECK(rt_lora_f32(p1, 1, M, K, 65, N, K, 0, K, 0, 65, 0, 1, 1, 1.0f, x, a, b, d, NULL, c, &e) == RT_ERR_ARG, "rank 65");
+    CHECK_STR(e.msg, "lora: batch 1, rows 1500, k 24, rank 65 (1 to 64), n 40", "message");
+    CHECK(rt_lora_f32(p1, 1, M, K, R, N, K, 0, K, 0, R, 0, 1, 1, 1.0f, x, NULL, b, d, NULL, c, &e) == RT_ERR_ARG, "no A");
+    CHECK_STR(e.msg, "lora: a matrix pointer is NULL", "message");
+    free(x), free(a), free(b), free(d), free(s), free(c), free(c2), free(bad);
+    rt_pool_destroy(p1);
+    rt_pool_destroy(p3);
+}
+
 int main(void) {
     RUN(add_epilogue);
+    RUN(lora_fused);
     RUN(all_transposes_small);
     RUN(batches_and_strides);
     RUN(large_tiled);
