@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    17 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    18 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -54,7 +54,8 @@
                           * 15: RtStep.grad_hook and rt_grad_ready (the gradient reduction overlapped with the backward);
                           * 16: RtProgram.nrunning, running, running_momentum (running statistics),
                           *    RtStep.training;
-                          * 17: RtTrainSettings.offload_act_bytes, RtStep.act, rt_act_copy (activations in a store file) */
+                          * 17: RtTrainSettings.offload_act_bytes, RtStep.act, rt_act_copy (activations in a store file);
+                          * 18: RtGpuProgram.forward_chunk (the chunk phase on the GPU) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

@@ -169,7 +169,8 @@
     X(RtStepFn, forward_loss, ptr)                                                                                               \
     X(RtStepFn, forward_logits, ptr)                                                                                             \
     X(RtStepFn, optimizer_update, ptr)                                                                                           \
-    X(RtStepFn, forward_stats, ptr)
+    X(RtStepFn, forward_stats, ptr)                                                                                              \
+    X(RtStepFn, forward_chunk, ptr) /* the chunk phase (KV cache) on the GPU; NULL: none */
 
 /* RtProgram: a compiled program, the descriptor plus its functions (rt_program.h describes each
  * function's contract and the hash). All pointers are to constant data with static storage. */

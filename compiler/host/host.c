@@ -53,6 +53,9 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
  * Its other rows then hold what the arena held: they are padding rows, whose results no one reads
  * (a row never reads another: kv.c). */
 static int chunk_gemm_rows(Host *h, const Sched *S, const FuseGemm *g) {
+    /* the GPU's products keep their compiled shape, all rows: cuBLASLt picks its algorithm by the
+     * shape, and a fixed shape rounds each row the same wherever it sits (docs/serve.md) */
+    if (h->target != &host_target_cpu) return 0;
     if (!h->chunk_len || S->mem != &h->plan->mem.phase[PLAN_CHUNK] || h->chunk_rows < 2) return 0;
     if (g->trans_a || g->batch != 1 || g->m != h->chunk_rows) return 0;
     const FuseBuffer *a = &S->r->buffers[g->a];
@@ -76,8 +79,9 @@ static void emit_launch(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, 
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
             /* the chunk phase's products keep a row's bits whatever its index (host_rows_gemm) */
-            LLVMValueRef callee =
-                S->mem == &h->plan->mem.phase[PLAN_CHUNK] ? host_rows_gemm(h, g->dt) : h->target->gemm(h, g->dt);
+            LLVMValueRef callee = S->mem == &h->plan->mem.phase[PLAN_CHUNK] && h->target == &host_target_cpu
+                                      ? host_rows_gemm(h, g->dt)
+                                      : h->target->gemm(h, g->dt);
             int vec = g->epilogue != FE_NONE;
             LLVMValueRef a[21] = {f->exec,
                                   ci32(h, g->trans_a),
@@ -792,7 +796,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     /* the hash covers the CPU functions alone: the GPU ones compute the same step, and a checkpoint
      * resumes on either device */
     const char *hash = diag_error_count() ? NULL : program_hash(h);
-    Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
+    Sched *scheds[4] = {&step, &upd, lsch.r ? &lsch : NULL, csch.r ? &csch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
     if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, fst, fchunk, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc;

@@ -26,6 +26,7 @@
  * Build: the Makefile makes build/tests/libmbt_fake_cuda.so for test_rt_gpu. */
 #include <cblas.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,9 +151,19 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+#define FAKE_TOTAL_MEM ((size_t)16 << 30)
+static size_t fake_live_bytes; /* what cuMemAlloc handed out and is not freed (cuMemGetInfo's free memory) */
+
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     (void)d;
-    *bytes = (size_t)16 << 30;
+    *bytes = FAKE_TOTAL_MEM;
+    return CUDA_SUCCESS;
+}
+
+/* free: the 16 GiB less what is allocated (the serve pool's kv.memory is a fraction of it) */
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    *total = FAKE_TOTAL_MEM;
+    *free_bytes = fake_live_bytes < FAKE_TOTAL_MEM ? FAKE_TOTAL_MEM - fake_live_bytes : 0;
     return CUDA_SUCCESS;
 }
 
@@ -210,12 +221,14 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
     if (fake_emu()) memset(m, 0xff, n);
     fake.live_allocs++;
+    fake_live_bytes += malloc_usable_size(m);
     *p = (CUdeviceptr)(uintptr_t)m;
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
     fake.live_allocs--;
+    fake_live_bytes -= malloc_usable_size((void *)(uintptr_t)p);
     free((void *)(uintptr_t)p);
     return CUDA_SUCCESS;
 }
