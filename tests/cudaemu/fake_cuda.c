@@ -151,19 +151,25 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
-#define FAKE_TOTAL_MEM ((size_t)16 << 30)
 static size_t fake_live_bytes; /* what cuMemAlloc handed out and is not freed (cuMemGetInfo's free memory) */
+
+/* The device's memory: 16 GiB, or MBT_FAKE_CUDA_MEM bytes (tests/gpu/run.sh sizes serve's KV pool,
+ * a fraction of the free memory, with it; allocations are not held to it). */
+static size_t fake_total_mem(void) {
+    const char *m = getenv("MBT_FAKE_CUDA_MEM");
+    return m && *m ? (size_t)strtoull(m, NULL, 10) : (size_t)16 << 30;
+}
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     (void)d;
-    *bytes = FAKE_TOTAL_MEM;
+    *bytes = fake_total_mem();
     return CUDA_SUCCESS;
 }
 
-/* free: the 16 GiB less what is allocated (the serve pool's kv.memory is a fraction of it) */
+/* free: the total less what is allocated (the serve pool's kv.memory is a fraction of it) */
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
-    *total = FAKE_TOTAL_MEM;
-    *free_bytes = fake_live_bytes < FAKE_TOTAL_MEM ? FAKE_TOTAL_MEM - fake_live_bytes : 0;
+    *total = fake_total_mem();
+    *free_bytes = fake_live_bytes < *total ? *total - fake_live_bytes : 0;
     return CUDA_SUCCESS;
 }
 
