@@ -470,8 +470,9 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
 }
 
 /* forward_chunk(s): the chunk schedule on s->x (kv.rows new tokens), s->kv (the metadata) and
- * s->kv_pool (which its attention kernels read and write), then the logits of every row into
- * s->logits. */
+ * s->kv_pool (which its attention kernels read and write), then the logits of the rows it uses
+ * (RtStep.len) into s->logits: on the GPU one download of len x vocab floats, not of every row (a
+ * decode of one sequence moves 1/rows of the bytes). */
 LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab) {
     FuseResult *r = S->r;
     HostFn f = host_fn_begin(h, "forward_chunk");
@@ -495,10 +496,17 @@ LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab
     }
     h->chunk_dep = dep;
     emit_launches(h, &f, S, addr, r->nlaunches - 1);
+    LLVMValueRef used = LLVMBuildMul(h->b, h->chunk_len, ci64(h, vocab), "logit_floats");
     h->kv_pool = NULL;
     h->chunk_len = NULL;
     h->chunk_dep = NULL;
-    h->target->copy(h, &f, step_field(h, s, RT_STEP_logits, h->ptr, "logits"), addr[lb], rows * vocab, 1);
+    LLVMValueRef out = step_field(h, s, RT_STEP_logits, h->ptr, "logits");
+    if (h->target == &host_target_gpu) { /* rt_gpu_download: the copy, then the wait */
+        LLVMValueRef a[5] = {f.exec, out, addr[lb], LLVMBuildMul(h->b, used, ci64(h, 4), "logit_bytes"), f.err};
+        emit_check(h, f.fn, LLVMBuildCall2(h->b, h->gpu_copy_t, h->gpu_download, a, 5, ""));
+    } else {
+        emit_f32_copy_dyn(h, f.fn, out, addr[lb], used);
+    }
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;
 }

@@ -25,7 +25,7 @@
 typedef struct RtCached {
     int32_t *meta;   /* RtKvInfo's metadata: rows x (4 + max_blocks) */
     int32_t *d_meta; /* on the GPU: its copy in device memory, uploaded each call (NULL on the CPU) */
-    float *logits;   /* [rows x vocab]: every row's, from forward_chunk */
+    float *logits;   /* [rows x vocab]: the used rows', from forward_chunk */
     int64_t *want;   /* [rows]: the sequence whose logits row r holds, -1 */
 } RtCached;
 
