@@ -124,7 +124,7 @@ $(BUILD)/gen/lexer.c: compiler/front/lexer.re $(BUILD)/gen/mbt.h | $(BUILD)/.dep
 # ---- objects -----------------------------------------------------------------------------------
 # Generated headers every compiler object may include: they exist before the first compile, and
 # afterwards the .d files name what each object really reads.
-GEN_HDRS = $(BUILD)/gen/mbt.h $(BUILD)/gen/rt_kernels_cu.h $(BUILD)/gen/rt_attention_cuh.h $(BUILD)/gen/rt_attention_tc_cuh.h $(BUILD)/gen/rt_attention_fa2_cuh.h
+GEN_HDRS = $(BUILD)/gen/mbt.h $(BUILD)/gen/rt_kernels_cu.h $(BUILD)/gen/rt_attention_cuh.h $(BUILD)/gen/rt_attention_tc_cuh.h $(BUILD)/gen/rt_attention_fa2_cuh.h $(BUILD)/gen/rt_kv_attention_cuh.h
 
 $(BUILD)/obj/compiler/%.o: compiler/%.c | $(GEN_HDRS) $(BUILD)/.deps-ok
 	@mkdir -p $(dir $@)

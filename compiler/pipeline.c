@@ -308,8 +308,8 @@ static int need_schedules(Pipeline *p) {
 
 static int run_cuda(Pipeline *p) {
     if (need_schedules(p)) return 1;
-    CudaSchedule cs[3];
-    int n = p->hs.n < 3 ? p->hs.n : 3; /* the chunk phase (KV cache) runs on the CPU alone (docs/serve.md) */
+    CudaSchedule cs[4];
+    int n = p->hs.n < 4 ? p->hs.n : 4; /* step, update, logits and the chunk phase (KV cache) */
     for (int i = 0; i < n; i++) cs[i] = (CudaSchedule){p->hs.r[i], p->hs.g[i], p->hs.disjoint[i]};
     p->cuda = cuda_program_build(cs, n, p->ar);
     return 0;

@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    19 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    20 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -58,7 +58,8 @@
                           * 18: RtStep.param_hook, rt_param_need and rt_param_done, RtPlanInfo.gather_window and
                           *    gather_units (ZeRO-3's parameters gathered around their uses);
                           * 19: RtTrainSettings.offload_act, offload_gbps (activations in pinned host memory
-                          *    on a GPU build; the copy rate the plan assumed) */
+                          *    on a GPU build; the copy rate the plan assumed);
+                          * 20: RtGpuProgram.forward_chunk (the chunk phase on the GPU) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

@@ -106,7 +106,7 @@
     X(int64_t, B, i64)             /* forward_*: the batch shape (micro x seq; 1 x logits_seq for logits) */                     \
     X(int64_t, T, i64)                                                                                                           \
     X(int64_t, len, i64)       /* forward_logits: the context x[0, len), 1 <= len <= T, x[len, T) 0; forward_chunk: rows used */ \
-    X(float *, logits, ptr)    /* forward_logits: out, [vocab] logits of position len - 1 */                                     \
+    X(float *, logits, ptr)    /* forward_logits: out, [vocab] logits of position len - 1; forward_chunk: rows 0..len-1's */     \
     X(double, loss_scale, f64) /* forward_backward: the gradient seed, d(step objective) / d(this loss) */                       \
     X(double, loss, f64)       /* forward_backward, forward_loss: out, this micro-batch's loss */                                \
     X(double, lr, f64)         /* optimizer_update: this step's learning rate, base lr x lr_schedule(step) */                    \
@@ -134,7 +134,7 @@
  * sequence (-1: padding), its sequence's first position in this call, its slot, then rows block
  * tables of max_blocks), writes each row's key and value into the pool at kv_pool (slot s of
  * `bytes_per_token` bytes at s x bytes_per_token; slot = block id x block + position % block)
- * and the logits of every row into logits[rows x vocab]. rows 0: no forward_chunk. */
+ * and the logits of the rows it uses (RtStep.len) into logits[len x vocab]. rows 0: no forward_chunk. */
 #define RT_KV_INFO_FIELDS(X)                                                                                                     \
     X(int64_t, rows, i64)            /* new tokens a call */                                                                     \
     X(int64_t, block, i64)           /* tokens a block */                                                                        \
@@ -173,7 +173,8 @@
     X(RtStepFn, forward_loss, ptr)                                                                                               \
     X(RtStepFn, forward_logits, ptr)                                                                                             \
     X(RtStepFn, optimizer_update, ptr)                                                                                           \
-    X(RtStepFn, forward_stats, ptr)
+    X(RtStepFn, forward_stats, ptr)                                                                                              \
+    X(RtStepFn, forward_chunk, ptr) /* the chunk phase (KV cache) on the GPU; NULL: none */
 
 /* RtProgram: a compiled program, the descriptor plus its functions (rt_program.h describes each
  * function's contract and the hash). All pointers are to constant data with static storage. */

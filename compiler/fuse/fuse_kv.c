@@ -134,6 +134,10 @@ void kv_emit_attn(KBuilder *b, Kernel *k, const KvAttnShape *s, int meta_param, 
     if (why) INTERNAL("kv attention %s: %s", k->name ? k->name : "?", why);
     KvB g = {.b = b, .s = s, .t = s->dt == DT_F64 ? KT_F64 : KT_F32, .meta = meta_param, .pool = pool_param};
     k->grid = s->N * s->H;
+    KKvAttn *d = arena_alloc(kb_arena(b), sizeof *d);
+    *d = *s;
+    d->meta = meta_param, d->pool = pool_param;
+    k->kv = d;
     KType ot = kir_type_of(s->dt), kt = kir_type_of(s->kv_dt);
     int gid = kb_gid(b);
     int t = op2(&g, K_IDIV, KT_I64, gid, ci(&g, s->H));

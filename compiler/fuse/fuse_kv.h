@@ -40,19 +40,8 @@
 
 enum { KV_META_POS, KV_META_SEQ, KV_META_START, KV_META_SLOT, KV_META_TABLE };
 
-typedef struct KvAttnShape {
-    int64_t N;          /* rows (new tokens) of a launch */
-    int64_t H, Hk, D;   /* query heads, key/value heads (H a multiple of Hk), head width */
-    int64_t block;      /* tokens per KV block */
-    int64_t max_blocks; /* columns of the block table */
-    int64_t layer, L;   /* this attention's layer, of L */
-    DType dt;           /* of q, k, v and the output (f32; bf16/f16 computed in f32) */
-    DType kv_dt;        /* of the pool: DT_F32, DT_BF16 or DT_F16 */
-    double scale;       /* of the scores: scale * (q . k) */
-    KView q, k, v;      /* [1, heads, N, D] (stride[0] unused) views of kernel parameters */
-    KView out;          /* the result [1, H, N, D] */
-    int64_t pool_off;   /* elements from the pool parameter's start to slot 0 */
-} KvAttnShape;
+/* The kernel's shape: kir.h's KKvAttn (its meta and pool set by kv_emit_attn). */
+typedef KKvAttn KvAttnShape;
 
 /* The metadata's elements for N rows. */
 int64_t kv_meta_numel(int64_t N, int64_t max_blocks);
@@ -61,7 +50,8 @@ int64_t kv_meta_numel(int64_t N, int64_t max_blocks);
 const char *kv_shape_problem(const KvAttnShape *s);
 
 /* Appends the body to b's kernel: the views' params, meta (i32) and pool (kv_dt, written) and
- * the output's param (written) must be the kernel's. Sets the kernel's grid to N * H. */
+ * the output's param (written) must be the kernel's. Sets the kernel's grid to N * H and its kv
+ * (a copy of s with meta and pool, for a back end's kernel of its own). */
 void kv_emit_attn(KBuilder *b, Kernel *k, const KvAttnShape *s, int meta, int pool);
 
 /* A kernel of its own: parameters 0 .. nsrc-1 the sources (src_numel elements of s->dt each, the

@@ -53,6 +53,9 @@ static void sched_kernels(Host *h, Sched *S, int disjoint) {
  * Its other rows then hold what the arena held: they are padding rows, whose results no one reads
  * (a row never reads another: kv.c). */
 static int chunk_gemm_rows(Host *h, const Sched *S, const FuseGemm *g) {
+    /* the GPU's products keep their compiled shape, all rows: cuBLASLt picks its algorithm by the
+     * shape, and a fixed shape rounds each row the same wherever it sits (docs/serve.md) */
+    if (h->target != &host_target_cpu) return 0;
     if (!h->chunk_len || S->mem != &h->plan->mem.phase[PLAN_CHUNK] || h->chunk_rows < 2) return 0;
     if (g->trans_a || g->batch != 1 || g->m != h->chunk_rows) return 0;
     const FuseBuffer *a = &S->r->buffers[g->a];
@@ -113,8 +116,9 @@ static void emit_launch(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, 
             const FuseGemm *g = &L->gemm;
             if (g->dt != DT_F32 && g->dt != DT_BF16) INTERNAL("host: a GEMM of %s", dtype_name(g->dt));
             /* the chunk phase's products keep a row's bits whatever its index (host_rows_gemm) */
-            LLVMValueRef callee =
-                S->mem == &h->plan->mem.phase[PLAN_CHUNK] ? host_rows_gemm(h, g->dt) : h->target->gemm(h, g->dt);
+            LLVMValueRef callee = S->mem == &h->plan->mem.phase[PLAN_CHUNK] && h->target == &host_target_cpu
+                                      ? host_rows_gemm(h, g->dt)
+                                      : h->target->gemm(h, g->dt);
             int vec = g->epilogue != FE_NONE;
             LLVMValueRef a[21] = {f->exec,
                                   ci32(h, g->trans_a),
@@ -503,8 +507,9 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
 }
 
 /* forward_chunk(s): the chunk schedule on s->x (kv.rows new tokens), s->kv (the metadata) and
- * s->kv_pool (which its attention kernels read and write), then the logits of every row into
- * s->logits. */
+ * s->kv_pool (which its attention kernels read and write), then the logits of the rows it uses
+ * (RtStep.len) into s->logits: on the GPU one download of len x vocab floats, not of every row (a
+ * decode of one sequence moves 1/rows of the bytes). */
 LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab) {
     FuseResult *r = S->r;
     HostFn f = host_fn_begin(h, "forward_chunk");
@@ -528,10 +533,17 @@ LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab
     }
     h->chunk_dep = dep;
     emit_launches(h, &f, S, addr, r->nlaunches - 1, NULL);
+    LLVMValueRef used = LLVMBuildMul(h->b, h->chunk_len, ci64(h, vocab), "logit_floats");
     h->kv_pool = NULL;
     h->chunk_len = NULL;
     h->chunk_dep = NULL;
-    h->target->copy(h, &f, step_field(h, s, RT_STEP_logits, h->ptr, "logits"), addr[lb], rows * vocab, 1);
+    LLVMValueRef out = step_field(h, s, RT_STEP_logits, h->ptr, "logits");
+    if (h->target == &host_target_gpu) { /* rt_gpu_download: the copy, then the wait */
+        LLVMValueRef a[5] = {f.exec, out, addr[lb], LLVMBuildMul(h->b, used, ci64(h, 4), "logit_bytes"), f.err};
+        emit_check(h, f.fn, LLVMBuildCall2(h->b, h->gpu_copy_t, h->gpu_download, a, 5, ""));
+    } else {
+        h->target->copy_n(h, &f, out, addr[lb], used);
+    }
     LLVMBuildRet(h->b, ci32(h, 0));
     return f.fn;
 }
@@ -820,7 +832,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
     /* the hash covers the CPU functions alone: the GPU ones compute the same step, and a checkpoint
      * resumes on either device */
     const char *hash = diag_error_count() ? NULL : program_hash(h);
-    Sched *scheds[3] = {&step, &upd, lsch.r ? &lsch : NULL};
+    Sched *scheds[4] = {&step, &upd, lsch.r ? &lsch : NULL, csch.r ? &csch : NULL};
     LLVMValueRef gpu = diag_error_count() ? NULL : host_cuda(h, scheds, &hs, cuda, output == NULL);
     if (!diag_error_count()) emit_descriptor(h, input, fb, fl, flog, fst, fchunk, oi, ou, lrs, hash, tb->update->update, gpu);
     int rc;

@@ -31,9 +31,10 @@ static LLVMValueRef cpu_gemm(Host *h, DType dt) {
     return h->bgemm;
 }
 
-/* rt_sgemm_rows_batched / rt_bgemm_rows_batched: the chunk phase (KV cache) runs on the CPU alone,
- * and a token's row of every product must come out the same bits wherever it sits in a call
- * (docs/serve.md, "Numerics"), which OpenBLAS's sgemm does not give. */
+/* rt_sgemm_rows_batched / rt_bgemm_rows_batched: the CPU's chunk phase (KV cache), where a token's
+ * row of every product must come out the same bits wherever it sits in a call (docs/serve.md,
+ * "Numerics"), which OpenBLAS's sgemm does not give. (The GPU's chunk phase keeps cuBLASLt at a
+ * fixed shape instead: chunk_gemm_rows, host.c.) */
 LLVMValueRef host_rows_gemm(Host *h, DType dt) {
     const char *name = dt == DT_F32 ? "rt_sgemm_rows_batched" : "rt_bgemm_rows_batched";
     LLVMValueRef f = LLVMGetNamedFunction(h->m, name);

@@ -148,7 +148,8 @@ static LLVMValueRef bytes_global(Host *h, const char *data, size_t n, const char
     return g;
 }
 
-/* Emits the GPU functions for the schedules S[0..n) (S[2] may be absent: no logits) and returns
+/* Emits the GPU functions for the schedules S[0..n) (S[2] may be absent: no logits; S[3]: no
+ * chunk phase) and returns
  * the RtGpuProgram global. res[0..narch): the compiled images (narch 0: none, for --emit=program). */
 static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, int n, const HostSchedules *hs,
                              const NvrtcResult *res, int narch) {
@@ -164,6 +165,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     LLVMValueRef fb = emit_forward(h, S[0], 1), fl = emit_forward(h, S[0], 0), ou = emit_update(h, S[1]);
     LLVMValueRef flog = S[2] ? emit_logits(h, S[2], hs->logits_node, h->plan->sched.vocab) : LLVMConstPointerNull(h->ptr);
     LLVMValueRef fst = emit_stats(h, S[0]);
+    LLVMValueRef fchunk = n > 3 && S[3] ? emit_chunk(h, S[3], hs->chunk_node, hs->kv.rows, h->plan->sched.vocab) : NULL;
     h->target = &host_target_cpu;
     LLVMValueRef fn0 = begin_fn(h, "mbt.gpu_strings", h->vd); /* a builder position for global strings */
     LLVMValueRef *krows = arena_alloc(h->ar, sizeof(LLVMValueRef) * (size_t)(cp->nkernels + 1));
@@ -206,6 +208,7 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
     f[RT_GPU_PROG_forward_logits] = flog;
     f[RT_GPU_PROG_optimizer_update] = ou;
     f[RT_GPU_PROG_forward_stats] = fst ? fst : LLVMConstPointerNull(h->ptr);
+    f[RT_GPU_PROG_forward_chunk] = fchunk ? fchunk : LLVMConstPointerNull(h->ptr);
     LLVMBuildRetVoid(h->b);
     LLVMDeleteFunction(fn0);
     LLVMValueRef g = LLVMAddGlobal(h->m, h->gpu_prog_t, "mbt.gpu");
@@ -218,8 +221,8 @@ static LLVMValueRef host_gpu(Host *h, const CudaProgram *cp, Sched *const *S, in
 /* host_internal.h */
 LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const HostCuda *cuda, int emit_only) {
     if (!cuda || cuda->narch == 0) return NULL;
-    CudaSchedule cs[3];
-    int n = hs->n < 3 ? hs->n : 3; /* the chunk phase (KV cache) runs on the CPU alone (docs/serve.md) */
+    CudaSchedule cs[4];
+    int n = hs->n < 4 ? hs->n : 4; /* step, update, logits, chunk (the KV cache: docs/serve.md) */
     for (int i = 0; i < n; i++) cs[i] = (CudaSchedule){hs->r[i], hs->g[i], hs->disjoint[i]};
     CudaProgram *cp = cuda_program_build(cs, n, h->ar);
     NvrtcResult *res = arena_alloc(h->ar, sizeof *res * (size_t)cuda->narch);
@@ -235,5 +238,5 @@ LLVMValueRef host_cuda(Host *h, Sched *const *S, const HostSchedules *hs, const 
         }
         if (cuda_program_compile(cp, cuda->archs, cuda->narch, CUDA_PTX_HIGHEST, res, "-o", h->ar)) return NULL;
     }
-    return host_gpu(h, cp, S, 3, hs, res, emit_only ? 0 : cuda->narch);
+    return host_gpu(h, cp, S, 4, hs, res, emit_only ? 0 : cuda->narch);
 }

@@ -177,6 +177,8 @@ KBuilder *kb_new(Arena *ar, Kernel *k) {
     return b;
 }
 
+Arena *kb_arena(const KBuilder *b) { return b->ar; }
+
 int kb_buf(KBuilder *b, int key, int buffer, int node, DType dt, int rank, const int64_t *shape, int written) {
     Kernel *k = b->k;
     for (int i = 0; i < k->nbufs; i++)

@@ -227,6 +227,26 @@ typedef struct KLora {
     double alpha;
     int x, a, b, d, s, c; /* buffer parameters; s -1 when S is not stored */
 } KLora;
+/* What a paged-KV-cache attention kernel computes (compiler/fuse/fuse_kv.h says it in full: the
+ * new tokens' keys and values written into the pool, each row's attention over its sequence's
+ * cached prefix and the call's own rows). A back end may run a kernel of its own from this instead
+ * of the body (compiler/backend/cuda: runtime/kernels/rt_kv_attention.cuh, a block per row and
+ * key/value head, the keys split across its warps); the body computes the same. fuse_kv.c sets it
+ * for every such kernel; meta and pool are the kernel's parameters of the metadata and the pool. */
+typedef struct KKvAttn {
+    int64_t N;          /* rows (new tokens) of a launch */
+    int64_t H, Hk, D;   /* query heads, key/value heads (H a multiple of Hk), head width */
+    int64_t block;      /* tokens per KV block */
+    int64_t max_blocks; /* columns of the block table */
+    int64_t layer, L;   /* this attention's layer, of L */
+    DType dt;           /* of q, k, v and the output (f32; bf16/f16 computed in f32) */
+    DType kv_dt;        /* of the pool: DT_F32, DT_BF16 or DT_F16 */
+    double scale;       /* of the scores: scale * (q . k) */
+    KView q, k, v;      /* [1, heads, N, D] (stride[0] unused) views of kernel parameters */
+    KView out;          /* the result [1, H, N, D] */
+    int64_t pool_off;   /* elements from the pool parameter's start to slot 0 */
+    int meta, pool;     /* the parameters of the metadata (i32) and of the pool (kv_dt, written) */
+} KKvAttn;
 
 typedef struct Kernel {
     const char *name; /* "k3_add_layernorm": unique in a schedule, a C identifier */
@@ -243,6 +263,7 @@ typedef struct Kernel {
     const KScatter *scatter; /* KK_SCATTER: its operands when contiguous, else NULL */
     const KCeStats *ce;      /* F_CE_STATS's kernel: its logits as rows of a buffer, else NULL */
     const KLora *lora;       /* fused LoRA's kernel (KK_ROW): its products, else NULL */
+    const KKvAttn *kv;       /* the paged KV cache's attention (fuse_kv.h), else NULL */
     int64_t columns;         /* KK_REDUCE over leading axes with the innermost axis kept: its extent
                                 (consecutive work items read consecutive elements of each row they
                                 sum), else 0 */
@@ -260,6 +281,7 @@ typedef struct Kernel {
 typedef struct KBuilder KBuilder;
 
 KBuilder *kb_new(Arena *ar, Kernel *k);                                 /* a builder appending to k */
+Arena *kb_arena(const KBuilder *b);                                     /* the arena it allocates from */
 Kernel *kir_new(Arena *ar, const char *name, KKind kind, int64_t grid); /* an empty kernel */
 int kb_buf(KBuilder *b, int key, int buffer, int node, DType dt, int rank, const int64_t *shape, int written);
 /* the parameter for key (added once) */

@@ -122,9 +122,7 @@ typedef struct RtGenCache {
 
 static RtStatus rt_cache_open(RtGenCache *c, const RtProgram *p, RtExec *x, const RtOptions *o, RtError *e) {
     memset(c, 0, sizeof *c);
-    if (!o->no_cache && p->forward_chunk && x->gpu && !o->print_logits)
-        fprintf(stderr, "%s: note: the KV cache runs on the CPU only; on the GPU every token recomputes its context\n", o->prog);
-    if (o->no_cache || !p->forward_chunk || x->gpu) return RT_OK; /* the recompute path */
+    if (o->no_cache || !p->forward_chunk) return RT_OK; /* the recompute path */
     RtStatus st = rt_engine_open_cached(&c->eng, x, p->kv.block, e);
     if (st == RT_OK) st = rt_engine_pool(&c->eng, p->kv.max_blocks, e);
     if (st == RT_OK) {

@@ -312,7 +312,7 @@ RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
     case RT_EXEC_FORWARD_LOGITS: f = g ? g->forward_logits : p->forward_logits; break;
     case RT_EXEC_UPDATE: f = g ? g->optimizer_update : p->optimizer_update; break;
     case RT_EXEC_FORWARD_STATS: f = g ? g->forward_stats : p->forward_stats; break;
-    case RT_EXEC_FORWARD_CHUNK: f = g ? NULL : p->forward_chunk; break;
+    case RT_EXEC_FORWARD_CHUNK: f = g ? g->forward_chunk : p->forward_chunk; break;
     }
     if (!f) return rt_fail(s->err, RT_ERR_ARG, "the program has no %s for the %s", names[fn], g ? "GPU" : "CPU");
     /* the step's functions on the GPU as CUDA graphs, when they can be (gpu_graph.c) */

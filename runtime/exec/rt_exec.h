@@ -181,7 +181,7 @@ typedef enum RtExecFn {
     RT_EXEC_FORWARD_LOGITS,
     RT_EXEC_UPDATE,
     RT_EXEC_FORWARD_STATS, /* returns with stats_out filled (its copy to the host waits) */
-    RT_EXEC_FORWARD_CHUNK  /* the CPU's alone: the GPU has no forward_chunk yet */
+    RT_EXEC_FORWARD_CHUNK  /* the chunk phase (KV cache): RtStep.kv and kv_pool in the device's memory */
 } RtExecFn;
 /* stats (the host's) to the GPU's d_stats (CPU: nothing). */
 RtStatus rt_exec_stats(RtExec *e, RtError *err);

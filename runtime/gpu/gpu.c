@@ -254,6 +254,15 @@ void rt_gpu_free(RtGpu *g, void *dev) {
     rt_gpu_mem_free(g, rt_dptr(dev));
 }
 
+RtStatus rt_gpu_mem_info(RtGpu *g, int64_t *free_bytes, int64_t *total_bytes, RtError *err) {
+    RtStatus st = rt_gpu_use(g, err);
+    if (st != RT_OK) return st;
+    size_t f = 0, t = 0;
+    st = rt_cu_check(&g->api, g->api.cuMemGetInfo(&f, &t), err, "cuMemGetInfo", "reading the device's free memory");
+    *free_bytes = (int64_t)f, *total_bytes = (int64_t)t;
+    return st;
+}
+
 RtStatus rt_gpu_host_alloc(RtGpu *g, void **host, int64_t bytes, const char *what, RtError *err) {
     *host = NULL;
     if (bytes < 0) return rt_fail(err, RT_ERR_ARG, "cannot allocate %s: negative size %lld", what, (long long)bytes);

@@ -153,6 +153,7 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
     X(CUresult, cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice))                                           \
     X(CUresult, cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                                                                 \
     X(CUresult, cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr *, size_t))                                                            \
+    X(CUresult, cuMemGetInfo, "cuMemGetInfo_v2", (size_t *, size_t *))                                                           \
     X(CUresult, cuMemFree, "cuMemFree_v2", (CUdeviceptr))                                                                        \
     X(CUresult, cuMemHostAlloc, "cuMemHostAlloc", (void **, size_t, unsigned int))                                               \
     X(CUresult, cuMemFreeHost, "cuMemFreeHost", (void *))                                                                        \

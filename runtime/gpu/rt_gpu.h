@@ -49,6 +49,8 @@ int rt_gpu_arch(const RtGpu *g); /* 90 for sm_90 */
 /* Device memory, 256-byte aligned, zeroed; `what` names it in the error ("the activation arena"). */
 RtStatus rt_gpu_alloc(RtGpu *g, void **dev, int64_t bytes, const char *what, RtError *err);
 void rt_gpu_free(RtGpu *g, void *dev);
+/* The device's free and total memory now (cuMemGetInfo: serve sizes its KV pool from the free). */
+RtStatus rt_gpu_mem_info(RtGpu *g, int64_t *free_bytes, int64_t *total_bytes, RtError *err);
 /* Page-locked host memory (the micro-batch staging buffers, so uploads overlap compute), zeroed. */
 RtStatus rt_gpu_host_alloc(RtGpu *g, void **host, int64_t bytes, const char *what, RtError *err);
 void rt_gpu_host_free(RtGpu *g, void *host);

@@ -66,19 +66,22 @@ struct RtEngine {
     int64_t context;            /* the longest sequence (prompt + generated) the model takes: logits_seq */
     int64_t block;              /* tokens a KV block */
     int64_t kv_bytes_per_token; /* the cache's bytes for one position over all layers (0: the engine keeps no cache) */
-    void *kv_pool;              /* nblocks x block x kv_bytes_per_token bytes (NULL without a cache) */
+    void *kv_pool;              /* nblocks x block x kv_bytes_per_token bytes (NULL without a cache), in
+                                   the memory of x's device (rt_engine_pool) */
     int64_t nblocks;            /* blocks of the pool, set by rt_engine_pool before the first step */
     void *impl;                 /* the implementation's own state */
 };
 
 /* The recompute engine (engine_recompute.c) on an opened RtExec. */
 RtStatus rt_engine_open_recompute(RtEngine *e, RtExec *x, int64_t block, RtError *err);
-/* The cached engine (engine_cached.c): the program's forward_chunk over the paged pool (the CPU
- * alone); block must be the program's RtKvInfo.block. */
+/* The cached engine (engine_cached.c): the program's forward_chunk over the paged pool, on x's
+ * device (the GPU's forward_chunk where x runs on the GPU); block must be the program's
+ * RtKvInfo.block. */
 RtStatus rt_engine_open_cached(RtEngine *e, RtExec *x, int64_t block, RtError *err);
 /* Runs one step (e->ops->step). */
 RtStatus rt_engine_step(RtEngine *e, RtEngineSeq *seqs, int64_t nseqs, RtError *err);
-/* Allocates the pool: nblocks x block x kv_bytes_per_token bytes (nothing without a cache). */
+/* Allocates the pool: nblocks x block x kv_bytes_per_token bytes (nothing without a cache), zeroed,
+ * in device memory when the engine's RtExec runs on the GPU. */
 RtStatus rt_engine_pool(RtEngine *e, int64_t nblocks, RtError *err);
 void rt_engine_close(RtEngine *e); /* NULL ops is fine */
 

@@ -12,16 +12,21 @@
  * so a sequence's logits are bit for bit a run alone's whatever the batch and the chunking; they
  * agree with forward_logits (OpenBLAS) to about 1e-6 relative (docs/serve.md, "Numerics").
  * RtStep.len tells forward_chunk how many rows a call uses (its GEMMs compute those only).
- * The CPU alone: the GPU build has no forward_chunk yet (docs/serve.md). */
+ * On the GPU (the RtExec's device) the pool is in device memory (rt_engine_pool), and each call
+ * uploads the rows' tokens and the metadata - block tables included - before the GPU's
+ * forward_chunk, which downloads the logits and waits; its GEMMs run all rows (a fixed shape), its
+ * attention is runtime/kernels/rt_kv_attention.cuh. A sequence's logits there do not depend on the
+ * rest of the batch either, but differ from the CPU's in rounding (docs/serve.md, "On the GPU"). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
 
 typedef struct RtCached {
-    int32_t *meta; /* RtKvInfo's metadata: rows x (4 + max_blocks) */
-    float *logits; /* [rows x vocab]: every row's, from forward_chunk */
-    int64_t *want; /* [rows]: the sequence whose logits row r holds, -1 */
+    int32_t *meta;   /* RtKvInfo's metadata: rows x (4 + max_blocks) */
+    int32_t *d_meta; /* on the GPU: its copy in device memory, uploaded each call (NULL on the CPU) */
+    float *logits;   /* [rows x vocab]: the used rows', from forward_chunk */
+    int64_t *want;   /* [rows]: the sequence whose logits row r holds, -1 */
 } RtCached;
 
 enum { META_POS, META_SEQ, META_START, META_SLOT, META_TABLE }; /* compiler/fuse/fuse_kv.h's KV_META_* */
@@ -48,9 +53,15 @@ static RtStatus cached_call(RtEngine *e, RtEngineSeq *seqs, int64_t rows, RtErro
     RtCached *c = e->impl;
     RtExec *x = e->x;
     const RtKvInfo *kv = &x->prog->kv;
+    RtStatus st = RT_OK;
+    if (x->gpu) { /* the tokens (rt_exec_batch: x into d_x) and the metadata to the device */
+        st = rt_exec_batch(x, kv->rows, err);
+        if (st == RT_OK) st = rt_gpu_upload(x->gpu, c->d_meta, c->meta, kv->meta_bytes, err);
+        if (st != RT_OK) return st;
+    }
     RtStep s = rt_exec_step(x, err);
-    s.B = 1, s.T = kv->rows, s.len = rows, s.logits = c->logits, s.kv = c->meta, s.kv_pool = e->kv_pool;
-    RtStatus st = rt_exec_call(x, RT_EXEC_FORWARD_CHUNK, &s);
+    s.B = 1, s.T = kv->rows, s.len = rows, s.logits = c->logits, s.kv = x->gpu ? c->d_meta : c->meta, s.kv_pool = e->kv_pool;
+    st = rt_exec_call(x, RT_EXEC_FORWARD_CHUNK, &s);
     if (st != RT_OK) return st;
     for (int64_t r = 0; r < rows; r++)
         if (c->want[r] >= 0) memcpy(seqs[c->want[r]].logits, c->logits + r * e->vocab, (size_t)e->vocab * sizeof(float));
@@ -112,6 +123,7 @@ static RtStatus cached_step(RtEngine *e, RtEngineSeq *seqs, int64_t nseqs, RtErr
 static void cached_close(RtEngine *e) {
     RtCached *c = e->impl;
     if (!c) return;
+    if (e->x && e->x->gpu) rt_gpu_free(e->x->gpu, c->d_meta);
     free(c->meta);
     free(c->logits);
     free(c->want);
@@ -129,7 +141,9 @@ RtStatus rt_engine_open_cached(RtEngine *e, RtExec *x, int64_t block, RtError *e
         return rt_fail(err, RT_ERR_ARG,
                        "this program has no KV cache: its model cannot run over new tokens alone (mbtc --emit=plan "
                        "says why under 'phase chunk')");
-    if (x->gpu) return rt_fail(err, RT_ERR_ARG, "the KV cache runs on the CPU only: the GPU build has no forward_chunk yet");
+    if (x->gpu && (!p->gpu || !p->gpu->forward_chunk))
+        return rt_fail(err, RT_ERR_ARG,
+                       "this program's GPU side has no forward_chunk (it was built before the chunk phase ran on the GPU)");
     if (block != kv->block)
         return rt_fail(err, RT_ERR_ARG, "the program's KV cache was compiled with blocks of %lld tokens, not %lld",
                        (long long)kv->block, (long long)block);
@@ -141,6 +155,14 @@ RtStatus rt_engine_open_cached(RtEngine *e, RtExec *x, int64_t block, RtError *e
     }
     e->impl = c;
     e->ops = &cached_ops;
+    e->x = x;
+    RtStatus st = RT_OK;
+    if (c && x->gpu) st = rt_gpu_alloc(x->gpu, (void **)&c->d_meta, kv->meta_bytes, "the KV cache's metadata", err);
+    if (st != RT_OK) {
+        cached_close(e);
+        e->ops = NULL;
+        return st;
+    }
     if (!c || !c->meta || !c->logits || !c->want) {
         cached_close(e);
         e->ops = NULL;

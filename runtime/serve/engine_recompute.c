@@ -56,6 +56,7 @@ RtStatus rt_engine_pool(RtEngine *e, int64_t nblocks, RtError *err) {
     e->nblocks = nblocks;
     if (e->kv_bytes_per_token == 0) return RT_OK;
     size_t bytes = (size_t)nblocks * (size_t)e->block * (size_t)e->kv_bytes_per_token;
+    if (e->x && e->x->gpu) return rt_gpu_alloc(e->x->gpu, &e->kv_pool, (int64_t)bytes, "the KV pool", err); /* zeroed */
     e->kv_pool = calloc(1, bytes);
     if (!e->kv_pool) return rt_fail(err, RT_ERR_NOMEM, "cannot allocate the KV pool (%zu bytes)", bytes);
     return RT_OK;
@@ -64,7 +65,8 @@ RtStatus rt_engine_pool(RtEngine *e, int64_t nblocks, RtError *err) {
 void rt_engine_close(RtEngine *e) {
     if (!e || !e->ops) return;
     e->ops->close(e);
-    free(e->kv_pool);
+    if (e->x && e->x->gpu) rt_gpu_free(e->x->gpu, e->kv_pool);
+    else free(e->kv_pool);
     e->kv_pool = NULL;
     e->ops = NULL;
 }

@@ -870,16 +870,31 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 static volatile sig_atomic_t sv_signal;
 static void on_signal(int sig) { sv_signal = sig; }
 
-/* Blocks for kv.memory of the host budget: MBT_SERVE_HOST_MEMORY bytes, else the machine's
- * physical memory; without a cache (the recompute engine), enough for batch.seqs full contexts. */
-static int64_t pool_blocks(const RtProgram *p, const RtEngine *e, const RtOptions *o) {
-    if (o->kv_blocks > 0) return o->kv_blocks;
+/* Blocks for kv.memory of the budget: on the GPU the device's free memory once the weights, the
+ * arena and the engine's buffers are allocated (cuMemGetInfo); on the CPU MBT_SERVE_HOST_MEMORY
+ * bytes, else the machine's physical memory. Without a cache (the recompute engine), enough for
+ * batch.seqs full contexts. *budget_out: the budget (-1 when none was read). */
+static RtStatus pool_blocks(const RtProgram *p, const RtEngine *e, const RtOptions *o, int64_t *out, double *budget_out,
+                            RtError *err) {
+    *budget_out = -1;
     int64_t per_ctx = (e->context + e->block - 1) / e->block;
-    if (e->kv_bytes_per_token == 0) return per_ctx * o->batch_seqs;
-    double budget = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    const char *env = getenv("MBT_SERVE_HOST_MEMORY");
-    if (env && *env) budget = strtod(env, NULL);
-    return (int64_t)(budget * p->generate.kv_memory / ((double)e->block * (double)e->kv_bytes_per_token));
+    if (o->kv_blocks > 0) *out = o->kv_blocks;
+    else if (e->kv_bytes_per_token == 0) *out = per_ctx * o->batch_seqs;
+    else {
+        double budget = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        if (e->x->gpu) {
+            int64_t free_bytes = 0, total = 0;
+            RtStatus st = rt_gpu_mem_info(e->x->gpu, &free_bytes, &total, err);
+            if (st != RT_OK) return st;
+            budget = (double)free_bytes;
+        } else {
+            const char *env = getenv("MBT_SERVE_HOST_MEMORY");
+            if (env && *env) budget = strtod(env, NULL);
+        }
+        *budget_out = budget;
+        *out = (int64_t)(budget * p->generate.kv_memory / ((double)e->block * (double)e->kv_bytes_per_token));
+    }
+    return RT_OK;
 }
 
 int rt_cmd_serve(const RtProgram *p, const RtOptions *o) {
@@ -925,18 +940,22 @@ int rt_cmd_serve(const RtProgram *p, const RtOptions *o) {
     if (st == RT_OK) st = rt_exec_push(&x, &e);
     /* the KV cache when the program has one on this device (engine_cached.c: the compiled
      * forward_chunk, with the serve block's kv.block), else the recompute engine (and --no-cache) */
-    if (st == RT_OK && !o->no_cache && p->forward_chunk && !x.gpu && p->kv.block == p->generate.kv_block)
+    if (st == RT_OK && !o->no_cache && p->forward_chunk && p->kv.block == p->generate.kv_block)
         st = rt_engine_open_cached(&eng, &x, p->generate.kv_block, &e);
     else if (st == RT_OK) st = rt_engine_open_recompute(&eng, &x, p->generate.kv_block, &e);
     if (st != RT_OK) goto done;
     sv->context = eng.context;
-    SvConfig cfg = {o->batch_tokens, o->prefill_chunk, o->batch_seqs, pool_blocks(p, &eng, o)};
+    SvConfig cfg = {o->batch_tokens, o->prefill_chunk, o->batch_seqs, 0};
+    double budget = -1; /* none read: --kv-blocks, or no cache */
+    st = pool_blocks(p, &eng, o, &cfg.kv_blocks, &budget, &e);
+    if (st != RT_OK) goto done;
     int64_t per_ctx = (eng.context + eng.block - 1) / eng.block;
     if (cfg.kv_blocks < per_ctx) {
         st = rt_fail(&e, RT_ERR_ARG,
-                     "the KV pool of %lld blocks of %lld tokens is smaller than one full context (%lld tokens, %lld blocks): "
+                     "the KV pool of %lld blocks of %lld tokens is smaller than one full context (%lld tokens, %lld blocks)%s: "
                      "give more memory (kv.memory, --kv-blocks)",
-                     (long long)cfg.kv_blocks, (long long)eng.block, (long long)eng.context, (long long)per_ctx);
+                     (long long)cfg.kv_blocks, (long long)eng.block, (long long)eng.context, (long long)per_ctx,
+                     budget >= 0 && x.gpu ? " (kv.memory of the GPU's free memory)" : "");
         goto done;
     }
     st = rt_engine_pool(&eng, cfg.kv_blocks, &e);
@@ -973,6 +992,9 @@ int rt_cmd_serve(const RtProgram *p, const RtOptions *o) {
            sv->model_name, (long long)eng.context, eng.ops->name, rt_exec_device(&x), (long long)cfg.kv_blocks,
            (long long)eng.block, (long long)cfg.batch_tokens, (long long)cfg.batch_seqs, (long long)cfg.prefill_chunk,
            sv->tok ? ", tokenizer " : "", sv->tok ? o->tokenizer : "");
+    if (budget >= 0)
+        printf("serve: the KV pool is kv.memory (%g) of %.0f bytes (%s) at %lld bytes a block\n", p->generate.kv_memory, budget,
+               x.gpu ? "the GPU's free memory" : "the host's memory", (long long)(eng.block * eng.kv_bytes_per_token));
     if (eng.kv_bytes_per_token == 0)
         printf("serve: the %s engine keeps no KV cache: the pool's blocks are bookkeeping only, and kv.memory (%g) and "
                "kv.dtype (%s) size nothing (docs/serve.md)\n",

@@ -26,6 +26,7 @@
  * Build: the Makefile makes build/tests/libmbt_fake_cuda.so for test_rt_gpu. */
 #include <cblas.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,9 +154,25 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+static size_t fake_live_bytes; /* what cuMemAlloc handed out and is not freed (cuMemGetInfo's free memory) */
+
+/* The device's memory: 16 GiB, or MBT_FAKE_CUDA_MEM bytes (tests/gpu/run.sh sizes serve's KV pool,
+ * a fraction of the free memory, with it; allocations are not held to it). */
+static size_t fake_total_mem(void) {
+    const char *m = getenv("MBT_FAKE_CUDA_MEM");
+    return m && *m ? (size_t)strtoull(m, NULL, 10) : (size_t)16 << 30;
+}
+
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     (void)d;
-    *bytes = (size_t)16 << 30;
+    *bytes = fake_total_mem();
+    return CUDA_SUCCESS;
+}
+
+/* free: the total less what is allocated (the serve pool's kv.memory is a fraction of it) */
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    *total = fake_total_mem();
+    *free_bytes = fake_live_bytes < *total ? *total - fake_live_bytes : 0;
     return CUDA_SUCCESS;
 }
 
@@ -217,12 +234,14 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
     if (fake_emu()) memset(m, 0xff, n);
     fake.live_allocs++;
+    fake_live_bytes += malloc_usable_size(m);
     *p = (CUdeviceptr)(uintptr_t)m;
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
     fake.live_allocs--;
+    fake_live_bytes -= malloc_usable_size((void *)(uintptr_t)p);
     free((void *)(uintptr_t)p);
     return CUDA_SUCCESS;
 }

@@ -71,6 +71,9 @@
 #                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
 #                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
 #                          offload { optimizer = host }, each rank's CPU updating its shard
+# and, on tests/serve/gpt.mbt (tests/gpu/kv.sh says what each compares):
+#   gpu/kv/logits, chunked, greedy, serve/NAME, pool-refused
+#                          the KV cache (generate's and serve's chunk phase) on the device
 # and, on tests/exec/pad_gemm.mbt (aligned GEMM shapes, docs/cuda.md):
 #   gpu/pad/step, step2    built with --pad-gemm=64, step 1 on the device against the same source built
 #                          with --pad-gemm=1 on the CPU (cmpdump's tolerances), step 2's loss 1e-5; the
@@ -623,6 +626,10 @@ else
         fail gpu/generate-logits "generate --print-logits differs from the CPU's by more than 1e-5 of a row's largest logit ($worst)" "$d/logits-dev.out"
     fi
 fi
+
+# ---- the KV cache on the device: forward_chunk, the paged pool in device memory, serve ------------
+# shellcheck source=tests/gpu/kv.sh
+. tests/gpu/kv.sh
 
 # ---- offload { optimizer = host }: the state in host memory, the CPU's update --------------------
 # gpu/offload-host: tests/exec/offload_optimizer.mbt's program with optimizer = host and without

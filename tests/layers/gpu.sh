@@ -1,15 +1,15 @@
 # shellcheck shell=bash
 # tests/layers/gpu.sh - the gpu-emu layer: the attention templates, the segmented scatter_add, the online
-# cross-entropy statistics, bench/attention's and bench/gpu.py's dry runs and
+# cross-entropy statistics, the paged KV cache's attention, bench/attention's and bench/gpu.py's dry runs and
 # tests/gpu/run.sh on the emulated GPU (sourced by tests/run.sh; BUILD, TMP and report.sh's pass/fail/skip are set).
 
 # The checks before tests/gpu/run.sh are single processes, mostly one core's work (g++ building the
 # checks, mbtc, the emulated kernels): they run in two lanes at once, bench/gpu.py's dry run (the
-# longest) beside the four others one after another; each writes its own folder (BUILD/tmp/cudaemu*,
+# longest) beside the five others one after another; each writes its own folder (BUILD/tmp/cudaemu*,
 # BUILD/bench/attention_prelude.cu, BUILD/tmp/bench-gpu and BUILD/bench/gpu). Their lines are
 # relayed in this order once both lanes are done. tests/gpu/run.sh then runs two blocks at a time
 # itself.
-GPU_EMU_LANES='tests/gpu/check_bench_gpu.sh|tests/cudaemu/check_attention.sh tests/cudaemu/check_scatter.sh tests/cudaemu/check_ce.sh tests/cudaemu/check_bench_attention.sh'
+GPU_EMU_LANES='tests/gpu/check_bench_gpu.sh|tests/cudaemu/check_attention.sh tests/cudaemu/check_scatter.sh tests/cudaemu/check_ce.sh tests/cudaemu/check_kv.sh tests/cudaemu/check_bench_attention.sh'
 
 # gpu_emu_lane SCRIPT...: each script run as `bash SCRIPT BUILD`, one after another, its output in
 # $TMP/gpu-emu-NAME.out and its exit status in $TMP/gpu-emu-NAME.rc.

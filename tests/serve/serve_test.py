@@ -29,7 +29,13 @@ sleeps to wait for it. Each check says what it compares:
     Llama-3-style byte-level BPE trained here, and text prompts and chat completions work through
     the server (SKIP without the package);
   - every server stopped by SIGTERM exited 0 with nothing on stderr but its shutdown line (under
-    `tests/serve/run.sh build/asan`, no sanitizer report)."""
+    `tests/serve/run.sh build/asan`, no sanitizer report).
+
+tests/gpu/run.sh runs some of these checks on the device under test: MBT_SERVE_DEVICE holds the
+arguments every serve and generate gets (`--device cuda`), MBT_SERVE_CHECKS the names of the checks
+to run (space-separated; all when unset), and with a device the check kv-pool-from-device-memory
+holds the pool's size to kv.memory of the free memory the server reports, and its engine to the
+cached one on the GPU."""
 import http.client
 import json
 import os
@@ -46,6 +52,8 @@ BUILD, DIR = sys.argv[1], sys.argv[2]
 PROG = os.path.join(DIR, "gpt")
 WEIGHTS = os.path.join(DIR, "gpt.safetensors")
 CONTEXT = 32
+DEVICE = os.environ.get("MBT_SERVE_DEVICE", "").split()
+ONLY = os.environ.get("MBT_SERVE_CHECKS", "").split()
 failed = False
 
 
@@ -65,14 +73,16 @@ STOPS = []  # (command, exit status, stderr) of every server stopped with SIGTER
 
 class Server:
     def __init__(self, *args, prog=PROG):
-        self.p = subprocess.Popen([prog, "serve", "--weights", WEIGHTS, "--port", "0", "--threads", "1", *args],
+        self.p = subprocess.Popen([prog, "serve", "--weights", WEIGHTS, "--port", "0", "--threads", "1", *DEVICE, *args],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.port = None
+        self.lines = []  # what it printed up to its listening line
         killer = threading.Timer(30, self.p.kill)  # a server that never says where it listens
         killer.start()
         lines = []
         for line in self.p.stdout:
             lines.append(line)
+            self.lines.append(line)
             m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
             if m:
                 self.port = int(m.group(1))
@@ -165,7 +175,7 @@ def metrics(port):
 def generate(prompt, n, temperature=0, seed=1):
     out = subprocess.run([PROG, "generate", "--weights", WEIGHTS, "--prompt-tokens", ",".join(map(str, prompt)),
                           "--max-tokens", str(n), "--temperature", str(temperature), "--seed", str(seed),
-                          "--threads", "1"], capture_output=True, text=True, check=True)
+                          "--threads", "1", *DEVICE], capture_output=True, text=True, check=True)
     return [int(t) for t in out.stdout.split()]
 
 
@@ -401,10 +411,32 @@ def endpoints():
 
 
 def pool_too_small():
-    r = subprocess.run([PROG, "serve", "--weights", WEIGHTS, "--port", "0", "--kv-blocks", "7"], capture_output=True,
+    r = subprocess.run([PROG, "serve", "--weights", WEIGHTS, "--port", "0", "--kv-blocks", "7", *DEVICE], capture_output=True,
                        text=True, timeout=60)
     want = "the KV pool of 7 blocks of 4 tokens is smaller than one full context (32 tokens, 8 blocks)"
     report("pool-smaller-than-context", r.returncode == 1 and want in r.stderr, r.stderr.strip())
+
+
+def kv_pool_from_device_memory():
+    """On a device: the cached engine runs on the GPU, and the pool is kv.memory (the serve block's
+    0.5) of the free memory the server read, in blocks of 4 tokens x 512 bytes (2 layers x k and v x
+    2 heads x 16 x f32)."""
+    s = Server()
+    try:
+        text = "".join(s.lines)
+        eng = re.search(r"engine (\w+) on ([^,]+), .*KV pool (\d+) blocks of 4 tokens", text)
+        bud = re.search(r"the KV pool is kv\.memory \(0\.5\) of (\d+) bytes \(the GPU's free memory\) at 2048 bytes a block",
+                        text)
+        if not eng or not bud:
+            return report("kv-pool-from-device-memory", False, "start lines: " + text.replace("\n", " | "))
+        want = int(0.5 * int(bud.group(1)) / 2048)
+        ok = eng.group(1) == "cached" and eng.group(2) != "cpu" and int(eng.group(3)) == want
+        got = complete(s.port, prompt=PROMPTS[0], max_tokens=4, temperature=0)
+        report("kv-pool-from-device-memory", ok and len(got) == 4,
+               f"engine {eng.group(1)} on {eng.group(2)}, {eng.group(3)} blocks (want {want}: 0.5 of {bud.group(1)} bytes free "
+               "/ 2048 bytes a block)")
+    finally:
+        s.stop()
 
 
 def sigterm_finishes():
@@ -551,7 +583,9 @@ for name, fn in [("greedy-equals-generate", greedy_equals_generate), ("batched-e
                  ("fifty-clients-some-leave", many_clients_some_leave), ("malformed-requests", malformed_requests),
                  ("endpoints", endpoints), ("pool-smaller-than-context", pool_too_small),
                  ("sigterm-finishes-and-exits-0", sigterm_finishes), ("openai-client-streams", openai_client),
-                 ("tokenizer-matches-hf", tokenizer_checks)]:
+                 ("tokenizer-matches-hf", tokenizer_checks), ("kv-pool-from-device-memory", kv_pool_from_device_memory)]:
+    if (ONLY and name not in ONLY) or (name == "kv-pool-from-device-memory" and not DEVICE):
+        continue
     check(name, fn)
 bad = [(cmd, rc, err) for cmd, rc, err in STOPS if rc != 0 or "ERROR" in err or "runtime error" in err]
 report("servers-exit-0", not bad, f"{len(STOPS)} servers stopped by SIGTERM, each exit 0 with a clean stderr" if not bad else

@@ -243,7 +243,7 @@ static void nvrtc_generated_kernels(void) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    cuda_emit_prelude(f, 0, 0);
+    cuda_emit_prelude(f, 0, 0, 0);
     for (int i = 0; i < 4; i++) cuda_emit_kernel(f, ks[i]->k, NULL, 1, NULL);
     fclose(f);
     Arena ar = {0};

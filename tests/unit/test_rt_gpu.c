@@ -91,7 +91,7 @@ static const RtGpuKernel kernels[] = {
     {"fake_fail", 128, 0, 96, 0},
 };
 
-static const RtGpuProgram program = {images, 5, kernels, 2, HASH, NULL, NULL, NULL, NULL, NULL};
+static const RtGpuProgram program = {images, 5, kernels, 2, HASH, NULL, NULL, NULL, NULL, NULL, NULL};
 
 /* Loads the fake as both libraries (the runtime's dlopen finds this same instance). No JIT cache
  * unless a case sets one (never the user's ~/.cache). */
@@ -445,7 +445,7 @@ static void fake_no_image(void) {
     FakeControl *fake = use_fake();
     fake->major = 7;
     const RtGpuImage two[] = {images[0], images[2]};
-    const RtGpuProgram p = {two, 2, kernels, 2, HASH, NULL, NULL, NULL, NULL, NULL};
+    const RtGpuProgram p = {two, 2, kernels, 2, HASH, NULL, NULL, NULL, NULL, NULL, NULL};
     RtGpu *g = NULL;
     const char *why = NULL;
     RtError e;
@@ -456,7 +456,7 @@ static void fake_no_image(void) {
     /* sm_90a is that GPU's alone: sm_90 takes the PTX */
     fake->major = 9;
     const RtGpuImage arch_specific[] = {images[4], images[1]};
-    const RtGpuProgram q = {arch_specific, 2, kernels, 2, HASH, NULL, NULL, NULL, NULL, NULL};
+    const RtGpuProgram q = {arch_specific, 2, kernels, 2, HASH, NULL, NULL, NULL, NULL, NULL, NULL};
     g = open_fake(&q);
     if (g) CHECK(strncmp(module_of(g), "PTX compute_70, JIT-compiled for sm_90", 38) == 0, "module: %s", module_of(g));
     rt_gpu_close(g);

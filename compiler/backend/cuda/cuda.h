@@ -45,6 +45,9 @@ typedef enum CudaMode {
                        embedding backward, a block per group of output rows (docs/cuda.md) */
     CUDA_CE_STATS,  /* cross-entropy's row statistics from rows of a buffer (Kernel.ce): a block per
                        row, one online pass (docs/cuda.md) */
+    CUDA_KV_ATTN,   /* attention over the paged KV cache (Kernel.kv): a call of
+                       runtime/kernels/rt_kv_attention.cuh, 4 warps a block, a block per (row,
+                       key/value head), the keys split across the warps (docs/serve.md) */
 } CudaMode;
 
 /* The launch geometry chosen for a kernel: what the host side passes to cuLaunchKernel. */
@@ -57,15 +60,16 @@ typedef struct CudaLaunch {
     int64_t per_block; /* work items a block takes at a time (block, block / 32 or 1; x vector) */
 } CudaLaunch;
 
-const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention", "scatter", "ce_stats" */
+const char *cuda_mode_name(CudaMode m); /* "thread", "warp", "block", "attention", "scatter", "ce_stats", "kv_attention" */
 
 /* The translation unit's head: includes (cuda_fp16.h / cuda_bf16.h only when half = 1), the
  * device helpers every kernel uses (NaN-propagating max/min, NumPy mod, bf16 rounding, the fixed
  * reduction trees) and the attention templates its kernels need (attn: the largest of their
  * cuda_kernel_uses_attention; CUDA_ATTN_TENSOR_CORES adds rt_attention_tc.cuh to rt_attention.cuh,
- * CUDA_ATTN_FA2 both and rt_attention_fa2.cuh).
+ * CUDA_ATTN_FA2 both and rt_attention_fa2.cuh; kv = 1: a kernel uses the paged KV cache's
+ * template, rt_kv_attention.cuh, after rt_attention.cuh).
  * Printed once, before the kernels. */
-void cuda_emit_prelude(FILE *out, int half, int attn);
+void cuda_emit_prelude(FILE *out, int half, int attn, int kv);
 
 /* 1 when kernel k has an f16 or bf16 buffer or value (the TU then needs the half headers). */
 int cuda_kernel_uses_half(const Kernel *k);
@@ -86,6 +90,11 @@ int cuda_kernel_uses_scatter(const Kernel *k);
 /* Whether kernel k is written as the online cross-entropy statistics (CUDA_CE_STATS mode): it has
  * resolved logits (Kernel.ce) in f32, f16 or bf16 (f64 keeps the body). */
 int cuda_kernel_uses_ce(const Kernel *k);
+
+/* Whether kernel k is written as a call of rt_kv_attention.cuh's template (CUDA_KV_ATTN mode): it
+ * has a KKvAttn (Kernel.kv) in f32, f16 or bf16 with heads at most 256 wide and at most 1024
+ * columns of query heads a key/value head (G x D: the block's shared partial results). */
+int cuda_kernel_uses_kv(const Kernel *k);
 
 /* Writes kernel k as CUDA C to out: a comment naming it, its launch geometry, its buffers and
  * `note` (the fused ops and their source lines, one a line; may be NULL), then the function.

@@ -244,3 +244,27 @@ void cuda_ce_body(CudaEmit *E) {
     E->indent--;
     cuda_line(E, "}");
 }
+
+/* ---- attention over the paged KV cache: a template call ---------------------------------------- */
+
+/* The body of a CUDA_KV_ATTN kernel: its layout (Kernel.kv) as constants and one call of
+ * mbt_kv_attn (runtime/kernels/rt_kv_attention.cuh), which computes what fuse_kv.h's body does. */
+void cuda_kv_attention_call(CudaEmit *E) {
+    const KKvAttn *a = E->k->kv;
+    int64_t G = a->H / a->Hk, per_slot = a->L * 2 * a->Hk * a->D;
+    int64_t k_off = a->pool_off + (a->layer * 2) * a->Hk * a->D, v_off = a->pool_off + (a->layer * 2 + 1) * a->Hk * a->D;
+    cuda_line(E,
+              "/* kv attention: layer %" PRId64 " of %" PRId64 ", %" PRId64 " rows, heads %" PRId64 " (kv %" PRId64
+              "), D %" PRId64 ", blocks of %" PRId64 " tokens, %" PRId64 " a sequence; views {offset, -, h, r, c} */",
+              a->layer, a->L, a->N, a->H, a->Hk, a->D, a->block, a->max_blocks);
+    cuda_line(E,
+              "const MbtKvAttn a = {%" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64 "LL, %" PRId64
+              "LL, %" PRId64 "LL, %s,",
+              a->N, a->Hk, a->block, a->max_blocks, per_slot, k_off, v_off, cuda_float_literal(E, KT_F32, a->scale));
+    cuda_line(E, "    %s, /* q */", cuda_view(E, &a->q));
+    cuda_line(E, "    %s, /* k */", cuda_view(E, &a->k));
+    cuda_line(E, "    %s, /* v */", cuda_view(E, &a->v));
+    cuda_line(E, "    %s}; /* out */", cuda_view(E, &a->out));
+    cuda_line(E, "mbt_kv_attn<%s, %s, %" PRId64 ", %" PRId64 ">(a, p%d, p%d, p%d, p%d, p%d, p%d);", cuda_memory_type(E, a->dt),
+              cuda_memory_type(E, a->kv_dt), a->D, G, a->q.param, a->k.param, a->v.param, a->meta, a->pool, a->out.param);
+}

@@ -50,5 +50,6 @@ int64_t cuda_scatter_rows(const KScatter *s);
 void cuda_attention_call(CudaEmit *E);
 void cuda_scatter_body(CudaEmit *E);
 void cuda_ce_body(CudaEmit *E);
+void cuda_kv_attention_call(CudaEmit *E); /* CUDA_KV_ATTN: rt_kv_attention.cuh's template */
 
 #endif

@@ -27,7 +27,7 @@ static const char *cuda_capture(FILE *f, char **buf, size_t *len, Arena *ar) {
 
 CudaProgram *cuda_program_build(const CudaSchedule *s, int n, Arena *ar) {
     CudaProgram *p = arena_alloc(ar, sizeof *p);
-    int total = 0, half = 0, attn = 0;
+    int total = 0, half = 0, attn = 0, kv = 0;
     for (int i = 0; i < n; i++) total += s[i].r ? s[i].r->nkernels : 0;
     p->kernels = arena_alloc(ar, sizeof(Kernel *) * (size_t)(total + 1));
     p->notes = arena_alloc(ar, sizeof(char *) * (size_t)(total + 1));
@@ -43,13 +43,14 @@ CudaProgram *cuda_program_build(const CudaSchedule *s, int n, Arena *ar) {
             disjoint[p->nkernels] = s[i].disjoint;
             half |= cuda_kernel_uses_half(kn);
             if (cuda_kernel_uses_attention(kn) > attn) attn = cuda_kernel_uses_attention(kn);
+            kv |= cuda_kernel_uses_kv(kn);
             p->kernels[p->nkernels++] = kn;
         }
     char *buf = NULL;
     size_t len = 0;
     FILE *tu = open_memstream(&buf, &len);
     if (!tu) INTERNAL("cuda: cannot open a memory stream");
-    cuda_emit_prelude(tu, half, attn);
+    cuda_emit_prelude(tu, half, attn, kv);
     for (int k = 0; k < p->nkernels; k++) {
         char *kbuf = NULL;
         size_t klen = 0;
@@ -77,7 +78,8 @@ CudaProgram *cuda_program_build(const CudaSchedule *s, int n, Arena *ar) {
         size_t plen = 0;
         FILE *alone = open_memstream(&pbuf, &plen);
         if (!alone) INTERNAL("cuda: cannot open a memory stream");
-        cuda_emit_prelude(alone, cuda_kernel_uses_half(p->kernels[k]), cuda_kernel_uses_attention(p->kernels[k]));
+        cuda_emit_prelude(alone, cuda_kernel_uses_half(p->kernels[k]), cuda_kernel_uses_attention(p->kernels[k]),
+                          cuda_kernel_uses_kv(p->kernels[k]));
         fprintf(alone, "\n%s", text);
         p->kernel_source[k] = cuda_capture(alone, &pbuf, &plen, ar);
     }
