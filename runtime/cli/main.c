@@ -1,5 +1,5 @@
 /* main.c - the `main` of every executable mbtc builds: hands the program's descriptor to the
- * runtime (rt_main in train.c parses the command line and runs train, eval or generate).
+ * runtime (rt_main in program.c checks it, parses the command line and runs a command).
  *
  * Pipeline position: the last link. The generated object defines `const RtProgram mbt_program`
  * (rt_program.h); this file is the only reference to it. It sits in libmbtrt.a, and a linker takes

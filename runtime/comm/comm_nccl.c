@@ -29,7 +29,17 @@
 struct RtNccl {
     ncclComm_t comm;
     int version; /* ncclGetVersion: 22809 */
+    /* a group's sends and receives, entry p peer p's (rt_nccl_group), filled by each collective */
+    const float **sbuf;
+    float **rbuf;
+    int64_t *scount, *rcount;
 };
+
+static void rt_nccl_free(struct RtNccl *n) {
+    if (!n) return;
+    free(n->sbuf), free(n->rbuf), free(n->scount), free(n->rcount);
+    free(n);
+}
 
 static void rt_nccl_nap(void) {
     struct timespec ts = {0, 50 * 1000}; /* 50 us: far below a collective's time, far above a spin */
@@ -88,7 +98,14 @@ RtStatus rt_comm_nccl_open(RtComm *c, RtError *err) {
     RtStatus st = rt_nccl_env(&use, err);
     if (st != RT_OK || !use || !api->nccl_lib || c->size < 2) return st;
     struct RtNccl *n = calloc(1, sizeof *n);
-    if (!n) return rt_fail(err, RT_ERR_NOMEM, "%s: out of memory", what);
+    if (n) {
+        n->sbuf = calloc((size_t)c->size, sizeof *n->sbuf), n->rbuf = calloc((size_t)c->size, sizeof *n->rbuf);
+        n->scount = calloc((size_t)c->size, sizeof *n->scount), n->rcount = calloc((size_t)c->size, sizeof *n->rcount);
+    }
+    if (!n || !n->sbuf || !n->rbuf || !n->scount || !n->rcount) {
+        rt_nccl_free(n);
+        return rt_fail(err, RT_ERR_NOMEM, "%s: out of memory", what);
+    }
     if (api->ncclGetVersion(&n->version) != ncclSuccess) n->version = 0;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
@@ -101,11 +118,11 @@ RtStatus rt_comm_nccl_open(RtComm *c, RtError *err) {
     RtError be;
     if (c->ops->broadcast(c, buf, (int64_t)sizeof buf, 0, &be) != RT_OK) {
         if (st == RT_OK) *err = be;
-        free(n);
+        rt_nccl_free(n);
         return RT_ERR_IO;
     }
     if (st != RT_OK || !buf[sizeof id]) {
-        free(n);
+        rt_nccl_free(n);
         return st != RT_OK ? st : rt_fail(err, RT_ERR_IO, "%s: rank 0 could not make NCCL's id (its error says why)", what);
     }
     memcpy(&id, buf, sizeof id);
@@ -124,7 +141,7 @@ RtStatus rt_comm_nccl_open(RtComm *c, RtError *err) {
     else st = rt_nccl_wait(c, 0, what, err);
     if (st != RT_OK) {
         if (n->comm) api->ncclCommAbort(n->comm);
-        free(n);
+        rt_nccl_free(n);
         c->nccl = NULL;
         return rt_error_context(err, "%s (MBT_NCCL=0 stages GPU buffers through host memory instead)", what);
     }
@@ -140,17 +157,19 @@ void rt_comm_nccl_close(RtComm *c, int abort) {
         if (abort) api->ncclCommAbort(c->nccl->comm);
         else api->ncclCommDestroy(c->nccl->comm);
     }
-    free(c->nccl);
+    rt_nccl_free(c->nccl);
     c->nccl = NULL;
 }
 
-/* One group of sends and receives of floats on the GPU's stream, then the wait for it. Entry i of
- * send/recv is peer i's: its pointer and count (0: nothing with that peer). */
-static RtStatus rt_nccl_group(RtComm *c, const float *const *sbuf, const int64_t *scount, float *const *rbuf,
-                              const int64_t *rcount, const char *what, RtError *err) {
+/* One group of the sends and receives of floats c->nccl holds on the GPU's stream, then the wait
+ * for it. Entry p is peer p's: its pointer and count (0: nothing with that peer). */
+static RtStatus rt_nccl_group(RtComm *c, const char *what, RtError *err) {
     RtGpu *g = c->gpu;
     const RtGpuApi *api = &g->api;
     ncclComm_t comm = c->nccl->comm;
+    const float *const *sbuf = c->nccl->sbuf;
+    float *const *rbuf = c->nccl->rbuf;
+    const int64_t *scount = c->nccl->scount, *rcount = c->nccl->rcount;
     if (!comm) return rt_fail(err, RT_ERR_IO, "%s: the NCCL communicator was aborted after an earlier failure", what);
     ncclResult_t rc = api->ncclGroupStart();
     const char *call = "ncclGroupStart";
@@ -167,36 +186,24 @@ static RtStatus rt_nccl_group(RtComm *c, const float *const *sbuf, const int64_t
 }
 
 RtStatus rt_comm_nccl_exchange(RtComm *c, const float *mine, const int64_t *off, float *got, RtError *err) {
-    int r = c->rank, size = c->size;
+    struct RtNccl *n = c->nccl;
+    int r = c->rank;
     int64_t len = off[r + 1] - off[r];
-    const float **sbuf = calloc((size_t)size, sizeof *sbuf);
-    float **rbuf = calloc((size_t)size, sizeof *rbuf);
-    int64_t *scount = calloc((size_t)size, sizeof *scount), *rcount = calloc((size_t)size, sizeof *rcount);
-    RtStatus st = RT_OK;
-    if (!sbuf || !rbuf || !scount || !rcount) st = rt_fail(err, RT_ERR_NOMEM, "collectives: exchange_shards: out of memory");
-    for (int p = 0; p < size && st == RT_OK; p++) {
-        sbuf[p] = mine + off[p], scount[p] = off[p + 1] - off[p]; /* peer p's shard of this rank's vector */
-        rbuf[p] = got + (int64_t)p * len, rcount[p] = len;        /* this rank's shard of peer p's */
+    for (int p = 0; p < c->size; p++) {
+        n->sbuf[p] = mine + off[p], n->scount[p] = off[p + 1] - off[p]; /* peer p's shard of this rank's vector */
+        n->rbuf[p] = got + (int64_t)p * len, n->rcount[p] = len;        /* this rank's shard of peer p's */
     }
     /* this rank's own copy, queued before the group on the same stream */
-    if (st == RT_OK && len > 0) st = rt_gpu_copy(c->gpu, got + (int64_t)r * len, mine + off[r], len * (int64_t)sizeof *got, err);
-    if (st == RT_OK) st = rt_nccl_group(c, sbuf, scount, rbuf, rcount, "collectives: exchange_shards over NCCL", err);
-    free(sbuf), free(rbuf), free(scount), free(rcount);
-    return st;
+    RtStatus st = len > 0 ? rt_gpu_copy(c->gpu, got + (int64_t)r * len, mine + off[r], len * (int64_t)sizeof *got, err) : RT_OK;
+    return st == RT_OK ? rt_nccl_group(c, "collectives: exchange_shards over NCCL", err) : st;
 }
 
 RtStatus rt_comm_nccl_gather(RtComm *c, float *v, const int64_t *off, RtError *err) {
-    int r = c->rank, size = c->size;
-    const float **sbuf = calloc((size_t)size, sizeof *sbuf);
-    float **rbuf = calloc((size_t)size, sizeof *rbuf);
-    int64_t *scount = calloc((size_t)size, sizeof *scount), *rcount = calloc((size_t)size, sizeof *rcount);
-    RtStatus st = RT_OK;
-    if (!sbuf || !rbuf || !scount || !rcount) st = rt_fail(err, RT_ERR_NOMEM, "collectives: gather_shards: out of memory");
-    for (int p = 0; p < size && st == RT_OK; p++) {
-        sbuf[p] = v + off[r], scount[p] = off[r + 1] - off[r]; /* this rank's shard to every peer */
-        rbuf[p] = v + off[p], rcount[p] = off[p + 1] - off[p]; /* peer p's shard into its place */
+    struct RtNccl *n = c->nccl;
+    int r = c->rank;
+    for (int p = 0; p < c->size; p++) {
+        n->sbuf[p] = v + off[r], n->scount[p] = off[r + 1] - off[r]; /* this rank's shard to every peer */
+        n->rbuf[p] = v + off[p], n->rcount[p] = off[p + 1] - off[p]; /* peer p's shard into its place */
     }
-    if (st == RT_OK) st = rt_nccl_group(c, sbuf, scount, rbuf, rcount, "collectives: gather_shards over NCCL", err);
-    free(sbuf), free(rbuf), free(scount), free(rcount);
-    return st;
+    return rt_nccl_group(c, "collectives: gather_shards over NCCL", err);
 }

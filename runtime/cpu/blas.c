@@ -137,6 +137,24 @@ RtStatus rt_sgemm_check(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
     return RT_OK;
 }
 
+/* MBT_PROFILE (rt_profile.h): a product's wall time, its tiles included, counts as GEMM time; the
+ * pool does not count the parallel loops inside it again. rt_gemm_time_begin returns the profile
+ * when this call is the outermost timed one (else NULL: nothing to do; off, one NULL test), and
+ * rt_gemm_time_end adds the call as one GEMM of that shape. */
+static RtProfile *rt_gemm_time_begin(RtPool *pool) {
+    RtProfile *prof = rt_pool_profile(pool);
+    if (!prof || prof->depth != 0) return NULL;
+    prof->depth = 1;
+    prof->gemm_t0 = rt_profile_now();
+    return prof;
+}
+
+static void rt_gemm_time_end(RtProfile *prof, int ta, int tb, int64_t m, int64_t n, int64_t k, int64_t batch) {
+    if (!prof) return;
+    rt_profile_gemm(prof, ta, tb, m, n, k, batch, rt_profile_now() - prof->gemm_t0);
+    prof->depth = 0;
+}
+
 /* RT_GEMM_ADD: C starts as the matrix vec (unless vec is C), then the product adds itself with
  * beta 1 - the sum is the one the bias epilogue forms, alpha AB + D rounded once. Returns with
  * *done set when there is nothing more to do (an error, or nothing to compute). */
@@ -212,24 +230,13 @@ RtStatus rt_sgemm_batched(RtPool *pool, int trans_a, int trans_b, int64_t m, int
     }
     j.tm = (m + j.bm - 1) / j.bm;
     j.tn = (n + j.bn - 1) / j.bn;
-    /* MBT_PROFILE (rt_profile.h): the call's wall time, tiles included, counts as GEMM time; the
-     * pool does not count its parallel loop again. Off, this is one NULL test. */
-    RtProfile *prof = rt_pool_profile(pool);
-    int timed = prof && prof->depth == 0;
-    double t0 = 0;
-    if (timed) {
-        prof->depth = 1;
-        t0 = rt_profile_now();
-    }
+    RtProfile *prof = rt_gemm_time_begin(pool); /* MBT_PROFILE: the call, tiles included */
     rt_parallel_for(pool, batch * j.tm * j.tn, rt_gemm_tiles, &j);
     if (epilogue == RT_GEMM_BGRAD_B) {
         RtColsumJob cj = {b, n, k, ldb, trans_b != 0, (float *)vec};
         rt_parallel_for(pool, (n + RT_COLSUM_COLS - 1) / RT_COLSUM_COLS, rt_colsum_chunks, &cj);
     }
-    if (timed) {
-        rt_profile_gemm(prof, trans_a != 0, trans_b != 0, m, n, k, batch, rt_profile_now() - t0);
-        prof->depth = 0;
-    }
+    rt_gemm_time_end(prof, trans_a != 0, trans_b != 0, m, n, k, batch);
     return RT_OK;
 }
 
@@ -388,18 +395,9 @@ RtStatus rt_sgemm_rows_batched(RtPool *pool, int trans_a, int trans_b, int64_t m
                    stride_c,
                    (n + RT_ROWS_CB - 1) / RT_ROWS_CB,
                    avx2};
-    RtProfile *prof = rt_pool_profile(pool);
-    int timed = prof && prof->depth == 0;
-    double t0 = 0;
-    if (timed) {
-        prof->depth = 1;
-        t0 = rt_profile_now();
-    }
+    RtProfile *prof = rt_gemm_time_begin(pool);
     rt_parallel_for(pool, batch * j.tn, rt_rows_tiles, &j);
-    if (timed) {
-        rt_profile_gemm(prof, trans_a != 0, trans_b != 0, m, n, k, batch, rt_profile_now() - t0);
-        prof->depth = 0;
-    }
+    rt_gemm_time_end(prof, trans_a != 0, trans_b != 0, m, n, k, batch);
     return RT_OK;
 }
 
@@ -577,17 +575,8 @@ RtStatus rt_lora_f32(RtPool *pool, int64_t batch, int64_t m, int64_t k, int64_t 
                    RT_LORA_S_FLOATS / r / 16 * 16,
                    0};
     j.tiles = (m + j.rows - 1) / j.rows;
-    RtProfile *prof = rt_pool_profile(pool);
-    int timed = prof && prof->depth == 0;
-    double t0 = 0;
-    if (timed) {
-        prof->depth = 1;
-        t0 = rt_profile_now();
-    }
+    RtProfile *prof = rt_gemm_time_begin(pool);
     rt_parallel_for(pool, batch * j.tiles, rt_lora_tiles, &j);
-    if (timed) { /* as one GEMM of the two products' work, 2 m r (k + n) flops: shape m x r x (k + n) */
-        rt_profile_gemm(prof, 0, trans_a != 0, m, r, k + n, batch, rt_profile_now() - t0);
-        prof->depth = 0;
-    }
+    rt_gemm_time_end(prof, 0, trans_a != 0, m, r, k + n, batch); /* the two products' 2 m r (k + n) flops */
     return RT_OK;
 }

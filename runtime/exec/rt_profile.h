@@ -46,7 +46,8 @@ typedef struct RtProfileGemm {
 } RtProfileGemm;
 
 typedef struct RtProfile {
-    int depth; /* > 0 inside a timed GEMM or parallel loop (nested calls are not timed) */
+    int depth;      /* > 0 inside a timed GEMM or parallel loop (nested calls are not timed) */
+    double gemm_t0; /* when the timed GEMM at depth 1 started (blas.c) */
     /* running totals */
     double gemm_s;    /* wall time inside rt_sgemm_batched */
     double gemm_flop; /* 2 m n k batch per call */

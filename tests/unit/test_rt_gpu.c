@@ -923,6 +923,24 @@ static void fake_timing_off(void) {
 
 /* ==== the collectives on GPU buffers (runtime/comm, rt_comm_set_gpu) ================================ */
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The tcp world of two ranks (this process rank 0, a forked rank 1), each with its own fake GPU. */
+static void fake_world_env(void) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", 30000 + (int)((getpid() + 7) % 20000));
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port, 1);
+    unsetenv("MBT_COMM");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("PMIX_RANK");
+}
+
 /* Two tcp ranks: this process (rank 0, its vectors in the fake GPU's memory) and a forked one
  * (rank 1, host memory). exchange_shards and gather_shards must give rank 0's device buffers
  * exactly what host buffers get; rank 1 checks its own side. Shards are uneven: [0, 3), [3, 10). */
@@ -931,14 +949,7 @@ static void fake_comm_staging(void) {
     setenv("MBT_NCCL", "0", 1); /* the staged path, though the fake NCCL is there */
     enum { N = 10 };
     const int64_t off[3] = {0, 3, N};
-    char port[16];
-    snprintf(port, sizeof port, "%d", 30000 + (int)(getpid() % 20000));
-    setenv("WORLD_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", port, 1);
-    unsetenv("MBT_COMM");
-    unsetenv("OMPI_COMM_WORLD_SIZE");
-    unsetenv("PMIX_RANK");
+    fake_world_env();
     fflush(stdout);
     pid_t child = fork();
     if (child == 0) { /* rank 1, host buffers; exit status 0 when its results are right */
@@ -1002,24 +1013,6 @@ static void fake_comm_staging(void) {
     unsetenv("RANK");
     unsetenv("WORLD_SIZE");
     unsetenv("MBT_NCCL");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The tcp world of two ranks (this process rank 0, a forked rank 1), each with its own fake GPU. */
-static void fake_world_env(void) {
-    char port[16];
-    snprintf(port, sizeof port, "%d", 30000 + (int)((getpid() + 7) % 20000));
-    setenv("WORLD_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", port, 1);
-    unsetenv("MBT_COMM");
-    unsetenv("OMPI_COMM_WORLD_SIZE");
-    unsetenv("PMIX_RANK");
 }
 
 /* One rank's side of fake_comm_nccl: rank r's vector is 100 r + k in its GPU's memory; it must
