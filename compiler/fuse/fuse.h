@@ -32,7 +32,7 @@ typedef enum FuseEpilogue {
     FE_BGRAD_B, /* bias[n] = sum_k opB[k, n], written: a linear layer's bias gradient, summed
                                 from the output gradient that its weight gradient's GEMM reads as B */
     FE_ADD,     /* C_t[m, n] += D_t[m, n] (D laid out as C, a contiguous f32 C): LoRA's scaled up product
-                                added to the base layer's (fuse_lower.c's fl_gemm_add; the library starts C as D,
+                                added to the base layer's (fuse_gemm.c's fl_gemm_add; the library starts C as D,
                                 beta 1) */
 } FuseEpilogue;
 
@@ -135,7 +135,7 @@ void fuse_print(FILE *out, const FuseResult *r);
  * number of problems, printed to out (may be NULL). */
 int fuse_verify(const FuseResult *r, FILE *out);
 
-/* LoRA's down and up products as one launch (fuse_lower.c's fl_lora_chain) when 1, the default; 0
+/* LoRA's down and up products as one launch (fuse_gemm.c's fl_lora_chain) when 1, the default; 0
  * keeps them two GEMMs: `mbtc --no-lora-fusion`, the unfused arm of a benchmark and the tests'
  * control. Read by every fuse_lower_graph. */
 extern int fuse_lora_chain;

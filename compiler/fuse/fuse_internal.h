@@ -60,7 +60,7 @@ typedef enum FOp {
                       only when another launch reads it (the backward)                         */
     F_LORA,        /* in0 = its F_LORA_S, in1 = the up weight's buffer node, in2 = D (the base
                       product); gemm = the up product's: C = D + alpha S @ opB - the down and up
-                      products in one launch (fuse_lower.c's fl_lora_chain, LoRAFusion's FusedLoRA) */
+                      products in one launch (fuse_gemm.c's fl_lora_chain, LoRAFusion's FusedLoRA) */
     F_SEG_NORM,    /* in0 f32[n] of an update graph: each element the L2 norm of its parameter's
                       segment (graph.h, GraphUpdate), 0 between segments                        */
     F_OP_COUNT
