@@ -1,4 +1,5 @@
-/* settings.c - checking train and serve blocks, and resolving their numbers.
+/* settings.c - checking train blocks, and resolving their numbers; the readers of a block's keys and
+ * values that settings_serve.c (the serve blocks) shares (settings_internal.h).
  *
  * Pipeline position: AST -> [sema: sema.c drives, eval.c evaluates, settings.c checks the
  * blocks] -> graph IR. A train block instantiates its model with concrete constants, builds
@@ -13,16 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sema_internal.h"
+#include "settings_internal.h"
 
 /* ---- keys ---- */
-
-typedef enum SetKind { SK_VALUE, SK_BLOCK } SetKind;
-
-typedef struct KeySpec {
-    const char *name;
-    SetKind kind;
-} KeySpec;
 
 enum {
     T_MODEL,
@@ -69,25 +63,10 @@ static const KeySpec checkpoint_keys[C_NKEYS] = {
 enum { E_EVERY, E_STEPS, E_NKEYS };
 static const KeySpec eval_keys[E_NKEYS] = {{"every", SK_VALUE}, {"steps", SK_VALUE}};
 
-enum { S_MODEL, S_WEIGHTS, S_BATCH, S_KV, S_SAMPLING, S_PORT, S_TOKENIZER, S_CHAT, S_NKEYS };
-static const KeySpec serve_keys[S_NKEYS] = {{"model", SK_VALUE},     {"weights", SK_VALUE},  {"batch", SK_BLOCK},
-                                            {"kv", SK_BLOCK},        {"sampling", SK_BLOCK}, {"port", SK_VALUE},
-                                            {"tokenizer", SK_VALUE}, {"chat", SK_VALUE}};
-
-enum { SB_TOKENS, SB_PREFILL_CHUNK, SB_SEQS, SB_NKEYS };
-static const KeySpec serve_batch_keys[SB_NKEYS] = {{"tokens", SK_VALUE}, {"prefill_chunk", SK_VALUE}, {"seqs", SK_VALUE}};
-
-enum { K_BLOCK, K_MEMORY, K_DTYPE, K_NKEYS };
-static const KeySpec kv_keys[K_NKEYS] = {{"block", SK_VALUE}, {"memory", SK_VALUE}, {"dtype", SK_VALUE}};
-
-enum { SM_TEMPERATURE, SM_TOP_K, SM_TOP_P, SM_MAX_TOKENS, SM_NKEYS };
-static const KeySpec sampling_keys[SM_NKEYS] = {
-    {"temperature", SK_VALUE}, {"top_k", SK_VALUE}, {"top_p", SK_VALUE}, {"max_tokens", SK_VALUE}};
-
-static Span key_span(const Node *item) { return sema_span_of(item, item->name); }
+Span set_key_span(const Node *item) { return sema_span_of(item, item->name); }
 
 /* Setting values are evaluated in the block's scope (the module's names, plus model and data). */
-static Frame frame_make_block(Sema *s, Scope *bs) {
+Frame set_frame(Sema *s, Scope *bs) {
     Frame f;
     memset(&f, 0, sizeof f);
     f.s = s;
@@ -101,8 +80,8 @@ static Frame frame_make_block(Sema *s, Scope *bs) {
  * repeated keys, and a value given for a block (or the reverse) are errors. A key written in
  * the wrong form, or misspelt close enough to be suggested, counts as present (bit k of
  * *present), so that it is not also reported missing. */
-static void gather(Sema *s, const NodeList *items, const KeySpec *spec, int nspec, const char *where, const Node **out,
-                   unsigned *present) {
+void set_gather(Sema *s, const NodeList *items, const KeySpec *spec, int nspec, const char *where, const Node **out,
+                unsigned *present) {
     for (int i = 0; i < items->n; i++) {
         const Node *it = items->v[i];
         if (!it || (it->kind != N_SETTING && it->kind != N_SETTING_BLOCK)) continue;
@@ -113,23 +92,24 @@ static void gather(Sema *s, const NodeList *items, const KeySpec *spec, int nspe
             Suggest g;
             suggest_init(&g, it->name);
             for (int k = 0; k < nspec; k++) suggest_try(&g, spec[k].name, (uint32_t)strlen(spec[k].name));
-            if (sema_error(s, key_span(it), "unknown setting '%.*s' in %s", STR_ARG(it->name), where)) sema_hint_suggest(s, &g);
+            if (sema_error(s, set_key_span(it), "unknown setting '%.*s' in %s", STR_ARG(it->name), where))
+                sema_hint_suggest(s, &g);
             for (int k = 0; k < nspec && g.pick; k++)
                 if (strlen(spec[k].name) == g.picklen && memcmp(spec[k].name, g.pick, g.picklen) == 0) *present |= 1u << k;
             continue;
         }
         *present |= 1u << j;
         if (out[j]) {
-            if (sema_error(s, key_span(it), "setting '%.*s' is given twice", STR_ARG(it->name)))
-                sema_note(s, key_span(out[j]), "first given here");
+            if (sema_error(s, set_key_span(it), "setting '%.*s' is given twice", STR_ARG(it->name)))
+                sema_note(s, set_key_span(out[j]), "first given here");
             continue;
         }
         if (spec[j].kind == SK_VALUE && it->kind == N_SETTING_BLOCK) {
-            sema_error(s, key_span(it), "'%s' takes a value, not a block: write %s = ...", spec[j].name, spec[j].name);
+            sema_error(s, set_key_span(it), "'%s' takes a value, not a block: write %s = ...", spec[j].name, spec[j].name);
             continue;
         }
         if (spec[j].kind == SK_BLOCK && it->kind == N_SETTING) {
-            sema_error(s, key_span(it), "'%s' is a block of settings: write %s { ... }", spec[j].name, spec[j].name);
+            sema_error(s, set_key_span(it), "'%s' is a block of settings: write %s { ... }", spec[j].name, spec[j].name);
             continue;
         }
         out[j] = it;
@@ -138,10 +118,10 @@ static void gather(Sema *s, const NodeList *items, const KeySpec *spec, int nspe
 
 /* ---- values ---- */
 
-static Span value_span(const Node *item) { return item->a ? item->a->span : item->span; }
+Span set_value_span(const Node *item) { return item->a ? item->a->span : item->span; }
 
 /* An integer setting in [lo, hi]; 0 (with an error unless the value is unknown) otherwise. */
-static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int64_t hi, const char *allowed, int64_t *out) {
+int set_int(Frame *f, const Node *item, const char *key, int64_t lo, int64_t hi, const char *allowed, int64_t *out) {
     Sema *s = f->s;
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_UNKNOWN) return 0;
@@ -152,18 +132,18 @@ static int get_int(Frame *f, const Node *item, const char *key, int64_t lo, int6
             return 1;
         }
         if (k > hi && hi == INT32_MAX) /* the implicit limit: say it, `allowed` does not */
-            sema_error(s, value_span(item), "'%s' must be at most %lld (2^31 - 1), but it is %lld", key, (long long)hi,
+            sema_error(s, set_value_span(item), "'%s' must be at most %lld (2^31 - 1), but it is %lld", key, (long long)hi,
                        (long long)k);
-        else sema_error(s, value_span(item), "'%s' must be %s, but it is %lld", key, allowed, (long long)k);
+        else sema_error(s, set_value_span(item), "'%s' must be %s, but it is %lld", key, allowed, (long long)k);
         return 0;
     }
-    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
+    sema_error(s, set_value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
     return 0;
 }
 
 /* A number setting in the interval from lo to hi (open ends when lo_open / hi_open). */
-static int get_num(Frame *f, const Node *item, const char *key, double lo, int lo_open, double hi, int hi_open,
-                   const char *allowed, double *out) {
+int set_num(Frame *f, const Node *item, const char *key, double lo, int lo_open, double hi, int hi_open, const char *allowed,
+            double *out) {
     Sema *s = f->s;
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_UNKNOWN) return 0;
@@ -178,11 +158,11 @@ static int get_num(Frame *f, const Node *item, const char *key, double lo, int l
         known = 1;
     }
     if (!known) {
-        sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
+        sema_error(s, set_value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
         return 0;
     }
     if ((lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi) || x != x) {
-        sema_error(s, value_span(item), "'%s' must be %s, but it is %g", key, allowed, x);
+        sema_error(s, set_value_span(item), "'%s' must be %s, but it is %g", key, allowed, x);
         return 0;
     }
     *out = x;
@@ -197,19 +177,19 @@ static int get_string(Frame *f, const Node *item, const char *key, const char *a
         *out = v->s;
         return 1;
     }
-    sema_error(s, value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
+    sema_error(s, set_value_span(item), "'%s' must be %s, but it is %s", key, allowed, value_describe(s->ar, v));
     return 0;
 }
 
 /* A path: a string that is not empty (an empty path names no file; the executable would fail on it, or
    silently fall back to a default). names: what the path names ("a directory"). */
-static int get_path(Frame *f, const Node *item, const char *key, const char *names, const char **out) {
+int set_path(Frame *f, const Node *item, const char *key, const char *names, const char **out) {
     char allowed[96];
     snprintf(allowed, sizeof allowed, "a string (the path of %s)", names);
     const char *str;
     if (!get_string(f, item, key, allowed, &str)) return 0;
     if (!*str) {
-        sema_error(f->s, value_span(item), "'%s' must not be empty: it is the path of %s", key, names);
+        sema_error(f->s, set_value_span(item), "'%s' must not be empty: it is the path of %s", key, names);
         return 0;
     }
     *out = str;
@@ -235,7 +215,7 @@ static const char *choices_text(Sema *s, const char *const *choices, int n, int 
 }
 
 /* A bare identifier from a fixed set (precision = bf16): not evaluated as a name. */
-static int get_ident(Frame *f, const Node *item, const char *key, const char *const *choices, int n, int *out) {
+int set_ident(Frame *f, const Node *item, const char *key, const char *const *choices, int n, int *out) {
     Sema *s = f->s;
     const Node *v = item->a;
     if (!v) return 0;
@@ -287,7 +267,7 @@ static int get_choice_string(Frame *f, const Node *item, const char *key, const 
             *out = i;
             return 1;
         }
-    sema_error(s, value_span(item), "'%s' must be %s, but it is \"%s\"", key, allowed, str);
+    sema_error(s, set_value_span(item), "'%s' must be %s, but it is \"%s\"", key, allowed, str);
     return 0;
 }
 
@@ -299,29 +279,30 @@ static int get_bool(Frame *f, const Node *item, const char *key, int *out) {
         *out = v->b;
         return 1;
     }
-    sema_error(s, value_span(item), "'%s' must be true or false, but it is %s", key, value_describe(s->ar, v));
+    sema_error(s, set_value_span(item), "'%s' must be true or false, but it is %s", key, value_describe(s->ar, v));
     return 0;
 }
 
 /* The block's model: an instance, not a definition. */
-static Value *get_model(Frame *f, const Node *item) {
+Value *set_model(Frame *f, const Node *item) {
     Sema *s = f->s;
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_MODEL || v->kind == V_UNKNOWN) return v;
     if (v->kind == V_MODEL_DEF) {
-        if (sema_error(s, value_span(item), "'model' must be a model instance, but it is %s", value_describe(s->ar, v)))
-            sema_hint(s, "call it: model = %s()", diag_span_text(s->ar, value_span(item)));
+        if (sema_error(s, set_value_span(item), "'model' must be a model instance, but it is %s", value_describe(s->ar, v)))
+            sema_hint(s, "call it: model = %s()", diag_span_text(s->ar, set_value_span(item)));
     } else {
-        sema_error(s, value_span(item), "'model' must be a model instance, e.g. GPT2(), but it is %s", value_describe(s->ar, v));
+        sema_error(s, set_value_span(item), "'model' must be a model instance, e.g. GPT2(), but it is %s",
+                   value_describe(s->ar, v));
     }
-    return value_unknown(s->ar, value_span(item));
+    return value_unknown(s->ar, set_value_span(item));
 }
 
 static void missing_key(Sema *s, Span at, const char *block, const char *key, const char *example) {
     if (sema_error(s, at, "%s has no '%s' setting", block, key)) sema_hint(s, "add %s", example);
 }
 
-static void required(Sema *s, unsigned present, int idx, const KeySpec *spec, Span at, const char *block, const char *example) {
+void set_required(Sema *s, unsigned present, int idx, const KeySpec *spec, Span at, const char *block, const char *example) {
     if (!(present & (1u << idx))) missing_key(s, at, block, spec[idx].name, example);
 }
 
@@ -380,7 +361,7 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
     if (!v || v->kind != N_CALL || !v->a || v->a->kind != N_NAME || !str_eqc(v->a->name, "tokens")) {
         Value *got = eval_expr(f, item->a);
         if (got->kind != V_UNKNOWN &&
-            sema_error(s, value_span(item), "'data' must be a token source, but it is %s", value_describe(s->ar, got)))
+            sema_error(s, set_value_span(item), "'data' must be a token source, but it is %s", value_describe(s->ar, got)))
             sema_hint(s, "write data = tokens(\"data/train_*.bin\", seq = 1024)");
         return 0;
     }
@@ -447,8 +428,10 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         if (q->kind == V_INT && q->dim && dim_const(q->dim, &k) && k > 0) ts->cfg.seq = k;
         else if (q->kind != V_UNKNOWN) {
             if (q->kind == V_INT && q->dim && dim_const(q->dim, &k))
-                sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %lld", (long long)k);
-            else sema_error(s, value_span(given[1]), "'seq' must be a positive integer, but it is %s", value_describe(s->ar, q));
+                sema_error(s, set_value_span(given[1]), "'seq' must be a positive integer, but it is %lld", (long long)k);
+            else
+                sema_error(s, set_value_span(given[1]), "'seq' must be a positive integer, but it is %s",
+                           value_describe(s->ar, q));
             ok = 0;
         } else {
             ok = 0;
@@ -459,21 +442,21 @@ static int check_tokens(Frame *f, const Node *item, TrainSettings *ts) {
         int64_t n = 0;
         if (!tokens_list(f, given[3]->a, "val", &ts->cfg.val_glob, &n)) ok = 0;
         else if (n != ts->cfg.data_sets) {
-            if (sema_error(s, value_span(given[3]), "'val' names %lld data sets but the path names %lld", (long long)n,
+            if (sema_error(s, set_value_span(given[3]), "'val' names %lld data sets but the path names %lld", (long long)n,
                            (long long)ts->cfg.data_sets))
                 sema_hint(s, "give one held-out glob per training data set, in the same order");
             ok = 0;
         }
-    } else if (given[3] && !get_path(f, given[3], "val", "the validation shards", &ts->cfg.val_glob)) ok = 0;
+    } else if (given[3] && !set_path(f, given[3], "val", "the validation shards", &ts->cfg.val_glob)) ok = 0;
     else if (given[3] && ts->cfg.data_sets > 1) {
-        if (sema_error(s, value_span(given[3]), "'val' is one glob but the path names %lld data sets",
+        if (sema_error(s, set_value_span(given[3]), "'val' is one glob but the path names %lld data sets",
                        (long long)ts->cfg.data_sets))
             sema_hint(s, "give a list of held-out globs, one per training data set");
         ok = 0;
     }
     if (given[4]) { /* docs = EOT: the id that ends a document; a token id, so below 2^31 */
-        if (get_int(f, given[4], "docs", 0, INT32_MAX, "a token id (the end-of-text id, e.g. 50256 for GPT-2)", &ts->cfg.docs))
-            ts->cfg.docs_at = value_span(given[4]);
+        if (set_int(f, given[4], "docs", 0, INT32_MAX, "a token id (the end-of-text id, e.g. 50256 for GPT-2)", &ts->cfg.docs))
+            ts->cfg.docs_at = set_value_span(given[4]);
         else {
             ts->cfg.docs = -2; /* given but wrong: data.pos still exists, so no second error about it */
             ok = 0;
@@ -567,7 +550,7 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
     if (v->kind == V_UNKNOWN) return;
     int64_t len;
     if (v->kind != V_LIST || !v->len || !dim_const(v->len, &len) || len != v->n) {
-        if (sema_error(s, value_span(item), "'batch.ramp' must be a list of (step, global) pairs, but it is %s",
+        if (sema_error(s, set_value_span(item), "'batch.ramp' must be a list of (step, global) pairs, but it is %s",
                        value_describe(s->ar, v)))
             sema_hint(s, "for example: ramp = [(500, 128), (1000, 256)]");
         return;
@@ -577,7 +560,7 @@ static void check_ramp(Frame *f, const Node *item, TrainSettings *ts, int64_t da
     int64_t prev_step = -1, prev_global = ts->cfg.global;
     for (int i = 0; i < v->n; i++) {
         Value *e = v->items[i];
-        Span at = ln && ln->list.v[i] ? ln->list.v[i]->span : value_span(item);
+        Span at = ln && ln->list.v[i] ? ln->list.v[i]->span : set_value_span(item);
         int64_t st, gl;
         if (!e || e->kind == V_UNKNOWN) continue;
         if (e->kind != V_TUPLE || e->n != 2 || !e->items[0] || !e->items[1] || e->items[0]->kind != V_INT ||
@@ -650,26 +633,26 @@ static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
     unsigned sub_present = 0;
     if (item) {
         const Node *p[P_NKEYS] = {0};
-        gather(s, &item->list, parallel_keys, P_NKEYS, "'parallel'", p, &sub_present);
+        set_gather(s, &item->list, parallel_keys, P_NKEYS, "'parallel'", p, &sub_present);
         int64_t *deg[5] = {&ts->cfg.data_par, &ts->cfg.tensor_par, &ts->cfg.pipeline_par, &ts->cfg.sequence_par,
                            &ts->cfg.expert_par};
         for (int i = 0; i < 5; i++)
             if (p[i]) {
-                (void)get_int(f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
+                (void)set_int(f, p[i], arena_printf(s->ar, "parallel.%s", parallel_keys[i].name), 1, INT32_MAX,
                               "a positive integer", deg[i]);
-                if (i > 0) ts->cfg.par_at[i - 1] = value_span(p[i]);
+                if (i > 0) ts->cfg.par_at[i - 1] = set_value_span(p[i]);
             }
         if (p[P_ZERO]) {
-            (void)get_int(f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->cfg.zero);
-            ts->cfg.zero_at = value_span(p[P_ZERO]);
+            (void)set_int(f, p[P_ZERO], "parallel.zero", 0, 3, "0, 1, 2 or 3", &ts->cfg.zero);
+            ts->cfg.zero_at = set_value_span(p[P_ZERO]);
         }
         int sched;
         static const char *const scheds[] = {"1f1b", "gpipe"};
         if (p[P_SCHEDULE] && get_choice_string(f, p[P_SCHEDULE], "parallel.schedule", scheds, 2, &sched))
             ts->cfg.schedule = sched ? PIPE_GPIPE : PIPE_1F1B;
         if (ts->cfg.zero > 0 && ts->cfg.data_par == 1 && p[P_ZERO]) {
-            if (sema_error(s, value_span(p[P_ZERO]), "'parallel.zero' = %lld needs data parallelism, but 'parallel.data' is 1",
-                           (long long)ts->cfg.zero))
+            if (sema_error(s, set_value_span(p[P_ZERO]),
+                           "'parallel.zero' = %lld needs data parallelism, but 'parallel.data' is 1", (long long)ts->cfg.zero))
                 sema_hint(s, "set parallel { data = N } with N > 1, or zero = 0");
         }
         ts->cfg.blocks = 0;
@@ -678,12 +661,12 @@ static void check_parallel(Frame *f, const Node *item, TrainSettings *ts) {
         if (p[P_PIPELINE] && ts->cfg.pipeline_par > 1 && ts->model->kind == V_MODEL && ts->cfg.pipeline_par > ts->cfg.blocks) {
             const char *mname = ts->model->node ? sema_cstr(s, ts->model->node->name) : "?";
             if (ts->cfg.blocks == 0) {
-                sema_error(s, value_span(p[P_PIPELINE]),
+                sema_error(s, set_value_span(p[P_PIPELINE]),
                            "'parallel.pipeline' = %lld needs a list of sub-models to split into stages, but model '%s' has none",
                            (long long)ts->cfg.pipeline_par, mname);
             } else if (
                 sema_error(
-                    s, value_span(p[P_PIPELINE]),
+                    s, set_value_span(p[P_PIPELINE]),
                     "'parallel.pipeline' = %lld is more than the %lld block%s of '%.*s', the longest list of sub-models of '%s'",
                     (long long)ts->cfg.pipeline_par, (long long)ts->cfg.blocks, ts->cfg.blocks == 1 ? "" : "s",
                     STR_ARG(list_name), mname)) {
@@ -707,7 +690,7 @@ static void check_buckets(Frame *f, const Node *item, TrainSettings *ts) {
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_UNKNOWN) return;
     if ((v->kind != V_LIST && v->kind != V_TUPLE) || v->n == 0) {
-        if (sema_error(s, value_span(item), "'batch.buckets' must be a list of sequence lengths, but it is %s",
+        if (sema_error(s, set_value_span(item), "'batch.buckets' must be a list of sequence lengths, but it is %s",
                        value_describe(s->ar, v)))
             sema_hint(s, "write buckets = [256, 512, 1024]");
         return;
@@ -717,39 +700,39 @@ static void check_buckets(Frame *f, const Node *item, TrainSettings *ts) {
         const Value *e = v->items[i];
         int64_t k;
         if (!e || e->kind != V_INT || !e->dim || !dim_const(e->dim, &k) || k <= 0) {
-            sema_error(s, value_span(item), "'batch.buckets' item %d must be a positive integer, but it is %s", i,
+            sema_error(s, set_value_span(item), "'batch.buckets' item %d must be a positive integer, but it is %s", i,
                        e ? value_describe(s->ar, e) : "unknown");
             return;
         }
         if (ts->cfg.seq > 0 && k > ts->cfg.seq) {
-            if (sema_error(s, value_span(item), "'batch.buckets' item %d is %lld, longer than seq = %lld", i, (long long)k,
+            if (sema_error(s, set_value_span(item), "'batch.buckets' item %d is %lld, longer than seq = %lld", i, (long long)k,
                            (long long)ts->cfg.seq))
                 sema_hint(s, "every bucket is a window length up to the sequence length seq of tokens(...)");
             return;
         }
         if (ts->cfg.seq > 0 && ts->cfg.seq % k != 0) {
-            if (sema_error(s, value_span(item), "'batch.buckets' item %d is %lld, which does not divide seq = %lld", i,
+            if (sema_error(s, set_value_span(item), "'batch.buckets' item %d is %lld, which does not divide seq = %lld", i,
                            (long long)k, (long long)ts->cfg.seq))
                 sema_hint(s, "a bucket's windows are cut from the step's rows of seq tokens: use divisors of %lld",
                           (long long)ts->cfg.seq);
             return;
         }
         if (i > 0 && k <= lens[i - 1]) {
-            sema_error(s, value_span(item), "'batch.buckets' must increase, but item %d (%lld) follows %lld", i, (long long)k,
+            sema_error(s, set_value_span(item), "'batch.buckets' must increase, but item %d (%lld) follows %lld", i, (long long)k,
                        (long long)lens[i - 1]);
             return;
         }
         lens[i] = k;
     }
     if (ts->cfg.docs == -1) {
-        if (sema_error(s, value_span(item), "'batch.buckets' needs documents: tokens(..., docs = EOT)"))
+        if (sema_error(s, set_value_span(item), "'batch.buckets' needs documents: tokens(..., docs = EOT)"))
             sema_hint(s, "a bucket's windows are told apart by data.pos, which exists with documents; pass it to "
                          "attention(..., pos = data.pos) and the position embedding");
         return;
     }
     ts->cfg.buckets = lens;
     ts->cfg.nbuckets = v->n;
-    ts->cfg.buckets_at = value_span(item);
+    ts->cfg.buckets_at = set_value_span(item);
 }
 
 /* A length of the curriculum: one of the buckets. */
@@ -784,13 +767,13 @@ static void check_curriculum(Frame *f, const Node *item, TrainSettings *ts) {
     Value *v = eval_expr(f, item->a);
     if (v->kind == V_UNKNOWN) return;
     if (!ts->cfg.nbuckets) {
-        if (sema_error(s, key_span(item), "'batch.curriculum' needs 'batch.buckets'"))
+        if (sema_error(s, set_key_span(item), "'batch.curriculum' needs 'batch.buckets'"))
             sema_hint(s, "list the lengths first: buckets = [256, 512, 1024]");
         return;
     }
     int64_t len;
     if (v->kind != V_LIST || !v->len || !dim_const(v->len, &len) || len != v->n || v->n == 0) {
-        if (sema_error(s, value_span(item), "'batch.curriculum' must be a list of (step, length) pairs, but it is %s",
+        if (sema_error(s, set_value_span(item), "'batch.curriculum' must be a list of (step, length) pairs, but it is %s",
                        value_describe(s->ar, v)))
             sema_hint(s, "for example: curriculum = [(0, 256), (1000, [256, 512, 1024])]");
         return;
@@ -801,7 +784,7 @@ static void check_curriculum(Frame *f, const Node *item, TrainSettings *ts) {
     int64_t prev = -1;
     for (int i = 0; i < v->n; i++) {
         Value *e = v->items[i];
-        Span at = ln && ln->list.v[i] ? ln->list.v[i]->span : value_span(item);
+        Span at = ln && ln->list.v[i] ? ln->list.v[i]->span : set_value_span(item);
         int64_t st;
         if (!e || e->kind == V_UNKNOWN) return;
         if (e->kind != V_TUPLE || e->n != 2 || !e->items[0] || !e->items[1] || e->items[0]->kind != V_INT || !e->items[0]->dim ||
@@ -847,19 +830,20 @@ static void check_batch(Frame *f, const Node *item, TrainSettings *ts) {
     int64_t global = 0;
     const Node *b[B_NKEYS] = {0};
     if (item) {
-        gather(s, &item->list, batch_keys, B_NKEYS, "'batch'", b, &sub_present);
-        if (b[B_GLOBAL]) (void)get_int(f, b[B_GLOBAL], "batch.global", 1, INT32_MAX, "a positive integer", &global);
-        if (b[B_MICRO]) (void)get_int(f, b[B_MICRO], "batch.micro", 1, INT32_MAX, "a positive integer", &ts->cfg.micro);
-        if (b[B_TOKENS]) (void)get_int(f, b[B_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ts->cfg.tokens);
+        set_gather(s, &item->list, batch_keys, B_NKEYS, "'batch'", b, &sub_present);
+        if (b[B_GLOBAL]) (void)set_int(f, b[B_GLOBAL], "batch.global", 1, INT32_MAX, "a positive integer", &global);
+        if (b[B_MICRO]) (void)set_int(f, b[B_MICRO], "batch.micro", 1, INT32_MAX, "a positive integer", &ts->cfg.micro);
+        if (b[B_TOKENS]) (void)set_int(f, b[B_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ts->cfg.tokens);
         if (ts->cfg.tokens && b[B_MICRO]) {
-            if (sema_error(s, key_span(b[B_TOKENS]), "'batch.tokens' and 'batch.micro' cannot both be given"))
+            if (sema_error(s, set_key_span(b[B_TOKENS]), "'batch.tokens' and 'batch.micro' cannot both be given"))
                 sema_hint(s, "tokens sets each micro-batch by its number of tokens; keep one of them");
             ts->cfg.tokens = 0;
         }
         if (ts->cfg.tokens && ts->cfg.seq) {
             if (ts->cfg.tokens < ts->cfg.seq) {
-                if (sema_error(s, value_span(b[B_TOKENS]), "'batch.tokens' = %lld is less than the sequence length seq = %lld",
-                               (long long)ts->cfg.tokens, (long long)ts->cfg.seq))
+                if (sema_error(s, set_value_span(b[B_TOKENS]),
+                               "'batch.tokens' = %lld is less than the sequence length seq = %lld", (long long)ts->cfg.tokens,
+                               (long long)ts->cfg.seq))
                     sema_hint(s, "use tokens >= %lld", (long long)ts->cfg.seq);
                 ts->cfg.tokens = 0;
             } else {
@@ -869,7 +853,8 @@ static void check_batch(Frame *f, const Node *item, TrainSettings *ts) {
     }
     if (b[B_GLOBAL] && global > 0) {
         ts->cfg.global = global;
-        if (!check_multiple(s, value_span(b[B_GLOBAL]), "global", global, ts->cfg.micro, ts->cfg.data_par)) ts->cfg.global = 0;
+        if (!check_multiple(s, set_value_span(b[B_GLOBAL]), "global", global, ts->cfg.micro, ts->cfg.data_par))
+            ts->cfg.global = 0;
     } else {
         ts->cfg.global = ts->cfg.micro * ts->cfg.data_par;
     }
@@ -891,50 +876,51 @@ static void check_train_rest(Frame *f, const Node *const *k, TrainSettings *ts) 
     int which;
     if (k[T_RECOMPUTE]) {
         check_recompute(f, k[T_RECOMPUTE], ts);
-        ts->cfg.recompute_at = value_span(k[T_RECOMPUTE]);
+        ts->cfg.recompute_at = set_value_span(k[T_RECOMPUTE]);
     }
 
     if (k[T_OFFLOAD]) {
         const Node *o[O_NKEYS] = {0};
-        gather(s, &k[T_OFFLOAD]->list, offload_keys, O_NKEYS, "'offload'", o, &sub_present);
-        if (o[O_ACTIVATIONS] && get_ident(f, o[O_ACTIVATIONS], "offload.activations", storage_names, 3, &which)) {
+        set_gather(s, &k[T_OFFLOAD]->list, offload_keys, O_NKEYS, "'offload'", o, &sub_present);
+        if (o[O_ACTIVATIONS] && set_ident(f, o[O_ACTIVATIONS], "offload.activations", storage_names, 3, &which)) {
             ts->cfg.offload_activations = (Storage)which;
-            ts->cfg.offload_at[0] = value_span(o[O_ACTIVATIONS]);
+            ts->cfg.offload_at[0] = set_value_span(o[O_ACTIVATIONS]);
         }
-        if (o[O_OPTIMIZER] && get_ident(f, o[O_OPTIMIZER], "offload.optimizer", storage_names, 3, &which)) {
+        if (o[O_OPTIMIZER] && set_ident(f, o[O_OPTIMIZER], "offload.optimizer", storage_names, 3, &which)) {
             ts->cfg.offload_optimizer = (Storage)which;
-            ts->cfg.offload_at[1] = value_span(o[O_OPTIMIZER]);
+            ts->cfg.offload_at[1] = set_value_span(o[O_OPTIMIZER]);
         }
     }
 
     if (k[T_CHECKPOINT]) {
         const Node *c[C_NKEYS] = {0};
         sub_present = 0;
-        gather(s, &k[T_CHECKPOINT]->list, checkpoint_keys, C_NKEYS, "'checkpoint'", c, &sub_present);
-        if (!(sub_present & (1u << C_EVERY))) missing_key(s, key_span(k[T_CHECKPOINT]), "'checkpoint'", "every", "every = 1000");
+        set_gather(s, &k[T_CHECKPOINT]->list, checkpoint_keys, C_NKEYS, "'checkpoint'", c, &sub_present);
+        if (!(sub_present & (1u << C_EVERY)))
+            missing_key(s, set_key_span(k[T_CHECKPOINT]), "'checkpoint'", "every", "every = 1000");
         else if (c[C_EVERY])
-            (void)get_int(f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->cfg.ckpt_every);
-        if (c[C_DIR]) (void)get_path(f, c[C_DIR], "checkpoint.dir", "a directory", &ts->cfg.ckpt_dir);
-        if (c[C_KEEP]) (void)get_int(f, c[C_KEEP], "checkpoint.keep", 1, INT32_MAX, "a positive integer", &ts->cfg.ckpt_keep);
+            (void)set_int(f, c[C_EVERY], "checkpoint.every", 1, INT64_MAX, "a positive integer", &ts->cfg.ckpt_every);
+        if (c[C_DIR]) (void)set_path(f, c[C_DIR], "checkpoint.dir", "a directory", &ts->cfg.ckpt_dir);
+        if (c[C_KEEP]) (void)set_int(f, c[C_KEEP], "checkpoint.keep", 1, INT32_MAX, "a positive integer", &ts->cfg.ckpt_keep);
         static const char *const on_error[] = {"stop", "continue"};
         if (c[C_ON_ERROR] && get_choice_string(f, c[C_ON_ERROR], "checkpoint.on_error", on_error, 2, &which))
             ts->cfg.ckpt_continue_on_error = which;
     }
 
-    if (k[T_STEPS]) (void)get_int(f, k[T_STEPS], "steps", 1, INT64_MAX, "a positive integer", &ts->cfg.steps);
+    if (k[T_STEPS]) (void)set_int(f, k[T_STEPS], "steps", 1, INT64_MAX, "a positive integer", &ts->cfg.steps);
 
     if (k[T_EVAL]) {
         const Node *e[E_NKEYS] = {0};
         sub_present = 0;
-        gather(s, &k[T_EVAL]->list, eval_keys, E_NKEYS, "'eval'", e, &sub_present);
+        set_gather(s, &k[T_EVAL]->list, eval_keys, E_NKEYS, "'eval'", e, &sub_present);
         ts->cfg.eval_steps = 20;
-        if (!(sub_present & (1u << E_EVERY))) missing_key(s, key_span(k[T_EVAL]), "'eval'", "every", "every = 250");
-        else if (e[E_EVERY]) (void)get_int(f, e[E_EVERY], "eval.every", 1, INT64_MAX, "a positive integer", &ts->cfg.eval_every);
-        if (e[E_STEPS]) (void)get_int(f, e[E_STEPS], "eval.steps", 1, INT64_MAX, "a positive integer", &ts->cfg.eval_steps);
+        if (!(sub_present & (1u << E_EVERY))) missing_key(s, set_key_span(k[T_EVAL]), "'eval'", "every", "every = 250");
+        else if (e[E_EVERY]) (void)set_int(f, e[E_EVERY], "eval.every", 1, INT64_MAX, "a positive integer", &ts->cfg.eval_every);
+        if (e[E_STEPS]) (void)set_int(f, e[E_STEPS], "eval.steps", 1, INT64_MAX, "a positive integer", &ts->cfg.eval_steps);
     }
 
-    if (k[T_SEED]) (void)get_int(f, k[T_SEED], "seed", 0, INT64_MAX, "a non-negative integer", &ts->cfg.seed);
-    if (k[T_CLIP]) (void)get_num(f, k[T_CLIP], "clip", 0, 0, 1e300, 0, "a number >= 0 (0 for no clipping)", &ts->cfg.clip);
+    if (k[T_SEED]) (void)set_int(f, k[T_SEED], "seed", 0, INT64_MAX, "a non-negative integer", &ts->cfg.seed);
+    if (k[T_CLIP]) (void)set_num(f, k[T_CLIP], "clip", 0, 0, 1e300, 0, "a number >= 0 (0 for no clipping)", &ts->cfg.clip);
 }
 
 /* Graph builder hook: generation's forward, built beside the step (graph_build.h) - the model
@@ -946,7 +932,7 @@ static void build_forward(Frame *f, const Node *model_item, TrainSettings *ts, G
     if (!fwd) return;
     int before = diag_error_count();
     s->gb = fwd;
-    Value *model = get_model(f, model_item);
+    Value *model = set_model(f, model_item);
     s->gb = NULL;
     sema_gb_name_params(s, fwd, model);
     const Dim *dims[2] = {dim_int(s->ar, 1), dim_int(s->ar, ts->cfg.seq)};
@@ -1003,22 +989,22 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     ts->cfg.at = ts->cfg.lr_at = name_at;
     const Node *k[T_NKEYS] = {0};
     unsigned present = 0;
-    gather(s, &t->list, train_keys, T_NKEYS, block, k, &present);
-    required(s, present, T_MODEL, train_keys, name_at, block, "model = MyModel()");
-    required(s, present, T_DATA, train_keys, name_at, block, "data = tokens(\"data/train_*.bin\", seq = 1024)");
-    required(s, present, T_LOSS, train_keys, name_at, block, "loss = cross_entropy(model(data.x), data.y)");
-    required(s, present, T_OPTIMIZER, train_keys, name_at, block, "optimizer = optim.adamw(lr = 6e-4)");
-    required(s, present, T_STEPS, train_keys, name_at, block, "steps = 1000");
+    set_gather(s, &t->list, train_keys, T_NKEYS, block, k, &present);
+    set_required(s, present, T_MODEL, train_keys, name_at, block, "model = MyModel()");
+    set_required(s, present, T_DATA, train_keys, name_at, block, "data = tokens(\"data/train_*.bin\", seq = 1024)");
+    set_required(s, present, T_LOSS, train_keys, name_at, block, "loss = cross_entropy(model(data.x), data.y)");
+    set_required(s, present, T_OPTIMIZER, train_keys, name_at, block, "optimizer = optim.adamw(lr = 6e-4)");
+    set_required(s, present, T_STEPS, train_keys, name_at, block, "steps = 1000");
 
     Scope *bs = scope_new(s, m->scope, SC_BLOCK, ts->cfg.name, m);
-    Frame f = frame_make_block(s, bs);
+    Frame f = set_frame(s, bs);
 
     /* The precision first: it sets the dtype the model's parameters are read in. */
     int which;
-    if (k[T_PRECISION] && get_ident(&f, k[T_PRECISION], "precision", precision_names, 3, &which)) {
+    if (k[T_PRECISION] && set_ident(&f, k[T_PRECISION], "precision", precision_names, 3, &which)) {
         ts->cfg.precision = (Precision)which;
-        if (ts->cfg.precision == PREC_F16 &&
-            sema_error(s, value_span(k[T_PRECISION]), "precision = f16 is not supported yet: f16 training needs loss scaling"))
+        if (ts->cfg.precision == PREC_F16 && sema_error(s, set_value_span(k[T_PRECISION]),
+                                                        "precision = f16 is not supported yet: f16 training needs loss scaling"))
             sema_hint(s, "use precision = bf16 (the range of f32, so no loss scaling)");
     }
 
@@ -1026,13 +1012,13 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     GraphBuilder *gb = sema_gb_for_train(s, t); /* graph builder hook: NULL unless building this block */
     s->gb = gb;
     s->precision = ts->cfg.precision == PREC_BF16 ? PREC_BF16 : PREC_F32; /* until the optimizer (f32) */
-    ts->model = k[T_MODEL] ? get_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
+    ts->model = k[T_MODEL] ? set_model(&f, k[T_MODEL]) : value_unknown(s->ar, name_at);
     s->gb = NULL;
     if (gb) sema_gb_name_params(s, gb, ts->model); /* graph builder hook: names the parameters */
-    scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? key_span(k[T_MODEL]) : name_at);
+    scope_define(s, bs, str_from("model"), ts->model, ENT_READONLY, k[T_MODEL] ? set_key_span(k[T_MODEL]) : name_at);
     /* freeze = [...] and trainable = false: the frozen parameters (groups.c) */
-    groups_freeze(s, ts->model, k[T_FREEZE] ? eval_expr(&f, k[T_FREEZE]->a) : NULL, k[T_MODEL] ? value_span(k[T_MODEL]) : name_at,
-                  gb);
+    groups_freeze(s, ts->model, k[T_FREEZE] ? eval_expr(&f, k[T_FREEZE]->a) : NULL,
+                  k[T_MODEL] ? set_value_span(k[T_MODEL]) : name_at, gb);
     groups_adapters(s, ts->model, &ts->cfg.adapter_config, &ts->cfg.adapter_modules);
 
     if (k[T_DATA]) (void)check_tokens(&f, k[T_DATA], ts);
@@ -1047,16 +1033,16 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     /* data: x, y = i32[micro, seq] */
     if (ts->cfg.seq > 0) { /* other mistakes in tokens(...) do not change the shapes */
         const Dim *dims[2] = {dim_int(s->ar, ts->cfg.micro), dim_int(s->ar, ts->cfg.seq)};
-        Value *d = value_new(s->ar, V_DATA, value_span(k[T_DATA]));
+        Value *d = value_new(s->ar, V_DATA, set_value_span(k[T_DATA]));
         d->n = ts->cfg.docs != -1 ? 3 : 2; /* data.pos with documents */
         d->items = arena_alloc(s->ar, sizeof(Value *) * 3);
-        for (int i = 0; i < d->n; i++) d->items[i] = value_tensor(s->ar, DT_I32, 2, dims, value_span(k[T_DATA]));
+        for (int i = 0; i < d->n; i++) d->items[i] = value_tensor(s->ar, DT_I32, 2, dims, set_value_span(k[T_DATA]));
         ts->data = d;
         if (gb) gb_data(gb, d); /* graph builder hook: data.x, data.y, data.pos */
     } else {
         ts->data = value_unknown(s->ar, name_at);
     }
-    scope_define(s, bs, str_from("data"), ts->data, ENT_READONLY, k[T_DATA] ? key_span(k[T_DATA]) : name_at);
+    scope_define(s, bs, str_from("data"), ts->data, ENT_READONLY, k[T_DATA] ? set_key_span(k[T_DATA]) : name_at);
 
     /* loss: a scalar over model and data */
     if (k[T_LOSS]) {
@@ -1066,23 +1052,23 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
         int scalar = l->kind == V_UNKNOWN || l->kind == V_FLOAT || l->kind == V_INT ||
                      (l->kind == V_TENSOR && l->t.rank == 0 && dtype_is_float(l->t.dt));
         if (!scalar) {
-            if (sema_error(s, value_span(k[T_LOSS]), "'loss' must be a scalar, but it is %s", value_describe(s->ar, l)))
+            if (sema_error(s, set_value_span(k[T_LOSS]), "'loss' must be a scalar, but it is %s", value_describe(s->ar, l)))
                 sema_hint(s, "reduce it to one number, e.g. with mean(...) or cross_entropy(...)");
-            l = value_unknown(s->ar, value_span(k[T_LOSS]));
+            l = value_unknown(s->ar, set_value_span(k[T_LOSS]));
         }
         ts->loss = l;
-        if (gb) gb_loss(gb, l, value_span(k[T_LOSS])); /* graph builder hook */
+        if (gb) gb_loss(gb, l, set_value_span(k[T_LOSS])); /* graph builder hook */
     }
 
     if (k[T_MODEL] && ts->model->kind == V_MODEL && ts->cfg.seq > 0)
-        build_forward(&f, k[T_MODEL], ts, gb, k[T_LOSS] ? value_span(k[T_LOSS]) : name_at, value_span(k[T_DATA]));
+        build_forward(&f, k[T_MODEL], ts, gb, k[T_LOSS] ? set_value_span(k[T_LOSS]) : name_at, set_value_span(k[T_DATA]));
 
     s->precision = PREC_F32;
 
     /* optimizer: bound hyper-parameters, and its update run with them */
     if (k[T_OPTIMIZER]) {
         Value *o = eval_expr(&f, k[T_OPTIMIZER]->a);
-        Span at = value_span(k[T_OPTIMIZER]);
+        Span at = set_value_span(k[T_OPTIMIZER]);
         if (o->kind == V_OPTIMIZER) {
             groups_no_decay(s, ts->model, o, gb);           /* no_decay = [...] (groups.c) */
             int building = sema_gb_update_begin(gb, o, at); /* graph builder hook: the update graph */
@@ -1104,7 +1090,7 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     }
 
     if (k[T_LR]) {
-        ts->cfg.lr_at = value_span(k[T_LR]);
+        ts->cfg.lr_at = set_value_span(k[T_LR]);
         lr_factors(&f, k[T_LR]->a, ts, 0);
     }
     schedule_lower(s, ts); /* the schedule as a scalar program (schedule.c) */
@@ -1112,104 +1098,4 @@ void settings_check_train(Sema *s, Module *m, const Node *t) {
     check_train_rest(&f, k, ts);
 
     if (s->out) ptrvec_push(s->ar, &s->out->trains, ts);
-}
-
-/* ---- serve ---- */
-
-void settings_check_serve(Sema *s, Module *m, const Node *t) {
-    ServeSettings *ss = arena_alloc(s->ar, sizeof(ServeSettings));
-    ss->node = t;
-    ss->cfg.name = sema_cstr(s, t->name);
-    ss->cfg.at = sema_span_of(t, t->name);
-    ss->module = m;
-    ss->cfg.tokens = 2048;
-    ss->cfg.prefill_chunk = 512;
-    ss->cfg.seqs = 128;
-    ss->cfg.kv_block = 16;
-    ss->cfg.kv_memory = 0.9;
-    ss->cfg.kv_dtype = KV_BF16;
-    ss->cfg.temperature = 1.0;
-    ss->cfg.top_p = 1.0;
-    ss->cfg.max_tokens = 256;
-    ss->cfg.port = 8000;
-    const char *block = arena_printf(s->ar, "serve block '%s'", ss->cfg.name);
-    Span name_at = sema_span_of(t, t->name);
-    const Node *k[S_NKEYS] = {0};
-    unsigned present = 0, sub_present = 0;
-    gather(s, &t->list, serve_keys, S_NKEYS, block, k, &present);
-    required(s, present, S_MODEL, serve_keys, name_at, block, "model = MyModel()");
-    required(s, present, S_WEIGHTS, serve_keys, name_at, block, "weights = \"model.safetensors\"");
-
-    Scope *bs = scope_new(s, m->scope, SC_BLOCK, ss->cfg.name, m);
-    Frame f = frame_make_block(s, bs);
-    ss->model = k[S_MODEL] ? get_model(&f, k[S_MODEL]) : value_unknown(s->ar, name_at);
-    scope_define(s, bs, str_from("model"), ss->model, ENT_READONLY, k[S_MODEL] ? key_span(k[S_MODEL]) : name_at);
-    if (ss->model->kind == V_MODEL && ss->model->scope) {
-        Entry *fw = scope_find(ss->model->scope, str_from("forward"));
-        if (!fw || fw->kind != ENT_FN) {
-            const char *mname = ss->model->node ? sema_cstr(s, ss->model->node->name) : "?";
-            sema_error(s, value_span(k[S_MODEL]), "model '%s' has no 'forward' function, so it cannot be served", mname);
-        }
-    }
-    if (k[S_WEIGHTS]) (void)get_path(&f, k[S_WEIGHTS], "weights", "a safetensors file", &ss->cfg.weights);
-
-    if (k[S_BATCH]) {
-        const Node *b[SB_NKEYS] = {0};
-        gather(s, &k[S_BATCH]->list, serve_batch_keys, SB_NKEYS, "'batch'", b, &sub_present);
-        if (b[SB_TOKENS]) (void)get_int(&f, b[SB_TOKENS], "batch.tokens", 1, INT32_MAX, "a positive integer", &ss->cfg.tokens);
-        if (b[SB_PREFILL_CHUNK])
-            (void)get_int(&f, b[SB_PREFILL_CHUNK], "batch.prefill_chunk", 1, INT32_MAX, "a positive integer",
-                          &ss->cfg.prefill_chunk);
-        else if (ss->cfg.prefill_chunk > ss->cfg.tokens)
-            ss->cfg.prefill_chunk = ss->cfg.tokens; /* the default never exceeds a smaller budget */
-        if (b[SB_SEQS]) (void)get_int(&f, b[SB_SEQS], "batch.seqs", 1, INT32_MAX, "a positive integer", &ss->cfg.seqs);
-        if (b[SB_PREFILL_CHUNK] && ss->cfg.prefill_chunk > ss->cfg.tokens) {
-            if (sema_error(s, value_span(b[SB_PREFILL_CHUNK]), "'batch.prefill_chunk' = %lld exceeds 'batch.tokens' = %lld",
-                           (long long)ss->cfg.prefill_chunk, (long long)ss->cfg.tokens))
-                sema_hint(s, "use prefill_chunk <= %lld", (long long)ss->cfg.tokens);
-        }
-    }
-
-    if (k[S_KV]) {
-        const Node *kv[K_NKEYS] = {0};
-        gather(s, &k[S_KV]->list, kv_keys, K_NKEYS, "'kv'", kv, &sub_present);
-        int64_t blk;
-        if (kv[K_BLOCK] && get_int(&f, kv[K_BLOCK], "kv.block", 1, INT32_MAX, "a positive power of two", &blk)) {
-            if (blk & (blk - 1)) {
-                int64_t lo = 1;
-                while (lo * 2 <= blk) lo *= 2;
-                if (sema_error(s, value_span(kv[K_BLOCK]), "'kv.block' must be a power of two, but it is %lld", (long long)blk))
-                    sema_hint(s, "use %lld or %lld", (long long)lo, (long long)(lo * 2));
-            } else {
-                ss->cfg.kv_block = blk;
-            }
-        }
-        if (kv[K_MEMORY]) (void)get_num(&f, kv[K_MEMORY], "kv.memory", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->cfg.kv_memory);
-        static const char *const kv_dtypes[] = {"f32", "bf16", "f16", "fp8"};
-        int which;
-        if (kv[K_DTYPE] && get_ident(&f, kv[K_DTYPE], "kv.dtype", kv_dtypes, 4, &which)) ss->cfg.kv_dtype = (KvDtype)which;
-    }
-
-    if (k[S_SAMPLING]) {
-        const Node *sm[SM_NKEYS] = {0};
-        gather(s, &k[S_SAMPLING]->list, sampling_keys, SM_NKEYS, "'sampling'", sm, &sub_present);
-        if (sm[SM_TEMPERATURE])
-            (void)get_num(&f, sm[SM_TEMPERATURE], "sampling.temperature", 0, 0, 1e300, 0, "a number >= 0", &ss->cfg.temperature);
-        if (sm[SM_TOP_K])
-            (void)get_int(&f, sm[SM_TOP_K], "sampling.top_k", 0, INT32_MAX, "a non-negative integer (0 for all)", &ss->cfg.top_k);
-        if (sm[SM_TOP_P]) (void)get_num(&f, sm[SM_TOP_P], "sampling.top_p", 0, 1, 1, 0, "a fraction in (0, 1]", &ss->cfg.top_p);
-        if (sm[SM_MAX_TOKENS])
-            (void)get_int(&f, sm[SM_MAX_TOKENS], "sampling.max_tokens", 1, INT32_MAX, "a positive integer", &ss->cfg.max_tokens);
-    }
-
-    if (k[S_PORT]) (void)get_int(&f, k[S_PORT], "port", 1, 65535, "an integer from 1 to 65535", &ss->cfg.port);
-    if (k[S_TOKENIZER])
-        (void)get_path(&f, k[S_TOKENIZER], "tokenizer", "a tokenizer.json, or a GPT-2 vocab.json beside its merges.txt",
-                       &ss->cfg.tokenizer);
-    /* the chat templates the server knows (runtime/serve/chat.c; docs/serve.md) */
-    static const char *const chat_formats[] = {"chatml", "llama3"};
-    int chat;
-    if (k[S_CHAT] && get_ident(&f, k[S_CHAT], "chat", chat_formats, 2, &chat)) ss->cfg.chat = chat_formats[chat];
-
-    if (s->out) ptrvec_push(s->ar, &s->out->serves, ss);
 }
