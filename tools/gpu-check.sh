@@ -11,11 +11,16 @@
 #               torch's scaled_dot_product_attention (issue 14)
 #   bench       bench/gpu.py: GPT-2 124M at micro-batch $MBT_GPU_BATCH (default 12) x 1024, mbt bf16
 #               against torch.compile bf16 in the same run, and mbt's MBT_DEBUG kernel table
+#   serve       bench/serve_gpu.py (make bench-gpu's serving part): GPT-2 124M and the Llama-style model
+#               served by `PROG serve --device cuda`, decode tokens/s at batches 1 to 128 against the
+#               HBM bound (the bandwidth measured by a copy), TTFT and TPOT against transformers'
+#               generate in $PY (skipped with a line when it is not installed); MBT_GPU_SERVE_ARGS
+#               adds options (e.g. "--models gpt2 --batches 1,64"); the JSON is RESULTS/serve.json
 #   test        tests/gpu/run.sh (make test-gpu): the device's step against the CPU's, 4 blocks at a
 #               time (MBT_GPU_TEST_JOBS)
 #   ncu         (only when named) Nsight Compute's speed of light, occupancy and warp stalls of the
 #               FA2 forward and backward kernels at GPT-2's shape (after the attention part)
-# MBT_GPU_PARTS=attention,bench,test chooses parts; MBT_GPU_ATTN_ARGS adds bench/attention options; MBT_GPU_BENCH_MODES the benchmark's modes.
+# MBT_GPU_PARTS=attention,bench,serve,test chooses parts; MBT_GPU_ATTN_ARGS adds bench/attention options; MBT_GPU_BENCH_MODES the benchmark's modes.
 # Each part's output goes to RESULTS/PART.txt as it runs, so a part cut off by the deadline leaves
 # what it printed. The last lines are a table: part, status, seconds.
 set -u
@@ -63,7 +68,7 @@ part() { # NAME CAP COMMAND...: run COMMAND under min(CAP, time left), output to
     SUMMARY+=("$name $([ "$rc" = 124 ] && echo "cut-off" || echo "status-$rc") $(($(date +%s) - t0))")
 }
 
-PARTS=",${MBT_GPU_PARTS:-attention,bench,test},"
+PARTS=",${MBT_GPU_PARTS:-attention,bench,serve,test},"
 if [[ $PARTS == *,attention,* ]]; then
     part attention 180 bash -c "'$PY' bench/attention --build '$BUILD' --prepare >/dev/null && \
         '$PY' bench/attention --build '$BUILD' --repeat 20 ${MBT_GPU_ATTN_ARGS:-}"
@@ -77,6 +82,11 @@ if [[ $PARTS == *,bench,* ]]; then
     part bench 240 "$PY" bench/gpu.py --build "$BUILD" --seq 1024 --batch "${MBT_GPU_BATCH:-12}" --rounds 1 \
         --steps 20 --warmup 6 --modes "${MBT_GPU_BENCH_MODES:-mbt-bf16,torch-bf16-compile}" --python "$PY" \
         --out "$RES/bench.json"
+fi
+if [[ $PARTS == *,serve,* ]]; then
+    # shellcheck disable=SC2086 # MBT_GPU_SERVE_ARGS is a list of options
+    part serve 200 "$PY" bench/serve_gpu.py --build "$BUILD" --python "$PY" --json "$RES/serve.json" \
+        ${MBT_GPU_SERVE_ARGS:-}
 fi
 if [[ $PARTS == *,test,* ]]; then
     part test 600 env MBT_PYTHON="$PY" MBT_GPU_TEST_JOBS="${MBT_GPU_TEST_JOBS:-4}" tests/gpu/run.sh "$BUILD"

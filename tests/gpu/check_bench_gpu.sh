@@ -11,6 +11,11 @@
 #                         windows"); the programs now hold out one global batch and the corpus counts it
 #   bench-gpu/sweep       --batch 4,8: one run a micro-batch and the sweep's table, a row for each
 #                         micro-batch and mode, PyTorch's eager mode among them (run, or saying why not)
+#   bench-gpu/serve-dry   bench/serve_gpu.py --dry (make bench-gpu's serving part, on the CPU: the toy GPT-2
+#                         and Llama, batches 1,4,16): a table row for each model and batch with a measured
+#                         decode rate, and in the JSON every row's bound equal to B x the bandwidth /
+#                         (weights + B x mean context x KV bytes a token), each number labelled measured or
+#                         computed, the peer's rows or the line saying why it was skipped
 set -u
 if [ $# -ne 1 ]; then
     echo "usage: tests/gpu/check_bench_gpu.sh BUILD" >&2
@@ -55,5 +60,17 @@ else
     else
         pass "bench-gpu/sweep (micro-batches 4 and 8, mbt and torch eager: 4 rows)"
     fi
+fi
+
+# the dry run's JSON, judged by tests/gpu/serve_gpu_json.py (bounds recomputed, labels)
+if ! "$PY" bench/serve_gpu.py --build "$BUILD" --dry --json "$DIR/serve.json" >"$DIR/serve.out" 2>&1; then
+    fail bench-gpu/serve-dry "bench/serve_gpu.py --dry failed" "$DIR/serve.out"
+elif [ "$(grep -cE '^ +(1|4|16) +[0-9]+\.[0-9] +[0-9]+\.[0-9] +[0-9.]+% ' "$DIR/serve.out")" != 6 ]; then
+    fail bench-gpu/serve-dry "the tables have not 6 rows (gpt2 and llama, batches 1, 4 and 16) with a decode rate" \
+        "$DIR/serve.out"
+elif ! why=$("$PY" tests/gpu/serve_gpu_json.py "$DIR/serve.json" 2>&1); then
+    fail bench-gpu/serve-dry "the JSON's rows do not hold: $(tail -n 1 <<<"$why")" "$DIR/serve.out"
+else
+    pass "bench-gpu/serve-dry (gpt2 and llama at batches 1, 4, 16: a decode rate each, bounds recomputed)"
 fi
 summary

@@ -1,0 +1,33 @@
+#!/usr/bin/python3
+"""serve_gpu_json.py JSON - checks bench/serve_gpu.py --dry's JSON (tests/gpu/check_bench_gpu.sh,
+bench-gpu/serve-dry): both models at batches 1, 4 and 16; every number labelled measured or computed;
+a measured decode rate from a non-empty steady window; the bytes a step and the bound recomputed from
+the weights' bytes, the KV bytes a token, the mean context and the measured bandwidth; the mean context
+inside the prompt (8) + output (24); the peer's rows or why it was skipped. Exits 1 with the first
+failure's reason."""
+import json
+import sys
+
+j = json.load(open(sys.argv[1]))
+bw = j["bandwidth"]["value"]
+assert bw > 0 and j["bandwidth"]["how"].startswith("measured"), j["bandwidth"]
+for name in ("gpt2", "llama"):
+    m = j["models"][name]
+    w, kv = m["weights_bytes"]["value"], m["kv_bytes_per_token"]["value"]
+    assert w > 0 and kv > 0, (name, w, kv)
+    assert [r["batch"] for r in m["rows"]] == [1, 4, 16], (name, [r["batch"] for r in m["rows"]])
+    for r in m["rows"]:
+        B = r["batch"]
+        for k, v in r.items():
+            if k != "batch":
+                assert v["how"].split(":")[0] in ("measured", "computed"), (name, B, k, v)
+        assert r["decode_tokens_per_s"]["value"] > 0 and r["window"]["tokens"] > 0, (name, B, "decode rate")
+        assert 8 < r["mean_context"]["value"] <= 8 + 24, (name, B, "mean context", r["mean_context"])
+        step = w + B * r["mean_context"]["value"] * kv
+        assert abs(r["bytes_per_step"]["value"] - step) <= 1e-9 * step, (name, B, "bytes a step")
+        bound = B * bw / step
+        assert abs(r["bound_tokens_per_s"]["value"] - bound) <= 1e-9 * bound, (name, B, "bound")
+        frac = r["decode_tokens_per_s"]["value"] / bound
+        assert abs(r["fraction_of_bound"]["value"] - frac) <= 1e-9 * frac, (name, B, "fraction")
+    assert m["peer"].get("rows") or m["peer"].get("skipped"), (name, m["peer"])
+print("ok")
