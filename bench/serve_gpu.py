@@ -98,7 +98,7 @@ def run(cmd, what, **kw):
 # ---- bandwidth -------------------------------------------------------------------------------------
 def bandwidth_torch(py, mib):
     """HBM bandwidth from a device-to-device copy (torch, CUDA events), read + write counted: runs in
-    --python (the one with CUDA torch). Returns (bytes/s, device name) or (None, why)."""
+    --python (the one with CUDA torch). Returns (bytes/s, device name, sm_XY) or (None, why, None)."""
     code = f"""
 import torch, json
 n = {mib} << 20
@@ -113,13 +113,14 @@ for _ in range(5):
     b.record(); torch.cuda.synchronize()
     t = a.elapsed_time(b) / 1e3 / 10
     best = t if best is None else min(best, t)
-print(json.dumps(dict(bw=2 * n / best, name=torch.cuda.get_device_name(0))))
+cap = torch.cuda.get_device_capability(0)
+print(json.dumps(dict(bw=2 * n / best, name=torch.cuda.get_device_name(0), arch="sm_%d%d" % cap)))
 """
     p = subprocess.run([py, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
-        return None, "torch's copy failed: " + p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "?"
+        return None, "torch's copy failed: " + (p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "?"), None
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    return r["bw"], r["name"]
+    return r["bw"], r["name"], r["arch"]
 
 
 def bandwidth_host(mib):
@@ -346,7 +347,8 @@ def bench_model(a, name, spec, work, bw, out):
     mbtc, gendata = os.path.join(a.build, "mbtc"), os.path.join(a.build, "mbt-gendata")
     prog = os.path.join(work, name)
     t0 = time.monotonic()
-    arch = ["--cuda-arch=none"] if a.dry else []  # --dry: the CPU alone, no NVRTC time
+    # --dry: the CPU alone; on a GPU its architecture alone (NVRTC's time once, not for sm_80 and sm_90)
+    arch = ["--cuda-arch=none" if a.dry else f"--cuda-arch={a.arch}"]
     run([mbtc, "-I", os.path.join(ROOT, "examples"), os.path.join(ROOT, SOURCE), "--train", spec["block"], *arch,
          "-o", prog],
         f"mbtc {SOURCE} --train {spec['block']}")
@@ -471,7 +473,7 @@ def main():
         spec_bw, spec_what = None, "--dry: the host's memory, not HBM"
         bw_how = f"measured: a {a.copy_mib} MiB bytearray copy on the host, read + write"
     else:
-        bw, dev = bandwidth_torch(a.python, a.copy_mib)
+        bw, dev, a.arch = bandwidth_torch(a.python, a.copy_mib)
         if bw is None:
             say(f"SKIP: no GPU bandwidth ({dev}); bench/serve_gpu.py needs a GPU and CUDA torch in --python "
                 "(--dry runs it on the CPU)")
