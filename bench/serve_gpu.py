@@ -204,14 +204,23 @@ class Server:
 TOKENS = re.compile(rb'"token_ids":\[([0-9,]*)\]')
 
 
-def one(host, port, prompt, out_len, res):
+def one(host, port, prompt, out_len, res, ready, go):
     """One streaming completion; res gets the send time and each streamed token's arrival time. The
-    events are counted with a regular expression, not json.loads, so that the client's CPU time per
-    token stays small at B = 128."""
+    connection is opened first, then the request waits for `go` (every request of the burst is
+    ready), so that the burst's requests reach the server together. The events are counted with a
+    regular expression, not json.loads, so that the client's CPU time per token stays small."""
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": out_len, "temperature": 0, "stream": True,
                        "ignore_eos": True})
     try:
         c = http.client.HTTPConnection(host, port, timeout=900)
+        c.connect()
+    except Exception as ex:  # noqa: BLE001 - reported as the batch's failure
+        res.update(ok=False, error=repr(ex))
+        return
+    finally:
+        ready.wait()
+    go.wait()
+    try:
         start = time.perf_counter()
         c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
         r = c.getresponse()
@@ -234,12 +243,17 @@ def one(host, port, prompt, out_len, res):
         res.update(ok=False, error=repr(ex))
 
 
-def client_proc(host, port, group, O, q):
-    """A client process: one thread a request of its group; puts [(index, result)] on q."""
+def client_proc(host, port, group, O, q, barrier):
+    """A client process: one thread a request of its group, each connected, then all sent once every
+    process is ready (`barrier`); puts [(index, result)] on q."""
     results = [dict() for _ in group]
-    threads = [threading.Thread(target=one, args=(host, port, p, O, r)) for (_, p), r in zip(group, results)]
+    ready, go = threading.Barrier(len(group) + 1), threading.Event()
+    threads = [threading.Thread(target=one, args=(host, port, p, O, r, ready, go)) for (_, p), r in zip(group, results)]
     for t in threads:
         t.start()
+    ready.wait()
+    barrier.wait()
+    go.set()
     for t in threads:
         t.join()
     q.put([(i, r) for (i, _), r in zip(group, results)])
@@ -256,8 +270,8 @@ def burst(srv, B, P, O, vocab, seed, procs):
     n = max(1, min(B, procs))
     groups = [[(i, prompts[i]) for i in range(k, B, n)] for k in range(n)]
     ctx = multiprocessing.get_context("fork")
-    q = ctx.Queue()
-    ps = [ctx.Process(target=client_proc, args=(srv.host, srv.port, g, O, q)) for g in groups]
+    q, barrier = ctx.Queue(), ctx.Barrier(n)
+    ps = [ctx.Process(target=client_proc, args=(srv.host, srv.port, g, O, q, barrier)) for g in groups]
     for x in ps:
         x.start()
     results = [None] * B
@@ -323,7 +337,9 @@ with torch.inference_mode():
         gen(ids, 2)  # warm-up
         t1, tO = min(gen(ids, 1) for _ in range(2)), gen(ids, O)
         rows[B] = dict(ttft_ms=1e3 * t1, tpot_ms=1e3 * (tO - t1) / (O - 1), tokens_per_s=B * (O - 1) / (tO - t1))
-print("PEER " + json.dumps(dict(rows=rows, transformers=transformers.__version__, torch=torch.__version__)))
+params = sum(p.numel() for p in m.parameters())  # a tied embedding once
+print("PEER " + json.dumps(dict(rows=rows, params=params, transformers=transformers.__version__,
+                                torch=torch.__version__)))
 """
 
 
@@ -332,14 +348,14 @@ def peer(py, cfg, ctx, device, batches, P, O, seed):
     probe = subprocess.run([py, "-c", "import torch, transformers"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     if probe.returncode != 0:
-        return None, f"{py} has no torch or transformers ({probe.stdout.strip().splitlines()[-1]})"
+        return None, f"{py} has no torch or transformers ({probe.stdout.strip().splitlines()[-1]})", None
     arg = json.dumps([dict(cfg, ctx=ctx), device, batches, P, O, seed])
     p = subprocess.run([py, "-c", PEER, arg], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("PEER ")]
     if p.returncode != 0 or not line:
-        return None, "the peer failed: " + "\n".join(p.stdout.strip().splitlines()[-5:])
+        return None, "the peer failed: " + "\n".join(p.stdout.strip().splitlines()[-5:]), None
     r = json.loads(line[-1][5:])
-    return {int(k): v for k, v in r["rows"].items()}, f"transformers {r['transformers']}, torch {r['torch']}"
+    return {int(k): v for k, v in r["rows"].items()}, f"transformers {r['transformers']}, torch {r['torch']}", r["params"]
 
 
 # ---- one model --------------------------------------------------------------------------------------------
@@ -404,8 +420,13 @@ def bench_model(a, name, spec, work, bw, out):
     if a.no_peer:
         rec["peer"] = {"skipped": "--no-peer"}
     else:
-        rows, how = peer(a.python, spec["hf"], ctx, "cpu" if a.dry else "cuda", a.batches, P, O, a.seed)
+        rows, how, params = peer(a.python, spec["hf"], ctx, "cpu" if a.dry else "cuda", a.batches, P, O, a.seed)
         rec["peer"] = {"rows": rows, "versions": how, "how": "measured"} if rows else {"skipped": how}
+        if rows:  # the same configuration: the same parameter count as mbt's f32 weights
+            rec["peer"]["params"] = params
+            rec["peer"]["same_params"] = params * 4 == wbytes and wdtypes == ["F32"]
+            say(f"  the peer ({how}): {params} parameters, mbt's weights {wbytes // 4} f32 values"
+                + ("" if rec["peer"]["same_params"] else ": NOT THE SAME MODEL SIZE"))
     out["models"][name] = rec
     table(name, rec, bw)
 
@@ -440,7 +461,7 @@ def main():
     ap.add_argument("--models", default="gpt2,llama")
     ap.add_argument("--batches", default=None, help="batch sizes (default 1,8,16,32,64,128; --dry 1,4,16)")
     ap.add_argument("--prompt-len", type=int, default=None, help="default 128 (--dry 8)")
-    ap.add_argument("--output-len", type=int, default=None, help="default 128 (--dry 24)")
+    ap.add_argument("--output-len", type=int, default=None, help="default 128 (--dry 48)")
     ap.add_argument("--python", default=sys.executable, help="the python with CUDA torch (and transformers)")
     ap.add_argument("--copy-mib", type=int, default=None, help="the bandwidth copy's size (default 2048; --dry 64)")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
@@ -456,7 +477,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench/serve_gpu.py: terminated"))
     a.batches = [int(x) for x in (a.batches or ("1,4,16" if a.dry else "1,8,16,32,64,128")).split(",")]
     a.prompt_len = a.prompt_len or (8 if a.dry else 128)
-    a.output_len = a.output_len or (24 if a.dry else 128)
+    a.output_len = a.output_len or (48 if a.dry else 128)
     a.copy_mib = a.copy_mib or (64 if a.dry else 2048)
     a.device = "cpu" if a.dry else "cuda"
     if a.output_len < 2:

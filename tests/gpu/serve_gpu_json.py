@@ -3,7 +3,8 @@
 bench-gpu/serve-dry): both models at batches 1, 4 and 16; every number labelled measured or computed;
 a measured decode rate from a non-empty steady window; the bytes a step and the bound recomputed from
 the weights' bytes, the KV bytes a token, the mean context and the measured bandwidth; the mean context
-inside the prompt (8) + output (24); the peer's rows or why it was skipped. Exits 1 with the first
+inside the prompt (8) + output (48); the peer's rows (of a model with mbt's parameter count) or why it
+was skipped. Exits 1 with the first
 failure's reason."""
 import json
 import sys
@@ -22,7 +23,7 @@ for name in ("gpt2", "llama"):
             if k != "batch":
                 assert v["how"].split(":")[0] in ("measured", "computed"), (name, B, k, v)
         assert r["decode_tokens_per_s"]["value"] > 0 and r["window"]["tokens"] > 0, (name, B, "decode rate")
-        assert 8 < r["mean_context"]["value"] <= 8 + 24, (name, B, "mean context", r["mean_context"])
+        assert 8 < r["mean_context"]["value"] <= 8 + 48, (name, B, "mean context", r["mean_context"])
         step = w + B * r["mean_context"]["value"] * kv
         assert abs(r["bytes_per_step"]["value"] - step) <= 1e-9 * step, (name, B, "bytes a step")
         bound = B * bw / step
@@ -30,4 +31,8 @@ for name in ("gpt2", "llama"):
         frac = r["decode_tokens_per_s"]["value"] / bound
         assert abs(r["fraction_of_bound"]["value"] - frac) <= 1e-9 * frac, (name, B, "fraction")
     assert m["peer"].get("rows") or m["peer"].get("skipped"), (name, m["peer"])
+    if m["peer"].get("rows"):  # transformers' model of the same size, a row each batch
+        assert m["peer"]["same_params"], (name, "the peer's parameters", m["peer"]["params"], w)
+        assert sorted(int(b) for b in m["peer"]["rows"]) == [1, 4, 16], (name, m["peer"]["rows"])
+        assert all(r["ttft_ms"] > 0 and r["tpot_ms"] > 0 for r in m["peer"]["rows"].values()), (name, "peer")
 print("ok")
