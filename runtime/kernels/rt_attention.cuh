@@ -403,3 +403,141 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
         }
     }
 }
+
+/* ---- the forward in the flash-attention-2 design on the CUDA cores (f32 programs, issue 14) ------
+ * What programs of f32 run for the forward (compiler/backend/cuda/cuda_dedicated.c): the same
+ * computation as mbt_attn_forward above, in f32 (no TF32), organised as rt_attention_fa2.cuh's
+ * forward rather than a key a lane:
+ *   - a block of 128 threads owns BQ query rows (64; 32 when D > 64, so that the tiles fit 48 KB of
+ *     static shared memory), staged once in shared memory; keys and values come in tiles of BK rows
+ *     (32; 16 when D + E > 128);
+ *   - the threads are 16 row groups x 8 column groups: thread (rg, cg) owns rows rg + 16 i (i < RT =
+ *     BQ / 16) and, of the BQ x BK score tile, keys cg + 8 c (c < BK / 8), of the output columns
+ *     cg + 8 e (e < ET = ceil(E / 8)): the scores and the BQ x E output stay in registers, each
+ *     shared value read serves RT or BK / 8 (ET) multiply-adds instead of one;
+ *   - a row's 8 column groups are 8 neighbouring lanes of one warp: its maximum and, at the end, its
+ *     sum are combined with three shuffles in a fixed order (xor 1, 2, 4), and its probabilities go
+ *     through a shared slot that only its own warp reads (__syncwarp, no block barrier);
+ *   - causal: the block stops at the last key its last row sees (tiles above the diagonal are
+ *     never loaded); masked elements are -inf, P 0.
+ * Products are fmaf in a fixed order (d ascending for a score, keys ascending for the output), so
+ * results depend only on the shapes: bit-identical run to run. Statistics as mbt_attn_forward
+ * (slot 0 the maximum of the scaled scores, slot 1 the sum), so that either backward loads them.
+ * Not here (docs/cuda.md): cp.async double buffering, float4 shared loads, the document mask, and
+ * the backward in this design (the backward of f32 programs is the kernels above). */
+template <int D, int E> struct MbtAttnF32t {
+    static const int BQ = D > 64 ? 32 : 64, BK = D + E > 128 ? 16 : 32;
+    static const int RT = BQ / 16, CT = BK / 8, ET = (E + 7) / 8;
+};
+
+template <typename T, int D, int E, bool CAUSAL, int NOUT>
+static __device__ void mbt_attn_f32t_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out,
+                                             float *stats) {
+    const int BQ = MbtAttnF32t<D, E>::BQ, BK = MbtAttnF32t<D, E>::BK, RT = MbtAttnF32t<D, E>::RT;
+    const int CT = MbtAttnF32t<D, E>::CT, ET = MbtAttnF32t<D, E>::ET;
+    static_assert(MBT_ATTN_WARPS * 32 == 128, "16 row groups of 8 threads");
+    /* pitches one more than the width: the rows a warp reads at once fall on distinct banks */
+    __shared__ float qs[BQ][D + 1], ks[BK][D + 1], vs[BK][E + 1], ps[BQ][BK + 1];
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        /* a head's last rows first: under a causal mask they see the most keys */
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = (tiles - 1 - tile % tiles) * BQ, kh = h / G;
+        __syncthreads(); /* the previous tile is done with the shared rows */
+        mbt_attn_tile<T, BQ, D, D + 1>(qs, q, a.q, z, h, t0, a.T);
+        float m[RT], l[RT], o[RT][ET];
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+            m[i] = -MBT_INF_F;
+            l[i] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < ET; e++) o[i][e] = 0.0f;
+        }
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
+        for (long long j0 = 0; j0 < kend; j0 += BK) {
+            __syncthreads(); /* every thread is done with the previous tile (and its slots in ps) */
+            mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+            mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+            __syncthreads();
+            float s[RT][CT];
+#pragma unroll
+            for (int i = 0; i < RT; i++)
+#pragma unroll
+                for (int c = 0; c < CT; c++) s[i][c] = 0.0f;
+#pragma unroll 4
+            for (int d = 0; d < D; d++) {
+                float qr[RT], kc[CT];
+#pragma unroll
+                for (int i = 0; i < RT; i++) qr[i] = qs[rg + 16 * i][d];
+#pragma unroll
+                for (int c = 0; c < CT; c++) kc[c] = ks[cg + 8 * c][d];
+#pragma unroll
+                for (int i = 0; i < RT; i++)
+#pragma unroll
+                    for (int c = 0; c < CT; c++) s[i][c] = fmaf(qr[i], kc[c], s[i][c]);
+            }
+#pragma unroll
+            for (int i = 0; i < RT; i++) {
+                const int r = rg + 16 * i;
+                const long long t = t0 + r;
+                float mt = -MBT_INF_F;
+#pragma unroll
+                for (int c = 0; c < CT; c++) {
+                    s[i][c] = mbt_attn_sees<CAUSAL>(a, t, j0 + cg + 8 * c) ? a.scale * s[i][c] : -MBT_INF_F;
+                    mt = mt > s[i][c] ? mt : s[i][c];
+                }
+#pragma unroll
+                for (int x = 1; x < 8; x <<= 1) { /* the row's 8 lanes, a fixed order */
+                    const float y = __shfl_xor_sync(0xffffffffu, mt, x);
+                    mt = mt > y ? mt : y;
+                }
+                const float mn = m[i] > mt ? m[i] : mt;
+                /* a row that has seen no key yet: its P is 0 and nothing is rescaled */
+                const float alpha = mn == -MBT_INF_F ? 1.0f : expf(m[i] - mn);
+                float ls = 0.0f;
+#pragma unroll
+                for (int c = 0; c < CT; c++) {
+                    const float p = s[i][c] == -MBT_INF_F ? 0.0f : expf(s[i][c] - mn);
+                    ls = ls + p;
+                    ps[r][cg + 8 * c] = p;
+                }
+                m[i] = mn;
+                l[i] = l[i] * alpha + ls; /* this lane's part of the row sum: added up at the end */
+#pragma unroll
+                for (int e = 0; e < ET; e++) o[i][e] *= alpha;
+            }
+            __syncwarp(); /* a row's slots are written and read by its own 8 lanes, one warp */
+            for (int jj = 0; jj < BK; jj++) { /* O += P V, keys in order */
+                float pr[RT];
+#pragma unroll
+                for (int i = 0; i < RT; i++) pr[i] = ps[rg + 16 * i][jj];
+#pragma unroll
+                for (int e = 0; e < ET; e++) {
+                    const int c = cg + 8 * e;
+                    if (E % 8 != 0 && c >= E) break;
+                    const float x = vs[jj][c];
+#pragma unroll
+                    for (int i = 0; i < RT; i++) o[i][e] = fmaf(pr[i], x, o[i][e]);
+                }
+            }
+            /* the next tile's first barrier orders the reuse of ps, ks and vs */
+        }
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+            const long long t = t0 + rg + 16 * i;
+            float sum = l[i];
+#pragma unroll
+            for (int x = 1; x < 8; x <<= 1) sum = sum + __shfl_xor_sync(0xffffffffu, sum, x);
+            if (t >= a.T) continue;
+#pragma unroll
+            for (int e = 0; e < ET; e++) {
+                const int c = cg + 8 * e;
+                if (E % 8 != 0 && c >= E) break;
+                const float x = sum > 0.0f ? o[i][e] / sum : 0.0f;
+#pragma unroll
+                for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(a.out[u], z, h, t, c), x);
+            }
+            if (stats && cg < 2) mbt_st(stats + mbt_at(a.stats, z, h, t, cg), cg == 0 ? m[i] : sum);
+        }
+    }
+}
