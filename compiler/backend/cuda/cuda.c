@@ -175,6 +175,10 @@ int cuda_kernel_uses_attention(const Kernel *k) {
     return CUDA_ATTN_CUDA_CORES;
 }
 
+int cuda_attention_f32_tiled(const Kernel *k) {
+    return cuda_kernel_uses_attention(k) == CUDA_ATTN_CUDA_CORES && k->attn->dt == DT_F32 && k->attn->op == KA_FORWARD;
+}
+
 int cuda_kernel_uses_scatter(const Kernel *k) {
     const KScatter *s = k->scatter;
     if (!s || s->R > INT32_MAX || s->P > INT32_MAX || s->W < 1) return 0;
@@ -225,6 +229,7 @@ static int cuda_loads_what_it_stores(const Kernel *k, int from, int to) {
 static int cuda_attention_rows(const Kernel *k) {
     const KAttn *a = k->attn;
     if (cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES) return 16 * 4;
+    if (cuda_attention_f32_tiled(k)) return a->D > 64 ? 32 : 64; /* rt_attention.cuh's MbtAttnF32t::BQ */
     return (a->D + a->E > 192 ? 2 : 4) * 4;
 }
 
@@ -250,6 +255,10 @@ static int cuda_attention_shared(const Kernel *k) {
                               (want_k ? 4 : 1) * 16 * pp) +
                          4 * 32 * 3 + scratch);
         }
+    }
+    if (cuda_attention_f32_tiled(k)) { /* MbtAttnF32t: qs[BQ][D + 1], ks[BK][D + 1], vs[BK][E + 1], ps[BQ][BK + 1] */
+        int64_t bq = cuda_attention_rows(k), bk = a->D + a->E > 128 ? 16 : 32;
+        return (int)(4 * (bq * (a->D + 1) + bk * (a->D + 1) + bk * (a->E + 1) + bq * (bk + 1)));
     }
     int64_t rows = cuda_attention_rows(k), tile = 32 * (a->D + 1) + 32 * (a->E + 1), slots = rows * 32;
     switch (a->op) {
@@ -898,7 +907,8 @@ static void cuda_header(CudaEmit *E, const char *note) {
         fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/%s)", L->per_block,
                 cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 ? "rt_attention_fa2.cuh, flash-attention-2 on the tensor cores"
                 : cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
-                                                                          : "rt_attention.cuh");
+                : cuda_attention_f32_tiled(k) ? "rt_attention.cuh, mbt_attn_f32t_forward: the flash-attention-2 tiling in f32"
+                                              : "rt_attention.cuh");
     if (L->mode == CUDA_KV_ATTN)
         fprintf(out, " (a block per row and key/value head, the keys split across its 4 warps; the body: "
                      "runtime/kernels/rt_kv_attention.cuh)");
