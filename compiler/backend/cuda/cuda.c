@@ -176,7 +176,7 @@ int cuda_kernel_uses_attention(const Kernel *k) {
 }
 
 int cuda_attention_f32_tiled(const Kernel *k) {
-    return cuda_kernel_uses_attention(k) == CUDA_ATTN_CUDA_CORES && k->attn->dt == DT_F32 && k->attn->op == KA_FORWARD;
+    return cuda_kernel_uses_attention(k) == CUDA_ATTN_CUDA_CORES && k->attn->dt == DT_F32;
 }
 
 int cuda_kernel_uses_scatter(const Kernel *k) {
@@ -229,7 +229,10 @@ static int cuda_loads_what_it_stores(const Kernel *k, int from, int to) {
 static int cuda_attention_rows(const Kernel *k) {
     const KAttn *a = k->attn;
     if (cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES) return 16 * 4;
-    if (cuda_attention_f32_tiled(k)) return a->D > 64 ? 32 : 64; /* rt_attention.cuh's MbtAttnF32t::BQ */
+    if (cuda_attention_f32_tiled(k)) { /* rt_attention.cuh's MbtAttnF32t::BQ (forward), MbtAttnF32tB::BR */
+        if (a->op == KA_FORWARD) return a->D > 64 ? 32 : 64;
+        return a->D + a->E > 128 ? 16 : a->D + a->E > 64 ? 32 : 64;
+    }
     return (a->D + a->E > 192 ? 2 : 4) * 4;
 }
 
@@ -256,9 +259,16 @@ static int cuda_attention_shared(const Kernel *k) {
                          4 * 32 * 3 + scratch);
         }
     }
-    if (cuda_attention_f32_tiled(k)) { /* MbtAttnF32t: qs[BQ][D + 1], ks[BK][D + 1], vs[BK][E + 1], ps[BQ][BK + 1] */
-        int64_t bq = cuda_attention_rows(k), bk = a->D + a->E > 128 ? 16 : 32;
-        return (int)(4 * (bq * (a->D + 1) + bk * (a->D + 1) + bk * (a->E + 1) + bq * (bk + 1)));
+    if (cuda_attention_f32_tiled(k)) { /* rt_attention.cuh's tiles (MbtAttnF32t, MbtAttnF32tB) */
+        int64_t br = cuda_attention_rows(k), bt = a->D + a->E > 128 ? 16 : 32, d1 = a->D + 1, e1 = a->E + 1;
+        int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
+        switch (a->op) {
+        case KA_FORWARD: return (int)(4 * (br * d1 + bt * d1 + bt * e1 + br * (bt + 1)));   /* qs, ks, vs, ps */
+        case KA_BWD_Q: return (int)(4 * (br * (d1 + e1) + bt * (d1 + e1) + br * (bt + 1))); /* qs, dos, ks, vs, ws */
+        default: /* kr, vr (for dk), qs, dos, st, pw (for dv), dw (for dk) */
+            return (int)(4 * (br * d1 + (want_k ? br : 1) * e1 + bt * (d1 + e1) + bt * 3 +
+                              ((want_v ? br : 1) + (want_k ? br : 1)) * (bt + 1)));
+        }
     }
     int64_t rows = cuda_attention_rows(k), tile = 32 * (a->D + 1) + 32 * (a->E + 1), slots = rows * 32;
     switch (a->op) {
@@ -907,7 +917,7 @@ static void cuda_header(CudaEmit *E, const char *note) {
         fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/%s)", L->per_block,
                 cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 ? "rt_attention_fa2.cuh, flash-attention-2 on the tensor cores"
                 : cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
-                : cuda_attention_f32_tiled(k) ? "rt_attention.cuh, mbt_attn_f32t_forward: the flash-attention-2 tiling in f32"
+                : cuda_attention_f32_tiled(k) ? "rt_attention.cuh, mbt_attn_f32t_*: the flash-attention-2 tiling in f32"
                                               : "rt_attention.cuh");
     if (L->mode == CUDA_KV_ATTN)
         fprintf(out, " (a block per row and key/value head, the keys split across its 4 warps; the body: "
