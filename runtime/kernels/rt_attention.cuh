@@ -403,3 +403,395 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
         }
     }
 }
+
+/* ---- the forward in the flash-attention-2 design on the CUDA cores (f32 programs, issue 14) ------
+ * What programs of f32 run for the forward (compiler/backend/cuda/cuda_dedicated.c): the same
+ * computation as mbt_attn_forward above, in f32 (no TF32), organised as rt_attention_fa2.cuh's
+ * forward rather than a key a lane:
+ *   - a block of 128 threads owns BQ query rows (64; 32 when D > 64, so that the tiles fit 48 KB of
+ *     static shared memory), staged once in shared memory; keys and values come in tiles of BK rows
+ *     (32; 16 when D + E > 128);
+ *   - the threads are 16 row groups x 8 column groups: thread (rg, cg) owns rows rg + 16 i (i < RT =
+ *     BQ / 16) and, of the BQ x BK score tile, keys cg + 8 c (c < BK / 8), of the output columns
+ *     cg + 8 e (e < ET = ceil(E / 8)): the scores and the BQ x E output stay in registers, each
+ *     shared value read serves RT or BK / 8 (ET) multiply-adds instead of one;
+ *   - a row's 8 column groups are 8 neighbouring lanes of one warp: its maximum and, at the end, its
+ *     sum are combined with three shuffles in a fixed order (xor 1, 2, 4), and its probabilities go
+ *     through a shared slot that only its own warp reads (__syncwarp, no block barrier);
+ *   - causal: the block stops at the last key its last row sees (tiles above the diagonal are
+ *     never loaded); masked elements are -inf, P 0.
+ * Products are fmaf in a fixed order (d ascending for a score, keys ascending for the output), so
+ * results depend only on the shapes: bit-identical run to run. Statistics as mbt_attn_forward
+ * (slot 0 the maximum of the scaled scores, slot 1 the sum), so that either backward loads them.
+ * Not here (docs/cuda.md): cp.async double buffering, float4 shared loads, the document mask, and
+ * the backward in this design (the backward of f32 programs is the kernels above). */
+template <int D, int E> struct MbtAttnF32t {
+    static const int BQ = D > 64 ? 32 : 64, BK = D + E > 128 ? 16 : 32;
+    static const int RT = BQ / 16, CT = BK / 8, ET = (E + 7) / 8;
+};
+
+template <typename T, int D, int E, bool CAUSAL, int NOUT>
+static __device__ void mbt_attn_f32t_forward(const MbtAttn &a, const T *q, const T *k, const T *v, T *const *out,
+                                             float *stats) {
+    const int BQ = MbtAttnF32t<D, E>::BQ, BK = MbtAttnF32t<D, E>::BK, RT = MbtAttnF32t<D, E>::RT;
+    const int CT = MbtAttnF32t<D, E>::CT, ET = MbtAttnF32t<D, E>::ET;
+    static_assert(MBT_ATTN_WARPS * 32 == 128, "16 row groups of 8 threads");
+    /* pitches one more than the width: the rows a warp reads at once fall on distinct banks */
+    __shared__ float qs[BQ][D + 1], ks[BK][D + 1], vs[BK][E + 1], ps[BQ][BK + 1];
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        /* a head's last rows first: under a causal mask they see the most keys */
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = (tiles - 1 - tile % tiles) * BQ, kh = h / G;
+        __syncthreads(); /* the previous tile is done with the shared rows */
+        mbt_attn_tile<T, BQ, D, D + 1>(qs, q, a.q, z, h, t0, a.T);
+        float m[RT], l[RT], o[RT][ET];
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+            m[i] = -MBT_INF_F;
+            l[i] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < ET; e++) o[i][e] = 0.0f;
+        }
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
+        for (long long j0 = 0; j0 < kend; j0 += BK) {
+            __syncthreads(); /* every thread is done with the previous tile (and its slots in ps) */
+            mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+            mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+            __syncthreads();
+            float s[RT][CT];
+#pragma unroll
+            for (int i = 0; i < RT; i++)
+#pragma unroll
+                for (int c = 0; c < CT; c++) s[i][c] = 0.0f;
+#pragma unroll 4
+            for (int d = 0; d < D; d++) {
+                float qr[RT], kc[CT];
+#pragma unroll
+                for (int i = 0; i < RT; i++) qr[i] = qs[rg + 16 * i][d];
+#pragma unroll
+                for (int c = 0; c < CT; c++) kc[c] = ks[cg + 8 * c][d];
+#pragma unroll
+                for (int i = 0; i < RT; i++)
+#pragma unroll
+                    for (int c = 0; c < CT; c++) s[i][c] = fmaf(qr[i], kc[c], s[i][c]);
+            }
+#pragma unroll
+            for (int i = 0; i < RT; i++) {
+                const int r = rg + 16 * i;
+                const long long t = t0 + r;
+                float mt = -MBT_INF_F;
+#pragma unroll
+                for (int c = 0; c < CT; c++) {
+                    s[i][c] = mbt_attn_sees<CAUSAL>(a, t, j0 + cg + 8 * c) ? a.scale * s[i][c] : -MBT_INF_F;
+                    mt = mt > s[i][c] ? mt : s[i][c];
+                }
+#pragma unroll
+                for (int x = 1; x < 8; x <<= 1) { /* the row's 8 lanes, a fixed order */
+                    const float y = __shfl_xor_sync(0xffffffffu, mt, x);
+                    mt = mt > y ? mt : y;
+                }
+                const float mn = m[i] > mt ? m[i] : mt;
+                /* a row that has seen no key yet: its P is 0 and nothing is rescaled */
+                const float alpha = mn == -MBT_INF_F ? 1.0f : expf(m[i] - mn);
+                float ls = 0.0f;
+#pragma unroll
+                for (int c = 0; c < CT; c++) {
+                    const float p = s[i][c] == -MBT_INF_F ? 0.0f : expf(s[i][c] - mn);
+                    ls = ls + p;
+                    ps[r][cg + 8 * c] = p;
+                }
+                m[i] = mn;
+                l[i] = l[i] * alpha + ls; /* this lane's part of the row sum: added up at the end */
+#pragma unroll
+                for (int e = 0; e < ET; e++) o[i][e] *= alpha;
+            }
+            __syncwarp(); /* a row's slots are written and read by its own 8 lanes, one warp */
+            for (int jj = 0; jj < BK; jj++) { /* O += P V, keys in order */
+                float pr[RT];
+#pragma unroll
+                for (int i = 0; i < RT; i++) pr[i] = ps[rg + 16 * i][jj];
+#pragma unroll
+                for (int e = 0; e < ET; e++) {
+                    const int c = cg + 8 * e;
+                    if (E % 8 != 0 && c >= E) break;
+                    const float x = vs[jj][c];
+#pragma unroll
+                    for (int i = 0; i < RT; i++) o[i][e] = fmaf(pr[i], x, o[i][e]);
+                }
+            }
+            /* the next tile's first barrier orders the reuse of ps, ks and vs */
+        }
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+            const long long t = t0 + rg + 16 * i;
+            float sum = l[i];
+#pragma unroll
+            for (int x = 1; x < 8; x <<= 1) sum = sum + __shfl_xor_sync(0xffffffffu, sum, x);
+            if (t >= a.T) continue;
+#pragma unroll
+            for (int e = 0; e < ET; e++) {
+                const int c = cg + 8 * e;
+                if (E % 8 != 0 && c >= E) break;
+                const float x = sum > 0.0f ? o[i][e] / sum : 0.0f;
+#pragma unroll
+                for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(a.out[u], z, h, t, c), x);
+            }
+            if (stats && cg < 2) mbt_st(stats + mbt_at(a.stats, z, h, t, cg), cg == 0 ? m[i] : sum);
+        }
+    }
+}
+
+/* ---- the backward in the same tiling (f32 programs, issue 14) ------------------------------------
+ * dq per block of BR query rows (Q and dO staged once), walking tiles of BT keys (K and V); dk and
+ * dv per block of BR key rows (K and V staged once), walking tiles of BT query rows (Q, dO and the
+ * statistics) of every query head of the key head's group: no atomics, bit-identical runs. Threads
+ * are 16 row groups x 8 column groups as in the forward: thread (rg, cg) holds, for its rows rg + 16 i,
+ * the tile's scores and dP against columns cg + 8 c, and the result columns cg + 8 e, in registers;
+ * the weights (dS for dq and dk, P for dv) go through a shared row only that row's warp reads.
+ * The statistics are the contract's (slot 0 the scaled maximum, 1 the sum, 2 sum P dP), computed by
+ * dq's first walk (COMPUTE) or loaded. Sizes: BR = 64 rows (32 when D + E > 64, 16 when D + E > 128)
+ * and BT = 32 (16 when D + E > 128), so that the tiles fit 48 KB of static shared memory. */
+template <int D, int E> struct MbtAttnF32tB {
+    static const int BR = D + E > 128 ? 16 : D + E > 64 ? 32 : 64, BT = D + E > 128 ? 16 : 32;
+    static const int RT = BR / 16, CT = BT / 8;
+};
+
+/* The tile's scores (scaled; -inf where row t0 + rg + 16 i does not see key j0 + cg + 8 c, or, with
+ * KEYROWS, where query j0 + cg + 8 c does not see key t0 + rg + 16 i) and, with DP, the products
+ * dP of the second pair of operands: rows x (D wide) against cols y, rows x2 (E wide) against y2. */
+template <int D, int E, int RT, int CT, bool CAUSAL, bool KEYROWS, bool DP, int P1, int P2>
+static __device__ __forceinline__ void mbt_attn_f32t_scores(const MbtAttn &a, const float (*x)[P1], const float (*y)[P1],
+                                                            const float (*x2)[P2], const float (*y2)[P2], long long t0,
+                                                            long long j0, float (*s)[CT], float (*dp)[CT]) {
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int c = 0; c < CT; c++) s[i][c] = dp[i][c] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; d++) {
+        float xr[RT], yc[CT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) xr[i] = x[rg + 16 * i][d];
+#pragma unroll
+        for (int c = 0; c < CT; c++) yc[c] = y[cg + 8 * c][d];
+#pragma unroll
+        for (int i = 0; i < RT; i++)
+#pragma unroll
+            for (int c = 0; c < CT; c++) s[i][c] = fmaf(xr[i], yc[c], s[i][c]);
+    }
+    if (DP) {
+#pragma unroll 4
+        for (int d = 0; d < E; d++) {
+            float xr[RT], yc[CT];
+#pragma unroll
+            for (int i = 0; i < RT; i++) xr[i] = x2[rg + 16 * i][d];
+#pragma unroll
+            for (int c = 0; c < CT; c++) yc[c] = y2[cg + 8 * c][d];
+#pragma unroll
+            for (int i = 0; i < RT; i++)
+#pragma unroll
+                for (int c = 0; c < CT; c++) dp[i][c] = fmaf(xr[i], yc[c], dp[i][c]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+#pragma unroll
+        for (int c = 0; c < CT; c++) {
+            const long long r = t0 + rg + 16 * i, col = j0 + cg + 8 * c;
+            const bool seen = KEYROWS ? mbt_attn_sees<CAUSAL>(a, col, r) : mbt_attn_sees<CAUSAL>(a, r, col);
+            s[i][c] = seen ? a.scale * s[i][c] : -MBT_INF_F;
+        }
+}
+
+/* acc[i][e] (columns cg + 8 e < W of rows rg + 16 i) += sum over the tile's N rows jj, in order, of
+ * w[rg + 16 i][jj] * x[jj][cg + 8 e] */
+template <int W, int RT, int N, int WP, int XP>
+static __device__ __forceinline__ void mbt_attn_f32t_accum(float (*acc)[(W + 7) / 8], const float (*w)[WP],
+                                                           const float (*x)[XP]) {
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+    for (int jj = 0; jj < N; jj++) {
+        float wr[RT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) wr[i] = w[rg + 16 * i][jj];
+#pragma unroll
+        for (int e = 0; e < (W + 7) / 8; e++) {
+            const int c = cg + 8 * e;
+            if (W % 8 != 0 && c >= W) break;
+            const float xv = x[jj][c];
+#pragma unroll
+            for (int i = 0; i < RT; i++) acc[i][e] = fmaf(wr[i], xv, acc[i][e]);
+        }
+    }
+}
+
+/* A thread's result rows (rows r0 + rg + 16 i < rows, columns cg + 8 e < W) to every place. */
+template <typename T, int W, int RT, int NOUT>
+static __device__ __forceinline__ void mbt_attn_f32t_put(const MbtView *views, T *const *out, long long z, long long h,
+                                                         long long r0, long long rows, const float (*acc)[(W + 7) / 8]) {
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+#pragma unroll
+    for (int i = 0; i < RT; i++) {
+        const long long r = r0 + rg + 16 * i;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int e = 0; e < (W + 7) / 8; e++) {
+            const int c = cg + 8 * e;
+            if (W % 8 != 0 && c >= W) break;
+#pragma unroll
+            for (int u = 0; u < NOUT; u++) mbt_st(out[u] + mbt_at(views[u], z, h, r, c), acc[i][e]);
+        }
+    }
+}
+
+template <typename T, int D, int E, bool CAUSAL, bool COMPUTE, int NOUT>
+static __device__ void mbt_attn_f32t_bwd_q(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                           const float *stats_in, float *stats_out, T *const *out) {
+    const int BQ = MbtAttnF32tB<D, E>::BR, BK = MbtAttnF32tB<D, E>::BT, RT = MbtAttnF32tB<D, E>::RT;
+    const int CT = MbtAttnF32tB<D, E>::CT, DT = (D + 7) / 8;
+    __shared__ float qs[BQ][D + 1], dos[BQ][E + 1], ks[BK][D + 1], vs[BK][E + 1], ws[BQ][BK + 1];
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+    const long long G = a.H / a.Hk, tiles = (a.T + BQ - 1) / BQ;
+    for (long long tile = blockIdx.x; tile < a.Z * a.H * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.H * tiles), h = tile / tiles % a.H, t0 = (tiles - 1 - tile % tiles) * BQ, kh = h / G;
+        __syncthreads();
+        mbt_attn_tile<T, BQ, D, D + 1>(qs, q, a.q, z, h, t0, a.T);
+        mbt_attn_tile<T, BQ, E, E + 1>(dos, dout, a.dout, z, h, t0, a.T);
+        float m[RT], l[RT], pdp[RT], dq[RT][DT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+            m[i] = -MBT_INF_F;
+            l[i] = pdp[i] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < DT; e++) dq[i][e] = 0.0f;
+        }
+        const long long kend = mbt_attn_keys_seen<CAUSAL>(a, t0, BQ);
+        if (COMPUTE) { /* m, l and sum P dP in one pass, the running sums rescaled as m grows */
+            for (long long j0 = 0; j0 < kend; j0 += BK) {
+                __syncthreads();
+                mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+                mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+                __syncthreads();
+                float s[RT][CT], dp[RT][CT];
+                mbt_attn_f32t_scores<D, E, RT, CT, CAUSAL, false, true>(a, qs, ks, dos, vs, t0, j0, s, dp);
+#pragma unroll
+                for (int i = 0; i < RT; i++) {
+                    float mt = -MBT_INF_F;
+#pragma unroll
+                    for (int c = 0; c < CT; c++) mt = mt > s[i][c] ? mt : s[i][c];
+#pragma unroll
+                    for (int x = 1; x < 8; x <<= 1) {
+                        const float y = __shfl_xor_sync(0xffffffffu, mt, x);
+                        mt = mt > y ? mt : y;
+                    }
+                    const float mn = m[i] > mt ? m[i] : mt;
+                    const float alpha = mn == -MBT_INF_F ? 1.0f : expf(m[i] - mn);
+                    float ls = 0.0f, ps = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < CT; c++) {
+                        const float p = s[i][c] == -MBT_INF_F ? 0.0f : expf(s[i][c] - mn);
+                        ls = ls + p;
+                        ps = ps + p * dp[i][c];
+                    }
+                    m[i] = mn;
+                    l[i] = l[i] * alpha + ls; /* this lane's parts, added up below */
+                    pdp[i] = pdp[i] * alpha + ps;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RT; i++) {
+                const long long t = t0 + rg + 16 * i;
+#pragma unroll
+                for (int x = 1; x < 8; x <<= 1) {
+                    l[i] = l[i] + __shfl_xor_sync(0xffffffffu, l[i], x);
+                    pdp[i] = pdp[i] + __shfl_xor_sync(0xffffffffu, pdp[i], x);
+                }
+                pdp[i] = l[i] > 0.0f ? pdp[i] / l[i] : 0.0f;
+                if (stats_out && t < a.T && cg < 3)
+                    mbt_st(stats_out + mbt_at(a.stats, z, h, t, cg), cg == 0 ? m[i] : cg == 1 ? l[i] : pdp[i]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < RT; i++) {
+                const long long t = t0 + rg + 16 * i;
+                if (t >= a.T) continue;
+                m[i] = mbt_ld(stats_in + mbt_at(a.stats, z, h, t, 0));
+                l[i] = mbt_ld(stats_in + mbt_at(a.stats, z, h, t, 1));
+                pdp[i] = mbt_ld(stats_in + mbt_at(a.stats, z, h, t, 2));
+            }
+        }
+        for (long long j0 = 0; j0 < kend; j0 += BK) { /* dq_i = sum_j scale P_ij (dP_ij - pdp_i) k_j */
+            __syncthreads();
+            mbt_attn_tile<T, BK, D, D + 1>(ks, k, a.k, z, kh, j0, a.S);
+            mbt_attn_tile<T, BK, E, E + 1>(vs, v, a.v, z, kh, j0, a.S);
+            __syncthreads();
+            float s[RT][CT], dp[RT][CT];
+            mbt_attn_f32t_scores<D, E, RT, CT, CAUSAL, false, true>(a, qs, ks, dos, vs, t0, j0, s, dp);
+#pragma unroll
+            for (int i = 0; i < RT; i++)
+#pragma unroll
+                for (int c = 0; c < CT; c++) {
+                    float w = 0.0f; /* a row that sees no key: dq stays 0 */
+                    if (l[i] > 0.0f && s[i][c] != -MBT_INF_F) w = a.scale * ((expf(s[i][c] - m[i]) / l[i]) * (dp[i][c] - pdp[i]));
+                    ws[rg + 16 * i][cg + 8 * c] = w;
+                }
+            __syncwarp(); /* a row's slots: its own warp's */
+            mbt_attn_f32t_accum<D, RT, BK, BK + 1, D + 1>(dq, ws, ks);
+        }
+        mbt_attn_f32t_put<T, D, RT, NOUT>(a.out, out, z, h, t0, a.T, dq);
+    }
+}
+
+template <typename T, int D, int E, bool CAUSAL, bool WANT_K, bool WANT_V, int NOUT_K, int NOUT_V>
+static __device__ void mbt_attn_f32t_bwd_kv(const MbtAttn &a, const T *q, const T *k, const T *v, const T *dout,
+                                            const float *stats, T *const *out_k, T *const *out_v) {
+    const int BKR = MbtAttnF32tB<D, E>::BR, BQ = MbtAttnF32tB<D, E>::BT, RT = MbtAttnF32tB<D, E>::RT;
+    const int CT = MbtAttnF32tB<D, E>::CT;
+    __shared__ float kr[BKR][D + 1], vr[WANT_K ? BKR : 1][E + 1], qs[BQ][D + 1], dos[BQ][E + 1], st[BQ][3];
+    __shared__ float pw[WANT_V ? BKR : 1][BQ + 1], dw[WANT_K ? BKR : 1][BQ + 1];
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+    const long long G = a.H / a.Hk, tiles = (a.S + BKR - 1) / BKR, shift = a.S - a.T;
+    for (long long tile = blockIdx.x; tile < a.Z * a.Hk * tiles; tile += gridDim.x) {
+        const long long z = tile / (a.Hk * tiles), kh = tile / tiles % a.Hk, j0 = tile % tiles * BKR;
+        __syncthreads();
+        mbt_attn_tile<T, BKR, D, D + 1>(kr, k, a.k, z, kh, j0, a.S);
+        if constexpr (WANT_K) mbt_attn_tile<T, BKR, E, E + 1>(vr, v, a.v, z, kh, j0, a.S);
+        float dk[RT][WANT_K ? (D + 7) / 8 : 1], dv[RT][WANT_V ? (E + 7) / 8 : 1];
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+#pragma unroll
+            for (int e = 0; e < (WANT_K ? (D + 7) / 8 : 1); e++) dk[i][e] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < (WANT_V ? (E + 7) / 8 : 1); e++) dv[i][e] = 0.0f;
+        }
+        long long ifirst = CAUSAL ? j0 - shift : 0; /* the first query row that sees the tile's first key */
+        if (ifirst < 0) ifirst = 0;
+        for (long long g = 0; g < G; g++) {
+            const long long h = kh * G + g;
+            for (long long i0 = ifirst; i0 < a.T; i0 += BQ) {
+                __syncthreads();
+                mbt_attn_tile<T, BQ, D, D + 1>(qs, q, a.q, z, h, i0, a.T);
+                mbt_attn_tile<T, BQ, E, E + 1>(dos, dout, a.dout, z, h, i0, a.T);
+                mbt_attn_tile<float, BQ, 3, 3>(st, stats, a.stats, z, h, i0, a.T);
+                __syncthreads();
+                float s[RT][CT], dp[RT][CT];
+                mbt_attn_f32t_scores<D, E, RT, CT, CAUSAL, true, WANT_K>(a, kr, qs, vr, dos, j0, i0, s, dp);
+#pragma unroll
+                for (int i = 0; i < RT; i++)
+#pragma unroll
+                    for (int c = 0; c < CT; c++) {
+                        const int ii = cg + 8 * c;
+                        const float p = s[i][c] == -MBT_INF_F ? 0.0f : expf(s[i][c] - st[ii][0]) / st[ii][1];
+                        if constexpr (WANT_V) pw[rg + 16 * i][ii] = p;
+                        if constexpr (WANT_K) dw[rg + 16 * i][ii] = a.scale * (p * (dp[i][c] - st[ii][2]));
+                    }
+                __syncwarp(); /* a row's slots: its own warp's */
+                if constexpr (WANT_K) mbt_attn_f32t_accum<D, RT, BQ, BQ + 1, D + 1>(dk, dw, qs);
+                if constexpr (WANT_V) mbt_attn_f32t_accum<E, RT, BQ, BQ + 1, E + 1>(dv, pw, dos);
+            }
+        }
+        if constexpr (WANT_K) mbt_attn_f32t_put<T, D, RT, NOUT_K>(a.out, out_k, z, kh, j0, a.S, dk);
+        if constexpr (WANT_V) mbt_attn_f32t_put<T, E, RT, NOUT_V>(WANT_K ? a.out_v : a.out, out_v, z, kh, j0, a.S, dv);
+    }
+}

@@ -68,6 +68,25 @@ __global__ void k_forward_fa2(MbtAttn a, const T *q, const T *k, const T *v, T *
     T *const out[1] = {o};
     mbt_attn_fa2_forward<T, D, E, C, 1>(a, q, k, v, out, stats);
 }
+/* the f32 forward in the flash-attention-2 design on the CUDA cores (rt_attention.cuh's
+   mbt_attn_f32t_forward, what f32 programs run), storing m and l into stats */
+template <typename T, int D, int E, bool C>
+__global__ void k_forward_f32t(MbtAttn a, const T *q, const T *k, const T *v, T *o, float *stats) {
+    T *const out[1] = {o};
+    mbt_attn_f32t_forward<T, D, E, C, 1>(a, q, k, v, out, stats);
+}
+/* the f32 backward in the same tiling: dq computing the statistics or loading them, dk and dv */
+template <typename T, int D, int E, bool C, bool COMPUTE>
+__global__ void k_bwd_q_f32t(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
+    T *const out[1] = {dq};
+    mbt_attn_f32t_bwd_q<T, D, E, C, COMPUTE, 1>(a, q, k, v, dout, COMPUTE ? nullptr : stats, COMPUTE ? stats : nullptr, out);
+}
+template <typename T, int D, int E, bool C, bool WK, bool WV>
+__global__ void k_bwd_kv_f32t(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, const float *stats, T *dk, T *dv) {
+    T *const outk[1] = {dk}, *const outv[1] = {dv};
+    T *const *first = WK ? outk : nullptr, *const *second = WK ? outv : outk;
+    mbt_attn_f32t_bwd_kv<T, D, E, C, WK, WV, WK ? 1 : 0, WV ? 1 : 0>(a, q, k, v, dout, stats, first, WV ? second : nullptr);
+}
 /* the flash-attention-2 backward: dq computing the statistics or loading them, dk and dv */
 template <typename T, int D, int E, bool C, bool COMPUTE>
 __global__ void k_bwd_q_fa2(MbtAttn a, const T *q, const T *k, const T *v, const T *dout, float *stats, T *dq) {
@@ -175,6 +194,83 @@ void fa2_forward(const char *name, MbtAttn a, const std::vector<T> &q, const std
     eq ? passed++ : failed++;
 }
 
+/* The f32 tiled backward (mbt_attn_f32t_bwd_q, mbt_attn_f32t_bwd_kv) of case `name`: as fa2_backward
+ * below (dq computing and loading the statistics, dk and dv together and alone, all again from
+ * strided views, bit for bit the same), against the reference. */
+template <typename T, int D, int E, bool C>
+void f32t_backward(const char *name, MbtAttn a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                  const std::vector<T> &dout, const std::vector<double> &dq, const std::vector<double> &dk,
+                  const std::vector<double> &dv, const std::vector<double> &sm, const std::vector<double> &sl,
+                  const std::vector<double> &sp, double tol) {
+    auto odd = [&](const std::vector<T> &x, int W, long long heads, long long rows, MbtView &w) {
+        std::vector<T> y(x.size() / W * (W + 1) + 1, from_f<T>(0.0f));
+        for (size_t r = 0; r < x.size() / W; r++)
+            for (int c = 0; c < W; c++) y[1 + r * (W + 1) + c] = x[r * W + c];
+        w = MbtView{1, heads * rows * (W + 1), rows * (W + 1), W + 1, 1};
+        return y;
+    };
+    struct Out {
+        std::vector<T> dq, dq2, dk, dv, dk1, dv1;
+        std::vector<float> st;
+    } res[2];
+    for (int pass = 0; pass < 2; pass++) {
+        MbtAttn b = a;
+        std::vector<T> q2 = q, k2 = k, v2 = v, d2 = dout;
+        if (pass) {
+            q2 = odd(q, D, a.H, a.T, b.q), k2 = odd(k, D, a.Hk, a.S, b.k), v2 = odd(v, E, a.Hk, a.S, b.v);
+            d2 = odd(dout, E, a.H, a.T, b.dout);
+        }
+        Out &r = res[pass];
+        r.dq.resize(dq.size()), r.dq2.resize(dq.size()), r.dk.resize(dk.size()), r.dv.resize(dv.size());
+        r.dk1.resize(dk.size()), r.dv1.resize(dv.size()), r.st.assign(sm.size() * 3, 0.0f);
+        b.stats = view(a.H, a.T, 3);
+        b.nout = 1, b.out[0] = view(a.H, a.T, D), b.nout_v = 0;
+        const long long br = MbtAttnF32tB<D, E>::BR;
+        const long long qblocks = a.Z * a.H * ((a.T + br - 1) / br), kblocks = a.Z * a.Hk * ((a.S + br - 1) / br);
+        const T *qd = q2.data(), *kd = k2.data(), *vd = v2.data(), *dd = d2.data();
+        if (!launch<&k_bwd_q_f32t<T, D, E, C, true>>(name, qblocks, b, qd, kd, vd, dd, r.st.data(), r.dq.data()) ||
+            !launch<&k_bwd_q_f32t<T, D, E, C, false>>(name, qblocks, b, qd, kd, vd, dd, r.st.data(), r.dq2.data()))
+            return;
+        b.out[0] = view(a.Hk, a.S, D), b.nout_v = 1, b.out_v[0] = view(a.Hk, a.S, E);
+        const float *sd = r.st.data();
+        if (!launch<&k_bwd_kv_f32t<T, D, E, C, true, true>>(name, kblocks, b, qd, kd, vd, dd, sd, r.dk.data(), r.dv.data()) ||
+            !launch<&k_bwd_kv_f32t<T, D, E, C, true, false>>(name, kblocks, b, qd, kd, vd, dd, sd, r.dk1.data(), (T *)nullptr))
+            return;
+        b.out[0] = view(a.Hk, a.S, E);
+        if (!launch<&k_bwd_kv_f32t<T, D, E, C, false, true>>(name, kblocks, b, qd, kd, vd, dd, sd, r.dv1.data(), (T *)nullptr))
+            return;
+    }
+    auto floats = [](const std::vector<T> &x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); i++) f[i] = to_f(x[i]);
+        return f;
+    };
+    std::vector<float> m1, l1, p1;
+    std::vector<double> mw, lw, pw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue;
+        mw.push_back(sm[r]), lw.push_back(sl[r]), pw.push_back(sp[r]);
+        m1.push_back(res[0].st[r * 3]), l1.push_back(res[0].st[r * 3 + 1]), p1.push_back(res[0].st[r * 3 + 2]);
+    }
+    expect(name, "f32 tiled backward statistics: row max", mw, m1, tol);
+    expect(name, "f32 tiled backward statistics: row sum", lw, l1, tol);
+    expect(name, "f32 tiled backward statistics: sum P dP", pw, p1, tol);
+    expect(name, "dq (f32 tiled)", dq, floats(res[0].dq), tol);
+    expect(name, "dk (f32 tiled)", dk, floats(res[0].dk), tol);
+    expect(name, "dv (f32 tiled)", dv, floats(res[0].dv), tol);
+    auto same = [&](const char *what, const std::vector<T> &x, const std::vector<T> &y) {
+        bool eq = memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+        printf("%s %s/%s\n", eq ? "PASS" : "FAIL", name, what);
+        eq ? passed++ : failed++;
+    };
+    same("f32 tiled dq from the stored statistics, as computed", res[0].dq, res[0].dq2);
+    same("f32 tiled dk alone, as with dv", res[0].dk, res[0].dk1);
+    same("f32 tiled dv alone, as with dk", res[0].dv, res[0].dv1);
+    same("f32 tiled dq, from strided views as from contiguous ones", res[0].dq, res[1].dq);
+    same("f32 tiled dk, from strided views as from contiguous ones", res[0].dk, res[1].dk);
+    same("f32 tiled dv, from strided views as from contiguous ones", res[0].dv, res[1].dv);
+}
+
 /* The FA2 backward of case `name` against the reference (dq, dk, dv and the statistics): dq
  * computing the statistics, then again loading them (bit for bit the same); dk and dv together
  * from those statistics, and each alone (bit for bit the same); and all of it again with k, v, q
@@ -252,12 +348,57 @@ void fa2_backward(const char *name, MbtAttn a, const std::vector<T> &q, const st
     same("flash-attention-2 dv, element-by-element staging as cp.async", res[0].dv, res[1].dv);
 }
 
+/* The f32 tiled forward (mbt_attn_f32t_forward) of case `name` against the reference (out, and the
+ * row statistics m and l), with k and v contiguous and again from the odd layout (rows one element
+ * longer, starting one element in: strided views), bit for bit the same; and run twice, bit for bit
+ * the same (no order depends on anything but the shapes). */
+template <typename T, int D, int E, bool C>
+void f32t_forward(const char *name, MbtAttn a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                  const std::vector<double> &o, const std::vector<double> &sm, const std::vector<double> &sl, double tol) {
+    a.out[0] = view(a.H, a.T, E), a.nout = 1, a.nout_v = 0;
+    a.stats = view(a.H, a.T, 3);
+    const long long BQ = MbtAttnF32t<D, E>::BQ, blocks = a.Z * a.H * ((a.T + BQ - 1) / BQ);
+    std::vector<T> go(o.size()), go2(o.size()), go3(o.size());
+    std::vector<float> st(sm.size() * 3, 0.0f), st2(st.size(), 0.0f), st3(st.size(), 0.0f);
+    if (!launch<&k_forward_f32t<T, D, E, C>>(name, blocks, a, q.data(), k.data(), v.data(), go.data(), st.data())) return;
+    /* fewer blocks than tiles: the grid-stride loop takes several tiles a block */
+    if (!launch<&k_forward_f32t<T, D, E, C>>(name, (blocks + 2) / 3, a, q.data(), k.data(), v.data(), go3.data(), st3.data()))
+        return;
+    auto odd = [&](const std::vector<T> &x, int W, MbtView &w) {
+        std::vector<T> y(x.size() / W * (W + 1) + 1, from_f<T>(0.0f));
+        for (size_t r = 0; r < x.size() / W; r++)
+            for (int c = 0; c < W; c++) y[1 + r * (W + 1) + c] = x[r * W + c];
+        w = MbtView{1, a.Hk * a.S * (W + 1), a.S * (W + 1), W + 1, 1};
+        return y;
+    };
+    MbtAttn b = a;
+    std::vector<T> k2 = odd(k, D, b.k), v2 = odd(v, E, b.v);
+    if (!launch<&k_forward_f32t<T, D, E, C>>(name, blocks, b, q.data(), k2.data(), v2.data(), go2.data(), st2.data())) return;
+    std::vector<float> f(go.size());
+    for (size_t i = 0; i < go.size(); i++) f[i] = to_f(go[i]);
+    expect(name, "forward (f32 tiled, CUDA cores)", o, f, tol);
+    std::vector<float> m1, l1;
+    std::vector<double> mw, lw;
+    for (size_t r = 0; r < sm.size(); r++) {
+        if (sl[r] == 0) continue; /* a row that sees no key */
+        mw.push_back(sm[r]), lw.push_back(sl[r]), m1.push_back(st[r * 3]), l1.push_back(st[r * 3 + 1]);
+    }
+    expect(name, "f32 tiled statistics: row max", mw, m1, tol);
+    expect(name, "f32 tiled statistics: row sum", lw, l1, tol);
+    const bool eq = memcmp(go.data(), go2.data(), go.size() * sizeof(T)) == 0 && memcmp(st.data(), st2.data(), st.size() * 4) == 0;
+    printf("%s %s/f32 tiled forward from strided views, as from contiguous ones\n", eq ? "PASS" : "FAIL", name);
+    eq ? passed++ : failed++;
+    const bool eq3 = memcmp(go.data(), go3.data(), go.size() * sizeof(T)) == 0 && memcmp(st.data(), st3.data(), st.size() * 4) == 0;
+    printf("%s %s/f32 tiled forward on fewer blocks, as on one a tile\n", eq3 ? "PASS" : "FAIL", name);
+    eq3 ? passed++ : failed++;
+}
+
 /* What a program runs since the forward hands its statistics to the backward (docs/cuda.md, "The
  * statistics from the forward"): the forward (the CUDA-core kernel, or FA2's) storing m and l into
  * a [Z, H, T, 2] buffer, sum P dP as rowsum(dout * o) from the stored (rounded) output in f32, in
  * column order (fusion's attention_stats kernel), dq loading the three (COMPUTE = false), dk and
  * dv from them; the statistics, dq, dk and dv against the reference. */
-template <typename T, int D, int E, bool C, bool FA2>
+template <typename T, int D, int E, bool C, bool FA2, bool F32T = false>
 void handed(const char *name, MbtAttn a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
             const std::vector<T> &dout, const std::vector<double> &dq, const std::vector<double> &dk,
             const std::vector<double> &dv, const std::vector<double> &sm, const std::vector<double> &sl, double tol) {
@@ -270,6 +411,9 @@ void handed(const char *name, MbtAttn a, const std::vector<T> &q, const std::vec
     const T *qd = q.data(), *kd = k.data(), *vd = v.data(), *dd = dout.data();
     bool ok;
     if constexpr (FA2) ok = launch<&k_forward_fa2<T, D, E, C>>(name, qblocks, a, qd, kd, vd, go.data(), lse.data());
+    else if constexpr (F32T)
+        ok = launch<&k_forward_f32t<T, D, E, C>>(name, a.Z * a.H * ((a.T + MbtAttnF32t<D, E>::BQ - 1) / MbtAttnF32t<D, E>::BQ),
+                                                 a, qd, kd, vd, go.data(), lse.data());
     else ok = launch<&k_forward_st<T, D, E, C>>(name, qblocks, a, qd, kd, vd, go.data(), lse.data());
     if (!ok) return;
     for (size_t r = 0; r < sm.size(); r++) {
@@ -280,11 +424,14 @@ void handed(const char *name, MbtAttn a, const std::vector<T> &q, const std::vec
     a.stats = view(a.H, a.T, 3);
     a.out[0] = view(a.H, a.T, D);
     const float *sd = st.data();
+    const long long bq = MbtAttnF32tB<D, E>::BR, qb = a.Z * a.H * ((a.T + bq - 1) / bq), kb = a.Z * a.Hk * ((a.S + bq - 1) / bq);
     if constexpr (FA2) ok = launch<&k_bwd_q_fa2<T, D, E, C, false>>(name, qblocks, a, qd, kd, vd, dd, st.data(), gdq.data());
+    else if constexpr (F32T) ok = launch<&k_bwd_q_f32t<T, D, E, C, false>>(name, qb, a, qd, kd, vd, dd, st.data(), gdq.data());
     else ok = launch<&k_bwd_q_loaded<T, D, E, C, false>>(name, qblocks, a, qd, kd, vd, dd, sd, gdq.data());
     if (!ok) return;
     a.out[0] = view(a.Hk, a.S, D), a.nout_v = 1, a.out_v[0] = view(a.Hk, a.S, E);
     if constexpr (FA2) ok = launch<&k_bwd_kv_fa2<T, D, E, C, true, true>>(name, kblocks, a, qd, kd, vd, dd, sd, gdk.data(), gdv.data());
+    else if constexpr (F32T) ok = launch<&k_bwd_kv_f32t<T, D, E, C, true, true>>(name, kb, a, qd, kd, vd, dd, sd, gdk.data(), gdv.data());
     else ok = launch<&k_bwd_kv<T, D, E, C, false, true, true>>(name, kblocks, a, qd, kd, vd, dd, sd, gdk.data(), gdv.data());
     if (!ok) return;
     std::vector<float> m1, l1, f;
@@ -293,7 +440,7 @@ void handed(const char *name, MbtAttn a, const std::vector<T> &q, const std::vec
         if (sl[r] == 0) continue; /* a row that sees no key */
         mw.push_back(sm[r]), lw.push_back(sl[r]), m1.push_back(lse[r * 2]), l1.push_back(lse[r * 2 + 1]);
     }
-    const char *who = FA2 ? "flash-attention-2" : "CUDA cores";
+    const char *who = FA2 ? "flash-attention-2" : F32T ? "f32 tiled" : "CUDA cores";
     char what[160];
     auto check = [&](const char *x, const std::vector<double> &want, const std::vector<T> &got) {
         f.resize(got.size());
@@ -429,6 +576,11 @@ void run_case(const char *name, long long Z, long long H, long long Hk, long lon
     same("dk alone, as with dv", gdk, gdk1);
     same("dv alone, as with dk", gdv, gdv1);
     if constexpr (!TC) handed<T, D, E, C, false>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, tol);
+    if constexpr (std::is_same<T, float>::value) {
+        f32t_forward<T, D, E, C>(name, a, q, k, v, o, sm, sl, tol);
+        f32t_backward<T, D, E, C>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, sp, tol);
+        handed<T, D, E, C, false, true>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, tol);
+    }
     if constexpr (FA2) handed<T, D, E, C, true>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, tol);
     if constexpr (FA2) fa2_forward<T, D, E, C>(name, a, q, k, v, o, sm, sl, tol);
     if constexpr (FA2) fa2_backward<T, D, E, C>(name, a, q, k, v, dout, dq, dk, dv, sm, sl, sp, tol);
@@ -596,6 +748,12 @@ int main() {
     run_case<float, 24, 40, true, false>("f32-gqa-causal", 2, 4, 2, 70, 70, 1e-5, 1);
     run_case<float, 32, 32, true, false>("f32-fewer-keys", 1, 2, 2, 50, 40, 1e-5, 2);
     run_case<float, 16, 16, false, false>("f32-more-keys", 2, 3, 1, 33, 65, 1e-5, 3);
+    /* the f32 tiled forward's other tilings: 32 query rows (D > 64), 16 keys a tile (D + E > 128),
+     * heads of 128, E not a multiple of 8, several tiles of rows and keys */
+    run_case<float, 128, 128, true, false>("f32-d128-causal", 1, 4, 1, 75, 75, 1e-5, 13);
+    run_case<float, 96, 20, false, false>("f32-d96-e20", 1, 2, 2, 40, 45, 1e-5, 14);
+    run_case<float, 64, 128, true, false>("f32-d64-e128-fewer-keys", 1, 2, 1, 90, 60, 1e-5, 15);
+    run_case<float, 64, 64, true, false>("f32-d64-causal", 2, 2, 1, 130, 130, 1e-5, 16);
     /* bf16 on the tensor cores, and once on the CUDA cores */
     run_case<__nv_bfloat16, 32, 64, true, true>("bf16-gqa-causal", 1, 4, 2, 100, 100, 1e-2, 4);
     run_case<__nv_bfloat16, 64, 64, true, true>("bf16-fewer-keys", 1, 2, 2, 45, 40, 1e-2, 5);

@@ -175,6 +175,10 @@ int cuda_kernel_uses_attention(const Kernel *k) {
     return CUDA_ATTN_CUDA_CORES;
 }
 
+int cuda_attention_f32_tiled(const Kernel *k) {
+    return cuda_kernel_uses_attention(k) == CUDA_ATTN_CUDA_CORES && k->attn->dt == DT_F32;
+}
+
 int cuda_kernel_uses_scatter(const Kernel *k) {
     const KScatter *s = k->scatter;
     if (!s || s->R > INT32_MAX || s->P > INT32_MAX || s->W < 1) return 0;
@@ -225,6 +229,10 @@ static int cuda_loads_what_it_stores(const Kernel *k, int from, int to) {
 static int cuda_attention_rows(const Kernel *k) {
     const KAttn *a = k->attn;
     if (cuda_kernel_uses_attention(k) >= CUDA_ATTN_TENSOR_CORES) return 16 * 4;
+    if (cuda_attention_f32_tiled(k)) { /* rt_attention.cuh's MbtAttnF32t::BQ (forward), MbtAttnF32tB::BR */
+        if (a->op == KA_FORWARD) return a->D > 64 ? 32 : 64;
+        return a->D + a->E > 128 ? 16 : a->D + a->E > 64 ? 32 : 64;
+    }
     return (a->D + a->E > 192 ? 2 : 4) * 4;
 }
 
@@ -249,6 +257,17 @@ static int cuda_attention_shared(const Kernel *k) {
             return (int)(2 * (64 * qp + (want_k ? 64 : 16) * vp + 32 * qp + 32 * vp + (want_v ? 4 : 1) * 16 * pp +
                               (want_k ? 4 : 1) * 16 * pp) +
                          4 * 32 * 3 + scratch);
+        }
+    }
+    if (cuda_attention_f32_tiled(k)) { /* rt_attention.cuh's tiles (MbtAttnF32t, MbtAttnF32tB) */
+        int64_t br = cuda_attention_rows(k), bt = a->D + a->E > 128 ? 16 : 32, d1 = a->D + 1, e1 = a->E + 1;
+        int want_k = a->op != KA_BWD_V, want_v = a->op != KA_BWD_K;
+        switch (a->op) {
+        case KA_FORWARD: return (int)(4 * (br * d1 + bt * d1 + bt * e1 + br * (bt + 1)));   /* qs, ks, vs, ps */
+        case KA_BWD_Q: return (int)(4 * (br * (d1 + e1) + bt * (d1 + e1) + br * (bt + 1))); /* qs, dos, ks, vs, ws */
+        default: /* kr, vr (for dk), qs, dos, st, pw (for dv), dw (for dk) */
+            return (int)(4 * (br * d1 + (want_k ? br : 1) * e1 + bt * (d1 + e1) + bt * 3 +
+                              ((want_v ? br : 1) + (want_k ? br : 1)) * (bt + 1)));
         }
     }
     int64_t rows = cuda_attention_rows(k), tile = 32 * (a->D + 1) + 32 * (a->E + 1), slots = rows * 32;
@@ -898,7 +917,8 @@ static void cuda_header(CudaEmit *E, const char *note) {
         fprintf(out, " (%" PRId64 " rows a block; the body: runtime/kernels/%s)", L->per_block,
                 cuda_kernel_uses_attention(k) == CUDA_ATTN_FA2 ? "rt_attention_fa2.cuh, flash-attention-2 on the tensor cores"
                 : cuda_kernel_uses_attention(k) == CUDA_ATTN_TENSOR_CORES ? "rt_attention_tc.cuh, on the tensor cores"
-                                                                          : "rt_attention.cuh");
+                : cuda_attention_f32_tiled(k) ? "rt_attention.cuh, mbt_attn_f32t_*: the flash-attention-2 tiling in f32"
+                                              : "rt_attention.cuh");
     if (L->mode == CUDA_KV_ATTN)
         fprintf(out, " (a block per row and key/value head, the keys split across its 4 warps; the body: "
                      "runtime/kernels/rt_kv_attention.cuh)");

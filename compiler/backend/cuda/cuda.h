@@ -82,6 +82,9 @@ int cuda_kernel_uses_half(const Kernel *k);
  * FA2 kernels cover every shape it did (docs/cuda.md). */
 enum { CUDA_ATTN_NONE, CUDA_ATTN_CUDA_CORES, CUDA_ATTN_TENSOR_CORES, CUDA_ATTN_FA2 };
 int cuda_kernel_uses_attention(const Kernel *k);
+/* 1 when an attention kernel on the CUDA cores is f32: rt_attention.cuh's mbt_attn_f32t_forward,
+ * _bwd_q, _bwd_kv (the flash-attention-2 tiling in f32), not mbt_attn_forward and the others. */
+int cuda_attention_f32_tiled(const Kernel *k);
 
 /* Whether kernel k is written as the segmented scatter_add (CUDA_SCATTER mode): it has resolved
  * operands (Kernel.scatter) of at most 2^31 - 1 rows and positions. */

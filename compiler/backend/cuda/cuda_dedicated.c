@@ -63,6 +63,8 @@ void cuda_attention_call(CudaEmit *E) {
     const char *st = cuda_param_or_null(E, a->stats.param);
     const char *tc = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_TENSOR_CORES ? "_tc" : "";
     const char *fa2 = cuda_kernel_uses_attention(E->k) == CUDA_ATTN_FA2 ? "_fa2" : ""; /* rt_attention_fa2.cuh */
+    /* f32 on the CUDA cores: the flash-attention-2 tiling (rt_attention.cuh's mbt_attn_f32t_*) */
+    if (cuda_attention_f32_tiled(E->k)) fa2 = "_f32t";
     switch (a->op) {
     case KA_FORWARD: /* each row's m and l stored at stats when a backward reads them (nullptr: not stored) */
         if (*tc) INTERNAL("cuda: the tensor-core forward stores no statistics");
