@@ -404,6 +404,26 @@ static __device__ void mbt_attn_bwd_kv(const MbtAttn &a, const T *q, const T *k,
     }
 }
 
+/* acc[i][c] += the W-long dot product of shared row rg + 16 i of x and row cg + 8 c of y (rg, cg: the
+ * thread's row and column groups), each term an fmaf in d's order: one load of a row feeds CT
+ * (or RT) multiply-adds. The forward's scores, and the backward's scores and dP. */
+template <int W, int RT, int CT, int P>
+static __device__ __forceinline__ void mbt_attn_f32t_dot(const float (*x)[P], const float (*y)[P], float (*acc)[CT]) {
+    const int cg = threadIdx.x & 7, rg = threadIdx.x >> 3;
+#pragma unroll 4
+    for (int d = 0; d < W; d++) {
+        float xr[RT], yc[CT];
+#pragma unroll
+        for (int i = 0; i < RT; i++) xr[i] = x[rg + 16 * i][d];
+#pragma unroll
+        for (int c = 0; c < CT; c++) yc[c] = y[cg + 8 * c][d];
+#pragma unroll
+        for (int i = 0; i < RT; i++)
+#pragma unroll
+            for (int c = 0; c < CT; c++) acc[i][c] = fmaf(xr[i], yc[c], acc[i][c]);
+    }
+}
+
 /* ---- the forward in the flash-attention-2 design on the CUDA cores (f32 programs, issue 14) ------
  * What programs of f32 run for the forward (compiler/backend/cuda/cuda_dedicated.c): the same
  * computation as mbt_attn_forward above, in f32 (no TF32), organised as rt_attention_fa2.cuh's
@@ -464,18 +484,7 @@ static __device__ void mbt_attn_f32t_forward(const MbtAttn &a, const T *q, const
             for (int i = 0; i < RT; i++)
 #pragma unroll
                 for (int c = 0; c < CT; c++) s[i][c] = 0.0f;
-#pragma unroll 4
-            for (int d = 0; d < D; d++) {
-                float qr[RT], kc[CT];
-#pragma unroll
-                for (int i = 0; i < RT; i++) qr[i] = qs[rg + 16 * i][d];
-#pragma unroll
-                for (int c = 0; c < CT; c++) kc[c] = ks[cg + 8 * c][d];
-#pragma unroll
-                for (int i = 0; i < RT; i++)
-#pragma unroll
-                    for (int c = 0; c < CT; c++) s[i][c] = fmaf(qr[i], kc[c], s[i][c]);
-            }
+            mbt_attn_f32t_dot<D, RT, CT>(qs, ks, s);
 #pragma unroll
             for (int i = 0; i < RT; i++) {
                 const int r = rg + 16 * i;
@@ -569,32 +578,8 @@ static __device__ __forceinline__ void mbt_attn_f32t_scores(const MbtAttn &a, co
     for (int i = 0; i < RT; i++)
 #pragma unroll
         for (int c = 0; c < CT; c++) s[i][c] = dp[i][c] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-        float xr[RT], yc[CT];
-#pragma unroll
-        for (int i = 0; i < RT; i++) xr[i] = x[rg + 16 * i][d];
-#pragma unroll
-        for (int c = 0; c < CT; c++) yc[c] = y[cg + 8 * c][d];
-#pragma unroll
-        for (int i = 0; i < RT; i++)
-#pragma unroll
-            for (int c = 0; c < CT; c++) s[i][c] = fmaf(xr[i], yc[c], s[i][c]);
-    }
-    if (DP) {
-#pragma unroll 4
-        for (int d = 0; d < E; d++) {
-            float xr[RT], yc[CT];
-#pragma unroll
-            for (int i = 0; i < RT; i++) xr[i] = x2[rg + 16 * i][d];
-#pragma unroll
-            for (int c = 0; c < CT; c++) yc[c] = y2[cg + 8 * c][d];
-#pragma unroll
-            for (int i = 0; i < RT; i++)
-#pragma unroll
-                for (int c = 0; c < CT; c++) dp[i][c] = fmaf(xr[i], yc[c], dp[i][c]);
-        }
-    }
+    mbt_attn_f32t_dot<D, RT, CT>(x, y, s);
+    if (DP) mbt_attn_f32t_dot<E, RT, CT>(x2, y2, dp);
 #pragma unroll
     for (int i = 0; i < RT; i++)
 #pragma unroll
