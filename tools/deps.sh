@@ -54,6 +54,13 @@ if [ "$what" = test ]; then
     # the format layer: the C sources in the house style (.clang-format, tools/format.sh)
     have clang-format-19 || need_pkgs+=(clang-format-19)
     [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] || need_pkgs+=(libclang-rt-19-dev)
+    # srun and sbatch (tests/comm/slurm.sh starts a Slurm cluster of its own on this machine):
+    # Slurm's daemons and client, munge (its authentication) and PMIx's library (srun --mpi=pmix)
+    have slurmd || [ -x /usr/sbin/slurmd ] || need_pkgs+=(slurmd)
+    have slurmctld || [ -x /usr/sbin/slurmctld ] || need_pkgs+=(slurmctld)
+    have srun || need_pkgs+=(slurm-client)
+    [ -x /usr/sbin/munged ] || need_pkgs+=(munge)
+    [ -e /usr/lib/"$multiarch"/libpmix.so ] || need_pkgs+=(libpmix-dev)
     # the PyTorch oracle (tests/torch/): Debian's torch, run as /usr/bin/python3
     /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need_pkgs+=(python3-torch)
 fi

@@ -8,7 +8,11 @@
  *   OMPI_COMM_WORLD_SIZE            mpirun (Open MPI)                          -> mpi
  *   PMIX_RANK, PMI_RANK or PMI_SIZE srun with PMIx or PMI-2 (--mpi=pmix|pmi2)   -> mpi
  *   RANK and WORLD_SIZE             torchrun (with MASTER_ADDR, MASTER_PORT)    -> tcp
- *   none of these                                                               -> self */
+ *   SLURM_STEP_NUM_TASKS > 1 alone  srun --mpi=none (Slurm's default): tcp with SLURM_PROCID as
+ *                                   the rank if MASTER_ADDR and MASTER_PORT are set, else an error
+ *                                   (each task would otherwise train alone, on the same files)
+ *   none of these                                                               -> self
+ * (SLURM_STEP_NUM_TASKS is srun's: a batch script's own shell has SLURM_NTASKS but runs alone.) */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +85,7 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
         return rt_fail(err, RT_ERR_ARG, "collectives: the timeout must be a number of seconds above 0 (it is %g)", timeout_s);
     const char *force = getenv("MBT_COMM");
     const char *kind = "self";
+    int slurm = 0; /* tcp with Slurm's variables */
     if (force && *force) {
         if (strcmp(force, "self") != 0 && strcmp(force, "mpi") != 0 && strcmp(force, "tcp") != 0)
             return rt_fail(err, RT_ERR_ARG, "MBT_COMM is '%.40s': it must be self, mpi or tcp", force);
@@ -90,6 +95,14 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
         kind = "mpi";
     } else if (rt_env_set("RANK") && rt_env_set("WORLD_SIZE")) {
         kind = "tcp";
+    } else if (rt_env_set("SLURM_STEP_NUM_TASKS") && strcmp(getenv("SLURM_STEP_NUM_TASKS"), "1") != 0) {
+        if (!rt_env_set("MASTER_ADDR") || !rt_env_set("MASTER_PORT"))
+            return rt_fail(err, RT_ERR_ARG,
+                           "collectives: srun started %.20s tasks without PMIx (srun --mpi=none, Slurm's default), so no "
+                           "task can find the others and each would train alone: give srun --mpi=pmix (Open MPI), or set "
+                           "MASTER_ADDR and MASTER_PORT for the tcp rendezvous (the rank is SLURM_PROCID)",
+                           getenv("SLURM_STEP_NUM_TASKS"));
+        kind = "tcp", slurm = 1;
     }
     RtComm *c = calloc(1, sizeof *c);
     if (!c) return rt_fail(err, RT_ERR_NOMEM, "collectives: out of memory");
@@ -99,13 +112,16 @@ RtStatus rt_comm_open(RtComm **out, double timeout_s, RtError *err) {
     if (force && *force) snprintf(c->launcher, sizeof c->launcher, "MBT_COMM=%s", kind);
     else if (strcmp(kind, "mpi") == 0)
         snprintf(c->launcher, sizeof c->launcher, "%s", rt_env_set("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "srun");
+    else if (slurm) snprintf(c->launcher, sizeof c->launcher, "srun (MASTER_ADDR)");
     else if (strcmp(kind, "tcp") == 0) snprintf(c->launcher, sizeof c->launcher, "torchrun (WORLD_SIZE)");
     else snprintf(c->launcher, sizeof c->launcher, "nothing");
     RtStatus st = RT_OK;
     if (strcmp(kind, "mpi") == 0) {
         st = rt_comm_open_mpi(c, err);
     } else if (strcmp(kind, "tcp") == 0) {
-        st = rt_comm_open_tcp(c, err);
+        static const RtTcpVars torchrun = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"},
+                               srun = {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "srun"};
+        st = rt_comm_open_tcp(c, slurm ? &srun : &torchrun, err);
     } else {
         c->ops = &rt_self_ops;
         c->size = 1;

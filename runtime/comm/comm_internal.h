@@ -65,7 +65,12 @@ double rt_comm_now(void); /* monotonic seconds */
 /* The backends' openers: each fills c (rank, size, local_rank, backend, ops, impl) or fails with
  * a message; c->timeout is set before the call. */
 RtStatus rt_comm_open_mpi(RtComm *c, RtError *err);
-RtStatus rt_comm_open_tcp(RtComm *c, RtError *err);
+/* The tcp rendezvous's variables: torchrun's (RANK, WORLD_SIZE, LOCAL_RANK) or, under srun without
+ * PMIx, Slurm's (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID); MASTER_ADDR and MASTER_PORT both. */
+typedef struct {
+    const char *rank, *size, *local, *who; /* who: "torchrun" or "srun", for the messages */
+} RtTcpVars;
+RtStatus rt_comm_open_tcp(RtComm *c, const RtTcpVars *vars, RtError *err);
 
 /* comm_nccl.c, the GPU transport (c->gpu set): opens c->nccl when NCCL is there, the world has
  * more than one rank and MBT_NCCL is not 0 (else RT_OK with c->nccl NULL); the collectives on

@@ -403,11 +403,11 @@ static RtStatus rt_tcp_accept(int lfd, double deadline, int *out, RtTcpHello *h,
     }
 }
 
-static RtStatus rt_env_int(const char *name, long lo, long hi, long *out, RtError *err) {
+static RtStatus rt_env_int(const RtTcpVars *vars, const char *name, long lo, long hi, long *out, RtError *err) {
     const char *v = getenv(name);
     if (!v || !*v)
-        return rt_fail(err, RT_ERR_ARG,
-                       "collectives (tcp): %s is not set (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)", name);
+        return rt_fail(err, RT_ERR_ARG, "collectives (tcp): %s is not set (%s sets %s, %s, MASTER_ADDR and MASTER_PORT)", name,
+                       vars->who, vars->rank, vars->size);
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
@@ -505,16 +505,16 @@ static RtStatus rt_tcp_rendezvous(RtComm *c, const char *host, int mport, RtErro
     return st;
 }
 
-RtStatus rt_comm_open_tcp(RtComm *c, RtError *err) {
+RtStatus rt_comm_open_tcp(RtComm *c, const RtTcpVars *vars, RtError *err) {
     long rank, size, mport = 0, local = 0;
-    RtStatus st = rt_env_int("WORLD_SIZE", 1, 65536, &size, err);
-    if (st == RT_OK) st = rt_env_int("RANK", 0, size - 1, &rank, err);
-    if (st == RT_OK && getenv("LOCAL_RANK") && *getenv("LOCAL_RANK")) st = rt_env_int("LOCAL_RANK", 0, 65535, &local, err);
-    if (st == RT_OK && size > 1) st = rt_env_int("MASTER_PORT", 1, 65535, &mport, err);
+    RtStatus st = rt_env_int(vars, vars->size, 1, 65536, &size, err);
+    if (st == RT_OK) st = rt_env_int(vars, vars->rank, 0, size - 1, &rank, err);
+    if (st == RT_OK && getenv(vars->local) && *getenv(vars->local)) st = rt_env_int(vars, vars->local, 0, 65535, &local, err);
+    if (st == RT_OK && size > 1) st = rt_env_int(vars, "MASTER_PORT", 1, 65535, &mport, err);
     const char *host = getenv("MASTER_ADDR");
     if (st == RT_OK && size > 1 && (!host || !*host))
-        st = rt_fail(err, RT_ERR_ARG,
-                     "collectives (tcp): MASTER_ADDR is not set (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)");
+        st = rt_fail(err, RT_ERR_ARG, "collectives (tcp): MASTER_ADDR is not set (%s sets %s, %s, MASTER_ADDR and MASTER_PORT)",
+                     vars->who, vars->rank, vars->size);
     if (st != RT_OK) return st;
     c->rank = (int)rank;
     c->size = (int)size;

@@ -7,8 +7,9 @@
 # failures, with MBT_COMM_TIMEOUT=3: a rank that exits early, one killed with
 # SIGKILL, one that hangs, ranks that call different collectives, a rendezvous nobody comes to,
 # ranks that disagree on WORLD_SIZE; and a training executable started with a world size that
-# is not its parallel.data. Prints `PASS comm/NAME`, `FAIL comm/NAME: why` (details indented) or,
-# without mpirun, `SKIP comm/mpi: why` for the MPI half.
+# is not its parallel.data. Then srun and sbatch (tests/comm/slurm.sh). Prints `PASS comm/NAME`,
+# `FAIL comm/NAME: why` (details indented) or, without mpirun or Slurm, `SKIP comm/mpi: why` /
+# `SKIP comm/slurm: why` for those parts.
 set -u
 if [ $# -lt 1 ]; then
     echo "usage: tests/comm/run.sh BUILD" >&2
@@ -376,4 +377,7 @@ else
     else pass "$name (both after step $k)"; fi
     resumed_ok mpi-train-term-resume-alone "$DIR/$name.ck" alone
 fi
+
+# ---- Slurm: srun and sbatch on a cluster of this run's own (tests/comm/slurm.sh) ----------------
+. tests/comm/slurm.sh
 exit $failed

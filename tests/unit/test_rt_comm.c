@@ -15,8 +15,9 @@
 
 /* No launcher's variables: the self backend. */
 static void clear_env(void) {
-    static const char *const vars[] = {"MBT_COMM", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                                       "RANK",     "WORLD_SIZE",           "MBT_DEBUG", "MBT_TRACE"};
+    static const char *const vars[] = {"MBT_COMM",     "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",  "PMI_RANK",  "PMI_SIZE",
+                                       "RANK",         "WORLD_SIZE",           "MBT_DEBUG",  "MBT_TRACE", "SLURM_STEP_NUM_TASKS",
+                                       "SLURM_PROCID", "MASTER_ADDR",          "MASTER_PORT"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -46,6 +47,31 @@ static void self_world(void) {
     CHECK(rt_comm_open(&c, 5, &e) == RT_OK && rt_comm_size(c) == 1, "MBT_COMM=self: %s", e.msg);
     CHECK_STR(rt_comm_launcher(c), "MBT_COMM=self", "launcher");
     rt_comm_close(c);
+}
+
+/* srun's tasks without PMI (--mpi=none): refused unless MASTER_ADDR/MASTER_PORT give a rendezvous;
+ * one task, or a batch script's shell (SLURM_NTASKS without a step), is a world of one. */
+static void slurm_env(void) {
+    clear_env();
+    RtComm *c = NULL;
+    RtError e;
+    setenv("SLURM_STEP_NUM_TASKS", "2", 1);
+    setenv("SLURM_PROCID", "1", 1);
+    CHECK(rt_comm_open(&c, 5, &e) == RT_ERR_ARG && !c, "srun -n 2 without PMIx or MASTER_ADDR was not refused");
+    CHECK(strstr(e.msg, "srun started 2 tasks without PMIx (srun --mpi=none, Slurm's default)") != NULL, "message: %s", e.msg);
+    setenv("SLURM_STEP_NUM_TASKS", "1", 1);
+    CHECK(rt_comm_open(&c, 5, &e) == RT_OK && rt_comm_size(c) == 1, "srun -n 1: %s", e.msg);
+    CHECK_STR(rt_comm_launcher(c), "nothing", "srun -n 1's launcher");
+    rt_comm_close(c);
+    /* MASTER_PORT alone is not enough; SLURM_PROCID out of range names the variable */
+    setenv("SLURM_STEP_NUM_TASKS", "2", 1);
+    setenv("MASTER_PORT", "1", 1);
+    CHECK(rt_comm_open(&c, 5, &e) == RT_ERR_ARG, "srun -n 2 with MASTER_PORT alone was not refused");
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("SLURM_PROCID", "2", 1);
+    CHECK(rt_comm_open(&c, 5, &e) == RT_ERR_ARG && strstr(e.msg, "SLURM_PROCID is '2': it must be a whole number from 0 to 1"),
+          "SLURM_PROCID 2 of 2: %s", e.msg);
+    clear_env();
 }
 
 static void self_collectives(void) {
@@ -265,6 +291,7 @@ static void trace_file(void) {
 
 int main(void) {
     RUN(self_world);
+    RUN(slurm_env);
     RUN(self_collectives);
     RUN(refusals);
     RUN(shards);
