@@ -7,9 +7,9 @@
 # failures, with MBT_COMM_TIMEOUT=3: a rank that exits early, one killed with
 # SIGKILL, one that hangs, ranks that call different collectives, a rendezvous nobody comes to,
 # ranks that disagree on WORLD_SIZE; and a training executable started with a world size that
-# is not its parallel.data. Then srun and sbatch (tests/comm/slurm.sh). Prints `PASS comm/NAME`,
-# `FAIL comm/NAME: why` (details indented) or, without mpirun or Slurm, `SKIP comm/mpi: why` /
-# `SKIP comm/slurm: why` for those parts.
+# is not its parallel.data; tcp ranks on two hosts (network namespaces: tests/comm/hosts.sh). Then
+# srun and sbatch (tests/comm/slurm.sh). Prints `PASS comm/NAME`, `FAIL comm/NAME: why` (details
+# indented) or, without mpirun, root or Slurm, `SKIP comm/mpi|hosts|slurm: why` for those parts.
 set -u
 if [ $# -lt 1 ]; then
     echo "usage: tests/comm/run.sh BUILD" >&2
@@ -271,6 +271,9 @@ else
     else pass "$name (both after step $k)"; fi
     resumed_ok tcp-train-term-resume-alone "$DIR/$name.ck" alone
 fi
+
+# ---- two hosts: the tcp ranks in two network namespaces (tests/comm/hosts.sh) --------------------
+. tests/comm/hosts.sh
 
 # ---- mpi ------------------------------------------------------------------------------------------
 if ! command -v mpirun >/dev/null 2>&1; then
