@@ -61,6 +61,8 @@ if [ "$what" = test ]; then
     have srun || need_pkgs+=(slurm-client)
     [ -x /usr/sbin/munged ] || need_pkgs+=(munge)
     [ -e /usr/lib/"$multiarch"/libpmix.so ] || need_pkgs+=(libpmix-dev)
+    # two hosts in network namespaces (tests/comm/hosts.sh): iproute2's ip
+    have ip || [ -x /usr/sbin/ip ] || need_pkgs+=(iproute2)
     # the PyTorch oracle (tests/torch/): Debian's torch, run as /usr/bin/python3
     /usr/bin/python3 -c 'import torch' >/dev/null 2>&1 || need_pkgs+=(python3-torch)
 fi
