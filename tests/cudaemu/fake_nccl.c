@@ -2,8 +2,10 @@
  * data-parallel ranks' GPU transport (runtime/comm/comm_nccl.c) runs in make test without a GPU:
  * the runtime opens it as NCCL when MBT_LIBNCCL names it (build/tests/libmbt_fake_nccl.so).
  *
- * The emulated GPU's device memory is host memory and its streams run every call at once, so a
- * group's sends and receives are carried out when ncclGroupEnd is called: each send on a thread of
+ * The emulated GPU's device memory is host memory and its compute stream runs every call at once,
+ * so a group's sends and receives are carried out when ncclGroupEnd is called (a group on one of
+ * its second streams - the data-parallel buckets' communication stream - is queued there with the
+ * fake driver's cuLaunchHostFunc and carried out when that stream's work runs): each send on a thread of
  * its own (so that no order of sends and receives among the ranks can deadlock), each receive on
  * the caller's thread, over a Unix socket between every two ranks. The sockets live in a directory
  * named by the unique id (rank 0 makes it; every rank finds it through the id the runtime
@@ -41,6 +43,8 @@ typedef struct {
 typedef struct ncclComm {
     int rank, size, hang;
     int err;                /* a group run later on a second stream failed: ncclCommGetAsyncError says so from then on */
+    int later;              /* groups queued on a second stream and not yet run: they hold the communicator */
+    int dead;               /* destroyed or aborted while later > 0: the last of them frees it */
     int fd[FAKE_MAX_RANKS]; /* the socket to each peer (-1 for this rank) */
     char dir[64];           /* the id's directory: "/tmp/mbt-fake-nccl-XXXXXX" */
     int pending;            /* ncclInProgress to report once before success */
@@ -186,9 +190,12 @@ ncclResult_t ncclCommGetAsyncError(FakeComm *c, ncclResult_t *state) {
 
 static void fake_comm_free(FakeComm *c) {
     if (!c) return;
-    for (int p = 0; p < c->size; p++)
+    for (int p = 0; p < c->size; p++) {
         if (c->fd[p] >= 0) close(c->fd[p]);
-    free(c);
+        c->fd[p] = -1; /* a group still queued on a second stream then fails, as an aborted NCCL's does */
+    }
+    if (c->later > 0) c->dead = 1;
+    else free(c);
 }
 
 ncclResult_t ncclCommAbort(FakeComm *c) {
@@ -297,9 +304,11 @@ typedef struct {
 /* A group run by the second stream it was queued on; a failure is the communicator's from then on. */
 static void fake_group_later(void *arg) {
     FakeLater *l = arg;
-    ncclResult_t rc = fake_group_run(l->op, l->n);
-    if (rc != ncclSuccess && !l->op[0].comm->err) l->op[0].comm->err = rc;
+    FakeComm *c = l->op[0].comm;
+    ncclResult_t rc = c->dead ? ncclSystemError : fake_group_run(l->op, l->n);
+    if (rc != ncclSuccess && !c->err) c->err = rc;
     free(l);
+    if (--c->later == 0 && c->dead) free(c);
 }
 
 ncclResult_t ncclGroupEnd(void) {
@@ -315,7 +324,9 @@ ncclResult_t ncclGroupEnd(void) {
         if (!l) return ncclSystemError;
         l->n = group.n;
         memcpy(l->op, group.op, (size_t)group.n * sizeof l->op[0]);
+        c->later++;
         if (drv.host_func(group.op[0].stream, fake_group_later, l) != 0) {
+            c->later--;
             free(l);
             rc = ncclSystemError;
         }

@@ -444,16 +444,17 @@ else
     rc1=$?
     strip() { sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$1"; }
     # dp_ranks TAG ENV...: dp2 as 2 tcp ranks on the device, 3 steps, in 7 buckets (MBT_DP_BUCKET_MB=0.1),
-    # with ENV set: $d/2.TAG.st, .jsonl and .R.out; rc2 its status (1 when a rank failed)
+    # with ENV set: $d/2.TAG.st, .jsonl and .R.out; rc2 its status (1 when a rank failed).
+    # DP_N and DP_DIR (2, $d/2 unless set) run another program, as that many ranks.
     dp_ranks() {
-        local tag=$1 port=$((30000 + ($$ + RANDOM) % 20000)) pids=() r p
+        local tag=$1 port=$((30000 + ($$ + RANDOM) % 20000)) pids=() r p n=${DP_N:-2} dir=${DP_DIR:-$d/2}
         shift
         rm -f "$d/2.$tag.st"
-        for r in 0 1; do
+        for ((r = 0; r < n; r++)); do
             (
-                export "$@" RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
+                export "$@" RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
                     MBT_DP_BUCKET_MB=0.1
-                on_device_cmd "$d/2/prog.cu" "$d/2/prog" "$d/2.$tag.$r.out" train --steps 3 --data "$DATA" \
+                on_device_cmd "$dir/prog.cu" "$dir/prog" "$d/2.$tag.$r.out" train --steps 3 --data "$DATA" \
                     --save-weights "$d/2.$tag.st" --log "$d/2.$tag.jsonl"
             ) &
             pids+=($!)
@@ -538,6 +539,35 @@ else
             pass "gpu/dp/overlap-control (the buckets' work ran at each step's join, waits $(echo $joins): 0 of 7 buckets a step started before the backward ended on the emulator; each join left out alone: other weights)"
         fi
     fi
+    # gpu/dp/overlap-4, -z1: the buckets overlapped with dp4 (4 ranks of one micro-batch: no local
+    # fold) and z1 (ZeRO-1 on 2 ranks: each updates its shard of the summed buckets): dp1's bytes
+    for spec in "dp4 4" "z1 2"; do
+        read -r blk nr <<<"$spec"
+        name=gpu/dp/overlap-${blk#dp}
+        if [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
+            skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
+            continue
+        fi
+        mkdir -p "$d/$blk"
+        if ! build "$d/$blk" tests/exec/dp.mbt --train "$blk" -I examples; then
+            fail $name "mbtc tests/exec/dp.mbt --train $blk -o or --emit=cuda failed" "$OUT"
+            continue
+        fi
+        if [ "$DEVICE" = emu ] && ! tests/cudaemu/build.sh "$d/$blk/prog.cu" "$d/$blk/prog.cu.so" >"$OUT" 2>&1; then
+            fail $name "tests/cudaemu/build.sh failed" "$OUT"
+            continue
+        fi
+        DP_N=$nr DP_DIR="$d/$blk" dp_ranks "o$blk" MBT_NCCL=1
+        if [ $rc2 != 0 ]; then
+            fail $name "a rank failed" "$d/2.o$blk.0.out"
+        elif ! grep -q "^data-parallel: the ranks' sum on the GPUs in 7 buckets .* on a communication stream" "$d/2.o$blk.0.out"; then
+            fail $name "rank 0 does not say the GPUs sum 7 buckets on a communication stream" "$d/2.o$blk.0.out"
+        elif ! cmp -s "$d/1.st" "$d/2.o$blk.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/2.o$blk.jsonl")" ]; then
+            fail $name "$nr ranks did not log and save what one process did" "$d/1.jsonl" "$d/2.o$blk.jsonl"
+        else
+            pass "$name ($nr ranks, 7 buckets overlapped with the backward: the logs and the weights of one process, byte for byte, 3 steps)"
+        fi
+    done
     # gpu/zero1 (2 ranks, NCCL) and gpu/zero2 (4 ranks, staged through the host): ZeRO on the
     # device - each rank's update kernels run over its shard of the parameters, with its shard of
     # the optimizer state alone on its GPU, the updated shards gathered - give dp1's logs and
