@@ -69,8 +69,9 @@
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md),
 #                          the ranks' sums moved by NCCL (GPU to GPU) after the backward, by NCCL in
 #                          buckets on a communication stream during it, and through host memory;
-#                          gpu/dp/overlap-debug, -control: the buckets' MBT_DEBUG lines, and each
-#                          step's join left out on the emulated GPU (other weights)
+#                          gpu/dp/overlap-debug, -control, -fail, -4, -z1: the buckets' MBT_DEBUG
+#                          lines, each step's join left out on the emulated GPU (other weights), a
+#                          rank's NCCL failing, 4 ranks, ZeRO-1
 #   gpu/zero1, gpu/zero2   z1 as 2 ranks (NCCL), z2 as 4 (staged): ZeRO-1 and -2 on the device, 3
 #                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
 #                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
@@ -537,6 +538,23 @@ else
             fail gpu/dp/overlap-control "with join$same left out, 2 ranks still saved dp1's weights" "$d/2.drop.0.out"
         else
             pass "gpu/dp/overlap-control (the buckets' work ran at each step's join, waits $(echo $joins): 0 of 7 buckets a step started before the backward ended on the emulator; each join left out alone: other weights)"
+        fi
+    fi
+    # gpu/dp/overlap-fail (the emulated GPU): rank 1's NCCL group fails while the backward queues its
+    # first bucket (MBT_FAKE_NCCL_FAIL=1): both ranks stop with status 1, rank 1 naming the bucket's
+    # ncclGroupEnd, rank 0 its buckets' NCCL error at the join (its peer gone), neither hanging
+    if [ "$DEVICE" != emu ]; then
+        skip gpu/dp/overlap-fail "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated NCCL fails on request"
+    else
+        dp_ranks fail MBT_NCCL=1 MBT_FAKE_NCCL_FAIL=1
+        w1="step 1: summing the gradient over the ranks (NCCL, in buckets): the gradient's bucket 0: ncclGroupEnd"
+        w0="step 1: summing the gradient over the ranks (NCCL, in buckets): NCCL (collectives: the buckets' reductions over NCCL): NCCL error"
+        if [ $rc2 = 0 ]; then
+            fail gpu/dp/overlap-fail "the ranks exited 0 with rank 1's NCCL failing" "$d/2.fail.0.out" "$d/2.fail.1.out"
+        elif ! grep -qF "(rank 1): $w1" "$d/2.fail.1.out" || ! grep -qF "prog: $w0" "$d/2.fail.0.out"; then
+            fail gpu/dp/overlap-fail "the ranks do not say why they stopped" "$d/2.fail.0.out" "$d/2.fail.1.out"
+        else
+            pass "gpu/dp/overlap-fail (rank 1's group failed: both stopped; $(grep -oF "$w1" "$d/2.fail.1.out"))"
         fi
     fi
     # gpu/dp/overlap-4, -z1: the buckets overlapped with dp4 (4 ranks of one micro-batch: no local
