@@ -453,7 +453,7 @@ else
         rm -f "$d/2.$tag.st"
         for ((r = 0; r < n; r++)); do
             (
-                export "$@" RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
+                export "${@?}" RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
                     MBT_DP_BUCKET_MB=0.1
                 on_device_cmd "$dir/prog.cu" "$dir/prog" "$d/2.$tag.$r.out" train --steps 3 --data "$DATA" \
                     --save-weights "$d/2.$tag.st" --log "$d/2.$tag.jsonl"
@@ -485,7 +485,7 @@ else
             said="^data-parallel: the ranks' sum in 7 buckets .* after the backward (the GPU's)"
             what="the GPU reduces its 7 buckets after the backward"
         fi
-        if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
+        if [ "$rc1" != 0 ] || [ "$rc2" != 0 ]; then
             fail gpu/dp/$tr "a run failed (alone: status $rc1; 2 ranks: $rc2)" "$d/1.out" "$d/2.$tr.0.out" "$d/2.$tr.1.out"
         elif ! grep -q "^data-parallel: 2 processes" "$d/2.$tr.0.out"; then
             fail gpu/dp/$tr "rank 0 does not say it is one of 2 processes" "$d/2.$tr.0.out"
@@ -505,7 +505,7 @@ else
     else
         dp_ranks dbg MBT_NCCL=1 MBT_DEBUG=1
         q="buckets overlapped with the backward in 3 reductions: 21 of 21 buckets queued on the communication stream before the backward ended"
-        if [ $rc2 != 0 ]; then
+        if [ "$rc2" != 0 ]; then
             fail gpu/dp/overlap-debug "a rank failed with MBT_DEBUG=1" "$d/2.dbg.0.out" "$d/2.dbg.1.out"
         elif ! grep -q "^\[rank 0\] $q" "$d/2.dbg.0.out" || ! grep -q "^\[rank 1\] $q" "$d/2.dbg.1.out"; then
             fail gpu/dp/overlap-debug "a rank does not say '$q'" "$d/2.dbg.0.out" "$d/2.dbg.1.out"
@@ -537,7 +537,7 @@ else
         elif [ -n "$same" ]; then
             fail gpu/dp/overlap-control "with join$same left out, 2 ranks still saved dp1's weights" "$d/2.drop.0.out"
         else
-            pass "gpu/dp/overlap-control (the buckets' work ran at each step's join, waits $(echo $joins): 0 of 7 buckets a step started before the backward ended on the emulator; each join left out alone: other weights)"
+            pass "gpu/dp/overlap-control (the buckets' work ran at each step's join, waits ${joins//$'\n'/ }: 0 of 7 buckets a step started before the backward ended on the emulator; each join left out alone: other weights)"
         fi
     fi
     # gpu/dp/overlap-fail (the emulated GPU): rank 1's NCCL group fails while the backward queues its
@@ -549,7 +549,7 @@ else
         dp_ranks fail MBT_NCCL=1 MBT_FAKE_NCCL_FAIL=1
         w1="step 1: summing the gradient over the ranks (NCCL, in buckets): the gradient's bucket 0: ncclGroupEnd"
         w0="step 1: summing the gradient over the ranks (NCCL, in buckets): NCCL (collectives: the buckets' reductions over NCCL): NCCL error"
-        if [ $rc2 = 0 ]; then
+        if [ "$rc2" = 0 ]; then
             fail gpu/dp/overlap-fail "the ranks exited 0 with rank 1's NCCL failing" "$d/2.fail.0.out" "$d/2.fail.1.out"
         elif ! grep -qF "(rank 1): $w1" "$d/2.fail.1.out" || ! grep -qF "prog: $w0" "$d/2.fail.0.out"; then
             fail gpu/dp/overlap-fail "the ranks do not say why they stopped" "$d/2.fail.0.out" "$d/2.fail.1.out"
@@ -563,25 +563,25 @@ else
         read -r blk nr <<<"$spec"
         name=gpu/dp/overlap-${blk#dp}
         if [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
-            skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
+            skip "$name" "NCCL needs a GPU a rank and this machine has $ngpus"
             continue
         fi
         mkdir -p "$d/$blk"
         if ! build "$d/$blk" tests/exec/dp.mbt --train "$blk" -I examples; then
-            fail $name "mbtc tests/exec/dp.mbt --train $blk -o or --emit=cuda failed" "$OUT"
+            fail "$name" "mbtc tests/exec/dp.mbt --train $blk -o or --emit=cuda failed" "$OUT"
             continue
         fi
         if [ "$DEVICE" = emu ] && ! tests/cudaemu/build.sh "$d/$blk/prog.cu" "$d/$blk/prog.cu.so" >"$OUT" 2>&1; then
-            fail $name "tests/cudaemu/build.sh failed" "$OUT"
+            fail "$name" "tests/cudaemu/build.sh failed" "$OUT"
             continue
         fi
         DP_N=$nr DP_DIR="$d/$blk" dp_ranks "o$blk" MBT_NCCL=1
-        if [ $rc2 != 0 ]; then
-            fail $name "a rank failed" "$d/2.o$blk.0.out"
+        if [ "$rc2" != 0 ]; then
+            fail "$name" "a rank failed" "$d/2.o$blk.0.out"
         elif ! grep -q "^data-parallel: the ranks' sum on the GPUs in 7 buckets .* on a communication stream" "$d/2.o$blk.0.out"; then
-            fail $name "rank 0 does not say the GPUs sum 7 buckets on a communication stream" "$d/2.o$blk.0.out"
+            fail "$name" "rank 0 does not say the GPUs sum 7 buckets on a communication stream" "$d/2.o$blk.0.out"
         elif ! cmp -s "$d/1.st" "$d/2.o$blk.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/2.o$blk.jsonl")" ]; then
-            fail $name "$nr ranks did not log and save what one process did" "$d/1.jsonl" "$d/2.o$blk.jsonl"
+            fail "$name" "$nr ranks did not log and save what one process did" "$d/1.jsonl" "$d/2.o$blk.jsonl"
         else
             pass "$name ($nr ranks, 7 buckets overlapped with the backward: the logs and the weights of one process, byte for byte, 3 steps)"
         fi
