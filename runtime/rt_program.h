@@ -262,10 +262,11 @@ typedef struct RtStep {
 /* A generated function of the step (RtProgram's and RtGpuProgram's forward_backward ...), and
  * the learning-rate schedule's multiplier at 0-based step `step`. */
 typedef RtStatus (*RtStepFn)(RtStep *s);
-/* Called by the CPU's forward_backward right after it has added a parameter's gradient into
- * s->grads[lo, hi) (the plan's PlanWrite.after: no later launch touches it), so that the runtime
- * can start reducing it across data ranks while the backward goes on (docs/parallel.md, "The
- * reduction overlapped with the backward"). Nothing when s->grad_hook is NULL. The hook is an
+/* Called by forward_backward right after it has added a parameter's gradient into s->grads[lo,
+ * hi) (the plan's PlanWrite.after: no later launch touches it; on the GPU, right after that add
+ * is queued on the compute stream), so that the runtime can start reducing it across data ranks
+ * while the backward goes on (docs/parallel.md, "The reduction overlapped with the backward").
+ * Nothing when s->grad_hook is NULL. The hook is an
  * RtGradHook (defined by the runtime): fn(ctx, lo, hi) on the calling thread. */
 typedef struct RtGradHook {
     void (*fn)(void *ctx, int64_t lo, int64_t hi);

@@ -122,7 +122,7 @@
     X(float *, stats_out, ptr)   /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */            \
     X(int32_t *, kv, ptr)        /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                           \
     X(void *, kv_pool, ptr)      /* forward_chunk: the KV pool, which it reads and writes */                                     \
-    X(void *, grad_hook, ptr)    /* forward_backward (CPU): NULL, or the runtime's; each gradient's add is followed by */        \
+    X(void *, grad_hook, ptr)    /* forward_backward: NULL, or the runtime's; each gradient's add is followed by */              \
                                  /* rt_grad_ready(s, lo, hi) (rt_program.h) */                                                   \
     X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */ \
     X(void *, act, ptr)       /* forward_backward with offload { activations = nvme }: the RtExec rt_act_copy takes */           \

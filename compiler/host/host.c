@@ -279,7 +279,7 @@ static void emit_param_calls(Host *h, LLVMValueRef s, const PlanGatherSched *gs,
 /* forward_backward's launches: the step program (the schedule's launches, with recompute's
  * re-runs in the plan's order: plan.h, PlanRecompute), each gradient added into s->grads right
  * after the position the plan gives its move (the last launch that touches its buffer, whose
- * memory the plan then reuses), and on the CPU followed by rt_grad_ready(s, lo, hi). A re-run
+ * memory the plan then reuses), and followed by rt_grad_ready(s, lo, hi). A re-run
  * writes the second copies of its buffers (rc->again), which every later launch reads. */
 static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef s) {
     const PlanRecompute *rc = &h->plan->mem.rc;
@@ -309,10 +309,10 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
         emit_grad_adds(h, f, now, k, grads, addr, ls);
         emit_param_calls(h, s, &h->plan->mem.gather[PLAN_GATHER_STEP], q, 0);
         moved += k;
-        /* the CPU's: these gradients are final for the micro-batch, so the runtime may start their
-         * reduction across data ranks (rt_grad_ready; the GPU's adds are queued on a stream, and
-         * its runtime reduces after the backward) */
-        if (h->target == &host_target_cpu && k) {
+        /* these gradients are final for the micro-batch, so the runtime may start their reduction
+         * across data ranks (rt_grad_ready; on the GPU their adds are queued on the compute stream
+         * just before, so an event recorded there now marks them done) */
+        if (k) {
             LLVMTypeRef pt[3] = {h->ptr, h->i64, h->i64};
             LLVMTypeRef ft = LLVMFunctionType(h->vd, pt, 3, 0);
             LLVMValueRef fn = LLVMGetNamedFunction(h->m, "rt_grad_ready");

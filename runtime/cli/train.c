@@ -435,7 +435,13 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->overlap ? "each starts during the last micro-batch's backward once its gradients are final"
                : r->x.gpu ? "after the backward (the GPU's), bucket b + 1's exchange overlapping bucket b's sum"
                           : "after the backward (MBT_DP_OVERLAP=0), bucket b + 1's exchange overlapping bucket b's sum");
-    if (r->d_shard_got)
+    if (r->gbuckets)
+        printf("data-parallel: the ranks' sum on the GPUs in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the last "
+               "parameters first, on a communication stream: each queued during the last micro-batch's backward once its "
+               "gradients are final (after an event of the compute stream), its shards exchanged and gathered by NCCL, GPU "
+               "to GPU, and summed on its rank's GPU by the same tree; that micro-batch runs uncaptured (no CUDA graph)\n",
+               r->gbuckets_n, (long long)r->bucket_floats);
+    else if (r->d_shard_got)
         printf("data-parallel: the ranks' sum on the GPUs, after the backward: shards exchanged and gathered by NCCL, GPU to "
                "GPU, each summed on its rank's GPU by the same tree\n");
     if (r->zero3)
@@ -626,7 +632,8 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         if (overlapped) {
             r->fold_tree = tree;
             s.grad_hook = &r->hook;
-            rt_dp_reduce_begin(r->buckets, x->grads, rt_train_fold, r);
+            if (r->gbuckets) rt_train_gpu_buckets_begin(r, &tree); /* on the GPU's communication stream */
+            else rt_dp_reduce_begin(r->buckets, x->grads, rt_train_fold, r);
         }
         double fb0 = rt_now();
         if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
@@ -1030,6 +1037,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->state_full);
     free(r->norm_all);
     rt_dp_reduce_close(r->buckets);
+    rt_train_gpu_buckets_close(r);
     free(r->dump_x);
     free(r->stat_x);
     free(r->stat_y);
@@ -1069,6 +1077,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             char pre[32];
             snprintf(pre, sizeof pre, "[rank %d] ", rt_comm_rank(r.comm));
             rt_dp_reduce_print(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.buckets, pre);
+            rt_train_gpu_buckets_print(&r, rt_comm_rank(r.comm) == 0 ? stdout : stderr, pre);
         }
         const char *trace;
         RtError te;

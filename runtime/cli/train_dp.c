@@ -22,19 +22,26 @@ void rt_train_fold(void *ctx, int64_t lo, int64_t hi) {
     rt_exec_tree_fold_range(&r->x, &r->fold_tree, lo, hi);
 }
 
-/* MBT_DP_OVERLAP (1, the default, or 0): whether the buckets start during the backward of the
- * step's last micro-batch. The GPU keeps the reduction after the backward: its gradient adds are
- * queued on a stream and the reduction stages the whole gradient through the host. A bucket is
- * ready once every parameter's range in it was announced (a parameter whose gradient the program
- * never writes, a zero gradient, holds its bucket until the backward ends). */
-static RtStatus rt_train_overlap_open(RtTrainRun *r) {
+/* MBT_DP_OVERLAP (1, the default, or 0) into *on. */
+static RtStatus rt_train_overlap_env(RtTrainRun *r, int *on) {
     const char *s = getenv("MBT_DP_OVERLAP");
-    r->overlap = 1;
+    *on = 1;
     if (s && *s) {
         if (strcmp(s, "0") && strcmp(s, "1"))
             return rt_fail(&r->e, RT_ERR_ARG, "MBT_DP_OVERLAP is '%s': it must be 1 (the default) or 0", s);
-        r->overlap = s[0] == '1';
+        *on = s[0] == '1';
     }
+    return RT_OK;
+}
+
+/* MBT_DP_OVERLAP (1, the default, or 0): whether the buckets start during the backward of the
+ * step's last micro-batch. Without NCCL the GPU keeps the reduction after the backward: it stages
+ * the whole gradient through the host (with NCCL, rt_train_gpu_buckets_open). A bucket is ready
+ * once every parameter's range in it was announced (a parameter whose gradient the program never
+ * writes, a zero gradient, holds its bucket until the backward ends). */
+static RtStatus rt_train_overlap_open(RtTrainRun *r) {
+    RtStatus st = rt_train_overlap_env(r, &r->overlap);
+    if (st != RT_OK) return st;
     if (r->x.gpu) r->overlap = 0;
     if (!r->overlap) return RT_OK;
     const RtProgram *p = r->p;
@@ -48,6 +55,225 @@ static RtStatus rt_train_overlap_open(RtTrainRun *r) {
     free(lo), free(hi);
     r->hook = (RtGradHook){rt_train_grad_ready, r};
     return RT_OK;
+}
+
+/* ---- the GPU's buckets overlapped with the backward (docs/parallel.md, "The GPU's buckets") ----
+ *
+ * With NCCL, zero < 2 and more than one bucket. The buckets are the CPU's (dp_reduce.c: bucket 0
+ * the last elements, each cut into 64-byte shard pieces) and are taken in the same order, bucket 0
+ * first, on every rank. During the step's last micro-batch the generated forward_backward calls
+ * rt_grad_ready right after queuing each gradient's add on the compute stream; the hook counts the
+ * bucket's elements, and each time the next bucket in order is complete it queues, on the
+ * communication stream after an event of the compute stream (rt_gpu_comm_fork): the local tree's
+ * last additions over the bucket's range (the ones rt_exec_tree_push and _finish would make after
+ * the leaf), its NCCL exchange, the tree over the ranks (rt_gpu_axpy, rt_dp_tree_walk's order),
+ * the copy of the sum into place and its NCCL gather. Nothing waits on the host: NCCL's calls
+ * return once NCCL has taken the group (rt_comm_nccl_queue_only). After the backward
+ * rt_train_reduce queues what is left, makes the compute stream wait for the communication
+ * stream's last event (rt_gpu_comm_join) and waits, against the timeout, for both
+ * (rt_comm_nccl_settle). Every element gets the additions of the reduction after the backward in
+ * the same order: the same bits. The communication stream's order lets every bucket use one
+ * buffer for the ranks' copies of its shard. */
+struct RtGpuBuckets {
+    int nbuckets, next;
+    int64_t most;   /* the largest shard of any bucket on this rank */
+    int64_t *off;   /* bucket b's shard boundaries, absolute: off[b x (nranks + 1) + k] */
+    int64_t *rel;   /* one bucket's, from its start (the collectives see the bucket as a vector) */
+    int64_t *ready; /* this run's: bucket b's elements announced so far */
+    int64_t *need;  /* the elements of bucket b the backward writes (the parameters' ranges in it) */
+    float *d_got;   /* every rank's copy of this rank's shard of one bucket, on the device */
+    RtTree tree;    /* the step's tree before the last leaf: what each bucket's fold completes */
+    int active;     /* between rt_train_gpu_buckets_begin and the join */
+    RtStatus st;    /* the first failure while queuing (the hook cannot return it), with e */
+    RtError e;
+    int64_t runs, seen, queued_before; /* over the run: reductions, buckets, those queued during the backward */
+    double wait_s, queue_s;            /* the step's wait at the join; the hook's time queuing */
+};
+typedef struct RtGpuBuckets RtGpuBuckets;
+
+static void rt_gpu_buckets_free(RtGpuBuckets *b, RtGpu *g) {
+    if (!b) return;
+    if (b->d_got) rt_gpu_free(g, b->d_got);
+    free(b->off), free(b->rel), free(b->ready), free(b->need);
+    free(b);
+}
+
+/* The local tree's additions after the last leaf over [lo, hi) of the GPU's partial sums, queued
+ * (rt_exec_tree_fold_range's, with rt_gpu_axpy: scale 1 adds as a + b, rounded once). */
+static RtStatus rt_gpu_tree_fold_range(RtTrainRun *r, const RtTree *t0, int64_t lo, int64_t hi) {
+    RtExec *x = &r->x;
+    RtTree t = *t0;
+    int64_t n = hi - lo;
+    RtStatus st = RT_OK;
+    if (n <= 0) return RT_OK;
+    t.size[t.depth++] = 1;
+    while (st == RT_OK && t.depth >= 2 && t.size[t.depth - 1] == t.size[t.depth - 2]) {
+        st = rt_gpu_axpy(x->gpu, x->tree[t.depth - 2] + lo, x->tree[t.depth - 1] + lo, 1.0f, n, &r->e);
+        t.size[t.depth - 2] *= 2, t.depth--;
+    }
+    while (st == RT_OK && t.depth >= 2) {
+        st = rt_gpu_axpy(x->gpu, x->tree[t.depth - 2] + lo, x->tree[t.depth - 1] + lo, 1.0f, n, &r->e);
+        t.size[t.depth - 2] += t.size[t.depth - 1], t.depth--;
+    }
+    return st;
+}
+
+typedef struct {
+    RtTrainRun *r;
+    float *got;
+    int64_t len;
+    RtStatus st;
+} RtGpuTree;
+
+static void rt_gpu_tree_add(void *ctx, int a, int b) {
+    RtGpuTree *t = ctx;
+    if (t->st == RT_OK && t->len > 0)
+        t->st = rt_gpu_axpy(t->r->x.gpu, t->got + a * t->len, t->got + b * t->len, 1.0f, t->len, &t->r->e);
+}
+
+/* Bucket k's reduction queued on the communication stream (which already waits for the compute
+ * stream's event after the bucket's last add). */
+static RtStatus rt_gpu_bucket_queue(RtTrainRun *r, int k) {
+    RtGpuBuckets *b = r->gbuckets;
+    RtGpu *g = r->x.gpu;
+    const int64_t *o = b->off + (int64_t)k * (r->nranks + 1);
+    int64_t lo = o[0], mine = o[r->rank], len = o[r->rank + 1] - mine;
+    for (int j = 0; j <= r->nranks; j++) b->rel[j] = o[j] - lo;
+    rt_gpu_comm_enter(g);
+    rt_comm_nccl_queue_only(r->comm, 1);
+    RtStatus st = rt_gpu_tree_fold_range(r, &b->tree, lo, o[r->nranks]);
+    if (st == RT_OK) st = rt_comm_exchange_shards(r->comm, r->x.d_grads + lo, b->rel, b->d_got, &r->e);
+    RtGpuTree t = {r, b->d_got, len, st};
+    if (st == RT_OK) rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
+    st = t.st;
+    if (st == RT_OK && len > 0) st = rt_gpu_copy(g, r->x.d_grads + mine, b->d_got, len * (int64_t)sizeof(float), &r->e);
+    if (st == RT_OK) st = rt_comm_gather_shards(r->comm, r->x.d_grads + lo, b->rel, &r->e);
+    rt_comm_nccl_queue_only(r->comm, 0);
+    rt_gpu_comm_leave(g);
+    return st == RT_OK ? st : rt_error_context(&r->e, "the gradient's bucket %d", k);
+}
+
+/* Queues every bucket, in order, that is complete (all of them with all set), after one event of
+ * the compute stream; the run's first failure is kept (the hook cannot return it). */
+static void rt_gpu_buckets_take(RtTrainRun *r, int all) {
+    RtGpuBuckets *b = r->gbuckets;
+    if (b->st != RT_OK || b->next >= b->nbuckets || !(all || b->ready[b->next] >= b->need[b->next])) return;
+    double t0 = rt_now();
+    RtStatus st = rt_gpu_comm_fork(r->x.gpu, &r->e);
+    while (st == RT_OK && b->next < b->nbuckets && (all || b->ready[b->next] >= b->need[b->next])) {
+        st = rt_gpu_bucket_queue(r, b->next++);
+        if (!all) b->queued_before++;
+    }
+    if (st != RT_OK) b->st = st, b->e = r->e;
+    b->queue_s += rt_now() - t0;
+}
+
+/* rt_grad_ready's hook on the GPU: elements [lo, hi) of the last micro-batch's gradient have their
+ * add queued on the compute stream. */
+static void rt_train_gpu_ready(void *ctx, int64_t lo, int64_t hi) {
+    RtTrainRun *r = ctx;
+    RtGpuBuckets *b = r->gbuckets;
+    if (!b->active) return;
+    for (int k = 0; k < b->nbuckets; k++) { /* few buckets: a scan */
+        const int64_t *o = b->off + (int64_t)k * (r->nranks + 1);
+        int64_t a = lo > o[0] ? lo : o[0], z = hi < o[r->nranks] ? hi : o[r->nranks];
+        if (z > a) b->ready[k] += z - a;
+    }
+    rt_gpu_buckets_take(r, 0);
+}
+
+void rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree) {
+    RtGpuBuckets *b = r->gbuckets;
+    b->tree = *tree, b->next = 0, b->active = 1, b->st = RT_OK;
+    for (int k = 0; k < b->nbuckets; k++) b->ready[k] = 0;
+}
+
+/* After the backward: the buckets left queued (a bucket whose gradient the backward never writes
+ * all of waits for this), the compute stream joined to the communication stream, and both waited
+ * for against the world's timeout. */
+static RtStatus rt_train_gpu_buckets_finish(RtTrainRun *r) {
+    RtGpuBuckets *b = r->gbuckets;
+    if (!b->active) return rt_fail(&r->e, RT_ERR_ARG, "the GPU's buckets: the step's last micro-batch did not start them");
+    double t0 = rt_now();
+    rt_gpu_buckets_take(r, 1);
+    b->active = 0;
+    b->runs++, b->seen += b->nbuckets;
+    RtStatus st = b->st;
+    if (st != RT_OK) r->e = b->e;
+    /* joined even after a failure, so that the update never runs before what was queued */
+    RtStatus jst = rt_gpu_comm_join(r->x.gpu, st == RT_OK ? &r->e : &b->e);
+    if (st == RT_OK) st = jst;
+    if (st == RT_OK) st = rt_comm_nccl_settle(r->comm, "collectives: the buckets' reductions over NCCL", &r->e);
+    b->wait_s += rt_now() - t0;
+    return st;
+}
+
+/* With NCCL, zero < 2 and more than one bucket: the buckets (MBT_DP_OVERLAP=1, the default). */
+static RtStatus rt_train_gpu_buckets_open(RtTrainRun *r) {
+    int on;
+    RtStatus st = rt_train_overlap_env(r, &on);
+    if (st != RT_OK || !on) return st;
+    const RtProgram *p = r->p;
+    int64_t n = p->param_floats, bf = r->bucket_floats;
+    int size = r->nranks;
+    RtGpuBuckets *b = calloc(1, sizeof *b);
+    if (!b) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's buckets");
+    b->nbuckets = (int)((n + bf - 1) / bf);
+    b->off = calloc((size_t)b->nbuckets * (size + 1) + 1, sizeof *b->off);
+    b->rel = calloc((size_t)size + 1, sizeof *b->rel);
+    b->ready = calloc((size_t)b->nbuckets + 1, sizeof *b->ready);
+    b->need = calloc((size_t)b->nbuckets + 1, sizeof *b->need);
+    if (!b->off || !b->rel || !b->ready || !b->need) {
+        rt_gpu_buckets_free(b, r->x.gpu);
+        return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's buckets");
+    }
+    for (int k = 0; k < b->nbuckets; k++) { /* as dp_reduce.c's: bucket 0 holds the last elements */
+        int64_t hi = n - (int64_t)k * bf, lo = hi - bf < 0 ? 0 : hi - bf;
+        int64_t *o = b->off + (int64_t)k * (size + 1);
+        rt_comm_shards(hi - lo, size, 16, o);
+        for (int j = 0; j <= size; j++) o[j] += lo;
+        if (o[r->rank + 1] - o[r->rank] > b->most) b->most = o[r->rank + 1] - o[r->rank];
+        for (int64_t i = 0; i < p->nparams; i++) { /* the elements the backward writes */
+            int64_t a = p->params[i].offset, z = a + p->params[i].numel;
+            a = a > lo ? a : lo, z = z < hi ? z : hi;
+            if (z > a) b->need[k] += z - a;
+        }
+    }
+    st = rt_gpu_alloc(r->x.gpu, (void **)&b->d_got, (b->most * size + 1) * (int64_t)sizeof(float),
+                      "every rank's copy of this rank's shard of a gradient bucket", &r->e);
+    if (st == RT_OK) st = rt_gpu_comm_open(r->x.gpu, &r->e);
+    if (st != RT_OK) {
+        rt_gpu_buckets_free(b, r->x.gpu);
+        return st;
+    }
+    r->gbuckets = b, r->gbuckets_n = b->nbuckets;
+    r->overlap = 1;
+    r->hook = (RtGradHook){rt_train_gpu_ready, r};
+    return RT_OK;
+}
+
+void rt_train_gpu_buckets_print(const RtTrainRun *r, FILE *f, const char *prefix) {
+    const RtGpuBuckets *b = r->gbuckets;
+    if (!b || b->runs == 0) return;
+    fprintf(f,
+            "%sbuckets: %d of at most %lld floats, %lld reductions on the GPU's communication stream (NCCL): the backward's "
+            "hook spent %.3f ms queuing them, the step waited %.3f ms at the join after the backward\n",
+            prefix, b->nbuckets, (long long)r->bucket_floats, (long long)b->runs, 1e3 * b->queue_s, 1e3 * b->wait_s);
+    fprintf(f,
+            "%sbuckets overlapped with the backward in %lld reductions: %lld of %lld buckets queued on the communication "
+            "stream before the backward ended (each after an event of the compute stream)\n",
+            prefix, (long long)b->runs, (long long)b->queued_before, (long long)b->seen);
+}
+
+void rt_train_gpu_buckets_close(RtTrainRun *r) {
+    RtGpuBuckets *b = r->gbuckets;
+    if (!b) return;
+    RtError e;
+    /* the communication stream's work done before NCCL's communicator and the buffers go (after a
+     * step's join nothing is left; after a failure in the middle of one, bounded by the timeout) */
+    if (rt_gpu_comm_join(r->x.gpu, &e) == RT_OK) rt_comm_nccl_settle(r->comm, "the buckets' reductions", &e);
+    rt_gpu_buckets_free(b, r->x.gpu);
+    r->gbuckets = NULL;
 }
 
 /* The step's tree of partial sums and the micro-batches' losses, for the largest accumulation of
@@ -90,6 +316,12 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
         st = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, r->bucket_floats, &r->e);
         if (st != RT_OK) return st;
         st = rt_train_overlap_open(r);
+        if (st != RT_OK) return st;
+    }
+    /* over NCCL: the GPU's buckets on a communication stream, overlapped with the backward (with
+     * MBT_DP_OVERLAP=0, or ZeRO-2, or one bucket, the sum after the backward, whole) */
+    if (r->zero < 2 && r->p->param_floats > r->bucket_floats && r->d_shard_got) {
+        st = rt_train_gpu_buckets_open(r);
         if (st != RT_OK) return st;
     }
     if (r->zero == 3) { /* the parameters' shard: the rest is released before the first step */
@@ -136,25 +368,12 @@ RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all) {
  * node of the one tree over the step's M micro-batches, and the tree over the ranks is the rest
  * of that tree: the gradient is the bits one process gets (docs/parallel.md). On the GPU the
  * gradient stays on the device with NCCL (rt_train_reduce_nccl), else goes through host memory. */
-typedef struct {
-    RtTrainRun *r;
-    int64_t len;
-    RtStatus st;
-} RtGpuTree;
-
-static void rt_gpu_tree_add(void *ctx, int a, int b) {
-    RtGpuTree *t = ctx;
-    float *got = t->r->d_shard_got;
-    if (t->st == RT_OK && t->len > 0)
-        t->st = rt_gpu_axpy(t->r->x.gpu, got + a * t->len, got + b * t->len, 1.0f, t->len, &t->r->e);
-}
-
 /* The GPU's sum over NCCL: the shards exchanged GPU to GPU, summed on the device in the same tree
  * (rt_dp_tree_walk; rt_gpu_axpy with scale 1 adds as the host does, bit for bit), gathered back. */
 static RtStatus rt_train_reduce_nccl(RtTrainRun *r, int64_t step) {
     RtExec *x = &r->x;
     int64_t lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
-    RtGpuTree t = {r, len, rt_comm_exchange_shards(r->comm, x->d_grads, r->shard_off, r->d_shard_got, &r->e)};
+    RtGpuTree t = {r, r->d_shard_got, len, rt_comm_exchange_shards(r->comm, x->d_grads, r->shard_off, r->d_shard_got, &r->e)};
     rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
     RtStatus st = t.st;
     if (st == RT_OK && len > 0) st = rt_gpu_copy(x->gpu, x->d_grads + lo, r->d_shard_got, len * (int64_t)sizeof(float), &r->e);
@@ -167,6 +386,12 @@ static RtStatus rt_train_reduce_nccl(RtTrainRun *r, int64_t step) {
 RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (r->nranks == 1) return RT_OK;
     RtExec *x = &r->x;
+    if (r->gbuckets) { /* queued during the last backward: the rest, and the join */
+        RtStatus st = rt_train_gpu_buckets_finish(r);
+        return st == RT_OK ? st
+                           : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks (NCCL, in buckets)",
+                                              (long long)(step + 1));
+    }
     if (r->d_shard_got) {
         RtStatus st = rt_train_reduce_nccl(r, step);
         return st == RT_OK

@@ -74,6 +74,10 @@ typedef struct RtTrainRun {
     int overlap;
     RtGradHook hook;
     RtTree fold_tree;
+    /* the GPU's buckets overlapped with the backward (train_dp.c, over NCCL on a communication
+     * stream), or NULL; then overlap is 1 and hook queues each bucket once it is final */
+    struct RtGpuBuckets *gbuckets;
+    int gbuckets_n;      /* their number */
     double model_gbps;   /* MBT_DP_MODEL_GBPS: the overlap model's link bandwidth, 0 for none */
     double fb_s;         /* the micro-batches' forward_backward time (for the model) */
     int high_water_done; /* --arena-high-water: measured (the first step this process runs) */
@@ -98,6 +102,12 @@ RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed);
 RtStatus rt_train_tree_alloc(RtTrainRun *r);
 /* the communication thread's fold of a bucket (rt_dp_reduce_begin's callback; ctx is the run) */
 void rt_train_fold(void *ctx, int64_t lo, int64_t hi);
+/* The GPU's buckets (MBT_DP_OVERLAP with NCCL): _begin before the step's last micro-batch (the
+ * tree as it stands before its leaf); rt_train_reduce queues the rest and joins them; _print is
+ * MBT_DEBUG's buckets line; _close waits for the communication stream and frees them. */
+void rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree);
+void rt_train_gpu_buckets_print(const RtTrainRun *r, FILE *f, const char *prefix);
+void rt_train_gpu_buckets_close(RtTrainRun *r);
 RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all);
 RtStatus rt_train_reduce(RtTrainRun *r, int64_t step);
 RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm);

@@ -88,6 +88,15 @@ RtStatus rt_comm_timeout_env(double *timeout_s, RtError *err);
 typedef struct RtGpu RtGpu;
 RtStatus rt_comm_set_gpu(RtComm *c, RtGpu *g, RtError *err);
 int rt_comm_nccl(const RtComm *c);
+/* With NCCL: on (1), exchange_shards and gather_shards queue their group on the GPU's current
+ * stream and return once NCCL has taken it, without waiting for the stream (the GPU's buckets
+ * overlapped with the backward queue them on a communication stream; docs/parallel.md); off (0,
+ * the default), each waits for its stream. Nothing without NCCL. */
+void rt_comm_nccl_queue_only(RtComm *c, int on);
+/* With NCCL: waits until NCCL has no call in progress and the GPU's (compute) stream has run what
+ * was queued on it, against the world's timeout (past it the communicator is aborted, as a
+ * collective's own wait does). RT_OK at once without NCCL. */
+RtStatus rt_comm_nccl_settle(RtComm *c, const char *what, RtError *err);
 
 /* Equal shard boundaries for n elements over size ranks, each a multiple of `align` elements
  * except the last: off has size + 1 entries. */

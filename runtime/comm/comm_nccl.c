@@ -29,6 +29,10 @@
 struct RtNccl {
     ncclComm_t comm;
     int version; /* ncclGetVersion: 22809 */
+    /* rt_comm_nccl_queue_only: a group returns once NCCL has taken it (the communicator no longer
+     * in progress), without waiting for the GPU's stream: the overlapped buckets queue their
+     * collectives on the communication stream during the backward (train_dp.c) */
+    int queue_only;
     /* a group's sends and receives, entry p peer p's (rt_nccl_group), filled by each collective */
     const float **sbuf;
     float **rbuf;
@@ -182,6 +186,16 @@ static RtStatus rt_nccl_group(RtComm *c, const char *what, RtError *err) {
     ncclResult_t end = api->ncclGroupEnd(); /* always, so that a failed call leaves no group open */
     if (rc == ncclSuccess || rc == ncclInProgress) rc = end, call = "ncclGroupEnd";
     if (rc != ncclSuccess && rc != ncclInProgress) return rt_nccl_fail(c, rc, call, what, err);
+    return rt_nccl_wait(c, !c->nccl->queue_only, what, err);
+}
+
+void rt_comm_nccl_queue_only(RtComm *c, int on) {
+    if (c->nccl) c->nccl->queue_only = on;
+}
+
+RtStatus rt_comm_nccl_settle(RtComm *c, const char *what, RtError *err) {
+    if (!c->nccl) return RT_OK;
+    if (!c->nccl->comm) return rt_fail(err, RT_ERR_IO, "%s: the NCCL communicator was aborted after an earlier failure", what);
     return rt_nccl_wait(c, 1, what, err);
 }
 

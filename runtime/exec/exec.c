@@ -315,7 +315,11 @@ RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
     case RT_EXEC_FORWARD_CHUNK: f = g ? g->forward_chunk : p->forward_chunk; break;
     }
     if (!f) return rt_fail(s->err, RT_ERR_ARG, "the program has no %s for the %s", names[fn], g ? "GPU" : "CPU");
-    /* the step's functions on the GPU as CUDA graphs, when they can be (gpu_graph.c) */
+    /* the step's functions on the GPU as CUDA graphs, when they can be (gpu_graph.c); not a
+     * forward_backward whose rt_grad_ready calls queue the data-parallel buckets' reductions on the
+     * communication stream (train_dp.c): a graph would replay the launches without the host code
+     * that queues them */
+    if (g && fn == RT_EXEC_FORWARD_BACKWARD && s->grad_hook) return f(s);
     if (g && (fn == RT_EXEC_FORWARD_BACKWARD || fn == RT_EXEC_FORWARD_LOSS || fn == RT_EXEC_UPDATE))
         return rt_gpu_call(e->gpu, (int)fn, f, s);
     return f(s);

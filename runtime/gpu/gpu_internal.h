@@ -387,6 +387,10 @@ struct RtGpu {
         unsigned char *host;
         int64_t bytes;
     } act;
+    struct {                      /* the data-parallel reduction's communication stream (gpu_comm.c) */
+        CUstream stream, compute; /* compute: the compute stream, while rt_gpu_comm_enter has swapped them */
+        CUevent ready, done;      /* recorded on the compute stream before a bucket, on the comm stream at the join */
+    } comm;
     struct {
         CUdeviceptr *ptr; /* the live device allocations (rt_gpu_mem_alloc), their sizes in bytes */
         int64_t *bytes, n, cap;
@@ -408,6 +412,9 @@ void rt_gpu_mem_free(RtGpu *g, CUdeviceptr p);
 /* gpu_act.c: offload { activations = host }'s copy stream and pinned memory freed (the stream's work
  * finished first); rt_gpu_close calls it. */
 void rt_gpu_act_close(RtGpu *g);
+/* gpu_comm.c: the communication stream's work finished and the stream and its events freed;
+ * rt_gpu_close calls it. */
+void rt_gpu_comm_close(RtGpu *g);
 
 /* gpu.c. The calling thread's current context becomes the GPU's (a context is current per thread). */
 RtStatus rt_gpu_use(RtGpu *g, RtError *err);

@@ -77,6 +77,17 @@ int64_t rt_gpu_act_bytes(const RtGpu *g); /* the pinned memory allocated for the
 /* Measures the copy stream's rate: dev[0, bytes) (bytes at most the pinned memory's) to the pinned
  * memory and back, twice, timed by events on the copy stream; the second round's rates in GB/s
  * (1e9 bytes/s). dev's bytes come back unchanged. Waits. */
+/* The data-parallel buckets' communication stream (gpu_comm.c; docs/parallel.md, "The GPU's
+ * buckets overlapped with the backward"). rt_gpu_comm_open makes it and its two events (once).
+ * rt_gpu_comm_fork makes it wait for everything queued on the compute stream so far (an event);
+ * between rt_gpu_comm_enter and _leave every call of g queues on it instead of the compute stream;
+ * rt_gpu_comm_join makes the compute stream wait for everything queued on it (an event). Nothing
+ * waits on the host. */
+RtStatus rt_gpu_comm_open(RtGpu *g, RtError *err);
+RtStatus rt_gpu_comm_fork(RtGpu *g, RtError *err);
+void rt_gpu_comm_enter(RtGpu *g);
+void rt_gpu_comm_leave(RtGpu *g);
+RtStatus rt_gpu_comm_join(RtGpu *g, RtError *err);
 RtStatus rt_gpu_act_rate(RtGpu *g, void *dev, int64_t bytes, double *to_host, double *back, RtError *err);
 
 /* The high-water mark of the runtime's device allocations in bytes (regions, arena, scratch,

@@ -429,8 +429,10 @@ CUresult cuLinkDestroy(CUlinkState state) {
 
 /* ---- streams, events ------------------------------------------------------------------------- */
 /* The first stream created (the runtime's compute stream) runs every operation at once. Any other
- * stream created while it lives (the copy stream of offload { activations = host }) is a FakeQueue:
- * its copies are queued and run only when something must see them done - another stream waiting
+ * stream created while it lives (the copy stream of offload { activations = host }, the
+ * data-parallel buckets' communication stream) is a FakeQueue: its copies, kernel launches (their
+ * parameters copied by value) and host functions (cuLaunchHostFunc: fake_nccl.c's groups queued
+ * on it) are queued and run only when something must see them done - another stream waiting
  * for an event recorded after them (cuStreamWaitEvent), a wait for the stream or the event, or its
  * destruction. That is the latest moment a real GPU could run them, so a wait the runtime leaves
  * out shows: a read back that is not waited for leaves the arena's old bytes where the step reads,
@@ -438,7 +440,8 @@ CUresult cuLinkDestroy(CUlinkState state) {
  * - a copy run before the compute stream reached what it waits for - cannot show: the compute
  * stream has always run everything it was given.) MBT_FAKE_CUDA_DROP_WAIT=N ignores the Nth wait of
  * the compute stream for a queue (from 1), so that a test can check a missing wait is caught;
- * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr); a graph's
+ * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr; and on a line of
+ * its own the launches and host functions it runs, when there are any); a graph's
  * joins count and print among them ("in a graph"). On the fake's
  * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them.
  * In a capture, a queue that waits for an event of the capturing stream joins it (below). */
@@ -447,11 +450,14 @@ static int fake_stream;
 static int fake_stream_live;
 
 typedef struct FakeQueued {
-    int kind; /* 0 device to host, 1 host to device, 2 device to device */
+    int kind; /* 0 device to host, 1 host to device, 2 device to device, 3 a kernel launch, 4 a host function */
     void *dst;
     const void *src;
     size_t n;
+    void *rec;               /* kind 3: the launch (a FakeOp 'K', parameters copied by value) */
+    void (*host)(void *arg); /* kind 4: cuLaunchHostFunc's function and its argument (dst) */
 } FakeQueued;
+static void fake_queued_launch(void *rec); /* runs (and frees) a queued launch */
 
 struct FakeQueue {
     FakeQueued *ops;
@@ -485,6 +491,14 @@ static int fake_wait_dropped(long long out, long long back, const char *where) {
 static void fake_queue_run(FakeQueue *q, long long upto) {
     for (; q->done < upto && q->done < q->n; q->done++) {
         const FakeQueued *o = &q->ops[q->done];
+        if (o->kind == 3) {
+            fake_queued_launch(o->rec);
+            continue;
+        }
+        if (o->kind == 4) {
+            o->host(o->dst);
+            continue;
+        }
         if (o->kind == 0) fake.dtoh_bytes += (long long)o->n;
         else if (o->kind == 1) fake.htod_bytes += (long long)o->n;
         memmove(o->dst, o->src, o->n);
@@ -492,6 +506,8 @@ static void fake_queue_run(FakeQueue *q, long long upto) {
 }
 
 static int fake_is_queue(CUstream s) { return s && s != (CUstream)(void *)&fake_stream; }
+/* For fake_nccl.c: whether a group on stream s is to run with s's queue (not at ncclGroupEnd). */
+int fake_stream_is_queue(void *s) { return fake_is_queue((CUstream)s); }
 
 /* Queues a copy on a FakeQueue (1), or 0 when s is the compute stream. */
 static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, size_t n, CUresult *rc) {
@@ -510,10 +526,35 @@ static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, siz
         }
         q->ops = o, q->cap = c;
     }
-    q->ops[q->n++] = (FakeQueued){kind, dst, src, n};
+    q->ops[q->n++] = (FakeQueued){kind, dst, src, n, NULL, NULL};
     q->clock = (q->clock > fake.clock_ms ? q->clock : fake.clock_ms) + (double)n / 25e6;
     *rc = CUDA_SUCCESS;
     return 1;
+}
+
+/* A kernel launch (rec, kind 3) or a host function (kind 4) on a queue, outside a capture: run
+ * when the queue is run, after the copies and launches before it (the data-parallel buckets'
+ * communication stream: its axpys, and fake_nccl.c's groups through cuLaunchHostFunc). */
+static CUresult fake_queue_other(FakeQueue *q, int kind, void *rec, void (*host)(void *), void *arg) {
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED; /* (not needed: the buckets run uncaptured) */
+    if (q->n == q->cap) {
+        long long c = q->cap ? 2 * q->cap : 64;
+        FakeQueued *o = realloc(q->ops, (size_t)c * sizeof *o);
+        if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+        q->ops = o, q->cap = c;
+    }
+    q->ops[q->n++] = (FakeQueued){kind, arg, NULL, 0, rec, host};
+    q->clock = (q->clock > fake.clock_ms ? q->clock : fake.clock_ms) + 0.5;
+    return CUDA_SUCCESS;
+}
+
+/* cuLaunchHostFunc: on the compute stream at once; on a queue when the queue runs. */
+CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *arg) {
+    if (!fn) return FAKE_INVALID_VALUE;
+    if (fake_is_queue(s)) return fake_queue_other((FakeQueue *)(void *)s, 4, NULL, fn, arg);
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    fn(arg);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
@@ -618,10 +659,17 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
         return ev->q ? fake_rec_join(ev->q, ev->seq) : CUDA_SUCCESS;
     }
     if (!ev->recorded || !ev->q || fake_is_queue(s)) return CUDA_SUCCESS;
-    long long out = 0, back = 0;
-    for (long long i = ev->q->done; i < ev->seq && i < ev->q->n; i++)
+    long long out = 0, back = 0, launches = 0, hosts = 0;
+    for (long long i = ev->q->done; i < ev->seq && i < ev->q->n; i++) {
         out += ev->q->ops[i].kind == 0, back += ev->q->ops[i].kind == 1;
-    if (fake_wait_dropped(out, back, "")) return CUDA_SUCCESS;
+        launches += ev->q->ops[i].kind == 3, hosts += ev->q->ops[i].kind == 4;
+    }
+    int dropped = fake_wait_dropped(out, back, "");
+    const char *trace = getenv("MBT_FAKE_CUDA_WAITS");
+    if (trace && *trace == '1' && launches + hosts > 0) /* (a line of its own: the copies' line keeps its fields) */
+        fprintf(stderr, "fake_cuda: wait %lld %s %lld launches and %lld host functions queued on a second stream\n", fake_waits,
+                dropped ? "left out, with" : "also runs", launches, hosts);
+    if (dropped) return CUDA_SUCCESS;
     fake_queue_run(ev->q, ev->seq);
     return CUDA_SUCCESS;
 }
@@ -643,6 +691,7 @@ CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
 /* ---- kernels --------------------------------------------------------------------------------- */
 
 static CUresult fake_rec_launch(const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params);
+static CUresult fake_queue_launch(FakeQueue *q, const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params);
 
 static void fake_axpy(void **p) {
     float *dst = *(float **)p[0];
@@ -685,7 +734,9 @@ static void fake_sumsq(void **p) {
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                         unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) {
     const FakeFunction *fn = (const FakeFunction *)(void *)f;
-    if (gz != 1 || by != 1 || bz != 1 || shared != 0 || extra || s != (CUstream)(void *)&fake_stream) return FAKE_INVALID_VALUE;
+    if (gz != 1 || by != 1 || bz != 1 || shared != 0 || extra) return FAKE_INVALID_VALUE;
+    if (fake_is_queue(s)) return fake_queue_launch((FakeQueue *)(void *)s, fn, gx, gy, bx, params);
+    if (s != (CUstream)(void *)&fake_stream) return FAKE_INVALID_VALUE;
     if (fake_capture) return fake_rec_launch(fn, gx, gy, bx, params);
     snprintf(fake.last_kernel, sizeof fake.last_kernel, "%s", fn->name);
     fake.last_grid[0] = gx;
@@ -1064,6 +1115,43 @@ static CUresult fake_rec_launch(const FakeFunction *fn, unsigned gx, unsigned gy
     for (int i = 0; i < np; i++) memcpy(op->blob + op->off[i], params[i], sizes[i]);
     op->kind = 'K', op->fn = fn, op->gx = gx, op->gy = gy, op->bx = bx, op->nparams = np;
     return CUDA_SUCCESS;
+}
+
+/* A launch on a queue: its parameters copied by value as a capture copies them (FakeOp 'K'), run
+ * by fake_queued_launch when the queue runs. */
+static CUresult fake_queue_launch(FakeQueue *q, const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params) {
+    const size_t *sizes = NULL;
+    int np = fake_param_sizes(fn, &sizes);
+    if (np < 0 || np > FAKE_MAX_PARAMS) return FAKE_INVALID_VALUE;
+    FakeOp *op = calloc(1, sizeof *op);
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t total = 0;
+    for (int i = 0; i < np; i++) {
+        op->off[i] = total;
+        total += (sizes[i] + 15) / 16 * 16;
+    }
+    op->blob = malloc(total ? total : 1);
+    if (!op->blob) {
+        free(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < np; i++) memcpy(op->blob + op->off[i], params[i], sizes[i]);
+    op->kind = 'K', op->fn = fn, op->gx = gx, op->gy = gy, op->bx = bx, op->nparams = np;
+    CUresult rc = fake_queue_other(q, 3, op, NULL, NULL);
+    if (rc != CUDA_SUCCESS) free(op->blob), free(op);
+    return rc;
+}
+
+static void fake_queued_launch(void *rec) {
+    FakeOp *op = rec;
+    void *params[FAKE_MAX_PARAMS];
+    for (int p = 0; p < op->nparams; p++) params[p] = op->blob + op->off[p];
+    CUresult rc = cuLaunchKernel((CUfunction)(void *)op->fn, op->gx, op->gy, 1, op->bx, 1, 1, 0, (CUstream)(void *)&fake_stream,
+                                 params, NULL);
+    if (rc != CUDA_SUCCESS)
+        fprintf(stderr, "fake_cuda: a launch of %s queued on a second stream failed (%d)\n", op->fn->name, (int)rc);
+    free(op->blob);
+    free(op);
 }
 
 static cublasStatus_t fake_rec_matmul(cublasLtMatmulDesc_t d, const void *alpha, const void *a, cublasLtMatrixLayout_t al,

@@ -2,8 +2,10 @@
  * data-parallel ranks' GPU transport (runtime/comm/comm_nccl.c) runs in make test without a GPU:
  * the runtime opens it as NCCL when MBT_LIBNCCL names it (build/tests/libmbt_fake_nccl.so).
  *
- * The emulated GPU's device memory is host memory and its streams run every call at once, so a
- * group's sends and receives are carried out when ncclGroupEnd is called: each send on a thread of
+ * The emulated GPU's device memory is host memory and its compute stream runs every call at once,
+ * so a group's sends and receives are carried out when ncclGroupEnd is called (a group on one of
+ * its second streams - the data-parallel buckets' communication stream - is queued there with the
+ * fake driver's cuLaunchHostFunc and carried out when that stream's work runs): each send on a thread of
  * its own (so that no order of sends and receives among the ranks can deadlock), each receive on
  * the caller's thread, over a Unix socket between every two ranks. The sockets live in a directory
  * named by the unique id (rank 0 makes it; every rank finds it through the id the runtime
@@ -15,6 +17,7 @@
  *
  * MBT_FAKE_NCCL_FAIL=RANK: that rank's ncclGroupEnd fails (the error path); MBT_FAKE_NCCL_HANG=RANK:
  * that rank's communicator stays in progress forever (the timeout path). */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -39,6 +42,9 @@ typedef struct {
 
 typedef struct ncclComm {
     int rank, size, hang;
+    int err;                /* a group run later on a second stream failed: ncclCommGetAsyncError says so from then on */
+    int later;              /* groups queued on a second stream and not yet run: they hold the communicator */
+    int dead;               /* destroyed or aborted while later > 0: the last of them frees it */
     int fd[FAKE_MAX_RANKS]; /* the socket to each peer (-1 for this rank) */
     char dir[64];           /* the id's directory: "/tmp/mbt-fake-nccl-XXXXXX" */
     int pending;            /* ncclInProgress to report once before success */
@@ -50,6 +56,7 @@ typedef struct {
     size_t bytes;
     int peer;
     FakeComm *comm;
+    void *stream;
 } FakeOp;
 
 static struct {
@@ -176,16 +183,19 @@ ncclResult_t ncclCommGetAsyncError(FakeComm *c, ncclResult_t *state) {
         *state = ncclInProgress;
         return ncclSuccess;
     }
-    *state = c->pending ? ncclInProgress : ncclSuccess;
+    *state = c->err ? c->err : c->pending ? ncclInProgress : ncclSuccess;
     c->pending = 0;
     return ncclSuccess;
 }
 
 static void fake_comm_free(FakeComm *c) {
     if (!c) return;
-    for (int p = 0; p < c->size; p++)
+    for (int p = 0; p < c->size; p++) {
         if (c->fd[p] >= 0) close(c->fd[p]);
-    free(c);
+        c->fd[p] = -1; /* a group still queued on a second stream then fails, as an aborted NCCL's does */
+    }
+    if (c->later > 0) c->dead = 1;
+    else free(c);
 }
 
 ncclResult_t ncclCommAbort(FakeComm *c) {
@@ -209,18 +219,43 @@ static ncclResult_t fake_queue(int send, void *buf, size_t count, int type, int 
         group.err = ncclInvalidArgument;
         return ncclInvalidArgument;
     }
-    group.op[group.n++] = (FakeOp){send, buf, count * 4, peer, c};
+    group.op[group.n++] = (FakeOp){send, buf, count * 4, peer, c, NULL};
     return ncclSuccess;
 }
 
+static ncclResult_t fake_queue_on(int send, void *buf, size_t count, int type, int peer, FakeComm *c, void *stream) {
+    ncclResult_t rc = fake_queue(send, buf, count, type, peer, c);
+    if (rc == ncclSuccess) group.op[group.n - 1].stream = stream;
+    return rc;
+}
+
 ncclResult_t ncclSend(const void *buf, size_t count, int type, int peer, FakeComm *c, void *stream) {
-    (void)stream;
-    return fake_queue(1, (void *)buf, count, type, peer, c);
+    return fake_queue_on(1, (void *)buf, count, type, peer, c, stream);
 }
 
 ncclResult_t ncclRecv(void *buf, size_t count, int type, int peer, FakeComm *c, void *stream) {
-    (void)stream;
-    return fake_queue(0, buf, count, type, peer, c);
+    return fake_queue_on(0, buf, count, type, peer, c, stream);
+}
+
+/* The emulated GPU's second streams (tests/cudaemu/fake_cuda.c): a group on one runs when that
+ * stream's work runs, as late as a GPU could run it (cuLaunchHostFunc of the fake driver, found
+ * through MBT_LIBCUDA, already loaded); a group on the compute stream, or without the fake
+ * driver, runs at ncclGroupEnd. */
+static struct {
+    int tried;
+    int (*is_queue)(void *stream);
+    int (*host_func)(void *stream, void (*fn)(void *), void *arg);
+} drv;
+
+static void fake_driver(void) {
+    if (drv.tried) return;
+    drv.tried = 1;
+    const char *path = getenv("MBT_LIBCUDA");
+    void *h = path && *path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (!h) return;
+    *(void **)&drv.is_queue = dlsym(h, "fake_stream_is_queue");
+    *(void **)&drv.host_func = dlsym(h, "cuLaunchHostFunc");
+    if (!drv.is_queue || !drv.host_func) drv.is_queue = NULL, drv.host_func = NULL;
 }
 
 /* A send: its byte count first, so that the receiver sees a mismatch instead of a hang. */
@@ -231,19 +266,15 @@ static void *fake_sender(void *arg) {
     return bad ? (void *)1 : NULL;
 }
 
-ncclResult_t ncclGroupEnd(void) {
-    if (group.depth == 0) return ncclInvalidArgument;
-    if (--group.depth > 0) return ncclSuccess;
-    if (group.err != ncclSuccess) return group.err;
-    FakeComm *c = group.n ? group.op[0].comm : NULL;
-    if (c && fake_env_rank("MBT_FAKE_NCCL_FAIL") == c->rank) return ncclSystemError;
+/* A group's sends and receives carried out (op[0, n)). */
+static ncclResult_t fake_group_run(FakeOp *op, int n) {
     pthread_t th[FAKE_MAX_OPS];
     int started[FAKE_MAX_OPS] = {0};
     ncclResult_t rc = ncclSuccess;
-    for (int i = 0; i < group.n; i++)
-        if (group.op[i].send) started[i] = pthread_create(&th[i], NULL, fake_sender, &group.op[i]) == 0;
-    for (int i = 0; i < group.n && rc == ncclSuccess; i++) {
-        FakeOp *o = &group.op[i];
+    for (int i = 0; i < n; i++)
+        if (op[i].send) started[i] = pthread_create(&th[i], NULL, fake_sender, &op[i]) == 0;
+    for (int i = 0; i < n && rc == ncclSuccess; i++) {
+        FakeOp *o = &op[i];
         if (o->send) continue;
         uint64_t n = 0;
         if (fake_read_all(o->comm->fd[o->peer], &n, sizeof n)) rc = ncclSystemError;
@@ -253,15 +284,53 @@ ncclResult_t ncclGroupEnd(void) {
             rc = ncclInvalidArgument;
         } else if (fake_read_all(o->comm->fd[o->peer], o->buf, o->bytes)) rc = ncclSystemError;
     }
-    for (int i = 0; i < group.n; i++) {
+    for (int i = 0; i < n; i++) {
         if (!started[i]) {
-            if (group.op[i].send) rc = ncclSystemError;
+            if (op[i].send) rc = ncclSystemError;
             continue;
         }
         void *bad = NULL;
         pthread_join(th[i], &bad);
         if (bad && rc == ncclSuccess) rc = ncclSystemError;
     }
+    return rc;
+}
+
+typedef struct {
+    int n;
+    FakeOp op[];
+} FakeLater;
+
+/* A group run by the second stream it was queued on; a failure is the communicator's from then on. */
+static void fake_group_later(void *arg) {
+    FakeLater *l = arg;
+    FakeComm *c = l->op[0].comm;
+    ncclResult_t rc = c->dead ? ncclSystemError : fake_group_run(l->op, l->n);
+    if (rc != ncclSuccess && !c->err) c->err = rc;
+    free(l);
+    if (--c->later == 0 && c->dead) free(c);
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (group.depth == 0) return ncclInvalidArgument;
+    if (--group.depth > 0) return ncclSuccess;
+    if (group.err != ncclSuccess) return group.err;
+    FakeComm *c = group.n ? group.op[0].comm : NULL;
+    if (c && fake_env_rank("MBT_FAKE_NCCL_FAIL") == c->rank) return ncclSystemError;
+    ncclResult_t rc = ncclSuccess;
+    fake_driver();
+    if (c && drv.is_queue && drv.is_queue(group.op[0].stream)) {
+        FakeLater *l = malloc(sizeof *l + (size_t)group.n * sizeof l->op[0]);
+        if (!l) return ncclSystemError;
+        l->n = group.n;
+        memcpy(l->op, group.op, (size_t)group.n * sizeof l->op[0]);
+        c->later++;
+        if (drv.host_func(group.op[0].stream, fake_group_later, l) != 0) {
+            c->later--;
+            free(l);
+            rc = ncclSystemError;
+        }
+    } else rc = fake_group_run(group.op, group.n);
     group.n = 0;
     if (rc == ncclSuccess && c) c->pending = 1; /* the group answers in progress, as a non-blocking one does */
     return rc == ncclSuccess ? ncclInProgress : rc;

@@ -64,9 +64,14 @@
 #   gpu/running            5 steps on the device, then its running buffers, eval's loss and
 #                          generation's logits against tests/verify/ghost_bn_running_oracle.py
 # and, on tests/exec/dp.mbt:
-#   gpu/dp/nccl, /staged   dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
+#   gpu/dp/nccl, /overlap, /staged
+#                          dp1 alone and dp2 as 2 ranks (tcp backend) on the device, 3 steps: the
 #                          same logs and byte-identical weights (the step's tree, docs/parallel.md),
-#                          the ranks' sums moved by NCCL (GPU to GPU) and through host memory
+#                          the ranks' sums moved by NCCL (GPU to GPU) after the backward, by NCCL in
+#                          buckets on a communication stream during it, and through host memory;
+#                          gpu/dp/overlap-debug, -control, -fail, -4, -z1: the buckets' MBT_DEBUG
+#                          lines, each step's join left out on the emulated GPU (other weights), a
+#                          rank's NCCL failing, 4 ranks, ZeRO-1
 #   gpu/zero1, gpu/zero2   z1 as 2 ranks (NCCL), z2 as 4 (staged): ZeRO-1 and -2 on the device, 3
 #                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
 #                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
@@ -416,10 +421,15 @@ on_device_cmd() {
 # ---- data parallelism on the device: the step's tree, one process against 2 ranks -----------------
 # gpu/dp/TRANSPORT: tests/exec/dp.mbt's dp1 alone (4 micro-batches summed on the device) and dp2 as
 # 2 ranks of the tcp backend (2 each), 3 steps: the same logs to every digit and byte-identical
-# weights (docs/parallel.md, the tree). Two transports for the ranks' partial sums:
+# weights (docs/parallel.md, the tree). Two transports for the ranks' partial sums, NCCL in two ways:
 #   nccl    exchanged and gathered GPU to GPU by NCCL, added on each rank's device by the same tree
 #           (the emulated GPU's NCCL is tests/cudaemu/fake_nccl.c; on a real machine it needs a GPU a
-#           rank: NCCL refuses two ranks on one device, so it runs where 2 GPUs are visible)
+#           rank: NCCL refuses two ranks on one device, so it runs where 2 GPUs are visible), after
+#           the backward, whole (MBT_DP_OVERLAP=0)
+#   overlap the same in 7 buckets of MBT_DP_BUCKET_MB=0.1 on a communication stream, each queued
+#           during the last micro-batch's backward once final (the default with NCCL); with
+#           gpu/dp/overlap-debug (MBT_DEBUG's buckets lines) and gpu/dp/overlap-control (each
+#           step's join left out on the emulated GPU: other weights)
 #   staged  MBT_NCCL=0: through host memory, added on the host in 7 buckets of MBT_DP_BUCKET_MB=0.1
 #           after the backward (the GPU does not overlap them with it)
 d="$DIR/dp"
@@ -434,31 +444,48 @@ else
     on_device_cmd "$d/1/prog.cu" "$d/1/prog" "$d/1.out" train --steps 3 --data "$DATA" --save-weights "$d/1.st" --log "$d/1.jsonl"
     rc1=$?
     strip() { sed 's/"ms": [^,]*, //; s/, "tokens_per_s": [^}]*//' "$1"; }
-    for tr in nccl staged; do
-        if [ $tr = nccl ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
-            skip gpu/dp/nccl "NCCL needs a GPU a rank and this machine has $ngpus"
-            continue
-        fi
-        nccl=1
-        [ $tr = staged ] && nccl=0
-        port=$((30000 + ($$ + RANDOM) % 20000))
-        pids=()
-        for r in 0 1; do
-            RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_DP_BUCKET_MB=0.1 \
-                MBT_NCCL=$nccl on_device_cmd "$d/2/prog.cu" "$d/2/prog" "$d/2.$tr.$r.out" train --steps 3 --data "$DATA" \
-                --save-weights "$d/2.$tr.st" --log "$d/2.$tr.jsonl" &
+    # dp_ranks TAG ENV...: dp2 as 2 tcp ranks on the device, 3 steps, in 7 buckets (MBT_DP_BUCKET_MB=0.1),
+    # with ENV set: $d/2.TAG.st, .jsonl and .R.out; rc2 its status (1 when a rank failed).
+    # DP_N and DP_DIR (2, $d/2 unless set) run another program, as that many ranks.
+    dp_ranks() {
+        local tag=$1 port=$((30000 + ($$ + RANDOM) % 20000)) pids=() r p n=${DP_N:-2} dir=${DP_DIR:-$d/2}
+        shift
+        rm -f "$d/2.$tag.st"
+        for ((r = 0; r < n; r++)); do
+            (
+                export "${@?}" RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
+                    MBT_DP_BUCKET_MB=0.1
+                on_device_cmd "$dir/prog.cu" "$dir/prog" "$d/2.$tag.$r.out" train --steps 3 --data "$DATA" \
+                    --save-weights "$d/2.$tag.st" --log "$d/2.$tag.jsonl"
+            ) &
             pids+=($!)
         done
         rc2=0
         for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+    }
+    # nccl: the sum after the backward, whole (MBT_DP_OVERLAP=0); overlap: the GPU's buckets on a
+    # communication stream during the last micro-batch's backward (the default with NCCL)
+    for tr in nccl overlap staged; do
+        if [ $tr != staged ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+            skip gpu/dp/$tr "NCCL needs a GPU a rank and this machine has $ngpus"
+            continue
+        fi
+        case $tr in
+        nccl) dp_ranks $tr MBT_NCCL=1 MBT_DP_OVERLAP=0 ;;
+        overlap) dp_ranks $tr MBT_NCCL=1 MBT_FAKE_CUDA_WAITS=1 ;;
+        staged) dp_ranks $tr MBT_NCCL=0 ;;
+        esac
         if [ $tr = nccl ]; then
             said="^data-parallel: the ranks' sum on the GPUs, after the backward: shards exchanged and gathered by NCCL"
             what="the GPUs sum over NCCL"
+        elif [ $tr = overlap ]; then
+            said="^data-parallel: the ranks' sum on the GPUs in 7 buckets .* on a communication stream: each queued during the last micro-batch's backward"
+            what="the GPUs sum 7 buckets on a communication stream during the backward"
         else
             said="^data-parallel: the ranks' sum in 7 buckets .* after the backward (the GPU's)"
             what="the GPU reduces its 7 buckets after the backward"
         fi
-        if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
+        if [ "$rc1" != 0 ] || [ "$rc2" != 0 ]; then
             fail gpu/dp/$tr "a run failed (alone: status $rc1; 2 ranks: $rc2)" "$d/1.out" "$d/2.$tr.0.out" "$d/2.$tr.1.out"
         elif ! grep -q "^data-parallel: 2 processes" "$d/2.$tr.0.out"; then
             fail gpu/dp/$tr "rank 0 does not say it is one of 2 processes" "$d/2.$tr.0.out"
@@ -468,6 +495,95 @@ else
             fail gpu/dp/$tr "2 ranks on the device did not log and save what one process did" "$d/1.jsonl" "$d/2.$tr.jsonl"
         else
             pass "gpu/dp/$tr (2 ranks on the device: the logs and the weights of one process, byte for byte, 3 steps)"
+        fi
+    done
+    # gpu/dp/overlap-debug: MBT_DEBUG's buckets lines, and with them (CUDA graphs off) the same bytes:
+    # every rank queued all 7 buckets of each of the 3 steps on the communication stream before its
+    # backward ended (the generated code's rt_grad_ready marks them: without it none would be)
+    if [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+        skip gpu/dp/overlap-debug "NCCL needs a GPU a rank and this machine has $ngpus"
+    else
+        dp_ranks dbg MBT_NCCL=1 MBT_DEBUG=1
+        q="buckets overlapped with the backward in 3 reductions: 21 of 21 buckets queued on the communication stream before the backward ended"
+        if [ "$rc2" != 0 ]; then
+            fail gpu/dp/overlap-debug "a rank failed with MBT_DEBUG=1" "$d/2.dbg.0.out" "$d/2.dbg.1.out"
+        elif ! grep -q "^\[rank 0\] $q" "$d/2.dbg.0.out" || ! grep -q "^\[rank 1\] $q" "$d/2.dbg.1.out"; then
+            fail gpu/dp/overlap-debug "a rank does not say '$q'" "$d/2.dbg.0.out" "$d/2.dbg.1.out"
+        elif ! cmp -s "$d/1.st" "$d/2.dbg.st"; then
+            fail gpu/dp/overlap-debug "with MBT_DEBUG=1 2 ranks did not save what one process did" "$d/2.dbg.0.out"
+        else
+            pass "gpu/dp/overlap-debug (each rank: $q; dp1's weights)"
+        fi
+    fi
+    # gpu/dp/overlap-control (the emulated GPU): the emulated communication stream runs its work only
+    # when the compute stream waits for it (tests/cudaemu/fake_cuda.c, as late as a GPU could), so each
+    # step's join shows in gpu/dp/overlap's MBT_FAKE_CUDA_WAITS trace as the wait that runs the buckets'
+    # 14 launches (the local fold and the ranks' sum of 7 buckets) and 14 host functions (their NCCL
+    # exchanges and gathers): none of it ran before the backward ended. Each join left out alone
+    # (MBT_FAKE_CUDA_DROP_WAIT, both ranks) must end with other weights.
+    if [ "$DEVICE" != emu ]; then
+        skip gpu/dp/overlap-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
+    else
+        joins=$(sed -n 's/^fake_cuda: wait \([0-9]*\) also runs 14 launches and 14 host functions queued on a second stream$/\1/p' \
+            "$d/2.overlap.0.out")
+        same=""
+        for n in $joins; do
+            dp_ranks drop MBT_NCCL=1 MBT_FAKE_CUDA_DROP_WAIT="$n"
+            if [ ! -s "$d/2.drop.st" ] || cmp -s "$d/1.st" "$d/2.drop.st"; then same="$same $n"; fi
+        done
+        if [ "$(wc -w <<<"$joins")" != 3 ]; then
+            fail gpu/dp/overlap-control "gpu/dp/overlap's trace does not show 3 joins that run the 7 buckets' work ('$joins')" \
+                "$d/2.overlap.0.out"
+        elif [ -n "$same" ]; then
+            fail gpu/dp/overlap-control "with join$same left out, 2 ranks still saved dp1's weights" "$d/2.drop.0.out"
+        else
+            pass "gpu/dp/overlap-control (the buckets' work ran at each step's join, waits ${joins//$'\n'/ }: 0 of 7 buckets a step started before the backward ended on the emulator; each join left out alone: other weights)"
+        fi
+    fi
+    # gpu/dp/overlap-fail (the emulated GPU): rank 1's NCCL group fails while the backward queues its
+    # first bucket (MBT_FAKE_NCCL_FAIL=1): both ranks stop with status 1, rank 1 naming the bucket's
+    # ncclGroupEnd, rank 0 its buckets' NCCL error at the join (its peer gone), neither hanging
+    if [ "$DEVICE" != emu ]; then
+        skip gpu/dp/overlap-fail "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated NCCL fails on request"
+    else
+        dp_ranks fail MBT_NCCL=1 MBT_FAKE_NCCL_FAIL=1
+        w1="step 1: summing the gradient over the ranks (NCCL, in buckets): the gradient's bucket 0: ncclGroupEnd"
+        w0="step 1: summing the gradient over the ranks (NCCL, in buckets): NCCL (collectives: the buckets' reductions over NCCL): NCCL error"
+        if [ "$rc2" = 0 ]; then
+            fail gpu/dp/overlap-fail "the ranks exited 0 with rank 1's NCCL failing" "$d/2.fail.0.out" "$d/2.fail.1.out"
+        elif ! grep -qF "(rank 1): $w1" "$d/2.fail.1.out" || ! grep -qF "prog: $w0" "$d/2.fail.0.out"; then
+            fail gpu/dp/overlap-fail "the ranks do not say why they stopped" "$d/2.fail.0.out" "$d/2.fail.1.out"
+        else
+            pass "gpu/dp/overlap-fail (rank 1's group failed: both stopped; $(grep -oF "$w1" "$d/2.fail.1.out"))"
+        fi
+    fi
+    # gpu/dp/overlap-4, -z1: the buckets overlapped with dp4 (4 ranks of one micro-batch: no local
+    # fold) and z1 (ZeRO-1 on 2 ranks: each updates its shard of the summed buckets): dp1's bytes
+    for spec in "dp4 4" "z1 2"; do
+        read -r blk nr <<<"$spec"
+        name=gpu/dp/overlap-${blk#dp}
+        if [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
+            skip "$name" "NCCL needs a GPU a rank and this machine has $ngpus"
+            continue
+        fi
+        mkdir -p "$d/$blk"
+        if ! build "$d/$blk" tests/exec/dp.mbt --train "$blk" -I examples; then
+            fail "$name" "mbtc tests/exec/dp.mbt --train $blk -o or --emit=cuda failed" "$OUT"
+            continue
+        fi
+        if [ "$DEVICE" = emu ] && ! tests/cudaemu/build.sh "$d/$blk/prog.cu" "$d/$blk/prog.cu.so" >"$OUT" 2>&1; then
+            fail "$name" "tests/cudaemu/build.sh failed" "$OUT"
+            continue
+        fi
+        DP_N=$nr DP_DIR="$d/$blk" dp_ranks "o$blk" MBT_NCCL=1
+        if [ "$rc2" != 0 ]; then
+            fail "$name" "a rank failed" "$d/2.o$blk.0.out"
+        elif ! grep -q "^data-parallel: the ranks' sum on the GPUs in 7 buckets .* on a communication stream" "$d/2.o$blk.0.out"; then
+            fail "$name" "rank 0 does not say the GPUs sum 7 buckets on a communication stream" "$d/2.o$blk.0.out"
+        elif ! cmp -s "$d/1.st" "$d/2.o$blk.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/2.o$blk.jsonl")" ]; then
+            fail "$name" "$nr ranks did not log and save what one process did" "$d/1.jsonl" "$d/2.o$blk.jsonl"
+        else
+            pass "$name ($nr ranks, 7 buckets overlapped with the backward: the logs and the weights of one process, byte for byte, 3 steps)"
         fi
     done
     # gpu/zero1 (2 ranks, NCCL) and gpu/zero2 (4 ranks, staged through the host): ZeRO on the

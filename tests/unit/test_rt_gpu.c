@@ -841,6 +841,42 @@ static void fake_gemm_plans(void) {
     CHECK(fake->live_allocs == 0, "%d device allocations left after close", fake->live_allocs);
 }
 
+/* The data-parallel buckets' communication stream (gpu_comm.c): between enter and leave the
+ * runtime's calls queue on it, after the fork's event; the emulated driver runs that work only
+ * when the compute stream waits for it (the join), so a read of the compute stream before the join
+ * still sees the old bytes, and after it the new ones. */
+static void fake_comm_stream(void) {
+    use_fake();
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    RtError e;
+    enum { N = 300 };
+    float host[N], back[N], zero[N] = {0};
+    for (int i = 0; i < N; i++) host[i] = (float)(i % 13) - 6.0f;
+    void *x = NULL, *y = NULL;
+    CHECK(rt_gpu_alloc(g, &x, sizeof host, "x", &e) == RT_OK && x, "alloc x: %s", e.msg);
+    CHECK(rt_gpu_alloc(g, &y, sizeof host, "y", &e) == RT_OK && y, "alloc y: %s", e.msg);
+    if (!x || !y) return;
+    CHECK(rt_gpu_upload(g, x, host, sizeof host, &e) == RT_OK && rt_gpu_upload(g, y, zero, sizeof zero, &e) == RT_OK,
+          "upload: %s", e.msg);
+    CHECK(rt_gpu_comm_open(g, &e) == RT_OK && rt_gpu_comm_open(g, &e) == RT_OK, "comm_open (twice): %s", e.msg);
+    CHECK(rt_gpu_comm_fork(g, &e) == RT_OK, "fork: %s", e.msg);
+    rt_gpu_comm_enter(g);
+    rt_gpu_comm_enter(g); /* a second enter changes nothing */
+    CHECK(rt_gpu_axpy(g, y, x, 2.0f, N, &e) == RT_OK, "axpy on the comm stream: %s", e.msg);
+    rt_gpu_comm_leave(g);
+    CHECK(rt_gpu_download(g, back, y, sizeof back, &e) == RT_OK, "download before the join: %s", e.msg);
+    CHECK(memcmp(back, zero, sizeof back) == 0, "the comm stream's axpy ran before the join (y[1] = %g)", back[1]);
+    CHECK(rt_gpu_comm_join(g, &e) == RT_OK, "join: %s", e.msg);
+    CHECK(rt_gpu_download(g, back, y, sizeof back, &e) == RT_OK, "download after the join: %s", e.msg);
+    int ok = 1;
+    for (int i = 0; i < N; i++) ok = ok && back[i] == 2.0f * host[i];
+    CHECK(ok, "after the join y is not 2 x: y[1] = %g, want %g", back[1], 2.0f * host[1]);
+    rt_gpu_free(g, x);
+    rt_gpu_free(g, y);
+    rt_gpu_close(g);
+}
+
 /* ---- timing -------------------------------------------------------------------------------------- */
 
 static void fake_timing_and_trace(void) {
@@ -1175,6 +1211,7 @@ int main(int argc, char **argv) {
     RUN(fake_no_image);
     RUN(fake_open_errors);
     RUN(fake_memory_and_kernels);
+    RUN(fake_comm_stream);
     RUN(fake_gemm_matches_cpu);
     RUN(fake_gemm_plans);
     RUN(fake_timing_and_trace);
