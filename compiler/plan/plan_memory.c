@@ -634,8 +634,10 @@ static void plan_print_recompute(FILE *out, Arena *ar, const Plan *p, const char
                 "\nthe copies' times assume %s of %.1f GB/s and launches that touch their buffers at %.1f GB/s: a write "
                 "is waited for k launches after its last forward use, a read issued k launches before its first backward "
                 "use, k the fewest launches whose time covers the copy\n",
-                rc->offload == STORE_HOST ? "copies to host memory (on a second stream)" : "a store", rc->store_bw / 1e9,
-                rc->launch_bw / 1e9);
+                rc->offload == STORE_HOST ? "copies to host memory (on a second stream)"
+                : rc->gpu                 ? "a store (through pinned staging on a second stream)"
+                                          : "a store",
+                rc->store_bw / 1e9, rc->launch_bw / 1e9);
         for (int j = 0; j < rc->noffloads; j++) {
             const PlanOffload *o = &rc->offloads[j];
             fprintf(out,

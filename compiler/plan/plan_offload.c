@@ -97,7 +97,11 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
     int nb = r->nbuffers, n = rc->norder;
     int host = rc->offload == STORE_HOST;
     rc->store_bw = c->ts->offload_gbps > 0 ? c->ts->offload_gbps * 1e9 : host ? PLAN_OFFLOAD_HOST_BW : PLAN_OFFLOAD_STORE_BW;
-    rc->launch_bw = host ? PLAN_OFFLOAD_GPU_LAUNCH_BW : PLAN_OFFLOAD_LAUNCH_BW;
+    /* nvme on a GPU build: device -> pinned staging (PCIe, ~20 GB/s) -> the store (~1 GB/s), the two
+     * legs of successive chunks overlapped (gpu_act.c), so the store's rate is the copy's; the launches
+     * are the GPU's */
+    rc->gpu = c->ts->offload_gpu;
+    rc->launch_bw = host || rc->gpu ? PLAN_OFFLOAD_GPU_LAUNCH_BW : PLAN_OFFLOAD_LAUNCH_BW;
     rc->off = arena_alloc(ar, sizeof(int) * (size_t)(nb + 1));
     for (int b = 0; b < nb; b++) rc->off[b] = -1;
     /* the turn: the first position of a backward launch or a re-run */

@@ -358,12 +358,18 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         snprintf(name, sizeof name, "mbt-%s-%ld-rank%d.activations", p->train.name, (long)getpid(), r->rank);
         for (char *c = name; *c; c++)
             if (*c == '/') *c = '_';
-        st = rt_exec_act_open(&r->x, o->offload_dir, name, &r->e);
+        if (o->offload_staging && !r->x.gpu)
+            st = rt_fail(&r->e, RT_ERR_ARG,
+                         "--offload-staging: this run is on the CPU, whose activations go to the store without staging (it "
+                         "is for a GPU run)");
+        r->x.act_staging = o->offload_staging;
+        if (st == RT_OK) st = rt_exec_act_open(&r->x, o->offload_dir, name, &r->e);
     }
-    if (st == RT_OK && p->train.offload_act == 1 && r->x.gpu) {
+    if (st == RT_OK && p->train.offload_act && r->x.gpu) {
         /* the rate the copies run at here, against the plan's assumption (mbtc --offload-gbps):
          * over the arena's first bytes, before anything is in it */
         int64_t n = p->train.offload_act_bytes < p->arena_bytes ? p->train.offload_act_bytes : p->arena_bytes;
+        if (n > rt_gpu_act_bytes(r->x.gpu)) n = rt_gpu_act_bytes(r->x.gpu); /* nvme: the staging */
         if (n > ((int64_t)64 << 20)) n = (int64_t)64 << 20;
         r->act_rate_bytes = n;
         st = rt_gpu_act_rate(r->x.gpu, r->x.d_arena, n, &r->act_gbps_out, &r->act_gbps_back, &r->e);
@@ -468,6 +474,15 @@ static void rt_train_banner(const RtTrainRun *r) {
                rt_store_uring(r->x.act_store) ? "io_uring" : "a worker thread",
                rt_store_direct(r->x.act_store) ? "O_DIRECT" : "buffered");
         if (*rt_store_note(r->x.act_store)) printf("activations: %s\n", rt_store_note(r->x.act_store));
+        if (r->x.gpu) {
+            printf("activations: staged through %lld bytes of pinned host memory (%d slots of %lld bytes) on a second "
+                   "stream; forward_backward runs uncaptured\n",
+                   (long long)rt_gpu_act_bytes(r->x.gpu), (int)(rt_gpu_act_bytes(r->x.gpu) / rt_gpu_act_slot_bytes(r->x.gpu)),
+                   (long long)rt_gpu_act_slot_bytes(r->x.gpu));
+            printf("activations: the staging copies measured at %.1f GB/s to the host and %.1f GB/s back (%lld bytes each "
+                   "way); the plan assumed the store's %.1f GB/s (mbtc --offload-gbps)\n",
+                   r->act_gbps_out, r->act_gbps_back, (long long)r->act_rate_bytes, p->train.offload_gbps);
+        }
     }
     if (p->train.offload_act == 1) {
         if (r->x.gpu) {

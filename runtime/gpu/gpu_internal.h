@@ -236,6 +236,7 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
 #ifndef RT_GPU_CHECK_DECLS
 
 #define RT_GPU_PATH_MAX 512
+#define RT_GPU_ACT_SLOTS 4 /* offload { activations = nvme }: the pinned staging slots (gpu_act.c) */
 
 /* The loaded libraries and every function the runtime calls in them. */
 typedef struct RtGpuApi {
@@ -381,11 +382,24 @@ struct RtGpu {
     int64_t ones_cap[2];
     RtGpuTimer timer;
     RtGpuGraphs graphs;
-    struct { /* offload { activations = host } (gpu_act.c): the copy stream, its two events, the pinned memory */
+    struct { /* offload { activations = host | nvme } (gpu_act.c): the copy stream, its two events, the pinned memory */
         CUstream stream;
         CUevent issued, copied; /* recorded on the compute stream before a copy, on the copy stream before a wait */
-        unsigned char *host;
-        int64_t bytes;
+        unsigned char *host;    /* host: the plan's bytes; nvme: the staging slots (page-aligned) */
+        int64_t bytes;          /* the pinned bytes in use (host: the plan's; nvme: nslots x slot_bytes) */
+        /* nvme: the store (RtExec's, not owned) and the ring of staging slots each chunk of a copy goes
+         * through; a slot's event is recorded on the copy stream after its device copy */
+        struct RtStore *store;
+        void *raw; /* what cuMemHostAlloc gave (host may be above it, aligned) */
+        int nslots, cursor;
+        int64_t slot_bytes, seq;
+        double wait_s; /* the seconds the host waited for the slots and the store */
+        CUevent ev[RT_GPU_ACT_SLOTS];
+        struct {
+            int state;        /* RT_ACT_FREE, _STAGED, _WRITING, _LOADED (gpu_act.c) */
+            int64_t off, len; /* staged: the store bytes it goes to */
+            int64_t seq;      /* staged: its order on the copy stream */
+        } slot[RT_GPU_ACT_SLOTS];
     } act;
     struct {
         CUdeviceptr *ptr; /* the live device allocations (rt_gpu_mem_alloc), their sizes in bytes */
