@@ -105,6 +105,9 @@ void rt_exec_close(RtExec *e) {
         else free(e->tree[i]);
     }
     if (e->gpu) {
+        /* the activations' copy stream first: a step stopped by an error may leave copies queued
+         * there that read or write the arena */
+        rt_gpu_act_close(e->gpu);
         rt_gpu_free(e->gpu, e->d_params);
         rt_gpu_free(e->gpu, e->d_grads);
         rt_gpu_free(e->gpu, e->d_state);

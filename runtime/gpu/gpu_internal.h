@@ -419,10 +419,6 @@ static inline CUdeviceptr rt_dptr(const void *p) { return (CUdeviceptr)(uintptr_
 CUresult rt_gpu_mem_alloc(RtGpu *g, CUdeviceptr *p, size_t bytes);
 void rt_gpu_mem_free(RtGpu *g, CUdeviceptr p);
 
-/* gpu_act.c: offload { activations = host }'s copy stream and pinned memory freed (the stream's work
- * finished first); rt_gpu_close calls it. */
-void rt_gpu_act_close(RtGpu *g);
-
 /* gpu.c. The calling thread's current context becomes the GPU's (a context is current per thread). */
 RtStatus rt_gpu_use(RtGpu *g, RtError *err);
 

@@ -82,6 +82,9 @@ int64_t rt_gpu_act_bytes(const RtGpu *g); /* the pinned memory allocated for the
 #define RT_GPU_ACT_STAGING ((int64_t)64 << 20)
 struct RtStore;
 RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, RtError *err);
+/* The copy stream's queued work finished, then it, its events and the pinned memory freed (again:
+ * nothing); rt_exec_close calls it before freeing the arena, rt_gpu_close in any case. */
+void rt_gpu_act_close(RtGpu *g);
 double rt_gpu_act_wait_s(const RtGpu *g);      /* nvme: the seconds the host waited for the staging and the store */
 int64_t rt_gpu_act_slot_bytes(const RtGpu *g); /* nvme: one staging slot's bytes (0: not nvme) */
 /* Measures the copy stream's rate: dev[0, bytes) (bytes at most the pinned memory's) to the pinned
