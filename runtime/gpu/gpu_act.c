@@ -23,24 +23,30 @@
  *
  * nvme (rt_gpu_act_open_nvme): the same points, but the bytes go on to the store file (RtExec's
  * act_store) through a ring of RT_GPU_ACT_SLOTS pinned staging slots, so the pinned memory is
- * bounded (slots x slot bytes, not the plan's store size). A copy is cut into chunks of a slot:
- *   - out (op 0): each chunk is copied device -> slot on the copy stream (after the compute
- *     stream's event, as for host) and an event recorded after it; the slot is STAGED. Its store
- *     write is issued only once that event is done, which the host learns by waiting for it when it
- *     needs the slot again (or before a read): then every staged slot up to it is written to the
- *     store (io_uring or its thread) and waited for, and the slots are free.
- *   - back (op 1): every staged write is written and waited for first (the store's bytes must be
- *     there); then up to a ring's worth of chunks are read from the store into free slots (a slot
- *     still copying to the device is waited for by its event), the reads waited for on the host,
- *     and each slot copied slot -> device on the copy stream (after the compute stream's event).
+ * bounded (slots x slot bytes, not the plan's store size). A copy is cut into chunks of a slot, each
+ * in the next slot of the ring, and everything goes on the copy stream, in order:
+ *   - out (op 0): [wait for the compute stream's event] then a chunk at a time: device -> slot
+ *     (cuMemcpyDtoHAsync), then a host function (cuLaunchHostFunc) that writes the slot to the
+ *     store and waits for it;
+ *   - back (op 1): a chunk at a time: a host function that reads the store into the slot and waits
+ *     for it, [before the first chunk's copy, the wait for the compute stream's event], then
+ *     slot -> device (cuMemcpyHtoDAsync);
  *   - a wait (op 2): exactly as for host, an event on the copy stream the compute stream waits for.
- * Why the host and not the graph: the store's I/O is the host's, and its order with the copy
- * stream is kept by host waits for events (outside any graph), so forward_backward with nvme is
- * never captured (the probe marks it, as for any call that waits for the GPU); it runs eagerly.
- * The host blocks only when a slot it needs is still in use (the ring is full: at most
- * nslots x slot_bytes of copies are ahead of the store) and for the store's reads, which the plan
- * issues ahead of their use; the GPU keeps running what was queued before meanwhile. The seconds
- * it blocked are counted (rt_gpu_act_wait_s) and printed at the end of the run. */
+ * The stream runs its work in order, so a slot is reused only after the host function that wrote
+ * it out or the copy that read it back has finished, and a read follows every write before it:
+ * the staging needs no host wait, and the host (the main thread) queues the whole step as before,
+ * never waiting for the store. The store's I/O runs on CUDA's callback thread (io_uring or the
+ * store's own thread below it), one chunk at a time, while the compute stream runs the launches;
+ * the plan's waits are where the step waits for it. A host function cannot fail the stream: a
+ * store error is kept (sticky; the later host functions do nothing) and returned by the next
+ * rt_gpu_act_copy and by rt_gpu_act_check, which rt_exec_wait calls after each micro-batch (the
+ * compute stream has waited for every copy by then: every copy is followed by a wait), so the
+ * micro-batch whose copies failed fails, before the update.
+ * CUDA graphs: forward_backward with nvme is not captured (the probe marks it): the host functions
+ * could be graph nodes, but the emulated GPU does not capture them, and nothing was measured on a
+ * GPU to choose with (docs/memory.md). */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -75,7 +81,7 @@ RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t l
         int64_t op, off, len;
         void *dev;
     } rec = {op, off, len, dev};
-    /* nvme: the host waits for the staging slots' copies, which no graph can hold */
+    /* nvme: host functions on the copy stream, which the emulated GPU does not capture */
     if (rt_gpu_graph_probe(g, 'A', &rec, sizeof rec, g->act.store != NULL)) return RT_OK;
     if (!g->act.stream) return rt_fail(err, RT_ERR_ARG, "activations: forward_backward copies to host memory, but none is open");
     int64_t cap = g->act.store ? (int64_t)rt_store_size(g->act.store) : g->act.bytes;
@@ -110,8 +116,6 @@ int64_t rt_gpu_act_bytes(const RtGpu *g) { return g ? g->act.bytes : 0; }
 
 /* ---- nvme: the store through the staging slots ------------------------------------------------ */
 
-enum { RT_ACT_FREE, RT_ACT_STAGED, RT_ACT_WRITING, RT_ACT_LOADED };
-
 static double act_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -128,7 +132,10 @@ RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, 
     int64_t need = (total + RT_GPU_ACT_SLOTS - 1) / RT_GPU_ACT_SLOTS;
     need = (need + page - 1) / page * page;
     if (slot > need) slot = need;
-    RtStatus st = rt_gpu_use(g, err);
+    g->act.tasks = calloc(RT_GPU_ACT_TASKS, sizeof *g->act.tasks);
+    RtStatus st =
+        g->act.tasks ? rt_gpu_use(g, err)
+                     : rt_fail(err, RT_ERR_NOMEM, "activations: cannot allocate the staging's %d task records", RT_GPU_ACT_TASKS);
     if (st == RT_OK) st = rt_gpu_host_alloc(g, &g->act.raw, slot * RT_GPU_ACT_SLOTS + page, "the activations' staging", err);
     if (st == RT_OK)
         st = rt_cu_check(&g->api, g->api.cuStreamCreate(&g->act.stream, CU_STREAM_NON_BLOCKING), err, "cuStreamCreate",
@@ -139,9 +146,6 @@ RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, 
     if (st == RT_OK)
         st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.copied, CU_EVENT_DEFAULT), err, "cuEventCreate",
                          "the activations' copies");
-    for (int i = 0; i < RT_GPU_ACT_SLOTS && st == RT_OK; i++)
-        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.ev[i], CU_EVENT_DEFAULT), err, "cuEventCreate",
-                         "the activations' staging");
     if (st != RT_OK) {
         rt_gpu_act_close(g);
         return st;
@@ -152,129 +156,90 @@ RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, 
     g->act.nslots = RT_GPU_ACT_SLOTS;
     g->act.slot_bytes = slot;
     g->act.bytes = slot * RT_GPU_ACT_SLOTS;
-    g->act.cursor = 0, g->act.seq = 0, g->act.wait_s = 0;
-    memset(g->act.slot, 0, sizeof g->act.slot);
+    g->act.cursor = 0, g->act.ntasks = 0, g->act.io_s = 0, g->act.wait_s = 0, g->act.failed = 0, g->act.why[0] = 0;
     return RT_OK;
 }
 
 double rt_gpu_act_wait_s(const RtGpu *g) { return g ? g->act.wait_s : 0; }
+double rt_gpu_act_io_s(const RtGpu *g) { return g ? g->act.io_s : 0; }
 int64_t rt_gpu_act_slot_bytes(const RtGpu *g) { return g && g->act.store ? g->act.slot_bytes : 0; }
 
-static RtStatus act_store_failed(RtGpu *g, RtError *err) {
-    return rt_fail(err, RT_ERR_IO, "activations: %s", rt_store_error(g->act.store));
+RtStatus rt_gpu_act_check(RtGpu *g, RtError *err) {
+    if (!g || !g->act.store || !__atomic_load_n(&g->act.failed, __ATOMIC_ACQUIRE)) return RT_OK;
+    return rt_fail(err, RT_ERR_IO, "activations: %s", g->act.why);
 }
 
-/* The store's queued requests waited for (timed); every WRITING slot is free after it. */
-static RtStatus act_store_wait(RtGpu *g, RtError *err) {
-    double t0 = act_now();
-    int rc = rt_store_wait(g->act.store);
-    g->act.wait_s += act_now() - t0;
-    if (rc != 0) return act_store_failed(g, err);
-    for (int i = 0; i < g->act.nslots; i++)
-        if (g->act.slot[i].state == RT_ACT_WRITING) g->act.slot[i].state = RT_ACT_FREE;
-    return RT_OK;
-}
-
-/* Every slot STAGED at or before seq `upto` written to the store, and every write waited for:
- * the copy stream runs in order, so once the latest such slot's event is done so are the others. */
-static RtStatus act_writes_out(RtGpu *g, int64_t upto, RtError *err) {
-    int last = -1, any = 0;
-    for (int i = 0; i < g->act.nslots; i++) {
-        if (g->act.slot[i].state == RT_ACT_STAGED && g->act.slot[i].seq <= upto &&
-            (last < 0 || g->act.slot[i].seq > g->act.slot[last].seq))
-            last = i;
-        any |= g->act.slot[i].state == RT_ACT_WRITING;
-    }
-    if (last >= 0) {
+/* The host function of a chunk, on CUDA's callback thread once the copy stream reaches it: the
+ * store written from the slot (op 0) or read into it (op 1), and waited for. After a failure it
+ * does nothing (the bytes are in an unknown state; the run stops at rt_gpu_act_check). */
+static void act_task_run(void *arg) {
+    RtActTask *t = arg;
+    RtGpu *g = t->g;
+    if (!__atomic_load_n(&g->act.failed, __ATOMIC_ACQUIRE)) {
         double t0 = act_now();
-        RtStatus st = rt_cu_check(&g->api, g->api.cuEventSynchronize(g->act.ev[last]), err, "cuEventSynchronize",
-                                  "an activation's copy to the staging memory");
-        g->act.wait_s += act_now() - t0;
-        if (st != RT_OK) return st;
-        for (int i = 0; i < g->act.nslots; i++) {
-            if (g->act.slot[i].state != RT_ACT_STAGED || g->act.slot[i].seq > upto) continue;
-            if (rt_store_write(g->act.store, (size_t)g->act.slot[i].off, g->act.host + (int64_t)i * g->act.slot_bytes,
-                               (size_t)g->act.slot[i].len) != 0)
-                return act_store_failed(g, err);
-            g->act.slot[i].state = RT_ACT_WRITING;
-            any = 1;
+        unsigned char *h = g->act.host + (int64_t)t->slot * g->act.slot_bytes;
+        int rc = t->op == 0 ? rt_store_write(g->act.store, (size_t)t->off, h, (size_t)t->len)
+                            : rt_store_read(g->act.store, (size_t)t->off, h, (size_t)t->len);
+        if (rc == 0) rc = rt_store_wait(g->act.store);
+        g->act.io_s += act_now() - t0; /* read by the main thread after a synchronisation */
+        if (rc != 0) {
+            snprintf(g->act.why, sizeof g->act.why, "%s", rt_store_error(g->act.store));
+            __atomic_store_n(&g->act.failed, 1, __ATOMIC_RELEASE);
         }
     }
-    return any ? act_store_wait(g, err) : RT_OK;
+    __atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
 }
 
-/* The next slot of the ring, free: its bytes written to the store, or its copy to the device done. */
-static RtStatus act_next_slot(RtGpu *g, int *out, RtError *err) {
+/* Queues chunk [pos, pos + n) of a copy through the next slot: its task record (the ring of
+ * RT_GPU_ACT_TASKS; one still queued is waited for, which only a step with more chunks than that
+ * in flight meets), the host function and the device copy in the copy's order. */
+static RtStatus act_chunk(RtGpu *g, int op, int64_t off, unsigned char *dev, int64_t n, int wait_first, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    RtActTask *t = &g->act.tasks[g->act.ntasks % RT_GPU_ACT_TASKS];
+    RtStatus st = RT_OK;
+    if (g->act.ntasks >= RT_GPU_ACT_TASKS && !__atomic_load_n(&t->done, __ATOMIC_ACQUIRE)) {
+        double t0 = act_now();
+        st = rt_cu_check(api, api->cuStreamSynchronize(g->act.stream), err, "cuStreamSynchronize",
+                         "the activations' copy stream (its task records are all in use)");
+        g->act.wait_s += act_now() - t0;
+        if (st != RT_OK) return st;
+    }
+    g->act.ntasks++;
     int s = g->act.cursor;
     g->act.cursor = (s + 1) % g->act.nslots;
-    RtStatus st = RT_OK;
-    if (g->act.slot[s].state == RT_ACT_STAGED) st = act_writes_out(g, g->act.slot[s].seq, err);
-    else if (g->act.slot[s].state == RT_ACT_WRITING) st = act_store_wait(g, err);
-    else if (g->act.slot[s].state == RT_ACT_LOADED) {
-        double t0 = act_now();
-        st = rt_cu_check(&g->api, g->api.cuEventSynchronize(g->act.ev[s]), err, "cuEventSynchronize",
-                         "an activation's copy back from the staging memory");
-        g->act.wait_s += act_now() - t0;
-        if (st == RT_OK) g->act.slot[s].state = RT_ACT_FREE;
+    unsigned char *h = g->act.host + (int64_t)s * g->act.slot_bytes;
+    *t = (RtActTask){.g = g, .op = op, .slot = s, .off = off, .len = n, .done = 0};
+    if (op == 0) {
+        st = rt_cu_check(api, api->cuMemcpyDtoHAsync(h, rt_dptr(dev), (size_t)n, g->act.stream), err, "cuMemcpyDtoHAsync",
+                         "an activation to the staging memory, %lld bytes", (long long)n);
+        if (st == RT_OK)
+            st = rt_cu_check(api, api->cuLaunchHostFunc(g->act.stream, act_task_run, t), err, "cuLaunchHostFunc",
+                             "an activation's write to the store");
+        return st;
     }
-    *out = s;
+    st = rt_cu_check(api, api->cuLaunchHostFunc(g->act.stream, act_task_run, t), err, "cuLaunchHostFunc",
+                     "an activation's read from the store");
+    if (st == RT_OK && wait_first) /* the slot of the arena it goes to is free from the read's point */
+        st = rt_cu_check(api, api->cuStreamWaitEvent(g->act.stream, g->act.issued, 0), err, "cuStreamWaitEvent",
+                         "the activations' copy stream waiting for the step");
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), h, (size_t)n, g->act.stream), err, "cuMemcpyHtoDAsync",
+                         "an activation back from the staging memory, %lld bytes", (long long)n);
     return st;
 }
 
 static RtStatus act_nvme_copy(RtGpu *g, int32_t op, int64_t off, unsigned char *dev, int64_t len, RtError *err) {
     const RtGpuApi *api = &g->api;
-    RtStatus st = RT_OK;
-    if (op == 1) st = act_writes_out(g, INT64_MAX, err); /* what the store holds is what the read gets */
-    /* the copy stream after everything queued on the compute stream so far */
+    RtStatus st = rt_gpu_act_check(g, err); /* a failure of an earlier micro-batch's host functions */
     if (st == RT_OK)
         st = rt_cu_check(api, api->cuEventRecord(g->act.issued, g->stream), err, "cuEventRecord", "the step before a copy");
-    if (st == RT_OK)
+    if (st == RT_OK && op == 0) /* the source is written once everything queued on the compute stream is done */
         st = rt_cu_check(api, api->cuStreamWaitEvent(g->act.stream, g->act.issued, 0), err, "cuStreamWaitEvent",
                          "the activations' copy stream waiting for the step");
     for (int64_t pos = 0; pos < len && st == RT_OK;) {
-        if (op == 0) {
-            int s;
-            int64_t n = len - pos < g->act.slot_bytes ? len - pos : g->act.slot_bytes;
-            st = act_next_slot(g, &s, err);
-            unsigned char *h = g->act.host + (int64_t)s * g->act.slot_bytes;
-            if (st == RT_OK)
-                st = rt_cu_check(api, api->cuMemcpyDtoHAsync(h, rt_dptr(dev + pos), (size_t)n, g->act.stream), err,
-                                 "cuMemcpyDtoHAsync", "an activation to the staging memory, %lld bytes", (long long)n);
-            if (st == RT_OK)
-                st = rt_cu_check(api, api->cuEventRecord(g->act.ev[s], g->act.stream), err, "cuEventRecord",
-                                 "the activations' staging");
-            if (st == RT_OK)
-                g->act.slot[s].state = RT_ACT_STAGED, g->act.slot[s].off = off + pos, g->act.slot[s].len = n,
-                g->act.slot[s].seq = ++g->act.seq;
-            pos += n;
-            continue;
-        }
-        /* back: a ring's worth of chunks read from the store at once, then copied to the device */
-        int sl[RT_GPU_ACT_SLOTS];
-        int64_t at[RT_GPU_ACT_SLOTS], nb[RT_GPU_ACT_SLOTS];
-        int k = 0;
-        while (pos < len && k < g->act.nslots && st == RT_OK) {
-            int64_t n = len - pos < g->act.slot_bytes ? len - pos : g->act.slot_bytes;
-            st = act_next_slot(g, &sl[k], err);
-            if (st == RT_OK && rt_store_read(g->act.store, (size_t)(off + pos), g->act.host + (int64_t)sl[k] * g->act.slot_bytes,
-                                             (size_t)n) != 0)
-                st = act_store_failed(g, err);
-            at[k] = pos, nb[k++] = n;
-            pos += n;
-        }
-        if (st == RT_OK) st = act_store_wait(g, err);
-        for (int i = 0; i < k && st == RT_OK; i++) {
-            int s = sl[i];
-            st =
-                rt_cu_check(api,
-                            api->cuMemcpyHtoDAsync(rt_dptr(dev + at[i]), g->act.host + (int64_t)s * g->act.slot_bytes,
-                                                   (size_t)nb[i], g->act.stream),
-                            err, "cuMemcpyHtoDAsync", "an activation back from the staging memory, %lld bytes", (long long)nb[i]);
-            if (st == RT_OK)
-                st = rt_cu_check(api, api->cuEventRecord(g->act.ev[s], g->act.stream), err, "cuEventRecord",
-                                 "the activations' staging");
-            if (st == RT_OK) g->act.slot[s].state = RT_ACT_LOADED;
-        }
+        int64_t n = len - pos < g->act.slot_bytes ? len - pos : g->act.slot_bytes;
+        st = act_chunk(g, op, off + pos, dev + pos, n, op == 1 && pos == 0, err);
+        pos += n;
     }
     return st;
 }
@@ -324,10 +289,9 @@ void rt_gpu_act_close(RtGpu *g) {
     }
     if (g->act.issued) api->cuEventDestroy(g->act.issued);
     if (g->act.copied) api->cuEventDestroy(g->act.copied);
-    for (int i = 0; i < RT_GPU_ACT_SLOTS; i++)
-        if (g->act.ev[i]) api->cuEventDestroy(g->act.ev[i]), g->act.ev[i] = NULL;
     if (g->act.raw) rt_gpu_host_free(g, g->act.raw);
     else if (g->act.host) rt_gpu_host_free(g, g->act.host);
     g->act.stream = NULL, g->act.issued = g->act.copied = NULL, g->act.host = NULL, g->act.bytes = 0;
-    g->act.raw = NULL, g->act.store = NULL, g->act.nslots = 0, g->act.slot_bytes = 0;
+    free(g->act.tasks);
+    g->act.raw = NULL, g->act.store = NULL, g->act.tasks = NULL, g->act.nslots = 0, g->act.slot_bytes = 0;
 }

@@ -30,6 +30,7 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUlinkState_st *CUlinkState;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef void (*CUhostFn)(void *userData);
 typedef int CUstreamCaptureMode;
 typedef int CUdevice_attribute;
 typedef int CUjit_option;
@@ -179,6 +180,7 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
     X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                                  \
     X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                             \
     X(CUresult, cuEventSynchronize, "cuEventSynchronize", (CUevent))                                                             \
+    X(CUresult, cuLaunchHostFunc, "cuLaunchHostFunc", (CUstream, CUhostFn, void *))                                              \
     X(CUresult, cuEventElapsedTime, "cuEventElapsedTime", (float *, CUevent, CUevent))                                           \
     X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                                                \
       (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, CUstream,   \
@@ -236,7 +238,16 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
 #ifndef RT_GPU_CHECK_DECLS
 
 #define RT_GPU_PATH_MAX 512
-#define RT_GPU_ACT_SLOTS 4 /* offload { activations = nvme }: the pinned staging slots (gpu_act.c) */
+#define RT_GPU_ACT_SLOTS 4    /* offload { activations = nvme }: the pinned staging slots (gpu_act.c) */
+#define RT_GPU_ACT_TASKS 4096 /* ... and the chunks that may be queued on the copy stream at once */
+struct RtGpu;
+/* one chunk's store request, run by a host function on the copy stream (gpu_act.c) */
+typedef struct RtActTask {
+    struct RtGpu *g;
+    int op, slot;
+    int64_t off, len;
+    int done; /* set (atomic) when the host function has run */
+} RtActTask;
 
 /* The loaded libraries and every function the runtime calls in them. */
 typedef struct RtGpuApi {
@@ -388,18 +399,16 @@ struct RtGpu {
         unsigned char *host;    /* host: the plan's bytes; nvme: the staging slots (page-aligned) */
         int64_t bytes;          /* the pinned bytes in use (host: the plan's; nvme: nslots x slot_bytes) */
         /* nvme: the store (RtExec's, not owned) and the ring of staging slots each chunk of a copy goes
-         * through; a slot's event is recorded on the copy stream after its device copy */
+         * through, with the host functions' task records (gpu_act.c) */
         struct RtStore *store;
         void *raw; /* what cuMemHostAlloc gave (host may be above it, aligned) */
         int nslots, cursor;
-        int64_t slot_bytes, seq;
-        double wait_s; /* the seconds the host waited for the slots and the store */
-        CUevent ev[RT_GPU_ACT_SLOTS];
-        struct {
-            int state;        /* RT_ACT_FREE, _STAGED, _WRITING, _LOADED (gpu_act.c) */
-            int64_t off, len; /* staged: the store bytes it goes to */
-            int64_t seq;      /* staged: its order on the copy stream */
-        } slot[RT_GPU_ACT_SLOTS];
+        int64_t slot_bytes, ntasks;
+        struct RtActTask *tasks;
+        double io_s;   /* the host functions' seconds in the store's I/O (CUDA's callback thread) */
+        double wait_s; /* the main thread's seconds waiting for task records */
+        int failed;    /* a host function's store request failed (atomic); why says how */
+        char why[512];
     } act;
     struct {
         CUdeviceptr *ptr; /* the live device allocations (rt_gpu_mem_alloc), their sizes in bytes */

@@ -85,7 +85,11 @@ RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, 
 /* The copy stream's queued work finished, then it, its events and the pinned memory freed (again:
  * nothing); rt_exec_close calls it before freeing the arena, rt_gpu_close in any case. */
 void rt_gpu_act_close(RtGpu *g);
-double rt_gpu_act_wait_s(const RtGpu *g);      /* nvme: the seconds the host waited for the staging and the store */
+double rt_gpu_act_wait_s(const RtGpu *g); /* nvme: the seconds the main thread waited for the staging's task records */
+double rt_gpu_act_io_s(const RtGpu *g);   /* nvme: the seconds the copy stream's host functions spent in the store's I/O */
+/* nvme: a store request of the copy stream's host functions that failed (they cannot fail the
+ * stream), as an error naming the file and the bytes; RT_OK when none. Sticky. */
+RtStatus rt_gpu_act_check(RtGpu *g, RtError *err);
 int64_t rt_gpu_act_slot_bytes(const RtGpu *g); /* nvme: one staging slot's bytes (0: not nvme) */
 /* Measures the copy stream's rate: dev[0, bytes) (bytes at most the pinned memory's) to the pinned
  * memory and back, twice, timed by events on the copy stream; the second round's rates in GB/s

@@ -447,10 +447,11 @@ static int fake_stream;
 static int fake_stream_live;
 
 typedef struct FakeQueued {
-    int kind; /* 0 device to host, 1 host to device, 2 device to device */
+    int kind; /* 0 device to host, 1 host to device, 2 device to device, 3 a host function */
     void *dst;
     const void *src;
     size_t n;
+    CUhostFn fn; /* kind 3: fn(dst) */
 } FakeQueued;
 
 struct FakeQueue {
@@ -487,7 +488,8 @@ static void fake_queue_run(FakeQueue *q, long long upto) {
         const FakeQueued *o = &q->ops[q->done];
         if (o->kind == 0) fake.dtoh_bytes += (long long)o->n;
         else if (o->kind == 1) fake.htod_bytes += (long long)o->n;
-        memmove(o->dst, o->src, o->n);
+        if (o->kind == 3) o->fn(o->dst);
+        else memmove(o->dst, o->src, o->n);
     }
 }
 
@@ -510,10 +512,25 @@ static int fake_queue_copy(CUstream s, int kind, void *dst, const void *src, siz
         }
         q->ops = o, q->cap = c;
     }
-    q->ops[q->n++] = (FakeQueued){kind, dst, src, n};
+    q->ops[q->n++] = (FakeQueued){kind, dst, src, n, NULL};
     q->clock = (q->clock > fake.clock_ms ? q->clock : fake.clock_ms) + (double)n / 25e6;
     *rc = CUDA_SUCCESS;
     return 1;
+}
+
+/* A host function: on the compute stream it runs now (the stream has run everything before it); on
+ * a queue it runs in its place among the copies, as late as they do. Not in a capture. */
+CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
+    if (!fn) return FAKE_INVALID_VALUE;
+    if (fake_capture) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    if (!fake_is_queue(s)) {
+        fn(data);
+        return CUDA_SUCCESS;
+    }
+    CUresult rc = CUDA_SUCCESS;
+    fake_queue_copy(s, 3, data, NULL, 0, &rc);
+    if (rc == CUDA_SUCCESS) ((FakeQueue *)(void *)s)->ops[((FakeQueue *)(void *)s)->n - 1].fn = fn;
+    return rc;
 }
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
