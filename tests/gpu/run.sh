@@ -826,8 +826,10 @@ fi
 # the GPU's launches the plan offloads little at this size), 10 steps on the device with
 # --offload-staging 65536 (4 slots of 16 KiB: every 64 KiB buffer passes through the whole ring in
 # chunks, and the 1.5 MiB store through 64 KiB of pinned memory), and again with the default staging
-# (one chunk a buffer) through the store's worker thread (MBT_STORE_IO=thread): base's weights byte
-# for byte and its logs to every digit (gpu/offload-act's base, the same program); the plan's step
+# (one chunk a buffer) through the store's worker thread (MBT_STORE_IO=thread), and act_rc (with
+# recompute = [gelu] too, 13 buffers): base's weights byte for byte and its logs to every digit
+# (gpu/offload-act's base, the same program); the GPU build run with --device cpu writes the store
+# directly (no staging) and ends 3 steps with base's CPU weights; the plan's step
 # peak below base's, `info` the same, the measured arena high-water within 64 bytes below it; the
 # store file the plan's size (the banner's) and none left after the runs; the pinned staging the
 # flag's, less than the store. gpu/offload-act-nvme-control (emulated GPU, where the copy stream's
@@ -846,7 +848,7 @@ if [ "$DEVICE" = cpu ]; then
 else
     b="$DIR/offload-act"
     d="$DIR/offload-act-nvme"
-    mkdir -p "$d/act" "$d/st"
+    mkdir -p "$d/act" "$d/act_rc" "$d/st"
     # dev_env CMD...: CMD with the emulated GPU's environment (nothing on a GPU)
     dev_env() {
         if [ "$DEVICE" = emu ]; then
@@ -864,6 +866,16 @@ else
     elif ! MBT_STORE_IO=thread on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/actt.out" train --steps 10 --data "$DATA" \
         --save-weights "$d/actt.st" --log "$d/actt.jsonl" --offload-dir "$d/st"; then
         on_fail="the act run with the default staging and the store's thread failed"
+    elif ! build "$d/act_rc" tests/exec/offload_activations.mbt --train act_rc --offload-gbps=1000 -I examples; then
+        on_fail="mbtc tests/exec/offload_activations.mbt --train act_rc --offload-gbps=1000 -o or --emit=cuda failed"
+    elif ! on_device_cmd "$d/act_rc/prog.cu" "$d/act_rc/prog" "$d/act_rc.out" train --steps 10 --data "$DATA" \
+        --save-weights "$d/act_rc.st" --log "$d/act_rc.jsonl" --arena-high-water --offload-dir "$d/st" --offload-staging 65536; then
+        on_fail="the act_rc run (recompute = [gelu] too) on the device failed"
+    elif ! timeout 600 "$d/act/prog" train --steps 3 --data "$DATA" --save-weights "$d/cpu_act.st" --offload-dir "$d/st" \
+        --device cpu </dev/null >"$d/cpu_act.out" 2>&1 ||
+        ! timeout 600 "$b/base/prog" train --steps 3 --data "$DATA" --save-weights "$d/cpu_base.st" --device cpu </dev/null \
+            >"$d/cpu_base.out" 2>&1; then
+        on_fail="the GPU build run with --device cpu failed"
     fi
     "$d/act/prog" info >"$d/act.info" 2>&1
     plan=$("$MBTC" tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -I examples --emit=plan 2>&1)
@@ -879,9 +891,16 @@ else
     on_hw="$n buffers offloaded to a store of $store_plan bytes (run $store_run) through $pinned bytes of staging; step peak planned $planned (info $info_p), without offload $without (base's info $info_b), measured ${hw% *}"
     if [ -n "$on_fail" ]; then
         fail gpu/offload-act-nvme "$on_fail" "$OUT" "$d/act.out" "$d/actt.out"
-    elif ! cmp -s "$b/base.st" "$d/act.st" || ! cmp -s "$b/base.st" "$d/actt.st" ||
-        [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/act.jsonl")" ] || [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/actt.jsonl")" ]; then
+    elif ! cmp -s "$b/base.st" "$d/act.st" || ! cmp -s "$b/base.st" "$d/actt.st" || ! cmp -s "$b/base.st" "$d/act_rc.st" ||
+        [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/act.jsonl")" ] || [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/actt.jsonl")" ] ||
+        [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/act_rc.jsonl")" ]; then
         fail gpu/offload-act-nvme "offload { activations = nvme } on the device changed the weights or the logs" "$b/base.jsonl" "$d/act.jsonl" "$d/actt.jsonl"
+    elif ! cmp -s "$d/cpu_base.st" "$d/cpu_act.st" || ! grep -q "^activations: offloaded to '.*' (1572864 bytes; " "$d/cpu_act.out" ||
+        grep -q "staged through" "$d/cpu_act.out"; then
+        fail gpu/offload-act-nvme "the GPU build run on the CPU (--device cpu) did not write the store directly with base's weights" "$d/cpu_act.out"
+    elif ! rc_hw=$(sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p' "$d/act_rc.out") ||
+        [ -z "$rc_hw" ] || [ "${rc_hw% *}" -gt "${rc_hw#* }" ] || [ "${rc_hw% *}" -le $((${rc_hw#* } - 64)) ]; then
+        fail gpu/offload-act-nvme "act_rc's measured arena high-water is not within 64 bytes below its plan's peak ('$rc_hw')" "$d/act_rc.out"
     elif ! grep -q "^activations: staged through .* on a second stream; forward_backward runs uncaptured" "$d/actt.out" ||
         ! grep -q "worker thread" "$d/actt.out"; then
         fail gpu/offload-act-nvme "the default-staging run does not say it stages through pinned memory on the store's thread" "$d/actt.out"
@@ -893,7 +912,7 @@ else
         [ "$pinned" != 65536 ] || [ "$pinned" -ge "$store_plan" ]; then
         fail gpu/offload-act-nvme "the step peak, info, the high-water mark, the store's or the staging's size disagree: $on_hw" "$d/act.out"
     else
-        pass "gpu/offload-act-nvme (base's weights and logs on the device, 10 steps, through 4 slots of 16 KiB and through the default staging on the store's thread; $on_hw)"
+        pass "gpu/offload-act-nvme (base's weights and logs on the device, 10 steps, through 4 slots of 16 KiB, through the default staging on the store's thread, and with recompute = [gelu] (act_rc: measured ${rc_hw% *} of ${rc_hw#* }); the GPU build on the CPU: base's weights; $on_hw)"
     fi
     if [ "$DEVICE" != emu ]; then
         skip gpu/offload-act-nvme-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
