@@ -837,7 +837,8 @@ fi
 # the first wait of the first micro-batch that runs copies to the host and each that runs copies
 # back, each left out alone, change the weights after 2 steps (other writes' waits may change
 # nothing, as for host). gpu/offload-act-nvme-errors: a store directory that does not
-# exist and a full disk (a 256 KiB tmpfs in a mount namespace, where unshare -rm works) stop the run
+# exist, a full disk and an unwritable directory (a 256 KiB tmpfs, and a read-only one, in a mount
+# namespace, where unshare -rm works) stop the run
 # before its first step, naming the file; the store's directory removed after step 5's checkpoint
 # stops the run at the next step's copies (under a timeout: no hang) and the run resumed from the
 # checkpoint ends with base's weights.
@@ -906,6 +907,8 @@ else
         fail gpu/offload-act-nvme "the default-staging run does not say it stages through pinned memory on the store's thread" "$d/actt.out"
     elif ls "$d/st" | grep -q .; then
         fail gpu/offload-act-nvme "a store file was left behind: $(ls "$d/st")"
+    elif ! grep -q "^plan: activations offloaded to nvme: a store file of $store_plan bytes during each micro-batch's step (on a GPU through pinned staging" "$d/act.info"; then
+        fail gpu/offload-act-nvme "info does not give the plan's store and the GPU's staging" "$d/act.info"
     elif [ -z "$planned" ] || [ -z "$hw" ] || [ -z "$pinned" ] || [ "$info_p" != "$planned" ] || [ "$without" != "$info_b" ] ||
         [ "${hw#* }" != "$planned" ] || [ "$planned" -ge "$without" ] || [ "${hw% *}" -gt "$planned" ] ||
         [ "${hw% *}" -le $((planned - 64)) ] || [ -z "$store_plan" ] || [ "$store_plan" != "$store_run" ] ||
@@ -952,7 +955,7 @@ else
             cp "$d/nodir.out" "$d/err.out"
         fi
     fi
-    full="not tried: unshare -rm cannot mount a tmpfs here"
+    full="not tried: unshare -rm cannot mount a tmpfs here, so neither a full disk nor a read-only one"
     if [ -z "$err" ] && unshare -rm sh -c "mkdir -p '$d/tm' && mount -t tmpfs -o size=256k tmpfs '$d/tm'" >/dev/null 2>&1; then
         dev_env timeout 300 unshare -rm sh -c 'mount -t tmpfs -o size=256k tmpfs "$1" && shift && exec "$@"' sh "$d/tm" \
             "$d/act/prog" train --data "$DATA" --offload-dir "$d/tm" "${DUT[@]}" </dev/null >"$d/full.out" 2>&1
@@ -962,6 +965,15 @@ else
             err="a full disk (a 256 KiB tmpfs): status $rc, not the error before the first step"
             cp "$d/full.out" "$d/err.out"
         else full="a 256 KiB tmpfs: no space, before step 1"; fi
+        # an unwritable directory (root writes anywhere else): a read-only tmpfs
+        dev_env timeout 300 unshare -rm sh -c 'mount -t tmpfs -o ro,size=256k tmpfs "$1" && shift && exec "$@"' sh "$d/tm" \
+            "$d/act/prog" train --data "$DATA" --offload-dir "$d/tm" "${DUT[@]}" </dev/null >"$d/ro.out" 2>&1
+        rc=$?
+        if [ $rc != 1 ] || ! grep -qE "activations: cannot create the store file '$d/tm/mbt-[^']*': Read-only file system" "$d/ro.out" ||
+            grep -q '^step 1/' "$d/ro.out"; then
+            err="an unwritable directory (a read-only tmpfs): status $rc, not the error before the first step"
+            cp "$d/ro.out" "$d/err.out"
+        else full="$full; a read-only tmpfs: not writable, before step 1"; fi
     fi
     if [ -z "$err" ]; then
         rm -rf "$d/st" "$d/ckv"
