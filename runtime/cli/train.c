@@ -480,7 +480,7 @@ static void rt_train_banner(const RtTrainRun *r) {
                    (long long)rt_gpu_act_bytes(r->x.gpu), (int)(rt_gpu_act_bytes(r->x.gpu) / rt_gpu_act_slot_bytes(r->x.gpu)),
                    (long long)rt_gpu_act_slot_bytes(r->x.gpu));
             printf("activations: the staging copies measured at %.1f GB/s to the host and %.1f GB/s back (%lld bytes each "
-                   "way); the plan assumed the store's %.1f GB/s (mbtc --offload-gbps)\n",
+                   "way); the plan assumed %.2f GB/s for a whole copy, to the store or back (mbtc --offload-gbps)\n",
                    r->act_gbps_out, r->act_gbps_back, (long long)r->act_rate_bytes, p->train.offload_gbps);
         }
     }
