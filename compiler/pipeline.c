@@ -92,6 +92,7 @@ static int run_check(Pipeline *p) {
         }
         ((TrainConfig *)p->tb->config)->offload_gbps = p->o.offload_gbps; /* sema's, in the run's arena */
     }
+    if (p->tb) ((TrainConfig *)p->tb->config)->offload_gpu = p->o.narch > 0;
     return !p->tb;
 }
 

@@ -683,7 +683,7 @@ static int refuse_settings(const TrainConfig *ts, int narch) {
         }
     /* zero = 1, 2 and 3 are carried out (docs/parallel.md, ZeRO); zero3_refusals refuses what 3 cannot do */
     /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
-    /* offload.activations = nvme is carried out on the CPU (offload_refusals refuses it for a GPU build);
+    /* offload.activations = nvme is carried out by every build (a GPU build through pinned staging);
      * = host on a GPU build (copies to pinned host memory on a copy stream): on the CPU the
      * activations are in host memory already, so there it would do nothing */
     if (ts->offload_activations == STORE_HOST && narch == 0) {
@@ -737,11 +737,8 @@ int host_refuses(const TrainBuild *tb, int narch) {
  * ZeRO uses; the GPU's update does not take a range, nor ZeRO's shards a store yet. */
 static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
     const TrainConfig *ts = h->ts;
-    if (ts->offload_activations == STORE_NVME && cuda && cuda->narch > 0) {
-        diag_error(ts->offload_at[0], "offload.activations = nvme is carried out on the CPU alone: a GPU build's step "
-                                      "does not copy its activations to the store yet");
-        diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none)");
-    }
+    /* offload.activations = nvme is carried out by both builds: a GPU build stages the copies through
+     * bounded pinned host memory (runtime/gpu/gpu_act.c; docs/memory.md) */
     if (ts->offload_optimizer == STORE_HOST) {
         /* the state off the GPU: a CPU build has it in host memory already, so the setting would do nothing */
         if (!cuda || cuda->narch == 0) {

@@ -242,6 +242,7 @@ typedef struct PlanRecompute {
     int64_t held_offloaded;     /* their bytes */
     int64_t peak_no_offload;    /* the step phase's peak with the re-runs but without offload */
     double store_bw, launch_bw; /* the assumed bandwidths the plan timed the copies with (bytes/s) */
+    int gpu;                    /* a GPU build: nvme's copies go through pinned staging (gpu_act.c) */
 } PlanRecompute;
 
 /* ZeRO-3's gather schedule (plan_gather.c; docs/parallel.md, "ZeRO-3"): the parameter ranges the

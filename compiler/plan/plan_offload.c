@@ -97,7 +97,13 @@ void plan_offload(PlanCtx *c, const FuseResult *r, PlanRecompute *rc, PlanSlot *
     int nb = r->nbuffers, n = rc->norder;
     int host = rc->offload == STORE_HOST;
     rc->store_bw = c->ts->offload_gbps > 0 ? c->ts->offload_gbps * 1e9 : host ? PLAN_OFFLOAD_HOST_BW : PLAN_OFFLOAD_STORE_BW;
-    rc->launch_bw = host ? PLAN_OFFLOAD_GPU_LAUNCH_BW : PLAN_OFFLOAD_LAUNCH_BW;
+    /* nvme on a GPU build: each chunk goes device -> pinned staging (PCIe, ~20 GB/s), then to the
+     * store (~1 GB/s), one after the other on one stream (gpu_act.c), so the assumed copy rate is the
+     * two legs' in series (--offload-gbps gives the whole copy's); the launches are the GPU's */
+    rc->gpu = c->ts->offload_gpu;
+    if (rc->gpu && !host && c->ts->offload_gbps <= 0)
+        rc->store_bw = 1.0 / (1.0 / PLAN_OFFLOAD_STORE_BW + 1.0 / PLAN_OFFLOAD_HOST_BW);
+    rc->launch_bw = host || rc->gpu ? PLAN_OFFLOAD_GPU_LAUNCH_BW : PLAN_OFFLOAD_LAUNCH_BW;
     rc->off = arena_alloc(ar, sizeof(int) * (size_t)(nb + 1));
     for (int b = 0; b < nb; b++) rc->off[b] = -1;
     /* the turn: the first position of a backward launch or a re-run */

@@ -83,6 +83,9 @@ typedef struct TrainConfig {
     /* offload.activations: the copies' assumed rate in GB/s (mbtc --offload-gbps, set by the
      * pipeline after sema; 0: the plan's default for host or nvme, plan_offload.c) */
     double offload_gbps;
+    /* offload.activations: the build is for a GPU (--cuda-arch other than none; set by the pipeline
+     * after sema): its launches are timed at a GPU's rate, nvme's copies go through pinned staging */
+    int offload_gpu;
     int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
     const char *ckpt_dir;
     int ckpt_continue_on_error;

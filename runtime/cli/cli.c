@@ -40,6 +40,7 @@ typedef enum RtFlagId {
     RT_F_SAVE_WEIGHTS,
     RT_F_SAVE_ADAPTER,
     RT_F_OFFLOAD_DIR,
+    RT_F_OFFLOAD_STAGING,
     RT_F_THREADS,
     RT_F_DUMP_STEP,
     RT_F_ARENA_HIGH_WATER,
@@ -83,6 +84,7 @@ static const RtFlag rt_flags[] = {
     {"--save-weights", "F.safetensors", RT_IN_TRAIN, RT_F_SAVE_WEIGHTS},
     {"--save-adapter", "DIR", RT_IN_TRAIN, RT_F_SAVE_ADAPTER},
     {"--offload-dir", "DIR", RT_IN_TRAIN, RT_F_OFFLOAD_DIR},
+    {"--offload-staging", "BYTES", RT_IN_TRAIN, RT_F_OFFLOAD_STAGING},
     {"--threads", "N", RT_IN_ALL, RT_F_THREADS},
     {"--dump-step", "F.safetensors", RT_IN_TRAIN, RT_F_DUMP_STEP},
     {"--arena-high-water", NULL, RT_IN_TRAIN, RT_F_ARENA_HIGH_WATER},
@@ -290,6 +292,14 @@ static RtStatus rt_set_flag(RtOptions *o, const RtProgram *p, const RtFlag *f, c
                            "--offload-dir: this program keeps its optimizer state and its activations in memory (it has no "
                            "offload { optimizer = nvme } and offloads no activations)");
         o->offload_dir = v;
+        return RT_OK;
+    case RT_F_OFFLOAD_STAGING:
+        if (p->train.offload_act != 2) /* a flag that would do nothing is refused */
+            return rt_fail(err, RT_ERR_ARG,
+                           "--offload-staging: this program stages no activations (it has no offload { activations = nvme } "
+                           "that the plan carries out)");
+        /* at least a page a slot; train.c refuses it where the run is on the CPU, which stages nothing */
+        if (rt_parse_i64(f->name, v, 4096 * 4, INT64_MAX / 2, &o->offload_staging, err)) return RT_ERR_ARG;
         return RT_OK;
     case RT_F_DUMP_STEP: o->dump_step = v; return RT_OK;
     case RT_F_ARENA_HIGH_WATER: o->arena_high_water = 1; return RT_OK;
@@ -534,6 +544,9 @@ void rt_cli_help(FILE *f, const RtProgram *p, const char *prog) {
     if (t->offload_optimizer == 2)
         rt_help_line(f, "--offload-dir", "DIR",
                      "where offload { optimizer = nvme } and { activations = nvme } keep their store files", "'.'");
+    if (t->offload_act == 2)
+        rt_help_line(f, "--offload-staging", "BYTES",
+                     "on a GPU, the pinned host memory the activations go through to and from their store file", "64 MiB");
     rt_help_line(f, "--threads", "N", "CPU threads", cpus);
     rt_help_line(f, "--dump-step", "F.safetensors",
                  "write step 1's weights, batches, loss and gradients (for mbtc --verify-step)", "none");

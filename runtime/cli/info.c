@@ -50,8 +50,9 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
                 (long long)(rt_info_nchunks(p) * rt_info_slot(p)), (long long)rt_info_nchunks(p),
                 (long long)p->train.offload_chunk, (long long)rt_info_state_bytes(p));
     if (p->train.offload_act == 2)
-        fprintf(f, "plan: activations offloaded to nvme: a store file of %lld bytes during each micro-batch's step\n",
-                (long long)p->train.offload_act_bytes);
+        fprintf(f, "plan: activations offloaded to nvme: a store file of %lld bytes during each micro-batch's step%s\n",
+                (long long)p->train.offload_act_bytes,
+                p->gpu ? " (on a GPU through pinned staging of 4 slots, at most 64 MiB: train --offload-staging)" : "");
     if (t->zero == 3) { /* plan_gather.c's line: a rank's shard as rt_comm_shards cuts it (RT_SHARD_ALIGN) */
         int64_t whole = p->param_floats, per = (whole + t->data_ranks - 1) / t->data_ranks;
         per = (per + RT_GRAD_BLOCK - 1) / RT_GRAD_BLOCK * RT_GRAD_BLOCK;

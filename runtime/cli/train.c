@@ -358,12 +358,18 @@ static RtStatus rt_train_open(RtTrainRun *r) {
         snprintf(name, sizeof name, "mbt-%s-%ld-rank%d.activations", p->train.name, (long)getpid(), r->rank);
         for (char *c = name; *c; c++)
             if (*c == '/') *c = '_';
-        st = rt_exec_act_open(&r->x, o->offload_dir, name, &r->e);
+        if (o->offload_staging && !r->x.gpu)
+            st = rt_fail(&r->e, RT_ERR_ARG,
+                         "--offload-staging: this run is on the CPU, whose activations go to the store without staging (it "
+                         "is for a GPU run)");
+        r->x.act_staging = o->offload_staging;
+        if (st == RT_OK) st = rt_exec_act_open(&r->x, o->offload_dir, name, &r->e);
     }
-    if (st == RT_OK && p->train.offload_act == 1 && r->x.gpu) {
+    if (st == RT_OK && p->train.offload_act && r->x.gpu) {
         /* the rate the copies run at here, against the plan's assumption (mbtc --offload-gbps):
          * over the arena's first bytes, before anything is in it */
         int64_t n = p->train.offload_act_bytes < p->arena_bytes ? p->train.offload_act_bytes : p->arena_bytes;
+        if (n > rt_gpu_act_bytes(r->x.gpu)) n = rt_gpu_act_bytes(r->x.gpu); /* nvme: the staging */
         if (n > ((int64_t)64 << 20)) n = (int64_t)64 << 20;
         r->act_rate_bytes = n;
         st = rt_gpu_act_rate(r->x.gpu, r->x.d_arena, n, &r->act_gbps_out, &r->act_gbps_back, &r->e);
@@ -474,6 +480,15 @@ static void rt_train_banner(const RtTrainRun *r) {
                rt_store_uring(r->x.act_store) ? "io_uring" : "a worker thread",
                rt_store_direct(r->x.act_store) ? "O_DIRECT" : "buffered");
         if (*rt_store_note(r->x.act_store)) printf("activations: %s\n", rt_store_note(r->x.act_store));
+        if (r->x.gpu) {
+            printf("activations: staged through %lld bytes of pinned host memory (%d slots of %lld bytes) on a second "
+                   "stream; forward_backward runs uncaptured\n",
+                   (long long)rt_gpu_act_bytes(r->x.gpu), (int)(rt_gpu_act_bytes(r->x.gpu) / rt_gpu_act_slot_bytes(r->x.gpu)),
+                   (long long)rt_gpu_act_slot_bytes(r->x.gpu));
+            printf("activations: the staging copies measured at %.1f GB/s to the host and %.1f GB/s back (%lld bytes each "
+                   "way); the plan assumed %.2f GB/s for a whole copy, to the store or back (mbtc --offload-gbps)\n",
+                   r->act_gbps_out, r->act_gbps_back, (long long)r->act_rate_bytes, p->train.offload_gbps);
+        }
     }
     if (p->train.offload_act == 1) {
         if (r->x.gpu) {
@@ -943,7 +958,10 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
         printf("GPU: peak %s of device allocations (%lld bytes); %s\n", rt_gpu_format_bytes(rt_gpu_peak_bytes(r->x.gpu), peak),
                (long long)rt_gpu_peak_bytes(r->x.gpu), rt_gpu_graph_report(r->x.gpu, graphs, sizeof graphs));
     }
-    if (r->x.act_store && done_steps > 0)
+    if (r->x.act_store && done_steps > 0 && r->x.gpu) /* the store's I/O runs on the copy stream, not the host */
+        printf("activations: the copy stream spent %.3f s in the store's I/O in all (%.3f ms/step)\n", rt_gpu_act_io_s(r->x.gpu),
+               rt_gpu_act_io_s(r->x.gpu) * 1e3 / (double)done_steps);
+    else if (r->x.act_store && done_steps > 0)
         printf("activations: the steps waited %.3f s for the store in all (%.3f ms/step)\n", r->x.act_wait_s,
                r->x.act_wait_s * 1e3 / (double)done_steps);
     if (r->x.gpu) rt_gpu_print_timing(stdout, r->x.gpu); /* MBT_DEBUG / MBT_TRACE: where the GPU's time went */

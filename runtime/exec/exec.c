@@ -105,6 +105,9 @@ void rt_exec_close(RtExec *e) {
         else free(e->tree[i]);
     }
     if (e->gpu) {
+        /* the activations' copy stream first: a step stopped by an error may leave copies queued
+         * there that read or write the arena */
+        rt_gpu_act_close(e->gpu);
         rt_gpu_free(e->gpu, e->d_params);
         rt_gpu_free(e->gpu, e->d_grads);
         rt_gpu_free(e->gpu, e->d_state);
@@ -292,7 +295,11 @@ void rt_exec_flip(RtExec *e) {
 }
 
 RtStatus rt_exec_wait(RtExec *e, RtError *err) {
-    return e->gpu ? rt_gpu_sync(e->gpu, "waiting for the micro-batch", err) : RT_OK;
+    if (!e->gpu) return RT_OK;
+    RtStatus st = rt_gpu_sync(e->gpu, "waiting for the micro-batch", err);
+    /* offload { activations = nvme }: the store requests of the copy stream's host functions, all
+     * run by now (the compute stream waited for every copy), cannot fail the stream themselves */
+    return st == RT_OK ? rt_gpu_act_check(e->gpu, err) : st;
 }
 
 RtStatus rt_exec_call(RtExec *e, RtExecFn fn, RtStep *s) {

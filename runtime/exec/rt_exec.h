@@ -51,6 +51,7 @@ typedef struct RtOptions {
     const char *dump_step;    /* train: --dump-step, or NULL (rt_step_dump) */
     int arena_high_water;     /* train --arena-high-water: measure the arena's high-water mark of step 1's micro-batches */
     const char *offload_dir;  /* train: --offload-dir, the store file's directory with offload { optimizer = nvme } (".") */
+    int64_t offload_staging;  /* train: --offload-staging BYTES, activations = nvme's pinned staging on the GPU (0: default) */
     const char *weights;      /* eval/generate: --weights, or NULL */
     int32_t *prompt;          /* generate: the prompt's token ids (owned; rt_options_free) */
     int64_t nprompt;
@@ -133,6 +134,7 @@ typedef struct RtExec {
     unsigned char *act_host; /* offload { activations = host } run on the CPU: the copies' memory */
     const char *act_dir;
     double act_wait_s;
+    int64_t act_staging; /* nvme on the GPU: the pinned staging's bytes (train --offload-staging; 0: the default) */
     /* ZeRO-3 (docs/parallel.md): the RtParamHook every RtStep of rt_exec_step carries (the CPU's
      * forward_backward, forward_loss and forward_stats call it around their parameter reads);
      * NULL without */

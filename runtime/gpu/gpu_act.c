@@ -19,8 +19,41 @@
  * under capture the copy stream's wait for an event of the capturing stream forks it into the
  * capture, its copies become the graph's memcpy nodes (pinned host memory keeps its address), and
  * the compute stream's wait for its event joins it back; every copy is followed by a wait (the
- * plan's), so the capture ends joined. The probe records each copy's arguments like a launch's. */
+ * plan's), so the capture ends joined. The probe records each copy's arguments like a launch's.
+ *
+ * nvme (rt_gpu_act_open_nvme): the same points, but the bytes go on to the store file (RtExec's
+ * act_store) through a ring of RT_GPU_ACT_SLOTS pinned staging slots, so the pinned memory is
+ * bounded (slots x slot bytes, not the plan's store size). A copy is cut into chunks of a slot, each
+ * in the next slot of the ring, and everything goes on the copy stream, in order:
+ *   - out (op 0): [wait for the compute stream's event] then a chunk at a time: device -> slot
+ *     (cuMemcpyDtoHAsync), then a host function (cuLaunchHostFunc) that writes the slot to the
+ *     store and waits for it;
+ *   - back (op 1): a chunk at a time: a host function that reads the store into the slot and waits
+ *     for it, [before the first chunk's copy, the wait for the compute stream's event], then
+ *     slot -> device (cuMemcpyHtoDAsync);
+ *   - a wait (op 2): exactly as for host, an event on the copy stream the compute stream waits for.
+ * The stream runs its work in order, so a slot is reused only after the host function that wrote
+ * it out or the copy that read it back has finished, and a read follows every write before it:
+ * the staging needs no host wait, and the host (the main thread) queues the whole step as before,
+ * never waiting for the store. The store's I/O runs on CUDA's callback thread (io_uring or the
+ * store's own thread below it), one chunk at a time, while the compute stream runs the launches;
+ * the plan's waits are where the step waits for it. A host function cannot fail the stream: a
+ * store error is kept (sticky; the later host functions do nothing) and returned by the next
+ * rt_gpu_act_copy and by rt_gpu_act_check, which rt_exec_wait calls after each micro-batch (the
+ * compute stream has waited for every copy by then: every copy is followed by a wait), so the
+ * micro-batch whose copies failed fails, before the update.
+ * CUDA graphs: forward_backward with nvme is not captured (the probe marks it): the host functions
+ * could be graph nodes, but the emulated GPU does not capture them, and nothing was measured on a
+ * GPU to choose with (docs/memory.md). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #include "gpu_internal.h"
+#include "rt_store.h"
+
+static RtStatus act_nvme_copy(RtGpu *g, int32_t op, int64_t off, unsigned char *dev, int64_t len, RtError *err);
 
 RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err) {
     if (g->act.stream || bytes <= 0) return RT_OK;
@@ -48,16 +81,18 @@ RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t l
         int64_t op, off, len;
         void *dev;
     } rec = {op, off, len, dev};
-    if (rt_gpu_graph_probe(g, 'A', &rec, sizeof rec, 0)) return RT_OK;
+    /* nvme: host functions on the copy stream, which the emulated GPU does not capture */
+    if (rt_gpu_graph_probe(g, 'A', &rec, sizeof rec, g->act.store != NULL)) return RT_OK;
     if (!g->act.stream) return rt_fail(err, RT_ERR_ARG, "activations: forward_backward copies to host memory, but none is open");
-    if (op < 0 || op > 2 || (op < 2 && (off < 0 || len < 0 || off > g->act.bytes || len > g->act.bytes - off || !dev)))
+    int64_t cap = g->act.store ? (int64_t)rt_store_size(g->act.store) : g->act.bytes;
+    if (op < 0 || op > 2 || (op < 2 && (off < 0 || len < 0 || off > cap || len > cap - off || !dev)))
         return rt_fail(err, RT_ERR_ARG,
-                       "activations: copy %d of bytes [%lld, +%lld) is outside the %lld bytes of host memory the program "
-                       "planned",
-                       (int)op, (long long)off, (long long)len, (long long)g->act.bytes);
+                       "activations: copy %d of bytes [%lld, +%lld) is outside the %lld bytes %s the program planned", (int)op,
+                       (long long)off, (long long)len, (long long)cap, g->act.store ? "of the store" : "of host memory");
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     const RtGpuApi *api = &g->api;
+    if (op < 2 && g->act.store) return act_nvme_copy(g, op, off, (unsigned char *)dev, len, err);
     if (op == 2) {
         st = rt_cu_check(api, api->cuEventRecord(g->act.copied, g->act.stream), err, "cuEventRecord", "the activations' copies");
         if (st == RT_OK)
@@ -78,6 +113,136 @@ RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t l
 }
 
 int64_t rt_gpu_act_bytes(const RtGpu *g) { return g ? g->act.bytes : 0; }
+
+/* ---- nvme: the store through the staging slots ------------------------------------------------ */
+
+static double act_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, RtError *err) {
+    if (g->act.stream) return RT_OK;
+    const int64_t page = 4096, total = (int64_t)rt_store_size(store);
+    if (staging <= 0) staging = RT_GPU_ACT_STAGING;
+    /* each slot whole pages (O_DIRECT), no more in all than the store holds */
+    int64_t slot = staging / RT_GPU_ACT_SLOTS / page * page;
+    if (slot < page) slot = page;
+    int64_t need = (total + RT_GPU_ACT_SLOTS - 1) / RT_GPU_ACT_SLOTS;
+    need = (need + page - 1) / page * page;
+    if (slot > need) slot = need;
+    g->act.tasks = calloc(RT_GPU_ACT_TASKS, sizeof *g->act.tasks);
+    RtStatus st =
+        g->act.tasks ? rt_gpu_use(g, err)
+                     : rt_fail(err, RT_ERR_NOMEM, "activations: cannot allocate the staging's %d task records", RT_GPU_ACT_TASKS);
+    if (st == RT_OK) st = rt_gpu_host_alloc(g, &g->act.raw, slot * RT_GPU_ACT_SLOTS + page, "the activations' staging", err);
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuStreamCreate(&g->act.stream, CU_STREAM_NON_BLOCKING), err, "cuStreamCreate",
+                         "the activations' copy stream");
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.issued, CU_EVENT_DEFAULT), err, "cuEventCreate",
+                         "the activations' copies");
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.copied, CU_EVENT_DEFAULT), err, "cuEventCreate",
+                         "the activations' copies");
+    if (st != RT_OK) {
+        rt_gpu_act_close(g);
+        return st;
+    }
+    /* the store's requests want page-aligned buffers (cuMemHostAlloc's are; not every allocator's) */
+    g->act.host = (unsigned char *)(((uintptr_t)g->act.raw + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page);
+    g->act.store = store;
+    g->act.nslots = RT_GPU_ACT_SLOTS;
+    g->act.slot_bytes = slot;
+    g->act.bytes = slot * RT_GPU_ACT_SLOTS;
+    g->act.cursor = 0, g->act.ntasks = 0, g->act.io_s = 0, g->act.wait_s = 0, g->act.failed = 0, g->act.why[0] = 0;
+    return RT_OK;
+}
+
+double rt_gpu_act_wait_s(const RtGpu *g) { return g ? g->act.wait_s : 0; }
+double rt_gpu_act_io_s(const RtGpu *g) { return g ? g->act.io_s : 0; }
+int64_t rt_gpu_act_slot_bytes(const RtGpu *g) { return g && g->act.store ? g->act.slot_bytes : 0; }
+
+RtStatus rt_gpu_act_check(RtGpu *g, RtError *err) {
+    if (!g || !g->act.store || !__atomic_load_n(&g->act.failed, __ATOMIC_ACQUIRE)) return RT_OK;
+    return rt_fail(err, RT_ERR_IO, "activations: %s", g->act.why);
+}
+
+/* The host function of a chunk, on CUDA's callback thread once the copy stream reaches it: the
+ * store written from the slot (op 0) or read into it (op 1), and waited for. After a failure it
+ * does nothing (the bytes are in an unknown state; the run stops at rt_gpu_act_check). */
+static void act_task_run(void *arg) {
+    RtActTask *t = arg;
+    RtGpu *g = t->g;
+    if (!__atomic_load_n(&g->act.failed, __ATOMIC_ACQUIRE)) {
+        double t0 = act_now();
+        unsigned char *h = g->act.host + (int64_t)t->slot * g->act.slot_bytes;
+        int rc = t->op == 0 ? rt_store_write(g->act.store, (size_t)t->off, h, (size_t)t->len)
+                            : rt_store_read(g->act.store, (size_t)t->off, h, (size_t)t->len);
+        if (rc == 0) rc = rt_store_wait(g->act.store);
+        g->act.io_s += act_now() - t0; /* read by the main thread after a synchronisation */
+        if (rc != 0) {
+            snprintf(g->act.why, sizeof g->act.why, "%s", rt_store_error(g->act.store));
+            __atomic_store_n(&g->act.failed, 1, __ATOMIC_RELEASE);
+        }
+    }
+    __atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
+}
+
+/* Queues chunk [pos, pos + n) of a copy through the next slot: its task record (the ring of
+ * RT_GPU_ACT_TASKS; one still queued is waited for, which only a step with more chunks than that
+ * in flight meets), the host function and the device copy in the copy's order. */
+static RtStatus act_chunk(RtGpu *g, int op, int64_t off, unsigned char *dev, int64_t n, int wait_first, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    RtActTask *t = &g->act.tasks[g->act.ntasks % RT_GPU_ACT_TASKS];
+    RtStatus st = RT_OK;
+    if (g->act.ntasks >= RT_GPU_ACT_TASKS && !__atomic_load_n(&t->done, __ATOMIC_ACQUIRE)) {
+        double t0 = act_now();
+        st = rt_cu_check(api, api->cuStreamSynchronize(g->act.stream), err, "cuStreamSynchronize",
+                         "the activations' copy stream (its task records are all in use)");
+        g->act.wait_s += act_now() - t0;
+        if (st != RT_OK) return st;
+    }
+    g->act.ntasks++;
+    int s = g->act.cursor;
+    g->act.cursor = (s + 1) % g->act.nslots;
+    unsigned char *h = g->act.host + (int64_t)s * g->act.slot_bytes;
+    *t = (RtActTask){.g = g, .op = op, .slot = s, .off = off, .len = n, .done = 0};
+    if (op == 0) {
+        st = rt_cu_check(api, api->cuMemcpyDtoHAsync(h, rt_dptr(dev), (size_t)n, g->act.stream), err, "cuMemcpyDtoHAsync",
+                         "an activation to the staging memory, %lld bytes", (long long)n);
+        if (st == RT_OK)
+            st = rt_cu_check(api, api->cuLaunchHostFunc(g->act.stream, act_task_run, t), err, "cuLaunchHostFunc",
+                             "an activation's write to the store");
+        return st;
+    }
+    st = rt_cu_check(api, api->cuLaunchHostFunc(g->act.stream, act_task_run, t), err, "cuLaunchHostFunc",
+                     "an activation's read from the store");
+    if (st == RT_OK && wait_first) /* the slot of the arena it goes to is free from the read's point */
+        st = rt_cu_check(api, api->cuStreamWaitEvent(g->act.stream, g->act.issued, 0), err, "cuStreamWaitEvent",
+                         "the activations' copy stream waiting for the step");
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), h, (size_t)n, g->act.stream), err, "cuMemcpyHtoDAsync",
+                         "an activation back from the staging memory, %lld bytes", (long long)n);
+    return st;
+}
+
+static RtStatus act_nvme_copy(RtGpu *g, int32_t op, int64_t off, unsigned char *dev, int64_t len, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    RtStatus st = rt_gpu_act_check(g, err); /* a failure of an earlier micro-batch's host functions */
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuEventRecord(g->act.issued, g->stream), err, "cuEventRecord", "the step before a copy");
+    if (st == RT_OK && op == 0) /* the source is written once everything queued on the compute stream is done */
+        st = rt_cu_check(api, api->cuStreamWaitEvent(g->act.stream, g->act.issued, 0), err, "cuStreamWaitEvent",
+                         "the activations' copy stream waiting for the step");
+    for (int64_t pos = 0; pos < len && st == RT_OK;) {
+        int64_t n = len - pos < g->act.slot_bytes ? len - pos : g->act.slot_bytes;
+        st = act_chunk(g, op, off + pos, dev + pos, n, op == 1 && pos == 0, err);
+        pos += n;
+    }
+    return st;
+}
 
 RtStatus rt_gpu_act_rate(RtGpu *g, void *dev, int64_t bytes, double *to_host, double *back, RtError *err) {
     *to_host = *back = 0;
@@ -124,6 +289,9 @@ void rt_gpu_act_close(RtGpu *g) {
     }
     if (g->act.issued) api->cuEventDestroy(g->act.issued);
     if (g->act.copied) api->cuEventDestroy(g->act.copied);
-    if (g->act.host) rt_gpu_host_free(g, g->act.host);
+    if (g->act.raw) rt_gpu_host_free(g, g->act.raw);
+    else if (g->act.host) rt_gpu_host_free(g, g->act.host);
     g->act.stream = NULL, g->act.issued = g->act.copied = NULL, g->act.host = NULL, g->act.bytes = 0;
+    free(g->act.tasks);
+    g->act.raw = NULL, g->act.store = NULL, g->act.tasks = NULL, g->act.nslots = 0, g->act.slot_bytes = 0;
 }

@@ -30,6 +30,7 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUlinkState_st *CUlinkState;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef void (*CUhostFn)(void *userData);
 typedef int CUstreamCaptureMode;
 typedef int CUdevice_attribute;
 typedef int CUjit_option;
@@ -179,6 +180,7 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
     X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                                  \
     X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                             \
     X(CUresult, cuEventSynchronize, "cuEventSynchronize", (CUevent))                                                             \
+    X(CUresult, cuLaunchHostFunc, "cuLaunchHostFunc", (CUstream, CUhostFn, void *))                                              \
     X(CUresult, cuEventElapsedTime, "cuEventElapsedTime", (float *, CUevent, CUevent))                                           \
     X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                                                \
       (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, CUstream,   \
@@ -236,6 +238,16 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
 #ifndef RT_GPU_CHECK_DECLS
 
 #define RT_GPU_PATH_MAX 512
+#define RT_GPU_ACT_SLOTS 4    /* offload { activations = nvme }: the pinned staging slots (gpu_act.c) */
+#define RT_GPU_ACT_TASKS 4096 /* ... and the chunks that may be queued on the copy stream at once */
+struct RtGpu;
+/* one chunk's store request, run by a host function on the copy stream (gpu_act.c) */
+typedef struct RtActTask {
+    struct RtGpu *g;
+    int op, slot;
+    int64_t off, len;
+    int done; /* set (atomic) when the host function has run */
+} RtActTask;
 
 /* The loaded libraries and every function the runtime calls in them. */
 typedef struct RtGpuApi {
@@ -381,11 +393,22 @@ struct RtGpu {
     int64_t ones_cap[2];
     RtGpuTimer timer;
     RtGpuGraphs graphs;
-    struct { /* offload { activations = host } (gpu_act.c): the copy stream, its two events, the pinned memory */
+    struct { /* offload { activations = host | nvme } (gpu_act.c): the copy stream, its two events, the pinned memory */
         CUstream stream;
         CUevent issued, copied; /* recorded on the compute stream before a copy, on the copy stream before a wait */
-        unsigned char *host;
-        int64_t bytes;
+        unsigned char *host;    /* host: the plan's bytes; nvme: the staging slots (page-aligned) */
+        int64_t bytes;          /* the pinned bytes in use (host: the plan's; nvme: nslots x slot_bytes) */
+        /* nvme: the store (RtExec's, not owned) and the ring of staging slots each chunk of a copy goes
+         * through, with the host functions' task records (gpu_act.c) */
+        struct RtStore *store;
+        void *raw; /* what cuMemHostAlloc gave (host may be above it, aligned) */
+        int nslots, cursor;
+        int64_t slot_bytes, ntasks;
+        struct RtActTask *tasks;
+        double io_s;   /* the host functions' seconds in the store's I/O (CUDA's callback thread) */
+        double wait_s; /* the main thread's seconds waiting for task records */
+        int failed;    /* a host function's store request failed (atomic); why says how */
+        char why[512];
     } act;
     struct {                      /* the data-parallel reduction's communication stream (gpu_comm.c) */
         CUstream stream, compute; /* compute: the compute stream, while rt_gpu_comm_enter has swapped them */
@@ -409,9 +432,6 @@ static inline CUdeviceptr rt_dptr(const void *p) { return (CUdeviceptr)(uintptr_
 CUresult rt_gpu_mem_alloc(RtGpu *g, CUdeviceptr *p, size_t bytes);
 void rt_gpu_mem_free(RtGpu *g, CUdeviceptr p);
 
-/* gpu_act.c: offload { activations = host }'s copy stream and pinned memory freed (the stream's work
- * finished first); rt_gpu_close calls it. */
-void rt_gpu_act_close(RtGpu *g);
 /* gpu_comm.c: the communication stream's work finished and the stream and its events freed;
  * rt_gpu_close calls it. */
 void rt_gpu_comm_close(RtGpu *g);

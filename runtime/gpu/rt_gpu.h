@@ -74,6 +74,23 @@ RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err);
  * so far (an event recorded on the copy stream). Nothing waits on the host. */
 RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t len, RtError *err);
 int64_t rt_gpu_act_bytes(const RtGpu *g); /* the pinned memory allocated for them (0: none) */
+/* offload { activations = nvme }: the copies go on to `store` (the caller's, open, of the plan's
+ * size; it outlives the GPU's use of it) through RT_GPU_ACT_SLOTS slots of pinned staging of
+ * `staging` bytes in all (0: RT_GPU_ACT_STAGING; each slot whole pages, no larger than a quarter of
+ * the store), with the copy stream and its events; once. rt_gpu_act_copy then stages each copy
+ * (gpu_act.c says how), and forward_backward is never captured. */
+#define RT_GPU_ACT_STAGING ((int64_t)64 << 20)
+struct RtStore;
+RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, RtError *err);
+/* The copy stream's queued work finished, then it, its events and the pinned memory freed (again:
+ * nothing); rt_exec_close calls it before freeing the arena, rt_gpu_close in any case. */
+void rt_gpu_act_close(RtGpu *g);
+double rt_gpu_act_wait_s(const RtGpu *g); /* nvme: the seconds the main thread waited for the staging's task records */
+double rt_gpu_act_io_s(const RtGpu *g);   /* nvme: the seconds the copy stream's host functions spent in the store's I/O */
+/* nvme: a store request of the copy stream's host functions that failed (they cannot fail the
+ * stream), as an error naming the file and the bytes; RT_OK when none. Sticky. */
+RtStatus rt_gpu_act_check(RtGpu *g, RtError *err);
+int64_t rt_gpu_act_slot_bytes(const RtGpu *g); /* nvme: one staging slot's bytes (0: not nvme) */
 /* Measures the copy stream's rate: dev[0, bytes) (bytes at most the pinned memory's) to the pinned
  * memory and back, twice, timed by events on the copy stream; the second round's rates in GB/s
  * (1e9 bytes/s). dev's bytes come back unchanged. Waits. */

@@ -13,7 +13,10 @@
  * into its second slot, and a wait just before that use. The plan places both slots at whole pages
  * of the arena (which starts a page: exec.c) and gives each buffer a slot of whole pages in the
  * store, so every request is aligned as O_DIRECT wants it. The store waits for everything queued,
- * so a wait covers every copy issued before it. */
+ * so a wait covers every copy issued before it.
+ *
+ * nvme on the GPU: the store as on the CPU, and the GPU's copies staged through bounded pinned
+ * memory to it (runtime/gpu/gpu_act.c, rt_gpu_act_open_nvme). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,13 +44,11 @@ RtStatus rt_exec_act_open(RtExec *e, const char *dir, const char *name, RtError 
                            (long long)bytes);
         return RT_OK;
     }
-    if (e->gpu)
-        return rt_fail(err, RT_ERR_ARG,
-                       "offload { activations = nvme } runs on the CPU alone: the GPU's step does not copy its "
-                       "activations (--device cpu)");
     char msg[512];
     e->act_store = rt_store_open(dir && *dir ? dir : ".", name, (size_t)bytes, msg, sizeof msg);
     if (!e->act_store) return rt_fail(err, RT_ERR_IO, "activations: %s", msg);
+    /* on the GPU the copies go through bounded pinned staging to the store (gpu_act.c) */
+    if (e->gpu) return rt_gpu_act_open_nvme(e->gpu, e->act_store, e->act_staging, err);
     return RT_OK;
 }
 
@@ -82,6 +83,11 @@ int32_t rt_act_copy(RtExec *e, int32_t op, int64_t off, void *buf, int64_t len, 
         RtStatus st = rt_exec_act_open(e, e->act_dir, name, err);
         if (st != RT_OK) return st;
         if (!e->act_store) return rt_fail(err, RT_ERR_ARG, "activations: the program has no activation store");
+    }
+    if (e->gpu) {
+        RtStatus st = rt_gpu_act_copy(e->gpu, op, off, buf, len, err);
+        e->act_wait_s = rt_gpu_act_wait_s(e->gpu);
+        return st;
     }
     int rc;
     if (op == 0) rc = rt_store_write(e->act_store, (size_t)off, buf, (size_t)len);

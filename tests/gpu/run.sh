@@ -58,6 +58,11 @@
 #                          steps byte-identical to no offload, the step peak, info, the measured arena
 #                          high-water and the pinned bytes agree; gpu/offload-act-control (emulated
 #                          GPU): leaving out a wait for the copy stream changes the weights
+#   gpu/offload-act-nvme   the same program's act with activations = nvme: through pinned staging to a
+#                          store file and back, 10 steps byte-identical to no offload, the store's size
+#                          and the staging's bounded size, the peak as planned; -control (emulated GPU):
+#                          leaving out a wait changes the weights; -errors: no store directory, a full
+#                          disk, the store removed mid-run (a clear error; the checkpoint resumes)
 #   gpu/graph              tests/exec/dropout.mbt's drop, 5 steps, with CUDA graphs (the default) and
 #                          with MBT_CUDA_GRAPH=0: byte-identical weights and logs, graphs launched
 # and, on tests/verify/ghost_bn_running.mbt:
@@ -928,6 +933,196 @@ elif [ -z "$oa_fail" ]; then
         fail gpu/offload-act-control "with wait$same of the step left out, the run did not end with other weights" "$d/waits.out"
     else
         pass "gpu/offload-act-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
+    fi
+fi
+
+# ---- offload { activations = nvme } on the GPU: device -> pinned staging -> a store file and back ---
+# gpu/offload-act-nvme: tests/exec/offload_activations.mbt's act as it is (activations = nvme),
+# built with --offload-gbps=1000 (14 buffers, 1.5 MiB, offloaded; at the default 1 GB/s against
+# the GPU's launches the plan offloads little at this size), 10 steps on the device with
+# --offload-staging 65536 (4 slots of 16 KiB: every 64 KiB buffer passes through the whole ring in
+# chunks, and the 1.5 MiB store through 64 KiB of pinned memory), and again with the default staging
+# (one chunk a buffer) through the store's worker thread (MBT_STORE_IO=thread), and act_rc (with
+# recompute = [gelu] too, 13 buffers): base's weights byte for byte and its logs to every digit
+# (gpu/offload-act's base, the same program); the GPU build run with --device cpu writes the store
+# directly (no staging) and ends 3 steps with base's CPU weights; the plan's step
+# peak below base's, `info` the same, the measured arena high-water within 64 bytes below it; the
+# store file the plan's size (the banner's) and none left after the runs; the pinned staging the
+# flag's, less than the store. gpu/offload-act-nvme-control (emulated GPU, where the copy stream's
+# copies and host functions - the store's reads and writes - run as late as a GPU could run them):
+# the first wait of the first micro-batch that runs copies to the host and each that runs copies
+# back, each left out alone, change the weights after 2 steps (other writes' waits may change
+# nothing, as for host). gpu/offload-act-nvme-errors: a store directory that does not
+# exist, a full disk and an unwritable directory (a 256 KiB tmpfs, and a read-only one, in a mount
+# namespace, where unshare -rm works) stop the run
+# before its first step, naming the file; the store's directory removed after step 5's checkpoint
+# stops the run at the next step's copies (under a timeout: no hang) and the run resumed from the
+# checkpoint ends with base's weights.
+if [ "$DEVICE" = cpu ]; then
+    skip gpu/offload-act-nvme "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing (the exec layer runs nvme there)"
+    skip gpu/offload-act-nvme-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
+    skip gpu/offload-act-nvme-errors "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing"
+else
+    b="$DIR/offload-act"
+    d="$DIR/offload-act-nvme"
+    mkdir -p "$d/act" "$d/act_rc" "$d/st"
+    # dev_env CMD...: CMD with the emulated GPU's environment (nothing on a GPU)
+    dev_env() {
+        if [ "$DEVICE" = emu ]; then
+            MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_LIBNCCL="$FAKE_NCCL" MBT_FAKE_CUDA_EMU="$d/act/prog.cu.so" "$@"
+        else "$@"; fi
+    }
+    on_fail=""
+    if [ -n "$oa_fail" ] || [ ! -s "$b/base.st" ]; then
+        on_fail="gpu/offload-act's base run, which this compares with, failed"
+    elif ! build "$d/act" tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -I examples; then
+        on_fail="mbtc tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -o or --emit=cuda failed"
+    elif ! on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/act.out" train --steps 10 --data "$DATA" --save-weights "$d/act.st" \
+        --log "$d/act.jsonl" --arena-high-water --offload-dir "$d/st" --offload-staging 65536; then
+        on_fail="the act run on the device failed"
+    elif ! MBT_STORE_IO=thread on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/actt.out" train --steps 10 --data "$DATA" \
+        --save-weights "$d/actt.st" --log "$d/actt.jsonl" --offload-dir "$d/st"; then
+        on_fail="the act run with the default staging and the store's thread failed"
+    elif ! build "$d/act_rc" tests/exec/offload_activations.mbt --train act_rc --offload-gbps=1000 -I examples; then
+        on_fail="mbtc tests/exec/offload_activations.mbt --train act_rc --offload-gbps=1000 -o or --emit=cuda failed"
+    elif ! on_device_cmd "$d/act_rc/prog.cu" "$d/act_rc/prog" "$d/act_rc.out" train --steps 10 --data "$DATA" \
+        --save-weights "$d/act_rc.st" --log "$d/act_rc.jsonl" --arena-high-water --offload-dir "$d/st" --offload-staging 65536; then
+        on_fail="the act_rc run (recompute = [gelu] too) on the device failed"
+    elif ! timeout 600 "$d/act/prog" train --steps 3 --data "$DATA" --save-weights "$d/cpu_act.st" --offload-dir "$d/st" \
+        --device cpu </dev/null >"$d/cpu_act.out" 2>&1 ||
+        ! timeout 600 "$b/base/prog" train --steps 3 --data "$DATA" --save-weights "$d/cpu_base.st" --device cpu </dev/null \
+            >"$d/cpu_base.out" 2>&1; then
+        on_fail="the GPU build run with --device cpu failed"
+    fi
+    "$d/act/prog" info >"$d/act.info" 2>&1
+    plan=$("$MBTC" tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -I examples --emit=plan 2>&1)
+    n=$(sed -n 's/^### offload activations = nvme: \([0-9]*\) held buffers\{0,1\} offloaded.*/\1/p' <<<"$plan")
+    store_plan=$(sed -n 's/^### offload activations = nvme: .* to a store file of \([0-9]*\) bytes.*/\1/p' <<<"$plan")
+    planned=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\1/p' <<<"$plan")
+    without=$(sed -n 's/^step peak \([0-9]*\) bytes.*, without offload \([0-9]*\) bytes.*/\2/p' <<<"$plan")
+    info_p=$(sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p' "$d/act.info")
+    info_b=$(sed -n 's/^plan: arena step \([0-9]*\) bytes$/\1/p' "$b/base.info")
+    store_run=$(sed -n "s/^activations: offloaded to '.*' (\([0-9]*\) bytes; .*/\1/p" "$d/act.out")
+    pinned=$(sed -n 's/^activations: staged through \([0-9]*\) bytes of pinned host memory (4 slots of 16384 bytes).*/\1/p' "$d/act.out")
+    hw=$(sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p' "$d/act.out")
+    on_hw="$n buffers offloaded to a store of $store_plan bytes (run $store_run) through $pinned bytes of staging; step peak planned $planned (info $info_p), without offload $without (base's info $info_b), measured ${hw% *}"
+    if [ -n "$on_fail" ]; then
+        fail gpu/offload-act-nvme "$on_fail" "$OUT" "$d/act.out" "$d/actt.out"
+    elif ! cmp -s "$b/base.st" "$d/act.st" || ! cmp -s "$b/base.st" "$d/actt.st" || ! cmp -s "$b/base.st" "$d/act_rc.st" ||
+        [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/act.jsonl")" ] || [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/actt.jsonl")" ] ||
+        [ "$(untimed "$b/base.jsonl")" != "$(untimed "$d/act_rc.jsonl")" ]; then
+        fail gpu/offload-act-nvme "offload { activations = nvme } on the device changed the weights or the logs" "$b/base.jsonl" "$d/act.jsonl" "$d/actt.jsonl"
+    elif ! cmp -s "$d/cpu_base.st" "$d/cpu_act.st" || ! grep -q "^activations: offloaded to '.*' (1572864 bytes; " "$d/cpu_act.out" ||
+        grep -q "staged through" "$d/cpu_act.out"; then
+        fail gpu/offload-act-nvme "the GPU build run on the CPU (--device cpu) did not write the store directly with base's weights" "$d/cpu_act.out"
+    elif ! rc_hw=$(sed -n 's/^arena high-water: step 1.s micro-batches wrote \([0-9]*\) bytes of the arena; the plan.s step peak is \([0-9]*\)$/\1 \2/p' "$d/act_rc.out") ||
+        [ -z "$rc_hw" ] || [ "${rc_hw% *}" -gt "${rc_hw#* }" ] || [ "${rc_hw% *}" -le $((${rc_hw#* } - 64)) ]; then
+        fail gpu/offload-act-nvme "act_rc's measured arena high-water is not within 64 bytes below its plan's peak ('$rc_hw')" "$d/act_rc.out"
+    elif ! grep -q "^activations: staged through .* on a second stream; forward_backward runs uncaptured" "$d/actt.out" ||
+        ! grep -q "worker thread" "$d/actt.out"; then
+        fail gpu/offload-act-nvme "the default-staging run does not say it stages through pinned memory on the store's thread" "$d/actt.out"
+    elif ls "$d/st" | grep -q .; then
+        fail gpu/offload-act-nvme "a store file was left behind: $(ls "$d/st")"
+    elif ! grep -q "^plan: activations offloaded to nvme: a store file of $store_plan bytes during each micro-batch's step (on a GPU through pinned staging" "$d/act.info"; then
+        fail gpu/offload-act-nvme "info does not give the plan's store and the GPU's staging" "$d/act.info"
+    elif [ -z "$planned" ] || [ -z "$hw" ] || [ -z "$pinned" ] || [ "$info_p" != "$planned" ] || [ "$without" != "$info_b" ] ||
+        [ "${hw#* }" != "$planned" ] || [ "$planned" -ge "$without" ] || [ "${hw% *}" -gt "$planned" ] ||
+        [ "${hw% *}" -le $((planned - 64)) ] || [ -z "$store_plan" ] || [ "$store_plan" != "$store_run" ] ||
+        [ "$pinned" != 65536 ] || [ "$pinned" -ge "$store_plan" ]; then
+        fail gpu/offload-act-nvme "the step peak, info, the high-water mark, the store's or the staging's size disagree: $on_hw" "$d/act.out"
+    else
+        pass "gpu/offload-act-nvme (base's weights and logs on the device, 10 steps, through 4 slots of 16 KiB, through the default staging on the store's thread, and with recompute = [gelu] (act_rc: measured ${rc_hw% *} of ${rc_hw#* }); the GPU build on the CPU: base's weights; $on_hw)"
+    fi
+    if [ "$DEVICE" != emu ]; then
+        skip gpu/offload-act-nvme-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
+    elif [ -z "$on_fail" ]; then
+        MBT_FAKE_CUDA_WAITS=1 on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/waits.out" train --steps 2 --data "$DATA" \
+            --save-weights "$d/act2.st" --offload-dir "$d/st" --offload-staging 65536
+        # the first micro-batch's waits: up to the first that runs a write after one ran a read
+        drops=$(awk '/^fake_cuda: wait [0-9]+ runs/ { w = $3; out = $5; back = $10
+                     if (done) next
+                     if (out > 0 && seen) { done = 1; next }
+                     if (back > 0) { seen = 1; print w } else if (out > 0 && !first) { first = 1; print w } }' "$d/waits.out")
+        same=""
+        for w in $drops; do
+            MBT_FAKE_CUDA_DROP_WAIT=$w on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/drop.out" train --steps 2 --data "$DATA" \
+                --save-weights "$d/drop.st" --offload-dir "$d/st" --offload-staging 65536
+            if [ ! -s "$d/drop.st" ] || cmp -s "$d/act2.st" "$d/drop.st"; then same="$same $w"; fi
+            rm -f "$d/drop.st"
+        done
+        if [ ! -s "$d/act2.st" ] || [ "$(wc -w <<<"$drops")" -lt 4 ]; then
+            fail gpu/offload-act-nvme-control "MBT_FAKE_CUDA_WAITS found no waits to leave out ('$drops')" "$d/waits.out"
+        elif [ -n "$same" ]; then
+            fail gpu/offload-act-nvme-control "with wait$same of the step left out, the run did not end with other weights" "$d/waits.out"
+        else
+            pass "gpu/offload-act-nvme-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
+        fi
+    fi
+    # the errors: each must stop the run with status 1 and its message; none may hang (timeout)
+    err=""
+    if [ -n "$on_fail" ]; then
+        err="the act program did not run"
+    else
+        dev_env timeout 300 "$d/act/prog" train --data "$DATA" --offload-dir "$d/none" "${DUT[@]}" </dev/null >"$d/nodir.out" 2>&1
+        rc=$?
+        if [ $rc != 1 ] || ! grep -q "activations: store directory '$d/none': No such file or directory" "$d/nodir.out" ||
+            grep -q '^step 1/' "$d/nodir.out"; then
+            err="a store directory that does not exist: status $rc, not the error before the first step"
+            cp "$d/nodir.out" "$d/err.out"
+        fi
+    fi
+    full="not tried: unshare -rm cannot mount a tmpfs here, so neither a full disk nor a read-only one"
+    if [ -z "$err" ] && unshare -rm sh -c "mkdir -p '$d/tm' && mount -t tmpfs -o size=256k tmpfs '$d/tm'" >/dev/null 2>&1; then
+        dev_env timeout 300 unshare -rm sh -c 'mount -t tmpfs -o size=256k tmpfs "$1" && shift && exec "$@"' sh "$d/tm" \
+            "$d/act/prog" train --data "$DATA" --offload-dir "$d/tm" "${DUT[@]}" </dev/null >"$d/full.out" 2>&1
+        rc=$?
+        if [ $rc != 1 ] || ! grep -qE "activations: cannot allocate the store file '$d/tm/mbt-[^']*' \([0-9]+ bytes\): No space left on device" "$d/full.out" ||
+            grep -q '^step 1/' "$d/full.out"; then
+            err="a full disk (a 256 KiB tmpfs): status $rc, not the error before the first step"
+            cp "$d/full.out" "$d/err.out"
+        else full="a 256 KiB tmpfs: no space, before step 1"; fi
+        # an unwritable directory (root writes anywhere else): a read-only tmpfs
+        dev_env timeout 300 unshare -rm sh -c 'mount -t tmpfs -o ro,size=256k tmpfs "$1" && shift && exec "$@"' sh "$d/tm" \
+            "$d/act/prog" train --data "$DATA" --offload-dir "$d/tm" "${DUT[@]}" </dev/null >"$d/ro.out" 2>&1
+        rc=$?
+        if [ $rc != 1 ] || ! grep -qE "activations: cannot create the store file '$d/tm/mbt-[^']*': Read-only file system" "$d/ro.out" ||
+            grep -q '^step 1/' "$d/ro.out"; then
+            err="an unwritable directory (a read-only tmpfs): status $rc, not the error before the first step"
+            cp "$d/ro.out" "$d/err.out"
+        else full="$full; a read-only tmpfs: not writable, before step 1"; fi
+    fi
+    if [ -z "$err" ]; then
+        rm -rf "$d/st" "$d/ckv"
+        mkdir -p "$d/st"
+        dev_env timeout 300 "$d/act/prog" train --data "$DATA" --steps 2000 --ckpt-every 5 --ckpt-sync --ckpt-dir "$d/ckv" \
+            --offload-dir "$d/st" --offload-staging 65536 "${DUT[@]}" </dev/null >"$d/vanish.out" 2>&1 &
+        pid=$!
+        for ((i = 0; i < 30000; i++)); do
+            [ -e "$d/ckv/step-00000005/state.json" ] && break
+            sleep 0.01
+        done
+        size=$(stat -c %s "$d"/st/mbt-*.activations 2>/dev/null)
+        rm -rf "$d/st"
+        wait $pid
+        rc=$?
+        last=$(sed -n 's/^checkpoint: step \([0-9]*\) written.*/\1/p' "$d/vanish.out" | tail -n 1)
+        if [ $rc != 1 ] || ! grep -qE "^[^ ]*: step [0-9]+, micro-batch [0-9]+: activations: store file '$d/st/mbt-[^']*' has vanished .*No such file or directory" "$d/vanish.out"; then
+            err="the store's directory removed mid-run: status $rc, not the error at the next step"
+            cp "$d/vanish.out" "$d/err.out"
+        elif [ "$size" != "$store_plan" ]; then
+            err="the store file was $size bytes while training, not the plan's $store_plan"
+        elif ! dev_env timeout 300 "$d/act/prog" train --data "$DATA" --resume latest --ckpt-dir "$d/ckv" --offload-dir "$d" --steps 10 \
+            --save-weights "$d/resumed.st" "${DUT[@]}" </dev/null >"$d/resume.out" 2>&1 || ! cmp -s "$b/base.st" "$d/resumed.st"; then
+            err="resumed from step $last's checkpoint, the run did not end with base's weights"
+            cp "$d/resume.out" "$d/err.out"
+        elif ls "$d" | grep -qE '^mbt-.*\.activations$'; then
+            err="the resumed run left its store file behind"
+        fi
+    fi
+    if [ -n "$err" ]; then
+        fail gpu/offload-act-nvme-errors "$err" "$d/err.out"
+    else
+        pass "gpu/offload-act-nvme-errors (no directory: before step 1; full: $full; the store ($size bytes) removed: stopped at step $(sed -n 's/.*: step \([0-9]*\), micro-batch.*/\1/p' "$d/vanish.out"), resumed from step $last to base's weights)"
     fi
 fi
 
