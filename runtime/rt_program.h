@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    20 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    21 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -59,7 +59,8 @@
                           *    gather_units (ZeRO-3's parameters gathered around their uses);
                           * 19: RtTrainSettings.offload_act, offload_gbps (activations in pinned host memory
                           *    on a GPU build; the copy rate the plan assumed);
-                          * 20: RtGpuProgram.forward_chunk (the chunk phase on the GPU) */
+                          * 20: RtGpuProgram.forward_chunk (the chunk phase on the GPU);
+                          * 21: RtStep.casts_kept (the parameters' casts run once an optimizer step) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -332,7 +333,11 @@ typedef struct RtKvInfo {
  * the program defines it (cross_entropy: the mean over its B x T tokens) into loss, and ADDS
  * loss_scale x dL/dparams into grads. The runtime passes loss_scale = 1 / (accum x data_ranks)
  * of the step's ramp stage, so after the step's last micro-batch grads holds the gradient of
- * the mean loss over the global batch.
+ * the mean loss over the global batch. Its launches that read nothing but the parameters (a bf16
+ * program's weight casts: plan.h, PlanMemory.param_only) write buffers the plan keeps live over
+ * the whole call, so they still hold their values at the next call: with casts_kept = 1 it skips
+ * those launches. The runtime sets it only for the second and later micro-batches of one
+ * optimizer step (nothing writes params or the arena between them); every other call has 0.
  * forward_loss: the same loss without gradients (evaluation). NULL: the program cannot evaluate.
  * forward_logits: generation, B = 1, T = logits_seq: writes the logits of position len - 1 (a
  * causal model ignores x[len, T)). NULL: the program cannot generate.

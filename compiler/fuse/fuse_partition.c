@@ -833,13 +833,29 @@ static int fz_schedule(FuseCtx *c, int *order) {
     return nl;
 }
 
+/* A kernel that loads nothing but parameters (a bf16 program's weight casts). In the step's
+ * schedule (a graph with a loss) its values are the same at every micro-batch of an optimizer
+ * step, so the plan runs its launch once a step (plan.h, PlanMemory.param_only); rule 7 keeps it
+ * apart from kernels that load anything else (an embedding's gather), which must run every time. */
+static int fz_params_only(FuseCtx *c, int kid) {
+    if (c->g->loss < 0) return 0;
+    fz_eval(c, kid);
+    const FKern *K = &c->k[kid];
+    for (int i = 0; i < K->reads.n; i++) {
+        const FNode *n = fz_n(c, K->reads.v[i]);
+        if (n->op != F_LEAF || graph_node(c->g, (int)n->ia[0])->op != G_PARAM) return 0;
+    }
+    return 1;
+}
+
 /* Rule 7: consecutive launches that do not read each other become one kernel when both are
- * elementwise (a segment each) or both reductions of one shape and axes (one loop). */
+ * elementwise (a segment each) or both reductions of one shape and axes (one loop), and either
+ * both or neither load only parameters (fz_params_only). */
 static int fz_horizontal(FuseCtx *c, int *order, int nl) {
     int m = 0;
     for (int i = 0; i < nl; i++) {
         int kid = order[i];
-        if (m > 0 && !fuse_ivec_has(&c->k[kid].deps, order[m - 1])) {
+        if (m > 0 && !fuse_ivec_has(&c->k[kid].deps, order[m - 1]) && fz_params_only(c, order[m - 1]) == fz_params_only(c, kid)) {
             const FKern *P = &c->k[order[m - 1]], *K = &c->k[kid];
             int ok = P->kind == FK_ELEM && K->kind == FK_ELEM;
             if (P->kind == FK_REDUCE && K->kind == FK_REDUCE && fz_same_space(P, K)) {

@@ -292,7 +292,18 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
         int o = rc->on ? rc->order[q] : q;
         emit_param_calls(h, s, &h->plan->mem.gather[PLAN_GATHER_STEP], q, 1);
         emit_act_before(h, f, S, addr, arena, q);
-        if (o >= 0) emit_launch(h, f, S, addr, o, "");
+        if (o >= 0 && h->plan->mem.param_only && h->plan->mem.param_only[o]) {
+            /* reads only parameters (plan.h, PlanMemory.param_only): skipped when the runtime says
+             * the arena still holds what it wrote at this step's first micro-batch */
+            LLVMValueRef kept = step_field(h, s, RT_STEP_casts_kept, h->i64, "casts_kept");
+            LLVMBasicBlockRef run = LLVMAppendBasicBlockInContext(h->ctx, f->fn, "once_a_step");
+            LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(h->ctx, f->fn, "once_a_step_done");
+            LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntEQ, kept, ci64(h, 0), ""), run, done);
+            LLVMPositionBuilderAtEnd(h->b, run);
+            emit_launch(h, f, S, addr, o, "");
+            LLVMBuildBr(h->b, done);
+            LLVMPositionBuilderAtEnd(h->b, done);
+        } else if (o >= 0) emit_launch(h, f, S, addr, o, "");
         else {
             int j = -1 - o;
             for (int b = 0; b < S->r->nbuffers; b++)

@@ -322,7 +322,16 @@ typedef struct PlanMemory {
     int64_t gather_window;                /* floats: the largest of their windows */
     int gather_units;                     /* the most gathers any holds at once */
     int64_t lr_offset, t_offset;          /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
-    int64_t arena_bytes;                  /* the largest peak: what the executable allocates */
+    /* The step's kernel launches that read nothing but parameters (a bf16 program's weight casts,
+     * one multi-segment kernel): what they write is the same for every micro-batch of an optimizer
+     * step, so their outputs live over the whole step program (no other buffer shares their bytes
+     * in the arena) and forward_backward runs these launches only when RtStep.casts_kept is 0 (the
+     * first micro-batch of each step, rt_program.h). NULL (none) with recompute or
+     * offload.activations, whose step programs run them every micro-batch as before. */
+    unsigned char *param_only; /* [step launches]: 1 for such a launch; NULL when none is */
+    int nparam_only;           /* how many */
+    int64_t param_only_bytes;  /* the bytes their outputs hold */
+    int64_t arena_bytes;       /* the largest peak: what the executable allocates */
 } PlanMemory;
 
 /* ---- the step program ---- */

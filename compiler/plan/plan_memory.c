@@ -231,6 +231,53 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
 
 static int64_t fb_bytes(const FuseResult *r, int i) { return r->buffers[i].bytes; }
 
+/* The step's launches that read only parameters (PlanMemory.param_only), and in keep[b] the
+ * buffers they write: a kernel whose every buffer is a parameter it reads or one it writes that no
+ * other launch writes and the schedule does not hand out (the loss, a statistic). Such a launch
+ * computes the same bits from the same parameters at every micro-batch of a step; its buffers are
+ * kept for the whole step so that forward_backward may skip it (RtStep.casts_kept). */
+static void plan_param_only(PlanCtx *c, const FuseResult *r, unsigned char *keep) {
+    PlanMemory *m = &c->p->mem;
+    int nb = r->nbuffers, nl = r->nlaunches;
+    int *writers = calloc((size_t)nb + 1, sizeof(int));
+    unsigned char *out = calloc((size_t)nb + 1, 1), *cand = calloc((size_t)nl + 1, 1);
+    if (!writers || !out || !cand) INTERNAL("plan: out of memory");
+    for (int k = 0; k < r->noutputs; k++)
+        if (r->node_buffer[r->outputs[k]] >= 0) out[r->node_buffer[r->outputs[k]]] = 1;
+    for (int li = 0; li < nl; li++) {
+        int cap = r->launches[li].kind == FL_KERNEL ? r->kernels[r->launches[li].kernel]->nbufs : 4;
+        int *bv = malloc(sizeof(int) * (size_t)(cap + 1));
+        unsigned char *wv = malloc((size_t)cap + 1);
+        if (!bv || !wv) INTERNAL("plan: out of memory");
+        int n = plan_launch_bufs(r, li, bv, wv, cap), ok = r->launches[li].kind == FL_KERNEL, writes = 0;
+        for (int i = 0; i < n; i++) {
+            if (wv[i]) writers[bv[i]]++, writes++;
+            else if (r->buffers[bv[i]].kind != FB_PARAM) ok = 0;
+        }
+        cand[li] = ok && writes > 0;
+        free(bv), free(wv);
+    }
+    for (int li = 0; li < nl; li++) {
+        if (!cand[li]) continue;
+        int cap = r->kernels[r->launches[li].kernel]->nbufs;
+        int *bv = malloc(sizeof(int) * (size_t)(cap + 1));
+        unsigned char *wv = malloc((size_t)cap + 1);
+        if (!bv || !wv) INTERNAL("plan: out of memory");
+        int n = plan_launch_bufs(r, li, bv, wv, cap), ok = 1;
+        for (int i = 0; i < n; i++)
+            if (wv[i] && (writers[bv[i]] != 1 || out[bv[i]] || r->buffers[bv[i]].kind == FB_PARAM)) ok = 0;
+        if (ok) {
+            if (!m->param_only) m->param_only = arena_alloc(c->ar, (size_t)nl + 1);
+            m->param_only[li] = 1;
+            m->nparam_only++;
+            for (int i = 0; i < n; i++)
+                if (wv[i] && !keep[bv[i]]) keep[bv[i]] = 1, m->param_only_bytes += r->buffers[bv[i]].bytes;
+        }
+        free(bv), free(wv);
+    }
+    free(writers), free(out), free(cand);
+}
+
 /* Every buffer of the phase's schedule: leaves in their regions, the rest in the arena by
  * liveness over the launches (after the reserved bytes). */
 static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
@@ -262,6 +309,8 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
      * the statistics' expressions, outputs read after the launches, live to the end) */
     unsigned char *early = arena_alloc(&scratch, (size_t)r->nbuffers + 1);
     int *last_touch = arena_alloc(&scratch, sizeof(int) * (size_t)(r->nbuffers + 1));
+    unsigned char *kept = arena_alloc(&scratch, (size_t)r->nbuffers + 1); /* live over the whole step */
+    if (which == PLAN_STEP && !c->ts->recompute && !c->ts->offload_activations) plan_param_only(c, r, kept);
     if (which == PLAN_STEP) {
         plan_writes(c, which, ph);
         plan_last_touch(r, last_touch);
@@ -275,6 +324,7 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
         const FuseBuffer *fb = &r->buffers[i];
         PlanSlot *sl = &ph->slots[i];
         *sl = (PlanSlot){PH_NONE, 0, fb->bytes, fb->first, early[i] && fb->first >= 0 ? last_touch[i] : fb->last};
+        if (kept[i]) sl->last = r->nlaunches - 1; /* kept for the step's later micro-batches */
         int leaf = fb->kind == FB_PARAM || fb->kind == FB_INPUT;
         pb[i] = (PlanBuffer){0, fb->first >= 0 ? fb->first : 0, 0, 0};
         pb[i].last = sl->last >= pb[i].first ? sl->last : pb[i].first;
@@ -504,6 +554,30 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
             plan_v_fail(v, "%s: %s (%" PRId64 " bytes at %" PRId64 ") leaves its region", ph->name, w->what, w->bytes, w->offset);
     }
     if (ph->peak > ph->naive) plan_v_fail(v, "%s: the peak exceeds its naive total", ph->name);
+    if (ph == &p->mem.phase[PLAN_STEP] && p->mem.param_only) { /* PlanMemory.param_only: kept for the whole step */
+        if (rc->on) plan_v_fail(v, "step: launches run once a step in a step program with re-runs or copies");
+        for (int li = 0; li < r->nlaunches; li++) {
+            if (!p->mem.param_only[li]) continue;
+            if (r->launches[li].kind != FL_KERNEL) {
+                plan_v_fail(v, "step launch %d runs once a step but is not a kernel", li);
+                continue;
+            }
+            int cap = r->kernels[r->launches[li].kernel]->nbufs;
+            int *bufs = malloc(sizeof(int) * (size_t)(cap + 1));
+            unsigned char *wr = malloc((size_t)cap + 1);
+            if (!bufs || !wr) INTERNAL("plan_verify: out of memory");
+            int n = plan_launch_bufs(r, li, bufs, wr, cap);
+            for (int i = 0; i < n; i++) {
+                const PlanSlot *s = &ph->slots[bufs[i]];
+                if (!wr[i] && r->buffers[bufs[i]].kind != FB_PARAM)
+                    plan_v_fail(v, "step launch %d runs once a step but reads buffer %d, not a parameter", li, bufs[i]);
+                if (wr[i] && (s->home != PH_ARENA || s->first != li || s->last != r->nlaunches - 1))
+                    plan_v_fail(v, "step launch %d runs once a step but its buffer %d is not kept to the step's end", li,
+                                bufs[i]);
+            }
+            free(bufs), free(wr);
+        }
+    }
 }
 
 void plan_verify_memory(PlanVerify *v, const Plan *p) {
@@ -719,6 +793,16 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
                 "stats: %d global_mean statistic%s, %" PRId64 " bytes (RtStep.stats); forward_stats runs %d of launches "
                 "0..%d (what they need) and copies them to RtStep.stats_out\n",
                 p->mem.nstats, p->mem.nstats == 1 ? "" : "s", p->mem.stat_bytes, p->mem.stats_launches, p->mem.stats_last);
+    if (which == PLAN_STEP && p->mem.nparam_only > 0) {
+        fprintf(out, "once a step: launch%s", p->mem.nparam_only == 1 ? "" : "es");
+        for (int li = 0, k = 0; li < r->nlaunches; li++)
+            if (p->mem.param_only[li]) fprintf(out, "%s %d", k++ ? "," : "", li);
+        fprintf(out,
+                " read%s only parameters: run when RtStep.casts_kept is 0 (a step's first micro-batch); what %s write%s, "
+                "%s, kept in the arena to the step's end\n",
+                p->mem.nparam_only == 1 ? "s" : "", p->mem.nparam_only == 1 ? "it" : "they", p->mem.nparam_only == 1 ? "s" : "",
+                plan_bytes_text(ar, p->mem.param_only_bytes));
+    }
     if (which == PLAN_CHUNK) {
         const PlanSchedules *s = &p->sched;
         fprintf(out,

@@ -641,6 +641,10 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* micro: the micro-batch's index in the global batch, so that a random draw keyed by it is
          * the same at any number of ranks */
         s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        /* the micro-batches of one step run back to back on this RtExec with the same parameters,
+         * and nothing else writes its arena in between: from the second on, what the launches that
+         * read only parameters wrote at the first is still there (rt_program.h, casts_kept) */
+        s.casts_kept = m > 0;
         /* the step's last micro-batch: its backward starts the buckets' reduction (the tree as it
          * stands before this leaf is what the thread folds each bucket by) */
         int overlapped = st == RT_OK && r->overlap && m + 1 == accum;

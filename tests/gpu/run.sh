@@ -65,6 +65,9 @@
 #                          disk, the store removed mid-run (a clear error; the checkpoint resumes)
 #   gpu/graph              tests/exec/dropout.mbt's drop, 5 steps, with CUDA graphs (the default) and
 #                          with MBT_CUDA_GRAPH=0: byte-identical weights and logs, graphs launched
+#   gpu/param-casts        tests/exec/param_casts.mbt's kept (the weight casts once a step) and every
+#                          (recast each micro-batch), 3 steps: byte-identical weights and logs, and
+#                          MBT_DEBUG's table counts the cast kernel 3 and 12 times
 # and, on tests/verify/ghost_bn_running.mbt:
 #   gpu/running            5 steps on the device, then its running buffers, eval's loss and
 #                          generation's logits against tests/verify/ghost_bn_running_oracle.py
@@ -1235,6 +1238,37 @@ EOF
             pass "gpu/trace ($(tail -n 1 "$OUT"))"
         else
             fail gpu/trace "MBT_TRACE's file is not the expected trace" "$OUT"
+        fi
+    fi
+fi
+# ---- a bf16 program's weight casts once an optimizer step (issue 15; plan.h, PlanMemory.param_only) ----
+# gpu/param-casts: tests/exec/param_casts.mbt's kept (its cast launch skipped at a step's second to
+# fourth micro-batch, RtStep.casts_kept) and every (recompute = [gelu]: cast at every micro-batch),
+# 3 steps on the device: byte-identical weights and the same logs; with MBT_DEBUG=1 the timing
+# table counts kept's cast kernel once a step (3 calls) and every's once a micro-batch (12).
+if [ "$DEVICE" = cpu ]; then
+    skip gpu/param-casts "MBT_GPU_TEST_DEVICE=$DEVICE: the exec layer's param_casts.case runs it on the CPU"
+else
+    d="$DIR/param-casts"
+    mkdir -p "$d/kept" "$d/every"
+    if ! build "$d/kept" tests/exec/param_casts.mbt --train kept || ! build "$d/every" tests/exec/param_casts.mbt --train every; then
+        fail gpu/param-casts "mbtc tests/exec/param_casts.mbt -o or --emit=cuda failed" "$OUT"
+    else
+        for t in kept every; do
+            MBT_DEBUG=1 on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/$t.out" train --steps 3 --data "$DATA" \
+                --save-weights "$d/$t.st" --log "$d/$t.jsonl"
+            echo $? >"$d/$t.rc"
+        done
+        ck=$(awk '$1 == "step_k0_cast" { print $2 }' "$d/kept.out")
+        ce=$(awk '$1 == "step_k0_cast" { print $2 }' "$d/every.out")
+        if [ "$(cat "$d/kept.rc")" != 0 ] || [ "$(cat "$d/every.rc")" != 0 ]; then
+            fail gpu/param-casts "a run failed (kept: status $(cat "$d/kept.rc"); every: $(cat "$d/every.rc"))" "$d/kept.out" "$d/every.out"
+        elif ! cmp -s "$d/kept.st" "$d/every.st" || [ "$(untimed "$d/kept.jsonl")" != "$(untimed "$d/every.jsonl")" ]; then
+            fail gpu/param-casts "the casts kept over a step's micro-batches saved or logged other numbers than recast each time" "$d/kept.jsonl" "$d/every.jsonl"
+        elif [ "$ck" != 3 ] || [ "$ce" != 12 ]; then
+            fail gpu/param-casts "step_k0_cast ran '$ck' times in kept's 3 steps (3 expected) and '$ce' in every's (12 expected)" "$d/kept.out" "$d/every.out"
+        else
+            pass "gpu/param-casts (the cast kernel 3 times in 3 steps of 4 micro-batches, 12 recasting; weights and logs byte for byte)"
         fi
     fi
 fi
