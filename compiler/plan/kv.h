@@ -8,7 +8,8 @@
 #include "graph.h"
 
 typedef struct KvConfig {
-    int64_t rows;       /* N: new tokens per call of forward_chunk */
+    int64_t rows;       /* N: new tokens per call of forward_chunk (batch.tokens, at most 256) */
+    int64_t tokens;     /* the batch.tokens it came from (the serve block's default without one) */
     int64_t block;      /* tokens per KV block */
     int64_t max_blocks; /* blocks of one sequence: ceil(context / block) */
     DType kv_dt;        /* the pool's: DT_F32, DT_BF16 or DT_F16 */
