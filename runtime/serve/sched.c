@@ -339,6 +339,7 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         RtError err;
         rt_error_clear(&err);
+        double t0 = rt_now();
         RtStatus st = rt_engine_step(s->engine, seqs, nb, &err);
         double now = rt_now();
         pthread_mutex_lock(&s->mu);
@@ -351,6 +352,8 @@ static void *sched_main(void *arg) {
         int64_t decodes = 0;
         for (int64_t i = 0; i < nb; i++) decodes += batch[i].n == 1 && batch[i].r->computed >= batch[i].r->nprompt;
         if (decodes > s->m.decodes_max) s->m.decodes_max = decodes;
+        s->m.engine_seconds += now - t0;
+        if (decodes == nb) s->m.decode_seconds += now - t0, s->m.decode_tokens += nb;
         s->m.split_iterations += s->engine->calls - s->m.engine_calls > 1;
         s->m.engine_calls = s->engine->calls;
         s->m.call_rows_max = s->engine->call_rows_max;

@@ -784,6 +784,13 @@ static enum MHD_Result metrics(SvServer *sv, struct MHD_Connection *c) {
     GAUGE("mbt_serve_engine_call_rows", "New tokens one call of forward_chunk takes at most (0: no KV cache).",
           s->engine->call_rows);
     GAUGE("mbt_serve_engine_call_rows_max", "The most new tokens one call has held.", m.call_rows_max);
+    fprintf(f,
+            "# HELP mbt_serve_engine_seconds_total Seconds inside the engine's steps.\n"
+            "# TYPE mbt_serve_engine_seconds_total counter\nmbt_serve_engine_seconds_total %.9g\n"
+            "# HELP mbt_serve_decode_step_seconds_total Seconds inside the steps that held decodes alone.\n"
+            "# TYPE mbt_serve_decode_step_seconds_total counter\nmbt_serve_decode_step_seconds_total %.9g\n",
+            m.engine_seconds, m.decode_seconds);
+    COUNTER("mbt_serve_decode_step_tokens_total", "Tokens of the steps that held decodes alone.", m.decode_tokens);
     GAUGE("mbt_serve_decode_batch_max", "The most decodes (one new token of a sequence past its prompt) one step has held.",
           m.decodes_max);
     fprintf(f,

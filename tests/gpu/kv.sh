@@ -16,7 +16,8 @@
 #   gpu/kv/serve/NAME  tests/serve/serve_test.py's checks with MBT_SERVE_DEVICE (every server and
 #                      generate on the device): greedy through the server equals generate; 16
 #                      sampled prompts at once equal each alone, tokens and log-probabilities bit
-#                      for bit; chunks of 4 equal no chunking, bit for bit; a pool of one context
+#                      for bit; chunks of 4 equal no chunking, bit for bit; 64 decodes a step in one
+#                      call of 64 rows, bit for bit as alone (no 16-row control on the device); a pool of one context
 #                      preempts and loses nothing; a pool under one context refused; the pool
 #                      sized from the device's free memory (kv.memory) and the cached engine on
 #                      the GPU. On the emulated GPU the device has MBT_FAKE_CUDA_MEM = 256 MiB (the
@@ -77,7 +78,7 @@ else
     [ -x "$venv/bin/python3" ] && spy=$venv/bin/python3
     mkdir -p "$d/serve"
     cp "$K/prog" "$d/serve/gpt" && cp "$w" "$d/serve/gpt.safetensors"
-    checks="greedy-equals-generate batched-equals-alone chunked-equals-unchunked preemption-loses-nothing pool-smaller-than-context kv-pool-from-device-memory"
+    checks="greedy-equals-generate batched-equals-alone chunked-equals-unchunked decode-batch-one-call preemption-loses-nothing pool-smaller-than-context kv-pool-from-device-memory"
     if [ "$DEVICE" = emu ]; then
         MBT_SERVE_DEVICE="${DUT[*]}" MBT_SERVE_CHECKS="$checks" MBT_FAKE_CUDA_MEM=268435456 MBT_LIBCUDA="$FAKE" \
             MBT_LIBCUBLASLT="$FAKE" MBT_FAKE_CUDA_EMU="$K/prog.cu.so" timeout 900 "$spy" tests/serve/serve_test.py "$BUILD" "$d/serve" \
