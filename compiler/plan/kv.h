@@ -23,6 +23,12 @@ typedef struct KvChunk {
     int64_t head_dim;        /* their width */
     int64_t meta_bytes;      /* the metadata's bytes: the kv input */
     int64_t bytes_per_token; /* the pool's bytes for one position over all layers */
+    /* per node of g (ntoken_axis of them): its token axis when the node is token-wise (row i of
+     * that axis depends on the call's row i alone), else -1 (constant, position-table rows, the
+     * metadata, or unknown): what lets the CPU's fused kernels run the rows a call uses alone
+     * (host.c, chunk_kernel_rows) */
+    const signed char *token_axis;
+    int ntoken_axis;
 } KvChunk;
 
 /* The forward graph g (batch 1, T positions, logits at node out) over cfg->rows new tokens with
