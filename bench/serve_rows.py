@@ -25,7 +25,7 @@ disturbed on a shared machine) and the ratio of each arm's engine rate to the fi
 
 Usage: bench/serve_rows.py [--build build] [--source tests/serve/gpt.mbt] [--train small] [-I DIR]
          [--batch 64] [--rows 16,64] [--prompt-len 2] [--output-len 28] [--threads 2] [--repeat 3]
-         [--json OUT]
+         [--cuda-arch sm_90 --device cuda] [--json OUT]
 """
 import argparse
 import importlib.util
@@ -82,6 +82,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--client-procs", type=int, default=4)
+    ap.add_argument("--cuda-arch", default="none", help="mbtc's --cuda-arch (none: the CPU alone)")
+    ap.add_argument("--device", default="cpu", help="serve's --device (cuda with a --cuda-arch build)")
     ap.add_argument("--json")
     a = ap.parse_args()
     B, P, O = a.batch, a.prompt_len, a.output_len
@@ -97,7 +99,7 @@ def main():
         open(path, "w").write(with_rows(src, train, R, B))
         progs[R] = os.path.join(work, f"rows{R}")
         t0 = time.monotonic()
-        run([os.path.join(a.build, "mbtc"), *incs, path, "--train", train, "--cuda-arch=none", "-o", progs[R]],
+        run([os.path.join(a.build, "mbtc"), *incs, path, "--train", train, f"--cuda-arch={a.cuda_arch}", "-o", progs[R]],
             f"mbtc -o (rows {R})")
         info = run([progs[R], "info"], "info")
         got = re.search(r"a chunk call takes up to (\d+) new tokens", info)
@@ -114,8 +116,8 @@ def main():
     for k in range(a.repeat):
         for R in arms:
             budget = str(max(B, B * P))
-            cmd = [progs[R], "serve", "--weights", weights, "--port", "0", "--threads", str(a.threads), "--batch-seqs",
-                   str(B), "--batch-tokens", budget, "--prefill-chunk", budget]
+            cmd = [progs[R], "serve", "--weights", weights, "--port", "0", "--threads", str(a.threads), "--device", a.device,
+                   "--batch-seqs", str(B), "--batch-tokens", budget, "--prefill-chunk", budget]
             srv = sg.Server(cmd, dict(os.environ, MBT_SERVE_GATHER=str(B)))
             try:
                 m0 = srv.metrics()
