@@ -20,7 +20,9 @@ line, "N bytes a block" / the block); bound tokens/s = B x HBM bandwidth / bytes
 bandwidth measured in the same run (a device-to-device copy of --copy-mib MiB timed with torch's
 CUDA events, read + write counted) and the vendor's figure for the GPU named beside it. The issue's
 target is 70% of the bound at B >= 64. "as built" repeats the bound with the weights read once
-a call of forward_chunk (a call holds at most 16 rows, docs/serve.md "Not done").
+a call of forward_chunk, ceil(B / rows) calls a step, the rows a call takes from the server's
+/metrics (mbt_serve_engine_call_rows: the program's batch.tokens, at most 256, docs/serve.md);
+"calls/step" is measured: the server's calls over its steps during the burst.
 
 The peer: transformers' GPT2LMHeadModel / LlamaForCausalLM with random weights of the same
 configuration (the GPU machine has no network), the same dtype (f32) and device, generate() greedy
@@ -193,6 +195,14 @@ class Server:
 
     def port_missing(self):
         return not hasattr(self, "port")
+
+    def metrics(self):
+        """The server's /metrics as {name: value}."""
+        c = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln and not ln.startswith("#"))}
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
@@ -395,10 +405,16 @@ def bench_model(a, name, spec, work, bw, out):
                rows=[])
     try:
         burst(srv, 1, P, min(O, 4), spec["hf"]["vocab"], a.seed, 1)  # warm-up
+        call_rows = int(srv.metrics()["mbt_serve_engine_call_rows"])
+        rec["call_rows"] = {"value": call_rows, "how": "measured: the server's mbt_serve_engine_call_rows"}
         for B in a.batches:
+            m0 = srv.metrics()
             s = decode_stats(burst(srv, B, P, O, spec["hf"]["vocab"], a.seed + B, a.client_procs), P, O)
+            m1 = srv.metrics()
+            steps = m1["mbt_serve_iterations_total"] - m0["mbt_serve_iterations_total"]
+            ncalls = m1["mbt_serve_engine_calls_total"] - m0["mbt_serve_engine_calls_total"]
             step_bytes = wbytes + B * s["mean_context"] * bpt
-            calls = math.ceil(B / 16)
+            calls = math.ceil(B / call_rows)
             bound = B * bw / step_bytes
             bound_built = B * bw / (calls * wbytes + B * s["mean_context"] * bpt)
             tps = s["decode_tokens_per_s"]
@@ -413,7 +429,10 @@ def bench_model(a, name, spec, work, bw, out):
                 bound_tokens_per_s={"value": bound, "how": "computed: B x measured bandwidth / bytes a step"},
                 fraction_of_bound={"value": tps / bound if tps else None, "how": "computed"},
                 bound_as_built_tokens_per_s={"value": bound_built,
-                                             "how": f"computed: the weights read once a call, {calls} calls of 16 rows"},
+                                             "how": f"computed: the weights read once a call, {calls} calls of "
+                                                    f"{call_rows} rows"},
+                calls_per_step={"value": ncalls / steps if steps else None,
+                                "how": f"measured: {int(ncalls)} calls of forward_chunk in {int(steps)} steps"},
             ))
     finally:
         srv.stop()
@@ -442,15 +461,16 @@ def table(name, rec, bw):
         f"bandwidth {bw / 1e9:.0f} GB/s (measured)")
     if not peer_rows:
         say(f"  the peer (transformers' generate): skipped: {rec['peer']['skipped']}")
-    say(f"{'B':>4} {'decode tok/s':>13} {'bound tok/s':>12} {'of bound':>9} {'as built':>10} {'TTFT ms':>9} "
-        f"{'TPOT ms':>8} {'HF TTFT ms':>11} {'HF TPOT ms':>11} {'HF tok/s':>9}")
-    say(f"{'':>4} {'(measured)':>13} {'(computed)':>12} {'(comp.)':>9} {'(comp.)':>10} {'(meas.)':>9} "
+    say(f"{'B':>4} {'decode tok/s':>13} {'bound tok/s':>12} {'of bound':>9} {'as built':>10} {'calls/step':>10} "
+        f"{'TTFT ms':>9} {'TPOT ms':>8} {'HF TTFT ms':>11} {'HF TPOT ms':>11} {'HF tok/s':>9}")
+    say(f"{'':>4} {'(measured)':>13} {'(computed)':>12} {'(comp.)':>9} {'(comp.)':>10} {'(meas.)':>10} {'(meas.)':>9} "
         f"{'(meas.)':>8} {'(measured)':>11} {'(measured)':>11} {'(meas.)':>9}")
     for r in rec["rows"]:
         p = peer_rows.get(r["batch"], {})
         fr = r["fraction_of_bound"]["value"]
         say(f"{r['batch']:>4} {fmt(r['decode_tokens_per_s']['value']):>13} {fmt(r['bound_tokens_per_s']['value']):>12} "
             f"{fmt(100 * fr if fr else None, '{:.1f}%'):>9} {fmt(r['bound_as_built_tokens_per_s']['value']):>10} "
+            f"{fmt(r['calls_per_step']['value'], '{:.2f}'):>10} "
             f"{fmt(r['ttft_ms']['value'], '{:.2f}'):>9} {fmt(r['tpot_ms']['value'], '{:.2f}'):>8} "
             f"{fmt(p.get('ttft_ms'), '{:.2f}'):>11} {fmt(p.get('tpot_ms'), '{:.2f}'):>11} {fmt(p.get('tokens_per_s')):>9}")
 

@@ -68,6 +68,40 @@ static int chunk_gemm_rows(Host *h, const Sched *S, const FuseGemm *g) {
     return rest == g->k;
 }
 
+/* How many work items of kernel k make one row of the chunk phase's call, when k may run the rows
+ * the call uses alone (items [0, len x that)), else 0. On the CPU only (the GPU's launches keep
+ * their compiled grid). It must be an elementwise or row kernel in one segment - whose work items
+ * enumerate its output (the elements, or the rows of its leading axes) in row-major order - whose
+ * every written buffer is a token-wise node (kv.c's token_axis) with the token axis its first axis
+ * above 1, of the call's rows, and whose every other buffer is constant (no input behind it) or
+ * token-wise: then the items of call row r are the r-th of rows equal runs and touch row r alone
+ * (a row never reads another: kv.c), so the rows a call uses need no other items. Padding rows'
+ * values are then whatever the arena held; no one reads them (chunk_gemm_rows's rule). */
+static int64_t chunk_kernel_rows(Host *h, const Sched *S, const Kernel *k) {
+    const PlanSchedules *ps = &h->plan->sched;
+    if (h->target != &host_target_cpu || !h->chunk_len || S->mem != &h->plan->mem.phase[PLAN_CHUNK] || h->chunk_rows < 2)
+        return 0;
+    if ((k->kind != KK_ELEMENTWISE && k->kind != KK_ROW) || k->nsegments > 1 || k->kv || k->lora || k->attn || k->ce) return 0;
+    int64_t R = h->chunk_rows;
+    if (k->grid < R || k->grid % R != 0) return 0;
+    const Graph *g = S->r->g;
+    int wrote = 0;
+    for (int i = 0; i < k->nbufs; i++) {
+        const KBuf *b = &k->bufs[i];
+        if (b->node < 0 || b->node >= g->n) return 0;
+        int tok = b->node < ps->chunk.ntoken_axis ? ps->chunk.token_axis[b->node] : -1;
+        if (!b->written && !h->chunk_dep[b->node]) continue; /* constant: the parameters, what comes of them */
+        if (tok < 0) return 0;                               /* token-dependent, its rows not known */
+        if (!b->written) continue;
+        const GNode *n = graph_node(g, b->node);
+        if (b->rank != n->rank || tok >= n->rank || n->shape[tok] != R) return 0;
+        for (int d = 0; d < n->rank; d++)
+            if (b->shape[d] != n->shape[d] || (d < tok && n->shape[d] != 1)) return 0;
+        wrote = 1;
+    }
+    return wrote ? k->grid / R : 0;
+}
+
 /* A fused LoRA kernel on the CPU (kir.h's KLora): rt_lora_f32, OpenBLAS on row tiles whose S stays in
  * cache, rather than the kernel's body (a row a work item, scalar loops); the chunk phase keeps the
  * body, whose rows never depend on the call (docs/serve.md, "Numerics"). */
@@ -158,7 +192,11 @@ static void emit_launch(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, 
             /* the KV pool: a parameter of the kv input's buffer that is not its i32 metadata (cg_kv_attention) */
             if (h->kv_pool && S->mem->slots[k->bufs[i].buffer].home == PH_KV && k->bufs[i].dt != DT_I32) bufs[i] = h->kv_pool;
         }
-        h->target->launch(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"));
+        int64_t per_row = chunk_kernel_rows(h, S, k);
+        if (per_row > 0) /* the rows the call uses alone (RtStep.len, emit_chunk) */
+            host_cpu_launch_count(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"),
+                                  LLVMBuildMul(h->b, h->chunk_len, ci64(h, per_row), "items"));
+        else h->target->launch(h, f, S, L->kernel, ptr_array(h, bufs, k->nbufs, "bufs"));
     }
 }
 

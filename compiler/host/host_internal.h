@@ -136,6 +136,9 @@ struct HostTarget {
 extern const HostTarget host_target_cpu, host_target_gpu;
 /* the chunk phase's GEMM (target_cpu.c): rt_sgemm_rows_batched / rt_bgemm_rows_batched */
 LLVMValueRef host_rows_gemm(Host *h, DType dt);
+/* kernel over work items [0, count) on the CPU, count a run-time value: called directly below
+ * target_cpu.c's SMALL_GRID, else on the pool (the chunk phase's kernels over the rows a call uses) */
+void host_cpu_launch_count(Host *h, const HostFn *f, const Sched *S, int kernel, LLVMValueRef bufs, LLVMValueRef count);
 
 /* ---- builders.c: the ABI's types and small builders ----------------------------------------------- */
 

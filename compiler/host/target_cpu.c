@@ -25,6 +25,22 @@ static void cpu_launch(Host *h, const HostFn *f, const Sched *S, int kernel, LLV
     }
 }
 
+void host_cpu_launch_count(Host *h, const HostFn *f, const Sched *S, int kernel, LLVMValueRef bufs, LLVMValueRef count) {
+    LLVMBasicBlockRef small = LLVMAppendBasicBlockInContext(h->ctx, f->fn, "direct");
+    LLVMBasicBlockRef pool = LLVMAppendBasicBlockInContext(h->ctx, f->fn, "pooled");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(h->ctx, f->fn, "launched");
+    LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntSLT, count, ci64(h, SMALL_GRID), ""), small, pool);
+    LLVMPositionBuilderAtEnd(h->b, small);
+    LLVMValueRef a[3] = {bufs, ci64(h, 0), count};
+    LLVMBuildCall2(h->b, LLVMGlobalGetValueType(S->kfn[kernel]), S->kfn[kernel], a, 3, "");
+    LLVMBuildBr(h->b, done);
+    LLVMPositionBuilderAtEnd(h->b, pool);
+    LLVMValueRef p[4] = {f->exec, count, S->kwrap[kernel], bufs};
+    LLVMBuildCall2(h->b, h->pfor_t, h->pfor, p, 4, "");
+    LLVMBuildBr(h->b, done);
+    LLVMPositionBuilderAtEnd(h->b, done);
+}
+
 static LLVMValueRef cpu_gemm(Host *h, DType dt) {
     if (dt == DT_F32) return h->gemm;
     if (!h->bgemm) h->bgemm = LLVMAddFunction(h->m, "rt_bgemm_batched", h->gemm_t);

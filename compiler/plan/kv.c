@@ -359,6 +359,12 @@ const char *kv_chunk_graph(const Graph *g, int out, int64_t T, const KvConfig *c
     res->head_dim = c.head_dim;
     res->meta_bytes = meta * 4;
     res->bytes_per_token = (int64_t)c.nlayers * 2 * c.heads_kv * c.head_dim * dtype_size(cfg->kv_dt);
+    signed char *axis = arena_alloc(ar, (size_t)c.ng->n + 1);
+    memset(axis, -1, (size_t)c.ng->n + 1);
+    for (int i = 0; i < g->n; i++) /* token-wise nodes keep their axis, resized to N (kv_node) */
+        if (c.st[i].kind == KS_TOK && c.map[i] >= 0 && c.map[i] < c.ng->n) axis[c.map[i]] = c.st[i].axis;
+    res->token_axis = axis;
+    res->ntoken_axis = c.ng->n;
     if (graph_verify(c.ng, stderr)) INTERNAL("the forward over new tokens fails graph_verify (problems above)");
     return NULL;
 }

@@ -8,7 +8,8 @@
 #include "graph.h"
 
 typedef struct KvConfig {
-    int64_t rows;       /* N: new tokens per call of forward_chunk */
+    int64_t rows;       /* N: new tokens per call of forward_chunk (batch.tokens, at most 256) */
+    int64_t tokens;     /* the batch.tokens it came from (the serve block's default without one) */
     int64_t block;      /* tokens per KV block */
     int64_t max_blocks; /* blocks of one sequence: ceil(context / block) */
     DType kv_dt;        /* the pool's: DT_F32, DT_BF16 or DT_F16 */
@@ -22,6 +23,12 @@ typedef struct KvChunk {
     int64_t head_dim;        /* their width */
     int64_t meta_bytes;      /* the metadata's bytes: the kv input */
     int64_t bytes_per_token; /* the pool's bytes for one position over all layers */
+    /* per node of g (ntoken_axis of them): its token axis when the node is token-wise (row i of
+     * that axis depends on the call's row i alone), else -1 (constant, position-table rows, the
+     * metadata, or unknown): what lets the CPU's fused kernels run the rows a call uses alone
+     * (host.c, chunk_kernel_rows) */
+    const signed char *token_axis;
+    int ntoken_axis;
 } KvChunk;
 
 /* The forward graph g (batch 1, T positions, logits at node out) over cfg->rows new tokens with

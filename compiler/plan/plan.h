@@ -124,6 +124,8 @@ void plan_warn_no_logits(const PlanSchedules *s, const char *train);
  * and up products stay GEMMs (fused LoRA is for f32 products). Nothing otherwise. */
 void plan_warn_lora_unfused(const PlanSchedules *s, const char *train);
 /* The chunk phase's settings for a train block (schedules.c). */
+/* the most rows (new tokens) a call of forward_chunk takes (plan_kv_config) */
+#define PLAN_KV_ROWS_MAX 256
 const char *plan_kv_config(const TrainBuild *tb, KvConfig *kv);
 
 /* ---- the memory plan: every address the executable uses ---- */

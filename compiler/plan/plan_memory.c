@@ -441,7 +441,12 @@ static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
     case PH_Y:
     case PH_POS:
         for (int i = 0; i < m->ninputs; i++)
-            if (m->inputs[i].home == h) return m->inputs[i].bytes;
+            if (m->inputs[i].home == h) {
+                /* the chunk phase's tokens share the input batch, which the runtime allocates for
+                 * the larger of a micro-batch and a call's rows (rt_exec_open) */
+                int64_t rows = h == PH_X && p->sched.n > PLAN_CHUNK ? p->sched.kv.rows * 4 : 0;
+                return m->inputs[i].bytes > rows ? m->inputs[i].bytes : rows;
+            }
         return 0;
     case PH_STATS: return m->stat_bytes;
     case PH_ARENA: return m->arena_bytes;
@@ -806,11 +811,11 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
     if (which == PLAN_CHUNK) {
         const PlanSchedules *s = &p->sched;
         fprintf(out,
-                "kv cache: %" PRId64 " new tokens a call; blocks of %" PRId64 " tokens, %" PRId64
-                " a sequence; %s; %d layer%s of %" PRId64 " key/value heads of %" PRId64 "; %" PRId64
+                "kv cache: %" PRId64 " new tokens a call (batch.tokens %" PRId64 ", at most %d); blocks of %" PRId64
+                " tokens, %" PRId64 " a sequence; %s; %d layer%s of %" PRId64 " key/value heads of %" PRId64 "; %" PRId64
                 " bytes a position in the pool (RtStep.kv_pool); the kv input holds %" PRId64 " bytes of metadata\n",
-                s->kv.rows, s->kv.block, s->kv.max_blocks, dtype_name(s->kv.kv_dt), s->chunk.layers,
-                s->chunk.layers == 1 ? "" : "s", s->chunk.heads_kv, s->chunk.head_dim, s->chunk.bytes_per_token,
+                s->kv.rows, s->kv.tokens, PLAN_KV_ROWS_MAX, s->kv.block, s->kv.max_blocks, dtype_name(s->kv.kv_dt),
+                s->chunk.layers, s->chunk.layers == 1 ? "" : "s", s->chunk.heads_kv, s->chunk.head_dim, s->chunk.bytes_per_token,
                 s->chunk.meta_bytes);
     }
     if (which == PLAN_UPDATE)
@@ -890,6 +895,7 @@ void plan_print_summary(FILE *out, const Plan *p) {
     if (p->config && p->config->zero == 3) plan_print_gather_summary(out, p);
     for (int i = 0; i < PLAN_NPHASES; i++)
         fprintf(out, "plan: per %s %d kernels, %d GEMMs\n", call[i], m->phase[i].kernels, m->phase[i].gemms);
+    if (p->sched.n > PLAN_CHUNK) fprintf(out, "plan: a chunk call takes up to %" PRId64 " new tokens\n", p->sched.kv.rows);
     for (int k = 0; k < p->nprograms; k++) {
         const PlanProgram *pr = &p->programs[k];
         int64_t nmicro = pr->accumulation * pr->data;

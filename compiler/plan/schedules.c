@@ -75,16 +75,26 @@ static Graph *logits_graph(const TrainBuild *tb, PlanSchedules *out, Arena *ar) 
     return g;
 }
 
-/* The chunk phase's geometry: KV_ROWS new tokens a call (at most seq); the serve block's
- * kv { block, dtype } (TrainBuild.serve), else blocks of KV_BLOCK tokens and an f32 pool (generate
- * alone: the recompute path's precision); enough blocks for seq positions (the longest context
- * forward_logits takes). NULL, or why the pool's dtype cannot be carried out (fp8). */
-enum { KV_ROWS = 16, KV_BLOCK = 16 };
+/* The chunk phase's geometry. Its rows (new tokens a call of forward_chunk) are the serve block's
+ * batch.tokens - an iteration's whole budget, so the scheduler's iteration (a decode batch of up
+ * to batch.seqs sequences, plus prefill chunks) is one call that reads every weight once - at most
+ * KV_ROWS_MAX: the chunk arena grows with the rows (the logits alone are rows x vocab floats: 49
+ * MiB for GPT-2 at 256 rows), and 256 sequences is vLLM's default max_num_seqs, so a decode batch
+ * of up to 256 is still one call. An iteration with more tokens (prefill chunks beyond 256 rows:
+ * compute-bound, where a second read of the weights costs little) is split by the engine. Without
+ * a serve block, the serve block's default budget (2048, settings_serve.c), so 256. The pool: the
+ * serve block's kv { block, dtype } (TrainBuild.serve), else blocks of KV_BLOCK tokens and an f32
+ * pool (generate alone: the recompute path's precision); enough blocks for seq positions (the
+ * longest context forward_logits takes). NULL, or why the pool's dtype cannot be carried out (fp8).
+ * (docs/serve.md, "What a call computes") */
+enum { KV_ROWS_MAX = PLAN_KV_ROWS_MAX, KV_ROWS_DEFAULT_TOKENS = 2048, KV_BLOCK = 16 };
 
 const char *plan_kv_config(const TrainBuild *tb, KvConfig *kv) {
     const TrainConfig *ts = tb->config;
     const ServeConfig *sv = tb->serve;
-    kv->rows = ts->seq < KV_ROWS ? ts->seq : KV_ROWS;
+    int64_t tokens = sv ? sv->tokens : KV_ROWS_DEFAULT_TOKENS;
+    kv->rows = tokens < KV_ROWS_MAX ? tokens : KV_ROWS_MAX;
+    kv->tokens = tokens;
     kv->block = sv ? sv->kv_block : KV_BLOCK;
     kv->max_blocks = (ts->seq + kv->block - 1) / kv->block;
     kv->kv_dt = DT_F32;

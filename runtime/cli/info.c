@@ -70,6 +70,7 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
                 (long long)p->train.offload_act_bytes);
     for (int i = 0; i < RT_NPHASES; i++)
         fprintf(f, "plan: per %s %lld kernels, %lld GEMMs\n", call[i], (long long)pl->kernels[i], (long long)pl->gemms[i]);
+    if (p->kv.rows > 0) fprintf(f, "plan: a chunk call takes up to %lld new tokens\n", (long long)p->kv.rows);
     for (int64_t s = 0; s <= t->nramp; s++) {
         RtRampStage st = s == 0 ? (RtRampStage){0, t->global, t->accum} : t->ramp[s - 1];
         int64_t nmicro = st.accum * t->data_ranks;

@@ -69,6 +69,7 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
         return rt_fail(err, RT_ERR_NOMEM, "cannot allocate %lld parameters", (long long)p->param_floats);
     int64_t tokens = p->train.micro * p->train.seq;
     if (p->logits_seq > tokens) tokens = p->logits_seq;
+    if (p->kv.rows > tokens) tokens = p->kv.rows; /* a call of forward_chunk: its rows' token ids */
     e->state_len = p->state_floats;
     RtStatus st = rt_gpu_open(&e->gpu, p->gpu, want, &e->cpu_reason, err);
     if (st != RT_OK && want == RT_DEVICE_CUDA) rt_error_context(err, "--device cuda");

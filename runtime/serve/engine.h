@@ -69,7 +69,11 @@ struct RtEngine {
     void *kv_pool;              /* nblocks x block x kv_bytes_per_token bytes (NULL without a cache), in
                                    the memory of x's device (rt_engine_pool) */
     int64_t nblocks;            /* blocks of the pool, set by rt_engine_pool before the first step */
-    void *impl;                 /* the implementation's own state */
+    /* what the steps cost, for the scheduler's metrics: the model's forward calls so far
+     * (forward_chunk, or forward_logits per sequence), and the most new tokens one call has held;
+     * call_rows is the most a call takes (RtKvInfo.rows; 0: one sequence a call) */
+    int64_t calls, call_rows_max, call_rows;
+    void *impl; /* the implementation's own state */
 };
 
 /* The recompute engine (engine_recompute.c) on an opened RtExec. */

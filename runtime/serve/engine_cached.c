@@ -63,6 +63,8 @@ static RtStatus cached_call(RtEngine *e, RtEngineSeq *seqs, int64_t rows, RtErro
     s.B = 1, s.T = kv->rows, s.len = rows, s.logits = c->logits, s.kv = x->gpu ? c->d_meta : c->meta, s.kv_pool = e->kv_pool;
     st = rt_exec_call(x, RT_EXEC_FORWARD_CHUNK, &s);
     if (st != RT_OK) return st;
+    e->calls++;
+    if (rows > e->call_rows_max) e->call_rows_max = rows;
     for (int64_t r = 0; r < rows; r++)
         if (c->want[r] >= 0) memcpy(seqs[c->want[r]].logits, c->logits + r * e->vocab, (size_t)e->vocab * sizeof(float));
     return RT_OK;
@@ -172,6 +174,7 @@ RtStatus rt_engine_open_cached(RtEngine *e, RtExec *x, int64_t block, RtError *e
     e->vocab = p->train.vocab;
     e->context = p->logits_seq < kv->max_blocks * kv->block ? p->logits_seq : kv->max_blocks * kv->block;
     e->block = block;
+    e->call_rows = kv->rows;
     e->kv_bytes_per_token = kv->bytes_per_token;
     return RT_OK;
 }

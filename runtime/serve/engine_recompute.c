@@ -29,6 +29,8 @@ static RtStatus recompute_step(RtEngine *e, RtEngineSeq *seqs, int64_t nseqs, Rt
         s.B = 1, s.T = T, s.len = len, s.logits = q->logits, s.seed = 0;
         st = rt_exec_call(x, RT_EXEC_FORWARD_LOGITS, &s);
         if (st != RT_OK) return st;
+        e->calls++;
+        if (q->n > e->call_rows_max) e->call_rows_max = q->n;
     }
     return RT_OK;
 }

@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "serve.h"
 
@@ -294,12 +295,26 @@ static void tps_sample(SvMetrics *m, double now) {
     m->tps_i = (m->tps_i + 1) % 16;
 }
 
+/* MBT_SERVE_GATHER=N (a test's hook, docs/serve.md): the first step waits until N requests are
+ * waiting (at most 10 s), so that a test's burst lands in one batch whatever the threads' timing. */
+static void gather_first(SvSched *s) {
+    const char *env = getenv("MBT_SERVE_GATHER");
+    long long n = env && *env ? strtoll(env, NULL, 10) : 0;
+    if (n < 1) return;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    while (!s->failed && !s->stop && s->nwaiting < n)
+        if (pthread_cond_timedwait(&s->work, &s->mu, &until) == ETIMEDOUT) break;
+}
+
 static void *sched_main(void *arg) {
     SvSched *s = arg;
     int64_t V = s->engine->vocab;
     SvSlot *batch = malloc((size_t)s->cfg.batch_seqs * sizeof *batch);
     RtEngineSeq *seqs = malloc((size_t)s->cfg.batch_seqs * sizeof *seqs);
     pthread_mutex_lock(&s->mu);
+    gather_first(s);
     if (!batch || !seqs) s->failed = rt_fail_errno(&s->err, ENOMEM, "cannot allocate the scheduler's batch");
     for (;;) {
         while (!s->failed && s->nwaiting == 0 && s->nrunning == 0 && !s->stop) pthread_cond_wait(&s->work, &s->mu);
@@ -324,6 +339,7 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         RtError err;
         rt_error_clear(&err);
+        double t0 = rt_now();
         RtStatus st = rt_engine_step(s->engine, seqs, nb, &err);
         double now = rt_now();
         pthread_mutex_lock(&s->mu);
@@ -333,6 +349,14 @@ static void *sched_main(void *arg) {
             break;
         }
         s->m.iterations++;
+        int64_t decodes = 0;
+        for (int64_t i = 0; i < nb; i++) decodes += batch[i].n == 1 && batch[i].r->computed >= batch[i].r->nprompt;
+        if (decodes > s->m.decodes_max) s->m.decodes_max = decodes;
+        s->m.engine_seconds += now - t0;
+        if (decodes == nb) s->m.decode_seconds += now - t0, s->m.decode_tokens += nb;
+        s->m.split_iterations += s->engine->calls - s->m.engine_calls > 1;
+        s->m.engine_calls = s->engine->calls;
+        s->m.call_rows_max = s->engine->call_rows_max;
         advance(s, batch, nb, now);
         s->m.running = s->nrunning, s->m.waiting = s->nwaiting;
         tps_sample(&s->m, now);

@@ -82,6 +82,13 @@ typedef struct SvMetrics {
     int64_t running, waiting;
     int64_t prompt_tokens, generation_tokens, preemptions, requests_done, requests_cancelled, iterations;
     int64_t prefix_hit_blocks;
+    /* the engine's calls (RtEngine.calls), iterations it ran as more than one call, the most rows
+     * one call held, the most decodes one iteration held */
+    int64_t engine_calls, split_iterations, call_rows_max, decodes_max;
+    /* seconds inside the engine's steps; and those of the steps that held decodes alone, and their
+     * tokens (the engine's decode rate, without the HTTP side) */
+    double engine_seconds, decode_seconds;
+    int64_t decode_tokens;
     SvHist ttft, itl, e2e;
     double started;
     double tps_t[16]; /* a ring of (time, generation_tokens) samples for tokens per second */

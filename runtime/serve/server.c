@@ -777,6 +777,22 @@ static enum MHD_Result metrics(SvServer *sv, struct MHD_Connection *c) {
     COUNTER("mbt_serve_requests_cancelled_total", "Requests cancelled (the client went away, or shutdown).",
             m.requests_cancelled);
     COUNTER("mbt_serve_iterations_total", "Engine steps.", m.iterations);
+    COUNTER("mbt_serve_engine_calls_total",
+            "Calls of the model's forward (forward_chunk; forward_logits a sequence without the cache).", m.engine_calls);
+    COUNTER("mbt_serve_split_iterations_total", "Engine steps that took more than one call of the model's forward.",
+            m.split_iterations);
+    GAUGE("mbt_serve_engine_call_rows", "New tokens one call of forward_chunk takes at most (0: no KV cache).",
+          s->engine->call_rows);
+    GAUGE("mbt_serve_engine_call_rows_max", "The most new tokens one call has held.", m.call_rows_max);
+    fprintf(f,
+            "# HELP mbt_serve_engine_seconds_total Seconds inside the engine's steps.\n"
+            "# TYPE mbt_serve_engine_seconds_total counter\nmbt_serve_engine_seconds_total %.9g\n"
+            "# HELP mbt_serve_decode_step_seconds_total Seconds inside the steps that held decodes alone.\n"
+            "# TYPE mbt_serve_decode_step_seconds_total counter\nmbt_serve_decode_step_seconds_total %.9g\n",
+            m.engine_seconds, m.decode_seconds);
+    COUNTER("mbt_serve_decode_step_tokens_total", "Tokens of the steps that held decodes alone.", m.decode_tokens);
+    GAUGE("mbt_serve_decode_batch_max", "The most decodes (one new token of a sequence past its prompt) one step has held.",
+          m.decodes_max);
     fprintf(f,
             "# HELP mbt_serve_generation_tokens_per_second Tokens generated per second over the last 10 s.\n"
             "# TYPE mbt_serve_generation_tokens_per_second gauge\nmbt_serve_generation_tokens_per_second %.6g\n",

@@ -15,6 +15,12 @@
  *   rt_sgemm_batched, which tests the row-major to column-major mapping. That NVIDIA's library
  *   means the same by these descriptors is what this cannot show.
  * - Time is a clock that launches and matmuls advance by fixed amounts.
+ * - MBT_FAKE_CUBLAS_ROWWISE=1 computes each row of a product alone (the same OpenBLAS call on the
+ *   same aligned buffers for every row), so that a row's bits do not depend on its index in the
+ *   product: what the serving chunk phase assumes of cuBLASLt at a fixed shape and algorithm
+ *   (docs/serve.md, "On the GPU"), which OpenBLAS's blocked product does not give at every shape
+ *   (at 64 rows of tests/serve/gpt.mbt's products it does not). It models the assumption; only a
+ *   GPU can check it (tests/gpu/kv.sh sets it on the emulated GPU).
  *
  * The emulated GPU (MBT_FAKE_CUDA_EMU=FILE.so, a program's CUDA C compiled for the host by
  * tests/cudaemu/build.sh): modules are any image (the executable's real cubin or PTX), their
@@ -947,6 +953,20 @@ static cublasStatus_t fake_rec_matmul(cublasLtMatmulDesc_t d, const void *alpha,
                                       cublasLtMatrixLayout_t cl, void *dst, cublasLtMatrixLayout_t dl,
                                       const cublasLtMatmulAlgo_t *algo);
 
+/* AB = A B (row-major m x k by k x n), each row alone: its row of A copied into one aligned buffer,
+ * one OpenBLAS call of one row into another, so every row takes the same path (MBT_FAKE_CUBLAS_ROWWISE). */
+static void fake_rowwise(int64_t m, int64_t n, int64_t k, const float *A, const float *B, float *AB) {
+    float *a1 = aligned_alloc(64, (size_t)(k + 16) / 16 * 64), *c1 = aligned_alloc(64, (size_t)(n + 16) / 16 * 64);
+    if (!a1 || !c1) abort();
+    for (int64_t i = 0; i < m; i++) {
+        memcpy(a1, A + i * k, sizeof(float) * (size_t)k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, (blasint)n, (blasint)k, 1.0f, a1, (blasint)k, B, (blasint)n,
+                    0.0f, c1, (blasint)n);
+        memcpy(AB + i * n, c1, sizeof(float) * (size_t)n);
+    }
+    free(a1), free(c1);
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *a,
                               cublasLtMatrixLayout_t al, const void *b, cublasLtMatrixLayout_t bl, const void *beta,
                               const void *c, cublasLtMatrixLayout_t cl, void *dst, cublasLtMatrixLayout_t dl,
@@ -976,6 +996,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
      * to D's type: fast enough for the emulated GPU's every GEMM. The copying is this file's own
      * reading of the layouts, which is what test_rt_gpu holds against rt_sgemm_batched. */
     openblas_set_num_threads(1); /* the emulator is one thread; OpenBLAS's idle threads would spin */
+    const char *rw = getenv("MBT_FAKE_CUBLAS_ROWWISE");
+    int rowwise = rw && *rw == '1';
     float *A = malloc(sizeof(float) * (size_t)(m * k + 1)), *B = malloc(sizeof(float) * (size_t)(k * n + 1));
     float *AB = malloc(sizeof(float) * (size_t)(m * n + 1));
     if (!A || !B || !AB) {
@@ -990,7 +1012,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             for (int64_t p = 0; p < k; p++) A[i * k + p] = fake_at(ab, la, desc->op_a, i, p);
         for (int64_t p = 0; p < k; p++)
             for (int64_t j = 0; j < n; j++) B[p * n + j] = fake_at(bb, lb, desc->op_b, p, j);
-        if (k > 0)
+        if (k > 0 && rowwise) fake_rowwise(m, n, k, A, B, AB);
+        else if (k > 0)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f, A, (blasint)k, B,
                         (blasint)n, 0.0f, AB, (blasint)n);
         else memset(AB, 0, sizeof(float) * (size_t)(m * n));

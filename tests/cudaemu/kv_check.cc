@@ -13,6 +13,8 @@
  *   a chunk of 3 rows after 37 cached positions (keys from the pool and from the launch);
  *   decodes at positions 1 and 2 (2 and 3 keys: warps with no key in the combination);
  *   padding rows (no sequence).
+ * Two cases launch a scheduler's iteration instead: 64 decodes and a prefill chunk of 9, 73 rows
+ * and the 2 padding rows (decode_batch).
  * Held to:
  *   out    within tol of the largest |reference| (f32 results: 1e-5; bf16 results: 1e-2), the
  *          reference in double over the keys as the pool holds them (rounded to its type);
@@ -86,11 +88,22 @@ struct Seq {
     int start, n; /* cached positions, new rows */
 };
 
+const std::vector<Seq> mixed = {{0, 5}, {300, 1}, {37, 3}, {1, 1}, {2, 1}};
+
+/* A scheduler's whole iteration in one launch (docs/serve.md: a call takes batch.tokens rows, up to
+ * 256): 64 decodes after 0 to 189 cached positions, then a prefill chunk of 9 rows after 20: 73
+ * rows, more than the 16 a call once took. */
+std::vector<Seq> decode_batch() {
+    std::vector<Seq> s;
+    for (int i = 0; i < 64; i++) s.push_back({(i * 37) % 190, 1});
+    s.push_back({20, 9});
+    return s;
+}
+
 /* One case: T the type of q, k, v and the result, P the pool's; Hk key/value heads of D columns,
- * G query heads each; blocks of B tokens. */
+ * G query heads each; blocks of B tokens; the launch's sequences seqs (mixed unless given). */
 template <typename T, typename P, int D, int G>
-void run(const char *name, long long Hk, long long B, double tol) {
-    const std::vector<Seq> seqs = {{0, 5}, {300, 1}, {37, 3}, {1, 1}, {2, 1}};
+void run(const char *name, long long Hk, long long B, double tol, const std::vector<Seq> &seqs = mixed) {
     const long long pad = 2, H = Hk * G, L = 3, layer = 1;
     long long N = pad, maxlen = 0;
     for (const Seq &s : seqs) N += s.n, maxlen = maxlen > s.start + s.n ? maxlen : s.start + s.n;
@@ -248,6 +261,8 @@ int main() {
     run<float, __half, 128, 2>("f16-pool-d128", 1, 16, 1e-5);       /* an f16 pool, 4 columns a lane */
     run<__nv_bfloat16, __nv_bfloat16, 32, 2>("bf16-d32", 2, 8, 1e-2); /* bf16 q, k, v and results */
     run<float, float, 256, 4>("f32-d256-g4", 1, 16, 1e-5);           /* the largest G x D: 1024 */
+    run<float, float, 64, 1>("f32-d64-rows75", 2, 16, 1e-5, decode_batch()); /* 75 rows: a decode batch of 64 and a chunk */
+    run<float, __nv_bfloat16, 32, 2>("bf16-pool-d32-rows75", 2, 8, 1e-5, decode_batch()); /* the same, a bf16 pool, GQA */
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

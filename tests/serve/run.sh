@@ -34,6 +34,11 @@ grep -q 'chat     = chatml' "$DIR/gptchat.mbt" || fail_setup "the chat copy of g
 chat_pid=$!
 "$MBTC" tests/serve/gpt.mbt -o "$DIR/gpt" >"$OUT" 2>&1 || { wait $chat_pid; fail_setup "mbtc -o failed"; }
 wait $chat_pid || { OUT="$DIR/build-chat.txt"; fail_setup "mbtc -o of the chat copy failed"; }
+# the control of decode-batch-one-call: calls of forward_chunk of 16 rows (batch.tokens = 16)
+sed 's/^  batch    { tokens = 64,/  batch    { tokens = 16,/; s/prefill_chunk = 8, seqs = 16/prefill_chunk = 8, seqs = 64/' \
+    tests/serve/gpt.mbt >"$DIR/gpt16.mbt"
+grep -q 'tokens = 16,' "$DIR/gpt16.mbt" || fail_setup "the 16-row copy of gpt.mbt has no tokens = 16"
+"$MBTC" "$DIR/gpt16.mbt" -o "$DIR/gpt16" >"$DIR/build-16.txt" 2>&1 || { OUT="$DIR/build-16.txt"; fail_setup "mbtc -o of the 16-row copy failed"; }
 "$DIR/gpt" train --data "$DIR/d/t_train.bin" --steps 200 --save-weights "$DIR/gpt.safetensors" >"$OUT" 2>&1 ||
     fail_setup "training failed"
 [ -x "$BUILD/tests/sv_tokenize" ] || fail_setup "$BUILD/tests/sv_tokenize is not built (make unit)"

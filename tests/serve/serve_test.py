@@ -72,9 +72,10 @@ STOPS = []  # (command, exit status, stderr) of every server stopped with SIGTER
 
 
 class Server:
-    def __init__(self, *args, prog=PROG):
+    def __init__(self, *args, prog=PROG, env=None):
         self.p = subprocess.Popen([prog, "serve", "--weights", WEIGHTS, "--port", "0", "--threads", "1", *DEVICE, *args],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **env) if env else None)
         self.port = None
         self.lines = []  # what it printed up to its listening line
         killer = threading.Timer(30, self.p.kill)  # a server that never says where it listens
@@ -278,6 +279,51 @@ def preemption_loses_nothing():
                "log-probability as alone")
     finally:
         s.stop()
+
+
+def decode_batch_one_call():
+    """A decode batch of 64 sequences is one call of forward_chunk: gpt.mbt's batch.tokens = 64 gives
+    calls of 64 rows (plan_kv_config), so no step of 64 decodes is split, and every sequence's tokens
+    and log-probabilities are bit for bit its own alone. The control, gpt16 (the same model built
+    with batch.tokens = 16, the old cap's geometry) under the same runtime budget, splits them (and,
+    on the CPU, gives the same tokens: a row's bits do not depend on its call). Without DIR/gpt16
+    (tests/gpu/kv.sh, on the device) the control is left out and the line says so.
+    MBT_SERVE_GATHER holds the first step until all 64 wait, so they decode together whatever the
+    client threads' timing."""
+    reqs = [dict(prompt=[(7 * i) % 320], max_tokens=CONTEXT - 2, temperature=1.0, seed=500 + i) for i in range(64)]
+    found = {}
+    control = os.path.join(DIR, "gpt16")
+    for name, prog in (("gpt", PROG), ("gpt16", control)) if os.path.exists(control) else (("gpt", PROG),):
+        s = Server("--batch-seqs", "64", "--batch-tokens", "64", prog=prog, env={"MBT_SERVE_GATHER": "64"})
+        try:
+            rows = int(metrics(s.port)["mbt_serve_engine_call_rows"])
+            together = parallel(lambda r: complete_lp(s.port, **r), [(r,) for r in reqs])
+            m = metrics(s.port)
+            alone = [complete_lp(s.port, **r) for r in reqs] if name == "gpt" else None
+        finally:
+            s.stop()
+        found[name] = (rows, together, alone, m)
+    rows, together, alone, m = found["gpt"]
+    bad = [i for i in range(64) if together[i] != alone[i]]
+    dec, split = int(m["mbt_serve_decode_batch_max"]), int(m["mbt_serve_split_iterations_total"])
+    calls, its = int(m["mbt_serve_engine_calls_total"]), int(m["mbt_serve_iterations_total"])
+    why = (f"calls of {rows} rows: the largest decode batch {dec}, {its} steps in {calls} calls ({split} split), "
+           f"a call's most rows {int(m['mbt_serve_engine_call_rows_max'])}")
+    ok = rows == 64 and dec == 64 and split == 0 and calls == its
+    if "gpt16" in found:
+        rows16, together16, _, m16 = found["gpt16"]
+        split16, calls16, its16 = (int(m16[k]) for k in ("mbt_serve_split_iterations_total",
+                                                         "mbt_serve_engine_calls_total", "mbt_serve_iterations_total"))
+        why += f"; control (calls of {rows16} rows): {its16} steps in {calls16} calls ({split16} split)"
+        ok = ok and rows16 == 16 and split16 > 0 and calls16 > its16
+        if not DEVICE and together16 != together:
+            return report("decode-batch-one-call", False, f"the control's tokens differ from the batch's; {why}")
+    else:
+        why += "; no control (no gpt16 beside the program)"
+    if bad:
+        return report("decode-batch-one-call", False, f"{len(bad)} of 64 differ from alone, first {bad[0]}: batched "
+                      f"{together[bad[0]]}, alone {alone[bad[0]]}; {why}")
+    report("decode-batch-one-call", ok, why + ("; 64 sequences bit for bit as alone" if ok else ""))
 
 
 def prefix_sharing():
@@ -578,7 +624,7 @@ def tokenizer_checks():
 
 
 for name, fn in [("greedy-equals-generate", greedy_equals_generate), ("batched-equals-alone", batched_equals_alone),
-                 ("chunked-equals-unchunked", chunked_equals_unchunked),
+                 ("chunked-equals-unchunked", chunked_equals_unchunked), ("decode-batch-one-call", decode_batch_one_call),
                  ("preemption-loses-nothing", preemption_loses_nothing), ("prefix-sharing", prefix_sharing),
                  ("fifty-clients-some-leave", many_clients_some_leave), ("malformed-requests", malformed_requests),
                  ("endpoints", endpoints), ("pool-smaller-than-context", pool_too_small),
