@@ -22,7 +22,10 @@
  * kernel's inline chain).
  * A GEMM's bias gradient (F_GEMM_BGRAD: its B's column sums, fuse_lower.c) is pinned to the GEMM:
  * one launch, the library's epilogue. LoRA's down product (F_LORA_S) is pinned to its up product's
- * kernel (F_LORA): one launch computing both (fuse_lower.c's fl_lora_chain).
+ * kernel (F_LORA): one launch computing both (fuse_lower.c's fl_lora_chain). Cross-entropy's
+ * statistics (F_CE_STATS) are pinned to the classifier kernel (F_CE_GRAD) that reads them, when
+ * one does: one launch reads the logits for both (fz_setup; fuse.c's fz_ce_inplace may then give
+ * the gradient the logits' buffer).
  * Each anchored and each materialised inline node starts as a launch of its own; launches then
  * merge while the launch graph stays acyclic and the merged kernel can be written (a row
  * reduction may only be read at its own row; fuse_codegen refuses otherwise):
