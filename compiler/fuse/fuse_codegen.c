@@ -683,9 +683,10 @@ int fuse_kernel_nodes(FuseCtx *c, int kid, int **nodes, Arena *ar) {
         if (f >= 0 && in[f] && (gr->node[id]->op != G_CONST || in[f] == 1)) want[id] = 1; /* constants: when stored */
         if (c->fg->absorbed[id] >= 0 && in[c->fg->absorbed[id]]) want[id] = 1;
         if (f >= 0 && c->fg->node[f]->op == F_CE_GRAD) /* the backward and the concat the classifier kernel took in */
-            for (int i = 0; i < K->members.n; i++)
-                if (c->fg->node[K->members.v[i]]->op == F_CE_GRAD && c->fg->node[K->members.v[i]]->in[0] == c->fg->node[f]->in[0])
-                    want[id] = 1;
+            for (int i = 0; i < K->members.n; i++) {
+                const FNode *a = c->fg->node[K->members.v[i]], *b = c->fg->node[f];
+                if (a->op == F_CE_GRAD && memcmp(a->in, b->in, sizeof(int) * 4) == 0) want[id] = 1;
+            }
     }
     for (int i = 0; i < K->members.n; i++) {
         int gid = c->fg->node[K->members.v[i]]->gid;

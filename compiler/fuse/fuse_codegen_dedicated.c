@@ -787,13 +787,17 @@ int fuse_ce_inplace_base(const FuseCtx *c, const FNode *n) {
  * gradient may be stored over them (fz_ce_inplace): one parameter then, loaded and stored. */
 void cg_ce_grad(CG *g, const FNode *n) {
     const FNode *st = cg_n(g, n->in[0]), *x = cg_n(g, n->in[1]), *tg = cg_n(g, n->in[2]), *dl = cg_n(g, n->in[3]);
-    if (g->c->owner[st->id] != g->kid) INTERNAL("fuse: a classifier kernel without its statistics");
-    int rank = x->rank;
+    int rank = x->rank, own = g->c->owner[st->id] == g->kid;
     int64_t V = x->shape[rank - 1], W = n->shape[rank - 1], rows = fuse_numel(x) / V, N = fuse_numel(tg);
     KType t = cg_t(x), ot = cg_t(n);
     int gid = kb_gid(g->b), m, s;
     g->k->grid = rows;
-    cg_ce_row_stats(g, st, gid, &m, &s);
+    if (own) cg_ce_row_stats(g, st, gid, &m, &s);
+    else { /* statistics two classifier kernels read (the partition pins them to neither): loaded */
+        int sb = cg_buf(g, st->id, 0), at = cg_imul(g, gid, cg_i(g, 3));
+        m = kb_load(g->b, sb, at);
+        s = kb_load(g->b, sb, cg_iadd(g, at, cg_i(g, 1)));
+    }
     int mt = cg_as(g, m, t), s_t = cg_as(g, s, t);
     KIdx di;
     ix_init(&di, dl->rank, dl->shape);
@@ -822,7 +826,7 @@ void cg_ce_grad(CG *g, const FNode *n) {
         kb_store(g->b, obuf, cg_iadd(g, orow, cg_iadd(g, cg_i(g, V), j)), cg_f(g, ot, 0.0));
         kb_endloop(g->b);
     }
-    if (g->K->members.n != 2 || !g->c->mat[st->id] || dl->op != F_CONST) return;
+    if (!own || g->K->members.n != 2 || !g->c->mat[st->id] || dl->op != F_CONST) return;
     KCeStats *d = arena_alloc(g->ar, sizeof *d);
     d->dt = st->dt;
     if (t != cg_t(st) || !cg_ce_rows(g, x, d) || !cg_ce_targets(g, tg, d)) return;

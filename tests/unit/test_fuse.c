@@ -738,6 +738,25 @@ static void test_cross_entropy_inplace(void) {
     int sb = s2.r->node_buffer[logits];
     CHECK(sb >= 0 && s2.r->buffers[sb].over < 0 && s2.overwritten == 0, "logits read after the classifier: not overwritten");
     tf_end(t);
+
+    /* the same cross-entropy twice, two graph nodes (ce + 2 ce'): two classifier kernels (their
+     * seeds differ) read one statistics node, which then is a kernel of its own that both load */
+    t = tf_begin(8);
+    x = tf_input(t, S(2, 4, 6));
+    w = tf_param(t, S(6, 10));
+    y = tf_index(t, S(2, 4), 10);
+    logits = tf_matmul(t, x, w);
+    int l1 = tf_cross_entropy(t, logits, y), l2 = tf_cross_entropy(t, logits, y);
+    t->g->loss = tf_bin(t, G_ADD, l1, tf_bin(t, G_MUL, tf_const(t, 2.0), l2));
+    autodiff(t->g);
+    Fused two = fuse_check("cross_entropy twice", t->g, t->leaf, NULL, 0, &t->ar);
+    int bwd = 0;
+    for (int li = 0; li < two.r->nlaunches; li++)
+        for (int i = 0; i < two.r->launches[li].nnodes; i++)
+            bwd += t->g->node[two.r->launches[li].nodes[i]]->op == G_CROSS_ENTROPY_BWD;
+    CHECK(two.compared > 0 && two.err <= TF_TOL && bwd == 2,
+          "two classifier kernels over one statistics node: as the unfused graph (%d launches compute a backward)", bwd);
+    tf_end(t);
 }
 
 /* AdamW written out per parameter with graph_add, three parameters of different shapes: a purely
