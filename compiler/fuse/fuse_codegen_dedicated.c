@@ -826,7 +826,9 @@ void cg_ce_grad(CG *g, const FNode *n) {
         kb_store(g->b, obuf, cg_iadd(g, orow, cg_iadd(g, cg_i(g, V), j)), cg_f(g, ot, 0.0));
         kb_endloop(g->b);
     }
-    if (!own || g->K->members.n != 2 || !g->c->mat[st->id] || dl->op != F_CONST) return;
+    /* the seed a constant (the step's 1, or a loss's constant factor folded into it): a value the
+     * CUDA kernel takes as k = dloss / N */
+    if (!own || g->K->members.n != 2 || !g->c->mat[st->id] || g->k->inst[dlv].op != K_CONST) return;
     KCeStats *d = arena_alloc(g->ar, sizeof *d);
     d->dt = st->dt;
     if (t != cg_t(st) || !cg_ce_rows(g, x, d) || !cg_ce_targets(g, tg, d)) return;
@@ -834,7 +836,7 @@ void cg_ce_grad(CG *g, const FNode *n) {
     d->grad = obuf;
     d->gW = W;
     d->grad_dt = n->dt;
-    d->dloss = dl->fa[0];
+    d->dloss = g->k->inst[dlv].f;
     d->N = (double)N;
     if (d->grad == d->in && (d->gW != d->stride || d->in_off != 0))
         INTERNAL("fuse: a classifier kernel in place over other rows");

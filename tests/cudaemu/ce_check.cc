@@ -157,8 +157,9 @@ int main(int argc, char **argv) {
     }
     int failed = 0, passed = 0;
     char what[200];
-    snprintf(what, sizeof what, "ce/%s/%s (rows %lld, V %lld, stride %lld%s)", name, argv[11], rows, V, stride,
-             pgrad < 0 ? "" : pgrad == pin ? ", the gradient over the logits" : ", the gradient");
+    snprintf(what, sizeof what, "ce/%s/%s (rows %lld, V %lld, stride %lld%s%s%s)", name, argv[11], rows, V, stride,
+             pgrad < 0 ? "" : pgrad == pin ? ", the gradient over the logits" : ", the gradient",
+             pgrad >= 0 && atof(argv[16]) != 1.0 ? ", dloss " : "", pgrad >= 0 && atof(argv[16]) != 1.0 ? argv[16] : "");
     if (memcmp(got[0].data(), got[1].data(), got[0].size() * 4) != 0 || grad[0] != grad[1]) {
         printf("FAIL %s: %lld and 7 blocks give different bytes\n", what, blocks);
         failed++;

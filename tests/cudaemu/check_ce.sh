@@ -2,7 +2,8 @@
 # tests/cudaemu/check_ce.sh BUILD - the online cross-entropy statistics kernel and the classifier
 # kernel (docs/cuda.md) against a float64 reference on the emulated GPU: for each train block of
 # tests/cudaemu/ce_shapes.mbt (f32 logits; bf16 logits read through the widening cast; both with a
-# padded vocabulary, rows of 3008 for 3001), built as it is (the classifier kernel, writing the
+# padded vocabulary, rows of 3008 for 3001; f32 with the loss scaled by 0.5, the classifier's seed),
+# built as it is (the classifier kernel, writing the
 # gradient over the logits) and with --no-ce-fusion (the statistics alone), its kernels (mbtc
 # --emit=cuda) built by tests/cudaemu/build.sh, and tests/cudaemu/ce_check.cc run on that kernel,
 # whose parameters and sizes it reads from mbtc --emit=kernels (the `ce_stats:` and `ce_grad:`
@@ -16,7 +17,7 @@ fi
 # shellcheck source=tests/cudaemu/check_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
 check_begin ce "$1"
-for block in ce_f32 ce_bf16 ce_pad_f32 ce_pad_bf16 ce_f32:--no-ce-fusion ce_pad_bf16:--no-ce-fusion; do
+for block in ce_f32 ce_bf16 ce_pad_f32 ce_pad_bf16 ce_half_f32 ce_f32:--no-ce-fusion ce_pad_bf16:--no-ce-fusion; do
     src=tests/cudaemu/ce_shapes.mbt
     flag=${block#*:}
     [ "$flag" = "$block" ] && flag=
@@ -53,7 +54,7 @@ for block in ce_f32 ce_bf16 ce_pad_f32 ce_pad_bf16 ce_f32:--no-ce-fusion ce_pad_
         awk '{print $3, $5, $7, substr($10, 2), $11, $12, substr($14, 2), $15, substr($17, 2)}')
     args=()
     if [ -n "$grad" ]; then
-        read -r G GDT GW D N < <(sed -E 's/[;,()/]/ /g' <<<"$grad" | awk '{print substr($2, 2), $3, $6, $NF - 0 == $NF ? $(NF-1) : 0, $NF}')
+        read -r G GDT GW D N < <(sed -E 's/[;,()/]/ /g' <<<"$grad" | awk '{print substr($2, 2), $3, $6, $(NF - 1), $NF}')
         args=("$G" "$GW" "$GDT" "$D" "$N")
     fi
     "$dir/ce_check" "$dir/$tag.so" "$fn" "$IN" "$TGT" "$OUT" "$ROWS" "$V" "$STRIDE" "$IOFF" "$TOFF" "$IDT" "$blocks" "${args[@]}" \
