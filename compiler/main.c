@@ -49,6 +49,8 @@ static void usage(FILE *out) {
                  "                     GPU, 1 with --cuda-arch=none; docs/cuda.md, \"Aligned GEMM shapes\")\n"
                  "  --no-lora-fusion   keep LoRA's down and up products two GEMMs (the fused LoRA launch is the\n"
                  "                     default: docs/architecture.md, \"Fusion\"); for benchmarks and checks\n"
+                 "  --no-ce-fusion     keep cross-entropy's gradient an elementwise kernel with a buffer of its\n"
+                 "                     own (the classifier kernel is the default: docs/cuda.md); for checks\n"
                  "  --cuda-info        with --emit=kernels: a '# ptxas' line a kernel (registers, spills, shared\n"
                  "                     memory and the occupancy they allow, per architecture; needs NVRTC)\n"
                  "  --dump-dir DIR     write every stage --emit prints to DIR/NN-STAGE.txt, and every kernel's\n"
@@ -112,6 +114,7 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
         else if (strcmp(a, "--cuda-arch") == 0 && i + 1 < argc) c->arch_list = argv[++i];
         else if (strcmp(a, "--cuda-info") == 0) o->cuda_info = 1;
         else if (strcmp(a, "--no-lora-fusion") == 0) fuse_lora_chain = 0;
+        else if (strcmp(a, "--no-ce-fusion") == 0) fuse_ce_fused = 0;
         else if (strncmp(a, "--pad-gemm=", 11) == 0) c->pad = a + 11;
         else if (strncmp(a, "--offload-gbps=", 15) == 0) c->gbps = a + 15;
         else if (strcmp(a, "--offload-gbps") == 0 && i + 1 < argc) c->gbps = argv[++i];

@@ -107,7 +107,7 @@ static int fz_add_buffer(FuseResult *r, Arena *ar, int *cap, int node, const cha
     }
     b->bytes = numel * dtype_size(dt);
     b->kind = kind;
-    b->first = b->last = -1;
+    b->first = b->last = b->over = -1;
     return r->nbuffers++;
 }
 
@@ -115,6 +115,35 @@ static void fz_touch(FuseResult *r, int buf, int launch) {
     FuseBuffer *b = &r->buffers[buf];
     if (b->first < 0 || launch < b->first) b->first = launch;
     if (launch > b->last) b->last = launch;
+}
+
+/* The node whose buffer the classifier kernel f (F_CE_GRAD, a member of launch li's kernel) may write
+ * its gradient over: its logits (read through a slice from column 0 and casts, computed in the
+ * kernel), when they are a temporary of the gradient's type and shape, the kernel computes nothing
+ * but the gradient and its statistics, and no later launch reads them - the classifier kernel is
+ * their last reader, and it reads each row before writing it. Else -1 (the gradient gets a buffer
+ * of its own: a program that reads the logits after the loss, or asks for them). */
+static int fz_ce_inplace(const FuseCtx *c, const int *order, int nl, int li, int f) {
+    const FNode *n = fz_n(c, f);
+    const FKern *K = &c->k[order[li]];
+    if (n->op != F_CE_GRAD || c->isout[f] || K->members.n != 2) return -1;
+    int b = n->in[1];
+    while (!c->mat[b] && fz_n(c, b)->op != F_LEAF) {
+        const FNode *x = fz_n(c, b);
+        if (x->op == F_SLICE && x->ia[0] == x->rank - 1 && x->ia[1] == 0) b = x->in[0];
+        else if (x->op == F_MAP && x->kop == K_CAST && dtype_is_float(x->dt) && dtype_is_float(fz_n(c, x->in[0])->dt))
+            b = x->in[0];
+        else return -1;
+    }
+    const FNode *x = fz_n(c, b);
+    if (x->op == F_LEAF || c->isout[b] || c->buf_of[b] < 0 || x->dt != n->dt || x->rank != n->rank) return -1;
+    for (int k = 0; k < c->g->nstats; k++) /* global_mean's statistics are read from their buffers */
+        if (c->fg->g2f[c->g->stat_expr[k]] == b) return -1;
+    for (int d = 0; d < n->rank; d++)
+        if (x->shape[d] != n->shape[d]) return -1;
+    for (int lj = li + 1; lj < nl; lj++)
+        if (fuse_ivec_has(&c->k[order[lj]].reads, b)) return -1;
+    return b;
 }
 
 /* The buffers: every leaf of the graph, then what each launch stores, in launch order. */
@@ -150,6 +179,12 @@ static void fz_buffers(FuseCtx *c, FuseResult *r, const int *order, int nl) {
             int f = K->members.v[i];
             if (!c->mat[f]) continue;
             const FNode *x = fz_n(c, f);
+            int over = fz_ce_inplace(c, order, nl, li, f);
+            if (over >= 0) { /* the classifier's gradient over its logits: no buffer of its own */
+                c->buf_of[f] = c->buf_of[over];
+                r->buffers[c->buf_of[f]].over = li;
+                continue;
+            }
             int gid = first_gid[f];
             const char *what = gid >= 0 ? arena_printf(ar, "%%%d %s", gid, graph_op_name(graph_node(g, gid)->op))
                                         : arena_printf(ar, "%s of %%%d", fuse_fop_name(x->op), x->gid);
@@ -365,6 +400,7 @@ void fuse_print(FILE *out, const FuseResult *r) {
         fprintf(out, "b%-4d %-6s %-32s %-20s %10" PRId64 " B", i, fz_buf_kinds[b->kind], b->what, type, b->bytes);
         if (b->first >= 0) fprintf(out, "  %d..%d", b->first, b->last);
         else fprintf(out, "  unused");
+        if (b->over >= 0) fprintf(out, "  (the gradient over it from %d)", b->over);
         fprintf(out, "\n");
     }
     for (int i = 0; i < r->nlaunches; i++) {

@@ -66,6 +66,9 @@ typedef struct FuseBuffer {
     FuseBufKind kind;
     int first, last; /* launches: the first that touches it (writes it, or reads a leaf), the last
                         that does (an output's last is nlaunches - 1); -1, -1 when none does */
+    int over;        /* the launch that writes another node's value over node's (the classifier
+                        kernel's gradient over its logits, fuse.c's fz_ce_inplace): node's value is
+                        there until that launch; -1 for none */
 } FuseBuffer;
 
 typedef enum FuseLaunchKind { FL_GEMM, FL_KERNEL } FuseLaunchKind;
@@ -139,6 +142,13 @@ int fuse_verify(const FuseResult *r, FILE *out);
  * keeps them two GEMMs: `mbtc --no-lora-fusion`, the unfused arm of a benchmark and the tests'
  * control. Read by every fuse_lower_graph. */
 extern int fuse_lora_chain;
+
+/* Cross-entropy's backward as the classifier kernel (fuse_lower.c's fl_ce_grad: the statistics, the
+ * gradient and a padded vocabulary's zero columns in one launch a row block, written over the
+ * logits where nothing reads them later) when 1, the default; 0 keeps the elementwise gradient
+ * kernel with a buffer of its own: `mbtc --no-ce-fusion`, the tests' control (the same step on
+ * the CPU, bit for bit). Read by every fuse_lower_graph. */
+extern int fuse_ce_fused;
 
 /* Launches of each kind: GEMMs and generated kernels. */
 void fuse_counts(const FuseResult *r, int *gemms, int *kernels);

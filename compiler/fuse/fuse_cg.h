@@ -82,6 +82,7 @@ void cg_kv_attention(CG *g, const FNode *n); /* fuse_kv.h's kernel for a G_KV_AT
 void cg_topk(CG *g, const FNode *n);
 void cg_scatter_add(CG *g, const FNode *n);
 void cg_ce_stats(CG *g, const FNode *n);
+void cg_ce_grad(CG *g, const FNode *n);
 void cg_lora(CG *g, const FNode *n);
 void cg_seg_norm(CG *g, const FNode *n);
 

@@ -610,14 +610,17 @@ static KKind cg_kind(const FuseCtx *c, const FKern *K, const FNode **main) {
     }
     for (int i = 0; i < K->members.n; i++) { /* the dedicated op (the forward's statistics only if alone) */
         const FNode *n = c->fg->node[K->members.v[i]];
-        if (n->op >= F_ATTN && n->op <= F_SEG_NORM && (!*main || (*main)->op == F_ATTN_LSE || (*main)->op == F_LORA_S)) *main = n;
+        if (n->op >= F_ATTN && n->op <= F_SEG_NORM &&
+            (!*main || (*main)->op == F_ATTN_LSE || (*main)->op == F_LORA_S || (*main)->op == F_CE_STATS))
+            *main = n;
     }
     if (!*main) INTERNAL("fuse: a dedicated kernel without its op");
     switch ((*main)->op) {
     case F_TOPK: return KK_TOPK;
     case F_SCATTER_ADD: return KK_SCATTER;
     case F_SEG_NORM: return KK_REDUCE;
-    case F_CE_STATS: return KK_ROW;
+    case F_CE_STATS:
+    case F_CE_GRAD: return KK_ROW;
     case F_LORA: return KK_ROW;
     default: return KK_ATTENTION;
     }
@@ -652,6 +655,7 @@ Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why) {
         case F_SCATTER_ADD: cg_scatter_add(&g, main); break;
         case F_SEG_NORM: cg_seg_norm(&g, main); break;
         case F_CE_STATS: cg_ce_stats(&g, main); break;
+        case F_CE_GRAD: cg_ce_grad(&g, main); break;
         case F_LORA: cg_lora(&g, main); break;
         default: INTERNAL("fuse: no kernel for %s", fuse_fop_name(main->op));
         }
@@ -678,6 +682,11 @@ int fuse_kernel_nodes(FuseCtx *c, int kid, int **nodes, Arena *ar) {
         int f = c->fg->g2f[id];
         if (f >= 0 && in[f] && (gr->node[id]->op != G_CONST || in[f] == 1)) want[id] = 1; /* constants: when stored */
         if (c->fg->absorbed[id] >= 0 && in[c->fg->absorbed[id]]) want[id] = 1;
+        if (f >= 0 && c->fg->node[f]->op == F_CE_GRAD) /* the backward and the concat the classifier kernel took in */
+            for (int i = 0; i < K->members.n; i++) {
+                const FNode *a = c->fg->node[K->members.v[i]], *b = c->fg->node[f];
+                if (a->op == F_CE_GRAD && memcmp(a->in, b->in, sizeof(int) * 4) == 0) want[id] = 1;
+            }
     }
     for (int i = 0; i < K->members.n; i++) {
         int gid = c->fg->node[K->members.v[i]]->gid;

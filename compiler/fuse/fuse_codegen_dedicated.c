@@ -679,52 +679,167 @@ void cg_scatter_add(CG *g, const FNode *n) {
 
 /* ---- cross-entropy's statistics ------------------------------------------------------------------ */
 
-/* F_CE_STATS: a row of logits a work item; the max m of the row, then the sum of exp(x - m), each in
- * the statistics' type, as the two reductions it replaces (fuse_lower.c's fl_ce_stats) added them.
- * Kernel.ce when the logits are rows of a buffer (a widening cast read through). */
-void cg_ce_stats(CG *g, const FNode *n) {
-    const FNode *x = cg_n(g, n->in[0]);
+/* Cross-entropy's statistics st (F_CE_STATS) of row gid: the max m of the row, then the sum s of
+ * exp(x - m), each in the statistics' type, as the two reductions they replace (fuse_lower.c's
+ * fl_ce_stats) added them, and the target's logit; stored when st has a buffer. */
+static void cg_ce_row_stats(CG *g, const FNode *st, int gid, int *m, int *s) {
+    const FNode *x = cg_n(g, st->in[0]), *tg = cg_n(g, st->in[1]);
     int rank = x->rank;
-    int64_t V = x->shape[rank - 1], rows = fuse_numel(x) / V;
-    KType t = cg_t(n);
-    int gid = kb_gid(g->b);
-    g->k->grid = rows;
+    int64_t V = x->shape[rank - 1];
+    KType t = cg_t(st);
     int row0 = cg_imul(g, gid, cg_i(g, V));
-    int m = kb_acc(g->b, t, K_MAX, -INFINITY);
+    *m = kb_acc(g->b, t, K_MAX, -INFINITY);
     int j = kb_loop(g->b, V);
     KIdx ix;
     ix_init(&ix, rank, x->shape);
     ix.flat = cg_iadd(g, row0, j);
-    kb_accum(g->b, m, cg_as(g, cg_value(g, x->id, &ix), t));
+    kb_accum(g->b, *m, cg_as(g, cg_value(g, x->id, &ix), t));
     kb_endloop(g->b);
-    int s = kb_acc(g->b, t, K_ADD, 0.0);
+    *s = kb_acc(g->b, t, K_ADD, 0.0);
     j = kb_loop(g->b, V);
     ix_init(&ix, rank, x->shape);
     ix.flat = cg_iadd(g, row0, j);
-    kb_accum(g->b, s, cg_op1(g, K_EXP, t, cg_op2(g, K_SUB, t, cg_as(g, cg_value(g, x->id, &ix), t), m)));
+    kb_accum(g->b, *s, cg_op1(g, K_EXP, t, cg_op2(g, K_SUB, t, cg_as(g, cg_value(g, x->id, &ix), t), *m)));
     kb_endloop(g->b);
-    int buf = cg_buf(g, n->id, 1), at = cg_imul(g, gid, cg_i(g, 2));
-    kb_store(g->b, buf, at, m);
-    kb_store(g->b, buf, cg_iadd(g, at, cg_i(g, 1)), s);
+    KIdx ti;
+    ix_init(&ti, tg->rank, tg->shape);
+    ti.flat = gid;
+    ix_init(&ix, rank, x->shape);
+    ix.flat = cg_iadd(g, row0, cg_index(g, tg->id, &ti, V)); /* as F_TAKE reads it */
+    int xt = cg_as(g, cg_value(g, x->id, &ix), t);
+    if (!g->c->mat[st->id]) return;
+    int buf = cg_buf(g, st->id, 1), at = cg_imul(g, gid, cg_i(g, 3));
+    kb_store(g->b, buf, at, *m);
+    kb_store(g->b, buf, cg_iadd(g, at, cg_i(g, 1)), *s);
+    kb_store(g->b, buf, cg_iadd(g, at, cg_i(g, 2)), xt);
+}
 
-    if (g->K->members.n != 1 || g->K->members.v[0] != n->id || !g->c->mat[n->id]) return;
+/* The logits x of a cross-entropy as rows of a buffer, for Kernel.ce: read through a slice from
+ * column 0 of the last axis (a padded vocabulary) and a widening cast, both computed here, from a
+ * buffer of row-major rows. 0 when they are not. */
+static int cg_ce_rows(CG *g, const FNode *x, KCeStats *d) {
     const FNode *src = x;
-    if (x->op == F_MAP && x->kop == K_CAST && cg_computes(g, x->id)) src = cg_n(g, x->in[0]);
-    if (!dtype_is_float(src->dt) || dtype_size(src->dt) > dtype_size(n->dt) || src->rank != rank ||
-        fuse_numel(src) != fuse_numel(x)) /* a cast that broadcasts is not rows of a buffer */
-        return;
+    int rank = x->rank;
+    if (src->op == F_SLICE && src->ia[0] == rank - 1 && src->ia[1] == 0 && cg_computes(g, src->id)) src = cg_n(g, src->in[0]);
+    if (src->op == F_MAP && src->kop == K_CAST && cg_computes(g, src->id)) src = cg_n(g, src->in[0]);
+    if (src != x && src->op == F_SLICE && src->ia[0] == rank - 1 && src->ia[1] == 0 && cg_computes(g, src->id))
+        src = cg_n(g, src->in[0]);
+    if (!dtype_is_float(src->dt) || dtype_size(src->dt) > dtype_size(d->dt) || src->rank != rank) return 0;
+    for (int a = 0; a + 1 < rank; a++)
+        if (src->shape[a] != x->shape[a]) return 0; /* a cast that broadcasts is not rows of a buffer */
     CGLayout L;
     int param = -1;
-    if (!cg_layout_in(g, src->id, &L, &param) || !lay_contiguous(&L)) return;
-    KCeStats *d = arena_alloc(g->ar, sizeof *d);
-    d->dt = n->dt;
+    if (!cg_layout_in(g, src->id, &L, &param) || !lay_contiguous(&L)) return 0;
     d->in_dt = src->dt;
-    d->rows = rows;
-    d->V = V;
-    d->stride = V;
+    d->V = x->shape[rank - 1];
+    d->stride = src->shape[rank - 1];
+    d->rows = fuse_numel(x) / d->V;
     d->in_off = L.off;
     d->in = param;
-    d->out = buf;
+    return 1;
+}
+
+/* Kernel.ce's targets: a contiguous i32 buffer of one per row. */
+static int cg_ce_targets(CG *g, const FNode *tg, KCeStats *d) {
+    CGLayout L;
+    int param = -1;
+    if (tg->dt != DT_I32 || fuse_numel(tg) != d->rows || !cg_layout_in(g, tg->id, &L, &param) || !lay_contiguous(&L)) return 0;
+    d->tgt = param;
+    d->tgt_off = L.off;
+    return 1;
+}
+
+/* F_CE_STATS: a row of logits a work item (cg_ce_row_stats). Kernel.ce when the logits are rows of
+ * a buffer (a widening cast read through). */
+void cg_ce_stats(CG *g, const FNode *n) {
+    const FNode *x = cg_n(g, n->in[0]);
+    int64_t rows = fuse_numel(x) / x->shape[x->rank - 1];
+    int gid = kb_gid(g->b), m, s;
+    g->k->grid = rows;
+    cg_ce_row_stats(g, n, gid, &m, &s);
+    if (g->K->members.n != 1 || g->K->members.v[0] != n->id || !g->c->mat[n->id]) return;
+    KCeStats *d = arena_alloc(g->ar, sizeof *d);
+    d->dt = n->dt;
+    d->grad = -1;
+    if (!cg_ce_rows(g, x, d) || !cg_ce_targets(g, cg_n(g, n->in[1]), d)) return;
+    d->out = cg_buf(g, n->id, 1);
+    g->k->ce = d;
+}
+
+/* The buffer node the classifier kernel n writes its gradient over (its logits' buffer: fuse.c's
+ * fz_ce_inplace gives n that buffer), else -1. */
+int fuse_ce_inplace_base(const FuseCtx *c, const FNode *n) {
+    if (n->op != F_CE_GRAD || !c->buf_of || c->buf_of[n->id] < 0) return -1;
+    int f = n->in[1];
+    for (;;) {
+        const FNode *x = c->fg->node[f];
+        if (c->buf_of[f] >= 0 && c->fg->node[f]->op != F_CE_GRAD) return c->buf_of[f] == c->buf_of[n->id] ? f : -1;
+        if (x->op == F_SLICE || (x->op == F_MAP && x->kop == K_CAST)) f = x->in[0];
+        else return -1;
+    }
+}
+
+/* F_CE_GRAD, the classifier kernel: a row a work item. Its statistics (a member: cg_ce_row_stats,
+ * stored for the loss's mean), then each column's gradient in the logits' type as the maps it
+ * replaces computed it (fuse_lower.c's fl_ce_grad: exp(x - m) / s, minus the one-hot, times dloss,
+ * divided by N), stored as n's type; the columns past V zero. The row's logits are all read (by the
+ * statistics' loops, and column j by column j's gradient) before column j is written, so the
+ * gradient may be stored over them (fz_ce_inplace): one parameter then, loaded and stored. */
+void cg_ce_grad(CG *g, const FNode *n) {
+    const FNode *st = cg_n(g, n->in[0]), *x = cg_n(g, n->in[1]), *tg = cg_n(g, n->in[2]), *dl = cg_n(g, n->in[3]);
+    int rank = x->rank, own = g->c->owner[st->id] == g->kid;
+    int64_t V = x->shape[rank - 1], W = n->shape[rank - 1], rows = fuse_numel(x) / V, N = fuse_numel(tg);
+    KType t = cg_t(x), ot = cg_t(n);
+    int gid = kb_gid(g->b), m, s;
+    g->k->grid = rows;
+    if (own) cg_ce_row_stats(g, st, gid, &m, &s);
+    else { /* statistics two classifier kernels read (the partition pins them to neither): loaded */
+        int sb = cg_buf(g, st->id, 0), at = cg_imul(g, gid, cg_i(g, 3));
+        m = kb_load(g->b, sb, at);
+        s = kb_load(g->b, sb, cg_iadd(g, at, cg_i(g, 1)));
+    }
+    int mt = cg_as(g, m, t), s_t = cg_as(g, s, t);
+    KIdx di;
+    ix_init(&di, dl->rank, dl->shape);
+    di.flat = cg_i(g, 0);
+    int dlv = cg_as(g, cg_value(g, dl->id, &di), t);
+    KIdx ti;
+    ix_init(&ti, tg->rank, tg->shape);
+    ti.flat = gid;
+    int target = cg_value(g, tg->id, &ti);
+    int base = fuse_ce_inplace_base(g->c, n);
+    int obuf = base >= 0 ? cg_buf(g, base, 1) : cg_buf(g, n->id, 1);
+    int orow = cg_imul(g, gid, cg_i(g, W));
+    int j = kb_loop(g->b, V);
+    KIdx ix;
+    ix_init(&ix, rank, x->shape);
+    ix.flat = cg_iadd(g, cg_imul(g, gid, cg_i(g, V)), j);
+    int e = cg_op1(g, K_EXP, t, cg_op2(g, K_SUB, t, cg_value(g, x->id, &ix), mt));
+    int hot =
+        cg_op3(g, K_SELECT, t, cg_op2(g, K_EQ, KT_BOOL, cg_op1(g, K_CAST, KT_I32, j), target), cg_f(g, t, 1.0), cg_f(g, t, 0.0));
+    int v = cg_op2(g, K_MUL, t, dlv, cg_op2(g, K_SUB, t, cg_op2(g, K_DIV, t, e, s_t), hot));
+    v = cg_op2(g, K_DIV, t, v, cg_f(g, t, (double)N));
+    kb_store(g->b, obuf, cg_iadd(g, orow, j), cg_as(g, v, ot));
+    kb_endloop(g->b);
+    if (W > V) {
+        j = kb_loop(g->b, W - V);
+        kb_store(g->b, obuf, cg_iadd(g, orow, cg_iadd(g, cg_i(g, V), j)), cg_f(g, ot, 0.0));
+        kb_endloop(g->b);
+    }
+    /* the seed a constant (the step's 1, or a loss's constant factor folded into it): a value the
+     * CUDA kernel takes as k = dloss / N */
+    if (!own || g->K->members.n != 2 || !g->c->mat[st->id] || g->k->inst[dlv].op != K_CONST) return;
+    KCeStats *d = arena_alloc(g->ar, sizeof *d);
+    d->dt = st->dt;
+    if (t != cg_t(st) || !cg_ce_rows(g, x, d) || !cg_ce_targets(g, tg, d)) return;
+    d->out = cg_buf(g, st->id, 1);
+    d->grad = obuf;
+    d->gW = W;
+    d->grad_dt = n->dt;
+    d->dloss = g->k->inst[dlv].f;
+    d->N = (double)N;
+    if (d->grad == d->in && (d->gW != d->stride || d->in_off != 0))
+        INTERNAL("fuse: a classifier kernel in place over other rows");
     g->k->ce = d;
 }
 

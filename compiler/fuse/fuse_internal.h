@@ -53,8 +53,15 @@ typedef enum FOp {
     F_KV_ATTN,     /* q, k, v, the "kv" input; ia[0..3], fa[0..1] as G_KV_ATTENTION (fuse_kv.h)   */
     F_TOPK,        /* ia[0] = k, ia[1] = axis, ia[2] = 1 for the indices                        */
     F_SCATTER_ADD, /* in0 = rows, in1 = i32 indices; zeros of the shape, rows added            */
-    F_CE_STATS,    /* in0 = logits [..., V] -> [..., 2] (f32, f64 for f64): each row's max m and
-                      sum of exp(x - m), cross-entropy's statistics (one online pass on the GPU)  */
+    F_CE_STATS,    /* in0 = logits [..., V], in1 = the i32 targets [...] -> [..., 3] (f32, f64 for
+                      f64): each row's max m, sum of exp(x - m) and the target's logit (clamped to
+                      [0, V) as F_TAKE), cross-entropy's statistics (one online pass on the GPU) */
+    F_CE_GRAD,     /* in0 = its F_CE_STATS, in1 = the logits [..., V] as read, in2 = the targets,
+                      in3 = dloss -> [..., W] (W >= V, ia[0] = V): cross-entropy's backward in
+                      in1's type, (exp(x - m) / s - onehot) * dloss / N, the columns past V zero
+                      (a padded vocabulary's concat), stored in dt (its cast): the classifier
+                      kernel, computing F_CE_STATS too (pinned) and written over the logits'
+                      buffer when nothing reads them later (fuse.c's fz_ce_inplace)          */
     F_LORA_S,      /* LoRA's down product S = x @ A^T (in0 = x's buffer node, in1 = A's; gemm as the
                       F_GEMM it replaced): computed by its F_LORA's kernel (pinned there), stored
                       only when another launch reads it (the backward)                         */
@@ -179,5 +186,9 @@ Kernel *fuse_gen_kernel(FuseCtx *c, int kid, Arena *ar, const char **why);
 
 /* The graph node ids a kernel computes (members and inlined nodes, composites by their parts). */
 int fuse_kernel_nodes(FuseCtx *c, int kid, int **nodes, Arena *ar);
+
+/* The node whose buffer the classifier kernel n (F_CE_GRAD) writes its gradient over - its logits,
+ * read through a slice and a cast - when fuse.c gave n that buffer; else -1. */
+int fuse_ce_inplace_base(const FuseCtx *c, const FNode *n);
 
 #endif

@@ -45,11 +45,13 @@ static const char *const fuse_fop_names[F_OP_COUNT] = {
     [F_SCATTER_ADD] = "scatter_add",
     [F_SEG_NORM] = "seg_norm",
     [F_CE_STATS] = "ce_stats",
+    [F_CE_GRAD] = "ce_grad",
     [F_LORA_S] = "lora_down",
     [F_LORA] = "lora",
 };
 
 int fuse_lora_chain = 1;
+int fuse_ce_fused = 1;
 
 const char *fuse_fop_name(FOp op) { return op >= 0 && op < F_OP_COUNT ? fuse_fop_names[op] : "?"; }
 
@@ -412,31 +414,77 @@ static int fl_rms_stats(FL *L, int x, double eps) {
     return fl_div2(L, fl_c(L, 1.0, dt), fl_un(L, K_SQRT, fl_add2(L, ms, fl_c(L, eps, dt))));
 }
 
-/* Cross-entropy's row max m and sum of exp(x - m) over the last axis, and exp(x - m). */
-/* Cross-entropy's row statistics of logits x [..., V]: the max m and the sum s of exp(x - m), each
- * [..., 1] in x's type, and e = exp(x - m). One dedicated node computes both (F_CE_STATS, in f32 at
- * least: a bf16 program's logits are summed in f32 and m, s rounded to its type once), so that a GPU
- * reads the logits once for them (an online max and sum, docs/cuda.md) and once more for the
- * gradient; the CPU's kernel adds as the two reductions did. */
-static void fl_ce_stats(FL *L, int x, int *m, int *s, int *e) {
+/* Cross-entropy's row statistics of logits x [..., V] and targets t [...]: the max m, the sum s of
+ * exp(x - m) and the target's logit xt, each [..., 1] in x's type, and e = exp(x - m). One
+ * dedicated node computes them (F_CE_STATS [..., 3], in f32 at least: a bf16 program's logits are
+ * summed in f32 and m, s rounded to its type once; xt is a logit, exact in f32), so that a GPU reads
+ * the logits once for them (an online max and sum, docs/cuda.md), the loss's mean reads N x 3
+ * values, and the classifier kernel (F_CE_GRAD) can write the gradient over the logits; the CPU's
+ * kernel adds as the two reductions did. */
+static int fl_ce_stats(FL *L, int x, int t, int *m, int *s, int *xt, int *e) {
     const FNode *n = fl_n(L, x);
     int rank = n->rank;
     DType dt = n->dt, sdt = dt == DT_F64 ? DT_F64 : DT_F32;
     int64_t shape[GRAPH_MAX_RANK] = {0}, one[GRAPH_MAX_RANK] = {0};
     for (int d = 0; d < rank; d++) shape[d] = one[d] = n->shape[d];
-    shape[rank - 1] = 2;
+    shape[rank - 1] = 3;
     one[rank - 1] = 1;
-    int st = fl_op(L, F_CE_STATS, sdt, rank, shape, 1, &x);
-    for (int k = 0; k < 2; k++) {
+    FNode sp = fl_proto(F_CE_STATS, sdt, rank, shape);
+    sp.nin = 2;
+    sp.in[0] = x;
+    sp.in[1] = t;
+    int st = fl_add(L, &sp);
+    for (int k = 0; k < 3; k++) {
         FNode p = fl_proto(F_SLICE, sdt, rank, one);
         p.nin = 1;
         p.in[0] = st;
         p.ia[0] = rank - 1;
         p.ia[1] = k;
         int v = fl_add(L, &p);
-        *(k ? s : m) = sdt == dt ? v : fl_cast(L, v, dt);
+        *(k == 0 ? m : k == 1 ? s : xt) = sdt == dt ? v : fl_cast(L, v, dt);
     }
-    *e = fl_un(L, K_EXP, fl_sub2(L, x, *m));
+    if (e) *e = fl_un(L, K_EXP, fl_sub2(L, x, *m));
+    return st;
+}
+
+/* The classifier kernel's node (F_CE_GRAD) for a cross-entropy's backward: dloss, the logits as
+ * read (y) and the targets (z). Its value is what the maps it replaces computed, in y's type:
+ * p = exp(x - m) / s, dl = dloss * (p - onehot), dl / N, N the number of targets. */
+static int fl_ce_grad(FL *L, int x, int y, int z) {
+    const FNode *lg = fl_n(L, y);
+    int m, s, xt;
+    FNode p = fl_proto(F_CE_GRAD, lg->dt, lg->rank, lg->shape);
+    p.nin = 4;
+    p.in[0] = fl_ce_stats(L, y, z, &m, &s, &xt, NULL);
+    p.in[1] = y;
+    p.in[2] = z;
+    p.in[3] = x;
+    p.ia[0] = lg->shape[lg->rank - 1];
+    return fl_add(L, &p);
+}
+
+/* The classifier kernel's node f with its result widened to W columns by a concat of zeros along
+ * the last axis (a padded vocabulary's gradient), or stored as dt (a cast after it): the same
+ * node with the wider shape or the other type, -1 when the concat or cast is not of that form. */
+static int fl_ce_grad_absorb(FL *L, const GNode *n, const int *in) {
+    if (n->nin < 1 || in[0] < 0 || L->guses[n->in[0]] != 1) return -1;
+    const FNode *f = fl_n(L, in[0]);
+    if (f->op != F_CE_GRAD || n->rank != f->rank) return -1;
+    FNode p = *f;
+    if (n->op == G_CAST) {
+        if (!dtype_is_float(n->dt)) return -1;
+        p.dt = n->dt;
+    } else { /* G_CONCAT */
+        const FNode *z = fl_n(L, in[1]);
+        while (z->op == F_EXPAND || z->op == F_RESHAPE) z = fl_n(L, z->in[0]);
+        if (n->nin != 2 || n->iattr[0] != n->rank - 1 || f->shape[f->rank - 1] != f->ia[0] || z->op != F_CONST ||
+            z->fa[0] != 0.0 || signbit(z->fa[0]) || f->dt != fl_n(L, f->in[1])->dt)
+            return -1;
+        p.shape[p.rank - 1] = n->shape[n->rank - 1];
+    }
+    for (int d = 0; d < n->rank; d++)
+        if (p.shape[d] != n->shape[d]) return -1;
+    return fl_add(L, &p);
 }
 
 /* The bits of the axes a reduction with attribute axis (-1: all) reduces. */
@@ -486,7 +534,10 @@ static int fl_lower_pointwise(FL *L, const GNode *n, const int *in) {
     case G_NOT:
         if (nx->dt == DT_BOOL) return fl_un(L, K_NOT, x);
         return fl_bin(L, K_EQ, x, fl_c(L, 0.0, nx->dt));
-    case G_CAST: return fl_cast(L, x, dt);
+    case G_CAST: {
+        int f = fl_ce_grad_absorb(L, n, in);
+        return f >= 0 ? f : fl_cast(L, x, dt);
+    }
     case G_DROPOUT: {
         double p = n->fattr[0];
         if (!(p > 0)) return x;
@@ -733,26 +784,28 @@ static int fl_lower_dedicated(FL *L, const GNode *n, const int *in) {
         return fl_op(L, op, dt, n->rank, n->shape, n->nin + 1, all);
     }
     case G_CROSS_ENTROPY: {
-        int m, s, e;
-        fl_ce_stats(L, x, &m, &s, &e);
-        int xt = fl_keep_last1(L, fl_op(L, F_TAKE, nx->dt, fl_n(L, y)->rank, fl_n(L, y)->shape, 2, in));
+        int m, s, xt;
+        fl_ce_stats(L, x, y, &m, &s, &xt, NULL);
         /* no buffer of its own: the mean's kernel computes each row's loss from the statistics'
-         * buffer and the target's logit, reading N x 3 values (the logits are read by ce_stats) */
+         * buffer, which holds the target's logit too, reading N x 3 values (the logits are read by
+         * ce_stats alone, so that the classifier kernel may overwrite them) */
         int rowloss = fl_sub2(L, fl_un(L, K_LOG, s), fl_sub2(L, xt, m));
         int total = fl_reduce(L, K_ADD, rowloss, fl_all_axes(nx->rank));
         int mean = fl_div2(L, total, fl_c(L, (double)fuse_numel(fl_n(L, y)), nx->dt));
         return fl_cast(L, fl_reshape(L, mean, n->rank, n->shape), dt);
     }
-    case G_CROSS_ENTROPY_BWD: { /* in0 = dloss, in1 = logits, in2 = targets */
-        const FNode *lg = fl_n(L, y);
-        int m, s, e;
-        fl_ce_stats(L, y, &m, &s, &e);
-        int p = fl_div2(L, e, s);
-        int iota = fl_iota(L, DT_I32, lg->rank, lg->shape, lg->rank - 1);
-        int hot = fl_sel(L, fl_bin(L, K_EQ, iota, fl_keep_last1(L, z)), fl_c(L, 1.0, lg->dt), fl_c(L, 0.0, lg->dt));
-        int dl = fl_mul2(L, fl_cast(L, x, lg->dt), fl_sub2(L, p, hot));
-        return fl_div2(L, dl, fl_c(L, (double)fuse_numel(fl_n(L, z)), lg->dt));
-    }
+    case G_CROSS_ENTROPY_BWD: /* in0 = dloss, in1 = logits, in2 = targets: the classifier kernel */
+        if (fuse_ce_fused) return fl_ce_grad(L, x, y, z);
+        {
+            const FNode *lg = fl_n(L, y);
+            int m, s, xt, e;
+            fl_ce_stats(L, y, z, &m, &s, &xt, &e);
+            int p = fl_div2(L, e, s);
+            int iota = fl_iota(L, DT_I32, lg->rank, lg->shape, lg->rank - 1);
+            int hot = fl_sel(L, fl_bin(L, K_EQ, iota, fl_keep_last1(L, z)), fl_c(L, 1.0, lg->dt), fl_c(L, 0.0, lg->dt));
+            int dl = fl_mul2(L, fl_cast(L, x, lg->dt), fl_sub2(L, p, hot));
+            return fl_div2(L, dl, fl_c(L, (double)fuse_numel(fl_n(L, z)), lg->dt));
+        }
     case G_MSE: {
         int d = fl_sub2(L, x, y);
         int s = fl_reduce(L, K_ADD, fl_mul2(L, d, d), fl_all_axes(nx->rank));
@@ -807,6 +860,8 @@ static int fl_lower_layout(FL *L, const GNode *n, const int *in) {
     case G_GATHER: return fl_op(L, F_GATHER, dt, n->rank, n->shape, 2, in);
     case G_CONCAT: {
         if (n->nin == 1) return x;
+        int f = fl_ce_grad_absorb(L, n, in);
+        if (f >= 0) return f;
         FNode p = fl_proto(F_CONCAT, dt, n->rank, n->shape);
         p.nin = n->nin;
         for (int i = 0; i < n->nin; i++) p.in[i] = in[i];

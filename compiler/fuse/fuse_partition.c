@@ -22,7 +22,10 @@
  * kernel's inline chain).
  * A GEMM's bias gradient (F_GEMM_BGRAD: its B's column sums, fuse_lower.c) is pinned to the GEMM:
  * one launch, the library's epilogue. LoRA's down product (F_LORA_S) is pinned to its up product's
- * kernel (F_LORA): one launch computing both (fuse_lower.c's fl_lora_chain).
+ * kernel (F_LORA): one launch computing both (fuse_lower.c's fl_lora_chain). Cross-entropy's
+ * statistics (F_CE_STATS) are pinned to the classifier kernel (F_CE_GRAD) that reads them, when
+ * one does: one launch reads the logits for both (fz_setup; fuse.c's fz_ce_inplace may then give
+ * the gradient the logits' buffer).
  * Each anchored and each materialised inline node starts as a launch of its own; launches then
  * merge while the launch graph stays acyclic and the merged kernel can be written (a row
  * reduction may only be read at its own row; fuse_codegen refuses otherwise):
@@ -714,11 +717,11 @@ static void fz_partition(FuseCtx *c) {
             for (int i = 0; i < x->nin; i++) fz_force_base(c, x->in[i], 1, 0);
         } else if (x->op == F_SCATTER_ADD) {
             fz_force_base(c, x->in[1], 1, 0);
-        } else if (x->op == F_CE_STATS) {
+        } else if (x->op == F_CE_STATS || x->op == F_CE_GRAD) {
             /* the logits from a buffer, read through views (the padded vocabulary's slice) and a
              * widening cast: bf16 logits are not copied to f32 for the classifier's kernels, each
              * widens what it reads (the cast is cheap to recompute: FZ_REMAT_OPS) */
-            int in = x->in[0];
+            int in = x->in[x->op == F_CE_GRAD];
             while (fz_pure_view(fz_n(c, in)->op)) in = fz_n(c, in)->in[0];
             const FNode *y = fz_n(c, in);
             fz_force_base(c, y->op == F_MAP && y->kop == K_CAST ? y->in[0] : in, 1, 0);
@@ -925,6 +928,15 @@ static void fz_setup(FuseCtx *c) {
     for (int f = 0; f < n; f++)
         if (c->live[f])
             for (int i = 0; i < fz_n(c, f)->nin; i++) fuse_ivec_push(tmp, &c->users[fz_n(c, f)->in[i]], f);
+    /* the classifier kernel computes its statistics itself (and stores them for the loss's mean):
+     * one read of the logits for both, when one classifier kernel reads them */
+    for (int f = 0; f < n; f++) {
+        const FNode *x = fz_n(c, f);
+        if (!c->live[f] || x->op != F_CE_GRAD) continue;
+        int grads = 0;
+        for (int j = 0; j < c->users[x->in[0]].n; j++) grads += fz_n(c, c->users[x->in[0]].v[j])->op == F_CE_GRAD;
+        if (grads == 1) c->pin[x->in[0]] = f;
+    }
 }
 
 /* fuse_internal.h */

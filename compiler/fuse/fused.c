@@ -197,8 +197,8 @@ static void fd_arity(FOp op, int *lo, int *hi) {
         [F_ROPE] = {1, 2},        [F_REDUCE] = {1, 1},     [F_GEMM] = {2, 3},       [F_GEMM_BGRAD] = {1, 1},
         [F_ATTN] = {3, 4},        [F_ATTN_LSE] = {3, 4},   [F_ATTN_STATS] = {3, 3}, [F_ATTN_BWD_Q] = {5, 6},
         [F_ATTN_BWD_K] = {5, 6},  [F_ATTN_BWD_V] = {5, 6}, [F_KV_ATTN] = {4, 4},    [F_TOPK] = {1, 1},
-        [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},   [F_CE_STATS] = {1, 1},   [F_LORA_S] = {2, 2},
-        [F_LORA] = {3, 3},
+        [F_SCATTER_ADD] = {2, 2}, [F_SEG_NORM] = {1, 1},   [F_CE_STATS] = {2, 2},   [F_CE_GRAD] = {4, 4},
+        [F_LORA_S] = {2, 2},      [F_LORA] = {3, 3},
     };
     *lo = a[op][0];
     *hi = a[op][1];
@@ -313,11 +313,20 @@ static void fd_node(FusedVerify *v) {
         else if (fuse_numel(n) != fd_in(v, 0)->gemm.n) fd_fail(v, "not n elements of GEMM f%d", n->in[0]);
         break;
     case F_CE_STATS: {
-        const FNode *x = fd_in(v, 0);
-        int ok = x->rank == n->rank && n->shape[n->rank - 1] == 2 && dtype_is_float(x->dt) &&
-                 n->dt == (x->dt == DT_F64 ? DT_F64 : DT_F32);
+        const FNode *x = fd_in(v, 0), *t = fd_in(v, 1);
+        int ok = x->rank == n->rank && n->shape[n->rank - 1] == 3 && dtype_is_float(x->dt) &&
+                 n->dt == (x->dt == DT_F64 ? DT_F64 : DT_F32) && t->dt == DT_I32 && fuse_numel(t) * 3 == fuse_numel(n);
         for (int d = 0; ok && d + 1 < n->rank; d++) ok = x->shape[d] == n->shape[d];
-        if (!ok) fd_fail(v, "not [..., 2] statistics of f%d's rows", n->in[0]);
+        if (!ok) fd_fail(v, "not [..., 3] statistics of f%d's rows and f%d's targets", n->in[0], n->in[1]);
+        break;
+    }
+    case F_CE_GRAD: { /* stats, logits [..., V], targets, dloss -> [..., W >= V] */
+        const FNode *s = fd_in(v, 0), *x = fd_in(v, 1), *t = fd_in(v, 2), *d = fd_in(v, 3);
+        int r = n->rank, ok = s->op == F_CE_STATS && s->in[0] == n->in[1] && s->in[1] == n->in[2] && x->rank == r &&
+                              n->ia[0] == x->shape[r - 1] && n->shape[r - 1] >= n->ia[0] && dtype_is_float(n->dt) &&
+                              dtype_is_float(x->dt) && fuse_numel(d) == 1 && t->dt == DT_I32;
+        for (int i = 0; ok && i + 1 < r; i++) ok = x->shape[i] == n->shape[i];
+        if (!ok) fd_fail(v, "not the gradient of f%d's rows from statistics f%d", n->in[1], n->in[0]);
         break;
     }
     case F_ATTN_STATS: { /* dout and o [..., T, E], lse [..., T, 2] -> [..., T, 3] */

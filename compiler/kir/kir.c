@@ -816,6 +816,12 @@ void kir_print_lora(FILE *out, const KLora *l, const char *prefix) {
 /* ---- cross-entropy's statistics ------------------------------------------------------------------ */
 
 void kir_print_ce(FILE *out, const KCeStats *s, const char *prefix) {
-    fprintf(out, "%sce_stats: rows %" PRId64 ", V %" PRId64 ", stride %" PRId64 ", %s; logits p%d + %" PRId64 " (%s), out p%d\n",
-            prefix, s->rows, s->V, s->stride, dtype_name(s->dt), s->in, s->in_off, dtype_name(s->in_dt), s->out);
+    fprintf(out,
+            "%sce_stats: rows %" PRId64 ", V %" PRId64 ", stride %" PRId64 ", %s; logits p%d + %" PRId64
+            " (%s), targets p%d + %" PRId64 ", out p%d\n",
+            prefix, s->rows, s->V, s->stride, dtype_name(s->dt), s->in, s->in_off, dtype_name(s->in_dt), s->tgt, s->tgt_off,
+            s->out);
+    if (s->grad >= 0)
+        fprintf(out, "%sce_grad: p%d (%s, rows of %" PRId64 ", zero past %" PRId64 "%s), scale %.17g / %.17g\n", prefix, s->grad,
+                dtype_name(s->grad_dt), s->gW, s->V, s->grad == s->in ? ", over the logits" : "", s->dloss, s->N);
 }

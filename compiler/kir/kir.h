@@ -199,14 +199,25 @@ typedef struct KScatter {
 
 /* What a cross-entropy statistics kernel computes (fuse_internal.h's F_CE_STATS) when it reads
  * the logits as rows of a buffer: for each of `rows` rows of V logits (element j of row r at
- * in_off + r * stride + j, widened from in_dt to dt), out[2r] = the max m, out[2r + 1] = the sum of
- * exp(x - m). stride >= V: a padded vocabulary's columns past V are not read. A back end may run a
- * kernel of its own from this (compiler/backend/cuda/cuda.c: one online pass, docs/cuda.md); the
- * body computes the same in two passes. Set by fusion when the kernel computes nothing else. */
+ * in_off + r * stride + j, widened from in_dt to dt) and its target t_r (i32 at tgt[tgt_off + r],
+ * clamped to [0, V)), out[3r] = the max m, out[3r + 1] = the sum s of exp(x - m), out[3r + 2] =
+ * x[r, t_r]. stride >= V: a padded vocabulary's columns past V are not read. With grad >= 0 it is
+ * the classifier kernel (F_CE_GRAD, its statistics a member): then also, for j < V,
+ * grad[r * gW + j] = (exp(x - m) / s - (j == t_r)) * dloss / N in dt, stored as grad_dt, and 0 for
+ * V <= j < gW (a padded vocabulary's columns); dloss / N is the constant scale. grad may be the
+ * logits' own parameter (grad == in, gW == stride: written in place, each row read before it is
+ * written). A back end may run a kernel of its own from this (compiler/backend/cuda/cuda.c: one
+ * online pass, docs/cuda.md); the body computes the same in two passes (and the gradient with
+ * two divisions an element, where the CUDA kernel multiplies by a reciprocal). Set by fusion when
+ * the kernel computes nothing else and the scale is a constant. */
 typedef struct KCeStats {
     DType dt, in_dt;
-    int64_t rows, V, stride, in_off;
-    int in, out; /* buffer parameters */
+    int64_t rows, V, stride, in_off, tgt_off;
+    int in, out, tgt; /* buffer parameters */
+    int grad;         /* the gradient's buffer parameter, -1 for the statistics alone */
+    int64_t gW;       /* the gradient's row width (>= V) */
+    DType grad_dt;
+    double dloss, N; /* the backward's seed (a constant) and the number of targets */
 } KCeStats;
 
 /* What a fused LoRA kernel computes (fuse_internal.h's F_LORA with its F_LORA_S: LoRA's down and up

@@ -3,7 +3,10 @@
  * after its launches; their checks (plan_verify) and their listing (--emit=plan), with the summary
  * that `./prog info` prints back from the executable's descriptor.
  *
- * Nothing is computed in place. The step's kernels write each gradient to an arena buffer, and
+ * Nothing is computed in place but the classifier kernel's gradient, which fusion gives the
+ * logits' buffer when it is their last reader (fuse.c's fz_ce_inplace, FuseBuffer.over): a buffer
+ * like any other here, its life from the logits' GEMM to the gradient's last reader. The step's
+ * kernels write each parameter's gradient to an arena buffer, and
  * forward_backward adds loss_scale x it into the gradient region right after the last launch that
  * touches that buffer (PlanWrite.after), whose life ends there: the seed of the backward is 1.0 and
  * the micro-batches accumulate, so a kernel writing the region itself would have to scale and add,

@@ -25,15 +25,19 @@ fail() {
     failn=$((failn + 1))
 }
 
-# check_block BUILD SRC BLOCK: $dir/BLOCK.cu, .kernels and .so; returns 1 (after fail) when it cannot
+# check_block BUILD SRC BLOCK [TAG FLAG...]: $dir/TAG.cu, .kernels and .so (TAG is BLOCK unless
+# given; the FLAGs go to mbtc); returns 1 (after fail) when it cannot
 check_block() {
-    if ! "$1/mbtc" --emit=cuda "$2" --train "$3" >"$dir/$3.cu" 2>"$dir/out" ||
-        ! "$1/mbtc" --emit=kernels "$2" --train "$3" >"$dir/$3.kernels" 2>"$dir/out"; then
-        fail "$3" "mbtc --emit=cuda / --emit=kernels failed"
+    local build=$1 src=$2 block=$3 tag=${4:-$3}
+    shift 3
+    [ $# -gt 0 ] && shift
+    if ! "$build/mbtc" --emit=cuda "$src" --train "$block" "$@" >"$dir/$tag.cu" 2>"$dir/out" ||
+        ! "$build/mbtc" --emit=kernels "$src" --train "$block" "$@" >"$dir/$tag.kernels" 2>"$dir/out"; then
+        fail "$tag" "mbtc --emit=cuda / --emit=kernels failed"
         return 1
     fi
-    if ! tests/cudaemu/build.sh "$dir/$3.cu" "$dir/$3.so" >"$dir/out" 2>&1; then
-        fail "$3" "tests/cudaemu/build.sh failed"
+    if ! tests/cudaemu/build.sh "$dir/$tag.cu" "$dir/$tag.so" >"$dir/out" 2>&1; then
+        fail "$tag" "tests/cudaemu/build.sh failed"
         return 1
     fi
 }

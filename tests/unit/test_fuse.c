@@ -235,7 +235,7 @@ static int tf_weighted_loss(TF *t, int out) {
 typedef struct Fused {
     FuseResult *r;
     int gemms, kernels;
-    int compared;
+    int compared, overwritten;
     double err;
 } Fused;
 
@@ -254,6 +254,14 @@ static double rel_error(const double *a, const double *b, int64_t n) {
         if (e > worst) worst = e;
     }
     return scale > 0 ? worst / scale : worst;
+}
+
+/* Whether launch li of r computes graph node id. */
+static int launch_computes(const FuseResult *r, int li, int id) {
+    const FuseLaunch *L = &r->launches[li];
+    for (int i = 0; i < L->nnodes; i++)
+        if (L->nodes[i] == id) return 1;
+    return 0;
 }
 
 /* Fuses g (for outputs, or the default ones) in its two stages, the fused IR (verified) and the
@@ -300,13 +308,17 @@ static Fused fuse_check(const char *what, const Graph *g, double *const *leaves,
         const GNode *n = g->node[id];
         if (b < 0 || n->op == G_PARAM || n->op == G_INPUT) continue;
         CHECK(f.r->buffers[b].bytes > 0, "%s: buffer b%d of %%%d is empty", what, b, id);
+        if (f.r->buffers[b].over >= 0 && !launch_computes(f.r, f.r->buffers[b].over, id)) {
+            f.overwritten++; /* the classifier's logits: the gradient is there at the end (compared) */
+            continue;
+        }
         double e = rel_error(fused[b], ref[id], graph_numel(n));
         f.compared++;
         if (e > f.err || isnan(e)) f.err = e;
         CHECK(e <= TF_TOL, "%s: %%%d (%s) in b%d differs from the unfused graph by %.3g", what, id, graph_op_name(n->op), b, e);
     }
-    printf("# %s: %d launches (%d gemm, %d kernels), %d buffers compared, max relative error %.2g\n", what, f.r->nlaunches,
-           f.gemms, f.kernels, f.compared, f.err);
+    printf("# %s: %d launches (%d gemm, %d kernels), %d buffers compared, max relative error %.2g%s\n", what, f.r->nlaunches,
+           f.gemms, f.kernels, f.compared, f.err, f.overwritten ? " (logits overwritten by their gradient, not compared)" : "");
     return f;
 }
 
@@ -628,25 +640,122 @@ static void test_count_softmax(void) {
     tf_end(t);
 }
 
-/* Cross-entropy with its backward: the row statistics (max and sum of exp, one dedicated row
- * kernel whose logits a GPU reads once: Kernel.ce), the mean of the row losses (one work item: the
- * sum over rows in a fixed order, no atomics, each row's loss from the statistics and the target's
- * logit), and the logits' gradient (elementwise: the second read of the logits). */
+/* Cross-entropy with its backward: the classifier kernel (a row kernel computing the row statistics
+ * - max, sum of exp and the target's logit, Kernel.ce, whose logits a GPU reads once for them - and
+ * the logits' gradient, Kernel.ce's grad) and the mean of the row losses (one work item: the sum
+ * over rows in a fixed order, no atomics, each row's loss from the statistics alone). The logits
+ * here are a parameter, which is never overwritten: the gradient has a buffer of its own. With
+ * --no-ce-fusion (fuse_ce_fused = 0) the gradient is an elementwise kernel of its own again. */
 static void test_count_cross_entropy(void) {
     TF *t = tf_begin(4);
     int logits = tf_param(t, S(2, 4, 10)), y = tf_index(t, S(2, 4), 10);
     t->g->loss = tf_cross_entropy(t, logits, y);
     autodiff(t->g);
     Fused f = fuse_check("cross_entropy_fwd_bwd", t->g, t->leaf, NULL, 0, &t->ar);
-    CHECK(f.gemms == 0 && f.kernels == 3, "cross-entropy forward + backward: 3 kernels, got %d + %d", f.gemms, f.kernels);
+    CHECK(f.gemms == 0 && f.kernels == 2, "cross-entropy forward + backward: 2 kernels, got %d + %d", f.gemms, f.kernels);
     int b = f.r->node_buffer[logits];
-    CHECK(readers_of(f.r, b) == 3, "the statistics, the mean (the targets' logits) and the gradient read the logits, %d do",
-          readers_of(f.r, b));
-    CHECK(f.kernels == 3 && f.r->kernels[0]->kind == KK_ROW && f.r->kernels[0]->ce && f.r->kernels[0]->ce->V == 10 &&
-              f.r->kernels[0]->ce->rows == 8,
-          "the statistics first: a row kernel with its logits resolved (8 rows of 10)");
-    CHECK(f.kernels == 3 && f.r->kernels[1]->grid == 1 && f.r->kernels[2]->kind == KK_ELEMENTWISE && f.r->kernels[2]->grid == 80,
-          "then the mean (one work item) and the gradient (elementwise, 80 items)");
+    CHECK(readers_of(f.r, b) == 1, "the classifier kernel alone reads the logits, %d launches do", readers_of(f.r, b));
+    const KCeStats *ce = f.kernels == 2 ? f.r->kernels[0]->ce : NULL;
+    CHECK(f.kernels == 2 && f.r->kernels[0]->kind == KK_ROW && ce && ce->V == 10 && ce->rows == 8 && ce->grad >= 0 &&
+              ce->gW == 10 && ce->grad != ce->in && ce->N == 8 && ce->dloss == 1.0,
+          "the classifier first: a row kernel with its logits resolved (8 rows of 10) and its gradient (a buffer of its own)");
+    CHECK(f.kernels == 2 && f.r->kernels[1]->grid == 1, "then the mean (one work item)");
+    fuse_ce_fused = 0;
+    Fused u = fuse_check("cross_entropy_fwd_bwd unfused", t->g, t->leaf, NULL, 0, &t->ar);
+    fuse_ce_fused = 1;
+    CHECK(u.kernels == 3 && u.r->kernels[0]->ce && u.r->kernels[0]->ce->grad < 0 && u.r->kernels[2]->kind == KK_ELEMENTWISE &&
+              u.r->kernels[2]->grid == 80,
+          "--no-ce-fusion: the statistics alone, the mean, and the gradient elementwise (80 items)");
+    tf_end(t);
+}
+
+/* The classifier kernel in place: logits computed by a GEMM (x @ w) whose last reader it is get the
+ * gradient written over them - one buffer for both, the GEMMs of the backward reading it - and the
+ * gradient equals the unfused graph's (fuse_check compares every buffer, the logits' excepted, which
+ * hold the gradient at the end). Then the fall-backs: the logits asked for (an output), or read
+ * by a launch after the classifier (the backward of a second loss term over them), keep them: the
+ * gradient gets a buffer of its own. And the control: the classifier kernel's division by N
+ * corrupted (x 1.5) must differ from the unfused graph. */
+static void test_cross_entropy_inplace(void) {
+    TF *t = tf_begin(6);
+    int x = tf_input(t, S(2, 4, 6)), w = tf_param(t, S(6, 10)), y = tf_index(t, S(2, 4), 10);
+    int logits = tf_matmul(t, x, w);
+    t->g->loss = tf_cross_entropy(t, logits, y);
+    autodiff(t->g);
+    Fused f = fuse_check("cross_entropy in place", t->g, t->leaf, NULL, 0, &t->ar);
+    int b = f.r->node_buffer[logits];
+    const KCeStats *ce = NULL;
+    for (int i = 0; i < f.r->nkernels; i++)
+        if (f.r->kernels[i]->ce) ce = f.r->kernels[i]->ce;
+    CHECK(b >= 0 && f.r->buffers[b].over >= 0 && ce && ce->grad == ce->in && f.overwritten == 1,
+          "the gradient is written over the logits (one buffer, one kernel parameter)");
+    CHECK(f.compared > 0 && f.err <= TF_TOL, "every other buffer as the unfused graph (%d compared)", f.compared);
+
+    /* the logits an output: kept */
+    int outs[3] = {t->g->loss, logits, t->g->grads[0]};
+    Fused o = fuse_check("cross_entropy logits asked for", t->g, t->leaf, outs, 3, &t->ar);
+    int ob = o.r->node_buffer[logits];
+    CHECK(ob >= 0 && o.r->buffers[ob].over < 0 && o.overwritten == 0, "logits asked for: not overwritten");
+
+    /* the control: the fused kernel's 1/N corrupted */
+    int broken = 0;
+    for (int i = 0; i < f.r->nkernels; i++) {
+        Kernel *k = f.r->kernels[i];
+        if (!k->ce) continue;
+        for (int j = 0; j < k->n; j++)
+            if (k->inst[j].op == K_CONST && k->inst[j].f == 8.0 && kir_type_is_float(k->inst[j].type)) {
+                k->inst[j].f = 12.0;
+                broken++;
+            }
+    }
+    capture_begin();
+    double **ref = ref_run(t->g, t->leaf, &t->ar);
+    double **bad = ref ? kir_ref_schedule(f.r, t->leaf, &t->ar) : NULL;
+    capture_end();
+    double worst = 0;
+    for (int i = 0; bad && i < t->g->nparams; i++) {
+        int gid = t->g->grads[i], gb = gid >= 0 ? f.r->node_buffer[gid] : -1;
+        if (gb < 0) continue;
+        double e = rel_error(bad[gb], ref[gid], graph_numel(t->g->node[gid]));
+        if (e > worst || isnan(e)) worst = e;
+    }
+    CHECK(broken >= 1 && worst > 1e-3, "control: the classifier kernel dividing by 12 for 8 differs (max relative error %.3g)",
+          worst);
+    printf("# cross_entropy control: N = 12 for 8 in the classifier kernel, the weight gradient's max relative error %.3g\n",
+           worst);
+    tf_end(t);
+
+    /* a second loss term over the logits, read by a launch after the classifier: kept */
+    t = tf_begin(7);
+    x = tf_input(t, S(2, 4, 6));
+    w = tf_param(t, S(6, 10));
+    y = tf_index(t, S(2, 4), 10);
+    logits = tf_matmul(t, x, w);
+    int sq = tf_bin(t, G_MUL, logits, logits);
+    t->g->loss = tf_bin(t, G_ADD, tf_cross_entropy(t, logits, y), tf_sum_all(t, sq));
+    autodiff(t->g);
+    Fused s2 = fuse_check("cross_entropy logits read later", t->g, t->leaf, NULL, 0, &t->ar);
+    int sb = s2.r->node_buffer[logits];
+    CHECK(sb >= 0 && s2.r->buffers[sb].over < 0 && s2.overwritten == 0, "logits read after the classifier: not overwritten");
+    tf_end(t);
+
+    /* the same cross-entropy twice, two graph nodes (ce + 2 ce'): two classifier kernels (their
+     * seeds differ) read one statistics node, which then is a kernel of its own that both load */
+    t = tf_begin(8);
+    x = tf_input(t, S(2, 4, 6));
+    w = tf_param(t, S(6, 10));
+    y = tf_index(t, S(2, 4), 10);
+    logits = tf_matmul(t, x, w);
+    int l1 = tf_cross_entropy(t, logits, y), l2 = tf_cross_entropy(t, logits, y);
+    t->g->loss = tf_bin(t, G_ADD, l1, tf_bin(t, G_MUL, tf_const(t, 2.0), l2));
+    autodiff(t->g);
+    Fused two = fuse_check("cross_entropy twice", t->g, t->leaf, NULL, 0, &t->ar);
+    int bwd = 0;
+    for (int li = 0; li < two.r->nlaunches; li++)
+        for (int i = 0; i < two.r->launches[li].nnodes; i++)
+            bwd += t->g->node[two.r->launches[li].nodes[i]]->op == G_CROSS_ENTROPY_BWD;
+    CHECK(two.compared > 0 && two.err <= TF_TOL && bwd == 2,
+          "two classifier kernels over one statistics node: as the unfused graph (%d launches compute a backward)", bwd);
     tf_end(t);
 }
 
@@ -1091,6 +1200,7 @@ int main(void) {
     RUN(test_count_residual_layernorm);
     RUN(test_count_softmax);
     RUN(test_count_cross_entropy);
+    RUN(test_cross_entropy_inplace);
     RUN(test_count_adamw_by_hand);
     RUN(test_count_adamw_update_graph);
     RUN(test_count_gpt2_block);

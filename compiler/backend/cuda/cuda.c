@@ -191,7 +191,8 @@ int cuda_kernel_uses_scatter(const Kernel *k) {
 int cuda_kernel_uses_ce(const Kernel *k) {
     const KCeStats *c = k->ce;
     return c && c->dt == DT_F32 && (c->in_dt == DT_F32 || c->in_dt == DT_F16 || c->in_dt == DT_BF16) && c->V >= 1 &&
-           c->stride >= c->V;
+           c->stride >= c->V && c->V <= INT32_MAX &&
+           (c->grad < 0 || (c->gW >= c->V && (c->grad_dt == DT_F32 || c->grad_dt == DT_F16 || c->grad_dt == DT_BF16)));
 }
 
 int cuda_kernel_uses_half(const Kernel *k) {
@@ -910,7 +911,11 @@ static void cuda_header(CudaEmit *E, const char *note) {
             L->shared);
     if (L->mode == CUDA_WARP) fprintf(out, " (a warp per work item, %d per block)", L->block / 32);
     if (L->mode == CUDA_BLOCK) fprintf(out, " (a block per work item)");
-    if (L->mode == CUDA_CE_STATS) fprintf(out, " (a block per row: cross-entropy's statistics in one online pass, docs/cuda.md)");
+    if (L->mode == CUDA_CE_STATS)
+        fprintf(out, " (a block per row: cross-entropy's statistics in one online pass%s, docs/cuda.md)",
+                k->ce->grad < 0            ? ""
+                : k->ce->grad == k->ce->in ? ", then the gradient over the logits"
+                                           : ", then the gradient");
     if (L->mode == CUDA_SCATTER)
         fprintf(out, " (%" PRId64 " output rows a block: the segmented scatter_add, docs/cuda.md)", L->per_block);
     if (L->mode == CUDA_ATTENTION)

@@ -181,7 +181,14 @@ void cuda_scatter_body(CudaEmit *E) {
 
 /* ---- cross-entropy's statistics: one online pass ------------------------------------------------ */
 
-/* Kernel.ce: per row, the max m and the sum s of exp(x - m) in one read of the logits. Each thread
+/* Kernel.ce: per row, the max m and the sum s of exp(x - m) in one read of the logits, and the
+ * target's logit; with Kernel.ce's grad, the classifier kernel: then the row's gradient too, in a
+ * second read of the row, written in the gradient's type (over the logits when grad is their
+ * parameter: every read of the row - the statistics' loop and the target's logit - ends at the
+ * __syncthreads before the first write, and column j's gradient is written by the thread that
+ * read column j), the padded columns zero. The gradient multiplies by one reciprocal of s a row
+ * and the constant dloss / N (in f32) where the body divides each element by s and by N: a few
+ * ulps of f32 apart (docs/cuda.md). Each thread
  * keeps a running (m, s) over the columns threadIdx.x, + 256, ...: a larger x rescales s by
  * exp(m - x) (the online softmax of Milakov and Gimelshein, as llm.c's classifier); the 32 lanes'
  * pairs are merged in a __shfl_xor_sync butterfly (the merge is commutative, so every lane ends
@@ -238,11 +245,42 @@ void cuda_ce_body(CudaEmit *E) {
     cuda_line(E, "        M = m2;");
     cuda_line(E, "    } else if (m2 != -MBT_INF_F) S = S + s2 * expf(m2 - M);");
     cuda_line(E, "}");
-    cuda_line(E, "p%d[row * 2LL] = M;", c->out);
-    cuda_line(E, "p%d[row * 2LL + 1LL] = S;", c->out);
+    cuda_line(E, "const long long t = (long long)p%d[%" PRId64 "LL + row];", c->tgt, c->tgt_off);
+    cuda_line(E, "const long long tc = t < 0LL ? 0LL : t > %" PRId64 "LL ? %" PRId64 "LL : t; /* clamped as the body's take */",
+              c->V - 1, c->V - 1);
+    cuda_line(E, "p%d[row * 3LL] = M;", c->out);
+    cuda_line(E, "p%d[row * 3LL + 1LL] = S;", c->out);
+    cuda_line(E, "p%d[row * 3LL + 2LL] = %s;", c->out,
+              cuda_elem_in(E, c->in_dt,
+                           arena_printf(E->ar, "p%d[%" PRId64 "LL + row * %" PRId64 "LL + tc]", c->in, c->in_off, c->stride)));
+    if (c->grad >= 0) {
+        cuda_line(E, "mbt_wm[0] = M;");
+        cuda_line(E, "mbt_ws[0] = S;");
+    }
     E->indent--;
     cuda_line(E, "}");
-    cuda_line(E, "__syncthreads(); /* mbt_wm and mbt_ws are rewritten for the next row */");
+    cuda_line(E, "__syncthreads(); /* the row's statistics are in; every read of the row for them is done */");
+    if (c->grad >= 0) {
+        cuda_line(E, "{");
+        E->indent++;
+        cuda_line(E, "const float M = mbt_wm[0], rs = 1.0f / mbt_ws[0], k = %s; /* one reciprocal a row; dloss / N */",
+                  cuda_float_literal(E, KT_F32, c->dloss / c->N));
+        cuda_line(E, "const int t = p%d[%" PRId64 "LL + row];", c->tgt, c->tgt_off);
+        cuda_line(E, "for (long long j = threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", c->V, CUDA_BLOCK_BLOCK);
+        E->indent++;
+        cuda_line(E, "const float g = (expf(%s - M) * rs - ((int)j == t ? 1.0f : 0.0f)) * k;", x);
+        cuda_line(E, "p%d[row * %" PRId64 "LL + j] = %s;", c->grad, c->gW, cuda_elem_out(E, c->grad_dt, "g"));
+        E->indent--;
+        cuda_line(E, "}");
+        if (c->gW > c->V)
+            cuda_line(E,
+                      "for (long long j = %" PRId64 "LL + threadIdx.x; j < %" PRId64 "LL; j += %dLL) p%d[row * %" PRId64
+                      "LL + j] = %s;",
+                      c->V, c->gW, CUDA_BLOCK_BLOCK, c->grad, c->gW, cuda_elem_out(E, c->grad_dt, "0.0f"));
+        E->indent--;
+        cuda_line(E, "}");
+        cuda_line(E, "__syncthreads(); /* mbt_wm and mbt_ws are rewritten for the next row */");
+    }
     E->indent--;
     cuda_line(E, "}");
 }
