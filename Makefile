@@ -298,10 +298,10 @@ $(BUILD)/tests/bigram_micro16: tests/runtime/bigram_program.c $(BUILD)/libmbtrt.
 $(BUILD)/tests/test_rt_train: $(BIGRAM_BINS) $(BUILD)/mbt-gendata
 
 # test_rt_gpu drives the GPU runtime through a CPU stand-in for the CUDA driver and cuBLASLt
-# (tests/cudaemu/fake_cuda.c), loaded from beside the test as both libraries.
-$(BUILD)/tests/libmbt_fake_cuda.so: tests/cudaemu/fake_cuda.c | $(BUILD)/.deps-ok
+# (tests/cudaemu/fake_cuda.c, fake_cublaslt.c), loaded from beside the test as both libraries.
+$(BUILD)/tests/libmbt_fake_cuda.so: tests/cudaemu/fake_cuda.c tests/cudaemu/fake_cublaslt.c | $(BUILD)/.deps-ok
 	@mkdir -p $(BUILD)/tests
-	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -Itests/cudaemu -shared -fPIC $< -o $@ $(LDFLAGS_ALL) -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
+	$(CC) $(RT_CFLAGS) $(DEPFLAGS) -Itests/cudaemu -shared -fPIC $(filter %.c,$^) -o $@ $(LDFLAGS_ALL) -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
 
 # ... and a stand-in for NCCL (tests/cudaemu/fake_nccl.c) for the emulated GPU's ranks (MBT_LIBNCCL).
 $(BUILD)/tests/libmbt_fake_nccl.so: tests/cudaemu/fake_nccl.c | $(BUILD)/.deps-ok

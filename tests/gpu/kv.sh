@@ -24,7 +24,7 @@
 #                      pool is then 0.5 of what is free of them), and a device of 1 byte leaves
 #                      no free memory: gpu/kv/pool-refused.
 # On the emulated GPU, cuBLASLt's stand-in computes each row of a product alone
-# (MBT_FAKE_CUBLAS_ROWWISE, tests/cudaemu/fake_cuda.c): the chunk phase assumes that a fixed-shape
+# (MBT_FAKE_CUBLAS_ROWWISE, tests/cudaemu/fake_cublaslt.c): the chunk phase assumes that a fixed-shape
 # GEMM rounds a row the same at every index (docs/serve.md, "On the GPU"), which OpenBLAS's blocked
 # product does not give at gpt.mbt's 64 rows a call; the emulator models the assumption, so here the
 # bit-for-bit checks hold the rest of the path (the kernels, the scheduler, the uploads), and only
