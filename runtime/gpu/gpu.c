@@ -50,6 +50,18 @@ RtStatus rt_gpu_use(RtGpu *g, RtError *err) {
     return rt_cu_check(&g->api, g->api.cuCtxSetCurrent(g->ctx), err, "cuCtxSetCurrent", "the GPU's context");
 }
 
+RtStatus rt_gpu_side_stream(RtGpu *g, CUstream *s, CUevent *fork, CUevent *join, const char *stream_what, const char *events_what,
+                            RtError *err) {
+    RtStatus st = rt_gpu_use(g, err);
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuStreamCreate(s, CU_STREAM_NON_BLOCKING), err, "cuStreamCreate", "%s", stream_what);
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuEventCreate(fork, CU_EVENT_DEFAULT), err, "cuEventCreate", "%s", events_what);
+    if (st == RT_OK)
+        st = rt_cu_check(&g->api, g->api.cuEventCreate(join, CU_EVENT_DEFAULT), err, "cuEventCreate", "%s", events_what);
+    return st;
+}
+
 /* One launch on the stream (timed under MBT_DEBUG); an error names the function and geometry. */
 static RtStatus rt_gpu_run(RtGpu *g, CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned block, void **params,
                            RtError *err) {

@@ -55,19 +55,17 @@
 
 static RtStatus act_nvme_copy(RtGpu *g, int32_t op, int64_t off, unsigned char *dev, int64_t len, RtError *err);
 
+/* The copy stream and its two events (host and nvme alike). */
+static RtStatus act_streams(RtGpu *g, RtError *err) {
+    return rt_gpu_side_stream(g, &g->act.stream, &g->act.issued, &g->act.copied, "the activations' copy stream",
+                              "the activations' copies", err);
+}
+
 RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err) {
     if (g->act.stream || bytes <= 0) return RT_OK;
     RtStatus st = rt_gpu_use(g, err);
     if (st == RT_OK) st = rt_gpu_host_alloc(g, (void **)&g->act.host, bytes, "the offloaded activations", err);
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuStreamCreate(&g->act.stream, CU_STREAM_NON_BLOCKING), err, "cuStreamCreate",
-                         "the activations' copy stream");
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.issued, CU_EVENT_DEFAULT), err, "cuEventCreate",
-                         "the activations' copies");
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.copied, CU_EVENT_DEFAULT), err, "cuEventCreate",
-                         "the activations' copies");
+    if (st == RT_OK) st = act_streams(g, err);
     if (st != RT_OK) {
         rt_gpu_act_close(g);
         return st;
@@ -137,15 +135,7 @@ RtStatus rt_gpu_act_open_nvme(RtGpu *g, struct RtStore *store, int64_t staging, 
         g->act.tasks ? rt_gpu_use(g, err)
                      : rt_fail(err, RT_ERR_NOMEM, "activations: cannot allocate the staging's %d task records", RT_GPU_ACT_TASKS);
     if (st == RT_OK) st = rt_gpu_host_alloc(g, &g->act.raw, slot * RT_GPU_ACT_SLOTS + page, "the activations' staging", err);
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuStreamCreate(&g->act.stream, CU_STREAM_NON_BLOCKING), err, "cuStreamCreate",
-                         "the activations' copy stream");
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.issued, CU_EVENT_DEFAULT), err, "cuEventCreate",
-                         "the activations' copies");
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->act.copied, CU_EVENT_DEFAULT), err, "cuEventCreate",
-                         "the activations' copies");
+    if (st == RT_OK) st = act_streams(g, err);
     if (st != RT_OK) {
         rt_gpu_act_close(g);
         return st;

@@ -16,16 +16,8 @@
 
 RtStatus rt_gpu_comm_open(RtGpu *g, RtError *err) {
     if (g->comm.stream) return RT_OK;
-    RtStatus st = rt_gpu_use(g, err);
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuStreamCreate(&g->comm.stream, CU_STREAM_NON_BLOCKING), err, "cuStreamCreate",
-                         "the data-parallel communication stream");
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->comm.ready, CU_EVENT_DEFAULT), err, "cuEventCreate",
-                         "the data-parallel buckets' events");
-    if (st == RT_OK)
-        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->comm.done, CU_EVENT_DEFAULT), err, "cuEventCreate",
-                         "the data-parallel buckets' events");
+    RtStatus st = rt_gpu_side_stream(g, &g->comm.stream, &g->comm.ready, &g->comm.done, "the data-parallel communication stream",
+                                     "the data-parallel buckets' events", err);
     if (st != RT_OK) rt_gpu_comm_close(g);
     return st;
 }

@@ -438,6 +438,11 @@ void rt_gpu_comm_close(RtGpu *g);
 
 /* gpu.c. The calling thread's current context becomes the GPU's (a context is current per thread). */
 RtStatus rt_gpu_use(RtGpu *g, RtError *err);
+/* gpu.c. A side stream (non-blocking) and two events for its fork from and join to the compute
+ * stream (the activations' copy stream, the buckets' communication stream); a failure names
+ * stream_what or events_what, and what was made is left for the caller's close. */
+RtStatus rt_gpu_side_stream(RtGpu *g, CUstream *s, CUevent *fork, CUevent *join, const char *stream_what, const char *events_what,
+                            RtError *err);
 
 /* x[r * pitch + c] *= scale for r < rows, c < cols (mbt_rt_scale), queued. */
 RtStatus rt_gpu_scale_rows(RtGpu *g, float *x, float scale, int64_t rows, int64_t cols, int64_t pitch, RtError *err);

@@ -835,12 +835,10 @@ static int fake_param_sizes(const FakeFunction *fn, const size_t **sizes) {
     return -1;
 }
 
-static CUresult fake_rec_launch(const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params) {
-    const size_t *sizes = NULL;
-    int np = fake_param_sizes(fn, &sizes);
-    if (np < 0 || np > FAKE_MAX_PARAMS) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
-    FakeOp *op = fake_op();
-    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+/* op becomes launch 'K' of fn with the np parameters' values copied (each at a 16-byte-aligned
+ * offset of op->blob). */
+static CUresult fake_op_launch(FakeOp *op, const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params, int np,
+                               const size_t *sizes) {
     size_t total = 0;
     for (int i = 0; i < np; i++) {
         op->off[i] = total;
@@ -853,6 +851,15 @@ static CUresult fake_rec_launch(const FakeFunction *fn, unsigned gx, unsigned gy
     return CUDA_SUCCESS;
 }
 
+static CUresult fake_rec_launch(const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params) {
+    const size_t *sizes = NULL;
+    int np = fake_param_sizes(fn, &sizes);
+    if (np < 0 || np > FAKE_MAX_PARAMS) return fake_capture_rc = FAKE_CAPTURE_UNSUPPORTED;
+    FakeOp *op = fake_op();
+    if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
+    return fake_op_launch(op, fn, gx, gy, bx, params, np, sizes);
+}
+
 /* A launch on a queue: its parameters copied by value as a capture copies them (FakeOp 'K'), run
  * by fake_queued_launch when the queue runs. */
 static CUresult fake_queue_launch(FakeQueue *q, const FakeFunction *fn, unsigned gx, unsigned gy, unsigned bx, void **params) {
@@ -861,19 +868,12 @@ static CUresult fake_queue_launch(FakeQueue *q, const FakeFunction *fn, unsigned
     if (np < 0 || np > FAKE_MAX_PARAMS) return FAKE_INVALID_VALUE;
     FakeOp *op = calloc(1, sizeof *op);
     if (!op) return CUDA_ERROR_OUT_OF_MEMORY;
-    size_t total = 0;
-    for (int i = 0; i < np; i++) {
-        op->off[i] = total;
-        total += (sizes[i] + 15) / 16 * 16;
-    }
-    op->blob = malloc(total ? total : 1);
-    if (!op->blob) {
+    CUresult rc = fake_op_launch(op, fn, gx, gy, bx, params, np, sizes);
+    if (rc != CUDA_SUCCESS) {
         free(op);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return rc;
     }
-    for (int i = 0; i < np; i++) memcpy(op->blob + op->off[i], params[i], sizes[i]);
-    op->kind = 'K', op->fn = fn, op->gx = gx, op->gy = gy, op->bx = bx, op->nparams = np;
-    CUresult rc = fake_queue_other(q, 3, op, NULL, NULL);
+    rc = fake_queue_other(q, 3, op, NULL, NULL);
     if (rc != CUDA_SUCCESS) free(op->blob), free(op);
     return rc;
 }
