@@ -59,7 +59,7 @@ hosts_main() {
         bg_wait $p1 $((TIMEOUT + 10))
         rc1=$?
         ms=$(($(now_ms) - start))
-        local re="rank [01] of 2 timed out after 3(\.[0-9]+)? s waiting in [a-z_]+ for rank [01]"
+        local re="rank [01] of 2 timed out after 3(\.[0-9]+)? s waiting in [a-z_0-9]+ for rank [01]"
         if [ "$rc0$rc1" != 11 ]; then fail $name "statuses $rc0 and $rc1, not 1 and 1" "$DIR/$name.0" "$DIR/$name.1"
         elif ! grep -qE "$re" "$DIR/$name.0" || ! grep -qE "$re" "$DIR/$name.1"; then
             fail $name "not both ranks said /$re/" "$DIR/$name.0" "$DIR/$name.1"
