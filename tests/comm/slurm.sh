@@ -77,27 +77,24 @@ EOF
     # one process's weights after 10 steps (dp2 has one micro-batch a rank: the same bytes at 1 and 2 ranks)
     [ -e "$DIR/alone-10.st" ] || MBT_COMM=self "$DIR/dp2" train --steps 10 --data "$DATA" --save-weights "$DIR/alone-10.st" \
         >"$DIR/alone-10.out" 2>&1 || fail slurm-alone "dp2 alone failed" "$DIR/alone-10.out"
+    # srun_same NAME WORLD ENV...: srun -n 2 (ENV before it, e.g. MASTER_ADDR=...; --mpi=pmix as SRUN_MPI
+    # says) trains 10 steps; rank 0's start-up line names WORLD and the weights are one process's
+    srun_same() {
+        local name=$1 world=$2 rc
+        shift 2
+        env "$@" timeout -s KILL 120 srun -n 2 ${SRUN_MPI:+--mpi=$SRUN_MPI} "$DIR/dp2" train --steps 10 --data "$DATA" \
+            --save-weights "$DIR/$name.st" >"$DIR/$name.0" 2>&1
+        rc=$?
+        if [ $rc != 0 ]; then fail $name "srun's status is $rc" "$DIR/$name.0"
+        elif ! grep -q "^train dp2: .*; seed 1337; 2 processes ($world)$" "$DIR/$name.0"; then
+            fail $name "rank 0's start-up line does not say '2 processes ($world)'" "$DIR/$name.0"
+        elif ! cmp -s "$DIR/alone-10.st" "$DIR/$name.st"; then fail $name "weights differ from one process's" "$DIR/$name.0"
+        else pass "$name (2 tasks, one process's bytes)"; fi
+    }
+    SRUN_MPI=pmix srun_same slurm-pmix "mpi (Open MPI [0-9.]*), started by srun"
+    srun_same slurm-tcp "tcp, started by srun (MASTER_ADDR)" MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 2))
+
     local name rc
-    name=slurm-pmix
-    timeout -s KILL 120 srun -n 2 --mpi=pmix "$DIR/dp2" train --steps 10 --data "$DATA" --save-weights "$DIR/$name.st" \
-        >"$DIR/$name.0" 2>&1
-    rc=$?
-    if [ $rc != 0 ]; then fail $name "srun's status is $rc" "$DIR/$name.0"
-    elif ! grep -q "^train dp2: .*; seed 1337; 2 processes (mpi (Open MPI [0-9.]*), started by srun)$" "$DIR/$name.0"; then
-        fail $name "rank 0's start-up line does not name srun and mpi" "$DIR/$name.0"
-    elif ! cmp -s "$DIR/alone-10.st" "$DIR/$name.st"; then fail $name "weights differ from one process's" "$DIR/$name.0"
-    else pass "$name (2 tasks, one process's bytes)"; fi
-
-    name=slurm-tcp
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$((port + 2)) timeout -s KILL 120 srun -n 2 "$DIR/dp2" train --steps 10 --data "$DATA" \
-        --save-weights "$DIR/$name.st" >"$DIR/$name.0" 2>&1
-    rc=$?
-    if [ $rc != 0 ]; then fail $name "srun's status is $rc" "$DIR/$name.0"
-    elif ! grep -q "^train dp2: .*; seed 1337; 2 processes (tcp, started by srun (MASTER_ADDR))$" "$DIR/$name.0"; then
-        fail $name "rank 0's start-up line does not name srun and tcp" "$DIR/$name.0"
-    elif ! cmp -s "$DIR/alone-10.st" "$DIR/$name.st"; then fail $name "weights differ from one process's" "$DIR/$name.0"
-    else pass "$name (2 tasks, one process's bytes)"; fi
-
     name=slurm-none
     local want="dp2: collectives: srun started 2 tasks without PMIx (srun --mpi=none, Slurm's default), so no task can find the others and each would train alone: give srun --mpi=pmix (Open MPI), or set MASTER_ADDR and MASTER_PORT for the tcp rendezvous (the rank is SLURM_PROCID)"
     timeout -s KILL 60 srun -n 2 "$DIR/dp2" train --steps 10 --data "$DATA" --save-weights "$DIR/$name.st" >"$DIR/$name.0" 2>&1
