@@ -284,11 +284,17 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     for (int64_t i = 0; i < t->nramp; i++)
         if (t->ramp[i].accum > accum) accum = t->ramp[i].accum;
     accum = accum * t->data_ranks / r->nranks; /* this process's micro-batches a step, at most */
-    RtStatus st = rt_exec_tree_open(&r->x, accum, &r->e);
+    /* ZeRO-2's partial sums by shard (docs/parallel.md): with N ranks, N a power of two, on the CPU.
+     * Every step of 2 or more micro-batches a rank then takes that path, so the whole-size tree
+     * needs the gradient region alone (a step of one micro-batch a rank has one leaf). */
+    r->shard_tree_on = r->nranks > 1 && t->zero >= 2 && (r->nranks & (r->nranks - 1)) == 0 && !r->x.gpu;
+    RtStatus st = rt_exec_tree_open(&r->x, r->shard_tree_on ? 1 : accum, &r->e);
     if (st != RT_OK) return st;
     r->micro_loss = calloc((size_t)accum + 1, sizeof *r->micro_loss);
     r->all_loss = calloc((size_t)((accum + 1) * r->nranks), sizeof *r->all_loss);
-    if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
+    r->loss_order = calloc((size_t)(accum * r->nranks) + 1, sizeof *r->loss_order);
+    if (!r->micro_loss || !r->all_loss || !r->loss_order)
+        return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
     st = rt_dp_bucket_env(&r->bucket_floats, &r->e);
     if (st == RT_OK) st = rt_dp_model_env(&r->model_gbps, &r->e);
     if (st != RT_OK || r->nranks == 1) return st;
@@ -299,6 +305,10 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
     if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     r->zero = (int)t->zero;
+    if (r->shard_tree_on) { /* floor(log2 accum) partial sums of the shard's size */
+        st = rt_shard_tree_open(&r->shard_tree, len, accum, &r->e);
+        if (st != RT_OK) return st;
+    }
     if (r->x.gpu) { /* NCCL between the GPUs when it is there: the sum then stays on the device */
         st = rt_comm_set_gpu(r->comm, r->x.gpu, &r->e);
         if (st == RT_OK && rt_comm_nccl(r->comm))
@@ -383,9 +393,33 @@ static RtStatus rt_train_reduce_nccl(RtTrainRun *r, int64_t step) {
     return st;
 }
 
+RtStatus rt_train_shard_push(RtTrainRun *r, int64_t m, int64_t accum, int64_t step) {
+    RtExec *x = &r->x;
+    int64_t lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    /* every rank's gradient of global micro-batches m x N .. m x N + N - 1 (rank order), shard r */
+    RtStatus st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
+    if (st != RT_OK)
+        return rt_error_context(&r->e, "step %lld, micro-batches %lld to %lld: summing the gradient's shard over the ranks",
+                                (long long)(step + 1), (long long)(m * r->nranks + 1), (long long)((m + 1) * r->nranks));
+    /* the block of N micro-batches (N a power of two: a node of the step's tree), then the
+     * counter over the step's blocks */
+    rt_dp_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
+    const float *sum = NULL;
+    int last = m + 1 == accum;
+    st = rt_shard_tree_push(&r->shard_tree, x->pool, r->shard_got, last, &sum, &r->e);
+    if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient shard's partial sums", (long long)(step + 1));
+    if (!last) return rt_exec_grad_zero(x, &r->e); /* the next micro-batch's leaf */
+    if (len > 0) memcpy(x->grads + lo, sum, (size_t)len * sizeof *x->grads);
+    return RT_OK;
+}
+
 RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (r->nranks == 1) return RT_OK;
     RtExec *x = &r->x;
+    if (r->interleaved) { /* summed by shard as the micro-batches came; --dump-step's step 1 writes all of it */
+        RtStatus st = r->given->dump_step && step == 0 ? rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e) : RT_OK;
+        return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: gathering the gradient to dump", (long long)(step + 1));
+    }
     if (r->gbuckets) { /* queued during the last backward: the rest, and the join */
         RtStatus st = rt_train_gpu_buckets_finish(r);
         return st == RT_OK ? st
