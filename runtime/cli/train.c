@@ -467,15 +467,16 @@ static void rt_train_banner(const RtTrainRun *r) {
             printf("gradient partial sums: by shard (ZeRO-%d, %d ranks, a power of two): a step of 2 or more micro-batches a "
                    "rank runs global micro-batches j x %d + %d, each one's gradient exchanged by shards as it comes and this "
                    "rank's shard summed over the ranks, then by the step's counter over the blocks: %d of %lld bytes (%lld "
-                   "bytes)\n",
+                   "bytes%s)\n",
                    r->zero, nranks, nranks, r->rank, r->shard_tree.nreg, (long long)(r->shard_tree.len * 4),
-                   (long long)rt_shard_tree_bytes(&r->shard_tree));
+                   (long long)rt_shard_tree_bytes(&r->shard_tree),
+                   !r->x.gpu        ? ""
+                   : r->d_shard_got ? " on the GPU; NCCL exchanges them"
+                                    : " of host memory: each micro-batch's gradient staged through the host");
         else
             printf("gradient partial sums: whole-size (%s): each rank's micro-batches contiguous, summed over the ranks once a "
                    "step: %d of %lld bytes (%lld bytes)\n",
-                   r->zero < 2 ? "ZeRO-2's by shard needs parallel.zero >= 2"
-                   : r->x.gpu  ? "ZeRO-2's by shard is built on the CPU alone"
-                               : "ZeRO-2's by shard needs a power of two of ranks",
+                   r->zero < 2 ? "ZeRO-2's by shard needs parallel.zero >= 2" : "ZeRO-2's by shard needs a power of two of ranks",
                    r->x.ntree - 1, (long long)(p->param_floats * 4), (long long)whole);
     }
     rt_print_device(o, &r->x);
@@ -667,7 +668,7 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld", (long long)(step + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_DATA);
         RtStep s = rt_exec_step(x, &r->e);
-        float *leaf = x->grads; /* interleaved: the gradient region, zeroed after each shard push */
+        float *leaf = x->gpu ? x->d_grads : x->grads; /* interleaved: the gradient region, zeroed after each shard push */
         if (!r->interleaved) st = rt_exec_tree_leaf(x, &tree, &leaf, &r->e);
         s.grads = leaf;
         int64_t g = rt_train_global_micro(r, m, accum);
@@ -1098,6 +1099,8 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->shard_got);
     free(r->zero_scratch);
     free(r->loss_order);
+    if (r->shard_tree.ops) /* the device's regions (over NCCL) */
+        for (int i = 0; i < r->shard_tree.nreg; i++) rt_gpu_free(r->x.gpu, r->shard_tree.reg[i]);
     rt_shard_tree_close(&r->shard_tree);
     free(r->state_full);
     free(r->norm_all);

@@ -99,6 +99,7 @@ typedef struct RtTrainRun {
      * loss_order: the step's losses put back in micro-batch order */
     int shard_tree_on, interleaved;
     RtShardTree shard_tree;
+    RtShardOps shard_ops; /* the device's regions' additions and copies (over NCCL) */
     int64_t data_at;
     double *loss_order;
 } RtTrainRun;

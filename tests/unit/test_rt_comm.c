@@ -313,7 +313,7 @@ static int shard_design(const float *leaves, int N, int A, int64_t len, int orde
     memset(&t, 0, sizeof t);
     RtError e;
     float *block = malloc((size_t)(N > A ? N : A) * (size_t)len * sizeof *block);
-    int ok = rt_shard_tree_open(&t, len, order == 2 ? N : A, &e) == RT_OK && block;
+    int ok = rt_shard_tree_open(&t, len, order == 2 ? N : A, NULL, &e) == RT_OK && block;
     if (order == 2) { /* rank k's accum leaves by its own tree, then the ranks' sums by the counter */
         float *ranks = malloc((size_t)N * (size_t)len * sizeof *ranks);
         for (int k = 0; ok && k < N; k++) {
@@ -330,7 +330,7 @@ static int shard_design(const float *leaves, int N, int A, int64_t len, int orde
         memcpy(block, leaves + (int64_t)j * N * len, (size_t)N * (size_t)len * sizeof *block); /* micro-batches jN .. jN+N-1 */
         rt_dp_tree_sum_f32(NULL, block, N, len);
         const float *sum = NULL;
-        ok = rt_shard_tree_push(&t, NULL, block, jj + 1 == A, &sum, &e) == RT_OK;
+        ok = rt_shard_tree_push(&t, block, jj + 1 == A, &sum, &e) == RT_OK;
         CHECK(ok, "push %d of %d: %s", jj, A, e.msg);
         if (ok && jj + 1 == A) memcpy(out, sum, (size_t)len * sizeof *out);
     }
@@ -372,10 +372,10 @@ static void shard_tree(void) {
     RtError e;
     float leaf[4] = {1, 2, 3, 4};
     const float *sum = NULL;
-    CHECK(rt_shard_tree_open(&t, 4, 2, &e) == RT_OK, "open: %s", e.msg);
-    CHECK(rt_shard_tree_push(&t, NULL, leaf, 0, &sum, &e) == RT_OK, "push 1");
-    CHECK(rt_shard_tree_push(&t, NULL, leaf, 0, &sum, &e) == RT_OK, "push 2 (merges)");
-    CHECK(rt_shard_tree_push(&t, NULL, leaf, 0, &sum, &e) != RT_OK && strstr(e.msg, "the gradient shard's tree is full"),
+    CHECK(rt_shard_tree_open(&t, 4, 2, NULL, &e) == RT_OK, "open: %s", e.msg);
+    CHECK(rt_shard_tree_push(&t, leaf, 0, &sum, &e) == RT_OK, "push 1");
+    CHECK(rt_shard_tree_push(&t, leaf, 0, &sum, &e) == RT_OK, "push 2 (merges)");
+    CHECK(rt_shard_tree_push(&t, leaf, 0, &sum, &e) != RT_OK && strstr(e.msg, "the gradient shard's tree is full"),
           "a third leaf in a tree for 2: '%s'", e.msg);
     rt_shard_tree_close(&t);
 }
