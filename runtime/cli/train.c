@@ -463,7 +463,10 @@ static void rt_train_banner(const RtTrainRun *r) {
     else if (t->zero) printf("ZeRO-%lld: one process holds every shard\n", (long long)t->zero);
     if (nranks > 1) { /* the gradient's partial sums besides the gradient region: which path, and their bytes */
         int64_t whole = (int64_t)(r->x.ntree - 1) * p->param_floats * 4;
-        if (r->shard_tree_on)
+        if (r->x.ntree <= 1 && (!r->shard_tree_on || r->shard_tree.nreg == 0))
+            printf("gradient partial sums: none (one micro-batch a rank a step: its gradient is summed over the ranks "
+                   "as it is)\n");
+        else if (r->shard_tree_on)
             printf("gradient partial sums: by shard (ZeRO-%d, %d ranks, a power of two): a step of 2 or more micro-batches a "
                    "rank runs global micro-batches j x %d + %d, each one's gradient exchanged by shards as it comes and this "
                    "rank's shard summed over the ranks, then by the step's counter over the blocks: %d of %lld bytes (%lld "
