@@ -461,6 +461,27 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->zero, (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1],
                r->zero == 2 ? " and keeps that shard alone of the summed gradient" : "");
     else if (t->zero) printf("ZeRO-%lld: one process holds every shard\n", (long long)t->zero);
+    if (nranks > 1) { /* the gradient's partial sums besides the gradient region: which path, and their bytes */
+        int64_t whole = (int64_t)(r->x.ntree - 1) * p->param_floats * 4;
+        if (r->x.ntree <= 1 && (!r->shard_tree_on || r->shard_tree.nreg == 0))
+            printf("gradient partial sums: none (one micro-batch a rank a step: its gradient is summed over the ranks "
+                   "as it is)\n");
+        else if (r->shard_tree_on)
+            printf("gradient partial sums: by shard (ZeRO-%d, %d ranks, a power of two): a step of 2 or more micro-batches a "
+                   "rank runs global micro-batches j x %d + %d, each one's gradient exchanged by shards as it comes and this "
+                   "rank's shard summed over the ranks, then by the step's counter over the blocks: %d of %lld bytes (%lld "
+                   "bytes%s)\n",
+                   r->zero, nranks, nranks, r->rank, r->shard_tree.nreg, (long long)(r->shard_tree.len * 4),
+                   (long long)rt_shard_tree_bytes(&r->shard_tree),
+                   !r->x.gpu        ? ""
+                   : r->d_shard_got ? " on the GPU; NCCL exchanges them"
+                                    : " of host memory: each micro-batch's gradient staged through the host");
+        else
+            printf("gradient partial sums: whole-size (%s): each rank's micro-batches contiguous, summed over the ranks once a "
+                   "step: %d of %lld bytes (%lld bytes)\n",
+                   r->zero < 2 ? "ZeRO-2's by shard needs parallel.zero >= 2" : "ZeRO-2's by shard needs a power of two of ranks",
+                   r->x.ntree - 1, (long long)(p->param_floats * 4), (long long)whole);
+    }
     rt_print_device(o, &r->x);
     if (t->offload_optimizer == 1)
         printf("optimizer state: in host memory (offload { optimizer = host }: %lld bytes)%s\n", (long long)(p->state_floats * 4),
@@ -541,14 +562,23 @@ static double rt_tree_sum_f64(double *v, int64_t n) {
 
 /* ---- global_mean: the statistics pass (docs/runtime.md, "Statistics over the global batch") ---- */
 
-/* Reads this rank's accum micro-batches of the step (the global batch's [first, first + accum);
- * the data stand at the first) into stat_x/stat_y, runs forward_stats on each, and sets the
- * statistics to the mean over all M = accum x ranks micro-batches of the step: every micro-batch's
- * statistics are gathered from the ranks (rt_comm_gather_f64, rank order, which is micro-batch
- * order), summed in double in micro-batch order, divided by M, stored as f32 (and uploaded to the
- * GPU) - the same numbers at any number of ranks. The step's forward and backward then read the
- * same micro-batches back (rt_train_read). Nothing without statistics. */
-static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64_t first, int64_t M) {
+/* The data moved to global micro-batch g of the step under way (the windows of the micro-batches
+ * in between skipped: other ranks'), then one micro-batch read. */
+static RtStatus rt_train_read_micro(RtTrainRun *r, int64_t g, int32_t *x, int32_t *y, RtError *err) {
+    rt_data_skip(r->train, (g - r->data_at) * r->p->train.micro);
+    r->data_at = g + 1;
+    return rt_data_next(r->train, r->p->train.micro, x, y, err);
+}
+
+/* Reads this rank's accum micro-batches of the step (rt_train_global_micro: the global batch's
+ * [first, first + accum), or every N-th from the rank's with the interleaved partial sums by
+ * shard) into stat_x/stat_y, runs forward_stats on each, and sets the statistics to the mean over
+ * all M = accum x ranks micro-batches of the step: every micro-batch's statistics are gathered
+ * from the ranks (rt_comm_gather_f64, rank order), taken in micro-batch order
+ * (rt_train_gathered_at), summed in double in that order, divided by M, stored as f32 (and
+ * uploaded to the GPU) - the same numbers at any number of ranks. The step's forward and
+ * backward then read the same micro-batches back (rt_train_read). Nothing without statistics. */
+static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64_t M) {
     const RtProgram *p = r->p;
     int64_t sf = p->stat_floats;
     if (sf <= 0) return RT_OK;
@@ -568,13 +598,14 @@ static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64
     RtStatus st = RT_OK;
     for (int64_t m = 0; m < accum && st == RT_OK; m++) {
         int32_t *bx = r->stat_x + m * r->window, *by = r->stat_y + m * r->window;
-        st = rt_data_next(r->train, p->train.micro, bx, by, &r->e);
+        int64_t g = rt_train_global_micro(r, m, accum);
+        st = rt_train_read_micro(r, g, bx, by, &r->e);
         if (st != RT_OK) break;
         memcpy(x->x, bx, (size_t)r->window * sizeof *bx);
         memcpy(x->y, by, (size_t)r->window * sizeof *by);
         st = rt_exec_batch(x, r->window, &r->e);
         RtStep s = rt_exec_step(x, &r->e);
-        s.B = p->train.micro, s.T = p->train.seq, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        s.B = p->train.micro, s.T = p->train.seq, s.step = step, s.micro = g, s.seed = r->o.seed;
         s.training = 1; /* forward_backward's key: its dropout masks, training() = 1 */
         if (st == RT_OK) st = rt_exec_call(x, RT_EXEC_FORWARD_STATS, &s);
         if (r->zero3) { /* its gathers (the hook cannot return a failure) */
@@ -582,8 +613,7 @@ static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64
             if (st == RT_OK) st = zs;
         }
         if (st != RT_OK) {
-            rt_error_context(&r->e, "step %lld, statistics of micro-batch %lld", (long long)(step + 1),
-                             (long long)(first + m + 1));
+            rt_error_context(&r->e, "step %lld, statistics of micro-batch %lld", (long long)(step + 1), (long long)(g + 1));
             break;
         }
         for (int64_t i = 0; i < sf; i++) r->stat_mine[m * sf + i] = (double)x->stats_out[i];
@@ -596,16 +626,17 @@ static RtStatus rt_train_stats(RtTrainRun *r, int64_t step, int64_t accum, int64
     }
     for (int64_t i = 0; st == RT_OK && i < sf; i++) {
         double sum = 0;
-        for (int64_t m = 0; m < M; m++) sum += all[m * sf + i];
+        for (int64_t g = 0; g < M; g++) sum += all[rt_train_gathered_at(r, g, accum) * sf + i];
         x->stats[i] = (float)(sum / (double)M);
     }
     if (st == RT_OK) st = rt_exec_stats(x, &r->e);
     return st;
 }
 
-/* Micro-batch m of this rank's step: from the statistics pass's copy when there is one, else the data. */
-static RtStatus rt_train_read(RtTrainRun *r, int64_t m, int32_t *x, int32_t *y, RtError *err) {
-    if (r->p->stat_floats <= 0) return rt_data_next(r->train, r->p->train.micro, x, y, err);
+/* Micro-batch m (of accum) of this rank's step: from the statistics pass's copy when there is
+ * one, else the data. */
+static RtStatus rt_train_read(RtTrainRun *r, int64_t m, int64_t accum, int32_t *x, int32_t *y, RtError *err) {
+    if (r->p->stat_floats <= 0) return rt_train_read_micro(r, rt_train_global_micro(r, m, accum), x, y, err);
     memcpy(x, r->stat_x + m * r->window, (size_t)r->window * sizeof *x);
     memcpy(y, r->stat_y + m * r->window, (size_t)r->window * sizeof *y);
     return RT_OK;
@@ -615,18 +646,23 @@ static RtStatus rt_train_read(RtTrainRun *r, int64_t m, int32_t *x, int32_t *y, 
  * tree of partial sums (rt_exec_tree_*), so that afterwards the gradient region holds their sum;
  * each one's loss goes to r->micro_loss. The global batch is M = accum x nranks micro-batches,
  * numbered in the order of the data; rank r computes [r x accum, (r + 1) x accum) and skips the windows of
- * the others, so every rank leaves the data where the whole step ends (docs/parallel.md). Each
+ * the others, so every rank leaves the data where the whole step ends (docs/parallel.md). With
+ * ZeRO-2's partial sums by shard (r->shard_tree_on, 2 or more micro-batches a rank) rank r computes
+ * global micro-batches j x nranks + r instead, and each one's gradient is reduced by shards as it
+ * comes (rt_train_shard_push): the gradient region then holds this rank's shard of the sum. Each
  * next batch is read while the GPU runs the one before (exec.c: the GPU has two pairs of batch
  * buffers). */
 static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accum) {
     const RtTrainSettings *t = &r->p->train;
     RtExec *x = &r->x;
-    int64_t M = accum * r->nranks, first = r->rank * accum;
+    int64_t M = accum * r->nranks;
     RtError enext;
-    rt_data_skip(r->train, first * t->micro);
-    RtStatus next = rt_train_stats(r, step, accum, first, M);
+    r->interleaved = r->shard_tree_on && accum >= 2;
+    r->data_at = 0;
+    if (r->interleaved) rt_shard_tree_reset(&r->shard_tree);
+    RtStatus next = rt_train_stats(r, step, accum, M);
     if (next != RT_OK) return next;
-    next = rt_train_read(r, 0, x->x, x->y, &enext);
+    next = rt_train_read(r, 0, accum, x->x, x->y, &enext);
     RtTree tree = {0};
     for (int64_t m = 0; m < accum; m++) {
         RtStatus st = next;
@@ -635,12 +671,13 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld", (long long)(step + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_DATA);
         RtStep s = rt_exec_step(x, &r->e);
-        float *leaf = NULL;
-        st = rt_exec_tree_leaf(x, &tree, &leaf, &r->e);
+        float *leaf = x->gpu ? x->d_grads : x->grads; /* interleaved: the gradient region, zeroed after each shard push */
+        if (!r->interleaved) st = rt_exec_tree_leaf(x, &tree, &leaf, &r->e);
         s.grads = leaf;
+        int64_t g = rt_train_global_micro(r, m, accum);
         /* micro: the micro-batch's index in the global batch, so that a random draw keyed by it is
          * the same at any number of ranks */
-        s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = first + m, s.seed = r->o.seed;
+        s.B = t->micro, s.T = t->seq, s.loss_scale = 1.0 / (double)M, s.step = step, s.micro = g, s.seed = r->o.seed;
         /* the micro-batches of one step run back to back on this RtExec with the same parameters,
          * and nothing else writes its arena in between: from the second on, what the launches that
          * read only parameters wrote at the first is still there (rt_program.h, casts_kept) */
@@ -658,7 +695,7 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
         if (st == RT_OK && m + 1 < accum) {
             rt_exec_flip(x);
-            next = rt_train_read(r, m + 1, x->x, x->y, &enext);
+            next = rt_train_read(r, m + 1, accum, x->x, x->y, &enext);
         }
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
         if (r->zero3) {                               /* a gather's failure (the hook cannot return it) */
@@ -666,16 +703,20 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
             if (st == RT_OK) st = zs;
         }
         r->fb_s += rt_now() - fb0, r->fb_n++; /* (the next batch's read included, when there is one) */
-        if (st != RT_OK)
-            return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(first + m + 1));
+        if (st != RT_OK) return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(g + 1));
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
         if (!isfinite(s.loss))
             return rt_fail(&r->e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
-                           (long long)(first + m + 1),
+                           (long long)(g + 1),
                            isnan(s.loss) ? "nan"
                            : s.loss > 0  ? "inf"
                                          : "-inf");
         r->micro_loss[m] = s.loss;
+        if (r->interleaved) { /* this micro-batch's gradient reduced by shards now */
+            st = rt_train_shard_push(r, m, accum, step);
+            if (st != RT_OK) return st;
+            continue;
+        }
         if (overlapped) { /* the thread folds the tree bucket by bucket: it is finished */
             tree.depth = 1, tree.size[0] = accum;
             continue;
@@ -683,20 +724,24 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         st = rt_exec_tree_push(x, &tree, &r->e);
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient's partial sums", (long long)(step + 1));
     }
-    RtStatus st = rt_exec_tree_finish(x, &tree, &r->e);
+    RtStatus st = r->interleaved ? RT_OK : rt_exec_tree_finish(x, &tree, &r->e);
     if (st != RT_OK) return rt_error_context(&r->e, "step %lld: the gradient's partial sums", (long long)(step + 1));
-    rt_data_skip(r->train, (M - first - accum) * t->micro);
+    rt_data_skip(r->train, (M - r->data_at) * t->micro); /* every rank ends where the step does */
     return RT_OK;
 }
 
 /* The step's loss: the mean of its M micro-batches' losses, summed by the step's tree over all of
- * them (every rank's, gathered in rank order, i.e. in micro-batch order), so that it does not
- * depend on the number of ranks. */
+ * them (every rank's, gathered in rank order, then taken in micro-batch order), so that it does
+ * not depend on the number of ranks. */
 static RtStatus rt_train_step_loss(RtTrainRun *r, int64_t accum, double *loss) {
     int64_t M = accum * r->nranks;
     double *all = r->micro_loss;
     RtStatus st = rt_train_gather_losses(r, accum, &all);
     if (st != RT_OK) return st;
+    if (r->interleaved) { /* rank k's local j is global micro-batch j x N + k */
+        for (int64_t g = 0; g < M; g++) r->loss_order[g] = all[rt_train_gathered_at(r, g, accum)];
+        all = r->loss_order;
+    }
     for (int64_t m = 0; m < M; m++) all[m] *= 1.0 / (double)M;
     *loss = rt_tree_sum_f64(all, M);
     return RT_OK;
@@ -1056,6 +1101,10 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->shard_off);
     free(r->shard_got);
     free(r->zero_scratch);
+    free(r->loss_order);
+    if (r->shard_tree.ops) /* the device's regions (over NCCL) */
+        for (int i = 0; i < r->shard_tree.nreg; i++) rt_gpu_free(r->x.gpu, r->shard_tree.reg[i]);
+    rt_shard_tree_close(&r->shard_tree);
     free(r->state_full);
     free(r->norm_all);
     rt_dp_reduce_close(r->buckets);

@@ -131,6 +131,14 @@ static void rt_gpu_tree_add(void *ctx, int a, int b) {
         t->st = rt_gpu_axpy(t->r->x.gpu, t->got + a * t->len, t->got + b * t->len, 1.0f, t->len, &t->r->e);
 }
 
+/* ZeRO-2's partial sums by shard on the device (RtShardTree's operations over NCCL). */
+static RtStatus rt_gpu_shard_add(void *ctx, float *dst, const float *src, int64_t n, RtError *err) {
+    return n > 0 ? rt_gpu_axpy(((RtTrainRun *)ctx)->x.gpu, dst, src, 1.0f, n, err) : RT_OK;
+}
+static RtStatus rt_gpu_shard_copy(void *ctx, float *dst, const float *src, int64_t n, RtError *err) {
+    return n > 0 ? rt_gpu_copy(((RtTrainRun *)ctx)->x.gpu, dst, src, n * (int64_t)sizeof(float), err) : RT_OK;
+}
+
 /* Bucket k's reduction queued on the communication stream (which already waits for the compute
  * stream's event after the bucket's last add). */
 static RtStatus rt_gpu_bucket_queue(RtTrainRun *r, int k) {
@@ -284,11 +292,17 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     for (int64_t i = 0; i < t->nramp; i++)
         if (t->ramp[i].accum > accum) accum = t->ramp[i].accum;
     accum = accum * t->data_ranks / r->nranks; /* this process's micro-batches a step, at most */
-    RtStatus st = rt_exec_tree_open(&r->x, accum, &r->e);
+    /* ZeRO-2's partial sums by shard (docs/parallel.md): with N ranks, N a power of two. Every step
+     * of 2 or more micro-batches a rank then takes that path, so the whole-size tree needs the
+     * gradient region alone (a step of one micro-batch a rank has one leaf). */
+    r->shard_tree_on = r->nranks > 1 && t->zero >= 2 && (r->nranks & (r->nranks - 1)) == 0;
+    RtStatus st = rt_exec_tree_open(&r->x, r->shard_tree_on ? 1 : accum, &r->e);
     if (st != RT_OK) return st;
     r->micro_loss = calloc((size_t)accum + 1, sizeof *r->micro_loss);
     r->all_loss = calloc((size_t)((accum + 1) * r->nranks), sizeof *r->all_loss);
-    if (!r->micro_loss || !r->all_loss) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
+    r->loss_order = calloc((size_t)(accum * r->nranks) + 1, sizeof *r->loss_order);
+    if (!r->micro_loss || !r->all_loss || !r->loss_order)
+        return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the micro-batches' losses");
     st = rt_dp_bucket_env(&r->bucket_floats, &r->e);
     if (st == RT_OK) st = rt_dp_model_env(&r->model_gbps, &r->e);
     if (st != RT_OK || r->nranks == 1) return st;
@@ -307,6 +321,24 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
         /* without NCCL the ranks' sum runs on host copies that rt_train_reduce makes itself (one
          * download, the buckets, one upload): the collectives then take host buffers */
         else if (st == RT_OK) st = rt_comm_set_gpu(r->comm, NULL, &r->e);
+        if (st != RT_OK) return st;
+    }
+    /* floor(log2 accum) partial sums of the shard's size: on the device over NCCL, else in host
+     * memory (the CPU's, or the staged GPU's, whose micro-batch gradients come down) */
+    if (r->shard_tree_on && r->d_shard_got) {
+        int need = rt_shard_tree_regions(accum);
+        if (need < 0)
+            return rt_fail(&r->e, RT_ERR_ARG, "%lld micro-batches a step are more than the gradient tree holds",
+                           (long long)accum);
+        r->shard_ops = (RtShardOps){rt_gpu_shard_add, rt_gpu_shard_copy, r};
+        r->shard_tree.len = len, r->shard_tree.ops = &r->shard_ops;
+        for (; r->shard_tree.nreg < need; r->shard_tree.nreg++) {
+            st = rt_gpu_alloc(r->x.gpu, (void **)&r->shard_tree.reg[r->shard_tree.nreg], (len + 1) * (int64_t)sizeof(float),
+                              "a partial sum of the gradient's shard", &r->e);
+            if (st != RT_OK) return st;
+        }
+    } else if (r->shard_tree_on) {
+        st = rt_shard_tree_open(&r->shard_tree, len, accum, r->x.pool, &r->e);
         if (st != RT_OK) return st;
     }
     /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
@@ -383,9 +415,52 @@ static RtStatus rt_train_reduce_nccl(RtTrainRun *r, int64_t step) {
     return st;
 }
 
+RtStatus rt_train_shard_push(RtTrainRun *r, int64_t m, int64_t accum, int64_t step) {
+    RtExec *x = &r->x;
+    int64_t lo = r->shard_off[r->rank], len = r->shard_off[r->rank + 1] - lo;
+    int last = m + 1 == accum;
+    const float *sum = NULL;
+    RtStatus st = RT_OK;
+    if (r->d_shard_got) { /* NCCL: GPU to GPU, the sums on the device (rt_gpu_axpy with scale 1 adds as the host) */
+        RtGpuTree t = {r, r->d_shard_got, len, rt_comm_exchange_shards(r->comm, x->d_grads, r->shard_off, r->d_shard_got, &r->e)};
+        if (t.st == RT_OK) rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
+        st = t.st;
+        if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, r->d_shard_got, last, &sum, &r->e);
+        if (st == RT_OK && last && len > 0) st = rt_gpu_copy(x->gpu, x->d_grads + lo, sum, len * (int64_t)sizeof(float), &r->e);
+    } else {
+        /* the CPU, or the GPU staged through the host (the micro-batch's gradient downloaded) */
+        st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
+        /* every rank's gradient of global micro-batches m x N .. m x N + N - 1 (rank order), shard r */
+        if (st == RT_OK) st = rt_comm_exchange_shards(r->comm, x->grads, r->shard_off, r->shard_got, &r->e);
+        /* the block of N micro-batches (N a power of two: a node of the step's tree), then the
+         * counter over the step's blocks */
+        if (st == RT_OK) rt_dp_tree_sum_f32(x->pool, r->shard_got, r->nranks, len);
+        if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, r->shard_got, last, &sum, &r->e);
+        if (st == RT_OK && last && len > 0) {
+            memcpy(x->grads + lo, sum, (size_t)len * sizeof *x->grads);
+            if (x->gpu) st = rt_gpu_upload(x->gpu, x->d_grads + lo, x->grads + lo, len * (int64_t)sizeof(float), &r->e);
+        }
+    }
+    if (st == RT_OK && !last) st = rt_exec_grad_zero(x, &r->e); /* the next micro-batch's leaf */
+    return st == RT_OK
+               ? st
+               : rt_error_context(&r->e, "step %lld, micro-batches %lld to %lld: the gradient's shard summed over the ranks",
+                                  (long long)(step + 1), (long long)(m * r->nranks + 1), (long long)((m + 1) * r->nranks));
+}
+
 RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (r->nranks == 1) return RT_OK;
     RtExec *x = &r->x;
+    if (r->interleaved) { /* summed by shard as the micro-batches came; --dump-step's step 1 writes all of it */
+        RtStatus st = RT_OK;
+        if (r->given->dump_step && step == 0) {
+            if (r->d_shard_got) st = rt_comm_gather_shards(r->comm, x->d_grads, r->shard_off, &r->e);
+            else st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
+            if (st == RT_OK && x->gpu && !r->d_shard_got)
+                st = rt_gpu_upload(x->gpu, x->d_grads, x->grads, r->p->param_floats * 4, &r->e);
+        }
+        return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: gathering the gradient to dump", (long long)(step + 1));
+    }
     if (r->gbuckets) { /* queued during the last backward: the rest, and the join */
         RtStatus st = rt_train_gpu_buckets_finish(r);
         return st == RT_OK ? st

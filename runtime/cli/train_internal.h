@@ -91,6 +91,17 @@ typedef struct RtTrainRun {
     /* offload { optimizer = nvme } (docs/memory.md): the optimizer state in a store file; x.state
      * is then NULL, and a checkpoint reads the state back into a buffer of its own */
     RtOptOffload *offload;
+    /* ZeRO-2 and 3's partial sums by shard (docs/parallel.md, "ZeRO-2's partial sums by shard"):
+     * shard_tree_on when the run takes that path (zero >= 2, N ranks a power of two > 1, the CPU);
+     * a step with 2 or more micro-batches a rank then runs global micro-batches j x N + rank
+     * (interleaved, this step's) and pushes each one's summed shard into shard_tree. data_at: the
+     * global micro-batch the data stand at in the step under way (rt_train_seek_micro);
+     * loss_order: the step's losses put back in micro-batch order */
+    int shard_tree_on, interleaved;
+    RtShardTree shard_tree;
+    RtShardOps shard_ops; /* the device's regions' additions and copies (over NCCL) */
+    int64_t data_at;
+    double *loss_order;
 } RtTrainRun;
 
 /* train.c: the signal (SIGTERM, SIGINT) that asks the run to stop after this step, 0 for none;
@@ -109,6 +120,20 @@ void rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree);
 void rt_train_gpu_buckets_print(const RtTrainRun *r, FILE *f, const char *prefix);
 void rt_train_gpu_buckets_close(RtTrainRun *r);
 RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all);
+/* ZeRO-2's partial sums by shard: local micro-batch m (of accum) of an interleaved step done, its
+ * gradient in the gradient region: exchanged by shards, this rank's shard summed over the ranks
+ * and pushed into the shard's tree; after the last the shard of the step's sum is in place
+ * (the region zeroed for the next one otherwise). */
+RtStatus rt_train_shard_push(RtTrainRun *r, int64_t m, int64_t accum, int64_t step);
+/* The global micro-batch index of this rank's local micro-batch m in a step of accum a rank. */
+static inline int64_t rt_train_global_micro(const RtTrainRun *r, int64_t m, int64_t accum) {
+    return r->interleaved ? m * r->nranks + r->rank : r->rank * accum + m;
+}
+/* Which rank ran global micro-batch g, and as which of its own: rank x accum + local, the
+ * position of its loss or statistics among every rank's gathered in rank order. */
+static inline int64_t rt_train_gathered_at(const RtTrainRun *r, int64_t g, int64_t accum) {
+    return r->interleaved ? (g % r->nranks) * accum + g / r->nranks : g;
+}
 RtStatus rt_train_reduce(RtTrainRun *r, int64_t step);
 RtStatus rt_train_shard_norm(RtTrainRun *r, double *norm);
 RtStatus rt_train_shard_state(RtTrainRun *r);

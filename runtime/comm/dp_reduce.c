@@ -410,3 +410,80 @@ void rt_dp_model(int64_t n, int64_t bucket_floats, int ranks, double gbps, doubl
     m->exposed_s = end > bwd_s ? end - bwd_s : 0;
     m->hidden = m->comm_s > 0 ? 1 - m->exposed_s / m->comm_s : 1;
 }
+
+/* ---- ZeRO-2's partial sums by shard (dp_reduce.h, RtShardTree) ---- */
+
+int rt_shard_tree_regions(int64_t leaves) {
+    int need = 0; /* floor(log2 leaves): at most popcount(k) sums stay on the stack after k < leaves pushes */
+    while (need < RT_TREE_MAX && ((int64_t)2 << need) <= leaves) need++;
+    return need >= RT_TREE_MAX ? -1 : need;
+}
+
+RtStatus rt_shard_tree_open(RtShardTree *s, int64_t len, int64_t leaves, RtPool *pool, RtError *err) {
+    int need = rt_shard_tree_regions(leaves);
+    if (need < 0)
+        return rt_fail(err, RT_ERR_ARG, "%lld micro-batches a step are more than the gradient tree holds", (long long)leaves);
+    s->len = len, s->pool = pool, s->ops = NULL;
+    while (s->nreg < need) {
+        s->reg[s->nreg] = malloc((size_t)(len + 1) * sizeof(float));
+        if (!s->reg[s->nreg]) return rt_fail_errno(err, ENOMEM, "cannot allocate a partial sum of the gradient's shard");
+        s->nreg++;
+    }
+    rt_shard_tree_reset(s);
+    return RT_OK;
+}
+
+void rt_shard_tree_reset(RtShardTree *s) { s->t.depth = 0; }
+
+static RtStatus shard_add(RtShardTree *s, float *dst, const float *src, RtError *err) {
+    if (s->ops) return s->ops->add(s->ops->ctx, dst, src, s->len, err);
+    rt_host_add(s->pool, dst, src, s->len);
+    return RT_OK;
+}
+
+RtStatus rt_shard_tree_push(RtShardTree *s, const float *leaf, int last, const float **sum, RtError *err) {
+    RtTree *t = &s->t;
+    int64_t n = s->len;
+    RtStatus st = RT_OK;
+    if (t->depth > 0 && t->size[t->depth - 1] == 1) {
+        /* rt_exec_tree_push's: the leaf merges at once with the sum of one on top (the older on the
+         * left), then equal sums merge */
+        st = shard_add(s, s->reg[t->depth - 1], leaf, err);
+        t->size[t->depth - 1] = 2;
+        while (st == RT_OK && t->depth >= 2 && t->size[t->depth - 1] == t->size[t->depth - 2]) {
+            st = shard_add(s, s->reg[t->depth - 2], s->reg[t->depth - 1], err);
+            t->size[t->depth - 2] *= 2, t->depth--;
+        }
+    } else if (last && t->depth > 0) {
+        /* it would stay on the stack, and rt_exec_tree_finish's first addition takes it at once */
+        st = shard_add(s, s->reg[t->depth - 1], leaf, err);
+        t->size[t->depth - 1] += 1;
+    } else if (last) { /* the only leaf: it is the sum */
+        *sum = leaf;
+        return RT_OK;
+    } else {
+        if (t->depth >= s->nreg)
+            return rt_fail(err, RT_ERR_ARG,
+                           "the gradient shard's tree is full (%d partial sums): more micro-batches than it was opened for",
+                           s->nreg);
+        if (s->ops) st = s->ops->copy(s->ops->ctx, s->reg[t->depth], leaf, n, err);
+        else if (n > 0) memcpy(s->reg[t->depth], leaf, (size_t)n * sizeof *leaf);
+        t->size[t->depth++] = 1;
+    }
+    if (st != RT_OK || !last) return st;
+    /* rt_exec_tree_finish's: the unequal sums left fold from the right */
+    while (st == RT_OK && t->depth >= 2) {
+        st = shard_add(s, s->reg[t->depth - 2], s->reg[t->depth - 1], err);
+        t->size[t->depth - 2] += t->size[t->depth - 1], t->depth--;
+    }
+    *sum = s->reg[0];
+    return st;
+}
+
+int64_t rt_shard_tree_bytes(const RtShardTree *s) { return (int64_t)s->nreg * s->len * (int64_t)sizeof(float); }
+
+void rt_shard_tree_close(RtShardTree *s) {
+    if (!s->ops)
+        for (int i = 0; i < s->nreg; i++) free(s->reg[i]);
+    s->nreg = 0;
+}

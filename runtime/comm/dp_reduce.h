@@ -86,4 +86,49 @@ void rt_dp_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len);
  * over NCCL (train_dp.c) makes the same ones. */
 void rt_dp_tree_walk(int n, void (*add)(void *ctx, int a, int b), void *ctx);
 
+/* ZeRO-2's partial sums, shard-size (docs/parallel.md, "ZeRO-2's partial sums by shard"). With N
+ * ranks, N a power of two, rank r runs the step's global micro-batches jN + r (j = 0 .. accum-1);
+ * after each, every rank's gradient is exchanged by shards and rank r sums its shard's N copies
+ * by rt_dp_tree_sum_f32 - an aligned block of N micro-batches, a node of the reference tree - and
+ * pushes that block sum here: the same binary counter as RtTree (rt_exec.h) over the step's
+ * blocks, on regions of the shard's len floats. Pushing block sums into this counter makes, per
+ * element, the additions rt_exec_tree_push and _finish make over all N x accum micro-batches (the
+ * counter over them forms each aligned block of N first, and what is left over is a multiple of
+ * N): one process's bits.
+ *
+ * The leaf pushed is the caller's (its scratch); it is copied only where the counter keeps it on
+ * the stack, so floor(log2 leaves) regions suffice (the stack holds popcount(k) sums after k
+ * leaves, k < leaves; the last leaf is always added into one of them). */
+typedef struct RtShardOps RtShardOps;
+typedef struct RtShardTree {
+    RtTree t;                /* the counter: depth, the leaves under each region */
+    float *reg[RT_TREE_MAX]; /* nreg regions of len floats */
+    int nreg;
+    int64_t len;
+    /* where the regions are: NULL, host memory (rt_shard_tree_open's, the additions rt_host_add's
+     * on pool); else the caller's (the GPU's: rt_gpu_axpy with scale 1 and rt_gpu_copy), who
+     * allocates reg[0 .. rt_shard_tree_regions(leaves)) and frees them */
+    const RtShardOps *ops;
+    RtPool *pool;
+} RtShardTree;
+struct RtShardOps {
+    RtStatus (*add)(void *ctx, float *dst, const float *src, int64_t n, RtError *err); /* dst += src, each rounded once */
+    RtStatus (*copy)(void *ctx, float *dst, const float *src, int64_t n, RtError *err);
+    void *ctx;
+};
+/* The regions `leaves` pushes a step need: floor(log2 leaves); -1 past RT_TREE_MAX. */
+int rt_shard_tree_regions(int64_t leaves);
+/* Host regions for `leaves` pushes a step of len-float leaves, added on pool; *s zeroed first by
+ * the caller. */
+RtStatus rt_shard_tree_open(RtShardTree *s, int64_t len, int64_t leaves, RtPool *pool, RtError *err);
+/* The step's first push comes next (the stack empty). */
+void rt_shard_tree_reset(RtShardTree *s);
+/* leaf (len floats) pushed; with last set it is the step's last, the stack is folded from the
+ * right (rt_exec_tree_finish's additions) and *sum is the step's sum (a region of s, or leaf
+ * itself when it is the only one). An error when more leaves come than s was opened for. */
+RtStatus rt_shard_tree_push(RtShardTree *s, const float *leaf, int last, const float **sum, RtError *err);
+/* The regions' bytes (what the partial sums hold besides the gradient region). */
+int64_t rt_shard_tree_bytes(const RtShardTree *s);
+void rt_shard_tree_close(RtShardTree *s); /* the host's regions freed (the caller's are its own) */
+
 #endif

@@ -81,6 +81,8 @@
 #                          gpu/dp/overlap-debug, -control, -fail, -4, -z1: the buckets' MBT_DEBUG
 #                          lines, each step's join left out on the emulated GPU (other weights), a
 #                          rank's NCCL failing, 4 ranks, ZeRO-1
+#   gpu/zero2-shard, -staged  tests/exec/zero2.mbt's 2 x 3 (NCCL) and 4 x 3 (staged): ZeRO-2's partial
+#                          sums by shard on the device, one process's logs and weights, 3 steps
 #   gpu/zero1, gpu/zero2   z1 as 2 ranks (NCCL), z2 as 4 (staged): ZeRO-1 and -2 on the device, 3
 #                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
 #                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
@@ -665,6 +667,83 @@ else
             pass "$name ($nr ranks, MBT_NCCL=$nccl: the logs and the weights of one process, byte for byte, 3 steps$([ "$blk" = z1 ] && echo "; $(tail -n 1 "$OUT")"))"
         fi
     done
+fi
+
+# ---- ZeRO-2's partial sums by shard on the device (docs/parallel.md) ----------------------------------
+# gpu/zero2-shard (2 ranks, NCCL) and gpu/zero2-shard-staged (4 ranks, MBT_NCCL=0): tests/exec/zero2.mbt's
+# z2n2a3 and z2n4a3 (3 micro-batches a rank, not a power of two: exact by the interleaved path
+# alone), each micro-batch's gradient exchanged by shards and summed into shard-size partial sums
+# (on the device over NCCL, in host memory staged), 3 steps: the logs and the weights of one process
+# (ref6, ref12) byte for byte, and rank 0's banner saying which.
+d="$DIR/zero2-shard"
+for spec in "ref6 z2n2a3 2 1 gpu/zero2-shard" "ref12 z2n4a3 4 0 gpu/zero2-shard-staged"; do
+    read -r ref blk nr nccl name <<<"$spec"
+    where="on the GPU; NCCL exchanges them"
+    [ "$nccl" = 0 ] && where="of host memory: each micro-batch's gradient staged through the host"
+    if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
+        skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
+        continue
+    fi
+    mkdir -p "$d/$ref" "$d/$blk"
+    if ! build "$d/$ref" tests/exec/zero2.mbt --train "$ref" -I examples || ! build "$d/$blk" tests/exec/zero2.mbt --train "$blk" -I examples; then
+        fail $name "mbtc tests/exec/zero2.mbt -o or --emit=cuda failed" "$OUT"
+        continue
+    fi
+    if [ "$DEVICE" = emu ] && ! { [ -f "$d/$blk/prog.cu.so" ] || tests/cudaemu/build.sh "$d/$blk/prog.cu" "$d/$blk/prog.cu.so" >"$OUT" 2>&1; }; then
+        fail $name "tests/cudaemu/build.sh failed" "$OUT"
+        continue
+    fi
+    on_device_cmd "$d/$ref/prog.cu" "$d/$ref/prog" "$d/$ref.out" train --steps 3 --data "$DATA" --save-weights "$d/$ref.st" --log "$d/$ref.jsonl"
+    rc1=$?
+    port=$((30000 + ($$ + RANDOM) % 20000))
+    pids=()
+    for ((r = 0; r < nr; r++)); do
+        RANK=$r WORLD_SIZE=$nr LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=$nccl \
+            on_device_cmd "$d/$blk/prog.cu" "$d/$blk/prog" "$d/$blk.$r.out" train --steps 3 --data "$DATA" \
+            --save-weights "$d/$blk.st" --log "$d/$blk.jsonl" &
+        pids+=($!)
+    done
+    rc2=0
+    for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+    if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
+        fail $name "a run failed (alone: status $rc1; $nr ranks: $rc2)" "$d/$blk.0.out"
+    elif ! grep -q "^gradient partial sums: by shard (ZeRO-2, $nr ranks, a power of two): .* bytes $where)$" "$d/$blk.0.out"; then
+        fail $name "rank 0 does not say its partial sums are by shard, $where" "$d/$blk.0.out"
+    elif ! cmp -s "$d/$ref.st" "$d/$blk.st" || [ "$(untimed "$d/$ref.jsonl")" != "$(untimed "$d/$blk.jsonl")" ]; then
+        fail $name "$nr ranks with ZeRO-2's partial sums by shard did not log and save what one process did" "$d/$ref.jsonl" "$d/$blk.jsonl"
+    else
+        pass "$name ($nr ranks x 3 micro-batches, MBT_NCCL=$nccl, partial sums by shard $where: the logs and the weights of one process, byte for byte, 3 steps)"
+    fi
+done
+# gpu/zero2-shard-control: z0n2a3 (zero = 0, the contiguous path: each rank's 3 micro-batches by its
+# own tree, then the ranks') as 2 staged ranks must end with other weights than ref6's
+name=gpu/zero2-shard-control
+mkdir -p "$d/z0n2a3"
+if [ ! -s "$d/ref6.st" ]; then
+    skip $name "no ref6 run on the device above"
+elif ! build "$d/z0n2a3" tests/exec/zero2.mbt --train z0n2a3 -I examples \
+    || { [ "$DEVICE" = emu ] && ! { [ -f "$d/z0n2a3/prog.cu.so" ] || tests/cudaemu/build.sh "$d/z0n2a3/prog.cu" "$d/z0n2a3/prog.cu.so" >"$OUT" 2>&1; }; }; then
+    fail $name "mbtc tests/exec/zero2.mbt --train z0n2a3 (or its emulated kernels) failed" "$OUT"
+else
+    port=$((30000 + ($$ + RANDOM) % 20000))
+    pids=()
+    for r in 0 1; do
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=0 \
+            on_device_cmd "$d/z0n2a3/prog.cu" "$d/z0n2a3/prog" "$d/z0n2a3.$r.out" train --steps 3 --data "$DATA" \
+            --save-weights "$d/z0n2a3.st" &
+        pids+=($!)
+    done
+    rc2=0
+    for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+    if [ $rc2 != 0 ]; then
+        fail $name "a rank failed" "$d/z0n2a3.0.out"
+    elif ! grep -q "^gradient partial sums: whole-size" "$d/z0n2a3.0.out"; then
+        fail $name "rank 0 does not say its partial sums are whole-size" "$d/z0n2a3.0.out"
+    elif cmp -s "$d/ref6.st" "$d/z0n2a3.st"; then
+        fail $name "the contiguous path at 2 x 3 saved one process's bytes: the comparison above cannot tell the trees apart" "$d/z0n2a3.0.out"
+    else
+        pass "$name (2 ranks x 3, the contiguous path: other weights than one process's)"
+    fi
 fi
 
 # ---- recompute on the device: the re-runs leave every bit as it was ----------------------------------

@@ -11,6 +11,7 @@
 
 #include "comm.h"
 #include "dp_reduce.h"
+#include "train_internal.h"
 #include "unit.h"
 
 /* No launcher's variables: the self backend. */
@@ -289,6 +290,123 @@ static void trace_file(void) {
     clear_env();
 }
 
+/* ZeRO-2's partial sums by shard (dp_reduce.h, RtShardTree): N ranks, rank r running global
+ * micro-batches jN + r; each block of N leaves summed by the tree over the ranks
+ * (rt_dp_tree_sum_f32) and pushed into the shard-size counter must give, bit for bit, the
+ * reference: one binary counter over all M = N x accum leaves (rt_dp_tree_walk's shape, which is
+ * RtTree's). For N a power of two at every accum; the controls - N = 3, the blocks pushed in
+ * reverse order, and the contiguous split (each rank's own tree over its accum leaves, then the
+ * tree over the ranks) at accum 3 - must differ, or this test could not fail. */
+static uint64_t tree_rng = 88172645463325252ull;
+static float tree_value(void) { /* magnitudes from 2^-12 to 2^12 and both signs: the order of additions shows */
+    tree_rng ^= tree_rng << 13, tree_rng ^= tree_rng >> 7, tree_rng ^= tree_rng << 17;
+    double u = (double)(tree_rng >> 11) / 9007199254740992.0;
+    int ex = (int)(tree_rng % 25) - 12;
+    return (float)((tree_rng & 1 ? -1 : 1) * (1 + u) * ldexp(1, ex));
+}
+
+/* Sums M leaves of len floats by the sharded design (order 0), with the blocks pushed in reverse
+ * (1) or by the contiguous split (2) into out; the number of pushes past the tree's room, if any,
+ * fails. */
+static int shard_design(const float *leaves, int N, int A, int64_t len, int order, float *out) {
+    RtShardTree t;
+    memset(&t, 0, sizeof t);
+    RtError e;
+    float *block = malloc((size_t)(N > A ? N : A) * (size_t)len * sizeof *block);
+    int ok = rt_shard_tree_open(&t, len, order == 2 ? N : A, NULL, &e) == RT_OK && block;
+    if (order == 2) { /* rank k's accum leaves by its own tree, then the ranks' sums by the counter */
+        float *ranks = malloc((size_t)N * (size_t)len * sizeof *ranks);
+        for (int k = 0; ok && k < N; k++) {
+            memcpy(block, leaves + (int64_t)k * A * len, (size_t)A * (size_t)len * sizeof *block);
+            rt_dp_tree_sum_f32(NULL, block, A, len);
+            memcpy(ranks + (int64_t)k * len, block, (size_t)len * sizeof *block);
+        }
+        if (ok) rt_dp_tree_sum_f32(NULL, ranks, N, len);
+        if (ok) memcpy(out, ranks, (size_t)len * sizeof *out);
+        free(ranks);
+    }
+    for (int jj = 0; ok && order != 2 && jj < A; jj++) {
+        int j = order == 1 ? A - 1 - jj : jj;
+        memcpy(block, leaves + (int64_t)j * N * len, (size_t)N * (size_t)len * sizeof *block); /* micro-batches jN .. jN+N-1 */
+        rt_dp_tree_sum_f32(NULL, block, N, len);
+        const float *sum = NULL;
+        ok = rt_shard_tree_push(&t, block, jj + 1 == A, &sum, &e) == RT_OK;
+        CHECK(ok, "push %d of %d: %s", jj, A, e.msg);
+        if (ok && jj + 1 == A) memcpy(out, sum, (size_t)len * sizeof *out);
+    }
+    CHECK(rt_shard_tree_bytes(&t) == (int64_t)(A >= 2 && order != 2 ? (int)floor(log2(A)) : t.nreg) * len * 4,
+          "N %d accum %d: %lld bytes of partial sums", N, A, (long long)rt_shard_tree_bytes(&t));
+    rt_shard_tree_close(&t);
+    free(block);
+    return ok;
+}
+
+static void shard_tree(void) {
+    enum { LEN = 64 };
+    int differ_n3 = 0, differ_rev = 0, differ_contig = 0;
+    for (int N = 1; N <= 8; N++) {
+        for (int A = 1; A <= 9; A++) {
+            int M = N * A;
+            float *leaves = malloc((size_t)M * LEN * sizeof *leaves), *ref = malloc((size_t)M * LEN * sizeof *ref);
+            float got[LEN];
+            for (int64_t i = 0; i < (int64_t)M * LEN; i++) leaves[i] = tree_value();
+            memcpy(ref, leaves, (size_t)M * LEN * sizeof *ref);
+            rt_dp_tree_sum_f32(NULL, ref, M, LEN); /* the reference: one counter over the M micro-batches */
+            int pow2 = (N & (N - 1)) == 0;
+            if (shard_design(leaves, N, A, LEN, 0, got)) {
+                int same = memcmp(got, ref, sizeof got) == 0;
+                if (pow2) CHECK(same, "N %d, accum %d: the shard tree is not the reference's sum", N, A);
+                else if (!same && N == 3) differ_n3++;
+            }
+            if (A >= 3 && shard_design(leaves, N, A, LEN, 1, got) && memcmp(got, ref, sizeof got)) differ_rev++;
+            if (N == 2 && A == 3 && shard_design(leaves, N, A, LEN, 2, got) && memcmp(got, ref, sizeof got)) differ_contig++;
+            free(leaves), free(ref);
+        }
+    }
+    CHECK(differ_n3 > 0, "N = 3: the blocks of 3 are not nodes of the reference tree, yet every accum gave its bits");
+    CHECK(differ_rev > 0, "the blocks pushed in reverse order never differed from the reference");
+    CHECK(differ_contig == 1, "the contiguous split at 2 ranks x 3 gave the reference's bits");
+    /* more leaves than the tree was opened for: an error, not a write past its regions */
+    RtShardTree t;
+    memset(&t, 0, sizeof t);
+    RtError e;
+    float leaf[4] = {1, 2, 3, 4};
+    const float *sum = NULL;
+    CHECK(rt_shard_tree_open(&t, 4, 2, NULL, &e) == RT_OK, "open: %s", e.msg);
+    CHECK(rt_shard_tree_push(&t, leaf, 0, &sum, &e) == RT_OK, "push 1");
+    CHECK(rt_shard_tree_push(&t, leaf, 0, &sum, &e) == RT_OK, "push 2 (merges)");
+    CHECK(rt_shard_tree_push(&t, leaf, 0, &sum, &e) != RT_OK && strstr(e.msg, "the gradient shard's tree is full"),
+          "a third leaf in a tree for 2: '%s'", e.msg);
+    rt_shard_tree_close(&t);
+}
+
+/* The interleaved step's bookkeeping (train_internal.h): rank k's local micro-batch j is global
+ * j x N + k, and the losses and statistics gathered in rank order are taken back in micro-batch
+ * order through rt_train_gathered_at, its inverse (the contiguous split: k x accum + j both
+ * ways). A wrong order there does not show in the logs (a sum in double of a dozen losses printed
+ * to 9 digits; the statistics' mean rounded to f32), so it is checked here. */
+static void interleaved_order(void) {
+    RtTrainRun r;
+    memset(&r, 0, sizeof r);
+    for (int inter = 0; inter <= 1; inter++)
+        for (int N = 2; N <= 4; N += 2)
+            for (int64_t accum = 1; accum <= 5; accum++) {
+                r.interleaved = inter, r.nranks = N;
+                int seen[64] = {0};
+                for (int k = 0; k < N; k++)
+                    for (int64_t j = 0; j < accum; j++) {
+                        r.rank = k;
+                        int64_t g = rt_train_global_micro(&r, j, accum);
+                        CHECK(g >= 0 && g < N * accum && !seen[g]++, "interleaved %d, N %d, accum %lld: rank %d's %lld is %lld",
+                              inter, N, (long long)accum, k, (long long)j, (long long)g);
+                        CHECK(g < N * accum && rt_train_gathered_at(&r, g, accum) == k * accum + j,
+                              "micro-batch %lld gathered at %lld, not rank %d's %lld", (long long)g,
+                              (long long)rt_train_gathered_at(&r, g, accum), k, (long long)j);
+                        if (inter) CHECK(g == j * N + k, "rank %d's %lld is %lld", k, (long long)j, (long long)g);
+                    }
+            }
+}
+
 int main(void) {
     RUN(self_world);
     RUN(slurm_env);
@@ -299,5 +417,7 @@ int main(void) {
     RUN(timing_table);
     RUN(timeout_env);
     RUN(trace_file);
+    RUN(shard_tree);
+    RUN(interleaved_order);
     return unit_finish();
 }
