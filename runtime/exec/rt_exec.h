@@ -139,6 +139,10 @@ typedef struct RtExec {
      * forward_backward, forward_loss and forward_stats call it around their parameter reads);
      * NULL without */
     const void *param_hook;
+    /* ZeRO-3 on the GPU: d_params is a region whose elements [d_param_lo, d_param_hi) alone are
+     * always on the device (the rank's shard): rt_exec_push and rt_exec_pull move those alone
+     * (d_param_hi 0: the whole region, as without) */
+    int64_t d_param_lo, d_param_hi;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool
