@@ -81,7 +81,8 @@
 #                          gpu/dp/overlap-debug, -control, -fail, -4, -z1: the buckets' MBT_DEBUG
 #                          lines, each step's join left out on the emulated GPU (other weights), a
 #                          rank's NCCL failing, 4 ranks, ZeRO-1
-#   gpu/zero3, -4, -resume, -control, -wait-control (tests/exec/zero3.mbt): ZeRO-3 on the device,
+#   gpu/zero3, -4, -deep, -dump, -moe, -resume, -control, -wait-control (tests/exec/zero3.mbt and
+#                          dp_moe.mbt): ZeRO-3 on the device,
 #                          2 ranks over NCCL and 4 staged against one process without ZeRO, byte for
 #                          byte (logs, an evaluation, a checkpoint, weights), a resume from 2 ranks to
 #                          4, each rank's mapped parameter pages within the plan's bound; a schedule
@@ -685,6 +686,10 @@ fi
 #                      rank's measured high-water of mapped parameter pages within the bound the run
 #                      prints (its shard + the plan's window, which `info` claims, + 2 pages a
 #                      gather) and below the whole region
+#   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 2 steps)
+#   gpu/zero3-dump     2 ranks' --dump-step file (the whole region gathered) one process's
+#   gpu/zero3-moe      tests/exec/dp_moe.mbt with zero = 3 (forward_stats gathers too), 2 ranks over
+#                      NCCL: moe1's logs and weights, 3 steps
 #   gpu/zero3-resume   4 ranks (staged) resume gpu/zero3's step-2 checkpoint to r1's step-4 weights
 #   gpu/zero3-control  (emulated GPU) a broken schedule, each gather released before the launches
 #                      that read it (MBT_TEST_ZERO3_RELEASE_EARLY=1): the run stops at the first read
@@ -746,19 +751,81 @@ if [ $z3_built = 1 ]; then
             pass "gpu/zero3 (2 ranks over NCCL: the logs, an evaluation, a checkpoint and the weights of one process, byte for byte, 4 steps)"
         fi
     fi
+    # z3_memory PROG OUT N: the N ranks' measured high-water marks of mapped parameter pages (rank
+    # 0's lines in OUT) each within the bound the run prints with the window `PROG info` claims, and
+    # below the whole region; prints the marks
+    z3_memory() {
+        local claim win region
+        claim=$("$1" info | sed -n "s/^plan: ZeRO-3: .* gathers at most \([0-9]*\) bytes more at once.*region's \([0-9]*\) bytes$/\1 \2/p")
+        read -r win region <<<"$claim"
+        if [ -z "$win" ] || [ "$(grep -c "^ZeRO-3: rank [0-9]*: high-water [0-9]* bytes .* window $win + pages [0-9]*): within$" "$2")" != "$3" ]; then
+            echo "a rank's mapped parameter pages are not within its shard + the plan's window (${win:-no claim} bytes) + the pages' slack"
+            return 1
+        fi
+        if awk -v r="$region" '/^ZeRO-3: rank [0-9]*: high-water/ { if ($5 + 0 >= r + 0) bad = 1 } END { exit !bad }' "$2"; then
+            echo "a rank mapped the whole parameter region ($region bytes)"
+            return 1
+        fi
+        echo "mapped $(sed -n 's/^ZeRO-3: rank [0-9]*: high-water \([0-9]*\) bytes.*/\1/p' "$2" | paste -sd/ -) of the region's $region bytes, each within its bound"
+    }
     z3_ranks 4 0 z4 "$d/r4/prog" --steps 4 --log "$d/z4.jsonl" --save-weights "$d/z4.st"
-    claim=$("$d/r4/prog" info | sed -n "s/^plan: ZeRO-3: .* gathers at most \([0-9]*\) bytes more at once.*region's \([0-9]*\) bytes$/\1 \2/p")
-    read -r win region <<<"$claim"
     if [ $z3rc != 0 ]; then
         fail gpu/zero3-4 "4 ranks with ZeRO-3 (staged) failed" "$d/z4.0.out" "$d/z4.1.out" "$d/z4.2.out" "$d/z4.3.out"
     elif ! cmp -s "$d/r1.st" "$d/z4.st" || [ "$(z3log "$d/r1.jsonl")" != "$(z3log "$d/z4.jsonl")" ]; then
         fail gpu/zero3-4 "4 ranks with ZeRO-3 did not log and save what one process did" "$d/r1.jsonl" "$d/z4.jsonl"
-    elif [ -z "$win" ] || [ "$(grep -c "^ZeRO-3: rank [0-3]: high-water [0-9]* bytes .* window $win + pages [0-9]*): within$" "$d/z4.0.out")" != 4 ]; then
-        fail gpu/zero3-4 "a rank's mapped parameter pages are not within its shard + the plan's window ($win bytes) + the pages' slack" "$d/z4.0.out"
-    elif awk -v r="$region" '/^ZeRO-3: rank [0-9]: high-water/ { if ($5 + 0 >= r + 0) bad = 1 } END { exit !bad }' "$d/z4.0.out"; then
-        fail gpu/zero3-4 "a rank mapped the whole parameter region ($region bytes)" "$d/z4.0.out"
+    elif ! z3_memory "$d/r4/prog" "$d/z4.0.out" 4 >"$OUT"; then
+        fail gpu/zero3-4 "$(cat "$OUT")" "$d/z4.0.out"
     else
-        pass "gpu/zero3-4 (4 ranks staged: one process's logs and weights, byte for byte; mapped $(sed -n 's/^ZeRO-3: rank \([0-9]\): high-water \([0-9]*\) bytes.*/\2/p' "$d/z4.0.out" | paste -sd/ -) of the region's $region bytes, each within its bound)"
+        pass "gpu/zero3-4 (4 ranks staged: one process's logs and weights, byte for byte; $(cat "$OUT"))"
+    fi
+    # the same memory check on a deeper model (d = 128, 8 layers, 1.6 M parameters), 2 steps
+    mkdir -p "$d/deep"
+    sed 's/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/d=128,layers=8/' "$d/r4.mbt" >"$d/deep.mbt"
+    if ! build "$d/deep" "$d/deep.mbt" -I examples; then
+        fail gpu/zero3-deep "mbtc deep.mbt -o or --emit=cuda failed" "$OUT"
+    else
+        z3_ranks 4 0 deep "$d/deep/prog" --steps 2
+        if [ $z3rc != 0 ]; then
+            fail gpu/zero3-deep "4 ranks of the deeper model failed" "$d/deep.0.out"
+        elif ! z3_memory "$d/deep/prog" "$d/deep.0.out" 4 >"$OUT"; then
+            fail gpu/zero3-deep "$(cat "$OUT")" "$d/deep.0.out"
+        else
+            pass "gpu/zero3-deep (4 ranks, d = 128, 8 layers: $(cat "$OUT"))"
+        fi
+    fi
+    # --dump-step: 2 ranks (staged) write the file one process writes (the whole region gathered)
+    on_device_cmd "$d/r1/prog.cu" "$d/r1/prog" "$d/r1d.out" train --data "$DATA" --steps 1 --dump-step "$d/r1.dump"
+    rc1=$?
+    z3_ranks 2 0 dump "$d/r2/prog" --steps 1 --dump-step "$d/z2.dump"
+    if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
+        fail gpu/zero3-dump "a --dump-step run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/r1d.out" "$d/dump.0.out"
+    elif ! cmp -s "$d/r1.dump" "$d/z2.dump"; then
+        fail gpu/zero3-dump "2 ranks with ZeRO-3 dumped another step 1 than one process" "$d/dump.0.out"
+    else
+        pass "gpu/zero3-dump (2 ranks staged: --dump-step's file byte for byte one process's)"
+    fi
+    # the MoE example (tests/exec/dp_moe.mbt): its router statistics come from forward_stats, which
+    # gathers by a schedule of its own; 2 ranks over NCCL, 3 steps, moe1's logs and weights
+    mkdir -p "$d/moe1" "$d/moe2"
+    sed 's/data[[:space:]]=[[:space:]]2[[:space:]]}/data=2,zero=3}/' tests/exec/dp_moe.mbt >"$d/moe3.mbt"
+    if ! build "$d/moe1" "$d/moe3.mbt" --train moe1 -I examples || ! build "$d/moe2" "$d/moe3.mbt" --train moe2 -I examples; then
+        fail gpu/zero3-moe "mbtc dp_moe.mbt -o or --emit=cuda failed" "$OUT"
+    elif [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+        skip gpu/zero3-moe "NCCL needs a GPU a rank and this machine has $ngpus"
+    elif [ "$DEVICE" = emu ] && ! { [ -f "$d/moe2/prog.cu.so" ] || tests/cudaemu/build.sh "$d/moe2/prog.cu" "$d/moe2/prog.cu.so" >"$OUT" 2>&1; }; then
+        fail gpu/zero3-moe "tests/cudaemu/build.sh failed" "$OUT"
+    else
+        on_device_cmd "$d/moe1/prog.cu" "$d/moe1/prog" "$d/moe1.out" train --data "$DATA" --steps 3 --log "$d/moe1.jsonl" \
+            --save-weights "$d/moe1.st"
+        rc1=$?
+        z3_ranks 2 1 moe "$d/moe2/prog" --steps 3 --log "$d/moe2.jsonl" --save-weights "$d/moe2.st"
+        if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
+            fail gpu/zero3-moe "a run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/moe1.out" "$d/moe.0.out"
+        elif ! cmp -s "$d/moe1.st" "$d/moe2.st" || [ "$(z3log "$d/moe1.jsonl")" != "$(z3log "$d/moe2.jsonl")" ]; then
+            fail gpu/zero3-moe "2 ranks with ZeRO-3 did not log and save what one process did" "$d/moe1.jsonl" "$d/moe2.jsonl"
+        else
+            pass "gpu/zero3-moe (2 ranks over NCCL, forward_stats gathering too: one process's logs and weights, byte for byte, 3 steps)"
+        fi
     fi
     if [ ! -d "$d/ck2/step-00000002" ]; then
         skip gpu/zero3-resume "gpu/zero3 wrote no checkpoint to resume"
