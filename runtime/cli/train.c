@@ -666,6 +666,8 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
             rt_exec_flip(x);
             next = rt_train_read(r, m + 1, x->x, x->y, &enext);
         }
+        /* ZeRO-3 on the GPU over NCCL: the GPU's work polled against the timeout before the wait */
+        if (st == RT_OK && rt_zero3_on_gpu(r->zero3)) st = rt_zero3_settle(r->zero3, &r->e);
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
         if (r->zero3) {                               /* a gather's failure (the hook cannot return it) */
             RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);

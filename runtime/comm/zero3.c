@@ -196,8 +196,15 @@ static void hook_done(void *ctx, int64_t lo, int64_t hi) {
 
 /* ---- the GPU (rt_zero3_open_gpu) ---------------------------------------------------------------- */
 
+/* The hook's first failure, kept for rt_zero3_settle. The generated function goes on launching
+ * after it (the hook cannot stop it), and its kernels must not read unmapped pages (a fault would
+ * end the run without the reason): the whole region is mapped, holding whatever it holds, until
+ * the run stops at the settle. */
 static void gpu_fail(RtZero3 *z, RtStatus st, const RtError *e) {
-    if (st != RT_OK && z->st == RT_OK) z->st = st, z->err = *e;
+    if (st == RT_OK || z->st != RT_OK) return;
+    z->st = st, z->err = *e;
+    RtError ignored;
+    (void)rt_gpu_region_map(z->region, 0, z->map / z->page, &ignored);
 }
 
 /* Gather [lo, hi) into the device's region (its pages held by the caller): the pages mapped, then
@@ -231,7 +238,9 @@ static RtStatus gather_gpu(RtZero3 *z, int64_t lo, int64_t hi, int slot, RtError
     if (st == RT_OK) st = est;
     z->gather_s += rt_now() - t0, z->gathers++;
     z->floats += hi - lo - (sub[r + 1] - sub[r]);
-    return st;
+    return st == RT_OK
+               ? st
+               : rt_error_context(err, "ZeRO-3: gathering parameters [%lld, %lld) on the GPU", (long long)lo, (long long)hi);
 }
 
 static void gpu_sample(RtZero3 *z) {
@@ -414,6 +423,13 @@ const RtParamHook *rt_zero3_hook(RtZero3 *z) { return &z->hook; }
 RtStatus rt_zero3_settle(RtZero3 *z, RtError *err) {
     if (z->gpu) { /* a gather prefetched by a call that failed is on the stream: it lands harmlessly */
         z->posted = 0;
+        /* over NCCL: the GPU's work polled against the world's timeout (a rank that stopped ends the
+         * wait with an error, not a hang in the stream's synchronisation) */
+        if (z->st == RT_OK && z->nccl) {
+            RtError e;
+            RtStatus st = rt_comm_nccl_settle(z->comm, "ZeRO-3: the parameter gathers over NCCL", &e);
+            gpu_fail(z, st, &e);
+        }
         if (z->st != RT_OK && err) *err = z->err;
         return z->st;
     }

@@ -694,7 +694,8 @@ fi
 #   gpu/zero3-control  (emulated GPU) a broken schedule, each gather released before the launches
 #                      that read it (MBT_TEST_ZERO3_RELEASE_EARLY=1): the run stops at the first read
 #                      of an unmapped page; gpu/zero3-wait-control: one wait of the compute stream
-#                      for a gather left out (MBT_FAKE_CUDA_DROP_WAIT=3): not r1's weights
+#                      for a gather left out (MBT_FAKE_CUDA_DROP_WAIT=3): not r1's weights;
+#                      gpu/zero3-fail: rank 1's NCCL failing in a gather stops both ranks, saying why
 d="$DIR/zero3"
 mkdir -p "$d/r1" "$d/r2" "$d/r4"
 sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' tests/exec/zero3.mbt >"$d/r1.mbt"
@@ -849,6 +850,18 @@ if [ $z3_built = 1 ]; then
             fail gpu/zero3-control "the ranks stopped, but not at a read of an unmapped page" "$d/early.0.out" "$d/early.1.out"
         else
             pass "gpu/zero3-control (a gather released before its launches: the first read of an unmapped page stops the run)"
+        fi
+        # a rank's NCCL failing in a gather (the emulated NCCL's MBT_FAKE_NCCL_FAIL=1): both ranks stop
+        # with status 1 and say why, neither at a read of an unmapped page
+        MBT_FAKE_NCCL_FAIL=1 z3_ranks 2 1 nfail "$d/r2/prog" --steps 2
+        if [ $z3rc = 0 ]; then
+            fail gpu/zero3-fail "the ranks exited 0 with rank 1's NCCL failing" "$d/nfail.0.out" "$d/nfail.1.out"
+        elif grep -q "^fake_cuda: device address" "$d/nfail.0.out" "$d/nfail.1.out" ||
+            ! grep -q "ZeRO-3: gathering parameters \[[0-9]*, [0-9]*) on the GPU: ncclGroupEnd (collectives: gather_shards over NCCL): NCCL error" "$d/nfail.1.out" ||
+            ! grep -q "^prog: step 1, micro-batch 1: .*NCCL" "$d/nfail.0.out"; then
+            fail gpu/zero3-fail "the ranks do not say why they stopped" "$d/nfail.0.out" "$d/nfail.1.out"
+        else
+            pass "gpu/zero3-fail (rank 1's NCCL failing in a gather: both ranks stop and say why)"
         fi
         rm -f "$d/drop.st"
         MBT_FAKE_CUDA_DROP_WAIT=3 z3_ranks 2 0 drop "$d/r2/prog" --steps 4 --save-weights "$d/drop.st"
