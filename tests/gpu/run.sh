@@ -691,6 +691,7 @@ fi
 #   gpu/zero3-moe      tests/exec/dp_moe.mbt with zero = 3 (forward_stats gathers too), 2 ranks over
 #                      NCCL: moe1's logs and weights, 3 steps
 #   gpu/zero3-resume   4 ranks (staged) resume gpu/zero3's step-2 checkpoint to r1's step-4 weights
+#   gpu/zero3-offload-host  r2 with offload { optimizer = host } (each rank's CPU updating its shard)
 #   gpu/zero3-control  (emulated GPU) a broken schedule, each gather released before the launches
 #                      that read it (MBT_TEST_ZERO3_RELEASE_EARLY=1): the run stops at the first read
 #                      of an unmapped page; gpu/zero3-wait-control: one wait of the compute stream
@@ -838,6 +839,27 @@ if [ $z3_built = 1 ]; then
             fail gpu/zero3-resume "the resumed run's step-4 weights are not one process's" "$d/res.0.out"
         else
             pass "gpu/zero3-resume (2 ranks' step-2 checkpoint resumed by 4 with ZeRO-3: one process's step-4 weights)"
+        fi
+    fi
+    # offload { optimizer = host }: each rank's CPU updates its shard of the parameters (the host's
+    # copy, uploaded to its device shard); 2 ranks staged, r1's weights (within 1e-5 on a GPU, whose
+    # update kernels fuse multiply-adds the host's loop does not; byte for byte on the emulated one)
+    mkdir -p "$d/oh"
+    sed 's/^\(  parallel  { data = 2, zero = 3 }\)$/\1\n  offload   { optimizer = host }/' tests/exec/zero3.mbt >"$d/oh.mbt"
+    if ! build "$d/oh" "$d/oh.mbt" -I examples; then
+        fail gpu/zero3-offload-host "mbtc oh.mbt -o or --emit=cuda failed" "$OUT"
+    else
+        z3_ranks 2 0 oh "$d/oh/prog" --steps 4 --save-weights "$d/oh.st"
+        if [ $z3rc != 0 ]; then
+            fail gpu/zero3-offload-host "2 ranks with the optimizer on the host failed" "$d/oh.0.out" "$d/oh.1.out"
+        elif ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/oh.0.out"; then
+            fail gpu/zero3-offload-host "rank 0 does not say the CPU updates the state in host memory" "$d/oh.0.out"
+        elif [ "$DEVICE" = emu ] && ! cmp -s "$d/r1.st" "$d/oh.st"; then
+            fail gpu/zero3-offload-host "the weights are not one process's" "$d/oh.0.out"
+        elif ! "$BUILD/tests/st_compare" "$d/r1.st" "$d/oh.st" "" 1e-5 norm >"$OUT" 2>&1; then
+            fail gpu/zero3-offload-host "the weights differ from one process's by more than 1e-5" "$OUT"
+        else
+            pass "gpu/zero3-offload-host (2 ranks staged, each CPU updating its shard: one process's weights$([ "$DEVICE" = emu ] && echo ", byte for byte" || echo " within 1e-5"))"
         fi
     fi
     if [ "$DEVICE" != emu ]; then
