@@ -329,10 +329,11 @@ RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
      * forward_backward whose rt_grad_ready calls queue the data-parallel buckets' reductions on the
      * communication stream (train_dp.c): a graph would replay the launches without the host code
      * that queues them */
-    if (g && fn == RT_EXEC_FORWARD_BACKWARD && s->grad_hook) return f(s);
+    if (g && fn == RT_EXEC_FORWARD_BACKWARD && s->grad_hook) return rt_gpu_call_eager(e->gpu, f, s);
     /* nor a function whose rt_param_need / rt_param_done calls map and gather ZeRO-3's parameters
      * between its launches (runtime/comm/zero3.c): the host's calls are the gathers */
-    if (g && s->param_hook) return f(s);
+    if (g && s->param_hook && (fn == RT_EXEC_FORWARD_BACKWARD || fn == RT_EXEC_FORWARD_LOSS || fn == RT_EXEC_FORWARD_STATS))
+        return rt_gpu_call_eager(e->gpu, f, s);
     if (g && (fn == RT_EXEC_FORWARD_BACKWARD || fn == RT_EXEC_FORWARD_LOSS || fn == RT_EXEC_UPDATE))
         return rt_gpu_call(e->gpu, (int)fn, f, s);
     return f(s);

@@ -151,6 +151,10 @@ int64_t rt_gpu_peak_bytes(const RtGpu *g);
  * MBT_TRACE times each launch. The results are the same bit for bit: the same kernels in the same
  * order on the same addresses. */
 RtStatus rt_gpu_call(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtStep *s);
+/* f(s) run eagerly where a graph cannot stand for it (a call whose hooks run host code between its
+ * launches: the buckets' rt_grad_ready, ZeRO-3's rt_param_need / _done), counted among the calls
+ * run uncaptured when graphs are on. */
+RtStatus rt_gpu_call_eager(RtGpu *g, RtStatus (*f)(RtStep *), RtStep *s);
 /* "CUDA graphs: N captured, M launches, K calls run eagerly" or why they are off; into buf. */
 const char *rt_gpu_graph_report(const RtGpu *g, char *buf, size_t cap);
 
