@@ -1,8 +1,9 @@
 /* zero3.h - ZeRO-3's parameter region (docs/parallel.md, "ZeRO-3"): a rank keeps its shard of the
  * parameters resident, and the rest of each range the step reads is gathered from the other ranks
  * before the step's launches read it and released after (the plan's schedule, plan.h PlanGather,
- * which the CPU's forward_backward signals through rt_param_need and rt_param_done). The next
- * gather runs on a thread of its own while the launches use the ones before it.
+ * which the CPU's and the GPU's forward_backward signal through rt_param_need and rt_param_done).
+ * The next gather runs on a thread of its own while the launches use the ones before it (on the
+ * GPU: on a stream of its own, rt_zero3_open_gpu below).
  *
  * The region is one anonymous mapping of the parameter region's size, at the addresses the
  * program uses, so the generated code reads it exactly as without ZeRO. Each page counts the

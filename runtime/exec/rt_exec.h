@@ -136,7 +136,8 @@ typedef struct RtExec {
     double act_wait_s;
     int64_t act_staging; /* nvme on the GPU: the pinned staging's bytes (train --offload-staging; 0: the default) */
     /* ZeRO-3 (docs/parallel.md): the RtParamHook every RtStep of rt_exec_step carries (the CPU's
-     * forward_backward, forward_loss and forward_stats call it around their parameter reads);
+     * and the GPU's forward_backward, forward_loss and forward_stats call it around their
+     * parameter reads);
      * NULL without */
     const void *param_hook;
     /* ZeRO-3 on the GPU: d_params is a region whose elements [d_param_lo, d_param_hi) alone are
