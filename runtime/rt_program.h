@@ -274,7 +274,8 @@ typedef struct RtGradHook {
     void *ctx;
 } RtGradHook;
 void rt_grad_ready(RtStep *s, int64_t lo, int64_t hi);
-/* Called by the CPU's forward_backward around its launches' reads of the parameter region, by the
+/* Called by the CPU's and the GPU's forward_backward (and forward_loss, forward_stats) around their
+ * launches' reads of the parameter region, by the
  * plan's schedule (plan.h, PlanGather; docs/parallel.md, "ZeRO-3"): rt_param_need before the first
  * launch of a gather that reads params[lo, hi) (next_lo, next_hi: the schedule's next gather, to
  * start now; equal when none), rt_param_done after its last. Nothing when s->param_hook is NULL.

@@ -126,7 +126,7 @@
                                  /* rt_grad_ready(s, lo, hi) (rt_program.h) */                                                   \
     X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */ \
     X(void *, act, ptr)       /* forward_backward with offload { activations = nvme }: the RtExec rt_act_copy takes */           \
-    X(void *, param_hook, ptr)  /* forward_backward (CPU): NULL, or the runtime's (ZeRO-3); rt_param_need and */                 \
+    X(void *, param_hook, ptr)  /* forward_backward (CPU, GPU): NULL, or the runtime's (ZeRO-3); rt_param_need and */            \
                                 /* rt_param_done (rt_program.h) around the parameters' uses */                                   \
     X(int64_t, casts_kept, i64) /* forward_backward: 1 when the arena holds this step's parameter casts (rt_program.h); */       \
                                 /* 0 (every other call): its launches that read only parameters run */

@@ -291,14 +291,15 @@ static void emit_act_after(Host *h, const HostFn *f, LLVMValueRef *addr, int q) 
     }
 }
 
-/* ZeRO-3's gathers (plan.h, PlanGather) of one schedule: on the CPU, rt_param_need(s, lo, hi,
- * next_lo, next_hi) before position q for each gather first needed there (before = 1),
- * rt_param_done(s, lo, hi) after it for each last used there (before = 0). Emitted whatever the
- * zero setting (the runtime passes a NULL hook without ZeRO-3, and the calls do nothing), so that
- * the code, and with it the program hash and a checkpoint, are the same at every zero setting.
- * The GPU's functions do not gather (host_compile refuses zero = 3 there). */
+/* ZeRO-3's gathers (plan.h, PlanGather) of one schedule: rt_param_need(s, lo, hi, next_lo,
+ * next_hi) before position q for each gather first needed there (before = 1), rt_param_done(s,
+ * lo, hi) after it for each last used there (before = 0). Emitted whatever the zero setting (the
+ * runtime passes a NULL hook without ZeRO-3, and the calls do nothing), so that the code, and
+ * with it the program hash and a checkpoint, are the same at every zero setting. The GPU's
+ * functions make the same calls between their launches (the runtime's hook maps and gathers on a
+ * stream the launches after a need wait for, and a done's unmap waits for the launches before
+ * it: runtime/comm/zero3.c); such a call runs uncaptured (exec.c). */
 static void emit_param_calls(Host *h, LLVMValueRef s, const PlanGatherSched *gs, int q, int before) {
-    if (h->target != &host_target_cpu) return;
     for (int j = 0; j < gs->n; j++) {
         const PlanGather *g = &gs->g[j];
         if ((before ? g->need : g->done) != q) continue;
@@ -730,7 +731,7 @@ static int refuse_settings(const TrainConfig *ts, int narch) {
                        (long long)deg[i]);
             n++;
         }
-    /* zero = 1, 2 and 3 are carried out (docs/parallel.md, ZeRO); zero3_refusals refuses what 3 cannot do */
+    /* zero = 1, 2 and 3 are carried out by both builds (docs/parallel.md, ZeRO) */
     /* offload.optimizer is carried out (host_compile's offload_refusals checks the rest) */
     /* offload.activations = nvme is carried out by every build (a GPU build through pinned staging);
      * = host on a GPU build (copies to pinned host memory on a copy stream): on the CPU the
@@ -815,20 +816,6 @@ static void offload_refusals(Host *h, const Sched *upd, const HostCuda *cuda) {
     }
 }
 
-/* parallel.zero = 3: what executables cannot carry out with it, an error at its value. The CPU's
- * forward_backward, forward_loss and forward_stats gather the parameters around their uses
- * (emit_param_calls); the GPU's functions do not. */
-static void zero3_refusals(Host *h, const HostCuda *cuda) {
-    const TrainConfig *ts = h->ts;
-    if (ts->zero != 3) return;
-    if (cuda && cuda->narch > 0) {
-        diag_error(ts->zero_at, "parallel.zero = 3 is carried out on the CPU alone: a GPU build's step does not gather "
-                                "its parameters around their uses (its kernels are queued on a stream that would have to "
-                                "wait for each gather, and the ranks' collectives go through host memory)");
-        diag_hint("build for the CPU with --cuda-arch=none (or MBT_CUDA_ARCH=none), or use zero = 2 on a GPU");
-    }
-}
-
 int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *schedules, const char *input, const char *output,
                  FILE *emit, const HostCuda *cuda, Arena *ar) {
     CpuTarget target;
@@ -859,8 +846,7 @@ int host_compile(const TrainBuild *tb, const Plan *plan, const HostSchedules *sc
                    (long long)h->ts->zero, no_range);
         diag_hint("each rank updates its shard of the parameters alone; use zero = 0 with this optimizer");
     }
-    offload_refusals(h, &upd, cuda);
-    zero3_refusals(h, cuda);
+    offload_refusals(h, &upd, cuda); /* (zero = 3 is carried out by both builds: emit_param_calls) */
     LLVMValueRef ou = emit_update(h, &upd), oi = emit_optimizer_init(h, tb->update->update);
     LLVMValueRef lrs = cpu_scalar_function(h->m, h->ts->lr, "lr_schedule"); /* the schedule sema lowered */
     /* generation: the logits at batch 1 (NULL, with a warning, when the model has none) */

@@ -199,7 +199,10 @@ void plan_print_gather(FILE *out, const Plan *p) {
             "each gather: a range of the parameter region, before its first use (in the step program: in the forward and "
             "in the backward) and released after its last, the next one prefetched\n"
             "window: at most %" PRId64 " floats (%d gathers) held besides a rank's shard of at most %" PRId64 " floats: %" PRId64
-            " of the region's %" PRId64 " floats a rank\n",
+            " of the region's %" PRId64 " floats a rank\n"
+            "memory: the CPU's pages are the system's (4 KiB), the GPU's the allocation granularity (2 MiB on the GPUs we "
+            "know): a page a gather shares with a neighbour or the shard stays, up to 2 pages a gather more; on the GPU "
+            "the calls that gather run uncaptured (no CUDA graph: the host maps and gathers between their launches)\n",
             p->data, m->gather_window, m->gather_units, shard, shard + m->gather_window, whole);
     for (int w = 0; w < PLAN_NGATHER; w++) {
         const PlanGatherSched *gs = &m->gather[w];

@@ -453,8 +453,14 @@ static void rt_train_banner(const RtTrainRun *r) {
     if (r->zero3)
         printf("ZeRO-3: this rank holds elements [%lld, %lld) of the parameters, of the optimizer state and of the summed "
                "gradient, and gathers the rest of each parameter range around its uses in the forward and the backward "
-               "(%lld floats at most at once besides its shard), the next gather prefetched\n",
-               (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1], (long long)p->plan.gather_window);
+               "(%lld floats at most at once besides its shard), the next gather prefetched%s\n",
+               (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1], (long long)p->plan.gather_window,
+               !rt_zero3_on_gpu(r->zero3) ? ""
+               : r->d_shard_got
+                   ? "; on the GPU: pages of a reserved region mapped around the uses, gathered by NCCL on a stream of their "
+                     "own that the launches wait for; the steps run uncaptured (no CUDA graph)"
+                   : "; on the GPU: pages of a reserved region mapped around the uses, gathered through the host and uploaded "
+                     "on a stream of their own that the launches wait for; the steps run uncaptured (no CUDA graph)");
     else if (r->zero)
         printf("ZeRO-%d: this rank holds and updates elements [%lld, %lld) of the optimizer state%s; the updated "
                "parameters are gathered\n",
@@ -697,6 +703,8 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
             rt_exec_flip(x);
             next = rt_train_read(r, m + 1, accum, x->x, x->y, &enext);
         }
+        /* ZeRO-3 on the GPU over NCCL: the GPU's work polled against the timeout before the wait */
+        if (st == RT_OK && rt_zero3_on_gpu(r->zero3)) st = rt_zero3_settle(r->zero3, &r->e);
         if (st == RT_OK) st = rt_exec_wait(x, &r->e); /* s.loss is set */
         if (r->zero3) {                               /* a gather's failure (the hook cannot return it) */
             RtStatus zs = rt_zero3_settle(r->zero3, st == RT_OK ? &r->e : NULL);
@@ -879,7 +887,13 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
          * make as many calls; batches = eval_steps x accum x data is a multiple of the ranks, but
          * were it not, the whole region is gathered for the evaluation instead */
         int whole = r->zero3 && batches % r->nranks != 0;
-        if (whole) st = rt_train_zero3_whole(r), r->x.param_hook = NULL;
+        /* on the GPU the host-staged gathers send the host's copy of this rank's shard, which the
+         * update has just changed on the device: made current (and the step's pages unmapped) */
+        if (rt_zero3_on_gpu(r->zero3) && !whole) {
+            rt_zero3_release_all(r->zero3);
+            st = rt_zero3_settle(r->zero3, &r->e);
+        }
+        if (whole && st == RT_OK) st = rt_train_zero3_whole(r), r->x.param_hook = NULL;
         if (st == RT_OK) st = rt_evaluate(&r->x, r->val, batches, o->seed, r->nranks > 1 ? r->comm : NULL, &vl, &used, &r->e);
         if (whole) r->x.param_hook = rt_zero3_hook(r->zero3);
         if (r->zero3) { /* forward_loss's gathers (the hook cannot return a failure) */
@@ -960,17 +974,24 @@ static RtStatus rt_train_zero3_report(RtTrainRun *r) {
     RtStatus st = rt_comm_gather_f64(r->comm, mine, 4, all, &r->e);
     if (st == RT_OK) {
         int64_t whole = p->param_floats * 4, win = p->plan.gather_window * 4, units = p->plan.gather_units;
-        printf("ZeRO-3: parameter memory resident during forward_backward (measured, mincore), of the region's %lld bytes; the "
-               "plan's bound is a rank's shard + the gathers' window of %lld bytes (%lld gathers) + 2 pages a gather\n",
-               (long long)whole, (long long)win, (long long)units);
+        int64_t page = rt_zero3_page(r->zero3);
+        if (rt_zero3_on_gpu(r->zero3))
+            printf("ZeRO-3: the GPU's parameter memory mapped during forward_backward (measured: pages of %lld bytes of the "
+                   "reservation mapped), of the region's %lld bytes; the plan's bound is a rank's shard + the gathers' window of "
+                   "%lld bytes (%lld gathers) + 2 pages a gather\n",
+                   (long long)page, (long long)whole, (long long)win, (long long)units);
+        else
+            printf("ZeRO-3: parameter memory resident during forward_backward (measured, mincore), of the region's %lld bytes; "
+                   "the plan's bound is a rank's shard + the gathers' window of %lld bytes (%lld gathers) + 2 pages a gather\n",
+                   (long long)whole, (long long)win, (long long)units);
         for (int k = 0; k < r->nranks; k++) {
             int64_t shard = (r->shard_off[k + 1] - r->shard_off[k]) * 4;
-            int64_t bound = shard + win + 2 * 4096 * units;
+            int64_t bound = shard + win + 2 * page * units;
             double hw = all[k * 4];
             printf("ZeRO-3: rank %d: high-water %.0f bytes (%.1f%% of the region), bound %lld (shard %lld + window %lld + "
                    "pages %lld): %s\n",
                    k, hw, whole > 0 ? 100.0 * hw / (double)whole : 0.0, (long long)(bound < whole ? bound : whole),
-                   (long long)shard, (long long)win, (long long)(2 * 4096 * units), hw <= (double)bound ? "within" : "ABOVE");
+                   (long long)shard, (long long)win, (long long)(2 * page * units), hw <= (double)bound ? "within" : "ABOVE");
             if (getenv("MBT_DEBUG"))
                 printf("ZeRO-3: rank %d: %.0f gathers by the hook, the step waited %.3f ms for them, %.3f ms in them\n", k,
                        all[k * 4 + 1], all[k * 4 + 2] * 1e3, all[k * 4 + 3] * 1e3);

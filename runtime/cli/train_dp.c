@@ -357,7 +357,13 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
         if (st != RT_OK) return st;
     }
     if (r->zero == 3) { /* the parameters' shard: the rest is released before the first step */
-        st = rt_zero3_open(&r->zero3, r->comm, &r->x.params, r->p->param_floats, r->shard_off, &r->e);
+        if (r->x.gpu) { /* the device's region (the host keeps its whole copy) */
+            st = rt_zero3_open_gpu(&r->zero3, r->comm, r->x.gpu, r->x.params, &r->x.d_params, r->p->param_floats, r->shard_off,
+                                   &r->e);
+            r->x.d_param_lo = r->shard_off[r->rank], r->x.d_param_hi = r->shard_off[r->rank + 1];
+        } else {
+            st = rt_zero3_open(&r->zero3, r->comm, &r->x.params, r->p->param_floats, r->shard_off, &r->e);
+        }
         if (st != RT_OK) return st;
         r->x.param_hook = rt_zero3_hook(r->zero3); /* every RtStep of the run carries it */
     }

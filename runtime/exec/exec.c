@@ -187,7 +187,8 @@ const char *rt_exec_device(const RtExec *e) { return e->gpu ? rt_gpu_describe(e-
 RtStatus rt_exec_push(RtExec *e, RtError *err) {
     if (!e->gpu) return RT_OK;
     const RtProgram *p = e->prog;
-    RtStatus st = rt_gpu_upload(e->gpu, e->d_params, e->params, p->param_floats * 4, err);
+    int64_t lo = e->d_param_lo, hi = e->d_param_hi > 0 ? e->d_param_hi : p->param_floats; /* ZeRO-3: the shard */
+    RtStatus st = rt_gpu_upload(e->gpu, e->d_params + lo, e->params + lo, (hi - lo) * 4, err);
     /* offload { optimizer = host }: the state stays in host memory, where the CPU updates it */
     if (st == RT_OK && !e->d_state && p->train.offload_optimizer != 1 && e->state)
         st = rt_gpu_alloc(
@@ -209,7 +210,8 @@ RtStatus rt_exec_pull(RtExec *e, int what, RtError *err) {
     if (!e->gpu) return RT_OK;
     const RtProgram *p = e->prog;
     RtStatus st = RT_OK;
-    if (what & RT_PULL_PARAMS) st = rt_gpu_download(e->gpu, e->params, e->d_params, p->param_floats * 4, err);
+    int64_t lo = e->d_param_lo, hi = e->d_param_hi > 0 ? e->d_param_hi : p->param_floats; /* ZeRO-3: the shard */
+    if (what & RT_PULL_PARAMS) st = rt_gpu_download(e->gpu, e->params + lo, e->d_params + lo, (hi - lo) * 4, err);
     if (st == RT_OK && (what & RT_PULL_GRADS)) st = rt_gpu_download(e->gpu, e->grads, e->d_grads, p->param_floats * 4, err);
     /* (offload { optimizer = host }: no d_state, the host's state is the state) */
     if (st == RT_OK && (what & RT_PULL_STATE) && e->d_state)
@@ -283,8 +285,8 @@ RtStep rt_exec_step(const RtExec *e, RtError *err) {
     } else {
         s.params = e->params, s.grads = e->grads, s.state = e->state, s.arena = e->arena;
         s.x = e->x, s.y = e->y, s.pos = e->pos;
-        s.param_hook = (void *)e->param_hook;
     }
+    s.param_hook = (void *)e->param_hook;
     return s;
 }
 
@@ -327,7 +329,11 @@ RtStatus rt_exec_queue(RtExec *e, RtExecFn fn, RtStep *s) {
      * forward_backward whose rt_grad_ready calls queue the data-parallel buckets' reductions on the
      * communication stream (train_dp.c): a graph would replay the launches without the host code
      * that queues them */
-    if (g && fn == RT_EXEC_FORWARD_BACKWARD && s->grad_hook) return f(s);
+    if (g && fn == RT_EXEC_FORWARD_BACKWARD && s->grad_hook) return rt_gpu_call_eager(e->gpu, f, s);
+    /* nor a function whose rt_param_need / rt_param_done calls map and gather ZeRO-3's parameters
+     * between its launches (runtime/comm/zero3.c): the host's calls are the gathers */
+    if (g && s->param_hook && (fn == RT_EXEC_FORWARD_BACKWARD || fn == RT_EXEC_FORWARD_LOSS || fn == RT_EXEC_FORWARD_STATS))
+        return rt_gpu_call_eager(e->gpu, f, s);
     if (g && (fn == RT_EXEC_FORWARD_BACKWARD || fn == RT_EXEC_FORWARD_LOSS || fn == RT_EXEC_UPDATE))
         return rt_gpu_call(e->gpu, (int)fn, f, s);
     return f(s);

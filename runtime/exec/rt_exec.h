@@ -136,9 +136,14 @@ typedef struct RtExec {
     double act_wait_s;
     int64_t act_staging; /* nvme on the GPU: the pinned staging's bytes (train --offload-staging; 0: the default) */
     /* ZeRO-3 (docs/parallel.md): the RtParamHook every RtStep of rt_exec_step carries (the CPU's
-     * forward_backward, forward_loss and forward_stats call it around their parameter reads);
+     * and the GPU's forward_backward, forward_loss and forward_stats call it around their
+     * parameter reads);
      * NULL without */
     const void *param_hook;
+    /* ZeRO-3 on the GPU: d_params is a region whose elements [d_param_lo, d_param_hi) alone are
+     * always on the device (the rank's shard): rt_exec_push and rt_exec_pull move those alone
+     * (d_param_hi 0: the whole region, as without) */
+    int64_t d_param_lo, d_param_hi;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool

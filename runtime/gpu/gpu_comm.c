@@ -33,11 +33,13 @@ RtStatus rt_gpu_comm_fork(RtGpu *g, RtError *err) {
     return st;
 }
 
-void rt_gpu_comm_enter(RtGpu *g) {
+void rt_gpu_comm_enter_stream(RtGpu *g, CUstream s) {
     if (g->comm.compute) return;
     g->comm.compute = g->stream;
-    g->stream = g->comm.stream;
+    g->stream = s;
 }
+
+void rt_gpu_comm_enter(RtGpu *g) { rt_gpu_comm_enter_stream(g, g->comm.stream); }
 
 void rt_gpu_comm_leave(RtGpu *g) {
     if (!g->comm.compute) return;

@@ -235,6 +235,11 @@ static RtStatus rt_graph_launch(RtGpu *g, RtGpuGraph *c, RtError *err) {
     return st;
 }
 
+RtStatus rt_gpu_call_eager(RtGpu *g, RtStatus (*f)(RtStep *), RtStep *s) {
+    if (g->graphs.on && g->graphs.mode == RT_GRAPH_EAGER) g->graphs.eager++;
+    return f(s);
+}
+
 RtStatus rt_gpu_call(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtStep *s) {
     RtGpuGraphs *gr = &g->graphs;
     if (!gr->on || fn < 0 || fn >= RT_GPU_GRAPH_FNS || gr->mode != RT_GRAPH_EAGER) return f(s);

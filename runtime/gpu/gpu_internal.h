@@ -35,6 +35,28 @@ typedef int CUstreamCaptureMode;
 typedef int CUdevice_attribute;
 typedef int CUjit_option;
 typedef int CUjitInputType;
+/* the virtual memory management API (ZeRO-3's parameter region: gpu_vmm.c) */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef int CUmemAllocationGranularity_flags;
+typedef struct CUmemLocation_st {
+    int type; /* CUmemLocationType: CU_MEM_LOCATION_TYPE_DEVICE */
+    int id;   /* the device ordinal */
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+    int type;                 /* CUmemAllocationType: CU_MEM_ALLOCATION_TYPE_PINNED */
+    int requestedHandleTypes; /* CUmemAllocationHandleType: none (0) */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType, gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    int flags; /* CUmemAccess_flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+} CUmemAccessDesc;
 
 typedef int cublasStatus_t;
 typedef int cublasComputeType_t;
@@ -83,6 +105,12 @@ _Static_assert(sizeof(cublasLtMatmulHeuristicResult_t) == 96, "cublasLtMatmulHeu
 _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, workspaceSize) == 64, "workspaceSize's offset");
 _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's offset");
 
+/* The VMM structures the runtime fills (checked against cuda.h too). */
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp is 32 bytes");
+_Static_assert(offsetof(CUmemAllocationProp, location) == 8, "CUmemAllocationProp.location's offset");
+_Static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) == 16, "win32HandleMetaData's offset");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc is 12 bytes");
+
 /* The constants used, as (name, value). */
 #define RT_CUDA_CONSTANTS(X)                                                                                                     \
     X(CUDA_SUCCESS, 0)                                                                                                           \
@@ -102,6 +130,10 @@ _Static_assert(offsetof(cublasLtMatmulHeuristicResult_t, state) == 72, "state's 
     X(CU_STREAM_CAPTURE_MODE_RELAXED, 2)                                                                                         \
     X(CU_EVENT_DEFAULT, 0)                                                                                                       \
     X(CU_MEMHOSTALLOC_PORTABLE, 1)                                                                                               \
+    X(CU_MEM_ALLOCATION_TYPE_PINNED, 1)                                                                                          \
+    X(CU_MEM_LOCATION_TYPE_DEVICE, 1)                                                                                            \
+    X(CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 3)                                                                                     \
+    X(CU_MEM_ALLOC_GRANULARITY_MINIMUM, 0)                                                                                       \
     X(CUBLAS_STATUS_SUCCESS, 0)                                                                                                  \
     X(CUBLAS_COMPUTE_32F, 68)                                                                                                    \
     X(CUDA_R_32F, 0)                                                                                                             \
@@ -180,6 +212,17 @@ enum { RT_CUDA_CONSTANTS(RT_GPU_ENUM) };
     X(CUresult, cuEventDestroy, "cuEventDestroy_v2", (CUevent))                                                                  \
     X(CUresult, cuEventRecord, "cuEventRecord", (CUevent, CUstream))                                                             \
     X(CUresult, cuEventSynchronize, "cuEventSynchronize", (CUevent))                                                             \
+    X(CUresult, cuEventQuery, "cuEventQuery", (CUevent))                                                                         \
+    X(CUresult, cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity",                                                  \
+      (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                                                 \
+    X(CUresult, cuMemAddressReserve, "cuMemAddressReserve", (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))    \
+    X(CUresult, cuMemAddressFree, "cuMemAddressFree", (CUdeviceptr, size_t))                                                     \
+    X(CUresult, cuMemCreate, "cuMemCreate",                                                                                      \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))                                 \
+    X(CUresult, cuMemRelease, "cuMemRelease", (CUmemGenericAllocationHandle))                                                    \
+    X(CUresult, cuMemMap, "cuMemMap", (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))           \
+    X(CUresult, cuMemUnmap, "cuMemUnmap", (CUdeviceptr, size_t))                                                                 \
+    X(CUresult, cuMemSetAccess, "cuMemSetAccess", (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                        \
     X(CUresult, cuLaunchHostFunc, "cuLaunchHostFunc", (CUstream, CUhostFn, void *))                                              \
     X(CUresult, cuEventElapsedTime, "cuEventElapsedTime", (float *, CUevent, CUevent))                                           \
     X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                                                \
@@ -432,6 +475,9 @@ static inline CUdeviceptr rt_dptr(const void *p) { return (CUdeviceptr)(uintptr_
 CUresult rt_gpu_mem_alloc(RtGpu *g, CUdeviceptr *p, size_t bytes);
 void rt_gpu_mem_free(RtGpu *g, CUdeviceptr p);
 
+/* gpu_comm.c: g's calls queue on stream s until rt_gpu_comm_leave (as rt_gpu_comm_enter does with
+ * the communication stream; gpu_vmm.c's gathers) */
+void rt_gpu_comm_enter_stream(RtGpu *g, CUstream s);
 /* gpu_comm.c: the communication stream's work finished and the stream and its events freed;
  * rt_gpu_close calls it. */
 void rt_gpu_comm_close(RtGpu *g);

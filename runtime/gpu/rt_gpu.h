@@ -107,6 +107,34 @@ void rt_gpu_comm_leave(RtGpu *g);
 RtStatus rt_gpu_comm_join(RtGpu *g, RtError *err);
 RtStatus rt_gpu_act_rate(RtGpu *g, void *dev, int64_t bytes, double *to_host, double *back, RtError *err);
 
+/* ZeRO-3's parameter region on the device (gpu_vmm.c; docs/parallel.md, "ZeRO-3 on the GPU"): a
+ * reservation of `bytes` at fixed addresses (*base), in pages of the allocation granularity
+ * (*page bytes), each unmapped or mapped to a physical chunk of its own.
+ *   _map: pages [p0, p1) mapped and readable (those not mapped yet; a released one not yet
+ *     unmapped stays). A chunk comes from the ones unmapped before, after the releases done by now
+ *     (or, none done, after waiting for the oldest); else a new one is created.
+ *   _release: the pages to be unmapped once the launches queued so far on the compute stream are
+ *     done (an event; never under running work); _reclaim unmaps those whose event is done (wait:
+ *     all, waiting); _unmap_now waits for the GPU, then unmaps the pages.
+ *   _begin: the region's gather stream waits for the compute stream, and g's calls queue on it
+ *     until _end, which records gather `slot`'s event (slot 0 or 1: one in use, one prefetched);
+ *     _wait makes the compute stream wait for that event.
+ *   _mapped, _high (since _reset_high), _chunks: pages mapped now, at most, chunks created. */
+typedef struct RtGpuRegion RtGpuRegion;
+RtStatus rt_gpu_region_open(RtGpu *g, int64_t bytes, RtGpuRegion **out, void **base, int64_t *page, RtError *err);
+RtStatus rt_gpu_region_map(RtGpuRegion *r, int64_t p0, int64_t p1, RtError *err);
+RtStatus rt_gpu_region_release(RtGpuRegion *r, const int64_t *pages, int64_t n, RtError *err);
+RtStatus rt_gpu_region_reclaim(RtGpuRegion *r, int wait, RtError *err);
+RtStatus rt_gpu_region_unmap_now(RtGpuRegion *r, const int64_t *pages, int64_t n, RtError *err);
+RtStatus rt_gpu_region_begin(RtGpuRegion *r, RtError *err);
+RtStatus rt_gpu_region_end(RtGpuRegion *r, int slot, RtError *err);
+RtStatus rt_gpu_region_wait(RtGpuRegion *r, int slot, RtError *err);
+int64_t rt_gpu_region_mapped(const RtGpuRegion *r);
+int64_t rt_gpu_region_high(const RtGpuRegion *r);
+void rt_gpu_region_reset_high(RtGpuRegion *r);
+int64_t rt_gpu_region_chunks(const RtGpuRegion *r);
+void rt_gpu_region_close(RtGpuRegion *r);
+
 /* The high-water mark of the runtime's device allocations in bytes (regions, arena, scratch,
  * cuBLASLt's workspace, graphs' buffers; not the context's own or cuBLASLt's internal memory). */
 int64_t rt_gpu_peak_bytes(const RtGpu *g);
@@ -123,6 +151,10 @@ int64_t rt_gpu_peak_bytes(const RtGpu *g);
  * MBT_TRACE times each launch. The results are the same bit for bit: the same kernels in the same
  * order on the same addresses. */
 RtStatus rt_gpu_call(RtGpu *g, int fn, RtStatus (*f)(RtStep *), RtStep *s);
+/* f(s) run eagerly where a graph cannot stand for it (a call whose hooks run host code between its
+ * launches: the buckets' rt_grad_ready, ZeRO-3's rt_param_need / _done), counted among the calls
+ * run uncaptured when graphs are on. */
+RtStatus rt_gpu_call_eager(RtGpu *g, RtStatus (*f)(RtStep *), RtStep *s);
 /* "CUDA graphs: N captured, M launches, K calls run eagerly" or why they are off; into buf. */
 const char *rt_gpu_graph_report(const RtGpu *g, char *buf, size_t cap);
 

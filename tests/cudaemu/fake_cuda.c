@@ -23,11 +23,15 @@
  *
  * Build: the Makefile makes build/tests/libmbt_fake_cuda.so (this file and fake_cublaslt.c) for test_rt_gpu. */
 #include <cblas.h>
+#include <fcntl.h>
 #include <dlfcn.h>
 #include <malloc.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "fake_cuda_internal.h"
 
@@ -237,6 +241,214 @@ CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) {
 
 CUresult cuMemFreeHost(void *p) {
     free(p);
+    return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...) -------------
+ * ZeRO-3's parameter region (runtime/gpu/gpu_vmm.c) reserves addresses and maps physical chunks
+ * into them. Here a reservation is an anonymous PROT_NONE mapping; a chunk is a piece of one
+ * memfd (its bytes 0xff when created: NaN, as cuMemAlloc's under the emulator); cuMemMap puts the
+ * chunk's piece of the file at the address (MAP_FIXED, shared) and cuMemSetAccess makes it
+ * readable and writable; cuMemUnmap makes the pages PROT_NONE again. So a kernel or a copy that
+ * touches a page no chunk is mapped at faults, and the fault handler installed with the first
+ * reservation says so and ends the process (status 3): that is how tests/gpu/run.sh sees a
+ * schedule that releases a gather before its last use. The granularity is 4096 bytes, or
+ * MBT_FAKE_CUDA_GRANULARITY (a multiple of the page size; a real GPU's is 2 MiB), so that a tiny
+ * model shows what ZeRO-3 saves. */
+#define FAKE_MAX_RESERVED 16
+#define FAKE_MAX_MAPS 65536
+static struct {
+    int fd;       /* the chunks' memfd (-1 before the first) */
+    size_t bytes; /* its size: every chunk created, freed ones included */
+    struct FakeChunk {
+        size_t off, size;
+        int live, maps; /* live: not released; maps: how many mappings use it */
+    } *chunks;
+    long long nchunks, cap;
+    struct {
+        uintptr_t base;
+        size_t size;
+    } res[FAKE_MAX_RESERVED];
+    struct {
+        uintptr_t addr;
+        size_t size;
+        long long chunk; /* -1: free slot */
+    } *maps;
+    long long nmaps;
+    int handler;
+    size_t physical; /* bytes of live chunks */
+} fake_vmm = {.fd = -1};
+
+static size_t fake_granularity(void) {
+    const char *g = getenv("MBT_FAKE_CUDA_GRANULARITY");
+    size_t v = g && *g ? (size_t)strtoull(g, NULL, 10) : 4096;
+    long ps = sysconf(_SC_PAGESIZE);
+    return v > 0 && ps > 0 && v % (size_t)ps == 0 ? v : (size_t)4096;
+}
+
+static void fake_segv(int sig, siginfo_t *si, void *uctx) {
+    (void)uctx;
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < FAKE_MAX_RESERVED; i++)
+        if (fake_vmm.res[i].size && a >= fake_vmm.res[i].base && a < fake_vmm.res[i].base + fake_vmm.res[i].size) {
+            char msg[200];
+            int n = snprintf(msg, sizeof msg,
+                             "fake_cuda: device address 0x%llx (byte %llu of a cuMemAddressReserve range) was touched where no "
+                             "chunk is mapped\n",
+                             (unsigned long long)a, (unsigned long long)(a - fake_vmm.res[i].base));
+            if (n > 0 && write(2, msg, (size_t)n) < 0) _exit(3);
+            _exit(3);
+        }
+    signal(sig, SIG_DFL); /* anything else: the ordinary crash */
+    raise(sig);
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags flags) {
+    if (!g || !prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        flags != CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        return FAKE_INVALID_VALUE;
+    *g = fake_granularity();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
+    size_t g = fake_granularity();
+    if (!p || size == 0 || size % g || addr || flags || (align && align % g)) return FAKE_INVALID_VALUE;
+    int slot = 0;
+    while (slot < FAKE_MAX_RESERVED && fake_vmm.res[slot].size) slot++;
+    if (slot == FAKE_MAX_RESERVED) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!fake_vmm.handler) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = fake_segv;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &sa, NULL);
+        sigaction(SIGBUS, &sa, NULL);
+        fake_vmm.handler = 1;
+    }
+    fake_vmm.res[slot].base = (uintptr_t)m, fake_vmm.res[slot].size = size;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    for (int i = 0; i < FAKE_MAX_RESERVED; i++)
+        if (fake_vmm.res[i].base == (uintptr_t)p && fake_vmm.res[i].size == size) {
+            for (long long k = 0; k < fake_vmm.nmaps; k++) /* CUDA: every mapping in it must be gone */
+                if (fake_vmm.maps[k].chunk >= 0 && fake_vmm.maps[k].addr >= (uintptr_t)p &&
+                    fake_vmm.maps[k].addr < (uintptr_t)p + size)
+                    return FAKE_INVALID_VALUE;
+            munmap((void *)(uintptr_t)p, size);
+            fake_vmm.res[i].size = 0, fake_vmm.res[i].base = 0;
+            return CUDA_SUCCESS;
+        }
+    return FAKE_INVALID_VALUE;
+}
+
+static void fake_chunk_free(long long h) {
+    struct FakeChunk *c = &fake_vmm.chunks[h];
+    /* the file's pages go back to the system; the piece is not reused (a run makes few) */
+    fallocate(fake_vmm.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)c->off, (off_t)c->size);
+    fake_vmm.physical -= c->size, fake_live_bytes -= c->size;
+    c->size = 0;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) {
+    if (!h || !prop || flags || size == 0 || size % fake_granularity() || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return FAKE_INVALID_VALUE;
+    if (fake.oom_above && size > fake.oom_above) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (fake_vmm.fd < 0 && (fake_vmm.fd = memfd_create("fake_cuda_chunks", MFD_CLOEXEC)) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (fake_vmm.nchunks == fake_vmm.cap) {
+        long long c = fake_vmm.cap ? 2 * fake_vmm.cap : 256;
+        struct FakeChunk *n = realloc(fake_vmm.chunks, (size_t)c * sizeof *n);
+        if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+        fake_vmm.chunks = n, fake_vmm.cap = c;
+    }
+    size_t off = fake_vmm.bytes;
+    if (ftruncate(fake_vmm.fd, (off_t)(off + size))) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fake_vmm.fd, (off_t)off);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(m, 0xff, size); /* NaN: what nothing wrote shows */
+    munmap(m, size);
+    fake_vmm.bytes += size, fake_vmm.physical += size, fake_live_bytes += size;
+    fake_vmm.chunks[fake_vmm.nchunks] = (struct FakeChunk){off, size, 1, 0};
+    *h = (CUmemGenericAllocationHandle)(++fake_vmm.nchunks); /* 1-based: 0 is no handle */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    if (h == 0 || (long long)h > fake_vmm.nchunks || !fake_vmm.chunks[h - 1].live) return FAKE_INVALID_VALUE;
+    fake_vmm.chunks[h - 1].live = 0;
+    if (fake_vmm.chunks[h - 1].maps == 0) fake_chunk_free((long long)h - 1); /* else when its last mapping goes, as CUDA's */
+    return CUDA_SUCCESS;
+}
+
+static int fake_reserved(uintptr_t a, size_t size) {
+    for (int i = 0; i < FAKE_MAX_RESERVED; i++)
+        if (fake_vmm.res[i].size && a >= fake_vmm.res[i].base && a + size <= fake_vmm.res[i].base + fake_vmm.res[i].size)
+            return 1;
+    return 0;
+}
+
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long flags) {
+    size_t g = fake_granularity();
+    if (flags || h == 0 || (long long)h > fake_vmm.nchunks || !fake_vmm.chunks[h - 1].live || size % g || off % g ||
+        (uintptr_t)p % g || off + size > fake_vmm.chunks[h - 1].size || !fake_reserved((uintptr_t)p, size))
+        return FAKE_INVALID_VALUE;
+    for (long long k = 0; k < fake_vmm.nmaps; k++) /* CUDA refuses a range already mapped */
+        if (fake_vmm.maps[k].chunk >= 0 && fake_vmm.maps[k].addr < (uintptr_t)p + size &&
+            (uintptr_t)p < fake_vmm.maps[k].addr + fake_vmm.maps[k].size)
+            return FAKE_INVALID_VALUE;
+    long long slot = 0;
+    while (slot < fake_vmm.nmaps && fake_vmm.maps[slot].chunk >= 0) slot++;
+    if (slot == fake_vmm.nmaps) {
+        if (!fake_vmm.maps && !(fake_vmm.maps = calloc(FAKE_MAX_MAPS, sizeof *fake_vmm.maps))) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (fake_vmm.nmaps == FAKE_MAX_MAPS) return FAKE_OUT_OF_RESOURCES;
+        fake_vmm.nmaps++;
+    }
+    /* PROT_NONE until cuMemSetAccess, as CUDA's mapping is inaccessible until then */
+    void *m = mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fake_vmm.fd,
+                   (off_t)(fake_vmm.chunks[h - 1].off + off));
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    fake_vmm.maps[slot].addr = (uintptr_t)p, fake_vmm.maps[slot].size = size, fake_vmm.maps[slot].chunk = (long long)h - 1;
+    fake_vmm.chunks[h - 1].maps++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    if (!desc || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        return FAKE_INVALID_VALUE;
+    /* every page of the range must be mapped (CUDA refuses otherwise) */
+    size_t covered = 0;
+    for (long long k = 0; k < fake_vmm.nmaps; k++)
+        if (fake_vmm.maps[k].chunk >= 0 && fake_vmm.maps[k].addr >= (uintptr_t)p &&
+            fake_vmm.maps[k].addr + fake_vmm.maps[k].size <= (uintptr_t)p + size)
+            covered += fake_vmm.maps[k].size;
+    if (covered != size) return FAKE_INVALID_VALUE;
+    return mprotect((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE) ? FAKE_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    size_t covered = 0;
+    for (long long k = 0; k < fake_vmm.nmaps; k++)
+        if (fake_vmm.maps[k].chunk >= 0 && fake_vmm.maps[k].addr >= (uintptr_t)p &&
+            fake_vmm.maps[k].addr + fake_vmm.maps[k].size <= (uintptr_t)p + size)
+            covered += fake_vmm.maps[k].size;
+    if (size == 0 || covered != size) return FAKE_INVALID_VALUE; /* CUDA unmaps whole mappings alone */
+    /* back to an inaccessible reservation */
+    if (mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED)
+        return FAKE_INVALID_VALUE;
+    for (long long k = 0; k < fake_vmm.nmaps; k++)
+        if (fake_vmm.maps[k].chunk >= 0 && fake_vmm.maps[k].addr >= (uintptr_t)p &&
+            fake_vmm.maps[k].addr + fake_vmm.maps[k].size <= (uintptr_t)p + size) {
+            struct FakeChunk *c = &fake_vmm.chunks[fake_vmm.maps[k].chunk];
+            if (--c->maps == 0 && !c->live && c->size) fake_chunk_free(fake_vmm.maps[k].chunk);
+            fake_vmm.maps[k].chunk = -1;
+        }
     return CUDA_SUCCESS;
 }
 
@@ -662,6 +874,14 @@ CUresult cuEventSynchronize(CUevent e) {
     if (!ev->recorded) return FAKE_INVALID_VALUE;
     if (ev->q) fake_queue_run(ev->q, ev->seq);
     return CUDA_SUCCESS;
+}
+
+/* an event on the compute stream has run (every call there ran when made); on a queue, once the
+ * queue ran up to it */
+CUresult cuEventQuery(CUevent e) {
+    FakeEvent *ev = (FakeEvent *)(void *)e;
+    if (!ev->recorded) return CUDA_SUCCESS;
+    return !ev->q || ev->q->done >= ev->seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {

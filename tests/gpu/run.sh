@@ -83,6 +83,12 @@
 #                          rank's NCCL failing, 4 ranks, ZeRO-1
 #   gpu/zero2-shard, -staged  tests/exec/zero2.mbt's 2 x 3 (NCCL) and 4 x 3 (staged): ZeRO-2's partial
 #                          sums by shard on the device, one process's logs and weights, 3 steps
+#   gpu/zero3, -4, -deep, -dump, -moe, -resume, -control, -wait-control (tests/exec/zero3.mbt and
+#                          dp_moe.mbt): ZeRO-3 on the device,
+#                          2 ranks over NCCL and 4 staged against one process without ZeRO, byte for
+#                          byte (logs, an evaluation, a checkpoint, weights), a resume from 2 ranks to
+#                          4, each rank's mapped parameter pages within the plan's bound; a schedule
+#                          that releases too early, and a wait left out, on the emulated GPU
 #   gpu/zero1, gpu/zero2   z1 as 2 ranks (NCCL), z2 as 4 (staged): ZeRO-1 and -2 on the device, 3
 #                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
 #                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
@@ -743,6 +749,231 @@ else
         fail $name "the contiguous path at 2 x 3 saved one process's bytes: the comparison above cannot tell the trees apart" "$d/z0n2a3.0.out"
     else
         pass "$name (2 ranks x 3, the contiguous path: other weights than one process's)"
+    fi
+fi
+
+# ---- ZeRO-3 on the device: the parameters sharded, gathered around their uses ----------------------
+# tests/exec/zero3.mbt (dp.mbt's model, an evaluation, checkpoints) built by sed as one process
+# without ZeRO (r1), 2 ranks (r2, as written) and 4 (r4), zero = 3 (docs/parallel.md, "ZeRO-3 on
+# the GPU"). Each rank's device holds its shard of the parameters in a reserved region; the rest is
+# mapped and gathered around the step's uses on a stream the launches wait for, and unmapped after
+# (the emulated driver's pages are 4 KiB, and touching one no chunk is mapped at ends the run).
+#   gpu/zero3          2 ranks over NCCL, 4 steps with an evaluation at the last and a checkpoint
+#                      every 2: r1's log records and weights byte for byte, and step 2's checkpoint
+#                      files r1's
+#   gpu/zero3-4        4 ranks staged through the host (MBT_NCCL=0): r1's logs and weights; each
+#                      rank's measured high-water of mapped parameter pages within the bound the run
+#                      prints (its shard + the plan's window, which `info` claims, + 2 pages a
+#                      gather) and below the whole region
+#   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 2 steps)
+#   gpu/zero3-dump     2 ranks' --dump-step file (the whole region gathered) one process's
+#   gpu/zero3-moe      tests/exec/dp_moe.mbt with zero = 3 (forward_stats gathers too), 2 ranks over
+#                      NCCL: moe1's logs and weights, 3 steps
+#   gpu/zero3-resume   4 ranks (staged) resume gpu/zero3's step-2 checkpoint to r1's step-4 weights
+#   gpu/zero3-offload-host  r2 with offload { optimizer = host } (each rank's CPU updating its shard)
+#   gpu/zero3-control  (emulated GPU) a broken schedule, each gather released before the launches
+#                      that read it (MBT_TEST_ZERO3_RELEASE_EARLY=1): the run stops at the first read
+#                      of an unmapped page; gpu/zero3-wait-control: one wait of the compute stream
+#                      for a gather left out (MBT_FAKE_CUDA_DROP_WAIT=3): not r1's weights;
+#                      gpu/zero3-fail: rank 1's NCCL failing in a gather stops both ranks, saying why
+d="$DIR/zero3"
+mkdir -p "$d/r1" "$d/r2" "$d/r4"
+sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' tests/exec/zero3.mbt >"$d/r1.mbt"
+cp tests/exec/zero3.mbt "$d/r2.mbt"
+sed 's/data[[:space:]]=[[:space:]]2/data=4/' tests/exec/zero3.mbt >"$d/r4.mbt"
+ngpus=0
+[ "$DEVICE" = emu ] || ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+z3_built=1
+for t in r1 r2 r4; do
+    if ! build "$d/$t" "$d/$t.mbt" -I examples; then
+        fail gpu/zero3 "mbtc $t.mbt (tests/exec/zero3.mbt) -o or --emit=cuda failed" "$OUT"
+        z3_built=0
+    elif [ "$DEVICE" = emu ] && ! { [ -f "$d/$t/prog.cu.so" ] || tests/cudaemu/build.sh "$d/$t/prog.cu" "$d/$t/prog.cu.so" >"$OUT" 2>&1; }; then
+        fail gpu/zero3 "tests/cudaemu/build.sh failed for $t" "$OUT"
+        z3_built=0
+    fi
+done
+# z3_ranks N NCCL TAG PROG ARGS...: PROG train ARGS as N ranks (tcp) with MBT_NCCL=NCCL on the
+# device; output in $d/TAG.R.out; z3rc 1 when a rank failed. Extra environment from the caller's.
+z3_ranks() {
+    local n=$1 nccl=$2 tag=$3 prog=$4 port=$((30000 + ($$ + RANDOM) % 20000)) pids=() r p
+    shift 4
+    for ((r = 0; r < n; r++)); do
+        RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=$nccl \
+            on_device_cmd "$prog.cu" "$prog" "$d/$tag.$r.out" train --data "$DATA" "$@" &
+        pids+=($!)
+    done
+    z3rc=0
+    for p in "${pids[@]}"; do wait "$p" || z3rc=1; done
+}
+# the log's step and evaluation records without their timings (a checkpoint's record times its write)
+z3log() { untimed "$1" | grep -v '"checkpoint"'; }
+if [ $z3_built = 1 ]; then
+    on_device_cmd "$d/r1/prog.cu" "$d/r1/prog" "$d/r1.out" train --data "$DATA" --steps 4 --ckpt-every 2 --ckpt-dir "$d/ck1" \
+        --log "$d/r1.jsonl" --save-weights "$d/r1.st"
+    rc1=$?
+    if [ $rc1 != 0 ]; then
+        fail gpu/zero3 "one process without ZeRO failed (status $rc1)" "$d/r1.out"
+    elif [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+        skip gpu/zero3 "NCCL needs a GPU a rank and this machine has $ngpus"
+    else
+        rm -rf "$d/ck2"
+        z3_ranks 2 1 z2 "$d/r2/prog" --steps 4 --ckpt-every 2 --ckpt-dir "$d/ck2" --log "$d/z2.jsonl" --save-weights "$d/z2.st"
+        if [ $z3rc != 0 ]; then
+            fail gpu/zero3 "2 ranks with ZeRO-3 failed" "$d/z2.0.out" "$d/z2.1.out"
+        elif ! grep -q "^ZeRO-3: this rank holds elements \[0, 65536) .*on the GPU: .*gathered by NCCL" "$d/z2.0.out"; then
+            fail gpu/zero3 "rank 0 does not say it gathers its parameters by NCCL on the GPU" "$d/z2.0.out"
+        elif ! cmp -s "$d/r1.st" "$d/z2.st" || [ "$(z3log "$d/r1.jsonl")" != "$(z3log "$d/z2.jsonl")" ]; then
+            fail gpu/zero3 "2 ranks with ZeRO-3 did not log and save what one process did" "$d/r1.jsonl" "$d/z2.jsonl"
+        elif ! cmp -s "$d/ck1/step-00000002/model.safetensors" "$d/ck2/step-00000002/model.safetensors" ||
+            ! cmp -s "$d/ck1/step-00000002/optimizer.safetensors" "$d/ck2/step-00000002/optimizer.safetensors"; then
+            fail gpu/zero3 "the 2 ranks' step-2 checkpoint is not one process's" "$d/z2.0.out"
+        else
+            pass "gpu/zero3 (2 ranks over NCCL: the logs, an evaluation, a checkpoint and the weights of one process, byte for byte, 4 steps)"
+        fi
+    fi
+    # z3_memory PROG OUT N: the N ranks' measured high-water marks of mapped parameter pages (rank
+    # 0's lines in OUT) each within the bound the run prints with the window `PROG info` claims, and
+    # below the whole region; prints the marks
+    z3_memory() {
+        local claim win region
+        claim=$("$1" info | sed -n "s/^plan: ZeRO-3: .* gathers at most \([0-9]*\) bytes more at once.*region's \([0-9]*\) bytes$/\1 \2/p")
+        read -r win region <<<"$claim"
+        if [ -z "$win" ] || [ "$(grep -c "^ZeRO-3: rank [0-9]*: high-water [0-9]* bytes .* window $win + pages [0-9]*): within$" "$2")" != "$3" ]; then
+            echo "a rank's mapped parameter pages are not within its shard + the plan's window (${win:-no claim} bytes) + the pages' slack"
+            return 1
+        fi
+        if awk -v r="$region" '/^ZeRO-3: rank [0-9]*: high-water/ { if ($5 + 0 >= r + 0) bad = 1 } END { exit !bad }' "$2"; then
+            echo "a rank mapped the whole parameter region ($region bytes)"
+            return 1
+        fi
+        echo "mapped $(sed -n 's/^ZeRO-3: rank [0-9]*: high-water \([0-9]*\) bytes.*/\1/p' "$2" | paste -sd/ -) of the region's $region bytes, each within its bound"
+    }
+    z3_ranks 4 0 z4 "$d/r4/prog" --steps 4 --log "$d/z4.jsonl" --save-weights "$d/z4.st"
+    if [ $z3rc != 0 ]; then
+        fail gpu/zero3-4 "4 ranks with ZeRO-3 (staged) failed" "$d/z4.0.out" "$d/z4.1.out" "$d/z4.2.out" "$d/z4.3.out"
+    elif ! cmp -s "$d/r1.st" "$d/z4.st" || [ "$(z3log "$d/r1.jsonl")" != "$(z3log "$d/z4.jsonl")" ]; then
+        fail gpu/zero3-4 "4 ranks with ZeRO-3 did not log and save what one process did" "$d/r1.jsonl" "$d/z4.jsonl"
+    elif ! z3_memory "$d/r4/prog" "$d/z4.0.out" 4 >"$OUT"; then
+        fail gpu/zero3-4 "$(cat "$OUT")" "$d/z4.0.out"
+    else
+        pass "gpu/zero3-4 (4 ranks staged: one process's logs and weights, byte for byte; $(cat "$OUT"))"
+    fi
+    # the same memory check on a deeper model (d = 128, 8 layers, 1.6 M parameters), 2 steps
+    mkdir -p "$d/deep"
+    sed 's/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/d=128,layers=8/' "$d/r4.mbt" >"$d/deep.mbt"
+    if ! build "$d/deep" "$d/deep.mbt" -I examples; then
+        fail gpu/zero3-deep "mbtc deep.mbt -o or --emit=cuda failed" "$OUT"
+    else
+        z3_ranks 4 0 deep "$d/deep/prog" --steps 2
+        if [ $z3rc != 0 ]; then
+            fail gpu/zero3-deep "4 ranks of the deeper model failed" "$d/deep.0.out"
+        elif ! z3_memory "$d/deep/prog" "$d/deep.0.out" 4 >"$OUT"; then
+            fail gpu/zero3-deep "$(cat "$OUT")" "$d/deep.0.out"
+        else
+            pass "gpu/zero3-deep (4 ranks, d = 128, 8 layers: $(cat "$OUT"))"
+        fi
+    fi
+    # --dump-step: 2 ranks (staged) write the file one process writes (the whole region gathered)
+    on_device_cmd "$d/r1/prog.cu" "$d/r1/prog" "$d/r1d.out" train --data "$DATA" --steps 1 --dump-step "$d/r1.dump"
+    rc1=$?
+    z3_ranks 2 0 dump "$d/r2/prog" --steps 1 --dump-step "$d/z2.dump"
+    if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
+        fail gpu/zero3-dump "a --dump-step run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/r1d.out" "$d/dump.0.out"
+    elif ! cmp -s "$d/r1.dump" "$d/z2.dump"; then
+        fail gpu/zero3-dump "2 ranks with ZeRO-3 dumped another step 1 than one process" "$d/dump.0.out"
+    else
+        pass "gpu/zero3-dump (2 ranks staged: --dump-step's file byte for byte one process's)"
+    fi
+    # the MoE example (tests/exec/dp_moe.mbt): its router statistics come from forward_stats, which
+    # gathers by a schedule of its own; 2 ranks over NCCL, 3 steps, moe1's logs and weights
+    mkdir -p "$d/moe1" "$d/moe2"
+    sed 's/data[[:space:]]=[[:space:]]2[[:space:]]}/data=2,zero=3}/' tests/exec/dp_moe.mbt >"$d/moe3.mbt"
+    if ! build "$d/moe1" "$d/moe3.mbt" --train moe1 -I examples || ! build "$d/moe2" "$d/moe3.mbt" --train moe2 -I examples; then
+        fail gpu/zero3-moe "mbtc dp_moe.mbt -o or --emit=cuda failed" "$OUT"
+    elif [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+        skip gpu/zero3-moe "NCCL needs a GPU a rank and this machine has $ngpus"
+    elif [ "$DEVICE" = emu ] && ! { [ -f "$d/moe2/prog.cu.so" ] || tests/cudaemu/build.sh "$d/moe2/prog.cu" "$d/moe2/prog.cu.so" >"$OUT" 2>&1; }; then
+        fail gpu/zero3-moe "tests/cudaemu/build.sh failed" "$OUT"
+    else
+        on_device_cmd "$d/moe1/prog.cu" "$d/moe1/prog" "$d/moe1.out" train --data "$DATA" --steps 3 --log "$d/moe1.jsonl" \
+            --save-weights "$d/moe1.st"
+        rc1=$?
+        z3_ranks 2 1 moe "$d/moe2/prog" --steps 3 --log "$d/moe2.jsonl" --save-weights "$d/moe2.st"
+        if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
+            fail gpu/zero3-moe "a run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/moe1.out" "$d/moe.0.out"
+        elif ! cmp -s "$d/moe1.st" "$d/moe2.st" || [ "$(z3log "$d/moe1.jsonl")" != "$(z3log "$d/moe2.jsonl")" ]; then
+            fail gpu/zero3-moe "2 ranks with ZeRO-3 did not log and save what one process did" "$d/moe1.jsonl" "$d/moe2.jsonl"
+        else
+            pass "gpu/zero3-moe (2 ranks over NCCL, forward_stats gathering too: one process's logs and weights, byte for byte, 3 steps)"
+        fi
+    fi
+    if [ ! -d "$d/ck2/step-00000002" ]; then
+        skip gpu/zero3-resume "gpu/zero3 wrote no checkpoint to resume"
+    else
+        z3_ranks 4 0 res "$d/r4/prog" --steps 4 --resume "$d/ck2/step-00000002" --ckpt-dir "$d/ck4" --save-weights "$d/res.st"
+        if [ $z3rc != 0 ] || ! grep -q "^resumed from '.*step-00000002': step 2 done" "$d/res.0.out"; then
+            fail gpu/zero3-resume "4 ranks did not resume the 2 ranks' checkpoint" "$d/res.0.out"
+        elif ! cmp -s "$d/r1.st" "$d/res.st"; then
+            fail gpu/zero3-resume "the resumed run's step-4 weights are not one process's" "$d/res.0.out"
+        else
+            pass "gpu/zero3-resume (2 ranks' step-2 checkpoint resumed by 4 with ZeRO-3: one process's step-4 weights)"
+        fi
+    fi
+    # offload { optimizer = host }: each rank's CPU updates its shard of the parameters (the host's
+    # copy, uploaded to its device shard); 2 ranks staged, r1's weights (within 1e-5 on a GPU, whose
+    # update kernels fuse multiply-adds the host's loop does not; byte for byte on the emulated one)
+    mkdir -p "$d/oh"
+    sed 's/^\(  parallel  { data = 2, zero = 3 }\)$/\1\n  offload   { optimizer = host }/' tests/exec/zero3.mbt >"$d/oh.mbt"
+    if ! build "$d/oh" "$d/oh.mbt" -I examples; then
+        fail gpu/zero3-offload-host "mbtc oh.mbt -o or --emit=cuda failed" "$OUT"
+    else
+        z3_ranks 2 0 oh "$d/oh/prog" --steps 4 --save-weights "$d/oh.st"
+        if [ $z3rc != 0 ]; then
+            fail gpu/zero3-offload-host "2 ranks with the optimizer on the host failed" "$d/oh.0.out" "$d/oh.1.out"
+        elif ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/oh.0.out"; then
+            fail gpu/zero3-offload-host "rank 0 does not say the CPU updates the state in host memory" "$d/oh.0.out"
+        elif [ "$DEVICE" = emu ] && ! cmp -s "$d/r1.st" "$d/oh.st"; then
+            fail gpu/zero3-offload-host "the weights are not one process's" "$d/oh.0.out"
+        elif ! "$BUILD/tests/st_compare" "$d/r1.st" "$d/oh.st" "" 1e-5 norm >"$OUT" 2>&1; then
+            fail gpu/zero3-offload-host "the weights differ from one process's by more than 1e-5" "$OUT"
+        else
+            pass "gpu/zero3-offload-host (2 ranks staged, each CPU updating its shard: one process's weights$([ "$DEVICE" = emu ] && echo ", byte for byte" || echo " within 1e-5"))"
+        fi
+    fi
+    if [ "$DEVICE" != emu ]; then
+        skip gpu/zero3-control "the emulated GPU's controls (a real GPU faults differently)"
+    else
+        MBT_TEST_ZERO3_RELEASE_EARLY=1 z3_ranks 2 0 early "$d/r2/prog" --steps 1 --save-weights "$d/early.st"
+        if [ $z3rc = 0 ]; then
+            fail gpu/zero3-control "with each gather released before its launches, the ranks still exited 0" "$d/early.0.out"
+        elif ! grep -q "^fake_cuda: device address .* of a cuMemAddressReserve range) was touched where no chunk is mapped" "$d/early.0.out" "$d/early.1.out"; then
+            fail gpu/zero3-control "the ranks stopped, but not at a read of an unmapped page" "$d/early.0.out" "$d/early.1.out"
+        else
+            pass "gpu/zero3-control (a gather released before its launches: the first read of an unmapped page stops the run)"
+        fi
+        # a rank's NCCL failing in a gather (the emulated NCCL's MBT_FAKE_NCCL_FAIL=1): both ranks stop
+        # with status 1 and say why, neither at a read of an unmapped page
+        MBT_FAKE_NCCL_FAIL=1 z3_ranks 2 1 nfail "$d/r2/prog" --steps 2
+        if [ $z3rc = 0 ]; then
+            fail gpu/zero3-fail "the ranks exited 0 with rank 1's NCCL failing" "$d/nfail.0.out" "$d/nfail.1.out"
+        elif grep -q "^fake_cuda: device address" "$d/nfail.0.out" "$d/nfail.1.out" ||
+            ! grep -q "ZeRO-3: gathering parameters \[[0-9]*, [0-9]*) on the GPU: ncclGroupEnd (collectives: gather_shards over NCCL): NCCL error" "$d/nfail.1.out" ||
+            ! grep -q "^prog: step 1, micro-batch 1: .*NCCL" "$d/nfail.0.out"; then
+            fail gpu/zero3-fail "the ranks do not say why they stopped" "$d/nfail.0.out" "$d/nfail.1.out"
+        else
+            pass "gpu/zero3-fail (rank 1's NCCL failing in a gather: both ranks stop and say why)"
+        fi
+        rm -f "$d/drop.st"
+        MBT_FAKE_CUDA_DROP_WAIT=3 z3_ranks 2 0 drop "$d/r2/prog" --steps 4 --save-weights "$d/drop.st"
+        # the gather's pages read before its data landed: NaN (a new chunk's bytes) or another gather's
+        if [ $z3rc = 0 ] && ! cmp -s "$d/r1.st" "$d/drop.st"; then
+            pass "gpu/zero3-wait-control (a wait for a gather left out: other weights)"
+        elif [ $z3rc != 0 ] && grep -q "the loss is nan; stopping" "$d/drop.0.out" "$d/drop.1.out"; then
+            pass "gpu/zero3-wait-control (a wait for a gather left out: $(grep -h -o "step [0-9]*, micro-batch [0-9]*: the loss is nan; stopping" "$d/drop.0.out" "$d/drop.1.out" | head -n 1))"
+        else
+            fail gpu/zero3-wait-control "with a wait for a gather left out, 2 ranks saved one process's weights or failed otherwise" "$d/drop.0.out" "$d/drop.1.out"
+        fi
     fi
 fi
 

@@ -845,6 +845,54 @@ static void fake_gemm_plans(void) {
  * runtime's calls queue on it, after the fork's event; the emulated driver runs that work only
  * when the compute stream waits for it (the join), so a read of the compute stream before the join
  * still sees the old bytes, and after it the new ones. */
+/* ZeRO-3's region (gpu_vmm.c) on the emulated driver's pages (4 KiB): mapped pages hold what is
+ * written, a release unmaps only at reclaim (the compute stream's event done), an unmapped page's
+ * chunk is the next map's (no new chunk), the device bytes counted in the peak and given back. */
+static void fake_region(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = open_fake(&program);
+    if (!g) return;
+    RtError e;
+    rt_error_clear(&e);
+    RtGpuRegion *r = NULL;
+    void *base = NULL;
+    int64_t page = 0, peak0 = rt_gpu_peak_bytes(g);
+    CHECK(rt_gpu_region_open(g, 10 * 4096 - 100, &r, &base, &page, &e) == RT_OK && r && base, "open: %s", e.msg);
+    if (!r) {
+        rt_gpu_close(g);
+        return;
+    }
+    CHECK(page == 4096, "the emulated granularity is %lld bytes", (long long)page);
+    CHECK(rt_gpu_region_map(r, 0, 4, &e) == RT_OK, "map: %s", e.msg);
+    CHECK(rt_gpu_region_mapped(r) == 4 && rt_gpu_region_chunks(r) == 4, "%lld mapped, %lld chunks after mapping 4",
+          (long long)rt_gpu_region_mapped(r), (long long)rt_gpu_region_chunks(r));
+    float *f = base, v[4096];
+    for (int i = 0; i < 4096; i++) v[i] = (float)i;
+    CHECK(rt_gpu_upload(g, f + 1024, v, 3072 * 4, &e) == RT_OK && rt_gpu_sync(g, "t", &e) == RT_OK, "upload: %s", e.msg);
+    CHECK(f[1024] == 0.0f && f[4095] == 3071.0f, "pages 1-3 do not hold what was uploaded");
+    CHECK(rt_gpu_region_map(r, 2, 5, &e) == RT_OK && rt_gpu_region_mapped(r) == 5 && rt_gpu_region_chunks(r) == 5,
+          "mapping [2, 5) over [0, 4): %lld mapped (%s)", (long long)rt_gpu_region_mapped(r), e.msg);
+    CHECK(f[4095] == 3071.0f, "mapping a mapped page again changed it");
+    int64_t rel[2] = {1, 2};
+    CHECK(rt_gpu_region_release(r, rel, 2, &e) == RT_OK, "release: %s", e.msg);
+    CHECK(rt_gpu_region_mapped(r) == 5, "a release unmapped at once (%lld mapped)", (long long)rt_gpu_region_mapped(r));
+    CHECK(rt_gpu_region_high(r) == 5, "high-water %lld pages", (long long)rt_gpu_region_high(r));
+    CHECK(rt_gpu_region_map(r, 2, 3, &e) == RT_OK, "map again: %s", e.msg); /* page 2 held again: it stays */
+    CHECK(rt_gpu_region_reclaim(r, 0, &e) == RT_OK && rt_gpu_region_mapped(r) == 4, "reclaim: %lld mapped (%s)",
+          (long long)rt_gpu_region_mapped(r), e.msg);
+    CHECK(f[2048] == 1024.0f, "page 2, held again, lost its bytes");
+    CHECK(rt_gpu_region_map(r, 6, 7, &e) == RT_OK && rt_gpu_region_chunks(r) == 5, "page 1's chunk not reused: %lld chunks",
+          (long long)rt_gpu_region_chunks(r));
+    CHECK(rt_gpu_peak_bytes(g) - peak0 == 5 * 4096, "the peak grew by %lld bytes", (long long)(rt_gpu_peak_bytes(g) - peak0));
+    int64_t all[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    CHECK(rt_gpu_region_unmap_now(r, all, 10, &e) == RT_OK && rt_gpu_region_mapped(r) == 0, "unmap: %s", e.msg);
+    /* the errors name the call: a page outside the reservation is ignored, a map past the end clipped */
+    CHECK(rt_gpu_region_map(r, 9, 12, &e) == RT_OK && rt_gpu_region_mapped(r) == 1, "map past the end: %s", e.msg);
+    rt_gpu_region_close(r);
+    rt_gpu_close(g);
+    CHECK(fake->live_allocs == 0, "%d device allocations left after close", fake->live_allocs);
+}
+
 static void fake_comm_stream(void) {
     use_fake();
     RtGpu *g = open_fake(&program);
@@ -1212,6 +1260,7 @@ int main(int argc, char **argv) {
     RUN(fake_open_errors);
     RUN(fake_memory_and_kernels);
     RUN(fake_comm_stream);
+    RUN(fake_region);
     RUN(fake_gemm_matches_cpu);
     RUN(fake_gemm_plans);
     RUN(fake_timing_and_trace);
