@@ -1242,34 +1242,44 @@ EOF
         fi
     fi
 fi
-# ---- a bf16 program's weight casts once an optimizer step (issue 15; plan.h, PlanMemory.param_only) ----
+# ---- a bf16 program's weight casts: once an optimizer step, or written by the update (issue 15) ----
 # gpu/param-casts: tests/exec/param_casts.mbt's kept (its cast launch skipped at a step's second to
-# fourth micro-batch, RtStep.casts_kept) and every (recompute = [gelu]: cast at every micro-batch),
-# 3 steps on the device: byte-identical weights and the same logs; with MBT_DEBUG=1 the timing
-# table counts kept's cast kernel once a step (3 calls) and every's once a micro-batch (12).
+# fourth micro-batch, RtStep.casts_kept 1, and from the second step on at the first too, casts_kept
+# 2: the update wrote cast(p_new) into the parameter casts' region, plan.h's PH_PCAST), kept1 (the
+# same at one micro-batch a step) and their peers every and every1 (recompute = [gelu]: cast at
+# every micro-batch), 3 steps on the device: byte-identical weights and the same logs; with
+# MBT_DEBUG=1 the timing table counts kept's and kept1's cast kernel once in all (the first step's
+# first micro-batch: 0 times after the first step), every's 12 times and every1's 3.
 if [ "$DEVICE" = cpu ]; then
     skip gpu/param-casts "MBT_GPU_TEST_DEVICE=$DEVICE: the exec layer's param_casts.case runs it on the CPU"
 else
     d="$DIR/param-casts"
-    mkdir -p "$d/kept" "$d/every"
-    if ! build "$d/kept" tests/exec/param_casts.mbt --train kept || ! build "$d/every" tests/exec/param_casts.mbt --train every; then
+    ok=1
+    for t in kept every kept1 every1; do
+        mkdir -p "$d/$t"
+        build "$d/$t" tests/exec/param_casts.mbt --train $t || ok=0
+    done
+    if [ $ok = 0 ]; then
         fail gpu/param-casts "mbtc tests/exec/param_casts.mbt -o or --emit=cuda failed" "$OUT"
     else
-        for t in kept every; do
+        for t in kept every kept1 every1; do
             MBT_DEBUG=1 on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/$t.out" train --steps 3 --data "$DATA" \
                 --save-weights "$d/$t.st" --log "$d/$t.jsonl"
             echo $? >"$d/$t.rc"
         done
-        ck=$(awk '$1 == "step_k0_cast" { print $2 }' "$d/kept.out")
-        ce=$(awk '$1 == "step_k0_cast" { print $2 }' "$d/every.out")
-        if [ "$(cat "$d/kept.rc")" != 0 ] || [ "$(cat "$d/every.rc")" != 0 ]; then
-            fail gpu/param-casts "a run failed (kept: status $(cat "$d/kept.rc"); every: $(cat "$d/every.rc"))" "$d/kept.out" "$d/every.out"
+        count() { awk '$1 == "step_k0_cast" { n = $2 } END { print n + 0 }' "$d/$1.out"; }
+        rcs="$(cat "$d/kept.rc" "$d/every.rc" "$d/kept1.rc" "$d/every1.rc" | tr '\n' ' ')"
+        if [ "$rcs" != "0 0 0 0 " ]; then
+            fail gpu/param-casts "a run failed (kept, every, kept1, every1: status $rcs)" "$d/kept.out" "$d/every.out" \
+                "$d/kept1.out" "$d/every1.out"
         elif ! cmp -s "$d/kept.st" "$d/every.st" || [ "$(untimed "$d/kept.jsonl")" != "$(untimed "$d/every.jsonl")" ]; then
             fail gpu/param-casts "the casts kept over a step's micro-batches saved or logged other numbers than recast each time" "$d/kept.jsonl" "$d/every.jsonl"
-        elif [ "$ck" != 3 ] || [ "$ce" != 12 ]; then
-            fail gpu/param-casts "step_k0_cast ran '$ck' times in kept's 3 steps (3 expected) and '$ce' in every's (12 expected)" "$d/kept.out" "$d/every.out"
+        elif ! cmp -s "$d/kept1.st" "$d/every1.st" || [ "$(untimed "$d/kept1.jsonl")" != "$(untimed "$d/every1.jsonl")" ]; then
+            fail gpu/param-casts "the casts the update wrote (one micro-batch a step) saved or logged other numbers than recast each time" "$d/kept1.jsonl" "$d/every1.jsonl"
+        elif [ "$(count kept) $(count every) $(count kept1) $(count every1)" != "1 12 1 3" ]; then
+            fail gpu/param-casts "step_k0_cast ran $(count kept), $(count every), $(count kept1) and $(count every1) times in kept's, every's, kept1's and every1's 3 steps (1, 12, 1 and 3 expected)" "$d/kept.out" "$d/kept1.out"
         else
-            pass "gpu/param-casts (the cast kernel 3 times in 3 steps of 4 micro-batches, 12 recasting; weights and logs byte for byte)"
+            pass "gpu/param-casts (the cast kernel once in 3 steps of 4 micro-batches and in 3 of 1, 12 and 3 times recasting; weights and logs byte for byte)"
         fi
     fi
 fi
