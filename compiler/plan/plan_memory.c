@@ -956,6 +956,8 @@ void plan_print_summary(FILE *out, const Plan *p) {
             : m->offload_host ? 0
                               : m->state_bytes,
             m->input_bytes);
+    if (m->pcast_bytes > 0) /* runtime/cli/info.c prints it back from RtProgram.pcast_bytes */
+        fprintf(out, "plan: parameter casts %" PRId64 " bytes, written by the update, read by the step\n", m->pcast_bytes);
     if (m->offload_host)
         fprintf(out,
                 "plan: optimizer state offloaded to host: %" PRId64 " bytes in host memory, updated there by the CPU (the "

@@ -1249,7 +1249,8 @@ fi
 # same at one micro-batch a step) and their peers every and every1 (recompute = [gelu]: cast at
 # every micro-batch), 3 steps on the device: byte-identical weights and the same logs; with
 # MBT_DEBUG=1 the timing table counts kept's and kept1's cast kernel once in all (the first step's
-# first micro-batch: 0 times after the first step), every's 12 times and every1's 3.
+# first micro-batch: 0 times after the first step), every's 12 times and every1's 3; kept and kept1
+# run as CUDA graphs too (MBT_DEBUG turns them off), with the same weights.
 if [ "$DEVICE" = cpu ]; then
     skip gpu/param-casts "MBT_GPU_TEST_DEVICE=$DEVICE: the exec layer's param_casts.case runs it on the CPU"
 else
@@ -1267,19 +1268,29 @@ else
                 --save-weights "$d/$t.st" --log "$d/$t.jsonl"
             echo $? >"$d/$t.rc"
         done
+        # and as CUDA graphs (MBT_DEBUG runs the step uncaptured): the calls with casts_kept 0, 1
+        # and 2 are graphs of their own, which must give the same numbers
+        for t in kept kept1; do
+            on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/${t}g.out" train --steps 3 --data "$DATA" \
+                --save-weights "$d/${t}g.st" --log "$d/${t}g.jsonl"
+            echo $? >"$d/${t}g.rc"
+        done
         count() { awk '$1 == "step_k0_cast" { n = $2 } END { print n + 0 }' "$d/$1.out"; }
-        rcs="$(cat "$d/kept.rc" "$d/every.rc" "$d/kept1.rc" "$d/every1.rc" | tr '\n' ' ')"
-        if [ "$rcs" != "0 0 0 0 " ]; then
-            fail gpu/param-casts "a run failed (kept, every, kept1, every1: status $rcs)" "$d/kept.out" "$d/every.out" \
-                "$d/kept1.out" "$d/every1.out"
+        rcs="$(cat "$d/kept.rc" "$d/every.rc" "$d/kept1.rc" "$d/every1.rc" "$d/keptg.rc" "$d/kept1g.rc" | tr '\n' ' ')"
+        if [ "$rcs" != "0 0 0 0 0 0 " ]; then
+            fail gpu/param-casts "a run failed (kept, every, kept1, every1, kept and kept1 as graphs: status $rcs)" \
+                "$d/kept.out" "$d/every.out" "$d/kept1.out" "$d/every1.out" "$d/keptg.out" "$d/kept1g.out"
         elif ! cmp -s "$d/kept.st" "$d/every.st" || [ "$(untimed "$d/kept.jsonl")" != "$(untimed "$d/every.jsonl")" ]; then
             fail gpu/param-casts "the casts kept over a step's micro-batches saved or logged other numbers than recast each time" "$d/kept.jsonl" "$d/every.jsonl"
         elif ! cmp -s "$d/kept1.st" "$d/every1.st" || [ "$(untimed "$d/kept1.jsonl")" != "$(untimed "$d/every1.jsonl")" ]; then
             fail gpu/param-casts "the casts the update wrote (one micro-batch a step) saved or logged other numbers than recast each time" "$d/kept1.jsonl" "$d/every1.jsonl"
+        elif ! cmp -s "$d/keptg.st" "$d/every.st" || ! cmp -s "$d/kept1g.st" "$d/every1.st" \
+            || [ "$(untimed "$d/kept1g.jsonl")" != "$(untimed "$d/every1.jsonl")" ] || ! grep -q "^GPU: .*CUDA graphs: [1-9]" "$d/kept1g.out"; then
+            fail gpu/param-casts "kept or kept1 as CUDA graphs saved or logged other numbers than recast each time (or ran no graph)" "$d/keptg.out" "$d/kept1g.out"
         elif [ "$(count kept) $(count every) $(count kept1) $(count every1)" != "1 12 1 3" ]; then
             fail gpu/param-casts "step_k0_cast ran $(count kept), $(count every), $(count kept1) and $(count every1) times in kept's, every's, kept1's and every1's 3 steps (1, 12, 1 and 3 expected)" "$d/kept.out" "$d/kept1.out"
         else
-            pass "gpu/param-casts (the cast kernel once in 3 steps of 4 micro-batches and in 3 of 1, 12 and 3 times recasting; weights and logs byte for byte)"
+            pass "gpu/param-casts (the cast kernel once in 3 steps of 4 micro-batches and in 3 of 1, 12 and 3 times recasting; weights and logs byte for byte, as CUDA graphs too)"
         fi
     fi
 fi
