@@ -13,7 +13,9 @@
  * which the generated kernels do not. (Moved to the step's end, every gradient buffer would be live
  * at once there: with GPT-2 124M at 4 x 64 tokens that is the step's peak.) The update's new parameters and
  * state are arena buffers copied into their regions after the last launch, since a fused update
- * kernel may still read the old values of other segments. */
+ * kernel may still read the old values of other segments. A bf16 program's parameter casts are the
+ * exception: no kernel reads that region but the step's, so the update's cast(p_new) and the step's
+ * casts of whole parameters are written there in place (PH_PCAST; plan.h, pcast_bytes). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,11 +240,6 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
 
 static int64_t fb_bytes(const FuseResult *r, int i) { return r->buffers[i].bytes; }
 
-/* The step's launches that read only parameters (PlanMemory.param_only), and in keep[b] the
- * buffers they write: a kernel whose every buffer is a parameter it reads or one it writes that no
- * other launch writes and the schedule does not hand out (the loss, a statistic). Such a launch
- * computes the same bits from the same parameters at every micro-batch of a step; its buffers are
- * kept for the whole step so that forward_backward may skip it (RtStep.casts_kept). */
 /* The parameter whose whole cast step buffer b holds, in the parameter casts' region's dtype
  * (PlanMemory.pcast_bytes): its index in the plan's list, or -1. */
 static int plan_pcast_param(const PlanMemory *m, const FuseResult *r, int b) {
@@ -257,6 +254,13 @@ static int plan_pcast_param(const PlanMemory *m, const FuseResult *r, int b) {
     return pi;
 }
 
+/* The step's launches that read only parameters (PlanMemory.param_only), and in keep[b] the
+ * buffers they write: a kernel whose every buffer is a parameter it reads or one it writes that no
+ * other launch writes and the schedule does not hand out (the loss, a statistic). Such a launch
+ * computes the same bits from the same parameters at every micro-batch of a step; its buffers are
+ * kept for the whole step so that forward_backward may skip it (RtStep.casts_kept); but a buffer
+ * that holds a whole parameter's cast goes in the parameter casts' region (pcast[b], its parameter),
+ * and a launch whose every output does is marked 2. */
 static void plan_param_only(PlanCtx *c, const FuseResult *r, unsigned char *keep, int *pcast) {
     PlanMemory *m = &c->p->mem;
     int nb = r->nbuffers, nl = r->nlaunches;
@@ -365,7 +369,8 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
         if (fb->first < 0) continue; /* no launch touches it */
         if (leaf && which == PLAN_UPDATE) plan_leaf_update(m, g->update, fb->node, sl);
         else if (leaf) plan_leaf_forward(m, g, graph_node(g, fb->node), sl);
-        else if (pcast[i] >= 0 || i == ucast) { /* written in its place in the parameter casts' region */ sl->home = PH_PCAST;
+        else if (pcast[i] >= 0 || i == ucast) {
+            sl->home = PH_PCAST; /* written in its place in the parameter casts' region, not the arena */
             sl->offset = i == ucast ? 0 : m->params[pcast[i]].offset / 2;
         } else pb[i].size = fb->bytes;
     }
