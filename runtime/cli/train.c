@@ -800,11 +800,14 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     else if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
     /* the parameter casts' region stays current only after an update of the whole region on the
-     * device the step runs on: not after a shard's (ZeRO; the others' come by the gather), nor an
-     * offloaded one (the host's parameters uploaded: rt_exec_push clears it too) */
-    if (r->zero || r->offload || (x->gpu && p->train.offload_optimizer != 0)) x->pcasts_current = 0;
-    /* the updated shards; ZeRO-3 keeps its own alone (the next forward gathers) */
+     * device the step runs on, or a shard's whose region the gather completes (below): not after
+     * an offloaded one (the host's parameters uploaded: rt_exec_push clears it too) */
+    if (r->offload || (x->gpu && p->train.offload_optimizer != 0)) x->pcasts_current = 0;
+    /* the updated shards; ZeRO-3 keeps its own alone (the next forward gathers); ZeRO-1/2 gather
+     * the parameter casts' region too where they can (rt_train_gather_params), else it is stale */
+    r->pcasts_gathered = 0;
     if (st == RT_OK && r->zero && !r->zero3) st = rt_train_gather_params(r);
+    if (r->zero && !r->pcasts_gathered) x->pcasts_current = 0;
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     /* running statistics: from this step's statistics pass (x->stats), the same on every rank */
     if (st == RT_OK) st = rt_exec_running(x, &r->e);
@@ -1063,6 +1066,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->micro_loss);
     free(r->all_loss);
     free(r->shard_off);
+    free(r->pcast_off);
     free(r->shard_got);
     free(r->zero_scratch);
     free(r->state_full);

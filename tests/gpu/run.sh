@@ -1293,5 +1293,53 @@ else
             pass "gpu/param-casts (the cast kernel once in 3 steps of 4 micro-batches and in 3 of 1, 12 and 3 times recasting; weights and logs byte for byte, as CUDA graphs too)"
         fi
     fi
+    # gpu/param-casts-zero1/TRANSPORT: zero1 (ZeRO-1, 2 ranks, one micro-batch each) against every2
+    # (one process, the same global batch, recasting): with NCCL each rank's shard of the parameter
+    # casts' region is gathered GPU to GPU beside the parameters, so no step but the first casts
+    # (step_k0_cast once in 3 steps, MBT_DEBUG); staged through the host (MBT_NCCL=0) the region is
+    # not gathered and every step's first micro-batch casts (3 times)
+    ng=0
+    [ "$DEVICE" = emu ] || ng=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+    mkdir -p "$d/zero1" "$d/every2"
+    if ! build "$d/zero1" tests/exec/param_casts.mbt --train zero1 || ! build "$d/every2" tests/exec/param_casts.mbt --train every2; then
+        fail gpu/param-casts-zero1 "mbtc tests/exec/param_casts.mbt -o or --emit=cuda failed" "$OUT"
+    elif [ "$DEVICE" = emu ] && ! { [ -f "$d/zero1/prog.cu.so" ] || tests/cudaemu/build.sh "$d/zero1/prog.cu" "$d/zero1/prog.cu.so" >"$OUT" 2>&1; }; then
+        fail gpu/param-casts-zero1 "tests/cudaemu/build.sh failed" "$OUT"
+    else
+        on_device_cmd "$d/every2/prog.cu" "$d/every2/prog" "$d/every2.out" train --steps 3 --data "$DATA" \
+            --save-weights "$d/every2.st" --log "$d/every2.jsonl"
+        rce=$?
+        for spec in "nccl 1 1" "staged 0 3"; do
+            read -r tr nccl want <<<"$spec"
+            if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ng" -lt 2 ]; then
+                skip gpu/param-casts-zero1/$tr "NCCL needs a GPU a rank and this machine has $ng"
+                continue
+            fi
+            port=$((30000 + ($$ + RANDOM) % 20000)) pids=() rcz=0
+            rm -f "$d/z.$tr.st"
+            for r in 0 1; do
+                (
+                    export MBT_NCCL=$nccl MBT_DEBUG=1 RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 \
+                        MASTER_PORT=$port MBT_COMM_TIMEOUT=300
+                    on_device_cmd "$d/zero1/prog.cu" "$d/zero1/prog" "$d/z.$tr.$r.out" train --steps 3 --data "$DATA" \
+                        --save-weights "$d/z.$tr.st" --log "$d/z.$tr.jsonl"
+                ) &
+                pids+=($!)
+            done
+            for p in "${pids[@]}"; do wait "$p" || rcz=1; done
+            n=$(awk '$1 == "step_k0_cast" { n = $2 } END { print n + 0 }' "$d/z.$tr.0.out")
+            if [ "$rce" != 0 ] || [ "$rcz" != 0 ]; then
+                fail gpu/param-casts-zero1/$tr "a run failed (every2: status $rce; zero1's 2 ranks: $rcz)" "$d/every2.out" \
+                    "$d/z.$tr.0.out" "$d/z.$tr.1.out"
+            elif ! cmp -s "$d/z.$tr.st" "$d/every2.st" || [ "$(untimed "$d/z.$tr.jsonl")" != "$(untimed "$d/every2.jsonl")" ]; then
+                fail gpu/param-casts-zero1/$tr "ZeRO-1's 2 ranks saved or logged other numbers than one recasting process" \
+                    "$d/z.$tr.jsonl" "$d/every2.jsonl"
+            elif [ "$n" != "$want" ]; then
+                fail gpu/param-casts-zero1/$tr "step_k0_cast ran $n times on rank 0 in 3 steps ($want expected)" "$d/z.$tr.0.out"
+            else
+                pass "gpu/param-casts-zero1/$tr (2 ranks: every2's weights and logs byte for byte; the cast kernel $n times in 3 steps)"
+            fi
+        done
+    fi
 fi
 summary
