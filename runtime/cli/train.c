@@ -800,9 +800,11 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     else if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
     /* the parameter casts' region stays current only after an update of the whole region on the
-     * device the step runs on, or a shard's whose region the gather completes (below): not after
-     * an offloaded one (the host's parameters uploaded: rt_exec_push clears it too) */
-    if (r->offload || (x->gpu && p->train.offload_optimizer != 0)) x->pcasts_current = 0;
+     * device the step runs on (the CPU's chunked update with its state in a store file writes every
+     * chunk's casts into it too), or a shard's whose region the gather completes (below): not
+     * after the host's update on a GPU build (its casts went to a host scratch and the parameters
+     * were uploaded: rt_exec_push clears it too) */
+    if (x->gpu && p->train.offload_optimizer != 0) x->pcasts_current = 0;
     /* the updated shards; ZeRO-3 keeps its own alone (the next forward gathers); ZeRO-1/2 gather
      * the parameter casts' region too where they can (rt_train_gather_params), else it is stale */
     r->pcasts_gathered = 0;

@@ -145,8 +145,9 @@ typedef struct RtExec {
      * parameters as they are now, so a step's first micro-batch may skip the casts
      * (RtStep.casts_kept 2). Set by the train loop after a forward_backward; kept across a
      * whole-region optimizer_update on the running device; cleared by rt_exec_push and
-     * rt_exec_running, and by the train loop after an offloaded update and a ZeRO shard update
-     * whose casts were not gathered (rt_train_gather_params): every other writer of the parameters. */
+     * rt_exec_running, and by the train loop after a GPU build's host update and a ZeRO shard
+     * update whose casts were not gathered (rt_train_gather_params): every other writer of the
+     * parameters. */
     void *pcasts, *d_pcasts;
     int pcasts_current;
 } RtExec;
