@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    21 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    22 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -60,7 +60,9 @@
                           * 19: RtTrainSettings.offload_act, offload_gbps (activations in pinned host memory
                           *    on a GPU build; the copy rate the plan assumed);
                           * 20: RtGpuProgram.forward_chunk (the chunk phase on the GPU);
-                          * 21: RtStep.casts_kept (the parameters' casts run once an optimizer step) */
+                          * 21: RtStep.casts_kept (the parameters' casts run once an optimizer step);
+                          * 22: RtStep.pcasts, RtProgram.pcast_bytes (the parameter casts' region the update
+                          *    writes), casts_kept 2 */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that
@@ -338,7 +340,13 @@ typedef struct RtKvInfo {
  * program's weight casts: plan.h, PlanMemory.param_only) write buffers the plan keeps live over
  * the whole call, so they still hold their values at the next call: with casts_kept = 1 it skips
  * those launches. The runtime sets it only for the second and later micro-batches of one
- * optimizer step (nothing writes params or the arena between them); every other call has 0.
+ * optimizer step (nothing writes params or the arena between them). The parameter casts' region
+ * (pcasts, pcast_bytes; a bf16 program: docs/memory.md, "The parameter casts' region") holds
+ * parameter element i's bf16 copy at byte 2i: optimizer_update writes cast(p_new) there for the
+ * elements it updates, and the step's casts of whole parameters write it and the step reads it;
+ * with casts_kept = 2 (the first micro-batch of a step whose region is current: written by the
+ * last forward_backward and, since, by nothing but a whole-region optimizer_update) it skips the
+ * launches that write only into that region. Every other call has 0.
  * forward_loss: the same loss without gradients (evaluation). NULL: the program cannot evaluate.
  * forward_logits: generation, B = 1, T = logits_seq: writes the logits of position len - 1 (a
  * causal model ignores x[len, T)). NULL: the program cannot generate.

@@ -128,8 +128,11 @@
     X(void *, act, ptr)       /* forward_backward with offload { activations = nvme }: the RtExec rt_act_copy takes */           \
     X(void *, param_hook, ptr)  /* forward_backward (CPU, GPU): NULL, or the runtime's (ZeRO-3); rt_param_need and */            \
                                 /* rt_param_done (rt_program.h) around the parameters' uses */                                   \
-    X(int64_t, casts_kept, i64) /* forward_backward: 1 when the arena holds this step's parameter casts (rt_program.h); */       \
-                                /* 0 (every other call): its launches that read only parameters run */
+    X(int64_t, casts_kept, i64) /* forward_backward: 1 when the arena holds this step's parameter casts, 2 when only */          \
+                                /* the parameter casts' region is current (rt_program.h); 0: its launches that read */           \
+                                /* only parameters run */                                                                        \
+    X(void *, pcasts, ptr)      /* all: the parameter casts' region, pcast_bytes (rt_program.h); optimizer_update writes */      \
+                                /* its [lo, hi) (a bf16 program), the step's casts write and read it */
 
 /* RtKvInfo: forward_chunk's geometry (compiler/plan/kv.h). A call reads x[0, rows) (the new
  * tokens, padding rows 0) and the metadata at kv (rows x (4 + max_blocks) i32: each row's position,
@@ -209,7 +212,8 @@
     X(RtKvInfo, kv, kvinfo)           /* its geometry */                                                                         \
     X(int64_t, nrunning, i64)         /* running statistics (`running`): after each optimizer step, for each i */                \
     X(const int64_t *, running, ptr)  /* [3 nrunning]: params[o + j] = (1 - m) params[o + j] + m stats[s + j], j < n: o, s, n */ \
-    X(const double *, running_momentum, ptr) /* [nrunning]: m (o, s in f32 elements; docs/runtime.md) */
+    X(const double *, running_momentum, ptr) /* [nrunning]: m (o, s in f32 elements; docs/runtime.md) */                         \
+    X(int64_t, pcast_bytes, i64) /* the parameter casts' region (RtStep.pcasts): 2 bytes a parameter element; 0: none */
 
 /* RtPlanInfo: the memory plan's summary, per phase (RT_PHASE_*). */
 #define RT_PLAN_INFO_FIELDS(X)                                                                                                   \

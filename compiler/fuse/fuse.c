@@ -18,9 +18,10 @@ static const FNode *fz_n(const FuseCtx *c, int f) { return c->fg->node[f]; }
 int fuse_default_outputs(const Graph *g, int **outputs, Arena *ar) {
     int n = 0;
     const GraphUpdate *u = g->update;
-    int *o = arena_alloc(ar, sizeof(int) * (size_t)(g->n + g->nparams + g->nstats + (u ? u->nstate : 0) + 2));
+    int *o = arena_alloc(ar, sizeof(int) * (size_t)(g->n + g->nparams + g->nstats + (u ? u->nstate : 0) + 3));
     if (u) { /* the new parameters and optimizer state (a result equal to its input needs nothing) */
         if (u->p_out != u->p_in) o[n++] = u->p_out;
+        if (u->cast_out >= 0) o[n++] = u->cast_out; /* the parameter casts' region (plan.h, PH_PCAST) */
         for (int i = 0; i < u->nstate; i++)
             if (u->state_out[i] != u->state_in[i]) o[n++] = u->state_out[i];
     } else if (g->loss >= 0 || g->grads) {

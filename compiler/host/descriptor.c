@@ -274,6 +274,7 @@ void emit_descriptor(Host *h, const char *source, LLVMValueRef fb, LLVMValueRef 
     f[RT_PROG_param_floats] = ci64(h, p->mem.param_bytes / 4);
     f[RT_PROG_state_floats] = ci64(h, p->mem.state_bytes / 4);
     f[RT_PROG_arena_bytes] = ci64(h, p->mem.arena_bytes);
+    f[RT_PROG_pcast_bytes] = ci64(h, p->mem.pcast_bytes);
     f[RT_PROG_logits_seq] = ci64(h, p->seq);
     f[RT_PROG_forward_backward] = fb;
     f[RT_PROG_forward_loss] = fl ? fl : null;

@@ -333,11 +333,15 @@ static void emit_step_program(Host *h, const HostFn *f, Sched *S, LLVMValueRef *
         emit_act_before(h, f, S, addr, arena, q);
         if (o >= 0 && h->plan->mem.param_only && h->plan->mem.param_only[o]) {
             /* reads only parameters (plan.h, PlanMemory.param_only): skipped when the runtime says
-             * the arena still holds what it wrote at this step's first micro-batch */
+             * the arena still holds what it wrote at this step's first micro-batch (casts_kept 1),
+             * and one that writes only into the parameter casts' region (param_only 2) also when the
+             * runtime says that region is current (2: the update wrote it) */
             LLVMValueRef kept = step_field(h, s, RT_STEP_casts_kept, h->i64, "casts_kept");
             LLVMBasicBlockRef run = LLVMAppendBasicBlockInContext(h->ctx, f->fn, "once_a_step");
             LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(h->ctx, f->fn, "once_a_step_done");
-            LLVMBuildCondBr(h->b, LLVMBuildICmp(h->b, LLVMIntEQ, kept, ci64(h, 0), ""), run, done);
+            LLVMValueRef go = h->plan->mem.param_only[o] == 2 ? LLVMBuildICmp(h->b, LLVMIntEQ, kept, ci64(h, 0), "")
+                                                              : LLVMBuildICmp(h->b, LLVMIntNE, kept, ci64(h, 1), "");
+            LLVMBuildCondBr(h->b, go, run, done);
             LLVMPositionBuilderAtEnd(h->b, run);
             emit_launch(h, f, S, addr, o, "");
             LLVMBuildBr(h->b, done);
@@ -384,8 +388,9 @@ static void emit_launches(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr
  * plus its offset (null for a buffer no launch touches). */
 static LLVMValueRef *sched_addrs(Host *h, const Sched *S, LLVMValueRef s) {
     const PlanPhaseMem *pm = S->mem;
-    LLVMValueRef base[PH_KV + 1] = {NULL};
+    LLVMValueRef base[PH_PCAST + 1] = {NULL};
     base[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
+    if (h->plan->mem.pcast_bytes > 0) base[PH_PCAST] = step_field(h, s, RT_STEP_pcasts, h->ptr, "pcasts");
     base[PH_GRADS] = step_field(h, s, RT_STEP_grads, h->ptr, "grads");
     base[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
     base[PH_ARENA] = step_field(h, s, RT_STEP_arena, h->ptr, "arena");
@@ -503,6 +508,10 @@ const char *update_range_refusal(const Plan *plan, const FuseResult *r, const Pl
         const PlanSlot *sl = &mem->slots[i];
         if (sl->home == PH_STATE && (sl->bytes != n * 4 || sl->offset % (n * 4) != 0))
             return "its optimizer state is not one vector a variable";
+        if (sl->home == PH_PCAST) { /* cast(p_new): element i at byte 2i, as the work items run */
+            if (sl->offset != 0 || sl->bytes != n * 2) return "its update writes parameter casts that are not one vector";
+            continue;
+        }
         if (sl->home != PH_NONE && sl->bytes != n * 4 && sl->bytes != 4 && sl->home != PH_ARENA)
             return "its update reads a region that is not one vector";
     }
@@ -543,7 +552,7 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
         for (int i = 0; i < k->nbufs; i++) bufs[i] = addr[k->bufs[i].buffer];
         h->target->launch_range(h, f, S, r->launches[li].kernel, bufs, lo, hi);
     }
-    LLVMValueRef region[PH_ARENA + 1] = {NULL};
+    LLVMValueRef region[PH_PCAST + 1] = {NULL};
     region[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
     region[PH_STATE] = state;
     for (int i = 0; i < S->mem->nwrites; i++) {
@@ -624,7 +633,7 @@ LLVMValueRef emit_update(Host *h, Sched *S) {
         return f.fn;
     }
     emit_launches(h, &f, S, addr, S->r->nlaunches - 1, NULL);
-    LLVMValueRef region[PH_KV + 1] = {NULL};
+    LLVMValueRef region[PH_PCAST + 1] = {NULL};
     region[PH_PARAMS] = step_field(h, s, RT_STEP_params, h->ptr, "params");
     region[PH_STATE] = step_field(h, s, RT_STEP_state, h->ptr, "state");
     for (int i = 0; i < S->mem->nwrites; i++) {

@@ -409,6 +409,9 @@ void graph_print(FILE *out, const Graph *g, int first) {
     if (g->update) { /* the results of an update graph */
         const GraphUpdate *u = g->update;
         fprintf(out, "# out p = %%%d\n", u->p_out);
+        if (u->cast_out >= 0)
+            fprintf(out, "# out cast(p) = %%%d (%s: the parameter casts' region, which the step reads)\n", u->cast_out,
+                    dtype_name(g->node[u->cast_out]->dt));
         for (int i = 0; i < u->nstate; i++) fprintf(out, "# out state.%s = %%%d\n", u->state_name[i], u->state_out[i]);
     }
     arena_free(&scratch);
@@ -1058,6 +1061,12 @@ static void graph_v_update(GraphVerify *v) {
     graph_v_role(v, u->t_in, 1, 1, "t");
     if (u->lr_in >= 0) graph_v_role(v, u->lr_in, 1, 1, "lr");
     graph_v_role(v, u->p_out, 0, 0, "the new p");
+    if (u->cast_out >= 0) {
+        const GNode *c = u->cast_out < v->g->n ? v->g->node[u->cast_out] : NULL;
+        if (!c || c->op != G_CAST || c->nin != 1 || c->in[0] != u->p_out || (c->dt != DT_BF16 && c->dt != DT_F16) ||
+            c->rank != 1 || c->shape[0] != u->n)
+            graph_v_fail(v, "update: cast_out %%%d is not a half-precision cast of the new p", u->cast_out);
+    }
     for (int i = 0; i < u->nstate; i++) {
         char name[128];
         snprintf(name, sizeof name, "state.%s", u->state_name[i] ? u->state_name[i] : "?");

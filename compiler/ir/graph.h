@@ -194,6 +194,10 @@ typedef struct GraphUpdate {
     int *state_in;           /* [nstate] G_INPUT "state.m": f32[n] */
     int *state_out;          /* [nstate] the node of its new value (state_in[i] when unchanged) */
     int p_out;               /* the node of the new parameters (p_in when unchanged) */
+    /* The parameter casts (docs/memory.md, "The parameter casts' region"): a bf16 program's update
+     * also writes cast(p_new), the half-precision copies the step reads, so that no micro-batch has
+     * to cast them; -1 when it does not (f32, or recompute / offload.activations: graph_update_add_cast) */
+    int cast_out;
     /* Parameter groups: the parameters are laid out decayed first, then those with GP_NO_DECAY,
      * then the frozen ones (each group in declaration order; the step graph's params list follows
      * the layout), so a group is one range of elements: weight_decay applies to [0, decay_end),
@@ -251,6 +255,9 @@ void graph_print(FILE *out, const Graph *g, int first); /* --emit=ir from node `
 /* Checks the invariants (input ids, ranks, shapes each op implies, dtypes). Returns the number of
  * problems, each printed to `out` as `graph: %N: ...`. A failure is a compiler bug. */
 int graph_verify(const Graph *g, FILE *out);
+/* The update graph's cast_out (GraphUpdate): cast(p_new) to the dtype the step reads its
+ * parameters in, when the step reads any through a half-precision G_CAST; returns whether it added one. */
+int graph_update_add_cast(Graph *update, const Graph *step);
 /* out may be NULL: the problems are then only counted. */
 
 #endif

@@ -112,7 +112,7 @@ int gb_update_begin(GraphBuilder *gb, Str optimizer, int nstate, Span at) {
     u->seg_off = off;
     u->seg_len = len;
     u->seg_name = names;
-    u->p_in = u->g_in = u->t_in = u->p_out = -1;
+    u->p_in = u->g_in = u->t_in = u->p_out = u->cast_out = -1;
     u->lr_in = -1;
     int cap = nstate < 0 ? 0 : nstate; /* room for every state variable the optimizer declares */
     gb->statecap = cap;
@@ -243,6 +243,21 @@ void gb_update_results(GraphBuilder *gb, GbLookup lookup, void *ctx, Str p_name,
     u->p_out = p;
     if (u->p_in < 0 || u->g_in < 0 || u->t_in < 0) INTERNAL("graph builder: the update graph lacks p, g or t");
     gb->update_done = 1;
+}
+
+int graph_update_add_cast(Graph *update, const Graph *step) {
+    GraphUpdate *u = update ? update->update : NULL;
+    if (!u || u->p_out < 0 || u->cast_out >= 0) return 0;
+    DType dt = DT_F32;
+    for (int id = 0; id < step->n && dt == DT_F32; id++) { /* precision = bf16: the parameters read through casts */
+        const GNode *n = graph_node(step, id);
+        if (n->op == G_CAST && (n->dt == DT_BF16 || n->dt == DT_F16) && graph_node(step, n->in[0])->op == G_PARAM) dt = n->dt;
+    }
+    if (dt == DT_F32) return 0;
+    const GNode *p = graph_node(update, u->p_out);
+    int in = u->p_out;
+    u->cast_out = graph_add(update, G_CAST, dt, 1, &u->n, 1, &in, p->src);
+    return 1;
 }
 
 void gb_update_end(GraphBuilder *gb) {

@@ -141,6 +141,7 @@ typedef enum PlanHome {
     PH_STATS,  /* the statistics over the global batch, global_mean's inputs (RtStep.stats) */
     PH_ARENA,  /* the activation arena */
     PH_KV,     /* the chunk phase's "kv" input: the metadata, then the pool (RtStep.kv) */
+    PH_PCAST,  /* the parameter casts' region (RtStep.pcasts): parameter element i's bf16 copy at byte 2i */
 } PlanHome;
 
 /* Where one fused buffer (FuseResult.buffers) lives. */
@@ -330,10 +331,23 @@ typedef struct PlanMemory {
      * in the arena) and forward_backward runs these launches only when RtStep.casts_kept is 0 (the
      * first micro-batch of each step, rt_program.h). NULL (none) with recompute or
      * offload.activations, whose step programs run them every micro-batch as before. */
-    unsigned char *param_only; /* [step launches]: 1 for such a launch; NULL when none is */
+    unsigned char *param_only; /* [step launches]: 1 for such a launch, 2 when every buffer it writes is
+                                  in the parameter casts' region (below); NULL when none is */
     int nparam_only;           /* how many */
-    int64_t param_only_bytes;  /* the bytes their outputs hold */
-    int64_t arena_bytes;       /* the largest peak: what the executable allocates */
+    int64_t param_only_bytes;  /* the bytes their outputs hold in the arena */
+    /* The parameter casts' region (docs/memory.md, "The parameter casts' region"): with the update
+     * graph's cast_out (graph.h), pcast_bytes = 2 bytes an element of the parameter region (element i
+     * at byte 2i, so parameter k's cast at its offset / 2). The update writes cast(p_new) over [0, n)
+     * into it, and each step buffer a param_only launch writes that is a whole parameter's cast
+     * (pcast_buffers) lives there instead of the arena: a launch all of whose buffers do (param_only
+     * 2) is skipped also at a step's first micro-batch when the runtime says the region is current
+     * (RtStep.casts_kept 2). 0: none (f32, recompute, offload.activations). */
+    int64_t pcast_bytes;
+    DType pcast_dt;      /* DT_BF16 (or DT_F16) */
+    int npcast;          /* step buffers homed in the region */
+    int64_t pcast_use;   /* their bytes */
+    int nparam_skip;     /* param_only launches marked 2 */
+    int64_t arena_bytes; /* the largest peak: what the executable allocates */
 } PlanMemory;
 
 /* ---- the step program ---- */

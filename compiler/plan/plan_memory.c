@@ -13,7 +13,9 @@
  * which the generated kernels do not. (Moved to the step's end, every gradient buffer would be live
  * at once there: with GPT-2 124M at 4 x 64 tokens that is the step's peak.) The update's new parameters and
  * state are arena buffers copied into their regions after the last launch, since a fused update
- * kernel may still read the old values of other segments. */
+ * kernel may still read the old values of other segments. A bf16 program's parameter casts are the
+ * exception: no kernel reads that region but the step's, so the update's cast(p_new) and the step's
+ * casts of whole parameters are written there in place (PH_PCAST; plan.h, pcast_bytes). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +75,10 @@ static int plan_regions(PlanCtx *c) {
         if (u->seg_len[i] != graph_numel(pn) || pn->dt != DT_F32)
             INTERNAL("plan: segment %d does not hold parameter '%s'", i, pn->name ? pn->name : "?");
         m->params[i] = (PlanParam){pn->name, pn->id, graph_numel(pn), graph_param_numel(pn), u->seg_off[i] * 4};
+    }
+    if (u->cast_out >= 0) { /* the parameter casts' region: 2 bytes an element (PlanMemory.pcast_bytes) */
+        m->pcast_dt = graph_node(p->update, u->cast_out)->dt;
+        m->pcast_bytes = m->param_bytes / 2;
     }
     plan_offload_optimizer(c);
     return 1;
@@ -234,12 +240,28 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
 
 static int64_t fb_bytes(const FuseResult *r, int i) { return r->buffers[i].bytes; }
 
+/* The parameter whose whole cast step buffer b holds, in the parameter casts' region's dtype
+ * (PlanMemory.pcast_bytes): its index in the plan's list, or -1. */
+static int plan_pcast_param(const PlanMemory *m, const FuseResult *r, int b) {
+    const FuseBuffer *fb = &r->buffers[b];
+    if (m->pcast_bytes <= 0 || fb->node < 0 || fb->over >= 0 || fb->kind == FB_PARAM || fb->kind == FB_INPUT) return -1;
+    const GNode *n = graph_node(r->g, fb->node);
+    if (n->op != G_CAST || n->dt != m->pcast_dt || fb->dt != m->pcast_dt) return -1;
+    const GNode *pn = graph_node(r->g, n->in[0]);
+    if (pn->op != G_PARAM) return -1;
+    int pi = plan_param_index(m, pn);
+    if (pi < 0 || graph_numel(n) != m->params[pi].numel || fb->bytes != m->params[pi].numel * 2) return -1;
+    return pi;
+}
+
 /* The step's launches that read only parameters (PlanMemory.param_only), and in keep[b] the
  * buffers they write: a kernel whose every buffer is a parameter it reads or one it writes that no
  * other launch writes and the schedule does not hand out (the loss, a statistic). Such a launch
  * computes the same bits from the same parameters at every micro-batch of a step; its buffers are
- * kept for the whole step so that forward_backward may skip it (RtStep.casts_kept). */
-static void plan_param_only(PlanCtx *c, const FuseResult *r, unsigned char *keep) {
+ * kept for the whole step so that forward_backward may skip it (RtStep.casts_kept); but a buffer
+ * that holds a whole parameter's cast goes in the parameter casts' region (pcast[b], its parameter),
+ * and a launch whose every output does is marked 2. */
+static void plan_param_only(PlanCtx *c, const FuseResult *r, unsigned char *keep, int *pcast) {
     PlanMemory *m = &c->p->mem;
     int nb = r->nbuffers, nl = r->nlaunches;
     int *writers = calloc((size_t)nb + 1, sizeof(int));
@@ -271,10 +293,17 @@ static void plan_param_only(PlanCtx *c, const FuseResult *r, unsigned char *keep
             if (wv[i] && (writers[bv[i]] != 1 || out[bv[i]] || r->buffers[bv[i]].kind == FB_PARAM)) ok = 0;
         if (ok) {
             if (!m->param_only) m->param_only = arena_alloc(c->ar, (size_t)nl + 1);
-            m->param_only[li] = 1;
+            int all = 1; /* every buffer it writes in the parameter casts' region */
             m->nparam_only++;
-            for (int i = 0; i < n; i++)
-                if (wv[i] && !keep[bv[i]]) keep[bv[i]] = 1, m->param_only_bytes += r->buffers[bv[i]].bytes;
+            for (int i = 0; i < n; i++) {
+                if (!wv[i]) continue;
+                int pi = plan_pcast_param(m, r, bv[i]);
+                if (pi >= 0 && pcast[bv[i]] < 0) pcast[bv[i]] = pi, m->npcast++, m->pcast_use += r->buffers[bv[i]].bytes;
+                else if (pi < 0 && !keep[bv[i]]) keep[bv[i]] = 1, m->param_only_bytes += r->buffers[bv[i]].bytes;
+                all &= pi >= 0;
+            }
+            m->param_only[li] = all ? 2 : 1;
+            m->nparam_skip += all;
         }
         free(bv), free(wv);
     }
@@ -312,8 +341,14 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
      * the statistics' expressions, outputs read after the launches, live to the end) */
     unsigned char *early = arena_alloc(&scratch, (size_t)r->nbuffers + 1);
     int *last_touch = arena_alloc(&scratch, sizeof(int) * (size_t)(r->nbuffers + 1));
-    unsigned char *kept = arena_alloc(&scratch, (size_t)r->nbuffers + 1); /* live over the whole step */
-    if (which == PLAN_STEP && !c->ts->recompute && !c->ts->offload_activations) plan_param_only(c, r, kept);
+    unsigned char *kept = arena_alloc(&scratch, (size_t)r->nbuffers + 1);        /* live over the whole step */
+    int *pcast = arena_alloc(&scratch, sizeof(int) * (size_t)(r->nbuffers + 1)); /* PH_PCAST: its parameter */
+    for (int i = 0; i < r->nbuffers; i++) pcast[i] = -1;
+    if (which == PLAN_STEP && !c->ts->recompute && !c->ts->offload_activations) plan_param_only(c, r, kept, pcast);
+    const GraphUpdate *gu = which == PLAN_UPDATE ? g->update : NULL;
+    int ucast = gu && gu->cast_out >= 0 ? r->node_buffer[gu->cast_out] : -1; /* the update's cast(p_new) */
+    if (ucast >= 0 && (m->pcast_bytes <= 0 || r->buffers[ucast].bytes != gu->n * 2))
+        INTERNAL("plan: the update's parameter casts (%" PRId64 " bytes) do not fit their region", r->buffers[ucast].bytes);
     if (which == PLAN_STEP) {
         plan_writes(c, which, ph);
         plan_last_touch(r, last_touch);
@@ -334,7 +369,10 @@ static void plan_phase(PlanCtx *c, const PlanSchedules *s, PlanPhase which) {
         if (fb->first < 0) continue; /* no launch touches it */
         if (leaf && which == PLAN_UPDATE) plan_leaf_update(m, g->update, fb->node, sl);
         else if (leaf) plan_leaf_forward(m, g, graph_node(g, fb->node), sl);
-        else pb[i].size = fb->bytes;
+        else if (pcast[i] >= 0 || i == ucast) {
+            sl->home = PH_PCAST; /* written in its place in the parameter casts' region, not the arena */
+            sl->offset = i == ucast ? 0 : m->params[pcast[i]].offset / 2;
+        } else pb[i].size = fb->bytes;
     }
     ph->naive = plan_naive_bytes(pb, r->nbuffers, PLAN_ALIGN) + ph->reserve;
     ph->peak = plan_assign_offsets(pb, r->nbuffers, PLAN_ALIGN, &scratch) + ph->reserve;
@@ -454,6 +492,7 @@ static int64_t plan_region_bytes(const Plan *p, PlanHome h) {
     case PH_STATS: return m->stat_bytes;
     case PH_ARENA: return m->arena_bytes;
     case PH_KV: return p->sched.n > PLAN_CHUNK ? p->sched.chunk.meta_bytes : 0;
+    case PH_PCAST: return m->pcast_bytes;
     case PH_NONE: return 0;
     }
     return 0;
@@ -562,6 +601,14 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
             plan_v_fail(v, "%s: %s (%" PRId64 " bytes at %" PRId64 ") leaves its region", ph->name, w->what, w->bytes, w->offset);
     }
     if (ph->peak > ph->naive) plan_v_fail(v, "%s: the peak exceeds its naive total", ph->name);
+    for (int i = 0; i < r->nbuffers; i++) { /* the parameter casts' region: the update's cast(p_new), the step's casts */
+        if (ph->slots[i].home != PH_PCAST) continue;
+        const GraphUpdate *u = r->g->update;
+        if (ph == &p->mem.phase[PLAN_UPDATE]
+                ? !u || u->cast_out < 0 || r->node_buffer[u->cast_out] != i || ph->slots[i].offset != 0
+                : ph != &p->mem.phase[PLAN_STEP] || plan_pcast_param(&p->mem, r, i) < 0)
+            plan_v_fail(v, "%s buffer %d is in the parameter casts' region but is not a parameter's cast", ph->name, i);
+    }
     if (ph == &p->mem.phase[PLAN_STEP] && p->mem.param_only) { /* PlanMemory.param_only: kept for the whole step */
         if (rc->on) plan_v_fail(v, "step: launches run once a step in a step program with re-runs or copies");
         for (int li = 0; li < r->nlaunches; li++) {
@@ -574,15 +621,29 @@ static void plan_v_phase(PlanVerify *v, const Plan *p, const PlanPhaseMem *ph) {
             int *bufs = malloc(sizeof(int) * (size_t)(cap + 1));
             unsigned char *wr = malloc((size_t)cap + 1);
             if (!bufs || !wr) INTERNAL("plan_verify: out of memory");
-            int n = plan_launch_bufs(r, li, bufs, wr, cap);
+            int n = plan_launch_bufs(r, li, bufs, wr, cap), all = 1;
             for (int i = 0; i < n; i++) {
                 const PlanSlot *s = &ph->slots[bufs[i]];
                 if (!wr[i] && r->buffers[bufs[i]].kind != FB_PARAM)
                     plan_v_fail(v, "step launch %d runs once a step but reads buffer %d, not a parameter", li, bufs[i]);
-                if (wr[i] && (s->home != PH_ARENA || s->first != li || s->last != r->nlaunches - 1))
+                if (!wr[i]) continue;
+                if (s->home == PH_PCAST) { /* a whole parameter's cast, at that parameter's offset / 2 */
+                    int pi = plan_pcast_param(&p->mem, r, bufs[i]);
+                    if (pi < 0 || s->offset != p->mem.params[pi].offset / 2 || s->bytes != p->mem.params[pi].numel * 2)
+                        plan_v_fail(v,
+                                    "step launch %d's buffer %d is in the parameter casts' region but not its parameter's cast",
+                                    li, bufs[i]);
+                } else if (s->home != PH_ARENA || s->first != li || s->last != r->nlaunches - 1) {
                     plan_v_fail(v, "step launch %d runs once a step but its buffer %d is not kept to the step's end", li,
                                 bufs[i]);
+                }
+                all &= s->home == PH_PCAST;
             }
+            if ((p->mem.param_only[li] == 2) != all)
+                plan_v_fail(v,
+                            "step launch %d is %sskipped at a step's first micro-batch, but %s its buffers are in the "
+                            "parameter casts' region",
+                            li, p->mem.param_only[li] == 2 ? "" : "not ", all ? "all" : "not all");
             free(bufs), free(wr);
         }
     }
@@ -633,6 +694,7 @@ static const char *plan_home_name(PlanHome h) {
     case PH_STATS: return "stats";
     case PH_ARENA: return "arena";
     case PH_KV: return "kv";
+    case PH_PCAST: return "pcasts";
     }
     return "?";
 }
@@ -653,6 +715,11 @@ static void plan_print_regions(FILE *out, Arena *ar, const Plan *p) {
             "parameters %" PRId64 ", gradients %" PRId64 ", optimizer state %" PRId64 " (%d x %" PRId64 "), inputs %" PRId64
             ", arena %" PRId64 "\n",
             m->param_bytes, m->param_bytes, m->state_bytes, m->nstate, m->state_part, m->input_bytes, m->arena_bytes);
+    if (m->pcast_bytes > 0)
+        fprintf(out,
+                "parameter casts %" PRId64 " (%s, element i of the parameters at byte 2i): written by the update, read by "
+                "the step (%d buffer%s, %" PRId64 " bytes)\n",
+                m->pcast_bytes, dtype_name(m->pcast_dt), m->npcast, m->npcast == 1 ? "" : "s", m->pcast_use);
     int w = 9;
     for (int i = 0; i < m->nparams; i++) {
         int len = (int)strlen(m->params[i].name ? m->params[i].name : "?");
@@ -801,15 +868,24 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
                 "stats: %d global_mean statistic%s, %" PRId64 " bytes (RtStep.stats); forward_stats runs %d of launches "
                 "0..%d (what they need) and copies them to RtStep.stats_out\n",
                 p->mem.nstats, p->mem.nstats == 1 ? "" : "s", p->mem.stat_bytes, p->mem.stats_launches, p->mem.stats_last);
-    if (which == PLAN_STEP && p->mem.nparam_only > 0) {
-        fprintf(out, "once a step: launch%s", p->mem.nparam_only == 1 ? "" : "es");
+    for (int kind = 2; which == PLAN_STEP && kind >= 1 && p->mem.nparam_only > 0; kind--) {
+        int n = kind == 2 ? p->mem.nparam_skip : p->mem.nparam_only - p->mem.nparam_skip;
+        if (n == 0) continue;
+        fprintf(out, "once a step: launch%s", n == 1 ? "" : "es");
         for (int li = 0, k = 0; li < r->nlaunches; li++)
-            if (p->mem.param_only[li]) fprintf(out, "%s %d", k++ ? "," : "", li);
-        fprintf(out,
-                " read%s only parameters: run when RtStep.casts_kept is 0 (a step's first micro-batch); what %s write%s, "
-                "%s, kept in the arena to the step's end\n",
-                p->mem.nparam_only == 1 ? "s" : "", p->mem.nparam_only == 1 ? "it" : "they", p->mem.nparam_only == 1 ? "s" : "",
-                plan_bytes_text(ar, p->mem.param_only_bytes));
+            if (p->mem.param_only[li] == kind) fprintf(out, "%s %d", k++ ? "," : "", li);
+        if (kind == 2) /* PlanMemory.pcast_bytes */
+            fprintf(out,
+                    " read%s only parameters and write%s only their casts, %s in the parameter casts' region: run when "
+                    "RtStep.casts_kept is 0 (the region not current: the update writes it, other writers of the "
+                    "parameters do not)\n",
+                    n == 1 ? "s" : "", n == 1 ? "s" : "", plan_bytes_text(ar, p->mem.pcast_use));
+        else
+            fprintf(out,
+                    " read%s only parameters: run when RtStep.casts_kept is not 1 (a step's first micro-batch); what %s "
+                    "write%s, %s in the arena%s, kept there to the step's end\n",
+                    n == 1 ? "s" : "", n == 1 ? "it" : "they", n == 1 ? "s" : "", plan_bytes_text(ar, p->mem.param_only_bytes),
+                    p->mem.npcast ? " (and parameters' casts in their region)" : "");
     }
     if (which == PLAN_CHUNK) {
         const PlanSchedules *s = &p->sched;
@@ -885,6 +961,8 @@ void plan_print_summary(FILE *out, const Plan *p) {
             : m->offload_host ? 0
                               : m->state_bytes,
             m->input_bytes);
+    if (m->pcast_bytes > 0) /* runtime/cli/info.c prints it back from RtProgram.pcast_bytes */
+        fprintf(out, "plan: parameter casts %" PRId64 " bytes, written by the update, read by the step\n", m->pcast_bytes);
     if (m->offload_host)
         fprintf(out,
                 "plan: optimizer state offloaded to host: %" PRId64 " bytes in host memory, updated there by the CPU (the "

@@ -181,6 +181,10 @@ static TrainBuild *build_train(Loader *ld, Module *main, const char *train_name,
         if (ts && ts->node == want) tb->config = &ts->cfg;
     }
     if (!tb->config) INTERNAL("graph builder: train block '%.*s' has no settings", STR_ARG(want->name));
+    /* a bf16 program's update also writes the parameters' casts into their region (docs/memory.md,
+     * "The parameter casts' region"); not with recompute or offload.activations, whose step programs
+     * cast into the arena at every micro-batch (plan.h, PlanMemory.param_only) */
+    if (tb->update && !tb->config->recompute && !tb->config->offload_activations) graph_update_add_cast(tb->update, tb->step);
     /* The executable serves the train block's model (its batch-1 forward); a serve block of the
      * same model declaration lends it its settings. */
     const Value *tmodel = NULL;

@@ -38,6 +38,8 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
     fprintf(f, "plan: parameters %lld bytes, gradients %lld bytes, optimizer state %lld bytes, inputs %lld bytes\n",
             (long long)(p->param_floats * 4), (long long)(p->param_floats * 4), (long long)rt_info_state_bytes(p),
             (long long)pl->input_bytes);
+    if (p->pcast_bytes > 0)
+        fprintf(f, "plan: parameter casts %lld bytes, written by the update, read by the step\n", (long long)p->pcast_bytes);
     if (rt_info_host(p))
         fprintf(f,
                 "plan: optimizer state offloaded to host: %lld bytes in host memory, updated there by the CPU (the gradients "
@@ -92,9 +94,10 @@ int rt_cmd_info(const RtProgram *p, const char *prog, int nargs) {
     int64_t largest = 0;
     for (int i = 0; i < RT_NPHASES; i++)
         if (p->plan.arena[i] > largest) largest = p->plan.arena[i];
-    fprintf(stdout, "allocated: arena %lld bytes, parameters %lld, gradients %lld, optimizer state %lld%s\n",
+    fprintf(stdout,
+            "allocated: arena %lld bytes, parameters %lld, gradients %lld, parameter casts %lld, optimizer state %lld%s\n",
             (long long)p->arena_bytes, (long long)(p->param_floats * 4), (long long)(p->param_floats * 4),
-            (long long)rt_info_state_bytes(p),
+            (long long)p->pcast_bytes, (long long)rt_info_state_bytes(p),
             rt_info_slot(p) ? (p->gpu ? " (staging in host memory; the state is in a store file in --offload-dir while training, "
                                         "none on the device)"
                                       : " (staging; the state is in a store file in --offload-dir while training)")

@@ -687,7 +687,10 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* the micro-batches of one step run back to back on this RtExec with the same parameters,
          * and nothing else writes its arena in between: from the second on, what the launches that
          * read only parameters wrote at the first is still there (rt_program.h, casts_kept) */
-        s.casts_kept = m > 0;
+        s.casts_kept = m > 0 ? 1 : x->pcasts_current ? 2 : 0;
+        /* and at the first, the parameter casts' region holds the parameters' casts when the last
+         * forward_backward wrote them and nothing but a whole-region update wrote the parameters
+         * since (rt_exec.h, pcasts_current) */
         /* the step's last micro-batch: its backward starts the buckets' reduction (the tree as it
          * stands before this leaf is what the thread folds each bucket by) */
         int overlapped = st == RT_OK && r->overlap && m + 1 == accum;
@@ -712,6 +715,7 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         }
         r->fb_s += rt_now() - fb0, r->fb_n++; /* (the next batch's read included, when there is one) */
         if (st != RT_OK) return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(g + 1));
+        x->pcasts_current = 1; /* its casts ran, or the region was current */
         if (r->prof) rt_profile_phase(r->prof, RT_PROF_FB);
         if (!isfinite(s.loss))
             return rt_fail(&r->e, RT_ERR_ARG, "step %lld, micro-batch %lld: the loss is %s; stopping", (long long)(step + 1),
@@ -786,6 +790,7 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
                 .seed = s->seed,
                 .lo = s->lo,
                 .hi = s->hi,
+                .pcasts = x->pcasts, /* scratch: the device's casts are made again (rt_exec_push clears the bit) */
                 .err = &r->e};
     st = r->offload ? rt_opt_offload_update(r->offload, x, &h, &r->e) : r->p->optimizer_update(&h);
     return st == RT_OK ? rt_exec_push(x, &r->e) : st; /* the parameters (no state on the device) */
@@ -847,8 +852,17 @@ static RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
     if (x->gpu && p->train.offload_optimizer != 0) st = rt_train_host_update(r, &s);
     else if (r->offload) st = rt_opt_offload_update(r->offload, x, &s, &r->e);
     else st = rt_exec_call(x, RT_EXEC_UPDATE, &s);
-    /* the updated shards; ZeRO-3 keeps its own alone (the next forward gathers) */
+    /* the parameter casts' region stays current only after an update of the whole region on the
+     * device the step runs on (the CPU's chunked update with its state in a store file writes every
+     * chunk's casts into it too), or a shard's whose region the gather completes (below): not
+     * after the host's update on a GPU build (its casts went to a host scratch and the parameters
+     * were uploaded: rt_exec_push clears it too) */
+    if (x->gpu && p->train.offload_optimizer != 0) x->pcasts_current = 0;
+    /* the updated shards; ZeRO-3 keeps its own alone (the next forward gathers); ZeRO-1/2 gather
+     * the parameter casts' region too where they can (rt_train_gather_params), else it is stale */
+    r->pcasts_gathered = 0;
     if (st == RT_OK && r->zero && !r->zero3) st = rt_train_gather_params(r);
+    if (r->zero && !r->pcasts_gathered) x->pcasts_current = 0;
     if (st == RT_OK) st = rt_exec_grad_zero(x, &r->e);
     /* running statistics: from this step's statistics pass (x->stats), the same on every rank */
     if (st == RT_OK) st = rt_exec_running(x, &r->e);
@@ -1120,6 +1134,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->micro_loss);
     free(r->all_loss);
     free(r->shard_off);
+    free(r->pcast_off);
     free(r->shard_got);
     free(r->zero_scratch);
     free(r->loss_order);

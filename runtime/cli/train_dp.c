@@ -309,6 +309,13 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     r->shard_off = calloc((size_t)r->nranks + 1, sizeof *r->shard_off);
     if (!r->shard_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
+    int even = 1; /* the parameter casts' region (2 bytes an element) cut at the same elements */
+    for (int k = 0; k <= r->nranks; k++) even &= r->shard_off[k] % 2 == 0;
+    if (r->p->pcast_bytes > 0 && even && r->p->pcast_bytes == r->p->param_floats * 2) {
+        r->pcast_off = calloc((size_t)r->nranks + 1, sizeof *r->pcast_off);
+        if (!r->pcast_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the parameter casts' shards");
+        for (int k = 0; k <= r->nranks; k++) r->pcast_off[k] = r->shard_off[k] / 2;
+    }
     int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
     r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
     if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
@@ -545,7 +552,7 @@ RtStatus rt_train_shard_state(RtTrainRun *r) {
 
 /* ZeRO, after the update: every rank's updated shard of the parameters to every rank. On the GPU
  * with NCCL device to device; without it through the host (the parameters down, gathered, up). */
-RtStatus rt_train_gather_params(RtTrainRun *r) {
+static RtStatus rt_train_gather_f32(RtTrainRun *r) {
     RtExec *x = &r->x;
     if (!x->gpu) return rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
     if (r->d_shard_got) return rt_comm_gather_shards(r->comm, x->d_params, r->shard_off, &r->e);
@@ -553,6 +560,22 @@ RtStatus rt_train_gather_params(RtTrainRun *r) {
     RtStatus st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
     if (st == RT_OK) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
     if (st == RT_OK) st = rt_gpu_upload(x->gpu, x->d_params, x->params, n * 4, &r->e);
+    return st;
+}
+
+/* A bf16 program's shard update also wrote its shard's parameter casts (docs/memory.md, "The
+ * parameter casts' region"): the others' come with the same gather, as f32 pairs (bytes moved as
+ * they are), in the CPU's region or, with NCCL, the device's; then the region is current and the
+ * next step's first micro-batch need not cast (r->pcasts_gathered). Without NCCL on the GPU it is
+ * not gathered (the step casts). */
+RtStatus rt_train_gather_params(RtTrainRun *r) {
+    RtExec *x = &r->x;
+    RtStatus st = rt_train_gather_f32(r);
+    void *casts = !r->pcast_off ? NULL : !x->gpu ? x->pcasts : r->d_shard_got ? x->d_pcasts : NULL;
+    if (st == RT_OK && casts) {
+        st = rt_comm_gather_shards(r->comm, casts, r->pcast_off, &r->e);
+        r->pcasts_gathered = st == RT_OK;
+    }
     return st;
 }
 

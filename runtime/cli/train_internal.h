@@ -62,6 +62,12 @@ typedef struct RtTrainRun {
     /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1, 2 or 3; this rank's
      * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
     int zero;
+    /* ZeRO-1/2 and a bf16 program (RtProgram.pcast_bytes): shard_off / 2, the shards of the parameter
+     * casts' region counted in f32 pairs (2 bytes a parameter), which rt_train_gather_params gathers
+     * beside the parameters so that the region stays current (RtExec.pcasts_current); NULL when it
+     * cannot (an odd boundary, or none). pcasts_gathered: this step's gather did. */
+    int64_t *pcast_off;
+    int pcasts_gathered;
     float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
     float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
     double *norm_all;      /* ZeRO-2 and 3: every rank's gradient-norm blocks, rank after rank */

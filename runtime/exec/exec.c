@@ -59,6 +59,7 @@ static RtStatus rt_exec_open_gpu(RtExec *e, int64_t tokens, RtError *err) {
         st = rt_gpu_alloc(e->gpu, (void **)&e->d_pos, tokens * 4, "the document positions", err);
     if (st == RT_OK && p->stat_floats > 0)
         st = rt_gpu_alloc(e->gpu, (void **)&e->d_stats, p->stat_floats * 4, "the global_mean statistics", err);
+    if (st == RT_OK && p->pcast_bytes > 0) st = rt_gpu_alloc(e->gpu, &e->d_pcasts, p->pcast_bytes, "the parameter casts", err);
     return st;
 }
 
@@ -89,6 +90,10 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
         st = rt_alloc_region((void **)&e->arena, p->plan.arena[RT_PHASE_UPDATE], "the host update's arena", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->x, tokens * 4, "input batch", err);
     if (st == RT_OK) st = rt_alloc_batch(e, (void **)&e->y, tokens * 4, "target batch", err);
+    /* the parameter casts' region: the program's on the CPU; on a GPU build with offload { optimizer }
+     * the CPU's optimizer_update writes casts too (of parameters it then uploads), into this scratch */
+    if (st == RT_OK && p->pcast_bytes > 0 && (!e->gpu || p->train.offload_optimizer != 0))
+        st = rt_alloc_region(&e->pcasts, p->pcast_bytes, "parameter casts", err);
     if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->x_next, tokens * 4, "next input batch", err);
     if (st == RT_OK && e->gpu) st = rt_alloc_batch(e, (void **)&e->y_next, tokens * 4, "next target batch", err);
     if (st == RT_OK && p->train.docs >= 0) st = rt_alloc_region((void **)&e->pos, tokens * 4, "document positions", err);
@@ -117,6 +122,7 @@ void rt_exec_close(RtExec *e) {
         rt_gpu_free(e->gpu, e->d_y);
         rt_gpu_free(e->gpu, e->d_pos);
         rt_gpu_free(e->gpu, e->d_stats);
+        rt_gpu_free(e->gpu, e->d_pcasts);
         rt_gpu_host_free(e->gpu, e->x);
         rt_gpu_host_free(e->gpu, e->y);
         rt_gpu_host_free(e->gpu, e->x_next);
@@ -136,6 +142,7 @@ void rt_exec_close(RtExec *e) {
     free(e->act_host);
     free(e->stats);
     free(e->stats_out);
+    free(e->pcasts);
     memset(e, 0, sizeof *e);
 }
 
@@ -185,6 +192,7 @@ const char *rt_exec_device(const RtExec *e) { return e->gpu ? rt_gpu_describe(e-
 /* ---- host copies -------------------------------------------------------------------------------- */
 
 RtStatus rt_exec_push(RtExec *e, RtError *err) {
+    e->pcasts_current = 0; /* new parameters (a start, a load, a resume, the host's update) */
     if (!e->gpu) return RT_OK;
     const RtProgram *p = e->prog;
     int64_t lo = e->d_param_lo, hi = e->d_param_hi > 0 ? e->d_param_hi : p->param_floats; /* ZeRO-3: the shard */
@@ -239,6 +247,7 @@ RtStatus rt_exec_batch(RtExec *e, int64_t tokens, RtError *err) {
 RtStatus rt_exec_running(RtExec *e, RtError *err) {
     const RtProgram *p = e->prog;
     RtStatus st = RT_OK;
+    if (p->nrunning > 0) e->pcasts_current = 0; /* frozen parameters the step reads through casts, rewritten */
     for (int64_t i = 0; i < p->nrunning && st == RT_OK; i++) {
         int64_t o = p->running[3 * i], so = p->running[3 * i + 1], n = p->running[3 * i + 2];
         double m = p->running_momentum[i];
@@ -280,10 +289,10 @@ RtStep rt_exec_step(const RtExec *e, RtError *err) {
         .pool = e->pool, .err = err, .stats = e->gpu ? e->d_stats : e->stats, .stats_out = e->stats_out, .act = (void *)e};
     if (e->gpu) {
         s.gpu = e->gpu;
-        s.params = e->d_params, s.grads = e->d_grads, s.state = e->d_state, s.arena = e->d_arena;
+        s.params = e->d_params, s.grads = e->d_grads, s.state = e->d_state, s.arena = e->d_arena, s.pcasts = e->d_pcasts;
         s.x = e->d_x, s.y = e->d_y, s.pos = e->d_pos;
     } else {
-        s.params = e->params, s.grads = e->grads, s.state = e->state, s.arena = e->arena;
+        s.params = e->params, s.grads = e->grads, s.state = e->state, s.arena = e->arena, s.pcasts = e->pcasts;
         s.x = e->x, s.y = e->y, s.pos = e->pos;
     }
     s.param_hook = (void *)e->param_hook;

@@ -144,6 +144,17 @@ typedef struct RtExec {
      * always on the device (the rank's shard): rt_exec_push and rt_exec_pull move those alone
      * (d_param_hi 0: the whole region, as without) */
     int64_t d_param_lo, d_param_hi;
+    /* The parameter casts' region (RtProgram.pcast_bytes > 0; docs/memory.md, "The parameter casts'
+     * region"): the host's (the CPU's, or a GPU build's scratch for the CPU's optimizer_update with
+     * offload { optimizer }) and the device's. pcasts_current: the region holds the casts of the
+     * parameters as they are now, so a step's first micro-batch may skip the casts
+     * (RtStep.casts_kept 2). Set by the train loop after a forward_backward; kept across a
+     * whole-region optimizer_update on the running device; cleared by rt_exec_push and
+     * rt_exec_running, and by the train loop after a GPU build's host update and a ZeRO shard
+     * update whose casts were not gathered (rt_train_gather_params): every other writer of the
+     * parameters. */
+    void *pcasts, *d_pcasts;
+    int pcasts_current;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool

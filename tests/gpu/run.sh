@@ -1552,35 +1552,104 @@ EOF
         fi
     fi
 fi
-# ---- a bf16 program's weight casts once an optimizer step (issue 15; plan.h, PlanMemory.param_only) ----
+# ---- a bf16 program's weight casts: once an optimizer step, or written by the update (issue 15) ----
 # gpu/param-casts: tests/exec/param_casts.mbt's kept (its cast launch skipped at a step's second to
-# fourth micro-batch, RtStep.casts_kept) and every (recompute = [gelu]: cast at every micro-batch),
-# 3 steps on the device: byte-identical weights and the same logs; with MBT_DEBUG=1 the timing
-# table counts kept's cast kernel once a step (3 calls) and every's once a micro-batch (12).
+# fourth micro-batch, RtStep.casts_kept 1, and from the second step on at the first too, casts_kept
+# 2: the update wrote cast(p_new) into the parameter casts' region, plan.h's PH_PCAST), kept1 (the
+# same at one micro-batch a step) and their peers every and every1 (recompute = [gelu]: cast at
+# every micro-batch), 3 steps on the device: byte-identical weights and the same logs; with
+# MBT_DEBUG=1 the timing table counts kept's and kept1's cast kernel once in all (the first step's
+# first micro-batch: 0 times after the first step), every's 12 times and every1's 3; kept and kept1
+# run as CUDA graphs too (MBT_DEBUG turns them off), with the same weights.
 if [ "$DEVICE" = cpu ]; then
     skip gpu/param-casts "MBT_GPU_TEST_DEVICE=$DEVICE: the exec layer's param_casts.case runs it on the CPU"
 else
     d="$DIR/param-casts"
-    mkdir -p "$d/kept" "$d/every"
-    if ! build "$d/kept" tests/exec/param_casts.mbt --train kept || ! build "$d/every" tests/exec/param_casts.mbt --train every; then
+    ok=1
+    for t in kept every kept1 every1; do
+        mkdir -p "$d/$t"
+        build "$d/$t" tests/exec/param_casts.mbt --train $t || ok=0
+    done
+    if [ $ok = 0 ]; then
         fail gpu/param-casts "mbtc tests/exec/param_casts.mbt -o or --emit=cuda failed" "$OUT"
     else
-        for t in kept every; do
+        for t in kept every kept1 every1; do
             MBT_DEBUG=1 on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/$t.out" train --steps 3 --data "$DATA" \
                 --save-weights "$d/$t.st" --log "$d/$t.jsonl"
             echo $? >"$d/$t.rc"
         done
-        ck=$(awk '$1 == "step_k0_cast" { print $2 }' "$d/kept.out")
-        ce=$(awk '$1 == "step_k0_cast" { print $2 }' "$d/every.out")
-        if [ "$(cat "$d/kept.rc")" != 0 ] || [ "$(cat "$d/every.rc")" != 0 ]; then
-            fail gpu/param-casts "a run failed (kept: status $(cat "$d/kept.rc"); every: $(cat "$d/every.rc"))" "$d/kept.out" "$d/every.out"
+        # and as CUDA graphs (MBT_DEBUG runs the step uncaptured): the calls with casts_kept 0, 1
+        # and 2 are graphs of their own, which must give the same numbers
+        for t in kept kept1; do
+            on_device_cmd "$d/$t/prog.cu" "$d/$t/prog" "$d/${t}g.out" train --steps 3 --data "$DATA" \
+                --save-weights "$d/${t}g.st" --log "$d/${t}g.jsonl"
+            echo $? >"$d/${t}g.rc"
+        done
+        count() { awk '$1 == "step_k0_cast" { n = $2 } END { print n + 0 }' "$d/$1.out"; }
+        rcs="$(cat "$d/kept.rc" "$d/every.rc" "$d/kept1.rc" "$d/every1.rc" "$d/keptg.rc" "$d/kept1g.rc" | tr '\n' ' ')"
+        if [ "$rcs" != "0 0 0 0 0 0 " ]; then
+            fail gpu/param-casts "a run failed (kept, every, kept1, every1, kept and kept1 as graphs: status $rcs)" \
+                "$d/kept.out" "$d/every.out" "$d/kept1.out" "$d/every1.out" "$d/keptg.out" "$d/kept1g.out"
         elif ! cmp -s "$d/kept.st" "$d/every.st" || [ "$(untimed "$d/kept.jsonl")" != "$(untimed "$d/every.jsonl")" ]; then
             fail gpu/param-casts "the casts kept over a step's micro-batches saved or logged other numbers than recast each time" "$d/kept.jsonl" "$d/every.jsonl"
-        elif [ "$ck" != 3 ] || [ "$ce" != 12 ]; then
-            fail gpu/param-casts "step_k0_cast ran '$ck' times in kept's 3 steps (3 expected) and '$ce' in every's (12 expected)" "$d/kept.out" "$d/every.out"
+        elif ! cmp -s "$d/kept1.st" "$d/every1.st" || [ "$(untimed "$d/kept1.jsonl")" != "$(untimed "$d/every1.jsonl")" ]; then
+            fail gpu/param-casts "the casts the update wrote (one micro-batch a step) saved or logged other numbers than recast each time" "$d/kept1.jsonl" "$d/every1.jsonl"
+        elif ! cmp -s "$d/keptg.st" "$d/every.st" || ! cmp -s "$d/kept1g.st" "$d/every1.st" \
+            || [ "$(untimed "$d/kept1g.jsonl")" != "$(untimed "$d/every1.jsonl")" ] || ! grep -q "^GPU: .*CUDA graphs: [1-9]" "$d/kept1g.out"; then
+            fail gpu/param-casts "kept or kept1 as CUDA graphs saved or logged other numbers than recast each time (or ran no graph)" "$d/keptg.out" "$d/kept1g.out"
+        elif [ "$(count kept) $(count every) $(count kept1) $(count every1)" != "1 12 1 3" ]; then
+            fail gpu/param-casts "step_k0_cast ran $(count kept), $(count every), $(count kept1) and $(count every1) times in kept's, every's, kept1's and every1's 3 steps (1, 12, 1 and 3 expected)" "$d/kept.out" "$d/kept1.out"
         else
-            pass "gpu/param-casts (the cast kernel 3 times in 3 steps of 4 micro-batches, 12 recasting; weights and logs byte for byte)"
+            pass "gpu/param-casts (the cast kernel once in 3 steps of 4 micro-batches and in 3 of 1, 12 and 3 times recasting; weights and logs byte for byte, as CUDA graphs too)"
         fi
+    fi
+    # gpu/param-casts-zero1/TRANSPORT: zero1 (ZeRO-1, 2 ranks, one micro-batch each) against every2
+    # (one process, the same global batch, recasting): with NCCL each rank's shard of the parameter
+    # casts' region is gathered GPU to GPU beside the parameters, so no step but the first casts
+    # (step_k0_cast once in 3 steps, MBT_DEBUG); staged through the host (MBT_NCCL=0) the region is
+    # not gathered and every step's first micro-batch casts (3 times)
+    ng=0
+    [ "$DEVICE" = emu ] || ng=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+    mkdir -p "$d/zero1" "$d/every2"
+    if ! build "$d/zero1" tests/exec/param_casts.mbt --train zero1 || ! build "$d/every2" tests/exec/param_casts.mbt --train every2; then
+        fail gpu/param-casts-zero1 "mbtc tests/exec/param_casts.mbt -o or --emit=cuda failed" "$OUT"
+    elif [ "$DEVICE" = emu ] && ! { [ -f "$d/zero1/prog.cu.so" ] || tests/cudaemu/build.sh "$d/zero1/prog.cu" "$d/zero1/prog.cu.so" >"$OUT" 2>&1; }; then
+        fail gpu/param-casts-zero1 "tests/cudaemu/build.sh failed" "$OUT"
+    else
+        on_device_cmd "$d/every2/prog.cu" "$d/every2/prog" "$d/every2.out" train --steps 3 --data "$DATA" \
+            --save-weights "$d/every2.st" --log "$d/every2.jsonl"
+        rce=$?
+        for spec in "nccl 1 1" "staged 0 3"; do
+            read -r tr nccl want <<<"$spec"
+            if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ng" -lt 2 ]; then
+                skip gpu/param-casts-zero1/$tr "NCCL needs a GPU a rank and this machine has $ng"
+                continue
+            fi
+            port=$((30000 + ($$ + RANDOM) % 20000)) pids=() rcz=0
+            rm -f "$d/z.$tr.st"
+            for r in 0 1; do
+                (
+                    export MBT_NCCL=$nccl MBT_DEBUG=1 RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 \
+                        MASTER_PORT=$port MBT_COMM_TIMEOUT=300
+                    on_device_cmd "$d/zero1/prog.cu" "$d/zero1/prog" "$d/z.$tr.$r.out" train --steps 3 --data "$DATA" \
+                        --save-weights "$d/z.$tr.st" --log "$d/z.$tr.jsonl"
+                ) &
+                pids+=($!)
+            done
+            for p in "${pids[@]}"; do wait "$p" || rcz=1; done
+            n=$(awk '$1 == "step_k0_cast" { n = $2 } END { print n + 0 }' "$d/z.$tr.0.out")
+            if [ "$rce" != 0 ] || [ "$rcz" != 0 ]; then
+                fail gpu/param-casts-zero1/$tr "a run failed (every2: status $rce; zero1's 2 ranks: $rcz)" "$d/every2.out" \
+                    "$d/z.$tr.0.out" "$d/z.$tr.1.out"
+            elif ! cmp -s "$d/z.$tr.st" "$d/every2.st" || [ "$(untimed "$d/z.$tr.jsonl")" != "$(untimed "$d/every2.jsonl")" ]; then
+                fail gpu/param-casts-zero1/$tr "ZeRO-1's 2 ranks saved or logged other numbers than one recasting process" \
+                    "$d/z.$tr.jsonl" "$d/every2.jsonl"
+            elif [ "$n" != "$want" ]; then
+                fail gpu/param-casts-zero1/$tr "step_k0_cast ran $n times on rank 0 in 3 steps ($want expected)" "$d/z.$tr.0.out"
+            else
+                pass "gpu/param-casts-zero1/$tr (2 ranks: every2's weights and logs byte for byte; the cast kernel $n times in 3 steps)"
+            fi
+        done
     fi
 fi
 summary

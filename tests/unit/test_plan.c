@@ -652,6 +652,68 @@ static void errors_update(void) {
     arena_free(&ar);
 }
 
+/* A bf16 program's parameter casts' region (plan.h, PH_PCAST): the update's cast(p_new) over the
+ * whole region at 0, the step's casts of whole parameters at their offset / 2 (m's, read by the
+ * product), their launch marked 2; plan_verify notices each misplaced; an f32 program has none. */
+static void pcast_region(void) {
+    Arena ar = {0};
+    Built *f = build(program(&ar, "optim.adamw(lr = 1e-3)", ""), NULL);
+    CHECK(f->plan && f->plan->mem.pcast_bytes == 0 && f->tb->update->update->cast_out < 0, "f32: no parameter casts");
+    built_free(f);
+    /* w's gather reads the parameter itself; m, a product's operand, is read through k0's cast */
+    Built *b = build("import optim\n"
+                     "model Q(n = 5) {\n  w = param f32[n, 3] ~ normal(0, 1)\n  m = param f32[3, 3] ~ normal(0, 1)\n"
+                     "  fn forward(idx: i32[B, T]) -> f32[B, T, 3] {\n    return w[idx] @ m\n  }\n}\n"
+                     "train t {\n  model = Q()\n  data = tokens(\"x.bin\", seq = 4)\n"
+                     "  loss = cross_entropy(model(data.x), data.y)\n  optimizer = optim.adamw(lr = 1e-3)\n"
+                     "  precision = bf16\n  steps = 100\n}\n",
+                     NULL);
+    if (b->plan) {
+        PlanMemory *m = &b->plan->mem;
+        const GraphUpdate *u = b->tb->update->update;
+        CHECK(m->pcast_bytes == m->param_bytes / 2 && m->pcast_dt == DT_BF16, "the region: %lld bytes for %lld of parameters",
+              (long long)m->pcast_bytes, (long long)m->param_bytes);
+        PlanPhaseMem *up = &m->phase[PLAN_UPDATE], *st = &m->phase[PLAN_STEP];
+        int ub = u->cast_out >= 0 ? up->r->node_buffer[u->cast_out] : -1;
+        CHECK(ub >= 0 && up->slots[ub].home == PH_PCAST && up->slots[ub].offset == 0 && up->slots[ub].bytes == u->n * 2,
+              "the update's cast(p_new) fills the region from 0");
+        int sb = -1, pi = -1;
+        for (int i = 0; i < st->r->nbuffers && sb < 0; i++)
+            if (st->slots[i].home == PH_PCAST) sb = i;
+        const FuseBuffer *fb = sb >= 0 ? &st->r->buffers[sb] : NULL;
+        const GNode *cn = fb ? graph_node(st->r->g, fb->node) : NULL;
+        for (int k = 0; cn && k < m->nparams; k++)
+            if (strcmp(m->params[k].name, graph_node(st->r->g, cn->in[0])->name) == 0) pi = k;
+        CHECK(m->npcast > 0 && pi >= 0 && st->slots[sb].offset == m->params[pi].offset / 2,
+              "a step cast at its parameter's offset / 2");
+        int li = -1;
+        for (int l = 0; m->param_only && l < st->r->nlaunches; l++)
+            if (m->param_only[l] == 2) li = l;
+        CHECK(li >= 0 && m->nparam_skip == 1, "the cast launch is skipped when the region is current");
+        CHECK(plan_verify(b->plan, NULL) == 0, "the plan verifies");
+        if (sb >= 0) {
+            st->slots[sb].offset += PLAN_ALIGN;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a step cast off its parameter's place");
+            st->slots[sb].offset -= PLAN_ALIGN;
+        }
+        if (ub >= 0) {
+            up->slots[ub].offset += PLAN_ALIGN;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports the update's casts off the region's start");
+            up->slots[ub].offset -= PLAN_ALIGN;
+        }
+        if (li >= 0) {
+            m->param_only[li] = 1;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a cast launch marked against its buffers");
+            m->param_only[li] = 2;
+        }
+        CHECK(plan_verify(b->plan, NULL) == 0, "the plan verifies again once restored");
+    } else {
+        CHECK(0, "the bf16 program did not build");
+    }
+    built_free(b);
+    arena_free(&ar);
+}
+
 /* plan_verify notices a broken plan. */
 static void verify_catches(void) {
     Arena ar = {0};
@@ -726,5 +788,6 @@ int main(void) {
     RUN(optimizer_lamb);
     RUN(errors_update);
     RUN(verify_catches);
+    RUN(pcast_region);
     return unit_finish();
 }
