@@ -14,6 +14,8 @@
 /* rt_grad_ready's hook (RtGradHook): elements [lo, hi) of the gradient have their last addition
  * of the step's last micro-batch. */
 static void rt_train_grad_ready(void *ctx, int64_t lo, int64_t hi) { rt_dp_reduce_ready(((RtTrainRun *)ctx)->buckets, lo, hi); }
+/* ZeRO-2's: the range has its last addition of the micro-batch under way (every micro-batch's). */
+static void rt_train_zgrad_ready(void *ctx, int64_t lo, int64_t hi) { rt_dp_reduce_ready(((RtTrainRun *)ctx)->zbuckets, lo, hi); }
 
 /* The bucket's elements made this rank's final sum, on the communication thread: the local
  * tree's additions after the last micro-batch, over [lo, hi). */
@@ -39,11 +41,9 @@ static RtStatus rt_train_overlap_env(RtTrainRun *r, int *on) {
  * the whole gradient through the host (with NCCL, rt_train_gpu_buckets_open). A bucket is ready
  * once every parameter's range in it was announced (a parameter whose gradient the program never
  * writes, a zero gradient, holds its bucket until the backward ends). */
-static RtStatus rt_train_overlap_open(RtTrainRun *r) {
-    RtStatus st = rt_train_overlap_env(r, &r->overlap);
-    if (st != RT_OK) return st;
-    if (r->x.gpu) r->overlap = 0;
-    if (!r->overlap) return RT_OK;
+/* The parameters' gradient ranges: what the backward writes, each range announced once a
+ * micro-batch (rt_grad_ready). */
+static RtStatus rt_train_expect(RtTrainRun *r, RtDpReduce *d) {
     const RtProgram *p = r->p;
     int64_t *lo = malloc((size_t)(p->nparams + 1) * sizeof *lo), *hi = malloc((size_t)(p->nparams + 1) * sizeof *hi);
     if (!lo || !hi) {
@@ -51,10 +51,42 @@ static RtStatus rt_train_overlap_open(RtTrainRun *r) {
         return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the parameters' ranges");
     }
     for (int64_t i = 0; i < p->nparams; i++) lo[i] = p->params[i].offset, hi[i] = p->params[i].offset + p->params[i].numel;
-    rt_dp_reduce_expect(r->buckets, lo, hi, (int)p->nparams);
+    rt_dp_reduce_expect(d, lo, hi, (int)p->nparams);
     free(lo), free(hi);
+    return RT_OK;
+}
+
+static RtStatus rt_train_overlap_open(RtTrainRun *r) {
+    RtStatus st = rt_train_overlap_env(r, &r->overlap);
+    if (st != RT_OK) return st;
+    if (r->x.gpu) r->overlap = 0;
+    if (!r->overlap) return RT_OK;
+    st = rt_train_expect(r, r->buckets);
+    if (st != RT_OK) return st;
     r->hook = (RtGradHook){rt_train_grad_ready, r};
     return RT_OK;
+}
+
+/* ZeRO-2's buckets by shard, overlapped with every micro-batch's backward (docs/parallel.md,
+ * "ZeRO-2's buckets overlapped with each backward"): on the CPU, zero = 2 with the partial sums
+ * by shard, more than one bucket and MBT_DP_OVERLAP=1. Not ZeRO-3: its parameter gathers run
+ * collectives on the same communicator during the backward (zero3.c's thread), and two threads'
+ * collectives on one communicator would not match across the ranks. Not the GPU (the staged path
+ * downloads the gradient whole; over NCCL the exchange is whole after the backward: not built). */
+static RtStatus rt_train_zbuckets_open(RtTrainRun *r, int64_t len) {
+    int on;
+    RtStatus st = rt_train_overlap_env(r, &on);
+    if (st != RT_OK || !on || !r->shard_tree_on || r->zero != 2 || r->x.gpu || r->p->param_floats <= r->bucket_floats) return st;
+    r->zblock = malloc((size_t)(len + 1) * sizeof *r->zblock);
+    if (!r->zblock) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient shard's block sum");
+    st = rt_dp_reduce_open_shards(&r->zbuckets, r->comm, r->p->param_floats, r->bucket_floats, r->shard_off, r->zblock, &r->e);
+    if (st == RT_OK) st = rt_train_expect(r, r->zbuckets);
+    r->zhook = (RtGradHook){rt_train_zgrad_ready, r};
+    /* For tests only (tests/exec/zero2.mbt's control): MBT_TEST_DROP_JOIN=1 leaves the join out, so
+     * that the next micro-batch's reduction begins under the one before; it must be caught */
+    const char *drop = getenv("MBT_TEST_DROP_JOIN");
+    r->test_drop_join = drop && !strcmp(drop, "1");
+    return st;
 }
 
 /* ---- the GPU's buckets overlapped with the backward (docs/parallel.md, "The GPU's buckets") ----
@@ -310,9 +342,15 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     if (!r->shard_off) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
     int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
-    r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
-    if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     r->zero = (int)t->zero;
+    st = rt_train_zbuckets_open(r, len);
+    if (st != RT_OK) return st;
+    /* the whole exchange's receive buffer: every rank's copy of this rank's shard (not with
+     * ZeRO-2's buckets, whose receive buffer is a bucket's) */
+    if (!r->zbuckets) {
+        r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
+        if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
+    }
     if (r->x.gpu) { /* NCCL between the GPUs when it is there: the sum then stays on the device */
         st = rt_comm_set_gpu(r->comm, r->x.gpu, &r->e);
         if (st == RT_OK && rt_comm_nccl(r->comm))
@@ -427,6 +465,12 @@ RtStatus rt_train_shard_push(RtTrainRun *r, int64_t m, int64_t accum, int64_t st
         st = t.st;
         if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, r->d_shard_got, last, &sum, &r->e);
         if (st == RT_OK && last && len > 0) st = rt_gpu_copy(x->gpu, x->d_grads + lo, sum, len * (int64_t)sizeof(float), &r->e);
+    } else if (r->zbuckets) {
+        /* the join: the buckets exchanged and summed during the backward, the last ones now; only
+         * then is zblock the block's sum and may the gradient region be zeroed for the next */
+        if (!r->test_drop_join) st = rt_dp_reduce_finish(r->zbuckets, &r->e);
+        if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, r->zblock, last, &sum, &r->e);
+        if (st == RT_OK && last && len > 0) memcpy(x->grads + lo, sum, (size_t)len * sizeof *x->grads);
     } else {
         /* the CPU, or the GPU staged through the host (the micro-batch's gradient downloaded) */
         st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
