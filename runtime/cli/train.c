@@ -1130,7 +1130,6 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->norm_all);
     rt_dp_reduce_close(r->buckets);
     rt_dp_reduce_close(r->zbuckets);
-    free(r->zblock);
     rt_train_gpu_buckets_close(r);
     free(r->dump_x);
     free(r->stat_x);

@@ -73,13 +73,11 @@ static RtStatus rt_train_overlap_open(RtTrainRun *r) {
  * collectives on the same communicator during the backward (zero3.c's thread), and two threads'
  * collectives on one communicator would not match across the ranks. Not the GPU (the staged path
  * downloads the gradient whole; over NCCL the exchange is whole after the backward: not built). */
-static RtStatus rt_train_zbuckets_open(RtTrainRun *r, int64_t len) {
+static RtStatus rt_train_zbuckets_open(RtTrainRun *r) {
     int on;
     RtStatus st = rt_train_overlap_env(r, &on);
     if (st != RT_OK || !on || !r->shard_tree_on || r->zero != 2 || r->x.gpu || r->p->param_floats <= r->bucket_floats) return st;
-    r->zblock = malloc((size_t)(len + 1) * sizeof *r->zblock);
-    if (!r->zblock) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient shard's block sum");
-    st = rt_dp_reduce_open_shards(&r->zbuckets, r->comm, r->p->param_floats, r->bucket_floats, r->shard_off, r->zblock, &r->e);
+    st = rt_dp_reduce_open_shards(&r->zbuckets, r->comm, r->p->param_floats, r->bucket_floats, r->shard_off, &r->e);
     if (st == RT_OK) st = rt_train_expect(r, r->zbuckets);
     r->zhook = (RtGradHook){rt_train_zgrad_ready, r};
     /* For tests only (tests/exec/zero2.mbt's control): MBT_TEST_DROP_JOIN=1 leaves the join out, so
@@ -343,7 +341,7 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     rt_comm_shards(r->p->param_floats, r->nranks, RT_SHARD_ALIGN, r->shard_off);
     int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
     r->zero = (int)t->zero;
-    st = rt_train_zbuckets_open(r, len);
+    st = rt_train_zbuckets_open(r);
     if (st != RT_OK) return st;
     /* the whole exchange's receive buffer: every rank's copy of this rank's shard (not with
      * ZeRO-2's buckets, whose receive buffer is a bucket's) */
@@ -467,10 +465,11 @@ RtStatus rt_train_shard_push(RtTrainRun *r, int64_t m, int64_t accum, int64_t st
         if (st == RT_OK && last && len > 0) st = rt_gpu_copy(x->gpu, x->d_grads + lo, sum, len * (int64_t)sizeof(float), &r->e);
     } else if (r->zbuckets) {
         /* the join: the buckets exchanged and summed during the backward, the last ones now; only
-         * then is zblock the block's sum and may the gradient region be zeroed for the next */
+         * then is the gradient region's shard the block's sum, and may the region be zeroed for
+         * the next micro-batch (after the push has read it) */
         if (!r->test_drop_join) st = rt_dp_reduce_finish(r->zbuckets, &r->e);
-        if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, r->zblock, last, &sum, &r->e);
-        if (st == RT_OK && last && len > 0) memcpy(x->grads + lo, sum, (size_t)len * sizeof *x->grads);
+        if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, x->grads + lo, last, &sum, &r->e);
+        if (st == RT_OK && last && len > 0 && sum != x->grads + lo) memcpy(x->grads + lo, sum, (size_t)len * sizeof *x->grads);
     } else {
         /* the CPU, or the GPU staged through the host (the micro-batch's gradient downloaded) */
         st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);

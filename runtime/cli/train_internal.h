@@ -100,10 +100,9 @@ typedef struct RtTrainRun {
     int shard_tree_on, interleaved;
     RtShardTree shard_tree;
     /* ZeRO-2's buckets by shard overlapped with each micro-batch's backward (the CPU, MBT_DP_OVERLAP,
-     * more than one bucket; docs/parallel.md): the reducer, zblock (this rank's shard of a
-     * micro-batch block's sum, which it fills bucket by bucket) and the hook that marks ranges ready */
+     * more than one bucket; docs/parallel.md): the reducer (it leaves this rank's shard of a
+     * micro-batch block's sum in the gradient region's shard) and the hook that marks ranges ready */
     RtDpReduce *zbuckets;
-    float *zblock;
     RtGradHook zhook;
     int test_drop_join;   /* MBT_TEST_DROP_JOIN=1, tests only: the join left out (it must be caught) */
     RtShardOps shard_ops; /* the device's regions' additions and copies (over NCCL) */

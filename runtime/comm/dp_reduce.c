@@ -23,10 +23,9 @@ struct RtDpReduce {
     int64_t *rel;                   /* the thread's: one bucket's, from its start */
     float *got[2];                  /* every rank's copy of this rank's shard: buckets b, b + 1 alternate */
     /* ZeRO-2's buckets by shard (rt_dp_reduce_open_shards): each bucket cut at the ZeRO shards'
-     * boundaries, rank r's piece summed into block[off - shard_lo] (this rank's shard of the
-     * micro-batch block's sum), nothing gathered; one receive buffer (got[0]) */
-    float *block;
-    int64_t shard_lo;
+     * boundaries, rank r's piece summed back into place (v's shard r becomes this rank's shard of
+     * the micro-batch block's sum), nothing gathered; one receive buffer (got[0]) */
+    int shards;
     float *v; /* the vector of the run under way */
     pthread_t thread;
     int started;
@@ -103,7 +102,7 @@ static const int64_t *bucket_off(const RtDpReduce *d, int b) { return d->off + (
 
 /* Bucket b's receive buffer: two alternate after the backward (rt_dp_reduce_run); the shard
  * mode's thread takes one bucket at a time and has one. */
-static float *bucket_got(const RtDpReduce *d, int b) { return d->block ? d->got[0] : d->got[b & 1]; }
+static float *bucket_got(const RtDpReduce *d, int b) { return d->shards ? d->got[0] : d->got[b & 1]; }
 
 /* One collective of the run, on the thread. The offsets passed are relative to the bucket's
  * start: the collectives see the bucket as a vector of its own. */
@@ -132,11 +131,9 @@ static RtStatus run_bucket(RtDpReduce *d, int b, RtError *err, double *comm_s) {
     int64_t lo = o[d->rank], len = o[d->rank + 1] - lo;
     float *got = bucket_got(d, b);
     rt_dp_tree_sum_f32(NULL, got, d->size, len);
-    if (d->block) { /* ZeRO-2: this rank's piece of the block sum, kept; nothing to gather */
-        if (len > 0) memcpy(d->block + (lo - d->shard_lo), got, (size_t)len * sizeof *d->block);
-        return RT_OK;
-    }
+    /* in place: the exchange has sent these elements, and nothing else reads them this micro-batch */
     if (len > 0) memcpy(d->v + lo, got, (size_t)len * sizeof *d->v);
+    if (d->shards) return RT_OK; /* ZeRO-2: this rank keeps its shard; nothing to gather */
     t0 = rt_now();
     st = run_job(d, (RtDpJob){RT_DP_GATHER, b}, err);
     *comm_s += rt_now() - t0;
@@ -185,9 +182,9 @@ static void *comm_thread(void *arg) {
 }
 
 /* shard_off: NULL (each bucket cut into 64-byte pieces of its own), or the ZeRO shards' size + 1
- * boundaries (each bucket cut at them) with block, rank's shard of the block sum */
+ * boundaries (each bucket cut at them) */
 static RtStatus dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats,
-                               const int64_t *shard_off, float *block, RtError *err) {
+                               const int64_t *shard_off, RtError *err) {
     *out = NULL;
     int size = rt_comm_size(c);
     if (size < 2) return rt_fail(err, RT_ERR_ARG, "the bucketed reduction needs 2 ranks or more, not %d", size);
@@ -218,8 +215,8 @@ static RtStatus dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_
         if (o[d->rank + 1] - o[d->rank] > d->most) d->most = o[d->rank + 1] - o[d->rank];
         d->need[b] = hi - lo;
     }
-    if (shard_off) d->block = block, d->shard_lo = shard_off[d->rank];
-    for (int i = 0; i < (block ? 1 : 2); i++) {
+    d->shards = shard_off != NULL;
+    for (int i = 0; i < (d->shards ? 1 : 2); i++) {
         d->got[i] = malloc((size_t)(d->most * size + 1) * sizeof(float));
         if (!d->got[i]) {
             rt_dp_reduce_close(d);
@@ -241,16 +238,16 @@ static RtStatus dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_
 }
 
 RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats, RtError *err) {
-    return dp_reduce_open(out, c, pool, n, bucket_floats, NULL, NULL, err);
+    return dp_reduce_open(out, c, pool, n, bucket_floats, NULL, err);
 }
 
 RtStatus rt_dp_reduce_open_shards(RtDpReduce **out, RtComm *c, int64_t n, int64_t bucket_floats, const int64_t *shard_off,
-                                  float *block, RtError *err) {
-    if (!shard_off || !block) return rt_fail(err, RT_ERR_ARG, "the buckets by shard need the shards and a block sum");
-    return dp_reduce_open(out, c, NULL, n, bucket_floats, shard_off, block, err);
+                                  RtError *err) {
+    if (!shard_off) return rt_fail(err, RT_ERR_ARG, "the buckets by shard need the shards' boundaries");
+    return dp_reduce_open(out, c, NULL, n, bucket_floats, shard_off, err);
 }
 
-int64_t rt_dp_reduce_recv_bytes(const RtDpReduce *d) { return (d->block ? 1 : 2) * d->most * d->size * (int64_t)sizeof(float); }
+int64_t rt_dp_reduce_recv_bytes(const RtDpReduce *d) { return (d->shards ? 1 : 2) * d->most * d->size * (int64_t)sizeof(float); }
 
 int rt_dp_reduce_buckets(const RtDpReduce *d) { return d->nbuckets; }
 int64_t rt_dp_reduce_bucket_floats(const RtDpReduce *d) { return d->bucket_floats; }
@@ -274,7 +271,7 @@ static RtStatus wait_done(RtDpReduce *d, int count) {
 }
 
 RtStatus rt_dp_reduce_run(RtDpReduce *d, float *v, RtError *err) {
-    if (d->block) return rt_fail(err, RT_ERR_ARG, "the buckets by shard reduce during the backward alone (rt_dp_reduce_begin)");
+    if (d->shards) return rt_fail(err, RT_ERR_ARG, "the buckets by shard reduce during the backward alone (rt_dp_reduce_begin)");
     pthread_mutex_lock(&d->mu);
     d->v = v, d->posted = d->done = 0, d->status = RT_OK;
     pthread_mutex_unlock(&d->mu);

@@ -34,12 +34,12 @@ RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n,
  * (size + 1, kept by the caller) instead of into pieces of its own: piece k of bucket b is its
  * elements in shard k, empty where they do not meet. Only begin .. finish (the thread, during each
  * micro-batch's backward; fold NULL): each bucket's pieces exchanged, rank r's N copies summed by
- * the tree over the ranks into block[lo - shard_off[r]] (block: shard r's floats, the caller's),
- * nothing gathered. After finish, block holds the rank's shard of the micro-batch block's sum: the
- * same additions per element as the whole exchange (rt_dp_tree_sum_f32 is elementwise). The
- * receive buffer is one: N x the largest piece (at most N x bucket_floats). */
+ * the tree over the ranks and written back in place (the exchange has sent those elements), nothing
+ * gathered. After finish, v[shard_off[r], shard_off[r + 1]) is the rank's shard of the micro-batch
+ * block's sum: the same additions per element as the whole exchange (rt_dp_tree_sum_f32 is
+ * elementwise). The receive buffer is one: N x the largest piece (at most N x bucket_floats). */
 RtStatus rt_dp_reduce_open_shards(RtDpReduce **out, RtComm *c, int64_t n, int64_t bucket_floats, const int64_t *shard_off,
-                                  float *block, RtError *err);
+                                  RtError *err);
 /* The receive buffers' bytes (every rank's copy of this rank's piece of a bucket). */
 int64_t rt_dp_reduce_recv_bytes(const RtDpReduce *d);
 int rt_dp_reduce_buckets(const RtDpReduce *d);
