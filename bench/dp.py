@@ -16,7 +16,12 @@ communication thread ran collectives, and how long the step waited for it); the 
 is 1 - waited / collectives: behind the backward (and the sums) with the overlap, behind the
 ranks' sums of other buckets without (docs/parallel.md, "Buckets"). Asserts nothing; prints a table and writes
 bench/results/dp-<host>-<time>.json.
-Usage: bench/dp.py [--build build] [--rounds 3] [--steps 13] [--warmup 3] [--threads N] [--bucket-mb 1]
+With --zero 2 the 2-rank program says `parallel { data = 2, zero = 2 }`: ZeRO-2's partial sums by
+shard, each micro-batch's gradient exchanged by shards; overlapped, bucket by bucket during every
+micro-batch's backward (docs/parallel.md, "ZeRO-2's buckets overlapped with each backward"); after
+(MBT_DP_OVERLAP=0), whole after each backward on the step's thread (no buckets line: all of it is
+exposed, hidden 0 by construction). The reduction is then exchange_shards alone (no gather).
+Usage: bench/dp.py [--build build] [--rounds 3] [--steps 13] [--warmup 3] [--threads N] [--bucket-mb 1] [--zero 2]
 """
 import argparse
 import json
@@ -66,6 +71,7 @@ def main(argv):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="threads of the one process (default: the CPUs available)")
     ap.add_argument("--bucket-mb", default="1", help="MBT_DP_BUCKET_MB for the ranks (default 1)")
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 2), help="the 2-rank program's parallel.zero (default 0)")
     ap.add_argument("--work", help="a directory for the executables and data (default: a temporary one)")
     a = ap.parse_args(argv)
     threads = a.threads or len(os.sched_getaffinity(0))
@@ -75,7 +81,8 @@ def main(argv):
     src = open("examples/tiny.mbt").read()
     if "parallel" in src:
         sys.exit("bench/dp.py: examples/tiny.mbt already says parallel; this script adds it")
-    two = re.sub(r"(\n  batch [^\n]*\n)", r"\1  parallel  { data = 2 }\n", src, count=1)
+    zero = f", zero = {a.zero}" if a.zero else ""
+    two = re.sub(r"(\n  batch [^\n]*\n)", r"\1  parallel  { data = 2" + zero + " }\n", src, count=1)
     open(os.path.join(work, "tiny2.mbt"), "w").write(two)
     mbtc = os.path.join(a.build, "mbtc")
     p1, p2 = os.path.join(work, "tiny1"), os.path.join(work, "tiny2")
@@ -93,7 +100,7 @@ def main(argv):
         else f"2 tcp ranks ({rank_threads} thread{'s' if rank_threads > 1 else ''} a rank)"
     print(f"tiny (examples/tiny.mbt, 0.8M parameters, global 32 = 4 x 8 sequences of 64), {a.steps} steps "
           f"({a.warmup} warm-up), {a.rounds} rounds; alone: {threads} threads; 2 ranks: {launcher}, "
-          f"MBT_DP_BUCKET_MB={a.bucket_mb}; work dir {work}")
+          f"MBT_DP_BUCKET_MB={a.bucket_mb}, parallel.zero = {a.zero}; work dir {work}")
     rounds = []
     for r in range(a.rounds):
         log1 = os.path.join(work, f"alone-{r}.jsonl")
@@ -124,6 +131,9 @@ def main(argv):
                 row[tag + "hidden"] = max(0.0, 1 - buckets["waited_ms"] / buckets["comm_ms"])
             if buckets:
                 row[tag + "waited_ms_per_step"] = buckets["waited_ms"] / a.steps
+            elif a.zero == 2 and tag == "after_":  # the whole exchange on the step's thread: all of it waited for
+                row[tag + "hidden"] = 0.0
+                row[tag + "waited_ms_per_step"] = red_ms / a.steps
         rounds.append(row)
         print(f"  round {r + 1}: alone {row['alone_ms']:.1f} ms/step; 2 ranks overlapped {row['ranks_ms']:.1f} ms/step "
               f"(reduction {row['reduction_ms_per_step']:.2f} ms/step, hidden {100 * row.get('hidden', 0):.1f}%), after the "
@@ -140,7 +150,7 @@ def main(argv):
     os.makedirs("bench/results", exist_ok=True)
     path = os.path.join("bench/results", f"dp-{platform.node()}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     json.dump({"machine": platform.node(), "cpus": len(os.sched_getaffinity(0)), "threads": threads,
-               "rank_threads": rank_threads, "launcher": launcher, "bucket_mb": a.bucket_mb, "steps": a.steps,
+               "rank_threads": rank_threads, "launcher": launcher, "zero": a.zero, "bucket_mb": a.bucket_mb, "steps": a.steps,
                "warmup": a.warmup, "rounds": rounds,
                "median": {k: med(k) for k in ("alone_ms", "ranks_ms", "reduction_ms_per_step", "waited_ms_per_step", "hidden",
                                               "after_ranks_ms", "after_reduction_ms_per_step", "after_waited_ms_per_step",

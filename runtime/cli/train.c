@@ -441,13 +441,36 @@ static void rt_train_banner(const RtTrainRun *r) {
                r->overlap ? "each starts during the last micro-batch's backward once its gradients are final"
                : r->x.gpu ? "after the backward (the GPU's), bucket b + 1's exchange overlapping bucket b's sum"
                           : "after the backward (MBT_DP_OVERLAP=0), bucket b + 1's exchange overlapping bucket b's sum");
-    if (r->gbuckets)
+    if (r->zbuckets)
+        printf("data-parallel: ZeRO-2's exchange in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the last parameters "
+               "first, by a communication thread during every micro-batch's backward: each bucket, once its gradients are "
+               "final, cut at the ZeRO shards, its piece of shard k sent to rank k and this rank's summed over the ranks into "
+               "its shard of the block sum, joined before the next micro-batch; receive buffer %lld bytes (the whole "
+               "exchange's: %lld)\n",
+               rt_dp_reduce_buckets(r->zbuckets), (long long)r->bucket_floats, (long long)rt_dp_reduce_recv_bytes(r->zbuckets),
+               (long long)((r->shard_off[r->rank + 1] - r->shard_off[r->rank]) * nranks * 4));
+    else if (r->gzbuckets)
+        printf("data-parallel: ZeRO-2's exchange on the GPUs in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the "
+               "last parameters first, on a communication stream during every micro-batch's backward: each bucket, once "
+               "its gradients are final (after an event of the compute stream), cut at the ZeRO shards, its piece of shard "
+               "k sent to rank k by NCCL and this rank's summed over the ranks into its shard of the block sum, joined "
+               "before the next micro-batch; receive buffer %lld bytes on the GPU (the whole exchange's: %lld); every "
+               "micro-batch runs uncaptured (no CUDA graph)\n",
+               r->gbuckets_n, (long long)r->bucket_floats, (long long)r->gz_recv_bytes,
+               (long long)((r->shard_off[r->rank + 1] - r->shard_off[r->rank]) * nranks * 4));
+    else if (r->shard_tree_on && nranks > 1 && (!r->x.gpu || r->zero == 2))
+        printf("data-parallel: ZeRO-2's exchange whole after each micro-batch's backward (%s)\n",
+               r->zero == 3                          ? "ZeRO-3: its gathers use the communicator during the backward"
+               : p->param_floats <= r->bucket_floats ? "one bucket: MBT_DP_BUCKET_MB"
+               : r->x.gpu && !r->d_shard_got         ? "the GPU without NCCL: each gradient comes down whole"
+                                                     : "MBT_DP_OVERLAP=0");
+    if (r->gbuckets && !r->gzbuckets)
         printf("data-parallel: the ranks' sum on the GPUs in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the last "
                "parameters first, on a communication stream: each queued during the last micro-batch's backward once its "
                "gradients are final (after an event of the compute stream), its shards exchanged and gathered by NCCL, GPU "
                "to GPU, and summed on its rank's GPU by the same tree; that micro-batch runs uncaptured (no CUDA graph)\n",
                r->gbuckets_n, (long long)r->bucket_floats);
-    else if (r->d_shard_got)
+    else if (r->d_shard_got && !r->gzbuckets)
         printf("data-parallel: the ranks' sum on the GPUs, after the backward: shards exchanged and gathered by NCCL, GPU to "
                "GPU, each summed on its rank's GPU by the same tree\n");
     if (r->zero3)
@@ -663,7 +686,9 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
     RtExec *x = &r->x;
     int64_t M = accum * r->nranks;
     RtError enext;
-    r->interleaved = r->shard_tree_on && accum >= 2;
+    /* with ZeRO-2's buckets a step of one micro-batch a rank takes the path too: rank r's one is
+     * global micro-batch r on both paths, and its exchange is then bucketed as well */
+    r->interleaved = r->shard_tree_on && (accum >= 2 || r->zbuckets || r->gzbuckets);
     r->data_at = 0;
     if (r->interleaved) rt_shard_tree_reset(&r->shard_tree);
     RtStatus next = rt_train_stats(r, step, accum, M);
@@ -694,11 +719,19 @@ static RtStatus rt_train_micro_batches(RtTrainRun *r, int64_t step, int64_t accu
         /* the step's last micro-batch: its backward starts the buckets' reduction (the tree as it
          * stands before this leaf is what the thread folds each bucket by) */
         int overlapped = st == RT_OK && r->overlap && m + 1 == accum;
+        if (st == RT_OK && (r->zbuckets || r->gzbuckets)) { /* every micro-batch's buckets during its backward */
+            RtTree none = {0};
+            st =
+                r->zbuckets ? rt_dp_reduce_begin(r->zbuckets, x->grads, NULL, NULL, &r->e) : rt_train_gpu_buckets_begin(r, &none);
+            s.grad_hook = &r->zhook;
+            if (st != RT_OK)
+                return rt_error_context(&r->e, "step %lld, micro-batch %lld", (long long)(step + 1), (long long)(g + 1));
+        }
         if (overlapped) {
             r->fold_tree = tree;
             s.grad_hook = &r->hook;
-            if (r->gbuckets) rt_train_gpu_buckets_begin(r, &tree); /* on the GPU's communication stream */
-            else rt_dp_reduce_begin(r->buckets, x->grads, rt_train_fold, r);
+            if (r->gbuckets) st = rt_train_gpu_buckets_begin(r, &tree); /* on the GPU's communication stream */
+            else st = rt_dp_reduce_begin(r->buckets, x->grads, rt_train_fold, r, &r->e);
         }
         double fb0 = rt_now();
         if (st == RT_OK) st = rt_exec_queue(x, RT_EXEC_FORWARD_BACKWARD, &s);
@@ -1144,6 +1177,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->state_full);
     free(r->norm_all);
     rt_dp_reduce_close(r->buckets);
+    rt_dp_reduce_close(r->zbuckets);
     rt_train_gpu_buckets_close(r);
     free(r->dump_x);
     free(r->stat_x);
@@ -1184,6 +1218,7 @@ int rt_cmd_train(const RtProgram *p, const RtOptions *o) {
             char pre[32];
             snprintf(pre, sizeof pre, "[rank %d] ", rt_comm_rank(r.comm));
             rt_dp_reduce_print(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.buckets, pre);
+            rt_dp_reduce_print(rt_comm_rank(r.comm) == 0 ? stdout : stderr, r.zbuckets, pre);
             rt_train_gpu_buckets_print(&r, rt_comm_rank(r.comm) == 0 ? stdout : stderr, pre);
         }
         const char *trace;

@@ -14,6 +14,8 @@
 /* rt_grad_ready's hook (RtGradHook): elements [lo, hi) of the gradient have their last addition
  * of the step's last micro-batch. */
 static void rt_train_grad_ready(void *ctx, int64_t lo, int64_t hi) { rt_dp_reduce_ready(((RtTrainRun *)ctx)->buckets, lo, hi); }
+/* ZeRO-2's: the range has its last addition of the micro-batch under way (every micro-batch's). */
+static void rt_train_zgrad_ready(void *ctx, int64_t lo, int64_t hi) { rt_dp_reduce_ready(((RtTrainRun *)ctx)->zbuckets, lo, hi); }
 
 /* The bucket's elements made this rank's final sum, on the communication thread: the local
  * tree's additions after the last micro-batch, over [lo, hi). */
@@ -39,11 +41,9 @@ static RtStatus rt_train_overlap_env(RtTrainRun *r, int *on) {
  * the whole gradient through the host (with NCCL, rt_train_gpu_buckets_open). A bucket is ready
  * once every parameter's range in it was announced (a parameter whose gradient the program never
  * writes, a zero gradient, holds its bucket until the backward ends). */
-static RtStatus rt_train_overlap_open(RtTrainRun *r) {
-    RtStatus st = rt_train_overlap_env(r, &r->overlap);
-    if (st != RT_OK) return st;
-    if (r->x.gpu) r->overlap = 0;
-    if (!r->overlap) return RT_OK;
+/* The parameters' gradient ranges: what the backward writes, each range announced once a
+ * micro-batch (rt_grad_ready). */
+static RtStatus rt_train_expect(RtTrainRun *r, RtDpReduce *d) {
     const RtProgram *p = r->p;
     int64_t *lo = malloc((size_t)(p->nparams + 1) * sizeof *lo), *hi = malloc((size_t)(p->nparams + 1) * sizeof *hi);
     if (!lo || !hi) {
@@ -51,10 +51,40 @@ static RtStatus rt_train_overlap_open(RtTrainRun *r) {
         return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the parameters' ranges");
     }
     for (int64_t i = 0; i < p->nparams; i++) lo[i] = p->params[i].offset, hi[i] = p->params[i].offset + p->params[i].numel;
-    rt_dp_reduce_expect(r->buckets, lo, hi, (int)p->nparams);
+    rt_dp_reduce_expect(d, lo, hi, (int)p->nparams);
     free(lo), free(hi);
+    return RT_OK;
+}
+
+static RtStatus rt_train_overlap_open(RtTrainRun *r) {
+    RtStatus st = rt_train_overlap_env(r, &r->overlap);
+    if (st != RT_OK) return st;
+    if (r->x.gpu) r->overlap = 0;
+    if (!r->overlap) return RT_OK;
+    st = rt_train_expect(r, r->buckets);
+    if (st != RT_OK) return st;
     r->hook = (RtGradHook){rt_train_grad_ready, r};
     return RT_OK;
+}
+
+/* ZeRO-2's buckets by shard, overlapped with every micro-batch's backward (docs/parallel.md,
+ * "ZeRO-2's buckets overlapped with each backward"): on the CPU, zero = 2 with the partial sums
+ * by shard, more than one bucket and MBT_DP_OVERLAP=1. Not ZeRO-3: its parameter gathers run
+ * collectives on the same communicator during the backward (zero3.c's thread), and two threads'
+ * collectives on one communicator would not match across the ranks. Not the GPU (the staged path
+ * downloads the gradient whole; over NCCL the exchange is whole after the backward: not built). */
+static RtStatus rt_train_zbuckets_open(RtTrainRun *r) {
+    int on;
+    RtStatus st = rt_train_overlap_env(r, &on);
+    if (st != RT_OK || !on || !r->shard_tree_on || r->zero != 2 || r->x.gpu || r->p->param_floats <= r->bucket_floats) return st;
+    st = rt_dp_reduce_open_shards(&r->zbuckets, r->comm, r->p->param_floats, r->bucket_floats, r->shard_off, &r->e);
+    if (st == RT_OK) st = rt_train_expect(r, r->zbuckets);
+    r->zhook = (RtGradHook){rt_train_zgrad_ready, r};
+    /* For tests only (tests/exec/zero2.mbt's control): MBT_TEST_DROP_JOIN=1 leaves the join out, so
+     * that the next micro-batch's reduction begins under the one before; it must be caught */
+    const char *drop = getenv("MBT_TEST_DROP_JOIN");
+    r->test_drop_join = drop && !strcmp(drop, "1");
+    return st;
 }
 
 /* ---- the GPU's buckets overlapped with the backward (docs/parallel.md, "The GPU's buckets") ----
@@ -84,6 +114,7 @@ struct RtGpuBuckets {
     float *d_got;   /* every rank's copy of this rank's shard of one bucket, on the device */
     RtTree tree;    /* the step's tree before the last leaf: what each bucket's fold completes */
     int active;     /* between rt_train_gpu_buckets_begin and the join */
+    int shards;     /* ZeRO-2's buckets by shard: cut at the ZeRO shards, every micro-batch's, no fold, no gather */
     RtStatus st;    /* the first failure while queuing (the hook cannot return it), with e */
     RtError e;
     int64_t runs, seen, queued_before; /* over the run: reductions, buckets, those queued during the backward */
@@ -149,13 +180,14 @@ static RtStatus rt_gpu_bucket_queue(RtTrainRun *r, int k) {
     for (int j = 0; j <= r->nranks; j++) b->rel[j] = o[j] - lo;
     rt_gpu_comm_enter(g);
     rt_comm_nccl_queue_only(r->comm, 1);
-    RtStatus st = rt_gpu_tree_fold_range(r, &b->tree, lo, o[r->nranks]);
+    RtStatus st = b->shards ? RT_OK : rt_gpu_tree_fold_range(r, &b->tree, lo, o[r->nranks]);
     if (st == RT_OK) st = rt_comm_exchange_shards(r->comm, r->x.d_grads + lo, b->rel, b->d_got, &r->e);
     RtGpuTree t = {r, b->d_got, len, st};
     if (st == RT_OK) rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
     st = t.st;
     if (st == RT_OK && len > 0) st = rt_gpu_copy(g, r->x.d_grads + mine, b->d_got, len * (int64_t)sizeof(float), &r->e);
-    if (st == RT_OK) st = rt_comm_gather_shards(r->comm, r->x.d_grads + lo, b->rel, &r->e);
+    /* ZeRO-2 keeps its shard: the piece summed in place is this rank's of the block sum */
+    if (st == RT_OK && !b->shards) st = rt_comm_gather_shards(r->comm, r->x.d_grads + lo, b->rel, &r->e);
     rt_comm_nccl_queue_only(r->comm, 0);
     rt_gpu_comm_leave(g);
     return st == RT_OK ? st : rt_error_context(&r->e, "the gradient's bucket %d", k);
@@ -190,10 +222,15 @@ static void rt_train_gpu_ready(void *ctx, int64_t lo, int64_t hi) {
     rt_gpu_buckets_take(r, 0);
 }
 
-void rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree) {
+RtStatus rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree) {
     RtGpuBuckets *b = r->gbuckets;
+    if (b->active) /* the reduction before was never joined: its buckets may still read d_grads */
+        return rt_fail(&r->e, RT_ERR_ARG,
+                       "the GPU's gradient buckets: a reduction began while the one before was not joined: its vector "
+                       "would be overwritten under it");
     b->tree = *tree, b->next = 0, b->active = 1, b->st = RT_OK;
     for (int k = 0; k < b->nbuckets; k++) b->ready[k] = 0;
+    return RT_OK;
 }
 
 /* After the backward: the buckets left queued (a bucket whose gradient the backward never writes
@@ -201,7 +238,7 @@ void rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree) {
  * for against the world's timeout. */
 static RtStatus rt_train_gpu_buckets_finish(RtTrainRun *r) {
     RtGpuBuckets *b = r->gbuckets;
-    if (!b->active) return rt_fail(&r->e, RT_ERR_ARG, "the GPU's buckets: the step's last micro-batch did not start them");
+    if (!b->active) return rt_fail(&r->e, RT_ERR_ARG, "the GPU's buckets: the micro-batch did not start them");
     double t0 = rt_now();
     rt_gpu_buckets_take(r, 1);
     b->active = 0;
@@ -216,8 +253,10 @@ static RtStatus rt_train_gpu_buckets_finish(RtTrainRun *r) {
     return st;
 }
 
-/* With NCCL, zero < 2 and more than one bucket: the buckets (MBT_DP_OVERLAP=1, the default). */
-static RtStatus rt_train_gpu_buckets_open(RtTrainRun *r) {
+/* With NCCL, zero < 2 and more than one bucket: the buckets (MBT_DP_OVERLAP=1, the default). With
+ * shards, ZeRO-2's (docs/parallel.md, "ZeRO-2's buckets overlapped with each backward"): cut at the
+ * ZeRO shards, begun for every micro-batch and joined after each (rt_train_shard_push). */
+static RtStatus rt_train_gpu_buckets_open(RtTrainRun *r, int shards) {
     int on;
     RtStatus st = rt_train_overlap_env(r, &on);
     if (st != RT_OK || !on) return st;
@@ -238,8 +277,12 @@ static RtStatus rt_train_gpu_buckets_open(RtTrainRun *r) {
     for (int k = 0; k < b->nbuckets; k++) { /* as dp_reduce.c's: bucket 0 holds the last elements */
         int64_t hi = n - (int64_t)k * bf, lo = hi - bf < 0 ? 0 : hi - bf;
         int64_t *o = b->off + (int64_t)k * (size + 1);
-        rt_comm_shards(hi - lo, size, 16, o);
-        for (int j = 0; j <= size; j++) o[j] += lo;
+        if (shards) /* piece j: the bucket's elements in ZeRO shard j (dp_reduce.c's open_shards) */
+            for (int j = 0; j <= size; j++) o[j] = r->shard_off[j] < lo ? lo : r->shard_off[j] > hi ? hi : r->shard_off[j];
+        else {
+            rt_comm_shards(hi - lo, size, 16, o);
+            for (int j = 0; j <= size; j++) o[j] += lo;
+        }
         if (o[r->rank + 1] - o[r->rank] > b->most) b->most = o[r->rank + 1] - o[r->rank];
         for (int64_t i = 0; i < p->nparams; i++) { /* the elements the backward writes */
             int64_t a = p->params[i].offset, z = a + p->params[i].numel;
@@ -255,6 +298,15 @@ static RtStatus rt_train_gpu_buckets_open(RtTrainRun *r) {
         return st;
     }
     r->gbuckets = b, r->gbuckets_n = b->nbuckets;
+    b->shards = shards;
+    if (shards) { /* every micro-batch's hook (train.c), not the last one's overlap */
+        r->gzbuckets = 1;
+        r->zhook = (RtGradHook){rt_train_gpu_ready, r};
+        r->gz_recv_bytes = b->most * size * (int64_t)sizeof(float);
+        const char *drop = getenv("MBT_TEST_DROP_JOIN");
+        r->test_drop_join = drop && !strcmp(drop, "1");
+        return RT_OK;
+    }
     r->overlap = 1;
     r->hook = (RtGradHook){rt_train_gpu_ready, r};
     return RT_OK;
@@ -317,13 +369,26 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
         for (int k = 0; k <= r->nranks; k++) r->pcast_off[k] = r->shard_off[k] / 2;
     }
     int64_t len = r->shard_off[r->rank + 1] - r->shard_off[r->rank];
-    r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
-    if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
     r->zero = (int)t->zero;
+    st = rt_train_zbuckets_open(r);
+    if (st != RT_OK) return st;
+    /* the whole exchange's receive buffer: every rank's copy of this rank's shard (not with
+     * ZeRO-2's buckets, whose receive buffer is a bucket's) */
+    if (!r->zbuckets) {
+        r->shard_got = calloc((size_t)(len * r->nranks) + 1, sizeof *r->shard_got);
+        if (!r->shard_got) return rt_fail_errno(&r->e, ENOMEM, "cannot allocate the gradient's shards");
+    }
+    int gz = 0;     /* ZeRO-2's buckets on the GPU's communication stream (over NCCL) */
     if (r->x.gpu) { /* NCCL between the GPUs when it is there: the sum then stays on the device */
         st = rt_comm_set_gpu(r->comm, r->x.gpu, &r->e);
+        int on = 0;
+        if (st == RT_OK) st = rt_train_overlap_env(r, &on);
+        gz = st == RT_OK && on && rt_comm_nccl(r->comm) && r->shard_tree_on && r->zero == 2 &&
+             r->p->param_floats > r->bucket_floats;
+        /* (with ZeRO-2's buckets the whole exchange is never run: the buffer is a placeholder, and
+         * d_shard_got's being set still says that NCCL moves the gradient) */
         if (st == RT_OK && rt_comm_nccl(r->comm))
-            st = rt_gpu_alloc(r->x.gpu, (void **)&r->d_shard_got, (len * r->nranks + 1) * (int64_t)sizeof(float),
+            st = rt_gpu_alloc(r->x.gpu, (void **)&r->d_shard_got, ((gz ? 0 : len * r->nranks) + 1) * (int64_t)sizeof(float),
                               "every rank's copy of this rank's gradient shard", &r->e);
         /* without NCCL the ranks' sum runs on host copies that rt_train_reduce makes itself (one
          * download, the buckets, one upload): the collectives then take host buffers */
@@ -360,7 +425,11 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     /* over NCCL: the GPU's buckets on a communication stream, overlapped with the backward (with
      * MBT_DP_OVERLAP=0, or ZeRO-2, or one bucket, the sum after the backward, whole) */
     if (r->zero < 2 && r->p->param_floats > r->bucket_floats && r->d_shard_got) {
-        st = rt_train_gpu_buckets_open(r);
+        st = rt_train_gpu_buckets_open(r, 0);
+        if (st != RT_OK) return st;
+    }
+    if (gz) {
+        st = rt_train_gpu_buckets_open(r, 1);
         if (st != RT_OK) return st;
     }
     if (r->zero == 3) { /* the parameters' shard: the rest is released before the first step */
@@ -434,12 +503,27 @@ RtStatus rt_train_shard_push(RtTrainRun *r, int64_t m, int64_t accum, int64_t st
     int last = m + 1 == accum;
     const float *sum = NULL;
     RtStatus st = RT_OK;
-    if (r->d_shard_got) { /* NCCL: GPU to GPU, the sums on the device (rt_gpu_axpy with scale 1 adds as the host) */
+    if (r->gzbuckets) {
+        /* ZeRO-2's buckets on the communication stream: the join (the compute stream waits for the
+         * last bucket, then both are waited for); d_grads' shard is then the block sum, pushed
+         * before the region is zeroed for the next micro-batch */
+        if (!r->test_drop_join) st = rt_train_gpu_buckets_finish(r);
+        if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, x->d_grads + lo, last, &sum, &r->e);
+        if (st == RT_OK && last && len > 0 && sum != x->d_grads + lo)
+            st = rt_gpu_copy(x->gpu, x->d_grads + lo, sum, len * (int64_t)sizeof(float), &r->e);
+    } else if (r->d_shard_got) { /* NCCL: GPU to GPU, the sums on the device (rt_gpu_axpy with scale 1 adds as the host) */
         RtGpuTree t = {r, r->d_shard_got, len, rt_comm_exchange_shards(r->comm, x->d_grads, r->shard_off, r->d_shard_got, &r->e)};
         if (t.st == RT_OK) rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
         st = t.st;
         if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, r->d_shard_got, last, &sum, &r->e);
         if (st == RT_OK && last && len > 0) st = rt_gpu_copy(x->gpu, x->d_grads + lo, sum, len * (int64_t)sizeof(float), &r->e);
+    } else if (r->zbuckets) {
+        /* the join: the buckets exchanged and summed during the backward, the last ones now; only
+         * then is the gradient region's shard the block's sum, and may the region be zeroed for
+         * the next micro-batch (after the push has read it) */
+        if (!r->test_drop_join) st = rt_dp_reduce_finish(r->zbuckets, &r->e);
+        if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, x->grads + lo, last, &sum, &r->e);
+        if (st == RT_OK && last && len > 0 && sum != x->grads + lo) memcpy(x->grads + lo, sum, (size_t)len * sizeof *x->grads);
     } else {
         /* the CPU, or the GPU staged through the host (the micro-batch's gradient downloaded) */
         st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);

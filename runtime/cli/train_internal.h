@@ -105,6 +105,16 @@ typedef struct RtTrainRun {
      * loss_order: the step's losses put back in micro-batch order */
     int shard_tree_on, interleaved;
     RtShardTree shard_tree;
+    /* ZeRO-2's buckets by shard overlapped with each micro-batch's backward (the CPU, MBT_DP_OVERLAP,
+     * more than one bucket; docs/parallel.md): the reducer (it leaves this rank's shard of a
+     * micro-batch block's sum in the gradient region's shard) and the hook that marks ranges ready */
+    RtDpReduce *zbuckets;
+    /* the same on the GPU over NCCL: gbuckets in shard mode (train_dp.c), begun for every
+     * micro-batch; gz_recv_bytes its device receive buffer */
+    int gzbuckets;
+    int64_t gz_recv_bytes;
+    RtGradHook zhook;
+    int test_drop_join;   /* MBT_TEST_DROP_JOIN=1, tests only: the join left out (it must be caught) */
     RtShardOps shard_ops; /* the device's regions' additions and copies (over NCCL) */
     int64_t data_at;
     double *loss_order;
@@ -122,7 +132,7 @@ void rt_train_fold(void *ctx, int64_t lo, int64_t hi);
 /* The GPU's buckets (MBT_DP_OVERLAP with NCCL): _begin before the step's last micro-batch (the
  * tree as it stands before its leaf); rt_train_reduce queues the rest and joins them; _print is
  * MBT_DEBUG's buckets line; _close waits for the communication stream and frees them. */
-void rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree);
+RtStatus rt_train_gpu_buckets_begin(RtTrainRun *r, const RtTree *tree);
 void rt_train_gpu_buckets_print(const RtTrainRun *r, FILE *f, const char *prefix);
 void rt_train_gpu_buckets_close(RtTrainRun *r);
 RtStatus rt_train_gather_losses(RtTrainRun *r, int64_t accum, double **all);

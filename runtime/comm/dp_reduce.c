@@ -22,7 +22,11 @@ struct RtDpReduce {
     int64_t *off;                   /* bucket b's shard boundaries: off[b x (size + 1) + j], absolute */
     int64_t *rel;                   /* the thread's: one bucket's, from its start */
     float *got[2];                  /* every rank's copy of this rank's shard: buckets b, b + 1 alternate */
-    float *v;                       /* the vector of the run under way */
+    /* ZeRO-2's buckets by shard (rt_dp_reduce_open_shards): each bucket cut at the ZeRO shards'
+     * boundaries, rank r's piece summed back into place (v's shard r becomes this rank's shard of
+     * the micro-batch block's sum), nothing gathered; one receive buffer (got[0]) */
+    int shards;
+    float *v; /* the vector of the run under way */
     pthread_t thread;
     int started;
     pthread_mutex_t mu;
@@ -96,13 +100,17 @@ void rt_dp_tree_sum_f32(RtPool *pool, float *v, int n, int64_t len) {
 
 static const int64_t *bucket_off(const RtDpReduce *d, int b) { return d->off + (int64_t)b * (d->size + 1); }
 
+/* Bucket b's receive buffer: two alternate after the backward (rt_dp_reduce_run); the shard
+ * mode's thread takes one bucket at a time and has one. */
+static float *bucket_got(const RtDpReduce *d, int b) { return d->shards ? d->got[0] : d->got[b & 1]; }
+
 /* One collective of the run, on the thread. The offsets passed are relative to the bucket's
  * start: the collectives see the bucket as a vector of its own. */
 static RtStatus run_job(RtDpReduce *d, RtDpJob j, RtError *err) {
     const int64_t *abs = bucket_off(d, j.bucket);
     int64_t lo = abs[0];
     for (int k = 0; k <= d->size; k++) d->rel[k] = abs[k] - lo;
-    if (j.kind == RT_DP_EXCHANGE) return rt_comm_exchange_shards(d->comm, d->v + lo, d->rel, d->got[j.bucket & 1], err);
+    if (j.kind == RT_DP_EXCHANGE) return rt_comm_exchange_shards(d->comm, d->v + lo, d->rel, bucket_got(d, j.bucket), err);
     return rt_comm_gather_shards(d->comm, d->v + lo, d->rel, err);
 }
 
@@ -121,8 +129,11 @@ static RtStatus run_bucket(RtDpReduce *d, int b, RtError *err, double *comm_s) {
     *comm_s += rt_now() - t0;
     if (st != RT_OK) return st;
     int64_t lo = o[d->rank], len = o[d->rank + 1] - lo;
-    rt_dp_tree_sum_f32(NULL, d->got[b & 1], d->size, len);
-    if (len > 0) memcpy(d->v + lo, d->got[b & 1], (size_t)len * sizeof *d->v);
+    float *got = bucket_got(d, b);
+    rt_dp_tree_sum_f32(NULL, got, d->size, len);
+    /* in place: the exchange has sent these elements, and nothing else reads them this micro-batch */
+    if (len > 0) memcpy(d->v + lo, got, (size_t)len * sizeof *d->v);
+    if (d->shards) return RT_OK; /* ZeRO-2: this rank keeps its shard; nothing to gather */
     t0 = rt_now();
     st = run_job(d, (RtDpJob){RT_DP_GATHER, b}, err);
     *comm_s += rt_now() - t0;
@@ -170,7 +181,10 @@ static void *comm_thread(void *arg) {
     return NULL;
 }
 
-RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats, RtError *err) {
+/* shard_off: NULL (each bucket cut into 64-byte pieces of its own), or the ZeRO shards' size + 1
+ * boundaries (each bucket cut at them) */
+static RtStatus dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats,
+                               const int64_t *shard_off, RtError *err) {
     *out = NULL;
     int size = rt_comm_size(c);
     if (size < 2) return rt_fail(err, RT_ERR_ARG, "the bucketed reduction needs 2 ranks or more, not %d", size);
@@ -192,12 +206,17 @@ RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n,
     for (int b = 0; b < d->nbuckets; b++) { /* bucket 0 holds the last elements */
         int64_t hi = n - (int64_t)b * bucket_floats, lo = hi - bucket_floats < 0 ? 0 : hi - bucket_floats;
         int64_t *o = d->off + (int64_t)b * (size + 1);
-        rt_comm_shards(hi - lo, size, 16, o); /* 64-byte pieces: no ZeRO shard to keep aligned */
-        for (int k = 0; k <= size; k++) o[k] += lo;
+        if (shard_off) /* piece k: the bucket's elements in ZeRO shard k (empty where they do not meet) */
+            for (int k = 0; k <= size; k++) o[k] = shard_off[k] < lo ? lo : shard_off[k] > hi ? hi : shard_off[k];
+        else {
+            rt_comm_shards(hi - lo, size, 16, o); /* 64-byte pieces: no ZeRO shard to keep aligned */
+            for (int k = 0; k <= size; k++) o[k] += lo;
+        }
         if (o[d->rank + 1] - o[d->rank] > d->most) d->most = o[d->rank + 1] - o[d->rank];
         d->need[b] = hi - lo;
     }
-    for (int i = 0; i < 2; i++) {
+    d->shards = shard_off != NULL;
+    for (int i = 0; i < (d->shards ? 1 : 2); i++) {
         d->got[i] = malloc((size_t)(d->most * size + 1) * sizeof(float));
         if (!d->got[i]) {
             rt_dp_reduce_close(d);
@@ -217,6 +236,18 @@ RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n,
     *out = d;
     return RT_OK;
 }
+
+RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats, RtError *err) {
+    return dp_reduce_open(out, c, pool, n, bucket_floats, NULL, err);
+}
+
+RtStatus rt_dp_reduce_open_shards(RtDpReduce **out, RtComm *c, int64_t n, int64_t bucket_floats, const int64_t *shard_off,
+                                  RtError *err) {
+    if (!shard_off) return rt_fail(err, RT_ERR_ARG, "the buckets by shard need the shards' boundaries");
+    return dp_reduce_open(out, c, NULL, n, bucket_floats, shard_off, err);
+}
+
+int64_t rt_dp_reduce_recv_bytes(const RtDpReduce *d) { return (d->shards ? 1 : 2) * d->most * d->size * (int64_t)sizeof(float); }
 
 int rt_dp_reduce_buckets(const RtDpReduce *d) { return d->nbuckets; }
 int64_t rt_dp_reduce_bucket_floats(const RtDpReduce *d) { return d->bucket_floats; }
@@ -240,6 +271,7 @@ static RtStatus wait_done(RtDpReduce *d, int count) {
 }
 
 RtStatus rt_dp_reduce_run(RtDpReduce *d, float *v, RtError *err) {
+    if (d->shards) return rt_fail(err, RT_ERR_ARG, "the buckets by shard reduce during the backward alone (rt_dp_reduce_begin)");
     pthread_mutex_lock(&d->mu);
     d->v = v, d->posted = d->done = 0, d->status = RT_OK;
     pthread_mutex_unlock(&d->mu);
@@ -285,14 +317,23 @@ void rt_dp_reduce_expect(RtDpReduce *d, const int64_t *lo, const int64_t *hi, in
     }
 }
 
-void rt_dp_reduce_begin(RtDpReduce *d, float *v, RtDpFold fold, void *fold_ctx) {
+RtStatus rt_dp_reduce_begin(RtDpReduce *d, float *v, RtDpFold fold, void *fold_ctx, RtError *err) {
     pthread_mutex_lock(&d->mu);
+    if (d->ovl) { /* the run before was never joined: its buckets may still read the vector */
+        int left = d->nbuckets - d->ovl_done;
+        pthread_mutex_unlock(&d->mu);
+        return rt_fail(err, RT_ERR_ARG,
+                       "the gradient's buckets: a reduction began while the one before was not joined (%d of %d buckets "
+                       "not done): its vector would be overwritten under it",
+                       left, d->nbuckets);
+    }
     d->v = v, d->posted = d->done = 0, d->status = RT_OK;
     d->fold = fold, d->fold_ctx = fold_ctx, d->next = d->ovl_done = 0, d->all_ready = 0;
     for (int b = 0; b < d->nbuckets; b++) d->ready[b] = 0, d->t_ready[b] = d->t_start[b] = 0;
     d->ovl = 1; /* last: the thread may now take buckets */
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
+    return RT_OK;
 }
 
 void rt_dp_reduce_ready(RtDpReduce *d, int64_t lo, int64_t hi) {

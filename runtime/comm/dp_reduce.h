@@ -29,6 +29,19 @@ typedef struct RtDpReduce RtDpReduce;
 RtStatus rt_dp_bucket_env(int64_t *floats, RtError *err);
 /* A reducer of n-float vectors over the world c (size > 1), its thread started. */
 RtStatus rt_dp_reduce_open(RtDpReduce **out, RtComm *c, RtPool *pool, int64_t n, int64_t bucket_floats, RtError *err);
+/* ZeRO-2's buckets by shard (docs/parallel.md, "ZeRO-2's buckets overlapped with each backward"):
+ * the same buckets (bucket 0 the last elements), each cut at the ZeRO shards' boundaries shard_off
+ * (size + 1, kept by the caller) instead of into pieces of its own: piece k of bucket b is its
+ * elements in shard k, empty where they do not meet. Only begin .. finish (the thread, during each
+ * micro-batch's backward; fold NULL): each bucket's pieces exchanged, rank r's N copies summed by
+ * the tree over the ranks and written back in place (the exchange has sent those elements), nothing
+ * gathered. After finish, v[shard_off[r], shard_off[r + 1]) is the rank's shard of the micro-batch
+ * block's sum: the same additions per element as the whole exchange (rt_dp_tree_sum_f32 is
+ * elementwise). The receive buffer is one: N x the largest piece (at most N x bucket_floats). */
+RtStatus rt_dp_reduce_open_shards(RtDpReduce **out, RtComm *c, int64_t n, int64_t bucket_floats, const int64_t *shard_off,
+                                  RtError *err);
+/* The receive buffers' bytes (every rank's copy of this rank's piece of a bucket). */
+int64_t rt_dp_reduce_recv_bytes(const RtDpReduce *d);
 int rt_dp_reduce_buckets(const RtDpReduce *d);
 int64_t rt_dp_reduce_bucket_floats(const RtDpReduce *d);
 /* v (n floats, host memory) summed over the ranks in place, every rank ending with the sum. */
@@ -46,7 +59,8 @@ RtStatus rt_dp_reduce_run(RtDpReduce *d, float *v, RtError *err);
  * and finish. */
 typedef void (*RtDpFold)(void *ctx, int64_t lo, int64_t hi);
 void rt_dp_reduce_expect(RtDpReduce *d, const int64_t *lo, const int64_t *hi, int n);
-void rt_dp_reduce_begin(RtDpReduce *d, float *v, RtDpFold fold, void *fold_ctx);
+/* begin fails (nothing started) while the run before was not finished: finish is the join. */
+RtStatus rt_dp_reduce_begin(RtDpReduce *d, float *v, RtDpFold fold, void *fold_ctx, RtError *err);
 void rt_dp_reduce_ready(RtDpReduce *d, int64_t lo, int64_t hi); /* any thread */
 RtStatus rt_dp_reduce_finish(RtDpReduce *d, RtError *err);
 /* MBT_DEBUG: the buckets' line - how long the thread ran collectives and how long the caller

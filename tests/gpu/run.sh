@@ -83,6 +83,9 @@
 #                          rank's NCCL failing, 4 ranks, ZeRO-1
 #   gpu/zero2-shard, -staged  tests/exec/zero2.mbt's 2 x 3 (NCCL) and 4 x 3 (staged): ZeRO-2's partial
 #                          sums by shard on the device, one process's logs and weights, 3 steps
+#   gpu/zero2-buckets      the 2 x 3 over NCCL in 7 buckets, each micro-batch's exchange on the
+#                          communication stream during its backward: one process's bytes; -no-join:
+#                          the join after each backward left out (MBT_TEST_DROP_JOIN=1) is caught
 #   gpu/zero3, -4, -deep, -dump, -moe, -resume, -control, -wait-control (tests/exec/zero3.mbt and
 #                          dp_moe.mbt): ZeRO-3 on the device,
 #                          2 ranks over NCCL and 4 staged against one process without ZeRO, byte for
@@ -750,6 +753,57 @@ else
     else
         pass "$name (2 ranks x 3, the contiguous path: other weights than one process's)"
     fi
+fi
+
+# gpu/zero2-buckets: z2n2a3 as 2 ranks over NCCL with MBT_DP_BUCKET_MB=0.1 (7 buckets): each
+# micro-batch's exchange bucket by bucket on the communication stream during its backward, each
+# bucket cut at the ZeRO shards (docs/parallel.md, "ZeRO-2's buckets overlapped with each
+# backward"), 3 steps: ref6's logs and weights byte for byte, the banner's receive buffer a bucket's
+# (131072 bytes against the whole exchange's 524288), MBT_DEBUG's line every bucket queued before
+# its backward ended. gpu/zero2-buckets-no-join: MBT_TEST_DROP_JOIN=1 (the join after each backward
+# left out) is caught at the second micro-batch, every rank failing.
+name=gpu/zero2-buckets
+if [ ! -s "$d/ref6.st" ] || [ ! -x "$d/z2n2a3/prog" ]; then
+    skip $name "no ref6 run or z2n2a3 build on the device above"
+    skip $name-no-join "no ref6 run or z2n2a3 build on the device above"
+elif [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+    skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
+    skip $name-no-join "NCCL needs a GPU a rank and this machine has $ngpus"
+else
+    for mode in buckets no-join; do
+        dbg=1 drop=
+        [ $mode = no-join ] && dbg= drop=1
+        rm -f "$d/zb.st" "$d/zb.jsonl"
+        port=$((30000 + ($$ + RANDOM) % 20000))
+        pids=()
+        for r in 0 1; do
+            RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_DP_BUCKET_MB=0.1 \
+                MBT_DEBUG=$dbg MBT_TEST_DROP_JOIN=$drop on_device_cmd "$d/z2n2a3/prog.cu" "$d/z2n2a3/prog" "$d/zb-$mode.$r.out" \
+                train --steps 3 --data "$DATA" --save-weights "$d/zb.st" --log "$d/zb.jsonl" &
+            pids+=($!)
+        done
+        rc2=0
+        for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+        if [ $mode = no-join ]; then
+            if [ $rc2 = 0 ]; then
+                fail $name-no-join "the ranks ran to the end with the join left out" "$d/zb-$mode.0.out"
+            elif ! grep -q "step 1, micro-batch 3: the GPU's gradient buckets: a reduction began while the one before was not joined" "$d/zb-$mode.0.out"; then
+                fail $name-no-join "rank 0 did not say the join was left out" "$d/zb-$mode.0.out"
+            else
+                pass "$name-no-join (the join left out: caught at micro-batch 3, every rank failing)"
+            fi
+        elif [ $rc2 != 0 ]; then
+            fail $name "a rank failed" "$d/zb-$mode.0.out"
+        elif ! grep -q "^data-parallel: ZeRO-2's exchange on the GPUs in 7 buckets .* receive buffer 131072 bytes on the GPU (the whole exchange's: 524288)" "$d/zb-$mode.0.out"; then
+            fail $name "rank 0 does not say ZeRO-2's exchange is in 7 buckets with a bucket's receive buffer" "$d/zb-$mode.0.out"
+        elif ! grep -q "^\[rank 0\] buckets overlapped with the backward in 9 reductions: 63 of 63 buckets queued on the communication stream before the backward ended" "$d/zb-$mode.0.out"; then
+            fail $name "rank 0's MBT_DEBUG line does not count every bucket queued during its backward" "$d/zb-$mode.0.out"
+        elif ! cmp -s "$d/ref6.st" "$d/zb.st" || [ "$(untimed "$d/ref6.jsonl")" != "$(untimed "$d/zb.jsonl")" ]; then
+            fail $name "2 ranks with ZeRO-2's buckets did not log and save what one process did" "$d/ref6.jsonl" "$d/zb.jsonl"
+        else
+            pass "$name (2 ranks x 3 over NCCL, 7 buckets on the communication stream during every backward: one process's logs and weights, 3 steps)"
+        fi
+    done
 fi
 
 # ---- ZeRO-3 on the device: the parameters sharded, gathered around their uses ----------------------
