@@ -43,6 +43,11 @@ static void usage(FILE *out) {
                  "                     --dump-dir (default sm_80,sm_90; none: -o builds for the CPU alone)\n"
                  "  --offload-gbps=R   offload.activations: time the copies at R GB/s (measured; default 20 for host,\n"
                  "                     1 for nvme: docs/memory.md)\n"
+                 "  --zero3-page=N     parallel.zero = 3: the bytes of a page the parameter gathers map, a power of\n"
+                 "                     two from 4096 to 1 GiB: the plan groups its gathers by it and bounds their\n"
+                 "                     memory in it; a GPU run refuses another than the device's granularity\n"
+                 "                     (default: 2097152 when built for a GPU, 4096 with --cuda-arch=none;\n"
+                 "                     docs/parallel.md, \"ZeRO-3 on the GPU\")\n"
                  "  --pad-gemm=N       store each parameter's leading dimension that reaches a GEMM as its m or n\n"
                  "                     (the vocabulary) padded to a multiple of N, a power of two up to 1024;\n"
                  "                     1: never (default: 64 for dimensions of 1024 and more when built for a\n"
@@ -95,6 +100,7 @@ typedef struct Cli {
     const char *arch_list; /* --cuda-arch, else $MBT_CUDA_ARCH, else sm_80,sm_90 */
     const char *pad;       /* --pad-gemm, or NULL */
     const char *gbps;      /* --offload-gbps, or NULL */
+    const char *z3page;    /* --zero3-page, or NULL */
     int check;
     int verbose; /* -v, --verbose: the stages' times on stderr */
     PtrVec incdirs;
@@ -118,6 +124,8 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
         else if (strncmp(a, "--pad-gemm=", 11) == 0) c->pad = a + 11;
         else if (strncmp(a, "--offload-gbps=", 15) == 0) c->gbps = a + 15;
         else if (strcmp(a, "--offload-gbps") == 0 && i + 1 < argc) c->gbps = argv[++i];
+        else if (strncmp(a, "--zero3-page=", 13) == 0) c->z3page = a + 13;
+        else if (strcmp(a, "--zero3-page") == 0 && i + 1 < argc) c->z3page = argv[++i];
         else if (strcmp(a, "--pad-gemm") == 0 && i + 1 < argc) c->pad = argv[++i];
         else if (strcmp(a, "--dump-dir") == 0 && i + 1 < argc) o->dump_dir = argv[++i];
         else if (strncmp(a, "--dump-dir=", 11) == 0) o->dump_dir = a + 11;
@@ -138,10 +146,10 @@ static int parse_args(Cli *c, int argc, char **argv, Arena *ar) {
             return 0;
         } else if (i + 1 == argc && (strcmp(a, "-o") == 0 || strcmp(a, "--verify-step") == 0 || strcmp(a, "--cuda-arch") == 0 ||
                                      strcmp(a, "--dump-dir") == 0 || strcmp(a, "-I") == 0 || strcmp(a, "--pad-gemm") == 0 ||
-                                     strcmp(a, "--offload-gbps") == 0)) {
+                                     strcmp(a, "--offload-gbps") == 0 || strcmp(a, "--zero3-page") == 0)) {
             static const char *const what[][2] = {
-                {"-o", "FILE"}, {"--verify-step", "DUMP"}, {"--cuda-arch", "LIST"},   {"--dump-dir", "DIR"},
-                {"-I", "DIR"},  {"--pad-gemm", "N"},       {"--offload-gbps", "RATE"}};
+                {"-o", "FILE"}, {"--verify-step", "DUMP"}, {"--cuda-arch", "LIST"},    {"--dump-dir", "DIR"},
+                {"-I", "DIR"},  {"--pad-gemm", "N"},       {"--offload-gbps", "RATE"}, {"--zero3-page", "BYTES"}};
             for (size_t w = 0; w < sizeof what / sizeof *what; w++)
                 if (strcmp(a, what[w][0]) == 0) diag_error_noloc("%s needs a %s after it", a, what[w][1]);
             if (strcmp(a, "-o") == 0) diag_hint("for example: mbtc prog.mbt -o prog (builds the executable 'prog')");
@@ -259,6 +267,16 @@ static int check_args(Cli *c, Arena *ar) {
             return 1;
         }
         o->offload_gbps = v;
+    }
+    if (c->z3page) {
+        char *end = NULL;
+        long long v = strtoll(c->z3page, &end, 10);
+        if (!*c->z3page || *end || v < 4096 || v > (1LL << 30) || (v & (v - 1)) != 0) {
+            diag_error_noloc("--zero3-page=%s: ZeRO-3's page is a power of two of bytes from 4096 to 1073741824", c->z3page);
+            diag_hint("the device's allocation granularity: 2097152 on the GPUs we know (the default when built for one)");
+            return 1;
+        }
+        o->zero3_page = v;
     }
     if (o->narch == 0 && (o->cuda_info || o->dump_dir || o->emit == ST_PTX || o->emit == ST_SASS)) {
         diag_error_noloc("--cuda-arch=none: --emit=ptx, sass, --cuda-info and --dump-dir need an architecture");

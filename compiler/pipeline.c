@@ -93,6 +93,15 @@ static int run_check(Pipeline *p) {
         ((TrainConfig *)p->tb->config)->offload_gbps = p->o.offload_gbps; /* sema's, in the run's arena */
     }
     if (p->tb) ((TrainConfig *)p->tb->config)->offload_gpu = p->o.narch > 0;
+    if (p->tb && p->o.zero3_page > 0 && p->tb->config->zero != 3) {
+        /* the page only sizes ZeRO-3's gathers: a flag that would change nothing is refused */
+        diag_error_noloc("--zero3-page: the train block does not gather its parameters (it has no parallel { zero = 3 })");
+        return 1;
+    }
+    /* ZeRO-3's page: the target's (the CPU's 4 KiB; a GPU's allocation granularity, 2 MiB on the
+     * GPUs we know), or --zero3-page's (an emulated GPU's granularity, MBT_FAKE_CUDA_GRANULARITY) */
+    if (p->tb)
+        ((TrainConfig *)p->tb->config)->zero3_page = p->o.zero3_page > 0 ? p->o.zero3_page : p->o.narch > 0 ? 2097152 : 4096;
     return !p->tb;
 }
 

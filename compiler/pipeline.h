@@ -57,6 +57,7 @@ typedef struct PipelineOptions {
                          of this (1: none; graph_pad.h) when they have at least pad_min rows */
     int64_t pad_min;
     int progress;        /* -v, or -o with stderr a terminal: each stage's time, one line on stderr */
+    int64_t zero3_page;  /* --zero3-page: ZeRO-3's page in bytes; 0: the target's (4096, a GPU build's 2 MiB) */
     double offload_gbps; /* --offload-gbps: offload.activations' assumed copy rate (GB/s); 0: the plan's default */
 } PipelineOptions;
 

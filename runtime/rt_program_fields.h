@@ -222,6 +222,8 @@
     X(RtPhases, gemms, phases)     /* GEMMs per call */                                                                          \
     X(int64_t, input_bytes, i64)   /* data.x and data.y of one micro-batch */                                                    \
     X(int64_t, gather_window, i64) /* ZeRO-3: the most floats forward_backward's gathers hold at once (plan.h, PlanGather) */    \
-    X(int64_t, gather_units, i64)  /* and how many gathers that is at most */
+    X(int64_t, gather_units, i64)  /* and how many gathers that is at most */                                                    \
+    X(int64_t, gather_page, i64)   /* ZeRO-3: the bytes of the page the plan grouped and counted by (mbtc --zero3-page) */       \
+    X(int64_t, gather_window_pages, i64) /* the most of those pages the gathers map at once */
 
 #endif

@@ -231,6 +231,8 @@ static LLVMValueRef emit_plan_info(Host *h) {
     f[RT_PLAN_INFO_input_bytes] = ci64(h, m->input_bytes);
     f[RT_PLAN_INFO_gather_window] = ci64(h, m->gather_window);
     f[RT_PLAN_INFO_gather_units] = ci64(h, m->gather_units);
+    f[RT_PLAN_INFO_gather_page] = ci64(h, m->gather_page);
+    f[RT_PLAN_INFO_gather_window_pages] = ci64(h, m->gather_window_pages);
     return named_struct(h->plan_t, f, RT_PLAN_INFO_NFIELDS);
 }
 

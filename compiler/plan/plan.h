@@ -268,9 +268,10 @@ typedef struct PlanGather {
 enum { PLAN_GATHER_STEP, PLAN_GATHER_LOSS, PLAN_GATHER_STATS, PLAN_NGATHER };
 typedef struct PlanGatherSched {
     int n;
-    PlanGather *g;  /* in the order of need (posts follow the same order) */
-    int64_t window; /* floats: the most the gathers hold at once (the prefetched one included) */
-    int units;      /* how many gathers that is at most */
+    PlanGather *g;        /* in the order of need (posts follow the same order) */
+    int64_t window;       /* floats: the most the gathers hold at once (the prefetched one included) */
+    int units;            /* how many gathers that is at most */
+    int64_t window_pages; /* the most pages (PlanMemory.gather_page) the held gathers cover at once */
 } PlanGatherSched;
 
 typedef struct PlanParam {
@@ -324,6 +325,8 @@ typedef struct PlanMemory {
     PlanGatherSched gather[PLAN_NGATHER]; /* ZeRO-3's schedules (plan_gather.c) */
     int64_t gather_window;                /* floats: the largest of their windows */
     int gather_units;                     /* the most gathers any holds at once */
+    int64_t gather_page;                  /* bytes: the target's page the gathers map (TrainConfig.zero3_page) */
+    int64_t gather_window_pages;          /* the most pages any schedule's held gathers cover at once */
     int64_t lr_offset, t_offset;          /* the update's f32 lr and t: arena bytes optimizer_update fills (lr -1: none) */
     /* The step's kernel launches that read nothing but parameters (a bf16 program's weight casts,
      * one multi-segment kernel): what they write is the same for every micro-batch of an optimizer

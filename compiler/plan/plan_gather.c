@@ -18,8 +18,15 @@
  * use to the backward's last).
  *
  * The window is the most floats the gathers hold at once: gather k from its post (gather k - 1's
- * need) to its release. A rank's parameter memory is then its shard plus at most the largest
- * window (and the pages a gather shares with its neighbours or the shard). */
+ * need) to its release; and the most pages (the target's, PlanMemory.gather_page) they cover at
+ * once, a page counted once however many held gathers share it. A rank's parameter memory is then
+ * at most the pages of its shard plus the window's pages: the runtime maps (the GPU) or keeps
+ * resident (the CPU) a page while a gather holding a float of it is held, and its shard's always.
+ *
+ * The grouping takes the page: neighbouring units are one gather while the group spans at most a
+ * page (or PLAN_GATHER_GROUP floats where that is more, the CPU's 4 KiB pages), so that on a GPU's
+ * 2 MiB page a gather is not a sliver of a page shared with its neighbours, each its own map and
+ * collective. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +81,22 @@ static Prog program_of(const Plan *p, int which, Arena *ar) {
     return g;
 }
 
+/* One stamp a page of the region (-1: none yet), for counting the pages held at a position once. */
+static int *gather_stamps(const PlanMemory *m, Arena *ar) {
+    int64_t np = (m->param_bytes + m->gather_page - 1) / m->gather_page + 1;
+    int *stamp = arena_alloc(ar, sizeof(int) * (size_t)np);
+    for (int64_t i = 0; i < np; i++) stamp[i] = -1;
+    return stamp;
+}
+
+/* The pages of g's range not yet stamped q (then stamped): what g adds to position q's pages. */
+static int64_t gather_pages(const PlanGather *g, int64_t page, int *stamp, int q) {
+    int64_t n = 0;
+    for (int64_t pg = g->lo * 4 / page; pg < (g->hi * 4 + page - 1) / page; pg++)
+        if (stamp[pg] != q) stamp[pg] = q, n++;
+    return n;
+}
+
 static void build(PlanCtx *c, int which, const Unit *u, int nu, const int *unit_of, Arena *scratch) {
     PlanMemory *m = &c->p->mem;
     PlanGatherSched *out = &m->gather[which];
@@ -114,18 +137,25 @@ static void build(PlanCtx *c, int which, const Unit *u, int nu, const int *unit_
                 }
     }
     for (int j = 0; j < ng; j++) gs[j].post = j > 0 ? gs[j - 1].need : gs[j].need;
-    /* the window: at each position the gathers posted and not yet released */
-    *out = (PlanGatherSched){ng, gs, 0, 0};
+    /* the window: at each position the gathers posted and not yet released, their floats and the
+     * pages they cover */
+    *out = (PlanGatherSched){ng, gs, 0, 0, 0};
+    int *stamp = gather_stamps(m, scratch);
     for (int q = 0; q < pg.n; q++) {
-        int64_t held = 0;
+        int64_t held = 0, pages = 0;
         int units = 0;
         for (int j = 0; j < ng; j++)
-            if (gs[j].post <= q && q <= gs[j].done) held += gs[j].hi - gs[j].lo, units++;
+            if (gs[j].post <= q && q <= gs[j].done) {
+                held += gs[j].hi - gs[j].lo, units++;
+                pages += gather_pages(&gs[j], m->gather_page, stamp, q);
+            }
         if (held > out->window) out->window = held;
         if (units > out->units) out->units = units;
+        if (pages > out->window_pages) out->window_pages = pages;
     }
     if (out->window > m->gather_window) m->gather_window = out->window;
     if (out->units > m->gather_units) m->gather_units = out->units;
+    if (out->window_pages > m->gather_window_pages) m->gather_window_pages = out->window_pages;
 }
 
 void plan_gather(PlanCtx *c) {
@@ -133,7 +163,8 @@ void plan_gather(PlanCtx *c) {
     const PlanPhaseMem *ph = &m->phase[PLAN_STEP];
     const FuseResult *r = ph->r;
     memset(m->gather, 0, sizeof m->gather);
-    m->gather_window = 0, m->gather_units = 0;
+    m->gather_window = 0, m->gather_units = 0, m->gather_window_pages = 0;
+    m->gather_page = c->ts && c->ts->zero3_page > 0 ? c->ts->zero3_page : 4096;
     if (!r) return;
     Arena scratch = {0};
     /* the units: every parameter buffer's range, merged where ranges overlap */
@@ -151,12 +182,16 @@ void plan_gather(PlanCtx *c) {
     }
     nu = k;
     /* small units grouped: neighbours in the region (declaration order, the forward's order) joined
-     * while the group spans at most PLAN_GATHER_GROUP floats, so that a layer's norms and biases
-     * are not each a collective of their own (each pays the link's latency); a larger unit is a
-     * group alone */
+     * while the group spans at most a page (at least PLAN_GATHER_GROUP floats: the CPU's 4 KiB pages
+     * keep the grouping it had), so that a layer's norms and biases are not each a collective of
+     * their own (each pays the link's latency) nor, on a GPU's 2 MiB page, each a sliver of a page
+     * mapped again by its neighbours; a larger unit is a group alone. Joining a unit that lies in
+     * the group's last page (or a group in the unit's first) whatever the span, though it maps no
+     * page more, was measured to enlarge the window (docs/parallel.md): not done. */
+    int64_t span = m->gather_page / 4 > PLAN_GATHER_GROUP ? m->gather_page / 4 : PLAN_GATHER_GROUP;
     k = 0;
     for (int i = 0; i < nu; i++) {
-        if (k > 0 && u[i].hi - u[k - 1].lo <= PLAN_GATHER_GROUP) u[k - 1].hi = u[i].hi;
+        if (k > 0 && u[i].hi - u[k - 1].lo <= span) u[k - 1].hi = u[i].hi;
         else u[k++] = u[i];
     }
     nu = k;
@@ -180,6 +215,14 @@ static int64_t plan_shard(const Plan *p) {
     return shard > whole ? whole : shard;
 }
 
+/* The most pages of the target's a rank's shard covers: a shard's start is a multiple of
+ * PLAN_SHARD_ALIGN floats, so with larger pages it may begin inside one. */
+static int64_t plan_shard_pages(const Plan *p) {
+    int64_t pg = p->mem.gather_page, b = plan_shard(p) * 4, region = (p->mem.param_bytes + pg - 1) / pg;
+    int64_t n = (b + pg - 1) / pg + (pg > PLAN_SHARD_ALIGN * 4 && b > 0 ? 1 : 0);
+    return n < region ? n : region;
+}
+
 void plan_print_gather_summary(FILE *out, const Plan *p) {
     const PlanMemory *m = &p->mem;
     int64_t shard = plan_shard(p);
@@ -187,6 +230,12 @@ void plan_print_gather_summary(FILE *out, const Plan *p) {
             "plan: ZeRO-3: a rank holds its shard of at most %" PRId64 " bytes of the parameters and gathers at most %" PRId64
             " bytes more at once (%d gathers): %" PRId64 " of the region's %" PRId64 " bytes\n",
             shard * 4, m->gather_window * 4, m->gather_units, (shard + m->gather_window) * 4, m->param_bytes);
+    int64_t pg = m->gather_page, region = (m->param_bytes + pg - 1) / pg, sp = plan_shard_pages(p);
+    int64_t most = sp + m->gather_window_pages < region ? sp + m->gather_window_pages : region;
+    fprintf(out,
+            "plan: ZeRO-3: pages of %" PRId64 " bytes: the gathers map at most %" PRId64 " pages at once besides the %" PRId64
+            " of a shard: %" PRId64 " of the region's %" PRId64 " pages (%" PRId64 " bytes)\n",
+            pg, m->gather_window_pages, sp, most, region, most * pg);
 }
 
 void plan_print_gather(FILE *out, const Plan *p) {
@@ -200,13 +249,16 @@ void plan_print_gather(FILE *out, const Plan *p) {
             "in the backward) and released after its last, the next one prefetched\n"
             "window: at most %" PRId64 " floats (%d gathers) held besides a rank's shard of at most %" PRId64 " floats: %" PRId64
             " of the region's %" PRId64 " floats a rank\n"
-            "memory: the CPU's pages are the system's (4 KiB), the GPU's the allocation granularity (2 MiB on the GPUs we "
-            "know): a page a gather shares with a neighbour or the shard stays, up to 2 pages a gather more; on the GPU "
-            "the calls that gather run uncaptured (no CUDA graph: the host maps and gathers between their launches)\n",
-            p->data, m->gather_window, m->gather_units, shard, shard + m->gather_window, whole);
+            "pages: %" PRId64 " bytes (the target's: the CPU's 4 KiB, a GPU's allocation granularity, mbtc --zero3-page), "
+            "gathers grouped to span a page or more; the gathers map at most %" PRId64 " pages at once besides a shard's at "
+            "most %" PRId64 " (a page shared by two gathers counted once); on the GPU the calls that gather run uncaptured (no "
+            "CUDA graph: the host maps and gathers between their launches)\n",
+            p->data, m->gather_window, m->gather_units, shard, shard + m->gather_window, whole, m->gather_page,
+            m->gather_window_pages, plan_shard_pages(p));
     for (int w = 0; w < PLAN_NGATHER; w++) {
         const PlanGatherSched *gs = &m->gather[w];
-        fprintf(out, "### %s: %d gathers, window %" PRId64 " floats (%d gathers)\n", fn[w], gs->n, gs->window, gs->units);
+        fprintf(out, "### %s: %d gathers, window %" PRId64 " floats (%d gathers), %" PRId64 " pages\n", fn[w], gs->n, gs->window,
+                gs->units, gs->window_pages);
         for (int j = 0; j < gs->n; j++) {
             const PlanGather *g = &gs->g[j];
             fprintf(out, "gather %d: floats [%" PRId64 ", %" PRId64 ") started before %d, needed before %d, released after %d\n",
@@ -247,7 +299,10 @@ static void verify_one(PlanVerify *v, const Plan *p, int which) {
     }
     int *bufs = arena_alloc(&ar, sizeof(int) * (size_t)(nb + 8));
     unsigned char *wr = arena_alloc(&ar, (size_t)(nb + 8));
-    int64_t window = 0;
+    int64_t window = 0, window_pages = 0;
+    if (m->gather_page < 4096 || (m->gather_page & (m->gather_page - 1)) != 0)
+        plan_v_fail(v, "ZeRO-3's page of %" PRId64 " bytes is not a power of two from 4096", m->gather_page);
+    int *stamp = gather_stamps(m, &ar);
     for (int q = 0; q < n; q++) {
         int nbuf = pg.launch[q] >= 0 ? plan_launch_bufs(r, pg.launch[q], bufs, wr, nb + 8) : 0;
         for (int j = 0; j < nbuf; j++) {
@@ -260,14 +315,21 @@ static void verify_one(PlanVerify *v, const Plan *p, int which) {
             }
             if (!held) plan_v_fail(v, "position %d reads parameter buffer %d, which no gather holds there", q, bufs[j]);
         }
-        int64_t h = 0;
+        int64_t h = 0, pages = 0;
         for (int k = 0; k < s->n; k++)
-            if (s->g[k].post <= q && q <= s->g[k].done) h += s->g[k].hi - s->g[k].lo;
+            if (s->g[k].post <= q && q <= s->g[k].done) {
+                h += s->g[k].hi - s->g[k].lo;
+                pages += gather_pages(&s->g[k], m->gather_page, stamp, q);
+            }
         if (h > window) window = h;
+        if (pages > window_pages) window_pages = pages;
     }
     arena_free(&ar);
     if (window != s->window)
         plan_v_fail(v, "the gathers hold %" PRId64 " floats at most, the plan says %" PRId64, window, s->window);
+    if (window_pages != s->window_pages)
+        plan_v_fail(v, "the gathers cover %" PRId64 " pages at most, the plan says %" PRId64, window_pages, s->window_pages);
+    if (s->window_pages > m->gather_window_pages) plan_v_fail(v, "a schedule's pages are above the plan's");
     if (s->window > m->gather_window) plan_v_fail(v, "a schedule's window is above the plan's");
 }
 

@@ -86,6 +86,10 @@ typedef struct TrainConfig {
     /* offload.activations: the build is for a GPU (--cuda-arch other than none; set by the pipeline
      * after sema): its launches are timed at a GPU's rate, nvme's copies go through pinned staging */
     int offload_gpu;
+    /* parallel.zero = 3: the bytes of a page the gathers map (mbtc --zero3-page, set by the pipeline
+     * after sema): the CPU's 4096, a GPU build's allocation granularity (2 MiB by default); the
+     * plan groups its gathers by it and counts its window in it (plan_gather.c) */
+    int64_t zero3_page;
     int64_t ckpt_every, ckpt_keep; /* ckpt_every = 0: no checkpoints */
     const char *ckpt_dir;
     int ckpt_continue_on_error;

@@ -64,6 +64,16 @@ static void rt_info_plan(FILE *f, const RtProgram *p) {
                 "more at once (%lld gathers): %lld of the region's %lld bytes\n",
                 (long long)(per * 4), (long long)(pl->gather_window * 4), (long long)pl->gather_units,
                 (long long)((per + pl->gather_window) * 4), (long long)(whole * 4));
+        /* the pages: plan_gather.c's plan_shard_pages and its second line */
+        int64_t pg = pl->gather_page > 0 ? pl->gather_page : 4096, region = (whole * 4 + pg - 1) / pg;
+        int64_t sp = (per * 4 + pg - 1) / pg + (pg > RT_GRAD_BLOCK * 4 && per > 0 ? 1 : 0);
+        if (sp > region) sp = region;
+        int64_t most = sp + pl->gather_window_pages < region ? sp + pl->gather_window_pages : region;
+        fprintf(f,
+                "plan: ZeRO-3: pages of %lld bytes: the gathers map at most %lld pages at once besides the %lld of a shard: "
+                "%lld of the region's %lld pages (%lld bytes)\n",
+                (long long)pg, (long long)pl->gather_window_pages, (long long)sp, (long long)most, (long long)region,
+                (long long)(most * pg));
     }
     if (p->train.offload_act == 1)
         fprintf(f,

@@ -1022,23 +1022,28 @@ static RtStatus rt_train_zero3_report(RtTrainRun *r) {
     if (st == RT_OK) {
         int64_t whole = p->param_floats * 4, win = p->plan.gather_window * 4, units = p->plan.gather_units;
         int64_t page = rt_zero3_page(r->zero3);
+        /* the bound in the plan's pages (the runtime's page, or a multiple of it: train_dp.c) */
+        int64_t pg = p->plan.gather_page > 0 ? p->plan.gather_page : page, wpages = p->plan.gather_window_pages;
+        int64_t region = (whole + pg - 1) / pg;
         if (rt_zero3_on_gpu(r->zero3))
             printf("ZeRO-3: the GPU's parameter memory mapped during forward_backward (measured: pages of %lld bytes of the "
-                   "reservation mapped), of the region's %lld bytes; the plan's bound is a rank's shard + the gathers' window of "
-                   "%lld bytes (%lld gathers) + 2 pages a gather\n",
-                   (long long)page, (long long)whole, (long long)win, (long long)units);
+                   "reservation mapped), of the region's %lld bytes; the plan's bound is the pages of a rank's shard + the "
+                   "%lld pages the gathers map at once (window %lld bytes, %lld gathers)\n",
+                   (long long)page, (long long)whole, (long long)wpages, (long long)win, (long long)units);
         else
             printf("ZeRO-3: parameter memory resident during forward_backward (measured, mincore), of the region's %lld bytes; "
-                   "the plan's bound is a rank's shard + the gathers' window of %lld bytes (%lld gathers) + 2 pages a gather\n",
-                   (long long)whole, (long long)win, (long long)units);
+                   "the plan's bound is the pages of a rank's shard + the %lld pages of %lld bytes the gathers map at once "
+                   "(window %lld bytes, %lld gathers)\n",
+                   (long long)whole, (long long)wpages, (long long)pg, (long long)win, (long long)units);
         for (int k = 0; k < r->nranks; k++) {
             int64_t shard = (r->shard_off[k + 1] - r->shard_off[k]) * 4;
-            int64_t bound = shard + win + 2 * page * units;
+            int64_t sp = shard > 0 ? (r->shard_off[k + 1] * 4 + pg - 1) / pg - r->shard_off[k] * 4 / pg : 0;
+            int64_t bound = (sp + wpages < region ? sp + wpages : region) * pg;
             double hw = all[k * 4];
-            printf("ZeRO-3: rank %d: high-water %.0f bytes (%.1f%% of the region), bound %lld (shard %lld + window %lld + "
-                   "pages %lld): %s\n",
-                   k, hw, whole > 0 ? 100.0 * hw / (double)whole : 0.0, (long long)(bound < whole ? bound : whole),
-                   (long long)shard, (long long)win, (long long)(2 * page * units), hw <= (double)bound ? "within" : "ABOVE");
+            printf("ZeRO-3: rank %d: high-water %.0f bytes (%.1f%% of the region), bound %lld (shard %lld in %lld pages + "
+                   "window %lld pages, of %lld bytes): %s\n",
+                   k, hw, whole > 0 ? 100.0 * hw / (double)whole : 0.0, (long long)bound, (long long)shard, (long long)sp,
+                   (long long)wpages, (long long)pg, hw <= (double)bound ? "within" : "ABOVE");
             if (getenv("MBT_DEBUG"))
                 printf("ZeRO-3: rank %d: %.0f gathers by the hook, the step waited %.3f ms for them, %.3f ms in them\n", k,
                        all[k * 4 + 1], all[k * 4 + 2] * 1e3, all[k * 4 + 3] * 1e3);

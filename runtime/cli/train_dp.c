@@ -441,6 +441,17 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
             st = rt_zero3_open(&r->zero3, r->comm, &r->x.params, r->p->param_floats, r->shard_off, &r->e);
         }
         if (st != RT_OK) return st;
+        /* the plan grouped its gathers and bounds their memory in pages of its target's size: the
+         * GPU's must be that (a granularity the plan did not assume breaks both), the CPU's must
+         * divide it (its bound in larger pages still holds) */
+        int64_t page = rt_zero3_page(r->zero3), planned = r->p->plan.gather_page;
+        if (planned > 0 && (rt_zero3_on_gpu(r->zero3) ? page != planned : planned % page != 0))
+            return rt_fail(&r->e, RT_ERR_ARG,
+                           "ZeRO-3: the program's gathers were planned for pages of %lld bytes, and this %s's %s is %lld bytes: "
+                           "rebuild it with mbtc --zero3-page=%lld",
+                           (long long)planned, rt_zero3_on_gpu(r->zero3) ? "GPU" : "machine",
+                           rt_zero3_on_gpu(r->zero3) ? "allocation granularity (cuMemGetAllocationGranularity)" : "page size",
+                           (long long)page, (long long)page);
         r->x.param_hook = rt_zero3_hook(r->zero3); /* every RtStep of the run carries it */
     }
     if (r->zero >= 2) {

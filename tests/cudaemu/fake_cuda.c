@@ -317,8 +317,13 @@ CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdevice
     int slot = 0;
     while (slot < FAKE_MAX_RESERVED && fake_vmm.res[slot].size) slot++;
     if (slot == FAKE_MAX_RESERVED) return CUDA_ERROR_OUT_OF_MEMORY;
-    void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    /* aligned to the granularity, as CUDA's reservations are (cuMemMap wants aligned addresses): a
+     * granularity above the system's page reserves g more and unmaps the ends */
+    char *raw = mmap(NULL, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    char *m = raw + (g - (uintptr_t)raw % g) % g;
+    if (m > raw) munmap(raw, (size_t)(m - raw));
+    if (raw + size + g > m + size) munmap(m + size, (size_t)(raw + size + g - (m + size)));
     if (!fake_vmm.handler) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

@@ -86,7 +86,7 @@
 #   gpu/zero2-buckets      the 2 x 3 over NCCL in 7 buckets, each micro-batch's exchange on the
 #                          communication stream during its backward: one process's bytes; -no-join:
 #                          the join after each backward left out (MBT_TEST_DROP_JOIN=1) is caught
-#   gpu/zero3, -4, -deep, -dump, -moe, -resume, -control, -wait-control (tests/exec/zero3.mbt and
+#   gpu/zero3, -4, -deep, -dump, -moe, -resume, -control, -wait-control, -page (tests/exec/zero3.mbt and
 #                          dp_moe.mbt): ZeRO-3 on the device,
 #                          2 ranks over NCCL and 4 staged against one process without ZeRO, byte for
 #                          byte (logs, an evaluation, a checkpoint, weights), a resume from 2 ranks to
@@ -817,8 +817,10 @@ fi
 #                      files r1's
 #   gpu/zero3-4        4 ranks staged through the host (MBT_NCCL=0): r1's logs and weights; each
 #                      rank's measured high-water of mapped parameter pages within the bound the run
-#                      prints (its shard + the plan's window, which `info` claims, + 2 pages a
-#                      gather) and below the whole region
+#                      prints (its shard's pages + the pages the plan's gathers map at once, which
+#                      `info` claims, recomputed here) and below the whole region; on the emulated
+#                      GPU the programs with zero = 3 are built with --zero3-page=65536 and run at
+#                      MBT_FAKE_CUDA_GRANULARITY=65536 (a real GPU: 2 MiB, the default)
 #   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 2 steps)
 #   gpu/zero3-dump     2 ranks' --dump-step file (the whole region gathered) one process's
 #   gpu/zero3-moe      tests/exec/dp_moe.mbt with zero = 3 (forward_stats gathers too), 2 ranks over
@@ -829,7 +831,8 @@ fi
 #                      that read it (MBT_TEST_ZERO3_RELEASE_EARLY=1): the run stops at the first read
 #                      of an unmapped page; gpu/zero3-wait-control: one wait of the compute stream
 #                      for a gather left out (MBT_FAKE_CUDA_DROP_WAIT=3): not r1's weights;
-#                      gpu/zero3-fail: rank 1's NCCL failing in a gather stops both ranks, saying why
+#                      gpu/zero3-fail: rank 1's NCCL failing in a gather stops both ranks, saying why;
+#                      gpu/zero3-page: a granularity (4 KiB) other than the plan's page is refused
 d="$DIR/zero3"
 mkdir -p "$d/r1" "$d/r2" "$d/r4"
 sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' tests/exec/zero3.mbt >"$d/r1.mbt"
@@ -837,9 +840,20 @@ cp tests/exec/zero3.mbt "$d/r2.mbt"
 sed 's/data[[:space:]]=[[:space:]]2/data=4/' tests/exec/zero3.mbt >"$d/r4.mbt"
 ngpus=0
 [ "$DEVICE" = emu ] || ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+# The page the plan groups ZeRO-3's gathers by must be the device's allocation granularity (the
+# run refuses another): a real GPU's 2 MiB is a GPU build's default; the emulated GPU runs at 64 KiB
+# (MBT_FAKE_CUDA_GRANULARITY, for this section), the programs with zero = 3 built for it
+Z3PAGE=()
+z3_gran_saved=${MBT_FAKE_CUDA_GRANULARITY-unset}
+if [ "$DEVICE" = emu ]; then
+    Z3PAGE=(--zero3-page=65536)
+    export MBT_FAKE_CUDA_GRANULARITY=65536
+fi
 z3_built=1
 for t in r1 r2 r4; do
-    if ! build "$d/$t" "$d/$t.mbt" -I examples; then
+    z3p=("${Z3PAGE[@]}")
+    [ $t = r1 ] && z3p=() # one process without ZeRO: no page to give
+    if ! build "$d/$t" "$d/$t.mbt" -I examples "${z3p[@]}"; then
         fail gpu/zero3 "mbtc $t.mbt (tests/exec/zero3.mbt) -o or --emit=cuda failed" "$OUT"
         z3_built=0
     elif [ "$DEVICE" = emu ] && ! { [ -f "$d/$t/prog.cu.so" ] || tests/cudaemu/build.sh "$d/$t/prog.cu" "$d/$t/prog.cu.so" >"$OUT" 2>&1; }; then
@@ -890,18 +904,27 @@ if [ $z3_built = 1 ]; then
     # 0's lines in OUT) each within the bound the run prints with the window `PROG info` claims, and
     # below the whole region; prints the marks
     z3_memory() {
-        local claim win region
-        claim=$("$1" info | sed -n "s/^plan: ZeRO-3: .* gathers at most \([0-9]*\) bytes more at once.*region's \([0-9]*\) bytes$/\1 \2/p")
-        read -r win region <<<"$claim"
-        if [ -z "$win" ] || [ "$(grep -c "^ZeRO-3: rank [0-9]*: high-water [0-9]* bytes .* window $win + pages [0-9]*): within$" "$2")" != "$3" ]; then
-            echo "a rank's mapped parameter pages are not within its shard + the plan's window (${win:-no claim} bytes) + the pages' slack"
+        local claim pg wp region bad
+        claim=$("$1" info | sed -n "s/^plan: ZeRO-3: pages of \([0-9]*\) bytes: the gathers map at most \([0-9]*\) pages at once .*region's [0-9]* pages.*/\1 \2/p")
+        read -r pg wp <<<"$claim"
+        region=$("$1" info | sed -n "s/^plan: ZeRO-3: a rank holds .*region's \([0-9]*\) bytes$/\1/p")
+        if [ -z "$wp" ] || [ -z "$region" ] ||
+            [ "$(grep -c "^ZeRO-3: rank [0-9]*: high-water [0-9]* bytes .* window $wp pages, of $pg bytes): within$" "$2")" != "$3" ]; then
+            echo "a rank's mapped parameter pages are not within its shard's pages + the plan's window (${wp:-no claim} pages of ${pg:-?} bytes)"
+            return 1
+        fi
+        # the bound recomputed here: high-water <= (the shard's pages + the window's) x the page
+        bad=$(sed -n "s/^ZeRO-3: rank \([0-9]*\): high-water \([0-9]*\) bytes .*(shard [0-9]* in \([0-9]*\) pages + window .*/\1 \2 \3/p" "$2" |
+            awk -v pg="$pg" -v wp="$wp" '$2 > ($3 + wp) * pg { print "rank " $1 ": " $2 " bytes above (" $3 " + " wp ") x " pg }')
+        if [ -n "$bad" ]; then
+            echo "$bad"
             return 1
         fi
         if awk -v r="$region" '/^ZeRO-3: rank [0-9]*: high-water/ { if ($5 + 0 >= r + 0) bad = 1 } END { exit !bad }' "$2"; then
             echo "a rank mapped the whole parameter region ($region bytes)"
             return 1
         fi
-        echo "mapped $(sed -n 's/^ZeRO-3: rank [0-9]*: high-water \([0-9]*\) bytes.*/\1/p' "$2" | paste -sd/ -) of the region's $region bytes, each within its bound"
+        echo "mapped $(sed -n 's/^ZeRO-3: rank [0-9]*: high-water \([0-9]*\) bytes.*/\1/p' "$2" | paste -sd/ -) of the region's $region bytes in pages of $pg, each within its shard's pages + $wp"
     }
     z3_ranks 4 0 z4 "$d/r4/prog" --steps 4 --log "$d/z4.jsonl" --save-weights "$d/z4.st"
     if [ $z3rc != 0 ]; then
@@ -916,7 +939,7 @@ if [ $z3_built = 1 ]; then
     # the same memory check on a deeper model (d = 128, 8 layers, 1.6 M parameters), 2 steps
     mkdir -p "$d/deep"
     sed 's/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/d=128,layers=8/' "$d/r4.mbt" >"$d/deep.mbt"
-    if ! build "$d/deep" "$d/deep.mbt" -I examples; then
+    if ! build "$d/deep" "$d/deep.mbt" -I examples "${Z3PAGE[@]}"; then
         fail gpu/zero3-deep "mbtc deep.mbt -o or --emit=cuda failed" "$OUT"
     else
         z3_ranks 4 0 deep "$d/deep/prog" --steps 2
@@ -943,7 +966,7 @@ if [ $z3_built = 1 ]; then
     # gathers by a schedule of its own; 2 ranks over NCCL, 3 steps, moe1's logs and weights
     mkdir -p "$d/moe1" "$d/moe2"
     sed 's/data[[:space:]]=[[:space:]]2[[:space:]]}/data=2,zero=3}/' tests/exec/dp_moe.mbt >"$d/moe3.mbt"
-    if ! build "$d/moe1" "$d/moe3.mbt" --train moe1 -I examples || ! build "$d/moe2" "$d/moe3.mbt" --train moe2 -I examples; then
+    if ! build "$d/moe1" "$d/moe3.mbt" --train moe1 -I examples || ! build "$d/moe2" "$d/moe3.mbt" --train moe2 -I examples "${Z3PAGE[@]}"; then
         fail gpu/zero3-moe "mbtc dp_moe.mbt -o or --emit=cuda failed" "$OUT"
     elif [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
         skip gpu/zero3-moe "NCCL needs a GPU a rank and this machine has $ngpus"
@@ -979,7 +1002,7 @@ if [ $z3_built = 1 ]; then
     # update kernels fuse multiply-adds the host's loop does not; byte for byte on the emulated one)
     mkdir -p "$d/oh"
     sed 's/^\(  parallel  { data = 2, zero = 3 }\)$/\1\n  offload   { optimizer = host }/' tests/exec/zero3.mbt >"$d/oh.mbt"
-    if ! build "$d/oh" "$d/oh.mbt" -I examples; then
+    if ! build "$d/oh" "$d/oh.mbt" -I examples "${Z3PAGE[@]}"; then
         fail gpu/zero3-offload-host "mbtc oh.mbt -o or --emit=cuda failed" "$OUT"
     else
         z3_ranks 2 0 oh "$d/oh/prog" --steps 4 --save-weights "$d/oh.st"
@@ -1018,6 +1041,16 @@ if [ $z3_built = 1 ]; then
         else
             pass "gpu/zero3-fail (rank 1's NCCL failing in a gather: both ranks stop and say why)"
         fi
+        # a device whose granularity is not the plan's page (4 KiB against the 64 KiB r2 was built
+        # for): every rank refuses at the start, naming both
+        MBT_FAKE_CUDA_GRANULARITY=4096 z3_ranks 2 0 gran "$d/r2/prog" --steps 1
+        if [ $z3rc = 0 ]; then
+            fail gpu/zero3-page "with a granularity of 4096 bytes the ranks ran a plan made for pages of 65536" "$d/gran.0.out"
+        elif ! grep -q "ZeRO-3: the program's gathers were planned for pages of 65536 bytes, and this GPU's allocation granularity (cuMemGetAllocationGranularity) is 4096 bytes: rebuild it with mbtc --zero3-page=4096" "$d/gran.0.out"; then
+            fail gpu/zero3-page "the ranks stopped, but do not say the page is not the granularity" "$d/gran.0.out" "$d/gran.1.out"
+        else
+            pass "gpu/zero3-page (a granularity of 4096 bytes against the plan's 65536: refused at the start, naming both)"
+        fi
         rm -f "$d/drop.st"
         MBT_FAKE_CUDA_DROP_WAIT=3 z3_ranks 2 0 drop "$d/r2/prog" --steps 4 --save-weights "$d/drop.st"
         # the gather's pages read before its data landed: NaN (a new chunk's bytes) or another gather's
@@ -1030,6 +1063,7 @@ if [ $z3_built = 1 ]; then
         fi
     fi
 fi
+if [ "$z3_gran_saved" = unset ]; then unset MBT_FAKE_CUDA_GRANULARITY; else export MBT_FAKE_CUDA_GRANULARITY=$z3_gran_saved; fi
 
 # ---- recompute on the device: the re-runs leave every bit as it was ----------------------------------
 # gpu/recompute: tests/exec/recompute.mbt's base (no recompute), rc_gelu and rc_all (every block's

@@ -361,28 +361,30 @@ offload_peak() { memory_peak offload "$@" --offload-dir "$W"; }
 
 # zero3_memory PROG OUT N (tests/exec/zero3.mbt; docs/parallel.md, "ZeRO-3"): the parameter memory
 # N ranks of PROG (parallel.zero = 3) measured during their forward_backward calls (OUT: the run's
-# output, rank 0's lines for every rank) against what PROG's `info` claims (the same line as
-# --emit=plan's summary): each rank's high-water mark is at least its own shard, at most its shard
-# plus the gathers' window plus two pages a gather (the pages a range shares with its neighbours,
-# which cannot be released), and below the whole region.
+# output, rank 0's lines for every rank) against what PROG's `info` claims (the same lines as
+# --emit=plan's summary): each rank's high-water mark is at least its own shard, at most the pages
+# of its shard plus the pages the plan says the gathers map at once (in the plan's page), and below
+# the whole region; the run's line must use the plan's window and page.
 zero3_memory() {
-    local prog=$1 out=$2 n=$3 shard win units region k line hw rshard ok=1 seen=0 worst=0
-    line=$("$prog" info | sed -n 's/^plan: ZeRO-3: a rank holds its shard of at most \([0-9]*\) bytes of the parameters and gathers at most \([0-9]*\) bytes more at once (\([0-9]*\) gathers): [0-9]* of the region.s \([0-9]*\) bytes$/\1 \2 \3 \4/p')
-    read -r shard win units region <<<"$line"
-    [ -n "$region" ] || { echo "no ZeRO-3 line in $prog info"; return 1; }
+    local prog=$1 out=$2 n=$3 shard region pg wp sp k line hw rshard rsp rwp rpg ok=1 seen=0 worst=0
+    line=$("$prog" info | sed -n 's/^plan: ZeRO-3: a rank holds its shard of at most \([0-9]*\) bytes of the parameters and gathers at most [0-9]* bytes more at once ([0-9]* gathers): [0-9]* of the region.s \([0-9]*\) bytes$/\1 \2/p')
+    read -r shard region <<<"$line"
+    line=$("$prog" info | sed -n 's/^plan: ZeRO-3: pages of \([0-9]*\) bytes: the gathers map at most \([0-9]*\) pages at once besides the \([0-9]*\) of a shard: .*/\1 \2 \3/p')
+    read -r pg wp sp <<<"$line"
+    [ -n "$region" ] && [ -n "$sp" ] || { echo "no ZeRO-3 lines in $prog info"; return 1; }
     for ((k = 0; k < n; k++)); do
-        line=$(sed -n "s/^ZeRO-3: rank $k: high-water \([0-9]*\) bytes .*(shard \([0-9]*\) + .*/\1 \2/p" "$out")
-        read -r hw rshard <<<"$line"
-        [ -n "$rshard" ] || { echo "no high-water line for rank $k in $out"; return 1; }
+        line=$(sed -n "s/^ZeRO-3: rank $k: high-water \([0-9]*\) bytes .*(shard \([0-9]*\) in \([0-9]*\) pages + window \([0-9]*\) pages, of \([0-9]*\) bytes).*/\1 \2 \3 \4 \5/p" "$out")
+        read -r hw rshard rsp rwp rpg <<<"$line"
+        [ -n "$rpg" ] || { echo "no high-water line for rank $k in $out"; return 1; }
         seen=$((seen + 1))
         [ "$hw" -gt "$worst" ] && worst=$hw
-        if [ "$hw" -lt "$rshard" ] || [ "$rshard" -gt "$shard" ] || [ "$hw" -gt $((rshard + win + 2 * 4096 * units)) ] ||
-            [ "$hw" -ge "$region" ]; then
-            echo "rank $k: high-water $hw bytes, shard $rshard (the plan's at most $shard), window $win, region $region"
+        if [ "$hw" -lt "$rshard" ] || [ "$rshard" -gt "$shard" ] || [ "$rsp" -gt "$sp" ] || [ "$rwp" != "$wp" ] ||
+            [ "$rpg" != "$pg" ] || [ "$hw" -gt $(((rsp + wp) * pg)) ] || [ "$hw" -ge "$region" ]; then
+            echo "rank $k: high-water $hw bytes, shard $rshard in $rsp pages (the plan's at most $shard in $sp), window $rwp pages of $rpg (the plan's $wp of $pg), region $region"
             ok=0
         fi
     done
-    echo "$seen ranks: high-water at most $worst bytes of the region's $region; the plan: shard $shard + window $win ($units gathers)"
+    echo "$seen ranks: high-water at most $worst bytes of the region's $region; the plan: shard $shard in at most $sp pages + window $wp pages of $pg bytes"
     [ "$ok" = 1 ] && [ "$seen" = "$n" ]
 }
 

@@ -755,6 +755,13 @@ static void verify_catches(void) {
             gs->window--;
             CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a window the gathers exceed");
             gs->window++;
+            gs->window_pages--; /* the pages of the target's page the gathers cover (--zero3-page) */
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a window of pages the gathers exceed");
+            gs->window_pages++;
+            CHECK(m->gather_page == 4096, "the CPU's plan gathers by 4 KiB pages (%lld)", (long long)m->gather_page);
+            m->gather_page = 3000;
+            CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a page that is not a power of two");
+            m->gather_page = 4096;
             int64_t hi = g->hi;
             g->hi = m->param_bytes / 4 + 16;
             CHECK(plan_verify(b->plan, NULL) > 0, "plan_verify reports a gather past the region");
