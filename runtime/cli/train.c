@@ -774,10 +774,15 @@ static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
 /* offload { optimizer = host | nvme } on the GPU: the clipped gradient copied down, the CPU's
  * optimizer_update over the host's parameters (the f32 master copy) and state on the thread pool
  * (nvme: the state streamed from its store a chunk at a time, rt_opt_offload_update), the
- * parameters copied up. *s carries lr, t, step, seed and ZeRO's shard [lo, hi) (docs/memory.md). */
+ * parameters copied up. *s carries lr, t, step, seed and ZeRO's shard [lo, hi) (docs/memory.md).
+ * Under ZeRO only the shard moves: the gradient's shard down (the rest of the region is other
+ * ranks' to update) and the parameters' shard up; where the gather that follows is staged
+ * through the host, not even that: it starts from the host's parameters (host_params_current)
+ * and uploads the whole region once. */
 static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
     RtExec *x = &r->x;
-    RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
+    int64_t lo = r->zero ? s->lo : 0, hi = r->zero ? s->hi : r->p->param_floats;
+    RtStatus st = rt_gpu_download(x->gpu, x->grads + lo, x->d_grads + lo, (hi - lo) * 4, &r->e);
     if (st != RT_OK) return st;
     RtStep h = {.pool = x->pool,
                 .params = x->params,
@@ -790,10 +795,19 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
                 .seed = s->seed,
                 .lo = s->lo,
                 .hi = s->hi,
-                .pcasts = x->pcasts, /* scratch: the device's casts are made again (rt_exec_push clears the bit) */
+                .pcasts = x->pcasts, /* scratch: the device's casts are made again (the train loop clears the bit) */
                 .err = &r->e};
     st = r->offload ? rt_opt_offload_update(r->offload, x, &h, &r->e) : r->p->optimizer_update(&h);
-    return st == RT_OK ? rt_exec_push(x, &r->e) : st; /* the parameters (no state on the device) */
+    if (st != RT_OK) return st;
+    x->pcasts_current = 0;
+    /* ZeRO-1/2 staged through the host: rt_train_gather_f32 gathers from x->params and uploads */
+    if (r->zero && !r->zero3 && !r->d_shard_got) {
+        r->host_params_current = 1;
+        return RT_OK;
+    }
+    /* the parameters (no state on the device) */
+    st = rt_gpu_upload(x->gpu, x->d_params + lo, x->params + lo, (hi - lo) * 4, &r->e);
+    return st == RT_OK ? rt_gpu_sync(x->gpu, "uploading the updated parameters", &r->e) : st;
 }
 
 /* One optimizer step: its micro-batches, the gradient norm and clipping, the update, and with

@@ -93,6 +93,7 @@
 #                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
 #                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
 #                          offload { optimizer = host }, each rank's CPU updating its shard
+#                          (-staged: the same with MBT_NCCL=0, the gather starting from the host's shard)
 # and, on tests/serve/gpt.mbt (tests/gpu/kv.sh says what each compares):
 #   gpu/kv/logits, chunked, greedy, serve/NAME, pool-refused
 #                          the KV cache (generate's and serve's chunk phase) on the device
@@ -626,18 +627,22 @@ else
         [ $((pd - pz)) = "$want" ]
     }
     sed 's/^\(  parallel  { data = 2, zero = 1 }\)$/\1\n  offload   { optimizer = host }/' tests/exec/dp.mbt >"$d/dp_host.mbt"
-    for spec in "z1 2 1" "z2 4 0" "z1host 2 1"; do
+    # (z1hosts: z1host staged through the host, MBT_NCCL=0: the host's update leaves the shard on the
+    # host, where the gather starts from it)
+    for spec in "z1 2 1" "z2 4 0" "z1host 2 1" "z1hosts 2 0"; do
         read -r blk nr nccl <<<"$spec"
         name=gpu/zero${blk#z}
         src=tests/exec/dp.mbt
-        [ "$blk" = z1host ] && name=gpu/zero1-offload-host src="$d/dp_host.mbt"
+        host=0
+        [ "$blk" = z1host ] && name=gpu/zero1-offload-host src="$d/dp_host.mbt" host=1
+        [ "$blk" = z1hosts ] && name=gpu/zero1-offload-host-staged src="$d/dp_host.mbt" host=1
         if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
             skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
             continue
         fi
         mkdir -p "$d/$blk"
-        if ! build "$d/$blk" "$src" --train "${blk%host}" -I examples; then
-            fail $name "mbtc $src --train ${blk%host} -o or --emit=cuda failed" "$OUT"
+        if ! build "$d/$blk" "$src" --train "${blk%%host*}" -I examples; then
+            fail $name "mbtc $src --train ${blk%%host*} -o or --emit=cuda failed" "$OUT"
             continue
         fi
         # the emulated kernels built once, before the ranks (each would build them into one file)
@@ -659,13 +664,13 @@ else
             fail $name "a run failed (alone: status $rc1; $nr ranks: $rc2)" "$d/$blk.0.out"
         elif ! grep -q "^ZeRO-${blk:1:1}: this rank holds and updates elements \[0, " "$d/$blk.0.out"; then
             fail $name "rank 0 does not say it updates its shard" "$d/$blk.0.out"
-        elif [ "$blk" = z1host ] && [ "$DEVICE" != emu ]; then # the host's update has no FMA: within 1e-5, as gpu/offload-host
+        elif [ $host = 1 ] && [ "$DEVICE" != emu ]; then # the host's update has no FMA: within 1e-5, as gpu/offload-host
             if "$BUILD/tests/st_compare" "$d/1.st" "$d/$blk.st" "" 1e-5 norm >"$OUT" 2>&1; then
                 pass "$name ($nr ranks, the CPU updating each shard: one process's weights within 1e-5)"
             else fail $name "the weights differ from one process's by more than 1e-5" "$OUT"; fi
         elif ! cmp -s "$d/1.st" "$d/$blk.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/$blk.jsonl")" ]; then
             fail $name "$nr ranks with ZeRO on the device did not log and save what one process did" "$d/1.jsonl" "$d/$blk.jsonl"
-        elif [ "$blk" = z1host ] && ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/$blk.0.out"; then
+        elif [ $host = 1 ] && ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/$blk.0.out"; then
             fail $name "rank 0 does not say the CPU updates the state in host memory" "$d/$blk.0.out"
         elif [ "$blk" = z1 ] && ! zero_saves "$d/$blk/prog" "$d/2.nccl.0.out" "$d/$blk.0.out" >"$OUT"; then
             fail $name "rank 0's device memory does not fall by the optimizer state it no longer holds" "$OUT"
