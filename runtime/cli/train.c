@@ -807,11 +807,54 @@ static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
 /* offload { optimizer = host | nvme } on the GPU: the clipped gradient copied down, the CPU's
  * optimizer_update over the host's parameters (the f32 master copy) and state on the thread pool
  * (nvme: the state streamed from its store a chunk at a time, rt_opt_offload_update), the
- * parameters copied up. *s carries lr, t, step, seed and ZeRO's shard [lo, hi) (docs/memory.md). */
+ * parameters copied up. *s carries lr, t, step, seed and ZeRO's shard [lo, hi) (docs/memory.md).
+ * Under ZeRO only the shard moves: the gradient's shard down (the rest of the region is other
+ * ranks' to update) and the parameters' shard up; where the gather that follows is staged
+ * through the host, not even that: it starts from the host's parameters (host_params_current)
+ * and uploads the whole region once.
+ * The copies run on the update's copy stream between page-locked host regions and the device
+ * (gpu_opt.c), a chunk at a time: nvme's chunks are the store's, so chunk c + 1's gradient comes
+ * down while the CPU updates chunk c, and chunk c's parameters go up while it updates c + 1; the
+ * host's update is one chunk (its state's layout is the whole region's, which the ranged
+ * optimizer_update cannot take a piece of). Nothing waits for the uploads on the host: the
+ * compute stream does, before the next launch (rt_gpu_opt_join). */
+typedef struct RtHostCopies {
+    RtTrainRun *r;
+    int64_t lo, hi, chunk; /* the range that moves, in chunks of `chunk` parameters */
+    int up;                /* the parameters go up (not when a host-staged gather uploads them) */
+} RtHostCopies;
+
+static RtStatus rt_host_down(RtHostCopies *h, int64_t c) {
+    RtExec *x = &h->r->x;
+    int64_t a = h->lo + c * h->chunk, b = a + h->chunk < h->hi ? a + h->chunk : h->hi;
+    return rt_gpu_opt_down(x->gpu, x->grads + a, x->d_grads + a, (b - a) * 4, (int)(c & 1), &h->r->e);
+}
+
+static RtStatus rt_host_before(void *ctx, int64_t c) { /* chunk c's gradient is here; c + 1's is on its way */
+    RtHostCopies *h = ctx;
+    RtGpu *g = h->r->x.gpu;
+    RtStatus st = RT_OK;
+    if (c == 0) st = rt_gpu_opt_fork(g, &h->r->e);
+    if (st == RT_OK && c == 0) st = rt_host_down(h, 0);
+    if (st == RT_OK && h->lo + (c + 1) * h->chunk < h->hi) st = rt_host_down(h, c + 1);
+    return st == RT_OK ? rt_gpu_opt_wait_down(g, (int)(c & 1), &h->r->e) : st;
+}
+
+static RtStatus rt_host_after(void *ctx, int64_t c) { /* chunk c's parameters go up, not waited for */
+    RtHostCopies *h = ctx;
+    RtExec *x = &h->r->x;
+    int64_t a = h->lo + c * h->chunk, b = a + h->chunk < h->hi ? a + h->chunk : h->hi;
+    return h->up ? rt_gpu_opt_up(x->gpu, x->d_params + a, x->params + a, (b - a) * 4, &h->r->e) : RT_OK;
+}
+
 static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
     RtExec *x = &r->x;
-    RtStatus st = rt_exec_pull(x, RT_PULL_GRADS, &r->e);
-    if (st != RT_OK) return st;
+    int64_t lo = r->zero ? s->lo : 0, hi = r->zero ? s->hi : r->p->param_floats;
+    /* ZeRO-1/2 staged through the host: rt_train_gather_f32 gathers from x->params and uploads */
+    int staged = r->zero && !r->zero3 && !r->d_shard_got;
+    RtHostCopies hc = {r, lo, hi, r->offload ? rt_opt_offload_chunk(r->offload) : hi - lo, !staged};
+    if (hc.chunk < 1) hc.chunk = 1; /* (an empty shard: nothing moves) */
+    RtOptChunkHooks hooks = {rt_host_before, rt_host_after, &hc};
     RtStep h = {.pool = x->pool,
                 .params = x->params,
                 .grads = x->grads,
@@ -823,10 +866,23 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
                 .seed = s->seed,
                 .lo = s->lo,
                 .hi = s->hi,
-                .pcasts = x->pcasts, /* scratch: the device's casts are made again (rt_exec_push clears the bit) */
+                .pcasts = x->pcasts, /* scratch: the device's casts are made again (the train loop clears the bit) */
                 .err = &r->e};
-    st = r->offload ? rt_opt_offload_update(r->offload, x, &h, &r->e) : r->p->optimizer_update(&h);
-    return st == RT_OK ? rt_exec_push(x, &r->e) : st; /* the parameters (no state on the device) */
+    RtStatus st = RT_OK;
+    if (r->offload) st = rt_opt_offload_update_chunks(r->offload, x, &h, &hooks, &r->e);
+    else if (hi > lo) {
+        st = rt_host_before(&hc, 0);
+        if (st == RT_OK) st = r->p->optimizer_update(&h);
+        if (st == RT_OK) st = rt_host_after(&hc, 0);
+    }
+    /* the next launches (the gradient's zeroing, the next step) after the last upload */
+    RtStatus js = rt_gpu_opt_join(x->gpu, &r->e);
+    if (st == RT_OK) st = js;
+    if (st != RT_OK) return st;
+    x->pcasts_current = 0;
+    r->host_params_current = staged;
+    r->host_steps++;
+    return RT_OK;
 }
 
 /* One optimizer step: its micro-batches, the gradient norm and clipping, the update, and with
@@ -1075,6 +1131,14 @@ static RtStatus rt_train_finish(RtTrainRun *r, int64_t first_step, int64_t done_
     if (r->offload && done_steps > 0)
         printf("optimizer state: the updates waited %.3f s for the store in all (%.3f ms/step)\n",
                rt_opt_offload_wait_s(r->offload), rt_opt_offload_wait_s(r->offload) * 1e3 / (double)done_steps);
+    if (r->x.gpu && r->host_steps > 0) { /* offload { optimizer }: what the host's updates moved (gpu_opt.c) */
+        int64_t down, up;
+        rt_gpu_opt_bytes(r->x.gpu, &down, &up);
+        printf("optimizer offload: the host's updates copied %lld bytes down and %lld up in %lld steps (%lld and %lld a step), "
+               "through %lld bytes of page-locked host memory\n",
+               (long long)down, (long long)up, (long long)r->host_steps, (long long)(down / r->host_steps),
+               (long long)(up / r->host_steps), (long long)r->x.pinned_bytes);
+    }
     if (r->x.gpu) { /* the runtime's own high-water mark of device memory (bench/gpu.py reads it), CUDA graphs */
         char peak[32], graphs[512];
         printf("GPU: peak %s of device allocations (%lld bytes); %s\n", rt_gpu_format_bytes(rt_gpu_peak_bytes(r->x.gpu), peak),

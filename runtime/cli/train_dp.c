@@ -652,7 +652,9 @@ static RtStatus rt_train_gather_f32(RtTrainRun *r) {
     if (!x->gpu) return rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
     if (r->d_shard_got) return rt_comm_gather_shards(r->comm, x->d_params, r->shard_off, &r->e);
     int64_t n = r->p->param_floats;
-    RtStatus st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
+    /* (after the host's update, offload { optimizer }, the host holds the updated shard already) */
+    RtStatus st = r->host_params_current ? RT_OK : rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
+    r->host_params_current = 0;
     if (st == RT_OK) st = rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
     if (st == RT_OK) st = rt_gpu_upload(x->gpu, x->d_params, x->params, n * 4, &r->e);
     return st;

@@ -68,6 +68,11 @@ typedef struct RtTrainRun {
      * cannot (an odd boundary, or none). pcasts_gathered: this step's gather did. */
     int64_t *pcast_off;
     int pcasts_gathered;
+    /* offload { optimizer } on a GPU build, this step: the host's parameters are current (the
+     * CPU's update wrote the shard there), so a gather staged through the host starts from them
+     * instead of pulling the device's (rt_train_gather_f32); the shard was not uploaded */
+    int host_params_current;
+    int64_t host_steps;    /* the host's updates run (for the bytes they moved, printed at the end) */
     float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
     float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
     double *norm_all;      /* ZeRO-2 and 3: every rank's gradient-norm blocks, rank after rank */

@@ -47,6 +47,15 @@ static RtStatus rt_alloc_batch(RtExec *e, void **out, int64_t bytes, const char 
     return rt_gpu_host_alloc(e->gpu, out, bytes > 0 ? bytes : RT_ALIGN, what, err);
 }
 
+/* Page-locked host memory, RT_ALIGN-aligned (*raw: what the GPU gave, for rt_gpu_host_free) */
+static RtStatus rt_exec_pinned(RtExec *e, void **raw, void **out, int64_t bytes, const char *what, RtError *err) {
+    RtStatus st = rt_gpu_host_alloc(e->gpu, raw, bytes + RT_ALIGN, what, err);
+    if (st != RT_OK) return st;
+    *out = (void *)(((uintptr_t)*raw + RT_ALIGN - 1) & ~(uintptr_t)(RT_ALIGN - 1));
+    e->pinned_bytes += bytes + RT_ALIGN;
+    return RT_OK;
+}
+
 static RtStatus rt_exec_open_gpu(RtExec *e, int64_t tokens, RtError *err) {
     const RtProgram *p = e->prog;
     RtStatus st = rt_gpu_alloc(e->gpu, (void **)&e->d_params, p->param_floats * 4, "the parameter region", err);
@@ -75,8 +84,18 @@ RtStatus rt_exec_open(RtExec *e, const RtProgram *p, int threads, RtDeviceWant w
     RtStatus st = rt_gpu_open(&e->gpu, p->gpu, want, &e->cpu_reason, err);
     if (st != RT_OK && want == RT_DEVICE_CUDA) rt_error_context(err, "--device cuda");
     if (st == RT_OK) st = rt_pool_create(&e->pool, threads, err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->params, p->param_floats * 4, "parameter region", err);
-    if (st == RT_OK) st = rt_alloc_region((void **)&e->grads, p->param_floats * 4, "gradient region", err);
+    /* offload { optimizer } on the GPU: the host's parameters and gradient are what the host's
+     * update copies each step, asynchronously on a copy stream (gpu_opt.c), so page-locked */
+    if (st == RT_OK && e->gpu && p->train.offload_optimizer != 0) {
+        st = rt_exec_pinned(e, &e->params_raw, (void **)&e->params, p->param_floats * 4, "the parameters (the host's update)",
+                            err);
+        if (st == RT_OK)
+            st = rt_exec_pinned(e, &e->grads_raw, (void **)&e->grads, p->param_floats * 4, "the gradient (the host's update)",
+                                err);
+        if (st == RT_OK) st = rt_gpu_opt_open(e->gpu, err);
+    }
+    if (st == RT_OK && !e->params) st = rt_alloc_region((void **)&e->params, p->param_floats * 4, "parameter region", err);
+    if (st == RT_OK && !e->grads) st = rt_alloc_region((void **)&e->grads, p->param_floats * 4, "gradient region", err);
     /* offload { optimizer = nvme }: the state lives in a store file (the train loop's; docs/memory.md),
      * so no region is allocated for it: a resumed run allocates one while it fills the store */
     if (st == RT_OK && p->train.offload_optimizer != 2)
@@ -114,6 +133,9 @@ void rt_exec_close(RtExec *e) {
         /* the activations' copy stream first: a step stopped by an error may leave copies queued
          * there that read or write the arena */
         rt_gpu_act_close(e->gpu);
+        rt_gpu_opt_close(e->gpu); /* (its copies read and write the pinned regions below) */
+        if (e->params_raw) rt_gpu_host_free(e->gpu, e->params_raw), e->params = NULL;
+        if (e->grads_raw) rt_gpu_host_free(e->gpu, e->grads_raw), e->grads = NULL;
         rt_gpu_free(e->gpu, e->d_params);
         rt_gpu_free(e->gpu, e->d_grads);
         rt_gpu_free(e->gpu, e->d_state);

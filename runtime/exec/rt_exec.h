@@ -155,6 +155,10 @@ typedef struct RtExec {
      * parameters. */
     void *pcasts, *d_pcasts;
     int pcasts_current;
+    /* offload { optimizer } on the GPU: params and grads are page-locked (what cuMemHostAlloc gave:
+     * params_raw, grads_raw; else NULL), pinned_bytes in all (gpu_opt.c copies them) */
+    void *params_raw, *grads_raw;
+    int64_t pinned_bytes;
 } RtExec;
 
 /* Opens the device (rt_gpu_open: AUTO falls back to the CPU, saying why in cpu_reason), the pool

@@ -453,6 +453,12 @@ struct RtGpu {
         int failed;    /* a host function's store request failed (atomic); why says how */
         char why[512];
     } act;
+    struct { /* offload { optimizer } (gpu_opt.c): the host update's copy stream and its events */
+        CUstream stream;
+        CUevent issued, copied; /* recorded on the compute stream before the downloads, on the copy stream after the uploads */
+        CUevent got[2];         /* a chunk's download done (chunk c: got[c % 2]) */
+        int64_t down_bytes, up_bytes; /* queued so far, in all */
+    } opt;
     struct {                      /* the data-parallel reduction's communication stream (gpu_comm.c) */
         CUstream stream, compute; /* compute: the compute stream, while rt_gpu_comm_enter has swapped them */
         CUevent ready, done;      /* recorded on the compute stream before a bucket, on the comm stream at the join */

@@ -389,6 +389,7 @@ void rt_gpu_close(RtGpu *g) {
         api->cuCtxSetCurrent(g->ctx);
         if (g->stream) api->cuStreamSynchronize(g->stream);
         rt_gpu_act_close(g);
+        rt_gpu_opt_close(g);
         rt_gpu_comm_close(g);
         rt_gpu_timer_close(g);
         rt_gpu_graph_close(g);

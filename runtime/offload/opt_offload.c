@@ -123,6 +123,10 @@ RtStatus rt_opt_offload_open(RtOptOffload **out, const RtProgram *p, const char 
 }
 
 RtStatus rt_opt_offload_update(RtOptOffload *o, RtExec *x, RtStep *s, RtError *err) {
+    return rt_opt_offload_update_chunks(o, x, s, NULL, err);
+}
+
+RtStatus rt_opt_offload_update_chunks(RtOptOffload *o, RtExec *x, RtStep *s, const RtOptChunkHooks *hooks, RtError *err) {
     RtStatus st = RT_OK;
     if (rt_store_read(o->store, 0, o->buf[0], o->slot) != 0) return store_failed(o, err);
     if ((st = offload_wait(o, err)) != RT_OK) return st;
@@ -134,7 +138,9 @@ RtStatus rt_opt_offload_update(RtOptOffload *o, RtExec *x, RtStep *s, RtError *e
         s->hi = s->lo + chunk_len(o, c);
         /* on a GPU build the CPU's optimizer_update, over the host's copies s holds (train.c's
          * rt_train_host_update brings the gradient down and takes the parameters up) */
-        st = x->gpu ? x->prog->optimizer_update(s) : rt_exec_call(x, RT_EXEC_UPDATE, s);
+        if (hooks) st = hooks->before(hooks->ctx, c);
+        if (st == RT_OK) st = x->gpu ? x->prog->optimizer_update(s) : rt_exec_call(x, RT_EXEC_UPDATE, s);
+        if (st == RT_OK && hooks) st = hooks->after(hooks->ctx, c);
         if (st != RT_OK) {
             rt_store_wait(o->store); /* nothing may still write into the buffers */
             return st;
@@ -162,6 +168,7 @@ const char *rt_opt_offload_path(const RtOptOffload *o) { return o ? rt_store_pat
 int64_t rt_opt_offload_file_bytes(const RtOptOffload *o) { return o ? (int64_t)rt_store_size(o->store) : 0; }
 int64_t rt_opt_offload_staging_bytes(const RtOptOffload *o) { return o ? 3 * (int64_t)o->slot : 0; }
 int64_t rt_opt_offload_nchunks(const RtOptOffload *o) { return o ? o->nchunks : 0; }
+int64_t rt_opt_offload_chunk(const RtOptOffload *o) { return o ? o->chunk : 0; }
 double rt_opt_offload_wait_s(const RtOptOffload *o) { return o ? o->wait_s : 0; }
 const char *rt_opt_offload_engine(const RtOptOffload *o) { return o ? o->engine : ""; }
 

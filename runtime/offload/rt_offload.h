@@ -25,6 +25,15 @@ RtStatus rt_opt_offload_open(RtOptOffload **out, const RtProgram *p, const char 
  * regions), its state, lo and hi set here chunk by chunk; runs on the CPU: on a GPU build the CPU's
  * optimizer_update over the host copies *s names (train.c brings the gradient down first). */
 RtStatus rt_opt_offload_update(RtOptOffload *o, RtExec *x, RtStep *s, RtError *err);
+/* The same with hooks around each chunk's update: before(ctx, c) and after(ctx, c), chunk c the
+ * parameters [c x chunk, min((c + 1) x chunk, n)) (rt_opt_offload_chunk); a failure stops the
+ * update (a GPU build's host update: the chunk's gradient waited for, its parameters uploaded). */
+typedef struct RtOptChunkHooks {
+    RtStatus (*before)(void *ctx, int64_t c);
+    RtStatus (*after)(void *ctx, int64_t c);
+    void *ctx;
+} RtOptChunkHooks;
+RtStatus rt_opt_offload_update_chunks(RtOptOffload *o, RtExec *x, RtStep *s, const RtOptChunkHooks *hooks, RtError *err);
 /* The whole state read back into state (state_floats; for a checkpoint). */
 RtStatus rt_opt_offload_read(RtOptOffload *o, float *state, RtError *err);
 const char *rt_opt_offload_note(const RtOptOffload *o); /* the store's note (buffered I/O, no io_uring), or "" */
@@ -32,6 +41,7 @@ const char *rt_opt_offload_path(const RtOptOffload *o); /* the store file */
 int64_t rt_opt_offload_file_bytes(const RtOptOffload *o);
 int64_t rt_opt_offload_staging_bytes(const RtOptOffload *o); /* the three staging buffers: the state's memory */
 int64_t rt_opt_offload_nchunks(const RtOptOffload *o);
+int64_t rt_opt_offload_chunk(const RtOptOffload *o);      /* parameters a chunk (the last may be shorter) */
 double rt_opt_offload_wait_s(const RtOptOffload *o);      /* seconds the updates waited for the store, in all */
 const char *rt_opt_offload_engine(const RtOptOffload *o); /* "io_uring, O_DIRECT" and the like */
 void rt_opt_offload_close(RtOptOffload *o);               /* removes the store file (NULL is fine) */

@@ -96,6 +96,7 @@
 #                          steps, dp1's logs and weights byte for byte (zero1: rank 0's device peak
 #                          lower by the state outside its shard); gpu/zero1-offload-host: z1 with
 #                          offload { optimizer = host }, each rank's CPU updating its shard
+#                          (-staged: the same with MBT_NCCL=0, the gather starting from the host's shard)
 # and, on tests/serve/gpt.mbt (tests/gpu/kv.sh says what each compares):
 #   gpu/kv/logits, chunked, greedy, serve/NAME, pool-refused
 #                          the KV cache (generate's and serve's chunk phase) on the device
@@ -628,19 +629,34 @@ else
         echo "peak $pd bytes without ZeRO, $pz with: $((pd - pz)) less; the state outside the shard is $want"
         [ $((pd - pz)) = "$want" ]
     }
+    # shard_moved OUT NCCL: rank 0's host updates (offload { optimizer = host }) copied its shard of
+    # the gradient down each step and its shard of the parameters up - nothing up when the gather is
+    # staged through the host (NCCL 0), which starts from the host's shard
+    shard_moved() {
+        local len want
+        len=$(sed -n 's/^ZeRO-1: this rank holds and updates elements \[\([0-9]*\), \([0-9]*\)).*/\2 - \1/p' "$1")
+        [ -n "$len" ] || return 1
+        want="optimizer offload: the host's updates copied $((3 * 4 * (len))) bytes down and $(($2 * 3 * 4 * (len))) up in 3 steps"
+        grep "^optimizer offload: " "$1"
+        grep -q "^$want " "$1"
+    }
     sed 's/^\(  parallel  { data = 2, zero = 1 }\)$/\1\n  offload   { optimizer = host }/' tests/exec/dp.mbt >"$d/dp_host.mbt"
-    for spec in "z1 2 1" "z2 4 0" "z1host 2 1"; do
+    # (z1hosts: z1host staged through the host, MBT_NCCL=0: the host's update leaves the shard on the
+    # host, where the gather starts from it)
+    for spec in "z1 2 1" "z2 4 0" "z1host 2 1" "z1hosts 2 0"; do
         read -r blk nr nccl <<<"$spec"
         name=gpu/zero${blk#z}
         src=tests/exec/dp.mbt
-        [ "$blk" = z1host ] && name=gpu/zero1-offload-host src="$d/dp_host.mbt"
+        host=0
+        [ "$blk" = z1host ] && name=gpu/zero1-offload-host src="$d/dp_host.mbt" host=1
+        [ "$blk" = z1hosts ] && name=gpu/zero1-offload-host-staged src="$d/dp_host.mbt" host=1
         if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt "$nr" ]; then
             skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
             continue
         fi
         mkdir -p "$d/$blk"
-        if ! build "$d/$blk" "$src" --train "${blk%host}" -I examples; then
-            fail $name "mbtc $src --train ${blk%host} -o or --emit=cuda failed" "$OUT"
+        if ! build "$d/$blk" "$src" --train "${blk%%host*}" -I examples; then
+            fail $name "mbtc $src --train ${blk%%host*} -o or --emit=cuda failed" "$OUT"
             continue
         fi
         # the emulated kernels built once, before the ranks (each would build them into one file)
@@ -662,14 +678,16 @@ else
             fail $name "a run failed (alone: status $rc1; $nr ranks: $rc2)" "$d/$blk.0.out"
         elif ! grep -q "^ZeRO-${blk:1:1}: this rank holds and updates elements \[0, " "$d/$blk.0.out"; then
             fail $name "rank 0 does not say it updates its shard" "$d/$blk.0.out"
-        elif [ "$blk" = z1host ] && [ "$DEVICE" != emu ]; then # the host's update has no FMA: within 1e-5, as gpu/offload-host
+        elif [ $host = 1 ] && [ "$DEVICE" != emu ]; then # the host's update has no FMA: within 1e-5, as gpu/offload-host
             if "$BUILD/tests/st_compare" "$d/1.st" "$d/$blk.st" "" 1e-5 norm >"$OUT" 2>&1; then
                 pass "$name ($nr ranks, the CPU updating each shard: one process's weights within 1e-5)"
             else fail $name "the weights differ from one process's by more than 1e-5" "$OUT"; fi
         elif ! cmp -s "$d/1.st" "$d/$blk.st" || [ "$(strip "$d/1.jsonl")" != "$(strip "$d/$blk.jsonl")" ]; then
             fail $name "$nr ranks with ZeRO on the device did not log and save what one process did" "$d/1.jsonl" "$d/$blk.jsonl"
-        elif [ "$blk" = z1host ] && ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/$blk.0.out"; then
+        elif [ $host = 1 ] && ! grep -q "^optimizer state: in host memory .*the CPU updates it" "$d/$blk.0.out"; then
             fail $name "rank 0 does not say the CPU updates the state in host memory" "$d/$blk.0.out"
+        elif [ $host = 1 ] && ! shard_moved "$d/$blk.0.out" "$nccl" >"$OUT"; then
+            fail $name "rank 0's host updates did not move its shard alone" "$OUT"
         elif [ "$blk" = z1 ] && ! zero_saves "$d/$blk/prog" "$d/2.nccl.0.out" "$d/$blk.0.out" >"$OUT"; then
             fail $name "rank 0's device memory does not fall by the optimizer state it no longer holds" "$OUT"
         else
@@ -1236,6 +1254,54 @@ else
         else
             same=$(cmp -s "$d/none.st" "$d/nvme.st" && echo "byte for byte" || echo "within 1e-5")
             pass "gpu/offload-nvme (10 steps with the state in a store file: the device's own update's losses and weights, $same; resumed bit-exactly)"
+        fi
+    fi
+    # gpu/offload-bytes: what the host's updates moved (the runtime's count of the copies it queued on
+    # the update's copy stream): each step the whole gradient down and the whole parameter region up
+    # (no ZeRO here), through page-locked parameter and gradient regions; nvme in the store's chunks
+    pbytes=$("$d/host/prog" info | sed -n 's/^plan: parameters \([0-9]*\) bytes.*/\1/p')
+    ob_bad=""
+    for run in host nvme; do
+        line=$(grep '^optimizer offload: ' "$d/$run.out")
+        want="optimizer offload: the host's updates copied $((10 * pbytes)) bytes down and $((10 * pbytes)) up in 10 steps ($pbytes and $pbytes a step), through $((2 * (pbytes + 64))) bytes of page-locked host memory"
+        [ -n "$pbytes" ] && [ "$line" = "$want" ] || ob_bad="$ob_bad $run: '$line', want '$want';"
+    done
+    grep -q "^optimizer state: offloaded to .*: 8 chunks" "$d/nvme.out" || ob_bad="$ob_bad nvme: not 8 chunks;"
+    if [ -n "$ob_bad" ]; then
+        fail gpu/offload-bytes "$ob_bad" "$d/host.out" "$d/nvme.out"
+    else
+        pass "gpu/offload-bytes (host and nvme: $pbytes bytes down and up a step, $((2 * (pbytes + 64))) bytes page-locked; nvme in 8 chunks)"
+    fi
+    # gpu/offload-copy-control (the emulated GPU, whose copy stream runs its copies only when waited
+    # for): 3 steps of host and of nvme, each with the compute stream's wait for the uploads of step
+    # 1's update left out (MBT_FAKE_CUDA_DROP_WAIT=1; MBT_FAKE_CUDA_WAITS shows it is that wait: one a
+    # step, running its uploads), must end with other weights than with it - the step after an
+    # update reads the parameters the uploads bring, and the wait is what orders them
+    if [ "$DEVICE" != emu ]; then
+        skip gpu/offload-copy-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
+    else
+        cc_bad=""
+        for run in host nvme; do
+            extra=()
+            [ $run = nvme ] && extra=(--offload-dir "$d")
+            MBT_FAKE_CUDA_WAITS=1 on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-c3.out" train --steps 3 --data "$DATA" \
+                --save-weights "$d/$run-c3.st" "${extra[@]}" || cc_bad="$cc_bad $run: the run with every wait failed;"
+            MBT_FAKE_CUDA_DROP_WAIT=1 on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-d3.out" train --steps 3 --data "$DATA" \
+                --save-weights "$d/$run-d3.st" "${extra[@]}" || cc_bad="$cc_bad $run: the run without the wait failed;"
+            # (host: its one chunk's upload; nvme: of the 8 chunks' uploads, the first 6 ran when the
+            # host waited for the downloads queued after them - each went up while a later chunk
+            # was updated - and the last 2 at this wait)
+            back=1
+            [ $run = nvme ] && back=2
+            nw=$(grep -c "^fake_cuda: wait [0-9]* runs 0 copies to the host, $back back\$" "$d/$run-c3.out")
+            [ "$nw" = 3 ] && [ "$(grep -c '^fake_cuda: wait' "$d/$run-c3.out")" = 3 ] \
+                || cc_bad="$cc_bad $run: not one wait a step running $back uploads alone ($nw);"
+            cmp -s "$d/$run-c3.st" "$d/$run-d3.st" && cc_bad="$cc_bad $run: the same weights without the wait;"
+        done
+        if [ -n "$cc_bad" ]; then
+            fail gpu/offload-copy-control "$cc_bad" "$d/host-c3.out" "$d/nvme-c3.out"
+        else
+            pass "gpu/offload-copy-control (host and nvme: the step 1 update's wait for its uploads left out, other weights after 3 steps)"
         fi
     fi
 fi

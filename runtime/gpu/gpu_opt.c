@@ -1,0 +1,96 @@
+/* gpu_opt.c - offload { optimizer = host | nvme } on the GPU: the copy stream of the host's update
+ * (rt_gpu.h, rt_gpu_opt_*; docs/memory.md, "Optimizer-state offload").
+ *
+ * Pipeline position: beside gpu_act.c; the train loop's host update (runtime/cli/train.c,
+ * rt_train_host_update) brings the clipped gradient down and takes the updated parameters up
+ * through here. The host's parameter and gradient regions are page-locked on such a build
+ * (rt_exec_open), so the copies run asynchronously on a stream of their own, in chunks:
+ *   - fork: the copy stream waits for everything queued on the compute stream so far (the
+ *     backward, the reduction, the clipping), an event, so a download reads the final gradient;
+ *   - down: a chunk device -> host, then the chunk's event (one of two, alternating), which the
+ *     host waits for (wait_down) before the CPU updates that chunk - the next chunk's download was
+ *     queued before that wait, so it runs while the CPU updates this one;
+ *   - up: a chunk host -> device, queued after the CPU updated it and never waited on the host:
+ *     it runs while the CPU updates the next chunk;
+ *   - join: the compute stream waits for everything queued on the copy stream (an event), so the
+ *     next step's launches, and the gradient's zeroing, start after the last upload.
+ * The two download events are each recorded again only after the host waited for them (chunk c's
+ * event is c % 2, and chunk c + 2's is queued after chunk c's wait). A chunk of the host's
+ * parameters is written by the CPU only after every upload queued before it has run: the next
+ * step's first wait_down comes after them on the same stream. */
+#include "gpu_internal.h"
+
+RtStatus rt_gpu_opt_open(RtGpu *g, RtError *err) {
+    if (g->opt.stream) return RT_OK;
+    RtStatus st = rt_gpu_side_stream(g, &g->opt.stream, &g->opt.issued, &g->opt.copied, "the optimizer offload's copy stream",
+                                     "the optimizer offload's copies", err);
+    for (int i = 0; i < 2 && st == RT_OK; i++)
+        st = rt_cu_check(&g->api, g->api.cuEventCreate(&g->opt.got[i], CU_EVENT_DEFAULT), err, "cuEventCreate",
+                         "the optimizer offload's downloads");
+    if (st != RT_OK) rt_gpu_opt_close(g);
+    return st;
+}
+
+RtStatus rt_gpu_opt_fork(RtGpu *g, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    RtStatus st = rt_gpu_use(g, err);
+    if (st == RT_OK && !g->opt.stream) st = rt_fail(err, RT_ERR_ARG, "the optimizer offload's copy stream is not open");
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuEventRecord(g->opt.issued, g->stream), err, "cuEventRecord", "the step before its update");
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuStreamWaitEvent(g->opt.stream, g->opt.issued, 0), err, "cuStreamWaitEvent",
+                         "the optimizer offload's copy stream waiting for the step");
+    return st;
+}
+
+RtStatus rt_gpu_opt_down(RtGpu *g, void *host, const void *dev, int64_t bytes, int slot, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    RtStatus st = rt_cu_check(api, api->cuMemcpyDtoHAsync(host, rt_dptr(dev), (size_t)bytes, g->opt.stream), err,
+                              "cuMemcpyDtoHAsync", "the gradient to the host's update, %lld bytes", (long long)bytes);
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuEventRecord(g->opt.got[slot & 1], g->opt.stream), err, "cuEventRecord",
+                         "the gradient's download");
+    if (st == RT_OK) g->opt.down_bytes += bytes;
+    return st;
+}
+
+RtStatus rt_gpu_opt_wait_down(RtGpu *g, int slot, RtError *err) {
+    return rt_cu_check(&g->api, g->api.cuEventSynchronize(g->opt.got[slot & 1]), err, "cuEventSynchronize",
+                       "waiting for the gradient's download");
+}
+
+RtStatus rt_gpu_opt_up(RtGpu *g, void *dev, const void *host, int64_t bytes, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    RtStatus st = rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), host, (size_t)bytes, g->opt.stream), err,
+                              "cuMemcpyHtoDAsync", "the updated parameters to the device, %lld bytes", (long long)bytes);
+    if (st == RT_OK) g->opt.up_bytes += bytes;
+    return st;
+}
+
+RtStatus rt_gpu_opt_join(RtGpu *g, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    RtStatus st = rt_cu_check(api, api->cuEventRecord(g->opt.copied, g->opt.stream), err, "cuEventRecord",
+                              "the optimizer offload's copies");
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuStreamWaitEvent(g->stream, g->opt.copied, 0), err, "cuStreamWaitEvent",
+                         "the step waiting for the updated parameters");
+    return st;
+}
+
+void rt_gpu_opt_bytes(const RtGpu *g, int64_t *down, int64_t *up) {
+    *down = g ? g->opt.down_bytes : 0;
+    *up = g ? g->opt.up_bytes : 0;
+}
+
+void rt_gpu_opt_close(RtGpu *g) {
+    const RtGpuApi *api = &g->api;
+    if (g->opt.stream) {
+        api->cuStreamSynchronize(g->opt.stream);
+        api->cuStreamDestroy(g->opt.stream);
+    }
+    if (g->opt.issued) api->cuEventDestroy(g->opt.issued);
+    if (g->opt.copied) api->cuEventDestroy(g->opt.copied);
+    for (int i = 0; i < 2; i++)
+        if (g->opt.got[i]) api->cuEventDestroy(g->opt.got[i]);
+    g->opt.stream = NULL, g->opt.issued = g->opt.copied = g->opt.got[0] = g->opt.got[1] = NULL;
+}
