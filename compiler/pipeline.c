@@ -202,6 +202,9 @@ static int run_fused(Pipeline *p) {
     stats_inline(p->tb);
     const Graph *graphs[2] = {p->tb->step, p->tb->update};
     for (int i = 0; i < 2; i++) p->fgraph[i] = fuse_lower_graph(graphs[i], NULL, 0, p->ar);
+    /* ZeRO-3: the step's weight casts each at its first use, so the gathers hold a window
+     * (docs/parallel.md, "ZeRO-3 and a bf16 program's casts") */
+    fuse_casts_apart(p->fgraph[0], p->tb->config && p->tb->config->zero == 3);
     return 0;
 }
 

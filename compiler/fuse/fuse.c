@@ -262,7 +262,7 @@ FuseResult *fuse_codegen(const FusedGraph *fg, Arena *ar) {
     r->g = fg->g;
     r->noutputs = fg->noutputs;
     r->outputs = arena_dup(ar, fg->outputs, sizeof(int) * (size_t)(fg->noutputs ? fg->noutputs : 1));
-    FuseCtx ctx = {.ar = ar, .tmp = &tmp, .g = fg->g, .fg = fg};
+    FuseCtx ctx = {.ar = ar, .tmp = &tmp, .g = fg->g, .fg = fg, .casts_apart = fg->casts_apart};
     int *order = NULL;
     int nl = fuse_partition(&ctx, &order);
     fz_buffers(&ctx, r, order, nl);
@@ -270,6 +270,9 @@ FuseResult *fuse_codegen(const FusedGraph *fg, Arena *ar) {
     arena_free(&tmp);
     return r;
 }
+
+/* fuse.h */
+void fuse_casts_apart(FusedGraph *fg, int on) { fg->casts_apart = on; }
 
 /* fuse.h */
 FuseResult *fuse_graph(const Graph *g, const int *outputs, int noutputs, Arena *ar) {

@@ -106,6 +106,13 @@ typedef struct FusedGraph FusedGraph;
  * values must exist after the step (NULL: fuse_default_outputs). Everything lives in ar. */
 FusedGraph *fuse_lower_graph(const Graph *g, const int *outputs, int noutputs, Arena *ar);
 
+/* For parallel { zero = 3 } (docs/parallel.md, "ZeRO-3 and a bf16 program's casts"): fuse_codegen
+ * of fg keeps each kernel that loads nothing but parameters (a bf16 program's weight casts) a
+ * launch of its own, never one kernel with another such (rule 7), and schedules it just before
+ * the first launch that reads it, so that ZeRO-3's gathers see each parameter read where its
+ * copy is used rather than all at the step's first launch. The same arithmetic, other launches. */
+void fuse_casts_apart(FusedGraph *fg, int on);
+
 /* Checks the fused IR: inputs defined before use, each node's shape and type against its op and
  * operands, every GEMM's operands large enough, every lowered graph node's value of its size and
  * type, every output lowered. Returns the number of problems, each printed to out (may be NULL)

@@ -102,7 +102,8 @@ struct FusedGraph {
     int *g2f;      /* [g->n] the node holding each graph node's value, -1 when not lowered */
     int *absorbed; /* [g->n] a matmul folded into the GEMM of its sum_to or bias add: that GEMM, else -1 */
     int noutputs;
-    int *outputs; /* the graph nodes asked for */
+    int *outputs;    /* the graph nodes asked for */
+    int casts_apart; /* fuse_casts_apart: each parameter-only kernel its own launch, before its first reader */
 };
 
 const char *fuse_fop_name(FOp op); /* "map", "reduce" ... */
@@ -171,7 +172,8 @@ typedef struct FuseCtx {
     int *work;  /* [n] fz_eval's stack */
     int *kmark; /* [capk] visit marks of the reachability search */
     int kmarkv;
-    int *kver; /* [capk] bumped when a kernel changes (for the failed-merge cache) */
+    int *kver;       /* [capk] bumped when a kernel changes (for the failed-merge cache) */
+    int casts_apart; /* FusedGraph.casts_apart */
 } FuseCtx;
 
 /* Partitions the nodes of c->fg that its outputs need into launches (c->ar, c->tmp and c->g set

@@ -809,7 +809,10 @@ static void fz_partition(FuseCtx *c) {
 
 /* ---- order ------------------------------------------------------------------------------------------ */
 
-/* Topological order of the live launches, the earliest graph position first. */
+static int fz_params_only(FuseCtx *c, int kid);
+
+/* Topological order of the live launches, the earliest graph position first (but see
+ * fuse_casts_apart). */
 static int fz_schedule(FuseCtx *c, int *order) {
     int nl = 0;
     unsigned char *placed = arena_alloc(c->tmp, (size_t)c->nk + 1);
@@ -819,6 +822,21 @@ static int fz_schedule(FuseCtx *c, int *order) {
         if (!c->k[kid].alive) continue;
         alive++;
         key[kid] = c->k[kid].members.n ? c->k[kid].members.v[0] : 0;
+    }
+    /* fuse_casts_apart (ZeRO-3): a kernel that loads only parameters takes the key of its first
+     * reader, so it is placed just before that launch rather than with the graph's casts at the
+     * step's start (a reader cannot be ready before it; the keys of others are unique) */
+    if (c->casts_apart) {
+        int *first = arena_alloc(c->tmp, sizeof(int) * (size_t)c->nk + 1);
+        for (int kid = 0; kid < c->nk; kid++) first[kid] = -1;
+        for (int kid = 0; kid < c->nk; kid++)
+            if (c->k[kid].alive)
+                for (int i = 0; i < c->k[kid].deps.n; i++) {
+                    int d = c->k[kid].deps.v[i];
+                    if (first[d] < 0 || key[kid] < first[d]) first[d] = key[kid];
+                }
+        for (int kid = 0; kid < c->nk; kid++)
+            if (c->k[kid].alive && first[kid] >= 0 && fz_params_only(c, kid)) key[kid] = first[kid];
     }
     while (nl < alive) {
         int best = -1;
@@ -853,12 +871,14 @@ static int fz_params_only(FuseCtx *c, int kid) {
 
 /* Rule 7: consecutive launches that do not read each other become one kernel when both are
  * elementwise (a segment each) or both reductions of one shape and axes (one loop), and either
- * both or neither load only parameters (fz_params_only). */
+ * both or neither load only parameters (fz_params_only); with fuse_casts_apart, neither. */
 static int fz_horizontal(FuseCtx *c, int *order, int nl) {
     int m = 0;
     for (int i = 0; i < nl; i++) {
         int kid = order[i];
-        if (m > 0 && !fuse_ivec_has(&c->k[kid].deps, order[m - 1]) && fz_params_only(c, order[m - 1]) == fz_params_only(c, kid)) {
+        int po = m > 0 ? fz_params_only(c, kid) : 0;
+        if (m > 0 && !fuse_ivec_has(&c->k[kid].deps, order[m - 1]) && fz_params_only(c, order[m - 1]) == po &&
+            !(po && c->casts_apart)) {
             const FKern *P = &c->k[order[m - 1]], *K = &c->k[kid];
             int ok = P->kind == FK_ELEM && K->kind == FK_ELEM;
             if (P->kind == FK_REDUCE && K->kind == FK_REDUCE && fz_same_space(P, K)) {

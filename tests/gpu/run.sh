@@ -86,7 +86,7 @@
 #   gpu/zero2-buckets      the 2 x 3 over NCCL in 7 buckets, each micro-batch's exchange on the
 #                          communication stream during its backward: one process's bytes; -no-join:
 #                          the join after each backward left out (MBT_TEST_DROP_JOIN=1) is caught
-#   gpu/zero3, -4, -deep, -dump, -moe, -resume, -control, -wait-control, -page (tests/exec/zero3.mbt and
+#   gpu/zero3, -4, -deep, -bf16, -dump, -moe, -resume, -control, -wait-control, -page (tests/exec/zero3.mbt and
 #                          dp_moe.mbt): ZeRO-3 on the device,
 #                          2 ranks over NCCL and 4 staged against one process without ZeRO, byte for
 #                          byte (logs, an evaluation, a checkpoint, weights), a resume from 2 ranks to
@@ -840,6 +840,8 @@ fi
 #                      GPU the programs with zero = 3 are built with --zero3-page=65536 and run at
 #                      MBT_FAKE_CUDA_GRANULARITY=65536 (a real GPU: 2 MiB, the default)
 #   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 2 steps)
+#   gpu/zero3-bf16     that model with precision = bf16 (its casts each before its reader), 2 ranks
+#                      staged, 2 steps: one process's logs and weights, and the memory check
 #   gpu/zero3-dump     2 ranks' --dump-step file (the whole region gathered) one process's
 #   gpu/zero3-moe      tests/exec/dp_moe.mbt with zero = 3 (forward_stats gathers too), 2 ranks over
 #                      NCCL: moe1's logs and weights, 3 steps
@@ -967,6 +969,32 @@ if [ $z3_built = 1 ]; then
             fail gpu/zero3-deep "$(cat "$OUT")" "$d/deep.0.out"
         else
             pass "gpu/zero3-deep (4 ranks, d = 128, 8 layers: $(cat "$OUT"))"
+        fi
+    fi
+    # a bf16 program (the deeper model with precision = bf16, 2 ranks staged, 2 steps): its weight
+    # casts are each a launch of its own before the copy's first reader under zero = 3
+    # (fuse_casts_apart), so the gathers map a window, not every page at the step's first launch
+    # (before: 99 of the region's 99 pages at 64 KiB); one process's logs and weights, byte for byte
+    mkdir -p "$d/bf1" "$d/bf2"
+    sed 's/steps[[:space:]]*=[[:space:]]20/steps=20\nprecision=bf16/; s/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/d=128,layers=8/' \
+        tests/exec/zero3.mbt >"$d/bf2.mbt"
+    sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' "$d/bf2.mbt" >"$d/bf1.mbt"
+    if ! build "$d/bf1" "$d/bf1.mbt" -I examples || ! build "$d/bf2" "$d/bf2.mbt" -I examples "${Z3PAGE[@]}"; then
+        fail gpu/zero3-bf16 "mbtc bf1.mbt or bf2.mbt -o or --emit=cuda failed" "$OUT"
+    else
+        on_device_cmd "$d/bf1/prog.cu" "$d/bf1/prog" "$d/bf1.out" train --data "$DATA" --steps 2 --log "$d/bf1.jsonl" \
+            --save-weights "$d/bf1.st"
+        rc1=$?
+        z3_ranks 2 0 bf "$d/bf2/prog" --steps 2 --log "$d/bf2.jsonl" --save-weights "$d/bf2.st"
+        if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
+            fail gpu/zero3-bf16 "a run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/bf1.out" "$d/bf.0.out" "$d/bf.1.out"
+        elif ! cmp -s "$d/bf1.st" "$d/bf2.st" || [ "$(z3log "$d/bf1.jsonl")" != "$(z3log "$d/bf2.jsonl")" ]; then
+            fail gpu/zero3-bf16 "2 ranks of the bf16 program with ZeRO-3 did not log and save what one process did" \
+                "$d/bf1.jsonl" "$d/bf2.jsonl"
+        elif ! z3_memory "$d/bf2/prog" "$d/bf.0.out" 2 >"$OUT"; then
+            fail gpu/zero3-bf16 "$(cat "$OUT")" "$d/bf.0.out"
+        else
+            pass "gpu/zero3-bf16 (2 ranks staged, bf16, d = 128, 8 layers: one process's logs and weights, byte for byte; $(cat "$OUT"))"
         fi
     fi
     # --dump-step: 2 ranks (staged) write the file one process writes (the whole region gathered)
