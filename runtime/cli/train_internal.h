@@ -129,6 +129,10 @@ typedef struct RtTrainRun {
  * with several ranks it travels with the losses' gather (rt_train_gather_losses) */
 extern volatile sig_atomic_t rt_stop_signal;
 
+/* train_step.c: one optimizer step (its micro-batches, the reduction, the norm, the update, step 1's
+ * dump); its log record comes back in *sl */
+RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl);
+
 /* train_dp.c: data parallelism (docs/parallel.md) */
 RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed);
 RtStatus rt_train_tree_alloc(RtTrainRun *r);
