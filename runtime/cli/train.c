@@ -463,7 +463,7 @@ static void rt_train_banner(const RtTrainRun *r) {
         printf("data-parallel: ZeRO-2's exchange whole after each micro-batch's backward (%s)\n",
                r->zero == 3                          ? "ZeRO-3: its gathers use the communicator during the backward"
                : p->param_floats <= r->bucket_floats ? "one bucket: MBT_DP_BUCKET_MB"
-               : r->x.gpu && !r->d_shard_got         ? "the GPU without NCCL: each gradient comes down whole"
+               : r->x.gpu && !r->nccl_grads          ? "the GPU without NCCL: each gradient comes down whole"
                                                      : "MBT_DP_OVERLAP=0");
     if (r->gbuckets && !r->gzbuckets)
         printf("data-parallel: the ranks' sum on the GPUs in %d buckets of at most %lld floats (MBT_DP_BUCKET_MB), the last "
@@ -471,7 +471,7 @@ static void rt_train_banner(const RtTrainRun *r) {
                "gradients are final (after an event of the compute stream), its shards exchanged and gathered by NCCL, GPU "
                "to GPU, and summed on its rank's GPU by the same tree; that micro-batch runs uncaptured (no CUDA graph)\n",
                r->gbuckets_n, (long long)r->bucket_floats);
-    else if (r->d_shard_got && !r->gzbuckets)
+    else if (r->nccl_grads && !r->gzbuckets)
         printf("data-parallel: the ranks' sum on the GPUs, after the backward: shards exchanged and gathered by NCCL, GPU to "
                "GPU, each summed on its rank's GPU by the same tree\n");
     if (r->zero3)
@@ -480,7 +480,7 @@ static void rt_train_banner(const RtTrainRun *r) {
                "(%lld floats at most at once besides its shard), the next gather prefetched%s\n",
                (long long)r->shard_off[r->rank], (long long)r->shard_off[r->rank + 1], (long long)p->plan.gather_window,
                !rt_zero3_on_gpu(r->zero3) ? ""
-               : r->d_shard_got
+               : r->nccl_grads
                    ? "; on the GPU: pages of a reserved region mapped around the uses, gathered by NCCL on a stream of their "
                      "own that the launches wait for; the steps run uncaptured (no CUDA graph)"
                    : "; on the GPU: pages of a reserved region mapped around the uses, gathered through the host and uploaded "
@@ -503,9 +503,9 @@ static void rt_train_banner(const RtTrainRun *r) {
                    "bytes%s)\n",
                    r->zero, nranks, nranks, r->rank, r->shard_tree.nreg, (long long)(r->shard_tree.len * 4),
                    (long long)rt_shard_tree_bytes(&r->shard_tree),
-                   !r->x.gpu        ? ""
-                   : r->d_shard_got ? " on the GPU; NCCL exchanges them"
-                                    : " of host memory: each micro-batch's gradient staged through the host");
+                   !r->x.gpu       ? ""
+                   : r->nccl_grads ? " on the GPU; NCCL exchanges them"
+                                   : " of host memory: each micro-batch's gradient staged through the host");
         else
             printf("gradient partial sums: whole-size (%s): each rank's micro-batches contiguous, summed over the ranks once a "
                    "step: %d of %lld bytes (%lld bytes)\n",

@@ -385,19 +385,19 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
         if (st == RT_OK) st = rt_train_overlap_env(r, &on);
         gz = st == RT_OK && on && rt_comm_nccl(r->comm) && r->shard_tree_on && r->zero == 2 &&
              r->p->param_floats > r->bucket_floats;
-        /* (with ZeRO-2's buckets the whole exchange is never run: the buffer is a placeholder, and
-         * d_shard_got's being set still says that NCCL moves the gradient) */
-        if (st == RT_OK && rt_comm_nccl(r->comm))
-            st = rt_gpu_alloc(r->x.gpu, (void **)&r->d_shard_got, ((gz ? 0 : len * r->nranks) + 1) * (int64_t)sizeof(float),
+        r->nccl_grads = st == RT_OK && rt_comm_nccl(r->comm);
+        /* (with ZeRO-2's buckets the whole exchange never runs: no buffer for it) */
+        if (r->nccl_grads && !gz)
+            st = rt_gpu_alloc(r->x.gpu, (void **)&r->d_shard_got, (len * r->nranks + 1) * (int64_t)sizeof(float),
                               "every rank's copy of this rank's gradient shard", &r->e);
         /* without NCCL the ranks' sum runs on host copies that rt_train_reduce makes itself (one
          * download, the buckets, one upload): the collectives then take host buffers */
-        else if (st == RT_OK) st = rt_comm_set_gpu(r->comm, NULL, &r->e);
+        else if (st == RT_OK && !r->nccl_grads) st = rt_comm_set_gpu(r->comm, NULL, &r->e);
         if (st != RT_OK) return st;
     }
     /* floor(log2 accum) partial sums of the shard's size: on the device over NCCL, else in host
      * memory (the CPU's, or the staged GPU's, whose micro-batch gradients come down) */
-    if (r->shard_tree_on && r->d_shard_got) {
+    if (r->shard_tree_on && r->nccl_grads) {
         int need = rt_shard_tree_regions(accum);
         if (need < 0)
             return rt_fail(&r->e, RT_ERR_ARG, "%lld micro-batches a step are more than the gradient tree holds",
@@ -416,7 +416,7 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     /* the reduction in buckets by a thread (not with ZeRO-2, whose rank keeps its shard of the
      * whole vector alone; nor for one bucket, where the thread would only add a hand-over; nor over
      * NCCL, which sums on the device after the backward) */
-    if (r->zero < 2 && r->p->param_floats > r->bucket_floats && !r->d_shard_got) {
+    if (r->zero < 2 && r->p->param_floats > r->bucket_floats && !r->nccl_grads) {
         st = rt_dp_reduce_open(&r->buckets, r->comm, r->x.pool, r->p->param_floats, r->bucket_floats, &r->e);
         if (st != RT_OK) return st;
         st = rt_train_overlap_open(r);
@@ -424,7 +424,7 @@ RtStatus rt_train_tree_alloc(RtTrainRun *r) {
     }
     /* over NCCL: the GPU's buckets on a communication stream, overlapped with the backward (with
      * MBT_DP_OVERLAP=0, or ZeRO-2, or one bucket, the sum after the backward, whole) */
-    if (r->zero < 2 && r->p->param_floats > r->bucket_floats && r->d_shard_got) {
+    if (r->zero < 2 && r->p->param_floats > r->bucket_floats && r->nccl_grads) {
         st = rt_train_gpu_buckets_open(r, 0);
         if (st != RT_OK) return st;
     }
@@ -522,7 +522,7 @@ RtStatus rt_train_shard_push(RtTrainRun *r, int64_t m, int64_t accum, int64_t st
         if (st == RT_OK) st = rt_shard_tree_push(&r->shard_tree, x->d_grads + lo, last, &sum, &r->e);
         if (st == RT_OK && last && len > 0 && sum != x->d_grads + lo)
             st = rt_gpu_copy(x->gpu, x->d_grads + lo, sum, len * (int64_t)sizeof(float), &r->e);
-    } else if (r->d_shard_got) { /* NCCL: GPU to GPU, the sums on the device (rt_gpu_axpy with scale 1 adds as the host) */
+    } else if (r->nccl_grads) { /* NCCL: GPU to GPU, the sums on the device (rt_gpu_axpy with scale 1 adds as the host) */
         RtGpuTree t = {r, r->d_shard_got, len, rt_comm_exchange_shards(r->comm, x->d_grads, r->shard_off, r->d_shard_got, &r->e)};
         if (t.st == RT_OK) rt_dp_tree_walk(r->nranks, rt_gpu_tree_add, &t);
         st = t.st;
@@ -562,9 +562,9 @@ RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
     if (r->interleaved) { /* summed by shard as the micro-batches came; --dump-step's step 1 writes all of it */
         RtStatus st = RT_OK;
         if (r->given->dump_step && step == 0) {
-            if (r->d_shard_got) st = rt_comm_gather_shards(r->comm, x->d_grads, r->shard_off, &r->e);
+            if (r->nccl_grads) st = rt_comm_gather_shards(r->comm, x->d_grads, r->shard_off, &r->e);
             else st = rt_comm_gather_shards(r->comm, x->grads, r->shard_off, &r->e);
-            if (st == RT_OK && x->gpu && !r->d_shard_got)
+            if (st == RT_OK && x->gpu && !r->nccl_grads)
                 st = rt_gpu_upload(x->gpu, x->d_grads, x->grads, r->p->param_floats * 4, &r->e);
         }
         return st == RT_OK ? st : rt_error_context(&r->e, "step %lld: gathering the gradient to dump", (long long)(step + 1));
@@ -575,7 +575,7 @@ RtStatus rt_train_reduce(RtTrainRun *r, int64_t step) {
                            : rt_error_context(&r->e, "step %lld: summing the gradient over the ranks (NCCL, in buckets)",
                                               (long long)(step + 1));
     }
-    if (r->d_shard_got) {
+    if (r->nccl_grads) {
         RtStatus st = rt_train_reduce_nccl(r, step);
         return st == RT_OK
                    ? st
@@ -650,7 +650,7 @@ RtStatus rt_train_shard_state(RtTrainRun *r) {
 static RtStatus rt_train_gather_f32(RtTrainRun *r) {
     RtExec *x = &r->x;
     if (!x->gpu) return rt_comm_gather_shards(r->comm, x->params, r->shard_off, &r->e);
-    if (r->d_shard_got) return rt_comm_gather_shards(r->comm, x->d_params, r->shard_off, &r->e);
+    if (r->nccl_grads) return rt_comm_gather_shards(r->comm, x->d_params, r->shard_off, &r->e);
     int64_t n = r->p->param_floats;
     /* (after the host's update, offload { optimizer }, the host holds the updated shard already) */
     RtStatus st = r->host_params_current ? RT_OK : rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
@@ -668,7 +668,7 @@ static RtStatus rt_train_gather_f32(RtTrainRun *r) {
 RtStatus rt_train_gather_params(RtTrainRun *r) {
     RtExec *x = &r->x;
     RtStatus st = rt_train_gather_f32(r);
-    void *casts = !r->pcast_off ? NULL : !x->gpu ? x->pcasts : r->d_shard_got ? x->d_pcasts : NULL;
+    void *casts = !r->pcast_off ? NULL : !x->gpu ? x->pcasts : r->nccl_grads ? x->d_pcasts : NULL;
     if (st == RT_OK && casts) {
         st = rt_comm_gather_shards(r->comm, casts, r->pcast_off, &r->e);
         r->pcasts_gathered = st == RT_OK;

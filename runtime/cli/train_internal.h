@@ -58,7 +58,8 @@ typedef struct RtTrainRun {
     int stop_sig, stop_rank;
     int64_t *shard_off; /* nranks + 1 shard boundaries of the gradient (rt_comm_shards) */
     float *shard_got;   /* every rank's copy of this rank's shard (rt_comm_exchange_shards) */
-    float *d_shard_got; /* the same on the GPU when NCCL moves the gradient (else NULL) */
+    float *d_shard_got; /* the same on the GPU when NCCL moves the gradient whole (else NULL) */
+    int nccl_grads;     /* NCCL moves the gradient GPU to GPU (its sums on the device): rt_comm_nccl */
     /* ZeRO (parallel { zero }, docs/parallel.md): with several ranks, 1, 2 or 3; this rank's
      * optimizer state is its shard alone, [shard_off[rank], shard_off[rank + 1]) of each variable */
     int zero;

@@ -291,7 +291,7 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
     RtExec *x = &r->x;
     int64_t lo = r->zero ? s->lo : 0, hi = r->zero ? s->hi : r->p->param_floats;
     /* ZeRO-1/2 staged through the host: rt_train_gather_f32 gathers from x->params and uploads */
-    int staged = r->zero && !r->zero3 && !r->d_shard_got;
+    int staged = r->zero && !r->zero3 && !r->nccl_grads;
     RtHostCopies hc = {r, lo, hi, r->offload ? rt_opt_offload_chunk(r->offload) : hi - lo, !staged};
     if (hc.chunk < 1) hc.chunk = 1; /* (an empty shard: nothing moves) */
     RtOptChunkHooks hooks = {rt_host_before, rt_host_after, &hc};

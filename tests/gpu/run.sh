@@ -839,9 +839,9 @@ fi
 #                      `info` claims, recomputed here) and below the whole region; on the emulated
 #                      GPU the programs with zero = 3 are built with --zero3-page=65536 and run at
 #                      MBT_FAKE_CUDA_GRANULARITY=65536 (a real GPU: 2 MiB, the default)
-#   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 2 steps)
+#   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 1 step)
 #   gpu/zero3-bf16     that model with precision = bf16 (its casts each before its reader), 2 ranks
-#                      staged, 2 steps: one process's logs and weights, and the memory check
+#                      staged, 1 step: one process's logs and weights, and the memory check
 #   gpu/zero3-dump     2 ranks' --dump-step file (the whole region gathered) one process's
 #   gpu/zero3-moe      tests/exec/dp_moe.mbt with zero = 3 (forward_stats gathers too), 2 ranks over
 #                      NCCL: moe1's logs and weights, 3 steps
@@ -956,13 +956,13 @@ if [ $z3_built = 1 ]; then
     else
         pass "gpu/zero3-4 (4 ranks staged: one process's logs and weights, byte for byte; $(cat "$OUT"))"
     fi
-    # the same memory check on a deeper model (d = 128, 8 layers, 1.6 M parameters), 2 steps
+    # the same memory check on a deeper model (d = 128, 8 layers, 1.6 M parameters), 1 step (each step gathers and releases the same)
     mkdir -p "$d/deep"
     sed 's/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/d=128,layers=8/' "$d/r4.mbt" >"$d/deep.mbt"
     if ! build "$d/deep" "$d/deep.mbt" -I examples "${Z3PAGE[@]}"; then
         fail gpu/zero3-deep "mbtc deep.mbt -o or --emit=cuda failed" "$OUT"
     else
-        z3_ranks 4 0 deep "$d/deep/prog" --steps 2
+        z3_ranks 4 0 deep "$d/deep/prog" --steps 1
         if [ $z3rc != 0 ]; then
             fail gpu/zero3-deep "4 ranks of the deeper model failed" "$d/deep.0.out"
         elif ! z3_memory "$d/deep/prog" "$d/deep.0.out" 4 >"$OUT"; then
@@ -971,7 +971,7 @@ if [ $z3_built = 1 ]; then
             pass "gpu/zero3-deep (4 ranks, d = 128, 8 layers: $(cat "$OUT"))"
         fi
     fi
-    # a bf16 program (the deeper model with precision = bf16, 2 ranks staged, 2 steps): its weight
+    # a bf16 program (the deeper model with precision = bf16, 2 ranks staged, 1 step): its weight
     # casts are each a launch of its own before the copy's first reader under zero = 3
     # (fuse_casts_apart), so the gathers map a window, not every page at the step's first launch
     # (before: 99 of the region's 99 pages at 64 KiB); one process's logs and weights, byte for byte
@@ -982,10 +982,10 @@ if [ $z3_built = 1 ]; then
     if ! build "$d/bf1" "$d/bf1.mbt" -I examples || ! build "$d/bf2" "$d/bf2.mbt" -I examples "${Z3PAGE[@]}"; then
         fail gpu/zero3-bf16 "mbtc bf1.mbt or bf2.mbt -o or --emit=cuda failed" "$OUT"
     else
-        on_device_cmd "$d/bf1/prog.cu" "$d/bf1/prog" "$d/bf1.out" train --data "$DATA" --steps 2 --log "$d/bf1.jsonl" \
+        on_device_cmd "$d/bf1/prog.cu" "$d/bf1/prog" "$d/bf1.out" train --data "$DATA" --steps 1 --log "$d/bf1.jsonl" \
             --save-weights "$d/bf1.st"
         rc1=$?
-        z3_ranks 2 0 bf "$d/bf2/prog" --steps 2 --log "$d/bf2.jsonl" --save-weights "$d/bf2.st"
+        z3_ranks 2 0 bf "$d/bf2/prog" --steps 1 --log "$d/bf2.jsonl" --save-weights "$d/bf2.st"
         if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
             fail gpu/zero3-bf16 "a run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/bf1.out" "$d/bf.0.out" "$d/bf.1.out"
         elif ! cmp -s "$d/bf1.st" "$d/bf2.st" || [ "$(z3log "$d/bf1.jsonl")" != "$(z3log "$d/bf2.jsonl")" ]; then
