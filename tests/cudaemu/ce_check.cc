@@ -10,7 +10,8 @@
  * (as `mbtc --emit=kernels` prints the kernel's `ce_stats:` and `ce_grad:` lines; IN_DT and GRAD_DT
  * f32 or bf16). Rows of random logits (a standard deviation of 8: the running max moves often, so
  * the rescaling is exercised), plus special rows: some -inf entries (they add nothing), one NaN (m
- * and s NaN), one +inf (m = inf, s NaN, as the CPU's exp(inf - inf)), all -inf (m = -inf, s = 0);
+ * and s NaN), a +inf at the end and one early in a row (m = inf, s NaN, as the CPU's exp(inf - inf)),
+ * all -inf (m = -inf, s = 0), a first half of -inf;
  * targets in [0, V) with one -1 and one V (clamped for the target's logit, matching no column for
  * the one-hot, as the CPU's kernel); the columns past V of each row (a padded vocabulary) hold NaN.
  * Checked:
@@ -121,6 +122,10 @@ int main(int argc, char **argv) {
     x[(size_t)(off + 1 * stride + V / 2)] = NAN;                                 /* row 1: a NaN */
     x[(size_t)(off + 2 * stride + V - 1)] = inf;                                 /* row 2: a +inf */
     for (long long j = 0; j < V; j++) x[(size_t)(off + 3 * stride + j)] = -inf;  /* row 3: all -inf */
+    /* row 4: a +inf early in the row, row 5: -inf for the first columns then values: the classifier
+       reads 16 bytes at a time where the rows allow (docs/cuda.md), so these land inside a vector */
+    x[(size_t)(off + 4 * stride + 9)] = inf;
+    for (long long j = 0; j < V / 2; j++) x[(size_t)(off + 5 * stride + j)] = -inf;
     std::vector<unsigned char> in(n * (bf16 ? 2 : 4));
     for (size_t i = 0; i < n; i++) {
         if (bf16) {

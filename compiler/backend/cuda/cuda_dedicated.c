@@ -181,44 +181,115 @@ void cuda_scatter_body(CudaEmit *E) {
 
 /* ---- cross-entropy's statistics: one online pass ------------------------------------------------ */
 
+/* The elements a thread reads (and, the classifier, writes) at once in cuda_ce_body's main loops:
+ * 16 bytes (8 bf16 or f16, 4 f32) when every row starts 16-byte aligned (the arena's buffers are
+ * PLAN_ALIGN-aligned, so the element offset and the row strides must be multiples) and the gradient,
+ * when written, has the logits' type; else 1 (an element at a time). */
+static int cuda_ce_vec(const KCeStats *c) {
+    if (c->in_dt != DT_F32 && c->in_dt != DT_BF16 && c->in_dt != DT_F16) return 1;
+    if (c->grad >= 0 && c->grad_dt != c->in_dt) return 1;
+    int vec = c->in_dt == DT_F32 ? 4 : 8;
+    if (c->V < vec || c->in_off % vec || c->stride % vec || (c->grad >= 0 && c->gW % vec)) return 1;
+    return vec;
+}
+
+/* `float v[VEC]` from the 16 bytes at element `at` of buffer p`buf` (of dt): one uint4 load, the
+ * elements widened exactly (bf16 is the high half of an f32) */
+static void cuda_ce_load_vec(CudaEmit *E, DType dt, int buf, const char *at) {
+    cuda_line(E, "const uint4 u = *reinterpret_cast<const uint4 *>(p%d + (%s));", buf, at);
+    cuda_line(E, "const unsigned w[4] = {u.x, u.y, u.z, u.w};");
+    if (dt == DT_F32) {
+        cuda_line(E, "float v[4];");
+        cuda_line(E, "for (int e = 0; e < 4; e++) v[e] = __uint_as_float(w[e]);");
+    } else {
+        cuda_line(E, "float v[8];");
+        if (dt == DT_BF16)
+            cuda_line(E,
+                      "for (int e = 0; e < 8; e++) v[e] = __uint_as_float(e & 1 ? w[e >> 1] & 0xffff0000u : w[e >> 1] << 16);");
+        else
+            cuda_line(
+                E,
+                "for (int e = 0; e < 8; e++) v[e] = __half2float(__ushort_as_half((unsigned short)(e & 1 ? w[e >> 1] >> 16 : w[e >> 1] & 0xffffu)));");
+    }
+}
+
 /* Kernel.ce: per row, the max m and the sum s of exp(x - m) in one read of the logits, and the
  * target's logit; with Kernel.ce's grad, the classifier kernel: then the row's gradient too, in a
- * second read of the row, written in the gradient's type (over the logits when grad is their
- * parameter: every read of the row - the statistics' loop and the target's logit - ends at the
- * __syncthreads before the first write, and column j's gradient is written by the thread that
- * read column j), the padded columns zero. The gradient multiplies by one reciprocal of s a row
- * and the constant dloss / N (in f32) where the body divides each element by s and by N: a few
- * ulps of f32 apart (docs/cuda.md). Each thread
- * keeps a running (m, s) over the columns threadIdx.x, + 256, ...: a larger x rescales s by
- * exp(m - x) (the online softmax of Milakov and Gimelshein, as llm.c's classifier); the 32 lanes'
- * pairs are merged in a __shfl_xor_sync butterfly (the merge is commutative, so every lane ends
- * with the same pair) and the 8 warps' in warp order by thread 0: a fixed tree, deterministic run
- * to run and GPU to GPU. NaN propagates as the body's max does, +inf gives a NaN sum as the body's
- * exp(inf - inf) does, and -inf logits add nothing (a row of -inf alone: s = 0 where the body has
- * NaN; the loss and the gradient are NaN either way). The sum's
- * rounding differs from the body's (which adds exp(x - max) with the row's final max, in column
- * order) by a few ulps: within tests/gpu/run.sh's tolerances. */
+ * second read of the row (from L2 mostly: the rows in flight at once fit in it), written in the
+ * gradient's type (over the logits when grad is their parameter: every read of the row - the
+ * statistics' loop and the target's logit - ends at the __syncthreads before the first write, and
+ * column j's gradient is written by the thread that read column j), the padded columns zero. The
+ * gradient multiplies by one reciprocal of s a row and the constant dloss / N (in f32) where the
+ * body divides each element by s and by N: a few ulps of f32 apart (docs/cuda.md).
+ *
+ * Each thread keeps a running (m, s) (the online softmax of Milakov and Gimelshein, as llm.c's
+ * classifier). Where cuda_ce_vec allows, it reads 16 bytes at a time (columns [8t, 8t + 8), then
+ * + 2048, ...; 4 for f32): the vector's max first, one rescale of s by exp(m - max) when it grows,
+ * then the vector's exp(x - m) summed and added - one exp an element plus one a vector, no branch an
+ * element, and independent exps in flight; the columns past the last whole vector (V not a multiple)
+ * one at a time as the scalar form does. The measured H100 profile (docs/cuda.md) had the scalar
+ * form, a 2-byte load and a dependent update an element, at 3.2 ms for GPT-2's 12288 x 50304 bf16
+ * logits: latency-bound, far from the 0.8 ms its bytes take. The 32 lanes' pairs are merged in a
+ * __shfl_xor_sync butterfly (the merge is commutative, so every lane ends with the same pair) and
+ * the 8 warps' in warp order by thread 0: a fixed tree, deterministic run to run and GPU to GPU. NaN
+ * propagates as the body's max does, +inf gives a NaN sum as the body's exp(inf - inf) does, and
+ * -inf logits add nothing (a row of -inf alone: s = 0 where the body has NaN; the loss and the
+ * gradient are NaN either way). The sum's rounding differs from the body's (which adds exp(x - max)
+ * with the row's final max, in column order) by a few ulps: within tests/gpu/run.sh's tolerances. */
 void cuda_ce_body(CudaEmit *E) {
     const KCeStats *c = E->k->ce;
-    const char *x = cuda_elem_in(
-        E, c->in_dt, arena_printf(E->ar, "p%d[%" PRId64 "LL + row * %" PRId64 "LL + j]", c->in, c->in_off, c->stride));
-    cuda_line(E, "/* cross-entropy statistics: %" PRId64 " rows of V %" PRId64 " (stride %" PRId64 ", %s), one online pass */",
-              c->rows, c->V, c->stride, cuda_memory_type(E, c->in_dt));
+    const int vec = cuda_ce_vec(c);
+    const int64_t vv = vec > 1 ? c->V - c->V % vec : 0; /* columns [0, vv) by vectors, [vv, V) one at a time */
+    const char *row_at = arena_printf(E->ar, "%" PRId64 "LL + row * %" PRId64 "LL", c->in_off, c->stride);
+    const char *x = cuda_elem_in(E, c->in_dt, arena_printf(E->ar, "p%d[%s + j]", c->in, row_at));
+    cuda_line(E, "/* cross-entropy statistics: %" PRId64 " rows of V %" PRId64 " (stride %" PRId64 ", %s), one online pass%s */",
+              c->rows, c->V, c->stride, cuda_memory_type(E, c->in_dt),
+              vec > 1 ? arena_printf(E->ar, ", %d columns a load", vec) : "");
     cuda_line(E, "__shared__ float mbt_wm[%d], mbt_ws[%d];", CUDA_BLOCK_BLOCK / 32, CUDA_BLOCK_BLOCK / 32);
     cuda_line(E, "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;");
     cuda_line(E, "for (long long row = blockIdx.x; row < %" PRId64 "LL; row += gridDim.x) {", c->rows);
     E->indent++;
     cuda_line(E, "float m = -MBT_INF_F, s = 0.0f;");
-    cuda_line(E, "for (long long j = threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", c->V, CUDA_BLOCK_BLOCK);
-    E->indent++;
-    cuda_line(E, "const float v = %s;", x);
-    cuda_line(E, "if (v != v || m != m) m = s = v + m; /* NaN: both NaN from here on */");
-    cuda_line(E, "else if (v > m) {");
-    cuda_line(E, "    s = s * expf(m - v) + expf(v - v); /* 1, or NaN for +inf as the body's exp(inf - inf) */");
-    cuda_line(E, "    m = v;");
-    cuda_line(E, "} else if (v != -MBT_INF_F) s += expf(v - m);");
-    E->indent--;
-    cuda_line(E, "}");
+    if (vec > 1) {
+        cuda_line(E, "for (long long j = threadIdx.x * %dLL; j < %" PRId64 "LL; j += %dLL) {", vec, vv, vec * CUDA_BLOCK_BLOCK);
+        E->indent++;
+        cuda_ce_load_vec(E, c->in_dt, c->in, arena_printf(E->ar, "%s + j", row_at));
+        cuda_line(E, "float vm = v[0];");
+        cuda_line(E, "bool nan = v[0] != v[0];");
+        cuda_line(E, "for (int e = 1; e < %d; e++) {", vec);
+        cuda_line(E, "    vm = fmaxf(vm, v[e]);");
+        cuda_line(E, "    nan |= v[e] != v[e];");
+        cuda_line(E, "}");
+        cuda_line(E, "if (nan || m != m) m = s = __int_as_float(0x7fc00000); /* NaN: both NaN from here on */");
+        cuda_line(E, "else {");
+        E->indent++;
+        cuda_line(E, "if (vm > m) { /* s rescaled once a vector (0 while m is -inf: s is 0 then) */");
+        cuda_line(E, "    s *= expf(m - vm);");
+        cuda_line(E, "    m = vm;");
+        cuda_line(E, "}");
+        cuda_line(E, "if (m != -MBT_INF_F) { /* m -inf: every element so far -inf, nothing to add */");
+        cuda_line(E, "    float vs = 0.0f; /* exp(inf - inf) is NaN for a +inf, as the body's */");
+        cuda_line(E, "    for (int e = 0; e < %d; e++) vs += expf(v[e] - m);", vec);
+        cuda_line(E, "    s += vs;");
+        cuda_line(E, "}");
+        E->indent--;
+        cuda_line(E, "}");
+        E->indent--;
+        cuda_line(E, "}");
+    }
+    if (vv < c->V) {
+        cuda_line(E, "for (long long j = %" PRId64 "LL + threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", vv, c->V,
+                  CUDA_BLOCK_BLOCK);
+        E->indent++;
+        cuda_line(E, "const float v = %s;", x);
+        cuda_line(E, "if (v != v || m != m) m = s = v + m; /* NaN: both NaN from here on */");
+        cuda_line(E, "else if (v > m) {");
+        cuda_line(E, "    s = s * expf(m - v) + expf(v - v); /* 1, or NaN for +inf as the body's exp(inf - inf) */");
+        cuda_line(E, "    m = v;");
+        cuda_line(E, "} else if (v != -MBT_INF_F) s += expf(v - m);");
+        E->indent--;
+        cuda_line(E, "}");
+    }
     cuda_line(E, "for (int o = 16; o > 0; o >>= 1) { /* the lanes' pairs, merged: every lane gets the same pair */");
     E->indent++;
     cuda_line(E, "const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);");
@@ -251,8 +322,7 @@ void cuda_ce_body(CudaEmit *E) {
     cuda_line(E, "p%d[row * 3LL] = M;", c->out);
     cuda_line(E, "p%d[row * 3LL + 1LL] = S;", c->out);
     cuda_line(E, "p%d[row * 3LL + 2LL] = %s;", c->out,
-              cuda_elem_in(E, c->in_dt,
-                           arena_printf(E->ar, "p%d[%" PRId64 "LL + row * %" PRId64 "LL + tc]", c->in, c->in_off, c->stride)));
+              cuda_elem_in(E, c->in_dt, arena_printf(E->ar, "p%d[%s + tc]", c->in, row_at)));
     if (c->grad >= 0) {
         cuda_line(E, "mbt_wm[0] = M;");
         cuda_line(E, "mbt_ws[0] = S;");
@@ -266,12 +336,41 @@ void cuda_ce_body(CudaEmit *E) {
         cuda_line(E, "const float M = mbt_wm[0], rs = 1.0f / mbt_ws[0], k = %s; /* one reciprocal a row; dloss / N */",
                   cuda_float_literal(E, KT_F32, c->dloss / c->N));
         cuda_line(E, "const int t = p%d[%" PRId64 "LL + row];", c->tgt, c->tgt_off);
-        cuda_line(E, "for (long long j = threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", c->V, CUDA_BLOCK_BLOCK);
-        E->indent++;
-        cuda_line(E, "const float g = (expf(%s - M) * rs - ((int)j == t ? 1.0f : 0.0f)) * k;", x);
-        cuda_line(E, "p%d[row * %" PRId64 "LL + j] = %s;", c->grad, c->gW, cuda_elem_out(E, c->grad_dt, "g"));
-        E->indent--;
-        cuda_line(E, "}");
+        if (vec > 1) {
+            /* the same columns a thread as the statistics' loop: it overwrites only what it read */
+            cuda_line(E, "for (long long j = threadIdx.x * %dLL; j < %" PRId64 "LL; j += %dLL) {", vec, vv,
+                      vec * CUDA_BLOCK_BLOCK);
+            E->indent++;
+            cuda_ce_load_vec(E, c->in_dt, c->in, arena_printf(E->ar, "%s + j", row_at));
+            cuda_line(E, "unsigned o[4];");
+            const char *g = "(expf(v[e] - M) * rs - ((int)j + e == t ? 1.0f : 0.0f)) * k";
+            if (c->in_dt == DT_F32) cuda_line(E, "for (int e = 0; e < 4; e++) o[e] = __float_as_uint(%s);", g);
+            else {
+                cuda_line(E, "float g[8];");
+                cuda_line(E, "for (int e = 0; e < 8; e++) g[e] = %s;", g);
+                cuda_line(E, "for (int e = 0; e < 4; e++)");
+                if (c->in_dt == DT_BF16)
+                    cuda_line(E, "    o[e] = (unsigned)mbt_bf16_bits(g[2 * e]) | (unsigned)mbt_bf16_bits(g[2 * e + 1]) << 16;");
+                else
+                    cuda_line(
+                        E,
+                        "    o[e] = (unsigned)__half_as_ushort(__float2half_rn(g[2 * e])) | (unsigned)__half_as_ushort(__float2half_rn(g[2 * e + 1])) << 16;");
+            }
+            cuda_line(E, "uint4 r;");
+            cuda_line(E, "r.x = o[0], r.y = o[1], r.z = o[2], r.w = o[3];");
+            cuda_line(E, "*reinterpret_cast<uint4 *>(p%d + (row * %" PRId64 "LL + j)) = r;", c->grad, c->gW);
+            E->indent--;
+            cuda_line(E, "}");
+        }
+        if (vv < c->V) {
+            cuda_line(E, "for (long long j = %" PRId64 "LL + threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", vv, c->V,
+                      CUDA_BLOCK_BLOCK);
+            E->indent++;
+            cuda_line(E, "const float g = (expf(%s - M) * rs - ((int)j == t ? 1.0f : 0.0f)) * k;", x);
+            cuda_line(E, "p%d[row * %" PRId64 "LL + j] = %s;", c->grad, c->gW, cuda_elem_out(E, c->grad_dt, "g"));
+            E->indent--;
+            cuda_line(E, "}");
+        }
         if (c->gW > c->V)
             cuda_line(E,
                       "for (long long j = %" PRId64 "LL + threadIdx.x; j < %" PRId64 "LL; j += %dLL) p%d[row * %" PRId64
