@@ -245,16 +245,22 @@ static int fl_reduce1(FL *L, KOp kop, int x, uint32_t mask, int rank, const int6
  *
  * A sum over the leading axes of at least FL_SPLIT_ROWS rows (a bias or LayerNorm weight gradient
  * over every token of the batch: M rows of N) is made in two levels: the rows viewed as [S, R, N]
- * with R the largest divisor of M in [32, FL_SPLIT_SLICE], R rows summed into each of S partial rows
+ * with R the largest divisor of M in [32, FL_SPLIT_SLICE] for which the S x N partial sums number
+ * FL_SPLIT_ITEMS or more (else the smallest divisor there, the most partials), R rows summed into
+ * each of S partial rows
  * (kept in a buffer), then the S partials summed. Each level is a reduction kernel of its own with
  * many more work items than N alone (S x N, then N), so it fills a GPU, and the order of additions
  * is fixed by M alone: deterministic, whatever the device or its thread count. The first level fuses
  * what produces the rows, the second what consumes the sum (the cast, the accumulation). Fewer rows
  * (every CPU-size example) or an M with no such divisor keep the one reduction. The sum's order of
  * additions is not the CPU reference's (ref.c adds the rows in order): the verify layer's
- * tolerances hold it. */
+ * tolerances hold it. Why FL_SPLIT_ITEMS: on the H100 (docs/cuda.md, "Two-level sums") GPT-2's
+ * LayerNorm weight gradients (M = 12,288 rows of N = 768) as 96 partials of 128 rows were 73,728
+ * threads a loop of 128 dependent-latency loads each: 65.5 us a launch for 38 MB, a fifth of the copy
+ * rate; 384 partials of 32 rows give 294,912 threads a quarter of the loop. */
 #define FL_SPLIT_ROWS 4096
 #define FL_SPLIT_SLICE 128
+#define FL_SPLIT_ITEMS 262144 /* first-level work items wanted: about two H100s' worth of threads (132 SMs x 2048) */
 
 static int fl_reduce(FL *L, KOp kop, int x, uint32_t mask) {
     const FNode *n = fl_n(L, x);
@@ -280,9 +286,12 @@ static int fl_reduce(FL *L, KOp kop, int x, uint32_t mask) {
     }
     DType dt = fl_n(L, x)->dt;
     if (kop == K_ADD && dtype_is_float(dt) && leading && N > 1 && M >= FL_SPLIT_ROWS) {
-        int64_t R = 0;
-        for (int64_t r = FL_SPLIT_SLICE; r >= 32 && !R; r--)
-            if (M % r == 0) R = r;
+        int64_t R = 0; /* the largest divisor that gives FL_SPLIT_ITEMS partial sums, else the smallest */
+        for (int64_t r = FL_SPLIT_SLICE; r >= 32; r--)
+            if (M % r == 0) {
+                R = r;
+                if ((M / r) * N >= FL_SPLIT_ITEMS) break;
+            }
         if (R) {
             /* f16 and bf16 rows are summed in f32 (their partials would otherwise be rounded to
              * 8 or 11 bits in the buffer), the total rounded once to the sum's type */
