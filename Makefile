@@ -438,13 +438,15 @@ bench: all
 # On a GPU (docs/bench.md, "On a GPU"): GPT-2 124M at 1024 tokens a sequence and the largest
 # micro-batch mbt trains (bf16); PyTorch with CUDA is the --python bench/gpu.py is given
 # (BENCH_GPU_ARGS="--python /path/to/python"; later options win, e.g. "--batch 16"); without a GPU
-# it prints SKIP. Then serving (docs/bench.md, "Serving on a GPU"): bench/serve_gpu.py's decode
+# it prints SKIP. Then the memory settings on the GPU (docs/bench.md, "Memory settings on a GPU":
+# bench/memory.py --gpu, GPT-2 124M bf16 at micro 64 x 1024; SKIP without a GPU). Then serving (docs/bench.md, "Serving on a GPU"): bench/serve_gpu.py's decode
 # tokens/s per batch against the HBM bound and TTFT/TPOT against transformers' generate, for GPT-2
 # 124M and a Llama-style model (BENCH_SERVE_GPU_ARGS="--python /path/to/python"; SKIP without a GPU).
 BENCH_GPU_ARGS ?=
 BENCH_SERVE_GPU_ARGS ?=
 bench-gpu: all
 	@/usr/bin/python3 bench/gpu.py --build $(BUILD) --seq 1024 --batch max $(BENCH_GPU_ARGS)
+	@/usr/bin/python3 bench/memory.py --gpu --build $(BUILD)
 	@/usr/bin/python3 bench/serve_gpu.py --build $(BUILD) $(BENCH_SERVE_GPU_ARGS)
 
 # Serving (docs/serve.md, "Benchmark"): bench/serve.py's table for three arms - no chunking, a

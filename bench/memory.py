@@ -13,6 +13,17 @@ state it keeps in memory; one run of S steps from the same initial weights with
 after W warm-up steps) and the process's peak resident memory (getrusage of the child). Nothing is
 asserted: a table and JSON under bench/results/. The last losses are printed so a reader sees that
 the settings train alike (they are bit-identical where the arithmetic is, docs/memory.md).
+
+    /usr/bin/python3 bench/memory.py --gpu [--batch 64] [--seq 1024] [--steps S] [--warmup W]
+
+On a GPU (make bench-gpu; SKIP without one): the same model in bf16 at micro B x T (default 64 x
+1024, the size issue 18's targets name) with none, recompute [gelu], recompute [all], activations to
+host and the optimizer state to host, built for the GPU (bench/gpu.py's variant of the first block,
+the setting's line added after `precision = bf16`), compiled side by side; each trained S steps with
+--device cuda: the plan's step arena (`./prog info`), the device's peak (the executable's own
+high-water mark of its device allocations, its `GPU: peak` line) and the time per step (mean after
+W warm-up steps), each against none. llm.c's figure for recompute [gelu] at micro 64 x 1024 (23,692
+MiB on an H100, ../shared/perf/h100-2026-11-25.md) is printed beside, not measured here.
 """
 import argparse
 import datetime
@@ -49,6 +60,101 @@ def run_child(cmd, cwd=None):
     return p.returncode, out, time.monotonic() - t0, ru.ru_maxrss
 
 
+GPU_ROWS = [
+    ("none", ""),
+    ("recompute [gelu]", "recompute = [gelu]"),
+    ("recompute [all]", "recompute = [all]"),
+    ("activations to host", "offload   { activations = host }"),
+    ("optimizer to host", "offload   { optimizer = host }"),
+]
+LLMC_RC_GELU_MIB = 23692  # llm.c, micro 64 x 1024, recompute GELU, H100 (../shared/perf/h100-2026-11-25.md)
+
+
+def gpu_rows(a, build):
+    """--gpu: the GPU table (docs/bench.md, "Memory settings on a GPU")."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu as gpu_bench  # bench/gpu.py: the variant source, the corpus, the GPU's peak line
+    import run as cpu_bench
+    dev = a.device_for_testing or "cuda"
+    ok, why = gpu_bench.gpu_present() if dev == "cuda" else (True, "")
+    if not ok:
+        say(f"SKIP: no GPU ({why})")
+        return 0
+    mbtc, gendata = os.path.join(build, "mbtc"), os.path.join(build, "mbt-gendata")
+    work = os.path.join(build, "bench", "memory-gpu")
+    os.makedirs(os.path.join(work, "data"), exist_ok=True)
+    case = dict(cpu_bench.CASES["gpt2-124m"])
+    B, T = a.batch, a.seq
+    src, inc, g = gpu_bench.variant_source(case, B, T, work, "bf16")
+    with open(src) as f:
+        base_text = f.read()
+    progs, procs = [], []
+    for label, line in GPU_ROWS:
+        text = base_text.replace("\n  precision = bf16", "\n  precision = bf16" + ("\n  " + line if line else ""), 1)
+        path = src[:-4] + "_" + re.sub(r"[^a-z]+", "_", label).strip("_") + ".mbt"
+        with open(path, "w") as f:
+            f.write(text)
+        prog = path[:-4]
+        progs.append((label, prog))
+        procs.append(subprocess.Popen([mbtc] + case["include"] + inc + [path, "-o", prog], cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    built = [(p.communicate()[0], p.returncode) for p in procs]  # compiled side by side
+    data = gpu_bench.corpus(argparse.Namespace(case="gpt2-124m"), case, gendata, work,
+                            gpu_bench.corpus_windows(a.steps, g) * (T + 1))
+    init = os.path.join(work, f"init-b{B}-t{T}.safetensors")
+    say(f"== memory on the GPU: GPT-2 124M bf16, micro {B} x {T}, {a.steps} steps a run, {a.warmup} warm-up")
+    results = []
+    for (label, prog), (out, st) in zip(progs, built):
+        if st != 0:
+            why = next((l.split("error: ", 1)[1] for l in out.splitlines() if "error: " in l), out.strip()[-200:])
+            say(f"  {label}: not built - mbtc -o refuses it: {why}")
+            results.append(dict(setting=label, refused=why))
+            continue
+        if not os.path.exists(init):
+            run_child([prog, "train", "--steps", "0", "--data", data, "--save-weights", init])
+        _, info, _, _ = run_child([prog, "info"])
+        m = re.search(r"^plan: arena step (\d+) bytes$", info, re.M)
+        log = prog + ".jsonl"
+        st, out, _, _ = run_child([prog, "train", "--device", dev, "--steps", str(a.steps), "--data", data,
+                                   "--init-weights", init, "--log", log])
+        if st != 0:
+            say(f"  {label}: the run failed: {(out.strip().splitlines() or ['?'])[-1]}")
+            results.append(dict(setting=label, failed=out[-2000:]))
+            continue
+        with open(log) as f:
+            recs = [r for r in (json.loads(l) for l in f if l.strip()) if "ms" in r]  # the steps, not the evaluation
+        timed = [r["ms"] for r in recs[a.warmup:]]
+        r = dict(setting=label, step_arena_planned=int(m.group(1)) if m else None, device_peak=gpu_bench.gpu_peak(out),
+                 ms_per_step=sum(timed) / len(timed) if timed else float("nan"), steps_ms=timed,
+                 last_loss=recs[-1]["loss"] if recs else None)
+        results.append(r)
+        if r["device_peak"] is None:  # --device-for-testing cpu: no device
+            r["device_peak"] = 0
+        say(f"  {label}: device peak {r['device_peak'] / 2**20:.0f} MiB, {r['ms_per_step']:.2f} ms/step, "
+            f"last loss {r['last_loss']}")
+    base = next((r for r in results if r["setting"] == "none" and "device_peak" in r), None)
+    hdr = f"{'setting':<22} {'step arena MiB':>15} {'device peak MiB':>16} {'vs none':>8} {'ms/step':>9} {'vs none':>8}"
+    say()
+    say(hdr)
+    say("-" * len(hdr))
+    for r in results:
+        if "device_peak" not in r:
+            say(f"{r['setting']:<22} {'not built' if 'refused' in r else 'failed'}")
+            continue
+        rel = lambda k: f"{100 * (r[k] / base[k] - 1):+7.1f}%" if base and base[k] else "       -"
+        say(f"{r['setting']:<22} {(r['step_arena_planned'] or 0) / 2**20:15.1f} {r['device_peak'] / 2**20:16.0f} "
+            f"{rel('device_peak')} {r['ms_per_step']:9.2f} {rel('ms_per_step')}")
+    say(f"(llm.c with recompute of GELU at micro 64 x 1024: {LLMC_RC_GELU_MIB:,} MiB on an H100, its own report;"
+        f" not run here)")
+    out = a.out or os.path.join(ROOT, "bench", "results",
+                                f"memory-gpu-{socket.gethostname()}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(dict(batch=B, seq=T, steps=a.steps, warmup=a.warmup, results=results), f, indent=1)
+    say(f"results: {os.path.relpath(out, ROOT)}")
+    return 0
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description="GPT-2 124M peak memory and step time per memory setting")
     ap.add_argument("--build", default="build")
@@ -56,8 +162,14 @@ def main(argv):
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", help="JSON results (default bench/results/memory-<host>-<time>.json)")
+    ap.add_argument("--gpu", action="store_true", help="the GPU table: bf16, micro --batch x --seq, --device cuda")
+    ap.add_argument("--batch", type=int, default=64, help="--gpu: the micro-batch (default 64)")
+    ap.add_argument("--seq", type=int, default=1024, help="--gpu: the sequence length (default 1024)")
+    ap.add_argument("--device-for-testing", help="--gpu: run on this device (cpu) to test the script")
     a = ap.parse_args(argv)
     build = os.path.abspath(os.path.join(ROOT, a.build))
+    if a.gpu:
+        return gpu_rows(a, build)
     mbtc, gendata = os.path.join(build, "mbtc"), os.path.join(build, "mbt-gendata")
     work = os.path.join(build, "bench")
     os.makedirs(os.path.join(work, "data"), exist_ok=True)

@@ -11,6 +11,9 @@
 #               torch's scaled_dot_product_attention (issue 14)
 #   bench       bench/gpu.py: GPT-2 124M at micro-batch $MBT_GPU_BATCH (default 12) x 1024, mbt bf16
 #               against torch.compile bf16 in the same run, and mbt's MBT_DEBUG kernel table
+#   memory      bench/memory.py --gpu: GPT-2 124M bf16 at micro $MBT_GPU_MEMORY_BATCH (default 64) x 1024 with
+#               none, recompute [gelu], recompute [all], activations to host, the optimizer to host: the
+#               device's peak and the step time of each (issue 18); the JSON is RESULTS/memory.json
 #   serve       bench/serve_gpu.py (make bench-gpu's serving part): GPT-2 124M and the Llama-style model
 #               served by `PROG serve --device cuda`, decode tokens/s at batches 1 to 128 against the
 #               HBM bound (the bandwidth measured by a copy), TTFT and TPOT against transformers'
@@ -20,7 +23,7 @@
 #               time (MBT_GPU_TEST_JOBS)
 #   ncu         (only when named) Nsight Compute's speed of light, occupancy and warp stalls of the
 #               FA2 forward and backward kernels at GPT-2's shape (after the attention part)
-# MBT_GPU_PARTS=attention,bench,serve,test chooses parts; MBT_GPU_ATTN_ARGS adds bench/attention options; MBT_GPU_BENCH_MODES the benchmark's modes.
+# MBT_GPU_PARTS=attention,bench,memory,serve,test chooses parts (default: all but memory and ncu); MBT_GPU_ATTN_ARGS adds bench/attention options; MBT_GPU_BENCH_MODES the benchmark's modes.
 # Each part's output goes to RESULTS/PART.txt as it runs, so a part cut off by the deadline leaves
 # what it printed. The last lines are a table: part, status, seconds.
 set -u
@@ -82,6 +85,10 @@ if [[ $PARTS == *,bench,* ]]; then
     part bench 240 "$PY" bench/gpu.py --build "$BUILD" --seq 1024 --batch "${MBT_GPU_BATCH:-12}" --rounds 1 \
         --steps 20 --warmup 6 --modes "${MBT_GPU_BENCH_MODES:-mbt-bf16,torch-bf16-compile}" --python "$PY" \
         --out "$RES/bench.json"
+fi
+if [[ $PARTS == *,memory,* ]]; then
+    part memory 240 "$PY" bench/memory.py --gpu --build "$BUILD" --batch "${MBT_GPU_MEMORY_BATCH:-64}" --steps 8 \
+        --warmup 3 --out "$RES/memory.json"
 fi
 if [[ $PARTS == *,serve,* ]]; then
     # shellcheck disable=SC2086 # MBT_GPU_SERVE_ARGS is a list of options
