@@ -23,7 +23,9 @@
 # key on the device, the buffers' update after the step through a download and upload, issue 20)
 # and tests/gpu/docs_bf16.mbt (docs.mbt in bf16 with rows of 160: the document mask on the
 # flash-attention-2 kernels, issue 20) and tests/gpu/ce_pad.mbt (the classifier kernel over a tied
-# head's vocabulary of 1100 padded to 1152, f32 and bf16, the gradient over the logits, issue 15).
+# head's vocabulary of 1100 padded to 1152, f32 and bf16, the gradient over the logits, issue 15)
+# and tests/gpu/concat.mbt (concatenations and a where through head transposes, f32 and bf16: the
+# select arms written inside an if/else and the 32-bit offsets, docs/cuda.md, issue 15).
 # For each, on mbt-gendata's corpus:
 #   gpu/EX-BLOCK/step      `train --steps 2 --dump-step F --log F.jsonl` with --device cpu and with
 #                          the device; tests/gpu/cmpdump.py holds the device's step 1 to the CPU's:
@@ -378,7 +380,8 @@ relay_done() { # the reports of the finished blocks at the head of the order
 running=0
 for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt tests/verify/tiny_bf16.mbt tests/exec/dropout.mbt \
     tests/verify/docs.mbt tests/exec/buckets.mbt tests/exec/groups.mbt tests/exec/lora.mbt tests/exec/multi_lora.mbt \
-    tests/verify/ghost_bn.mbt tests/gpu/rows.mbt tests/verify/ghost_bn_running.mbt tests/gpu/docs_bf16.mbt tests/gpu/ce_pad.mbt; do
+    tests/verify/ghost_bn.mbt tests/gpu/rows.mbt tests/verify/ghost_bn_running.mbt tests/gpu/docs_bf16.mbt tests/gpu/ce_pad.mbt \
+    tests/gpu/concat.mbt; do
     ex=$(basename "$f" .mbt)
     while read -r t kind bf16; do
         [ "$kind" = run ] || continue

@@ -131,7 +131,7 @@ static char *emit_broadcast(KOp op, int64_t n, int also_at_gid, DType dt, CudaLa
 }
 
 /* Index division and remainder of gid by a constant: in 32 bits while the grid is at most 2^32
- * (gid below it), in 64 past that. */
+ * (gid below it), in 64 past that; below 2^31 the remainder is an `int` (index_narrowing). */
 static void index_divmod_width(void) {
     for (int big = 0; big < 2; big++) {
         const int64_t grid = big ? ((int64_t)1 << 32) + 8 : 1024;
@@ -142,8 +142,89 @@ static void index_divmod_width(void) {
         kir_finish(t->k);
         CudaLaunch L;
         char *s = emit(t->k, &L);
-        const char *want = big ? "(long long)((unsigned long long)gid % 6ULL)" : "(long long)((unsigned)gid % 6U)";
+        const char *want = big ? "(long long)((unsigned long long)gid % 6ULL)" : "const int imod2 = (int)((unsigned)gid % 6U);";
         CHECK(strstr(s, want) != NULL, "grid %lld: no `%s`", (long long)grid, want);
+        free(s);
+        kb_done(t);
+    }
+}
+
+/* 32-bit index arithmetic (cuda.c's cuda_ranges): offsets whose every value fits in an int are
+ * ints, computed from int operands; a product that can pass 2^31, and anything computed from it
+ * or from a loaded i64 (data, not an index), stays 64-bit, reading a narrowed operand widened. */
+static void index_narrowing(void) {
+    const int64_t grid = 1024;
+    KB *t = kb_start("k_narrow", KK_ELEMENTWISE, grid);
+    int x = B1(t, DT_F32, 3 * grid + 5, 0), w = B1(t, DT_F32, 7, 0), d = B1(t, DT_I64, grid, 0), o = B1(t, DT_F32, grid, 1);
+    int o2 = B1(t, DT_F32, grid, 1), o3 = B1(t, DT_F32, grid, 1);
+    int m = OP2(t, K_MUL, KT_I64, t->g, C_i(t, KT_I64, 3)); /* %m: [0, 3069] */
+    int a = OP2(t, K_ADD, KT_I64, m, C_i(t, KT_I64, 5));    /* [5, 3074] */
+    ST(t, o, t->g, LD(t, x, a));
+    int big = OP2(t, K_MUL, KT_I64, t->g, C_i(t, KT_I64, (int64_t)1 << 22)); /* up to 1023 * 2^22 > 2^31 */
+    ST(t, o2, t->g, LD(t, w, OP2(t, K_IMOD, KT_I64, big, C_i(t, KT_I64, 7))));
+    int v = LD(t, d, t->g); /* an i64 of data: no range */
+    int mix = OP2(t, K_ADD, KT_I64, v, m);
+    ST(t, o3, t->g, OP1(t, K_CAST, KT_F32, mix));
+    kir_finish(t->k);
+    CudaLaunch L;
+    char *s = emit(t->k, &L);
+    char want[160];
+    snprintf(want, sizeof want, "const int mul%d = (int)gid * 3;", m);
+    CHECK(strstr(s, want) != NULL, "no `%s`", want);
+    snprintf(want, sizeof want, "const int add%d = mul%d + 5;", a, m);
+    CHECK(strstr(s, want) != NULL, "no `%s`", want);
+    snprintf(want, sizeof want, "p0[(long long)add%d]", a);
+    CHECK(strstr(s, want) != NULL, "no `%s`", want);
+    snprintf(want, sizeof want, "const long long mul%d = gid * 4194304LL;", big);
+    CHECK(strstr(s, want) != NULL, "no `%s` (a product past 2^31 narrowed?)", want);
+    /* below 2^32 still: an unsigned 32-bit remainder, kept as a long long (its operand is one) */
+    snprintf(want, sizeof want, "const long long imod%d = (long long)((unsigned)mul%d %% 7U);", big + 2, big);
+    CHECK(strstr(s, want) != NULL, "no `%s`", want);
+    snprintf(want, sizeof want, "const long long add%d = load%d + (long long)mul%d;", mix, v, m);
+    CHECK(strstr(s, want) != NULL, "no `%s` (data narrowed?)", want);
+    free(s);
+    kb_done(t);
+}
+
+/* A select whose arm has loads of its own (cuda.c's cuda_arms) becomes an if/else with the arm's
+ * offsets and loads inside; an arm of arithmetic on shared values stays a select, as does every
+ * select of a kernel that loads a buffer it stores (a load moved past the store would change). */
+static void select_arms(void) {
+    for (int rmw = 0; rmw < 2; rmw++) {
+        KB *t = kb_start("k_arms", KK_ELEMENTWISE, 64);
+        int x = B1(t, DT_F32, 32, 0), y = B1(t, DT_F32, 32, 0), z = B1(t, DT_F32, 64, 0), o = B1(t, DT_F32, 64, 1);
+        int lt = OP2(t, K_LT, KT_BOOL, t->g, C_i(t, KT_I64, 32));
+        int xo = OP2(t, K_MIN, KT_I64, t->g, C_i(t, KT_I64, 31));
+        int yo = OP2(t, K_MAX, KT_I64, OP2(t, K_SUB, KT_I64, t->g, C_i(t, KT_I64, 32)), C_i(t, KT_I64, 0));
+        int lx = LD(t, x, xo), ly = LD(t, y, yo);
+        int sel = kb_op(t->b, K_SELECT, KT_F32, 3, lt, lx, ly);
+        int v = LD(t, rmw ? o : z, t->g); /* used by the condition too: not an arm's own */
+        int pos = OP2(t, K_GT, KT_BOOL, v, C_f(t, KT_F32, 0.0));
+        int sel2 = kb_op(t->b, K_SELECT, KT_F32, 3, pos, OP2(t, K_MUL, KT_F32, v, C_f(t, KT_F32, 2.0)), v);
+        ST(t, o, t->g, OP2(t, K_ADD, KT_F32, sel, sel2));
+        kir_finish(t->k);
+        CudaLaunch L;
+        char *s = emit(t->k, &L);
+        char want[200];
+        snprintf(want, sizeof want, "float select%d; /* each arm's own offsets and loads where it is taken */", sel);
+        const char *at = strstr(s, want);
+        if (rmw) CHECK(!at && !strstr(s, "each arm's own"), "a kernel loading what it stores got arms");
+        else {
+            CHECK(at != NULL, "no `%s`", want);
+            snprintf(want, sizeof want, "if (lt%d) {", lt);
+            const char *i1 = at ? strstr(at, want) : NULL;
+            snprintf(want, sizeof want, "const float load%d = p0[(long long)min%d];", lx, xo);
+            const char *l1 = i1 ? strstr(i1, want) : NULL;
+            const char *e1 = l1 ? strstr(l1, "} else {") : NULL;
+            snprintf(want, sizeof want, "const int sub%d = (int)gid - 32;", yo - 1);
+            const char *s2 = e1 ? strstr(e1, want) : NULL;
+            snprintf(want, sizeof want, "const float load%d = p1[(long long)max%d];", ly, yo);
+            const char *l2 = s2 ? strstr(s2, want) : NULL;
+            CHECK(i1 && l1 && e1 && s2 && l2 && strstr(l2, "}"), "select %%%d: the arms' chains are not inside its if/else:\n%s",
+                  sel, s);
+            snprintf(want, sizeof want, "float select%d;", sel2);
+            CHECK(!strstr(s, want), "select %%%d (arithmetic arms) became an if/else", sel2);
+        }
         free(s);
         kb_done(t);
     }
@@ -323,6 +404,8 @@ int main(void) {
     RUN(thread_mode_vectorised);
     RUN(thread_mode_broadcasts);
     RUN(index_divmod_width);
+    RUN(index_narrowing);
+    RUN(select_arms);
     RUN(warp_and_block_modes);
     RUN(never_split);
     Arena ar = {0};

@@ -288,6 +288,162 @@ static int cuda_attention_shared(const Kernel *k) {
  * groups trade that against filling the GPU). */
 int64_t cuda_scatter_rows(const KScatter *s) { return (s->R + CUDA_SCATTER_GROUPS - 1) / CUDA_SCATTER_GROUPS; }
 
+/* ---- the scan: integer ranges, 32-bit index arithmetic ---------------------------------------- */
+
+/* Index arithmetic is i64 in the KIR, and 64-bit integer work is several instructions a step on
+ * the GPU (an add two, a multiply three or more, a min/max four, a division by a constant a
+ * 64-bit multiply-high): an elementwise kernel reading through transposes and concatenations
+ * (GPT-2's attention backward joining dq, dk and dv: ~30 such operations an element) was bound by
+ * them, not by memory. So every i64 value whose every possible value provably fits in 32 bits is
+ * computed in an `int`: the ranges come by interval arithmetic from gid in [0, grid), each loop
+ * counter in [0, extent), the constants, the divisions and remainders by positive constants (the
+ * KIR's IDIV/IMOD have operands >= 0), min, max, select and the casts from i32 and bool. Anything
+ * else (a load's value, an accumulator, a float's truncation, a u64 hash word, an interval that
+ * would overflow 64 bits) has no range and stays 64-bit, as does everything computed from it: an
+ * `int` result is exact because the 64-bit result it replaces is the same number. A value is
+ * narrowed only when its operands are narrow too (or constants, gid, a counter, all in range),
+ * so its 32-bit arithmetic never wraps; a 64-bit value reads a narrowed operand widened. */
+static int cuda_fits32(const CudaPlan *P, int id) { return P->known[id] && P->lo[id] >= INT32_MIN && P->hi[id] <= INT32_MAX; }
+
+static void cuda_range_set(CudaPlan *P, int id, int64_t lo, int64_t hi) {
+    P->known[id] = 1;
+    P->lo[id] = lo;
+    P->hi[id] = hi;
+}
+
+/* [lo, hi] of x op y over the corners (add, sub, mul), 0 on overflow. */
+static int cuda_range_corners(KOp op, const int64_t x[2], const int64_t y[2], int64_t *lo, int64_t *hi) {
+    int64_t v[4];
+    for (int c = 0; c < 4; c++) {
+        int64_t a = x[c >> 1], b = y[c & 1];
+        int bad = op == K_ADD   ? __builtin_add_overflow(a, b, &v[c])
+                  : op == K_SUB ? __builtin_sub_overflow(a, b, &v[c])
+                                : __builtin_mul_overflow(a, b, &v[c]);
+        if (bad) return 0;
+    }
+    *lo = *hi = v[0];
+    for (int c = 1; c < 4; c++) {
+        if (v[c] < *lo) *lo = v[c];
+        if (v[c] > *hi) *hi = v[c];
+    }
+    return 1;
+}
+
+static void cuda_ranges(const Kernel *k, CudaPlan *P, Arena *ar) {
+    size_t n = (size_t)k->n + 1;
+    P->known = arena_alloc(ar, n);
+    P->narrow = arena_alloc(ar, n);
+    P->ctx32 = arena_alloc(ar, n);
+    P->lo = arena_alloc(ar, sizeof(int64_t) * n);
+    P->hi = arena_alloc(ar, sizeof(int64_t) * n);
+    memset(P->known, 0, n);
+    memset(P->narrow, 0, n);
+    memset(P->ctx32, 0, n);
+    for (int i = 0; i < k->n; i++) {
+        const KInst *in = &k->inst[i];
+        KType t = in->type;
+        if (t != KT_I64 && t != KT_I32 && t != KT_BOOL) continue;
+        int a0 = in->nin > 0 ? in->a[0] : -1, a1 = in->nin > 1 ? in->a[1] : -1;
+        int k0 = a0 >= 0 && P->known[a0], k1 = a1 >= 0 && P->known[a1];
+        int64_t x[2] = {k0 ? P->lo[a0] : 0, k0 ? P->hi[a0] : 0}, y[2] = {k1 ? P->lo[a1] : 0, k1 ? P->hi[a1] : 0}, lo, hi;
+        switch (in->op) {
+        case K_CONST:
+            if (t != KT_BOOL) cuda_range_set(P, i, in->i, in->i);
+            break;
+        case K_GID: /* a ranged kernel's [lo, hi) lies within [0, grid) */
+            if (k->grid >= 1) cuda_range_set(P, i, 0, k->grid - 1);
+            break;
+        case K_LOOP: /* the counter, in [0, extent) (a loop that does not run: no value at all) */
+            if (!in->nin) cuda_range_set(P, i, 0, in->i > 0 ? in->i - 1 : 0);
+            else if (k0) cuda_range_set(P, i, 0, x[1] > 0 ? x[1] - 1 : 0);
+            break;
+        case K_ADD:
+        case K_SUB:
+        case K_MUL:
+            if (t != KT_BOOL && k0 && k1 && cuda_range_corners(in->op, x, y, &lo, &hi)) cuda_range_set(P, i, lo, hi);
+            break;
+        case K_MAX:
+        case K_MIN:
+            if (t != KT_BOOL && k0 && k1) {
+                int mx = in->op == K_MAX;
+                cuda_range_set(P, i, mx ? (x[0] > y[0] ? x[0] : y[0]) : (x[0] < y[0] ? x[0] : y[0]),
+                               mx ? (x[1] > y[1] ? x[1] : y[1]) : (x[1] < y[1] ? x[1] : y[1]));
+            }
+            break;
+        case K_IDIV:
+        case K_IMOD: /* by a positive constant, of a value >= 0 */
+            if (k0 && x[0] >= 0 && k->inst[a1].op == K_CONST && k->inst[a1].i > 0) {
+                int64_t c = k->inst[a1].i;
+                if (in->op == K_IDIV) cuda_range_set(P, i, x[0] / c, x[1] / c);
+                else if (x[1] < c) cuda_range_set(P, i, x[0], x[1]);
+                else cuda_range_set(P, i, 0, c - 1);
+            }
+            break;
+        case K_NEG:
+            if (t != KT_BOOL && k0 && x[0] > INT64_MIN) cuda_range_set(P, i, -x[1], -x[0]);
+            break;
+        case K_ABS:
+            if (t != KT_BOOL && k0 && x[0] > INT64_MIN) {
+                if (x[0] >= 0) cuda_range_set(P, i, x[0], x[1]);
+                else cuda_range_set(P, i, 0, -x[0] > x[1] ? -x[0] : x[1]);
+            }
+            break;
+        case K_SELECT: {
+            int a2 = in->a[2];
+            if (t != KT_BOOL && P->known[a1] && P->known[a2])
+                cuda_range_set(P, i, P->lo[a1] < P->lo[a2] ? P->lo[a1] : P->lo[a2],
+                               P->hi[a1] > P->hi[a2] ? P->hi[a1] : P->hi[a2]);
+            break;
+        }
+        case K_CAST: {
+            KType from = k->inst[a0].type;
+            if (t == KT_BOOL) break;
+            if (from == KT_BOOL) cuda_range_set(P, i, 0, 1);
+            else if (from == KT_I32) cuda_range_set(P, i, k0 ? x[0] : INT32_MIN, k0 ? x[1] : INT32_MAX);
+            else if (from == KT_I64 && k0 && (t == KT_I64 || (x[0] >= INT32_MIN && x[1] <= INT32_MAX)))
+                cuda_range_set(P, i, x[0], x[1]);
+            break;
+        }
+        case K_LOAD: /* an i32 buffer's elements are i32s */
+            if (t == KT_I32) cuda_range_set(P, i, INT32_MIN, INT32_MAX);
+            break;
+        default: break; /* accumulators, u64 words, floats' truncations: no range */
+        }
+        if (t == KT_I32 && P->known[i] && (P->lo[i] < INT32_MIN || P->hi[i] > INT32_MAX)) /* i32 arithmetic wraps */
+            cuda_range_set(P, i, INT32_MIN, INT32_MAX);
+    }
+    /* which i64 values are narrowed, and which instructions read their i64 operands in 32 bits.
+     * Not a value that varies with a loop's counter: an offset affine in the counter is
+     * strength-reduced in 64 bits (one pointer, immediate offsets: a column sum's loads), which a
+     * sign extension of an int offset at each access defeats (measured in the SASS of GPT-2's
+     * LayerNorm weight-gradient sums: 116 instructions a loop became 215). */
+    unsigned char *in_loop = arena_alloc(ar, n);
+    for (int i = 0; i < k->n; i++) {
+        const KInst *in = &k->inst[i];
+        in_loop[i] = in->op == K_LOOP;
+        for (int a = 0; a < in->nin; a++) in_loop[i] |= in_loop[in->a[a]];
+    }
+    for (int i = 0; i < k->n; i++) {
+        const KInst *in = &k->inst[i];
+        int ops = 1, any = 0;
+        for (int a = 0; a < in->nin; a++) {
+            if (k->inst[in->a[a]].type != KT_I64) continue;
+            any = 1;
+            ops &= cuda_fits32(P, in->a[a]);
+        }
+        if (in->type == KT_I64) {
+            int arith = (in->op >= K_ADD && in->op <= K_MIN && in->op != K_DIV && in->op != K_MOD && in->op != K_POW) ||
+                        in->op == K_IDIV || in->op == K_IMOD || in->op == K_NEG || in->op == K_ABS || in->op == K_SELECT ||
+                        in->op == K_CAST;
+            P->narrow[i] = arith && ops && cuda_fits32(P, i) && !in_loop[i];
+            P->ctx32[i] = P->narrow[i];
+        } else if (in->op != K_ACCUM && in->op != K_LOOP && in->op != K_LOAD && in->op != K_STORE)
+            P->ctx32[i] = any && ops; /* an offset stays as it is: p[gid] (64-bit, as the loop's) or p[narrowed] */
+    }
+}
+
+static void cuda_arms(const Kernel *k, CudaPlan *P, Arena *ar);
+
 static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
     memset(P, 0, sizeof *P);
     if (cuda_kernel_uses_ce(k)) { /* a block per row; the body is not written */
@@ -338,6 +494,7 @@ static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
         L->blocks = tiles < 1 ? 1 : tiles > CUDA_MAX_BLOCKS ? CUDA_MAX_BLOCKS : tiles;
         return;
     }
+    cuda_ranges(k, P, ar);
     P->split = arena_alloc(ar, sizeof(int) * (size_t)(k->n + 1));
     P->end = arena_alloc(ar, sizeof(int) * (size_t)(k->n + 1));
     int *stack = arena_alloc(ar, sizeof(int) * (size_t)(k->n + 1)), sp = 0;
@@ -436,6 +593,7 @@ static void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
     }
     int64_t blocks = (k->grid + L->per_block - 1) / L->per_block;
     L->blocks = blocks < 1 ? 1 : blocks > CUDA_MAX_BLOCKS ? CUDA_MAX_BLOCKS : blocks;
+    cuda_arms(k, P, ar);
 }
 
 CudaLaunch cuda_launch_for(const Kernel *k) {
@@ -481,14 +639,15 @@ const char *cuda_memory_type(const CudaEmit *E, DType dt) {
 static int cuda_is_float(KType t) { return kir_type_is_float(t); }
 
 /* x / c or x % c in index arithmetic (x >= 0, c > 0 a constant), exact either way: in 32 bits when
- * x is the work item (gid, or a vector's first gid0: below the grid, which is at most 2^32) and c
- * fits, where the GPU divides in a multiply-high and a shift - a 64-bit division by a constant is
- * several times as many instructions, and elementwise kernels over a padded vocabulary (GPT-2's
- * classifier gradient: a division and a remainder by 50,304 an element) were bound by them. */
-static const char *cuda_index_divmod(Arena *ar, const Kernel *k, const char *x, int is_gid, int mod, int64_t c) {
-    if (is_gid && k->grid <= (int64_t)UINT32_MAX && c <= (int64_t)UINT32_MAX)
-        return arena_printf(ar, "(long long)((unsigned)%s %c %" PRId64 "U)", x, mod ? '%' : '/', c);
-    return arena_printf(ar, "(long long)((unsigned long long)%s %c %" PRId64 "ULL)", x, mod ? '%' : '/', c);
+ * x is below 2^32 (u32: the work item - gid, or a vector's first gid0, below a grid of at most 2^32
+ * - or a value whose range says so, cuda_ranges) and c fits, where the GPU divides in a
+ * multiply-high and a shift - a 64-bit division by a constant is several times as many
+ * instructions, and elementwise kernels over a padded vocabulary (GPT-2's classifier gradient: a
+ * division and a remainder by 50,304 an element) were bound by them. `as` is the result's C type
+ * (int for a narrowed value). */
+static const char *cuda_index_divmod(Arena *ar, const char *as, const char *x, int u32, int mod, int64_t c) {
+    if (u32 && c <= (int64_t)UINT32_MAX) return arena_printf(ar, "(%s)((unsigned)%s %c %" PRId64 "U)", as, x, mod ? '%' : '/', c);
+    return arena_printf(ar, "(%s)((unsigned long long)%s %c %" PRId64 "ULL)", as, x, mod ? '%' : '/', c);
 }
 
 /* A value's name: `add12`, `load7`, `i4` (a loop counter), `acc3`, `gid`. */
@@ -525,9 +684,19 @@ static const char *cuda_const(CudaEmit *E, const KInst *in) {
     }
 }
 
-/* Operand a as an expression: a constant inline, else the value's (or accumulator's) name. */
+/* Operand a as an expression: a constant inline, else the value's (or accumulator's) name. An
+ * i64 operand of an instruction written in 32 bits (CudaPlan.ctx32: every i64 operand in range)
+ * is an int: a constant without its LL, a narrowed value as it is, any other (gid, a loop's
+ * counter, a value that varies with one) cast, exact as it is in range;
+ * elsewhere a narrowed value is widened, so that the arithmetic stays 64-bit where it must (and
+ * mbt_max's and mbt_min's templates see one type). */
 static const char *cuda_operand(CudaEmit *E, int a) {
     const KInst *in = &E->k->inst[a];
+    if (in->type == KT_I64 && E->P.known) {
+        if (E->ctx32 && in->op == K_CONST) return arena_printf(E->ar, in->i < 0 ? "(%" PRId64 ")" : "%" PRId64, in->i);
+        if (E->ctx32 && !E->P.narrow[a]) return arena_printf(E->ar, "(int)%s", cuda_name(E, a)); /* in range: exact */
+        if (!E->ctx32 && E->P.narrow[a]) return arena_printf(E->ar, "(long long)%s", cuda_name(E, a));
+    }
     if (in->op == K_CONST) return cuda_const(E, in);
     return cuda_name(E, a);
 }
@@ -542,7 +711,8 @@ void cuda_line(CudaEmit *E, const char *fmt, ...) {
 }
 
 static void cuda_define(CudaEmit *E, int id, const char *expr) {
-    cuda_line(E, "const %s %s = %s;", cuda_value_type(E, E->k->inst[id].type), cuda_name(E, id), expr);
+    const char *t = E->P.narrow && E->P.narrow[id] ? "int" : cuda_value_type(E, E->k->inst[id].type);
+    cuda_line(E, "const %s %s = %s;", t, cuda_name(E, id), expr);
 }
 
 /* ---- emission: expressions -------------------------------------------------------------------- */
@@ -586,8 +756,12 @@ static const char *cuda_binary(CudaEmit *E, const KInst *in, int id) {
         case K_IMOD: {
             const KInst *d = &E->k->inst[in->a[1]];
             int mod = in->op == K_IMOD;
-            if (d->op == K_CONST && d->i > 0) /* unsigned: a power of two is a shift or a mask */
-                return cuda_index_divmod(ar, E->k, x, E->k->inst[in->a[0]].op == K_GID, mod, d->i);
+            if (d->op == K_CONST && d->i > 0) { /* unsigned: a power of two is a shift or a mask */
+                int a = in->a[0], u32 = E->P.known[a] && E->P.lo[a] >= 0 && E->P.hi[a] <= (int64_t)UINT32_MAX;
+                KOp xop = E->k->inst[a].op;
+                return cuda_index_divmod(ar, E->P.narrow[id] ? "int" : "long long",
+                                         u32 && (xop == K_GID || xop == K_LOOP) ? cuda_name(E, a) : x, u32, mod, d->i);
+            }
             return arena_printf(ar, "%s(%s, %s)", mod ? "mbt_imod" : "mbt_idiv", x, y);
         }
         case K_XOR: return arena_printf(ar, "%s ^ %s", x, y);
@@ -681,6 +855,85 @@ static const char *cuda_vec_type(DType dt) {
  * plan's only gid-dependent accesses are those; the others are at constant offsets.) */
 static int cuda_vec_access(const CudaPlan *P, const Kernel *k, const KInst *in) {
     return P->launch.vector > 1 && P->vec[in->buf] != CUDA_VEC_NONE && k->inst[in->a[0]].op != K_CONST;
+}
+
+/* ---- the scan: select arms evaluated when taken ---------------------------------------------- */
+
+/* The KIR's select evaluates both arms: a concatenation's backward (or forward) is a sum of
+ * selects, each arm a load through its own index chain (clamped so that it stays in bounds), so
+ * every output element computed every input's offsets and loaded every input (GPT-2's attention
+ * backward joining dq, dk, dv: three chains and three loads an element, one used). In thread
+ * mode a select arm's own instructions - those every use of which lies in that arm, directly or
+ * through other such instructions, in the select's block - are written inside an if/else, so
+ * that only the taken arm's offsets and loads run; on a GPU a concatenation's pieces are whole
+ * warps (boundaries at multiples of 32 elements), so the branch does not diverge there. Only
+ * arms holding a load of their own (one not from a vectorised kernel's vector registers) are
+ * moved: an arm of arithmetic alone stays a select, which ptxas makes a SEL, not a branch.
+ * P->arm[i] is 0 or the arm instruction i is written in: 2 * s + 1 for select %s's first value
+ * operand, 2 * s + 2 for its second. Pure instructions alone move: loads, arithmetic, casts. */
+static int cuda_arm_parent(const CudaPlan *P, int c) { return c ? P->arm[(c - 1) / 2] : 0; }
+
+static int cuda_arm_depth(const CudaPlan *P, int c) {
+    int d = 0;
+    for (; c; c = cuda_arm_parent(P, c)) d++;
+    return d;
+}
+
+static int cuda_arm_common(const CudaPlan *P, int a, int b) {
+    int da = cuda_arm_depth(P, a), db = cuda_arm_depth(P, b);
+    for (; da > db; da--) a = cuda_arm_parent(P, a);
+    for (; db > da; db--) b = cuda_arm_parent(P, b);
+    while (a != b) a = cuda_arm_parent(P, a), b = cuda_arm_parent(P, b);
+    return a;
+}
+
+static void cuda_arms(const Kernel *k, CudaPlan *P, Arena *ar) {
+    size_t n = (size_t)k->n + 1;
+    P->arm = arena_alloc(ar, sizeof(int) * n);
+    memset(P->arm, 0, sizeof(int) * n);
+    if (P->launch.mode != CUDA_THREAD || P->needs_sync) return; /* a load moved past a store of its buffer would change */
+    int *block = arena_alloc(ar, sizeof(int) * n), *stack = arena_alloc(ar, sizeof(int) * n), sp = 0, any = 0;
+    for (int i = 0; i < k->n; i++) { /* the innermost loop or if around each instruction, -1 at the top */
+        KOp op = k->inst[i].op;
+        if (op == K_ENDLOOP || op == K_ENDIF) sp--;
+        block[i] = sp ? stack[sp - 1] : -1;
+        if (op == K_LOOP || op == K_IF) stack[sp++] = i;
+        any |= op == K_SELECT;
+    }
+    if (!any) return;
+    /* users before definitions: each instruction's arm is the innermost one holding all its uses */
+    int *uses = arena_alloc(ar, sizeof(int) * n); /* -2: not yet used; -1: used where it cannot move */
+    for (int i = 0; i < k->n; i++) uses[i] = -2;
+    for (int i = k->n - 1; i >= 0; i--) {
+        const KInst *in = &k->inst[i];
+        int pure = in->op == K_LOAD || (in->op >= K_ADD && in->op <= K_NOT) || in->op == K_SELECT || in->op == K_CAST;
+        P->arm[i] = pure && uses[i] >= 0 ? uses[i] : 0;
+        for (int a = 0; a < in->nin; a++) { /* what this instruction's use of each operand asks */
+            int x = in->a[a], c = P->arm[i];
+            if (in->op == K_SELECT && a > 0 && in->a[1] != in->a[2] && in->a[0] != x) c = 2 * i + a;
+            if (block[x] != block[i] || in->op == K_ACCUM || in->op == K_STORE || in->op == K_IF || in->op == K_LOOP) c = -1;
+            if (uses[x] == -1 || c == -1) uses[x] = -1;
+            else uses[x] = uses[x] == -2 ? c : cuda_arm_common(P, uses[x], c);
+        }
+    }
+    /* keep the arms that hold a load of their own (or a kept arm), innermost (lowest select) first */
+    unsigned char *keep = arena_alloc(ar, 2 * n + 2);
+    memset(keep, 0, 2 * n + 2);
+    for (int i = 0; i < k->n; i++) {
+        const KInst *in = &k->inst[i];
+        if (in->op == K_LOAD && P->arm[i] && !cuda_vec_access(P, k, in)) keep[P->arm[i]] = 1;
+    }
+    for (int s = 0; s < k->n; s++) {
+        if (k->inst[s].op != K_SELECT) continue;
+        for (int c = 2 * s + 1; c <= 2 * s + 2; c++) {
+            if (keep[c]) {
+                if (P->arm[s]) keep[P->arm[s]] = 1;
+                continue;
+            }
+            for (int j = 0; j < s; j++) /* not kept: its instructions are written where the select is */
+                if (P->arm[j] == c) P->arm[j] = P->arm[s];
+        }
+    }
 }
 
 /* The same, while a lane of the vectorised body is being written. */
@@ -833,6 +1086,7 @@ static void cuda_endloop(CudaEmit *E, int id) {
 
 static void cuda_inst(CudaEmit *E, int id) {
     const KInst *in = &E->k->inst[id];
+    E->ctx32 = E->P.ctx32 && E->P.ctx32[id];
     switch (in->op) {
     case K_CONST: return; /* inline in its uses */
     case K_GID: return;   /* the work-item loop's variable */
@@ -855,7 +1109,13 @@ static void cuda_inst(CudaEmit *E, int id) {
             E, id,
             arena_printf(E->ar, "%s ? %s : %s", cuda_operand(E, in->a[0]), cuda_operand(E, in->a[1]), cuda_operand(E, in->a[2])));
         return;
-    case K_CAST: cuda_define(E, id, cuda_cast(E, in)); return;
+    case K_CAST: /* an i32 (or bool) widened to an i64 that is narrowed: the int itself */
+        if (E->P.narrow && E->P.narrow[id] && E->k->inst[in->a[0]].type != KT_I64) {
+            cuda_define(E, id, arena_printf(E->ar, "(int)%s", cuda_operand(E, in->a[0])));
+            return;
+        }
+        cuda_define(E, id, cuda_cast(E, in));
+        return;
     case K_AND: cuda_define(E, id, arena_printf(E->ar, "%s && %s", cuda_operand(E, in->a[0]), cuda_operand(E, in->a[1]))); return;
     case K_OR: cuda_define(E, id, arena_printf(E->ar, "%s || %s", cuda_operand(E, in->a[0]), cuda_operand(E, in->a[1]))); return;
     case K_NOT: cuda_define(E, id, arena_printf(E->ar, "!%s", cuda_operand(E, in->a[0]))); return;
@@ -872,6 +1132,39 @@ static void cuda_inst(CudaEmit *E, int id) {
 
 /* The body; in a vectorised lane, without the offsets only its vector accesses used (gid mod N,
  * gid / M: the vectors were read at gid0's). */
+static void cuda_body_inst(CudaEmit *E, int id, const unsigned char *used);
+
+/* Select %s with an arm of its own (CudaPlan.arm): an if/else, each side its arm's instructions
+ * and the assignment. */
+static void cuda_select_arms(CudaEmit *E, int s, const unsigned char *used) {
+    const KInst *in = &E->k->inst[s];
+    const char *t = E->P.narrow[s] ? "int" : cuda_value_type(E, in->type), *nm = cuda_name(E, s);
+    cuda_line(E, "%s %s; /* each arm's own offsets and loads where it is taken */", t, nm);
+    E->ctx32 = 0;
+    cuda_line(E, "if (%s) {", cuda_operand(E, in->a[0]));
+    for (int side = 1; side <= 2; side++) {
+        E->indent++;
+        for (int j = 0; j < s; j++)
+            if (E->P.arm[j] == 2 * s + side) cuda_body_inst(E, j, used);
+        E->ctx32 = E->P.ctx32[s];
+        cuda_line(E, "%s = %s;", nm, cuda_operand(E, in->a[side]));
+        E->indent--;
+        cuda_line(E, "%s", side == 1 ? "} else {" : "}");
+    }
+}
+
+static void cuda_body_inst(CudaEmit *E, int id, const unsigned char *used) {
+    KOp op = E->k->inst[id].op;
+    if (used && !used[id] && (op == K_IMOD || op == K_IDIV)) return;
+    if (op == K_SELECT)
+        for (int j = 0; j < id; j++)
+            if (E->P.arm[j] == 2 * id + 1 || E->P.arm[j] == 2 * id + 2) {
+                cuda_select_arms(E, id, used);
+                return;
+            }
+    cuda_inst(E, id);
+}
+
 static void cuda_body(CudaEmit *E) {
     const Kernel *k = E->k;
     unsigned char *used = NULL;
@@ -883,11 +1176,8 @@ static void cuda_body(CudaEmit *E) {
                 if (a > 0 || !((in->op == K_LOAD || in->op == K_STORE) && cuda_vec_access(&E->P, k, in))) used[in->a[a]] = 1;
         }
     }
-    for (int i = 0; i < k->n; i++) {
-        KOp op = k->inst[i].op;
-        if (used && !used[i] && (op == K_IMOD || op == K_IDIV)) continue;
-        cuda_inst(E, i);
-    }
+    for (int i = 0; i < k->n; i++)
+        if (!E->P.arm[i]) cuda_body_inst(E, i, used);
 }
 
 /* text as ` * ` comment lines, each prefixed with lead. */
@@ -1038,10 +1328,10 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
                 cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + gid0);", vt, p, vt, p);
             if (loaded && E.P.vec[p] == CUDA_VEC_MOD) /* gid0 mod N: a multiple of 4, as gid0 is */
                 cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + %s);", vt, p, vt, p,
-                          cuda_index_divmod(E.ar, k, "gid0", 1, 1, n));
+                          cuda_index_divmod(E.ar, "long long", "gid0", k->grid <= (int64_t)UINT32_MAX, 1, n));
             if (loaded && E.P.vec[p] == CUDA_VEC_DIV) /* the same element for the four */
                 cuda_line(&E, "const %s p%ds = p%d[%s];", cuda_memory_type(&E, k->bufs[p].dt), p, p,
-                          cuda_index_divmod(E.ar, k, "gid0", 1, 0, n));
+                          cuda_index_divmod(E.ar, "long long", "gid0", k->grid <= (int64_t)UINT32_MAX, 0, n));
             if (stored) cuda_line(&E, "%s p%dv;", vt, p);
         }
         for (int lane = 0; lane < L->vector; lane++) {

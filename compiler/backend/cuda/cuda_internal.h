@@ -28,6 +28,13 @@ typedef struct CudaPlan {
     int needs_sync; /* the kernel loads a buffer it stores to */
     int *vec;       /* vectorised: per buffer, how its accesses go (CUDA_VEC_*) */
     int *vec_n;     /* per buffer: the divisor of CUDA_VEC_MOD and CUDA_VEC_DIV */
+    /* the integer values' ranges (cuda_ranges: interval arithmetic from gid < grid, the loops'
+       extents and the constants): known[id] when every value of %id lies in [lo[id], hi[id]] */
+    unsigned char *known;
+    int64_t *lo, *hi;
+    unsigned char *narrow; /* per KIR id: an i64 value computed and kept in 32 bits (an `int`) */
+    unsigned char *ctx32;  /* per KIR id: its i64 operands are written as 32-bit values */
+    int *arm;              /* per KIR id: 0, or the select arm it is written in (2s + 1, 2s + 2: cuda.c's cuda_arms) */
 } CudaPlan;
 
 typedef struct CudaEmit {
@@ -37,6 +44,7 @@ typedef struct CudaEmit {
     Arena *ar;
     int lane;     /* vectorised: the lane (0..3) being written; -1 otherwise */
     int in_split; /* the K_LOOP id of the split loop being written, -1 outside */
+    int ctx32;    /* the instruction being written takes its i64 operands in 32 bits (CudaPlan.ctx32) */
     int indent;
 } CudaEmit;
 
