@@ -124,13 +124,52 @@
 #                   reference uses the default thread count), which must agree bit for bit; the
 #                   MBT_DEBUG / MBT_TRACE tests are skipped. It checks the harness, not a GPU.
 #
+# The tests are in sections, one a `# ---- ` part below (a function sec_NAME), which report in this
+# order: steps (the train blocks above), pad, dp (with ZeRO-1/-2), zero2 (zero2-shard, -buckets),
+# zero3, recompute, stats (gpu/running), eval (eval, generate-logits), kv, offload-opt
+# (offload-host, -nvme, -bytes, -copy-control), offload-act, offload-nvme (offload-act-nvme*),
+# graphs, debug (debug-timing, trace), casts (param-casts*). The probe runs first, always.
+#   MBT_GPU_TEST_SECTIONS=a,b,...  runs those sections alone (unset or empty: all of them), e.g.
+#                   zero3,offload-act on a short GPU lease; a name that is not a section is refused
+#                   with the list. Each section builds what it runs from (offload-nvme runs
+#                   offload-act's base itself when offload-act is not selected); what it cannot run
+#                   on this machine it SKIPs with the reason.
+#   MBT_GPU_TEST_LANES=N  sections run N at a time (the emulated GPU: 2 by default; a GPU and the
+#                   CPU's dry run: 1, which runs each in this shell, its lines printed as they
+#                   come); each section's lines are relayed in the order above as soon as it and
+#                   every section before it are done, so the output is the same whichever ends first.
+#                   A section that reads another's products (offload-nvme: offload-act's base runs;
+#                   debug: eval's tiny build) starts after it.
+#
 # Output: PASS/FAIL/SKIP lines, `N passed, M failed` last; exit status 1 when anything failed.
 set -u
 set -o pipefail
+# the sections, in the order they report (each a `# ---- ` part below, a function sec_NAME)
+SECTIONS=(steps pad dp zero2 zero3 recompute stats eval kv offload-opt offload-act offload-nvme graphs debug casts)
+# a section that reads another's products starts after it when both run (otherwise it makes them)
+declare -A SECTION_AFTER=([offload-nvme]=offload-act [debug]=eval)
+# with lanes, the order sections start in: the longest first (seconds on the emulated GPU, 2 loaded
+# cores: steps 390, dp 220, zero3 210, offload-act 115 and offload-nvme 55 after it, casts 100,
+# zero2 95, offload-opt 65, kv 50, pad 45, recompute 40, debug 25, the rest 5 or less)
+SECTION_START=(steps dp zero3 offload-act casts zero2 offload-opt offload-nvme kv pad recompute eval debug stats graphs)
+usage() {
+    echo "usage: [MBT_GPU_TEST_DEVICE=cuda|emu|cpu] [MBT_GPU_TEST_SECTIONS=a,b,...] [MBT_GPU_TEST_LANES=N] tests/gpu/run.sh BUILD"
+    echo "sections (the probe always runs first): ${SECTIONS[*]}"
+}
+# want SECTION: whether MBT_GPU_TEST_SECTIONS (unset or empty: every section) names it
+want() { [ -z "${MBT_GPU_TEST_SECTIONS:-}" ] || [[ ",${MBT_GPU_TEST_SECTIONS// /}," == *",$1,"* ]]; }
 if [ $# -lt 1 ]; then
-    echo "usage: tests/gpu/run.sh BUILD" >&2
+    usage >&2
     exit 2
 fi
+sections_named=${MBT_GPU_TEST_SECTIONS:-}
+for s in ${sections_named//,/ }; do
+    if [[ " ${SECTIONS[*]} " != *" $s "* ]]; then
+        echo "tests/gpu/run.sh: MBT_GPU_TEST_SECTIONS names '$s', which is not a section" >&2
+        usage >&2
+        exit 2
+    fi
+done
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
 # shellcheck source=tests/report.sh
@@ -244,7 +283,7 @@ within() {
 }
 
 # build DIR FILE MBTC ARGS...: DIR/prog (mbtc -o) and DIR/prog.cu (--emit=cuda), unless built
-# already (the probe's is mlp's, tiny's serves the timing tests); the output in $OUT
+# already (the probe's is mlp's; $DIR/tiny is gpu/eval's and gpu/debug-timing's); the output in $OUT
 build() {
     local d=$1
     shift
@@ -323,6 +362,7 @@ lora_trained() {
 }
 
 # ---- one train block: the step against the CPU's, reruns, the reference ---------------------------
+sec_steps() {
 # check_block FILE BLOCK NAME BF16 [MBTC ARGS...]
 check_block() {
     local f=$1 t=$2 name=$3 bf16=$4 d="$DIR/$3" rc a b
@@ -375,7 +415,7 @@ check_block() {
     fi
     [[ "$LORA_TRAINED_BLOCKS" != *" $name "* ]] || lora_trained "$d" "$name"
     rm -f "$d"/*.st
-    [ "$name" = tiny-tiny ] || rm -f "$d/prog" "$d"/*.so
+    rm -f "$d/prog" "$d"/*.so
 }
 
 # each train block of FILE: its name, whether its body reads data/tiny_train.bin (every_example's
@@ -429,6 +469,7 @@ for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt
 done
 wait
 relay_done
+}
 
 # ---- aligned GEMM shapes: a padded program on the device against the unpadded one on the CPU ---------
 # gpu/pad: tests/exec/pad_gemm.mbt (a vocabulary of 50, tied and untied output layers) built with
@@ -437,6 +478,7 @@ relay_done
 # 2's loss within 1e-5, and the device's dump was written at all only if every element of its
 # parameter, gradient and updated regions outside the parameters - the padded rows among them - is
 # zero (rt_step_dump refuses it otherwise: docs/cuda.md, "Aligned GEMM shapes").
+sec_pad() {
 d="$DIR/pad"
 mkdir -p "$d/p" "$d/u"
 if ! "$BUILD/mbt-gendata" --out-dir "$d/d" --name t --vocab 50 --tokens 50000 --val-tokens 5000 >"$OUT" 2>&1; then
@@ -459,6 +501,7 @@ else
         pass "gpu/pad/step2 (loss: unpadded CPU $a, padded device $b)"
     else fail gpu/pad/step2 "step 2's loss: unpadded CPU '$a', padded device '$b' (tolerance $LOSS_TOL relative)"; fi
 fi
+}
 
 # ---- data parallelism on the device: the step's tree, one process against 2 ranks -----------------
 # gpu/dp/TRANSPORT: tests/exec/dp.mbt's dp1 alone (4 micro-batches summed on the device) and dp2 as
@@ -474,6 +517,7 @@ fi
 #           step's join left out on the emulated GPU: other weights)
 #   staged  MBT_NCCL=0: through host memory, added on the host in 7 buckets of MBT_DP_BUCKET_MB=0.1
 #           after the backward (the GPU does not overlap them with it)
+sec_dp() {
 d="$DIR/dp"
 mkdir -p "$d/1" "$d/2"
 if ! build "$d/1" tests/exec/dp.mbt --train dp1 -I examples || ! build "$d/2" tests/exec/dp.mbt --train dp2 -I examples; then
@@ -701,6 +745,7 @@ else
         fi
     done
 fi
+}
 
 # ---- ZeRO-2's partial sums by shard on the device (docs/parallel.md) ----------------------------------
 # gpu/zero2-shard (2 ranks, NCCL) and gpu/zero2-shard-staged (4 ranks, MBT_NCCL=0): tests/exec/zero2.mbt's
@@ -708,6 +753,7 @@ fi
 # alone), each micro-batch's gradient exchanged by shards and summed into shard-size partial sums
 # (on the device over NCCL, in host memory staged), 3 steps: the logs and the weights of one process
 # (ref6, ref12) byte for byte, and rank 0's banner saying which.
+sec_zero2() {
 d="$DIR/zero2-shard"
 for spec in "ref6 z2n2a3 2 1 gpu/zero2-shard" "ref12 z2n4a3 4 0 gpu/zero2-shard-staged"; do
     read -r ref blk nr nccl name <<<"$spec"
@@ -743,9 +789,13 @@ done
 # gpu/zero2-shard-control: z0n2a3 (zero = 0, the contiguous path: each rank's 3 micro-batches by its
 # own tree, then the ranks') as 2 staged ranks must end with other weights than ref6's
 name=gpu/zero2-shard-control
-mkdir -p "$d/z0n2a3"
+mkdir -p "$d/z0n2a3" "$d/ref6"
+# (ref6 runs above only where 2 ranks of NCCL can: on one GPU it runs here, as this staged control's reference)
+if [ ! -s "$d/ref6.st" ] && build "$d/ref6" tests/exec/zero2.mbt --train ref6 -I examples; then
+    on_device_cmd "$d/ref6/prog.cu" "$d/ref6/prog" "$d/ref6.out" train --steps 3 --data "$DATA" --save-weights "$d/ref6.st" --log "$d/ref6.jsonl"
+fi
 if [ ! -s "$d/ref6.st" ]; then
-    skip $name "no ref6 run on the device above"
+    fail $name "the one-process reference ref6 did not build or run on the device" "$d/ref6.out"
 elif ! build "$d/z0n2a3" tests/exec/zero2.mbt --train z0n2a3 -I examples \
     || { [ "$DEVICE" = emu ] && ! { [ -f "$d/z0n2a3/prog.cu.so" ] || tests/cudaemu/build.sh "$d/z0n2a3/prog.cu" "$d/z0n2a3/prog.cu.so" >"$OUT" 2>&1; }; }; then
     fail $name "mbtc tests/exec/zero2.mbt --train z0n2a3 (or its emulated kernels) failed" "$OUT"
@@ -771,12 +821,12 @@ fi
 # its backward ended. gpu/zero2-buckets-no-join: MBT_TEST_DROP_JOIN=1 (the join after each backward
 # left out) is caught at the second micro-batch, every rank failing.
 name=gpu/zero2-buckets
-if [ ! -s "$d/ref6.st" ] || [ ! -x "$d/z2n2a3/prog" ]; then
-    skip $name "no ref6 run or z2n2a3 build on the device above"
-    skip $name-no-join "no ref6 run or z2n2a3 build on the device above"
-elif [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+if [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
     skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
     skip $name-no-join "NCCL needs a GPU a rank and this machine has $ngpus"
+elif [ ! -s "$d/ref6.st" ] || [ ! -x "$d/z2n2a3/prog" ]; then
+    fail $name "no ref6 run or z2n2a3 build on the device above (gpu/zero2-shard's)"
+    fail $name-no-join "no ref6 run or z2n2a3 build on the device above (gpu/zero2-shard's)"
 else
     for mode in buckets no-join; do
         dbg=1 drop=
@@ -807,6 +857,7 @@ else
         fi
     done
 fi
+}
 
 # ---- ZeRO-3 on the device: the parameters sharded, gathered around their uses ----------------------
 # tests/exec/zero3.mbt (dp.mbt's model, an evaluation, checkpoints) built by sed as one process
@@ -840,6 +891,7 @@ fi
 #                      for a gather left out (MBT_FAKE_CUDA_DROP_WAIT=3): not r1's weights;
 #                      gpu/zero3-fail: rank 1's NCCL failing in a gather stops both ranks, saying why;
 #                      gpu/zero3-page: a granularity (4 KiB) other than the plan's page is refused
+sec_zero3() {
 d="$DIR/zero3"
 mkdir -p "$d/r1" "$d/r2" "$d/r4"
 sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' tests/exec/zero3.mbt >"$d/r1.mbt"
@@ -1108,6 +1160,7 @@ if [ $z3_built = 1 ]; then
     fi
 fi
 if [ "$z3_gran_saved" = unset ]; then unset MBT_FAKE_CUDA_GRANULARITY; else export MBT_FAKE_CUDA_GRANULARITY=$z3_gran_saved; fi
+}
 
 # ---- recompute on the device: the re-runs leave every bit as it was ----------------------------------
 # gpu/recompute: tests/exec/recompute.mbt's base (no recompute), rc_gelu and rc_all (every block's
@@ -1115,6 +1168,7 @@ if [ "$z3_gran_saved" = unset ]; then unset MBT_FAKE_CUDA_GRANULARITY; else expo
 # and byte-identical weights as base on the device (the re-runs launch the same kernels on the same
 # inputs), and --arena-high-water's measured bytes of the device's arena within the step peak the
 # plan claims (less than its 64-byte alignment short of it).
+sec_recompute() {
 d="$DIR/recompute"
 mkdir -p "$d/base" "$d/rc_gelu" "$d/rc_all"
 rc_fail=""
@@ -1138,6 +1192,7 @@ elif ! cmp -s "$d/base.st" "$d/rc_gelu.st" || ! cmp -s "$d/base.st" "$d/rc_all.s
 else
     pass "gpu/recompute (rc_gelu and rc_all: base's weights and logs on the device, 3 steps; arena written/planned:$rc_hw)"
 fi
+}
 
 # ---- running statistics on the device (issue 20) -------------------------------------------------
 # gpu/running: tests/verify/ghost_bn_running.mbt trained 5 steps on the device - training() read from
@@ -1145,8 +1200,9 @@ fi
 # tests/verify/ghost_bn_running_oracle.py's checks on the device's results: the running buffers
 # against the plain-Python recomputation, eval's loss (forward_loss on the device, training() 0)
 # against the one with the running statistics, and generation's logits for a one-token prompt.
+sec_stats() {
 d="$DIR/running"
-R="$DIR/ghost_bn_running-running_bn"
+R="$d/prog" # (its own: the train block's build in $DIR/ghost_bn_running-running_bn is removed after its checks)
 mkdir -p "$d" "$R"
 if ! build "$R" tests/verify/ghost_bn_running.mbt --train running_bn -I examples; then
     fail gpu/running "mbtc tests/verify/ghost_bn_running.mbt -o or --emit=cuda failed" "$OUT"
@@ -1162,10 +1218,15 @@ else
         fail gpu/running "the device's running statistics: ${r1:-} ${r2:-} ${r3:-}" "$d/train.out"
     fi
 fi
+}
 
+# ---- eval and generate on the device: the GPU's forward_loss and forward_logits -----------------------
+# gpu/eval and gpu/generate-logits: examples/tiny.mbt's weights trained 3 steps on the CPU; its build
+# (in $DIR/tiny) is gpu/debug-timing's too.
+sec_eval() {
 d="$DIR/infer"
-T="$DIR/tiny-tiny"
-mkdir -p "$d"
+T="$DIR/tiny"
+mkdir -p "$d" "$T"
 PROMPT=3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3
 if ! build "$T" examples/tiny.mbt --train tiny \
     || ! timeout 600 "$T/prog" train --steps 3 --data "$DATA" --device cpu --save-weights "$d/w.st" </dev/null >"$d/train.out" 2>&1; then
@@ -1193,10 +1254,13 @@ else
         fail gpu/generate-logits "generate --print-logits differs from the CPU's by more than 1e-5 of a row's largest logit ($worst)" "$d/logits-dev.out"
     fi
 fi
+}
 
 # ---- the KV cache on the device: forward_chunk, the paged pool in device memory, serve ------------
+sec_kv() {
 # shellcheck source=tests/gpu/kv.sh
 . tests/gpu/kv.sh
+}
 
 # ---- offload { optimizer = host }: the state in host memory, the CPU's update --------------------
 # gpu/offload-host: tests/exec/offload_optimizer.mbt's program with optimizer = host and without
@@ -1207,6 +1271,7 @@ fi
 # kernels keep the host's arithmetic, byte for byte: the update is the same elementwise formula);
 # a resume from step 5 ends with the same weights, byte for byte. gpu/offload-nvme: the same with
 # optimizer = nvme (the state in a store file, streamed through the CPU's update).
+sec_offload_opt() {
 d="$DIR/offload"
 mkdir -p "$d/host" "$d/none"
 sed 's/optimizer = nvme/optimizer = host/' tests/exec/offload_optimizer.mbt >"$d/host.mbt"
@@ -1331,6 +1396,7 @@ else
         fi
     fi
 fi
+}
 
 # ---- offload { activations = host }: held activations to pinned host memory and back ------------
 # gpu/offload-act: tests/exec/offload_activations.mbt's programs with activations = host (act, built
@@ -1351,6 +1417,7 @@ fi
 # write needs, and the first join of each kind inside the graphs step 2 launches, must change the
 # weights after 2 steps. (Other writes' waits may change nothing:
 # the plan waits where a slot may be reused, and the next write into it can come after the next wait.)
+sec_offload_act() {
 d="$DIR/offload-act"
 mkdir -p "$d/base" "$d/act" "$d/rc" "$d/act_rc"
 sed 's/activations = nvme/activations = host/' tests/exec/offload_activations.mbt >"$d/t.mbt"
@@ -1429,6 +1496,7 @@ elif [ -z "$oa_fail" ]; then
         pass "gpu/offload-act-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
     fi
 fi
+}
 
 # ---- offload { activations = nvme } on the GPU: device -> pinned staging -> a store file and back ---
 # gpu/offload-act-nvme: tests/exec/offload_activations.mbt's act as it is (activations = nvme),
@@ -1452,6 +1520,7 @@ fi
 # before its first step, naming the file; the store's directory removed after step 5's checkpoint
 # stops the run at the next step's copies (under a timeout: no hang) and the run resumed from the
 # checkpoint ends with base's weights.
+sec_offload_nvme() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/offload-act-nvme "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing (the exec layer runs nvme there)"
     skip gpu/offload-act-nvme-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
@@ -1467,7 +1536,16 @@ else
         else "$@"; fi
     }
     on_fail=""
-    if [ -n "$oa_fail" ] || [ ! -s "$b/base.st" ]; then
+    # base: gpu/offload-act's run, which runs first; when that section is not selected, this one's own
+    if [ ! -s "$b/base.st" ] && ! want offload-act; then
+        mkdir -p "$b/base"
+        sed 's/activations = nvme/activations = host/' tests/exec/offload_activations.mbt >"$b/t.mbt"
+        build "$b/base" "$b/t.mbt" --train base -I examples &&
+            on_device_cmd "$b/base/prog.cu" "$b/base/prog" "$b/base.out" train --steps 10 --data "$DATA" --save-weights "$b/base.st" \
+                --log "$b/base.jsonl" --arena-high-water
+        "$b/base/prog" info >"$b/base.info" 2>&1
+    fi
+    if [ ! -s "$b/base.st" ]; then
         on_fail="gpu/offload-act's base run, which this compares with, failed"
     elif ! build "$d/act" tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -I examples; then
         on_fail="mbtc tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -o or --emit=cuda failed"
@@ -1619,6 +1697,7 @@ else
         pass "gpu/offload-act-nvme-errors (no directory: before step 1; full: $full; the store ($size bytes) removed: stopped at step $(sed -n 's/.*: step \([0-9]*\), micro-batch.*/\1/p' "$d/vanish.out"), resumed from step $last to base's weights)"
     fi
 fi
+}
 
 # ---- CUDA graphs: the step captured and replayed, bit for bit the step launched kernel by kernel ----
 # gpu/graph: tests/exec/dropout.mbt's drop (dropout keyed by step and micro-batch, uploaded each
@@ -1626,6 +1705,7 @@ fi
 # 5 steps with MBT_CUDA_GRAPH=0 and with graphs (the default): byte-identical weights, the same
 # logs to every digit, and the graphs run said so (the runtime's "GPU:" line; on the emulated GPU
 # also fake_cuda's own count of graph launches).
+sec_graphs() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/graph "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU has no CUDA graphs"
 else
@@ -1673,19 +1753,22 @@ else
         fi
     fi
 fi
+}
 
 # ---- MBT_DEBUG's timing table and MBT_TRACE's Chrome trace ----------------------------------------
+sec_debug() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/debug-timing "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU prints no GPU timing table"
     skip gpu/trace "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
 else
     d="$DIR/debug"
     mkdir -p "$d"
-    if ! build "$DIR/tiny-tiny" examples/tiny.mbt --train tiny; then
+    mkdir -p "$DIR/tiny"
+    if ! build "$DIR/tiny" examples/tiny.mbt --train tiny; then
         fail gpu/debug-timing "mbtc examples/tiny.mbt -o or --emit=cuda failed" "$OUT"
     else
-        cp "$DIR/tiny-tiny/prog.cu" "$d/tiny.cu"
-        cp "$DIR/tiny-tiny/prog" "$d/tiny"
+        cp "$DIR/tiny/prog.cu" "$d/tiny.cu"
+        cp "$DIR/tiny/prog" "$d/tiny"
         # the kernel functions: `extern "C" __global__ void [__launch_bounds__(...)] NAME(`
         sed -n 's/.*__global__ void \(__launch_bounds__([^)]*) \)\{0,1\}\([A-Za-z_][A-Za-z0-9_]*\)(.*/\2/p' "$d/tiny.cu" | sort -u >"$d/kernels.txt"
         MBT_DEBUG=1 MBT_TRACE="$d/trace.json" on_device "$d/tiny.cu" "$d/tiny" "$d/run"
@@ -1732,6 +1815,7 @@ EOF
         fi
     fi
 fi
+}
 # ---- a bf16 program's weight casts: once an optimizer step, or written by the update (issue 15) ----
 # gpu/param-casts: tests/exec/param_casts.mbt's kept (its cast launch skipped at a step's second to
 # fourth micro-batch, RtStep.casts_kept 1, and from the second step on at the first too, casts_kept
@@ -1741,6 +1825,7 @@ fi
 # MBT_DEBUG=1 the timing table counts kept's and kept1's cast kernel once in all (the first step's
 # first micro-batch: 0 times after the first step), every's 12 times and every1's 3; kept and kept1
 # run as CUDA graphs too (MBT_DEBUG turns them off), with the same weights.
+sec_casts() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/param-casts "MBT_GPU_TEST_DEVICE=$DEVICE: the exec layer's param_casts.case runs it on the CPU"
 else
@@ -1821,5 +1906,69 @@ else
             fi
         done
     fi
+fi
+}
+# ---- the sections: one after another, or MBT_GPU_TEST_LANES at a time ---------------------------
+# MBT_GPU_TEST_LANES (the emulated GPU: 2 by default; a GPU and the CPU's dry run: 1) sections run side
+# by side, each a background shell whose report (PASS/FAIL/SKIP lines) is kept in
+# $DIR/sections/NAME/report.txt and relayed, and counted, in SECTIONS' order as soon as it and every
+# section before it are done: the output is the same whatever finishes first. A section starts when
+# a lane is free (the longest first: SECTION_START) and the section SECTION_AFTER names, if it runs,
+# is done; each one's start and end times are in $DIR/sections/NAME/start and done. Each has its own $OUT and
+# its own range of ports (SECTION_NO, ranks). With one lane each runs in this shell, its lines
+# printed as they come, as before lanes. The sections' bodies keep the column they had before they
+# became functions.
+LANES=${MBT_GPU_TEST_LANES:-1}
+[ "$DEVICE" = emu ] && LANES=${MBT_GPU_TEST_LANES:-2}
+SEL=()
+for s in "${SECTIONS[@]}"; do want "$s" && SEL+=("$s"); done
+echo "# sections: ${SEL[*]}$([ "$LANES" -gt 1 ] && echo " ($LANES at a time)")"
+if [ "$LANES" -le 1 ]; then
+    for i in "${!SEL[@]}"; do
+        SECTION_NO=$((i + 1))
+        "sec_${SEL[$i]//-/_}"
+    done
+else
+    declare -A sec_started=()
+    sec_relayed=0
+    while [ "$sec_relayed" -lt "${#SEL[@]}" ]; do
+        busy=0
+        for s in "${SEL[@]}"; do
+            [ -n "${sec_started[$s]:-}" ] && [ ! -e "$DIR/sections/$s/done" ] && busy=$((busy + 1))
+        done
+        for s in "${SECTION_START[@]}"; do
+            want "$s" || continue
+            [ "$busy" -lt "$LANES" ] || break
+            [ -z "${sec_started[$s]:-}" ] || continue
+            after=${SECTION_AFTER[$s]:-}
+            if [ -n "$after" ] && want "$after" && [ ! -e "$DIR/sections/$after/done" ]; then continue; fi
+            sec_started[$s]=1
+            busy=$((busy + 1))
+            mkdir -p "$DIR/sections/$s"
+            (
+                for i in "${!SECTIONS[@]}"; do [ "${SECTIONS[$i]}" = "$s" ] && SECTION_NO=$((i + 1)); done
+                OUT="$DIR/sections/$s/out.txt"
+                date +%s >"$DIR/sections/$s/start"
+                # (in a shell of its own, which an error of the section's may end: then it says so)
+                ("sec_${s//-/_}"; echo "# end of section $s") >"$DIR/sections/$s/report.txt" 2>&1
+                rc=$?
+                grep -q "^# end of section $s\$" "$DIR/sections/$s/report.txt" ||
+                    fail "gpu/section-$s" "the section's shell stopped before its end (status $rc)" >>"$DIR/sections/$s/report.txt"
+                sed -i "/^# end of section $s\$/d" "$DIR/sections/$s/report.txt"
+                date +%s >"$DIR/sections/$s/done"
+            ) &
+        done
+        while [ "$sec_relayed" -lt "${#SEL[@]}" ] && [ -e "$DIR/sections/${SEL[$sec_relayed]}/done" ]; do
+            r="$DIR/sections/${SEL[$sec_relayed]}/report.txt"
+            cat "$r"
+            PASSED=$((PASSED + $(grep -c '^PASS ' "$r")))
+            FAILED=$((FAILED + $(grep -c '^FAIL ' "$r")))
+            SKIPPED=$((SKIPPED + $(grep -c '^SKIP ' "$r")))
+            sec_relayed=$((sec_relayed + 1))
+        done
+        [ "$sec_relayed" -lt "${#SEL[@]}" ] || break
+        wait -n 2>/dev/null || sleep 0.2 # a section ended (or none was left to wait for)
+    done
+    wait
 fi
 summary
