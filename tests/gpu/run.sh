@@ -126,13 +126,52 @@
 #                   reference uses the default thread count), which must agree bit for bit; the
 #                   MBT_DEBUG / MBT_TRACE tests are skipped. It checks the harness, not a GPU.
 #
+# The tests are in sections, one a `# ---- ` part below (a function sec_NAME), which report in this
+# order: steps (the train blocks above), pad, dp (with ZeRO-1/-2), zero2 (zero2-shard, -buckets),
+# zero3, recompute, stats (gpu/running), eval (eval, generate-logits), kv, offload-opt
+# (offload-host, -nvme, -bytes, -copy-control), offload-act, offload-nvme (offload-act-nvme*),
+# graphs, debug (debug-timing, trace), casts (param-casts*). The probe runs first, always.
+#   MBT_GPU_TEST_SECTIONS=a,b,...  runs those sections alone (unset or empty: all of them), e.g.
+#                   zero3,offload-act on a short GPU lease; a name that is not a section is refused
+#                   with the list. Each section builds what it runs from (offload-nvme runs
+#                   offload-act's base itself when offload-act is not selected); what it cannot run
+#                   on this machine it SKIPs with the reason.
+#   MBT_GPU_TEST_LANES=N  sections run N at a time (the emulated GPU: 2 by default; a GPU and the
+#                   CPU's dry run: 1, which runs each in this shell, its lines printed as they
+#                   come); each section's lines are relayed in the order above as soon as it and
+#                   every section before it are done, so the output is the same whichever ends first.
+#                   A section that reads another's products (offload-nvme: offload-act's base runs;
+#                   debug: eval's tiny build) starts after it.
+#
 # Output: PASS/FAIL/SKIP lines, `N passed, M failed` last; exit status 1 when anything failed.
 set -u
 set -o pipefail
+# the sections, in the order they report (each a `# ---- ` part below, a function sec_NAME)
+SECTIONS=(steps pad dp zero2 zero3 recompute stats eval kv offload-opt offload-act offload-nvme graphs debug casts)
+# a section that reads another's products starts after it when both run (otherwise it makes them)
+declare -A SECTION_AFTER=([offload-nvme]=offload-act [debug]=eval)
+# with lanes, the order sections start in: the longest first (seconds on the emulated GPU, 2 loaded
+# cores: steps 390, dp 220, zero3 210, offload-act 115 and offload-nvme 55 after it, casts 100,
+# zero2 95, offload-opt 65, kv 50, pad 45, recompute 40, debug 25, the rest 5 or less)
+SECTION_START=(steps dp zero3 offload-act casts zero2 offload-opt offload-nvme kv pad recompute eval debug stats graphs)
+usage() {
+    echo "usage: [MBT_GPU_TEST_DEVICE=cuda|emu|cpu] [MBT_GPU_TEST_SECTIONS=a,b,...] [MBT_GPU_TEST_LANES=N] tests/gpu/run.sh BUILD"
+    echo "sections (the probe always runs first): ${SECTIONS[*]}"
+}
+# want SECTION: whether MBT_GPU_TEST_SECTIONS (unset or empty: every section) names it
+want() { [ -z "${MBT_GPU_TEST_SECTIONS:-}" ] || [[ ",${MBT_GPU_TEST_SECTIONS// /}," == *",$1,"* ]]; }
 if [ $# -lt 1 ]; then
-    echo "usage: tests/gpu/run.sh BUILD" >&2
+    usage >&2
     exit 2
 fi
+sections_named=${MBT_GPU_TEST_SECTIONS:-}
+for s in ${sections_named//,/ }; do
+    if [[ " ${SECTIONS[*]} " != *" $s "* ]]; then
+        echo "tests/gpu/run.sh: MBT_GPU_TEST_SECTIONS names '$s', which is not a section" >&2
+        usage >&2
+        exit 2
+    fi
+done
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
 # shellcheck source=tests/report.sh
@@ -246,12 +285,45 @@ within() {
 }
 
 # build DIR FILE MBTC ARGS...: DIR/prog (mbtc -o) and DIR/prog.cu (--emit=cuda), unless built
-# already (the probe's is mlp's, tiny's serves the timing tests); the output in $OUT
+# already (the probe's is mlp's; $DIR/tiny is gpu/eval's and gpu/debug-timing's); the output in $OUT
 build() {
     local d=$1
     shift
     [ -x "$d/prog" ] && [ -s "$d/prog.cu" ] && return 0
     { timeout 600 "$MBTC" "$@" -o "$d/prog" </dev/null >"$OUT" 2>&1; } 2>>"$OUT" && "$MBTC" "$@" --emit=cuda >"$d/prog.cu" 2>"$OUT"
+}
+
+# on_device_cmd KERNELS PROG OUT ARGS...: PROG ARGS... on the device under test, output in OUT
+on_device_cmd() {
+    local cu=$1 prog=$2 out=$3
+    shift 3
+    if [ "$DEVICE" = emu ]; then
+        [ -f "$cu.so" ] || tests/cudaemu/build.sh "$cu" "$cu.so" >"$out" 2>&1 || return 1
+        MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_LIBNCCL="$FAKE_NCCL" MBT_FAKE_CUDA_EMU="$cu.so" timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
+    else
+        timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
+    fi
+}
+# The GPUs a rank of NCCL needs (the emulated GPU's NCCL has as many as asked)
+ngpus=0
+[ "$DEVICE" = emu ] || ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+# ranks N NCCL OUT PROG ARGS...: PROG ARGS... as N ranks of the tcp backend on the device under test,
+# with MBT_NCCL=NCCL (left as it is when NCCL is empty), rank R's output in OUT.R.out; ranks_rc 1
+# when a rank failed. The caller's environment goes with them (VAR=... ranks ...). The port is drawn
+# from the section's own range (SECTION_NO): sections running side by side never share one.
+ranks() {
+    local n=$1 nccl=$2 out=$3 prog=$4 port=$((30000 + ${SECTION_NO:-0} * 2000 + ($$ + RANDOM) % 2000)) pids=() r p
+    shift 4
+    for ((r = 0; r < n; r++)); do
+        (
+            [ -z "$nccl" ] || export MBT_NCCL="$nccl"
+            export RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300
+            on_device_cmd "$prog.cu" "$prog" "$out.$r.out" "$@"
+        ) &
+        pids+=($!)
+    done
+    ranks_rc=0
+    for p in "${pids[@]}"; do wait "$p" || ranks_rc=1; done
 }
 
 # ---- the probe: one step on the device at all --------------------------------------------------
@@ -292,6 +364,7 @@ lora_trained() {
 }
 
 # ---- one train block: the step against the CPU's, reruns, the reference ---------------------------
+sec_steps() {
 # check_block FILE BLOCK NAME BF16 [MBTC ARGS...]
 check_block() {
     local f=$1 t=$2 name=$3 bf16=$4 d="$DIR/$3" rc a b
@@ -344,7 +417,7 @@ check_block() {
     fi
     [[ "$LORA_TRAINED_BLOCKS" != *" $name "* ]] || lora_trained "$d" "$name"
     rm -f "$d"/*.st
-    [ "$name" = tiny-tiny ] || rm -f "$d/prog" "$d"/*.so
+    rm -f "$d/prog" "$d"/*.so
 }
 
 # each train block of FILE: its name, whether its body reads data/tiny_train.bin (every_example's
@@ -399,6 +472,7 @@ for f in examples/*.mbt tests/gpu/attn_shapes.mbt tests/gpu/attn_shapes_bf16.mbt
 done
 wait
 relay_done
+}
 
 # ---- aligned GEMM shapes: a padded program on the device against the unpadded one on the CPU ---------
 # gpu/pad: tests/exec/pad_gemm.mbt (a vocabulary of 50, tied and untied output layers) built with
@@ -407,6 +481,7 @@ relay_done
 # 2's loss within 1e-5, and the device's dump was written at all only if every element of its
 # parameter, gradient and updated regions outside the parameters - the padded rows among them - is
 # zero (rt_step_dump refuses it otherwise: docs/cuda.md, "Aligned GEMM shapes").
+sec_pad() {
 d="$DIR/pad"
 mkdir -p "$d/p" "$d/u"
 if ! "$BUILD/mbt-gendata" --out-dir "$d/d" --name t --vocab 50 --tokens 50000 --val-tokens 5000 >"$OUT" 2>&1; then
@@ -429,19 +504,8 @@ else
         pass "gpu/pad/step2 (loss: unpadded CPU $a, padded device $b)"
     else fail gpu/pad/step2 "step 2's loss: unpadded CPU '$a', padded device '$b' (tolerance $LOSS_TOL relative)"; fi
 fi
-
-# ---- eval and generate on the device: the GPU's forward_loss and forward_logits -----------------------
-# on_device_cmd KERNELS PROG OUT ARGS...: PROG ARGS... on the device under test, output in OUT
-on_device_cmd() {
-    local cu=$1 prog=$2 out=$3
-    shift 3
-    if [ "$DEVICE" = emu ]; then
-        [ -f "$cu.so" ] || tests/cudaemu/build.sh "$cu" "$cu.so" >"$out" 2>&1 || return 1
-        MBT_LIBCUDA="$FAKE" MBT_LIBCUBLASLT="$FAKE" MBT_LIBNCCL="$FAKE_NCCL" MBT_FAKE_CUDA_EMU="$cu.so" timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
-    else
-        timeout 600 "$prog" "$@" "${DUT[@]}" </dev/null >"$out" 2>&1
-    fi
 }
+
 # ---- data parallelism on the device: the step's tree, one process against 2 ranks -----------------
 # gpu/dp/TRANSPORT: tests/exec/dp.mbt's dp1 alone (4 micro-batches summed on the device) and dp2 as
 # 2 ranks of the tcp backend (2 each), 3 steps: the same logs to every digit and byte-identical
@@ -456,10 +520,9 @@ on_device_cmd() {
 #           step's join left out on the emulated GPU: other weights)
 #   staged  MBT_NCCL=0: through host memory, added on the host in 7 buckets of MBT_DP_BUCKET_MB=0.1
 #           after the backward (the GPU does not overlap them with it)
+sec_dp() {
 d="$DIR/dp"
 mkdir -p "$d/1" "$d/2"
-ngpus=0
-[ "$DEVICE" = emu ] || ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 if ! build "$d/1" tests/exec/dp.mbt --train dp1 -I examples || ! build "$d/2" tests/exec/dp.mbt --train dp2 -I examples; then
     fail gpu/dp "mbtc tests/exec/dp.mbt -o or --emit=cuda failed" "$OUT"
 elif [ "$DEVICE" = emu ] && ! { [ -f "$d/2/prog.cu.so" ] || tests/cudaemu/build.sh "$d/2/prog.cu" "$d/2/prog.cu.so" >"$OUT" 2>&1; }; then
@@ -472,20 +535,15 @@ else
     # with ENV set: $d/2.TAG.st, .jsonl and .R.out; rc2 its status (1 when a rank failed).
     # DP_N and DP_DIR (2, $d/2 unless set) run another program, as that many ranks.
     dp_ranks() {
-        local tag=$1 port=$((30000 + ($$ + RANDOM) % 20000)) pids=() r p n=${DP_N:-2} dir=${DP_DIR:-$d/2}
+        local tag=$1 n=${DP_N:-2} dir=${DP_DIR:-$d/2}
         shift
         rm -f "$d/2.$tag.st"
-        for ((r = 0; r < n; r++)); do
-            (
-                export "${@?}" RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 \
-                    MBT_DP_BUCKET_MB=0.1
-                on_device_cmd "$dir/prog.cu" "$dir/prog" "$d/2.$tag.$r.out" train --steps 3 --data "$DATA" \
-                    --save-weights "$d/2.$tag.st" --log "$d/2.$tag.jsonl"
-            ) &
-            pids+=($!)
-        done
-        rc2=0
-        for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+        (
+            export "${@?}" MBT_DP_BUCKET_MB=0.1
+            ranks "$n" "" "$d/2.$tag" "$dir/prog" train --steps 3 --data "$DATA" --save-weights "$d/2.$tag.st" --log "$d/2.$tag.jsonl"
+            exit $ranks_rc
+        )
+        rc2=$?
     }
     # nccl: the sum after the backward, whole (MBT_DP_OVERLAP=0); overlap: the GPU's buckets on a
     # communication stream during the last micro-batch's backward (the default with NCCL)
@@ -667,16 +725,8 @@ else
             fail $name "tests/cudaemu/build.sh failed" "$OUT"
             continue
         fi
-        port=$((30000 + ($$ + RANDOM) % 20000))
-        pids=()
-        for ((r = 0; r < nr; r++)); do
-            RANK=$r WORLD_SIZE=$nr LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=$nccl \
-                on_device_cmd "$d/$blk/prog.cu" "$d/$blk/prog" "$d/$blk.$r.out" train --steps 3 --data "$DATA" \
-                --save-weights "$d/$blk.st" --log "$d/$blk.jsonl" &
-            pids+=($!)
-        done
-        rc2=0
-        for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+        ranks "$nr" "$nccl" "$d/$blk" "$d/$blk/prog" train --steps 3 --data "$DATA" --save-weights "$d/$blk.st" --log "$d/$blk.jsonl"
+        rc2=$ranks_rc
         if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
             fail $name "a run failed (alone: status $rc1; $nr ranks: $rc2)" "$d/$blk.0.out"
         elif ! grep -q "^ZeRO-${blk:1:1}: this rank holds and updates elements \[0, " "$d/$blk.0.out"; then
@@ -698,6 +748,7 @@ else
         fi
     done
 fi
+}
 
 # ---- ZeRO-2's partial sums by shard on the device (docs/parallel.md) ----------------------------------
 # gpu/zero2-shard (2 ranks, NCCL) and gpu/zero2-shard-staged (4 ranks, MBT_NCCL=0): tests/exec/zero2.mbt's
@@ -705,6 +756,7 @@ fi
 # alone), each micro-batch's gradient exchanged by shards and summed into shard-size partial sums
 # (on the device over NCCL, in host memory staged), 3 steps: the logs and the weights of one process
 # (ref6, ref12) byte for byte, and rank 0's banner saying which.
+sec_zero2() {
 d="$DIR/zero2-shard"
 for spec in "ref6 z2n2a3 2 1 gpu/zero2-shard" "ref12 z2n4a3 4 0 gpu/zero2-shard-staged"; do
     read -r ref blk nr nccl name <<<"$spec"
@@ -725,16 +777,8 @@ for spec in "ref6 z2n2a3 2 1 gpu/zero2-shard" "ref12 z2n4a3 4 0 gpu/zero2-shard-
     fi
     on_device_cmd "$d/$ref/prog.cu" "$d/$ref/prog" "$d/$ref.out" train --steps 3 --data "$DATA" --save-weights "$d/$ref.st" --log "$d/$ref.jsonl"
     rc1=$?
-    port=$((30000 + ($$ + RANDOM) % 20000))
-    pids=()
-    for ((r = 0; r < nr; r++)); do
-        RANK=$r WORLD_SIZE=$nr LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=$nccl \
-            on_device_cmd "$d/$blk/prog.cu" "$d/$blk/prog" "$d/$blk.$r.out" train --steps 3 --data "$DATA" \
-            --save-weights "$d/$blk.st" --log "$d/$blk.jsonl" &
-        pids+=($!)
-    done
-    rc2=0
-    for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+    ranks "$nr" "$nccl" "$d/$blk" "$d/$blk/prog" train --steps 3 --data "$DATA" --save-weights "$d/$blk.st" --log "$d/$blk.jsonl"
+    rc2=$ranks_rc
     if [ $rc1 != 0 ] || [ $rc2 != 0 ]; then
         fail $name "a run failed (alone: status $rc1; $nr ranks: $rc2)" "$d/$blk.0.out"
     elif ! grep -q "^gradient partial sums: by shard (ZeRO-2, $nr ranks, a power of two): .* bytes $where)$" "$d/$blk.0.out"; then
@@ -748,23 +792,19 @@ done
 # gpu/zero2-shard-control: z0n2a3 (zero = 0, the contiguous path: each rank's 3 micro-batches by its
 # own tree, then the ranks') as 2 staged ranks must end with other weights than ref6's
 name=gpu/zero2-shard-control
-mkdir -p "$d/z0n2a3"
+mkdir -p "$d/z0n2a3" "$d/ref6"
+# (ref6 runs above only where 2 ranks of NCCL can: on one GPU it runs here, as this staged control's reference)
+if [ ! -s "$d/ref6.st" ] && build "$d/ref6" tests/exec/zero2.mbt --train ref6 -I examples; then
+    on_device_cmd "$d/ref6/prog.cu" "$d/ref6/prog" "$d/ref6.out" train --steps 3 --data "$DATA" --save-weights "$d/ref6.st" --log "$d/ref6.jsonl"
+fi
 if [ ! -s "$d/ref6.st" ]; then
-    skip $name "no ref6 run on the device above"
+    fail $name "the one-process reference ref6 did not build or run on the device" "$d/ref6.out"
 elif ! build "$d/z0n2a3" tests/exec/zero2.mbt --train z0n2a3 -I examples \
     || { [ "$DEVICE" = emu ] && ! { [ -f "$d/z0n2a3/prog.cu.so" ] || tests/cudaemu/build.sh "$d/z0n2a3/prog.cu" "$d/z0n2a3/prog.cu.so" >"$OUT" 2>&1; }; }; then
     fail $name "mbtc tests/exec/zero2.mbt --train z0n2a3 (or its emulated kernels) failed" "$OUT"
 else
-    port=$((30000 + ($$ + RANDOM) % 20000))
-    pids=()
-    for r in 0 1; do
-        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=0 \
-            on_device_cmd "$d/z0n2a3/prog.cu" "$d/z0n2a3/prog" "$d/z0n2a3.$r.out" train --steps 3 --data "$DATA" \
-            --save-weights "$d/z0n2a3.st" &
-        pids+=($!)
-    done
-    rc2=0
-    for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+    ranks 2 0 "$d/z0n2a3" "$d/z0n2a3/prog" train --steps 3 --data "$DATA" --save-weights "$d/z0n2a3.st"
+    rc2=$ranks_rc
     if [ $rc2 != 0 ]; then
         fail $name "a rank failed" "$d/z0n2a3.0.out"
     elif ! grep -q "^gradient partial sums: whole-size" "$d/z0n2a3.0.out"; then
@@ -784,27 +824,20 @@ fi
 # its backward ended. gpu/zero2-buckets-no-join: MBT_TEST_DROP_JOIN=1 (the join after each backward
 # left out) is caught at the second micro-batch, every rank failing.
 name=gpu/zero2-buckets
-if [ ! -s "$d/ref6.st" ] || [ ! -x "$d/z2n2a3/prog" ]; then
-    skip $name "no ref6 run or z2n2a3 build on the device above"
-    skip $name-no-join "no ref6 run or z2n2a3 build on the device above"
-elif [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+if [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
     skip $name "NCCL needs a GPU a rank and this machine has $ngpus"
     skip $name-no-join "NCCL needs a GPU a rank and this machine has $ngpus"
+elif [ ! -s "$d/ref6.st" ] || [ ! -x "$d/z2n2a3/prog" ]; then
+    fail $name "no ref6 run or z2n2a3 build on the device above (gpu/zero2-shard's)"
+    fail $name-no-join "no ref6 run or z2n2a3 build on the device above (gpu/zero2-shard's)"
 else
     for mode in buckets no-join; do
         dbg=1 drop=
         [ $mode = no-join ] && dbg= drop=1
         rm -f "$d/zb.st" "$d/zb.jsonl"
-        port=$((30000 + ($$ + RANDOM) % 20000))
-        pids=()
-        for r in 0 1; do
-            RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_DP_BUCKET_MB=0.1 \
-                MBT_DEBUG=$dbg MBT_TEST_DROP_JOIN=$drop on_device_cmd "$d/z2n2a3/prog.cu" "$d/z2n2a3/prog" "$d/zb-$mode.$r.out" \
-                train --steps 3 --data "$DATA" --save-weights "$d/zb.st" --log "$d/zb.jsonl" &
-            pids+=($!)
-        done
-        rc2=0
-        for p in "${pids[@]}"; do wait "$p" || rc2=1; done
+        MBT_DP_BUCKET_MB=0.1 MBT_DEBUG=$dbg MBT_TEST_DROP_JOIN=$drop ranks 2 "" "$d/zb-$mode" "$d/z2n2a3/prog" \
+            train --steps 3 --data "$DATA" --save-weights "$d/zb.st" --log "$d/zb.jsonl"
+        rc2=$ranks_rc
         if [ $mode = no-join ]; then
             if [ $rc2 = 0 ]; then
                 fail $name-no-join "the ranks ran to the end with the join left out" "$d/zb-$mode.0.out"
@@ -827,6 +860,7 @@ else
         fi
     done
 fi
+}
 
 # ---- ZeRO-3 on the device: the parameters sharded, gathered around their uses ----------------------
 # tests/exec/zero3.mbt (dp.mbt's model, an evaluation, checkpoints) built by sed as one process
@@ -842,8 +876,11 @@ fi
 #                      prints (its shard's pages + the pages the plan's gathers map at once, which
 #                      `info` claims, recomputed here) and below the whole region; on the emulated
 #                      GPU the programs with zero = 3 are built with --zero3-page=65536 and run at
-#                      MBT_FAKE_CUDA_GRANULARITY=65536 (a real GPU: 2 MiB, the default)
-#   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 1 step)
+#                      MBT_FAKE_CUDA_GRANULARITY=65536 (a real GPU: 2 MiB, the default, where this
+#                      model's region is one page: below it is then zero3-deep's, z3_memory says)
+#   gpu/zero3-deep     the same memory check on d = 128 with 8 layers (4 ranks, 1 step); on a GPU d =
+#                      256, whose region spans more pages than a rank's bound, so that below the
+#                      region is checked on every device
 #   gpu/zero3-bf16     that model with precision = bf16 (its casts each before its reader), 2 ranks
 #                      staged, 1 step: one process's logs and weights, and the memory check
 #   gpu/zero3-dump     2 ranks' --dump-step file (the whole region gathered) one process's
@@ -857,20 +894,21 @@ fi
 #                      for a gather left out (MBT_FAKE_CUDA_DROP_WAIT=3): not r1's weights;
 #                      gpu/zero3-fail: rank 1's NCCL failing in a gather stops both ranks, saying why;
 #                      gpu/zero3-page: a granularity (4 KiB) other than the plan's page is refused
+sec_zero3() {
 d="$DIR/zero3"
 mkdir -p "$d/r1" "$d/r2" "$d/r4"
 sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' tests/exec/zero3.mbt >"$d/r1.mbt"
 cp tests/exec/zero3.mbt "$d/r2.mbt"
 sed 's/data[[:space:]]=[[:space:]]2/data=4/' tests/exec/zero3.mbt >"$d/r4.mbt"
-ngpus=0
-[ "$DEVICE" = emu ] || ngpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 # The page the plan groups ZeRO-3's gathers by must be the device's allocation granularity (the
 # run refuses another): a real GPU's 2 MiB is a GPU build's default; the emulated GPU runs at 64 KiB
 # (MBT_FAKE_CUDA_GRANULARITY, for this section), the programs with zero = 3 built for it
 Z3PAGE=()
+Z3DEEP="d=256,layers=8" # gpu/zero3-deep's and -bf16's model (below)
 z3_gran_saved=${MBT_FAKE_CUDA_GRANULARITY-unset}
 if [ "$DEVICE" = emu ]; then
     Z3PAGE=(--zero3-page=65536)
+    Z3DEEP="d=128,layers=8"
     export MBT_FAKE_CUDA_GRANULARITY=65536
 fi
 z3_built=1
@@ -888,15 +926,10 @@ done
 # z3_ranks N NCCL TAG PROG ARGS...: PROG train ARGS as N ranks (tcp) with MBT_NCCL=NCCL on the
 # device; output in $d/TAG.R.out; z3rc 1 when a rank failed. Extra environment from the caller's.
 z3_ranks() {
-    local n=$1 nccl=$2 tag=$3 prog=$4 port=$((30000 + ($$ + RANDOM) % 20000)) pids=() r p
+    local n=$1 nccl=$2 tag=$3 prog=$4
     shift 4
-    for ((r = 0; r < n; r++)); do
-        RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300 MBT_NCCL=$nccl \
-            on_device_cmd "$prog.cu" "$prog" "$d/$tag.$r.out" train --data "$DATA" "$@" &
-        pids+=($!)
-    done
-    z3rc=0
-    for p in "${pids[@]}"; do wait "$p" || z3rc=1; done
+    ranks "$n" "$nccl" "$d/$tag" "$prog" train --data "$DATA" "$@"
+    z3rc=$ranks_rc
 }
 # the log's step and evaluation records without their timings (a checkpoint's record times its write)
 z3log() { untimed "$1" | grep -v '"checkpoint"'; }
@@ -924,15 +957,21 @@ if [ $z3_built = 1 ]; then
             pass "gpu/zero3 (2 ranks over NCCL: the logs, an evaluation, a checkpoint and the weights of one process, byte for byte, 4 steps)"
         fi
     fi
-    # z3_memory PROG OUT N: the N ranks' measured high-water marks of mapped parameter pages (rank
-    # 0's lines in OUT) each within the bound the run prints with the window `PROG info` claims, and
-    # below the whole region; prints the marks
+    # z3_memory PROG OUT N [SPANS]: the N ranks' measured high-water marks of mapped parameter pages
+    # (rank 0's lines in OUT) each within the bound the run prints with the window `PROG info`
+    # claims, and below the whole region. Below the region can only hold where the region is more
+    # pages than a rank's bound (`info`'s "M of the region's R pages", M < R): on the emulated GPU
+    # (64 KiB pages) every program here is, and it is checked always; on a GPU, whose pages are 2 MiB,
+    # tests/exec/zero3.mbt's whole region (449536 bytes) is one page, so there it is checked where
+    # M < R and said to be out of reach otherwise - and with SPANS (gpu/zero3-deep, sized for it)
+    # M < R must hold, so that one run on every device holds a rank below the whole region. Prints
+    # the marks.
     z3_memory() {
-        local claim pg wp region bad
-        claim=$("$1" info | sed -n "s/^plan: ZeRO-3: pages of \([0-9]*\) bytes: the gathers map at most \([0-9]*\) pages at once .*region's [0-9]* pages.*/\1 \2/p")
-        read -r pg wp <<<"$claim"
+        local claim pg wp region bad most rpages
+        claim=$("$1" info | sed -n "s/^plan: ZeRO-3: pages of \([0-9]*\) bytes: the gathers map at most \([0-9]*\) pages at once .*: \([0-9]*\) of the region's \([0-9]*\) pages.*/\1 \2 \3 \4/p")
+        read -r pg wp most rpages <<<"$claim"
         region=$("$1" info | sed -n "s/^plan: ZeRO-3: a rank holds .*region's \([0-9]*\) bytes$/\1/p")
-        if [ -z "$wp" ] || [ -z "$region" ] ||
+        if [ -z "$wp" ] || [ -z "$rpages" ] || [ -z "$region" ] ||
             [ "$(grep -c "^ZeRO-3: rank [0-9]*: high-water [0-9]* bytes .* window $wp pages, of $pg bytes): within$" "$2")" != "$3" ]; then
             echo "a rank's mapped parameter pages are not within its shard's pages + the plan's window (${wp:-no claim} pages of ${pg:-?} bytes)"
             return 1
@@ -944,11 +983,18 @@ if [ $z3_built = 1 ]; then
             echo "$bad"
             return 1
         fi
-        if awk -v r="$region" '/^ZeRO-3: rank [0-9]*: high-water/ { if ($5 + 0 >= r + 0) bad = 1 } END { exit !bad }' "$2"; then
+        local below="below it"
+        if [ "$DEVICE" != emu ] && [ "$most" -ge "$rpages" ]; then
+            if [ -n "${4:-}" ]; then
+                echo "the plan's bound is the whole region ($most of its $rpages pages of $pg bytes): a rank below the region cannot be told apart here"
+                return 1
+            fi
+            below="the region's $rpages pages within the bound's $most: below it is gpu/zero3-deep's check here"
+        elif awk -v r="$region" '/^ZeRO-3: rank [0-9]*: high-water/ { if ($5 + 0 >= r + 0) bad = 1 } END { exit !bad }' "$2"; then
             echo "a rank mapped the whole parameter region ($region bytes)"
             return 1
         fi
-        echo "mapped $(sed -n 's/^ZeRO-3: rank [0-9]*: high-water \([0-9]*\) bytes.*/\1/p' "$2" | paste -sd/ -) of the region's $region bytes in pages of $pg, each within its shard's pages + $wp"
+        echo "mapped $(sed -n 's/^ZeRO-3: rank [0-9]*: high-water \([0-9]*\) bytes.*/\1/p' "$2" | paste -sd/ -) of the region's $region bytes in pages of $pg, each within its shard's pages + $wp, $below"
     }
     z3_ranks 4 0 z4 "$d/r4/prog" --steps 4 --log "$d/z4.jsonl" --save-weights "$d/z4.st"
     if [ $z3rc != 0 ]; then
@@ -960,19 +1006,22 @@ if [ $z3_built = 1 ]; then
     else
         pass "gpu/zero3-4 (4 ranks staged: one process's logs and weights, byte for byte; $(cat "$OUT"))"
     fi
-    # the same memory check on a deeper model (d = 128, 8 layers, 1.6 M parameters), 1 step (each step gathers and releases the same)
+    # the same memory check on a deeper model, 1 step (each step gathers and releases the same): d =
+    # 128, 8 layers, 1.6 M parameters, on the emulated GPU (99 pages of 64 KiB); on a GPU d = 256 (6.4
+    # M, 13 pages of 2 MiB, a rank's bound 9 of them), where d = 128's 4 pages are all within a rank's
+    # bound and could not show a rank below the region (z3_memory's SPANS)
     mkdir -p "$d/deep"
-    sed 's/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/d=128,layers=8/' "$d/r4.mbt" >"$d/deep.mbt"
+    sed "s/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/$Z3DEEP/" "$d/r4.mbt" >"$d/deep.mbt"
     if ! build "$d/deep" "$d/deep.mbt" -I examples "${Z3PAGE[@]}"; then
         fail gpu/zero3-deep "mbtc deep.mbt -o or --emit=cuda failed" "$OUT"
     else
         z3_ranks 4 0 deep "$d/deep/prog" --steps 1
         if [ $z3rc != 0 ]; then
             fail gpu/zero3-deep "4 ranks of the deeper model failed" "$d/deep.0.out"
-        elif ! z3_memory "$d/deep/prog" "$d/deep.0.out" 4 >"$OUT"; then
+        elif ! z3_memory "$d/deep/prog" "$d/deep.0.out" 4 spans >"$OUT"; then
             fail gpu/zero3-deep "$(cat "$OUT")" "$d/deep.0.out"
         else
-            pass "gpu/zero3-deep (4 ranks, d = 128, 8 layers: $(cat "$OUT"))"
+            pass "gpu/zero3-deep (4 ranks, ${Z3DEEP//,/, }: $(cat "$OUT"))"
         fi
     fi
     # a bf16 program (the deeper model with precision = bf16, 2 ranks staged, 1 step): its weight
@@ -980,7 +1029,7 @@ if [ $z3_built = 1 ]; then
     # (fuse_casts_apart), so the gathers map a window, not every page at the step's first launch
     # (before: 99 of the region's 99 pages at 64 KiB); one process's logs and weights, byte for byte
     mkdir -p "$d/bf1" "$d/bf2"
-    sed 's/steps[[:space:]]*=[[:space:]]20/steps=20\nprecision=bf16/; s/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/d=128,layers=8/' \
+    sed "s/steps[[:space:]]*=[[:space:]]20/steps=20\nprecision=bf16/; s/d[[:space:]]=[[:space:]]64,[[:space:]]layers[[:space:]]=[[:space:]]2/$Z3DEEP/" \
         tests/exec/zero3.mbt >"$d/bf2.mbt"
     sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' "$d/bf2.mbt" >"$d/bf1.mbt"
     if ! build "$d/bf1" "$d/bf1.mbt" -I examples || ! build "$d/bf2" "$d/bf2.mbt" -I examples "${Z3PAGE[@]}"; then
@@ -998,7 +1047,7 @@ if [ $z3_built = 1 ]; then
         elif ! z3_memory "$d/bf2/prog" "$d/bf.0.out" 2 >"$OUT"; then
             fail gpu/zero3-bf16 "$(cat "$OUT")" "$d/bf.0.out"
         else
-            pass "gpu/zero3-bf16 (2 ranks staged, bf16, d = 128, 8 layers: one process's logs and weights, byte for byte; $(cat "$OUT"))"
+            pass "gpu/zero3-bf16 (2 ranks staged, bf16, ${Z3DEEP//,/, }: one process's logs and weights, byte for byte; $(cat "$OUT"))"
         fi
     fi
     # --dump-step: 2 ranks (staged) write the file one process writes (the whole region gathered)
@@ -1114,6 +1163,7 @@ if [ $z3_built = 1 ]; then
     fi
 fi
 if [ "$z3_gran_saved" = unset ]; then unset MBT_FAKE_CUDA_GRANULARITY; else export MBT_FAKE_CUDA_GRANULARITY=$z3_gran_saved; fi
+}
 
 # ---- recompute on the device: the re-runs leave every bit as it was ----------------------------------
 # gpu/recompute: tests/exec/recompute.mbt's base (no recompute), rc_gelu and rc_all (every block's
@@ -1121,6 +1171,7 @@ if [ "$z3_gran_saved" = unset ]; then unset MBT_FAKE_CUDA_GRANULARITY; else expo
 # and byte-identical weights as base on the device (the re-runs launch the same kernels on the same
 # inputs), and --arena-high-water's measured bytes of the device's arena within the step peak the
 # plan claims (less than its 64-byte alignment short of it).
+sec_recompute() {
 d="$DIR/recompute"
 mkdir -p "$d/base" "$d/rc_gelu" "$d/rc_all"
 rc_fail=""
@@ -1144,6 +1195,7 @@ elif ! cmp -s "$d/base.st" "$d/rc_gelu.st" || ! cmp -s "$d/base.st" "$d/rc_all.s
 else
     pass "gpu/recompute (rc_gelu and rc_all: base's weights and logs on the device, 3 steps; arena written/planned:$rc_hw)"
 fi
+}
 
 # ---- running statistics on the device (issue 20) -------------------------------------------------
 # gpu/running: tests/verify/ghost_bn_running.mbt trained 5 steps on the device - training() read from
@@ -1151,8 +1203,9 @@ fi
 # tests/verify/ghost_bn_running_oracle.py's checks on the device's results: the running buffers
 # against the plain-Python recomputation, eval's loss (forward_loss on the device, training() 0)
 # against the one with the running statistics, and generation's logits for a one-token prompt.
+sec_stats() {
 d="$DIR/running"
-R="$DIR/ghost_bn_running-running_bn"
+R="$d/prog" # (its own: the train block's build in $DIR/ghost_bn_running-running_bn is removed after its checks)
 mkdir -p "$d" "$R"
 if ! build "$R" tests/verify/ghost_bn_running.mbt --train running_bn -I examples; then
     fail gpu/running "mbtc tests/verify/ghost_bn_running.mbt -o or --emit=cuda failed" "$OUT"
@@ -1168,10 +1221,15 @@ else
         fail gpu/running "the device's running statistics: ${r1:-} ${r2:-} ${r3:-}" "$d/train.out"
     fi
 fi
+}
 
+# ---- eval and generate on the device: the GPU's forward_loss and forward_logits -----------------------
+# gpu/eval and gpu/generate-logits: examples/tiny.mbt's weights trained 3 steps on the CPU; its build
+# (in $DIR/tiny) is gpu/debug-timing's too.
+sec_eval() {
 d="$DIR/infer"
-T="$DIR/tiny-tiny"
-mkdir -p "$d"
+T="$DIR/tiny"
+mkdir -p "$d" "$T"
 PROMPT=3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3
 if ! build "$T" examples/tiny.mbt --train tiny \
     || ! timeout 600 "$T/prog" train --steps 3 --data "$DATA" --device cpu --save-weights "$d/w.st" </dev/null >"$d/train.out" 2>&1; then
@@ -1199,10 +1257,13 @@ else
         fail gpu/generate-logits "generate --print-logits differs from the CPU's by more than 1e-5 of a row's largest logit ($worst)" "$d/logits-dev.out"
     fi
 fi
+}
 
 # ---- the KV cache on the device: forward_chunk, the paged pool in device memory, serve ------------
+sec_kv() {
 # shellcheck source=tests/gpu/kv.sh
 . tests/gpu/kv.sh
+}
 
 # ---- offload { optimizer = host }: the state in host memory, the CPU's update --------------------
 # gpu/offload-host: tests/exec/offload_optimizer.mbt's program with optimizer = host and without
@@ -1213,6 +1274,7 @@ fi
 # kernels keep the host's arithmetic, byte for byte: the update is the same elementwise formula);
 # a resume from step 5 ends with the same weights, byte for byte. gpu/offload-nvme: the same with
 # optimizer = nvme (the state in a store file, streamed through the CPU's update).
+sec_offload_opt() {
 d="$DIR/offload"
 mkdir -p "$d/host" "$d/none"
 sed 's/optimizer = nvme/optimizer = host/' tests/exec/offload_optimizer.mbt >"$d/host.mbt"
@@ -1337,6 +1399,7 @@ else
         fi
     fi
 fi
+}
 
 # ---- offload { activations = host }: held activations to pinned host memory and back ------------
 # gpu/offload-act: tests/exec/offload_activations.mbt's programs with activations = host (act, built
@@ -1357,6 +1420,7 @@ fi
 # write needs, and the first join of each kind inside the graphs step 2 launches, must change the
 # weights after 2 steps. (Other writes' waits may change nothing:
 # the plan waits where a slot may be reused, and the next write into it can come after the next wait.)
+sec_offload_act() {
 d="$DIR/offload-act"
 mkdir -p "$d/base" "$d/act" "$d/rc" "$d/act_rc"
 sed 's/activations = nvme/activations = host/' tests/exec/offload_activations.mbt >"$d/t.mbt"
@@ -1435,6 +1499,7 @@ elif [ -z "$oa_fail" ]; then
         pass "gpu/offload-act-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
     fi
 fi
+}
 
 # ---- offload { activations = nvme } on the GPU: device -> pinned staging -> a store file and back ---
 # gpu/offload-act-nvme: tests/exec/offload_activations.mbt's act as it is (activations = nvme),
@@ -1458,6 +1523,7 @@ fi
 # before its first step, naming the file; the store's directory removed after step 5's checkpoint
 # stops the run at the next step's copies (under a timeout: no hang) and the run resumed from the
 # checkpoint ends with base's weights.
+sec_offload_nvme() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/offload-act-nvme "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing (the exec layer runs nvme there)"
     skip gpu/offload-act-nvme-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
@@ -1473,7 +1539,16 @@ else
         else "$@"; fi
     }
     on_fail=""
-    if [ -n "$oa_fail" ] || [ ! -s "$b/base.st" ]; then
+    # base: gpu/offload-act's run, which runs first; when that section is not selected, this one's own
+    if [ ! -s "$b/base.st" ] && ! want offload-act; then
+        mkdir -p "$b/base"
+        sed 's/activations = nvme/activations = host/' tests/exec/offload_activations.mbt >"$b/t.mbt"
+        build "$b/base" "$b/t.mbt" --train base -I examples &&
+            on_device_cmd "$b/base/prog.cu" "$b/base/prog" "$b/base.out" train --steps 10 --data "$DATA" --save-weights "$b/base.st" \
+                --log "$b/base.jsonl" --arena-high-water
+        "$b/base/prog" info >"$b/base.info" 2>&1
+    fi
+    if [ ! -s "$b/base.st" ]; then
         on_fail="gpu/offload-act's base run, which this compares with, failed"
     elif ! build "$d/act" tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -I examples; then
         on_fail="mbtc tests/exec/offload_activations.mbt --train act --offload-gbps=1000 -o or --emit=cuda failed"
@@ -1625,6 +1700,7 @@ else
         pass "gpu/offload-act-nvme-errors (no directory: before step 1; full: $full; the store ($size bytes) removed: stopped at step $(sed -n 's/.*: step \([0-9]*\), micro-batch.*/\1/p' "$d/vanish.out"), resumed from step $last to base's weights)"
     fi
 fi
+}
 
 # ---- CUDA graphs: the step captured and replayed, bit for bit the step launched kernel by kernel ----
 # gpu/graph: tests/exec/dropout.mbt's drop (dropout keyed by step and micro-batch, uploaded each
@@ -1632,6 +1708,7 @@ fi
 # 5 steps with MBT_CUDA_GRAPH=0 and with graphs (the default): byte-identical weights, the same
 # logs to every digit, and the graphs run said so (the runtime's "GPU:" line; on the emulated GPU
 # also fake_cuda's own count of graph launches).
+sec_graphs() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/graph "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU has no CUDA graphs"
 else
@@ -1679,19 +1756,22 @@ else
         fi
     fi
 fi
+}
 
 # ---- MBT_DEBUG's timing table and MBT_TRACE's Chrome trace ----------------------------------------
+sec_debug() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/debug-timing "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU prints no GPU timing table"
     skip gpu/trace "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
 else
     d="$DIR/debug"
     mkdir -p "$d"
-    if ! build "$DIR/tiny-tiny" examples/tiny.mbt --train tiny; then
+    mkdir -p "$DIR/tiny"
+    if ! build "$DIR/tiny" examples/tiny.mbt --train tiny; then
         fail gpu/debug-timing "mbtc examples/tiny.mbt -o or --emit=cuda failed" "$OUT"
     else
-        cp "$DIR/tiny-tiny/prog.cu" "$d/tiny.cu"
-        cp "$DIR/tiny-tiny/prog" "$d/tiny"
+        cp "$DIR/tiny/prog.cu" "$d/tiny.cu"
+        cp "$DIR/tiny/prog" "$d/tiny"
         # the kernel functions: `extern "C" __global__ void [__launch_bounds__(...)] NAME(`
         sed -n 's/.*__global__ void \(__launch_bounds__([^)]*) \)\{0,1\}\([A-Za-z_][A-Za-z0-9_]*\)(.*/\2/p' "$d/tiny.cu" | sort -u >"$d/kernels.txt"
         MBT_DEBUG=1 MBT_TRACE="$d/trace.json" on_device "$d/tiny.cu" "$d/tiny" "$d/run"
@@ -1738,6 +1818,7 @@ EOF
         fi
     fi
 fi
+}
 # ---- a bf16 program's weight casts: once an optimizer step, or written by the update (issue 15) ----
 # gpu/param-casts: tests/exec/param_casts.mbt's kept (its cast launch skipped at a step's second to
 # fourth micro-batch, RtStep.casts_kept 1, and from the second step on at the first too, casts_kept
@@ -1747,6 +1828,7 @@ fi
 # MBT_DEBUG=1 the timing table counts kept's and kept1's cast kernel once in all (the first step's
 # first micro-batch: 0 times after the first step), every's 12 times and every1's 3; kept and kept1
 # run as CUDA graphs too (MBT_DEBUG turns them off), with the same weights.
+sec_casts() {
 if [ "$DEVICE" = cpu ]; then
     skip gpu/param-casts "MBT_GPU_TEST_DEVICE=$DEVICE: the exec layer's param_casts.case runs it on the CPU"
 else
@@ -1794,8 +1876,6 @@ else
     # casts' region is gathered GPU to GPU beside the parameters, so no step but the first casts
     # (step_k0_cast once in 3 steps, MBT_DEBUG); staged through the host (MBT_NCCL=0) the region is
     # not gathered and every step's first micro-batch casts (3 times)
-    ng=0
-    [ "$DEVICE" = emu ] || ng=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
     mkdir -p "$d/zero1" "$d/every2"
     if ! build "$d/zero1" tests/exec/param_casts.mbt --train zero1 || ! build "$d/every2" tests/exec/param_casts.mbt --train every2; then
         fail gpu/param-casts-zero1 "mbtc tests/exec/param_casts.mbt -o or --emit=cuda failed" "$OUT"
@@ -1807,22 +1887,14 @@ else
         rce=$?
         for spec in "nccl 1 1" "staged 0 3"; do
             read -r tr nccl want <<<"$spec"
-            if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ng" -lt 2 ]; then
-                skip gpu/param-casts-zero1/$tr "NCCL needs a GPU a rank and this machine has $ng"
+            if [ "$nccl" = 1 ] && [ "$DEVICE" != emu ] && [ "$ngpus" -lt 2 ]; then
+                skip gpu/param-casts-zero1/$tr "NCCL needs a GPU a rank and this machine has $ngpus"
                 continue
             fi
-            port=$((30000 + ($$ + RANDOM) % 20000)) pids=() rcz=0
             rm -f "$d/z.$tr.st"
-            for r in 0 1; do
-                (
-                    export MBT_NCCL=$nccl MBT_DEBUG=1 RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 \
-                        MASTER_PORT=$port MBT_COMM_TIMEOUT=300
-                    on_device_cmd "$d/zero1/prog.cu" "$d/zero1/prog" "$d/z.$tr.$r.out" train --steps 3 --data "$DATA" \
-                        --save-weights "$d/z.$tr.st" --log "$d/z.$tr.jsonl"
-                ) &
-                pids+=($!)
-            done
-            for p in "${pids[@]}"; do wait "$p" || rcz=1; done
+            MBT_DEBUG=1 ranks 2 "$nccl" "$d/z.$tr" "$d/zero1/prog" train --steps 3 --data "$DATA" --save-weights "$d/z.$tr.st" \
+                --log "$d/z.$tr.jsonl"
+            rcz=$ranks_rc
             n=$(awk '$1 == "step_k0_cast" { n = $2 } END { print n + 0 }' "$d/z.$tr.0.out")
             if [ "$rce" != 0 ] || [ "$rcz" != 0 ]; then
                 fail gpu/param-casts-zero1/$tr "a run failed (every2: status $rce; zero1's 2 ranks: $rcz)" "$d/every2.out" \
@@ -1837,5 +1909,69 @@ else
             fi
         done
     fi
+fi
+}
+# ---- the sections: one after another, or MBT_GPU_TEST_LANES at a time ---------------------------
+# MBT_GPU_TEST_LANES (the emulated GPU: 2 by default; a GPU and the CPU's dry run: 1) sections run side
+# by side, each a background shell whose report (PASS/FAIL/SKIP lines) is kept in
+# $DIR/sections/NAME/report.txt and relayed, and counted, in SECTIONS' order as soon as it and every
+# section before it are done: the output is the same whatever finishes first. A section starts when
+# a lane is free (the longest first: SECTION_START) and the section SECTION_AFTER names, if it runs,
+# is done; each one's start and end times are in $DIR/sections/NAME/start and done. Each has its own $OUT and
+# its own range of ports (SECTION_NO, ranks). With one lane each runs in this shell, its lines
+# printed as they come, as before lanes. The sections' bodies keep the column they had before they
+# became functions.
+LANES=${MBT_GPU_TEST_LANES:-1}
+[ "$DEVICE" = emu ] && LANES=${MBT_GPU_TEST_LANES:-2}
+SEL=()
+for s in "${SECTIONS[@]}"; do want "$s" && SEL+=("$s"); done
+echo "# sections: ${SEL[*]}$([ "$LANES" -gt 1 ] && echo " ($LANES at a time)")"
+if [ "$LANES" -le 1 ]; then
+    for i in "${!SEL[@]}"; do
+        SECTION_NO=$((i + 1))
+        "sec_${SEL[$i]//-/_}"
+    done
+else
+    declare -A sec_started=()
+    sec_relayed=0
+    while [ "$sec_relayed" -lt "${#SEL[@]}" ]; do
+        busy=0
+        for s in "${SEL[@]}"; do
+            [ -n "${sec_started[$s]:-}" ] && [ ! -e "$DIR/sections/$s/done" ] && busy=$((busy + 1))
+        done
+        for s in "${SECTION_START[@]}"; do
+            want "$s" || continue
+            [ "$busy" -lt "$LANES" ] || break
+            [ -z "${sec_started[$s]:-}" ] || continue
+            after=${SECTION_AFTER[$s]:-}
+            if [ -n "$after" ] && want "$after" && [ ! -e "$DIR/sections/$after/done" ]; then continue; fi
+            sec_started[$s]=1
+            busy=$((busy + 1))
+            mkdir -p "$DIR/sections/$s"
+            (
+                for i in "${!SECTIONS[@]}"; do [ "${SECTIONS[$i]}" = "$s" ] && SECTION_NO=$((i + 1)); done
+                OUT="$DIR/sections/$s/out.txt"
+                date +%s >"$DIR/sections/$s/start"
+                # (in a shell of its own, which an error of the section's may end: then it says so)
+                ("sec_${s//-/_}"; echo "# end of section $s") >"$DIR/sections/$s/report.txt" 2>&1
+                rc=$?
+                grep -q "^# end of section $s\$" "$DIR/sections/$s/report.txt" ||
+                    fail "gpu/section-$s" "the section's shell stopped before its end (status $rc)" >>"$DIR/sections/$s/report.txt"
+                sed -i "/^# end of section $s\$/d" "$DIR/sections/$s/report.txt"
+                date +%s >"$DIR/sections/$s/done"
+            ) &
+        done
+        while [ "$sec_relayed" -lt "${#SEL[@]}" ] && [ -e "$DIR/sections/${SEL[$sec_relayed]}/done" ]; do
+            r="$DIR/sections/${SEL[$sec_relayed]}/report.txt"
+            cat "$r"
+            PASSED=$((PASSED + $(grep -c '^PASS ' "$r")))
+            FAILED=$((FAILED + $(grep -c '^FAIL ' "$r")))
+            SKIPPED=$((SKIPPED + $(grep -c '^SKIP ' "$r")))
+            sec_relayed=$((sec_relayed + 1))
+        done
+        [ "$sec_relayed" -lt "${#SEL[@]}" ] || break
+        wait -n 2>/dev/null || sleep 0.2 # a section ended (or none was left to wait for)
+    done
+    wait
 fi
 summary
