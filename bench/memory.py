@@ -60,6 +60,16 @@ def run_child(cmd, cwd=None):
     return p.returncode, out, time.monotonic() - t0, ru.ru_maxrss
 
 
+def write_results(out, default_name, payload):
+    """The JSON results to `out`, or to bench/results/<default_name>-<host>-<time>.json; says where."""
+    out = out or os.path.join(ROOT, "bench", "results",
+                              f"{default_name}-{socket.gethostname()}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(payload, f, indent=1)
+    say(f"results: {os.path.relpath(out, ROOT)}")
+
+
 GPU_ROWS = [
     ("none", ""),
     ("recompute [gelu]", "recompute = [gelu]"),
@@ -146,12 +156,7 @@ def gpu_rows(a, build):
             f"{rel('device_peak')} {r['ms_per_step']:9.2f} {rel('ms_per_step')}")
     say(f"(llm.c with recompute of GELU at micro 64 x 1024: {LLMC_RC_GELU_MIB:,} MiB on an H100, its own report;"
         f" not run here)")
-    out = a.out or os.path.join(ROOT, "bench", "results",
-                                f"memory-gpu-{socket.gethostname()}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(dict(batch=B, seq=T, steps=a.steps, warmup=a.warmup, results=results), f, indent=1)
-    say(f"results: {os.path.relpath(out, ROOT)}")
+    write_results(a.out, "memory-gpu", dict(batch=B, seq=T, steps=a.steps, warmup=a.warmup, results=results))
     return 0
 
 
@@ -235,12 +240,7 @@ def main(argv):
             f"{100 * (r['ms_per_step'] / base['ms_per_step'] - 1):+7.1f}%")
     say(f"(one run a setting; the machine's load average was {load:.2f} at the start: with other work on it the "
         f"step times are contended)")
-    out = a.out or os.path.join(ROOT, "bench", "results",
-                                f"memory-{socket.gethostname()}-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(dict(threads=threads, steps=a.steps, warmup=a.warmup, load=load, results=results), f, indent=1)
-    say(f"results: {os.path.relpath(out, ROOT)}")
+    write_results(a.out, "memory", dict(threads=threads, steps=a.steps, warmup=a.warmup, load=load, results=results))
     return 0
 
 

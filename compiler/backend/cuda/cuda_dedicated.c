@@ -213,6 +213,16 @@ static void cuda_ce_load_vec(CudaEmit *E, DType dt, int buf, const char *at) {
     }
 }
 
+/* The head of cuda_ce_body's loops over a row's columns, opened (the caller closes it): the vectors
+ * [0, vv) vec columns a thread (thread t's first at vec x t), or the columns [vv, V) one a thread.
+ * Both passes use the same two, so the thread that writes column j is the one that read it. */
+static void cuda_ce_loop(CudaEmit *E, int vec, int64_t vv, int64_t V) {
+    if (vec > 1)
+        cuda_line(E, "for (long long j = threadIdx.x * %dLL; j < %" PRId64 "LL; j += %dLL) {", vec, vv, vec * CUDA_BLOCK_BLOCK);
+    else cuda_line(E, "for (long long j = %" PRId64 "LL + threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", vv, V, CUDA_BLOCK_BLOCK);
+    E->indent++;
+}
+
 /* Kernel.ce: per row, the max m and the sum s of exp(x - m) in one read of the logits, and the
  * target's logit; with Kernel.ce's grad, the classifier kernel: then the row's gradient too, in a
  * second read of the row (from L2 mostly: the rows in flight at once fit in it), written in the
@@ -251,8 +261,7 @@ void cuda_ce_body(CudaEmit *E) {
     E->indent++;
     cuda_line(E, "float m = -MBT_INF_F, s = 0.0f;");
     if (vec > 1) {
-        cuda_line(E, "for (long long j = threadIdx.x * %dLL; j < %" PRId64 "LL; j += %dLL) {", vec, vv, vec * CUDA_BLOCK_BLOCK);
-        E->indent++;
+        cuda_ce_loop(E, vec, vv, c->V);
         cuda_ce_load_vec(E, c->in_dt, c->in, arena_printf(E->ar, "%s + j", row_at));
         cuda_line(E, "float vm = v[0];");
         cuda_line(E, "bool nan = v[0] != v[0];");
@@ -278,9 +287,7 @@ void cuda_ce_body(CudaEmit *E) {
         cuda_line(E, "}");
     }
     if (vv < c->V) {
-        cuda_line(E, "for (long long j = %" PRId64 "LL + threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", vv, c->V,
-                  CUDA_BLOCK_BLOCK);
-        E->indent++;
+        cuda_ce_loop(E, 1, vv, c->V);
         cuda_line(E, "const float v = %s;", x);
         cuda_line(E, "if (v != v || m != m) m = s = v + m; /* NaN: both NaN from here on */");
         cuda_line(E, "else if (v > m) {");
@@ -337,10 +344,7 @@ void cuda_ce_body(CudaEmit *E) {
                   cuda_float_literal(E, KT_F32, c->dloss / c->N));
         cuda_line(E, "const int t = p%d[%" PRId64 "LL + row];", c->tgt, c->tgt_off);
         if (vec > 1) {
-            /* the same columns a thread as the statistics' loop: it overwrites only what it read */
-            cuda_line(E, "for (long long j = threadIdx.x * %dLL; j < %" PRId64 "LL; j += %dLL) {", vec, vv,
-                      vec * CUDA_BLOCK_BLOCK);
-            E->indent++;
+            cuda_ce_loop(E, vec, vv, c->V); /* the statistics' columns: a thread overwrites what it read */
             cuda_ce_load_vec(E, c->in_dt, c->in, arena_printf(E->ar, "%s + j", row_at));
             cuda_line(E, "unsigned o[4];");
             const char *g = "(expf(v[e] - M) * rs - ((int)j + e == t ? 1.0f : 0.0f)) * k";
@@ -363,9 +367,7 @@ void cuda_ce_body(CudaEmit *E) {
             cuda_line(E, "}");
         }
         if (vv < c->V) {
-            cuda_line(E, "for (long long j = %" PRId64 "LL + threadIdx.x; j < %" PRId64 "LL; j += %dLL) {", vv, c->V,
-                      CUDA_BLOCK_BLOCK);
-            E->indent++;
+            cuda_ce_loop(E, 1, vv, c->V);
             cuda_line(E, "const float g = (expf(%s - M) * rs - ((int)j == t ? 1.0f : 0.0f)) * k;", x);
             cuda_line(E, "p%d[row * %" PRId64 "LL + j] = %s;", c->grad, c->gW, cuda_elem_out(E, c->grad_dt, "g"));
             E->indent--;
