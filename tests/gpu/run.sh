@@ -933,6 +933,27 @@ z3_ranks() {
 }
 # the log's step and evaluation records without their timings (a checkpoint's record times its write)
 z3log() { untimed "$1" | grep -v '"checkpoint"'; }
+# z3_same A B: A.st and B.st byte for byte, and A.jsonl and B.jsonl the same records (z3log)
+z3_same() { cmp -s "$1.st" "$2.st" && [ "$(z3log "$1.jsonl")" = "$(z3log "$2.jsonl")" ]; }
+# z3_vs_one NAME TAG N NCCL ARGS...: $d/TAG1's program trained ARGS on the device as one process and
+# $d/TAG2's as N ranks (z3_ranks; outputs $d/TAG.R.out), each with --log and --save-weights
+# ($d/TAG1.*, $d/TAG2.*); returns 0 when both ran and the ranks logged and saved what one process
+# did, else fails NAME and returns 1
+z3_vs_one() {
+    local name=$1 tag=$2 n=$3 nccl=$4 rc1
+    shift 4
+    on_device_cmd "$d/${tag}1/prog.cu" "$d/${tag}1/prog" "$d/${tag}1.out" train --data "$DATA" "$@" \
+        --log "$d/${tag}1.jsonl" --save-weights "$d/${tag}1.st"
+    rc1=$?
+    z3_ranks "$n" "$nccl" "$tag" "$d/${tag}2/prog" "$@" --log "$d/${tag}2.jsonl" --save-weights "$d/${tag}2.st"
+    if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
+        fail "$name" "a run failed (alone: $rc1; $n ranks: $z3rc)" "$d/${tag}1.out" "$d/$tag.0.out"
+        return 1
+    elif ! z3_same "$d/${tag}1" "$d/${tag}2"; then
+        fail "$name" "$n ranks with ZeRO-3 did not log and save what one process did" "$d/${tag}1.jsonl" "$d/${tag}2.jsonl"
+        return 1
+    fi
+}
 if [ $z3_built = 1 ]; then
     on_device_cmd "$d/r1/prog.cu" "$d/r1/prog" "$d/r1.out" train --data "$DATA" --steps 4 --ckpt-every 2 --ckpt-dir "$d/ck1" \
         --log "$d/r1.jsonl" --save-weights "$d/r1.st"
@@ -948,7 +969,7 @@ if [ $z3_built = 1 ]; then
             fail gpu/zero3 "2 ranks with ZeRO-3 failed" "$d/z2.0.out" "$d/z2.1.out"
         elif ! grep -q "^ZeRO-3: this rank holds elements \[0, 65536) .*on the GPU: .*gathered by NCCL" "$d/z2.0.out"; then
             fail gpu/zero3 "rank 0 does not say it gathers its parameters by NCCL on the GPU" "$d/z2.0.out"
-        elif ! cmp -s "$d/r1.st" "$d/z2.st" || [ "$(z3log "$d/r1.jsonl")" != "$(z3log "$d/z2.jsonl")" ]; then
+        elif ! z3_same "$d/r1" "$d/z2"; then
             fail gpu/zero3 "2 ranks with ZeRO-3 did not log and save what one process did" "$d/r1.jsonl" "$d/z2.jsonl"
         elif ! cmp -s "$d/ck1/step-00000002/model.safetensors" "$d/ck2/step-00000002/model.safetensors" ||
             ! cmp -s "$d/ck1/step-00000002/optimizer.safetensors" "$d/ck2/step-00000002/optimizer.safetensors"; then
@@ -999,7 +1020,7 @@ if [ $z3_built = 1 ]; then
     z3_ranks 4 0 z4 "$d/r4/prog" --steps 4 --log "$d/z4.jsonl" --save-weights "$d/z4.st"
     if [ $z3rc != 0 ]; then
         fail gpu/zero3-4 "4 ranks with ZeRO-3 (staged) failed" "$d/z4.0.out" "$d/z4.1.out" "$d/z4.2.out" "$d/z4.3.out"
-    elif ! cmp -s "$d/r1.st" "$d/z4.st" || [ "$(z3log "$d/r1.jsonl")" != "$(z3log "$d/z4.jsonl")" ]; then
+    elif ! z3_same "$d/r1" "$d/z4"; then
         fail gpu/zero3-4 "4 ranks with ZeRO-3 did not log and save what one process did" "$d/r1.jsonl" "$d/z4.jsonl"
     elif ! z3_memory "$d/r4/prog" "$d/z4.0.out" 4 >"$OUT"; then
         fail gpu/zero3-4 "$(cat "$OUT")" "$d/z4.0.out"
@@ -1034,17 +1055,8 @@ if [ $z3_built = 1 ]; then
     sed 's/data[[:space:]]=[[:space:]]2,[[:space:]]zero[[:space:]]=[[:space:]]3/data=1/' "$d/bf2.mbt" >"$d/bf1.mbt"
     if ! build "$d/bf1" "$d/bf1.mbt" -I examples || ! build "$d/bf2" "$d/bf2.mbt" -I examples "${Z3PAGE[@]}"; then
         fail gpu/zero3-bf16 "mbtc bf1.mbt or bf2.mbt -o or --emit=cuda failed" "$OUT"
-    else
-        on_device_cmd "$d/bf1/prog.cu" "$d/bf1/prog" "$d/bf1.out" train --data "$DATA" --steps 1 --log "$d/bf1.jsonl" \
-            --save-weights "$d/bf1.st"
-        rc1=$?
-        z3_ranks 2 0 bf "$d/bf2/prog" --steps 1 --log "$d/bf2.jsonl" --save-weights "$d/bf2.st"
-        if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
-            fail gpu/zero3-bf16 "a run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/bf1.out" "$d/bf.0.out" "$d/bf.1.out"
-        elif ! cmp -s "$d/bf1.st" "$d/bf2.st" || [ "$(z3log "$d/bf1.jsonl")" != "$(z3log "$d/bf2.jsonl")" ]; then
-            fail gpu/zero3-bf16 "2 ranks of the bf16 program with ZeRO-3 did not log and save what one process did" \
-                "$d/bf1.jsonl" "$d/bf2.jsonl"
-        elif ! z3_memory "$d/bf2/prog" "$d/bf.0.out" 2 >"$OUT"; then
+    elif z3_vs_one gpu/zero3-bf16 bf 2 0 --steps 1; then
+        if ! z3_memory "$d/bf2/prog" "$d/bf.0.out" 2 >"$OUT"; then
             fail gpu/zero3-bf16 "$(cat "$OUT")" "$d/bf.0.out"
         else
             pass "gpu/zero3-bf16 (2 ranks staged, bf16, ${Z3DEEP//,/, }: one process's logs and weights, byte for byte; $(cat "$OUT"))"
@@ -1071,18 +1083,8 @@ if [ $z3_built = 1 ]; then
         skip gpu/zero3-moe "NCCL needs a GPU a rank and this machine has $ngpus"
     elif [ "$DEVICE" = emu ] && ! { [ -f "$d/moe2/prog.cu.so" ] || tests/cudaemu/build.sh "$d/moe2/prog.cu" "$d/moe2/prog.cu.so" >"$OUT" 2>&1; }; then
         fail gpu/zero3-moe "tests/cudaemu/build.sh failed" "$OUT"
-    else
-        on_device_cmd "$d/moe1/prog.cu" "$d/moe1/prog" "$d/moe1.out" train --data "$DATA" --steps 3 --log "$d/moe1.jsonl" \
-            --save-weights "$d/moe1.st"
-        rc1=$?
-        z3_ranks 2 1 moe "$d/moe2/prog" --steps 3 --log "$d/moe2.jsonl" --save-weights "$d/moe2.st"
-        if [ $rc1 != 0 ] || [ $z3rc != 0 ]; then
-            fail gpu/zero3-moe "a run failed (alone: $rc1; 2 ranks: $z3rc)" "$d/moe1.out" "$d/moe.0.out"
-        elif ! cmp -s "$d/moe1.st" "$d/moe2.st" || [ "$(z3log "$d/moe1.jsonl")" != "$(z3log "$d/moe2.jsonl")" ]; then
-            fail gpu/zero3-moe "2 ranks with ZeRO-3 did not log and save what one process did" "$d/moe1.jsonl" "$d/moe2.jsonl"
-        else
-            pass "gpu/zero3-moe (2 ranks over NCCL, forward_stats gathering too: one process's logs and weights, byte for byte, 3 steps)"
-        fi
+    elif z3_vs_one gpu/zero3-moe moe 2 1 --steps 3; then
+        pass "gpu/zero3-moe (2 ranks over NCCL, forward_stats gathering too: one process's logs and weights, byte for byte, 3 steps)"
     fi
     if [ ! -d "$d/ck2/step-00000002" ]; then
         skip gpu/zero3-resume "gpu/zero3 wrote no checkpoint to resume"
