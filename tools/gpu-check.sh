@@ -19,8 +19,9 @@
 #               HBM bound (the bandwidth measured by a copy), TTFT and TPOT against transformers'
 #               generate in $PY (skipped with a line when it is not installed); MBT_GPU_SERVE_ARGS
 #               adds options (e.g. "--models gpt2 --batches 1,64"); the JSON is RESULTS/serve.json
-#   test        tests/gpu/run.sh (make test-gpu): the device's step against the CPU's, 4 blocks at a
-#               time (MBT_GPU_TEST_JOBS)
+#   test        tests/gpu/run.sh (make test-gpu): the device's step against the CPU's, 8 blocks at a
+#               time (MBT_GPU_TEST_JOBS) and 3 sections at a time (MBT_GPU_TEST_LANES): the whole suite
+#               took 108 s so on a lent H100 (docs/testing.md)
 #   ncu         (only when named) Nsight Compute's speed of light, occupancy and warp stalls of the
 #               FA2 forward and backward kernels at GPT-2's shape (after the attention part)
 # MBT_GPU_PARTS=attention,bench,memory,serve,test chooses parts (default: all but memory and ncu); MBT_GPU_ATTN_ARGS adds bench/attention options; MBT_GPU_BENCH_MODES the benchmark's modes.
@@ -96,7 +97,8 @@ if [[ $PARTS == *,serve,* ]]; then
         ${MBT_GPU_SERVE_ARGS:-}
 fi
 if [[ $PARTS == *,test,* ]]; then
-    part test 600 env MBT_PYTHON="$PY" MBT_GPU_TEST_JOBS="${MBT_GPU_TEST_JOBS:-4}" tests/gpu/run.sh "$BUILD"
+    part test 600 env MBT_PYTHON="$PY" MBT_GPU_TEST_JOBS="${MBT_GPU_TEST_JOBS:-8}" \
+        MBT_GPU_TEST_LANES="${MBT_GPU_TEST_LANES:-3}" tests/gpu/run.sh "$BUILD"
 fi
 echo "==== summary (part, status, seconds; $(($(date +%s) - START))s in all)"
 printf "%s\n" "${SUMMARY[@]}"
