@@ -1,7 +1,7 @@
 /* cuda_internal.h - what the CUDA back end's two code generators share: cuda.c (the generic
  * kernels: the scan that decides a launch's geometry, and the emission of the KIR as CUDA C) and
  * cuda_dedicated.c (the kernels with a body of their own: attention's template calls, the
- * segmented scatter_add, cross-entropy's online row statistics). Not for other stages: cuda.h is
+ * segmented scatter_add, cross-entropy's online row statistics); cuda_scan.c is cuda.c's scan. Not for other stages: cuda.h is
  * the back end's surface. */
 #ifndef MBT_CUDA_INTERNAL_H
 #define MBT_CUDA_INTERNAL_H
@@ -36,6 +36,17 @@ typedef struct CudaPlan {
     unsigned char *ctx32;  /* per KIR id: its i64 operands are written as 32-bit values */
     int *arm;              /* per KIR id: 0, or the select arm it is written in (2s + 1, 2s + 2: cuda.c's cuda_arms) */
 } CudaPlan;
+
+/* How a vectorised kernel reaches a buffer for its 4 work items gid0 .. gid0 + 3 (all accesses to
+ * one buffer alike): at gid (4 consecutive elements, one vector), at gid mod N with 4 | N (a
+ * broadcast row such as a bias: 4 consecutive elements starting at gid0 mod N, one vector), or at
+ * gid / M with 4 | M (one element for all four: one scalar load). */
+enum { CUDA_VEC_NONE, CUDA_VEC_GID, CUDA_VEC_MOD, CUDA_VEC_DIV };
+
+/* cuda_scan.c: the plan of one generic kernel (its launch, split loops, vectors, 32-bit values,
+ * select arms), in ar; and whether an access is one the vectorised form makes through its vector */
+void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar);
+int cuda_vec_access(const CudaPlan *P, const Kernel *k, const KInst *in);
 
 typedef struct CudaEmit {
     FILE *out;
