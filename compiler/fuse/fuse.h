@@ -67,7 +67,8 @@ typedef struct FuseBuffer {
     int first, last; /* launches: the first that touches it (writes it, or reads a leaf), the last
                         that does (an output's last is nlaunches - 1); -1, -1 when none does */
     int over;        /* the launch that writes another node's value over node's (the classifier
-                        kernel's gradient over its logits, fuse.c's fz_ce_inplace): node's value is
+                        kernel's gradient over its logits, fuse.c's fz_ce_inplace; an update's new
+                        parameters or state over the old, fz_update_in_place): node's value is
                         there until that launch; -1 for none */
 } FuseBuffer;
 
@@ -94,6 +95,13 @@ typedef struct FuseResult {
     int *node_buffer; /* [g->n]: the buffer holding a node's value, -1 when none does */
     int noutputs;
     int *outputs; /* the graph nodes asked for */
+    /* An update graph's new parameters and state written over their inputs (fuse.c's
+     * fz_update_in_place; docs/memory.md, "The update in place"): n_in_place of its results have no
+     * buffer of their own, their node_buffer is the input's (whose FuseBuffer.over is the launch);
+     * not_in_place names the first of the others and says why it is copied into its region instead
+     * ("state.a: ..."; NULL: none) */
+    int n_in_place;
+    const char *not_in_place;
 } FuseResult;
 
 /* The fused IR: the graph nodes the outputs need, rewritten into primitive nodes - leaves,

@@ -609,7 +609,7 @@ LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab
 
 /* optimizer_update: lr and t into the plan's arena slots, the update schedule's launches over the
  * parameter, gradient and state regions, then the plan's moves: the new parameters and state
- * copied into their regions. When the update allows it (update_range_refusal), over RtStep's
+ * that were not written in place (fuse.c's fz_update_in_place) copied into their regions. When the update allows it (update_range_refusal), over RtStep's
  * [lo, hi) (emit_update_ranged), on the CPU and the GPU alike. */
 LLVMValueRef emit_update(Host *h, Sched *S) {
     const PlanMemory *m = &h->plan->mem;

@@ -453,6 +453,12 @@ void kb_memo_put(KBuilder *b, int64_t k1, int64_t k2, int v) {
 
 /* ---- dead code ---------------------------------------------------------------------------------- */
 
+int kir_loads(const Kernel *k, int p) {
+    for (int i = 0; i < k->n; i++)
+        if (k->inst[i].op == K_LOAD && k->inst[i].buf == p) return 1;
+    return 0;
+}
+
 void kir_finish(Kernel *k) {
     int n = k->n;
     if (!n) return;

@@ -319,6 +319,10 @@ int kb_is_const(const KBuilder *b, int v, int64_t *iv);                   /* 1 w
  * rest. Called once the body is complete. */
 void kir_finish(Kernel *k);
 
+/* Whether the body loads buffer parameter p (a written one that is also loaded is read and written:
+ * the classifier's gradient over its logits, an update's results over their old values). */
+int kir_loads(const Kernel *k, int p);
+
 /* ---- checking and printing -------------------------------------------------------------------- */
 
 /* Checks that operands are defined before use and in scope, nesting is balanced, types agree

@@ -3,17 +3,19 @@
  * after its launches; their checks (plan_verify) and their listing (--emit=plan), with the summary
  * that `./prog info` prints back from the executable's descriptor.
  *
- * Nothing is computed in place but the classifier kernel's gradient, which fusion gives the
- * logits' buffer when it is their last reader (fuse.c's fz_ce_inplace, FuseBuffer.over): a buffer
- * like any other here, its life from the logits' GEMM to the gradient's last reader. The step's
+ * Fusion computes two things in place, and here they are buffers like any other: the classifier
+ * kernel's gradient, which it gives the logits' buffer when the kernel is their last reader (fuse.c's
+ * fz_ce_inplace, FuseBuffer.over), its life from the logits' GEMM to the gradient's last reader; and
+ * the update's new parameters and state, written over their inputs in their regions where the
+ * kernel reads each element before writing it (fz_update_in_place), so nothing is moved for them. The step's
  * kernels write each parameter's gradient to an arena buffer, and
  * forward_backward adds loss_scale x it into the gradient region right after the last launch that
  * touches that buffer (PlanWrite.after), whose life ends there: the seed of the backward is 1.0 and
  * the micro-batches accumulate, so a kernel writing the region itself would have to scale and add,
  * which the generated kernels do not. (Moved to the step's end, every gradient buffer would be live
- * at once there: with GPT-2 124M at 4 x 64 tokens that is the step's peak.) The update's new parameters and
- * state are arena buffers copied into their regions after the last launch, since a fused update
- * kernel may still read the old values of other segments. A bf16 program's parameter casts are the
+ * at once there: with GPT-2 124M at 4 x 64 tokens that is the step's peak.) An update result that
+ * cannot be written in place (fz_update_in_place says why) is an arena buffer copied into its region
+ * after the last launch. A bf16 program's parameter casts are the
  * exception: no kernel reads that region but the step's, so the update's cast(p_new) and the step's
  * casts of whole parameters are written there in place (PH_PCAST; plan.h, pcast_bytes). */
 #include <inttypes.h>
@@ -229,7 +231,8 @@ static void plan_writes(PlanCtx *c, PlanPhase which, PlanPhaseMem *ph) {
         const GraphUpdate *u = g->update;
         for (int k = 0; k <= u->nstate; k++) {
             int out = k == 0 ? u->p_out : u->state_out[k - 1], in = k == 0 ? u->p_in : u->state_in[k - 1];
-            if (out == in || r->node_buffer[out] < 0) continue; /* unchanged */
+            /* unchanged, or written over the old value (fuse.c's fz_update_in_place): nothing to move */
+            if (out == in || r->node_buffer[out] < 0 || r->node_buffer[out] == r->node_buffer[in]) continue;
             plan_add_write(c->ar, ph,
                            (PlanWrite){k == 0 ? "p" : arena_printf(c->ar, "state.%s", u->state_name[k - 1]), r->node_buffer[out],
                                        k == 0 ? PH_PARAMS : PH_STATE, k == 0 ? 0 : (int64_t)(k - 1) * m->state_part,
@@ -846,6 +849,20 @@ table:;
     }
 }
 
+/* The update's results written over their inputs (fuse.c's fz_update_in_place), and why any other
+ * is copied. */
+static void plan_print_in_place(FILE *out, const FuseResult *r) {
+    const GraphUpdate *u = r->g->update;
+    for (int j = 0; j <= u->nstate; j++) {
+        int in = j == 0 ? u->p_in : u->state_in[j - 1], o = j == 0 ? u->p_out : u->state_out[j - 1];
+        int b = r->node_buffer[in];
+        if (o == in || b < 0 || r->node_buffer[o] != b) continue;
+        fprintf(out, "in place: %s%s = %%%d written over buffer %d by launch %d, each element after it is read: no copy\n",
+                j == 0 ? "p" : "state.", j == 0 ? "" : u->state_name[j - 1], o, b, r->buffers[b].over);
+    }
+    if (r->not_in_place) fprintf(out, "copied, not in place: %s\n", r->not_in_place);
+}
+
 static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase which) {
     static const char *const fns[PLAN_NPHASES] = {"forward_backward, and forward_loss up to the loss", "optimizer_update",
                                                   "forward_logits, batch 1", "forward_chunk, new tokens with the KV cache"};
@@ -932,6 +949,7 @@ static void plan_print_phase(FILE *out, Arena *ar, const Plan *p, PlanPhase whic
                 wr->accumulate ? "+= loss_scale x" : "= (copied from)", wr->buffer, plan_home_name(wr->to), wr->offset,
                 wr->bytes);
     }
+    if (which == PLAN_UPDATE) plan_print_in_place(out, r);
     if (which == PLAN_CHUNK) { /* its launches and kernels: --emit=kernels and --emit=llvm come before the plan */
         fprintf(out, "\n### the chunk phase's launches and kernels (chunk_ in --emit=program)\n");
         fuse_print(out, r);

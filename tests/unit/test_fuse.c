@@ -1089,6 +1089,48 @@ static void test_programs_fuse(void) {
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) CHECK(check_program(files[i]) == 2, "%s: 2 graphs", files[i]);
 }
 
+/* The update in place (fuse.c's fz_update_in_place) on tests/fuse/update_order.mbt's two blocks:
+ * each update graph fused and run against the unfused graph (fuse_check: a result written over an
+ * old value that is read afterwards would differ), and which results were written in place. */
+static void test_update_in_place(void) {
+    static const struct {
+        const char *block;
+        int in_place;       /* results written over their inputs */
+        int a_in_place;     /* state.a among them */
+        const char *reason; /* why the first other is copied */
+    } cases[] = {
+        {"hazard", 2, 0, "state.a: its kernel reads the old value after writing the new one"},
+        {"alias", 1, 0, "state.a: its old value is another result"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Arena ar = {0};
+        Loader ld;
+        loader_init(&ld, &ar, NULL, 0, "stdlib");
+        capture_begin();
+        Module *m = loader_main(&ld, "tests/fuse/update_order.mbt");
+        TrainBuild *tb = m ? sema_build_train(&ld, m, cases[c].block, PLAN_ALIGN / 4, &ar) : NULL;
+        const char *msg = capture_end();
+        CHECK(tb && tb->update, "update_order.mbt's %s builds", cases[c].block);
+        if (!tb || !tb->update) {
+            unit_detail("stderr", msg);
+            arena_free(&ar);
+            continue;
+        }
+        const Graph *g = tb->update;
+        Fused f = fuse_check(arena_printf(&ar, "update_order %s", cases[c].block), g, random_leaves(g, 29, &ar), NULL, 0, &ar);
+        const GraphUpdate *u = g->update;
+        const int *nb = f.r->node_buffer;
+        CHECK(f.r->n_in_place == cases[c].in_place, "%s: %d results in place, expected %d", cases[c].block, f.r->n_in_place,
+              cases[c].in_place);
+        CHECK(nb[u->p_out] == nb[u->p_in], "%s: p in place", cases[c].block);
+        CHECK((nb[u->state_out[0]] == nb[u->state_in[0]]) == cases[c].a_in_place, "%s: state.a %sin place", cases[c].block,
+              cases[c].a_in_place ? "" : "not ");
+        CHECK(f.r->not_in_place && strcmp(f.r->not_in_place, cases[c].reason) == 0, "%s: copied because '%s', expected '%s'",
+              cases[c].block, f.r->not_in_place ? f.r->not_in_place : "(none)", cases[c].reason);
+        arena_free(&ar);
+    }
+}
+
 /* Fused LoRA (fuse_lower.c's fl_lora_chain) on tests/fuse/lora_small.mbt's step: nn.LoRALinear's and
  * nn.MultiLoRALinear's down and up products are one launch each (a row kernel with Kernel.lora, S
  * stored for the backward), and so are MultiLoRALinear's input gradient's dS = (scaling dy) @ B and
@@ -1203,6 +1245,7 @@ int main(void) {
     RUN(test_cross_entropy_inplace);
     RUN(test_count_adamw_by_hand);
     RUN(test_count_adamw_update_graph);
+    RUN(test_update_in_place);
     RUN(test_count_gpt2_block);
     RUN(test_attention_docs_any_pos);
     RUN(test_gemm_transposes);

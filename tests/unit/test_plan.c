@@ -303,14 +303,13 @@ static void regions_contiguous(void) {
     CHECK(up->slots[nb[u->lr_in]].home == PH_ARENA && up->slots[nb[u->lr_in]].offset == m->lr_offset &&
               m->t_offset == m->lr_offset + 4 && up->reserve == PLAN_ALIGN,
           "lr and t in the update's reserved arena bytes");
-    /* adamw's results are copied from the arena into their regions: p, then m and v */
-    CHECK(up->nwrites == 3, "%d update moves", up->nwrites);
-    for (int k = 0; k < up->nwrites && k < 3; k++) {
-        const PlanWrite *w = &up->writes[k];
-        CHECK(!w->accumulate && w->to == (k ? PH_STATE : PH_PARAMS) && w->offset == (k ? (k - 1) * m->param_bytes : 0) &&
-                  w->bytes == m->param_bytes && up->slots[w->buffer].home == PH_ARENA,
-              "update move %s", w->what);
-    }
+    /* adamw's results are written over their inputs (fuse.c's fz_update_in_place): p, m and v take
+     * the inputs' buffers, in their regions, and nothing is copied after the launches */
+    CHECK(up->nwrites == 0 && up->r->n_in_place == 3 && !up->r->not_in_place, "%d update moves, %d in place (%s)", up->nwrites,
+          up->r->n_in_place, up->r->not_in_place ? up->r->not_in_place : "-");
+    CHECK(nb[u->p_out] == nb[u->p_in] && nb[u->state_out[0]] == nb[u->state_in[0]] && nb[u->state_out[1]] == nb[u->state_in[1]],
+          "p, m and v in place");
+    CHECK(up->peak == up->reserve, "the update's arena holds lr and t alone (%lld bytes)", (long long)up->peak);
     /* inputs: data.x and data.y, i32[8, 4] each, in the runtime's two batch buffers */
     CHECK(m->ninputs == 2 && m->inputs[0].home == PH_X && m->inputs[1].home == PH_Y && m->inputs[0].bytes == 8 * 4 * 4 &&
               m->inputs[1].bytes == 8 * 4 * 4 && m->input_bytes == 2 * 8 * 4 * 4,

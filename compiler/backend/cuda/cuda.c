@@ -742,7 +742,7 @@ static void cuda_header(CudaEmit *E, const char *note) {
         const KBuf *bf = &k->bufs[p];
         fprintf(out, " *   p%d: %s[", p, dtype_name(bf->dt));
         for (int d = 0; d < bf->rank; d++) fprintf(out, "%s%" PRId64, d ? ", " : "", bf->shape[d]);
-        fprintf(out, "] %s, buffer %d", bf->written ? "written" : "read", bf->buffer);
+        fprintf(out, "] %s, buffer %d", bf->written ? (kir_loads(k, p) ? "read and written" : "written") : "read", bf->buffer);
         if (bf->node >= 0) fprintf(out, " (%%%d)", bf->node);
         fprintf(out, "\n");
     }
@@ -838,15 +838,15 @@ void cuda_emit_kernel(FILE *out, const Kernel *k, const char *note, int disjoint
             if (!loaded && !stored) continue; /* read at constant offsets only (dropout's i64 key), or not at all */
             const char *vt = cuda_vec_type(k->bufs[p].dt);
             int n = E.P.vec_n[p];
-            if (loaded && E.P.vec[p] == CUDA_VEC_GID)
-                cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + gid0);", vt, p, vt, p);
+            if (loaded && E.P.vec[p] == CUDA_VEC_GID) /* stored too: in place, the lanes' old values first */
+                cuda_line(&E, "%s%s p%dv = *reinterpret_cast<const %s *>(p%d + gid0);", stored ? "" : "const ", vt, p, vt, p);
             if (loaded && E.P.vec[p] == CUDA_VEC_MOD) /* gid0 mod N: a multiple of 4, as gid0 is */
                 cuda_line(&E, "const %s p%dv = *reinterpret_cast<const %s *>(p%d + %s);", vt, p, vt, p,
                           cuda_index_divmod(E.ar, "long long", "gid0", k->grid <= (int64_t)UINT32_MAX, 1, n));
             if (loaded && E.P.vec[p] == CUDA_VEC_DIV) /* the same element for the four */
                 cuda_line(&E, "const %s p%ds = p%d[%s];", cuda_memory_type(&E, k->bufs[p].dt), p, p,
                           cuda_index_divmod(E.ar, "long long", "gid0", k->grid <= (int64_t)UINT32_MAX, 0, n));
-            if (stored) cuda_line(&E, "%s p%dv;", vt, p);
+            if (stored && !loaded) cuda_line(&E, "%s p%dv;", vt, p);
         }
         for (int lane = 0; lane < L->vector; lane++) {
             E.lane = lane;

@@ -27,6 +27,19 @@ static int cuda_loads_what_it_stores(const Kernel *k, int from, int to) {
     return 0;
 }
 
+/* Whether every buffer the kernel stores to is loaded only before its first store, in the body's
+ * order: vectorised, such a buffer (the optimizer update's parameters and state written over their
+ * old values: fuse.c's fz_update_in_place) is read into its vector before any lane writes a lane
+ * of it, and each lane reads its own element before it writes it. */
+static int cuda_loads_before_stores(const Kernel *k) {
+    for (int i = 0; i < k->n; i++) {
+        if (k->inst[i].op != K_STORE) continue;
+        for (int j = i + 1; j < k->n; j++)
+            if (k->inst[j].op == K_LOAD && cuda_same_buffer(k, k->inst[i].buf, k->inst[j].buf)) return 0;
+    }
+    return 1;
+}
+
 /* Rows (query rows, or key rows for dk and dv) a block of an attention template takes at a time,
  * and the static shared memory it declares: rt_attention.cuh's MbtAttnRows and tiles, or
  * rt_attention_tc.cuh's (16 rows a warp; its tiles in the element type, f32 scores). */
@@ -354,7 +367,8 @@ void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
         L->block = CUDA_THREAD_BLOCK;
         L->vector = 1;
         /* vectorise: every gid-dependent access at gid (or, loads, at gid mod N or gid / M with
-         * 4 | N, M), one way a buffer, on f32, i32, f16 or bf16 elements, with no control */
+         * 4 | N, M), one way a buffer, on f32, i32, f16 or bf16 elements, with no control; a
+         * buffer both loaded and stored (in place) loaded only before its first store */
         int gid = -1, unit = 1, any = 0;
         int *dep = arena_alloc(ar, sizeof(int) * (size_t)(k->n + 1)); /* depends on gid */
         P->vec = arena_alloc(ar, sizeof(int) * (size_t)(k->nbufs + 1));
@@ -380,7 +394,9 @@ void cuda_scan(const Kernel *k, CudaPlan *P, Arena *ar) {
                 any = 1;
             }
         }
-        if (unit && any && k->grid % 4 == 0 && k->grid >= 4 && k->nsegments <= 1 && !P->needs_sync) L->vector = 4;
+        if (unit && any && k->grid % 4 == 0 && k->grid >= 4 && k->nsegments <= 1 &&
+            (!P->needs_sync || cuda_loads_before_stores(k)))
+            L->vector = 4;
         L->per_block = (int64_t)L->block * L->vector;
     } else if (longest <= CUDA_WARP_MAX_EXTENT) {
         L->mode = CUDA_WARP;
