@@ -38,7 +38,7 @@
  * refused when it starts (the compiler and the runtime come from one build, so a mismatch is a
  * stale object file). */
 #define RT_ABI_VERSION                                                                                                           \
-    23 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
+    24 /* 2: RtTrainSettings gained data, nramp and ramp (batch-size ramps); 3: checkpoints
                           * (RtTrainSettings.ckpt_*, RtProgram.hash, nstate, state_names); 4: the GPU
                           * (RtStep.gpu, RtProgram.gpu); 5: the GEMMs' epilogue arguments; 6: RtProgram.plan;
                           * 7: documents (RtStep.pos, RtTrainSettings.docs);
@@ -63,7 +63,8 @@
                           * 21: RtStep.casts_kept (the parameters' casts run once an optimizer step);
                           * 22: RtStep.pcasts, RtProgram.pcast_bytes (the parameter casts' region the update
                           *    writes), casts_kept 2;
-                          * 23: RtPlanInfo.gather_page, gather_window_pages (ZeRO-3's gathers by the target's page) */
+                          * 23: RtPlanInfo.gather_page, gather_window_pages (ZeRO-3's gathers by the target's page);
+                          * 24: RtStep.state_stride (optimizer_update over a chunk of a whole region's state) */
 
 /* Global-norm clipping, done by the runtime between the micro-batches and optimizer_update: with
  * threshold c > 0 and gradient norm n, the gradients are scaled by c / (n + RT_CLIP_EPS) when that

@@ -118,12 +118,14 @@
     X(RtGpu *, gpu, ptr)       /* RtGpuProgram's functions: the GPU; NULL for the CPU functions */                               \
     X(int64_t, lo, i64)        /* optimizer_update: the elements [lo, hi) of the parameter region it updates (ZeRO's shard; */   \
     X(int64_t, hi, i64)        /* hi = 0: all); the state region then holds each variable's [lo, hi) in turn */                  \
-    X(const float *, stats, ptr) /* forward_backward, forward_loss: global_mean's statistics, stat_floats (read) */              \
-    X(float *, stats_out, ptr)   /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */            \
-    X(int32_t *, kv, ptr)        /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                           \
-    X(void *, kv_pool, ptr)      /* forward_chunk: the KV pool, which it reads and writes */                                     \
-    X(void *, grad_hook, ptr)    /* forward_backward: NULL, or the runtime's; each gradient's add is followed by */              \
-                                 /* rt_grad_ready(s, lo, hi) (rt_program.h) */                                                   \
+    X(int64_t, state_stride, i64) /* optimizer_update: 0, or the floats from one state variable's [lo, hi) to the */             \
+                                  /* next's in the state region (the host's chunks of a whole region's state) */                 \
+    X(const float *, stats, ptr)  /* forward_backward, forward_loss: global_mean's statistics, stat_floats (read) */             \
+    X(float *, stats_out, ptr)    /* forward_stats: out, this micro-batch's statistics, stat_floats, in host memory */           \
+    X(int32_t *, kv, ptr)         /* forward_chunk: the metadata (RtKvInfo; compiler/fuse/fuse_kv.h) */                          \
+    X(void *, kv_pool, ptr)       /* forward_chunk: the KV pool, which it reads and writes */                                    \
+    X(void *, grad_hook, ptr)     /* forward_backward: NULL, or the runtime's; each gradient's add is followed by */             \
+                                  /* rt_grad_ready(s, lo, hi) (rt_program.h) */                                                  \
     X(int64_t, training, i64) /* forward_stats: the key's training word (training(), dropout): 1 in the step's pass, 0 eval's */ \
     X(void *, act, ptr)       /* forward_backward with offload { activations = nvme }: the RtExec rt_act_copy takes */           \
     X(void *, param_hook, ptr)  /* forward_backward (CPU, GPU): NULL, or the runtime's (ZeRO-3); rt_param_need and */            \

@@ -528,8 +528,9 @@ const char *update_range_refusal(const Plan *plan, const FuseResult *r, const Pl
 /* optimizer_update on [lo, hi) (RtStep; hi = 0: the whole region): every kernel over those work
  * items (the target's launch_range: the CPU's pool, the GPU's kernels take lo and hi), with the
  * regions' addresses as they are (work item = element) except the state's, whose variable j starts
- * at state + j x (hi - lo) - lo so that element lo + k is at j x (hi - lo) + k; then the moves of
- * [lo, hi). */
+ * at state + j x stride - lo so that element lo + k is at j x stride + k, stride being
+ * RtStep.state_stride, or hi - lo when that is 0 (each variable's [lo, hi) in turn: ZeRO's shard, a
+ * store's chunk); then the moves of [lo, hi). */
 static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr) {
     const GraphUpdate *u = h->plan->update->update;
     const FuseResult *r = S->r;
@@ -539,11 +540,13 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
     lo = LLVMBuildSelect(h->b, whole, ci64(h, 0), lo, "lo");
     hi = LLVMBuildSelect(h->b, whole, n, hi, "hi");
     LLVMValueRef len = LLVMBuildSub(h->b, hi, lo, "len");
+    LLVMValueRef given = step_field(h, s, RT_STEP_state_stride, h->i64, "state_stride");
+    LLVMValueRef stride = LLVMBuildSelect(h->b, LLVMBuildICmp(h->b, LLVMIntEQ, given, ci64(h, 0), ""), len, given, "stride");
     LLVMValueRef state = step_field(h, s, RT_STEP_state, h->ptr, "state");
     for (int i = 0; i < r->nbuffers; i++) {
         const PlanSlot *sl = &S->mem->slots[i];
         if (sl->home != PH_STATE) continue;
-        LLVMValueRef at = LLVMBuildSub(h->b, LLVMBuildMul(h->b, ci64(h, sl->offset / (u->n * 4)), len, ""), lo, "");
+        LLVMValueRef at = LLVMBuildSub(h->b, LLVMBuildMul(h->b, ci64(h, sl->offset / (u->n * 4)), stride, ""), lo, "");
         addr[i] = LLVMBuildGEP2(h->b, h->f32, state, &at, 1, "state_var");
     }
     for (int li = 0; li < r->nlaunches; li++) {
@@ -559,7 +562,7 @@ static void emit_update_ranged(Host *h, HostFn *f, Sched *S, LLVMValueRef *addr)
         const PlanWrite *w = &S->mem->writes[i];
         if (w->accumulate || !region[w->to]) INTERNAL("host: the update's move '%s'", w->what);
         LLVMValueRef src = LLVMBuildGEP2(h->b, h->f32, addr[w->buffer], &lo, 1, "");
-        LLVMValueRef at = w->to == PH_STATE ? LLVMBuildMul(h->b, ci64(h, w->offset / (u->n * 4)), len, "")
+        LLVMValueRef at = w->to == PH_STATE ? LLVMBuildMul(h->b, ci64(h, w->offset / (u->n * 4)), stride, "")
                                             : LLVMBuildAdd(h->b, ci64(h, w->offset / 4), lo, "");
         h->target->copy_n(h, f, LLVMBuildGEP2(h->b, h->f32, region[w->to], &at, 1, ""), src, len);
     }

@@ -253,10 +253,10 @@ static RtStatus rt_train_dump_batches(RtTrainRun *r, int64_t nmicro) {
  * through the host, not even that: it starts from the host's parameters (host_params_current)
  * and uploads the whole region once.
  * The copies run on the update's copy stream between page-locked host regions and the device
- * (gpu_opt.c), a chunk at a time: nvme's chunks are the store's, so chunk c + 1's gradient comes
- * down while the CPU updates chunk c, and chunk c's parameters go up while it updates c + 1; the
- * host's update is one chunk (its state's layout is the whole region's, which the ranged
- * optimizer_update cannot take a piece of). Nothing waits for the uploads on the host: the
+ * (gpu_opt.c), a chunk at a time, so chunk c + 1's gradient comes down while the CPU updates chunk
+ * c, and chunk c's parameters go up while it updates c + 1: nvme's chunks are the store's; host's
+ * are rt_host_chunk's pieces of the range, each updated in the state's own layout (the whole
+ * region's, or ZeRO's shard's: RtStep.state_stride). Nothing waits for the uploads on the host: the
  * compute stream does, before the next launch (rt_gpu_opt_join). */
 typedef struct RtHostCopies {
     RtTrainRun *r;
@@ -287,12 +287,50 @@ static RtStatus rt_host_after(void *ctx, int64_t c) { /* chunk c's parameters go
     return h->up ? rt_gpu_opt_up(x->gpu, x->d_params + a, x->params + a, (b - a) * 4, &h->r->e) : RT_OK;
 }
 
+/* Parameters a chunk of the host's update (offload { optimizer = host }) over n: an eighth of them,
+ * so that the copies of the other chunks overlap the update of one, in whole 4 KiB of floats, at
+ * most 2^22 (16 MiB a region). */
+#define RT_HOST_CHUNK_MAX (INT64_C(1) << 22)
+static int64_t rt_host_chunk(int64_t n) {
+    int64_t c = (n + 7) / 8;
+    c = (c + 1023) / 1024 * 1024;
+    return c < RT_HOST_CHUNK_MAX ? c : RT_HOST_CHUNK_MAX;
+}
+
+/* The host's update (no store) chunk by chunk over [hc->lo, hc->hi): each chunk's elements below
+ * nupd (the update's length; the frozen parameters after it have no state) updated with the state
+ * at its place in the state's layout - variable j's element e at state[j x stride + e - base] - and
+ * the copies of the neighbouring chunks queued around it (rt_host_before, rt_host_after). */
+static RtStatus rt_host_update_chunks(RtHostCopies *hc, RtStep *h, int64_t nupd, int64_t base, int64_t stride) {
+    float *state = h->state;
+    int64_t nchunks = (hc->hi - hc->lo + hc->chunk - 1) / hc->chunk;
+    RtStatus st = RT_OK;
+    for (int64_t c = 0; c < nchunks && st == RT_OK; c++) {
+        int64_t a = hc->lo + c * hc->chunk, e = a + hc->chunk < hc->hi ? a + hc->chunk : hc->hi;
+        if (e > nupd) e = nupd;
+        st = rt_host_before(hc, c);
+        if (st == RT_OK && e > a) {
+            h->lo = a, h->hi = e, h->state = state + (a - base), h->state_stride = stride;
+            st = hc->r->p->optimizer_update(h);
+        }
+        if (st == RT_OK) st = rt_host_after(hc, c);
+    }
+    return st;
+}
+
 static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
     RtExec *x = &r->x;
     int64_t lo = r->zero ? s->lo : 0, hi = r->zero ? s->hi : r->p->param_floats;
     /* ZeRO-1/2 staged through the host: rt_train_gather_f32 gathers from x->params and uploads */
     int staged = r->zero && !r->zero3 && !r->nccl_grads;
-    RtHostCopies hc = {r, lo, hi, r->offload ? rt_opt_offload_chunk(r->offload) : hi - lo, !staged};
+    /* (an optimizer without state - sgd without momentum - updates in one piece: its update's length,
+     * short of the frozen parameters, is not the runtime's to know, and it has no state to stride) */
+    int64_t part = rt_state_part(r->p);
+    RtHostCopies hc = {r, lo, hi,
+                       r->offload ? rt_opt_offload_chunk(r->offload)
+                       : part > 0 ? rt_host_chunk(hi - lo)
+                                  : hi - lo,
+                       !staged};
     if (hc.chunk < 1) hc.chunk = 1; /* (an empty shard: nothing moves) */
     RtOptChunkHooks hooks = {rt_host_before, rt_host_after, &hc};
     RtStep h = {.pool = x->pool,
@@ -310,6 +348,8 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
                 .err = &r->e};
     RtStatus st = RT_OK;
     if (r->offload) st = rt_opt_offload_update_chunks(r->offload, x, &h, &hooks, &r->e);
+    else if (hi > lo && part > 0) /* the state: ZeRO's shard [s->lo, s->hi), or the whole update's */
+        st = rt_host_update_chunks(&hc, &h, r->zero ? s->hi : part, r->zero ? s->lo : 0, r->zero ? s->hi - s->lo : part);
     else if (hi > lo) {
         st = rt_host_before(&hc, 0);
         if (st == RT_OK) st = r->p->optimizer_update(&h);

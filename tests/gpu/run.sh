@@ -1354,7 +1354,8 @@ else
     fi
     # gpu/offload-bytes: what the host's updates moved (the runtime's count of the copies it queued on
     # the update's copy stream): each step the whole gradient down and the whole parameter region up
-    # (no ZeRO here), through page-locked parameter and gradient regions; nvme in the store's chunks
+    # (no ZeRO here), through page-locked parameter and gradient regions; nvme in the store's chunks,
+    # host in eighths of the region (train_step.c's rt_host_chunk)
     pbytes=$("$d/host/prog" info | sed -n 's/^plan: parameters \([0-9]*\) bytes.*/\1/p')
     ob_bad=""
     for run in host nvme; do
@@ -1384,11 +1385,10 @@ else
                 --save-weights "$d/$run-c3.st" "${extra[@]}" || cc_bad="$cc_bad $run: the run with every wait failed;"
             MBT_FAKE_CUDA_DROP_WAIT=1 on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-d3.out" train --steps 3 --data "$DATA" \
                 --save-weights "$d/$run-d3.st" "${extra[@]}" || cc_bad="$cc_bad $run: the run without the wait failed;"
-            # (host: its one chunk's upload; nvme: of the 8 chunks' uploads, the first 6 ran when the
-            # host waited for the downloads queued after them - each went up while a later chunk
-            # was updated - and the last 2 at this wait)
-            back=1
-            [ $run = nvme ] && back=2
+            # (host and nvme in 8 chunks - the store's, the host's eighths: of their uploads the first
+            # 6 ran when the host waited for the downloads queued after them - each went up while a
+            # later chunk was updated - and the last 2 at this wait)
+            back=2
             nw=$(grep -c "^fake_cuda: wait [0-9]* runs 0 copies to the host, $back back\$" "$d/$run-c3.out")
             [ "$nw" = 3 ] && [ "$(grep -c '^fake_cuda: wait' "$d/$run-c3.out")" = 3 ] \
                 || cc_bad="$cc_bad $run: not one wait a step running $back uploads alone ($nw);"
