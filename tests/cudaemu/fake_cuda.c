@@ -643,7 +643,10 @@ CUresult cuLinkDestroy(CUlinkState state) {
  * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr; and on a line of
  * its own the launches and host functions it runs, when there are any); a graph's
  * joins count and print among them ("in a graph"). On the fake's
- * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them.
+ * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them; the
+ * compute stream's wait for a queue's event moves its clock on to that event's time (the launches
+ * after the wait start when the copies end, as on a GPU), and an event on a queue that has not run
+ * up to it is not ready to be timed (cuEventElapsedTime: CUDA_ERROR_NOT_READY, as CUDA's).
  * In a capture, a queue that waits for an event of the capturing stream joins it (below). */
 
 static int fake_stream;
@@ -871,6 +874,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
                 dropped ? "left out, with" : "also runs", launches, hosts);
     if (dropped) return CUDA_SUCCESS;
     fake_queue_run(ev->q, ev->seq);
+    if (ev->ms > fake.clock_ms) fake.clock_ms = ev->ms;
     return CUDA_SUCCESS;
 }
 
@@ -892,6 +896,7 @@ CUresult cuEventQuery(CUevent e) {
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     const FakeEvent *x = (const FakeEvent *)(void *)a, *y = (const FakeEvent *)(void *)b;
     if (!x->recorded || !y->recorded) return FAKE_INVALID_VALUE;
+    if (cuEventQuery(a) != CUDA_SUCCESS || cuEventQuery(b) != CUDA_SUCCESS) return CUDA_ERROR_NOT_READY;
     *ms = (float)(y->ms - x->ms);
     return CUDA_SUCCESS;
 }
