@@ -39,7 +39,8 @@
  *   - a wait (op 2): exactly as for host, an event on the copy stream the compute stream waits for.
  * Timed (MBT_DEBUG / MBT_TRACE), a pair on the copy stream spans each copy's whole staging, its
  * host functions' store I/O included ("activations: copy to nvme", "... copy back from nvme"):
- * out from after the wait for the compute stream, back from the first chunk's store read.
+ * out from after the wait for the compute stream, back from the first chunk's store read (so a
+ * read back's span holds any wait for the compute stream before its first chunk's device copy).
  * The stream runs its work in order, so a slot is reused only after the host function that wrote
  * it out or the copy that read it back has finished, and a read follows every write before it:
  * the staging needs no host wait, and the host (the main thread) queues the whole step as before,

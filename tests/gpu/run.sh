@@ -134,7 +134,7 @@
 # order: steps (the train blocks above), pad, dp (with ZeRO-1/-2), zero2 (zero2-shard, -buckets),
 # zero3, recompute, stats (gpu/running), eval (eval, generate-logits), kv, offload-opt
 # (offload-host, -nvme, -bytes, -copy-control, trace-offload-host), offload-act (offload-act,
-# -control, trace-offload-act), offload-nvme (offload-act-nvme*),
+# -control, trace-offload-act), offload-nvme (offload-act-nvme*, trace-offload-act-nvme),
 # graphs, debug (debug-timing, trace), casts (param-casts*). The probe runs first, always.
 #   MBT_GPU_TEST_SECTIONS=a,b,...  runs those sections alone (unset or empty: all of them), e.g.
 #                   zero3,offload-act on a short GPU lease; a name that is not a section is refused
@@ -1600,6 +1600,7 @@ if [ "$DEVICE" = cpu ]; then
     skip gpu/offload-act-nvme "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing (the exec layer runs nvme there)"
     skip gpu/offload-act-nvme-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
     skip gpu/offload-act-nvme-errors "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing"
+    skip gpu/trace-offload-act-nvme "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
 else
     b="$DIR/offload-act"
     d="$DIR/offload-act-nvme"
@@ -1703,6 +1704,24 @@ else
             fail gpu/offload-act-nvme-control "with wait$same of the step left out, the run did not end with other weights" "$d/waits.out"
         else
             pass "gpu/offload-act-nvme-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
+        fi
+    fi
+    # gpu/trace-offload-act-nvme: act through 16 KiB slots, 2 steps with MBT_DEBUG=1 and MBT_TRACE:
+    # each copy's whole staging one event on track 1, 4N "activations: copy to nvme" and 4N "...
+    # copy back from nvme" for the plan's N buffers (2 micro-batches a step), none overlapping;
+    # the plan's waits on track 0
+    if [ -n "$on_fail" ] || [ -z "$n" ]; then
+        fail gpu/trace-offload-act-nvme "the act program did not run, or its plan offloads nothing (see gpu/offload-act-nvme)"
+    else
+        rm -f "$d/act.trace.json"
+        if ! MBT_DEBUG=1 MBT_TRACE="$d/act.trace.json" on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/trace.out" train \
+            --steps 2 --data "$DATA" --offload-dir "$d/st" --offload-staging 65536; then
+            fail gpu/trace-offload-act-nvme "the traced run failed" "$d/trace.out"
+        elif ! "$PY" tests/gpu/trace_tracks.py "$d/act.trace.json" 1 "activations: copy to nvme" $((4 * n)) \
+            1 "activations: copy back from nvme" $((4 * n)) 0 "activations: the step waits for its copies" + >"$d/tracks.out" 2>&1; then
+            fail gpu/trace-offload-act-nvme "MBT_TRACE's tracks are not the plan's copies through the store ($n buffers)" "$d/tracks.out"
+        else
+            pass "gpu/trace-offload-act-nvme ($n buffers: $(cat "$d/tracks.out"))"
         fi
     fi
     # the errors: each must stop the run with status 1 and its message; none may hang (timeout)
