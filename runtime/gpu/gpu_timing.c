@@ -31,10 +31,11 @@
  * reused and for each read before its first backward use, inside the same forward_backward),
  * and every optimizer download is waited for on the host (rt_gpu_opt_wait_down) and every upload
  * by the compute stream (rt_gpu_opt_join) before the next launch. What the structure does not
- * promise is that no synchronisation falls between a copy and its wait (a rt_gpu_loss whose slots
- * are full, a ZeRO-3 gather's sync inside forward_backward): so resolution waits on the host for
- * each copy-stream stop event (cuEventSynchronize, at once when it is done) before reading it,
- * rather than read an incomplete event or keep it pending past the anchor it is measured from.
+ * promise is that no synchronisation falls between a copy and its wait (rt_gpu_loss waits once
+ * RT_GPU_LOSSES are queued, and forward_backward queues its loss mid-step): so resolution waits on
+ * the host for each copy-stream stop event (cuEventSynchronize, at once when it is done) before
+ * reading it, rather than read an incomplete event or keep it pending past the anchor it is
+ * measured from; rt_gpu_close reads the last events before it closes the copy streams.
  * Only a timed run can wait there, and only in such a case. A copy-stream start is measured from
  * the compute stream's anchor: events of one context compare across streams (the CUDA guide
  * warns such times may come out a little long). */

@@ -226,7 +226,11 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     return CUDA_SUCCESS;
 }
 
+static void fake_queues_run_all(void);
+
+/* As CUDA's, a free synchronises: the queues' copies and launches run first (they may use p). */
 CUresult cuMemFree_v2(CUdeviceptr p) {
+    fake_queues_run_all();
     fake.live_allocs--;
     fake_live_bytes -= malloc_usable_size((void *)(uintptr_t)p);
     free((void *)(uintptr_t)p);
@@ -646,7 +650,9 @@ CUresult cuLinkDestroy(CUlinkState state) {
  * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them; the
  * compute stream's wait for a queue's event moves its clock on to that event's time (the launches
  * after the wait start when the copies end, as on a GPU), and an event on a queue that has not run
- * up to it is not ready to be timed (cuEventElapsedTime: CUDA_ERROR_NOT_READY, as CUDA's).
+ * up to it is not ready to be timed (cuEventElapsedTime: CUDA_ERROR_NOT_READY, as CUDA's), and a
+ * cuMemFree runs every queue first (CUDA's free synchronises; a copy still queued may read the
+ * memory).
  * In a capture, a queue that waits for an event of the capturing stream joins it (below). */
 
 static int fake_stream;
@@ -706,6 +712,12 @@ static void fake_queue_run(FakeQueue *q, long long upto) {
         else if (o->kind == 1) fake.htod_bytes += (long long)o->n;
         memmove(o->dst, o->src, o->n);
     }
+}
+
+static void fake_queues_run_all(void) {
+    if (fake_capture) return; /* (a capture records; nothing of it has run) */
+    for (int i = 0; i < FAKE_MAX_QUEUES; i++)
+        if (fake_queues[i]) fake_queue_run(fake_queues[i], fake_queues[i]->n);
 }
 
 static int fake_is_queue(CUstream s) { return s && s != (CUstream)(void *)&fake_stream; }

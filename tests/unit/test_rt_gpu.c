@@ -1035,7 +1035,8 @@ static void fake_timing_and_trace(void) {
  * track (1: activations, 2: the optimizer's) from its compute-stream point for 100 us, and each
  * wait on the compute track spans the copies it waits for. Last, a copy with no wait after it
  * before the sync (the case the plan never makes, gpu_timing.c): resolution waits for it rather
- * than read an event that is not done (the fake answers CUDA_ERROR_NOT_READY, as CUDA does). */
+ * than read an event that is not done (the fake answers CUDA_ERROR_NOT_READY, as CUDA does); and
+ * one still pending at close, read before the copy stream goes. */
 static void fake_copy_streams_timed(void) {
     FakeControl *fake = use_fake();
     dir_make();
@@ -1095,6 +1096,8 @@ static void fake_copy_streams_timed(void) {
     st = rt_gpu_act_copy(g, 0, 0, a, n, &e);
     if (st == RT_OK) st = rt_gpu_sync(g, "a copy not waited for", &e);
     CHECK(st == RT_OK, "a copy without a wait before the sync: %s", e.msg);
+    /* and one still pending at close: read back there, its stream still open */
+    CHECK(rt_gpu_act_copy(g, 0, 0, a, n, &e) == RT_OK, "a copy before close: %s", e.msg);
     rt_gpu_free(g, y);
     rt_gpu_free(g, a);
     rt_gpu_close(g);
@@ -1118,7 +1121,8 @@ static void fake_copy_streams_timed(void) {
               "{\"name\":\"optimizer offload: parameters up\",\"ph\":\"X\",\"ts\":1300.0,\"dur\":100.0,\"pid\":0,\"tid\":2},\n"
               "{\"name\":\"optimizer offload: the step waits for the uploads\",\"ph\":\"X\",\"ts\":1200.0,\"dur\":200.0,"
               "\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"activations: copy to host\",\"ph\":\"X\",\"ts\":1400.0,\"dur\":100.0,\"pid\":0,\"tid\":1}\n"
+              "{\"name\":\"activations: copy to host\",\"ph\":\"X\",\"ts\":1400.0,\"dur\":100.0,\"pid\":0,\"tid\":1},\n"
+              "{\"name\":\"activations: copy to host\",\"ph\":\"X\",\"ts\":1500.0,\"dur\":100.0,\"pid\":0,\"tid\":1}\n"
               "]}\n",
               "the trace's tracks");
     free(text);
