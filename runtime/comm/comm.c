@@ -187,7 +187,7 @@ static void rt_comm_count(RtComm *c, RtCommOp op, double t0, int64_t bytes) {
         c->events = ev;
         c->cap_events = cap;
     }
-    c->events[c->nevents++] = (RtGpuEvent){rt_comm_op_names[op], 1e6 * (t0 - c->t_open), 1e6 * dt};
+    c->events[c->nevents++] = (RtGpuEvent){rt_comm_op_names[op], 1e6 * (t0 - c->t_open), 1e6 * dt, RT_GPU_TRACK_COMM};
 }
 
 RtStatus rt_comm_trace_write(RtComm *c, const char **path, RtError *err) {

@@ -15,6 +15,11 @@
  * Nothing waits on the host: the host queues the whole step as before. CUDA's wait takes the
  * event's state when it is queued, so one event each way, recorded again each time, serves.
  *
+ * MBT_DEBUG / MBT_TRACE (gpu_timing.c): each copy is timed on the copy stream, after its wait for
+ * the compute stream, so the span is the copy itself ("activations: copy to host", "... copy
+ * back"; track 1), and each wait as a pair on the compute stream around its cuStreamWaitEvent
+ * ("activations: the step waits for its copies"; track 0): its span is how long the launches
+ * after it stood still for the copies. Timing turns CUDA graphs off, so none of it is captured.
  * CUDA graphs: forward_backward with these copies is captured like any other call (rt_gpu_call):
  * under capture the copy stream's wait for an event of the capturing stream forks it into the
  * capture, its copies become the graph's memcpy nodes (pinned host memory keeps its address), and
@@ -32,6 +37,10 @@
  *     for it, [before the first chunk's copy, the wait for the compute stream's event], then
  *     slot -> device (cuMemcpyHtoDAsync);
  *   - a wait (op 2): exactly as for host, an event on the copy stream the compute stream waits for.
+ * Timed (MBT_DEBUG / MBT_TRACE), a pair on the copy stream spans each copy's whole staging, its
+ * host functions' store I/O included ("activations: copy to nvme", "... copy back from nvme"):
+ * out from after the wait for the compute stream, back from the first chunk's store read (so a
+ * read back's span holds any wait for the compute stream before its first chunk's device copy).
  * The stream runs its work in order, so a slot is reused only after the host function that wrote
  * it out or the copy that read it back has finished, and a read follows every write before it:
  * the staging needs no host wait, and the host (the main thread) queues the whole step as before,
@@ -91,23 +100,30 @@ RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t l
     if (st != RT_OK) return st;
     const RtGpuApi *api = &g->api;
     if (op < 2 && g->act.store) return act_nvme_copy(g, op, off, (unsigned char *)dev, len, err);
+    int64_t slot = -1; /* MBT_DEBUG / MBT_TRACE */
     if (op == 2) {
         st = rt_cu_check(api, api->cuEventRecord(g->act.copied, g->act.stream), err, "cuEventRecord", "the activations' copies");
+        if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin(g, &slot, err);
         if (st == RT_OK)
             st = rt_cu_check(api, api->cuStreamWaitEvent(g->stream, g->act.copied, 0), err, "cuStreamWaitEvent",
                              "the step waiting for the activations' copies");
+        if (slot >= 0) st = rt_gpu_time_end(g, slot, "activations: the step waits for its copies", st, err);
         return st;
     }
     st = rt_cu_check(api, api->cuEventRecord(g->act.issued, g->stream), err, "cuEventRecord", "the step before a copy");
     if (st == RT_OK)
         st = rt_cu_check(api, api->cuStreamWaitEvent(g->act.stream, g->act.issued, 0), err, "cuStreamWaitEvent",
                          "the activations' copy stream waiting for the step");
+    if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin_on(g, g->act.stream, RT_GPU_TRACK_ACT, &slot, err);
     if (st != RT_OK) return st;
     if (op == 0)
-        return rt_cu_check(api, api->cuMemcpyDtoHAsync(g->act.host + off, rt_dptr(dev), (size_t)len, g->act.stream), err,
-                           "cuMemcpyDtoHAsync", "an activation to host memory, %lld bytes", (long long)len);
-    return rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), g->act.host + off, (size_t)len, g->act.stream), err,
-                       "cuMemcpyHtoDAsync", "an activation back from host memory, %lld bytes", (long long)len);
+        st = rt_cu_check(api, api->cuMemcpyDtoHAsync(g->act.host + off, rt_dptr(dev), (size_t)len, g->act.stream), err,
+                         "cuMemcpyDtoHAsync", "an activation to host memory, %lld bytes", (long long)len);
+    else
+        st = rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), g->act.host + off, (size_t)len, g->act.stream), err,
+                         "cuMemcpyHtoDAsync", "an activation back from host memory, %lld bytes", (long long)len);
+    if (slot >= 0) st = rt_gpu_time_end(g, slot, op == 0 ? "activations: copy to host" : "activations: copy back", st, err);
+    return st;
 }
 
 int64_t rt_gpu_act_bytes(const RtGpu *g) { return g ? g->act.bytes : 0; }
@@ -226,11 +242,15 @@ static RtStatus act_nvme_copy(RtGpu *g, int32_t op, int64_t off, unsigned char *
     if (st == RT_OK && op == 0) /* the source is written once everything queued on the compute stream is done */
         st = rt_cu_check(api, api->cuStreamWaitEvent(g->act.stream, g->act.issued, 0), err, "cuStreamWaitEvent",
                          "the activations' copy stream waiting for the step");
+    int64_t slot = -1; /* MBT_DEBUG / MBT_TRACE: the whole staging of the copy */
+    if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin_on(g, g->act.stream, RT_GPU_TRACK_ACT, &slot, err);
     for (int64_t pos = 0; pos < len && st == RT_OK;) {
         int64_t n = len - pos < g->act.slot_bytes ? len - pos : g->act.slot_bytes;
         st = act_chunk(g, op, off + pos, dev + pos, n, op == 1 && pos == 0, err);
         pos += n;
     }
+    if (slot >= 0)
+        st = rt_gpu_time_end(g, slot, op == 0 ? "activations: copy to nvme" : "activations: copy back from nvme", st, err);
     return st;
 }
 

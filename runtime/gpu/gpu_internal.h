@@ -325,10 +325,12 @@ RtStatus rt_lt_check(const RtGpuApi *api, cublasStatus_t rc, RtError *err, const
 
 /* ==== the open GPU =============================================================================== */
 
-/* One kernel launch or GEMM being timed (MBT_DEBUG): its two events on the stream. */
+/* One kernel launch, GEMM, copy or wait being timed (MBT_DEBUG): its two events on its stream. */
 typedef struct RtGpuPending {
     const char *name;
     CUevent start, stop; /* created once, reused after each resolution */
+    CUstream stream;     /* where they are recorded: the compute stream or a copy stream */
+    int tid;             /* its track (RT_GPU_TRACK_*) */
 } RtGpuPending;
 
 /* Timing (gpu_timing.c). Events are read back whenever the stream has been waited for: times
@@ -504,12 +506,17 @@ RtStatus rt_gpu_blas_open(RtGpu *g, RtError *err); /* the handle, the workspace 
 void rt_gpu_blas_close(RtGpu *g);                  /* the plans, the workspace, the handle */
 
 /* gpu_timing.c: around every launch and GEMM when g->timer.on. begin records the start event of
- * a new pending slot (its index in *slot); end, given the launch's status, records the stop event
- * (RT_OK) or frees the slot again and returns that status. */
+ * a new pending slot (its index in *slot) on the compute stream (track 0); end, given the launch's
+ * status, records the stop event on the slot's stream (RT_OK) or frees the slot again and returns
+ * that status. begin_on: the same on stream s, track tid (the offloads' copies on their copy
+ * streams: gpu_act.c, gpu_opt.c); such a pair must be followed by a wait of the compute stream for
+ * that stream (the plan's waits, rt_gpu_opt_join) before rt_gpu_timer_resolve, else resolve waits
+ * for it (gpu_timing.c). */
 RtStatus rt_gpu_timer_open(RtGpu *g, RtError *err);
 RtStatus rt_gpu_time_begin(RtGpu *g, int64_t *slot, RtError *err);
+RtStatus rt_gpu_time_begin_on(RtGpu *g, CUstream s, int tid, int64_t *slot, RtError *err);
 RtStatus rt_gpu_time_end(RtGpu *g, int64_t slot, const char *name, RtStatus launched, RtError *err);
-/* After the stream was waited for: reads the pending events into stats (and the trace). */
+/* After the compute stream was waited for: reads the pending events into stats (and the trace). */
 RtStatus rt_gpu_timer_resolve(RtGpu *g, RtError *err);
 RtStatus rt_gpu_trace_flush(RtGpu *g, RtError *err); /* writes MBT_TRACE's file when it has new events */
 void rt_gpu_timer_close(RtGpu *g);

@@ -388,10 +388,10 @@ void rt_gpu_close(RtGpu *g) {
         RtGpuApi *api = &g->api;
         api->cuCtxSetCurrent(g->ctx);
         if (g->stream) api->cuStreamSynchronize(g->stream);
+        rt_gpu_timer_close(g); /* its last events may be on the copy streams: read while they exist */
         rt_gpu_act_close(g);
         rt_gpu_opt_close(g);
         rt_gpu_comm_close(g);
-        rt_gpu_timer_close(g);
         rt_gpu_graph_close(g);
         rt_gpu_blas_close(g);
         if (g->partial) rt_gpu_mem_free(g, rt_dptr(g->partial));

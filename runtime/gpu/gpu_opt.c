@@ -17,7 +17,11 @@
  * The two download events are each recorded again only after the host waited for them (chunk c's
  * event is c % 2, and chunk c + 2's is queued after chunk c's wait). A chunk of the host's
  * parameters is written by the CPU only after every upload queued before it has run: the next
- * step's first wait_down comes after them on the same stream. */
+ * step's first wait_down comes after them on the same stream.
+ * MBT_DEBUG / MBT_TRACE (gpu_timing.c): each download and upload is timed on the copy stream
+ * ("optimizer offload: gradient down", "... parameters up"; track 2), the join's wait as a pair on
+ * the compute stream around it ("optimizer offload: the step waits for the uploads"; track 0).
+ * The CPU's update between them is no GPU event: the step's time has it. */
 #include "gpu_internal.h"
 
 RtStatus rt_gpu_opt_open(RtGpu *g, RtError *err) {
@@ -45,8 +49,12 @@ RtStatus rt_gpu_opt_fork(RtGpu *g, RtError *err) {
 
 RtStatus rt_gpu_opt_down(RtGpu *g, void *host, const void *dev, int64_t bytes, int slot, RtError *err) {
     const RtGpuApi *api = &g->api;
-    RtStatus st = rt_cu_check(api, api->cuMemcpyDtoHAsync(host, rt_dptr(dev), (size_t)bytes, g->opt.stream), err,
-                              "cuMemcpyDtoHAsync", "the gradient to the host's update, %lld bytes", (long long)bytes);
+    int64_t timed = -1; /* MBT_DEBUG / MBT_TRACE; before the download's event, which the host waits for */
+    RtStatus st = g->timer.on ? rt_gpu_time_begin_on(g, g->opt.stream, RT_GPU_TRACK_OPT, &timed, err) : RT_OK;
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuMemcpyDtoHAsync(host, rt_dptr(dev), (size_t)bytes, g->opt.stream), err, "cuMemcpyDtoHAsync",
+                         "the gradient to the host's update, %lld bytes", (long long)bytes);
+    if (timed >= 0) st = rt_gpu_time_end(g, timed, "optimizer offload: gradient down", st, err);
     if (st == RT_OK)
         st = rt_cu_check(api, api->cuEventRecord(g->opt.got[slot & 1], g->opt.stream), err, "cuEventRecord",
                          "the gradient's download");
@@ -61,8 +69,12 @@ RtStatus rt_gpu_opt_wait_down(RtGpu *g, int slot, RtError *err) {
 
 RtStatus rt_gpu_opt_up(RtGpu *g, void *dev, const void *host, int64_t bytes, RtError *err) {
     const RtGpuApi *api = &g->api;
-    RtStatus st = rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), host, (size_t)bytes, g->opt.stream), err,
-                              "cuMemcpyHtoDAsync", "the updated parameters to the device, %lld bytes", (long long)bytes);
+    int64_t timed = -1; /* MBT_DEBUG / MBT_TRACE */
+    RtStatus st = g->timer.on ? rt_gpu_time_begin_on(g, g->opt.stream, RT_GPU_TRACK_OPT, &timed, err) : RT_OK;
+    if (st == RT_OK)
+        st = rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), host, (size_t)bytes, g->opt.stream), err, "cuMemcpyHtoDAsync",
+                         "the updated parameters to the device, %lld bytes", (long long)bytes);
+    if (timed >= 0) st = rt_gpu_time_end(g, timed, "optimizer offload: parameters up", st, err);
     if (st == RT_OK) g->opt.up_bytes += bytes;
     return st;
 }
@@ -71,9 +83,12 @@ RtStatus rt_gpu_opt_join(RtGpu *g, RtError *err) {
     const RtGpuApi *api = &g->api;
     RtStatus st = rt_cu_check(api, api->cuEventRecord(g->opt.copied, g->opt.stream), err, "cuEventRecord",
                               "the optimizer offload's copies");
+    int64_t timed = -1; /* MBT_DEBUG / MBT_TRACE: how long the compute stream stands still here */
+    if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin(g, &timed, err);
     if (st == RT_OK)
         st = rt_cu_check(api, api->cuStreamWaitEvent(g->stream, g->opt.copied, 0), err, "cuStreamWaitEvent",
                          "the step waiting for the updated parameters");
+    if (timed >= 0) st = rt_gpu_time_end(g, timed, "optimizer offload: the step waits for the uploads", st, err);
     return st;
 }
 

@@ -174,10 +174,14 @@ const char *rt_gpu_graph_report(const RtGpu *g, char *buf, size_t cap);
 
 /* ---- timing (MBT_DEBUG) ---- */
 /* MBT_DEBUG=1 (or more) in the environment: every launch and GEMM is timed with a pair of events
- * (this serialises nothing but adds two event records a launch); rt_gpu_print_timing prints, per
- * kernel function and GEMM shape, calls, total and mean microseconds and the share of the GPU
- * time, longest first. MBT_TRACE=FILE.json: the same events written as a Chrome trace (the
- * trace-event JSON format chrome://tracing and Perfetto read) when the GPU is closed. */
+ * (this serialises nothing but adds two event records a launch), and so are the offloads' copies
+ * on their own streams and the compute stream's waits for them (the tracks below);
+ * rt_gpu_print_timing prints, per kernel function, GEMM shape or copy, calls, total and mean
+ * microseconds and the share of its stream's time, the compute stream's first, longest first, with
+ * each stream's total on a line of its own (a copy stream's time overlaps the compute stream's: it
+ * is not added to it). MBT_TRACE=FILE.json: the same events written as a Chrome trace (the
+ * trace-event JSON format chrome://tracing and Perfetto read), one track (tid) a stream, when the
+ * GPU is closed. */
 void rt_gpu_print_timing(FILE *f, RtGpu *g);
 
 /* The cache of JIT-compiled PTX: $MBT_CACHE_DIR, else $XDG_CACHE_HOME/mbt, else ~/.cache/mbt;
@@ -192,13 +196,23 @@ const char *rt_gpu_cache_dir(void);
 typedef struct RtGpuEvent {
     const char *name;
     double start_us, dur_us;
+    int tid; /* the stream it was timed on: RT_GPU_TRACK_* */
 } RtGpuEvent;
+
+/* The trace's tracks, one a stream: the compute stream (its launches, GEMMs and its waits for the
+ * copy streams), offload { activations }'s copy stream, offload { optimizer }'s copy stream; and
+ * the collectives of runtime/comm's own trace file (comm.c), which writes its events with this
+ * writer. */
+enum { RT_GPU_TRACK_COMPUTE, RT_GPU_TRACK_ACT, RT_GPU_TRACK_OPT, RT_GPU_TRACK_COMM, RT_GPU_TRACKS };
+/* "compute", "activations' copies", "optimizer's copies", "collectives" */
+const char *rt_gpu_track_name(int tid);
 
 /* Calls and total time per name (rt_gpu_print_timing's table). Zero-initialised is empty. */
 typedef struct RtGpuStat {
     const char *name;
     int64_t calls;
     double total_us;
+    int tid; /* the track of the name's first event (each name is timed on one stream) */
 } RtGpuStat;
 typedef struct RtGpuStats {
     RtGpuStat *items;
@@ -209,11 +223,14 @@ typedef struct RtGpuStats {
 
 /* Adds each event to its name's entry (names compared by content, not copied: they must outlive s). */
 RtStatus rt_gpu_stats_add(RtGpuStats *s, const RtGpuEvent *ev, int64_t n, RtError *err);
-void rt_gpu_stats_sort(RtGpuStats *s);           /* longest total first, equal totals by name */
-void rt_gpu_stats_print(FILE *f, RtGpuStats *s); /* sorts, then one line a name: calls, total, mean, share */
+void rt_gpu_stats_sort(RtGpuStats *s); /* by track, then longest total first, equal totals by name */
+/* Sorts, then the compute track's total, each other track's with events, and one line a name:
+ * calls, total, mean, share of its track's total. */
+void rt_gpu_stats_print(FILE *f, RtGpuStats *s);
 void rt_gpu_stats_free(RtGpuStats *s);
-/* The events as a Chrome trace ({"traceEvents":[{"name":..,"ph":"X","ts":..,"dur":..,"pid":0,"tid":0},..]}),
- * written atomically. */
+/* The events as a Chrome trace ({"traceEvents":[{"name":..,"ph":"X","ts":..,"dur":..,"pid":0,"tid":T},..]}),
+ * written atomically; first, for each track with events, its name as a metadata event
+ * ({"name":"thread_name","ph":"M","pid":0,"tid":T,"args":{"name":"compute"}}). */
 RtStatus rt_gpu_trace_write(const char *path, const RtGpuEvent *ev, int64_t n, RtError *err);
 /* The JIT cache's file for a module: `<dir>/<module_hash>-sm_<arch>-<driver>.cubin`, every character
  * of the hash outside [A-Za-z0-9._-] replaced by '-'. 0 when it does not fit in cap. */

@@ -226,7 +226,11 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     return CUDA_SUCCESS;
 }
 
+static void fake_queues_run_all(void);
+
+/* As CUDA's, a free synchronises: the queues' copies and launches run first (they may use p). */
 CUresult cuMemFree_v2(CUdeviceptr p) {
+    fake_queues_run_all();
     fake.live_allocs--;
     fake_live_bytes -= malloc_usable_size((void *)(uintptr_t)p);
     free((void *)(uintptr_t)p);
@@ -643,7 +647,12 @@ CUresult cuLinkDestroy(CUlinkState state) {
  * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr; and on a line of
  * its own the launches and host functions it runs, when there are any); a graph's
  * joins count and print among them ("in a graph"). On the fake's
- * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them.
+ * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them; the
+ * compute stream's wait for a queue's event moves its clock on to that event's time (the launches
+ * after the wait start when the copies end, as on a GPU), and an event on a queue that has not run
+ * up to it is not ready to be timed (cuEventElapsedTime: CUDA_ERROR_NOT_READY, as CUDA's), and a
+ * cuMemFree runs every queue first (CUDA's free synchronises; a copy still queued may read the
+ * memory).
  * In a capture, a queue that waits for an event of the capturing stream joins it (below). */
 
 static int fake_stream;
@@ -703,6 +712,12 @@ static void fake_queue_run(FakeQueue *q, long long upto) {
         else if (o->kind == 1) fake.htod_bytes += (long long)o->n;
         memmove(o->dst, o->src, o->n);
     }
+}
+
+static void fake_queues_run_all(void) {
+    if (fake_capture) return; /* (a capture records; nothing of it has run) */
+    for (int i = 0; i < FAKE_MAX_QUEUES; i++)
+        if (fake_queues[i]) fake_queue_run(fake_queues[i], fake_queues[i]->n);
 }
 
 static int fake_is_queue(CUstream s) { return s && s != (CUstream)(void *)&fake_stream; }
@@ -871,6 +886,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
                 dropped ? "left out, with" : "also runs", launches, hosts);
     if (dropped) return CUDA_SUCCESS;
     fake_queue_run(ev->q, ev->seq);
+    if (ev->ms > fake.clock_ms) fake.clock_ms = ev->ms;
     return CUDA_SUCCESS;
 }
 
@@ -892,6 +908,7 @@ CUresult cuEventQuery(CUevent e) {
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     const FakeEvent *x = (const FakeEvent *)(void *)a, *y = (const FakeEvent *)(void *)b;
     if (!x->recorded || !y->recorded) return FAKE_INVALID_VALUE;
+    if (cuEventQuery(a) != CUDA_SUCCESS || cuEventQuery(b) != CUDA_SUCCESS) return CUDA_ERROR_NOT_READY;
     *ms = (float)(y->ms - x->ms);
     return CUDA_SUCCESS;
 }

@@ -56,7 +56,11 @@
 #                          "kernel" and "us" (or µs), and rows naming the program's kernel functions
 #                          (the `__global__` functions of `mbtc --emit=cuda`)
 #   gpu/trace              MBT_TRACE=F.json writes JSON whose traceEvents is a non-empty list of
-#                          events, some named after the program's kernel functions
+#                          events, some named after the program's kernel functions, on track 0
+#                          named "compute"; gpu/trace-offload-act and gpu/trace-offload-host
+#                          (sections offload-act, offload-opt): the offloads' copies on tracks 1
+#                          and 2 and the compute stream's waits for them, counted against the plan
+#                          (tests/gpu/trace_tracks.py)
 #   gpu/offload-act        tests/exec/offload_activations.mbt with offload { activations = host }: 10
 #                          steps byte-identical to no offload, the step peak, info, the measured arena
 #                          high-water and the pinned bytes agree; gpu/offload-act-control (emulated
@@ -129,7 +133,8 @@
 # The tests are in sections, one a `# ---- ` part below (a function sec_NAME), which report in this
 # order: steps (the train blocks above), pad, dp (with ZeRO-1/-2), zero2 (zero2-shard, -buckets),
 # zero3, recompute, stats (gpu/running), eval (eval, generate-logits), kv, offload-opt
-# (offload-host, -nvme, -bytes, -copy-control), offload-act, offload-nvme (offload-act-nvme*),
+# (offload-host, -nvme, -bytes, -copy-control, trace-offload-host), offload-act (offload-act,
+# -control, trace-offload-act), offload-nvme (offload-act-nvme*, trace-offload-act-nvme),
 # graphs, debug (debug-timing, trace), casts (param-casts*). The probe runs first, always.
 #   MBT_GPU_TEST_SECTIONS=a,b,...  runs those sections alone (unset or empty: all of them), e.g.
 #                   zero3,offload-act on a short GPU lease; a name that is not a section is refused
@@ -1400,6 +1405,39 @@ else
             pass "gpu/offload-copy-control (host and nvme: the step 1 update's wait for its uploads left out, other weights after 3 steps)"
         fi
     fi
+    # gpu/trace-offload-host: host and nvme, 2 steps with MBT_DEBUG=1 and MBT_TRACE: the update's
+    # copies on the trace's track 2 ("optimizer's copies"), the gradient down and the parameters up
+    # a chunk at a time (host: its 8 eighths a step; nvme: the store's 8), and the compute stream's wait
+    # for the uploads (rt_gpu_opt_join) on track 0 once a step; MBT_DEBUG's line for the copy
+    # stream's total apart from the compute stream's
+    if [ "$DEVICE" = cpu ]; then
+        skip gpu/trace-offload-host "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
+    else
+        to_bad="" to_got=""
+        for run in host nvme; do
+            chunks=8 extra=()
+            [ $run = nvme ] && extra=(--offload-dir "$d")
+            rm -f "$d/$run.trace.json"
+            MBT_DEBUG=1 MBT_TRACE="$d/$run.trace.json" on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-trace.out" \
+                train --steps 2 --data "$DATA" "${extra[@]}" || to_bad="$to_bad $run: the traced run failed;"
+            if ! "$PY" tests/gpu/trace_tracks.py "$d/$run.trace.json" 2 "optimizer offload: gradient down" $((2 * chunks)) \
+                2 "optimizer offload: parameters up" $((2 * chunks)) 0 "optimizer offload: the step waits for the uploads" 2 \
+                >"$d/$run-tracks.out" 2>&1; then
+                to_bad="$to_bad $run: $(tail -n 1 "$d/$run-tracks.out");"
+            elif ! grep -q "^GPU time: optimizer's copies: $((4 * chunks)) copies on their own stream, [0-9.]* us (beside the compute stream's, not in its total)\$" \
+                "$d/$run-trace.out"; then
+                to_bad="$to_bad $run: MBT_DEBUG's table does not give the $((4 * chunks)) copies' total apart;"
+            else
+                to_got="$to_got $run: $(cat "$d/$run-tracks.out");"
+            fi
+        done
+        if [ -n "$to_bad" ]; then
+            fail gpu/trace-offload-host "$to_bad" "$d/host-trace.out" "$d/nvme-trace.out"
+        else
+            to_got=${to_got# }
+            pass "gpu/trace-offload-host (${to_got%;})"
+        fi
+    fi
 fi
 }
 
@@ -1501,6 +1539,38 @@ elif [ -z "$oa_fail" ]; then
         pass "gpu/offload-act-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
     fi
 fi
+# gpu/trace-offload-act: act, 2 steps with MBT_DEBUG=1 and MBT_TRACE: the copies on the trace's
+# track 1 ("activations' copies"), each of the plan's N buffers out and back once a micro-batch
+# (2 a step: batch { global = 8, micro = 4 }), so 4N of each; the compute stream's waits for them
+# on track 0 (on the emulated GPU as many as the compute stream's waits for the copy stream that
+# MBT_FAKE_CUDA_WAITS counts); MBT_DEBUG's line for the copy stream's total apart from the compute
+# stream's (docs/cuda.md, "Timing").
+if [ "$DEVICE" = cpu ]; then
+    skip gpu/trace-offload-act "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
+elif [ -n "$oa_fail" ]; then
+    fail gpu/trace-offload-act "the offload-act runs failed (see gpu/offload-act)"
+else
+    # shellcheck disable=SC2086
+    n=$("$MBTC" "$d/t.mbt" --train act ${oa_flags[act]} -I examples --emit=plan 2>&1 |
+        sed -n 's/^### offload activations = host: \([0-9]*\) held buffers\{0,1\} offloaded.*/\1/p')
+    rm -f "$d/act.trace.json"
+    MBT_DEBUG=1 MBT_TRACE="$d/act.trace.json" MBT_FAKE_CUDA_WAITS=1 on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/trace.out" \
+        train --steps 2 --data "$DATA"
+    rc=$?
+    waits=+
+    [ "$DEVICE" = emu ] && waits=$(grep -c '^fake_cuda: wait [0-9]* runs' "$d/trace.out")
+    if [ $rc != 0 ] || [ -z "$n" ] || [ "$n" = 0 ]; then
+        fail gpu/trace-offload-act "the traced run failed (status $rc) or the plan offloads no buffer ('$n')" "$d/trace.out"
+    elif ! "$PY" tests/gpu/trace_tracks.py "$d/act.trace.json" 1 "activations: copy to host" $((4 * n)) \
+        1 "activations: copy back" $((4 * n)) 0 "activations: the step waits for its copies" "$waits" >"$d/tracks.out" 2>&1; then
+        fail gpu/trace-offload-act "MBT_TRACE's tracks are not the plan's copies and waits ($n buffers, $waits waits)" "$d/tracks.out"
+    elif ! grep -q "^GPU time: activations' copies: $((8 * n)) copies on their own stream, [0-9.]* us (beside the compute stream's, not in its total)\$" \
+        "$d/trace.out"; then
+        fail gpu/trace-offload-act "MBT_DEBUG's table does not give the $((8 * n)) copies' total apart" "$d/trace.out"
+    else
+        pass "gpu/trace-offload-act ($n buffers: $(cat "$d/tracks.out"))"
+    fi
+fi
 }
 
 # ---- offload { activations = nvme } on the GPU: device -> pinned staging -> a store file and back ---
@@ -1530,6 +1600,7 @@ if [ "$DEVICE" = cpu ]; then
     skip gpu/offload-act-nvme "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing (the exec layer runs nvme there)"
     skip gpu/offload-act-nvme-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
     skip gpu/offload-act-nvme-errors "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU stages nothing"
+    skip gpu/trace-offload-act-nvme "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
 else
     b="$DIR/offload-act"
     d="$DIR/offload-act-nvme"
@@ -1633,6 +1704,24 @@ else
             fail gpu/offload-act-nvme-control "with wait$same of the step left out, the run did not end with other weights" "$d/waits.out"
         else
             pass "gpu/offload-act-nvme-control (each of waits $(echo $drops) left out alone: other weights after 2 steps)"
+        fi
+    fi
+    # gpu/trace-offload-act-nvme: act through 16 KiB slots, 2 steps with MBT_DEBUG=1 and MBT_TRACE:
+    # each copy's whole staging one event on track 1, 4N "activations: copy to nvme" and 4N "...
+    # copy back from nvme" for the plan's N buffers (2 micro-batches a step), none overlapping;
+    # the plan's waits on track 0
+    if [ -n "$on_fail" ] || [ -z "$n" ]; then
+        fail gpu/trace-offload-act-nvme "the act program did not run, or its plan offloads nothing (see gpu/offload-act-nvme)"
+    else
+        rm -f "$d/act.trace.json"
+        if ! MBT_DEBUG=1 MBT_TRACE="$d/act.trace.json" on_device_cmd "$d/act/prog.cu" "$d/act/prog" "$d/trace.out" train \
+            --steps 2 --data "$DATA" --offload-dir "$d/st" --offload-staging 65536; then
+            fail gpu/trace-offload-act-nvme "the traced run failed" "$d/trace.out"
+        elif ! "$PY" tests/gpu/trace_tracks.py "$d/act.trace.json" 1 "activations: copy to nvme" $((4 * n)) \
+            1 "activations: copy back from nvme" $((4 * n)) 0 "activations: the step waits for its copies" + >"$d/tracks.out" 2>&1; then
+            fail gpu/trace-offload-act-nvme "MBT_TRACE's tracks are not the plan's copies through the store ($n buffers)" "$d/tracks.out"
+        else
+            pass "gpu/trace-offload-act-nvme ($n buffers: $(cat "$d/tracks.out"))"
         fi
     fi
     # the errors: each must stop the run with status 1 and its message; none may hang (timeout)
@@ -1808,6 +1897,11 @@ bad = [e for e in events if not isinstance(e, dict) or "name" not in e or "ph" n
 if bad:
     sys.exit(f"{len(bad)} of {len(events)} events have no name or ph, e.g. {bad[0]}")
 kernels = set(open(sys.argv[2]).read().split())
+# one track, the compute stream's, named by a thread_name metadata event
+tids = {e.get("tid") for e in events if e["ph"] == "X"}
+tracks = {e.get("tid"): (e.get("args") or {}).get("name") for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+if tids != {0} or tracks != {0: "compute"}:
+    sys.exit(f"the events are on tracks {sorted(tids, key=str)} named {tracks}, not on track 0 named 'compute'")
 named = {e["name"] for e in events} & kernels
 if not named:
     sys.exit(f"no event is named after one of the program's {len(kernels)} kernel functions; names: "

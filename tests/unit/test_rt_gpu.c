@@ -274,7 +274,7 @@ static void byte_sizes(void) {
 static void stats_sum_and_sort(void) {
     char a2[] = "k_a"; /* the same name in other storage: names are compared by content */
     RtGpuEvent ev[] = {
-        {"k_a", 0, 10}, {"sgemm NT 4x4x4", 10, 30}, {a2, 40, 25}, {"k_d", 65, 5}, {"k_c", 70, 5},
+        {"k_a", 0, 10, 0}, {"sgemm NT 4x4x4", 10, 30, 0}, {a2, 40, 25, 0}, {"k_d", 65, 5, 0}, {"k_c", 70, 5, 0},
     };
     RtGpuStats s = {0};
     RtError e;
@@ -302,14 +302,51 @@ static void stats_sum_and_sort(void) {
     rt_gpu_stats_free(&s);
 }
 
+/* The copy streams' events: each stream's total on its own line (never summed with the compute
+ * stream's), rows by stream, each share of its own stream's total. */
+static void stats_by_track(void) {
+    RtGpuEvent ev[] = {
+        {"k_a", 0, 30, RT_GPU_TRACK_COMPUTE},
+        {"activations: copy to host", 0, 40, RT_GPU_TRACK_ACT},
+        {"activations: the step waits for its copies", 30, 10, RT_GPU_TRACK_COMPUTE},
+        {"activations: copy back", 50, 20, RT_GPU_TRACK_ACT},
+        {"optimizer offload: gradient down", 80, 5, RT_GPU_TRACK_OPT},
+        {"k_a", 90, 30, RT_GPU_TRACK_COMPUTE},
+    };
+    RtGpuStats s = {0};
+    RtError e;
+    CHECK(rt_gpu_stats_add(&s, ev, 6, &e) == RT_OK, "add: %s", e.msg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    rt_gpu_stats_print(f, &s);
+    fclose(f);
+    CHECK_STR(
+        text,
+        "GPU time: 3 launches, GEMMs and waits for the copy streams on the compute stream, 70.0 us\n"
+        "GPU time: activations' copies: 2 copies on their own stream, 60.0 us (beside the compute stream's, not in its "
+        "total)\n"
+        "GPU time: optimizer's copies: 1 copies on their own stream, 5.0 us (beside the compute stream's, not in its total)\n"
+        "kernel / GEMM                                      calls        total us       mean us   share\n"
+        "k_a                                                    2            60.0         30.00   85.7%\n"
+        "activations: the step waits for its copies             1            10.0         10.00   14.3%\n"
+        "activations: copy to host                              1            40.0         40.00   66.7%\n"
+        "activations: copy back                                 1            20.0         20.00   33.3%\n"
+        "optimizer offload: gradient down                       1             5.0          5.00  100.0%\n",
+        "table by stream");
+    free(text);
+    CHECK_STR(rt_gpu_track_name(RT_GPU_TRACK_OPT), "optimizer's copies", "track name");
+    rt_gpu_stats_free(&s);
+}
+
 static void stats_many_names(void) {
     enum { N = 1000 };
     static char names[N][16];
     static RtGpuEvent ev[2 * N];
     for (int i = 0; i < N; i++) {
         snprintf(names[i], sizeof names[i], "k%d", i);
-        ev[2 * i] = (RtGpuEvent){names[i], 0, (double)i};
-        ev[2 * i + 1] = (RtGpuEvent){names[i], 0, 1};
+        ev[2 * i] = (RtGpuEvent){names[i], 0, (double)i, 0};
+        ev[2 * i + 1] = (RtGpuEvent){names[i], 0, 1, 0};
     }
     RtGpuStats s = {0};
     RtError e;
@@ -329,10 +366,12 @@ static void stats_many_names(void) {
 
 static void trace_json(void) {
     dir_make();
+    /* the compute stream and the optimizer's copy stream: their tracks named first (not the
+     * activations', which has no event) */
     RtGpuEvent ev[] = {
-        {"k_a", 0, 12.5},
-        {"sgemm NT 128x768x3072 x12", 12.5, 1000.25},
-        {"odd \"name\"\\\n", 2000, 0.001},
+        {"k_a", 0, 12.5, RT_GPU_TRACK_COMPUTE},
+        {"sgemm NT 128x768x3072 x12", 12.5, 1000.25, RT_GPU_TRACK_COMPUTE},
+        {"odd \"name\"\\\n", 2000, 0.001, RT_GPU_TRACK_OPT},
     };
     RtError e;
     CHECK(rt_gpu_trace_write(at("t.json"), ev, 3, &e) == RT_OK, "write: %s", e.msg);
@@ -340,22 +379,29 @@ static void trace_json(void) {
     char *text = slurp(at("t.json"), &n);
     CHECK_STR(text,
               "{\"traceEvents\":[\n"
+              "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n"
+              "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":2,\"args\":{\"name\":\"optimizer's copies\"}},\n"
               "{\"name\":\"k_a\",\"ph\":\"X\",\"ts\":0.0,\"dur\":12.5,\"pid\":0,\"tid\":0},\n"
               "{\"name\":\"sgemm NT 128x768x3072 x12\",\"ph\":\"X\",\"ts\":12.5,\"dur\":1000.25,\"pid\":0,\"tid\":0},\n"
-              "{\"name\":\"odd \\\"name\\\"\\\\\\n\",\"ph\":\"X\",\"ts\":2000.0,\"dur\":0.001,\"pid\":0,\"tid\":0}\n"
+              "{\"name\":\"odd \\\"name\\\"\\\\\\n\",\"ph\":\"X\",\"ts\":2000.0,\"dur\":0.001,\"pid\":0,\"tid\":2}\n"
               "]}\n",
               "trace");
     json_t *doc = NULL;
     CHECK(text && rt_json_parse(&doc, text, n, 0, "trace", &e) == RT_OK, "trace does not parse: %s", e.msg);
     if (doc) {
         const json_t *list = rt_json_get(doc, "traceEvents");
-        CHECK(json_is_array(list) && json_array_size(list) == 3, "traceEvents is not 3 events");
-        if (json_array_size(list) == 3) {
+        CHECK(json_is_array(list) && json_array_size(list) == 5, "traceEvents is not 2 names and 3 events");
+        if (json_array_size(list) == 5) {
             double ts = 0, dur = 0;
-            CHECK_STR(rt_json_str(rt_json_get(json_array_get(list, 2), "name")), "odd \"name\"\\\n", "escaped name round trip");
-            CHECK(rt_json_f64(rt_json_get(json_array_get(list, 1), "ts"), &ts) && ts == 12.5, "ts %g", ts);
-            CHECK(rt_json_f64(rt_json_get(json_array_get(list, 1), "dur"), &dur) && dur == 1000.25, "dur %g", dur);
-            CHECK_STR(rt_json_str(rt_json_get(json_array_get(list, 0), "ph")), "X", "ph");
+            int64_t tid = -1;
+            CHECK_STR(rt_json_str(rt_json_get(json_array_get(list, 4), "name")), "odd \"name\"\\\n", "escaped name round trip");
+            CHECK(rt_json_f64(rt_json_get(json_array_get(list, 3), "ts"), &ts) && ts == 12.5, "ts %g", ts);
+            CHECK(rt_json_f64(rt_json_get(json_array_get(list, 3), "dur"), &dur) && dur == 1000.25, "dur %g", dur);
+            CHECK(rt_json_i64(rt_json_get(json_array_get(list, 4), "tid"), &tid) && tid == 2, "tid %lld", (long long)tid);
+            CHECK_STR(rt_json_str(rt_json_get(json_array_get(list, 2), "ph")), "X", "ph");
+            CHECK_STR(rt_json_str(rt_json_get(json_array_get(list, 1), "ph")), "M", "metadata ph");
+            CHECK_STR(rt_json_str(rt_json_get(rt_json_get(json_array_get(list, 1), "args"), "name")), "optimizer's copies",
+                      "track name");
         }
         json_decref(doc);
     }
@@ -971,6 +1017,7 @@ static void fake_timing_and_trace(void) {
     text = slurp(at("trace.json"), NULL);
     CHECK_STR(text,
               "{\"traceEvents\":[\n"
+              "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n"
               "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":0.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
               "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":500.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
               "{\"name\":\"mbt_rt_axpy\",\"ph\":\"X\",\"ts\":1000.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
@@ -978,6 +1025,106 @@ static void fake_timing_and_trace(void) {
               "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":3500.0,\"dur\":500.0,\"pid\":0,\"tid\":0}\n"
               "]}\n",
               "trace written at close");
+    free(text);
+    dir_remove();
+}
+
+/* The offloads' copy streams timed (gpu_act.c, gpu_opt.c): on the fake's clock a launch takes
+ * 0.5 ms and a queued copy of 2.5 MB 0.1 ms (25 GB/s) from when the compute stream reached it; the
+ * compute stream's wait for the copies moves its clock to their end. So each copy is on its own
+ * track (1: activations, 2: the optimizer's) from its compute-stream point for 100 us, and each
+ * wait on the compute track spans the copies it waits for. Last, a copy with no wait after it
+ * before the sync (the case the plan never makes, gpu_timing.c): resolution waits for it rather
+ * than read an event that is not done (the fake answers CUDA_ERROR_NOT_READY, as CUDA does); and
+ * one still pending at close, read before the copy stream goes. */
+static void fake_copy_streams_timed(void) {
+    FakeControl *fake = use_fake();
+    dir_make();
+    setenv("MBT_DEBUG", "1", 1);
+    setenv("MBT_TRACE", at("copies.json"), 1);
+    RtGpu *g = NULL;
+    RtError e;
+    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_CUDA, NULL, &e) == RT_OK, "open: %s", e.msg);
+    if (!g) return;
+    const int64_t n = 2500000;
+    void *y = NULL, *a = NULL;
+    float *host = calloc(1, (size_t)n);
+    rt_gpu_alloc(g, &y, 4096, "y", &e);
+    rt_gpu_alloc(g, &a, n, "a", &e);
+    void *bufs[] = {y};
+    RtStatus st = rt_gpu_act_open(g, n, &e);
+    if (st == RT_OK) st = rt_gpu_opt_open(g, &e);
+    CHECK(st == RT_OK && host, "the copy streams: %s", e.msg);
+    rt_gpu_launch(g, 0, bufs, &e);                               /* [0, 500) */
+    st = rt_gpu_act_copy(g, 0, 0, a, n, &e);                     /* copy stream [500, 600) */
+    if (st == RT_OK) st = rt_gpu_act_copy(g, 2, 0, NULL, 0, &e); /* compute [500, 600) */
+    if (st == RT_OK) st = rt_gpu_launch(g, 0, bufs, &e);         /* [600, 1100) */
+    if (st == RT_OK) st = rt_gpu_act_copy(g, 1, 0, a, n, &e);    /* copy stream [1100, 1200) */
+    if (st == RT_OK) st = rt_gpu_act_copy(g, 2, 0, NULL, 0, &e); /* compute [1100, 1200) */
+    if (st == RT_OK) st = rt_gpu_opt_fork(g, &e);
+    if (st == RT_OK) st = rt_gpu_opt_down(g, host, a, n, 0, &e); /* optimizer's stream [1200, 1300) */
+    if (st == RT_OK) st = rt_gpu_opt_wait_down(g, 0, &e);
+    if (st == RT_OK) st = rt_gpu_opt_up(g, a, host, n, &e); /* [1300, 1400) */
+    if (st == RT_OK) st = rt_gpu_opt_join(g, &e);           /* compute [1200, 1400) */
+    if (st == RT_OK) st = rt_gpu_sync(g, "step", &e);
+    CHECK(st == RT_OK, "the step with copies: %s", e.msg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    rt_gpu_print_timing(f, g);
+    fclose(f);
+    char want[PATH_MAX + 2048];
+    snprintf(want, sizeof want,
+             "GPU time: 5 launches, GEMMs and waits for the copy streams on the compute stream, 1400.0 us\n"
+             "GPU time: activations' copies: 2 copies on their own stream, 200.0 us (beside the compute stream's, not in its "
+             "total)\n"
+             "GPU time: optimizer's copies: 2 copies on their own stream, 200.0 us (beside the compute stream's, not in its "
+             "total)\n"
+             "kernel / GEMM                                           calls        total us       mean us   share\n"
+             "fake_fill7                                                  2          1000.0        500.00   71.4%%\n"
+             "activations: the step waits for its copies                  2           200.0        100.00   14.3%%\n"
+             "optimizer offload: the step waits for the uploads           1           200.0        200.00   14.3%%\n"
+             "activations: copy back                                      1           100.0        100.00   50.0%%\n"
+             "activations: copy to host                                   1           100.0        100.00   50.0%%\n"
+             "optimizer offload: gradient down                            1           100.0        100.00   50.0%%\n"
+             "optimizer offload: parameters up                            1           100.0        100.00   50.0%%\n"
+             "GPU trace: %s (9 events)\n",
+             at("copies.json"));
+    CHECK_STR(text, want, "timing table with the copy streams");
+    free(text);
+    /* a copy the compute stream never waited for, then a sync: read back after it is done */
+    st = rt_gpu_act_copy(g, 0, 0, a, n, &e);
+    if (st == RT_OK) st = rt_gpu_sync(g, "a copy not waited for", &e);
+    CHECK(st == RT_OK, "a copy without a wait before the sync: %s", e.msg);
+    /* and one still pending at close: read back there, its stream still open */
+    CHECK(rt_gpu_act_copy(g, 0, 0, a, n, &e) == RT_OK, "a copy before close: %s", e.msg);
+    rt_gpu_free(g, y);
+    rt_gpu_free(g, a);
+    rt_gpu_close(g);
+    free(host);
+    (void)fake;
+    text = slurp(at("copies.json"), NULL);
+    CHECK_STR(text,
+              "{\"traceEvents\":[\n"
+              "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},\n"
+              "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"activations' copies\"}},\n"
+              "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":2,\"args\":{\"name\":\"optimizer's copies\"}},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":0.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"activations: copy to host\",\"ph\":\"X\",\"ts\":500.0,\"dur\":100.0,\"pid\":0,\"tid\":1},\n"
+              "{\"name\":\"activations: the step waits for its copies\",\"ph\":\"X\",\"ts\":500.0,\"dur\":100.0,\"pid\":0,"
+              "\"tid\":0},\n"
+              "{\"name\":\"fake_fill7\",\"ph\":\"X\",\"ts\":600.0,\"dur\":500.0,\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"activations: copy back\",\"ph\":\"X\",\"ts\":1100.0,\"dur\":100.0,\"pid\":0,\"tid\":1},\n"
+              "{\"name\":\"activations: the step waits for its copies\",\"ph\":\"X\",\"ts\":1100.0,\"dur\":100.0,\"pid\":0,"
+              "\"tid\":0},\n"
+              "{\"name\":\"optimizer offload: gradient down\",\"ph\":\"X\",\"ts\":1200.0,\"dur\":100.0,\"pid\":0,\"tid\":2},\n"
+              "{\"name\":\"optimizer offload: parameters up\",\"ph\":\"X\",\"ts\":1300.0,\"dur\":100.0,\"pid\":0,\"tid\":2},\n"
+              "{\"name\":\"optimizer offload: the step waits for the uploads\",\"ph\":\"X\",\"ts\":1200.0,\"dur\":200.0,"
+              "\"pid\":0,\"tid\":0},\n"
+              "{\"name\":\"activations: copy to host\",\"ph\":\"X\",\"ts\":1400.0,\"dur\":100.0,\"pid\":0,\"tid\":1},\n"
+              "{\"name\":\"activations: copy to host\",\"ph\":\"X\",\"ts\":1500.0,\"dur\":100.0,\"pid\":0,\"tid\":1}\n"
+              "]}\n",
+              "the trace's tracks");
     free(text);
     dir_remove();
 }
@@ -1252,6 +1399,7 @@ int main(int argc, char **argv) {
     RUN(cache_file_names);
     RUN(byte_sizes);
     RUN(stats_sum_and_sort);
+    RUN(stats_by_track);
     RUN(stats_many_names);
     RUN(trace_json);
     RUN(fake_cubin_module);
@@ -1264,6 +1412,7 @@ int main(int argc, char **argv) {
     RUN(fake_gemm_matches_cpu);
     RUN(fake_gemm_plans);
     RUN(fake_timing_and_trace);
+    RUN(fake_copy_streams_timed);
     RUN(fake_timing_off);
     RUN(fake_comm_staging);
     RUN(fake_comm_nccl);
