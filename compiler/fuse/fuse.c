@@ -260,10 +260,11 @@ static void fz_launches(FuseCtx *c, FuseResult *r, const int *order, int nl) {
 /* Why the update's result ob (of node out_node) cannot be written over its input ib by the launch
  * that writes it, or NULL: ob is computed, and ib is no other result (which the plan copies from it
  * after the launches); that launch (*launch) is a generated elementwise kernel, the only writer of
- * ob, and the last launch that reads ib; it binds each to one parameter; its body has no loops or branches and
- * reads ib and reads or writes ob at the work item's own element only (offset gid), and it reads ib
- * only before it first writes ob. Then every work item reads its element of the old value before
- * it writes the new one, and no work item reads another's: the result may take the input's place. */
+ * ob, and the last launch that reads ib; it binds each to one parameter; its body has no loops or
+ * branches, reads ib and reads or writes ob at the work item's own element only (offset gid), and
+ * reads ib only before it first writes ob. Then every work item reads its element of the old value
+ * before it writes the new one, and no work item reads another's: the result may take the input's
+ * place. */
 static const char *fz_in_place_refusal(const FuseResult *r, int ib, int ob, int out_node, int *launch) {
     const FuseBuffer *in = &r->buffers[ib], *out = &r->buffers[ob];
     if (out->kind == FB_PARAM || out->kind == FB_INPUT) return "it is another input's value";

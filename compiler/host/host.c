@@ -612,8 +612,9 @@ LLVMValueRef emit_chunk(Host *h, Sched *S, int node, int64_t rows, int64_t vocab
 
 /* optimizer_update: lr and t into the plan's arena slots, the update schedule's launches over the
  * parameter, gradient and state regions, then the plan's moves: the new parameters and state
- * that were not written in place (fuse.c's fz_update_in_place) copied into their regions. When the update allows it (update_range_refusal), over RtStep's
- * [lo, hi) (emit_update_ranged), on the CPU and the GPU alike. */
+ * that were not written in place (fuse.c's fz_update_in_place) copied into their regions. When
+ * the update allows it (update_range_refusal), over RtStep's [lo, hi) (emit_update_ranged), on the
+ * CPU and the GPU alike. */
 LLVMValueRef emit_update(Host *h, Sched *S) {
     const PlanMemory *m = &h->plan->mem;
     HostFn f = host_fn_begin(h, "optimizer_update");

@@ -451,13 +451,15 @@ void kb_memo_put(KBuilder *b, int64_t k1, int64_t k2, int v) {
     kmap_put(b, &b->memo, key, v);
 }
 
-/* ---- dead code ---------------------------------------------------------------------------------- */
+/* ---- queries ------------------------------------------------------------------------------------ */
 
 int kir_loads(const Kernel *k, int p) {
     for (int i = 0; i < k->n; i++)
         if (k->inst[i].op == K_LOAD && k->inst[i].buf == p) return 1;
     return 0;
 }
+
+/* ---- dead code ---------------------------------------------------------------------------------- */
 
 void kir_finish(Kernel *k) {
     int n = k->n;

@@ -4,20 +4,20 @@
  * that `./prog info` prints back from the executable's descriptor.
  *
  * Fusion computes two things in place, and here they are buffers like any other: the classifier
- * kernel's gradient, which it gives the logits' buffer when the kernel is their last reader (fuse.c's
- * fz_ce_inplace, FuseBuffer.over), its life from the logits' GEMM to the gradient's last reader; and
- * the update's new parameters and state, written over their inputs in their regions where the
- * kernel reads each element before writing it (fz_update_in_place), so nothing is moved for them. The step's
- * kernels write each parameter's gradient to an arena buffer, and
+ * kernel's gradient, which it gives the logits' buffer when the kernel is their last reader
+ * (fuse.c's fz_ce_inplace, FuseBuffer.over), its life from the logits' GEMM to the gradient's last
+ * reader; and the update's new parameters and state, written over their inputs in their regions
+ * where the kernel reads each element before writing it (fz_update_in_place), so nothing is moved
+ * for them. The step's kernels write each parameter's gradient to an arena buffer, and
  * forward_backward adds loss_scale x it into the gradient region right after the last launch that
  * touches that buffer (PlanWrite.after), whose life ends there: the seed of the backward is 1.0 and
  * the micro-batches accumulate, so a kernel writing the region itself would have to scale and add,
  * which the generated kernels do not. (Moved to the step's end, every gradient buffer would be live
  * at once there: with GPT-2 124M at 4 x 64 tokens that is the step's peak.) An update result that
- * cannot be written in place (fz_update_in_place says why) is an arena buffer copied into its region
- * after the last launch. A bf16 program's parameter casts are the
- * exception: no kernel reads that region but the step's, so the update's cast(p_new) and the step's
- * casts of whole parameters are written there in place (PH_PCAST; plan.h, pcast_bytes). */
+ * cannot be written in place (fz_update_in_place says why) is an arena buffer copied into its
+ * region after the last launch. A bf16 program's parameter casts are written in place too: no
+ * kernel reads that region but the step's, so the update's cast(p_new) and the step's casts of
+ * whole parameters go there (PH_PCAST; plan.h, pcast_bytes). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
