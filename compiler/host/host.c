@@ -258,16 +258,17 @@ static void emit_act_copy(Host *h, const HostFn *f, int op, int64_t off, LLVMVal
     emit_check(h, f->fn, LLVMBuildCall2(h->b, t, fn, a, 6, name[op]));
 }
 
-/* The copies of offload.activations before position q of the step program: a wait when a write's
- * slot is reused at q or a read's data is used at q (the store, or the GPU's copy stream, waits
- * for all it has queued), then the reads issued at q, into their second copies, which every later
- * launch reads. */
+/* The copies of offload.activations before position q of the step program: a wait for each
+ * buffer whose write's slot is reused at q or whose read's data is used at q (its store offset
+ * names it: the GPU's copy stream waits for that copy and those queued before it, not for later
+ * ones; the CPU's store waits for all it has queued), then the reads issued at q, into their second
+ * copies, which every later launch reads. */
 static void emit_act_before(Host *h, const HostFn *f, Sched *S, LLVMValueRef *addr, LLVMValueRef arena, int q) {
     const PlanRecompute *rc = &h->plan->mem.rc;
     if (rc->noffloads == 0) return;
-    int wait = 0;
-    for (int j = 0; j < rc->noffloads; j++) wait |= rc->offloads[j].write_wait == q || rc->offloads[j].use == q;
-    if (wait) emit_act_copy(h, f, 2, 0, NULL, 0);
+    for (int j = 0; j < rc->noffloads; j++)
+        if (rc->offloads[j].write_wait == q || rc->offloads[j].use == q)
+            emit_act_copy(h, f, 2, rc->offloads[j].store_off, NULL, 0);
     for (int j = 0; j < rc->noffloads; j++) {
         const PlanOffload *o = &rc->offloads[j];
         if (o->read_at != q) continue;

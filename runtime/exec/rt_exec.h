@@ -169,8 +169,10 @@ void rt_exec_close(RtExec *e);
  * (nothing when 0); = host (offload_act 1): that many bytes of pinned host memory and the copy
  * stream on the GPU (rt_gpu_act_open; dir and name unused), plain memory on the CPU.
  * forward_backward calls rt_act_copy at the plan's points: op 0 queues a write of buf[0, len) at
- * byte off of the store, 1 a read into it, 2 waits for everything queued (off, buf and len
- * unused); a failure (the store's message) fails the call. */
+ * byte off of the store, 1 a read into it, 2 waits for the last copy queued at off (buf and len
+ * unused; on the GPU that copy and those queued before it, not later ones - off < 0: everything
+ * queued; the CPU's store waits for everything queued); a failure (the store's message) fails the
+ * call. */
 RtStatus rt_exec_act_open(RtExec *e, const char *dir, const char *name, RtError *err);
 int32_t rt_act_copy(RtExec *e, int32_t op, int64_t off, void *buf, int64_t len, RtError *err);
 /* The arena's high-water mark, measured (train --arena-high-water; docs/memory.md): mark fills

@@ -9,11 +9,13 @@
  *   - a copy (op 0 out, op 1 back) first makes the copy stream wait for an event recorded on the
  *     compute stream, so it starts only once every launch queued before it is done (its source
  *     written, or the arena bytes it overwrites no longer read);
- *   - a wait (op 2) makes the compute stream wait for an event recorded on the copy stream, so the
- *     launches after it start only once every copy queued before it is done: the plan puts one
- *     before the launch that reuses a copied-out slot and one before the first use of a read-back.
+ *   - a wait (op 2) for one buffer makes the compute stream wait for the event recorded on the copy
+ *     stream right after that buffer's last copy (act_event_record), so the launches after it start
+ *     once that copy, and those queued before it, are done, but not the copies queued after it: the
+ *     plan puts one before the launch that reuses a copied-out slot and one before the first use of
+ *     a read-back.
  * Nothing waits on the host: the host queues the whole step as before. CUDA's wait takes the
- * event's state when it is queued, so one event each way, recorded again each time, serves.
+ * event's state when it is queued, so one event a buffer, recorded again at each copy, serves.
  *
  * MBT_DEBUG / MBT_TRACE (gpu_timing.c): each copy is timed on the copy stream, after its wait for
  * the compute stream, so the span is the copy itself ("activations: copy to host", "... copy
@@ -83,6 +85,45 @@ RtStatus rt_gpu_act_open(RtGpu *g, int64_t bytes, RtError *err) {
     return RT_OK;
 }
 
+/* A buffer's copy event: recorded on the copy stream after its last copy out or back, so that the
+ * plan's wait for that buffer waits for that copy (and for those queued before it, which the stream
+ * runs first) but not for copies queued after it - a write issued just before a wait, or a read
+ * issued early for a later use, does not hold up the launches that need only an earlier copy. One
+ * event an offset (a buffer's place in the store or the pinned memory: its write and its read
+ * back are never in flight together), created at its first copy. */
+struct RtActEvent {
+    int64_t off;
+    CUevent ev;
+};
+
+static struct RtActEvent *act_event_find(RtGpu *g, int64_t off) {
+    for (int i = 0; i < g->act.nevents; i++)
+        if (g->act.events[i].off == off) return &g->act.events[i];
+    return NULL;
+}
+
+/* The event of offset off recorded on the copy stream now (after the copy just queued). */
+static RtStatus act_event_record(RtGpu *g, int64_t off, RtError *err) {
+    const RtGpuApi *api = &g->api;
+    struct RtActEvent *e = act_event_find(g, off);
+    if (!e) {
+        if (g->act.nevents == g->act.cap_events) {
+            int cap = g->act.cap_events ? 2 * g->act.cap_events : 32;
+            struct RtActEvent *n = realloc(g->act.events, (size_t)cap * sizeof *n);
+            if (!n) return rt_fail(err, RT_ERR_NOMEM, "activations: out of memory for the copies' events");
+            g->act.events = n;
+            g->act.cap_events = cap;
+        }
+        e = &g->act.events[g->act.nevents];
+        e->off = off;
+        RtStatus st =
+            rt_cu_check(api, api->cuEventCreate(&e->ev, CU_EVENT_DEFAULT), err, "cuEventCreate", "the activations' copy events");
+        if (st != RT_OK) return st;
+        g->act.nevents++;
+    }
+    return rt_cu_check(api, api->cuEventRecord(e->ev, g->act.stream), err, "cuEventRecord", "an activation's copy");
+}
+
 RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t len, RtError *err) {
     struct {
         int64_t op, off, len;
@@ -99,13 +140,26 @@ RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t l
     RtStatus st = rt_gpu_use(g, err);
     if (st != RT_OK) return st;
     const RtGpuApi *api = &g->api;
-    if (op < 2 && g->act.store) return act_nvme_copy(g, op, off, (unsigned char *)dev, len, err);
+    if (op < 2 && g->act.store) {
+        st = act_nvme_copy(g, op, off, (unsigned char *)dev, len, err);
+        return st == RT_OK ? act_event_record(g, off, err) : st;
+    }
     int64_t slot = -1; /* MBT_DEBUG / MBT_TRACE */
+    /* a wait: off >= 0, for the copy of that buffer (act_event_record); < 0, for everything queued */
     if (op == 2) {
-        st = rt_cu_check(api, api->cuEventRecord(g->act.copied, g->act.stream), err, "cuEventRecord", "the activations' copies");
+        CUevent ev = g->act.copied;
+        if (off >= 0) {
+            const struct RtActEvent *e = act_event_find(g, off);
+            if (!e)
+                return rt_fail(err, RT_ERR_ARG, "activations: a wait for the copy at byte %lld, which no copy has been queued to",
+                               (long long)off);
+            ev = e->ev;
+        } else {
+            st = rt_cu_check(api, api->cuEventRecord(ev, g->act.stream), err, "cuEventRecord", "the activations' copies");
+        }
         if (st == RT_OK && g->timer.on) st = rt_gpu_time_begin(g, &slot, err);
         if (st == RT_OK)
-            st = rt_cu_check(api, api->cuStreamWaitEvent(g->stream, g->act.copied, 0), err, "cuStreamWaitEvent",
+            st = rt_cu_check(api, api->cuStreamWaitEvent(g->stream, ev, 0), err, "cuStreamWaitEvent",
                              "the step waiting for the activations' copies");
         if (slot >= 0) st = rt_gpu_time_end(g, slot, "activations: the step waits for its copies", st, err);
         return st;
@@ -123,7 +177,7 @@ RtStatus rt_gpu_act_copy(RtGpu *g, int32_t op, int64_t off, void *dev, int64_t l
         st = rt_cu_check(api, api->cuMemcpyHtoDAsync(rt_dptr(dev), g->act.host + off, (size_t)len, g->act.stream), err,
                          "cuMemcpyHtoDAsync", "an activation back from host memory, %lld bytes", (long long)len);
     if (slot >= 0) st = rt_gpu_time_end(g, slot, op == 0 ? "activations: copy to host" : "activations: copy back", st, err);
-    return st;
+    return st == RT_OK ? act_event_record(g, off, err) : st;
 }
 
 int64_t rt_gpu_act_bytes(const RtGpu *g) { return g ? g->act.bytes : 0; }
@@ -299,6 +353,9 @@ void rt_gpu_act_close(RtGpu *g) {
     }
     if (g->act.issued) api->cuEventDestroy(g->act.issued);
     if (g->act.copied) api->cuEventDestroy(g->act.copied);
+    for (int i = 0; i < g->act.nevents; i++) api->cuEventDestroy(g->act.events[i].ev);
+    free(g->act.events);
+    g->act.events = NULL, g->act.nevents = g->act.cap_events = 0;
     if (g->act.raw) rt_gpu_host_free(g, g->act.raw);
     else if (g->act.host) rt_gpu_host_free(g, g->act.host);
     g->act.stream = NULL, g->act.issued = g->act.copied = NULL, g->act.host = NULL, g->act.bytes = 0;

@@ -441,8 +441,12 @@ struct RtGpu {
     struct { /* offload { activations = host | nvme } (gpu_act.c): the copy stream, its two events, the pinned memory */
         CUstream stream;
         CUevent issued, copied; /* recorded on the compute stream before a copy, on the copy stream before a wait */
-        unsigned char *host;    /* host: the plan's bytes; nvme: the staging slots (page-aligned) */
-        int64_t bytes;          /* the pinned bytes in use (host: the plan's; nvme: nslots x slot_bytes) */
+        /* the event after the last copy of each offset (a buffer's place in the store or the pinned
+         * memory), which a wait for that buffer waits for (gpu_act.c's act_event) */
+        struct RtActEvent *events;
+        int nevents, cap_events;
+        unsigned char *host; /* host: the plan's bytes; nvme: the staging slots (page-aligned) */
+        int64_t bytes;       /* the pinned bytes in use (host: the plan's; nvme: nslots x slot_bytes) */
         /* nvme: the store (RtExec's, not owned) and the ring of staging slots each chunk of a copy goes
          * through, with the host functions' task records (gpu_act.c) */
         struct RtStore *store;

@@ -645,7 +645,8 @@ CUresult cuLinkDestroy(CUlinkState state) {
  * stream has always run everything it was given.) MBT_FAKE_CUDA_DROP_WAIT=N ignores the Nth wait of
  * the compute stream for a queue (from 1), so that a test can check a missing wait is caught;
  * MBT_FAKE_CUDA_WAITS=1 prints, for each such wait, the copies it runs (on stderr; and on a line of
- * its own the launches and host functions it runs, when there are any); a graph's
+ * its own the launches and host functions it runs, when there are any, and how many operations
+ * queued after its event it leaves queued, when any); a graph's
  * joins count and print among them ("in a graph"). On the fake's
  * clock a queue's copies take n / 25 GB/s each, one after another, so events on it time them; the
  * compute stream's wait for a queue's event moves its clock on to that event's time (the launches
@@ -884,6 +885,9 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
     if (trace && *trace == '1' && launches + hosts > 0) /* (a line of its own: the copies' line keeps its fields) */
         fprintf(stderr, "fake_cuda: wait %lld %s %lld launches and %lld host functions queued on a second stream\n", fake_waits,
                 dropped ? "left out, with" : "also runs", launches, hosts);
+    long long after = ev->q->n - (ev->seq > ev->q->done ? ev->seq : ev->q->done);
+    if (trace && *trace == '1' && after > 0) /* (per-buffer waits: copies queued after the one waited for stay queued) */
+        fprintf(stderr, "fake_cuda: wait %lld leaves %lld operations queued after its event\n", fake_waits, after);
     if (dropped) return CUDA_SUCCESS;
     fake_queue_run(ev->q, ev->seq);
     if (ev->ms > fake.clock_ms) fake.clock_ms = ev->ms;
