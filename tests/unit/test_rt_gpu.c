@@ -973,14 +973,22 @@ static void fake_comm_stream(void) {
 
 /* ---- timing -------------------------------------------------------------------------------------- */
 
-static void fake_timing_and_trace(void) {
-    FakeControl *fake = use_fake();
+/* The fake GPU opened with MBT_DEBUG's timing and MBT_TRACE writing the trace to `trace` (in the
+ * test's folder); NULL (and a failed check) when it does not open. */
+static RtGpu *open_timed(const char *trace) {
     dir_make();
     setenv("MBT_DEBUG", "1", 1);
-    setenv("MBT_TRACE", at("trace.json"), 1);
+    setenv("MBT_TRACE", at(trace), 1);
     RtGpu *g = NULL;
     RtError e;
     CHECK(rt_gpu_open(&g, &program, RT_DEVICE_CUDA, NULL, &e) == RT_OK, "open: %s", e.msg);
+    return g;
+}
+
+static void fake_timing_and_trace(void) {
+    FakeControl *fake = use_fake();
+    RtGpu *g = open_timed("trace.json");
+    RtError e;
     if (!g) return;
     void *y = NULL, *a = NULL;
     rt_gpu_alloc(g, &y, 4096, "y", &e);
@@ -1039,12 +1047,8 @@ static void fake_timing_and_trace(void) {
  * one still pending at close, read before the copy stream goes. */
 static void fake_copy_streams_timed(void) {
     FakeControl *fake = use_fake();
-    dir_make();
-    setenv("MBT_DEBUG", "1", 1);
-    setenv("MBT_TRACE", at("copies.json"), 1);
-    RtGpu *g = NULL;
+    RtGpu *g = open_timed("copies.json");
     RtError e;
-    CHECK(rt_gpu_open(&g, &program, RT_DEVICE_CUDA, NULL, &e) == RT_OK, "open: %s", e.msg);
     if (!g) return;
     const int64_t n = 2500000;
     void *y = NULL, *a = NULL;
