@@ -973,6 +973,17 @@ static void fake_comm_stream(void) {
 
 /* ---- timing -------------------------------------------------------------------------------------- */
 
+/* What rt_gpu_print_timing prints for g (malloc'd). */
+static char *timing_text(RtGpu *g) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    rt_gpu_print_timing(f, g);
+    fclose(f);
+    return text;
+}
+
 /* The fake GPU opened with MBT_DEBUG's timing and MBT_TRACE writing the trace to `trace` (in the
  * test's folder); NULL (and a failed check) when it does not open. */
 static RtGpu *open_timed(const char *trace) {
@@ -1000,11 +1011,7 @@ static void fake_timing_and_trace(void) {
     rt_gpu_sgemm_batched(g, 0, 0, 5, 7, 3, 1, a, 3, 0, a, 7, 0, 0, y, 7, 0, 1, RT_GEMM_PLAIN, NULL, &e);
     CHECK(rt_gpu_launch(g, 1, NULL, &e) == RT_ERR_IO, "fake_fail launched"); /* a failed launch is not timed */
     CHECK(rt_gpu_sync(g, "step", &e) == RT_OK, "sync: %s", e.msg);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    rt_gpu_print_timing(f, g);
-    fclose(f);
+    char *text = timing_text(g);
     char want[PATH_MAX + 1024];
     snprintf(want, sizeof want,
              "GPU time: 4 launches and GEMMs, 3500.0 us\n"
@@ -1072,11 +1079,7 @@ static void fake_copy_streams_timed(void) {
     if (st == RT_OK) st = rt_gpu_opt_join(g, &e);           /* compute [1200, 1400) */
     if (st == RT_OK) st = rt_gpu_sync(g, "step", &e);
     CHECK(st == RT_OK, "the step with copies: %s", e.msg);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    rt_gpu_print_timing(f, g);
-    fclose(f);
+    char *text = timing_text(g);
     char want[PATH_MAX + 2048];
     snprintf(want, sizeof want,
              "GPU time: 5 launches, GEMMs and waits for the copy streams on the compute stream, 1400.0 us\n"
@@ -1142,12 +1145,8 @@ static void fake_timing_off(void) {
     rt_gpu_alloc(g, &y, 4096, "y", &e);
     void *bufs[] = {y};
     rt_gpu_launch(g, 0, bufs, &e);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    rt_gpu_print_timing(f, g);
-    fclose(f);
-    CHECK(len == 0, "timing printed without MBT_DEBUG: %s", text);
+    char *text = timing_text(g);
+    CHECK(text && !*text, "timing printed without MBT_DEBUG: %s", text ? text : "(none)");
     free(text);
     CHECK(fake->launches == 1, "%d launches", fake->launches);
     rt_gpu_free(g, y);
