@@ -93,9 +93,13 @@ static int run_check(Pipeline *p) {
         ((TrainConfig *)p->tb->config)->offload_gbps = p->o.offload_gbps; /* sema's, in the run's arena */
     }
     if (p->tb) ((TrainConfig *)p->tb->config)->offload_gpu = p->o.narch > 0;
-    if (p->tb && p->o.zero3_page > 0 && p->tb->config->zero != 3) {
-        /* the page only sizes ZeRO-3's gathers: a flag that would change nothing is refused */
-        diag_error_noloc("--zero3-page: the train block does not gather its parameters (it has no parallel { zero = 3 })");
+    if (p->tb && p->o.zero3_page > 0 && p->tb->config->zero != 3 &&
+        !(p->tb->config->offload_optimizer == STORE_HOST && p->o.narch > 0)) {
+        /* the page only sizes ZeRO-3's gathers, and the ranges whose uploads the forward waits for
+         * when the host's update is deferred to it (offload { optimizer = host } on a GPU build:
+         * docs/memory.md): a flag that would change nothing is refused */
+        diag_error_noloc("--zero3-page: the train block does not gather its parameters (it has no parallel { zero = 3 }) "
+                         "nor waits for the host's update by ranges (offload { optimizer = host }, built for a GPU)");
         return 1;
     }
     /* ZeRO-3's page: the target's (the CPU's 4 KiB; a GPU's allocation granularity, 2 MiB on the

@@ -583,6 +583,7 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     const RtOptions *o = &r->o;
     RtStatus st = rt_log_step(&r->log, sl, &r->e);
     if (st == RT_OK && r->val && ((step + 1) % t->eval_every == 0 || step + 1 == o->steps)) {
+        st = rt_train_host_flush(r); /* (forward_loss would run it too, through its reads) */
         double vl;
         int64_t used;
         int64_t batches = t->eval_steps * (t->global / t->micro);
@@ -610,6 +611,7 @@ static RtStatus rt_train_after_step(RtTrainRun *r, int64_t step, const RtStepLog
     *stop = r->stop_sig != 0;
     if (st == RT_OK && r->ckpt) st = rt_ckpt_report(p, o, r->ckpt, 0, r->waited, &r->log, &r->e);
     if (st != RT_OK || !(*stop || (o->ckpt_every > 0 && ((step + 1) % o->ckpt_every == 0 || step + 1 == o->steps)))) return st;
+    st = rt_train_host_flush(r);               /* the checkpoint reads the host's state */
     if (r->zero) st = rt_train_zero3_whole(r); /* every rank takes part */
     if (r->zero && st == RT_OK) st = rt_train_gather_state(r);
     if (st != RT_OK || r->rank > 0) return st; /* rank 0 writes the checkpoint */
@@ -819,7 +821,8 @@ static RtStatus rt_train_loop(RtTrainRun *r, int64_t first_step) {
             return RT_OK;
         }
     }
-    return rt_train_finish(r, first_step, done_steps, total_tokens, t_run, last_loss);
+    RtStatus st = rt_train_host_flush(r); /* the run's weights and state are read from here on */
+    return st == RT_OK ? rt_train_finish(r, first_step, done_steps, total_tokens, t_run, last_loss) : st;
 }
 
 static void rt_train_close(RtTrainRun *r) {
@@ -856,6 +859,7 @@ static void rt_train_close(RtTrainRun *r) {
     free(r->dump_y);
     free(r->dump_p);
     free(r->dump_g);
+    free(r->defer.done);
     rt_opt_offload_close(r->offload); /* removes the store file */
     if (r->d_shard_got) rt_gpu_free(r->x.gpu, r->d_shard_got);
     if (r->comm) {

@@ -73,7 +73,19 @@ typedef struct RtTrainRun {
      * CPU's update wrote the shard there), so a gather staged through the host starts from them
      * instead of pulling the device's (rt_train_gather_f32); the shard was not uploaded */
     int host_params_current;
-    int64_t host_steps;    /* the host's updates run (for the bytes they moved, printed at the end) */
+    int64_t host_steps; /* the host's updates run (for the bytes they moved, printed at the end) */
+    /* offload { optimizer = host } alone on a GPU: the host's update deferred to the next step's
+     * reads (train_step.c's rt_host_defer): chunk c's update runs when a launch first reads its
+     * parameters (the hook), or at a flush (rt_train_host_flush) before anything on the host reads
+     * the parameters or the state */
+    struct {
+        int on;      /* chunks are pending */
+        RtStatus st; /* the first failure of a chunk the hook ran (its message in e) */
+        RtStep step; /* the update's RtStep (lr, t, the host's regions) */
+        int64_t lo, hi, chunk, part, nchunks, ndone;
+        unsigned char *done; /* [nchunks] */
+        RtParamHook hook;
+    } defer;
     float *zero_scratch;   /* one vector of param_floats: a state variable gathered for a checkpoint */
     float *state_full;     /* rank 0: the whole optimizer state, gathered for a checkpoint */
     double *norm_all;      /* ZeRO-2 and 3: every rank's gradient-norm blocks, rank after rank */
@@ -133,6 +145,9 @@ extern volatile sig_atomic_t rt_stop_signal;
 /* train_step.c: one optimizer step (its micro-batches, the reduction, the norm, the update, step 1's
  * dump); its log record comes back in *sl */
 RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl);
+/* The deferred host update's chunks not yet run, run now (offload { optimizer = host }: before
+ * anything on the host reads the parameters or the optimizer state); RT_OK when none is pending. */
+RtStatus rt_train_host_flush(RtTrainRun *r);
 
 /* train_dp.c: data parallelism (docs/parallel.md) */
 RtStatus rt_train_world(RtTrainRun *r, char *prog, size_t nprog, int *agreed);

@@ -267,7 +267,7 @@ typedef struct RtHostCopies {
 static RtStatus rt_host_down(RtHostCopies *h, int64_t c) {
     RtExec *x = &h->r->x;
     int64_t a = h->lo + c * h->chunk, b = a + h->chunk < h->hi ? a + h->chunk : h->hi;
-    return rt_gpu_opt_down(x->gpu, x->grads + a, x->d_grads + a, (b - a) * 4, (int)(c & 1), &h->r->e);
+    return rt_gpu_opt_down(x->gpu, x->grads + a, x->d_grads + a, (b - a) * 4, (int)c, &h->r->e);
 }
 
 static RtStatus rt_host_before(void *ctx, int64_t c) { /* chunk c's gradient is here; c + 1's is on its way */
@@ -277,14 +277,14 @@ static RtStatus rt_host_before(void *ctx, int64_t c) { /* chunk c's gradient is 
     if (c == 0) st = rt_gpu_opt_fork(g, &h->r->e);
     if (st == RT_OK && c == 0) st = rt_host_down(h, 0);
     if (st == RT_OK && h->lo + (c + 1) * h->chunk < h->hi) st = rt_host_down(h, c + 1);
-    return st == RT_OK ? rt_gpu_opt_wait_down(g, (int)(c & 1), &h->r->e) : st;
+    return st == RT_OK ? rt_gpu_opt_wait_down(g, (int)c, &h->r->e) : st;
 }
 
 static RtStatus rt_host_after(void *ctx, int64_t c) { /* chunk c's parameters go up, not waited for */
     RtHostCopies *h = ctx;
     RtExec *x = &h->r->x;
     int64_t a = h->lo + c * h->chunk, b = a + h->chunk < h->hi ? a + h->chunk : h->hi;
-    return h->up ? rt_gpu_opt_up(x->gpu, x->d_params + a, x->params + a, (b - a) * 4, &h->r->e) : RT_OK;
+    return h->up ? rt_gpu_opt_up(x->gpu, x->d_params + a, x->params + a, (b - a) * 4, (int)c, &h->r->e) : RT_OK;
 }
 
 /* Parameters a chunk of the host's update (offload { optimizer = host }) over n: an eighth of them,
@@ -318,6 +318,93 @@ static RtStatus rt_host_update_chunks(RtHostCopies *hc, RtStep *h, int64_t nupd,
     return st;
 }
 
+/* ---- the host's update deferred to the next step's reads ---------------------------------------
+ * offload { optimizer = host } alone (one process, no ZeRO, no store, an optimizer with state): the
+ * step queues every chunk's download and returns; the update itself waits for the next step. Its
+ * forward_backward, run eagerly with a parameter hook (the one ZeRO-3's gathers use, RtStep.
+ * param_hook: rt_param_need before the first launch that reads a range of the parameters), runs,
+ * at each need, the update of every chunk of the range not yet run - the host waits for its
+ * download, the CPU updates it, its upload is queued and the compute stream waits for that upload
+ * alone - so the device computes the launches already queued while the CPU updates the chunks the
+ * next ones read. The arithmetic and the ranges are the sync path's, so the bits are the same.
+ * rt_train_host_flush runs what is left before anything on the host reads the parameters or the
+ * state (an evaluation, a checkpoint, the run's end, step 1's dump) and at the next step's norm.
+ * MBT_OPT_OVERLAP=0 keeps the update in its step (for a comparison). */
+
+/* Chunk c of the deferred update: updated, uploaded, and waited for by the compute stream. */
+static RtStatus rt_defer_chunk(RtTrainRun *r, int64_t c) {
+    RtExec *x = &r->x;
+    RtHostCopies hc = {r, r->defer.lo, r->defer.hi, r->defer.chunk, 1};
+    int64_t a = hc.lo + c * hc.chunk, e = a + hc.chunk < hc.hi ? a + hc.chunk : hc.hi;
+    if (e > r->defer.part) e = r->defer.part;
+    r->defer.done[c] = 1;
+    r->defer.ndone++;
+    RtStatus st = rt_gpu_opt_wait_down(x->gpu, (int)c, &r->e);
+    if (st == RT_OK && e > a) {
+        RtStep h = r->defer.step;
+        h.lo = a, h.hi = e, h.state = x->state + a, h.state_stride = r->defer.part;
+        st = r->p->optimizer_update(&h);
+    }
+    if (st == RT_OK) st = rt_host_after(&hc, c);
+    return st == RT_OK ? rt_gpu_opt_need(x->gpu, (int)c, &r->e) : st;
+}
+
+static void rt_defer_end(RtTrainRun *r) {
+    r->defer.on = 0;
+    r->x.param_hook = NULL; /* the later micro-batches' RtSteps: captured as CUDA graphs again */
+}
+
+/* The hook's need: the pending chunks that params[lo, hi) overlaps (a failure sticks in defer.st:
+ * the generated code cannot take one; the flush after the micro-batches returns it). */
+static void rt_defer_need(void *ctx, int64_t lo, int64_t hi, int64_t next_lo, int64_t next_hi) {
+    RtTrainRun *r = ctx;
+    (void)next_lo, (void)next_hi;
+    if (!r->defer.on || r->defer.st != RT_OK) return;
+    if (lo < r->defer.lo) lo = r->defer.lo;
+    if (hi > r->defer.hi) hi = r->defer.hi;
+    for (int64_t c = (lo - r->defer.lo) / r->defer.chunk; lo < hi && c * r->defer.chunk + r->defer.lo < hi; c++)
+        if (!r->defer.done[c] && (r->defer.st = rt_defer_chunk(r, c)) != RT_OK) return;
+    if (r->defer.ndone == r->defer.nchunks) rt_defer_end(r);
+}
+
+RtStatus rt_train_host_flush(RtTrainRun *r) {
+    if (!r->defer.on) return RT_OK;
+    RtStatus st = r->defer.st;
+    for (int64_t c = 0; c < r->defer.nchunks && st == RT_OK; c++)
+        if (!r->defer.done[c]) st = rt_defer_chunk(r, c);
+    rt_defer_end(r);
+    return st;
+}
+
+/* Whether this run's host update may be deferred (above), and then its first half: every chunk's
+ * download queued, the compute stream waiting for them (the gradient's zeroing comes next). */
+static int rt_defer_wanted(const RtTrainRun *r, int64_t part) {
+    const char *v = getenv("MBT_OPT_OVERLAP");
+    return !r->offload && !r->zero && !r->zero3 && r->nranks == 1 && part > 0 && !r->x.param_hook && !r->dump_x &&
+           !(v && strcmp(v, "0") == 0);
+}
+
+static RtStatus rt_host_defer(RtTrainRun *r, RtHostCopies *hc, const RtStep *h, int64_t part) {
+    RtExec *x = &r->x;
+    int64_t n = (hc->hi - hc->lo + hc->chunk - 1) / hc->chunk;
+    if (n > r->defer.nchunks) {
+        unsigned char *d = realloc(r->defer.done, (size_t)n);
+        if (!d) return rt_fail(&r->e, RT_ERR_NOMEM, "the deferred update: out of memory");
+        r->defer.done = d;
+    }
+    memset(r->defer.done, 0, (size_t)n);
+    r->defer.nchunks = n, r->defer.ndone = 0, r->defer.lo = hc->lo, r->defer.hi = hc->hi, r->defer.chunk = hc->chunk;
+    r->defer.part = part, r->defer.step = *h, r->defer.st = RT_OK;
+    RtStatus st = rt_gpu_opt_fork(x->gpu, &r->e);
+    for (int64_t c = 0; c < n && st == RT_OK; c++) st = rt_host_down(hc, c);
+    if (st == RT_OK) st = rt_gpu_opt_join(x->gpu, "optimizer offload: the step waits for the gradient's downloads", &r->e);
+    if (st != RT_OK) return st;
+    r->defer.hook = (RtParamHook){rt_defer_need, NULL, r};
+    r->defer.on = 1;
+    x->param_hook = &r->defer.hook;
+    return RT_OK;
+}
+
 static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
     RtExec *x = &r->x;
     int64_t lo = r->zero ? s->lo : 0, hi = r->zero ? s->hi : r->p->param_floats;
@@ -346,8 +433,12 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
                 .hi = s->hi,
                 .pcasts = x->pcasts, /* scratch: the device's casts are made again (the train loop clears the bit) */
                 .err = &r->e};
-    RtStatus st = RT_OK;
-    if (r->offload) st = rt_opt_offload_update_chunks(r->offload, x, &h, &hooks, &r->e);
+    RtStatus st = rt_train_host_flush(r); /* (the step before's: flushed at this step's norm already) */
+    if (st == RT_OK) st = rt_gpu_opt_events(x->gpu, (int)((hi - lo + hc.chunk - 1) / hc.chunk), &r->e);
+    if (st != RT_OK) return st;
+    if (hi > lo && rt_defer_wanted(r, part)) {
+        st = rt_host_defer(r, &hc, &h, part);
+    } else if (r->offload) st = rt_opt_offload_update_chunks(r->offload, x, &h, &hooks, &r->e);
     else if (hi > lo && part > 0) /* the state: ZeRO's shard [s->lo, s->hi), or the whole update's */
         st = rt_host_update_chunks(&hc, &h, r->zero ? s->hi : part, r->zero ? s->lo : 0, r->zero ? s->hi - s->lo : part);
     else if (hi > lo) {
@@ -355,9 +446,12 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
         if (st == RT_OK) st = r->p->optimizer_update(&h);
         if (st == RT_OK) st = rt_host_after(&hc, 0);
     }
-    /* the next launches (the gradient's zeroing, the next step) after the last upload */
-    RtStatus js = rt_gpu_opt_join(x->gpu, &r->e);
-    if (st == RT_OK) st = js;
+    /* the next launches (the gradient's zeroing, the next step) after the last upload (deferred:
+     * the downloads' join is queued already, the uploads' waits come with the next step's reads) */
+    if (!r->defer.on) {
+        RtStatus js = rt_gpu_opt_join(x->gpu, "optimizer offload: the step waits for the uploads", &r->e);
+        if (st == RT_OK) st = js;
+    }
     if (st != RT_OK) return st;
     x->pcasts_current = 0;
     r->host_params_current = staged;
@@ -400,6 +494,7 @@ RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
                     (long long)(step + 1), (long long)hw, (long long)p->plan.arena[RT_PHASE_STEP]);
     }
     x->row = 0;
+    if (st == RT_OK) st = rt_train_host_flush(r); /* the step before's deferred update: what its reads left */
     if (st == RT_OK) st = rt_train_reduce(r, step);
     if (st == RT_OK) st = rt_train_step_loss(r, local, &loss);
     if (st == RT_OK && r->given->dump_step && step == 0) st = rt_train_zero3_whole(r); /* every rank */
@@ -443,7 +538,8 @@ RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
         if (st != RT_OK) return st;
     }
     if (r->dump_x && step == 0) {
-        st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
+        st = rt_train_host_flush(r);
+        if (st == RT_OK) st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
         if (st != RT_OK) return st;
         RtStepDump d = {r->dump_p, r->dump_g, x->params, r->dump_x, r->dump_y, nmicro, loss, lr, t->clip, r->o.seed};
         st = rt_step_dump(p, &d, r->o.dump_step, &r->e);

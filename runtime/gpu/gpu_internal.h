@@ -462,7 +462,8 @@ struct RtGpu {
     struct { /* offload { optimizer } (gpu_opt.c): the host update's copy stream and its events */
         CUstream stream;
         CUevent issued, copied; /* recorded on the compute stream before the downloads, on the copy stream after the uploads */
-        CUevent got[2];         /* a chunk's download done (chunk c: got[c % 2]) */
+        CUevent *got, *put;     /* chunk c's download done, its upload done (rt_gpu_opt_events) */
+        int nevents;
         int64_t down_bytes, up_bytes; /* queued so far, in all */
     } opt;
     struct {                      /* the data-parallel reduction's communication stream (gpu_comm.c) */

@@ -95,17 +95,21 @@ int64_t rt_gpu_act_slot_bytes(const RtGpu *g); /* nvme: one staging slot's bytes
  * memory and back, twice, timed by events on the copy stream; the second round's rates in GB/s
  * (1e9 bytes/s). dev's bytes come back unchanged. Waits. */
 /* offload { optimizer = host | nvme } (gpu_opt.c; docs/memory.md): the host update's copy stream.
- * _open makes it and its events (once). _fork makes it wait for everything queued on the compute
- * stream so far. _down queues dev -> host (page-locked) on it and records download event `slot`
- * (0 or 1), which _wait_down waits for on the host; _up queues host -> dev, not waited; _join
- * makes the compute stream wait for everything queued on it. _bytes: what _down and _up queued,
- * in all. _close waits for its work and frees it (again: nothing); rt_gpu_close calls it. */
+ * _open makes it (once); _events makes at least n chunks' download and upload events. _fork makes
+ * it wait for everything queued on the compute stream so far. _down queues dev -> host
+ * (page-locked) on it and records chunk `slot`'s download event, which _wait_down waits for on the
+ * host; _up queues host -> dev and records chunk `slot`'s upload event, not waited for on the host;
+ * _need makes the compute stream wait for chunk `slot`'s upload; _join makes it wait for everything
+ * queued on the copy stream (`what`: its name in MBT_DEBUG's table). _bytes: what _down and _up
+ * queued, in all. _close waits for its work and frees it (again: nothing); rt_gpu_close calls it. */
 RtStatus rt_gpu_opt_open(RtGpu *g, RtError *err);
+RtStatus rt_gpu_opt_events(RtGpu *g, int n, RtError *err);
 RtStatus rt_gpu_opt_fork(RtGpu *g, RtError *err);
 RtStatus rt_gpu_opt_down(RtGpu *g, void *host, const void *dev, int64_t bytes, int slot, RtError *err);
 RtStatus rt_gpu_opt_wait_down(RtGpu *g, int slot, RtError *err);
-RtStatus rt_gpu_opt_up(RtGpu *g, void *dev, const void *host, int64_t bytes, RtError *err);
-RtStatus rt_gpu_opt_join(RtGpu *g, RtError *err);
+RtStatus rt_gpu_opt_up(RtGpu *g, void *dev, const void *host, int64_t bytes, int slot, RtError *err);
+RtStatus rt_gpu_opt_need(RtGpu *g, int slot, RtError *err);
+RtStatus rt_gpu_opt_join(RtGpu *g, const char *what, RtError *err);
 void rt_gpu_opt_bytes(const RtGpu *g, int64_t *down, int64_t *up);
 void rt_gpu_opt_close(RtGpu *g);
 /* The data-parallel buckets' communication stream (gpu_comm.c; docs/parallel.md, "The GPU's

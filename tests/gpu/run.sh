@@ -1283,7 +1283,7 @@ sec_kv() {
 # optimizer = nvme (the state in a store file, streamed through the CPU's update).
 sec_offload_opt() {
 d="$DIR/offload"
-mkdir -p "$d/host" "$d/none"
+mkdir -p "$d/host" "$d/none" "$d/hostp"
 sed 's/optimizer = nvme/optimizer = host/' tests/exec/offload_optimizer.mbt >"$d/host.mbt"
 sed '/^[[:space:]]*offload[[:space:]]/d' tests/exec/offload_optimizer.mbt >"$d/none.mbt"
 if ! build "$d/host" "$d/host.mbt" -I examples || ! build "$d/none" "$d/none.mbt" -I examples; then
@@ -1375,10 +1375,11 @@ else
         pass "gpu/offload-bytes (host and nvme: $pbytes bytes down and up a step, $((2 * (pbytes + 64))) bytes page-locked; nvme in 8 chunks)"
     fi
     # gpu/offload-copy-control (the emulated GPU, whose copy stream runs its copies only when waited
-    # for): 3 steps of host and of nvme, each with the compute stream's wait for the uploads of step
-    # 1's update left out (MBT_FAKE_CUDA_DROP_WAIT=1; MBT_FAKE_CUDA_WAITS shows it is that wait: one a
-    # step, running its uploads), must end with other weights than with it - the step after an
-    # update reads the parameters the uploads bring, and the wait is what orders them
+    # for): 3 steps of host and of nvme, each with a compute stream's wait for the uploads of step 1's
+    # update left out (MBT_FAKE_CUDA_DROP_WAIT; MBT_FAKE_CUDA_WAITS shows which: nvme's one a step,
+    # running its last uploads; host's last chunk's, in step 2's forward), must end with other
+    # weights than with it - the step after an update reads the parameters the uploads bring, and
+    # the wait is what orders them
     if [ "$DEVICE" != emu ]; then
         skip gpu/offload-copy-control "MBT_GPU_TEST_DEVICE=$DEVICE: only the emulated GPU can leave out a wait"
     else
@@ -1388,41 +1389,92 @@ else
             [ $run = nvme ] && extra=(--offload-dir "$d")
             MBT_FAKE_CUDA_WAITS=1 on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-c3.out" train --steps 3 --data "$DATA" \
                 --save-weights "$d/$run-c3.st" "${extra[@]}" || cc_bad="$cc_bad $run: the run with every wait failed;"
-            MBT_FAKE_CUDA_DROP_WAIT=1 on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-d3.out" train --steps 3 --data "$DATA" \
-                --save-weights "$d/$run-d3.st" "${extra[@]}" || cc_bad="$cc_bad $run: the run without the wait failed;"
-            # (host and nvme in 8 chunks - the store's, the host's eighths: of their uploads the first
-            # 6 ran when the host waited for the downloads queued after them - each went up while a
-            # later chunk was updated - and the last 2 at this wait)
-            back=2
-            nw=$(grep -c "^fake_cuda: wait [0-9]* runs 0 copies to the host, $back back\$" "$d/$run-c3.out")
-            [ "$nw" = 3 ] && [ "$(grep -c '^fake_cuda: wait' "$d/$run-c3.out")" = 3 ] \
-                || cc_bad="$cc_bad $run: not one wait a step running $back uploads alone ($nw);"
+            if [ $run = nvme ]; then
+                # nvme's 8 chunks: of their uploads the first 6 ran when the host waited for the
+                # downloads queued after them - each went up while a later chunk was updated - and
+                # the last 2 at the step's one wait, which is dropped
+                nw=$(grep -c '^fake_cuda: wait [0-9]* runs 0 copies to the host, 2 back$' "$d/$run-c3.out")
+                [ "$nw" = 3 ] && [ "$(grep -c '^fake_cuda: wait' "$d/$run-c3.out")" = 3 ] \
+                    || cc_bad="$cc_bad $run: not one wait a step running 2 uploads alone ($nw);"
+                drop=1
+            else
+                # host, deferred to the next step's reads: a step's wait for its 8 downloads (the
+                # gradient's zeroing after them), then a wait for each chunk's upload alone (the
+                # next forward's, or the run's end's flush); the last chunk's in step 2's forward is
+                # dropped (an earlier chunk's upload also runs at the next chunk's wait: the stream
+                # runs them in order)
+                nd=$(grep -c '^fake_cuda: wait [0-9]* runs 8 copies to the host, 0 back$' "$d/$run-c3.out")
+                nu=$(grep -c '^fake_cuda: wait [0-9]* runs 0 copies to the host, 1 back$' "$d/$run-c3.out")
+                [ "$nd" = 3 ] && [ "$nu" = 24 ] && [ "$(grep -c '^fake_cuda: wait' "$d/$run-c3.out")" = 27 ] \
+                    || cc_bad="$cc_bad $run: not a wait for the 8 downloads and one for each chunk's upload a step ($nd, $nu);"
+                drop=$(sed -n 's/^fake_cuda: wait \([0-9]*\) runs 0 copies to the host, 1 back$/\1/p' "$d/$run-c3.out" | sed -n 8p)
+            fi
+            MBT_FAKE_CUDA_DROP_WAIT=${drop:-1} on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-d3.out" train --steps 3 \
+                --data "$DATA" --save-weights "$d/$run-d3.st" "${extra[@]}" || cc_bad="$cc_bad $run: the run without the wait failed;"
             cmp -s "$d/$run-c3.st" "$d/$run-d3.st" && cc_bad="$cc_bad $run: the same weights without the wait;"
         done
         if [ -n "$cc_bad" ]; then
             fail gpu/offload-copy-control "$cc_bad" "$d/host-c3.out" "$d/nvme-c3.out"
         else
-            pass "gpu/offload-copy-control (host and nvme: the step 1 update's wait for its uploads left out, other weights after 3 steps)"
+            pass "gpu/offload-copy-control (host: the wait for step 1's update's last chunk's upload left out; nvme: step 1's wait for its uploads; other weights after 3 steps)"
+        fi
+    fi
+    # gpu/offload-host-overlap: the host program built with --zero3-page=4096, so that the forward
+    # reads the parameters by ranges of a few thousand floats (the gathers' units, plan_gather.c)
+    # rather than as one range (the GPU's 2 MiB page groups this small model into one): 3 steps
+    # deferred (the default) and kept in their step (MBT_OPT_OVERLAP=0) end with the same weights
+    # byte for byte, and in the deferred run's trace (MBT_TRACE) the compute stream has launches
+    # between its waits for the chunks' uploads - the next forward's first launches were queued
+    # before the CPU had updated every chunk; the kept run waits for the chunks' uploads only at
+    # its join (no chunk wait)
+    if [ "$DEVICE" = cpu ]; then
+        skip gpu/offload-host-overlap "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
+    elif ! build "$d/hostp" "$d/host.mbt" -I examples --zero3-page=4096; then
+        fail gpu/offload-host-overlap "mbtc --zero3-page=4096 of the host program failed" "$OUT"
+    else
+        ov_bad=""
+        for mode in defer keep; do
+            flag=""
+            [ $mode = keep ] && flag=0
+            rm -f "$d/ov-$mode.json"
+            MBT_OPT_OVERLAP=$flag MBT_DEBUG=1 MBT_TRACE="$d/ov-$mode.json" on_device_cmd "$d/hostp/prog.cu" "$d/hostp/prog" \
+                "$d/ov-$mode.out" train --steps 3 --data "$DATA" --save-weights "$d/ov-$mode.st" || ov_bad="$ov_bad $mode: the run failed;"
+        done
+        chunk_wait="optimizer offload: the step waits for a chunk's upload"
+        ov=$("$PY" tests/gpu/trace_between.py "$d/ov-defer.json" "$chunk_wait" 2>&1)
+        ov_keep=$("$PY" tests/gpu/trace_between.py "$d/ov-keep.json" "$chunk_wait" 2>&1)
+        read -r ov_waits ov_between <<<"$ov"
+        ov_keep=${ov_keep%% *}
+        if [ -n "$ov_bad" ]; then
+            fail gpu/offload-host-overlap "$ov_bad" "$d/ov-defer.out" "$d/ov-keep.out"
+        elif ! cmp -s "$d/ov-defer.st" "$d/ov-keep.st"; then
+            fail gpu/offload-host-overlap "the deferred update's weights differ from the update kept in its step" "$d/ov-defer.out"
+        elif [ "${ov_keep:-x}" != 0 ] || ! [ "${ov_between:-0}" -gt 0 ] 2>/dev/null; then
+            fail gpu/offload-host-overlap "no launch between the chunks' waits, or chunk waits without deferring ($ov)" "$d/ov-defer.out"
+        else
+            pass "gpu/offload-host-overlap (3 steps: deferred and kept byte for byte; $ov_waits chunk waits, $ov_between launches between them)"
         fi
     fi
     # gpu/trace-offload-host: host and nvme, 2 steps with MBT_DEBUG=1 and MBT_TRACE: the update's
     # copies on the trace's track 2 ("optimizer's copies"), the gradient down and the parameters up
-    # a chunk at a time (host: its 8 eighths a step; nvme: the store's 8), and the compute stream's wait
-    # for the uploads (rt_gpu_opt_join) on track 0 once a step; MBT_DEBUG's line for the copy
-    # stream's total apart from the compute stream's
+    # a chunk at a time (host: its 8 eighths a step; nvme: the store's 8), and on track 0 the compute
+    # stream's waits: nvme's for the uploads (rt_gpu_opt_join) once a step, host's (deferred) for
+    # the downloads once a step and for each chunk's upload; MBT_DEBUG's line for the copy stream's
+    # total apart from the compute stream's
     if [ "$DEVICE" = cpu ]; then
         skip gpu/trace-offload-host "MBT_GPU_TEST_DEVICE=$DEVICE: the CPU writes no GPU trace"
     else
         to_bad="" to_got=""
         for run in host nvme; do
-            chunks=8 extra=()
+            chunks=8 extra=() waits=(0 "optimizer offload: the step waits for the uploads" 2)
             [ $run = nvme ] && extra=(--offload-dir "$d")
+            [ $run = host ] && waits=(0 "optimizer offload: the step waits for the gradient's downloads" 2
+                0 "optimizer offload: the step waits for a chunk's upload" $((2 * chunks)))
             rm -f "$d/$run.trace.json"
             MBT_DEBUG=1 MBT_TRACE="$d/$run.trace.json" on_device_cmd "$d/$run/prog.cu" "$d/$run/prog" "$d/$run-trace.out" \
                 train --steps 2 --data "$DATA" "${extra[@]}" || to_bad="$to_bad $run: the traced run failed;"
             if ! "$PY" tests/gpu/trace_tracks.py "$d/$run.trace.json" 2 "optimizer offload: gradient down" $((2 * chunks)) \
-                2 "optimizer offload: parameters up" $((2 * chunks)) 0 "optimizer offload: the step waits for the uploads" 2 \
-                >"$d/$run-tracks.out" 2>&1; then
+                2 "optimizer offload: parameters up" $((2 * chunks)) "${waits[@]}" >"$d/$run-tracks.out" 2>&1; then
                 to_bad="$to_bad $run: $(tail -n 1 "$d/$run-tracks.out");"
             elif ! grep -q "^GPU time: optimizer's copies: $((4 * chunks)) copies on their own stream, [0-9.]* us (beside the compute stream's, not in its total)\$" \
                 "$d/$run-trace.out"; then

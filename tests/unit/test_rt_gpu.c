@@ -1065,6 +1065,7 @@ static void fake_copy_streams_timed(void) {
     void *bufs[] = {y};
     RtStatus st = rt_gpu_act_open(g, n, &e);
     if (st == RT_OK) st = rt_gpu_opt_open(g, &e);
+    if (st == RT_OK) st = rt_gpu_opt_events(g, 1, &e);
     CHECK(st == RT_OK && host, "the copy streams: %s", e.msg);
     rt_gpu_launch(g, 0, bufs, &e);                               /* [0, 500) */
     st = rt_gpu_act_copy(g, 0, 0, a, n, &e);                     /* copy stream [500, 600) */
@@ -1075,8 +1076,8 @@ static void fake_copy_streams_timed(void) {
     if (st == RT_OK) st = rt_gpu_opt_fork(g, &e);
     if (st == RT_OK) st = rt_gpu_opt_down(g, host, a, n, 0, &e); /* optimizer's stream [1200, 1300) */
     if (st == RT_OK) st = rt_gpu_opt_wait_down(g, 0, &e);
-    if (st == RT_OK) st = rt_gpu_opt_up(g, a, host, n, &e); /* [1300, 1400) */
-    if (st == RT_OK) st = rt_gpu_opt_join(g, &e);           /* compute [1200, 1400) */
+    if (st == RT_OK) st = rt_gpu_opt_up(g, a, host, n, 0, &e);                                         /* [1300, 1400) */
+    if (st == RT_OK) st = rt_gpu_opt_join(g, "optimizer offload: the step waits for the uploads", &e); /* compute [1200, 1400) */
     if (st == RT_OK) st = rt_gpu_sync(g, "step", &e);
     CHECK(st == RT_OK, "the step with copies: %s", e.msg);
     char *text = timing_text(g);
