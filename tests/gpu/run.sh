@@ -316,19 +316,26 @@ ngpus=0
 # with MBT_NCCL=NCCL (left as it is when NCCL is empty), rank R's output in OUT.R.out; ranks_rc 1
 # when a rank failed. The caller's environment goes with them (VAR=... ranks ...). The port is drawn
 # from the section's own range (SECTION_NO): sections running side by side never share one.
+# The range lies in Linux's ephemeral ports (32768-60999), which any outgoing connection of the
+# machine may hold at the moment: rank 0 failing to listen ("Address already in use") is retried on
+# another port, twice at most.
 ranks() {
-    local n=$1 nccl=$2 out=$3 prog=$4 port=$((30000 + ${SECTION_NO:-0} * 2000 + ($$ + RANDOM) % 2000)) pids=() r p
+    local n=$1 nccl=$2 out=$3 prog=$4 port pids r p try
     shift 4
-    for ((r = 0; r < n; r++)); do
-        (
-            [ -z "$nccl" ] || export MBT_NCCL="$nccl"
-            export RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300
-            on_device_cmd "$prog.cu" "$prog" "$out.$r.out" "$@"
-        ) &
-        pids+=($!)
+    for try in 1 2 3; do
+        port=$((30000 + ${SECTION_NO:-0} * 2000 + ($$ + RANDOM) % 2000)) pids=()
+        for ((r = 0; r < n; r++)); do
+            (
+                [ -z "$nccl" ] || export MBT_NCCL="$nccl"
+                export RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MBT_COMM_TIMEOUT=300
+                on_device_cmd "$prog.cu" "$prog" "$out.$r.out" "$@"
+            ) &
+            pids+=($!)
+        done
+        ranks_rc=0
+        for p in "${pids[@]}"; do wait "$p" || ranks_rc=1; done
+        [ $ranks_rc = 0 ] || ! grep -q "cannot listen at port $port: Address already in use" "$out.0.out" && return
     done
-    ranks_rc=0
-    for p in "${pids[@]}"; do wait "$p" || ranks_rc=1; done
 }
 
 # ---- the probe: one step on the device at all --------------------------------------------------
