@@ -20,7 +20,11 @@ fi
 here=$(cd "$(dirname "$0")" && pwd)
 in=$1
 out=$2
-tu="$out.cc"
+# this process's own translation unit and output, the output renamed into place at the end: the
+# ranks of a multi-process test may build the same OUT at once (tests/gpu/run.sh's ranks), and one
+# must never compile, or load, a file another is still writing
+tu="$out.$$.cc"
+tmp="$out.$$.tmp"
 if [ $exe = 1 ]; then
     cp "$in" "$tu"
 else
@@ -40,5 +44,9 @@ else
 fi
 ${CXX:-g++} -std=c++17 -O2 -fPIC $([ $exe = 1 ] || echo -shared) -ffp-contract=off -fno-fast-math -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 \
     -Wno-unused-function -Wno-unused-variable -Wno-unused-parameter \
-    -I"$here/include" -include "$here/cudaemu.h" -o "$out" "$tu"
+    -I"$here/include" -include "$here/cudaemu.h" -o "$tmp" "$tu" || {
+    rm -f "$tu" "$tmp"
+    exit 1
+}
 rm -f "$tu"
+mv -f "$tmp" "$out"
