@@ -260,12 +260,12 @@ static void fz_launches(FuseCtx *c, FuseResult *r, const int *order, int nl) {
 /* Why the update's result ob (of node out_node) cannot be written over its input ib by the launch
  * that writes it, or NULL: ob is computed, and ib is no other result (which the plan copies from it
  * after the launches); that launch (*launch) is a generated elementwise kernel, the only writer of
- * ob, and the last launch that reads ib; it binds each to one parameter; its body has no loops or
- * branches, reads ib and reads or writes ob at the work item's own element only (offset gid), and
- * reads ib only before it first writes ob. Then every work item reads its element of the old value
+ * ob, and the last launch that reads ib; it binds each to one parameter (*pin, *pout); its body
+ * has no loops or branches, reads ib and reads or writes ob at the work item's own element only
+ * (offset gid), and reads ib only before it first writes ob. Then every work item reads its element of the old value
  * before it writes the new one, and no work item reads another's: the result may take the input's
  * place. */
-static const char *fz_in_place_refusal(const FuseResult *r, int ib, int ob, int out_node, int *launch) {
+static const char *fz_in_place_refusal(const FuseResult *r, int ib, int ob, int out_node, int *launch, int *pin, int *pout) {
     const FuseBuffer *in = &r->buffers[ib], *out = &r->buffers[ob];
     if (out->kind == FB_PARAM || out->kind == FB_INPUT) return "it is another input's value";
     for (int i = 0; i < r->noutputs; i++) /* (state b = a: b's new value is a's old one, copied after the launches) */
@@ -308,7 +308,7 @@ static const char *fz_in_place_refusal(const FuseResult *r, int ib, int ob, int 
         if (x->op == K_STORE && x->buf == qo) stored = 1;
         if (x->op == K_LOAD && x->buf == qi && stored) return "its kernel reads the old value after writing the new one";
     }
-    *launch = li;
+    *launch = li, *pin = qi, *pout = qo;
     return NULL;
 }
 
@@ -340,9 +340,9 @@ static void fz_update_in_place(FuseResult *r, Arena *ar) {
     const GraphUpdate *u = r->g->update;
     for (int j = 0; j <= u->nstate; j++) {
         int in_node = j == 0 ? u->p_in : u->state_in[j - 1], out_node = j == 0 ? u->p_out : u->state_out[j - 1];
-        int ib = r->node_buffer[in_node], ob = r->node_buffer[out_node], li = -1;
+        int ib = r->node_buffer[in_node], ob = r->node_buffer[out_node], li = -1, qi = -1, qo = -1;
         if (in_node == out_node || ib < 0 || ob < 0 || ib == ob) continue;
-        const char *why = fz_in_place_refusal(r, ib, ob, out_node, &li);
+        const char *why = fz_in_place_refusal(r, ib, ob, out_node, &li, &qi, &qo);
         if (why) {
             if (!r->not_in_place)
                 r->not_in_place =
@@ -350,11 +350,6 @@ static void fz_update_in_place(FuseResult *r, Arena *ar) {
             continue;
         }
         Kernel *k = r->kernels[r->launches[li].kernel];
-        int qi = -1, qo = -1;
-        for (int q = 0; q < k->nbufs; q++) {
-            if (k->bufs[q].buffer == ib) qi = q;
-            if (k->bufs[q].buffer == ob) qo = q;
-        }
         for (int i = 0; i < k->n; i++) {
             KInst *x = &k->inst[i];
             if (x->op != K_LOAD && x->op != K_STORE) continue;

@@ -264,9 +264,18 @@ typedef struct RtHostCopies {
     int up;                /* the parameters go up (not when a host-staged gather uploads them) */
 } RtHostCopies;
 
+/* Chunk c's parameters [*a, *b) of the range, and the range's chunks. */
+static void rt_host_range(const RtHostCopies *h, int64_t c, int64_t *a, int64_t *b) {
+    *a = h->lo + c * h->chunk;
+    *b = *a + h->chunk < h->hi ? *a + h->chunk : h->hi;
+}
+
+static int64_t rt_host_nchunks(const RtHostCopies *h) { return (h->hi - h->lo + h->chunk - 1) / h->chunk; }
+
 static RtStatus rt_host_down(RtHostCopies *h, int64_t c) {
     RtExec *x = &h->r->x;
-    int64_t a = h->lo + c * h->chunk, b = a + h->chunk < h->hi ? a + h->chunk : h->hi;
+    int64_t a, b;
+    rt_host_range(h, c, &a, &b);
     return rt_gpu_opt_down(x->gpu, x->grads + a, x->d_grads + a, (b - a) * 4, (int)c, &h->r->e);
 }
 
@@ -283,7 +292,8 @@ static RtStatus rt_host_before(void *ctx, int64_t c) { /* chunk c's gradient is 
 static RtStatus rt_host_after(void *ctx, int64_t c) { /* chunk c's parameters go up, not waited for */
     RtHostCopies *h = ctx;
     RtExec *x = &h->r->x;
-    int64_t a = h->lo + c * h->chunk, b = a + h->chunk < h->hi ? a + h->chunk : h->hi;
+    int64_t a, b;
+    rt_host_range(h, c, &a, &b);
     return h->up ? rt_gpu_opt_up(x->gpu, x->d_params + a, x->params + a, (b - a) * 4, (int)c, &h->r->e) : RT_OK;
 }
 
@@ -297,22 +307,27 @@ static int64_t rt_host_chunk(int64_t n) {
     return c < RT_HOST_CHUNK_MAX ? c : RT_HOST_CHUNK_MAX;
 }
 
-/* The host's update (no store) chunk by chunk over [hc->lo, hc->hi): each chunk's elements below
- * nupd (the update's length; the frozen parameters after it have no state) updated with the state
- * at its place in the state's layout - variable j's element e at state[j x stride + e - base] - and
- * the copies of the neighbouring chunks queued around it (rt_host_before, rt_host_after). */
-static RtStatus rt_host_update_chunks(RtHostCopies *hc, RtStep *h, int64_t nupd, int64_t base, int64_t stride) {
-    float *state = h->state;
-    int64_t nchunks = (hc->hi - hc->lo + hc->chunk - 1) / hc->chunk;
+/* The CPU's update of chunk c: its elements below nupd (the update's length; the frozen parameters
+ * after it have no state), with h's lr and t and the state at its place in the state's layout -
+ * variable j's element e at state[j x stride + e - base] (h itself unchanged). */
+static RtStatus rt_host_update_chunk(const RtHostCopies *hc, const RtStep *h, int64_t c, int64_t nupd, int64_t base,
+                                     int64_t stride) {
+    int64_t a, e;
+    rt_host_range(hc, c, &a, &e);
+    if (e > nupd) e = nupd;
+    if (e <= a) return RT_OK;
+    RtStep k = *h;
+    k.lo = a, k.hi = e, k.state = h->state + (a - base), k.state_stride = stride;
+    return hc->r->p->optimizer_update(&k);
+}
+
+/* The host's update (no store) chunk by chunk over [hc->lo, hc->hi), the copies of the neighbouring
+ * chunks queued around each (rt_host_before, rt_host_after). */
+static RtStatus rt_host_update_chunks(RtHostCopies *hc, const RtStep *h, int64_t nupd, int64_t base, int64_t stride) {
     RtStatus st = RT_OK;
-    for (int64_t c = 0; c < nchunks && st == RT_OK; c++) {
-        int64_t a = hc->lo + c * hc->chunk, e = a + hc->chunk < hc->hi ? a + hc->chunk : hc->hi;
-        if (e > nupd) e = nupd;
+    for (int64_t c = 0; c < rt_host_nchunks(hc) && st == RT_OK; c++) {
         st = rt_host_before(hc, c);
-        if (st == RT_OK && e > a) {
-            h->lo = a, h->hi = e, h->state = state + (a - base), h->state_stride = stride;
-            st = hc->r->p->optimizer_update(h);
-        }
+        if (st == RT_OK) st = rt_host_update_chunk(hc, h, c, nupd, base, stride);
         if (st == RT_OK) st = rt_host_after(hc, c);
     }
     return st;
@@ -328,23 +343,18 @@ static RtStatus rt_host_update_chunks(RtHostCopies *hc, RtStep *h, int64_t nupd,
  * alone - so the device computes the launches already queued while the CPU updates the chunks the
  * next ones read. The arithmetic and the ranges are the sync path's, so the bits are the same.
  * rt_train_host_flush runs what is left before anything on the host reads the parameters or the
- * state (an evaluation, a checkpoint, the run's end, step 1's dump) and at the next step's norm.
+ * state (an evaluation, a checkpoint, the run's end) and at the next step's norm; a run that dumps
+ * step 1 (--dump-step) keeps the update in its step.
  * MBT_OPT_OVERLAP=0 keeps the update in its step (for a comparison). */
 
 /* Chunk c of the deferred update: updated, uploaded, and waited for by the compute stream. */
 static RtStatus rt_defer_chunk(RtTrainRun *r, int64_t c) {
     RtExec *x = &r->x;
     RtHostCopies hc = {r, r->defer.lo, r->defer.hi, r->defer.chunk, 1};
-    int64_t a = hc.lo + c * hc.chunk, e = a + hc.chunk < hc.hi ? a + hc.chunk : hc.hi;
-    if (e > r->defer.part) e = r->defer.part;
     r->defer.done[c] = 1;
     r->defer.ndone++;
     RtStatus st = rt_gpu_opt_wait_down(x->gpu, (int)c, &r->e);
-    if (st == RT_OK && e > a) {
-        RtStep h = r->defer.step;
-        h.lo = a, h.hi = e, h.state = x->state + a, h.state_stride = r->defer.part;
-        st = r->p->optimizer_update(&h);
-    }
+    if (st == RT_OK) st = rt_host_update_chunk(&hc, &r->defer.step, c, r->defer.part, 0, r->defer.part);
     if (st == RT_OK) st = rt_host_after(&hc, c);
     return st == RT_OK ? rt_gpu_opt_need(x->gpu, (int)c, &r->e) : st;
 }
@@ -386,7 +396,7 @@ static int rt_defer_wanted(const RtTrainRun *r, int64_t part) {
 
 static RtStatus rt_host_defer(RtTrainRun *r, RtHostCopies *hc, const RtStep *h, int64_t part) {
     RtExec *x = &r->x;
-    int64_t n = (hc->hi - hc->lo + hc->chunk - 1) / hc->chunk;
+    int64_t n = rt_host_nchunks(hc);
     if (n > r->defer.nchunks) {
         unsigned char *d = realloc(r->defer.done, (size_t)n);
         if (!d) return rt_fail(&r->e, RT_ERR_NOMEM, "the deferred update: out of memory");
@@ -433,8 +443,7 @@ static RtStatus rt_train_host_update(RtTrainRun *r, const RtStep *s) {
                 .hi = s->hi,
                 .pcasts = x->pcasts, /* scratch: the device's casts are made again (the train loop clears the bit) */
                 .err = &r->e};
-    RtStatus st = rt_train_host_flush(r); /* (the step before's: flushed at this step's norm already) */
-    if (st == RT_OK) st = rt_gpu_opt_events(x->gpu, (int)((hi - lo + hc.chunk - 1) / hc.chunk), &r->e);
+    RtStatus st = rt_gpu_opt_events(x->gpu, (int)rt_host_nchunks(&hc), &r->e);
     if (st != RT_OK) return st;
     if (hi > lo && rt_defer_wanted(r, part)) {
         st = rt_host_defer(r, &hc, &h, part);
@@ -538,8 +547,7 @@ RtStatus rt_train_step(RtTrainRun *r, int64_t step, RtStepLog *sl) {
         if (st != RT_OK) return st;
     }
     if (r->dump_x && step == 0) {
-        st = rt_train_host_flush(r);
-        if (st == RT_OK) st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
+        st = rt_exec_pull(x, RT_PULL_PARAMS, &r->e);
         if (st != RT_OK) return st;
         RtStepDump d = {r->dump_p, r->dump_g, x->params, r->dump_x, r->dump_y, nmicro, loss, lr, t->clip, r->o.seed};
         st = rt_step_dump(p, &d, r->o.dump_step, &r->e);
